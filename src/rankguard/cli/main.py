@@ -1,0 +1,73 @@
+"""``rankguard`` command line: run, demo, status."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from rankguard import __version__
+
+__all__ = ["build_parser", "main"]
+
+
+def _add_run(subparsers: argparse._SubParsersAction) -> None:
+    from rankguard.launcher.options import add_launch_arguments
+
+    p = subparsers.add_parser(
+        "run",
+        help="launch a distributed training script under rankguard (torchrun-compatible)",
+        description="Launch SCRIPT on this node with torch.distributed.elastic and "
+        "rankguard's monitoring. Config: --config FILE plus KEY=VALUE overrides, given "
+        "with --set or as bare words before SCRIPT.",
+    )
+    add_launch_arguments(p)
+    p.add_argument("--live", action="store_true", help="show a live status line (node 0)")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from rankguard.config import ConfigError, load_config
+    from rankguard.launcher.options import options_from_args
+    from rankguard.launcher.run import launch
+
+    try:
+        opts, overrides = options_from_args(args)
+        opts.live_status = args.live
+        cfg = load_config(args.config, overrides)
+    except (ConfigError, ValueError) as exc:
+        print(f"rankguard run: {exc}", file=sys.stderr)
+        return 2
+    return launch(opts, cfg)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from rankguard.cli import status
+    from rankguard.demo import cli as demo_cli
+
+    parser = argparse.ArgumentParser(
+        prog="rankguard",
+        description="Keeps distributed PyTorch training alive and says what is wrong.",
+    )
+    parser.add_argument("--version", action="version", version=f"rankguard {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_run(sub)
+    demo_cli.add_parser(sub)
+    status.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="[rankguard %(levelname)s %(name)s] %(message)s",
+    )
+    logging.getLogger("rankguard").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

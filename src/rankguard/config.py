@@ -1,0 +1,225 @@
+"""Typed, strict configuration.
+
+Each component owns a ``@dataclass(kw_only=True, slots=True)`` config validated in
+``__post_init__``; :class:`RankguardConfig` only composes them. A run is configured from
+an optional YAML file plus ``a.b.c=value`` overrides. Unknown keys and values of the
+wrong type are errors that name the full dotted key and what is allowed; nothing is
+silently ignored.
+
+The FlagScale layout (``experiment: runner: heartbeat: ...``) is accepted as written:
+a document whose only top-level key is ``experiment`` is unwrapped to its ``runner``
+block, and overrides may carry the ``experiment.runner.`` prefix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar, Union
+
+import yaml
+
+from rankguard.heartbeat.config import HeartbeatConfig
+
+__all__ = [
+    "ConfigError",
+    "RankguardConfig",
+    "apply_override",
+    "build",
+    "config_to_dict",
+    "load_config",
+]
+
+T = TypeVar("T")
+
+_SEED_PREFIX = ("experiment", "runner")
+
+
+class ConfigError(ValueError):
+    """A configuration key or value is wrong; the message names it."""
+
+
+@dataclass(kw_only=True, slots=True)
+class RankguardConfig:
+    """Everything one ``rankguard run`` is configured with."""
+
+    log_dir: str = field(
+        default="rankguard_logs",
+        metadata={"help": "Root of run directories: <log_dir>/heartbeat/<run_id>/."},
+    )
+    no_shared_fs: bool = field(
+        default=True,
+        metadata={
+            "help": "Nodes do not share log_dir (the safe default): heartbeats and GPU "
+            "health of nodes other than 0 reach node 0's monitor through the rendezvous "
+            "store. false: every node writes into one shared log_dir and nothing is relayed."
+        },
+    )
+    heartbeat: HeartbeatConfig = field(default_factory=HeartbeatConfig)
+
+    def __post_init__(self) -> None:
+        if not self.log_dir:
+            raise ConfigError("log_dir: must be a non-empty path")
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        allowed = " or ".join(_type_name(a) for a in args)
+        raise ConfigError(f"{key}: expected {allowed}, got {value!r}")
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping of {_type_name(tp)} keys, got {value!r}")
+        return build(tp, value, prefix=f"{key}.")  # type: ignore[arg-type]
+    if origin is typing.Literal:
+        allowed_values = typing.get_args(tp)
+        if value not in allowed_values:
+            raise ConfigError(f"{key}: expected one of {list(allowed_values)}, got {value!r}")
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    raise ConfigError(f"{key}: unsupported config type {tp!r}")
+
+
+def build(cls: type[T], data: dict[str, Any] | None, *, prefix: str = "") -> T:
+    """Construct config dataclass ``cls`` from ``data``, strictly.
+
+    Unknown keys raise :class:`ConfigError` listing the allowed ones; ``ValueError`` from
+    a component's own validation is re-raised with the dotted prefix.
+    """
+    data = data or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or '<root>'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"unknown config key(s) {', '.join(prefix + str(k) for k in unknown)}; "
+            f"allowed under {prefix.rstrip('.') or '<root>'}: {', '.join(sorted(fields))}"
+        )
+    kwargs = {name: _coerce(value, hints[name], prefix + name) for name, value in data.items()}
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(f"{prefix}{exc}" if prefix else str(exc)) from exc
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def _strip_seed_prefix(parts: list[str]) -> list[str]:
+    if tuple(parts[:2]) == _SEED_PREFIX:
+        return parts[2:]
+    return parts
+
+
+def _unwrap_seed_layout(doc: dict[str, Any]) -> dict[str, Any]:
+    if set(doc) != {"experiment"}:
+        return doc
+    experiment = doc["experiment"]
+    if not isinstance(experiment, dict):
+        raise ConfigError("experiment: expected a mapping with a 'runner' block")
+    extra = sorted(set(experiment) - {"runner"})
+    if extra:
+        raise ConfigError(
+            f"unknown config key(s) {', '.join('experiment.' + k for k in extra)}; "
+            "only experiment.runner is read"
+        )
+    runner = experiment.get("runner") or {}
+    if not isinstance(runner, dict):
+        raise ConfigError("experiment.runner: expected a mapping")
+    return runner
+
+
+def apply_override(doc: dict[str, Any], override: str) -> None:
+    """Apply one ``a.b.c=value`` override to a plain-dict config document.
+
+    The value is parsed as a YAML scalar (``true``, ``5``, ``0.5``, ``null``, text).
+    """
+    if "=" not in override:
+        raise ConfigError(f"override {override!r}: expected key=value")
+    key, raw = override.split("=", 1)
+    parts = _strip_seed_prefix([p for p in key.strip().split(".")])
+    if not parts or any(not p for p in parts):
+        raise ConfigError(f"override {override!r}: malformed key {key!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {override!r}: cannot parse value: {exc}") from exc
+    node = doc
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {override!r}: {part} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> RankguardConfig:
+    """YAML file (optional) + overrides -> validated :class:`RankguardConfig`."""
+    doc: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"config file {p}: {exc.strerror or exc}") from exc
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {p}: not valid YAML: {exc}") from exc
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {p}: top level must be a mapping")
+        doc = _unwrap_seed_layout(loaded)
+    for ov in overrides:
+        apply_override(doc, ov)
+    return build(RankguardConfig, doc)
+
+
+def dumps_config(cfg: RankguardConfig) -> str:
+    return json.dumps(config_to_dict(cfg), sort_keys=True)
+
+
+def loads_config(text: str) -> RankguardConfig:
+    return build(RankguardConfig, json.loads(text))

@@ -1,0 +1,122 @@
+"""The demo training job: a small GPT on synthetic tokens, data-parallel, under
+``rankguard run`` (``rankguard demo`` launches it). Runs on CPU with gloo, or on GPUs
+with NCCL when CUDA is available.
+
+Faults (``--fault``) are injected on ``--fault-rank`` at ``--fault-step``:
+
+- ``stall``: the main thread blocks inside the step (after the optimizer step, before
+  the step ends) for ``--fault-duration`` seconds; the heartbeat thread keeps beating;
+- ``stop``: the rank SIGSTOPs itself; a detached helper sends SIGCONT after
+  ``--fault-duration`` seconds;
+- ``crash``: the rank raises an exception (the job then fails);
+- ``slow``: the rank's steps take ``--slowdown`` times longer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import rankguard
+from rankguard.demo.model import GPTConfig, TinyGPT, synthetic_batch
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--step-sleep", type=float, default=0.05, help="extra seconds per step")
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--checkpoint-every", type=int, default=0)
+    p.add_argument("--checkpoint-seconds", type=float, default=0.0, help="extra save time")
+    p.add_argument("--checkpoint-dir", default=None)
+    p.add_argument("--fault", choices=["none", "stall", "stop", "crash", "slow"], default="none")
+    p.add_argument("--fault-rank", type=int, default=1)
+    p.add_argument("--fault-step", type=int, default=10)
+    p.add_argument("--fault-duration", type=float, default=8.0)
+    p.add_argument("--slowdown", type=float, default=1.5)
+    p.add_argument("--pg-timeout", type=float, default=120.0, help="collective timeout (s)")
+    return p.parse_args(argv)
+
+
+def inject(args: argparse.Namespace, rank: int, step: int) -> None:
+    if args.fault in ("none", "slow") or rank != args.fault_rank or step != args.fault_step:
+        return
+    print(f"[demo rank {rank}] injecting fault {args.fault!r} at step {step}", flush=True)
+    if args.fault == "stall":
+        time.sleep(args.fault_duration)
+    elif args.fault == "stop":
+        subprocess.Popen(
+            ["sh", "-c", f"sleep {args.fault_duration}; kill -CONT {os.getpid()}"],
+            start_new_session=True,
+        )
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif args.fault == "crash":
+        raise RuntimeError(f"injected crash on rank {rank} at step {step}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cuda = torch.cuda.is_available()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        "nccl" if cuda else "gloo", timeout=timedelta(seconds=args.pg_timeout)
+    )
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rg = rankguard.init()
+    torch.manual_seed(0)
+    cfg = GPTConfig()
+    model = DDP(TinyGPT(cfg).to(device), device_ids=[local_rank] if cuda else None)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    gen = torch.Generator().manual_seed(1234 + rank)
+    base = args.step_sleep
+    for step in range(1, args.steps + 1):
+        with rg.step(step):
+            t0 = time.perf_counter()
+            x, y = synthetic_batch(cfg, args.batch_size, gen, device)
+            loss = _loss(model, x, y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if args.fault == "slow" and rank == args.fault_rank:
+                time.sleep((time.perf_counter() - t0 + base) * (args.slowdown - 1.0))
+            if base:
+                time.sleep(base)
+            inject(args, rank, step)
+        if rank == 0 and (step == 1 or step % args.log_every == 0):
+            print(f"[demo] step {step}/{args.steps} loss {loss.item():.4f}", flush=True)
+        if args.checkpoint_every and step % args.checkpoint_every == 0:
+            with rg.checkpoint(f"step_{step}"):
+                if rank == 0 and args.checkpoint_dir:
+                    os.makedirs(args.checkpoint_dir, exist_ok=True)
+                    tmp = os.path.join(args.checkpoint_dir, f".step_{step}.pt.tmp")
+                    torch.save(model.module.state_dict(), tmp)
+                    os.replace(tmp, os.path.join(args.checkpoint_dir, f"step_{step}.pt"))
+                time.sleep(args.checkpoint_seconds)
+                dist.barrier()
+    dist.barrier()
+    dist.destroy_process_group()
+    if rank == 0:
+        print(f"[demo] done: {args.steps} steps on {world} rank(s)", flush=True)
+    return 0
+
+
+def _loss(model: DDP, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    logits = model(x)
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Heartbeat monitoring configuration (seed 000's keys, FlagScale's defaults)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["HardwareHealthConfig", "HeartbeatConfig"]
+
+
+@dataclass(kw_only=True, slots=True)
+class HardwareHealthConfig:
+    """Per-node GPU health collection (NVML first, nvidia-smi as fallback)."""
+
+    enabled: bool = field(default=False, metadata={"help": "Collect GPU health on every node."})
+    interval_s: float = field(default=60.0, metadata={"help": "Seconds between collections."})
+    command_timeout_s: float = field(
+        default=10.0, metadata={"help": "Timeout of one nvidia-smi call; < interval_s."}
+    )
+    stale_after_s: float | None = field(
+        default=None,
+        metadata={"help": "Health data older than this is stale; default 3 x interval_s."},
+    )
+
+    def __post_init__(self) -> None:
+        if self.interval_s <= 0:
+            raise ValueError(f"interval_s: must be > 0, got {self.interval_s}")
+        if self.command_timeout_s <= 0 or self.command_timeout_s >= self.interval_s:
+            raise ValueError(
+                f"command_timeout_s: must be > 0 and < interval_s ({self.interval_s}), "
+                f"got {self.command_timeout_s}"
+            )
+        if self.stale_after_s is None:
+            self.stale_after_s = 3.0 * self.interval_s
+        elif self.stale_after_s <= self.interval_s:
+            raise ValueError(
+                f"stale_after_s: must be > interval_s ({self.interval_s}), "
+                f"got {self.stale_after_s}"
+            )
+
+
+@dataclass(kw_only=True, slots=True)
+class HeartbeatConfig:
+    """Per-rank liveness and progress heartbeats and the job monitor's timeouts."""
+
+    enabled: bool = field(default=False, metadata={"help": "Turn heartbeat monitoring on."})
+    publish_interval_s: float = field(
+        default=5.0, metadata={"help": "Seconds between heartbeat records of a rank."}
+    )
+    initial_process_timeout_s: float = field(
+        default=30.0, metadata={"help": "A rank not seen this long after start is reported."}
+    )
+    process_timeout_s: float = field(
+        default=30.0, metadata={"help": "No heartbeat for this long: process unresponsive."}
+    )
+    initial_progress_timeout_s: float = field(
+        default=600.0, metadata={"help": "Progress timeout before the first completed step."}
+    )
+    progress_timeout_s: float = field(
+        default=300.0, metadata={"help": "Heartbeats arrive but no step completes this long."}
+    )
+    checkpoint_timeout_s: float = field(
+        default=1800.0, metadata={"help": "Process and progress timeout while checkpointing."}
+    )
+    scan_interval_s: float = field(
+        default=1.0, metadata={"help": "Seconds between two evaluations by the monitor."}
+    )
+    hardware_health: HardwareHealthConfig = field(default_factory=HardwareHealthConfig)
+
+    def __post_init__(self) -> None:
+        if self.publish_interval_s <= 0:
+            raise ValueError(f"publish_interval_s: must be > 0, got {self.publish_interval_s}")
+        if self.scan_interval_s <= 0:
+            raise ValueError(f"scan_interval_s: must be > 0, got {self.scan_interval_s}")
+        for name in (
+            "initial_process_timeout_s",
+            "process_timeout_s",
+            "initial_progress_timeout_s",
+            "progress_timeout_s",
+            "checkpoint_timeout_s",
+        ):
+            value = getattr(self, name)
+            if value <= self.publish_interval_s:
+                raise ValueError(
+                    f"{name}: must be > publish_interval_s ({self.publish_interval_s}), "
+                    f"got {value}"
+                )
+        if self.checkpoint_timeout_s < self.progress_timeout_s:
+            raise ValueError(
+                f"checkpoint_timeout_s: must be >= progress_timeout_s "
+                f"({self.progress_timeout_s}), got {self.checkpoint_timeout_s}"
+            )

@@ -1,0 +1,345 @@
+"""The job monitor (node 0): tails every rank's heartbeat file, applies the rules,
+writes ``findings.jsonl`` and ``status.json``.
+
+One scan = discover files -> read new lines -> pull records relayed from other nodes
+(mirrored into local files so node 0 holds every rank's history) -> mark local pids that
+vanished -> read GPU health files -> evaluate -> append findings -> replace status.json.
+A scan touches only files that grew (one ``stat`` each otherwise), so its cost is linear
+in the number of ranks.
+
+The monitor runs in a daemon thread of the launcher; it never signals or waits on a
+training process, and every exception inside a scan is logged and counted, not raised.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Protocol
+
+from rankguard._fs import append_jsonl, atomic_write_json
+from rankguard.heartbeat.config import HeartbeatConfig
+from rankguard.heartbeat.procs import pid_running, vanished_record
+from rankguard.heartbeat.records import HEARTBEAT_FILE_RE, SCHEMA_VERSION, heartbeat_file_name
+from rankguard.heartbeat.rules import HeartbeatRules, Liveness, Progress, RankState
+from rankguard.heartbeat.tailer import JsonlTailer
+
+__all__ = ["FINDINGS_FILE", "STATUS_FILE", "JobMonitor", "RemoteSource"]
+
+logger = logging.getLogger(__name__)
+
+STATUS_FILE = "status.json"
+FINDINGS_FILE = "findings.jsonl"
+_HEALTH_PREFIX = "gpu_health_node_"
+
+
+class RemoteSource(Protocol):
+    """Records and health snapshots of other nodes (see :mod:`.relay`)."""
+
+    def fetch(self) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]: ...
+
+    def nodes_done(self) -> bool: ...
+
+
+def _iso_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+class JobMonitor:
+    def __init__(
+        self,
+        cfg: HeartbeatConfig,
+        run_dir: Path,
+        run_id: str,
+        *,
+        expected_world_size: int | None = None,
+        remote: RemoteSource | None = None,
+        check_pids: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+        config_snapshot: dict[str, Any] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.run_id = run_id
+        self.remote = remote
+        self.check_pids = check_pids
+        self.clock = clock
+        self.hostname = socket.gethostname()
+        self.rules = HeartbeatRules(
+            cfg, run_id, expected_world_size=expected_world_size, started_at=clock()
+        )
+        self.config_snapshot = config_snapshot
+        self.scan_count = 0
+        self.scan_errors = 0
+        self.last_scan_s = 0.0
+        self.on_finding: list[Callable[[dict[str, Any]], None]] = []
+        self.recent_findings: deque[dict[str, Any]] = deque(maxlen=20)
+        self.status: dict[str, Any] = {}
+        self._tailers: dict[str, JsonlTailer] = {}
+        self._health: dict[int, tuple[dict[str, Any], float, float]] = {}  # snap, mtime, seen
+        self._mirrored: dict[tuple[int, int], int] = {}  # (rank, pid) -> last seq written
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._scan_lock = threading.Lock()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+
+    # ---- lifecycle ------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="rankguard-monitor", daemon=True)
+        self._thread.start()
+
+    def stop(self, drain_timeout_s: float = 0.0) -> dict[str, Any]:
+        """Stop scanning; first keep scanning up to ``drain_timeout_s`` until every rank
+        has ended (and every relaying node said it is done). Returns the final status."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        deadline = self.clock() + drain_timeout_s
+        while True:
+            self.scan_once()
+            if self._all_ended() or self.clock() >= deadline:
+                break
+            time.sleep(min(0.2, self.cfg.scan_interval_s))
+        return self.status
+
+    def _all_ended(self) -> bool:
+        world = self.rules.world_size()
+        ended = all(
+            (s := self.rules.ranks.get(r)) is not None and s.liveness is Liveness.EXITED
+            for r in range(world)
+        )
+        return ended and (self.remote is None or self.remote.nodes_done())
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.cfg.scan_interval_s):
+            self.scan_once()
+
+    # ---- one scan -------------------------------------------------------------------
+
+    def scan_once(self) -> list[dict[str, Any]]:
+        with self._scan_lock:
+            t0 = time.perf_counter()
+            try:
+                findings = self._scan()
+            except Exception:
+                self.scan_errors += 1
+                logger.exception("rankguard monitor: scan failed")
+                return []
+            self.last_scan_s = time.perf_counter() - t0
+            return findings
+
+    def _scan(self) -> list[dict[str, Any]]:
+        now = self.clock()
+        if self.remote is not None:
+            self._ingest_remote(now)
+        self._read_local_files(now)
+        if self.check_pids:
+            self._mark_vanished(now)
+        self._read_health(now)
+        findings = self.rules.evaluate(now, self._health_for)
+        if findings:
+            stamp = _iso_now()
+            for f in findings:
+                f["detected_wall_time"] = stamp
+            append_jsonl(self.run_dir / FINDINGS_FILE, findings)
+            self.recent_findings.extend(findings)
+            for f in findings:
+                logger.warning("rankguard finding: %s", f["message"])
+                for callback in self.on_finding:
+                    try:
+                        callback(f)
+                    except Exception:
+                        logger.exception("rankguard monitor: finding callback failed")
+        self.scan_count += 1
+        self.status = self._build_status(now)
+        atomic_write_json(self.run_dir / STATUS_FILE, self.status)
+        return findings
+
+    def _read_local_files(self, now: float) -> None:
+        with os.scandir(self.run_dir) as it:
+            for entry in it:
+                name = entry.name
+                if not name.endswith(".heartbeat.jsonl"):
+                    continue
+                tailer = self._tailers.get(name)
+                if tailer is None:
+                    if not HEARTBEAT_FILE_RE.match(name):
+                        continue
+                    tailer = self._tailers[name] = JsonlTailer(entry.path)
+                try:
+                    size = entry.stat().st_size
+                except FileNotFoundError:
+                    continue
+                for record in tailer.read(size):
+                    self.rules.ingest(record, now)
+
+    def _ingest_remote(self, now: float) -> None:
+        assert self.remote is not None
+        try:
+            records, health = self.remote.fetch()
+        except Exception as exc:
+            logger.warning("rankguard monitor: cannot read relayed heartbeats: %s", exc)
+            return
+        for record in records:
+            try:
+                key = (int(record["rank"]), int(record["pid"]))
+                seq = int(record.get("seq", 0))
+            except (KeyError, TypeError, ValueError):
+                continue
+            if record.get("run_id") != self.run_id or seq <= self._mirrored.get(key, -1):
+                continue
+            self._mirrored[key] = seq
+            append_jsonl(self.run_dir / heartbeat_file_name(*key), [record], fsync=False)
+            self.rules.ingest(record, now)
+        for node_rank, snapshot in health.items():
+            path = self.run_dir / f"{_HEALTH_PREFIX}{node_rank}.json"
+            known = self._health.get(node_rank)
+            if known is None or known[0] != snapshot:
+                atomic_write_json(path, snapshot)
+
+    def _mark_vanished(self, now: float) -> None:
+        for state in self.rules.ranks.values():
+            rec = state.record
+            if (
+                rec is None
+                or rec.get("event") == "process_end"
+                or rec.get("hostname") != self.hostname
+                or state.pid is None
+            ):
+                continue
+            if not pid_running(state.pid):
+                self.rules.ingest(vanished_record(rec), now)
+
+    def _read_health(self, now: float) -> None:
+        with os.scandir(self.run_dir) as it:
+            for entry in it:
+                name = entry.name
+                if not (name.startswith(_HEALTH_PREFIX) and name.endswith(".json")):
+                    continue
+                try:
+                    node_rank = int(name[len(_HEALTH_PREFIX) : -5])
+                    mtime = entry.stat().st_mtime
+                except (ValueError, FileNotFoundError):
+                    continue
+                known = self._health.get(node_rank)
+                if known is not None and known[1] == mtime:
+                    continue
+                try:
+                    snapshot = json.loads(Path(entry.path).read_text(encoding="utf-8"))
+                except (OSError, ValueError):
+                    continue
+                self._health[node_rank] = (snapshot, mtime, now)
+
+    def _health_for(self, record: dict[str, Any]) -> dict[str, Any] | None:
+        node = record.get("node_rank")
+        known = self._health.get(int(node)) if node is not None else None
+        gpu = record.get("gpu")
+        if known is None or not gpu:
+            return None
+        from rankguard.health import gpu_for_rank
+
+        snapshot, _, seen = known
+        entry = gpu_for_rank(
+            snapshot, str(record.get("hostname")), gpu.get("token"), gpu.get("ordinal")
+        )
+        if entry is None:
+            return None
+        stale_after = self.cfg.hardware_health.stale_after_s or 0.0
+        return {**entry, "stale": self.clock() - seen > stale_after}
+
+    # ---- status ---------------------------------------------------------------------
+
+    def _rank_row(self, s: RankState) -> dict[str, Any]:
+        rec = s.record or {}
+        return {
+            "rank": s.rank,
+            "pid": s.pid,
+            "hostname": rec.get("hostname"),
+            "node_rank": rec.get("node_rank"),
+            "local_rank": rec.get("local_rank"),
+            "process_liveness": s.liveness.value,
+            "gpu_progress": s.progress.value,
+            "iteration": rec.get("iteration"),
+            "progress_seq": rec.get("progress_seq"),
+            "phase": rec.get("phase"),
+            "checkpoint_active": bool(rec.get("checkpoint_active")),
+            "heartbeat_age_s": _round(s.heartbeat_age_s),
+            "progress_age_s": _round(s.progress_age_s),
+            "progress_source": rec.get("progress_source"),
+            "gpu": rec.get("gpu"),
+            "gpu_health": s.gpu_health,
+            "exit": rec.get("exit"),
+            "active_findings": sorted(s.active),
+            "blocked_by": list(s.blocked_by),
+        }
+
+    def _build_status(self, now: float) -> dict[str, Any]:
+        rules = self.rules
+        world = rules.world_size()
+        rows = []
+        for rank in range(max([world, *(r + 1 for r in rules.ranks)])):
+            state = rules.ranks.get(rank) or RankState(rank=rank)
+            rows.append(self._rank_row(state))
+        liveness = Counter(r["process_liveness"] for r in rows)
+        progress = Counter(r["gpu_progress"] for r in rows)
+        active = sum(len(r["active_findings"]) for r in rows)
+        if rules.first_failure is not None:
+            state = "failed"
+        elif rows and progress.get(Progress.COMPLETED.value, 0) == len(rows):
+            state = "completed"
+        elif active:
+            state = "degraded"
+        elif liveness.get(Liveness.ALIVE.value, 0) == 0:
+            state = "starting"
+        else:
+            state = "running"
+        health = {
+            str(node): {
+                "status": snap.get("status"),
+                "source": snap.get("source"),
+                "hostname": snap.get("hostname"),
+                "age_s": _round(now - seen),
+                "gpus": len(snap.get("gpus") or []),
+            }
+            for node, (snap, _, seen) in sorted(self._health.items())
+        }
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "run_id": self.run_id,
+            "updated_wall_time": _iso_now(),
+            "state": state,
+            "monitor": {
+                "hostname": self.hostname,
+                "pid": os.getpid(),
+                "scan_count": self.scan_count,
+                "scan_errors": self.scan_errors,
+                "last_scan_s": round(self.last_scan_s, 6),
+                "expected_world_size": world,
+                "ignored_records": rules.ignored_records,
+                "config": self.config_snapshot,
+            },
+            "summary": {
+                "ranks_expected": world,
+                "ranks_observed": sum(1 for s in rules.ranks.values() if s.record),
+                "process_liveness": dict(liveness),
+                "gpu_progress": dict(progress),
+                "findings_total": rules.findings_total,
+                "findings_active": active,
+            },
+            "ranks": rows,
+            "gpu_health": health,
+            "recent_findings": list(self.recent_findings),
+        }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)

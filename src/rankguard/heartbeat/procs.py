@@ -1,0 +1,49 @@
+"""Is a local pid still a running process? (Linux /proc, with a portable fallback.)
+
+A zombie (exited, not yet reaped by the launcher) counts as gone; a stopped process
+(SIGSTOP) counts as present: that one is the heartbeat timeout's job.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+__all__ = ["pid_running", "vanished_record"]
+
+
+def pid_running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        stat = b""
+    if stat:
+        # state is the first field after the parenthesised command name
+        close = stat.rfind(b")")
+        state = stat[close + 2 : close + 3]
+        return state not in (b"Z", b"X")
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def vanished_record(last: dict[str, Any]) -> dict[str, Any]:
+    """A ``process_end`` written on behalf of a process that died without one."""
+    rec = dict(last)
+    rec["event"] = "process_end"
+    rec["seq"] = int(last.get("seq", 0)) + 1
+    rec["synthesized"] = True
+    rec["exit"] = {
+        "clean": False,
+        "exit_code": None,
+        "error": "process vanished without process_end (killed by a signal or hard crash)",
+        "vanished": True,
+    }
+    return rec

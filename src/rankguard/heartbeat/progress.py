@@ -1,0 +1,199 @@
+"""Training progress counters: the only rankguard code on the training hot path.
+
+:meth:`ProgressTracker.step_end` runs once per step in the training loop. It does no
+I/O, takes no lock and never synchronises the device: on CPU it bumps two integers and
+reads the monotonic clock; on GPU it records a CUDA event only when the previous one
+has been consumed, and the heartbeat thread turns completed events into progress with
+``Event.query()`` (see :meth:`poll`). So "progress" on GPU means the GPU finished the
+work of that step, not that Python queued it.
+
+The tracker has one writer (the training thread) and one reader (the heartbeat thread).
+Every field is a plain attribute whose assignment is atomic under the GIL; the reader
+takes a snapshot and tolerates seeing a step in flight.
+
+Progress rules (FlagScale's, kept): setting a phase never advances progress; a step end
+does; checkpoint start switches to the ``checkpointing`` phase without advancing;
+checkpoint end advances and restores the previous phase; an end without a start is a
+no-op.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+__all__ = ["CHECKPOINT_PHASE", "ProgressSnapshot", "ProgressTracker"]
+
+CHECKPOINT_PHASE = "checkpointing"
+
+
+class _Event(Protocol):
+    def record(self) -> None: ...
+    def query(self) -> bool: ...
+
+
+def _cuda_in_use() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available() and torch.cuda.is_initialized())
+    except Exception:
+        return False
+
+
+def _cuda_event() -> _Event:
+    import torch
+
+    return torch.cuda.Event()  # type: ignore[no-any-return]
+
+
+ProgressSnapshot = dict[str, Any]
+
+
+class ProgressTracker:
+    __slots__ = (
+        "_clock",
+        "_event_factory",
+        "_events",
+        "_mode",
+        "_next_event",
+        "_pending",
+        "_queued_iteration",
+        "_queued_seq",
+        "_saved_phase",
+        "_started_ns",
+        "checkpoint_active",
+        "checkpoint_id",
+        "iteration",
+        "last_progress_ns",
+        "on_change",
+        "phase",
+        "progress_seq",
+        "source",
+    )
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], int] = time.monotonic_ns,
+        event_factory: Callable[[], _Event] | None = None,
+        mode: str | None = None,
+    ) -> None:
+        """``mode``: ``"cpu"``, ``"cuda"`` or None to decide at the first step (CUDA when
+        the process has initialised CUDA by then). ``event_factory`` replaces
+        ``torch.cuda.Event`` (tests use a fake)."""
+        self._clock = clock
+        self._started_ns = clock()
+        self._mode = mode
+        self._event_factory = event_factory or _cuda_event
+        self._events: list[_Event] = []
+        self._next_event = 0
+        self._pending: tuple[_Event, int, int | None] | None = None
+        self._queued_seq = 0
+        self._queued_iteration: int | None = None
+        self._saved_phase: str | None = None
+        self.progress_seq = 0
+        self.iteration: int | None = None
+        self.phase = "setup"
+        self.checkpoint_active = False
+        self.checkpoint_id: str | None = None
+        self.last_progress_ns: int | None = None
+        self.source = "none"
+        self.on_change: Callable[[], None] | None = None
+
+    # ---- hot path -------------------------------------------------------------------
+
+    def step_end(self, iteration: int | None = None) -> None:
+        """One training step has been issued. No I/O, no sync."""
+        mode = self._mode
+        if mode is None:
+            mode = self._mode = "cuda" if _cuda_in_use() else "cpu"
+        if mode == "cpu":
+            seq = self.progress_seq + 1
+            self.iteration = seq if iteration is None else iteration
+            self.last_progress_ns = self._clock()
+            self.progress_seq = seq
+            return
+        self._queued_seq += 1
+        self._queued_iteration = self._queued_seq if iteration is None else iteration
+        if self._pending is None:
+            self._record_event()
+
+    def _record_event(self) -> None:
+        if not self._events:
+            self._events = [self._event_factory(), self._event_factory()]
+        event = self._events[self._next_event]
+        self._next_event ^= 1
+        event.record()
+        self._pending = (event, self._queued_seq, self._queued_iteration)
+
+    # ---- rare calls (not per step) -------------------------------------------------
+
+    def set_phase(self, phase: str) -> None:
+        if phase != self.phase:
+            if self.checkpoint_active:
+                self._saved_phase = phase
+                return
+            self.phase = phase
+            self._changed()
+
+    def checkpoint_start(self, checkpoint_id: str | None = None) -> None:
+        if self.checkpoint_active:
+            self.checkpoint_id = checkpoint_id
+            return
+        self._saved_phase = self.phase
+        self.checkpoint_id = checkpoint_id
+        self.checkpoint_active = True
+        self.phase = CHECKPOINT_PHASE
+        self._changed()
+
+    def checkpoint_end(self) -> None:
+        if not self.checkpoint_active:
+            return
+        self.checkpoint_active = False
+        self.phase = self._saved_phase or "train"
+        self._saved_phase = None
+        self.last_progress_ns = self._clock()
+        self.progress_seq += 1
+        self._changed()
+
+    def _changed(self) -> None:
+        callback = self.on_change
+        if callback is not None:
+            callback()
+
+    # ---- heartbeat thread -----------------------------------------------------------
+
+    def poll(self) -> None:
+        """Turn a completed CUDA event into progress (heartbeat thread; never blocks)."""
+        pending = self._pending
+        if pending is None:
+            return
+        event, seq, iteration = pending
+        if not event.query():
+            return
+        if seq > self.progress_seq:
+            self.iteration = iteration
+            self.last_progress_ns = self._clock()
+            self.progress_seq = seq
+        # Steps queued while this event was pending are confirmed by the event the
+        # next step end records (events are only recorded from the training thread,
+        # on its stream).
+        self._pending = None
+
+    def snapshot(self) -> ProgressSnapshot:
+        now = self._clock()
+        last = self.last_progress_ns
+        since_ns = now - (last if last is not None else self._started_ns)
+        return {
+            "progress_seq": self.progress_seq,
+            "iteration": self.iteration,
+            "phase": self.phase,
+            "checkpoint_active": self.checkpoint_active,
+            "checkpoint_id": self.checkpoint_id,
+            "last_progress_monotonic_ns": last,
+            "since_progress_s": round(since_ns / 1e9, 6),
+            "progress_source": self.source,
+            "monotonic_ns": now,
+        }

@@ -1,0 +1,130 @@
+"""Per-rank heartbeat publisher: a daemon thread inside the training process.
+
+It writes ``process_start`` at once, a ``heartbeat`` record every
+``publish_interval_s`` (or right away when the phase or checkpoint state changes), and
+``process_end`` on close. Each record is one complete JSON line appended to
+``rank_<rank>_pid_<pid>.heartbeat.jsonl`` with ``O_APPEND`` and fsync'd, so a kill -9
+never leaves a torn line that matters (the monitor's tailer skips a partial last line).
+
+The thread only reads the :class:`~rankguard.heartbeat.progress.ProgressTracker`; the
+training loop never waits for it. A write error is counted and logged once, never
+raised into training.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from rankguard._fs import dumps_line
+from rankguard.heartbeat.progress import ProgressTracker
+from rankguard.heartbeat.records import Event, RankIdentity, heartbeat_file_name
+
+__all__ = ["HeartbeatPublisher"]
+
+logger = logging.getLogger(__name__)
+
+
+class HeartbeatPublisher:
+    def __init__(
+        self,
+        identity: RankIdentity,
+        run_dir: Path,
+        tracker: ProgressTracker,
+        interval_s: float,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"interval_s: must be > 0, got {interval_s}")
+        self.identity = identity
+        self.path = Path(run_dir) / heartbeat_file_name(identity.rank, identity.pid)
+        self.tracker = tracker
+        self.interval_s = interval_s
+        self.write_errors = 0
+        self._seq = 0
+        self._fd: int | None = None
+        self._lock = threading.Lock()  # serialises writes of the thread and close()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._base = identity.base_record()
+        tracker.on_change = self._wake.set
+
+    # ---- lifecycle ------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._write(Event.PROCESS_START)
+        self._thread = threading.Thread(
+            target=self._run, name="rankguard-heartbeat", daemon=True
+        )
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Publish now instead of at the next interval (phase/checkpoint changes)."""
+        self._wake.set()
+
+    def close(
+        self, *, clean: bool = True, exit_code: int | None = None, error: str | None = None
+    ) -> None:
+        """Stop the thread and write ``process_end``. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        self._wake.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=max(1.0, 2 * self.interval_s))
+        self.tracker.poll()
+        self._write(
+            Event.PROCESS_END,
+            {"exit": {"clean": clean, "exit_code": exit_code, "error": error}},
+        )
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    @property
+    def records_written(self) -> int:
+        return self._seq
+
+    # ---- thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            try:
+                self.tracker.poll()
+            except Exception:  # a broken CUDA context must not kill the heartbeat
+                logger.exception("rankguard: polling the progress event failed")
+            self._write(Event.HEARTBEAT)
+
+    def _write(self, event: Event, extra: dict[str, Any] | None = None) -> None:
+        record = dict(self._base)
+        record["event"] = event.value
+        record["wall_time_ns"] = time.time_ns()
+        record.update(self.tracker.snapshot())
+        if extra:
+            record.update(extra)
+        with self._lock:
+            if self._fd is None:
+                return
+            record["seq"] = self._seq
+            self._seq += 1
+            try:
+                os.write(self._fd, dumps_line(record).encode("utf-8"))
+                os.fsync(self._fd)
+            except OSError as exc:
+                self.write_errors += 1
+                if self.write_errors == 1:
+                    logger.error("rankguard: cannot write heartbeat to %s: %s", self.path, exc)

@@ -1,0 +1,153 @@
+"""Heartbeats of other nodes reach node 0 through the rendezvous store.
+
+Nodes share no filesystem, but every node's launcher already talks to the c10d
+rendezvous ``TCPStore`` (hosted by node 0's launcher). On node k > 0 a
+:class:`StoreRelay` thread tails the node's heartbeat files and, every publish
+interval, sets one key per node, ``rankguard/<run_id>/hb/node/<k>``, to the latest
+record of every local rank plus the node's GPU health snapshot. Node 0's monitor reads
+those keys through :class:`StoreRemoteSource`, mirrors the records into its own run
+directory and evaluates them like local ones.
+
+One key per node keeps the monitor at ``nnodes`` store reads per scan whatever the
+number of ranks, and the latest-record model loses nothing the rules need: every record
+carries the rank's full state, and ``process_end`` is always a rank's last record. The
+relay also notices local pids that vanished without ``process_end`` (SIGKILL, hard
+crash) and relays a synthesized ``process_end``, because node 0 cannot look at another
+host's process table.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from rankguard.heartbeat.procs import pid_running, vanished_record
+from rankguard.heartbeat.records import HEARTBEAT_FILE_RE
+from rankguard.heartbeat.tailer import JsonlTailer
+
+__all__ = ["StoreRelay", "StoreRemoteSource", "store_prefix"]
+
+logger = logging.getLogger(__name__)
+
+
+def store_prefix(run_id: str) -> str:
+    return f"rankguard/{run_id}/"
+
+
+def _node_key(run_id: str, node_rank: int) -> str:
+    return f"{store_prefix(run_id)}hb/node/{node_rank}"
+
+
+def _done_key(run_id: str, node_rank: int) -> str:
+    return f"{store_prefix(run_id)}done/node/{node_rank}"
+
+
+class StoreRelay:
+    """Node k > 0: push the latest local records and health to the store."""
+
+    def __init__(
+        self, store: Any, run_dir: Path, run_id: str, node_rank: int, interval_s: float
+    ) -> None:
+        self.store = store
+        self.run_dir = Path(run_dir)
+        self.run_id = run_id
+        self.node_rank = node_rank
+        self.interval_s = interval_s
+        self.pushes = 0
+        self.errors = 0
+        self._latest: dict[int, dict[str, Any]] = {}
+        self._tailers: dict[str, JsonlTailer] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="rankguard-relay", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Final push, then mark this node done so node 0 can stop draining."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self.push_once()
+        try:
+            self.store.set(_done_key(self.run_id, self.node_rank), b"1")
+        except Exception as exc:
+            logger.warning("rankguard relay: cannot mark node %d done: %s", self.node_rank, exc)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.push_once()
+
+    def _collect(self) -> None:
+        with os.scandir(self.run_dir) as it:
+            for entry in it:
+                if not HEARTBEAT_FILE_RE.match(entry.name):
+                    continue
+                tailer = self._tailers.setdefault(entry.name, JsonlTailer(entry.path))
+                for rec in tailer.read():
+                    if rec.get("run_id") != self.run_id:
+                        continue
+                    rank = int(rec.get("rank", -1))
+                    old = self._latest.get(rank)
+                    if old is None or old.get("pid") != rec.get("pid"):
+                        if old is not None and int(rec.get("wall_time_ns") or 0) < int(
+                            old.get("wall_time_ns") or 0
+                        ):
+                            continue  # a late line of a replaced process
+                        self._latest[rank] = rec
+                    elif int(rec.get("seq", 0)) > int(old.get("seq", 0)):
+                        self._latest[rank] = rec
+        for rank, rec in list(self._latest.items()):
+            if rec.get("event") != "process_end" and not pid_running(int(rec["pid"])):
+                self._latest[rank] = vanished_record(rec)
+
+    def _health(self) -> dict[str, Any] | None:
+        path = self.run_dir / f"gpu_health_node_{self.node_rank}.json"
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))  # type: ignore[no-any-return]
+        except (OSError, ValueError):
+            return None
+
+    def push_once(self) -> None:
+        try:
+            self._collect()
+            payload = {"records": list(self._latest.values()), "health": self._health()}
+            self.store.set(_node_key(self.run_id, self.node_rank), json.dumps(payload))
+            self.pushes += 1
+        except Exception as exc:
+            self.errors += 1
+            if self.errors == 1 or self.errors % 100 == 0:
+                logger.warning("rankguard relay: push failed (%d so far): %s", self.errors, exc)
+
+
+class StoreRemoteSource:
+    """Node 0: read what the relays of nodes 1..nnodes-1 pushed."""
+
+    def __init__(self, store: Any, run_id: str, nnodes: int) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.nodes = list(range(1, nnodes))
+
+    def fetch(self) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]:
+        records: list[dict[str, Any]] = []
+        health: dict[int, dict[str, Any]] = {}
+        for node in self.nodes:
+            key = _node_key(self.run_id, node)
+            if not self.store.check([key]):
+                continue
+            payload = json.loads(self.store.get(key))
+            records.extend(payload.get("records") or [])
+            if payload.get("health"):
+                health[node] = payload["health"]
+        return records, health
+
+    def nodes_done(self) -> bool:
+        try:
+            return bool(self.store.check([_done_key(self.run_id, n) for n in self.nodes]))
+        except Exception:
+            return True  # the store is gone: nothing more can arrive

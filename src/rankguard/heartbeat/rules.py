@@ -1,0 +1,429 @@
+"""The monitor's verdicts: pure logic, no files, no threads, an injected clock.
+
+Each rank has two independent states, and a finding fires once per episode:
+
+process_liveness (``Liveness``)
+    not_observed -> alive (first record) -> stale (no record for process_timeout_s,
+    checkpoint_timeout_s while checkpointing) -> alive (records again) ... -> exited
+    (``process_end`` seen, or the pid vanished).
+gpu_progress (``Progress``)
+    not_observed -> starting (records, no step yet) -> progressing <-> stalled;
+    unknown while the process is stale (one cause, one finding) or after an error
+    exit; completed after a clean exit.
+
+Ages use the monitor's own monotonic clock (the time it first saw each record) plus the
+publisher's own "seconds since progress" measured on the publisher's clock, so no two
+hosts' clocks are ever compared. A finding's episode key is (rank, pid, type); the key is
+cleared when the condition clears, so a relapse fires again. A new pid for a known rank
+(restart) resets the rank; records of another run_id are ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from rankguard.heartbeat.config import HeartbeatConfig
+from rankguard.heartbeat.records import SCHEMA_VERSION
+
+__all__ = ["FindingType", "HeartbeatRules", "Liveness", "Progress", "RankState", "Reason"]
+
+
+class Liveness(str, Enum):
+    NOT_OBSERVED = "not_observed"
+    ALIVE = "alive"
+    STALE = "stale"
+    EXITED = "exited"
+
+
+class Progress(str, Enum):
+    NOT_OBSERVED = "not_observed"
+    STARTING = "starting"
+    PROGRESSING = "progressing"
+    STALLED = "stalled"
+    UNKNOWN = "unknown"
+    COMPLETED = "completed"
+
+
+class FindingType(str, Enum):
+    PROCESS_TIMEOUT = "rank_process_heartbeat_timeout"
+    PROGRESS_TIMEOUT = "gpu_progress_timeout"
+    PROCESS_EXITED = "rank_process_exited"
+    HEALTH_FAILURE = "gpu_hardware_health_failure"
+    HEALTH_WARNING = "gpu_hardware_health_warning"
+
+
+class Reason(str, Enum):
+    NEVER_OBSERVED = "rank_process_heartbeat_never_observed"
+    UNRESPONSIVE = "rank_process_or_heartbeat_thread_unresponsive"
+    NOT_ADVANCING = "rank_alive_but_gpu_progress_not_advancing"
+    EXITED_WITH_ERROR = "rank_process_exited_with_error"
+    DIED = "rank_process_died_without_process_end"
+    GPU_UNHEALTHY = "gpu_unhealthy"
+    GPU_WARNING = "gpu_warning"
+
+
+@dataclass(slots=True)
+class RankState:
+    rank: int
+    pid: int | None = None
+    record: dict[str, Any] | None = None  # latest record of the current pid
+    seen_at: float | None = None  # monitor clock when ``record`` was first seen
+    start_wall_ns: int | None = None
+    liveness: Liveness = Liveness.NOT_OBSERVED
+    progress: Progress = Progress.NOT_OBSERVED
+    heartbeat_age_s: float | None = None
+    progress_age_s: float | None = None
+    gpu_health: dict[str, Any] | None = None
+    active: set[str] = field(default_factory=set)  # finding types active for this pid
+    blocked_by: list[int] = field(default_factory=list)  # culprits a stalled rank waits on
+    stall: tuple[float, float] | None = None  # (timeout, age) while over the progress timeout
+
+    def reset(self, pid: int) -> None:
+        self.pid = pid
+        self.record = None
+        self.seen_at = None
+        self.start_wall_ns = None
+        self.liveness = Liveness.NOT_OBSERVED
+        self.progress = Progress.NOT_OBSERVED
+        self.heartbeat_age_s = None
+        self.progress_age_s = None
+        self.active = set()
+        self.blocked_by = []
+        self.stall = None
+
+
+HealthLookup = Callable[[dict[str, Any]], dict[str, Any] | None]
+
+
+class HeartbeatRules:
+    """Feed records with :meth:`ingest`, call :meth:`evaluate` once per scan."""
+
+    def __init__(
+        self,
+        cfg: HeartbeatConfig,
+        run_id: str,
+        *,
+        expected_world_size: int | None,
+        started_at: float,
+    ) -> None:
+        self.cfg = cfg
+        self.run_id = run_id
+        self.expected_world_size = expected_world_size
+        self.started_at = started_at
+        self.ranks: dict[int, RankState] = {}
+        self.ignored_records = 0
+        self.findings_total = 0
+        self._never_seen_fired: set[int] = set()
+        self._first_sighting: float | None = None
+        self.first_failure: tuple[int, float] | None = None  # (rank, monitor time)
+
+    # ---- input ----------------------------------------------------------------------
+
+    def world_size(self) -> int:
+        if self.expected_world_size:
+            return self.expected_world_size
+        sizes = [int(s.record.get("world_size") or 0) for s in self.ranks.values() if s.record]
+        return max(sizes, default=0)
+
+    def ingest(self, record: dict[str, Any], now: float) -> bool:
+        """Apply one record; False when it is ignored (other run, old pid, duplicate)."""
+        if record.get("run_id") != self.run_id:
+            self.ignored_records += 1
+            return False
+        try:
+            rank = int(record["rank"])
+            pid = int(record["pid"])
+        except (KeyError, TypeError, ValueError):
+            self.ignored_records += 1
+            return False
+        state = self.ranks.get(rank)
+        if state is None:
+            state = self.ranks[rank] = RankState(rank=rank)
+        if state.pid != pid:
+            if state.pid is not None and not self._is_newer_process(state, record):
+                self.ignored_records += 1
+                return False
+            state.reset(pid)
+        old = state.record
+        if old is not None and int(record.get("seq", 0)) <= int(old.get("seq", 0)):
+            if not (record.get("event") == "process_end" and old.get("event") != "process_end"):
+                return False
+        state.record = record
+        state.seen_at = now
+        if self._first_sighting is None:
+            self._first_sighting = now
+        if record.get("event") == "process_start" or state.start_wall_ns is None:
+            state.start_wall_ns = int(record.get("wall_time_ns") or 0)
+        return True
+
+    @staticmethod
+    def _is_newer_process(state: RankState, record: dict[str, Any]) -> bool:
+        old = state.record
+        if old is None:
+            return True
+        if old.get("hostname") != record.get("hostname"):
+            return True  # a rank moved hosts: arrival order is all we can trust
+        return int(record.get("wall_time_ns") or 0) >= int(state.start_wall_ns or 0)
+
+    # ---- verdicts -------------------------------------------------------------------
+
+    def evaluate(self, now: float, health_for: HealthLookup | None = None) -> list[dict[str, Any]]:
+        findings: list[dict[str, Any]] = []
+        world = self.world_size()
+        # Workers start after the rendezvous, which may take long on many nodes: the
+        # initial timeout runs from the first rank seen (or from the monitor's start
+        # while none has been seen).
+        anchor = self._first_sighting if self._first_sighting is not None else self.started_at
+        waited = now - anchor
+        for rank in range(world):
+            if rank not in self.ranks and rank not in self._never_seen_fired:
+                if waited > self.cfg.initial_process_timeout_s:
+                    self._never_seen_fired.add(rank)
+                    findings.append(self._never_seen(rank, waited))
+        # Error exits first: when a rank fails, the launcher then terminates its peers,
+        # and those deaths are consequences, not more culprits.
+        for state in sorted(self.ranks.values(), key=_vanished):
+            if state.record is None:
+                continue
+            state.gpu_health = health_for(state.record) if health_for else None
+            findings.extend(self._evaluate_rank(state, now))
+        findings.extend(self._attribute_stalls())
+        self.findings_total += len(findings)
+        return findings
+
+    def _attribute_stalls(self) -> list[dict[str, Any]]:
+        """Name the culprit of a stall, not its victims.
+
+        In a synchronous job one stuck rank stops every other rank at its next
+        collective, so all of them stop progressing. A stalled rank gets its own
+        ``gpu_progress_timeout`` only when no other rank is already the known cause
+        (stale, failed, or flagged as stalled) and it is among the furthest behind;
+        the others are marked stalled with ``blocked_by`` naming the culprits. When all
+        stalled ranks are equally far (a hang before the collective, a collective
+        hang), all of them are reported: their heartbeats cannot tell them apart.
+        """
+        culprits = [
+            s.rank
+            for s in self.ranks.values()
+            if s.active
+            & {
+                FindingType.PROCESS_TIMEOUT.value,
+                FindingType.PROCESS_EXITED.value,
+                FindingType.PROGRESS_TIMEOUT.value,
+            }
+        ]
+        stalled = [s for s in self.ranks.values() if s.stall is not None]
+        if not stalled:
+            return []
+        lowest = min(_seq(s) for s in stalled)
+        out: list[dict[str, Any]] = []
+        for s in sorted(stalled, key=lambda st: st.rank):
+            if FindingType.PROGRESS_TIMEOUT.value in s.active:
+                continue
+            others = [r for r in culprits if r != s.rank]
+            if others or _seq(s) > lowest:
+                s.blocked_by = others or sorted(
+                    t.rank for t in stalled if _seq(t) == lowest and t.rank != s.rank
+                )
+                continue
+            timeout, age = s.stall  # type: ignore[misc]
+            self._fire(
+                s, FindingType.PROGRESS_TIMEOUT, Reason.NOT_ADVANCING, timeout, age, out
+            )
+        return out
+
+    def _evaluate_rank(self, s: RankState, now: float) -> list[dict[str, Any]]:
+        rec = s.record
+        assert rec is not None and s.seen_at is not None
+        cfg = self.cfg
+        out: list[dict[str, Any]] = []
+        hb_age = now - s.seen_at
+        s.heartbeat_age_s = hb_age
+        since = rec.get("since_progress_s")
+        s.progress_age_s = hb_age + float(since) if since is not None else None
+
+        if rec.get("event") == "process_end":
+            exit_info = rec.get("exit") or {}
+            s.liveness = Liveness.EXITED
+            s.stall = None
+            s.blocked_by = []
+            clean = bool(exit_info.get("clean", True))
+            s.progress = Progress.COMPLETED if clean else Progress.UNKNOWN
+            self._clear(s, FindingType.PROCESS_TIMEOUT, FindingType.PROGRESS_TIMEOUT)
+            if not clean and FindingType.PROCESS_EXITED.value not in s.active:
+                first = self.first_failure
+                if (
+                    exit_info.get("vanished")
+                    and first is not None
+                    and first[0] != s.rank
+                    and now - first[1] <= cfg.process_timeout_s
+                ):
+                    # Terminated as a consequence of the first failure: state only.
+                    s.active.add(FindingType.PROCESS_EXITED.value)
+                    s.record = {**rec, "exit": {**exit_info, "after_failure_of_rank": first[0]}}
+                    return out
+                if first is None:
+                    self.first_failure = (s.rank, now)
+                reason = Reason.DIED if exit_info.get("vanished") else Reason.EXITED_WITH_ERROR
+                self._fire(s, FindingType.PROCESS_EXITED, reason, None, None, out)
+            return out
+
+        ckpt = bool(rec.get("checkpoint_active"))
+        process_timeout = cfg.checkpoint_timeout_s if ckpt else cfg.process_timeout_s
+        if hb_age > process_timeout:
+            s.liveness = Liveness.STALE
+            s.progress = Progress.UNKNOWN
+            s.stall = None
+            s.blocked_by = []
+            self._clear(s, FindingType.PROGRESS_TIMEOUT)
+            self._fire(
+                s, FindingType.PROCESS_TIMEOUT, Reason.UNRESPONSIVE, process_timeout, hb_age, out
+            )
+            return out
+        s.liveness = Liveness.ALIVE
+        self._clear(s, FindingType.PROCESS_TIMEOUT)
+
+        started = int(rec.get("progress_seq") or 0) > 0
+        if ckpt:
+            progress_timeout = cfg.checkpoint_timeout_s
+        elif started:
+            progress_timeout = cfg.progress_timeout_s
+        else:
+            progress_timeout = cfg.initial_progress_timeout_s
+        age = s.progress_age_s
+        if age is not None and age > progress_timeout:
+            s.progress = Progress.STALLED
+            s.stall = (progress_timeout, age)  # attributed in _attribute_stalls
+        else:
+            s.progress = Progress.PROGRESSING if started else Progress.STARTING
+            s.stall = None
+            s.blocked_by = []
+            self._clear(s, FindingType.PROGRESS_TIMEOUT)
+
+        health = s.gpu_health or {}
+        verdict = None if health.get("stale") else health.get("health")
+        if verdict == "unhealthy":
+            self._fire(s, FindingType.HEALTH_FAILURE, Reason.GPU_UNHEALTHY, None, None, out)
+        else:
+            self._clear(s, FindingType.HEALTH_FAILURE)
+        if verdict == "warning":
+            self._fire(s, FindingType.HEALTH_WARNING, Reason.GPU_WARNING, None, None, out)
+        else:
+            self._clear(s, FindingType.HEALTH_WARNING)
+        return out
+
+    # ---- findings -------------------------------------------------------------------
+
+    @staticmethod
+    def _clear(s: RankState, *types: FindingType) -> None:
+        for t in types:
+            s.active.discard(t.value)
+
+    def _fire(
+        self,
+        s: RankState,
+        ftype: FindingType,
+        reason: Reason,
+        timeout_s: float | None,
+        observed_s: float | None,
+        out: list[dict[str, Any]],
+    ) -> None:
+        if ftype.value in s.active:
+            return
+        s.active.add(ftype.value)
+        rec = s.record or {}
+        out.append(
+            {
+                "schema_version": SCHEMA_VERSION,
+                "run_id": self.run_id,
+                "finding_type": ftype.value,
+                "rank": s.rank,
+                "pid": s.pid,
+                "hostname": rec.get("hostname"),
+                "node_rank": rec.get("node_rank"),
+                "local_rank": rec.get("local_rank"),
+                "process_liveness": s.liveness.value,
+                "gpu_progress": s.progress.value,
+                "reason": reason.value,
+                "phase": rec.get("phase"),
+                "iteration": rec.get("iteration"),
+                "checkpoint_active": bool(rec.get("checkpoint_active")),
+                "timeout_s": timeout_s,
+                "observed_s": None if observed_s is None else round(observed_s, 3),
+                "gpu": rec.get("gpu"),
+                "gpu_health": s.gpu_health,
+                "exit": rec.get("exit"),
+                "message": _message(ftype, reason, s, timeout_s, observed_s),
+            }
+        )
+
+    def _never_seen(self, rank: int, waited: float) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "run_id": self.run_id,
+            "finding_type": FindingType.PROCESS_TIMEOUT.value,
+            "rank": rank,
+            "pid": None,
+            "hostname": None,
+            "node_rank": None,
+            "local_rank": None,
+            "process_liveness": Liveness.NOT_OBSERVED.value,
+            "gpu_progress": Progress.NOT_OBSERVED.value,
+            "reason": Reason.NEVER_OBSERVED.value,
+            "phase": None,
+            "iteration": None,
+            "checkpoint_active": False,
+            "timeout_s": self.cfg.initial_process_timeout_s,
+            "observed_s": round(waited, 3),
+            "gpu": None,
+            "gpu_health": None,
+            "exit": None,
+            "message": f"rank {rank} has published no heartbeat {waited:.1f}s after the "
+            f"job's first rank was seen (initial_process_timeout_s="
+            f"{self.cfg.initial_process_timeout_s:g})",
+        }
+
+
+def _seq(state: RankState) -> int:
+    return int((state.record or {}).get("progress_seq") or 0)
+
+
+def _vanished(state: RankState) -> bool:
+    rec = state.record or {}
+    return bool((rec.get("exit") or {}).get("vanished"))
+
+
+def _message(
+    ftype: FindingType,
+    reason: Reason,
+    s: RankState,
+    timeout_s: float | None,
+    observed_s: float | None,
+) -> str:
+    rec = s.record or {}
+    who = f"rank {s.rank} (pid {s.pid} on {rec.get('hostname')})"
+    where = f"phase {rec.get('phase')}, iteration {rec.get('iteration')}"
+    if ftype is FindingType.PROCESS_TIMEOUT:
+        return (
+            f"{who}: no heartbeat for {observed_s:.1f}s > {timeout_s:g}s; the process or "
+            f"its heartbeat thread is unresponsive (stopped, swapping or dead) [{where}]"
+        )
+    if ftype is FindingType.PROGRESS_TIMEOUT:
+        return (
+            f"{who}: alive but no step completed for {observed_s:.1f}s > {timeout_s:g}s "
+            f"[{where}]"
+        )
+    if ftype is FindingType.PROCESS_EXITED:
+        exit_info = rec.get("exit") or {}
+        if reason is Reason.DIED:
+            return f"{who}: process vanished without a clean end (killed or crashed) [{where}]"
+        return (
+            f"{who}: exited with an error (exit code {exit_info.get('exit_code')}): "
+            f"{exit_info.get('error')} [{where}]"
+        )
+    problems = ", ".join((s.gpu_health or {}).get("problems") or []) or "see gpu_health"
+    level = "unhealthy" if ftype is FindingType.HEALTH_FAILURE else "warning"
+    return f"{who}: its GPU is {level}: {problems}"

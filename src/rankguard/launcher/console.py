@@ -1,0 +1,78 @@
+"""A live one-line job status on the launcher's terminal (demo and ``--live``).
+
+On a terminal the line is redrawn in place; in a log (CI) a line is printed only when
+the state or the counts change, at most every few seconds.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+__all__ = ["LiveStatus", "status_line"]
+
+
+def status_line(status: dict[str, Any]) -> str:
+    if not status:
+        return "waiting for the first scan"
+    ranks = status.get("ranks") or []
+    iters = [r.get("iteration") for r in ranks if r.get("iteration") is not None]
+    live = Counter(r.get("process_liveness") for r in ranks)
+    prog = Counter(r.get("gpu_progress") for r in ranks)
+    summary = status.get("summary") or {}
+    it = f"iter {min(iters)}-{max(iters)}" if iters else "iter -"
+    live_s = " ".join(f"{k}={v}" for k, v in sorted(live.items()))
+    prog_s = " ".join(f"{k}={v}" for k, v in sorted(prog.items()))
+    return (
+        f"[{status.get('state')}] {it} | {live_s} | {prog_s} | "
+        f"findings {summary.get('findings_total', 0)}"
+    )
+
+
+class LiveStatus:
+    def __init__(self, monitor: Any, interval_s: float = 1.0, stream: Any = None) -> None:
+        self.monitor = monitor
+        self.interval_s = interval_s
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last = ""
+        self._last_print = 0.0
+        self._seen_findings = 0
+
+    def start(self) -> None:
+        self.monitor.on_finding.append(self._finding)
+        self._thread = threading.Thread(target=self._loop, name="rankguard-live", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self.tty and self._last:
+            self.stream.write("\n")
+            self.stream.flush()
+
+    def _finding(self, finding: dict[str, Any]) -> None:
+        prefix = "\r\033[K" if self.tty else ""
+        self.stream.write(f"{prefix}[rankguard] FINDING {finding.get('finding_type')}: "
+                          f"{finding.get('message')}\n")
+        self.stream.flush()
+        self._last = ""
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            line = status_line(self.monitor.status)
+            now = time.monotonic()
+            if self.tty:
+                self.stream.write(f"\r\033[K[rankguard] {line}")
+                self.stream.flush()
+                self._last = line
+            elif line != self._last and now - self._last_print >= 5.0:
+                self.stream.write(f"[rankguard] {line}\n")
+                self.stream.flush()
+                self._last, self._last_print = line, now

@@ -1,0 +1,187 @@
+"""``rankguard run``: torch.distributed.elastic's agent plus rankguard's side services.
+
+Built from the public pieces of torch elastic, as torchrun is, but holding the c10d
+rendezvous store itself: node 0's launcher hosts it, so it outlives the workers and can
+carry the heartbeat relay of the other nodes until node 0's monitor has drained them.
+
+Flow on every node: config -> run directory -> rendezvous store -> side services
+(:mod:`.services`) -> ``LocalElasticAgent.run()`` -> stop services -> summary. Workers
+are started as ``python -m rankguard.launcher.worker SCRIPT ARGS`` with the run's
+identity in ``RANKGUARD_*`` environment variables.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from rankguard._fs import atomic_write_json
+from rankguard.config import RankguardConfig, config_to_dict, dumps_config
+from rankguard.heartbeat.monitor import FINDINGS_FILE, STATUS_FILE
+from rankguard.heartbeat.records import ENV
+from rankguard.launcher.console import LiveStatus
+from rankguard.launcher.options import LaunchOptions
+from rankguard.launcher.services import NodeServices
+
+__all__ = ["launch", "run_dir_for"]
+
+logger = logging.getLogger("rankguard.launcher")
+
+
+def run_dir_for(cfg: RankguardConfig, run_id: str) -> Path:
+    return Path(cfg.log_dir).resolve() / "heartbeat" / run_id
+
+
+def _rendezvous(opts: LaunchOptions, run_id: str) -> tuple[Any, Any, str, int]:
+    """The c10d rendezvous handler and the store it uses (hosted here on node 0)."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+        DynamicRendezvousHandler,
+        RendezvousTimeout,
+    )
+
+    endpoint = "127.0.0.1:0" if opts.standalone else str(opts.rdzv_endpoint)
+    params = RendezvousParameters(
+        backend="c10d",
+        endpoint=endpoint,
+        run_id=run_id,
+        min_nodes=opts.min_nodes,
+        max_nodes=opts.max_nodes,
+        is_host=opts.standalone or opts.node_rank == 0,
+    )
+    backend, store = create_backend(params)
+    handler = DynamicRendezvousHandler.from_backend(
+        run_id=run_id,
+        store=store,
+        backend=backend,
+        min_nodes=opts.min_nodes,
+        max_nodes=opts.max_nodes,
+        timeout=RendezvousTimeout(join=timedelta(seconds=opts.rdzv_join_timeout_s)),
+    )
+    host = endpoint.rsplit(":", 1)[0]
+    return handler, store, host, int(store.port)
+
+
+def _store_client(host: str, port: int) -> Any:
+    from torch.distributed import TCPStore
+
+    return TCPStore(host, port, is_master=False, timeout=timedelta(seconds=30))
+
+
+def _worker_env(cfg: RankguardConfig, run_id: str, run_dir: Path, node_rank: int) -> None:
+    os.environ[ENV.RUN_ID] = run_id
+    os.environ[ENV.RUN_DIR] = str(run_dir)
+    os.environ[ENV.NODE_RANK] = str(node_rank)
+    os.environ[ENV.CONFIG] = dumps_config(cfg)
+    os.environ[ENV.LAUNCHER] = "1"
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+
+
+def _say(msg: str) -> None:
+    print(f"[rankguard] {msg}", file=sys.stderr, flush=True)
+
+
+def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
+    """Run the job on this node; return the process exit code."""
+    from torch.distributed.elastic.agent.server.api import WorkerSpec
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+    run_id = opts.run_id()
+    run_dir = run_dir_for(cfg, run_id)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    hb = cfg.heartbeat
+    if not hb.enabled:
+        _say("heartbeat monitoring is OFF (heartbeat.enabled=false): no liveness, progress "
+             "or hang detection for this run")
+    _worker_env(cfg, run_id, run_dir, opts.node_rank)
+
+    handler, store, host, port = _rendezvous(opts, run_id)
+    client = _store_client(host, port) if opts.multi_node else None
+    services = NodeServices(
+        cfg=cfg,
+        run_dir=run_dir,
+        run_id=run_id,
+        node_rank=opts.node_rank,
+        nnodes=opts.max_nodes,
+        expected_world_size=opts.expected_world_size,
+        store=client,
+    )
+    if opts.multi_node and hb.enabled and not cfg.no_shared_fs and opts.node_rank != 0:
+        _say("no_shared_fs=false: this node's heartbeats are NOT relayed; node 0 sees them "
+             "only if log_dir is on a filesystem shared with it")
+    entry_args: list[str] = ["-u", "-m", "rankguard.launcher.worker"]
+    if opts.module:
+        entry_args.append("-m")
+    entry_args += [opts.target, *opts.target_args]
+    spec = WorkerSpec(
+        role="trainer",
+        local_world_size=opts.nproc_per_node,
+        entrypoint=sys.executable,
+        args=tuple(entry_args),
+        rdzv_handler=handler,
+        max_restarts=opts.max_restarts,
+        monitor_interval=opts.monitor_interval_s,
+    )
+    logs = DefaultLogsSpecs(log_dir=str(Path(cfg.log_dir).resolve() / "elastic"))
+    agent = LocalElasticAgent(spec=spec, logs_specs=logs, start_method="spawn")
+    atomic_write_json(
+        run_dir / f"launcher_node_{opts.node_rank}.json",
+        {
+            "run_id": run_id,
+            "node_rank": opts.node_rank,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "target": opts.target,
+            "target_args": opts.target_args,
+            "nproc_per_node": opts.nproc_per_node,
+            "nnodes": [opts.min_nodes, opts.max_nodes],
+            "rendezvous": f"{host}:{port}",
+            "config": config_to_dict(cfg),
+        },
+    )
+    _say(f"run {run_id}: {opts.nproc_per_node} rank(s) on node {opts.node_rank}, "
+         f"files in {run_dir}")
+    services.start()
+    live = LiveStatus(services.monitor) if opts.live_status and services.monitor else None
+    if live is not None:
+        live.start()
+    result = None
+    try:
+        result = agent.run()
+    finally:
+        if live is not None:
+            live.stop()
+        status = services.stop()
+        if services.monitor is not None:
+            _report(run_dir, status)
+        try:
+            handler.shutdown()
+        except Exception as exc:
+            logger.debug("rendezvous shutdown: %s", exc)
+        del store  # node 0 hosted it: it had to outlive the drain above
+    if result is None or result.is_failed():
+        failures = getattr(result, "failures", {}) or {}
+        for rank, failure in sorted(failures.items()):
+            _say(f"rank {rank} (local {failure.local_rank}, pid {failure.pid}) failed with "
+                 f"exit code {failure.exitcode}; error file: {failure.error_file or '-'}")
+        return 1
+    return 0
+
+
+def _report(run_dir: Path, status: dict[str, Any] | None) -> None:
+    status = status or {}
+    summary = status.get("summary") or {}
+    _say(f"monitor: state {status.get('state')}, {summary.get('findings_total', 0)} finding(s)")
+    for finding in status.get("recent_findings") or []:
+        _say(f"  finding: {finding.get('message')}")
+    _say(f"status:   {run_dir / STATUS_FILE}")
+    _say(f"findings: {run_dir / FINDINGS_FILE}")
+    _say(f"see: rankguard status {run_dir}")
+

@@ -1,0 +1,69 @@
+"""Rank bootstrap: ``python -m rankguard.launcher.worker [-m] TARGET [ARGS...]``.
+
+The launcher starts every rank through this module. Before running the user's script
+(or module) exactly as ``python script.py`` would, it starts the rank's heartbeat
+session and installs the global optimizer-step hook, so a script that never imports
+rankguard still publishes liveness and progress. Afterwards it records how the script
+ended (clean, exit code, exception) in ``process_end``; ``@record`` writes the
+traceback to torch elastic's per-rank error file so the launcher can name the root
+cause.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from rankguard.session import init
+
+__all__ = ["main"]
+
+
+def _exit_code(exc: SystemExit) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    return 1
+
+
+@record
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    as_module = bool(args) and args[0] == "-m"
+    if as_module:
+        args = args[1:]
+    if not args:
+        raise SystemExit("rankguard worker: no script or module to run")
+    target, rest = args[0], args[1:]
+
+    session = init()
+    try:
+        session.install_optimizer_hook()
+        if as_module:
+            sys.argv = [target, *rest]
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = [target, *rest]
+            sys.path[0] = os.path.dirname(os.path.abspath(target))
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as exc:
+        code = _exit_code(exc)
+        session.close(
+            clean=code == 0,
+            exit_code=code,
+            error=None if code == 0 else f"SystemExit({exc.code!r})",
+        )
+        raise
+    except BaseException as exc:
+        session.close(clean=False, exit_code=1, error=f"{type(exc).__name__}: {exc}")
+        raise
+    session.close(clean=True, exit_code=0)
+
+
+if __name__ == "__main__":
+    main()

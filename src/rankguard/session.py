@@ -1,0 +1,269 @@
+"""The in-loop API: one call to start, one cheap call per step.
+
+``rankguard.init()`` reads everything from the environment the launcher set and returns
+a :class:`Session`; outside ``rankguard run`` it returns a :class:`NullSession` whose
+methods do nothing (and warns once if the process was started by plain torchrun, where
+the user probably expected monitoring). Sessions are plain objects, not hidden globals:
+tests may create several in one process; ``init()`` only remembers the process's
+default one so that the worker bootstrap and the user's script share it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import warnings
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from rankguard.heartbeat.config import HeartbeatConfig
+from rankguard.heartbeat.progress import ProgressTracker
+from rankguard.heartbeat.publisher import HeartbeatPublisher
+from rankguard.heartbeat.records import ENV, RankIdentity
+
+__all__ = ["NullSession", "Session", "current", "init"]
+
+logger = logging.getLogger(__name__)
+
+
+class _Phase:
+    __slots__ = ("_name", "_previous", "_tracker")
+
+    def __init__(self, tracker: ProgressTracker, name: str) -> None:
+        self._tracker = tracker
+        self._name = name
+        self._previous = tracker.phase
+
+    def __enter__(self) -> None:
+        self._previous = self._tracker.phase
+        self._tracker.set_phase(self._name)
+
+    def __exit__(self, *exc: object) -> None:
+        self._tracker.set_phase(self._previous)
+
+
+class _Checkpoint:
+    __slots__ = ("_id", "_tracker")
+
+    def __init__(self, tracker: ProgressTracker, checkpoint_id: str | None) -> None:
+        self._tracker = tracker
+        self._id = checkpoint_id
+
+    def __enter__(self) -> None:
+        self._tracker.checkpoint_start(self._id)
+
+    def __exit__(self, *exc: object) -> None:
+        self._tracker.checkpoint_end()
+
+
+class _Step:
+    """Reusable ``with session.step():`` block: phase ``train``, step end on success."""
+
+    __slots__ = ("_iteration", "_session")
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+        self._iteration: int | None = None
+
+    def __call__(self, iteration: int | None = None) -> _Step:
+        self._iteration = iteration
+        return self
+
+    def __enter__(self) -> None:
+        tracker = self._session.tracker
+        if tracker.phase != "train":
+            tracker.set_phase("train")
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self._session.step_end(self._iteration)
+
+
+class Session:
+    """A rank's monitoring session: progress tracker + heartbeat publisher."""
+
+    enabled = True
+
+    def __init__(
+        self,
+        identity: RankIdentity,
+        run_dir: Path,
+        config: HeartbeatConfig,
+        *,
+        tracker: ProgressTracker | None = None,
+    ) -> None:
+        self.identity = identity
+        self.config = config
+        self.tracker = tracker or ProgressTracker()
+        self.publisher = HeartbeatPublisher(
+            identity, run_dir, self.tracker, config.publish_interval_s
+        )
+        self._hook: Any = None
+        self._hook_lead: int | None = None
+        self._step = _Step(self)
+        self._tracker_step_end = self.tracker.step_end
+        self.publisher.start()
+
+    # ---- hot path -------------------------------------------------------------------
+
+    def step_end(self, iteration: int | None = None) -> None:
+        """Mark the end of one training step (microseconds; no I/O, no sync)."""
+        if self._hook is not None:
+            self._drop_optimizer_hook()
+        self._tracker_step_end(iteration)
+
+    def step(self, iteration: int | None = None) -> _Step:
+        """``with session.step(i): ...``: phase train, progress on clean exit."""
+        return self._step(iteration)
+
+    # ---- phases and checkpoints -----------------------------------------------------
+
+    def set_phase(self, name: str) -> None:
+        """Set the phase (setup, train, eval, ...). Never advances progress."""
+        self.tracker.set_phase(name)
+
+    def phase(self, name: str) -> _Phase:
+        """``with session.phase("eval"):`` restores the previous phase afterwards."""
+        return _Phase(self.tracker, name)
+
+    def checkpoint(self, checkpoint_id: str | None = None) -> _Checkpoint:
+        """``with session.checkpoint("step_100"):`` the monitor applies
+        checkpoint_timeout_s inside; the end counts as progress."""
+        return _Checkpoint(self.tracker, checkpoint_id)
+
+    def checkpoint_start(self, checkpoint_id: str | None = None) -> None:
+        self.tracker.checkpoint_start(checkpoint_id)
+
+    def checkpoint_end(self) -> None:
+        self.tracker.checkpoint_end()
+
+    # ---- zero-code progress ---------------------------------------------------------
+
+    def install_optimizer_hook(self) -> None:
+        """Count optimizer steps as progress until the script calls :meth:`step_end`.
+
+        Uses PyTorch's public global ``register_optimizer_step_post_hook``. With several
+        optimizers, only the first one that steps (the lead) counts, so one iteration is
+        one progress step.
+        """
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        if self._hook is not None:
+            return
+
+        def hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+            key = id(optimizer)
+            if self._hook_lead is None:
+                self._hook_lead = key
+            if key == self._hook_lead:
+                self._tracker_step_end(None)
+
+        self.tracker.source = "optimizer_hook"
+        self._hook = register_optimizer_step_post_hook(hook)
+
+    def _drop_optimizer_hook(self) -> None:
+        hook, self._hook = self._hook, None
+        if hook is not None:
+            hook.remove()
+        self.tracker.source = "api"
+
+    # ---- end ------------------------------------------------------------------------
+
+    def close(
+        self, *, clean: bool = True, exit_code: int | None = None, error: str | None = None
+    ) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        self.publisher.close(clean=clean, exit_code=exit_code, error=error)
+
+
+class NullSession:
+    """What ``init()`` returns outside ``rankguard run``: every call is a no-op."""
+
+    enabled = False
+
+    def step_end(self, iteration: int | None = None) -> None:
+        pass
+
+    def step(self, iteration: int | None = None) -> _NullContext:
+        return _NULL_CONTEXT
+
+    def set_phase(self, name: str) -> None:
+        pass
+
+    def phase(self, name: str) -> _NullContext:
+        return _NULL_CONTEXT
+
+    def checkpoint(self, checkpoint_id: str | None = None) -> _NullContext:
+        return _NULL_CONTEXT
+
+    def checkpoint_start(self, checkpoint_id: str | None = None) -> None:
+        pass
+
+    def checkpoint_end(self) -> None:
+        pass
+
+    def install_optimizer_hook(self) -> None:
+        pass
+
+    def close(
+        self, *, clean: bool = True, exit_code: int | None = None, error: str | None = None
+    ) -> None:
+        pass
+
+
+class _NullContext:
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NULL_CONTEXT = _NullContext()
+_default: Session | NullSession | None = None
+_default_lock = threading.Lock()
+
+
+def _session_from_env() -> Session | NullSession:
+    from rankguard.config import loads_config
+
+    run_dir = os.environ.get(ENV.RUN_DIR)
+    if not run_dir or os.environ.get(ENV.LAUNCHER) != "1":
+        if os.environ.get("TORCHELASTIC_RUN_ID"):
+            warnings.warn(
+                "rankguard.init(): this process was not started by `rankguard run` "
+                "(plain torchrun?), so heartbeats, progress and hang detection are OFF. "
+                "Launch with `rankguard run ...` to enable them.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return NullSession()
+    cfg = loads_config(os.environ[ENV.CONFIG])
+    if not cfg.heartbeat.enabled:
+        return NullSession()
+    return Session(RankIdentity.from_env(), Path(run_dir), cfg.heartbeat)
+
+
+def init() -> Session | NullSession:
+    """Start monitoring for this rank (idempotent); a no-op outside the launcher."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = _session_from_env()
+        return _default
+
+
+def current() -> Session | NullSession | None:
+    """The session ``init()`` created, or None before it."""
+    return _default
