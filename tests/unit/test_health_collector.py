@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from types import ModuleType
@@ -14,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from rankguard.health import collector as collector_mod
 from rankguard.health import (
     HealthCollector,
     collect_gpu_health,
     gpu_for_rank,
     health_file_name,
 )
+from rankguard.health import collector as collector_mod
 from rankguard.heartbeat.config import HardwareHealthConfig
 
 FAKES = Path(__file__).resolve().parents[1] / "fakes"
@@ -43,6 +44,7 @@ def no_backends(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.Monke
     monkeypatch.setitem(sys.modules, "pynvml", None)
     empty = tmp_path / "empty_bin"
     empty.mkdir()
+    (empty / "python3").symlink_to(sys.executable)  # for the fake's ``env python3`` shebang
     monkeypatch.setenv("PATH", str(empty))
     return monkeypatch
 
@@ -63,7 +65,7 @@ def nvml(no_backends: pytest.MonkeyPatch, tmp_path: Path) -> Any:
         return module
 
     configure.make_gpu = module.make_gpu  # type: ignore[attr-defined]
-    configure(())
+    configure([])
     return configure
 
 
@@ -193,13 +195,7 @@ def test_thread_repeats_every_interval(nvml: Any, tmp_path: Path) -> None:
         time.sleep(0.01)
     coll.stop()
     assert coll.collections >= 3
-    assert not any(t.name.startswith("rankguard-gpu-health") for t in _threads())
-
-
-def _threads() -> list[Any]:
-    import threading
-
-    return threading.enumerate()
+    assert not any(t.name.startswith("rankguard-gpu-health") for t in threading.enumerate())
 
 
 SNAP = {

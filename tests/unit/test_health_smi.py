@@ -158,7 +158,9 @@ def test_timeout_is_error_not_exception(fake_smi: pytest.MonkeyPatch) -> None:
 
 def test_nonzero_exit_is_error_with_message(fake_smi: pytest.MonkeyPatch) -> None:
     fake_smi.setenv("FAKE_SMI_EXIT", "15")
-    fake_smi.setenv("FAKE_SMI_STDERR", "Unable to determine the device handle for GPU0: GPU is lost")
+    fake_smi.setenv(
+        "FAKE_SMI_STDERR", "Unable to determine the device handle for GPU0: GPU is lost"
+    )
     result = collect_smi(command_timeout_s=10)
     assert result.status is NodeStatus.ERROR
     assert "15" in (result.error or "") and "GPU is lost" in (result.error or "")

@@ -40,7 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-seconds", type=float, default=0.0, help="extra save time")
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--fault", choices=["none", "stall", "stop", "crash", "slow"], default="none")
-    p.add_argument("--fault-rank", type=int, default=1)
+    p.add_argument("--fault-rank", type=int, default=1, help="global rank (local with --fault-node)")
+    p.add_argument("--fault-node", type=int, default=None, help="fault LOCAL rank on this node")
     p.add_argument("--fault-step", type=int, default=10)
     p.add_argument("--fault-duration", type=float, default=8.0)
     p.add_argument("--slowdown", type=float, default=1.5)
@@ -48,8 +49,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def is_fault_rank(args: argparse.Namespace, rank: int) -> bool:
+    if args.fault_node is None:
+        return rank == args.fault_rank
+    node = int(os.environ.get("RANKGUARD_NODE_RANK", os.environ.get("GROUP_RANK", "0")))
+    return node == args.fault_node and int(os.environ.get("LOCAL_RANK", "0")) == args.fault_rank
+
+
 def inject(args: argparse.Namespace, rank: int, step: int) -> None:
-    if args.fault in ("none", "slow") or rank != args.fault_rank or step != args.fault_step:
+    if args.fault in ("none", "slow") or not is_fault_rank(args, rank) or step != args.fault_step:
         return
     print(f"[demo rank {rank}] injecting fault {args.fault!r} at step {step}", flush=True)
     if args.fault == "stall":
@@ -90,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            if args.fault == "slow" and rank == args.fault_rank:
+            if args.fault == "slow" and is_fault_rank(args, rank):
                 time.sleep((time.perf_counter() - t0 + base) * (args.slowdown - 1.0))
             if base:
                 time.sleep(base)

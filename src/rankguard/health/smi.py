@@ -95,7 +95,7 @@ def parse_csv(text: str) -> tuple[list[dict[str, Any]], list[str]]:
             continue
         if len(row) > width:
             extra = len(row) - width
-            name = ",".join(row[_NAME_COLUMN : _NAME_COLUMN + extra + 1])
+            name = ", ".join(row[_NAME_COLUMN : _NAME_COLUMN + extra + 1])
             row = [*row[:_NAME_COLUMN], name, *row[_NAME_COLUMN + extra + 1 :]]
         if len(row) != width:
             problems.append(f"expected {width} columns, got {len(row)}: {','.join(row)[:200]}")

@@ -7,6 +7,7 @@ A zombie (exited, not yet reaped by the launcher) counts as gone; a stopped proc
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 __all__ = ["pid_running", "vanished_record"]
@@ -40,6 +41,7 @@ def vanished_record(last: dict[str, Any]) -> dict[str, Any]:
     rec["event"] = "process_end"
     rec["seq"] = int(last.get("seq", 0)) + 1
     rec["synthesized"] = True
+    rec["wall_time_ns"] = time.time_ns()
     rec["exit"] = {
         "clean": False,
         "exit_code": None,

@@ -80,6 +80,7 @@ class RankState:
     active: set[str] = field(default_factory=set)  # finding types active for this pid
     blocked_by: list[int] = field(default_factory=list)  # culprits a stalled rank waits on
     stall: tuple[float, float] | None = None  # (timeout, age) while over the progress timeout
+    culprits_gone_at: float | None = None  # when the ranks a victim waited on recovered
 
     def reset(self, pid: int) -> None:
         self.pid = pid
@@ -93,6 +94,7 @@ class RankState:
         self.active = set()
         self.blocked_by = []
         self.stall = None
+        self.culprits_gone_at = None
 
 
 HealthLookup = Callable[[dict[str, Any]], dict[str, Any] | None]
@@ -183,18 +185,18 @@ class HeartbeatRules:
                 if waited > self.cfg.initial_process_timeout_s:
                     self._never_seen_fired.add(rank)
                     findings.append(self._never_seen(rank, waited))
-        # Error exits first: when a rank fails, the launcher then terminates its peers,
-        # and those deaths are consequences, not more culprits.
-        for state in sorted(self.ranks.values(), key=_vanished):
+        # Earliest failure first: when a rank fails, its peers fail in their next
+        # collective or are terminated by the launcher: consequences, not culprits.
+        for state in sorted(self.ranks.values(), key=_failure_order):
             if state.record is None:
                 continue
             state.gpu_health = health_for(state.record) if health_for else None
             findings.extend(self._evaluate_rank(state, now))
-        findings.extend(self._attribute_stalls())
+        findings.extend(self._attribute_stalls(now))
         self.findings_total += len(findings)
         return findings
 
-    def _attribute_stalls(self) -> list[dict[str, Any]]:
+    def _attribute_stalls(self, now: float) -> list[dict[str, Any]]:
         """Name the culprit of a stall, not its victims.
 
         In a synchronous job one stuck rank stops every other rank at its next
@@ -204,6 +206,8 @@ class HeartbeatRules:
         the others are marked stalled with ``blocked_by`` naming the culprits. When all
         stalled ranks are equally far (a hang before the collective, a collective
         hang), all of them are reported: their heartbeats cannot tell them apart.
+        A victim whose culprits recovered gets one more progress timeout to resume
+        before it is reported in its own right.
         """
         culprits = [
             s.rank
@@ -224,12 +228,18 @@ class HeartbeatRules:
             if FindingType.PROGRESS_TIMEOUT.value in s.active:
                 continue
             others = [r for r in culprits if r != s.rank]
+            timeout, age = s.stall  # type: ignore[misc]
             if others or _seq(s) > lowest:
                 s.blocked_by = others or sorted(
                     t.rank for t in stalled if _seq(t) == lowest and t.rank != s.rank
                 )
+                s.culprits_gone_at = None
                 continue
-            timeout, age = s.stall  # type: ignore[misc]
+            if s.blocked_by:
+                if s.culprits_gone_at is None:
+                    s.culprits_gone_at = now
+                if now - s.culprits_gone_at <= timeout:
+                    continue
             self._fire(
                 s, FindingType.PROGRESS_TIMEOUT, Reason.NOT_ADVANCING, timeout, age, out
             )
@@ -256,8 +266,7 @@ class HeartbeatRules:
             if not clean and FindingType.PROCESS_EXITED.value not in s.active:
                 first = self.first_failure
                 if (
-                    exit_info.get("vanished")
-                    and first is not None
+                    first is not None
                     and first[0] != s.rank
                     and now - first[1] <= cfg.process_timeout_s
                 ):
@@ -278,6 +287,7 @@ class HeartbeatRules:
             s.progress = Progress.UNKNOWN
             s.stall = None
             s.blocked_by = []
+            s.culprits_gone_at = None
             self._clear(s, FindingType.PROGRESS_TIMEOUT)
             self._fire(
                 s, FindingType.PROCESS_TIMEOUT, Reason.UNRESPONSIVE, process_timeout, hb_age, out
@@ -301,6 +311,7 @@ class HeartbeatRules:
             s.progress = Progress.PROGRESSING if started else Progress.STARTING
             s.stall = None
             s.blocked_by = []
+            s.culprits_gone_at = None
             self._clear(s, FindingType.PROGRESS_TIMEOUT)
 
         health = s.gpu_health or {}
@@ -391,9 +402,10 @@ def _seq(state: RankState) -> int:
     return int((state.record or {}).get("progress_seq") or 0)
 
 
-def _vanished(state: RankState) -> bool:
+def _failure_order(state: RankState) -> tuple[bool, int]:
+    """Error exits before vanished processes, each by time of the end record."""
     rec = state.record or {}
-    return bool((rec.get("exit") or {}).get("vanished"))
+    return bool((rec.get("exit") or {}).get("vanished")), int(rec.get("wall_time_ns") or 0)
 
 
 def _message(

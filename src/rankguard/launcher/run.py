@@ -83,6 +83,14 @@ def _worker_env(cfg: RankguardConfig, run_id: str, run_dir: Path, node_rank: int
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
 
 
+def _thread_defaults(opts: LaunchOptions) -> None:
+    # As torchrun does: several ranks per node each using every core oversubscribe the
+    # CPU badly; one intra-op thread per rank unless the user chose otherwise.
+    if opts.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = "1"
+        _say("OMP_NUM_THREADS=1 for each rank (set it yourself to choose another value)")
+
+
 def _say(msg: str) -> None:
     print(f"[rankguard] {msg}", file=sys.stderr, flush=True)
 
@@ -101,6 +109,7 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
         _say("heartbeat monitoring is OFF (heartbeat.enabled=false): no liveness, progress "
              "or hang detection for this run")
     _worker_env(cfg, run_id, run_dir, opts.node_rank)
+    _thread_defaults(opts)
 
     handler, store, host, port = _rendezvous(opts, run_id)
     client = _store_client(host, port) if opts.multi_node else None

@@ -1,0 +1,149 @@
+"""End to end: the real ``rankguard run`` CLI, 2 CPU ranks on gloo, short timeouts."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from .conftest import (
+    SCRIPTS,
+    fast_sets,
+    heartbeat_files,
+    no_leftover_workers,
+    read_jsonl,
+    read_status,
+    run_rankguard,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+
+def demo(tmp_path: Path, run_id: str, *train_args: str, nproc: int = 2) -> tuple[Path, str]:
+    res = run_rankguard(
+        [
+            "run", "--standalone", "--nproc-per-node", str(nproc),
+            "--rdzv-id", run_id, "--log-dir", str(tmp_path), *fast_sets(),
+            "-m", "rankguard.demo.train", *train_args,
+        ]
+    )
+    out = res.stdout + res.stderr
+    run_dir = tmp_path / "heartbeat" / run_id
+    assert run_dir.is_dir(), out
+    return run_dir, out
+
+
+def findings(run_dir: Path) -> list[dict]:
+    return read_jsonl(run_dir / "findings.jsonl")
+
+
+def test_normal_run_has_no_findings_and_ends_completed(tmp_path: Path, run_id: str) -> None:
+    run_dir, out = demo(tmp_path, run_id, "--steps", "12", "--step-sleep", "0.02")
+    assert "[demo] done: 12 steps on 2 rank(s)" in out, out
+    assert findings(run_dir) == []
+    status = read_status(run_dir)
+    assert status["state"] == "completed", out
+    assert [(r["rank"], r["process_liveness"], r["gpu_progress"]) for r in status["ranks"]] == [
+        (0, "exited", "completed"),
+        (1, "exited", "completed"),
+    ]
+    assert all(r["iteration"] == 12 for r in status["ranks"])
+    files = heartbeat_files(run_dir)
+    assert len(files) == 2
+    for f in files:
+        events = [r["event"] for r in read_jsonl(f)]
+        assert events[0] == "process_start" and events[-1] == "process_end"
+        assert "heartbeat" in events
+    assert no_leftover_workers(run_id)
+
+
+def test_sigstop_of_one_rank_is_a_process_timeout_for_that_rank_only(
+    tmp_path: Path, run_id: str
+) -> None:
+    run_dir, out = demo(
+        tmp_path, run_id, "--steps", "40", "--fault", "stop", "--fault-rank", "1",
+        "--fault-step", "5", "--fault-duration", "6",
+    )
+    found = findings(run_dir)
+    assert [(f["finding_type"], f["rank"]) for f in found] == [
+        ("rank_process_heartbeat_timeout", 1)
+    ], out
+    f = found[0]
+    assert f["reason"] == "rank_process_or_heartbeat_thread_unresponsive"
+    assert f["process_liveness"] == "stale"
+    assert read_status(run_dir)["state"] == "completed"  # it resumed after SIGCONT
+
+
+def test_rank_blocked_in_its_step_is_a_progress_timeout_for_that_rank_only(
+    tmp_path: Path, run_id: str
+) -> None:
+    run_dir, out = demo(
+        tmp_path, run_id, "--steps", "40", "--fault", "stall", "--fault-rank", "1",
+        "--fault-step", "5", "--fault-duration", "7",
+    )
+    found = findings(run_dir)
+    assert [(f["finding_type"], f["rank"]) for f in found] == [("gpu_progress_timeout", 1)], out
+    f = found[0]
+    assert f["process_liveness"] == "alive"
+    assert f["gpu_progress"] == "stalled"
+    assert f["reason"] == "rank_alive_but_gpu_progress_not_advancing"
+    assert f["observed_s"] > f["timeout_s"] == 4
+
+
+def test_checkpoint_longer_than_progress_timeout_is_not_a_finding(
+    tmp_path: Path, run_id: str
+) -> None:
+    run_dir, out = demo(
+        tmp_path, run_id, "--steps", "8", "--checkpoint-every", "4",
+        "--checkpoint-seconds", "5.5", "--checkpoint-dir", str(tmp_path / "ckpt"),
+    )
+    assert findings(run_dir) == [], out
+    assert read_status(run_dir)["state"] == "completed"
+    phases = Counter(
+        (r["phase"], r["checkpoint_active"])
+        for f in heartbeat_files(run_dir)
+        for r in read_jsonl(f)
+    )
+    assert phases[("checkpointing", True)] >= 4  # seen while saving, on both ranks
+    assert (tmp_path / "ckpt" / "step_8.pt").exists()
+
+
+def test_crash_names_the_failing_rank_as_root_cause(tmp_path: Path, run_id: str) -> None:
+    res = run_rankguard(
+        [
+            "run", "--standalone", "--nproc-per-node", "2", "--rdzv-id", run_id,
+            "--log-dir", str(tmp_path), *fast_sets(), "-m", "rankguard.demo.train",
+            "--steps", "40", "--fault", "crash", "--fault-rank", "1", "--fault-step", "4",
+        ]
+    )
+    run_dir = tmp_path / "heartbeat" / run_id
+    assert res.returncode == 1
+    found = findings(run_dir)
+    assert [(f["finding_type"], f["rank"], f["reason"]) for f in found] == [
+        ("rank_process_exited", 1, "rank_process_exited_with_error")
+    ], res.stderr
+    assert "injected crash on rank 1" in found[0]["exit"]["error"]
+    assert read_status(run_dir)["state"] == "failed"
+    assert no_leftover_workers(run_id)
+
+
+def test_unmodified_torchrun_script_gets_progress_from_the_optimizer_hook(
+    tmp_path: Path, run_id: str
+) -> None:
+    res = run_rankguard(
+        [
+            "run", "--nproc-per-node", "2", "--rdzv-id", run_id, "--log-dir", str(tmp_path),
+            *fast_sets(), str(SCRIPTS / "plain_ddp.py"), "--steps", "12",
+        ]
+    )
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert "plain_ddp done: 12 steps, world 2" in out
+    run_dir = tmp_path / "heartbeat" / run_id
+    status = read_status(run_dir)
+    assert status["state"] == "completed", out
+    for row in status["ranks"]:
+        assert row["progress_seq"] == 12
+        assert row["progress_source"] == "optimizer_hook"
+    assert findings(run_dir) == []
