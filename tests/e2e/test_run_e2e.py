@@ -147,3 +147,42 @@ def test_unmodified_torchrun_script_gets_progress_from_the_optimizer_hook(
         assert row["progress_seq"] == 12
         assert row["progress_source"] == "optimizer_hook"
     assert findings(run_dir) == []
+
+
+def test_sigterm_to_the_launcher_stops_everything_without_false_findings(
+    tmp_path: Path, run_id: str
+) -> None:
+    import signal
+    import subprocess
+    import time
+
+    from .conftest import rankguard_cmd
+
+    proc = subprocess.Popen(
+        rankguard_cmd(
+            "run", "--standalone", "--nproc-per-node", "2", "--rdzv-id", run_id,
+            "--log-dir", str(tmp_path), *fast_sets(), "-m", "rankguard.demo.train",
+            "--steps", "100000",
+        ),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
+    )
+    run_dir = tmp_path / "heartbeat" / run_id
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # wait until both ranks progress
+            if (run_dir / "status.json").exists() and read_status(run_dir)["state"] == "running":
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the job never reached the running state")
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    assert "Traceback" not in out
+    assert findings(run_dir) == [], out
+    status = read_status(run_dir)
+    assert status["state"] == "stopped"
+    assert all(r["process_liveness"] == "exited" for r in status["ranks"])
+    assert no_leftover_workers(run_id)

@@ -97,6 +97,10 @@ class JobMonitor:
         self._thread = threading.Thread(target=self._loop, name="rankguard-monitor", daemon=True)
         self._thread.start()
 
+    def note_shutdown(self, reason: str) -> None:
+        """See :meth:`HeartbeatRules.note_shutdown` (safe from a signal handler)."""
+        self.rules.note_shutdown(reason)
+
     def stop(self, drain_timeout_s: float = 0.0) -> dict[str, Any]:
         """Stop scanning; first keep scanning up to ``drain_timeout_s`` until every rank
         has ended (and every relaying node said it is done). Returns the final status."""
@@ -292,7 +296,11 @@ class JobMonitor:
         liveness = Counter(r["process_liveness"] for r in rows)
         progress = Counter(r["gpu_progress"] for r in rows)
         active = sum(len(r["active_findings"]) for r in rows)
-        if rules.first_failure is not None:
+        if rules.shutdown is not None and not all(
+            r["gpu_progress"] == Progress.COMPLETED.value for r in rows
+        ):
+            state = "stopped"
+        elif rules.first_failure is not None:
             state = "failed"
         elif rows and progress.get(Progress.COMPLETED.value, 0) == len(rows):
             state = "completed"

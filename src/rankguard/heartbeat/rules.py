@@ -121,6 +121,7 @@ class HeartbeatRules:
         self._never_seen_fired: set[int] = set()
         self._first_sighting: float | None = None
         self.first_failure: tuple[int, float] | None = None  # (rank, monitor time)
+        self.shutdown: str | None = None  # why the launcher is stopping the workers
 
     # ---- input ----------------------------------------------------------------------
 
@@ -169,6 +170,12 @@ class HeartbeatRules:
         if old.get("hostname") != record.get("hostname"):
             return True  # a rank moved hosts: arrival order is all we can trust
         return int(record.get("wall_time_ns") or 0) >= int(state.start_wall_ns or 0)
+
+    def note_shutdown(self, reason: str) -> None:
+        """The launcher is stopping every worker (a signal, the end of the job): exits
+        from now on are its doing, not findings."""
+        if self.shutdown is None:
+            self.shutdown = reason
 
     # ---- verdicts -------------------------------------------------------------------
 
@@ -264,6 +271,10 @@ class HeartbeatRules:
             s.progress = Progress.COMPLETED if clean else Progress.UNKNOWN
             self._clear(s, FindingType.PROCESS_TIMEOUT, FindingType.PROGRESS_TIMEOUT)
             if not clean and FindingType.PROCESS_EXITED.value not in s.active:
+                if self.shutdown is not None:
+                    s.active.add(FindingType.PROCESS_EXITED.value)
+                    s.record = {**rec, "exit": {**exit_info, "after_shutdown": self.shutdown}}
+                    return out
                 first = self.first_failure
                 if (
                     first is not None

@@ -24,6 +24,7 @@ from rankguard._fs import atomic_write_json
 from rankguard.config import RankguardConfig, config_to_dict, dumps_config
 from rankguard.heartbeat.monitor import FINDINGS_FILE, STATUS_FILE
 from rankguard.heartbeat.records import ENV
+from rankguard.launcher.agent import RankguardAgent
 from rankguard.launcher.console import LiveStatus
 from rankguard.launcher.options import LaunchOptions
 from rankguard.launcher.services import NodeServices
@@ -98,7 +99,6 @@ def _say(msg: str) -> None:
 def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
     """Run the job on this node; return the process exit code."""
     from torch.distributed.elastic.agent.server.api import WorkerSpec
-    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 
     run_id = opts.run_id()
@@ -139,7 +139,9 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
         monitor_interval=opts.monitor_interval_s,
     )
     logs = DefaultLogsSpecs(log_dir=str(Path(cfg.log_dir).resolve() / "elastic"))
-    agent = LocalElasticAgent(spec=spec, logs_specs=logs, start_method="spawn")
+    agent = RankguardAgent(
+        spec=spec, logs_specs=logs, start_method="spawn", on_signal=services.note_shutdown
+    )
     atomic_write_json(
         run_dir / f"launcher_node_{opts.node_rank}.json",
         {
@@ -161,9 +163,14 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
     live = LiveStatus(services.monitor) if opts.live_status and services.monitor else None
     if live is not None:
         live.start()
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
     result = None
+    stopped_by: int | None = None
     try:
         result = agent.run()
+    except SignalException as exc:
+        stopped_by = int(exc.sigval)
     finally:
         if live is not None:
             live.stop()
@@ -175,6 +182,9 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
         except Exception as exc:
             logger.debug("rendezvous shutdown: %s", exc)
         del store  # node 0 hosted it: it had to outlive the drain above
+    if stopped_by is not None:
+        _say(f"stopped by signal {stopped_by}: the workers were terminated")
+        return 128 + stopped_by
     if result is None or result.is_failed():
         failures = getattr(result, "failures", {}) or {}
         for rank, failure in sorted(failures.items()):

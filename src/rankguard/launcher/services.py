@@ -70,6 +70,11 @@ class NodeServices:
             )
             self.relay.start()
 
+    def note_shutdown(self, reason: str) -> None:
+        """The launcher stops the workers (e.g. it received ``reason``, a signal name)."""
+        if self.monitor is not None:
+            self.monitor.note_shutdown(f"launcher received {reason}")
+
     def stop(self) -> dict[str, Any] | None:
         """Stop everything; on node 0 return the monitor's final status."""
         hb = self.cfg.heartbeat

@@ -1,0 +1,390 @@
+"""Strict configuration: seed 000's YAML, SPEC defaults, errors that name the key."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from rankguard.config import (
+    ConfigError,
+    RankguardConfig,
+    apply_override,
+    build,
+    config_to_dict,
+    dumps_config,
+    load_config,
+    loads_config,
+)
+from rankguard.heartbeat.config import HardwareHealthConfig, HeartbeatConfig
+
+SEED_000_YAML = """\
+experiment:
+  runner:
+    no_shared_fs: false
+    heartbeat:
+      enabled: true
+      publish_interval_s: 5
+      process_timeout_s: 30
+      progress_timeout_s: 300
+      checkpoint_timeout_s: 1800
+      hardware_health:
+        enabled: true
+        interval_s: 60
+"""
+
+HEARTBEAT_KEYS = (
+    "checkpoint_timeout_s, enabled, hardware_health, initial_process_timeout_s, "
+    "initial_progress_timeout_s, process_timeout_s, progress_timeout_s, "
+    "publish_interval_s, scan_interval_s"
+)
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+def test_seed_000_block_loads(tmp_path: Path) -> None:
+    cfg = load_config(_write(tmp_path, SEED_000_YAML))
+    assert cfg.no_shared_fs is False
+    hb = cfg.heartbeat
+    assert hb.enabled is True
+    assert hb.publish_interval_s == 5.0 and isinstance(hb.publish_interval_s, float)
+    assert hb.process_timeout_s == 30.0
+    assert hb.progress_timeout_s == 300.0
+    assert hb.checkpoint_timeout_s == 1800.0
+    assert hb.hardware_health.enabled is True
+    assert hb.hardware_health.interval_s == 60.0
+    # not in the seed: defaults
+    assert hb.initial_process_timeout_s == 30.0
+    assert hb.initial_progress_timeout_s == 600.0
+    assert cfg.log_dir == "rankguard_logs"
+
+
+def test_seed_000_block_matches_the_seed_file() -> None:
+    seeds = sorted(Path("/work/shared/seeds").glob("000_*.txt"))
+    if not seeds:
+        pytest.skip("seed files not available")
+    text = seeds[0].read_text(encoding="utf-8")
+    block = "\n".join(line for line in SEED_000_YAML.splitlines())
+    assert block in text
+
+
+def test_defaults_equal_spec() -> None:
+    cfg = load_config()
+    assert cfg == RankguardConfig()
+    hb = cfg.heartbeat
+    assert hb.enabled is False
+    assert hb.publish_interval_s == 5
+    assert hb.initial_process_timeout_s == 30
+    assert hb.process_timeout_s == 30
+    assert hb.initial_progress_timeout_s == 600
+    assert hb.progress_timeout_s == 300
+    assert hb.checkpoint_timeout_s == 1800
+    assert hb.scan_interval_s == 1
+    hh = hb.hardware_health
+    assert hh.enabled is False
+    assert hh.interval_s == 60
+    assert hh.command_timeout_s == 10
+    assert hh.stale_after_s == 180
+
+
+def test_stale_after_defaults_to_three_intervals() -> None:
+    assert HardwareHealthConfig(interval_s=20, command_timeout_s=5).stale_after_s == 60
+    cfg = load_config(overrides=["heartbeat.hardware_health.interval_s=30"])
+    assert cfg.heartbeat.hardware_health.stale_after_s == 90
+
+
+def test_empty_file_gives_defaults(tmp_path: Path) -> None:
+    assert load_config(_write(tmp_path, "")) == RankguardConfig()
+
+
+def test_flat_layout_loads(tmp_path: Path) -> None:
+    cfg = load_config(
+        _write(
+            tmp_path,
+            """\
+            log_dir: /tmp/x
+            heartbeat:
+              enabled: true
+              scan_interval_s: 0.5
+            """,
+        )
+    )
+    assert cfg.log_dir == "/tmp/x"
+    assert cfg.heartbeat.enabled is True and cfg.heartbeat.scan_interval_s == 0.5
+
+
+# ---- unknown keys --------------------------------------------------------------------
+
+
+def test_unknown_key_names_dotted_key_and_allowed(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        """\
+        heartbeat:
+          enabled: true
+          publish_intervall_s: 5
+        """,
+    )
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    msg = str(err.value)
+    assert "heartbeat.publish_intervall_s" in msg
+    assert f"allowed under heartbeat: {HEARTBEAT_KEYS}" in msg
+
+
+def test_unknown_nested_key_in_seed_layout(tmp_path: Path) -> None:
+    text = SEED_000_YAML.replace("        interval_s: 60", "        interval_s: 60\n        foo: 1")
+    with pytest.raises(ConfigError) as err:
+        load_config(_write(tmp_path, text))
+    msg = str(err.value)
+    assert "heartbeat.hardware_health.foo" in msg
+    assert "command_timeout_s, enabled, interval_s, stale_after_s" in msg
+
+
+def test_unknown_top_level_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"unknown config key\(s\) bogus; allowed under <root>"):
+        load_config(_write(tmp_path, "bogus: 1\n"))
+
+
+def test_unknown_key_under_experiment_is_an_error(tmp_path: Path) -> None:
+    text = SEED_000_YAML.replace("experiment:\n", "experiment:\n  trainer: {}\n")
+    with pytest.raises(ConfigError, match=r"experiment\.trainer"):
+        load_config(_write(tmp_path, text))
+
+
+def test_experiment_must_be_a_mapping(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="experiment"):
+        load_config(_write(tmp_path, "experiment: 3\n"))
+
+
+def test_top_level_must_be_a_mapping(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(_write(tmp_path, "- a\n- b\n"))
+
+
+def test_invalid_yaml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(_write(tmp_path, "heartbeat: [\n"))
+
+
+# ---- types ---------------------------------------------------------------------------
+
+
+def test_string_for_float_names_field(tmp_path: Path) -> None:
+    path = _write(tmp_path, 'heartbeat:\n  publish_interval_s: "5"\n')
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == "heartbeat.publish_interval_s: expected a number, got '5'"
+
+
+def test_quoted_yes_for_bool_names_field(tmp_path: Path) -> None:
+    path = _write(tmp_path, 'heartbeat:\n  enabled: "yes"\n')
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == "heartbeat.enabled: expected true or false, got 'yes'"
+
+
+def test_bool_is_not_a_number() -> None:
+    with pytest.raises(ConfigError, match="heartbeat.process_timeout_s: expected a number"):
+        load_config(overrides=["heartbeat.process_timeout_s=true"])
+
+
+def test_section_must_be_a_mapping(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="heartbeat: expected a mapping"):
+        load_config(_write(tmp_path, "heartbeat: 5\n"))
+
+
+def test_optional_float_accepts_null_and_number(tmp_path: Path) -> None:
+    cfg = load_config(
+        overrides=[
+            "heartbeat.hardware_health.interval_s=10",
+            "heartbeat.hardware_health.command_timeout_s=2",
+            "heartbeat.hardware_health.stale_after_s=null",
+        ]
+    )
+    assert cfg.heartbeat.hardware_health.stale_after_s == 30
+    cfg = load_config(overrides=["heartbeat.hardware_health.stale_after_s=500"])
+    assert cfg.heartbeat.hardware_health.stale_after_s == 500.0
+    with pytest.raises(ConfigError, match="heartbeat.hardware_health.stale_after_s"):
+        load_config(overrides=["heartbeat.hardware_health.stale_after_s=soon"])
+
+
+# ---- validation rules ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "initial_process_timeout_s",
+        "process_timeout_s",
+        "initial_progress_timeout_s",
+        "progress_timeout_s",
+        "checkpoint_timeout_s",
+    ],
+)
+def test_timeout_not_above_publish_interval(name: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=[f"heartbeat.{name}=5"])  # == publish_interval_s
+    assert str(err.value).startswith(f"heartbeat.{name}: must be > publish_interval_s (5.0)")
+
+
+def test_timeout_just_above_publish_interval_is_fine() -> None:
+    cfg = load_config(
+        overrides=["heartbeat.publish_interval_s=2", "heartbeat.process_timeout_s=2.5"]
+    )
+    assert cfg.heartbeat.process_timeout_s == 2.5
+
+
+def test_checkpoint_timeout_below_progress_timeout() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=["heartbeat.checkpoint_timeout_s=299"])
+    assert str(err.value).startswith("heartbeat.checkpoint_timeout_s: must be >= progress")
+    # equal is allowed
+    cfg = load_config(overrides=["heartbeat.checkpoint_timeout_s=300"])
+    assert cfg.heartbeat.checkpoint_timeout_s == 300
+
+
+@pytest.mark.parametrize("value", ["60", "61"])
+def test_command_timeout_not_below_interval(value: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=[f"heartbeat.hardware_health.command_timeout_s={value}"])
+    assert str(err.value).startswith(
+        "heartbeat.hardware_health.command_timeout_s: must be > 0 and < interval_s (60.0)"
+    )
+
+
+@pytest.mark.parametrize("value", ["60", "30"])
+def test_stale_after_not_above_interval(value: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=[f"heartbeat.hardware_health.stale_after_s={value}"])
+    assert str(err.value).startswith(
+        "heartbeat.hardware_health.stale_after_s: must be > interval_s (60.0)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("override", "field_name"),
+    [
+        ("heartbeat.publish_interval_s=0", "heartbeat.publish_interval_s"),
+        ("heartbeat.scan_interval_s=-1", "heartbeat.scan_interval_s"),
+        ("heartbeat.hardware_health.interval_s=0", "heartbeat.hardware_health.interval_s"),
+    ],
+)
+def test_non_positive_intervals(override: str, field_name: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{field_name}: must be > 0"):
+        load_config(overrides=[override])
+
+
+def test_empty_log_dir() -> None:
+    with pytest.raises(ConfigError, match="log_dir"):
+        load_config(overrides=["log_dir="])
+
+
+def test_config_error_is_a_value_error() -> None:
+    assert issubclass(ConfigError, ValueError)
+
+
+# ---- overrides -----------------------------------------------------------------------
+
+
+def test_overrides_short_and_seed_forms(tmp_path: Path) -> None:
+    cfg = load_config(
+        _write(tmp_path, SEED_000_YAML),
+        overrides=[
+            "heartbeat.publish_interval_s=2",
+            "experiment.runner.heartbeat.process_timeout_s=12.5",
+            "experiment.runner.heartbeat.hardware_health.enabled=false",
+            "no_shared_fs=true",
+            "log_dir=/var/log/rg",
+        ],
+    )
+    assert cfg.heartbeat.publish_interval_s == 2.0
+    assert cfg.heartbeat.process_timeout_s == 12.5
+    assert cfg.heartbeat.progress_timeout_s == 300.0  # from the file
+    assert cfg.heartbeat.hardware_health.enabled is False
+    assert cfg.no_shared_fs is True
+    assert cfg.log_dir == "/var/log/rg"
+
+
+def test_override_without_file_and_later_wins() -> None:
+    cfg = load_config(
+        overrides=["heartbeat.enabled=true", "heartbeat.enabled=false", "heartbeat.enabled=yes"]
+    )
+    assert cfg.heartbeat.enabled is True
+
+
+def test_override_unknown_key_is_an_error() -> None:
+    with pytest.raises(ConfigError, match=r"heartbeat\.nope"):
+        load_config(overrides=["experiment.runner.heartbeat.nope=1"])
+
+
+@pytest.mark.parametrize(
+    ("override", "match"),
+    [
+        ("heartbeat.enabled", "expected key=value"),
+        ("=5", "malformed key"),
+        ("heartbeat..enabled=true", "malformed key"),
+        (".enabled=true", "malformed key"),
+        ("heartbeat.enabled.x=1", "enabled is not a section"),
+        ("heartbeat.enabled=[1, 2", "cannot parse value"),
+    ],
+)
+def test_malformed_override(override: str, match: str) -> None:
+    doc: dict[str, object] = {"heartbeat": {"enabled": True}}
+    with pytest.raises(ConfigError, match=match):
+        apply_override(doc, override)
+
+
+def test_apply_override_parses_yaml_scalars() -> None:
+    doc: dict[str, object] = {}
+    apply_override(doc, "a.b=5")
+    apply_override(doc, "a.c=0.5")
+    apply_override(doc, "a.d=null")
+    apply_override(doc, "a.e=text with = sign")
+    apply_override(doc, "experiment.runner.f=true")
+    assert doc == {"a": {"b": 5, "c": 0.5, "d": None, "e": "text with = sign"}, "f": True}
+
+
+def test_missing_file_error(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere.yaml"
+    with pytest.raises(ConfigError) as err:
+        load_config(missing)
+    assert str(err.value) == f"config file {missing}: No such file or directory"
+
+
+# ---- serialisation -------------------------------------------------------------------
+
+
+def test_dumps_loads_round_trip(tmp_path: Path) -> None:
+    cfg = load_config(
+        _write(tmp_path, SEED_000_YAML),
+        overrides=["heartbeat.hardware_health.stale_after_s=200", "log_dir=/x"],
+    )
+    text = dumps_config(cfg)
+    again = loads_config(text)
+    assert again == cfg
+    assert dumps_config(again) == text
+    assert loads_config(dumps_config(RankguardConfig())) == RankguardConfig()
+
+
+def test_config_to_dict_is_plain() -> None:
+    d = config_to_dict(RankguardConfig())
+    assert d["heartbeat"]["hardware_health"]["stale_after_s"] == 180.0
+    assert set(d) == {"log_dir", "no_shared_fs", "heartbeat"}
+
+
+def test_loads_config_is_strict() -> None:
+    with pytest.raises(ConfigError, match=r"heartbeat\.extra"):
+        loads_config('{"heartbeat": {"extra": 1}}')
+
+
+def test_build_component_directly() -> None:
+    hb = build(HeartbeatConfig, {"publish_interval_s": 1, "process_timeout_s": 3})
+    assert hb.process_timeout_s == 3.0
+    with pytest.raises(ConfigError, match="^process_timeout_s: must be >"):
+        build(HeartbeatConfig, {"process_timeout_s": 1})

@@ -1,0 +1,222 @@
+"""HeartbeatPublisher: record stream of one rank (start, heartbeats, end), prompt wake-ups."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rankguard.heartbeat.progress import ProgressTracker
+from rankguard.heartbeat.publisher import HeartbeatPublisher
+from rankguard.heartbeat.records import GpuAssignment, RankIdentity, heartbeat_file_name
+
+RECORD_KEYS = {
+    "schema_version",
+    "event",
+    "run_id",
+    "seq",
+    "wall_time_ns",
+    "monotonic_ns",
+    "hostname",
+    "node_rank",
+    "rank",
+    "local_rank",
+    "world_size",
+    "pid",
+    "gpu",
+    "progress_seq",
+    "iteration",
+    "phase",
+    "checkpoint_active",
+    "checkpoint_id",
+    "last_progress_monotonic_ns",
+    "since_progress_s",
+    "progress_source",
+}
+
+
+def _identity(gpu: GpuAssignment | None = None) -> RankIdentity:
+    return RankIdentity(
+        run_id="run-pub",
+        rank=3,
+        local_rank=1,
+        world_size=4,
+        node_rank=1,
+        hostname="node-b",
+        pid=os.getpid(),
+        gpu=gpu,
+    )
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def _wait_for(cond: Callable[[], bool], timeout: float = 2.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
+
+
+@pytest.fixture
+def publishers() -> Iterator[list[HeartbeatPublisher]]:
+    created: list[HeartbeatPublisher] = []
+    yield created
+    for pub in created:
+        pub.close()
+
+
+def _start(
+    tmp_path: Path,
+    publishers: list[HeartbeatPublisher],
+    interval_s: float,
+    gpu: GpuAssignment | None = None,
+) -> tuple[HeartbeatPublisher, ProgressTracker]:
+    tracker = ProgressTracker(mode="cpu")
+    pub = HeartbeatPublisher(_identity(gpu), tmp_path, tracker, interval_s)
+    publishers.append(pub)
+    pub.start()
+    return pub, tracker
+
+
+def test_interval_must_be_positive(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="interval_s"):
+        HeartbeatPublisher(_identity(), tmp_path, ProgressTracker(mode="cpu"), 0)
+
+
+def test_stream_start_heartbeats_end(
+    tmp_path: Path, publishers: list[HeartbeatPublisher]
+) -> None:
+    pub, tracker = _start(tmp_path, publishers, 0.05)
+    assert pub.path == tmp_path / heartbeat_file_name(3, os.getpid())
+    tracker.set_phase("train")
+    tracker.step_end(41)
+    assert _wait_for(lambda: len(_records(pub.path)) >= 5)
+    pub.close(clean=True, exit_code=0)
+    records = _records(pub.path)
+    events = [r["event"] for r in records]
+    assert events[0] == "process_start"
+    assert events[-1] == "process_end"
+    assert set(events[1:-1]) == {"heartbeat"}
+    assert len(events) >= 5
+    assert [r["seq"] for r in records] == list(range(len(records)))
+    for r in records:
+        missing = RECORD_KEYS - set(r)
+        assert not missing, missing
+        assert r["schema_version"] == 1
+        assert r["run_id"] == "run-pub"
+        assert (r["rank"], r["local_rank"], r["world_size"], r["node_rank"]) == (3, 1, 4, 1)
+        assert r["hostname"] == "node-b" and r["pid"] == os.getpid()
+        assert r["gpu"] is None
+        assert ("exit" in r) == (r["event"] == "process_end")
+    end = records[-1]
+    assert end["exit"] == {"clean": True, "exit_code": 0, "error": None}
+    assert end["progress_seq"] == 1 and end["iteration"] == 41
+    assert end["phase"] == "train"
+    mono = [r["monotonic_ns"] for r in records]
+    assert mono == sorted(mono)
+    assert pub.records_written == len(records)
+
+
+def test_heartbeats_follow_the_interval(
+    tmp_path: Path, publishers: list[HeartbeatPublisher]
+) -> None:
+    pub, _ = _start(tmp_path, publishers, 0.05)
+    time.sleep(0.5)
+    pub.close()
+    beats = [r for r in _records(pub.path) if r["event"] == "heartbeat"]
+    # ~10 expected in 0.5 s; generous bounds for a loaded machine
+    assert 3 <= len(beats) <= 12
+    gaps = [(b["monotonic_ns"] - a["monotonic_ns"]) / 1e9 for a, b in zip(beats, beats[1:])]
+    assert min(gaps) >= 0.04
+
+
+def test_gpu_identity_is_written(tmp_path: Path, publishers: list[HeartbeatPublisher]) -> None:
+    gpu = GpuAssignment(ordinal=1, token="GPU-0b1c2d3e")
+    pub, _ = _start(tmp_path, publishers, 10.0, gpu)
+    pub.close()
+    for r in _records(pub.path):
+        assert r["gpu"] == {"ordinal": 1, "token": "GPU-0b1c2d3e", "uuid": "GPU-0b1c2d3e"}
+
+
+def test_error_exit_info(tmp_path: Path, publishers: list[HeartbeatPublisher]) -> None:
+    pub, _ = _start(tmp_path, publishers, 10.0)
+    pub.close(clean=False, exit_code=3, error="ValueError: bad batch")
+    end = _records(pub.path)[-1]
+    assert end["event"] == "process_end"
+    assert end["exit"] == {"clean": False, "exit_code": 3, "error": "ValueError: bad batch"}
+
+
+def test_close_is_idempotent(tmp_path: Path, publishers: list[HeartbeatPublisher]) -> None:
+    pub, _ = _start(tmp_path, publishers, 10.0)
+    t0 = time.monotonic()
+    pub.close()
+    assert time.monotonic() - t0 < 2.0  # the thread wakes up, it does not sleep 10 s
+    pub.close(clean=False, exit_code=1)
+    records = _records(pub.path)
+    assert [r["event"] for r in records] == ["process_start", "process_end"]
+    assert records[-1]["exit"]["clean"] is True
+    assert not pub._thread or not pub._thread.is_alive()
+
+
+def test_close_without_start_writes_nothing(tmp_path: Path) -> None:
+    pub = HeartbeatPublisher(_identity(), tmp_path, ProgressTracker(mode="cpu"), 1.0)
+    pub.close()
+    assert not pub.path.exists()
+    assert pub.records_written == 0
+
+
+def test_wake_publishes_promptly(tmp_path: Path, publishers: list[HeartbeatPublisher]) -> None:
+    pub, _ = _start(tmp_path, publishers, 30.0)
+    assert [r["event"] for r in _records(pub.path)] == ["process_start"]
+    pub.wake()
+    assert _wait_for(lambda: len(_records(pub.path)) >= 2, timeout=1.0)
+    assert _records(pub.path)[1]["event"] == "heartbeat"
+
+
+def test_phase_change_publishes_promptly(
+    tmp_path: Path, publishers: list[HeartbeatPublisher]
+) -> None:
+    pub, tracker = _start(tmp_path, publishers, 30.0)
+    tracker.checkpoint_start("step_10")
+    assert _wait_for(
+        lambda: any(r.get("checkpoint_active") for r in _records(pub.path)), timeout=1.0
+    )
+    rec = next(r for r in _records(pub.path) if r.get("checkpoint_active"))
+    assert rec["phase"] == "checkpointing"
+    assert rec["checkpoint_id"] == "step_10"
+    tracker.checkpoint_end()
+    assert _wait_for(
+        lambda: _records(pub.path)[-1].get("checkpoint_active") is False
+        and _records(pub.path)[-1]["progress_seq"] == 1,
+        timeout=1.0,
+    )
+
+
+def test_steps_do_not_wake_the_publisher(
+    tmp_path: Path, publishers: list[HeartbeatPublisher]
+) -> None:
+    pub, tracker = _start(tmp_path, publishers, 30.0)
+    for i in range(100):
+        tracker.step_end(i)
+    time.sleep(0.2)
+    assert len(_records(pub.path)) == 1
+
+
+def test_appends_to_existing_file(tmp_path: Path, publishers: list[HeartbeatPublisher]) -> None:
+    path = tmp_path / heartbeat_file_name(3, os.getpid())
+    path.write_text('{"old": true}\n')
+    pub, _ = _start(tmp_path, publishers, 10.0)
+    pub.close()
+    records = _records(path)
+    assert records[0] == {"old": True}
+    assert [r["event"] for r in records[1:]] == ["process_start", "process_end"]
