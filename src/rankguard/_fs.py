@@ -9,6 +9,7 @@ torn file.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -29,9 +30,8 @@ def fsync_dir(path: Path) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
     finally:
         os.close(fd)
 
@@ -48,10 +48,8 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
             os.fsync(fh.fileno())
         os.replace(tmp, target)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
     fsync_dir(target.parent)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import fast_sets, free_port, heartbeat_files, read_jsonl, read_status, rankguard_cmd
+from .conftest import fast_sets, free_port, heartbeat_files, rankguard_cmd, read_jsonl, read_status
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 
@@ -22,16 +22,44 @@ def test_two_nodes_without_shared_fs_report_a_node1_stall_on_node0(
     procs = {}
     for node in (0, 1):
         cmd = rankguard_cmd(
-            "run", "--nnodes", "2", "--nproc-per-node", "2", "--node-rank", str(node),
-            "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id,
-            "--log-dir", str(logs[node]), *fast_sets(),
-            "-m", "rankguard.demo.train", "--steps", "40", "--step-sleep", "0.05",
-            "--fault", "stall", "--fault-node", "1", "--fault-rank", "1",
-            "--fault-step", "5", "--fault-duration", "7",
+            "run",
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "2",
+            "--node-rank",
+            str(node),
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            "--rdzv-id",
+            run_id,
+            "--log-dir",
+            str(logs[node]),
+            *fast_sets(),
+            "-m",
+            "rankguard.demo.train",
+            "--steps",
+            "40",
+            "--step-sleep",
+            "0.05",
+            "--fault",
+            "stall",
+            "--fault-node",
+            "1",
+            "--fault-rank",
+            "1",
+            "--fault-step",
+            "5",
+            "--fault-duration",
+            "7",
         )
         procs[node] = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
     outs = {}
     for node, proc in procs.items():

@@ -23,9 +23,18 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 def demo(tmp_path: Path, run_id: str, *train_args: str, nproc: int = 2) -> tuple[Path, str]:
     res = run_rankguard(
         [
-            "run", "--standalone", "--nproc-per-node", str(nproc),
-            "--rdzv-id", run_id, "--log-dir", str(tmp_path), *fast_sets(),
-            "-m", "rankguard.demo.train", *train_args,
+            "run",
+            "--standalone",
+            "--nproc-per-node",
+            str(nproc),
+            "--rdzv-id",
+            run_id,
+            "--log-dir",
+            str(tmp_path),
+            *fast_sets(),
+            "-m",
+            "rankguard.demo.train",
+            *train_args,
         ]
     )
     out = res.stdout + res.stderr
@@ -62,8 +71,18 @@ def test_sigstop_of_one_rank_is_a_process_timeout_for_that_rank_only(
     tmp_path: Path, run_id: str
 ) -> None:
     run_dir, out = demo(
-        tmp_path, run_id, "--steps", "40", "--fault", "stop", "--fault-rank", "1",
-        "--fault-step", "5", "--fault-duration", "6",
+        tmp_path,
+        run_id,
+        "--steps",
+        "40",
+        "--fault",
+        "stop",
+        "--fault-rank",
+        "1",
+        "--fault-step",
+        "5",
+        "--fault-duration",
+        "6",
     )
     found = findings(run_dir)
     assert [(f["finding_type"], f["rank"]) for f in found] == [
@@ -79,8 +98,18 @@ def test_rank_blocked_in_its_step_is_a_progress_timeout_for_that_rank_only(
     tmp_path: Path, run_id: str
 ) -> None:
     run_dir, out = demo(
-        tmp_path, run_id, "--steps", "40", "--fault", "stall", "--fault-rank", "1",
-        "--fault-step", "5", "--fault-duration", "7",
+        tmp_path,
+        run_id,
+        "--steps",
+        "40",
+        "--fault",
+        "stall",
+        "--fault-rank",
+        "1",
+        "--fault-step",
+        "5",
+        "--fault-duration",
+        "7",
     )
     found = findings(run_dir)
     assert [(f["finding_type"], f["rank"]) for f in found] == [("gpu_progress_timeout", 1)], out
@@ -95,8 +124,16 @@ def test_checkpoint_longer_than_progress_timeout_is_not_a_finding(
     tmp_path: Path, run_id: str
 ) -> None:
     run_dir, out = demo(
-        tmp_path, run_id, "--steps", "8", "--checkpoint-every", "4",
-        "--checkpoint-seconds", "5.5", "--checkpoint-dir", str(tmp_path / "ckpt"),
+        tmp_path,
+        run_id,
+        "--steps",
+        "8",
+        "--checkpoint-every",
+        "4",
+        "--checkpoint-seconds",
+        "5.5",
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
     )
     assert findings(run_dir) == [], out
     assert read_status(run_dir)["state"] == "completed"
@@ -112,9 +149,25 @@ def test_checkpoint_longer_than_progress_timeout_is_not_a_finding(
 def test_crash_names_the_failing_rank_as_root_cause(tmp_path: Path, run_id: str) -> None:
     res = run_rankguard(
         [
-            "run", "--standalone", "--nproc-per-node", "2", "--rdzv-id", run_id,
-            "--log-dir", str(tmp_path), *fast_sets(), "-m", "rankguard.demo.train",
-            "--steps", "40", "--fault", "crash", "--fault-rank", "1", "--fault-step", "4",
+            "run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--rdzv-id",
+            run_id,
+            "--log-dir",
+            str(tmp_path),
+            *fast_sets(),
+            "-m",
+            "rankguard.demo.train",
+            "--steps",
+            "40",
+            "--fault",
+            "crash",
+            "--fault-rank",
+            "1",
+            "--fault-step",
+            "4",
         ]
     )
     run_dir = tmp_path / "heartbeat" / run_id
@@ -133,8 +186,17 @@ def test_unmodified_torchrun_script_gets_progress_from_the_optimizer_hook(
 ) -> None:
     res = run_rankguard(
         [
-            "run", "--nproc-per-node", "2", "--rdzv-id", run_id, "--log-dir", str(tmp_path),
-            *fast_sets(), str(SCRIPTS / "plain_ddp.py"), "--steps", "12",
+            "run",
+            "--nproc-per-node",
+            "2",
+            "--rdzv-id",
+            run_id,
+            "--log-dir",
+            str(tmp_path),
+            *fast_sets(),
+            str(SCRIPTS / "plain_ddp.py"),
+            "--steps",
+            "12",
         ]
     )
     out = res.stdout + res.stderr
@@ -160,11 +222,24 @@ def test_sigterm_to_the_launcher_stops_everything_without_false_findings(
 
     proc = subprocess.Popen(
         rankguard_cmd(
-            "run", "--standalone", "--nproc-per-node", "2", "--rdzv-id", run_id,
-            "--log-dir", str(tmp_path), *fast_sets(), "-m", "rankguard.demo.train",
-            "--steps", "100000",
+            "run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--rdzv-id",
+            run_id,
+            "--log-dir",
+            str(tmp_path),
+            *fast_sets(),
+            "-m",
+            "rankguard.demo.train",
+            "--steps",
+            "100000",
         ),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        stdin=subprocess.DEVNULL,
     )
     run_dir = tmp_path / "heartbeat" / run_id
     try:

@@ -54,12 +54,18 @@ def run(args: argparse.Namespace) -> int:
         return 2
     steps = args.steps or (40 if args.fault == "none" else 100)
     target_args = [
-        "--steps", str(steps),
-        "--fault", args.fault,
-        "--fault-rank", str(args.fault_rank),
-        "--fault-step", str(args.fault_step),
-        "--fault-duration", str(args.fault_duration),
-        "--slowdown", str(args.slowdown),
+        "--steps",
+        str(steps),
+        "--fault",
+        args.fault,
+        "--fault-rank",
+        str(args.fault_rank),
+        "--fault-step",
+        str(args.fault_step),
+        "--fault-duration",
+        str(args.fault_duration),
+        "--slowdown",
+        str(args.slowdown),
     ]
     if args.fault != "none" and not 0 <= args.fault_rank < args.nproc_per_node:
         print(f"rankguard demo: --fault-rank must be in [0, {args.nproc_per_node})")

@@ -54,10 +54,11 @@ class TinyGPT(nn.Module):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         t = idx.shape[1]
         x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
-        mask = self.mask[:t, :t]
+        mask = self.get_buffer("mask")[:t, :t]
         for block in self.blocks:
             x = block(x, mask)
-        return self.head(self.ln_f(x))  # type: ignore[no-any-return]
+        out: torch.Tensor = self.head(self.ln_f(x))
+        return out
 
     def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         logits = self(idx)

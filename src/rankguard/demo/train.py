@@ -40,7 +40,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-seconds", type=float, default=0.0, help="extra save time")
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--fault", choices=["none", "stall", "stop", "crash", "slow"], default="none")
-    p.add_argument("--fault-rank", type=int, default=1, help="global rank (local with --fault-node)")
+    p.add_argument(
+        "--fault-rank", type=int, default=1, help="global rank (local with --fault-node)"
+    )
     p.add_argument("--fault-node", type=int, default=None, help="fault LOCAL rank on this node")
     p.add_argument("--fault-step", type=int, default=10)
     p.add_argument("--fault-duration", type=float, default=8.0)
@@ -79,9 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    dist.init_process_group(
-        "nccl" if cuda else "gloo", timeout=timedelta(seconds=args.pg_timeout)
-    )
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=args.pg_timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     rg = rankguard.init()
     torch.manual_seed(0)

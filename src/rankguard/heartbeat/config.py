@@ -33,8 +33,7 @@ class HardwareHealthConfig:
             self.stale_after_s = 3.0 * self.interval_s
         elif self.stale_after_s <= self.interval_s:
             raise ValueError(
-                f"stale_after_s: must be > interval_s ({self.interval_s}), "
-                f"got {self.stale_after_s}"
+                f"stale_after_s: must be > interval_s ({self.interval_s}), got {self.stale_after_s}"
             )
 
 
@@ -81,8 +80,7 @@ class HeartbeatConfig:
             value = getattr(self, name)
             if value <= self.publish_interval_s:
                 raise ValueError(
-                    f"{name}: must be > publish_interval_s ({self.publish_interval_s}), "
-                    f"got {value}"
+                    f"{name}: must be > publish_interval_s ({self.publish_interval_s}), got {value}"
                 )
         if self.checkpoint_timeout_s < self.progress_timeout_s:
             raise ValueError(

@@ -299,17 +299,17 @@ class JobMonitor:
         if rules.shutdown is not None and not all(
             r["gpu_progress"] == Progress.COMPLETED.value for r in rows
         ):
-            state = "stopped"
+            job_state = "stopped"
         elif rules.first_failure is not None:
-            state = "failed"
+            job_state = "failed"
         elif rows and progress.get(Progress.COMPLETED.value, 0) == len(rows):
-            state = "completed"
+            job_state = "completed"
         elif active:
-            state = "degraded"
+            job_state = "degraded"
         elif liveness.get(Liveness.ALIVE.value, 0) == 0:
-            state = "starting"
+            job_state = "starting"
         else:
-            state = "running"
+            job_state = "running"
         health = {
             str(node): {
                 "status": snap.get("status"),
@@ -324,7 +324,7 @@ class JobMonitor:
             "schema_version": SCHEMA_VERSION,
             "run_id": self.run_id,
             "updated_wall_time": _iso_now(),
-            "state": state,
+            "state": job_state,
             "monitor": {
                 "hostname": self.hostname,
                 "pid": os.getpid(),

@@ -45,7 +45,7 @@ def _cuda_in_use() -> bool:
 def _cuda_event() -> _Event:
     import torch
 
-    return torch.cuda.Event()  # type: ignore[no-any-return]
+    return torch.cuda.Event()
 
 
 ProgressSnapshot = dict[str, Any]

@@ -60,9 +60,7 @@ class HeartbeatPublisher:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self._write(Event.PROCESS_START)
-        self._thread = threading.Thread(
-            target=self._run, name="rankguard-heartbeat", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, name="rankguard-heartbeat", daemon=True)
         self._thread.start()
 
     def wake(self) -> None:

@@ -109,7 +109,8 @@ class StoreRelay:
     def _health(self) -> dict[str, Any] | None:
         path = self.run_dir / f"gpu_health_node_{self.node_rank}.json"
         try:
-            return json.loads(path.read_text(encoding="utf-8"))  # type: ignore[no-any-return]
+            snapshot: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+            return snapshot
         except (OSError, ValueError):
             return None
 

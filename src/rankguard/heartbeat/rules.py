@@ -151,9 +151,10 @@ class HeartbeatRules:
                 return False
             state.reset(pid)
         old = state.record
-        if old is not None and int(record.get("seq", 0)) <= int(old.get("seq", 0)):
-            if not (record.get("event") == "process_end" and old.get("event") != "process_end"):
-                return False
+        stale_seq = old is not None and int(record.get("seq", 0)) <= int(old.get("seq", 0))
+        # ... except a process's own end record arriving after one synthesized for it.
+        if (stale_seq and not (old or {}).get("synthesized")) or record is old:
+            return False
         state.record = record
         state.seen_at = now
         if self._first_sighting is None:
@@ -187,9 +188,9 @@ class HeartbeatRules:
         # while none has been seen).
         anchor = self._first_sighting if self._first_sighting is not None else self.started_at
         waited = now - anchor
-        for rank in range(world):
-            if rank not in self.ranks and rank not in self._never_seen_fired:
-                if waited > self.cfg.initial_process_timeout_s:
+        if waited > self.cfg.initial_process_timeout_s:
+            for rank in range(world):
+                if rank not in self.ranks and rank not in self._never_seen_fired:
                     self._never_seen_fired.add(rank)
                     findings.append(self._never_seen(rank, waited))
         # Earliest failure first: when a rank fails, its peers fail in their next
@@ -247,9 +248,7 @@ class HeartbeatRules:
                     s.culprits_gone_at = now
                 if now - s.culprits_gone_at <= timeout:
                     continue
-            self._fire(
-                s, FindingType.PROGRESS_TIMEOUT, Reason.NOT_ADVANCING, timeout, age, out
-            )
+            self._fire(s, FindingType.PROGRESS_TIMEOUT, Reason.NOT_ADVANCING, timeout, age, out)
         return out
 
     def _evaluate_rank(self, s: RankState, now: float) -> list[dict[str, Any]]:
@@ -436,8 +435,7 @@ def _message(
         )
     if ftype is FindingType.PROGRESS_TIMEOUT:
         return (
-            f"{who}: alive but no step completed for {observed_s:.1f}s > {timeout_s:g}s "
-            f"[{where}]"
+            f"{who}: alive but no step completed for {observed_s:.1f}s > {timeout_s:g}s [{where}]"
         )
     if ftype is FindingType.PROCESS_EXITED:
         exit_info = rec.get("exit") or {}

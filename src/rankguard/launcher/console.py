@@ -59,8 +59,9 @@ class LiveStatus:
 
     def _finding(self, finding: dict[str, Any]) -> None:
         prefix = "\r\033[K" if self.tty else ""
-        self.stream.write(f"{prefix}[rankguard] FINDING {finding.get('finding_type')}: "
-                          f"{finding.get('message')}\n")
+        self.stream.write(
+            f"{prefix}[rankguard] FINDING {finding.get('finding_type')}: {finding.get('message')}\n"
+        )
         self.stream.flush()
         self._last = ""
 

@@ -38,9 +38,7 @@ class LaunchOptions:
                 f"--nnodes: need 1 <= min <= max, got {self.min_nodes}:{self.max_nodes}"
             )
         if not 0 <= self.node_rank < self.max_nodes:
-            raise ValueError(
-                f"--node-rank: must be in [0, {self.max_nodes}), got {self.node_rank}"
-            )
+            raise ValueError(f"--node-rank: must be in [0, {self.max_nodes}), got {self.node_rank}")
         if self.max_restarts < 0:
             raise ValueError(f"--max-restarts: must be >= 0, got {self.max_restarts}")
         if self.max_nodes > 1:
@@ -50,8 +48,7 @@ class LaunchOptions:
                 raise ValueError("--rdzv-endpoint HOST:PORT is required with several nodes")
             if not self.rdzv_id:
                 raise ValueError(
-                    "--rdzv-id is required with several nodes: every node must name the "
-                    "same run"
+                    "--rdzv-id is required with several nodes: every node must name the same run"
                 )
 
     @property
@@ -89,7 +86,10 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default=None, help="HOST:PORT")
     g.add_argument("--rdzv-id", "--rdzv_id", "--run-id", dest="rdzv_id", default=None)
     g.add_argument(
-        "--rdzv-backend", "--rdzv_backend", default="c10d", choices=["c10d"],
+        "--rdzv-backend",
+        "--rdzv_backend",
+        default="c10d",
+        choices=["c10d"],
         help="only c10d: it restarts reliably and carries the heartbeat relay",
     )
     g.add_argument("--rdzv-join-timeout", type=float, default=600.0, dest="rdzv_join_timeout")
@@ -100,7 +100,11 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--master-port", "--master_port", type=int, default=None, help="rdzv port")
     p.add_argument("--config", default=None, help="YAML config file")
     p.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        dest="overrides",
         help="config override (repeatable); bare KEY=VALUE words before the script work too",
     )
     p.add_argument("--log-dir", default=None, help="shortcut for log_dir=...")

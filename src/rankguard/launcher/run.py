@@ -66,7 +66,7 @@ def _rendezvous(opts: LaunchOptions, run_id: str) -> tuple[Any, Any, str, int]:
         timeout=RendezvousTimeout(join=timedelta(seconds=opts.rdzv_join_timeout_s)),
     )
     host = endpoint.rsplit(":", 1)[0]
-    return handler, store, host, int(store.port)
+    return handler, store, host, int(store.port)  # type: ignore[attr-defined]
 
 
 def _store_client(host: str, port: int) -> Any:
@@ -106,8 +106,10 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     hb = cfg.heartbeat
     if not hb.enabled:
-        _say("heartbeat monitoring is OFF (heartbeat.enabled=false): no liveness, progress "
-             "or hang detection for this run")
+        _say(
+            "heartbeat monitoring is OFF (heartbeat.enabled=false): no liveness, progress "
+            "or hang detection for this run"
+        )
     _worker_env(cfg, run_id, run_dir, opts.node_rank)
     _thread_defaults(opts)
 
@@ -123,8 +125,10 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
         store=client,
     )
     if opts.multi_node and hb.enabled and not cfg.no_shared_fs and opts.node_rank != 0:
-        _say("no_shared_fs=false: this node's heartbeats are NOT relayed; node 0 sees them "
-             "only if log_dir is on a filesystem shared with it")
+        _say(
+            "no_shared_fs=false: this node's heartbeats are NOT relayed; node 0 sees them "
+            "only if log_dir is on a filesystem shared with it"
+        )
     entry_args: list[str] = ["-u", "-m", "rankguard.launcher.worker"]
     if opts.module:
         entry_args.append("-m")
@@ -157,8 +161,9 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
             "config": config_to_dict(cfg),
         },
     )
-    _say(f"run {run_id}: {opts.nproc_per_node} rank(s) on node {opts.node_rank}, "
-         f"files in {run_dir}")
+    _say(
+        f"run {run_id}: {opts.nproc_per_node} rank(s) on node {opts.node_rank}, files in {run_dir}"
+    )
     services.start()
     live = LiveStatus(services.monitor) if opts.live_status and services.monitor else None
     if live is not None:
@@ -188,8 +193,10 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
     if result is None or result.is_failed():
         failures = getattr(result, "failures", {}) or {}
         for rank, failure in sorted(failures.items()):
-            _say(f"rank {rank} (local {failure.local_rank}, pid {failure.pid}) failed with "
-                 f"exit code {failure.exitcode}; error file: {failure.error_file or '-'}")
+            _say(
+                f"rank {rank} (local {failure.local_rank}, pid {failure.pid}) failed with "
+                f"exit code {failure.exitcode}; error file: {failure.error_file or '-'}"
+            )
         return 1
     return 0
 
@@ -203,4 +210,3 @@ def _report(run_dir: Path, status: dict[str, Any] | None) -> None:
     _say(f"status:   {run_dir / STATUS_FILE}")
     _say(f"findings: {run_dir / FINDINGS_FILE}")
     _say(f"see: rankguard status {run_dir}")
-

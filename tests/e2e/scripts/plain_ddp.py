@@ -15,7 +15,7 @@ dist.init_process_group("gloo")
 torch.manual_seed(0)
 model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-for step in range(args.steps):
+for _ in range(args.steps):
     x = torch.randn(8, 16)
     loss = model(x).pow(2).mean()
     opt.zero_grad()
@@ -23,6 +23,9 @@ for step in range(args.steps):
     opt.step()
 dist.barrier()
 if dist.get_rank() == 0:
-    print(f"plain_ddp done: {args.steps} steps, world {dist.get_world_size()}, "
-          f"local_rank {os.environ['LOCAL_RANK']}", flush=True)
+    print(
+        f"plain_ddp done: {args.steps} steps, world {dist.get_world_size()}, "
+        f"local_rank {os.environ['LOCAL_RANK']}",
+        flush=True,
+    )
 dist.destroy_process_group()

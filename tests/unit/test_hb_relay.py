@@ -1,0 +1,236 @@
+"""StoreRelay / StoreRemoteSource over a real torch.distributed TCPStore."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rankguard.heartbeat.config import HeartbeatConfig
+from rankguard.heartbeat.monitor import JobMonitor
+from rankguard.heartbeat.records import heartbeat_file_name
+from rankguard.heartbeat.relay import StoreRelay, StoreRemoteSource, store_prefix
+
+dist = pytest.importorskip("torch.distributed")
+
+RUN = "run-relay"
+BASE_NS = 1_700_000_000_000_000_000
+
+
+@pytest.fixture
+def stores() -> Iterator[tuple[Any, Any]]:
+    master = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10)
+    )
+    client = dist.TCPStore(
+        "127.0.0.1", master.port, is_master=False, timeout=timedelta(seconds=10)
+    )
+    yield master, client
+    del client, master
+
+
+def rec(rank: int, seq: int, pid: int, *, event: str = "heartbeat", **kw: Any) -> dict[str, Any]:
+    r: dict[str, Any] = {
+        "schema_version": 1,
+        "event": event,
+        "run_id": RUN,
+        "seq": seq,
+        "wall_time_ns": BASE_NS + seq * 1_000_000_000,
+        "hostname": "node-b",
+        "node_rank": 1,
+        "rank": rank,
+        "local_rank": rank - 2,
+        "world_size": 4,
+        "pid": pid,
+        "gpu": None,
+        "progress_seq": seq,
+        "iteration": seq,
+        "phase": "train",
+        "checkpoint_active": False,
+        "since_progress_s": 0.1,
+    }
+    r.update(kw)
+    return r
+
+
+def write(run_dir: Path, *records: dict[str, Any]) -> None:
+    for r in records:
+        with open(run_dir / heartbeat_file_name(r["rank"], r["pid"]), "a") as fh:
+            fh.write(json.dumps(r) + "\n")
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_relay_pushes_latest_record_per_rank(tmp_path: Path, stores: tuple[Any, Any]) -> None:
+    master, client = stores
+    me = os.getpid()  # a running pid: not synthesized as vanished
+    write(tmp_path, rec(2, 0, me, event="process_start"), rec(2, 1, me), rec(2, 2, me))
+    write(tmp_path, rec(3, 0, me, event="process_start"))
+    health = {"hostname": "node-b", "status": "ok", "source": "nvml", "gpus": [{"index": 0}]}
+    (tmp_path / "gpu_health_node_1.json").write_text(json.dumps(health))
+    other = rec(2, 9, me, run_id="another-run")
+    write(tmp_path, other)
+
+    relay = StoreRelay(client, tmp_path, RUN, node_rank=1, interval_s=0.05)
+    relay.push_once()
+    assert relay.pushes == 1 and relay.errors == 0
+    source = StoreRemoteSource(master, RUN, nnodes=2)
+    records, got_health = source.fetch()
+    latest = {r["rank"]: r for r in records}
+    assert sorted(latest) == [2, 3]
+    assert latest[2]["seq"] == 2  # the latest, not the other run's seq 9
+    assert latest[2]["run_id"] == RUN
+    assert latest[3]["event"] == "process_start"
+    assert got_health == {1: health}
+    assert source.nodes_done() is False
+
+    # newer lines arrive: the next push carries them
+    write(tmp_path, rec(2, 3, me, progress_seq=42))
+    relay.push_once()
+    records, _ = source.fetch()
+    assert {r["rank"]: r["progress_seq"] for r in records}[2] == 42
+
+    relay.stop()
+    assert source.nodes_done() is True
+    key = f"{store_prefix(RUN)}hb/node/1"
+    assert master.check([key])
+
+
+def test_fetch_before_any_push_is_empty(stores: tuple[Any, Any]) -> None:
+    master, _ = stores
+    source = StoreRemoteSource(master, RUN, nnodes=3)
+    assert source.fetch() == ([], {})
+    assert source.nodes_done() is False
+
+
+def test_single_node_has_nothing_to_fetch_and_is_done(stores: tuple[Any, Any]) -> None:
+    master, _ = stores
+    source = StoreRemoteSource(master, RUN, nnodes=1)
+    assert source.fetch() == ([], {})
+    assert source.nodes_done() is True
+
+
+def test_nodes_done_needs_every_node(tmp_path: Path, stores: tuple[Any, Any]) -> None:
+    master, client = stores
+    (tmp_path / "n1").mkdir()
+    (tmp_path / "n2").mkdir()
+    r1 = StoreRelay(client, tmp_path / "n1", RUN, node_rank=1, interval_s=0.05)
+    r2 = StoreRelay(client, tmp_path / "n2", RUN, node_rank=2, interval_s=0.05)
+    source = StoreRemoteSource(master, RUN, nnodes=3)
+    r1.stop()
+    assert source.nodes_done() is False
+    r2.stop()
+    assert source.nodes_done() is True
+
+
+def test_dead_pid_becomes_vanished_process_end(tmp_path: Path, stores: tuple[Any, Any]) -> None:
+    master, client = stores
+    pid = dead_pid()
+    write(tmp_path, rec(2, 0, pid, event="process_start"), rec(2, 1, pid, progress_seq=7))
+    relay = StoreRelay(client, tmp_path, RUN, node_rank=1, interval_s=0.05)
+    relay.push_once()
+    (record,), _ = StoreRemoteSource(master, RUN, nnodes=2).fetch()
+    assert record["event"] == "process_end"
+    assert record["pid"] == pid
+    assert record["seq"] == 2
+    assert record["progress_seq"] == 7
+    assert record["synthesized"] is True
+    assert record["exit"]["vanished"] is True
+    assert record["exit"]["clean"] is False
+
+
+def test_clean_process_end_is_relayed_as_is(tmp_path: Path, stores: tuple[Any, Any]) -> None:
+    master, client = stores
+    pid = dead_pid()
+    clean = {"clean": True, "exit_code": 0, "error": None}
+    write(tmp_path, rec(2, 0, pid), rec(2, 1, pid, event="process_end", exit=clean))
+    relay = StoreRelay(client, tmp_path, RUN, node_rank=1, interval_s=0.05)
+    relay.push_once()
+    (record,), _ = StoreRemoteSource(master, RUN, nnodes=2).fetch()
+    assert record["event"] == "process_end"
+    assert record["exit"] == clean
+    assert "synthesized" not in record
+
+
+def test_restarted_rank_replaces_old_pid(tmp_path: Path, stores: tuple[Any, Any]) -> None:
+    master, client = stores
+    old = dead_pid()
+    me = os.getpid()
+    write(tmp_path, rec(2, 0, old), rec(2, 1, old))
+    relay = StoreRelay(client, tmp_path, RUN, node_rank=1, interval_s=0.05)
+    relay.push_once()
+    newer = rec(2, 0, me, event="process_start")
+    newer["wall_time_ns"] = time.time_ns()  # started after the old pid was found dead
+    write(tmp_path, newer)
+    relay.push_once()
+    (record,), _ = StoreRemoteSource(master, RUN, nnodes=2).fetch()
+    assert record["pid"] == me
+    assert record["event"] == "process_start"
+
+
+def test_relay_thread_pushes_periodically(tmp_path: Path, stores: tuple[Any, Any]) -> None:
+    master, client = stores
+    write(tmp_path, rec(2, 0, os.getpid()))
+    relay = StoreRelay(client, tmp_path, RUN, node_rank=1, interval_s=0.05)
+    relay.start()
+    try:
+        deadline = time.monotonic() + 2.0
+        while relay.pushes < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert relay.pushes >= 3
+    finally:
+        relay.stop()
+    assert StoreRemoteSource(master, RUN, nnodes=2).nodes_done() is True
+
+
+def test_push_error_is_counted_not_raised(tmp_path: Path) -> None:
+    class BrokenStore:
+        def set(self, key: str, value: Any) -> None:
+            raise RuntimeError("connection reset")
+
+    relay = StoreRelay(BrokenStore(), tmp_path, RUN, node_rank=1, interval_s=0.05)
+    relay.push_once()
+    relay.stop()  # the done mark fails too: logged, not raised
+    assert relay.errors == 2
+
+
+def test_monitor_evaluates_relayed_records(tmp_path: Path, stores: tuple[Any, Any]) -> None:
+    master, client = stores
+    node0 = tmp_path / "node0"
+    node1 = tmp_path / "node1"
+    node0.mkdir()
+    node1.mkdir()
+    pid = dead_pid()
+    write(node1, rec(2, 0, pid, event="process_start"), rec(2, 1, pid))
+    relay = StoreRelay(client, node1, RUN, node_rank=1, interval_s=0.05)
+    relay.push_once()
+    cfg = HeartbeatConfig(publish_interval_s=1, process_timeout_s=10)
+    t = [100.0]
+    mon = JobMonitor(
+        cfg,
+        node0,
+        RUN,
+        remote=StoreRemoteSource(master, RUN, nnodes=2),
+        check_pids=True,
+        clock=lambda: t[0],
+    )
+    findings = mon.scan_once()
+    assert [(f["rank"], f["reason"]) for f in findings] == [
+        (2, "rank_process_died_without_process_end")
+    ]
+    mirrored = node0 / heartbeat_file_name(2, pid)
+    assert json.loads(mirrored.read_text().splitlines()[-1])["exit"]["vanished"] is True
+    relay.stop()
+    assert mon.remote is not None and mon.remote.nodes_done() is True
