@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -65,6 +66,10 @@ def test_normal_run_has_no_findings_and_ends_completed(tmp_path: Path, run_id: s
         assert events[0] == "process_start" and events[-1] == "process_end"
         assert "heartbeat" in events
     assert no_leftover_workers(run_id)
+    shown = run_rankguard(["status", str(tmp_path)], timeout=30)
+    assert shown.returncode == 0 and "completed" in shown.stdout, shown.stderr
+    as_json = run_rankguard(["status", "--json", str(run_dir)], timeout=30)
+    assert json.loads(as_json.stdout)["status"]["run_id"] == run_id
 
 
 def test_sigstop_of_one_rank_is_a_process_timeout_for_that_rank_only(

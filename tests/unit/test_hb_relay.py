@@ -171,9 +171,13 @@ def test_restarted_rank_replaces_old_pid(tmp_path: Path, stores: tuple[Any, Any]
     write(tmp_path, rec(2, 0, old), rec(2, 1, old))
     relay = StoreRelay(client, tmp_path, RUN, node_rank=1, interval_s=0.05)
     relay.push_once()
+    (first,), _ = StoreRemoteSource(master, RUN, nnodes=2).fetch()
+    assert first["pid"] == old and first["exit"]["vanished"] is True
     newer = rec(2, 0, me, event="process_start")
     newer["wall_time_ns"] = time.time_ns()  # started after the old pid was found dead
     write(tmp_path, newer)
+    relay.push_once()
+    write(tmp_path, rec(2, 5, old))  # a late line of the replaced process
     relay.push_once()
     (record,), _ = StoreRemoteSource(master, RUN, nnodes=2).fetch()
     assert record["pid"] == me

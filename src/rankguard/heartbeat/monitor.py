@@ -253,7 +253,10 @@ class JobMonitor:
 
         snapshot, _, seen = known
         entry = gpu_for_rank(
-            snapshot, str(record.get("hostname")), gpu.get("token"), gpu.get("ordinal")
+            snapshot,
+            str(record.get("hostname")),
+            gpu.get("uuid") or gpu.get("token"),
+            gpu.get("ordinal"),
         )
         if entry is None:
             return None

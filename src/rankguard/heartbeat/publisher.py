@@ -52,6 +52,7 @@ class HeartbeatPublisher:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._base = identity.base_record()
+        self._gpu_refined = identity.gpu is None
         tracker.on_change = self._wake.set
 
     # ---- lifecycle ------------------------------------------------------------------
@@ -95,6 +96,26 @@ class HeartbeatPublisher:
 
     # ---- thread ---------------------------------------------------------------------
 
+    def _refine_gpu(self) -> None:
+        """Once the script has initialised CUDA, add the GPU's UUID to the records, so
+        the monitor maps the rank to NVML's entry exactly (an index token is only exact
+        when CUDA and NVML number GPUs alike)."""
+        gpu = self._base.get("gpu")
+        if not gpu or gpu.get("uuid"):
+            self._gpu_refined = True
+            return
+        try:
+            import torch
+
+            if not torch.cuda.is_initialized():
+                return
+            uuid = str(torch.cuda.get_device_properties(gpu["ordinal"]).uuid)
+        except Exception:
+            self._gpu_refined = True
+            return
+        self._base["gpu"] = {**gpu, "uuid": uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"}
+        self._gpu_refined = True
+
     def _run(self) -> None:
         while not self._stop.is_set():
             self._wake.wait(self.interval_s)
@@ -103,6 +124,8 @@ class HeartbeatPublisher:
                 break
             try:
                 self.tracker.poll()
+                if not self._gpu_refined:
+                    self._refine_gpu()
             except Exception:  # a broken CUDA context must not kill the heartbeat
                 logger.exception("rankguard: polling the progress event failed")
             self._write(Event.HEARTBEAT)

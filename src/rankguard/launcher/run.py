@@ -105,6 +105,11 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
     run_dir = run_dir_for(cfg, run_id)
     run_dir.mkdir(parents=True, exist_ok=True)
     hb = cfg.heartbeat
+    if not hb.enabled and hb.hardware_health.enabled:
+        _say(
+            "heartbeat.hardware_health.enabled=true has NO effect while "
+            "heartbeat.enabled=false: set heartbeat.enabled=true"
+        )
     if not hb.enabled:
         _say(
             "heartbeat monitoring is OFF (heartbeat.enabled=false): no liveness, progress "

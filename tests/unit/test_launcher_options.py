@@ -1,0 +1,171 @@
+"""`rankguard run` argument handling and the CLI surface."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from rankguard.cli.main import build_parser
+from rankguard.config import ConfigError, load_config
+from rankguard.launcher.options import LaunchOptions, options_from_args, split_overrides
+
+
+def parse(*argv: str) -> tuple[LaunchOptions, list[str]]:
+    args = build_parser().parse_args(["run", *argv])
+    return options_from_args(args)
+
+
+def test_torchrun_flag_names_and_script_args_pass_through() -> None:
+    opts, overrides = parse(
+        "--nproc_per_node", "4", "--max_restarts", "2", "train.py", "--lr", "3e-4", "-x"
+    )
+    assert opts.nproc_per_node == 4 and opts.max_restarts == 2
+    assert opts.target == "train.py" and opts.target_args == ["--lr", "3e-4", "-x"]
+    assert opts.standalone and not opts.multi_node
+    assert opts.expected_world_size == 4
+    assert overrides == []
+
+
+def test_bare_overrides_before_the_script_and_set_flags_are_config() -> None:
+    opts, overrides = parse(
+        "--set",
+        "heartbeat.scan_interval_s=2",
+        "--log-dir",
+        "/tmp/x",
+        "heartbeat.enabled=true",
+        "experiment.runner.heartbeat.publish_interval_s=1",
+        "train.py",
+        "a=b",
+    )
+    assert opts.target == "train.py" and opts.target_args == ["a=b"]
+    assert overrides == [
+        "log_dir=/tmp/x",
+        "heartbeat.scan_interval_s=2",
+        "heartbeat.enabled=true",
+        "experiment.runner.heartbeat.publish_interval_s=1",
+    ]
+    cfg = load_config(None, overrides)
+    assert cfg.heartbeat.enabled and cfg.heartbeat.publish_interval_s == 1.0
+    assert cfg.log_dir == "/tmp/x"
+
+
+def test_module_mode() -> None:
+    opts, _ = parse("-m", "pkg.train", "--epochs", "1")
+    assert opts.module and opts.target == "pkg.train" and opts.target_args == ["--epochs", "1"]
+
+
+def test_split_overrides_needs_a_script() -> None:
+    with pytest.raises(ValueError, match="no training script"):
+        split_overrides("heartbeat.enabled=true", [])
+
+
+def test_a_script_named_like_an_override_is_still_the_script() -> None:
+    assert split_overrides("a=b.py", ["x"]) == ([], "a=b.py", ["x"])
+
+
+def test_elastic_range_has_no_fixed_world_size() -> None:
+    opts, _ = parse("--nnodes", "1:4", "--rdzv-endpoint", "127.0.0.1:1", "--rdzv-id", "j", "t.py")
+    assert (opts.min_nodes, opts.max_nodes) == (1, 4)
+    assert opts.expected_world_size is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--nnodes", "2", "t.py"], "--rdzv-endpoint"),
+        (["--nnodes", "2", "--rdzv-endpoint", "h:1", "t.py"], "--rdzv-id"),
+        (
+            [
+                "--nnodes",
+                "2",
+                "--node-rank",
+                "2",
+                "--rdzv-endpoint",
+                "h:1",
+                "--rdzv-id",
+                "j",
+                "t.py",
+            ],
+            "--node-rank",
+        ),
+        (["--nproc-per-node", "0", "t.py"], "--nproc-per-node"),
+        (["--nnodes", "3:2", "t.py"], "--nnodes"),
+        (["--max-restarts", "-1", "t.py"], "--max-restarts"),
+        (
+            ["--standalone", "--nnodes", "2", "--rdzv-endpoint", "h:1", "--rdzv-id", "j", "t.py"],
+            "--standalone",
+        ),
+    ],
+)
+def test_bad_launch_options_name_the_flag(argv: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse(*argv)
+
+
+def test_bad_nnodes_text_is_an_argparse_error() -> None:
+    with pytest.raises((argparse.ArgumentTypeError, SystemExit, ValueError)):
+        parse("--nnodes", "two", "t.py")
+
+
+def test_master_addr_and_port_make_the_rendezvous_endpoint() -> None:
+    opts, _ = parse(
+        "--nnodes",
+        "2",
+        "--master-addr",
+        "10.0.0.1",
+        "--master-port",
+        "1234",
+        "--rdzv-id",
+        "j",
+        "t.py",
+    )
+    assert opts.rdzv_endpoint == "10.0.0.1:1234"
+
+
+def test_cli_surface_is_frozen() -> None:
+    """Changing a command or flag name breaks users' scripts: do it on purpose only."""
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert sorted(sub.choices) == ["demo", "run", "status"]
+    run_flags = sorted(opt for a in sub.choices["run"]._actions for opt in a.option_strings)
+    assert run_flags == sorted(
+        [
+            "-h",
+            "--help",
+            "--nnodes",
+            "--nproc-per-node",
+            "--nproc_per_node",
+            "--node-rank",
+            "--node_rank",
+            "--rdzv-endpoint",
+            "--rdzv_endpoint",
+            "--rdzv-id",
+            "--rdzv_id",
+            "--run-id",
+            "--rdzv-backend",
+            "--rdzv_backend",
+            "--rdzv-join-timeout",
+            "--max-restarts",
+            "--max_restarts",
+            "--monitor-interval",
+            "--monitor_interval",
+            "--standalone",
+            "--master-addr",
+            "--master_addr",
+            "--master-port",
+            "--master_port",
+            "--config",
+            "--set",
+            "--log-dir",
+            "-m",
+            "--module",
+            "--live",
+        ]
+    )
+
+
+def test_unknown_config_key_from_the_command_line_is_an_error() -> None:
+    _, overrides = parse("heartbeat.publish_intervl_s=1", "t.py")
+    with pytest.raises(ConfigError, match=r"heartbeat\.publish_intervl_s"):
+        load_config(None, overrides)
