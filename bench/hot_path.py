@@ -1,17 +1,25 @@
 """Hot-path cost of rankguard's per-step calls, in nanoseconds per call.
 
-What: the per-step calls a training loop makes (``ProgressTracker.step_end``,
-``Session.step_end``, ``with session.step(i)``, ``NullSession.step_end``) and the
-optimizer-hook path (``opt.step()`` with and without ``install_optimizer_hook()``), each
-timed as the median of many repeats of a tight loop, next to an empty Python function
-call in the same loop (the floor: nothing in CPython can cost less).
+What, part 1 (tight loops): the per-step calls a training loop makes
+(``ProgressTracker.step_end``, ``Session.step_end``, ``with session.step(i)``,
+``NullSession.step_end``) and the optimizer hook's callable, each timed as the median of
+21 repeats of 200k calls in a tight loop, next to an empty Python function call in the
+same loop (the floor: nothing in CPython costs less). ``Session.step_end`` is also timed
+while the session's heartbeat thread publishes every 0.01 s (JSON + write + fsync), to
+see whether that thread slows the training thread down.
+
+What, part 2 (in a training-like loop): a tight loop keeps the code and branch
+predictors hot, which flatters tiny calls. So the same calls are also timed next to a
+real ``opt.step()`` (SGD, one 1-element parameter, ~25 us of torch overhead): loop A and
+loop B differ only in the measured call, short runs of A and B alternate (ABBA), and the
+median of the paired differences is reported with its interquartile range. A control
+pair (A against itself) shows the method's bias. Pairs: ``opt.step(); f(i)`` against
+``opt.step(); session.step_end(i)``, and ``opt.step()`` without against with
+``install_optimizer_hook()``.
 
 Why: ``step_end`` runs once per training step on every rank, so it must stay in the
 noise of a step. The goal is under 1 microsecond per call; for scale, NVRx's
 ``send_heartbeat`` (an IPC round trip to its monitor) costs about 14 microseconds.
-
-Also measured: ``Session.step_end`` while the session's heartbeat thread publishes every
-0.01 s (JSON + write + fsync), to see whether the thread slows the training thread down.
 
 Run: ``python bench/hot_path.py`` (about a minute on 2 CPU cores).
 """
@@ -28,9 +36,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.optim.optimizer import _global_optimizer_post_hooks
 
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.progress import ProgressTracker
@@ -40,10 +50,10 @@ from rankguard.session import NullSession, Session
 GOAL_NS = 1000.0  # step_end under 1 microsecond
 NVRX_SEND_HEARTBEAT_NS = 14_000.0  # NVRx send_heartbeat (IPC), for scale
 
-Loop = Callable[[int], int]  # runs n calls, returns elapsed ns
+Loop = Callable[[int], int]  # runs n iterations, returns elapsed ns
 
 
-# ---- loops: one closure per measured call, the loop itself identical ------------------
+# ---- tight loops: one closure per measured call, the loop itself identical -----------
 
 
 def _loop_noarg(fn: Callable[[], object]) -> Loop:
@@ -90,15 +100,67 @@ def measure(loop: Loop, calls: int, repeats: int) -> float:
     """Median ns per call over ``repeats`` runs of ``calls`` calls (GC off while timing)."""
     loop(min(calls, 10_000))  # warm-up
     per_call: list[float] = []
-    gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
         for _ in range(repeats):
             per_call.append(loop(calls) / calls)
     finally:
-        if gc_was_enabled:
-            gc.enable()
+        gc.enable()
     return statistics.median(per_call)
+
+
+# ---- training-like loops: paired A/B next to a real opt.step() -----------------------
+
+
+@dataclass
+class Paired:
+    a_ns: float  # median ns per iteration of loop A
+    b_ns: float  # median ns per iteration of loop B
+    diff_ns: float  # median of paired (B - A) differences
+    q1_ns: float  # interquartile range of the differences
+    q3_ns: float
+
+
+def measure_paired(
+    run_a: Callable[[int], float], run_b: Callable[[int], float], calls: int, pairs: int
+) -> Paired:
+    """``run_x(n)`` runs n iterations and returns ns per iteration (its own setup and
+    teardown untimed). Short runs alternate A B B A ... so slow drift cancels."""
+    run_a(1_000)
+    run_b(1_000)
+    a: list[float] = []
+    b: list[float] = []
+    gc.disable()
+    try:
+        for k in range(pairs):
+            if k % 2 == 0:
+                a.append(run_a(calls))
+                b.append(run_b(calls))
+            else:
+                b.append(run_b(calls))
+                a.append(run_a(calls))
+    finally:
+        gc.enable()
+    diffs = [y - x for x, y in zip(a, b, strict=True)]
+    q1, _, q3 = statistics.quantiles(diffs, n=4)
+    return Paired(statistics.median(a), statistics.median(b), statistics.median(diffs), q1, q3)
+
+
+def _opt_loop(step: Callable[[], object], call: Callable[[int], object]) -> Callable[[int], float]:
+    def run(n: int) -> float:
+        t0 = time.perf_counter_ns()
+        for i in range(n):
+            step()
+            call(i)
+        return (time.perf_counter_ns() - t0) / n
+
+    return run
+
+
+def _optimizer() -> torch.optim.Optimizer:
+    param = torch.nn.Parameter(torch.zeros(1))
+    param.grad = torch.zeros(1)
+    return torch.optim.SGD([param], lr=0.0)
 
 
 def _identity(rank: int) -> RankIdentity:
@@ -114,88 +176,18 @@ def _identity(rank: int) -> RankIdentity:
     )
 
 
-def _optimizer() -> tuple[torch.optim.Optimizer, torch.nn.Parameter]:
-    param = torch.nn.Parameter(torch.zeros(1))
-    param.grad = torch.zeros(1)
-    return torch.optim.SGD([param], lr=0.0), param
-
-
-def measure_optimizer_hook(session: Session, calls: int, repeats: int) -> dict[str, float]:
-    """``opt.step()`` without and with the hook, in interleaved repeats, plus the hook
-    callable alone.
-
-    ``opt.step()`` of a 1-parameter SGD costs tens of microseconds of torch overhead and
-    varies by a few percent between repeats, so the with-minus-without difference is
-    noisy; the median of the per-repeat (paired) differences is reported next to the
-    difference of medians, and the hook body is also timed directly (the registered
-    callable invoked as torch invokes it).
-    """
-    from torch.optim.optimizer import _global_optimizer_post_hooks
-
-    opt, _ = _optimizer()
-    step = opt.step
-
-    def run(n: int) -> int:
-        t0 = time.perf_counter_ns()
-        for _ in range(n):
-            step()
-        return time.perf_counter_ns() - t0
-
-    run(2_000)  # warm-up without hook
+def _hook_callable(session: Session) -> Callable[[object, object, object], None]:
+    """The function ``install_optimizer_hook`` registered, as torch will call it."""
     session.install_optimizer_hook()
-    run(2_000)  # warm-up with hook
-    session.step_end()  # an explicit step end drops the hook (by design)
-    without: list[float] = []
-    with_hook: list[float] = []
-    counted = 0
-    gc.disable()
-    try:
-        for k in range(repeats):
-            if k % 2 == 0:  # alternate the order (ABBA) so drift does not bias one side
-                without.append(run(calls) / calls)
-            session.install_optimizer_hook()
-            before = session.tracker.progress_seq
-            with_hook.append(run(calls) / calls)
-            counted += session.tracker.progress_seq - before
-            session.step_end()  # drops the hook again
-            if k % 2 == 1:
-                without.append(run(calls) / calls)
-    finally:
-        gc.enable()
-
-    session.install_optimizer_hook()
-    handle = session._hook  # the RemovableHandle torch returned
-    hook = _global_optimizer_post_hooks[handle.id]
-    args: tuple[object, ...] = ()
-    kwargs: dict[str, object] = {}
-
-    def run_hook(n: int) -> int:
-        t0 = time.perf_counter_ns()
-        for _ in range(n):
-            hook(opt, args, kwargs)
-        return time.perf_counter_ns() - t0
-
-    hook_ns = measure(run_hook, 200_000, repeats)
-    session.step_end()
-    quartiles = statistics.quantiles(without, n=4)
-    return {
-        "without": statistics.median(without),
-        "with": statistics.median(with_hook),
-        "paired_diff": statistics.median(w - o for w, o in zip(with_hook, without, strict=True)),
-        "spread": quartiles[2] - quartiles[0],
-        "hook_body": hook_ns,
-        "counted": float(counted),
-        "expected": float(calls * repeats),
-    }
+    return _global_optimizer_post_hooks[session._hook.id]  # type: ignore[no-any-return]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--calls", type=int, default=200_000, help="calls per repeat")
-    p.add_argument("--repeats", type=int, default=21, help="repeats (median taken)")
-    # opt.step() costs ~25-45 us here: 200k calls x 21 repeats x 2 would take minutes.
-    p.add_argument("--opt-calls", type=int, default=20_000, help="opt.step() calls per repeat")
-    p.add_argument("--opt-repeats", type=int, default=21)
+    p.add_argument("--calls", type=int, default=200_000, help="tight loop: calls per repeat")
+    p.add_argument("--repeats", type=int, default=21, help="tight loop: repeats (median)")
+    p.add_argument("--opt-calls", type=int, default=2_000, help="A/B: iterations per run")
+    p.add_argument("--pairs", type=int, default=100, help="A/B: pairs of runs (median)")
     args = p.parse_args(argv)
     n, r = args.calls, args.repeats
 
@@ -203,17 +195,13 @@ def main(argv: list[str] | None = None) -> int:
         f"python {platform.python_version()}, torch {torch.__version__}, "
         f"{os.cpu_count()} CPU(s), {platform.processor() or platform.machine()}"
     )
-    print(
-        f"each figure: median of {r} repeats x {n:,} calls (opt.step: "
-        f"{args.opt_repeats} x {args.opt_calls:,}); GC off while timing\n"
-    )
+    print(f"tight loops: median of {r} repeats x {n:,} calls; GC off while timing\n")
 
     rows: list[tuple[str, float, float]] = []  # name, ns, floor ns
     floor0 = measure(_loop_noarg(_empty), n, r)
     floor1 = measure(_loop_arg(_empty_arg), n, r)
     rows.append(("empty function call f()   [floor]", floor0, floor0))
     rows.append(("empty function call f(i)  [floor]", floor1, floor1))
-
     tracker = ProgressTracker(mode="cpu")
     rows.append(
         ("ProgressTracker(cpu).step_end()", measure(_loop_noarg(tracker.step_end), n, r), floor0)
@@ -223,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         ("ProgressTracker(cpu).step_end(i)", measure(_loop_arg(tracker.step_end), n, r), floor1)
     )
 
+    opt = _optimizer()
     with tempfile.TemporaryDirectory(prefix="rankguard-bench-") as tmp:
         session = Session(_identity(0), Path(tmp), HeartbeatConfig(publish_interval_s=5.0))
         try:
@@ -233,7 +222,37 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(
                 ("NullSession.step_end(i)", measure(_loop_arg(null.step_end), n, r), floor1)
             )
-            opt = measure_optimizer_hook(session, args.opt_calls, args.opt_repeats)
+            hook = _hook_callable(session)
+            hook_ns = measure(_loop_noarg(lambda: hook(opt, (), {})), n, r)
+            session.step_end()  # an explicit step end drops the hook (by design)
+            rows.append(("optimizer hook callable (as torch calls it)", hook_ns, floor0))
+
+            # ---- part 2: next to a real opt.step() ----
+            step = opt.step
+            control = measure_paired(
+                _opt_loop(step, _empty_arg),
+                _opt_loop(step, _empty_arg),
+                args.opt_calls,
+                args.pairs,
+            )
+            in_loop = measure_paired(
+                _opt_loop(step, _empty_arg),
+                _opt_loop(step, session.step_end),
+                args.opt_calls,
+                args.pairs,
+            )
+            plain = _opt_loop(step, _empty_arg)
+            counted = [0]
+
+            def with_hook(k: int) -> float:
+                session.install_optimizer_hook()
+                before = session.tracker.progress_seq
+                ns = plain(k)
+                counted[0] += session.tracker.progress_seq - before
+                session.step_end()  # drops the hook again
+                return ns
+
+            hooked = measure_paired(plain, with_hook, args.opt_calls, args.pairs)
         finally:
             session.close()
 
@@ -256,23 +275,6 @@ def main(argv: list[str] | None = None) -> int:
     print("-" * (width + 33))
     for name, ns, floor in rows:
         print(f"{name:<{width}}  {ns:9.1f}  {ns / floor:8.2f}  {ns - floor:11.1f}")
-    hook_cost = opt["paired_diff"]
-    print()
-    print(
-        f"{'opt.step() SGD, 1 param, no hook':<{width}}  {opt['without']:9.1f}  "
-        f"(interquartile spread {opt['spread']:.0f} ns)"
-    )
-    print(f"{'opt.step() SGD, 1 param, with hook':<{width}}  {opt['with']:9.1f}")
-    print(f"{'  -> difference of medians':<{width}}  {opt['with'] - opt['without']:9.1f}")
-    print(f"{'  -> median paired difference':<{width}}  {hook_cost:9.1f}")
-    print(
-        f"{'  -> hook callable alone (as torch calls it)':<{width}}  {opt['hook_body']:9.1f}  "
-        f"({opt['hook_body'] / floor0:.2f} x empty call)"
-    )
-    print(
-        f"(the hook counted {opt['counted']:,.0f} progress steps for "
-        f"{opt['expected']:,.0f} timed opt.step() calls)"
-    )
     print()
     rate = written / elapsed if elapsed > 0 else 0.0
     print(
@@ -282,19 +284,47 @@ def main(argv: list[str] | None = None) -> int:
         f"{idle_rate:.0f}/s while the training thread sleeps; each record is fsync'd)"
     )
     print()
+
+    print(
+        f"in a training-like loop: each iteration runs opt.step() (SGD, 1 param) then the "
+        f"call; {args.pairs} ABBA pairs x {args.opt_calls:,} iterations; "
+        f"B - A = median paired difference [interquartile range]"
+    )
+    rows2 = [
+        ("control: A = B = opt.step(); f(i)", control),
+        ("A opt.step(); f(i)  B opt.step(); session.step_end(i)", in_loop),
+        ("A opt.step()  B opt.step() with optimizer hook", hooked),
+    ]
+    width2 = max(len(name) for name, _ in rows2)
+    print(f"{'pair':<{width2}}  {'A ns/it':>9}  {'B ns/it':>9}  {'B - A ns':>9}  IQR of B - A")
+    print("-" * (width2 + 50))
+    for name, pr in rows2:
+        print(
+            f"{name:<{width2}}  {pr.a_ns:9.0f}  {pr.b_ns:9.0f}  {pr.diff_ns:9.0f}  "
+            f"[{pr.q1_ns:.0f}, {pr.q3_ns:.0f}]"
+        )
+    expected = args.pairs * args.opt_calls + 1_000
+    print(f"(the hook counted {counted[0]:,} progress steps for {expected:,} hooked opt.step())")
+    in_loop_cost = in_loop.diff_ns + floor1  # B - A removes an empty call too
+    print()
+
     worst = max(session_ns, busy_ns)
     verdict = "MEETS" if worst < GOAL_NS else "MISSES"
     print(
-        f"goal: Session.step_end < {GOAL_NS:.0f} ns -> {verdict} "
-        f"(worst {worst:.0f} ns = {worst / NVRX_SEND_HEARTBEAT_NS * 100:.1f}% of NVRx "
-        f"send_heartbeat's ~14 us; {NVRX_SEND_HEARTBEAT_NS / worst:.0f}x cheaper)"
+        f"goal: Session.step_end < {GOAL_NS:.0f} ns (tight loop) -> {verdict}: worst "
+        f"{worst:.0f} ns = {worst / NVRX_SEND_HEARTBEAT_NS * 100:.1f}% of NVRx "
+        f"send_heartbeat's ~14 us"
     )
-    hook_verdict = "MEETS" if opt["hook_body"] < GOAL_NS else "MISSES"
+    verdict = "MEETS" if in_loop_cost < GOAL_NS else "MISSES"
     print(
-        f"goal: optimizer hook < {GOAL_NS:.0f} ns per step -> {hook_verdict} "
-        f"(hook body {opt['hook_body']:.0f} ns; opt.step() difference {hook_cost:.0f} ns, "
-        f"within the +/-{opt['spread'] / 2:.0f} ns noise of a ~{opt['without'] / 1000:.0f} us "
-        f"opt.step())"
+        f"goal: Session.step_end < {GOAL_NS:.0f} ns (next to opt.step) -> {verdict}: "
+        f"~{in_loop_cost:.0f} ns (B - A + one empty call), control {control.diff_ns:+.0f} ns"
+    )
+    verdict = "MEETS" if hooked.diff_ns < GOAL_NS else "MISSES"
+    print(
+        f"goal: optimizer hook < {GOAL_NS:.0f} ns per step -> {verdict}: +{hooked.diff_ns:.0f} ns "
+        f"per opt.step() ({hooked.diff_ns / hooked.a_ns * 100:.1f}% of a 1-param SGD step; "
+        f"the callable alone: {hook_ns:.0f} ns in a tight loop)"
     )
     return 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -190,7 +191,7 @@ def test_quoted_yes_for_bool_names_field(tmp_path: Path) -> None:
 
 
 def test_bool_is_not_a_number() -> None:
-    with pytest.raises(ConfigError, match="heartbeat.process_timeout_s: expected a number"):
+    with pytest.raises(ConfigError, match=r"heartbeat\.process_timeout_s: expected a number"):
         load_config(overrides=["heartbeat.process_timeout_s=true"])
 
 
@@ -210,7 +211,7 @@ def test_optional_float_accepts_null_and_number(tmp_path: Path) -> None:
     assert cfg.heartbeat.hardware_health.stale_after_s == 30
     cfg = load_config(overrides=["heartbeat.hardware_health.stale_after_s=500"])
     assert cfg.heartbeat.hardware_health.stale_after_s == 500.0
-    with pytest.raises(ConfigError, match="heartbeat.hardware_health.stale_after_s"):
+    with pytest.raises(ConfigError, match=r"heartbeat\.hardware_health\.stale_after_s"):
         load_config(overrides=["heartbeat.hardware_health.stale_after_s=soon"])
 
 
@@ -276,7 +277,7 @@ def test_stale_after_not_above_interval(value: str) -> None:
     ],
 )
 def test_non_positive_intervals(override: str, field_name: str) -> None:
-    with pytest.raises(ConfigError, match=f"^{field_name}: must be > 0"):
+    with pytest.raises(ConfigError, match=f"^{re.escape(field_name)}: must be > 0"):
         load_config(overrides=[override])
 
 
@@ -386,5 +387,5 @@ def test_loads_config_is_strict() -> None:
 def test_build_component_directly() -> None:
     hb = build(HeartbeatConfig, {"publish_interval_s": 1, "process_timeout_s": 3})
     assert hb.process_timeout_s == 3.0
-    with pytest.raises(ConfigError, match="^process_timeout_s: must be >"):
+    with pytest.raises(ConfigError, match=r"^process_timeout_s: must be >"):
         build(HeartbeatConfig, {"process_timeout_s": 1})

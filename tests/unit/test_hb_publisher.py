@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -93,9 +94,7 @@ def test_interval_must_be_positive(tmp_path: Path) -> None:
         HeartbeatPublisher(_identity(), tmp_path, ProgressTracker(mode="cpu"), 0)
 
 
-def test_stream_start_heartbeats_end(
-    tmp_path: Path, publishers: list[HeartbeatPublisher]
-) -> None:
+def test_stream_start_heartbeats_end(tmp_path: Path, publishers: list[HeartbeatPublisher]) -> None:
     pub, tracker = _start(tmp_path, publishers, 0.05)
     assert pub.path == tmp_path / heartbeat_file_name(3, os.getpid())
     tracker.set_phase("train")
@@ -136,7 +135,7 @@ def test_heartbeats_follow_the_interval(
     beats = [r for r in _records(pub.path) if r["event"] == "heartbeat"]
     # ~10 expected in 0.5 s; generous bounds for a loaded machine
     assert 3 <= len(beats) <= 12
-    gaps = [(b["monotonic_ns"] - a["monotonic_ns"]) / 1e9 for a, b in zip(beats, beats[1:])]
+    gaps = [(b["monotonic_ns"] - a["monotonic_ns"]) / 1e9 for a, b in itertools.pairwise(beats)]
     assert min(gaps) >= 0.04
 
 
@@ -196,8 +195,10 @@ def test_phase_change_publishes_promptly(
     assert rec["checkpoint_id"] == "step_10"
     tracker.checkpoint_end()
     assert _wait_for(
-        lambda: _records(pub.path)[-1].get("checkpoint_active") is False
-        and _records(pub.path)[-1]["progress_seq"] == 1,
+        lambda: (
+            _records(pub.path)[-1].get("checkpoint_active") is False
+            and _records(pub.path)[-1]["progress_seq"] == 1
+        ),
         timeout=1.0,
     )
 

@@ -83,7 +83,7 @@ def test_malformed_lines_are_skipped_and_counted(tmp_path: Path) -> None:
 
 def test_non_dict_json_is_malformed(tmp_path: Path) -> None:
     path = tmp_path / "a.jsonl"
-    _append(path, b"[1, 2]\n42\n\"text\"\nnull\n" + _line({"ok": True}))
+    _append(path, b'[1, 2]\n42\n"text"\nnull\n' + _line({"ok": True}))
     tailer = JsonlTailer(path)
     assert tailer.read() == [{"ok": True}]
     assert tailer.malformed == 4

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -119,6 +120,11 @@ def test_phase_context_restores(session: Session) -> None:
 
 
 def test_checkpoint_context(session: Session, tmp_path: Path) -> None:
+    path = tmp_path / heartbeat_file_name(0, os.getpid())
+
+    def published_checkpoint() -> bool:
+        return any(r["checkpoint_active"] and r["checkpoint_id"] == "c1" for r in _records(path))
+
     session.set_phase("train")
     session.step_end()
     with session.checkpoint("c1"):
@@ -126,12 +132,16 @@ def test_checkpoint_context(session: Session, tmp_path: Path) -> None:
         assert session.tracker.checkpoint_active is True
         assert session.tracker.checkpoint_id == "c1"
         assert session.tracker.progress_seq == 1
+        deadline = time.monotonic() + 1.0
+        while not published_checkpoint() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert published_checkpoint()
     assert session.tracker.phase == "train"
     assert session.tracker.checkpoint_active is False
     assert session.tracker.progress_seq == 2
     session.close()
-    records = _records(tmp_path / heartbeat_file_name(0, os.getpid()))
-    assert any(r["checkpoint_active"] and r["checkpoint_id"] == "c1" for r in records)
+    end = _records(path)[-1]
+    assert end["checkpoint_active"] is False and end["phase"] == "train"
 
 
 def test_checkpoint_start_end_methods(session: Session) -> None:
@@ -264,9 +274,7 @@ def test_init_with_launcher_but_heartbeat_disabled(
     assert list(tmp_path.iterdir()) == []
 
 
-def test_init_under_launcher_starts_session(
-    clean_env: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_init_under_launcher_starts_session(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     cfg = RankguardConfig(heartbeat=HeartbeatConfig(enabled=True, publish_interval_s=0.05))
     clean_env.setenv(ENV.RUN_DIR, str(tmp_path))
     clean_env.setenv(ENV.LAUNCHER, "1")
