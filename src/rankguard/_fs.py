@@ -54,8 +54,12 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     fsync_dir(target.parent)
 
 
-def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, default=str) + "\n")
+def atomic_write_json(path: str | os.PathLike[str], obj: Any, *, indent: int | None = 2) -> None:
+    """``indent=None`` writes compact JSON (large, frequently rewritten files)."""
+    separators = None if indent is not None else (",", ":")
+    atomic_write_text(
+        path, json.dumps(obj, indent=indent, separators=separators, default=str) + "\n"
+    )
 
 
 def append_jsonl(path: str | os.PathLike[str], records: list[Any], *, fsync: bool = True) -> None:

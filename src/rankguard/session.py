@@ -107,6 +107,7 @@ class Session:
         )
         self._hook: Any = None
         self._hook_lead: int | None = None
+        self._explicit = False  # has the script called step_end itself yet?
         self._step = _Step(self)
         self._tracker_step_end = self.tracker.step_end
         self.publisher.start()
@@ -115,8 +116,8 @@ class Session:
 
     def step_end(self, iteration: int | None = None) -> None:
         """Mark the end of one training step (microseconds; no I/O, no sync)."""
-        if self._hook is not None:
-            self._drop_optimizer_hook()
+        if not self._explicit:
+            self._take_over_progress()
         self._tracker_step_end(iteration)
 
     def step(self, iteration: int | None = None) -> _Step:
@@ -155,7 +156,7 @@ class Session:
         """
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
-        if self._hook is not None:
+        if self._hook is not None or self._explicit:
             return
 
         def hook(optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -168,7 +169,9 @@ class Session:
         self.tracker.source = "optimizer_hook"
         self._hook = register_optimizer_step_post_hook(hook)
 
-    def _drop_optimizer_hook(self) -> None:
+    def _take_over_progress(self) -> None:
+        """The script reports its own steps: the optimizer hook stops counting."""
+        self._explicit = True
         hook, self._hook = self._hook, None
         if hook is not None:
             hook.remove()

@@ -568,12 +568,6 @@ def test_shutdown_exits_give_stopped_state(tmp_path: Path) -> None:
     assert read_findings(tmp_path) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: status.json keeps state 'failed' forever after the first error exit "
-    "(HeartbeatRules.first_failure is never cleared), even when every rank was restarted "
-    "with a new pid and is progressing again",
-)
 def test_state_recovers_after_restart(tmp_path: Path) -> None:
     clock = FakeClock()
     mon = _monitor(tmp_path, clock, world=1)

@@ -26,7 +26,7 @@ class FakeEvent:
         self.done = False
         self.queries = 0
 
-    def record(self) -> None:
+    def record(self, stream: object = None) -> None:
         self.records += 1
         self.done = False
 
@@ -214,14 +214,17 @@ def test_auto_mode_is_cpu_without_cuda() -> None:
 # ---- CUDA mode with a fake event ------------------------------------------------------
 
 
-def test_cuda_progress_waits_for_event_completion() -> None:
+def test_cuda_step_end_makes_no_cuda_call_and_progress_waits_for_the_event() -> None:
     clock = FakeClock()
     t, factory = _cuda(clock)
     t.step_end(10)
+    assert factory.created == []  # the hot path never touches CUDA
     assert t.progress_seq == 0  # queued on the GPU only
-    t.poll()
+    t.poll()  # the heartbeat thread marks the issued steps with an event
     assert t.progress_seq == 0  # event not reached yet
     (event,) = factory.recorded()
+    t.poll()
+    assert t.progress_seq == 0
     event.done = True
     assert t.progress_seq == 0  # nothing changes until the heartbeat thread polls
     clock.advance(2)
@@ -235,21 +238,22 @@ def test_cuda_one_event_outstanding_at_a_time() -> None:
     t, factory = _cuda()
     for i in range(1, 101):
         t.step_end(i)
-    # a hundred steps while the first event is pending: one record only
+    t.poll()
+    for i in range(101, 201):
+        t.step_end(i)
+        t.poll()  # pending and not reached: no new record
     assert factory.total_records == 1
-    assert len(factory.created) <= 2
-    for e in factory.created:
-        e.done = True
-    t.poll()
-    assert t.progress_seq == 1 and t.iteration == 1
-    t.step_end(101)  # nothing pending any more: this one records again
+    (first,) = factory.recorded()
+    first.done = True
+    t.poll()  # confirms steps 1..100, then marks 101..200
+    assert t.progress_seq == 100 and t.iteration == 100
     assert factory.total_records == 2
-    (pending,) = factory.recorded()
+    (second,) = factory.recorded()
+    second.done = True
     t.poll()
-    assert t.progress_seq == 1
-    pending.done = True
-    t.poll()
-    assert t.progress_seq == 101 and t.iteration == 101
+    assert t.progress_seq == 200 and t.iteration == 200
+    t.poll()  # nothing new issued: nothing recorded
+    assert factory.total_records == 2
     assert len(factory.created) == 2  # events are reused, never re-created
 
 
@@ -270,36 +274,23 @@ def test_cuda_phase_and_checkpoint_rules_hold() -> None:
     assert factory.created == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: ProgressTracker.step_end records no event while one is pending, and "
-    "poll() only confirms the pending event's step, so steps issued while an event was "
-    "pending are never confirmed until another step_end; if training then blocks (hang, "
-    "end of loop) progress_seq stays one step behind the GPU forever, and two ranks hung "
-    "at the same step can report different progress_seq (misleading culprit attribution)",
-)
 def test_cuda_progress_eventually_covers_every_completed_step() -> None:
     t, factory = _cuda()
     t.step_end(1)
-    t.step_end(2)  # issued while step 1's event is pending
-    for e in factory.created:
-        e.done = True  # the GPU has finished all work queued so far
-    t.poll()
-    t.poll()
-    t.poll()
+    t.poll()  # event for step 1
+    t.step_end(2)  # issued while step 1's event is pending; then training blocks
+    for _ in range(3):
+        for e in factory.created:
+            e.done = True  # the GPU finishes whatever was queued
+        t.poll()
     assert t.progress_seq == 2
     assert t.iteration == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: in cuda mode ProgressTracker.checkpoint_end bumps progress_seq but not "
-    "_queued_seq, so the first step after a checkpoint records an event whose seq is not "
-    "> progress_seq and poll() drops it: that step never counts and iteration stays stale",
-)
 def test_cuda_step_after_checkpoint_counts() -> None:
     t, factory = _cuda()
     t.step_end(1)
+    t.poll()
     factory.recorded()[0].done = True
     t.poll()
     assert t.progress_seq == 1
@@ -307,6 +298,7 @@ def test_cuda_step_after_checkpoint_counts() -> None:
     t.checkpoint_end()
     assert t.progress_seq == 2
     t.step_end(2)
+    t.poll()
     (pending,) = factory.recorded()
     pending.done = True
     t.poll()

@@ -181,14 +181,6 @@ def test_clean_process_end_is_relayed_as_is(tmp_path: Path, stores: tuple[Any, A
     assert "synthesized" not in record
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: StoreRelay._collect keeps a synthesized process_end (seq N+1) over the "
-    "process's real process_end with the same seq (only seq > old is taken), so a rank "
-    "that ended cleanly between the relay's file read and its pid check is relayed as "
-    "died-without-process_end (HeartbeatRules.ingest handles this race, the relay and "
-    "JobMonitor._ingest_remote's seq filter do not)",
-)
 def test_real_process_end_replaces_synthesized_one(tmp_path: Path, stores: tuple[Any, Any]) -> None:
     master, client = stores
     pid = dead_pid()

@@ -417,13 +417,6 @@ def test_real_process_end_replaces_synthesized_one() -> None:
     assert rules.first_failure is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: HeartbeatRules.ingest accepts ANY record after a synthesized process_end "
-    "(the seq check is skipped when the old record is synthesized), not only the "
-    "process's own end record: a late heartbeat of a dead pid brings the rank back to "
-    "alive and it later gets a second (unresponsive) finding",
-)
 def test_late_heartbeat_after_synthesized_end_is_ignored() -> None:
     rules = _rules(world=1)
     last = rec(0, 4, progress_seq=3)
@@ -506,12 +499,6 @@ def test_independent_failure_long_after_first_is_reported() -> None:
     assert types_of(rules.evaluate(50.5)) == [(1, PROCESS_EXITED)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: HeartbeatRules.first_failure is never reset when ranks restart (new "
-    "pids), so a peer terminated right after a failure in a later restart episode is "
-    "reported as a culprit of its own",
-)
 def test_after_restart_peer_of_new_failure_is_not_blamed() -> None:
     rules = _rules(world=2)
     for rank in (0, 1):
@@ -604,13 +591,6 @@ def test_all_stalled_at_same_seq_are_all_reported() -> None:
         assert rules.ranks[rank].blocked_by == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: HeartbeatRules._attribute_stalls treats a rank already flagged "
-    "gpu_progress_timeout as the culprit of every other stalled rank, even one at the "
-    "same progress_seq; ranks hung at the same step that cross the timeout one scan "
-    "apart are not all reported (docs/heartbeat.md: equally far -> all reported)",
-)
 def test_all_stalled_at_same_seq_reported_even_when_crossing_in_different_scans() -> None:
     rules = _rules(world=2)
     feed = Feed(rules)

@@ -130,12 +130,6 @@ def test_replaced_file_restarts(tmp_path: Path) -> None:
     assert tailer.truncations == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: JsonlTailer.read keeps its offset and inode when the file is missing; a "
-    "file re-created at the same path usually gets the freed inode number back, so the "
-    "tailer resumes mid-line in the new file (counts it malformed, loses its first record)",
-)
 def test_file_deleted_then_recreated(tmp_path: Path) -> None:
     path = tmp_path / "a.jsonl"
     _append(path, _line({"seq": 0}))

@@ -194,12 +194,6 @@ def test_explicit_step_end_removes_hook(session: Session) -> None:
     assert session.tracker.iteration == 10
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: Session.step_end only sets tracker.source='api' when it removes an "
-    "optimizer hook; a Session used through the API alone publishes "
-    "progress_source='none' while its progress advances",
-)
 def test_api_progress_source_without_hook(session: Session) -> None:
     session.step_end()
     assert session.tracker.progress_seq == 1

@@ -1,11 +1,14 @@
 """Training progress counters: the only rankguard code on the training hot path.
 
 :meth:`ProgressTracker.step_end` runs once per step in the training loop. It does no
-I/O, takes no lock and never synchronises the device: on CPU it bumps two integers and
-reads the monotonic clock; on GPU it records a CUDA event only when the previous one
-has been consumed, and the heartbeat thread turns completed events into progress with
-``Event.query()`` (see :meth:`poll`). So "progress" on GPU means the GPU finished the
-work of that step, not that Python queued it.
+I/O, takes no lock, makes no CUDA call and never synchronises the device: it bumps
+counters and reads the monotonic clock. On GPU, "progress" means the GPU finished the
+step's work, not that Python queued it: the heartbeat thread (:meth:`poll`) records a
+CUDA event on the training thread's stream, after everything queued so far, remembers
+how many steps had been issued then, and counts them as progress once ``query()`` says
+the event completed. One event is in flight at a time, so progress catches up with
+every issued step within two polls of the GPU finishing it, even if training then
+blocks.
 
 The tracker has one writer (the training thread) and one reader (the heartbeat thread).
 Every field is a plain attribute whose assignment is atomic under the GIL; the reader
@@ -29,7 +32,7 @@ CHECKPOINT_PHASE = "checkpointing"
 
 
 class _Event(Protocol):
-    def record(self) -> None: ...
+    def record(self, stream: Any = None) -> None: ...
     def query(self) -> bool: ...
 
 
@@ -40,6 +43,15 @@ def _cuda_in_use() -> bool:
         return bool(torch.cuda.is_available() and torch.cuda.is_initialized())
     except Exception:
         return False
+
+
+def _current_stream() -> Any:
+    try:
+        import torch
+
+        return torch.cuda.current_stream()
+    except Exception:
+        return None
 
 
 def _cuda_event() -> _Event:
@@ -63,6 +75,7 @@ class ProgressTracker:
         "_queued_seq",
         "_saved_phase",
         "_started_ns",
+        "_stream",
         "checkpoint_active",
         "checkpoint_id",
         "iteration",
@@ -90,6 +103,7 @@ class ProgressTracker:
         self._events: list[_Event] = []
         self._next_event = 0
         self._pending: tuple[_Event, int, int | None] | None = None
+        self._stream: Any = None
         self._queued_seq = 0
         self._queued_iteration: int | None = None
         self._saved_phase: str | None = None
@@ -115,18 +129,10 @@ class ProgressTracker:
             self.last_progress_ns = self._clock()
             self.progress_seq = seq
             return
+        if self._stream is None:
+            self._stream = _current_stream()
+        self._queued_iteration = self._queued_seq + 1 if iteration is None else iteration
         self._queued_seq += 1
-        self._queued_iteration = self._queued_seq if iteration is None else iteration
-        if self._pending is None:
-            self._record_event()
-
-    def _record_event(self) -> None:
-        if not self._events:
-            self._events = [self._event_factory(), self._event_factory()]
-        event = self._events[self._next_event]
-        self._next_event ^= 1
-        event.record()
-        self._pending = (event, self._queued_seq, self._queued_iteration)
 
     # ---- rare calls (not per step) -------------------------------------------------
 
@@ -155,7 +161,13 @@ class ProgressTracker:
         self.phase = self._saved_phase or "train"
         self._saved_phase = None
         self.last_progress_ns = self._clock()
-        self.progress_seq += 1
+        # A finished save is progress; on GPU it counts as one more issued step, so
+        # the events of later steps still move progress forward.
+        if self._mode == "cuda":
+            self._queued_seq = max(self._queued_seq, self.progress_seq) + 1
+            self.progress_seq = self._queued_seq
+        else:
+            self.progress_seq += 1
         self._changed()
 
     def _changed(self) -> None:
@@ -166,21 +178,34 @@ class ProgressTracker:
     # ---- heartbeat thread -----------------------------------------------------------
 
     def poll(self) -> None:
-        """Turn a completed CUDA event into progress (heartbeat thread; never blocks)."""
+        """Heartbeat thread, GPU only: turn a completed event into progress, then mark
+        the steps issued since with a new event. Never blocks."""
+        if self._mode != "cuda":
+            return
         pending = self._pending
-        if pending is None:
-            return
-        event, seq, iteration = pending
-        if not event.query():
-            return
-        if seq > self.progress_seq:
-            self.iteration = iteration
-            self.last_progress_ns = self._clock()
-            self.progress_seq = seq
-        # Steps queued while this event was pending are confirmed by the event the
-        # next step end records (events are only recorded from the training thread,
-        # on its stream).
-        self._pending = None
+        if pending is not None:
+            event, seq, iteration = pending
+            if not event.query():
+                return
+            if seq > self.progress_seq:
+                self.iteration = iteration
+                self.last_progress_ns = self._clock()
+                self.progress_seq = seq
+            self._pending = None
+        iteration = self._queued_iteration  # read before the count: may lag, never lead
+        issued = self._queued_seq
+        if issued > self.progress_seq:
+            if not self._events:
+                self._events = [self._event_factory(), self._event_factory()]
+            event = self._events[self._next_event]
+            self._next_event ^= 1
+            # Recorded after everything the training thread queued before it read
+            # ``issued``: completion means those steps are done.
+            if self._stream is not None:
+                event.record(self._stream)
+            else:
+                event.record()
+            self._pending = (event, issued, iteration)
 
     def snapshot(self) -> ProgressSnapshot:
         now = self._clock()

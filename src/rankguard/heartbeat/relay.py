@@ -100,7 +100,9 @@ class StoreRelay:
                         ):
                             continue  # a late line of a replaced process
                         self._latest[rank] = rec
-                    elif int(rec.get("seq", 0)) > int(old.get("seq", 0)):
+                    elif int(rec.get("seq", 0)) > int(old.get("seq", 0)) or (
+                        old.get("synthesized") and rec.get("event") == "process_end"
+                    ):
                         self._latest[rank] = rec
         for rank, rec in list(self._latest.items()):
             if rec.get("event") != "process_end" and not pid_running(int(rec["pid"])):

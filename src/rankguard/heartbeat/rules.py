@@ -150,11 +150,18 @@ class HeartbeatRules:
                 self.ignored_records += 1
                 return False
             state.reset(pid)
+            if self.first_failure is not None and self.first_failure[0] == rank:
+                self.first_failure = None  # the failed rank was restarted: episode over
         old = state.record
-        stale_seq = old is not None and int(record.get("seq", 0)) <= int(old.get("seq", 0))
-        # ... except a process's own end record arriving after one synthesized for it.
-        if (stale_seq and not (old or {}).get("synthesized")) or record is old:
-            return False
+        if old is not None:
+            own_end = record.get("event") == "process_end" and not record.get("synthesized")
+            if old.get("event") == "process_end":
+                # An ended process stays ended; only its own end record may replace
+                # one synthesized for it (the relay or the pid check was faster).
+                if not (old.get("synthesized") and own_end):
+                    return False
+            elif int(record.get("seq", 0)) <= int(old.get("seq", 0)):
+                return False
         state.record = record
         state.seen_at = now
         if self._first_sighting is None:
@@ -217,25 +224,24 @@ class HeartbeatRules:
         A victim whose culprits recovered gets one more progress timeout to resume
         before it is reported in its own right.
         """
-        culprits = [
-            s.rank
-            for s in self.ranks.values()
-            if s.active
-            & {
-                FindingType.PROCESS_TIMEOUT.value,
-                FindingType.PROCESS_EXITED.value,
-                FindingType.PROGRESS_TIMEOUT.value,
-            }
-        ]
         stalled = [s for s in self.ranks.values() if s.stall is not None]
         if not stalled:
             return []
+        dead = {FindingType.PROCESS_TIMEOUT.value, FindingType.PROCESS_EXITED.value}
+        down = [s.rank for s in self.ranks.values() if s.active & dead]
+        flagged = [
+            (s.rank, _seq(s))
+            for s in self.ranks.values()
+            if FindingType.PROGRESS_TIMEOUT.value in s.active
+        ]
         lowest = min(_seq(s) for s in stalled)
         out: list[dict[str, Any]] = []
         for s in sorted(stalled, key=lambda st: st.rank):
             if FindingType.PROGRESS_TIMEOUT.value in s.active:
                 continue
-            others = [r for r in culprits if r != s.rank]
+            # Culprits: ranks down, or flagged as stalled further behind than this one.
+            others = [r for r in down if r != s.rank]
+            others += [r for r, seq in flagged if r != s.rank and seq < _seq(s)]
             timeout, age = s.stall  # type: ignore[misc]
             if others or _seq(s) > lowest:
                 s.blocked_by = others or sorted(

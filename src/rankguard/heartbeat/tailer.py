@@ -28,18 +28,20 @@ class JsonlTailer:
         self.truncations = 0
         self._ino: int | None = None
 
-    def read(self, size: int | None = None) -> list[dict[str, Any]]:
-        """New complete records since the last call (``size``: a known st_size)."""
+    def read(self, size: int | None = None, ino: int | None = None) -> list[dict[str, Any]]:
+        """New complete records since the last call (``size``/``ino``: a known stat)."""
         if size is None:
             try:
                 st = os.stat(self.path)
             except FileNotFoundError:
+                self._gone()
                 return []
-            size = st.st_size
-            if self._ino is not None and st.st_ino != self._ino:
+            size, ino = st.st_size, st.st_ino
+        if ino is not None:
+            if self._ino is not None and ino != self._ino:
                 self.offset = 0
                 self.truncations += 1
-            self._ino = st.st_ino
+            self._ino = ino
         if size < self.offset:
             self.offset = 0
             self.truncations += 1
@@ -50,6 +52,7 @@ class JsonlTailer:
                 fh.seek(self.offset)
                 data = fh.read(min(size - self.offset, _MAX_READ))
         except FileNotFoundError:
+            self._gone()
             return []
         end = data.rfind(b"\n")
         if end < 0:
@@ -69,3 +72,10 @@ class JsonlTailer:
             else:
                 self.malformed += 1
         return records
+
+    def _gone(self) -> None:
+        # A file re-created at this path is a new file, even with a recycled inode.
+        if self.offset or self._ino is not None:
+            self.offset = 0
+            self._ino = None
+            self.truncations += 1
