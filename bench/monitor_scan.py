@@ -137,7 +137,9 @@ def _breakdown_once(monitor: JobMonitor, run_dir: Path) -> tuple[list[tuple[floa
     assert not findings, "a finding fired: the benchmark state is not steady"
     monitor.scan_count += 1
     status, t_build = _timed_call(monitor._build_status, now)
-    text, t_dumps = _timed_call(lambda: json.dumps(status, separators=(",", ":"), default=str) + "\n")
+    text, t_dumps = _timed_call(
+        lambda: json.dumps(status, separators=(",", ":"), default=str) + "\n"
+    )
     _, t_write = _timed_call(atomic_write_text, run_dir / STATUS_FILE, text)
     return [t_read, t_health, t_eval, t_build, t_dumps, t_write], len(text)
 
