@@ -24,6 +24,7 @@ from typing import Any, TypeVar, Union
 import yaml
 
 from rankguard.heartbeat.config import HeartbeatConfig
+from rankguard.perf.config import PerfConfig
 
 __all__ = [
     "ConfigError",
@@ -59,11 +60,30 @@ class RankguardConfig:
             "store. false: every node writes into one shared log_dir and nothing is relayed."
         },
     )
+    enable_gpu_health_check: bool = field(
+        default=False,
+        metadata={
+            "help": "Before launching, check this node's GPUs (NVML, nvidia-smi) and refuse "
+            "to start on an unhealthy one (seed 001's switch)."
+        },
+    )
+    enable_monitoring: bool | None = field(
+        default=None,
+        metadata={
+            "help": "FlagScale's switch: true turns on heartbeat monitoring and the "
+            "performance monitor, false turns both off; unset leaves each component's "
+            "own 'enabled'."
+        },
+    )
     heartbeat: HeartbeatConfig = field(default_factory=HeartbeatConfig)
+    perf: PerfConfig = field(default_factory=PerfConfig)
 
     def __post_init__(self) -> None:
         if not self.log_dir:
             raise ConfigError("log_dir: must be a non-empty path")
+        if self.enable_monitoring is not None:
+            self.heartbeat.enabled = self.enable_monitoring
+            self.perf.enabled = self.enable_monitoring
 
 
 def _type_name(tp: Any) -> str:
@@ -176,6 +196,7 @@ def apply_override(doc: dict[str, Any], override: str) -> None:
     if "=" not in override:
         raise ConfigError(f"override {override!r}: expected key=value")
     key, raw = override.split("=", 1)
+    key = key.strip().lstrip("+")  # Hydra's "+key=value" (add a key) reads the same here
     parts = _strip_seed_prefix([p for p in key.strip().split(".")])
     if not parts or any(not p for p in parts):
         raise ConfigError(f"override {override!r}: malformed key {key!r}")

@@ -16,12 +16,19 @@ import threading
 import warnings
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.progress import ProgressTracker
 from rankguard.heartbeat.publisher import HeartbeatPublisher
 from rankguard.heartbeat.records import ENV, RankIdentity
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import torch
+
+    from rankguard.perf.reporter import PerfReporter
 
 __all__ = ["NullSession", "Session", "current", "init"]
 
@@ -58,6 +65,23 @@ class _Checkpoint:
         self._tracker.checkpoint_end()
 
 
+class _DataLoading:
+    """``with session.data_loading():`` time spent waiting for data (perf share)."""
+
+    __slots__ = ("_t0", "_tracker")
+
+    def __init__(self, tracker: ProgressTracker) -> None:
+        self._tracker = tracker
+        self._t0 = 0
+
+    def __enter__(self) -> None:
+        self._t0 = self._tracker.now_ns()
+
+    def __exit__(self, *exc: object) -> None:
+        tracker = self._tracker
+        tracker.data_ns += tracker.now_ns() - self._t0
+
+
 class _Step:
     """Reusable ``with session.step():`` block: phase ``train``, step end on success."""
 
@@ -72,7 +96,10 @@ class _Step:
         return self
 
     def __enter__(self) -> None:
-        tracker = self._session.tracker
+        session = self._session
+        if not session._explicit:
+            session._take_over_progress()
+        tracker = session.tracker
         if tracker.phase != "train":
             tracker.set_phase("train")
 
@@ -87,7 +114,8 @@ class _Step:
 
 
 class Session:
-    """A rank's monitoring session: progress tracker + heartbeat publisher."""
+    """A rank's monitoring session: progress tracker, heartbeat publisher (when heartbeat
+    monitoring is on) and performance reporter (when given)."""
 
     enabled = True
 
@@ -98,19 +126,34 @@ class Session:
         config: HeartbeatConfig,
         *,
         tracker: ProgressTracker | None = None,
+        publish: bool = True,
+        perf: PerfReporter | None = None,
     ) -> None:
         self.identity = identity
         self.config = config
         self.tracker = tracker or ProgressTracker()
-        self.publisher = HeartbeatPublisher(
-            identity, run_dir, self.tracker, config.publish_interval_s
+        self.perf = perf
+        self.publisher = (
+            HeartbeatPublisher(
+                identity,
+                run_dir,
+                self.tracker,
+                config.publish_interval_s,
+                extra=perf.heartbeat_fields if perf is not None else None,
+            )
+            if publish
+            else None
         )
+        self._data = _DataLoading(self.tracker)
         self._hook: Any = None
         self._hook_lead: int | None = None
         self._explicit = False  # has the script called step_end itself yet?
         self._step = _Step(self)
         self._tracker_step_end = self.tracker.step_end
-        self.publisher.start()
+        if self.publisher is not None:
+            self.publisher.start()
+        if perf is not None:
+            perf.start()
 
     # ---- hot path -------------------------------------------------------------------
 
@@ -144,6 +187,53 @@ class Session:
 
     def checkpoint_end(self) -> None:
         self.tracker.checkpoint_end()
+
+    # ---- performance inputs ---------------------------------------------------------
+
+    def data_loading(self) -> _DataLoading:
+        """``with session.data_loading(): batch = next(it)``: counted as data time."""
+        return self._data
+
+    def set_batch(
+        self,
+        *,
+        samples: float | None = None,
+        tokens: float | None = None,
+        data_parallel_size: int | None = None,
+    ) -> None:
+        """Samples and tokens one optimizer step consumes on each data-parallel replica
+        (all micro-batches); the global batch is that times ``data_parallel_size``
+        (default: the world size, i.e. pure data parallelism). Call again if it changes.
+        With ``perf.model`` configured, this also sets the analytic FLOPs."""
+        if self.perf is not None:
+            self.perf.set_batch(
+                samples=samples, tokens=tokens, data_parallel_size=data_parallel_size
+            )
+
+    def set_flops_per_step(self, flops: float, source: str = "user") -> None:
+        """Training FLOPs of one optimizer step for the global batch."""
+        if self.perf is not None:
+            self.perf.set_flops(flops, source)
+
+    def measure_flops(
+        self,
+        model: torch.nn.Module,
+        example_inputs: tuple[Any, ...],
+        *,
+        loss_fn: Callable[[Any], torch.Tensor] | None = None,
+        data_parallel_size: int | None = None,
+    ) -> float | None:
+        """Count one forward+backward of ``model`` on this replica's step inputs with
+        ``FlopCounterMode`` (once, at setup: it takes about a second) and use it times
+        the data-parallel size as the step's FLOPs. Returns the global figure."""
+        if self.perf is None:
+            return None
+        from rankguard.perf.flops import measured_flops_per_step
+
+        per_replica = measured_flops_per_step(model, example_inputs, loss_fn=loss_fn)
+        dp = data_parallel_size or self.identity.world_size
+        self.perf.set_flops(per_replica * dp, f"measured: FlopCounterMode x {dp} replicas")
+        return per_replica * dp
 
     # ---- zero-code progress ---------------------------------------------------------
 
@@ -185,7 +275,13 @@ class Session:
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
-        self.publisher.close(clean=clean, exit_code=exit_code, error=error)
+        if self.perf is not None:
+            try:
+                self.perf.close()
+            except Exception:
+                logger.exception("rankguard: writing the performance summary failed")
+        if self.publisher is not None:
+            self.publisher.close(clean=clean, exit_code=exit_code, error=error)
 
 
 class NullSession:
@@ -216,6 +312,24 @@ class NullSession:
 
     def install_optimizer_hook(self) -> None:
         pass
+
+    def data_loading(self) -> _NullContext:
+        return _NULL_CONTEXT
+
+    def set_batch(
+        self,
+        *,
+        samples: float | None = None,
+        tokens: float | None = None,
+        data_parallel_size: int | None = None,
+    ) -> None:
+        pass
+
+    def set_flops_per_step(self, flops: float, source: str = "user") -> None:
+        pass
+
+    def measure_flops(self, model: Any, example_inputs: Any, **kw: Any) -> float | None:
+        return None
 
     def close(
         self, *, clean: bool = True, exit_code: int | None = None, error: str | None = None
@@ -253,9 +367,32 @@ def _session_from_env() -> Session | NullSession:
             )
         return NullSession()
     cfg = loads_config(os.environ[ENV.CONFIG])
-    if not cfg.heartbeat.enabled:
+    if not (cfg.heartbeat.enabled or cfg.perf.enabled):
         return NullSession()
-    return Session(RankIdentity.from_env(), Path(run_dir), cfg.heartbeat)
+    identity = RankIdentity.from_env()
+    tracker = ProgressTracker()
+    perf = None
+    if cfg.perf.enabled:
+        from rankguard.perf.reporter import PerfReporter
+
+        log_dir = Path(os.environ.get(ENV.LOG_DIR) or cfg.log_dir)
+        perf = PerfReporter(
+            cfg.perf,
+            tracker,
+            rank=identity.rank,
+            world_size=identity.world_size,
+            run_id=identity.run_id,
+            out_dir=log_dir / "perf_monitor" / identity.run_id,
+            cuda_device=identity.gpu.ordinal if identity.gpu else None,
+        )
+    return Session(
+        identity,
+        Path(run_dir),
+        cfg.heartbeat,
+        tracker=tracker,
+        publish=cfg.heartbeat.enabled,
+        perf=perf,
+    )
 
 
 def init() -> Session | NullSession:

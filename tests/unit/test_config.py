@@ -376,7 +376,15 @@ def test_dumps_loads_round_trip(tmp_path: Path) -> None:
 def test_config_to_dict_is_plain() -> None:
     d = config_to_dict(RankguardConfig())
     assert d["heartbeat"]["hardware_health"]["stale_after_s"] == 180.0
-    assert set(d) == {"log_dir", "no_shared_fs", "heartbeat"}
+    assert set(d) == {
+        "log_dir",
+        "no_shared_fs",
+        "enable_gpu_health_check",
+        "enable_monitoring",
+        "heartbeat",
+        "perf",
+    }
+    assert d["perf"]["log_interval"] == 10 and d["perf"]["model"] is None
 
 
 def test_loads_config_is_strict() -> None:

@@ -26,6 +26,7 @@ import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
 from rankguard.perf.flops import (
     FlopsCache,
@@ -39,6 +40,13 @@ from rankguard.perf.flops import (
 )
 
 pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _warm_flop_counter() -> None:
+    """The first ``FlopCounterMode`` of a process costs about 1 s (torch's lazy imports)."""
+    with FlopCounterMode(display=False):
+        nn.Linear(2, 2)(torch.ones(1, 2)).sum().backward()
 
 
 # --------------------------------------------------------------------------- models
@@ -88,7 +96,9 @@ class _GPTBlock(nn.Module):
 
 
 class TinyGPT(nn.Module):
-    def __init__(self, *, layers: int, h: int, heads: int, seq: int, vocab: int, tied: bool):
+    def __init__(
+        self, *, layers: int, h: int, heads: int, seq: int, vocab: int, tied: bool
+    ) -> None:
         super().__init__()
         self.wte = nn.Embedding(vocab, h)
         self.wpe = nn.Embedding(seq, h)
@@ -191,9 +201,7 @@ class TinyLlama(nn.Module):
             else:
                 mlp = _SwiGLU(h, shape.ffn_size)
             blocks.append(
-                _LlamaBlock(
-                    h, shape.num_attention_heads, shape.query_groups, shape.head_dim, mlp
-                )
+                _LlamaBlock(h, shape.num_attention_heads, shape.query_groups, shape.head_dim, mlp)
             )
         self.blocks = nn.ModuleList(blocks)
         self.norm = _RMSNorm(h)
@@ -234,7 +242,9 @@ def _gpt(**overrides: Any) -> ModelShape:
     ("b", "s", "layers", "h", "v"),
     [(1, 2048, 24, 2048, 50304), (8, 4096, 96, 12288, 51200), (3, 16, 2, 32, 64)],
 )
-def test_spec_closed_form_equals_analytic_for_mha(b: int, s: int, layers: int, h: int, v: int):
+def test_spec_closed_form_equals_analytic_for_mha(
+    b: int, s: int, layers: int, h: int, v: int
+) -> None:
     shape = _gpt(num_layers=layers, hidden_size=h, seq_length=s, vocab_size=v)
     lead = 72 * b * s * layers * h**2
     causal = lead * (1 + s / (12 * h) + v / (12 * layers * h))
@@ -347,9 +357,7 @@ def test_moe_top1_equals_dense_model_of_expert_size() -> None:
         num_query_groups=2,
         ffn_hidden_size=48,
     )
-    assert analytic_flops_per_step(_moe(moe_router_topk=1), 4) == analytic_flops_per_step(
-        dense, 4
-    )
+    assert analytic_flops_per_step(_moe(moe_router_topk=1), 4) == analytic_flops_per_step(dense, 4)
     # The number of experts does not matter, only how many each token visits.
     assert analytic_flops_per_step(_moe(num_experts=64), 4) == analytic_flops_per_step(dense, 4)
 
@@ -437,8 +445,9 @@ def test_measurement_leaves_model_grads_and_rng_untouched() -> None:
         p.grad = grads[name]
     state = torch.get_rng_state()
     measured_flops_per_step(
-        model, (_tokens(2, 8, 32),), loss_fn=lambda out: F.cross_entropy(out.flatten(0, 1),
-        torch.zeros(16, dtype=torch.long))
+        model,
+        (_tokens(2, 8, 32),),
+        loss_fn=lambda out: F.cross_entropy(out.flatten(0, 1), torch.zeros(16, dtype=torch.long)),
     )
     assert not model.training and model.blocks[0].training and not model.ln_f.training
     for name, p in model.named_parameters():
@@ -493,9 +502,7 @@ def test_tflops_per_gpu_uses_the_global_batch() -> None:
     # FlagScale's division (one replica's FLOPs over the world size) is 8x too low.
     flagscale = tflops_per_gpu(analytic_flops_per_step(shape, per_gpu_batch), step_s, 8)
     assert math.isclose(eight, 8 * flagscale, rel_tol=1e-12)
-    assert math.isclose(
-        tflops_per_gpu(3e15, 2.0, 8), 3e15 / (2.0 * 1e12 * 8), rel_tol=1e-12
-    )
+    assert math.isclose(tflops_per_gpu(3e15, 2.0, 8), 3e15 / (2.0 * 1e12 * 8), rel_tol=1e-12)
 
 
 def test_rate_inputs_are_validated() -> None:

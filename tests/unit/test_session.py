@@ -263,9 +263,32 @@ def test_init_with_launcher_but_heartbeat_disabled(
 ) -> None:
     clean_env.setenv(ENV.RUN_DIR, str(tmp_path))
     clean_env.setenv(ENV.LAUNCHER, "1")
-    clean_env.setenv(ENV.CONFIG, dumps_config(RankguardConfig()))
+    cfg = RankguardConfig()
+    cfg.perf.enabled = False
+    clean_env.setenv(ENV.CONFIG, dumps_config(cfg))
     assert isinstance(init(), NullSession)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_init_with_perf_only_measures_without_heartbeat_files(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "heartbeat" / "r1"
+    run_dir.mkdir(parents=True)
+    clean_env.setenv(ENV.RUN_DIR, str(run_dir))
+    clean_env.setenv(ENV.RUN_ID, "r1")
+    clean_env.setenv(ENV.LOG_DIR, str(tmp_path))
+    clean_env.setenv(ENV.LAUNCHER, "1")
+    clean_env.setenv(ENV.CONFIG, dumps_config(RankguardConfig()))  # perf on, heartbeat off
+    s = init()
+    assert isinstance(s, Session) and s.publisher is None and s.perf is not None
+    for i in range(1, 11):
+        s.step_end(i)
+    s.close()
+    assert list(run_dir.iterdir()) == []  # no heartbeat file
+    perf_dir = tmp_path / "perf_monitor" / "r1"
+    assert (perf_dir / "perf.jsonl").exists()
+    assert len(list(perf_dir.glob("perf_summary_*.json"))) == 1
 
 
 def test_init_under_launcher_starts_session(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:

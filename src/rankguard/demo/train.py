@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import rankguard
 from rankguard.demo.model import GPTConfig, TinyGPT, synthetic_batch
+from rankguard.perf.flops import ModelShape, analytic_flops_per_step
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,6 +49,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fault-duration", type=float, default=8.0)
     p.add_argument("--slowdown", type=float, default=1.5)
     p.add_argument("--pg-timeout", type=float, default=120.0, help="collective timeout (s)")
+    p.add_argument(
+        "--flops",
+        choices=["analytic", "measured", "none"],
+        default="analytic",
+        help="how the performance monitor gets FLOPs per step (Megatron's formula, "
+        "FlopCounterMode over one step, or not at all)",
+    )
     return p.parse_args(argv)
 
 
@@ -89,11 +97,21 @@ def main(argv: list[str] | None = None) -> int:
     model = DDP(TinyGPT(cfg).to(device), device_ids=[local_rank] if cuda else None)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     gen = torch.Generator().manual_seed(1234 + rank)
+    rg.set_batch(samples=args.batch_size, tokens=args.batch_size * cfg.seq_len)
+    if args.flops == "analytic":
+        rg.set_flops_per_step(
+            analytic_flops_per_step(demo_shape(cfg), args.batch_size * world),
+            "analytic: Megatron GPT formula",
+        )
+    elif args.flops == "measured":
+        x, y = synthetic_batch(cfg, args.batch_size, torch.Generator().manual_seed(0), device)
+        rg.measure_flops(model.module, (x,), loss_fn=lambda logits: _ce(logits, y))
     base = args.step_sleep
     for step in range(1, args.steps + 1):
         with rg.step(step):
             t0 = time.perf_counter()
-            x, y = synthetic_batch(cfg, args.batch_size, gen, device)
+            with rg.data_loading():
+                x, y = synthetic_batch(cfg, args.batch_size, gen, device)
             loss = _loss(model, x, y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -121,9 +139,24 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _loss(model: DDP, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    logits = model(x)
+def _ce(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+def _loss(model: DDP, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return _ce(model(x), y)
+
+
+def demo_shape(cfg: GPTConfig) -> ModelShape:
+    """The demo model in the terms of Megatron's formula (MHA, GELU MLP 4h, causal)."""
+    return ModelShape(
+        family="gpt",
+        num_layers=cfg.n_layers,
+        hidden_size=cfg.d_model,
+        seq_length=cfg.seq_len,
+        vocab_size=cfg.vocab_size,
+        num_attention_heads=cfg.n_heads,
+    )
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from rankguard._fs import append_jsonl, atomic_write_json
 from rankguard.heartbeat.config import HeartbeatConfig
+from rankguard.heartbeat.perfranks import PERF_RANKS_FILE, PerfRanks
 from rankguard.heartbeat.procs import pid_running, vanished_record
 from rankguard.heartbeat.records import HEARTBEAT_FILE_RE, SCHEMA_VERSION, heartbeat_file_name
 from rankguard.heartbeat.rules import HeartbeatRules, Liveness, Progress, RankState
@@ -87,6 +88,7 @@ class JobMonitor:
         self._health: dict[int, tuple[dict[str, Any], float, float]] = {}  # snap, mtime, seen
         # (rank, pid) -> (last seq mirrored, was it a synthesized end)
         self._mirrored: dict[tuple[int, int], tuple[int, bool]] = {}
+        self.perf_ranks = PerfRanks(run_id)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._scan_lock = threading.Lock()
@@ -155,6 +157,7 @@ class JobMonitor:
             self._mark_vanished(now)
         self._read_health(now)
         findings = self.rules.evaluate(now, self._health_for)
+        self._cross_rank_perf()
         if findings:
             stamp = _iso_now()
             for f in findings:
@@ -219,6 +222,20 @@ class JobMonitor:
             known = self._health.get(node_rank)
             if known is None or known[0] != snapshot:
                 atomic_write_json(path, snapshot)
+
+    def _cross_rank_perf(self) -> None:
+        latest: dict[int, int] = {}
+        for rank, state in self.rules.ranks.items():
+            perf = (state.record or {}).get("perf")
+            if not perf:
+                continue
+            self.perf_ranks.add(rank, perf)
+            latest[rank] = int(perf.get("step") or 0)
+        if latest:
+            world = self.rules.world_size()
+            lines = self.perf_ranks.complete(world, latest if len(latest) >= world else {})
+            if lines:
+                append_jsonl(self.run_dir / PERF_RANKS_FILE, lines)
 
     def _mark_vanished(self, now: float) -> None:
         for state in self.rules.ranks.values():
@@ -292,11 +309,24 @@ class JobMonitor:
             "heartbeat_age_s": _round(s.heartbeat_age_s),
             "progress_age_s": _round(s.progress_age_s),
             "progress_source": rec.get("progress_source"),
+            "perf": {k: v for k, v in (rec.get("perf") or {}).items() if k != "windows"} or None,
             "gpu": rec.get("gpu"),
             "gpu_health": s.gpu_health,
             "exit": rec.get("exit"),
             "active_findings": sorted(s.active),
             "blocked_by": list(s.blocked_by),
+        }
+
+    def _perf_status(self, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+        latest = self.perf_ranks.latest
+        if latest is None:
+            return None
+        return {
+            "step": latest["step"],
+            "iteration": latest["iteration"],
+            "step_time_ms": latest["step_time_ms"],
+            "slowest_rank": latest["slowest_rank"],
+            "n_ranks": latest["n_ranks"],
         }
 
     def _build_status(self, now: float) -> dict[str, Any]:
@@ -358,6 +388,7 @@ class JobMonitor:
             },
             "ranks": rows,
             "gpu_health": health,
+            "perf": self._perf_status(rows),
             "recent_findings": list(self.recent_findings),
         }
 

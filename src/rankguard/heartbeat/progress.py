@@ -26,9 +26,11 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["CHECKPOINT_PHASE", "ProgressSnapshot", "ProgressTracker"]
+__all__ = ["CHECKPOINT_PHASE", "RING_SIZE", "ProgressSnapshot", "ProgressTracker"]
 
 CHECKPOINT_PHASE = "checkpointing"
+RING_SIZE = 8192  # step-end times kept for the performance monitor (power of two)
+_RING_MASK = RING_SIZE - 1
 
 
 class _Event(Protocol):
@@ -78,12 +80,17 @@ class ProgressTracker:
         "_stream",
         "checkpoint_active",
         "checkpoint_id",
+        "data_ns",
         "iteration",
         "last_progress_ns",
+        "non_step_seqs",
         "on_change",
         "phase",
+        "phase_ns",
         "progress_seq",
         "source",
+        "started_ns",
+        "step_ns",
     )
 
     def __init__(
@@ -115,6 +122,13 @@ class ProgressTracker:
         self.last_progress_ns: int | None = None
         self.source = "none"
         self.on_change: Callable[[], None] | None = None
+        # Timeline shared with the performance monitor: step_ns[n & mask] is when step
+        # n was issued (monotonic ns); data_ns the total time in data loading.
+        self.started_ns = self._started_ns
+        self.step_ns = [0] * RING_SIZE
+        self.data_ns = 0
+        self.non_step_seqs: list[int] = []  # progress counted for a checkpoint, not a step
+        self.phase_ns = self._started_ns  # when the phase last changed
 
     # ---- hot path -------------------------------------------------------------------
 
@@ -123,16 +137,36 @@ class ProgressTracker:
         mode = self._mode
         if mode is None:
             mode = self._mode = "cuda" if _cuda_in_use() else "cpu"
+        now = self._clock()
         if mode == "cpu":
             seq = self.progress_seq + 1
+            self.step_ns[seq & _RING_MASK] = now
             self.iteration = seq if iteration is None else iteration
-            self.last_progress_ns = self._clock()
+            self.last_progress_ns = now
             self.progress_seq = seq
             return
         if self._stream is None:
             self._stream = _current_stream()
-        self._queued_iteration = self._queued_seq + 1 if iteration is None else iteration
-        self._queued_seq += 1
+        seq = self._queued_seq + 1
+        self.step_ns[seq & _RING_MASK] = now
+        self._queued_iteration = seq if iteration is None else iteration
+        self._queued_seq = seq
+
+    @property
+    def issued_seq(self) -> int:
+        """Steps issued by the training thread (on CPU: completed)."""
+        return self._queued_seq if self._mode == "cuda" else self.progress_seq
+
+    @property
+    def mode(self) -> str | None:
+        return self._mode
+
+    @property
+    def stream(self) -> Any:
+        return self._stream
+
+    def now_ns(self) -> int:
+        return self._clock()
 
     # ---- rare calls (not per step) -------------------------------------------------
 
@@ -142,6 +176,7 @@ class ProgressTracker:
                 self._saved_phase = phase
                 return
             self.phase = phase
+            self.phase_ns = self._clock()
             self._changed()
 
     def checkpoint_start(self, checkpoint_id: str | None = None) -> None:
@@ -160,14 +195,16 @@ class ProgressTracker:
         self.checkpoint_active = False
         self.phase = self._saved_phase or "train"
         self._saved_phase = None
-        self.last_progress_ns = self._clock()
+        now = self.last_progress_ns = self._clock()
         # A finished save is progress; on GPU it counts as one more issued step, so
         # the events of later steps still move progress forward.
         if self._mode == "cuda":
             self._queued_seq = max(self._queued_seq, self.progress_seq) + 1
-            self.progress_seq = self._queued_seq
+            seq = self.progress_seq = self._queued_seq
         else:
-            self.progress_seq += 1
+            seq = self.progress_seq = self.progress_seq + 1
+        self.step_ns[seq & _RING_MASK] = now
+        self.non_step_seqs.append(seq)
         self._changed()
 
     def _changed(self) -> None:

@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,10 @@ class HeartbeatPublisher:
         run_dir: Path,
         tracker: ProgressTracker,
         interval_s: float,
+        extra: Callable[[], dict[str, Any] | None] | None = None,
     ) -> None:
+        """``extra``: called at each record for more fields (the perf monitor's latest
+        window under ``perf``)."""
         if interval_s <= 0:
             raise ValueError(f"interval_s: must be > 0, got {interval_s}")
         self.identity = identity
@@ -51,6 +55,7 @@ class HeartbeatPublisher:
         self._stop = threading.Event()
         self._closed = False
         self._thread: threading.Thread | None = None
+        self._extra = extra
         self._base = identity.base_record()
         self._gpu_refined = identity.gpu is None
         tracker.on_change = self._wake.set
@@ -135,6 +140,13 @@ class HeartbeatPublisher:
         record["event"] = event.value
         record["wall_time_ns"] = time.time_ns()
         record.update(self.tracker.snapshot())
+        if self._extra is not None:
+            try:
+                more = self._extra()
+            except Exception:
+                more = None
+            if more:
+                record.update(more)
         if extra:
             record.update(extra)
         with self._lock:

@@ -37,6 +37,7 @@ class ENV:
     NODE_RANK = "RANKGUARD_NODE_RANK"
     CONFIG = "RANKGUARD_CONFIG"  # JSON of the validated RankguardConfig
     LAUNCHER = "RANKGUARD_LAUNCHER"  # "1" under rankguard run
+    LOG_DIR = "RANKGUARD_LOG_DIR"  # absolute log_dir of this node
 
 
 class Event(str, Enum):

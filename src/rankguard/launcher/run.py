@@ -81,6 +81,7 @@ def _worker_env(cfg: RankguardConfig, run_id: str, run_dir: Path, node_rank: int
     os.environ[ENV.NODE_RANK] = str(node_rank)
     os.environ[ENV.CONFIG] = dumps_config(cfg)
     os.environ[ENV.LAUNCHER] = "1"
+    os.environ[ENV.LOG_DIR] = str(Path(cfg.log_dir).resolve())
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
 
 

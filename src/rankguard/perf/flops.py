@@ -8,11 +8,14 @@ formula on small GPT, Llama and MoE models.
 
 Analytic formula
 ----------------
-It is Megatron-LM's ``num_floating_point_operations(args, batch_size)`` (transformer
-branch of ``megatron/training/training.py``, checked against the 2025 version: GQA,
-SwiGLU, MoE with top-k and shared experts, no MLA, no MTP, no hybrid Mamba layers),
-with one addition: ``causal=False`` counts the full attention-score matrix instead of
-half of it. Notation: ``B`` global batch (sequences per optimizer step, all data-parallel
+It is Megatron-LM's ``num_floating_point_operations(args, batch_size)``: the
+``transformer_flops`` branch of ``megatron/training/training.py`` (read at NVIDIA/Megatron-LM
+commit 001b00c, 2025) for GQA, SwiGLU, MoE with top-k and shared experts. Not covered:
+MLA, multi-token prediction, gated attention output, MoE latent projections, hybrid
+Mamba/linear-attention layers. One addition: ``causal=False`` counts the full
+attention-score matrix instead of half of it.
+
+Notation: ``B`` global batch (sequences per optimizer step, all data-parallel
 replicas and all micro-batches together), ``s`` sequence length, ``L`` layers, ``h``
 hidden size, ``V`` vocabulary size (pass the *padded* size, as Megatron does), ``n`` query
 heads, ``g`` query groups (``g = n`` for MHA), ``d`` head dim (``kv_channels``),

@@ -1,0 +1,78 @@
+"""Cross-rank step times from the heartbeats (node 0's monitor), without a collective.
+
+Every rank's heartbeat carries its last performance windows ``[step, iteration,
+step_time_ms]``. Once every rank has reported a window, or once no rank can report it
+any more (all have moved past it), one line goes to ``perf_ranks.jsonl``: min, median
+and max step time over ranks, the slowest and fastest rank and every rank's value (the
+report's heatmap). In a synchronous job these are close by construction; the
+difference shows where time is spent waiting.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+__all__ = ["PERF_RANKS_FILE", "PerfRanks"]
+
+PERF_RANKS_FILE = "perf_ranks.jsonl"
+
+
+class PerfRanks:
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self._windows: dict[int, dict[int, float]] = {}
+        self._iterations: dict[int, int] = {}
+        self._done: set[int] = set()
+        self._max_done = 0
+        self.latest: dict[str, Any] | None = None
+
+    def add(self, rank: int, perf: dict[str, Any]) -> None:
+        for item in perf.get("windows") or []:
+            try:
+                step, iteration, ms = int(item[0]), item[1], item[2]
+            except (TypeError, ValueError, IndexError):
+                continue
+            if step in self._done or step <= self._max_done or ms is None:
+                continue
+            self._windows.setdefault(step, {})[rank] = float(ms)
+            if iteration is not None:
+                self._iterations[step] = int(iteration)
+
+    def complete(self, world_size: int, latest_step_by_rank: dict[int, int]) -> list[dict]:
+        """Windows every rank reported, or that no rank can still report."""
+        floor = min(latest_step_by_rank.values(), default=0)
+        out = []
+        for step in sorted(self._windows):
+            by_rank = self._windows[step]
+            if len(by_rank) < world_size and step >= floor:
+                continue
+            out.append(self._line(step, by_rank, world_size))
+            self._done.add(step)
+            self._max_done = max(self._max_done, step)
+            del self._windows[step]
+            self._iterations.pop(step, None)
+        if out:
+            self.latest = out[-1]
+        return out
+
+    def _line(self, step: int, by_rank: dict[int, float], world_size: int) -> dict[str, Any]:
+        values = list(by_rank.values())
+        slowest = max(by_rank, key=by_rank.__getitem__)
+        fastest = min(by_rank, key=by_rank.__getitem__)
+        return {
+            "schema_version": 1,
+            "run_id": self.run_id,
+            "step": step,
+            "iteration": self._iterations.get(step),
+            "n_ranks": len(by_rank),
+            "world_size": world_size,
+            "step_time_ms": {
+                "min": round(min(values), 3),
+                "median": round(statistics.median(values), 3),
+                "max": round(max(values), 3),
+            },
+            "slowest_rank": slowest,
+            "fastest_rank": fastest,
+            "by_rank": {str(r): round(v, 3) for r, v in sorted(by_rank.items())},
+        }

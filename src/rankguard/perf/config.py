@@ -1,0 +1,75 @@
+"""Performance monitor configuration (seed 001 plus what TFLOP/s and MFU need)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rankguard.perf.flops import ModelShape
+
+__all__ = ["PerfConfig", "PrometheusConfig"]
+
+_DTYPES = ("bf16", "fp16", "tf32", "fp32", "fp8")
+
+
+@dataclass(kw_only=True, slots=True)
+class PrometheusConfig:
+    """Opt-in metrics endpoint served by the launcher on node 0."""
+
+    enabled: bool = field(default=False, metadata={"help": "Serve /metrics."})
+    host: str = field(default="127.0.0.1", metadata={"help": "Bind address (loopback)."})
+    port: int = field(default=9464, metadata={"help": "TCP port; 0 picks a free one."})
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port: must be in [0, 65535], got {self.port}")
+        if not self.host:
+            raise ValueError("host: must not be empty")
+
+
+@dataclass(kw_only=True, slots=True)
+class PerfConfig:
+    """Step time, throughput, TFLOP/s, MFU and memory, logged every ``log_interval``."""
+
+    enabled: bool = field(default=True, metadata={"help": "Measure performance."})
+    log_interval: int = field(
+        default=10, metadata={"help": "Log at iteration 1 and every N iterations."}
+    )
+    warmup_iterations: int = field(
+        default=3,
+        metadata={
+            "help": "Steps left out of the final averages (compilation, allocator and "
+            "data-loader warm-up). Runs shorter than twice this use their second half."
+        },
+    )
+    dtype: str = field(
+        default="bf16", metadata={"help": "Peak column for MFU: " + "/".join(_DTYPES)}
+    )
+    peak_tflops: float | None = field(
+        default=None, metadata={"help": "Peak TFLOP/s per GPU; overrides the device table."}
+    )
+    flops_per_step: float | None = field(
+        default=None,
+        metadata={"help": "Training FLOPs of one optimizer step, global batch (all ranks)."},
+    )
+    model: ModelShape | None = field(
+        default=None, metadata={"help": "Model shape for Megatron's analytic FLOP formula."}
+    )
+    keep_runs: int = field(
+        default=20, metadata={"help": "perf_monitor/ keeps the newest N runs' files."}
+    )
+    console: bool = field(default=True, metadata={"help": "Rank 0 prints one line per log."})
+    prometheus: PrometheusConfig = field(default_factory=PrometheusConfig)
+
+    def __post_init__(self) -> None:
+        if self.log_interval < 1:
+            raise ValueError(f"log_interval: must be >= 1, got {self.log_interval}")
+        if self.warmup_iterations < 0:
+            raise ValueError(f"warmup_iterations: must be >= 0, got {self.warmup_iterations}")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype: must be one of {list(_DTYPES)}, got {self.dtype!r}")
+        if self.peak_tflops is not None and self.peak_tflops <= 0:
+            raise ValueError(f"peak_tflops: must be > 0, got {self.peak_tflops}")
+        if self.flops_per_step is not None and self.flops_per_step <= 0:
+            raise ValueError(f"flops_per_step: must be > 0, got {self.flops_per_step}")
+        if self.keep_runs < 1:
+            raise ValueError(f"keep_runs: must be >= 1, got {self.keep_runs}")

@@ -1,0 +1,445 @@
+"""The in-rank performance monitor: turns the step timeline into metrics.
+
+The hot path writes nothing new: :class:`~rankguard.heartbeat.progress.ProgressTracker`
+already stamps every step end into a ring buffer. A daemon thread here reads the ring a
+few times a second and, at iteration 1 and every ``log_interval`` steps, computes the
+window's step time, samples/s, tokens/s, TFLOP/s per GPU and in total, MFU, memory and
+the data-loading share. Rank 0 appends each entry to ``perf.jsonl`` and prints one
+line; at the end it writes ``perf_summary_<timestamp>.json`` with the seed's schema.
+Every rank exposes its latest window (:attr:`PerfReporter.latest`) to its heartbeat
+records, from which node 0's monitor derives cross-rank min/median/max step times
+without any collective.
+
+Step times are intervals between consecutive step ends. On GPU they are the times the
+training thread issued the steps, which in steady state run at the device's pace (the
+caching allocator and any ``.item()`` bound the queue); in addition, the thread records
+a timing CUDA event on the training stream at each poll and reads it once completed,
+giving ``gpu_step_time_ms``, the device's own time per step over the last interval,
+with no synchronisation. TFLOP/s use the GPU figure when there is one.
+
+Warm-up: final statistics leave out the first ``warmup_iterations`` steps (compilation,
+allocator growth, data-loader start); a run shorter than twice that uses its second
+half, as FlagScale does.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import statistics
+import sys
+import threading
+import time
+from array import array
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TextIO
+
+from rankguard._fs import append_jsonl, atomic_write_json
+from rankguard.heartbeat.progress import RING_SIZE, ProgressTracker
+from rankguard.perf.config import PerfConfig
+from rankguard.perf.flops import mfu, tflops_per_gpu
+from rankguard.perf.memory import memory_gb
+
+__all__ = ["SUMMARY_PREFIX", "PerfReporter", "final_statistics"]
+
+logger = logging.getLogger(__name__)
+
+SUMMARY_PREFIX = "perf_summary_"
+PERF_LOG = "perf.jsonl"
+_MASK = RING_SIZE - 1
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _round(x: float | None, nd: int = 4) -> float | None:
+    return None if x is None or not math.isfinite(x) else round(x, nd)
+
+
+def final_statistics(
+    step_ms: list[float] | array, warmup: int
+) -> tuple[list[float], dict[str, float | None]]:
+    """The steps kept after warm-up and their mean/median/min/max (ms)."""
+    steps = list(step_ms)
+    kept = steps[warmup:] if len(steps) >= 2 * warmup and warmup else steps[len(steps) // 2 :]
+    if not warmup:
+        kept = steps
+    if not kept:
+        return [], {"avg": None, "median": None, "min": None, "max": None}
+    return kept, {
+        "avg": statistics.fmean(kept),
+        "median": statistics.median(kept),
+        "min": min(kept),
+        "max": max(kept),
+    }
+
+
+class _GpuTimer:
+    """Device time per step between two timing events recorded on the training stream."""
+
+    def __init__(self, tracker: ProgressTracker, event_factory: Any = None) -> None:
+        self.tracker = tracker
+        self.event_factory = event_factory
+        self.pending: tuple[Any, int] | None = None
+        self.previous: tuple[Any, int] | None = None
+        self.ms_per_step: float | None = None
+
+    def _event(self) -> Any:
+        if self.event_factory is not None:
+            return self.event_factory()
+        import torch
+
+        return torch.cuda.Event(enable_timing=True)
+
+    def poll(self) -> None:
+        if self.pending is not None:
+            event, seq = self.pending
+            if not event.query():
+                return
+            if self.previous is not None and seq > self.previous[1]:
+                elapsed = self.previous[0].elapsed_time(event)
+                self.ms_per_step = elapsed / (seq - self.previous[1])
+            self.previous, self.pending = self.pending, None
+        issued = self.tracker.issued_seq
+        if self.previous is None or issued > self.previous[1]:
+            event = self._event()
+            stream = self.tracker.stream
+            if stream is not None:
+                event.record(stream)
+            else:
+                event.record()
+            self.pending = (event, issued)
+
+
+class PerfReporter:
+    def __init__(
+        self,
+        cfg: PerfConfig,
+        tracker: ProgressTracker,
+        *,
+        rank: int,
+        world_size: int,
+        run_id: str,
+        out_dir: Path | None,
+        device_name: str | None = None,
+        cuda_device: int | None = None,
+        console: TextIO | None = None,
+        poll_interval_s: float = 0.2,
+        gpu_event_factory: Any = None,
+    ) -> None:
+        from rankguard.perf.peaks import resolve_peak_tflops
+
+        self.cfg = cfg
+        self.tracker = tracker
+        self.rank = rank
+        self.world_size = world_size
+        self.run_id = run_id
+        self.out_dir = out_dir if rank == 0 else None
+        self.device_name = device_name
+        self.cuda_device = cuda_device
+        self.console = console if console is not None else sys.stdout
+        self.poll_interval_s = poll_interval_s
+        self.peak_tflops, self.peak_source = resolve_peak_tflops(
+            override=cfg.peak_tflops, dtype=cfg.dtype, device_name=device_name
+        )
+        self.flops_per_step: float | None = cfg.flops_per_step
+        self.flops_source = "config: perf.flops_per_step" if cfg.flops_per_step else "none"
+        self.global_samples: float | None = None
+        self.global_tokens: float | None = None
+        self.entries: list[dict[str, Any]] = []
+        self.latest: dict[str, Any] | None = None
+        self.step_ms = array("d")
+        self._seen = 0
+        self._last_log_seq = 0
+        self._last_log_data_ns = 0
+        self._start_wall = time.time()
+        self._gpu = _GpuTimer(tracker, gpu_event_factory)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._tty = bool(getattr(self.console, "isatty", lambda: False)())
+
+    # ---- inputs ----------------------------------------------------------------------
+
+    def set_batch(
+        self,
+        *,
+        samples: float | None = None,
+        tokens: float | None = None,
+        data_parallel_size: int | None = None,
+    ) -> None:
+        """Per-replica batch of one optimizer step; global = x data-parallel size."""
+        dp = data_parallel_size or self.world_size
+        if dp < 1:
+            raise ValueError(f"data_parallel_size: must be >= 1, got {dp}")
+        self.global_samples = None if samples is None else float(samples) * dp
+        self.global_tokens = None if tokens is None else float(tokens) * dp
+        if self.cfg.model is not None and self.cfg.flops_per_step is None and samples:
+            from rankguard.perf.flops import analytic_flops_per_step
+
+            self.set_flops(
+                analytic_flops_per_step(self.cfg.model, int(samples * dp)),
+                f"analytic: {self.cfg.model.family} formula, global batch {int(samples * dp)}",
+            )
+
+    def set_flops(self, flops_per_step: float, source: str) -> None:
+        """Training FLOPs of one optimizer step for the global batch."""
+        if flops_per_step <= 0:
+            raise ValueError(f"flops_per_step: must be > 0, got {flops_per_step}")
+        self.flops_per_step = float(flops_per_step)
+        self.flops_source = source
+
+    # ---- thread ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="rankguard-perf", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_interval_s):
+            try:
+                self.poll()
+            except Exception:
+                logger.exception("rankguard perf: poll failed")
+
+    def poll(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return self._poll()
+
+    def heartbeat_fields(self) -> dict[str, Any] | None:
+        """What every heartbeat record carries: the latest window, for cross-rank stats."""
+        e = self.latest
+        if e is None:
+            return None
+        recent = self.entries[-16:]  # several windows per heartbeat when steps are fast
+        return {
+            "perf": {
+                "step": e["step"],
+                "iteration": e["iteration"],
+                "step_time_ms": e["gpu_step_time_ms"] or e["step_time_ms"],
+                "TFLOPS_per_GPU": e["TFLOPS_per_GPU"],
+                "memory_GB": e["memory_GB"],
+                "windows": [
+                    [w["step"], w["iteration"], w["gpu_step_time_ms"] or w["step_time_ms"]]
+                    for w in recent
+                ],
+            }
+        }
+
+    def _resolve_device(self) -> None:
+        """On GPU, name the device (for the peak table) once the script set it up."""
+        if self.device_name is not None or self.cuda_device is None:
+            return
+        try:
+            import torch
+
+            if not torch.cuda.is_initialized():
+                return
+            self.device_name = torch.cuda.get_device_name(self.cuda_device)
+        except Exception:
+            self.device_name = "unknown cuda device"
+        if self.cfg.peak_tflops is None:
+            from rankguard.perf.peaks import resolve_peak_tflops
+
+            self.peak_tflops, self.peak_source = resolve_peak_tflops(
+                override=None, dtype=self.cfg.dtype, device_name=self.device_name
+            )
+
+    def _poll(self) -> list[dict[str, Any]]:
+        tracker = self.tracker
+        self._resolve_device()
+        if tracker.mode == "cuda":
+            try:
+                self._gpu.poll()
+            except Exception:
+                logger.exception("rankguard perf: GPU timing event failed")
+        issued = tracker.issued_seq
+        if issued <= self._seen:
+            return []
+        if issued - self._seen >= RING_SIZE:  # fell behind the ring: skip the gap
+            self._seen = self._last_log_seq = issued - RING_SIZE + 1
+        ring, skip = tracker.step_ns, set(tracker.non_step_seqs)
+        new: list[dict[str, Any]] = []
+        for seq in range(self._seen + 1, issued + 1):
+            # The first step starts when the loop entered its phase (or at start-up).
+            prev_ns = ring[(seq - 1) & _MASK] if seq > 1 else tracker.phase_ns
+            if seq not in skip and prev_ns:
+                self.step_ms.append((ring[seq & _MASK] - prev_ns) / 1e6)
+            if seq == 1 or seq % self.cfg.log_interval == 0:
+                entry = self._entry(seq, issued)
+                if entry is not None:
+                    new.append(entry)
+        self._seen = issued
+        if new:
+            self.entries.extend(new)
+            self.latest = new[-1]
+            if self.out_dir is not None:
+                append_jsonl(self.out_dir / PERF_LOG, new)
+                if self.cfg.console:
+                    for entry in new:
+                        self._print(entry)
+        return new
+
+    def _entry(self, seq: int, issued: int) -> dict[str, Any] | None:
+        tracker, ring = self.tracker, self.tracker.step_ns
+        start = self._last_log_seq
+        start_ns = ring[start & _MASK] if start > 0 else tracker.phase_ns
+        n = seq - start
+        if n <= 0:
+            return None
+        skip = [s for s in tracker.non_step_seqs if start < s <= seq]
+        window_ns = ring[seq & _MASK] - start_ns
+        if skip:  # leave checkpoint saves out of the step time
+            for s in skip:
+                window_ns -= ring[s & _MASK] - ring[(s - 1) & _MASK]
+            n -= len(skip)
+        if n <= 0 or window_ns <= 0:
+            self._last_log_seq = seq
+            return None
+        step_s = window_ns / 1e9 / n
+        gpu_ms = self._gpu.ms_per_step
+        rate_s = gpu_ms / 1e3 if gpu_ms else step_s
+        per_gpu = (
+            tflops_per_gpu(self.flops_per_step, rate_s, self.world_size)
+            if self.flops_per_step
+            else None
+        )
+        now_gb, peak_gb, mem_kind = memory_gb(self.cuda_device)
+        data_ns = tracker.data_ns
+        data_share = (data_ns - self._last_log_data_ns) / window_ns if data_ns else None
+        self._last_log_data_ns = data_ns
+        self._last_log_seq = seq
+        latest_iter = tracker.iteration if tracker.iteration is not None else issued
+        iteration = latest_iter - (issued - seq)
+        return {
+            "schema_version": 1,
+            "run_id": self.run_id,
+            "rank": self.rank,
+            "iteration": iteration,
+            "step": seq,
+            "timestamp": _iso(time.time()),
+            "step_time_ms": _round(step_s * 1e3, 3),
+            "gpu_step_time_ms": _round(gpu_ms, 3),
+            "samples_per_sec": _round(self.global_samples / rate_s, 2)
+            if self.global_samples
+            else None,
+            "tokens_per_sec": _round(self.global_tokens / rate_s, 2)
+            if self.global_tokens
+            else None,
+            "TFLOPS_per_GPU": _round(per_gpu),
+            "TFLOPS_total": _round(per_gpu * self.world_size) if per_gpu is not None else None,
+            "MFU": _round(mfu(per_gpu, self.peak_tflops)) if per_gpu is not None else None,
+            "memory_GB": _round(now_gb),
+            "peak_memory_GB": _round(peak_gb),
+            "memory_kind": mem_kind,
+            "data_loading_share": _round(data_share),
+            "steps_in_window": n,
+        }
+
+    def _print(self, e: dict[str, Any]) -> None:
+        def fmt(v: Any, spec: str, unit: str = "") -> str:
+            return "-" if v is None else f"{v:{spec}}{unit}"
+
+        line = (
+            f"[rankguard perf] iter {e['iteration']:>6}"
+            f" | step {fmt(e['step_time_ms'], '.1f', ' ms')}"
+            f" | {fmt(e['tokens_per_sec'], ',.0f', ' tok/s')}"
+            f" | {fmt(e['samples_per_sec'], ',.1f', ' samples/s')}"
+            f" | {fmt(e['TFLOPS_per_GPU'], '.3f', ' TFLOP/s/GPU')}"
+            f" | MFU {fmt(None if e['MFU'] is None else 100 * e['MFU'], '.1f', '%')}"
+            f" | mem {fmt(e['memory_GB'], '.2f', ' GB')}"
+        )
+        try:
+            self.console.write(line + "\n")
+            self.console.flush()
+        except (OSError, ValueError):
+            pass
+
+    # ---- end -------------------------------------------------------------------------
+
+    def summary(self) -> dict[str, Any]:
+        kept, stats = final_statistics(self.step_ms, self.cfg.warmup_iterations)
+        avg_ms = stats["avg"]
+        rate_s = (self._gpu.ms_per_step or avg_ms or 0.0) / 1e3
+        per_gpu = (
+            tflops_per_gpu(self.flops_per_step, rate_s, self.world_size)
+            if self.flops_per_step and rate_s
+            else None
+        )
+        peaks = [e["peak_memory_GB"] for e in self.entries if e.get("peak_memory_GB") is not None]
+        return {
+            "session_info": {
+                "start_time": _iso(self._start_wall),
+                "end_time": _iso(time.time()),
+                "total_iterations": len(self.step_ms),
+                "run_id": self.run_id,
+                "world_size": self.world_size,
+                "device": self.device_name or "cpu",
+                "dtype": self.cfg.dtype,
+                "peak_tflops_per_gpu": self.peak_tflops,
+                "peak_source": self.peak_source,
+                "flops_per_step": self.flops_per_step,
+                "flops_source": self.flops_source,
+                "warmup_iterations": self.cfg.warmup_iterations,
+                "steps_in_statistics": len(kept),
+                "log_interval": self.cfg.log_interval,
+            },
+            "final_statistics": {
+                "avg_tflops_per_gpu": _round(per_gpu),
+                "avg_tflops_total": _round(per_gpu * self.world_size) if per_gpu else None,
+                "avg_mfu": _round(mfu(per_gpu, self.peak_tflops)) if per_gpu else None,
+                "avg_step_time_ms": _round(avg_ms, 3),
+                "median_step_time_ms": _round(stats["median"], 3),
+                "min_step_time_ms": _round(stats["min"], 3),
+                "max_step_time_ms": _round(stats["max"], 3),
+                "avg_samples_per_sec": _round(self.global_samples / rate_s, 2)
+                if self.global_samples and rate_s
+                else None,
+                "avg_tokens_per_sec": _round(self.global_tokens / rate_s, 2)
+                if self.global_tokens and rate_s
+                else None,
+                "peak_memory_gb": _round(max(peaks)) if peaks else None,
+            },
+            "iteration_logs": self.entries,
+        }
+
+    def close(self) -> Path | None:
+        """Final poll; rank 0 writes the summary and applies retention. Idempotent."""
+        if self._closed:
+            return None
+        self._closed = True
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        try:
+            self.poll()
+        except Exception:
+            logger.exception("rankguard perf: final poll failed")
+        if self.out_dir is None:
+            return None
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%d_%H%M%S")
+        path = self.out_dir / f"{SUMMARY_PREFIX}{stamp}.json"
+        atomic_write_json(path, self.summary())
+        prune_runs(self.out_dir.parent, keep=self.cfg.keep_runs, current=self.out_dir)
+        return path
+
+
+def prune_runs(root: Path, *, keep: int, current: Path) -> list[Path]:
+    """Delete all but the newest ``keep`` run directories under ``root``."""
+    runs = [
+        p
+        for p in root.iterdir()
+        if p.is_dir() and (any(p.glob(f"{SUMMARY_PREFIX}*.json")) or (p / PERF_LOG).exists())
+    ]
+    runs.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    removed = []
+    for old in runs[keep:]:
+        if old.resolve() == current.resolve():
+            continue
+        shutil.rmtree(old, ignore_errors=True)
+        removed.append(old)
+    return removed
