@@ -116,6 +116,17 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
             "heartbeat monitoring is OFF (heartbeat.enabled=false): no liveness, progress "
             "or hang detection for this run"
         )
+    if cfg.enable_gpu_health_check:
+        from rankguard.launcher.preflight import preflight_gpu_check
+
+        refused = preflight_gpu_check(
+            command_timeout_s=hb.hardware_health.command_timeout_s,
+            node_rank=opts.node_rank,
+            run_dir=run_dir,
+            say=_say,
+        )
+        if refused is not None:
+            return refused
     _worker_env(cfg, run_id, run_dir, opts.node_rank)
     _thread_defaults(opts)
 

@@ -1,0 +1,62 @@
+"""Pre-launch GPU health check (``enable_gpu_health_check``, seed 001).
+
+Before any rank starts, the launcher reads this node's GPUs through NVML (nvidia-smi as
+fallback) and applies the health rules of the heartbeat monitor: an unhealthy GPU
+(uncorrected ECC errors, a row-remap failure, a pending recovery action) stops the
+launch with exit code :data:`EXIT_UNHEALTHY_GPU` and says which GPU and why; warnings
+are printed and the job starts; a machine without GPUs or NVML says ``unavailable`` and
+goes on. The snapshot is kept as ``preflight_node_<n>.json`` in the run directory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rankguard._fs import atomic_write_json
+
+__all__ = ["EXIT_UNHEALTHY_GPU", "preflight_gpu_check"]
+
+EXIT_UNHEALTHY_GPU = 3
+
+
+def _describe(gpu: dict[str, Any]) -> str:
+    problems = ", ".join(gpu.get("problems") or []) or "no detail"
+    return f"GPU {gpu.get('index')} ({gpu.get('name')}, {gpu.get('uuid')}): {problems}"
+
+
+def preflight_gpu_check(
+    *,
+    command_timeout_s: float,
+    node_rank: int,
+    run_dir: Path,
+    say: Callable[[str], None],
+) -> int | None:
+    """None to go on, or the exit code to stop with."""
+    from rankguard.health import collect_gpu_health
+
+    snapshot = collect_gpu_health(command_timeout_s=command_timeout_s)
+    atomic_write_json(run_dir / f"preflight_node_{node_rank}.json", snapshot)
+    status = snapshot.get("status")
+    gpus = snapshot.get("gpus") or []
+    if status == "unavailable":
+        say(f"GPU health check: unavailable ({snapshot.get('error') or 'no GPU'}); going on")
+        return None
+    if status == "error":
+        say(f"GPU health check could NOT run ({snapshot.get('error')}); going on unchecked")
+        return None
+    bad = [g for g in gpus if g.get("health") == "unhealthy"]
+    for gpu in gpus:
+        if gpu.get("health") == "warning":
+            say(f"GPU health check: warning: {_describe(gpu)}")
+    if bad:
+        for gpu in bad:
+            say(f"GPU health check: UNHEALTHY: {_describe(gpu)}")
+        say(
+            f"refusing to launch on node {node_rank}: {len(bad)} unhealthy GPU(s) "
+            f"(enable_gpu_health_check=true); exit code {EXIT_UNHEALTHY_GPU}"
+        )
+        return EXIT_UNHEALTHY_GPU
+    say(f"GPU health check: {len(gpus)} GPU(s) {status} via {snapshot.get('source')}")
+    return None
