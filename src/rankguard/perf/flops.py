@@ -337,6 +337,37 @@ def _default_loss(output: Any) -> torch.Tensor:
     return output if output.dim() == 0 else output.sum()
 
 
+def _register_cpu_flash_attention() -> None:
+    """Teach FlopCounterMode the CPU flash-attention kernel.
+
+    torch 2.13's counter knows the CUDA SDPA kernels but not
+    ``_scaled_dot_product_flash_attention_for_cpu`` (and its backward), which
+    ``F.scaled_dot_product_attention`` and ``nn.MultiheadAttention`` use on CPU: their
+    attention-score FLOPs were counted as zero. We register the same formulas torch uses
+    for the other SDPA kernels, through its public ``register_flop_formula`` hook, and
+    only where the running torch has none.
+    """
+    from torch.utils import flop_counter
+
+    aten = torch.ops.aten
+    forward = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    backward = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+    registry = flop_counter.flop_registry
+    if forward is not None and not ({forward, forward.default} & registry.keys()):
+
+        @flop_counter.register_flop_formula(forward)
+        def _fwd(q: Any, k: Any, v: Any, *args: Any, out_shape: Any = None, **kw: Any) -> int:
+            return int(flop_counter.sdpa_flop_count(q, k, v))
+
+    if backward is not None and not ({backward, backward.default} & registry.keys()):
+
+        @flop_counter.register_flop_formula(backward)
+        def _bwd(
+            grad_out: Any, q: Any, k: Any, v: Any, *args: Any, out_shape: Any = None, **kw: Any
+        ) -> int:
+            return int(flop_counter.sdpa_backward_flop_count(grad_out, q, k, v))
+
+
 def measured_flops_per_step(
     model: torch.nn.Module,
     example_inputs: tuple[Any, ...],
@@ -363,6 +394,7 @@ def measured_flops_per_step(
         {t.device.index or 0 for t in leaves if t.device.type == "cuda"}
         | {t.device.index or 0 for t in _iter_tensors(example_inputs) if t.device.type == "cuda"}
     )
+    _register_cpu_flash_attention()
     counter = FlopCounterMode(display=False)
     try:
         for t in leaves:

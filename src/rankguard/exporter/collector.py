@@ -1,0 +1,373 @@
+"""Prometheus metric families built from the job monitor's ``status.json`` at scrape time.
+
+Why a custom collector and not ``Gauge``/``Counter`` objects updated by a thread: the
+monitor already rebuilds one consistent status dict per scan and replaces it in one
+assignment, so reading ``monitor.status`` when Prometheus scrapes gives a coherent view
+with nothing to keep in sync, no second thread and no stale series for a rank that
+vanished. Only the findings counter needs state of its own (the monitor keeps the last
+20 findings), fed by :meth:`FindingCounts.observe`.
+
+Naming follows the Prometheus conventions: the ``rankguard_`` prefix, base units
+(seconds, bytes, FLOP/s), ``_total`` on counters, one-hot state gauges (1 for the
+current state, 0 for the others, every state always present so that absent and zero
+are never confused) and bounded labels only: ``rank``, ``node_rank``, ``local_rank``,
+``hostname``, ``state``, ``stat``, ``status`` and ``finding_type``. No pid, step or
+iteration ever becomes a label. :data:`METRICS` is the catalogue (name, type, help,
+labels); ``describe()`` returns it so a name clash fails at registration.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from rankguard.health.schema import NodeStatus
+from rankguard.heartbeat.rules import FindingType, Liveness, Progress
+
+if TYPE_CHECKING:
+    from rankguard.heartbeat.monitor import JobMonitor
+
+__all__ = ["JOB_STATES", "METRICS", "FindingCounts", "MetricSpec", "StatusCollector"]
+
+#: Every value of ``status.json``'s ``state`` (see ``JobMonitor._build_status``).
+JOB_STATES = ("starting", "running", "degraded", "completed", "failed", "stopped")
+_LIVENESS = tuple(s.value for s in Liveness)
+_PROGRESS = tuple(s.value for s in Progress)
+_NODE_STATUS = tuple(s.value for s in NodeStatus)
+_STATS = ("min", "median", "max")
+_MS = 1e-3
+_TFLOPS = 1e12
+_GB = 1e9  # rankguard.perf.memory reports decimal GB
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """One metric family: name, Prometheus type, HELP text and label names."""
+
+    name: str
+    kind: str  # "gauge" or "counter"
+    help: str
+    labels: tuple[str, ...] = ()
+
+    def family(self) -> Metric:
+        """An empty family of this spec, ready for ``add_metric``."""
+        if self.kind == "counter":
+            return CounterMetricFamily(self.name, self.help, labels=self.labels)
+        assert self.kind == "gauge", self.kind
+        return GaugeMetricFamily(self.name, self.help, labels=self.labels)
+
+
+_R = ("rank",)
+METRICS: tuple[MetricSpec, ...] = (
+    # ---- per rank ----
+    MetricSpec(
+        "rankguard_rank_info",
+        "gauge",
+        "Always 1: where a rank runs (join on rank to group other metrics by node).",
+        ("rank", "node_rank", "local_rank", "hostname"),
+    ),
+    MetricSpec(
+        "rankguard_rank_process_liveness",
+        "gauge",
+        "1 for the rank's current process liveness state, 0 for the others.",
+        ("rank", "state"),
+    ),
+    MetricSpec(
+        "rankguard_rank_gpu_progress",
+        "gauge",
+        "1 for the rank's current training-progress state, 0 for the others.",
+        ("rank", "state"),
+    ),
+    MetricSpec(
+        "rankguard_rank_heartbeat_age_seconds",
+        "gauge",
+        "Seconds since the monitor last received a heartbeat record of the rank.",
+        _R,
+    ),
+    MetricSpec(
+        "rankguard_rank_progress_age_seconds",
+        "gauge",
+        "Seconds since the rank last completed a step (or since start, before the first).",
+        _R,
+    ),
+    MetricSpec(
+        "rankguard_rank_iteration",
+        "gauge",
+        "Last completed training iteration of the rank (the script's numbering).",
+        _R,
+    ),
+    MetricSpec(
+        "rankguard_rank_steps_total",
+        "counter",
+        "Steps completed by the rank's current process (checkpoint saves count as one); "
+        "resets when the rank restarts.",
+        _R,
+    ),
+    MetricSpec(
+        "rankguard_rank_checkpoint_active",
+        "gauge",
+        "1 while the rank is saving a checkpoint, else 0.",
+        _R,
+    ),
+    MetricSpec(
+        "rankguard_rank_active_findings",
+        "gauge",
+        "Findings currently active for the rank (0 when healthy).",
+        _R,
+    ),
+    MetricSpec(
+        "rankguard_rank_step_time_seconds",
+        "gauge",
+        "Mean step time of the rank's latest performance window (device time on GPU).",
+        _R,
+    ),
+    MetricSpec(
+        "rankguard_rank_flops_per_second",
+        "gauge",
+        "Achieved model FLOP/s per GPU of the rank's latest performance window "
+        "(global-batch FLOPs / step time / world size).",
+        _R,
+    ),
+    MetricSpec(
+        "rankguard_rank_memory_bytes",
+        "gauge",
+        "Memory in use by the rank at its latest performance window "
+        "(CUDA allocator on GPU, resident set size on CPU).",
+        _R,
+    ),
+    # ---- job ----
+    MetricSpec(
+        "rankguard_job_state",
+        "gauge",
+        "1 for the job's current state, 0 for the others.",
+        ("state",),
+    ),
+    MetricSpec("rankguard_job_ranks_expected", "gauge", "Ranks the job should have."),
+    MetricSpec("rankguard_job_ranks_observed", "gauge", "Ranks that published a record."),
+    MetricSpec(
+        "rankguard_job_ranks_process_liveness",
+        "gauge",
+        "Number of ranks in each process liveness state.",
+        ("state",),
+    ),
+    MetricSpec(
+        "rankguard_job_ranks_gpu_progress",
+        "gauge",
+        "Number of ranks in each training-progress state.",
+        ("state",),
+    ),
+    MetricSpec(
+        "rankguard_job_step_time_seconds",
+        "gauge",
+        "Step time across ranks (min, median, max over ranks) of the latest performance "
+        "window every rank reported.",
+        ("stat",),
+    ),
+    MetricSpec(
+        "rankguard_job_perf_iteration",
+        "gauge",
+        "Iteration of the window that rankguard_job_step_time_seconds describes.",
+    ),
+    MetricSpec(
+        "rankguard_findings_total",
+        "counter",
+        "Findings reported by the monitor since the exporter started, by type.",
+        ("finding_type",),
+    ),
+    MetricSpec("rankguard_findings_active", "gauge", "Findings active now, over all ranks."),
+    # ---- GPU health, per node ----
+    MetricSpec(
+        "rankguard_node_gpu_health",
+        "gauge",
+        "1 for the node's current GPU health status, 0 for the others.",
+        ("node_rank", "status"),
+    ),
+    MetricSpec(
+        "rankguard_node_gpu_health_age_seconds",
+        "gauge",
+        "Age of the node's latest GPU health snapshot as seen by the monitor.",
+        ("node_rank",),
+    ),
+    # ---- the monitor itself ----
+    MetricSpec("rankguard_monitor_scans_total", "counter", "Scans the job monitor completed."),
+    MetricSpec(
+        "rankguard_monitor_scan_errors_total",
+        "counter",
+        "Scans that failed with an exception (logged by the monitor).",
+    ),
+    MetricSpec(
+        "rankguard_monitor_ignored_records_total",
+        "counter",
+        "Heartbeat records ignored (other run id, old pid, malformed).",
+    ),
+    MetricSpec("rankguard_monitor_scan_seconds", "gauge", "Duration of the monitor's last scan."),
+    MetricSpec(
+        "rankguard_monitor_status_age_seconds",
+        "gauge",
+        "Seconds since the monitor last rebuilt its status (grows if the monitor is stuck).",
+    ),
+)
+_SPECS = {spec.name: spec for spec in METRICS}
+
+
+class FindingCounts:
+    """Findings seen so far, by ``finding_type``; fed by ``JobMonitor.on_finding``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = dict.fromkeys((t.value for t in FindingType), 0)
+
+    def observe(self, finding: dict[str, Any]) -> None:
+        ftype = finding.get("finding_type")
+        key = ftype if isinstance(ftype, str) and ftype else "unknown"
+        with self._lock:
+            self._counts[key] = self._counts.get(key, 0) + 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+
+def _num(value: Any, scale: float = 1.0) -> float | None:
+    """``value * scale`` as a float, or None for a missing or non-numeric value."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return float(value) * scale
+    except (TypeError, ValueError):
+        return None
+
+
+def _label(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def _age_since(iso: Any, now_wall: float) -> float | None:
+    if not isinstance(iso, str):
+        return None
+    try:
+        return max(0.0, now_wall - datetime.fromisoformat(iso).timestamp())
+    except ValueError:
+        return None
+
+
+def build_families(
+    status: dict[str, Any],
+    *,
+    scans: int,
+    scan_errors: int,
+    last_scan_s: float,
+    finding_counts: dict[str, int],
+    now_wall: float,
+) -> list[Metric]:
+    """Every family of :data:`METRICS`, filled from one ``status.json`` dict.
+
+    A value the status does not have (a rank not observed yet, no FLOPs configured) is
+    left out rather than exported as 0; state gauges always carry every state.
+    """
+    fam = {name: spec.family() for name, spec in _SPECS.items()}
+
+    def put(name: str, labels: Iterable[str], value: float | None) -> None:
+        if value is not None:
+            fam[name].add_metric(list(labels), value)
+
+    for row in status.get("ranks") or []:
+        rank = _label(row.get("rank"))
+        if row.get("pid") is not None:
+            where = [row.get("node_rank"), row.get("local_rank"), row.get("hostname")]
+            put("rankguard_rank_info", [rank, *map(_label, where)], 1.0)
+        for name, states, current in (
+            ("rankguard_rank_process_liveness", _LIVENESS, row.get("process_liveness")),
+            ("rankguard_rank_gpu_progress", _PROGRESS, row.get("gpu_progress")),
+        ):
+            for state in states:
+                put(name, [rank, state], 1.0 if state == current else 0.0)
+        put("rankguard_rank_heartbeat_age_seconds", [rank], _num(row.get("heartbeat_age_s")))
+        put("rankguard_rank_progress_age_seconds", [rank], _num(row.get("progress_age_s")))
+        put("rankguard_rank_iteration", [rank], _num(row.get("iteration")))
+        put("rankguard_rank_steps_total", [rank], _num(row.get("progress_seq")))
+        if row.get("pid") is not None:
+            put(
+                "rankguard_rank_checkpoint_active",
+                [rank],
+                float(bool(row.get("checkpoint_active"))),
+            )
+        put("rankguard_rank_active_findings", [rank], float(len(row.get("active_findings") or [])))
+        perf = row.get("perf") or {}
+        put("rankguard_rank_step_time_seconds", [rank], _num(perf.get("step_time_ms"), _MS))
+        put("rankguard_rank_flops_per_second", [rank], _num(perf.get("TFLOPS_per_GPU"), _TFLOPS))
+        put("rankguard_rank_memory_bytes", [rank], _num(perf.get("memory_GB"), _GB))
+
+    if status:
+        state = status.get("state")
+        for s in JOB_STATES:
+            put("rankguard_job_state", [s], 1.0 if s == state else 0.0)
+        summary = status.get("summary") or {}
+        put("rankguard_job_ranks_expected", [], _num(summary.get("ranks_expected")))
+        put("rankguard_job_ranks_observed", [], _num(summary.get("ranks_observed")))
+        for name, states, counts in (
+            ("rankguard_job_ranks_process_liveness", _LIVENESS, summary.get("process_liveness")),
+            ("rankguard_job_ranks_gpu_progress", _PROGRESS, summary.get("gpu_progress")),
+        ):
+            for s in states:
+                put(name, [s], float((counts or {}).get(s, 0)))
+        put("rankguard_findings_active", [], _num(summary.get("findings_active")))
+        put(
+            "rankguard_monitor_ignored_records_total",
+            [],
+            _num((status.get("monitor") or {}).get("ignored_records")),
+        )
+        put(
+            "rankguard_monitor_status_age_seconds",
+            [],
+            _age_since(status.get("updated_wall_time"), now_wall),
+        )
+    job_perf = status.get("perf") or {}
+    step_ms = job_perf.get("step_time_ms") or {}
+    for stat in _STATS:
+        put("rankguard_job_step_time_seconds", [stat], _num(step_ms.get(stat), _MS))
+    put("rankguard_job_perf_iteration", [], _num(job_perf.get("iteration")))
+
+    for node, health in sorted((status.get("gpu_health") or {}).items()):
+        current = (health or {}).get("status")
+        for s in _NODE_STATUS:
+            put("rankguard_node_gpu_health", [str(node), s], 1.0 if s == current else 0.0)
+        put("rankguard_node_gpu_health_age_seconds", [str(node)], _num(health.get("age_s")))
+
+    for ftype, count in sorted(finding_counts.items()):
+        put("rankguard_findings_total", [ftype], float(count))
+    put("rankguard_monitor_scans_total", [], float(scans))
+    put("rankguard_monitor_scan_errors_total", [], float(scan_errors))
+    put("rankguard_monitor_scan_seconds", [], float(last_scan_s))
+    return list(fam.values())
+
+
+class StatusCollector(Collector):
+    """Reads ``monitor.status`` (one consistent dict per scan) at every scrape."""
+
+    def __init__(self, monitor: JobMonitor, findings: FindingCounts) -> None:
+        self.monitor = monitor
+        self.findings = findings
+
+    def describe(self) -> Iterator[Metric]:
+        """The catalogue without samples: registers the names without a scan."""
+        for spec in METRICS:
+            yield spec.family()
+
+    def collect(self) -> Iterator[Metric]:
+        m = self.monitor
+        yield from build_families(
+            m.status,  # replaced whole by each scan: a coherent snapshot
+            scans=m.scan_count,
+            scan_errors=m.scan_errors,
+            last_scan_s=m.last_scan_s,
+            finding_counts=self.findings.snapshot(),
+            now_wall=time.time(),
+        )
