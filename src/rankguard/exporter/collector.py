@@ -42,6 +42,7 @@ _LIVENESS = tuple(s.value for s in Liveness)
 _PROGRESS = tuple(s.value for s in Progress)
 _NODE_STATUS = tuple(s.value for s in NodeStatus)
 _STATS = ("min", "median", "max")
+_Family = CounterMetricFamily | GaugeMetricFamily
 _MS = 1e-3
 _TFLOPS = 1e12
 _GB = 1e9  # rankguard.perf.memory reports decimal GB
@@ -56,7 +57,7 @@ class MetricSpec:
     help: str
     labels: tuple[str, ...] = ()
 
-    def family(self) -> Metric:
+    def family(self) -> _Family:
         """An empty family of this spec, ready for ``add_metric``."""
         if self.kind == "counter":
             return CounterMetricFamily(self.name, self.help, labels=self.labels)
@@ -267,7 +268,7 @@ def build_families(
     finding_counts: dict[str, int],
     now_wall: float,
 ) -> list[Metric]:
-    """Every family of :data:`METRICS`, filled from one ``status.json`` dict.
+    """The families of :data:`METRICS` that have samples, from one ``status.json`` dict.
 
     A value the status does not have (a rank not observed yet, no FLOPs configured) is
     left out rather than exported as 0; state gauges always carry every state.
@@ -306,9 +307,9 @@ def build_families(
         put("rankguard_rank_memory_bytes", [rank], _num(perf.get("memory_GB"), _GB))
 
     if status:
-        state = status.get("state")
+        job_state = status.get("state")
         for s in JOB_STATES:
-            put("rankguard_job_state", [s], 1.0 if s == state else 0.0)
+            put("rankguard_job_state", [s], 1.0 if s == job_state else 0.0)
         summary = status.get("summary") or {}
         put("rankguard_job_ranks_expected", [], _num(summary.get("ranks_expected")))
         put("rankguard_job_ranks_observed", [], _num(summary.get("ranks_observed")))
@@ -346,7 +347,7 @@ def build_families(
     put("rankguard_monitor_scans_total", [], float(scans))
     put("rankguard_monitor_scan_errors_total", [], float(scan_errors))
     put("rankguard_monitor_scan_seconds", [], float(last_scan_s))
-    return list(fam.values())
+    return [f for f in fam.values() if f.samples]  # absent, not zero, when unknown
 
 
 class StatusCollector(Collector):

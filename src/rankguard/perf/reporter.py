@@ -55,8 +55,11 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds")
 
 
-def _round(x: float | None, nd: int = 4) -> float | None:
-    return None if x is None or not math.isfinite(x) else round(x, nd)
+def _round(x: float | None, digits: int = 6) -> float | None:
+    """``digits`` significant digits (a CPU's 0.0055 TFLOP/s keeps its precision)."""
+    if x is None or not math.isfinite(x):
+        return None
+    return float(f"{x:.{digits}g}")
 
 
 def final_statistics(
@@ -322,14 +325,12 @@ class PerfReporter:
             "iteration": iteration,
             "step": seq,
             "timestamp": _iso(time.time()),
-            "step_time_ms": _round(step_s * 1e3, 3),
-            "gpu_step_time_ms": _round(gpu_ms, 3),
-            "samples_per_sec": _round(self.global_samples / rate_s, 2)
+            "step_time_ms": _round(step_s * 1e3),
+            "gpu_step_time_ms": _round(gpu_ms),
+            "samples_per_sec": _round(self.global_samples / rate_s)
             if self.global_samples
             else None,
-            "tokens_per_sec": _round(self.global_tokens / rate_s, 2)
-            if self.global_tokens
-            else None,
+            "tokens_per_sec": _round(self.global_tokens / rate_s) if self.global_tokens else None,
             "TFLOPS_per_GPU": _round(per_gpu),
             "TFLOPS_total": _round(per_gpu * self.world_size) if per_gpu is not None else None,
             "MFU": _round(mfu(per_gpu, self.peak_tflops)) if per_gpu is not None else None,
@@ -392,14 +393,14 @@ class PerfReporter:
                 "avg_tflops_per_gpu": _round(per_gpu),
                 "avg_tflops_total": _round(per_gpu * self.world_size) if per_gpu else None,
                 "avg_mfu": _round(mfu(per_gpu, self.peak_tflops)) if per_gpu else None,
-                "avg_step_time_ms": _round(avg_ms, 3),
-                "median_step_time_ms": _round(stats["median"], 3),
-                "min_step_time_ms": _round(stats["min"], 3),
-                "max_step_time_ms": _round(stats["max"], 3),
-                "avg_samples_per_sec": _round(self.global_samples / rate_s, 2)
+                "avg_step_time_ms": _round(avg_ms),
+                "median_step_time_ms": _round(stats["median"]),
+                "min_step_time_ms": _round(stats["min"]),
+                "max_step_time_ms": _round(stats["max"]),
+                "avg_samples_per_sec": _round(self.global_samples / rate_s)
                 if self.global_samples and rate_s
                 else None,
-                "avg_tokens_per_sec": _round(self.global_tokens / rate_s, 2)
+                "avg_tokens_per_sec": _round(self.global_tokens / rate_s)
                 if self.global_tokens and rate_s
                 else None,
                 "peak_memory_gb": _round(max(peaks)) if peaks else None,
