@@ -165,6 +165,7 @@ class PerfReporter:
         self._lock = threading.Lock()
         self._closed = False
         self._tty = bool(getattr(self.console, "isatty", lambda: False)())
+        self._header_done = False
 
     # ---- inputs ----------------------------------------------------------------------
 
@@ -341,19 +342,44 @@ class PerfReporter:
             "steps_in_window": n,
         }
 
-    def _print(self, e: dict[str, Any]) -> None:
-        def fmt(v: Any, spec: str, unit: str = "") -> str:
-            return "-" if v is None else f"{v:{spec}}{unit}"
+    _COLUMNS = (
+        ("iteration", "ITER", "d", 8),
+        ("step_time_ms", "STEP ms", ".1f", 9),
+        ("tokens_per_sec", "TOK/s", ",.0f", 11),
+        ("samples_per_sec", "SAMPLES/s", ",.1f", 10),
+        ("TFLOPS_per_GPU", "TFLOP/s/GPU", ".3f", 12),
+        ("MFU", "MFU %", ".1f", 6),
+        ("memory_GB", "MEM GB", ".2f", 7),
+        ("data_loading_share", "DATA %", ".1f", 7),
+    )
 
-        line = (
-            f"[rankguard perf] iter {e['iteration']:>6}"
-            f" | step {fmt(e['step_time_ms'], '.1f', ' ms')}"
-            f" | {fmt(e['tokens_per_sec'], ',.0f', ' tok/s')}"
-            f" | {fmt(e['samples_per_sec'], ',.1f', ' samples/s')}"
-            f" | {fmt(e['TFLOPS_per_GPU'], '.3f', ' TFLOP/s/GPU')}"
-            f" | MFU {fmt(None if e['MFU'] is None else 100 * e['MFU'], '.1f', '%')}"
-            f" | mem {fmt(e['memory_GB'], '.2f', ' GB')}"
+    def _print(self, e: dict[str, Any]) -> None:
+        """A table on a terminal (header once, aligned rows); plain lines in logs."""
+
+        def fmt(key: str, spec: str) -> str:
+            v = e.get(key)
+            if v is None:
+                return "-"
+            if key in ("MFU", "data_loading_share"):
+                v = 100 * v
+            return f"{v:{spec}}"
+
+        if self._tty:
+            if not self._header_done:
+                head = " ".join(f"{title:>{w}}" for _, title, _, w in self._COLUMNS)
+                self._write(f"[rankguard perf] {head}")
+                self._header_done = True
+            row = " ".join(f"{fmt(k, spec):>{w}}" for k, _, spec, w in self._COLUMNS)
+            self._write(f"[rankguard perf] {row}")
+            return
+        self._write(
+            f"[rankguard perf] iter {e['iteration']} | step {fmt('step_time_ms', '.1f')} ms"
+            f" | {fmt('tokens_per_sec', ',.0f')} tok/s | {fmt('samples_per_sec', ',.1f')}"
+            f" samples/s | {fmt('TFLOPS_per_GPU', '.3f')} TFLOP/s/GPU"
+            f" | MFU {fmt('MFU', '.1f')}% | mem {fmt('memory_GB', '.2f')} GB"
         )
+
+    def _write(self, line: str) -> None:
         try:
             self.console.write(line + "\n")
             self.console.flush()

@@ -95,16 +95,15 @@ class Scale:
         lo, hi = (min(finite), max(finite)) if finite else (0.0, 1.0)
         if zero:
             lo, hi = min(lo, 0.0), max(hi, 0.0)
-        if hi == lo:
+        if hi == lo:  # a single value (or none): give it room
             pad = abs(lo) * 0.1 or 1.0
-            lo, hi = (lo - pad, hi + pad) if not zero or lo != 0 else (0.0, pad)
-            if zero and lo < 0 <= min(finite or [0.0]):
+            lo, hi = lo - pad, hi + pad
+            if zero and lo < 0 and all(v >= 0 for v in finite):
                 lo = 0.0
         ticks = nice_ticks(lo, hi)
-        step = ticks[1] - ticks[0] if len(ticks) > 1 else 0.0
-        if step:
-            lo = min(lo, ticks[0]) if zero else math.floor(lo / step) * step
-            hi = math.ceil(hi / step - 1e-9) * step
+        if len(ticks) > 1:
+            step = ticks[1] - ticks[0]
+            lo, hi = math.floor(lo / step + 1e-9) * step, math.ceil(hi / step - 1e-9) * step
         return Scale(lo, hi, p0, p1)
 
     def __call__(self, value: float) -> float:
@@ -158,9 +157,7 @@ class Axes:
     def bottom(self) -> float:
         return max(self.y.p0, self.y.p1)
 
-    def draw(
-        self, x_label: str, y_label: str, *, y_ticks: bool = True, x_fmt: str = "num"
-    ) -> str:
+    def draw(self, x_label: str, y_label: str, *, y_ticks: bool = True, x_fmt: str = "num") -> str:
         """Grid lines, tick labels, axis lines and axis titles."""
         parts: list[str] = []
         if y_ticks:
@@ -207,6 +204,10 @@ def _fmt_seconds(t: float) -> str:
     return f"{t:g} s"
 
 
+def _pts(*points: tuple[float, float]) -> str:
+    return " ".join(f"{x:.2f},{y:.2f}" for x, y in points)
+
+
 def marker(shape: str, x: float, y: float, color: str, size: float = 5.0) -> str:
     """A point marker (circle, square, diamond, triangle) with a white outline."""
     s = size
@@ -217,10 +218,11 @@ def marker(shape: str, x: float, y: float, color: str, size: float = 5.0) -> str
             f'height="{s * 1.8:.2f}" fill="{color}" {stroke}/>'
         )
     if shape == "diamond":
-        pts = f"{x},{y - s * 1.25:.2f} {x + s * 1.25:.2f},{y} {x},{y + s * 1.25:.2f} {x - s * 1.25:.2f},{y}"
+        d = s * 1.25
+        pts = _pts((x, y - d), (x + d, y), (x, y + d), (x - d, y))
         return f'<polygon points="{pts}" fill="{color}" {stroke}/>'
     if shape == "triangle":
-        pts = f"{x},{y - s * 1.2:.2f} {x + s * 1.15:.2f},{y + s * 0.9:.2f} {x - s * 1.15:.2f},{y + s * 0.9:.2f}"
+        pts = _pts((x, y - s * 1.2), (x + s * 1.15, y + s * 0.9), (x - s * 1.15, y + s * 0.9))
         return f'<polygon points="{pts}" fill="{color}" {stroke}/>'
     return f'<circle cx="{x}" cy="{y}" r="{s}" fill="{color}" {stroke}/>'
 
@@ -248,8 +250,6 @@ def legend(items: Sequence[tuple[str, str, str]], x: float, y: float, max_x: flo
             )
         else:
             parts.append(marker(kind, cx + 9, cy, color, 4.5))
-        parts.append(
-            f'<text x="{cx + 24}" y="{cy}" dy="0.32em" fill="{MUTED}">{esc(label)}</text>'
-        )
+        parts.append(f'<text x="{cx + 24}" y="{cy}" dy="0.32em" fill="{MUTED}">{esc(label)}</text>')
         cx += w
     return "".join(parts)

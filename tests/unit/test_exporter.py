@@ -1,0 +1,486 @@
+"""Prometheus exporter: a real JobMonitor over heartbeat files, scraped over loopback HTTP."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import socket
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("prometheus_client")
+
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from rankguard.exporter import ENDPOINT_FILE, MetricsExporter, start_for_monitor  # noqa: E402
+from rankguard.exporter.collector import JOB_STATES, METRICS  # noqa: E402
+from rankguard.heartbeat.config import HeartbeatConfig  # noqa: E402
+from rankguard.heartbeat.monitor import JobMonitor  # noqa: E402
+from rankguard.heartbeat.records import heartbeat_file_name  # noqa: E402
+from rankguard.perf.config import PrometheusConfig  # noqa: E402
+
+RUN = "run-prom"
+BASE_NS = 1_700_000_000_000_000_000
+NAME_RE = re.compile(r"^rankguard_[a-z0-9_]+$")
+ALLOWED_LABELS = {"rank", "node_rank", "local_rank", "hostname", "state", "stat", "status"}
+ALLOWED_LABELS |= {"finding_type"}
+LIVENESS = ("not_observed", "alive", "stale", "exited")
+PROGRESS = ("not_observed", "starting", "progressing", "stalled", "unknown", "completed")
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class FakeClock:
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _cfg() -> HeartbeatConfig:
+    return HeartbeatConfig(
+        publish_interval_s=1.0,
+        initial_process_timeout_s=10.0,
+        process_timeout_s=10.0,
+        initial_progress_timeout_s=60.0,
+        progress_timeout_s=20.0,
+        checkpoint_timeout_s=100.0,
+        scan_interval_s=0.05,
+    )
+
+
+def perf(step: int, ms: float, tflops: float | None, mem_gb: float) -> dict[str, Any]:
+    return {
+        "step": step,
+        "iteration": step,
+        "step_time_ms": ms,
+        "TFLOPS_per_GPU": tflops,
+        "memory_GB": mem_gb,
+        "windows": [[step, step, ms]],
+    }
+
+
+def rec(
+    rank: int,
+    seq: int,
+    *,
+    progress_seq: int = 1,
+    since: float = 0.25,
+    perf_fields: dict[str, Any] | None = None,
+    world_size: int = 2,
+    event: str = "heartbeat",
+) -> dict[str, Any]:
+    r: dict[str, Any] = {
+        "schema_version": 1,
+        "event": event,
+        "run_id": RUN,
+        "seq": seq,
+        "wall_time_ns": BASE_NS + seq * 1_000_000_000,
+        "monotonic_ns": seq * 1_000_000_000,
+        "hostname": "node-a",
+        "node_rank": 0,
+        "rank": rank,
+        "local_rank": rank,
+        "world_size": world_size,
+        "pid": 4000 + rank,
+        "gpu": None,
+        "progress_seq": progress_seq,
+        "iteration": progress_seq,
+        "phase": "train",
+        "checkpoint_active": False,
+        "checkpoint_id": None,
+        "last_progress_monotonic_ns": None,
+        "since_progress_s": since,
+        "progress_source": "api",
+    }
+    if perf_fields is not None:
+        r["perf"] = perf_fields
+    return r
+
+
+def write(run_dir: Path, *records: dict[str, Any]) -> None:
+    for r in records:
+        with open(run_dir / heartbeat_file_name(r["rank"], r["pid"]), "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(r) + "\n")
+
+
+def _monitor(run_dir: Path, clock: FakeClock, world: int = 2) -> JobMonitor:
+    return JobMonitor(
+        _cfg(), run_dir, RUN, expected_world_size=world, clock=clock, check_pids=False
+    )
+
+
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never a proxy
+
+
+def scrape(url: str) -> dict[str, Any]:
+    """Families by name (counters by their ``_total`` sample name too)."""
+    with _OPENER.open(url, timeout=5) as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"].startswith("text/plain")
+        text = resp.read().decode("utf-8")
+    families = {}
+    for fam in text_string_to_metric_families(text):
+        families[fam.name] = fam
+        if fam.type == "counter":
+            families[fam.name + "_total"] = fam
+    return families
+
+
+def value(families: dict[str, Any], name: str, **labels: str) -> float | None:
+    fam = families.get(name)
+    if fam is None:
+        return None
+    hits = [s.value for s in fam.samples if s.name == name and s.labels == labels]
+    assert len(hits) <= 1, (name, labels, hits)
+    return hits[0] if hits else None
+
+
+def samples(families: dict[str, Any], name: str) -> list[Any]:
+    fam = families.get(name)
+    return [] if fam is None else [s for s in fam.samples if s.name == name]
+
+
+@pytest.fixture
+def exporters() -> Iterator[list[MetricsExporter]]:
+    made: list[MetricsExporter] = []
+    yield made
+    for e in made:
+        e.stop()
+
+
+def _enabled(port: int = 0) -> PrometheusConfig:
+    return PrometheusConfig(enabled=True, port=port)
+
+
+def _running_job(tmp_path: Path, clock: FakeClock) -> JobMonitor:
+    mon = _monitor(tmp_path, clock)
+    write(
+        tmp_path,
+        rec(0, 0, progress_seq=7, perf_fields=perf(7, 123.4, 55.5, 3.25)),
+        rec(1, 0, progress_seq=7, since=0.5, perf_fields=perf(7, 130.0, 50.0, 4.0)),
+    )
+    mon.scan_once()
+    return mon
+
+
+# ---- scraping -----------------------------------------------------------------------
+
+
+def test_scrape_names_types_labels_and_values(
+    tmp_path: Path, exporters: list[MetricsExporter]
+) -> None:
+    clock = FakeClock()
+    mon = _running_job(tmp_path, clock)
+    exp = start_for_monitor(mon, _enabled(), tmp_path)
+    assert exp is not None
+    exporters.append(exp)
+    assert exp.url is not None and exp.url.startswith("http://127.0.0.1:")
+    fams = scrape(exp.url)
+
+    # Conventions: prefix, charset, _total on counters, HELP on every family, bounded labels.
+    for fam in fams.values():
+        assert NAME_RE.match(fam.name), fam.name
+        assert fam.type in ("gauge", "counter"), (fam.name, fam.type)
+        assert fam.documentation, fam.name
+        for s in fam.samples:
+            assert NAME_RE.match(s.name), s.name
+            assert set(s.labels) <= ALLOWED_LABELS, (s.name, s.labels)
+            if fam.type == "counter":
+                assert s.name.endswith("_total"), s.name
+    types = {fam.name: fam.type for fam in fams.values()}
+    for name in (
+        "rankguard_rank_step_time_seconds",
+        "rankguard_rank_flops_per_second",
+        "rankguard_rank_memory_bytes",
+        "rankguard_rank_iteration",
+        "rankguard_rank_heartbeat_age_seconds",
+        "rankguard_rank_progress_age_seconds",
+        "rankguard_rank_process_liveness",
+        "rankguard_rank_gpu_progress",
+        "rankguard_job_step_time_seconds",
+        "rankguard_job_state",
+        "rankguard_monitor_scan_seconds",
+    ):
+        assert types[name] == "gauge", name
+    for name in ("rankguard_findings", "rankguard_monitor_scans", "rankguard_rank_steps"):
+        assert types[name] == "counter", name
+
+    # Base units: ms -> s, TFLOP/s -> FLOP/s, GB -> bytes.
+    assert value(fams, "rankguard_rank_step_time_seconds", rank="0") == pytest.approx(0.1234)
+    assert value(fams, "rankguard_rank_step_time_seconds", rank="1") == pytest.approx(0.130)
+    assert value(fams, "rankguard_rank_flops_per_second", rank="0") == pytest.approx(55.5e12)
+    assert value(fams, "rankguard_rank_flops_per_second", rank="1") == pytest.approx(50e12)
+    assert value(fams, "rankguard_rank_memory_bytes", rank="0") == pytest.approx(3.25e9)
+    assert value(fams, "rankguard_rank_memory_bytes", rank="1") == pytest.approx(4e9)
+    assert value(fams, "rankguard_rank_iteration", rank="1") == 7
+    assert value(fams, "rankguard_rank_steps_total", rank="0") == 7
+    assert value(fams, "rankguard_rank_heartbeat_age_seconds", rank="0") == 0.0
+    assert value(fams, "rankguard_rank_progress_age_seconds", rank="1") == pytest.approx(0.5)
+    assert value(fams, "rankguard_rank_checkpoint_active", rank="0") == 0.0
+    assert value(fams, "rankguard_rank_active_findings", rank="0") == 0.0
+    assert (
+        value(
+            fams, "rankguard_rank_info", rank="1", node_rank="0", local_rank="1", hostname="node-a"
+        )
+        == 1.0
+    )
+
+    # One-hot states: exactly one 1 per rank, every state present.
+    for name, states, current in (
+        ("rankguard_rank_process_liveness", LIVENESS, "alive"),
+        ("rankguard_rank_gpu_progress", PROGRESS, "progressing"),
+    ):
+        for rank in ("0", "1"):
+            got = {
+                s.labels["state"]: s.value for s in samples(fams, name) if s.labels["rank"] == rank
+            }
+            assert got == {s: float(s == current) for s in states}, (name, rank, got)
+    assert {s.labels["state"]: s.value for s in samples(fams, "rankguard_job_state")} == {
+        s: float(s == "running") for s in JOB_STATES
+    }
+    assert value(fams, "rankguard_job_ranks_process_liveness", state="alive") == 2
+    assert value(fams, "rankguard_job_ranks_process_liveness", state="stale") == 0
+    assert value(fams, "rankguard_job_ranks_expected") == 2
+    assert value(fams, "rankguard_job_ranks_observed") == 2
+
+    # Cross-rank step times (perf_ranks) in seconds.
+    assert value(fams, "rankguard_job_step_time_seconds", stat="min") == pytest.approx(0.1234)
+    assert value(fams, "rankguard_job_step_time_seconds", stat="median") == pytest.approx(0.1267)
+    assert value(fams, "rankguard_job_step_time_seconds", stat="max") == pytest.approx(0.130)
+    assert value(fams, "rankguard_job_perf_iteration") == 7
+
+    # The monitor itself.
+    assert value(fams, "rankguard_monitor_scans_total") == 1
+    assert value(fams, "rankguard_monitor_scan_errors_total") == 0
+    assert value(fams, "rankguard_monitor_scan_seconds") == pytest.approx(mon.last_scan_s)
+    age = value(fams, "rankguard_monitor_status_age_seconds")
+    assert age is not None and 0 <= age < 30
+    assert value(fams, "rankguard_findings_total", finding_type="gpu_progress_timeout") == 0
+
+    # Read at scrape time: the next scan shows without any push.
+    mon.scan_once()
+    assert value(scrape(exp.url), "rankguard_monitor_scans_total") == 2
+
+
+def test_missing_values_are_absent_not_zero(
+    tmp_path: Path, exporters: list[MetricsExporter]
+) -> None:
+    clock = FakeClock()
+    mon = _monitor(tmp_path, clock, world=3)
+    write(
+        tmp_path,
+        rec(0, 0, perf_fields=perf(1, 10.0, None, 1.0), world_size=3),  # no FLOPs configured
+        rec(1, 0, world_size=3),  # no perf window yet
+    )  # rank 2 never seen
+    mon.scan_once()
+    exp = MetricsExporter(mon)
+    exporters.append(exp)
+    exp.start("127.0.0.1", 0)
+    assert exp.url is not None
+    fams = scrape(exp.url)
+    assert value(fams, "rankguard_rank_step_time_seconds", rank="0") == pytest.approx(0.01)
+    assert value(fams, "rankguard_rank_flops_per_second", rank="0") is None
+    assert value(fams, "rankguard_rank_step_time_seconds", rank="1") is None
+    assert value(fams, "rankguard_rank_heartbeat_age_seconds", rank="2") is None
+    assert {s.labels["rank"] for s in samples(fams, "rankguard_rank_info")} == {"0", "1"}
+    assert value(fams, "rankguard_rank_process_liveness", rank="2", state="not_observed") == 1
+    # No window every rank reported: no cross-rank step time.
+    assert samples(fams, "rankguard_job_step_time_seconds") == []
+
+
+def test_findings_counted_by_type_through_the_monitor_callback(
+    tmp_path: Path, exporters: list[MetricsExporter]
+) -> None:
+    clock = FakeClock()
+    mon = _monitor(tmp_path, clock)
+    exp = start_for_monitor(mon, _enabled(), tmp_path)  # before the first scan
+    assert exp is not None and exp.url is not None
+    exporters.append(exp)
+    exp.attach()  # idempotent: registered once
+    assert mon.on_finding.count(exp.observe_finding) == 1
+    write(tmp_path, rec(0, 0), rec(1, 0))
+    mon.scan_once()
+    for seq in range(1, 13):  # rank 1 goes silent
+        clock.t += 1
+        write(tmp_path, rec(0, seq, progress_seq=seq))
+        mon.scan_once()
+    fams = scrape(exp.url)
+    assert (
+        value(fams, "rankguard_findings_total", finding_type="rank_process_heartbeat_timeout") == 1
+    )
+    assert value(fams, "rankguard_findings_total", finding_type="gpu_progress_timeout") == 0
+    assert value(fams, "rankguard_findings_active") == 1
+    assert value(fams, "rankguard_rank_process_liveness", rank="1", state="stale") == 1
+    assert value(fams, "rankguard_rank_process_liveness", rank="1", state="alive") == 0
+    assert value(fams, "rankguard_rank_gpu_progress", rank="1", state="unknown") == 1
+    assert value(fams, "rankguard_rank_active_findings", rank="1") == 1
+    assert value(fams, "rankguard_job_state", state="degraded") == 1
+    # The counter is the exporter's own: it outlives the monitor's 20 recent findings.
+    for _ in range(25):
+        exp.observe_finding({"finding_type": "gpu_progress_timeout"})
+    fams = scrape(exp.url)
+    assert value(fams, "rankguard_findings_total", finding_type="gpu_progress_timeout") == 25
+    assert len(mon.recent_findings) == 1
+
+
+def test_gpu_health_per_node_is_one_hot(tmp_path: Path, exporters: list[MetricsExporter]) -> None:
+    clock = FakeClock()
+    mon = _running_job(tmp_path, clock)
+    (tmp_path / "gpu_health_node_0.json").write_text(
+        json.dumps({"status": "warning", "source": "nvml", "hostname": "node-a", "gpus": []})
+    )
+    mon.scan_once()
+    exp = MetricsExporter(mon)
+    exporters.append(exp)
+    fams = {f.name: f for f in text_string_to_metric_families(exp.render().decode())}
+    got = {s.labels["status"]: s.value for s in samples(fams, "rankguard_node_gpu_health")}
+    assert got == {"ok": 0, "warning": 1, "unhealthy": 0, "unavailable": 0, "error": 0}
+    assert value(fams, "rankguard_node_gpu_health_age_seconds", node_rank="0") == 0
+
+
+def test_before_the_first_scan_only_monitor_metrics(tmp_path: Path) -> None:
+    mon = _monitor(tmp_path, FakeClock())
+    exp = MetricsExporter(mon)
+    names = {f.name for f in text_string_to_metric_families(exp.render().decode())}
+    assert names == {
+        "rankguard_findings",
+        "rankguard_monitor_scans",
+        "rankguard_monitor_scan_errors",
+        "rankguard_monitor_scan_seconds",
+    }
+
+
+def test_catalogue_follows_the_conventions(tmp_path: Path) -> None:
+    names = [m.name for m in METRICS]
+    assert len(names) == len(set(names))
+    for m in METRICS:
+        assert NAME_RE.match(m.name), m.name
+        assert m.kind in ("gauge", "counter")
+        assert (m.kind == "counter") == m.name.endswith("_total"), m.name
+        assert m.help and (m.help[0].isupper() or m.help[0].isdigit()), m.name
+        assert set(m.labels) <= ALLOWED_LABELS, (m.name, m.labels)
+        assert "pid" not in m.labels and "step" not in m.labels and "iteration" not in m.labels
+    # No TFLOP/s, ms or GB: base units only.
+    assert not [n for n in names if re.search(r"tflops|_ms$|_gb$|milli", n)]
+    # Registered in its own registry, not the process-global one.
+    from prometheus_client import REGISTRY
+
+    exp = MetricsExporter(_monitor(tmp_path, FakeClock()))
+    assert exp.registry is not REGISTRY
+    assert "rankguard_rank_step_time_seconds" not in REGISTRY._names_to_collectors
+    assert "rankguard_rank_step_time_seconds" in exp.registry._names_to_collectors
+    MetricsExporter(_monitor(tmp_path, FakeClock()))  # a second one does not clash
+
+
+# ---- lifecycle ----------------------------------------------------------------------
+
+
+def test_endpoint_file_and_loopback_default(
+    tmp_path: Path, exporters: list[MetricsExporter]
+) -> None:
+    assert PrometheusConfig().host == "127.0.0.1" and PrometheusConfig().port == 9464
+    mon = _running_job(tmp_path, FakeClock())
+    exp = start_for_monitor(mon, PrometheusConfig(enabled=True, port=0), tmp_path / "out")
+    assert exp is not None
+    exporters.append(exp)
+    assert exp._server is not None
+    assert exp._server.socket.getsockname()[0] == "127.0.0.1"
+    assert exp.port is not None and exp.port > 0
+    endpoint = json.loads((tmp_path / "out" / ENDPOINT_FILE).read_text())
+    assert endpoint["active"] is True
+    assert endpoint["host"] == "127.0.0.1"
+    assert endpoint["port"] == exp.port
+    assert endpoint["url"] == f"http://127.0.0.1:{exp.port}/metrics" == exp.url
+    assert endpoint["run_id"] == RUN
+    assert endpoint["stopped_wall_time"] is None
+    assert list((tmp_path / "out").glob(".*.tmp")) == []
+    # MetricsExporter.start's own default host is loopback too.
+    other = MetricsExporter(mon, run_dir=tmp_path / "other")
+    exporters.append(other)
+    other.start(port=0)
+    assert other.host == "127.0.0.1"
+
+
+def test_disabled_config_starts_nothing(tmp_path: Path) -> None:
+    mon = _monitor(tmp_path, FakeClock())
+    before = {t.ident for t in threading.enumerate()}
+    assert start_for_monitor(mon, PrometheusConfig(), tmp_path) is None
+    assert not (tmp_path / ENDPOINT_FILE).exists()
+    assert mon.on_finding == []
+    assert {t.ident for t in threading.enumerate()} == before
+
+
+def test_disabled_does_not_import_prometheus_client(tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from rankguard.exporter import start_for_monitor\n"
+        "from rankguard.perf.config import PrometheusConfig\n"
+        "assert start_for_monitor(object(), PrometheusConfig(), Path('.')) is None\n"
+        "assert 'prometheus_client' not in sys.modules, 'imported'\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_stop_frees_the_port_and_is_idempotent(
+    tmp_path: Path, exporters: list[MetricsExporter]
+) -> None:
+    mon = _running_job(tmp_path, FakeClock())
+    exp = MetricsExporter(mon)
+    exporters.append(exp)
+    port = exp.start("127.0.0.1", 0)
+    url = exp.url
+    assert url is not None
+    scrape(url)
+    thread = exp._thread
+    assert thread is not None and thread.is_alive()
+    exp.stop()
+    exp.stop()
+    assert not thread.is_alive()
+    assert exp.url is None
+    with pytest.raises(urllib.error.URLError):
+        _OPENER.open(url, timeout=2)
+    endpoint = json.loads((tmp_path / ENDPOINT_FILE).read_text())
+    assert endpoint["active"] is False and endpoint["stopped_wall_time"]
+    # The same port can be served again at once.
+    again = MetricsExporter(mon)
+    exporters.append(again)
+    assert again.start("127.0.0.1", port) == port
+    assert value(scrape(f"http://127.0.0.1:{port}/metrics"), "rankguard_monitor_scans_total") == 1
+
+
+def test_start_twice_raises(tmp_path: Path, exporters: list[MetricsExporter]) -> None:
+    exp = MetricsExporter(_monitor(tmp_path, FakeClock()))
+    exporters.append(exp)
+    exp.start("127.0.0.1", 0)
+    with pytest.raises(RuntimeError, match="already serving"):
+        exp.start("127.0.0.1", 0)
+
+
+def test_port_in_use_warns_and_returns_none(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    mon = _monitor(tmp_path, FakeClock())
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        with caplog.at_level(logging.WARNING, logger="rankguard.exporter.prometheus"):
+            assert start_for_monitor(mon, _enabled(port), tmp_path) is None
+    assert "NOT active" in caplog.text and str(port) in caplog.text
+    assert mon.on_finding == []
+    assert not (tmp_path / ENDPOINT_FILE).exists()
