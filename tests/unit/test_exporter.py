@@ -19,14 +19,14 @@ import pytest
 
 pytest.importorskip("prometheus_client")
 
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families
 
-from rankguard.exporter import ENDPOINT_FILE, MetricsExporter, start_for_monitor  # noqa: E402
-from rankguard.exporter.collector import JOB_STATES, METRICS  # noqa: E402
-from rankguard.heartbeat.config import HeartbeatConfig  # noqa: E402
-from rankguard.heartbeat.monitor import JobMonitor  # noqa: E402
-from rankguard.heartbeat.records import heartbeat_file_name  # noqa: E402
-from rankguard.perf.config import PrometheusConfig  # noqa: E402
+from rankguard.exporter import ENDPOINT_FILE, MetricsExporter, start_for_monitor
+from rankguard.exporter.collector import JOB_STATES, METRICS
+from rankguard.heartbeat.config import HeartbeatConfig
+from rankguard.heartbeat.monitor import JobMonitor
+from rankguard.heartbeat.records import heartbeat_file_name
+from rankguard.perf.config import PrometheusConfig
 
 RUN = "run-prom"
 BASE_NS = 1_700_000_000_000_000_000

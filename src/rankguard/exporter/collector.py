@@ -337,7 +337,8 @@ def build_families(
     put("rankguard_job_perf_iteration", [], _num(job_perf.get("iteration")))
 
     for node, health in sorted((status.get("gpu_health") or {}).items()):
-        current = (health or {}).get("status")
+        health = health or {}
+        current = health.get("status")
         for s in _NODE_STATUS:
             put("rankguard_node_gpu_health", [str(node), s], 1.0 if s == current else 0.0)
         put("rankguard_node_gpu_health_age_seconds", [str(node)], _num(health.get("age_s")))

@@ -122,9 +122,9 @@ class MetricsExporter:
             if self._server is not None:
                 raise RuntimeError(f"exporter already serving at {self.url}")
             result = start_http_server(port, addr=host, registry=self.registry)
-            if not isinstance(result, tuple):  # prometheus-client < 0.17 returns None
+            if not isinstance(result, tuple):  # old prometheus-client returned None
                 raise RuntimeError(
-                    "prometheus-client >= 0.17 is required (start_http_server must return "
+                    "prometheus-client >= 0.20 is required (start_http_server must return "
                     "the server so that the exporter can be stopped)"
                 )
             server, thread = result

@@ -157,7 +157,6 @@ class JobMonitor:
             self._mark_vanished(now)
         self._read_health(now)
         findings = self.rules.evaluate(now, self._health_for)
-        self._cross_rank_perf()
         if findings:
             stamp = _iso_now()
             for f in findings:
@@ -171,6 +170,11 @@ class JobMonitor:
                         callback(f)
                     except Exception:
                         logger.exception("rankguard monitor: finding callback failed")
+        try:  # after the findings are safe on disk: bad perf data must not lose them
+            self._cross_rank_perf()
+        except Exception:
+            self.scan_errors += 1
+            logger.exception("rankguard monitor: cross-rank performance failed")
         self.scan_count += 1
         self.status = self._build_status(now)
         # Compact: at thousands of ranks indentation alone costs a third of a scan.
@@ -229,8 +233,9 @@ class JobMonitor:
             perf = (state.record or {}).get("perf")
             if not perf:
                 continue
-            self.perf_ranks.add(rank, perf)
-            latest[rank] = int(perf.get("step") or 0)
+            step = self.perf_ranks.add(rank, perf)
+            if step is not None:
+                latest[rank] = step
         if latest:
             world = self.rules.world_size()
             lines = self.perf_ranks.complete(world, latest if len(latest) >= world else {})
@@ -309,7 +314,7 @@ class JobMonitor:
             "heartbeat_age_s": _round(s.heartbeat_age_s),
             "progress_age_s": _round(s.progress_age_s),
             "progress_source": rec.get("progress_source"),
-            "perf": {k: v for k, v in (rec.get("perf") or {}).items() if k != "windows"} or None,
+            "perf": _perf_row(rec.get("perf")),
             "gpu": rec.get("gpu"),
             "gpu_health": s.gpu_health,
             "exit": rec.get("exit"),
@@ -391,6 +396,12 @@ class JobMonitor:
             "perf": self._perf_status(rows),
             "recent_findings": list(self.recent_findings),
         }
+
+
+def _perf_row(perf: Any) -> dict[str, Any] | None:
+    if not isinstance(perf, dict):
+        return None
+    return {k: v for k, v in perf.items() if k != "windows"} or None
 
 
 def _round(value: float | None) -> float | None:

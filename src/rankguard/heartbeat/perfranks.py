@@ -10,6 +10,7 @@ difference shows where time is spent waiting.
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
@@ -23,21 +24,40 @@ class PerfRanks:
         self.run_id = run_id
         self._windows: dict[int, dict[int, float]] = {}
         self._iterations: dict[int, int] = {}
-        self._done: set[int] = set()
         self._max_done = 0
+        self._latest_step: dict[int, int] = {}
         self.latest: dict[str, Any] | None = None
 
-    def add(self, rank: int, perf: dict[str, Any]) -> None:
-        for item in perf.get("windows") or []:
+    def add(self, rank: int, perf: Any) -> int | None:
+        """Take a rank's heartbeat ``perf`` field; returns its latest step (or None)."""
+        if not isinstance(perf, dict):
+            return None
+        try:
+            latest = int(perf.get("step") or 0)
+        except (TypeError, ValueError):
+            return None
+        if latest < self._latest_step.get(rank, 0):
+            self._restart()  # the rank's process was replaced: its steps count anew
+        self._latest_step[rank] = latest
+        windows = perf.get("windows")
+        for item in windows if isinstance(windows, list) else []:
             try:
-                step, iteration, ms = int(item[0]), item[1], item[2]
-            except (TypeError, ValueError, IndexError):
+                step, ms = int(item[0]), float(item[2])
+                iteration = None if item[1] is None else int(item[1])
+            except (TypeError, ValueError, IndexError, KeyError):
                 continue
-            if step in self._done or step <= self._max_done or ms is None:
+            if step <= self._max_done or not math.isfinite(ms):
                 continue
-            self._windows.setdefault(step, {})[rank] = float(ms)
+            self._windows.setdefault(step, {})[rank] = ms
             if iteration is not None:
-                self._iterations[step] = int(iteration)
+                self._iterations[step] = iteration
+        return latest
+
+    def _restart(self) -> None:
+        self._windows.clear()
+        self._iterations.clear()
+        self._max_done = 0
+        self._latest_step.clear()
 
     def complete(self, world_size: int, latest_step_by_rank: dict[int, int]) -> list[dict]:
         """Windows every rank reported, or that no rank can still report."""
@@ -48,7 +68,6 @@ class PerfRanks:
             if len(by_rank) < world_size and step >= floor:
                 continue
             out.append(self._line(step, by_rank, world_size))
-            self._done.add(step)
             self._max_done = max(self._max_done, step)
             del self._windows[step]
             self._iterations.pop(step, None)

@@ -80,6 +80,7 @@ class ProgressTracker:
         "_stream",
         "checkpoint_active",
         "checkpoint_id",
+        "data_at",
         "data_ns",
         "iteration",
         "last_progress_ns",
@@ -127,6 +128,7 @@ class ProgressTracker:
         self.started_ns = self._started_ns
         self.step_ns = [0] * RING_SIZE
         self.data_ns = 0
+        self.data_at = [0] * RING_SIZE  # data_ns when step n ended
         self.non_step_seqs: list[int] = []  # progress counted for a checkpoint, not a step
         self.phase_ns = self._started_ns  # when the phase last changed
 
@@ -141,6 +143,7 @@ class ProgressTracker:
         if mode == "cpu":
             seq = self.progress_seq + 1
             self.step_ns[seq & _RING_MASK] = now
+            self.data_at[seq & _RING_MASK] = self.data_ns
             self.iteration = seq if iteration is None else iteration
             self.last_progress_ns = now
             self.progress_seq = seq
@@ -149,6 +152,7 @@ class ProgressTracker:
             self._stream = _current_stream()
         seq = self._queued_seq + 1
         self.step_ns[seq & _RING_MASK] = now
+        self.data_at[seq & _RING_MASK] = self.data_ns
         self._queued_iteration = seq if iteration is None else iteration
         self._queued_seq = seq
 
@@ -156,6 +160,11 @@ class ProgressTracker:
     def issued_seq(self) -> int:
         """Steps issued by the training thread (on CPU: completed)."""
         return self._queued_seq if self._mode == "cuda" else self.progress_seq
+
+    @property
+    def issued_iteration(self) -> int | None:
+        """The script's iteration number of the last issued step."""
+        return self._queued_iteration if self._mode == "cuda" else self.iteration
 
     @property
     def mode(self) -> str | None:
@@ -204,6 +213,7 @@ class ProgressTracker:
         else:
             seq = self.progress_seq = self.progress_seq + 1
         self.step_ns[seq & _RING_MASK] = now
+        self.data_at[seq & _RING_MASK] = self.data_ns
         self.non_step_seqs.append(seq)
         self._changed()
 

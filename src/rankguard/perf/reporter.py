@@ -89,6 +89,9 @@ class _GpuTimer:
         self.pending: tuple[Any, int] | None = None
         self.previous: tuple[Any, int] | None = None
         self.ms_per_step: float | None = None
+        self.total_ms = 0.0  # device time and steps over all intervals after warm-up
+        self.total_steps = 0
+        self.warmup = 0
 
     def _event(self) -> Any:
         if self.event_factory is not None:
@@ -105,6 +108,9 @@ class _GpuTimer:
             if self.previous is not None and seq > self.previous[1]:
                 elapsed = self.previous[0].elapsed_time(event)
                 self.ms_per_step = elapsed / (seq - self.previous[1])
+                if self.previous[1] >= self.warmup:
+                    self.total_ms += elapsed
+                    self.total_steps += seq - self.previous[1]
             self.previous, self.pending = self.pending, None
         issued = self.tracker.issued_seq
         if self.previous is None or issued > self.previous[1]:
@@ -118,6 +124,8 @@ class _GpuTimer:
 
 
 class PerfReporter:
+    MAX_ENTRIES = 10_000  # log entries kept in memory for the summary's iteration_logs
+
     def __init__(
         self,
         cfg: PerfConfig,
@@ -157,9 +165,11 @@ class PerfReporter:
         self.step_ms = array("d")
         self._seen = 0
         self._last_log_seq = 0
-        self._last_log_data_ns = 0
+        self._train_steps_offset = 0
+        self.skipped_steps = 0
         self._start_wall = time.time()
         self._gpu = _GpuTimer(tracker, gpu_event_factory)
+        self._gpu.warmup = cfg.warmup_iterations
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -177,7 +187,7 @@ class PerfReporter:
         data_parallel_size: int | None = None,
     ) -> None:
         """Per-replica batch of one optimizer step; global = x data-parallel size."""
-        dp = data_parallel_size or self.world_size
+        dp = self.world_size if data_parallel_size is None else data_parallel_size
         if dp < 1:
             raise ValueError(f"data_parallel_size: must be >= 1, got {dp}")
         self.global_samples = None if samples is None else float(samples) * dp
@@ -262,24 +272,31 @@ class PerfReporter:
             except Exception:
                 logger.exception("rankguard perf: GPU timing event failed")
         issued = tracker.issued_seq
+        issued_iteration = tracker.issued_iteration
         if issued <= self._seen:
             return []
         if issued - self._seen >= RING_SIZE:  # fell behind the ring: skip the gap
+            self.skipped_steps += issued - RING_SIZE + 1 - self._seen
             self._seen = self._last_log_seq = issued - RING_SIZE + 1
         ring, skip = tracker.step_ns, set(tracker.non_step_seqs)
         new: list[dict[str, Any]] = []
         for seq in range(self._seen + 1, issued + 1):
+            if seq in skip:  # a checkpoint save: neither a step nor a log boundary
+                self._train_steps_offset += 1
+                continue
             # The first step starts when the loop entered its phase (or at start-up).
             prev_ns = ring[(seq - 1) & _MASK] if seq > 1 else tracker.phase_ns
-            if seq not in skip and prev_ns:
+            if prev_ns:
                 self.step_ms.append((ring[seq & _MASK] - prev_ns) / 1e6)
-            if seq == 1 or seq % self.cfg.log_interval == 0:
-                entry = self._entry(seq, issued)
+            step = seq - self._train_steps_offset  # training steps, saves not counted
+            if step == 1 or step % self.cfg.log_interval == 0:
+                entry = self._entry(seq, step, issued, issued_iteration)
                 if entry is not None:
                     new.append(entry)
         self._seen = issued
         if new:
             self.entries.extend(new)
+            del self.entries[: -self.MAX_ENTRIES]  # perf.jsonl keeps them all
             self.latest = new[-1]
             if self.out_dir is not None:
                 append_jsonl(self.out_dir / PERF_LOG, new)
@@ -288,7 +305,9 @@ class PerfReporter:
                         self._print(entry)
         return new
 
-    def _entry(self, seq: int, issued: int) -> dict[str, Any] | None:
+    def _entry(
+        self, seq: int, step: int, issued: int, issued_iteration: int | None
+    ) -> dict[str, Any] | None:
         tracker, ring = self.tracker, self.tracker.step_ns
         start = self._last_log_seq
         start_ns = ring[start & _MASK] if start > 0 else tracker.phase_ns
@@ -313,18 +332,18 @@ class PerfReporter:
             else None
         )
         now_gb, peak_gb, mem_kind = memory_gb(self.cuda_device)
-        data_ns = tracker.data_ns
-        data_share = (data_ns - self._last_log_data_ns) / window_ns if data_ns else None
-        self._last_log_data_ns = data_ns
+        data_at = tracker.data_at
+        data_ns = data_at[seq & _MASK] - (data_at[start & _MASK] if start > 0 else 0)
+        data_share = data_ns / window_ns if tracker.data_ns else None
         self._last_log_seq = seq
-        latest_iter = tracker.iteration if tracker.iteration is not None else issued
+        latest_iter = issued_iteration if issued_iteration is not None else issued
         iteration = latest_iter - (issued - seq)
         return {
             "schema_version": 1,
             "run_id": self.run_id,
             "rank": self.rank,
             "iteration": iteration,
-            "step": seq,
+            "step": step,
             "timestamp": _iso(time.time()),
             "step_time_ms": _round(step_s * 1e3),
             "gpu_step_time_ms": _round(gpu_ms),
@@ -391,7 +410,9 @@ class PerfReporter:
     def summary(self) -> dict[str, Any]:
         kept, stats = final_statistics(self.step_ms, self.cfg.warmup_iterations)
         avg_ms = stats["avg"]
-        rate_s = (self._gpu.ms_per_step or avg_ms or 0.0) / 1e3
+        gpu = self._gpu
+        gpu_avg_ms = gpu.total_ms / gpu.total_steps if gpu.total_steps else None
+        rate_s = (gpu_avg_ms or avg_ms or 0.0) / 1e3
         per_gpu = (
             tflops_per_gpu(self.flops_per_step, rate_s, self.world_size)
             if self.flops_per_step and rate_s
@@ -402,7 +423,7 @@ class PerfReporter:
             "session_info": {
                 "start_time": _iso(self._start_wall),
                 "end_time": _iso(time.time()),
-                "total_iterations": len(self.step_ms),
+                "total_iterations": len(self.step_ms) + self.skipped_steps,
                 "run_id": self.run_id,
                 "world_size": self.world_size,
                 "device": self.device_name or "cpu",
@@ -420,6 +441,7 @@ class PerfReporter:
                 "avg_tflops_total": _round(per_gpu * self.world_size) if per_gpu else None,
                 "avg_mfu": _round(mfu(per_gpu, self.peak_tflops)) if per_gpu else None,
                 "avg_step_time_ms": _round(avg_ms),
+                "avg_gpu_step_time_ms": _round(gpu_avg_ms),
                 "median_step_time_ms": _round(stats["median"]),
                 "min_step_time_ms": _round(stats["min"]),
                 "max_step_time_ms": _round(stats["max"]),

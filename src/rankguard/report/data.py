@@ -175,7 +175,7 @@ def _read_json(path: Path, problems: list[str]) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        problems.append(f"cannot read {path.name}: {exc.strerror or exc}")
+        problems.append(f"Cannot read {path.name}: {exc.strerror or exc}")
         return None
     except ValueError as exc:
         problems.append(f"{path.name} is malformed or partially written ({exc})")
@@ -200,7 +200,7 @@ def _read_jsonl(path: Path, problems: list[str]) -> list[dict[str, Any]]:
     except FileNotFoundError:
         return []
     except OSError as exc:
-        problems.append(f"cannot read {path.name}: {exc.strerror or exc}")
+        problems.append(f"Cannot read {path.name}: {exc.strerror or exc}")
         return []
     out: list[dict[str, Any]] = []
     bad = 0
@@ -213,7 +213,7 @@ def _read_jsonl(path: Path, problems: list[str]) -> list[dict[str, Any]]:
         else:
             out.append(obj)
     if bad:
-        problems.append(f"skipped {bad} malformed line(s) in {path.name}")
+        problems.append(f"Skipped {bad} malformed line(s) in {path.name}")
     return out
 
 
@@ -237,7 +237,7 @@ def _process_spans(hb_dir: Path, problems: list[str]) -> list[ProcessSpan]:
         try:
             first, last = _first_and_last(path)
         except OSError as exc:
-            problems.append(f"cannot read {path.name}: {exc.strerror or exc}")
+            problems.append(f"Cannot read {path.name}: {exc.strerror or exc}")
             continue
         if first is None or last is None:
             problems.append(f"{path.name} has no valid record")
@@ -274,14 +274,14 @@ def _load_heartbeat(data: RunData, hb: Path) -> None:
     p = data.problems
     data.status = _read_json(hb / STATUS_FILE, p)
     if data.status is None and not (hb / STATUS_FILE).exists():
-        data.missing.append(f"no {STATUS_FILE}: the per-rank status table is not available")
+        data.missing.append(f"No {STATUS_FILE}: the per-rank status table is not available")
     data.findings = _read_jsonl(hb / FINDINGS_FILE, p)
     if not data.findings and data.status:
         recent = data.status.get("recent_findings")
         data.findings = [f for f in recent or [] if isinstance(f, dict)]
     data.perf_ranks = _read_jsonl(hb / PERF_RANKS_FILE, p)
     if not data.perf_ranks:
-        data.missing.append(f"no {PERF_RANKS_FILE}: cross-rank step times are not available")
+        data.missing.append(f"No {PERF_RANKS_FILE}: cross-rank step times are not available")
     data.gpu_health = _numbered(hb, _HEALTH_RE, p)
     data.launchers = _numbered(hb, _LAUNCHER_RE, p)
     data.processes = _process_spans(hb, p)
@@ -297,10 +297,10 @@ def _load_perf(data: RunData, perf: Path) -> None:
         logs = data.perf_summary.get("iteration_logs")
         data.perf_entries = [e for e in logs or [] if isinstance(e, dict)]
     if not data.perf_entries and not data.perf_summary:
-        data.missing.append(f"perf data is missing: no {PERF_LOG} or perf summary in {perf}")
+        data.missing.append(f"Perf data is missing: no {PERF_LOG} or perf summary in {perf}")
     elif data.perf_summary is None:
         data.missing.append(
-            f"no perf summary (the run may not have finished): numbers are computed from {PERF_LOG}"
+            f"No perf summary (the run may not have finished): numbers are computed from {PERF_LOG}"
         )
 
 
@@ -313,7 +313,7 @@ def load_run(path: Path) -> tuple[RunData, str | None]:
         _load_heartbeat(data, hb)
     else:
         data.missing.append(
-            "heartbeat data is missing: no heartbeat/<run_id> directory "
+            "Heartbeat data is missing: no heartbeat/<run_id> directory "
             "(status, findings, cross-rank times and GPU health are not available)"
         )
     if perf is not None and perf.is_dir():
@@ -321,7 +321,7 @@ def load_run(path: Path) -> tuple[RunData, str | None]:
         _load_perf(data, perf)
     else:
         data.missing.append(
-            f"perf data is missing: no {PERF_ROOT}/{run_id} directory "
+            f"Perf data is missing: no {PERF_ROOT}/{run_id} directory "
             "(rank 0's step time, throughput, TFLOP/s and memory are not available)"
         )
     return data, note

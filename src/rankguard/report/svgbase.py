@@ -28,6 +28,7 @@ __all__ = [
     "nice_ticks",
     "svg_close",
     "svg_open",
+    "tick_labels",
 ]
 
 FONT = (
@@ -38,6 +39,7 @@ TEXT = "#1f2328"
 MUTED = "#59636e"
 AXIS = "#8c959f"
 GRID = "#e6e9ed"
+_SUFFIXES = ((1e3, "k"), (1e6, "M"), (1e9, "G"), (1e12, "T"))
 _CHAR_W = 6.6  # average glyph width at 11.5 px, for layout estimates
 
 
@@ -47,16 +49,31 @@ def esc(value: object) -> str:
 
 
 def fmt_num(value: float | None, digits: int = 3) -> str:
-    """Short human form: ``12.3k``, ``1.5M``, ``0.0042``, ``-`` for ``None``/NaN."""
+    """Short human form: ``1234``, ``12.3k``, ``1.5M``, ``0.0042``, ``-`` for ``None``/NaN."""
     if value is None or not math.isfinite(value):
         return "-"
     a = abs(value)
-    for limit, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e4, "k")):
-        if a >= limit:
-            return f"{value / limit:.{digits}g}{suffix}"
+    if a >= 1e4:
+        for div, suffix in _SUFFIXES:
+            scaled = value / div
+            if abs(scaled) < 999.5 or suffix == _SUFFIXES[-1][1]:
+                return f"{scaled:.{max(digits, 3)}g}{suffix}"
     if a >= 1 or a == 0:
         return f"{value:.{max(digits, len(str(int(a))))}g}"
     return f"{value:.{digits}g}"
+
+
+def tick_labels(ticks: Sequence[float]) -> list[str]:
+    """Labels for one axis in one style: ``5k 10k 15k``, ``0 0.002 0.004``."""
+    if not ticks:
+        return []
+    top = max(abs(t) for t in ticks)
+    if top >= 1e4:
+        div, suffix = next(((d, s) for d, s in _SUFFIXES if top / d < 999.5), _SUFFIXES[-1])
+        return [f"{round(t / div, 6):g}{suffix}" if t else "0" for t in ticks]
+    step = abs(ticks[1] - ticks[0]) if len(ticks) > 1 else top or 1.0
+    decimals = max(0, 1 - math.floor(math.log10(step))) if step < 1 else 1
+    return [f"{round(t, decimals):g}" for t in ticks]
 
 
 def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
@@ -161,17 +178,19 @@ class Axes:
         """Grid lines, tick labels, axis lines and axis titles."""
         parts: list[str] = []
         if y_ticks:
-            for t in self.y.ticks():
+            y_ticks_ = self.y.ticks()
+            for t, label in zip(y_ticks_, tick_labels(y_ticks_), strict=True):
                 y = self.y(t)
                 parts.append(
                     f'<line x1="{self.left}" x2="{self.right}" y1="{y}" y2="{y}" '
                     f'stroke="{GRID}" stroke-width="1"/>'
                     f'<text x="{self.left - 8}" y="{y}" dy="0.32em" text-anchor="end" '
-                    f'fill="{MUTED}">{esc(fmt_num(t))}</text>'
+                    f'fill="{MUTED}">{esc(label)}</text>'
                 )
-        for t in self.x.ticks(8):
+        x_ticks = self.x.ticks(8)
+        labels = tick_labels(x_ticks) if x_fmt == "num" else [_fmt_seconds(t) for t in x_ticks]
+        for t, label in zip(x_ticks, labels, strict=True):
             x = self.x(t)
-            label = fmt_num(t) if x_fmt == "num" else _fmt_seconds(t)
             parts.append(
                 f'<line x1="{x}" x2="{x}" y1="{self.bottom}" y2="{self.bottom + 5}" '
                 f'stroke="{AXIS}"/>'

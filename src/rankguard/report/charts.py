@@ -1,0 +1,315 @@
+"""The report's charts, built from a run's files.
+
+Rank 0's ``perf.jsonl`` gives the time series (one point per logged window: step time,
+TFLOP/s, throughput, memory). Node 0's ``perf_ranks.jsonl`` gives the same windows for
+every rank, drawn as a min..max band with the median and as the rank x window heatmap,
+where a slow or waiting rank stands out. Findings and the heartbeat streams give the
+timeline. Large jobs are aggregated (groups of ranks, bins of windows, max of each) so
+the page stays readable and a slow rank is never averaged away.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from rankguard.report.data import RunData, parse_time
+from rankguard.report.summary import fmt_clock, run_window
+from rankguard.report.svg import Band, Event, Series, Span, heatmap, line_chart, timeline
+
+__all__ = [
+    "FINDING_STYLE",
+    "HEATMAP_MAX_COLS",
+    "HEATMAP_MAX_ROWS",
+    "finding_style",
+    "findings_timeline",
+    "memory_chart",
+    "rank_heatmap",
+    "samples_chart",
+    "step_time_chart",
+    "tflops_chart",
+    "tokens_chart",
+]
+
+BLUE, BAND, GREY, ORANGE, GREEN, PURPLE = (
+    "#0969da",
+    "#cfe3fb",
+    "#6e7781",
+    "#c2580c",
+    "#1a7f37",
+    "#8250df",
+)
+HEATMAP_MAX_ROWS = 32
+HEATMAP_MAX_COLS = 120
+TIMELINE_MAX_ROWS = 40
+MAX_MARKS = 40
+DASH = "\u2013"
+
+# Okabe-Ito colours (distinguishable with colour-vision deficiencies), plus a shape each.
+FINDING_STYLE: dict[str, tuple[str, str, str]] = {
+    "rank_process_heartbeat_timeout": ("#d55e00", "diamond", "heartbeat timeout"),
+    "gpu_progress_timeout": ("#e69f00", "circle", "progress timeout"),
+    "rank_process_exited": ("#cc79a7", "square", "process exited"),
+    "gpu_hardware_health_failure": ("#0072b2", "triangle", "GPU health failure"),
+    "gpu_hardware_health_warning": ("#56b4e9", "triangle", "GPU health warning"),
+}
+
+
+def finding_style(finding_type: str) -> tuple[str, str, str]:
+    """``(colour, marker shape, short label)`` of a finding type."""
+    return FINDING_STYLE.get(finding_type, (GREY, "circle", finding_type or "finding"))
+
+
+def _num(value: Any) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+def _x(entry: dict[str, Any]) -> float | None:
+    """The x of a logged window: its iteration, else its step number."""
+    it = _num(entry.get("iteration"))
+    return it if it is not None else _num(entry.get("step"))
+
+
+def _points(entries: Sequence[dict[str, Any]], *keys: str) -> list[tuple[float, float]]:
+    """``(iteration, value)`` of the first of ``keys`` present in each entry."""
+    out = []
+    for e in entries:
+        x = _x(e)
+        y = next((v for v in (_num(e.get(k)) for k in keys) if v is not None), None)
+        if x is not None and y is not None:
+            out.append((x, y))
+    return out
+
+
+def step_time_chart(data: RunData) -> str:
+    band, median = [], []
+    for line in data.perf_ranks:
+        x, st = _x(line), line.get("step_time_ms")
+        if x is None or not isinstance(st, dict):
+            continue
+        lo, mid, hi = _num(st.get("min")), _num(st.get("median")), _num(st.get("max"))
+        if lo is not None and hi is not None:
+            band.append((x, lo, hi))
+        if mid is not None:
+            median.append((x, mid))
+    series = [
+        Series("median over ranks", median, GREY, dashed=True),
+        Series(
+            "rank 0 (perf.jsonl)",
+            _points(data.perf_entries, "gpu_step_time_ms", "step_time_ms"),
+            BLUE,
+        ),
+    ]
+    marks, legend_items = _finding_marks(data)
+    return line_chart(
+        "Step time per iteration",
+        series,
+        events=marks,
+        event_legend=legend_items,
+        bands=[Band(f"min{DASH}max over ranks", band, BAND)],
+        x_label="iteration",
+        y_label="step time (ms)",
+        empty="no step times: perf.jsonl and perf_ranks.jsonl are missing or empty",
+    )
+
+
+def _finding_marks(data: RunData) -> tuple[list[Event], list[tuple[str, str, str]]]:
+    """Findings at the iteration the rank was at, one mark per (iteration, type)."""
+    marks: dict[tuple[float, str], list[str]] = {}
+    for f in data.findings:
+        it = _num(f.get("iteration"))
+        if it is not None:
+            marks.setdefault((it, str(f.get("finding_type") or "")), []).append(str(f.get("rank")))
+    events, legend_items = [], {}
+    for (it, ftype), ranks in sorted(marks.items())[:MAX_MARKS]:
+        colour, shape, short = finding_style(ftype)
+        who = ", ".join(ranks[:8]) + (" ..." if len(ranks) > 8 else "")
+        events.append(Event(0, it, colour, shape, f"{short} at iteration {it:g}: rank {who}"))
+        legend_items[ftype] = (short, colour, shape)
+    return events, [legend_items[k] for k in sorted(legend_items)]
+
+
+def tflops_chart(data: RunData) -> str:
+    return line_chart(
+        "TFLOP/s per GPU",
+        [Series("achieved TFLOP/s per GPU", _points(data.perf_entries, "TFLOPS_per_GPU"), GREEN)],
+        x_label="iteration",
+        y_label="TFLOP/s per GPU",
+        width=540,
+        height=260,
+        empty="no TFLOP/s: FLOPs per step unknown or no perf.jsonl",
+    )
+
+
+def tokens_chart(data: RunData) -> str:
+    return line_chart(
+        "Throughput: tokens/s",
+        [Series("tokens/s, all ranks", _points(data.perf_entries, "tokens_per_sec"), PURPLE)],
+        x_label="iteration",
+        y_label="tokens/s",
+        width=540,
+        height=260,
+        empty="no tokens/s: batch size not given or no perf.jsonl",
+    )
+
+
+def samples_chart(data: RunData) -> str:
+    return line_chart(
+        "Throughput: samples/s",
+        [Series("samples/s, all ranks", _points(data.perf_entries, "samples_per_sec"), PURPLE)],
+        x_label="iteration",
+        y_label="samples/s",
+        width=540,
+        height=260,
+        empty="no samples/s: batch size not given or no perf.jsonl",
+    )
+
+
+def memory_chart(data: RunData) -> str:
+    kind = next((e.get("memory_kind") for e in reversed(data.perf_entries)), None)
+    what = "CPU RSS" if kind == "cpu_rss" else "allocated"
+    return line_chart(
+        "Memory, rank 0",
+        [
+            Series(f"{what} now", _points(data.perf_entries, "memory_GB"), BLUE),
+            Series(
+                f"{what} peak", _points(data.perf_entries, "peak_memory_GB"), ORANGE, dashed=True
+            ),
+        ],
+        x_label="iteration",
+        y_label="memory (GB)",
+        width=540,
+        height=260,
+        empty="no memory readings: perf.jsonl is missing or empty",
+    )
+
+
+def _group(n: int, limit: int) -> int:
+    return max(1, math.ceil(n / limit))
+
+
+def _chunks(n: int, size: int) -> list[range]:
+    return [range(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def _max(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+def rank_heatmap(data: RunData) -> tuple[str, str]:
+    """The rank x window step-time heatmap and a caption saying how it was aggregated."""
+    lines = [ln for ln in data.perf_ranks if isinstance(ln.get("by_rank"), dict)]
+    lines.sort(key=lambda ln: _num(ln.get("step")) or 0)
+    ranks = sorted({int(r) for ln in lines for r in ln["by_rank"] if str(r).isdigit()})
+    grid = [[_num(ln["by_rank"].get(str(r))) for ln in lines] for r in ranks]
+    cols = [
+        str(ln.get("iteration") if ln.get("iteration") is not None else ln.get("step"))
+        for ln in lines
+    ]
+    rg, cg = _group(len(ranks), HEATMAP_MAX_ROWS), _group(len(cols), HEATMAP_MAX_COLS)
+    rows = [str(r) for r in ranks]
+    if rg > 1:
+        groups = _chunks(len(ranks), rg)
+        rows = [f"{ranks[g[0]]}{DASH}{ranks[g[-1]]}" for g in groups]
+        grid = [[_max([grid[i][j] for i in g]) for j in range(len(cols))] for g in groups]
+    if cg > 1:
+        bins = _chunks(len(cols), cg)
+        cols = [cols[b[0]] for b in bins]
+        grid = [[_max([row[j] for j in b]) for b in bins] for row in grid]
+    notes = []
+    if rg > 1:
+        notes.append(f"rows are groups of {rg} ranks")
+    if cg > 1:
+        notes.append(f"columns are bins of {cg} logged windows")
+    caption = "Each cell is one rank's mean step time over a logged window."
+    if notes:
+        caption += f" {' and '.join(notes).capitalize()}, showing the slowest value."
+    svg = heatmap(
+        "Step time per rank and window",
+        rows,
+        cols,
+        grid,
+        x_label="iteration (end of logged window)",
+        y_label="rank" if rg == 1 else "ranks",
+        unit="ms",
+        empty="no per-rank step times: perf_ranks.jsonl is missing or empty",
+    )
+    return svg, caption
+
+
+def findings_timeline(data: RunData) -> tuple[str, str]:
+    """Process lifetimes and findings over wall time, one row per rank, and a caption."""
+    t0, _ = run_window(data)
+    origin = t0 or 0.0
+    flagged = {int(f["rank"]) for f in data.findings if isinstance(f.get("rank"), int)}
+    known = {p.rank for p in data.processes} | {int(r["rank"]) for r in _status_ranks(data)}
+    ranks = sorted(known | flagged)
+    caption = (
+        "Bars: each rank process from its first to its last heartbeat record. Markers: findings."
+    )
+    if len(ranks) > TIMELINE_MAX_ROWS:
+        shown = sorted(flagged)[:TIMELINE_MAX_ROWS]
+        caption += f" Showing the {len(shown)} of {len(ranks)} ranks with findings."
+        ranks = shown
+    labels = [f"rank {r}" for r in ranks]
+    if any(not isinstance(f.get("rank"), int) for f in data.findings):
+        labels.append("no rank")
+    index = {r: i for i, r in enumerate(ranks)}
+    spans = [
+        Span(
+            index[p.rank],
+            p.start - origin,
+            p.end - origin,
+            _span_label(p.rank, p.pid, p.start, p.end, p.exit),
+        )
+        for p in data.processes
+        if p.rank in index and p.start is not None and p.end is not None
+    ]
+    events: list[Event] = []
+    seen: dict[str, tuple[str, str, str]] = {}
+    for f in data.findings:
+        t, rank = parse_time(f.get("detected_wall_time")), f.get("rank")
+        row = index.get(rank, -1) if isinstance(rank, int) else len(ranks)
+        if t is None or row < 0:
+            continue
+        ftype = str(f.get("finding_type") or "")
+        colour, shape, short = finding_style(ftype)
+        seen[ftype] = (short, colour, shape)
+        events.append(
+            Event(
+                row,
+                t - origin,
+                colour,
+                shape,
+                f"+{t - origin:.1f} s {short}: {f.get('message') or ''}",
+            )
+        )
+    svg = timeline(
+        "Findings over time",
+        labels,
+        spans,
+        events,
+        x_label=f"seconds since {fmt_clock(t0)}" if t0 else "seconds",
+        legend_items=[seen[k] for k in sorted(seen)],
+        empty="no heartbeat records or findings to place on a timeline",
+    )
+    return svg, caption
+
+
+def _status_ranks(data: RunData) -> list[dict[str, Any]]:
+    ranks = (data.status or {}).get("ranks") or []
+    return [r for r in ranks if isinstance(r, dict) and isinstance(r.get("rank"), int)]
+
+
+def _span_label(
+    rank: int, pid: int | None, start: float, end: float, exit_: dict[str, Any] | None
+) -> str:
+    how = "still running or no process_end record"
+    if exit_ is not None:
+        how = (
+            "exited cleanly" if exit_.get("clean") else f"exited with code {exit_.get('exit_code')}"
+        )
+    return f"rank {rank} pid {pid}: {fmt_clock(start)} to {fmt_clock(end)}, {how}"

@@ -1,0 +1,254 @@
+"""The report's tables: findings, per-rank status and GPU health per node.
+
+The tables keep the monitor's three facts about a rank apart, as ``rankguard status``
+does: process liveness, training progress and GPU hardware health each get their own
+column and colour. States are shown as words in tinted pills, never as colour alone.
+Every value read from a file is escaped; missing values print as a dash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rankguard.report.charts import finding_style
+from rankguard.report.data import RunData, parse_time
+from rankguard.report.summary import fmt_clock, run_window
+from rankguard.report.svgbase import esc, fmt_num
+
+__all__ = ["FINDINGS_TABLE_LIMIT", "findings_table", "gpu_health_html", "rank_table"]
+
+FINDINGS_TABLE_LIMIT = 500
+RANK_TABLE_OPEN = 64
+_NUM = ' class="num"'
+_TONE = {
+    "alive": "ok",
+    "progressing": "ok",
+    "completed": "ok",
+    "ok": "ok",
+    "starting": "info",
+    "stale": "bad",
+    "stalled": "bad",
+    "unhealthy": "bad",
+    "error": "bad",
+    "warning": "warn",
+    "unknown": "warn",
+    "not_observed": "warn",
+    "exited": "muted",
+    "unavailable": "muted",
+}
+
+
+def _text(value: Any) -> str:
+    if value is None or value == "" or value == []:
+        return "-"
+    if isinstance(value, float):
+        return fmt_num(value, 4)
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) for v in value)
+    return str(value)
+
+
+def pill(value: Any, tone: str | None = None) -> str:
+    text = _text(value)
+    return f'<span class="pill {tone or _TONE.get(text, "muted")}">{esc(text)}</span>'
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], numeric: set[int]) -> str:
+    """An HTML table; cells are already-escaped HTML, ``numeric`` columns right-aligned."""
+    th = "".join(f"<th{_NUM if i in numeric else ''}>{esc(h)}</th>" for i, h in enumerate(header))
+    body = "".join(
+        "<tr>"
+        + "".join(f"<td{_NUM if i in numeric else ''}>{c}</td>" for i, c in enumerate(r))
+        + "</tr>"
+        for r in rows
+    )
+    table = f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+    return f'<div class="table-wrap">{table}</div>'
+
+
+def _breakable(identifier: str) -> str:
+    """Escaped ``snake_case`` text that may wrap after its underscores."""
+    return "_<wbr>".join(esc(part) for part in identifier.split("_"))
+
+
+def findings_table(data: RunData) -> str:
+    if not data.findings:
+        return '<p class="empty">No findings: every rank stayed alive and kept making progress.</p>'
+    t0, _ = run_window(data)
+    rows = []
+    for f in data.findings[-FINDINGS_TABLE_LIMIT:]:
+        t = parse_time(f.get("detected_wall_time"))
+        ftype = str(f.get("finding_type") or "-")
+        colour, _, _ = finding_style(ftype)
+        when = esc(fmt_clock(t)[11:19] if t else "-")
+        if t is not None and t0 is not None:
+            when += f'<span class="sub">+{t - t0:.1f} s</span>'
+        rows.append(
+            [
+                when,
+                f'<span class="nowrap"><span class="dot" style="background:{colour}"></span>'
+                f"{esc(ftype)}</span>",
+                esc(_text(f.get("rank"))),
+                f"<code>{_breakable(_text(f.get('reason')))}</code>",
+                esc(_text(f.get("message"))),
+            ]
+        )
+    note = ""
+    if len(data.findings) > FINDINGS_TABLE_LIMIT:
+        shown = f"The last {FINDINGS_TABLE_LIMIT} of {len(data.findings)} findings."
+        note = f'<p class="caption">{shown}</p>'
+    return _table(["Time (UTC)", "Type", "Rank", "Reason", "Message"], rows, {2}) + note
+
+
+def _gpu_cell(rank: dict[str, Any]) -> str:
+    gpu = rank.get("gpu") if isinstance(rank.get("gpu"), dict) else None
+    if gpu is None:
+        return "-"
+    token = gpu.get("token") or gpu.get("ordinal")
+    health = rank.get("gpu_health")
+    status = (health.get("health") or health.get("status")) if isinstance(health, dict) else None
+    return esc(_text(token)) + (" " + pill(status) if status else "")
+
+
+def _exit_cell(rank: dict[str, Any]) -> str:
+    ex = rank.get("exit") if isinstance(rank.get("exit"), dict) else None
+    if ex is None:
+        return "-"
+    if ex.get("clean"):
+        return "clean"
+    text = f"code {_text(ex.get('exit_code'))}"
+    if ex.get("after_failure_of_rank") is not None:
+        text += f" (after rank {ex['after_failure_of_rank']})"
+    return esc(text)
+
+
+def _rank_key(rank: dict[str, Any]) -> int:
+    value = rank.get("rank")
+    return value if isinstance(value, int) else 1 << 30
+
+
+_RANK_HEADER = (
+    "Rank",
+    "Host:pid",
+    "Liveness",
+    "Progress",
+    "Iteration",
+    "Phase",
+    "Heartbeat age (s)",
+    "Progress age (s)",
+    "GPU",
+    "Active findings",
+    "Blocked by",
+    "Exit",
+)
+
+
+def _rank_row(r: dict[str, Any]) -> list[str]:
+    phase = _text(r.get("phase")) + (" · checkpoint" if r.get("checkpoint_active") else "")
+    return [
+        esc(_text(r.get("rank"))),
+        f'<span class="nowrap">{esc(_text(r.get("hostname")))}:{esc(_text(r.get("pid")))}</span>',
+        pill(r.get("process_liveness")),
+        pill(r.get("gpu_progress")),
+        esc(_text(r.get("iteration"))),
+        esc(phase),
+        esc(_text(r.get("heartbeat_age_s"))),
+        esc(_text(r.get("progress_age_s"))),
+        _gpu_cell(r),
+        "".join(pill(a, "bad") for a in r.get("active_findings") or []) or "-",
+        esc(_text(r.get("blocked_by"))),
+        _exit_cell(r),
+    ]
+
+
+def rank_table(data: RunData) -> str:
+    """Every rank's row; past ``RANK_TABLE_OPEN`` ranks, the ones with active findings
+    first and the full table folded away."""
+    ranks = [r for r in (data.status or {}).get("ranks") or [] if isinstance(r, dict)]
+    if not ranks:
+        return '<p class="empty">No per-rank status: status.json is missing or has no ranks.</p>'
+    ranks.sort(key=_rank_key)
+    numeric = {0, 4, 6, 7}
+    table = _table(_RANK_HEADER, [_rank_row(r) for r in ranks], numeric)
+    if len(ranks) <= RANK_TABLE_OPEN:
+        return table
+    flagged = [r for r in ranks if r.get("active_findings") or r.get("process_liveness") == "stale"]
+    head = ""
+    if flagged:
+        head = f'<p class="caption">Ranks with active findings ({len(flagged)}):</p>'
+        head += _table(_RANK_HEADER, [_rank_row(r) for r in flagged[:RANK_TABLE_OPEN]], numeric)
+    return head + f"<details><summary>All {len(ranks)} ranks</summary>{table}</details>"
+
+
+def _mib_to_gib(value: Any) -> str:
+    return fmt_num(value / 1024, 3) if isinstance(value, (int, float)) else "-"
+
+
+def _node_html(node: int, snap: dict[str, Any]) -> str:
+    head = (
+        f'<h3>Node {node} <span class="muted">{esc(_text(snap.get("hostname")))}</span> '
+        f"{pill(snap.get('status'))}</h3>"
+        f'<p class="caption">Source {esc(_text(snap.get("source")))}, collected '
+        f"{esc(fmt_clock(parse_time(snap.get('collected_wall_time'))))}.</p>"
+    )
+    if snap.get("error"):
+        head += f'<p class="caption bad-text">{esc(snap["error"])}</p>'
+    gpus = [g for g in snap.get("gpus") or [] if isinstance(g, dict)]
+    if not gpus:
+        return head + '<p class="empty">No GPUs in this snapshot.</p>'
+    rows = []
+    for g in gpus:
+        mem = f"{_mib_to_gib(g.get('memory_used_mib'))} / {_mib_to_gib(g.get('memory_total_mib'))}"
+        ecc = (
+            f"{_text(g.get('ecc_corrected_volatile'))} / {_text(g.get('ecc_uncorrected_volatile'))}"
+        )
+        rows.append(
+            [
+                esc(_text(g.get("index"))),
+                f'<span class="nowrap">{esc(_text(g.get("name")))}</span>',
+                pill(g.get("health")),
+                esc(_text(g.get("temperature_c"))),
+                esc(_text(g.get("utilization_gpu_pct"))),
+                esc(mem),
+                esc(_text(g.get("power_draw_w"))),
+                esc(ecc),
+                esc(_text(g.get("problems"))),
+            ]
+        )
+    header = [
+        "GPU",
+        "Name",
+        "Health",
+        "Temp °C",
+        "Util %",
+        "Memory GiB used / total",
+        "Power W",
+        "ECC corrected / uncorrected",
+        "Problems",
+    ]
+    return head + _table(header, rows, {0, 3, 4, 5, 6, 7})
+
+
+def gpu_health_html(data: RunData) -> str:
+    if data.gpu_health:
+        return "".join(_node_html(n, snap) for n, snap in sorted(data.gpu_health.items()))
+    summary = (data.status or {}).get("gpu_health")
+    if isinstance(summary, dict) and summary:
+        rows = [
+            [
+                esc(n),
+                pill(s.get("status")),
+                esc(_text(s.get("source"))),
+                esc(_text(s.get("hostname"))),
+                esc(_text(s.get("age_s"))),
+                esc(_text(s.get("gpus"))),
+            ]
+            for n, s in sorted(summary.items())
+            if isinstance(s, dict)
+        ]
+        return _table(["Node", "Status", "Source", "Host", "Age (s)", "GPUs"], rows, {4, 5})
+    return (
+        '<p class="empty">No GPU health snapshots: the hardware health check was off '
+        "or the run had no GPU.</p>"
+    )
