@@ -44,6 +44,7 @@ def _run(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from rankguard.cli import status
     from rankguard.demo import cli as demo_cli
+    from rankguard.report import cli as report_cli
 
     parser = argparse.ArgumentParser(
         prog="rankguard",
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(sub)
     demo_cli.add_parser(sub)
     status.add_parser(sub)
+    report_cli.add_parser(sub)
     return parser
 
 

@@ -116,6 +116,15 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
             "heartbeat monitoring is OFF (heartbeat.enabled=false): no liveness, progress "
             "or hang detection for this run"
         )
+    if cfg.perf.prometheus.enabled and opts.node_rank == 0:
+        try:
+            import prometheus_client  # noqa: F401
+        except ImportError:
+            _say(
+                "perf.prometheus.enabled=true needs prometheus-client: "
+                "pip install 'rankguard[prometheus]'"
+            )
+            return 2
     if cfg.enable_gpu_health_check:
         from rankguard.launcher.preflight import preflight_gpu_check
 

@@ -37,6 +37,7 @@ class NodeServices:
     monitor: JobMonitor | None = None
     relay: StoreRelay | None = None
     collector: Any = None
+    exporter: Any = None
 
     @property
     def relaying(self) -> bool:
@@ -44,6 +45,12 @@ class NodeServices:
 
     def start(self) -> None:
         hb = self.cfg.heartbeat
+        prometheus = self.cfg.perf.prometheus
+        if prometheus.enabled and self.node_rank == 0 and not hb.enabled:
+            logger.warning(
+                "rankguard: perf.prometheus.enabled=true has NO effect while "
+                "heartbeat.enabled=false (the exporter serves the job monitor's state)"
+            )
         if not hb.enabled:
             return
         if hb.hardware_health.enabled:
@@ -63,6 +70,10 @@ class NodeServices:
                 remote=remote,
                 config_snapshot=config_to_dict(self.cfg),
             )
+            if prometheus.enabled:  # before the first scan: no finding goes uncounted
+                from rankguard.exporter import start_for_monitor
+
+                self.exporter = start_for_monitor(self.monitor, prometheus, self.run_dir)
             self.monitor.start()
         elif self.relaying:
             self.relay = StoreRelay(
@@ -92,4 +103,6 @@ class NodeServices:
             if self.relaying:
                 drain += 2 * hb.publish_interval_s
             status = self.monitor.stop(drain_timeout_s=drain)
+        if self.exporter is not None:  # after the final status: it stays scrapable
+            self.exporter.stop()
         return status
