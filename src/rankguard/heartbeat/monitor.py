@@ -220,7 +220,11 @@ class JobMonitor:
                 continue
             self._mirrored[key] = (seq, bool(record.get("synthesized")))
             append_jsonl(self.run_dir / heartbeat_file_name(*key), [record], fsync=False)
-            self.rules.ingest(record, now)
+            try:
+                age = min(float(record.get("relayed_age_s") or 0.0), 3600.0)
+            except (TypeError, ValueError):
+                age = 0.0
+            self.rules.ingest(record, now - age)
         for node_rank, snapshot in health.items():
             path = self.run_dir / f"{_HEALTH_PREFIX}{node_rank}.json"
             known = self._health.get(node_rank)

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +120,16 @@ class StoreRelay:
     def push_once(self) -> None:
         try:
             self._collect()
-            payload = {"records": list(self._latest.values()), "health": self._health()}
+            now = time.monotonic_ns()
+            records = [
+                # How old each record already is (same host's clock as its writer), so
+                # node 0 ages it from its creation, not from its arrival.
+                {**rec, "relayed_age_s": max(0.0, (now - int(rec["monotonic_ns"])) / 1e9)}
+                if rec.get("monotonic_ns") and not rec.get("synthesized")
+                else rec
+                for rec in self._latest.values()
+            ]
+            payload = {"records": records, "health": self._health()}
             self.store.set(_node_key(self.run_id, self.node_rank), json.dumps(payload))
             self.pushes += 1
         except Exception as exc:

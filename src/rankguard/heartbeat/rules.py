@@ -234,7 +234,11 @@ class HeartbeatRules:
             for s in self.ranks.values()
             if FindingType.PROGRESS_TIMEOUT.value in s.active
         ]
-        lowest = min(_seq(s) for s in stalled)
+        # Furthest behind among live ranks: a stalled rank ahead of a live rank is
+        # waiting for it, even before that rank crosses its own timeout (its records
+        # may come later, through the relay of another node).
+        live = [s for s in self.ranks.values() if s.liveness is Liveness.ALIVE]
+        lowest = min(_seq(s) for s in live or stalled)
         out: list[dict[str, Any]] = []
         for s in sorted(stalled, key=lambda st: st.rank):
             if FindingType.PROGRESS_TIMEOUT.value in s.active:
@@ -245,7 +249,7 @@ class HeartbeatRules:
             timeout, age = s.stall  # type: ignore[misc]
             if others or _seq(s) > lowest:
                 s.blocked_by = others or sorted(
-                    t.rank for t in stalled if _seq(t) == lowest and t.rank != s.rank
+                    t.rank for t in live if _seq(t) == lowest and t.rank != s.rank
                 )
                 s.culprits_gone_at = None
                 continue

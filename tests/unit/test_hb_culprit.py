@@ -1,0 +1,57 @@
+"""Culprit attribution when the culprit's records arrive later than its victims'
+(a rank on another node, relayed through the store)."""
+
+from __future__ import annotations
+
+from .test_hb_rules import Feed, _rules, types_of
+
+
+def test_stalled_rank_ahead_of_a_live_rank_waits_for_it() -> None:
+    """Rank 1 (local) stalls at step 5 waiting for rank 3 (remote, stuck at 4), and rank
+    1 crosses the progress timeout first because rank 3's view is older: rank 1 must
+    not be reported; rank 3 is, once its own timeout passes."""
+    rules = _rules(world=4)
+    feed = Feed(rules)
+    for t in range(0, 24):
+        now = float(t)
+        for rank in (0, 1):  # victims: finished step 5 at t=0, now blocked
+            feed.beat(rank, now, progress_seq=5, since=now)
+        for rank in (2,):  # another victim, same node as the culprit
+            feed.beat(rank, now, progress_seq=5, since=now)
+        # culprit: stuck at step 4 since t=-0.5, but its records lag 1.5 s behind
+        if t >= 2:
+            feed.beat(3, now - 1.5, progress_seq=4, since=now - 1.5 + 0.5)
+        found = rules.evaluate(now)
+        if t < 20:
+            assert found == [], (t, types_of(found))
+        assert all(f["rank"] == 3 for f in found)
+        if 1 in rules.ranks and rules.ranks[1].stall is not None:
+            assert rules.ranks[1].blocked_by == [3]
+    assert (3, "gpu_progress_timeout") in [
+        (r, "gpu_progress_timeout")
+        for r, s in rules.ranks.items()
+        if "gpu_progress_timeout" in s.active
+    ]
+    assert not rules.ranks[1].active and not rules.ranks[0].active
+
+
+def test_relayed_age_makes_remote_records_age_from_their_creation() -> None:
+    rules = _rules(world=1)
+    record = {
+        "schema_version": 1,
+        "run_id": "run-1",
+        "rank": 0,
+        "pid": 7,
+        "seq": 3,
+        "event": "heartbeat",
+        "hostname": "remote",
+        "progress_seq": 2,
+        "since_progress_s": 1.0,
+        "checkpoint_active": False,
+        "wall_time_ns": 1,
+    }
+    # the monitor received it at t=100 but it was 2.5 s old (relayed_age_s)
+    rules.ingest(record, 100.0 - 2.5)
+    rules.evaluate(101.0)
+    assert rules.ranks[0].heartbeat_age_s == 3.5
+    assert rules.ranks[0].progress_age_s == 4.5
