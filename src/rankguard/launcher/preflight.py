@@ -18,7 +18,7 @@ from rankguard._fs import atomic_write_json
 
 __all__ = ["EXIT_UNHEALTHY_GPU", "preflight_gpu_check"]
 
-EXIT_UNHEALTHY_GPU = 3
+from rankguard.launcher.exitcodes import EXIT_UNHEALTHY_GPU
 
 
 def _describe(gpu: dict[str, Any]) -> str:

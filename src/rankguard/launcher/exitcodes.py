@@ -1,0 +1,36 @@
+"""Exit codes of ``rankguard run`` (what a scheduler wrapper decides retries on).
+
+| code | name | meaning | retry the job? |
+|---|---|---|---|
+| 0 | ``EXIT_OK`` | training completed | no |
+| 1 | ``EXIT_FAILED`` | failed, cause not classified | no |
+| 2 | ``EXIT_USAGE`` | bad command line or configuration | no |
+| 3 | ``EXIT_UNHEALTHY_GPU`` | pre-launch GPU health check refused this node | yes, on other nodes |
+| 10 | ``EXIT_HANG`` | a hang (heartbeat, progress or section timeout) after the in-job restart budget | yes |
+| 11 | ``EXIT_CRASH`` | a rank crashed after the in-job restart budget | yes |
+| 12 | ``EXIT_NO_RESTART`` | a fault was detected and restarts are disabled for it (action ``abort``) | no |
+| 128+N | | the launcher was stopped by signal N | scheduler's call |
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "EXIT_CRASH",
+    "EXIT_FAILED",
+    "EXIT_HANG",
+    "EXIT_NO_RESTART",
+    "EXIT_OK",
+    "EXIT_UNHEALTHY_GPU",
+    "EXIT_USAGE",
+    "RETRYABLE",
+]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_UNHEALTHY_GPU = 3
+EXIT_HANG = 10
+EXIT_CRASH = 11
+EXIT_NO_RESTART = 12
+
+RETRYABLE = frozenset({EXIT_UNHEALTHY_GPU, EXIT_HANG, EXIT_CRASH})
