@@ -23,6 +23,7 @@ from typing import Any, TypeVar, Union
 
 import yaml
 
+from rankguard.ft.config import FaultToleranceConfig
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.perf.config import PerfConfig
 
@@ -77,6 +78,7 @@ class RankguardConfig:
     )
     heartbeat: HeartbeatConfig = field(default_factory=HeartbeatConfig)
     perf: PerfConfig = field(default_factory=PerfConfig)
+    fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
 
     def __post_init__(self) -> None:
         if not self.log_dir:
@@ -84,6 +86,18 @@ class RankguardConfig:
         if self.enable_monitoring is not None:
             self.heartbeat.enabled = self.enable_monitoring
             self.perf.enabled = self.enable_monitoring
+        ft = self.fault_tolerance
+        # The seed's heartbeat timeout names are the heartbeat monitor's timeouts (one
+        # source of truth); set, they win, and the pair is validated again.
+        if ft.initial_rank_heartbeat_timeout is not None:
+            self.heartbeat.initial_process_timeout_s = ft.initial_rank_heartbeat_timeout
+        if ft.rank_heartbeat_timeout is not None:
+            self.heartbeat.process_timeout_s = ft.rank_heartbeat_timeout
+        if ft.initial_rank_heartbeat_timeout is not None or ft.rank_heartbeat_timeout is not None:
+            try:
+                self.heartbeat.__post_init__()
+            except ValueError as exc:
+                raise ConfigError(f"heartbeat.{exc}") from exc
 
 
 def _type_name(tp: Any) -> str:
@@ -131,7 +145,28 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, str):
             return value
         raise ConfigError(f"{key}: expected a string, got {value!r}")
+    if origin is dict:
+        key_tp, value_tp = typing.get_args(tp)
+        if isinstance(value, str):
+            value = _parse_mapping(value, key)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping (or 'a:1,b:2'), got {value!r}")
+        return {
+            _coerce(k, key_tp, f"{key}.<key>"): _coerce(v, value_tp, f"{key}.{k}")
+            for k, v in value.items()
+        }
     raise ConfigError(f"{key}: unsupported config type {tp!r}")
+
+
+def _parse_mapping(text: str, key: str) -> dict[str, Any]:
+    """``"setup:600,step:180"`` (NVRx's command-line form) -> ``{"setup": 600, ...}``."""
+    out: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, raw = item.partition(":")
+        if not sep or not name.strip():
+            raise ConfigError(f"{key}: expected NAME:VALUE items separated by commas, got {text!r}")
+        out[name.strip()] = yaml.safe_load(raw)
+    return out
 
 
 def build(cls: type[T], data: dict[str, Any] | None, *, prefix: str = "") -> T:

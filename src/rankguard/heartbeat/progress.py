@@ -80,6 +80,8 @@ class ProgressTracker:
         "_stream",
         "checkpoint_active",
         "checkpoint_id",
+        "checkpoint_durations_ns",
+        "checkpoint_started_ns",
         "data_at",
         "data_ns",
         "iteration",
@@ -120,6 +122,8 @@ class ProgressTracker:
         self.phase = "setup"
         self.checkpoint_active = False
         self.checkpoint_id: str | None = None
+        self.checkpoint_started_ns = 0
+        self.checkpoint_durations_ns: list[int] = []
         self.last_progress_ns: int | None = None
         self.source = "none"
         self.on_change: Callable[[], None] | None = None
@@ -196,6 +200,7 @@ class ProgressTracker:
         self.checkpoint_id = checkpoint_id
         self.checkpoint_active = True
         self.phase = CHECKPOINT_PHASE
+        self.checkpoint_started_ns = self.phase_ns = self._clock()
         self._changed()
 
     def checkpoint_end(self) -> None:
@@ -204,6 +209,7 @@ class ProgressTracker:
         self.checkpoint_active = False
         self.phase = self._saved_phase or "train"
         self._saved_phase = None
+        self.phase_ns = self._clock()
         now = self.last_progress_ns = self._clock()
         # A finished save is progress; on GPU it counts as one more issued step, so
         # the events of later steps still move progress forward.
@@ -215,6 +221,7 @@ class ProgressTracker:
         self.step_ns[seq & _RING_MASK] = now
         self.data_at[seq & _RING_MASK] = self.data_ns
         self.non_step_seqs.append(seq)
+        self.checkpoint_durations_ns.append(now - self.checkpoint_started_ns)
         self._changed()
 
     def _changed(self) -> None:
@@ -266,6 +273,7 @@ class ProgressTracker:
             "checkpoint_id": self.checkpoint_id,
             "last_progress_monotonic_ns": last,
             "since_progress_s": round(since_ns / 1e9, 6),
+            "phase_elapsed_s": round((now - self.phase_ns) / 1e9, 6),
             "progress_source": self.source,
             "monotonic_ns": now,
         }

@@ -5,10 +5,10 @@
 | 0 | ``EXIT_OK`` | training completed | no |
 | 1 | ``EXIT_FAILED`` | failed, cause not classified | no |
 | 2 | ``EXIT_USAGE`` | bad command line or configuration | no |
-| 3 | ``EXIT_UNHEALTHY_GPU`` | pre-launch GPU health check refused this node | yes, on other nodes |
-| 10 | ``EXIT_HANG`` | a hang (heartbeat, progress or section timeout) after the in-job restart budget | yes |
-| 11 | ``EXIT_CRASH`` | a rank crashed after the in-job restart budget | yes |
-| 12 | ``EXIT_NO_RESTART`` | a fault was detected and restarts are disabled for it (action ``abort``) | no |
+| 3 | ``EXIT_UNHEALTHY_GPU`` | pre-launch GPU check refused this node | yes, elsewhere |
+| 10 | ``EXIT_HANG`` | a hang (heartbeat, progress, section timeout), budget spent | yes |
+| 11 | ``EXIT_CRASH`` | a rank crashed and the in-job restart budget is spent | yes |
+| 3 | ``EXIT_UNHEALTHY_GPU`` | pre-launch GPU check refused this node | yes, elsewhere |
 | 128+N | | the launcher was stopped by signal N | scheduler's call |
 """
 

@@ -1,0 +1,1 @@
+"""Fault tolerance: sections, learned timeouts, actions on findings, restarts."""

@@ -1,0 +1,111 @@
+"""Fault-tolerance configuration (seed 002's names, NVRx's and Megatron Bridge's defaults)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["ACTIONS", "FAULT_TYPES", "FaultToleranceConfig"]
+
+ACTIONS = ("report", "restart", "abort")
+FAULT_TYPES = ("rank_hung", "rank_killed", "rank_stalled", "random")
+
+
+def _default_actions() -> dict[str, str]:
+    return {
+        "rank_process_heartbeat_timeout": "restart",
+        "gpu_progress_timeout": "restart",
+        "rank_section_timeout": "restart",
+        "rank_process_exited": "restart",
+        "gpu_hardware_health_failure": "report",
+        "gpu_hardware_health_warning": "report",
+    }
+
+
+@dataclass(kw_only=True, slots=True)
+class FaultToleranceConfig:
+    """What to do when the monitor finds a fault, and how to restart."""
+
+    enable_ft_package: bool = field(
+        default=False,
+        metadata={"help": "Act on findings (stack dumps, restarts); needs heartbeat.enabled."},
+    )
+    num_in_job_restarts: int = field(
+        default=0, metadata={"help": "Worker-group restarts inside one launch."}
+    )
+    num_job_retries_on_failure: int = field(
+        default=0, metadata={"help": "Scheduler-level retries (rankguard slurm); see exit codes."}
+    )
+    actions: dict[str, str] = field(
+        default_factory=_default_actions,
+        metadata={"help": "finding_type -> report | restart | abort."},
+    )
+    stack_dump: str = field(
+        default="auto", metadata={"help": "auto (py-spy if on PATH) | py-spy | faulthandler"}
+    )
+    stack_dump_timeout_s: float = field(default=10.0, metadata={"help": "Per rank."})
+    termination_grace_s: float = field(
+        default=10.0, metadata={"help": "SIGTERM -> this long -> SIGKILL for the workers."}
+    )
+    rank_section_timeouts: dict[str, float] = field(
+        default_factory=dict,
+        metadata={"help": "section -> timeout s, e.g. setup:600,step:180,checkpointing:420."},
+    )
+    rank_out_of_section_timeout: float | None = field(
+        default=None, metadata={"help": "Time in a phase that has no section timeout."}
+    )
+    initial_rank_heartbeat_timeout: float | None = field(
+        default=None, metadata={"help": "Seed name; sets heartbeat.initial_process_timeout_s."}
+    )
+    rank_heartbeat_timeout: float | None = field(
+        default=None, metadata={"help": "Seed name; sets heartbeat.process_timeout_s."}
+    )
+    calc_ft_timeouts: bool = field(
+        default=False, metadata={"help": "Learn timeouts from this run; reuse them next run."}
+    )
+    safety_factor: float = field(default=5.0, metadata={"help": "Learned = max seen x this."})
+    min_learned_timeout_s: float = field(
+        default=60.0, metadata={"help": "Floor of any learned timeout."}
+    )
+    state_dir: str | None = field(
+        default=None, metadata={"help": "Where ft_state.json lives (next to checkpoints)."}
+    )
+    simulate_fault: bool = field(default=False, metadata={"help": "Inject one fault to test."})
+    simulated_fault_type: str = field(default="random", metadata={"help": "/".join(FAULT_TYPES)})
+    simulated_fault_rank: int | None = field(
+        default=None, metadata={"help": "Target rank; default a random one."}
+    )
+    simulated_fault_base_delay: float = field(
+        default=10.0, metadata={"help": "Seconds before the fault (plus up to as much again)."}
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("num_in_job_restarts", "num_job_retries_on_failure"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        for finding, action in self.actions.items():
+            if action not in ACTIONS:
+                raise ValueError(
+                    f"actions.{finding}: must be one of {list(ACTIONS)}, got {action!r}"
+                )
+        self.actions = {**_default_actions(), **self.actions}
+        if self.stack_dump not in ("auto", "py-spy", "faulthandler"):
+            raise ValueError(f"stack_dump: auto, py-spy or faulthandler, got {self.stack_dump!r}")
+        for name in ("stack_dump_timeout_s", "termination_grace_s", "safety_factor"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
+        if self.safety_factor < 1:
+            raise ValueError(f"safety_factor: must be >= 1, got {self.safety_factor}")
+        for section, timeout in self.rank_section_timeouts.items():
+            if timeout <= 0:
+                raise ValueError(f"rank_section_timeouts.{section}: must be > 0, got {timeout}")
+        if self.rank_out_of_section_timeout is not None and self.rank_out_of_section_timeout <= 0:
+            raise ValueError("rank_out_of_section_timeout: must be > 0")
+        if self.simulated_fault_type not in FAULT_TYPES:
+            raise ValueError(
+                f"simulated_fault_type: one of {list(FAULT_TYPES)}, "
+                f"got {self.simulated_fault_type!r}"
+            )
+        if self.simulated_fault_base_delay < 0:
+            raise ValueError("simulated_fault_base_delay: must be >= 0")
+        if self.min_learned_timeout_s <= 0:
+            raise ValueError("min_learned_timeout_s: must be > 0")
