@@ -8,7 +8,7 @@
 | 3 | ``EXIT_UNHEALTHY_GPU`` | pre-launch GPU check refused this node | yes, elsewhere |
 | 10 | ``EXIT_HANG`` | a hang (heartbeat, progress, section timeout), budget spent | yes |
 | 11 | ``EXIT_CRASH`` | a rank crashed and the in-job restart budget is spent | yes |
-| 3 | ``EXIT_UNHEALTHY_GPU`` | pre-launch GPU check refused this node | yes, elsewhere |
+| 12 | ``EXIT_NO_RESTART`` | a fault whose action is ``abort`` ended the job | no |
 | 128+N | | the launcher was stopped by signal N | scheduler's call |
 """
 
