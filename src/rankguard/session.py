@@ -128,6 +128,7 @@ class Session:
         tracker: ProgressTracker | None = None,
         publish: bool = True,
         perf: PerfReporter | None = None,
+        extra: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.identity = identity
         self.config = config
@@ -139,7 +140,7 @@ class Session:
                 run_dir,
                 self.tracker,
                 config.publish_interval_s,
-                extra=perf.heartbeat_fields if perf is not None else None,
+                extra=_merge(perf.heartbeat_fields if perf is not None else None, extra),
             )
             if publish
             else None
@@ -154,6 +155,12 @@ class Session:
             self.publisher.start()
         if perf is not None:
             perf.start()
+
+    @property
+    def restart_count(self) -> int:
+        """How many times the launcher restarted the worker group before this process
+        (0 in the first attempt): resume from the latest checkpoint when > 0."""
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
     # ---- hot path -------------------------------------------------------------------
 
@@ -284,10 +291,33 @@ class Session:
             self.publisher.close(clean=clean, exit_code=exit_code, error=error)
 
 
+def _merge(
+    *sources: Callable[[], dict[str, Any] | None] | None,
+) -> Callable[[], dict[str, Any] | None] | None:
+    """One ``extra`` callable for the publisher from several."""
+    live = [s for s in sources if s is not None]
+    if not live:
+        return None
+    if len(live) == 1:
+        return live[0]
+
+    def merged() -> dict[str, Any] | None:
+        out: dict[str, Any] = {}
+        for source in live:
+            out.update(source() or {})
+        return out or None
+
+    return merged
+
+
 class NullSession:
     """What ``init()`` returns outside ``rankguard run``: every call is a no-op."""
 
     enabled = False
+
+    @property
+    def restart_count(self) -> int:
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
     def step_end(self, iteration: int | None = None) -> None:
         pass
@@ -360,7 +390,8 @@ def _session_from_env() -> Session | NullSession:
         if os.environ.get("TORCHELASTIC_RUN_ID"):
             warnings.warn(
                 "rankguard.init(): this process was not started by `rankguard run` "
-                "(plain torchrun?), so heartbeats, progress and hang detection are OFF. "
+                "(plain torchrun?), so heartbeats, progress, hang detection, stack dumps "
+                "and restarts on hangs are OFF, whatever your rankguard config says. "
                 "Launch with `rankguard run ...` to enable them.",
                 RuntimeWarning,
                 stacklevel=3,
@@ -385,14 +416,28 @@ def _session_from_env() -> Session | NullSession:
             out_dir=log_dir / "perf_monitor" / identity.run_id,
             cuda_device=identity.gpu.ordinal if identity.gpu else None,
         )
-    return Session(
+    ft = cfg.fault_tolerance
+    extra = None
+    if ft.calc_ft_timeouts:
+        from rankguard.ft.stats import SectionStats
+
+        extra = SectionStats(tracker).heartbeat_fields
+    session = Session(
         identity,
         Path(run_dir),
         cfg.heartbeat,
         tracker=tracker,
         publish=cfg.heartbeat.enabled,
         perf=perf,
+        extra=extra,
     )
+    if ft.simulate_fault and session.restart_count == 0:
+        from rankguard.ft.simulate import FaultSimulator
+
+        FaultSimulator(
+            ft, rank=identity.rank, world_size=identity.world_size, run_id=identity.run_id
+        ).start()
+    return session
 
 
 def init() -> Session | NullSession:

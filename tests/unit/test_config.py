@@ -383,6 +383,7 @@ def test_config_to_dict_is_plain() -> None:
         "enable_monitoring",
         "heartbeat",
         "perf",
+        "fault_tolerance",
     }
     assert d["perf"]["log_interval"] == 10 and d["perf"]["model"] is None
 

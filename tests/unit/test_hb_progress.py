@@ -199,6 +199,7 @@ def test_snapshot_uses_injected_clock() -> None:
         "last_progress_monotonic_ns",
         "since_progress_s",
         "progress_source",
+        "phase_elapsed_s",
         "monotonic_ns",
     }
 

@@ -499,7 +499,36 @@ def render_status(
     lines.extend(_health_lines(status, color))
     lines.append("")
     lines.extend(_finding_lines(findings, color))
+    lines.extend(_ft_lines(status))
     return "\n".join(_clip(line, width) for line in lines) + "\n"
+
+
+def _ft_lines(status: dict[str, Any]) -> list[str]:
+    """Restarts and the timeouts in force with their sources (fault tolerance)."""
+    out: list[str] = []
+    restarts = status.get("restarts")
+    if isinstance(restarts, list) and restarts:
+        out += ["", f"Restarts: {len(restarts)}"]
+        for r in restarts:
+            if isinstance(r, dict):
+                out.append(
+                    f"  #{r.get('restart', '-')} {r.get('wall_time', '-')}  "
+                    f"{r.get('cause') or '-'} rank {_s(r.get('rank'))}: {_s(r.get('message'))}"
+                )
+    timeouts = status.get("timeouts")
+    if isinstance(timeouts, dict) and timeouts:
+        out += ["", "Timeouts in force"]
+        width = max(len(str(k)) for k in timeouts)
+        for name, info in sorted(timeouts.items()):
+            if isinstance(info, dict):
+                out.append(
+                    f"  {name:<{width}}  {_s(info.get('value')):>9} s  {_s(info.get('source'))}"
+                )
+    return out
+
+
+def _s(value: Any) -> str:
+    return "-" if value is None else str(value)
 
 
 # --------------------------------------------------------------------------- command

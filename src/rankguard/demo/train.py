@@ -66,9 +66,11 @@ def is_fault_rank(args: argparse.Namespace, rank: int) -> bool:
     return node == args.fault_node and int(os.environ.get("LOCAL_RANK", "0")) == args.fault_rank
 
 
-def inject(args: argparse.Namespace, rank: int, step: int) -> None:
+def inject(args: argparse.Namespace, rank: int, step: int, attempt: int) -> None:
     if args.fault in ("none", "slow") or not is_fault_rank(args, rank) or step != args.fault_step:
         return
+    if attempt > 0:
+        return  # the fault happened in the first attempt; the restarted job runs clean
     print(f"[demo rank {rank}] injecting fault {args.fault!r} at step {step}", flush=True)
     if args.fault == "stall":
         time.sleep(args.fault_duration)
@@ -107,7 +109,20 @@ def main(argv: list[str] | None = None) -> int:
         x, y = synthetic_batch(cfg, args.batch_size, torch.Generator().manual_seed(0), device)
         rg.measure_flops(model.module, (x,), loss_fn=lambda logits: _ce(logits, y))
     base = args.step_sleep
-    for step in range(1, args.steps + 1):
+    first = 1
+    if args.checkpoint_dir:
+        latest = latest_checkpoint(args.checkpoint_dir)
+        if latest is not None:
+            state = torch.load(latest, map_location=device, weights_only=True)
+            model.module.load_state_dict(state["model"])
+            opt.load_state_dict(state["opt"])
+            first = int(state["step"]) + 1
+            if rank == 0:
+                print(
+                    f"[demo] resumed from {os.path.basename(latest)} (restart {rg.restart_count})",
+                    flush=True,
+                )
+    for step in range(first, args.steps + 1):
         with rg.step(step):
             t0 = time.perf_counter()
             with rg.data_loading():
@@ -120,16 +135,17 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep((time.perf_counter() - t0 + base) * (args.slowdown - 1.0))
             if base:
                 time.sleep(base)
-            inject(args, rank, step)
+            inject(args, rank, step, rg.restart_count)
         if rank == 0 and (step == 1 or step % args.log_every == 0):
             print(f"[demo] step {step}/{args.steps} loss {loss.item():.4f}", flush=True)
         if args.checkpoint_every and step % args.checkpoint_every == 0:
             with rg.checkpoint(f"step_{step}"):
                 if rank == 0 and args.checkpoint_dir:
-                    os.makedirs(args.checkpoint_dir, exist_ok=True)
-                    tmp = os.path.join(args.checkpoint_dir, f".step_{step}.pt.tmp")
-                    torch.save(model.module.state_dict(), tmp)
-                    os.replace(tmp, os.path.join(args.checkpoint_dir, f"step_{step}.pt"))
+                    save_checkpoint(
+                        args.checkpoint_dir,
+                        step,
+                        {"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step},
+                    )
                 time.sleep(args.checkpoint_seconds)
                 dist.barrier()
     dist.barrier()
@@ -137,6 +153,33 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         print(f"[demo] done: {args.steps} steps on {world} rank(s)", flush=True)
     return 0
+
+
+def save_checkpoint(directory: str, step: int, state: dict) -> str:
+    """Atomic: write a temp file, fsync, rename; a torn file is never a checkpoint."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"step_{step}.pt")
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as fh:
+        torch.save(state, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def latest_checkpoint(directory: str) -> str | None:
+    """The newest complete ``step_<n>.pt`` (temp files are never complete)."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return None
+    steps = [
+        int(n[5:-3])
+        for n in names
+        if n.startswith("step_") and n.endswith(".pt") and n[5:-3].isdigit()
+    ]
+    return os.path.join(directory, f"step_{max(steps)}.pt") if steps else None
 
 
 def _ce(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -66,6 +66,8 @@ class JobMonitor:
         check_pids: bool = True,
         clock: Callable[[], float] = time.monotonic,
         config_snapshot: dict[str, Any] | None = None,
+        section_timeouts: dict[str, float] | None = None,
+        out_of_section_timeout: float | None = None,
     ) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
@@ -75,13 +77,22 @@ class JobMonitor:
         self.clock = clock
         self.hostname = socket.gethostname()
         self.rules = HeartbeatRules(
-            cfg, run_id, expected_world_size=expected_world_size, started_at=clock()
+            cfg,
+            run_id,
+            expected_world_size=expected_world_size,
+            started_at=clock(),
+            section_timeouts=section_timeouts,
+            out_of_section_timeout=out_of_section_timeout,
         )
         self.config_snapshot = config_snapshot
         self.scan_count = 0
         self.scan_errors = 0
         self.last_scan_s = 0.0
         self.on_finding: list[Callable[[dict[str, Any]], None]] = []
+        # Called on each new finding before it is written (may add fields to it).
+        self.before_record: list[Callable[[dict[str, Any]], None]] = []
+        # Merged into status.json (e.g. the launcher's restarts and timeouts).
+        self.extra_status: dict[str, Any] = {}
         self.recent_findings: deque[dict[str, Any]] = deque(maxlen=20)
         self.status: dict[str, Any] = {}
         self._tailers: dict[str, JsonlTailer] = {}
@@ -99,6 +110,10 @@ class JobMonitor:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="rankguard-monitor", daemon=True)
         self._thread.start()
+
+    def note_restart(self, reason: str) -> None:
+        """See :meth:`HeartbeatRules.note_restart`."""
+        self.rules.note_restart(reason)
 
     def note_shutdown(self, reason: str) -> None:
         """See :meth:`HeartbeatRules.note_shutdown` (safe from a signal handler)."""
@@ -161,6 +176,11 @@ class JobMonitor:
             stamp = _iso_now()
             for f in findings:
                 f["detected_wall_time"] = stamp
+                for hook in self.before_record:
+                    try:
+                        hook(f)
+                    except Exception:
+                        logger.exception("rankguard monitor: finding hook failed")
             append_jsonl(self.run_dir / FINDINGS_FILE, findings)
             self.recent_findings.extend(findings)
             for f in findings:
@@ -399,6 +419,7 @@ class JobMonitor:
             "gpu_health": health,
             "perf": self._perf_status(rows),
             "recent_findings": list(self.recent_findings),
+            **self.extra_status,
         }
 
 

@@ -18,9 +18,11 @@ host's process table.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -45,6 +47,16 @@ def _node_key(run_id: str, node_rank: int) -> str:
 
 def _done_key(run_id: str, node_rank: int) -> str:
     return f"{store_prefix(run_id)}done/node/{node_rank}"
+
+
+def _kill_key(run_id: str, node_rank: int) -> str:
+    return f"{store_prefix(run_id)}kill/node/{node_rank}"
+
+
+def request_kill(store: Any, run_id: str, node_rank: int, targets: list[dict[str, Any]]) -> None:
+    """Node 0: ask node ``node_rank``'s relay to dump the stacks of ``targets`` (dicts
+    with rank, pid) and SIGKILL those marked ``kill``."""
+    store.set(_kill_key(run_id, node_rank), json.dumps(targets))
 
 
 class StoreRelay:
@@ -117,7 +129,29 @@ class StoreRelay:
         except (OSError, ValueError):
             return None
 
+    def _serve_kill_requests(self) -> None:
+        key = _kill_key(self.run_id, self.node_rank)
+        if not self.store.check([key]):
+            return
+        targets = json.loads(self.store.get(key))
+        self.store.delete_key(key)
+        from rankguard.ft.stacks import dump_stacks
+
+        for target in targets:  # culprit first: it is the first entry
+            rank, pid = int(target["rank"]), int(target["pid"])
+            if pid_running(pid):
+                path = dump_stacks(self.run_dir, rank, pid)
+                logger.warning("rankguard relay: stacks of rank %d: %s", rank, path)
+        for target in targets:
+            if target.get("kill"):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(target["pid"]), signal.SIGKILL)
+
     def push_once(self) -> None:
+        try:
+            self._serve_kill_requests()
+        except Exception as exc:
+            logger.warning("rankguard relay: kill request failed: %s", exc)
         try:
             self._collect()
             now = time.monotonic_ns()

@@ -53,6 +53,7 @@ class FindingType(str, Enum):
     PROCESS_EXITED = "rank_process_exited"
     HEALTH_FAILURE = "gpu_hardware_health_failure"
     HEALTH_WARNING = "gpu_hardware_health_warning"
+    SECTION_TIMEOUT = "rank_section_timeout"
 
 
 class Reason(str, Enum):
@@ -63,6 +64,8 @@ class Reason(str, Enum):
     DIED = "rank_process_died_without_process_end"
     GPU_UNHEALTHY = "gpu_unhealthy"
     GPU_WARNING = "gpu_warning"
+    SECTION_EXCEEDED = "rank_section_exceeded_its_timeout"
+    OUT_OF_SECTION = "rank_out_of_section_too_long"
 
 
 @dataclass(slots=True)
@@ -110,8 +113,16 @@ class HeartbeatRules:
         *,
         expected_world_size: int | None,
         started_at: float,
+        section_timeouts: dict[str, float] | None = None,
+        out_of_section_timeout: float | None = None,
     ) -> None:
+        """``section_timeouts``: ``step``, ``setup`` and ``checkpointing`` replace the
+        progress timeouts of the train phase, before the first step and while saving;
+        any other name is the timeout of that phase (eval, a user section), and
+        ``out_of_section_timeout`` that of a phase without one."""
         self.cfg = cfg
+        self.section_timeouts = dict(section_timeouts or {})
+        self.out_of_section_timeout = out_of_section_timeout
         self.run_id = run_id
         self.expected_world_size = expected_world_size
         self.started_at = started_at
@@ -122,6 +133,7 @@ class HeartbeatRules:
         self._first_sighting: float | None = None
         self.first_failure: tuple[int, float] | None = None  # (rank, monitor time)
         self.shutdown: str | None = None  # why the launcher is stopping the workers
+        self.restarting: str | None = None  # why the worker group is being restarted
 
     # ---- input ----------------------------------------------------------------------
 
@@ -149,9 +161,12 @@ class HeartbeatRules:
             if state.pid is not None and not self._is_newer_process(state, record):
                 self.ignored_records += 1
                 return False
+            had_process = state.pid is not None
             state.reset(pid)
             if self.first_failure is not None and self.first_failure[0] == rank:
                 self.first_failure = None  # the failed rank was restarted: episode over
+            if had_process:
+                self.restarting = None  # the new worker group is up
         old = state.record
         if old is not None:
             own_end = record.get("event") == "process_end" and not record.get("synthesized")
@@ -178,6 +193,11 @@ class HeartbeatRules:
         if old.get("hostname") != record.get("hostname"):
             return True  # a rank moved hosts: arrival order is all we can trust
         return int(record.get("wall_time_ns") or 0) >= int(state.start_wall_ns or 0)
+
+    def note_restart(self, reason: str) -> None:
+        """The worker group is being restarted: exits until new processes appear are
+        the restart's doing, not findings."""
+        self.restarting = reason
 
     def note_shutdown(self, reason: str) -> None:
         """The launcher is stopping every worker (a signal, the end of the job): exits
@@ -284,6 +304,10 @@ class HeartbeatRules:
                     s.active.add(FindingType.PROCESS_EXITED.value)
                     s.record = {**rec, "exit": {**exit_info, "after_shutdown": self.shutdown}}
                     return out
+                if self.restarting is not None:
+                    s.active.add(FindingType.PROCESS_EXITED.value)
+                    s.record = {**rec, "exit": {**exit_info, "after_restart": self.restarting}}
+                    return out
                 first = self.first_failure
                 if (
                     first is not None
@@ -317,12 +341,27 @@ class HeartbeatRules:
         self._clear(s, FindingType.PROCESS_TIMEOUT)
 
         started = int(rec.get("progress_seq") or 0) > 0
+        sections = self.section_timeouts
+        phase = str(rec.get("phase") or "")
         if ckpt:
-            progress_timeout = cfg.checkpoint_timeout_s
-        elif started:
-            progress_timeout = cfg.progress_timeout_s
+            progress_timeout = sections.get("checkpointing", cfg.checkpoint_timeout_s)
+        elif not started:
+            progress_timeout = sections.get("setup", cfg.initial_progress_timeout_s)
+        elif phase in ("train", "step"):
+            progress_timeout = sections.get("step", cfg.progress_timeout_s)
         else:
-            progress_timeout = cfg.initial_progress_timeout_s
+            # A named section (eval, a user section) has its own timeout instead of the
+            # progress timeout; a phase without one gets the out-of-section timeout.
+            section_timeout = sections.get(phase, self.out_of_section_timeout)
+            if section_timeout is not None:
+                self._check_section(s, phase, section_timeout, hb_age, out)
+                s.progress = Progress.PROGRESSING
+                s.stall = None
+                s.blocked_by = []
+                self._clear(s, FindingType.PROGRESS_TIMEOUT)
+                return out + self._check_health(s)
+            progress_timeout = cfg.progress_timeout_s
+        self._clear(s, FindingType.SECTION_TIMEOUT)
         age = s.progress_age_s
         if age is not None and age > progress_timeout:
             s.progress = Progress.STALLED
@@ -334,6 +373,22 @@ class HeartbeatRules:
             s.culprits_gone_at = None
             self._clear(s, FindingType.PROGRESS_TIMEOUT)
 
+        return out + self._check_health(s)
+
+    def _check_section(
+        self, s: RankState, phase: str, timeout: float, hb_age: float, out: list[dict[str, Any]]
+    ) -> None:
+        elapsed = float((s.record or {}).get("phase_elapsed_s") or 0.0) + hb_age
+        if elapsed > timeout:
+            reason = (
+                Reason.SECTION_EXCEEDED if phase in self.section_timeouts else Reason.OUT_OF_SECTION
+            )
+            self._fire(s, FindingType.SECTION_TIMEOUT, reason, timeout, elapsed, out)
+        else:
+            self._clear(s, FindingType.SECTION_TIMEOUT)
+
+    def _check_health(self, s: RankState) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
         health = s.gpu_health or {}
         verdict = None if health.get("stale") else health.get("health")
         if verdict == "unhealthy":
@@ -454,6 +509,12 @@ def _message(
         return (
             f"{who}: exited with an error (exit code {exit_info.get('exit_code')}): "
             f"{exit_info.get('error')} [{where}]"
+        )
+    if ftype is FindingType.SECTION_TIMEOUT:
+        what = "section" if reason is Reason.SECTION_EXCEEDED else "out-of-section phase"
+        return (
+            f"{who}: {what} {rec.get('phase')!r} has lasted {observed_s:.1f}s > "
+            f"{timeout_s:g}s [{where}]"
         )
     problems = ", ".join((s.gpu_health or {}).get("problems") or []) or "see gpu_health"
     level = "unhealthy" if ftype is FindingType.HEALTH_FAILURE else "warning"

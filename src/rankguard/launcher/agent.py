@@ -1,11 +1,15 @@
-"""``RankguardAgent``: torch elastic's ``LocalElasticAgent`` plus notifications.
+"""``RankguardAgent``: torch elastic's ``LocalElasticAgent``, extended through the
+worker-lifecycle methods ``SimpleElasticAgent`` is designed to have subclassed.
 
-``SimpleElasticAgent`` is designed to be subclassed through its worker-lifecycle methods;
-we extend ``_start_workers`` only to chain our handler in front of the termination
-handler that torch elastic installs when it starts the workers, so the monitor learns
-that the launcher is stopping the job (SIGTERM/SIGINT/...) before the workers die and
-does not report their deaths as faults. torch's handler still runs and still shuts the
-workers down as usual.
+- ``_start_workers``: chain our handler in front of the termination handler torch
+  elastic installs when it starts the workers, so the monitor learns that the launcher
+  is stopping the job (SIGTERM/SIGINT/...) before the workers die; torch's handler still
+  runs and still shuts them down.
+- ``_monitor_workers``: remember the first failure of a failed group (rank, exit code,
+  the traceback from the worker's error file written by ``@record``): the root cause.
+- ``_restart_workers``: report each restart and its cause (a finding the launcher acted
+  on, or that root cause) before the agent restarts the group as usual.
+- ``_stop_workers``: stop the group with our grace period (SIGTERM, wait, SIGKILL).
 """
 
 from __future__ import annotations
@@ -13,23 +17,78 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
-__all__ = ["RankguardAgent"]
+__all__ = ["RankguardAgent", "first_failure"]
 
 logger = logging.getLogger(__name__)
 
 _SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
 
+def first_failure(result: Any) -> dict[str, Any] | None:
+    """The earliest failure of a RunResult, as a plain dict (the root cause)."""
+    failures = getattr(result, "failures", None) or {}
+    if not failures:
+        return None
+    rank, failure = min(failures.items(), key=lambda kv: (kv[1].timestamp, kv[0]))
+    message = failure.message
+    if isinstance(message, dict):
+        message = message.get("message") or message.get("extraInfo", {}).get("py_callstack")
+    return {
+        "finding_type": "worker_failed",
+        "rank": rank,
+        "local_rank": failure.local_rank,
+        "pid": failure.pid,
+        "exit_code": failure.exitcode,
+        "signal": failure.signal_name() if failure.exitcode < 0 else None,
+        "error": str(message)[-2000:] if message else None,
+        "error_file": failure.error_file,
+    }
+
+
 class RankguardAgent(LocalElasticAgent):
-    def __init__(self, *args: Any, on_signal: Callable[[str], None] | None = None, **kw: Any):
+    def __init__(
+        self,
+        *args: Any,
+        on_signal: Callable[[str], None] | None = None,
+        on_restart: Callable[[int, dict[str, Any] | None], None] | None = None,
+        grace_s: float = 30.0,
+        **kw: Any,
+    ) -> None:
         super().__init__(*args, **kw)
         self._on_signal = on_signal
+        self._on_restart = on_restart
+        self._grace_s = grace_s
+        self._cause: dict[str, Any] | None = None
+        self.last_failure: dict[str, Any] | None = None
+        self.last_cause: dict[str, Any] | None = None
+        self.aborted = False
+        self.restarts = 0
+        self._cause_lock = threading.Lock()
+
+    # ---- the launcher's side ---------------------------------------------------------
+
+    def set_cause(self, finding: dict[str, Any], *, abort: bool) -> None:
+        """The launcher is about to kill a worker because of ``finding``."""
+        with self._cause_lock:
+            self._cause = finding
+            self.last_cause = finding
+            if abort:
+                self.aborted = True
+                self._remaining_restarts = 0
+
+    @property
+    def pending_cause(self) -> dict[str, Any] | None:
+        """A finding acted on after the last restart: what ended the job, if it ended."""
+        return self._cause
+
+    # ---- lifecycle extensions --------------------------------------------------------
 
     def _start_workers(self, worker_group: Any) -> dict[int, Any]:
         pids: dict[int, Any] = super()._start_workers(worker_group)
@@ -39,6 +98,33 @@ class RankguardAgent(LocalElasticAgent):
                 if sig is not None:
                     self._chain(sig)
         return pids
+
+    def _monitor_workers(self, worker_group: Any) -> Any:
+        result = super()._monitor_workers(worker_group)
+        if result.is_failed() and self.last_failure is None:
+            self.last_failure = first_failure(result)
+        return result
+
+    def _restart_workers(self, worker_group: Any) -> None:
+        with self._cause_lock:
+            cause = self._cause or self.last_failure
+            self.last_cause = cause
+            self._cause = None
+        self.last_failure = None
+        self.restarts += 1
+        if self._on_restart is not None:
+            try:
+                self._on_restart(self.restarts, cause)
+            except Exception:
+                logger.exception("rankguard: restart notification failed")
+        t0 = time.monotonic()
+        super()._restart_workers(worker_group)
+        logger.info("rankguard: worker group restarted in %.2fs", time.monotonic() - t0)
+
+    def _stop_workers(self, worker_group: Any) -> None:
+        self._shutdown(timeout=max(1, round(self._grace_s)))
+
+    # ---- signals ---------------------------------------------------------------------
 
     def _chain(self, sig: signal.Signals) -> None:
         previous = signal.getsignal(sig)

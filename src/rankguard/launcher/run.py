@@ -22,10 +22,19 @@ from typing import Any
 
 from rankguard._fs import atomic_write_json
 from rankguard.config import RankguardConfig, config_to_dict, dumps_config
+from rankguard.ft.actions import HANG_FINDINGS
 from rankguard.heartbeat.monitor import FINDINGS_FILE, STATUS_FILE
 from rankguard.heartbeat.records import ENV
-from rankguard.launcher.agent import RankguardAgent
+from rankguard.launcher.agent import RankguardAgent, first_failure
 from rankguard.launcher.console import LiveStatus
+from rankguard.launcher.exitcodes import (
+    EXIT_CRASH,
+    EXIT_FAILED,
+    EXIT_HANG,
+    EXIT_NO_RESTART,
+    EXIT_OK,
+    EXIT_USAGE,
+)
 from rankguard.launcher.options import LaunchOptions
 from rankguard.launcher.services import NodeServices
 
@@ -93,6 +102,27 @@ def _thread_defaults(opts: LaunchOptions) -> None:
         _say("OMP_NUM_THREADS=1 for each rank (set it yourself to choose another value)")
 
 
+def _timeouts_in_force(cfg: RankguardConfig) -> dict[str, Any] | None:
+    """Apply learned timeouts (``calc_ft_timeouts``); each timeout and its source."""
+    from rankguard.ft.learned import STATE_FILE, apply_learned, load_state
+    from rankguard.launcher.services import ft_state_path
+
+    state, source = None, "config"
+    if cfg.fault_tolerance.calc_ft_timeouts:
+        path = ft_state_path(cfg) / STATE_FILE
+        try:
+            state = load_state(path)
+        except ValueError as exc:
+            _say(f"calc_ft_timeouts: {exc}: fix or delete it")
+            return None
+        if state is None:
+            _say(f"calc_ft_timeouts: no {path} yet: configured timeouts now, learned at the end")
+        else:
+            source = f"learned ({path}, {state.get('runs')} run(s))"
+            _say(f"calc_ft_timeouts: using {source}: {state['timeouts']}")
+    return apply_learned(cfg, state, source)
+
+
 def _say(msg: str) -> None:
     print(f"[rankguard] {msg}", file=sys.stderr, flush=True)
 
@@ -136,6 +166,9 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
         )
         if refused is not None:
             return refused
+    timeouts = _timeouts_in_force(cfg)
+    if timeouts is None:
+        return EXIT_USAGE
     _worker_env(cfg, run_id, run_dir, opts.node_rank)
     _thread_defaults(opts)
 
@@ -149,11 +182,32 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
         nnodes=opts.max_nodes,
         expected_world_size=opts.expected_world_size,
         store=client,
+        timeouts=timeouts,
     )
     if opts.multi_node and hb.enabled and not cfg.no_shared_fs and opts.node_rank != 0:
         _say(
             "no_shared_fs=false: this node's heartbeats are NOT relayed; node 0 sees them "
             "only if log_dir is on a filesystem shared with it"
+        )
+    ft = cfg.fault_tolerance
+    max_restarts = opts.max_restarts
+    if ft.num_in_job_restarts:
+        if opts.max_restarts and opts.max_restarts != ft.num_in_job_restarts:
+            _say(
+                f"--max-restarts {opts.max_restarts} and fault_tolerance.num_in_job_restarts="
+                f"{ft.num_in_job_restarts} disagree: give one of them"
+            )
+            return EXIT_USAGE
+        max_restarts = ft.num_in_job_restarts
+    if ft.enable_ft_package and not hb.enabled:
+        _say(
+            "fault_tolerance.enable_ft_package=true but heartbeat.enabled=false: hangs are NOT "
+            "detected and will NOT be restarted; only crashes restart. Set heartbeat.enabled=true"
+        )
+    if max_restarts and not ft.enable_ft_package and hb.enabled:
+        _say(
+            f"{max_restarts} in-job restart(s) for crashes only: hangs found by the monitor "
+            "are reported, not restarted (set fault_tolerance.enable_ft_package=true)"
         )
     entry_args: list[str] = ["-u", "-m", "rankguard.launcher.worker"]
     if opts.module:
@@ -165,12 +219,17 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
         entrypoint=sys.executable,
         args=tuple(entry_args),
         rdzv_handler=handler,
-        max_restarts=opts.max_restarts,
+        max_restarts=max_restarts,
         monitor_interval=opts.monitor_interval_s,
     )
     logs = DefaultLogsSpecs(log_dir=str(Path(cfg.log_dir).resolve() / "elastic"))
     agent = RankguardAgent(
-        spec=spec, logs_specs=logs, start_method="spawn", on_signal=services.note_shutdown
+        spec=spec,
+        logs_specs=logs,
+        start_method="spawn",
+        on_signal=services.note_shutdown,
+        on_restart=services.on_restart,
+        grace_s=ft.termination_grace_s,
     )
     atomic_write_json(
         run_dir / f"launcher_node_{opts.node_rank}.json",
@@ -191,6 +250,7 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
         f"run {run_id}: {opts.nproc_per_node} rank(s) on node {opts.node_rank}, files in {run_dir}"
     )
     services.start()
+    services.attach_agent(agent)
     live = LiveStatus(services.monitor) if opts.live_status and services.monitor else None
     if live is not None:
         live.start()
@@ -217,14 +277,24 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
         _say(f"stopped by signal {stopped_by}: the workers were terminated")
         return 128 + stopped_by
     if result is None or result.is_failed():
-        failures = getattr(result, "failures", {}) or {}
-        for rank, failure in sorted(failures.items()):
+        root = first_failure(result) or agent.last_failure
+        cause = agent.pending_cause or root
+        if root is not None:
             _say(
-                f"rank {rank} (local {failure.local_rank}, pid {failure.pid}) failed with "
-                f"exit code {failure.exitcode}; error file: {failure.error_file or '-'}"
+                f"root cause: rank {root['rank']} (pid {root['pid']}) exited with code "
+                f"{root['exit_code']}{' (' + root['signal'] + ')' if root['signal'] else ''}"
+                f": {(root['error'] or '-').strip().splitlines()[-1][:300]}"
             )
-        return 1
-    return 0
+        if agent.restarts:
+            _say(f"{agent.restarts} in-job restart(s) spent (budget {max_restarts})")
+        if not ft.enable_ft_package:
+            return EXIT_FAILED
+        if agent.aborted:
+            return EXIT_NO_RESTART
+        if cause is not None and cause.get("finding_type") in HANG_FINDINGS:
+            return EXIT_HANG
+        return EXIT_CRASH
+    return EXIT_OK
 
 
 def _report(run_dir: Path, status: dict[str, Any] | None) -> None:

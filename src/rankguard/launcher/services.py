@@ -11,18 +11,26 @@ training ended.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rankguard._fs import append_jsonl
 from rankguard.config import RankguardConfig, config_to_dict
 from rankguard.heartbeat.monitor import JobMonitor
 from rankguard.heartbeat.relay import StoreRelay, StoreRemoteSource
 
-__all__ = ["NodeServices"]
+__all__ = ["NodeServices", "ft_state_path"]
 
 logger = logging.getLogger(__name__)
+
+
+def ft_state_path(cfg: RankguardConfig) -> Path:
+    """Directory of ``ft_state.json``."""
+    ft = cfg.fault_tolerance
+    return Path(ft.state_dir) if ft.state_dir else Path(cfg.log_dir).resolve() / "ft"
 
 
 @dataclass
@@ -38,10 +46,84 @@ class NodeServices:
     relay: StoreRelay | None = None
     collector: Any = None
     exporter: Any = None
+    faults: Any = None  # FaultHandler on node 0 with fault tolerance on
+    timeouts: dict[str, Any] | None = None  # timeouts in force and their sources
+    restarts: list[dict[str, Any]] | None = None
 
     @property
     def relaying(self) -> bool:
         return self.nnodes > 1 and self.cfg.no_shared_fs and self.store is not None
+
+    def attach_agent(self, agent: Any) -> None:
+        """Node 0 with fault tolerance: act on findings through the agent."""
+        ft = self.cfg.fault_tolerance
+        if self.monitor is None or not ft.enable_ft_package:
+            return
+        from rankguard.ft.actions import FaultHandler
+
+        remote = None
+        if self.relaying:
+            from rankguard.heartbeat.relay import request_kill
+
+            def remote(node: int, targets: list[dict[str, Any]]) -> None:
+                request_kill(self.store, self.run_id, node, targets)
+
+        self.faults = FaultHandler(ft, self.run_dir, self.monitor, agent, remote_kill=remote)
+        self.faults.attach()
+
+    def _save_learned_timeouts(self) -> None:
+        from rankguard.ft.learned import STATE_FILE, learn, load_state, measured_maxima
+
+        assert self.monitor is not None
+        ft = self.cfg.fault_tolerance
+        records = [s.record for s in self.monitor.rules.ranks.values() if s.record]
+        measured = measured_maxima(records)
+        if not measured:
+            logger.warning("rankguard: calc_ft_timeouts: nothing measured, ft_state unchanged")
+            return
+        path = ft_state_path(self.cfg) / STATE_FILE
+        try:
+            previous = load_state(path)
+        except ValueError as exc:
+            logger.warning("rankguard: %s; starting a new one", exc)
+            previous = None
+        state = learn(
+            measured, previous, safety_factor=ft.safety_factor, floor_s=ft.min_learned_timeout_s
+        )
+        from rankguard.ft.learned import save_state
+
+        save_state(path, state)
+        logger.warning(
+            "rankguard: learned timeouts saved in %s: %s", path, json.dumps(state["timeouts"])
+        )
+
+    def on_restart(self, count: int, cause: dict[str, Any] | None) -> None:
+        """The agent restarts the worker group: record it (restarts.jsonl, status)."""
+        import time as _time
+
+        cause = cause or {}
+        entry = {
+            "schema_version": 1,
+            "run_id": self.run_id,
+            "restart": count,
+            "wall_time": _time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "cause": cause.get("finding_type"),
+            "rank": cause.get("rank"),
+            "reason": cause.get("reason"),
+            "message": cause.get("message") or cause.get("error"),
+            "exit_code": cause.get("exit_code"),
+            "stack_dump": cause.get("stack_dump"),
+        }
+        if self.node_rank == 0:
+            append_jsonl(self.run_dir / "restarts.jsonl", [entry])
+        if self.restarts is None:
+            self.restarts = []
+        self.restarts.append(entry)
+        if self.monitor is not None:
+            self.monitor.extra_status["restarts"] = list(self.restarts)
+            self.monitor.note_restart(f"restart {count}: {entry['cause']}")
+        if self.faults is not None:
+            self.faults.restarted()
 
     def start(self) -> None:
         hb = self.cfg.heartbeat
@@ -69,7 +151,11 @@ class NodeServices:
                 expected_world_size=self.expected_world_size,
                 remote=remote,
                 config_snapshot=config_to_dict(self.cfg),
+                section_timeouts=self.cfg.fault_tolerance.rank_section_timeouts,
+                out_of_section_timeout=self.cfg.fault_tolerance.rank_out_of_section_timeout,
             )
+            if self.timeouts:
+                self.monitor.extra_status["timeouts"] = self.timeouts
             if prometheus.enabled:  # before the first scan: no finding goes uncounted
                 from rankguard.exporter import start_for_monitor
 
@@ -103,6 +189,8 @@ class NodeServices:
             if self.relaying:
                 drain += 2 * hb.publish_interval_s
             status = self.monitor.stop(drain_timeout_s=drain)
+            if self.cfg.fault_tolerance.calc_ft_timeouts:
+                self._save_learned_timeouts()
         if self.exporter is not None:  # after the final status: it stays scrapable
             self.exporter.stop()
         return status

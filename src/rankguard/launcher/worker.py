@@ -14,9 +14,12 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from rankguard.ft.stacks import install_dump_handler
+from rankguard.heartbeat.records import ENV
 from rankguard.session import init
 
 __all__ = ["main"]
@@ -42,6 +45,10 @@ def main(argv: list[str] | None = None) -> None:
     target, rest = args[0], args[1:]
 
     session = init()
+    dump_file = None
+    run_dir = os.environ.get(ENV.RUN_DIR)
+    if run_dir and os.environ.get(ENV.LAUNCHER) == "1":
+        dump_file = install_dump_handler(Path(run_dir), int(os.environ.get("RANK", "0")))
     try:
         session.install_optimizer_hook()
         if as_module:
@@ -63,6 +70,7 @@ def main(argv: list[str] | None = None) -> None:
         session.close(clean=False, exit_code=1, error=f"{type(exc).__name__}: {exc}")
         raise
     session.close(clean=True, exit_code=0)
+    del dump_file  # kept open until here: faulthandler writes to it
 
 
 if __name__ == "__main__":

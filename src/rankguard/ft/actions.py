@@ -1,0 +1,154 @@
+"""What the launcher does about a finding: report, restart or abort.
+
+For ``restart`` and ``abort`` (per finding type, ``fault_tolerance.actions``), before
+anything is killed the Python stacks of the culprit and of every other rank are written
+(:mod:`.stacks`) and the finding names the files. Then the culprit is SIGKILLed: torch
+elastic's agent sees the worker group fail and stops the rest of it (SIGTERM, grace,
+SIGKILL) and, within ``num_in_job_restarts``, starts it again after a new rendezvous
+(:class:`~rankguard.launcher.agent.RankguardAgent` records each restart and its cause).
+``abort`` spends no restart: the job ends with ``EXIT_NO_RESTART``. A culprit on another
+node is dumped and killed by that node's relay, on request through the store.
+
+One fault, one action: while a restart is under way, further findings (the peers of a
+dead rank going stale) are recorded but not acted on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Protocol
+
+from rankguard.ft.config import FaultToleranceConfig
+from rankguard.ft.stacks import dump_stacks
+
+__all__ = ["AgentControl", "FaultHandler"]
+
+logger = logging.getLogger(__name__)
+
+HANG_FINDINGS = frozenset(
+    {"rank_process_heartbeat_timeout", "gpu_progress_timeout", "rank_section_timeout"}
+)
+
+
+class AgentControl(Protocol):
+    def set_cause(self, finding: dict[str, Any], *, abort: bool) -> None: ...
+
+
+RemoteKill = Callable[[int, list[dict[str, Any]]], None]
+
+
+class FaultHandler:
+    def __init__(
+        self,
+        cfg: FaultToleranceConfig,
+        run_dir: Path,
+        monitor: Any,
+        agent: AgentControl,
+        *,
+        remote_kill: RemoteKill | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.monitor = monitor
+        self.agent = agent
+        self.remote_kill = remote_kill
+        self.hostname = socket.gethostname()
+        self.actions_taken = 0
+        self._busy = False
+        self._lock = threading.Lock()
+
+    def attach(self) -> None:
+        self.monitor.before_record.append(self.enrich)
+        self.monitor.on_finding.append(self.act)
+
+    def restarted(self) -> None:
+        """The agent started a new worker group: act on the next fault again."""
+        with self._lock:
+            self._busy = False
+
+    # ---- before the finding is written -----------------------------------------------
+
+    def enrich(self, finding: dict[str, Any]) -> None:
+        ftype = finding.get("finding_type", "")
+        action = self.cfg.actions.get(ftype, "report")
+        with self._lock:
+            if action != "report" and self._busy:
+                finding["action"] = "none (a restart is already under way)"
+                return
+            finding["action"] = action
+            if action == "report":
+                return
+            self._busy = True
+        if ftype == "rank_process_exited":
+            return  # nothing left to dump: the process is gone
+        finding["stack_dumps"] = self._dump_all(int(finding["rank"]))
+        finding["stack_dump"] = finding["stack_dumps"].get(str(finding["rank"]))
+
+    def _dump_all(self, culprit: int) -> dict[str, str]:
+        ranks = self.monitor.rules.ranks
+        order = sorted(ranks, key=lambda r: (r != culprit, r))
+        local: list[tuple[int, int]] = []
+        out: dict[str, str] = {}
+        for rank in order:
+            state = ranks[rank]
+            rec = state.record or {}
+            if state.pid is None or rec.get("event") == "process_end":
+                continue
+            if rec.get("hostname") == self.hostname:
+                local.append((rank, state.pid))
+            else:
+                out[str(rank)] = f"on node {rec.get('node_rank')} (dumped there before the kill)"
+        with ThreadPoolExecutor(max_workers=min(16, max(1, len(local)))) as pool:
+            paths = pool.map(
+                lambda rp: dump_stacks(
+                    self.run_dir,
+                    rp[0],
+                    rp[1],
+                    method=self.cfg.stack_dump,
+                    timeout_s=self.cfg.stack_dump_timeout_s,
+                ),
+                local,
+            )
+            for (rank, _pid), path in zip(local, paths, strict=True):
+                out[str(rank)] = path or "failed"
+        return {k: out[k] for k in sorted(out, key=lambda r: (int(r) != culprit, int(r)))}
+
+    # ---- after the finding is written ------------------------------------------------
+
+    def act(self, finding: dict[str, Any]) -> None:
+        action = finding.get("action")
+        if action not in ("restart", "abort"):
+            return
+        self.actions_taken += 1
+        rank = int(finding["rank"])
+        self.agent.set_cause(finding, abort=action == "abort")
+        self.monitor.note_restart(f"{action} after {finding['finding_type']} on rank {rank}")
+        if finding.get("finding_type") == "rank_process_exited":
+            return  # the agent already sees the failed worker
+        state = self.monitor.rules.ranks.get(rank)
+        rec = (state.record if state else None) or {}
+        pid = state.pid if state else None
+        if pid is None:
+            return
+        if rec.get("hostname") == self.hostname:
+            logger.warning("rankguard: %s: killing rank %d (pid %d)", action, rank, pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        elif self.remote_kill is not None:
+            node = int(rec.get("node_rank") or 0)
+            others = [
+                {"rank": r, "pid": s.pid}
+                for r, s in self.monitor.rules.ranks.items()
+                if s.pid is not None and (s.record or {}).get("node_rank") == node
+            ]
+            self.remote_kill(node, [{"rank": rank, "pid": pid, "kill": True}, *others])
+        else:
+            logger.error("rankguard: cannot reach node of rank %d to kill it", rank)

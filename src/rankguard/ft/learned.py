@@ -1,0 +1,130 @@
+"""Learned timeouts (``calc_ft_timeouts``): measured, saved, reused by the next run.
+
+Each rank measures its sections (:mod:`.stats`) and carries them in its heartbeats;
+at the end of a run the launcher on node 0 takes the maximum over ranks of
+
+- ``setup``: start-up to the first completed step,
+- ``step``: the longest step after warm-up, trusted only after ``MIN_STEPS`` steps,
+- ``checkpointing``: the longest save, only if a real save happened,
+- ``heartbeat``: the longest gap between two heartbeat records,
+
+multiplies it by ``safety_factor`` (NVRx: 5), floors it at ``min_learned_timeout_s`` (a
+tight loop must not teach a 4 ms timeout that kills the next slow start), merges it
+with the previous value (mean of old and new: an EMA with weight 0.5) and saves it
+atomically in ``ft_state.json`` in ``fault_tolerance.state_dir`` (default
+``<log_dir>/ft``, next to the checkpoints is better). The next run with
+``calc_ft_timeouts`` starts with those timeouts: ``setup``, ``step`` and
+``checkpointing`` become section timeouts and ``heartbeat`` the process timeout;
+``status.json`` says where each timeout came from.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from rankguard._fs import atomic_write_json
+
+__all__ = ["MIN_STEPS", "STATE_FILE", "apply_learned", "learn", "load_state", "measured_maxima"]
+
+STATE_FILE = "ft_state.json"
+MIN_STEPS = 16
+EMA_WEIGHT = 0.5
+
+
+def load_state(path: Path) -> dict[str, Any] | None:
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not a valid ft_state.json ({exc})") from exc
+    if not isinstance(state, dict) or not isinstance(state.get("timeouts"), dict):
+        raise ValueError(f"{path}: not a valid ft_state.json (no 'timeouts' mapping)")
+    return state
+
+
+def measured_maxima(records: list[dict[str, Any]]) -> dict[str, float]:
+    """Max over ranks of each trustworthy section measurement (``ft_stats``)."""
+    out: dict[str, float] = {}
+
+    def keep(name: str, value: Any) -> None:
+        if isinstance(value, (int, float)) and value > 0:
+            out[name] = max(out.get(name, 0.0), float(value))
+
+    for rec in records:
+        stats = rec.get("ft_stats")
+        if not isinstance(stats, dict):
+            continue
+        keep("setup", stats.get("setup_s"))
+        if int(stats.get("steps") or 0) >= MIN_STEPS:
+            keep("step", stats.get("step_max_s"))
+        if int(stats.get("ckpts") or 0) >= 1:
+            keep("checkpointing", stats.get("ckpt_max_s"))
+        keep("heartbeat", stats.get("hb_gap_max_s"))
+    return out
+
+
+def learn(
+    measured: dict[str, float],
+    previous: dict[str, Any] | None,
+    *,
+    safety_factor: float,
+    floor_s: float,
+) -> dict[str, Any]:
+    """New ``ft_state.json`` content from this run's maxima and the previous state."""
+    old = (previous or {}).get("timeouts") or {}
+    timeouts: dict[str, float] = {k: float(v) for k, v in old.items()}
+    samples: dict[str, float] = {}
+    for name, value in measured.items():
+        candidate = max(floor_s, value * safety_factor)
+        if name in old:
+            candidate = EMA_WEIGHT * float(old[name]) + (1 - EMA_WEIGHT) * candidate
+        timeouts[name] = round(max(floor_s, candidate), 3)
+        samples[name] = round(value, 6)
+    return {
+        "schema_version": 1,
+        "updated_wall_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "runs": int((previous or {}).get("runs") or 0) + 1,
+        "safety_factor": safety_factor,
+        "min_learned_timeout_s": floor_s,
+        "timeouts": timeouts,
+        "last_measured_max_s": samples,
+    }
+
+
+def save_state(path: Path, state: dict[str, Any]) -> None:
+    atomic_write_json(path, state)
+
+
+def apply_learned(cfg: Any, state: dict[str, Any] | None, source: str) -> dict[str, Any]:
+    """Put learned timeouts into ``cfg`` (a RankguardConfig); return each timeout in
+    force with where it came from, for status.json."""
+    ft, hb = cfg.fault_tolerance, cfg.heartbeat
+    learned = (state or {}).get("timeouts") or {}
+    shown: dict[str, Any] = {}
+    for name in ("setup", "step", "checkpointing"):
+        if name in learned:
+            ft.rank_section_timeouts[name] = float(learned[name])
+            shown[f"section.{name}"] = {"value": float(learned[name]), "source": source}
+        elif name in ft.rank_section_timeouts:
+            shown[f"section.{name}"] = {
+                "value": ft.rank_section_timeouts[name],
+                "source": "config",
+            }
+    for name, value in ft.rank_section_timeouts.items():
+        shown.setdefault(f"section.{name}", {"value": value, "source": "config"})
+    if "heartbeat" in learned:
+        hb.process_timeout_s = max(float(learned["heartbeat"]), hb.publish_interval_s * 2)
+        shown["heartbeat.process_timeout_s"] = {"value": hb.process_timeout_s, "source": source}
+    for name in (
+        "initial_process_timeout_s",
+        "process_timeout_s",
+        "initial_progress_timeout_s",
+        "progress_timeout_s",
+        "checkpoint_timeout_s",
+    ):
+        shown.setdefault(f"heartbeat.{name}", {"value": getattr(hb, name), "source": "config"})
+    return shown

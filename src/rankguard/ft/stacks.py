@@ -1,0 +1,115 @@
+"""Python stacks of a rank, taken before it is killed.
+
+Two ways, best first:
+
+- ``py-spy dump --pid`` when py-spy is on PATH: reads the process from outside, works on
+  a stopped (SIGSTOP) or wedged process, shows native frames too;
+- faulthandler: every rank started by ``rankguard run`` registers
+  ``faulthandler.register(DUMP_SIGNAL, file=<run_dir>/stacks/rank_<r>_pid_<p>.txt,
+  all_threads=True)`` at start-up; the launcher sends the signal and faulthandler's C
+  handler writes every thread's stack, even while the main thread is blocked in C
+  (sleep, a collective). A stopped process gets SIGCONT after the signal so it can write.
+
+The launcher calls :func:`dump_stacks` before any kill, and the finding names the file.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = ["DUMP_SIGNAL", "dump_stacks", "install_dump_handler", "stack_file"]
+
+logger = logging.getLogger(__name__)
+
+# A real-time signal nobody else uses (SIGUSR1/2 belong to schedulers and users).
+DUMP_SIGNAL = signal.SIGRTMIN + 3
+
+
+def stack_file(run_dir: Path, rank: int, pid: int) -> Path:
+    return Path(run_dir) / "stacks" / f"rank_{rank}_pid_{pid}.txt"
+
+
+def install_dump_handler(run_dir: Path, rank: int) -> IO[Any] | None:
+    """Rank side, at start-up: faulthandler writes all threads' stacks on DUMP_SIGNAL.
+    Keep the returned file open for the life of the process."""
+    path = stack_file(run_dir, rank, os.getpid())
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - must outlive this call
+        faulthandler.register(DUMP_SIGNAL, file=fh, all_threads=True, chain=False)
+        return fh
+    except (OSError, RuntimeError, ValueError) as exc:
+        logger.warning("rankguard: no stack dumps for this rank: %s", exc)
+        return None
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+        return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] in (b"T", b"t")
+    except OSError:
+        return False
+
+
+def _py_spy(pid: int, out: Path, timeout_s: float) -> bool:
+    exe = shutil.which("py-spy")
+    if exe is None:
+        return False
+    try:
+        res = subprocess.run(
+            [exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=timeout_s
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        logger.warning("rankguard: py-spy dump of pid %d failed: %s", pid, exc)
+        return False
+    if res.returncode != 0:
+        logger.warning("rankguard: py-spy dump of pid %d: %s", pid, res.stderr.strip())
+        return False
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "a", encoding="utf-8") as fh:
+        fh.write(f"\n=== py-spy dump at {time.strftime('%Y-%m-%dT%H:%M:%S%z')} ===\n")
+        fh.write(res.stdout)
+    return True
+
+
+def _faulthandler(pid: int, out: Path, timeout_s: float) -> bool:
+    before = out.stat().st_size if out.exists() else 0
+    try:
+        os.kill(pid, DUMP_SIGNAL)
+        if _stopped(pid):
+            os.kill(pid, signal.SIGCONT)  # let it run the handler; it is killed next
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout_s
+    size, stable_since = before, time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        now_size = out.stat().st_size if out.exists() else 0
+        if now_size != size:
+            size, stable_since = now_size, time.monotonic()
+        elif size > before and time.monotonic() - stable_since > 0.2:
+            return True
+    return size > before
+
+
+def dump_stacks(
+    run_dir: Path, rank: int, pid: int, *, method: str = "auto", timeout_s: float = 10.0
+) -> str | None:
+    """Write the stacks of ``pid`` to its stack file; the path, or None when it failed."""
+    out = stack_file(run_dir, rank, pid)
+    if method in ("auto", "py-spy") and _py_spy(pid, out, timeout_s):
+        return str(out)
+    if method == "py-spy":
+        logger.warning("rankguard: stack_dump=py-spy but py-spy failed; trying faulthandler")
+    if _faulthandler(pid, out, timeout_s):
+        return str(out)
+    return None
