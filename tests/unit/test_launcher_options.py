@@ -127,7 +127,7 @@ def test_cli_surface_is_frozen() -> None:
     """Changing a command or flag name breaks users' scripts: do it on purpose only."""
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    assert sorted(sub.choices) == ["demo", "report", "run", "status"]
+    assert sorted(sub.choices) == ["demo", "report", "run", "slurm", "status"]
     run_flags = sorted(opt for a in sub.choices["run"]._actions for opt in a.option_strings)
     assert run_flags == sorted(
         [

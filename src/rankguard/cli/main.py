@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     from rankguard.cli import status
     from rankguard.demo import cli as demo_cli
     from rankguard.report import cli as report_cli
+    from rankguard.slurm import cli as slurm_cli
 
     parser = argparse.ArgumentParser(
         prog="rankguard",
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo_cli.add_parser(sub)
     status.add_parser(sub)
     report_cli.add_parser(sub)
+    slurm_cli.add_parser(sub)
     return parser
 
 

@@ -47,6 +47,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fault-node", type=int, default=None, help="fault LOCAL rank on this node")
     p.add_argument("--fault-step", type=int, default=10)
     p.add_argument("--fault-duration", type=float, default=8.0)
+    p.add_argument(
+        "--fault-attempt", type=int, default=0, help="inject in this attempt (restart count)"
+    )
     p.add_argument("--slowdown", type=float, default=1.5)
     p.add_argument("--pg-timeout", type=float, default=120.0, help="collective timeout (s)")
     p.add_argument(
@@ -69,8 +72,8 @@ def is_fault_rank(args: argparse.Namespace, rank: int) -> bool:
 def inject(args: argparse.Namespace, rank: int, step: int, attempt: int) -> None:
     if args.fault in ("none", "slow") or not is_fault_rank(args, rank) or step != args.fault_step:
         return
-    if attempt > 0:
-        return  # the fault happened in the first attempt; the restarted job runs clean
+    if attempt != args.fault_attempt:
+        return  # by default the fault happens in the first attempt only
     print(f"[demo rank {rank}] injecting fault {args.fault!r} at step {step}", flush=True)
     if args.fault == "stall":
         time.sleep(args.fault_duration)

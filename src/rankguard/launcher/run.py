@@ -94,6 +94,16 @@ def _worker_env(cfg: RankguardConfig, run_id: str, run_dir: Path, node_rank: int
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
 
 
+def _fresh_worker_store() -> None:
+    # With the c10d rendezvous, torch elastic by default lets the workers' process group
+    # share the rendezvous TCPStore, unprefixed, across restarts (it assumes a new store
+    # per retry). The keys of the previous attempt stay there, and a restarted gloo group
+    # reads a dead peer's address ("Connection refused" in connectFullMesh): the in-job
+    # restart fails. Torch's public switch gives each rendezvous round a fresh store on a
+    # free port, hosted by global rank 0.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+
+
 def _thread_defaults(opts: LaunchOptions) -> None:
     # As torchrun does: several ranks per node each using every core oversubscribe the
     # CPU badly; one intra-op thread per rank unless the user chose otherwise.
@@ -171,6 +181,7 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
         return EXIT_USAGE
     _worker_env(cfg, run_id, run_dir, opts.node_rank)
     _thread_defaults(opts)
+    _fresh_worker_store()
 
     handler, store, host, port = _rendezvous(opts, run_id)
     client = _store_client(host, port) if opts.multi_node else None

@@ -4,7 +4,8 @@
     print (or write with ``-o FILE``) an sbatch script that runs ``rankguard run`` on every
     node and requeues the job on a retryable exit code; ``--submit`` also runs
     ``sbatch FILE`` and prints the job id. Exit codes: 0 done, 1 sbatch failed, 2 bad
-    options or the file cannot be written.
+    options or config, or the file cannot be written. The config is read here too, to
+    check it and to take ``fault_tolerance.num_job_retries_on_failure`` from it.
 
 ``rankguard slurm retry --max-retries N -- COMMAND...``
     for allocations without requeue: run COMMAND up to 1 + N times while it exits with a

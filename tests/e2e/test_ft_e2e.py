@@ -1,0 +1,283 @@
+"""End to end: fault tolerance under the real launcher (2 CPU ranks, gloo, short
+timeouts): stack dumps before kills, restarts, resume, exit codes, simulated faults."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import fast_sets, no_leftover_workers, rankguard_cmd, read_jsonl, read_status
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
+
+FT = [
+    "--set",
+    "fault_tolerance.enable_ft_package=true",
+    "--set",
+    "fault_tolerance.termination_grace_s=3",
+    "--set",
+    "fault_tolerance.stack_dump=faulthandler",
+]
+
+
+def run_job(
+    tmp_path: Path, run_id: str, restarts: int, *train: str, extra: tuple[str, ...] = ()
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    res = subprocess.run(
+        rankguard_cmd(
+            "run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--rdzv-id",
+            run_id,
+            "--log-dir",
+            str(tmp_path),
+            *fast_sets(),
+            *FT,
+            "--set",
+            f"fault_tolerance.num_in_job_restarts={restarts}",
+            *extra,
+            "-m",
+            "rankguard.demo.train",
+            "--checkpoint-every",
+            "3",
+            "--checkpoint-dir",
+            str(tmp_path / "ckpt"),
+            *train,
+        ),
+        capture_output=True,
+        text=True,
+        timeout=140,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    return res, tmp_path / "heartbeat" / run_id
+
+
+def test_hang_dumps_stacks_then_restarts_and_the_job_completes(tmp_path: Path, run_id: str) -> None:
+    res, run_dir = run_job(
+        tmp_path,
+        run_id,
+        1,
+        "--steps",
+        "20",
+        "--fault",
+        "stall",
+        "--fault-rank",
+        "1",
+        "--fault-step",
+        "5",
+        "--fault-duration",
+        "600",
+    )
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    (finding,) = read_jsonl(run_dir / "findings.jsonl")
+    assert (finding["finding_type"], finding["rank"], finding["action"]) == (
+        "gpu_progress_timeout",
+        1,
+        "restart",
+    )
+    dump = Path(finding["stack_dump"])
+    assert dump.exists() and "in inject" in dump.read_text(), out  # the blocked frame
+    assert list(finding["stack_dumps"]) == ["1", "0"]  # culprit first, then every rank
+    (restart,) = read_jsonl(run_dir / "restarts.jsonl")
+    assert restart["cause"] == "gpu_progress_timeout" and restart["rank"] == 1
+    assert "[demo] resumed from step_3.pt (restart 1)" in out
+    assert "[demo] done: 20 steps on 2 rank(s)" in out
+    status = read_status(run_dir)
+    assert status["state"] == "completed" and len(status["restarts"]) == 1
+    assert no_leftover_workers(run_id)
+
+
+def test_crash_names_the_root_cause_and_a_restart_recovers(tmp_path: Path, run_id: str) -> None:
+    res, run_dir = run_job(
+        tmp_path,
+        run_id,
+        1,
+        "--steps",
+        "12",
+        "--fault",
+        "crash",
+        "--fault-rank",
+        "1",
+        "--fault-step",
+        "5",
+    )
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    (restart,) = read_jsonl(run_dir / "restarts.jsonl")
+    assert restart["cause"] == "worker_failed" and restart["rank"] == 1
+    assert "injected crash on rank 1 at step 5" in restart["message"]
+    assert "[demo] done: 12 steps" in out
+
+
+def test_crash_after_the_budget_exits_with_the_crash_code(tmp_path: Path, run_id: str) -> None:
+    res, _run_dir = run_job(
+        tmp_path,
+        run_id,
+        0,
+        "--steps",
+        "12",
+        "--fault",
+        "crash",
+        "--fault-rank",
+        "1",
+        "--fault-step",
+        "4",
+    )
+    assert res.returncode == 11, res.stderr
+    assert "root cause: rank 1" in res.stderr and "injected crash on rank 1" in res.stderr
+    assert no_leftover_workers(run_id)
+
+
+def test_hang_after_the_budget_exits_with_the_hang_code(tmp_path: Path, run_id: str) -> None:
+    res, run_dir = run_job(
+        tmp_path,
+        run_id,
+        0,
+        "--steps",
+        "20",
+        "--fault",
+        "stall",
+        "--fault-rank",
+        "0",
+        "--fault-step",
+        "4",
+        "--fault-duration",
+        "600",
+    )
+    assert res.returncode == 10, res.stderr
+    assert read_jsonl(run_dir / "findings.jsonl")[0]["finding_type"] == "gpu_progress_timeout"
+    assert no_leftover_workers(run_id)
+
+
+def test_abort_action_spends_no_restart(tmp_path: Path, run_id: str) -> None:
+    res, run_dir = run_job(
+        tmp_path,
+        run_id,
+        2,
+        "--steps",
+        "20",
+        "--fault",
+        "stall",
+        "--fault-rank",
+        "1",
+        "--fault-step",
+        "4",
+        "--fault-duration",
+        "600",
+        extra=("--set", "fault_tolerance.actions.gpu_progress_timeout=abort"),
+    )
+    assert res.returncode == 12, res.stderr
+    assert not (run_dir / "restarts.jsonl").exists()
+    assert no_leftover_workers(run_id)
+
+
+@pytest.mark.parametrize(
+    ("fault", "cause"),
+    [
+        ("rank_hung", "rank_process_heartbeat_timeout"),
+        ("rank_killed", "worker_failed"),
+        ("rank_stalled", "gpu_progress_timeout"),
+    ],
+)
+def test_each_simulated_fault_is_found_and_restarted(
+    tmp_path: Path, run_id: str, fault: str, cause: str
+) -> None:
+    res, run_dir = run_job(
+        tmp_path,
+        run_id,
+        1,
+        "--steps",
+        "40",
+        extra=(
+            "--set",
+            "fault_tolerance.simulate_fault=true",
+            "--set",
+            f"fault_tolerance.simulated_fault_type={fault}",
+            "--set",
+            "fault_tolerance.simulated_fault_rank=1",
+            "--set",
+            "fault_tolerance.simulated_fault_base_delay=2",
+        ),
+    )
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert f"simulating fault {fault} on rank 1" in out
+    (restart,) = read_jsonl(run_dir / "restarts.jsonl")
+    assert (restart["cause"], restart["rank"]) == (cause, 1), restart
+    assert "[demo] done: 40 steps" in out
+    assert no_leftover_workers(run_id)
+
+
+def test_sigkill_of_a_rank_during_a_restart_is_survived(tmp_path: Path, run_id: str) -> None:
+    proc = subprocess.Popen(
+        rankguard_cmd(
+            "run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--rdzv-id",
+            run_id,
+            "--log-dir",
+            str(tmp_path),
+            *fast_sets(),
+            *FT,
+            "--set",
+            "fault_tolerance.num_in_job_restarts=2",
+            "-m",
+            "rankguard.demo.train",
+            "--checkpoint-every",
+            "3",
+            "--checkpoint-dir",
+            str(tmp_path / "ckpt"),
+            "--steps",
+            "30",
+            "--fault",
+            "stall",
+            "--fault-rank",
+            "1",
+            "--fault-step",
+            "5",
+            "--fault-duration",
+            "600",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    run_dir = tmp_path / "heartbeat" / run_id
+    try:
+        deadline = time.monotonic() + 90
+        killed = None
+        while time.monotonic() < deadline and killed is None:
+            time.sleep(0.05)
+            if not (run_dir / "restarts.jsonl").exists():
+                continue
+            # the restarted group's processes: heartbeat files newer than the restart
+            restart_mtime = (run_dir / "restarts.jsonl").stat().st_mtime
+            fresh = [
+                p
+                for p in run_dir.glob("rank_*_pid_*.heartbeat.jsonl")
+                if p.stat().st_ctime > restart_mtime
+            ]
+            if fresh:
+                killed = int(fresh[0].name.split("_pid_")[1].split(".")[0])
+                os.kill(killed, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert killed is not None, out
+    assert proc.returncode == 0, out
+    restarts = read_jsonl(run_dir / "restarts.jsonl")
+    assert [r["cause"] for r in restarts] == ["gpu_progress_timeout", "worker_failed"], out
+    assert "[demo] done: 30 steps" in out
+    assert no_leftover_workers(run_id)
