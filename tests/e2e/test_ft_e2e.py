@@ -113,7 +113,9 @@ def test_crash_names_the_root_cause_and_a_restart_recovers(tmp_path: Path, run_i
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     (restart,) = read_jsonl(run_dir / "restarts.jsonl")
-    assert restart["cause"] == "worker_failed" and restart["rank"] == 1
+    # the monitor's finding or the agent's failure report, whichever came first
+    assert restart["cause"] in ("rank_process_exited", "worker_failed")
+    assert restart["rank"] == 1
     assert "injected crash on rank 1 at step 5" in restart["message"]
     assert "[demo] done: 12 steps" in out
 

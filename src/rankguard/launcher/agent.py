@@ -32,11 +32,12 @@ _SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
 
 def first_failure(result: Any) -> dict[str, Any] | None:
-    """The earliest failure of a RunResult, as a plain dict (the root cause)."""
+    """The first failure of a RunResult, as a plain dict (the root cause): a rank killed
+    by a signal first, else the earliest error file."""
     failures = getattr(result, "failures", None) or {}
     if not failures:
         return None
-    rank, failure = min(failures.items(), key=lambda kv: (kv[1].timestamp, kv[0]))
+    rank, failure = min(failures.items(), key=lambda kv: (_cause_rank(kv[1]), kv[0]))
     message = failure.message
     if isinstance(message, dict):
         message = message.get("message") or message.get("extraInfo", {}).get("py_callstack")
@@ -50,6 +51,18 @@ def first_failure(result: Any) -> dict[str, Any] | None:
         "error": str(message)[-2000:] if message else None,
         "error_file": failure.error_file,
     }
+
+
+def _cause_rank(failure: Any) -> tuple[int, float]:
+    """Order failures by how likely each is the cause. A rank killed by a signal other
+    than SIGTERM wrote no error file (its timestamp is only when the agent noticed) and
+    comes first; then real errors by time; SIGTERM last: when one worker fails, torch
+    elastic terminates the others with it."""
+    if failure.exitcode < 0:
+        category = 2 if -failure.exitcode == signal.SIGTERM else 0
+    else:
+        category = 1
+    return category, float(failure.timestamp)
 
 
 class RankguardAgent(LocalElasticAgent):

@@ -1,0 +1,145 @@
+"""The agent's root cause (first failure of a failed worker group) and the exit codes."""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+from rankguard.launcher import exitcodes
+from rankguard.launcher.agent import first_failure
+
+
+@dataclass
+class FakeFailure:
+    """The fields of torch elastic's ProcessFailure that first_failure reads."""
+
+    timestamp: int
+    local_rank: int
+    pid: int
+    exitcode: int
+    message: Any = ""
+    error_file: str = "<N/A>"
+
+    def signal_name(self) -> str:
+        return signal.Signals(-self.exitcode).name if self.exitcode < 0 else "<N/A>"
+
+
+@dataclass
+class FakeResult:
+    failures: dict[int, FakeFailure] = field(default_factory=dict)
+
+
+def test_no_failures_is_none() -> None:
+    assert first_failure(FakeResult()) is None
+    assert first_failure(FakeResult(failures={})) is None
+    assert first_failure(object()) is None  # no failures attribute at all
+
+
+def test_earliest_failure_is_the_root_cause() -> None:
+    result = FakeResult(
+        failures={
+            0: FakeFailure(timestamp=200, local_rank=0, pid=101, exitcode=-15, message="Signal 15"),
+            3: FakeFailure(
+                timestamp=100,
+                local_rank=1,
+                pid=104,
+                exitcode=1,
+                message={"message": "RuntimeError: boom", "extraInfo": {"py_callstack": "tb"}},
+                error_file="/tmp/err_3.json",
+            ),
+            2: FakeFailure(timestamp=150, local_rank=0, pid=103, exitcode=-9, message="killed"),
+        }
+    )
+    assert first_failure(result) == {
+        "finding_type": "worker_failed",
+        "rank": 3,
+        "local_rank": 1,
+        "pid": 104,
+        "exit_code": 1,
+        "signal": None,  # a plain error exit has no signal
+        "error": "RuntimeError: boom",
+        "error_file": "/tmp/err_3.json",
+    }
+
+
+def test_signal_death_names_the_signal_and_string_message() -> None:
+    result = FakeResult(
+        failures={
+            1: FakeFailure(timestamp=5, local_rank=1, pid=77, exitcode=-9, message="Signal 9"),
+            0: FakeFailure(timestamp=9, local_rank=0, pid=76, exitcode=1, message="later"),
+        }
+    )
+    out = first_failure(result)
+    assert out is not None
+    assert (out["rank"], out["exit_code"], out["signal"]) == (1, -9, "SIGKILL")
+    assert out["error"] == "Signal 9"
+
+
+def test_ties_go_to_the_lowest_rank() -> None:
+    result = FakeResult(
+        failures={
+            4: FakeFailure(timestamp=10, local_rank=0, pid=5, exitcode=1, message="four"),
+            2: FakeFailure(timestamp=10, local_rank=0, pid=3, exitcode=1, message="two"),
+        }
+    )
+    out = first_failure(result)
+    assert out is not None
+    assert (out["rank"], out["error"]) == (2, "two")
+
+
+def test_message_dict_without_message_uses_the_python_callstack() -> None:
+    tb = 'Traceback (most recent call last):\n  File "train.py", line 3\nValueError: x'
+    result = FakeResult(
+        failures={
+            0: FakeFailure(
+                timestamp=1,
+                local_rank=0,
+                pid=9,
+                exitcode=1,
+                message={"extraInfo": {"py_callstack": tb, "timestamp": "1"}},
+            )
+        }
+    )
+    out = first_failure(result)
+    assert out is not None
+    assert out["error"] == tb
+
+
+def test_empty_message_gives_no_error_text() -> None:
+    for message in ("", {}, None):
+        result = FakeResult(
+            failures={0: FakeFailure(timestamp=1, local_rank=0, pid=9, exitcode=2, message=message)}
+        )
+        out = first_failure(result)
+        assert out is not None
+        assert out["error"] is None
+        assert out["exit_code"] == 2
+
+
+def test_long_error_text_keeps_its_end() -> None:
+    text = "start " + "x" * 5000 + " the actual error"
+    result = FakeResult(
+        failures={0: FakeFailure(timestamp=1, local_rank=0, pid=9, exitcode=1, message=text)}
+    )
+    out = first_failure(result)
+    assert out is not None
+    assert len(out["error"]) == 2000
+    assert out["error"].endswith(" the actual error")
+
+
+# ---- exit codes ----------------------------------------------------------------------
+
+
+def test_retryable_exit_codes() -> None:
+    assert {3, 10, 11} <= exitcodes.RETRYABLE
+    for code in (0, 1, 2, 12):
+        assert code not in exitcodes.RETRYABLE
+    expected = {exitcodes.EXIT_UNHEALTHY_GPU, exitcodes.EXIT_HANG, exitcodes.EXIT_CRASH}
+    assert set(exitcodes.RETRYABLE) == expected
+
+
+def test_exit_code_values() -> None:
+    assert (exitcodes.EXIT_OK, exitcodes.EXIT_FAILED, exitcodes.EXIT_USAGE) == (0, 1, 2)
+    assert exitcodes.EXIT_UNHEALTHY_GPU == 3
+    assert (exitcodes.EXIT_HANG, exitcodes.EXIT_CRASH, exitcodes.EXIT_NO_RESTART) == (10, 11, 12)

@@ -1,0 +1,410 @@
+"""FaultHandler: what the launcher does about a finding (report, restart, abort).
+
+Real child processes stand for the ranks (a dump handler installed, blocked in a named
+function), a real HeartbeatRules holds their records; the monitor and the agent are
+fakes that record what they are asked to do.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rankguard.ft.actions import FaultHandler
+from rankguard.ft.config import FaultToleranceConfig
+from rankguard.heartbeat.config import HeartbeatConfig
+from rankguard.heartbeat.rules import HeartbeatRules
+
+RUN = "run-actions"
+BASE_NS = 1_700_000_000_000_000_000
+HOST = socket.gethostname()
+BUSY = "none (a restart is already under way)"
+
+RANK_CHILD = """\
+import sys, time
+from rankguard.ft.stacks import install_dump_handler
+
+fh = install_dump_handler(sys.argv[1], int(sys.argv[2]))
+assert fh is not None
+
+def blocked_here():
+    print("ready", flush=True)
+    time.sleep(60)
+
+blocked_here()
+"""
+
+# No dump handler: the dump signal (a real-time signal) would terminate it, so it stays
+# alive only if nothing is sent to it.
+PLAIN_CHILD = 'import time\nprint("ready", flush=True)\ntime.sleep(60)\n'
+
+
+class FakeMonitor:
+    def __init__(self, rules: HeartbeatRules) -> None:
+        self.rules = rules
+        self.before_record: list[Callable[[dict[str, Any]], None]] = []
+        self.on_finding: list[Callable[[dict[str, Any]], None]] = []
+        self.restarts: list[str] = []
+
+    def note_restart(self, reason: str) -> None:
+        self.restarts.append(reason)
+        self.rules.note_restart(reason)
+
+
+class FakeAgent:
+    def __init__(self) -> None:
+        self.causes: list[tuple[dict[str, Any], bool]] = []
+
+    def set_cause(self, finding: dict[str, Any], *, abort: bool) -> None:
+        self.causes.append((finding, abort))
+
+
+class RemoteKills:
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, list[dict[str, Any]]]] = []
+
+    def __call__(self, node: int, targets: list[dict[str, Any]]) -> None:
+        self.calls.append((node, targets))
+
+
+def _hb_cfg() -> HeartbeatConfig:
+    return HeartbeatConfig(
+        publish_interval_s=1.0,
+        initial_process_timeout_s=10.0,
+        process_timeout_s=10.0,
+        initial_progress_timeout_s=60.0,
+        progress_timeout_s=20.0,
+        checkpoint_timeout_s=100.0,
+    )
+
+
+def rec(
+    rank: int,
+    pid: int,
+    *,
+    hostname: str = HOST,
+    node_rank: int = 0,
+    progress_seq: int = 5,
+    since: float = 0.2,
+    world_size: int = 2,
+    seq: int = 1,
+) -> dict[str, Any]:
+    return {
+        "schema_version": 1,
+        "run_id": RUN,
+        "rank": rank,
+        "local_rank": rank,
+        "pid": pid,
+        "seq": seq,
+        "event": "heartbeat",
+        "hostname": hostname,
+        "node_rank": node_rank,
+        "progress_seq": progress_seq,
+        "iteration": progress_seq,
+        "since_progress_s": since,
+        "checkpoint_active": False,
+        "phase": "train",
+        "wall_time_ns": BASE_NS,
+        "world_size": world_size,
+    }
+
+
+def finding(ftype: str, rank: int, pid: int | None) -> dict[str, Any]:
+    return {"finding_type": ftype, "rank": rank, "pid": pid, "reason": "test"}
+
+
+def _rules(*records: dict[str, Any]) -> HeartbeatRules:
+    rules = HeartbeatRules(_hb_cfg(), RUN, expected_world_size=len(records) or None, started_at=0.0)
+    for r in records:
+        assert rules.ingest(r, 0.0)
+    return rules
+
+
+def _handler(
+    tmp_path: Path, rules: HeartbeatRules, **cfg: Any
+) -> tuple[FaultHandler, FakeMonitor, FakeAgent]:
+    cfg.setdefault("stack_dump", "faulthandler")
+    cfg.setdefault("stack_dump_timeout_s", 5.0)
+    monitor, agent = FakeMonitor(rules), FakeAgent()
+    handler = FaultHandler(
+        FaultToleranceConfig(enable_ft_package=True, **cfg), tmp_path, monitor, agent
+    )
+    handler.attach()
+    return handler, monitor, agent
+
+
+def _alive(proc: subprocess.Popen[str], wait_s: float = 0.3) -> bool:
+    try:
+        proc.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        return True
+    return False
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """Start a rank child; every child is killed and reaped at the end."""
+    children: list[subprocess.Popen[str]] = []
+
+    def start(rank: int, *, handler: bool = True) -> subprocess.Popen[str]:
+        code = RANK_CHILD if handler else PLAIN_CHILD
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, str(tmp_path), str(rank)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        children.append(proc)
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        return proc
+
+    try:
+        yield start
+    finally:
+        for proc in children:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+# ---- report --------------------------------------------------------------------------
+
+
+def test_report_does_nothing(tmp_path: Path, spawn: Callable[..., Any]) -> None:
+    child = spawn(0, handler=False)
+    rules = _rules(rec(0, child.pid, world_size=1))
+    handler, monitor, agent = _handler(tmp_path, rules, actions={"gpu_progress_timeout": "report"})
+    f = finding("gpu_progress_timeout", 0, child.pid)
+    handler.enrich(f)
+    assert f["action"] == "report"
+    assert "stack_dumps" not in f and "stack_dump" not in f
+    handler.act(f)
+    assert _alive(child)  # neither killed nor sent the dump signal
+    assert agent.causes == []
+    assert monitor.restarts == []
+    assert handler.actions_taken == 0
+    assert not (tmp_path / "stacks").exists()
+    # Reporting does not make the handler busy: the next fault is acted on.
+    g = finding("rank_process_exited", 0, child.pid)
+    handler.enrich(g)
+    assert g["action"] == "restart"
+
+
+def test_health_findings_are_reported_by_default(tmp_path: Path) -> None:
+    handler, _, agent = _handler(tmp_path, _rules(rec(0, 999_999, world_size=1)))
+    for ftype in ("gpu_hardware_health_failure", "gpu_hardware_health_warning", "other"):
+        f = finding(ftype, 0, 999_999)
+        handler.enrich(f)
+        handler.act(f)
+        assert f["action"] == "report"
+    assert agent.causes == []
+
+
+# ---- restart -------------------------------------------------------------------------
+
+
+def test_restart_dumps_culprit_first_then_kills_it(
+    tmp_path: Path, spawn: Callable[..., Any]
+) -> None:
+    rank0, rank1 = spawn(0), spawn(1)
+    # Rank 1 has not progressed for 25 s (> 20 s) and is behind rank 0: the culprit.
+    rules = _rules(rec(0, rank0.pid, progress_seq=7), rec(1, rank1.pid, since=25.0))
+    found = rules.evaluate(0.1)
+    assert [(f["rank"], f["finding_type"]) for f in found] == [(1, "gpu_progress_timeout")]
+    handler, monitor, agent = _handler(tmp_path, rules)
+    assert monitor.before_record == [handler.enrich]
+    assert monitor.on_finding == [handler.act]
+
+    f = found[0]
+    handler.enrich(f)
+    assert f["action"] == "restart"
+    assert list(f["stack_dumps"]) == ["1", "0"]  # the culprit first
+    assert f["stack_dump"] == f["stack_dumps"]["1"]
+    assert f["stack_dump"] == str(tmp_path / "stacks" / f"rank_1_pid_{rank1.pid}.txt")
+    for rank in ("1", "0"):
+        assert "blocked_here" in Path(f["stack_dumps"][rank]).read_text(encoding="utf-8")
+    assert rank1.poll() is None  # dumped, not killed yet
+
+    handler.act(f)
+    assert agent.causes == [(f, False)]
+    assert monitor.restarts == ["restart after gpu_progress_timeout on rank 1"]
+    assert rules.restarting == "restart after gpu_progress_timeout on rank 1"
+    assert rank1.wait(timeout=5) == -9  # SIGKILL
+    assert _alive(rank0)  # the agent stops the others
+    assert handler.actions_taken == 1
+
+
+def test_second_finding_while_busy_is_not_acted_on(
+    tmp_path: Path, spawn: Callable[..., Any]
+) -> None:
+    rank0, rank1 = spawn(0), spawn(1)
+    rules = _rules(rec(0, rank0.pid), rec(1, rank1.pid))
+    handler, monitor, agent = _handler(tmp_path, rules)
+    first = finding("gpu_progress_timeout", 1, rank1.pid)
+    handler.enrich(first)
+    handler.act(first)
+    assert rank1.wait(timeout=5) == -9
+
+    second = finding("rank_process_heartbeat_timeout", 0, rank0.pid)
+    handler.enrich(second)
+    assert second["action"] == BUSY
+    assert "stack_dumps" not in second
+    handler.act(second)
+    assert len(agent.causes) == 1
+    assert len(monitor.restarts) == 1
+    assert handler.actions_taken == 1
+    assert _alive(rank0)
+    # A report-only finding is still reported as such while busy.
+    health = finding("gpu_hardware_health_failure", 0, rank0.pid)
+    handler.enrich(health)
+    assert health["action"] == "report"
+
+    # The agent started a new worker group: the next fault is acted on again.
+    handler.restarted()
+    third = finding("gpu_progress_timeout", 0, rank0.pid)
+    handler.enrich(third)
+    assert third["action"] == "restart"
+    assert list(third["stack_dumps"]) == ["0", "1"]
+    assert third["stack_dumps"]["1"] == "failed"  # rank 1 is gone
+    assert "blocked_here" in Path(third["stack_dump"]).read_text(encoding="utf-8")
+    handler.act(third)
+    assert rank0.wait(timeout=5) == -9
+    assert [abort for _, abort in agent.causes] == [False, False]
+    assert handler.actions_taken == 2
+
+
+# ---- abort ---------------------------------------------------------------------------
+
+
+def test_abort_sets_the_cause_with_abort(tmp_path: Path, spawn: Callable[..., Any]) -> None:
+    child = spawn(0)
+    rules = _rules(rec(0, child.pid, world_size=1))
+    handler, monitor, agent = _handler(tmp_path, rules, actions={"gpu_progress_timeout": "abort"})
+    f = finding("gpu_progress_timeout", 0, child.pid)
+    handler.enrich(f)
+    assert f["action"] == "abort"
+    assert "blocked_here" in Path(f["stack_dump"]).read_text(encoding="utf-8")
+    handler.act(f)
+    assert agent.causes == [(f, True)]
+    assert monitor.restarts == ["abort after gpu_progress_timeout on rank 0"]
+    assert child.wait(timeout=5) == -9
+
+
+# ---- a rank that exited --------------------------------------------------------------
+
+
+def test_exited_rank_no_dump_no_kill_but_cause(tmp_path: Path, spawn: Callable[..., Any]) -> None:
+    # The record's pid is alive and has no dump handler: a dump signal or a kill sent to
+    # it would end it.
+    child = spawn(0, handler=False)
+    rules = _rules(rec(0, child.pid, world_size=1))
+    handler, monitor, agent = _handler(tmp_path, rules)
+    f = finding("rank_process_exited", 0, child.pid)
+    handler.enrich(f)
+    assert f["action"] == "restart"
+    assert "stack_dumps" not in f and "stack_dump" not in f
+    handler.act(f)
+    assert agent.causes == [(f, False)]
+    assert monitor.restarts == ["restart after rank_process_exited on rank 0"]
+    assert _alive(child)
+    assert not (tmp_path / "stacks").exists()
+    # One fault, one action: the exit made the handler busy.
+    g = finding("rank_process_heartbeat_timeout", 0, child.pid)
+    handler.enrich(g)
+    assert g["action"] == BUSY
+
+
+# ---- a culprit on another node -------------------------------------------------------
+
+
+def _remote_rules() -> HeartbeatRules:
+    return _rules(
+        rec(0, 4101, hostname="node-b", node_rank=1, world_size=3),
+        rec(1, 4102, hostname="node-b", node_rank=1, world_size=3, since=30.0),
+        rec(2, 4103, hostname="node-c", node_rank=2, world_size=3),
+    )
+
+
+def test_remote_culprit_is_dumped_and_killed_by_its_node(tmp_path: Path) -> None:
+    rules = _remote_rules()
+    remote = RemoteKills()
+    monitor, agent = FakeMonitor(rules), FakeAgent()
+    cfg = FaultToleranceConfig(enable_ft_package=True, stack_dump="faulthandler")
+    handler = FaultHandler(cfg, tmp_path, monitor, agent, remote_kill=remote)
+    f = finding("gpu_progress_timeout", 1, 4102)
+    handler.enrich(f)
+    assert f["action"] == "restart"
+    assert list(f["stack_dumps"]) == ["1", "0", "2"]
+    assert f["stack_dumps"]["1"].startswith("on node 1")
+    assert f["stack_dumps"]["2"].startswith("on node 2")
+    assert not (tmp_path / "stacks").exists()  # nothing dumped here
+    handler.act(f)
+    assert agent.causes == [(f, False)]
+    assert len(remote.calls) == 1
+    node, targets = remote.calls[0]
+    assert node == 1
+    assert targets[0] == {"rank": 1, "pid": 4102, "kill": True}  # the culprit first
+    assert {"rank": 0, "pid": 4101} in targets  # its node's other ranks, to be dumped
+    assert all(t["pid"] != 4103 for t in targets)  # not another node's ranks
+    assert [t for t in targets if t.get("kill")] == [targets[0]]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: FaultHandler.act lists the culprit twice in the remote kill targets "
+    "(once with kill=True, again among 'others'), so the relay dumps its stacks twice "
+    "before the kill",
+)
+def test_remote_kill_lists_the_culprit_once(tmp_path: Path) -> None:
+    remote = RemoteKills()
+    monitor = FakeMonitor(_remote_rules())
+    cfg = FaultToleranceConfig(enable_ft_package=True)
+    handler = FaultHandler(cfg, tmp_path, monitor, FakeAgent(), remote_kill=remote)
+    f = {**finding("gpu_progress_timeout", 1, 4102), "action": "restart"}
+    handler.act(f)
+    assert [t["rank"] for t in remote.calls[0][1]] == [1, 0]
+
+
+def test_remote_culprit_without_remote_kill_still_sets_the_cause(tmp_path: Path) -> None:
+    monitor, agent = FakeMonitor(_remote_rules()), FakeAgent()
+    handler = FaultHandler(FaultToleranceConfig(enable_ft_package=True), tmp_path, monitor, agent)
+    f = {**finding("gpu_progress_timeout", 1, 4102), "action": "restart"}
+    handler.act(f)  # logs that the node cannot be reached; no exception
+    assert agent.causes == [(f, False)]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: FaultHandler.enrich marks the handler busy for a rank that was never "
+    "observed (pid None), act() then kills nothing (no restart follows, so restarted() "
+    "is never called) and every later fault gets 'none (a restart is already under way)'; "
+    "it should either kill something that makes the agent restart or stay armed",
+)
+def test_never_observed_rank_does_not_leave_the_handler_busy(
+    tmp_path: Path, spawn: Callable[..., Any]
+) -> None:
+    child = spawn(0)
+    rules = HeartbeatRules(_hb_cfg(), RUN, expected_world_size=2, started_at=0.0)
+    assert rules.ingest(rec(0, child.pid), 0.0)
+    assert rules.ingest(rec(0, child.pid, seq=2), 10.5)
+    never = rules.evaluate(11.0)  # rank 1 never published a heartbeat
+    assert [(f["rank"], f["reason"]) for f in never] == [
+        (1, "rank_process_heartbeat_never_observed")
+    ]
+    handler, _, _ = _handler(tmp_path, rules)
+    handler.enrich(never[0])
+    handler.act(never[0])
+    if _alive(child):
+        # Nothing was killed, so no restart will re-arm the handler: a later hang of
+        # rank 0 must still be acted on.
+        later = finding("gpu_progress_timeout", 0, child.pid)
+        handler.enrich(later)
+        assert later["action"] == "restart"

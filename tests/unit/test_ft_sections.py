@@ -1,0 +1,313 @@
+"""Section timeouts in the heartbeat rules (NVRx's setup/step/checkpointing sections, user
+sections, time out of any section) and the restart window.
+
+Pure logic with an explicit monitor clock. Heartbeat timeouts: process 10 s, progress
+20 s, initial progress 60 s, checkpoint 100 s.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rankguard.heartbeat.config import HeartbeatConfig
+from rankguard.heartbeat.rules import HeartbeatRules, Liveness, Progress
+
+RUN = "run-sections"
+BASE_NS = 1_700_000_000_000_000_000
+
+PROGRESS_TIMEOUT = "gpu_progress_timeout"
+SECTION_TIMEOUT = "rank_section_timeout"
+PROCESS_EXITED = "rank_process_exited"
+EXCEEDED = "rank_section_exceeded_its_timeout"
+OUT_OF_SECTION = "rank_out_of_section_too_long"
+
+
+def _cfg() -> HeartbeatConfig:
+    return HeartbeatConfig(
+        publish_interval_s=1.0,
+        initial_process_timeout_s=10.0,
+        process_timeout_s=10.0,
+        initial_progress_timeout_s=60.0,
+        progress_timeout_s=20.0,
+        checkpoint_timeout_s=100.0,
+    )
+
+
+def _rules(
+    sections: dict[str, float] | None = None,
+    out_of_section: float | None = None,
+    world: int = 1,
+) -> HeartbeatRules:
+    return HeartbeatRules(
+        _cfg(),
+        RUN,
+        expected_world_size=world,
+        started_at=0.0,
+        section_timeouts=sections,
+        out_of_section_timeout=out_of_section,
+    )
+
+
+def rec(
+    rank: int,
+    seq: int,
+    *,
+    t: float = 0.0,
+    pid: int | None = None,
+    event: str = "heartbeat",
+    progress_seq: int = 5,
+    since: float = 0.5,
+    phase: str = "train",
+    phase_elapsed: float = 0.0,
+    checkpoint_active: bool = False,
+    exit: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    r: dict[str, Any] = {
+        "schema_version": 1,
+        "run_id": RUN,
+        "rank": rank,
+        "local_rank": rank,
+        "pid": 1000 + rank if pid is None else pid,
+        "seq": seq,
+        "event": event,
+        "hostname": f"host{rank}",
+        "node_rank": 0,
+        "progress_seq": progress_seq,
+        "iteration": progress_seq,
+        "since_progress_s": since,
+        "phase_elapsed_s": phase_elapsed,
+        "checkpoint_active": checkpoint_active,
+        "checkpoint_id": "c1" if checkpoint_active else None,
+        "phase": phase,
+        "wall_time_ns": BASE_NS + int(t * 1e9),
+        "world_size": 1,
+    }
+    if exit is not None:
+        r["exit"] = exit
+    return r
+
+
+class Feed:
+    def __init__(self, rules: HeartbeatRules) -> None:
+        self.rules = rules
+        self.seq: dict[int, int] = {}
+
+    def beat(self, rank: int, now: float, **kw: Any) -> None:
+        seq = self.seq.get(rank, -1) + 1
+        self.seq[rank] = seq
+        assert self.rules.ingest(rec(rank, seq, t=now, **kw), now)
+
+
+def run_stall(rules: HeartbeatRules, seconds: int, **kw: Any) -> list[tuple[int, dict[str, Any]]]:
+    """One rank beating every second with no progress since t=0; (t, finding) pairs."""
+    feed = Feed(rules)
+    out: list[tuple[int, dict[str, Any]]] = []
+    for t in range(seconds):
+        feed.beat(0, t, since=float(t), **kw)
+        out += [(t, f) for f in rules.evaluate(t + 0.1)]
+    return out
+
+
+# ---- sections replacing the progress timeouts ----------------------------------------
+
+
+def test_step_section_replaces_progress_timeout_when_shorter() -> None:
+    found = run_stall(_rules({"step": 5.0}), 30)
+    assert [(t, f["finding_type"]) for t, f in found] == [(5, PROGRESS_TIMEOUT)]
+    f = found[0][1]
+    assert f["timeout_s"] == 5.0
+    assert f["observed_s"] == pytest.approx(5.1)
+    assert f["process_liveness"] == "alive"
+    assert f["gpu_progress"] == "stalled"
+
+
+def test_step_section_replaces_progress_timeout_when_longer() -> None:
+    rules = _rules({"step": 40.0})
+    found = run_stall(rules, 50)
+    assert [(t, f["finding_type"]) for t, f in found] == [(40, PROGRESS_TIMEOUT)]
+    assert found[0][1]["timeout_s"] == 40.0
+
+
+def test_step_section_applies_to_the_step_phase_too() -> None:
+    found = run_stall(_rules({"step": 5.0}), 10, phase="step")
+    assert [(t, f["finding_type"]) for t, f in found] == [(5, PROGRESS_TIMEOUT)]
+
+
+def test_setup_section_replaces_initial_progress_timeout() -> None:
+    found = run_stall(_rules({"setup": 15.0}), 70, progress_seq=0, phase="setup")
+    assert [(t, f["finding_type"]) for t, f in found] == [(15, PROGRESS_TIMEOUT)]
+    assert found[0][1]["timeout_s"] == 15.0
+    # Without the section, the 60 s initial progress timeout applies.
+    found = run_stall(_rules(), 70, progress_seq=0, phase="setup")
+    assert [t for t, _ in found] == [60]
+
+
+def test_setup_section_does_not_apply_after_the_first_step() -> None:
+    found = run_stall(_rules({"setup": 5.0}), 30)
+    assert [(t, f["timeout_s"]) for t, f in found] == [(20, 20.0)]
+
+
+def test_checkpointing_section_replaces_checkpoint_timeout_while_saving() -> None:
+    kw: dict[str, Any] = {"checkpoint_active": True, "phase": "checkpointing"}
+    found = run_stall(_rules({"checkpointing": 30.0}), 60, **kw)
+    assert [(t, f["finding_type"]) for t, f in found] == [(30, PROGRESS_TIMEOUT)]
+    assert found[0][1]["timeout_s"] == 30.0
+    assert found[0][1]["checkpoint_active"] is True
+    # Without the section, the 100 s checkpoint timeout applies.
+    assert run_stall(_rules(), 60, **kw) == []
+    # The step section does not apply while saving.
+    assert run_stall(_rules({"step": 5.0}), 60, **kw) == []
+
+
+# ---- named sections and time out of any section --------------------------------------
+
+
+def test_user_section_times_out_by_phase_elapsed() -> None:
+    rules = _rules({"eval": 10.0})
+    feed = Feed(rules)
+    found: list[tuple[int, dict[str, Any]]] = []
+    for t in range(30):
+        # Progress stopped at t=0, when eval started: only the section timeout counts.
+        feed.beat(0, t, phase="eval", phase_elapsed=float(t), since=float(t))
+        found += [(t, f) for f in rules.evaluate(t + 0.5)]
+    assert [(t, f["finding_type"]) for t, f in found] == [(10, SECTION_TIMEOUT)]
+    f = found[0][1]
+    assert f["reason"] == EXCEEDED
+    assert f["timeout_s"] == 10.0
+    assert f["observed_s"] == pytest.approx(10.5)
+    assert f["phase"] == "eval"
+    assert f["process_liveness"] == "alive"
+    assert "section 'eval'" in f["message"]
+
+
+def test_section_elapsed_is_record_elapsed_plus_heartbeat_age() -> None:
+    rules = _rules({"eval": 10.0})
+    # The publisher says the section started 8 s ago; no newer record arrives.
+    assert rules.ingest(rec(0, 0, phase="eval", phase_elapsed=8.0), 0.0)
+    assert rules.evaluate(1.0) == []  # 8 + 1 = 9 s
+    assert rules.evaluate(1.9) == []  # 9.9 s
+    found = rules.evaluate(2.5)  # 10.5 s
+    assert [f["finding_type"] for f in found] == [SECTION_TIMEOUT]
+    assert found[0]["observed_s"] == pytest.approx(10.5)
+
+
+def test_no_progress_timeout_inside_a_section() -> None:
+    rules = _rules({"eval": 100.0})
+    feed = Feed(rules)
+    for t in range(60):  # no progress for 60 s > 20 s progress timeout
+        feed.beat(0, t, phase="eval", phase_elapsed=float(t), since=float(t))
+        assert rules.evaluate(t + 0.5) == [], t
+        assert rules.ranks[0].progress is Progress.PROGRESSING
+        assert rules.ranks[0].liveness is Liveness.ALIVE
+
+
+def test_section_timeout_for_another_phase_does_not_apply() -> None:
+    # eval has a timeout, the rank is in "predict": the progress timeout (20 s) applies.
+    found = run_stall(_rules({"eval": 5.0}), 30, phase="predict", phase_elapsed=0.0)
+    assert [(t, f["finding_type"]) for t, f in found] == [(20, PROGRESS_TIMEOUT)]
+
+
+def test_out_of_section_timeout() -> None:
+    rules = _rules({"step": 50.0}, out_of_section=10.0)
+    feed = Feed(rules)
+    found: list[tuple[int, dict[str, Any]]] = []
+    for t in range(30):
+        feed.beat(0, t, phase="custom", phase_elapsed=float(t), since=float(t))
+        found += [(t, f) for f in rules.evaluate(t + 0.5)]
+    assert [(t, f["finding_type"]) for t, f in found] == [(10, SECTION_TIMEOUT)]
+    f = found[0][1]
+    assert f["reason"] == OUT_OF_SECTION
+    assert f["timeout_s"] == 10.0
+    assert "out-of-section phase 'custom'" in f["message"]
+
+
+def test_out_of_section_does_not_apply_to_train_or_named_sections() -> None:
+    # Training steps use the step timeout, not the out-of-section one.
+    assert run_stall(_rules(out_of_section=5.0), 20) == []
+    # A named section uses its own timeout, not the out-of-section one.
+    rules = _rules({"eval": 30.0}, out_of_section=5.0)
+    feed = Feed(rules)
+    for t in range(25):
+        feed.beat(0, t, phase="eval", phase_elapsed=float(t), since=float(t))
+        assert rules.evaluate(t + 0.5) == []
+
+
+def test_leaving_the_section_clears_it_so_it_fires_again() -> None:
+    rules = _rules({"eval": 5.0})
+    feed = Feed(rules)
+    found: list[tuple[int, dict[str, Any]]] = []
+    progress = 5
+    for t in range(40):
+        if t < 12 or t >= 20:  # eval from 0 and again from 20
+            start = 0 if t < 12 else 20
+            kw: dict[str, Any] = {"phase": "eval", "phase_elapsed": float(t - start)}
+        else:  # training steps in between
+            progress += 1
+            kw = {"phase": "train", "phase_elapsed": float(t - 12), "since": 0.2}
+        feed.beat(0, t, progress_seq=progress, **kw)
+        found += [(t, f) for f in rules.evaluate(t + 0.5)]
+        if 12 <= t < 20:
+            assert SECTION_TIMEOUT not in rules.ranks[0].active
+    assert [(t, f["finding_type"]) for t, f in found] == [
+        (5, SECTION_TIMEOUT),
+        (25, SECTION_TIMEOUT),
+    ]
+
+
+# ---- restarts ------------------------------------------------------------------------
+
+
+def _two_ranks() -> tuple[HeartbeatRules, Feed]:
+    rules = _rules(world=2)
+    feed = Feed(rules)
+    for rank in (0, 1):
+        feed.beat(rank, 0.0)
+    assert rules.evaluate(0.5) == []
+    return rules, feed
+
+
+def test_exits_while_restarting_are_not_findings() -> None:
+    rules, feed = _two_ranks()
+    rules.note_restart("restart after gpu_progress_timeout on rank 1")
+    crash = {"clean": False, "exit_code": -9, "error": "killed"}
+    for rank in (1, 0):
+        feed.beat(rank, 1.0, event="process_end", exit=crash)
+    assert rules.evaluate(1.5) == []
+    for rank in (0, 1):
+        state = rules.ranks[rank]
+        assert state.liveness is Liveness.EXITED
+        assert state.record is not None
+        assert state.record["exit"]["after_restart"] == (
+            "restart after gpu_progress_timeout on rank 1"
+        )
+    assert rules.restarting is not None
+
+
+def test_without_note_restart_the_exit_is_a_finding() -> None:
+    rules, feed = _two_ranks()
+    feed.beat(1, 1.0, event="process_end", exit={"clean": False, "exit_code": 1})
+    assert [(f["rank"], f["finding_type"]) for f in rules.evaluate(1.5)] == [(1, PROCESS_EXITED)]
+
+
+def test_first_new_pid_ends_the_restart_window() -> None:
+    rules, feed = _two_ranks()
+    rules.note_restart("restart 1")
+    crash = {"clean": False, "exit_code": -15}
+    feed.beat(0, 1.0, event="process_end", exit=crash)
+    assert rules.evaluate(1.5) == []
+    # The new worker group: rank 0's new process appears.
+    assert rules.ingest(rec(0, 0, t=5.0, pid=2000), 5.0)
+    assert rules.restarting is None
+    assert rules.ranks[0].pid == 2000
+    assert rules.ranks[0].liveness is Liveness.NOT_OBSERVED  # reset, evaluated next
+    assert rules.evaluate(5.5) == []
+    assert rules.ranks[0].liveness is Liveness.ALIVE
+    # From now on an error exit is a finding again.
+    assert rules.ingest(
+        rec(0, 1, t=6.0, pid=2000, event="process_end", exit={"clean": False, "exit_code": 1}),
+        6.0,
+    )
+    found = rules.evaluate(6.5)
+    assert [(f["rank"], f["pid"], f["finding_type"]) for f in found] == [(0, 2000, PROCESS_EXITED)]
