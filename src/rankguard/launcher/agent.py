@@ -58,11 +58,9 @@ def _cause_rank(failure: Any) -> tuple[int, float]:
     than SIGTERM wrote no error file (its timestamp is only when the agent noticed) and
     comes first; then real errors by time; SIGTERM last: when one worker fails, torch
     elastic terminates the others with it."""
-    if failure.exitcode < 0:
-        category = 2 if -failure.exitcode == signal.SIGTERM else 0
-    else:
-        category = 1
-    return category, float(failure.timestamp)
+    by_signal = failure.exitcode < 0
+    sigterm = by_signal and -failure.exitcode == signal.SIGTERM
+    return (2 if sigterm else 0 if by_signal else 1), float(failure.timestamp)
 
 
 class RankguardAgent(LocalElasticAgent):
