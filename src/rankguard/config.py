@@ -26,6 +26,7 @@ import yaml
 from rankguard.ft.config import FaultToleranceConfig
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.perf.config import PerfConfig
+from rankguard.straggler.config import StragglerConfig
 
 __all__ = [
     "ConfigError",
@@ -79,6 +80,7 @@ class RankguardConfig:
     heartbeat: HeartbeatConfig = field(default_factory=HeartbeatConfig)
     perf: PerfConfig = field(default_factory=PerfConfig)
     fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
+    straggler: StragglerConfig = field(default_factory=StragglerConfig)
 
     def __post_init__(self) -> None:
         if not self.log_dir:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     import torch
 
     from rankguard.perf.reporter import PerfReporter
+    from rankguard.straggler.probe import ComputeProbe
 
 __all__ = ["NullSession", "Session", "current", "init"]
 
@@ -82,6 +83,21 @@ class _DataLoading:
         tracker.data_ns += tracker.now_ns() - self._t0
 
 
+class _Compute:
+    """``with session.compute():`` the rank's own compute (straggler detection)."""
+
+    __slots__ = ("_probe",)
+
+    def __init__(self, probe: ComputeProbe) -> None:
+        self._probe = probe
+
+    def __enter__(self) -> None:
+        self._probe.section_enter()
+
+    def __exit__(self, *exc: object) -> None:
+        self._probe.section_exit()
+
+
 class _Step:
     """Reusable ``with session.step():`` block: phase ``train``, step end on success."""
 
@@ -129,6 +145,7 @@ class Session:
         publish: bool = True,
         perf: PerfReporter | None = None,
         extra: Callable[[], dict[str, Any]] | None = None,
+        probe: ComputeProbe | None = None,
     ) -> None:
         self.identity = identity
         self.config = config
@@ -140,7 +157,11 @@ class Session:
                 run_dir,
                 self.tracker,
                 config.publish_interval_s,
-                extra=_merge(perf.heartbeat_fields if perf is not None else None, extra),
+                extra=_merge(
+                    perf.heartbeat_fields if perf is not None else None,
+                    extra,
+                    probe.heartbeat_fields if probe is not None else None,
+                ),
             )
             if publish
             else None
@@ -151,7 +172,17 @@ class Session:
         self._explicit = False  # has the script called step_end itself yet?
         self._step = _Step(self)
         self._tracker_step_end = self.tracker.step_end
+        self._compute: _Compute | _NullContext = _NULL_CONTEXT
+        if probe is not None:  # straggler detection: measure each step's own compute
+            self._tracker_step_end = probe.step_end
+            self._compute = _Compute(probe)
+        self._control = None
+        self._stop_at: int | None = None
         if self.publisher is not None:
+            from rankguard.agree import ControlReader
+
+            self._control = ControlReader(run_dir)
+            self.publisher.ticks.append(self._poll_control)
             self.publisher.start()
         if perf is not None:
             perf.start()
@@ -173,6 +204,27 @@ class Session:
     def step(self, iteration: int | None = None) -> _Step:
         """``with session.step(i): ...``: phase train, progress on clean exit."""
         return self._step(iteration)
+
+    def compute(self) -> _Compute | _NullContext:
+        """``with session.compute():`` around the rank's own compute (forward and
+        backward up to the first collective): what straggler detection measures."""
+        return self._compute
+
+    def should_stop(self) -> bool:
+        """True at the step every rank agreed to stop at (straggler ``stop_if_detected``,
+        later preemption): checkpoint this step and leave the loop."""
+        stop_at = self._stop_at
+        return stop_at is not None and self.tracker.issued_seq >= stop_at
+
+    @property
+    def stop_reason(self) -> str | None:
+        return self._control.reason if self._control is not None else None
+
+    def _poll_control(self) -> None:
+        control = self._control
+        assert control is not None
+        control.poll()
+        self._stop_at = control.stop_at_step
 
     # ---- phases and checkpoints -----------------------------------------------------
 
@@ -346,6 +398,16 @@ class NullSession:
     def data_loading(self) -> _NullContext:
         return _NULL_CONTEXT
 
+    def compute(self) -> _NullContext:
+        return _NULL_CONTEXT
+
+    def should_stop(self) -> bool:
+        return False
+
+    @property
+    def stop_reason(self) -> str | None:
+        return None
+
     def set_batch(
         self,
         *,
@@ -422,6 +484,11 @@ def _session_from_env() -> Session | NullSession:
         from rankguard.ft.stats import SectionStats
 
         extra = SectionStats(tracker).heartbeat_fields
+    probe = None
+    if cfg.straggler.enabled and cfg.heartbeat.enabled:
+        from rankguard.straggler.probe import ComputeProbe
+
+        probe = ComputeProbe(tracker.step_end, every=cfg.straggler.profiling_interval)
     session = Session(
         identity,
         Path(run_dir),
@@ -430,6 +497,7 @@ def _session_from_env() -> Session | NullSession:
         publish=cfg.heartbeat.enabled,
         perf=perf,
         extra=extra,
+        probe=probe,
     )
     if ft.simulate_fault and session.restart_count == 0:
         from rankguard.ft.simulate import FaultSimulator

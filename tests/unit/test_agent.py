@@ -36,10 +36,11 @@ def test_no_failures_is_none() -> None:
     assert first_failure(object()) is None  # no failures attribute at all
 
 
-def test_earliest_failure_is_the_root_cause() -> None:
+def test_earliest_error_is_the_root_cause() -> None:
     result = FakeResult(
         failures={
-            0: FakeFailure(timestamp=200, local_rank=0, pid=101, exitcode=-15, message="Signal 15"),
+            # Terminated by the agent because another worker failed: a consequence.
+            0: FakeFailure(timestamp=50, local_rank=0, pid=101, exitcode=-15, message="Signal 15"),
             3: FakeFailure(
                 timestamp=100,
                 local_rank=1,
@@ -48,7 +49,7 @@ def test_earliest_failure_is_the_root_cause() -> None:
                 message={"message": "RuntimeError: boom", "extraInfo": {"py_callstack": "tb"}},
                 error_file="/tmp/err_3.json",
             ),
-            2: FakeFailure(timestamp=150, local_rank=0, pid=103, exitcode=-9, message="killed"),
+            2: FakeFailure(timestamp=150, local_rank=0, pid=103, exitcode=1, message="later"),
         }
     )
     assert first_failure(result) == {
@@ -63,17 +64,32 @@ def test_earliest_failure_is_the_root_cause() -> None:
     }
 
 
-def test_signal_death_names_the_signal_and_string_message() -> None:
+def test_rank_killed_by_a_signal_comes_before_errors() -> None:
+    # A SIGKILLed rank writes no error file: its timestamp is only when the agent
+    # noticed, so it can look later than the errors it caused in its peers.
     result = FakeResult(
         failures={
-            1: FakeFailure(timestamp=5, local_rank=1, pid=77, exitcode=-9, message="Signal 9"),
-            0: FakeFailure(timestamp=9, local_rank=0, pid=76, exitcode=1, message="later"),
+            0: FakeFailure(timestamp=100, local_rank=0, pid=76, exitcode=1, message="peer gone"),
+            1: FakeFailure(timestamp=300, local_rank=1, pid=77, exitcode=-9, message="Signal 9"),
+            2: FakeFailure(timestamp=90, local_rank=0, pid=78, exitcode=-15, message="Signal 15"),
         }
     )
     out = first_failure(result)
     assert out is not None
     assert (out["rank"], out["exit_code"], out["signal"]) == (1, -9, "SIGKILL")
     assert out["error"] == "Signal 9"
+
+
+def test_sigterm_only_is_the_earliest_sigterm() -> None:
+    result = FakeResult(
+        failures={
+            0: FakeFailure(timestamp=20, local_rank=0, pid=5, exitcode=-15, message="t0"),
+            1: FakeFailure(timestamp=10, local_rank=1, pid=6, exitcode=-15, message="t1"),
+        }
+    )
+    out = first_failure(result)
+    assert out is not None
+    assert (out["rank"], out["signal"]) == (1, "SIGTERM")
 
 
 def test_ties_go_to_the_lowest_rank() -> None:
@@ -135,8 +151,20 @@ def test_retryable_exit_codes() -> None:
     assert {3, 10, 11} <= exitcodes.RETRYABLE
     for code in (0, 1, 2, 12):
         assert code not in exitcodes.RETRYABLE
-    expected = {exitcodes.EXIT_UNHEALTHY_GPU, exitcodes.EXIT_HANG, exitcodes.EXIT_CRASH}
-    assert set(exitcodes.RETRYABLE) == expected
+
+
+def test_retryable_matches_the_documented_table() -> None:
+    """Every code the module's table says to retry is in RETRYABLE, and only those."""
+    doc = exitcodes.__doc__ or ""
+    rows = [line.split("|")[1:-1] for line in doc.splitlines() if line.startswith("| ")]
+    documented: dict[int, bool] = {}
+    for code, name, _meaning, retry in (cells for cells in rows if len(cells) == 4):
+        if code.strip().isdigit():
+            value = getattr(exitcodes, name.strip().strip("`"))
+            assert value == int(code), name
+            documented[value] = retry.strip().startswith("yes")
+    assert {0, 1, 2, 3, 10, 11, 12} <= set(documented)
+    assert {code for code, retry in documented.items() if retry} == set(exitcodes.RETRYABLE)
 
 
 def test_exit_code_values() -> None:

@@ -159,8 +159,10 @@ def test_rank_stalled_stops_the_main_thread_only(
     assert fault_at is not None, lines[-5:]
     before, after = lines[: fault_at - 1], lines[fault_at:]
     assert sum(line.startswith("main") for line in before) >= 1
-    assert sum(line.startswith("main") for line in after) <= 1  # a print racing the signal
-    assert sum(line == "alive" for line in after) >= 5
+    mains = [i for i, line in enumerate(after) if line.startswith("main")]
+    assert len(mains) <= 2  # at most a print racing the signal
+    # The main thread's counter has stopped; the other thread keeps printing.
+    assert sum(line == "alive" for line in after[(mains[-1] + 1 if mains else 0) :]) >= 5
     assert proc.poll() is None  # stalled, not dead
 
 

@@ -515,6 +515,27 @@ def _ft_lines(status: dict[str, Any]) -> list[str]:
                     f"  #{r.get('restart', '-')} {r.get('wall_time', '-')}  "
                     f"{r.get('cause') or '-'} rank {_s(r.get('rank'))}: {_s(r.get('message'))}"
                 )
+    stragglers = status.get("stragglers")
+    if isinstance(stragglers, dict):
+        out += [
+            "",
+            f"Stragglers (report {_s(stragglers.get('report'))}, best compute "
+            f"{_s(stragglers.get('best_compute_ms'))} ms): {_s(stragglers.get('stragglers'))}",
+        ]
+        for label in ("worst", "best"):
+            rows = stragglers.get(label) or []
+            cells = [
+                f"rank {_s(r.get('rank'))} rel {_s(r.get('relative'))} "
+                f"ind {_s(r.get('individual'))}"
+                for r in rows
+                if isinstance(r, dict)
+            ]
+            out.append(f"  {label:<5}  " + ", ".join(cells))
+    stop = status.get("stop_requested")
+    if isinstance(stop, dict):
+        out.append(
+            f"  stop requested at step {_s(stop.get('stop_at_step'))}: {_s(stop.get('reason'))}"
+        )
     timeouts = status.get("timeouts")
     if isinstance(timeouts, dict) and timeouts:
         out += ["", "Timeouts in force"]

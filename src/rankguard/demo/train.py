@@ -125,23 +125,26 @@ def main(argv: list[str] | None = None) -> int:
                     f"[demo] resumed from {os.path.basename(latest)} (restart {rg.restart_count})",
                     flush=True,
                 )
+    step = first - 1
     for step in range(first, args.steps + 1):
         with rg.step(step):
-            t0 = time.perf_counter()
             with rg.data_loading():
                 x, y = synthetic_batch(cfg, args.batch_size, gen, device)
-            loss = _loss(model, x, y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
+            with rg.compute():  # this rank's own work (straggler detection measures it)
+                cpu0 = time.thread_time()
+                loss = _loss(model, x, y)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if args.fault == "slow" and is_fault_rank(args, rank):
+                    _busy(time.thread_time() - cpu0, args.slowdown)
             opt.step()
-            if args.fault == "slow" and is_fault_rank(args, rank):
-                time.sleep((time.perf_counter() - t0 + base) * (args.slowdown - 1.0))
             if base:
                 time.sleep(base)
             inject(args, rank, step, rg.restart_count)
         if rank == 0 and (step == 1 or step % args.log_every == 0):
             print(f"[demo] step {step}/{args.steps} loss {loss.item():.4f}", flush=True)
-        if args.checkpoint_every and step % args.checkpoint_every == 0:
+        stop = rg.should_stop()  # every rank agrees on this step (stop_if_detected)
+        if stop or (args.checkpoint_every and step % args.checkpoint_every == 0):
             with rg.checkpoint(f"step_{step}"):
                 if rank == 0 and args.checkpoint_dir:
                     save_checkpoint(
@@ -151,10 +154,14 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 time.sleep(args.checkpoint_seconds)
                 dist.barrier()
+        if stop:
+            if rank == 0:
+                print(f"[demo] stopping at step {step}: {rg.stop_reason}", flush=True)
+            break
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:
-        print(f"[demo] done: {args.steps} steps on {world} rank(s)", flush=True)
+        print(f"[demo] done: {step} steps on {world} rank(s)", flush=True)
     return 0
 
 
@@ -183,6 +190,15 @@ def latest_checkpoint(directory: str) -> str | None:
         if n.startswith("step_") and n.endswith(".pt") and n[5:-3].isdigit()
     ]
     return os.path.join(directory, f"step_{max(steps)}.pt") if steps else None
+
+
+def _busy(cpu_s: float, slowdown: float) -> None:
+    """A slower device: spend (slowdown - 1) x the step's compute on the CPU."""
+    end = time.thread_time() + cpu_s * (slowdown - 1.0)
+    x = torch.ones(64, 64)
+    while time.thread_time() < end:
+        x = x @ x
+        x.clamp_(max=1.0)
 
 
 def _ce(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -100,6 +100,7 @@ class JobMonitor:
         # (rank, pid) -> (last seq mirrored, was it a synthesized end)
         self._mirrored: dict[tuple[int, int], tuple[int, bool]] = {}
         self.perf_ranks = PerfRanks(run_id)
+        self.straggler: Any = None  # a StragglerDetector when straggler detection is on
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._scan_lock = threading.Lock()
@@ -172,6 +173,10 @@ class JobMonitor:
             self._mark_vanished(now)
         self._read_health(now)
         findings = self.rules.evaluate(now, self._health_for)
+        if self.straggler is not None:
+            slow = self.straggler.evaluate(now, self.rules.ranks)
+            self.rules.findings_total += len(slow)
+            findings += slow
         if findings:
             stamp = _iso_now()
             for f in findings:
@@ -418,6 +423,7 @@ class JobMonitor:
             "ranks": rows,
             "gpu_health": health,
             "perf": self._perf_status(rows),
+            "stragglers": self.straggler.report if self.straggler is not None else None,
             "recent_findings": list(self.recent_findings),
             **self.extra_status,
         }

@@ -56,6 +56,7 @@ class HeartbeatPublisher:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._extra = extra
+        self.ticks: list[Callable[[], None]] = []  # run by the thread before each record
         self._base = identity.base_record()
         self._gpu_refined = identity.gpu is None
         tracker.on_change = self._wake.set
@@ -127,6 +128,11 @@ class HeartbeatPublisher:
             self._wake.clear()
             if self._stop.is_set():
                 break
+            for tick in self.ticks:
+                try:
+                    tick()
+                except Exception:
+                    logger.exception("rankguard: heartbeat tick failed")
             try:
                 self.tracker.poll()
                 if not self._gpu_refined:

@@ -53,6 +53,15 @@ def _kill_key(run_id: str, node_rank: int) -> str:
     return f"{store_prefix(run_id)}kill/node/{node_rank}"
 
 
+def _control_key(run_id: str) -> str:
+    return f"{store_prefix(run_id)}control"
+
+
+def publish_control(store: Any, run_id: str, stop_at_step: int, reason: str) -> None:
+    """Node 0: tell the other nodes' relays to write ``control.json`` for their ranks."""
+    store.set(_control_key(run_id), json.dumps({"stop_at_step": stop_at_step, "reason": reason}))
+
+
 def request_kill(store: Any, run_id: str, node_rank: int, targets: list[dict[str, Any]]) -> None:
     """Node 0: ask node ``node_rank``'s relay to dump the stacks of ``targets`` (dicts
     with rank, pid) and SIGKILL those marked ``kill``."""
@@ -76,6 +85,7 @@ class StoreRelay:
         self._tailers: dict[str, JsonlTailer] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._control_done = False
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="rankguard-relay", daemon=True)
@@ -147,7 +157,21 @@ class StoreRelay:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(int(target["pid"]), signal.SIGKILL)
 
+    def _mirror_control(self) -> None:
+        key = _control_key(self.run_id)
+        if self._control_done or not self.store.check([key]):
+            return
+        from rankguard.agree import write_control
+
+        control = json.loads(self.store.get(key))
+        write_control(self.run_dir, int(control["stop_at_step"]), str(control["reason"]))
+        self._control_done = True
+
     def push_once(self) -> None:
+        try:
+            self._mirror_control()
+        except Exception as exc:
+            logger.warning("rankguard relay: control mirror failed: %s", exc)
         try:
             self._serve_kill_requests()
         except Exception as exc:

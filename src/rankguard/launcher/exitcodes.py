@@ -9,6 +9,7 @@
 | 10 | ``EXIT_HANG`` | a hang (heartbeat, progress, section timeout), budget spent | yes |
 | 11 | ``EXIT_CRASH`` | a rank crashed and the in-job restart budget is spent | yes |
 | 12 | ``EXIT_NO_RESTART`` | a fault whose action is ``abort`` ended the job | no |
+| 13 | ``EXIT_STRAGGLER`` | ranks stopped at one step (stop_if_detected) | yes, elsewhere |
 | 128+N | | the launcher was stopped by signal N | scheduler's call |
 """
 
@@ -20,6 +21,7 @@ __all__ = [
     "EXIT_HANG",
     "EXIT_NO_RESTART",
     "EXIT_OK",
+    "EXIT_STRAGGLER",
     "EXIT_UNHEALTHY_GPU",
     "EXIT_USAGE",
     "RETRYABLE",
@@ -32,5 +34,6 @@ EXIT_UNHEALTHY_GPU = 3
 EXIT_HANG = 10
 EXIT_CRASH = 11
 EXIT_NO_RESTART = 12
+EXIT_STRAGGLER = 13
 
-RETRYABLE = frozenset({EXIT_UNHEALTHY_GPU, EXIT_HANG, EXIT_CRASH})
+RETRYABLE = frozenset({EXIT_UNHEALTHY_GPU, EXIT_HANG, EXIT_CRASH, EXIT_STRAGGLER})

@@ -33,6 +33,7 @@ from rankguard.launcher.exitcodes import (
     EXIT_HANG,
     EXIT_NO_RESTART,
     EXIT_OK,
+    EXIT_STRAGGLER,
     EXIT_USAGE,
 )
 from rankguard.launcher.options import LaunchOptions
@@ -305,6 +306,9 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
         if cause is not None and cause.get("finding_type") in HANG_FINDINGS:
             return EXIT_HANG
         return EXIT_CRASH
+    if services.stop_at is not None:
+        _say(f"every rank stopped at step {services.stop_at} (stop_if_detected)")
+        return EXIT_STRAGGLER
     return EXIT_OK
 
 

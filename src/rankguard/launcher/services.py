@@ -27,6 +27,21 @@ __all__ = ["NodeServices", "ft_state_path"]
 logger = logging.getLogger(__name__)
 
 
+def fastest_step_s(records: list[dict[str, Any]]) -> float | None:
+    """The shortest recent step time any rank shows (the latest perf window, or the
+    average since the first step), so a stop step is far enough ahead for all."""
+    times = []
+    for rec in records:
+        perf = rec.get("perf")
+        if isinstance(perf, dict) and isinstance(perf.get("step_time_ms"), (int, float)):
+            times.append(float(perf["step_time_ms"]) / 1e3)
+        seq, elapsed = rec.get("progress_seq"), rec.get("phase_elapsed_s")
+        if rec.get("phase") == "train" and isinstance(seq, int) and seq > 0 and elapsed:
+            times.append(float(elapsed) / seq)
+    positive = [t for t in times if t > 0]
+    return min(positive) if positive else None
+
+
 def ft_state_path(cfg: RankguardConfig) -> Path:
     """Directory of ``ft_state.json``."""
     ft = cfg.fault_tolerance
@@ -48,6 +63,7 @@ class NodeServices:
     exporter: Any = None
     faults: Any = None  # FaultHandler on node 0 with fault tolerance on
     timeouts: dict[str, Any] | None = None  # timeouts in force and their sources
+    stop_at: int | None = None  # the step every rank was asked to stop at
     restarts: list[dict[str, Any]] | None = None
 
     @property
@@ -96,6 +112,34 @@ class NodeServices:
         logger.warning(
             "rankguard: learned timeouts saved in %s: %s", path, json.dumps(state["timeouts"])
         )
+
+    def _stop_on_straggler(self, finding: dict[str, Any]) -> None:
+        if finding.get("finding_type") != "straggler_detected" or self.stop_at is not None:
+            return
+        self.request_stop(f"straggler: {finding.get('message')}")
+
+    def request_stop(self, reason: str) -> int:
+        """Every rank stops at one step (see :mod:`rankguard.agree`)."""
+        from rankguard.agree import choose_stop_step, write_control
+
+        assert self.monitor is not None
+        hb = self.cfg.heartbeat
+        ranks = self.monitor.rules.ranks
+        records = [s.record for s in ranks.values() if s.record]
+        progress = {r: int((s.record or {}).get("progress_seq") or 0) for r, s in ranks.items()}
+        lead = 2 * hb.publish_interval_s + 2 * hb.scan_interval_s + 1.0
+        self.stop_at = choose_stop_step(progress, fastest_step_s(records), lead)
+        write_control(self.run_dir, self.stop_at, reason)
+        if self.relaying:
+            from rankguard.heartbeat.relay import publish_control
+
+            publish_control(self.store, self.run_id, self.stop_at, reason)
+        self.monitor.extra_status["stop_requested"] = {
+            "stop_at_step": self.stop_at,
+            "reason": reason,
+        }
+        logger.warning("rankguard: all ranks stop at step %d: %s", self.stop_at, reason)
+        return self.stop_at
 
     def on_restart(self, count: int, cause: dict[str, Any] | None) -> None:
         """The agent restarts the worker group: record it (restarts.jsonl, status)."""
@@ -156,6 +200,14 @@ class NodeServices:
             )
             if self.timeouts:
                 self.monitor.extra_status["timeouts"] = self.timeouts
+            if self.cfg.straggler.enabled:
+                from rankguard.straggler.detector import StragglerDetector
+
+                self.monitor.straggler = StragglerDetector(
+                    self.cfg.straggler, self.run_id, started_at=self.monitor.clock()
+                )
+                if self.cfg.straggler.stop_if_detected:
+                    self.monitor.on_finding.append(self._stop_on_straggler)
             if prometheus.enabled:  # before the first scan: no finding goes uncounted
                 from rankguard.exporter import start_for_monitor
 

@@ -1,0 +1,1 @@
+"""Straggler detection: per-rank compute time, relative and individual scores."""

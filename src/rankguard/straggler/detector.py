@@ -1,0 +1,164 @@
+"""Node 0: scores from the ranks' heartbeats, findings and reports (no collective).
+
+Every ``report_time_interval`` seconds, from each rank's latest median compute time:
+
+- relative score = best rank's time / this rank's time (1.0 for the fastest rank);
+- individual score = this rank's best reported time so far / its time now (1.0 when it
+  is as fast as it ever was).
+
+A score below its threshold is a straggler: one ``straggler_detected`` finding per
+episode, naming rank, node, host, GPU and both scores. Each report (best and worst
+``num_gpu_perf_scores_to_print`` ranks) goes to the log and ``status.json``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from rankguard.heartbeat.records import SCHEMA_VERSION
+from rankguard.straggler.config import StragglerConfig
+
+__all__ = ["STRAGGLER_FINDING", "StragglerDetector"]
+
+logger = logging.getLogger(__name__)
+
+STRAGGLER_FINDING = "straggler_detected"
+
+
+class StragglerDetector:
+    def __init__(self, cfg: StragglerConfig, run_id: str, *, started_at: float) -> None:
+        self.cfg = cfg
+        self.run_id = run_id
+        self.next_report = started_at + cfg.report_time_interval
+        self.reports = 0
+        self.best: dict[int, float] = {}  # rank -> best (lowest) compute ms reported
+        self.latest: dict[int, tuple[float, dict[str, Any]]] = {}  # rank -> (ms, record)
+        self.active: set[tuple[int, int | None]] = set()  # (rank, pid) flagged now
+        self.report: dict[str, Any] | None = None
+        self.stop_requested = False
+
+    def observe(self, rank: int, record: dict[str, Any]) -> None:
+        data = record.get("straggler")
+        if not isinstance(data, dict):
+            return
+        try:
+            ms = float(data["compute_ms"])
+        except (KeyError, TypeError, ValueError):
+            return
+        if ms > 0:
+            self.latest[rank] = (ms, record)
+
+    def evaluate(self, now: float, ranks: dict[int, Any]) -> list[dict[str, Any]]:
+        for rank, state in ranks.items():
+            rec = state.record or {}
+            if rec.get("event") == "process_end":
+                self.latest.pop(rank, None)
+            elif rec:
+                self.observe(rank, rec)
+        if now < self.next_report or not self.latest:
+            return []
+        self.next_report = now + self.cfg.report_time_interval
+        self.reports += 1
+        return self._report()
+
+    def _report(self) -> list[dict[str, Any]]:
+        cfg = self.cfg
+        best_now = min(ms for ms, _ in self.latest.values())
+        scores: dict[int, dict[str, Any]] = {}
+        for rank, (ms, rec) in sorted(self.latest.items()):
+            self.best[rank] = min(self.best.get(rank, ms), ms)
+            relative = best_now / ms if cfg.calc_relative_gpu_perf else None
+            individual = self.best[rank] / ms if cfg.calc_individual_gpu_perf else None
+            scores[rank] = {
+                "rank": rank,
+                "node_rank": rec.get("node_rank"),
+                "hostname": rec.get("hostname"),
+                "pid": rec.get("pid"),
+                "gpu": rec.get("gpu"),
+                "compute_ms": round(ms, 4),
+                "relative": None if relative is None else round(relative, 4),
+                "individual": None if individual is None else round(individual, 4),
+            }
+        findings = []
+        flagged_now = set()
+        for rank, score in scores.items():
+            slow_rel = score["relative"] is not None and (
+                score["relative"] < cfg.gpu_relative_perf_threshold
+            )
+            slow_ind = score["individual"] is not None and (
+                score["individual"] < cfg.gpu_individual_perf_threshold
+            )
+            if not (slow_rel or slow_ind):
+                continue
+            key = (rank, score["pid"])
+            flagged_now.add(key)
+            if key in self.active:
+                continue
+            findings.append(self._finding(score, slow_rel, slow_ind))
+        self.active = flagged_now
+        ordered = sorted(scores.values(), key=lambda s: (s["relative"] or 1.0, s["rank"]))
+        n = cfg.num_gpu_perf_scores_to_print
+        self.report = {
+            "report": self.reports,
+            "ranks": len(scores),
+            "best_compute_ms": round(best_now, 4),
+            "stragglers": sorted(rank for rank, _ in flagged_now),
+            "worst": ordered[:n],
+            "best": ordered[::-1][:n],
+            "scores": {
+                str(r): {"relative": s["relative"], "individual": s["individual"]}
+                for r, s in scores.items()
+            },
+        }
+        if cfg.enable_logging and n:
+            logger.warning("rankguard stragglers: %s", self.table())
+        if findings and cfg.stop_if_detected:
+            self.stop_requested = True
+        return findings
+
+    def table(self) -> str:
+        report = self.report or {}
+        lines = [
+            f"report {report.get('report')}: {report.get('ranks')} ranks, best compute "
+            f"{report.get('best_compute_ms')} ms, stragglers {report.get('stragglers')}",
+            "  worst: "
+            + ", ".join(
+                f"rank {s['rank']} rel {s['relative']} ind {s['individual']}"
+                for s in report.get("worst", [])
+            ),
+            "  best:  "
+            + ", ".join(
+                f"rank {s['rank']} rel {s['relative']} ind {s['individual']}"
+                for s in report.get("best", [])
+            ),
+        ]
+        return "\n".join(lines)
+
+    def _finding(self, score: dict[str, Any], slow_rel: bool, slow_ind: bool) -> dict[str, Any]:
+        cfg = self.cfg
+        why = []
+        if slow_rel:
+            why.append(f"relative score {score['relative']} < {cfg.gpu_relative_perf_threshold}")
+        if slow_ind:
+            why.append(
+                f"individual score {score['individual']} < {cfg.gpu_individual_perf_threshold}"
+            )
+        gpu = (score.get("gpu") or {}).get("token") if score.get("gpu") else None
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "run_id": self.run_id,
+            "finding_type": STRAGGLER_FINDING,
+            "rank": score["rank"],
+            "pid": score["pid"],
+            "hostname": score["hostname"],
+            "node_rank": score["node_rank"],
+            "gpu": score.get("gpu"),
+            "relative_score": score["relative"],
+            "individual_score": score["individual"],
+            "compute_ms": score["compute_ms"],
+            "reason": "rank_compute_slower_than_threshold",
+            "message": f"rank {score['rank']} (node {score['node_rank']}, "
+            f"{score['hostname']}, GPU {gpu or '-'}) is a straggler: {'; '.join(why)} "
+            f"(compute {score['compute_ms']} ms per step)",
+        }
