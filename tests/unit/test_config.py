@@ -384,6 +384,7 @@ def test_config_to_dict_is_plain() -> None:
         "heartbeat",
         "perf",
         "fault_tolerance",
+        "straggler",
     }
     assert d["perf"]["log_interval"] == 10 and d["perf"]["model"] is None
 
