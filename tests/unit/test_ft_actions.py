@@ -357,12 +357,6 @@ def test_remote_culprit_is_dumped_and_killed_by_its_node(tmp_path: Path) -> None
     assert [t for t in targets if t.get("kill")] == [targets[0]]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: FaultHandler.act lists the culprit twice in the remote kill targets "
-    "(once with kill=True, again among 'others'), so the relay dumps its stacks twice "
-    "before the kill",
-)
 def test_remote_kill_lists_the_culprit_once(tmp_path: Path) -> None:
     remote = RemoteKills()
     monitor = FakeMonitor(_remote_rules())
@@ -381,13 +375,6 @@ def test_remote_culprit_without_remote_kill_still_sets_the_cause(tmp_path: Path)
     assert agent.causes == [(f, False)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: FaultHandler.enrich marks the handler busy for a rank that was never "
-    "observed (pid None), act() then kills nothing (no restart follows, so restarted() "
-    "is never called) and every later fault gets 'none (a restart is already under way)'; "
-    "it should either kill something that makes the agent restart or stay armed",
-)
 def test_never_observed_rank_does_not_leave_the_handler_busy(
     tmp_path: Path, spawn: Callable[..., Any]
 ) -> None:

@@ -105,12 +105,6 @@ def test_non_numeric_values_inside_ft_stats_are_ignored() -> None:
     assert measured_maxima([rec]) == {}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: learned.measured_maxima calls int() on ft_stats 'steps' and 'ckpts' "
-    "unguarded: a non-numeric count raises ValueError (and would break "
-    "NodeServices.stop) instead of the record being ignored",
-)
 def test_non_numeric_counts_inside_ft_stats_are_ignored() -> None:
     rec = stats(setup_s=4.0)
     rec["ft_stats"]["steps"] = "many"

@@ -79,6 +79,11 @@ class FaultHandler:
     def enrich(self, finding: dict[str, Any]) -> None:
         ftype = finding.get("finding_type", "")
         action = self.cfg.actions.get(ftype, "report")
+        if action != "report" and ftype != "rank_process_exited":
+            blocker = self._cannot_act(finding)
+            if blocker:
+                finding["action"] = f"report ({action} impossible: {blocker})"
+                return
         with self._lock:
             if action != "report" and self._busy:
                 finding["action"] = "none (a restart is already under way)"
@@ -91,6 +96,16 @@ class FaultHandler:
             return  # nothing left to dump: the process is gone
         finding["stack_dumps"] = self._dump_all(int(finding["rank"]))
         finding["stack_dump"] = finding["stack_dumps"].get(str(finding["rank"]))
+
+    def _cannot_act(self, finding: dict[str, Any]) -> str | None:
+        """Why the culprit cannot be killed (then nothing restarts: stay armed)."""
+        state = self.monitor.rules.ranks.get(int(finding.get("rank", -1)))
+        if state is None or state.pid is None:
+            return "the rank has no process to stop"
+        host = (state.record or {}).get("hostname")
+        if host != self.hostname and self.remote_kill is None:
+            return f"the rank runs on {host}, which this launcher cannot reach"
+        return None
 
     def _dump_all(self, culprit: int) -> dict[str, str]:
         ranks = self.monitor.rules.ranks
@@ -147,7 +162,7 @@ class FaultHandler:
             others = [
                 {"rank": r, "pid": s.pid}
                 for r, s in self.monitor.rules.ranks.items()
-                if s.pid is not None and (s.record or {}).get("node_rank") == node
+                if r != rank and s.pid is not None and (s.record or {}).get("node_rank") == node
             ]
             self.remote_kill(node, [{"rank": rank, "pid": pid, "kill": True}, *others])
         else:

@@ -4,9 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["ACTIONS", "FAULT_TYPES", "FaultToleranceConfig"]
+__all__ = ["ACTIONS", "FAULT_TYPES", "FINDING_TYPES", "FaultToleranceConfig"]
 
 ACTIONS = ("report", "restart", "abort")
+FINDING_TYPES = (
+    "rank_process_heartbeat_timeout",
+    "gpu_progress_timeout",
+    "rank_section_timeout",
+    "rank_process_exited",
+    "gpu_hardware_health_failure",
+    "gpu_hardware_health_warning",
+    "straggler_detected",
+)
 FAULT_TYPES = ("rank_hung", "rank_killed", "rank_stalled", "random")
 
 
@@ -18,6 +27,7 @@ def _default_actions() -> dict[str, str]:
         "rank_process_exited": "restart",
         "gpu_hardware_health_failure": "report",
         "gpu_hardware_health_warning": "report",
+        "straggler_detected": "report",
     }
 
 
@@ -83,6 +93,10 @@ class FaultToleranceConfig:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
         for finding, action in self.actions.items():
+            if finding not in FINDING_TYPES:
+                raise ValueError(
+                    f"actions.{finding}: not a finding type; one of {list(FINDING_TYPES)}"
+                )
             if action not in ACTIONS:
                 raise ValueError(
                     f"actions.{finding}: must be one of {list(ACTIONS)}, got {action!r}"

@@ -54,14 +54,17 @@ def measured_maxima(records: list[dict[str, Any]]) -> dict[str, float]:
         if isinstance(value, (int, float)) and value > 0:
             out[name] = max(out.get(name, 0.0), float(value))
 
+    def count(value: Any) -> int:
+        return int(value) if isinstance(value, (int, float)) and value == value else 0
+
     for rec in records:
         stats = rec.get("ft_stats")
         if not isinstance(stats, dict):
             continue
         keep("setup", stats.get("setup_s"))
-        if int(stats.get("steps") or 0) >= MIN_STEPS:
+        if count(stats.get("steps")) >= MIN_STEPS:
             keep("step", stats.get("step_max_s"))
-        if int(stats.get("ckpts") or 0) >= 1:
+        if count(stats.get("ckpts")) >= 1:
             keep("checkpointing", stats.get("ckpt_max_s"))
         keep("heartbeat", stats.get("hb_gap_max_s"))
     return out
