@@ -222,9 +222,14 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(
                 ("NullSession.step_end(i)", measure(_loop_arg(null.step_end), n, r), floor1)
             )
-            hook = _hook_callable(session)
+            # A script that called step_end itself reports its own steps (the hook is
+            # then never installed), so the hook is measured on a fresh session.
+            hook_session = Session(
+                _identity(0), Path(tmp) / "hook", HeartbeatConfig(publish_interval_s=5.0)
+            )
+            hook = _hook_callable(hook_session)
             hook_ns = measure(_loop_noarg(lambda: hook(opt, (), {})), n, r)
-            session.step_end()  # an explicit step end drops the hook (by design)
+            hook_session.close()
             rows.append(("optimizer hook callable (as torch calls it)", hook_ns, floor0))
 
             # ---- part 2: next to a real opt.step() ----
@@ -244,15 +249,21 @@ def main(argv: list[str] | None = None) -> int:
             plain = _opt_loop(step, _empty_arg)
             counted = [0]
 
+            hooked_session = Session(
+                _identity(0), Path(tmp) / "hooked", HeartbeatConfig(publish_interval_s=5.0)
+            )
+
             def with_hook(k: int) -> float:
-                session.install_optimizer_hook()
-                before = session.tracker.progress_seq
+                hooked_session.install_optimizer_hook()
+                before = hooked_session.tracker.progress_seq
                 ns = plain(k)
-                counted[0] += session.tracker.progress_seq - before
-                session.step_end()  # drops the hook again
+                counted[0] += hooked_session.tracker.progress_seq - before
+                handle, hooked_session._hook = hooked_session._hook, None
+                handle.remove()  # the hook is global: remove it for the plain runs
                 return ns
 
             hooked = measure_paired(plain, with_hook, args.opt_calls, args.pairs)
+            hooked_session.close()
         finally:
             session.close()
 

@@ -125,8 +125,8 @@ class _Step:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc_type is None:
-            self._session.step_end(self._iteration)
+        if exc_type is None:  # __enter__ made the session explicit: straight to the tracker
+            self._session._tracker_step_end(self._iteration)
 
 
 class Session:
