@@ -484,3 +484,31 @@ def test_port_in_use_warns_and_returns_none(
     assert "NOT active" in caplog.text and str(port) in caplog.text
     assert mon.on_finding == []
     assert not (tmp_path / ENDPOINT_FILE).exists()
+
+
+def test_straggler_scores_are_exported_per_rank() -> None:
+    from rankguard.exporter.collector import build_families
+
+    status = {
+        "stragglers": {
+            "scores": {
+                "0": {"relative": 1.0, "individual": 0.98},
+                "1": {"relative": 0.66, "individual": 1.0},
+            }
+        },
+    }
+    families = {
+        f.name: f
+        for f in build_families(
+            status, scans=1, scan_errors=0, last_scan_s=0.0, finding_counts={}, now_wall=0.0
+        )
+    }
+    rel = {
+        s.labels["rank"]: s.value
+        for s in families["rankguard_rank_straggler_relative_score"].samples
+    }
+    ind = {
+        s.labels["rank"]: s.value
+        for s in families["rankguard_rank_straggler_individual_score"].samples
+    }
+    assert rel == {"0": 1.0, "1": 0.66} and ind == {"0": 0.98, "1": 1.0}

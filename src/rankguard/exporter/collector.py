@@ -67,6 +67,19 @@ class MetricSpec:
 
 _R = ("rank",)
 METRICS: tuple[MetricSpec, ...] = (
+    # ---- per rank: straggler scores (straggler.enabled) ----
+    MetricSpec(
+        "rankguard_rank_straggler_relative_score",
+        "gauge",
+        "Best rank's compute time / this rank's, at the last straggler report (ratio 0-1).",
+        _R,
+    ),
+    MetricSpec(
+        "rankguard_rank_straggler_individual_score",
+        "gauge",
+        "This rank's best compute time / its current one, at the last report (ratio 0-1).",
+        _R,
+    ),
     # ---- per rank ----
     MetricSpec(
         "rankguard_rank_info",
@@ -305,6 +318,18 @@ def build_families(
         put("rankguard_rank_step_time_seconds", [rank], _num(perf.get("step_time_ms"), _MS))
         put("rankguard_rank_flops_per_second", [rank], _num(perf.get("TFLOPS_per_GPU"), _TFLOPS))
         put("rankguard_rank_memory_bytes", [rank], _num(perf.get("memory_GB"), _GB))
+
+    stragglers = status.get("stragglers")
+    scores = stragglers.get("scores") if isinstance(stragglers, dict) else None
+    for rank_key, score in (scores or {}).items() if isinstance(scores, dict) else ():
+        if isinstance(score, dict):
+            label = _label(rank_key)
+            put("rankguard_rank_straggler_relative_score", [label], _num(score.get("relative")))
+            put(
+                "rankguard_rank_straggler_individual_score",
+                [label],
+                _num(score.get("individual")),
+            )
 
     if status:
         job_state = status.get("state")
