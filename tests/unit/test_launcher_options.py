@@ -169,3 +169,35 @@ def test_unknown_config_key_from_the_command_line_is_an_error() -> None:
     _, overrides = parse("heartbeat.publish_intervl_s=1", "t.py")
     with pytest.raises(ConfigError, match=r"heartbeat\.publish_intervl_s"):
         load_config(None, overrides)
+
+
+def test_nvrx_ft_launcher_flags_are_fault_tolerance_overrides() -> None:
+    from rankguard.cli.main import _nvrx_flags
+
+    argv = _nvrx_flags(
+        [
+            "run",
+            "--ft-rank_section_timeouts=setup:600,step:180,checkpointing:420",
+            "--ft-rank_out_of_section_timeout=300",
+            "train.py",
+            "--ft-not-mine=1",
+        ]
+    )
+    assert argv == [
+        "run",
+        "--set",
+        "fault_tolerance.rank_section_timeouts=setup:600,step:180,checkpointing:420",
+        "--set",
+        "fault_tolerance.rank_out_of_section_timeout=300",
+        "train.py",
+        "--ft-not-mine=1",
+    ]
+    opts, overrides = options_from_args(build_parser().parse_args(argv))
+    cfg = load_config(None, overrides)
+    assert cfg.fault_tolerance.rank_section_timeouts == {
+        "setup": 600.0,
+        "step": 180.0,
+        "checkpointing": 420.0,
+    }
+    assert cfg.fault_tolerance.rank_out_of_section_timeout == 300.0
+    assert opts.target_args == ["--ft-not-mine=1"]

@@ -62,8 +62,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _nvrx_flags(argv: list[str]) -> list[str]:
+    """NVRx ``ft_launcher`` flags before the script, ``--ft-<key>=<value>`` (e.g.
+    ``--ft-rank_section_timeouts=setup:600,step:180``), read as
+    ``--set fault_tolerance.<key>=<value>``."""
+    out: list[str] = []
+    for i, word in enumerate(argv):
+        if word == "-m" or word.endswith(".py") or word == "--":
+            return out + argv[i:]
+        if word.startswith("--ft-") and "=" in word:
+            key, value = word[len("--ft-") :].split("=", 1)
+            out += ["--set", f"fault_tolerance.{key.replace('-', '_')}={value}"]
+        else:
+            out.append(word)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"]:
+        argv = _nvrx_flags(argv)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
