@@ -67,6 +67,8 @@ class ControlReader:
         except (OSError, ValueError):
             return  # replaced atomically: a bad read is retried next beat
         self._mtime = mtime
+        if not isinstance(control, dict):
+            return
         step = control.get("stop_at_step")
         if isinstance(step, int):
             self.stop_at_step = step

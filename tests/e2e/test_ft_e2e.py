@@ -214,7 +214,21 @@ def test_each_simulated_fault_is_found_and_restarted(
     assert res.returncode == 0, out
     assert f"simulating fault {fault} on rank 1" in out
     (restart,) = read_jsonl(run_dir / "restarts.jsonl")
-    assert (restart["cause"], restart["rank"]) == (cause, 1), restart
+    if fault == "rank_killed":
+        # the monitor's pid check or the agent's exit report, whichever came first
+        assert restart["cause"] in ("rank_process_exited", "worker_failed"), restart
+        assert restart["rank"] == 1, restart
+    elif fault == "rank_stalled":
+        # A stall that hits before the step's all-reduce leaves every rank at the same
+        # step: heartbeats cannot tell them apart, so all are reported (documented) and
+        # the restart may name either; the culprit must be among the reported ranks.
+        assert restart["cause"] == cause, restart
+        reported = {
+            f["rank"] for f in read_jsonl(run_dir / "findings.jsonl") if f["finding_type"] == cause
+        }
+        assert 1 in reported, reported
+    else:
+        assert (restart["cause"], restart["rank"]) == (cause, 1), restart
     assert "[demo] done: 40 steps" in out
     assert no_leftover_workers(run_id)
 

@@ -442,6 +442,7 @@ class HeartbeatRules:
                 "gpu": rec.get("gpu"),
                 "gpu_health": s.gpu_health,
                 "exit": rec.get("exit"),
+                "main_frame": rec.get("main_frame"),
                 "message": _message(ftype, reason, s, timeout_s, observed_s),
             }
         )

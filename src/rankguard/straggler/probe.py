@@ -65,7 +65,8 @@ class ComputeProbe:
         else:
             sample = now - self._last_cpu
         self._last_cpu = now
-        self.ring[self._write % _RING] = sample / 1e6
+        # the CPU time of the last `every` steps: published per step
+        self.ring[self._write % _RING] = sample / 1e6 / self._every
         self._write += 1
 
     def section_enter(self) -> None:
