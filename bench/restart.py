@@ -514,7 +514,7 @@ def describe_hang(job: Job) -> str:
     if i_first is not None:
         parts.append(f"first step after restart at +{lines[i_first][0] - t0:.1f}s")
     elif i_start is not None:
-        parts.append("no step after the restart")
+        parts.append(f"no step after the restart ({_why(job, i_start)})")
     end = "still hung, killed" if job.timed_out else f"exited {job.rc}"
     parts.append(f"{end} at +{job.start_t + job.duration_s - t0:.1f}s")
     return "; ".join(parts)
@@ -594,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     hang_text = describe_hang(hang_job)
     print(f"  torchrun  stall {args.hang_window:.0f}s window: {hang_text}", flush=True)
-    finish(hang_job, args.keep, True)
+    finish(hang_job, args.keep, not hang_job.timed_out and hang_job.rc == 0)
 
     def figures(key: tuple[str, str]) -> list[float]:
         return [r.figure for r in results.get(key, []) if r.ok and r.figure is not None]

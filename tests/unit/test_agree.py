@@ -137,12 +137,6 @@ def test_reader_keeps_the_previous_step_on_a_bad_rewrite(tmp_path: Path) -> None
     assert reader.stop_at_step == 30
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: ControlReader.poll() raises AttributeError when control.json is valid "
-    "JSON but not an object (e.g. a list); 'a bad read is retried next beat' only "
-    "covers OSError/ValueError (the heartbeat thread logs the traceback)",
-)
 def test_reader_ignores_a_json_document_that_is_not_an_object(tmp_path: Path) -> None:
     reader = ControlReader(tmp_path)
     (tmp_path / CONTROL_FILE).write_text("[1, 2]", encoding="utf-8")

@@ -380,12 +380,6 @@ def test_report_is_logged_only_with_enable_logging(caplog: pytest.LogCaptureFixt
     assert not [r for r in caplog.records if "rankguard stragglers" in r.getMessage()]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: detector orders worst/best by `relative or 1.0`; with "
-    "calc_relative_gpu_perf=False every relative is None, so the lists are in rank "
-    "order and ignore the individual score",
-)
 def test_report_order_uses_individual_score_when_relative_is_off() -> None:
     det = _detector(calc_relative_gpu_perf=False, num_gpu_perf_scores_to_print=2)
     report = Reports(det)
@@ -394,11 +388,6 @@ def test_report_order_uses_individual_score_when_relative_is_off() -> None:
     assert det.report["worst"][0]["rank"] == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: detector orders by `relative or 1.0`, so a relative score that rounds "
-    "to 0.0 (a rank >= 20000x slower) sorts as the BEST rank",
-)
 def test_report_order_with_a_relative_score_rounded_to_zero() -> None:
     det = _detector()
     findings = Reports(det)({0: 1.0, 1: 1e5})
@@ -489,17 +478,12 @@ def test_probe_samples_every_profiling_interval(cpu: FakeCpu) -> None:
     fields = probe.heartbeat_fields()
     assert fields is not None
     assert fields["straggler"]["samples"] == 3
+    assert fields["straggler"]["compute_ms"] == 2.0  # per step, not per 3 steps
     probe.step_end()
     probe.step_end()
     assert probe.heartbeat_fields() is None  # 2 more steps: no 3rd, no sample
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: with profiling_interval=N the probe's sample is the CPU time since the "
-    "previous SAMPLE (N steps; sections accumulate over N steps too), but it is "
-    "published and reported as compute_ms 'per step' (N times too large)",
-)
 @pytest.mark.parametrize("sections", [False, True])
 def test_probe_sample_is_one_step_with_profiling_interval(cpu: FakeCpu, sections: bool) -> None:
     probe = ComputeProbe(lambda i: None, every=4)

@@ -14,6 +14,7 @@ episode, naming rank, node, host, GPU and both scores. Each report (best and wor
 from __future__ import annotations
 
 import logging
+import statistics
 from typing import Any
 
 from rankguard.heartbeat.records import SCHEMA_VERSION
@@ -26,11 +27,18 @@ logger = logging.getLogger(__name__)
 STRAGGLER_FINDING = "straggler_detected"
 
 
+def _worst_score(score: dict[str, Any]) -> float:
+    values = [v for v in (score["relative"], score["individual"]) if v is not None]
+    return min(values) if values else 1.0
+
+
 class StragglerDetector:
     def __init__(self, cfg: StragglerConfig, run_id: str, *, started_at: float) -> None:
         self.cfg = cfg
         self.run_id = run_id
         self.next_report = started_at + cfg.report_time_interval
+        self._interval: dict[int, list[float]] = {}  # rank -> medians this interval
+        self._seen_seq: dict[int, tuple[Any, Any]] = {}
         self.reports = 0
         self.best: dict[int, float] = {}  # rank -> best (lowest) compute ms reported
         self.latest: dict[int, tuple[float, dict[str, Any]]] = {}  # rank -> (ms, record)
@@ -48,6 +56,10 @@ class StragglerDetector:
             return
         if ms > 0:
             self.latest[rank] = (ms, record)
+            key = (record.get("pid"), record.get("seq"))
+            if self._seen_seq.get(rank) != key:  # a new record: one more sample
+                self._seen_seq[rank] = key
+                self._interval.setdefault(rank, []).append(ms)
 
     def evaluate(self, now: float, ranks: dict[int, Any]) -> list[dict[str, Any]]:
         for rank, state in ranks.items():
@@ -64,6 +76,11 @@ class StragglerDetector:
 
     def _report(self) -> list[dict[str, Any]]:
         cfg = self.cfg
+        # each rank's median over the interval's heartbeats (else its latest value)
+        for rank, samples in self._interval.items():
+            if rank in self.latest and samples:
+                self.latest[rank] = (statistics.median(samples), self.latest[rank][1])
+        self._interval = {}
         best_now = min(ms for ms, _ in self.latest.values())
         scores: dict[int, dict[str, Any]] = {}
         for rank, (ms, rec) in sorted(self.latest.items()):
@@ -97,7 +114,7 @@ class StragglerDetector:
                 continue
             findings.append(self._finding(score, slow_rel, slow_ind))
         self.active = flagged_now
-        ordered = sorted(scores.values(), key=lambda s: (s["relative"] or 1.0, s["rank"]))
+        ordered = sorted(scores.values(), key=lambda s: (_worst_score(s), s["rank"]))
         n = cfg.num_gpu_perf_scores_to_print
         self.report = {
             "report": self.reports,

@@ -56,25 +56,33 @@ class ComputeProbe:
 
     def step_end(self, iteration: int | None = None) -> None:
         self._inner(iteration)
-        self._n += 1
-        if self._n % self._every:
+        n = self._n = self._n + 1
+        if self._sections:
+            if n % self._every == 0 and self._section_cpu:
+                # one sampled step's compute section (see section_enter)
+                self.ring[self._write % _RING] = self._section_cpu / 1e6
+                self._write += 1
+                self._section_cpu = 0
+            return
+        if n % self._every:
             return
         now = time.thread_time_ns()
-        if self._sections:
-            sample, self._section_cpu = self._section_cpu, 0
-        else:
-            sample = now - self._last_cpu
+        # the CPU time of the last `every` steps, published per step
+        self.ring[self._write % _RING] = (now - self._last_cpu) / 1e6 / self._every
         self._last_cpu = now
-        # the CPU time of the last `every` steps: published per step
-        self.ring[self._write % _RING] = sample / 1e6 / self._every
         self._write += 1
 
     def section_enter(self) -> None:
+        # Only the compute of a step that will be sampled is timed (profiling_interval).
         self._sections = True
-        self._section_t0 = time.thread_time_ns()
+        if (self._n + 1) % self._every == 0:
+            self._section_t0 = time.thread_time_ns()
+        else:
+            self._section_t0 = 0
 
     def section_exit(self) -> None:
-        self._section_cpu += time.thread_time_ns() - self._section_t0
+        if self._section_t0:
+            self._section_cpu += time.thread_time_ns() - self._section_t0
 
     # ---- heartbeat thread ------------------------------------------------------------
 
