@@ -184,23 +184,6 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
     _thread_defaults(opts)
     _fresh_worker_store()
 
-    handler, store, host, port = _rendezvous(opts, run_id)
-    client = _store_client(host, port) if opts.multi_node else None
-    services = NodeServices(
-        cfg=cfg,
-        run_dir=run_dir,
-        run_id=run_id,
-        node_rank=opts.node_rank,
-        nnodes=opts.max_nodes,
-        expected_world_size=opts.expected_world_size,
-        store=client,
-        timeouts=timeouts,
-    )
-    if opts.multi_node and hb.enabled and not cfg.no_shared_fs and opts.node_rank != 0:
-        _say(
-            "no_shared_fs=false: this node's heartbeats are NOT relayed; node 0 sees them "
-            "only if log_dir is on a filesystem shared with it"
-        )
     ft = cfg.fault_tolerance
     max_restarts = opts.max_restarts
     if ft.num_in_job_restarts:
@@ -220,6 +203,23 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
         _say(
             f"{max_restarts} in-job restart(s) for crashes only: hangs found by the monitor "
             "are reported, not restarted (set fault_tolerance.enable_ft_package=true)"
+        )
+    handler, store, host, port = _rendezvous(opts, run_id)
+    client = _store_client(host, port) if opts.multi_node else None
+    services = NodeServices(
+        cfg=cfg,
+        run_dir=run_dir,
+        run_id=run_id,
+        node_rank=opts.node_rank,
+        nnodes=opts.max_nodes,
+        expected_world_size=opts.expected_world_size,
+        store=client,
+        timeouts=timeouts,
+    )
+    if opts.multi_node and hb.enabled and not cfg.no_shared_fs and opts.node_rank != 0:
+        _say(
+            "no_shared_fs=false: this node's heartbeats are NOT relayed; node 0 sees them "
+            "only if log_dir is on a filesystem shared with it"
         )
     entry_args: list[str] = ["-u", "-m", "rankguard.launcher.worker"]
     if opts.module:
