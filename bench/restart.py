@@ -31,7 +31,7 @@ rank`` line, restarts.jsonl, and the heartbeat files, whose records give a cross
 the headline (the fault rank's last record, or last progress for a stall, to the first
 record with ``progress_seq > 0`` of a new pid) and the new processes' ``process_start``.
 
-Run: ``python bench/restart.py [--repeats 5]`` (about 15-25 s per run when restarts work,
+Run: ``python bench/restart.py [--repeats 5]`` (about 8-25 s per run when restarts work,
 up to ``--timeout`` per run when they hang). ``--env KEY=VALUE`` (repeatable) runs both
 launchers with extra environment, for diagnosis only; the default is the plain setup.
 """
@@ -483,10 +483,10 @@ def breakdown_rows(results: list[Result]) -> list[tuple[str, str]]:
 
 def print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
-    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip())
     print("  ".join("-" * w for w in widths))
     for row in rows:
-        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
 
 
 def describe_hang(job: Job) -> str:

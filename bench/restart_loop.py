@@ -20,8 +20,8 @@ command line holds that run's temp dir is reported as left behind and SIGKILLed.
 people's processes (same machine, other temp dirs) are never looked at or touched.
 
 Run: ``python bench/restart_loop.py [--runs 20] [--torchrun --torchrun-runs 10]``
-(~12 s per completed run, up to ``--timeout`` per hung one). ``--env KEY=VALUE`` runs
-with extra environment, for diagnosis only.
+(~8-12 s per completed run on a quiet machine, up to ``--timeout`` per hung one).
+``--env KEY=VALUE`` runs with extra environment, for diagnosis only.
 """
 
 from __future__ import annotations

@@ -96,7 +96,7 @@ def _faulthandler(pid: int, out: Path, timeout_s: float) -> bool:
         now_size = out.stat().st_size if out.exists() else 0
         if now_size != size:
             size, stable_since = now_size, time.monotonic()
-        elif size > before and time.monotonic() - stable_since > 0.2:
+        elif size > before and time.monotonic() - stable_since > 0.05:
             return True
     return size > before
 

@@ -27,6 +27,12 @@ __all__ = ["NodeServices", "ft_state_path"]
 logger = logging.getLogger(__name__)
 
 
+def _iso_ms(ts: float) -> str:
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds")
+
+
 def fastest_step_s(records: list[dict[str, Any]]) -> float | None:
     """The shortest recent step time any rank shows (the latest perf window, or the
     average since the first step), so a stop step is far enough ahead for all."""
@@ -150,7 +156,7 @@ class NodeServices:
             "schema_version": 1,
             "run_id": self.run_id,
             "restart": count,
-            "wall_time": _time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "wall_time": _iso_ms(_time.time()),
             "cause": cause.get("finding_type"),
             "rank": cause.get("rank"),
             "reason": cause.get("reason"),
