@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -70,10 +71,41 @@ def heartbeat_files(run_dir: Path) -> list[Path]:
     return sorted(run_dir.glob("rank_*_pid_*.heartbeat.jsonl"))
 
 
-def no_leftover_workers(marker: str) -> bool:
-    """No process whose command line contains ``marker`` is still running."""
-    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    return not any(marker in line and "pytest" not in line for line in out.splitlines())
+def leftover_processes(run_id: str) -> list[int]:
+    """Live processes of run ``run_id``: the launcher (``--rdzv-id`` on its command line)
+    and every worker (``RANKGUARD_RUN_ID`` in its environment); zombies do not count."""
+    me = os.getpid()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read()
+            if stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] in (b"Z", b"X"):
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                env = fh.read().split(b"\0")
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmd = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if f"RANKGUARD_RUN_ID={run_id}".encode() in env or (
+            run_id.encode() in cmd and b"pytest" not in b" ".join(cmd)
+        ):
+            found.append(int(entry))
+    return found
+
+
+def no_leftover_workers(run_id: str, wait_s: float = 5.0) -> bool:
+    """No launcher or worker of ``run_id`` is still running (after up to ``wait_s``
+    for processes that are being reaped)."""
+    deadline = time.monotonic() + wait_s
+    while leftover_processes(run_id):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 @pytest.fixture
