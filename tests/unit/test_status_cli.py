@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from rankguard.cli import status as status_cli
+from rankguard.cli import status_render
 from rankguard.cli.status import add_parser, read_findings, render_status
 
 RUN_ID = "run-20241129-1054"
@@ -278,7 +279,7 @@ def test_exited_rank_and_missing_keys(tmp_path: Path) -> None:
 
 def test_width_clips_lines() -> None:
     out = render_status(make_status(), FINDINGS, width=40, color=True)
-    visible = status_cli._ANSI_RE.sub("", out)
+    visible = status_render._ANSI_RE.sub("", out)
     assert max(len(line) for line in visible.splitlines()) <= 40
 
 

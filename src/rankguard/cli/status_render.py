@@ -1,0 +1,415 @@
+"""Text rendering of a run's status for ``rankguard status``: the header, the rank
+table, GPU health, findings, restarts, stragglers and the timeouts in force. Pure
+functions of the status.json and findings dicts (tolerant of missing keys)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+__all__ = ["render_status"]
+
+_RED = "\x1b[31m"
+_YELLOW = "\x1b[33m"
+_BOLD = "\x1b[1m"
+_RESET = "\x1b[0m"
+_STYLES = {"red": _RED, "yellow": _YELLOW, "bold": _BOLD}
+_ANSI_RE = re.compile(r"(\x1b\[[0-9;]*m)")
+
+_FINDING_ABBREV = {
+    "rank_process_heartbeat_timeout": "hb_timeout",
+    "gpu_progress_timeout": "prog_timeout",
+    "rank_process_exited": "exited",
+    "gpu_hardware_health_failure": "gpu_fail",
+    "gpu_hardware_health_warning": "gpu_warn",
+}
+_WARNING_FINDINGS = frozenset({"gpu_hardware_health_warning"})
+
+_LIVENESS_STYLE = {"stale": "red", "not_observed": "yellow"}
+_PROGRESS_STYLE = {"stalled": "red", "unknown": "yellow", "not_observed": "yellow"}
+_STATE_STYLE = {"failed": "red", "degraded": "yellow"}
+_HEALTH_STYLE = {
+    "unhealthy": "red",
+    "failure": "red",
+    "failed": "red",
+    "critical": "red",
+    "error": "red",
+    "warning": "yellow",
+    "degraded": "yellow",
+    "stale": "yellow",
+    "unknown": "yellow",
+}
+
+Row = list[tuple[str, str]]  # cells of (text, style); style "" means plain
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _text(value: Any) -> str:
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, dict | list):
+        return json.dumps(value, separators=(",", ":"), default=str)
+    return str(value)
+
+
+def _seconds(value: Any) -> str:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f"{value:.1f}"
+    return _text(value)
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _fmt_time(value: Any) -> str:
+    parsed = _parse_time(value)
+    if parsed is None:
+        return _text(value)
+    if parsed.tzinfo is None:
+        return parsed.strftime("%Y-%m-%d %H:%M:%S")
+    return parsed.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _sort_key(value: Any) -> tuple[int, float, str]:
+    try:
+        return (0, float(value), "")
+    except (TypeError, ValueError):
+        return (1, 0.0, str(value))
+
+
+def _ranks(status: dict[str, Any]) -> list[dict[str, Any]]:
+    ranks = status.get("ranks")
+    if isinstance(ranks, dict):
+        ranks = list(ranks.values())
+    if not isinstance(ranks, list):
+        return []
+    rows = [r for r in ranks if isinstance(r, dict)]
+    return sorted(rows, key=lambda r: _sort_key(r.get("rank")))
+
+
+def _paint(text: str, style: str, color: bool) -> str:
+    if not color or not style:
+        return text
+    return f"{_STYLES[style]}{text}{_RESET}"
+
+
+def _visible_len(text: str) -> int:
+    return len(_ANSI_RE.sub("", text))
+
+
+def _clip(line: str, width: int | None) -> str:
+    """Cut ``line`` to ``width`` visible characters, keeping ANSI codes intact."""
+    if width is None or width <= 0 or _visible_len(line) <= width:
+        return line
+    out: list[str] = []
+    left = width
+    styled = False
+    for part in _ANSI_RE.split(line):
+        if _ANSI_RE.fullmatch(part):
+            out.append(part)
+            styled = True
+        elif left > 0:
+            out.append(part[:left])
+            left -= len(part[:left])
+    if styled:
+        out.append(_RESET)
+        return "".join(out)
+    return "".join(out).rstrip()
+
+
+def _table(header: Sequence[str], rows: Sequence[Row], right: set[int], color: bool) -> list[str]:
+    widths = [len(h) for h in header]
+    for row in rows:
+        for i, (text, _) in enumerate(row):
+            widths[i] = max(widths[i], len(text))
+    last = len(header) - 1
+
+    def fmt(cells: Row) -> str:
+        out = []
+        for i, (text, style) in enumerate(cells):
+            padded = text.rjust(widths[i]) if i in right else text.ljust(widths[i])
+            if i == last and i not in right:
+                padded = text
+            out.append(_paint(padded, style, color))
+        return "  ".join(out).rstrip()
+
+    lines = [fmt([(h, "bold") for h in header])]
+    lines.extend(fmt(row) for row in rows)
+    return lines
+
+
+def _liveness_cell(rank: dict[str, Any]) -> tuple[str, str]:
+    liveness = rank.get("process_liveness")
+    exit_info = rank.get("exit")
+    if isinstance(exit_info, dict) or liveness == "exited":
+        info = _as_dict(exit_info)
+        if info.get("clean") is False:
+            return "exited (err)", "red"
+        return "exited", ""
+    text = _text(liveness)
+    return text, _LIVENESS_STYLE.get(text, "")
+
+
+def _health_status(value: Any) -> str:
+    if isinstance(value, dict):
+        return _text(value.get("status"))
+    return _text(value)
+
+
+def _gpu_token(value: Any) -> str:
+    if isinstance(value, dict):
+        for key in ("token", "uuid", "ordinal"):
+            if value.get(key) is not None:
+                return _text(value[key])
+        return "-"
+    return _text(value)
+
+
+def _findings_cell(active: Any) -> tuple[str, str]:
+    if not isinstance(active, list) or not active:
+        return "-", ""
+    names = [str(f) for f in active]
+    style = "yellow" if all(n in _WARNING_FINDINGS for n in names) else "red"
+    return ",".join(_FINDING_ABBREV.get(n, n) for n in names), style
+
+
+def _phase_cell(rank: dict[str, Any]) -> str:
+    phase = _text(rank.get("phase"))
+    if rank.get("checkpoint_active") is True and phase != "checkpointing":
+        return f"{phase} (ckpt)"
+    return phase
+
+
+def _rank_row(rank: dict[str, Any]) -> Row:
+    progress = _text(rank.get("gpu_progress"))
+    health = _health_status(rank.get("gpu_health"))
+    return [
+        (_text(rank.get("rank")), ""),
+        (_text(rank.get("node_rank")), ""),
+        (_text(rank.get("hostname")), ""),
+        (_text(rank.get("pid")), ""),
+        _liveness_cell(rank),
+        (progress, _PROGRESS_STYLE.get(progress, "")),
+        (_text(rank.get("iteration")), ""),
+        (_phase_cell(rank), ""),
+        (_seconds(rank.get("heartbeat_age_s")), ""),
+        (_seconds(rank.get("progress_age_s")), ""),
+        (_gpu_token(rank.get("gpu")), ""),
+        (health, _HEALTH_STYLE.get(health.lower(), "")),
+        _findings_cell(rank.get("active_findings")),
+    ]
+
+
+_RANK_HEADER = (
+    "RANK",
+    "NODE",
+    "HOST",
+    "PID",
+    "LIVENESS",
+    "PROGRESS",
+    "ITER",
+    "PHASE",
+    "HB AGE",
+    "PROG AGE",
+    "GPU",
+    "GPU HEALTH",
+    "FINDINGS",
+)
+_RANK_RIGHT = {0, 1, 3, 6, 8, 9}
+
+
+def _counts(summary: dict[str, Any], ranks: list[dict[str, Any]], key: str) -> dict[str, int]:
+    given = summary.get(key)
+    if isinstance(given, dict):
+        return {str(k): v for k, v in given.items() if isinstance(v, int) and v}
+    return dict(Counter(str(r[key]) for r in ranks if r.get(key) is not None))
+
+
+def _fmt_counts(counts: dict[str, int], styles: dict[str, str], color: bool) -> str:
+    if not counts:
+        return "-"
+    return " ".join(_paint(f"{k}={n}", styles.get(k, ""), color) for k, n in counts.items())
+
+
+def _header(
+    status: dict[str, Any], ranks: list[dict[str, Any]], color: bool, now: Any
+) -> list[str]:
+    summary = _as_dict(status.get("summary"))
+    monitor = _as_dict(status.get("monitor"))
+    state = _text(status.get("state"))
+    expected = summary.get("ranks_expected", monitor.get("expected_world_size"))
+    observed = summary.get("ranks_observed")
+    if observed is None and ranks:
+        observed = sum(1 for r in ranks if r.get("process_liveness") not in (None, "not_observed"))
+    updated = _fmt_time(status.get("updated_wall_time"))
+    parsed = _parse_time(status.get("updated_wall_time"))
+    if isinstance(now, datetime) and parsed is not None and parsed.tzinfo is not None:
+        updated += f" ({max(0.0, (now - parsed).total_seconds()):.1f}s ago)"
+    total = summary.get("findings_total")
+    active = summary.get("findings_active")
+    findings = _text(total) + (f" ({_text(active)} active)" if active is not None else "")
+    liveness = _counts(summary, ranks, "process_liveness")
+    progress = _counts(summary, ranks, "gpu_progress")
+    return [
+        f"run {_text(status.get('run_id'))}",
+        "state " + _paint(state, _STATE_STYLE.get(state, ""), color),
+        f"updated {updated}",
+        f"ranks {_text(observed)}/{_text(expected)} observed",
+        f"liveness {_fmt_counts(liveness, _LIVENESS_STYLE, color)}",
+        f"progress {_fmt_counts(progress, _PROGRESS_STYLE, color)}",
+        f"findings {findings}",
+    ]
+
+
+def _pack(parts: list[str], width: int | None) -> list[str]:
+    """Join ``parts`` on one line, or on as few lines of ``width`` as they fit."""
+    if width is None or width <= 0:
+        return ["  ".join(parts)]
+    lines: list[str] = []
+    for part in parts:
+        if lines and _visible_len(lines[-1]) + 2 + _visible_len(part) <= width:
+            lines[-1] += "  " + part
+        else:
+            lines.append(part)
+    return lines
+
+
+def _health_lines(status: dict[str, Any], color: bool) -> list[str]:
+    nodes = _as_dict(status.get("gpu_health"))
+    if not nodes:
+        return ["GPU health: no data"]
+    rows: list[Row] = []
+    for node in sorted(nodes, key=_sort_key):
+        info = _as_dict(nodes[node])
+        health = _text(info.get("status"))
+        rows.append(
+            [
+                (str(node), ""),
+                (_text(info.get("hostname")), ""),
+                (health, _HEALTH_STYLE.get(health.lower(), "")),
+                (_text(info.get("source")), ""),
+                (_seconds(info.get("age_s")), ""),
+                (_text(info.get("gpus")), ""),
+            ]
+        )
+    header = ("NODE", "HOST", "STATUS", "SOURCE", "AGE (s)", "GPUS")
+    return ["GPU health", *_table(header, rows, {0, 4, 5}, color)]
+
+
+def _finding_lines(findings: Iterable[dict[str, Any]], color: bool) -> list[str]:
+    rows: list[Row] = []
+    for f in findings:
+        ftype = _text(f.get("finding_type"))
+        style = "yellow" if ftype in _WARNING_FINDINGS else "red"
+        rows.append(
+            [
+                (_fmt_time(f.get("detected_wall_time")), ""),
+                (ftype, style),
+                (_text(f.get("rank")), ""),
+                (_text(f.get("reason")), ""),
+                (_text(f.get("message")), ""),
+            ]
+        )
+    if not rows:
+        return ["Latest findings: none"]
+    header = ("TIME", "TYPE", "RANK", "REASON", "MESSAGE")
+    return [f"Latest findings ({len(rows)})", *_table(header, rows, {2}, color)]
+
+
+def render_status(
+    status: dict[str, Any],
+    findings: list[dict[str, Any]],
+    *,
+    width: int | None = None,
+    color: bool = False,
+    now: datetime | None = None,
+) -> str:
+    """The text screen for one ``status.json`` and the latest findings.
+
+    ``width`` wraps the header and cuts every other line to that many visible characters
+    (``None``: no limit).
+    ``color`` adds ANSI codes: red for problems, yellow for warnings. ``now`` (aware)
+    adds how long ago the monitor last wrote the status. Pure: no I/O, no clock.
+    """
+    ranks = _ranks(status)
+    lines = [*_pack(_header(status, ranks, color, now), width), ""]
+    if ranks:
+        lines.extend(_table(_RANK_HEADER, [_rank_row(r) for r in ranks], _RANK_RIGHT, color))
+    else:
+        lines.append("no ranks observed yet")
+    lines.append("")
+    lines.extend(_health_lines(status, color))
+    lines.append("")
+    lines.extend(_finding_lines(findings, color))
+    lines.extend(_ft_lines(status))
+    return "\n".join(_clip(line, width) for line in lines) + "\n"
+
+
+def _ft_lines(status: dict[str, Any]) -> list[str]:
+    """Restarts and the timeouts in force with their sources (fault tolerance)."""
+    out: list[str] = []
+    restarts = status.get("restarts")
+    if isinstance(restarts, list) and restarts:
+        out += ["", f"Restarts: {len(restarts)}"]
+        for r in restarts:
+            if isinstance(r, dict):
+                out.append(
+                    f"  #{r.get('restart', '-')} {r.get('wall_time', '-')}  "
+                    f"{r.get('cause') or '-'} rank {_s(r.get('rank'))}: {_s(r.get('message'))}"
+                )
+    stragglers = status.get("stragglers")
+    if isinstance(stragglers, dict):
+        out += [
+            "",
+            f"Stragglers (report {_s(stragglers.get('report'))}, best compute "
+            f"{_s(stragglers.get('best_compute_ms'))} ms): {_s(stragglers.get('stragglers'))}",
+        ]
+        for label in ("worst", "best"):
+            rows = stragglers.get(label) or []
+            cells = [
+                f"rank {_s(r.get('rank'))} rel {_s(r.get('relative'))} "
+                f"ind {_s(r.get('individual'))}"
+                for r in rows
+                if isinstance(r, dict)
+            ]
+            out.append(f"  {label:<5}  " + ", ".join(cells))
+    stop = status.get("stop_requested")
+    if isinstance(stop, dict):
+        out.append(
+            f"  stop requested at step {_s(stop.get('stop_at_step'))}: {_s(stop.get('reason'))}"
+        )
+    timeouts = status.get("timeouts")
+    if isinstance(timeouts, dict) and timeouts:
+        out += ["", "Timeouts in force"]
+        width = max(len(str(k)) for k in timeouts)
+        for name, info in sorted(timeouts.items()):
+            if isinstance(info, dict):
+                out.append(
+                    f"  {name:<{width}}  {_s(info.get('value')):>9} s  {_s(info.get('source'))}"
+                )
+    return out
+
+
+def _s(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+# --------------------------------------------------------------------------- command
