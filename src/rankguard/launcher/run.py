@@ -321,3 +321,4 @@ def _report(run_dir: Path, status: dict[str, Any] | None) -> None:
     _say(f"status:   {run_dir / STATUS_FILE}")
     _say(f"findings: {run_dir / FINDINGS_FILE}")
     _say(f"see: rankguard status {run_dir}")
+    _say(f"     rankguard report {run_dir}")

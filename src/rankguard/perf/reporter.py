@@ -395,7 +395,8 @@ class PerfReporter:
             f"[rankguard perf] iter {e['iteration']} | step {fmt('step_time_ms', '.1f')} ms"
             f" | {fmt('tokens_per_sec', ',.0f')} tok/s | {fmt('samples_per_sec', ',.1f')}"
             f" samples/s | {fmt('TFLOPS_per_GPU', '.3f')} TFLOP/s/GPU"
-            f" | MFU {fmt('MFU', '.1f')}% | mem {fmt('memory_GB', '.2f')} GB"
+            f" | MFU {fmt('MFU', '.1f') + '%' if e.get('MFU') is not None else '-'}"
+            f" | mem {fmt('memory_GB', '.2f')} GB"
         )
 
     def _write(self, line: str) -> None:
