@@ -294,7 +294,7 @@ def test_sigkill_of_a_rank_during_a_restart_is_survived(tmp_path: Path, run_id: 
     assert killed is not None, out
     assert proc.returncode == 0, out
     restarts = read_jsonl(run_dir / "restarts.jsonl")
-    assert [r["cause"] for r in restarts][0] == "gpu_progress_timeout", out
+    assert restarts[0]["cause"] == "gpu_progress_timeout", out
     # the killed worker: the monitor's pid check or the agent's exit report, whichever
     # came first
     assert restarts[1]["cause"] in ("rank_process_exited", "worker_failed"), out
