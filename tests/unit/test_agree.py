@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -319,6 +320,7 @@ class _Rules:
 class _Monitor:
     rules: _Rules
     extra_status: dict[str, Any] = field(default_factory=dict)
+    straggler: Any = None
 
 
 def _services(tmp_path: Path, ranks: dict[int, _State]) -> NodeServices:
@@ -360,6 +362,11 @@ def test_request_stop_writes_control_ahead_of_the_furthest_rank(tmp_path: Path) 
 
 def test_stop_on_straggler_requests_once(tmp_path: Path) -> None:
     svc = _services(tmp_path, {0: _State(_rec(progress_seq=10))})
+    detector = SimpleNamespace(stop_requested=False)  # stop_if_detected off: no stop
+    svc.monitor.straggler = detector
+    svc._stop_on_straggler({"finding_type": "straggler_detected", "message": "rank 0 slow"})
+    assert svc.stop_at is None and not (tmp_path / CONTROL_FILE).exists()
+    detector.stop_requested = True  # the detector decided (stop_if_detected)
     svc._stop_on_straggler({"finding_type": "gpu_progress_timeout", "message": "hang"})
     assert svc.stop_at is None and not (tmp_path / CONTROL_FILE).exists()
     svc._stop_on_straggler({"finding_type": "straggler_detected", "message": "rank 0 slow"})

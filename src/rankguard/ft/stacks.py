@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from rankguard.heartbeat.procs import process_state
+
 __all__ = ["DUMP_SIGNAL", "dump_stacks", "install_dump_handler", "stack_file"]
 
 logger = logging.getLogger(__name__)
@@ -49,15 +51,6 @@ def install_dump_handler(run_dir: Path, rank: int) -> IO[Any] | None:
     except (OSError, RuntimeError, ValueError) as exc:
         logger.warning("rankguard: no stack dumps for this rank: %s", exc)
         return None
-
-
-def _stopped(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-        return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] in (b"T", b"t")
-    except OSError:
-        return False
 
 
 def _py_spy(pid: int, out: Path, timeout_s: float) -> bool:
@@ -85,7 +78,7 @@ def _faulthandler(pid: int, out: Path, timeout_s: float) -> bool:
     before = out.stat().st_size if out.exists() else 0
     try:
         os.kill(pid, DUMP_SIGNAL)
-        if _stopped(pid):
+        if process_state(pid) in ("T", "t"):
             os.kill(pid, signal.SIGCONT)  # let it run the handler; it is killed next
     except ProcessLookupError:
         return False

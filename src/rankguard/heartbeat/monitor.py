@@ -351,7 +351,7 @@ class JobMonitor:
             "blocked_by": list(s.blocked_by),
         }
 
-    def _perf_status(self, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    def _perf_status(self) -> dict[str, Any] | None:
         latest = self.perf_ranks.latest
         if latest is None:
             return None
@@ -422,7 +422,7 @@ class JobMonitor:
             },
             "ranks": rows,
             "gpu_health": health,
-            "perf": self._perf_status(rows),
+            "perf": self._perf_status(),
             "stragglers": self.straggler.report if self.straggler is not None else None,
             "recent_findings": list(self.recent_findings),
             **self.extra_status,

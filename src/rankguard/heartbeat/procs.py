@@ -10,22 +10,30 @@ import os
 import time
 from typing import Any
 
-__all__ = ["pid_running", "vanished_record"]
+__all__ = ["pid_running", "process_state", "vanished_record"]
 
 
-def pid_running(pid: int) -> bool:
+def process_state(pid: int) -> str | None:
+    """The one-letter state of ``/proc/<pid>/stat`` (R, S, T, Z, ...); None if gone,
+    "" if it cannot be read."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             stat = fh.read()
     except FileNotFoundError:
-        return False
+        return None
     except OSError:
-        stat = b""
-    if stat:
-        # state is the first field after the parenthesised command name
-        close = stat.rfind(b")")
-        state = stat[close + 2 : close + 3]
-        return state not in (b"Z", b"X")
+        return ""
+    # state is the first field after the parenthesised command name
+    close = stat.rfind(b")")
+    return stat[close + 2 : close + 3].decode("ascii", "replace")
+
+
+def pid_running(pid: int) -> bool:
+    state = process_state(pid)
+    if state is None:
+        return False
+    if state:
+        return state not in ("Z", "X")
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -78,7 +78,6 @@ class RankguardAgent(LocalElasticAgent):
         self._grace_s = grace_s
         self._cause: dict[str, Any] | None = None
         self.last_failure: dict[str, Any] | None = None
-        self.last_cause: dict[str, Any] | None = None
         self.aborted = False
         self.restarts = 0
         self._cause_lock = threading.Lock()
@@ -89,7 +88,6 @@ class RankguardAgent(LocalElasticAgent):
         """The launcher is about to kill a worker because of ``finding``."""
         with self._cause_lock:
             self._cause = finding
-            self.last_cause = finding
             if abort:
                 self.aborted = True
                 self._remaining_restarts = 0
@@ -119,7 +117,6 @@ class RankguardAgent(LocalElasticAgent):
     def _restart_workers(self, worker_group: Any) -> None:
         with self._cause_lock:
             cause = self._cause or self.last_failure
-            self.last_cause = cause
             self._cause = None
         self.last_failure = None
         self.restarts += 1

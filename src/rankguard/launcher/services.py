@@ -120,7 +120,13 @@ class NodeServices:
         )
 
     def _stop_on_straggler(self, finding: dict[str, Any]) -> None:
-        if finding.get("finding_type") != "straggler_detected" or self.stop_at is not None:
+        detector = self.monitor.straggler if self.monitor is not None else None
+        if (
+            finding.get("finding_type") != "straggler_detected"
+            or detector is None
+            or not detector.stop_requested  # stop_if_detected decides, in the detector
+            or self.stop_at is not None
+        ):
             return
         self.request_stop(f"straggler: {finding.get('message')}")
 
@@ -212,8 +218,7 @@ class NodeServices:
                 self.monitor.straggler = StragglerDetector(
                     self.cfg.straggler, self.run_id, started_at=self.monitor.clock()
                 )
-                if self.cfg.straggler.stop_if_detected:
-                    self.monitor.on_finding.append(self._stop_on_straggler)
+                self.monitor.on_finding.append(self._stop_on_straggler)
             if prometheus.enabled:  # before the first scan: no finding goes uncounted
                 from rankguard.exporter import start_for_monitor
 
