@@ -197,8 +197,9 @@ def test_each_simulated_fault_is_found_and_restarted(
         tmp_path,
         run_id,
         1,
+        # The fault comes 2-4 s after the rank starts; 100 steps (~7 s) always reach it.
         "--steps",
-        "40",
+        "100",
         extra=(
             "--set",
             "fault_tolerance.simulate_fault=true",
@@ -229,7 +230,7 @@ def test_each_simulated_fault_is_found_and_restarted(
         assert 1 in reported, reported
     else:
         assert (restart["cause"], restart["rank"]) == (cause, 1), restart
-    assert "[demo] done: 40 steps" in out
+    assert "[demo] done: 100 steps" in out
     assert no_leftover_workers(run_id)
 
 
