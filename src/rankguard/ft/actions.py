@@ -144,10 +144,17 @@ class FaultHandler:
             return
         self.actions_taken += 1
         rank = int(finding["rank"])
+        if finding.get("finding_type") == "rank_process_exited":
+            # The agent already sees the failed workers and names the root cause from
+            # their exit codes and error files (a rank killed by a signal before its
+            # peers' errors); the monitor, seeing several exits in one scan, cannot order
+            # them. So the agent's failure report is the restart's cause.
+            if action == "abort":
+                self.agent.set_cause(finding, abort=True)
+            self.monitor.note_restart(f"{action} after rank_process_exited on rank {rank}")
+            return
         self.agent.set_cause(finding, abort=action == "abort")
         self.monitor.note_restart(f"{action} after {finding['finding_type']} on rank {rank}")
-        if finding.get("finding_type") == "rank_process_exited":
-            return  # the agent already sees the failed worker
         state = self.monitor.rules.ranks.get(rank)
         rec = (state.record if state else None) or {}
         pid = state.pid if state else None
