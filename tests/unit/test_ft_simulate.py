@@ -35,13 +35,16 @@ FaultSimulator(cfg, rank=0, world_size=1, run_id="sim").start()
 
 def alive():
     while True:
-        print("alive", flush=True)
+        # One write per line, so the two threads' lines never interleave.
+        sys.stdout.write("alive\\n")
+        sys.stdout.flush()
         time.sleep(0.02)
 
 threading.Thread(target=alive, daemon=True).start()
 i = 0
 while True:
-    print("main", i, flush=True)
+    sys.stdout.write(f"main {i}\\n")
+    sys.stdout.flush()
     i += 1
     time.sleep(0.02)
 """
