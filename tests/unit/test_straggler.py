@@ -701,3 +701,169 @@ def test_null_session_compute_and_should_stop_are_no_ops() -> None:
     assert s.compute() is s.compute()
     assert s.should_stop() is False
     assert s.stop_reason is None
+
+
+# ---- probe on GPU: CUDA timing events around the compute sections (fake events) --------
+
+
+class FakeGpu:
+    """A fake device clock and stream: ``record`` stamps an event when the test says the
+    device got there; ``elapsed_time`` refuses an event that has not completed, as
+    torch.cuda.Event does."""
+
+    def __init__(self) -> None:
+        self.now_ms = 0.0
+        self.made: list[FakeGpuEvent] = []
+        self.records = 0
+
+    def event(self) -> FakeGpuEvent:
+        event = FakeGpuEvent(self)
+        self.made.append(event)
+        return event
+
+    def run(self, ms: float) -> None:
+        self.now_ms += ms
+
+    def complete_all(self) -> None:
+        for event in self.made:
+            if event.pending:
+                event.at_ms, event.pending = event.queued_at, False
+
+
+class FakeGpuEvent:
+    def __init__(self, gpu: FakeGpu) -> None:
+        self.gpu = gpu
+        self.at_ms: float | None = None
+        self.queued_at = 0.0
+        self.pending = False
+
+    def record(self, stream: Any = None) -> None:
+        self.gpu.records += 1
+        self.queued_at, self.pending, self.at_ms = self.gpu.now_ms, True, None
+
+    def query(self) -> bool:
+        return not self.pending and self.at_ms is not None
+
+    def elapsed_time(self, other: FakeGpuEvent) -> float:
+        if not (self.query() and other.query()):
+            raise RuntimeError("CUDA error: device not ready")
+        assert self.at_ms is not None and other.at_ms is not None
+        return other.at_ms - self.at_ms
+
+
+def _gpu_step(probe: ComputeProbe, gpu: FakeGpu, *sections_ms: float, gap_ms: float = 3.0) -> None:
+    for ms in sections_ms:
+        probe.section_enter()
+        gpu.run(ms)
+        probe.section_exit()
+        gpu.run(gap_ms)  # the all-reduce: waiting, not the rank's own compute
+    probe.step_end()
+
+
+def test_probe_cuda_times_the_sections_on_the_device_and_sums_them(cpu: FakeCpu) -> None:
+    gpu = FakeGpu()
+    probe = ComputeProbe(lambda i: None, cuda=True, event_factory=gpu.event)
+    for _ in range(3):
+        cpu.spend(1.0)  # the CPU only queues kernels: not what is scored
+        _gpu_step(probe, gpu, 4.0, 6.0)
+    gpu.complete_all()
+    assert probe.heartbeat_fields() == {
+        "straggler": {"compute_ms": 10.0, "samples": 3, "method": "compute_section_cuda"}
+    }
+    assert len(gpu.made) == 12  # a pair per section, created once, then reused
+
+
+def test_probe_cuda_waits_for_the_device_and_never_counts_a_running_step() -> None:
+    gpu = FakeGpu()
+    probe = ComputeProbe(lambda i: None, cuda=True, event_factory=gpu.event)
+    _gpu_step(probe, gpu, 5.0)
+    assert probe.heartbeat_fields() is None  # queued, not completed: nothing read
+    gpu.complete_all()
+    probe.section_enter()  # the next step's first section ran and completed ...
+    gpu.run(7.0)
+    probe.section_exit()
+    gpu.complete_all()
+    fields = probe.heartbeat_fields()  # ... but that step has not ended: not counted yet
+    assert fields is not None and fields["straggler"]["samples"] == 1
+    assert fields["straggler"]["compute_ms"] == 5.0
+    probe.section_enter()
+    gpu.run(2.0)
+    probe.section_exit()
+    probe.step_end()
+    gpu.complete_all()
+    fields = probe.heartbeat_fields()
+    assert fields is not None and fields["straggler"]["compute_ms"] == 9.0  # 7 + 2, whole
+
+
+def test_probe_cuda_partly_completed_step_is_read_whole_later() -> None:
+    gpu = FakeGpu()
+    probe = ComputeProbe(lambda i: None, cuda=True, event_factory=gpu.event)
+    probe.section_enter()
+    gpu.run(4.0)
+    probe.section_exit()
+    gpu.complete_all()  # the first section is done on the device
+    probe.section_enter()
+    gpu.run(6.0)
+    probe.section_exit()  # the second is still queued
+    probe.step_end()
+    assert probe.heartbeat_fields() is None
+    gpu.complete_all()
+    fields = probe.heartbeat_fields()
+    assert fields is not None and fields["straggler"] == {
+        "compute_ms": 10.0,
+        "samples": 1,
+        "method": "compute_section_cuda",
+    }
+
+
+def test_probe_cuda_records_only_sampled_steps() -> None:
+    gpu = FakeGpu()
+    probe = ComputeProbe(lambda i: None, every=4, cuda=True, event_factory=gpu.event)
+    for _ in range(8):
+        _gpu_step(probe, gpu, 5.0)
+    assert gpu.records == 4  # two sampled steps, two events each
+    gpu.complete_all()
+    fields = probe.heartbeat_fields()
+    assert fields is not None and fields["straggler"]["samples"] == 2
+
+
+def test_probe_cuda_reader_far_behind_skips_to_whole_recent_steps() -> None:
+    gpu = FakeGpu()
+    probe = ComputeProbe(lambda i: None, cuda=True, event_factory=gpu.event)
+    steps = probe_mod._POOL // 3 + 10  # three sections a step: the pool wraps
+    for i in range(steps):
+        _gpu_step(probe, gpu, 1.0 + (i % 3), 1.0, 1.0)
+    gpu.complete_all()
+    fields = probe.heartbeat_fields()
+    assert fields is not None
+    # the read window starts inside a step: that step is skipped, whole steps only
+    first = 3 * steps - probe_mod._READ_WINDOW
+    assert first % 3 != 0
+    assert fields["straggler"]["samples"] == (3 * steps - (first + (-first) % 3)) // 3
+    assert fields["straggler"]["compute_ms"] == 4.0  # median of 3, 4, 5
+    assert len(gpu.made) == 2 * probe_mod._POOL  # the pool never grows
+
+
+def test_probe_decides_cuda_at_the_first_section(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = FakeGpu()
+    monkeypatch.setattr(probe_mod, "_cuda_in_use", lambda: True)
+    probe = ComputeProbe(lambda i: None, event_factory=gpu.event)
+    _gpu_step(probe, gpu, 5.0)
+    gpu.complete_all()
+    fields = probe.heartbeat_fields()
+    assert fields is not None and fields["straggler"]["method"] == "compute_section_cuda"
+
+
+def test_probe_gpu_rank_without_sections_warns_once(
+    monkeypatch: pytest.MonkeyPatch, cpu: FakeCpu, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(probe_mod, "_cuda_in_use", lambda: True)
+    probe = ComputeProbe(lambda i: None)
+    for _ in range(3):
+        cpu.spend(2.0)
+        probe.step_end()
+        with caplog.at_level("WARNING", logger=probe_mod.__name__):
+            fields = probe.heartbeat_fields()
+        assert fields is not None and fields["straggler"]["method"] == "step_cpu"
+    warnings = [r for r in caplog.records if "rg.compute()" in r.getMessage()]
+    assert len(warnings) == 1
