@@ -83,21 +83,6 @@ class _DataLoading:
         tracker.data_ns += tracker.now_ns() - self._t0
 
 
-class _Compute:
-    """``with session.compute():`` the rank's own compute (straggler detection)."""
-
-    __slots__ = ("_probe",)
-
-    def __init__(self, probe: ComputeProbe) -> None:
-        self._probe = probe
-
-    def __enter__(self) -> None:
-        self._probe.section_enter()
-
-    def __exit__(self, *exc: object) -> None:
-        self._probe.section_exit()
-
-
 class _Step:
     """Reusable ``with session.step():`` block: phase ``train``, step end on success."""
 
@@ -172,10 +157,10 @@ class Session:
         self._explicit = False  # has the script called step_end itself yet?
         self._step = _Step(self)
         self._tracker_step_end = self.tracker.step_end
-        self._compute: _Compute | _NullContext = _NULL_CONTEXT
+        self._compute: ComputeProbe | _NullContext = _NULL_CONTEXT
         if probe is not None:  # straggler detection: measure each step's own compute
             self._tracker_step_end = probe.step_end
-            self._compute = _Compute(probe)
+            self._compute = probe  # ``with probe:`` times one compute section
         self._control = None
         self._stop_at: int | None = None
         if self.publisher is not None:
@@ -205,7 +190,7 @@ class Session:
         """``with session.step(i): ...``: phase train, progress on clean exit."""
         return self._step(iteration)
 
-    def compute(self) -> _Compute | _NullContext:
+    def compute(self) -> ComputeProbe | _NullContext:
         """``with session.compute():`` around the rank's own compute (forward and
         backward up to the first collective): what straggler detection measures."""
         return self._compute
