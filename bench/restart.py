@@ -5,10 +5,12 @@ What: the demo (``rankguard.demo.train``, 2 CPU ranks, gloo, a checkpoint every 
 gets a fault on rank 1 at step 5 and must resume from its last checkpoint in a restarted
 worker group (one in-job restart allowed). Scenarios, ``--repeats`` runs each (median):
 
-- crash: rank 1 raises. ``rankguard run --max-restarts 1`` vs ``python -m
-  torch.distributed.run --standalone --max-restarts 1`` (plain torchrun; the demo runs
-  there too, ``rankguard.init()`` is a no-op);
-- hang (``--fault stall``): rank 1 sleeps inside its step. rankguard with hang detection
+- crash: rank 1 raises. ``rankguard run --max-restarts 1`` (and the same with
+  ``--preload torch``: ranks forked from a fork server that has imported torch, label
+  ``rankguard+preload``) vs ``python -m torch.distributed.run --standalone
+  --max-restarts 1`` (plain torchrun; the demo runs there too, ``rankguard.init()`` is a
+  no-op);
+- hang (``--fault stall``): rank 1 sleeps inside its step. rankguard (both ways) with hang detection
   and fault tolerance on (progress timeout 4 s); torchrun once, with a ``--hang-window``
   time limit, to show what it does (it sees processes exit, not hangs: only the demo's
   gloo collective timeout, ``--pg-timeout 30``, can turn the hang into a crash).
@@ -88,6 +90,7 @@ KILLING = "killing rank"
 WORKER_MARKERS = ("rankguard.launcher.worker", "rankguard.demo.train")
 
 Line = tuple[float, str]
+PRELOAD = "rankguard+preload"  # rankguard run --preload torch: ranks forked, torch imported
 
 
 # ---- running one job ------------------------------------------------------------------
@@ -95,7 +98,7 @@ Line = tuple[float, str]
 
 @dataclass
 class Job:
-    launcher: str  # rankguard | torchrun
+    launcher: str  # rankguard | rankguard+preload | torchrun
     fault: str  # crash | stall
     workdir: Path
     run_id: str
@@ -156,6 +159,8 @@ def build_cmd(launcher: str, fault: str, workdir: Path, run_id: str) -> list[str
         ]
     sets = HEARTBEAT_SETS + (FT_SETS if fault == "stall" else [])
     restarts = [] if fault == "stall" else ["--max-restarts", "1"]
+    if launcher == PRELOAD:
+        restarts += ["--preload", "torch"]
     cmd = [
         *py,
         "-m",
@@ -363,7 +368,7 @@ def analyse(job: Job) -> Result:
     if job.leftovers and not job.timed_out and job.rc == 0:
         why = "left processes behind: " + ", ".join(job.leftovers)
     res = Result(job, ok, why, t)
-    if job.launcher == "rankguard":
+    if job.launcher.startswith("rankguard"):
         _rankguard_files(res)
     return res
 
@@ -544,7 +549,7 @@ def progress_line(r: Result) -> str:
     hb = f" (heartbeats {r.hb_figure:.2f}s)" if r.hb_figure is not None else ""
     status = "ok" if r.ok else f"FAILED: {r.why}"
     return (
-        f"  {r.job.launcher:9s} {r.job.fault:5s} rc={r.job.rc!s:4s} {r.job.duration_s:5.1f}s "
+        f"  {r.job.launcher:17s} {r.job.fault:5s} rc={r.job.rc!s:4s} {r.job.duration_s:5.1f}s "
         f"fault->first step {fig}{hb}  {status}"
     )
 
@@ -581,7 +586,13 @@ def main(argv: list[str] | None = None) -> int:
     header(extra_env)
 
     results: dict[tuple[str, str], list[Result]] = {}
-    plan = [("rankguard", "crash"), ("torchrun", "crash"), ("rankguard", "stall")]
+    plan = [
+        ("rankguard", "crash"),
+        (PRELOAD, "crash"),
+        ("torchrun", "crash"),
+        ("rankguard", "stall"),
+        (PRELOAD, "stall"),
+    ]
     for i in range(args.repeats):  # interleaved, so load changes hit both launchers
         for launcher, fault in plan:
             job = run_job(launcher, fault, timeout_s=args.timeout, extra_env=extra_env, tag=str(i))
@@ -609,8 +620,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for key, label in (
         (("rankguard", "crash"), "crash"),
+        ((PRELOAD, "crash"), "crash"),
         (("torchrun", "crash"), "crash"),
         (("rankguard", "stall"), "hang (stall)"),
+        ((PRELOAD, "stall"), "hang (stall)"),
     ):
         hb = [r.hb_figure for r in results.get(key, []) if r.hb_figure is not None]
         rows.append((key[0], label, _fmt(figures(key)), _fmt(hb), count(key)))
@@ -620,10 +633,10 @@ def main(argv: list[str] | None = None) -> int:
 
     print()
     print("breakdown, medians over successful runs (s); '-' = no such stage/stamp")
-    keys = [("rankguard", "crash"), ("torchrun", "crash"), ("rankguard", "stall")]
+    keys = [k for k in plan if results.get(k)]
     cols = [breakdown_rows(results.get(k, [])) for k in keys]
     table = [(label, *(c[i][1] for c in cols)) for i, (label, _, _) in enumerate(BREAKDOWN)]
-    print_table(["stage", "rankguard crash", "torchrun crash", "rankguard stall"], table)
+    print_table(["stage", *(f"{k[0]} {k[1]}" for k in keys)], table)
     stamps = sorted(
         {r.restarts_wall_time for rs in results.values() for r in rs if r.restarts_wall_time}
     )
@@ -637,32 +650,34 @@ def main(argv: list[str] | None = None) -> int:
         for r in failed:
             print(f"  {r.job.launcher} {r.job.fault}: {r.why}")
 
-    rg = figures(("rankguard", "crash"))
     tr = figures(("torchrun", "crash"))
     print()
-    if rg:
+    for launcher in ("rankguard", PRELOAD):
+        rg = figures((launcher, "crash"))
+        if not rg:
+            print(f"goal: crash -> first step faster than torchrun -> no {launcher} success")
+            continue
         med = statistics.median(rg)
         print(
-            f"goal: crash -> first step < torchrun's 6.1 s (SPEC) -> rankguard {med:.2f}s: "
+            f"goal: crash -> first step < torchrun's 6.1 s (SPEC) -> {launcher} {med:.2f}s: "
             + ("MEETS" if med < 6.1 else "MISSES")
         )
         if tr:
             med_tr = statistics.median(tr)
             print(
                 f"goal: crash -> first step < torchrun measured here ({med_tr:.2f}s) -> "
-                f"rankguard {med:.2f}s: " + ("MEETS" if med < med_tr else "MISSES")
+                f"{launcher} {med:.2f}s: " + ("MEETS" if med < med_tr else "MISSES")
             )
         else:
             print("goal: crash -> first step < torchrun measured here -> no torchrun success")
-    else:
-        print("goal: crash -> first step faster than torchrun -> no successful rankguard restart")
-    st = figures(("rankguard", "stall"))
-    if st:
-        print(f"hang -> first step: rankguard {statistics.median(st):.2f}s; torchrun: {hang_text}")
-    print(
-        f"restart success: rankguard crash {count(('rankguard', 'crash'))}, stall "
-        f"{count(('rankguard', 'stall'))}; torchrun crash {count(('torchrun', 'crash'))}"
-    )
+    for launcher in ("rankguard", PRELOAD):
+        st = figures((launcher, "stall"))
+        if st:
+            print(
+                f"hang -> first step: {launcher} {statistics.median(st):.2f}s; "
+                f"torchrun: {hang_text}"
+            )
+    print("restart success: " + ", ".join(f"{k[0]} {k[1]} {count(k)}" for k in plan))
     return 0
 
 

@@ -60,7 +60,15 @@ def run_job(
     return res, tmp_path / "heartbeat" / run_id
 
 
-def test_hang_dumps_stacks_then_restarts_and_the_job_completes(tmp_path: Path, run_id: str) -> None:
+PRELOAD = pytest.mark.parametrize(
+    "launch", [(), ("--preload", "torch")], ids=["subprocess", "preload"]
+)
+
+
+@PRELOAD
+def test_hang_dumps_stacks_then_restarts_and_the_job_completes(
+    tmp_path: Path, run_id: str, launch: tuple[str, ...]
+) -> None:
     res, run_dir = run_job(
         tmp_path,
         run_id,
@@ -75,9 +83,11 @@ def test_hang_dumps_stacks_then_restarts_and_the_job_completes(tmp_path: Path, r
         "5",
         "--fault-duration",
         "600",
+        extra=launch,
     )
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
+    assert ("ranks are forked from a fork server" in out) == bool(launch), out
     (finding,) = read_jsonl(run_dir / "findings.jsonl")
     assert (finding["finding_type"], finding["rank"], finding["action"]) == (
         "gpu_progress_timeout",
@@ -96,7 +106,10 @@ def test_hang_dumps_stacks_then_restarts_and_the_job_completes(tmp_path: Path, r
     assert no_leftover_workers(run_id)
 
 
-def test_crash_names_the_root_cause_and_a_restart_recovers(tmp_path: Path, run_id: str) -> None:
+@PRELOAD
+def test_crash_names_the_root_cause_and_a_restart_recovers(
+    tmp_path: Path, run_id: str, launch: tuple[str, ...]
+) -> None:
     res, run_dir = run_job(
         tmp_path,
         run_id,
@@ -109,15 +122,18 @@ def test_crash_names_the_root_cause_and_a_restart_recovers(tmp_path: Path, run_i
         "1",
         "--fault-step",
         "5",
+        extra=launch,
     )
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     (restart,) = read_jsonl(run_dir / "restarts.jsonl")
-    # the monitor's finding or the agent's failure report, whichever came first
+    # the monitor's finding or the agent's failure report, whichever came first (forked
+    # ranks: torch reports one failure, often the peer's; rankguard adds the error files)
     assert restart["cause"] in ("rank_process_exited", "worker_failed")
     assert restart["rank"] == 1
     assert "injected crash on rank 1 at step 5" in restart["message"]
     assert "[demo] done: 12 steps" in out
+    assert no_leftover_workers(run_id)  # the fork server too
 
 
 def test_crash_after_the_budget_exits_with_the_crash_code(tmp_path: Path, run_id: str) -> None:

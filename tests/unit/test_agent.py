@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rankguard.launcher import exitcodes
-from rankguard.launcher.agent import first_failure
+from rankguard.launcher.agent import add_peer_errors, first_failure
 
 
 @dataclass
@@ -171,3 +174,72 @@ def test_exit_code_values() -> None:
     assert (exitcodes.EXIT_OK, exitcodes.EXIT_FAILED, exitcodes.EXIT_USAGE) == (0, 1, 2)
     assert exitcodes.EXIT_UNHEALTHY_GPU == 3
     assert (exitcodes.EXIT_HANG, exitcodes.EXIT_CRASH, exitcodes.EXIT_NO_RESTART) == (10, 11, 12)
+
+
+# ---- error files: sub-second order, peers of a single reported failure -------------------
+
+
+def _error_file(path: Path, message: str, timestamp: int, mtime_ns: int) -> str:
+    """An error file as torch elastic's ``@record`` writes it."""
+    path.write_text(
+        json.dumps(
+            {
+                "message": {
+                    "message": message,
+                    "extraInfo": {
+                        "py_callstack": f"Traceback ...\n{message}",
+                        "timestamp": str(timestamp),
+                    },
+                }
+            }
+        )
+    )
+    os.utime(path, ns=(mtime_ns, mtime_ns))
+    return str(path)
+
+
+def test_errors_in_the_same_second_are_ordered_by_their_files(tmp_path: Path) -> None:
+    # The file's timestamp has whole seconds; the file's mtime tells which came first.
+    t = 1_800_000_000
+    first = _error_file(tmp_path / "r3.json", "RuntimeError: injected", t, t * 10**9 + 10**6)
+    later = _error_file(tmp_path / "r0.json", "RuntimeError: peer closed", t, t * 10**9 + 9 * 10**8)
+    result = FakeResult(
+        failures={
+            0: FakeFailure(timestamp=t, local_rank=0, pid=1, exitcode=1, error_file=later),
+            3: FakeFailure(timestamp=t, local_rank=1, pid=2, exitcode=1, error_file=first),
+        }
+    )
+    out = first_failure(result)
+    assert out is not None and out["rank"] == 3
+
+
+def test_peer_error_files_join_a_single_reported_failure(tmp_path: Path) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    t = 1_800_000_000
+    files = {
+        0: _error_file(tmp_path / "r0.json", "RuntimeError: peer closed", t, t * 10**9 + 5 * 10**8),
+        1: _error_file(tmp_path / "r1.json", "RuntimeError: injected", t, t * 10**9 + 10**8),
+        2: str(tmp_path / "r2.json"),  # no file: this rank did not raise
+    }
+    # torch's multiprocessing context reported rank 0 only (the first it looked at)
+    failures: dict[int, Any] = {
+        10: ProcessFailure(local_rank=0, pid=100, exitcode=1, error_file=files[0])
+    }
+    add_peer_errors(failures, files, {0: 100, 1: 101, 2: 102}, lambda lr: 10 + lr)
+    assert sorted(failures) == [10, 11]
+    assert failures[11].pid == 101 and failures[11].exitcode == 1
+    out = first_failure(FakeResult(failures=failures))
+    assert out is not None
+    assert (out["rank"], out["pid"], out["error"]) == (11, 101, "RuntimeError: injected")
+
+
+def test_peer_error_files_leave_several_failures_alone(tmp_path: Path) -> None:
+    t = 1_800_000_000
+    files = {lr: _error_file(tmp_path / f"r{lr}.json", f"E{lr}", t, t * 10**9) for lr in range(3)}
+    failures: dict[int, Any] = {
+        0: FakeFailure(timestamp=t, local_rank=0, pid=1, exitcode=-9),
+        1: FakeFailure(timestamp=t, local_rank=1, pid=2, exitcode=1, error_file=files[1]),
+    }
+    add_peer_errors(failures, files, {}, lambda lr: lr)
+    assert sorted(failures) == [0, 1]  # the subprocess path reports every failure itself

@@ -161,6 +161,7 @@ def test_cli_surface_is_frozen() -> None:
             "-m",
             "--module",
             "--live",
+            "--preload",
         ]
     )
 
@@ -201,3 +202,15 @@ def test_nvrx_ft_launcher_flags_are_fault_tolerance_overrides() -> None:
     }
     assert cfg.fault_tolerance.rank_out_of_section_timeout == 300.0
     assert opts.target_args == ["--ft-not-mine=1"]
+
+
+def test_preload_modules_are_a_comma_list() -> None:
+    assert parse("t.py")[0].preload == ()
+    opts, _ = parse("--preload", "torch, numpy,,", "t.py")
+    assert opts.preload == ("torch", "numpy")
+
+
+@pytest.mark.parametrize("bad", ["torch;rm", "1torch", "torch..nn", "a b"])
+def test_preload_names_must_be_module_names(bad: str) -> None:
+    with pytest.raises(ValueError, match="--preload"):
+        parse("--preload", bad, "t.py")

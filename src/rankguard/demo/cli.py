@@ -38,6 +38,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--fault-step", type=int, default=10)
     p.add_argument("--fault-duration", type=float, default=8.0)
     p.add_argument("--slowdown", type=float, default=1.5)
+    p.add_argument(
+        "--preload",
+        default="",
+        metavar="MODULES",
+        help="as `rankguard run --preload` (e.g. torch): ranks forked from a fork server",
+    )
     p.add_argument("--log-dir", default="rankguard_logs")
     p.add_argument("--config", default=None, help="YAML config (demo defaults still apply)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
@@ -77,5 +83,6 @@ def run(args: argparse.Namespace) -> int:
         nproc_per_node=args.nproc_per_node,
         standalone=True,
         live_status=True,
+        preload=tuple(m.strip() for m in args.preload.split(",") if m.strip()),
     )
     return launch(opts, cfg)

@@ -14,7 +14,9 @@ worker-lifecycle methods ``SimpleElasticAgent`` is designed to have subclassed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
 import threading
 import time
@@ -24,7 +26,7 @@ from typing import Any
 
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
-__all__ = ["RankguardAgent", "first_failure"]
+__all__ = ["RankguardAgent", "add_peer_errors", "first_failure"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +55,53 @@ def first_failure(result: Any) -> dict[str, Any] | None:
     }
 
 
+def add_peer_errors(
+    failures: dict[int, Any],
+    error_files: dict[int, str],
+    pids: dict[int, int],
+    global_rank: Callable[[int], int],
+) -> None:
+    """Add to a single reported failure the ranks that also left an error file (they
+    raised: torch's process wrapper exits with 1 after writing it)."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    if len(failures) != 1:
+        return
+    for local_rank, path in error_files.items():
+        rank = global_rank(local_rank)
+        if rank in failures or not os.path.isfile(path):
+            continue
+        try:
+            failures[rank] = ProcessFailure(
+                local_rank=local_rank, pid=pids.get(local_rank, -1), exitcode=1, error_file=path
+            )
+        except Exception:
+            logger.exception("rankguard: unreadable error file %s", path)
+
+
+def _prewarm_failure_logging(pcontext: Any) -> threading.Thread | bool:
+    """Forked ranks (``--preload``): when one fails, torch's multiprocessing context logs
+    the exception, and torch's log formatter imports ``torch._dynamo`` to format it:
+    about a second of imports in the middle of every first restart. Import it now, in a
+    background thread at the lowest CPU priority, while the ranks train."""
+    from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
+
+    if not isinstance(pcontext, MultiprocessContext):
+        return False
+
+    def warm() -> None:
+        with contextlib.suppress(OSError, AttributeError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread
+        try:
+            import torch._dynamo.config  # noqa: F401
+        except Exception:  # a slower first restart, nothing worse
+            logger.debug("rankguard: prewarming torch._dynamo failed", exc_info=True)
+
+    thread = threading.Thread(target=warm, name="rankguard-prewarm", daemon=True)
+    thread.start()
+    return thread
+
+
 def _cause_rank(failure: Any) -> tuple[int, float]:
     """Order failures by how likely each is the cause. A rank killed by a signal other
     than SIGTERM wrote no error file (its timestamp is only when the agent noticed) and
@@ -60,7 +109,10 @@ def _cause_rank(failure: Any) -> tuple[int, float]:
     elastic terminates the others with it."""
     by_signal = failure.exitcode < 0
     sigterm = by_signal and -failure.exitcode == signal.SIGTERM
-    return (2 if sigterm else 0 if by_signal else 1), float(failure.timestamp)
+    when = float(failure.timestamp)  # whole seconds in the error file: ties are common
+    with contextlib.suppress(OSError, TypeError):  # no file (a signal): the timestamp
+        when = os.stat(failure.error_file).st_mtime_ns / 1e9
+    return (2 if sigterm else 0 if by_signal else 1), when
 
 
 class RankguardAgent(LocalElasticAgent):
@@ -81,6 +133,7 @@ class RankguardAgent(LocalElasticAgent):
         self.aborted = False
         self.restarts = 0
         self._cause_lock = threading.Lock()
+        self._prewarm: threading.Thread | bool | None = None
 
     # ---- the launcher's side ---------------------------------------------------------
 
@@ -101,6 +154,8 @@ class RankguardAgent(LocalElasticAgent):
 
     def _start_workers(self, worker_group: Any) -> dict[int, Any]:
         pids: dict[int, Any] = super()._start_workers(worker_group)
+        if self._prewarm is None:
+            self._prewarm = _prewarm_failure_logging(self._pcontext)
         if self._on_signal is not None and threading.current_thread() is threading.main_thread():
             for name in _SIGNALS:
                 sig = getattr(signal, name, None)
@@ -111,8 +166,25 @@ class RankguardAgent(LocalElasticAgent):
     def _monitor_workers(self, worker_group: Any) -> Any:
         result = super()._monitor_workers(worker_group)
         if result.is_failed() and self.last_failure is None:
+            self._add_peer_errors(result, worker_group)
             self.last_failure = first_failure(result)
         return result
+
+    def _add_peer_errors(self, result: Any, worker_group: Any) -> None:
+        """Ranks forked by the fork server (``--preload``) run in torch's multiprocessing
+        context, which reports one failure per group (the first it looks at, often a
+        peer that failed *because* of the culprit) and terminates the rest. Peers that
+        raised left their error files: add them, so the earliest error is the cause."""
+        from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
+
+        pcontext = self._pcontext
+        if isinstance(pcontext, MultiprocessContext):
+            add_peer_errors(
+                result.failures,
+                pcontext.error_files,
+                pcontext.pids(),
+                lambda local_rank: worker_group.workers[local_rank].global_rank,
+            )
 
     def _restart_workers(self, worker_group: Any) -> None:
         with self._cause_lock:

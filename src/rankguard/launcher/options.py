@@ -29,6 +29,7 @@ class LaunchOptions:
     monitor_interval_s: float = 0.1
     standalone: bool = False
     live_status: bool = False
+    preload: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.nproc_per_node < 1:
@@ -41,6 +42,9 @@ class LaunchOptions:
             raise ValueError(f"--node-rank: must be in [0, {self.max_nodes}), got {self.node_rank}")
         if self.max_restarts < 0:
             raise ValueError(f"--max-restarts: must be >= 0, got {self.max_restarts}")
+        for name in self.preload:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", name):
+                raise ValueError(f"--preload: {name!r} is not a module name")
         if self.max_nodes > 1:
             if self.standalone:
                 raise ValueError("--standalone: only for a single node (--nnodes 1)")
@@ -98,6 +102,14 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--standalone", action="store_true", help="single node, local rendezvous")
     g.add_argument("--master-addr", "--master_addr", default=None, help="alias: rdzv host")
     g.add_argument("--master-port", "--master_port", type=int, default=None, help="rdzv port")
+    p.add_argument(
+        "--preload",
+        default="",
+        metavar="MODULES",
+        help="comma-separated modules (e.g. torch) imported once by a fork server that "
+        "then forks every rank, at start and at each restart, instead of starting a new "
+        "interpreter per rank; the modules must not initialise CUDA",
+    )
     p.add_argument("--config", default=None, help="YAML config file")
     p.add_argument(
         "--set",
@@ -144,6 +156,7 @@ def options_from_args(args: argparse.Namespace) -> tuple[LaunchOptions, list[str
         max_restarts=args.max_restarts,
         monitor_interval_s=args.monitor_interval,
         standalone=args.standalone or (hi == 1 and endpoint is None),
+        preload=tuple(m.strip() for m in args.preload.split(",") if m.strip()),
     )
     all_overrides = [*args.overrides, *overrides]
     if args.log_dir:

@@ -11,6 +11,7 @@ cause.
 
 from __future__ import annotations
 
+import atexit
 import os
 import runpy
 import sys
@@ -22,7 +23,7 @@ from rankguard.ft.stacks import install_dump_handler
 from rankguard.heartbeat.records import ENV
 from rankguard.session import init
 
-__all__ = ["main"]
+__all__ = ["forked_main", "main"]
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -71,6 +72,22 @@ def main(argv: list[str] | None = None) -> None:
         raise
     session.close(clean=True, exit_code=0)
     del dump_file  # kept open until here: faulthandler writes to it
+
+
+def forked_main(*argv: str) -> None:
+    """The rank's entry point when the launcher forks ranks from a fork server
+    (``--preload``): what ``python -u -m rankguard.launcher.worker ARGV`` does, in a
+    process forked from one that has already imported the preloaded modules."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(write_through=True)  # as ``python -u``: lines reach the log now
+    try:
+        main(list(argv))
+    finally:
+        # A forked process leaves with os._exit, which skips atexit: run the script's
+        # exit handlers (logging flush, trackers' finish) as a normal exit would.
+        atexit._run_exitfuncs()
 
 
 if __name__ == "__main__":
