@@ -19,7 +19,8 @@ timeout (SIGTERM to the launcher's process group, SIGKILL 10 s later), and after
 command line holds that run's temp dir is reported as left behind and SIGKILLed. Other
 people's processes (same machine, other temp dirs) are never looked at or touched.
 
-Run: ``python bench/restart_loop.py [--runs 20] [--torchrun --torchrun-runs 10]``
+Run: ``python bench/restart_loop.py [--runs 20] [--preload] [--torchrun --torchrun-runs 10]``
+(``--preload``: ``rankguard run --preload torch``)
 (~8-12 s per completed run on a quiet machine, up to ``--timeout`` per hung one).
 ``--env KEY=VALUE`` runs with extra environment, for diagnosis only.
 """
@@ -31,7 +32,7 @@ import statistics
 import sys
 from collections import Counter
 
-from restart import Result, analyse, finish, header, parse_env, progress_line, run_job
+from restart import PRELOAD, Result, analyse, finish, header, parse_env, progress_line, run_job
 
 
 def classify(r: Result) -> str:
@@ -84,6 +85,9 @@ def loop(launcher: str, runs: int, args: argparse.Namespace, env: dict[str, str]
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=20, help="rankguard runs (0: none)")
+    p.add_argument(
+        "--preload", action="store_true", help="rankguard run --preload torch (forked ranks)"
+    )
     p.add_argument("--torchrun", action="store_true", help="also loop torchrun --standalone")
     p.add_argument("--torchrun-runs", type=int, default=10)
     p.add_argument("--timeout", type=float, default=120.0, help="hard limit per run (s)")
@@ -93,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     env = parse_env(args.env)
     header(env)
     if args.runs:
-        loop("rankguard", args.runs, args, env)
+        loop(PRELOAD if args.preload else "rankguard", args.runs, args, env)
     if args.torchrun and args.torchrun_runs:
         loop("torchrun", args.torchrun_runs, args, env)
     return 0
