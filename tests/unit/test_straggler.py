@@ -846,7 +846,7 @@ def test_probe_cuda_reader_far_behind_skips_to_whole_recent_steps() -> None:
 
 def test_probe_decides_cuda_at_the_first_section(monkeypatch: pytest.MonkeyPatch) -> None:
     gpu = FakeGpu()
-    monkeypatch.setattr(probe_mod, "_cuda_in_use", lambda: True)
+    monkeypatch.setattr(probe_mod, "cuda_in_use", lambda: True)
     probe = ComputeProbe(lambda i: None, event_factory=gpu.event)
     _gpu_step(probe, gpu, 5.0)
     gpu.complete_all()
@@ -857,7 +857,7 @@ def test_probe_decides_cuda_at_the_first_section(monkeypatch: pytest.MonkeyPatch
 def test_probe_gpu_rank_without_sections_warns_once(
     monkeypatch: pytest.MonkeyPatch, cpu: FakeCpu, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(probe_mod, "_cuda_in_use", lambda: True)
+    monkeypatch.setattr(probe_mod, "cuda_in_use", lambda: True)
     probe = ComputeProbe(lambda i: None)
     for _ in range(3):
         cpu.spend(2.0)

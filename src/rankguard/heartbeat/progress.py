@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["CHECKPOINT_PHASE", "RING_SIZE", "ProgressSnapshot", "ProgressTracker"]
+__all__ = ["CHECKPOINT_PHASE", "RING_SIZE", "ProgressSnapshot", "ProgressTracker", "cuda_in_use"]
 
 CHECKPOINT_PHASE = "checkpointing"
 RING_SIZE = 8192  # step-end times kept for the performance monitor (power of two)
@@ -38,7 +38,8 @@ class _Event(Protocol):
     def query(self) -> bool: ...
 
 
-def _cuda_in_use() -> bool:
+def cuda_in_use() -> bool:
+    """CUDA is available and this process has initialised it (a GPU rank)."""
     try:
         import torch
 
@@ -142,7 +143,7 @@ class ProgressTracker:
         """One training step has been issued. No I/O, no sync."""
         mode = self._mode
         if mode is None:
-            mode = self._mode = "cuda" if _cuda_in_use() else "cpu"
+            mode = self._mode = "cuda" if cuda_in_use() else "cpu"
         now = self._clock()
         if mode == "cpu":
             seq = self.progress_seq + 1

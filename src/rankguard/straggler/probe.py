@@ -30,6 +30,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rankguard.heartbeat.progress import cuda_in_use
+
 __all__ = ["ComputeProbe"]
 
 logger = logging.getLogger(__name__)
@@ -40,15 +42,6 @@ _RING = 4096
 # it is being read.
 _POOL = 1024
 _READ_WINDOW = _POOL // 2
-
-
-def _cuda_in_use() -> bool:
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available() and torch.cuda.is_initialized())
-    except Exception:
-        return False
 
 
 def _timing_event() -> Any:
@@ -165,7 +158,7 @@ class ComputeProbe:
     def _first_section(self) -> None:
         self._sections = True
         if self._cuda is None:
-            self._cuda = _cuda_in_use()
+            self._cuda = cuda_in_use()
 
     # ---- heartbeat thread ------------------------------------------------------------
 
@@ -212,7 +205,7 @@ class ComputeProbe:
             method = "compute_section_cpu"
         else:
             method = "step_cpu"
-            if not self._warned_gpu_without_sections and self._n and _cuda_in_use():
+            if not self._warned_gpu_without_sections and self._n and cuda_in_use():
                 self._warned_gpu_without_sections = True
                 logger.warning(
                     "rankguard stragglers: this rank trains on a GPU but marks no "
