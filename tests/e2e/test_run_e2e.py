@@ -186,8 +186,9 @@ def test_crash_names_the_failing_rank_as_root_cause(tmp_path: Path, run_id: str)
     assert no_leftover_workers(run_id)
 
 
+@pytest.mark.parametrize("launch", [(), ("--preload", "torch")], ids=["subprocess", "preload"])
 def test_unmodified_torchrun_script_gets_progress_from_the_optimizer_hook(
-    tmp_path: Path, run_id: str
+    tmp_path: Path, run_id: str, launch: tuple[str, ...]
 ) -> None:
     res = run_rankguard(
         [
@@ -198,15 +199,23 @@ def test_unmodified_torchrun_script_gets_progress_from_the_optimizer_hook(
             run_id,
             "--log-dir",
             str(tmp_path),
+            *launch,
             *fast_sets(),
             str(SCRIPTS / "plain_ddp.py"),
             "--steps",
             "12",
+            "--atexit-dir",
+            str(tmp_path),
         ]
     )
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     assert "plain_ddp done: 12 steps, world 2" in out
+    # the script's exit handlers ran in every rank (a forked rank runs them explicitly)
+    assert sorted(p.name for p in tmp_path.glob("atexit_rank_*")) == [
+        "atexit_rank_0",
+        "atexit_rank_1",
+    ]
     run_dir = tmp_path / "heartbeat" / run_id
     status = read_status(run_dir)
     assert status["state"] == "completed", out

@@ -81,7 +81,7 @@ def forked_main(*argv: str) -> None:
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
-            reconfigure(write_through=True)  # as ``python -u``: lines reach the log now
+            reconfigure(line_buffering=True, write_through=True)  # lines reach the log now
     try:
         main(list(argv))
     finally:

@@ -1,6 +1,7 @@
 """An unmodified torchrun-style training script: it never imports rankguard."""
 
 import argparse
+import atexit
 import os
 
 import torch
@@ -9,7 +10,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=12)
+parser.add_argument("--atexit-dir", default=None, help="each rank's exit handler writes here")
 args = parser.parse_args()
+if args.atexit_dir:
+    marker = os.path.join(args.atexit_dir, f"atexit_rank_{os.environ['RANK']}")
+    atexit.register(lambda: open(marker, "w").close())
 
 dist.init_process_group("gloo")
 torch.manual_seed(0)
