@@ -68,9 +68,12 @@ def append_jsonl(path: str | os.PathLike[str], records: list[Any], *, fsync: boo
     A single ``write`` of the whole batch on an ``O_APPEND`` descriptor keeps concurrent
     appenders from interleaving inside a line on local filesystems.
     """
-    if not records:
-        return
-    data = "".join(dumps_line(r) for r in records).encode("utf-8")
+    if records:
+        append_bytes(path, "".join(dumps_line(r) for r in records).encode("utf-8"), fsync=fsync)
+
+
+def append_bytes(path: str | os.PathLike[str], data: bytes, *, fsync: bool = True) -> None:
+    """Append complete lines already encoded (see ``append_jsonl``) in one write."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -80,3 +83,31 @@ def append_jsonl(path: str | os.PathLike[str], records: list[Any], *, fsync: boo
             os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def rotate_jsonl(path: str | os.PathLike[str], first: bytes) -> None:
+    """Move a full JSONL file to ``<path>.1`` (replacing an older one) and start ``path``
+    anew with ``first`` (complete lines, e.g. the writer's start record).
+
+    ``path`` exists and holds valid lines at every instant (a kill -9 at any point
+    leaves either the old file or the new one there): the new file is written aside,
+    the old one gets its second name by a hard link, and a rename swaps the new one in.
+    A reader that follows ``path`` by inode sees a new file and starts from its top.
+    """
+    target = Path(path)
+    older = target.with_name(target.name + ".1")
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(first)
+            fh.flush()
+            os.fsync(fh.fileno())
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(older)
+        os.link(target, older)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(target.parent)

@@ -147,6 +147,7 @@ class Session:
                     extra,
                     probe.heartbeat_fields if probe is not None else None,
                 ),
+                max_file_bytes=config.max_file_bytes,
             )
             if publish
             else None

@@ -37,7 +37,7 @@ experiment:
 
 HEARTBEAT_KEYS = (
     "checkpoint_timeout_s, enabled, hardware_health, initial_process_timeout_s, "
-    "initial_progress_timeout_s, process_timeout_s, progress_timeout_s, "
+    "initial_progress_timeout_s, max_file_mb, process_timeout_s, progress_timeout_s, "
     "publish_interval_s, scan_interval_s"
 )
 

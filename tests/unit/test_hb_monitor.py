@@ -586,3 +586,69 @@ def test_state_recovers_after_restart(tmp_path: Path) -> None:
     assert status["ranks"][0]["pid"] == 5000
     assert status["ranks"][0]["gpu_progress"] == "progressing"
     assert status["state"] == "running"
+
+
+# ---- rotated heartbeat files (heartbeat.max_file_mb) ------------------------------------
+
+
+def test_a_rotating_rank_file_is_followed_without_findings(tmp_path: Path) -> None:
+    from rankguard._fs import rotate_jsonl
+
+    clock = FakeClock()
+    mon = _monitor(tmp_path, clock, world=1)
+    start = rec(0, 0, event="process_start", progress_seq=0, world_size=1)
+    write(tmp_path, start)
+    mon.scan_once()
+    path = tmp_path / heartbeat_file_name(0, start["pid"])
+    for seq in range(1, 30):
+        clock.t += 1
+        write(tmp_path, rec(0, seq, progress_seq=seq, world_size=1))
+        if seq % 7 == 0:  # what the publisher does: the start record heads the new file
+            rotate_jsonl(path, (json.dumps(start) + "\n").encode())
+        assert mon.scan_once() == []
+    clock.t += 1
+    write(tmp_path, rec(0, 30, progress_seq=30, world_size=1))
+    assert mon.scan_once() == []
+    (row,) = read_status(tmp_path)["ranks"]
+    assert row["progress_seq"] == 30 and row["process_liveness"] == "alive"
+    assert row["gpu_progress"] == "progressing"
+
+
+def test_mirrored_files_rotate_like_the_ranks_own(tmp_path: Path) -> None:
+    cfg = _cfg()
+    cfg.max_file_mb = 0.002  # 2000 bytes
+    remote = FakeRemote()
+    mon = JobMonitor(
+        cfg,
+        tmp_path,
+        RUN,
+        expected_world_size=1,
+        clock=FakeClock(),
+        check_pids=False,
+        remote=remote,
+    )
+    for seq in range(40):
+        event = "process_start" if seq == 0 else "heartbeat"
+        remote.records = [
+            rec(
+                0,
+                seq,
+                pid=7000,
+                event=event,
+                progress_seq=seq,
+                hostname="node-b",
+                node_rank=1,
+                world_size=1,
+            )
+        ]
+        mon.scan_once()
+    path = tmp_path / heartbeat_file_name(0, 7000)
+    older = path.with_name(path.name + ".1")
+    assert path.stat().st_size <= 2000 and older.stat().st_size <= 2000
+    current = [json.loads(x) for x in path.read_text().splitlines()]
+    assert current[0]["event"] == "process_start" and current[0]["seq"] == 0
+    assert current[-1]["seq"] == 39
+    seqs = [json.loads(x)["seq"] for x in older.read_text().splitlines()[1:]]
+    seqs += [r["seq"] for r in current[1:]]
+    assert seqs == list(range(seqs[0], 40))
+    assert read_status(tmp_path)["ranks"][0]["progress_seq"] == 39

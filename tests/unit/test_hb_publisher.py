@@ -14,7 +14,7 @@ import pytest
 
 from rankguard.heartbeat.progress import ProgressTracker
 from rankguard.heartbeat.publisher import HeartbeatPublisher
-from rankguard.heartbeat.records import GpuAssignment, RankIdentity, heartbeat_file_name
+from rankguard.heartbeat.records import Event, GpuAssignment, RankIdentity, heartbeat_file_name
 
 RECORD_KEYS = {
     "schema_version",
@@ -221,3 +221,80 @@ def test_appends_to_existing_file(tmp_path: Path, publishers: list[HeartbeatPubl
     records = _records(path)
     assert records[0] == {"old": True}
     assert [r["event"] for r in records[1:]] == ["process_start", "process_end"]
+
+
+# ---- rotation (heartbeat.max_file_mb) -----------------------------------------------------
+
+
+def test_rotate_jsonl_keeps_one_older_file_and_starts_with_the_given_line(tmp_path: Path) -> None:
+    from rankguard._fs import rotate_jsonl
+
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(b'{"a":1}\n{"a":2}\n')
+    (tmp_path / "r.jsonl.1").write_bytes(b'{"old":1}\n')
+    inode = path.stat().st_ino
+    rotate_jsonl(path, b'{"start":1}\n')
+    assert (tmp_path / "r.jsonl.1").read_bytes() == b'{"a":1}\n{"a":2}\n'  # the full file
+    assert (tmp_path / "r.jsonl.1").stat().st_ino == inode  # moved, not copied
+    assert path.read_bytes() == b'{"start":1}\n'
+    assert path.stat().st_ino != inode  # a reader following the inode starts anew
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.jsonl", "r.jsonl.1"]  # no tmp
+
+
+def test_publisher_rotates_before_the_file_passes_the_limit(tmp_path: Path) -> None:
+    from rankguard.heartbeat.tailer import JsonlTailer
+
+    tracker = ProgressTracker(mode="cpu")
+    pub = HeartbeatPublisher(_identity(), tmp_path, tracker, 3600.0, max_file_bytes=4000)
+    pub.start()
+    tailer = JsonlTailer(pub.path)
+    seen = [r["seq"] for r in tailer.read()]
+    for i in range(60):
+        tracker.step_end(i)
+        pub._write(Event.HEARTBEAT)  # what the thread does each interval
+        assert pub.path.stat().st_size <= 4000
+        seen += [r["seq"] for r in tailer.read()]
+    pub.close()
+    seen += [r["seq"] for r in tailer.read()]
+    assert pub.rotations >= 3
+    older = pub.path.with_name(pub.path.name + ".1")
+    assert older.stat().st_size <= 4000
+    current = _records(pub.path)
+    # every file starts with the process_start record, then continues the sequence
+    assert current[0]["event"] == "process_start" and current[0]["seq"] == 0
+    assert _records(older)[0] == current[0]
+    assert current[-1]["event"] == "process_end" and current[-1]["seq"] == 61
+    tail = [r["seq"] for r in _records(older)[1:]] + [r["seq"] for r in current[1:]]
+    assert tail == list(range(tail[0], 62))  # nothing lost across the last rotation
+    # a tailer that reads after each write sees every record, plus the start copies
+    assert [s for s in seen if s] == list(range(1, 62))
+
+
+def test_publisher_without_a_limit_never_rotates(tmp_path: Path) -> None:
+    tracker = ProgressTracker(mode="cpu")
+    pub = HeartbeatPublisher(_identity(), tmp_path, tracker, 3600.0)
+    pub.start()
+    for _ in range(50):
+        pub._write(Event.HEARTBEAT)
+    pub.close()
+    assert pub.rotations == 0 and len(_records(pub.path)) == 52
+    assert not pub.path.with_name(pub.path.name + ".1").exists()
+
+
+def test_publisher_rotation_failure_keeps_appending(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import rankguard.heartbeat.publisher as pub_mod
+
+    def fail(path: Any, first: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pub_mod, "rotate_jsonl", fail)
+    tracker = ProgressTracker(mode="cpu")
+    pub = HeartbeatPublisher(_identity(), tmp_path, tracker, 3600.0, max_file_bytes=2000)
+    pub.start()
+    for _ in range(20):
+        pub._write(Event.HEARTBEAT)
+    pub.close()
+    assert len(_records(pub.path)) == 22 and pub.write_errors == 0  # no heartbeat lost
+    assert pub.max_file_bytes == 0  # rotation turned off after the failure

@@ -63,9 +63,24 @@ class HeartbeatConfig:
     scan_interval_s: float = field(
         default=1.0, metadata={"help": "Seconds between two evaluations by the monitor."}
     )
+    max_file_mb: float = field(
+        default=16.0,
+        metadata={
+            "help": "A heartbeat file about to grow past this many megabytes (10^6 bytes) "
+            "moves to <name>.1 and a new one starts with the process_start record "
+            "(0: never rotate)."
+        },
+    )
     hardware_health: HardwareHealthConfig = field(default_factory=HardwareHealthConfig)
 
+    @property
+    def max_file_bytes(self) -> int:
+        """``max_file_mb`` in bytes (0: never rotate)."""
+        return int(self.max_file_mb * 1_000_000)
+
     def __post_init__(self) -> None:
+        if self.max_file_mb < 0:
+            raise ValueError(f"max_file_mb: must be >= 0 (0: never rotate), got {self.max_file_mb}")
         if self.publish_interval_s <= 0:
             raise ValueError(f"publish_interval_s: must be > 0, got {self.publish_interval_s}")
         if self.scan_interval_s <= 0:

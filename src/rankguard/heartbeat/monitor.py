@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
-from rankguard._fs import append_jsonl, atomic_write_json
+from rankguard._fs import append_bytes, append_jsonl, atomic_write_json, dumps_line, rotate_jsonl
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.perfranks import PERF_RANKS_FILE, PerfRanks
 from rankguard.heartbeat.procs import pid_running, vanished_record
@@ -99,6 +99,8 @@ class JobMonitor:
         self._health: dict[int, tuple[dict[str, Any], float, float]] = {}  # snap, mtime, seen
         # (rank, pid) -> (last seq mirrored, was it a synthesized end)
         self._mirrored: dict[tuple[int, int], tuple[int, bool]] = {}
+        # mirrored file per (rank, pid): bytes so far and its first line (for rotation)
+        self._mirror_files: dict[tuple[int, int], tuple[int, bytes]] = {}
         self.perf_ranks = PerfRanks(run_id)
         self.straggler: Any = None  # a StragglerDetector when straggler detection is on
         self._stop = threading.Event()
@@ -244,7 +246,7 @@ class JobMonitor:
             if seq <= last_seq and not (last_synth and own_end):
                 continue
             self._mirrored[key] = (seq, bool(record.get("synthesized")))
-            append_jsonl(self.run_dir / heartbeat_file_name(*key), [record], fsync=False)
+            self._mirror(key, record)
             try:
                 age = min(float(record.get("relayed_age_s") or 0.0), 3600.0)
             except (TypeError, ValueError):
@@ -255,6 +257,29 @@ class JobMonitor:
             known = self._health.get(node_rank)
             if known is None or known[0] != snapshot:
                 atomic_write_json(path, snapshot)
+
+    def _mirror(self, key: tuple[int, int], record: dict[str, Any]) -> None:
+        """Append a relayed record to this node's copy of its heartbeat file, rotated as
+        the rank's own file is (``heartbeat.max_file_mb``)."""
+        path = self.run_dir / heartbeat_file_name(*key)
+        line = dumps_line(record).encode("utf-8")
+        size, first = self._mirror_files.get(key, (-1, b""))
+        if size < 0:
+            try:
+                size = os.stat(path).st_size
+            except FileNotFoundError:
+                size = 0
+        if not first:
+            first = line  # the oldest record this node has of the rank: its start
+        limit = self.cfg.max_file_bytes
+        if 0 < limit < size + len(line) and size > len(first):
+            try:
+                rotate_jsonl(path, first)
+                size = len(first)
+            except OSError as exc:
+                logger.warning("rankguard monitor: cannot rotate %s: %s", path, exc)
+        append_bytes(path, line, fsync=False)
+        self._mirror_files[key] = (size + len(line), first)
 
     def _cross_rank_perf(self) -> None:
         latest: dict[int, int] = {}

@@ -5,6 +5,8 @@ It writes ``process_start`` at once, a ``heartbeat`` record every
 ``process_end`` on close. Each record is one complete JSON line appended to
 ``rank_<rank>_pid_<pid>.heartbeat.jsonl`` with ``O_APPEND`` and fsync'd, so a kill -9
 never leaves a torn line that matters (the monitor's tailer skips a partial last line).
+A file about to grow past ``heartbeat.max_file_mb`` is rotated: it becomes
+``<name>.1`` and a new file starts with a copy of the ``process_start`` record.
 
 The thread only reads the :class:`~rankguard.heartbeat.progress.ProgressTracker`; the
 training loop never waits for it. A write error is counted and logged once, never
@@ -22,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rankguard._fs import dumps_line
+from rankguard._fs import dumps_line, rotate_jsonl
 from rankguard.heartbeat.progress import ProgressTracker
 from rankguard.heartbeat.records import Event, RankIdentity, heartbeat_file_name
 
@@ -52,9 +54,11 @@ class HeartbeatPublisher:
         tracker: ProgressTracker,
         interval_s: float,
         extra: Callable[[], dict[str, Any] | None] | None = None,
+        max_file_bytes: int = 0,
     ) -> None:
         """``extra``: called at each record for more fields (the perf monitor's latest
-        window under ``perf``)."""
+        window under ``perf``). ``max_file_bytes``: rotate the file before it would grow
+        past this (0: never); see ``rankguard._fs.rotate_jsonl``."""
         if interval_s <= 0:
             raise ValueError(f"interval_s: must be > 0, got {interval_s}")
         self.identity = identity
@@ -64,6 +68,10 @@ class HeartbeatPublisher:
         self.write_errors = 0
         self._seq = 0
         self._fd: int | None = None
+        self.max_file_bytes = max_file_bytes
+        self.rotations = 0
+        self._size = 0
+        self._start_line = b""  # the process_start record: first line of every file
         self._lock = threading.Lock()  # serialises writes of the thread and close()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -80,6 +88,7 @@ class HeartbeatPublisher:
     def start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._size = os.fstat(self._fd).st_size
         self._write(Event.PROCESS_START)
         self._thread = threading.Thread(target=self._run, name="rankguard-heartbeat", daemon=True)
         self._thread.start()
@@ -113,6 +122,21 @@ class HeartbeatPublisher:
     @property
     def records_written(self) -> int:
         return self._seq
+
+    def _rotate(self) -> None:
+        """Under the lock: the full file becomes ``<name>.1``, a new one starts with the
+        process_start record (the monitor's rules skip it again: its seq is old)."""
+        assert self._fd is not None
+        try:
+            rotate_jsonl(self.path, self._start_line)
+        except OSError as exc:  # keep appending to the full file: never lose a heartbeat
+            self.max_file_bytes = 0
+            logger.error("rankguard: cannot rotate %s (rotation off): %s", self.path, exc)
+            return
+        os.close(self._fd)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._size = len(self._start_line)
+        self.rotations += 1
 
     # ---- thread ---------------------------------------------------------------------
 
@@ -175,9 +199,15 @@ class HeartbeatPublisher:
                 return
             record["seq"] = self._seq
             self._seq += 1
+            line = dumps_line(record).encode("utf-8")
             try:
-                os.write(self._fd, dumps_line(record).encode("utf-8"))
+                if event is Event.PROCESS_START:
+                    self._start_line = line
+                elif 0 < self.max_file_bytes < self._size + len(line):
+                    self._rotate()
+                os.write(self._fd, line)
                 os.fsync(self._fd)
+                self._size += len(line)
             except OSError as exc:
                 self.write_errors += 1
                 if self.write_errors == 1:
