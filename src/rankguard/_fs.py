@@ -36,12 +36,23 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _keep_mode(fd: int, target: Path) -> None:
+    """A replacement file gets the mode of the file it replaces, else 0644 (``mkstemp``
+    makes 0600: other users' tools could no longer read status files)."""
+    try:
+        mode = os.stat(target).st_mode & 0o777
+    except FileNotFoundError:
+        mode = 0o644
+    os.fchmod(fd, mode)
+
+
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     """Replace ``path`` with ``text`` atomically (tmp + fsync + rename + dir fsync)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        _keep_mode(fd, target)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
@@ -98,6 +109,7 @@ def rotate_jsonl(path: str | os.PathLike[str], first: bytes) -> None:
     older = target.with_name(target.name + ".1")
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        _keep_mode(fd, target)
         with os.fdopen(fd, "wb") as fh:
             fh.write(first)
             fh.flush()

@@ -298,3 +298,19 @@ def test_publisher_rotation_failure_keeps_appending(
     pub.close()
     assert len(_records(pub.path)) == 22 and pub.write_errors == 0  # no heartbeat lost
     assert pub.max_file_bytes == 0  # rotation turned off after the failure
+
+
+def test_replaced_files_keep_their_mode_and_new_ones_are_world_readable(tmp_path: Path) -> None:
+    from rankguard._fs import atomic_write_json, rotate_jsonl
+
+    status = tmp_path / "status.json"
+    atomic_write_json(status, {"a": 1})
+    assert status.stat().st_mode & 0o777 == 0o644  # not mkstemp's 0600
+    status.chmod(0o640)
+    atomic_write_json(status, {"a": 2})
+    assert status.stat().st_mode & 0o777 == 0o640
+    log = tmp_path / "r.jsonl"
+    log.write_bytes(b"{}\n")
+    log.chmod(0o604)
+    rotate_jsonl(log, b"{}\n")
+    assert log.stat().st_mode & 0o777 == 0o604
