@@ -105,7 +105,8 @@ def part_hot_path(args: argparse.Namespace) -> bool:
 
     from rankguard.heartbeat.progress import ProgressTracker
     from rankguard.perf.config import PerfConfig
-    from rankguard.perf.flops import measured_flops_per_step, mfu, tflops_per_gpu
+    from rankguard.perf.flops import mfu, tflops_per_gpu
+    from rankguard.perf.measured import measured_flops_per_step
     from rankguard.perf.reporter import PerfReporter
     from rankguard.straggler.probe import ComputeProbe
 

@@ -29,7 +29,8 @@ from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.progress import ProgressTracker
 from rankguard.heartbeat.records import RankIdentity
 from rankguard.perf.config import PerfConfig
-from rankguard.perf.flops import analytic_flops_per_step, measured_flops_per_step
+from rankguard.perf.flops import analytic_flops_per_step
+from rankguard.perf.measured import measured_flops_per_step
 from rankguard.perf.reporter import PerfReporter
 from rankguard.session import Session
 

@@ -273,7 +273,7 @@ class Session:
         the data-parallel size as the step's FLOPs. Returns the global figure."""
         if self.perf is None:
             return None
-        from rankguard.perf.flops import measured_flops_per_step
+        from rankguard.perf.measured import measured_flops_per_step
 
         per_replica = measured_flops_per_step(model, example_inputs, loss_fn=loss_fn)
         dp = data_parallel_size or self.identity.world_size

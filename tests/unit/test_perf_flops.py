@@ -29,15 +29,14 @@ from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from rankguard.perf.flops import (
-    FlopsCache,
     ModelShape,
     analytic_flops_breakdown,
     analytic_flops_per_step,
     default_swiglu_ffn_hidden_size,
-    measured_flops_per_step,
     mfu,
     tflops_per_gpu,
 )
+from rankguard.perf.measured import FlopsCache, measured_flops_per_step
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from rankguard.perf.flops import measured_flops_per_step
+from rankguard.perf.measured import measured_flops_per_step
 
 
 class _Attention(torch.nn.Module):

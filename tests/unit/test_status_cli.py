@@ -296,3 +296,28 @@ def test_watch_redraws_until_ctrl_c(tmp_path: Path, capsys: Any, monkeypatch: An
     assert run_cli(str(run_dir), "--watch", "0.5") == 0
     out = capsys.readouterr().out
     assert calls == [0.5, 0.5] and out.count(RUN_ID) >= 2 and "\x1b[2J" not in out
+
+
+def test_status_and_report_commands_never_import_torch(tmp_path: Path) -> None:
+    """`rankguard status` is run often and by hand: importing torch would cost ~1 s."""
+    import subprocess
+    import sys
+
+    run_dir = write_run(tmp_path)
+    probe = (
+        "import sys\n"
+        "from rankguard.cli.main import main\n"
+        "codes = [main(['status', sys.argv[1]]), main(['status', sys.argv[1], '--json'])]\n"
+        "from rankguard.cli.main import build_parser\n"
+        "build_parser()\n"
+        "loaded = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))\n"
+        "print('CODES', codes, 'TORCH', loaded[:5])\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", probe, str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "CODES [0, 0] TORCH []" in res.stdout, res.stdout[-2000:]

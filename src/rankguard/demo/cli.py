@@ -7,7 +7,6 @@ import argparse
 
 from rankguard.config import ConfigError, load_config
 from rankguard.launcher.options import LaunchOptions
-from rankguard.launcher.run import launch
 
 __all__ = ["DEMO_OVERRIDES", "add_parser", "run"]
 
@@ -76,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
     if args.fault != "none" and not 0 <= args.fault_rank < args.nproc_per_node:
         print(f"rankguard demo: --fault-rank must be in [0, {args.nproc_per_node})")
         return 2
+    from rankguard.launcher.run import launch  # imports torch: not for `--help`
+
     opts = LaunchOptions(
         target="rankguard.demo.train",
         target_args=target_args,
