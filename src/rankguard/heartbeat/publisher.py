@@ -133,8 +133,9 @@ class HeartbeatPublisher:
             self.max_file_bytes = 0
             logger.error("rankguard: cannot rotate %s (rotation off): %s", self.path, exc)
             return
-        os.close(self._fd)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.close(self._fd)  # only once the new one is open: _fd is always a valid file
+        self._fd = fd
         self._size = len(self._start_line)
         self.rotations += 1
 

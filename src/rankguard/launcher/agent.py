@@ -79,7 +79,7 @@ def add_peer_errors(
             logger.exception("rankguard: unreadable error file %s", path)
 
 
-def _prewarm_failure_logging(pcontext: Any) -> threading.Thread | bool:
+def _prewarm_failure_logging(pcontext: Any) -> None:
     """Forked ranks (``--preload``): when one fails, torch's multiprocessing context logs
     the exception, and torch's log formatter imports ``torch._dynamo`` to format it:
     about a second of imports in the middle of every first restart. Import it now, in a
@@ -87,7 +87,7 @@ def _prewarm_failure_logging(pcontext: Any) -> threading.Thread | bool:
     from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
 
     if not isinstance(pcontext, MultiprocessContext):
-        return False
+        return
 
     def warm() -> None:
         with contextlib.suppress(OSError, AttributeError):
@@ -97,9 +97,7 @@ def _prewarm_failure_logging(pcontext: Any) -> threading.Thread | bool:
         except Exception:  # a slower first restart, nothing worse
             logger.debug("rankguard: prewarming torch._dynamo failed", exc_info=True)
 
-    thread = threading.Thread(target=warm, name="rankguard-prewarm", daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=warm, name="rankguard-prewarm", daemon=True).start()
 
 
 def _cause_rank(failure: Any) -> tuple[int, float]:
@@ -133,7 +131,7 @@ class RankguardAgent(LocalElasticAgent):
         self.aborted = False
         self.restarts = 0
         self._cause_lock = threading.Lock()
-        self._prewarm: threading.Thread | bool | None = None
+        self._prewarmed = False
 
     # ---- the launcher's side ---------------------------------------------------------
 
@@ -154,8 +152,9 @@ class RankguardAgent(LocalElasticAgent):
 
     def _start_workers(self, worker_group: Any) -> dict[int, Any]:
         pids: dict[int, Any] = super()._start_workers(worker_group)
-        if self._prewarm is None:
-            self._prewarm = _prewarm_failure_logging(self._pcontext)
+        if not self._prewarmed:
+            self._prewarmed = True
+            _prewarm_failure_logging(self._pcontext)
         if self._on_signal is not None and threading.current_thread() is threading.main_thread():
             for name in _SIGNALS:
                 sig = getattr(signal, name, None)

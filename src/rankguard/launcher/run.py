@@ -146,13 +146,6 @@ def start_fork_server(modules: tuple[str, ...]) -> None:
     )
 
 
-def forked_worker_entry(worker_args: list[str]) -> tuple[Any, list[str], str]:
-    """Entry point, its arguments and start method for ranks forked by the fork server."""
-    from rankguard.launcher.worker import forked_main
-
-    return forked_main, worker_args, "forkserver"
-
-
 def _timeouts_in_force(cfg: RankguardConfig) -> dict[str, Any] | None:
     """Apply learned timeouts (``calc_ft_timeouts``); each timeout and its source."""
     from rankguard.ft.learned import STATE_FILE, apply_learned, load_state
@@ -272,8 +265,10 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
     entrypoint: Any = sys.executable
     entry_args = ["-u", "-m", "rankguard.launcher.worker", *worker_args]
     start_method = "spawn"  # unused: a command entry point starts as a subprocess
-    if opts.preload:
-        entrypoint, entry_args, start_method = forked_worker_entry(worker_args)
+    if opts.preload:  # torch elastic's function entry point, forked by the fork server
+        from rankguard.launcher.worker import forked_main
+
+        entrypoint, entry_args, start_method = forked_main, worker_args, "forkserver"
     spec = WorkerSpec(
         role="trainer",
         local_world_size=opts.nproc_per_node,
