@@ -275,3 +275,17 @@ def test_sigterm_to_the_launcher_stops_everything_without_false_findings(
     assert status["state"] == "stopped"
     assert all(r["process_liveness"] == "exited" for r in status["ranks"])
     assert no_leftover_workers(run_id)
+
+
+def test_readme_demo_command_completes_and_says_where_the_files_are(tmp_path: Path) -> None:
+    """The README's main command, `rankguard demo` (2 CPU ranks), shortened."""
+    res = run_rankguard(["demo", "--steps", "12", "--log-dir", str(tmp_path)])
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert "[demo] done: 12 steps on 2 rank(s)" in out
+    assert "monitor: state completed, 0 finding(s)" in out
+    (run_dir,) = (tmp_path / "heartbeat").iterdir()
+    assert f"rankguard status {run_dir}" in out and f"rankguard report {run_dir}" in out
+    assert read_status(run_dir)["state"] == "completed"
+    assert len(heartbeat_files(run_dir)) == 2
+    assert findings(run_dir) == []
