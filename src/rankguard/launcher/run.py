@@ -76,6 +76,10 @@ def _rendezvous(opts: LaunchOptions, run_id: str) -> tuple[Any, Any, str, int]:
         timeout=RendezvousTimeout(join=timedelta(seconds=opts.rdzv_join_timeout_s)),
     )
     host = endpoint.rsplit(":", 1)[0]
+    if os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1":
+        from rankguard.launcher.rendezvous import FreshStoreRendezvous
+
+        handler = FreshStoreRendezvous(handler)
     return handler, store, host, int(store.port)  # type: ignore[attr-defined]
 
 
@@ -97,11 +101,11 @@ def _worker_env(cfg: RankguardConfig, run_id: str, run_dir: Path, node_rank: int
 
 def _fresh_worker_store() -> None:
     # With the c10d rendezvous, torch elastic by default lets the workers' process group
-    # share the rendezvous TCPStore, unprefixed, across restarts (it assumes a new store
-    # per retry). The keys of the previous attempt stay there, and a restarted gloo group
-    # reads a dead peer's address ("Connection refused" in connectFullMesh): the in-job
-    # restart fails. Torch's public switch gives each rendezvous round a fresh store on a
-    # free port, hosted by global rank 0.
+    # share one TCPStore, unprefixed, across restarts (it assumes a new store per retry).
+    # The keys of the previous attempt stay there, and a restarted gloo group reads a dead
+    # peer's address ("Connection refused" in connectFullMesh): the in-job restart fails.
+    # Torch's public switch gives each rendezvous round a fresh store on a free port;
+    # ``FreshStoreRendezvous`` then hosts it in the agent (see there).
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 
 
