@@ -25,6 +25,17 @@ FT = [
 ]
 
 
+def demo_fault(
+    kind: str, *, rank: int, step: int, steps: int, duration: float | None = None
+) -> list[str]:
+    """The demo's arguments for a run of ``steps`` with fault ``kind`` on ``rank``."""
+    args = ["--steps", str(steps), "--fault", kind, "--fault-rank", str(rank)]
+    args += ["--fault-step", str(step)]
+    if duration is not None:
+        args += ["--fault-duration", str(duration)]
+    return args
+
+
 def run_job(
     tmp_path: Path, run_id: str, restarts: int, *train: str, extra: tuple[str, ...] = ()
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
@@ -73,16 +84,7 @@ def test_hang_dumps_stacks_then_restarts_and_the_job_completes(
         tmp_path,
         run_id,
         1,
-        "--steps",
-        "20",
-        "--fault",
-        "stall",
-        "--fault-rank",
-        "1",
-        "--fault-step",
-        "5",
-        "--fault-duration",
-        "600",
+        *demo_fault("stall", rank=1, step=5, steps=20, duration=600),
         extra=launch,
     )
     out = res.stdout + res.stderr
@@ -114,14 +116,7 @@ def test_crash_names_the_root_cause_and_a_restart_recovers(
         tmp_path,
         run_id,
         1,
-        "--steps",
-        "12",
-        "--fault",
-        "crash",
-        "--fault-rank",
-        "1",
-        "--fault-step",
-        "5",
+        *demo_fault("crash", rank=1, step=5, steps=12),
         extra=launch,
     )
     out = res.stdout + res.stderr
@@ -141,14 +136,7 @@ def test_crash_after_the_budget_exits_with_the_crash_code(tmp_path: Path, run_id
         tmp_path,
         run_id,
         0,
-        "--steps",
-        "12",
-        "--fault",
-        "crash",
-        "--fault-rank",
-        "1",
-        "--fault-step",
-        "4",
+        *demo_fault("crash", rank=1, step=4, steps=12),
     )
     assert res.returncode == 11, res.stderr
     assert "root cause: rank 1" in res.stderr and "injected crash on rank 1" in res.stderr
@@ -160,16 +148,7 @@ def test_hang_after_the_budget_exits_with_the_hang_code(tmp_path: Path, run_id: 
         tmp_path,
         run_id,
         0,
-        "--steps",
-        "20",
-        "--fault",
-        "stall",
-        "--fault-rank",
-        "0",
-        "--fault-step",
-        "4",
-        "--fault-duration",
-        "600",
+        *demo_fault("stall", rank=0, step=4, steps=20, duration=600),
     )
     assert res.returncode == 10, res.stderr
     assert read_jsonl(run_dir / "findings.jsonl")[0]["finding_type"] == "gpu_progress_timeout"
@@ -181,16 +160,7 @@ def test_abort_action_spends_no_restart(tmp_path: Path, run_id: str) -> None:
         tmp_path,
         run_id,
         2,
-        "--steps",
-        "20",
-        "--fault",
-        "stall",
-        "--fault-rank",
-        "1",
-        "--fault-step",
-        "4",
-        "--fault-duration",
-        "600",
+        *demo_fault("stall", rank=1, step=4, steps=20, duration=600),
         extra=("--set", "fault_tolerance.actions.gpu_progress_timeout=abort"),
     )
     assert res.returncode == 12, res.stderr
@@ -271,16 +241,7 @@ def test_sigkill_of_a_rank_during_a_restart_is_survived(tmp_path: Path, run_id: 
             "3",
             "--checkpoint-dir",
             str(tmp_path / "ckpt"),
-            "--steps",
-            "30",
-            "--fault",
-            "stall",
-            "--fault-rank",
-            "1",
-            "--fault-step",
-            "5",
-            "--fault-duration",
-            "600",
+            *demo_fault("stall", rank=1, step=5, steps=30, duration=600),
         ),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
