@@ -131,39 +131,55 @@ def _finding_marks(data: RunData) -> tuple[list[Event], list[tuple[str, str, str
     return events, [legend_items[k] for k in sorted(legend_items)]
 
 
-def tflops_chart(data: RunData) -> str:
+def _perf_chart(
+    data: RunData, key: str, title: str, series: str, y_label: str, colour: str, empty: str
+) -> str:
+    """One perf.jsonl column over iterations, in the report's half-width chart size."""
+    points = _points(data.perf_entries, key)
     return line_chart(
-        "TFLOP/s per GPU",
-        [Series("achieved TFLOP/s per GPU", _points(data.perf_entries, "TFLOPS_per_GPU"), GREEN)],
+        title,
+        [Series(series, points, colour)],
         x_label="iteration",
-        y_label="TFLOP/s per GPU",
+        y_label=y_label,
         width=540,
         height=260,
-        empty="no TFLOP/s: FLOPs per step unknown or no perf.jsonl",
+        empty=empty,
+    )
+
+
+def tflops_chart(data: RunData) -> str:
+    return _perf_chart(
+        data,
+        "TFLOPS_per_GPU",
+        "TFLOP/s per GPU",
+        "achieved TFLOP/s per GPU",
+        "TFLOP/s per GPU",
+        GREEN,
+        "no TFLOP/s: FLOPs per step unknown or no perf.jsonl",
     )
 
 
 def tokens_chart(data: RunData) -> str:
-    return line_chart(
+    return _perf_chart(
+        data,
+        "tokens_per_sec",
         "Throughput: tokens/s",
-        [Series("tokens/s, all ranks", _points(data.perf_entries, "tokens_per_sec"), PURPLE)],
-        x_label="iteration",
-        y_label="tokens/s",
-        width=540,
-        height=260,
-        empty="no tokens/s: batch size not given or no perf.jsonl",
+        "tokens/s, all ranks",
+        "tokens/s",
+        PURPLE,
+        "no tokens/s: batch size not given or no perf.jsonl",
     )
 
 
 def samples_chart(data: RunData) -> str:
-    return line_chart(
+    return _perf_chart(
+        data,
+        "samples_per_sec",
         "Throughput: samples/s",
-        [Series("samples/s, all ranks", _points(data.perf_entries, "samples_per_sec"), PURPLE)],
-        x_label="iteration",
-        y_label="samples/s",
-        width=540,
-        height=260,
-        empty="no samples/s: batch size not given or no perf.jsonl",
+        "samples/s, all ranks",
+        "samples/s",
+        PURPLE,
+        "no samples/s: batch size not given or no perf.jsonl",
     )
 
 
