@@ -45,6 +45,21 @@ def fast_sets() -> list[str]:
     return out
 
 
+def standalone_run(run_id: str, log_dir: Path, *, nproc: int = 2) -> list[str]:
+    """``run`` on one node with ``nproc`` ranks, this run id and log dir, FAST settings."""
+    return [
+        "run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        "--rdzv-id",
+        run_id,
+        "--log-dir",
+        str(log_dir),
+        *fast_sets(),
+    ]
+
+
 def run_rankguard(args: list[str], *, timeout: float = 90) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.run(

@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import fast_sets, no_leftover_workers, rankguard_cmd, read_jsonl, read_status
+from .conftest import (
+    no_leftover_workers,
+    rankguard_cmd,
+    read_jsonl,
+    read_status,
+    standalone_run,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 
@@ -41,15 +47,7 @@ def run_job(
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
     res = subprocess.run(
         rankguard_cmd(
-            "run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "--rdzv-id",
-            run_id,
-            "--log-dir",
-            str(tmp_path),
-            *fast_sets(),
+            *standalone_run(run_id, tmp_path),
             *FT,
             "--set",
             f"fault_tolerance.num_in_job_restarts={restarts}",
@@ -223,15 +221,7 @@ def test_each_simulated_fault_is_found_and_restarted(
 def test_sigkill_of_a_rank_during_a_restart_is_survived(tmp_path: Path, run_id: str) -> None:
     proc = subprocess.Popen(
         rankguard_cmd(
-            "run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "--rdzv-id",
-            run_id,
-            "--log-dir",
-            str(tmp_path),
-            *fast_sets(),
+            *standalone_run(run_id, tmp_path),
             *FT,
             "--set",
             "fault_tolerance.num_in_job_restarts=2",

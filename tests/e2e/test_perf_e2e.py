@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import fast_sets, read_jsonl, read_status, run_rankguard
+from .conftest import read_jsonl, read_status, run_rankguard, standalone_run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -27,15 +27,7 @@ SEED_ITERATION_KEYS = {
 def test_perf_files_from_a_demo_run_with_measured_flops(tmp_path: Path, run_id: str) -> None:
     res = run_rankguard(
         [
-            "run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "--rdzv-id",
-            run_id,
-            "--log-dir",
-            str(tmp_path),
-            *fast_sets(),
+            *standalone_run(run_id, tmp_path),
             "--set",
             "perf.log_interval=5",
             "-m",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import fast_sets, rankguard_cmd
+from .conftest import rankguard_cmd, standalone_run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -20,15 +20,7 @@ def test_metrics_are_scraped_over_loopback_during_a_run(tmp_path: Path, run_id: 
     parser = pytest.importorskip("prometheus_client.parser")
     proc = subprocess.Popen(
         rankguard_cmd(
-            "run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "--rdzv-id",
-            run_id,
-            "--log-dir",
-            str(tmp_path),
-            *fast_sets(),
+            *standalone_run(run_id, tmp_path),
             "--set",
             "perf.prometheus.enabled=true",
             "--set",

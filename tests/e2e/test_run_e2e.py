@@ -16,6 +16,7 @@ from .conftest import (
     read_jsonl,
     read_status,
     run_rankguard,
+    standalone_run,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -24,15 +25,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 def demo(tmp_path: Path, run_id: str, *train_args: str, nproc: int = 2) -> tuple[Path, str]:
     res = run_rankguard(
         [
-            "run",
-            "--standalone",
-            "--nproc-per-node",
-            str(nproc),
-            "--rdzv-id",
-            run_id,
-            "--log-dir",
-            str(tmp_path),
-            *fast_sets(),
+            *standalone_run(run_id, tmp_path, nproc=nproc),
             "-m",
             "rankguard.demo.train",
             *train_args,
@@ -154,15 +147,7 @@ def test_checkpoint_longer_than_progress_timeout_is_not_a_finding(
 def test_crash_names_the_failing_rank_as_root_cause(tmp_path: Path, run_id: str) -> None:
     res = run_rankguard(
         [
-            "run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "--rdzv-id",
-            run_id,
-            "--log-dir",
-            str(tmp_path),
-            *fast_sets(),
+            *standalone_run(run_id, tmp_path),
             "-m",
             "rankguard.demo.train",
             "--steps",
@@ -236,15 +221,7 @@ def test_sigterm_to_the_launcher_stops_everything_without_false_findings(
 
     proc = subprocess.Popen(
         rankguard_cmd(
-            "run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "--rdzv-id",
-            run_id,
-            "--log-dir",
-            str(tmp_path),
-            *fast_sets(),
+            *standalone_run(run_id, tmp_path),
             "-m",
             "rankguard.demo.train",
             "--steps",

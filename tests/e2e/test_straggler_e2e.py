@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import fast_sets, no_leftover_workers, rankguard_cmd, read_jsonl, read_status
+from .conftest import (
+    no_leftover_workers,
+    rankguard_cmd,
+    read_jsonl,
+    read_status,
+    standalone_run,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 
@@ -21,15 +27,7 @@ def run_job(
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
     res = subprocess.run(
         rankguard_cmd(
-            "run",
-            "--standalone",
-            "--nproc-per-node",
-            "4",
-            "--rdzv-id",
-            run_id,
-            "--log-dir",
-            str(tmp_path),
-            *fast_sets(),
+            *standalone_run(run_id, tmp_path, nproc=4),
             "--set",
             "straggler.enabled=true",
             "--set",
