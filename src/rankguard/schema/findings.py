@@ -1,0 +1,188 @@
+"""Findings and rank states: the monitor's verdict vocabulary, in one place.
+
+:class:`FindingType` is the only list of finding types. Everything that treats types
+differently derives from it: the fault-tolerance actions and their defaults
+(:attr:`FindingInfo.default_action`), which types are hangs (:attr:`FindingInfo.hang`),
+the status screen's short names and colours, the report's markers and the exporter's
+series. A test fails when one of them misses a type.
+
+How to add a finding type: a member here with its :data:`_INFO` entry, the evaluator that
+fires it (a rule in :mod:`rankguard.heartbeat.rules` or a
+:class:`~rankguard.heartbeat.monitor.Evaluator`), a marker in ``report/charts.py`` and a
+line in ``docs/heartbeat.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from enum import Enum
+from typing import Any
+
+from rankguard.schema.records import SCHEMA_VERSION
+
+__all__ = ["Finding", "FindingInfo", "FindingType", "Liveness", "Progress", "Reason"]
+
+
+class Liveness(str, Enum):
+    """Is the rank's process (and its heartbeat thread) alive?"""
+
+    NOT_OBSERVED = "not_observed"
+    ALIVE = "alive"
+    STALE = "stale"
+    EXITED = "exited"
+
+
+class Progress(str, Enum):
+    """Is the rank's step counter advancing?"""
+
+    NOT_OBSERVED = "not_observed"
+    STARTING = "starting"
+    PROGRESSING = "progressing"
+    STALLED = "stalled"
+    UNKNOWN = "unknown"
+    COMPLETED = "completed"
+
+
+@dataclass(frozen=True, slots=True)
+class FindingInfo:
+    short: str  # column-width name (``rankguard status``)
+    title: str  # human label (report legend)
+    severity: str  # "error" or "warning"
+    hang: bool  # a hang: the job exits EXIT_HANG when it ends the job
+    default_action: str  # fault_tolerance.actions default: report, restart or abort
+
+
+class FindingType(str, Enum):
+    PROCESS_TIMEOUT = "rank_process_heartbeat_timeout"
+    PROGRESS_TIMEOUT = "gpu_progress_timeout"
+    PROCESS_EXITED = "rank_process_exited"
+    HEALTH_FAILURE = "gpu_hardware_health_failure"
+    HEALTH_WARNING = "gpu_hardware_health_warning"
+    SECTION_TIMEOUT = "rank_section_timeout"
+    STRAGGLER = "straggler_detected"
+
+    @property
+    def info(self) -> FindingInfo:
+        return _INFO[self]
+
+    @classmethod
+    def parse(cls, value: Any) -> FindingType | None:
+        """The type named ``value``, or None for an unknown name (a newer writer)."""
+        try:
+            return cls(value)
+        except ValueError:
+            return None
+
+
+_INFO: dict[FindingType, FindingInfo] = {
+    FindingType.PROCESS_TIMEOUT: FindingInfo(
+        "hb_timeout", "heartbeat timeout", "error", True, "restart"
+    ),
+    FindingType.PROGRESS_TIMEOUT: FindingInfo(
+        "prog_timeout", "progress timeout", "error", True, "restart"
+    ),
+    FindingType.PROCESS_EXITED: FindingInfo("exited", "process exited", "error", False, "restart"),
+    FindingType.HEALTH_FAILURE: FindingInfo(
+        "gpu_fail", "GPU health failure", "error", False, "report"
+    ),
+    FindingType.HEALTH_WARNING: FindingInfo(
+        "gpu_warn", "GPU health warning", "warning", False, "report"
+    ),
+    FindingType.SECTION_TIMEOUT: FindingInfo(
+        "sect_timeout", "section timeout", "error", True, "restart"
+    ),
+    FindingType.STRAGGLER: FindingInfo("straggler", "straggler", "warning", False, "report"),
+}
+
+
+class Reason(str, Enum):
+    NEVER_OBSERVED = "rank_process_heartbeat_never_observed"
+    UNRESPONSIVE = "rank_process_or_heartbeat_thread_unresponsive"
+    NOT_ADVANCING = "rank_alive_but_gpu_progress_not_advancing"
+    EXITED_WITH_ERROR = "rank_process_exited_with_error"
+    DIED = "rank_process_died_without_process_end"
+    GPU_UNHEALTHY = "gpu_unhealthy"
+    GPU_WARNING = "gpu_warning"
+    SECTION_EXCEEDED = "rank_section_exceeded_its_timeout"
+    OUT_OF_SECTION = "rank_out_of_section_too_long"
+    SLOW_COMPUTE = "rank_compute_slower_than_threshold"
+
+
+@dataclass(slots=True)
+class Finding:
+    """One line of ``findings.jsonl`` (schema in ``docs/heartbeat.md``).
+
+    Sinks may fill in ``action`` and the stack dumps before the finding is written;
+    ``detail`` holds what only one type has (a straggler's scores), written at the top
+    level of the line like every other field.
+    """
+
+    finding_type: FindingType
+    run_id: str
+    rank: int
+    reason: Reason
+    message: str
+    pid: int | None = None
+    hostname: str | None = None
+    node_rank: int | None = None
+    local_rank: int | None = None
+    process_liveness: Liveness | None = None
+    gpu_progress: Progress | None = None
+    phase: str | None = None
+    iteration: int | None = None
+    checkpoint_active: bool = False
+    timeout_s: float | None = None
+    observed_s: float | None = None
+    gpu: dict[str, Any] | None = None
+    gpu_health: dict[str, Any] | None = None
+    exit: dict[str, Any] | None = None
+    main_frame: str | None = None
+    schema_version: int = SCHEMA_VERSION
+    detected_wall_time: str | None = None
+    action: str | None = None
+    stack_dumps: dict[str, str] | None = None
+    stack_dump: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def info(self) -> FindingInfo:
+        return self.finding_type.info
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"schema_version": self.schema_version}
+        for name in _FIELDS:
+            value = getattr(self, name)
+            if name in _OMIT_WHEN_NONE and value is None:
+                continue
+            out[name] = value.value if isinstance(value, Enum) else value
+        out.update(self.detail)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Finding:
+        """A finding read back from ``findings.jsonl``; ValueError names a bad field."""
+        ftype = FindingType.parse(d.get("finding_type"))
+        if ftype is None:
+            raise ValueError(f"finding_type: unknown {d.get('finding_type')!r:.60}")
+        try:
+            reason = Reason(d.get("reason"))
+        except ValueError:
+            raise ValueError(f"reason: unknown {d.get('reason')!r:.60}") from None
+        rank = d.get("rank")
+        if type(rank) is not int:
+            raise ValueError("rank: expected an integer")
+        known: dict[str, Any] = {}
+        detail: dict[str, Any] = {}
+        for key, value in d.items():
+            (known if key in _KNOWN else detail)[key] = value
+        known["finding_type"], known["reason"] = ftype, reason
+        for key, enum in (("process_liveness", Liveness), ("gpu_progress", Progress)):
+            if known.get(key) is not None:
+                known[key] = enum(known[key])
+        return cls(**known, detail=detail)
+
+
+_FIELDS = tuple(f.name for f in fields(Finding) if f.name not in ("detail", "schema_version"))
+_KNOWN = frozenset((*_FIELDS, "schema_version"))
+# Present only once set (by the monitor when written, by fault tolerance when it acts).
+_OMIT_WHEN_NONE = frozenset({"detected_wall_time", "action", "stack_dumps", "stack_dump"})

@@ -1,0 +1,177 @@
+"""Every name rankguard gives to a file, a folder or a store key: one place.
+
+A run's files live under ``<log_dir>``::
+
+    <log_dir>/
+      heartbeat/<run_id>/                 RunLayout: the run directory (node-local)
+        status.json                       atomically replaced each monitor scan
+        findings.jsonl                    append-only, one finding a line
+        restarts.jsonl                    append-only, one in-job restart a line
+        perf_ranks.jsonl                  cross-rank step times (node 0)
+        control.json                      the step every rank stops at (agreement)
+        launcher_node_<k>.json            what node k's launcher started
+        gpu_health_node_<k>.json          node k's GPU health snapshot
+        rank_<r>_pid_<p>.heartbeat.jsonl  one rank process's heartbeats (+ ``.1`` rotated)
+        stacks/rank_<r>_pid_<p>.txt       stack dumps before a kill
+      perf_monitor/<run_id>/              rank 0's perf.jsonl and perf_summary_<ts>.json
+      ft/ft_state.json                    learned timeouts (or fault_tolerance.state_dir)
+      elastic/                            torch elastic's worker logs
+
+Readers and writers (monitor, relay, status command, report, exporter, perf reporter,
+fault tolerance, agreement) import these names; none spells a file name itself. No torch
+import here: the light commands (``rankguard status``, ``report``) use this module.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "CONTROL_FILE",
+    "FINDINGS_FILE",
+    "FT_STATE_FILE",
+    "HEALTH_FILE_RE",
+    "HEARTBEAT_FILE_RE",
+    "HEARTBEAT_SUFFIX",
+    "LAUNCHER_FILE_RE",
+    "PERF_LOG_FILE",
+    "PERF_RANKS_FILE",
+    "PERF_SUMMARY_GLOB",
+    "PERF_SUMMARY_PREFIX",
+    "RESTARTS_FILE",
+    "STATUS_FILE",
+    "RunLayout",
+    "StoreKeys",
+    "elastic_log_dir",
+    "ft_state_dir",
+    "health_file_name",
+    "heartbeat_file_name",
+    "launcher_file_name",
+    "perf_dir",
+    "run_dir",
+    "stack_file_name",
+]
+
+STATUS_FILE = "status.json"
+FINDINGS_FILE = "findings.jsonl"
+RESTARTS_FILE = "restarts.jsonl"
+PERF_RANKS_FILE = "perf_ranks.jsonl"
+CONTROL_FILE = "control.json"
+PERF_LOG_FILE = "perf.jsonl"
+PERF_SUMMARY_PREFIX = "perf_summary_"
+PERF_SUMMARY_GLOB = f"{PERF_SUMMARY_PREFIX}*.json"
+FT_STATE_FILE = "ft_state.json"
+STACKS_DIR = "stacks"
+HEARTBEAT_SUFFIX = ".heartbeat.jsonl"
+
+HEARTBEAT_FILE_RE = re.compile(r"^rank_(\d+)_pid_(\d+)\.heartbeat\.jsonl$")
+HEALTH_FILE_RE = re.compile(r"^gpu_health_node_(\d+)\.json$")
+LAUNCHER_FILE_RE = re.compile(r"^launcher_node_(\d+)\.json$")
+
+
+def heartbeat_file_name(rank: int, pid: int) -> str:
+    return f"rank_{rank}_pid_{pid}{HEARTBEAT_SUFFIX}"
+
+
+def health_file_name(node_rank: int) -> str:
+    return f"gpu_health_node_{node_rank}.json"
+
+
+def launcher_file_name(node_rank: int) -> str:
+    return f"launcher_node_{node_rank}.json"
+
+
+def stack_file_name(rank: int, pid: int) -> str:
+    return f"rank_{rank}_pid_{pid}.txt"
+
+
+def run_dir(log_dir: str | Path, run_id: str) -> Path:
+    """The node-local run directory ``<log_dir>/heartbeat/<run_id>`` (absolute)."""
+    return Path(log_dir).resolve() / "heartbeat" / run_id
+
+
+def perf_dir(log_dir: str | Path, run_id: str) -> Path:
+    """Rank 0's performance files: ``<log_dir>/perf_monitor/<run_id>``."""
+    return Path(log_dir) / "perf_monitor" / run_id
+
+
+def ft_state_dir(log_dir: str | Path, state_dir: str | None) -> Path:
+    """Where ``ft_state.json`` lives: ``fault_tolerance.state_dir``, else ``<log_dir>/ft``."""
+    return Path(state_dir) if state_dir else Path(log_dir).resolve() / "ft"
+
+
+def elastic_log_dir(log_dir: str | Path) -> Path:
+    return Path(log_dir).resolve() / "elastic"
+
+
+@dataclass(frozen=True, slots=True)
+class RunLayout:
+    """The paths of one run directory."""
+
+    root: Path
+
+    @classmethod
+    def of(cls, log_dir: str | Path, run_id: str) -> RunLayout:
+        return cls(run_dir(log_dir, run_id))
+
+    @property
+    def status(self) -> Path:
+        return self.root / STATUS_FILE
+
+    @property
+    def findings(self) -> Path:
+        return self.root / FINDINGS_FILE
+
+    @property
+    def restarts(self) -> Path:
+        return self.root / RESTARTS_FILE
+
+    @property
+    def perf_ranks(self) -> Path:
+        return self.root / PERF_RANKS_FILE
+
+    @property
+    def control(self) -> Path:
+        return self.root / CONTROL_FILE
+
+    @property
+    def stacks_dir(self) -> Path:
+        return self.root / STACKS_DIR
+
+    def heartbeat(self, rank: int, pid: int) -> Path:
+        return self.root / heartbeat_file_name(rank, pid)
+
+    def health(self, node_rank: int) -> Path:
+        return self.root / health_file_name(node_rank)
+
+    def launcher(self, node_rank: int) -> Path:
+        return self.root / launcher_file_name(node_rank)
+
+    def stack_dump(self, rank: int, pid: int) -> Path:
+        return self.stacks_dir / stack_file_name(rank, pid)
+
+
+class StoreKeys:
+    """Keys of one run in the rendezvous store (the multi-node channel)."""
+
+    def __init__(self, run_id: str) -> None:
+        self.prefix = f"rankguard/{run_id}/"
+
+    def heartbeats(self, node_rank: int) -> str:
+        """Node k's relay: latest record per local rank plus its GPU health."""
+        return f"{self.prefix}hb/node/{node_rank}"
+
+    def done(self, node_rank: int) -> str:
+        """Node k's relay has pushed its last records."""
+        return f"{self.prefix}done/node/{node_rank}"
+
+    def kill(self, node_rank: int) -> str:
+        """Node 0 asks node k to dump stacks and kill a culprit."""
+        return f"{self.prefix}kill/node/{node_rank}"
+
+    @property
+    def control(self) -> str:
+        """The stop step every node's relay writes into ``control.json``."""
+        return f"{self.prefix}control"
