@@ -43,8 +43,8 @@ import torch
 from torch.optim.optimizer import _global_optimizer_post_hooks
 
 from rankguard.heartbeat.config import HeartbeatConfig
+from rankguard.heartbeat.identity import RankIdentity
 from rankguard.heartbeat.progress import ProgressTracker
-from rankguard.heartbeat.records import RankIdentity
 from rankguard.session import NullSession, Session
 
 GOAL_NS = 1000.0  # step_end under 1 microsecond

@@ -41,7 +41,8 @@ from typing import Any
 from rankguard._fs import atomic_write_text, dumps_line
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.monitor import STATUS_FILE, JobMonitor
-from rankguard.heartbeat.records import SCHEMA_VERSION, heartbeat_file_name
+from rankguard.schema.layout import heartbeat_file_name
+from rankguard.schema.records import SCHEMA_VERSION
 
 RUN_ID = "20261129-120000-bench1"
 RANKS_PER_NODE = 8

@@ -57,8 +57,8 @@ from pathlib import Path
 from typing import Any
 
 from rankguard.heartbeat.config import HeartbeatConfig
+from rankguard.heartbeat.identity import RankIdentity
 from rankguard.heartbeat.progress import ProgressTracker
-from rankguard.heartbeat.records import RankIdentity
 from rankguard.session import NullSession, Session
 from rankguard.straggler.probe import ComputeProbe
 

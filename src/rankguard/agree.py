@@ -13,17 +13,34 @@ step and exits cleanly. No collective on any step. Straggler detection
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rankguard._fs import atomic_write_json
+from rankguard.heartbeat.monitor import FindingSink
+from rankguard.schema.findings import Finding, FindingType
+from rankguard.schema.layout import CONTROL_FILE
+from rankguard.schema.records import HeartbeatRecord
 
-__all__ = ["CONTROL_FILE", "ControlReader", "choose_stop_step", "write_control"]
+if TYPE_CHECKING:
+    from rankguard.heartbeat.config import HeartbeatConfig
+    from rankguard.heartbeat.rules import RankState
 
-CONTROL_FILE = "control.json"
+__all__ = [
+    "CONTROL_FILE",
+    "ControlReader",
+    "StopAgreement",
+    "choose_stop_step",
+    "fastest_step_s",
+    "write_control",
+]
+
+logger = logging.getLogger(__name__)
 
 
 def choose_stop_step(
@@ -33,6 +50,72 @@ def choose_stop_step(
     furthest = max(progress_by_rank.values(), default=0)
     margin = math.ceil(lead_time_s / step_time_s) if step_time_s and step_time_s > 0 else 10
     return furthest + max(2, margin)
+
+
+def fastest_step_s(records: list[HeartbeatRecord]) -> float | None:
+    """The shortest recent step time any rank shows (the latest perf window, or the
+    average since the first step), so a stop step is far enough ahead for all."""
+    times = []
+    for rec in records:
+        perf = rec.perf
+        if perf is not None and isinstance(perf.get("step_time_ms"), (int, float)):
+            times.append(float(perf["step_time_ms"]) / 1e3)
+        seq, elapsed = rec.progress_seq, rec.phase_elapsed_s
+        if rec.phase == "train" and seq > 0 and elapsed:
+            times.append(elapsed / seq)
+    positive = [t for t in times if t > 0 and math.isfinite(t)]
+    return min(positive) if positive else None
+
+
+class StopAgreement(FindingSink):
+    """Node 0: decide the one step every rank stops at, and tell every node.
+
+    A finding sink (a straggler finding with ``stop_if_detected`` asks for a stop) and a
+    status source (``stop_requested`` in ``status.json``). ``publish`` tells the other
+    nodes (their relays write ``control.json`` for their ranks)."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        hb: HeartbeatConfig,
+        ranks: Callable[[], Mapping[int, RankState]],
+        *,
+        publish: Callable[[int, str], None] | None = None,
+        stop_on_straggler: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.hb = hb
+        self.ranks = ranks
+        self.publish = publish
+        self.stop_on_straggler = stop_on_straggler
+        self.stop_at: int | None = None
+        self.reason: str | None = None
+
+    def after_write(self, finding: Finding) -> None:
+        if (
+            finding.finding_type is FindingType.STRAGGLER
+            and self.stop_at is None
+            and self.stop_on_straggler()  # stop_if_detected decides, in the detector
+        ):
+            self.request_stop(f"straggler: {finding.message}")
+
+    def request_stop(self, reason: str) -> int:
+        ranks = self.ranks()
+        records = [s.record for s in ranks.values() if s.record is not None]
+        progress = {r.rank: r.progress_seq for r in records}
+        lead = 2 * self.hb.publish_interval_s + 2 * self.hb.scan_interval_s + 1.0
+        self.stop_at = choose_stop_step(progress, fastest_step_s(records), lead)
+        self.reason = reason
+        write_control(self.run_dir, self.stop_at, reason)
+        if self.publish is not None:
+            self.publish(self.stop_at, reason)
+        logger.warning("rankguard: all ranks stop at step %d: %s", self.stop_at, reason)
+        return self.stop_at
+
+    def status_fields(self) -> dict[str, Any]:
+        if self.stop_at is None:
+            return {}
+        return {"stop_requested": {"stop_at_step": self.stop_at, "reason": self.reason}}
 
 
 def write_control(run_dir: Path, stop_at_step: int, reason: str) -> dict[str, Any]:

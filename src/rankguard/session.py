@@ -19,9 +19,10 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from rankguard.heartbeat.config import HeartbeatConfig
+from rankguard.heartbeat.identity import ENV, RankIdentity
 from rankguard.heartbeat.progress import ProgressTracker
 from rankguard.heartbeat.publisher import HeartbeatPublisher
-from rankguard.heartbeat.records import ENV, RankIdentity
+from rankguard.schema.layout import perf_dir
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -461,7 +462,7 @@ def _session_from_env() -> Session | NullSession:
             rank=identity.rank,
             world_size=identity.world_size,
             run_id=identity.run_id,
-            out_dir=log_dir / "perf_monitor" / identity.run_id,
+            out_dir=perf_dir(log_dir, identity.run_id),
             cuda_device=identity.gpu.ordinal if identity.gpu else None,
         )
     ft = cfg.fault_tolerance

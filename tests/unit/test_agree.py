@@ -10,19 +10,26 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from rankguard.agree import CONTROL_FILE, ControlReader, choose_stop_step, write_control
-from rankguard.config import RankguardConfig
+from rankguard.agree import (
+    CONTROL_FILE,
+    ControlReader,
+    StopAgreement,
+    choose_stop_step,
+    fastest_step_s,
+    write_control,
+)
 from rankguard.heartbeat.config import HeartbeatConfig
+from rankguard.heartbeat.identity import RankIdentity
 from rankguard.heartbeat.progress import ProgressTracker
-from rankguard.heartbeat.records import RankIdentity
-from rankguard.launcher.services import NodeServices, fastest_step_s
+from rankguard.schema.findings import Finding, FindingType, Reason
+from rankguard.schema.records import HeartbeatRecord, RecordError
 from rankguard.session import Session
 
 RUN = "run-agree"
@@ -255,8 +262,12 @@ def test_should_stop_without_publisher_is_false(tmp_path: Path) -> None:
 # ---- launcher side ---------------------------------------------------------------------
 
 
-def _rec(**kw: Any) -> dict[str, Any]:
-    return {"phase": "train", **kw}
+def _raw(**kw: Any) -> dict[str, Any]:
+    return {"event": "heartbeat", "run_id": RUN, "rank": 0, "pid": 100, **kw}
+
+
+def _rec(**kw: Any) -> HeartbeatRecord:
+    return HeartbeatRecord.from_dict(_raw(**{"phase": "train", **kw}))
 
 
 def test_fastest_step_s_from_perf_windows() -> None:
@@ -281,23 +292,27 @@ def test_fastest_step_s_takes_the_minimum_of_both_sources() -> None:
 
 
 @pytest.mark.parametrize(
-    "record",
+    "fields",
     [
         {},
         {"phase": "setup", "progress_seq": 10, "phase_elapsed_s": 2.0},  # not training
-        _rec(progress_seq=0, phase_elapsed_s=2.0),  # no step yet
-        _rec(progress_seq=10, phase_elapsed_s=0.0),
-        _rec(progress_seq=10),
-        _rec(progress_seq="10", phase_elapsed_s=2.0),
-        _rec(perf=None),
-        _rec(perf=[120.0]),
-        _rec(perf={"step_time_ms": None}),
-        _rec(perf={"step_time_ms": "120"}),
-        _rec(perf={"step_time_ms": 0.0}),
-        _rec(perf={"step_time_ms": -5.0}),
+        {"phase": "train", "progress_seq": 0, "phase_elapsed_s": 2.0},  # no step yet
+        {"phase": "train", "progress_seq": 10, "phase_elapsed_s": 0.0},
+        {"phase": "train", "progress_seq": 10},
+        {"phase": "train", "progress_seq": "10", "phase_elapsed_s": 2.0},
+        {"phase": "train", "perf": None},
+        {"phase": "train", "perf": [120.0]},
+        {"phase": "train", "perf": {"step_time_ms": None}},
+        {"phase": "train", "perf": {"step_time_ms": "120"}},
+        {"phase": "train", "perf": {"step_time_ms": 0.0}},
+        {"phase": "train", "perf": {"step_time_ms": -5.0}},
     ],
 )
-def test_fastest_step_s_ignores_unusable_records(record: dict[str, Any]) -> None:
+def test_fastest_step_s_ignores_unusable_records(fields: dict[str, Any]) -> None:
+    try:
+        record = HeartbeatRecord.from_dict(_raw(**fields))
+    except RecordError:
+        return  # rejected where records come in: it can never reach the stop step
     assert fastest_step_s([record]) is None
     assert fastest_step_s([record, _rec(perf={"step_time_ms": 500.0})]) == pytest.approx(0.5)
 
@@ -308,50 +323,41 @@ def test_fastest_step_s_without_records() -> None:
 
 @dataclass
 class _State:
-    record: dict[str, Any] | None
+    record: HeartbeatRecord | None
 
 
-@dataclass
-class _Rules:
-    ranks: dict[int, _State]
-
-
-@dataclass
-class _Monitor:
-    rules: _Rules
-    extra_status: dict[str, Any] = field(default_factory=dict)
-    straggler: Any = None
-
-
-def _services(tmp_path: Path, ranks: dict[int, _State]) -> NodeServices:
-    cfg = RankguardConfig()
-    svc = NodeServices(
-        cfg=cfg,
-        run_dir=tmp_path,
-        run_id=RUN,
-        node_rank=0,
-        nnodes=1,
-        expected_world_size=len(ranks),
+def _agreement(
+    tmp_path: Path, ranks: dict[int, _State], stop_on_straggler: Any = lambda: False
+) -> StopAgreement:
+    return StopAgreement(
+        tmp_path,
+        HeartbeatConfig(),
+        lambda: ranks,  # type: ignore[arg-type,return-value]
+        stop_on_straggler=stop_on_straggler,
     )
-    svc.monitor = _Monitor(_Rules(ranks))
-    return svc
+
+
+def _finding(ftype: FindingType, message: str) -> Finding:
+    return Finding(
+        finding_type=ftype, run_id=RUN, rank=0, reason=Reason.SLOW_COMPUTE, message=message
+    )
 
 
 def test_request_stop_writes_control_ahead_of_the_furthest_rank(tmp_path: Path) -> None:
     ranks = {
         0: _State(_rec(progress_seq=100, perf={"step_time_ms": 200.0})),
-        1: _State(_rec(progress_seq=103, phase_elapsed_s=41.2)),  # 0.4 s a step
+        1: _State(_rec(rank=1, progress_seq=103, phase_elapsed_s=41.2)),  # 0.4 s a step
         2: _State(None),  # not observed yet
     }
-    svc = _services(tmp_path, ranks)
-    hb = svc.cfg.heartbeat
+    agreement = _agreement(tmp_path, ranks)
+    hb = agreement.hb
     # lead = 2 publish + 2 scan + 1 s = 13 s at the defaults; fastest step 0.2 s (rank 0)
     assert 2 * hb.publish_interval_s + 2 * hb.scan_interval_s + 1.0 == 13.0
-    stop_at = svc.request_stop("straggler: rank 1")
-    assert stop_at == 103 + 65 == svc.stop_at
+    stop_at = agreement.request_stop("straggler: rank 1")
+    assert stop_at == 103 + 65 == agreement.stop_at
     control = json.loads((tmp_path / CONTROL_FILE).read_text(encoding="utf-8"))
     assert control["stop_at_step"] == stop_at and control["reason"] == "straggler: rank 1"
-    assert svc.monitor.extra_status["stop_requested"] == {
+    assert agreement.status_fields()["stop_requested"] == {
         "stop_at_step": stop_at,
         "reason": "straggler: rank 1",
     }
@@ -361,19 +367,20 @@ def test_request_stop_writes_control_ahead_of_the_furthest_rank(tmp_path: Path) 
 
 
 def test_stop_on_straggler_requests_once(tmp_path: Path) -> None:
-    svc = _services(tmp_path, {0: _State(_rec(progress_seq=10))})
+    ranks = {0: _State(_rec(progress_seq=10))}
     detector = SimpleNamespace(stop_requested=False)  # stop_if_detected off: no stop
-    svc.monitor.straggler = detector
-    svc._stop_on_straggler({"finding_type": "straggler_detected", "message": "rank 0 slow"})
+    svc = _agreement(tmp_path, ranks, lambda: detector.stop_requested)
+    assert svc.status_fields() == {}
+    svc.after_write(_finding(FindingType.STRAGGLER, "rank 0 slow"))
     assert svc.stop_at is None and not (tmp_path / CONTROL_FILE).exists()
     detector.stop_requested = True  # the detector decided (stop_if_detected)
-    svc._stop_on_straggler({"finding_type": "gpu_progress_timeout", "message": "hang"})
+    svc.after_write(_finding(FindingType.PROGRESS_TIMEOUT, "hang"))
     assert svc.stop_at is None and not (tmp_path / CONTROL_FILE).exists()
-    svc._stop_on_straggler({"finding_type": "straggler_detected", "message": "rank 0 slow"})
+    svc.after_write(_finding(FindingType.STRAGGLER, "rank 0 slow"))
     first = svc.stop_at
     assert first == 20  # no step time known: 10 steps ahead
-    svc.monitor.rules.ranks[0] = _State(_rec(progress_seq=50))
-    svc._stop_on_straggler({"finding_type": "straggler_detected", "message": "rank 1 slow"})
+    ranks[0] = _State(_rec(progress_seq=50))
+    svc.after_write(_finding(FindingType.STRAGGLER, "rank 1 slow"))
     assert svc.stop_at == first  # a second straggler does not move the agreed step
     control = json.loads((tmp_path / CONTROL_FILE).read_text(encoding="utf-8"))
     assert control["reason"] == "straggler: rank 0 slow"

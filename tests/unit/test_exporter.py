@@ -25,8 +25,8 @@ from rankguard.exporter import ENDPOINT_FILE, MetricsExporter, start_for_monitor
 from rankguard.exporter.collector import JOB_STATES, METRICS
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.monitor import JobMonitor
-from rankguard.heartbeat.records import heartbeat_file_name
 from rankguard.perf.config import PrometheusConfig
+from rankguard.schema.layout import heartbeat_file_name
 
 RUN = "run-prom"
 BASE_NS = 1_700_000_000_000_000_000
@@ -308,7 +308,7 @@ def test_findings_counted_by_type_through_the_monitor_callback(
     assert exp is not None and exp.url is not None
     exporters.append(exp)
     exp.attach()  # idempotent: registered once
-    assert mon.on_finding.count(exp.observe_finding) == 1
+    assert mon.sinks.count(exp.counter) == 1
     write(tmp_path, rec(0, 0), rec(1, 0))
     mon.scan_once()
     for seq in range(1, 13):  # rank 1 goes silent
@@ -417,7 +417,7 @@ def test_disabled_config_starts_nothing(tmp_path: Path) -> None:
     before = {t.ident for t in threading.enumerate()}
     assert start_for_monitor(mon, PrometheusConfig(), tmp_path) is None
     assert not (tmp_path / ENDPOINT_FILE).exists()
-    assert mon.on_finding == []
+    assert mon.sinks == ()
     assert {t.ident for t in threading.enumerate()} == before
 
 
@@ -482,7 +482,7 @@ def test_port_in_use_warns_and_returns_none(
         with caplog.at_level(logging.WARNING, logger="rankguard.exporter.prometheus"):
             assert start_for_monitor(mon, _enabled(port), tmp_path) is None
     assert "NOT active" in caplog.text and str(port) in caplog.text
-    assert mon.on_finding == []
+    assert mon.sinks == ()
     assert not (tmp_path / ENDPOINT_FILE).exists()
 
 

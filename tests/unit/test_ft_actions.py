@@ -20,6 +20,7 @@ from rankguard.ft.actions import FaultHandler
 from rankguard.ft.config import FaultToleranceConfig
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.rules import HeartbeatRules
+from rankguard.schema.findings import Finding, FindingType, Reason
 
 RUN = "run-actions"
 BASE_NS = 1_700_000_000_000_000_000
@@ -48,8 +49,6 @@ PLAIN_CHILD = 'import time\nprint("ready", flush=True)\ntime.sleep(60)\n'
 class FakeMonitor:
     def __init__(self, rules: HeartbeatRules) -> None:
         self.rules = rules
-        self.before_record: list[Callable[[dict[str, Any]], None]] = []
-        self.on_finding: list[Callable[[dict[str, Any]], None]] = []
         self.restarts: list[str] = []
 
     def note_restart(self, reason: str) -> None:
@@ -115,8 +114,15 @@ def rec(
     }
 
 
-def finding(ftype: str, rank: int, pid: int | None) -> dict[str, Any]:
-    return {"finding_type": ftype, "rank": rank, "pid": pid, "reason": "test"}
+def finding(ftype: str, rank: int, pid: int | None) -> Finding:
+    return Finding(
+        finding_type=FindingType(ftype),
+        run_id=RUN,
+        rank=rank,
+        pid=pid,
+        reason=Reason.NOT_ADVANCING,
+        message="test",
+    )
 
 
 def _rules(*records: dict[str, Any]) -> HeartbeatRules:
@@ -135,7 +141,6 @@ def _handler(
     handler = FaultHandler(
         FaultToleranceConfig(enable_ft_package=True, **cfg), tmp_path, monitor, agent
     )
-    handler.attach()
     return handler, monitor, agent
 
 
@@ -183,10 +188,10 @@ def test_report_does_nothing(tmp_path: Path, spawn: Callable[..., Any]) -> None:
     rules = _rules(rec(0, child.pid, world_size=1))
     handler, monitor, agent = _handler(tmp_path, rules, actions={"gpu_progress_timeout": "report"})
     f = finding("gpu_progress_timeout", 0, child.pid)
-    handler.enrich(f)
-    assert f["action"] == "report"
-    assert "stack_dumps" not in f and "stack_dump" not in f
-    handler.act(f)
+    handler.before_write(f)
+    assert f.action == "report"
+    assert f.stack_dumps is None and f.stack_dump is None
+    handler.after_write(f)
     assert _alive(child)  # neither killed nor sent the dump signal
     assert agent.causes == []
     assert monitor.restarts == []
@@ -194,17 +199,21 @@ def test_report_does_nothing(tmp_path: Path, spawn: Callable[..., Any]) -> None:
     assert not (tmp_path / "stacks").exists()
     # Reporting does not make the handler busy: the next fault is acted on.
     g = finding("rank_process_exited", 0, child.pid)
-    handler.enrich(g)
-    assert g["action"] == "restart"
+    handler.before_write(g)
+    assert g.action == "restart"
 
 
 def test_health_findings_are_reported_by_default(tmp_path: Path) -> None:
     handler, _, agent = _handler(tmp_path, _rules(rec(0, 999_999, world_size=1)))
-    for ftype in ("gpu_hardware_health_failure", "gpu_hardware_health_warning", "other"):
+    for ftype in (
+        "gpu_hardware_health_failure",
+        "gpu_hardware_health_warning",
+        "straggler_detected",
+    ):
         f = finding(ftype, 0, 999_999)
-        handler.enrich(f)
-        handler.act(f)
-        assert f["action"] == "report"
+        handler.before_write(f)
+        handler.after_write(f)
+        assert f.action == "report"
     assert agent.causes == []
 
 
@@ -218,23 +227,21 @@ def test_restart_dumps_culprit_first_then_kills_it(
     # Rank 1 has not progressed for 25 s (> 20 s) and is behind rank 0: the culprit.
     rules = _rules(rec(0, rank0.pid, progress_seq=7), rec(1, rank1.pid, since=25.0))
     found = rules.evaluate(0.1)
-    assert [(f["rank"], f["finding_type"]) for f in found] == [(1, "gpu_progress_timeout")]
+    assert [(f.rank, f.finding_type) for f in found] == [(1, "gpu_progress_timeout")]
     handler, monitor, agent = _handler(tmp_path, rules)
-    assert monitor.before_record == [handler.enrich]
-    assert monitor.on_finding == [handler.act]
 
     f = found[0]
-    handler.enrich(f)
-    assert f["action"] == "restart"
-    assert list(f["stack_dumps"]) == ["1", "0"]  # the culprit first
-    assert f["stack_dump"] == f["stack_dumps"]["1"]
-    assert f["stack_dump"] == str(tmp_path / "stacks" / f"rank_1_pid_{rank1.pid}.txt")
+    handler.before_write(f)
+    assert f.action == "restart"
+    assert list(f.stack_dumps) == ["1", "0"]  # the culprit first
+    assert f.stack_dump == f.stack_dumps["1"]
+    assert f.stack_dump == str(tmp_path / "stacks" / f"rank_1_pid_{rank1.pid}.txt")
     for rank in ("1", "0"):
-        assert "blocked_here" in Path(f["stack_dumps"][rank]).read_text(encoding="utf-8")
+        assert "blocked_here" in Path(f.stack_dumps[rank]).read_text(encoding="utf-8")
     assert rank1.poll() is None  # dumped, not killed yet
 
-    handler.act(f)
-    assert agent.causes == [(f, False)]
+    handler.after_write(f)
+    assert agent.causes == [(f.to_dict(), False)]
     assert monitor.restarts == ["restart after gpu_progress_timeout on rank 1"]
     assert rules.restarting == "restart after gpu_progress_timeout on rank 1"
     assert rank1.wait(timeout=5) == -9  # SIGKILL
@@ -249,33 +256,33 @@ def test_second_finding_while_busy_is_not_acted_on(
     rules = _rules(rec(0, rank0.pid), rec(1, rank1.pid))
     handler, monitor, agent = _handler(tmp_path, rules)
     first = finding("gpu_progress_timeout", 1, rank1.pid)
-    handler.enrich(first)
-    handler.act(first)
+    handler.before_write(first)
+    handler.after_write(first)
     assert rank1.wait(timeout=5) == -9
 
     second = finding("rank_process_heartbeat_timeout", 0, rank0.pid)
-    handler.enrich(second)
-    assert second["action"] == BUSY
-    assert "stack_dumps" not in second
-    handler.act(second)
+    handler.before_write(second)
+    assert second.action == BUSY
+    assert second.stack_dumps is None
+    handler.after_write(second)
     assert len(agent.causes) == 1
     assert len(monitor.restarts) == 1
     assert handler.actions_taken == 1
     assert _alive(rank0)
     # A report-only finding is still reported as such while busy.
     health = finding("gpu_hardware_health_failure", 0, rank0.pid)
-    handler.enrich(health)
-    assert health["action"] == "report"
+    handler.before_write(health)
+    assert health.action == "report"
 
     # The agent started a new worker group: the next fault is acted on again.
     handler.restarted()
     third = finding("gpu_progress_timeout", 0, rank0.pid)
-    handler.enrich(third)
-    assert third["action"] == "restart"
-    assert list(third["stack_dumps"]) == ["0", "1"]
-    assert third["stack_dumps"]["1"] == "failed"  # rank 1 is gone
-    assert "blocked_here" in Path(third["stack_dump"]).read_text(encoding="utf-8")
-    handler.act(third)
+    handler.before_write(third)
+    assert third.action == "restart"
+    assert list(third.stack_dumps) == ["0", "1"]
+    assert third.stack_dumps["1"] == "failed"  # rank 1 is gone
+    assert "blocked_here" in Path(third.stack_dump).read_text(encoding="utf-8")
+    handler.after_write(third)
     assert rank0.wait(timeout=5) == -9
     assert [abort for _, abort in agent.causes] == [False, False]
     assert handler.actions_taken == 2
@@ -289,11 +296,11 @@ def test_abort_sets_the_cause_with_abort(tmp_path: Path, spawn: Callable[..., An
     rules = _rules(rec(0, child.pid, world_size=1))
     handler, monitor, agent = _handler(tmp_path, rules, actions={"gpu_progress_timeout": "abort"})
     f = finding("gpu_progress_timeout", 0, child.pid)
-    handler.enrich(f)
-    assert f["action"] == "abort"
-    assert "blocked_here" in Path(f["stack_dump"]).read_text(encoding="utf-8")
-    handler.act(f)
-    assert agent.causes == [(f, True)]
+    handler.before_write(f)
+    assert f.action == "abort"
+    assert "blocked_here" in Path(f.stack_dump).read_text(encoding="utf-8")
+    handler.after_write(f)
+    assert agent.causes == [(f.to_dict(), True)]
     assert monitor.restarts == ["abort after gpu_progress_timeout on rank 0"]
     assert child.wait(timeout=5) == -9
 
@@ -308,10 +315,10 @@ def test_exited_rank_no_dump_no_kill_but_cause(tmp_path: Path, spawn: Callable[.
     rules = _rules(rec(0, child.pid, world_size=1))
     handler, monitor, agent = _handler(tmp_path, rules)
     f = finding("rank_process_exited", 0, child.pid)
-    handler.enrich(f)
-    assert f["action"] == "restart"
-    assert "stack_dumps" not in f and "stack_dump" not in f
-    handler.act(f)
+    handler.before_write(f)
+    assert f.action == "restart"
+    assert f.stack_dumps is None and f.stack_dump is None
+    handler.after_write(f)
     # the agent's own failure report (exit codes, error files) is the restart's cause
     assert agent.causes == []
     assert monitor.restarts == ["restart after rank_process_exited on rank 0"]
@@ -319,8 +326,8 @@ def test_exited_rank_no_dump_no_kill_but_cause(tmp_path: Path, spawn: Callable[.
     assert not (tmp_path / "stacks").exists()
     # One fault, one action: the exit made the handler busy.
     g = finding("rank_process_heartbeat_timeout", 0, child.pid)
-    handler.enrich(g)
-    assert g["action"] == BUSY
+    handler.before_write(g)
+    assert g.action == BUSY
 
 
 # ---- a culprit on another node -------------------------------------------------------
@@ -341,14 +348,14 @@ def test_remote_culprit_is_dumped_and_killed_by_its_node(tmp_path: Path) -> None
     cfg = FaultToleranceConfig(enable_ft_package=True, stack_dump="faulthandler")
     handler = FaultHandler(cfg, tmp_path, monitor, agent, remote_kill=remote)
     f = finding("gpu_progress_timeout", 1, 4102)
-    handler.enrich(f)
-    assert f["action"] == "restart"
-    assert list(f["stack_dumps"]) == ["1", "0", "2"]
-    assert f["stack_dumps"]["1"].startswith("on node 1")
-    assert f["stack_dumps"]["2"].startswith("on node 2")
+    handler.before_write(f)
+    assert f.action == "restart"
+    assert list(f.stack_dumps) == ["1", "0", "2"]
+    assert f.stack_dumps["1"].startswith("on node 1")
+    assert f.stack_dumps["2"].startswith("on node 2")
     assert not (tmp_path / "stacks").exists()  # nothing dumped here
-    handler.act(f)
-    assert agent.causes == [(f, False)]
+    handler.after_write(f)
+    assert agent.causes == [(f.to_dict(), False)]
     assert len(remote.calls) == 1
     node, targets = remote.calls[0]
     assert node == 1
@@ -363,17 +370,19 @@ def test_remote_kill_lists_the_culprit_once(tmp_path: Path) -> None:
     monitor = FakeMonitor(_remote_rules())
     cfg = FaultToleranceConfig(enable_ft_package=True)
     handler = FaultHandler(cfg, tmp_path, monitor, FakeAgent(), remote_kill=remote)
-    f = {**finding("gpu_progress_timeout", 1, 4102), "action": "restart"}
-    handler.act(f)
+    f = finding("gpu_progress_timeout", 1, 4102)
+    f.action = "restart"
+    handler.after_write(f)
     assert [t["rank"] for t in remote.calls[0][1]] == [1, 0]
 
 
 def test_remote_culprit_without_remote_kill_still_sets_the_cause(tmp_path: Path) -> None:
     monitor, agent = FakeMonitor(_remote_rules()), FakeAgent()
     handler = FaultHandler(FaultToleranceConfig(enable_ft_package=True), tmp_path, monitor, agent)
-    f = {**finding("gpu_progress_timeout", 1, 4102), "action": "restart"}
-    handler.act(f)  # logs that the node cannot be reached; no exception
-    assert agent.causes == [(f, False)]
+    f = finding("gpu_progress_timeout", 1, 4102)
+    f.action = "restart"
+    handler.after_write(f)  # logs that the node cannot be reached; no exception
+    assert agent.causes == [(f.to_dict(), False)]
 
 
 def test_never_observed_rank_does_not_leave_the_handler_busy(
@@ -384,15 +393,13 @@ def test_never_observed_rank_does_not_leave_the_handler_busy(
     assert rules.ingest(rec(0, child.pid), 0.0)
     assert rules.ingest(rec(0, child.pid, seq=2), 10.5)
     never = rules.evaluate(11.0)  # rank 1 never published a heartbeat
-    assert [(f["rank"], f["reason"]) for f in never] == [
-        (1, "rank_process_heartbeat_never_observed")
-    ]
+    assert [(f.rank, f.reason) for f in never] == [(1, "rank_process_heartbeat_never_observed")]
     handler, _, _ = _handler(tmp_path, rules)
-    handler.enrich(never[0])
-    handler.act(never[0])
+    handler.before_write(never[0])
+    handler.after_write(never[0])
     if _alive(child):
         # Nothing was killed, so no restart will re-arm the handler: a later hang of
         # rank 0 must still be acted on.
         later = finding("gpu_progress_timeout", 0, child.pid)
-        handler.enrich(later)
-        assert later["action"] == "restart"
+        handler.before_write(later)
+        assert later.action == "restart"

@@ -18,8 +18,21 @@ from rankguard.ft.learned import (
     measured_maxima,
     save_state,
 )
+from rankguard.schema.records import HeartbeatRecord, RecordError
 
 LEARNED = "learned (ft_state.json, 2 run(s))"
+
+
+def maxima(raws: list[dict[str, Any]]) -> dict[str, float]:
+    """``measured_maxima`` over the records the monitor accepts (it rejects a record
+    whose ``ft_stats`` is not an object)."""
+    records = []
+    for raw in raws:
+        try:
+            records.append(HeartbeatRecord.from_dict({"run_id": "r", "rank": 0, "pid": 10, **raw}))
+        except RecordError:
+            continue
+    return measured_maxima(records)
 
 
 def stats(
@@ -53,7 +66,7 @@ def test_measured_maxima_is_the_max_over_ranks() -> None:
         stats(setup_s=3.5, step_max_s=0.7, ckpt_max_s=2.0, ckpts=2, hb_gap_max_s=5.1),
         stats(setup_s=1.0, step_max_s=0.6, ckpt_max_s=0.0, ckpts=0, hb_gap_max_s=5.2),
     ]
-    assert measured_maxima(records) == {
+    assert maxima(records) == {
         "setup": 3.5,
         "step": 0.7,
         "checkpointing": 3.0,
@@ -63,25 +76,23 @@ def test_measured_maxima_is_the_max_over_ranks() -> None:
 
 def test_step_only_after_min_steps() -> None:
     assert MIN_STEPS == 16
-    few = measured_maxima([stats(steps=MIN_STEPS - 1, step_max_s=9.0)])
+    few = maxima([stats(steps=MIN_STEPS - 1, step_max_s=9.0)])
     assert "step" not in few
     assert few["setup"] == 2.0  # the other sections are still measured
-    enough = measured_maxima([stats(steps=MIN_STEPS, step_max_s=9.0)])
+    enough = maxima([stats(steps=MIN_STEPS, step_max_s=9.0)])
     assert enough["step"] == 9.0
     # A rank with too few steps does not contribute, even with the longest one.
-    mixed = measured_maxima(
-        [stats(steps=MIN_STEPS - 1, step_max_s=50.0), stats(steps=100, step_max_s=1.0)]
-    )
+    mixed = maxima([stats(steps=MIN_STEPS - 1, step_max_s=50.0), stats(steps=100, step_max_s=1.0)])
     assert mixed["step"] == 1.0
 
 
 def test_checkpointing_only_after_a_real_save() -> None:
-    assert "checkpointing" not in measured_maxima([stats(ckpt_max_s=7.0, ckpts=0)])
-    assert measured_maxima([stats(ckpt_max_s=7.0, ckpts=1)])["checkpointing"] == 7.0
+    assert "checkpointing" not in maxima([stats(ckpt_max_s=7.0, ckpts=0)])
+    assert maxima([stats(ckpt_max_s=7.0, ckpts=1)])["checkpointing"] == 7.0
 
 
 def test_zero_and_missing_values_are_not_measurements() -> None:
-    out = measured_maxima([stats(setup_s=None, step_max_s=0.0, hb_gap_max_s=0.0)])
+    out = maxima([stats(setup_s=None, step_max_s=0.0, hb_gap_max_s=0.0)])
     assert out == {}
 
 
@@ -94,22 +105,22 @@ def test_missing_or_garbage_ft_stats_are_ignored() -> None:
         {"event": "heartbeat", "ft_stats": 42},
         stats(setup_s=4.0, hb_gap_max_s=6.0),
     ]
-    assert measured_maxima(records) == {"setup": 4.0, "step": 0.5, "heartbeat": 6.0}
-    assert measured_maxima(records[:5]) == {}
-    assert measured_maxima([]) == {}
+    assert maxima(records) == {"setup": 4.0, "step": 0.5, "heartbeat": 6.0}
+    assert maxima(records[:5]) == {}
+    assert maxima([]) == {}
 
 
 def test_non_numeric_values_inside_ft_stats_are_ignored() -> None:
     rec = stats()
     rec["ft_stats"].update({"setup_s": "slow", "hb_gap_max_s": [1.0], "step_max_s": None})
-    assert measured_maxima([rec]) == {}
+    assert maxima([rec]) == {}
 
 
 def test_non_numeric_counts_inside_ft_stats_are_ignored() -> None:
     rec = stats(setup_s=4.0)
     rec["ft_stats"]["steps"] = "many"
     rec["ft_stats"]["ckpts"] = "one"
-    out = measured_maxima([rec])
+    out = maxima([rec])
     assert out == {"setup": 4.0, "heartbeat": 5.1}
 
 

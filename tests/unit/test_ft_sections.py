@@ -115,30 +115,30 @@ def run_stall(rules: HeartbeatRules, seconds: int, **kw: Any) -> list[tuple[int,
 
 def test_step_section_replaces_progress_timeout_when_shorter() -> None:
     found = run_stall(_rules({"step": 5.0}), 30)
-    assert [(t, f["finding_type"]) for t, f in found] == [(5, PROGRESS_TIMEOUT)]
+    assert [(t, f.finding_type) for t, f in found] == [(5, PROGRESS_TIMEOUT)]
     f = found[0][1]
-    assert f["timeout_s"] == 5.0
-    assert f["observed_s"] == pytest.approx(5.1)
-    assert f["process_liveness"] == "alive"
-    assert f["gpu_progress"] == "stalled"
+    assert f.timeout_s == 5.0
+    assert f.observed_s == pytest.approx(5.1)
+    assert f.process_liveness == "alive"
+    assert f.gpu_progress == "stalled"
 
 
 def test_step_section_replaces_progress_timeout_when_longer() -> None:
     rules = _rules({"step": 40.0})
     found = run_stall(rules, 50)
-    assert [(t, f["finding_type"]) for t, f in found] == [(40, PROGRESS_TIMEOUT)]
-    assert found[0][1]["timeout_s"] == 40.0
+    assert [(t, f.finding_type) for t, f in found] == [(40, PROGRESS_TIMEOUT)]
+    assert found[0][1].timeout_s == 40.0
 
 
 def test_step_section_applies_to_the_step_phase_too() -> None:
     found = run_stall(_rules({"step": 5.0}), 10, phase="step")
-    assert [(t, f["finding_type"]) for t, f in found] == [(5, PROGRESS_TIMEOUT)]
+    assert [(t, f.finding_type) for t, f in found] == [(5, PROGRESS_TIMEOUT)]
 
 
 def test_setup_section_replaces_initial_progress_timeout() -> None:
     found = run_stall(_rules({"setup": 15.0}), 70, progress_seq=0, phase="setup")
-    assert [(t, f["finding_type"]) for t, f in found] == [(15, PROGRESS_TIMEOUT)]
-    assert found[0][1]["timeout_s"] == 15.0
+    assert [(t, f.finding_type) for t, f in found] == [(15, PROGRESS_TIMEOUT)]
+    assert found[0][1].timeout_s == 15.0
     # Without the section, the 60 s initial progress timeout applies.
     found = run_stall(_rules(), 70, progress_seq=0, phase="setup")
     assert [t for t, _ in found] == [60]
@@ -146,15 +146,15 @@ def test_setup_section_replaces_initial_progress_timeout() -> None:
 
 def test_setup_section_does_not_apply_after_the_first_step() -> None:
     found = run_stall(_rules({"setup": 5.0}), 30)
-    assert [(t, f["timeout_s"]) for t, f in found] == [(20, 20.0)]
+    assert [(t, f.timeout_s) for t, f in found] == [(20, 20.0)]
 
 
 def test_checkpointing_section_replaces_checkpoint_timeout_while_saving() -> None:
     kw: dict[str, Any] = {"checkpoint_active": True, "phase": "checkpointing"}
     found = run_stall(_rules({"checkpointing": 30.0}), 60, **kw)
-    assert [(t, f["finding_type"]) for t, f in found] == [(30, PROGRESS_TIMEOUT)]
-    assert found[0][1]["timeout_s"] == 30.0
-    assert found[0][1]["checkpoint_active"] is True
+    assert [(t, f.finding_type) for t, f in found] == [(30, PROGRESS_TIMEOUT)]
+    assert found[0][1].timeout_s == 30.0
+    assert found[0][1].checkpoint_active is True
     # Without the section, the 100 s checkpoint timeout applies.
     assert run_stall(_rules(), 60, **kw) == []
     # The step section does not apply while saving.
@@ -172,14 +172,14 @@ def test_user_section_times_out_by_phase_elapsed() -> None:
         # Progress stopped at t=0, when eval started: only the section timeout counts.
         feed.beat(0, t, phase="eval", phase_elapsed=float(t), since=float(t))
         found += [(t, f) for f in rules.evaluate(t + 0.5)]
-    assert [(t, f["finding_type"]) for t, f in found] == [(10, SECTION_TIMEOUT)]
+    assert [(t, f.finding_type) for t, f in found] == [(10, SECTION_TIMEOUT)]
     f = found[0][1]
-    assert f["reason"] == EXCEEDED
-    assert f["timeout_s"] == 10.0
-    assert f["observed_s"] == pytest.approx(10.5)
-    assert f["phase"] == "eval"
-    assert f["process_liveness"] == "alive"
-    assert "section 'eval'" in f["message"]
+    assert f.reason == EXCEEDED
+    assert f.timeout_s == 10.0
+    assert f.observed_s == pytest.approx(10.5)
+    assert f.phase == "eval"
+    assert f.process_liveness == "alive"
+    assert "section 'eval'" in f.message
 
 
 def test_section_elapsed_is_record_elapsed_plus_heartbeat_age() -> None:
@@ -189,8 +189,8 @@ def test_section_elapsed_is_record_elapsed_plus_heartbeat_age() -> None:
     assert rules.evaluate(1.0) == []  # 8 + 1 = 9 s
     assert rules.evaluate(1.9) == []  # 9.9 s
     found = rules.evaluate(2.5)  # 10.5 s
-    assert [f["finding_type"] for f in found] == [SECTION_TIMEOUT]
-    assert found[0]["observed_s"] == pytest.approx(10.5)
+    assert [f.finding_type for f in found] == [SECTION_TIMEOUT]
+    assert found[0].observed_s == pytest.approx(10.5)
 
 
 def test_no_progress_timeout_inside_a_section() -> None:
@@ -206,7 +206,7 @@ def test_no_progress_timeout_inside_a_section() -> None:
 def test_section_timeout_for_another_phase_does_not_apply() -> None:
     # eval has a timeout, the rank is in "predict": the progress timeout (20 s) applies.
     found = run_stall(_rules({"eval": 5.0}), 30, phase="predict", phase_elapsed=0.0)
-    assert [(t, f["finding_type"]) for t, f in found] == [(20, PROGRESS_TIMEOUT)]
+    assert [(t, f.finding_type) for t, f in found] == [(20, PROGRESS_TIMEOUT)]
 
 
 def test_out_of_section_timeout() -> None:
@@ -216,11 +216,11 @@ def test_out_of_section_timeout() -> None:
     for t in range(30):
         feed.beat(0, t, phase="custom", phase_elapsed=float(t), since=float(t))
         found += [(t, f) for f in rules.evaluate(t + 0.5)]
-    assert [(t, f["finding_type"]) for t, f in found] == [(10, SECTION_TIMEOUT)]
+    assert [(t, f.finding_type) for t, f in found] == [(10, SECTION_TIMEOUT)]
     f = found[0][1]
-    assert f["reason"] == OUT_OF_SECTION
-    assert f["timeout_s"] == 10.0
-    assert "out-of-section phase 'custom'" in f["message"]
+    assert f.reason == OUT_OF_SECTION
+    assert f.timeout_s == 10.0
+    assert "out-of-section phase 'custom'" in f.message
 
 
 def test_out_of_section_does_not_apply_to_train_or_named_sections() -> None:
@@ -250,7 +250,7 @@ def test_leaving_the_section_clears_it_so_it_fires_again() -> None:
         found += [(t, f) for f in rules.evaluate(t + 0.5)]
         if 12 <= t < 20:
             assert SECTION_TIMEOUT not in rules.ranks[0].active
-    assert [(t, f["finding_type"]) for t, f in found] == [
+    assert [(t, f.finding_type) for t, f in found] == [
         (5, SECTION_TIMEOUT),
         (25, SECTION_TIMEOUT),
     ]
@@ -279,7 +279,7 @@ def test_exits_while_restarting_are_not_findings() -> None:
         state = rules.ranks[rank]
         assert state.liveness is Liveness.EXITED
         assert state.record is not None
-        assert state.record["exit"]["after_restart"] == (
+        assert state.record.exit["after_restart"] == (
             "restart after gpu_progress_timeout on rank 1"
         )
     assert rules.restarting is not None
@@ -288,7 +288,7 @@ def test_exits_while_restarting_are_not_findings() -> None:
 def test_without_note_restart_the_exit_is_a_finding() -> None:
     rules, feed = _two_ranks()
     feed.beat(1, 1.0, event="process_end", exit={"clean": False, "exit_code": 1})
-    assert [(f["rank"], f["finding_type"]) for f in rules.evaluate(1.5)] == [(1, PROCESS_EXITED)]
+    assert [(f.rank, f.finding_type) for f in rules.evaluate(1.5)] == [(1, PROCESS_EXITED)]
 
 
 def test_first_new_pid_ends_the_restart_window() -> None:
@@ -310,4 +310,4 @@ def test_first_new_pid_ends_the_restart_window() -> None:
         6.0,
     )
     found = rules.evaluate(6.5)
-    assert [(f["rank"], f["pid"], f["finding_type"]) for f in found] == [(0, 2000, PROCESS_EXITED)]
+    assert [(f.rank, f.pid, f.finding_type) for f in found] == [(0, 2000, PROCESS_EXITED)]

@@ -24,7 +24,7 @@ def test_stalled_rank_ahead_of_a_live_rank_waits_for_it() -> None:
         found = rules.evaluate(now)
         if t < 20:
             assert found == [], (t, types_of(found))
-        assert all(f["rank"] == 3 for f in found)
+        assert all(f.rank == 3 for f in found)
         if 1 in rules.ranks and rules.ranks[1].stall is not None:
             assert rules.ranks[1].blocked_by == [3]
     assert (3, "gpu_progress_timeout") in [

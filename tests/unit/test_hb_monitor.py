@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from rankguard.heartbeat.config import HeartbeatConfig
-from rankguard.heartbeat.monitor import FINDINGS_FILE, STATUS_FILE, JobMonitor
-from rankguard.heartbeat.records import heartbeat_file_name
+from rankguard.heartbeat.monitor import FindingSink, JobMonitor
+from rankguard.schema.findings import Finding
+from rankguard.schema.layout import FINDINGS_FILE, STATUS_FILE, heartbeat_file_name
 
 RUN = "run-mon"
 BASE_NS = 1_700_000_000_000_000_000
@@ -219,8 +220,17 @@ def test_findings_written_and_status_degraded(tmp_path: Path) -> None:
     clock = FakeClock()
     mon = _monitor(tmp_path, clock)
     seen: list[dict[str, Any]] = []
-    mon.on_finding.append(seen.append)
-    mon.on_finding.append(lambda f: 1 / 0)  # a broken callback must not break the scan
+
+    class Collect(FindingSink):
+        def after_write(self, finding: Finding) -> None:
+            seen.append(finding.to_dict())
+
+    class Broken(FindingSink):
+        def after_write(self, finding: Finding) -> None:
+            raise ZeroDivisionError
+
+    mon.add_sink(Collect())
+    mon.add_sink(Broken())  # a broken sink must not break the scan
     write(tmp_path, rec(0, 0), rec(1, 0))
     mon.scan_once()
     # rank 0 keeps publishing, rank 1 goes silent
@@ -238,6 +248,7 @@ def test_findings_written_and_status_degraded(tmp_path: Path) -> None:
     assert f["hostname"] == "node-a"
     assert f["detected_wall_time"].endswith("+00:00")
     assert seen == findings
+    assert mon.sink_errors == 1
     status = read_status(tmp_path)
     assert status["state"] == "degraded"
     assert status["summary"]["findings_total"] == 1
@@ -543,7 +554,7 @@ def test_gpu_health_matched_by_uuid_when_token_is_an_index(tmp_path: Path) -> No
     r["gpu"]["uuid"] = "GPU-bbbb-1111"  # but CUDA reported this UUID
     write(tmp_path, r)
     findings = mon.scan_once()
-    assert [(f["finding_type"], f["gpu_health"]["uuid"]) for f in findings] == [
+    assert [(f.finding_type, (f.gpu_health or {})["uuid"]) for f in findings] == [
         ("gpu_hardware_health_warning", "GPU-bbbb-1111")
     ]
 

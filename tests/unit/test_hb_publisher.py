@@ -12,9 +12,11 @@ from typing import Any
 
 import pytest
 
+from rankguard.heartbeat.identity import GpuAssignment, RankIdentity
 from rankguard.heartbeat.progress import ProgressTracker
 from rankguard.heartbeat.publisher import HeartbeatPublisher
-from rankguard.heartbeat.records import Event, GpuAssignment, RankIdentity, heartbeat_file_name
+from rankguard.schema.layout import heartbeat_file_name
+from rankguard.schema.records import Event
 
 RECORD_KEYS = {
     "schema_version",

@@ -16,8 +16,8 @@ import pytest
 
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.monitor import JobMonitor
-from rankguard.heartbeat.records import heartbeat_file_name
-from rankguard.heartbeat.relay import StoreRelay, StoreRemoteSource, store_prefix
+from rankguard.heartbeat.relay import StoreRelay, StoreRemoteSource
+from rankguard.schema.layout import StoreKeys, heartbeat_file_name
 
 dist = pytest.importorskip("torch.distributed")
 
@@ -121,7 +121,7 @@ def test_relay_pushes_latest_record_per_rank(tmp_path: Path, stores: tuple[Any, 
 
     relay.stop()
     assert source.nodes_done() is True
-    key = f"{store_prefix(RUN)}hb/node/1"
+    key = StoreKeys(RUN).heartbeats(1)
     assert master.check([key])
 
 
@@ -262,9 +262,7 @@ def test_monitor_evaluates_relayed_records(tmp_path: Path, stores: tuple[Any, An
         clock=lambda: t[0],
     )
     findings = mon.scan_once()
-    assert [(f["rank"], f["reason"]) for f in findings] == [
-        (2, "rank_process_died_without_process_end")
-    ]
+    assert [(f.rank, f.reason) for f in findings] == [(2, "rank_process_died_without_process_end")]
     mirrored = node0 / heartbeat_file_name(2, pid)
     assert json.loads(mirrored.read_text().splitlines()[-1])["exit"]["vanished"] is True
     relay.stop()

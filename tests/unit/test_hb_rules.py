@@ -13,10 +13,17 @@ from typing import Any
 import pytest
 
 from rankguard.heartbeat.config import HeartbeatConfig
-from rankguard.heartbeat.procs import vanished_record
 from rankguard.heartbeat.rules import HeartbeatRules, Liveness, Progress
+from rankguard.schema.records import HeartbeatRecord
 
 RUN = "run-1"
+
+
+def vanished_record(last: dict[str, Any]) -> HeartbeatRecord:
+    """The process_end the pid check writes for a process that died without one."""
+    return HeartbeatRecord.from_dict(last).vanished(BASE_NS)
+
+
 BASE_NS = 1_700_000_000_000_000_000
 
 PROCESS_TIMEOUT = "rank_process_heartbeat_timeout"
@@ -82,7 +89,7 @@ def rec(
 
 
 def types_of(findings: list[dict[str, Any]]) -> list[tuple[int, str]]:
-    return [(f["rank"], f["finding_type"]) for f in findings]
+    return [(f.rank, f.finding_type) for f in findings]
 
 
 class Feed:
@@ -129,14 +136,14 @@ def test_phase_change_without_progress_still_stalls() -> None:
     assert len(findings) == 1
     t_fired, f = findings[0]
     assert t_fired == 20  # progress age 20.1 > 20 first at t=20
-    assert f["finding_type"] == PROGRESS_TIMEOUT
-    assert f["process_liveness"] == "alive"
-    assert f["gpu_progress"] == "stalled"
-    assert f["reason"] == "rank_alive_but_gpu_progress_not_advancing"
-    assert f["timeout_s"] == 20.0
-    assert f["observed_s"] == pytest.approx(20.1)
-    assert f["phase"] == "custom"
-    assert f["rank"] == 0 and f["pid"] == 1000
+    assert f.finding_type == PROGRESS_TIMEOUT
+    assert f.process_liveness == "alive"
+    assert f.gpu_progress == "stalled"
+    assert f.reason == "rank_alive_but_gpu_progress_not_advancing"
+    assert f.timeout_s == 20.0
+    assert f.observed_s == pytest.approx(20.1)
+    assert f.phase == "custom"
+    assert f.rank == 0 and f.pid == 1000
     assert rules.ranks[0].liveness is Liveness.ALIVE
     assert rules.ranks[0].progress is Progress.STALLED
 
@@ -152,7 +159,7 @@ def test_initial_progress_timeout_applies_before_first_step() -> None:
     feed.beat(0, 60, progress_seq=0, since=60.0, phase="setup")
     findings = rules.evaluate(60.5)
     assert types_of(findings) == [(0, PROGRESS_TIMEOUT)]
-    assert findings[0]["timeout_s"] == 60.0
+    assert findings[0].timeout_s == 60.0
 
 
 def test_checkpoint_uses_checkpoint_timeout_for_progress() -> None:
@@ -165,8 +172,8 @@ def test_checkpoint_uses_checkpoint_timeout_for_progress() -> None:
     feed.beat(0, 100, progress_seq=7, since=100.0, checkpoint_active=True)
     findings = rules.evaluate(100.5)
     assert types_of(findings) == [(0, PROGRESS_TIMEOUT)]
-    assert findings[0]["timeout_s"] == 100.0
-    assert findings[0]["checkpoint_active"] is True
+    assert findings[0].timeout_s == 100.0
+    assert findings[0].checkpoint_active is True
 
 
 def test_checkpoint_uses_checkpoint_timeout_for_process() -> None:
@@ -178,8 +185,8 @@ def test_checkpoint_uses_checkpoint_timeout_for_process() -> None:
         assert rules.ranks[0].liveness is Liveness.ALIVE
     findings = rules.evaluate(101.0)
     assert types_of(findings) == [(0, PROCESS_TIMEOUT)]
-    assert findings[0]["timeout_s"] == 100.0
-    assert findings[0]["reason"] == "rank_process_or_heartbeat_thread_unresponsive"
+    assert findings[0].timeout_s == 100.0
+    assert findings[0].reason == "rank_process_or_heartbeat_thread_unresponsive"
 
 
 # ---- liveness -----------------------------------------------------------------------
@@ -192,11 +199,11 @@ def test_stale_process_gives_one_process_finding_and_no_progress_finding() -> No
     findings = rules.evaluate(10.5)
     assert types_of(findings) == [(0, PROCESS_TIMEOUT)]
     f = findings[0]
-    assert f["reason"] == "rank_process_or_heartbeat_thread_unresponsive"
-    assert f["process_liveness"] == "stale"
-    assert f["gpu_progress"] == "unknown"
-    assert f["timeout_s"] == 10.0
-    assert f["observed_s"] == pytest.approx(10.5)
+    assert f.reason == "rank_process_or_heartbeat_thread_unresponsive"
+    assert f.process_liveness == "stale"
+    assert f.gpu_progress == "unknown"
+    assert f.timeout_s == 10.0
+    assert f.observed_s == pytest.approx(10.5)
     # progress age (5 + 30) is far past the progress timeout: still one cause, one finding
     assert rules.evaluate(30.0) == []
     assert rules.ranks[0].liveness is Liveness.STALE
@@ -237,7 +244,7 @@ def test_progress_finding_fires_again_after_recovery() -> None:
         since = float(t) if t < 25 else float(t - 25)
         seq = 5 if t < 25 else 6
         feed.beat(0, t, progress_seq=seq, since=since)
-        fired += [(t, f["finding_type"]) for f in rules.evaluate(t + 0.1)]
+        fired += [(t, f.finding_type) for f in rules.evaluate(t + 0.1)]
     assert fired == [(20, PROGRESS_TIMEOUT), (45, PROGRESS_TIMEOUT)]
 
 
@@ -249,13 +256,13 @@ def test_never_seen_rank_counted_from_first_rank_seen() -> None:
         feed.beat(0, t, progress_seq=t)
         findings += [(t, f) for f in rules.evaluate(t + 0.5)]
     # first rank seen at t=5: waited 10.5 > 10 at t=15 (not at t=10 from the monitor start)
-    assert [(t, f["rank"], f["finding_type"]) for t, f in findings] == [(15, 1, PROCESS_TIMEOUT)]
+    assert [(t, f.rank, f.finding_type) for t, f in findings] == [(15, 1, PROCESS_TIMEOUT)]
     f = findings[0][1]
-    assert f["reason"] == "rank_process_heartbeat_never_observed"
-    assert f["pid"] is None
-    assert f["process_liveness"] == "not_observed"
-    assert f["gpu_progress"] == "not_observed"
-    assert f["timeout_s"] == 10.0
+    assert f.reason == "rank_process_heartbeat_never_observed"
+    assert f.pid is None
+    assert f.process_liveness == "not_observed"
+    assert f.gpu_progress == "not_observed"
+    assert f.timeout_s == 10.0
 
 
 def test_never_seen_ranks_counted_from_monitor_start_when_none_seen() -> None:
@@ -264,7 +271,7 @@ def test_never_seen_ranks_counted_from_monitor_start_when_none_seen() -> None:
     assert rules.evaluate(110.0) == []
     findings = rules.evaluate(110.5)
     assert sorted(types_of(findings)) == [(r, PROCESS_TIMEOUT) for r in range(3)]
-    assert {f["reason"] for f in findings} == {"rank_process_heartbeat_never_observed"}
+    assert {f.reason for f in findings} == {"rank_process_heartbeat_never_observed"}
     assert rules.evaluate(200.0) == []  # only once
 
 
@@ -278,8 +285,8 @@ def test_world_size_from_records_when_not_expected() -> None:
     rules.ingest(rec(0, 0, world_size=3), 0.0)
     assert rules.world_size() == 3
     findings = rules.evaluate(10.5)
-    never = [f for f in findings if f["reason"] == "rank_process_heartbeat_never_observed"]
-    assert sorted(f["rank"] for f in never) == [1, 2]
+    never = [f for f in findings if f.reason == "rank_process_heartbeat_never_observed"]
+    assert sorted(f.rank for f in never) == [1, 2]
 
 
 # ---- restarts and record filtering -------------------------------------------------
@@ -303,7 +310,7 @@ def test_new_pid_resets_rank_and_active_findings() -> None:
     # and a new episode of the new pid fires again
     findings = rules.evaluate(31.0)
     assert types_of(findings) == [(0, PROCESS_TIMEOUT)]
-    assert findings[0]["pid"] == 222
+    assert findings[0].pid == 222
 
 
 def test_late_records_of_old_pid_are_ignored() -> None:
@@ -317,8 +324,8 @@ def test_late_records_of_old_pid_are_ignored() -> None:
     assert rules.ignored_records == before + 1
     assert rules.ranks[0].pid == 222
     assert rules.ranks[0].record is not None
-    assert rules.ranks[0].record["pid"] == 222
-    assert rules.ranks[0].record["progress_seq"] == 0
+    assert rules.ranks[0].record.pid == 222
+    assert rules.ranks[0].record.progress_seq == 0
 
 
 def test_other_run_id_is_ignored() -> None:
@@ -345,7 +352,7 @@ def test_duplicate_and_older_seq_are_ignored() -> None:
     assert rules.ingest(rec(0, 3, progress_seq=30, t=3.0), 7.0) is False
     state = rules.ranks[0]
     assert state.record is not None
-    assert state.record["progress_seq"] == 50
+    assert state.record.progress_seq == 50
     assert state.seen_at == 5.0  # age is not refreshed by a duplicate
     assert types_of(rules.evaluate(15.5)) == [(0, PROCESS_TIMEOUT)]
 
@@ -377,11 +384,11 @@ def test_error_exit_is_reported() -> None:
     findings = rules.evaluate(1.5)
     assert types_of(findings) == [(0, PROCESS_EXITED)]
     f = findings[0]
-    assert f["reason"] == "rank_process_exited_with_error"
-    assert f["process_liveness"] == "exited"
-    assert f["gpu_progress"] == "unknown"
-    assert f["exit"]["exit_code"] == 1
-    assert "boom" in f["message"]
+    assert f.reason == "rank_process_exited_with_error"
+    assert f.process_liveness == "exited"
+    assert f.gpu_progress == "unknown"
+    assert f.exit["exit_code"] == 1
+    assert "boom" in f.message
     assert rules.ranks[0].progress is Progress.UNKNOWN
     assert rules.evaluate(2.0) == []  # once
     assert rules.first_failure == (0, 1.5)
@@ -392,12 +399,12 @@ def test_vanished_process_is_reported_as_died() -> None:
     last = rec(0, 4, progress_seq=3)
     rules.ingest(last, 0.0)
     synth = vanished_record(last)
-    assert synth["seq"] == 5 and synth["event"] == "process_end"
+    assert synth.seq == 5 and synth.event == "process_end"
     assert rules.ingest(synth, 1.0)
     findings = rules.evaluate(1.5)
     assert types_of(findings) == [(0, PROCESS_EXITED)]
-    assert findings[0]["reason"] == "rank_process_died_without_process_end"
-    assert findings[0]["exit"]["vanished"] is True
+    assert findings[0].reason == "rank_process_died_without_process_end"
+    assert findings[0].exit["vanished"] is True
     assert rules.ranks[0].liveness is Liveness.EXITED
 
 
@@ -446,7 +453,7 @@ def test_exits_after_shutdown_are_not_findings() -> None:
         state = rules.ranks[rank]
         assert state.liveness is Liveness.EXITED
         assert state.record is not None
-        assert state.record["exit"]["after_shutdown"] == "SIGTERM"
+        assert state.record.exit["after_shutdown"] == "SIGTERM"
     assert rules.first_failure is None
 
 
@@ -467,7 +474,7 @@ def test_peer_terminated_after_first_failure_gets_no_finding() -> None:
     state = rules.ranks[1]
     assert state.liveness is Liveness.EXITED
     assert state.record is not None
-    assert state.record["exit"]["after_failure_of_rank"] == 0
+    assert state.record.exit["after_failure_of_rank"] == 0
     assert rules.evaluate(4.0) == []
 
 
@@ -483,7 +490,7 @@ def test_peer_failures_seen_in_the_same_scan_blame_the_earliest() -> None:
     findings = rules.evaluate(6.5)
     assert types_of(findings) == [(1, PROCESS_EXITED)]
     assert rules.ranks[0].record is not None
-    assert rules.ranks[0].record["exit"]["after_failure_of_rank"] == 1
+    assert rules.ranks[0].record.exit["after_failure_of_rank"] == 1
 
 
 def test_independent_failure_long_after_first_is_reported() -> None:
@@ -599,7 +606,7 @@ def test_all_stalled_at_same_seq_reported_even_when_crossing_in_different_scans(
         # same step; rank 0's progress age is 1.5 s ahead of rank 1's (seen a scan later)
         feed.beat(0, t, progress_seq=10, since=float(t) + 1.5)
         feed.beat(1, t, progress_seq=10, since=float(t))
-        reported |= {f["rank"] for f in rules.evaluate(t + 0.1)}
+        reported |= {f.rank for f in rules.evaluate(t + 0.1)}
     assert reported == {0, 1}
 
 
@@ -610,14 +617,14 @@ def test_victim_of_recovered_culprit_waits_one_more_timeout() -> None:
     for t in range(0, 23):
         feed.beat(0, t, progress_seq=10, since=float(t))
         feed.beat(1, t, progress_seq=9, since=float(t) + 5.0)
-        fired += [(t, f["rank"]) for f in rules.evaluate(t + 0.5)]
+        fired += [(t, f.rank) for f in rules.evaluate(t + 0.5)]
     assert fired == [(15, 1)]
     assert rules.ranks[0].blocked_by == [1]
     # the culprit recovers (progresses again); rank 0 stays stuck
     for t in range(23, 60):
         feed.beat(0, t, progress_seq=10, since=float(t))
         feed.beat(1, t, progress_seq=10 + t, since=0.1)
-        fired += [(t, f["rank"]) for f in rules.evaluate(t + 0.5)]
+        fired += [(t, f.rank) for f in rules.evaluate(t + 0.5)]
     assert rules.ranks[1].progress is Progress.PROGRESSING
     # culprit gone at scan 23.5; rank 0 gets one more progress timeout (20 s)
     assert fired == [(15, 1), (44, 0)]
@@ -627,8 +634,8 @@ def test_victim_of_recovered_culprit_waits_one_more_timeout() -> None:
 
 
 def _health(verdict: str, **extra: Any) -> Callable[[dict[str, Any]], dict[str, Any] | None]:
-    def lookup(record: dict[str, Any]) -> dict[str, Any] | None:
-        if record.get("rank") != 1:
+    def lookup(record: HeartbeatRecord) -> dict[str, Any] | None:
+        if record.rank != 1:
             return None
         return {"uuid": "GPU-1", "health": verdict, "problems": ["ecc_uncorrected=2"], **extra}
 
@@ -645,10 +652,10 @@ def test_unhealthy_gpu_fires_failure_once() -> None:
         findings += rules.evaluate(t + 0.5, _health("unhealthy"))
     assert types_of(findings) == [(1, "gpu_hardware_health_failure")]
     f = findings[0]
-    assert f["reason"] == "gpu_unhealthy"
-    assert f["gpu_health"]["uuid"] == "GPU-1"
-    assert f["gpu"]["token"] == "GPU-1"
-    assert "ecc_uncorrected=2" in f["message"]
+    assert f.reason == "gpu_unhealthy"
+    assert f.gpu_health["uuid"] == "GPU-1"
+    assert f.gpu["token"] == "GPU-1"
+    assert "ecc_uncorrected=2" in f.message
     assert rules.ranks[1].gpu_health is not None
     assert rules.ranks[0].gpu_health is None
 
@@ -659,7 +666,7 @@ def test_warning_gpu_fires_warning() -> None:
         rules.ingest(rec(rank, 0), 0.0)
     findings = rules.evaluate(0.5, _health("warning"))
     assert types_of(findings) == [(1, "gpu_hardware_health_warning")]
-    assert findings[0]["reason"] == "gpu_warning"
+    assert findings[0].reason == "gpu_warning"
 
 
 def test_stale_health_gives_no_finding() -> None:

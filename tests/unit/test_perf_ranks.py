@@ -12,7 +12,7 @@ import pytest
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.monitor import JobMonitor
 from rankguard.heartbeat.perfranks import PERF_RANKS_FILE, PerfRanks
-from rankguard.heartbeat.records import heartbeat_file_name
+from rankguard.schema.layout import heartbeat_file_name
 
 RUN = "run-pr"
 LINE_KEYS = {

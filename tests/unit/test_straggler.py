@@ -24,11 +24,13 @@ import pytest
 import rankguard.straggler.probe as probe_mod
 from rankguard.config import ConfigError, load_config
 from rankguard.heartbeat.config import HeartbeatConfig
+from rankguard.heartbeat.identity import RankIdentity
 from rankguard.heartbeat.progress import ProgressTracker
-from rankguard.heartbeat.records import RankIdentity, heartbeat_file_name
+from rankguard.schema.layout import heartbeat_file_name
+from rankguard.schema.records import HeartbeatRecord, RecordError
 from rankguard.session import NullSession, Session
 from rankguard.straggler.config import StragglerConfig
-from rankguard.straggler.detector import STRAGGLER_FINDING, StragglerDetector
+from rankguard.straggler.detector import StragglerDetector
 from rankguard.straggler.probe import ComputeProbe
 
 RUN = "run-straggler"
@@ -40,9 +42,17 @@ INTERVAL = 10.0
 
 @dataclass
 class FakeState:
-    """What the detector reads of the monitor's ``RankState``: the latest record."""
+    """What the detector reads of the monitor's ``RankState``: the latest record, as
+    the monitor accepts it (a record it rejects never reaches the detector)."""
 
-    record: dict[str, Any] | None
+    raw: dict[str, Any] | None
+
+    @property
+    def record(self) -> HeartbeatRecord | None:
+        try:
+            return HeartbeatRecord.from_dict(self.raw) if self.raw is not None else None
+        except RecordError:
+            return None
 
 
 def _record(
@@ -164,7 +174,7 @@ def test_no_report_before_report_time_interval() -> None:
         assert det.evaluate(now, ranks) == []
     assert det.reports == 0 and det.report is None
     findings = det.evaluate(T0 + INTERVAL, ranks)
-    assert det.reports == 1 and [f["rank"] for f in findings] == [1]
+    assert det.reports == 1 and [f.rank for f in findings] == [1]
     # the next report is one interval after this one, not before
     assert det.evaluate(T0 + INTERVAL + 5, ranks) == [] and det.reports == 1
     det.evaluate(T0 + 2 * INTERVAL, ranks)
@@ -201,11 +211,11 @@ def test_individual_score_is_own_best_over_now() -> None:
     scores = det.report["scores"]
     assert scores["0"] == {"relative": None, "individual": pytest.approx(0.6667)}
     assert scores["1"]["individual"] == 1.0
-    assert [f["rank"] for f in findings] == [0]
-    assert findings[0]["relative_score"] is None
-    assert findings[0]["individual_score"] == pytest.approx(0.6667)
-    assert "individual score 0.6667 < 0.7" in findings[0]["message"]
-    assert "relative" not in findings[0]["message"]
+    assert [f.rank for f in findings] == [0]
+    assert findings[0].detail["relative_score"] is None
+    assert findings[0].detail["individual_score"] == pytest.approx(0.6667)
+    assert "individual score 0.6667 < 0.7" in findings[0].message
+    assert "relative" not in findings[0].message
 
 
 def test_relative_off_ignores_a_steadily_slow_rank() -> None:
@@ -224,8 +234,11 @@ def test_individual_off_ignores_a_whole_job_slowing_down() -> None:
     assert det.report["scores"]["0"] == {"relative": 1.0, "individual": None}
     # and a relative straggler is still caught, on the relative score alone
     findings = report({0: 30.0, 1: 60.0})
-    assert [f["rank"] for f in findings] == [1]
-    assert findings[0]["individual_score"] is None and findings[0]["relative_score"] == 0.5
+    assert [f.rank for f in findings] == [1]
+    assert (
+        findings[0].detail["individual_score"] is None
+        and findings[0].detail["relative_score"] == 0.5
+    )
 
 
 def test_both_scores_off_flag_nobody() -> None:
@@ -251,15 +264,15 @@ def test_a_rank_1_5x_slower_is_flagged_at_the_first_report() -> None:
     findings = Reports(det)({0: 10.0, 1: 10.2, 2: 15.0, 3: 9.9})
     assert len(findings) == 1
     f = findings[0]
-    assert f["finding_type"] == STRAGGLER_FINDING == "straggler_detected"
-    assert f["reason"] == "rank_compute_slower_than_threshold"
-    assert f["run_id"] == RUN and f["schema_version"] >= 1
-    assert (f["rank"], f["pid"], f["node_rank"], f["hostname"]) == (2, 1002, 1, "node1.example")
-    assert f["gpu"]["token"] == "GPU-uuid-2"
-    assert f["relative_score"] == pytest.approx(9.9 / 15.0, abs=1e-4)
-    assert f["individual_score"] == 1.0
-    assert f["compute_ms"] == 15.0
-    msg = f["message"]
+    assert f.finding_type == "straggler_detected"
+    assert f.reason == "rank_compute_slower_than_threshold"
+    assert f.run_id == RUN and f.schema_version >= 1
+    assert (f.rank, f.pid, f.node_rank, f.hostname) == (2, 1002, 1, "node1.example")
+    assert f.gpu["token"] == "GPU-uuid-2"
+    assert f.detail["relative_score"] == pytest.approx(9.9 / 15.0, abs=1e-4)
+    assert f.detail["individual_score"] == 1.0
+    assert f.detail["compute_ms"] == 15.0
+    msg = f.message
     for part in ("rank 2", "node 1", "node1.example", "GPU GPU-uuid-2", "0.66", "< 0.7"):
         assert part in msg, (part, msg)
     assert det.report["stragglers"] == [2]
@@ -270,7 +283,7 @@ def test_finding_without_gpu_says_dash() -> None:
     ranks = _ranks({0: 10.0})
     ranks[1] = FakeState({**_record(1, 20.0), "gpu": None})
     (f,) = det.evaluate(T0 + INTERVAL, ranks)
-    assert f["gpu"] is None and "GPU -" in f["message"]
+    assert f.gpu is None and "GPU -" in f.message
 
 
 def test_one_finding_per_episode() -> None:
@@ -282,7 +295,7 @@ def test_one_finding_per_episode() -> None:
     assert report({0: 10.0, 1: 10.0, 2: 10.0}) == []  # recovered
     assert det.report["stragglers"] == []
     again = report({0: 10.0, 1: 10.0, 2: 16.0})  # slow again: a new episode
-    assert [f["rank"] for f in again] == [2]
+    assert [f.rank for f in again] == [2]
 
 
 def test_a_restarted_rank_is_a_new_episode() -> None:
@@ -290,7 +303,7 @@ def test_a_restarted_rank_is_a_new_episode() -> None:
     assert len(det.evaluate(T0 + INTERVAL, _ranks({0: 10.0, 1: 20.0}))) == 1
     ranks = {0: FakeState(_record(0, 10.0)), 1: FakeState(_record(1, 20.0, pid=4242))}
     (f,) = det.evaluate(T0 + 2 * INTERVAL, ranks)
-    assert (f["rank"], f["pid"]) == (1, 4242)
+    assert (f.rank, f.pid) == (1, 4242)
 
 
 def test_process_end_drops_the_rank() -> None:
@@ -311,7 +324,7 @@ def test_a_rank_without_new_samples_keeps_its_last_time() -> None:
     det.evaluate(T0 + 1, _ranks({0: 10.0, 1: 20.0}))  # observed, no report yet
     ranks = {0: FakeState(_record(0, 10.0)), 1: FakeState(_record(1, None))}
     findings = det.evaluate(T0 + INTERVAL, ranks)  # rank 1's record has no samples
-    assert [f["rank"] for f in findings] == [1]
+    assert [f.rank for f in findings] == [1]
 
 
 def test_stop_requested_only_with_stop_if_detected() -> None:
@@ -391,7 +404,7 @@ def test_report_order_uses_individual_score_when_relative_is_off() -> None:
 def test_report_order_with_a_relative_score_rounded_to_zero() -> None:
     det = _detector()
     findings = Reports(det)({0: 1.0, 1: 1e5})
-    assert [f["rank"] for f in findings] == [1]  # it is flagged ...
+    assert [f.rank for f in findings] == [1]  # it is flagged ...
     assert det.report["worst"][0]["rank"] == 1  # ... but listed best
 
 

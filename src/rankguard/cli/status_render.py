@@ -11,6 +11,8 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+from rankguard.schema.findings import FindingType
+
 __all__ = ["render_status"]
 
 _RED = "\x1b[31m"
@@ -20,14 +22,8 @@ _RESET = "\x1b[0m"
 _STYLES = {"red": _RED, "yellow": _YELLOW, "bold": _BOLD}
 _ANSI_RE = re.compile(r"(\x1b\[[0-9;]*m)")
 
-_FINDING_ABBREV = {
-    "rank_process_heartbeat_timeout": "hb_timeout",
-    "gpu_progress_timeout": "prog_timeout",
-    "rank_process_exited": "exited",
-    "gpu_hardware_health_failure": "gpu_fail",
-    "gpu_hardware_health_warning": "gpu_warn",
-}
-_WARNING_FINDINGS = frozenset({"gpu_hardware_health_warning"})
+_FINDING_ABBREV = {t.value: t.info.short for t in FindingType}
+_WARNING_FINDINGS = frozenset(t.value for t in FindingType if t.info.severity == "warning")
 
 _LIVENESS_STYLE = {"stale": "red", "not_observed": "yellow"}
 _PROGRESS_STYLE = {"stalled": "red", "unknown": "yellow", "not_observed": "yellow"}

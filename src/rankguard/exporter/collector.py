@@ -29,7 +29,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from rankguard.health.schema import NodeStatus
-from rankguard.heartbeat.rules import FindingType, Liveness, Progress
+from rankguard.schema.findings import FindingType, Liveness, Progress
 
 if TYPE_CHECKING:
     from rankguard.heartbeat.monitor import JobMonitor

@@ -24,11 +24,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rankguard._fs import atomic_write_json
+from rankguard.heartbeat.monitor import FindingSink
 from rankguard.perf.config import PrometheusConfig
+from rankguard.schema.findings import Finding
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
+    from rankguard.exporter.collector import FindingCounts
     from rankguard.heartbeat.monitor import JobMonitor
 
 __all__ = ["ENDPOINT_FILE", "MetricsExporter", "start_for_monitor"]
@@ -56,8 +59,8 @@ class MetricsExporter:
     """Serves the monitor's state as Prometheus metrics; see the module docstring.
 
     Lifecycle: construct -> :meth:`start` (once) -> :meth:`stop` (idempotent). Findings
-    are counted through :meth:`observe_finding`, which :meth:`attach` registers in
-    ``monitor.on_finding`` (:func:`start_for_monitor` does both).
+    are counted by a finding sink that :meth:`attach` adds to the monitor
+    (:func:`start_for_monitor` does both).
     """
 
     def __init__(self, monitor: JobMonitor, *, run_dir: Path | None = None) -> None:
@@ -70,6 +73,7 @@ class MetricsExporter:
         self.monitor = monitor
         self.run_dir = Path(run_dir) if run_dir is not None else Path(monitor.run_dir)
         self.findings = FindingCounts()
+        self.counter = _CountFindings(self.findings)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(StatusCollector(monitor, self.findings))
         self.host: str | None = None
@@ -82,18 +86,17 @@ class MetricsExporter:
     # ---- findings -------------------------------------------------------------------
 
     def observe_finding(self, finding: dict[str, Any]) -> None:
-        """Count one finding (a ``JobMonitor.on_finding`` callback)."""
+        """Count one finding (a line of ``findings.jsonl``)."""
         self.findings.observe(finding)
 
     def attach(self) -> None:
-        """Register :meth:`observe_finding` with the monitor, once."""
-        if self.observe_finding not in self.monitor.on_finding:
-            self.monitor.on_finding.append(self.observe_finding)
+        """Count the monitor's findings from now on (idempotent)."""
+        if self.counter not in self.monitor.sinks:
+            self.monitor.add_sink(self.counter)
 
     def detach(self) -> None:
         """Stop counting findings (the counts are kept)."""
-        while self.observe_finding in self.monitor.on_finding:
-            self.monitor.on_finding.remove(self.observe_finding)
+        self.monitor.remove_sink(self.counter)
 
     # ---- serving --------------------------------------------------------------------
 
@@ -215,3 +218,13 @@ def start_for_monitor(
         )
     logger.info("rankguard metrics: serving %s", exporter.url)
     return exporter
+
+
+class _CountFindings(FindingSink):
+    """The exporter's finding sink: one more in ``rankguard_findings_total``."""
+
+    def __init__(self, counts: FindingCounts) -> None:
+        self.counts = counts
+
+    def after_write(self, finding: Finding) -> None:
+        self.counts.observe(finding.to_dict())

@@ -24,33 +24,46 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rankguard.ft.config import FaultToleranceConfig
 from rankguard.ft.stacks import dump_stacks
+from rankguard.heartbeat.monitor import FindingSink
+from rankguard.schema.findings import Finding, FindingType
+
+if TYPE_CHECKING:
+    from rankguard.heartbeat.rules import HeartbeatRules
 
 __all__ = ["AgentControl", "FaultHandler"]
 
 logger = logging.getLogger(__name__)
-
-HANG_FINDINGS = frozenset(
-    {"rank_process_heartbeat_timeout", "gpu_progress_timeout", "rank_section_timeout"}
-)
 
 
 class AgentControl(Protocol):
     def set_cause(self, finding: dict[str, Any], *, abort: bool) -> None: ...
 
 
+class MonitorView(Protocol):
+    """What the handler needs of the job monitor: its ranks and the restart notice."""
+
+    @property
+    def rules(self) -> HeartbeatRules: ...
+
+    def note_restart(self, reason: str) -> None: ...
+
+
 RemoteKill = Callable[[int, list[dict[str, Any]]], None]
 
 
-class FaultHandler:
+class FaultHandler(FindingSink):
+    """A finding sink: :meth:`before_write` decides the action and dumps the stacks
+    (named in the finding), :meth:`after_write` kills the culprit."""
+
     def __init__(
         self,
         cfg: FaultToleranceConfig,
         run_dir: Path,
-        monitor: Any,
+        monitor: MonitorView,
         agent: AgentControl,
         *,
         remote_kill: RemoteKill | None = None,
@@ -65,10 +78,6 @@ class FaultHandler:
         self._busy = False
         self._lock = threading.Lock()
 
-    def attach(self) -> None:
-        self.monitor.before_record.append(self.enrich)
-        self.monitor.on_finding.append(self.act)
-
     def restarted(self) -> None:
         """The agent started a new worker group: act on the next fault again."""
         with self._lock:
@@ -76,33 +85,33 @@ class FaultHandler:
 
     # ---- before the finding is written -----------------------------------------------
 
-    def enrich(self, finding: dict[str, Any]) -> None:
-        ftype = finding.get("finding_type", "")
-        action = self.cfg.actions.get(ftype, "report")
-        if action != "report" and ftype != "rank_process_exited":
+    def before_write(self, finding: Finding) -> None:
+        ftype = finding.finding_type
+        action = self.cfg.actions.get(ftype.value, "report")
+        if action != "report" and ftype is not FindingType.PROCESS_EXITED:
             blocker = self._cannot_act(finding)
             if blocker:
-                finding["action"] = f"report ({action} impossible: {blocker})"
+                finding.action = f"report ({action} impossible: {blocker})"
                 return
         with self._lock:
             if action != "report" and self._busy:
-                finding["action"] = "none (a restart is already under way)"
+                finding.action = "none (a restart is already under way)"
                 return
-            finding["action"] = action
+            finding.action = action
             if action == "report":
                 return
             self._busy = True
-        if ftype == "rank_process_exited":
+        if ftype is FindingType.PROCESS_EXITED:
             return  # nothing left to dump: the process is gone
-        finding["stack_dumps"] = self._dump_all(int(finding["rank"]))
-        finding["stack_dump"] = finding["stack_dumps"].get(str(finding["rank"]))
+        finding.stack_dumps = self._dump_all(finding.rank)
+        finding.stack_dump = finding.stack_dumps.get(str(finding.rank))
 
-    def _cannot_act(self, finding: dict[str, Any]) -> str | None:
+    def _cannot_act(self, finding: Finding) -> str | None:
         """Why the culprit cannot be killed (then nothing restarts: stay armed)."""
-        state = self.monitor.rules.ranks.get(int(finding.get("rank", -1)))
-        if state is None or state.pid is None:
+        state = self.monitor.rules.ranks.get(finding.rank)
+        if state is None or state.record is None:
             return "the rank has no process to stop"
-        host = (state.record or {}).get("hostname")
+        host = state.record.hostname
         if host != self.hostname and self.remote_kill is None:
             return f"the rank runs on {host}, which this launcher cannot reach"
         return None
@@ -113,14 +122,13 @@ class FaultHandler:
         local: list[tuple[int, int]] = []
         out: dict[str, str] = {}
         for rank in order:
-            state = ranks[rank]
-            rec = state.record or {}
-            if state.pid is None or rec.get("event") == "process_end":
+            rec = ranks[rank].record
+            if rec is None or rec.ended:
                 continue
-            if rec.get("hostname") == self.hostname:
-                local.append((rank, state.pid))
+            if rec.hostname == self.hostname:
+                local.append((rank, rec.pid))
             else:
-                out[str(rank)] = f"on node {rec.get('node_rank')} (dumped there before the kill)"
+                out[str(rank)] = f"on node {rec.node_rank} (dumped there before the kill)"
         with ThreadPoolExecutor(max_workers=min(16, max(1, len(local)))) as pool:
             paths = pool.map(
                 lambda rp: dump_stacks(
@@ -138,38 +146,39 @@ class FaultHandler:
 
     # ---- after the finding is written ------------------------------------------------
 
-    def act(self, finding: dict[str, Any]) -> None:
-        action = finding.get("action")
+    def after_write(self, finding: Finding) -> None:
+        action = finding.action
         if action not in ("restart", "abort"):
             return
         self.actions_taken += 1
-        rank = int(finding["rank"])
-        if finding.get("finding_type") == "rank_process_exited":
+        rank = finding.rank
+        cause = finding.to_dict()
+        if finding.finding_type is FindingType.PROCESS_EXITED:
             # The agent already sees the failed workers and names the root cause from
             # their exit codes and error files (a rank killed by a signal before its
             # peers' errors); the monitor, seeing several exits in one scan, cannot order
             # them. So the agent's failure report is the restart's cause.
             if action == "abort":
-                self.agent.set_cause(finding, abort=True)
-            self.monitor.note_restart(f"{action} after rank_process_exited on rank {rank}")
+                self.agent.set_cause(cause, abort=True)
+            self.monitor.note_restart(f"{action} after {finding.finding_type.value} on rank {rank}")
             return
-        self.agent.set_cause(finding, abort=action == "abort")
-        self.monitor.note_restart(f"{action} after {finding['finding_type']} on rank {rank}")
+        self.agent.set_cause(cause, abort=action == "abort")
+        self.monitor.note_restart(f"{action} after {finding.finding_type.value} on rank {rank}")
         state = self.monitor.rules.ranks.get(rank)
-        rec = (state.record if state else None) or {}
-        pid = state.pid if state else None
-        if pid is None:
+        rec = state.record if state else None
+        if rec is None:
             return
-        if rec.get("hostname") == self.hostname:
+        pid = rec.pid
+        if rec.hostname == self.hostname:
             logger.warning("rankguard: %s: killing rank %d (pid %d)", action, rank, pid)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         elif self.remote_kill is not None:
-            node = int(rec.get("node_rank") or 0)
+            node = rec.node_rank or 0
             others = [
-                {"rank": r, "pid": s.pid}
+                {"rank": r, "pid": s.record.pid}
                 for r, s in self.monitor.rules.ranks.items()
-                if r != rank and s.pid is not None and (s.record or {}).get("node_rank") == node
+                if r != rank and s.record is not None and s.record.node_rank == node
             ]
             self.remote_kill(node, [{"rank": rank, "pid": pid, "kill": True}, *others])
         else:

@@ -4,31 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rankguard.schema.findings import FindingType
+
 __all__ = ["ACTIONS", "FAULT_TYPES", "FINDING_TYPES", "FaultToleranceConfig"]
 
 ACTIONS = ("report", "restart", "abort")
-FINDING_TYPES = (
-    "rank_process_heartbeat_timeout",
-    "gpu_progress_timeout",
-    "rank_section_timeout",
-    "rank_process_exited",
-    "gpu_hardware_health_failure",
-    "gpu_hardware_health_warning",
-    "straggler_detected",
-)
+FINDING_TYPES = tuple(t.value for t in FindingType)
 FAULT_TYPES = ("rank_hung", "rank_killed", "rank_stalled", "random")
 
 
 def _default_actions() -> dict[str, str]:
-    return {
-        "rank_process_heartbeat_timeout": "restart",
-        "gpu_progress_timeout": "restart",
-        "rank_section_timeout": "restart",
-        "rank_process_exited": "restart",
-        "gpu_hardware_health_failure": "report",
-        "gpu_hardware_health_warning": "report",
-        "straggler_detected": "report",
-    }
+    return {t.value: t.info.default_action for t in FindingType}
 
 
 @dataclass(kw_only=True, slots=True)

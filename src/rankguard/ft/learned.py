@@ -21,15 +21,29 @@ atomically in ``ft_state.json`` in ``fault_tolerance.state_dir`` (default
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
 
 from rankguard._fs import atomic_write_json
+from rankguard.ft.config import FaultToleranceConfig
+from rankguard.schema.layout import FT_STATE_FILE
+from rankguard.schema.records import HeartbeatRecord
 
-__all__ = ["MIN_STEPS", "STATE_FILE", "apply_learned", "learn", "load_state", "measured_maxima"]
+__all__ = [
+    "MIN_STEPS",
+    "STATE_FILE",
+    "apply_learned",
+    "learn",
+    "load_state",
+    "measured_maxima",
+    "save_learned",
+]
 
-STATE_FILE = "ft_state.json"
+logger = logging.getLogger(__name__)
+
+STATE_FILE = FT_STATE_FILE
 MIN_STEPS = 16
 EMA_WEIGHT = 0.5
 
@@ -46,7 +60,7 @@ def load_state(path: Path) -> dict[str, Any] | None:
     return state
 
 
-def measured_maxima(records: list[dict[str, Any]]) -> dict[str, float]:
+def measured_maxima(records: list[HeartbeatRecord]) -> dict[str, float]:
     """Max over ranks of each trustworthy section measurement (``ft_stats``)."""
     out: dict[str, float] = {}
 
@@ -58,8 +72,8 @@ def measured_maxima(records: list[dict[str, Any]]) -> dict[str, float]:
         return int(value) if isinstance(value, (int, float)) and value == value else 0
 
     for rec in records:
-        stats = rec.get("ft_stats")
-        if not isinstance(stats, dict):
+        stats = rec.ft_stats
+        if stats is None:
             continue
         keep("setup", stats.get("setup_s"))
         if count(stats.get("steps")) >= MIN_STEPS:
@@ -100,6 +114,31 @@ def learn(
 
 def save_state(path: Path, state: dict[str, Any]) -> None:
     atomic_write_json(path, state)
+
+
+def save_learned(
+    state_dir: Path, ft: FaultToleranceConfig, records: list[HeartbeatRecord]
+) -> dict[str, Any] | None:
+    """End of a run with ``calc_ft_timeouts``: merge this run's measurements into
+    ``ft_state.json``; None (and a warning) when nothing was measured."""
+    measured = measured_maxima(records)
+    if not measured:
+        logger.warning("rankguard: calc_ft_timeouts: nothing measured, ft_state unchanged")
+        return None
+    path = Path(state_dir) / STATE_FILE
+    try:
+        previous = load_state(path)
+    except ValueError as exc:
+        logger.warning("rankguard: %s; starting a new one", exc)
+        previous = None
+    state = learn(
+        measured, previous, safety_factor=ft.safety_factor, floor_s=ft.min_learned_timeout_s
+    )
+    save_state(path, state)
+    logger.warning(
+        "rankguard: learned timeouts saved in %s: %s", path, json.dumps(state["timeouts"])
+    )
+    return state
 
 
 def apply_learned(cfg: Any, state: dict[str, Any] | None, source: str) -> dict[str, Any]:

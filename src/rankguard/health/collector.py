@@ -27,16 +27,13 @@ from rankguard.health.rules import apply_rules, node_status, update_baseline
 from rankguard.health.schema import SCHEMA_VERSION, CollectionResult, NodeStatus
 from rankguard.health.smi import collect_smi
 from rankguard.heartbeat.config import HardwareHealthConfig
+from rankguard.schema.layout import health_file_name
 
 __all__ = ["HealthCollector", "collect_gpu_health", "gpu_for_rank", "health_file_name"]
 
 logger = logging.getLogger(__name__)
 
 _PREFER = ("auto", "nvml", "nvidia-smi")
-
-
-def health_file_name(node_rank: int) -> str:
-    return f"gpu_health_node_{node_rank}.json"
 
 
 def _now_iso() -> str:

@@ -20,26 +20,24 @@ import socket
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
 from rankguard._fs import append_bytes, append_jsonl, atomic_write_json, dumps_line, rotate_jsonl
 from rankguard.heartbeat.config import HeartbeatConfig
-from rankguard.heartbeat.perfranks import PERF_RANKS_FILE, PerfRanks
-from rankguard.heartbeat.procs import pid_running, vanished_record
-from rankguard.heartbeat.records import HEARTBEAT_FILE_RE, SCHEMA_VERSION, heartbeat_file_name
+from rankguard.heartbeat.perfranks import PerfRanks
+from rankguard.heartbeat.procs import pid_running
 from rankguard.heartbeat.rules import HeartbeatRules, Liveness, Progress, RankState
 from rankguard.heartbeat.tailer import JsonlTailer
+from rankguard.schema.findings import Finding
+from rankguard.schema.layout import HEALTH_FILE_RE, HEARTBEAT_FILE_RE, HEARTBEAT_SUFFIX, RunLayout
+from rankguard.schema.records import SCHEMA_VERSION, HeartbeatRecord
 
-__all__ = ["FINDINGS_FILE", "STATUS_FILE", "JobMonitor", "RemoteSource"]
+__all__ = ["Evaluator", "FindingSink", "JobMonitor", "RemoteSource", "StatusSource"]
 
 logger = logging.getLogger(__name__)
-
-STATUS_FILE = "status.json"
-FINDINGS_FILE = "findings.jsonl"
-_HEALTH_PREFIX = "gpu_health_node_"
 
 
 class RemoteSource(Protocol):
@@ -48,6 +46,40 @@ class RemoteSource(Protocol):
     def fetch(self) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]: ...
 
     def nodes_done(self) -> bool: ...
+
+
+class Evaluator(Protocol):
+    """A verdict beyond the heartbeat rules (stragglers; later reruns, preemption).
+
+    Called once per scan, after the rules, with every rank's state; returns its new
+    findings. ``status()`` is shown under ``status.json``'s key ``name`` (None: nothing).
+    """
+
+    name: str
+
+    def evaluate(self, now: float, ranks: Mapping[int, RankState]) -> list[Finding]: ...
+
+    def status(self) -> Any: ...
+
+
+class FindingSink:
+    """Something done with each new finding. ``before_write`` may complete it (the
+    action taken, stack dumps) before it reaches ``findings.jsonl``; ``after_write``
+    acts on it once it is safe on disk. An exception in a sink is logged and counted,
+    never lost nor raised into the scan. Both do nothing by default."""
+
+    def before_write(self, finding: Finding) -> None:
+        return None
+
+    def after_write(self, finding: Finding) -> None:
+        return None
+
+
+class StatusSource(Protocol):
+    """Fields merged into ``status.json`` at each scan (the launcher's restarts, the
+    timeouts in force, a requested stop)."""
+
+    def status_fields(self) -> dict[str, Any]: ...
 
 
 def _iso_now() -> str:
@@ -68,9 +100,16 @@ class JobMonitor:
         config_snapshot: dict[str, Any] | None = None,
         section_timeouts: dict[str, float] | None = None,
         out_of_section_timeout: float | None = None,
+        evaluators: Sequence[Evaluator] = (),
+        sinks: Sequence[FindingSink] = (),
+        status_sources: Sequence[StatusSource] = (),
     ) -> None:
+        """``evaluators``, ``sinks`` and ``status_sources`` extend the monitor; more can
+        be added with :meth:`add_evaluator`, :meth:`add_sink` and
+        :meth:`add_status_source` before :meth:`start`."""
         self.cfg = cfg
         self.run_dir = Path(run_dir)
+        self.layout = RunLayout(self.run_dir)
         self.run_id = run_id
         self.remote = remote
         self.check_pids = check_pids
@@ -88,25 +127,42 @@ class JobMonitor:
         self.scan_count = 0
         self.scan_errors = 0
         self.last_scan_s = 0.0
-        self.on_finding: list[Callable[[dict[str, Any]], None]] = []
-        # Called on each new finding before it is written (may add fields to it).
-        self.before_record: list[Callable[[dict[str, Any]], None]] = []
-        # Merged into status.json (e.g. the launcher's restarts and timeouts).
-        self.extra_status: dict[str, Any] = {}
+        self.sink_errors = 0
+        self._evaluators: list[Evaluator] = list(evaluators)
+        self._sinks: list[FindingSink] = list(sinks)
+        self._status_sources: list[StatusSource] = list(status_sources)
         self.recent_findings: deque[dict[str, Any]] = deque(maxlen=20)
         self.status: dict[str, Any] = {}
         self._tailers: dict[str, JsonlTailer] = {}
         self._health: dict[int, tuple[dict[str, Any], float, float]] = {}  # snap, mtime, seen
-        # (rank, pid) -> (last seq mirrored, was it a synthesized end)
-        self._mirrored: dict[tuple[int, int], tuple[int, bool]] = {}
         # mirrored file per (rank, pid): bytes so far and its first line (for rotation)
         self._mirror_files: dict[tuple[int, int], tuple[int, bytes]] = {}
         self.perf_ranks = PerfRanks(run_id)
-        self.straggler: Any = None  # a StragglerDetector when straggler detection is on
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._scan_lock = threading.Lock()
         self.run_dir.mkdir(parents=True, exist_ok=True)
+
+    # ---- extension points -----------------------------------------------------------
+
+    def add_evaluator(self, evaluator: Evaluator) -> None:
+        self._evaluators.append(evaluator)
+
+    def add_sink(self, sink: FindingSink) -> None:
+        self._sinks.append(sink)
+
+    def remove_sink(self, sink: FindingSink) -> None:
+        self._sinks = [s for s in self._sinks if s is not sink]
+
+    @property
+    def sinks(self) -> tuple[FindingSink, ...]:
+        return tuple(self._sinks)
+
+    def add_status_source(self, source: StatusSource) -> None:
+        self._status_sources.append(source)
+
+    def evaluator(self, name: str) -> Evaluator | None:
+        return next((e for e in self._evaluators if e.name == name), None)
 
     # ---- lifecycle ------------------------------------------------------------------
 
@@ -154,7 +210,7 @@ class JobMonitor:
 
     # ---- one scan -------------------------------------------------------------------
 
-    def scan_once(self) -> list[dict[str, Any]]:
+    def scan_once(self) -> list[Finding]:
         with self._scan_lock:
             t0 = time.perf_counter()
             try:
@@ -166,7 +222,7 @@ class JobMonitor:
             self.last_scan_s = time.perf_counter() - t0
             return findings
 
-    def _scan(self) -> list[dict[str, Any]]:
+    def _scan(self) -> list[Finding]:
         now = self.clock()
         if self.remote is not None:
             self._ingest_remote(now)
@@ -175,28 +231,12 @@ class JobMonitor:
             self._mark_vanished(now)
         self._read_health(now)
         findings = self.rules.evaluate(now, self._health_for)
-        if self.straggler is not None:
-            slow = self.straggler.evaluate(now, self.rules.ranks)
-            self.rules.findings_total += len(slow)
-            findings += slow
+        for evaluator in self._evaluators:
+            more = evaluator.evaluate(now, self.rules.ranks)
+            self.rules.findings_total += len(more)
+            findings += more
         if findings:
-            stamp = _iso_now()
-            for f in findings:
-                f["detected_wall_time"] = stamp
-                for hook in self.before_record:
-                    try:
-                        hook(f)
-                    except Exception:
-                        logger.exception("rankguard monitor: finding hook failed")
-            append_jsonl(self.run_dir / FINDINGS_FILE, findings)
-            self.recent_findings.extend(findings)
-            for f in findings:
-                logger.warning("rankguard finding: %s", f["message"])
-                for callback in self.on_finding:
-                    try:
-                        callback(f)
-                    except Exception:
-                        logger.exception("rankguard monitor: finding callback failed")
+            self._emit(findings)
         try:  # after the findings are safe on disk: bad perf data must not lose them
             self._cross_rank_perf()
         except Exception:
@@ -205,14 +245,35 @@ class JobMonitor:
         self.scan_count += 1
         self.status = self._build_status(now)
         # Compact: at thousands of ranks indentation alone costs a third of a scan.
-        atomic_write_json(self.run_dir / STATUS_FILE, self.status, indent=None)
+        atomic_write_json(self.layout.status, self.status, indent=None)
         return findings
+
+    def _emit(self, findings: list[Finding]) -> None:
+        """Sinks complete each finding, it is appended to findings.jsonl, then sinks act."""
+        stamp = _iso_now()
+        for f in findings:
+            f.detected_wall_time = stamp
+            self._each_sink("before_write", f)
+        lines = [f.to_dict() for f in findings]
+        append_jsonl(self.layout.findings, lines)
+        self.recent_findings.extend(lines)
+        for f in findings:
+            logger.warning("rankguard finding: %s", f.message)
+            self._each_sink("after_write", f)
+
+    def _each_sink(self, step: str, finding: Finding) -> None:
+        for sink in self._sinks:
+            try:
+                getattr(sink, step)(finding)
+            except Exception:
+                self.sink_errors += 1
+                logger.exception("rankguard monitor: %s.%s failed", type(sink).__name__, step)
 
     def _read_local_files(self, now: float) -> None:
         with os.scandir(self.run_dir) as it:
             for entry in it:
                 name = entry.name
-                if not name.endswith(".heartbeat.jsonl"):
+                if not name.endswith(HEARTBEAT_SUFFIX):
                     continue
                 tailer = self._tailers.get(name)
                 if tailer is None:
@@ -233,36 +294,25 @@ class JobMonitor:
         except Exception as exc:
             logger.warning("rankguard monitor: cannot read relayed heartbeats: %s", exc)
             return
-        for record in records:
-            try:
-                key = (int(record["rank"]), int(record["pid"]))
-                seq = int(record.get("seq", 0))
-            except (KeyError, TypeError, ValueError):
+        for raw in records:
+            record = self.rules.accept(raw)
+            if record is None:
                 continue
-            if record.get("run_id") != self.run_id:
-                continue
-            last_seq, last_synth = self._mirrored.get(key, (-1, False))
-            own_end = record.get("event") == "process_end" and not record.get("synthesized")
-            if seq <= last_seq and not (last_synth and own_end):
-                continue
-            self._mirrored[key] = (seq, bool(record.get("synthesized")))
-            self._mirror(key, record)
-            try:
-                age = min(float(record.get("relayed_age_s") or 0.0), 3600.0)
-            except (TypeError, ValueError):
-                age = 0.0
-            self.rules.ingest(record, now - age)
+            age = min(record.relayed_age_s or 0.0, 3600.0)
+            if self.rules.ingest(record, now - age):  # new: keep node 0's copy
+                self._mirror(record)
         for node_rank, snapshot in health.items():
-            path = self.run_dir / f"{_HEALTH_PREFIX}{node_rank}.json"
+            path = self.layout.health(node_rank)
             known = self._health.get(node_rank)
             if known is None or known[0] != snapshot:
                 atomic_write_json(path, snapshot)
 
-    def _mirror(self, key: tuple[int, int], record: dict[str, Any]) -> None:
+    def _mirror(self, record: HeartbeatRecord) -> None:
         """Append a relayed record to this node's copy of its heartbeat file, rotated as
         the rank's own file is (``heartbeat.max_file_mb``)."""
-        path = self.run_dir / heartbeat_file_name(*key)
-        line = dumps_line(record).encode("utf-8")
+        key = (record.rank, record.pid)
+        path = self.layout.heartbeat(*key)
+        line = dumps_line(record.to_dict()).encode("utf-8")
         size, first = self._mirror_files.get(key, (-1, b""))
         if size < 0:
             try:
@@ -284,7 +334,7 @@ class JobMonitor:
     def _cross_rank_perf(self) -> None:
         latest: dict[int, int] = {}
         for rank, state in self.rules.ranks.items():
-            perf = (state.record or {}).get("perf")
+            perf = state.record.perf if state.record is not None else None
             if not perf:
                 continue
             step = self.perf_ranks.add(rank, perf)
@@ -294,29 +344,24 @@ class JobMonitor:
             world = self.rules.world_size()
             lines = self.perf_ranks.complete(world, latest if len(latest) >= world else {})
             if lines:
-                append_jsonl(self.run_dir / PERF_RANKS_FILE, lines)
+                append_jsonl(self.layout.perf_ranks, lines)
 
     def _mark_vanished(self, now: float) -> None:
         for state in self.rules.ranks.values():
             rec = state.record
-            if (
-                rec is None
-                or rec.get("event") == "process_end"
-                or rec.get("hostname") != self.hostname
-                or state.pid is None
-            ):
+            if rec is None or rec.ended or rec.hostname != self.hostname:
                 continue
-            if not pid_running(state.pid):
-                self.rules.ingest(vanished_record(rec), now)
+            if not pid_running(rec.pid):
+                self.rules.ingest(rec.vanished(time.time_ns()), now)
 
     def _read_health(self, now: float) -> None:
         with os.scandir(self.run_dir) as it:
             for entry in it:
-                name = entry.name
-                if not (name.startswith(_HEALTH_PREFIX) and name.endswith(".json")):
+                match = HEALTH_FILE_RE.match(entry.name)
+                if match is None:
                     continue
+                node_rank = int(match.group(1))
                 try:
-                    node_rank = int(name[len(_HEALTH_PREFIX) : -5])
                     mtime = entry.stat().st_mtime
                 except (ValueError, FileNotFoundError):
                     continue
@@ -329,18 +374,19 @@ class JobMonitor:
                     continue
                 self._health[node_rank] = (snapshot, mtime, now)
 
-    def _health_for(self, record: dict[str, Any]) -> dict[str, Any] | None:
-        node = record.get("node_rank")
-        known = self._health.get(int(node)) if node is not None else None
-        gpu = record.get("gpu")
+    def _health_for(self, record: HeartbeatRecord) -> dict[str, Any] | None:
+        node = record.node_rank
+        known = self._health.get(node) if node is not None else None
+        gpu = record.gpu
         if known is None or not gpu:
             return None
+        # Inside: rankguard.health imports the heartbeat package's config (a cycle).
         from rankguard.health import gpu_for_rank
 
         snapshot, _, seen = known
         entry = gpu_for_rank(
             snapshot,
-            str(record.get("hostname")),
+            str(record.hostname),
             gpu.get("uuid") or gpu.get("token"),
             gpu.get("ordinal"),
         )
@@ -352,27 +398,29 @@ class JobMonitor:
     # ---- status ---------------------------------------------------------------------
 
     def _rank_row(self, s: RankState) -> dict[str, Any]:
-        rec = s.record or {}
+        rec = s.record
+        if rec is None:
+            return _empty_row(s)
         return {
             "rank": s.rank,
             "pid": s.pid,
-            "hostname": rec.get("hostname"),
-            "node_rank": rec.get("node_rank"),
-            "local_rank": rec.get("local_rank"),
+            "hostname": rec.hostname,
+            "node_rank": rec.node_rank,
+            "local_rank": rec.local_rank,
             "process_liveness": s.liveness.value,
             "gpu_progress": s.progress.value,
-            "iteration": rec.get("iteration"),
-            "progress_seq": rec.get("progress_seq"),
-            "phase": rec.get("phase"),
-            "checkpoint_active": bool(rec.get("checkpoint_active")),
+            "iteration": rec.iteration,
+            "progress_seq": rec.progress_seq,
+            "phase": rec.phase,
+            "checkpoint_active": rec.checkpoint_active,
             "heartbeat_age_s": _round(s.heartbeat_age_s),
             "progress_age_s": _round(s.progress_age_s),
-            "progress_source": rec.get("progress_source"),
-            "perf": _perf_row(rec.get("perf")),
-            "gpu": rec.get("gpu"),
+            "progress_source": rec.progress_source,
+            "perf": _perf_row(rec.perf),
+            "gpu": rec.gpu,
             "gpu_health": s.gpu_health,
-            "exit": rec.get("exit"),
-            "active_findings": sorted(s.active),
+            "exit": rec.exit,
+            "active_findings": sorted(t.value for t in s.active),
             "blocked_by": list(s.blocked_by),
         }
 
@@ -435,6 +483,8 @@ class JobMonitor:
                 "last_scan_s": round(self.last_scan_s, 6),
                 "expected_world_size": world,
                 "ignored_records": rules.ignored_records,
+                "last_ignored": rules.last_ignored,
+                "sink_errors": self.sink_errors,
                 "config": self.config_snapshot,
             },
             "summary": {
@@ -448,10 +498,40 @@ class JobMonitor:
             "ranks": rows,
             "gpu_health": health,
             "perf": self._perf_status(),
-            "stragglers": self.straggler.report if self.straggler is not None else None,
+            **{e.name: e.status() for e in self._evaluators},
             "recent_findings": list(self.recent_findings),
-            **self.extra_status,
+            **self._extra_status(),
         }
+
+    def _extra_status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for source in self._status_sources:
+            try:
+                out.update(source.status_fields())
+            except Exception:
+                self.sink_errors += 1
+                logger.exception("rankguard monitor: status source failed")
+        return out
+
+
+def _empty_row(s: RankState) -> dict[str, Any]:
+    """A rank not seen yet (same keys as a seen one)."""
+    return {
+        "rank": s.rank,
+        "pid": s.pid,
+        **dict.fromkeys(("hostname", "node_rank", "local_rank"), None),
+        "process_liveness": s.liveness.value,
+        "gpu_progress": s.progress.value,
+        **dict.fromkeys(("iteration", "progress_seq", "phase"), None),
+        "checkpoint_active": False,
+        "heartbeat_age_s": _round(s.heartbeat_age_s),
+        "progress_age_s": _round(s.progress_age_s),
+        **dict.fromkeys(("progress_source", "perf", "gpu"), None),
+        "gpu_health": s.gpu_health,
+        "exit": None,
+        "active_findings": [],
+        "blocked_by": [],
+    }
 
 
 def _perf_row(perf: Any) -> dict[str, Any] | None:

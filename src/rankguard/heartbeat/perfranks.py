@@ -14,9 +14,9 @@ import math
 import statistics
 from typing import Any
 
-__all__ = ["PERF_RANKS_FILE", "PerfRanks"]
+from rankguard.schema.layout import PERF_RANKS_FILE
 
-PERF_RANKS_FILE = "perf_ranks.jsonl"
+__all__ = ["PERF_RANKS_FILE", "PerfRanks"]
 
 
 class PerfRanks:

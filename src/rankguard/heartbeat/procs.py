@@ -7,10 +7,8 @@ A zombie (exited, not yet reaped by the launcher) counts as gone; a stopped proc
 from __future__ import annotations
 
 import os
-import time
-from typing import Any
 
-__all__ = ["pid_running", "process_state", "vanished_record"]
+__all__ = ["pid_running", "process_state"]
 
 
 def process_state(pid: int) -> str | None:
@@ -41,19 +39,3 @@ def pid_running(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def vanished_record(last: dict[str, Any]) -> dict[str, Any]:
-    """A ``process_end`` written on behalf of a process that died without one."""
-    rec = dict(last)
-    rec["event"] = "process_end"
-    rec["seq"] = int(last.get("seq", 0)) + 1
-    rec["synthesized"] = True
-    rec["wall_time_ns"] = time.time_ns()
-    rec["exit"] = {
-        "clean": False,
-        "exit_code": None,
-        "error": "process vanished without process_end (killed by a signal or hard crash)",
-        "vanished": True,
-    }
-    return rec

@@ -25,8 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from rankguard._fs import dumps_line, rotate_jsonl
+from rankguard.heartbeat.identity import RankIdentity
 from rankguard.heartbeat.progress import ProgressTracker
-from rankguard.heartbeat.records import Event, RankIdentity, heartbeat_file_name
+from rankguard.schema.layout import heartbeat_file_name
+from rankguard.schema.records import Event
 
 __all__ = ["HeartbeatPublisher"]
 

@@ -28,44 +28,26 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rankguard.heartbeat.procs import pid_running, vanished_record
-from rankguard.heartbeat.records import HEARTBEAT_FILE_RE
+from rankguard.heartbeat.procs import pid_running
 from rankguard.heartbeat.tailer import JsonlTailer
+from rankguard.schema.layout import HEARTBEAT_FILE_RE, RunLayout, StoreKeys
+from rankguard.schema.records import Event, HeartbeatRecord, RecordError, supersedes
 
-__all__ = ["StoreRelay", "StoreRemoteSource", "store_prefix"]
+__all__ = ["StoreRelay", "StoreRemoteSource", "publish_control", "request_kill"]
 
 logger = logging.getLogger(__name__)
 
 
-def store_prefix(run_id: str) -> str:
-    return f"rankguard/{run_id}/"
-
-
-def _node_key(run_id: str, node_rank: int) -> str:
-    return f"{store_prefix(run_id)}hb/node/{node_rank}"
-
-
-def _done_key(run_id: str, node_rank: int) -> str:
-    return f"{store_prefix(run_id)}done/node/{node_rank}"
-
-
-def _kill_key(run_id: str, node_rank: int) -> str:
-    return f"{store_prefix(run_id)}kill/node/{node_rank}"
-
-
-def _control_key(run_id: str) -> str:
-    return f"{store_prefix(run_id)}control"
-
-
 def publish_control(store: Any, run_id: str, stop_at_step: int, reason: str) -> None:
     """Node 0: tell the other nodes' relays to write ``control.json`` for their ranks."""
-    store.set(_control_key(run_id), json.dumps({"stop_at_step": stop_at_step, "reason": reason}))
+    payload = json.dumps({"stop_at_step": stop_at_step, "reason": reason})
+    store.set(StoreKeys(run_id).control, payload)
 
 
 def request_kill(store: Any, run_id: str, node_rank: int, targets: list[dict[str, Any]]) -> None:
     """Node 0: ask node ``node_rank``'s relay to dump the stacks of ``targets`` (dicts
     with rank, pid) and SIGKILL those marked ``kill``."""
-    store.set(_kill_key(run_id, node_rank), json.dumps(targets))
+    store.set(StoreKeys(run_id).kill(node_rank), json.dumps(targets))
 
 
 class StoreRelay:
@@ -76,12 +58,16 @@ class StoreRelay:
     ) -> None:
         self.store = store
         self.run_dir = Path(run_dir)
+        self.layout = RunLayout(self.run_dir)
+        self.keys = StoreKeys(run_id)
         self.run_id = run_id
         self.node_rank = node_rank
         self.interval_s = interval_s
         self.pushes = 0
         self.errors = 0
-        self._latest: dict[int, dict[str, Any]] = {}
+        self.ignored_records = 0
+        self._latest: dict[int, HeartbeatRecord] = {}
+        self._started: dict[int, int] = {}  # rank -> start time (ns) of its latest process
         self._tailers: dict[str, JsonlTailer] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -98,7 +84,7 @@ class StoreRelay:
             self._thread.join(timeout=30)
         self.push_once()
         try:
-            self.store.set(_done_key(self.run_id, self.node_rank), b"1")
+            self.store.set(self.keys.done(self.node_rank), b"1")
         except Exception as exc:
             logger.warning("rankguard relay: cannot mark node %d done: %s", self.node_rank, exc)
 
@@ -112,27 +98,33 @@ class StoreRelay:
                 if not HEARTBEAT_FILE_RE.match(entry.name):
                     continue
                 tailer = self._tailers.setdefault(entry.name, JsonlTailer(entry.path))
-                for rec in tailer.read():
-                    if rec.get("run_id") != self.run_id:
-                        continue
-                    rank = int(rec.get("rank", -1))
-                    old = self._latest.get(rank)
-                    if old is None or old.get("pid") != rec.get("pid"):
-                        if old is not None and int(rec.get("wall_time_ns") or 0) < int(
-                            old.get("wall_time_ns") or 0
-                        ):
-                            continue  # a late line of a replaced process
-                        self._latest[rank] = rec
-                    elif int(rec.get("seq", 0)) > int(old.get("seq", 0)) or (
-                        old.get("synthesized") and rec.get("event") == "process_end"
-                    ):
-                        self._latest[rank] = rec
+                for raw in tailer.read():
+                    self._offer(raw)
         for rank, rec in list(self._latest.items()):
-            if rec.get("event") != "process_end" and not pid_running(int(rec["pid"])):
-                self._latest[rank] = vanished_record(rec)
+            if not rec.ended and not pid_running(rec.pid):
+                self._latest[rank] = rec.vanished(time.time_ns())
+
+    def _offer(self, raw: dict[str, Any]) -> None:
+        """Keep ``raw`` if it is this run's newest record of its rank (the rules'
+        :func:`~rankguard.schema.records.supersedes`); bad records are counted."""
+        try:
+            rec = HeartbeatRecord.from_dict(raw)
+        except RecordError as exc:
+            self.ignored_records += 1
+            if self.ignored_records == 1:
+                logger.warning("rankguard relay: invalid heartbeat record skipped: %s", exc)
+            return
+        if rec.run_id != self.run_id:
+            return
+        old = self._latest.get(rec.rank)
+        if not supersedes(rec, old, old_start_ns=self._started.get(rec.rank)):
+            return
+        if old is None or old.pid != rec.pid or rec.event is Event.PROCESS_START:
+            self._started[rec.rank] = rec.wall_time_ns
+        self._latest[rec.rank] = rec
 
     def _health(self) -> dict[str, Any] | None:
-        path = self.run_dir / f"gpu_health_node_{self.node_rank}.json"
+        path = self.layout.health(self.node_rank)
         try:
             snapshot: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
             return snapshot
@@ -140,7 +132,7 @@ class StoreRelay:
             return None
 
     def _serve_kill_requests(self) -> None:
-        key = _kill_key(self.run_id, self.node_rank)
+        key = self.keys.kill(self.node_rank)
         if not self.store.check([key]):
             return
         targets = json.loads(self.store.get(key))
@@ -158,7 +150,7 @@ class StoreRelay:
                     os.kill(int(target["pid"]), signal.SIGKILL)
 
     def _mirror_control(self) -> None:
-        key = _control_key(self.run_id)
+        key = self.keys.control
         if self._control_done or not self.store.check([key]):
             return
         from rankguard.agree import write_control
@@ -182,13 +174,13 @@ class StoreRelay:
             records = [
                 # How old each record already is (same host's clock as its writer), so
                 # node 0 ages it from its creation, not from its arrival.
-                {**rec, "relayed_age_s": max(0.0, (now - int(rec["monotonic_ns"])) / 1e9)}
-                if rec.get("monotonic_ns") and not rec.get("synthesized")
-                else rec
+                {**rec.to_dict(), "relayed_age_s": max(0.0, (now - rec.monotonic_ns) / 1e9)}
+                if rec.monotonic_ns and not rec.synthesized
+                else rec.to_dict()
                 for rec in self._latest.values()
             ]
             payload = {"records": records, "health": self._health()}
-            self.store.set(_node_key(self.run_id, self.node_rank), json.dumps(payload))
+            self.store.set(self.keys.heartbeats(self.node_rank), json.dumps(payload))
             self.pushes += 1
         except Exception as exc:
             self.errors += 1
@@ -202,13 +194,14 @@ class StoreRemoteSource:
     def __init__(self, store: Any, run_id: str, nnodes: int) -> None:
         self.store = store
         self.run_id = run_id
+        self.keys = StoreKeys(run_id)
         self.nodes = list(range(1, nnodes))
 
     def fetch(self) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]:
         records: list[dict[str, Any]] = []
         health: dict[int, dict[str, Any]] = {}
         for node in self.nodes:
-            key = _node_key(self.run_id, node)
+            key = self.keys.heartbeats(node)
             if not self.store.check([key]):
                 continue
             payload = json.loads(self.store.get(key))
@@ -219,6 +212,6 @@ class StoreRemoteSource:
 
     def nodes_done(self) -> bool:
         try:
-            return bool(self.store.check([_done_key(self.run_id, n) for n in self.nodes]))
+            return bool(self.store.check([self.keys.done(n) for n in self.nodes]))
         except Exception:
             return True  # the store is gone: nothing more can arrive

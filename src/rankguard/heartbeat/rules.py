@@ -22,57 +22,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 from rankguard.heartbeat.config import HeartbeatConfig
-from rankguard.heartbeat.records import SCHEMA_VERSION
+from rankguard.schema.findings import Finding, FindingType, Liveness, Progress, Reason
+from rankguard.schema.records import MAX_RANKS, Event, HeartbeatRecord, RecordError, supersedes
 
 __all__ = ["FindingType", "HeartbeatRules", "Liveness", "Progress", "RankState", "Reason"]
-
-
-class Liveness(str, Enum):
-    NOT_OBSERVED = "not_observed"
-    ALIVE = "alive"
-    STALE = "stale"
-    EXITED = "exited"
-
-
-class Progress(str, Enum):
-    NOT_OBSERVED = "not_observed"
-    STARTING = "starting"
-    PROGRESSING = "progressing"
-    STALLED = "stalled"
-    UNKNOWN = "unknown"
-    COMPLETED = "completed"
-
-
-class FindingType(str, Enum):
-    PROCESS_TIMEOUT = "rank_process_heartbeat_timeout"
-    PROGRESS_TIMEOUT = "gpu_progress_timeout"
-    PROCESS_EXITED = "rank_process_exited"
-    HEALTH_FAILURE = "gpu_hardware_health_failure"
-    HEALTH_WARNING = "gpu_hardware_health_warning"
-    SECTION_TIMEOUT = "rank_section_timeout"
-
-
-class Reason(str, Enum):
-    NEVER_OBSERVED = "rank_process_heartbeat_never_observed"
-    UNRESPONSIVE = "rank_process_or_heartbeat_thread_unresponsive"
-    NOT_ADVANCING = "rank_alive_but_gpu_progress_not_advancing"
-    EXITED_WITH_ERROR = "rank_process_exited_with_error"
-    DIED = "rank_process_died_without_process_end"
-    GPU_UNHEALTHY = "gpu_unhealthy"
-    GPU_WARNING = "gpu_warning"
-    SECTION_EXCEEDED = "rank_section_exceeded_its_timeout"
-    OUT_OF_SECTION = "rank_out_of_section_too_long"
 
 
 @dataclass(slots=True)
 class RankState:
     rank: int
     pid: int | None = None
-    record: dict[str, Any] | None = None  # latest record of the current pid
+    record: HeartbeatRecord | None = None  # latest record of the current pid
     seen_at: float | None = None  # monitor clock when ``record`` was first seen
     start_wall_ns: int | None = None
     liveness: Liveness = Liveness.NOT_OBSERVED
@@ -80,7 +43,7 @@ class RankState:
     heartbeat_age_s: float | None = None
     progress_age_s: float | None = None
     gpu_health: dict[str, Any] | None = None
-    active: set[str] = field(default_factory=set)  # finding types active for this pid
+    active: set[FindingType] = field(default_factory=set)  # finding types active for this pid
     blocked_by: list[int] = field(default_factory=list)  # culprits a stalled rank waits on
     stall: tuple[float, float] | None = None  # (timeout, age) while over the progress timeout
     culprits_gone_at: float | None = None  # when the ranks a victim waited on recovered
@@ -100,7 +63,7 @@ class RankState:
         self.culprits_gone_at = None
 
 
-HealthLookup = Callable[[dict[str, Any]], dict[str, Any] | None]
+HealthLookup = Callable[[HeartbeatRecord], dict[str, Any] | None]
 
 
 class HeartbeatRules:
@@ -128,6 +91,7 @@ class HeartbeatRules:
         self.started_at = started_at
         self.ranks: dict[int, RankState] = {}
         self.ignored_records = 0
+        self.last_ignored: str | None = None
         self.findings_total = 0
         self._never_seen_fired: set[int] = set()
         self._first_sighting: float | None = None
@@ -140,59 +104,65 @@ class HeartbeatRules:
     def world_size(self) -> int:
         if self.expected_world_size:
             return self.expected_world_size
-        sizes = [int(s.record.get("world_size") or 0) for s in self.ranks.values() if s.record]
+        sizes = [s.record.world_size or 0 for s in self.ranks.values() if s.record]
         return max(sizes, default=0)
 
-    def ingest(self, record: dict[str, Any], now: float) -> bool:
-        """Apply one record; False when it is ignored (other run, old pid, duplicate)."""
-        if record.get("run_id") != self.run_id:
-            self.ignored_records += 1
+    def accept(self, raw: dict[str, Any] | HeartbeatRecord) -> HeartbeatRecord | None:
+        """The record typed and checked against this job, or None (counted in
+        ``ignored_records``, the latest reason in ``last_ignored``) when it is invalid,
+        of another run or of a rank outside the job."""
+        if isinstance(raw, HeartbeatRecord):
+            record = raw
+        else:
+            try:
+                record = HeartbeatRecord.from_dict(
+                    raw, max_ranks=self.expected_world_size or MAX_RANKS
+                )
+            except RecordError as exc:
+                self._ignore(f"invalid record: {exc}")
+                return None
+        if record.run_id != self.run_id:
+            self._ignore(f"record of another run ({record.run_id[:64]!r})")
+            return None
+        if self.expected_world_size and record.rank >= self.expected_world_size:
+            self._ignore(f"rank {record.rank} outside the job")
+            return None
+        return record
+
+    def _ignore(self, why: str) -> None:
+        self.ignored_records += 1
+        self.last_ignored = why
+
+    def ingest(self, raw: dict[str, Any] | HeartbeatRecord, now: float) -> bool:
+        """Apply one record; False when it is ignored (invalid, other run, old pid,
+        duplicate). Never raises for a bad record."""
+        record = self.accept(raw)
+        if record is None:
             return False
-        try:
-            rank = int(record["rank"])
-            pid = int(record["pid"])
-        except (KeyError, TypeError, ValueError):
-            self.ignored_records += 1
-            return False
+        rank = record.rank
         state = self.ranks.get(rank)
         if state is None:
             state = self.ranks[rank] = RankState(rank=rank)
-        if state.pid != pid:
-            if state.pid is not None and not self._is_newer_process(state, record):
-                self.ignored_records += 1
-                return False
+        if not supersedes(record, state.record, old_start_ns=state.start_wall_ns):
+            if state.record is not None and record.pid != state.record.pid:
+                self._ignore(f"late record of a replaced process of rank {rank}")
+            return False
+        if state.pid != record.pid or (
+            state.record is not None and state.record.hostname != record.hostname
+        ):
             had_process = state.pid is not None
-            state.reset(pid)
+            state.reset(record.pid)
             if self.first_failure is not None and self.first_failure[0] == rank:
                 self.first_failure = None  # the failed rank was restarted: episode over
             if had_process:
                 self.restarting = None  # the new worker group is up
-        old = state.record
-        if old is not None:
-            own_end = record.get("event") == "process_end" and not record.get("synthesized")
-            if old.get("event") == "process_end":
-                # An ended process stays ended; only its own end record may replace
-                # one synthesized for it (the relay or the pid check was faster).
-                if not (old.get("synthesized") and own_end):
-                    return False
-            elif int(record.get("seq", 0)) <= int(old.get("seq", 0)):
-                return False
         state.record = record
         state.seen_at = now
         if self._first_sighting is None:
             self._first_sighting = now
-        if record.get("event") == "process_start" or state.start_wall_ns is None:
-            state.start_wall_ns = int(record.get("wall_time_ns") or 0)
+        if record.event is Event.PROCESS_START or state.start_wall_ns is None:
+            state.start_wall_ns = record.wall_time_ns
         return True
-
-    @staticmethod
-    def _is_newer_process(state: RankState, record: dict[str, Any]) -> bool:
-        old = state.record
-        if old is None:
-            return True
-        if old.get("hostname") != record.get("hostname"):
-            return True  # a rank moved hosts: arrival order is all we can trust
-        return int(record.get("wall_time_ns") or 0) >= int(state.start_wall_ns or 0)
 
     def note_restart(self, reason: str) -> None:
         """The worker group is being restarted: exits until new processes appear are
@@ -207,8 +177,8 @@ class HeartbeatRules:
 
     # ---- verdicts -------------------------------------------------------------------
 
-    def evaluate(self, now: float, health_for: HealthLookup | None = None) -> list[dict[str, Any]]:
-        findings: list[dict[str, Any]] = []
+    def evaluate(self, now: float, health_for: HealthLookup | None = None) -> list[Finding]:
+        findings: list[Finding] = []
         world = self.world_size()
         # Workers start after the rendezvous, which may take long on many nodes: the
         # initial timeout runs from the first rank seen (or from the monitor's start
@@ -231,7 +201,7 @@ class HeartbeatRules:
         self.findings_total += len(findings)
         return findings
 
-    def _attribute_stalls(self, now: float) -> list[dict[str, Any]]:
+    def _attribute_stalls(self, now: float) -> list[Finding]:
         """Name the culprit of a stall, not its victims.
 
         In a synchronous job one stuck rank stops every other rank at its next
@@ -247,21 +217,21 @@ class HeartbeatRules:
         stalled = [s for s in self.ranks.values() if s.stall is not None]
         if not stalled:
             return []
-        dead = {FindingType.PROCESS_TIMEOUT.value, FindingType.PROCESS_EXITED.value}
+        dead = {FindingType.PROCESS_TIMEOUT, FindingType.PROCESS_EXITED}
         down = [s.rank for s in self.ranks.values() if s.active & dead]
         flagged = [
             (s.rank, _seq(s))
             for s in self.ranks.values()
-            if FindingType.PROGRESS_TIMEOUT.value in s.active
+            if FindingType.PROGRESS_TIMEOUT in s.active
         ]
         # Furthest behind among live ranks: a stalled rank ahead of a live rank is
         # waiting for it, even before that rank crosses its own timeout (its records
         # may come later, through the relay of another node).
         live = [s for s in self.ranks.values() if s.liveness is Liveness.ALIVE]
         lowest = min(_seq(s) for s in live or stalled)
-        out: list[dict[str, Any]] = []
+        out: list[Finding] = []
         for s in sorted(stalled, key=lambda st: st.rank):
-            if FindingType.PROGRESS_TIMEOUT.value in s.active:
+            if FindingType.PROGRESS_TIMEOUT in s.active:
                 continue
             # Culprits: ranks down, or flagged as stalled further behind than this one.
             others = [r for r in down if r != s.rank]
@@ -281,32 +251,32 @@ class HeartbeatRules:
             self._fire(s, FindingType.PROGRESS_TIMEOUT, Reason.NOT_ADVANCING, timeout, age, out)
         return out
 
-    def _evaluate_rank(self, s: RankState, now: float) -> list[dict[str, Any]]:
+    def _evaluate_rank(self, s: RankState, now: float) -> list[Finding]:
         rec = s.record
         assert rec is not None and s.seen_at is not None
         cfg = self.cfg
-        out: list[dict[str, Any]] = []
+        out: list[Finding] = []
         hb_age = now - s.seen_at
         s.heartbeat_age_s = hb_age
-        since = rec.get("since_progress_s")
-        s.progress_age_s = hb_age + float(since) if since is not None else None
+        since = rec.since_progress_s
+        s.progress_age_s = hb_age + since if since is not None else None
 
-        if rec.get("event") == "process_end":
-            exit_info = rec.get("exit") or {}
+        if rec.ended:
+            exit_info = rec.exit or {}
             s.liveness = Liveness.EXITED
             s.stall = None
             s.blocked_by = []
             clean = bool(exit_info.get("clean", True))
             s.progress = Progress.COMPLETED if clean else Progress.UNKNOWN
             self._clear(s, FindingType.PROCESS_TIMEOUT, FindingType.PROGRESS_TIMEOUT)
-            if not clean and FindingType.PROCESS_EXITED.value not in s.active:
+            if not clean and FindingType.PROCESS_EXITED not in s.active:
                 if self.shutdown is not None:
-                    s.active.add(FindingType.PROCESS_EXITED.value)
-                    s.record = {**rec, "exit": {**exit_info, "after_shutdown": self.shutdown}}
+                    s.active.add(FindingType.PROCESS_EXITED)
+                    s.record = rec.with_exit(after_shutdown=self.shutdown)
                     return out
                 if self.restarting is not None:
-                    s.active.add(FindingType.PROCESS_EXITED.value)
-                    s.record = {**rec, "exit": {**exit_info, "after_restart": self.restarting}}
+                    s.active.add(FindingType.PROCESS_EXITED)
+                    s.record = rec.with_exit(after_restart=self.restarting)
                     return out
                 first = self.first_failure
                 if (
@@ -315,8 +285,8 @@ class HeartbeatRules:
                     and now - first[1] <= cfg.process_timeout_s
                 ):
                     # Terminated as a consequence of the first failure: state only.
-                    s.active.add(FindingType.PROCESS_EXITED.value)
-                    s.record = {**rec, "exit": {**exit_info, "after_failure_of_rank": first[0]}}
+                    s.active.add(FindingType.PROCESS_EXITED)
+                    s.record = rec.with_exit(after_failure_of_rank=first[0])
                     return out
                 if first is None:
                     self.first_failure = (s.rank, now)
@@ -324,7 +294,7 @@ class HeartbeatRules:
                 self._fire(s, FindingType.PROCESS_EXITED, reason, None, None, out)
             return out
 
-        ckpt = bool(rec.get("checkpoint_active"))
+        ckpt = rec.checkpoint_active
         process_timeout = cfg.checkpoint_timeout_s if ckpt else cfg.process_timeout_s
         if hb_age > process_timeout:
             s.liveness = Liveness.STALE
@@ -340,9 +310,9 @@ class HeartbeatRules:
         s.liveness = Liveness.ALIVE
         self._clear(s, FindingType.PROCESS_TIMEOUT)
 
-        started = int(rec.get("progress_seq") or 0) > 0
+        started = rec.progress_seq > 0
         sections = self.section_timeouts
-        phase = str(rec.get("phase") or "")
+        phase = rec.phase or ""
         if ckpt:
             progress_timeout = sections.get("checkpointing", cfg.checkpoint_timeout_s)
         elif not started:
@@ -376,9 +346,10 @@ class HeartbeatRules:
         return out + self._check_health(s)
 
     def _check_section(
-        self, s: RankState, phase: str, timeout: float, hb_age: float, out: list[dict[str, Any]]
+        self, s: RankState, phase: str, timeout: float, hb_age: float, out: list[Finding]
     ) -> None:
-        elapsed = float((s.record or {}).get("phase_elapsed_s") or 0.0) + hb_age
+        assert s.record is not None
+        elapsed = (s.record.phase_elapsed_s or 0.0) + hb_age
         if elapsed > timeout:
             reason = (
                 Reason.SECTION_EXCEEDED if phase in self.section_timeouts else Reason.OUT_OF_SECTION
@@ -387,8 +358,8 @@ class HeartbeatRules:
         else:
             self._clear(s, FindingType.SECTION_TIMEOUT)
 
-    def _check_health(self, s: RankState) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
+    def _check_health(self, s: RankState) -> list[Finding]:
+        out: list[Finding] = []
         health = s.gpu_health or {}
         verdict = None if health.get("stale") else health.get("health")
         if verdict == "unhealthy":
@@ -406,7 +377,7 @@ class HeartbeatRules:
     @staticmethod
     def _clear(s: RankState, *types: FindingType) -> None:
         for t in types:
-            s.active.discard(t.value)
+            s.active.discard(t)
 
     def _fire(
         self,
@@ -415,73 +386,70 @@ class HeartbeatRules:
         reason: Reason,
         timeout_s: float | None,
         observed_s: float | None,
-        out: list[dict[str, Any]],
+        out: list[Finding],
     ) -> None:
-        if ftype.value in s.active:
+        if ftype in s.active:
             return
-        s.active.add(ftype.value)
-        rec = s.record or {}
-        out.append(
-            {
-                "schema_version": SCHEMA_VERSION,
-                "run_id": self.run_id,
-                "finding_type": ftype.value,
-                "rank": s.rank,
-                "pid": s.pid,
-                "hostname": rec.get("hostname"),
-                "node_rank": rec.get("node_rank"),
-                "local_rank": rec.get("local_rank"),
-                "process_liveness": s.liveness.value,
-                "gpu_progress": s.progress.value,
-                "reason": reason.value,
-                "phase": rec.get("phase"),
-                "iteration": rec.get("iteration"),
-                "checkpoint_active": bool(rec.get("checkpoint_active")),
-                "timeout_s": timeout_s,
-                "observed_s": None if observed_s is None else round(observed_s, 3),
-                "gpu": rec.get("gpu"),
-                "gpu_health": s.gpu_health,
-                "exit": rec.get("exit"),
-                "main_frame": rec.get("main_frame"),
-                "message": _message(ftype, reason, s, timeout_s, observed_s),
-            }
+        s.active.add(ftype)
+        out.append(self.finding(s, ftype, reason, timeout_s, observed_s))
+
+    def finding(
+        self,
+        s: RankState,
+        ftype: FindingType,
+        reason: Reason,
+        timeout_s: float | None,
+        observed_s: float | None,
+        message: str | None = None,
+    ) -> Finding:
+        """The finding about rank ``s`` as the monitor sees it now (the one builder)."""
+        rec = s.record
+        return Finding(
+            finding_type=ftype,
+            run_id=self.run_id,
+            rank=s.rank,
+            reason=reason,
+            message=message or _message(ftype, reason, s, timeout_s, observed_s),
+            pid=s.pid,
+            hostname=rec.hostname if rec else None,
+            node_rank=rec.node_rank if rec else None,
+            local_rank=rec.local_rank if rec else None,
+            process_liveness=s.liveness,
+            gpu_progress=s.progress,
+            phase=rec.phase if rec else None,
+            iteration=rec.iteration if rec else None,
+            checkpoint_active=rec.checkpoint_active if rec else False,
+            timeout_s=timeout_s,
+            observed_s=None if observed_s is None else round(observed_s, 3),
+            gpu=rec.gpu if rec else None,
+            gpu_health=s.gpu_health,
+            exit=rec.exit if rec else None,
+            main_frame=rec.main_frame if rec else None,
         )
 
-    def _never_seen(self, rank: int, waited: float) -> dict[str, Any]:
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "run_id": self.run_id,
-            "finding_type": FindingType.PROCESS_TIMEOUT.value,
-            "rank": rank,
-            "pid": None,
-            "hostname": None,
-            "node_rank": None,
-            "local_rank": None,
-            "process_liveness": Liveness.NOT_OBSERVED.value,
-            "gpu_progress": Progress.NOT_OBSERVED.value,
-            "reason": Reason.NEVER_OBSERVED.value,
-            "phase": None,
-            "iteration": None,
-            "checkpoint_active": False,
-            "timeout_s": self.cfg.initial_process_timeout_s,
-            "observed_s": round(waited, 3),
-            "gpu": None,
-            "gpu_health": None,
-            "exit": None,
-            "message": f"rank {rank} has published no heartbeat {waited:.1f}s after the "
-            f"job's first rank was seen (initial_process_timeout_s="
-            f"{self.cfg.initial_process_timeout_s:g})",
-        }
+    def _never_seen(self, rank: int, waited: float) -> Finding:
+        timeout = self.cfg.initial_process_timeout_s
+        return self.finding(
+            RankState(rank=rank),
+            FindingType.PROCESS_TIMEOUT,
+            Reason.NEVER_OBSERVED,
+            timeout,
+            waited,
+            message=f"rank {rank} has published no heartbeat {waited:.1f}s after the "
+            f"job's first rank was seen (initial_process_timeout_s={timeout:g})",
+        )
 
 
 def _seq(state: RankState) -> int:
-    return int((state.record or {}).get("progress_seq") or 0)
+    return state.record.progress_seq if state.record is not None else 0
 
 
 def _failure_order(state: RankState) -> tuple[bool, int]:
     """Error exits before vanished processes, each by time of the end record."""
-    rec = state.record or {}
-    return bool((rec.get("exit") or {}).get("vanished")), int(rec.get("wall_time_ns") or 0)
+    rec = state.record
+    if rec is None:
+        return False, 0
+    return bool((rec.exit or {}).get("vanished")), rec.wall_time_ns
 
 
 def _message(
@@ -491,9 +459,10 @@ def _message(
     timeout_s: float | None,
     observed_s: float | None,
 ) -> str:
-    rec = s.record or {}
-    who = f"rank {s.rank} (pid {s.pid} on {rec.get('hostname')})"
-    where = f"phase {rec.get('phase')}, iteration {rec.get('iteration')}"
+    rec = s.record
+    assert rec is not None
+    who = f"rank {s.rank} (pid {s.pid} on {rec.hostname})"
+    where = f"phase {rec.phase}, iteration {rec.iteration}"
     if ftype is FindingType.PROCESS_TIMEOUT:
         return (
             f"{who}: no heartbeat for {observed_s:.1f}s > {timeout_s:g}s; the process or "
@@ -504,7 +473,7 @@ def _message(
             f"{who}: alive but no step completed for {observed_s:.1f}s > {timeout_s:g}s [{where}]"
         )
     if ftype is FindingType.PROCESS_EXITED:
-        exit_info = rec.get("exit") or {}
+        exit_info = rec.exit or {}
         if reason is Reason.DIED:
             return f"{who}: process vanished without a clean end (killed or crashed) [{where}]"
         return (
@@ -514,8 +483,7 @@ def _message(
     if ftype is FindingType.SECTION_TIMEOUT:
         what = "section" if reason is Reason.SECTION_EXCEEDED else "out-of-section phase"
         return (
-            f"{who}: {what} {rec.get('phase')!r} has lasted {observed_s:.1f}s > "
-            f"{timeout_s:g}s [{where}]"
+            f"{who}: {what} {rec.phase!r} has lasted {observed_s:.1f}s > {timeout_s:g}s [{where}]"
         )
     problems = ", ".join((s.gpu_health or {}).get("problems") or []) or "see gpu_health"
     level = "unhealthy" if ftype is FindingType.HEALTH_FAILURE else "warning"

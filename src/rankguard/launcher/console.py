@@ -12,6 +12,9 @@ import time
 from collections import Counter
 from typing import Any
 
+from rankguard.heartbeat.monitor import FindingSink, JobMonitor
+from rankguard.schema.findings import Finding
+
 __all__ = ["LiveStatus", "status_line"]
 
 
@@ -32,8 +35,10 @@ def status_line(status: dict[str, Any]) -> str:
     )
 
 
-class LiveStatus:
-    def __init__(self, monitor: Any, interval_s: float = 1.0, stream: Any = None) -> None:
+class LiveStatus(FindingSink):
+    """The console sink: one line per finding, and the live status line."""
+
+    def __init__(self, monitor: JobMonitor, interval_s: float = 1.0, stream: Any = None) -> None:
         self.monitor = monitor
         self.interval_s = interval_s
         self.stream = stream or sys.stderr
@@ -45,7 +50,7 @@ class LiveStatus:
         self._seen_findings = 0
 
     def start(self) -> None:
-        self.monitor.on_finding.append(self._finding)
+        self.monitor.add_sink(self)
         self._thread = threading.Thread(target=self._loop, name="rankguard-live", daemon=True)
         self._thread.start()
 
@@ -57,10 +62,10 @@ class LiveStatus:
             self.stream.write("\n")
             self.stream.flush()
 
-    def _finding(self, finding: dict[str, Any]) -> None:
+    def after_write(self, finding: Finding) -> None:
         prefix = "\r\033[K" if self.tty else ""
         self.stream.write(
-            f"{prefix}[rankguard] FINDING {finding.get('finding_type')}: {finding.get('message')}\n"
+            f"{prefix}[rankguard] FINDING {finding.finding_type.value}: {finding.message}\n"
         )
         self.stream.flush()
         self._last = ""

@@ -22,9 +22,7 @@ from typing import Any
 
 from rankguard._fs import atomic_write_json
 from rankguard.config import RankguardConfig, config_to_dict, dumps_config
-from rankguard.ft.actions import HANG_FINDINGS
-from rankguard.heartbeat.monitor import FINDINGS_FILE, STATUS_FILE
-from rankguard.heartbeat.records import ENV
+from rankguard.heartbeat.identity import ENV
 from rankguard.launcher.agent import RankguardAgent, first_failure
 from rankguard.launcher.console import LiveStatus
 from rankguard.launcher.exitcodes import (
@@ -38,6 +36,8 @@ from rankguard.launcher.exitcodes import (
 )
 from rankguard.launcher.options import LaunchOptions
 from rankguard.launcher.services import NodeServices
+from rankguard.schema.findings import FindingType
+from rankguard.schema.layout import FINDINGS_FILE, STATUS_FILE
 
 __all__ = ["launch", "run_dir_for"]
 
@@ -351,7 +351,8 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
             return EXIT_FAILED
         if agent.aborted:
             return EXIT_NO_RESTART
-        if cause is not None and cause.get("finding_type") in HANG_FINDINGS:
+        ftype = FindingType.parse(cause.get("finding_type")) if cause is not None else None
+        if ftype is not None and ftype.info.hang:
             return EXIT_HANG
         return EXIT_CRASH
     if services.stop_at is not None:

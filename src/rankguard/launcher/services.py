@@ -11,16 +11,24 @@ training ended.
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rankguard._fs import append_jsonl
+from rankguard.agree import StopAgreement
 from rankguard.config import RankguardConfig, config_to_dict
 from rankguard.heartbeat.monitor import JobMonitor
-from rankguard.heartbeat.relay import StoreRelay, StoreRemoteSource
+from rankguard.heartbeat.relay import StoreRelay, StoreRemoteSource, publish_control, request_kill
+from rankguard.schema.layout import RunLayout, ft_state_dir
+
+if TYPE_CHECKING:
+    from rankguard.exporter.prometheus import MetricsExporter
+    from rankguard.ft.actions import AgentControl, FaultHandler
+    from rankguard.health.collector import HealthCollector
 
 __all__ = ["NodeServices", "ft_state_path"]
 
@@ -28,34 +36,21 @@ logger = logging.getLogger(__name__)
 
 
 def _iso_ms(ts: float) -> str:
-    from datetime import datetime, timezone
-
     return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds")
-
-
-def fastest_step_s(records: list[dict[str, Any]]) -> float | None:
-    """The shortest recent step time any rank shows (the latest perf window, or the
-    average since the first step), so a stop step is far enough ahead for all."""
-    times = []
-    for rec in records:
-        perf = rec.get("perf")
-        if isinstance(perf, dict) and isinstance(perf.get("step_time_ms"), (int, float)):
-            times.append(float(perf["step_time_ms"]) / 1e3)
-        seq, elapsed = rec.get("progress_seq"), rec.get("phase_elapsed_s")
-        if rec.get("phase") == "train" and isinstance(seq, int) and seq > 0 and elapsed:
-            times.append(float(elapsed) / seq)
-    positive = [t for t in times if t > 0]
-    return min(positive) if positive else None
 
 
 def ft_state_path(cfg: RankguardConfig) -> Path:
     """Directory of ``ft_state.json``."""
-    ft = cfg.fault_tolerance
-    return Path(ft.state_dir) if ft.state_dir else Path(cfg.log_dir).resolve() / "ft"
+    return ft_state_dir(cfg.log_dir, cfg.fault_tolerance.state_dir)
 
 
 @dataclass
 class NodeServices:
+    """The services of one node, started by :meth:`start`, ended by :meth:`stop`.
+
+    It is also the monitor's status source for what the launcher knows (``timeouts``
+    in force, ``restarts``)."""
+
     cfg: RankguardConfig
     run_dir: Path
     run_id: str
@@ -63,20 +58,33 @@ class NodeServices:
     nnodes: int
     expected_world_size: int | None
     store: Any = None  # a TCPStore client of the rendezvous store (several nodes)
-    monitor: JobMonitor | None = None
-    relay: StoreRelay | None = None
-    collector: Any = None
-    exporter: Any = None
-    faults: Any = None  # FaultHandler on node 0 with fault tolerance on
     timeouts: dict[str, Any] | None = None  # timeouts in force and their sources
-    stop_at: int | None = None  # the step every rank was asked to stop at
-    restarts: list[dict[str, Any]] | None = None
+    monitor: JobMonitor | None = field(default=None, init=False)
+    relay: StoreRelay | None = field(default=None, init=False)
+    collector: HealthCollector | None = field(default=None, init=False)
+    exporter: MetricsExporter | None = field(default=None, init=False)
+    faults: FaultHandler | None = field(default=None, init=False)  # node 0, fault tolerance
+    agreement: StopAgreement | None = field(default=None, init=False)  # node 0
+    restarts: list[dict[str, Any]] = field(default_factory=list, init=False)
 
     @property
     def relaying(self) -> bool:
         return self.nnodes > 1 and self.cfg.no_shared_fs and self.store is not None
 
-    def attach_agent(self, agent: Any) -> None:
+    @property
+    def stop_at(self) -> int | None:
+        """The step every rank was asked to stop at, if any."""
+        return self.agreement.stop_at if self.agreement is not None else None
+
+    def status_fields(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.timeouts:
+            out["timeouts"] = self.timeouts
+        if self.restarts:
+            out["restarts"] = list(self.restarts)
+        return out
+
+    def attach_agent(self, agent: AgentControl) -> None:
         """Node 0 with fault tolerance: act on findings through the agent."""
         ft = self.cfg.fault_tolerance
         if self.monitor is None or not ft.enable_ft_package:
@@ -85,84 +93,26 @@ class NodeServices:
 
         remote = None
         if self.relaying:
-            from rankguard.heartbeat.relay import request_kill
 
             def remote(node: int, targets: list[dict[str, Any]]) -> None:
                 request_kill(self.store, self.run_id, node, targets)
 
         self.faults = FaultHandler(ft, self.run_dir, self.monitor, agent, remote_kill=remote)
-        self.faults.attach()
-
-    def _save_learned_timeouts(self) -> None:
-        from rankguard.ft.learned import STATE_FILE, learn, load_state, measured_maxima
-
-        assert self.monitor is not None
-        ft = self.cfg.fault_tolerance
-        records = [s.record for s in self.monitor.rules.ranks.values() if s.record]
-        measured = measured_maxima(records)
-        if not measured:
-            logger.warning("rankguard: calc_ft_timeouts: nothing measured, ft_state unchanged")
-            return
-        path = ft_state_path(self.cfg) / STATE_FILE
-        try:
-            previous = load_state(path)
-        except ValueError as exc:
-            logger.warning("rankguard: %s; starting a new one", exc)
-            previous = None
-        state = learn(
-            measured, previous, safety_factor=ft.safety_factor, floor_s=ft.min_learned_timeout_s
-        )
-        from rankguard.ft.learned import save_state
-
-        save_state(path, state)
-        logger.warning(
-            "rankguard: learned timeouts saved in %s: %s", path, json.dumps(state["timeouts"])
-        )
-
-    def _stop_on_straggler(self, finding: dict[str, Any]) -> None:
-        detector = self.monitor.straggler if self.monitor is not None else None
-        if (
-            finding.get("finding_type") != "straggler_detected"
-            or detector is None
-            or not detector.stop_requested  # stop_if_detected decides, in the detector
-            or self.stop_at is not None
-        ):
-            return
-        self.request_stop(f"straggler: {finding.get('message')}")
+        self.monitor.add_sink(self.faults)
 
     def request_stop(self, reason: str) -> int:
         """Every rank stops at one step (see :mod:`rankguard.agree`)."""
-        from rankguard.agree import choose_stop_step, write_control
-
-        assert self.monitor is not None
-        hb = self.cfg.heartbeat
-        ranks = self.monitor.rules.ranks
-        records = [s.record for s in ranks.values() if s.record]
-        progress = {r: int((s.record or {}).get("progress_seq") or 0) for r, s in ranks.items()}
-        lead = 2 * hb.publish_interval_s + 2 * hb.scan_interval_s + 1.0
-        self.stop_at = choose_stop_step(progress, fastest_step_s(records), lead)
-        write_control(self.run_dir, self.stop_at, reason)
-        if self.relaying:
-            from rankguard.heartbeat.relay import publish_control
-
-            publish_control(self.store, self.run_id, self.stop_at, reason)
-        self.monitor.extra_status["stop_requested"] = {
-            "stop_at_step": self.stop_at,
-            "reason": reason,
-        }
-        logger.warning("rankguard: all ranks stop at step %d: %s", self.stop_at, reason)
-        return self.stop_at
+        assert self.agreement is not None, "node 0 with monitoring only"
+        return self.agreement.request_stop(reason)
 
     def on_restart(self, count: int, cause: dict[str, Any] | None) -> None:
         """The agent restarts the worker group: record it (restarts.jsonl, status)."""
-        import time as _time
-
         cause = cause or {}
         entry = {
             "schema_version": 1,
             "run_id": self.run_id,
             "restart": count,
-            "wall_time": _iso_ms(_time.time()),
+            "wall_time": _iso_ms(time.time()),
             "cause": cause.get("finding_type"),
             "rank": cause.get("rank"),
             "reason": cause.get("reason"),
@@ -171,15 +121,16 @@ class NodeServices:
             "stack_dump": cause.get("stack_dump"),
         }
         if self.node_rank == 0:
-            append_jsonl(self.run_dir / "restarts.jsonl", [entry])
-        if self.restarts is None:
-            self.restarts = []
+            append_jsonl(RunLayout(self.run_dir).restarts, [entry])
         self.restarts.append(entry)
         if self.monitor is not None:
-            self.monitor.extra_status["restarts"] = list(self.restarts)
             self.monitor.note_restart(f"restart {count}: {entry['cause']}")
         if self.faults is not None:
             self.faults.restarted()
+
+    def _publish_stop(self, stop_at: int, reason: str) -> None:
+        if self.relaying:
+            publish_control(self.store, self.run_id, stop_at, reason)
 
     def start(self) -> None:
         hb = self.cfg.heartbeat
@@ -200,7 +151,7 @@ class NodeServices:
             remote = (
                 StoreRemoteSource(self.store, self.run_id, self.nnodes) if self.relaying else None
             )
-            self.monitor = JobMonitor(
+            monitor = self.monitor = JobMonitor(
                 hb,
                 self.run_dir,
                 self.run_id,
@@ -209,16 +160,25 @@ class NodeServices:
                 config_snapshot=config_to_dict(self.cfg),
                 section_timeouts=self.cfg.fault_tolerance.rank_section_timeouts,
                 out_of_section_timeout=self.cfg.fault_tolerance.rank_out_of_section_timeout,
+                status_sources=[self],
             )
-            if self.timeouts:
-                self.monitor.extra_status["timeouts"] = self.timeouts
+            detector = None
             if self.cfg.straggler.enabled:
                 from rankguard.straggler.detector import StragglerDetector
 
-                self.monitor.straggler = StragglerDetector(
-                    self.cfg.straggler, self.run_id, started_at=self.monitor.clock()
+                detector = StragglerDetector(
+                    self.cfg.straggler, self.run_id, started_at=monitor.clock()
                 )
-                self.monitor.on_finding.append(self._stop_on_straggler)
+                monitor.add_evaluator(detector)
+            self.agreement = StopAgreement(
+                self.run_dir,
+                hb,
+                lambda: monitor.rules.ranks,
+                publish=self._publish_stop,
+                stop_on_straggler=lambda: detector is not None and detector.stop_requested,
+            )
+            monitor.add_sink(self.agreement)
+            monitor.add_status_source(self.agreement)
             if prometheus.enabled:  # before the first scan: no finding goes uncounted
                 from rankguard.exporter import start_for_monitor
 
@@ -253,7 +213,10 @@ class NodeServices:
                 drain += 2 * hb.publish_interval_s
             status = self.monitor.stop(drain_timeout_s=drain)
             if self.cfg.fault_tolerance.calc_ft_timeouts:
-                self._save_learned_timeouts()
+                from rankguard.ft.learned import save_learned
+
+                records = [s.record for s in self.monitor.rules.ranks.values() if s.record]
+                save_learned(ft_state_path(self.cfg), self.cfg.fault_tolerance, records)
         if self.exporter is not None:  # after the final status: it stays scrapable
             self.exporter.stop()
         return status

@@ -20,7 +20,7 @@ from pathlib import Path
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from rankguard.ft.stacks import install_dump_handler
-from rankguard.heartbeat.records import ENV
+from rankguard.heartbeat.identity import ENV
 from rankguard.session import init
 
 __all__ = ["forked_main", "main"]

@@ -41,13 +41,14 @@ from rankguard.heartbeat.progress import RING_SIZE, ProgressTracker
 from rankguard.perf.config import PerfConfig
 from rankguard.perf.flops import mfu, tflops_per_gpu
 from rankguard.perf.memory import memory_gb
+from rankguard.schema.layout import PERF_LOG_FILE, PERF_SUMMARY_PREFIX
 
 __all__ = ["SUMMARY_PREFIX", "PerfReporter", "final_statistics"]
 
 logger = logging.getLogger(__name__)
 
-SUMMARY_PREFIX = "perf_summary_"
-PERF_LOG = "perf.jsonl"
+SUMMARY_PREFIX = PERF_SUMMARY_PREFIX
+PERF_LOG = PERF_LOG_FILE
 _MASK = RING_SIZE - 1
 
 

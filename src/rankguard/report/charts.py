@@ -17,6 +17,7 @@ from typing import Any
 from rankguard.report.data import RunData, parse_time
 from rankguard.report.summary import fmt_clock, run_window
 from rankguard.report.svg import Band, Event, Series, Span, heatmap, line_chart, timeline
+from rankguard.schema.findings import FindingType
 
 __all__ = [
     "FINDING_STYLE",
@@ -48,11 +49,16 @@ DASH = "\u2013"
 
 # Okabe-Ito colours (distinguishable with colour-vision deficiencies), plus a shape each.
 FINDING_STYLE: dict[str, tuple[str, str, str]] = {
-    "rank_process_heartbeat_timeout": ("#d55e00", "diamond", "heartbeat timeout"),
-    "gpu_progress_timeout": ("#e69f00", "circle", "progress timeout"),
-    "rank_process_exited": ("#cc79a7", "square", "process exited"),
-    "gpu_hardware_health_failure": ("#0072b2", "triangle", "GPU health failure"),
-    "gpu_hardware_health_warning": ("#56b4e9", "triangle", "GPU health warning"),
+    t.value: (colour, shape, t.info.title)
+    for t, (colour, shape) in {
+        FindingType.PROCESS_TIMEOUT: ("#d55e00", "diamond"),
+        FindingType.PROGRESS_TIMEOUT: ("#e69f00", "circle"),
+        FindingType.PROCESS_EXITED: ("#cc79a7", "square"),
+        FindingType.HEALTH_FAILURE: ("#0072b2", "triangle"),
+        FindingType.HEALTH_WARNING: ("#56b4e9", "triangle"),
+        FindingType.SECTION_TIMEOUT: ("#009e73", "diamond"),
+        FindingType.STRAGGLER: ("#000000", "square"),
+    }.items()
 }
 
 

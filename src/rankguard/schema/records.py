@@ -105,9 +105,12 @@ def _gpu(d: dict[str, Any]) -> dict[str, Any] | None:
     gpu = _obj(d, "gpu")
     if gpu is None:
         return None
-    _int(gpu, "ordinal")
-    _str(gpu, "token")
-    _str(gpu, "uuid")
+    try:
+        _int(gpu, "ordinal")
+        _str(gpu, "token")
+        _str(gpu, "uuid")
+    except RecordError as exc:
+        raise RecordError(f"gpu.{exc}") from None
     return gpu
 
 
@@ -115,12 +118,14 @@ def _exit(d: dict[str, Any]) -> dict[str, Any] | None:
     info = _obj(d, "exit")
     if info is None:
         return None
-    if "clean" in info and not isinstance(info["clean"], bool):
-        raise RecordError("exit.clean: expected true or false")
-    _int(info, "exit_code", lo=None)
-    _str(info, "error")
-    if info.get("vanished") is not None and not isinstance(info["vanished"], bool):
-        raise RecordError("exit.vanished: expected true or false")
+    try:
+        if info.get("clean") is not None:
+            _bool(info, "clean")
+        _int(info, "exit_code", lo=None)
+        _str(info, "error")
+        _bool(info, "vanished")
+    except RecordError as exc:
+        raise RecordError(f"exit.{exc}") from None
     return info
 
 
@@ -186,10 +191,8 @@ class HeartbeatRecord:
         pid = _int(d, "pid", lo=1)
         if rank is None or pid is None:
             raise RecordError("rank and pid: both required")
-        world = _int(d, "world_size", lo=1)
-        bound = min(max_ranks, world) if world is not None else max_ranks
-        if rank >= bound:
-            raise RecordError(f"rank: {rank} is outside the job (world size {bound})")
+        if rank >= max_ranks:
+            raise RecordError(f"rank: {rank} is outside the job ({max_ranks} ranks)")
         known = _KNOWN
         return cls(
             event=event,
@@ -201,7 +204,7 @@ class HeartbeatRecord:
             hostname=_str(d, "hostname"),
             node_rank=_int(d, "node_rank"),
             local_rank=_int(d, "local_rank"),
-            world_size=world,
+            world_size=_int(d, "world_size", lo=1),
             wall_time_ns=_int(d, "wall_time_ns", default=0),
             monotonic_ns=_int(d, "monotonic_ns", lo=None),
             gpu=_gpu(d),

@@ -14,17 +14,21 @@ episode, naming rank, node, host, GPU and both scores. Each report (best and wor
 from __future__ import annotations
 
 import logging
+import math
 import statistics
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from rankguard.heartbeat.records import SCHEMA_VERSION
+from rankguard.schema.findings import Finding, FindingType, Reason
+from rankguard.schema.records import HeartbeatRecord
 from rankguard.straggler.config import StragglerConfig
 
-__all__ = ["STRAGGLER_FINDING", "StragglerDetector"]
+if TYPE_CHECKING:
+    from rankguard.heartbeat.rules import RankState
+
+__all__ = ["StragglerDetector"]
 
 logger = logging.getLogger(__name__)
-
-STRAGGLER_FINDING = "straggler_detected"
 
 
 def _worst_score(score: dict[str, Any]) -> float:
@@ -33,6 +37,11 @@ def _worst_score(score: dict[str, Any]) -> float:
 
 
 class StragglerDetector:
+    """A monitor evaluator (:class:`~rankguard.heartbeat.monitor.Evaluator`): its report
+    is ``status.json``'s ``stragglers``."""
+
+    name = "stragglers"
+
     def __init__(self, cfg: StragglerConfig, run_id: str, *, started_at: float) -> None:
         self.cfg = cfg
         self.run_id = run_id
@@ -41,32 +50,37 @@ class StragglerDetector:
         self._seen_seq: dict[int, tuple[Any, Any]] = {}
         self.reports = 0
         self.best: dict[int, float] = {}  # rank -> best (lowest) compute ms reported
-        self.latest: dict[int, tuple[float, dict[str, Any]]] = {}  # rank -> (ms, record)
+        self.latest: dict[int, tuple[float, HeartbeatRecord]] = {}  # rank -> (ms, record)
         self.active: set[tuple[int, int | None]] = set()  # (rank, pid) flagged now
         self.report: dict[str, Any] | None = None
         self.stop_requested = False
 
-    def observe(self, rank: int, record: dict[str, Any]) -> None:
-        data = record.get("straggler")
-        if not isinstance(data, dict):
+    def status(self) -> dict[str, Any] | None:
+        return self.report
+
+    def observe(self, rank: int, record: HeartbeatRecord) -> None:
+        data = record.straggler
+        if data is None:
             return
         try:
             ms = float(data["compute_ms"])
         except (KeyError, TypeError, ValueError):
             return
-        if ms > 0:
+        if ms > 0 and math.isfinite(ms):
             self.latest[rank] = (ms, record)
-            key = (record.get("pid"), record.get("seq"))
+            key = (record.pid, record.seq)
             if self._seen_seq.get(rank) != key:  # a new record: one more sample
                 self._seen_seq[rank] = key
                 self._interval.setdefault(rank, []).append(ms)
 
-    def evaluate(self, now: float, ranks: dict[int, Any]) -> list[dict[str, Any]]:
+    def evaluate(self, now: float, ranks: Mapping[int, RankState]) -> list[Finding]:
         for rank, state in ranks.items():
-            rec = state.record or {}
-            if rec.get("event") == "process_end":
+            rec = state.record
+            if rec is None:
+                continue
+            if rec.ended:
                 self.latest.pop(rank, None)
-            elif rec:
+            else:
                 self.observe(rank, rec)
         if now < self.next_report or not self.latest:
             return []
@@ -74,7 +88,7 @@ class StragglerDetector:
         self.reports += 1
         return self._report()
 
-    def _report(self) -> list[dict[str, Any]]:
+    def _report(self) -> list[Finding]:
         cfg = self.cfg
         # each rank's median over the interval's heartbeats (else its latest value)
         for rank, samples in self._interval.items():
@@ -89,10 +103,10 @@ class StragglerDetector:
             individual = self.best[rank] / ms if cfg.calc_individual_gpu_perf else None
             scores[rank] = {
                 "rank": rank,
-                "node_rank": rec.get("node_rank"),
-                "hostname": rec.get("hostname"),
-                "pid": rec.get("pid"),
-                "gpu": rec.get("gpu"),
+                "node_rank": rec.node_rank,
+                "hostname": rec.hostname,
+                "pid": rec.pid,
+                "gpu": rec.gpu,
                 "compute_ms": round(ms, 4),
                 "relative": None if relative is None else round(relative, 4),
                 "individual": None if individual is None else round(individual, 4),
@@ -152,7 +166,7 @@ class StragglerDetector:
         ]
         return "\n".join(lines)
 
-    def _finding(self, score: dict[str, Any], slow_rel: bool, slow_ind: bool) -> dict[str, Any]:
+    def _finding(self, score: dict[str, Any], slow_rel: bool, slow_ind: bool) -> Finding:
         cfg = self.cfg
         why = []
         if slow_rel:
@@ -162,20 +176,21 @@ class StragglerDetector:
                 f"individual score {score['individual']} < {cfg.gpu_individual_perf_threshold}"
             )
         gpu = (score.get("gpu") or {}).get("token") if score.get("gpu") else None
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "run_id": self.run_id,
-            "finding_type": STRAGGLER_FINDING,
-            "rank": score["rank"],
-            "pid": score["pid"],
-            "hostname": score["hostname"],
-            "node_rank": score["node_rank"],
-            "gpu": score.get("gpu"),
-            "relative_score": score["relative"],
-            "individual_score": score["individual"],
-            "compute_ms": score["compute_ms"],
-            "reason": "rank_compute_slower_than_threshold",
-            "message": f"rank {score['rank']} (node {score['node_rank']}, "
+        return Finding(
+            finding_type=FindingType.STRAGGLER,
+            run_id=self.run_id,
+            rank=score["rank"],
+            reason=Reason.SLOW_COMPUTE,
+            message=f"rank {score['rank']} (node {score['node_rank']}, "
             f"{score['hostname']}, GPU {gpu or '-'}) is a straggler: {'; '.join(why)} "
             f"(compute {score['compute_ms']} ms per step)",
-        }
+            pid=score["pid"],
+            hostname=score["hostname"],
+            node_rank=score["node_rank"],
+            gpu=score.get("gpu"),
+            detail={
+                "relative_score": score["relative"],
+                "individual_score": score["individual"],
+                "compute_ms": score["compute_ms"],
+            },
+        )

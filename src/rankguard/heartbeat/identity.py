@@ -1,4 +1,4 @@
-"""Heartbeat record schema, file naming and the environment contract with the launcher.
+"""A rank's identity and the environment contract with the launcher.
 
 The launcher passes everything a rank needs through environment variables (names in
 :data:`ENV`), so a rank started by ``rankguard run`` needs no argument and a script that
@@ -8,25 +8,13 @@ never imports rankguard still publishes heartbeats.
 from __future__ import annotations
 
 import os
-import re
 import socket
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
-__all__ = [
-    "ENV",
-    "HEARTBEAT_FILE_RE",
-    "SCHEMA_VERSION",
-    "Event",
-    "GpuAssignment",
-    "RankIdentity",
-    "heartbeat_file_name",
-]
+from rankguard.schema.records import SCHEMA_VERSION
 
-SCHEMA_VERSION = 1
-
-HEARTBEAT_FILE_RE = re.compile(r"^rank_(\d+)_pid_(\d+)\.heartbeat\.jsonl$")
+__all__ = ["ENV", "GpuAssignment", "RankIdentity"]
 
 
 class ENV:
@@ -38,16 +26,6 @@ class ENV:
     CONFIG = "RANKGUARD_CONFIG"  # JSON of the validated RankguardConfig
     LAUNCHER = "RANKGUARD_LAUNCHER"  # "1" under rankguard run
     LOG_DIR = "RANKGUARD_LOG_DIR"  # absolute log_dir of this node
-
-
-class Event(str, Enum):
-    PROCESS_START = "process_start"
-    HEARTBEAT = "heartbeat"
-    PROCESS_END = "process_end"
-
-
-def heartbeat_file_name(rank: int, pid: int) -> str:
-    return f"rank_{rank}_pid_{pid}.heartbeat.jsonl"
 
 
 @dataclass(frozen=True, slots=True)
