@@ -498,6 +498,7 @@ class JobMonitor:
             "ranks": rows,
             "gpu_health": health,
             "perf": self._perf_status(),
+            "stragglers": None,  # a stable key, filled by the straggler evaluator when on
             **{e.name: e.status() for e in self._evaluators},
             "recent_findings": list(self.recent_findings),
             **self._extra_status(),
