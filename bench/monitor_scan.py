@@ -40,8 +40,8 @@ from typing import Any
 
 from rankguard._fs import atomic_write_text, dumps_line
 from rankguard.heartbeat.config import HeartbeatConfig
-from rankguard.heartbeat.monitor import STATUS_FILE, JobMonitor
-from rankguard.schema.layout import heartbeat_file_name
+from rankguard.heartbeat.monitor import JobMonitor
+from rankguard.schema.layout import STATUS_FILE, heartbeat_file_name
 from rankguard.schema.records import SCHEMA_VERSION
 
 RUN_ID = "20261129-120000-bench1"
