@@ -10,13 +10,23 @@ torn file.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["append_jsonl", "atomic_write_json", "atomic_write_text", "dumps_line", "fsync_dir"]
+__all__ = [
+    "append_bytes",
+    "append_jsonl",
+    "atomic_write_json",
+    "atomic_write_text",
+    "dumps_line",
+    "fsync_dir",
+    "open_append",
+    "write_all",
+]
 
 
 def dumps_line(obj: Any) -> str:
@@ -84,16 +94,47 @@ def append_jsonl(path: str | os.PathLike[str], records: list[Any], *, fsync: boo
 
 
 def append_bytes(path: str | os.PathLike[str], data: bytes, *, fsync: bool = True) -> None:
-    """Append complete lines already encoded (see ``append_jsonl``) in one write."""
+    """Append complete lines already encoded (see ``append_jsonl``).
+
+    Never through a symbolic link (``O_NOFOLLOW``: a planted link cannot make rankguard
+    append to another file). A short write is continued; a failed one (a full disk) is
+    cut back to where this append started, so the file never keeps a torn line that the
+    next append would join, and the error is raised for the caller to keep the lines.
+    Meant for files with one writer (each rank's heartbeats, node 0's run files).
+    """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(target, _APPEND_FLAGS, 0o644)
     try:
-        os.write(fd, data)
-        if fsync:
-            os.fsync(fd)
+        start = os.fstat(fd).st_size
+        try:
+            write_all(fd, data)
+            if fsync:
+                os.fsync(fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+            raise
     finally:
         os.close(fd)
+
+
+_APPEND_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_append(path: str | os.PathLike[str]) -> int:
+    """A descriptor for appending to ``path`` (created 0644), never through a link."""
+    return os.open(path, _APPEND_FLAGS, 0o644)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data``, continuing after short writes."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:
+            raise OSError(errno.EIO, "write made no progress")
+        view = view[n:]
 
 
 def rotate_jsonl(path: str | os.PathLike[str], first: bytes) -> None:

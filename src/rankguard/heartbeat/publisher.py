@@ -15,6 +15,7 @@ raised into training.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -24,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rankguard._fs import dumps_line, rotate_jsonl
+from rankguard._fs import dumps_line, open_append, rotate_jsonl, write_all
 from rankguard.heartbeat.identity import RankIdentity
 from rankguard.heartbeat.progress import ProgressTracker
 from rankguard.schema.layout import heartbeat_file_name
@@ -89,7 +90,7 @@ class HeartbeatPublisher:
 
     def start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fd = open_append(self.path)
         self._size = os.fstat(self._fd).st_size
         self._write(Event.PROCESS_START)
         self._thread = threading.Thread(target=self._run, name="rankguard-heartbeat", daemon=True)
@@ -135,7 +136,7 @@ class HeartbeatPublisher:
             self.max_file_bytes = 0
             logger.error("rankguard: cannot rotate %s (rotation off): %s", self.path, exc)
             return
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = open_append(self.path)
         os.close(self._fd)  # only once the new one is open: _fd is always a valid file
         self._fd = fd
         self._size = len(self._start_line)
@@ -208,10 +209,12 @@ class HeartbeatPublisher:
                     self._start_line = line
                 elif 0 < self.max_file_bytes < self._size + len(line):
                     self._rotate()
-                os.write(self._fd, line)
+                write_all(self._fd, line)
                 os.fsync(self._fd)
                 self._size += len(line)
             except OSError as exc:
+                with contextlib.suppress(OSError):  # no torn line for the next one to join
+                    os.ftruncate(self._fd, self._size)
                 self.write_errors += 1
                 if self.write_errors == 1:
                     logger.error("rankguard: cannot write heartbeat to %s: %s", self.path, exc)
