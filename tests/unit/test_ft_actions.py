@@ -403,3 +403,27 @@ def test_never_observed_rank_does_not_leave_the_handler_busy(
         later = finding("gpu_progress_timeout", 0, child.pid)
         handler.before_write(later)
         assert later.action == "restart"
+
+
+def test_rank_of_another_node_on_this_host_is_left_to_that_node(
+    tmp_path: Path, spawn: Callable[..., Any]
+) -> None:
+    # Two launchers on one host (loopback): node 1's rank writes its stacks into node
+    # 1's run directory, so node 1's relay dumps and kills it, not this handler.
+    node1_rank = spawn(1)
+    rules = _rules(
+        rec(0, 999_999, node_rank=0),
+        rec(1, node1_rank.pid, node_rank=1, since=30.0),
+    )
+    remote = RemoteKills()
+    monitor, agent = FakeMonitor(rules), FakeAgent()
+    cfg = FaultToleranceConfig(enable_ft_package=True, stack_dump="faulthandler")
+    handler = FaultHandler(cfg, tmp_path, monitor, agent, remote_kill=remote)
+    f = finding("gpu_progress_timeout", 1, node1_rank.pid)
+    handler.before_write(f)
+    assert (f.stack_dump or "").startswith("on node 1")
+    # its handler's file (created at start-up) stays empty: no dump signal from here
+    assert (tmp_path / "stacks" / f"rank_1_pid_{node1_rank.pid}.txt").read_text() == ""
+    handler.after_write(f)
+    assert remote.calls == [(1, [{"rank": 1, "pid": node1_rank.pid, "kill": True}])]
+    assert _alive(node1_rank)  # not killed from here

@@ -15,24 +15,21 @@ dead rank going stale) are recorded but not acted on.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import signal
 import socket
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rankguard.ft.config import FaultToleranceConfig
-from rankguard.ft.stacks import dump_stacks
+from rankguard.ft.kill import DumpPolicy, KillTarget, dump_stacks_of, kill_marked
 from rankguard.heartbeat.monitor import FindingSink
 from rankguard.schema.findings import Finding, FindingType
 
 if TYPE_CHECKING:
     from rankguard.heartbeat.rules import HeartbeatRules
+    from rankguard.schema.records import HeartbeatRecord
 
 __all__ = ["AgentControl", "FaultHandler"]
 
@@ -116,32 +113,30 @@ class FaultHandler(FindingSink):
             return f"the rank runs on {host}, which this launcher cannot reach"
         return None
 
+    def _dumps_here(self, rec: HeartbeatRecord) -> bool:
+        """Whether this launcher dumps and kills the rank of ``rec`` itself: it runs on this
+        host and, when the other nodes can be asked, on this node (another node's rank
+        writes its stacks into that node's run directory, even on this host)."""
+        if self.remote_kill is not None and (rec.node_rank or 0) != 0:
+            return False
+        return rec.hostname == self.hostname
+
     def _dump_all(self, culprit: int) -> dict[str, str]:
         ranks = self.monitor.rules.ranks
         order = sorted(ranks, key=lambda r: (r != culprit, r))
-        local: list[tuple[int, int]] = []
+        local: list[KillTarget] = []
         out: dict[str, str] = {}
         for rank in order:
             rec = ranks[rank].record
             if rec is None or rec.ended:
                 continue
-            if rec.hostname == self.hostname:
-                local.append((rank, rec.pid))
+            if self._dumps_here(rec):
+                local.append(KillTarget(rank=rank, pid=rec.pid))
             else:
                 out[str(rank)] = f"on node {rec.node_rank} (dumped there before the kill)"
-        with ThreadPoolExecutor(max_workers=min(16, max(1, len(local)))) as pool:
-            paths = pool.map(
-                lambda rp: dump_stacks(
-                    self.run_dir,
-                    rp[0],
-                    rp[1],
-                    method=self.cfg.stack_dump,
-                    timeout_s=self.cfg.stack_dump_timeout_s,
-                ),
-                local,
-            )
-            for (rank, _pid), path in zip(local, paths, strict=True):
-                out[str(rank)] = path or "failed"
+        policy = DumpPolicy.from_config(self.cfg)
+        for res in dump_stacks_of(self.run_dir, local, policy, culprit=culprit):
+            out[str(res.rank)] = res.path or "failed"
         return {k: out[k] for k in sorted(out, key=lambda r: (int(r) != culprit, int(r)))}
 
     # ---- after the finding is written ------------------------------------------------
@@ -169,10 +164,9 @@ class FaultHandler(FindingSink):
         if rec is None:
             return
         pid = rec.pid
-        if rec.hostname == self.hostname:
+        if self._dumps_here(rec):
             logger.warning("rankguard: %s: killing rank %d (pid %d)", action, rank, pid)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+            kill_marked([KillTarget(rank=rank, pid=pid, kill=True)])
         elif self.remote_kill is not None:
             node = rec.node_rank or 0
             others = [

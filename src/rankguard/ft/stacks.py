@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from rankguard.heartbeat.procs import process_state
+from rankguard.schema.layout import RunLayout
 
 __all__ = ["DUMP_SIGNAL", "dump_stacks", "install_dump_handler", "stack_file"]
 
@@ -36,7 +37,7 @@ DUMP_SIGNAL = signal.SIGRTMIN + 3
 
 
 def stack_file(run_dir: Path, rank: int, pid: int) -> Path:
-    return Path(run_dir) / "stacks" / f"rank_{rank}_pid_{pid}.txt"
+    return RunLayout(Path(run_dir)).stack_dump(rank, pid)
 
 
 def install_dump_handler(run_dir: Path, rank: int) -> IO[Any] | None:

@@ -18,16 +18,15 @@ host's process table.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import signal
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from rankguard.ft.kill import DEFAULT_DUMP_POLICY, DumpPolicy, KillTarget, dump_then_kill
 from rankguard.heartbeat.procs import pid_running
 from rankguard.heartbeat.tailer import JsonlTailer
 from rankguard.schema.layout import HEARTBEAT_FILE_RE, RunLayout, StoreKeys
@@ -54,9 +53,17 @@ class StoreRelay:
     """Node k > 0: push the latest local records and health to the store."""
 
     def __init__(
-        self, store: Any, run_dir: Path, run_id: str, node_rank: int, interval_s: float
+        self,
+        store: Any,
+        run_dir: Path,
+        run_id: str,
+        node_rank: int,
+        interval_s: float,
+        *,
+        dump_policy: DumpPolicy = DEFAULT_DUMP_POLICY,
     ) -> None:
         self.store = store
+        self.dump_policy = dump_policy  # fault_tolerance.stack_dump and its timeout
         self.run_dir = Path(run_dir)
         self.layout = RunLayout(self.run_dir)
         self.keys = StoreKeys(run_id)
@@ -135,19 +142,19 @@ class StoreRelay:
         key = self.keys.kill(self.node_rank)
         if not self.store.check([key]):
             return
-        targets = json.loads(self.store.get(key))
+        targets = [KillTarget.from_dict(t) for t in json.loads(self.store.get(key))]
         self.store.delete_key(key)
-        from rankguard.ft.stacks import dump_stacks
-
-        for target in targets:  # culprit first: it is the first entry
-            rank, pid = int(target["rank"]), int(target["pid"])
-            if pid_running(pid):
-                path = dump_stacks(self.run_dir, rank, pid)
-                logger.warning("rankguard relay: stacks of rank %d: %s", rank, path)
+        # In parallel: N hung ranks hold this loop for about one dump timeout, not N.
+        done = dump_then_kill(self.run_dir, targets, self.dump_policy)
+        for res in done.dumps:
+            logger.warning(
+                "rankguard relay: stacks of rank %d: %s", res.rank, res.path or res.error
+            )
         for target in targets:
-            if target.get("kill"):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(target["pid"]), signal.SIGKILL)
+            if target.pid in done.killed:
+                logger.warning(
+                    "rankguard relay: killed rank %d (pid %d) on request", target.rank, target.pid
+                )
 
     def _mirror_control(self) -> None:
         key = self.keys.control

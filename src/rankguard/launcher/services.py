@@ -185,8 +185,15 @@ class NodeServices:
                 self.exporter = start_for_monitor(self.monitor, prometheus, self.run_dir)
             self.monitor.start()
         elif self.relaying:
+            from rankguard.ft.kill import DumpPolicy
+
             self.relay = StoreRelay(
-                self.store, self.run_dir, self.run_id, self.node_rank, hb.publish_interval_s
+                self.store,
+                self.run_dir,
+                self.run_id,
+                self.node_rank,
+                hb.publish_interval_s,
+                dump_policy=DumpPolicy.from_config(self.cfg.fault_tolerance),
             )
             self.relay.start()
 
