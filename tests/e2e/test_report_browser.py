@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from rankguard.report import CHART_TITLES, load_run, render_page
-from tests.unit.test_report import write_run
+from tests.unit.report.test_report import write_run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 

@@ -20,7 +20,7 @@ from rankguard.slurm import Decision, SbatchSpec, decide, parse_job_id, render_s
 from rankguard.slurm import cli as slurm_cli
 from rankguard.slurm.retry import run_with_retries
 
-FAKE_BIN = Path(__file__).resolve().parents[1] / "fakes" / "bin"
+FAKE_BIN = Path(__file__).resolve().parents[2] / "fakes" / "bin"
 JOB_ID = "777"
 
 pytestmark = pytest.mark.timeout(60)

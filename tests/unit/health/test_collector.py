@@ -24,7 +24,7 @@ from rankguard.health import (
 from rankguard.health import collector as collector_mod
 from rankguard.heartbeat.config import HardwareHealthConfig
 
-FAKES = Path(__file__).resolve().parents[1] / "fakes"
+FAKES = Path(__file__).resolve().parents[2] / "fakes"
 SNAPSHOT_KEYS = {
     "schema_version",
     "source",

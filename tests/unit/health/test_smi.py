@@ -13,7 +13,7 @@ import pytest
 from rankguard.health.schema import GPU_FIELDS, NodeStatus
 from rankguard.health.smi import QUERY_FIELDS, collect_smi, parse_csv, parse_value
 
-FAKE_BIN = Path(__file__).resolve().parents[1] / "fakes" / "bin"
+FAKE_BIN = Path(__file__).resolve().parents[2] / "fakes" / "bin"
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -13,7 +13,7 @@ import pytest
 from rankguard.health.nvml import collect_nvml
 from rankguard.health.schema import GPU_FIELDS, NodeStatus
 
-FAKE_PYNVML = Path(__file__).resolve().parents[1] / "fakes" / "fake_nvml" / "pynvml.py"
+FAKE_PYNVML = Path(__file__).resolve().parents[2] / "fakes" / "fake_nvml" / "pynvml.py"
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from .test_hb_rules import Feed, _rules, types_of
+from .test_rules import Feed, _rules, types_of
 
 
 def test_stalled_rank_ahead_of_a_live_rank_waits_for_it() -> None:
