@@ -27,7 +27,7 @@ from rankguard.perf.reporter import (
 )
 
 MS = 1_000_000  # ns
-ENTRY_KEYS = {  # the seed's iteration_logs keys
+ENTRY_KEYS = {  # FlagScale perf_monitor's iteration_logs keys
     "iteration",
     "timestamp",
     "TFLOPS_per_GPU",

@@ -1,4 +1,4 @@
-"""Straggler detection: config (seed 002 defaults), node-0 detector, rank-side probe.
+"""Straggler detection: config (NVRx's straggler defaults), node-0 detector, rank-side probe.
 
 Pure logic, no processes: the detector sees fake rank states (objects with a
 ``.record`` dict, as the monitor's ``RankState``), the probe runs on this thread (with a
@@ -97,7 +97,7 @@ class Reports:
 
 # ---- config ----------------------------------------------------------------------------
 
-SEED_002 = {
+NVRX_STRAGGLER_DEFAULTS = {
     "enabled": False,
     "report_time_interval": 300.0,
     "calc_relative_gpu_perf": True,
@@ -111,9 +111,9 @@ SEED_002 = {
 }
 
 
-def test_config_defaults_are_seed_002() -> None:
+def test_config_defaults_are_nvrx_straggler_defaults() -> None:
     cfg = StragglerConfig()
-    assert {f.name: getattr(cfg, f.name) for f in fields(cfg)} == SEED_002
+    assert {f.name: getattr(cfg, f.name) for f in fields(cfg)} == NVRX_STRAGGLER_DEFAULTS
     assert all(f.metadata.get("help") for f in fields(cfg))  # every key documented
 
 
