@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import Any
 
 from rankguard.heartbeat.config import HeartbeatConfig
+from rankguard.heartbeat.monitor import STATUS_FILE
 from rankguard.heartbeat.records import RankIdentity, heartbeat_file_name
 from rankguard.heartbeat.rules import HeartbeatRules
 
@@ -140,6 +141,11 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
         return []
     lines = path.read_text(encoding="utf-8").splitlines()
     return [json.loads(line) for line in lines if line.strip()]
+
+
+def read_status(run_dir: Path) -> dict[str, Any]:
+    """The monitor's status.json of a run directory."""
+    return json.loads((run_dir / STATUS_FILE).read_text(encoding="utf-8"))
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from rankguard.heartbeat.monitor import FINDINGS_FILE, STATUS_FILE, JobMonitor
+from rankguard.heartbeat.monitor import FINDINGS_FILE, JobMonitor
 from rankguard.heartbeat.records import heartbeat_file_name
-from tests.factories import BASE_NS, FakeClock, heartbeat_config, heartbeat_record
+from tests.factories import BASE_NS, FakeClock, heartbeat_config, heartbeat_record, read_status
 from tests.factories import write_heartbeats as write
 
 RUN = "run-mon"
@@ -75,10 +75,6 @@ rec = partial(
     gpu_token="{rank}",
     publisher_fields=True,
 )
-
-
-def read_status(run_dir: Path) -> dict[str, Any]:
-    return json.loads((run_dir / STATUS_FILE).read_text(encoding="utf-8"))
 
 
 def read_findings(run_dir: Path) -> list[dict[str, Any]]:

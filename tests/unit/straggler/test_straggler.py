@@ -25,11 +25,12 @@ import rankguard.straggler.probe as probe_mod
 from rankguard.config import ConfigError, load_config
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.progress import ProgressTracker
-from rankguard.heartbeat.records import RankIdentity, heartbeat_file_name
+from rankguard.heartbeat.records import heartbeat_file_name
 from rankguard.session import NullSession, Session
 from rankguard.straggler.config import StragglerConfig
 from rankguard.straggler.detector import STRAGGLER_FINDING, StragglerDetector
 from rankguard.straggler.probe import ComputeProbe
+from tests.factories import rank_identity
 
 RUN = "run-straggler"
 T0 = 1000.0  # the detector's start (monitor clock, seconds)
@@ -588,25 +589,12 @@ def test_probe_ring_keeps_the_latest_samples(cpu: FakeCpu) -> None:
 # ---- session ---------------------------------------------------------------------------
 
 
-def _identity() -> RankIdentity:
-    return RankIdentity(
-        run_id=RUN,
-        rank=0,
-        local_rank=0,
-        world_size=1,
-        node_rank=0,
-        hostname="host",
-        pid=os.getpid(),
-        gpu=None,
-    )
-
-
 @pytest.fixture
 def probed(tmp_path: Path) -> Iterator[tuple[Session, ComputeProbe, ProgressTracker]]:
     tracker = ProgressTracker(mode="cpu")
     probe = ComputeProbe(tracker.step_end)
     s = Session(
-        _identity(),
+        rank_identity(run_id=RUN),
         tmp_path,
         HeartbeatConfig(publish_interval_s=0.05),
         tracker=tracker,
@@ -686,7 +674,9 @@ def test_session_compute_is_a_reusable_context(
 
 def test_session_without_probe_compute_is_a_no_op(tmp_path: Path) -> None:
     tracker = ProgressTracker(mode="cpu")
-    s = Session(_identity(), tmp_path, HeartbeatConfig(), tracker=tracker, publish=False)
+    s = Session(
+        rank_identity(run_id=RUN), tmp_path, HeartbeatConfig(), tracker=tracker, publish=False
+    )
     with s.compute():
         pass
     s.step_end(1)
