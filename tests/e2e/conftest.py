@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
+
+from tests.factories import read_jsonl as read_jsonl
+from tests.factories import read_status as read_status
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -70,16 +71,6 @@ def run_rankguard(args: list[str], *, timeout: float = 90) -> subprocess.Complet
         env=env,
         stdin=subprocess.DEVNULL,
     )
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def read_status(run_dir: Path) -> dict[str, Any]:
-    return json.loads((run_dir / "status.json").read_text())
 
 
 def heartbeat_files(run_dir: Path) -> list[Path]:

@@ -11,7 +11,7 @@ from .conftest import read_jsonl, read_status, run_rankguard, standalone_run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
-SEED_ITERATION_KEYS = {
+FLAGSCALE_ITERATION_KEYS = {
     "iteration",
     "timestamp",
     "TFLOPS_per_GPU",
@@ -49,7 +49,7 @@ def test_perf_files_from_a_demo_run_with_measured_flops(tmp_path: Path, run_id: 
     assert [e["iteration"] for e in entries] == [1, 5, 10, 15, 20]
     assert {e["rank"] for e in entries} == {0}
     for e in entries:
-        assert set(e) >= SEED_ITERATION_KEYS
+        assert set(e) >= FLAGSCALE_ITERATION_KEYS
         # global batch: 8 samples x 64 tokens on each of 2 ranks per step
         assert e["tokens_per_sec"] == pytest.approx(
             2 * 8 * 64 / (e["step_time_ms"] / 1e3), rel=0.01

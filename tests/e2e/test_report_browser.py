@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from rankguard.report import CHART_TITLES, load_run, render_page
-from tests.unit.test_report import write_run
+from tests.factories import write_report_run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -65,7 +65,7 @@ def _png_pixels(path: Path) -> tuple[int, int, bytes]:
     BROWSER is None, reason="no chromium, chromium-browser or google-chrome on PATH"
 )
 def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
-    run_dir = write_run(tmp_path / "logs")
+    run_dir = write_report_run(tmp_path / "logs")
     data, _ = load_run(run_dir)
     report = tmp_path / "report.html"
     report.write_text(render_page(data), encoding="utf-8")

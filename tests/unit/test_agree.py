@@ -26,11 +26,11 @@ from rankguard.agree import (
     write_control,
 )
 from rankguard.heartbeat.config import HeartbeatConfig
-from rankguard.heartbeat.identity import RankIdentity
 from rankguard.heartbeat.progress import ProgressTracker
 from rankguard.schema.findings import Finding, FindingType, Reason
 from rankguard.schema.records import HeartbeatRecord, RecordError
 from rankguard.session import Session
+from tests.factories import rank_identity
 
 RUN = "run-agree"
 
@@ -155,24 +155,11 @@ def test_reader_ignores_a_json_document_that_is_not_an_object(tmp_path: Path) ->
 # ---- Session.should_stop ---------------------------------------------------------------
 
 
-def _identity() -> RankIdentity:
-    return RankIdentity(
-        run_id=RUN,
-        rank=0,
-        local_rank=0,
-        world_size=1,
-        node_rank=0,
-        hostname="host",
-        pid=os.getpid(),
-        gpu=None,
-    )
-
-
 @pytest.fixture
 def session(tmp_path: Path) -> Iterator[Session]:
     # a long interval: the heartbeat thread does not tick on its own during a test
     s = Session(
-        _identity(),
+        rank_identity(run_id=RUN),
         tmp_path,
         HeartbeatConfig(publish_interval_s=20.0),
         tracker=ProgressTracker(mode="cpu"),
@@ -247,7 +234,7 @@ def test_should_stop_follows_a_rewritten_control(session: Session, tmp_path: Pat
 
 def test_should_stop_without_publisher_is_false(tmp_path: Path) -> None:
     s = Session(
-        _identity(),
+        rank_identity(run_id=RUN),
         tmp_path,
         HeartbeatConfig(),
         tracker=ProgressTracker(mode="cpu"),

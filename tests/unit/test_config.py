@@ -1,4 +1,4 @@
-"""Strict configuration: seed 000's YAML, SPEC defaults, errors that name the key."""
+"""Strict configuration: FlagScale's heartbeat YAML, the defaults, errors that name the key."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from rankguard.config import (
 )
 from rankguard.heartbeat.config import HardwareHealthConfig, HeartbeatConfig
 
-SEED_000_YAML = """\
+FLAGSCALE_YAML = """\
 experiment:
   runner:
     no_shared_fs: false
@@ -33,6 +33,27 @@ experiment:
       hardware_health:
         enabled: true
         interval_s: 60
+"""
+
+# FlagScale's heartbeat usage section, verbatim: the block above must stay a copy of it.
+FLAGSCALE_HEARTBEAT_DOC = """\
+Enable heartbeat under experiment.runner in the training configuration:
+
+experiment:
+  runner:
+    no_shared_fs: false
+    heartbeat:
+      enabled: true
+      publish_interval_s: 5
+      process_timeout_s: 30
+      progress_timeout_s: 300
+      checkpoint_timeout_s: 1800
+      hardware_health:
+        enabled: true
+        interval_s: 60
+
+After enabling the heartbeat, start the FlagScale training task with the existing launch \
+command. No additional build step or separate monitoring command is required.
 """
 
 HEARTBEAT_KEYS = (
@@ -48,8 +69,8 @@ def _write(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def test_seed_000_block_loads(tmp_path: Path) -> None:
-    cfg = load_config(_write(tmp_path, SEED_000_YAML))
+def test_flagscale_heartbeat_block_loads(tmp_path: Path) -> None:
+    cfg = load_config(_write(tmp_path, FLAGSCALE_YAML))
     assert cfg.no_shared_fs is False
     hb = cfg.heartbeat
     assert hb.enabled is True
@@ -59,22 +80,19 @@ def test_seed_000_block_loads(tmp_path: Path) -> None:
     assert hb.checkpoint_timeout_s == 1800.0
     assert hb.hardware_health.enabled is True
     assert hb.hardware_health.interval_s == 60.0
-    # not in the seed: defaults
+    # not in FlagScale's block: defaults
     assert hb.initial_process_timeout_s == 30.0
     assert hb.initial_progress_timeout_s == 600.0
     assert cfg.log_dir == "rankguard_logs"
 
 
-def test_seed_000_block_matches_the_seed_file() -> None:
-    seeds = sorted(Path("/work/shared/seeds").glob("000_*.txt"))
-    if not seeds:
-        pytest.skip("seed files not available")
-    text = seeds[0].read_text(encoding="utf-8")
-    block = "\n".join(line for line in SEED_000_YAML.splitlines())
-    assert block in text
+def test_flagscale_heartbeat_block_is_the_documented_one() -> None:
+    """FLAGSCALE_YAML is FlagScale's documented block, line for line."""
+    block = "\n".join(line for line in FLAGSCALE_YAML.splitlines())
+    assert block in FLAGSCALE_HEARTBEAT_DOC
 
 
-def test_defaults_equal_spec() -> None:
+def test_defaults_equal_the_documented_values() -> None:
     cfg = load_config()
     assert cfg == RankguardConfig()
     hb = cfg.heartbeat
@@ -138,8 +156,10 @@ def test_unknown_key_names_dotted_key_and_allowed(tmp_path: Path) -> None:
     assert f"allowed under heartbeat: {HEARTBEAT_KEYS}" in msg
 
 
-def test_unknown_nested_key_in_seed_layout(tmp_path: Path) -> None:
-    text = SEED_000_YAML.replace("        interval_s: 60", "        interval_s: 60\n        foo: 1")
+def test_unknown_nested_key_in_flagscale_layout(tmp_path: Path) -> None:
+    text = FLAGSCALE_YAML.replace(
+        "        interval_s: 60", "        interval_s: 60\n        foo: 1"
+    )
     with pytest.raises(ConfigError) as err:
         load_config(_write(tmp_path, text))
     msg = str(err.value)
@@ -153,7 +173,7 @@ def test_unknown_top_level_key(tmp_path: Path) -> None:
 
 
 def test_unknown_key_under_experiment_is_an_error(tmp_path: Path) -> None:
-    text = SEED_000_YAML.replace("experiment:\n", "experiment:\n  trainer: {}\n")
+    text = FLAGSCALE_YAML.replace("experiment:\n", "experiment:\n  trainer: {}\n")
     with pytest.raises(ConfigError, match=r"experiment\.trainer"):
         load_config(_write(tmp_path, text))
 
@@ -293,9 +313,9 @@ def test_config_error_is_a_value_error() -> None:
 # ---- overrides -----------------------------------------------------------------------
 
 
-def test_overrides_short_and_seed_forms(tmp_path: Path) -> None:
+def test_overrides_short_and_flagscale_forms(tmp_path: Path) -> None:
     cfg = load_config(
-        _write(tmp_path, SEED_000_YAML),
+        _write(tmp_path, FLAGSCALE_YAML),
         overrides=[
             "heartbeat.publish_interval_s=2",
             "experiment.runner.heartbeat.process_timeout_s=12.5",
@@ -363,7 +383,7 @@ def test_missing_file_error(tmp_path: Path) -> None:
 
 def test_dumps_loads_round_trip(tmp_path: Path) -> None:
     cfg = load_config(
-        _write(tmp_path, SEED_000_YAML),
+        _write(tmp_path, FLAGSCALE_YAML),
         overrides=["heartbeat.hardware_health.stale_after_s=200", "log_dir=/x"],
     )
     text = dumps_config(cfg)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -17,31 +15,20 @@ import rankguard
 import rankguard.session as session_mod
 from rankguard.config import RankguardConfig, dumps_config
 from rankguard.heartbeat.config import HeartbeatConfig
-from rankguard.heartbeat.identity import ENV, RankIdentity
+from rankguard.heartbeat.identity import ENV
 from rankguard.heartbeat.progress import ProgressTracker
 from rankguard.schema.layout import heartbeat_file_name
 from rankguard.session import NullSession, Session, current, init
+from tests.factories import rank_identity
+from tests.factories import read_records as _records
 
 RUN = "run-session"
-
-
-def _identity() -> RankIdentity:
-    return RankIdentity(
-        run_id=RUN,
-        rank=0,
-        local_rank=0,
-        world_size=1,
-        node_rank=0,
-        hostname="host",
-        pid=os.getpid(),
-        gpu=None,
-    )
 
 
 @pytest.fixture
 def session(tmp_path: Path) -> Iterator[Session]:
     s = Session(
-        _identity(),
+        rank_identity(run_id=RUN),
         tmp_path,
         HeartbeatConfig(publish_interval_s=0.05),
         tracker=ProgressTracker(mode="cpu"),
@@ -50,10 +37,6 @@ def session(tmp_path: Path) -> Iterator[Session]:
         yield s
     finally:
         s.close()
-
-
-def _records(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
 
 
 def _model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from rankguard.ft.stacks import DUMP_SIGNAL, dump_stacks, install_dump_handler, stack_file
+from tests.factories import proc_state as _state
 
 # A rank: the dump handler installed at start-up, the main thread blocked in a named
 # function, a second thread blocked in another.
@@ -34,11 +35,6 @@ def blocked_here():
 
 blocked_here()
 """
-
-
-def _state(pid: int) -> str:
-    stat = Path(f"/proc/{pid}/stat").read_bytes()
-    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3].decode()
 
 
 def _wait_state(pid: int, states: str, timeout_s: float = 5.0) -> str:

@@ -7,15 +7,16 @@ Pure logic with an explicit monitor clock. Heartbeat timeouts: process 10 s, pro
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import pytest
 
-from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.rules import HeartbeatRules, Liveness, Progress
+from tests.factories import Feed as _Feed
+from tests.factories import heartbeat_record, heartbeat_rules
 
 RUN = "run-sections"
-BASE_NS = 1_700_000_000_000_000_000
 
 PROGRESS_TIMEOUT = "gpu_progress_timeout"
 SECTION_TIMEOUT = "rank_section_timeout"
@@ -24,15 +25,10 @@ EXCEEDED = "rank_section_exceeded_its_timeout"
 OUT_OF_SECTION = "rank_out_of_section_too_long"
 
 
-def _cfg() -> HeartbeatConfig:
-    return HeartbeatConfig(
-        publish_interval_s=1.0,
-        initial_process_timeout_s=10.0,
-        process_timeout_s=10.0,
-        initial_progress_timeout_s=60.0,
-        progress_timeout_s=20.0,
-        checkpoint_timeout_s=100.0,
-    )
+rec = partial(
+    heartbeat_record, run_id=RUN, progress_seq=5, phase_elapsed=0.0, world_size=1, omit=("gpu",)
+)
+Feed = partial(_Feed, record=rec)
 
 
 def _rules(
@@ -40,64 +36,12 @@ def _rules(
     out_of_section: float | None = None,
     world: int = 1,
 ) -> HeartbeatRules:
-    return HeartbeatRules(
-        _cfg(),
-        RUN,
-        expected_world_size=world,
-        started_at=0.0,
+    return heartbeat_rules(
+        world,
+        run_id=RUN,
         section_timeouts=sections,
         out_of_section_timeout=out_of_section,
     )
-
-
-def rec(
-    rank: int,
-    seq: int,
-    *,
-    t: float = 0.0,
-    pid: int | None = None,
-    event: str = "heartbeat",
-    progress_seq: int = 5,
-    since: float = 0.5,
-    phase: str = "train",
-    phase_elapsed: float = 0.0,
-    checkpoint_active: bool = False,
-    exit: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    r: dict[str, Any] = {
-        "schema_version": 1,
-        "run_id": RUN,
-        "rank": rank,
-        "local_rank": rank,
-        "pid": 1000 + rank if pid is None else pid,
-        "seq": seq,
-        "event": event,
-        "hostname": f"host{rank}",
-        "node_rank": 0,
-        "progress_seq": progress_seq,
-        "iteration": progress_seq,
-        "since_progress_s": since,
-        "phase_elapsed_s": phase_elapsed,
-        "checkpoint_active": checkpoint_active,
-        "checkpoint_id": "c1" if checkpoint_active else None,
-        "phase": phase,
-        "wall_time_ns": BASE_NS + int(t * 1e9),
-        "world_size": 1,
-    }
-    if exit is not None:
-        r["exit"] = exit
-    return r
-
-
-class Feed:
-    def __init__(self, rules: HeartbeatRules) -> None:
-        self.rules = rules
-        self.seq: dict[int, int] = {}
-
-    def beat(self, rank: int, now: float, **kw: Any) -> None:
-        seq = self.seq.get(rank, -1) + 1
-        self.seq[rank] = seq
-        assert self.rules.ingest(rec(rank, seq, t=now, **kw), now)
 
 
 def run_stall(rules: HeartbeatRules, seconds: int, **kw: Any) -> list[tuple[int, dict[str, Any]]]:

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from rankguard.heartbeat.config import HeartbeatConfig
-from rankguard.heartbeat.rules import HeartbeatRules, Liveness, Progress
+from rankguard.heartbeat.rules import Liveness, Progress
 from rankguard.schema.records import HeartbeatRecord
-
-RUN = "run-1"
+from tests.factories import BASE_NS, Feed, types_of
+from tests.factories import heartbeat_record as rec
+from tests.factories import heartbeat_rules as _rules
 
 
 def vanished_record(last: dict[str, Any]) -> HeartbeatRecord:
@@ -24,85 +24,9 @@ def vanished_record(last: dict[str, Any]) -> HeartbeatRecord:
     return HeartbeatRecord.from_dict(last).vanished(BASE_NS)
 
 
-BASE_NS = 1_700_000_000_000_000_000
-
 PROCESS_TIMEOUT = "rank_process_heartbeat_timeout"
 PROGRESS_TIMEOUT = "gpu_progress_timeout"
 PROCESS_EXITED = "rank_process_exited"
-
-
-def _cfg() -> HeartbeatConfig:
-    return HeartbeatConfig(
-        publish_interval_s=1.0,
-        initial_process_timeout_s=10.0,
-        process_timeout_s=10.0,
-        initial_progress_timeout_s=60.0,
-        progress_timeout_s=20.0,
-        checkpoint_timeout_s=100.0,
-    )
-
-
-def _rules(world: int | None = 2, started_at: float = 0.0) -> HeartbeatRules:
-    return HeartbeatRules(_cfg(), RUN, expected_world_size=world, started_at=started_at)
-
-
-def rec(
-    rank: int,
-    seq: int,
-    *,
-    t: float = 0.0,
-    pid: int | None = None,
-    event: str = "heartbeat",
-    progress_seq: int = 1,
-    since: float = 0.5,
-    checkpoint_active: bool = False,
-    phase: str = "train",
-    run_id: str = RUN,
-    world_size: int = 2,
-    hostname: str | None = None,
-    exit: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """One heartbeat record; ``t`` (seconds) sets the publisher's wall clock."""
-    r: dict[str, Any] = {
-        "schema_version": 1,
-        "run_id": run_id,
-        "rank": rank,
-        "local_rank": rank,
-        "pid": 1000 + rank if pid is None else pid,
-        "seq": seq,
-        "event": event,
-        "hostname": hostname or f"host{rank}",
-        "node_rank": 0,
-        "progress_seq": progress_seq,
-        "iteration": progress_seq,
-        "since_progress_s": since,
-        "checkpoint_active": checkpoint_active,
-        "checkpoint_id": "c1" if checkpoint_active else None,
-        "phase": phase,
-        "wall_time_ns": BASE_NS + int(t * 1e9),
-        "world_size": world_size,
-        "gpu": {"ordinal": rank, "token": f"GPU-{rank}", "uuid": f"GPU-{rank}"},
-    }
-    if exit is not None:
-        r["exit"] = exit
-    return r
-
-
-def types_of(findings: list[dict[str, Any]]) -> list[tuple[int, str]]:
-    return [(f.rank, f.finding_type) for f in findings]
-
-
-class Feed:
-    """Publishes a heartbeat for each rank every second, like the real publisher."""
-
-    def __init__(self, rules: HeartbeatRules) -> None:
-        self.rules = rules
-        self.seq: dict[int, int] = {}
-
-    def beat(self, rank: int, now: float, **kw: Any) -> None:
-        seq = self.seq.get(rank, -1) + 1
-        self.seq[rank] = seq
-        assert self.rules.ingest(rec(rank, seq, t=now, **kw), now)
 
 
 # ---- normal operation ----------------------------------------------------------------

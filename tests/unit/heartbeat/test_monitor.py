@@ -6,18 +6,19 @@ import json
 import socket
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.monitor import FindingSink, JobMonitor
 from rankguard.schema.findings import Finding
-from rankguard.schema.layout import FINDINGS_FILE, STATUS_FILE, heartbeat_file_name
+from rankguard.schema.layout import FINDINGS_FILE, heartbeat_file_name
+from tests.factories import BASE_NS, FakeClock, heartbeat_config, heartbeat_record, read_status
+from tests.factories import write_heartbeats as write
 
 RUN = "run-mon"
-BASE_NS = 1_700_000_000_000_000_000
 
 LIVENESS = {"not_observed", "alive", "stale", "exited"}
 PROGRESS = {"not_observed", "starting", "progressing", "stalled", "unknown", "completed"}
@@ -64,86 +65,17 @@ FINDING_KEYS = {
 }
 
 
-class FakeClock:
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def _cfg() -> HeartbeatConfig:
-    return HeartbeatConfig(
-        publish_interval_s=1.0,
-        initial_process_timeout_s=10.0,
-        process_timeout_s=10.0,
-        initial_progress_timeout_s=60.0,
-        progress_timeout_s=20.0,
-        checkpoint_timeout_s=100.0,
-        scan_interval_s=0.05,
-    )
-
-
-def rec(
-    rank: int,
-    seq: int,
-    *,
-    pid: int | None = None,
-    event: str = "heartbeat",
-    progress_seq: int = 1,
-    since: float = 0.2,
-    hostname: str = "node-a",
-    node_rank: int = 0,
-    gpu_token: str | None = None,
-    world_size: int = 2,
-    exit: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    token = gpu_token if gpu_token is not None else str(rank)
-    r: dict[str, Any] = {
-        "schema_version": 1,
-        "event": event,
-        "run_id": RUN,
-        "seq": seq,
-        "wall_time_ns": BASE_NS + seq * 1_000_000_000,
-        "monotonic_ns": seq * 1_000_000_000,
-        "hostname": hostname,
-        "node_rank": node_rank,
-        "rank": rank,
-        "local_rank": rank % 2,
-        "world_size": world_size,
-        "pid": 4000 + rank if pid is None else pid,
-        "gpu": {
-            "ordinal": rank % 2,
-            "token": token,
-            "uuid": token if token.startswith("GPU-") else None,
-        },
-        "progress_seq": progress_seq,
-        "iteration": progress_seq,
-        "phase": "train",
-        "checkpoint_active": False,
-        "checkpoint_id": None,
-        "last_progress_monotonic_ns": None,
-        "since_progress_s": since,
-        "progress_source": "api",
-    }
-    if exit is not None:
-        r["exit"] = exit
-    return r
-
-
-def write(run_dir: Path, *records: dict[str, Any], raw_tail: str = "") -> None:
-    for r in records:
-        path = run_dir / heartbeat_file_name(r["rank"], r["pid"])
-        with open(path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(r) + "\n")
-    if raw_tail:
-        r = records[-1]
-        with open(run_dir / heartbeat_file_name(r["rank"], r["pid"]), "a") as fh:
-            fh.write(raw_tail)
-
-
-def read_status(run_dir: Path) -> dict[str, Any]:
-    return json.loads((run_dir / STATUS_FILE).read_text(encoding="utf-8"))
+rec = partial(
+    heartbeat_record,
+    run_id=RUN,
+    seq_step_ns=1_000_000_000,
+    hostname="node-a",
+    pid_base=4000,
+    ranks_per_node=2,
+    since=0.2,
+    gpu_token="{rank}",
+    publisher_fields=True,
+)
 
 
 def read_findings(run_dir: Path) -> list[dict[str, Any]]:
@@ -155,7 +87,14 @@ def read_findings(run_dir: Path) -> list[dict[str, Any]]:
 
 def _monitor(run_dir: Path, clock: FakeClock, world: int | None = 2, **kw: Any) -> JobMonitor:
     kw.setdefault("check_pids", False)
-    return JobMonitor(_cfg(), run_dir, RUN, expected_world_size=world, clock=clock, **kw)
+    return JobMonitor(
+        heartbeat_config(scan_interval_s=0.05),
+        run_dir,
+        RUN,
+        expected_world_size=world,
+        clock=clock,
+        **kw,
+    )
 
 
 def test_status_and_no_findings_for_healthy_ranks(tmp_path: Path) -> None:
@@ -626,7 +565,7 @@ def test_a_rotating_rank_file_is_followed_without_findings(tmp_path: Path) -> No
 
 
 def test_mirrored_files_rotate_like_the_ranks_own(tmp_path: Path) -> None:
-    cfg = _cfg()
+    cfg = heartbeat_config(scan_interval_s=0.05)
     cfg.max_file_mb = 0.002  # 2000 bytes
     remote = FakeRemote()
     mon = JobMonitor(

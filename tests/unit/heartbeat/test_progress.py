@@ -5,17 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rankguard.heartbeat.progress import CHECKPOINT_PHASE, ProgressTracker
-
-
-class FakeClock:
-    def __init__(self, start_ns: int = 1_000_000_000) -> None:
-        self.ns = start_ns
-
-    def __call__(self) -> int:
-        return self.ns
-
-    def advance(self, seconds: float) -> None:
-        self.ns += int(seconds * 1e9)
+from tests.factories import FakeNsClock as FakeClock
 
 
 class FakeEvent:

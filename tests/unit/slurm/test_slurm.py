@@ -4,7 +4,6 @@ srun/scontrol/sbatch (tests/fakes/bin), the retry decision and the retry wrapper
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import subprocess
@@ -19,8 +18,8 @@ from rankguard.launcher.exitcodes import EXIT_CRASH, EXIT_FAILED, EXIT_HANG, RET
 from rankguard.slurm import Decision, SbatchSpec, decide, parse_job_id, render_sbatch
 from rankguard.slurm import cli as slurm_cli
 from rankguard.slurm.retry import run_with_retries
+from tests.factories import FAKE_BIN, read_jsonl
 
-FAKE_BIN = Path(__file__).resolve().parents[1] / "fakes" / "bin"
 JOB_ID = "777"
 
 pytestmark = pytest.mark.timeout(60)
@@ -50,12 +49,6 @@ def spec(**kw: Any) -> SbatchSpec:
     }
     base.update(kw)
     return SbatchSpec(**base)
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def flag(argv: list[str], name: str) -> str:

@@ -12,7 +12,6 @@ import pytest
 from rankguard.cli.status_render import _FINDING_ABBREV, _WARNING_FINDINGS
 from rankguard.exporter.collector import FindingCounts
 from rankguard.ft.config import FINDING_TYPES, FaultToleranceConfig
-from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.monitor import JobMonitor
 from rankguard.heartbeat.relay import StoreRelay
 from rankguard.report.charts import FINDING_STYLE
@@ -30,6 +29,7 @@ from rankguard.schema import (
     supersedes,
 )
 from rankguard.schema.layout import HEALTH_FILE_RE, HEARTBEAT_FILE_RE, heartbeat_file_name
+from tests.factories import FakeClock, heartbeat_config
 
 RUN = "run-schema"
 BASE_NS = 1_700_000_000_000_000_000
@@ -150,30 +150,13 @@ def test_rank_bound_is_the_jobs() -> None:
         HeartbeatRecord.from_dict(raw(4), max_ranks=4)
 
 
-def _cfg() -> HeartbeatConfig:
-    return HeartbeatConfig(
-        publish_interval_s=1.0,
-        initial_process_timeout_s=10.0,
-        process_timeout_s=10.0,
-        initial_progress_timeout_s=60.0,
-        progress_timeout_s=20.0,
-        checkpoint_timeout_s=100.0,
-    )
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def test_every_wrong_typed_record_is_skipped_and_the_scan_still_writes(tmp_path: Path) -> None:
     """One bad record of each kind, in the files of both ranks, between good ones: every
     scan writes status.json, the bad ones are counted, and a real fault is still found."""
-    clock = Clock()
-    mon = JobMonitor(_cfg(), tmp_path, RUN, expected_world_size=2, clock=clock, check_pids=False)
+    clock = FakeClock(0.0)
+    mon = JobMonitor(
+        heartbeat_config(), tmp_path, RUN, expected_world_size=2, clock=clock, check_pids=False
+    )
     layout = RunLayout(tmp_path)
 
     def append(rank: int, record: Any) -> None:
@@ -202,7 +185,14 @@ def test_every_wrong_typed_record_is_skipped_and_the_scan_still_writes(tmp_path:
 
 
 def test_a_rank_outside_the_job_is_counted_not_shown(tmp_path: Path) -> None:
-    mon = JobMonitor(_cfg(), tmp_path, RUN, expected_world_size=2, clock=Clock(), check_pids=False)
+    mon = JobMonitor(
+        heartbeat_config(),
+        tmp_path,
+        RUN,
+        expected_world_size=2,
+        clock=FakeClock(),
+        check_pids=False,
+    )
     path = tmp_path / heartbeat_file_name(100_000, 7)
     path.write_text(json.dumps(raw(100_000, pid=7)) + "\n", encoding="utf-8")
     mon.scan_once()

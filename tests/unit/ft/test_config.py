@@ -1,4 +1,5 @@
-"""Fault-tolerance configuration: defaults, validation naming the field, seed 002's keys."""
+"""Fault-tolerance configuration: defaults, validation naming the field, and the keys of
+Megatron-Bridge's FaultTolerancePlugin."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ DEFAULT_ACTIONS = {
     "straggler_detected": "report",
 }
 
-SEED_002_YAML = """\
+FT_PLUGIN_YAML = """\
 fault_tolerance:
   enable_ft_package: true
   calc_ft_timeouts: true
@@ -67,7 +68,7 @@ def test_defaults_through_the_top_level_config() -> None:
     cfg = load_config()
     assert cfg.fault_tolerance.actions == DEFAULT_ACTIONS
     assert cfg.fault_tolerance.num_in_job_restarts == 0
-    # No seed name set: the heartbeat timeouts keep their own defaults.
+    # No FaultTolerancePlugin timeout set: the heartbeat timeouts keep their own defaults.
     assert cfg.heartbeat.initial_process_timeout_s == 30.0
     assert cfg.heartbeat.process_timeout_s == 30.0
 
@@ -248,10 +249,10 @@ def test_malformed_section_timeouts_name_the_key(value: str, needle: str) -> Non
         load_config(overrides=[f"fault_tolerance.rank_section_timeouts={value}"])
 
 
-# ---- seed names of the heartbeat timeouts --------------------------------------------
+# ---- FaultTolerancePlugin names of the heartbeat timeouts -----------------------------
 
 
-def test_seed_heartbeat_names_set_the_heartbeat_timeouts() -> None:
+def test_ft_plugin_heartbeat_names_set_the_heartbeat_timeouts() -> None:
     cfg = load_config(
         overrides=[
             "fault_tolerance.initial_rank_heartbeat_timeout=1800",
@@ -262,7 +263,7 @@ def test_seed_heartbeat_names_set_the_heartbeat_timeouts() -> None:
     assert cfg.heartbeat.process_timeout_s == 300.0
 
 
-def test_seed_heartbeat_names_win_over_heartbeat_keys() -> None:
+def test_ft_plugin_heartbeat_names_win_over_heartbeat_keys() -> None:
     cfg = load_config(
         overrides=["heartbeat.process_timeout_s=40", "fault_tolerance.rank_heartbeat_timeout=90"]
     )
@@ -270,7 +271,7 @@ def test_seed_heartbeat_names_win_over_heartbeat_keys() -> None:
     assert cfg.heartbeat.initial_process_timeout_s == 30.0  # the other one untouched
 
 
-def test_seed_heartbeat_names_are_validated() -> None:
+def test_ft_plugin_heartbeat_names_are_validated() -> None:
     # publish_interval_s defaults to 5: a 5 s process timeout is not > 5.
     with pytest.raises(ConfigError, match=r"heartbeat\.process_timeout_s: must be > publish"):
         load_config(overrides=["fault_tolerance.rank_heartbeat_timeout=5"])
@@ -283,7 +284,7 @@ def test_seed_heartbeat_names_are_validated() -> None:
     assert cfg.heartbeat.process_timeout_s == 2.0
 
 
-def test_seed_heartbeat_names_directly_on_rankguard_config() -> None:
+def test_ft_plugin_heartbeat_names_directly_on_rankguard_config() -> None:
     cfg = RankguardConfig(
         fault_tolerance=FaultToleranceConfig(
             initial_rank_heartbeat_timeout=120.0, rank_heartbeat_timeout=60.0
@@ -295,11 +296,11 @@ def test_seed_heartbeat_names_directly_on_rankguard_config() -> None:
         RankguardConfig(fault_tolerance=FaultToleranceConfig(rank_heartbeat_timeout=1.0))
 
 
-# ---- seed 002 ------------------------------------------------------------------------
+# ---- Megatron-Bridge's FaultTolerancePlugin options -----------------------------------
 
 
-def test_seed_002_plugin_options_load(tmp_path: Path) -> None:
-    cfg = load_config(_write(tmp_path, SEED_002_YAML))
+def test_ft_plugin_options_load(tmp_path: Path) -> None:
+    cfg = load_config(_write(tmp_path, FT_PLUGIN_YAML))
     ft = cfg.fault_tolerance
     assert ft.enable_ft_package is True
     assert ft.calc_ft_timeouts is True
@@ -314,8 +315,8 @@ def test_seed_002_plugin_options_load(tmp_path: Path) -> None:
     assert ft.actions == DEFAULT_ACTIONS
 
 
-def test_seed_002_plugin_options_in_the_flagscale_layout(tmp_path: Path) -> None:
-    body = textwrap.indent(SEED_002_YAML, "    ")
+def test_ft_plugin_options_in_the_flagscale_layout(tmp_path: Path) -> None:
+    body = textwrap.indent(FT_PLUGIN_YAML, "    ")
     cfg = load_config(_write(tmp_path, "experiment:\n  runner:\n" + body))
     assert cfg.fault_tolerance.num_in_job_restarts == 3
     assert cfg.heartbeat.process_timeout_s == 300.0

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +19,11 @@ import pytest
 
 from rankguard.ft.actions import FaultHandler
 from rankguard.ft.config import FaultToleranceConfig
-from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.rules import HeartbeatRules
 from rankguard.schema.findings import Finding, FindingType, Reason
+from tests.factories import heartbeat_config, heartbeat_record
 
 RUN = "run-actions"
-BASE_NS = 1_700_000_000_000_000_000
 HOST = socket.gethostname()
 BUSY = "none (a restart is already under way)"
 
@@ -44,6 +44,16 @@ blocked_here()
 # No dump handler: the dump signal (a real-time signal) would terminate it, so it stays
 # alive only if nothing is sent to it.
 PLAIN_CHILD = 'import time\nprint("ready", flush=True)\ntime.sleep(60)\n'
+
+
+rec = partial(
+    heartbeat_record,
+    run_id=RUN,
+    hostname=HOST,
+    progress_seq=5,
+    since=0.2,
+    omit=("gpu", "checkpoint_id"),
+)
 
 
 class FakeMonitor:
@@ -72,48 +82,6 @@ class RemoteKills:
         self.calls.append((node, targets))
 
 
-def _hb_cfg() -> HeartbeatConfig:
-    return HeartbeatConfig(
-        publish_interval_s=1.0,
-        initial_process_timeout_s=10.0,
-        process_timeout_s=10.0,
-        initial_progress_timeout_s=60.0,
-        progress_timeout_s=20.0,
-        checkpoint_timeout_s=100.0,
-    )
-
-
-def rec(
-    rank: int,
-    pid: int,
-    *,
-    hostname: str = HOST,
-    node_rank: int = 0,
-    progress_seq: int = 5,
-    since: float = 0.2,
-    world_size: int = 2,
-    seq: int = 1,
-) -> dict[str, Any]:
-    return {
-        "schema_version": 1,
-        "run_id": RUN,
-        "rank": rank,
-        "local_rank": rank,
-        "pid": pid,
-        "seq": seq,
-        "event": "heartbeat",
-        "hostname": hostname,
-        "node_rank": node_rank,
-        "progress_seq": progress_seq,
-        "iteration": progress_seq,
-        "since_progress_s": since,
-        "checkpoint_active": False,
-        "phase": "train",
-        "wall_time_ns": BASE_NS,
-        "world_size": world_size,
-    }
-
-
 def finding(ftype: str, rank: int, pid: int | None) -> Finding:
     return Finding(
         finding_type=FindingType(ftype),
@@ -126,7 +94,9 @@ def finding(ftype: str, rank: int, pid: int | None) -> Finding:
 
 
 def _rules(*records: dict[str, Any]) -> HeartbeatRules:
-    rules = HeartbeatRules(_hb_cfg(), RUN, expected_world_size=len(records) or None, started_at=0.0)
+    rules = HeartbeatRules(
+        heartbeat_config(), RUN, expected_world_size=len(records) or None, started_at=0.0
+    )
     for r in records:
         assert rules.ingest(r, 0.0)
     return rules
@@ -185,7 +155,7 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
 
 def test_report_does_nothing(tmp_path: Path, spawn: Callable[..., Any]) -> None:
     child = spawn(0, handler=False)
-    rules = _rules(rec(0, child.pid, world_size=1))
+    rules = _rules(rec(0, pid=child.pid, world_size=1))
     handler, monitor, agent = _handler(tmp_path, rules, actions={"gpu_progress_timeout": "report"})
     f = finding("gpu_progress_timeout", 0, child.pid)
     handler.before_write(f)
@@ -204,7 +174,7 @@ def test_report_does_nothing(tmp_path: Path, spawn: Callable[..., Any]) -> None:
 
 
 def test_health_findings_are_reported_by_default(tmp_path: Path) -> None:
-    handler, _, agent = _handler(tmp_path, _rules(rec(0, 999_999, world_size=1)))
+    handler, _, agent = _handler(tmp_path, _rules(rec(0, pid=999_999, world_size=1)))
     for ftype in (
         "gpu_hardware_health_failure",
         "gpu_hardware_health_warning",
@@ -225,7 +195,7 @@ def test_restart_dumps_culprit_first_then_kills_it(
 ) -> None:
     rank0, rank1 = spawn(0), spawn(1)
     # Rank 1 has not progressed for 25 s (> 20 s) and is behind rank 0: the culprit.
-    rules = _rules(rec(0, rank0.pid, progress_seq=7), rec(1, rank1.pid, since=25.0))
+    rules = _rules(rec(0, pid=rank0.pid, progress_seq=7), rec(1, pid=rank1.pid, since=25.0))
     found = rules.evaluate(0.1)
     assert [(f.rank, f.finding_type) for f in found] == [(1, "gpu_progress_timeout")]
     handler, monitor, agent = _handler(tmp_path, rules)
@@ -253,7 +223,7 @@ def test_second_finding_while_busy_is_not_acted_on(
     tmp_path: Path, spawn: Callable[..., Any]
 ) -> None:
     rank0, rank1 = spawn(0), spawn(1)
-    rules = _rules(rec(0, rank0.pid), rec(1, rank1.pid))
+    rules = _rules(rec(0, pid=rank0.pid), rec(1, pid=rank1.pid))
     handler, monitor, agent = _handler(tmp_path, rules)
     first = finding("gpu_progress_timeout", 1, rank1.pid)
     handler.before_write(first)
@@ -293,7 +263,7 @@ def test_second_finding_while_busy_is_not_acted_on(
 
 def test_abort_sets_the_cause_with_abort(tmp_path: Path, spawn: Callable[..., Any]) -> None:
     child = spawn(0)
-    rules = _rules(rec(0, child.pid, world_size=1))
+    rules = _rules(rec(0, pid=child.pid, world_size=1))
     handler, monitor, agent = _handler(tmp_path, rules, actions={"gpu_progress_timeout": "abort"})
     f = finding("gpu_progress_timeout", 0, child.pid)
     handler.before_write(f)
@@ -312,7 +282,7 @@ def test_exited_rank_no_dump_no_kill_but_cause(tmp_path: Path, spawn: Callable[.
     # The record's pid is alive and has no dump handler: a dump signal or a kill sent to
     # it would end it.
     child = spawn(0, handler=False)
-    rules = _rules(rec(0, child.pid, world_size=1))
+    rules = _rules(rec(0, pid=child.pid, world_size=1))
     handler, monitor, agent = _handler(tmp_path, rules)
     f = finding("rank_process_exited", 0, child.pid)
     handler.before_write(f)
@@ -335,9 +305,9 @@ def test_exited_rank_no_dump_no_kill_but_cause(tmp_path: Path, spawn: Callable[.
 
 def _remote_rules() -> HeartbeatRules:
     return _rules(
-        rec(0, 4101, hostname="node-b", node_rank=1, world_size=3),
-        rec(1, 4102, hostname="node-b", node_rank=1, world_size=3, since=30.0),
-        rec(2, 4103, hostname="node-c", node_rank=2, world_size=3),
+        rec(0, pid=4101, hostname="node-b", node_rank=1, world_size=3),
+        rec(1, pid=4102, hostname="node-b", node_rank=1, world_size=3, since=30.0),
+        rec(2, pid=4103, hostname="node-c", node_rank=2, world_size=3),
     )
 
 
@@ -389,9 +359,9 @@ def test_never_observed_rank_does_not_leave_the_handler_busy(
     tmp_path: Path, spawn: Callable[..., Any]
 ) -> None:
     child = spawn(0)
-    rules = HeartbeatRules(_hb_cfg(), RUN, expected_world_size=2, started_at=0.0)
-    assert rules.ingest(rec(0, child.pid), 0.0)
-    assert rules.ingest(rec(0, child.pid, seq=2), 10.5)
+    rules = HeartbeatRules(heartbeat_config(), RUN, expected_world_size=2, started_at=0.0)
+    assert rules.ingest(rec(0, pid=child.pid), 0.0)
+    assert rules.ingest(rec(0, pid=child.pid, seq=2), 10.5)
     never = rules.evaluate(11.0)  # rank 1 never published a heartbeat
     assert [(f.rank, f.reason) for f in never] == [(1, "rank_process_heartbeat_never_observed")]
     handler, _, _ = _handler(tmp_path, rules)
@@ -412,8 +382,8 @@ def test_rank_of_another_node_on_this_host_is_left_to_that_node(
     # 1's run directory, so node 1's relay dumps and kills it, not this handler.
     node1_rank = spawn(1)
     rules = _rules(
-        rec(0, 999_999, node_rank=0),
-        rec(1, node1_rank.pid, node_rank=1, since=30.0),
+        rec(0, pid=999_999, node_rank=0),
+        rec(1, pid=node1_rank.pid, node_rank=1, since=30.0),
     )
     remote = RemoteKills()
     monitor, agent = FakeMonitor(rules), FakeAgent()

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import socket
 import sys
 import threading
@@ -23,8 +21,8 @@ from rankguard.health import (
 )
 from rankguard.health import collector as collector_mod
 from rankguard.heartbeat.config import HardwareHealthConfig
+from tests.factories import load_fake_pynvml
 
-FAKES = Path(__file__).resolve().parents[1] / "fakes"
 SNAPSHOT_KEYS = {
     "schema_version",
     "source",
@@ -52,10 +50,7 @@ def no_backends(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.Monke
 @pytest.fixture
 def nvml(no_backends: pytest.MonkeyPatch, tmp_path: Path) -> Any:
     """A fake pynvml; returns a ``configure(gpus, **top)`` function with ``make_gpu``."""
-    spec = importlib.util.spec_from_file_location("pynvml", FAKES / "fake_nvml" / "pynvml.py")
-    assert spec is not None and spec.loader is not None
-    module: ModuleType = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_fake_pynvml()
     no_backends.setitem(sys.modules, "pynvml", module)
     config = tmp_path / "nvml.json"
     no_backends.setenv(module.CONFIG_ENV, str(config))
@@ -70,12 +65,9 @@ def nvml(no_backends: pytest.MonkeyPatch, tmp_path: Path) -> Any:
 
 
 @pytest.fixture
-def smi(no_backends: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    for name in list(os.environ):
-        if name.startswith("FAKE_SMI_"):
-            no_backends.delenv(name)
-    no_backends.setenv("PATH", f"{FAKES / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    return no_backends
+def smi(no_backends: pytest.MonkeyPatch, fake_smi: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """The fake nvidia-smi first on PATH, after no_backends emptied it."""
+    return fake_smi
 
 
 def _cfg(interval_s: float = 60.0) -> HardwareHealthConfig:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -12,24 +11,15 @@ import pytest
 
 from rankguard.health.nvml import collect_nvml
 from rankguard.health.schema import GPU_FIELDS, NodeStatus
-
-FAKE_PYNVML = Path(__file__).resolve().parents[1] / "fakes" / "fake_nvml" / "pynvml.py"
+from tests.factories import load_fake_pynvml
 
 pytestmark = pytest.mark.timeout(10)
-
-
-def _load_fake() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("pynvml", FAKE_PYNVML)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture
 def fake_nvml(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
     """Install a fresh fake ``pynvml``; returns a ``configure(gpus, **top)`` function."""
-    module = _load_fake()
+    module = load_fake_pynvml()
     monkeypatch.setitem(sys.modules, "pynvml", module)
     config = tmp_path / "nvml.json"
     monkeypatch.setenv(module.CONFIG_ENV, str(config))

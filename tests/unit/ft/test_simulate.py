@@ -8,13 +8,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rankguard.ft.config import FaultToleranceConfig
 from rankguard.ft.simulate import STALL_SIGNAL, FaultSimulator
+from tests.factories import proc_state as _state
 
 CONCRETE = {"rank_hung", "rank_killed", "rank_stalled"}
 
@@ -74,11 +74,6 @@ def start_child() -> Iterator[Callable[[str], subprocess.Popen[str]]]:
             proc.wait(timeout=10)
             if proc.stdout is not None:
                 proc.stdout.close()
-
-
-def _state(pid: int) -> str:
-    stat = Path(f"/proc/{pid}/stat").read_bytes()
-    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3].decode()
 
 
 # ---- choice --------------------------------------------------------------------------

@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rankguard.heartbeat.identity import GpuAssignment, RankIdentity
+from rankguard.heartbeat.identity import GpuAssignment
 from rankguard.heartbeat.progress import ProgressTracker
 from rankguard.heartbeat.publisher import HeartbeatPublisher
 from rankguard.schema.layout import heartbeat_file_name
 from rankguard.schema.records import Event
+from tests.factories import rank_identity
+from tests.factories import read_records as _records
 
 RECORD_KEYS = {
     "schema_version",
@@ -43,22 +45,15 @@ RECORD_KEYS = {
 }
 
 
-def _identity(gpu: GpuAssignment | None = None) -> RankIdentity:
-    return RankIdentity(
-        run_id="run-pub",
-        rank=3,
-        local_rank=1,
-        world_size=4,
-        node_rank=1,
-        hostname="node-b",
-        pid=os.getpid(),
-        gpu=gpu,
-    )
-
-
-def _records(path: Path) -> list[dict[str, Any]]:
-    lines = path.read_text(encoding="utf-8").splitlines()
-    return [json.loads(line) for line in lines]
+_identity = partial(
+    rank_identity,
+    run_id="run-pub",
+    rank=3,
+    local_rank=1,
+    world_size=4,
+    node_rank=1,
+    hostname="node-b",
+)
 
 
 def _wait_for(cond: Callable[[], bool], timeout: float = 2.0) -> bool:
@@ -85,7 +80,7 @@ def _start(
     gpu: GpuAssignment | None = None,
 ) -> tuple[HeartbeatPublisher, ProgressTracker]:
     tracker = ProgressTracker(mode="cpu")
-    pub = HeartbeatPublisher(_identity(gpu), tmp_path, tracker, interval_s)
+    pub = HeartbeatPublisher(_identity(gpu=gpu), tmp_path, tracker, interval_s)
     publishers.append(pub)
     pub.start()
     return pub, tracker

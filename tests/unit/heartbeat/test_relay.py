@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +19,27 @@ from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.monitor import JobMonitor
 from rankguard.heartbeat.relay import StoreRelay, StoreRemoteSource
 from rankguard.schema.layout import StoreKeys, heartbeat_file_name
+from tests.factories import heartbeat_record
+from tests.factories import write_heartbeats as write
 
 dist = pytest.importorskip("torch.distributed")
 
 RUN = "run-relay"
-BASE_NS = 1_700_000_000_000_000_000
+
+
+rec = partial(
+    heartbeat_record,
+    run_id=RUN,
+    seq_step_ns=1_000_000_000,
+    hostname="node-b",
+    node_rank=1,
+    ranks_per_node=2,
+    world_size=4,
+    gpu_token=None,
+    progress_lead=0,
+    since=0.1,
+    omit=("checkpoint_id",),
+)
 
 
 class SyncedClient:
@@ -52,36 +69,6 @@ def stores() -> Iterator[tuple[Any, Any]]:
     client = dist.TCPStore("127.0.0.1", master.port, is_master=False, timeout=timedelta(seconds=10))
     yield master, SyncedClient(client)
     del client, master
-
-
-def rec(rank: int, seq: int, pid: int, *, event: str = "heartbeat", **kw: Any) -> dict[str, Any]:
-    r: dict[str, Any] = {
-        "schema_version": 1,
-        "event": event,
-        "run_id": RUN,
-        "seq": seq,
-        "wall_time_ns": BASE_NS + seq * 1_000_000_000,
-        "hostname": "node-b",
-        "node_rank": 1,
-        "rank": rank,
-        "local_rank": rank - 2,
-        "world_size": 4,
-        "pid": pid,
-        "gpu": None,
-        "progress_seq": seq,
-        "iteration": seq,
-        "phase": "train",
-        "checkpoint_active": False,
-        "since_progress_s": 0.1,
-    }
-    r.update(kw)
-    return r
-
-
-def write(run_dir: Path, *records: dict[str, Any]) -> None:
-    for r in records:
-        with open(run_dir / heartbeat_file_name(r["rank"], r["pid"]), "a") as fh:
-            fh.write(json.dumps(r) + "\n")
 
 
 def dead_pid() -> int:

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from .test_hb_rules import Feed, _rules, types_of
+from tests.factories import Feed, types_of
+from tests.factories import heartbeat_rules as _rules
 
 
 def test_stalled_rank_ahead_of_a_live_rank_waits_for_it() -> None:

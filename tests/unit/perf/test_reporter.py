@@ -25,9 +25,10 @@ from rankguard.perf.reporter import (
     final_statistics,
     prune_runs,
 )
+from tests.factories import FakeNsClock as FakeClock
 
 MS = 1_000_000  # ns
-ENTRY_KEYS = {  # the seed's iteration_logs keys
+ENTRY_KEYS = {  # FlagScale perf_monitor's iteration_logs keys
     "iteration",
     "timestamp",
     "TFLOPS_per_GPU",
@@ -42,17 +43,6 @@ ENTRY_KEYS = {  # the seed's iteration_logs keys
 
 def approx(x: float) -> Any:
     return pytest.approx(x, rel=1e-5)
-
-
-class FakeClock:
-    def __init__(self, start_ns: int = 1_000_000_000) -> None:
-        self.ns = start_ns
-
-    def __call__(self) -> int:
-        return self.ns
-
-    def advance_ms(self, ms: float) -> None:
-        self.ns += int(ms * MS)
 
 
 class Rig:

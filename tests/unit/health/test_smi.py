@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -13,19 +12,7 @@ import pytest
 from rankguard.health.schema import GPU_FIELDS, NodeStatus
 from rankguard.health.smi import QUERY_FIELDS, collect_smi, parse_csv, parse_value
 
-FAKE_BIN = Path(__file__).resolve().parents[1] / "fakes" / "bin"
-
 pytestmark = pytest.mark.timeout(20)
-
-
-@pytest.fixture
-def fake_smi(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """Put the fake nvidia-smi first on PATH and clear its knobs."""
-    for name in list(os.environ):
-        if name.startswith("FAKE_SMI_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("PATH", f"{FAKE_BIN}{os.pathsep}{os.environ.get('PATH', '')}")
-    return monkeypatch
 
 
 def _row(**cells: str) -> str:

@@ -1,4 +1,4 @@
-"""Straggler detection: config (seed 002 defaults), node-0 detector, rank-side probe.
+"""Straggler detection: config (NVRx's straggler defaults), node-0 detector, rank-side probe.
 
 Pure logic, no processes: the detector sees fake rank states (objects with a
 ``.record`` dict, as the monitor's ``RankState``), the probe runs on this thread (with a
@@ -24,7 +24,6 @@ import pytest
 import rankguard.straggler.probe as probe_mod
 from rankguard.config import ConfigError, load_config
 from rankguard.heartbeat.config import HeartbeatConfig
-from rankguard.heartbeat.identity import RankIdentity
 from rankguard.heartbeat.progress import ProgressTracker
 from rankguard.schema.layout import heartbeat_file_name
 from rankguard.schema.records import HeartbeatRecord, RecordError
@@ -32,6 +31,7 @@ from rankguard.session import NullSession, Session
 from rankguard.straggler.config import StragglerConfig
 from rankguard.straggler.detector import StragglerDetector
 from rankguard.straggler.probe import ComputeProbe
+from tests.factories import rank_identity
 
 RUN = "run-straggler"
 T0 = 1000.0  # the detector's start (monitor clock, seconds)
@@ -107,7 +107,7 @@ class Reports:
 
 # ---- config ----------------------------------------------------------------------------
 
-SEED_002 = {
+NVRX_STRAGGLER_DEFAULTS = {
     "enabled": False,
     "report_time_interval": 300.0,
     "calc_relative_gpu_perf": True,
@@ -121,9 +121,9 @@ SEED_002 = {
 }
 
 
-def test_config_defaults_are_seed_002() -> None:
+def test_config_defaults_are_nvrx_straggler_defaults() -> None:
     cfg = StragglerConfig()
-    assert {f.name: getattr(cfg, f.name) for f in fields(cfg)} == SEED_002
+    assert {f.name: getattr(cfg, f.name) for f in fields(cfg)} == NVRX_STRAGGLER_DEFAULTS
     assert all(f.metadata.get("help") for f in fields(cfg))  # every key documented
 
 
@@ -601,25 +601,12 @@ def test_probe_ring_keeps_the_latest_samples(cpu: FakeCpu) -> None:
 # ---- session ---------------------------------------------------------------------------
 
 
-def _identity() -> RankIdentity:
-    return RankIdentity(
-        run_id=RUN,
-        rank=0,
-        local_rank=0,
-        world_size=1,
-        node_rank=0,
-        hostname="host",
-        pid=os.getpid(),
-        gpu=None,
-    )
-
-
 @pytest.fixture
 def probed(tmp_path: Path) -> Iterator[tuple[Session, ComputeProbe, ProgressTracker]]:
     tracker = ProgressTracker(mode="cpu")
     probe = ComputeProbe(tracker.step_end)
     s = Session(
-        _identity(),
+        rank_identity(run_id=RUN),
         tmp_path,
         HeartbeatConfig(publish_interval_s=0.05),
         tracker=tracker,
@@ -699,7 +686,9 @@ def test_session_compute_is_a_reusable_context(
 
 def test_session_without_probe_compute_is_a_no_op(tmp_path: Path) -> None:
     tracker = ProgressTracker(mode="cpu")
-    s = Session(_identity(), tmp_path, HeartbeatConfig(), tracker=tracker, publish=False)
+    s = Session(
+        rank_identity(run_id=RUN), tmp_path, HeartbeatConfig(), tracker=tracker, publish=False
+    )
     with s.compute():
         pass
     s.step_end(1)

@@ -12,6 +12,7 @@ import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +24,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rankguard.exporter import ENDPOINT_FILE, MetricsExporter, start_for_monitor
 from rankguard.exporter.collector import JOB_STATES, METRICS
-from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.monitor import JobMonitor
 from rankguard.perf.config import PrometheusConfig
-from rankguard.schema.layout import heartbeat_file_name
+from tests.factories import FakeClock, heartbeat_config, heartbeat_record
+from tests.factories import write_heartbeats as write
 
 RUN = "run-prom"
-BASE_NS = 1_700_000_000_000_000_000
 NAME_RE = re.compile(r"^rankguard_[a-z0-9_]+$")
 ALLOWED_LABELS = {"rank", "node_rank", "local_rank", "hostname", "state", "stat", "status"}
 ALLOWED_LABELS |= {"finding_type"}
@@ -39,24 +39,16 @@ PROGRESS = ("not_observed", "starting", "progressing", "stalled", "unknown", "co
 pytestmark = pytest.mark.timeout(60)
 
 
-class FakeClock:
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def _cfg() -> HeartbeatConfig:
-    return HeartbeatConfig(
-        publish_interval_s=1.0,
-        initial_process_timeout_s=10.0,
-        process_timeout_s=10.0,
-        initial_progress_timeout_s=60.0,
-        progress_timeout_s=20.0,
-        checkpoint_timeout_s=100.0,
-        scan_interval_s=0.05,
-    )
+rec = partial(
+    heartbeat_record,
+    run_id=RUN,
+    seq_step_ns=1_000_000_000,
+    hostname="node-a",
+    pid_base=4000,
+    since=0.25,
+    gpu_token=None,
+    publisher_fields=True,
+)
 
 
 def perf(step: int, ms: float, tflops: float | None, mem_gb: float) -> dict[str, Any]:
@@ -70,53 +62,14 @@ def perf(step: int, ms: float, tflops: float | None, mem_gb: float) -> dict[str,
     }
 
 
-def rec(
-    rank: int,
-    seq: int,
-    *,
-    progress_seq: int = 1,
-    since: float = 0.25,
-    perf_fields: dict[str, Any] | None = None,
-    world_size: int = 2,
-    event: str = "heartbeat",
-) -> dict[str, Any]:
-    r: dict[str, Any] = {
-        "schema_version": 1,
-        "event": event,
-        "run_id": RUN,
-        "seq": seq,
-        "wall_time_ns": BASE_NS + seq * 1_000_000_000,
-        "monotonic_ns": seq * 1_000_000_000,
-        "hostname": "node-a",
-        "node_rank": 0,
-        "rank": rank,
-        "local_rank": rank,
-        "world_size": world_size,
-        "pid": 4000 + rank,
-        "gpu": None,
-        "progress_seq": progress_seq,
-        "iteration": progress_seq,
-        "phase": "train",
-        "checkpoint_active": False,
-        "checkpoint_id": None,
-        "last_progress_monotonic_ns": None,
-        "since_progress_s": since,
-        "progress_source": "api",
-    }
-    if perf_fields is not None:
-        r["perf"] = perf_fields
-    return r
-
-
-def write(run_dir: Path, *records: dict[str, Any]) -> None:
-    for r in records:
-        with open(run_dir / heartbeat_file_name(r["rank"], r["pid"]), "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(r) + "\n")
-
-
 def _monitor(run_dir: Path, clock: FakeClock, world: int = 2) -> JobMonitor:
     return JobMonitor(
-        _cfg(), run_dir, RUN, expected_world_size=world, clock=clock, check_pids=False
+        heartbeat_config(scan_interval_s=0.05),
+        run_dir,
+        RUN,
+        expected_world_size=world,
+        clock=clock,
+        check_pids=False,
     )
 
 
@@ -167,8 +120,8 @@ def _running_job(tmp_path: Path, clock: FakeClock) -> JobMonitor:
     mon = _monitor(tmp_path, clock)
     write(
         tmp_path,
-        rec(0, 0, progress_seq=7, perf_fields=perf(7, 123.4, 55.5, 3.25)),
-        rec(1, 0, progress_seq=7, since=0.5, perf_fields=perf(7, 130.0, 50.0, 4.0)),
+        rec(0, 0, progress_seq=7, perf=perf(7, 123.4, 55.5, 3.25)),
+        rec(1, 0, progress_seq=7, since=0.5, perf=perf(7, 130.0, 50.0, 4.0)),
     )
     mon.scan_once()
     return mon
@@ -280,7 +233,7 @@ def test_missing_values_are_absent_not_zero(
     mon = _monitor(tmp_path, clock, world=3)
     write(
         tmp_path,
-        rec(0, 0, perf_fields=perf(1, 10.0, None, 1.0), world_size=3),  # no FLOPs configured
+        rec(0, 0, perf=perf(1, 10.0, None, 1.0), world_size=3),  # no FLOPs configured
         rec(1, 0, world_size=3),  # no perf window yet
     )  # rank 2 never seen
     mon.scan_once()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,8 @@ import pytest
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.monitor import JobMonitor
 from rankguard.heartbeat.perfranks import PERF_RANKS_FILE, PerfRanks
-from rankguard.schema.layout import heartbeat_file_name
+from tests.factories import FakeClock, heartbeat_record
+from tests.factories import write_heartbeats as _write
 
 RUN = "run-pr"
 LINE_KEYS = {
@@ -27,6 +29,19 @@ LINE_KEYS = {
     "fastest_rank",
     "by_rank",
 }
+
+
+_rec = partial(
+    heartbeat_record,
+    run_id=RUN,
+    seq_step_ns=1,
+    hostname="node-a",
+    pid_base=5000,
+    progress_lead=1,
+    since=0.1,
+    gpu_token=None,
+    publisher_fields=True,
+)
 
 
 def windows(*items: tuple[int, int | None, float | None]) -> dict[str, Any]:
@@ -170,43 +185,6 @@ def test_non_finite_step_times_are_ignored() -> None:
 # ---- JobMonitor ---------------------------------------------------------------------
 
 
-class FakeClock:
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def _rec(rank: int, seq: int, perf: dict[str, Any] | None) -> dict[str, Any]:
-    r: dict[str, Any] = {
-        "schema_version": 1,
-        "event": "heartbeat",
-        "run_id": RUN,
-        "seq": seq,
-        "wall_time_ns": 1_700_000_000_000_000_000 + seq,
-        "monotonic_ns": seq,
-        "hostname": "node-a",
-        "node_rank": 0,
-        "rank": rank,
-        "local_rank": rank,
-        "world_size": 2,
-        "pid": 5000 + rank,
-        "gpu": None,
-        "progress_seq": seq + 1,
-        "iteration": seq + 1,
-        "phase": "train",
-        "checkpoint_active": False,
-        "checkpoint_id": None,
-        "last_progress_monotonic_ns": None,
-        "since_progress_s": 0.1,
-        "progress_source": "api",
-    }
-    if perf is not None:
-        r["perf"] = perf
-    return r
-
-
 def _perf(step: int, ms: float, wins: list[list[Any]]) -> dict[str, Any]:
     return {
         "step": step,
@@ -216,12 +194,6 @@ def _perf(step: int, ms: float, wins: list[list[Any]]) -> dict[str, Any]:
         "memory_GB": 2.0,
         "windows": wins,
     }
-
-
-def _write(run_dir: Path, record: dict[str, Any]) -> None:
-    path = run_dir / heartbeat_file_name(record["rank"], record["pid"])
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(record) + "\n")
 
 
 def _lines(run_dir: Path) -> list[dict[str, Any]]:
@@ -234,7 +206,7 @@ def _lines(run_dir: Path) -> list[dict[str, Any]]:
 def test_monitor_writes_perf_ranks_and_status(tmp_path: Path) -> None:
     cfg = HeartbeatConfig(publish_interval_s=1.0, scan_interval_s=0.1)
     mon = JobMonitor(cfg, tmp_path, RUN, expected_world_size=2, clock=FakeClock(), check_pids=False)
-    _write(tmp_path, _rec(0, 0, _perf(10, 100.0, [[1, 1, 120.0], [10, 10, 100.0]])))
+    _write(tmp_path, _rec(0, 0, perf=_perf(10, 100.0, [[1, 1, 120.0], [10, 10, 100.0]])))
     mon.scan_once()
     assert _lines(tmp_path) == []  # rank 1 has not reported: no line, no partial line
     assert mon.status["perf"] is None
@@ -246,7 +218,7 @@ def test_monitor_writes_perf_ranks_and_status(tmp_path: Path) -> None:
         "TFLOPS_per_GPU": 1.5,
         "memory_GB": 2.0,
     }  # the windows stay out of status.json
-    _write(tmp_path, _rec(1, 0, _perf(10, 140.0, [[1, 1, 130.0], [10, 10, 140.0]])))
+    _write(tmp_path, _rec(1, 0, perf=_perf(10, 140.0, [[1, 1, 130.0], [10, 10, 140.0]])))
     mon.scan_once()
     lines = _lines(tmp_path)
     assert [(x["step"], x["n_ranks"]) for x in lines] == [(1, 2), (10, 2)]
@@ -266,11 +238,11 @@ def test_monitor_writes_perf_ranks_and_status(tmp_path: Path) -> None:
     mon.scan_once()
     assert len(_lines(tmp_path)) == 2
     # Rank 0 runs ahead: window 20 waits for rank 1, then a line for it alone.
-    _write(tmp_path, _rec(0, 1, _perf(20, 90.0, [[10, 10, 100.0], [20, 20, 90.0]])))
+    _write(tmp_path, _rec(0, 1, perf=_perf(20, 90.0, [[10, 10, 100.0], [20, 20, 90.0]])))
     mon.scan_once()
     assert len(_lines(tmp_path)) == 2
-    _write(tmp_path, _rec(1, 1, _perf(30, 95.0, [[30, 30, 95.0]])))  # its 20 was lost
-    _write(tmp_path, _rec(0, 2, _perf(30, 91.0, [[20, 20, 90.0], [30, 30, 91.0]])))
+    _write(tmp_path, _rec(1, 1, perf=_perf(30, 95.0, [[30, 30, 95.0]])))  # its 20 was lost
+    _write(tmp_path, _rec(0, 2, perf=_perf(30, 91.0, [[20, 20, 90.0], [30, 30, 91.0]])))
     mon.scan_once()
     lines = _lines(tmp_path)
     assert [(x["step"], x["n_ranks"]) for x in lines[2:]] == [(20, 1), (30, 2)]
@@ -281,8 +253,8 @@ def test_monitor_writes_perf_ranks_and_status(tmp_path: Path) -> None:
 def test_monitor_without_perf_fields_writes_no_perf_ranks(tmp_path: Path) -> None:
     cfg = HeartbeatConfig(publish_interval_s=1.0, scan_interval_s=0.1)
     mon = JobMonitor(cfg, tmp_path, RUN, expected_world_size=2, clock=FakeClock(), check_pids=False)
-    _write(tmp_path, _rec(0, 0, None))
-    _write(tmp_path, _rec(1, 0, None))
+    _write(tmp_path, _rec(0, 0, perf=None))
+    _write(tmp_path, _rec(1, 0, perf=None))
     mon.scan_once()
     assert not (tmp_path / PERF_RANKS_FILE).exists()
     assert mon.status["perf"] is None
@@ -296,14 +268,14 @@ def test_a_malformed_perf_value_does_not_lose_findings(tmp_path: Path) -> None:
     clock = FakeClock()
     mon = JobMonitor(cfg, tmp_path, RUN, expected_world_size=2, clock=clock, check_pids=False)
     bad = _perf(10, 100.0, [[10, 10, "slow"]])
-    _write(tmp_path, _rec(0, 0, bad))
-    _write(tmp_path, _rec(1, 0, None))
+    _write(tmp_path, _rec(0, 0, perf=bad))
+    _write(tmp_path, _rec(1, 0, perf=None))
     mon.scan_once()
     for seq in range(1, 13):  # rank 1 goes silent
         clock.t += 1
-        _write(tmp_path, _rec(0, seq, bad))
+        _write(tmp_path, _rec(0, seq, perf=bad))
         mon.scan_once()
-    _write(tmp_path, _rec(0, 13, _perf(20, 100.0, [[20, 20, 100.0]])))  # valid again
+    _write(tmp_path, _rec(0, 13, perf=_perf(20, 100.0, [[20, 20, 100.0]])))  # valid again
     mon.scan_once()
     findings = tmp_path / "findings.jsonl"
     assert findings.exists(), f"no findings file; scan errors: {mon.scan_errors}"
@@ -316,12 +288,12 @@ def test_cross_rank_lines_resume_after_the_ranks_restart(tmp_path: Path) -> None
     clock = FakeClock()
     mon = JobMonitor(cfg, tmp_path, RUN, expected_world_size=2, clock=clock, check_pids=False)
     for rank in (0, 1):
-        _write(tmp_path, _rec(rank, 0, _perf(30, 100.0, [[20, 20, 100.0], [30, 30, 100.0]])))
+        _write(tmp_path, _rec(rank, 0, perf=_perf(30, 100.0, [[20, 20, 100.0], [30, 30, 100.0]])))
     mon.scan_once()
     assert [x["step"] for x in _lines(tmp_path)] == [20, 30]
     clock.t += 1
     for rank in (0, 1):  # restarted: new pids, steps from 1 again
-        r = _rec(rank, 0, _perf(10, 80.0, [[1, 1, 90.0], [10, 10, 80.0]]))
+        r = _rec(rank, 0, perf=_perf(10, 80.0, [[1, 1, 90.0], [10, 10, 80.0]]))
         r["pid"] = 6000 + rank
         r["wall_time_ns"] += 10**12
         _write(tmp_path, r)

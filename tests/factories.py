@@ -1,0 +1,511 @@
+"""Builders and fakes shared by the tests: one place for what several test files need.
+
+Heartbeat records, the monitor's configuration and rules, rank identities, fake clocks,
+the paths of the fake binaries (``tests/fakes``) and a realistic run directory for the
+report. Test modules import from here and never from one another.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from collections.abc import Callable, Collection
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from rankguard.heartbeat.config import HeartbeatConfig
+from rankguard.heartbeat.identity import RankIdentity
+from rankguard.heartbeat.rules import HeartbeatRules
+from rankguard.schema.findings import Finding
+from rankguard.schema.layout import STATUS_FILE, heartbeat_file_name
+
+#: The fake ``nvidia-smi``/``sbatch``/``srun``/``scontrol`` and the fake ``pynvml``.
+FAKES = Path(__file__).resolve().parent / "fakes"
+FAKE_BIN = FAKES / "bin"
+FAKE_PYNVML = FAKES / "fake_nvml" / "pynvml.py"
+
+RUN_ID = "run-1"
+#: The publishers' wall clock at ``t = 0`` (nanoseconds).
+BASE_NS = 1_700_000_000_000_000_000
+#: Fields only a full publisher record carries; the rules' tests leave them out.
+PUBLISHER_FIELDS = ("monotonic_ns", "last_progress_monotonic_ns", "progress_source")
+
+
+# -- heartbeat records --------------------------------------------------------------------
+
+
+def heartbeat_record(
+    rank: int,
+    seq: int = 1,
+    pid: int | None = None,
+    *,
+    run_id: str = RUN_ID,
+    event: str = "heartbeat",
+    t: float = 0.0,
+    seq_step_ns: int = 0,
+    pid_base: int = 1000,
+    hostname: str | None = None,
+    node_rank: int = 0,
+    local_rank: int | None = None,
+    ranks_per_node: int | None = None,
+    world_size: int = 2,
+    progress_seq: int | None = None,
+    progress_lead: int | None = None,
+    since: float = 0.5,
+    phase: str = "train",
+    phase_elapsed: float | None = None,
+    checkpoint_active: bool = False,
+    gpu_token: str | None = "GPU-{rank}",
+    publisher_fields: bool = False,
+    exit: dict[str, Any] | None = None,
+    perf: dict[str, Any] | None = None,
+    omit: Collection[str] = (),
+    **fields: Any,
+) -> dict[str, Any]:
+    """One heartbeat record as a rank's publisher writes it.
+
+    Derived defaults: ``pid`` is ``pid_base + rank``; ``hostname`` is ``host<rank>``;
+    ``local_rank`` is ``rank`` (``rank % ranks_per_node`` when given); the wall clock is
+    ``BASE_NS + t`` seconds plus ``seq * seq_step_ns`` (the same step drives
+    ``monotonic_ns``); ``progress_seq`` is 1 (``seq + progress_lead`` when given).
+    ``gpu_token`` is formatted with the rank (``None``: no GPU assigned); the GPU's
+    ordinal is the local rank and its uuid the token when that is a ``GPU-`` uuid.
+    ``publisher_fields`` adds :data:`PUBLISHER_FIELDS`; keys in ``omit`` are left out;
+    ``fields`` are set last, as given.
+    """
+    if local_rank is None:
+        local_rank = rank % ranks_per_node if ranks_per_node else rank
+    if progress_seq is None:
+        progress_seq = 1 if progress_lead is None else seq + progress_lead
+    gpu: dict[str, Any] | None = None
+    if gpu_token is not None:
+        token = gpu_token.format(rank=rank)
+        gpu = {
+            "ordinal": local_rank,
+            "token": token,
+            "uuid": token if token.startswith("GPU-") else None,
+        }
+    r: dict[str, Any] = {
+        "schema_version": 1,
+        "event": event,
+        "run_id": run_id,
+        "seq": seq,
+        "wall_time_ns": BASE_NS + int(t * 1e9) + seq * seq_step_ns,
+        "hostname": hostname or f"host{rank}",
+        "node_rank": node_rank,
+        "rank": rank,
+        "local_rank": local_rank,
+        "world_size": world_size,
+        "pid": pid_base + rank if pid is None else pid,
+        "gpu": gpu,
+        "progress_seq": progress_seq,
+        "iteration": progress_seq,
+        "phase": phase,
+        "checkpoint_active": checkpoint_active,
+        "checkpoint_id": "c1" if checkpoint_active else None,
+        "since_progress_s": since,
+    }
+    if publisher_fields:
+        r["monotonic_ns"] = seq * seq_step_ns
+        r["last_progress_monotonic_ns"] = None
+        r["progress_source"] = "api"
+    if phase_elapsed is not None:
+        r["phase_elapsed_s"] = phase_elapsed
+    if exit is not None:
+        r["exit"] = exit
+    if perf is not None:
+        r["perf"] = perf
+    for key in omit:
+        r.pop(key, None)
+    r.update(fields)
+    return r
+
+
+def write_heartbeats(run_dir: Path, *records: dict[str, Any], raw_tail: str = "") -> None:
+    """Append each record to its rank's heartbeat file; ``raw_tail`` goes after the last."""
+    for r in records:
+        path = run_dir / heartbeat_file_name(r["rank"], r["pid"])
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(r) + "\n")
+    if raw_tail:
+        r = records[-1]
+        with open(run_dir / heartbeat_file_name(r["rank"], r["pid"]), "a", encoding="utf-8") as fh:
+            fh.write(raw_tail)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The objects of a JSON-lines file, blank lines skipped; none if it does not exist."""
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def read_status(run_dir: Path) -> dict[str, Any]:
+    """The monitor's status.json of a run directory."""
+    return json.loads((run_dir / STATUS_FILE).read_text(encoding="utf-8"))
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """Every line of a heartbeat file, each one JSON object (a blank line is an error)."""
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def rank_identity(**overrides: Any) -> RankIdentity:
+    """Rank 0 of a one-rank run on ``host``, this process's pid, no GPU."""
+    fields: dict[str, Any] = {
+        "run_id": RUN_ID,
+        "rank": 0,
+        "local_rank": 0,
+        "world_size": 1,
+        "node_rank": 0,
+        "hostname": "host",
+        "pid": os.getpid(),
+        "gpu": None,
+    }
+    fields.update(overrides)
+    return RankIdentity(**fields)
+
+
+# -- the monitor's configuration and rules -------------------------------------------------
+
+
+def heartbeat_config(**overrides: Any) -> HeartbeatConfig:
+    """Timeouts: process 10 s, initial process 10 s, progress 20 s, initial progress 60 s,
+    checkpoint 100 s; heartbeats every second."""
+    fields: dict[str, Any] = {
+        "publish_interval_s": 1.0,
+        "initial_process_timeout_s": 10.0,
+        "process_timeout_s": 10.0,
+        "initial_progress_timeout_s": 60.0,
+        "progress_timeout_s": 20.0,
+        "checkpoint_timeout_s": 100.0,
+    }
+    fields.update(overrides)
+    return HeartbeatConfig(**fields)
+
+
+def heartbeat_rules(
+    world: int | None = 2, started_at: float = 0.0, *, run_id: str = RUN_ID, **kw: Any
+) -> HeartbeatRules:
+    """Rules over :func:`heartbeat_config`; ``kw`` goes to :class:`HeartbeatRules`."""
+    return HeartbeatRules(
+        heartbeat_config(), run_id, expected_world_size=world, started_at=started_at, **kw
+    )
+
+
+def types_of(findings: list[Finding]) -> list[tuple[int, str]]:
+    return [(f.rank, f.finding_type.value) for f in findings]
+
+
+class Feed:
+    """Publishes a heartbeat for each rank every second, like the real publisher.
+
+    ``record`` builds each record (``record(rank, seq, t=now, **kw)``).
+    """
+
+    def __init__(
+        self,
+        rules: HeartbeatRules,
+        record: Callable[..., dict[str, Any]] = heartbeat_record,
+    ) -> None:
+        self.rules = rules
+        self.record = record
+        self.seq: dict[int, int] = {}
+
+    def beat(self, rank: int, now: float, **kw: Any) -> None:
+        seq = self.seq.get(rank, -1) + 1
+        self.seq[rank] = seq
+        assert self.rules.ingest(self.record(rank, seq, t=now, **kw), now)
+
+
+# -- fakes ----------------------------------------------------------------------------------
+
+
+class FakeClock:
+    """A monitor clock in seconds; tests set ``t``."""
+
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class FakeNsClock:
+    """A monotonic clock in nanoseconds, advanced by hand."""
+
+    def __init__(self, start_ns: int = 1_000_000_000) -> None:
+        self.ns = start_ns
+
+    def __call__(self) -> int:
+        return self.ns
+
+    def advance(self, seconds: float) -> None:
+        self.ns += int(seconds * 1e9)
+
+    def advance_ms(self, ms: float) -> None:
+        self.ns += int(ms * 1_000_000)
+
+
+def load_fake_pynvml() -> ModuleType:
+    """A fresh copy of the fake ``pynvml`` module (its state is per copy)."""
+    spec = importlib.util.spec_from_file_location("pynvml", FAKE_PYNVML)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def proc_state(pid: int) -> str:
+    """The one-letter state of a process from ``/proc/<pid>/stat``."""
+    stat = Path(f"/proc/{pid}/stat").read_bytes()
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3].decode()
+
+
+# -- a run directory for the report ---------------------------------------------------------
+
+REPORT_RUN_ID = "20241129-105400-ab12cd"
+REPORT_T0 = datetime(2024, 11, 29, 10, 54, 0, tzinfo=timezone.utc)
+EVIL_MESSAGE = "rank 1 <b>stalled</b> & nobody noticed"
+
+
+def _report_iso(seconds: float) -> str:
+    return (REPORT_T0 + timedelta(seconds=seconds)).isoformat(timespec="milliseconds")
+
+
+def report_finding(
+    rank: int | None, ftype: str, reason: str, message: str, at: float
+) -> dict[str, Any]:
+    return {
+        "schema_version": 1,
+        "run_id": REPORT_RUN_ID,
+        "finding_type": ftype,
+        "reason": reason,
+        "rank": rank,
+        "pid": None if rank is None else 4100 + rank,
+        "hostname": "node-a",
+        "node_rank": 0,
+        "local_rank": rank,
+        "process_liveness": "alive",
+        "gpu_progress": "stalled",
+        "phase": "train",
+        "iteration": 30,
+        "checkpoint_active": False,
+        "timeout_s": 60.0,
+        "observed_s": 61.4,
+        "gpu": None,
+        "gpu_health": None,
+        "exit": None,
+        "message": message,
+        "detected_wall_time": _report_iso(at),
+    }
+
+
+REPORT_FINDINGS = [
+    report_finding(
+        1, "gpu_progress_timeout", "rank_alive_but_gpu_progress_not_advancing", EVIL_MESSAGE, 30.0
+    ),
+    report_finding(
+        None, "gpu_hardware_health_warning", "gpu_warning", "GPU 3 thermal slowdown", 42.5
+    ),
+]
+
+
+def _report_perf_entry(it: int, ms: float) -> dict[str, Any]:
+    return {
+        "schema_version": 1,
+        "run_id": REPORT_RUN_ID,
+        "rank": 0,
+        "iteration": it,
+        "step": it,
+        "timestamp": _report_iso(5 + it * ms / 1000),
+        "step_time_ms": ms,
+        "gpu_step_time_ms": ms * 0.98,
+        "samples_per_sec": round(256_000 / ms, 2),
+        "tokens_per_sec": round(256_000 * 2048 / ms, 2),
+        "TFLOPS_per_GPU": round(400 * 100 / ms, 4),
+        "TFLOPS_total": round(8 * 400 * 100 / ms, 4),
+        "MFU": round(400 * 100 / ms / 989, 4),
+        "memory_GB": 61.2,
+        "peak_memory_GB": 63.9,
+        "memory_kind": "cuda_allocated",
+        "data_loading_share": 0.01,
+        "steps_in_window": 10,
+    }
+
+
+def _report_summary(entries: list[dict[str, Any]], world: int) -> dict[str, Any]:
+    return {
+        "session_info": {
+            "start_time": _report_iso(1),
+            "end_time": _report_iso(60),
+            "total_iterations": entries[-1]["iteration"],
+            "run_id": REPORT_RUN_ID,
+            "world_size": world,
+            "device": "NVIDIA H100 80GB HBM3",
+            "dtype": "bf16",
+            "peak_tflops_per_gpu": 989.0,
+            "peak_source": "table:H100 SXM",
+            "flops_per_step": 3.2e15,
+            "flops_source": "analytic: Megatron GPT formula",
+            "warmup_iterations": 3,
+            "steps_in_statistics": 77,
+            "log_interval": 10,
+        },
+        "final_statistics": {
+            "avg_tflops_per_gpu": 401.2,
+            "avg_tflops_total": 3209.6,
+            "avg_mfu": 0.4057,
+            "avg_step_time_ms": 99.7,
+            "median_step_time_ms": 99.1,
+            "min_step_time_ms": 97.0,
+            "max_step_time_ms": 181.0,
+            "avg_samples_per_sec": 2567.7,
+            "avg_tokens_per_sec": 5258650.0,
+            "peak_memory_gb": 63.9,
+        },
+        "iteration_logs": entries,
+    }
+
+
+def _report_rank_row(rank: int, slow: int) -> dict[str, Any]:
+    return {
+        "rank": rank,
+        "pid": 4100 + rank,
+        "hostname": "node-a",
+        "node_rank": 0,
+        "local_rank": rank,
+        "process_liveness": "alive",
+        "gpu_progress": "stalled" if rank == slow else "progressing",
+        "iteration": 80,
+        "progress_seq": 80,
+        "phase": "train",
+        "checkpoint_active": False,
+        "heartbeat_age_s": 0.4,
+        "progress_age_s": 61.4 if rank == slow else 0.2,
+        "gpu": {"ordinal": rank, "token": str(rank), "uuid": None},
+        "gpu_health": {"index": rank, "health": "ok", "problems": []},
+        "exit": None,
+        "active_findings": ["gpu_progress_timeout"] if rank == slow else [],
+        "blocked_by": [] if rank == slow else [slow],
+    }
+
+
+def _report_gpu(index: int) -> dict[str, Any]:
+    return {
+        "index": index,
+        "uuid": f"GPU-{index:04d}",
+        "name": "NVIDIA H100 80GB HBM3",
+        "temperature_c": 61 + index,
+        "utilization_gpu_pct": 97,
+        "memory_used_mib": 62000,
+        "memory_total_mib": 81559,
+        "power_draw_w": 650.5,
+        "ecc_corrected_volatile": 0,
+        "ecc_uncorrected_volatile": 0,
+        "thermal_slowdown": index == 3,
+        "health": "warning" if index == 3 else "ok",
+        "problems": ["thermal_slowdown"] if index == 3 else [],
+    }
+
+
+def write_report_run(
+    log_dir: Path,
+    *,
+    run_id: str = REPORT_RUN_ID,
+    world: int = 4,
+    windows: int = 8,
+    slow: int = 1,
+    heartbeat: bool = True,
+    perf: bool = True,
+    findings: list[dict[str, Any]] | None = None,
+) -> Path:
+    """Write a realistic run under ``log_dir``; returns its heartbeat run directory."""
+    hb, pm = log_dir / "heartbeat" / run_id, log_dir / "perf_monitor" / run_id
+    iters = [1] + [10 * i for i in range(1, windows)]
+    if heartbeat:
+        hb.mkdir(parents=True)
+        status = {
+            "schema_version": 1,
+            "run_id": run_id,
+            "updated_wall_time": _report_iso(60),
+            "state": "degraded",
+            "monitor": {"hostname": "node-a", "pid": 4000, "expected_world_size": world},
+            "summary": {"ranks_expected": world, "findings_total": 2, "findings_active": 1},
+            "ranks": [_report_rank_row(r, slow) for r in range(world)],
+            "gpu_health": {"0": {"status": "warning", "source": "nvml", "gpus": 4}},
+            "recent_findings": findings if findings is not None else REPORT_FINDINGS,
+        }
+        (hb / "status.json").write_text(json.dumps(status))
+        write_jsonl(hb / "findings.jsonl", findings if findings is not None else REPORT_FINDINGS)
+        lines = []
+        for it in iters:
+            by_rank = {
+                str(r): 100.0 + r + (80.0 if r == slow and it == 30 else 0) for r in range(world)
+            }
+            vals = sorted(by_rank.values())
+            lines.append(
+                {
+                    "schema_version": 1,
+                    "run_id": run_id,
+                    "step": it,
+                    "iteration": it,
+                    "n_ranks": world,
+                    "world_size": world,
+                    "step_time_ms": {
+                        "min": vals[0],
+                        "median": vals[len(vals) // 2],
+                        "max": vals[-1],
+                    },
+                    "slowest_rank": max(by_rank, key=by_rank.__getitem__),
+                    "fastest_rank": 0,
+                    "by_rank": by_rank,
+                }
+            )
+        write_jsonl(hb / "perf_ranks.jsonl", lines)
+        for r in range(min(world, 8)):
+            base = {"run_id": run_id, "rank": r, "pid": 4100 + r, "hostname": "node-a"}
+            write_jsonl(
+                hb / f"rank_{r}_pid_{4100 + r}.heartbeat.jsonl",
+                [
+                    {
+                        **base,
+                        "event": "process_start",
+                        "seq": 0,
+                        "wall_time_ns": int((REPORT_T0.timestamp() + 1) * 1e9),
+                    },
+                    {
+                        **base,
+                        "event": "heartbeat",
+                        "seq": 1,
+                        "wall_time_ns": int((REPORT_T0.timestamp() + 59) * 1e9),
+                    },
+                ],
+            )
+        snap = {
+            "schema_version": 1,
+            "source": "nvml",
+            "status": "warning",
+            "error": None,
+            "hostname": "node-a",
+            "collected_wall_time": _report_iso(40),
+            "gpus": [_report_gpu(i) for i in range(4)],
+            "node_rank": 0,
+        }
+        (hb / "gpu_health_node_0.json").write_text(json.dumps(snap))
+    if perf:
+        entries = [_report_perf_entry(it, 180.0 if it == 30 else 100.0 - it / 100) for it in iters]
+        write_jsonl(pm / "perf.jsonl", entries)
+        (pm / "perf_summary_20241129_105500.json").write_text(
+            json.dumps(_report_summary(entries, world))
+        )
+    return hb if heartbeat else pm
