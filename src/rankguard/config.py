@@ -101,6 +101,34 @@ class RankguardConfig:
             except ValueError as exc:
                 raise ConfigError(f"heartbeat.{exc}") from exc
 
+    def warnings(self) -> list[str]:
+        """Settings that are valid but do not do what they seem to: one message each,
+        naming the keys (the launcher prints them before it starts anything)."""
+        hb, ft = self.heartbeat, self.fault_tolerance
+        out = []
+        if not hb.enabled and hb.hardware_health.enabled:
+            out.append(
+                "heartbeat.hardware_health.enabled=true has NO effect while "
+                "heartbeat.enabled=false: set heartbeat.enabled=true"
+            )
+        if ft.enable_ft_package and not hb.enabled:
+            out.append(
+                "fault_tolerance.enable_ft_package=true but heartbeat.enabled=false: hangs are "
+                "NOT detected and will NOT be restarted; only crashes restart. Set "
+                "heartbeat.enabled=true"
+            )
+        if self.perf.prometheus.enabled and not hb.enabled:
+            out.append(
+                "perf.prometheus.enabled=true has NO effect while heartbeat.enabled=false "
+                "(the exporter serves the job monitor's state)"
+            )
+        if not hb.enabled:
+            out.append(
+                "heartbeat monitoring is OFF (heartbeat.enabled=false): no liveness, progress "
+                "or hang detection for this run"
+            )
+        return out
+
 
 def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))

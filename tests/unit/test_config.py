@@ -419,3 +419,64 @@ def test_build_component_directly() -> None:
     assert hb.process_timeout_s == 3.0
     with pytest.raises(ConfigError, match=r"^process_timeout_s: must be >"):
         build(HeartbeatConfig, {"process_timeout_s": 1})
+
+
+def test_a_quiet_config_has_no_warnings() -> None:
+    assert load_config(None, ["heartbeat.enabled=true"]).warnings() == []
+
+
+def test_heartbeat_off_is_a_warning() -> None:
+    assert RankguardConfig().warnings() == [
+        "heartbeat monitoring is OFF (heartbeat.enabled=false): no liveness, progress "
+        "or hang detection for this run"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "heartbeat.hardware_health.enabled=true",
+            "heartbeat.hardware_health.enabled=true has NO effect while "
+            "heartbeat.enabled=false: set heartbeat.enabled=true",
+        ),
+        (
+            "fault_tolerance.enable_ft_package=true",
+            "fault_tolerance.enable_ft_package=true but heartbeat.enabled=false: hangs are "
+            "NOT detected and will NOT be restarted; only crashes restart. Set "
+            "heartbeat.enabled=true",
+        ),
+        (
+            "perf.prometheus.enabled=true",
+            "perf.prometheus.enabled=true has NO effect while heartbeat.enabled=false "
+            "(the exporter serves the job monitor's state)",
+        ),
+    ],
+)
+def test_a_switch_that_needs_the_heartbeat_monitor_warns_without_it(
+    override: str, message: str
+) -> None:
+    off = load_config(None, [override]).warnings()
+    assert off[0] == message and off[1].startswith("heartbeat monitoring is OFF")
+    assert len(off) == 2
+    assert load_config(None, [override, "heartbeat.enabled=true"]).warnings() == []
+
+
+def test_warnings_come_in_a_fixed_order() -> None:
+    cfg = load_config(
+        None,
+        [
+            "perf.prometheus.enabled=true",
+            "fault_tolerance.enable_ft_package=true",
+            "heartbeat.hardware_health.enabled=true",
+        ],
+    )
+    starts = (
+        "heartbeat.hardware_health.enabled=true",
+        "fault_tolerance.enable_ft_package=true",
+        "perf.prometheus.enabled=true",
+        "heartbeat monitoring is OFF",
+    )
+    warnings = cfg.warnings()
+    assert len(warnings) == len(starts)
+    assert all(w.startswith(s) for w, s in zip(warnings, starts, strict=True))

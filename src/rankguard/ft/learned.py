@@ -43,7 +43,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-STATE_FILE = FT_STATE_FILE
+STATE_FILE = FT_STATE_FILE  # the name rankguard.schema.layout gives it
 MIN_STEPS = 16
 EMA_WEIGHT = 0.5
 

@@ -11,9 +11,16 @@
 | 12 | ``EXIT_NO_RESTART`` | a fault whose action is ``abort`` ended the job | no |
 | 13 | ``EXIT_STRAGGLER`` | ranks stopped at one step (stop_if_detected) | yes, elsewhere |
 | 128+N | | the launcher was stopped by signal N | scheduler's call |
+
+Codes 2 and 3 end the launch before any rank starts; :func:`exit_code` chooses among
+the others from how the job ended (:class:`JobOutcome`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rankguard.schema import FindingType
 
 __all__ = [
     "EXIT_CRASH",
@@ -25,6 +32,9 @@ __all__ = [
     "EXIT_UNHEALTHY_GPU",
     "EXIT_USAGE",
     "RETRYABLE",
+    "JobOutcome",
+    "exit_code",
+    "is_hang",
 ]
 
 EXIT_OK = 0
@@ -37,3 +47,37 @@ EXIT_NO_RESTART = 12
 EXIT_STRAGGLER = 13
 
 RETRYABLE = frozenset({EXIT_UNHEALTHY_GPU, EXIT_HANG, EXIT_CRASH, EXIT_STRAGGLER})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobOutcome:
+    """How the job ended on this node: everything :func:`exit_code` looks at."""
+
+    signal: int | None = None  # the signal that stopped the launcher
+    failed: bool = False  # the worker group failed (restart budget spent, or aborted)
+    fault_tolerance: bool = False  # fault_tolerance.enable_ft_package
+    aborted: bool = False  # a finding whose action is ``abort`` ended the job
+    cause: str | None = None  # finding type of the fault that ended the job, if any
+    stop_at: int | None = None  # the step every rank was asked to stop at
+
+
+def is_hang(finding_type: str | None) -> bool:
+    """Is ``finding_type`` (a ``findings.jsonl`` name) a hang?"""
+    return (t := FindingType.parse(finding_type)) is not None and t.info.hang
+
+
+def exit_code(outcome: JobOutcome) -> int:
+    """The exit code of ``rankguard run`` for ``outcome`` (the table above)."""
+    if outcome.signal is not None:
+        return 128 + outcome.signal
+    if outcome.failed:
+        if not outcome.fault_tolerance:
+            return EXIT_FAILED
+        if outcome.aborted:
+            return EXIT_NO_RESTART
+        if is_hang(outcome.cause):
+            return EXIT_HANG
+        return EXIT_CRASH
+    if outcome.stop_at is not None:
+        return EXIT_STRAGGLER
+    return EXIT_OK

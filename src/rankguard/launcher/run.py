@@ -4,8 +4,10 @@ Built from the public pieces of torch elastic, as torchrun is, but holding the c
 rendezvous store itself: node 0's launcher hosts it, so it outlives the workers and can
 carry the heartbeat relay of the other nodes until node 0's monitor has drained them.
 
-Flow on every node: config -> run directory -> rendezvous store -> side services
-(:mod:`.services`) -> ``LocalElasticAgent.run()`` -> stop services -> summary. Workers
+Flow on every node (:func:`launch`): config checks (:mod:`.checks`) -> run directory
+-> workers' environment -> rendezvous store -> side services (:mod:`.services`) ->
+``LocalElasticAgent.run()`` -> stop services -> summary and exit code
+(:mod:`.exitcodes`). Workers
 are started as ``python -m rankguard.launcher.worker SCRIPT ARGS`` with the run's
 identity in ``RANKGUARD_*`` environment variables.
 """
@@ -24,20 +26,12 @@ from rankguard._fs import atomic_write_json
 from rankguard.config import RankguardConfig, config_to_dict, dumps_config
 from rankguard.heartbeat.identity import ENV
 from rankguard.launcher.agent import RankguardAgent, first_failure
+from rankguard.launcher.checks import check_launch
 from rankguard.launcher.console import LiveStatus
-from rankguard.launcher.exitcodes import (
-    EXIT_CRASH,
-    EXIT_FAILED,
-    EXIT_HANG,
-    EXIT_NO_RESTART,
-    EXIT_OK,
-    EXIT_STRAGGLER,
-    EXIT_USAGE,
-)
+from rankguard.launcher.exitcodes import EXIT_USAGE, JobOutcome, exit_code
 from rankguard.launcher.options import LaunchOptions
 from rankguard.launcher.services import NodeServices
-from rankguard.schema.findings import FindingType
-from rankguard.schema.layout import FINDINGS_FILE, STATUS_FILE
+from rankguard.schema import layout
 
 __all__ = ["launch", "run_dir_for"]
 
@@ -45,7 +39,7 @@ logger = logging.getLogger("rankguard.launcher")
 
 
 def run_dir_for(cfg: RankguardConfig, run_id: str) -> Path:
-    return Path(cfg.log_dir).resolve() / "heartbeat" / run_id
+    return layout.run_dir(cfg.log_dir, run_id)
 
 
 def _rendezvous(opts: LaunchOptions, run_id: str) -> tuple[Any, Any, str, int]:
@@ -152,12 +146,12 @@ def start_fork_server(modules: tuple[str, ...]) -> None:
 
 def _timeouts_in_force(cfg: RankguardConfig) -> dict[str, Any] | None:
     """Apply learned timeouts (``calc_ft_timeouts``); each timeout and its source."""
-    from rankguard.ft.learned import STATE_FILE, apply_learned, load_state
-    from rankguard.launcher.services import ft_state_path
+    from rankguard.ft.learned import apply_learned, load_state
 
+    ft = cfg.fault_tolerance
     state, source = None, "config"
-    if cfg.fault_tolerance.calc_ft_timeouts:
-        path = ft_state_path(cfg) / STATE_FILE
+    if ft.calc_ft_timeouts:
+        path = layout.ft_state_dir(cfg.log_dir, ft.state_dir) / layout.FT_STATE_FILE
         try:
             state = load_state(path)
         except ValueError as exc:
@@ -177,23 +171,40 @@ def _say(msg: str) -> None:
 
 def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
     """Run the job on this node; return the process exit code."""
-    from torch.distributed.elastic.agent.server.api import WorkerSpec
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-
+    max_restarts = _check(opts, cfg)
+    if max_restarts is None:
+        return EXIT_USAGE
     run_id = opts.run_id()
     run_dir = run_dir_for(cfg, run_id)
     run_dir.mkdir(parents=True, exist_ok=True)
-    hb = cfg.heartbeat
-    if not hb.enabled and hb.hardware_health.enabled:
-        _say(
-            "heartbeat.hardware_health.enabled=true has NO effect while "
-            "heartbeat.enabled=false: set heartbeat.enabled=true"
-        )
-    if not hb.enabled:
-        _say(
-            "heartbeat monitoring is OFF (heartbeat.enabled=false): no liveness, progress "
-            "or hang detection for this run"
-        )
+    refused = _preflight(opts, cfg, run_dir)
+    if refused is not None:
+        return refused
+    timeouts = _timeouts_in_force(cfg)
+    if timeouts is None or not _environment(opts, cfg, run_id, run_dir):
+        return EXIT_USAGE
+    handler, store, host, port = _rendezvous(opts, run_id)
+    services = _services(opts, cfg, run_id, run_dir, timeouts, host, port)
+    agent = _agent(opts, cfg, handler, services, max_restarts)
+    _write_launcher_file(opts, cfg, run_id, run_dir, f"{host}:{port}")
+    _say(
+        f"run {run_id}: {opts.nproc_per_node} rank(s) on node {opts.node_rank}, files in {run_dir}"
+    )
+    services.start()
+    services.attach_agent(agent)
+    try:
+        result, stopped_by = _run_agent(agent, services, opts.live_status)
+    finally:
+        _stop(services, handler, run_dir)
+        del store  # node 0 hosted it: it had to outlive the drain above
+    return exit_code(_outcome(result, stopped_by, agent, services, cfg, max_restarts))
+
+
+def _check(opts: LaunchOptions, cfg: RankguardConfig) -> int | None:
+    """Print the configuration's warnings; the in-job restart budget in force, or None
+    (said why) when the command line and the configuration cannot run together."""
+    for warning in cfg.warnings():
+        _say(warning)
     if cfg.perf.prometheus.enabled and opts.node_rank == 0:
         try:
             import prometheus_client  # noqa: F401
@@ -202,21 +213,34 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
                 "perf.prometheus.enabled=true needs prometheus-client: "
                 "pip install 'rankguard[prometheus]'"
             )
-            return 2
-    if cfg.enable_gpu_health_check:
-        from rankguard.launcher.preflight import preflight_gpu_check
+            return None
+    try:
+        checked = check_launch(opts, cfg)
+    except ValueError as exc:
+        _say(str(exc))
+        return None
+    for warning in checked.warnings:
+        _say(warning)
+    return checked.max_restarts
 
-        refused = preflight_gpu_check(
-            command_timeout_s=hb.hardware_health.command_timeout_s,
-            node_rank=opts.node_rank,
-            run_dir=run_dir,
-            say=_say,
-        )
-        if refused is not None:
-            return refused
-    timeouts = _timeouts_in_force(cfg)
-    if timeouts is None:
-        return EXIT_USAGE
+
+def _preflight(opts: LaunchOptions, cfg: RankguardConfig, run_dir: Path) -> int | None:
+    """``enable_gpu_health_check``: None to go on, or the exit code to stop with."""
+    if not cfg.enable_gpu_health_check:
+        return None
+    from rankguard.launcher.preflight import preflight_gpu_check
+
+    return preflight_gpu_check(
+        command_timeout_s=cfg.heartbeat.hardware_health.command_timeout_s,
+        node_rank=opts.node_rank,
+        run_dir=run_dir,
+        say=_say,
+    )
+
+
+def _environment(opts: LaunchOptions, cfg: RankguardConfig, run_id: str, run_dir: Path) -> bool:
+    """The environment the workers inherit (and ``--preload``'s fork server); False
+    (said why) for a usage error."""
     _worker_env(cfg, run_id, run_dir, opts.node_rank)
     _thread_defaults(opts)
     _fresh_worker_store()
@@ -225,54 +249,54 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
             start_fork_server(opts.preload)
         except ValueError as exc:
             _say(str(exc))
-            return EXIT_USAGE
+            return False
+    return True
 
-    ft = cfg.fault_tolerance
-    max_restarts = opts.max_restarts
-    if ft.num_in_job_restarts:
-        if opts.max_restarts and opts.max_restarts != ft.num_in_job_restarts:
-            _say(
-                f"--max-restarts {opts.max_restarts} and fault_tolerance.num_in_job_restarts="
-                f"{ft.num_in_job_restarts} disagree: give one of them"
-            )
-            return EXIT_USAGE
-        max_restarts = ft.num_in_job_restarts
-    if ft.enable_ft_package and not hb.enabled:
-        _say(
-            "fault_tolerance.enable_ft_package=true but heartbeat.enabled=false: hangs are NOT "
-            "detected and will NOT be restarted; only crashes restart. Set heartbeat.enabled=true"
-        )
-    if max_restarts and not ft.enable_ft_package and hb.enabled:
-        _say(
-            f"{max_restarts} in-job restart(s) for crashes only: hangs found by the monitor "
-            "are reported, not restarted (set fault_tolerance.enable_ft_package=true)"
-        )
-    handler, store, host, port = _rendezvous(opts, run_id)
-    client = _store_client(host, port) if opts.multi_node else None
-    services = NodeServices(
+
+def _services(
+    opts: LaunchOptions,
+    cfg: RankguardConfig,
+    run_id: str,
+    run_dir: Path,
+    timeouts: dict[str, Any],
+    host: str,
+    port: int,
+) -> NodeServices:
+    return NodeServices(
         cfg=cfg,
         run_dir=run_dir,
         run_id=run_id,
         node_rank=opts.node_rank,
         nnodes=opts.max_nodes,
         expected_world_size=opts.expected_world_size,
-        store=client,
+        store=_store_client(host, port) if opts.multi_node else None,
         timeouts=timeouts,
     )
-    if opts.multi_node and hb.enabled and not cfg.no_shared_fs and opts.node_rank != 0:
-        _say(
-            "no_shared_fs=false: this node's heartbeats are NOT relayed; node 0 sees them "
-            "only if log_dir is on a filesystem shared with it"
-        )
+
+
+def _entrypoint(opts: LaunchOptions) -> tuple[Any, list[str], str]:
+    """The workers' entry point, its arguments and torch elastic's start method."""
     worker_args = ["-m"] if opts.module else []
     worker_args += [opts.target, *opts.target_args]
-    entrypoint: Any = sys.executable
-    entry_args = ["-u", "-m", "rankguard.launcher.worker", *worker_args]
-    start_method = "spawn"  # unused: a command entry point starts as a subprocess
     if opts.preload:  # torch elastic's function entry point, forked by the fork server
         from rankguard.launcher.worker import forked_main
 
-        entrypoint, entry_args, start_method = forked_main, worker_args, "forkserver"
+        return forked_main, worker_args, "forkserver"
+    # The start method is unused: a command entry point starts as a subprocess.
+    return sys.executable, ["-u", "-m", "rankguard.launcher.worker", *worker_args], "spawn"
+
+
+def _agent(
+    opts: LaunchOptions,
+    cfg: RankguardConfig,
+    handler: Any,
+    services: NodeServices,
+    max_restarts: int,
+) -> RankguardAgent:
+    from torch.distributed.elastic.agent.server.api import WorkerSpec
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+    entrypoint, entry_args, start_method = _entrypoint(opts)
     spec = WorkerSpec(
         role="trainer",
         local_world_size=opts.nproc_per_node,
@@ -282,17 +306,22 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
         max_restarts=max_restarts,
         monitor_interval=opts.monitor_interval_s,
     )
-    logs = DefaultLogsSpecs(log_dir=str(Path(cfg.log_dir).resolve() / "elastic"))
-    agent = RankguardAgent(
+    logs = DefaultLogsSpecs(log_dir=str(layout.elastic_log_dir(cfg.log_dir)))
+    return RankguardAgent(
         spec=spec,
         logs_specs=logs,
         start_method=start_method,
         on_signal=services.note_shutdown,
         on_restart=services.on_restart,
-        grace_s=ft.termination_grace_s,
+        grace_s=cfg.fault_tolerance.termination_grace_s,
     )
+
+
+def _write_launcher_file(
+    opts: LaunchOptions, cfg: RankguardConfig, run_id: str, run_dir: Path, rendezvous: str
+) -> None:
     atomic_write_json(
-        run_dir / f"launcher_node_{opts.node_rank}.json",
+        layout.RunLayout(run_dir).launcher(opts.node_rank),
         {
             "run_id": run_id,
             "node_rank": opts.node_rank,
@@ -302,40 +331,54 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
             "target_args": opts.target_args,
             "nproc_per_node": opts.nproc_per_node,
             "nnodes": [opts.min_nodes, opts.max_nodes],
-            "rendezvous": f"{host}:{port}",
+            "rendezvous": rendezvous,
             "config": config_to_dict(cfg),
         },
     )
-    _say(
-        f"run {run_id}: {opts.nproc_per_node} rank(s) on node {opts.node_rank}, files in {run_dir}"
-    )
-    services.start()
-    services.attach_agent(agent)
-    live = LiveStatus(services.monitor) if opts.live_status and services.monitor else None
-    if live is not None:
-        live.start()
+
+
+def _run_agent(
+    agent: RankguardAgent, services: NodeServices, live_status: bool
+) -> tuple[Any, int | None]:
+    """Run the workers to the end: torch elastic's result, or the signal that stopped
+    the launcher."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    result = None
-    stopped_by: int | None = None
+    live = LiveStatus(services.monitor) if live_status and services.monitor else None
+    if live is not None:
+        live.start()
     try:
-        result = agent.run()
+        return agent.run(), None
     except SignalException as exc:
-        stopped_by = int(exc.sigval)
+        return None, int(exc.sigval)
     finally:
         if live is not None:
             live.stop()
-        status = services.stop()
-        if services.monitor is not None:
-            _report(run_dir, status)
-        try:
-            handler.shutdown()
-        except Exception as exc:
-            logger.debug("rendezvous shutdown: %s", exc)
-        del store  # node 0 hosted it: it had to outlive the drain above
+
+
+def _stop(services: NodeServices, handler: Any, run_dir: Path) -> None:
+    status = services.stop()
+    if services.monitor is not None:
+        _report(run_dir, status)
+    try:
+        handler.shutdown()
+    except Exception as exc:
+        logger.debug("rendezvous shutdown: %s", exc)
+
+
+def _outcome(
+    result: Any,
+    stopped_by: int | None,
+    agent: RankguardAgent,
+    services: NodeServices,
+    cfg: RankguardConfig,
+    max_restarts: int,
+) -> JobOutcome:
+    """How the job ended (for the exit code), said on the console."""
+    ft_on = cfg.fault_tolerance.enable_ft_package
     if stopped_by is not None:
         _say(f"stopped by signal {stopped_by}: the workers were terminated")
-        return 128 + stopped_by
+        return JobOutcome(signal=stopped_by, fault_tolerance=ft_on)
     if result is None or result.is_failed():
         root = first_failure(result) or agent.last_failure
         cause = agent.pending_cause or root
@@ -347,18 +390,15 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
             )
         if agent.restarts:
             _say(f"{agent.restarts} in-job restart(s) spent (budget {max_restarts})")
-        if not ft.enable_ft_package:
-            return EXIT_FAILED
-        if agent.aborted:
-            return EXIT_NO_RESTART
-        ftype = FindingType.parse(cause.get("finding_type")) if cause is not None else None
-        if ftype is not None and ftype.info.hang:
-            return EXIT_HANG
-        return EXIT_CRASH
+        return JobOutcome(
+            failed=True,
+            fault_tolerance=ft_on,
+            aborted=agent.aborted,
+            cause=cause.get("finding_type") if cause is not None else None,
+        )
     if services.stop_at is not None:
         _say(f"every rank stopped at step {services.stop_at} (stop_if_detected)")
-        return EXIT_STRAGGLER
-    return EXIT_OK
+    return JobOutcome(fault_tolerance=ft_on, stop_at=services.stop_at)
 
 
 def _report(run_dir: Path, status: dict[str, Any] | None) -> None:
@@ -367,7 +407,7 @@ def _report(run_dir: Path, status: dict[str, Any] | None) -> None:
     _say(f"monitor: state {status.get('state')}, {summary.get('findings_total', 0)} finding(s)")
     for finding in status.get("recent_findings") or []:
         _say(f"  finding: {finding.get('message')}")
-    _say(f"status:   {run_dir / STATUS_FILE}")
-    _say(f"findings: {run_dir / FINDINGS_FILE}")
+    _say(f"status:   {run_dir / layout.STATUS_FILE}")
+    _say(f"findings: {run_dir / layout.FINDINGS_FILE}")
     _say(f"see: rankguard status {run_dir}")
     _say(f"     rankguard report {run_dir}")

@@ -135,11 +135,6 @@ class NodeServices:
     def start(self) -> None:
         hb = self.cfg.heartbeat
         prometheus = self.cfg.perf.prometheus
-        if prometheus.enabled and self.node_rank == 0 and not hb.enabled:
-            logger.warning(
-                "rankguard: perf.prometheus.enabled=true has NO effect while "
-                "heartbeat.enabled=false (the exporter serves the job monitor's state)"
-            )
         if not hb.enabled:
             return
         if hb.hardware_health.enabled:

@@ -8,6 +8,7 @@ import pytest
 
 from rankguard.cli.main import build_parser
 from rankguard.config import ConfigError, load_config
+from rankguard.launcher.checks import LaunchChecks, check_launch
 from rankguard.launcher.options import LaunchOptions, options_from_args, split_overrides
 
 
@@ -214,3 +215,61 @@ def test_preload_modules_are_a_comma_list() -> None:
 def test_preload_names_must_be_module_names(bad: str) -> None:
     with pytest.raises(ValueError, match="--preload"):
         parse("--preload", bad, "t.py")
+
+
+def _checks(argv: list[str], config: list[str]) -> LaunchChecks:
+    opts, overrides = parse(*argv, "t.py")
+    return check_launch(opts, load_config(None, [*overrides, *config]))
+
+
+HB_ON = ["heartbeat.enabled=true"]
+TWO_NODES = ["--nnodes", "2", "--rdzv-endpoint", "h:1", "--rdzv-id", "j"]
+
+
+def test_no_restarts_no_warnings() -> None:
+    assert _checks([], HB_ON) == LaunchChecks(0, ())
+
+
+def test_max_restarts_and_num_in_job_restarts_that_disagree_are_an_error() -> None:
+    with pytest.raises(ValueError) as err:
+        _checks(["--max-restarts", "2"], ["fault_tolerance.num_in_job_restarts=3"])
+    assert str(err.value) == (
+        "--max-restarts 2 and fault_tolerance.num_in_job_restarts=3 disagree: give one of them"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "config", "budget"),
+    [
+        (["--max-restarts", "2"], [], 2),
+        ([], ["fault_tolerance.num_in_job_restarts=3"], 3),
+        (["--max-restarts", "3"], ["fault_tolerance.num_in_job_restarts=3"], 3),
+    ],
+)
+def test_either_restart_setting_gives_the_budget(
+    argv: list[str], config: list[str], budget: int
+) -> None:
+    ft_on = [*HB_ON, "fault_tolerance.enable_ft_package=true"]
+    assert _checks(argv, [*config, *ft_on]) == LaunchChecks(budget, ())
+
+
+def test_restarts_without_the_ft_package_are_for_crashes_only() -> None:
+    checked = _checks([], [*HB_ON, "fault_tolerance.num_in_job_restarts=2"])
+    assert checked.warnings == (
+        "2 in-job restart(s) for crashes only: hangs found by the monitor are reported, "
+        "not restarted (set fault_tolerance.enable_ft_package=true)",
+    )
+    # Without the monitor there is nothing to say about hangs (the config warns instead).
+    assert _checks(["--max-restarts", "2"], []).warnings == ()
+
+
+def test_unrelayed_heartbeats_warn_on_the_other_nodes_only() -> None:
+    message = (
+        "no_shared_fs=false: this node's heartbeats are NOT relayed; node 0 sees them "
+        "only if log_dir is on a filesystem shared with it"
+    )
+    shared = [*HB_ON, "no_shared_fs=false"]
+    assert _checks([*TWO_NODES, "--node-rank", "1"], shared).warnings == (message,)
+    assert _checks([*TWO_NODES, "--node-rank", "0"], shared).warnings == ()
+    assert _checks([*TWO_NODES, "--node-rank", "1"], HB_ON).warnings == ()
+    assert _checks([*TWO_NODES, "--node-rank", "1"], ["no_shared_fs=false"]).warnings == ()

@@ -1,0 +1,50 @@
+"""Checks of the command line against the configuration, before anything starts.
+
+The configuration's own warnings are :meth:`RankguardConfig.warnings`; what needs the
+launch options too (the restart budget, the node's place in the job) is here. Pure: the
+launcher prints the warnings and turns a ``ValueError`` into a usage error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rankguard.config import RankguardConfig
+from rankguard.launcher.options import LaunchOptions
+
+__all__ = ["LaunchChecks", "check_launch"]
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchChecks:
+    max_restarts: int  # the in-job restart budget in force
+    warnings: tuple[str, ...] = ()
+
+
+def check_launch(opts: LaunchOptions, cfg: RankguardConfig) -> LaunchChecks:
+    """The restart budget in force and the warnings for ``opts`` with ``cfg``.
+
+    ``--max-restarts`` (torchrun's flag) and ``fault_tolerance.num_in_job_restarts``
+    (NVRx's key) set one budget: a ValueError when both are given and disagree.
+    """
+    hb, ft = cfg.heartbeat, cfg.fault_tolerance
+    max_restarts = opts.max_restarts
+    if ft.num_in_job_restarts:
+        if opts.max_restarts and opts.max_restarts != ft.num_in_job_restarts:
+            raise ValueError(
+                f"--max-restarts {opts.max_restarts} and fault_tolerance.num_in_job_restarts="
+                f"{ft.num_in_job_restarts} disagree: give one of them"
+            )
+        max_restarts = ft.num_in_job_restarts
+    warnings = []
+    if max_restarts and not ft.enable_ft_package and hb.enabled:
+        warnings.append(
+            f"{max_restarts} in-job restart(s) for crashes only: hangs found by the monitor "
+            "are reported, not restarted (set fault_tolerance.enable_ft_package=true)"
+        )
+    if opts.multi_node and hb.enabled and not cfg.no_shared_fs and opts.node_rank != 0:
+        warnings.append(
+            "no_shared_fs=false: this node's heartbeats are NOT relayed; node 0 sees them "
+            "only if log_dir is on a filesystem shared with it"
+        )
+    return LaunchChecks(max_restarts, tuple(warnings))
