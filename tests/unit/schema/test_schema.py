@@ -79,6 +79,45 @@ def test_record_round_trips_and_keeps_unknown_keys() -> None:
     }
 
 
+def test_every_field_is_read_from_its_own_key() -> None:
+    """from_dict builds the record positionally (speed): each field must land in its
+    own slot."""
+    d = raw(
+        2,
+        7,
+        schema_version=1,
+        node_rank=11,
+        local_rank=12,
+        world_size=13,
+        wall_time_ns=14,
+        monotonic_ns=15,
+        gpu={"ordinal": 1, "token": "GPU-a", "uuid": "GPU-a"},
+        progress_seq=16,
+        iteration=17,
+        phase="eval",
+        phase_elapsed_s=18.5,
+        checkpoint_active=True,
+        checkpoint_id="ck",
+        since_progress_s=19.5,
+        last_progress_monotonic_ns=20,
+        progress_source="api",
+        main_frame="f.py:1 in g",
+        exit={"clean": True},
+        synthesized=True,
+        relayed_age_s=21.5,
+        perf={"p": 1},
+        straggler={"s": 1},
+        ft_stats={"f": 1},
+        hostname="host-x",
+        run_id="run-x",
+        pid=4242,
+    )
+    rec = HeartbeatRecord.from_dict(d)
+    for key, value in d.items():
+        got = getattr(rec, key)
+        assert (got.value if isinstance(got, Event) else got) == value, key
+
+
 # Each field with a value of the wrong type (or absurd): the record is rejected, naming it.
 BAD_FIELDS: list[tuple[str, Any]] = [
     ("event", "started"),
