@@ -57,10 +57,10 @@ from pathlib import Path
 from typing import Any
 
 from rankguard.heartbeat.config import HeartbeatConfig
-from rankguard.heartbeat.progress import ProgressTracker
 from rankguard.heartbeat.records import RankIdentity
 from rankguard.session import NullSession, Session
 from rankguard.straggler.probe import ComputeProbe
+from rankguard.timeline import ProgressTracker
 
 NPROC = 4
 FAULT_RANK = 2

@@ -19,9 +19,9 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from rankguard.heartbeat.config import HeartbeatConfig
-from rankguard.heartbeat.progress import ProgressTracker
 from rankguard.heartbeat.publisher import HeartbeatPublisher
 from rankguard.heartbeat.records import ENV, RankIdentity
+from rankguard.timeline import ProgressTracker
 
 if TYPE_CHECKING:
     from collections.abc import Callable

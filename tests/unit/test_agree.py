@@ -20,10 +20,10 @@ import pytest
 from rankguard.agree import CONTROL_FILE, ControlReader, choose_stop_step, write_control
 from rankguard.config import RankguardConfig
 from rankguard.heartbeat.config import HeartbeatConfig
-from rankguard.heartbeat.progress import ProgressTracker
 from rankguard.heartbeat.records import RankIdentity
 from rankguard.launcher.services import NodeServices, fastest_step_s
 from rankguard.session import Session
+from rankguard.timeline import ProgressTracker
 
 RUN = "run-agree"
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from rankguard.heartbeat.progress import ProgressTracker
 from rankguard.heartbeat.publisher import HeartbeatPublisher
 from rankguard.heartbeat.records import Event, GpuAssignment, RankIdentity, heartbeat_file_name
+from rankguard.timeline import ProgressTracker
 
 RECORD_KEYS = {
     "schema_version",

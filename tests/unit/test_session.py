@@ -17,9 +17,9 @@ import rankguard
 import rankguard.session as session_mod
 from rankguard.config import RankguardConfig, dumps_config
 from rankguard.heartbeat.config import HeartbeatConfig
-from rankguard.heartbeat.progress import ProgressTracker
 from rankguard.heartbeat.records import ENV, RankIdentity, heartbeat_file_name
 from rankguard.session import NullSession, Session, current, init
+from rankguard.timeline import ProgressTracker
 
 RUN = "run-session"
 

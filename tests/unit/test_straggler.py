@@ -24,12 +24,12 @@ import pytest
 import rankguard.straggler.probe as probe_mod
 from rankguard.config import ConfigError, load_config
 from rankguard.heartbeat.config import HeartbeatConfig
-from rankguard.heartbeat.progress import ProgressTracker
 from rankguard.heartbeat.records import RankIdentity, heartbeat_file_name
 from rankguard.session import NullSession, Session
 from rankguard.straggler.config import StragglerConfig
 from rankguard.straggler.detector import STRAGGLER_FINDING, StragglerDetector
 from rankguard.straggler.probe import ComputeProbe
+from rankguard.timeline import ProgressTracker
 
 RUN = "run-straggler"
 T0 = 1000.0  # the detector's start (monitor clock, seconds)

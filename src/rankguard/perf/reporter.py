@@ -1,6 +1,6 @@
 """The in-rank performance monitor: turns the step timeline into metrics.
 
-The hot path writes nothing new: :class:`~rankguard.heartbeat.progress.ProgressTracker`
+The hot path writes nothing new: :class:`~rankguard.timeline.ProgressTracker`
 already stamps every step end into a ring buffer. A daemon thread here reads the ring a
 few times a second and, at iteration 1 and every ``log_interval`` steps, computes the
 window's step time, samples/s, tokens/s, TFLOP/s per GPU and in total, MFU, memory and
@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from rankguard._fs import append_jsonl, atomic_write_json
-from rankguard.heartbeat.progress import RING_SIZE, ProgressTracker
 from rankguard.perf.config import PerfConfig
 from rankguard.perf.flops import mfu, tflops_per_gpu
 from rankguard.perf.memory import memory_gb
+from rankguard.timeline import RING_SIZE, ProgressTracker
 
 __all__ = ["SUMMARY_PREFIX", "PerfReporter", "final_statistics"]
 
