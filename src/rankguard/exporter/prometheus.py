@@ -61,7 +61,7 @@ class MetricsExporter:
     """
 
     def __init__(self, monitor: JobMonitor, *, run_dir: Path | None = None) -> None:
-        try:
+        try:  # prometheus-client is optional: imported here and below, never at the top
             from prometheus_client import CollectorRegistry
 
             from rankguard.exporter.collector import FindingCounts, StatusCollector

@@ -38,8 +38,9 @@ from typing import Any, TextIO
 
 from rankguard._fs import append_jsonl, atomic_write_json
 from rankguard.perf.config import PerfConfig
-from rankguard.perf.flops import mfu, tflops_per_gpu
+from rankguard.perf.flops import analytic_flops_per_step, mfu, tflops_per_gpu
 from rankguard.perf.memory import memory_gb
+from rankguard.perf.peaks import resolve_peak_tflops
 from rankguard.timeline import RING_SIZE, ProgressTracker
 
 __all__ = ["SUMMARY_PREFIX", "PerfReporter", "final_statistics"]
@@ -96,7 +97,7 @@ class _GpuTimer:
     def _event(self) -> Any:
         if self.event_factory is not None:
             return self.event_factory()
-        import torch
+        import torch  # here, not at the top: `import rankguard` (light commands) stays torch-free
 
         return torch.cuda.Event(enable_timing=True)
 
@@ -141,8 +142,6 @@ class PerfReporter:
         poll_interval_s: float = 0.2,
         gpu_event_factory: Any = None,
     ) -> None:
-        from rankguard.perf.peaks import resolve_peak_tflops
-
         self.cfg = cfg
         self.tracker = tracker
         self.rank = rank
@@ -193,8 +192,6 @@ class PerfReporter:
         self.global_samples = None if samples is None else float(samples) * dp
         self.global_tokens = None if tokens is None else float(tokens) * dp
         if self.cfg.model is not None and self.cfg.flops_per_step is None and samples:
-            from rankguard.perf.flops import analytic_flops_per_step
-
             self.set_flops(
                 analytic_flops_per_step(self.cfg.model, int(samples * dp)),
                 f"analytic: {self.cfg.model.family} formula, global batch {int(samples * dp)}",
@@ -249,7 +246,7 @@ class PerfReporter:
         if self.device_name is not None or self.cuda_device is None:
             return
         try:
-            import torch
+            import torch  # here, not at the top: `import rankguard` stays torch-free
 
             if not torch.cuda.is_initialized():
                 return
@@ -257,8 +254,6 @@ class PerfReporter:
         except Exception:
             self.device_name = "unknown cuda device"
         if self.cfg.peak_tflops is None:
-            from rankguard.perf.peaks import resolve_peak_tflops
-
             self.peak_tflops, self.peak_source = resolve_peak_tflops(
                 override=None, dtype=self.cfg.dtype, device_name=self.device_name
             )
