@@ -1,4 +1,4 @@
-"""Pre-launch GPU health check (``enable_gpu_health_check``, seed 001).
+"""Pre-launch GPU health check (``enable_gpu_health_check``, FlagScale's switch).
 
 Before any rank starts, the launcher reads this node's GPUs through NVML (nvidia-smi as
 fallback) and applies the health rules of the heartbeat monitor: an unhealthy GPU

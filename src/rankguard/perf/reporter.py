@@ -5,7 +5,8 @@ already stamps every step end into a ring buffer. A daemon thread here reads the
 few times a second and, at iteration 1 and every ``log_interval`` steps, computes the
 window's step time, samples/s, tokens/s, TFLOP/s per GPU and in total, MFU, memory and
 the data-loading share. Rank 0 appends each entry to ``perf.jsonl`` and prints one
-line; at the end it writes ``perf_summary_<timestamp>.json`` with the seed's schema.
+line; at the end it writes ``perf_summary_<timestamp>.json`` with FlagScale's perf
+monitor schema.
 Every rank exposes its latest window (:attr:`PerfReporter.latest`) to its heartbeat
 records, from which node 0's monitor derives cross-rank min/median/max step times
 without any collective.
