@@ -103,12 +103,12 @@ def _sync_loop(
 def part_hot_path(args: argparse.Namespace) -> bool:
     import torch
 
-    from rankguard.heartbeat.progress import ProgressTracker
     from rankguard.perf.config import PerfConfig
     from rankguard.perf.flops import mfu, tflops_per_gpu
     from rankguard.perf.measured import measured_flops_per_step
     from rankguard.perf.reporter import PerfReporter
     from rankguard.straggler.probe import ComputeProbe
+    from rankguard.timeline import ProgressTracker
 
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)

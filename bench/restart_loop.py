@@ -9,9 +9,9 @@ checkpoint, logged a step and finished, within ``--timeout`` seconds, leaving no
 behind. Prints completed/attempted, the median crash-to-first-step of the completed runs
 (line arrival times, as in ``restart.py``) and why each failed run failed.
 
-Why: SPEC section 0 item 3: "restarts are flaky" (torchrun's in-job restart on gloo
-failed with the static rendezvous and hung once in init with ``--standalone``). Goal:
-20/20 restarts complete.
+Why: torchrun's in-job restarts are flaky: in an earlier bench run on this kind of
+machine its restart on gloo failed with the static rendezvous and hung once in init with
+``--standalone``. Goal: 20/20 restarts complete.
 
 Hygiene: every run has its own temp dir (log dir, checkpoints) and rendezvous id, a hard
 timeout (SIGTERM to the launcher's process group, SIGKILL 10 s later), and afterwards any

@@ -58,9 +58,9 @@ from typing import Any
 
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.identity import RankIdentity
-from rankguard.heartbeat.progress import ProgressTracker
 from rankguard.session import NullSession, Session
 from rankguard.straggler.probe import ComputeProbe
+from rankguard.timeline import ProgressTracker
 
 NPROC = 4
 FAULT_RANK = 2

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rankguard._fs import atomic_write_json
-from rankguard.heartbeat.monitor import FindingSink
+from rankguard.heartbeat.api import FindingSink
 from rankguard.schema.findings import Finding, FindingType
 from rankguard.schema.layout import CONTROL_FILE
 from rankguard.schema.records import HeartbeatRecord

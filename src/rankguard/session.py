@@ -18,19 +18,22 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from rankguard.agree import ControlReader
+from rankguard.config import loads_config
+from rankguard.ft.simulate import FaultSimulator
+from rankguard.ft.stats import SectionStats
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.identity import ENV, RankIdentity
-from rankguard.heartbeat.progress import ProgressTracker
 from rankguard.heartbeat.publisher import HeartbeatPublisher
+from rankguard.perf.reporter import PerfReporter
 from rankguard.schema.layout import perf_dir
+from rankguard.straggler.probe import ComputeProbe
+from rankguard.timeline import ProgressTracker
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     import torch
-
-    from rankguard.perf.reporter import PerfReporter
-    from rankguard.straggler.probe import ComputeProbe
 
 __all__ = ["NullSession", "Session", "current", "init"]
 
@@ -166,8 +169,6 @@ class Session:
         self._control = None
         self._stop_at: int | None = None
         if self.publisher is not None:
-            from rankguard.agree import ControlReader
-
             self._control = ControlReader(run_dir)
             self.publisher.ticks.append(self._poll_control)
             self.publisher.start()
@@ -274,6 +275,7 @@ class Session:
         the data-parallel size as the step's FLOPs. Returns the global figure."""
         if self.perf is None:
             return None
+        # here, not at the top: perf.measured imports torch, `import rankguard` must not
         from rankguard.perf.measured import measured_flops_per_step
 
         per_replica = measured_flops_per_step(model, example_inputs, loss_fn=loss_fn)
@@ -290,6 +292,7 @@ class Session:
         optimizers, only the first one that steps (the lead) counts, so one iteration is
         one progress step.
         """
+        # here, not at the top: `import rankguard` (and so the light commands) stays torch-free
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         if self._hook is not None or self._explicit:
@@ -432,8 +435,6 @@ _default_lock = threading.Lock()
 
 
 def _session_from_env() -> Session | NullSession:
-    from rankguard.config import loads_config
-
     run_dir = os.environ.get(ENV.RUN_DIR)
     if not run_dir or os.environ.get(ENV.LAUNCHER) != "1":
         if os.environ.get("TORCHELASTIC_RUN_ID"):
@@ -453,8 +454,6 @@ def _session_from_env() -> Session | NullSession:
     tracker = ProgressTracker()
     perf = None
     if cfg.perf.enabled:
-        from rankguard.perf.reporter import PerfReporter
-
         log_dir = Path(os.environ.get(ENV.LOG_DIR) or cfg.log_dir)
         perf = PerfReporter(
             cfg.perf,
@@ -468,13 +467,9 @@ def _session_from_env() -> Session | NullSession:
     ft = cfg.fault_tolerance
     extra = None
     if ft.calc_ft_timeouts:
-        from rankguard.ft.stats import SectionStats
-
         extra = SectionStats(tracker).heartbeat_fields
     probe = None
     if cfg.straggler.enabled and cfg.heartbeat.enabled:
-        from rankguard.straggler.probe import ComputeProbe
-
         probe = ComputeProbe(tracker.step_end, every=cfg.straggler.profiling_interval)
     session = Session(
         identity,
@@ -487,8 +482,6 @@ def _session_from_env() -> Session | NullSession:
         probe=probe,
     )
     if ft.simulate_fault and session.restart_count == 0:
-        from rankguard.ft.simulate import FaultSimulator
-
         FaultSimulator(
             ft, rank=identity.rank, world_size=identity.world_size, run_id=identity.run_id
         ).start()

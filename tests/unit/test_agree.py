@@ -26,10 +26,10 @@ from rankguard.agree import (
     write_control,
 )
 from rankguard.heartbeat.config import HeartbeatConfig
-from rankguard.heartbeat.progress import ProgressTracker
 from rankguard.schema.findings import Finding, FindingType, Reason
 from rankguard.schema.records import HeartbeatRecord, RecordError
 from rankguard.session import Session
+from rankguard.timeline import ProgressTracker
 from tests.factories import rank_identity
 
 RUN = "run-agree"

@@ -16,9 +16,9 @@ import rankguard.session as session_mod
 from rankguard.config import RankguardConfig, dumps_config
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.identity import ENV
-from rankguard.heartbeat.progress import ProgressTracker
 from rankguard.schema.layout import heartbeat_file_name
 from rankguard.session import NullSession, Session, current, init
+from rankguard.timeline import ProgressTracker
 from tests.factories import rank_identity
 from tests.factories import read_records as _records
 

@@ -7,13 +7,17 @@ import logging
 import sys
 
 from rankguard import __version__
+from rankguard.cli import status
+from rankguard.config import ConfigError, load_config
+from rankguard.demo import cli as demo_cli
+from rankguard.launcher.options import add_launch_arguments, options_from_args
+from rankguard.report import cli as report_cli
+from rankguard.slurm import cli as slurm_cli
 
 __all__ = ["build_parser", "main"]
 
 
 def _add_run(subparsers: argparse._SubParsersAction) -> None:
-    from rankguard.launcher.options import add_launch_arguments
-
     p = subparsers.add_parser(
         "run",
         help="launch a distributed training script under rankguard (torchrun-compatible)",
@@ -27,9 +31,7 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from rankguard.config import ConfigError, load_config
-    from rankguard.launcher.options import options_from_args
-    from rankguard.launcher.run import launch
+    from rankguard.launcher.run import launch  # imports torch: not for the light commands
 
     try:
         opts, overrides = options_from_args(args)
@@ -42,11 +44,6 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from rankguard.cli import status
-    from rankguard.demo import cli as demo_cli
-    from rankguard.report import cli as report_cli
-    from rankguard.slurm import cli as slurm_cli
-
     parser = argparse.ArgumentParser(
         prog="rankguard",
         description="Keeps distributed PyTorch training alive and says what is wrong.",

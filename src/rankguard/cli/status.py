@@ -8,7 +8,8 @@ process liveness, training progress, and GPU hardware health.
 
 The reader is tolerant on purpose: unknown keys are ignored, missing keys print as ``-``,
 a malformed or partially written ``findings.jsonl`` line is skipped, and a malformed
-``status.json`` is reported as such (exit code 2) rather than as a traceback.
+``status.json`` is reported as such (exit code 2) rather than as a traceback. The reading
+itself is library code (:mod:`rankguard.runfiles`); this module is the command.
 """
 
 from __future__ import annotations
@@ -21,95 +22,15 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from rankguard.cli.status_render import render_status
+from rankguard.runfiles import StatusUnavailable, latest_findings, load_status, read_findings
+from rankguard.schema.layout import FINDINGS_FILE, STATUS_FILE
 
 __all__ = ["add_parser", "read_findings", "render_status", "run"]
 
-STATUS_FILE = "status.json"
-FINDINGS_FILE = "findings.jsonl"
 EXIT_OK = 0
 EXIT_UNAVAILABLE = 2
-
-_CHUNK = 64 * 1024  # bytes read per step when tailing findings.jsonl backwards
-
-
-class StatusUnavailable(Exception):
-    """The run directory or its status.json cannot be used; the message says why."""
-
-
-# --------------------------------------------------------------------------- reading
-
-
-def _parse_line(raw: bytes) -> dict[str, Any] | None:
-    text = raw.decode("utf-8", errors="replace").strip()
-    if not text:
-        return None
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        return None
-    return obj if isinstance(obj, dict) else None
-
-
-def read_findings(path: str | os.PathLike[str], limit: int) -> list[dict[str, Any]]:
-    """The last ``limit`` valid JSON objects of ``findings.jsonl``, oldest first.
-
-    The file is read backwards in chunks, so a long file costs only its tail. Malformed
-    lines and a partially written last line are skipped. A missing file means no findings
-    yet and gives ``[]``; other I/O errors propagate.
-    """
-    if limit <= 0:
-        return []
-    try:
-        fh = open(path, "rb")  # noqa: SIM115 - closed by the with block below
-    except FileNotFoundError:
-        return []
-    found: list[dict[str, Any]] = []
-    with fh:
-        pos = fh.seek(0, os.SEEK_END)
-        head = b""  # the possibly incomplete first line of what has been read so far
-        while pos > 0 and len(found) < limit:
-            step = min(_CHUNK, pos)
-            pos -= step
-            fh.seek(pos)
-            lines = (fh.read(step) + head).split(b"\n")
-            head = lines[0]
-            for raw in reversed(lines[1:]):
-                rec = _parse_line(raw)
-                if rec is not None:
-                    found.append(rec)
-                    if len(found) >= limit:
-                        break
-        if pos == 0 and len(found) < limit:
-            rec = _parse_line(head)
-            if rec is not None:
-                found.append(rec)
-    found.reverse()
-    return found
-
-
-def _load_status(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / STATUS_FILE
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError as exc:
-        raise StatusUnavailable(f"no {STATUS_FILE} in {run_dir}") from exc
-    except OSError as exc:
-        raise StatusUnavailable(f"cannot read {path}: {exc.strerror or exc}") from exc
-    try:
-        obj = json.loads(text)
-    except ValueError as exc:
-        raise StatusUnavailable(
-            f"{path} is malformed or partially written ({exc}); "
-            "the monitor replaces it atomically, so another process may have written it"
-        ) from exc
-    if not isinstance(obj, dict):
-        raise StatusUnavailable(
-            f"{path} is malformed: expected a JSON object, got {type(obj).__name__}"
-        )
-    return obj
 
 
 def _resolve_run_dir(path: Path) -> tuple[Path, str | None]:
@@ -139,18 +60,6 @@ def _resolve_run_dir(path: Path) -> tuple[Path, str | None]:
         f"(1 of {len(candidates)} under {path})"
     )
     return chosen, note
-
-
-def _findings_for(run_dir: Path, status: dict[str, Any], limit: int) -> list[dict[str, Any]]:
-    """Latest findings from findings.jsonl, or status.json's copy when the file is absent."""
-    if limit <= 0:
-        return []
-    if (run_dir / FINDINGS_FILE).exists():
-        return read_findings(run_dir / FINDINGS_FILE, limit)
-    recent = status.get("recent_findings")
-    if isinstance(recent, list):
-        return [f for f in recent if isinstance(f, dict)][-limit:]
-    return []
 
 
 def _positive_float(value: str) -> float:
@@ -225,9 +134,9 @@ def _error(message: str) -> int:
 
 
 def _frame(run_dir: Path, args: argparse.Namespace, tty: bool) -> str:
-    status = _load_status(run_dir)
+    status = load_status(run_dir)
     try:
-        findings = _findings_for(run_dir, status, args.findings)
+        findings = latest_findings(run_dir, status, args.findings)
     except OSError as exc:
         print(f"rankguard status: cannot read {FINDINGS_FILE}: {exc}", file=sys.stderr)
         findings = []

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rankguard._fs import atomic_write_json
-from rankguard.heartbeat.monitor import FindingSink
+from rankguard.heartbeat.api import FindingSink
 from rankguard.perf.config import PrometheusConfig
 from rankguard.schema.findings import Finding
 
@@ -64,7 +64,7 @@ class MetricsExporter:
     """
 
     def __init__(self, monitor: JobMonitor, *, run_dir: Path | None = None) -> None:
-        try:
+        try:  # prometheus-client is optional: imported here and below, never at the top
             from prometheus_client import CollectorRegistry
 
             from rankguard.exporter.collector import FindingCounts, StatusCollector

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from rankguard.ft.config import FaultToleranceConfig
 from rankguard.ft.kill import DumpPolicy, KillTarget, dump_stacks_of, kill_marked
-from rankguard.heartbeat.monitor import FindingSink
+from rankguard.heartbeat.api import FindingSink
 from rankguard.schema.findings import Finding, FindingType
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""Fault-tolerance configuration (seed 002's names, NVRx's and Megatron Bridge's defaults)."""
+"""Fault-tolerance configuration (NVRx's and Megatron Bridge's names and defaults)."""
 
 from __future__ import annotations
 
@@ -50,10 +50,10 @@ class FaultToleranceConfig:
         default=None, metadata={"help": "Time in a phase that has no section timeout."}
     )
     initial_rank_heartbeat_timeout: float | None = field(
-        default=None, metadata={"help": "Seed name; sets heartbeat.initial_process_timeout_s."}
+        default=None, metadata={"help": "NVRx's name; sets heartbeat.initial_process_timeout_s."}
     )
     rank_heartbeat_timeout: float | None = field(
-        default=None, metadata={"help": "Seed name; sets heartbeat.process_timeout_s."}
+        default=None, metadata={"help": "NVRx's name; sets heartbeat.process_timeout_s."}
     )
     calc_ft_timeouts: bool = field(
         default=False, metadata={"help": "Learn timeouts from this run; reuse them next run."}

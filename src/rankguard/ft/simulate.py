@@ -1,4 +1,4 @@
-"""Simulated faults (seed 002's ``simulate_fault``), so users can check their setup.
+"""Simulated faults (Megatron Bridge's ``simulate_fault``), so users can check their setup.
 
 On the target rank (``simulated_fault_rank``, or one chosen at random, the same on
 every rank), ``simulated_fault_base_delay`` plus up to as much again after start-up,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rankguard.heartbeat.progress import RING_SIZE, ProgressTracker
+from rankguard.timeline import RING_SIZE, ProgressTracker
 
 __all__ = ["SectionStats"]
 

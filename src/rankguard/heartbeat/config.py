@@ -1,4 +1,4 @@
-"""Heartbeat monitoring configuration (seed 000's keys, FlagScale's defaults)."""
+"""Heartbeat monitoring configuration (FlagScale's heartbeat keys and defaults)."""
 
 from __future__ import annotations
 

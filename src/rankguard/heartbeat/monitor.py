@@ -20,12 +20,14 @@ import socket
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from rankguard._fs import append_bytes, append_jsonl, atomic_write_json, dumps_line, rotate_jsonl
+from rankguard.health import gpu_for_rank
+from rankguard.heartbeat.api import Evaluator, FindingSink, RemoteSource, StatusSource
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.perfranks import PerfRanks
 from rankguard.heartbeat.procs import pid_running
@@ -38,48 +40,6 @@ from rankguard.schema.records import SCHEMA_VERSION, HeartbeatRecord
 __all__ = ["Evaluator", "FindingSink", "JobMonitor", "RemoteSource", "StatusSource"]
 
 logger = logging.getLogger(__name__)
-
-
-class RemoteSource(Protocol):
-    """Records and health snapshots of other nodes (see :mod:`.relay`)."""
-
-    def fetch(self) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]: ...
-
-    def nodes_done(self) -> bool: ...
-
-
-class Evaluator(Protocol):
-    """A verdict beyond the heartbeat rules (stragglers; later reruns, preemption).
-
-    Called once per scan, after the rules, with every rank's state; returns its new
-    findings. ``status()`` is shown under ``status.json``'s key ``name`` (None: nothing).
-    """
-
-    name: str
-
-    def evaluate(self, now: float, ranks: Mapping[int, RankState]) -> list[Finding]: ...
-
-    def status(self) -> Any: ...
-
-
-class FindingSink:
-    """Something done with each new finding. ``before_write`` may complete it (the
-    action taken, stack dumps) before it reaches ``findings.jsonl``; ``after_write``
-    acts on it once it is safe on disk. An exception in a sink is logged and counted,
-    never lost nor raised into the scan. Both do nothing by default."""
-
-    def before_write(self, finding: Finding) -> None:
-        return None
-
-    def after_write(self, finding: Finding) -> None:
-        return None
-
-
-class StatusSource(Protocol):
-    """Fields merged into ``status.json`` at each scan (the launcher's restarts, the
-    timeouts in force, a requested stop)."""
-
-    def status_fields(self) -> dict[str, Any]: ...
 
 
 def _iso_now() -> str:
@@ -380,9 +340,6 @@ class JobMonitor:
         gpu = record.gpu
         if known is None or not gpu:
             return None
-        # Inside: rankguard.health imports the heartbeat package's config (a cycle).
-        from rankguard.health import gpu_for_rank
-
         snapshot, _, seen = known
         entry = gpu_for_rank(
             snapshot,

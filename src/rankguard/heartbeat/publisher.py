@@ -8,7 +8,7 @@ never leaves a torn line that matters (the monitor's tailer skips a partial last
 A file about to grow past ``heartbeat.max_file_mb`` is rotated: it becomes
 ``<name>.1`` and a new file starts with a copy of the ``process_start`` record.
 
-The thread only reads the :class:`~rankguard.heartbeat.progress.ProgressTracker`; the
+The thread only reads the :class:`~rankguard.timeline.ProgressTracker`; the
 training loop never waits for it. A write error is counted and logged once, never
 raised into training.
 """
@@ -27,9 +27,9 @@ from typing import Any
 
 from rankguard._fs import dumps_line, open_append, rotate_jsonl, write_all
 from rankguard.heartbeat.identity import RankIdentity
-from rankguard.heartbeat.progress import ProgressTracker
 from rankguard.schema.layout import heartbeat_file_name
 from rankguard.schema.records import Event
+from rankguard.timeline import ProgressTracker
 
 __all__ = ["HeartbeatPublisher"]
 
@@ -153,7 +153,7 @@ class HeartbeatPublisher:
             self._gpu_refined = True
             return
         try:
-            import torch
+            import torch  # here, not at the top: `import rankguard` stays torch-free
 
             if not torch.cuda.is_initialized():
                 return

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rankguard.agree import write_control
 from rankguard.ft.kill import DEFAULT_DUMP_POLICY, DumpPolicy, KillTarget, dump_then_kill
 from rankguard.heartbeat.procs import pid_running
 from rankguard.heartbeat.tailer import JsonlTailer
@@ -160,8 +161,6 @@ class StoreRelay:
         key = self.keys.control
         if self._control_done or not self.store.check([key]):
             return
-        from rankguard.agree import write_control
-
         control = json.loads(self.store.get(key))
         write_control(self.run_dir, int(control["stop_at_step"]), str(control["reason"]))
         self._control_done = True

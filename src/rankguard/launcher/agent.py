@@ -25,6 +25,8 @@ from types import FrameType
 from typing import Any
 
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 __all__ = ["RankguardAgent", "add_peer_errors", "first_failure"]
 
@@ -63,8 +65,6 @@ def add_peer_errors(
 ) -> None:
     """Add to a single reported failure the ranks that also left an error file (they
     raised: torch's process wrapper exits with 1 after writing it)."""
-    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
-
     if len(failures) != 1:
         return
     for local_rank, path in error_files.items():
@@ -84,8 +84,6 @@ def _prewarm_failure_logging(pcontext: Any) -> None:
     the exception, and torch's log formatter imports ``torch._dynamo`` to format it:
     about a second of imports in the middle of every first restart. Import it now, in a
     background thread at the lowest CPU priority, while the ranks train."""
-    from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
-
     if not isinstance(pcontext, MultiprocessContext):
         return
 
@@ -93,6 +91,7 @@ def _prewarm_failure_logging(pcontext: Any) -> None:
         with contextlib.suppress(OSError, AttributeError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread
         try:
+            # here, in this thread, not at the top: the import is the prewarming
             import torch._dynamo.config  # noqa: F401
         except Exception:  # a slower first restart, nothing worse
             logger.debug("rankguard: prewarming torch._dynamo failed", exc_info=True)
@@ -174,8 +173,6 @@ class RankguardAgent(LocalElasticAgent):
         context, which reports one failure per group (the first it looks at, often a
         peer that failed *because* of the culprit) and terminates the rest. Peers that
         raised left their error files: add them, so the earliest error is the cause."""
-        from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
-
         pcontext = self._pcontext
         if isinstance(pcontext, MultiprocessContext):
             add_peer_errors(

@@ -12,7 +12,8 @@ import time
 from collections import Counter
 from typing import Any
 
-from rankguard.heartbeat.monitor import FindingSink, JobMonitor
+from rankguard.heartbeat.api import FindingSink
+from rankguard.heartbeat.monitor import JobMonitor
 from rankguard.schema.findings import Finding
 
 __all__ = ["LiveStatus", "status_line"]

@@ -1,4 +1,4 @@
-"""Pre-launch GPU health check (``enable_gpu_health_check``, seed 001).
+"""Pre-launch GPU health check (``enable_gpu_health_check``, FlagScale's switch).
 
 Before any rank starts, the launcher reads this node's GPUs through NVML (nvidia-smi as
 fallback) and applies the health rules of the heartbeat monitor: an unhealthy GPU
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rankguard._fs import atomic_write_json
+from rankguard.health import collect_gpu_health
 
 __all__ = ["EXIT_UNHEALTHY_GPU", "preflight_gpu_check"]
 
@@ -34,8 +35,6 @@ def preflight_gpu_check(
     say: Callable[[str], None],
 ) -> int | None:
     """None to go on, or the exit code to stop with."""
-    from rankguard.health import collect_gpu_health
-
     snapshot = collect_gpu_health(command_timeout_s=command_timeout_s)
     atomic_write_json(run_dir / f"preflight_node_{node_rank}.json", snapshot)
     status = snapshot.get("status")

@@ -21,14 +21,17 @@ from typing import TYPE_CHECKING, Any
 from rankguard._fs import append_jsonl
 from rankguard.agree import StopAgreement
 from rankguard.config import RankguardConfig, config_to_dict
+from rankguard.ft.actions import AgentControl, FaultHandler
+from rankguard.ft.kill import DumpPolicy
+from rankguard.ft.learned import save_learned
+from rankguard.health import HealthCollector
 from rankguard.heartbeat.monitor import JobMonitor
 from rankguard.heartbeat.relay import StoreRelay, StoreRemoteSource, publish_control, request_kill
 from rankguard.schema.layout import RunLayout, ft_state_dir
+from rankguard.straggler.detector import StragglerDetector
 
 if TYPE_CHECKING:
     from rankguard.exporter.prometheus import MetricsExporter
-    from rankguard.ft.actions import AgentControl, FaultHandler
-    from rankguard.health.collector import HealthCollector
 
 __all__ = ["NodeServices", "ft_state_path"]
 
@@ -89,8 +92,6 @@ class NodeServices:
         ft = self.cfg.fault_tolerance
         if self.monitor is None or not ft.enable_ft_package:
             return
-        from rankguard.ft.actions import FaultHandler
-
         remote = None
         if self.relaying:
 
@@ -138,8 +139,6 @@ class NodeServices:
         if not hb.enabled:
             return
         if hb.hardware_health.enabled:
-            from rankguard.health import HealthCollector
-
             self.collector = HealthCollector(hb.hardware_health, self.run_dir, self.node_rank)
             self.collector.start()
         if self.node_rank == 0:
@@ -159,8 +158,6 @@ class NodeServices:
             )
             detector = None
             if self.cfg.straggler.enabled:
-                from rankguard.straggler.detector import StragglerDetector
-
                 detector = StragglerDetector(
                     self.cfg.straggler, self.run_id, started_at=monitor.clock()
                 )
@@ -175,13 +172,12 @@ class NodeServices:
             monitor.add_sink(self.agreement)
             monitor.add_status_source(self.agreement)
             if prometheus.enabled:  # before the first scan: no finding goes uncounted
+                # Inside: the exporter needs the optional prometheus-client.
                 from rankguard.exporter import start_for_monitor
 
                 self.exporter = start_for_monitor(self.monitor, prometheus, self.run_dir)
             self.monitor.start()
         elif self.relaying:
-            from rankguard.ft.kill import DumpPolicy
-
             self.relay = StoreRelay(
                 self.store,
                 self.run_dir,
@@ -215,8 +211,6 @@ class NodeServices:
                 drain += 2 * hb.publish_interval_s
             status = self.monitor.stop(drain_timeout_s=drain)
             if self.cfg.fault_tolerance.calc_ft_timeouts:
-                from rankguard.ft.learned import save_learned
-
                 records = [s.record for s in self.monitor.rules.ranks.values() if s.record]
                 save_learned(ft_state_path(self.cfg), self.cfg.fault_tolerance, records)
         if self.exporter is not None:  # after the final status: it stays scrapable

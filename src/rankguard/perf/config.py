@@ -1,4 +1,5 @@
-"""Performance monitor configuration (seed 001 plus what TFLOP/s and MFU need)."""
+"""Performance monitor configuration: FlagScale's perf monitor keys plus what TFLOP/s and
+MFU need."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 import torch
+from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
 __all__ = ["FlopsCache", "measured_flops_per_step"]
@@ -48,8 +49,6 @@ def _register_cpu_flash_attention() -> None:
     for the other SDPA kernels, through its public ``register_flop_formula`` hook, and
     only where the running torch has none.
     """
-    from torch.utils import flop_counter
-
     aten = torch.ops.aten
     forward = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     backward = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)

@@ -34,7 +34,7 @@ def memory_gb(cuda_device: int | None) -> tuple[float | None, float | None, str]
     """(now, peak, kind) in GB; kind is ``cuda_allocated`` or ``cpu_rss``."""
     if cuda_device is not None:
         try:
-            import torch
+            import torch  # here, not at the top: `import rankguard` stays torch-free
 
             if torch.cuda.is_initialized():
                 now = torch.cuda.memory_allocated(cuda_device) / _GB

@@ -1,11 +1,12 @@
 """The in-rank performance monitor: turns the step timeline into metrics.
 
-The hot path writes nothing new: :class:`~rankguard.heartbeat.progress.ProgressTracker`
+The hot path writes nothing new: :class:`~rankguard.timeline.ProgressTracker`
 already stamps every step end into a ring buffer. A daemon thread here reads the ring a
 few times a second and, at iteration 1 and every ``log_interval`` steps, computes the
 window's step time, samples/s, tokens/s, TFLOP/s per GPU and in total, MFU, memory and
 the data-loading share. Rank 0 appends each entry to ``perf.jsonl`` and prints one
-line; at the end it writes ``perf_summary_<timestamp>.json`` with the seed's schema.
+line; at the end it writes ``perf_summary_<timestamp>.json`` with FlagScale's perf
+monitor schema.
 Every rank exposes its latest window (:attr:`PerfReporter.latest`) to its heartbeat
 records, from which node 0's monitor derives cross-rank min/median/max step times
 without any collective.
@@ -37,11 +38,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from rankguard._fs import append_jsonl, atomic_write_json
-from rankguard.heartbeat.progress import RING_SIZE, ProgressTracker
 from rankguard.perf.config import PerfConfig
-from rankguard.perf.flops import mfu, tflops_per_gpu
+from rankguard.perf.flops import analytic_flops_per_step, mfu, tflops_per_gpu
 from rankguard.perf.memory import memory_gb
+from rankguard.perf.peaks import resolve_peak_tflops
 from rankguard.schema.layout import PERF_LOG_FILE, PERF_SUMMARY_PREFIX
+from rankguard.timeline import RING_SIZE, ProgressTracker
 
 __all__ = ["SUMMARY_PREFIX", "PerfReporter", "final_statistics"]
 
@@ -97,7 +99,7 @@ class _GpuTimer:
     def _event(self) -> Any:
         if self.event_factory is not None:
             return self.event_factory()
-        import torch
+        import torch  # here, not at the top: `import rankguard` (light commands) stays torch-free
 
         return torch.cuda.Event(enable_timing=True)
 
@@ -142,8 +144,6 @@ class PerfReporter:
         poll_interval_s: float = 0.2,
         gpu_event_factory: Any = None,
     ) -> None:
-        from rankguard.perf.peaks import resolve_peak_tflops
-
         self.cfg = cfg
         self.tracker = tracker
         self.rank = rank
@@ -194,8 +194,6 @@ class PerfReporter:
         self.global_samples = None if samples is None else float(samples) * dp
         self.global_tokens = None if tokens is None else float(tokens) * dp
         if self.cfg.model is not None and self.cfg.flops_per_step is None and samples:
-            from rankguard.perf.flops import analytic_flops_per_step
-
             self.set_flops(
                 analytic_flops_per_step(self.cfg.model, int(samples * dp)),
                 f"analytic: {self.cfg.model.family} formula, global batch {int(samples * dp)}",
@@ -250,7 +248,7 @@ class PerfReporter:
         if self.device_name is not None or self.cuda_device is None:
             return
         try:
-            import torch
+            import torch  # here, not at the top: `import rankguard` stays torch-free
 
             if not torch.cuda.is_initialized():
                 return
@@ -258,8 +256,6 @@ class PerfReporter:
         except Exception:
             self.device_name = "unknown cuda device"
         if self.cfg.peak_tflops is None:
-            from rankguard.perf.peaks import resolve_peak_tflops
-
             self.peak_tflops, self.peak_source = resolve_peak_tflops(
                 override=None, dtype=self.cfg.dtype, device_name=self.device_name
             )

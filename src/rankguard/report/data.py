@@ -20,22 +20,25 @@ import os
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
-from rankguard.cli.status import FINDINGS_FILE, STATUS_FILE
-from rankguard.heartbeat.perfranks import PERF_RANKS_FILE
+from rankguard.schema.layout import (
+    FINDINGS_FILE,
+    HEALTH_FILE_RE,
+    HEARTBEAT_FILE_RE,
+    LAUNCHER_FILE_RE,
+    PERF_LOG_FILE,
+    PERF_RANKS_FILE,
+    PERF_SUMMARY_GLOB,
+    STATUS_FILE,
+)
 
 __all__ = ["ProcessSpan", "ReportUnavailable", "RunData", "load_run", "parse_time", "resolve_run"]
 
 HEARTBEAT_ROOT = "heartbeat"
 PERF_ROOT = "perf_monitor"
-# Mirrors rankguard.perf.reporter (not imported: it pulls in torch).
-PERF_LOG = "perf.jsonl"
-SUMMARY_GLOB = "perf_summary_*.json"
-_HEALTH_RE = re.compile(r"^gpu_health_node_(\d+)\.json$")
-_LAUNCHER_RE = re.compile(r"^launcher_node_(\d+)\.json$")
-_HEARTBEAT_RE = re.compile(r"^rank_(\d+)_pid_(\d+)\.heartbeat\.jsonl$")
 _TAIL_BYTES = 64 * 1024
 
 
@@ -102,11 +105,11 @@ def _kind(path: Path) -> str | None:
     except OSError:
         return None
     hb = {STATUS_FILE, FINDINGS_FILE, PERF_RANKS_FILE}
-    if any(n in hb or _HEALTH_RE.match(n) or _HEARTBEAT_RE.match(n) for n in names):
+    if any(n in hb or HEALTH_FILE_RE.match(n) or HEARTBEAT_FILE_RE.match(n) for n in names):
         return "heartbeat"
-    if any(n == PERF_LOG or (n.startswith("perf_summary_") and n.endswith(".json")) for n in names):
+    if any(n == PERF_LOG_FILE or fnmatchcase(n, PERF_SUMMARY_GLOB) for n in names):
         return "perf"
-    if any(_LAUNCHER_RE.match(n) for n in names):
+    if any(LAUNCHER_FILE_RE.match(n) for n in names):
         return "heartbeat"
     return None
 
@@ -231,7 +234,7 @@ def _first_and_last(path: Path) -> tuple[dict[str, Any] | None, dict[str, Any] |
 def _process_spans(hb_dir: Path, problems: list[str]) -> list[ProcessSpan]:
     spans: list[ProcessSpan] = []
     for path in sorted(hb_dir.glob("rank_*_pid_*.heartbeat.jsonl")):
-        m = _HEARTBEAT_RE.match(path.name)
+        m = HEARTBEAT_FILE_RE.match(path.name)
         if m is None:
             continue
         try:
@@ -282,25 +285,26 @@ def _load_heartbeat(data: RunData, hb: Path) -> None:
     data.perf_ranks = _read_jsonl(hb / PERF_RANKS_FILE, p)
     if not data.perf_ranks:
         data.missing.append(f"No {PERF_RANKS_FILE}: cross-rank step times are not available")
-    data.gpu_health = _numbered(hb, _HEALTH_RE, p)
-    data.launchers = _numbered(hb, _LAUNCHER_RE, p)
+    data.gpu_health = _numbered(hb, HEALTH_FILE_RE, p)
+    data.launchers = _numbered(hb, LAUNCHER_FILE_RE, p)
     data.processes = _process_spans(hb, p)
 
 
 def _load_perf(data: RunData, perf: Path) -> None:
     p = data.problems
-    data.perf_entries = [e for e in _read_jsonl(perf / PERF_LOG, p) if e.get("rank", 0) == 0]
-    summaries = sorted(perf.glob(SUMMARY_GLOB))
+    data.perf_entries = [e for e in _read_jsonl(perf / PERF_LOG_FILE, p) if e.get("rank", 0) == 0]
+    summaries = sorted(perf.glob(PERF_SUMMARY_GLOB))
     if summaries:
         data.perf_summary = _read_json(summaries[-1], p)
     if not data.perf_entries and data.perf_summary:
         logs = data.perf_summary.get("iteration_logs")
         data.perf_entries = [e for e in logs or [] if isinstance(e, dict)]
     if not data.perf_entries and not data.perf_summary:
-        data.missing.append(f"Perf data is missing: no {PERF_LOG} or perf summary in {perf}")
+        data.missing.append(f"Perf data is missing: no {PERF_LOG_FILE} or perf summary in {perf}")
     elif data.perf_summary is None:
         data.missing.append(
-            f"No perf summary (the run may not have finished): numbers are computed from {PERF_LOG}"
+            "No perf summary (the run may not have finished): "
+            f"numbers are computed from {PERF_LOG_FILE}"
         )
 
 

@@ -19,16 +19,13 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rankguard._fs import atomic_write_text
+from rankguard.config import RankguardConfig, load_config
 from rankguard.launcher.exitcodes import EXIT_FAILED, EXIT_USAGE, RETRYABLE
 from rankguard.launcher.options import split_overrides
 from rankguard.slurm.retry import run_with_retries
 from rankguard.slurm.sbatch import SbatchSpec, parse_job_id, render_sbatch
-
-if TYPE_CHECKING:
-    from rankguard.config import RankguardConfig
 
 __all__ = ["SBATCH_TIMEOUT_S", "add_parser", "inactive_settings", "run", "spec_from_args"]
 
@@ -171,8 +168,6 @@ def spec_from_args(args: argparse.Namespace) -> tuple[SbatchSpec, RankguardConfi
     is not given. A flag and a config value that disagree are an error, as in
     ``rankguard run``. Raises ``ValueError`` (``ConfigError``) naming the setting.
     """
-    from rankguard.config import load_config
-
     overrides, script, script_args = split_overrides(args.target, list(args.target_args))
     overrides = [*args.overrides, *overrides]
     log_override = [f"log_dir={args.log_dir}"] if args.log_dir else []

@@ -1,4 +1,4 @@
-"""Straggler detection configuration (seed 002's NVRx keys and defaults)."""
+"""Straggler detection configuration (NVRx's keys and defaults, as Megatron Bridge sets them)."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rankguard.heartbeat.progress import cuda_in_use
+from rankguard.timeline import cuda_in_use
 
 __all__ = ["ComputeProbe"]
 
@@ -45,7 +45,7 @@ _READ_WINDOW = _POOL // 2
 
 
 def _timing_event() -> Any:
-    import torch
+    import torch  # here, not at the top: `import rankguard` (light commands) stays torch-free
 
     return torch.cuda.Event(enable_timing=True)
 

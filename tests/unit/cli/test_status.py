@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from rankguard import runfiles
 from rankguard.cli import status as status_cli
 from rankguard.cli import status_render
 from rankguard.cli.status import add_parser, read_findings, render_status
@@ -245,7 +246,7 @@ def test_malformed_findings_lines_are_skipped(tmp_path: Path, capsys: Any) -> No
 
 
 def test_read_findings_tails_across_chunks(tmp_path: Path, monkeypatch: Any) -> None:
-    monkeypatch.setattr(status_cli, "_CHUNK", 7)
+    monkeypatch.setattr(runfiles, "_CHUNK", 7)
     path = tmp_path / "findings.jsonl"
     lines = [json.dumps({"n": i, "pad": "x" * i}) for i in range(20)]
     lines.insert(10, "{broken")

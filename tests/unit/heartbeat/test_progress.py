@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rankguard.heartbeat.progress import CHECKPOINT_PHASE, ProgressTracker
+from rankguard.timeline import CHECKPOINT_PHASE, ProgressTracker
 from tests.factories import FakeNsClock as FakeClock
 
 

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from rankguard.heartbeat.identity import GpuAssignment
-from rankguard.heartbeat.progress import ProgressTracker
 from rankguard.heartbeat.publisher import HeartbeatPublisher
 from rankguard.schema.layout import heartbeat_file_name
 from rankguard.schema.records import Event
+from rankguard.timeline import ProgressTracker
 from tests.factories import rank_identity
 from tests.factories import read_records as _records
 

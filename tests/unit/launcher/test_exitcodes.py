@@ -120,12 +120,12 @@ def test_usage_conflicting_restart_budgets(tmp_path: Path, capsys: Any) -> None:
 
 
 def test_unhealthy_gpu_refuses_the_node(tmp_path: Path, monkeypatch: Any) -> None:
-    import rankguard.health
+    import rankguard.launcher.preflight as preflight
     from rankguard.launcher.preflight import preflight_gpu_check
 
     sick = {"index": 0, "name": "gpu", "uuid": "GPU-0", "health": "unhealthy", "problems": []}
     snapshot = {"status": "unhealthy", "source": "nvml", "gpus": [sick]}
-    monkeypatch.setattr(rankguard.health, "collect_gpu_health", lambda **_: snapshot)
+    monkeypatch.setattr(preflight, "collect_gpu_health", lambda **_: snapshot)
     said: list[str] = []
     code = preflight_gpu_check(
         command_timeout_s=1.0, node_rank=0, run_dir=tmp_path, say=said.append

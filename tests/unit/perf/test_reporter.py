@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from rankguard.heartbeat.progress import RING_SIZE, ProgressTracker
 from rankguard.perf.config import PerfConfig
 from rankguard.perf.flops import ModelShape, analytic_flops_per_step
 from rankguard.perf.peaks import CPU_REASON
@@ -25,6 +24,7 @@ from rankguard.perf.reporter import (
     final_statistics,
     prune_runs,
 )
+from rankguard.timeline import RING_SIZE, ProgressTracker
 from tests.factories import FakeNsClock as FakeClock
 
 MS = 1_000_000  # ns

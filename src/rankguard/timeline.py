@@ -1,4 +1,8 @@
-"""Training progress counters: the only rankguard code on the training hot path.
+"""The step timeline: the only rankguard code on the training hot path.
+
+Shared infrastructure, not the heartbeat's: the heartbeat publisher, the performance
+monitor, fault tolerance's section statistics and the straggler probe all read its
+counters and its ring buffer of step ends.
 
 :meth:`ProgressTracker.step_end` runs once per step in the training loop. It does no
 I/O, takes no lock, makes no CUDA call and never synchronises the device: it bumps
@@ -41,7 +45,7 @@ class _Event(Protocol):
 def cuda_in_use() -> bool:
     """CUDA is available and this process has initialised it (a GPU rank)."""
     try:
-        import torch
+        import torch  # here, not at the top: `import rankguard` (light commands) stays torch-free
 
         return bool(torch.cuda.is_available() and torch.cuda.is_initialized())
     except Exception:
@@ -50,7 +54,7 @@ def cuda_in_use() -> bool:
 
 def _current_stream() -> Any:
     try:
-        import torch
+        import torch  # here, not at the top: see cuda_in_use
 
         return torch.cuda.current_stream()
     except Exception:
@@ -58,7 +62,7 @@ def _current_stream() -> Any:
 
 
 def _cuda_event() -> _Event:
-    import torch
+    import torch  # here, not at the top: see cuda_in_use
 
     return torch.cuda.Event()
 

@@ -1,0 +1,113 @@
+"""Reading node 0's monitor files from outside the job: ``status.json``, ``findings.jsonl``.
+
+The monitor atomically replaces ``status.json`` every scan and appends to
+``findings.jsonl`` (schemas in ``docs/heartbeat.md``); these readers only read them, so
+they are safe at any time, from any host that sees the log directory, while the job
+runs or after it died. ``rankguard status`` uses them; like the file names
+(:mod:`rankguard.schema.layout`) they are library code, so no library module needs the
+CLI. No torch import here.
+
+The readers are tolerant on purpose: a malformed or partially written ``findings.jsonl``
+line is skipped, and an unusable ``status.json`` raises :class:`StatusUnavailable` with
+a message saying why rather than a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from rankguard.schema.layout import FINDINGS_FILE, STATUS_FILE
+
+__all__ = ["StatusUnavailable", "latest_findings", "load_status", "read_findings"]
+
+_CHUNK = 64 * 1024  # bytes read per step when tailing findings.jsonl backwards
+
+
+class StatusUnavailable(Exception):
+    """The run directory or its status.json cannot be used; the message says why."""
+
+
+def _parse_line(raw: bytes) -> dict[str, Any] | None:
+    text = raw.decode("utf-8", errors="replace").strip()
+    if not text:
+        return None
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def read_findings(path: str | os.PathLike[str], limit: int) -> list[dict[str, Any]]:
+    """The last ``limit`` valid JSON objects of ``findings.jsonl``, oldest first.
+
+    The file is read backwards in chunks, so a long file costs only its tail. Malformed
+    lines and a partially written last line are skipped. A missing file means no findings
+    yet and gives ``[]``; other I/O errors propagate.
+    """
+    if limit <= 0:
+        return []
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 - closed by the with block below
+    except FileNotFoundError:
+        return []
+    found: list[dict[str, Any]] = []
+    with fh:
+        pos = fh.seek(0, os.SEEK_END)
+        head = b""  # the possibly incomplete first line of what has been read so far
+        while pos > 0 and len(found) < limit:
+            step = min(_CHUNK, pos)
+            pos -= step
+            fh.seek(pos)
+            lines = (fh.read(step) + head).split(b"\n")
+            head = lines[0]
+            for raw in reversed(lines[1:]):
+                rec = _parse_line(raw)
+                if rec is not None:
+                    found.append(rec)
+                    if len(found) >= limit:
+                        break
+        if pos == 0 and len(found) < limit:
+            rec = _parse_line(head)
+            if rec is not None:
+                found.append(rec)
+    found.reverse()
+    return found
+
+
+def load_status(run_dir: Path) -> dict[str, Any]:
+    """``run_dir``'s ``status.json``; :class:`StatusUnavailable` when missing or unusable."""
+    path = run_dir / STATUS_FILE
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError as exc:
+        raise StatusUnavailable(f"no {STATUS_FILE} in {run_dir}") from exc
+    except OSError as exc:
+        raise StatusUnavailable(f"cannot read {path}: {exc.strerror or exc}") from exc
+    try:
+        obj = json.loads(text)
+    except ValueError as exc:
+        raise StatusUnavailable(
+            f"{path} is malformed or partially written ({exc}); "
+            "the monitor replaces it atomically, so another process may have written it"
+        ) from exc
+    if not isinstance(obj, dict):
+        raise StatusUnavailable(
+            f"{path} is malformed: expected a JSON object, got {type(obj).__name__}"
+        )
+    return obj
+
+
+def latest_findings(run_dir: Path, status: dict[str, Any], limit: int) -> list[dict[str, Any]]:
+    """Latest findings from findings.jsonl, or status.json's copy when the file is absent."""
+    if limit <= 0:
+        return []
+    if (run_dir / FINDINGS_FILE).exists():
+        return read_findings(run_dir / FINDINGS_FILE, limit)
+    recent = status.get("recent_findings")
+    if isinstance(recent, list):
+        return [f for f in recent if isinstance(f, dict)][-limit:]
+    return []
