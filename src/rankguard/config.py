@@ -39,7 +39,7 @@ __all__ = [
 
 T = TypeVar("T")
 
-_SEED_PREFIX = ("experiment", "runner")
+_FLAGSCALE_PREFIX = ("experiment", "runner")
 
 
 class ConfigError(ValueError):
@@ -66,7 +66,7 @@ class RankguardConfig:
         default=False,
         metadata={
             "help": "Before launching, check this node's GPUs (NVML, nvidia-smi) and refuse "
-            "to start on an unhealthy one (seed 001's switch)."
+            "to start on an unhealthy one (FlagScale's switch)."
         },
     )
     enable_monitoring: bool | None = field(
@@ -89,7 +89,7 @@ class RankguardConfig:
             self.heartbeat.enabled = self.enable_monitoring
             self.perf.enabled = self.enable_monitoring
         ft = self.fault_tolerance
-        # The seed's heartbeat timeout names are the heartbeat monitor's timeouts (one
+        # NVRx's heartbeat timeout names are the heartbeat monitor's timeouts (one
         # source of truth); set, they win, and the pair is validated again.
         if ft.initial_rank_heartbeat_timeout is not None:
             self.heartbeat.initial_process_timeout_s = ft.initial_rank_heartbeat_timeout
@@ -229,13 +229,13 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
-def _strip_seed_prefix(parts: list[str]) -> list[str]:
-    if tuple(parts[:2]) == _SEED_PREFIX:
+def _strip_flagscale_prefix(parts: list[str]) -> list[str]:
+    if tuple(parts[:2]) == _FLAGSCALE_PREFIX:
         return parts[2:]
     return parts
 
 
-def _unwrap_seed_layout(doc: dict[str, Any]) -> dict[str, Any]:
+def _unwrap_flagscale_layout(doc: dict[str, Any]) -> dict[str, Any]:
     if set(doc) != {"experiment"}:
         return doc
     experiment = doc["experiment"]
@@ -262,7 +262,7 @@ def apply_override(doc: dict[str, Any], override: str) -> None:
         raise ConfigError(f"override {override!r}: expected key=value")
     key, raw = override.split("=", 1)
     key = key.strip().lstrip("+")  # Hydra's "+key=value" (add a key) reads the same here
-    parts = _strip_seed_prefix([p for p in key.strip().split(".")])
+    parts = _strip_flagscale_prefix([p for p in key.strip().split(".")])
     if not parts or any(not p for p in parts):
         raise ConfigError(f"override {override!r}: malformed key {key!r}")
     try:
@@ -297,7 +297,7 @@ def load_config(
             loaded = {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {p}: top level must be a mapping")
-        doc = _unwrap_seed_layout(loaded)
+        doc = _unwrap_flagscale_layout(loaded)
     for ov in overrides:
         apply_override(doc, ov)
     return build(RankguardConfig, doc)
