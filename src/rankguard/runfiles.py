@@ -24,6 +24,7 @@ from rankguard.schema.layout import FINDINGS_FILE, STATUS_FILE
 __all__ = ["StatusUnavailable", "latest_findings", "load_status", "read_findings"]
 
 _CHUNK = 64 * 1024  # bytes read per step when tailing findings.jsonl backwards
+MAX_LINE = 8 << 20  # a longer line is skipped (no finding is that long)
 
 
 class StatusUnavailable(Exception):
@@ -55,25 +56,43 @@ def read_findings(path: str | os.PathLike[str], limit: int) -> list[dict[str, An
     except FileNotFoundError:
         return []
     found: list[dict[str, Any]] = []
+
+    def take(raw: bytes) -> bool:
+        rec = _parse_line(raw)
+        if rec is not None:
+            found.append(rec)
+        return len(found) >= limit
+
     with fh:
         pos = fh.seek(0, os.SEEK_END)
-        head = b""  # the possibly incomplete first line of what has been read so far
-        while pos > 0 and len(found) < limit:
+        # The line being assembled, in pieces as read (backwards): joined once when its
+        # start is found, so a long line costs its length, not its length squared.
+        pending: list[bytes] = []
+        pending_len = 0
+        overlong = False
+        done = False
+        while pos > 0 and not done:
             step = min(_CHUNK, pos)
             pos -= step
             fh.seek(pos)
-            lines = (fh.read(step) + head).split(b"\n")
-            head = lines[0]
-            for raw in reversed(lines[1:]):
-                rec = _parse_line(raw)
-                if rec is not None:
-                    found.append(rec)
-                    if len(found) >= limit:
-                        break
-        if pos == 0 and len(found) < limit:
-            rec = _parse_line(head)
-            if rec is not None:
-                found.append(rec)
+            parts = fh.read(step).split(b"\n")
+            if len(parts) == 1:  # no line boundary in this chunk
+                pending.append(parts[0])
+                pending_len += len(parts[0])
+                if pending_len > MAX_LINE:  # skipped, never joined
+                    pending, pending_len, overlong = [], 0, True
+                continue
+            last = b"".join([parts[-1], *reversed(pending)])
+            if not overlong and len(last) <= MAX_LINE:
+                done = take(last)
+            for raw in reversed(parts[1:-1]):
+                if done:
+                    break
+                if len(raw) <= MAX_LINE:
+                    done = take(raw)
+            pending, pending_len, overlong = [parts[0]], len(parts[0]), False
+        if pos == 0 and not done and not overlong and pending_len <= MAX_LINE:
+            take(b"".join(reversed(pending)))
     found.reverse()
     return found
 
