@@ -441,6 +441,7 @@ class JobMonitor:
                 "expected_world_size": world,
                 "ignored_records": rules.ignored_records,
                 "last_ignored": rules.last_ignored,
+                "rank_errors": rules.rank_errors,
                 "sink_errors": self.sink_errors,
                 "config": self.config_snapshot,
             },

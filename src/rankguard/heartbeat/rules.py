@@ -20,6 +20,7 @@ cleared when the condition clears, so a relapse fires again. A new pid for a kno
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,8 @@ from rankguard.schema.findings import Finding, FindingType, Liveness, Progress, 
 from rankguard.schema.records import MAX_RANKS, Event, HeartbeatRecord, RecordError, supersedes
 
 __all__ = ["FindingType", "HeartbeatRules", "Liveness", "Progress", "RankState", "Reason"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -92,6 +95,7 @@ class HeartbeatRules:
         self.ranks: dict[int, RankState] = {}
         self.ignored_records = 0
         self.last_ignored: str | None = None
+        self.rank_errors = 0  # evaluations of one rank that raised (logged, skipped)
         self.findings_total = 0
         self._never_seen_fired: set[int] = set()
         self._first_sighting: float | None = None
@@ -195,8 +199,13 @@ class HeartbeatRules:
         for state in sorted(self.ranks.values(), key=_failure_order):
             if state.record is None:
                 continue
-            state.gpu_health = health_for(state.record) if health_for else None
-            findings.extend(self._evaluate_rank(state, now))
+            try:  # each rank in isolation: one rank's surprise never hides the others
+                state.gpu_health = health_for(state.record) if health_for else None
+                findings.extend(self._evaluate_rank(state, now))
+            except Exception:
+                self.rank_errors += 1
+                if self.rank_errors == 1 or self.rank_errors % 1000 == 0:
+                    logger.exception("rankguard rules: evaluating rank %d failed", state.rank)
         findings.extend(self._attribute_stalls(now))
         self.findings_total += len(findings)
         return findings

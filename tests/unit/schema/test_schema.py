@@ -223,6 +223,30 @@ def test_every_wrong_typed_record_is_skipped_and_the_scan_still_writes(tmp_path:
     assert [(f["rank"], f["finding_type"]) for f in findings] == [(1, "gpu_progress_timeout")]
 
 
+def test_one_rank_that_cannot_be_evaluated_does_not_hide_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mon = JobMonitor(heartbeat_config(), tmp_path, RUN, expected_world_size=2, clock=FakeClock(0.0))
+    mon.check_pids = False
+    real = mon.rules._evaluate_rank
+
+    def broken_for_rank_0(state: Any, now: float) -> Any:
+        if state.rank == 0:
+            raise RuntimeError("surprise")
+        return real(state, now)
+
+    monkeypatch.setattr(mon.rules, "_evaluate_rank", broken_for_rank_0)
+    layout = RunLayout(tmp_path)
+    for rank in (0, 1):
+        layout.heartbeat(rank, 5000 + rank).write_text(
+            json.dumps(raw(rank, 0, since_progress_s=30.0, progress_seq=1)) + "\n",
+            encoding="utf-8",
+        )
+    found = mon.scan_once()
+    assert [(f.rank, f.finding_type.value) for f in found] == [(1, "gpu_progress_timeout")]
+    assert mon.status["monitor"]["rank_errors"] == 1 and mon.scan_errors == 0
+
+
 def test_a_rank_outside_the_job_is_counted_not_shown(tmp_path: Path) -> None:
     mon = JobMonitor(
         heartbeat_config(),
