@@ -32,6 +32,7 @@ from rankguard.launcher.exitcodes import EXIT_USAGE, JobOutcome, exit_code
 from rankguard.launcher.options import LaunchOptions
 from rankguard.launcher.services import NodeServices
 from rankguard.schema import layout
+from rankguard.textsafe import safe_text
 
 __all__ = ["launch", "run_dir_for"]
 
@@ -166,7 +167,9 @@ def _timeouts_in_force(cfg: RankguardConfig) -> dict[str, Any] | None:
 
 
 def _say(msg: str) -> None:
-    print(f"[rankguard] {msg}", file=sys.stderr, flush=True)
+    """One launcher line on stderr. What it quotes (finding messages, a rank's error,
+    hostnames, paths) is shown with its control characters escaped."""
+    print(f"[rankguard] {safe_text(msg)}", file=sys.stderr, flush=True)
 
 
 def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
