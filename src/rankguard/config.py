@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import reprlib
 import types
 import typing
 from dataclasses import dataclass, field
@@ -40,6 +41,10 @@ __all__ = [
 T = TypeVar("T")
 
 _FLAGSCALE_PREFIX = ("experiment", "runner")
+
+MAX_DEPTH = 32
+"""Deepest nesting of mappings and lists a config document (file or override) may have;
+the real layout needs five levels."""
 
 
 class ConfigError(ValueError):
@@ -149,43 +154,88 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             except ConfigError as exc:
                 errors.append(str(exc))
         allowed = " or ".join(_type_name(a) for a in args)
-        raise ConfigError(f"{key}: expected {allowed}, got {value!r}")
+        raise ConfigError(f"{key}: expected {allowed}, got {_short(value)}")
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping of {_type_name(tp)} keys, got {value!r}")
+            raise ConfigError(
+                f"{key}: expected a mapping of {_type_name(tp)} keys, got {_short(value)}"
+            )
         return build(tp, value, prefix=f"{key}.")  # type: ignore[arg-type]
     if origin is typing.Literal:
         allowed_values = typing.get_args(tp)
         if value not in allowed_values:
-            raise ConfigError(f"{key}: expected one of {list(allowed_values)}, got {value!r}")
+            raise ConfigError(f"{key}: expected one of {list(allowed_values)}, got {_short(value)}")
         return value
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        raise ConfigError(f"{key}: expected true or false, got {_short(value)}")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        raise ConfigError(f"{key}: expected an integer, got {_short(value)}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
+            try:
+                return float(value)
+            except OverflowError:
+                raise ConfigError(f"{key}: must be a finite number, got {_short(value)}") from None
+        raise ConfigError(f"{key}: expected a number, got {_short(value)}")
     if tp is str:
         if isinstance(value, str):
             return value
-        raise ConfigError(f"{key}: expected a string, got {value!r}")
+        raise ConfigError(f"{key}: expected a string, got {_short(value)}")
     if origin is dict:
         key_tp, value_tp = typing.get_args(tp)
         if isinstance(value, str):
             value = _parse_mapping(value, key)
         if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping (or 'a:1,b:2'), got {value!r}")
+            raise ConfigError(f"{key}: expected a mapping (or 'a:1,b:2'), got {_short(value)}")
         return {
             _coerce(k, key_tp, f"{key}.<key>"): _coerce(v, value_tp, f"{key}.{k}")
             for k, v in value.items()
         }
     raise ConfigError(f"{key}: unsupported config type {tp!r}")
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 2, 80, 80
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 6
+
+
+def _short(value: Any) -> str:
+    """``repr(value)`` bounded in depth and length, for error messages (a document can
+    be deep, long, or share one node many times through YAML aliases)."""
+    text = _REPR.repr(value)
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def _yaml_depth_error(text: str, limit: int) -> str | None:
+    """Where ``text`` nests mappings/lists deeper than ``limit``, or None. Reads the
+    parser's events (no recursion), so a pathological document cannot overflow the stack
+    before it is refused."""
+    depth = 0
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > limit:
+                    mark = event.start_mark
+                    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+                    return f"nested deeper than {limit} levels{where}"
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+    except yaml.YAMLError:
+        return None  # safe_load reports it with its own message
+    return None
+
+
+def _load_yaml(text: str, limit: int = MAX_DEPTH) -> Any:
+    """``yaml.safe_load`` with a nesting limit (ConfigError past it)."""
+    problem = _yaml_depth_error(text, limit)
+    if problem is not None:
+        raise ConfigError(problem)
+    return yaml.safe_load(text)
 
 
 def _parse_mapping(text: str, key: str) -> dict[str, Any]:
@@ -195,7 +245,10 @@ def _parse_mapping(text: str, key: str) -> dict[str, Any]:
         name, sep, raw = item.partition(":")
         if not sep or not name.strip():
             raise ConfigError(f"{key}: expected NAME:VALUE items separated by commas, got {text!r}")
-        out[name.strip()] = yaml.safe_load(raw)
+        try:
+            out[name.strip()] = _load_yaml(raw)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{key}.{name.strip()}: cannot parse value: {exc}") from exc
     return out
 
 
@@ -207,7 +260,8 @@ def build(cls: type[T], data: dict[str, Any] | None, *, prefix: str = "") -> T:
     """
     data = data or {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{prefix.rstrip('.') or '<root>'}: expected a mapping, got {data!r}")
+        where = prefix.rstrip(".") or "<root>"
+        raise ConfigError(f"{where}: expected a mapping, got {_short(data)}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(data) - set(fields))
@@ -264,9 +318,13 @@ def apply_override(doc: dict[str, Any], override: str) -> None:
     key = key.strip().lstrip("+")  # Hydra's "+key=value" (add a key) reads the same here
     parts = _strip_flagscale_prefix([p for p in key.strip().split(".")])
     if not parts or any(not p for p in parts):
-        raise ConfigError(f"override {override!r}: malformed key {key!r}")
+        raise ConfigError(f"override {_short(override)}: malformed key {_short(key)}")
+    if len(parts) > MAX_DEPTH:
+        raise ConfigError(f"override {_short(override)}: key nested deeper than {MAX_DEPTH} levels")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = _load_yaml(raw, MAX_DEPTH - len(parts)) if raw.strip() else ""
+    except ConfigError as exc:
+        raise ConfigError(f"override {_short(override)}: value {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"override {override!r}: cannot parse value: {exc}") from exc
     node = doc
@@ -290,7 +348,9 @@ def load_config(
         except OSError as exc:
             raise ConfigError(f"config file {p}: {exc.strerror or exc}") from exc
         try:
-            loaded = yaml.safe_load(text)
+            loaded = _load_yaml(text)
+        except ConfigError as exc:
+            raise ConfigError(f"config file {p}: {exc}") from None
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {p}: not valid YAML: {exc}") from exc
         if loaded is None:
@@ -308,4 +368,8 @@ def dumps_config(cfg: RankguardConfig) -> str:
 
 
 def loads_config(text: str) -> RankguardConfig:
-    return build(RankguardConfig, json.loads(text))
+    try:
+        doc = json.loads(text)
+    except RecursionError:
+        raise ConfigError("config: nested too deeply") from None
+    return build(RankguardConfig, doc)

@@ -480,3 +480,117 @@ def test_warnings_come_in_a_fixed_order() -> None:
     warnings = cfg.warnings()
     assert len(warnings) == len(starts)
     assert all(w.startswith(s) for w, s in zip(warnings, starts, strict=True))
+
+
+# --------------------------------------------------------------------------- numbers, nesting
+
+
+def _numeric_keys(cls: type, prefix: str = "") -> list[str]:
+    """Every int/float setting of the config tree, by full dotted key (the optional
+    model shape, whose fields are all required together, is checked in perf's tests)."""
+    import dataclasses
+    import typing
+
+    keys: list[str] = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        args = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
+        if dataclasses.is_dataclass(args[0]) and prefix + f.name != "perf.model":
+            keys += _numeric_keys(args[0], f"{prefix}{f.name}.")
+        elif args[0] in (int, float):
+            keys.append(prefix + f.name)
+    return keys
+
+
+NUMERIC_KEYS = _numeric_keys(RankguardConfig)
+
+
+def test_the_walk_finds_the_numeric_settings() -> None:
+    assert "heartbeat.process_timeout_s" in NUMERIC_KEYS
+    assert "heartbeat.hardware_health.stale_after_s" in NUMERIC_KEYS
+    assert "fault_tolerance.rank_heartbeat_timeout" in NUMERIC_KEYS
+    assert "straggler.profiling_interval" in NUMERIC_KEYS
+    assert "perf.prometheus.port" in NUMERIC_KEYS
+    assert len(NUMERIC_KEYS) > 30
+
+
+@pytest.mark.parametrize("key", NUMERIC_KEYS)
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf", "-1", "1.0e999"])
+def test_every_numeric_setting_rejects_non_finite_and_negative(key: str, value: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=[f"{key}={value}"])
+    assert str(err.value).startswith(f"{key}: ")
+
+
+@pytest.mark.parametrize("value", [".nan", ".inf", ".NaN", "-.Inf"])
+def test_non_finite_timeout_in_yaml_is_refused_naming_the_key(tmp_path: Path, value: str) -> None:
+    path = _write(tmp_path, f"heartbeat:\n  process_timeout_s: {value}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value).startswith(
+        "heartbeat.process_timeout_s: must be a finite number > 0, got "
+    )
+
+
+def test_nan_message_names_key_and_bound() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=["heartbeat.process_timeout_s=.nan"])
+    assert str(err.value) == "heartbeat.process_timeout_s: must be a finite number > 0, got nan"
+
+
+def test_integer_too_large_for_a_float_is_a_config_error(tmp_path: Path) -> None:
+    path = _write(tmp_path, "heartbeat:\n  process_timeout_s: 1" + "0" * 400 + "\n")
+    with pytest.raises(ConfigError, match=r"^heartbeat\.process_timeout_s: must be a finite"):
+        load_config(path)
+
+
+def test_non_finite_values_through_the_json_handoff_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"^heartbeat\.scan_interval_s: must be a finite"):
+        loads_config('{"heartbeat": {"scan_interval_s": NaN}}')
+
+
+def test_component_built_directly_rejects_nan() -> None:
+    with pytest.raises(ValueError, match=r"^process_timeout_s: must be a finite number > 0"):
+        HeartbeatConfig(process_timeout_s=float("nan"))
+    with pytest.raises(ValueError, match=r"^interval_s: must be a finite number > 0"):
+        HardwareHealthConfig(interval_s=float("inf"))
+
+
+@pytest.mark.parametrize(
+    "text", ["[" * 200 + "]" * 200, "a:\n" + "".join(f"{'  ' * i}b:\n" for i in range(1, 60))]
+)
+def test_deep_yaml_file_is_refused_clearly(tmp_path: Path, text: str) -> None:
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError, match=r"nested deeper than 32 levels \(line"):
+        load_config(path)
+
+
+def test_very_deep_yaml_is_refused_without_recursion_error(tmp_path: Path) -> None:
+    path = _write(tmp_path, "heartbeat: " + "[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ConfigError, match="nested deeper than 32 levels"):
+        load_config(path)
+
+
+def test_deep_override_value_and_key_are_refused_clearly() -> None:
+    with pytest.raises(ConfigError, match=r"^override .*: value nested deeper than"):
+        load_config(overrides=["heartbeat.enabled=" + "[" * 5000 + "]" * 5000])
+    with pytest.raises(ConfigError, match=r"key nested deeper than 32 levels"):
+        load_config(overrides=[".".join(["a"] * 40) + "=1"])
+
+
+def test_moderate_nesting_still_reports_the_real_problem(tmp_path: Path) -> None:
+    path = _write(tmp_path, "heartbeat:\n  enabled: " + "[" * 10 + "]" * 10 + "\n")
+    with pytest.raises(ConfigError, match=r"^heartbeat\.enabled: expected true or false"):
+        load_config(path)
+
+
+def test_error_messages_stay_short_for_aliased_documents(tmp_path: Path) -> None:
+    # Each level repeats the previous one four times: its full repr would be millions of
+    # characters long.
+    items = ["&a0 [x, x, x, x, x, x, x, x, x, x]"]
+    items += [f"&a{i} [*a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}]" for i in range(1, 12)]
+    path = _write(tmp_path, f"heartbeat:\n  enabled: [{', '.join(items)}]\n")
+    with pytest.raises(ConfigError, match=r"^heartbeat\.enabled: expected true or false") as err:
+        load_config(path)
+    assert len(str(err.value)) < 300

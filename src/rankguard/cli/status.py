@@ -26,6 +26,7 @@ from pathlib import Path
 from rankguard.cli.status_render import render_status
 from rankguard.runfiles import StatusUnavailable, latest_findings, load_status, read_findings
 from rankguard.schema.layout import FINDINGS_FILE, STATUS_FILE
+from rankguard.textsafe import safe_text
 
 __all__ = ["add_parser", "read_findings", "render_status", "run"]
 
@@ -129,7 +130,7 @@ def _use_color() -> bool:
 
 
 def _error(message: str) -> int:
-    print(f"rankguard status: {message}", file=sys.stderr)
+    print(f"rankguard status: {safe_text(message)}", file=sys.stderr)
     return EXIT_UNAVAILABLE
 
 
@@ -157,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     except StatusUnavailable as exc:
         return _error(str(exc))
     if note:
-        print(note, file=sys.stderr)
+        print(safe_text(note), file=sys.stderr)
     tty = sys.stdout.isatty()
     if args.watch is None:
         try:

@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from rankguard.schema.findings import FindingType
+from rankguard.textsafe import safe_text
 
 __all__ = ["render_status"]
 
@@ -46,6 +47,23 @@ Row = list[tuple[str, str]]  # cells of (text, style); style "" means plain
 # --------------------------------------------------------------------------- rendering
 
 
+def _safe(value: Any, depth: int = 0) -> Any:
+    """``value`` with every string in it (keys too) made safe for a terminal; nesting past
+    what a status file has is shown as ``...``. The rendering below then only adds its
+    own colour codes."""
+    if isinstance(value, str):
+        return safe_text(value)
+    if depth > 16:
+        return "..."
+    if isinstance(value, dict):
+        return {safe_text(k): _safe(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_safe(v, depth + 1) for v in value]
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return safe_text(value)
+
+
 def _text(value: Any) -> str:
     if value is None or value == "":
         return "-"
@@ -66,15 +84,20 @@ def _parse_time(value: Any) -> datetime | None:
     if not isinstance(value, str) or not value:
         return None
     try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        if parsed.tzinfo is not None:
+            parsed.astimezone(timezone.utc)  # out of range near year 1 or 9999
+    except (ValueError, OverflowError):
         return None
+    return parsed
 
 
 def _fmt_time(value: Any) -> str:
+    """A wall time for the screen; ``-`` for anything that is not a valid ISO time (an
+    impossible date, a number, garbage)."""
     parsed = _parse_time(value)
     if parsed is None:
-        return _text(value)
+        return "-"
     if parsed.tzinfo is None:
         return parsed.strftime("%Y-%m-%d %H:%M:%S")
     return parsed.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
@@ -344,7 +367,11 @@ def render_status(
     (``None``: no limit).
     ``color`` adds ANSI codes: red for problems, yellow for warnings. ``now`` (aware)
     adds how long ago the monitor last wrote the status. Pure: no I/O, no clock.
+    Control characters in the data are shown escaped (``\\x1b``), never sent to the
+    terminal.
     """
+    status = _safe(status) if isinstance(status, dict) else {}
+    findings = [_safe(f) for f in findings if isinstance(f, dict)]
     ranks = _ranks(status)
     lines = [*_pack(_header(status, ranks, color, now), width), ""]
     if ranks:

@@ -268,7 +268,7 @@ def _age_since(iso: Any, now_wall: float) -> float | None:
         return None
     try:
         return max(0.0, now_wall - datetime.fromisoformat(iso).timestamp())
-    except ValueError:
+    except (ValueError, OverflowError, OSError):
         return None
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rankguard.schema.findings import FindingType
+from rankguard.validate import check_number
 
 __all__ = ["ACTIONS", "FAULT_TYPES", "FINDING_TYPES", "FaultToleranceConfig"]
 
@@ -76,8 +77,7 @@ class FaultToleranceConfig:
 
     def __post_init__(self) -> None:
         for name in ("num_in_job_restarts", "num_job_retries_on_failure"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+            check_number(name, getattr(self, name), ge=0)
         for finding, action in self.actions.items():
             if finding not in FINDING_TYPES:
                 raise ValueError(
@@ -90,22 +90,24 @@ class FaultToleranceConfig:
         self.actions = {**_default_actions(), **self.actions}
         if self.stack_dump not in ("auto", "py-spy", "faulthandler"):
             raise ValueError(f"stack_dump: auto, py-spy or faulthandler, got {self.stack_dump!r}")
-        for name in ("stack_dump_timeout_s", "termination_grace_s", "safety_factor"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
-        if self.safety_factor < 1:
-            raise ValueError(f"safety_factor: must be >= 1, got {self.safety_factor}")
+        for name in ("stack_dump_timeout_s", "termination_grace_s"):
+            check_number(name, getattr(self, name), gt=0)
+        check_number("safety_factor", self.safety_factor, ge=1)
         for section, timeout in self.rank_section_timeouts.items():
-            if timeout <= 0:
-                raise ValueError(f"rank_section_timeouts.{section}: must be > 0, got {timeout}")
-        if self.rank_out_of_section_timeout is not None and self.rank_out_of_section_timeout <= 0:
-            raise ValueError("rank_out_of_section_timeout: must be > 0")
+            check_number(f"rank_section_timeouts.{section}", timeout, gt=0)
+        for name in (
+            "rank_out_of_section_timeout",
+            "initial_rank_heartbeat_timeout",
+            "rank_heartbeat_timeout",
+        ):
+            if getattr(self, name) is not None:
+                check_number(name, getattr(self, name), gt=0)
+        if self.simulated_fault_rank is not None:
+            check_number("simulated_fault_rank", self.simulated_fault_rank, ge=0)
         if self.simulated_fault_type not in FAULT_TYPES:
             raise ValueError(
                 f"simulated_fault_type: one of {list(FAULT_TYPES)}, "
                 f"got {self.simulated_fault_type!r}"
             )
-        if self.simulated_fault_base_delay < 0:
-            raise ValueError("simulated_fault_base_delay: must be >= 0")
-        if self.min_learned_timeout_s <= 0:
-            raise ValueError("min_learned_timeout_s: must be > 0")
+        check_number("simulated_fault_base_delay", self.simulated_fault_base_delay, ge=0)
+        check_number("min_learned_timeout_s", self.min_learned_timeout_s, gt=0)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rankguard.validate import check_number
+
 __all__ = ["HardwareHealthConfig", "HeartbeatConfig"]
 
 
@@ -22,8 +24,10 @@ class HardwareHealthConfig:
     )
 
     def __post_init__(self) -> None:
-        if self.interval_s <= 0:
-            raise ValueError(f"interval_s: must be > 0, got {self.interval_s}")
+        check_number("interval_s", self.interval_s, gt=0)
+        check_number("command_timeout_s", self.command_timeout_s, gt=0)
+        if self.stale_after_s is not None:
+            check_number("stale_after_s", self.stale_after_s, gt=0)
         if self.command_timeout_s <= 0 or self.command_timeout_s >= self.interval_s:
             raise ValueError(
                 f"command_timeout_s: must be > 0 and < interval_s ({self.interval_s}), "
@@ -79,12 +83,17 @@ class HeartbeatConfig:
         return int(self.max_file_mb * 1_000_000)
 
     def __post_init__(self) -> None:
-        if self.max_file_mb < 0:
-            raise ValueError(f"max_file_mb: must be >= 0 (0: never rotate), got {self.max_file_mb}")
-        if self.publish_interval_s <= 0:
-            raise ValueError(f"publish_interval_s: must be > 0, got {self.publish_interval_s}")
-        if self.scan_interval_s <= 0:
-            raise ValueError(f"scan_interval_s: must be > 0, got {self.scan_interval_s}")
+        check_number("max_file_mb", self.max_file_mb, ge=0)
+        for name in (
+            "publish_interval_s",
+            "scan_interval_s",
+            "initial_process_timeout_s",
+            "process_timeout_s",
+            "initial_progress_timeout_s",
+            "progress_timeout_s",
+            "checkpoint_timeout_s",
+        ):
+            check_number(name, getattr(self, name), gt=0)
         for name in (
             "initial_process_timeout_s",
             "process_timeout_s",

@@ -15,11 +15,18 @@ from typing import Any
 from rankguard.heartbeat.api import FindingSink
 from rankguard.heartbeat.monitor import JobMonitor
 from rankguard.schema.findings import Finding
+from rankguard.textsafe import safe_text
 
 __all__ = ["LiveStatus", "status_line"]
 
 
 def status_line(status: dict[str, Any]) -> str:
+    """One line for the terminal; values from the ranks' records are shown with their
+    control characters escaped."""
+    return safe_text(_status_line(status))
+
+
+def _status_line(status: dict[str, Any]) -> str:
     if not status:
         return "waiting for the first scan"
     ranks = status.get("ranks") or []
@@ -66,7 +73,8 @@ class LiveStatus(FindingSink):
     def after_write(self, finding: Finding) -> None:
         prefix = "\r\033[K" if self.tty else ""
         self.stream.write(
-            f"{prefix}[rankguard] FINDING {finding.finding_type.value}: {finding.message}\n"
+            f"{prefix}[rankguard] FINDING {finding.finding_type.value}: "
+            f"{safe_text(finding.message)}\n"
         )
         self.stream.flush()
         self._last = ""

@@ -86,7 +86,13 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("launch (torchrun-compatible names)")
     g.add_argument("--nnodes", default="1", help="N or MIN:MAX nodes (default 1)")
     g.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1)
-    g.add_argument("--node-rank", "--node_rank", type=int, default=0)
+    g.add_argument(
+        "--node-rank",
+        "--node_rank",
+        type=int,
+        default=None,
+        help="this node's rank, 0..N-1 (required with --nnodes > 1; 0 otherwise)",
+    )
     g.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default=None, help="HOST:PORT")
     g.add_argument("--rdzv-id", "--rdzv_id", "--run-id", dest="rdzv_id", default=None)
     g.add_argument(
@@ -149,7 +155,7 @@ def options_from_args(args: argparse.Namespace) -> tuple[LaunchOptions, list[str
         min_nodes=lo,
         max_nodes=hi,
         nproc_per_node=args.nproc_per_node,
-        node_rank=args.node_rank,
+        node_rank=0 if args.node_rank is None else args.node_rank,
         rdzv_endpoint=endpoint,
         rdzv_id=args.rdzv_id,
         rdzv_join_timeout_s=args.rdzv_join_timeout,
@@ -158,6 +164,16 @@ def options_from_args(args: argparse.Namespace) -> tuple[LaunchOptions, list[str
         standalone=args.standalone or (hi == 1 and endpoint is None),
         preload=tuple(m.strip() for m in args.preload.split(",") if m.strip()),
     )
+    if args.node_rank is None and hi > 1:
+        # torchrun can leave it out (the rendezvous numbers the nodes); rankguard cannot
+        # yet: node 0 hosts the rendezvous store and the job monitor before the
+        # rendezvous, and nodes without a rank would each take themselves for node 0.
+        raise ValueError(
+            f"--node-rank is required with several nodes (--nnodes {args.nnodes}): give "
+            f"each node its own rank 0..{hi - 1} (node 0 hosts the rendezvous store at "
+            "the rendezvous endpoint and runs the job monitor); under Slurm, --node-rank "
+            "$SLURM_NODEID"
+        )
     all_overrides = [*args.overrides, *overrides]
     if args.log_dir:
         all_overrides.insert(0, f"log_dir={args.log_dir}")

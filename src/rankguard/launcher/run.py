@@ -32,6 +32,7 @@ from rankguard.launcher.exitcodes import EXIT_USAGE, JobOutcome, exit_code
 from rankguard.launcher.options import LaunchOptions
 from rankguard.launcher.services import NodeServices
 from rankguard.schema import layout
+from rankguard.textsafe import safe_text
 
 __all__ = ["launch", "run_dir_for"]
 
@@ -43,38 +44,54 @@ def run_dir_for(cfg: RankguardConfig, run_id: str) -> Path:
 
 
 def _rendezvous(opts: LaunchOptions, run_id: str) -> tuple[Any, Any, str, int]:
-    """The c10d rendezvous handler and the store it uses (hosted here on node 0)."""
+    """The c10d rendezvous handler and the store it uses (hosted here on node 0).
+
+    ``--standalone``: every store of the job listens on 127.0.0.1 only (the rendezvous
+    store here, each round's worker store in :class:`FreshStoreRendezvous`) and the
+    workers are told 127.0.0.1 as ``MASTER_ADDR``."""
     from torch.distributed.elastic.rendezvous import RendezvousParameters
-    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
+        C10dRendezvousBackend,
+        create_backend,
+    )
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
         DynamicRendezvousHandler,
         RendezvousTimeout,
     )
 
-    endpoint = "127.0.0.1:0" if opts.standalone else str(opts.rdzv_endpoint)
-    params = RendezvousParameters(
-        backend="c10d",
-        endpoint=endpoint,
-        run_id=run_id,
-        min_nodes=opts.min_nodes,
-        max_nodes=opts.max_nodes,
-        is_host=opts.standalone or opts.node_rank == 0,
-    )
-    backend, store = create_backend(params)
+    from rankguard.launcher.rendezvous import LOOPBACK, loopback_store_server
+
+    if opts.standalone:
+        # torch's create_backend would bind its store to every interface.
+        store: Any = loopback_store_server(0, timeout_s=60.0, multi_tenant=True)
+        backend: Any = C10dRendezvousBackend(store, run_id)
+        endpoint = f"{LOOPBACK}:{store.port}"
+    else:
+        endpoint = str(opts.rdzv_endpoint)
+        params = RendezvousParameters(
+            backend="c10d",
+            endpoint=endpoint,
+            run_id=run_id,
+            min_nodes=opts.min_nodes,
+            max_nodes=opts.max_nodes,
+            is_host=opts.node_rank == 0,
+        )
+        backend, store = create_backend(params)
     handler = DynamicRendezvousHandler.from_backend(
         run_id=run_id,
         store=store,
         backend=backend,
         min_nodes=opts.min_nodes,
         max_nodes=opts.max_nodes,
+        local_addr=LOOPBACK if opts.standalone else None,
         timeout=RendezvousTimeout(join=timedelta(seconds=opts.rdzv_join_timeout_s)),
     )
     host = endpoint.rsplit(":", 1)[0]
     if os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1":
         from rankguard.launcher.rendezvous import FreshStoreRendezvous
 
-        handler = FreshStoreRendezvous(handler)
-    return handler, store, host, int(store.port)  # type: ignore[attr-defined]
+        handler = FreshStoreRendezvous(handler, loopback=opts.standalone)
+    return handler, store, host, int(store.port)
 
 
 def _store_client(host: str, port: int) -> Any:
@@ -91,6 +108,19 @@ def _worker_env(cfg: RankguardConfig, run_id: str, run_dir: Path, node_rank: int
     os.environ[ENV.LAUNCHER] = "1"
     os.environ[ENV.LOG_DIR] = str(Path(cfg.log_dir).resolve())
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+
+
+def _loopback_gloo() -> None:
+    # --standalone: the workers' gloo listeners on the loopback interface too (gloo
+    # otherwise binds the address the hostname resolves to), unless the user chose one.
+    if "GLOO_SOCKET_IFNAME" in os.environ:
+        return
+    try:
+        names = {name for _, name in socket.if_nameindex()}
+    except OSError:
+        return
+    if "lo" in names:
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
 
 
 def _fresh_worker_store() -> None:
@@ -166,7 +196,9 @@ def _timeouts_in_force(cfg: RankguardConfig) -> dict[str, Any] | None:
 
 
 def _say(msg: str) -> None:
-    print(f"[rankguard] {msg}", file=sys.stderr, flush=True)
+    """One launcher line on stderr. What it quotes (finding messages, a rank's error,
+    hostnames, paths) is shown with its control characters escaped."""
+    print(f"[rankguard] {safe_text(msg)}", file=sys.stderr, flush=True)
 
 
 def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
@@ -243,6 +275,8 @@ def _environment(opts: LaunchOptions, cfg: RankguardConfig, run_id: str, run_dir
     (said why) for a usage error."""
     _worker_env(cfg, run_id, run_dir, opts.node_rank)
     _thread_defaults(opts)
+    if opts.standalone:
+        _loopback_gloo()
     _fresh_worker_store()
     if opts.preload:
         try:

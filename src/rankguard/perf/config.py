@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rankguard.perf.flops import ModelShape
+from rankguard.validate import check_number
 
 __all__ = ["PerfConfig", "PrometheusConfig"]
 
@@ -21,8 +22,7 @@ class PrometheusConfig:
     port: int = field(default=9464, metadata={"help": "TCP port; 0 picks a free one."})
 
     def __post_init__(self) -> None:
-        if not 0 <= self.port <= 65535:
-            raise ValueError(f"port: must be in [0, 65535], got {self.port}")
+        check_number("port", self.port, ge=0, le=65535)
         if not self.host:
             raise ValueError("host: must not be empty")
 
@@ -62,15 +62,11 @@ class PerfConfig:
     prometheus: PrometheusConfig = field(default_factory=PrometheusConfig)
 
     def __post_init__(self) -> None:
-        if self.log_interval < 1:
-            raise ValueError(f"log_interval: must be >= 1, got {self.log_interval}")
-        if self.warmup_iterations < 0:
-            raise ValueError(f"warmup_iterations: must be >= 0, got {self.warmup_iterations}")
+        check_number("log_interval", self.log_interval, ge=1)
+        check_number("warmup_iterations", self.warmup_iterations, ge=0)
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype: must be one of {list(_DTYPES)}, got {self.dtype!r}")
-        if self.peak_tflops is not None and self.peak_tflops <= 0:
-            raise ValueError(f"peak_tflops: must be > 0, got {self.peak_tflops}")
-        if self.flops_per_step is not None and self.flops_per_step <= 0:
-            raise ValueError(f"flops_per_step: must be > 0, got {self.flops_per_step}")
-        if self.keep_runs < 1:
-            raise ValueError(f"keep_runs: must be >= 1, got {self.keep_runs}")
+        for name in ("peak_tflops", "flops_per_step"):
+            if getattr(self, name) is not None:
+                check_number(name, getattr(self, name), gt=0)
+        check_number("keep_runs", self.keep_runs, ge=1)

@@ -19,11 +19,11 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from datetime import datetime
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
+from rankguard.report.wallclock import iso_epoch_s, ns_epoch_s
 from rankguard.schema.layout import (
     FINDINGS_FILE,
     HEALTH_FILE_RE,
@@ -87,12 +87,7 @@ class RunData:
 
 def parse_time(value: Any) -> float | None:
     """Epoch seconds of an ISO-8601 string, or ``None`` when it is not one."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
+    return iso_epoch_s(value)
 
 
 # --------------------------------------------------------------------------- finding the run
@@ -251,8 +246,8 @@ def _process_spans(hb_dir: Path, problems: list[str]) -> list[ProcessSpan]:
             ProcessSpan(
                 rank=int(m.group(1)),
                 pid=int(m.group(2)),
-                start=start / 1e9 if isinstance(start, (int, float)) else None,
-                end=end / 1e9 if isinstance(end, (int, float)) else None,
+                start=ns_epoch_s(start),
+                end=ns_epoch_s(end),
                 last_event=last.get("event") if isinstance(last.get("event"), str) else None,
                 exit=exit_info if isinstance(exit_info, dict) else None,
             )

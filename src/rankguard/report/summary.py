@@ -10,11 +10,11 @@ A value that no file provides is shown as a dash, never guessed.
 from __future__ import annotations
 
 import statistics
-from datetime import datetime, timezone
 from typing import Any
 
 from rankguard.report.data import RunData, parse_time
 from rankguard.report.svgbase import esc, fmt_num
+from rankguard.report.wallclock import fmt_clock
 
 __all__ = [
     "fmt_clock",
@@ -42,12 +42,6 @@ def _d(value: Any) -> dict[str, Any]:
 
 def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def fmt_clock(ts: float | None) -> str:
-    if ts is None:
-        return "-"
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -149,6 +143,8 @@ def _span(t0: float | None, t1: float | None) -> str:
     if t0 is None or t1 is None:
         return ""
     a, b = fmt_clock(t0), fmt_clock(t1)
+    if "-" in (a, b):
+        return ""
     return f"{a[:-4]}\u2013{b[11:] if a[:10] == b[:10] else b}"
 
 

@@ -81,7 +81,8 @@ def findings_table(data: RunData) -> str:
         t = parse_time(f.get("detected_wall_time"))
         ftype = str(f.get("finding_type") or "-")
         colour, _, _ = finding_style(ftype)
-        when = esc(fmt_clock(t)[11:19] if t else "-")
+        clock = fmt_clock(t)
+        when = esc(clock[11:19] if clock != "-" else "-")
         if t is not None and t0 is not None:
             when += f'<span class="sub">+{t - t0:.1f} s</span>'
         rows.append(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rankguard.validate import check_number
+
 __all__ = ["StragglerConfig"]
 
 
@@ -35,13 +37,8 @@ class StragglerConfig:
     profiling_interval: int = field(default=1, metadata={"help": "Measure every N-th step."})
 
     def __post_init__(self) -> None:
-        if self.report_time_interval <= 0:
-            raise ValueError(f"report_time_interval: must be > 0, got {self.report_time_interval}")
-        if self.num_gpu_perf_scores_to_print < 0:
-            raise ValueError("num_gpu_perf_scores_to_print: must be >= 0")
+        check_number("report_time_interval", self.report_time_interval, gt=0)
+        check_number("num_gpu_perf_scores_to_print", self.num_gpu_perf_scores_to_print, ge=0)
         for name in ("gpu_relative_perf_threshold", "gpu_individual_perf_threshold"):
-            value = getattr(self, name)
-            if not 0 < value <= 1:
-                raise ValueError(f"{name}: must be in (0, 1], got {value}")
-        if self.profiling_interval < 1:
-            raise ValueError(f"profiling_interval: must be >= 1, got {self.profiling_interval}")
+            check_number(name, getattr(self, name), gt=0, le=1)
+        check_number("profiling_interval", self.profiling_interval, ge=1)

@@ -66,7 +66,17 @@ def test_a_script_named_like_an_override_is_still_the_script() -> None:
 
 
 def test_elastic_range_has_no_fixed_world_size() -> None:
-    opts, _ = parse("--nnodes", "1:4", "--rdzv-endpoint", "127.0.0.1:1", "--rdzv-id", "j", "t.py")
+    opts, _ = parse(
+        "--nnodes",
+        "1:4",
+        "--node-rank",
+        "0",
+        "--rdzv-endpoint",
+        "127.0.0.1:1",
+        "--rdzv-id",
+        "j",
+        "t.py",
+    )
     assert (opts.min_nodes, opts.max_nodes) == (1, 4)
     assert opts.expected_world_size is None
 
@@ -113,6 +123,8 @@ def test_master_addr_and_port_make_the_rendezvous_endpoint() -> None:
     opts, _ = parse(
         "--nnodes",
         "2",
+        "--node-rank",
+        "0",
         "--master-addr",
         "10.0.0.1",
         "--master-port",
@@ -273,3 +285,20 @@ def test_unrelayed_heartbeats_warn_on_the_other_nodes_only() -> None:
     assert _checks([*TWO_NODES, "--node-rank", "0"], shared).warnings == ()
     assert _checks([*TWO_NODES, "--node-rank", "1"], HB_ON).warnings == ()
     assert _checks([*TWO_NODES, "--node-rank", "1"], ["no_shared_fs=false"]).warnings == ()
+
+
+@pytest.mark.parametrize("nnodes", ["2", "1:3"])
+def test_several_nodes_without_node_rank_are_refused_naming_it(nnodes: str) -> None:
+    # Without it every node would take itself for node 0: each would host a store and
+    # a monitor, none would relay.
+    with pytest.raises(ValueError, match=r"^--node-rank is required with several nodes"):
+        parse("--nnodes", nnodes, "--rdzv-endpoint", "h:1", "--rdzv-id", "j", "t.py")
+
+
+def test_one_node_needs_no_node_rank() -> None:
+    opts, _ = parse("--nproc-per-node", "2", "t.py")
+    assert opts.node_rank == 0
+    opts, _ = parse(
+        "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "h:1", "--rdzv-id", "j", "t.py"
+    )
+    assert opts.node_rank == 1

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous.api import RendezvousInfo, RendezvousStoreInfo
 
-from rankguard.launcher.rendezvous import FreshStoreRendezvous
+from rankguard.launcher.rendezvous import FreshStoreRendezvous, loopback_store_server
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -87,3 +89,37 @@ def test_everything_else_is_delegated() -> None:
         "set_closed",
         "shutdown",
     ]
+
+
+def _listening_on(port: int) -> list[str]:
+    """Local addresses (hex, as the kernel lists them) of the sockets listening on
+    ``port``."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text(encoding="ascii").splitlines()[1:]:
+            cols = line.split()
+            addr, _, hex_port = cols[1].rpartition(":")
+            if cols[3] == "0A" and int(hex_port, 16) == port:
+                found.append(addr)
+    return found
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="needs Linux /proc")
+def test_loopback_store_server_listens_on_loopback_only() -> None:
+    server = loopback_store_server(0, timeout_s=5.0, multi_tenant=True)
+    assert _listening_on(server.port) == ["0100007F"]  # 127.0.0.1, no wildcard socket
+    client = _client(server.port)
+    client.set("k", b"v")
+    assert server.get("k") == b"v"
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="needs Linux /proc")
+def test_standalone_rounds_store_listens_on_loopback_only() -> None:
+    inner = FakeHandler(rank=0)
+    handler = FreshStoreRendezvous(inner, loopback=True)  # type: ignore[arg-type]
+    handler.next_rendezvous()
+    assert _listening_on(inner.ports[0]) == ["0100007F"]
+    _client(inner.ports[0]).set("k", b"v")
+    plain = FreshStoreRendezvous(FakeHandler(rank=0))  # type: ignore[arg-type]
+    plain.next_rendezvous()
+    assert "0100007F" not in _listening_on(plain.server.port)  # torch's own: every interface
