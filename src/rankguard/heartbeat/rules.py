@@ -21,6 +21,7 @@ cleared when the condition clears, so a relapse fires again. A new pid for a kno
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -453,12 +454,32 @@ def _seq(state: RankState) -> int:
     return state.record.progress_seq if state.record is not None else 0
 
 
-def _failure_order(state: RankState) -> tuple[bool, int]:
-    """Error exits before vanished processes, each by time of the end record."""
+# What a rank says when it fails because a peer went away: the collective broke under
+# it (gloo, NCCL, torch's distributed errors). Such an exit is an echo, not a cause.
+_PEER_FAILURE = re.compile(
+    r"connection (closed|reset) by peer|broken pipe|remote process exited|"
+    r"DistNetworkError|DistBackendError|peer .* (closed|exited)|"
+    r"ECONNRESET|Connection refused|Timed out waiting .* for peer",
+    re.IGNORECASE,
+)
+
+
+def _failure_order(state: RankState) -> tuple[int, int]:
+    """Which ended rank is the likelier cause, first: a rank that raised its own error,
+    then one that vanished (SIGKILL, hard crash), then one whose error says a peer went
+    away (its collective broke because another rank died); each by the time of its end
+    record."""
     rec = state.record
     if rec is None:
-        return False, 0
-    return bool((rec.exit or {}).get("vanished")), rec.wall_time_ns
+        return 0, 0
+    info = rec.exit or {}
+    if info.get("vanished"):
+        kind = 1
+    elif _PEER_FAILURE.search(str(info.get("error") or "")):
+        kind = 2
+    else:
+        kind = 0
+    return kind, rec.wall_time_ns
 
 
 def _message(

@@ -417,6 +417,36 @@ def test_peer_failures_seen_in_the_same_scan_blame_the_earliest() -> None:
     assert rules.ranks[0].record.exit["after_failure_of_rank"] == 1
 
 
+def test_a_killed_rank_is_blamed_not_the_peer_whose_collective_broke() -> None:
+    # rank 1 is SIGKILLed; rank 0's all_reduce fails with gloo's error and it exits
+    # with that error; both are seen in the same scan
+    rules = _rules(world=2)
+    assert rules.ingest(rec(1, 0, t=1.0), 1.0)
+    end0 = rec(0, 1, event="process_end", t=4.0)
+    end0["exit"] = {
+        "clean": False,
+        "exit_code": 1,
+        "error": "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer",
+    }
+    rules.ingest(end0, 6.0)
+    rules.ingest(vanished_record(rec(1, 0, t=1.0)), 6.0)
+    findings = rules.evaluate(6.5)
+    assert types_of(findings) == [(1, PROCESS_EXITED)]
+    assert findings[0].reason == "rank_process_died_without_process_end"
+    assert rules.ranks[0].record is not None
+    assert rules.ranks[0].record.exit["after_failure_of_rank"] == 1
+
+
+def test_an_own_error_is_blamed_before_a_vanished_peer() -> None:
+    rules = _rules(world=2)
+    assert rules.ingest(rec(1, 0, t=1.0), 1.0)
+    end0 = rec(0, 1, event="process_end", t=4.0)
+    end0["exit"] = {"clean": False, "exit_code": 1, "error": "ValueError: bad batch"}
+    rules.ingest(end0, 6.0)
+    rules.ingest(vanished_record(rec(1, 0, t=1.0)), 6.0)
+    assert types_of(rules.evaluate(6.5)) == [(0, PROCESS_EXITED)]
+
+
 def test_independent_failure_long_after_first_is_reported() -> None:
     rules = _rules(world=2)
     end0 = rec(0, 1, event="process_end", t=1.0)
