@@ -12,12 +12,16 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging
 import os
 import tempfile
+import threading
+from collections import deque
 from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "QueuedJsonl",
     "append_bytes",
     "append_jsonl",
     "atomic_write_json",
@@ -27,6 +31,8 @@ __all__ = [
     "open_append",
     "write_all",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 def dumps_line(obj: Any) -> str:
@@ -164,3 +170,76 @@ def rotate_jsonl(path: str | os.PathLike[str], first: bytes) -> None:
             os.unlink(tmp)
         raise
     fsync_dir(target.parent)
+
+
+class QueuedJsonl:
+    """An append-only JSONL file that loses no line to a failed write (a full disk).
+
+    :meth:`append` queues the lines, then writes everything queued, oldest first, in one
+    :func:`append_bytes`; lines that could not be written stay queued, in order, for the
+    next :meth:`append` or :meth:`flush` (the monitor calls one at every scan). Never
+    raises for a write error: it is counted (``errors``) and kept (``last_error``). At
+    most ``max_pending`` lines wait: beyond that the newest are dropped and counted
+    (``dropped``), since the first lines of a fault are its cause and the later ones
+    mostly echoes. Thread-safe.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, max_pending: int = 10_000, fsync: bool = True
+    ) -> None:
+        if max_pending <= 0:
+            raise ValueError(f"max_pending: must be > 0, got {max_pending}")
+        self.path = Path(path)
+        self.max_pending = max_pending
+        self.fsync = fsync
+        self.errors = 0
+        self.dropped = 0
+        self.last_error: str | None = None
+        self._pending: deque[bytes] = deque()
+        self._failing = False
+        self._lock = threading.Lock()
+
+    @property
+    def unwritten(self) -> int:
+        """Lines waiting to be written."""
+        return len(self._pending)
+
+    def append(self, records: list[Any]) -> bool:
+        """Queue ``records`` after any unwritten lines, then try to write them all.
+        True when nothing is left unwritten."""
+        with self._lock:
+            for record in records:
+                if len(self._pending) >= self.max_pending:
+                    self.dropped += 1
+                    continue
+                self._pending.append(dumps_line(record).encode("utf-8"))
+            return self._flush()
+
+    def flush(self) -> bool:
+        """Write the queued lines, if any. True when nothing is left unwritten."""
+        with self._lock:
+            return self._flush()
+
+    def _flush(self) -> bool:
+        if not self._pending:
+            return True
+        n = len(self._pending)
+        try:
+            append_bytes(self.path, b"".join(self._pending), fsync=self.fsync)
+        except OSError as exc:
+            self.errors += 1
+            self.last_error = f"{self.path.name}: {exc}"
+            if not self._failing:
+                logger.error(
+                    "rankguard: cannot append to %s (%d line(s) kept, retried): %s",
+                    self.path,
+                    n,
+                    exc,
+                )
+            self._failing = True
+            return False
+        self._pending.clear()
+        if self._failing:
+            logger.warning("rankguard: %s written again (%d queued line(s))", self.path, n)
+        self._failing = False
+        return True

@@ -6,6 +6,7 @@ import errno
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,3 +61,56 @@ def test_a_failed_write_leaves_no_torn_line(
     fs.append_jsonl(path, [{"third": 3}])
     lines = path.read_text(encoding="utf-8").splitlines()
     assert [json.loads(x) for x in lines] == [{"first": 1}, {"third": 3}]
+
+
+# ---- QueuedJsonl: no line lost to a failed write ----------------------------------------
+
+
+class _NoSpace:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.real = fs.append_bytes
+        self.monkeypatch = monkeypatch
+        monkeypatch.setattr(fs, "append_bytes", self)
+
+    def __call__(self, path: Any, data: bytes, *, fsync: bool = True) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def free(self) -> None:
+        self.monkeypatch.setattr(fs, "append_bytes", self.real)
+
+
+def test_queued_jsonl_keeps_unwritten_lines_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "f.jsonl"
+    out = fs.QueuedJsonl(path)
+    assert out.append([{"n": 0}]) is True
+    disk = _NoSpace(monkeypatch)
+    assert out.append([{"n": 1}, {"n": 2}]) is False
+    assert out.flush() is False
+    assert out.append([{"n": 3}]) is False
+    assert out.unwritten == 3 and out.errors == 3 and out.dropped == 0
+    assert out.last_error is not None and out.last_error.startswith("f.jsonl: ")
+    disk.free()
+    assert out.flush() is True
+    assert out.unwritten == 0
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert lines == [{"n": 0}, {"n": 1}, {"n": 2}, {"n": 3}]
+    assert out.flush() is True  # nothing queued: nothing written
+    assert len(path.read_text().splitlines()) == 4
+
+
+def test_queued_jsonl_is_bounded_and_keeps_the_oldest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "f.jsonl"
+    out = fs.QueuedJsonl(path, max_pending=2)
+    disk = _NoSpace(monkeypatch)
+    out.append([{"n": 1}, {"n": 2}, {"n": 3}])
+    out.append([{"n": 4}])
+    assert out.unwritten == 2 and out.dropped == 2
+    disk.free()
+    assert out.flush() is True
+    assert [json.loads(x)["n"] for x in path.read_text().splitlines()] == [1, 2]
+    with pytest.raises(ValueError):
+        fs.QueuedJsonl(path, max_pending=0)

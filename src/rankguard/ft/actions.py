@@ -10,7 +10,10 @@ SIGKILL) and, within ``num_in_job_restarts``, starts it again after a new rendez
 node is dumped and killed by that node's relay, on request through the store.
 
 One fault, one action: while a restart is under way, further findings (the peers of a
-dead rank going stale) are recorded but not acted on.
+dead rank going stale) are recorded but not acted on. An action that fails (the kill,
+the agent, the store) ends that state, so the next fault is acted on again; stacks that
+could not be written (a full disk) do not stop the kill: the finding says which dumps
+failed and why (``stack_dump_errors``).
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ class FaultHandler(FindingSink):
         self.remote_kill = remote_kill
         self.hostname = socket.gethostname()
         self.actions_taken = 0
+        self.action_errors = 0
         self._busy = False
         self._lock = threading.Lock()
 
@@ -100,8 +104,16 @@ class FaultHandler(FindingSink):
             self._busy = True
         if ftype is FindingType.PROCESS_EXITED:
             return  # nothing left to dump: the process is gone
-        finding.stack_dumps = self._dump_all(finding.rank)
+        errors: dict[str, str] = {}
+        try:
+            finding.stack_dumps = self._dump_all(finding.rank, errors)
+        except Exception as exc:  # no stacks, but the kill goes ahead
+            logger.exception("rankguard: stack dumps before the %s failed", action)
+            finding.stack_dumps = {}
+            errors[str(finding.rank)] = f"{type(exc).__name__}: {exc}"
         finding.stack_dump = finding.stack_dumps.get(str(finding.rank))
+        if errors:
+            finding.detail["stack_dump_errors"] = errors
 
     def _cannot_act(self, finding: Finding) -> str | None:
         """Why the culprit cannot be killed (then nothing restarts: stay armed)."""
@@ -121,7 +133,9 @@ class FaultHandler(FindingSink):
             return False
         return rec.hostname == self.hostname
 
-    def _dump_all(self, culprit: int) -> dict[str, str]:
+    def _dump_all(self, culprit: int, errors: dict[str, str]) -> dict[str, str]:
+        """Stack file (or where it is dumped, or "failed") per rank; why each failed
+        dump failed into ``errors``."""
         ranks = self.monitor.rules.ranks
         order = sorted(ranks, key=lambda r: (r != culprit, r))
         local: list[KillTarget] = []
@@ -137,11 +151,23 @@ class FaultHandler(FindingSink):
         policy = DumpPolicy.from_config(self.cfg)
         for res in dump_stacks_of(self.run_dir, local, policy, culprit=culprit):
             out[str(res.rank)] = res.path or "failed"
+            if res.path is None:
+                errors[str(res.rank)] = res.error or "dump failed"
         return {k: out[k] for k in sorted(out, key=lambda r: (int(r) != culprit, int(r)))}
 
     # ---- after the finding is written ------------------------------------------------
 
     def after_write(self, finding: Finding) -> None:
+        """Act on the finding; if that fails, the next fault is acted on again."""
+        try:
+            self._act(finding)
+        except Exception:
+            self.action_errors += 1
+            with self._lock:
+                self._busy = False
+            raise  # logged and counted by the monitor (sink_errors)
+
+    def _act(self, finding: Finding) -> None:
         action = finding.action
         if action not in ("restart", "abort"):
             return

@@ -24,7 +24,9 @@ __all__ = ["Evaluator", "FindingSink", "RemoteSource", "StatusSource"]
 
 
 class RemoteSource(Protocol):
-    """Records and health snapshots of other nodes (see :mod:`.relay`)."""
+    """Records and health snapshots of other nodes (see :mod:`.relay`). A source may
+    also have ``disks() -> {node_rank: DiskState}``: the nodes' disk states as of the
+    last ``fetch``."""
 
     def fetch(self) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]: ...
 
@@ -48,7 +50,8 @@ class Evaluator(Protocol):
 class FindingSink:
     """Something done with each new finding. ``before_write`` may complete it (the
     action taken, stack dumps) before it reaches ``findings.jsonl``; ``after_write``
-    acts on it once it is safe on disk. An exception in a sink is logged and counted,
+    acts on it once its line was appended, or queued when the append failed (a full
+    disk must not stop an action). An exception in a sink is logged and counted,
     never lost nor raised into the scan. Both do nothing by default."""
 
     def before_write(self, finding: Finding) -> None:

@@ -2,13 +2,22 @@
 writes ``findings.jsonl`` and ``status.json``.
 
 One scan = discover files -> read new lines -> pull records relayed from other nodes
-(mirrored into local files so node 0 holds every rank's history) -> mark local pids that
-vanished -> read GPU health files -> evaluate -> append findings -> replace status.json.
+(mirrored into local files so node 0 holds every rank's history) -> note each node's disk
+state -> mark local pids that vanished -> read GPU health files -> evaluate -> append
+findings -> replace status.json.
 A scan touches only files that grew (one ``stat`` each otherwise), so its cost is linear
 in the number of ranks.
 
 The monitor runs in a daemon thread of the launcher; it never signals or waits on a
 training process, and every exception inside a scan is logged and counted, not raised.
+
+A write that fails (a full disk) loses nothing and stops nothing: the sinks act on a
+finding whether or not its line could be appended; lines of ``findings.jsonl`` and
+``perf_ranks.jsonl`` that could not be written wait in memory (bounded, counted) and are
+written first at the next scan, in order; a ``status.json`` that could not be replaced
+is counted and written again at the next scan. ``status.json``'s ``monitor`` block says
+how many lines wait and the last write error; its ``disks`` block says, per node,
+whether the disk of the run directory is full (:mod:`.disk`).
 """
 
 from __future__ import annotations
@@ -25,10 +34,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from rankguard._fs import append_bytes, append_jsonl, atomic_write_json, dumps_line, rotate_jsonl
+from rankguard._fs import QueuedJsonl, append_bytes, atomic_write_json, dumps_line, rotate_jsonl
 from rankguard.health import gpu_for_rank
 from rankguard.heartbeat.api import Evaluator, FindingSink, RemoteSource, StatusSource
 from rankguard.heartbeat.config import HeartbeatConfig
+from rankguard.heartbeat.disk import DiskState, disk_state
 from rankguard.heartbeat.perfranks import PerfRanks
 from rankguard.heartbeat.procs import pid_running
 from rankguard.heartbeat.rules import HeartbeatRules, Liveness, Progress, RankState
@@ -88,6 +98,12 @@ class JobMonitor:
         self.scan_errors = 0
         self.last_scan_s = 0.0
         self.sink_errors = 0
+        self.write_errors = 0  # failed writes of mirrored records and health copies
+        self.status_write_errors = 0
+        self.last_write_error: str | None = None
+        self._findings_out = QueuedJsonl(self.layout.findings)
+        self._perf_out = QueuedJsonl(self.layout.perf_ranks)
+        self._disks: dict[int, DiskState] = {}
         self._evaluators: list[Evaluator] = list(evaluators)
         self._sinks: list[FindingSink] = list(sinks)
         self._status_sources: list[StatusSource] = list(status_sources)
@@ -184,8 +200,12 @@ class JobMonitor:
 
     def _scan(self) -> list[Finding]:
         now = self.clock()
+        # Lines a failed write left behind go first, before any new one.
+        self._written(self._findings_out, self._findings_out.flush())
+        self._written(self._perf_out, self._perf_out.flush())
         if self.remote is not None:
             self._ingest_remote(now)
+        self._check_disks(now)
         self._read_local_files(now)
         if self.check_pids:
             self._mark_vanished(now)
@@ -197,25 +217,69 @@ class JobMonitor:
             findings += more
         if findings:
             self._emit(findings)
-        try:  # after the findings are safe on disk: bad perf data must not lose them
+        try:  # after the findings were handled: bad perf data must not lose them
             self._cross_rank_perf()
         except Exception:
             self.scan_errors += 1
             logger.exception("rankguard monitor: cross-rank performance failed")
         self.scan_count += 1
         self.status = self._build_status(now)
-        # Compact: at thousands of ranks indentation alone costs a third of a scan.
-        atomic_write_json(self.layout.status, self.status, indent=None)
+        try:
+            # Compact: at thousands of ranks indentation alone costs a third of a scan.
+            atomic_write_json(self.layout.status, self.status, indent=None)
+        except OSError as exc:  # written again at the next scan
+            self._write_failed(self.layout.status, exc, status=True)
         return findings
 
+    def _written(self, out: QueuedJsonl, ok: bool) -> None:
+        if not ok:
+            self.last_write_error = out.last_error
+
+    def _write_failed(self, path: Path, exc: OSError, *, status: bool = False) -> None:
+        """A run file could not be written: counted, kept as the last write error."""
+        if status:
+            self.status_write_errors += 1
+        else:
+            self.write_errors += 1
+        self.last_write_error = f"{path.name}: {exc}"
+        failed = self.write_errors + self.status_write_errors
+        if failed == 1 or failed % 100 == 0:
+            logger.error(
+                "rankguard monitor: cannot write %s (%d failed writes so far): %s",
+                path,
+                failed,
+                exc,
+            )
+
+    def _check_disks(self, now: float) -> None:
+        """Each node's disk state into the rules: this node's run directory, and what
+        the relays of the other nodes measured. Without relays every rank writes to this
+        run directory (one node, or a shared filesystem): its state is every node's."""
+        local = disk_state(self.run_dir)
+        self._disks[0] = local
+        self.rules.note_disk(0 if self.remote is not None else None, local, now)
+        disks = getattr(self.remote, "disks", None)
+        if not callable(disks):
+            return
+        try:
+            relayed = dict(disks())
+        except Exception as exc:
+            logger.warning("rankguard monitor: cannot read relayed disk states: %s", exc)
+            return
+        for node, disk in relayed.items():
+            if isinstance(node, int) and isinstance(disk, DiskState) and node != 0:
+                self._disks[node] = disk
+                self.rules.note_disk(node, disk, now)
+
     def _emit(self, findings: list[Finding]) -> None:
-        """Sinks complete each finding, it is appended to findings.jsonl, then sinks act."""
+        """Sinks complete each finding, it is appended to findings.jsonl (queued when
+        that fails), then sinks act, whether or not it could be written yet."""
         stamp = _iso_now()
         for f in findings:
             f.detected_wall_time = stamp
             self._each_sink("before_write", f)
         lines = [f.to_dict() for f in findings]
-        append_jsonl(self.layout.findings, lines)
+        self._written(self._findings_out, self._findings_out.append(lines))
         self.recent_findings.extend(lines)
         for f in findings:
             logger.warning("rankguard finding: %s", f.message)
@@ -265,7 +329,10 @@ class JobMonitor:
             path = self.layout.health(node_rank)
             known = self._health.get(node_rank)
             if known is None or known[0] != snapshot:
-                atomic_write_json(path, snapshot)
+                try:
+                    atomic_write_json(path, snapshot)
+                except OSError as exc:  # tried again at the next scan
+                    self._write_failed(path, exc)
 
     def _mirror(self, record: HeartbeatRecord) -> None:
         """Append a relayed record to this node's copy of its heartbeat file, rotated as
@@ -288,7 +355,11 @@ class JobMonitor:
                 size = len(first)
             except OSError as exc:
                 logger.warning("rankguard monitor: cannot rotate %s: %s", path, exc)
-        append_bytes(path, line, fsync=False)
+        try:
+            append_bytes(path, line, fsync=False)
+        except OSError as exc:  # node 0's copy misses the line; the rules have it
+            self._write_failed(path, exc)
+            return
         self._mirror_files[key] = (size + len(line), first)
 
     def _cross_rank_perf(self) -> None:
@@ -304,7 +375,7 @@ class JobMonitor:
             world = self.rules.world_size()
             lines = self.perf_ranks.complete(world, latest if len(latest) >= world else {})
             if lines:
-                append_jsonl(self.layout.perf_ranks, lines)
+                self._written(self._perf_out, self._perf_out.append(lines))
 
     def _mark_vanished(self, now: float) -> None:
         for state in self.rules.ranks.values():
@@ -443,6 +514,14 @@ class JobMonitor:
                 "last_ignored": rules.last_ignored,
                 "rank_errors": rules.rank_errors,
                 "sink_errors": self.sink_errors,
+                "unwritten_findings": self._findings_out.unwritten,
+                "unwritten_perf_lines": self._perf_out.unwritten,
+                "dropped_lines": self._findings_out.dropped + self._perf_out.dropped,
+                "write_errors": self.write_errors
+                + self._findings_out.errors
+                + self._perf_out.errors,
+                "status_write_errors": self.status_write_errors,
+                "last_write_error": self.last_write_error,
                 "config": self.config_snapshot,
             },
             "summary": {
@@ -455,6 +534,7 @@ class JobMonitor:
             },
             "ranks": rows,
             "gpu_health": health,
+            "disks": {str(node): disk.to_dict() for node, disk in sorted(self._disks.items())},
             "perf": self._perf_status(),
             "stragglers": None,  # a stable key, filled by the straggler evaluator when on
             **{e.name: e.status() for e in self._evaluators},

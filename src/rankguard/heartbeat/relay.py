@@ -13,7 +13,8 @@ number of ranks, and the latest-record model loses nothing the rules need: every
 carries the rank's full state, and ``process_end`` is always a rank's last record. The
 relay also notices local pids that vanished without ``process_end`` (SIGKILL, hard
 crash) and relays a synthesized ``process_end``, because node 0 cannot look at another
-host's process table.
+host's process table. The payload also says whether the node's disk is full
+(:mod:`.disk`), so a rank that cannot write its heartbeats is not taken for a dead one.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 
 from rankguard.agree import write_control
 from rankguard.ft.kill import DEFAULT_DUMP_POLICY, DumpPolicy, KillTarget, dump_then_kill
+from rankguard.heartbeat.disk import DiskState, disk_state
 from rankguard.heartbeat.procs import pid_running
 from rankguard.heartbeat.tailer import JsonlTailer
 from rankguard.schema.layout import HEARTBEAT_FILE_RE, RunLayout, StoreKeys
@@ -185,7 +187,11 @@ class StoreRelay:
                 else rec.to_dict()
                 for rec in self._latest.values()
             ]
-            payload = {"records": records, "health": self._health()}
+            payload = {
+                "records": records,
+                "health": self._health(),
+                "disk": disk_state(self.run_dir).to_dict(),
+            }
             self.store.set(self.keys.heartbeats(self.node_rank), json.dumps(payload))
             self.pushes += 1
         except Exception as exc:
@@ -202,6 +208,11 @@ class StoreRemoteSource:
         self.run_id = run_id
         self.keys = StoreKeys(run_id)
         self.nodes = list(range(1, nnodes))
+        self._disks: dict[int, DiskState] = {}
+
+    def disks(self) -> dict[int, DiskState]:
+        """Each node's disk state as of the last :meth:`fetch` (nodes that said)."""
+        return dict(self._disks)
 
     def fetch(self) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]:
         records: list[dict[str, Any]] = []
@@ -214,6 +225,9 @@ class StoreRemoteSource:
             records.extend(payload.get("records") or [])
             if payload.get("health"):
                 health[node] = payload["health"]
+            disk = DiskState.from_dict(payload.get("disk"))
+            if disk is not None:
+                self._disks[node] = disk
         return records, health
 
     def nodes_done(self) -> bool:

@@ -16,6 +16,13 @@ publisher's own "seconds since progress" measured on the publisher's clock, so n
 hosts' clocks are ever compared. A finding's episode key is (rank, pid, type); the key is
 cleared when the condition clears, so a relapse fires again. A new pid for a known rank
 (restart) resets the rank; records of another run_id are ignored.
+
+A rank that goes stale on a node whose disk is full (:meth:`HeartbeatRules.note_disk`,
+fed by the monitor each scan) gets ``node_disk_full`` instead of
+``rank_process_heartbeat_timeout``: its heartbeats cannot be written, which says nothing
+about the process, and killing it would not free the disk. The episode ends when its
+heartbeats resume; if they have not resumed one process timeout after the disk has
+space again, the rank is unresponsive after all and gets the heartbeat timeout.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rankguard.heartbeat.config import HeartbeatConfig
+from rankguard.heartbeat.disk import DiskState
 from rankguard.schema.findings import Finding, FindingType, Liveness, Progress, Reason
 from rankguard.schema.records import MAX_RANKS, Event, HeartbeatRecord, RecordError, supersedes
 
@@ -103,6 +111,9 @@ class HeartbeatRules:
         self.first_failure: tuple[int, float] | None = None  # (rank, monitor time)
         self.shutdown: str | None = None  # why the launcher is stopping the workers
         self.restarting: str | None = None  # why the worker group is being restarted
+        # node (None: every node without its own report) -> its disk, when it had space
+        # again (None while full or never full)
+        self.disks: dict[int | None, tuple[DiskState, float | None]] = {}
 
     # ---- input ----------------------------------------------------------------------
 
@@ -174,6 +185,43 @@ class HeartbeatRules:
         the restart's doing, not findings."""
         self.restarting = reason
 
+    def note_disk(self, node_rank: int | None, disk: DiskState, now: float) -> None:
+        """The disk state of node ``node_rank``'s run directory (None: of every node that
+        reports none of its own, as with a shared filesystem), measured at ``now``."""
+        known = self.disks.get(node_rank)
+        if disk.full:
+            freed_at = None
+        elif known is not None and known[0].full:
+            freed_at = now
+        else:
+            freed_at = known[1] if known is not None else None
+        self.disks[node_rank] = (disk, freed_at)
+
+    def disk_of(self, node_rank: int | None) -> DiskState | None:
+        """The latest disk state of a node (its own, else the shared one)."""
+        known = self.disks.get(node_rank) or self.disks.get(None)
+        return known[0] if known is not None else None
+
+    def _full_disk(self, s: RankState, now: float, grace_s: float) -> DiskState | None:
+        """The full disk that explains why rank ``s`` is stale, if any: its node's disk
+        is full, or it was and has had space for at most ``grace_s`` (the heartbeats
+        resume within a publish interval) while the rank's episode is still open."""
+        if FindingType.PROCESS_TIMEOUT in s.active or s.record is None:
+            return None  # already reported (and acted on) as unresponsive
+        known = self.disks.get(s.record.node_rank) or self.disks.get(None)
+        if known is None:
+            return None
+        disk, freed_at = known
+        if disk.full:
+            return disk
+        if (
+            FindingType.NODE_DISK_FULL in s.active
+            and freed_at is not None
+            and now - freed_at <= grace_s
+        ):
+            return disk
+        return None
+
     def note_shutdown(self, reason: str) -> None:
         """The launcher is stopping every worker (a signal, the end of the job): exits
         from now on are its doing, not findings."""
@@ -227,7 +275,7 @@ class HeartbeatRules:
         stalled = [s for s in self.ranks.values() if s.stall is not None]
         if not stalled:
             return []
-        dead = {FindingType.PROCESS_TIMEOUT, FindingType.PROCESS_EXITED}
+        dead = {FindingType.PROCESS_TIMEOUT, FindingType.PROCESS_EXITED, FindingType.NODE_DISK_FULL}
         down = [s.rank for s in self.ranks.values() if s.active & dead]
         flagged = [
             (s.rank, _seq(s))
@@ -278,7 +326,12 @@ class HeartbeatRules:
             s.blocked_by = []
             clean = bool(exit_info.get("clean", True))
             s.progress = Progress.COMPLETED if clean else Progress.UNKNOWN
-            self._clear(s, FindingType.PROCESS_TIMEOUT, FindingType.PROGRESS_TIMEOUT)
+            self._clear(
+                s,
+                FindingType.PROCESS_TIMEOUT,
+                FindingType.PROGRESS_TIMEOUT,
+                FindingType.NODE_DISK_FULL,
+            )
             if not clean and FindingType.PROCESS_EXITED not in s.active:
                 if self.shutdown is not None:
                     s.active.add(FindingType.PROCESS_EXITED)
@@ -313,12 +366,25 @@ class HeartbeatRules:
             s.blocked_by = []
             s.culprits_gone_at = None
             self._clear(s, FindingType.PROGRESS_TIMEOUT)
+            disk = self._full_disk(s, now, process_timeout)
+            if disk is not None:
+                self._fire(
+                    s,
+                    FindingType.NODE_DISK_FULL,
+                    Reason.DISK_FULL,
+                    process_timeout,
+                    hb_age,
+                    out,
+                    detail={"disk": disk.to_dict()},
+                )
+                return out
+            self._clear(s, FindingType.NODE_DISK_FULL)
             self._fire(
                 s, FindingType.PROCESS_TIMEOUT, Reason.UNRESPONSIVE, process_timeout, hb_age, out
             )
             return out
         s.liveness = Liveness.ALIVE
-        self._clear(s, FindingType.PROCESS_TIMEOUT)
+        self._clear(s, FindingType.PROCESS_TIMEOUT, FindingType.NODE_DISK_FULL)
 
         started = rec.progress_seq > 0
         sections = self.section_timeouts
@@ -397,11 +463,15 @@ class HeartbeatRules:
         timeout_s: float | None,
         observed_s: float | None,
         out: list[Finding],
+        *,
+        detail: dict[str, Any] | None = None,
     ) -> None:
         if ftype in s.active:
             return
         s.active.add(ftype)
-        out.append(self.finding(s, ftype, reason, timeout_s, observed_s))
+        found = self.finding(s, ftype, reason, timeout_s, observed_s)
+        found.detail.update(detail or {})
+        out.append(found)
 
     def finding(
         self,
@@ -497,6 +567,12 @@ def _message(
         return (
             f"{who}: no heartbeat for {observed_s:.1f}s > {timeout_s:g}s; the process or "
             f"its heartbeat thread is unresponsive (stopped, swapping or dead) [{where}]"
+        )
+    if ftype is FindingType.NODE_DISK_FULL:
+        return (
+            f"{who}: no heartbeat for {observed_s:.1f}s > {timeout_s:g}s while the disk of "
+            f"node {rec.node_rank or 0} is full: its heartbeats cannot be written; reported, "
+            f"not killed (free space on that node ends it) [{where}]"
         )
     if ftype is FindingType.PROGRESS_TIMEOUT:
         return (

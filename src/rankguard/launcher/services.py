@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rankguard._fs import append_jsonl
+from rankguard._fs import QueuedJsonl
 from rankguard.agree import StopAgreement
 from rankguard.config import RankguardConfig, config_to_dict
 from rankguard.ft.actions import AgentControl, FaultHandler
@@ -69,6 +69,14 @@ class NodeServices:
     faults: FaultHandler | None = field(default=None, init=False)  # node 0, fault tolerance
     agreement: StopAgreement | None = field(default=None, init=False)  # node 0
     restarts: list[dict[str, Any]] = field(default_factory=list, init=False)
+    _restarts_out: QueuedJsonl | None = field(default=None, init=False, repr=False)
+
+    @property
+    def restarts_file(self) -> QueuedJsonl:
+        """``restarts.jsonl``: lines a failed write left are retried at each scan."""
+        if self._restarts_out is None:
+            self._restarts_out = QueuedJsonl(RunLayout(self.run_dir).restarts)
+        return self._restarts_out
 
     @property
     def relaying(self) -> bool:
@@ -80,7 +88,11 @@ class NodeServices:
         return self.agreement.stop_at if self.agreement is not None else None
 
     def status_fields(self) -> dict[str, Any]:
+        """Called by the monitor at each scan; also retries unwritten restart lines."""
         out: dict[str, Any] = {}
+        if self._restarts_out is not None and not self._restarts_out.flush():
+            out["unwritten_restarts"] = self._restarts_out.unwritten
+            out["restarts_write_error"] = self._restarts_out.last_error
         if self.timeouts:
             out["timeouts"] = self.timeouts
         if self.restarts:
@@ -121,8 +133,8 @@ class NodeServices:
             "exit_code": cause.get("exit_code"),
             "stack_dump": cause.get("stack_dump"),
         }
-        if self.node_rank == 0:
-            append_jsonl(RunLayout(self.run_dir).restarts, [entry])
+        if self.node_rank == 0:  # a failed write is kept and retried: never raised here
+            self.restarts_file.append([entry])
         self.restarts.append(entry)
         if self.monitor is not None:
             self.monitor.note_restart(f"restart {count}: {entry['cause']}")

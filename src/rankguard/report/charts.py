@@ -58,6 +58,7 @@ FINDING_STYLE: dict[str, tuple[str, str, str]] = {
         FindingType.HEALTH_WARNING: ("#56b4e9", "triangle"),
         FindingType.SECTION_TIMEOUT: ("#009e73", "diamond"),
         FindingType.STRAGGLER: ("#000000", "square"),
+        FindingType.NODE_DISK_FULL: ("#f0e442", "square"),
     }.items()
 }
 

@@ -60,6 +60,7 @@ class FindingType(str, Enum):
     HEALTH_WARNING = "gpu_hardware_health_warning"
     SECTION_TIMEOUT = "rank_section_timeout"
     STRAGGLER = "straggler_detected"
+    NODE_DISK_FULL = "node_disk_full"
 
     @property
     def info(self) -> FindingInfo:
@@ -92,6 +93,9 @@ _INFO: dict[FindingType, FindingInfo] = {
         "sect_timeout", "section timeout", "error", True, "restart"
     ),
     FindingType.STRAGGLER: FindingInfo("straggler", "straggler", "warning", False, "report"),
+    FindingType.NODE_DISK_FULL: FindingInfo(
+        "disk_full", "node disk full", "error", False, "report"
+    ),
 }
 
 
@@ -106,6 +110,7 @@ class Reason(str, Enum):
     SECTION_EXCEEDED = "rank_section_exceeded_its_timeout"
     OUT_OF_SECTION = "rank_out_of_section_too_long"
     SLOW_COMPUTE = "rank_compute_slower_than_threshold"
+    DISK_FULL = "heartbeats_unwritable_on_a_full_disk"
 
 
 @dataclass(slots=True)

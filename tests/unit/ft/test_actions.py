@@ -397,3 +397,90 @@ def test_rank_of_another_node_on_this_host_is_left_to_that_node(
     handler.after_write(f)
     assert remote.calls == [(1, [{"rank": 1, "pid": node1_rank.pid, "kill": True}])]
     assert _alive(node1_rank)  # not killed from here
+
+
+# ---- failures while acting -----------------------------------------------------------------
+
+
+class BrokenAgent(FakeAgent):
+    def set_cause(self, finding: dict[str, Any], *, abort: bool) -> None:
+        raise RuntimeError("agent gone")
+
+
+def test_a_failed_action_does_not_leave_the_handler_busy(
+    tmp_path: Path, spawn: Callable[..., Any]
+) -> None:
+    rank0, rank1 = spawn(0), spawn(1)
+    rules = _rules(rec(0, pid=rank0.pid), rec(1, pid=rank1.pid))
+    monitor = FakeMonitor(rules)
+    handler = FaultHandler(
+        FaultToleranceConfig(enable_ft_package=True, stack_dump="faulthandler"),
+        tmp_path,
+        monitor,
+        BrokenAgent(),
+    )
+    first = finding("gpu_progress_timeout", 1, rank1.pid)
+    handler.before_write(first)
+    assert first.action == "restart"
+    with pytest.raises(RuntimeError):
+        handler.after_write(first)  # the monitor logs and counts it
+    assert handler.action_errors == 1
+    assert _alive(rank1)  # the action stopped before the kill
+
+    handler.agent = FakeAgent()
+    second = finding("gpu_progress_timeout", 1, rank1.pid)
+    handler.before_write(second)
+    assert second.action == "restart"  # not "a restart is already under way"
+    handler.after_write(second)
+    assert rank1.wait(timeout=5) == -9
+
+
+def test_a_failed_stack_dump_does_not_prevent_the_kill(
+    tmp_path: Path, spawn: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import rankguard.ft.actions as actions_mod
+
+    child = spawn(0, handler=False)
+    rules = _rules(rec(0, pid=child.pid, world_size=1))
+    handler, _, agent = _handler(tmp_path, rules)
+
+    def no_space(*args: Any, **kw: Any) -> list[Any]:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(actions_mod, "dump_stacks_of", no_space)
+    f = finding("gpu_progress_timeout", 0, child.pid)
+    handler.before_write(f)
+    assert f.action == "restart"
+    assert f.stack_dumps == {} and f.stack_dump is None
+    assert "No space left on device" in f.to_dict()["stack_dump_errors"]["0"]
+    handler.after_write(f)
+    assert child.wait(timeout=5) == -9
+    assert len(agent.causes) == 1
+
+
+def test_a_rank_whose_dump_failed_is_named_with_the_reason(
+    tmp_path: Path, spawn: Callable[..., Any]
+) -> None:
+    rank0 = spawn(0)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    rules = _rules(rec(0, pid=rank0.pid), rec(1, pid=gone.pid))
+    handler, _, _ = _handler(tmp_path, rules)
+    f = finding("gpu_progress_timeout", 0, rank0.pid)
+    handler.before_write(f)
+    assert f.stack_dumps is not None and f.stack_dumps["1"] == "failed"
+    assert f.detail["stack_dump_errors"] == {"1": "not running"}
+    handler.after_write(f)
+    assert rank0.wait(timeout=5) == -9
+
+
+def test_node_disk_full_is_reported_not_acted_on(tmp_path: Path, spawn: Callable[..., Any]) -> None:
+    child = spawn(0, handler=False)
+    rules = _rules(rec(0, pid=child.pid, world_size=1))
+    handler, monitor, agent = _handler(tmp_path, rules)
+    f = finding("node_disk_full", 0, child.pid)
+    handler.before_write(f)
+    assert f.action == "report" and f.stack_dumps is None
+    handler.after_write(f)
+    assert _alive(child)
+    assert agent.causes == [] and monitor.restarts == []

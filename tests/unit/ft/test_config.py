@@ -20,6 +20,7 @@ DEFAULT_ACTIONS = {
     "gpu_hardware_health_failure": "report",
     "gpu_hardware_health_warning": "report",
     "straggler_detected": "report",
+    "node_disk_full": "report",
 }
 
 FT_PLUGIN_YAML = """\

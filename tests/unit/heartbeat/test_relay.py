@@ -254,3 +254,27 @@ def test_monitor_evaluates_relayed_records(tmp_path: Path, stores: tuple[Any, An
     assert json.loads(mirrored.read_text().splitlines()[-1])["exit"]["vanished"] is True
     relay.stop()
     assert mon.remote is not None and mon.remote.nodes_done() is True
+
+
+def test_relay_carries_the_nodes_disk_state(
+    tmp_path: Path, stores: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import rankguard.heartbeat.relay as relay_mod
+    from rankguard.heartbeat.disk import DiskState
+
+    master, client = stores
+    write(tmp_path, rec(2, 0, os.getpid(), event="process_start"))
+    relay = StoreRelay(client, tmp_path, RUN, node_rank=1, interval_s=0.05)
+    source = StoreRemoteSource(master, RUN, nnodes=2)
+    assert source.disks() == {}
+    relay.push_once()
+    source.fetch()
+    disk = source.disks()[1]
+    assert disk.full is False and disk.free_bytes and disk.total_bytes
+
+    full = DiskState(full=True, free_bytes=0, total_bytes=1 << 20)
+    monkeypatch.setattr(relay_mod, "disk_state", lambda path: full)
+    relay.push_once()
+    records, _ = source.fetch()
+    assert source.disks() == {1: full}
+    assert [r["rank"] for r in records] == [2]

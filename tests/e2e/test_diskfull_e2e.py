@@ -1,0 +1,145 @@
+"""End to end: the log directory's disk fills up mid-run (a small tmpfs, filled by the
+test) with fault tolerance on. The ranks' heartbeats cannot be written, so they go
+stale: the job reports ``node_disk_full`` and kills nobody; once space is back the
+heartbeats resume, the queued findings are written and the job completes."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import (
+    heartbeat_files,
+    no_leftover_workers,
+    rankguard_cmd,
+    read_jsonl,
+    read_status,
+    standalone_run,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+# Room for the run's own files (heartbeats, status, perf) until the test fills it.
+TMPFS_SIZE = "4m"
+FULL_FOR_S = 7.0  # > process_timeout_s (3 s in FAST) + a few scans
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A tiny tmpfs as the log directory; unmounted at the end."""
+    mnt = tmp_path / "logs"
+    mnt.mkdir()
+    try:
+        res = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE}", "tmpfs", str(mnt)],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        pytest.skip(f"cannot mount a tmpfs for a full disk: {exc}")
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs for a full disk: {res.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def _fill(path: Path) -> None:
+    """Write ``path`` until not one more byte fits on its disk."""
+    with open(path, "wb", buffering=0) as fh:
+        for size in (1 << 16, 4096, 1):
+            block = b"\0" * size
+            try:
+                while fh.write(block):
+                    pass
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+
+
+def _training_started(run_dir: Path) -> bool:
+    try:
+        status: dict[str, Any] = read_status(run_dir)
+    except (OSError, ValueError):
+        return False
+    ranks = status.get("ranks") or []
+    return len(ranks) == 2 and all((r.get("iteration") or 0) >= 5 for r in ranks)
+
+
+def test_full_disk_is_reported_not_killed(small_disk: Path, run_id: str) -> None:
+    proc = subprocess.Popen(
+        rankguard_cmd(
+            *standalone_run(run_id, small_disk),
+            "--set",
+            "fault_tolerance.enable_ft_package=true",
+            "--set",
+            "fault_tolerance.num_in_job_restarts=2",
+            "--set",
+            "fault_tolerance.stack_dump=faulthandler",
+            "-m",
+            "rankguard.demo.train",
+            "--steps",
+            "150",
+            "--step-sleep",
+            "0.1",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    run_dir = small_disk / "heartbeat" / run_id
+    filler = small_disk / "filler.bin"
+    try:
+        deadline = time.monotonic() + 40
+        while not _training_started(run_dir):
+            assert proc.poll() is None, "the run ended before training started"
+            assert time.monotonic() < deadline, "training did not start"
+            time.sleep(0.2)
+        _fill(filler)
+        assert os.statvfs(small_disk).f_bavail == 0
+        time.sleep(FULL_FOR_S)
+        assert proc.poll() is None, "the run ended while the disk was full"
+        filler.unlink()
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        with contextlib.suppress(FileNotFoundError):
+            filler.unlink()
+
+    assert proc.returncode == 0, out
+    findings = read_jsonl(run_dir / "findings.jsonl")
+    types = [f["finding_type"] for f in findings]
+    assert "node_disk_full" in types, out
+    assert "rank_process_heartbeat_timeout" not in types, out
+    assert "rank_process_exited" not in types, out
+    for f in findings:
+        if f["finding_type"] == "node_disk_full":
+            assert f["action"] == "report"
+            assert f["disk"]["full"] is True
+    assert not (run_dir / "restarts.jsonl").exists()
+    # Each rank's stack file is opened at its start; none was written to.
+    assert all(f.stat().st_size == 0 for f in (run_dir / "stacks").glob("*"))
+    assert len(heartbeat_files(run_dir)) == 2  # one process per rank: nobody restarted
+    status = read_status(run_dir)
+    assert status["state"] == "completed"
+    monitor = status["monitor"]
+    assert monitor["write_errors"] + monitor["status_write_errors"] > 0
+    assert monitor["unwritten_findings"] == 0
+    assert monitor["last_write_error"]
+    assert status["disks"]["0"]["full"] is False
+    assert no_leftover_workers(run_id)

@@ -1,0 +1,54 @@
+"""NodeServices: a restart whose line cannot be written (a full disk) is kept and
+written at a later scan; the status says how many wait."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import rankguard._fs as fs
+from rankguard.config import RankguardConfig
+from rankguard.launcher.services import NodeServices
+from rankguard.schema.layout import RESTARTS_FILE
+from tests.factories import read_jsonl
+
+
+def _services(run_dir: Path) -> NodeServices:
+    return NodeServices(
+        cfg=RankguardConfig(),
+        run_dir=run_dir,
+        run_id="run-services",
+        node_rank=0,
+        nnodes=1,
+        expected_world_size=2,
+    )
+
+
+def test_a_restart_that_cannot_be_written_is_kept_and_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = fs.append_bytes
+
+    def no_space(path: Any, data: bytes, *, fsync: bool = True) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(fs, "append_bytes", no_space)
+    services = _services(tmp_path)
+    cause = {"finding_type": "gpu_progress_timeout", "rank": 1, "message": "stalled"}
+    services.on_restart(1, cause)  # does not raise
+    services.on_restart(2, None)
+    assert [r["restart"] for r in services.restarts] == [1, 2]
+    fields = services.status_fields()  # what the monitor's scan asks for
+    assert fields["unwritten_restarts"] == 2
+    assert "No space left on device" in fields["restarts_write_error"]
+    assert not (tmp_path / RESTARTS_FILE).exists()
+
+    monkeypatch.setattr(fs, "append_bytes", real)
+    fields = services.status_fields()
+    assert "unwritten_restarts" not in fields
+    assert [r["restart"] for r in read_jsonl(tmp_path / RESTARTS_FILE)] == [1, 2]
+    assert read_jsonl(tmp_path / RESTARTS_FILE)[0]["cause"] == "gpu_progress_timeout"
