@@ -28,6 +28,7 @@ from rankguard.schema.layout import RunLayout, ft_state_dir
 if TYPE_CHECKING:
     from rankguard.exporter.prometheus import MetricsExporter
     from rankguard.ft.actions import AgentControl, FaultHandler
+    from rankguard.ft.kill import WorkerRegistry
     from rankguard.health.collector import HealthCollector
 
 __all__ = ["NodeServices", "ft_state_path"]
@@ -59,6 +60,9 @@ class NodeServices:
     expected_world_size: int | None
     store: Any = None  # a TCPStore client of the rendezvous store (several nodes)
     timeouts: dict[str, Any] | None = None  # timeouts in force and their sources
+    # the agent's current workers: the only processes the fault handler or the relay
+    # may signal (set before start; without it the relay kills nothing)
+    workers: WorkerRegistry | None = None
     monitor: JobMonitor | None = field(default=None, init=False)
     relay: StoreRelay | None = field(default=None, init=False)
     collector: HealthCollector | None = field(default=None, init=False)
@@ -97,7 +101,10 @@ class NodeServices:
             def remote(node: int, targets: list[dict[str, Any]]) -> None:
                 request_kill(self.store, self.run_id, node, targets)
 
-        self.faults = FaultHandler(ft, self.run_dir, self.monitor, agent, remote_kill=remote)
+        workers = self.workers if self.workers is not None else getattr(agent, "workers", None)
+        self.faults = FaultHandler(
+            ft, self.run_dir, self.monitor, agent, remote_kill=remote, workers=workers
+        )
         self.monitor.add_sink(self.faults)
 
     def request_stop(self, reason: str) -> int:
@@ -189,6 +196,7 @@ class NodeServices:
                 self.node_rank,
                 hb.publish_interval_s,
                 dump_policy=DumpPolicy.from_config(self.cfg.fault_tolerance),
+                workers=self.workers,
             )
             self.relay.start()
 
