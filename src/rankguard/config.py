@@ -59,6 +59,14 @@ class RankguardConfig:
         default="rankguard_logs",
         metadata={"help": "Root of run directories: <log_dir>/heartbeat/<run_id>/."},
     )
+    run_dir_mode: str | int = field(
+        default="0750",
+        metadata={
+            "help": "Mode (octal, e.g. '0750') of the directories the launcher creates: "
+            "log_dir, <log_dir>/heartbeat and the run directory; files keep 0644, so the "
+            "group can read them and others cannot reach them."
+        },
+    )
     no_shared_fs: bool = field(
         default=True,
         metadata={
@@ -90,6 +98,10 @@ class RankguardConfig:
     def __post_init__(self) -> None:
         if not self.log_dir:
             raise ConfigError("log_dir: must be a non-empty path")
+        if isinstance(self.run_dir_mode, int) and 0 <= self.run_dir_mode <= 0o777:
+            # YAML reads an unquoted 0750 as the octal number it is
+            self.run_dir_mode = f"0{self.run_dir_mode:o}"
+        self.dir_mode()  # validates run_dir_mode
         if self.enable_monitoring is not None:
             self.heartbeat.enabled = self.enable_monitoring
             self.perf.enabled = self.enable_monitoring
@@ -105,6 +117,21 @@ class RankguardConfig:
                 self.heartbeat.__post_init__()
             except ValueError as exc:
                 raise ConfigError(f"heartbeat.{exc}") from exc
+
+    def dir_mode(self) -> int:
+        """``run_dir_mode`` as mode bits."""
+        text = str(self.run_dir_mode)
+        try:
+            mode = int(text, 8) if isinstance(self.run_dir_mode, str) else -1
+        except ValueError:
+            mode = -1
+        if not 3 <= len(text.removeprefix("0o")) <= 4 or not 0 <= mode <= 0o777:
+            raise ConfigError(f"run_dir_mode: an octal mode such as '0750', got {text!r}")
+        if mode & 0o700 != 0o700:
+            raise ConfigError(
+                f"run_dir_mode: the owner needs rwx (0700) on the run directory, got {text!r}"
+            )
+        return mode
 
     def warnings(self) -> list[str]:
         """Settings that are valid but do not do what they seem to: one message each,

@@ -462,6 +462,7 @@ def _session_from_env() -> Session | NullSession:
             world_size=identity.world_size,
             run_id=identity.run_id,
             out_dir=perf_dir(log_dir, identity.run_id),
+            job=os.environ.get(ENV.JOB),
             cuda_device=identity.gpu.ordinal if identity.gpu else None,
         )
     ft = cfg.fault_tolerance

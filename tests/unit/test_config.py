@@ -398,6 +398,7 @@ def test_config_to_dict_is_plain() -> None:
     assert d["heartbeat"]["hardware_health"]["stale_after_s"] == 180.0
     assert set(d) == {
         "log_dir",
+        "run_dir_mode",
         "no_shared_fs",
         "enable_gpu_health_check",
         "enable_monitoring",

@@ -9,6 +9,10 @@ SIGKILL) and, within ``num_in_job_restarts``, starts it again after a new rendez
 ``abort`` spends no restart: the job ends with ``EXIT_NO_RESTART``. A culprit on another
 node is dumped and killed by that node's relay, on request through the store.
 
+Only this node's workers are signalled: with the agent's registry of its workers
+(``workers``), a record naming any other local pid (a forged relayed record, a pid
+reused since) is refused and logged, the finding saying so.
+
 One fault, one action: while a restart is under way, further findings (the peers of a
 dead rank going stale) are recorded but not acted on. An action that fails (the kill,
 the agent, the store) ends that state, so the next fault is acted on again; stacks that
@@ -26,7 +30,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rankguard.ft.config import FaultToleranceConfig
-from rankguard.ft.kill import DumpPolicy, KillTarget, dump_stacks_of, kill_marked
+from rankguard.ft.kill import (
+    NOT_A_WORKER,
+    DumpPolicy,
+    KillTarget,
+    WorkerRegistry,
+    dump_stacks_of,
+    kill_marked,
+)
 from rankguard.heartbeat.api import FindingSink
 from rankguard.schema.findings import Finding, FindingType
 
@@ -57,7 +68,10 @@ RemoteKill = Callable[[int, list[dict[str, Any]]], None]
 
 class FaultHandler(FindingSink):
     """A finding sink: :meth:`before_write` decides the action and dumps the stacks
-    (named in the finding), :meth:`after_write` kills the culprit."""
+    (named in the finding), :meth:`after_write` kills the culprit.
+
+    ``workers``: the processes this launcher may signal (the agent's current workers);
+    None trusts the records' pids (for a caller that started them itself)."""
 
     def __init__(
         self,
@@ -67,8 +81,10 @@ class FaultHandler(FindingSink):
         agent: AgentControl,
         *,
         remote_kill: RemoteKill | None = None,
+        workers: WorkerRegistry | None = None,
     ) -> None:
         self.cfg = cfg
+        self.workers = workers
         self.run_dir = Path(run_dir)
         self.monitor = monitor
         self.agent = agent
@@ -149,8 +165,10 @@ class FaultHandler(FindingSink):
             else:
                 out[str(rank)] = f"on node {rec.node_rank} (dumped there before the kill)"
         policy = DumpPolicy.from_config(self.cfg)
-        for res in dump_stacks_of(self.run_dir, local, policy, culprit=culprit):
-            out[str(res.rank)] = res.path or "failed"
+        dumps = dump_stacks_of(self.run_dir, local, policy, culprit=culprit, owner=self.workers)
+        for res in dumps:
+            refused = res.error == NOT_A_WORKER
+            out[str(res.rank)] = res.path or (f"refused: {res.error}" if refused else "failed")
             if res.path is None:
                 errors[str(res.rank)] = res.error or "dump failed"
         return {k: out[k] for k in sorted(out, key=lambda r: (int(r) != culprit, int(r)))}
@@ -192,7 +210,8 @@ class FaultHandler(FindingSink):
         pid = rec.pid
         if self._dumps_here(rec):
             logger.warning("rankguard: %s: killing rank %d (pid %d)", action, rank, pid)
-            kill_marked([KillTarget(rank=rank, pid=pid, kill=True)])
+            if not kill_marked([KillTarget(rank=rank, pid=pid, kill=True)], owner=self.workers):
+                logger.error("rankguard: rank %d (pid %d) was not killed", rank, pid)
         elif self.remote_kill is not None:
             node = rec.node_rank or 0
             others = [

@@ -7,10 +7,16 @@ store. Both go through :func:`dump_stacks_of` and :func:`kill_marked` (or
 :func:`dump_then_kill`), with the same :class:`DumpPolicy` built from
 ``fault_tolerance.stack_dump`` and ``fault_tolerance.stack_dump_timeout_s``.
 
-The dumps run in parallel: N hung ranks cost about one dump timeout, not N. Pids that
-cannot be meant (``<= 1``: a signal to 0 or -1 reaches a process group or every
-process) and pids that are no longer running are refused with a log line, neither dumped
-nor killed.
+The dumps run in parallel: N hung ranks cost about one dump timeout, not N.
+
+Signals go only to this node's own workers. The pids come from heartbeat records, and
+on other nodes from a request in the rendezvous store, which any client of the store
+can write; so every target is checked against a :class:`WorkerRegistry`, the workers
+the local agent started (:class:`OwnedWorkers`: pid and start time, so a pid reused by
+another process since is not a worker). Refused with a log line, neither dumped nor
+killed, and reported in the result: pids that cannot be meant (``<= 1``: a signal to 0
+or -1 reaches a process group or every process), pids no longer running, and pids that
+are not a current worker of this node.
 """
 
 from __future__ import annotations
@@ -19,15 +25,16 @@ import contextlib
 import logging
 import os
 import signal
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from rankguard.ft.config import FaultToleranceConfig
 from rankguard.ft.stacks import dump_stacks
-from rankguard.heartbeat.procs import pid_running
+from rankguard.heartbeat.procs import pid_running, process_start_time
 
 __all__ = [
     "DEFAULT_DUMP_POLICY",
@@ -35,7 +42,10 @@ __all__ = [
     "DumpKillResult",
     "DumpPolicy",
     "DumpResult",
+    "KillRefusal",
     "KillTarget",
+    "OwnedWorkers",
+    "WorkerRegistry",
     "dump_stacks_of",
     "dump_then_kill",
     "kill_marked",
@@ -95,16 +105,72 @@ class DumpResult:
     error: str | None = None
 
 
-def _refusal(pid: int) -> str | None:
+class WorkerRegistry(Protocol):
+    """The processes this node may signal: its agent's current workers."""
+
+    def owns(self, pid: int) -> bool:
+        """Whether ``pid`` is one of them, still the same process."""
+        ...
+
+
+class OwnedWorkers:
+    """The workers the local agent started: pid -> start time, taken when they started.
+
+    :meth:`owns` is true only for a pid of the current worker group whose start time is
+    unchanged: a pid reused by another process (between a finding and the kill, up to a
+    dump timeout later) is not a worker. Where ``/proc`` cannot tell a start time (not
+    Linux) the pid alone is checked. Thread-safe: the agent replaces the group, the
+    monitor and the relay ask."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._started: dict[int, int | None] = {}
+
+    def set(self, pids: Iterable[int]) -> None:
+        """A new worker group started: these pids, from now on, are the workers."""
+        started = {int(pid): process_start_time(int(pid)) for pid in pids if int(pid) > 1}
+        with self._lock:
+            self._started = started
+
+    def clear(self) -> None:
+        """The worker group was stopped: no worker until the next :meth:`set`."""
+        with self._lock:
+            self._started = {}
+
+    def pids(self) -> dict[int, int | None]:
+        """The current workers' pids and start times (None: unknown)."""
+        with self._lock:
+            return dict(self._started)
+
+    def owns(self, pid: int) -> bool:
+        if pid <= 1:
+            return False
+        with self._lock:
+            if pid not in self._started:
+                return False
+            started = self._started[pid]
+        if started is None:
+            return pid_running(pid)
+        return process_start_time(pid) == started
+
+
+NOT_A_WORKER = "not a current worker of this node (or its pid was reused)"
+
+
+def _refusal(pid: int, owner: WorkerRegistry | None) -> str | None:
     if pid <= 1:
         return f"refused pid {pid}"
     if not pid_running(pid):
         return "not running"
+    if owner is not None and not owner.owns(pid):
+        return NOT_A_WORKER
     return None
 
 
-def _dump_one(run_dir: Path, target: KillTarget, policy: DumpPolicy) -> DumpResult:
-    refused = _refusal(target.pid)
+def _dump_one(
+    run_dir: Path, target: KillTarget, policy: DumpPolicy, owner: WorkerRegistry | None
+) -> DumpResult:
+    refused = _refusal(target.pid, owner)
     if refused is not None:
         logger.warning(
             "rankguard: no stacks of rank %d (pid %d): %s", target.rank, target.pid, refused
@@ -133,44 +199,66 @@ def dump_stacks_of(
     policy: DumpPolicy,
     *,
     culprit: int | None = None,
+    owner: WorkerRegistry | None = None,
 ) -> list[DumpResult]:
     """Dump every target's stacks at once; the results culprit first, then by rank.
 
     ``culprit``: the rank to list first; by default the targets marked ``kill``.
+    ``owner``: the only processes that may be signalled (None: the caller started the
+    targets itself); any other target is refused, its result saying why.
     """
     order = _culprit_first(targets, culprit)
     if not order:
         return []
     workers = min(MAX_PARALLEL_DUMPS, len(order))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rankguard-dump") as pool:
-        return list(pool.map(lambda t: _dump_one(Path(run_dir), t, policy), order))
+        return list(pool.map(lambda t: _dump_one(Path(run_dir), t, policy, owner), order))
 
 
-def kill_marked(targets: Iterable[KillTarget]) -> list[int]:
-    """SIGKILL every target marked ``kill``; the pids signalled."""
+@dataclass(frozen=True, slots=True)
+class KillRefusal:
+    """A target marked ``kill`` that was not signalled, and why."""
+
+    rank: int
+    pid: int
+    reason: str
+
+
+def _kill(
+    targets: Iterable[KillTarget], owner: WorkerRegistry | None
+) -> tuple[list[int], list[KillRefusal]]:
     killed: list[int] = []
+    refusals: list[KillRefusal] = []
     for target in targets:
         if not target.kill:
             continue
-        refused = _refusal(target.pid)
+        refused = _refusal(target.pid, owner)
         if refused is not None:
             logger.warning(
                 "rankguard: not killing rank %d (pid %d): %s", target.rank, target.pid, refused
             )
+            refusals.append(KillRefusal(target.rank, target.pid, refused))
             continue
         logger.info("rankguard: SIGKILL to rank %d (pid %d)", target.rank, target.pid)
         with contextlib.suppress(ProcessLookupError):
             os.kill(target.pid, signal.SIGKILL)
             killed.append(target.pid)
-    return killed
+    return killed, refusals
+
+
+def kill_marked(targets: Iterable[KillTarget], *, owner: WorkerRegistry | None = None) -> list[int]:
+    """SIGKILL every target marked ``kill`` that ``owner`` owns; the pids signalled."""
+    return _kill(targets, owner)[0]
 
 
 @dataclass(frozen=True, slots=True)
 class DumpKillResult:
-    """What :func:`dump_then_kill` did: the dumps (culprit first) and the pids killed."""
+    """What :func:`dump_then_kill` did: the dumps (culprit first), the pids killed and the
+    kills refused."""
 
     dumps: list[DumpResult]
     killed: list[int]
+    refused: list[KillRefusal] = field(default_factory=list)
 
 
 def dump_then_kill(
@@ -179,7 +267,10 @@ def dump_then_kill(
     policy: DumpPolicy,
     *,
     culprit: int | None = None,
+    owner: WorkerRegistry | None = None,
 ) -> DumpKillResult:
-    """Dump the stacks of every target in parallel, then SIGKILL those marked ``kill``."""
-    dumps = dump_stacks_of(run_dir, targets, policy, culprit=culprit)
-    return DumpKillResult(dumps=dumps, killed=kill_marked(targets))
+    """Dump the stacks of every target in parallel, then SIGKILL those marked ``kill``;
+    with ``owner``, only its workers are dumped or killed."""
+    dumps = dump_stacks_of(run_dir, targets, policy, culprit=culprit, owner=owner)
+    killed, refused = _kill(targets, owner)
+    return DumpKillResult(dumps=dumps, killed=killed, refused=refused)

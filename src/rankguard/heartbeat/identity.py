@@ -26,6 +26,7 @@ class ENV:
     CONFIG = "RANKGUARD_CONFIG"  # JSON of the validated RankguardConfig
     LAUNCHER = "RANKGUARD_LAUNCHER"  # "1" under rankguard run
     LOG_DIR = "RANKGUARD_LOG_DIR"  # absolute log_dir of this node
+    JOB = "RANKGUARD_JOB"  # the training job: its script (absolute) or module
 
 
 @dataclass(frozen=True, slots=True)

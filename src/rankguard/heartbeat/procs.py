@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["pid_running", "process_state"]
+__all__ = ["pid_running", "process_start_time", "process_state"]
 
 
 def process_state(pid: int) -> str | None:
@@ -24,6 +24,28 @@ def process_state(pid: int) -> str | None:
     # state is the first field after the parenthesised command name
     close = stat.rfind(b")")
     return stat[close + 2 : close + 3].decode("ascii", "replace")
+
+
+def process_start_time(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks after boot (``/proc/<pid>/stat`` field 22);
+    None if the process is gone or ``/proc`` cannot tell (not Linux).
+
+    A pid and its start time name one process: a pid reused by a later process has
+    another start time."""
+    if pid <= 0:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    # fields after the parenthesised command name (which may hold spaces or parens):
+    # state is field 3, starttime field 22, so index 19 of what follows ")"
+    rest = stat[stat.rfind(b")") + 2 :].split()
+    try:
+        return int(rest[19])
+    except (IndexError, ValueError):
+        return None
 
 
 def pid_running(pid: int) -> bool:

@@ -15,6 +15,12 @@ relay also notices local pids that vanished without ``process_end`` (SIGKILL, ha
 crash) and relays a synthesized ``process_end``, because node 0 cannot look at another
 host's process table. The payload also says whether the node's disk is full
 (:mod:`.disk`), so a rank that cannot write its heartbeats is not taken for a dead one.
+
+The relay also serves node 0's kill requests (``kill/node/<k>``). Any client of the
+store can write that key, so the relay signals only its own node's current workers
+(``workers``, the agent's registry): a request for any other pid (``-1``, ``0``, the
+launcher, a pid reused since) is refused and logged. Without a registry it kills
+nothing.
 """
 
 from __future__ import annotations
@@ -28,7 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from rankguard.agree import write_control
-from rankguard.ft.kill import DEFAULT_DUMP_POLICY, DumpPolicy, KillTarget, dump_then_kill
+from rankguard.ft.kill import (
+    DEFAULT_DUMP_POLICY,
+    DumpPolicy,
+    KillTarget,
+    OwnedWorkers,
+    WorkerRegistry,
+    dump_then_kill,
+)
 from rankguard.heartbeat.disk import DiskState, disk_state
 from rankguard.heartbeat.procs import pid_running
 from rankguard.heartbeat.tailer import JsonlTailer
@@ -64,8 +77,11 @@ class StoreRelay:
         interval_s: float,
         *,
         dump_policy: DumpPolicy = DEFAULT_DUMP_POLICY,
+        workers: WorkerRegistry | None = None,
     ) -> None:
         self.store = store
+        # the only processes a kill request may reach; none without the agent's registry
+        self.workers: WorkerRegistry = workers if workers is not None else OwnedWorkers()
         self.dump_policy = dump_policy  # fault_tolerance.stack_dump and its timeout
         self.run_dir = Path(run_dir)
         self.layout = RunLayout(self.run_dir)
@@ -145,10 +161,11 @@ class StoreRelay:
         key = self.keys.kill(self.node_rank)
         if not self.store.check([key]):
             return
-        targets = [KillTarget.from_dict(t) for t in json.loads(self.store.get(key))]
+        raw = self.store.get(key)
         self.store.delete_key(key)
+        targets = [KillTarget.from_dict(t) for t in json.loads(raw)]
         # In parallel: N hung ranks hold this loop for about one dump timeout, not N.
-        done = dump_then_kill(self.run_dir, targets, self.dump_policy)
+        done = dump_then_kill(self.run_dir, targets, self.dump_policy, owner=self.workers)
         for res in done.dumps:
             logger.warning(
                 "rankguard relay: stacks of rank %d: %s", res.rank, res.path or res.error
@@ -158,6 +175,13 @@ class StoreRelay:
                 logger.warning(
                     "rankguard relay: killed rank %d (pid %d) on request", target.rank, target.pid
                 )
+        for refusal in done.refused:
+            logger.error(
+                "rankguard relay: refused to kill rank %d (pid %d) on request: %s",
+                refusal.rank,
+                refusal.pid,
+                refusal.reason,
+            )
 
     def _mirror_control(self) -> None:
         key = self.keys.control

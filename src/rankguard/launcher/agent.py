@@ -10,6 +10,10 @@ worker-lifecycle methods ``SimpleElasticAgent`` is designed to have subclassed.
 - ``_restart_workers``: report each restart and its cause (a finding the launcher acted
   on, or that root cause) before the agent restarts the group as usual.
 - ``_stop_workers``: stop the group with our grace period (SIGTERM, wait, SIGKILL).
+
+:attr:`RankguardAgent.workers` is the registry of the current workers (pid and start
+time, taken as the group starts, emptied as it stops): fault tolerance signals no other
+process (:mod:`rankguard.ft.kill`).
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-__all__ = ["RankguardAgent", "add_peer_errors", "first_failure"]
+from rankguard.ft.kill import OwnedWorkers
+
+__all__ = ["RankguardAgent", "add_peer_errors", "first_failure", "worker_pids"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +83,19 @@ def add_peer_errors(
             )
         except Exception:
             logger.exception("rankguard: unreadable error file %s", path)
+
+
+def worker_pids(started: Any, pcontext: Any) -> list[int]:
+    """The pids of a just-started worker group: what ``_start_workers`` returned (local
+    rank -> pid in torch 2.4 and later), else the process context's ``pids()``. With
+    ``--preload`` they are the forked ranks themselves, not the fork server."""
+    pids = started if isinstance(started, dict) else None
+    if pids is None and pcontext is not None and callable(getattr(pcontext, "pids", None)):
+        pids = pcontext.pids()
+    if not isinstance(pids, dict):
+        logger.warning("rankguard: the agent reports no worker pids: no kill will be allowed")
+        return []
+    return [int(pid) for pid in pids.values() if isinstance(pid, int)]
 
 
 def _prewarm_failure_logging(pcontext: Any) -> None:
@@ -131,6 +150,7 @@ class RankguardAgent(LocalElasticAgent):
         self.restarts = 0
         self._cause_lock = threading.Lock()
         self._prewarmed = False
+        self.workers = OwnedWorkers()  # the only processes fault tolerance may signal
 
     # ---- the launcher's side ---------------------------------------------------------
 
@@ -151,6 +171,7 @@ class RankguardAgent(LocalElasticAgent):
 
     def _start_workers(self, worker_group: Any) -> dict[int, Any]:
         pids: dict[int, Any] = super()._start_workers(worker_group)
+        self.workers.set(worker_pids(pids, getattr(self, "_pcontext", None)))
         if not self._prewarmed:
             self._prewarmed = True
             _prewarm_failure_logging(self._pcontext)
@@ -198,6 +219,7 @@ class RankguardAgent(LocalElasticAgent):
         logger.info("rankguard: worker group restarted in %.2fs", time.monotonic() - t0)
 
     def _stop_workers(self, worker_group: Any) -> None:
+        self.workers.clear()
         self._shutdown(timeout=max(1, round(self._grace_s)))
 
     # ---- signals ---------------------------------------------------------------------

@@ -5,11 +5,11 @@ rendezvous store itself: node 0's launcher hosts it, so it outlives the workers 
 carry the heartbeat relay of the other nodes until node 0's monitor has drained them.
 
 Flow on every node (:func:`launch`): config checks (:mod:`.checks`) -> run directory
--> workers' environment -> rendezvous store -> side services (:mod:`.services`) ->
-``LocalElasticAgent.run()`` -> stop services -> summary and exit code
-(:mod:`.exitcodes`). Workers
-are started as ``python -m rankguard.launcher.worker SCRIPT ARGS`` with the run's
-identity in ``RANKGUARD_*`` environment variables.
+(:mod:`.rundir`: created 0750, refused if another user's) -> workers' environment ->
+rendezvous store -> side services (:mod:`.services`) -> ``LocalElasticAgent.run()`` ->
+stop services -> summary and exit code (:mod:`.exitcodes`). Workers are started as
+``python -m rankguard.launcher.worker SCRIPT ARGS`` with the run's identity in
+``RANKGUARD_*`` environment variables.
 """
 
 from __future__ import annotations
@@ -30,11 +30,12 @@ from rankguard.launcher.checks import check_launch
 from rankguard.launcher.console import LiveStatus
 from rankguard.launcher.exitcodes import EXIT_USAGE, JobOutcome, exit_code
 from rankguard.launcher.options import LaunchOptions
+from rankguard.launcher.rundir import ForeignDirectoryError, prepare_run_dir
 from rankguard.launcher.services import NodeServices
 from rankguard.schema import layout
 from rankguard.textsafe import safe_text
 
-__all__ = ["launch", "run_dir_for"]
+__all__ = ["job_name", "launch", "run_dir_for"]
 
 logger = logging.getLogger("rankguard.launcher")
 
@@ -100,8 +101,18 @@ def _store_client(host: str, port: int) -> Any:
     return TCPStore(host, port, is_master=False, timeout=timedelta(seconds=30))
 
 
-def _worker_env(cfg: RankguardConfig, run_id: str, run_dir: Path, node_rank: int) -> None:
+def job_name(opts: LaunchOptions) -> str:
+    """The training job a run belongs to (perf retention keeps the newest runs of one
+    job): its module, or its script's absolute path."""
+    return opts.target if opts.module else str(Path(opts.target).resolve())
+
+
+def _worker_env(
+    cfg: RankguardConfig, run_id: str, run_dir: Path, node_rank: int, job: str | None = None
+) -> None:
     os.environ[ENV.RUN_ID] = run_id
+    if job is not None:
+        os.environ[ENV.JOB] = job
     os.environ[ENV.RUN_DIR] = str(run_dir)
     os.environ[ENV.NODE_RANK] = str(node_rank)
     os.environ[ENV.CONFIG] = dumps_config(cfg)
@@ -208,7 +219,11 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
         return EXIT_USAGE
     run_id = opts.run_id()
     run_dir = run_dir_for(cfg, run_id)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        prepare_run_dir(Path(cfg.log_dir), run_dir, cfg.dir_mode())
+    except (ForeignDirectoryError, NotADirectoryError) as exc:
+        _say(str(exc))
+        return EXIT_USAGE
     refused = _preflight(opts, cfg, run_dir)
     if refused is not None:
         return refused
@@ -218,6 +233,7 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
     handler, store, host, port = _rendezvous(opts, run_id)
     services = _services(opts, cfg, run_id, run_dir, timeouts, host, port)
     agent = _agent(opts, cfg, handler, services, max_restarts)
+    services.workers = agent.workers  # fault tolerance signals these processes only
     _write_launcher_file(opts, cfg, run_id, run_dir, f"{host}:{port}")
     _say(
         f"run {run_id}: {opts.nproc_per_node} rank(s) on node {opts.node_rank}, files in {run_dir}"
@@ -273,7 +289,7 @@ def _preflight(opts: LaunchOptions, cfg: RankguardConfig, run_dir: Path) -> int 
 def _environment(opts: LaunchOptions, cfg: RankguardConfig, run_id: str, run_dir: Path) -> bool:
     """The environment the workers inherit (and ``--preload``'s fork server); False
     (said why) for a usage error."""
-    _worker_env(cfg, run_id, run_dir, opts.node_rank)
+    _worker_env(cfg, run_id, run_dir, opts.node_rank, job_name(opts))
     _thread_defaults(opts)
     if opts.standalone:
         _loopback_gloo()

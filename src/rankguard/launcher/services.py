@@ -32,6 +32,7 @@ from rankguard.straggler.detector import StragglerDetector
 
 if TYPE_CHECKING:
     from rankguard.exporter.prometheus import MetricsExporter
+    from rankguard.ft.kill import WorkerRegistry
 
 __all__ = ["NodeServices", "ft_state_path"]
 
@@ -62,6 +63,9 @@ class NodeServices:
     expected_world_size: int | None
     store: Any = None  # a TCPStore client of the rendezvous store (several nodes)
     timeouts: dict[str, Any] | None = None  # timeouts in force and their sources
+    # the agent's current workers: the only processes the fault handler or the relay
+    # may signal (set before start; without it the relay kills nothing)
+    workers: WorkerRegistry | None = None
     monitor: JobMonitor | None = field(default=None, init=False)
     relay: StoreRelay | None = field(default=None, init=False)
     collector: HealthCollector | None = field(default=None, init=False)
@@ -110,7 +114,10 @@ class NodeServices:
             def remote(node: int, targets: list[dict[str, Any]]) -> None:
                 request_kill(self.store, self.run_id, node, targets)
 
-        self.faults = FaultHandler(ft, self.run_dir, self.monitor, agent, remote_kill=remote)
+        workers = self.workers if self.workers is not None else getattr(agent, "workers", None)
+        self.faults = FaultHandler(
+            ft, self.run_dir, self.monitor, agent, remote_kill=remote, workers=workers
+        )
         self.monitor.add_sink(self.faults)
 
     def request_stop(self, reason: str) -> int:
@@ -197,6 +204,7 @@ class NodeServices:
                 self.node_rank,
                 hb.publish_interval_s,
                 dump_policy=DumpPolicy.from_config(self.cfg.fault_tolerance),
+                workers=self.workers,
             )
             self.relay.start()
 

@@ -56,7 +56,7 @@ class PerfConfig:
         default=None, metadata={"help": "Model shape for Megatron's analytic FLOP formula."}
     )
     keep_runs: int = field(
-        default=20, metadata={"help": "perf_monitor/ keeps the newest N runs' files."}
+        default=20, metadata={"help": "perf_monitor/ keeps the newest N runs' files of this job."}
     )
     console: bool = field(default=True, metadata={"help": "Rank 0 prints one line per log."})
     prometheus: PrometheusConfig = field(default_factory=PrometheusConfig)

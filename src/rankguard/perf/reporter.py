@@ -25,8 +25,10 @@ half, as FlagScale does.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
 import shutil
 import statistics
 import sys
@@ -42,10 +44,10 @@ from rankguard.perf.config import PerfConfig
 from rankguard.perf.flops import analytic_flops_per_step, mfu, tflops_per_gpu
 from rankguard.perf.memory import memory_gb
 from rankguard.perf.peaks import resolve_peak_tflops
-from rankguard.schema.layout import PERF_LOG_FILE, PERF_SUMMARY_PREFIX
+from rankguard.schema.layout import PERF_JOB_FILE, PERF_LOG_FILE, PERF_SUMMARY_PREFIX
 from rankguard.timeline import RING_SIZE, ProgressTracker
 
-__all__ = ["SUMMARY_PREFIX", "PerfReporter", "final_statistics"]
+__all__ = ["SUMMARY_PREFIX", "PerfReporter", "final_statistics", "prune_runs", "run_job"]
 
 logger = logging.getLogger(__name__)
 
@@ -143,8 +145,11 @@ class PerfReporter:
         console: TextIO | None = None,
         poll_interval_s: float = 0.2,
         gpu_event_factory: Any = None,
+        job: str | None = None,
     ) -> None:
         self.cfg = cfg
+        self.job = job  # the training job this run belongs to: retention keeps to it
+        self._job_marked = False
         self.tracker = tracker
         self.rank = rank
         self.world_size = world_size
@@ -296,6 +301,7 @@ class PerfReporter:
             del self.entries[: -self.MAX_ENTRIES]  # perf.jsonl keeps them all
             self.latest = new[-1]
             if self.out_dir is not None:
+                self._mark_job()
                 append_jsonl(self.out_dir / PERF_LOG, new)
                 if self.cfg.console:
                     for entry in new:
@@ -470,17 +476,55 @@ class PerfReporter:
             return None
         stamp = datetime.now(timezone.utc).strftime("%Y%m%d_%H%M%S")
         path = self.out_dir / f"{SUMMARY_PREFIX}{stamp}.json"
+        self._mark_job()
         atomic_write_json(path, self.summary())
         prune_runs(self.out_dir.parent, keep=self.cfg.keep_runs, current=self.out_dir)
         return path
 
+    def _mark_job(self) -> None:
+        """Say which job this run belongs to (``perf_job.json``), once, before its
+        first file: retention then tells this job's runs from another's."""
+        if self._job_marked or self.out_dir is None:
+            return
+        self._job_marked = True
+        atomic_write_json(
+            self.out_dir / PERF_JOB_FILE,
+            {"job": self.job, "run_id": self.run_id, "uid": os.getuid()},
+        )
+
+
+_UNKNOWN_JOB = object()  # an unreadable marker: the run of no job
+
+
+def run_job(run: Path) -> object:
+    """The job a perf run directory belongs to, from its ``perf_job.json``: the job
+    name; None for a run without a marker (older versions, a reporter given no job)."""
+    try:
+        marker = json.loads((run / PERF_JOB_FILE).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return _UNKNOWN_JOB
+    return marker.get("job") if isinstance(marker, dict) else _UNKNOWN_JOB
+
 
 def prune_runs(root: Path, *, keep: int, current: Path) -> list[Path]:
-    """Delete all but the newest ``keep`` run directories under ``root``."""
+    """Delete all but the newest ``keep`` runs of the current run's job under ``root``.
+
+    The runs of this job: directories (not symlinks) owned by this user, holding perf
+    files, whose ``perf_job.json`` names the same job as ``current``'s (the training
+    script or module :func:`rankguard.launcher.run.job_name` gives); another job's runs
+    in the same log directory, or another user's, are never touched."""
+    job = run_job(current)
+    uid = os.getuid()
     runs = [
         p
         for p in root.iterdir()
-        if p.is_dir() and (any(p.glob(f"{SUMMARY_PREFIX}*.json")) or (p / PERF_LOG).exists())
+        if not p.is_symlink()
+        and p.is_dir()
+        and p.stat().st_uid == uid
+        and (any(p.glob(f"{SUMMARY_PREFIX}*.json")) or (p / PERF_LOG).exists())
+        and (p.resolve() == current.resolve() or run_job(p) == job)
     ]
     runs.sort(key=lambda p: p.stat().st_mtime, reverse=True)
     removed = []

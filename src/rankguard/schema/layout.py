@@ -13,7 +13,8 @@ A run's files live under ``<log_dir>``::
         gpu_health_node_<k>.json          node k's GPU health snapshot
         rank_<r>_pid_<p>.heartbeat.jsonl  one rank process's heartbeats (+ ``.1`` rotated)
         stacks/rank_<r>_pid_<p>.txt       stack dumps before a kill
-      perf_monitor/<run_id>/              rank 0's perf.jsonl and perf_summary_<ts>.json
+      perf_monitor/<run_id>/              rank 0's perf.jsonl, perf_summary_<ts>.json and
+                                          perf_job.json (the job the run belongs to)
       ft/ft_state.json                    learned timeouts (or fault_tolerance.state_dir)
       elastic/                            torch elastic's worker logs
 
@@ -36,6 +37,7 @@ __all__ = [
     "HEARTBEAT_FILE_RE",
     "HEARTBEAT_SUFFIX",
     "LAUNCHER_FILE_RE",
+    "PERF_JOB_FILE",
     "PERF_LOG_FILE",
     "PERF_RANKS_FILE",
     "PERF_SUMMARY_GLOB",
@@ -60,6 +62,7 @@ RESTARTS_FILE = "restarts.jsonl"
 PERF_RANKS_FILE = "perf_ranks.jsonl"
 CONTROL_FILE = "control.json"
 PERF_LOG_FILE = "perf.jsonl"
+PERF_JOB_FILE = "perf_job.json"  # which job a perf run belongs to (retention)
 PERF_SUMMARY_PREFIX = "perf_summary_"
 PERF_SUMMARY_GLOB = f"{PERF_SUMMARY_PREFIX}*.json"
 FT_STATE_FILE = "ft_state.json"

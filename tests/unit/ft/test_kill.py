@@ -19,6 +19,7 @@ from rankguard.ft.kill import (
     DEFAULT_DUMP_POLICY,
     DumpPolicy,
     KillTarget,
+    OwnedWorkers,
     dump_stacks_of,
     dump_then_kill,
     kill_marked,
@@ -284,6 +285,8 @@ def test_relay_serves_a_kill_request_with_the_policy_in_parallel(
     deaf = [spawn(r, deaf=True) for r in (5, 6, 7)]
     store = DictStore()
     timeout_s = 1.5
+    workers = OwnedWorkers()  # the relay's node's workers: these four children
+    workers.set([culprit.pid, *(p.pid for p in deaf)])
     relay = StoreRelay(
         store,
         tmp_path,
@@ -291,6 +294,7 @@ def test_relay_serves_a_kill_request_with_the_policy_in_parallel(
         node_rank=1,
         interval_s=60,
         dump_policy=DumpPolicy(method="faulthandler", timeout_s=timeout_s),
+        workers=workers,
     )
     request_kill(
         store,

@@ -1,0 +1,117 @@
+"""Run directories: created with ``run_dir_mode``, refused when another user owns them."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rankguard.config import ConfigError, RankguardConfig, load_config
+from rankguard.launcher.exitcodes import EXIT_USAGE
+from rankguard.launcher.options import LaunchOptions
+from rankguard.launcher.run import launch, run_dir_for
+from rankguard.launcher.rundir import ForeignDirectoryError, owner_name, prepare_run_dir
+
+
+@pytest.fixture
+def umask_022() -> Iterator[None]:
+    old = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def _another_uid(monkeypatch: pytest.MonkeyPatch) -> int:
+    """Make this process look like another user: what it created is someone else's."""
+    real = os.getuid()
+    monkeypatch.setattr(os, "getuid", lambda: real + 4242)
+    return real
+
+
+def test_directories_are_created_0750_by_default(tmp_path: Path, umask_022: None) -> None:
+    cfg = RankguardConfig(log_dir=str(tmp_path / "logs"))
+    run_dir = run_dir_for(cfg, "run-a")
+    prepare_run_dir(Path(cfg.log_dir), run_dir, cfg.dir_mode())
+    assert run_dir.is_dir()
+    for path in (tmp_path / "logs", tmp_path / "logs" / "heartbeat", run_dir):
+        assert _mode(path) == 0o750, path
+
+
+def test_the_mode_is_configurable_and_wins_over_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0o077)
+    try:
+        cfg = load_config(None, [f"log_dir={tmp_path / 'logs'}", "run_dir_mode='0755'"])
+        run_dir = run_dir_for(cfg, "run-b")
+        prepare_run_dir(Path(cfg.log_dir), run_dir, cfg.dir_mode())
+    finally:
+        os.umask(old)
+    assert _mode(run_dir) == 0o755
+
+
+def test_an_existing_directory_keeps_its_mode(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir(mode=0o700)
+    os.chmod(logs, 0o711)
+    prepare_run_dir(logs, logs / "heartbeat" / "r", 0o750)
+    assert _mode(logs) == 0o711
+
+
+@pytest.mark.parametrize(
+    ("value", "bits"), [("0750", 0o750), ("700", 0o700), ("0o755", 0o755), (0o750, 0o750)]
+)
+def test_run_dir_mode_values(value: str | int, bits: int) -> None:
+    assert RankguardConfig(run_dir_mode=value).dir_mode() == bits
+
+
+@pytest.mark.parametrize("value", ["abc", "0650", "07777", "1", "750x", 750, "0o1750"])
+def test_run_dir_mode_is_validated(value: str | int) -> None:
+    with pytest.raises(ConfigError, match="run_dir_mode"):
+        RankguardConfig(run_dir_mode=value)
+
+
+def test_a_run_directory_of_another_user_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    logs = tmp_path / "logs"
+    run_dir = logs / "heartbeat" / "planted"
+    run_dir.mkdir(parents=True)
+    real = _another_uid(monkeypatch)
+    with pytest.raises(ForeignDirectoryError) as err:
+        prepare_run_dir(logs, run_dir, 0o750)
+    assert err.value.uid == real
+    assert str(logs) in str(err.value)  # the first foreign one: the log dir itself
+
+
+def test_a_foreign_run_directory_inside_our_log_dir_is_named(tmp_path: Path) -> None:
+    if os.getuid() != 0:
+        pytest.skip("giving a directory to another user needs root")
+    logs = tmp_path / "logs"
+    prepare_run_dir(logs, logs / "heartbeat" / "mine", 0o750)
+    planted = logs / "heartbeat" / "planted"
+    planted.mkdir()
+    os.chown(planted, 65534, 65534)
+    with pytest.raises(ForeignDirectoryError, match="planted") as err:
+        prepare_run_dir(logs, planted, 0o750)
+    assert owner_name(65534) in str(err.value)
+
+
+def test_launch_refuses_a_log_dir_of_another_user_with_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    real = _another_uid(monkeypatch)
+    opts = LaunchOptions(target="train.py", rdzv_id="run-c", standalone=True)
+    code = launch(opts, RankguardConfig(log_dir=str(logs)))
+    assert code == EXIT_USAGE == 2
+    err = capsys.readouterr().err
+    assert str(logs) in err and f"uid {real}" in err and owner_name(real) in err
+    assert not (logs / "heartbeat").exists()  # nothing written there
