@@ -26,6 +26,7 @@ class ENV:
     CONFIG = "RANKGUARD_CONFIG"  # JSON of the validated RankguardConfig
     LAUNCHER = "RANKGUARD_LAUNCHER"  # "1" under rankguard run
     LOG_DIR = "RANKGUARD_LOG_DIR"  # absolute log_dir of this node
+    LAUNCHER_PID = "RANKGUARD_LAUNCHER_PID"  # the ranks die with it (heartbeat.lifeline)
 
 
 @dataclass(frozen=True, slots=True)
