@@ -27,6 +27,7 @@ class ENV:
     LAUNCHER = "RANKGUARD_LAUNCHER"  # "1" under rankguard run
     LOG_DIR = "RANKGUARD_LOG_DIR"  # absolute log_dir of this node
     JOB = "RANKGUARD_JOB"  # the training job: its script (absolute) or module
+    LAUNCHER_PID = "RANKGUARD_LAUNCHER_PID"  # the ranks die with it (heartbeat.lifeline)
 
 
 @dataclass(frozen=True, slots=True)

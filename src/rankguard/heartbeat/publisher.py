@@ -8,6 +8,11 @@ never leaves a torn line that matters (the monitor's tailer skips a partial last
 A file about to grow past ``heartbeat.max_file_mb`` is rotated: it becomes
 ``<name>.1`` and a new file starts with a copy of the ``process_start`` record.
 
+With a :class:`~rankguard.heartbeat.lifeline.Lifeline` (set by the rank bootstrap), the
+thread also checks at every beat that the launcher is still there; if it is gone, the
+rank writes ``process_end`` (not clean, exit code -9, the reason) and stops itself with
+SIGKILL.
+
 The thread only reads the :class:`~rankguard.timeline.ProgressTracker`; the
 training loop never waits for it. A write error is counted and logged once, never
 raised into training.
@@ -18,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -27,6 +33,7 @@ from typing import Any
 
 from rankguard._fs import dumps_line, open_append, rotate_jsonl, write_all
 from rankguard.heartbeat.identity import RankIdentity
+from rankguard.heartbeat.lifeline import Lifeline, end_orphan
 from rankguard.schema.layout import heartbeat_file_name
 from rankguard.schema.records import Event
 from rankguard.timeline import ProgressTracker
@@ -82,6 +89,8 @@ class HeartbeatPublisher:
         self._thread: threading.Thread | None = None
         self._extra = extra
         self.ticks: list[Callable[[], None]] = []  # run by the thread before each record
+        self.lifeline: Lifeline | None = None  # checked at every beat: see _check_lifeline
+        self.on_orphan: Callable[[str], None] = end_orphan  # tests: anything but a kill
         self._base = identity.base_record()
         self._gpu_refined = identity.gpu is None
         tracker.on_change = self._wake.set
@@ -170,6 +179,9 @@ class HeartbeatPublisher:
             self._wake.clear()
             if self._stop.is_set():
                 break
+            self._check_lifeline()
+            if self._stop.is_set():  # closed: the launcher is gone
+                break
             for tick in self.ticks:
                 try:
                     tick()
@@ -182,6 +194,21 @@ class HeartbeatPublisher:
             except Exception:  # a broken CUDA context must not kill the heartbeat
                 logger.exception("rankguard: polling the progress event failed")
             self._write(Event.HEARTBEAT)
+
+    def _check_lifeline(self) -> None:
+        """The launcher is gone: the last record says so, then the rank stops itself."""
+        lifeline = self.lifeline
+        if lifeline is None:
+            return
+        try:
+            reason = lifeline.lost()
+        except Exception:  # never kill a rank on a broken check
+            logger.exception("rankguard: checking the launcher failed")
+            return
+        if reason is None:
+            return
+        self.close(clean=False, exit_code=-signal.SIGKILL, error=f"orphaned: {reason}")
+        self.on_orphan(reason)
 
     def _write(self, event: Event, extra: dict[str, Any] | None = None) -> None:
         record = dict(self._base)

@@ -10,6 +10,11 @@ worker-lifecycle methods ``SimpleElasticAgent`` is designed to have subclassed.
 - ``_restart_workers``: report each restart and its cause (a finding the launcher acted
   on, or that root cause) before the agent restarts the group as usual.
 - ``_stop_workers``: stop the group with our grace period (SIGTERM, wait, SIGKILL).
+- ``_shutdown``: whichever signal stopped the launcher (SIGTERM, SIGINT, SIGHUP,
+  SIGQUIT), the workers get SIGTERM, then SIGKILL after the same grace period: torch
+  elastic would pass the launcher's own signal on, so a closed terminal (SIGHUP) would
+  kill a rank before its SIGTERM handler (a checkpoint on preemption) could run, and
+  SIGQUIT would dump its core.
 
 :attr:`RankguardAgent.workers` is the registry of the current workers (pid and start
 time, taken as the group starts, emptied as it stops): fault tolerance signals no other
@@ -34,11 +39,25 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from rankguard.ft.kill import OwnedWorkers
 
-__all__ = ["RankguardAgent", "add_peer_errors", "first_failure", "worker_pids"]
+__all__ = [
+    "RankguardAgent",
+    "add_peer_errors",
+    "first_failure",
+    "worker_pids",
+    "worker_stop_signal",
+]
 
 logger = logging.getLogger(__name__)
 
 _SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+
+
+def worker_stop_signal(received: int) -> signal.Signals:
+    """The signal the workers get when the launcher stops them after receiving
+    ``received``: SIGTERM for each of the launcher's stop signals (``_SIGNALS``), else
+    ``received`` itself."""
+    names = {getattr(signal, name, None) for name in _SIGNALS}
+    return signal.SIGTERM if received in names else signal.Signals(received)
 
 
 def first_failure(result: Any) -> dict[str, Any] | None:
@@ -140,6 +159,8 @@ class RankguardAgent(LocalElasticAgent):
         grace_s: float = 30.0,
         **kw: Any,
     ) -> None:
+        # torch elastic's own grace when a signal stops it or the job ends: ours.
+        kw.setdefault("shutdown_timeout", max(1, round(grace_s)))
         super().__init__(*args, **kw)
         self._on_signal = on_signal
         self._on_restart = on_restart
@@ -221,6 +242,9 @@ class RankguardAgent(LocalElasticAgent):
     def _stop_workers(self, worker_group: Any) -> None:
         self.workers.clear()
         self._shutdown(timeout=max(1, round(self._grace_s)))
+
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
+        super()._shutdown(worker_stop_signal(death_sig), timeout)
 
     # ---- signals ---------------------------------------------------------------------
 

@@ -118,6 +118,7 @@ def _worker_env(
     os.environ[ENV.CONFIG] = dumps_config(cfg)
     os.environ[ENV.LAUNCHER] = "1"
     os.environ[ENV.LOG_DIR] = str(Path(cfg.log_dir).resolve())
+    os.environ[ENV.LAUNCHER_PID] = str(os.getpid())
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
 
 
@@ -174,9 +175,15 @@ def start_fork_server(modules: tuple[str, ...]) -> None:
         if not found:
             raise ValueError(f"--preload: no module named {name!r}")
     # "__main__" first, as Python's own default: the forked ranks then do not re-run the
-    # launcher's main module.
+    # launcher's main module. Then the guard that ties the fork server to the launcher
+    # (it dies with it, and so do the ranks), before the long imports.
     multiprocessing.set_forkserver_preload(
-        ["__main__", "rankguard.launcher.worker", *dict.fromkeys(modules)]
+        [
+            "__main__",
+            "rankguard.launcher.forkserver_guard",
+            "rankguard.launcher.worker",
+            *dict.fromkeys(modules),
+        ]
     )
     multiprocessing.forkserver.ensure_running()
     _say(

@@ -7,6 +7,10 @@ rankguard still publishes liveness and progress. Afterwards it records how the s
 ended (clean, exit code, exception) in ``process_end``; ``@record`` writes the
 traceback to torch elastic's per-rank error file so the launcher can name the root
 cause.
+
+A rank dies with its launcher (:mod:`rankguard.heartbeat.lifeline`): the bootstrap sets
+the parent-death signal before anything else, checks the parent did not die before that,
+and hands the heartbeat thread the lifeline it checks at every beat.
 """
 
 from __future__ import annotations
@@ -14,13 +18,16 @@ from __future__ import annotations
 import atexit
 import os
 import runpy
+import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from rankguard.ft.stacks import install_dump_handler
 from rankguard.heartbeat.identity import ENV
+from rankguard.heartbeat.lifeline import Lifeline, end_orphan, set_parent_death_signal
 from rankguard.session import init
 
 __all__ = ["forked_main", "main"]
@@ -35,8 +42,31 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
+def hold_launcher(*, direct_child: bool) -> Lifeline | None:
+    """Tie this rank to its launcher (None outside ``rankguard run``): the kernel kills
+    it when its parent exits, and if the parent is already gone (it died before the
+    signal was set) the rank stops now. ``direct_child``: the launcher started this
+    process itself (else ``--preload``'s fork server did)."""
+    lifeline = Lifeline.from_env(direct_child=direct_child)  # the parent before the prctl
+    if lifeline is None:
+        return None
+    set_parent_death_signal(signal.SIGKILL)
+    reason = lifeline.lost()
+    if reason is not None:
+        end_orphan(reason)
+    return lifeline
+
+
+def _watch(session: Any, lifeline: Lifeline | None) -> None:
+    """The heartbeat thread checks the lifeline at every beat (no thread, no check)."""
+    publisher = getattr(session, "publisher", None)
+    if publisher is not None and lifeline is not None:
+        publisher.lifeline = lifeline
+
+
 @record
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, *, direct_child: bool = True) -> None:
+    lifeline = hold_launcher(direct_child=direct_child)
     args = list(sys.argv[1:] if argv is None else argv)
     as_module = bool(args) and args[0] == "-m"
     if as_module:
@@ -46,6 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     target, rest = args[0], args[1:]
 
     session = init()
+    _watch(session, lifeline)
     dump_file = None
     run_dir = os.environ.get(ENV.RUN_DIR)
     if run_dir and os.environ.get(ENV.LAUNCHER) == "1":
@@ -83,7 +114,7 @@ def forked_main(*argv: str) -> None:
         if reconfigure is not None:
             reconfigure(line_buffering=True, write_through=True)  # lines reach the log now
     try:
-        main(list(argv))
+        main(list(argv), direct_child=False)
     finally:
         # A forked process leaves with os._exit, which skips atexit: run the script's
         # exit handlers (logging flush, trackers' finish) as a normal exit would.

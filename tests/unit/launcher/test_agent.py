@@ -243,3 +243,38 @@ def test_peer_error_files_leave_several_failures_alone(tmp_path: Path) -> None:
     }
     add_peer_errors(failures, files, {}, lambda lr: lr)
     assert sorted(failures) == [0, 1]  # the subprocess path reports every failure itself
+
+
+def test_workers_get_sigterm_whichever_signal_stopped_the_launcher() -> None:
+    from rankguard.launcher.agent import worker_stop_signal
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        assert worker_stop_signal(sig) == signal.SIGTERM
+    assert worker_stop_signal(signal.SIGKILL) == signal.SIGKILL  # the agent's own escalation
+    assert worker_stop_signal(signal.SIGUSR1) == signal.SIGUSR1
+
+
+def test_a_signal_stops_the_workers_with_sigterm_and_the_configured_grace(
+    tmp_path: Path,
+) -> None:
+    from torch.distributed.elastic.agent.server.api import WorkerSpec
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+    from rankguard.launcher.agent import RankguardAgent
+
+    spec = WorkerSpec(
+        role="trainer", local_world_size=1, entrypoint="python", args=(), rdzv_handler=object()
+    )
+    agent = RankguardAgent(
+        spec=spec, logs_specs=DefaultLogsSpecs(log_dir=str(tmp_path)), grace_s=7.4
+    )
+    closed: list[tuple[signal.Signals, int]] = []
+
+    class FakeContext:
+        def close(self, death_sig: signal.Signals, timeout: int) -> None:
+            closed.append((death_sig, timeout))
+
+    agent._pcontext = FakeContext()  # type: ignore[assignment]
+    # what torch elastic's run() does on SIGHUP: _shutdown(sigval, self._shutdown_timeout)
+    agent._shutdown(signal.SIGHUP, timeout=agent._shutdown_timeout)
+    assert closed == [(signal.SIGTERM, 7)]

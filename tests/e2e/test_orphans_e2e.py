@@ -1,0 +1,107 @@
+"""End to end: no worker outlives ``rankguard run``. A SIGKILLed launcher (it cannot
+handle it) takes its ranks with it (and ``--preload``'s fork server); SIGHUP and SIGINT
+stop the job as SIGTERM does."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import (
+    leftover_processes,
+    no_leftover_workers,
+    rankguard_cmd,
+    read_jsonl,
+    read_status,
+    standalone_run,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
+
+GONE_WITHIN_S = 10.0  # measured: well under a second (docs/fault_tolerance.md)
+
+
+def start_job(tmp_path: Path, run_id: str, *extra: str) -> tuple[subprocess.Popen[str], Path]:
+    """A 2-rank demo that trains until stopped, once both ranks publish heartbeats."""
+    proc = subprocess.Popen(
+        rankguard_cmd(
+            *standalone_run(run_id, tmp_path),
+            *extra,
+            "-m",
+            "rankguard.demo.train",
+            "--steps",
+            "100000",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    run_dir = tmp_path / "heartbeat" / run_id
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline:
+        if (run_dir / "status.json").exists():
+            ranks = read_status(run_dir)["ranks"]
+            if len(ranks) == 2 and all(r["process_liveness"] == "alive" for r in ranks):
+                return proc, run_dir
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    proc.kill()
+    out, _ = proc.communicate()
+    pytest.fail(f"the job never had both ranks alive:\n{out}")
+
+
+@pytest.mark.parametrize("launch", [(), ("--preload", "torch")], ids=["subprocess", "preload"])
+def test_sigkill_of_the_launcher_leaves_no_worker_alive(
+    tmp_path: Path, run_id: str, launch: tuple[str, ...]
+) -> None:
+    proc, _run_dir = start_job(tmp_path, run_id, *launch)
+    try:
+        workers = [pid for pid in leftover_processes(run_id) if pid != proc.pid]
+        # the ranks, and with --preload the fork server (and multiprocessing's tracker)
+        assert len(workers) >= 2, workers
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()  # reaped, as a shell would
+        assert no_leftover_workers(run_id, wait_s=GONE_WITHIN_S), (
+            f"still alive {GONE_WITHIN_S} s after the launcher's SIGKILL: "
+            f"{leftover_processes(run_id)} (of {workers})"
+        )
+        print(f"last worker gone {time.monotonic() - t0:.3f} s after the launcher's SIGKILL")
+    finally:
+        proc.kill()
+        for pid in leftover_processes(run_id):  # never leave the survivors of a failure
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT], ids=["SIGHUP", "SIGINT"])
+def test_sighup_and_sigint_stop_the_job_as_sigterm_does(
+    tmp_path: Path, run_id: str, sig: signal.Signals
+) -> None:
+    proc, run_dir = start_job(tmp_path, run_id)
+    try:
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=40)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + sig, out
+    assert f"stopped by signal {int(sig)}" in out, out
+    assert "closing signal SIGTERM" in out, out  # the workers get SIGTERM, not SIGHUP/SIGINT
+    assert "Traceback" not in out, out
+    assert read_jsonl(run_dir / "findings.jsonl") == [], out
+    status = read_status(run_dir)
+    assert status["state"] == "stopped", out
+    assert all(r["process_liveness"] == "exited" for r in status["ranks"]), status["ranks"]
+    # the monitor was told why the ranks went away: no finding, the reason on each rank
+    assert {(r["exit"] or {}).get("after_shutdown") for r in status["ranks"]} == {
+        f"launcher received {sig.name}"
+    }, status["ranks"]
+    assert no_leftover_workers(run_id)
