@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 
-from tests.factories import FAKE_BIN
+from tests.factories import FAKE_BIN, Children
 
 
 @pytest.fixture
@@ -17,3 +18,13 @@ def fake_smi(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
             monkeypatch.delenv(name)
     monkeypatch.setenv("PATH", f"{FAKE_BIN}{os.pathsep}{os.environ.get('PATH', '')}")
     return monkeypatch
+
+
+@pytest.fixture
+def children() -> Iterator[Children]:
+    """Start child processes; every one is killed and reaped at the end."""
+    kids = Children()
+    try:
+        yield kids
+    finally:
+        kids.close()

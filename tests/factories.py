@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Collection
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -509,3 +511,62 @@ def write_report_run(
             json.dumps(_report_summary(entries, world))
         )
     return hb if heartbeat else pm
+
+
+# -- child processes and an in-memory store ------------------------------------------------
+
+#: A child that says "ready" and sleeps: a process to signal (or to refuse to).
+PLAIN_CHILD = 'import time\nprint("ready", flush=True)\ntime.sleep(60)\n'
+
+
+def alive(proc: subprocess.Popen[str], wait_s: float = 0.3) -> bool:
+    """Still running ``wait_s`` seconds from now."""
+    try:
+        proc.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        return True
+    return False
+
+
+class Children:
+    """Python children started with ``-c CODE ARGS`` that print "ready" once set up;
+    :meth:`close` kills and reaps every one (the ``children`` fixture calls it)."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def start(self, code: str = PLAIN_CHILD, *args: str) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True
+        )
+        self.procs.append(proc)
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        return proc
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+class DictStore:
+    """The few TCPStore calls the relay makes, in memory."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, Any] = {}
+
+    def set(self, key: str, value: Any) -> None:
+        self.data[key] = value
+
+    def get(self, key: str) -> Any:
+        return self.data[key]
+
+    def check(self, keys: list[str]) -> bool:
+        return all(k in self.data for k in keys)
+
+    def delete_key(self, key: str) -> bool:
+        return self.data.pop(key, None) is not None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from rankguard.ft.actions import FaultHandler
 from rankguard.ft.config import FaultToleranceConfig
 from rankguard.heartbeat.rules import HeartbeatRules
 from rankguard.schema.findings import Finding, FindingType, Reason
-from tests.factories import heartbeat_config, heartbeat_record
+from tests.factories import PLAIN_CHILD, Children, alive, heartbeat_config, heartbeat_record
 
 RUN = "run-actions"
 HOST = socket.gethostname()
@@ -43,7 +43,6 @@ blocked_here()
 
 # No dump handler: the dump signal (a real-time signal) would terminate it, so it stays
 # alive only if nothing is sent to it.
-PLAIN_CHILD = 'import time\nprint("ready", flush=True)\ntime.sleep(60)\n'
 
 
 rec = partial(
@@ -114,40 +113,16 @@ def _handler(
     return handler, monitor, agent
 
 
-def _alive(proc: subprocess.Popen[str], wait_s: float = 0.3) -> bool:
-    try:
-        proc.wait(timeout=wait_s)
-    except subprocess.TimeoutExpired:
-        return True
-    return False
-
-
 @pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
-    """Start a rank child; every child is killed and reaped at the end."""
-    children: list[subprocess.Popen[str]] = []
+def spawn(tmp_path: Path, children: Children) -> Callable[..., subprocess.Popen[str]]:
+    """Start a rank child (killed and reaped at the end)."""
 
     def start(rank: int, *, handler: bool = True) -> subprocess.Popen[str]:
-        code = RANK_CHILD if handler else PLAIN_CHILD
-        proc = subprocess.Popen(
-            [sys.executable, "-c", code, str(tmp_path), str(rank)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        children.append(proc)
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "ready"
-        return proc
+        if not handler:
+            return children.start(PLAIN_CHILD)
+        return children.start(RANK_CHILD, str(tmp_path), str(rank))
 
-    try:
-        yield start
-    finally:
-        for proc in children:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=10)
-            if proc.stdout is not None:
-                proc.stdout.close()
+    return start
 
 
 # ---- report --------------------------------------------------------------------------
@@ -162,7 +137,7 @@ def test_report_does_nothing(tmp_path: Path, spawn: Callable[..., Any]) -> None:
     assert f.action == "report"
     assert f.stack_dumps is None and f.stack_dump is None
     handler.after_write(f)
-    assert _alive(child)  # neither killed nor sent the dump signal
+    assert alive(child)  # neither killed nor sent the dump signal
     assert agent.causes == []
     assert monitor.restarts == []
     assert handler.actions_taken == 0
@@ -215,7 +190,7 @@ def test_restart_dumps_culprit_first_then_kills_it(
     assert monitor.restarts == ["restart after gpu_progress_timeout on rank 1"]
     assert rules.restarting == "restart after gpu_progress_timeout on rank 1"
     assert rank1.wait(timeout=5) == -9  # SIGKILL
-    assert _alive(rank0)  # the agent stops the others
+    assert alive(rank0)  # the agent stops the others
     assert handler.actions_taken == 1
 
 
@@ -238,7 +213,7 @@ def test_second_finding_while_busy_is_not_acted_on(
     assert len(agent.causes) == 1
     assert len(monitor.restarts) == 1
     assert handler.actions_taken == 1
-    assert _alive(rank0)
+    assert alive(rank0)
     # A report-only finding is still reported as such while busy.
     health = finding("gpu_hardware_health_failure", 0, rank0.pid)
     handler.before_write(health)
@@ -292,7 +267,7 @@ def test_exited_rank_no_dump_no_kill_but_cause(tmp_path: Path, spawn: Callable[.
     # the agent's own failure report (exit codes, error files) is the restart's cause
     assert agent.causes == []
     assert monitor.restarts == ["restart after rank_process_exited on rank 0"]
-    assert _alive(child)
+    assert alive(child)
     assert not (tmp_path / "stacks").exists()
     # One fault, one action: the exit made the handler busy.
     g = finding("rank_process_heartbeat_timeout", 0, child.pid)
@@ -367,7 +342,7 @@ def test_never_observed_rank_does_not_leave_the_handler_busy(
     handler, _, _ = _handler(tmp_path, rules)
     handler.before_write(never[0])
     handler.after_write(never[0])
-    if _alive(child):
+    if alive(child):
         # Nothing was killed, so no restart will re-arm the handler: a later hang of
         # rank 0 must still be acted on.
         later = finding("gpu_progress_timeout", 0, child.pid)
@@ -396,7 +371,7 @@ def test_rank_of_another_node_on_this_host_is_left_to_that_node(
     assert (tmp_path / "stacks" / f"rank_1_pid_{node1_rank.pid}.txt").read_text() == ""
     handler.after_write(f)
     assert remote.calls == [(1, [{"rank": 1, "pid": node1_rank.pid, "kill": True}])]
-    assert _alive(node1_rank)  # not killed from here
+    assert alive(node1_rank)  # not killed from here
 
 
 # ---- failures while acting -----------------------------------------------------------------
@@ -425,7 +400,7 @@ def test_a_failed_action_does_not_leave_the_handler_busy(
     with pytest.raises(RuntimeError):
         handler.after_write(first)  # the monitor logs and counts it
     assert handler.action_errors == 1
-    assert _alive(rank1)  # the action stopped before the kill
+    assert alive(rank1)  # the action stopped before the kill
 
     handler.agent = FakeAgent()
     second = finding("gpu_progress_timeout", 1, rank1.pid)
@@ -482,5 +457,5 @@ def test_node_disk_full_is_reported_not_acted_on(tmp_path: Path, spawn: Callable
     handler.before_write(f)
     assert f.action == "report" and f.stack_dumps is None
     handler.after_write(f)
-    assert _alive(child)
+    assert alive(child)
     assert agent.causes == [] and monitor.restarts == []

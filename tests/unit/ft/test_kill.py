@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from rankguard.ft.kill import (
     kill_marked,
 )
 from rankguard.ft.stacks import stack_file
+from tests.factories import Children, DictStore, alive
 
 # A rank with the dump handler installed, blocked in a named function.
 RANK_CHILD = """\
@@ -53,39 +54,14 @@ time.sleep(120)
 """
 
 
-def _alive(proc: subprocess.Popen[str], wait_s: float = 0.3) -> bool:
-    try:
-        proc.wait(timeout=wait_s)
-    except subprocess.TimeoutExpired:
-        return True
-    return False
-
-
 @pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
-    """Start a child; every child is killed and reaped at the end."""
-    children: list[subprocess.Popen[str]] = []
+def spawn(tmp_path: Path, children: Children) -> Callable[..., subprocess.Popen[str]]:
+    """Start a rank child (killed and reaped at the end)."""
 
     def start(rank: int, *, deaf: bool = False) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", DEAF_CHILD if deaf else RANK_CHILD, str(tmp_path), str(rank)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        children.append(proc)
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "ready"
-        return proc
+        return children.start(DEAF_CHILD if deaf else RANK_CHILD, str(tmp_path), str(rank))
 
-    try:
-        yield start
-    finally:
-        for proc in children:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=10)
-            if proc.stdout is not None:
-                proc.stdout.close()
+    return start
 
 
 def _gone_pid() -> int:
@@ -152,7 +128,7 @@ def test_unresponsive_ranks_cost_one_timeout_not_n(
     assert all(r.path is None and r.error for r in done.dumps)  # nothing was written
     assert done.killed == [procs[3].pid]
     assert procs[3].wait(timeout=5) == -9  # killed after its dump failed
-    assert all(_alive(p, 0.05) for i, p in enumerate(procs) if i != 3)
+    assert all(alive(p, 0.05) for i, p in enumerate(procs) if i != 3)
 
 
 def test_parallel_faulthandler_dumps_of_blocked_ranks(
@@ -170,7 +146,7 @@ def test_parallel_faulthandler_dumps_of_blocked_ranks(
         assert "blocked_here" in text
         assert "most recent call first" in text  # faulthandler's format
         assert "py-spy dump" not in text  # the method asked for, not py-spy
-    assert all(_alive(p, 0.05) for p in procs)  # dumping kills nobody
+    assert all(alive(p, 0.05) for p in procs)  # dumping kills nobody
 
 
 # ---- kill ----------------------------------------------------------------------------
@@ -187,7 +163,7 @@ def test_only_targets_marked_kill_are_killed(
     assert "blocked_here" in Path(str(done.dumps[0].path)).read_text(encoding="utf-8")
     assert done.killed == [procs[1].pid]
     assert procs[1].wait(timeout=5) == -9
-    assert _alive(procs[0]) and _alive(procs[2])
+    assert alive(procs[0]) and alive(procs[2])
 
 
 @pytest.mark.parametrize("pid", [1, 0, -1])
@@ -250,30 +226,11 @@ def test_a_failing_dump_does_not_stop_the_others_or_the_kill(
     assert done.dumps[0].path is not None
     assert done.dumps[1].path is None and done.dumps[1].error == "disk full"
     assert victim.wait(timeout=5) == -9
-    assert _alive(other)
+    assert alive(other)
     assert os.path.exists(str(done.dumps[0].path))
 
 
 # ---- the relay of a node > 0 ---------------------------------------------------------
-
-
-class DictStore:
-    """The few TCPStore calls the relay makes, in memory."""
-
-    def __init__(self) -> None:
-        self.data: dict[str, Any] = {}
-
-    def set(self, key: str, value: Any) -> None:
-        self.data[key] = value
-
-    def get(self, key: str) -> Any:
-        return self.data[key]
-
-    def check(self, keys: list[str]) -> bool:
-        return all(k in self.data for k in keys)
-
-    def delete_key(self, key: str) -> bool:
-        return self.data.pop(key, None) is not None
 
 
 def test_relay_serves_a_kill_request_with_the_policy_in_parallel(
@@ -310,7 +267,7 @@ def test_relay_serves_a_kill_request_with_the_policy_in_parallel(
     elapsed = time.monotonic() - t0
     assert elapsed < 2 * timeout_s + 1.0, elapsed  # serially: 3 x 1.5 s
     assert culprit.wait(timeout=5) == -9
-    assert all(_alive(p, 0.05) for p in deaf)
+    assert all(alive(p, 0.05) for p in deaf)
     text = stack_file(tmp_path, 4, culprit.pid).read_text(encoding="utf-8")
     assert "blocked_here" in text and "most recent call first" in text  # faulthandler
     assert "py-spy dump" not in text

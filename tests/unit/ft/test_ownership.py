@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,46 +25,13 @@ from rankguard.ft.kill import (
 from rankguard.heartbeat.procs import process_start_time
 from rankguard.heartbeat.rules import HeartbeatRules
 from rankguard.schema.findings import Finding, FindingType, Reason
-from tests.factories import heartbeat_config, heartbeat_record
+from tests.factories import Children, alive, heartbeat_config, heartbeat_record
 
 RUN = "run-owned"
 HOST = socket.gethostname()
 # No dump handler: a dump signal (a real-time signal) would end it, so it stays alive
 # only if nothing at all is sent to it.
-PLAIN_CHILD = 'import time\nprint("ready", flush=True)\ntime.sleep(60)\n'
 POLICY = DumpPolicy(method="faulthandler", timeout_s=2.0)
-
-
-def _alive(proc: subprocess.Popen[str], wait_s: float = 0.3) -> bool:
-    try:
-        proc.wait(timeout=wait_s)
-    except subprocess.TimeoutExpired:
-        return True
-    return False
-
-
-@pytest.fixture
-def spawn() -> Iterator[Callable[[], subprocess.Popen[str]]]:
-    children: list[subprocess.Popen[str]] = []
-
-    def start() -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", PLAIN_CHILD], stdout=subprocess.PIPE, text=True
-        )
-        children.append(proc)
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "ready"
-        return proc
-
-    try:
-        yield start
-    finally:
-        for proc in children:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=10)
-            if proc.stdout is not None:
-                proc.stdout.close()
 
 
 def test_start_time_is_field_22_of_proc_stat() -> None:
@@ -81,8 +45,8 @@ def test_start_time_is_field_22_of_proc_stat() -> None:
 # ---- the registry --------------------------------------------------------------------
 
 
-def test_registry_owns_only_its_current_workers(spawn: Callable[[], Any]) -> None:
-    worker, other = spawn(), spawn()
+def test_registry_owns_only_its_current_workers(children: Children) -> None:
+    worker, other = children.start(), children.start()
     workers = OwnedWorkers()
     assert not workers.owns(worker.pid)  # nothing started yet
     workers.set([worker.pid, 1, 0, -1])
@@ -94,10 +58,8 @@ def test_registry_owns_only_its_current_workers(spawn: Callable[[], Any]) -> Non
     assert not workers.owns(worker.pid)
 
 
-def test_registry_refuses_a_reused_pid(
-    spawn: Callable[[], Any], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    worker = spawn()
+def test_registry_refuses_a_reused_pid(children: Children, monkeypatch: pytest.MonkeyPatch) -> None:
+    worker = children.start()
     workers = OwnedWorkers()
     workers.set([worker.pid])
     started = workers.pids()[worker.pid]
@@ -106,11 +68,11 @@ def test_registry_refuses_a_reused_pid(
     monkeypatch.setattr(kill_mod, "process_start_time", lambda pid: started + 1)
     assert not workers.owns(worker.pid)
     assert kill_marked([KillTarget(rank=0, pid=worker.pid, kill=True)], owner=workers) == []
-    assert _alive(worker)
+    assert alive(worker)
 
 
-def test_registry_forgets_a_worker_that_exited(spawn: Callable[[], Any]) -> None:
-    worker = spawn()
+def test_registry_forgets_a_worker_that_exited(children: Children) -> None:
+    worker = children.start()
     workers = OwnedWorkers()
     workers.set([worker.pid])
     worker.kill()
@@ -121,8 +83,8 @@ def test_registry_forgets_a_worker_that_exited(spawn: Callable[[], Any]) -> None
 # ---- the kill path -------------------------------------------------------------------
 
 
-def test_kill_refuses_a_pid_that_is_not_a_worker(tmp_path: Path, spawn: Callable[[], Any]) -> None:
-    worker, stranger = spawn(), spawn()
+def test_kill_refuses_a_pid_that_is_not_a_worker(tmp_path: Path, children: Children) -> None:
+    worker, stranger = children.start(), children.start()
     workers = OwnedWorkers()
     workers.set([worker.pid])
     targets = [
@@ -136,18 +98,18 @@ def test_kill_refuses_a_pid_that_is_not_a_worker(tmp_path: Path, spawn: Callable
     assert done.refused[0].reason == NOT_A_WORKER
     assert all(d.path is None for d in done.dumps)  # not even a dump signal
     assert dict((d.rank, d.error) for d in done.dumps)[0] == NOT_A_WORKER
-    assert _alive(stranger) and _alive(worker)
+    assert alive(stranger) and alive(worker)
     assert not (tmp_path / "stacks").exists()
 
 
-def test_kill_reaches_a_worker_and_only_it(tmp_path: Path, spawn: Callable[[], Any]) -> None:
-    worker, stranger = spawn(), spawn()
+def test_kill_reaches_a_worker_and_only_it(tmp_path: Path, children: Children) -> None:
+    worker, stranger = children.start(), children.start()
     workers = OwnedWorkers()
     workers.set([worker.pid])
     targets = [KillTarget(0, worker.pid, kill=True), KillTarget(1, stranger.pid, kill=True)]
     assert kill_marked(targets, owner=workers) == [worker.pid]
     assert worker.wait(timeout=5) == -9
-    assert _alive(stranger)
+    assert alive(stranger)
     dumps = dump_stacks_of(tmp_path, [KillTarget(1, stranger.pid)], POLICY, owner=workers)
     assert [d.error for d in dumps] == [NOT_A_WORKER]
 
@@ -171,10 +133,10 @@ class FakeAgent:
         self.causes.append((finding, abort))
 
 
-def test_node0_refuses_the_pid_of_a_forged_record(tmp_path: Path, spawn: Callable[[], Any]) -> None:
+def test_node0_refuses_the_pid_of_a_forged_record(tmp_path: Path, children: Children) -> None:
     # A record relayed through the store claiming node 0 and this host, naming a local
     # process that is not a worker of this launcher: neither dumped nor killed.
-    stranger = spawn()
+    stranger = children.start()
     forged = heartbeat_record(
         0,
         run_id=RUN,
@@ -208,4 +170,4 @@ def test_node0_refuses_the_pid_of_a_forged_record(tmp_path: Path, spawn: Callabl
     handler.before_write(f)
     assert f.stack_dump == f"refused: {NOT_A_WORKER}"
     handler.after_write(f)
-    assert _alive(stranger)
+    assert alive(stranger)

@@ -5,71 +5,16 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
-import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from rankguard.ft.kill import DumpPolicy, OwnedWorkers
 from rankguard.heartbeat.relay import StoreRelay, request_kill
 from rankguard.schema.layout import StoreKeys
+from tests.factories import Children, DictStore, alive
 
 RUN = "run-forged"
-PLAIN_CHILD = 'import time\nprint("ready", flush=True)\ntime.sleep(60)\n'
-
-
-class DictStore:
-    """The few TCPStore calls the relay makes, in memory."""
-
-    def __init__(self) -> None:
-        self.data: dict[str, Any] = {}
-
-    def set(self, key: str, value: Any) -> None:
-        self.data[key] = value
-
-    def get(self, key: str) -> Any:
-        return self.data[key]
-
-    def check(self, keys: list[str]) -> bool:
-        return all(k in self.data for k in keys)
-
-    def delete_key(self, key: str) -> bool:
-        return self.data.pop(key, None) is not None
-
-
-def _alive(proc: subprocess.Popen[str], wait_s: float = 0.3) -> bool:
-    try:
-        proc.wait(timeout=wait_s)
-    except subprocess.TimeoutExpired:
-        return True
-    return False
-
-
-@pytest.fixture
-def spawn() -> Iterator[Callable[[], subprocess.Popen[str]]]:
-    children: list[subprocess.Popen[str]] = []
-
-    def start() -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", PLAIN_CHILD], stdout=subprocess.PIPE, text=True
-        )
-        children.append(proc)
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "ready"
-        return proc
-
-    try:
-        yield start
-    finally:
-        for proc in children:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=10)
-            if proc.stdout is not None:
-                proc.stdout.close()
 
 
 def _relay(tmp_path: Path, store: DictStore, workers: OwnedWorkers | None) -> StoreRelay:
@@ -85,9 +30,9 @@ def _relay(tmp_path: Path, store: DictStore, workers: OwnedWorkers | None) -> St
 
 
 def test_relay_refuses_forged_kill_requests(
-    tmp_path: Path, spawn: Callable[[], Any], caplog: pytest.LogCaptureFixture
+    tmp_path: Path, children: Children, caplog: pytest.LogCaptureFixture
 ) -> None:
-    worker, stranger = spawn(), spawn()
+    worker, stranger = children.start(), children.start()
     workers = OwnedWorkers()
     workers.set([worker.pid])
     store = DictStore()
@@ -103,7 +48,7 @@ def test_relay_refuses_forged_kill_requests(
         request_kill(store, RUN, 1, [target])
         relay.push_once()
         assert not store.check([StoreKeys(RUN).kill(1)])  # consumed
-    assert _alive(stranger) and _alive(worker)
+    assert alive(stranger) and alive(worker)
     refused = [r.getMessage() for r in caplog.records if "refused to kill" in r.getMessage()]
     assert len(refused) == 4
     assert f"rank 3 (pid {stranger.pid})" in refused[3]
@@ -111,19 +56,17 @@ def test_relay_refuses_forged_kill_requests(
     assert not any("killed rank" in r.getMessage() for r in caplog.records)
 
 
-def test_relay_without_the_agent_registry_kills_nothing(
-    tmp_path: Path, spawn: Callable[[], Any]
-) -> None:
-    child = spawn()
+def test_relay_without_the_agent_registry_kills_nothing(tmp_path: Path, children: Children) -> None:
+    child = children.start()
     store = DictStore()
     relay = _relay(tmp_path, store, None)
     request_kill(store, RUN, 1, [{"rank": 0, "pid": child.pid, "kill": True}])
     relay.push_once()
-    assert _alive(child)
+    assert alive(child)
 
 
-def test_relay_still_kills_its_worker(tmp_path: Path, spawn: Callable[[], Any]) -> None:
-    worker, stranger = spawn(), spawn()
+def test_relay_still_kills_its_worker(tmp_path: Path, children: Children) -> None:
+    worker, stranger = children.start(), children.start()
     workers = OwnedWorkers()
     workers.set([worker.pid])
     store = DictStore()
@@ -137,7 +80,7 @@ def test_relay_still_kills_its_worker(tmp_path: Path, spawn: Callable[[], Any]) 
     relay.push_once()
     # signalled (the dump signal alone ends this child: it has no dump handler)
     assert worker.wait(timeout=5) < 0
-    assert _alive(stranger)  # listed for a dump only, and not ours: no signal at all
+    assert alive(stranger)  # listed for a dump only, and not ours: no signal at all
 
 
 def test_malformed_request_is_dropped(tmp_path: Path) -> None:
