@@ -150,6 +150,10 @@ class JobMonitor:
         """See :meth:`HeartbeatRules.note_restart`."""
         self.rules.note_restart(reason)
 
+    def note_root_cause(self, rank: int, pid: int | None) -> None:
+        """See :meth:`HeartbeatRules.note_root_cause`."""
+        self.rules.note_root_cause(rank, pid)
+
     def note_shutdown(self, reason: str) -> None:
         """See :meth:`HeartbeatRules.note_shutdown` (safe from a signal handler)."""
         self.rules.note_shutdown(reason)

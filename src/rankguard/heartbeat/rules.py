@@ -105,6 +105,7 @@ class HeartbeatRules:
         self.ignored_records = 0
         self.last_ignored: str | None = None
         self.rank_errors = 0  # evaluations of one rank that raised (logged, skipped)
+        self.root_cause: tuple[int, int | None] | None = None  # from the agent
         self.findings_total = 0
         self._never_seen_fired: set[int] = set()
         self._first_sighting: float | None = None
@@ -172,6 +173,7 @@ class HeartbeatRules:
                 self.first_failure = None  # the failed rank was restarted: episode over
             if had_process:
                 self.restarting = None  # the new worker group is up
+                self.root_cause = None
         state.record = record
         state.seen_at = now
         if self._first_sighting is None:
@@ -179,6 +181,13 @@ class HeartbeatRules:
         if record.event is Event.PROCESS_START or state.start_wall_ns is None:
             state.start_wall_ns = record.wall_time_ns
         return True
+
+    def note_root_cause(self, rank: int, pid: int | None) -> None:
+        """This node's agent saw its worker group fail and names ``rank`` (``pid``) as
+        the root cause from the exit codes: among ranks ended in the same scan, it is
+        blamed first (a rank SIGKILLed from outside and a peer that died in the
+        broken collective both end without a record saying why)."""
+        self.root_cause = (rank, pid)
 
     def note_restart(self, reason: str) -> None:
         """The worker group is being restarted: exits until new processes appear are
@@ -245,7 +254,7 @@ class HeartbeatRules:
                     findings.append(self._never_seen(rank, waited))
         # Earliest failure first: when a rank fails, its peers fail in their next
         # collective or are terminated by the launcher: consequences, not culprits.
-        for state in sorted(self.ranks.values(), key=_failure_order):
+        for state in sorted(self.ranks.values(), key=self._failure_order):
             if state.record is None:
                 continue
             try:  # each rank in isolation: one rank's surprise never hides the others
@@ -258,6 +267,26 @@ class HeartbeatRules:
         findings.extend(self._attribute_stalls(now))
         self.findings_total += len(findings)
         return findings
+
+    def _failure_order(self, state: RankState) -> tuple[int, int]:
+        """Which ended rank is the likelier cause, first: the agent's root cause, then a
+        rank that raised its own error, then one that vanished (SIGKILL, hard crash),
+        then one whose error says a peer went away (its collective broke because another
+        rank died); each by the time of its end record."""
+        rec = state.record
+        if rec is None:
+            return 0, 0
+        info = rec.exit or {}
+        root = self.root_cause
+        if rec.ended and root is not None and root[0] == state.rank and root[1] in (None, rec.pid):
+            kind = -1
+        elif info.get("vanished"):
+            kind = 1
+        elif _PEER_FAILURE.search(str(info.get("error") or "")):
+            kind = 2
+        else:
+            kind = 0
+        return kind, rec.wall_time_ns
 
     def _attribute_stalls(self, now: float) -> list[Finding]:
         """Name the culprit of a stall, not its victims.
@@ -532,24 +561,6 @@ _PEER_FAILURE = re.compile(
     r"ECONNRESET|Connection refused|Timed out waiting .* for peer",
     re.IGNORECASE,
 )
-
-
-def _failure_order(state: RankState) -> tuple[int, int]:
-    """Which ended rank is the likelier cause, first: a rank that raised its own error,
-    then one that vanished (SIGKILL, hard crash), then one whose error says a peer went
-    away (its collective broke because another rank died); each by the time of its end
-    record."""
-    rec = state.record
-    if rec is None:
-        return 0, 0
-    info = rec.exit or {}
-    if info.get("vanished"):
-        kind = 1
-    elif _PEER_FAILURE.search(str(info.get("error") or "")):
-        kind = 2
-    else:
-        kind = 0
-    return kind, rec.wall_time_ns
 
 
 def _message(

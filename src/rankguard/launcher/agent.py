@@ -156,6 +156,7 @@ class RankguardAgent(LocalElasticAgent):
         *args: Any,
         on_signal: Callable[[str], None] | None = None,
         on_restart: Callable[[int, dict[str, Any] | None], None] | None = None,
+        on_failure: Callable[[dict[str, Any]], None] | None = None,
         grace_s: float = 30.0,
         **kw: Any,
     ) -> None:
@@ -164,6 +165,7 @@ class RankguardAgent(LocalElasticAgent):
         super().__init__(*args, **kw)
         self._on_signal = on_signal
         self._on_restart = on_restart
+        self._on_failure = on_failure
         self._grace_s = grace_s
         self._cause: dict[str, Any] | None = None
         self.last_failure: dict[str, Any] | None = None
@@ -208,6 +210,11 @@ class RankguardAgent(LocalElasticAgent):
         if result.is_failed() and self.last_failure is None:
             self._add_peer_errors(result, worker_group)
             self.last_failure = first_failure(result)
+            if self.last_failure is not None and self._on_failure is not None:
+                try:  # the monitor names the same culprit (it sees exits, not exit codes)
+                    self._on_failure(self.last_failure)
+                except Exception:
+                    logger.exception("rankguard: failure callback failed")
         return result
 
     def _add_peer_errors(self, result: Any, worker_group: Any) -> None:

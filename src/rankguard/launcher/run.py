@@ -370,6 +370,7 @@ def _agent(
         start_method=start_method,
         on_signal=services.note_shutdown,
         on_restart=services.on_restart,
+        on_failure=services.on_group_failure,
         grace_s=cfg.fault_tolerance.termination_grace_s,
     )
 

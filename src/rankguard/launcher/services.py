@@ -148,6 +148,12 @@ class NodeServices:
         if self.faults is not None:
             self.faults.restarted()
 
+    def on_group_failure(self, root: dict[str, Any]) -> None:
+        """The agent saw the worker group fail; ``root`` is its root cause (exit codes and
+        error files: a rank killed by a signal before its peers' errors)."""
+        if self.monitor is not None and isinstance(root.get("rank"), int):
+            self.monitor.note_root_cause(root["rank"], root.get("pid"))
+
     def _publish_stop(self, stop_at: int, reason: str) -> None:
         if self.relaying:
             publish_control(self.store, self.run_id, stop_at, reason)

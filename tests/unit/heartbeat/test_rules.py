@@ -437,6 +437,32 @@ def test_a_killed_rank_is_blamed_not_the_peer_whose_collective_broke() -> None:
     assert rules.ranks[0].record.exit["after_failure_of_rank"] == 1
 
 
+def test_the_agents_root_cause_is_blamed_among_vanished_ranks() -> None:
+    # ranks 1 and 2 both vanished in one scan; the agent's exit codes say rank 2 was
+    # killed first (rank 1 died in the broken collective without a record)
+    rules = _rules(world=3)
+    for rank in (0, 1, 2):
+        assert rules.ingest(rec(rank, 0, t=1.0), 1.0)
+    rules.note_root_cause(2, 1002)
+    rules.ingest(vanished_record(rec(1, 0, t=1.0)), 6.0)
+    rules.ingest(vanished_record(rec(2, 0, t=1.0)), 6.0)
+    assert types_of(rules.evaluate(6.5)) == [(2, PROCESS_EXITED)]
+    assert rules.ranks[1].record is not None
+    assert rules.ranks[1].record.exit["after_failure_of_rank"] == 2
+
+
+def test_a_root_cause_for_another_pid_is_ignored() -> None:
+    rules = _rules(world=2)
+    for rank in (0, 1):
+        assert rules.ingest(rec(rank, 0, t=1.0), 1.0)
+    rules.note_root_cause(1, 99)  # a process of rank 1 that is not this one
+    end0 = rec(0, 1, event="process_end", t=4.0)
+    end0["exit"] = {"clean": False, "exit_code": 1, "error": "ValueError: bad batch"}
+    rules.ingest(end0, 6.0)
+    rules.ingest(vanished_record(rec(1, 0, t=1.0)), 6.0)
+    assert types_of(rules.evaluate(6.5)) == [(0, PROCESS_EXITED)]
+
+
 def test_an_own_error_is_blamed_before_a_vanished_peer() -> None:
     rules = _rules(world=2)
     assert rules.ingest(rec(1, 0, t=1.0), 1.0)
