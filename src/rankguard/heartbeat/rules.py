@@ -297,7 +297,9 @@ class HeartbeatRules:
         (stale, failed, or flagged as stalled) and it is among the furthest behind;
         the others are marked stalled with ``blocked_by`` naming the culprits. When all
         stalled ranks are equally far (a hang before the collective, a collective
-        hang), all of them are reported: their heartbeats cannot tell them apart.
+        hang), all of them are reported, unless their main threads tell them apart:
+        ranks waiting inside a ``torch.distributed`` collective are blocked by those
+        outside it.
         A victim whose culprits recovered gets one more progress timeout to resume
         before it is reported in its own right.
         """
@@ -316,6 +318,11 @@ class HeartbeatRules:
         # may come later, through the relay of another node).
         live = [s for s in self.ranks.values() if s.liveness is Liveness.ALIVE]
         lowest = min(_seq(s) for s in live or stalled)
+        # Equally far behind, but some ranks wait inside a collective and others do
+        # not: those waiting wait for the others (a hang before the collective).
+        behind = [t for t in live if _seq(t) == lowest]
+        outside = sorted(t.rank for t in behind if not _in_collective(t))
+        split = bool(outside) and len(outside) < len(behind)
         out: list[Finding] = []
         for s in sorted(stalled, key=lambda st: st.rank):
             if FindingType.PROGRESS_TIMEOUT in s.active:
@@ -324,6 +331,8 @@ class HeartbeatRules:
             others = [r for r in down if r != s.rank]
             others += [r for r, seq in flagged if r != s.rank and seq < _seq(s)]
             timeout, age = s.stall  # type: ignore[misc]
+            if not others and split and s.rank not in outside:
+                others = outside
             if others or _seq(s) > lowest:
                 s.blocked_by = others or sorted(
                     t.rank for t in live if _seq(t) == lowest and t.rank != s.rank
@@ -547,6 +556,15 @@ class HeartbeatRules:
             message=f"rank {rank} has published no heartbeat {waited:.1f}s after the "
             f"job's first rank was seen (initial_process_timeout_s={timeout:g})",
         )
+
+
+# The main thread's innermost Python frame inside torch.distributed's collective calls.
+_COLLECTIVE_FRAME = re.compile(r"^(distributed_c10d|c10d_logger)\.py:\d+ in ")
+
+
+def _in_collective(state: RankState) -> bool:
+    frame = state.record.main_frame if state.record is not None else None
+    return bool(frame and _COLLECTIVE_FRAME.match(frame))
 
 
 def _seq(state: RankState) -> int:

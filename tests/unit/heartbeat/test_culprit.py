@@ -56,3 +56,33 @@ def test_relayed_age_makes_remote_records_age_from_their_creation() -> None:
     rules.evaluate(101.0)
     assert rules.ranks[0].heartbeat_age_s == 3.5
     assert rules.ranks[0].progress_age_s == 4.5
+
+
+def test_a_rank_outside_the_collective_is_the_culprit_of_those_waiting_in_it() -> None:
+    # All at step 5: ranks 0 and 2 wait inside all_reduce, rank 1 sleeps before it.
+    rules = _rules(world=3)
+    feed = Feed(rules)
+    frames = {
+        0: "distributed_c10d.py:2810 in all_reduce",
+        1: "train.py:40 in step",
+        2: "c10d_logger.py:81 in wrapper",
+    }
+    found: list[tuple[int, str]] = []
+    for t in range(0, 30):
+        for rank, frame in frames.items():
+            feed.beat(rank, float(t), progress_seq=5, since=float(t), main_frame=frame)
+        found += types_of(rules.evaluate(t + 0.1))
+    assert found == [(1, "gpu_progress_timeout")]
+    assert rules.ranks[0].blocked_by == [1] and rules.ranks[2].blocked_by == [1]
+
+
+def test_all_waiting_in_the_collective_are_all_reported() -> None:
+    rules = _rules(world=2)
+    feed = Feed(rules)
+    found: list[tuple[int, str]] = []
+    for t in range(0, 30):
+        for rank in (0, 1):
+            frame = "distributed_c10d.py:2810 in all_reduce"
+            feed.beat(rank, float(t), progress_seq=5, since=float(t), main_frame=frame)
+        found += types_of(rules.evaluate(t + 0.1))
+    assert sorted(found) == [(0, "gpu_progress_timeout"), (1, "gpu_progress_timeout")]
