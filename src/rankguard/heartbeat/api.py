@@ -25,8 +25,9 @@ __all__ = ["Evaluator", "FindingSink", "RemoteSource", "StatusSource"]
 
 class RemoteSource(Protocol):
     """Records and health snapshots of other nodes (see :mod:`.relay`). A source may
-    also have ``disks() -> {node_rank: DiskState}``: the nodes' disk states as of the
-    last ``fetch``."""
+    also have ``disks() -> {node_rank: DiskState}`` (the nodes' disk states) and
+    ``shutdowns() -> {node_rank: reason}`` (nodes whose launcher is stopping their
+    workers), as of the last ``fetch``."""
 
     def fetch(self) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]: ...
 

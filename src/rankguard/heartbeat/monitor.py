@@ -322,6 +322,10 @@ class JobMonitor:
         except Exception as exc:
             logger.warning("rankguard monitor: cannot read relayed heartbeats: %s", exc)
             return
+        shutdowns = getattr(self.remote, "shutdowns", None)
+        if callable(shutdowns):  # before their exits: a stopped node's ranks did not fail
+            for node, reason in sorted(shutdowns().items()):
+                self.rules.note_shutdown(f"node {node}'s launcher received {reason}")
         for raw in records:
             record = self.rules.accept(raw)
             if record is None:

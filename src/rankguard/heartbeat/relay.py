@@ -96,6 +96,8 @@ class StoreRelay:
         self._started: dict[int, int] = {}  # rank -> start time (ns) of its latest process
         self._tailers: dict[str, JsonlTailer] = {}
         self._stop = threading.Event()
+        self._wake = threading.Event()  # push now (the launcher is stopping the node)
+        self.shutdown: str | None = None  # why this node's launcher stops its workers
         self._thread: threading.Thread | None = None
         self._control_done = False
 
@@ -114,8 +116,20 @@ class StoreRelay:
         except Exception as exc:
             logger.warning("rankguard relay: cannot mark node %d done: %s", self.node_rank, exc)
 
+    def note_shutdown(self, reason: str) -> None:
+        """This node's launcher is stopping its workers (a signal): node 0 must know
+        before their exits reach it, so they are not taken for failures. Only sets
+        flags (safe from a signal handler); the relay thread pushes at once."""
+        if self.shutdown is None:
+            self.shutdown = reason
+        self._wake.set()
+
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while not self._stop.is_set():
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
             self.push_once()
 
     def _collect(self) -> None:
@@ -215,6 +229,7 @@ class StoreRelay:
                 "records": records,
                 "health": self._health(),
                 "disk": disk_state(self.run_dir).to_dict(),
+                "shutdown": self.shutdown,
             }
             self.store.set(self.keys.heartbeats(self.node_rank), json.dumps(payload))
             self.pushes += 1
@@ -232,7 +247,12 @@ class StoreRemoteSource:
         self.run_id = run_id
         self.keys = StoreKeys(run_id)
         self.nodes = list(range(1, nnodes))
+        self._shutdowns: dict[int, str] = {}
         self._disks: dict[int, DiskState] = {}
+
+    def shutdowns(self) -> dict[int, str]:
+        """Nodes whose launcher is stopping their workers, and why (last :meth:`fetch`)."""
+        return dict(self._shutdowns)
 
     def disks(self) -> dict[int, DiskState]:
         """Each node's disk state as of the last :meth:`fetch` (nodes that said)."""
@@ -249,6 +269,8 @@ class StoreRemoteSource:
             records.extend(payload.get("records") or [])
             if payload.get("health"):
                 health[node] = payload["health"]
+            if isinstance(payload.get("shutdown"), str):
+                self._shutdowns[node] = payload["shutdown"][:200]
             disk = DiskState.from_dict(payload.get("disk"))
             if disk is not None:
                 self._disks[node] = disk

@@ -218,6 +218,8 @@ class NodeServices:
         """The launcher stops the workers (e.g. it received ``reason``, a signal name)."""
         if self.monitor is not None:
             self.monitor.note_shutdown(f"launcher received {reason}")
+        if self.relay is not None:
+            self.relay.note_shutdown(reason)
 
     def stop(self) -> dict[str, Any] | None:
         """Stop everything; on node 0 return the monitor's final status."""

@@ -278,3 +278,84 @@ def test_relay_carries_the_nodes_disk_state(
     records, _ = source.fetch()
     assert source.disks() == {1: full}
     assert [r["rank"] for r in records] == [2]
+
+
+def test_a_stopped_nodes_exits_are_not_failures(tmp_path: Path) -> None:
+    """Node 1's launcher got SIGTERM: its relay says so at once, and node 0's monitor
+    takes the exits of node 1's ranks (and of its own, whose collective broke) for the
+    shutdown's doing, not for failures."""
+    import os
+
+    from rankguard.heartbeat.monitor import JobMonitor
+    from tests.factories import DictStore, FakeClock, heartbeat_config
+
+    run = "run-stop"
+    node1, node0 = tmp_path / "n1", tmp_path / "n0"
+    node1.mkdir()
+    store = DictStore()
+    relay = StoreRelay(store, node1, run, node_rank=1, interval_s=60.0)  # this process: rank 1
+    source = StoreRemoteSource(store, run, nnodes=2)
+    mon = JobMonitor(
+        heartbeat_config(),
+        node0,
+        run,
+        expected_world_size=2,
+        remote=source,
+        clock=FakeClock(0.0),
+        check_pids=False,
+    )
+    base = {"run_id": run, "world_size": 2, "event": "heartbeat", "progress_seq": 3}
+    (node0 / heartbeat_file_name(0, 100)).write_text(
+        json.dumps({**base, "rank": 0, "pid": 100, "seq": 0, "node_rank": 0, "hostname": "a"})
+        + "\n"
+    )
+    (node1 / heartbeat_file_name(1, os.getpid())).write_text(
+        json.dumps(
+            {**base, "rank": 1, "pid": os.getpid(), "seq": 0, "node_rank": 1, "hostname": "b"}
+        )
+        + "\n"
+    )
+    relay.push_once()
+    mon.scan_once()
+    relay.note_shutdown("SIGTERM")
+    end = {"event": "process_end", "exit": {"clean": False, "exit_code": -15, "error": "x"}}
+    with open(node1 / heartbeat_file_name(1, os.getpid()), "a") as fh:
+        fh.write(
+            json.dumps(
+                {
+                    **base,
+                    "rank": 1,
+                    "pid": os.getpid(),
+                    "seq": 1,
+                    "node_rank": 1,
+                    "hostname": "b",
+                    **end,
+                }
+            )
+            + "\n"
+        )
+    with open(node0 / heartbeat_file_name(0, 100), "a") as fh:
+        fh.write(
+            json.dumps(
+                {
+                    **base,
+                    "rank": 0,
+                    "pid": 100,
+                    "seq": 1,
+                    "node_rank": 0,
+                    "hostname": "a",
+                    **end,
+                    "exit": {"clean": False, "exit_code": 1, "error": "Connection closed by peer"},
+                }
+            )
+            + "\n"
+        )
+    relay.push_once()
+    assert mon.scan_once() == []
+    assert mon.rules.rank_errors == 0, mon.rules.rank_errors
+    assert source.shutdowns() == {1: "SIGTERM"}
+    assert mon.status["state"] == "stopped"
+    assert mon.rules.ranks[1].record is not None
+    assert (
+        mon.rules.ranks[1].record.exit.get("after_shutdown") == "node 1's launcher received SIGTERM"
+    ), mon.rules.ranks[1].record.exit
