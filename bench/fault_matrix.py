@@ -33,8 +33,8 @@ Fault kinds and the verdict each case expects (finding type on (node, local rank
   scan raise), then a rank stalls -> the stall should still be found
   (``gpu_progress_timeout``);
 - ``disk_full``: the log directory is a 2 MiB tmpfs, filled mid-run for 10 s then freed
-  -> no rank blamed (the desired behaviour: a full disk is reported as such, not as
-  dead ranks);
+  -> no rank blamed as dead or hung: the ranks that could not write their heartbeats
+  long enough are ``node_disk_full`` (reported, not killed), and the training completes;
 - ``corrupt_line``: four bad lines (not JSON, binary, a JSON record with fields missing,
   a record of another run) appended to a rank's heartbeat file -> no finding, job
   completes;
@@ -763,6 +763,10 @@ def evaluate(
     if c.kind == "relay_death" and not any(la.first("thread dies now") for la in launchers):
         res.note += "the relay thread was not killed; "
     res.right = sorted(set(res.observed)) == sorted(set(res.expected))
+    if c.kind == "disk_full":
+        # Right: the ranks that could not write long enough to look dead are reported
+        # as on a full disk (node_disk_full), none as dead, and the training completes.
+        res.right = all(o[0] == "node_disk_full" for o in res.observed) and bool(res.completed)
     if c.kind in ("corrupt_line", "long_line", "clock_jump", "clean"):
         res.right = res.right and bool(res.completed)
     if c.expected and inject_t is not None:
@@ -834,7 +838,7 @@ def summarize(results: list[Result]) -> dict[str, Any]:
         k["detected"] = len(d)
         k["median_detect_s"] = round(statistics.median(d), 2) if d else None
         k["max_detect_s"] = max(d) if d else None
-    no_finding_kinds = {"corrupt_line", "long_line", "clock_jump", "launcher_sigterm", "disk_full"}
+    no_finding_kinds = {"corrupt_line", "long_line", "clock_jump", "launcher_sigterm"}
     return {
         "fault_cases": len(faults),
         "clean_runs": len(clean),
