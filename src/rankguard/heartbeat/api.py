@@ -27,7 +27,8 @@ class RemoteSource(Protocol):
     """Records and health snapshots of other nodes (see :mod:`.relay`). A source may
     also have ``disks() -> {node_rank: DiskState}`` (the nodes' disk states) and
     ``shutdowns() -> {node_rank: reason}`` (nodes whose launcher is stopping their
-    workers), as of the last ``fetch``."""
+    workers) and ``root_causes() -> {node_rank: (rank, pid)}`` (what a node's agent
+    found from its workers' exit codes), as of the last ``fetch``."""
 
     def fetch(self) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]: ...
 

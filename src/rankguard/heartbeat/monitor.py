@@ -322,6 +322,10 @@ class JobMonitor:
         except Exception as exc:
             logger.warning("rankguard monitor: cannot read relayed heartbeats: %s", exc)
             return
+        root_causes = getattr(self.remote, "root_causes", None)
+        if callable(root_causes):  # another node's agent saw its workers fail
+            for rank, pid in root_causes().values():
+                self.rules.note_root_cause(rank, pid)
         shutdowns = getattr(self.remote, "shutdowns", None)
         if callable(shutdowns):  # before their exits: a stopped node's ranks did not fail
             for node, reason in sorted(shutdowns().items()):

@@ -98,6 +98,7 @@ class StoreRelay:
         self._stop = threading.Event()
         self._wake = threading.Event()  # push now (the launcher is stopping the node)
         self.shutdown: str | None = None  # why this node's launcher stops its workers
+        self.root_cause: tuple[int, int | None] | None = None  # from this node's agent
         self._thread: threading.Thread | None = None
         self._control_done = False
 
@@ -122,6 +123,12 @@ class StoreRelay:
         flags (safe from a signal handler); the relay thread pushes at once."""
         if self.shutdown is None:
             self.shutdown = reason
+        self._wake.set()
+
+    def note_root_cause(self, rank: int, pid: int | None) -> None:
+        """This node's agent saw its workers fail and names ``rank`` from their exit
+        codes: node 0 orders the exits it sees by it. The relay thread pushes at once."""
+        self.root_cause = (rank, pid)
         self._wake.set()
 
     def _loop(self) -> None:
@@ -230,6 +237,7 @@ class StoreRelay:
                 "health": self._health(),
                 "disk": disk_state(self.run_dir).to_dict(),
                 "shutdown": self.shutdown,
+                "root_cause": list(self.root_cause) if self.root_cause else None,
             }
             self.store.set(self.keys.heartbeats(self.node_rank), json.dumps(payload))
             self.pushes += 1
@@ -248,7 +256,12 @@ class StoreRemoteSource:
         self.keys = StoreKeys(run_id)
         self.nodes = list(range(1, nnodes))
         self._shutdowns: dict[int, str] = {}
+        self._root_causes: dict[int, tuple[int, int | None]] = {}
         self._disks: dict[int, DiskState] = {}
+
+    def root_causes(self) -> dict[int, tuple[int, int | None]]:
+        """Each node's agent's root cause of its failed workers (last :meth:`fetch`)."""
+        return dict(self._root_causes)
 
     def shutdowns(self) -> dict[int, str]:
         """Nodes whose launcher is stopping their workers, and why (last :meth:`fetch`)."""
@@ -269,6 +282,9 @@ class StoreRemoteSource:
             records.extend(payload.get("records") or [])
             if payload.get("health"):
                 health[node] = payload["health"]
+            root = payload.get("root_cause")
+            if isinstance(root, list) and len(root) == 2 and type(root[0]) is int:
+                self._root_causes[node] = (root[0], root[1] if type(root[1]) is int else None)
             if isinstance(payload.get("shutdown"), str):
                 self._shutdowns[node] = payload["shutdown"][:200]
             disk = DiskState.from_dict(payload.get("disk"))

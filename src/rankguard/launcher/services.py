@@ -151,8 +151,14 @@ class NodeServices:
     def on_group_failure(self, root: dict[str, Any]) -> None:
         """The agent saw the worker group fail; ``root`` is its root cause (exit codes and
         error files: a rank killed by a signal before its peers' errors)."""
-        if self.monitor is not None and isinstance(root.get("rank"), int):
-            self.monitor.note_root_cause(root["rank"], root.get("pid"))
+        rank, pid = root.get("rank"), root.get("pid")
+        if not isinstance(rank, int):
+            return
+        pid = pid if isinstance(pid, int) else None
+        if self.monitor is not None:
+            self.monitor.note_root_cause(rank, pid)
+        if self.relay is not None:  # node 0 sees this node's exits, not their exit codes
+            self.relay.note_root_cause(rank, pid)
 
     def _publish_stop(self, stop_at: int, reason: str) -> None:
         if self.relaying:

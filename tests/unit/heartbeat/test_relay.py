@@ -359,3 +359,18 @@ def test_a_stopped_nodes_exits_are_not_failures(tmp_path: Path) -> None:
     assert (
         mon.rules.ranks[1].record.exit.get("after_shutdown") == "node 1's launcher received SIGTERM"
     ), mon.rules.ranks[1].record.exit
+
+
+def test_another_nodes_root_cause_reaches_node_0(tmp_path: Path) -> None:
+    from tests.factories import DictStore
+
+    store = DictStore()
+    relay = StoreRelay(store, tmp_path, "run-rc", node_rank=1, interval_s=60.0)
+    source = StoreRemoteSource(store, "run-rc", nnodes=2)
+    relay.push_once()
+    source.fetch()
+    assert source.root_causes() == {}
+    relay.note_root_cause(3, 4242)  # node 1's agent: rank 3 was killed by a signal
+    relay.push_once()
+    source.fetch()
+    assert source.root_causes() == {1: (3, 4242)}
