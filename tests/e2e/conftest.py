@@ -46,6 +46,50 @@ def fast_sets() -> list[str]:
     return out
 
 
+def node_run(node: int, port: int, run_id: str, log_dir: Path, *, nproc: int = 2) -> list[str]:
+    """``run`` as node ``node`` of two agents on loopback (own log dir), FAST settings."""
+    return [
+        "run",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        str(nproc),
+        "--node-rank",
+        str(node),
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        run_id,
+        "--log-dir",
+        str(log_dir),
+        *fast_sets(),
+    ]
+
+
+def run_nodes(
+    cmds: dict[int, list[str]], timeout_s: float
+) -> tuple[dict[int, str], dict[int, int | None]]:
+    """Run one command per node at once; each node's output and exit code."""
+    procs = {
+        node: subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        for node, cmd in cmds.items()
+    }
+    outs: dict[int, str] = {}
+    for node, proc in procs.items():
+        try:
+            outs[node], _ = proc.communicate(timeout=timeout_s)
+        finally:
+            proc.kill()
+    return outs, {node: proc.returncode for node, proc in procs.items()}
+
+
 def standalone_run(run_id: str, log_dir: Path, *, nproc: int = 2) -> list[str]:
     """``run`` on one node with ``nproc`` ranks, this run id and log dir, FAST settings."""
     return [

@@ -3,13 +3,19 @@ through the rendezvous store."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from .conftest import fast_sets, free_port, heartbeat_files, rankguard_cmd, read_jsonl, read_status
+from .conftest import (
+    free_port,
+    heartbeat_files,
+    node_run,
+    rankguard_cmd,
+    read_jsonl,
+    read_status,
+    run_nodes,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 
@@ -19,23 +25,10 @@ def test_two_nodes_without_shared_fs_report_a_node1_stall_on_node0(
 ) -> None:
     port = free_port()
     logs = {n: tmp_path / f"node{n}" for n in (0, 1)}
-    procs = {}
+    cmds = {}
     for node in (0, 1):
-        cmd = rankguard_cmd(
-            "run",
-            "--nnodes",
-            "2",
-            "--nproc-per-node",
-            "2",
-            "--node-rank",
-            str(node),
-            "--rdzv-endpoint",
-            f"127.0.0.1:{port}",
-            "--rdzv-id",
-            run_id,
-            "--log-dir",
-            str(logs[node]),
-            *fast_sets(),
+        cmds[node] = rankguard_cmd(
+            *node_run(node, port, run_id, logs[node]),
             "-m",
             "rankguard.demo.train",
             "--steps",
@@ -53,22 +46,9 @@ def test_two_nodes_without_shared_fs_report_a_node1_stall_on_node0(
             "--fault-duration",
             "7",
         )
-        procs[node] = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-    outs = {}
-    for node, proc in procs.items():
-        try:
-            outs[node], _ = proc.communicate(timeout=120)
-        finally:
-            proc.kill()
+    outs, codes = run_nodes(cmds, timeout_s=120)
     both = "\n".join(f"--- node {n}\n{o}" for n, o in outs.items())
-    assert procs[0].returncode == 0 and procs[1].returncode == 0, both
+    assert codes[0] == 0 and codes[1] == 0, both
 
     run0 = logs[0] / "heartbeat" / run_id
     run1 = logs[1] / "heartbeat" / run_id

@@ -3,13 +3,11 @@ node 1's relay dumps its stacks with the configured method, then kills it."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from .conftest import fast_sets, free_port, no_leftover_workers, rankguard_cmd, read_jsonl
+from .conftest import free_port, no_leftover_workers, node_run, rankguard_cmd, read_jsonl, run_nodes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
@@ -19,23 +17,10 @@ def test_hang_on_node1_is_dumped_there_with_the_configured_method_then_killed(
 ) -> None:
     port = free_port()
     logs = {n: tmp_path / f"node{n}" for n in (0, 1)}
-    procs = {}
+    cmds = {}
     for node in (0, 1):
-        cmd = rankguard_cmd(
-            "run",
-            "--nnodes",
-            "2",
-            "--nproc-per-node",
-            "2",
-            "--node-rank",
-            str(node),
-            "--rdzv-endpoint",
-            f"127.0.0.1:{port}",
-            "--rdzv-id",
-            run_id,
-            "--log-dir",
-            str(logs[node]),
-            *fast_sets(),
+        cmds[node] = rankguard_cmd(
+            *node_run(node, port, run_id, logs[node]),
             "--set",
             "fault_tolerance.enable_ft_package=true",
             "--set",
@@ -62,21 +47,8 @@ def test_hang_on_node1_is_dumped_there_with_the_configured_method_then_killed(
             "--fault-duration",
             "600",
         )
-        procs[node] = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-    outs = {}
-    for node, proc in procs.items():
-        try:
-            outs[node], _ = proc.communicate(timeout=75)
-        finally:
-            proc.kill()
-    both = "\n".join(f"--- node {n} (exit {procs[n].returncode})\n{o}" for n, o in outs.items())
+    outs, codes = run_nodes(cmds, timeout_s=75)
+    both = "\n".join(f"--- node {n} (exit {codes[n]})\n{o}" for n, o in outs.items())
 
     run0 = logs[0] / "heartbeat" / run_id
     run1 = logs[1] / "heartbeat" / run_id
@@ -104,5 +76,5 @@ def test_hang_on_node1_is_dumped_there_with_the_configured_method_then_killed(
     killed_at = out1.find(f"rankguard relay: killed rank {culprit} (pid {pid}) on request")
     assert 0 <= dumped_at < killed_at, both
     # no restart budget: the hang ends the job with the hang's exit code
-    assert procs[0].returncode == 10, both
+    assert codes[0] == 10, both
     assert no_leftover_workers(run_id)

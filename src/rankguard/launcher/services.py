@@ -149,10 +149,12 @@ class NodeServices:
             self.faults.restarted()
 
     def on_group_failure(self, root: dict[str, Any]) -> None:
-        """The agent saw the worker group fail; ``root`` is its root cause (exit codes and
-        error files: a rank killed by a signal before its peers' errors)."""
+        """The agent saw this node's worker group fail; ``root`` is its root cause (exit
+        codes and error files: a rank killed by a signal before its peers' errors)."""
         rank, pid = root.get("rank"), root.get("pid")
-        if not isinstance(rank, int):
+        if not isinstance(rank, int) or not root.get("signal"):
+            # Only a signal is news to the monitor (it sees a killed rank vanish, like
+            # its peers); an error exit it orders better itself, with every node's view.
             return
         pid = pid if isinstance(pid, int) else None
         if self.monitor is not None:

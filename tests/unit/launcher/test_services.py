@@ -52,3 +52,25 @@ def test_a_restart_that_cannot_be_written_is_kept_and_retried(
     assert "unwritten_restarts" not in fields
     assert [r["restart"] for r in read_jsonl(tmp_path / RESTARTS_FILE)] == [1, 2]
     assert read_jsonl(tmp_path / RESTARTS_FILE)[0]["cause"] == "gpu_progress_timeout"
+
+
+def test_only_a_killed_ranks_root_cause_is_passed_to_the_monitor(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    noted: list[tuple[int, int | None]] = []
+    svc = NodeServices(
+        cfg=RankguardConfig(),
+        run_dir=tmp_path,
+        run_id="r",
+        node_rank=0,
+        nnodes=1,
+        expected_world_size=2,
+    )
+    svc.monitor = SimpleNamespace(  # type: ignore[assignment]
+        note_root_cause=lambda rank, pid: noted.append((rank, pid))
+    )
+    # an error exit: the monitor orders those itself, with every node's records
+    svc.on_group_failure({"rank": 1, "pid": 11, "exit_code": 1, "signal": None})
+    assert noted == []
+    svc.on_group_failure({"rank": 2, "pid": 12, "exit_code": -9, "signal": "SIGKILL"})
+    assert noted == [(2, 12)]
