@@ -28,17 +28,17 @@ from rankguard.schema.layout import (
     FINDINGS_FILE,
     HEALTH_FILE_RE,
     HEARTBEAT_FILE_RE,
+    HEARTBEAT_ROOT,
     LAUNCHER_FILE_RE,
     PERF_LOG_FILE,
     PERF_RANKS_FILE,
+    PERF_ROOT,
     PERF_SUMMARY_GLOB,
     STATUS_FILE,
 )
 
 __all__ = ["ProcessSpan", "ReportUnavailable", "RunData", "load_run", "parse_time", "resolve_run"]
 
-HEARTBEAT_ROOT = "heartbeat"
-PERF_ROOT = "perf_monitor"
 _TAIL_BYTES = 64 * 1024
 
 
@@ -228,7 +228,8 @@ def _first_and_last(path: Path) -> tuple[dict[str, Any] | None, dict[str, Any] |
 
 def _process_spans(hb_dir: Path, problems: list[str]) -> list[ProcessSpan]:
     spans: list[ProcessSpan] = []
-    for path in sorted(hb_dir.glob("rank_*_pid_*.heartbeat.jsonl")):
+    names = sorted(os.listdir(hb_dir)) if hb_dir.is_dir() else []
+    for path in (hb_dir / n for n in names):
         m = HEARTBEAT_FILE_RE.match(path.name)
         if m is None:
             continue

@@ -35,11 +35,13 @@ __all__ = [
     "FT_STATE_FILE",
     "HEALTH_FILE_RE",
     "HEARTBEAT_FILE_RE",
+    "HEARTBEAT_ROOT",
     "HEARTBEAT_SUFFIX",
     "LAUNCHER_FILE_RE",
     "PERF_JOB_FILE",
     "PERF_LOG_FILE",
     "PERF_RANKS_FILE",
+    "PERF_ROOT",
     "PERF_SUMMARY_GLOB",
     "PERF_SUMMARY_PREFIX",
     "RESTARTS_FILE",
@@ -56,6 +58,8 @@ __all__ = [
     "stack_file_name",
 ]
 
+HEARTBEAT_ROOT = "heartbeat"  # <log_dir>/heartbeat/<run_id>: the run directories
+PERF_ROOT = "perf_monitor"  # <log_dir>/perf_monitor/<run_id>: rank 0's perf files
 STATUS_FILE = "status.json"
 FINDINGS_FILE = "findings.jsonl"
 RESTARTS_FILE = "restarts.jsonl"
@@ -92,12 +96,12 @@ def stack_file_name(rank: int, pid: int) -> str:
 
 def run_dir(log_dir: str | Path, run_id: str) -> Path:
     """The node-local run directory ``<log_dir>/heartbeat/<run_id>`` (absolute)."""
-    return Path(log_dir).resolve() / "heartbeat" / run_id
+    return Path(log_dir).resolve() / HEARTBEAT_ROOT / run_id
 
 
 def perf_dir(log_dir: str | Path, run_id: str) -> Path:
     """Rank 0's performance files: ``<log_dir>/perf_monitor/<run_id>``."""
-    return Path(log_dir) / "perf_monitor" / run_id
+    return Path(log_dir) / PERF_ROOT / run_id
 
 
 def ft_state_dir(log_dir: str | Path, state_dir: str | None) -> Path:
