@@ -232,7 +232,7 @@ _SPECS = {spec.name: spec for spec in METRICS}
 
 
 class FindingCounts:
-    """Findings seen so far, by ``finding_type``; fed by ``JobMonitor.on_finding``."""
+    """Findings seen so far, by ``finding_type``; fed by the exporter's finding sink."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

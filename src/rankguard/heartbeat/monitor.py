@@ -551,10 +551,10 @@ class JobMonitor:
             "stragglers": None,  # a stable key, filled by the straggler evaluator when on
             **{e.name: e.status() for e in self._evaluators},
             "recent_findings": list(self.recent_findings),
-            **self._extra_status(),
+            **self._status_fields(),
         }
 
-    def _extra_status(self) -> dict[str, Any]:
+    def _status_fields(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for source in self._status_sources:
             try:
