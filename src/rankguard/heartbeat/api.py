@@ -18,21 +18,32 @@ from typing import TYPE_CHECKING, Any, Protocol
 from rankguard.schema.findings import Finding
 
 if TYPE_CHECKING:
+    from rankguard.heartbeat.disk import DiskState
     from rankguard.heartbeat.rules import RankState
 
 __all__ = ["Evaluator", "FindingSink", "RemoteSource", "StatusSource"]
 
 
-class RemoteSource(Protocol):
-    """Records and health snapshots of other nodes (see :mod:`.relay`). A source may
-    also have ``disks() -> {node_rank: DiskState}`` (the nodes' disk states) and
-    ``shutdowns() -> {node_rank: reason}`` (nodes whose launcher is stopping their
-    workers) and ``root_causes() -> {node_rank: (rank, pid)}`` (what a node's agent
-    found from its workers' exit codes), as of the last ``fetch``."""
+class RemoteSource:
+    """What other nodes tell node 0's monitor (see :mod:`.relay`): their records and
+    health snapshots (:meth:`fetch`), and, as of the last fetch, each node's disk state,
+    whether its launcher is stopping its workers, and the root cause its agent found
+    from their exit codes. The last three say nothing by default."""
 
-    def fetch(self) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]: ...
+    def fetch(self) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]:
+        raise NotImplementedError
 
-    def nodes_done(self) -> bool: ...
+    def nodes_done(self) -> bool:
+        raise NotImplementedError
+
+    def disks(self) -> dict[int, DiskState]:
+        return {}
+
+    def shutdowns(self) -> dict[int, str]:
+        return {}
+
+    def root_causes(self) -> dict[int, tuple[int, int | None]]:
+        return {}
 
 
 class Evaluator(Protocol):

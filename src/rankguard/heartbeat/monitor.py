@@ -262,11 +262,10 @@ class JobMonitor:
         local = disk_state(self.run_dir)
         self._disks[0] = local
         self.rules.note_disk(0 if self.remote is not None else None, local, now)
-        disks = getattr(self.remote, "disks", None)
-        if not callable(disks):
+        if self.remote is None:
             return
         try:
-            relayed = dict(disks())
+            relayed = self.remote.disks()
         except Exception as exc:
             logger.warning("rankguard monitor: cannot read relayed disk states: %s", exc)
             return
@@ -322,14 +321,12 @@ class JobMonitor:
         except Exception as exc:
             logger.warning("rankguard monitor: cannot read relayed heartbeats: %s", exc)
             return
-        root_causes = getattr(self.remote, "root_causes", None)
-        if callable(root_causes):  # another node's agent saw its workers fail
-            for rank, pid in root_causes().values():
-                self.rules.note_root_cause(rank, pid)
-        shutdowns = getattr(self.remote, "shutdowns", None)
-        if callable(shutdowns):  # before their exits: a stopped node's ranks did not fail
-            for node, reason in sorted(shutdowns().items()):
-                self.rules.note_shutdown(f"node {node}'s launcher received {reason}")
+        # Before the records: another node's agent named a killed rank; a stopped node's
+        # ranks (and the peers whose collective broke) did not fail.
+        for rank, pid in self.remote.root_causes().values():
+            self.rules.note_root_cause(rank, pid)
+        for node, reason in sorted(self.remote.shutdowns().items()):
+            self.rules.note_shutdown(f"node {node}'s launcher received {reason}")
         for raw in records:
             record = self.rules.accept(raw)
             if record is None:

@@ -42,6 +42,7 @@ from rankguard.ft.kill import (
     WorkerRegistry,
     dump_then_kill,
 )
+from rankguard.heartbeat.api import RemoteSource
 from rankguard.heartbeat.disk import DiskState, disk_state
 from rankguard.heartbeat.procs import pid_running
 from rankguard.heartbeat.tailer import JsonlTailer
@@ -247,7 +248,7 @@ class StoreRelay:
                 logger.warning("rankguard relay: push failed (%d so far): %s", self.errors, exc)
 
 
-class StoreRemoteSource:
+class StoreRemoteSource(RemoteSource):
     """Node 0: read what the relays of nodes 1..nnodes-1 pushed."""
 
     def __init__(self, store: Any, run_id: str, nnodes: int) -> None:

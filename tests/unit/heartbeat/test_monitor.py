@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from rankguard.heartbeat.api import RemoteSource
 from rankguard.heartbeat.monitor import FindingSink, JobMonitor
 from rankguard.schema.findings import Finding
 from rankguard.schema.layout import FINDINGS_FILE, heartbeat_file_name
@@ -240,7 +241,7 @@ def test_other_files_and_other_runs_are_ignored(tmp_path: Path) -> None:
     assert status["monitor"]["ignored_records"] == 1
 
 
-class FakeRemote:
+class FakeRemote(RemoteSource):
     def __init__(self) -> None:
         self.records: list[dict[str, Any]] = []
         self.health: dict[int, dict[str, Any]] = {}

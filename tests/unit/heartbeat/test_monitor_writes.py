@@ -15,6 +15,7 @@ import pytest
 
 import rankguard._fs as fs
 import rankguard.heartbeat.monitor as monitor_mod
+from rankguard.heartbeat.api import RemoteSource
 from rankguard.heartbeat.disk import DiskState
 from rankguard.heartbeat.monitor import FindingSink, JobMonitor
 from rankguard.schema.findings import Finding
@@ -232,7 +233,7 @@ def test_a_full_local_disk_gives_node_disk_full_not_a_timeout(
     assert acted.types == [(1, "node_disk_full")]
 
 
-class DiskRemote:
+class DiskRemote(RemoteSource):
     """Another node's relayed records and its disk state."""
 
     def __init__(self) -> None:
