@@ -126,6 +126,21 @@ def heartbeat_record(
     return r
 
 
+def publisher_record(rank: int, *args: Any, **kw: Any) -> dict[str, Any]:
+    """A record as a GPU rank's publisher writes it (every field it sets), on host
+    ``node-a``, pid ``4000 + rank``, two ranks a node, one second a seq."""
+    defaults: dict[str, Any] = {
+        "seq_step_ns": 1_000_000_000,
+        "hostname": "node-a",
+        "pid_base": 4000,
+        "ranks_per_node": 2,
+        "since": 0.2,
+        "gpu_token": "{rank}",
+        "publisher_fields": True,
+    }
+    return heartbeat_record(rank, *args, **{**defaults, **kw})
+
+
 def write_heartbeats(run_dir: Path, *records: dict[str, Any], raw_tail: str = "") -> None:
     """Append each record to its rank's heartbeat file; ``raw_tail`` goes after the last."""
     for r in records:

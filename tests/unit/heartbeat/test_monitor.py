@@ -16,7 +16,7 @@ from rankguard.heartbeat.api import RemoteSource
 from rankguard.heartbeat.monitor import FindingSink, JobMonitor
 from rankguard.schema.findings import Finding
 from rankguard.schema.layout import FINDINGS_FILE, heartbeat_file_name
-from tests.factories import BASE_NS, FakeClock, heartbeat_config, heartbeat_record, read_status
+from tests.factories import BASE_NS, FakeClock, heartbeat_config, publisher_record, read_status
 from tests.factories import write_heartbeats as write
 
 RUN = "run-mon"
@@ -66,17 +66,7 @@ FINDING_KEYS = {
 }
 
 
-rec = partial(
-    heartbeat_record,
-    run_id=RUN,
-    seq_step_ns=1_000_000_000,
-    hostname="node-a",
-    pid_base=4000,
-    ranks_per_node=2,
-    since=0.2,
-    gpu_token="{rank}",
-    publisher_fields=True,
-)
+rec = partial(publisher_record, run_id=RUN)
 
 
 def read_findings(run_dir: Path) -> list[dict[str, Any]]:

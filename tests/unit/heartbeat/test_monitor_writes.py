@@ -20,22 +20,12 @@ from rankguard.heartbeat.disk import DiskState
 from rankguard.heartbeat.monitor import FindingSink, JobMonitor
 from rankguard.schema.findings import Finding
 from rankguard.schema.layout import FINDINGS_FILE, PERF_RANKS_FILE, STATUS_FILE
-from tests.factories import FakeClock, heartbeat_config, heartbeat_record, read_jsonl, read_status
+from tests.factories import FakeClock, heartbeat_config, publisher_record, read_jsonl, read_status
 from tests.factories import write_heartbeats as write
 
 RUN = "run-writes"
 
-rec = partial(
-    heartbeat_record,
-    run_id=RUN,
-    seq_step_ns=1_000_000_000,
-    hostname="node-a",
-    pid_base=4000,
-    ranks_per_node=2,
-    since=0.2,
-    gpu_token="{rank}",
-    publisher_fields=True,
-)
+rec = partial(publisher_record, run_id=RUN)
 
 
 class Acted(FindingSink):
