@@ -114,9 +114,8 @@ class NodeServices:
             def remote(node: int, targets: list[dict[str, Any]]) -> None:
                 request_kill(self.store, self.run_id, node, targets)
 
-        workers = self.workers if self.workers is not None else getattr(agent, "workers", None)
         self.faults = FaultHandler(
-            ft, self.run_dir, self.monitor, agent, remote_kill=remote, workers=workers
+            ft, self.run_dir, self.monitor, agent, remote_kill=remote, workers=self.workers
         )
         self.monitor.add_sink(self.faults)
 
