@@ -26,6 +26,7 @@ from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.identity import ENV, RankIdentity
 from rankguard.heartbeat.publisher import HeartbeatPublisher
 from rankguard.perf.reporter import PerfReporter
+from rankguard.phases import PhaseWatcher
 from rankguard.schema.layout import perf_dir
 from rankguard.straggler.probe import ComputeProbe
 from rankguard.timeline import ProgressTracker
@@ -135,11 +136,18 @@ class Session:
         perf: PerfReporter | None = None,
         extra: Callable[[], dict[str, Any]] | None = None,
         probe: ComputeProbe | None = None,
+        phases: PhaseWatcher | None = None,
     ) -> None:
+        """``phases``: recognises evaluation and saving from the main thread's stack
+        (the one the perf reporter samples too); by default one built from
+        ``config.phase_patterns`` when ``config.phase_detection`` is on."""
         self.identity = identity
         self.config = config
         self.tracker = tracker or ProgressTracker()
         self.perf = perf
+        if phases is None and config.phase_detection:
+            phases = PhaseWatcher(self.tracker, config.phase_patterns)
+        self.phases = phases
         self.publisher = (
             HeartbeatPublisher(
                 identity,
@@ -152,6 +160,7 @@ class Session:
                     probe.heartbeat_fields if probe is not None else None,
                 ),
                 max_file_bytes=config.max_file_bytes,
+                phases=phases,
             )
             if publish
             else None
@@ -452,6 +461,8 @@ def _session_from_env() -> Session | NullSession:
         return NullSession()
     identity = RankIdentity.from_env()
     tracker = ProgressTracker()
+    hb = cfg.heartbeat
+    phases = PhaseWatcher(tracker, hb.phase_patterns) if hb.phase_detection else None
     perf = None
     if cfg.perf.enabled:
         log_dir = Path(os.environ.get(ENV.LOG_DIR) or cfg.log_dir)
@@ -464,6 +475,7 @@ def _session_from_env() -> Session | NullSession:
             out_dir=perf_dir(log_dir, identity.run_id),
             job=os.environ.get(ENV.JOB),
             cuda_device=identity.gpu.ordinal if identity.gpu else None,
+            phases=phases,
         )
     ft = cfg.fault_tolerance
     extra = None
@@ -481,6 +493,7 @@ def _session_from_env() -> Session | NullSession:
         perf=perf,
         extra=extra,
         probe=probe,
+        phases=phases,
     )
     if ft.simulate_fault and session.restart_count == 0:
         FaultSimulator(

@@ -22,6 +22,15 @@ Progress rules (FlagScale's, kept): setting a phase never advances progress; a s
 does; checkpoint start switches to the ``checkpointing`` phase without advancing;
 checkpoint end advances and restores the previous phase; an end without a start is a
 no-op.
+
+Phases without code: a script that never sets a phase is in ``setup`` until its first
+step and in ``train`` from then on (:meth:`ProgressTracker.effective_phase`, derived by
+the readers, nothing on the hot path). Evaluation and checkpoint saving are recognised
+by the heartbeat and perf threads sampling the main thread's stack
+(:mod:`rankguard.phases`); both they and :meth:`set_phase` leave the spans of phases
+other than ``train`` in :attr:`ProgressTracker.phase_spans`, so the performance monitor
+and the section statistics can leave a step interval that contained one out of the
+step times (:meth:`ProgressTracker.interval_in_other_phase`).
 """
 
 from __future__ import annotations
@@ -30,9 +39,22 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["CHECKPOINT_PHASE", "RING_SIZE", "ProgressSnapshot", "ProgressTracker", "cuda_in_use"]
+__all__ = [
+    "CHECKPOINT_PHASE",
+    "EVAL_PHASE",
+    "RING_SIZE",
+    "SETUP_PHASE",
+    "TRAIN_PHASE",
+    "ProgressSnapshot",
+    "ProgressTracker",
+    "cuda_in_use",
+]
 
 CHECKPOINT_PHASE = "checkpointing"
+EVAL_PHASE = "eval"
+SETUP_PHASE = "setup"
+TRAIN_PHASE = "train"
+MAX_SPANS = 1024  # spans of non-train phases kept (the perf monitor reads the recent ones)
 RING_SIZE = 8192  # step-end times kept for the performance monitor (power of two)
 _RING_MASK = RING_SIZE - 1
 
@@ -78,11 +100,13 @@ class ProgressTracker:
         "_mode",
         "_next_event",
         "_pending",
+        "_phase_set",
         "_queued_iteration",
         "_queued_seq",
         "_saved_phase",
         "_started_ns",
         "_stream",
+        "_train_ns",
         "checkpoint_active",
         "checkpoint_durations_ns",
         "checkpoint_id",
@@ -95,6 +119,7 @@ class ProgressTracker:
         "on_change",
         "phase",
         "phase_ns",
+        "phase_spans",
         "progress_seq",
         "source",
         "started_ns",
@@ -124,7 +149,9 @@ class ProgressTracker:
         self._saved_phase: str | None = None
         self.progress_seq = 0
         self.iteration: int | None = None
-        self.phase = "setup"
+        self.phase = SETUP_PHASE
+        self._phase_set = False  # has anyone set a phase (API, checkpoint)?
+        self._train_ns = 0  # readers: when the implicit train phase began (first step)
         self.checkpoint_active = False
         self.checkpoint_id: str | None = None
         self.checkpoint_started_ns = 0
@@ -140,6 +167,9 @@ class ProgressTracker:
         self.data_at = [0] * RING_SIZE  # data_ns when step n ended
         self.non_step_seqs: list[int] = []  # progress counted for a checkpoint, not a step
         self.phase_ns = self._started_ns  # when the phase last changed
+        # [start_ns, end_ns, phase] of phases other than setup/train: from set_phase
+        # (exact) and from stack sampling (first and last sample that saw the phase)
+        self.phase_spans: list[list[Any]] = []
 
     # ---- hot path -------------------------------------------------------------------
 
@@ -189,18 +219,23 @@ class ProgressTracker:
     # ---- rare calls (not per step) -------------------------------------------------
 
     def set_phase(self, phase: str) -> None:
+        self._phase_set = True
         if phase != self.phase:
             if self.checkpoint_active:
                 self._saved_phase = phase
                 return
+            old, now = self.phase, self._clock()
+            if old not in (SETUP_PHASE, TRAIN_PHASE):
+                self.add_span(self.phase_ns, now, old)
             self.phase = phase
-            self.phase_ns = self._clock()
+            self.phase_ns = now
             self._changed()
 
     def checkpoint_start(self, checkpoint_id: str | None = None) -> None:
         if self.checkpoint_active:
             self.checkpoint_id = checkpoint_id
             return
+        self._phase_set = True
         self._saved_phase = self.phase
         self.checkpoint_id = checkpoint_id
         self.checkpoint_active = True
@@ -228,6 +263,15 @@ class ProgressTracker:
         self.non_step_seqs.append(seq)
         self.checkpoint_durations_ns.append(now - self.checkpoint_started_ns)
         self._changed()
+
+    def add_span(self, start_ns: int, end_ns: int, phase: str) -> list[Any]:
+        """Record a span of a phase other than train (the list is kept short)."""
+        span = [start_ns, end_ns, phase]
+        spans = self.phase_spans
+        spans.append(span)
+        if len(spans) > 2 * MAX_SPANS:
+            del spans[:-MAX_SPANS]
+        return span
 
     def _changed(self) -> None:
         callback = self.on_change
@@ -266,19 +310,45 @@ class ProgressTracker:
                 event.record()
             self._pending = (event, issued, iteration)
 
+    # ---- readers (heartbeat and perf threads) ----------------------------------------
+
+    def effective_phase(self) -> tuple[str, int]:
+        """The phase and when it began (monotonic ns). A script that never set a phase
+        is in ``train`` from its first step on (then since that step)."""
+        phase = self.phase
+        if phase == SETUP_PHASE and not self._phase_set and self.issued_seq > 0:
+            began = self._train_ns
+            if not began:
+                began = self._train_ns = self.step_ns[1] or self._clock()
+            return TRAIN_PHASE, began
+        return phase, self.phase_ns
+
+    def interval_in_other_phase(self, start_ns: int, end_ns: int) -> bool:
+        """Did a phase other than train (a span in :attr:`phase_spans`) overlap the
+        interval (``start_ns``, ``end_ns``)? Then it is not a step time."""
+        for span in reversed(self.phase_spans):
+            if span[1] <= start_ns:
+                if span[0] <= start_ns:
+                    break  # spans are in time order of their start: nothing earlier overlaps
+                continue
+            if span[0] < end_ns:
+                return True
+        return False
+
     def snapshot(self) -> ProgressSnapshot:
         now = self._clock()
         last = self.last_progress_ns
         since_ns = now - (last if last is not None else self._started_ns)
+        phase, phase_ns = self.effective_phase()
         return {
             "progress_seq": self.progress_seq,
             "iteration": self.iteration,
-            "phase": self.phase,
+            "phase": phase,
             "checkpoint_active": self.checkpoint_active,
             "checkpoint_id": self.checkpoint_id,
             "last_progress_monotonic_ns": last,
             "since_progress_s": round(since_ns / 1e9, 6),
-            "phase_elapsed_s": round((now - self.phase_ns) / 1e9, 6),
+            "phase_elapsed_s": round((now - phase_ns) / 1e9, 6),
             "progress_source": self.source,
             "monotonic_ns": now,
         }

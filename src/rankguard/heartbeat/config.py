@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rankguard.phases import check_patterns
 from rankguard.validate import check_number
 
 __all__ = ["HardwareHealthConfig", "HeartbeatConfig"]
@@ -64,6 +65,26 @@ class HeartbeatConfig:
     checkpoint_timeout_s: float = field(
         default=1800.0, metadata={"help": "Process and progress timeout while checkpointing."}
     )
+    eval_timeout_s: float = field(
+        default=1800.0,
+        metadata={"help": "Progress timeout while the rank evaluates (phase eval)."},
+    )
+    phase_detection: bool = field(
+        default=True,
+        metadata={
+            "help": "Recognise evaluation and checkpoint saving from the main thread's "
+            "stack at each heartbeat (no code needed); see docs/heartbeat.md."
+        },
+    )
+    phase_patterns: dict[str, str] = field(
+        default_factory=dict,
+        metadata={
+            "help": "More functions that mark a phase, checked before the built-in table: "
+            "'module.qualname' pattern (* within a dotted part, **. any leading parts) "
+            "-> eval | checkpointing | none | a section name, e.g. "
+            "'**.run_benchmark:eval,mypkg.io.dump_all:checkpointing'."
+        },
+    )
     scan_interval_s: float = field(
         default=1.0, metadata={"help": "Seconds between two evaluations by the monitor."}
     )
@@ -92,6 +113,7 @@ class HeartbeatConfig:
             "initial_progress_timeout_s",
             "progress_timeout_s",
             "checkpoint_timeout_s",
+            "eval_timeout_s",
         ):
             check_number(name, getattr(self, name), gt=0)
         for name in (
@@ -100,6 +122,7 @@ class HeartbeatConfig:
             "initial_progress_timeout_s",
             "progress_timeout_s",
             "checkpoint_timeout_s",
+            "eval_timeout_s",
         ):
             value = getattr(self, name)
             if value <= self.publish_interval_s:
@@ -111,3 +134,9 @@ class HeartbeatConfig:
                 f"checkpoint_timeout_s: must be >= progress_timeout_s "
                 f"({self.progress_timeout_s}), got {self.checkpoint_timeout_s}"
             )
+        if self.eval_timeout_s < self.progress_timeout_s:
+            raise ValueError(
+                f"eval_timeout_s: must be >= progress_timeout_s "
+                f"({self.progress_timeout_s}), got {self.eval_timeout_s}"
+            )
+        check_patterns(self.phase_patterns)

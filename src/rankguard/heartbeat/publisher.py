@@ -24,16 +24,17 @@ import contextlib
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from rankguard._fs import dumps_line, open_append, rotate_jsonl, write_all
 from rankguard.heartbeat.identity import RankIdentity
 from rankguard.heartbeat.lifeline import Lifeline, end_orphan
+from rankguard.phases import PhaseWatcher, main_thread_frame
 from rankguard.schema.layout import heartbeat_file_name
 from rankguard.schema.records import Event
 from rankguard.timeline import ProgressTracker
@@ -43,13 +44,9 @@ __all__ = ["HeartbeatPublisher"]
 logger = logging.getLogger(__name__)
 
 
-def _main_frame() -> str | None:
+def _describe(frame: FrameType | None) -> str | None:
     """Where the training (main) thread is right now, ``file:line in function``:
     evidence in findings (a stalled rank in ``time.sleep`` vs one in a collective)."""
-    main = threading.main_thread()
-    if main is threading.current_thread() or main.ident is None:
-        return None
-    frame = sys._current_frames().get(main.ident)
     if frame is None:
         return None
     code = frame.f_code
@@ -65,10 +62,13 @@ class HeartbeatPublisher:
         interval_s: float,
         extra: Callable[[], dict[str, Any] | None] | None = None,
         max_file_bytes: int = 0,
+        phases: PhaseWatcher | None = None,
     ) -> None:
         """``extra``: called at each record for more fields (the perf monitor's latest
         window under ``perf``). ``max_file_bytes``: rotate the file before it would grow
-        past this (0: never); see ``rankguard._fs.rotate_jsonl``."""
+        past this (0: never); see ``rankguard._fs.rotate_jsonl``. ``phases``: names
+        evaluation and saving from the main thread's stack at each record (None: the
+        tracker's phase as it is)."""
         if interval_s <= 0:
             raise ValueError(f"interval_s: must be > 0, got {interval_s}")
         self.identity = identity
@@ -88,6 +88,7 @@ class HeartbeatPublisher:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._extra = extra
+        self._phases = phases
         self.ticks: list[Callable[[], None]] = []  # run by the thread before each record
         self.lifeline: Lifeline | None = None  # checked at every beat: see _check_lifeline
         self.on_orphan: Callable[[str], None] = end_orphan  # tests: anything but a kill
@@ -215,7 +216,14 @@ class HeartbeatPublisher:
         record["event"] = event.value
         record["wall_time_ns"] = time.time_ns()
         record.update(self.tracker.snapshot())
-        record["main_frame"] = _main_frame()
+        frame = main_thread_frame()
+        if self._phases is not None and event is Event.HEARTBEAT:
+            try:
+                record.update(self._phases.fields(frame))
+            except Exception:  # never lose a heartbeat over a phase
+                logger.exception("rankguard: recognising the phase failed")
+        record["main_frame"] = _describe(frame)
+        del frame  # no reference to another thread's frame outlives the record
         if self._extra is not None:
             try:
                 more = self._extra()

@@ -17,6 +17,16 @@ hosts' clocks are ever compared. A finding's episode key is (rank, pid, type); t
 cleared when the condition clears, so a relapse fires again. A new pid for a known rank
 (restart) resets the rank; records of another run_id are ignored.
 
+Phases have their own timeouts: ``checkpoint_timeout_s`` while checkpointing (the API's
+checkpoint or a save recognised on the stack), ``eval_timeout_s`` while evaluating,
+section timeouts (NVRx's ``rank_section_timeouts``: ``setup``, ``step`` for train,
+``checkpointing``, any other phase by its name, else the out-of-section timeout) when
+configured. In ``train`` the progress age counts from the later of the last step and the
+start of the phase, so the first step after a long evaluation or save is not late. A
+rank stalled in ``train`` while a peer is in another phase (rank 0 saving alone, the others
+waiting at the next collective) is ``blocked_by`` that peer, not hung, for as long as the
+peer's phase timeout; the peer's own timeout names it if it never comes back.
+
 A rank that goes stale on a node whose disk is full (:meth:`HeartbeatRules.note_disk`,
 fed by the monitor each scan) gets ``node_disk_full`` instead of
 ``rank_process_heartbeat_timeout``: its heartbeats cannot be written, which says nothing
@@ -37,6 +47,7 @@ from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.disk import DiskState
 from rankguard.schema.findings import Finding, FindingType, Liveness, Progress, Reason
 from rankguard.schema.records import MAX_RANKS, Event, HeartbeatRecord, RecordError, supersedes
+from rankguard.timeline import CHECKPOINT_PHASE, EVAL_PHASE, SETUP_PHASE, TRAIN_PHASE
 
 __all__ = ["FindingType", "HeartbeatRules", "Liveness", "Progress", "RankState", "Reason"]
 
@@ -323,14 +334,29 @@ class HeartbeatRules:
         behind = [t for t in live if _seq(t) == lowest]
         outside = sorted(t.rank for t in behind if not _in_collective(t))
         split = bool(outside) and len(outside) < len(behind)
+        # Peers in a phase of their own (saving, evaluating) and within its timeout:
+        # ranks waiting at the next collective meanwhile are blocked by them, not hung.
+        # Once such a peer overstays (its own finding), they stay blocked by it.
+        busy = [t for t in live if _busy(t)]
+        limits = {t.rank: self._phase_timeout(t) for t in busy}
         out: list[Finding] = []
-        for s in sorted(stalled, key=lambda st: st.rank):
+        # busy ranks first: one that overstayed is named before those waiting on it
+        for s in sorted(stalled, key=lambda st: (not _busy(st), st.rank)):
             if FindingType.PROGRESS_TIMEOUT in s.active:
                 continue
             # Culprits: ranks down, or flagged as stalled further behind than this one.
             others = [r for r in down if r != s.rank]
             others += [r for r, seq in flagged if r != s.rank and seq < _seq(s)]
             timeout, age = s.stall  # type: ignore[misc]
+            waits_on = [
+                t.rank
+                for t in busy
+                if t.rank != s.rank and (age <= limits[t.rank] or t.active & _OVERSTAYED)
+            ]
+            if not others and waits_on and not _busy(s):
+                s.blocked_by = waits_on
+                s.culprits_gone_at = None
+                continue
             if not others and split and s.rank not in outside:
                 others = outside
             if others or _seq(s) > lowest:
@@ -395,7 +421,7 @@ class HeartbeatRules:
                 self._fire(s, FindingType.PROCESS_EXITED, reason, None, None, out)
             return out
 
-        ckpt = rec.checkpoint_active
+        ckpt = rec.checkpoint_active or rec.phase == CHECKPOINT_PHASE
         process_timeout = cfg.checkpoint_timeout_s if ckpt else cfg.process_timeout_s
         if hb_age > process_timeout:
             s.liveness = Liveness.STALE
@@ -427,12 +453,22 @@ class HeartbeatRules:
         started = rec.progress_seq > 0
         sections = self.section_timeouts
         phase = rec.phase or ""
+        age = s.progress_age_s
         if ckpt:
             progress_timeout = sections.get("checkpointing", cfg.checkpoint_timeout_s)
         elif not started:
             progress_timeout = sections.get("setup", cfg.initial_progress_timeout_s)
-        elif phase in ("train", "step"):
+        elif phase in (TRAIN_PHASE, "step"):
             progress_timeout = sections.get("step", cfg.progress_timeout_s)
+            if age is not None and rec.phase_elapsed_s is not None:
+                # the clock restarts when train resumes after eval or a save
+                age = min(age, hb_age + rec.phase_elapsed_s)
+        elif (
+            phase == EVAL_PHASE
+            and EVAL_PHASE not in sections
+            and (self.out_of_section_timeout is None)
+        ):
+            progress_timeout = cfg.eval_timeout_s
         else:
             # A named section (eval, a user section) has its own timeout instead of the
             # progress timeout; a phase without one gets the out-of-section timeout.
@@ -446,7 +482,6 @@ class HeartbeatRules:
                 return out + self._check_health(s)
             progress_timeout = cfg.progress_timeout_s
         self._clear(s, FindingType.SECTION_TIMEOUT)
-        age = s.progress_age_s
         if age is not None and age > progress_timeout:
             s.progress = Progress.STALLED
             s.stall = (progress_timeout, age)  # attributed in _attribute_stalls
@@ -458,6 +493,20 @@ class HeartbeatRules:
             self._clear(s, FindingType.PROGRESS_TIMEOUT)
 
         return out + self._check_health(s)
+
+    def _phase_timeout(self, s: RankState) -> float:
+        """How long rank ``s`` may stay in its current (non-train) phase."""
+        rec = s.record
+        assert rec is not None
+        cfg, sections = self.cfg, self.section_timeouts
+        if rec.checkpoint_active or rec.phase == CHECKPOINT_PHASE:
+            return sections.get(CHECKPOINT_PHASE, cfg.checkpoint_timeout_s)
+        phase = rec.phase or ""
+        if phase in sections:
+            return sections[phase]
+        if self.out_of_section_timeout is not None:
+            return self.out_of_section_timeout
+        return cfg.eval_timeout_s if phase == EVAL_PHASE else cfg.progress_timeout_s
 
     def _check_section(
         self, s: RankState, phase: str, timeout: float, hb_age: float, out: list[Finding]
@@ -565,6 +614,21 @@ _COLLECTIVE_FRAME = re.compile(r"^(distributed_c10d|c10d_logger)\.py:\d+ in ")
 def _in_collective(state: RankState) -> bool:
     frame = state.record.main_frame if state.record is not None else None
     return bool(frame and _COLLECTIVE_FRAME.match(frame))
+
+
+_OVERSTAYED = {FindingType.PROGRESS_TIMEOUT, FindingType.SECTION_TIMEOUT}
+
+
+def _busy(state: RankState) -> bool:
+    """In a phase of its own (saving, evaluating, a user section), not training."""
+    rec = state.record
+    if rec is None or rec.ended:
+        return False
+    return rec.checkpoint_active or (rec.phase or SETUP_PHASE) not in (
+        SETUP_PHASE,
+        TRAIN_PHASE,
+        "step",
+    )
 
 
 def _seq(state: RankState) -> int:

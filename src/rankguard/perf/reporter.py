@@ -18,6 +18,12 @@ a timing CUDA event on the training stream at each poll and reads it once comple
 giving ``gpu_step_time_ms``, the device's own time per step over the last interval,
 with no synchronisation. TFLOP/s use the GPU figure when there is one.
 
+Evaluation and checkpoint saves are not steps: a step interval that contained a phase
+other than train (a span the API or the stack sampling of
+:class:`~rankguard.phases.PhaseWatcher` left in the tracker; this thread samples at each
+poll, so any phase longer than the poll interval is seen) is left out of the step times,
+the window's rates and the summary; an explicit checkpoint's progress is no step at all.
+
 Warm-up: final statistics leave out the first ``warmup_iterations`` steps (compilation,
 allocator growth, data-loader start); a run shorter than twice that uses its second
 half, as FlagScale does.
@@ -44,6 +50,7 @@ from rankguard.perf.config import PerfConfig
 from rankguard.perf.flops import analytic_flops_per_step, mfu, tflops_per_gpu
 from rankguard.perf.memory import memory_gb
 from rankguard.perf.peaks import resolve_peak_tflops
+from rankguard.phases import PhaseWatcher
 from rankguard.schema.layout import PERF_JOB_FILE, PERF_LOG_FILE, PERF_SUMMARY_PREFIX
 from rankguard.timeline import RING_SIZE, ProgressTracker
 
@@ -146,8 +153,12 @@ class PerfReporter:
         poll_interval_s: float = 0.2,
         gpu_event_factory: Any = None,
         job: str | None = None,
+        phases: PhaseWatcher | None = None,
     ) -> None:
+        """``phases``: sampled at each poll, so that evaluation and saving between two
+        steps are left out of the step times (None: only the phases the script set)."""
         self.cfg = cfg
+        self.phases = phases
         self.job = job  # the training job this run belongs to: retention keeps to it
         self._job_marked = False
         self.tracker = tracker
@@ -173,6 +184,8 @@ class PerfReporter:
         self._last_log_seq = 0
         self._train_steps_offset = 0
         self.skipped_steps = 0
+        self.excluded_steps = 0  # step intervals that contained eval or a save
+        self._excluded: set[int] = set()  # their seqs, until logged
         self._start_wall = time.time()
         self._gpu = _GpuTimer(tracker, gpu_event_factory)
         self._gpu.warmup = cfg.warmup_iterations
@@ -267,6 +280,11 @@ class PerfReporter:
 
     def _poll(self) -> list[dict[str, Any]]:
         tracker = self.tracker
+        if self.phases is not None:
+            try:
+                self.phases.observe()
+            except Exception:
+                logger.exception("rankguard perf: recognising the phase failed")
         self._resolve_device()
         if tracker.mode == "cuda":
             try:
@@ -288,7 +306,10 @@ class PerfReporter:
                 continue
             # The first step starts when the loop entered its phase (or at start-up).
             prev_ns = ring[(seq - 1) & _MASK] if seq > 1 else tracker.phase_ns
-            if prev_ns:
+            if seq > 1 and tracker.interval_in_other_phase(prev_ns, ring[seq & _MASK]):
+                self._excluded.add(seq)  # eval or a save: not a step time
+                self.excluded_steps += 1
+            elif prev_ns:
                 self.step_ms.append((ring[seq & _MASK] - prev_ns) / 1e6)
             step = seq - self._train_steps_offset  # training steps, saves not counted
             if step == 1 or step % self.cfg.log_interval == 0:
@@ -318,8 +339,10 @@ class PerfReporter:
         if n <= 0:
             return None
         skip = [s for s in tracker.non_step_seqs if start < s <= seq]
+        skip += [s for s in self._excluded if start < s <= seq]
+        self._excluded = {s for s in self._excluded if s > seq}
         window_ns = ring[seq & _MASK] - start_ns
-        if skip:  # leave checkpoint saves out of the step time
+        if skip:  # leave checkpoint saves, evaluations out of the step time
             for s in skip:
                 window_ns -= ring[s & _MASK] - ring[(s - 1) & _MASK]
             n -= len(skip)
@@ -427,7 +450,8 @@ class PerfReporter:
             "session_info": {
                 "start_time": _iso(self._start_wall),
                 "end_time": _iso(time.time()),
-                "total_iterations": len(self.step_ms) + self.skipped_steps,
+                "total_iterations": len(self.step_ms) + self.skipped_steps + self.excluded_steps,
+                "steps_with_eval_or_save": self.excluded_steps,
                 "run_id": self.run_id,
                 "world_size": self.world_size,
                 "device": self.device_name or "cpu",
