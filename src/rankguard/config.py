@@ -162,6 +162,9 @@ class RankguardConfig:
         return out
 
 
+_UNSET = ("none", "null", "~")
+
+
 def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
@@ -170,8 +173,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
         args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
+        if type(None) in args and (
+            value is None or (isinstance(value, str) and value.strip().lower() in _UNSET)
+        ):
+            return None  # "none"/"null" on a command line unsets an optional setting
         errors = []
         for arg in args:
             if arg is type(None):
@@ -349,7 +354,10 @@ def apply_override(doc: dict[str, Any], override: str) -> None:
     if len(parts) > MAX_DEPTH:
         raise ConfigError(f"override {_short(override)}: key nested deeper than {MAX_DEPTH} levels")
     try:
-        value = _load_yaml(raw, MAX_DEPTH - len(parts)) if raw.strip() else ""
+        if raw.lstrip().startswith("*"):
+            value: Any = raw  # a glob (phase patterns), never a YAML alias on one line
+        else:
+            value = _load_yaml(raw, MAX_DEPTH - len(parts)) if raw.strip() else ""
     except ConfigError as exc:
         raise ConfigError(f"override {_short(override)}: value {exc}") from None
     except yaml.YAMLError as exc:

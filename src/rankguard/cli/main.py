@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import difflib
 import logging
 import sys
 
@@ -10,7 +12,8 @@ from rankguard import __version__
 from rankguard.cli import status
 from rankguard.config import ConfigError, load_config
 from rankguard.demo import cli as demo_cli
-from rankguard.launcher.options import add_launch_arguments, options_from_args
+from rankguard.ft.config import FaultToleranceConfig
+from rankguard.launcher.options import add_launch_arguments, is_override, options_from_args
 from rankguard.report import cli as report_cli
 from rankguard.slurm import cli as slurm_cli
 
@@ -59,27 +62,82 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _value_options() -> set[str]:
+    """``rankguard run``'s option strings that take a value (their next word is not the
+    script)."""
+    p = argparse.ArgumentParser(add_help=False)
+    add_launch_arguments(p)
+    return {o for a in p._actions if a.option_strings and a.nargs != 0 for o in a.option_strings}
+
+
+_FT_KEYS = tuple(f.name for f in dataclasses.fields(FaultToleranceConfig))
+_FT_SWITCHES = {f.name for f in dataclasses.fields(FaultToleranceConfig) if f.default is False}
+
+
+def _ft_key(flag: str) -> str:
+    """The fault_tolerance key of an NVRx ``--ft-<key>`` flag, or ValueError naming it."""
+    key = flag[len("--ft-") :].replace("-", "_")
+    if key in _FT_KEYS:
+        return key
+    close = difflib.get_close_matches(key, _FT_KEYS, n=1)
+    hint = f"; did you mean --ft-{close[0]}?" if close else ""
+    raise ValueError(
+        f"{flag}: not a fault tolerance setting{hint} (known: "
+        + ", ".join(f"--ft-{k}" for k in _FT_KEYS)
+        + ")"
+    )
+
+
 def _nvrx_flags(argv: list[str]) -> list[str]:
-    """NVRx ``ft_launcher`` flags before the script, ``--ft-<key>=<value>`` (e.g.
-    ``--ft-rank_section_timeouts=setup:600,step:180``), read as
-    ``--set fault_tolerance.<key>=<value>``."""
-    out: list[str] = []
-    for i, word in enumerate(argv):
-        if word == "-m" or word.endswith(".py") or word == "--":
-            return out + argv[i:]
-        if word.startswith("--ft-") and "=" in word:
-            key, value = word[len("--ft-") :].split("=", 1)
-            out += ["--set", f"fault_tolerance.{key.replace('-', '_')}={value}"]
+    """NVRx ``ft_launcher`` flags anywhere before the script, ``--ft-<key>=<value>`` or
+    ``--ft-<key> <value>`` (e.g. ``--ft-rank_section_timeouts=setup:600,step:180``), read
+    as ``--set fault_tolerance.<key>=<value>`` ahead of the other words (so they never
+    split bare overrides from the script). Words from the script on are its own. A
+    misspelt flag is a ValueError naming it."""
+    takes_value = _value_options()
+    head: list[str] = []
+    sets: list[str] = []
+    i = 1
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            break
+        if word.startswith("--ft-"):
+            flag, sep, value = word.partition("=")
+            key = _ft_key(flag)
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            if not sep and key in _FT_SWITCHES and (
+                nxt is None or nxt.lower() not in ("true", "false", "1", "0")
+            ):
+                value = "true"  # a switch given alone: --ft-enable_ft_package
+            elif not sep:
+                if nxt is None:
+                    raise ValueError(f"{flag}: expected a value ({flag}=VALUE or {flag} VALUE)")
+                i += 1
+                value = argv[i]
+            sets += ["--set", f"fault_tolerance.{key}={value}"]
+        elif word.startswith("-"):
+            head.append(word)
+            if "=" not in word and word in takes_value and i + 1 < len(argv):
+                i += 1
+                head.append(argv[i])
+        elif is_override(word):
+            head.append(word)
         else:
-            out.append(word)
-    return out
+            break  # the script (or the module after -m)
+        i += 1
+    return [*argv[:1], *sets, *head, *argv[i:]]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["run"]:
-        argv = _nvrx_flags(argv)
+        try:
+            argv = _nvrx_flags(argv)
+        except ValueError as exc:
+            print(f"rankguard run: {exc}", file=sys.stderr)
+            return 2
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,

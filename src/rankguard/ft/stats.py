@@ -1,7 +1,8 @@
 """Section durations a rank measured, for learned timeouts (``calc_ft_timeouts``).
 
 Read from the progress tracker's step timeline by the heartbeat thread, never on the hot
-path: the longest step after warm-up, the longest checkpoint save, the set-up time
+path: the longest step after warm-up (an interval holding an evaluation or a save
+is no step), the longest checkpoint save, the set-up time
 (start to the first step) and the longest gap between two heartbeat records. Node 0's
 monitor takes the maximum over ranks; the launcher turns it into timeouts at the end
 of the run (:mod:`rankguard.ft.learned`).
@@ -44,9 +45,10 @@ class SectionStats:
             if seq == 1 and self.setup_s is None:
                 self.setup_s = (ring[1] - t.started_ns) / 1e9
             if seq > WARMUP_STEPS and (seq - 1) not in non_steps:
-                self.step_max_s = max(
-                    self.step_max_s, (ring[seq & _MASK] - ring[(seq - 1) & _MASK]) / 1e9
-                )
+                prev_ns, end_ns = ring[(seq - 1) & _MASK], ring[seq & _MASK]
+                if t.interval_in_other_phase(prev_ns, end_ns):
+                    continue  # an evaluation or a save between two steps: not a step
+                self.step_max_s = max(self.step_max_s, (end_ns - prev_ns) / 1e9)
                 self.steps += 1
         self._seen = max(self._seen, issued)
         for duration_ns in t.checkpoint_durations_ns[self._ckpt_seen :]:

@@ -8,9 +8,21 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
-__all__ = ["LaunchOptions", "add_launch_arguments", "options_from_args", "split_overrides"]
+__all__ = [
+    "LaunchOptions",
+    "add_launch_arguments",
+    "is_override",
+    "options_from_args",
+    "split_overrides",
+]
 
-_OVERRIDE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*=")
+# ``a.b=value``, and Hydra's ``+a.b=value`` / ``++a.b=value`` (add or force: the same here)
+_OVERRIDE_RE = re.compile(r"^\+{0,2}[A-Za-z_][A-Za-z0-9_.]*=")
+
+
+def is_override(word: str) -> bool:
+    """A ``KEY=VALUE`` config override word (not a script path)."""
+    return bool(_OVERRIDE_RE.match(word)) and not word.endswith(".py")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -135,7 +147,7 @@ def split_overrides(target: str, rest: list[str]) -> tuple[list[str], str, list[
     """Leading ``a.b=value`` words before the script are config overrides."""
     words = [target, *rest]
     overrides = []
-    while words and _OVERRIDE_RE.match(words[0]) and not words[0].endswith(".py"):
+    while words and is_override(words[0]):
         overrides.append(words.pop(0))
     if not words:
         raise ValueError("no training script given after the config overrides")

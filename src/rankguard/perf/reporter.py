@@ -186,6 +186,7 @@ class PerfReporter:
         self.skipped_steps = 0
         self.excluded_steps = 0  # step intervals that contained eval or a save
         self._excluded: set[int] = set()  # their seqs, until logged
+        self._first_ns: int | None = None
         self._start_wall = time.time()
         self._gpu = _GpuTimer(tracker, gpu_event_factory)
         self._gpu.warmup = cfg.warmup_iterations
@@ -304,8 +305,7 @@ class PerfReporter:
             if seq in skip:  # a checkpoint save: neither a step nor a log boundary
                 self._train_steps_offset += 1
                 continue
-            # The first step starts when the loop entered its phase (or at start-up).
-            prev_ns = ring[(seq - 1) & _MASK] if seq > 1 else tracker.phase_ns
+            prev_ns = ring[(seq - 1) & _MASK] if seq > 1 else self._first_start_ns()
             if seq > 1 and tracker.interval_in_other_phase(prev_ns, ring[seq & _MASK]):
                 self._excluded.add(seq)  # eval or a save: not a step time
                 self.excluded_steps += 1
@@ -329,12 +329,22 @@ class PerfReporter:
                         self._print(entry)
         return new
 
+    def _first_start_ns(self) -> int:
+        """When the first step began: when the loop entered its phase (or at start-up),
+        as seen at the first poll after it (the phase may change again later)."""
+        if self._first_ns is None:
+            tracker = self.tracker
+            first_end = tracker.step_ns[1]
+            phase_ns = tracker.phase_ns
+            self._first_ns = phase_ns if phase_ns <= first_end else tracker.started_ns
+        return self._first_ns
+
     def _entry(
         self, seq: int, step: int, issued: int, issued_iteration: int | None
     ) -> dict[str, Any] | None:
         tracker, ring = self.tracker, self.tracker.step_ns
         start = self._last_log_seq
-        start_ns = ring[start & _MASK] if start > 0 else tracker.phase_ns
+        start_ns = ring[start & _MASK] if start > 0 else self._first_start_ns()
         n = seq - start
         if n <= 0:
             return None

@@ -302,3 +302,77 @@ def test_one_node_needs_no_node_rank() -> None:
         "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "h:1", "--rdzv-id", "j", "t.py"
     )
     assert opts.node_rank == 1
+
+
+def test_nvrx_flags_after_a_bare_override_and_in_the_space_form() -> None:
+    from rankguard.cli.main import _nvrx_flags
+
+    argv = _nvrx_flags(
+        [
+            "run",
+            "--nproc-per-node",
+            "2",
+            "heartbeat.enabled=true",
+            "--ft-rank_section_timeouts=setup:600,step:180,checkpointing:420",
+            "--ft-rank_out_of_section_timeout",
+            "300",
+            "+heartbeat.progress_timeout_s=40",
+            "train.py",
+            "--ft-rank_out_of_section_timeout",
+            "7",
+        ]
+    )
+    opts, overrides = options_from_args(build_parser().parse_args(argv))
+    cfg = load_config(None, overrides)
+    assert opts.target == "train.py" and opts.nproc_per_node == 2
+    assert opts.target_args == ["--ft-rank_out_of_section_timeout", "7"]  # the script's own
+    assert cfg.heartbeat.enabled is True
+    assert cfg.heartbeat.progress_timeout_s == 40.0  # Hydra's +key=value
+    assert cfg.fault_tolerance.rank_section_timeouts == {
+        "setup": 600.0,
+        "step": 180.0,
+        "checkpointing": 420.0,
+    }
+    assert cfg.fault_tolerance.rank_out_of_section_timeout == 300.0
+
+
+def test_nvrx_flags_stop_at_the_module_and_skip_option_values() -> None:
+    from rankguard.cli.main import _nvrx_flags
+
+    argv = _nvrx_flags(["run", "--log-dir", "x", "--ft-safety_factor=3", "-m", "pkg", "--ft-y"])
+    assert argv == [
+        "run",
+        "--set",
+        "fault_tolerance.safety_factor=3",
+        "--log-dir",
+        "x",
+        "-m",
+        "pkg",
+        "--ft-y",
+    ]
+    switch = _nvrx_flags(["run", "--ft-enable_ft_package", "t.py"])
+    assert switch == ["run", "--set", "fault_tolerance.enable_ft_package=true", "t.py"]
+
+
+def test_misspelt_nvrx_flag_is_an_error_naming_it() -> None:
+    from rankguard.cli.main import _nvrx_flags, main
+
+    with pytest.raises(ValueError, match=r"--ft-rank_section_timeout: .*--ft-rank_section_timeouts"):
+        _nvrx_flags(["run", "--ft-rank_section_timeout=setup:6", "t.py"])
+    with pytest.raises(ValueError, match=r"--ft-safety_factor: expected a value"):
+        _nvrx_flags(["run", "--ft-safety_factor"])
+    assert main(["run", "--ft-bogus=1", "t.py"]) == 2
+
+
+@pytest.mark.parametrize("unset", ["none", "null", "None"])
+def test_none_unsets_an_optional_timeout(unset: str) -> None:
+    cfg = load_config(
+        None,
+        [
+            "fault_tolerance.rank_out_of_section_timeout=60",
+            f"fault_tolerance.rank_out_of_section_timeout={unset}",
+        ],
+    )
+    assert cfg.fault_tolerance.rank_out_of_section_timeout is None
+    with pytest.raises(ConfigError, match=r"heartbeat\.progress_timeout_s"):
+        load_config(None, ["heartbeat.progress_timeout_s=none"])
