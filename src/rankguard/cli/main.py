@@ -106,8 +106,10 @@ def _nvrx_flags(argv: list[str]) -> list[str]:
             flag, sep, value = word.partition("=")
             key = _ft_key(flag)
             nxt = argv[i + 1] if i + 1 < len(argv) else None
-            if not sep and key in _FT_SWITCHES and (
-                nxt is None or nxt.lower() not in ("true", "false", "1", "0")
+            if (
+                not sep
+                and key in _FT_SWITCHES
+                and (nxt is None or nxt.lower() not in ("true", "false", "1", "0"))
             ):
                 value = "true"  # a switch given alone: --ft-enable_ft_package
             elif not sep:

@@ -45,11 +45,12 @@ def _rules(
 
 
 def run_stall(rules: HeartbeatRules, seconds: int, **kw: Any) -> list[tuple[int, dict[str, Any]]]:
-    """One rank beating every second with no progress since t=0; (t, finding) pairs."""
+    """One rank beating every second with no progress since t=0, in its phase since
+    then unless ``phase_elapsed`` says otherwise; (t, finding) pairs."""
     feed = Feed(rules)
     out: list[tuple[int, dict[str, Any]]] = []
     for t in range(seconds):
-        feed.beat(0, t, since=float(t), **kw)
+        feed.beat(0, t, since=float(t), **{"phase_elapsed": float(t), **kw})
         out += [(t, f) for f in rules.evaluate(t + 0.1)]
     return out
 

@@ -357,7 +357,8 @@ def test_nvrx_flags_stop_at_the_module_and_skip_option_values() -> None:
 def test_misspelt_nvrx_flag_is_an_error_naming_it() -> None:
     from rankguard.cli.main import _nvrx_flags, main
 
-    with pytest.raises(ValueError, match=r"--ft-rank_section_timeout: .*--ft-rank_section_timeouts"):
+    misspelt = r"--ft-rank_section_timeout: .*--ft-rank_section_timeouts"
+    with pytest.raises(ValueError, match=misspelt):
         _nvrx_flags(["run", "--ft-rank_section_timeout=setup:6", "t.py"])
     with pytest.raises(ValueError, match=r"--ft-safety_factor: expected a value"):
         _nvrx_flags(["run", "--ft-safety_factor"])
