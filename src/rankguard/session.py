@@ -193,7 +193,10 @@ class Session:
     # ---- hot path -------------------------------------------------------------------
 
     def step_end(self, iteration: int | None = None) -> None:
-        """Mark the end of one training step (microseconds; no I/O, no sync)."""
+        """Mark the end of one training step (microseconds; no I/O, no sync).
+
+        The first call takes progress over from the optimizer hook; from then on the
+        instance's ``step_end`` is the tracker's own (one Python call per step)."""
         if not self._explicit:
             self._take_over_progress()
         self._tracker_step_end(iteration)
@@ -306,24 +309,31 @@ class Session:
 
         if self._hook is not None or self._explicit:
             return
+        tracker_step_end = self._tracker_step_end
+        if tracker_step_end == self.tracker.step_end:
+            # the tracker's own hook: the step end itself, one call per optimizer step
+            self._hook = register_optimizer_step_post_hook(self.tracker.optimizer_step_hook)
+        else:  # the straggler probe wraps the step end
 
-        def hook(optimizer: Any, args: Any, kwargs: Any) -> None:
-            key = id(optimizer)
-            if self._hook_lead is None:
-                self._hook_lead = key
-            if key == self._hook_lead:
-                self._tracker_step_end(None)
+            def hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+                key = id(optimizer)
+                if self._hook_lead is None:
+                    self._hook_lead = key
+                if key == self._hook_lead:
+                    tracker_step_end(None)
 
+            self._hook = register_optimizer_step_post_hook(hook)
         self.tracker.source = "optimizer_hook"
-        self._hook = register_optimizer_step_post_hook(hook)
 
     def _take_over_progress(self) -> None:
-        """The script reports its own steps: the optimizer hook stops counting."""
+        """The script reports its own steps: the optimizer hook stops counting, and
+        ``step_end`` goes straight to the tracker from now on."""
         self._explicit = True
         hook, self._hook = self._hook, None
         if hook is not None:
             hook.remove()
         self.tracker.source = "api"
+        self.step_end = self._tracker_step_end  # type: ignore[method-assign]
 
     # ---- end ------------------------------------------------------------------------
 

@@ -22,7 +22,8 @@ checkpoint or a save recognised on the stack), ``eval_timeout_s`` while evaluati
 section timeouts (NVRx's ``rank_section_timeouts``: ``setup``, ``step`` for train,
 ``checkpointing``, any other phase by its name, else the out-of-section timeout) when
 configured. In ``train`` the progress age counts from the later of the last step and the
-start of the phase, so the first step after a long evaluation or save is not late. A
+first record back in train after another phase (monitor clock), so the first step after
+a long evaluation or save is not late. A
 rank stalled in ``train`` while a peer is in another phase (rank 0 saving alone, the others
 waiting at the next collective) is ``blocked_by`` that peer, not hung, for as long as the
 peer's phase timeout; the peer's own timeout names it if it never comes back.
@@ -70,6 +71,7 @@ class RankState:
     blocked_by: list[int] = field(default_factory=list)  # culprits a stalled rank waits on
     stall: tuple[float, float] | None = None  # (timeout, age) while over the progress timeout
     culprits_gone_at: float | None = None  # when the ranks a victim waited on recovered
+    train_since: float | None = None  # first record back in train after another phase
 
     def reset(self, pid: int) -> None:
         self.pid = pid
@@ -84,6 +86,7 @@ class RankState:
         self.blocked_by = []
         self.stall = None
         self.culprits_gone_at = None
+        self.train_since = None
 
 
 HealthLookup = Callable[[HeartbeatRecord], dict[str, Any] | None]
@@ -185,6 +188,9 @@ class HeartbeatRules:
             if had_process:
                 self.restarting = None  # the new worker group is up
                 self.root_cause = None
+        previous = state.record
+        if record.phase in _TRAIN_PHASES and previous is not None and _busy(state):
+            state.train_since = now  # back in train after eval, a save, a section
         state.record = record
         state.seen_at = now
         if self._first_sighting is None:
@@ -458,11 +464,11 @@ class HeartbeatRules:
             progress_timeout = sections.get("checkpointing", cfg.checkpoint_timeout_s)
         elif not started:
             progress_timeout = sections.get("setup", cfg.initial_progress_timeout_s)
-        elif phase in (TRAIN_PHASE, "step"):
+        elif phase in _TRAIN_PHASES:
             progress_timeout = sections.get("step", cfg.progress_timeout_s)
-            if age is not None and rec.phase_elapsed_s is not None:
+            if age is not None and s.train_since is not None:
                 # the clock restarts when train resumes after eval or a save
-                age = min(age, hb_age + rec.phase_elapsed_s)
+                age = min(age, now - s.train_since)
         elif (
             phase == EVAL_PHASE
             and EVAL_PHASE not in sections
@@ -617,6 +623,7 @@ def _in_collective(state: RankState) -> bool:
 
 
 _OVERSTAYED = {FindingType.PROGRESS_TIMEOUT, FindingType.SECTION_TIMEOUT}
+_TRAIN_PHASES = (TRAIN_PHASE, "step")
 
 
 def _busy(state: RankState) -> bool:
