@@ -37,6 +37,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--fault-step", type=int, default=10)
     p.add_argument("--fault-duration", type=float, default=8.0)
     p.add_argument("--slowdown", type=float, default=1.5)
+    p.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps")
+    p.add_argument("--eval-seconds", type=float, default=0.0, help="extra time per evaluation")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="save every N steps")
+    p.add_argument("--save-seconds", type=float, default=0.0, help="extra time per save")
     p.add_argument(
         "--preload",
         default="",
@@ -71,6 +75,14 @@ def run(args: argparse.Namespace) -> int:
         str(args.fault_duration),
         "--slowdown",
         str(args.slowdown),
+        "--eval-every",
+        str(args.eval_every),
+        "--eval-seconds",
+        str(args.eval_seconds),
+        "--checkpoint-every",
+        str(args.checkpoint_every),
+        "--save-seconds",
+        str(args.save_seconds),
     ]
     if args.fault != "none" and not 0 <= args.fault_rank < args.nproc_per_node:
         print(f"rankguard demo: --fault-rank must be in [0, {args.nproc_per_node})")

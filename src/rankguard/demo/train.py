@@ -10,6 +10,11 @@ Faults (``--fault``) are injected on ``--fault-rank`` at ``--fault-step``:
   ``--fault-duration`` seconds;
 - ``crash``: the rank raises an exception (the job then fails);
 - ``slow``: the rank's steps take ``--slowdown`` times longer.
+
+A slow evaluation (``--eval-every N --eval-seconds S``) and a slow save
+(``--checkpoint-every N --save-seconds S``) show that neither is taken for a hang: the
+evaluation is recognised by its function's name (``evaluate``, no rankguard call), the
+save by ``rg.checkpoint()``; each has its own timeout.
 """
 
 from __future__ import annotations
@@ -38,7 +43,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step-sleep", type=float, default=0.05, help="extra seconds per step")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--checkpoint-every", type=int, default=0)
-    p.add_argument("--checkpoint-seconds", type=float, default=0.0, help="extra save time")
+    p.add_argument(
+        "--checkpoint-seconds",
+        "--save-seconds",
+        dest="checkpoint_seconds",
+        type=float,
+        default=0.0,
+        help="extra save time (seconds) at each checkpoint",
+    )
+    p.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps (0: never)")
+    p.add_argument("--eval-batches", type=int, default=2, help="batches per evaluation")
+    p.add_argument(
+        "--eval-seconds", type=float, default=0.0, help="extra time (seconds) per evaluation"
+    )
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--fault", choices=["none", "stall", "stop", "crash", "slow"], default="none")
     p.add_argument(
@@ -143,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
             inject(args, rank, step, rg.restart_count)
         if rank == 0 and (step == 1 or step % args.log_every == 0):
             print(f"[demo] step {step}/{args.steps} loss {loss.item():.4f}", flush=True)
+        if args.eval_every and step % args.eval_every == 0:
+            val = evaluate(model, cfg, args, device)
+            if rank == 0:
+                print(f"[demo] step {step} eval loss {val:.4f}", flush=True)
         stop = rg.should_stop()  # every rank agrees on this step (stop_if_detected)
         if stop or (args.checkpoint_every and step % args.checkpoint_every == 0):
             with rg.checkpoint(f"step_{step}"):
@@ -163,6 +184,22 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         print(f"[demo] done: {step} steps on {world} rank(s)", flush=True)
     return 0
+
+
+def evaluate(model: DDP, cfg: GPTConfig, args: argparse.Namespace, device: torch.device) -> float:
+    """Mean loss over a few held-out batches, averaged over the ranks; plus
+    ``--eval-seconds`` of extra time (a slow validation set)."""
+    model.eval()
+    gen = torch.Generator().manual_seed(99)
+    total = torch.zeros((), device=device)
+    with torch.no_grad():
+        for _ in range(args.eval_batches):
+            x, y = synthetic_batch(cfg, args.batch_size, gen, device)
+            total += _loss(model.module, x, y)
+        time.sleep(args.eval_seconds)
+    dist.all_reduce(total)
+    model.train()
+    return float(total) / (args.eval_batches * dist.get_world_size())
 
 
 def save_checkpoint(directory: str, step: int, state: dict) -> str:
@@ -205,7 +242,7 @@ def _ce(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
-def _loss(model: DDP, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def _loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return _ce(model(x), y)
 
 

@@ -72,6 +72,7 @@ class RankState:
     stall: tuple[float, float] | None = None  # (timeout, age) while over the progress timeout
     culprits_gone_at: float | None = None  # when the ranks a victim waited on recovered
     train_since: float | None = None  # first record back in train after another phase
+    phases_seen: dict[str, None] = field(default_factory=dict)  # in order, at most 16
 
     def reset(self, pid: int) -> None:
         self.pid = pid
@@ -87,6 +88,7 @@ class RankState:
         self.stall = None
         self.culprits_gone_at = None
         self.train_since = None
+        self.phases_seen = {}
 
 
 HealthLookup = Callable[[HeartbeatRecord], dict[str, Any] | None]
@@ -191,6 +193,8 @@ class HeartbeatRules:
         previous = state.record
         if record.phase in _TRAIN_PHASES and previous is not None and _busy(state):
             state.train_since = now  # back in train after eval, a save, a section
+        if record.phase and len(state.phases_seen) < 16:
+            state.phases_seen.setdefault(record.phase)
         state.record = record
         state.seen_at = now
         if self._first_sighting is None:

@@ -147,6 +147,9 @@ _RANK_HEADER = (
 
 def _rank_row(r: dict[str, Any]) -> list[str]:
     phase = _text(r.get("phase")) + (" · checkpoint" if r.get("checkpoint_active") else "")
+    seen = [str(p) for p in r.get("phases_seen") or [] if p != r.get("phase")]
+    if seen:
+        phase += f" (also {', '.join(seen)})"
     return [
         esc(_text(r.get("rank"))),
         f'<span class="nowrap">{esc(_text(r.get("hostname")))}:{esc(_text(r.get("pid")))}</span>',

@@ -1,0 +1,147 @@
+"""End to end: unmodified nanoGPT-style, Hugging Face Trainer and Lightning scripts (none
+imports rankguard) under ``rankguard run`` with an evaluation and a save each longer
+than the progress timeout: no finding, the phases recognised; a real hang inside an
+evaluation is found by the eval timeout and named with its phase."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from .conftest import SCRIPTS, read_jsonl, read_status, run_rankguard, standalone_run
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+# FAST settings (progress 4 s) made shorter: progress 3 s; each slow part lasts 4 s.
+PHASES = [
+    "--set",
+    "heartbeat.progress_timeout_s=3",
+    "--set",
+    "heartbeat.eval_timeout_s=20",
+]
+SLOW_S = "4"
+# Megatron's launch line, scaled down (setup:600,step:180,checkpointing:420 / 300).
+MEGATRON = [
+    "--ft-rank_section_timeouts=setup:60,step:3,checkpointing:20",
+    "--ft-rank_out_of_section_timeout",
+    "20",
+]
+
+
+def _run(
+    tmp_path: Path, run_id: str, script: str, *script_args: str, flags: tuple[str, ...] = ()
+) -> tuple[Path, str]:
+    res = run_rankguard(
+        [*standalone_run(run_id, tmp_path), *PHASES, *flags, str(SCRIPTS / script), *script_args],
+        timeout=150,
+    )
+    out = res.stdout + res.stderr
+    run_dir = tmp_path / "heartbeat" / run_id
+    assert run_dir.is_dir(), out
+    return run_dir, out
+
+
+def _phases_published(run_dir: Path, rank: int) -> set[str]:
+    (path,) = run_dir.glob(f"rank_{rank}_pid_*.heartbeat.jsonl")
+    return {r["phase"] for r in read_jsonl(path) if r.get("phase")}
+
+
+def _assert_healthy(run_dir: Path, out: str, done: str) -> dict:
+    assert done in out, out
+    assert read_jsonl(run_dir / "findings.jsonl") == [], out
+    status = read_status(run_dir)
+    assert status["state"] == "completed", out
+    for row in status["ranks"]:
+        assert row["phase"] == "train"
+        assert row["active_findings"] == []
+    return status
+
+
+@pytest.mark.parametrize("flags", [(), tuple(MEGATRON)], ids=["plain", "megatron_sections"])
+def test_nanogpt_style_rank0_evaluates_and_saves_alone(
+    tmp_path: Path, run_id: str, flags: tuple[str, ...]
+) -> None:
+    """Rank 0 alone runs estimate_loss() and torch.save (4 s each) while rank 1 waits in
+    the next step's all-reduce: rank 1 is blocked by rank 0, nobody is hung."""
+    run_dir, out = _run(
+        tmp_path,
+        run_id,
+        "nanogpt_style.py",
+        "--max-iters=12",
+        "--eval-interval=10",
+        f"--eval-sleep={SLOW_S}",
+        f"--save-sleep={SLOW_S}",
+        f"--out-dir={tmp_path / 'out'}",
+        flags=flags,
+    )
+    status = _assert_healthy(run_dir, out, "nanogpt_style done: 13 iterations")
+    assert {"eval", "checkpointing", "train"} <= set(status["ranks"][0]["phases_seen"])
+    assert {"eval", "checkpointing"} <= _phases_published(run_dir, 0)
+    assert _phases_published(run_dir, 1) <= {"setup", "train"}
+    # step times leave the evaluation and the save out (perf monitor, rank 0)
+    (summary_path,) = (tmp_path / "perf_monitor" / run_id).glob("perf_summary_*.json")
+    summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    assert summary["session_info"]["steps_with_eval_or_save"] >= 1
+    assert summary["final_statistics"]["max_step_time_ms"] < 3000
+
+
+def test_hf_trainer_slow_eval_and_save(tmp_path: Path, run_id: str) -> None:
+    pytest.importorskip("transformers")
+    run_dir, out = _run(
+        tmp_path,
+        run_id,
+        "hf_trainer.py",
+        f"--output-dir={tmp_path / 'hf'}",
+        "--max-steps=6",
+        "--eval-steps=6",
+        "--save-steps=6",
+        f"--eval-sleep={SLOW_S}",
+        f"--save-sleep={SLOW_S}",
+    )
+    status = _assert_healthy(run_dir, out, "hf_trainer done: 6 steps")
+    for rank in (0, 1):
+        assert {"eval", "checkpointing", "train"} <= set(status["ranks"][rank]["phases_seen"])
+
+
+def test_lightning_slow_validation_and_checkpoint_megatron_sections(
+    tmp_path: Path, run_id: str
+) -> None:
+    pytest.importorskip("lightning")
+    run_dir, out = _run(
+        tmp_path,
+        run_id,
+        "lightning_module.py",
+        f"--default-root-dir={tmp_path / 'pl'}",
+        "--max-steps=6",
+        "--val-every=6",
+        f"--eval-sleep={SLOW_S}",
+        f"--save-sleep={SLOW_S}",
+        flags=tuple(MEGATRON),
+    )
+    status = _assert_healthy(run_dir, out, "lightning_module done: 6 steps")
+    for rank in (0, 1):
+        assert {"eval", "checkpointing", "train"} <= set(status["ranks"][rank]["phases_seen"])
+
+
+def test_hang_inside_eval_is_found_by_the_eval_timeout(tmp_path: Path, run_id: str) -> None:
+    """estimate_loss() on rank 0 takes 7 s against an eval timeout of 4 s: one finding,
+    for rank 0, in phase eval; rank 1, waiting for it, is not reported."""
+    run_dir, out = _run(
+        tmp_path,
+        run_id,
+        "nanogpt_style.py",
+        "--max-iters=11",
+        "--eval-interval=10",
+        "--eval-sleep=7",
+        f"--out-dir={tmp_path / 'out'}",
+        flags=("--set", "heartbeat.eval_timeout_s=4"),
+    )
+    assert "nanogpt_style done" in out, out
+    findings = read_jsonl(run_dir / "findings.jsonl")
+    assert [(f["rank"], f["finding_type"], f["phase"]) for f in findings] == [
+        (0, "gpu_progress_timeout", "eval")
+    ], out
+    assert findings[0]["timeout_s"] == 4.0
+    assert "phase eval" in findings[0]["message"]
