@@ -39,7 +39,9 @@ class SlowValidationSet(Dataset):
 class Regressor(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)
+        )
 
     def training_step(self, batch, batch_idx):
         x, y = batch

@@ -71,7 +71,7 @@ def estimate_loss():
         losses = torch.zeros(args.eval_iters)
         for k in range(args.eval_iters):
             X, Y = get_batch(split)
-            logits, loss = raw_model(X, Y)
+            _, loss = raw_model(X, Y)
             losses[k] = loss.item()
         out[split] = losses.mean()
     model.train()
