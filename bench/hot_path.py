@@ -21,6 +21,10 @@ Why: ``step_end`` runs once per training step on every rank, so it must stay in 
 noise of a step. The goal is under 1 microsecond per call; for scale, NVRx's
 ``send_heartbeat`` (an IPC round trip to its monitor) costs about 14 microseconds.
 
+The session is measured after its first ``step_end`` (which takes progress over from the
+optimizer hook and rebinds ``session.step_end`` to the tracker's method), i.e. as every
+later step of a training loop sees it.
+
 Run: ``python bench/hot_path.py`` (about a minute on 2 CPU cores).
 """
 
@@ -214,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     opt = _optimizer()
     with tempfile.TemporaryDirectory(prefix="rankguard-bench-") as tmp:
         session = Session(_identity(0), Path(tmp), HeartbeatConfig(publish_interval_s=5.0))
+        # A loop's first step_end takes progress over from the optimizer hook; from then
+        # on `session.step_end` (looked up as a loop does each step) is the tracker's.
+        session.step_end(0)
         try:
             session_ns = measure(_loop_arg(session.step_end), n, r)
             rows.append(("Session.step_end(i)  (publish every 5 s)", session_ns, floor1))
@@ -268,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             session.close()
 
         busy = Session(_identity(1), Path(tmp), HeartbeatConfig(publish_interval_s=0.01))
+        busy.step_end(0)  # the loop's first step (see above)
         try:
             written0 = busy.publisher.records_written
             t0 = time.perf_counter()

@@ -145,7 +145,7 @@ class PhaseMatcher:
         check_patterns(user)
         table = [*user.items(), *BUILTIN_PATTERNS]
         self._table = [(_compile(p), None if phase == NO_PHASE else phase) for p, phase in table]
-        self._cache: dict[CodeType, str | None] = {}
+        self._cache: dict[int, tuple[CodeType, str | None]] = {}
         self.max_depth = max_depth
 
     def classify(self, module: str, qualname: str) -> str | None:
@@ -168,13 +168,15 @@ class PhaseMatcher:
         depth = self.max_depth
         while frame is not None and depth:
             code = frame.f_code
-            phase = cache.get(code, False)
-            if phase is False:
+            # keyed by id(): hashing a code object hashes its bytecode and constants,
+            # every time; the entry keeps its code object, so an id is never reused
+            entry = cache.get(id(code))
+            if entry is None or entry[0] is not code:
                 if len(cache) >= _MAX_CACHE:
                     cache.clear()
-                phase = cache[code] = self._frame_phase(frame)
-            if phase is not None:
-                return phase  # type: ignore[return-value]
+                entry = cache[id(code)] = (code, self._frame_phase(frame))
+            if entry[1] is not None:
+                return entry[1]
             frame = frame.f_back
             depth -= 1
         return None
