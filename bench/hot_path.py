@@ -17,6 +17,10 @@ pair (A against itself) shows the method's bias. Pairs: ``opt.step(); f(i)`` aga
 ``opt.step(); session.step_end(i)``, and ``opt.step()`` without against with
 ``install_optimizer_hook()``.
 
+Timing uses the measuring thread's CPU time (``time.thread_time_ns``), so that time the
+thread spends descheduled on a busy machine does not count; ``--wall`` uses the wall
+clock as before.
+
 Why: ``step_end`` runs once per training step on every rank, so it must stay in the
 noise of a step. The goal is under 1 microsecond per call; for scale, NVRx's
 ``send_heartbeat`` (an IPC round trip to its monitor) costs about 14 microseconds.
@@ -56,26 +60,31 @@ NVRX_SEND_HEARTBEAT_NS = 14_000.0  # NVRx send_heartbeat (IPC), for scale
 
 Loop = Callable[[int], int]  # runs n iterations, returns elapsed ns
 
+# The training thread's own CPU time (CLOCK_THREAD_CPUTIME_ID): on a shared machine a
+# wall clock also counts the time the thread was descheduled, which no call of ours
+# causes and which swamps sub-microsecond differences; ``--wall`` uses perf_counter_ns.
+_clock: Callable[[], int] = time.thread_time_ns
+
 
 # ---- tight loops: one closure per measured call, the loop itself identical -----------
 
 
 def _loop_noarg(fn: Callable[[], object]) -> Loop:
     def run(n: int) -> int:
-        t0 = time.perf_counter_ns()
+        t0 = _clock()
         for _ in range(n):
             fn()
-        return time.perf_counter_ns() - t0
+        return _clock() - t0
 
     return run
 
 
 def _loop_arg(fn: Callable[[int], object]) -> Loop:
     def run(n: int) -> int:
-        t0 = time.perf_counter_ns()
+        t0 = _clock()
         for i in range(n):
             fn(i)
-        return time.perf_counter_ns() - t0
+        return _clock() - t0
 
     return run
 
@@ -83,11 +92,11 @@ def _loop_arg(fn: Callable[[int], object]) -> Loop:
 def _loop_with(session: Session) -> Loop:
     def run(n: int) -> int:
         step = session.step
-        t0 = time.perf_counter_ns()
+        t0 = _clock()
         for i in range(n):
             with step(i):
                 pass
-        return time.perf_counter_ns() - t0
+        return _clock() - t0
 
     return run
 
@@ -152,11 +161,11 @@ def measure_paired(
 
 def _opt_loop(step: Callable[[], object], call: Callable[[int], object]) -> Callable[[int], float]:
     def run(n: int) -> float:
-        t0 = time.perf_counter_ns()
+        t0 = _clock()
         for i in range(n):
             step()
             call(i)
-        return (time.perf_counter_ns() - t0) / n
+        return (_clock() - t0) / n
 
     return run
 
@@ -192,14 +201,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=21, help="tight loop: repeats (median)")
     p.add_argument("--opt-calls", type=int, default=2_000, help="A/B: iterations per run")
     p.add_argument("--pairs", type=int, default=100, help="A/B: pairs of runs (median)")
+    p.add_argument("--wall", action="store_true", help="time with the wall clock, not CPU time")
     args = p.parse_args(argv)
+    global _clock
+    if args.wall:
+        _clock = time.perf_counter_ns
     n, r = args.calls, args.repeats
 
     print(
         f"python {platform.python_version()}, torch {torch.__version__}, "
         f"{os.cpu_count()} CPU(s), {platform.processor() or platform.machine()}"
     )
-    print(f"tight loops: median of {r} repeats x {n:,} calls; GC off while timing\n")
+    clock = "wall clock (perf_counter_ns)" if args.wall else "the thread's CPU time"
+    print(f"tight loops: median of {r} repeats x {n:,} calls; GC off while timing; {clock}\n")
 
     rows: list[tuple[str, float, float]] = []  # name, ns, floor ns
     floor0 = measure(_loop_noarg(_empty), n, r)

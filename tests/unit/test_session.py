@@ -297,3 +297,21 @@ def test_init_under_launcher_starts_session(clean_env: pytest.MonkeyPatch, tmp_p
     assert records[0]["run_id"] == "from-env"
     assert records[-1]["event"] == "process_end"
     assert records[-1]["progress_seq"] == 1
+
+
+def test_after_the_first_step_end_the_session_calls_the_tracker_directly(
+    session: Session,
+) -> None:
+    session.step_end(1)
+    assert session.step_end == session.tracker.step_end  # one Python call per step
+    session.step_end(2)
+    assert session.tracker.iteration == 2 and session.tracker.progress_seq == 2
+
+
+def test_zero_code_rank_is_in_train_after_its_first_optimizer_step(session: Session) -> None:
+    model, opt = _model_and_optimizer()
+    session.install_optimizer_hook()
+    assert session.tracker.snapshot()["phase"] == "setup"
+    _train_step(model, opt)
+    assert session.tracker.snapshot()["phase"] == "train"
+    assert session.tracker.phase == "setup"  # derived by readers, not set on the hot path
