@@ -145,3 +145,28 @@ def test_hang_inside_eval_is_found_by_the_eval_timeout(tmp_path: Path, run_id: s
     ], out
     assert findings[0]["timeout_s"] == 4.0
     assert "phase eval" in findings[0]["message"]
+
+
+def test_demo_slow_eval_and_save(tmp_path: Path, run_id: str) -> None:
+    """The demo's options: an evaluation recognised by its name and a save in
+    rg.checkpoint(), each 4 s against a 3 s progress timeout."""
+    res = run_rankguard(
+        [
+            *standalone_run(run_id, tmp_path),
+            *PHASES,
+            "-m",
+            "rankguard.demo.train",
+            "--steps=8",
+            "--step-sleep=0.02",
+            "--eval-every=8",
+            f"--eval-seconds={SLOW_S}",
+            "--checkpoint-every=8",
+            f"--save-seconds={SLOW_S}",
+        ],
+        timeout=150,
+    )
+    out = res.stdout + res.stderr
+    run_dir = tmp_path / "heartbeat" / run_id
+    status = _assert_healthy(run_dir, out, "[demo] done: 8 steps on 2 rank(s)")
+    for rank in (0, 1):
+        assert {"eval", "checkpointing", "train"} <= set(status["ranks"][rank]["phases_seen"])
