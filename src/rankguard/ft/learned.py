@@ -167,6 +167,7 @@ def apply_learned(cfg: Any, state: dict[str, Any] | None, source: str) -> dict[s
         "initial_progress_timeout_s",
         "progress_timeout_s",
         "checkpoint_timeout_s",
+        "eval_timeout_s",
     ):
         shown.setdefault(f"heartbeat.{name}", {"value": getattr(hb, name), "source": "config"})
     return shown

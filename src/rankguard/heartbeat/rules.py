@@ -23,10 +23,10 @@ section timeouts (NVRx's ``rank_section_timeouts``: ``setup``, ``step`` for trai
 ``checkpointing``, any other phase by its name, else the out-of-section timeout) when
 configured. In ``train`` the progress age counts from the later of the last step and the
 first record back in train after another phase (monitor clock), so the first step after
-a long evaluation or save is not late. A
-rank stalled in ``train`` while a peer is in another phase (rank 0 saving alone, the others
-waiting at the next collective) is ``blocked_by`` that peer, not hung, for as long as the
-peer's phase timeout; the peer's own timeout names it if it never comes back.
+a long evaluation or save is not late. A rank stalled in ``train`` while a peer is in
+another phase (rank 0 saving alone, the others waiting at the next collective) is
+``blocked_by`` that peer, not hung, for as long as the peer's phase timeout; the peer's
+own timeout names it if it never comes back.
 
 A rank that goes stale on a node whose disk is full (:meth:`HeartbeatRules.note_disk`,
 fed by the monitor each scan) gets ``node_disk_full`` instead of

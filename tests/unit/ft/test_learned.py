@@ -232,6 +232,7 @@ def test_apply_learned_sets_sections_and_process_timeout() -> None:
         ("initial_progress_timeout_s", 600.0),
         ("progress_timeout_s", 300.0),
         ("checkpoint_timeout_s", 1800.0),
+        ("eval_timeout_s", 1800.0),
     ):
         assert shown[f"heartbeat.{name}"] == {"value": value, "source": "config"}
     assert set(shown) == {
@@ -244,6 +245,7 @@ def test_apply_learned_sets_sections_and_process_timeout() -> None:
         "heartbeat.initial_progress_timeout_s",
         "heartbeat.progress_timeout_s",
         "heartbeat.checkpoint_timeout_s",
+        "heartbeat.eval_timeout_s",
     }
 
 
@@ -256,7 +258,8 @@ def test_apply_learned_without_state_is_all_config() -> None:
     assert all(entry["source"] == "config" for entry in shown.values())
     assert shown["section.step"]["value"] == 180.0
     assert shown["heartbeat.process_timeout_s"]["value"] == 30.0
-    assert len(shown) == 6
+    assert shown["heartbeat.eval_timeout_s"]["value"] == 1800.0
+    assert len(shown) == 7  # section.step and six heartbeat timeouts
 
 
 def test_apply_learned_heartbeat_never_below_two_publish_intervals() -> None:
