@@ -66,6 +66,7 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("**.save_checkpoint", CHECKPOINT_PHASE),  # Lightning, Megatron, DeepSpeed, scripts
     ("**.save_model", CHECKPOINT_PHASE),  # HF Trainer
     ("transformers.trainer_callback.**.on_save", CHECKPOINT_PHASE),  # after-save callbacks
+    ("transformers.generation.**", NO_PHASE),  # GenerationConfig.validate: not a validation
     # evaluation
     ("lightning.pytorch.loops.evaluation_loop.**", EVAL_PHASE),
     ("lightning.pytorch.loops.prediction_loop.**", EVAL_PHASE),

@@ -48,6 +48,7 @@ from tests.factories import FakeNsClock
         ("transformers.trainer.Trainer.training_step", None),
         ("__main__.train_and_evaluate_all", None),
         ("__main__.validate_args", None),
+        ("transformers.generation.configuration_utils.GenerationConfig.validate", None),
         ("lightning.pytorch.loops.training_epoch_loop._TrainingEpochLoop.advance", None),
     ],
 )
