@@ -217,8 +217,18 @@ def _phase_cell(rank: dict[str, Any]) -> str:
     return phase
 
 
-def _rank_row(rank: dict[str, Any]) -> Row:
+def _progress_cell(rank: dict[str, Any]) -> tuple[str, str]:
+    """``stalled``, or ``blocked:0`` for a rank waiting on another (a peer that is
+    saving or evaluating, or the culprit of a hang): not hung itself."""
     progress = _text(rank.get("gpu_progress"))
+    blocked = rank.get("blocked_by")
+    if progress == "stalled" and isinstance(blocked, list) and blocked:
+        shown = ",".join(_text(r) for r in blocked[:4]) + (",..." if len(blocked) > 4 else "")
+        return f"blocked:{shown}", "yellow"
+    return progress, _PROGRESS_STYLE.get(progress, "")
+
+
+def _rank_row(rank: dict[str, Any]) -> Row:
     health = _health_status(rank.get("gpu_health"))
     return [
         (_text(rank.get("rank")), ""),
@@ -226,7 +236,7 @@ def _rank_row(rank: dict[str, Any]) -> Row:
         (_text(rank.get("hostname")), ""),
         (_text(rank.get("pid")), ""),
         _liveness_cell(rank),
-        (progress, _PROGRESS_STYLE.get(progress, "")),
+        _progress_cell(rank),
         (_text(rank.get("iteration")), ""),
         (_phase_cell(rank), ""),
         (_seconds(rank.get("heartbeat_age_s")), ""),

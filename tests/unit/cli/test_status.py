@@ -322,3 +322,20 @@ def test_status_and_report_commands_never_import_torch(tmp_path: Path) -> None:
     )
     assert res.returncode == 0, res.stderr
     assert "CODES [0, 0] TORCH []" in res.stdout, res.stdout[-2000:]
+
+
+def test_a_rank_waiting_on_a_saving_peer_shows_whom_it_waits_for(
+    tmp_path: Path, capsys: Any
+) -> None:
+    status = make_status()
+    status["ranks"] = [
+        _rank(0, 4101, "alive", "progressing", phase="checkpointing", progress_age_s=8.0),
+        _rank(1, 4102, "alive", "stalled", progress_age_s=8.0, blocked_by=[0]),
+    ]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "status.json").write_text(json.dumps(status), encoding="utf-8")
+    assert run_cli(str(run_dir)) == 0
+    out = capsys.readouterr().out
+    assert _row(out, 0)[4:8] == ["alive", "progressing", "120", "checkpointing"]
+    assert _row(out, 1)[4:6] == ["alive", "blocked:0"]
