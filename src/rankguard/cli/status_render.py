@@ -287,9 +287,20 @@ def _header(
     findings = _text(total) + (f" ({_text(active)} active)" if active is not None else "")
     liveness = _counts(summary, ranks, "process_liveness")
     progress = _counts(summary, ranks, "gpu_progress")
+    problem = []
+    if monitor.get("state") not in (None, "scanning"):
+        problem = [
+            _paint(
+                f"MONITOR {_text(monitor.get('state')).upper()}: {_text(monitor.get('errors'))} "
+                f"failed scan(s), last {_text(monitor.get('last_error'))}",
+                "red",
+                color,
+            )
+        ]
     return [
         f"run {_text(status.get('run_id'))}",
         "state " + _paint(state, _STATE_STYLE.get(state, ""), color),
+        *problem,
         f"updated {updated}",
         f"ranks {_text(observed)}/{_text(expected)} observed",
         f"liveness {_fmt_counts(liveness, _LIVENESS_STYLE, color)}",

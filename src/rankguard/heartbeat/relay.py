@@ -53,6 +53,8 @@ __all__ = ["StoreRelay", "StoreRemoteSource", "publish_control", "request_kill"]
 
 logger = logging.getLogger(__name__)
 
+MAX_BACKOFF_S = 5.0  # longest wait between pushes while pushes keep failing
+
 
 def publish_control(store: Any, run_id: str, stop_at_step: int, reason: str) -> None:
     """Node 0: tell the other nodes' relays to write ``control.json`` for their ranks."""
@@ -92,6 +94,8 @@ class StoreRelay:
         self.interval_s = interval_s
         self.pushes = 0
         self.errors = 0
+        self.last_error: str | None = None
+        self.stopped: str | None = None  # why the relay thread ended on an error
         self.ignored_records = 0
         self._latest: dict[int, HeartbeatRecord] = {}
         self._started: dict[int, int] = {}  # rank -> start time (ns) of its latest process
@@ -133,12 +137,43 @@ class StoreRelay:
         self._wake.set()
 
     def _loop(self) -> None:
+        try:
+            self._push_loop()
+        except BaseException as exc:  # the thread ends: node 0 stops hearing from us
+            self.stopped = f"{type(exc).__name__}: {exc}"
+            logger.critical(
+                "rankguard relay: THE RELAY THREAD OF NODE %d STOPPED; node 0 no longer "
+                "receives this node's heartbeats",
+                self.node_rank,
+                exc_info=(type(exc), exc, exc.__traceback__),
+            )
+            raise
+
+    def _push_loop(self) -> None:
+        failures = 0
         while not self._stop.is_set():
-            self._wake.wait(self.interval_s)
+            # bounded back-off while pushes keep failing in a way push_once did not catch
+            wait = min(MAX_BACKOFF_S, self.interval_s * 2.0 ** min(failures, 16))
+            self._wake.wait(max(self.interval_s, wait) if failures else self.interval_s)
             self._wake.clear()
             if self._stop.is_set():
                 break
-            self.push_once()
+            try:
+                self.push_once()
+                failures = 0
+            except Exception as exc:  # a bug escaping push_once's own guards
+                failures += 1
+                self.errors += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"[:500]
+                if failures == 1 or failures % 20 == 0:
+                    logger.error(
+                        "rankguard relay: PUSH FAILED (%d in a row, %d in all); node 0 "
+                        "gets nothing from node %d until a push succeeds again",
+                        failures,
+                        self.errors,
+                        self.node_rank,
+                        exc_info=(type(exc), exc, exc.__traceback__),
+                    )
 
     def _collect(self) -> None:
         with os.scandir(self.run_dir) as it:

@@ -463,6 +463,12 @@ def _report(run_dir: Path, status: dict[str, Any] | None) -> None:
     status = status or {}
     summary = status.get("summary") or {}
     _say(f"monitor: state {status.get('state')}, {summary.get('findings_total', 0)} finding(s)")
+    monitor = status.get("monitor") or {}
+    if monitor.get("errors"):
+        _say(
+            f"monitor: {monitor['errors']} scan(s) FAILED during the run (nothing was "
+            f"monitored meanwhile); last: {monitor.get('last_error')}"
+        )
     for finding in status.get("recent_findings") or []:
         _say(f"  finding: {finding.get('message')}")
     _say(f"status:   {run_dir / layout.STATUS_FILE}")
