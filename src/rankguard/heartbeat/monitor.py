@@ -258,17 +258,14 @@ class JobMonitor:
     def _write_error_status(self) -> None:
         """The last status with the monitor's error state, written at once."""
         try:
-            status = (
-                dict(self.status)
-                if self.status
-                else {
-                    "schema_version": SCHEMA_VERSION,
-                    "run_id": self.run_id,
-                    "state": "starting",
-                }
-            )
+            status: dict[str, Any] = dict(self.status) or {
+                "schema_version": SCHEMA_VERSION,
+                "run_id": self.run_id,
+                "state": "starting",
+            }
+            monitor: dict[str, Any] = dict(status.get("monitor") or {})
             status["updated_wall_time"] = _iso_now()
-            status["monitor"] = {**(status.get("monitor") or {}), **self._error_fields()}
+            status["monitor"] = {**monitor, **self._error_fields()}
             self.status = status
             atomic_write_json(self.layout.status, status, indent=None)
         except Exception as exc:  # nothing may escape the error path
