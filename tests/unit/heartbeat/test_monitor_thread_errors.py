@@ -64,9 +64,7 @@ class EscapingScan(JobMonitor):
 
 
 def _monitor(run_dir: Path, cls: type[JobMonitor] = JobMonitor, **kw: Any) -> Any:
-    return cls(
-        heartbeat_config(scan_interval_s=0.05), run_dir, RUN, expected_world_size=1, **kw
-    )
+    return cls(heartbeat_config(scan_interval_s=0.05), run_dir, RUN, expected_world_size=1, **kw)
 
 
 def _wait(cond: Any, timeout: float = 10.0) -> None:
