@@ -30,6 +30,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -269,6 +270,7 @@ class StoreRelay:
                 for rec in self._latest.values()
             ]
             payload = {
+                "seq": self.pushes,  # node 0 tells a live relay from a stuck one by it
                 "records": records,
                 "health": self._health(),
                 "disk": disk_state(self.run_dir).to_dict(),
@@ -286,14 +288,28 @@ class StoreRelay:
 class StoreRemoteSource(RemoteSource):
     """Node 0: read what the relays of nodes 1..nnodes-1 pushed."""
 
-    def __init__(self, store: Any, run_id: str, nnodes: int) -> None:
+    def __init__(
+        self,
+        store: Any,
+        run_id: str,
+        nnodes: int,
+        *,
+        disk_max_age_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``disk_max_age_s``: a node's relayed disk state counts for that long after
+        its relay's last new push; then it is unknown (not full): a relay that died
+        while its disk was full must not keep its ranks from being found dead."""
         self.store = store
         self.run_id = run_id
         self.keys = StoreKeys(run_id)
         self.nodes = list(range(1, nnodes))
+        self.disk_max_age_s = disk_max_age_s
+        self.clock = clock
         self._shutdowns: dict[int, str] = {}
         self._root_causes: dict[int, tuple[int, int | None]] = {}
         self._disks: dict[int, DiskState] = {}
+        self._pushed: dict[int, tuple[Any, float]] = {}  # node -> (its push seq, seen at)
 
     def root_causes(self) -> dict[int, tuple[int, int | None]]:
         """Each node's agent's root cause of its failed workers (last :meth:`fetch`)."""
@@ -304,8 +320,20 @@ class StoreRemoteSource(RemoteSource):
         return dict(self._shutdowns)
 
     def disks(self) -> dict[int, DiskState]:
-        """Each node's disk state as of the last :meth:`fetch` (nodes that said)."""
-        return dict(self._disks)
+        """Each node's disk state as of the last :meth:`fetch` (nodes that said); a
+        state whose relay has not pushed anything new for ``disk_max_age_s`` is
+        replaced by an unknown one (``full`` False, ``error`` saying why)."""
+        now = self.clock()
+        out = {}
+        for node, disk in self._disks.items():
+            _, seen = self._pushed.get(node, (None, now))
+            age = now - seen
+            if age > self.disk_max_age_s:
+                disk = DiskState(
+                    full=False, error=f"no new push from node {node}'s relay for {age:.0f}s"
+                )
+            out[node] = disk
+        return out
 
     def fetch(self) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]:
         records: list[dict[str, Any]] = []
@@ -315,6 +343,9 @@ class StoreRemoteSource(RemoteSource):
             if not self.store.check([key]):
                 continue
             payload = json.loads(self.store.get(key))
+            seq = payload.get("seq")
+            if seq is None or self._pushed.get(node, (None, 0.0))[0] != seq:
+                self._pushed[node] = (seq, self.clock())
             records.extend(payload.get("records") or [])
             if payload.get("health"):
                 health[node] = payload["health"]

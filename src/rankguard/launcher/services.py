@@ -178,7 +178,11 @@ class NodeServices:
             self.collector.start()
         if self.node_rank == 0:
             remote = (
-                StoreRemoteSource(self.store, self.run_id, self.nnodes) if self.relaying else None
+                StoreRemoteSource(
+                    self.store, self.run_id, self.nnodes, disk_max_age_s=hb.process_timeout_s
+                )
+                if self.relaying
+                else None
             )
             monitor = self.monitor = JobMonitor(
                 hb,
