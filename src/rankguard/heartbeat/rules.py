@@ -194,6 +194,12 @@ class HeartbeatRules:
         the restart's doing, not findings."""
         self.restarting = reason
 
+    def cancel_restart(self, reason: str) -> None:
+        """The restart noted with ``reason`` will not happen (its kill failed): exits
+        are findings again."""
+        if self.restarting == reason:
+            self.restarting = None
+
     def note_disk(self, node_rank: int | None, disk: DiskState, now: float) -> None:
         """The disk state of node ``node_rank``'s run directory (None: of every node that
         reports none of its own, as with a shared filesystem), measured at ``now``."""

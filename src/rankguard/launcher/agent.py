@@ -168,6 +168,7 @@ class RankguardAgent(LocalElasticAgent):
         self._on_failure = on_failure
         self._grace_s = grace_s
         self._cause: dict[str, Any] | None = None
+        self._before_cause: tuple[dict[str, Any] | None, bool, int] | None = None
         self.last_failure: dict[str, Any] | None = None
         self.aborted = False
         self.restarts = 0
@@ -180,10 +181,19 @@ class RankguardAgent(LocalElasticAgent):
     def set_cause(self, finding: dict[str, Any], *, abort: bool) -> None:
         """The launcher is about to kill a worker because of ``finding``."""
         with self._cause_lock:
+            self._before_cause = (self._cause, self.aborted, self._remaining_restarts)
             self._cause = finding
             if abort:
                 self.aborted = True
                 self._remaining_restarts = 0
+
+    def withdraw_cause(self, finding: dict[str, Any]) -> None:
+        """The kill for ``finding`` did not happen: no restart (or abort) because of it;
+        the cause, the abort and the restart budget are as they were before it."""
+        with self._cause_lock:
+            if self._cause is finding and self._before_cause is not None:
+                self._cause, self.aborted, self._remaining_restarts = self._before_cause
+                self._before_cause = None
 
     @property
     def pending_cause(self) -> dict[str, Any] | None:

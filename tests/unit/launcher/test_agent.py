@@ -278,3 +278,31 @@ def test_a_signal_stops_the_workers_with_sigterm_and_the_configured_grace(
     # what torch elastic's run() does on SIGHUP: _shutdown(sigval, self._shutdown_timeout)
     agent._shutdown(signal.SIGHUP, timeout=agent._shutdown_timeout)
     assert closed == [(signal.SIGTERM, 7)]
+
+
+def test_a_withdrawn_cause_restores_the_cause_the_abort_and_the_restart_budget(
+    tmp_path: Path,
+) -> None:
+    from torch.distributed.elastic.agent.server.api import WorkerSpec
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+    from rankguard.launcher.agent import RankguardAgent
+
+    spec = WorkerSpec(
+        role="trainer",
+        local_world_size=1,
+        entrypoint="python",
+        args=(),
+        rdzv_handler=object(),
+        max_restarts=3,
+    )
+    agent = RankguardAgent(spec=spec, logs_specs=DefaultLogsSpecs(log_dir=str(tmp_path)))
+    first, aborting = {"finding_type": "a"}, {"finding_type": "b"}
+    agent.set_cause(first, abort=False)
+    agent.set_cause(aborting, abort=True)
+    assert agent.aborted and agent._remaining_restarts == 0
+    agent.withdraw_cause(aborting)  # its kill failed: as if it had never been acted on
+    assert agent.pending_cause is first
+    assert not agent.aborted and agent._remaining_restarts == 3
+    agent.withdraw_cause(aborting)  # not the pending cause any more: nothing changes
+    assert agent.pending_cause is first
