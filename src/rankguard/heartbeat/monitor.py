@@ -111,6 +111,7 @@ class JobMonitor:
         self.sink_errors = 0
         self.write_errors = 0  # failed writes of mirrored records and health copies
         self.status_write_errors = 0
+        self._status_unwritten = False  # the last status could not be written
         self.last_write_error: str | None = None
         self._findings_out = QueuedJsonl(self.layout.findings)
         self._perf_out = QueuedJsonl(self.layout.perf_ranks)
@@ -169,9 +170,11 @@ class JobMonitor:
         """See :meth:`HeartbeatRules.note_shutdown` (safe from a signal handler)."""
         self.rules.note_shutdown(reason)
 
-    def stop(self, drain_timeout_s: float = 0.0) -> dict[str, Any]:
+    def stop(self, drain_timeout_s: float = 0.0, write_wait_s: float = 5.0) -> dict[str, Any]:
         """Stop scanning; first keep scanning up to ``drain_timeout_s`` until every rank
-        has ended (and every relaying node said it is done). Returns the final status."""
+        has ended (and every relaying node said it is done), then, while findings or the
+        status could not be written (a full disk), up to ``write_wait_s`` more. Returns
+        the final status."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
@@ -181,7 +184,22 @@ class JobMonitor:
             if self._all_ended() or self.clock() >= deadline:
                 break
             time.sleep(min(0.2, self.cfg.scan_interval_s))
+        give_up = time.monotonic() + write_wait_s
+        while self._unwritten() and time.monotonic() < give_up:
+            time.sleep(0.5)
+            self.scan_once()
+        if self._unwritten():
+            logger.error(
+                "rankguard monitor: the job ended with %d finding(s) and %s unwritten "
+                "(%s): they are lost",
+                self._findings_out.unwritten,
+                "the final status" if self._status_unwritten else "no status",
+                self.last_write_error,
+            )
         return self.status
+
+    def _unwritten(self) -> bool:
+        return bool(self._status_unwritten or self._findings_out.unwritten)
 
     def _all_ended(self) -> bool:
         world = self.rules.world_size()
@@ -308,7 +326,9 @@ class JobMonitor:
         try:
             # Compact: at thousands of ranks indentation alone costs a third of a scan.
             atomic_write_json(self.layout.status, self.status, indent=None)
+            self._status_unwritten = False
         except OSError as exc:  # written again at the next scan
+            self._status_unwritten = True
             self._write_failed(self.layout.status, exc, status=True)
         return findings
 

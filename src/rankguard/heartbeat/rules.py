@@ -17,6 +17,9 @@ hosts' clocks are ever compared. A finding's episode key is (rank, pid, type); t
 cleared when the condition clears, so a relapse fires again. A new pid for a known rank
 (restart) resets the rank; records of another run_id are ignored.
 
+A rank that vanishes without ``process_end`` while it is stale on a full disk is not
+reported as died: the ``process_end`` of a clean exit is lost the same way; its ``exit``
+says so (``on_full_disk``) and the agent's exit codes decide how the job ended.
 A rank that goes stale on a node whose disk is full (:meth:`HeartbeatRules.note_disk`,
 fed by the monitor each scan) gets ``node_disk_full`` instead of
 ``rank_process_heartbeat_timeout``: its heartbeats cannot be written, which says nothing
@@ -370,6 +373,21 @@ class HeartbeatRules:
             s.blocked_by = []
             clean = bool(exit_info.get("clean", True))
             s.progress = Progress.COMPLETED if clean else Progress.UNKNOWN
+            if (
+                not clean
+                and exit_info.get("vanished")
+                and FindingType.PROCESS_EXITED not in s.active
+                and self._full_disk(s, now, cfg.process_timeout_s) is not None
+            ):
+                # Gone without a process_end while its heartbeats could not be written:
+                # a clean end's last record is lost the same way, so it is not "died".
+                s.active.add(FindingType.PROCESS_EXITED)
+                s.record = rec.with_exit(
+                    on_full_disk="its process_end could not be written (full disk): "
+                    "how it ended is unknown here; the launcher's exit code says"
+                )
+                self._clear(s, FindingType.NODE_DISK_FULL)
+                return out
             self._clear(
                 s,
                 FindingType.PROCESS_TIMEOUT,
