@@ -45,7 +45,7 @@ from rankguard.heartbeat.api import Evaluator, FindingSink, RemoteSource, Status
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.disk import DiskState, disk_state
 from rankguard.heartbeat.perfranks import PerfRanks
-from rankguard.heartbeat.procs import pid_running
+from rankguard.heartbeat.procs import pid_running, process_start_time
 from rankguard.heartbeat.rules import HeartbeatRules, Liveness, Progress, RankState
 from rankguard.heartbeat.tailer import JsonlTailer
 from rankguard.schema.findings import Finding
@@ -92,6 +92,7 @@ class JobMonitor:
         self.check_pids = check_pids
         self.clock = clock
         self.hostname = socket.gethostname()
+        self._pid_start = process_start_time(os.getpid())
         self.rules = HeartbeatRules(
             cfg,
             run_id,
@@ -611,7 +612,8 @@ class JobMonitor:
             "state": job_state,
             "monitor": {
                 "hostname": self.hostname,
-                "pid": os.getpid(),
+                "pid": os.getpid(),  # the launcher's: the monitor is its thread
+                "pid_start": self._pid_start,  # with the pid: is that launcher alive?
                 "scan_count": self.scan_count,
                 "scan_errors": self.scan_errors,
                 **self._error_fields(),
