@@ -11,7 +11,9 @@ progress timeout 4 s (the e2e tests' short timeouts), fault tolerance on with no
 restart (``num_in_job_restarts=0``, ``termination_grace_s=3``, faulthandler stack dumps):
 a detected hang is dumped and killed and the job exits, as in production with an empty
 restart budget. Two-node cases run two agents on 127.0.0.1 (``--nnodes 2 --node-rank 0/1
---rdzv-endpoint 127.0.0.1:PORT``) with separate log directories (no shared filesystem).
+--rdzv-endpoint 127.0.0.1:PORT``) with separate log directories (no shared filesystem);
+the ``rdzv`` variant leaves ``--node-rank`` out (the rendezvous numbers the nodes, the
+fault is placed by the workers' ``GROUP_RANK``).
 
 Fault kinds and the verdict each case expects (finding type on (node, local rank)):
 
@@ -67,7 +69,7 @@ files.
 
 Run: ``python bench/fault_matrix.py [--quick] [--out result.json]`` (root is needed for
 the tmpfs of the disk-full cases; without it they are reported as not run).
-Full matrix: 51 faults + 10 clean runs, ~15 minutes on 2 cores; ``--quick``: one case
+Full matrix: 53 faults + 10 clean runs, ~18 minutes on 2 cores; ``--quick``: one case
 per kind and one clean run, ~3 minutes.
 """
 
@@ -193,6 +195,8 @@ def full_matrix() -> list[Case]:
         m += [case(kind, 2), case(kind, 2, local=0), case(kind, 4, local=2)]
         m += [case(kind, 2, nnodes=2, node=1, local=1)]
     m.append(case("step_hang", 3, local=2))
+    # two agents without --node-rank: the rendezvous numbers the nodes
+    m.append(case("step_hang", 2, nnodes=2, node=1, local=1, variant="rdzv"))
     m.append(case("sigkill_rank", 3, local=1))
     m += [case("collective_hang", 2), case("collective_hang", 2, local=0)]
     m += [case("collective_hang", 4, local=3), case("collective_hang", 2, nnodes=2, node=1)]
@@ -596,7 +600,9 @@ def build_cmd(
     if c.nnodes == 1:
         cmd += ["--standalone"]
     else:
-        cmd += ["--nnodes", str(c.nnodes), "--node-rank", str(node)]
+        cmd += ["--nnodes", str(c.nnodes)]
+        if c.variant != "rdzv":  # rdzv: no --node-rank, the rendezvous numbers the nodes
+            cmd += ["--node-rank", str(node)]
         cmd += ["--rdzv-endpoint", f"127.0.0.1:{port}"]
     cmd += ["--nproc-per-node", str(c.nproc), "--rdzv-id", run_id, "--log-dir", str(log_dir)]
     sets = list(FAST)
