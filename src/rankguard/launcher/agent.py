@@ -24,6 +24,7 @@ process (:mod:`rankguard.ft.kill`).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -42,6 +43,7 @@ from rankguard.ft.kill import OwnedWorkers
 __all__ = [
     "RankguardAgent",
     "add_peer_errors",
+    "drop_torn_error_files",
     "first_failure",
     "worker_pids",
     "worker_stop_signal",
@@ -80,6 +82,23 @@ def first_failure(result: Any) -> dict[str, Any] | None:
         "error": str(message)[-2000:] if message else None,
         "error_file": failure.error_file,
     }
+
+
+def drop_torn_error_files(error_files: dict[int, str]) -> list[str]:
+    """Delete the workers' error files that are not valid JSON (cut short by a kill);
+    the paths deleted."""
+    torn = []
+    for path in error_files.values():
+        try:
+            with open(path, encoding="utf-8") as fh:
+                json.load(fh)
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+                torn.append(path)
+    return torn
 
 
 def add_peer_errors(
@@ -216,7 +235,18 @@ class RankguardAgent(LocalElasticAgent):
         return pids
 
     def _monitor_workers(self, worker_group: Any) -> Any:
-        result = super()._monitor_workers(worker_group)
+        try:
+            result = super()._monitor_workers(worker_group)
+        except ValueError:
+            # torch parses each failed worker's error file; a worker terminated while
+            # writing it (SIGTERM to the group's survivors) leaves it torn, and torch's
+            # agent would die on it. Drop the torn files (torch then names the exit
+            # code or signal instead) and look again.
+            torn = drop_torn_error_files(getattr(self._pcontext, "error_files", {}))
+            if not torn:
+                raise
+            logger.warning("rankguard: torn worker error file(s) dropped: %s", torn)
+            result = super()._monitor_workers(worker_group)
         if result.is_failed() and self.last_failure is None:
             self._add_peer_errors(result, worker_group)
             self.last_failure = first_failure(result)
