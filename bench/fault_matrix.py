@@ -11,7 +11,9 @@ progress timeout 4 s (the e2e tests' short timeouts), fault tolerance on with no
 restart (``num_in_job_restarts=0``, ``termination_grace_s=3``, faulthandler stack dumps):
 a detected hang is dumped and killed and the job exits, as in production with an empty
 restart budget. Two-node cases run two agents on 127.0.0.1 (``--nnodes 2 --node-rank 0/1
---rdzv-endpoint 127.0.0.1:PORT``) with separate log directories (no shared filesystem).
+--rdzv-endpoint 127.0.0.1:PORT``) with separate log directories (no shared filesystem);
+the ``rdzv`` variant leaves ``--node-rank`` out (the rendezvous numbers the nodes, the
+fault is placed by the workers' ``GROUP_RANK``).
 
 Fault kinds and the verdict each case expects (finding type on (node, local rank)):
 
@@ -29,9 +31,14 @@ Fault kinds and the verdict each case expects (finding type on (node, local rank
 - ``launcher_sigkill``: SIGKILL to the launcher (pid only) -> nothing can be written;
   orphans = processes of the job alive 5 s after the kill (the training is long enough
   to outlive that), then killed by this script;
-- ``monitor_crash``: the monitor thread dies (``fault_matrix_launcher.py`` makes its next
-  scan raise), then a rank stalls -> the stall should still be found
-  (``gpu_progress_timeout``);
+- ``monitor_crash``: a bug escapes a scan into the monitor thread
+  (``fault_matrix_launcher.py`` makes ``scan_once`` raise in that thread), then a rank
+  stalls. ``once``: one scan raises -> the thread goes on, the stall is found
+  (``gpu_progress_timeout``); ``always``: every later scan in the thread raises -> nothing
+  can be detected, so no finding, but the failure must not be silent. Both: right only
+  if the final status.json counts the failed scans (``monitor.errors`` > 0, the injected
+  error in ``monitor.last_error``) and node 0's launcher logged ``SCAN FAILED`` with the
+  traceback;
 - ``disk_full``: the log directory is a 2 MiB tmpfs, filled mid-run for 10 s then freed
   -> no rank blamed as dead or hung: the ranks that could not write their heartbeats
   long enough are ``node_disk_full`` (reported, not killed), and the training completes;
@@ -62,7 +69,7 @@ files.
 
 Run: ``python bench/fault_matrix.py [--quick] [--out result.json]`` (root is needed for
 the tmpfs of the disk-full cases; without it they are reported as not run).
-Full matrix: 51 faults + 10 clean runs, ~15 minutes on 2 cores; ``--quick``: one case
+Full matrix: 53 faults + 10 clean runs, ~18 minutes on 2 cores; ``--quick``: one case
 per kind and one clean run, ~3 minutes.
 """
 
@@ -173,6 +180,8 @@ def case(
         "slow_rank": STRAG,
         "monitor_crash": PROGRESS,
     }.get(kind)
+    if kind == "monitor_crash" and variant == "always":
+        expect = None  # every scan fails: nothing can be found (but it must be said)
     if expect is not None:
         c.expected = [(expect, node, local)]
     elif kind == "relay_death":
@@ -186,6 +195,8 @@ def full_matrix() -> list[Case]:
         m += [case(kind, 2), case(kind, 2, local=0), case(kind, 4, local=2)]
         m += [case(kind, 2, nnodes=2, node=1, local=1)]
     m.append(case("step_hang", 3, local=2))
+    # two agents without --node-rank: the rendezvous numbers the nodes
+    m.append(case("step_hang", 2, nnodes=2, node=1, local=1, variant="rdzv"))
     m.append(case("sigkill_rank", 3, local=1))
     m += [case("collective_hang", 2), case("collective_hang", 2, local=0)]
     m += [case("collective_hang", 4, local=3), case("collective_hang", 2, nnodes=2, node=1)]
@@ -199,7 +210,9 @@ def full_matrix() -> list[Case]:
     m += [case("launcher_sigterm", 2, nnodes=2, node=1, local=0)]
     m += [case("launcher_sigkill", 2, local=0), case("launcher_sigkill", 3, local=0)]
     m += [case("launcher_sigkill", 4, local=0), case("launcher_sigkill", 2, local=0)]
-    m += [case("monitor_crash", 2), case("monitor_crash", 4, local=3)]
+    m += [case("monitor_crash", 2, variant="once")]
+    m += [case("monitor_crash", 4, local=3, variant="once")]
+    m += [case("monitor_crash", 2, variant="always")]
     m += [case("disk_full", 2, local=0), case("disk_full", 4, local=0)]
     m += [case("disk_full", 3, local=0)]
     m += [
@@ -467,6 +480,21 @@ def check_files(run_dirs: dict[int, Path], injected: dict[str, set[bytes]], res:
                     res.invalid_files.append(f"n{node}/{path.name}: not JSON")
 
 
+def monitor_errors_said(run_dir: Path, out: str) -> bool:
+    """The monitor's failed scans are in its final status.json (counted, the injected
+    error named) and in the launcher's log (with a traceback)."""
+    try:
+        monitor = json.loads((run_dir / "status.json").read_bytes()).get("monitor") or {}
+    except (OSError, ValueError):
+        return False
+    return (
+        (monitor.get("errors") or 0) > 0
+        and "injected death" in str(monitor.get("last_error"))
+        and "SCAN FAILED" in out
+        and "Traceback" in out
+    )
+
+
 def where_of(f: dict[str, Any], nproc: int) -> tuple[str, int, int]:
     """(finding type, node, local rank) of a finding; a finding without a local rank
     (straggler findings) is placed by its global rank (``nproc`` ranks per node)."""
@@ -572,7 +600,9 @@ def build_cmd(
     if c.nnodes == 1:
         cmd += ["--standalone"]
     else:
-        cmd += ["--nnodes", str(c.nnodes), "--node-rank", str(node)]
+        cmd += ["--nnodes", str(c.nnodes)]
+        if c.variant != "rdzv":  # rdzv: no --node-rank, the rendezvous numbers the nodes
+            cmd += ["--node-rank", str(node)]
         cmd += ["--rdzv-endpoint", f"127.0.0.1:{port}"]
     cmd += ["--nproc-per-node", str(c.nproc), "--rdzv-id", run_id, "--log-dir", str(log_dir)]
     sets = list(FAST)
@@ -614,6 +644,7 @@ def run_case(index: int, c: Case, work: Path, can_mount: bool) -> Result:
             if wrap:
                 node_env["FAULT_MATRIX_INJECT"] = c.kind
                 node_env["FAULT_MATRIX_TRIGGER"] = str(trigger)
+                node_env["FAULT_MATRIX_MODE"] = c.variant or "always"
             cmd = build_cmd(c, node, run_id, log_dirs[node], port, wrap)
             launchers.append(Launcher(node, cmd, node_env, base / f"node{node}.log"))
         inject_t = inject_from_outside(c, launchers, run_dirs, trigger, injected, res)
@@ -769,6 +800,14 @@ def evaluate(
         res.right = all(o[0] == "node_disk_full" for o in res.observed) and bool(res.completed)
     if c.kind in ("corrupt_line", "long_line", "clock_jump", "clean"):
         res.right = res.right and bool(res.completed)
+    if c.kind == "monitor_crash":
+        said = monitor_errors_said(run_dirs[0], launchers[0].text())
+        if not said:
+            res.note += "the monitor's failure was not in status.json and its log; "
+        # once: the stall is found and acted on (the job then fails, no restart budget);
+        # always: nothing is found, so the training must complete
+        completed_ok = c.variant == "once" or bool(res.completed)
+        res.right = res.right and said and completed_ok
     if c.expected and inject_t is not None:
         times = [
             datetime.fromisoformat(f["detected_wall_time"]).timestamp()

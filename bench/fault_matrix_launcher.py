@@ -4,9 +4,11 @@ Nothing in the package is changed on disk: this wrapper imports the CLI, wraps o
 method of a launcher-side class in this process only, then runs the CLI as usual.
 
 - ``FAULT_MATRIX_INJECT=monitor_crash``: once the file ``FAULT_MATRIX_TRIGGER`` exists,
-  ``JobMonitor.scan_once`` raises when the monitor thread calls it, so the monitor thread
-  dies (as it would on a bug that escapes its per-scan guard). Scans from the main thread
-  (the final drain at the end of the job) still run.
+  ``JobMonitor.scan_once`` raises when the monitor thread calls it (a bug that escapes
+  the scan's own guard into the thread). ``FAULT_MATRIX_MODE=once``: the first such call
+  raises and removes the trigger (a bug hit once); ``always`` (default): every later call
+  in that thread raises. Scans from the main thread (the final drain at the end of the
+  job) still run.
 - ``FAULT_MATRIX_INJECT=relay_death``: likewise ``StoreRelay.push_once`` in the relay
   thread of a node > 0: the node's relay stops pushing while its ranks keep training.
 
@@ -32,9 +34,13 @@ class InjectedThreadDeath(RuntimeError):
     pass
 
 
-def _dies_on_trigger(method: Callable[..., Any], thread_name: str, trigger: str) -> Any:
+def _dies_on_trigger(
+    method: Callable[..., Any], thread_name: str, trigger: str, once: bool = False
+) -> Any:
     def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
         if threading.current_thread().name == thread_name and os.path.exists(trigger):
+            if once:
+                os.unlink(trigger)
             print(
                 f"[fault-matrix] {thread_name} thread dies now ({time.time():.3f})",
                 file=sys.stderr,
@@ -50,8 +56,9 @@ def arrange() -> None:
     kind = os.environ.get("FAULT_MATRIX_INJECT", "")
     trigger = os.environ.get("FAULT_MATRIX_TRIGGER", "")
     if kind == "monitor_crash" and trigger:
+        once = os.environ.get("FAULT_MATRIX_MODE", "always") == "once"
         JobMonitor.scan_once = _dies_on_trigger(  # type: ignore[method-assign]
-            JobMonitor.scan_once, "rankguard-monitor", trigger
+            JobMonitor.scan_once, "rankguard-monitor", trigger, once
         )
     elif kind == "relay_death" and trigger:
         StoreRelay.push_once = _dies_on_trigger(  # type: ignore[method-assign]

@@ -16,12 +16,24 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
+from rankguard.heartbeat.procs import pid_running, process_start_time
 from rankguard.schema.layout import FINDINGS_FILE, STATUS_FILE
 
-__all__ = ["StatusUnavailable", "latest_findings", "load_status", "read_findings"]
+__all__ = [
+    "FINAL_STATES",
+    "StatusUnavailable",
+    "latest_findings",
+    "launcher_gone",
+    "load_status",
+    "read_findings",
+]
+
+#: Job states after which no launcher is expected to be alive.
+FINAL_STATES = frozenset({"completed", "failed", "stopped"})
 
 _CHUNK = 64 * 1024  # bytes read per step when tailing findings.jsonl backwards
 MAX_LINE = 8 << 20  # a longer line is skipped (no finding is that long)
@@ -29,6 +41,31 @@ MAX_LINE = 8 << 20  # a longer line is skipped (no finding is that long)
 
 class StatusUnavailable(Exception):
     """The run directory or its status.json cannot be used; the message says why."""
+
+
+def launcher_gone(status: dict[str, Any], hostname: str | None = None) -> str | None:
+    """Why ``status`` is the last word of a launcher that is gone (SIGKILLed, its node
+    lost), or None when it is alive, the job reached a final state, or it cannot be
+    told from here (the launcher ran on another host: ``monitor.hostname``).
+
+    The monitor writes its launcher's pid and start time (``monitor.pid``,
+    ``monitor.pid_start``) in every status: a pid that no longer runs, or that another
+    process took since, means nobody updates this status any more."""
+    if status.get("state") in FINAL_STATES:
+        return None
+    monitor = status.get("monitor")
+    if not isinstance(monitor, dict):
+        return None
+    pid, started = monitor.get("pid"), monitor.get("pid_start")
+    if type(pid) is not int or pid <= 1:
+        return None
+    if monitor.get("hostname") != (hostname or socket.gethostname()):
+        return None
+    if not pid_running(pid):
+        return f"launcher gone (pid {pid} no longer runs: killed?); this status is its last"
+    if type(started) is int and process_start_time(pid) not in (None, started):
+        return f"launcher gone (pid {pid} is another process now: killed?); this status is its last"
+    return None
 
 
 def _parse_line(raw: bytes) -> dict[str, Any] | None:

@@ -46,16 +46,18 @@ def fast_sets() -> list[str]:
     return out
 
 
-def node_run(node: int, port: int, run_id: str, log_dir: Path, *, nproc: int = 2) -> list[str]:
-    """``run`` as node ``node`` of two agents on loopback (own log dir), FAST settings."""
+def node_run(
+    node: int | None, port: int, run_id: str, log_dir: Path, *, nproc: int = 2, nnodes: int = 2
+) -> list[str]:
+    """``run`` as node ``node`` of ``nnodes`` agents on loopback (own log dir), FAST
+    settings; ``node`` None: no ``--node-rank`` (the rendezvous numbers the nodes)."""
     return [
         "run",
         "--nnodes",
-        "2",
+        str(nnodes),
         "--nproc-per-node",
         str(nproc),
-        "--node-rank",
-        str(node),
+        *([] if node is None else ["--node-rank", str(node)]),
         "--rdzv-endpoint",
         f"127.0.0.1:{port}",
         "--rdzv-id",

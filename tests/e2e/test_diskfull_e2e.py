@@ -18,6 +18,7 @@ import pytest
 
 from .conftest import (
     heartbeat_files,
+    leftover_processes,
     no_leftover_workers,
     rankguard_cmd,
     read_jsonl,
@@ -143,3 +144,67 @@ def test_full_disk_is_reported_not_killed(small_disk: Path, run_id: str) -> None
     assert monitor["last_write_error"]
     assert status["disks"]["0"]["full"] is False
     assert no_leftover_workers(run_id)
+
+
+def _workers_gone(run_id: str, launcher_pid: int) -> bool:
+    return [p for p in leftover_processes(run_id) if p != launcher_pid] == []
+
+
+def test_ranks_that_end_while_the_disk_is_full_are_not_reported_dead(
+    small_disk: Path, run_id: str
+) -> None:
+    # The training ends while the disk is full: the ranks exit cleanly (exit code 0) but
+    # their last record (process_end) cannot be written, so their pids just vanish.
+    proc = subprocess.Popen(
+        rankguard_cmd(
+            *standalone_run(run_id, small_disk),
+            "--set",
+            "fault_tolerance.enable_ft_package=true",
+            "--set",
+            "fault_tolerance.stack_dump=faulthandler",
+            "-m",
+            "rankguard.demo.train",
+            "--steps",
+            "80",
+            "--step-sleep",
+            "0.1",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    run_dir = small_disk / "heartbeat" / run_id
+    filler = small_disk / "filler.bin"
+    try:
+        deadline = time.monotonic() + 40
+        while not _training_started(run_dir):
+            assert proc.poll() is None, "the run ended before training started"
+            assert time.monotonic() < deadline, "training did not start"
+            time.sleep(0.2)
+        _fill(filler)
+        deadline = time.monotonic() + 40
+        while not _workers_gone(run_id, proc.pid):  # they end while the disk is full
+            assert time.monotonic() < deadline, "the ranks did not end"
+            time.sleep(0.1)
+        filler.unlink()  # space again before the launcher's final status
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        with contextlib.suppress(FileNotFoundError):
+            filler.unlink()
+
+    assert proc.returncode == 0, out
+    assert "[demo] done" in out
+    findings = read_jsonl(run_dir / "findings.jsonl")
+    types = [f["finding_type"] for f in findings]
+    assert "rank_process_exited" not in types, out
+    assert "rank_process_heartbeat_timeout" not in types, out
+    status = read_status(run_dir)
+    assert [r["process_liveness"] for r in status["ranks"]] == ["exited", "exited"]
+    for row in status["ranks"]:
+        assert "full disk" in (row["exit"] or {}).get("on_full_disk", ""), out
+    assert status["state"] != "failed"

@@ -19,6 +19,7 @@ from .conftest import (
     rankguard_cmd,
     read_jsonl,
     read_status,
+    run_rankguard,
     standalone_run,
 )
 
@@ -75,6 +76,11 @@ def test_sigkill_of_the_launcher_leaves_no_worker_alive(
             f"{leftover_processes(run_id)} (of {workers})"
         )
         print(f"last worker gone {time.monotonic() - t0:.3f} s after the launcher's SIGKILL")
+        # status.json is frozen at "running"; `rankguard status` says nobody updates it
+        assert read_status(_run_dir)["state"] == "running"
+        shown = run_rankguard(["status", str(_run_dir)])
+        assert shown.returncode == 0, shown.stderr
+        assert f"launcher gone (pid {proc.pid} no longer runs: killed?)" in shown.stdout
     finally:
         proc.kill()
         for pid in leftover_processes(run_id):  # never leave the survivors of a failure

@@ -24,7 +24,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from rankguard.cli.status_render import render_status
-from rankguard.runfiles import StatusUnavailable, latest_findings, load_status, read_findings
+from rankguard.runfiles import (
+    StatusUnavailable,
+    latest_findings,
+    launcher_gone,
+    load_status,
+    read_findings,
+)
 from rankguard.schema.layout import FINDINGS_FILE, STATUS_FILE
 from rankguard.textsafe import safe_text
 
@@ -141,13 +147,24 @@ def _frame(run_dir: Path, args: argparse.Namespace, tty: bool) -> str:
     except OSError as exc:
         print(f"rankguard status: cannot read {FINDINGS_FILE}: {exc}", file=sys.stderr)
         findings = []
+    gone = launcher_gone(status)
     if args.json:
-        doc = {"run_dir": str(run_dir), "status": status, "findings": findings}
+        doc = {
+            "run_dir": str(run_dir),
+            "status": status,
+            "findings": findings,
+            "launcher_gone": gone,
+        }
         indent = None if args.watch else 2
         return json.dumps(doc, indent=indent, default=str) + "\n"
     width = shutil.get_terminal_size().columns if tty else None
     return render_status(
-        status, findings, width=width, color=_use_color(), now=datetime.now(timezone.utc)
+        status,
+        findings,
+        width=width,
+        color=_use_color(),
+        now=datetime.now(timezone.utc),
+        launcher_gone=gone,
     )
 
 

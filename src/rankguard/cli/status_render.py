@@ -297,9 +297,20 @@ def _header(
     findings = _text(total) + (f" ({_text(active)} active)" if active is not None else "")
     liveness = _counts(summary, ranks, "process_liveness")
     progress = _counts(summary, ranks, "gpu_progress")
+    problem = []
+    if monitor.get("state") not in (None, "scanning"):
+        problem = [
+            _paint(
+                f"MONITOR {_text(monitor.get('state')).upper()}: {_text(monitor.get('errors'))} "
+                f"failed scan(s), last {_text(monitor.get('last_error'))}",
+                "red",
+                color,
+            )
+        ]
     return [
         f"run {_text(status.get('run_id'))}",
         "state " + _paint(state, _STATE_STYLE.get(state, ""), color),
+        *problem,
         f"updated {updated}",
         f"ranks {_text(observed)}/{_text(expected)} observed",
         f"liveness {_fmt_counts(liveness, _LIVENESS_STYLE, color)}",
@@ -370,20 +381,26 @@ def render_status(
     width: int | None = None,
     color: bool = False,
     now: datetime | None = None,
+    launcher_gone: str | None = None,
 ) -> str:
     """The text screen for one ``status.json`` and the latest findings.
 
     ``width`` wraps the header and cuts every other line to that many visible characters
     (``None``: no limit).
     ``color`` adds ANSI codes: red for problems, yellow for warnings. ``now`` (aware)
-    adds how long ago the monitor last wrote the status. Pure: no I/O, no clock.
+    adds how long ago the monitor last wrote the status. ``launcher_gone``: why the
+    status is frozen (:func:`rankguard.runfiles.launcher_gone`), shown after the
+    header. Pure: no I/O, no clock.
     Control characters in the data are shown escaped (``\\x1b``), never sent to the
     terminal.
     """
     status = _safe(status) if isinstance(status, dict) else {}
     findings = [_safe(f) for f in findings if isinstance(f, dict)]
     ranks = _ranks(status)
-    lines = [*_pack(_header(status, ranks, color, now), width), ""]
+    lines = [*_pack(_header(status, ranks, color, now), width)]
+    if launcher_gone:
+        lines.append(_paint(safe_text(launcher_gone), "red", color))
+    lines.append("")
     if ranks:
         lines.extend(_table(_RANK_HEADER, [_rank_row(r) for r in ranks], _RANK_RIGHT, color))
     else:

@@ -15,7 +15,9 @@ reused since) is refused and logged, the finding saying so.
 
 One fault, one action: while a restart is under way, further findings (the peers of a
 dead rank going stale) are recorded but not acted on. An action that fails (the kill,
-the agent, the store) ends that state, so the next fault is acted on again; stacks that
+the agent, the store) ends that state, so the next fault is acted on again, and leaves
+no mark: the agent's cause (and an abort) and the monitor's restart notice are
+withdrawn, so later exits are findings again, not a restart's doing; stacks that
 could not be written (a full disk) do not stop the kill: the finding says which dumps
 failed and why (``stack_dump_errors``).
 """
@@ -52,6 +54,8 @@ logger = logging.getLogger(__name__)
 
 class AgentControl(Protocol):
     def set_cause(self, finding: dict[str, Any], *, abort: bool) -> None: ...
+
+    def withdraw_cause(self, finding: dict[str, Any]) -> None: ...
 
 
 class MonitorView(Protocol):
@@ -201,18 +205,33 @@ class FaultHandler(FindingSink):
                 self.agent.set_cause(cause, abort=True)
             self.monitor.note_restart(f"{action} after {finding.finding_type.value} on rank {rank}")
             return
+        reason = f"{action} after {finding.finding_type.value} on rank {rank}"
         self.agent.set_cause(cause, abort=action == "abort")
-        self.monitor.note_restart(f"{action} after {finding.finding_type.value} on rank {rank}")
+        self.monitor.note_restart(reason)
+        try:
+            killed = self._kill(rank, action)
+        except Exception:
+            self._withdraw(cause, reason)
+            raise
+        if not killed:
+            self._withdraw(cause, reason)
+
+    def _kill(self, rank: int, action: str) -> bool:
+        """SIGKILL the culprit (here, or through its node's relay); False if it was not
+        (refused, or nobody can reach it)."""
         state = self.monitor.rules.ranks.get(rank)
         rec = state.record if state else None
         if rec is None:
-            return
+            logger.error("rankguard: rank %d has no process to kill", rank)
+            return False
         pid = rec.pid
         if self._dumps_here(rec):
             logger.warning("rankguard: %s: killing rank %d (pid %d)", action, rank, pid)
             if not kill_marked([KillTarget(rank=rank, pid=pid, kill=True)], owner=self.workers):
                 logger.error("rankguard: rank %d (pid %d) was not killed", rank, pid)
-        elif self.remote_kill is not None:
+                return False
+            return True
+        if self.remote_kill is not None:
             node = rec.node_rank or 0
             others = [
                 {"rank": r, "pid": s.record.pid}
@@ -220,5 +239,14 @@ class FaultHandler(FindingSink):
                 if r != rank and s.record is not None and s.record.node_rank == node
             ]
             self.remote_kill(node, [{"rank": rank, "pid": pid, "kill": True}, *others])
-        else:
-            logger.error("rankguard: cannot reach node of rank %d to kill it", rank)
+            return True  # the relay checks and kills (or refuses and logs it there)
+        logger.error("rankguard: cannot reach node of rank %d to kill it", rank)
+        return False
+
+    def _withdraw(self, cause: dict[str, Any], reason: str) -> None:
+        """The kill did not happen: no restart is under way because of it."""
+        logger.error("rankguard: %s did not happen: the next fault is acted on again", reason)
+        self.agent.withdraw_cause(cause)
+        self.monitor.rules.cancel_restart(reason)
+        with self._lock:
+            self._busy = False

@@ -10,6 +10,11 @@ in the number of ranks.
 
 The monitor runs in a daemon thread of the launcher; it never signals or waits on a
 training process, and every exception inside a scan is logged and counted, not raised.
+A scan that fails as a whole (an exception in the scan, or escaping it into the thread)
+is logged with its traceback, counted (``monitor.errors``, ``monitor.last_error``) and
+written into ``status.json`` at once (``monitor.state: "failing"``); the thread goes on
+scanning, backing off (up to :data:`MAX_BACKOFF_S`) while scans keep failing. Should the
+thread itself end on an error, ``status.json`` says ``monitor.state: "stopped"``.
 
 A write that fails (a full disk) loses nothing and stops nothing: the sinks act on a
 finding whether or not its line could be appended; lines of ``findings.jsonl`` and
@@ -40,7 +45,7 @@ from rankguard.heartbeat.api import Evaluator, FindingSink, RemoteSource, Status
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.disk import DiskState, disk_state
 from rankguard.heartbeat.perfranks import PerfRanks
-from rankguard.heartbeat.procs import pid_running
+from rankguard.heartbeat.procs import pid_running, process_start_time
 from rankguard.heartbeat.rules import HeartbeatRules, Liveness, Progress, RankState
 from rankguard.heartbeat.tailer import JsonlTailer
 from rankguard.schema.findings import Finding
@@ -50,6 +55,8 @@ from rankguard.schema.records import SCHEMA_VERSION, HeartbeatRecord
 __all__ = ["Evaluator", "FindingSink", "JobMonitor", "RemoteSource", "StatusSource"]
 
 logger = logging.getLogger(__name__)
+
+MAX_BACKOFF_S = 5.0  # longest wait between scans while scans keep failing
 
 
 def _iso_now() -> str:
@@ -85,6 +92,7 @@ class JobMonitor:
         self.check_pids = check_pids
         self.clock = clock
         self.hostname = socket.gethostname()
+        self._pid_start = process_start_time(os.getpid())
         self.rules = HeartbeatRules(
             cfg,
             run_id,
@@ -96,10 +104,15 @@ class JobMonitor:
         self.config_snapshot = config_snapshot
         self.scan_count = 0
         self.scan_errors = 0
+        self.errors = 0  # scans that failed as a whole (status not built)
+        self.consecutive_errors = 0
+        self.last_error: str | None = None
+        self.state = "scanning"  # "failing" while scans fail; "stopped": the thread ended
         self.last_scan_s = 0.0
         self.sink_errors = 0
         self.write_errors = 0  # failed writes of mirrored records and health copies
         self.status_write_errors = 0
+        self._status_unwritten = False  # the last status could not be written
         self.last_write_error: str | None = None
         self._findings_out = QueuedJsonl(self.layout.findings)
         self._perf_out = QueuedJsonl(self.layout.perf_ranks)
@@ -158,9 +171,11 @@ class JobMonitor:
         """See :meth:`HeartbeatRules.note_shutdown` (safe from a signal handler)."""
         self.rules.note_shutdown(reason)
 
-    def stop(self, drain_timeout_s: float = 0.0) -> dict[str, Any]:
+    def stop(self, drain_timeout_s: float = 0.0, write_wait_s: float = 5.0) -> dict[str, Any]:
         """Stop scanning; first keep scanning up to ``drain_timeout_s`` until every rank
-        has ended (and every relaying node said it is done). Returns the final status."""
+        has ended (and every relaying node said it is done), then, while findings or the
+        status could not be written (a full disk), up to ``write_wait_s`` more. Returns
+        the final status."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
@@ -170,7 +185,22 @@ class JobMonitor:
             if self._all_ended() or self.clock() >= deadline:
                 break
             time.sleep(min(0.2, self.cfg.scan_interval_s))
+        give_up = time.monotonic() + write_wait_s
+        while self._unwritten() and time.monotonic() < give_up:
+            time.sleep(0.5)
+            self.scan_once()
+        if self._unwritten():
+            logger.error(
+                "rankguard monitor: the job ended with %d finding(s) and %s unwritten "
+                "(%s): they are lost",
+                self._findings_out.unwritten,
+                "the final status" if self._status_unwritten else "no status",
+                self.last_write_error,
+            )
         return self.status
+
+    def _unwritten(self) -> bool:
+        return bool(self._status_unwritten or self._findings_out.unwritten)
 
     def _all_ended(self) -> bool:
         world = self.rules.world_size()
@@ -181,12 +211,28 @@ class JobMonitor:
         return ended and (self.remote is None or self.remote.nodes_done())
 
     def _loop(self) -> None:
+        try:
+            self._scan_loop()
+        except BaseException as exc:  # the thread ends: say so where people look
+            self._scan_failed(exc, thread=True)
+            self.state = "stopped"
+            self._write_error_status()
+            raise
+
+    def _scan_loop(self) -> None:
         # Fixed rate: a slow scan does not push every later scan back by its duration.
         interval = self.cfg.scan_interval_s
         next_at = time.monotonic() + interval
         while not self._stop.wait(max(0.0, next_at - time.monotonic())):
-            self.scan_once()
-            next_at = max(next_at + interval, time.monotonic() + 0.1 * interval)
+            try:
+                self.scan_once()
+            except Exception as exc:  # a bug escaping the scan's own guard
+                self._scan_failed(exc, thread=True)
+            if self.consecutive_errors:  # bounded back-off while scans keep failing
+                wait = min(MAX_BACKOFF_S, interval * 2.0 ** min(self.consecutive_errors, 16))
+                next_at = time.monotonic() + max(interval, wait)
+            else:
+                next_at = max(next_at + interval, time.monotonic() + 0.1 * interval)
 
     # ---- one scan -------------------------------------------------------------------
 
@@ -195,12 +241,62 @@ class JobMonitor:
             t0 = time.perf_counter()
             try:
                 findings = self._scan()
-            except Exception:
+            except Exception as exc:
                 self.scan_errors += 1
-                logger.exception("rankguard monitor: scan failed")
+                self._scan_failed(exc)
                 return []
             self.last_scan_s = time.perf_counter() - t0
+            if self.consecutive_errors:
+                logger.warning(
+                    "rankguard monitor: scanning again after %d failed scan(s)",
+                    self.consecutive_errors,
+                )
+            self.consecutive_errors = 0
+            self.state = "scanning"
             return findings
+
+    def _scan_failed(self, exc: BaseException, *, thread: bool = False) -> None:
+        """A whole scan failed: logged with its traceback (the first of a run of
+        failures, then every 20th), counted, and said in ``status.json`` at once."""
+        self.errors += 1
+        self.consecutive_errors += 1
+        where = "monitor thread" if thread else "scan"
+        self.last_error = f"{_iso_now()} {where}: {type(exc).__name__}: {exc}"[:500]
+        if self.state != "stopped":
+            self.state = "failing"
+        if self.consecutive_errors == 1 or self.consecutive_errors % 20 == 0:
+            logger.error(
+                "rankguard monitor: SCAN FAILED (%d in a row, %d in all); nothing is "
+                "monitored until a scan succeeds again",
+                self.consecutive_errors,
+                self.errors,
+                exc_info=(type(exc), exc, exc.__traceback__),
+            )
+        self._write_error_status()
+
+    def _write_error_status(self) -> None:
+        """The last status with the monitor's error state, written at once."""
+        try:
+            status: dict[str, Any] = dict(self.status) or {
+                "schema_version": SCHEMA_VERSION,
+                "run_id": self.run_id,
+                "state": "starting",
+            }
+            monitor: dict[str, Any] = dict(status.get("monitor") or {})
+            status["updated_wall_time"] = _iso_now()
+            status["monitor"] = {**monitor, **self._error_fields()}
+            self.status = status
+            atomic_write_json(self.layout.status, status, indent=None)
+        except Exception as exc:  # nothing may escape the error path
+            logger.error("rankguard monitor: cannot write the error status: %s", exc)
+
+    def _error_fields(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "errors": self.errors,
+            "consecutive_errors": self.consecutive_errors,
+            "last_error": self.last_error,
+        }
 
     def _scan(self) -> list[Finding]:
         now = self.clock()
@@ -231,7 +327,9 @@ class JobMonitor:
         try:
             # Compact: at thousands of ranks indentation alone costs a third of a scan.
             atomic_write_json(self.layout.status, self.status, indent=None)
+            self._status_unwritten = False
         except OSError as exc:  # written again at the next scan
+            self._status_unwritten = True
             self._write_failed(self.layout.status, exc, status=True)
         return findings
 
@@ -515,9 +613,11 @@ class JobMonitor:
             "state": job_state,
             "monitor": {
                 "hostname": self.hostname,
-                "pid": os.getpid(),
+                "pid": os.getpid(),  # the launcher's: the monitor is its thread
+                "pid_start": self._pid_start,  # with the pid: is that launcher alive?
                 "scan_count": self.scan_count,
                 "scan_errors": self.scan_errors,
+                **self._error_fields(),
                 "last_scan_s": round(self.last_scan_s, 6),
                 "expected_world_size": world,
                 "ignored_records": rules.ignored_records,

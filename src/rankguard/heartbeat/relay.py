@@ -30,6 +30,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,8 @@ from rankguard.schema.records import Event, HeartbeatRecord, RecordError, supers
 __all__ = ["StoreRelay", "StoreRemoteSource", "publish_control", "request_kill"]
 
 logger = logging.getLogger(__name__)
+
+MAX_BACKOFF_S = 5.0  # longest wait between pushes while pushes keep failing
 
 
 def publish_control(store: Any, run_id: str, stop_at_step: int, reason: str) -> None:
@@ -92,6 +95,8 @@ class StoreRelay:
         self.interval_s = interval_s
         self.pushes = 0
         self.errors = 0
+        self.last_error: str | None = None
+        self.stopped: str | None = None  # why the relay thread ended on an error
         self.ignored_records = 0
         self._latest: dict[int, HeartbeatRecord] = {}
         self._started: dict[int, int] = {}  # rank -> start time (ns) of its latest process
@@ -133,12 +138,43 @@ class StoreRelay:
         self._wake.set()
 
     def _loop(self) -> None:
+        try:
+            self._push_loop()
+        except BaseException as exc:  # the thread ends: node 0 stops hearing from us
+            self.stopped = f"{type(exc).__name__}: {exc}"
+            logger.critical(
+                "rankguard relay: THE RELAY THREAD OF NODE %d STOPPED; node 0 no longer "
+                "receives this node's heartbeats",
+                self.node_rank,
+                exc_info=(type(exc), exc, exc.__traceback__),
+            )
+            raise
+
+    def _push_loop(self) -> None:
+        failures = 0
         while not self._stop.is_set():
-            self._wake.wait(self.interval_s)
+            # bounded back-off while pushes keep failing in a way push_once did not catch
+            wait = min(MAX_BACKOFF_S, self.interval_s * 2.0 ** min(failures, 16))
+            self._wake.wait(max(self.interval_s, wait) if failures else self.interval_s)
             self._wake.clear()
             if self._stop.is_set():
                 break
-            self.push_once()
+            try:
+                self.push_once()
+                failures = 0
+            except Exception as exc:  # a bug escaping push_once's own guards
+                failures += 1
+                self.errors += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"[:500]
+                if failures == 1 or failures % 20 == 0:
+                    logger.error(
+                        "rankguard relay: PUSH FAILED (%d in a row, %d in all); node 0 "
+                        "gets nothing from node %d until a push succeeds again",
+                        failures,
+                        self.errors,
+                        self.node_rank,
+                        exc_info=(type(exc), exc, exc.__traceback__),
+                    )
 
     def _collect(self) -> None:
         with os.scandir(self.run_dir) as it:
@@ -234,6 +270,7 @@ class StoreRelay:
                 for rec in self._latest.values()
             ]
             payload = {
+                "seq": self.pushes,  # node 0 tells a live relay from a stuck one by it
                 "records": records,
                 "health": self._health(),
                 "disk": disk_state(self.run_dir).to_dict(),
@@ -251,14 +288,28 @@ class StoreRelay:
 class StoreRemoteSource(RemoteSource):
     """Node 0: read what the relays of nodes 1..nnodes-1 pushed."""
 
-    def __init__(self, store: Any, run_id: str, nnodes: int) -> None:
+    def __init__(
+        self,
+        store: Any,
+        run_id: str,
+        nnodes: int,
+        *,
+        disk_max_age_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``disk_max_age_s``: a node's relayed disk state counts for that long after
+        its relay's last new push; then it is unknown (not full): a relay that died
+        while its disk was full must not keep its ranks from being found dead."""
         self.store = store
         self.run_id = run_id
         self.keys = StoreKeys(run_id)
         self.nodes = list(range(1, nnodes))
+        self.disk_max_age_s = disk_max_age_s
+        self.clock = clock
         self._shutdowns: dict[int, str] = {}
         self._root_causes: dict[int, tuple[int, int | None]] = {}
         self._disks: dict[int, DiskState] = {}
+        self._pushed: dict[int, tuple[Any, float]] = {}  # node -> (its push seq, seen at)
 
     def root_causes(self) -> dict[int, tuple[int, int | None]]:
         """Each node's agent's root cause of its failed workers (last :meth:`fetch`)."""
@@ -269,8 +320,20 @@ class StoreRemoteSource(RemoteSource):
         return dict(self._shutdowns)
 
     def disks(self) -> dict[int, DiskState]:
-        """Each node's disk state as of the last :meth:`fetch` (nodes that said)."""
-        return dict(self._disks)
+        """Each node's disk state as of the last :meth:`fetch` (nodes that said); a
+        state whose relay has not pushed anything new for ``disk_max_age_s`` is
+        replaced by an unknown one (``full`` False, ``error`` saying why)."""
+        now = self.clock()
+        out = {}
+        for node, disk in self._disks.items():
+            _, seen = self._pushed.get(node, (None, now))
+            age = now - seen
+            if age > self.disk_max_age_s:
+                disk = DiskState(
+                    full=False, error=f"no new push from node {node}'s relay for {age:.0f}s"
+                )
+            out[node] = disk
+        return out
 
     def fetch(self) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]:
         records: list[dict[str, Any]] = []
@@ -280,6 +343,9 @@ class StoreRemoteSource(RemoteSource):
             if not self.store.check([key]):
                 continue
             payload = json.loads(self.store.get(key))
+            seq = payload.get("seq")
+            if seq is None or self._pushed.get(node, (None, 0.0))[0] != seq:
+                self._pushed[node] = (seq, self.clock())
             records.extend(payload.get("records") or [])
             if payload.get("health"):
                 health[node] = payload["health"]

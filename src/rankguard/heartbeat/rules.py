@@ -28,6 +28,9 @@ another phase (rank 0 saving alone, the others waiting at the next collective) i
 ``blocked_by`` that peer, not hung, for as long as the peer's phase timeout; the peer's
 own timeout names it if it never comes back.
 
+A rank that vanishes without ``process_end`` while it is stale on a full disk is not
+reported as died: the ``process_end`` of a clean exit is lost the same way; its ``exit``
+says so (``on_full_disk``) and the agent's exit codes decide how the job ended.
 A rank that goes stale on a node whose disk is full (:meth:`HeartbeatRules.note_disk`,
 fed by the monitor each scan) gets ``node_disk_full`` instead of
 ``rank_process_heartbeat_timeout``: its heartbeats cannot be written, which says nothing
@@ -215,6 +218,12 @@ class HeartbeatRules:
         the restart's doing, not findings."""
         self.restarting = reason
 
+    def cancel_restart(self, reason: str) -> None:
+        """The restart noted with ``reason`` will not happen (its kill failed): exits
+        are findings again."""
+        if self.restarting == reason:
+            self.restarting = None
+
     def note_disk(self, node_rank: int | None, disk: DiskState, now: float) -> None:
         """The disk state of node ``node_rank``'s run directory (None: of every node that
         reports none of its own, as with a shared filesystem), measured at ``now``."""
@@ -400,6 +409,21 @@ class HeartbeatRules:
             s.blocked_by = []
             clean = bool(exit_info.get("clean", True))
             s.progress = Progress.COMPLETED if clean else Progress.UNKNOWN
+            if (
+                not clean
+                and exit_info.get("vanished")
+                and FindingType.PROCESS_EXITED not in s.active
+                and self._full_disk(s, now, cfg.process_timeout_s) is not None
+            ):
+                # Gone without a process_end while its heartbeats could not be written:
+                # a clean end's last record is lost the same way, so it is not "died".
+                s.active.add(FindingType.PROCESS_EXITED)
+                s.record = rec.with_exit(
+                    on_full_disk="its process_end could not be written (full disk): "
+                    "how it ended is unknown here; the launcher's exit code says"
+                )
+                self._clear(s, FindingType.NODE_DISK_FULL)
+                return out
             self._clear(
                 s,
                 FindingType.PROCESS_TIMEOUT,

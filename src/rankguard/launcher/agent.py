@@ -24,6 +24,7 @@ process (:mod:`rankguard.ft.kill`).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -42,6 +43,7 @@ from rankguard.ft.kill import OwnedWorkers
 __all__ = [
     "RankguardAgent",
     "add_peer_errors",
+    "drop_torn_error_files",
     "first_failure",
     "worker_pids",
     "worker_stop_signal",
@@ -80,6 +82,23 @@ def first_failure(result: Any) -> dict[str, Any] | None:
         "error": str(message)[-2000:] if message else None,
         "error_file": failure.error_file,
     }
+
+
+def drop_torn_error_files(error_files: dict[int, str]) -> list[str]:
+    """Delete the workers' error files that are not valid JSON (cut short by a kill);
+    the paths deleted."""
+    torn = []
+    for path in error_files.values():
+        try:
+            with open(path, encoding="utf-8") as fh:
+                json.load(fh)
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+                torn.append(path)
+    return torn
 
 
 def add_peer_errors(
@@ -168,6 +187,7 @@ class RankguardAgent(LocalElasticAgent):
         self._on_failure = on_failure
         self._grace_s = grace_s
         self._cause: dict[str, Any] | None = None
+        self._before_cause: tuple[dict[str, Any] | None, bool, int] | None = None
         self.last_failure: dict[str, Any] | None = None
         self.aborted = False
         self.restarts = 0
@@ -180,10 +200,19 @@ class RankguardAgent(LocalElasticAgent):
     def set_cause(self, finding: dict[str, Any], *, abort: bool) -> None:
         """The launcher is about to kill a worker because of ``finding``."""
         with self._cause_lock:
+            self._before_cause = (self._cause, self.aborted, self._remaining_restarts)
             self._cause = finding
             if abort:
                 self.aborted = True
                 self._remaining_restarts = 0
+
+    def withdraw_cause(self, finding: dict[str, Any]) -> None:
+        """The kill for ``finding`` did not happen: no restart (or abort) because of it;
+        the cause, the abort and the restart budget are as they were before it."""
+        with self._cause_lock:
+            if self._cause is finding and self._before_cause is not None:
+                self._cause, self.aborted, self._remaining_restarts = self._before_cause
+                self._before_cause = None
 
     @property
     def pending_cause(self) -> dict[str, Any] | None:
@@ -206,7 +235,18 @@ class RankguardAgent(LocalElasticAgent):
         return pids
 
     def _monitor_workers(self, worker_group: Any) -> Any:
-        result = super()._monitor_workers(worker_group)
+        try:
+            result = super()._monitor_workers(worker_group)
+        except ValueError:
+            # torch parses each failed worker's error file; a worker terminated while
+            # writing it (SIGTERM to the group's survivors) leaves it torn, and torch's
+            # agent would die on it. Drop the torn files (torch then names the exit
+            # code or signal instead) and look again.
+            torn = drop_torn_error_files(getattr(self._pcontext, "error_files", {}))
+            if not torn:
+                raise
+            logger.warning("rankguard: torn worker error file(s) dropped: %s", torn)
+            result = super()._monitor_workers(worker_group)
         if result.is_failed() and self.last_failure is None:
             self._add_peer_errors(result, worker_group)
             self.last_failure = first_failure(result)

@@ -43,8 +43,10 @@ def check_launch(opts: LaunchOptions, cfg: RankguardConfig) -> LaunchChecks:
             "are reported, not restarted (set fault_tolerance.enable_ft_package=true)"
         )
     if opts.multi_node and hb.enabled and not cfg.no_shared_fs and opts.node_rank != 0:
+        # node rank unknown (told by the rendezvous later): said for every node
+        which = "this node's heartbeats are" if opts.node_rank else "heartbeats of nodes > 0 are"
         warnings.append(
-            "no_shared_fs=false: this node's heartbeats are NOT relayed; node 0 sees them "
+            f"no_shared_fs=false: {which} NOT relayed; node 0 sees them "
             "only if log_dir is on a filesystem shared with it"
         )
     return LaunchChecks(max_restarts, tuple(warnings))

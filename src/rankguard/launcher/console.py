@@ -17,7 +17,7 @@ from rankguard.heartbeat.monitor import JobMonitor
 from rankguard.schema.findings import Finding
 from rankguard.textsafe import safe_text
 
-__all__ = ["LiveStatus", "status_line"]
+__all__ = ["LiveStatus", "monitor_problem", "status_line"]
 
 
 def status_line(status: dict[str, Any]) -> str:
@@ -37,9 +37,22 @@ def _status_line(status: dict[str, Any]) -> str:
     it = f"iter {min(iters)}-{max(iters)}" if iters else "iter -"
     live_s = " ".join(f"{k}={v}" for k, v in sorted(live.items()))
     prog_s = " ".join(f"{k}={v}" for k, v in sorted(prog.items()))
-    return (
+    line = (
         f"[{status.get('state')}] {it} | {live_s} | {prog_s} | "
         f"findings {summary.get('findings_total', 0)}"
+    )
+    return line + monitor_problem(status)
+
+
+def monitor_problem(status: dict[str, Any]) -> str:
+    """`` | MONITOR FAILING ...`` when the monitor's scans fail or its thread stopped
+    (``monitor.state`` in status.json); empty otherwise."""
+    monitor = status.get("monitor")
+    if not isinstance(monitor, dict) or monitor.get("state") in (None, "scanning"):
+        return ""
+    return (
+        f" | MONITOR {str(monitor.get('state')).upper()} ({monitor.get('errors')} failed "
+        f"scan(s); last: {monitor.get('last_error')})"
     )
 
 

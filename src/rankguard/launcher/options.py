@@ -33,7 +33,8 @@ class LaunchOptions:
     min_nodes: int = 1
     max_nodes: int = 1
     nproc_per_node: int = 1
-    node_rank: int = 0
+    # None: told by the rendezvous (torch elastic's group rank), as under torchrun
+    node_rank: int | None = 0
     rdzv_endpoint: str | None = None
     rdzv_id: str | None = None
     rdzv_join_timeout_s: float = 600.0
@@ -50,7 +51,7 @@ class LaunchOptions:
             raise ValueError(
                 f"--nnodes: need 1 <= min <= max, got {self.min_nodes}:{self.max_nodes}"
             )
-        if not 0 <= self.node_rank < self.max_nodes:
+        if self.node_rank is not None and not 0 <= self.node_rank < self.max_nodes:
             raise ValueError(f"--node-rank: must be in [0, {self.max_nodes}), got {self.node_rank}")
         if self.max_restarts < 0:
             raise ValueError(f"--max-restarts: must be >= 0, got {self.max_restarts}")
@@ -103,7 +104,9 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
         "--node_rank",
         type=int,
         default=None,
-        help="this node's rank, 0..N-1 (required with --nnodes > 1; 0 otherwise)",
+        help="this node's rank, 0..N-1 (optional: the rendezvous numbers the nodes, as "
+        "under torchrun; when given, it is checked against the rendezvous' number and "
+        "node 0 hosts the rendezvous store)",
     )
     g.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default=None, help="HOST:PORT")
     g.add_argument("--rdzv-id", "--rdzv_id", "--run-id", dest="rdzv_id", default=None)
@@ -167,7 +170,7 @@ def options_from_args(args: argparse.Namespace) -> tuple[LaunchOptions, list[str
         min_nodes=lo,
         max_nodes=hi,
         nproc_per_node=args.nproc_per_node,
-        node_rank=0 if args.node_rank is None else args.node_rank,
+        node_rank=args.node_rank if args.node_rank is not None or hi > 1 else 0,
         rdzv_endpoint=endpoint,
         rdzv_id=args.rdzv_id,
         rdzv_join_timeout_s=args.rdzv_join_timeout,
@@ -176,16 +179,6 @@ def options_from_args(args: argparse.Namespace) -> tuple[LaunchOptions, list[str
         standalone=args.standalone or (hi == 1 and endpoint is None),
         preload=tuple(m.strip() for m in args.preload.split(",") if m.strip()),
     )
-    if args.node_rank is None and hi > 1:
-        # torchrun can leave it out (the rendezvous numbers the nodes); rankguard cannot
-        # yet: node 0 hosts the rendezvous store and the job monitor before the
-        # rendezvous, and nodes without a rank would each take themselves for node 0.
-        raise ValueError(
-            f"--node-rank is required with several nodes (--nnodes {args.nnodes}): give "
-            f"each node its own rank 0..{hi - 1} (node 0 hosts the rendezvous store at "
-            "the rendezvous endpoint and runs the job monitor); under Slurm, --node-rank "
-            "$SLURM_NODEID"
-        )
     all_overrides = [*args.overrides, *overrides]
     if args.log_dir:
         all_overrides.insert(0, f"log_dir={args.log_dir}")

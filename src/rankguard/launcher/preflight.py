@@ -5,17 +5,21 @@ fallback) and applies the health rules of the heartbeat monitor: an unhealthy GP
 (uncorrected ECC errors, a row-remap failure, a pending recovery action) stops the
 launch with exit code :data:`EXIT_UNHEALTHY_GPU` and says which GPU and why; warnings
 are printed and the job starts; a machine without GPUs or NVML says ``unavailable`` and
-goes on. The snapshot is kept as ``preflight_node_<n>.json`` in the run directory.
+goes on. The snapshot is kept as ``preflight_node_<n>.json`` in the run directory
+(``preflight_<hostname>.json`` when ``--node-rank`` is not given: the check runs before
+the rendezvous numbers the nodes).
 """
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rankguard._fs import atomic_write_json
 from rankguard.health import collect_gpu_health
+from rankguard.schema.layout import preflight_file_name
 
 __all__ = ["EXIT_UNHEALTHY_GPU", "preflight_gpu_check"]
 
@@ -27,16 +31,20 @@ def _describe(gpu: dict[str, Any]) -> str:
     return f"GPU {gpu.get('index')} ({gpu.get('name')}, {gpu.get('uuid')}): {problems}"
 
 
+def _node(node_rank: int | None) -> str:
+    return f"node {node_rank}" if node_rank is not None else f"host {socket.gethostname()}"
+
+
 def preflight_gpu_check(
     *,
     command_timeout_s: float,
-    node_rank: int,
+    node_rank: int | None,
     run_dir: Path,
     say: Callable[[str], None],
 ) -> int | None:
     """None to go on, or the exit code to stop with."""
     snapshot = collect_gpu_health(command_timeout_s=command_timeout_s)
-    atomic_write_json(run_dir / f"preflight_node_{node_rank}.json", snapshot)
+    atomic_write_json(run_dir / preflight_file_name(node_rank, socket.gethostname()), snapshot)
     status = snapshot.get("status")
     gpus = snapshot.get("gpus") or []
     if status == "unavailable":
@@ -53,7 +61,7 @@ def preflight_gpu_check(
         for gpu in bad:
             say(f"GPU health check: UNHEALTHY: {_describe(gpu)}")
         say(
-            f"refusing to launch on node {node_rank}: {len(bad)} unhealthy GPU(s) "
+            f"refusing to launch on {_node(node_rank)}: {len(bad)} unhealthy GPU(s) "
             f"(enable_gpu_health_check=true); exit code {EXIT_UNHEALTHY_GPU}"
         )
         return EXIT_UNHEALTHY_GPU

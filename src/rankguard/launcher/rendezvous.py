@@ -29,13 +29,20 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous.api import RendezvousHandler, RendezvousInfo
 
-__all__ = ["LOOPBACK", "FreshStoreRendezvous", "loopback_store_server"]
+__all__ = [
+    "LOOPBACK",
+    "FreshStoreRendezvous",
+    "RoundWatcher",
+    "loopback_store_server",
+    "rendezvous_store",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -132,4 +139,79 @@ class FreshStoreRendezvous(RendezvousHandler):
 
     def shutdown(self) -> bool:
         self.server = None
+        return self.inner.shutdown()
+
+
+def rendezvous_store(
+    host: str, port: int, is_host: bool | None, *, timeout_s: float = 60.0
+) -> tuple[TCPStore, bool]:
+    """The c10d rendezvous store at ``host:port`` and whether this process hosts it.
+
+    As torch elastic's c10d backend chooses (``_create_tcp_store``): ``is_host`` given,
+    it is obeyed; otherwise this node hosts the store when ``host`` is one of this
+    machine's names or addresses (torch's own ``_matches_machine_hostname``), and if that
+    fails to bind (another agent on this machine was first: several agents on one
+    host, as on loopback) it joins as a client. Torch's backend does not say which it
+    did; rankguard needs to know, because the store must outlive node 0's monitor."""
+    from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
+
+    guessed = is_host is None
+    first = _matches_machine_hostname(host) if guessed else bool(is_host)
+    for server in dict.fromkeys([first, False]):
+        try:
+            store = TCPStore(
+                host,
+                port,
+                is_master=server,
+                multi_tenant=True,
+                timeout=timedelta(seconds=timeout_s),
+            )
+        except (ValueError, RuntimeError, TimeoutError) as exc:
+            if not server or not guessed:
+                raise RuntimeError(
+                    f"cannot {'host' if server else 'reach'} the rendezvous store at "
+                    f"{host}:{port}: {exc}"
+                ) from exc
+            logger.info("rendezvous store: %s:%d is hosted by another agent here", host, port)
+            continue
+        return store, server
+    raise AssertionError("unreachable")
+
+
+class RoundWatcher(RendezvousHandler):
+    """Torch elastic's handler, unchanged, plus a call of ``on_round(info)`` after each
+    completed round: the agent's group rank in ``info.rank`` is this node's identity
+    (torch numbers the nodes of a round; ``--node-rank`` is not needed)."""
+
+    def __init__(
+        self, inner: RendezvousHandler, on_round: Callable[[RendezvousInfo], None]
+    ) -> None:
+        self.inner = inner
+        self.on_round = on_round
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        info = self.inner.next_rendezvous()
+        self.on_round(info)
+        return info
+
+    @property
+    def use_agent_store(self) -> bool:
+        return bool(self.inner.use_agent_store)
+
+    def get_backend(self) -> str:
+        return self.inner.get_backend()
+
+    def is_closed(self) -> bool:
+        return self.inner.is_closed()
+
+    def set_closed(self) -> None:
+        self.inner.set_closed()
+
+    def num_nodes_waiting(self) -> int:
+        return self.inner.num_nodes_waiting()
+
+    def get_run_id(self) -> str:
+        return self.inner.get_run_id()
+
+    def shutdown(self) -> bool:
         return self.inner.shutdown()

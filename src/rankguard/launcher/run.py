@@ -29,7 +29,9 @@ from rankguard.launcher.agent import RankguardAgent, first_failure
 from rankguard.launcher.checks import check_launch
 from rankguard.launcher.console import LiveStatus
 from rankguard.launcher.exitcodes import EXIT_USAGE, JobOutcome, exit_code
+from rankguard.launcher.node import node_identity
 from rankguard.launcher.options import LaunchOptions
+from rankguard.launcher.rendezvous import RoundWatcher
 from rankguard.launcher.rundir import ForeignDirectoryError, prepare_run_dir
 from rankguard.launcher.services import NodeServices
 from rankguard.schema import layout
@@ -44,40 +46,37 @@ def run_dir_for(cfg: RankguardConfig, run_id: str) -> Path:
     return layout.run_dir(cfg.log_dir, run_id)
 
 
-def _rendezvous(opts: LaunchOptions, run_id: str) -> tuple[Any, Any, str, int]:
-    """The c10d rendezvous handler and the store it uses (hosted here on node 0).
+def _rendezvous(opts: LaunchOptions, run_id: str) -> tuple[Any, Any, str, int, bool]:
+    """The c10d rendezvous handler, the store it uses, its host and port, and whether
+    this agent hosts the store: the node whose ``--rdzv-endpoint`` host is this machine,
+    as torch elastic decides (:func:`rendezvous_store`), or node 0 when ``--node-rank``
+    is given.
 
     ``--standalone``: every store of the job listens on 127.0.0.1 only (the rendezvous
     store here, each round's worker store in :class:`FreshStoreRendezvous`) and the
     workers are told 127.0.0.1 as ``MASTER_ADDR``."""
-    from torch.distributed.elastic.rendezvous import RendezvousParameters
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
         C10dRendezvousBackend,
-        create_backend,
     )
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
         DynamicRendezvousHandler,
         RendezvousTimeout,
     )
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
-    from rankguard.launcher.rendezvous import LOOPBACK, loopback_store_server
+    from rankguard.launcher.rendezvous import LOOPBACK, loopback_store_server, rendezvous_store
 
+    hosting = True
     if opts.standalone:
         # torch's create_backend would bind its store to every interface.
         store: Any = loopback_store_server(0, timeout_s=60.0, multi_tenant=True)
-        backend: Any = C10dRendezvousBackend(store, run_id)
         endpoint = f"{LOOPBACK}:{store.port}"
     else:
         endpoint = str(opts.rdzv_endpoint)
-        params = RendezvousParameters(
-            backend="c10d",
-            endpoint=endpoint,
-            run_id=run_id,
-            min_nodes=opts.min_nodes,
-            max_nodes=opts.max_nodes,
-            is_host=opts.node_rank == 0,
-        )
-        backend, store = create_backend(params)
+        host, port = parse_rendezvous_endpoint(endpoint, default_port=29400)
+        given = None if opts.node_rank is None else opts.node_rank == 0
+        store, hosting = rendezvous_store(host, port, given)
+    backend: Any = C10dRendezvousBackend(store, run_id)
     handler = DynamicRendezvousHandler.from_backend(
         run_id=run_id,
         store=store,
@@ -92,7 +91,7 @@ def _rendezvous(opts: LaunchOptions, run_id: str) -> tuple[Any, Any, str, int]:
         from rankguard.launcher.rendezvous import FreshStoreRendezvous
 
         handler = FreshStoreRendezvous(handler, loopback=opts.standalone)
-    return handler, store, host, int(store.port)
+    return handler, store, host, int(store.port), hosting
 
 
 def _store_client(host: str, port: int) -> Any:
@@ -107,14 +106,14 @@ def job_name(opts: LaunchOptions) -> str:
     return opts.target if opts.module else str(Path(opts.target).resolve())
 
 
-def _worker_env(
-    cfg: RankguardConfig, run_id: str, run_dir: Path, node_rank: int, job: str | None = None
-) -> None:
+def _worker_env(cfg: RankguardConfig, run_id: str, run_dir: Path, job: str | None = None) -> None:
     os.environ[ENV.RUN_ID] = run_id
     if job is not None:
         os.environ[ENV.JOB] = job
     os.environ[ENV.RUN_DIR] = str(run_dir)
-    os.environ[ENV.NODE_RANK] = str(node_rank)
+    # The ranks take their node from torch elastic's GROUP_RANK (the rendezvous' number,
+    # which is rankguard's too): no stale value from an outer environment.
+    os.environ.pop(ENV.NODE_RANK, None)
     os.environ[ENV.CONFIG] = dumps_config(cfg)
     os.environ[ENV.LAUNCHER] = "1"
     os.environ[ENV.LOG_DIR] = str(Path(cfg.log_dir).resolve())
@@ -237,22 +236,70 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
     timeouts = _timeouts_in_force(cfg)
     if timeouts is None or not _environment(opts, cfg, run_id, run_dir):
         return EXIT_USAGE
-    handler, store, host, port = _rendezvous(opts, run_id)
+    handler, store, host, port, hosting = _rendezvous(opts, run_id)
     services = _services(opts, cfg, run_id, run_dir, timeouts, host, port)
-    agent = _agent(opts, cfg, handler, services, max_restarts)
+    node = NodeStart(opts, cfg, run_id, run_dir, f"{host}:{port}", services)
+    agent = _agent(opts, cfg, RoundWatcher(handler, node.on_round), services, max_restarts)
+    node.agent = agent
     services.workers = agent.workers  # fault tolerance signals these processes only
-    _write_launcher_file(opts, cfg, run_id, run_dir, f"{host}:{port}")
-    _say(
-        f"run {run_id}: {opts.nproc_per_node} rank(s) on node {opts.node_rank}, files in {run_dir}"
-    )
-    services.start()
-    services.attach_agent(agent)
     try:
-        result, stopped_by = _run_agent(agent, services, opts.live_status)
+        result, stopped_by = _run_agent(agent, node)
     finally:
         _stop(services, handler, run_dir)
-        del store  # node 0 hosted it: it had to outlive the drain above
+        if hosting and services.node_rank not in (None, 0):
+            _keep_store_for_monitor(services)
+        del store  # hosted here: it had to outlive node 0's drain
     return exit_code(_outcome(result, stopped_by, agent, services, cfg, max_restarts))
+
+
+class NodeStart:
+    """Called by the rendezvous after each round (:class:`RoundWatcher`): the first one
+    tells this node's rank (:mod:`.node`); the node's services start then, before its
+    workers do."""
+
+    def __init__(
+        self,
+        opts: LaunchOptions,
+        cfg: RankguardConfig,
+        run_id: str,
+        run_dir: Path,
+        rendezvous: str,
+        services: NodeServices,
+    ) -> None:
+        self.opts, self.cfg, self.run_id, self.run_dir = opts, cfg, run_id, run_dir
+        self.rendezvous = rendezvous
+        self.services = services
+        self.agent: RankguardAgent | None = None
+        self.live: LiveStatus | None = None
+
+    def on_round(self, info: Any) -> None:
+        decided = node_identity(self.opts.node_rank, int(info.rank), self.services.node_rank)
+        if decided.warning:
+            _say(decided.warning)
+        if not decided.first:
+            return
+        node = self.services.node_rank = decided.node_rank
+        _write_launcher_file(self.opts, self.cfg, self.run_id, self.run_dir, self.rendezvous, node)
+        _say(
+            f"run {self.run_id}: {self.opts.nproc_per_node} rank(s) on node {node}"
+            f"{'' if self.opts.node_rank is not None else ' (numbered by the rendezvous)'}, "
+            f"files in {self.run_dir}"
+        )
+        self.services.start()
+        if self.agent is not None:
+            self.services.attach_agent(self.agent)
+        if self.opts.live_status and self.services.monitor is not None:
+            self.live = LiveStatus(self.services.monitor)
+            self.live.start()
+
+
+def _keep_store_for_monitor(services: NodeServices) -> None:
+    """This node hosts the rendezvous store, node 0 runs the monitor: the store stays
+    until node 0's monitor has drained every relay (bounded)."""
+    wait_s = 60.0
+    _say(f"keeping the rendezvous store up to {wait_s:.0f} s for node 0's monitor")
+    if not services.wait_for_monitor(wait_s):
+        _say("node 0's monitor did not say it finished; the rendezvous store goes now")
 
 
 def _check(opts: LaunchOptions, cfg: RankguardConfig) -> int | None:
@@ -260,7 +307,7 @@ def _check(opts: LaunchOptions, cfg: RankguardConfig) -> int | None:
     (said why) when the command line and the configuration cannot run together."""
     for warning in cfg.warnings():
         _say(warning)
-    if cfg.perf.prometheus.enabled and opts.node_rank == 0:
+    if cfg.perf.prometheus.enabled and opts.node_rank in (0, None):
         try:
             import prometheus_client  # noqa: F401
         except ImportError:
@@ -296,7 +343,7 @@ def _preflight(opts: LaunchOptions, cfg: RankguardConfig, run_dir: Path) -> int 
 def _environment(opts: LaunchOptions, cfg: RankguardConfig, run_id: str, run_dir: Path) -> bool:
     """The environment the workers inherit (and ``--preload``'s fork server); False
     (said why) for a usage error."""
-    _worker_env(cfg, run_id, run_dir, opts.node_rank, job_name(opts))
+    _worker_env(cfg, run_id, run_dir, job_name(opts))
     _thread_defaults(opts)
     if opts.standalone:
         _loopback_gloo()
@@ -323,7 +370,7 @@ def _services(
         cfg=cfg,
         run_dir=run_dir,
         run_id=run_id,
-        node_rank=opts.node_rank,
+        node_rank=None,  # told by the first rendezvous round (NodeStart)
         nnodes=opts.max_nodes,
         expected_world_size=opts.expected_world_size,
         store=_store_client(host, port) if opts.multi_node else None,
@@ -376,13 +423,19 @@ def _agent(
 
 
 def _write_launcher_file(
-    opts: LaunchOptions, cfg: RankguardConfig, run_id: str, run_dir: Path, rendezvous: str
+    opts: LaunchOptions,
+    cfg: RankguardConfig,
+    run_id: str,
+    run_dir: Path,
+    rendezvous: str,
+    node_rank: int,
 ) -> None:
     atomic_write_json(
-        layout.RunLayout(run_dir).launcher(opts.node_rank),
+        layout.RunLayout(run_dir).launcher(node_rank),
         {
             "run_id": run_id,
-            "node_rank": opts.node_rank,
+            "node_rank": node_rank,
+            "node_rank_given": opts.node_rank,
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
             "target": opts.target,
@@ -395,23 +448,18 @@ def _write_launcher_file(
     )
 
 
-def _run_agent(
-    agent: RankguardAgent, services: NodeServices, live_status: bool
-) -> tuple[Any, int | None]:
+def _run_agent(agent: RankguardAgent, node: NodeStart) -> tuple[Any, int | None]:
     """Run the workers to the end: torch elastic's result, or the signal that stopped
     the launcher."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    live = LiveStatus(services.monitor) if live_status and services.monitor else None
-    if live is not None:
-        live.start()
     try:
         return agent.run(), None
     except SignalException as exc:
         return None, int(exc.sigval)
     finally:
-        if live is not None:
-            live.stop()
+        if node.live is not None:
+            node.live.stop()
 
 
 def _stop(services: NodeServices, handler: Any, run_dir: Path) -> None:
@@ -463,6 +511,12 @@ def _report(run_dir: Path, status: dict[str, Any] | None) -> None:
     status = status or {}
     summary = status.get("summary") or {}
     _say(f"monitor: state {status.get('state')}, {summary.get('findings_total', 0)} finding(s)")
+    monitor = status.get("monitor") or {}
+    if monitor.get("errors"):
+        _say(
+            f"monitor: {monitor['errors']} scan(s) FAILED during the run (nothing was "
+            f"monitored meanwhile); last: {monitor.get('last_error')}"
+        )
     for finding in status.get("recent_findings") or []:
         _say(f"  finding: {finding.get('message')}")
     _say(f"status:   {run_dir / layout.STATUS_FILE}")

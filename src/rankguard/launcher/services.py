@@ -27,7 +27,7 @@ from rankguard.ft.learned import save_learned
 from rankguard.health import HealthCollector
 from rankguard.heartbeat.monitor import JobMonitor
 from rankguard.heartbeat.relay import StoreRelay, StoreRemoteSource, publish_control, request_kill
-from rankguard.schema.layout import RunLayout, ft_state_dir
+from rankguard.schema.layout import RunLayout, StoreKeys, ft_state_dir
 from rankguard.straggler.detector import StragglerDetector
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ class NodeServices:
     cfg: RankguardConfig
     run_dir: Path
     run_id: str
-    node_rank: int
+    node_rank: int | None  # None until the first rendezvous round numbers this node
     nnodes: int
     expected_world_size: int | None
     store: Any = None  # a TCPStore client of the rendezvous store (several nodes)
@@ -166,8 +166,11 @@ class NodeServices:
             publish_control(self.store, self.run_id, stop_at, reason)
 
     def start(self) -> None:
+        """Start this node's services (once the rendezvous told :attr:`node_rank`)."""
         hb = self.cfg.heartbeat
         prometheus = self.cfg.perf.prometheus
+        if self.node_rank is None:
+            raise RuntimeError("the node's services start once the rendezvous numbered it")
         if not hb.enabled:
             return
         if hb.hardware_health.enabled:
@@ -175,7 +178,11 @@ class NodeServices:
             self.collector.start()
         if self.node_rank == 0:
             remote = (
-                StoreRemoteSource(self.store, self.run_id, self.nnodes) if self.relaying else None
+                StoreRemoteSource(
+                    self.store, self.run_id, self.nnodes, disk_max_age_s=hb.process_timeout_s
+                )
+                if self.relaying
+                else None
             )
             monitor = self.monitor = JobMonitor(
                 hb,
@@ -221,6 +228,31 @@ class NodeServices:
             )
             self.relay.start()
 
+    def _say_monitor_done(self) -> None:
+        if self.store is None:
+            return
+        try:
+            self.store.set(StoreKeys(self.run_id).monitor_done, b"1")
+        except Exception as exc:  # the store host is gone already: nobody waits
+            logger.debug("rankguard: cannot mark the monitor done: %s", exc)
+
+    def wait_for_monitor(self, timeout_s: float) -> bool:
+        """This node hosts the rendezvous store but is not node 0: keep the store until
+        node 0's monitor has drained the relays (or ``timeout_s``). True if it said so."""
+        if self.store is None:
+            return True
+        key = StoreKeys(self.run_id).monitor_done
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if self.store.check([key]):
+                    return True
+            except Exception as exc:
+                logger.warning("rankguard: cannot ask the store about node 0's monitor: %s", exc)
+                return False
+            time.sleep(0.1)
+        return False
+
     def note_shutdown(self, reason: str) -> None:
         """The launcher stops the workers (e.g. it received ``reason``, a signal name)."""
         if self.monitor is not None:
@@ -245,6 +277,7 @@ class NodeServices:
             if self.relaying:
                 drain += 2 * hb.publish_interval_s
             status = self.monitor.stop(drain_timeout_s=drain)
+            self._say_monitor_done()
             if self.cfg.fault_tolerance.calc_ft_timeouts:
                 records = [s.record for s in self.monitor.rules.ranks.values() if s.record]
                 save_learned(ft_state_path(self.cfg), self.cfg.fault_tolerance, records)

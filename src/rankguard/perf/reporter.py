@@ -45,7 +45,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
-from rankguard._fs import append_jsonl, atomic_write_json
+from rankguard._fs import QueuedJsonl, atomic_write_json
 from rankguard.perf.config import PerfConfig
 from rankguard.perf.flops import analytic_flops_per_step, mfu, tflops_per_gpu
 from rankguard.perf.memory import memory_gb
@@ -166,6 +166,9 @@ class PerfReporter:
         self.world_size = world_size
         self.run_id = run_id
         self.out_dir = out_dir if rank == 0 else None
+        # perf.jsonl: lines a failed write (a full disk) left wait, in order, for the next
+        # poll; none is lost to a transient write error
+        self._log = QueuedJsonl(self.out_dir / PERF_LOG) if self.out_dir is not None else None
         self.device_name = device_name
         self.cuda_device = cuda_device
         self.console = console if console is not None else sys.stdout
@@ -279,6 +282,11 @@ class PerfReporter:
                 override=None, dtype=self.cfg.dtype, device_name=self.device_name
             )
 
+    @property
+    def unwritten_lines(self) -> int:
+        """perf.jsonl lines waiting for a write to succeed."""
+        return self._log.unwritten if self._log is not None else 0
+
     def _poll(self) -> list[dict[str, Any]]:
         tracker = self.tracker
         if self.phases is not None:
@@ -287,6 +295,9 @@ class PerfReporter:
             except Exception:
                 logger.exception("rankguard perf: recognising the phase failed")
         self._resolve_device()
+        if self._log is not None and self._log.unwritten:
+            self._mark_job()
+            self._log.flush()
         if tracker.mode == "cuda":
             try:
                 self._gpu.poll()
@@ -321,9 +332,9 @@ class PerfReporter:
             self.entries.extend(new)
             del self.entries[: -self.MAX_ENTRIES]  # perf.jsonl keeps them all
             self.latest = new[-1]
-            if self.out_dir is not None:
+            if self._log is not None:
                 self._mark_job()
-                append_jsonl(self.out_dir / PERF_LOG, new)
+                self._log.append(new)
                 if self.cfg.console:
                     for entry in new:
                         self._print(entry)
@@ -511,7 +522,18 @@ class PerfReporter:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%d_%H%M%S")
         path = self.out_dir / f"{SUMMARY_PREFIX}{stamp}.json"
         self._mark_job()
-        atomic_write_json(path, self.summary())
+        if self.unwritten_lines:
+            logger.error(
+                "rankguard perf: %d line(s) of %s could not be written: %s",
+                self.unwritten_lines,
+                PERF_LOG,
+                self._log.last_error if self._log is not None else None,
+            )
+        try:
+            atomic_write_json(path, self.summary())
+        except OSError as exc:
+            logger.error("rankguard perf: cannot write %s: %s", path, exc)
+            return None
         prune_runs(self.out_dir.parent, keep=self.cfg.keep_runs, current=self.out_dir)
         return path
 
@@ -520,11 +542,15 @@ class PerfReporter:
         first file: retention then tells this job's runs from another's."""
         if self._job_marked or self.out_dir is None:
             return
+        try:
+            atomic_write_json(
+                self.out_dir / PERF_JOB_FILE,
+                {"job": self.job, "run_id": self.run_id, "uid": os.getuid()},
+            )
+        except OSError as exc:  # tried again at the next poll
+            logger.warning("rankguard perf: cannot write %s: %s", PERF_JOB_FILE, exc)
+            return
         self._job_marked = True
-        atomic_write_json(
-            self.out_dir / PERF_JOB_FILE,
-            {"job": self.job, "run_id": self.run_id, "uid": os.getuid()},
-        )
 
 
 _UNKNOWN_JOB = object()  # an unreadable marker: the run of no job

@@ -90,6 +90,14 @@ def launcher_file_name(node_rank: int) -> str:
     return f"launcher_node_{node_rank}.json"
 
 
+def preflight_file_name(node_rank: int | None, hostname: str) -> str:
+    """The pre-launch GPU check of a node (before the rendezvous: by host name when the
+    node's rank is not given on the command line)."""
+    if node_rank is None:
+        return f"preflight_{hostname}.json"
+    return f"preflight_node_{node_rank}.json"
+
+
 def stack_file_name(rank: int, pid: int) -> str:
     return f"rank_{rank}_pid_{pid}.txt"
 
@@ -177,6 +185,12 @@ class StoreKeys:
     def kill(self, node_rank: int) -> str:
         """Node 0 asks node k to dump stacks and kill a culprit."""
         return f"{self.prefix}kill/node/{node_rank}"
+
+    @property
+    def monitor_done(self) -> str:
+        """Node 0's monitor wrote its final status: the agent hosting the store (when
+        it is another node) may let the store go."""
+        return f"{self.prefix}monitor_done"
 
     @property
     def control(self) -> str:

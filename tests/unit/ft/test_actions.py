@@ -72,6 +72,9 @@ class FakeAgent:
     def set_cause(self, finding: dict[str, Any], *, abort: bool) -> None:
         self.causes.append((finding, abort))
 
+    def withdraw_cause(self, finding: dict[str, Any]) -> None:
+        self.causes = [(f, a) for f, a in self.causes if f is not finding]
+
 
 class RemoteKills:
     def __init__(self) -> None:
@@ -321,13 +324,19 @@ def test_remote_kill_lists_the_culprit_once(tmp_path: Path) -> None:
     assert [t["rank"] for t in remote.calls[0][1]] == [1, 0]
 
 
-def test_remote_culprit_without_remote_kill_still_sets_the_cause(tmp_path: Path) -> None:
+def test_remote_culprit_without_remote_kill_leaves_no_restart_mark(tmp_path: Path) -> None:
+    # Nothing can kill it, so nothing restarts: no cause at the agent, no restart notice
+    # in the rules (a later exit is a finding, not the restart's doing), not busy.
     monitor, agent = FakeMonitor(_remote_rules()), FakeAgent()
     handler = FaultHandler(FaultToleranceConfig(enable_ft_package=True), tmp_path, monitor, agent)
     f = finding("gpu_progress_timeout", 1, 4102)
     f.action = "restart"
     handler.after_write(f)  # logs that the node cannot be reached; no exception
-    assert agent.causes == [(f.to_dict(), False)]
+    assert agent.causes == []
+    assert monitor.rules.restarting is None
+    later = finding("gpu_progress_timeout", 1, 4102)
+    handler.before_write(later)
+    assert later.action is not None and "already under way" not in later.action
 
 
 def test_never_observed_rank_does_not_leave_the_handler_busy(

@@ -132,6 +132,9 @@ class FakeAgent:
     def set_cause(self, finding: dict[str, Any], *, abort: bool) -> None:
         self.causes.append((finding, abort))
 
+    def withdraw_cause(self, finding: dict[str, Any]) -> None:
+        self.causes = [(f, a) for f, a in self.causes if f is not finding]
+
 
 def test_node0_refuses_the_pid_of_a_forged_record(tmp_path: Path, children: Children) -> None:
     # A record relayed through the store claiming node 0 and this host, naming a local
@@ -171,3 +174,17 @@ def test_node0_refuses_the_pid_of_a_forged_record(tmp_path: Path, children: Chil
     assert f.stack_dump == f"refused: {NOT_A_WORKER}"
     handler.after_write(f)
     assert alive(stranger)
+    # The refused kill leaves no restart behind: no cause at the agent, no restart
+    # notice in the rules (later exits are findings), and the next fault is acted on.
+    assert agent.causes == []
+    assert rules.restarting is None
+    again = Finding(
+        finding_type=FindingType("gpu_progress_timeout"),
+        run_id=RUN,
+        rank=0,
+        pid=stranger.pid,
+        reason=Reason.NOT_ADVANCING,
+        message="again",
+    )
+    handler.before_write(again)
+    assert again.action == "restart"

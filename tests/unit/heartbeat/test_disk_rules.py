@@ -134,3 +134,45 @@ def test_disk_state_from_the_store_is_checked() -> None:
     assert DiskState.from_dict(None) is None
     odd = DiskState.from_dict({"full": True, "free_bytes": -1, "total_bytes": "x"})
     assert odd == DiskState(full=True)
+
+
+def _vanish(rules: HeartbeatRules, rank: int, now: float) -> None:
+    rec = rules.ranks[rank].record
+    assert rec is not None
+    assert rules.ingest(rec.vanished(int(now * 1e9)), now)
+
+
+def test_ranks_gone_without_process_end_while_their_disk_is_full_are_not_died() -> None:
+    # The training ends while the disk is full: every rank exits cleanly, but none of
+    # their process_end records can be written, so their pids just vanish.
+    rules = heartbeat_rules()
+    feed = Feed(rules)
+    found: list[Finding] = []
+    for t in range(0, 3):
+        found += _scan(rules, feed, float(t), (0, 1), shared=FREE)
+    for t in range(3, 20):
+        found += _scan(rules, feed, float(t), (), shared=FULL)
+    assert sorted(types_of(found)) == [(0, "node_disk_full"), (1, "node_disk_full")]
+    _vanish(rules, 1, 20.0)
+    _vanish(rules, 0, 20.0)
+    found = _scan(rules, feed, 20.0, (), shared=FULL)
+    found += _scan(rules, feed, 21.0, (), shared=FREE)
+    assert found == []
+    for rank in (0, 1):
+        state = rules.ranks[rank]
+        assert state.liveness.value == "exited" and state.progress.value == "unknown"
+        assert state.record is not None and state.record.exit is not None
+        assert "full disk" in state.record.exit["on_full_disk"]
+    assert rules.first_failure is None
+
+
+def test_a_rank_gone_without_process_end_on_a_free_disk_still_died() -> None:
+    rules = heartbeat_rules()
+    feed = Feed(rules)
+    for t in range(0, 3):
+        _scan(rules, feed, float(t), (0, 1), shared=FREE)
+    _vanish(rules, 1, 3.0)
+    found = _scan(rules, feed, 3.0, (0,), shared=FREE)
+    assert [(f.rank, f.finding_type.value, f.reason.value) for f in found] == [
+        (1, "rank_process_exited", "rank_process_died_without_process_end")
+    ]

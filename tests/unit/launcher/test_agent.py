@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from rankguard.launcher import exitcodes
 from rankguard.launcher.agent import add_peer_errors, first_failure
 
@@ -278,3 +280,84 @@ def test_a_signal_stops_the_workers_with_sigterm_and_the_configured_grace(
     # what torch elastic's run() does on SIGHUP: _shutdown(sigval, self._shutdown_timeout)
     agent._shutdown(signal.SIGHUP, timeout=agent._shutdown_timeout)
     assert closed == [(signal.SIGTERM, 7)]
+
+
+def test_a_withdrawn_cause_restores_the_cause_the_abort_and_the_restart_budget(
+    tmp_path: Path,
+) -> None:
+    from torch.distributed.elastic.agent.server.api import WorkerSpec
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+    from rankguard.launcher.agent import RankguardAgent
+
+    spec = WorkerSpec(
+        role="trainer",
+        local_world_size=1,
+        entrypoint="python",
+        args=(),
+        rdzv_handler=object(),
+        max_restarts=3,
+    )
+    agent = RankguardAgent(spec=spec, logs_specs=DefaultLogsSpecs(log_dir=str(tmp_path)))
+    first, aborting = {"finding_type": "a"}, {"finding_type": "b"}
+    agent.set_cause(first, abort=False)
+    agent.set_cause(aborting, abort=True)
+    assert agent.aborted and agent._remaining_restarts == 0
+    agent.withdraw_cause(aborting)  # its kill failed: as if it had never been acted on
+    assert agent.pending_cause is first
+    assert not agent.aborted and agent._remaining_restarts == 3
+    agent.withdraw_cause(aborting)  # not the pending cause any more: nothing changes
+    assert agent.pending_cause is first
+
+
+def test_torn_worker_error_files_are_dropped_whole_ones_kept(tmp_path: Path) -> None:
+    from rankguard.launcher.agent import drop_torn_error_files
+
+    whole, empty, half = tmp_path / "0.json", tmp_path / "1.json", tmp_path / "2.json"
+    whole.write_text(json.dumps({"message": "boom"}))
+    empty.write_text("")  # terminated before its first byte
+    half.write_text('{"message": {"message": "Runt')
+    missing = tmp_path / "3.json"
+    files = {0: str(whole), 1: str(empty), 2: str(half), 3: str(missing)}
+    assert drop_torn_error_files(files) == [str(empty), str(half)]
+    assert whole.exists() and not empty.exists() and not half.exists()
+
+
+def test_a_torn_error_file_does_not_kill_the_agent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A survivor terminated while writing its error file: torch's failure capture raises
+    # on parsing it; the agent drops the torn file and looks again.
+    from torch.distributed.elastic.agent.server.api import WorkerSpec
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from rankguard.launcher.agent import RankguardAgent
+
+    torn = tmp_path / "error.json"
+    torn.write_text("")
+    spec = WorkerSpec(
+        role="trainer", local_world_size=1, entrypoint="python", args=(), rdzv_handler=object()
+    )
+    agent = RankguardAgent(spec=spec, logs_specs=DefaultLogsSpecs(log_dir=str(tmp_path)))
+
+    class Context:
+        error_files = {0: str(torn)}
+
+    class Done:
+        def is_failed(self) -> bool:
+            return False
+
+    agent._pcontext = Context()  # type: ignore[assignment]
+    polls: list[str] = []
+
+    def torch_monitor(self: Any, worker_group: Any) -> Done:
+        polls.append("poll")  # what torch's poll does with the rank's file
+        ProcessFailure(local_rank=0, pid=4242, exitcode=-15, error_file=str(torn))
+        return Done()
+
+    monkeypatch.setattr(LocalElasticAgent, "_monitor_workers", torch_monitor)
+    assert isinstance(agent._monitor_workers(object()), Done)
+    assert polls == ["poll", "poll"]  # raised on the torn file, then went through
+    assert not torn.exists()

@@ -288,11 +288,16 @@ def test_unrelayed_heartbeats_warn_on_the_other_nodes_only() -> None:
 
 
 @pytest.mark.parametrize("nnodes", ["2", "1:3"])
-def test_several_nodes_without_node_rank_are_refused_naming_it(nnodes: str) -> None:
-    # Without it every node would take itself for node 0: each would host a store and
-    # a monitor, none would relay.
-    with pytest.raises(ValueError, match=r"^--node-rank is required with several nodes"):
-        parse("--nnodes", nnodes, "--rdzv-endpoint", "h:1", "--rdzv-id", "j", "t.py")
+def test_several_nodes_without_node_rank_leave_it_to_the_rendezvous(nnodes: str) -> None:
+    # As torchrun: the rendezvous numbers the nodes (the agent's group rank).
+    opts, _ = parse("--nnodes", nnodes, "--rdzv-endpoint", "h:1", "--rdzv-id", "j", "t.py")
+    assert opts.node_rank is None
+    shared = [*HB_ON, "no_shared_fs=false"]
+    unknown = _checks(["--nnodes", nnodes, "--rdzv-endpoint", "h:1", "--rdzv-id", "j"], shared)
+    assert unknown.warnings == (
+        "no_shared_fs=false: heartbeats of nodes > 0 are NOT relayed; node 0 sees them "
+        "only if log_dir is on a filesystem shared with it",
+    )
 
 
 def test_one_node_needs_no_node_rank() -> None:

@@ -632,3 +632,30 @@ def test_heartbeat_fields_shape() -> None:
     assert perf["windows"][0] == [5, 5, approx(100)]
     assert perf["windows"][-1] == [20, 20, approx(100)]
     json.dumps(hb)  # goes into a JSON heartbeat record
+
+
+def test_perf_jsonl_lines_a_full_disk_refused_are_written_later_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from rankguard import _fs
+
+    real = _fs.append_bytes
+
+    def full(path: Any, data: bytes, *, fsync: bool = True) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    rig = Rig(tmp_path, log_interval=3)
+    rig.steps(100, 100, 100, poll=True)  # steps 1 and 3 written
+    monkeypatch.setattr(_fs, "append_bytes", full)
+    for _ in range(3):  # steps 6, 9, 12: the disk is full
+        rig.steps(100, 100, 100, poll=True)
+    assert rig.reporter.unwritten_lines == 3
+    monkeypatch.setattr(_fs, "append_bytes", real)  # space again
+    rig.reporter.poll()  # no new window: the queued lines go now
+    assert rig.reporter.unwritten_lines == 0
+    rig.steps(100, 100, 100, poll=True)
+    assert rig.out_dir is not None
+    lines = (rig.out_dir / PERF_LOG).read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [1, 3, 6, 9, 12, 15]
