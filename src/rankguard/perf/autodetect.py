@@ -436,6 +436,9 @@ class PerfDetector:
         if _sharded(model):
             self.note = "FLOPs not measured: sharded parameters (FSDP); set perf.model"
             return
+        if hasattr(model, "_forward_module"):  # Lightning's wrapper calls training_step
+            self.note = "FLOPs not measured: a Lightning strategy's wrapper; set perf.model"
+            return
         per_micro = measure_call_flops(model, *inputs)
         self.perf.set_flops(
             per_micro * micro * self.world_size,
