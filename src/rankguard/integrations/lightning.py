@@ -76,7 +76,8 @@ class RankguardCallback(pl.Callback):
         self._last_logged: dict[str, Any] | None = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        first = next(cb for cb in trainer.callbacks if isinstance(cb, RankguardCallback))
+        callbacks: list[pl.Callback] = getattr(trainer, "callbacks", [self])
+        first = next(cb for cb in callbacks if isinstance(cb, RankguardCallback))
         if first is not self:  # the entry point's and the user's: one is enough
             return
         session = resolve_session(self._given)
