@@ -37,6 +37,7 @@ for one step (``bench/autodetect.py``).
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -303,12 +304,13 @@ class PerfDetector:
         self.root: torch.nn.Module | None = None
         self.note: str | None = None  # why a number could not be found
         self.done = False
-        self._lead: int | None = None
+        self._lead: weakref.ref[torch.optim.Optimizer] | None = None
         self._steps = 0
         self._param_ids: set[int] = set()
         self._opt_hook: Any = None
         self._global_hook: Any = None
         self._probe: InputProbe | None = None
+        self._reaper: Any = None  # removes the optimizer hook at the next module call
         self._counting = False  # the probe has been counting since a step's start
 
     def install(self) -> PerfDetector:
@@ -320,7 +322,9 @@ class PerfDetector:
         return self
 
     def remove(self) -> None:
-        for name in ("_opt_hook", "_global_hook"):
+        """Every hook away (at the end of the session; not from inside the optimizer
+        hook, whose dictionary PyTorch is iterating then: see :meth:`_retire`)."""
+        for name in ("_opt_hook", "_global_hook", "_reaper"):
             handle = getattr(self, name)
             setattr(self, name, None)
             if handle is not None:
@@ -332,15 +336,17 @@ class PerfDetector:
     @property
     def active(self) -> bool:
         """Any hook still in place."""
-        return any(h is not None for h in (self._opt_hook, self._global_hook, self._probe))
+        hooks = (self._opt_hook, self._global_hook, self._probe, self._reaper)
+        return any(h is not None for h in hooks)
 
     # ---- optimizer steps -------------------------------------------------------------
 
     def _on_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        key = id(optimizer)
-        if self._lead is None:
-            self._lead = key
-        if key != self._lead:
+        if self.done:  # retired; the reaper removes this hook at the next module call
+            return
+        if self._lead is None:  # a weak reference: a later optimizer may reuse the id
+            self._lead = weakref.ref(optimizer)
+        if self._lead() is not optimizer:
             return
         self._steps += 1
         try:
@@ -373,14 +379,38 @@ class PerfDetector:
         if handle is not None:
             handle.remove()
 
+    def _retire(self) -> None:
+        """Done, from inside the optimizer hook: the module hooks go now; the optimizer
+        hook cannot (PyTorch is iterating its hooks), so a global module pre-hook removes
+        it and itself at the next module call (PyTorch copies those hooks before calling
+        them)."""
+        self.done = True
+        handle, self._global_hook = self._global_hook, None
+        if handle is not None:
+            handle.remove()
+        probe, self._probe = self._probe, None
+        if probe is not None:
+            probe.remove()
+        if self._opt_hook is not None and self._reaper is None:
+            # here, not at the top: see _on_step
+            from torch.nn.modules.module import register_module_forward_pre_hook
+
+            self._reaper = register_module_forward_pre_hook(self._reap)
+
+    def _reap(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        for name in ("_opt_hook", "_reaper"):
+            handle = getattr(self, name)
+            setattr(self, name, None)
+            if handle is not None:
+                handle.remove()
+
     # ---- results ---------------------------------------------------------------------
 
     def _finish(self) -> None:
         probe = self._probe
         assert probe is not None and self.root is not None
         shape, micro, inputs = probe.shape, probe.calls, probe.inputs
-        self.remove()
-        self.done = True
+        self._retire()
         if shape is None:
             self.note = "the root module's first input has no batch dimension"
         else:
@@ -391,8 +421,7 @@ class PerfDetector:
             self.on_done(self)
 
     def _give_up(self, why: str) -> None:
-        self.remove()
-        self.done = True
+        self._retire()
         self.note = why
         logger.info("rankguard perf: no batch or FLOPs detected: %s", why)
 

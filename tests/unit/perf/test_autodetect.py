@@ -112,6 +112,23 @@ def _train(model: nn.Module, steps: int, *, micro: int = 1, batch: int = 4) -> N
         opt.zero_grad()
 
 
+def test_retires_next_to_another_optimizer_hook(reporter: PerfReporter) -> None:
+    """PyTorch iterates the global optimizer hooks while calling them: the detector must
+    not remove its own from inside (another hook after it would fail)."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    det = PerfDetector(reporter, world_size=1).install()
+    calls: list[int] = []
+    after = register_optimizer_step_post_hook(lambda *a: calls.append(1))
+    try:
+        model = GPT(CFG)
+        _train(model, 5)
+    finally:
+        after.remove()
+        det.remove()
+    assert det.done and len(calls) == 5 and reporter.global_samples == 4
+
+
 def test_input_shape_token_ids_floats_and_keywords() -> None:
     ids = torch.zeros(8, 64, dtype=torch.long)
     assert (input_shape((ids,)).samples, input_shape((ids,)).seq) == (8, 64)  # type: ignore[union-attr]
@@ -136,11 +153,13 @@ def test_detector_finds_batch_micro_batches_and_analytic_flops(reporter: PerfRep
         _train(model, 1, micro=3)  # a new optimizer: the lead is the first one that stepped
     finally:
         det.remove()
-    assert det.done is False  # the lead optimizer never stepped again
+    assert det.done is False, det.note  # the lead optimizer never stepped again
     det = PerfDetector(reporter, world_size=2).install()
     opt_model = GPT(CFG)
     _train(opt_model, 3, micro=3)
-    assert det.done and not det.active and det.root is opt_model
+    assert det.done and det.active and det.root is opt_model  # the reaper waits for a call
+    opt_model(torch.zeros(1, 2, dtype=torch.long))
+    assert not det.active
     assert reporter.global_samples == 4 * 3 * 2
     assert reporter.global_tokens == 4 * 3 * 2 * CFG.block_size
     assert reporter.batch_source is not None and reporter.batch_source.startswith("detected")
