@@ -88,7 +88,7 @@ if args.no_config:
     del raw.config
 model = DDP(raw)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-for it in range(args.steps):
+for _ in range(args.steps):
     for micro in range(args.accum):
         x = torch.randint(0, cfg.vocab_size, (args.batch_size, cfg.block_size))
         model.require_backward_grad_sync = micro == args.accum - 1
