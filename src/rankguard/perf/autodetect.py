@@ -62,6 +62,7 @@ class _Perf(Protocol):
     """What the detector needs of :class:`~rankguard.perf.reporter.PerfReporter`."""
 
     flops_per_step: float | None
+    flops_source: str
     batch_source: str | None
 
     def set_batch(
@@ -379,7 +380,7 @@ class PerfDetector:
         if handle is not None:
             handle.remove()
 
-    def _retire(self) -> None:
+    def _retire(self, *, reap: bool = True) -> None:
         """Done, from inside the optimizer hook: the module hooks go now; the optimizer
         hook cannot (PyTorch is iterating its hooks), so a global module pre-hook removes
         it and itself at the next module call (PyTorch copies those hooks before calling
@@ -391,6 +392,10 @@ class PerfDetector:
         probe, self._probe = self._probe, None
         if probe is not None:
             probe.remove()
+        if reap:
+            self._schedule_reap()
+
+    def _schedule_reap(self) -> None:
         if self._opt_hook is not None and self._reaper is None:
             # here, not at the top: see _on_step
             from torch.nn.modules.module import register_module_forward_pre_hook
@@ -410,13 +415,18 @@ class PerfDetector:
         probe = self._probe
         assert probe is not None and self.root is not None
         shape, micro, inputs = probe.shape, probe.calls, probe.inputs
-        self._retire()
-        if shape is None:
-            self.note = "the root module's first input has no batch dimension"
-        else:
-            self._set_batch(shape, micro)
-            if self.perf.flops_per_step is None:
-                self._set_flops(shape, micro, inputs)
+        self._retire(reap=False)
+        try:
+            if shape is None:
+                self.note = "the root module's first input has no batch dimension"
+            else:
+                self._set_batch(shape, micro)
+                if self.perf.flops_per_step is None:
+                    self._set_flops(shape, micro, inputs)
+        finally:
+            self._schedule_reap()  # after the measurement's own forward
+        if self.perf.flops_per_step is None and self.note:
+            self.perf.flops_source = f"none: {self.note}"  # the summary says why
         if self.on_done is not None:
             self.on_done(self)
 
@@ -460,15 +470,20 @@ class PerfDetector:
                 )
                 return
         if not self.measure or inputs is None:
-            self.note = "FLOPs not measured (perf.autodetect measures only with a known config)"
+            self.note = "FLOPs not measured: the first inputs were not kept"
             return
         if _sharded(model):
             self.note = "FLOPs not measured: sharded parameters (FSDP); set perf.model"
             return
-        if hasattr(model, "_forward_module"):  # Lightning's wrapper calls training_step
-            self.note = "FLOPs not measured: a Lightning strategy's wrapper; set perf.model"
+        if hasattr(model, "training_step"):  # Lightning: its strategy redirects forward
+            self.note = "FLOPs not measured: a LightningModule's forward is not its step"
             return
-        per_micro = measure_call_flops(model, *inputs)
+        try:
+            per_micro = measure_call_flops(model, *inputs)
+        except Exception as exc:  # the model cannot be called again as it was: say so
+            self.note = f"FLOPs not measured: {type(exc).__name__}: {exc}"
+            logger.warning("rankguard perf: %s (set perf.model or call measure_flops)", self.note)
+            return
         self.perf.set_flops(
             per_micro * micro * self.world_size,
             f"measured: FlopCounterMode on {type(model).__name__}, x {micro} micro-batches"

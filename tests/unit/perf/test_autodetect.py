@@ -122,11 +122,13 @@ def test_retires_next_to_another_optimizer_hook(reporter: PerfReporter) -> None:
     after = register_optimizer_step_post_hook(lambda *a: calls.append(1))
     try:
         model = GPT(CFG)
+        del model.config  # measured: a forward inside the optimizer hook
         _train(model, 5)
     finally:
         after.remove()
         det.remove()
     assert det.done and len(calls) == 5 and reporter.global_samples == 4
+    assert reporter.flops_source.startswith("measured")
 
 
 def test_input_shape_token_ids_floats_and_keywords() -> None:
