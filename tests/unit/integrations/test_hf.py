@@ -222,3 +222,30 @@ def test_no_op_outside_a_launcher(tmp_path: Path, session: Session) -> None:
     trainer.train()
     assert callback._live is None
     assert session.tracker.progress_seq == 0 and session.tracker.phase == "setup"
+
+
+def test_inserted_first_the_reporting_callbacks_see_the_keys(
+    tmp_path: Path, session: Session
+) -> None:
+    """As docs/integrations.md says: right after DefaultFlowCallback, before the
+    callbacks ``report_to`` adds, those get rankguard's keys in the same ``logs``."""
+
+    class Reporter(transformers.TrainerCallback):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.keys: set[str] = set()
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+            self.keys |= set(logs or {})
+
+    trainer, recorder = _trainer(
+        tmp_path, session, max_steps=6, eval_strategy="no", save_strategy="no"
+    )
+    handler = trainer.callback_handler
+    handler.remove_callback(RankguardCallback)
+    handler.remove_callback(recorder)
+    reporter = Reporter()
+    handler.callbacks.insert(1, reporter)  # where report_to's callbacks are
+    handler.callbacks.insert(1, RankguardCallback(session))
+    handler.callbacks.insert(1, recorder)
+    trainer.train()
+    assert "rankguard/tokens_per_sec" in reporter.keys
