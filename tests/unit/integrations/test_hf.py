@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")  # the Trainer needs it (the hf extra installs both)
 
 import torch  # noqa: E402
 
