@@ -266,3 +266,35 @@ def test_loss_of_outputs() -> None:
     assert loss_of(w * 2).item() == 4
     with pytest.raises(TypeError, match="no tensor"):
         loss_of("x")
+
+
+def test_the_summary_says_why_flops_were_not_measured(reporter: PerfReporter) -> None:
+    class LitLike(nn.Linear):  # a LightningModule's forward is not its training step
+        def training_step(self, batch: torch.Tensor) -> torch.Tensor:
+            return self(batch).sum()
+
+    model = LitLike(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    det = PerfDetector(reporter, world_size=1).install()
+    for _ in range(3):
+        model.training_step(torch.ones(2, 4)).backward()
+        opt.step()
+    det.remove()
+    assert det.done and reporter.global_samples == 2 and reporter.flops_per_step is None
+    assert (
+        reporter.flops_source
+        == "none: FLOPs not measured: a LightningModule's forward is not its step"
+    )
+
+
+def test_gives_up_when_no_module_holds_the_parameters(reporter: PerfReporter) -> None:
+    p = nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([p], lr=0.1)
+    det = PerfDetector(reporter, world_size=1).install()
+    for _ in range(6):
+        (p * 2).sum().backward()
+        opt.step()
+    nn.Identity()(torch.ones(1))  # the reaper's call
+    assert det.done and not det.active and det.root is None
+    assert det.note == "no module holding the optimizer's parameters ran forward"
+    assert reporter.batch_source is None
