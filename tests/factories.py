@@ -374,6 +374,7 @@ def _report_summary(entries: list[dict[str, Any]], world: int) -> dict[str, Any]
             "peak_source": "table:H100 SXM",
             "flops_per_step": 3.2e15,
             "flops_source": "analytic: Megatron GPT formula",
+            "batch_source": "detected: GPT input 8 x 2048 x 4 micro-batches x 8 replicas",
             "warmup_iterations": 3,
             "steps_in_statistics": 77,
             "log_interval": 10,

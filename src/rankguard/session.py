@@ -1,19 +1,22 @@
 """The in-loop API: one call to start, one cheap call per step.
 
 ``rankguard.init()`` reads everything from the environment the launcher set and returns
-a :class:`Session`; outside ``rankguard run`` it returns a :class:`NullSession` whose
-methods do nothing (and warns once if the process was started by plain torchrun, where
-the user probably expected monitoring). Sessions are plain objects, not hidden globals:
-tests may create several in one process; ``init()`` only remembers the process's
-default one so that the worker bootstrap and the user's script share it.
+a :class:`Session`; outside any launcher it returns a :class:`NullSession` whose
+methods do nothing. Under plain torchrun it returns a local session: the in-rank parts
+(progress hook, performance monitor and its files under ``rankguard_logs/``) work, and
+one log line says that cross-rank monitoring needs ``rankguard run``. Sessions are plain
+objects, not hidden globals: tests may create several in one process; ``init()`` only
+remembers the process's default one so that the worker bootstrap and the user's script
+share it.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import sys
 import threading
-import warnings
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -35,6 +38,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     import torch
+
+    from rankguard.perf.autodetect import PerfDetector
 
 __all__ = ["NullSession", "Session", "current", "init"]
 
@@ -137,11 +142,13 @@ class Session:
         extra: Callable[[], dict[str, Any]] | None = None,
         probe: ComputeProbe | None = None,
         phases: PhaseWatcher | None = None,
+        detector: PerfDetector | None = None,
     ) -> None:
         """``phases``: recognises evaluation and saving from the main thread's stack
         (the one the perf reporter samples too); by default one built from
         ``config.phase_patterns`` when ``config.phase_detection`` is on."""
         self.identity = identity
+        self.detector = detector  # batch shape and FLOPs of an unmodified script
         self.config = config
         self.tracker = tracker or ProgressTracker()
         self.perf = perf
@@ -259,14 +266,19 @@ class Session:
         samples: float | None = None,
         tokens: float | None = None,
         data_parallel_size: int | None = None,
+        source: str = "user: set_batch",
     ) -> None:
         """Samples and tokens one optimizer step consumes on each data-parallel replica
         (all micro-batches); the global batch is that times ``data_parallel_size``
         (default: the world size, i.e. pure data parallelism). Call again if it changes.
-        With ``perf.model`` configured, this also sets the analytic FLOPs."""
+        With ``perf.model`` configured, this also sets the analytic FLOPs. ``source``:
+        where the figures came from (the perf summary's ``batch_source``)."""
         if self.perf is not None:
             self.perf.set_batch(
-                samples=samples, tokens=tokens, data_parallel_size=data_parallel_size
+                samples=samples,
+                tokens=tokens,
+                data_parallel_size=data_parallel_size,
+                source=source,
             )
 
     def set_flops_per_step(self, flops: float, source: str = "user") -> None:
@@ -343,6 +355,8 @@ class Session:
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        if self.detector is not None:
+            self.detector.remove()
         if self.perf is not None:
             try:
                 self.perf.close()
@@ -423,6 +437,7 @@ class NullSession:
         samples: float | None = None,
         tokens: float | None = None,
         data_parallel_size: int | None = None,
+        source: str = "user: set_batch",
     ) -> None:
         pass
 
@@ -457,14 +472,7 @@ def _session_from_env() -> Session | NullSession:
     run_dir = os.environ.get(ENV.RUN_DIR)
     if not run_dir or os.environ.get(ENV.LAUNCHER) != "1":
         if os.environ.get("TORCHELASTIC_RUN_ID"):
-            warnings.warn(
-                "rankguard.init(): this process was not started by `rankguard run` "
-                "(plain torchrun?), so heartbeats, progress, hang detection, stack dumps "
-                "and restarts on hangs are OFF, whatever your rankguard config says. "
-                "Launch with `rankguard run ...` to enable them.",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+            return _torchrun_session()
         return NullSession()
     cfg = loads_config(os.environ[ENV.CONFIG])
     if not (cfg.heartbeat.enabled or cfg.perf.enabled):
@@ -504,11 +512,70 @@ def _session_from_env() -> Session | NullSession:
         extra=extra,
         probe=probe,
         phases=phases,
+        detector=_detector(perf, identity.world_size),
     )
     if ft.simulate_fault and session.restart_count == 0:
         FaultSimulator(
             ft, rank=identity.rank, world_size=identity.world_size, run_id=identity.run_id
         ).start()
+    return session
+
+
+def _detector(perf: PerfReporter | None, world_size: int) -> PerfDetector | None:
+    """The batch and FLOPs detector of an unmodified script (``perf.autodetect``)."""
+    if perf is None or not perf.cfg.autodetect:
+        return None
+    # here, not at the top: it imports torch; `import rankguard` stays torch-free
+    from rankguard.perf.autodetect import PerfDetector
+
+    return PerfDetector(perf, world_size=world_size).install()
+
+
+TORCHRUN_NOTICE = (
+    "rankguard: started by plain torchrun: step times, throughput and TFLOP/s are measured "
+    "in each rank (files under %s); heartbeats, hang detection, stack dumps and restarts "
+    "need the launcher: run this script with `rankguard run` instead of `torchrun`."
+)
+
+
+def _torchrun_session() -> Session:
+    """Plain torchrun: the in-rank parts only (progress from the optimizer hook, the
+    performance monitor with its files under the default log directory), with the
+    default configuration; one line on rank 0 says what is missing."""
+    # here, not at the top: the root config pulls in every component's config
+    from rankguard.config import RankguardConfig
+
+    cfg = RankguardConfig()
+    elastic_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    run_id = elastic_id if elastic_id and elastic_id != "none" else "torchrun"
+    identity = RankIdentity.from_env({**os.environ, ENV.RUN_ID: run_id})
+    log_dir = Path(os.environ.get(ENV.LOG_DIR) or cfg.log_dir).absolute()
+    out_dir = perf_dir(log_dir, run_id)
+    tracker = ProgressTracker()
+    job = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    perf = PerfReporter(
+        cfg.perf,
+        tracker,
+        rank=identity.rank,
+        world_size=identity.world_size,
+        run_id=run_id,
+        out_dir=out_dir,
+        job=job,
+        cuda_device=identity.gpu.ordinal if identity.gpu else None,
+    )
+    if identity.rank == 0:
+        logger.warning(TORCHRUN_NOTICE, out_dir)
+    session = Session(
+        identity,
+        out_dir,
+        cfg.heartbeat,
+        tracker=tracker,
+        publish=False,
+        perf=perf,
+        detector=_detector(perf, identity.world_size),
+    )
+    session.install_optimizer_hook()
+    atexit.register(session.close)
     return session
 
 

@@ -212,6 +212,7 @@ _ENV_VARS = (
     ENV.NODE_RANK,
     ENV.CONFIG,
     ENV.LAUNCHER,
+    ENV.LOG_DIR,
     "TORCHELASTIC_RUN_ID",
 )
 
@@ -235,11 +236,45 @@ def test_init_outside_launcher_is_null(clean_env: pytest.MonkeyPatch) -> None:
     assert rankguard.init is init
 
 
-def test_init_under_plain_torchrun_warns(clean_env: pytest.MonkeyPatch) -> None:
+def test_init_under_plain_torchrun_measures_in_rank_and_says_what_is_missing(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     clean_env.setenv("TORCHELASTIC_RUN_ID", "abc")
-    with pytest.warns(RuntimeWarning, match="rankguard run"):
+    clean_env.setenv("RANK", "0")
+    clean_env.setenv("WORLD_SIZE", "1")
+    clean_env.setenv(ENV.LOG_DIR, str(tmp_path))
+    with caplog.at_level("WARNING", logger="rankguard.session"):
         s = init()
-    assert isinstance(s, NullSession)
+    try:
+        assert isinstance(s, Session) and s.publisher is None and s.perf is not None
+        assert s.detector is not None
+        notices = [r for r in caplog.records if "rankguard run" in r.getMessage()]
+        assert len(notices) == 1 and str(tmp_path) in notices[0].getMessage()
+        model, opt = _model_and_optimizer()
+        for _ in range(3):
+            _train_step(model, opt)
+        assert s.tracker.progress_seq == 3  # the optimizer hook counts steps
+    finally:
+        s.close()
+    assert s.perf.global_samples == 2  # detected from the first input (2 x 3 floats)
+    (summary,) = (tmp_path / "perf_monitor" / "abc").glob("perf_summary_*.json")
+    assert summary.is_file()
+    assert not any(tmp_path.glob("heartbeat"))
+
+
+def test_init_under_plain_torchrun_other_ranks_say_nothing(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    clean_env.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun's default --rdzv-id
+    clean_env.setenv("RANK", "1")
+    clean_env.setenv("WORLD_SIZE", "2")
+    clean_env.setenv(ENV.LOG_DIR, str(tmp_path))
+    with caplog.at_level("WARNING", logger="rankguard.session"):
+        s = init()
+    s.close()
+    assert isinstance(s, Session) and s.identity.run_id == "torchrun"
+    assert not caplog.records
+    assert list(tmp_path.iterdir()) == []  # only rank 0 writes perf files
 
 
 def test_init_with_launcher_but_heartbeat_disabled(

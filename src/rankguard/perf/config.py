@@ -55,6 +55,13 @@ class PerfConfig:
     model: ModelShape | None = field(
         default=None, metadata={"help": "Model shape for Megatron's analytic FLOP formula."}
     )
+    autodetect: bool = field(
+        default=True,
+        metadata={
+            "help": "Find the batch shape and FLOPs of a script that sets neither, from its "
+            "root module's first forward (hooks removed after the third optimizer step)."
+        },
+    )
     keep_runs: int = field(
         default=20, metadata={"help": "perf_monitor/ keeps the newest N runs' files of this job."}
     )

@@ -180,6 +180,7 @@ class PerfReporter:
         self.flops_source = "config: perf.flops_per_step" if cfg.flops_per_step else "none"
         self.global_samples: float | None = None
         self.global_tokens: float | None = None
+        self.batch_source: str | None = None  # who set the batch: user, an integration, detected
         self.entries: list[dict[str, Any]] = []
         self.latest: dict[str, Any] | None = None
         self.step_ms = array("d")
@@ -208,11 +209,14 @@ class PerfReporter:
         samples: float | None = None,
         tokens: float | None = None,
         data_parallel_size: int | None = None,
+        source: str = "user: set_batch",
     ) -> None:
-        """Per-replica batch of one optimizer step; global = x data-parallel size."""
+        """Per-replica batch of one optimizer step; global = x data-parallel size.
+        ``source`` says where the figures came from (the summary's ``batch_source``)."""
         dp = self.world_size if data_parallel_size is None else data_parallel_size
         if dp < 1:
             raise ValueError(f"data_parallel_size: must be >= 1, got {dp}")
+        self.batch_source = source
         self.global_samples = None if samples is None else float(samples) * dp
         self.global_tokens = None if tokens is None else float(tokens) * dp
         if self.cfg.model is not None and self.cfg.flops_per_step is None and samples:
@@ -481,6 +485,7 @@ class PerfReporter:
                 "peak_source": self.peak_source,
                 "flops_per_step": self.flops_per_step,
                 "flops_source": self.flops_source,
+                "batch_source": self.batch_source,
                 "warmup_iterations": self.cfg.warmup_iterations,
                 "steps_in_statistics": len(kept),
                 "log_interval": self.cfg.log_interval,

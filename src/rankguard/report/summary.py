@@ -118,6 +118,7 @@ def header_html(data: RunData) -> str:
         ("Duration", esc(fmt_duration(t1 - t0 if t0 and t1 else None)) + _sub(span)),
         ("Device", esc(device)),
         ("FLOPs source", esc(info.get("flops_source") or DASH)),
+        ("Batch source", esc(info.get("batch_source") or DASH)),
         ("Peak source", esc(peak_src)),
         ("Findings", f'<span class="{"bad-text" if total else ""}">{esc(findings)}</span>'),
         ("Iterations", esc(_iterations(data) or DASH)),

@@ -67,6 +67,7 @@ def test_header_and_key_numbers(tmp_path: Path) -> None:
         "degraded",
         "NVIDIA H100 80GB HBM3",
         "analytic: Megatron GPT formula",
+        "detected: GPT input 8 x 2048 x 4 micro-batches x 8 replicas",
         "table:H100 SXM",
         "99.7",
         "5.26M",

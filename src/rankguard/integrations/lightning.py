@@ -1,0 +1,199 @@
+"""PyTorch Lightning integration: a ``Callback`` that ``rankguard run`` adds to every
+``lightning.pytorch.Trainer`` by itself.
+
+Install with ``pip install 'rankguard[lightning]'``: the package then declares the entry
+point ``lightning.pytorch.callbacks_factory`` (Lightning's public mechanism for external
+callbacks), whose :func:`callbacks_factory` returns a :class:`RankguardCallback` in a
+rank started by ``rankguard run`` and nothing elsewhere. Without the installed entry point
+(or under plain torchrun), add it yourself: ``Trainer(callbacks=[RankguardCallback()])``;
+a second instance in the same ``Trainer`` stays idle.
+
+What it does, over the in-loop API of the process's session (``rankguard.init()``):
+
+- progress: ``step_end(global_step)`` at the ``on_train_batch_end`` where
+  ``trainer.global_step`` moved (one optimizer step, whatever ``accumulate_grad_batches``);
+- phases: ``train`` from ``on_train_start``; ``eval`` from ``on_validation_start`` to
+  ``on_validation_end`` (the sanity check included), then back; ``checkpointing`` from
+  ``on_save_checkpoint``, which Lightning calls while it builds the checkpoint, BEFORE it
+  writes the file. Lightning has no "after save" event; the checkpoint ends at this
+  callback's next event (the next batch, validation, epoch start or end, train end):
+  ``ModelCheckpoint`` callbacks always run last, so the write is inside;
+- batch: the first batch's first tensor (``shape[0]`` samples; tokens when it is 2-D token
+  ids) x ``accumulate_grad_batches`` x ``trainer.world_size``;
+- FLOPs: Megatron's formula when the LightningModule or one of its sub-modules has a known
+  ``config``; else what the detector of unmodified scripts finds (``perf.autodetect``);
+- logs: ``rankguard/tokens_per_sec``, ``rankguard/samples_per_sec``,
+  ``rankguard/tflops_per_gpu``, ``rankguard/mfu``, ``rankguard/step_time_ms`` through
+  ``pl_module.log_dict`` (so ``trainer.logger``), once per new perf window.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+try:
+    import lightning.pytorch as pl
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "rankguard.integrations.lightning needs lightning: pip install 'rankguard[lightning]'"
+    ) from exc
+
+from rankguard.heartbeat.identity import ENV
+from rankguard.integrations.common import (
+    analytic_from_config,
+    perf_logs,
+    resolve_session,
+    set_batch,
+)
+from rankguard.perf.autodetect import input_shape
+from rankguard.session import NullSession, Session
+
+__all__ = ["RankguardCallback", "callbacks_factory"]
+
+EVAL_PHASE = "eval"
+TRAIN_PHASE = "train"
+
+
+def callbacks_factory() -> list[pl.Callback]:
+    """Lightning's ``lightning.pytorch.callbacks_factory`` entry point: the callback in a
+    rank of ``rankguard run``, nothing elsewhere."""
+    if os.environ.get(ENV.LAUNCHER) == "1" and os.environ.get(ENV.RUN_DIR):
+        return [RankguardCallback()]
+    return []
+
+
+class RankguardCallback(pl.Callback):
+    """Phases, progress, batch, FLOPs and perf logs of a ``lightning.pytorch.Trainer``."""
+
+    def __init__(self, session: Session | NullSession | None = None) -> None:
+        self._given = session
+        self.session: Session | None = None
+        self._last_step = 0
+        self._batch_set = False
+        self._saving = False
+        self._phase_before_eval: str | None = None
+        self._last_logged: dict[str, Any] | None = None
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        callbacks: list[pl.Callback] = getattr(trainer, "callbacks", [self])
+        first = next(cb for cb in callbacks if isinstance(cb, RankguardCallback))
+        if first is not self:  # the entry point's and the user's: one is enough
+            return
+        session = resolve_session(self._given)
+        self.session = session if isinstance(session, Session) else None
+        self._last_step = trainer.global_step
+
+    # ---- training -------------------------------------------------------------------
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        session = self.session
+        if session is not None:
+            self._end_save(session)
+            session.set_phase(TRAIN_PHASE)
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        session = self.session
+        if session is None:
+            return
+        self._end_save(session)
+        if not self._batch_set:
+            self._set_batch(session, trainer, pl_module, batch)
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        session = self.session
+        if session is None:
+            return
+        step = trainer.global_step
+        if step == self._last_step:  # a micro-batch of gradient accumulation
+            return
+        self._last_step = step
+        session.step_end(step)
+        extra = perf_logs(session, self._last_logged)
+        if extra:
+            self._last_logged = session.perf.latest if session.perf is not None else None
+            pl_module.log_dict(extra, on_step=True, on_epoch=False, batch_size=1)
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.session is not None:
+            self._end_save(self.session)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.session is not None:
+            self._end_save(self.session)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.session is not None:
+            self._end_save(self.session)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.session is not None:
+            self._end_save(self.session)
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        if self.session is not None:
+            self._end_save(self.session)
+
+    # ---- validation and checkpoints ---------------------------------------------------
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        session = self.session
+        if session is None:
+            return
+        self._end_save(session)
+        self._phase_before_eval = session.tracker.phase
+        session.set_phase(EVAL_PHASE)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        session = self.session
+        if session is None:
+            return
+        previous, self._phase_before_eval = self._phase_before_eval, None
+        session.set_phase(previous or TRAIN_PHASE)
+
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        session = self.session
+        if session is None:
+            return
+        session.checkpoint_start(f"step_{trainer.global_step}")
+        self._saving = True
+
+    def _end_save(self, session: Session) -> None:
+        if self._saving:
+            self._saving = False
+            session.checkpoint_end()
+
+    # ---- perf -------------------------------------------------------------------------
+
+    def _set_batch(
+        self, session: Session, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any
+    ) -> None:
+        self._batch_set = True
+        shape = input_shape((batch,))
+        if shape is None or session.perf is None:
+            return
+        micro, world = int(trainer.accumulate_grad_batches), int(trainer.world_size)
+        set_batch(
+            session,
+            shape,
+            micro_batches=micro,
+            data_parallel_size=world,
+            source=(
+                f"lightning: first batch {shape.samples} x {shape.seq} x accumulate_grad_batches"
+                f" {micro} x world_size {world}"
+            ),
+        )
+        analytic_from_config(session, pl_module, shape, shape.samples * micro * world)

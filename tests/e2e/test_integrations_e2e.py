@@ -1,0 +1,203 @@
+"""End to end: performance numbers of an unmodified script, ``rankguard.init()`` under
+plain torchrun, and the Hugging Face and Lightning integrations under ``rankguard run``
+(2 CPU ranks on gloo, a save longer than the progress timeout)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rankguard.perf.flops import ModelShape, analytic_flops_per_step
+
+from .conftest import SCRIPTS, read_jsonl, read_status, run_rankguard, standalone_run
+
+pytestmark = [pytest.mark.e2e]
+
+# perf_nanogpt.py's model and batch
+NANO = ModelShape(
+    family="gpt",
+    num_layers=2,
+    hidden_size=128,
+    seq_length=32,
+    vocab_size=256,
+    num_attention_heads=4,
+)
+BATCH, ACCUM, WORLD = 4, 2, 2
+
+
+def _summary(perf_dir: Path) -> dict[str, Any]:
+    (path,) = perf_dir.glob("perf_summary_*.json")
+    return dict(json.loads(path.read_text()))
+
+
+def _check_nanogpt_summary(summary: dict[str, Any]) -> None:
+    """tokens/s and TFLOP/s within 10 % of the analytic values for the measured step time."""
+    info, stats = summary["session_info"], summary["final_statistics"]
+    assert info["batch_source"].startswith("detected: DistributedDataParallel input 4 x 32")
+    step_s = stats["avg_step_time_ms"] / 1e3
+    global_batch = BATCH * ACCUM * WORLD
+    tokens_per_s = global_batch * NANO.seq_length / step_s
+    tflops = analytic_flops_per_step(NANO, global_batch) / (step_s * 1e12 * WORLD)
+    assert stats["avg_tokens_per_sec"] == pytest.approx(tokens_per_s, rel=0.10)
+    assert stats["avg_samples_per_sec"] == pytest.approx(global_batch / step_s, rel=0.10)
+    assert stats["avg_tflops_per_gpu"] == pytest.approx(tflops, rel=0.10)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("flops", ["analytic", "measured"])
+def test_unmodified_nanogpt_gets_tokens_and_tflops(tmp_path: Path, run_id: str, flops: str) -> None:
+    extra = ["--no-config"] if flops == "measured" else []
+    res = run_rankguard(
+        [
+            *standalone_run(run_id, tmp_path),
+            str(SCRIPTS / "perf_nanogpt.py"),
+            "--steps",
+            "20",
+            *extra,
+        ],
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    summary = _summary(tmp_path / "perf_monitor" / run_id)
+    assert summary["session_info"]["flops_source"].startswith(flops)
+    _check_nanogpt_summary(summary)
+    assert read_jsonl(tmp_path / "heartbeat" / run_id / "findings.jsonl") == []
+
+
+@pytest.mark.timeout(150)
+def test_init_under_plain_torchrun_measures_in_rank(tmp_path: Path) -> None:
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(SCRIPTS / "perf_nanogpt.py"),
+            "--steps",
+            "20",
+            "--rankguard-init",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdin=subprocess.DEVNULL,
+    )
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert out.count("need the launcher: run this script with `rankguard run`") == 1
+    (perf_dir,) = (tmp_path / "rankguard_logs" / "perf_monitor").iterdir()
+    assert read_jsonl(perf_dir / "perf.jsonl")
+    summary = _summary(perf_dir)
+    assert summary["session_info"]["flops_source"].startswith("analytic")
+    _check_nanogpt_summary(summary)
+    assert not (tmp_path / "rankguard_logs" / "heartbeat").exists()  # no monitor, no files
+
+
+def _phases(run_dir: Path) -> dict[int, set[str]]:
+    seen: dict[int, set[str]] = {}
+    for path in run_dir.glob("rank_*_pid_*.heartbeat.jsonl"):
+        for rec in read_jsonl(path):
+            if rec.get("phase"):
+                seen.setdefault(rec["rank"], set()).add(rec["phase"])
+    return seen
+
+
+def _check_integration_run(
+    res: subprocess.CompletedProcess[str], tmp_path: Path, run_id: str
+) -> dict[str, Any]:
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    run_dir = tmp_path / "heartbeat" / run_id
+    assert read_jsonl(run_dir / "findings.jsonl") == [], out  # a 5 s save, a 4 s timeout
+    assert _phases(run_dir) == {r: {"setup", "train", "eval", "checkpointing"} for r in (0, 1)}
+    status = read_status(run_dir)
+    assert status["state"] == "completed" and status["recent_findings"] == []
+    for rank in status["ranks"]:  # the callback reports the steps (not the optimizer hook)
+        assert (rank["phase"], rank["progress_source"], rank["iteration"]) == ("train", "api", 8)
+    summary = _summary(tmp_path / "perf_monitor" / run_id)
+    stats = summary["final_statistics"]
+    assert stats["avg_tokens_per_sec"] and stats["avg_samples_per_sec"]
+    return summary
+
+
+@pytest.mark.timeout(180)
+def test_hf_trainer_callback_under_rankguard_run(tmp_path: Path, run_id: str) -> None:
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    res = run_rankguard(
+        [
+            *standalone_run(run_id, tmp_path),
+            "--set",
+            "perf.log_interval=2",
+            str(SCRIPTS / "hf_trainer_callback.py"),
+            "--out",
+            str(tmp_path / "out"),
+            "--steps",
+            "8",
+            "--save-s",
+            "5",
+            "--eval-s",
+            "1",
+        ],
+        timeout=170,
+    )
+    summary = _check_integration_run(res, tmp_path, run_id)
+    info = summary["session_info"]
+    assert info["batch_source"].startswith("hf: Trainer arguments")
+    assert info["flops_source"].startswith("analytic: gpt formula from GPT2LMHeadModel.config")
+    assert summary["final_statistics"]["avg_tflops_per_gpu"]
+    assert "'rankguard/tokens_per_sec'" in res.stdout  # in the Trainer's own logs
+
+
+@pytest.mark.timeout(180)
+def test_lightning_callback_from_the_entry_point(tmp_path: Path, run_id: str) -> None:
+    """The script never mentions rankguard: Lightning loads the callback from the
+    ``lightning.pytorch.callbacks_factory`` entry point the package declares (a copy of
+    it on the path here, as ``pip install`` would write it)."""
+    pytest.importorskip("lightning")
+    site = tmp_path / "site" / "rankguard_e2e_entry_point-0.dist-info"
+    site.mkdir(parents=True)
+    (site / "METADATA").write_text("Metadata-Version: 2.1\nName: rankguard-e2e-ep\nVersion: 0\n")
+    (site / "entry_points.txt").write_text(
+        "[lightning.pytorch.callbacks_factory]\n"
+        "rankguard = rankguard.integrations.lightning:callbacks_factory\n"
+    )
+    path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(site.parent)) if p)
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rankguard.cli.main",
+            *standalone_run(run_id, tmp_path),
+            "--set",
+            "perf.log_interval=2",
+            str(SCRIPTS / "lightning_callback.py"),
+            "--out",
+            str(tmp_path / "out"),
+            "--steps",
+            "8",
+            "--save-s",
+            "5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+    summary = _check_integration_run(res, tmp_path, run_id)
+    assert summary["session_info"]["batch_source"].startswith("lightning: first batch 4 x 16")
+    assert "callbacks ['RankguardCallback', 'ModelCheckpoint']" in res.stdout
+    (metrics,) = (tmp_path / "out").rglob("metrics.csv")
+    assert "rankguard/tokens_per_sec" in metrics.read_text().splitlines()[0]

@@ -1,0 +1,205 @@
+"""The Lightning callback through a real ``Trainer.fit()``: a tiny LightningModule on
+random tokens, CPU, one process; and the entry point ``rankguard run`` relies on."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pl = pytest.importorskip("lightning.pytorch")
+
+import torch  # noqa: E402
+from lightning.fabric.plugins import TorchCheckpointIO  # noqa: E402
+from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
+from lightning.pytorch.loggers import CSVLogger  # noqa: E402
+
+from rankguard.heartbeat.identity import ENV  # noqa: E402
+from rankguard.integrations.lightning import RankguardCallback, callbacks_factory  # noqa: E402
+from rankguard.perf.config import PerfConfig  # noqa: E402
+from rankguard.perf.reporter import PerfReporter  # noqa: E402
+from rankguard.session import Session  # noqa: E402
+from rankguard.timeline import ProgressTracker  # noqa: E402
+from tests.factories import heartbeat_config, rank_identity  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+SEQ, VOCAB, BATCH, ACCUM = 8, 32, 4, 2
+
+
+class TinyLM(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(VOCAB, 16)
+        self.head = torch.nn.Linear(16, VOCAB)
+
+    def _loss(self, batch: torch.Tensor) -> torch.Tensor:
+        logits = self.head(self.emb(batch))
+        return torch.nn.functional.cross_entropy(logits.view(-1, VOCAB), batch.view(-1))
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        return self._loss(batch)
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        self.log("val_loss", self._loss(batch))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _loader(n: int) -> torch.utils.data.DataLoader[torch.Tensor]:
+    data = torch.randint(0, VOCAB, (n, SEQ), generator=torch.Generator().manual_seed(0))
+    return torch.utils.data.DataLoader(data, batch_size=BATCH)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def session(tmp_path: Path) -> Iterator[Session]:
+    tracker = ProgressTracker(mode="cpu")
+    perf = PerfReporter(
+        PerfConfig(log_interval=1), tracker, rank=0, world_size=1, run_id="pl", out_dir=None
+    )
+    s = Session(
+        rank_identity(run_id="pl"),
+        tmp_path,
+        heartbeat_config(),
+        tracker=tracker,
+        publish=False,
+        perf=perf,
+    )
+    yield s
+    s.close()
+
+
+class Recorder(pl.Callback):
+    """Before rankguard's: polls the perf reporter; records the phase in validation."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.val_phases: set[str] = set()
+
+    def on_train_batch_end(self, *a: Any, **kw: Any) -> None:
+        assert self.session.perf is not None
+        self.session.perf.poll()
+
+    def on_validation_batch_end(self, *a: Any, **kw: Any) -> None:
+        self.val_phases.add(self.session.tracker.phase)
+
+
+class RecordingIO(TorchCheckpointIO):  # type: ignore[misc]
+    """The phase while Lightning writes a checkpoint file."""
+
+    def __init__(self, session: Session) -> None:
+        super().__init__()
+        self.session = session
+        self.phases: list[str] = []
+
+    def save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
+        self.phases.append(self.session.tracker.phase)
+        super().save_checkpoint(*args, **kwargs)
+
+
+def test_fit_phases_progress_batch_and_logs(tmp_path: Path, session: Session) -> None:
+    recorder, io = Recorder(session), RecordingIO(session)
+    trainer = pl.Trainer(
+        max_steps=6,
+        accumulate_grad_batches=ACCUM,
+        val_check_interval=3 * ACCUM,
+        limit_val_batches=2,
+        num_sanity_val_steps=1,
+        callbacks=[
+            recorder,
+            RankguardCallback(session),
+            ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1),
+        ],
+        plugins=[io],
+        logger=CSVLogger(tmp_path / "logs", name="t"),
+        accelerator="cpu",
+        devices=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=1,
+    )
+    changes: list[str] = []
+    tracker = session.tracker
+    tracker.on_change = lambda: changes.append(tracker.phase)
+    trainer.fit(TinyLM(), _loader(64), _loader(8))
+
+    saves = len(io.phases)
+    assert saves >= 3 and io.phases == ["checkpointing"] * saves
+    assert recorder.val_phases == {"eval"}
+    assert tracker.progress_seq == 6 + saves  # one per optimizer step, one per save
+    assert tracker.iteration == 6
+    assert changes[:2] == ["eval", "setup"]  # the sanity check, before training
+    assert changes[2] == "train" and changes[-1] == "train"
+    assert changes.count("eval") == 1 + 2  # sanity check, validation at steps 3 and 6
+    assert changes.count("checkpointing") == saves
+    assert not tracker.checkpoint_active
+
+    perf = session.perf
+    assert perf is not None
+    assert perf.global_samples == BATCH * ACCUM and perf.global_tokens == BATCH * ACCUM * SEQ
+    assert perf.batch_source is not None and perf.batch_source.startswith("lightning: first batch")
+
+    (metrics,) = (tmp_path / "logs").rglob("metrics.csv")
+    rows = list(csv.DictReader(metrics.open()))
+    logged = [r for r in rows if r.get("rankguard/step_time_ms")]
+    assert logged
+    for r in logged:
+        assert float(r["rankguard/tokens_per_sec"]) == pytest.approx(
+            BATCH * ACCUM * SEQ / (float(r["rankguard/step_time_ms"]) / 1e3), rel=0.01
+        )
+
+
+def test_a_second_instance_stays_idle(tmp_path: Path, session: Session) -> None:
+    first, second = RankguardCallback(session), RankguardCallback(session)
+    trainer = pl.Trainer(
+        max_steps=2,
+        callbacks=[first, second],
+        logger=False,
+        enable_checkpointing=False,
+        accelerator="cpu",
+        devices=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(TinyLM(), _loader(16))
+    assert first.session is session and second.session is None
+    assert session.tracker.progress_seq == 2
+
+
+def test_entry_point_adds_the_callback_under_rankguard_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dist = tmp_path / "site" / "rankguard_entry_point_test-0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: rankguard-entry-point-test\nVersion: 0\n"
+    )
+    # the same line as pyproject.toml's [project.entry-points."lightning.pytorch.callbacks_factory"]
+    (dist / "entry_points.txt").write_text(
+        "[lightning.pytorch.callbacks_factory]\n"
+        "rankguard = rankguard.integrations.lightning:callbacks_factory\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    for name in (ENV.LAUNCHER, ENV.RUN_DIR):
+        monkeypatch.delenv(name, raising=False)
+    assert callbacks_factory() == []
+    plain = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    assert not any(isinstance(cb, RankguardCallback) for cb in plain.callbacks)
+
+    monkeypatch.setenv(ENV.LAUNCHER, "1")
+    monkeypatch.setenv(ENV.RUN_DIR, str(tmp_path))
+    under_run = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    assert sum(isinstance(cb, RankguardCallback) for cb in under_run.callbacks) == 1
+
+
+def test_pyproject_declares_the_entry_point() -> None:
+    tomllib = pytest.importorskip("tomllib")
+    root = Path(__file__).resolve().parents[3]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    factories = project["entry-points"]["lightning.pytorch.callbacks_factory"]
+    assert factories == {"rankguard": "rankguard.integrations.lightning:callbacks_factory"}
+    assert project["optional-dependencies"]["lightning"]
