@@ -19,9 +19,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rankguard.schema.layout import FINDINGS_FILE, STATUS_FILE
+from rankguard.schema.layout import CHECKPOINTS_FILE, FINDINGS_FILE, STATUS_FILE
 
-__all__ = ["StatusUnavailable", "latest_findings", "load_status", "read_findings"]
+__all__ = [
+    "StatusUnavailable",
+    "latest_findings",
+    "load_status",
+    "read_checkpoints",
+    "read_findings",
+]
 
 _CHUNK = 64 * 1024  # bytes read per step when tailing findings.jsonl backwards
 MAX_LINE = 8 << 20  # a longer line is skipped (no finding is that long)
@@ -130,3 +136,14 @@ def latest_findings(run_dir: Path, status: dict[str, Any], limit: int) -> list[d
     if isinstance(recent, list):
         return [f for f in recent if isinstance(f, dict)][-limit:]
     return []
+
+
+def read_checkpoints(run_dir: Path) -> dict[str, Any] | None:
+    """The checkpoint state rank 0's ``CheckpointManager`` keeps in ``checkpoints.json``
+    (last committed per tier, durations, the write in flight); None when the job has
+    none or the file cannot be read (it is replaced atomically: never torn)."""
+    try:
+        obj = json.loads((run_dir / CHECKPOINTS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None

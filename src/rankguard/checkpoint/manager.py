@@ -31,6 +31,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -264,7 +265,7 @@ class CheckpointManager:
             if blocking:
                 job()
                 return
-        self.stats["inflight"] = {"tier": tier, "step": step, "since": time.time()}
+        self.stats["inflight"] = {"tier": tier, "step": step, "since": _iso()}
         self._write_status()
         self._inflight = self._executor.submit(job)
 
@@ -464,7 +465,7 @@ class CheckpointManager:
         self.stats["last"][tier] = {
             "step": step,
             "path": str(path),
-            "time": time.time(),
+            "time": _iso(),
             "stage_s": round(stage_s, 4),
             "write_s": round(now - w0, 4),
             "total_s": round(now - t0, 4),
@@ -673,7 +674,7 @@ class CheckpointManager:
             "async_save": self.config.async_save,
             "last_committed": dict(self.last_committed),
             **{k: v for k, v in self.stats.items()},
-            "updated": time.time(),
+            "updated": _iso(),
         }
 
     def _write_status(self) -> None:
@@ -710,6 +711,10 @@ def _close_at_exit(ref: weakref.ref[CheckpointManager]) -> None:
         manager.close()
     except Exception as exc:  # at exit nobody can catch it: say it loudly
         print(f"[rankguard checkpoint] ERROR at exit: {exc}", file=sys.stderr, flush=True)
+
+
+def _iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
 def _job_id() -> str:

@@ -327,3 +327,52 @@ def test_config_errors_name_the_keys() -> None:
 def test_state_without_state_dict_is_refused() -> None:
     with pytest.raises(ValueError, match=r"state\['x'\].*state_dict"):
         CheckpointManager(CheckpointConfig(save="/nonexistent-never"), {"x": object()})
+
+
+def test_a_save_marks_the_checkpoint_phase_of_the_session(tmp_path: Path) -> None:
+    from rankguard.session import Session
+    from tests.factories import heartbeat_config, rank_identity
+
+    session = Session(rank_identity(), tmp_path, heartbeat_config(), publish=False)
+    seen = []
+
+    class Probe(FileSystemWriter):
+        def write_data(self, plan: Any, planner: Any) -> Any:
+            seen.append((session.tracker.phase, session.tracker.checkpoint_id))
+            return super().write_data(plan, planner)
+
+    t = Trainer()
+    with manager(cfg(tmp_path), t, session=session, writer_factory=Probe) as m:
+        m.save(7)
+        assert seen == [("checkpointing", "persistent:step_000000007")]
+        assert len(session.tracker.checkpoint_durations_ns) == 1  # learned timeouts see it
+        assert session.tracker.phase != "checkpointing"
+        m.load_latest()
+    assert len(session.tracker.checkpoint_durations_ns) == 2
+
+
+def test_status_file_and_the_status_screen(tmp_path: Path) -> None:
+    from rankguard.cli.status_render import checkpoint_lines
+
+    status = tmp_path / "run" / "checkpoints.json"
+    config = cfg(
+        tmp_path,
+        async_save=True,
+        non_persistent_ckpt_type="local",
+        non_persistent_local_ckpt_dir=str(tmp_path / "local"),
+    )
+    t = Trainer()
+    with manager(config, t, status_path=status) as m:
+        m.save(3)
+        m.save(4, tier="local")
+    doc = json.loads(status.read_text())
+    assert doc["last_committed"] == {"persistent": 3, "local": 4} and doc["inflight"] is None
+    assert doc["last"]["persistent"]["stage_s"] >= 0 and doc["last"]["local"]["write_s"] > 0
+    text = "\n".join(checkpoint_lines(doc))
+    assert "persistent  last committed step 3  stage" in text
+    assert "local       last committed step 4" in text
+    doc["inflight"] = {"tier": "persistent", "step": 5, "since": "2026-01-01T00:00:00+00:00"}
+    doc["failures"], doc["last_error"] = 1, "disk full"
+    text = "\n".join(checkpoint_lines(doc))
+    assert "in flight   step 5 (persistent) since 2026-01-01 00:00:00Z" in text
+    assert "FAILED saves: 1; last: disk full" in text
