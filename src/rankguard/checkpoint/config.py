@@ -80,6 +80,14 @@ class CheckpointConfig:
     checksum: str = field(
         default="crc32", metadata={"help": "Per-file checksum of the manifest: crc32 | blake2b."}
     )
+    stage_in_background: bool = field(
+        default=True,
+        metadata={
+            "help": "Async saves copy the parameters and optimizer state to host memory "
+            "while the next forward/backward runs; the next optimizer.step() waits for "
+            "the copy. false: the save returns after the whole copy."
+        },
+    )
     pin_memory: bool = field(
         default=True, metadata={"help": "Pinned host buffers for async staging (CUDA only)."}
     )

@@ -18,6 +18,7 @@ calls ``save``/``maybe_save``/``load_latest`` at the same steps. A save:
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import contextlib
 import fcntl
 import logging
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
@@ -104,6 +106,11 @@ class CheckpointManager:
             )
         self.config = config
         self.plan = StatePlan(state)
+        if config.async_checkpointer_type == "process" and not dist.is_initialized():
+            raise CheckpointError(
+                "checkpoint.async_checkpointer_type=process needs torch.distributed "
+                "initialised (DCP's checkpoint process joins the job's ranks); use thread"
+            )
         self.group = CheckpointGroup(process_group, timeout_s=config.dist_timeout_s)
         self.rank, self.world = self.group.rank, self.group.world
         self.job = job_id or _job_id()
@@ -124,11 +131,19 @@ class CheckpointManager:
             "last": dict.fromkeys(TIERS),
             "inflight": None,
             "loaded": None,
+            "staging_wait_s": None,
         }
         self._seq = 0
         self._inflight: Future[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rankguard-ckpt")
         self._stager = HostStager(pin_memory=config.pin_memory)
+        self._hooks = []
+        if config.async_save and config.stage_in_background:
+            # the next optimizer step waits for the background copy of what it changes
+            self._hooks = [
+                opt.register_step_pre_hook(self._before_optimizer_step)
+                for opt, _ in self.plan.optims.values()
+            ]
         self._locks: list[DirLock] = []
         self._protect: set[Path] = set()
         self._closed = False
@@ -279,6 +294,7 @@ class CheckpointManager:
         if self.config.ckpt_format == "torch" or blocking:
             state = self.plan.global_state_dict()
         else:
+            self._stager.deferred = self._deferred()
             writer = self._writer_factory(tmp)
             kind = AsyncCheckpointerType(self.config.async_checkpointer_type)
             with _single_process_quiet(self.group):
@@ -399,10 +415,10 @@ class CheckpointManager:
         live = self.plan.global_state_dict()
         per_rank = self.plan.per_rank_bytes()
         stage_s = 0.0
-        if blocking:
-            state = live
-        else:
-            state = self._stager.stage(live)
+        staged: Any = live
+        if not blocking:
+            self._stager.deferred = self._deferred()
+            staged = self._stager.stage(live)
             stage_s = time.monotonic() - t0
             self._say(
                 f"scheduled async checkpoint save at step {step} (local): staged "
@@ -414,6 +430,7 @@ class CheckpointManager:
             w0 = time.monotonic()
             error = None
             try:
+                state = staged.result() if isinstance(staged, Future) else staged
                 self._write_local(step, state, per_rank)
             except _ERRORS as exc:
                 error = f"rank {self.rank}: {_describe(exc)}"
@@ -491,6 +508,21 @@ class CheckpointManager:
         self._write_status()
         self._say(message, logging.ERROR)
         raise CheckpointError(message)
+
+    def _deferred(self) -> set[int]:
+        if self._hooks:
+            return self.plan.stepped_storages()
+        return set()
+
+    def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """Optimizer pre-step hook: nothing while no copy is in flight (one attribute
+        read); else wait for the background copy of the state this step will change."""
+        future = self._stager.future
+        if future is None or future.done():
+            return
+        t0 = time.monotonic()
+        concurrent.futures.wait([future])
+        self.stats["staging_wait_s"] = round(time.monotonic() - t0, 4)
 
     def wait(self) -> None:
         """Wait for the background write in flight; raise CheckpointError if it failed."""
@@ -648,6 +680,9 @@ class CheckpointManager:
             self.wait()
         finally:
             self._executor.shutdown(wait=True)
+            for hook in self._hooks:
+                hook.remove()
+            self._hooks = []
             self._stager.close()
             self._release_locks()
 
@@ -697,8 +732,13 @@ class CheckpointManager:
         return contextlib.nullcontext()
 
     def _say(self, message: str, level: int, *, everywhere: bool = False) -> None:
-        logger.log(level, "rank %d: %s", self.rank, message)
-        if self.rank == 0 or everywhere or level >= logging.ERROR:
+        """One console line (rank 0, or every rank for errors and ``everywhere``) and a
+        log record (DEBUG where the line was printed: no second copy on stderr)."""
+        shown = self.rank == 0 or everywhere or level >= logging.ERROR
+        logger.log(
+            logging.DEBUG if shown else min(level, logging.INFO), "rank %d: %s", self.rank, message
+        )
+        if shown:
             tag = "" if level <= logging.INFO else f"{logging.getLevelName(level)}: "
             print(f"[rankguard checkpoint] {tag}{message}", file=sys.stderr, flush=True)
 

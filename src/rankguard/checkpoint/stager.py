@@ -1,5 +1,5 @@
 """Staging: the copy of the state into host memory, the only part of an async save the
-training loop waits for.
+training loop may wait for.
 
 :class:`HostStager` implements DCP's ``AsyncStager`` protocol. Its host buffers are
 allocated at the first save and reused by every later one (pinned when the state is on
@@ -7,11 +7,20 @@ a GPU and ``pin_memory`` is set), so a save costs one memcpy of the state and no
 allocation or page fault; the next save only starts once the previous write finished
 with the buffers (the manager waits). DTensors keep their placement: the local shard is
 copied and wrapped again. Non-tensor leaves are deep-copied (they are small).
+
+Background staging: tensors whose storage is in ``deferred`` (the parameters an
+optimizer steps and that optimizer's state: they change only in ``optimizer.step()``)
+are copied by a staging thread while the loop runs the next forward and backward;
+``stage`` then returns a Future that DCP's writer waits for, and the manager's
+optimizer pre-step hook makes the next ``optimizer.step()`` wait until the copy is done.
+Everything else (buffers such as BatchNorm statistics, which the forward pass changes)
+is copied before ``stage`` returns.
 """
 
 from __future__ import annotations
 
 import copy
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -34,22 +43,39 @@ class HostStager:
         self._buffers: dict[str, torch.Tensor] = {}
         self._cuda = False
         self.bytes = 0
+        self.deferred: set[int] = set()  # storage pointers the staging thread may copy
+        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._pool: ThreadPoolExecutor | None = None
+        self.future: Future[dict[str, Any]] | None = None  # the copy in flight
 
     @property
     def should_synchronize_after_execute(self) -> bool:
         return False
 
-    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any] | Future[dict[str, Any]]:
         self._cuda = False
+        self._pending = []
         out = self._copy(state_dict, "")
         if self._cuda:
             torch.cuda.synchronize()
-        return out
+        if not self._pending:
+            return out
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rankguard-stage")
+        pending, self._pending = self._pending, []
+        self.future = self._pool.submit(_copy_all, pending, out)
+        return self.future
 
     def synchronize_staging(self) -> None:
-        pass
+        """Wait for the background copy (re-raising its error)."""
+        future = self.future
+        if future is not None:
+            future.result()
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
         self._buffers.clear()
         self.bytes = 0
 
@@ -93,9 +119,22 @@ class HostStager:
         if not src.is_contiguous():
             src = src.contiguous()
         buf = self._buffer(key, src)
-        if src.device.type == "cuda":
+        if self.deferred and src.untyped_storage().data_ptr() in self.deferred:
+            self._pending.append((buf, src))
+        elif src.device.type == "cuda":
             self._cuda = True
             buf.copy_(src, non_blocking=True)
         else:
             buf.copy_(src)
         return buf
+
+
+def _copy_all(
+    pending: list[tuple[torch.Tensor, torch.Tensor]], out: dict[str, Any]
+) -> dict[str, Any]:
+    with torch.no_grad():
+        for dst, src in pending:
+            dst.copy_(src)
+    if any(src.device.type == "cuda" for _, src in pending):
+        torch.cuda.synchronize()
+    return out

@@ -138,6 +138,19 @@ class StatePlan:
             "model's parameter names)"
         )
 
+    def stepped_storages(self) -> set[int]:
+        """Storage pointers of what only ``optimizer.step()`` changes: the parameters
+        an optimizer steps and that optimizer's state tensors."""
+        out: set[int] = set()
+        for opt, _ in self.optims.values():
+            for group in opt.param_groups:
+                out.update(p.untyped_storage().data_ptr() for p in group["params"])
+            for st in opt.state.values():
+                out.update(
+                    v.untyped_storage().data_ptr() for v in st.values() if torch.is_tensor(v)
+                )
+        return out
+
     def global_state_dict(self) -> dict[str, Any]:
         """The job's state as DCP saves and loads it (tensors of the live objects)."""
         out: dict[str, Any] = {}

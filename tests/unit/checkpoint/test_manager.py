@@ -376,3 +376,35 @@ def test_status_file_and_the_status_screen(tmp_path: Path) -> None:
     text = "\n".join(checkpoint_lines(doc))
     assert "in flight   step 5 (persistent) since 2026-01-01 00:00:00Z" in text
     assert "FAILED saves: 1; last: disk full" in text
+
+
+def test_background_staging_saves_the_state_of_the_save_step(tmp_path: Path) -> None:
+    """The copy of parameters and moments overlaps the next forward/backward; the next
+    optimizer step waits for it; buffers the forward changes are copied at once."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    config = cfg(tmp_path, async_save=True)
+    m = CheckpointManager(config, {"model": model, "optim": opt}, job_id="j", session=False)
+
+    def step() -> None:
+        model(torch.randn(32, 64)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    step()
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    moments = opt.state[model[0].weight]["exp_avg"].clone()
+    m.save(1)
+    step()  # forward changes the BatchNorm statistics, opt.step the weights
+    assert not torch.equal(model[1].running_mean, expected["1.running_mean"])
+    m.close()
+    fresh = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64))
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.1)
+    with CheckpointManager(
+        config, {"model": fresh, "optim": fresh_opt}, job_id="j", session=False
+    ) as m2:
+        assert m2.load_latest() == 1
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(v, expected[k]), k
+    assert torch.equal(fresh_opt.state[fresh[0].weight]["exp_avg"], moments)
