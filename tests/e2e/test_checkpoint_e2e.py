@@ -92,9 +92,7 @@ def test_a_crash_resumes_from_the_newest_checkpoint_and_the_loss_continues(
     assert no_leftover_workers(run_id)
 
 
-def test_a_corrupt_newest_checkpoint_falls_back_with_a_warning(
-    tmp_path: Path, run_id: str
-) -> None:
+def test_a_corrupt_newest_checkpoint_falls_back_with_a_warning(tmp_path: Path, run_id: str) -> None:
     ckpt = tmp_path / "ckpt"
     first = run(
         [

@@ -408,3 +408,31 @@ def test_background_staging_saves_the_state_of_the_save_step(tmp_path: Path) -> 
     for k, v in fresh.state_dict().items():
         assert torch.equal(v, expected[k]), k
     assert torch.equal(fresh_opt.state[fresh[0].weight]["exp_avg"], moments)
+
+
+def test_a_corrupt_local_shard_falls_back_to_the_previous_local_step(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = cfg(
+        tmp_path,
+        non_persistent_ckpt_type="local",
+        non_persistent_local_ckpt_dir=str(tmp_path / "local"),
+        non_persistent_save_interval=1,
+    )
+    t = Trainer()
+    with manager(config, t) as m:
+        t.step()
+        m.maybe_save(1)
+        first = weights(t)
+        t.step()
+        m.maybe_save(2)
+    shard = tmp_path / "local" / "step_000000002" / "shard_0_on_0" / "shard.pt"
+    data = bytearray(shard.read_bytes())
+    data[-100] ^= 0x01
+    shard.write_bytes(bytes(data))
+    t2 = Trainer(seed=8)
+    with manager(config, t2) as m:
+        assert m.load_latest() == 1
+    assert same(weights(t2), first)
+    err = capsys.readouterr().err
+    assert "local checkpoint step 2 unusable, falling back" in err and "corrupt" in err
