@@ -31,6 +31,7 @@ from rankguard.checkpoint.files import (
     TMP_PREFIX,
     CheckpointError,
     FileEntry,
+    checksum_bytes,
     read_manifest,
     replace_dir,
     step_dir_name,
@@ -121,10 +122,26 @@ class LocalStore:
         return out
 
     def read(self, step: int, owner: int) -> bytes:
+        """The shard's bytes, read once and checked against the manifest in memory."""
         folder = self.folder(step, owner)
         manifest = read_manifest(folder)
-        verify_files(folder, manifest, list(manifest["files"]))
-        return (folder / SHARD_FILE).read_bytes()
+        want = manifest["files"].get(SHARD_FILE)
+        path = folder / SHARD_FILE
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise CheckpointError(f"{path}: unreadable ({exc.strerror})") from None
+        if want is None or len(data) != want["size"]:
+            raise CheckpointError(
+                f"{path}: {len(data)} bytes, the manifest says "
+                f"{want and want['size']} (torn or truncated)"
+            )
+        got = checksum_bytes(data, manifest.get("checksum", "crc32"))
+        if got != want["checksum"]:
+            raise CheckpointError(
+                f"{path}: checksum {got}, the manifest says {want['checksum']} (corrupt)"
+            )
+        return data
 
     def _folders(self) -> list[tuple[int, Path, int]]:
         out: list[tuple[int, Path, int]] = []
@@ -146,9 +163,24 @@ class LocalStore:
                     out.append((int(m.group(1)), self.root / name / shard, int(s.group(1))))
         return out
 
+    def _clear_temporaries(self) -> None:
+        """This rank's temporary folders a killed writer left (none is in flight: the
+        caller runs after its own write)."""
+        mark = f"_on_{self.rank}."
+        try:
+            steps = [n for n in os.listdir(self.root) if STEP_RE.match(n)]
+        except FileNotFoundError:
+            return
+        for name in steps:
+            with contextlib.suppress(OSError):
+                for entry in os.listdir(self.root / name):
+                    if entry.startswith(TMP_PREFIX) and mark in entry:
+                        shutil.rmtree(self.root / name / entry, ignore_errors=True)
+
     def prune(self, keep: int, protect: set[int]) -> None:
         """Keep this rank's folders of the newest ``keep`` steps (-1: all); never a step
         in ``protect``. Empty step directories go too."""
+        self._clear_temporaries()
         if keep < 0:
             return
         mine = self._folders()

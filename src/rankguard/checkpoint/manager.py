@@ -18,7 +18,6 @@ calls ``save``/``maybe_save``/``load_latest`` at the same steps. A save:
 from __future__ import annotations
 
 import atexit
-import concurrent.futures
 import contextlib
 import fcntl
 import logging
@@ -517,12 +516,8 @@ class CheckpointManager:
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """Optimizer pre-step hook: nothing while no copy is in flight (one attribute
         read); else wait for the background copy of the state this step will change."""
-        future = self._stager.future
-        if future is None or future.done():
-            return
-        t0 = time.monotonic()
-        concurrent.futures.wait([future])
-        self.stats["staging_wait_s"] = round(time.monotonic() - t0, 4)
+        if self._stager.future is not None:
+            self.stats["staging_wait_s"] = round(self._stager.wait_copy(), 4)
 
     def wait(self) -> None:
         """Wait for the background write in flight; raise CheckpointError if it failed."""

@@ -19,7 +19,9 @@ is copied before ``stage`` returns.
 
 from __future__ import annotations
 
+import concurrent.futures
 import copy
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -65,6 +67,16 @@ class HostStager:
         pending, self._pending = self._pending, []
         self.future = self._pool.submit(_copy_all, pending, out)
         return self.future
+
+    def wait_copy(self) -> float:
+        """Wait for the background copy (not its error: the writer reports that) and
+        forget it; the seconds waited."""
+        future, self.future = self.future, None
+        if future is None or future.done():
+            return 0.0
+        t0 = time.monotonic()
+        concurrent.futures.wait([future])
+        return time.monotonic() - t0
 
     def synchronize_staging(self) -> None:
         """Wait for the background copy (re-raising its error)."""
