@@ -536,14 +536,14 @@ class CheckpointManager:
         (collective); its step, or None when there is none. A torn or corrupt one is
         skipped with a warning; one that does not fit the state raises."""
         self.wait()
-        with self._phase("load"):
-            candidates = self._candidates()
-            for step, tier, where in candidates:
-                if tier == "local":
-                    if self._load_local(step, where):
-                        return step
-                elif self._load_persistent(step, Path(where)):
+        # not a checkpoint phase: a save's end counts as one progress step (and so would
+        # shift the agreed stop steps); a load at start-up is under the initial timeouts
+        for step, tier, where in self._candidates():
+            if tier == "local":
+                if self._load_local(step, where):
                     return step
+            elif self._load_persistent(step, Path(where)):
+                return step
         return None
 
     def _candidates(self) -> list[tuple[int, str, Any]]:

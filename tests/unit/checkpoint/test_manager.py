@@ -347,8 +347,8 @@ def test_a_save_marks_the_checkpoint_phase_of_the_session(tmp_path: Path) -> Non
         assert seen == [("checkpointing", "persistent:step_000000007")]
         assert len(session.tracker.checkpoint_durations_ns) == 1  # learned timeouts see it
         assert session.tracker.phase != "checkpointing"
-        m.load_latest()
-    assert len(session.tracker.checkpoint_durations_ns) == 2
+        m.load_latest()  # not a save: no progress step (agreed stop steps stay put)
+    assert len(session.tracker.checkpoint_durations_ns) == 1
 
 
 def test_status_file_and_the_status_screen(tmp_path: Path) -> None:
