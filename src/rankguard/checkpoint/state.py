@@ -144,11 +144,9 @@ class StatePlan:
         out: set[int] = set()
         for opt, _ in self.optims.values():
             for group in opt.param_groups:
-                out.update(p.untyped_storage().data_ptr() for p in group["params"])
+                out.update(_storage_ptr(p) for p in group["params"])
             for st in opt.state.values():
-                out.update(
-                    v.untyped_storage().data_ptr() for v in st.values() if torch.is_tensor(v)
-                )
+                out.update(_storage_ptr(v) for v in st.values() if torch.is_tensor(v))
         return out
 
     def global_state_dict(self) -> dict[str, Any]:
@@ -182,3 +180,11 @@ class StatePlan:
         for name, obj in self.per_rank.items():
             if name in loaded:
                 obj.load_state_dict(loaded[name])
+
+
+def _storage_ptr(t: torch.Tensor) -> int:
+    """Where a tensor's data lives (a DTensor's: its local shard's)."""
+    to_local = getattr(t, "to_local", None)
+    if callable(to_local):
+        t = to_local()
+    return int(t.untyped_storage().data_ptr())

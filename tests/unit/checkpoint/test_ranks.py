@@ -195,3 +195,42 @@ def test_a_rank_killed_during_a_save_never_leaves_a_checkpoint_that_loads(
     assert run_ranks(2, _resume_only, tmp_path, store_dir=tmp_path) == [1, 1]
     # the new job's manager cleared the dead writer's temporary directory
     assert not [p for p in os.listdir(root) if p.startswith(".tmp_")]
+
+
+def _fsdp_save(rank: int, world: int, root: Path) -> dict[str, torch.Tensor]:
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(2, 8)).sum().backward()
+    opt.step()
+    config = CheckpointConfig(save=str(root / "persistent"), async_save=True)
+    m = CheckpointManager(config, {"model": model, "optim": opt}, job_id="job", session=False)
+    m.save(1)
+    opt.step()  # waits for the background copy of the shards it changes
+    m.close()
+    m2 = CheckpointManager(config, {"model": model, "optim": opt}, job_id="job", session=False)
+    assert m2.load_latest() == 1  # back to the saved shards
+    m2.close()
+    return {k: v.full_tensor() for k, v in model.state_dict().items()}
+
+
+def _plain_load(rank: int, world: int, root: Path) -> tuple[int | None, dict[str, Any]]:
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    config = CheckpointConfig(save=str(root / "persistent"))
+    m = CheckpointManager(config, {"model": model, "optim": opt}, job_id="job", session=False)
+    step = m.load_latest()
+    m.close()
+    return step, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_an_fsdp2_checkpoint_of_2_ranks_loads_resharded_into_1_rank(tmp_path: Path) -> None:
+    saved = run_ranks(2, _fsdp_save, tmp_path, store_dir=tmp_path)
+    ((step, loaded),) = run_ranks(1, _plain_load, tmp_path, store_dir=tmp_path)
+    assert step == 1
+    for key, value in loaded.items():
+        assert torch.equal(value, saved[0][key]), key
