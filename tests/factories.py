@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Collection
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -586,3 +587,84 @@ class DictStore:
 
     def delete_key(self, key: str) -> bool:
         return self.data.pop(key, None) is not None
+
+
+# -- ranks as processes on gloo ----------------------------------------------------------
+
+
+def run_ranks(
+    world: int,
+    fn: Callable[..., Any],
+    *args: Any,
+    store_dir: Path,
+    timeout_s: float = 60.0,
+    pg_timeout_s: float = 20.0,
+) -> list[Any]:
+    """Run ``fn(rank, world, *args)`` in ``world`` forked processes joined by a gloo
+    process group (a FileStore in ``store_dir``, short timeouts); each rank's return
+    value, in rank order. A rank that raises fails the call with its traceback; one that
+    dies or outlives ``timeout_s`` too. Forking keeps start-up fast (torch is imported)."""
+    import multiprocessing
+    import traceback
+
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    store = store_dir / f"store_{os.getpid()}_{id(fn)}_{world}"
+    store.unlink(missing_ok=True)
+
+    def main(rank: int) -> None:
+        import datetime as _dt
+
+        import torch.distributed as dist
+
+        try:
+            dist.init_process_group(
+                "gloo",
+                init_method=f"file://{store}",
+                rank=rank,
+                world_size=world,
+                timeout=_dt.timedelta(seconds=pg_timeout_s),
+            )
+            result = fn(rank, world, *args)
+            queue.put((rank, True, result))
+        except BaseException:
+            queue.put((rank, False, traceback.format_exc()))
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+    procs = [ctx.Process(target=main, args=(r,), daemon=True) for r in range(world)]
+    for proc in procs:
+        proc.start()
+    results: dict[int, Any] = {}
+    errors: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(results) + len(errors) < world:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"ranks not done after {timeout_s} s: {results.keys()}")
+            try:
+                rank, ok, value = queue.get(timeout=min(remaining, 1.0))
+            except Exception:  # queue.Empty: a rank may have died without a word
+                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if (
+                    dead
+                    and len(results) + len(errors) < world
+                    and not any(p.is_alive() for p in procs)
+                ):
+                    raise RuntimeError(f"ranks died: exit codes {dead}") from None
+                continue
+            if ok:
+                results[rank] = value
+            else:
+                errors.append(f"rank {rank}:\n{value}")
+    finally:
+        for proc in procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    if errors:
+        raise AssertionError("\n".join(errors))
+    return [results[r] for r in range(world)]

@@ -24,6 +24,7 @@ from typing import Any, TypeVar, Union
 
 import yaml
 
+from rankguard.checkpoint.config import CheckpointConfig
 from rankguard.ft.config import FaultToleranceConfig
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.perf.config import PerfConfig
@@ -94,6 +95,7 @@ class RankguardConfig:
     perf: PerfConfig = field(default_factory=PerfConfig)
     fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def __post_init__(self) -> None:
         if not self.log_dir:
@@ -154,6 +156,7 @@ class RankguardConfig:
                 "perf.prometheus.enabled=true has NO effect while heartbeat.enabled=false "
                 "(the exporter serves the job monitor's state)"
             )
+        out += self.checkpoint.warnings()
         if not hb.enabled:
             out.append(
                 "heartbeat monitoring is OFF (heartbeat.enabled=false): no liveness, progress "

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rankguard.heartbeat.procs import pid_running, process_start_time
-from rankguard.schema.layout import FINDINGS_FILE, STATUS_FILE
+from rankguard.schema.layout import CHECKPOINTS_FILE, FINDINGS_FILE, STATUS_FILE
 
 __all__ = [
     "FINAL_STATES",
@@ -29,6 +29,7 @@ __all__ = [
     "latest_findings",
     "launcher_gone",
     "load_status",
+    "read_checkpoints",
     "read_findings",
 ]
 
@@ -167,3 +168,14 @@ def latest_findings(run_dir: Path, status: dict[str, Any], limit: int) -> list[d
     if isinstance(recent, list):
         return [f for f in recent if isinstance(f, dict)][-limit:]
     return []
+
+
+def read_checkpoints(run_dir: Path) -> dict[str, Any] | None:
+    """The checkpoint state rank 0's ``CheckpointManager`` keeps in ``checkpoints.json``
+    (last committed per tier, durations, the write in flight); None when the job has
+    none or the file cannot be read (it is replaced atomically: never torn)."""
+    try:
+        obj = json.loads((run_dir / CHECKPOINTS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None

@@ -99,7 +99,7 @@ def test_hang_dumps_stacks_then_restarts_and_the_job_completes(
     assert list(finding["stack_dumps"]) == ["1", "0"]  # culprit first, then every rank
     (restart,) = read_jsonl(run_dir / "restarts.jsonl")
     assert restart["cause"] == "gpu_progress_timeout" and restart["rank"] == 1
-    assert "[demo] resumed from step_3.pt (restart 1)" in out
+    assert "[demo] resumed from step 3 (persistent) (restart 1)" in out
     assert "[demo] done: 20 steps on 2 rank(s)" in out
     status = read_status(run_dir)
     assert status["state"] == "completed" and len(status["restarts"]) == 1

@@ -141,7 +141,7 @@ def test_checkpoint_longer_than_progress_timeout_is_not_a_finding(
         for r in read_jsonl(f)
     )
     assert phases[("checkpointing", True)] >= 4  # seen while saving, on both ranks
-    assert (tmp_path / "ckpt" / "step_8.pt").exists()
+    assert (tmp_path / "ckpt" / "step_000000008" / "COMMITTED").exists()
 
 
 def test_crash_names_the_failing_rank_as_root_cause(tmp_path: Path, run_id: str) -> None:

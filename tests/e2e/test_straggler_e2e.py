@@ -126,5 +126,6 @@ def test_stop_if_detected_ends_every_rank_at_the_same_step(tmp_path: Path, run_i
     assert len(ends) == 4 and len(set(ends)) == 1, ends
     stop_at = read_status(run_dir)["stop_requested"]["stop_at_step"]
     assert ends[0] == stop_at < 5000
-    assert (tmp_path / "ckpt" / f"step_{stop_at}.pt").exists()  # the agreed checkpoint
+    # the agreed checkpoint, committed
+    assert (tmp_path / "ckpt" / f"step_{stop_at:09d}" / "COMMITTED").exists()
     assert no_leftover_workers(run_id)

@@ -410,6 +410,7 @@ def render_status(
     lines.append("")
     lines.extend(_finding_lines(findings, color))
     lines.extend(_ft_lines(status))
+    lines.extend(checkpoint_lines(status.get("checkpoints")))
     return "\n".join(_clip(line, width) for line in lines) + "\n"
 
 
@@ -460,6 +461,41 @@ def _ft_lines(status: dict[str, Any]) -> list[str]:
 
 def _s(value: Any) -> str:
     return "-" if value is None else str(value)
+
+
+def checkpoint_lines(ckpt: Any) -> list[str]:
+    """Last committed checkpoint per tier with its stage and write durations, the write
+    in flight, failures and what the job resumed from (``checkpoints.json``)."""
+    if not isinstance(ckpt, dict):
+        return []
+    mode = "async" if ckpt.get("async_save") else "sync"
+    out = ["", f"Checkpoints ({mode}, {_s(ckpt.get('world_size'))} rank(s))"]
+    last = _as_dict(ckpt.get("last"))
+    for tier, step in sorted(_as_dict(ckpt.get("last_committed")).items()):
+        info = _as_dict(last.get(tier))
+        if step is None and not info:
+            continue
+        timing = (
+            f"  stage {_s(info.get('stage_s'))} s, write {_s(info.get('write_s'))} s, "
+            f"at {_fmt_time(info.get('time'))}"
+            if info
+            else "  (found on disk)"
+        )
+        out.append(f"  {tier:<10}  last committed step {_s(step)}{timing}")
+    inflight = ckpt.get("inflight")
+    if isinstance(inflight, dict):
+        out.append(
+            f"  in flight   step {_s(inflight.get('step'))} ({_s(inflight.get('tier'))}) "
+            f"since {_fmt_time(inflight.get('since'))}"
+        )
+    loaded = ckpt.get("loaded")
+    if isinstance(loaded, dict):
+        out.append(f"  resumed     from step {_s(loaded.get('step'))} ({_s(loaded.get('tier'))})")
+    if ckpt.get("failures"):
+        out.append(
+            f"  FAILED saves: {_s(ckpt.get('failures'))}; last: {_s(ckpt.get('last_error'))}"
+        )
+    return out
 
 
 # --------------------------------------------------------------------------- command

@@ -11,15 +11,20 @@ Faults (``--fault``) are injected on ``--fault-rank`` at ``--fault-step``:
 - ``crash``: the rank raises an exception (the job then fails);
 - ``slow``: the rank's steps take ``--slowdown`` times longer.
 
+Checkpoints go through ``rankguard.checkpoint`` (the ``checkpoint`` section of the run's
+config, or ``--checkpoint-dir``/``--checkpoint-every``, ``--async-save`` and the local
+tier's ``--local-checkpoint-dir``/``--local-checkpoint-every``); after an in-job restart
+the job resumes from the newest complete checkpoint of either tier.
 A slow evaluation (``--eval-every N --eval-seconds S``) and a slow save
 (``--checkpoint-every N --save-seconds S``) show that neither is taken for a hang: the
 evaluation is recognised by its function's name (``evaluate``, no rankguard call), the
-save by ``rg.checkpoint()``; each has its own timeout.
+save by the checkpoint library; each has its own timeout.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import subprocess
@@ -32,6 +37,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import rankguard
+from rankguard.checkpoint import CheckpointConfig, CheckpointManager, PerRank, RNGState
 from rankguard.demo.model import GPTConfig, TinyGPT, synthetic_batch
 from rankguard.perf.flops import ModelShape, analytic_flops_per_step
 
@@ -42,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--step-sleep", type=float, default=0.05, help="extra seconds per step")
     p.add_argument("--log-every", type=int, default=10)
-    p.add_argument("--checkpoint-every", type=int, default=0)
+    p.add_argument("--checkpoint-every", type=int, default=0, help="persistent, every N steps")
     p.add_argument(
         "--checkpoint-seconds",
         "--save-seconds",
@@ -56,7 +62,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--eval-seconds", type=float, default=0.0, help="extra time (seconds) per evaluation"
     )
-    p.add_argument("--checkpoint-dir", default=None)
+    p.add_argument("--checkpoint-dir", default=None, help="persistent checkpoints")
+    p.add_argument("--async-save", action="store_true", help="write in the background")
+    p.add_argument("--local-checkpoint-dir", default=None, help="node-local checkpoints")
+    p.add_argument("--local-checkpoint-every", type=int, default=0)
+    p.add_argument("--replication", type=int, default=1, help="copies of each local shard")
     p.add_argument("--fault", choices=["none", "stall", "stop", "crash", "slow"], default="none")
     p.add_argument(
         "--fault-rank", type=int, default=1, help="global rank (local with --fault-node)"
@@ -130,16 +140,15 @@ def main(argv: list[str] | None = None) -> int:
         rg.measure_flops(model.module, (x,), loss_fn=lambda logits: _ce(logits, y))
     base = args.step_sleep
     first = 1
-    if args.checkpoint_dir:
-        latest = latest_checkpoint(args.checkpoint_dir)
-        if latest is not None:
-            state = torch.load(latest, map_location=device, weights_only=True)
-            model.module.load_state_dict(state["model"])
-            opt.load_state_dict(state["opt"])
-            first = int(state["step"]) + 1
+    ckpt = checkpoints(args, {"model": model, "optim": opt, "rng": RNGState(), "data": _Gen(gen)})
+    if ckpt is not None:
+        resumed = ckpt.load_latest()
+        if resumed is not None:
+            first = resumed + 1
             if rank == 0:
+                tier = (ckpt.stats["loaded"] or {}).get("tier")
                 print(
-                    f"[demo] resumed from {os.path.basename(latest)} (restart {rg.restart_count})",
+                    f"[demo] resumed from step {resumed} ({tier}) (restart {rg.restart_count})",
                     flush=True,
                 )
     step = first - 1
@@ -165,20 +174,19 @@ def main(argv: list[str] | None = None) -> int:
             if rank == 0:
                 print(f"[demo] step {step} eval loss {val:.4f}", flush=True)
         stop = rg.should_stop()  # every rank agrees on this step (stop_if_detected)
-        if stop or (args.checkpoint_every and step % args.checkpoint_every == 0):
-            with rg.checkpoint(f"step_{step}"):
-                if rank == 0 and args.checkpoint_dir:
-                    save_checkpoint(
-                        args.checkpoint_dir,
-                        step,
-                        {"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step},
-                    )
+        saved = ckpt.maybe_save(step) if ckpt is not None else False
+        if stop and ckpt is not None and not saved and ckpt.save_dir is not None:
+            ckpt.save(step, blocking=True)  # the agreed step, written before leaving
+            saved = True
+        if saved and args.checkpoint_seconds:
+            with rg.checkpoint(f"step_{step}_extra"):
                 time.sleep(args.checkpoint_seconds)
-                dist.barrier()
         if stop:
             if rank == 0:
                 print(f"[demo] stopping at step {step}: {rg.stop_reason}", flush=True)
             break
+    if ckpt is not None:
+        ckpt.close()  # waits for the last background write
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:
@@ -202,31 +210,44 @@ def evaluate(model: DDP, cfg: GPTConfig, args: argparse.Namespace, device: torch
     return float(total) / (args.eval_batches * dist.get_world_size())
 
 
-def save_checkpoint(directory: str, step: int, state: dict) -> str:
-    """Atomic: write a temp file, fsync, rename; a torn file is never a checkpoint."""
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f"step_{step}.pt")
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as fh:
-        torch.save(state, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    return path
+
+class _Gen(PerRank):
+    """The rank's data generator: the batches after a resume are the ones it would have
+    drawn."""
+
+    def __init__(self, gen: torch.Generator) -> None:
+        self.gen = gen
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"state": self.gen.get_state()}
+
+    def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        self.gen.set_state(state_dict["state"])
 
 
-def latest_checkpoint(directory: str) -> str | None:
-    """The newest complete ``step_<n>.pt`` (temp files are never complete)."""
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
+def checkpoints(args: argparse.Namespace, state: dict) -> CheckpointManager | None:
+    """The run's ``checkpoint`` config with the command line's settings on top; None
+    when neither tier has a directory."""
+    cfg = CheckpointConfig.from_run() or CheckpointConfig()
+    changes: dict = {}
+    if args.checkpoint_dir:
+        changes["save"] = args.checkpoint_dir
+    if args.checkpoint_every:
+        changes["save_interval"] = args.checkpoint_every
+    if args.async_save:
+        changes["async_save"] = True
+    if args.local_checkpoint_dir:
+        changes["non_persistent_ckpt_type"] = "local"
+        changes["non_persistent_local_ckpt_dir"] = args.local_checkpoint_dir
+        changes["non_persistent_save_interval"] = args.local_checkpoint_every or None
+    if args.replication > 1:
+        changes.update(replication=True, replication_factor=args.replication)
+    cfg = dataclasses.replace(cfg, **changes)
+    if not (cfg.save or cfg.load or cfg.local_enabled):
         return None
-    steps = [
-        int(n[5:-3])
-        for n in names
-        if n.startswith("step_") and n.endswith(".pt") and n[5:-3].isdigit()
-    ]
-    return os.path.join(directory, f"step_{max(steps)}.pt") if steps else None
+    if cfg.save_interval is not None and not cfg.save:
+        cfg = dataclasses.replace(cfg, save_interval=None)
+    return CheckpointManager(cfg, state)
 
 
 def _busy(cpu_s: float, slowdown: float) -> None:

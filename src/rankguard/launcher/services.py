@@ -27,6 +27,7 @@ from rankguard.ft.learned import save_learned
 from rankguard.health import HealthCollector
 from rankguard.heartbeat.monitor import JobMonitor
 from rankguard.heartbeat.relay import StoreRelay, StoreRemoteSource, publish_control, request_kill
+from rankguard.runfiles import read_checkpoints
 from rankguard.schema.layout import RunLayout, StoreKeys, ft_state_dir
 from rankguard.straggler.detector import StragglerDetector
 
@@ -101,6 +102,9 @@ class NodeServices:
             out["timeouts"] = self.timeouts
         if self.restarts:
             out["restarts"] = list(self.restarts)
+        checkpoints = read_checkpoints(self.run_dir)
+        if checkpoints is not None:
+            out["checkpoints"] = checkpoints
         return out
 
     def attach_agent(self, agent: AgentControl) -> None:

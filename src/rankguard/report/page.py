@@ -79,7 +79,7 @@ def _ranks(data: RunData) -> str:
     svg, caption = charts.rank_heatmap(data)
     heat = _figure(CHART_TITLES[5], caption + " Hover a cell for its value.", svg)
     table = "<h3>Rank status</h3>" + _status_caption(data) + tables.rank_table(data)
-    return _section("ranks", "Ranks", heat + table)
+    return _section("ranks", "Ranks", heat + table + tables.checkpoint_table(data))
 
 
 def _dict(value: Any) -> dict[str, Any]:

@@ -256,3 +256,39 @@ def gpu_health_html(data: RunData) -> str:
         '<p class="empty">No GPU health snapshots: the hardware health check was off '
         "or the run had no GPU.</p>"
     )
+
+
+def checkpoint_table(data: RunData) -> str:
+    """Last committed checkpoint per tier with stage/write durations, from the copy of
+    ``checkpoints.json`` in ``status.json``; empty when the job used no CheckpointManager."""
+    ckpt = (data.status or {}).get("checkpoints")
+    if not isinstance(ckpt, dict):
+        return ""
+    last: dict[str, Any] = ckpt["last"] if isinstance(ckpt.get("last"), dict) else {}
+    committed = ckpt.get("last_committed")
+    rows = []
+    for tier, step in sorted(committed.items() if isinstance(committed, dict) else []):
+        info: dict[str, Any] = last[tier] if isinstance(last.get(tier), dict) else {}
+        rows.append(
+            [
+                esc(_text(tier)),
+                esc(_text(step)),
+                esc(_text(info.get("stage_s"))),
+                esc(_text(info.get("write_s"))),
+                esc(_text(info.get("time"))),
+            ]
+        )
+    inflight = ckpt.get("inflight")
+    notes = []
+    if isinstance(inflight, dict):
+        notes.append(f"write in flight: step {_text(inflight.get('step'))}")
+    if ckpt.get("failures"):
+        notes.append(
+            f"failed saves: {_text(ckpt.get('failures'))} ({_text(ckpt.get('last_error'))})"
+        )
+    loaded = ckpt.get("loaded")
+    if isinstance(loaded, dict):
+        notes.append(f"resumed from step {_text(loaded.get('step'))} ({_text(loaded.get('tier'))})")
+    note = f'<p class="caption">{esc("; ".join(notes))}</p>' if notes else ""
+    header = ("tier", "last committed step", "stage s", "write s", "committed at")
+    return "<h3>Checkpoints</h3>" + note + _table(header, rows, {1, 2, 3})

@@ -9,6 +9,8 @@ A run's files live under ``<log_dir>``::
         restarts.jsonl                    append-only, one in-job restart a line
         perf_ranks.jsonl                  cross-rank step times (node 0)
         control.json                      the step every rank stops at (agreement)
+        checkpoints.json                  rank 0's checkpoint state: last committed per
+                                          tier, stage/write durations, write in flight
         launcher_node_<k>.json            what node k's launcher started
         gpu_health_node_<k>.json          node k's GPU health snapshot
         rank_<r>_pid_<p>.heartbeat.jsonl  one rank process's heartbeats (+ ``.1`` rotated)
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "CHECKPOINTS_FILE",
     "CONTROL_FILE",
     "FINDINGS_FILE",
     "FT_STATE_FILE",
@@ -65,6 +68,7 @@ FINDINGS_FILE = "findings.jsonl"
 RESTARTS_FILE = "restarts.jsonl"
 PERF_RANKS_FILE = "perf_ranks.jsonl"
 CONTROL_FILE = "control.json"
+CHECKPOINTS_FILE = "checkpoints.json"  # rank 0's CheckpointManager.status()
 PERF_LOG_FILE = "perf.jsonl"
 PERF_JOB_FILE = "perf_job.json"  # which job a perf run belongs to (retention)
 PERF_SUMMARY_PREFIX = "perf_summary_"
@@ -150,6 +154,10 @@ class RunLayout:
     @property
     def control(self) -> Path:
         return self.root / CONTROL_FILE
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / CHECKPOINTS_FILE
 
     @property
     def stacks_dir(self) -> Path:

