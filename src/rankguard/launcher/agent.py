@@ -210,6 +210,10 @@ class RankguardAgent(LocalElasticAgent):
         if result.is_failed() and self.last_failure is None:
             self._add_peer_errors(result, worker_group)
             self.last_failure = first_failure(result)
+            if self.last_failure is not None and self.last_failure["exit_code"] == 17:
+                # the rerun state machine's verdict: this hardware was faulty; a restart
+                # in the job would run on it again (the scheduler excludes the node)
+                self._remaining_restarts = 0
             if self.last_failure is not None and self._on_failure is not None:
                 try:  # the monitor names the same culprit (it sees exits, not exit codes)
                     self._on_failure(self.last_failure)
