@@ -9,7 +9,15 @@ Faults (``--fault``) are injected on ``--fault-rank`` at ``--fault-step``:
 - ``stop``: the rank SIGSTOPs itself; a detached helper sends SIGCONT after
   ``--fault-duration`` seconds;
 - ``crash``: the rank raises an exception (the job then fails);
-- ``slow``: the rank's steps take ``--slowdown`` times longer.
+- ``slow``: the rank's steps take ``--slowdown`` times longer;
+- ``nan``: the rank's loss is NaN once (the re-run in place is fine: a transient fault);
+- ``nan-persistent``: the loss is NaN at that step every time (exit 16, then the same
+  after the resume: a data or model problem);
+- ``nan-bad-gpu``: NaN every time in the first attempt only, as a faulty GPU would give
+  (exit 16, then a different result after the resume: exit 17).
+
+The NaN faults need ``rerun_state_machine.rerun_mode=validate_results`` (``rankguard demo``
+sets it) and ``--checkpoint-dir`` for the resume.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import subprocess
 import sys
 import time
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -29,6 +38,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import rankguard
 from rankguard.demo.model import GPTConfig, TinyGPT, synthetic_batch
 from rankguard.perf.flops import ModelShape, analytic_flops_per_step
+
+NAN_FAULTS = ("nan", "nan-persistent", "nan-bad-gpu")
+FAULTS = ("none", "stall", "stop", "crash", "slow", *NAN_FAULTS)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -40,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every", type=int, default=0)
     p.add_argument("--checkpoint-seconds", type=float, default=0.0, help="extra save time")
     p.add_argument("--checkpoint-dir", default=None)
-    p.add_argument("--fault", choices=["none", "stall", "stop", "crash", "slow"], default="none")
+    p.add_argument("--fault", choices=FAULTS, default="none")
     p.add_argument(
         "--fault-rank", type=int, default=1, help="global rank (local with --fault-node)"
     )
@@ -69,8 +81,23 @@ def is_fault_rank(args: argparse.Namespace, rank: int) -> bool:
     return node == args.fault_node and int(os.environ.get("LOCAL_RANK", "0")) == args.fault_rank
 
 
+def inject_nan(
+    args: argparse.Namespace, rank: int, step: int, restart: int, rerunning: bool
+) -> bool:
+    """Is this attempt's loss NaN (the ``nan*`` faults)?"""
+    if args.fault not in NAN_FAULTS or not is_fault_rank(args, rank) or step != args.fault_step:
+        return False
+    if args.fault == "nan":
+        return restart == args.fault_attempt and not rerunning
+    return args.fault == "nan-persistent" or restart == args.fault_attempt
+
+
 def inject(args: argparse.Namespace, rank: int, step: int, attempt: int) -> None:
-    if args.fault in ("none", "slow") or not is_fault_rank(args, rank) or step != args.fault_step:
+    if (
+        args.fault in ("none", "slow", *NAN_FAULTS)
+        or not is_fault_rank(args, rank)
+        or step != args.fault_step
+    ):
         return
     if attempt != args.fault_attempt:
         return  # by default the fault happens in the first attempt only
@@ -126,18 +153,25 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
     step = first - 1
+    rerun = rg.rerun(checkpoint=_saver(args, rank, model, opt), state_dir=args.checkpoint_dir)
+    batches = rerun.replay(iter(lambda: synthetic_batch(cfg, args.batch_size, gen, device), None))
     for step in range(first, args.steps + 1):
         with rg.step(step):
-            with rg.data_loading():
-                x, y = synthetic_batch(cfg, args.batch_size, gen, device)
-            with rg.compute():  # this rank's own work (straggler detection measures it)
-                cpu0 = time.thread_time()
-                loss = _loss(model, x, y)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                if args.fault == "slow" and is_fault_rank(args, rank):
-                    _busy(time.thread_time() - cpu0, args.slowdown)
-            opt.step()
+            for _ in rerun.iteration(step, batches):  # twice when a check fails
+                with rg.data_loading():
+                    x, y = next(batches)
+                with rg.compute():  # this rank's own work (straggler detection measures it)
+                    cpu0 = time.thread_time()
+                    loss = _loss(model, x, y)
+                    if inject_nan(args, rank, step, rg.restart_count, rerun.rerunning):
+                        loss = loss * float("nan")
+                    rerun.validate_loss(loss)
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    if args.fault == "slow" and is_fault_rank(args, rank):
+                        _busy(time.thread_time() - cpu0, args.slowdown)
+            if rerun.accepted:
+                opt.step()
             if base:
                 time.sleep(base)
             inject(args, rank, step, rg.restart_count)
@@ -190,6 +224,20 @@ def latest_checkpoint(directory: str) -> str | None:
         if n.startswith("step_") and n.endswith(".pt") and n[5:-3].isdigit()
     ]
     return os.path.join(directory, f"step_{max(steps)}.pt") if steps else None
+
+
+def _saver(args: argparse.Namespace, rank: int, model: DDP, opt: torch.optim.Optimizer) -> Any:
+    """The checkpoint the rerun state machine saves before an exit 16 (rank 0 writes)."""
+    directory = args.checkpoint_dir
+    if not directory:
+        return None
+
+    def save(step: int) -> None:
+        if rank == 0:
+            state = {"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step}
+            save_checkpoint(directory, step, state)
+
+    return save
 
 
 def _busy(cpu_s: float, slowdown: float) -> None:
