@@ -278,3 +278,12 @@ def test_a_signal_stops_the_workers_with_sigterm_and_the_configured_grace(
     # what torch elastic's run() does on SIGHUP: _shutdown(sigval, self._shutdown_timeout)
     agent._shutdown(signal.SIGHUP, timeout=agent._shutdown_timeout)
     assert closed == [(signal.SIGTERM, 7)]
+
+
+def test_rerun_verdicts_end_the_in_job_restarts() -> None:
+    from rankguard.launcher.agent import _final_verdict
+
+    assert _final_verdict({"exit_code": 17, "error": None})
+    assert _final_verdict({"exit_code": 1, "error": "ReproducibleFaultError: rerun: ..."})
+    assert not _final_verdict({"exit_code": 16, "error": None})  # a resume: restart
+    assert not _final_verdict({"exit_code": 1, "error": "RuntimeError: boom"})
