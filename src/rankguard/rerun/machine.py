@@ -103,6 +103,14 @@ class RerunStateMachine:
     last completed iteration before exit 16. ``state_dir``: where each rank keeps its
     rerun state for the resumed job (the checkpoint directory is a good place).
     ``generators``: torch generators the iteration draws from, besides the global ones.
+    ``host_rngs``: snapshot Python's ``random`` and NumPy's global generator too (tens of
+    microseconds a step; off when the loop draws from neither).
+    ``agreement``: ``all_reduce`` (a 3-int MAX all-reduce per iteration) or
+    ``grad_norm``: piggy-backed on the loop's gradient all-reduce. A failed check makes
+    :meth:`validate_loss` return a NaN loss, whose backward spreads NaN to every rank's
+    averaged gradients; the loop passes its clipped total gradient norm to
+    :meth:`agree_on` and a non-finite norm is the agreed "re-run" (no collective of
+    ours; the one host read is the norm's, which the loop reads for clipping anyway).
     """
 
     def __init__(
@@ -113,6 +121,8 @@ class RerunStateMachine:
         checkpoint: Checkpointer | Callable[[int], Any] | None = None,
         state_dir: str | os.PathLike[str] | None = None,
         generators: Sequence[torch.Generator] = (),
+        host_rngs: bool = True,
+        agreement: str = "all_reduce",
         exit: Callable[[int], Any] = sys.exit,
     ) -> None:
         self.config = config or RerunStateMachineConfig()
@@ -123,6 +133,12 @@ class RerunStateMachine:
         self._state_dir = Path(state_dir) if state_dir is not None else None
         self._generators = tuple(generators)
         self._exit = exit
+        self._host_rngs = host_rngs
+        if agreement not in ("all_reduce", "grad_norm"):
+            raise ValueError(f"agreement: all_reduce or grad_norm, got {agreement!r}")
+        self._piggyback = agreement == "grad_norm"
+        self._agreed: torch.Tensor | None = None  # agree_on()'s value this attempt
+        self._poison: Any = False  # a local check failed this attempt (device bool)
         self.state = RerunState.IDLE
         self.current_iteration = 0
         self.accepted = True  # False: skip this iteration's optimizer step
@@ -235,6 +251,8 @@ class RerunStateMachine:
                         key,
                     )
                     rejected = True
+                if self._piggyback:
+                    self._poison = rejected | self._poison
             self._checks[key] = _Check(value, rejected, fatal, tolerance)
         elif state is RerunState.RERUN_IN_PLACE:
             check = self._checks.get(key)
@@ -250,15 +268,29 @@ class RerunStateMachine:
                 "it between should_run_forward_backward() calls"
             )
 
-    def validate_loss(self, loss: Any) -> None:
-        """The configured loss checks: NaN/Inf (fatal) and spiky loss (not fatal)."""
+    def validate_loss(self, loss: Any) -> Any:
+        """The configured loss checks: NaN/Inf (fatal) and spiky loss (not fatal).
+        Returns the loss to back-propagate: ``loss`` itself, or with
+        ``agreement="grad_norm"`` a NaN loss when a check failed on this rank (no
+        device synchronisation either way)."""
         if self._disabled:
-            return
+            return loss
         cfg = self.config
         if cfg.check_for_nan_in_loss:
             self.validate_result(loss, _not_finite, _NAN_MESSAGE, fatal=True)
         if cfg.check_for_spiky_loss:
             self.validate_result(loss, self._is_spiky, _SPIKY_MESSAGE, fatal=False)
+        if self._piggyback and isinstance(self._poison, torch.Tensor):
+            return loss + torch.where(self._poison, math.nan, 0.0).to(loss.dtype)
+        if self._piggyback and self._poison is True:
+            return loss * math.nan
+        return loss
+
+    def agree_on(self, reduced: torch.Tensor) -> None:
+        """``agreement="grad_norm"``: the value every rank shares after the loop's own
+        collective (the total gradient norm ``clip_grad_norm_`` returns under DDP); not
+        finite: some rank failed a check (or its gradients overflowed)."""
+        self._agreed = reduced
 
     @property
     def rerunning(self) -> bool:
@@ -289,6 +321,8 @@ class RerunStateMachine:
         self._checks = {}
         self._calls = {}
         self._iterators = iterators
+        self._agreed = None
+        self._poison = False
         pending = self._agree_pending()
         if pending is not None and pending["iteration"] == self.current_iteration:
             self._go(RerunState.RERUN_FROM_CHECKPOINT)
@@ -309,7 +343,7 @@ class RerunStateMachine:
                 self.current_iteration,
             )
             return True
-        self._rng = snapshot_rng(self._generators)
+        self._rng = snapshot_rng(self._generators, host=self._host_rngs)
         for it in iterators:
             it.advance()
         self.injector.injected = None
@@ -332,12 +366,16 @@ class RerunStateMachine:
                 return True
             self._accept()
             return False
-        failed = any(_truth(c.rejected) for c in self._checks.values())
-        (any_failed,) = self._reduce_max([failed])
+        if self._piggyback and self._agreed is not None:
+            # the loop's own collective carried it: one host read, the loop's own
+            any_failed = not bool(torch.isfinite(self._agreed).all())
+        else:
+            any_failed = self._reduce_any_rejected()
+        self._agreed = None
         if not any_failed:
             self._accept()
             return False
-        if failed:
+        if any(_truth(c.rejected) for c in self._checks.values()):
             names = [k for k, c in self._checks.items() if _truth(c.rejected)]
             logger.warning(
                 "rankguard rerun [rank %d]: iteration %d failed %s: re-running it in place",
@@ -500,6 +538,23 @@ class RerunStateMachine:
         return loss.abs() >= self.config.spiky_loss_factor * self._max_loss.to(loss.device)
 
     # ---- agreement ----------------------------------------------------------------------
+
+    def _reduce_any_rejected(self) -> bool:
+        """Did a check fail on any rank? The local flags are combined on the device and
+        read once, after the all-reduce: one host read per iteration."""
+        flags = [c.rejected for c in self._checks.values()]
+        tensors = [f for f in flags if isinstance(f, torch.Tensor)]
+        if not self._distributed:
+            if any(f is True for f in flags):
+                return True
+            return bool(torch.stack(tensors).any()) if tensors else False
+        t = torch.zeros((), dtype=torch.int32, device=self._flag_device)
+        if any(f is True for f in flags):
+            t += 1
+        if tensors:
+            t = t + torch.stack([f.to(self._flag_device) for f in tensors]).any().int()
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group)
+        return bool(t)
 
     def _reduce_max(self, flags: list[bool]) -> list[bool]:
         if not self._distributed:

@@ -27,6 +27,7 @@ def _rank_main(rank: int, world: int, tmp: str, scenario: str, resume: bool) -> 
     from rankguard.rerun import RerunStateMachine, RerunStateMachineConfig
     from tests.factories import RerunExit, TorchSaver, raising_exit
 
+    real_all_reduce = dist.all_reduce
     store = f"file://{tmp}/store_{'resume' if resume else 'first'}"
     dist.init_process_group(
         "gloo", init_method=store, rank=rank, world_size=world, timeout=timedelta(seconds=30)
@@ -35,12 +36,24 @@ def _rank_main(rank: int, world: int, tmp: str, scenario: str, resume: bool) -> 
     if scenario.startswith("inject-"):
         cfg |= {"error_injection_rate": 1, "error_injection_type": scenario[7:]}
     saver = TorchSaver(Path(tmp) / "ckpt", lambda: {"w": torch.zeros(1)}, rank=rank)
+    piggyback = scenario == "nan-grad-norm"
     m = RerunStateMachine(
         RerunStateMachineConfig(**cfg),
         checkpoint=saver,
         state_dir=Path(tmp) / "ckpt",
         exit=raising_exit,
+        agreement="grad_norm" if piggyback else "all_reduce",
     )
+    ours = []  # the machine's own collectives in the piggy-backed mode: none per step
+    if piggyback:
+        real = dist.all_reduce
+
+        def counting(*a: Any, **kw: Any) -> Any:
+            ours.append(1)
+            return real(*a, **kw)
+
+        m_dist = __import__("rankguard.rerun.machine", fromlist=["dist"]).dist
+        m_dist.all_reduce = counting
     torch.manual_seed(rank)
     batches = m.replay(iter(range(100 * rank, 100 * rank + 100)))
     seen: list[list[Any]] = []
@@ -54,13 +67,15 @@ def _rank_main(rank: int, world: int, tmp: str, scenario: str, resume: bool) -> 
             for attempt, _ in enumerate(m.iteration(step, batches)):
                 batch = next(batches)
                 loss = torch.tensor(float(batch)) + torch.rand(())
-                nan = scenario == "nan" and (step, attempt, rank) == (3, 0, 1)
+                nan = scenario.startswith("nan") and (step, attempt, rank) == (3, 0, 1)
                 nan |= scenario == "bad-gpu" and step == 3 and rank == 1 and not resume
                 if nan:
                     loss = loss * math.nan
-                m.validate_loss(loss)
+                loss = m.validate_loss(loss)
                 # the gradients' all-reduce a DDP backward does, on both attempts
-                dist.all_reduce(loss.detach().clone())
+                grad = loss.detach().clone()
+                real_all_reduce(grad)
+                m.agree_on(grad)  # the total gradient norm (ignored by all_reduce mode)
                 seen.append([step, attempt, batch])
             if scenario.startswith("inject-"):
                 m.config.error_injection_rate = 0  # one injection per run is enough here
@@ -68,6 +83,7 @@ def _rank_main(rank: int, world: int, tmp: str, scenario: str, resume: bool) -> 
     except RerunExit as exc:
         code = exc.code
     result = {
+        "ours": len(ours),
         "seen": seen,
         "code": code,
         "events": [[e.outcome.value, e.iteration] for e in m.events],
@@ -93,8 +109,11 @@ def _run(tmp: Path, scenario: str, *, resume: bool = False) -> list[dict[str, An
     return [json.loads((tmp / f"rank{r}_{name}.json").read_text()) for r in (0, 1)]
 
 
-def test_nan_on_one_rank_makes_every_rank_rerun_the_same_iteration(tmp_path: Path) -> None:
-    r0, r1 = _run(tmp_path, "nan")
+@pytest.mark.parametrize("scenario", ["nan", "nan-grad-norm"])
+def test_nan_on_one_rank_makes_every_rank_rerun_the_same_iteration(
+    tmp_path: Path, scenario: str
+) -> None:
+    r0, r1 = _run(tmp_path, scenario)
     for r, out in ((0, r0), (1, r1)):
         steps = [s for s, attempt, _ in out["seen"] if attempt == 1]
         assert steps == [3], f"rank {r} re-ran {steps}"
@@ -102,6 +121,10 @@ def test_nan_on_one_rank_makes_every_rank_rerun_the_same_iteration(tmp_path: Pat
         assert batches[0] == batches[1] == 100 * r + 2  # its own batch, replayed
         assert out["code"] == 0
     assert r1["events"] == [["transient_fault", 3]] and r0["events"] == []
+    if scenario == "nan-grad-norm":
+        # none per step (5 steps): one at the start (do the ranks agree on a saved re-run)
+        # and one for the verdict of the rare re-run in place
+        assert r0["ours"] == r1["ours"] == 2
 
 
 def test_persistent_fault_on_one_rank_then_exit_17_after_resume(tmp_path: Path) -> None:

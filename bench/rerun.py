@@ -1,0 +1,194 @@
+"""Rerun state machine overhead: the checks on vs off, against the demo's training step.
+
+Part 1 (one process): the demo's TinyGPT step (forward, backward, AdamW step; batch 8 on
+CPU) in a plain loop, then under the rerun state machine in each mode; modes interleaved
+in rounds, median ms per step and the overhead against the plain loop. Also the machine's
+own cost per iteration with an empty body (microseconds: the step figure is noisy).
+
+Part 2 (2 ranks on gloo, spawned): the agreement, i.e. the MAX all-reduce of the 3-flag
+tensor that validate_results does once per iteration, per iteration with an empty body,
+and the demo's DDP step on 2 ranks with the checks on vs off.
+
+    python bench/rerun.py [--steps 30] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from rankguard.demo.model import GPTConfig, TinyGPT, synthetic_batch
+from rankguard.rerun import RerunStateMachine, RerunStateMachineConfig
+
+MODES: dict[str, dict[str, object] | None] = {
+    "plain loop": None,
+    "disabled": {"rerun_mode": "disabled"},
+    "validate_results (NaN)": {"rerun_mode": "validate_results"},
+    "validate_results (NaN + spiky)": {
+        "rerun_mode": "validate_results",
+        "check_for_spiky_loss": True,
+        "spiky_loss_warmup": 5,
+    },
+    "report_determinism_stats /100": {"rerun_mode": "report_determinism_stats"},
+}
+
+
+def _ce(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+def _loop(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, cfg: GPTConfig, mode: str, steps: int
+) -> float:
+    """ms per step of ``steps`` demo steps under ``mode``."""
+    gen = torch.Generator().manual_seed(0)
+    source = iter(lambda: synthetic_batch(cfg, 8, gen, torch.device("cpu")), None)
+    settings = MODES[mode]
+    t0 = time.perf_counter()
+    if settings is None:
+        for _ in range(steps):
+            x, y = next(source)
+            loss = _ce(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    else:
+        rerun = RerunStateMachine(RerunStateMachineConfig(**settings))  # type: ignore[arg-type]
+        batches = rerun.replay(source)
+        for step in range(1, steps + 1):
+            for _ in rerun.iteration(step, batches):
+                x, y = next(batches)
+                loss = _ce(model(x), y)
+                rerun.validate_loss(loss)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+            if rerun.accepted:
+                opt.step()
+    return (time.perf_counter() - t0) * 1e3 / steps
+
+
+def _machine_only(mode: str, iterations: int) -> float:
+    """us per iteration of the machine alone (empty body, a scalar loss)."""
+    settings = MODES[mode]
+    if settings is None:
+        return 0.0
+    rerun = RerunStateMachine(RerunStateMachineConfig(**settings))  # type: ignore[arg-type]
+    batches = rerun.replay(iter(range(10**9)))
+    loss = torch.tensor(2.0)
+    t0 = time.perf_counter()
+    for step in range(1, iterations + 1):
+        for _ in rerun.iteration(step, batches):
+            next(batches)
+            rerun.validate_loss(loss)
+    return (time.perf_counter() - t0) * 1e6 / iterations
+
+
+def part1(steps: int, rounds: int) -> None:
+    torch.manual_seed(0)
+    cfg = GPTConfig()
+    model = TinyGPT(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    _loop(model, opt, cfg, "plain loop", 5)  # warm-up
+    times: dict[str, list[float]] = {m: [] for m in MODES}
+    for _ in range(rounds):
+        for mode in MODES:
+            times[mode].append(_loop(model, opt, cfg, mode, steps))
+    base = statistics.median(times["plain loop"])
+    print(f"part 1: demo step (TinyGPT, batch 8, CPU), {rounds} rounds x {steps} steps")
+    print(f"{'mode':34s} {'ms/step':>9s} {'vs plain':>9s} {'machine alone us/it':>20s}")
+    for mode, ts in times.items():
+        med = statistics.median(ts)
+        alone = _machine_only(mode, 20_000 if MODES[mode] is None else 5_000)
+        print(f"{mode:34s} {med:9.2f} {100 * (med / base - 1):+8.2f}% {alone:20.2f}")
+    worst = max(statistics.median(times[m]) for m in MODES if m != "plain loop")
+    print(f"verdict: worst mode {100 * (worst / base - 1):+.2f}% of the demo step (goal < 1 %)")
+
+
+def _rank(rank: int, world: int, path: str, steps: int, out: dict[int, list[float]]) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{path}", rank=rank, world_size=world,
+        timeout=timedelta(seconds=60),
+    )  # fmt: skip
+    results = []
+    # the agreement alone: an empty body, validate_results vs disabled
+    for mode in ("disabled", "validate_results (NaN)"):
+        rerun = RerunStateMachine(RerunStateMachineConfig(**MODES[mode]))  # type: ignore[arg-type]
+        batches = rerun.replay(iter(range(10**9)))
+        loss = torch.tensor(2.0)
+        dist.barrier()
+        t0 = time.perf_counter()
+        for step in range(1, 2001):
+            for _ in rerun.iteration(step, batches):
+                next(batches)
+                rerun.validate_loss(loss)
+        results.append((time.perf_counter() - t0) * 1e6 / 2000)
+    # the demo's DDP step, checks off / on, interleaved
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    cfg = GPTConfig()
+    model = DDP(TinyGPT(cfg))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    per: dict[str, list[float]] = {"plain loop": [], "validate_results (NaN)": []}
+    _loop(model, opt, cfg, "plain loop", 3)
+    for _ in range(3):
+        for mode in per:
+            dist.barrier()
+            per[mode].append(_loop(model, opt, cfg, mode, steps))
+    results += [statistics.median(per["plain loop"]), statistics.median(per["validate_results (NaN)"])]
+    out[rank] = results
+    dist.destroy_process_group()
+
+
+def part2(steps: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        manager = mp.Manager()
+        out = manager.dict()
+        ctx = mp.get_context("spawn")
+        procs = [
+            ctx.Process(target=_rank, args=(r, 2, os.path.join(tmp, "store"), steps, out))
+            for r in (0, 1)
+        ]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(600)
+        if any(p.exitcode != 0 for p in procs):
+            print("part 2: a rank failed", file=sys.stderr)
+            return
+        r0 = out[0]
+    off_us, on_us, plain_ms, checked_ms = r0
+    print("part 2: 2 ranks on gloo (rank 0's figures)")
+    print(f"  machine per iteration, empty body: disabled {off_us:.2f} us, validate_results "
+          f"{on_us:.2f} us -> agreement (3-int MAX all-reduce) ~{on_us - off_us:.1f} us/step")  # fmt: skip
+    print(f"  demo DDP step: plain {plain_ms:.2f} ms, validate_results {checked_ms:.2f} ms "
+          f"({100 * (checked_ms / plain_ms - 1):+.2f}%)")  # fmt: skip
+    print(f"  agreement share of the demo step: {100 * (on_us - off_us) / 1e3 / plain_ms:.2f}%")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--skip-part2", action="store_true")
+    args = p.parse_args(argv)
+    part1(args.steps, args.rounds)
+    if not args.skip_part2:
+        part2(args.steps)
+    return 0
+
+
+if __name__ == "__main__":
+    _: Callable[..., int] = main
+    sys.exit(main())
