@@ -83,11 +83,11 @@ def test_nan_on_the_first_hardware_exits_16_then_17_naming_the_rank(
         ("rerun_persistent_fault", rank, 3),
         ("rerun_validation_failed", rank, 3),
     ]
-    failed = [
+    failed = next(
         f
         for f in read_jsonl(run_dir / "findings.jsonl")
         if f["finding_type"] == "rerun_validation_failed"
-    ][0]
+    )
     assert failed["faulty_hostname"] == socket.gethostname() and failed["faulty_gpu"] == "cpu"
     assert "resumed from step_2.pt" in out  # the checkpoint exit 16 saved
     assert f"rank {rank}'s first run was faulty: host {socket.gethostname()}" in out

@@ -522,7 +522,7 @@ class RerunStateMachine:
 
     def _accept(self) -> None:
         """The iteration's result stands: it feeds the spiky-loss maximum."""
-        check = self._checks.get(_SPIKY_MESSAGE) or self._checks.get(_NAN_MESSAGE)
+        check = self._checks.get(_SPIKY_MESSAGE) if self.config.check_for_spiky_loss else None
         if check is not None:
             value = check.rerun if check.rerun is not None else check.initial
             loss = value.abs().float()
