@@ -202,6 +202,47 @@ def part2(steps: int, rounds: int) -> None:
           f"({100 * (pig_ms / plain_ms - 1):+.2f}%)")  # fmt: skip
 
 
+def gpu_part(steps: int) -> None:
+    """On a GPU: the rerun path adds no device synchronisation. The loop reads its
+    gradient norm once a step (logging); with agreement="grad_norm" fed that float, the
+    whole rerun path runs under ``set_sync_debug_mode("error")``."""
+    if not torch.cuda.is_available():
+        print("gpu: not run (no CUDA device)")
+        return
+    dev = torch.device("cuda", 0)
+    torch.manual_seed(0)
+    cfg = GPTConfig()
+    model = TinyGPT(cfg).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    rerun = RerunStateMachine(
+        RerunStateMachineConfig(rerun_mode="validate_results", check_for_spiky_loss=True),
+        agreement="grad_norm",
+        generators=[gen],
+    )
+    batches = rerun.replay(iter(lambda: synthetic_batch(cfg, 8, gen, dev), None))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for step in range(1, steps + 1):
+            for _ in rerun.iteration(step, batches):
+                x, y = next(batches)
+                loss = rerun.validate_loss(_ce(model(x), y))
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                torch.cuda.set_sync_debug_mode("default")  # the loop's own read (logging)
+                norm_value = norm.item()
+                torch.cuda.set_sync_debug_mode("error")
+                rerun.agree_on(norm_value)
+            if rerun.accepted:
+                opt.step()
+        print(f"gpu: {steps} steps with the checks on under set_sync_debug_mode('error'): "
+              "no synchronisation beyond the loop's own norm.item()")  # fmt: skip
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--steps", type=int, default=30)
@@ -213,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     part1(args.steps, args.rounds)
     if not args.skip_part2:
         part2(args.steps, args.rounds)
+    gpu_part(args.steps)
     return 0
 
 

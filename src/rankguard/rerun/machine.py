@@ -137,7 +137,7 @@ class RerunStateMachine:
         if agreement not in ("all_reduce", "grad_norm"):
             raise ValueError(f"agreement: all_reduce or grad_norm, got {agreement!r}")
         self._piggyback = agreement == "grad_norm"
-        self._agreed: torch.Tensor | None = None  # agree_on()'s value this attempt
+        self._agreed: torch.Tensor | float | None = None  # agree_on()'s value this attempt
         self._poison: Any = False  # a local check failed this attempt (device bool)
         self.state = RerunState.IDLE
         self.current_iteration = 0
@@ -286,10 +286,11 @@ class RerunStateMachine:
             return loss * math.nan
         return loss
 
-    def agree_on(self, reduced: torch.Tensor) -> None:
+    def agree_on(self, reduced: torch.Tensor | float) -> None:
         """``agreement="grad_norm"``: the value every rank shares after the loop's own
         collective (the total gradient norm ``clip_grad_norm_`` returns under DDP); not
-        finite: some rank failed a check (or its gradients overflowed)."""
+        finite: some rank failed a check (or its gradients overflowed). A float the loop
+        already read (for logging) costs no device synchronisation at all."""
         self._agreed = reduced
 
     @property
@@ -368,7 +369,11 @@ class RerunStateMachine:
             return False
         if self._piggyback and self._agreed is not None:
             # the loop's own collective carried it: one host read, the loop's own
-            any_failed = not bool(torch.isfinite(self._agreed).all())
+            agreed = self._agreed
+            if isinstance(agreed, torch.Tensor):
+                any_failed = not bool(torch.isfinite(agreed).all())
+            else:
+                any_failed = not math.isfinite(agreed)
         else:
             any_failed = self._reduce_any_rejected()
         self._agreed = None

@@ -292,3 +292,24 @@ def test_data_iterator_replays_and_realigns_after_a_resume() -> None:
     assert next(resumed) == "saved"
     resumed.advance()
     assert next(resumed) == 6  # batch 5 was the replayed one: skipped
+
+
+def test_grad_norm_agreement_reads_the_loops_value(tmp_path: Path) -> None:
+    m = RerunStateMachine(
+        RerunStateMachineConfig(rerun_mode="validate_results"),
+        agreement="grad_norm",
+        exit=raising_exit,
+    )
+    batches = m.replay(iter(range(100)))
+    reran = []
+    for step in range(1, 5):
+        for attempt, _ in enumerate(m.iteration(step, batches)):
+            next(batches)
+            value = torch.tensor(math.nan if (step, attempt) == (2, 0) else 1.0)
+            loss = m.validate_loss(value)
+            assert math.isnan(float(loss)) is ((step, attempt) == (2, 0))  # poisoned locally
+            m.agree_on(float(loss))  # a float the loop already read: no device read
+            reran.append((step, attempt))
+    assert [s for s, a in reran if a == 1] == [2]
+    with pytest.raises(ValueError, match="agreement"):
+        RerunStateMachine(agreement="sometimes")
