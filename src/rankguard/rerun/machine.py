@@ -357,6 +357,8 @@ class RerunStateMachine:
         for it in self._iterators:
             it.rewind()
         self._calls = {}
+        self._poison = False  # the re-run's loss is back-propagated as it is
+        self._agreed = None
         self.reruns += 1
 
     def _after_initial(self) -> bool:
