@@ -63,6 +63,7 @@ EXIT_RESUME = 16
 EXIT_VALIDATION_FAILED = 17
 
 _NAN_MESSAGE = "loss is NaN or Inf"
+_ATTEMPTS = (RerunState.INITIAL_RUN, RerunState.RERUN_IN_PLACE, RerunState.RERUN_FROM_CHECKPOINT)
 _SPIKY_MESSAGE = "loss is spiky"
 
 
@@ -190,8 +191,15 @@ class RerunStateMachine:
         """``for _ in rerun.iteration(step, batches): <forward, validate, backward>``: the
         body runs once, or twice when it must be re-run; then ``if rerun.accepted:
         optimizer.step()``. Zero the gradients at the top of the body."""
-        while self.should_run_forward_backward(data_iterator, iteration):
-            yield self
+        finished = False
+        try:
+            while self.should_run_forward_backward(data_iterator, iteration):
+                yield self
+            finished = True
+        finally:
+            if not finished and self.state in _ATTEMPTS:
+                # the body raised or broke out: this iteration is abandoned undecided
+                self._go(RerunState.IDLE)
 
     def should_run_forward_backward(
         self,

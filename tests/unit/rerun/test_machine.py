@@ -313,3 +313,15 @@ def test_grad_norm_agreement_reads_the_loops_value(tmp_path: Path) -> None:
     assert [s for s, a in reran if a == 1] == [2]
     with pytest.raises(ValueError, match="agreement"):
         RerunStateMachine(agreement="sometimes")
+
+
+def test_an_abandoned_iteration_leaves_the_machine_ready(tmp_path: Path) -> None:
+    m, _ = _machine(tmp_path)
+    batches = m.replay(iter(range(100)))
+    with pytest.raises(ZeroDivisionError):
+        for _ in m.iteration(1, batches):
+            next(batches)
+            raise ZeroDivisionError  # the body failed: the caller handles it
+    assert m.state is RerunState.IDLE
+    seen = _train(m, lambda s, a, b, d: 1.0, range(2, 4))
+    assert [(s, a) for s, a, _, _ in seen] == [(2, 0), (3, 0)]
