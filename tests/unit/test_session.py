@@ -297,3 +297,18 @@ def test_init_under_launcher_starts_session(clean_env: pytest.MonkeyPatch, tmp_p
     assert records[0]["run_id"] == "from-env"
     assert records[-1]["event"] == "process_end"
     assert records[-1]["progress_seq"] == 1
+
+
+def test_session_rerun_publishes_its_block(session: Session, tmp_path: Path) -> None:
+    from rankguard.rerun import RerunStateMachineConfig
+    from rankguard.schema.records import HeartbeatRecord
+
+    rerun = session.rerun(RerunStateMachineConfig(rerun_mode="report_stats"))
+    batches = rerun.replay(iter(range(10)))
+    for _ in rerun.iteration(1, batches):
+        rerun.validate_loss(torch.tensor(float(next(batches))))
+    session.close(clean=True, exit_code=0)
+    end = _records(tmp_path / heartbeat_file_name(0, os.getpid()))[-1]
+    assert end["rerun"]["mode"] == "report_determinism_stats"
+    assert HeartbeatRecord.from_dict(end).rerun == end["rerun"]  # valid on ingest
+    assert NullSession().rerun().mode == "disabled"  # outside rankguard run: logs only
