@@ -26,7 +26,6 @@ run on the device). ``disabled`` does none of it: one attribute test per call.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
@@ -38,14 +37,15 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import torch
-import torch.distributed as dist
 
+from rankguard.rerun.agreement import Agreement
 from rankguard.rerun.config import RerunStateMachineConfig
 from rankguard.rerun.data import RerunDataIterator
 from rankguard.rerun.inject import ErrorInjector
+from rankguard.rerun.results import gpu_name, not_finite, relative_diff, scalar, truth
 from rankguard.rerun.rng import RngSnapshot, restore_rng, snapshot_rng
 from rankguard.rerun.state import RerunState, check_transition
-from rankguard.schema.layout import rerun_state_file_name
+from rankguard.rerun.statefile import load_state, remove_state, save_state, state_path
 from rankguard.schema.rerun import MAX_EVENTS, RerunBlock, RerunEvent, RerunOutcome
 
 __all__ = [
@@ -155,14 +155,10 @@ class RerunStateMachine:
         self._pending_checked = False
         self._max_loss: torch.Tensor | None = None
         self._losses_seen = 0
-        dist_on = dist.is_available() and dist.is_initialized()
-        self.rank = dist.get_rank() if dist_on else 0
-        self._distributed = dist_on and dist.get_world_size(group) > 1
-        self._flag_device = torch.device("cpu")
-        if dist_on and dist.get_backend(group) == "nccl":
-            self._flag_device = torch.device("cuda", torch.cuda.current_device())
+        self._agreement = Agreement(group)
+        self.rank = self._agreement.rank
         self.hostname = socket.gethostname()
-        self.gpu = _gpu_name()
+        self.gpu = gpu_name()
         self.injector = ErrorInjector(
             self.config.error_injection_rate,
             self.config.error_injection_type,
@@ -285,7 +281,7 @@ class RerunStateMachine:
             return loss
         cfg = self.config
         if cfg.check_for_nan_in_loss:
-            self.validate_result(loss, _not_finite, _NAN_MESSAGE, fatal=True)
+            self.validate_result(loss, not_finite, _NAN_MESSAGE, fatal=True)
         if cfg.check_for_spiky_loss:
             self.validate_result(loss, self._is_spiky, _SPIKY_MESSAGE, fatal=False)
         if self._piggyback and isinstance(self._poison, torch.Tensor):
@@ -385,13 +381,13 @@ class RerunStateMachine:
             else:
                 any_failed = not math.isfinite(agreed)
         else:
-            any_failed = self._reduce_any_rejected()
+            any_failed = self._agreement.any_true([c.rejected for c in self._checks.values()])
         self._agreed = None
         if not any_failed:
             self._accept()
             return False
-        if any(_truth(c.rejected) for c in self._checks.values()):
-            names = [k for k, c in self._checks.items() if _truth(c.rejected)]
+        if any(truth(c.rejected) for c in self._checks.values()):
+            names = [k for k, c in self._checks.items() if truth(c.rejected)]
             logger.warning(
                 "rankguard rerun [rank %d]: iteration %d failed %s: re-running it in place",
                 self.rank,
@@ -406,7 +402,7 @@ class RerunStateMachine:
         if self.mode == "report_determinism_stats":
             for key, check in self._checks.items():
                 if check.rerun is not None:
-                    diff = _relative_diff(check.initial, check.rerun)
+                    diff = relative_diff(check.initial, check.rerun)
                     self.stats[key] = max(self.stats.get(key, 0.0), diff)
             logger.info(
                 "rankguard rerun [rank %d]: determinism at iteration %d: %s",
@@ -420,16 +416,16 @@ class RerunStateMachine:
         same_fatal: list[tuple[str, _Check, float]] = []
         same_other = False
         for key, check in self._checks.items():
-            if not _truth(check.rejected):
+            if not truth(check.rejected):
                 continue
-            diff = self.injector.in_place(_relative_diff(check.initial, check.rerun))
+            diff = self.injector.in_place(relative_diff(check.initial, check.rerun))
             if diff > check.tolerance:
                 differed.append((key, check, diff))
             elif check.fatal:
                 same_fatal.append((key, check, diff))
             else:
                 same_other = True
-        any_differed, any_same_fatal = self._reduce_max([bool(differed), bool(same_fatal)])
+        any_differed, any_same_fatal = self._agreement.max([bool(differed), bool(same_fatal)])
         for key, check, _ in differed:
             self._event(
                 RerunOutcome.TRANSIENT,
@@ -475,13 +471,13 @@ class RerunStateMachine:
         for key, check in self._checks.items():
             saved = pending["results"].get(key)
             if saved is None:
-                if _truth(check.rejected):  # a new failure: it reproduces a fault too
+                if truth(check.rejected):  # a new failure: it reproduces a fault too
                     same.append((key, check))
                 continue
             check.initial = saved
-            diff = self.injector.after_resume(_relative_diff(check.initial, check.rerun))
+            diff = self.injector.after_resume(relative_diff(check.initial, check.rerun))
             (differed if diff > check.tolerance else same).append((key, check))
-        any_differed, any_same = self._reduce_max([bool(differed), bool(same)])
+        any_differed, any_same = self._agreement.max([bool(differed), bool(same)])
         self._pending = None
         self._remove_state()
         if any_differed:
@@ -520,7 +516,7 @@ class RerunStateMachine:
             )
         if any_same and action == "stop":
             self._go(RerunState.STOPPED)
-            self._barrier()
+            self._agreement.barrier()
             raise ReproducibleFaultError(
                 f"rerun: iteration {self.current_iteration} reproduces its failed check after the "
                 "resume: a data or model problem (on_reproducible=stop)"
@@ -554,30 +550,6 @@ class RerunStateMachine:
 
     # ---- agreement ----------------------------------------------------------------------
 
-    def _reduce_any_rejected(self) -> bool:
-        """Did a check fail on any rank? The local flags are combined on the device and
-        read once, after the all-reduce: one host read per iteration."""
-        flags = [c.rejected for c in self._checks.values()]
-        tensors = [f for f in flags if isinstance(f, torch.Tensor)]
-        if not self._distributed:
-            if any(f is True for f in flags):
-                return True
-            return bool(torch.stack(tensors).any()) if tensors else False
-        t = torch.zeros((), dtype=torch.int32, device=self._flag_device)
-        if any(f is True for f in flags):
-            t += 1
-        if tensors:
-            t = t + torch.stack([f.to(self._flag_device) for f in tensors]).any().int()
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group)
-        return bool(t)
-
-    def _reduce_max(self, flags: list[bool]) -> list[bool]:
-        if not self._distributed:
-            return flags
-        t = torch.tensor([int(f) for f in flags], dtype=torch.int32, device=self._flag_device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group)
-        return [bool(v) for v in t.tolist()]
-
     def _agree_pending(self) -> dict[str, Any] | None:
         """Once, at the first iteration: every rank has the same pending re-run (or none)."""
         if self._pending_checked:
@@ -585,16 +557,14 @@ class RerunStateMachine:
         self._pending_checked = True
         if self.mode != "validate_results":
             return None
-        mine = -1 if self._pending is None else int(self._pending["iteration"])
-        if self._distributed:
-            t = torch.tensor([mine, -mine], dtype=torch.int64, device=self._flag_device)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group)
-            hi, lo = int(t[0]), -int(t[1])
-            if hi != lo:
-                raise RuntimeError(
-                    f"rerun: the ranks' saved rerun states disagree (iterations {lo} to {hi}; "
-                    f"-1: none) in {self._state_dir}: remove them or restore all of them"
-                )
+        lo, hi = self._agreement.same_int(
+            -1 if self._pending is None else int(self._pending["iteration"])
+        )
+        if lo != hi:
+            raise RuntimeError(
+                f"rerun: the ranks' saved rerun states disagree (iterations {lo} to {hi}; "
+                f"-1: none) in {self._state_dir}: remove them or restore all of them"
+            )
         if self._pending is not None and self._pending["iteration"] < self.current_iteration:
             logger.error(
                 "rankguard rerun [rank %d]: the saved re-run of iteration %d was never reached "
@@ -609,22 +579,12 @@ class RerunStateMachine:
 
     def _gather_culprits(self, mine: bool, first: dict[str, Any]) -> list[dict[str, Any]]:
         me = {"rank": self.rank, **first} if mine else None
-        if not self._distributed:
-            return [me] if me else []
-        everyone: list[Any] = [None] * dist.get_world_size(self._group)
-        dist.all_gather_object(everyone, me, group=self._group)
-        return [c for c in everyone if c]
-
-    def _barrier(self) -> None:
-        if self._distributed:
-            dist.barrier(group=self._group)
+        return [c for c in self._agreement.gather(me) if c]
 
     # ---- exit 16 and the resumed job ---------------------------------------------------------
 
     def _state_path(self) -> Path | None:
-        if self._state_dir is None:
-            return None
-        return self._state_dir / rerun_state_file_name(self.rank)
+        return state_path(self._state_dir, self.rank)
 
     def _save_and_exit(self) -> None:
         path = self._state_path()
@@ -635,18 +595,12 @@ class RerunStateMachine:
                 "rng": self._rng,
                 "batches": [it.batches for it in self._iterators],
                 "results": {
-                    k: c.initial.cpu() for k, c in self._checks.items() if _truth(c.rejected)
+                    k: c.initial.cpu() for k, c in self._checks.items() if truth(c.rejected)
                 },
                 "hardware": {"hostname": self.hostname, "gpu": self.gpu},
                 "injected": self.injector.injected,
             }
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            with open(tmp, "wb") as fh:
-                torch.save(state, fh)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
+            save_state(path, state)
         checkpoint = self._checkpoint
         if checkpoint is not None:
             if isinstance(checkpoint, Checkpointer):
@@ -658,15 +612,14 @@ class RerunStateMachine:
 
     def _leave(self, code: int) -> None:
         """Every rank has saved (a peer's exit must not kill a rank still writing)."""
-        self._barrier()
+        self._agreement.barrier()
         logger.error("rankguard rerun [rank %d]: exit %d", self.rank, code)
         self._exit(code)
 
     def _load_pending(self) -> dict[str, Any] | None:
-        path = self._state_path()
-        if path is None or not path.exists():
+        state = load_state(self._state_path())
+        if state is None:
             return None
-        state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
         logger.warning(
             "rankguard rerun [rank %d]: will re-run iteration %d (saved by %s)",
             self.rank,
@@ -676,10 +629,7 @@ class RerunStateMachine:
         return state
 
     def _remove_state(self) -> None:
-        path = self._state_path()
-        if path is not None:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+        remove_state(self._state_path())
 
     def _write_verdict(self, culprits: list[dict[str, Any]]) -> None:
         """Rank 0 names the faulty hosts for the launcher and the scheduler wrapper."""
@@ -709,8 +659,8 @@ class RerunStateMachine:
             iteration=self.current_iteration,
             check=key,
             message=message,
-            initial=_scalar(check.initial),
-            rerun=_scalar(check.rerun),
+            initial=scalar(check.initial),
+            rerun=scalar(check.rerun),
             faulty_hostname=faulty["hostname"] if faulty else None,
             faulty_gpu=faulty["gpu"] if faulty else None,
             same_hardware=same_hardware,
@@ -732,53 +682,3 @@ def _iterators(data: Any) -> list[RerunDataIterator]:
                 f"iteration can be replayed (got {type(it).__name__})"
             )
     return list(items)
-
-
-def _not_finite(value: torch.Tensor) -> torch.Tensor:
-    return ~torch.isfinite(value).all()
-
-
-def _truth(flag: Any) -> bool:
-    return bool(flag.item()) if isinstance(flag, torch.Tensor) else bool(flag)
-
-
-def _relative_diff(a: torch.Tensor | None, b: torch.Tensor | None) -> float:
-    """The largest elementwise relative difference of two results; NaN equals NaN and
-    an infinity equals itself (the same wrong result is the same result)."""
-    if a is None or b is None:
-        return math.inf  # the re-run never reached the check: not the same result
-    a64, b64 = a.double().cpu(), b.to(a.device).double().cpu()
-    if a64.shape != b64.shape:
-        return math.inf
-    both_nan = torch.isnan(a64) & torch.isnan(b64)
-    equal = (a64 == b64) | both_nan
-    if bool(equal.all()):
-        return 0.0
-    if not bool((torch.isfinite(a64) | equal).all() and (torch.isfinite(b64) | equal).all()):
-        return math.inf  # a NaN or an infinity on one side only
-    scale = torch.maximum(a64.abs(), b64.abs())
-    rel = torch.where(equal, torch.zeros_like(a64), (a64 - b64).abs() / scale)
-    return float(rel.max())
-
-
-def _scalar(value: torch.Tensor | None) -> float | None:
-    if value is None:
-        return None
-    flat = value.detach().double().reshape(-1).cpu()
-    if flat.numel() == 0:
-        return None
-    if bool(torch.isnan(flat).any()):
-        return math.nan
-    return float(flat.abs().max()) if flat.numel() > 1 else float(flat[0])
-
-
-def _gpu_name() -> str:
-    """``cpu``, or ``cuda:<ordinal> <uuid>`` of the current device."""
-    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
-        return "cpu"
-    ordinal = torch.cuda.current_device()
-    try:
-        uuid = str(torch.cuda.get_device_properties(ordinal).uuid)
-    except Exception:
-        uuid = ""
-    return f"cuda:{ordinal} {uuid}".strip()

@@ -52,7 +52,7 @@ def _rank_main(rank: int, world: int, tmp: str, scenario: str, resume: bool) -> 
             ours.append(1)
             return real(*a, **kw)
 
-        m_dist = __import__("rankguard.rerun.machine", fromlist=["dist"]).dist
+        m_dist = __import__("rankguard.rerun.agreement", fromlist=["dist"]).dist
         m_dist.all_reduce = counting
     torch.manual_seed(rank)
     batches = m.replay(iter(range(100 * rank, 100 * rank + 100)))
