@@ -668,3 +668,56 @@ def run_ranks(
     if errors:
         raise AssertionError("\n".join(errors))
     return [results[r] for r in range(world)]
+
+
+# ---- rerun state machine --------------------------------------------------------------
+
+
+class RerunExit(Exception):
+    """What a test's ``exit`` raises instead of leaving the process (code in ``.code``)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"exit {code}")
+        self.code = code
+
+
+def raising_exit(code: int) -> None:
+    raise RerunExit(code)
+
+
+class TorchSaver:
+    """A real, small checkpoint: ``torch.save`` of the given state callable, atomically,
+    as ``step_<n>.pt`` (only ``rank`` 0 writes); ``saved`` lists the steps."""
+
+    def __init__(self, directory: Path, state: Callable[[], dict[str, Any]], rank: int = 0):
+        self.directory = Path(directory)
+        self.state = state
+        self.rank = rank
+        self.saved: list[int] = []
+        self.waits = 0
+
+    def save(self, step: int) -> None:
+        import torch
+
+        self.saved.append(step)
+        if self.rank != 0:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / f"step_{step}.pt"
+        tmp = path.with_suffix(".tmp")
+        torch.save({**self.state(), "step": step}, tmp)
+        os.replace(tmp, path)
+
+    def wait(self) -> None:
+        self.waits += 1
+
+    def load_latest(self) -> dict[str, Any] | None:
+        import torch
+
+        steps = sorted(int(p.stem[5:]) for p in self.directory.glob("step_*.pt"))
+        if not steps:
+            return None
+        state: dict[str, Any] = torch.load(
+            self.directory / f"step_{steps[-1]}.pt", weights_only=True
+        )
+        return state

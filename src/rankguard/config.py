@@ -28,6 +28,7 @@ from rankguard.checkpoint.config import CheckpointConfig
 from rankguard.ft.config import FaultToleranceConfig
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.perf.config import PerfConfig
+from rankguard.rerun.config import RerunStateMachineConfig
 from rankguard.straggler.config import StragglerConfig
 
 __all__ = [
@@ -96,6 +97,7 @@ class RankguardConfig:
     fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    rerun_state_machine: RerunStateMachineConfig = field(default_factory=RerunStateMachineConfig)
 
     def __post_init__(self) -> None:
         if not self.log_dir:
@@ -161,6 +163,12 @@ class RankguardConfig:
             out.append(
                 "heartbeat monitoring is OFF (heartbeat.enabled=false): no liveness, progress "
                 "or hang detection for this run"
+            )
+        out.extend(self.rerun_state_machine.warnings())
+        if self.rerun_state_machine.enabled and not hb.enabled:
+            out.append(
+                "rerun_state_machine is on but heartbeat.enabled=false: re-runs happen, but "
+                "their outcomes reach no finding, status or report (only the ranks' logs)"
             )
         return out
 

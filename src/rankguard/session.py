@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     import torch
 
     from rankguard.perf.autodetect import PerfDetector
+    from rankguard.rerun.config import RerunStateMachineConfig
+    from rankguard.rerun.machine import RerunStateMachine
 
 __all__ = ["NullSession", "Session", "current", "init"]
 
@@ -143,12 +145,14 @@ class Session:
         probe: ComputeProbe | None = None,
         phases: PhaseWatcher | None = None,
         detector: PerfDetector | None = None,
+        rerun_config: RerunStateMachineConfig | None = None,
     ) -> None:
         """``phases``: recognises evaluation and saving from the main thread's stack
         (the one the perf reporter samples too); by default one built from
         ``config.phase_patterns`` when ``config.phase_detection`` is on."""
         self.identity = identity
         self.detector = detector  # batch shape and FLOPs of an unmodified script
+        self.rerun_config = rerun_config
         self.config = config
         self.tracker = tracker or ProgressTracker()
         self.perf = perf
@@ -232,6 +236,20 @@ class Session:
         assert control is not None
         control.poll()
         self._stop_at = control.stop_at_step
+
+    # ---- rerun state machine --------------------------------------------------------
+
+    def rerun(
+        self, config: RerunStateMachineConfig | None = None, **kwargs: Any
+    ) -> RerunStateMachine:
+        """A :class:`~rankguard.rerun.RerunStateMachine` configured by the run's
+        ``rerun_state_machine`` section (or ``config``); its outcomes ride in this
+        rank's heartbeats and become findings. ``kwargs``: checkpoint, state_dir, group,
+        generators (see the class)."""
+        machine = _rerun_machine(config or self.rerun_config, kwargs)
+        if self.publisher is not None:
+            self.publisher.add_fields(machine.heartbeat_fields)
+        return machine
 
     # ---- phases and checkpoints -----------------------------------------------------
 
@@ -397,6 +415,12 @@ class NullSession:
     def step_end(self, iteration: int | None = None) -> None:
         pass
 
+    def rerun(
+        self, config: RerunStateMachineConfig | None = None, **kwargs: Any
+    ) -> RerunStateMachine:
+        """The rerun state machine without monitoring: its outcomes go to the log only."""
+        return _rerun_machine(config or _rerun_config_from_env(), kwargs)
+
     def step(self, iteration: int | None = None) -> _NullContext:
         return _NULL_CONTEXT
 
@@ -451,6 +475,21 @@ class NullSession:
         self, *, clean: bool = True, exit_code: int | None = None, error: str | None = None
     ) -> None:
         pass
+
+
+def _rerun_machine(
+    config: RerunStateMachineConfig | None, kwargs: dict[str, Any]
+) -> RerunStateMachine:
+    from rankguard.rerun.machine import RerunStateMachine  # imports torch
+
+    return RerunStateMachine(config, **kwargs)
+
+
+def _rerun_config_from_env() -> RerunStateMachineConfig | None:
+    text = os.environ.get(ENV.CONFIG)
+    if not text or os.environ.get(ENV.LAUNCHER) != "1":
+        return None
+    return loads_config(text).rerun_state_machine
 
 
 class _NullContext:
@@ -513,6 +552,7 @@ def _session_from_env() -> Session | NullSession:
         probe=probe,
         phases=phases,
         detector=_detector(perf, identity.world_size),
+        rerun_config=cfg.rerun_state_machine,
     )
     if ft.simulate_fault and session.restart_count == 0:
         FaultSimulator(

@@ -407,6 +407,7 @@ def test_config_to_dict_is_plain() -> None:
         "fault_tolerance",
         "straggler",
         "checkpoint",
+        "rerun_state_machine",
     }
     assert d["perf"]["log_interval"] == 10 and d["perf"]["model"] is None
 

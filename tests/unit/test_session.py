@@ -350,3 +350,18 @@ def test_zero_code_rank_is_in_train_after_its_first_optimizer_step(session: Sess
     _train_step(model, opt)
     assert session.tracker.snapshot()["phase"] == "train"
     assert session.tracker.phase == "setup"  # derived by readers, not set on the hot path
+
+
+def test_session_rerun_publishes_its_block(session: Session, tmp_path: Path) -> None:
+    from rankguard.rerun import RerunStateMachineConfig
+    from rankguard.schema.records import HeartbeatRecord
+
+    rerun = session.rerun(RerunStateMachineConfig(rerun_mode="report_stats"))
+    batches = rerun.replay(iter(range(10)))
+    for _ in rerun.iteration(1, batches):
+        rerun.validate_loss(torch.tensor(float(next(batches))))
+    session.close(clean=True, exit_code=0)
+    end = _records(tmp_path / heartbeat_file_name(0, os.getpid()))[-1]
+    assert end["rerun"]["mode"] == "report_determinism_stats"
+    assert HeartbeatRecord.from_dict(end).rerun == end["rerun"]  # valid on ingest
+    assert NullSession().rerun().mode == "disabled"  # outside rankguard run: logs only

@@ -252,8 +252,8 @@ class CheckpointManager:
 
         ``blocking=None`` follows ``checkpoint.async_save`` (persistent) and is always
         async for the local tier when ``async_save`` is set. Raises CheckpointError if
-        the previous background write failed (this save still goes ahead? no: fix the
-        cause first), or if a blocking save fails."""
+        the previous background write failed (this save does not start), or if a
+        blocking save fails."""
         if self._closed:
             raise CheckpointError("save(): the manager is closed")
         if tier not in TIERS:

@@ -4,11 +4,15 @@ fault is visible within seconds."""
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 
 from rankguard.config import ConfigError, load_config
 from rankguard.launcher.options import LaunchOptions
 
 __all__ = ["DEMO_OVERRIDES", "add_parser", "run"]
+
+NAN_FAULTS = ("nan", "nan-persistent", "nan-bad-gpu")  # as rankguard.demo.train (torch-free)
 
 # Short timeouts for a demo: a stall or SIGSTOP is reported within seconds.
 DEMO_OVERRIDES = [
@@ -32,7 +36,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--nproc-per-node", type=int, default=2)
     p.add_argument("--steps", type=int, default=None, help="default 40 (100 with a fault)")
-    p.add_argument("--fault", choices=["none", "stall", "stop", "crash", "slow"], default="none")
+    p.add_argument(
+        "--fault",
+        choices=["none", "stall", "stop", "crash", "slow", *NAN_FAULTS],
+        default="none",
+        help="nan*: the rerun state machine's paths (transient; exit 16 then a data "
+        "problem; exit 16 then exit 17)",
+    )
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--fault-step", type=int, default=10)
     p.add_argument("--fault-duration", type=float, default=8.0)
@@ -54,9 +64,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    rerun = args.fault in NAN_FAULTS
+    extra = ["rerun_state_machine.rerun_mode=validate_results"] if rerun else []
     try:
         cfg = load_config(
-            args.config, [f"log_dir={args.log_dir}", *DEMO_OVERRIDES, *args.overrides]
+            args.config, [f"log_dir={args.log_dir}", *DEMO_OVERRIDES, *extra, *args.overrides]
         )
     except ConfigError as exc:
         print(f"rankguard demo: config error: {exc}")
@@ -87,6 +99,10 @@ def run(args: argparse.Namespace) -> int:
     if args.fault != "none" and not 0 <= args.fault_rank < args.nproc_per_node:
         print(f"rankguard demo: --fault-rank must be in [0, {args.nproc_per_node})")
         return 2
+    if rerun:  # exit 16 resumes from this checkpoint (an in-job restart)
+        os.makedirs(args.log_dir, exist_ok=True)
+        ckpt = tempfile.mkdtemp(prefix="demo_checkpoints_", dir=args.log_dir)
+        target_args += ["--checkpoint-dir", ckpt]
     from rankguard.launcher.run import launch  # imports torch: not for `--help`
 
     opts = LaunchOptions(
@@ -96,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         nproc_per_node=args.nproc_per_node,
         standalone=True,
         live_status=True,
+        max_restarts=1 if rerun else 0,
         preload=tuple(m.strip() for m in args.preload.split(",") if m.strip()),
     )
     return launch(opts, cfg)

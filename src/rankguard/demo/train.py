@@ -9,7 +9,15 @@ Faults (``--fault``) are injected on ``--fault-rank`` at ``--fault-step``:
 - ``stop``: the rank SIGSTOPs itself; a detached helper sends SIGCONT after
   ``--fault-duration`` seconds;
 - ``crash``: the rank raises an exception (the job then fails);
-- ``slow``: the rank's steps take ``--slowdown`` times longer.
+- ``slow``: the rank's steps take ``--slowdown`` times longer;
+- ``nan``: the rank's loss is NaN once (the re-run in place is fine: a transient fault);
+- ``nan-persistent``: the loss is NaN at that step every time (exit 16, then the same
+  after the resume: a data or model problem);
+- ``nan-bad-gpu``: NaN every time in the first attempt only, as a faulty GPU would give
+  (exit 16, then a different result after the resume: exit 17).
+
+The NaN faults need ``rerun_state_machine.rerun_mode=validate_results`` (``rankguard demo``
+sets it) and ``--checkpoint-dir`` for the resume.
 
 Checkpoints go through ``rankguard.checkpoint`` (the ``checkpoint`` section of the run's
 config, or ``--checkpoint-dir``/``--checkpoint-every``, ``--async-save`` and the local
@@ -41,6 +49,9 @@ from rankguard.checkpoint import CheckpointConfig, CheckpointManager, PerRank, R
 from rankguard.demo.model import GPTConfig, TinyGPT, synthetic_batch
 from rankguard.perf.flops import ModelShape, analytic_flops_per_step
 
+NAN_FAULTS = ("nan", "nan-persistent", "nan-bad-gpu")
+FAULTS = ("none", "stall", "stop", "crash", "slow", *NAN_FAULTS)
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
@@ -67,7 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--local-checkpoint-dir", default=None, help="node-local checkpoints")
     p.add_argument("--local-checkpoint-every", type=int, default=0)
     p.add_argument("--replication", type=int, default=1, help="copies of each local shard")
-    p.add_argument("--fault", choices=["none", "stall", "stop", "crash", "slow"], default="none")
+    p.add_argument("--fault", choices=FAULTS, default="none")
     p.add_argument(
         "--fault-rank", type=int, default=1, help="global rank (local with --fault-node)"
     )
@@ -96,8 +107,23 @@ def is_fault_rank(args: argparse.Namespace, rank: int) -> bool:
     return node == args.fault_node and int(os.environ.get("LOCAL_RANK", "0")) == args.fault_rank
 
 
+def inject_nan(
+    args: argparse.Namespace, rank: int, step: int, restart: int, rerunning: bool
+) -> bool:
+    """Is this attempt's loss NaN (the ``nan*`` faults)?"""
+    if args.fault not in NAN_FAULTS or not is_fault_rank(args, rank) or step != args.fault_step:
+        return False
+    if args.fault == "nan":
+        return restart == args.fault_attempt and not rerunning
+    return args.fault == "nan-persistent" or restart == args.fault_attempt
+
+
 def inject(args: argparse.Namespace, rank: int, step: int, attempt: int) -> None:
-    if args.fault in ("none", "slow") or not is_fault_rank(args, rank) or step != args.fault_step:
+    if (
+        args.fault in ("none", "slow", *NAN_FAULTS)
+        or not is_fault_rank(args, rank)
+        or step != args.fault_step
+    ):
         return
     if attempt != args.fault_attempt:
         return  # by default the fault happens in the first attempt only
@@ -152,18 +178,27 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
     step = first - 1
+    # before an exit 16 the rerun state machine saves through the same manager
+    saver = ckpt if ckpt is not None and ckpt.save_dir is not None else None
+    rerun = rg.rerun(checkpoint=saver, state_dir=args.checkpoint_dir)
+    batches = rerun.replay(iter(lambda: synthetic_batch(cfg, args.batch_size, gen, device), None))
     for step in range(first, args.steps + 1):
         with rg.step(step):
-            with rg.data_loading():
-                x, y = synthetic_batch(cfg, args.batch_size, gen, device)
-            with rg.compute():  # this rank's own work (straggler detection measures it)
-                cpu0 = time.thread_time()
-                loss = _loss(model, x, y)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                if args.fault == "slow" and is_fault_rank(args, rank):
-                    _busy(time.thread_time() - cpu0, args.slowdown)
-            opt.step()
+            for _ in rerun.iteration(step, batches):  # twice when a check fails
+                with rg.data_loading():
+                    x, y = next(batches)
+                with rg.compute():  # this rank's own work (straggler detection measures it)
+                    cpu0 = time.thread_time()
+                    loss = _loss(model, x, y)
+                    if inject_nan(args, rank, step, rg.restart_count, rerun.rerunning):
+                        loss = loss * float("nan")
+                    rerun.validate_loss(loss)
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    if args.fault == "slow" and is_fault_rank(args, rank):
+                        _busy(time.thread_time() - cpu0, args.slowdown)
+            if rerun.accepted:
+                opt.step()
             if base:
                 time.sleep(base)
             inject(args, rank, step, rg.restart_count)
@@ -208,7 +243,6 @@ def evaluate(model: DDP, cfg: GPTConfig, args: argparse.Namespace, device: torch
     dist.all_reduce(total)
     model.train()
     return float(total) / (args.eval_batches * dist.get_world_size())
-
 
 
 class _Gen(PerRank):

@@ -28,6 +28,8 @@ class ENV:
     LOG_DIR = "RANKGUARD_LOG_DIR"  # absolute log_dir of this node
     JOB = "RANKGUARD_JOB"  # the training job: its script (absolute) or module
     LAUNCHER_PID = "RANKGUARD_LAUNCHER_PID"  # the ranks die with it (heartbeat.lifeline)
+    # set by the sbatch script: where an exit 17 leaves the hosts to exclude (rerun)
+    EXCLUDE_FILE = "RANKGUARD_EXCLUDE_FILE"
 
 
 @dataclass(frozen=True, slots=True)

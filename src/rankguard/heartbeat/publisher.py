@@ -106,6 +106,20 @@ class HeartbeatPublisher:
         self._thread = threading.Thread(target=self._run, name="rankguard-heartbeat", daemon=True)
         self._thread.start()
 
+    def add_fields(self, source: Callable[[], dict[str, Any] | None]) -> None:
+        """One more source of record fields (a component started after the session)."""
+        previous = self._extra
+        if previous is None:
+            self._extra = source
+            return
+
+        def both() -> dict[str, Any] | None:
+            out = dict(previous() or {})
+            out.update(source() or {})
+            return out or None
+
+        self._extra = both
+
     def wake(self) -> None:
         """Publish now instead of at the next interval (phase/checkpoint changes)."""
         self._wake.set()

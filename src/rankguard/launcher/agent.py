@@ -169,6 +169,15 @@ def _cause_rank(failure: Any) -> tuple[int, float]:
     return (2 if sigterm else 0 if by_signal else 1), when
 
 
+def _final_verdict(failure: dict[str, Any]) -> bool:
+    """A failure a restart in the job cannot help, by the rerun state machine's verdict:
+    exit 17 (this hardware was faulty: the scheduler excludes the node) or a fault that
+    reproduced after the resume (a data or model problem)."""
+    if failure["exit_code"] == 17:
+        return True
+    return "ReproducibleFaultError" in str(failure.get("error") or "")
+
+
 class RankguardAgent(LocalElasticAgent):
     def __init__(
         self,
@@ -250,6 +259,9 @@ class RankguardAgent(LocalElasticAgent):
         if result.is_failed() and self.last_failure is None:
             self._add_peer_errors(result, worker_group)
             self.last_failure = first_failure(result)
+            if self.last_failure is not None and _final_verdict(self.last_failure):
+                self._remaining_restarts = 0
+                self.aborted = True
             if self.last_failure is not None and self._on_failure is not None:
                 try:  # the monitor names the same culprit (it sees exits, not exit codes)
                     self._on_failure(self.last_failure)

@@ -10,10 +10,15 @@
 | 11 | ``EXIT_CRASH`` | a rank crashed and the in-job restart budget is spent | yes |
 | 12 | ``EXIT_NO_RESTART`` | a fault whose action is ``abort`` ended the job | no |
 | 13 | ``EXIT_STRAGGLER`` | ranks stopped at one step (stop_if_detected) | yes, elsewhere |
+| 16 | ``EXIT_RERUN_RESUME`` | a failed check reproduced: resume to re-run it | yes, elsewhere |
+| 17 | ``EXIT_RERUN_VALIDATION_FAILED`` | the first run's GPU was faulty | yes, without it |
 | 128+N | | the launcher was stopped by signal N | scheduler's call |
 
 Codes 2 and 3 end the launch before any rank starts; :func:`exit_code` chooses among
-the others from how the job ended (:class:`JobOutcome`).
+the others from how the job ended (:class:`JobOutcome`). 16 and 17 are the ranks' own
+exit codes (the rerun state machine), passed through: the launcher restarts the group
+in the job on 16 while its restart budget lasts (a resume from the checkpoint), never
+on 17.
 """
 
 from __future__ import annotations
@@ -28,9 +33,12 @@ __all__ = [
     "EXIT_HANG",
     "EXIT_NO_RESTART",
     "EXIT_OK",
+    "EXIT_RERUN_RESUME",
+    "EXIT_RERUN_VALIDATION_FAILED",
     "EXIT_STRAGGLER",
     "EXIT_UNHEALTHY_GPU",
     "EXIT_USAGE",
+    "RERUN_CODES",
     "RETRYABLE",
     "JobOutcome",
     "exit_code",
@@ -45,8 +53,20 @@ EXIT_HANG = 10
 EXIT_CRASH = 11
 EXIT_NO_RESTART = 12
 EXIT_STRAGGLER = 13
+EXIT_RERUN_RESUME = 16
+EXIT_RERUN_VALIDATION_FAILED = 17
+RERUN_CODES = frozenset({EXIT_RERUN_RESUME, EXIT_RERUN_VALIDATION_FAILED})
 
-RETRYABLE = frozenset({EXIT_UNHEALTHY_GPU, EXIT_HANG, EXIT_CRASH, EXIT_STRAGGLER})
+RETRYABLE = frozenset(
+    {
+        EXIT_UNHEALTHY_GPU,
+        EXIT_HANG,
+        EXIT_CRASH,
+        EXIT_STRAGGLER,
+        EXIT_RERUN_RESUME,
+        EXIT_RERUN_VALIDATION_FAILED,
+    }
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,6 +79,7 @@ class JobOutcome:
     aborted: bool = False  # a finding whose action is ``abort`` ended the job
     cause: str | None = None  # finding type of the fault that ended the job, if any
     stop_at: int | None = None  # the step every rank was asked to stop at
+    worker_exit: int | None = None  # the exit code of the failure that ended the group
 
 
 def is_hang(finding_type: str | None) -> bool:
@@ -71,6 +92,8 @@ def exit_code(outcome: JobOutcome) -> int:
     if outcome.signal is not None:
         return 128 + outcome.signal
     if outcome.failed:
+        if outcome.worker_exit in RERUN_CODES:  # the ranks' own verdict (rerun)
+            return outcome.worker_exit
         if not outcome.fault_tolerance:
             return EXIT_FAILED
         if outcome.aborted:

@@ -28,7 +28,13 @@ from rankguard.heartbeat.identity import ENV
 from rankguard.launcher.agent import RankguardAgent, first_failure
 from rankguard.launcher.checks import check_launch
 from rankguard.launcher.console import LiveStatus
-from rankguard.launcher.exitcodes import EXIT_USAGE, JobOutcome, exit_code
+from rankguard.launcher.exitcodes import (
+    EXIT_RERUN_RESUME,
+    EXIT_RERUN_VALIDATION_FAILED,
+    EXIT_USAGE,
+    JobOutcome,
+    exit_code,
+)
 from rankguard.launcher.node import node_identity
 from rankguard.launcher.options import LaunchOptions
 from rankguard.launcher.rendezvous import RoundWatcher
@@ -496,15 +502,37 @@ def _outcome(
             )
         if agent.restarts:
             _say(f"{agent.restarts} in-job restart(s) spent (budget {max_restarts})")
+        worker_exit = root["exit_code"] if root is not None else None
+        _say_rerun(worker_exit, services.run_dir)
         return JobOutcome(
             failed=True,
             fault_tolerance=ft_on,
             aborted=agent.aborted,
             cause=cause.get("finding_type") if cause is not None else None,
+            worker_exit=worker_exit,
         )
     if services.stop_at is not None:
         _say(f"every rank stopped at step {services.stop_at} (stop_if_detected)")
     return JobOutcome(fault_tolerance=ft_on, stop_at=services.stop_at)
+
+
+def _say_rerun(worker_exit: int | None, run_dir: Path) -> None:
+    """The rerun state machine's verdict behind an exit 16 or 17."""
+    if worker_exit == EXIT_RERUN_RESUME:
+        _say(
+            "exit 16: a failed check reproduced in place; the checkpoint is saved: resume "
+            "the job (on other hardware) to re-run the iteration"
+        )
+    elif worker_exit == EXIT_RERUN_VALIDATION_FAILED:
+        from rankguard.rerun.verdict import read_verdict
+
+        verdict = read_verdict(run_dir) or {}
+        for c in verdict.get("faulty") or [{}]:
+            _say(
+                f"exit 17: validation failed at iteration {verdict.get('iteration', '?')}: "
+                f"rank {c.get('rank', '?')}'s first run was faulty: host "
+                f"{c.get('hostname', '?')}, GPU {c.get('gpu', '?')}: exclude that node"
+            )
 
 
 def _report(run_dir: Path, status: dict[str, Any] | None) -> None:

@@ -27,6 +27,7 @@ from rankguard.ft.learned import save_learned
 from rankguard.health import HealthCollector
 from rankguard.heartbeat.monitor import JobMonitor
 from rankguard.heartbeat.relay import StoreRelay, StoreRemoteSource, publish_control, request_kill
+from rankguard.rerun.evaluator import RerunEvaluator
 from rankguard.runfiles import read_checkpoints
 from rankguard.schema.layout import RunLayout, StoreKeys, ft_state_dir
 from rankguard.straggler.detector import StragglerDetector
@@ -205,6 +206,8 @@ class NodeServices:
                     self.cfg.straggler, self.run_id, started_at=monitor.clock()
                 )
                 monitor.add_evaluator(detector)
+            if self.cfg.rerun_state_machine.enabled:
+                monitor.add_evaluator(RerunEvaluator(self.run_id))
             self.agreement = StopAgreement(
                 self.run_dir,
                 hb,

@@ -59,6 +59,10 @@ FINDING_STYLE: dict[str, tuple[str, str, str]] = {
         FindingType.SECTION_TIMEOUT: ("#009e73", "diamond"),
         FindingType.STRAGGLER: ("#000000", "square"),
         FindingType.NODE_DISK_FULL: ("#f0e442", "square"),
+        FindingType.RERUN_TRANSIENT_FAULT: ("#56b4e9", "circle"),
+        FindingType.RERUN_PERSISTENT_FAULT: ("#e69f00", "triangle"),
+        FindingType.RERUN_VALIDATION_FAILED: ("#d55e00", "triangle"),
+        FindingType.RERUN_REPRODUCIBLE_FAULT: ("#cc79a7", "diamond"),
     }.items()
 }
 

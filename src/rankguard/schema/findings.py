@@ -61,6 +61,10 @@ class FindingType(str, Enum):
     SECTION_TIMEOUT = "rank_section_timeout"
     STRAGGLER = "straggler_detected"
     NODE_DISK_FULL = "node_disk_full"
+    RERUN_TRANSIENT_FAULT = "rerun_transient_fault"
+    RERUN_PERSISTENT_FAULT = "rerun_persistent_fault"
+    RERUN_VALIDATION_FAILED = "rerun_validation_failed"
+    RERUN_REPRODUCIBLE_FAULT = "rerun_reproducible_fault"
 
     @property
     def info(self) -> FindingInfo:
@@ -96,6 +100,20 @@ _INFO: dict[FindingType, FindingInfo] = {
     FindingType.NODE_DISK_FULL: FindingInfo(
         "disk_full", "node disk full", "error", False, "report"
     ),
+    # The rerun state machine's verdicts: the ranks act on them themselves (continue,
+    # exit 16, exit 17, stop or skip), so the launcher only reports them.
+    FindingType.RERUN_TRANSIENT_FAULT: FindingInfo(
+        "rr_transient", "rerun: transient fault", "warning", False, "report"
+    ),
+    FindingType.RERUN_PERSISTENT_FAULT: FindingInfo(
+        "rr_persist", "rerun: reproduced in place (exit 16)", "error", False, "report"
+    ),
+    FindingType.RERUN_VALIDATION_FAILED: FindingInfo(
+        "rr_bad_gpu", "rerun: faulty GPU (exit 17)", "error", False, "report"
+    ),
+    FindingType.RERUN_REPRODUCIBLE_FAULT: FindingInfo(
+        "rr_repro", "rerun: reproducible (data or model)", "error", False, "report"
+    ),
 }
 
 
@@ -111,6 +129,10 @@ class Reason(str, Enum):
     OUT_OF_SECTION = "rank_out_of_section_too_long"
     SLOW_COMPUTE = "rank_compute_slower_than_threshold"
     DISK_FULL = "heartbeats_unwritable_on_a_full_disk"
+    RERUN_DIFFERED_IN_PLACE = "rerun_result_differed_in_place"
+    RERUN_SAME_IN_PLACE = "rerun_result_reproduced_in_place"
+    RERUN_DIFFERED_ELSEWHERE = "rerun_result_differed_after_resume"
+    RERUN_SAME_ELSEWHERE = "rerun_result_reproduced_after_resume"
 
 
 @dataclass(slots=True)

@@ -47,6 +47,7 @@ __all__ = [
     "PERF_ROOT",
     "PERF_SUMMARY_GLOB",
     "PERF_SUMMARY_PREFIX",
+    "RERUN_VERDICT_FILE",
     "RESTARTS_FILE",
     "STATUS_FILE",
     "RunLayout",
@@ -57,6 +58,7 @@ __all__ = [
     "heartbeat_file_name",
     "launcher_file_name",
     "perf_dir",
+    "rerun_state_file_name",
     "run_dir",
     "stack_file_name",
 ]
@@ -75,6 +77,7 @@ PERF_SUMMARY_PREFIX = "perf_summary_"
 PERF_SUMMARY_GLOB = f"{PERF_SUMMARY_PREFIX}*.json"
 FT_STATE_FILE = "ft_state.json"
 STACKS_DIR = "stacks"
+RERUN_VERDICT_FILE = "rerun_verdict.json"  # rank 0: the faulty hosts behind an exit 17
 HEARTBEAT_SUFFIX = ".heartbeat.jsonl"
 
 HEARTBEAT_FILE_RE = re.compile(r"^rank_(\d+)_pid_(\d+)\.heartbeat\.jsonl$")
@@ -100,6 +103,11 @@ def preflight_file_name(node_rank: int | None, hostname: str) -> str:
     if node_rank is None:
         return f"preflight_{hostname}.json"
     return f"preflight_node_{node_rank}.json"
+
+
+def rerun_state_file_name(rank: int) -> str:
+    """A rank's saved re-run (batches, random state, results) in the rerun state_dir."""
+    return f"rerun_state_rank_{rank}.pt"
 
 
 def stack_file_name(rank: int, pid: int) -> str:
@@ -171,6 +179,10 @@ class RunLayout:
 
     def launcher(self, node_rank: int) -> Path:
         return self.root / launcher_file_name(node_rank)
+
+    @property
+    def rerun_verdict(self) -> Path:
+        return self.root / RERUN_VERDICT_FILE
 
     def stack_dump(self, rank: int, pid: int) -> Path:
         return self.stacks_dir / stack_file_name(rank, pid)

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from typing import Any
 
+from rankguard.schema.rerun import RerunBlock
+
 __all__ = [
     "MAX_RANKS",
     "SCHEMA_VERSION",
@@ -129,6 +131,17 @@ def _exit(d: dict[str, Any]) -> dict[str, Any] | None:
     return info
 
 
+def _rerun(d: dict[str, Any]) -> dict[str, Any] | None:
+    block = d.get("rerun")
+    if block is None:
+        return None
+    try:
+        RerunBlock.from_dict(block)
+    except ValueError as exc:
+        raise RecordError(str(exc)) from None
+    return block
+
+
 @dataclass(slots=True)
 class HeartbeatRecord:
     """One record of one rank process (schema in ``docs/heartbeat.md``). Treated as
@@ -165,6 +178,7 @@ class HeartbeatRecord:
     perf: dict[str, Any] | None = None  # the perf monitor's latest window
     straggler: dict[str, Any] | None = None  # own-compute samples
     ft_stats: dict[str, Any] | None = None  # section durations (learned timeouts)
+    rerun: dict[str, Any] | None = None  # the rerun state machine's outcomes (schema/rerun.py)
     extra: dict[str, Any] = field(default_factory=dict)  # unknown keys, kept as they came
 
     @property
@@ -262,6 +276,7 @@ class HeartbeatRecord:
             get("perf"),
             get("straggler"),
             get("ft_stats"),
+            _rerun(d),
             {k: d[k] for k in unknown} if unknown else {},
         )
 
@@ -309,7 +324,16 @@ _STRINGS = ("hostname", "phase", "progress_source", "main_frame")
 _BOOLS = ("checkpoint_active", "synthesized")
 _OBJECTS = ("perf", "straggler", "ft_stats")
 _OMIT_WHEN_EMPTY = frozenset(
-    {"synthesized", "relayed_age_s", "exit", "perf", "straggler", "ft_stats", "monotonic_ns"}
+    {
+        "synthesized",
+        "relayed_age_s",
+        "exit",
+        "perf",
+        "straggler",
+        "ft_stats",
+        "rerun",
+        "monotonic_ns",
+    }
 )
 
 

@@ -11,6 +11,9 @@ first run) is below ``num_job_retries_on_failure``, the script runs
 ``scontrol requeue $SLURM_JOB_ID``: Slurm puts the same job id back in the queue, and the
 next run appends to the same output file (``--open-mode=append``). The decision is the
 shell twin of :func:`rankguard.slurm.retry.decide`; each one is logged with a UTC time.
+On exit 17 (the rerun state machine: the first run's GPU was faulty) the requeued job
+excludes the hosts rank 0 named in ``$RANKGUARD_EXCLUDE_FILE`` (``scontrol update
+ExcNodeList``), cumulatively over the job's retries.
 
 Every user value is shell-quoted; ``#SBATCH`` values too (sbatch strips quotes the same
 way, and an unquoted ``#`` would start a comment there).
@@ -218,7 +221,28 @@ rg_decide() {
     if [ "$2" -lt "$3" ]; then echo REQUEUE; else echo GIVE_UP; fi
 }
 
+# After an exit 17 (the rerun state machine found the first run's GPU faulty), leave out
+# the hosts rank 0 named in RANKGUARD_EXCLUDE_FILE, and those of earlier exits 17.
+rg_exclude() {
+    if [ -s "$RANKGUARD_EXCLUDE_FILE" ]; then
+        tr ',' '\n' < "$RANKGUARD_EXCLUDE_FILE" >> "$RANKGUARD_EXCLUDE_FILE.all"
+    fi
+    if [ ! -s "$RANKGUARD_EXCLUDE_FILE.all" ]; then
+        rg_log "warning: exit 17 but no host named in $RANKGUARD_EXCLUDE_FILE: requeue as is"
+        return
+    fi
+    RG_EXC=$(grep -v '^$' "$RANKGUARD_EXCLUDE_FILE.all" | sort -u | paste -sd, -)
+    rg_log "exclude: $RG_EXC (exit 17: a faulty GPU there):" \
+        "scontrol update JobId=$RG_JOB_ID ExcNodeList=$RG_EXC"
+    if ! scontrol update JobId="$RG_JOB_ID" ExcNodeList="$RG_EXC"; then
+        rg_log "warning: scontrol update failed: the requeued job may run there again"
+    fi
+}
+
 RG_JOB_ID=${SLURM_JOB_ID:?not inside a Slurm job: SLURM_JOB_ID is not set}
+# Where rank 0 names the faulty hosts behind an exit 17 (the submit directory: shared).
+export RANKGUARD_EXCLUDE_FILE="${SLURM_SUBMIT_DIR:-$PWD}/.rankguard_exclude_$RG_JOB_ID"
+rm -f "$RANKGUARD_EXCLUDE_FILE"
 RG_NNODES=${SLURM_NNODES:?SLURM_NNODES is not set}
 RG_RESTART_COUNT=${SLURM_RESTART_COUNT:-0}
 case "$RG_RESTART_COUNT" in
@@ -256,6 +280,7 @@ case "$RG_DECISION" in
     REQUEUE)
         rg_log "requeue: code $RG_CODE is retryable, job retry" \
             "$((RG_RESTART_COUNT + 1)) of $RG_MAX_JOB_RETRIES: scontrol requeue $RG_JOB_ID"
+        if [ "$RG_CODE" -eq 17 ]; then rg_exclude; fi
         if ! scontrol requeue "$RG_JOB_ID"; then
             rg_log "give up: scontrol requeue $RG_JOB_ID failed"
         fi

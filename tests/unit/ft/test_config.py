@@ -21,6 +21,11 @@ DEFAULT_ACTIONS = {
     "gpu_hardware_health_warning": "report",
     "straggler_detected": "report",
     "node_disk_full": "report",
+    # the rerun state machine's verdicts: the ranks act themselves (exit 16/17, stop)
+    "rerun_transient_fault": "report",
+    "rerun_persistent_fault": "report",
+    "rerun_validation_failed": "report",
+    "rerun_reproducible_fault": "report",
 }
 
 FT_PLUGIN_YAML = """\

@@ -361,3 +361,12 @@ def test_a_torn_error_file_does_not_kill_the_agent(
     assert isinstance(agent._monitor_workers(object()), Done)
     assert polls == ["poll", "poll"]  # raised on the torn file, then went through
     assert not torn.exists()
+
+
+def test_rerun_verdicts_end_the_in_job_restarts() -> None:
+    from rankguard.launcher.agent import _final_verdict
+
+    assert _final_verdict({"exit_code": 17, "error": None})
+    assert _final_verdict({"exit_code": 1, "error": "ReproducibleFaultError: rerun: ..."})
+    assert not _final_verdict({"exit_code": 16, "error": None})  # a resume: restart
+    assert not _final_verdict({"exit_code": 1, "error": "RuntimeError: boom"})

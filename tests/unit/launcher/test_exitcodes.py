@@ -132,3 +132,15 @@ def test_unhealthy_gpu_refuses_the_node(tmp_path: Path, monkeypatch: Any) -> Non
     )
     assert code == EXIT_UNHEALTHY_GPU
     assert said[-1].endswith(f"exit code {EXIT_UNHEALTHY_GPU}")
+
+
+def test_rerun_codes_pass_through() -> None:
+    from rankguard.launcher.exitcodes import EXIT_RERUN_RESUME, EXIT_RERUN_VALIDATION_FAILED
+
+    for ft in (False, True):
+        for code in (EXIT_RERUN_RESUME, EXIT_RERUN_VALIDATION_FAILED):
+            assert exit_code(JobOutcome(failed=True, fault_tolerance=ft, worker_exit=code)) == code
+        other = JobOutcome(failed=True, fault_tolerance=ft, worker_exit=1)
+        assert exit_code(other) == (EXIT_CRASH if ft else EXIT_FAILED)
+    assert exit_code(JobOutcome(signal=15, failed=True, worker_exit=16)) == 128 + 15
+    assert {EXIT_RERUN_RESUME, EXIT_RERUN_VALIDATION_FAILED} <= RETRYABLE

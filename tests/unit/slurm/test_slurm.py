@@ -32,6 +32,9 @@ node = os.environ.get("SLURM_NODEID", "")
 with open(os.environ["FAKE_RANKGUARD_LOG"], "a") as fh:
     fh.write(json.dumps({"argv": sys.argv[1:], "node_id": node}) + "\\n")
 code = os.environ.get("FAKE_RANKGUARD_EXIT_NODE" + node) or os.environ.get("FAKE_RANKGUARD_EXIT")
+if node == "0" and os.environ.get("FAKE_RANKGUARD_EXCLUDE"):  # rank 0 names a faulty host
+    with open(os.environ["RANKGUARD_EXCLUDE_FILE"], "w") as fh:
+        fh.write(os.environ["FAKE_RANKGUARD_EXCLUDE"] + "\\n")
 sys.exit(int(code or 0))
 """
 
@@ -139,7 +142,32 @@ def test_decide_rejects_negative_counts() -> None:
 
 
 def test_retryable_codes_are_the_launchers() -> None:
-    assert set(RETRYABLE) == {3, 10, 11, 13}  # unhealthy GPU, hang, crash, straggler
+    # unhealthy GPU, hang, crash, straggler, rerun: resume (16), faulty GPU (17)
+    assert set(RETRYABLE) == {3, 10, 11, 13, 16, 17}
+
+
+def test_script_exit_16_requeues_without_exclude(cluster: Cluster) -> None:
+    proc = cluster.run(
+        render_sbatch(spec()), FAKE_RANKGUARD_EXIT="16", SLURM_SUBMIT_DIR=str(cluster.tmp)
+    )
+    assert proc.returncode == 16 and len(cluster.requeues()) == 1
+    assert not [r for r in read_jsonl(cluster.slurm_log) if r.get("action") == "update"]
+
+
+def test_script_exit_17_requeues_excluding_the_named_hosts(cluster: Cluster) -> None:
+    env = {"SLURM_SUBMIT_DIR": str(cluster.tmp), "FAKE_RANKGUARD_EXIT": "17"}
+    proc = cluster.run(render_sbatch(spec()), FAKE_RANKGUARD_EXCLUDE="gpu08", **env)
+    assert proc.returncode == 17, proc.stdout + proc.stderr
+    proc = cluster.run(  # a later retry: another faulty host; both stay excluded
+        render_sbatch(spec()), FAKE_RANKGUARD_EXCLUDE="gpu03", SLURM_RESTART_COUNT="1", **env
+    )
+    updates = [r["argv"] for r in read_jsonl(cluster.slurm_log) if r.get("action") == "update"]
+    assert updates == [
+        ["update", f"JobId={JOB_ID}", "ExcNodeList=gpu08"],
+        ["update", f"JobId={JOB_ID}", "ExcNodeList=gpu03,gpu08"],
+    ]
+    assert len(cluster.requeues()) == 2
+    assert "exclude: gpu03,gpu08 (exit 17" in proc.stdout
 
 
 # --- rendering ----------------------------------------------------------------------

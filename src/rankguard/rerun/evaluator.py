@@ -1,0 +1,127 @@
+"""Node 0: the ranks' rerun outcomes (the ``rerun`` block of their heartbeats) become
+findings, and their determinism statistics a ``status.json`` section. No torch.
+
+Each outcome is reported once: the block repeats a process's latest outcomes with a
+per-process ``seq``, so the evaluator remembers ``(rank, pid, seq)``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from rankguard.schema.findings import Finding, FindingType, Reason
+from rankguard.schema.rerun import RerunBlock, RerunEvent, RerunOutcome
+
+if TYPE_CHECKING:
+    from rankguard.heartbeat.rules import RankState
+    from rankguard.schema.records import HeartbeatRecord
+
+__all__ = ["RerunEvaluator"]
+
+logger = logging.getLogger(__name__)
+
+_TYPES = {
+    RerunOutcome.TRANSIENT: (FindingType.RERUN_TRANSIENT_FAULT, Reason.RERUN_DIFFERED_IN_PLACE),
+    RerunOutcome.PERSISTENT: (FindingType.RERUN_PERSISTENT_FAULT, Reason.RERUN_SAME_IN_PLACE),
+    RerunOutcome.VALIDATION_FAILED: (
+        FindingType.RERUN_VALIDATION_FAILED,
+        Reason.RERUN_DIFFERED_ELSEWHERE,
+    ),
+    RerunOutcome.REPRODUCIBLE: (
+        FindingType.RERUN_REPRODUCIBLE_FAULT,
+        Reason.RERUN_SAME_ELSEWHERE,
+    ),
+}
+
+
+class RerunEvaluator:
+    """A monitor evaluator: its status is ``status.json``'s ``rerun``."""
+
+    name = "rerun"
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self._seen: dict[tuple[int, int], int] = {}  # (rank, pid) -> highest seq reported
+        self._blocks: dict[int, RerunBlock] = {}  # rank -> latest block
+        self.bad_blocks = 0
+
+    def evaluate(self, now: float, ranks: Mapping[int, RankState]) -> list[Finding]:
+        out: list[Finding] = []
+        for rank, state in ranks.items():
+            rec = state.record
+            if rec is None or rec.rerun is None:
+                continue
+            try:
+                block = RerunBlock.from_dict(rec.rerun)
+            except ValueError:  # validated on ingest: only a bug gets here
+                self.bad_blocks += 1
+                continue
+            self._blocks[rank] = block
+            key = (rank, rec.pid)
+            seen = self._seen.get(key, 0)
+            for event in block.events:
+                if event.seq > seen:
+                    out.append(self._finding(rank, rec, event))
+            if block.events:
+                self._seen[key] = max(seen, max(e.seq for e in block.events))
+        return out
+
+    def status(self) -> dict[str, Any] | None:
+        if not self._blocks:
+            return None
+        stats: dict[str, float] = {}
+        for block in self._blocks.values():
+            for check, diff in block.stats.items():
+                stats[check] = max(stats.get(check, 0.0), diff)
+        first = next(iter(self._blocks.values()))
+        return {
+            "mode": first.mode,
+            "reruns": max(b.reruns for b in self._blocks.values()),
+            "max_relative_diff": stats,
+            "worst_rank": {check: self._worst(check) for check in stats},
+        }
+
+    def _worst(self, check: str) -> int:
+        def diff(rank: int) -> float:
+            return self._blocks[rank].stats.get(check, -1.0)
+
+        return max(self._blocks, key=diff)
+
+    def _finding(self, rank: int, rec: HeartbeatRecord, event: RerunEvent) -> Finding:
+        ftype, reason = _TYPES[event.outcome]
+        detail: dict[str, Any] = {
+            "rerun_outcome": event.outcome.value,
+            "check": event.check,
+            "initial_result": _json_number(event.initial),
+            "rerun_result": _json_number(event.rerun),
+            "rank_action": event.action,
+        }
+        if event.faulty_hostname is not None:
+            detail["faulty_hostname"] = event.faulty_hostname
+            detail["faulty_gpu"] = event.faulty_gpu
+        if event.same_hardware is not None:
+            detail["same_hardware"] = event.same_hardware
+        return Finding(
+            finding_type=ftype,
+            run_id=self.run_id,
+            rank=rank,
+            reason=reason,
+            message=event.message,
+            pid=rec.pid,
+            hostname=rec.hostname,
+            node_rank=rec.node_rank,
+            local_rank=rec.local_rank,
+            phase=rec.phase,
+            iteration=event.iteration,
+            gpu=rec.gpu,
+            exit=rec.exit,
+            detail=detail,
+        )
+
+
+def _json_number(v: float | None) -> float | str | None:
+    if v is None:
+        return None
+    return v if v == v and abs(v) != float("inf") else str(v)

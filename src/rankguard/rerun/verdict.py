@@ -1,0 +1,40 @@
+"""Exit 17's evidence: which ranks' first-run hardware was faulty.
+
+Rank 0 writes ``rerun_verdict.json`` in the run directory (the launcher prints it) and,
+under the Slurm script, the hosts to exclude into ``$RANKGUARD_EXCLUDE_FILE`` (the
+script requeues the job with ``--exclude`` of them).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from rankguard._fs import atomic_write_json, atomic_write_text
+from rankguard.heartbeat.identity import ENV
+from rankguard.schema.layout import RERUN_VERDICT_FILE
+
+__all__ = ["read_verdict", "write_verdict"]
+
+
+def write_verdict(iteration: int, culprits: list[dict[str, Any]]) -> None:
+    verdict = {"exit_code": 17, "iteration": iteration, "faulty": culprits}
+    run_dir = os.environ.get(ENV.RUN_DIR)
+    if run_dir:
+        atomic_write_json(Path(run_dir) / RERUN_VERDICT_FILE, verdict)
+    exclude = os.environ.get(ENV.EXCLUDE_FILE)
+    if exclude:
+        hosts = sorted({str(c["hostname"]) for c in culprits if c.get("hostname")})
+        atomic_write_text(exclude, ",".join(hosts) + "\n")
+
+
+def read_verdict(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    import json
+
+    try:
+        with open(Path(run_dir) / RERUN_VERDICT_FILE, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
