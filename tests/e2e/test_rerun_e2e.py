@@ -89,7 +89,7 @@ def test_nan_on_the_first_hardware_exits_16_then_17_naming_the_rank(
         if f["finding_type"] == "rerun_validation_failed"
     )
     assert failed["faulty_hostname"] == socket.gethostname() and failed["faulty_gpu"] == "cpu"
-    assert "resumed from step_2.pt" in out  # the checkpoint exit 16 saved
+    assert "[demo] resumed from step 2 (persistent)" in out  # the checkpoint exit 16 saved
     assert f"rank {rank}'s first run was faulty: host {socket.gethostname()}" in out
     assert not list((tmp_path / "ckpt").glob("rerun_state_rank_*"))  # resolved
     assert no_leftover_workers(run_id)
