@@ -27,6 +27,7 @@ import yaml
 from rankguard.ft.config import FaultToleranceConfig
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.perf.config import PerfConfig
+from rankguard.preempt.config import PreemptionConfig
 from rankguard.straggler.config import StragglerConfig
 
 __all__ = [
@@ -94,6 +95,7 @@ class RankguardConfig:
     perf: PerfConfig = field(default_factory=PerfConfig)
     fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
+    preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
 
     def __post_init__(self) -> None:
         if not self.log_dir:
@@ -153,6 +155,19 @@ class RankguardConfig:
             out.append(
                 "perf.prometheus.enabled=true has NO effect while heartbeat.enabled=false "
                 "(the exporter serves the job monitor's state)"
+            )
+        pre = self.preemption
+        if pre.enable_exit_handler and not hb.enabled:
+            out.append(
+                "preemption.enable_exit_handler=true but heartbeat.enabled=false: the ranks "
+                "cannot agree on a stop step (node 0's monitor chooses it), so NOTHING is "
+                "saved on preemption; the ranks are killed at the end of preempt_time. Set "
+                "heartbeat.enabled=true"
+            )
+        if pre.enable_exit_handler_for_data_loader and not pre.enable_exit_handler:
+            out.append(
+                "preemption.enable_exit_handler_for_data_loader=true has NO effect while "
+                "preemption.enable_exit_handler=false"
             )
         if not hb.enabled:
             out.append(

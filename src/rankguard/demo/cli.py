@@ -32,7 +32,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--nproc-per-node", type=int, default=2)
     p.add_argument("--steps", type=int, default=None, help="default 40 (100 with a fault)")
-    p.add_argument("--fault", choices=["none", "stall", "stop", "crash", "slow"], default="none")
+    p.add_argument(
+        "--fault", choices=["none", "stall", "stop", "crash", "slow", "preempt"], default="none"
+    )
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--fault-step", type=int, default=10)
     p.add_argument("--fault-duration", type=float, default=8.0)
@@ -50,9 +52,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # --fault preempt: the exit handler on (the user's overrides still win)
+    preempt = ["preemption.enable_exit_handler=true"] if args.fault == "preempt" else []
     try:
         cfg = load_config(
-            args.config, [f"log_dir={args.log_dir}", *DEMO_OVERRIDES, *args.overrides]
+            args.config, [f"log_dir={args.log_dir}", *DEMO_OVERRIDES, *preempt, *args.overrides]
         )
     except ConfigError as exc:
         print(f"rankguard demo: config error: {exc}")

@@ -9,7 +9,9 @@ Faults (``--fault``) are injected on ``--fault-rank`` at ``--fault-step``:
 - ``stop``: the rank SIGSTOPs itself; a detached helper sends SIGCONT after
   ``--fault-duration`` seconds;
 - ``crash``: the rank raises an exception (the job then fails);
-- ``slow``: the rank's steps take ``--slowdown`` times longer.
+- ``slow``: the rank's steps take ``--slowdown`` times longer;
+- ``preempt``: the rank sends the exit signal (SIGTERM) to its launcher, as a scheduler
+  would: every rank saves the agreed step and the launcher exits 14 (requeue me).
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every", type=int, default=0)
     p.add_argument("--checkpoint-seconds", type=float, default=0.0, help="extra save time")
     p.add_argument("--checkpoint-dir", default=None)
-    p.add_argument("--fault", choices=["none", "stall", "stop", "crash", "slow"], default="none")
+    p.add_argument(
+        "--fault", choices=["none", "stall", "stop", "crash", "slow", "preempt"], default="none"
+    )
     p.add_argument(
         "--fault-rank", type=int, default=1, help="global rank (local with --fault-node)"
     )
@@ -85,6 +89,8 @@ def inject(args: argparse.Namespace, rank: int, step: int, attempt: int) -> None
         os.kill(os.getpid(), signal.SIGSTOP)
     elif args.fault == "crash":
         raise RuntimeError(f"injected crash on rank {rank} at step {step}")
+    elif args.fault == "preempt":
+        os.kill(int(os.environ["RANKGUARD_LAUNCHER_PID"]), signal.SIGTERM)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             inject(args, rank, step, rg.restart_count)
         if rank == 0 and (step == 1 or step % args.log_every == 0):
             print(f"[demo] step {step}/{args.steps} loss {loss.item():.4f}", flush=True)
-        stop = rg.should_stop()  # every rank agrees on this step (stop_if_detected)
+        stop = rg.should_stop()  # every rank agrees on this step (stragglers, preemption)
         if stop or (args.checkpoint_every and step % args.checkpoint_every == 0):
             with rg.checkpoint(f"step_{step}"):
                 if rank == 0 and args.checkpoint_dir:
@@ -162,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     dist.destroy_process_group()
     if rank == 0:
         print(f"[demo] done: {step} steps on {world} rank(s)", flush=True)
+    if rg.preempted:
+        rg.exit_preempted()  # the launcher exits 14: requeue, resume from this step
     return 0
 
 

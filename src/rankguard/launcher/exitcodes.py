@@ -10,7 +10,13 @@
 | 11 | ``EXIT_CRASH`` | a rank crashed and the in-job restart budget is spent | yes |
 | 12 | ``EXIT_NO_RESTART`` | a fault whose action is ``abort`` ended the job | no |
 | 13 | ``EXIT_STRAGGLER`` | ranks stopped at one step (stop_if_detected) | yes, elsewhere |
+| 14 | ``EXIT_PREEMPTED`` | preempted: the exit signal came, the ranks saved one step | requeue |
 | 128+N | | the launcher was stopped by signal N | scheduler's call |
+
+``EXIT_PREEMPTED`` wins over the others once the launcher acted on the exit signal
+(``preemption.enable_exit_handler``): the job is going away, whatever happened during
+the grace window (a rank killed at its end still leaves the previous checkpoint).
+Without the exit handler a SIGTERM gives 143 (128+15) as before.
 
 Codes 2 and 3 end the launch before any rank starts; :func:`exit_code` chooses among
 the others from how the job ended (:class:`JobOutcome`).
@@ -28,6 +34,7 @@ __all__ = [
     "EXIT_HANG",
     "EXIT_NO_RESTART",
     "EXIT_OK",
+    "EXIT_PREEMPTED",
     "EXIT_STRAGGLER",
     "EXIT_UNHEALTHY_GPU",
     "EXIT_USAGE",
@@ -45,8 +52,11 @@ EXIT_HANG = 10
 EXIT_CRASH = 11
 EXIT_NO_RESTART = 12
 EXIT_STRAGGLER = 13
+EXIT_PREEMPTED = 14
 
-RETRYABLE = frozenset({EXIT_UNHEALTHY_GPU, EXIT_HANG, EXIT_CRASH, EXIT_STRAGGLER})
+RETRYABLE = frozenset(
+    {EXIT_UNHEALTHY_GPU, EXIT_HANG, EXIT_CRASH, EXIT_STRAGGLER, EXIT_PREEMPTED}
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,6 +69,7 @@ class JobOutcome:
     aborted: bool = False  # a finding whose action is ``abort`` ended the job
     cause: str | None = None  # finding type of the fault that ended the job, if any
     stop_at: int | None = None  # the step every rank was asked to stop at
+    preempted: bool = False  # the launcher acted on the exit signal (preemption)
 
 
 def is_hang(finding_type: str | None) -> bool:
@@ -68,6 +79,8 @@ def is_hang(finding_type: str | None) -> bool:
 
 def exit_code(outcome: JobOutcome) -> int:
     """The exit code of ``rankguard run`` for ``outcome`` (the table above)."""
+    if outcome.preempted:
+        return EXIT_PREEMPTED
     if outcome.signal is not None:
         return 128 + outcome.signal
     if outcome.failed:

@@ -66,6 +66,8 @@ class NodeServices:
     # the agent's current workers: the only processes the fault handler or the relay
     # may signal (set before start; without it the relay kills nothing)
     workers: WorkerRegistry | None = None
+    # more evaluators for node 0's monitor (preemption), added before it starts
+    evaluators: list[Any] = field(default_factory=list)
     monitor: JobMonitor | None = field(default=None, init=False)
     relay: StoreRelay | None = field(default=None, init=False)
     collector: HealthCollector | None = field(default=None, init=False)
@@ -119,9 +121,11 @@ class NodeServices:
         )
         self.monitor.add_sink(self.faults)
 
-    def request_stop(self, reason: str) -> int:
-        """Every rank stops at one step (see :mod:`rankguard.agree`)."""
-        assert self.agreement is not None, "node 0 with monitoring only"
+    def request_stop(self, reason: str) -> int | None:
+        """Every rank stops at one step (see :mod:`rankguard.agree`); None without a
+        monitor (only node 0 with heartbeat monitoring can agree on a step)."""
+        if self.agreement is None:
+            return None
         return self.agreement.request_stop(reason)
 
     def on_restart(self, count: int, cause: dict[str, Any] | None) -> None:
@@ -194,6 +198,8 @@ class NodeServices:
                     self.cfg.straggler, self.run_id, started_at=monitor.clock()
                 )
                 monitor.add_evaluator(detector)
+            for evaluator in self.evaluators:
+                monitor.add_evaluator(evaluator)
             self.agreement = StopAgreement(
                 self.run_dir,
                 hb,

@@ -61,6 +61,7 @@ class FindingType(str, Enum):
     SECTION_TIMEOUT = "rank_section_timeout"
     STRAGGLER = "straggler_detected"
     NODE_DISK_FULL = "node_disk_full"
+    PREEMPTED = "job_preempted"
 
     @property
     def info(self) -> FindingInfo:
@@ -96,6 +97,7 @@ _INFO: dict[FindingType, FindingInfo] = {
     FindingType.NODE_DISK_FULL: FindingInfo(
         "disk_full", "node disk full", "error", False, "report"
     ),
+    FindingType.PREEMPTED: FindingInfo("preempted", "preempted", "warning", False, "report"),
 }
 
 
@@ -111,6 +113,8 @@ class Reason(str, Enum):
     OUT_OF_SECTION = "rank_out_of_section_too_long"
     SLOW_COMPUTE = "rank_compute_slower_than_threshold"
     DISK_FULL = "heartbeats_unwritable_on_a_full_disk"
+    EXIT_SIGNAL = "scheduler_sent_the_exit_signal"
+    PREEMPTION_SAVED = "every_rank_saved_the_agreed_step"
 
 
 @dataclass(slots=True)
