@@ -60,6 +60,13 @@ def fastest_step_s(records: list[HeartbeatRecord]) -> float | None:
         perf = rec.perf
         if perf is not None and isinstance(perf.get("step_time_ms"), (int, float)):
             times.append(float(perf["step_time_ms"]) / 1e3)
+        pre = rec.extra.get("preempt")
+        measured = pre.get("step_min_s") if isinstance(pre, dict) else None
+        if isinstance(measured, (int, float)) and not isinstance(measured, bool):
+            # the rank's own shortest recent step: the phase's average below is wrong
+            # after a checkpoint (the phase restarts, its elapsed time does not cover seq)
+            times.append(float(measured))
+            continue
         seq, elapsed = rec.progress_seq, rec.phase_elapsed_s
         if rec.phase == "train" and seq > 0 and elapsed:
             times.append(elapsed / seq)

@@ -21,11 +21,13 @@ from typing import Any
 
 from rankguard.preempt.config import PreemptionConfig
 from rankguard.preempt.handler import ExitSignalHandler
-from rankguard.timeline import ProgressTracker
+from rankguard.timeline import RING_SIZE, ProgressTracker
 
 __all__ = ["RankPreemption"]
 
 logger = logging.getLogger(__name__)
+
+_MASK = RING_SIZE - 1
 
 CONTROL_POLL_S = 0.05
 """After the signal, how often the loop itself looks for the agreed stop step."""
@@ -92,9 +94,27 @@ class RankPreemption:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, self.cfg.signum)
 
+    def step_min_s(self, window: int = 16) -> float | None:
+        """The shortest of the last ``window`` steps (checkpoints left out): how far
+        ahead node 0 puts the stop step (:func:`rankguard.agree.fastest_step_s`)."""
+        t = self.tracker
+        issued = t.issued_seq
+        ring = t.step_ns
+        skip = set(t.non_step_seqs)
+        gaps = [
+            ring[seq & _MASK] - ring[(seq - 1) & _MASK]
+            for seq in range(max(2, issued - window + 1), issued + 1)
+            if seq not in skip and seq - 1 not in skip
+        ]
+        positive = [g for g in gaps if g > 0]
+        return min(positive) / 1e9 if positive else None
+
     def heartbeat_fields(self) -> dict[str, Any]:
         durations = list(self.tracker.checkpoint_durations_ns)
         out: dict[str, Any] = {"signal_received": self.handler.received}
+        step = self.step_min_s()
+        if step is not None:
+            out["step_min_s"] = round(step, 6)
         if durations:
             out["save_last_s"] = round(durations[-1] / 1e9, 6)
             out["save_max_s"] = round(max(durations) / 1e9, 6)

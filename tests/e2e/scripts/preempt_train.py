@@ -75,6 +75,7 @@ def main() -> None:
         kill_launcher("before the first step")
         time.sleep(5)  # the forwarded signal ends the ranks (not listening yet)
 
+    step = start - 1
     for step in range(start, args.steps + 1):
         with rg.step(step):
             loss = model(torch.randn(4, 8)).pow(2).mean()
