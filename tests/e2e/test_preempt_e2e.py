@@ -94,10 +94,12 @@ def test_signal_straight_to_a_rank_during_a_checkpoint(tmp_path: Path, run_id: s
     deadline = time.monotonic() + 90
     target = None
     while time.monotonic() < deadline and target is None:
-        starts = [e for e in events(tmp_path, "start") if e["rank"] == 1] if (
-            tmp_path / "ckpt" / "events.jsonl"
-        ).exists() else []
-        saved = TorchFileSaverSteps(tmp_path / "ckpt" / "rank_1")
+        starts = (
+            [e for e in events(tmp_path, "start") if e["rank"] == 1]
+            if (tmp_path / "ckpt" / "events.jsonl").exists()
+            else []
+        )
+        saved = saved_steps(tmp_path / "ckpt" / "rank_1")
         if starts and saved:
             target = starts[0]["pid"]
         time.sleep(0.05)
@@ -109,13 +111,11 @@ def test_signal_straight_to_a_rank_during_a_checkpoint(tmp_path: Path, run_id: s
     assert len(saved) == 2 and len({e["step"] for e in saved}) == 1, saved
 
 
-def TorchFileSaverSteps(directory: Path) -> list[str]:  # noqa: N802
+def saved_steps(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.glob("step_*.pt")) if directory.is_dir() else []
 
 
-def test_rank_hanging_in_its_save_is_killed_at_the_grace_limit(
-    tmp_path: Path, run_id: str
-) -> None:
+def test_rank_hanging_in_its_save_is_killed_at_the_grace_limit(tmp_path: Path, run_id: str) -> None:
     """Rank 1 hangs in the preemption save: killed when preempt_time is over; the exit
     code is still 14 and the previous checkpoint (every rank's) is what resumes."""
     t0 = time.monotonic()

@@ -238,9 +238,7 @@ class RankguardAgent(LocalElasticAgent):
                     logger.exception("rankguard: failure callback failed")
         return result
 
-    def _preempted_result(
-        self, worker_group: Any, result: Any, pre: PreemptionCoordinator
-    ) -> Any:
+    def _preempted_result(self, worker_group: Any, result: Any, pre: PreemptionCoordinator) -> Any:
         """The job is preempted: no restart, no failure recorded; at the end of the
         grace window the ranks still running are killed."""
         if result.state == WorkerState.HEALTHY and pre.expired():

@@ -10,7 +10,7 @@
 | 11 | ``EXIT_CRASH`` | a rank crashed and the in-job restart budget is spent | yes |
 | 12 | ``EXIT_NO_RESTART`` | a fault whose action is ``abort`` ended the job | no |
 | 13 | ``EXIT_STRAGGLER`` | ranks stopped at one step (stop_if_detected) | yes, elsewhere |
-| 14 | ``EXIT_PREEMPTED`` | preempted: the exit signal came, the ranks saved one step | requeue |
+| 14 | ``EXIT_PREEMPTED`` | preempted: the ranks saved one step | yes, always (no retry spent) |
 | 128+N | | the launcher was stopped by signal N | scheduler's call |
 
 ``EXIT_PREEMPTED`` wins over the others once the launcher acted on the exit signal
@@ -54,9 +54,7 @@ EXIT_NO_RESTART = 12
 EXIT_STRAGGLER = 13
 EXIT_PREEMPTED = 14
 
-RETRYABLE = frozenset(
-    {EXIT_UNHEALTHY_GPU, EXIT_HANG, EXIT_CRASH, EXIT_STRAGGLER, EXIT_PREEMPTED}
-)
+RETRYABLE = frozenset({EXIT_UNHEALTHY_GPU, EXIT_HANG, EXIT_CRASH, EXIT_STRAGGLER, EXIT_PREEMPTED})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -164,6 +164,9 @@ def run_with_retries(
                 why = "retries spent" if code in RETRYABLE else "not retryable"
                 log(f"attempt {attempt + 1}/{total} exited with code {code}: {why}, give up")
                 return code
+            if attempt + 1 == total:  # a preemption is requeued, but attempts are spent
+                log(f"attempt {attempt + 1}/{total} exited with code {code}: no attempt left")
+                return code
             log(f"attempt {attempt + 1}/{total} exited with code {code}: retryable, retry")
             if delay_s:
                 time.sleep(delay_s)

@@ -92,7 +92,7 @@ def main() -> None:
             with rg.phase("eval"):
                 kill_launcher("eval")
                 time.sleep(1.0)
-        if args.ckpt_every and step % args.ckpt_every == 0 or (
+        if (args.ckpt_every and step % args.ckpt_every == 0) or (
             signal_now and args.signal_in == "ckpt"
         ):
             with rg.checkpoint(f"step_{step}"):

@@ -111,6 +111,8 @@ DECIDE_TABLE = [
     # exit code, SLURM_RESTART_COUNT, max retries, decision
     (0, 0, 2, Decision.DONE),
     (0, 5, 0, Decision.DONE),
+    (14, 0, 0, Decision.REQUEUE),  # preempted: always requeued, no retry spent
+    (14, 5, 2, Decision.REQUEUE),
     (EXIT_HANG, 0, 2, Decision.REQUEUE),
     (EXIT_HANG, 1, 2, Decision.REQUEUE),
     (EXIT_HANG, 2, 2, Decision.GIVE_UP),
@@ -139,7 +141,7 @@ def test_decide_rejects_negative_counts() -> None:
 
 
 def test_retryable_codes_are_the_launchers() -> None:
-    assert set(RETRYABLE) == {3, 10, 11, 13}  # unhealthy GPU, hang, crash, straggler
+    assert set(RETRYABLE) == {3, 10, 11, 13, 14}  # unhealthy GPU, hang, crash, straggler, preempted
 
 
 # --- rendering ----------------------------------------------------------------------
@@ -552,3 +554,37 @@ def test_fake_scontrol_expands_node_lists() -> None:
         check=True,
     )
     assert proc.stdout.split() == ["gpu01", "gpu02", "gpu7", "login"]
+
+
+def test_sbatch_signal_from_preempt_time(capsys: pytest.CaptureFixture[str]) -> None:
+    """With preemption on and no --signal: SIGTERM to the batch shell preempt_time + 30 s
+    before the limit; the script passes it to srun (the launchers)."""
+    args = parse_cli(
+        "sbatch",
+        "-t",
+        "01:00:00",
+        "--set",
+        "preemption.enable_exit_handler=true",
+        "--set",
+        "preemption.preempt_time=90",
+        "train.py",
+    )
+    spec_, _cfg = slurm_cli.spec_from_args(args)
+    assert spec_.signal == "B:TERM@120"
+    text = render_sbatch(spec_)
+    assert "#SBATCH --signal=B:TERM@120" in text
+    assert 'trap "rg_forward $rg_sig" "$rg_sig"' in text
+    args = parse_cli("sbatch", "-t", "01:00:00", "train.py")
+    assert slurm_cli.spec_from_args(args)[0].signal is None
+
+
+def test_retry_requeues_a_preempted_attempt(tmp_path: Path) -> None:
+    command, counter = counting(tmp_path, "14,0")
+    logs: list[str] = []
+    assert run_with_retries(command, max_retries=1, log=logs.append) == 0
+    assert counter.read_text() == "2"
+    command, counter = counting(
+        tmp_path / "x" if (tmp_path / "x").mkdir() is None else tmp_path, "14"
+    )
+    assert run_with_retries(command, max_retries=0, log=logs.append) == 14
+    assert "no attempt left" in logs[-1]

@@ -1,0 +1,327 @@
+"""Preemption: config, the flag-only handler, the DataLoader helper, the grace budget,
+the launcher-side coordinator and the exit code."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rankguard.config import ConfigError, load_config
+from rankguard.launcher.exitcodes import EXIT_PREEMPTED, RETRYABLE, JobOutcome, exit_code
+from rankguard.preempt import ExitSignalHandler, PreemptionConfig, TorchFileSaver, parse_exit_signal
+from rankguard.preempt.budget import GraceBudget, agreement_lead_s, load_save_time, store_save_time
+from rankguard.preempt.coordinator import PreemptionCoordinator
+from rankguard.schema.layout import CONTROL_FILE, StoreKeys
+from rankguard.slurm.retry import Decision, decide
+
+pytestmark = pytest.mark.timeout(30)
+
+
+# ---- config ---------------------------------------------------------------------------
+
+
+def test_megatron_bridge_names() -> None:
+    cfg = load_config(
+        None,
+        [
+            "preemption.preempt_time=90",
+            "preemption.exit_signal_handler=true",
+            "preemption.exit_signal=SIGUSR1",
+            "preemption.exit_signal_handler_for_dataloader=true",
+        ],
+    ).preemption
+    assert cfg.enable_exit_handler and cfg.enable_exit_handler_for_data_loader
+    assert cfg.signum is signal.SIGUSR1 and cfg.preempt_time == 90
+    plugin = PreemptionConfig(
+        preempt_time=60, enable_exit_handler=True, enable_exit_handler_for_data_loader=False
+    )
+    assert plugin.signum is signal.SIGTERM
+
+
+@pytest.mark.parametrize(
+    ("override", "match"),
+    [
+        ("preemption.preempt_time=0", "preempt_time"),
+        ("preemption.preempt_time=.nan", "preempt_time"),
+        ("preemption.exit_signal=SIGKILL", "exit_signal"),
+        ("preemption.exit_signal=9", "exit_signal"),
+        ("preemption.nope=1", "preemption.nope"),
+    ],
+)
+def test_bad_values_name_the_key(override: str, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        load_config(None, [override])
+
+
+def test_contradicting_aliases_are_an_error() -> None:
+    with pytest.raises(ValueError, match="contradicts"):
+        PreemptionConfig(enable_exit_handler=True, exit_signal_handler=False)
+
+
+def test_signal_names() -> None:
+    assert parse_exit_signal("term") is signal.SIGTERM
+    assert parse_exit_signal("USR2") is signal.SIGUSR2
+    assert parse_exit_signal(int(signal.SIGUSR1)) is signal.SIGUSR1
+
+
+def test_warnings_when_preemption_cannot_work() -> None:
+    cfg = load_config(None, ["preemption.enable_exit_handler=true"])
+    assert any("preemption.enable_exit_handler=true but heartbeat" in w for w in cfg.warnings())
+    cfg = load_config(None, ["preemption.enable_exit_handler_for_data_loader=true"])
+    assert any("NO effect" in w and "data_loader" in w for w in cfg.warnings())
+
+
+# ---- handler --------------------------------------------------------------------------
+
+
+def test_handler_sets_a_flag_and_restores_the_previous_one() -> None:
+    seen: list[int] = []
+    previous = signal.signal(signal.SIGUSR1, lambda s, f: seen.append(s))
+    try:
+        calls: list[int] = []
+        h = ExitSignalHandler(signal.SIGUSR1, on_signal=calls.append)
+        assert h.install()
+        h.listening = True
+        os.kill(os.getpid(), signal.SIGUSR1)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.01)
+        assert h.received and h.count == 2 and calls == [signal.SIGUSR1] * 2
+        assert seen == []  # the previous handler did not run
+        h.release()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.01)
+        assert seen == [signal.SIGUSR1]
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_not_listening_falls_through_to_the_previous_handler() -> None:
+    seen: list[int] = []
+    previous = signal.signal(signal.SIGUSR2, lambda s, f: seen.append(s))
+    try:
+        h = ExitSignalHandler(signal.SIGUSR2)
+        h.install()
+        os.kill(os.getpid(), signal.SIGUSR2)
+        time.sleep(0.01)
+        assert seen == [signal.SIGUSR2] and not h.received
+        h.release()
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+
+
+def test_installed_on_the_main_thread_only() -> None:
+    h = ExitSignalHandler(signal.SIGUSR1)
+    out: list[bool] = []
+    t = threading.Thread(target=lambda: out.append(h.install()))
+    t.start()
+    t.join()
+    assert out == [False] and not h.installed
+
+
+def test_release_leaves_a_handler_installed_since() -> None:
+    previous = signal.getsignal(signal.SIGUSR1)
+    try:
+        h = ExitSignalHandler(signal.SIGUSR1)
+        h.install()
+
+        def theirs(s: int, f: Any) -> None:
+            pass
+
+        signal.signal(signal.SIGUSR1, theirs)
+        h.release()
+        assert signal.getsignal(signal.SIGUSR1) is theirs
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+# ---- DataLoader workers ---------------------------------------------------------------
+
+
+class _Slow:
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> int:
+        time.sleep(0.05)
+        return i
+
+
+def _iterate_while_signalled(worker_init_fn: Any) -> list[int]:
+    import torch.utils.data as tud
+
+    loader = tud.DataLoader(
+        _Slow(),
+        batch_size=2,
+        num_workers=2,
+        worker_init_fn=worker_init_fn,
+        multiprocessing_context="fork",
+    )
+    it = iter(loader)
+    got = [int(x) for x in next(it)]
+    time.sleep(0.3)  # the workers have run worker_init_fn
+    for w in it._workers:  # type: ignore[attr-defined]
+        os.kill(w.pid, signal.SIGTERM)
+    for batch in it:
+        got += [int(x) for x in batch]
+    return got
+
+
+def test_dataloader_workers_ignore_the_exit_signal() -> None:
+    from rankguard.preempt import ignore_exit_signal
+
+    assert sorted(_iterate_while_signalled(ignore_exit_signal)) == list(range(16))
+
+
+def test_without_the_helper_a_signalled_worker_breaks_the_loop() -> None:
+    with pytest.raises(RuntimeError, match="DataLoader worker"):
+        _iterate_while_signalled(None)
+
+
+# ---- saver, budget ----------------------------------------------------------------------
+
+
+def test_file_saver_is_atomic_and_loads_the_newest(tmp_path: Path) -> None:
+    state = {"w": 1}
+    saver = TorchFileSaver(tmp_path, 3, lambda: dict(state))
+    assert saver.load_latest() is None
+    saver.save(5)
+    state["w"] = 2
+    saver.save(7)
+    (saver.directory / ".step_9.pt.123.tmp").write_bytes(b"torn")
+    assert saver.steps() == [5, 7]
+    assert saver.load_latest() == (7, {"w": 2})
+
+
+def test_grace_budget(tmp_path: Path) -> None:
+    lead = agreement_lead_s(5.0, 1.0)
+    assert lead == 13.0
+    budget = GraceBudget(60.0, lead, save_s=None)
+    assert budget.fits() and budget.to_dict()["save_s"] is None
+    budget.observe(20.0)
+    assert budget.fits()
+    budget.observe(float("nan"))
+    budget.observe(50.0)
+    assert not budget.fits() and "63.0s > preempt_time=60s" in budget.warning()
+    path = tmp_path / "ft" / "preempt_state.json"
+    store_save_time(path, budget)
+    assert load_save_time(path) == 50.0
+    again = GraceBudget(60.0, lead, load_save_time(path))
+    assert not again.fits() and again.to_dict()["save_source"] == "previous run"
+    path.write_text("{bad")
+    assert load_save_time(path) is None
+
+
+# ---- coordinator ------------------------------------------------------------------------
+
+
+class _Store:
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+
+    def set(self, key: str, value: str | bytes) -> None:
+        self.data[key] = value.encode() if isinstance(value, str) else value
+
+    def get(self, key: str) -> bytes:
+        return self.data[key]
+
+    def check(self, keys: list[str]) -> bool:
+        return all(k in self.data for k in keys)
+
+
+class _Workers:
+    def __init__(self, pids: list[int]) -> None:
+        self._pids = pids
+
+    def pids(self) -> dict[int, int | None]:
+        return dict.fromkeys(self._pids)
+
+    def owns(self, pid: int) -> bool:
+        return pid in self._pids
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _coordinator(node: int, store: _Store, tmp_path: Path, **kw: Any) -> PreemptionCoordinator:
+    return PreemptionCoordinator(
+        PreemptionConfig(enable_exit_handler=True, preempt_time=30),
+        node_rank=node,
+        nnodes=2,
+        run_id="r",
+        run_dir=tmp_path / f"n{node}",
+        workers=_Workers([]),  # type: ignore[arg-type]
+        store=store,
+        say=lambda m: None,
+        **kw,
+    )
+
+
+def test_node_one_signal_preempts_the_whole_job(tmp_path: Path) -> None:
+    store = _Store()
+    clock = _Clock()
+    stops: list[str] = []
+    node0 = _coordinator(
+        0, store, tmp_path, request_stop=lambda r: stops.append(r) or 42, clock=clock
+    )
+    node1 = _coordinator(1, store, tmp_path, clock=clock)
+    (tmp_path / "n1").mkdir()
+    assert not node1.claims(signal.SIGINT)  # not the exit signal: not ours
+    assert node1.claims(signal.SIGTERM)
+    node1.tick()
+    assert node1.active and store.check([StoreKeys("r").preempt_request(1)])
+    node0.tick()
+    assert node0.active and node0.stop_at == 42 and len(stops) == 1
+    node1.tick()
+    assert node1.stop_at == 42
+    control = json.loads((tmp_path / "n1" / CONTROL_FILE).read_text())
+    assert control["stop_at_step"] == 42 and control["reason"].startswith("preempted")
+    node0.tick()
+    assert len(stops) == 1  # decided once
+    assert node0.time_left() == 30 and not node0.expired()
+    clock.t += 30
+    assert node0.expired()
+
+
+def test_a_second_signal_changes_nothing(tmp_path: Path) -> None:
+    said: list[str] = []
+    coord = PreemptionCoordinator(
+        PreemptionConfig(enable_exit_handler=True),
+        node_rank=0,
+        nnodes=1,
+        run_id="r",
+        run_dir=tmp_path,
+        workers=_Workers([]),  # type: ignore[arg-type]
+        request_stop=lambda r: 7,
+        say=said.append,
+    )
+    coord.claims(signal.SIGTERM)
+    coord.tick()
+    started = coord.started_at
+    coord.claims(signal.SIGTERM)
+    coord.tick()
+    assert coord.started_at == started and coord.stop_at == 7
+    assert any("again: ignored" in m for m in said)
+
+
+# ---- exit codes and retries -------------------------------------------------------------
+
+
+def test_preempted_exit_code_wins_and_is_requeued() -> None:
+    assert exit_code(JobOutcome(preempted=True)) == EXIT_PREEMPTED == 14
+    assert exit_code(JobOutcome(preempted=True, failed=True, signal=15)) == EXIT_PREEMPTED
+    assert exit_code(JobOutcome(signal=15)) == 143
+    assert EXIT_PREEMPTED in RETRYABLE
+    # a preemption spends no retry of the failure budget
+    assert decide(EXIT_PREEMPTED, 5, 0) is Decision.REQUEUE
