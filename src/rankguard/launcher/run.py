@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import sys
+import threading
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -380,6 +382,10 @@ def _preemption(
         say=_say,
     )
     agent.attach_preemption(coordinator)
+    if threading.current_thread() is threading.main_thread():
+        # Until the agent starts the workers (and chains the exit signal to the
+        # coordinator), a signal is only recorded: the preemption starts with them.
+        signal.signal(pre.signum, lambda signum, _frame: coordinator.claims(signum))
     hb = cfg.heartbeat
     state = _preempt_state(cfg)
     budget = GraceBudget(
