@@ -225,6 +225,9 @@ class Session:
             pre.handler.listening = True
             if pre.handler.received:
                 self._quiet = False
+                if not pre.reported and self.publisher is not None:
+                    pre.reported = True
+                    self.publisher.wake()  # node 0 learns this rank's step now
                 if pre.after_signal(self._stop_at is not None) and self._control is not None:
                     self._poll_control()  # one stat, at most every 50 ms, only now
         stop_at = self._stop_at

@@ -367,7 +367,7 @@ def _preemption(
 ) -> tuple[PreemptionCoordinator, GraceBudget] | None:
     """``preemption.enable_exit_handler``: the node's coordinator, handed the agent's
     exit signal, and the grace budget; on node 0 their evaluator (findings, status)."""
-    pre = cfg.preemption
+    pre, hb = cfg.preemption, cfg.heartbeat
     if not pre.enable_exit_handler:
         return None
     coordinator = PreemptionCoordinator(
@@ -379,6 +379,9 @@ def _preemption(
         workers=agent.workers,
         store=services.store,
         request_stop=services.request_stop if opts.node_rank == 0 else None,
+        ranks=services.rank_states,
+        fresh_lead_s=2 * hb.scan_interval_s + 1.0,
+        wait_fresh_s=hb.publish_interval_s + hb.scan_interval_s + 1.0,
         say=_say,
     )
     agent.attach_preemption(coordinator)
@@ -386,7 +389,6 @@ def _preemption(
         # Until the agent starts the workers (and chains the exit signal to the
         # coordinator), a signal is only recorded: the preemption starts with them.
         signal.signal(pre.signum, lambda signum, _frame: coordinator.claims(signum))
-    hb = cfg.heartbeat
     state = _preempt_state(cfg)
     budget = GraceBudget(
         pre.preempt_time,

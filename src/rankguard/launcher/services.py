@@ -31,8 +31,11 @@ from rankguard.schema.layout import RunLayout, ft_state_dir
 from rankguard.straggler.detector import StragglerDetector
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from rankguard.exporter.prometheus import MetricsExporter
     from rankguard.ft.kill import WorkerRegistry
+    from rankguard.heartbeat.rules import RankState
 
 __all__ = ["NodeServices", "ft_state_path"]
 
@@ -88,6 +91,10 @@ class NodeServices:
     def relaying(self) -> bool:
         return self.nnodes > 1 and self.cfg.no_shared_fs and self.store is not None
 
+    def rank_states(self) -> Mapping[int, RankState]:
+        """Node 0: the monitor's latest state of every rank (empty without one)."""
+        return self.monitor.rules.ranks if self.monitor is not None else {}
+
     @property
     def stop_at(self) -> int | None:
         """The step every rank was asked to stop at, if any."""
@@ -121,12 +128,12 @@ class NodeServices:
         )
         self.monitor.add_sink(self.faults)
 
-    def request_stop(self, reason: str) -> int | None:
+    def request_stop(self, reason: str, lead_s: float | None = None) -> int | None:
         """Every rank stops at one step (see :mod:`rankguard.agree`); None without a
         monitor (only node 0 with heartbeat monitoring can agree on a step)."""
         if self.agreement is None:
             return None
-        return self.agreement.request_stop(reason)
+        return self.agreement.request_stop(reason, lead_s)
 
     def on_restart(self, count: int, cause: dict[str, Any] | None) -> None:
         """The agent restarts the worker group: record it (restarts.jsonl, status)."""

@@ -11,10 +11,15 @@ starts the preemption of the whole job:
    handler) and starts this node's grace window, ``preempt_time`` long.
 3. Node 0 chooses the stop step through :class:`rankguard.agree.StopAgreement` (reason
    ``preempted: ...``: ``control.json`` for every rank, the relays for other nodes) and
-   sets the store key ``preempt``; a node k whose launcher got the signal first sets
-   ``preempt/request/node/<k>`` for node 0 instead. Every node's coordinator watches
-   ``preempt``, so a node that received nothing still forwards the signal, writes the
-   stop step for its ranks and opens its grace window.
+   sets the store key ``preempt``. Each signalled rank publishes a heartbeat at its next
+   step boundary; once every rank's latest record says it got the signal, node 0 knows
+   their current steps and needs a short lead only (``fresh_lead_s``: two monitor scans
+   plus a second); after ``wait_fresh_s`` without that (other nodes' relays push every
+   heartbeat interval; a rank that does not listen) it uses the agreement's default
+   lead, which covers records one heartbeat interval old. A node k whose launcher got
+   the signal first sets ``preempt/request/node/<k>`` for node 0 instead. Every node's
+   coordinator watches ``preempt``, so a node that received nothing still forwards the
+   signal, writes the stop step for its ranks and opens its grace window.
 4. The agent (:class:`rankguard.launcher.agent.RankguardAgent`) then neither restarts
    the group nor counts the exits as failures, kills (SIGKILL) the ranks still running
    when the window closes, and the launcher exits ``EXIT_PREEMPTED``.
@@ -65,7 +70,10 @@ class PreemptionCoordinator:
         run_dir: Path,
         workers: OwnedWorkers,
         store: Any = None,
-        request_stop: Callable[[str], int | None] | None = None,
+        request_stop: Callable[[str, float | None], int | None] | None = None,
+        ranks: Callable[[], Mapping[int, RankState]] | None = None,
+        fresh_lead_s: float = 3.0,
+        wait_fresh_s: float = 7.0,
         say: Callable[[str], None] = logger.warning,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -78,6 +86,9 @@ class PreemptionCoordinator:
         self.store = store
         self.keys = StoreKeys(run_id)
         self.request_stop = request_stop  # node 0 with a monitor: StopAgreement
+        self.ranks = ranks  # node 0: the monitor's view of every rank
+        self.fresh_lead_s = fresh_lead_s
+        self.wait_fresh_s = wait_fresh_s
         self.say = say
         self.clock = clock
         # set by the signal handler (flags only)
@@ -210,14 +221,30 @@ class PreemptionCoordinator:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, self.sig)
 
+    def _fresh(self) -> bool:
+        """Every rank's latest record was written after it got the signal."""
+        states = self.ranks() if self.ranks is not None else {}
+        records = [s.record for s in states.values()]
+        return bool(records) and all(
+            rec is not None
+            and isinstance(pre := rec.extra.get("preempt"), dict)
+            and pre.get("signal_received") is True
+            for rec in records
+        )
+
     def _agree(self) -> None:
-        """Node 0: choose the stop step once and tell every node."""
+        """Node 0: choose the stop step once (from fresh progress when it comes in
+        time) and tell every node."""
         if self._published:
+            return
+        fresh = self._fresh()
+        waited = self.clock() - (self.started_at or self.clock())
+        if not fresh and waited < self.wait_fresh_s:
             return
         self._published = True
         reason = self.reason or "preempted"
         if self.request_stop is not None:
-            self.stop_at = self.request_stop(reason)
+            self.stop_at = self.request_stop(reason, self.fresh_lead_s if fresh else None)
         if self.stop_at is None:
             self.say(
                 "preemption: no monitor on node 0 (heartbeat.enabled=false): no stop step "

@@ -50,6 +50,7 @@ class RankPreemption:
         self.launcher_pid = launcher_pid
         self.handler = ExitSignalHandler(cfg.signum)
         self.launcher_told = False
+        self.reported = False  # a heartbeat was asked for right after the signal
         self._last_poll = 0.0
         self._first_seen: float | None = None
 

@@ -271,10 +271,13 @@ def _coordinator(node: int, store: _Store, tmp_path: Path, **kw: Any) -> Preempt
 def test_node_one_signal_preempts_the_whole_job(tmp_path: Path) -> None:
     store = _Store()
     clock = _Clock()
-    stops: list[str] = []
-    node0 = _coordinator(
-        0, store, tmp_path, request_stop=lambda r: stops.append(r) or 42, clock=clock
-    )
+    stops: list[tuple[str, float | None]] = []
+
+    def request_stop(reason: str, lead_s: float | None) -> int:
+        stops.append((reason, lead_s))
+        return 42
+
+    node0 = _coordinator(0, store, tmp_path, request_stop=request_stop, clock=clock)
     node1 = _coordinator(1, store, tmp_path, clock=clock)
     (tmp_path / "n1").mkdir()
     assert not node1.claims(signal.SIGINT)  # not the exit signal: not ours
@@ -282,15 +285,18 @@ def test_node_one_signal_preempts_the_whole_job(tmp_path: Path) -> None:
     node1.tick()
     assert node1.active and store.check([StoreKeys("r").preempt_request(1)])
     node0.tick()
-    assert node0.active and node0.stop_at == 42 and len(stops) == 1
+    assert node0.active and node0.stop_at is None  # no fresh progress yet: it waits
+    clock.t += 7.0  # wait_fresh_s: the default lead then
+    node0.tick()
+    assert node0.stop_at == 42 and len(stops) == 1 and stops[0][1] is None
     node1.tick()
     assert node1.stop_at == 42
     control = json.loads((tmp_path / "n1" / CONTROL_FILE).read_text())
     assert control["stop_at_step"] == 42 and control["reason"].startswith("preempted")
     node0.tick()
     assert len(stops) == 1  # decided once
-    assert node0.time_left() == 30 and not node0.expired()
-    clock.t += 30
+    assert node0.time_left() == 23 and not node0.expired()
+    clock.t += 23
     assert node0.expired()
 
 
@@ -303,7 +309,9 @@ def test_a_second_signal_changes_nothing(tmp_path: Path) -> None:
         run_id="r",
         run_dir=tmp_path,
         workers=_Workers([]),  # type: ignore[arg-type]
-        request_stop=lambda r: 7,
+        request_stop=lambda r, lead: 7,
+        ranks=lambda: {0: _state(True), 1: _state(True)},
+        fresh_lead_s=3.0,
         say=said.append,
     )
     coord.claims(signal.SIGTERM)
@@ -313,6 +321,37 @@ def test_a_second_signal_changes_nothing(tmp_path: Path) -> None:
     coord.tick()
     assert coord.started_at == started and coord.stop_at == 7
     assert any("again: ignored" in m for m in said)
+
+
+def _state(signalled: bool) -> Any:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        record=SimpleNamespace(extra={"preempt": {"signal_received": signalled}})
+    )
+
+
+def test_fresh_progress_gives_the_short_lead(tmp_path: Path) -> None:
+    leads: list[float | None] = []
+    states = {0: _state(True), 1: _state(False)}
+    coord = PreemptionCoordinator(
+        PreemptionConfig(enable_exit_handler=True),
+        node_rank=0,
+        nnodes=1,
+        run_id="r",
+        run_dir=tmp_path,
+        workers=_Workers([]),  # type: ignore[arg-type]
+        request_stop=lambda r, lead: leads.append(lead) or 9,
+        ranks=lambda: states,
+        fresh_lead_s=2.5,
+        say=lambda m: None,
+    )
+    coord.claims(signal.SIGTERM)
+    coord.tick()
+    assert coord.stop_at is None  # rank 1 has not reported since the signal
+    states[1] = _state(True)
+    coord.tick()
+    assert coord.stop_at == 9 and leads == [2.5]
 
 
 # ---- exit codes and retries -------------------------------------------------------------
