@@ -16,6 +16,7 @@ Run: ``python bench/preempt.py`` (about a minute on 2 cores).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -101,10 +102,8 @@ def _records(root: Path) -> list[dict]:
     out = []
     for path in root.glob("logs/heartbeat/*/rank_*.heartbeat.jsonl"):
         for line in path.read_text(errors="replace").splitlines():
-            try:
+            with contextlib.suppress(ValueError):  # a line being written
                 out.append(json.loads(line))
-            except ValueError:
-                pass  # a line being written
     return out
 
 

@@ -392,7 +392,7 @@ def _preemption(
     state = _preempt_state(cfg)
     budget = GraceBudget(
         pre.preempt_time,
-        agreement_lead_s(hb.publish_interval_s, hb.scan_interval_s),
+        agreement_lead_s(hb.publish_interval_s, hb.scan_interval_s, relayed=services.relaying),
         load_save_time(state),
     )
     if opts.node_rank == 0:

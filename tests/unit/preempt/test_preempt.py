@@ -200,15 +200,16 @@ def test_file_saver_is_atomic_and_loads_the_newest(tmp_path: Path) -> None:
 
 
 def test_grace_budget(tmp_path: Path) -> None:
-    lead = agreement_lead_s(5.0, 1.0)
-    assert lead == 13.0
+    assert agreement_lead_s(5.0, 1.0) == 4.0
+    lead = agreement_lead_s(5.0, 1.0, relayed=True)
+    assert lead == 13.0 + 7.0
     budget = GraceBudget(60.0, lead, save_s=None)
     assert budget.fits() and budget.to_dict()["save_s"] is None
     budget.observe(20.0)
     assert budget.fits()
     budget.observe(float("nan"))
     budget.observe(50.0)
-    assert not budget.fits() and "63.0s > preempt_time=60s" in budget.warning()
+    assert not budget.fits() and "70.0s > preempt_time=60s" in budget.warning()
     path = tmp_path / "ft" / "preempt_state.json"
     store_save_time(path, budget)
     assert load_save_time(path) == 50.0
