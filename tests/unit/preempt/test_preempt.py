@@ -365,3 +365,84 @@ def test_preempted_exit_code_wins_and_is_requeued() -> None:
     assert EXIT_PREEMPTED in RETRYABLE
     # a preemption spends no retry of the failure budget
     assert decide(EXIT_PREEMPTED, 5, 0) is Decision.REQUEUE
+
+
+# ---- the in-loop API ------------------------------------------------------------------
+
+
+def _session(tmp_path: Path, launcher_pid: int | None = None) -> Any:
+    from rankguard.heartbeat.config import HeartbeatConfig
+    from rankguard.heartbeat.identity import RankIdentity
+    from rankguard.preempt.rank import RankPreemption
+    from rankguard.session import Session
+    from rankguard.timeline import ProgressTracker
+
+    tracker = ProgressTracker()
+    pre = RankPreemption(
+        PreemptionConfig(enable_exit_handler=True, exit_signal="SIGUSR1"),
+        tracker,
+        launcher_pid=launcher_pid,
+    )
+    assert pre.install()
+    return Session(
+        RankIdentity.from_env({}),
+        tmp_path,
+        HeartbeatConfig(),
+        tracker=tracker,
+        publish=False,
+        preemption=pre,
+        dataloader_ignores_signal=True,
+    )
+
+
+def test_should_stop_is_quiet_until_the_signal_then_stops_at_the_agreed_step(
+    tmp_path: Path,
+) -> None:
+    from rankguard.agree import ControlReader, write_control
+
+    previous = signal.getsignal(signal.SIGUSR1)
+    session = _session(tmp_path)
+    try:
+        assert session.worker_init_fn is not None
+        assert not session.should_stop() and session._quiet  # listening, nothing to do
+        assert session.preemption.handler.listening
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.01)
+        assert session.preempted and not session._quiet
+        session._control = ControlReader(tmp_path)  # what the heartbeat thread polls
+        write_control(tmp_path, 3, "preempted: test")
+        session.preemption._last_poll = 0.0
+        for _ in range(2):
+            session.step_end()
+        assert not session.should_stop()  # step 2 < 3 (the step was read meanwhile)
+        session.step_end()
+        assert session.should_stop() and session.stop_reason == "preempted: test"
+        with pytest.raises(SystemExit) as exc:
+            session.exit_preempted()
+        assert exc.value.code == 0
+    finally:
+        session.close()
+        signal.signal(signal.SIGUSR1, previous)
+    assert signal.getsignal(signal.SIGUSR1) == previous  # released with the session
+
+
+def test_a_rank_signalled_alone_tells_its_launcher(tmp_path: Path) -> None:
+    from rankguard.preempt import rank as rank_mod
+
+    told: list[int] = []
+    previous = signal.signal(signal.SIGUSR2, lambda s, f: told.append(s))
+    session = _session(tmp_path, launcher_pid=os.getpid())
+    session.preemption.cfg.exit_signal = "SIGUSR2"  # the launcher gets the same signal
+    try:
+        session.should_stop()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.01)
+        session.should_stop()
+        assert told == []  # within a second a stop step may still come from the launcher
+        session.preemption._first_seen -= rank_mod.TELL_LAUNCHER_AFTER_S
+        session.should_stop()
+        time.sleep(0.01)
+        assert told == [signal.SIGUSR2] and session.preemption.launcher_told
+    finally:
+        session.close()
+        signal.signal(signal.SIGUSR2, previous)
