@@ -146,12 +146,31 @@ def test_rank_hanging_in_its_save_is_killed_at_the_grace_limit(tmp_path: Path, r
     assert starts == [common + 1, common + 1]
 
 
-def test_four_ranks_signal_before_the_first_step(tmp_path: Path, run_id: str) -> None:
-    """4 ranks, the signal before any step: nothing to save, no restart, code 14."""
-    proc = launch(tmp_path, run_id, "--signal-step", "0", nproc=4)
+def test_four_ranks_preempted_mid_run_resume(tmp_path: Path, run_id: str) -> None:
+    """4 ranks: SIGTERM to the launcher mid-run; all four save the same step; the
+    relaunch resumes right after it."""
+    proc = launch(tmp_path, run_id, "--signal-step", "6", nproc=4)
+    code, out = finish(proc, timeout=180)
+    assert code == EXIT_PREEMPTED, out[-3000:]
+    saved = events(tmp_path, "saved")
+    assert sorted(e["rank"] for e in saved) == [0, 1, 2, 3], saved
+    assert len({e["step"] for e in saved}) == 1, saved
+    step = saved[0]["step"]
+    again = launch(tmp_path, f"{run_id}-2", "--steps", str(step + 2), nproc=4)
+    code, out = finish(again, timeout=180)
+    assert code == 0, out[-3000:]
+    assert [e["start"] for e in events(tmp_path, "start")[-4:]] == [step + 1] * 4
+
+
+def test_signal_before_the_first_step(tmp_path: Path, run_id: str) -> None:
+    """The signal before any step: the ranks (not asking yet) end at once, nothing is
+    saved, no restart, code 14."""
+    proc = launch(tmp_path, run_id, "--signal-step", "0")
     code, out = finish(proc)
     assert code == EXIT_PREEMPTED, out[-3000:]
-    assert "restart" not in out.lower() or "0 in-job restart" in out
+    assert events(tmp_path, "saved") == []
+    run_dir = tmp_path / "logs" / "heartbeat" / run_id
+    assert not (run_dir / "restarts.jsonl").exists() or not read_jsonl(run_dir / "restarts.jsonl")
     assert no_leftover_workers(run_id)
 
 
