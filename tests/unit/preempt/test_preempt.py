@@ -53,6 +53,7 @@ def test_megatron_bridge_names() -> None:
         ("preemption.exit_signal=SIGKILL", "exit_signal"),
         ("preemption.exit_signal=9", "exit_signal"),
         ("preemption.nope=1", "preemption.nope"),
+        ("fault_tolerance.actions.job_preempted=restart", "only report"),
     ],
 )
 def test_bad_values_name_the_key(override: str, match: str) -> None:
