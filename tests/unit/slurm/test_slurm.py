@@ -588,3 +588,45 @@ def test_retry_requeues_a_preempted_attempt(tmp_path: Path) -> None:
     )
     assert run_with_retries(command, max_retries=0, log=logs.append) == 14
     assert "no attempt left" in logs[-1]
+
+
+# A srun standing for the launchers: it says it started, and the exit signal it is
+# passed makes it exit 14 after a short "save" (what every rankguard run does).
+PREEMPTED_SRUN = """#!/usr/bin/env python3
+import os, signal, sys, time
+def preempted(signum, frame):
+    time.sleep(0.3)
+    sys.exit(14)
+signal.signal(signal.SIGTERM, preempted)
+open(os.environ["FAKE_SRUN_STARTED"], "w").close()
+time.sleep(30)
+sys.exit(0)
+"""
+
+
+def test_script_passes_the_exit_signal_to_srun_and_requeues(cluster: Cluster) -> None:
+    srun = cluster.bin / "srun"
+    srun.write_text(PREEMPTED_SRUN)
+    srun.chmod(0o755)
+    started = cluster.tmp / "started"
+    script = cluster.tmp / "job.sbatch"
+    script.write_text(render_sbatch(spec(signal="B:TERM@90", num_job_retries_on_failure=0)))
+    proc = subprocess.Popen(
+        ["bash", str(script)],
+        env=cluster.env(FAKE_SRUN_STARTED=str(started)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 20
+    while not started.exists():
+        assert time.monotonic() < deadline, "srun never started"
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)  # Slurm's B:TERM, to the batch shell only
+    out, err = proc.communicate(timeout=20)
+    assert time.monotonic() - t0 < 10  # not the 30 s srun would sleep without it
+    assert proc.returncode == 14, (out, err)
+    assert "received SIGTERM: passed to the launchers" in out
+    assert "exited with code 14" in out
+    assert len(cluster.requeues()) == 1  # no retry budget, requeued all the same
