@@ -447,3 +447,30 @@ def test_a_rank_signalled_alone_tells_its_launcher(tmp_path: Path) -> None:
     finally:
         session.close()
         signal.signal(signal.SIGUSR2, previous)
+
+
+# ---- rankguard status ---------------------------------------------------------------------
+
+
+def test_status_shows_the_budget_and_the_saved_step() -> None:
+    from rankguard.cli.status_render import render_status
+
+    status: dict[str, Any] = {
+        "state": "completed",
+        "ranks": [],
+        "preemption": {
+            "budget": GraceBudget(60.0, 13.0, 55.0).to_dict(),
+            "signal": "SIGTERM",
+            "reason": "preempted: node 0's launcher received SIGTERM",
+            "stop_at_step": 42,
+            "saved_step": 42,
+            "ranks_saved": 8,
+            "terminated_pids": [],
+        },
+    }
+    text = render_status(status, [])
+    assert "Preemption: grace 60.0 s, longest save 55.0 s (previous run)" in text
+    assert "a save does NOT fit the grace window" in text
+    assert "stop step 42, saved step 42 (8 rank(s))" in text
+    status["preemption"] = {"budget": GraceBudget(60.0, 4.0, 5.0).to_dict()}
+    assert "NOT fit" not in render_status(status, [])
