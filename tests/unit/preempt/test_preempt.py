@@ -181,8 +181,14 @@ def test_dataloader_workers_ignore_the_exit_signal() -> None:
 
 
 def test_without_the_helper_a_signalled_worker_breaks_the_loop() -> None:
-    with pytest.raises(RuntimeError, match="DataLoader worker"):
-        _iterate_while_signalled(None)
+    # forked workers inherit the parent's handler: the default one here, whatever an
+    # earlier test of this process left installed
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with pytest.raises(RuntimeError, match="DataLoader worker"):
+            _iterate_while_signalled(None)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 # ---- saver, budget ----------------------------------------------------------------------
