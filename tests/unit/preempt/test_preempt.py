@@ -185,8 +185,11 @@ def test_without_the_helper_a_signalled_worker_breaks_the_loop() -> None:
     # earlier test of this process left installed
     previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
-        with pytest.raises(RuntimeError, match="DataLoader worker"):
+        # "DataLoader worker (pid N) is killed by signal", or the pipe of a worker
+        # killed while sending a batch: either way the loop breaks
+        with pytest.raises((RuntimeError, ConnectionError)) as exc:
             _iterate_while_signalled(None)
+        assert isinstance(exc.value, ConnectionError) or "DataLoader worker" in str(exc.value)
     finally:
         signal.signal(signal.SIGTERM, previous)
 
