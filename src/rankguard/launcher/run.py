@@ -16,11 +16,8 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
 import sys
-import threading
-from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -31,17 +28,11 @@ from rankguard.heartbeat.identity import ENV
 from rankguard.launcher.agent import RankguardAgent, first_failure
 from rankguard.launcher.checks import check_launch
 from rankguard.launcher.console import LiveStatus
-from rankguard.launcher.exitcodes import EXIT_PREEMPTED, EXIT_USAGE, JobOutcome, exit_code
+from rankguard.launcher.exitcodes import EXIT_USAGE, JobOutcome, exit_code
 from rankguard.launcher.options import LaunchOptions
 from rankguard.launcher.rundir import ForeignDirectoryError, prepare_run_dir
 from rankguard.launcher.services import NodeServices
-from rankguard.preempt.budget import (
-    GraceBudget,
-    agreement_lead_s,
-    load_save_time,
-    store_save_time,
-)
-from rankguard.preempt.coordinator import PreemptionCoordinator, PreemptionEvaluator
+from rankguard.preempt.launch import LaunchPreemption
 from rankguard.schema import layout
 from rankguard.textsafe import safe_text
 
@@ -251,8 +242,18 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
     services = _services(opts, cfg, run_id, run_dir, timeouts, host, port)
     agent = _agent(opts, cfg, handler, services, max_restarts)
     services.workers = agent.workers  # fault tolerance signals these processes only
-    preempting = _preemption(opts, cfg, run_id, run_dir, services, agent)
-    preemption = preempting[0] if preempting is not None else None
+    preemption = None
+    if cfg.preemption.enable_exit_handler:
+        preemption = LaunchPreemption(
+            cfg,
+            node_rank=opts.node_rank,
+            nnodes=opts.max_nodes,
+            run_id=run_id,
+            run_dir=run_dir,
+            services=services,
+            agent=agent,
+            say=_say,
+        )
     _write_launcher_file(opts, cfg, run_id, run_dir, f"{host}:{port}")
     _say(
         f"run {run_id}: {opts.nproc_per_node} rank(s) on node {opts.node_rank}, files in {run_dir}"
@@ -268,16 +269,11 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
             preemption.stop()
         _stop(services, handler, run_dir)
         del store  # node 0 hosted it: it had to outlive the drain above
-        if preempting is not None and opts.node_rank == 0:
-            store_save_time(_preempt_state(cfg), preempting[1])
+        if preemption is not None:
+            preemption.finish()
     outcome = _outcome(result, stopped_by, agent, services, cfg, max_restarts)
-    if preemption is not None and preemption.active:
-        _say(
-            f"preempted ({preemption.reason}): stop step {preemption.stop_at}, "
-            f"{len(preemption.terminated)} rank(s) killed at the end of the grace window; "
-            f"exit {EXIT_PREEMPTED}: requeue the job, it resumes from the last save"
-        )
-        outcome = replace(outcome, preempted=True)
+    if preemption is not None:
+        outcome = preemption.outcome(outcome)
     return exit_code(outcome)
 
 
@@ -354,57 +350,6 @@ def _services(
         expected_world_size=opts.expected_world_size,
         store=_store_client(host, port) if opts.multi_node else None,
         timeouts=timeouts,
-    )
-
-
-def _preemption(
-    opts: LaunchOptions,
-    cfg: RankguardConfig,
-    run_id: str,
-    run_dir: Path,
-    services: NodeServices,
-    agent: RankguardAgent,
-) -> tuple[PreemptionCoordinator, GraceBudget] | None:
-    """``preemption.enable_exit_handler``: the node's coordinator, handed the agent's
-    exit signal, and the grace budget; on node 0 their evaluator (findings, status)."""
-    pre, hb = cfg.preemption, cfg.heartbeat
-    if not pre.enable_exit_handler:
-        return None
-    coordinator = PreemptionCoordinator(
-        pre,
-        node_rank=opts.node_rank,
-        nnodes=opts.max_nodes,
-        run_id=run_id,
-        run_dir=run_dir,
-        workers=agent.workers,
-        store=services.store,
-        request_stop=services.request_stop if opts.node_rank == 0 else None,
-        ranks=services.rank_states,
-        fresh_lead_s=2 * hb.scan_interval_s + 1.0,
-        wait_fresh_s=hb.publish_interval_s + hb.scan_interval_s + 1.0,
-        say=_say,
-    )
-    agent.attach_preemption(coordinator)
-    if threading.current_thread() is threading.main_thread():
-        # Until the agent starts the workers (and chains the exit signal to the
-        # coordinator), a signal is only recorded: the preemption starts with them.
-        signal.signal(pre.signum, lambda signum, _frame: coordinator.claims(signum))
-    state = _preempt_state(cfg)
-    budget = GraceBudget(
-        pre.preempt_time,
-        agreement_lead_s(hb.publish_interval_s, hb.scan_interval_s, relayed=services.relaying),
-        load_save_time(state),
-    )
-    if opts.node_rank == 0:
-        if not budget.fits():
-            _say(budget.warning())
-        services.evaluators.append(PreemptionEvaluator(coordinator, budget, run_id))
-    return coordinator, budget
-
-
-def _preempt_state(cfg: RankguardConfig) -> Path:
-    return layout.ft_state_dir(cfg.log_dir, cfg.fault_tolerance.state_dir) / (
-        layout.PREEMPT_STATE_FILE
     )
 
 

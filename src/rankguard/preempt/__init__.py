@@ -6,6 +6,7 @@ exits with ``EXIT_PREEMPTED`` to be requeued, and the next run resumes there.
 - :mod:`.rank`: the rank side (the launcher told, save times in heartbeats);
 - :mod:`.saver`: the ``Saver`` protocol (``save(step)``, ``wait()``), a plain file saver;
 - :mod:`.coordinator`: the launcher side (forward, agree, wait ``preempt_time``, kill);
+- :mod:`.launch`: what ``rankguard run`` builds from it (start, budget, outcome);
 - :mod:`.budget`: does a save fit the grace window?
 
 See ``docs/preemption.md``.
