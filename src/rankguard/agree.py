@@ -60,6 +60,13 @@ def fastest_step_s(records: list[HeartbeatRecord]) -> float | None:
         perf = rec.perf
         if perf is not None and isinstance(perf.get("step_time_ms"), (int, float)):
             times.append(float(perf["step_time_ms"]) / 1e3)
+        pre = rec.extra.get("preempt")
+        measured = pre.get("step_min_s") if isinstance(pre, dict) else None
+        if isinstance(measured, (int, float)) and not isinstance(measured, bool):
+            # the rank's own shortest recent step: the phase's average below is wrong
+            # after a checkpoint (the phase restarts, its elapsed time does not cover seq)
+            times.append(float(measured))
+            continue
         seq, elapsed = rec.progress_seq, rec.phase_elapsed_s
         if rec.phase == "train" and seq > 0 and elapsed:
             times.append(elapsed / seq)
@@ -99,11 +106,16 @@ class StopAgreement(FindingSink):
         ):
             self.request_stop(f"straggler: {finding.message}")
 
-    def request_stop(self, reason: str) -> int:
+    def request_stop(self, reason: str, lead_s: float | None = None) -> int:
+        """Choose and publish the stop step. ``lead_s``: how long every rank may take to
+        hear of it, from the progress the monitor knows (default: two heartbeat
+        intervals and two scans plus a second; less when the records are fresh)."""
         ranks = self.ranks()
         records = [s.record for s in ranks.values() if s.record is not None]
         progress = {r.rank: r.progress_seq for r in records}
         lead = 2 * self.hb.publish_interval_s + 2 * self.hb.scan_interval_s + 1.0
+        if lead_s is not None:
+            lead = lead_s
         self.stop_at = choose_stop_step(progress, fastest_step_s(records), lead)
         self.reason = reason
         write_control(self.run_dir, self.stop_at, reason)

@@ -28,6 +28,7 @@ from rankguard.checkpoint.config import CheckpointConfig
 from rankguard.ft.config import FaultToleranceConfig
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.perf.config import PerfConfig
+from rankguard.preempt.config import PreemptionConfig
 from rankguard.rerun.config import RerunStateMachineConfig
 from rankguard.straggler.config import StragglerConfig
 
@@ -98,6 +99,7 @@ class RankguardConfig:
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     rerun_state_machine: RerunStateMachineConfig = field(default_factory=RerunStateMachineConfig)
+    preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
 
     def __post_init__(self) -> None:
         if not self.log_dir:
@@ -159,6 +161,19 @@ class RankguardConfig:
                 "(the exporter serves the job monitor's state)"
             )
         out += self.checkpoint.warnings()
+        pre = self.preemption
+        if pre.enable_exit_handler and not hb.enabled:
+            out.append(
+                "preemption.enable_exit_handler=true but heartbeat.enabled=false: the ranks "
+                "cannot agree on a stop step (node 0's monitor chooses it), so NOTHING is "
+                "saved on preemption; the ranks are killed at the end of preempt_time. Set "
+                "heartbeat.enabled=true"
+            )
+        if pre.enable_exit_handler_for_data_loader and not pre.enable_exit_handler:
+            out.append(
+                "preemption.enable_exit_handler_for_data_loader=true has NO effect while "
+                "preemption.enable_exit_handler=false"
+            )
         if not hb.enabled:
             out.append(
                 "heartbeat monitoring is OFF (heartbeat.enabled=false): no liveness, progress "

@@ -30,6 +30,8 @@ from rankguard.heartbeat.identity import ENV, RankIdentity
 from rankguard.heartbeat.publisher import HeartbeatPublisher
 from rankguard.perf.reporter import PerfReporter
 from rankguard.phases import PhaseWatcher
+from rankguard.preempt.handler import ignore_exit_signal
+from rankguard.preempt.rank import RankPreemption
 from rankguard.schema.layout import perf_dir
 from rankguard.straggler.probe import ComputeProbe
 from rankguard.timeline import ProgressTracker
@@ -146,6 +148,8 @@ class Session:
         phases: PhaseWatcher | None = None,
         detector: PerfDetector | None = None,
         rerun_config: RerunStateMachineConfig | None = None,
+        preemption: RankPreemption | None = None,
+        dataloader_ignores_signal: bool = False,
     ) -> None:
         """``phases``: recognises evaluation and saving from the main thread's stack
         (the one the perf reporter samples too); by default one built from
@@ -153,6 +157,8 @@ class Session:
         self.identity = identity
         self.detector = detector  # batch shape and FLOPs of an unmodified script
         self.rerun_config = rerun_config
+        self.preemption = preemption
+        self._dataloader_ignores_signal = dataloader_ignores_signal
         self.config = config
         self.tracker = tracker or ProgressTracker()
         self.perf = perf
@@ -169,6 +175,7 @@ class Session:
                     perf.heartbeat_fields if perf is not None else None,
                     extra,
                     probe.heartbeat_fields if probe is not None else None,
+                    preemption.heartbeat_fields if preemption is not None else None,
                 ),
                 max_file_bytes=config.max_file_bytes,
                 phases=phases,
@@ -186,8 +193,13 @@ class Session:
         if probe is not None:  # straggler detection: measure each step's own compute
             self._tracker_step_end = probe.step_end
             self._compute = probe  # ``with probe:`` times one compute section
-        self._control = None
+        self._control: ControlReader | None = None
         self._stop_at: int | None = None
+        # should_stop()'s fast path: True while there is nothing to look at (no stop
+        # step, no signal). The first question turns the exit-signal handler on.
+        self._quiet = False
+        if preemption is not None:
+            preemption.handler.on_signal = self._note_signal
         if self.publisher is not None:
             self._control = ControlReader(run_dir)
             self.publisher.ticks.append(self._poll_control)
@@ -223,9 +235,53 @@ class Session:
 
     def should_stop(self) -> bool:
         """True at the step every rank agreed to stop at (straggler ``stop_if_detected``,
-        later preemption): checkpoint this step and leave the loop."""
+        preemption): checkpoint this step and leave the loop. Ask it at every step
+        boundary: without a stop step or a signal it is one attribute read."""
+        if self._quiet:
+            return False
+        return self._check_stop()
+
+    def _check_stop(self) -> bool:
+        self._quiet = True  # before reading: a concurrent update sets it back
+        pre = self.preemption
+        if pre is not None:
+            pre.handler.listening = True
+            if pre.handler.received:
+                self._quiet = False
+                if not pre.reported and self.publisher is not None:
+                    pre.reported = True
+                    self.publisher.wake()  # node 0 learns this rank's step now
+                if pre.after_signal(self._stop_at is not None) and self._control is not None:
+                    self._poll_control()  # one stat, at most every 50 ms, only now
         stop_at = self._stop_at
-        return stop_at is not None and self.tracker.issued_seq >= stop_at
+        if stop_at is None:
+            return False
+        self._quiet = False
+        return self.tracker.issued_seq >= stop_at
+
+    def _note_signal(self, signum: int) -> None:
+        self._quiet = False  # from the signal handler: a flag only
+
+    @property
+    def preempted(self) -> bool:
+        """The exit signal came (to this rank or its launcher): the job is being
+        preempted. :meth:`should_stop` says at which step to save and leave."""
+        pre = self.preemption
+        reason = self.stop_reason or ""
+        return (pre is not None and pre.received) or reason.startswith("preempt")
+
+    def exit_preempted(self) -> None:
+        """Leave after the preemption save. The rank exits 0: a non-zero exit would
+        make torch elastic terminate the peers still saving; the launcher, which knows
+        the job was preempted, exits with the requeue code (``EXIT_PREEMPTED``)."""
+        raise SystemExit(0)
+
+    @property
+    def worker_init_fn(self) -> Callable[[int], None] | None:
+        """For ``DataLoader(worker_init_fn=...)``: with
+        ``preemption.enable_exit_handler_for_data_loader``, workers ignore the exit
+        signal (:func:`rankguard.preempt.ignore_exit_signal`); else None."""
+        return ignore_exit_signal if self._dataloader_ignores_signal else None
 
     @property
     def stop_reason(self) -> str | None:
@@ -235,7 +291,9 @@ class Session:
         control = self._control
         assert control is not None
         control.poll()
-        self._stop_at = control.stop_at_step
+        if control.stop_at_step is not None:
+            self._stop_at = control.stop_at_step
+            self._quiet = False
 
     # ---- rerun state machine --------------------------------------------------------
 
@@ -382,6 +440,8 @@ class Session:
                 logger.exception("rankguard: writing the performance summary failed")
         if self.publisher is not None:
             self.publisher.close(clean=clean, exit_code=exit_code, error=error)
+        if self.preemption is not None:
+            self.preemption.release()
 
 
 def _merge(
@@ -450,6 +510,14 @@ class NullSession:
 
     def should_stop(self) -> bool:
         return False
+
+    preempted = False
+    worker_init_fn = None
+
+    def exit_preempted(self) -> None:
+        from rankguard.launcher.exitcodes import EXIT_PREEMPTED
+
+        raise SystemExit(EXIT_PREEMPTED)  # no launcher here to say it
 
     @property
     def stop_reason(self) -> str | None:
@@ -538,6 +606,13 @@ def _session_from_env() -> Session | NullSession:
     extra = None
     if ft.calc_ft_timeouts:
         extra = SectionStats(tracker).heartbeat_fields
+    preemption = None
+    if cfg.preemption.enable_exit_handler:
+        pid = os.environ.get(ENV.LAUNCHER_PID)
+        preemption = RankPreemption(
+            cfg.preemption, tracker, launcher_pid=int(pid) if pid and pid.isdigit() else None
+        )
+        preemption.install()
     probe = None
     if cfg.straggler.enabled and cfg.heartbeat.enabled:
         probe = ComputeProbe(tracker.step_end, every=cfg.straggler.profiling_interval)
@@ -553,6 +628,8 @@ def _session_from_env() -> Session | NullSession:
         phases=phases,
         detector=_detector(perf, identity.world_size),
         rerun_config=cfg.rerun_state_machine,
+        preemption=preemption,
+        dataloader_ignores_signal=cfg.preemption.enable_exit_handler_for_data_loader,
     )
     if ft.simulate_fault and session.restart_count == 0:
         FaultSimulator(

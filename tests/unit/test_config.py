@@ -408,6 +408,7 @@ def test_config_to_dict_is_plain() -> None:
         "straggler",
         "checkpoint",
         "rerun_state_machine",
+        "preemption",
     }
     assert d["perf"]["log_interval"] == 10 and d["perf"]["model"] is None
 

@@ -447,6 +447,7 @@ def _ft_lines(status: dict[str, Any]) -> list[str]:
         out.append(
             f"  stop requested at step {_s(stop.get('stop_at_step'))}: {_s(stop.get('reason'))}"
         )
+    out += _preemption_lines(status.get("preemption"))
     timeouts = status.get("timeouts")
     if isinstance(timeouts, dict) and timeouts:
         out += ["", "Timeouts in force"]
@@ -456,6 +457,29 @@ def _ft_lines(status: dict[str, Any]) -> list[str]:
                 out.append(
                     f"  {name:<{width}}  {_s(info.get('value')):>9} s  {_s(info.get('source'))}"
                 )
+    return out
+
+
+def _preemption_lines(pre: Any) -> list[str]:
+    """``status.json``'s ``preemption``: the grace budget, and the preemption if any."""
+    if not isinstance(pre, dict):
+        return []
+    raw = pre.get("budget")
+    budget: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    out = [
+        "",
+        f"Preemption: grace {_s(budget.get('preempt_time_s'))} s, longest save "
+        f"{_s(budget.get('save_s'))} s ({_s(budget.get('save_source'))}) + stop-step lead "
+        f"{_s(budget.get('lead_s'))} s",
+    ]
+    if budget.get("fits") is False:
+        out.append("  WARNING: a save does NOT fit the grace window (raise preempt_time)")
+    if pre.get("reason"):
+        out.append(
+            f"  {_s(pre.get('reason'))}: stop step {_s(pre.get('stop_at_step'))}, saved step "
+            f"{_s(pre.get('saved_step'))} ({_s(pre.get('ranks_saved'))} rank(s)), killed at "
+            f"the grace limit: {_s(pre.get('terminated_pids') or None)}"
+        )
     return out
 
 

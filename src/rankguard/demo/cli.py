@@ -38,9 +38,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=None, help="default 40 (100 with a fault)")
     p.add_argument(
         "--fault",
-        choices=["none", "stall", "stop", "crash", "slow", *NAN_FAULTS],
+        choices=["none", "stall", "stop", "crash", "slow", "preempt", *NAN_FAULTS],
         default="none",
-        help="nan*: the rerun state machine's paths (transient; exit 16 then a data "
+        help="preempt: SIGTERM to the launcher at --fault-step (a graceful preemption); "
+        "nan*: the rerun state machine's paths (transient; exit 16 then a data "
         "problem; exit 16 then exit 17)",
     )
     p.add_argument("--fault-rank", type=int, default=1)
@@ -66,6 +67,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     rerun = args.fault in NAN_FAULTS
     extra = ["rerun_state_machine.rerun_mode=validate_results"] if rerun else []
+    # --fault preempt: the exit handler on (the user's overrides still win)
+    if args.fault == "preempt":
+        extra.append("preemption.enable_exit_handler=true")
     try:
         cfg = load_config(
             args.config, [f"log_dir={args.log_dir}", *DEMO_OVERRIDES, *extra, *args.overrides]

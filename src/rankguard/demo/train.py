@@ -10,6 +10,8 @@ Faults (``--fault``) are injected on ``--fault-rank`` at ``--fault-step``:
   ``--fault-duration`` seconds;
 - ``crash``: the rank raises an exception (the job then fails);
 - ``slow``: the rank's steps take ``--slowdown`` times longer;
+- ``preempt``: the rank sends the exit signal (SIGTERM) to its launcher, as a scheduler
+  would: every rank saves the agreed step and the launcher exits 14 (requeue me).
 - ``nan``: the rank's loss is NaN once (the re-run in place is fine: a transient fault);
 - ``nan-persistent``: the loss is NaN at that step every time (exit 16, then the same
   after the resume: a data or model problem);
@@ -50,7 +52,7 @@ from rankguard.demo.model import GPTConfig, TinyGPT, synthetic_batch
 from rankguard.perf.flops import ModelShape, analytic_flops_per_step
 
 NAN_FAULTS = ("nan", "nan-persistent", "nan-bad-gpu")
-FAULTS = ("none", "stall", "stop", "crash", "slow", *NAN_FAULTS)
+FAULTS = ("none", "stall", "stop", "crash", "slow", "preempt", *NAN_FAULTS)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -138,6 +140,8 @@ def inject(args: argparse.Namespace, rank: int, step: int, attempt: int) -> None
         os.kill(os.getpid(), signal.SIGSTOP)
     elif args.fault == "crash":
         raise RuntimeError(f"injected crash on rank {rank} at step {step}")
+    elif args.fault == "preempt":
+        os.kill(int(os.environ["RANKGUARD_LAUNCHER_PID"]), signal.SIGTERM)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             val = evaluate(model, cfg, args, device)
             if rank == 0:
                 print(f"[demo] step {step} eval loss {val:.4f}", flush=True)
-        stop = rg.should_stop()  # every rank agrees on this step (stop_if_detected)
+        stop = rg.should_stop()  # every rank agrees on this step (stragglers, preemption)
         saved = ckpt.maybe_save(step) if ckpt is not None else False
         if stop and ckpt is not None and not saved and ckpt.save_dir is not None:
             ckpt.save(step, blocking=True)  # the agreed step, written before leaving
@@ -226,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     dist.destroy_process_group()
     if rank == 0:
         print(f"[demo] done: {step} steps on {world} rank(s)", flush=True)
+    if rg.preempted:
+        rg.exit_preempted()  # the launcher exits 14: requeue, resume from this step
     return 0
 
 

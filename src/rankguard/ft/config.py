@@ -87,6 +87,11 @@ class FaultToleranceConfig:
                 raise ValueError(
                     f"actions.{finding}: must be one of {list(ACTIONS)}, got {action!r}"
                 )
+            if finding == FindingType.PREEMPTED.value and action != "report":
+                raise ValueError(
+                    f"actions.{finding}: only report (a preemption is not a fault: the "
+                    f"job saves and exits to be requeued), got {action!r}"
+                )
         self.actions = {**_default_actions(), **self.actions}
         if self.stack_dump not in ("auto", "py-spy", "faulthandler"):
             raise ValueError(f"stack_dump: auto, py-spy or faulthandler, got {self.stack_dump!r}")

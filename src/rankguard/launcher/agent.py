@@ -10,6 +10,12 @@ worker-lifecycle methods ``SimpleElasticAgent`` is designed to have subclassed.
 - ``_restart_workers``: report each restart and its cause (a finding the launcher acted
   on, or that root cause) before the agent restarts the group as usual.
 - ``_stop_workers``: stop the group with our grace period (SIGTERM, wait, SIGKILL).
+- preemption (``preemption.enable_exit_handler``): the exit signal is handed to the
+  :class:`~rankguard.preempt.coordinator.PreemptionCoordinator` instead of torch's
+  handler (the workers are not stopped); while the job is preempted ``_monitor_workers``
+  neither restarts the group nor records its exits as a failure, kills the ranks still
+  running when ``preempt_time`` is over, and ``_exit_barrier`` waits no longer than
+  the grace window.
 - ``_shutdown``: whichever signal stopped the launcher (SIGTERM, SIGINT, SIGHUP,
   SIGQUIT), the workers get SIGTERM, then SIGKILL after the same grace period: torch
   elastic would pass the launcher's own signal on, so a closed terminal (SIGHUP) would
@@ -32,13 +38,17 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from torch.distributed.elastic.agent.server.api import WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from rankguard.ft.kill import OwnedWorkers
+
+if TYPE_CHECKING:
+    from rankguard.preempt.coordinator import PreemptionCoordinator
 
 __all__ = [
     "RankguardAgent",
@@ -186,6 +196,7 @@ class RankguardAgent(LocalElasticAgent):
         on_restart: Callable[[int, dict[str, Any] | None], None] | None = None,
         on_failure: Callable[[dict[str, Any]], None] | None = None,
         grace_s: float = 30.0,
+        preemption: PreemptionCoordinator | None = None,
         **kw: Any,
     ) -> None:
         # torch elastic's own grace when a signal stops it or the job ends: ours.
@@ -203,6 +214,7 @@ class RankguardAgent(LocalElasticAgent):
         self._cause_lock = threading.Lock()
         self._prewarmed = False
         self.workers = OwnedWorkers()  # the only processes fault tolerance may signal
+        self.preemption = preemption
 
     # ---- the launcher's side ---------------------------------------------------------
 
@@ -223,6 +235,10 @@ class RankguardAgent(LocalElasticAgent):
                 self._cause, self.aborted, self._remaining_restarts = self._before_cause
                 self._before_cause = None
 
+    def attach_preemption(self, coordinator: PreemptionCoordinator) -> None:
+        """Preemption: the exit signal goes to ``coordinator`` (see the module doc)."""
+        self.preemption = coordinator
+
     @property
     def pending_cause(self) -> dict[str, Any] | None:
         """A finding acted on after the last restart: what ended the job, if it ended."""
@@ -237,8 +253,10 @@ class RankguardAgent(LocalElasticAgent):
             self._prewarmed = True
             _prewarm_failure_logging(self._pcontext)
         if self._on_signal is not None and threading.current_thread() is threading.main_thread():
-            for name in _SIGNALS:
-                sig = getattr(signal, name, None)
+            sigs = {getattr(signal, name, None) for name in _SIGNALS}
+            if self.preemption is not None:  # SIGUSR1/2 too: not torch elastic's signals
+                sigs.add(self.preemption.sig)
+            for sig in sigs:
                 if sig is not None:
                     self._chain(sig)
         return pids
@@ -256,6 +274,9 @@ class RankguardAgent(LocalElasticAgent):
                 raise
             logger.warning("rankguard: torn worker error file(s) dropped: %s", torn)
             result = super()._monitor_workers(worker_group)
+        pre = self.preemption
+        if pre is not None and pre.active:
+            return self._preempted_result(worker_group, result, pre)
         if result.is_failed() and self.last_failure is None:
             self._add_peer_errors(result, worker_group)
             self.last_failure = first_failure(result)
@@ -268,6 +289,25 @@ class RankguardAgent(LocalElasticAgent):
                 except Exception:
                     logger.exception("rankguard: failure callback failed")
         return result
+
+    def _preempted_result(self, worker_group: Any, result: Any, pre: PreemptionCoordinator) -> Any:
+        """The job is preempted: no restart, no failure recorded; at the end of the
+        grace window the ranks still running are killed."""
+        if result.state == WorkerState.HEALTHY and pre.expired():
+            pre.note_terminated(sorted(self.workers.pids()))
+            if self._pcontext is not None:
+                self._pcontext.close(signal.SIGKILL, 1)
+            result = super()._monitor_workers(worker_group)
+        if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+            self._remaining_restarts = 0  # a preempted job is requeued, not restarted
+        return result
+
+    def _exit_barrier(self) -> None:
+        pre = self.preemption
+        if pre is not None and pre.active:  # the other nodes have the same window
+            left = pre.time_left() or 0.0
+            self._exit_barrier_timeout = max(1, round(left))
+        super()._exit_barrier()
 
     def _add_peer_errors(self, result: Any, worker_group: Any) -> None:
         """Ranks forked by the fork server (``--preload``) run in torch's multiprocessing
@@ -315,6 +355,9 @@ class RankguardAgent(LocalElasticAgent):
             return
 
         def handler(signum: int, frame: FrameType | None) -> None:
+            pre = self.preemption
+            if pre is not None and pre.claims(signum):
+                return  # preemption: the ranks save first (flags only here)
             try:
                 notify(signal.Signals(signum).name)
             except Exception:

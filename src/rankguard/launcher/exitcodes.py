@@ -10,9 +10,15 @@
 | 11 | ``EXIT_CRASH`` | a rank crashed and the in-job restart budget is spent | yes |
 | 12 | ``EXIT_NO_RESTART`` | a fault whose action is ``abort`` ended the job | no |
 | 13 | ``EXIT_STRAGGLER`` | ranks stopped at one step (stop_if_detected) | yes, elsewhere |
+| 14 | ``EXIT_PREEMPTED`` | preempted: the ranks saved one step | yes, always (no retry spent) |
 | 16 | ``EXIT_RERUN_RESUME`` | a failed check reproduced: resume to re-run it | yes, elsewhere |
 | 17 | ``EXIT_RERUN_VALIDATION_FAILED`` | the first run's GPU was faulty | yes, without it |
 | 128+N | | the launcher was stopped by signal N | scheduler's call |
+
+``EXIT_PREEMPTED`` wins over the others once the launcher acted on the exit signal
+(``preemption.enable_exit_handler``): the job is going away, whatever happened during
+the grace window (a rank killed at its end still leaves the previous checkpoint).
+Without the exit handler a SIGTERM gives 143 (128+15) as before.
 
 Codes 2 and 3 end the launch before any rank starts; :func:`exit_code` chooses among
 the others from how the job ended (:class:`JobOutcome`). 16 and 17 are the ranks' own
@@ -33,6 +39,7 @@ __all__ = [
     "EXIT_HANG",
     "EXIT_NO_RESTART",
     "EXIT_OK",
+    "EXIT_PREEMPTED",
     "EXIT_RERUN_RESUME",
     "EXIT_RERUN_VALIDATION_FAILED",
     "EXIT_STRAGGLER",
@@ -53,6 +60,7 @@ EXIT_HANG = 10
 EXIT_CRASH = 11
 EXIT_NO_RESTART = 12
 EXIT_STRAGGLER = 13
+EXIT_PREEMPTED = 14
 EXIT_RERUN_RESUME = 16
 EXIT_RERUN_VALIDATION_FAILED = 17
 RERUN_CODES = frozenset({EXIT_RERUN_RESUME, EXIT_RERUN_VALIDATION_FAILED})
@@ -65,6 +73,7 @@ RETRYABLE = frozenset(
         EXIT_STRAGGLER,
         EXIT_RERUN_RESUME,
         EXIT_RERUN_VALIDATION_FAILED,
+        EXIT_PREEMPTED,
     }
 )
 
@@ -80,6 +89,7 @@ class JobOutcome:
     cause: str | None = None  # finding type of the fault that ended the job, if any
     stop_at: int | None = None  # the step every rank was asked to stop at
     worker_exit: int | None = None  # the exit code of the failure that ended the group
+    preempted: bool = False  # the launcher acted on the exit signal (preemption)
 
 
 def is_hang(finding_type: str | None) -> bool:
@@ -89,6 +99,8 @@ def is_hang(finding_type: str | None) -> bool:
 
 def exit_code(outcome: JobOutcome) -> int:
     """The exit code of ``rankguard run`` for ``outcome`` (the table above)."""
+    if outcome.preempted:
+        return EXIT_PREEMPTED
     if outcome.signal is not None:
         return 128 + outcome.signal
     if outcome.failed:

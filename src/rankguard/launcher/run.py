@@ -40,6 +40,7 @@ from rankguard.launcher.options import LaunchOptions
 from rankguard.launcher.rendezvous import RoundWatcher
 from rankguard.launcher.rundir import ForeignDirectoryError, prepare_run_dir
 from rankguard.launcher.services import NodeServices
+from rankguard.preempt.launch import LaunchPreemption
 from rankguard.schema import layout
 from rankguard.textsafe import safe_text
 
@@ -251,11 +252,18 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
     try:
         result, stopped_by = _run_agent(agent, node)
     finally:
+        if node.preemption is not None:
+            node.preemption.stop()
         _stop(services, handler, run_dir)
         if hosting and services.node_rank not in (None, 0):
             _keep_store_for_monitor(services)
         del store  # hosted here: it had to outlive node 0's drain
-    return exit_code(_outcome(result, stopped_by, agent, services, cfg, max_restarts))
+        if node.preemption is not None:
+            node.preemption.finish()
+    outcome = _outcome(result, stopped_by, agent, services, cfg, max_restarts)
+    if node.preemption is not None:
+        outcome = node.preemption.outcome(outcome)
+    return exit_code(outcome)
 
 
 class NodeStart:
@@ -277,6 +285,7 @@ class NodeStart:
         self.services = services
         self.agent: RankguardAgent | None = None
         self.live: LiveStatus | None = None
+        self.preemption: LaunchPreemption | None = None
 
     def on_round(self, info: Any) -> None:
         decided = node_identity(self.opts.node_rank, int(info.rank), self.services.node_rank)
@@ -291,9 +300,24 @@ class NodeStart:
             f"{'' if self.opts.node_rank is not None else ' (numbered by the rendezvous)'}, "
             f"files in {self.run_dir}"
         )
+        if self.cfg.preemption.enable_exit_handler and self.agent is not None:
+            # built once the node's rank is known, before the monitor starts (node 0
+            # adds its evaluator to it)
+            self.preemption = LaunchPreemption(
+                self.cfg,
+                node_rank=node,
+                nnodes=self.opts.max_nodes,
+                run_id=self.run_id,
+                run_dir=self.run_dir,
+                services=self.services,
+                agent=self.agent,
+                say=_say,
+            )
         self.services.start()
         if self.agent is not None:
             self.services.attach_agent(self.agent)
+        if self.preemption is not None:
+            self.preemption.start()
         if self.opts.live_status and self.services.monitor is not None:
             self.live = LiveStatus(self.services.monitor)
             self.live.start()
@@ -511,7 +535,8 @@ def _outcome(
             cause=cause.get("finding_type") if cause is not None else None,
             worker_exit=worker_exit,
         )
-    if services.stop_at is not None:
+    agreed = services.agreement
+    if services.stop_at is not None and not (agreed and str(agreed.reason).startswith("preempt")):
         _say(f"every rank stopped at step {services.stop_at} (stop_if_detected)")
     return JobOutcome(fault_tolerance=ft_on, stop_at=services.stop_at)
 

@@ -33,8 +33,11 @@ from rankguard.schema.layout import RunLayout, StoreKeys, ft_state_dir
 from rankguard.straggler.detector import StragglerDetector
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from rankguard.exporter.prometheus import MetricsExporter
     from rankguard.ft.kill import WorkerRegistry
+    from rankguard.heartbeat.rules import RankState
 
 __all__ = ["NodeServices", "ft_state_path"]
 
@@ -68,6 +71,8 @@ class NodeServices:
     # the agent's current workers: the only processes the fault handler or the relay
     # may signal (set before start; without it the relay kills nothing)
     workers: WorkerRegistry | None = None
+    # more evaluators for node 0's monitor (preemption), added before it starts
+    evaluators: list[Any] = field(default_factory=list)
     monitor: JobMonitor | None = field(default=None, init=False)
     relay: StoreRelay | None = field(default=None, init=False)
     collector: HealthCollector | None = field(default=None, init=False)
@@ -87,6 +92,10 @@ class NodeServices:
     @property
     def relaying(self) -> bool:
         return self.nnodes > 1 and self.cfg.no_shared_fs and self.store is not None
+
+    def rank_states(self) -> Mapping[int, RankState]:
+        """Node 0: the monitor's latest state of every rank (empty without one)."""
+        return self.monitor.rules.ranks if self.monitor is not None else {}
 
     @property
     def stop_at(self) -> int | None:
@@ -124,10 +133,12 @@ class NodeServices:
         )
         self.monitor.add_sink(self.faults)
 
-    def request_stop(self, reason: str) -> int:
-        """Every rank stops at one step (see :mod:`rankguard.agree`)."""
-        assert self.agreement is not None, "node 0 with monitoring only"
-        return self.agreement.request_stop(reason)
+    def request_stop(self, reason: str, lead_s: float | None = None) -> int | None:
+        """Every rank stops at one step (see :mod:`rankguard.agree`); None without a
+        monitor (only node 0 with heartbeat monitoring can agree on a step)."""
+        if self.agreement is None:
+            return None
+        return self.agreement.request_stop(reason, lead_s)
 
     def on_restart(self, count: int, cause: dict[str, Any] | None) -> None:
         """The agent restarts the worker group: record it (restarts.jsonl, status)."""
@@ -208,6 +219,8 @@ class NodeServices:
                 monitor.add_evaluator(detector)
             if self.cfg.rerun_state_machine.enabled:
                 monitor.add_evaluator(RerunEvaluator(self.run_id))
+            for evaluator in self.evaluators:
+                monitor.add_evaluator(evaluator)
             self.agreement = StopAgreement(
                 self.run_dir,
                 hb,

@@ -65,6 +65,7 @@ class FindingType(str, Enum):
     RERUN_PERSISTENT_FAULT = "rerun_persistent_fault"
     RERUN_VALIDATION_FAILED = "rerun_validation_failed"
     RERUN_REPRODUCIBLE_FAULT = "rerun_reproducible_fault"
+    PREEMPTED = "job_preempted"
 
     @property
     def info(self) -> FindingInfo:
@@ -114,6 +115,7 @@ _INFO: dict[FindingType, FindingInfo] = {
     FindingType.RERUN_REPRODUCIBLE_FAULT: FindingInfo(
         "rr_repro", "rerun: reproducible (data or model)", "error", False, "report"
     ),
+    FindingType.PREEMPTED: FindingInfo("preempted", "preempted", "warning", False, "report"),
 }
 
 
@@ -133,6 +135,8 @@ class Reason(str, Enum):
     RERUN_SAME_IN_PLACE = "rerun_result_reproduced_in_place"
     RERUN_DIFFERED_ELSEWHERE = "rerun_result_differed_after_resume"
     RERUN_SAME_ELSEWHERE = "rerun_result_reproduced_after_resume"
+    EXIT_SIGNAL = "scheduler_sent_the_exit_signal"
+    PREEMPTION_SAVED = "every_rank_saved_the_agreed_step"
 
 
 @dataclass(slots=True)

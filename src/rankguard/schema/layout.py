@@ -18,6 +18,7 @@ A run's files live under ``<log_dir>``::
       perf_monitor/<run_id>/              rank 0's perf.jsonl, perf_summary_<ts>.json and
                                           perf_job.json (the job the run belongs to)
       ft/ft_state.json                    learned timeouts (or fault_tolerance.state_dir)
+      ft/preempt_state.json               the last run's longest save (the grace budget)
       elastic/                            torch elastic's worker logs
 
 Readers and writers (monitor, relay, status command, report, exporter, perf reporter,
@@ -47,6 +48,7 @@ __all__ = [
     "PERF_ROOT",
     "PERF_SUMMARY_GLOB",
     "PERF_SUMMARY_PREFIX",
+    "PREEMPT_STATE_FILE",
     "RERUN_VERDICT_FILE",
     "RESTARTS_FILE",
     "STATUS_FILE",
@@ -76,6 +78,7 @@ PERF_JOB_FILE = "perf_job.json"  # which job a perf run belongs to (retention)
 PERF_SUMMARY_PREFIX = "perf_summary_"
 PERF_SUMMARY_GLOB = f"{PERF_SUMMARY_PREFIX}*.json"
 FT_STATE_FILE = "ft_state.json"
+PREEMPT_STATE_FILE = "preempt_state.json"  # next to ft_state.json: the last save time
 STACKS_DIR = "stacks"
 RERUN_VERDICT_FILE = "rerun_verdict.json"  # rank 0: the faulty hosts behind an exit 17
 HEARTBEAT_SUFFIX = ".heartbeat.jsonl"
@@ -216,3 +219,12 @@ class StoreKeys:
     def control(self) -> str:
         """The stop step every node's relay writes into ``control.json``."""
         return f"{self.prefix}control"
+
+    @property
+    def preempt(self) -> str:
+        """Node 0: the job is preempted (stop step, reason); every node's launcher watches."""
+        return f"{self.prefix}preempt"
+
+    def preempt_request(self, node_rank: int) -> str:
+        """Node k's launcher received the exit signal: node 0 starts the preemption."""
+        return f"{self.prefix}preempt/request/node/{node_rank}"

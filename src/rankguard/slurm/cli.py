@@ -25,7 +25,7 @@ from rankguard.config import RankguardConfig, load_config
 from rankguard.launcher.exitcodes import EXIT_FAILED, EXIT_USAGE, RETRYABLE
 from rankguard.launcher.options import split_overrides
 from rankguard.slurm.retry import run_with_retries
-from rankguard.slurm.sbatch import SbatchSpec, parse_job_id, render_sbatch
+from rankguard.slurm.sbatch import SbatchSpec, parse_job_id, preempt_signal, render_sbatch
 
 __all__ = ["SBATCH_TIMEOUT_S", "add_parser", "inactive_settings", "run", "spec_from_args"]
 
@@ -208,7 +208,7 @@ def spec_from_args(args: argparse.Namespace) -> tuple[SbatchSpec, RankguardConfi
         max_restarts=args.max_restarts,
         rdzv_port=args.rdzv_port,
         log_dir=args.log_dir,
-        signal=args.signal,
+        signal=args.signal or _preempt_signal(cfg),
         extra_sbatch=list(args.extra_sbatch),
         rankguard_args=rankguard_args,
         rankguard_bin=args.rankguard_bin,
@@ -216,6 +216,15 @@ def spec_from_args(args: argparse.Namespace) -> tuple[SbatchSpec, RankguardConfi
         script_args=script_args,
     )
     return spec, cfg
+
+
+def _preempt_signal(cfg: RankguardConfig) -> str | None:
+    """With ``preemption.enable_exit_handler`` and no ``--signal``: warn that many seconds
+    before the time limit (``B:TERM@<preempt_time + margin>``)."""
+    pre = cfg.preemption
+    if not pre.enable_exit_handler:
+        return None
+    return preempt_signal(pre.preempt_time, str(pre.exit_signal))
 
 
 def inactive_settings(spec: SbatchSpec, cfg: RankguardConfig) -> list[str]:

@@ -5,6 +5,8 @@ budget is spent, exits with a code from :mod:`rankguard.launcher.exitcodes`. Whe
 whole job is then run again is decided here, by :func:`decide`:
 
 - ``0``                              -> :attr:`Decision.DONE`
+- ``EXIT_PREEMPTED`` (14)            -> :attr:`Decision.REQUEUE`, always: a preemption is
+                                        not a failure and spends no retry
 - a code outside :data:`RETRYABLE`   -> :attr:`Decision.GIVE_UP` (retrying cannot help)
 - retryable, retries left            -> :attr:`Decision.REQUEUE`
 - retryable, retries spent           -> :attr:`Decision.GIVE_UP`
@@ -29,7 +31,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from enum import Enum
 from types import FrameType
 
-from rankguard.launcher.exitcodes import RETRYABLE
+from rankguard.launcher.exitcodes import EXIT_PREEMPTED, RETRYABLE
 
 __all__ = ["RETRYABLE", "Decision", "decide", "exit_status", "run_with_retries"]
 
@@ -60,6 +62,8 @@ def decide(exit_code: int, restart_count: int, max_retries: int) -> Decision:
         raise ValueError(f"max_retries: must be >= 0, got {max_retries}")
     if exit_code == 0:
         return Decision.DONE
+    if exit_code == EXIT_PREEMPTED:
+        return Decision.REQUEUE
     if exit_code not in RETRYABLE:
         return Decision.GIVE_UP
     if restart_count < max_retries:
@@ -159,6 +163,9 @@ def run_with_retries(
             if decision is Decision.GIVE_UP:
                 why = "retries spent" if code in RETRYABLE else "not retryable"
                 log(f"attempt {attempt + 1}/{total} exited with code {code}: {why}, give up")
+                return code
+            if attempt + 1 == total:  # a preemption is requeued, but attempts are spent
+                log(f"attempt {attempt + 1}/{total} exited with code {code}: no attempt left")
                 return code
             log(f"attempt {attempt + 1}/{total} exited with code {code}: retryable, retry")
             if delay_s:

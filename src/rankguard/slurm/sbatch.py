@@ -27,9 +27,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rankguard import __version__
-from rankguard.launcher.exitcodes import RETRYABLE
+from rankguard.launcher.exitcodes import EXIT_PREEMPTED, RETRYABLE
 
-__all__ = ["SbatchSpec", "parse_job_id", "render_sbatch"]
+__all__ = ["SIGNAL_MARGIN_S", "SbatchSpec", "parse_job_id", "preempt_signal", "render_sbatch"]
+
+SIGNAL_MARGIN_S = 30
+"""Seconds added to ``preempt_time`` in ``--signal``: the launcher's exit, the batch
+shell's requeue, and Slurm's own resolution (it may signal up to a minute early, never
+late)."""
+
+
+def preempt_signal(preempt_time: float, exit_signal: str = "SIGTERM") -> str:
+    """``--signal`` for preemption: ``B:TERM@<preempt_time + margin>``. ``B:`` signals the
+    batch shell only; the script passes it to ``srun``, which forwards it to every node's
+    ``rankguard run`` (without ``B:`` Slurm would signal every process of the step, the
+    ranks and their DataLoader workers included)."""
+    return f"B:{exit_signal.removeprefix('SIG')}@{int(preempt_time + 0.999) + SIGNAL_MARGIN_S}"
+
 
 # Slurm's --time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or UNLIMITED/INFINITE.
 _TIME_RE = re.compile(
@@ -214,6 +228,7 @@ rg_log() {
 # (the shell twin of rankguard.slurm.retry.decide)
 rg_decide() {
     if [ "$1" -eq 0 ]; then echo DONE; return; fi
+    if [ "$1" -eq __PREEMPTED__ ]; then echo REQUEUE; return; fi
     case " $RG_RETRYABLE_CODES " in
         *" $1 "*) ;;
         *) echo GIVE_UP; return ;;
@@ -265,11 +280,27 @@ rg_log "start: job $RG_JOB_ID, run $((RG_RESTART_COUNT + 1)) of at most" \
 # constant command line; every other word reaches it as a positional argument ($0 is the
 # rankguard executable). --kill-on-bad-exit=0: a failing node does not kill the others,
 # each launcher ends its own ranks and reports through its exit code.
+# srun in the background, so that the exit signal (Slurm's B: signal) reaches this shell's
+# trap at once (bash runs a trap only between commands); the trap passes it to srun,
+# which forwards it to every launcher, and the script waits again for srun's exit code.
+rg_forward() {
+    rg_log "received SIG$1: passed to the launchers (preemption: they save and exit 14)"
+    kill -s "$1" "$RG_SRUN_PID" 2>/dev/null
+}
 srun --kill-on-bad-exit=0 --ntasks-per-node=1 \
     bash -c 'exec "$0" run --node-rank "$SLURM_NODEID" "$@"' __RANKGUARD__ \
     --nnodes "$RG_NNODES" --rdzv-endpoint "$RG_ENDPOINT" --rdzv-id "$RG_JOB_ID" \
-    __LAUNCH__
-RG_CODE=$?
+    __LAUNCH__ &
+RG_SRUN_PID=$!
+for rg_sig in TERM USR1 USR2; do
+    trap "rg_forward $rg_sig" "$rg_sig"
+done
+RG_CODE=0
+while :; do
+    wait "$RG_SRUN_PID"
+    RG_CODE=$?
+    kill -0 "$RG_SRUN_PID" 2>/dev/null || break  # a trap interrupted wait: srun still runs
+done
 rg_log "rankguard run exited with code $RG_CODE (highest over the nodes)"
 
 RG_DECISION=$(rg_decide "$RG_CODE" "$RG_RESTART_COUNT" "$RG_MAX_JOB_RETRIES")
@@ -316,6 +347,7 @@ def render_sbatch(spec: SbatchSpec) -> str:
         _BODY.replace("__MAX_RETRIES__", str(spec.num_job_retries_on_failure))
         .replace("__RETRYABLE__", shlex.quote(retryable))
         .replace("__PORT__", str(spec.rdzv_port))
+        .replace("__PREEMPTED__", str(EXIT_PREEMPTED))
         .replace("__RANKGUARD__", shlex.quote(spec.rankguard_bin))
         .replace("__LAUNCH__", launch)
     )

@@ -26,6 +26,7 @@ DEFAULT_ACTIONS = {
     "rerun_persistent_fault": "report",
     "rerun_validation_failed": "report",
     "rerun_reproducible_fault": "report",
+    "job_preempted": "report",
 }
 
 FT_PLUGIN_YAML = """\

@@ -114,6 +114,8 @@ DECIDE_TABLE = [
     # exit code, SLURM_RESTART_COUNT, max retries, decision
     (0, 0, 2, Decision.DONE),
     (0, 5, 0, Decision.DONE),
+    (14, 0, 0, Decision.REQUEUE),  # preempted: always requeued, no retry spent
+    (14, 5, 2, Decision.REQUEUE),
     (EXIT_HANG, 0, 2, Decision.REQUEUE),
     (EXIT_HANG, 1, 2, Decision.REQUEUE),
     (EXIT_HANG, 2, 2, Decision.GIVE_UP),
@@ -142,8 +144,8 @@ def test_decide_rejects_negative_counts() -> None:
 
 
 def test_retryable_codes_are_the_launchers() -> None:
-    # unhealthy GPU, hang, crash, straggler, rerun: resume (16), faulty GPU (17)
-    assert set(RETRYABLE) == {3, 10, 11, 13, 16, 17}
+    # unhealthy GPU, hang, crash, straggler, preempted, rerun: resume (16), faulty GPU (17)
+    assert set(RETRYABLE) == {3, 10, 11, 13, 14, 16, 17}
 
 
 def test_script_exit_16_requeues_without_exclude(cluster: Cluster) -> None:
@@ -580,3 +582,79 @@ def test_fake_scontrol_expands_node_lists() -> None:
         check=True,
     )
     assert proc.stdout.split() == ["gpu01", "gpu02", "gpu7", "login"]
+
+
+def test_sbatch_signal_from_preempt_time(capsys: pytest.CaptureFixture[str]) -> None:
+    """With preemption on and no --signal: SIGTERM to the batch shell preempt_time + 30 s
+    before the limit; the script passes it to srun (the launchers)."""
+    args = parse_cli(
+        "sbatch",
+        "-t",
+        "01:00:00",
+        "--set",
+        "preemption.enable_exit_handler=true",
+        "--set",
+        "preemption.preempt_time=90",
+        "train.py",
+    )
+    spec_, _cfg = slurm_cli.spec_from_args(args)
+    assert spec_.signal == "B:TERM@120"
+    text = render_sbatch(spec_)
+    assert "#SBATCH --signal=B:TERM@120" in text
+    assert 'trap "rg_forward $rg_sig" "$rg_sig"' in text
+    args = parse_cli("sbatch", "-t", "01:00:00", "train.py")
+    assert slurm_cli.spec_from_args(args)[0].signal is None
+
+
+def test_retry_requeues_a_preempted_attempt(tmp_path: Path) -> None:
+    command, counter = counting(tmp_path, "14,0")
+    logs: list[str] = []
+    assert run_with_retries(command, max_retries=1, log=logs.append) == 0
+    assert counter.read_text() == "2"
+    command, counter = counting(
+        tmp_path / "x" if (tmp_path / "x").mkdir() is None else tmp_path, "14"
+    )
+    assert run_with_retries(command, max_retries=0, log=logs.append) == 14
+    assert "no attempt left" in logs[-1]
+
+
+# A srun standing for the launchers: it says it started, and the exit signal it is
+# passed makes it exit 14 after a short "save" (what every rankguard run does).
+PREEMPTED_SRUN = """#!/usr/bin/env python3
+import os, signal, sys, time
+def preempted(signum, frame):
+    time.sleep(0.3)
+    sys.exit(14)
+signal.signal(signal.SIGTERM, preempted)
+open(os.environ["FAKE_SRUN_STARTED"], "w").close()
+time.sleep(30)
+sys.exit(0)
+"""
+
+
+def test_script_passes_the_exit_signal_to_srun_and_requeues(cluster: Cluster) -> None:
+    srun = cluster.bin / "srun"
+    srun.write_text(PREEMPTED_SRUN)
+    srun.chmod(0o755)
+    started = cluster.tmp / "started"
+    script = cluster.tmp / "job.sbatch"
+    script.write_text(render_sbatch(spec(signal="B:TERM@90", num_job_retries_on_failure=0)))
+    proc = subprocess.Popen(
+        ["bash", str(script)],
+        env=cluster.env(FAKE_SRUN_STARTED=str(started)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 20
+    while not started.exists():
+        assert time.monotonic() < deadline, "srun never started"
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)  # Slurm's B:TERM, to the batch shell only
+    out, err = proc.communicate(timeout=20)
+    assert time.monotonic() - t0 < 10  # not the 30 s srun would sleep without it
+    assert proc.returncode == 14, (out, err)
+    assert "received SIGTERM: passed to the launchers" in out
+    assert "exited with code 14" in out
+    assert len(cluster.requeues()) == 1  # no retry budget, requeued all the same

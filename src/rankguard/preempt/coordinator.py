@@ -1,0 +1,345 @@
+"""Launcher side of preemption: forward the signal, agree on one step, wait, then kill.
+
+Every node's launcher runs a :class:`PreemptionCoordinator` (a daemon thread). The
+exit signal reaching any launcher (or any rank: the rank passes it to its launcher)
+starts the preemption of the whole job:
+
+1. The launcher's handler only records it (:meth:`PreemptionCoordinator.claims`, called
+   by the agent's signal handler): torch elastic's own handler, which would terminate
+   the workers at once, is not called for the exit signal.
+2. The coordinator thread forwards the signal to this node's ranks (their flag-only
+   handler) and starts this node's grace window, ``preempt_time`` long.
+3. Node 0 chooses the stop step through :class:`rankguard.agree.StopAgreement` (reason
+   ``preempted: ...``: ``control.json`` for every rank, the relays for other nodes) and
+   sets the store key ``preempt``. Each signalled rank publishes a heartbeat at its next
+   step boundary; once every rank's latest record says it got the signal, node 0 knows
+   their current steps and needs a short lead only (``fresh_lead_s``: two monitor scans
+   plus a second); after ``wait_fresh_s`` without that (other nodes' relays push every
+   heartbeat interval; a rank that does not listen) it uses the agreement's default
+   lead, which covers records one heartbeat interval old. A node k whose launcher got
+   the signal first sets ``preempt/request/node/<k>`` for node 0 instead. Every node's
+   coordinator watches ``preempt``, so a node that received nothing still forwards the
+   signal, writes the stop step for its ranks and opens its grace window.
+4. The agent (:class:`rankguard.launcher.agent.RankguardAgent`) then neither restarts
+   the group nor counts the exits as failures, kills (SIGKILL) the ranks still running
+   when the window closes, and the launcher exits ``EXIT_PREEMPTED``.
+
+:class:`PreemptionEvaluator` (node 0's monitor) records the preemption and the saved
+step in ``findings.jsonl`` and ``status.json`` (``preemption``) with the grace budget.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rankguard.agree import write_control
+from rankguard.preempt.budget import GraceBudget
+from rankguard.preempt.config import PreemptionConfig
+from rankguard.schema.findings import Finding, FindingType, Reason
+from rankguard.schema.layout import StoreKeys
+
+if TYPE_CHECKING:
+    from rankguard.ft.kill import OwnedWorkers
+    from rankguard.heartbeat.rules import RankState
+
+__all__ = ["PreemptionCoordinator", "PreemptionEvaluator"]
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 0.1
+"""How often the coordinator looks at the store and its flags."""
+
+
+class PreemptionCoordinator:
+    def __init__(
+        self,
+        cfg: PreemptionConfig,
+        *,
+        node_rank: int,
+        nnodes: int,
+        run_id: str,
+        run_dir: Path,
+        workers: OwnedWorkers,
+        store: Any = None,
+        request_stop: Callable[[str, float | None], int | None] | None = None,
+        ranks: Callable[[], Mapping[int, RankState]] | None = None,
+        fresh_lead_s: float = 3.0,
+        wait_fresh_s: float = 7.0,
+        say: Callable[[str], None] = logger.warning,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cfg = cfg
+        self.sig = cfg.signum
+        self.node_rank = node_rank
+        self.nnodes = nnodes
+        self.run_dir = Path(run_dir)
+        self.workers = workers
+        self.store = store
+        self.keys = StoreKeys(run_id)
+        self.request_stop = request_stop  # node 0 with a monitor: StopAgreement
+        self.ranks = ranks  # node 0: the monitor's view of every rank
+        self.fresh_lead_s = fresh_lead_s
+        self.wait_fresh_s = wait_fresh_s
+        self.say = say
+        self.clock = clock
+        # set by the signal handler (flags only)
+        self.signalled_at: float | None = None
+        self.signals = 0
+        # set by the coordinator thread
+        self.started_at: float | None = None  # this node's grace window opened
+        self.reason: str | None = None
+        self.stop_at: int | None = None
+        self.terminated: list[int] = []  # pids killed when the window closed
+        self.wall_started: float | None = None
+        self._published = False
+        self._forwarded = False
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    # ---- the agent's side (signal handler, monitor loop) ----------------------------
+
+    def claims(self, signum: int) -> bool:
+        """From the launcher's signal handler: is ``signum`` the exit signal (then it
+        is recorded, and nothing else stops the workers)? Sets flags only."""
+        if signum != self.sig:
+            return False
+        self.signals += 1
+        if self.signalled_at is None:
+            self.signalled_at = self.clock()
+        self._wake.set()
+        return True
+
+    @property
+    def active(self) -> bool:
+        """This node's grace window is open (or closed): the job is being preempted."""
+        return self.started_at is not None
+
+    def time_left(self) -> float | None:
+        if self.started_at is None:
+            return None
+        return self.started_at + self.cfg.preempt_time - self.clock()
+
+    def expired(self) -> bool:
+        left = self.time_left()
+        return left is not None and left <= 0
+
+    def note_terminated(self, pids: list[int]) -> None:
+        self.terminated = list(pids)
+        self.say(
+            f"preemption: {len(pids)} rank(s) still running after preempt_time="
+            f"{self.cfg.preempt_time:g}s were killed (pids {pids}); the last committed "
+            "checkpoint is what the next run resumes from"
+        )
+
+    # ---- thread ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="rankguard-preempt", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(POLL_S)
+            self._wake.clear()
+            try:
+                self.tick()
+            except Exception:
+                logger.exception("rankguard: preemption coordinator step failed")
+
+    def tick(self) -> None:
+        """One look at the flags and the store (the thread calls it every 0.1 s)."""
+        with self._lock:
+            if self.signalled_at is not None and self.started_at is None:
+                name = signal.Signals(self.sig).name
+                self._begin(f"preempted: node {self.node_rank}'s launcher received {name}")
+                if self.node_rank != 0 and self.store is not None:
+                    self.store.set(self.keys.preempt_request(self.node_rank), self.reason or "")
+            elif self.signals > 1 and self.started_at is not None:
+                self.signals = 1
+                self.say(
+                    f"preemption: {signal.Signals(self.sig).name} again: ignored, the save "
+                    f"in progress goes on ({max(0.0, self.time_left() or 0):.0f}s of the "
+                    "grace window left)"
+                )
+            if self.store is None or self.nnodes <= 1:
+                if self.node_rank == 0 and self.started_at is not None:
+                    self._agree()
+                return
+            if self.node_rank == 0:
+                if self.started_at is None:
+                    for node in range(1, self.nnodes):
+                        key = self.keys.preempt_request(node)
+                        if self.store.check([key]):
+                            self._begin(self.store.get(key).decode() or f"preempted by node {node}")
+                            break
+                if self.started_at is not None:
+                    self._agree()
+            elif not self._published and self.store.check([self.keys.preempt]):
+                payload = json.loads(self.store.get(self.keys.preempt))
+                if self.started_at is None:
+                    self._begin(str(payload.get("reason")))
+                step = payload.get("stop_at_step")
+                if isinstance(step, int):
+                    self.stop_at = step
+                    write_control(self.run_dir, step, str(payload.get("reason")))
+                self._published = True
+
+    def _begin(self, reason: str) -> None:
+        """Open this node's grace window and pass the signal to its ranks."""
+        self.started_at = self.clock()
+        self.wall_started = time.time()
+        self.reason = reason
+        self.say(
+            f"{reason}: every rank saves one agreed step; grace window "
+            f"preempt_time={self.cfg.preempt_time:g}s, then the ranks left are killed"
+        )
+        self._forward()
+
+    def _forward(self) -> None:
+        if self._forwarded:
+            return
+        self._forwarded = True
+        for pid in self.workers.pids():
+            if self.workers.owns(pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, self.sig)
+
+    def _fresh(self) -> bool:
+        """Every rank's latest record was written after it got the signal."""
+        states = self.ranks() if self.ranks is not None else {}
+        records = [s.record for s in states.values()]
+        return bool(records) and all(
+            rec is not None
+            and isinstance(pre := rec.extra.get("preempt"), dict)
+            and pre.get("signal_received") is True
+            for rec in records
+        )
+
+    def _agree(self) -> None:
+        """Node 0: choose the stop step once (from fresh progress when it comes in
+        time) and tell every node."""
+        if self._published:
+            return
+        fresh = self._fresh()
+        waited = self.clock() - (self.started_at or self.clock())
+        if not fresh and waited < self.wait_fresh_s:
+            return
+        self._published = True
+        reason = self.reason or "preempted"
+        if self.request_stop is not None:
+            self.stop_at = self.request_stop(reason, self.fresh_lead_s if fresh else None)
+        if self.stop_at is None:
+            self.say(
+                "preemption: no monitor on node 0 (heartbeat.enabled=false): no stop step "
+                "can be agreed, nothing is saved; the ranks are killed at the end of the "
+                "grace window"
+            )
+        if self.store is not None and self.nnodes > 1:
+            payload = {"stop_at_step": self.stop_at, "reason": reason}
+            self.store.set(self.keys.preempt, json.dumps(payload))
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "signal": signal.Signals(self.sig).name,
+            "reason": self.reason,
+            "stop_at_step": self.stop_at,
+            "preempt_time_s": self.cfg.preempt_time,
+            "terminated_pids": list(self.terminated),
+        }
+
+
+class PreemptionEvaluator:
+    """Node 0's monitor: the preemption and the saved step in findings and status, and
+    the grace budget (does the longest save fit ``preempt_time``?)."""
+
+    name = "preemption"
+
+    def __init__(
+        self,
+        coordinator: PreemptionCoordinator,
+        budget: GraceBudget,
+        run_id: str,
+    ) -> None:
+        self.coordinator = coordinator
+        self.budget = budget
+        self.run_id = run_id
+        self._announced = False
+        self._saved: int | None = None
+        self._ranks_saved = 0
+        self._warned_budget = False
+
+    def evaluate(self, now: float, ranks: Mapping[int, RankState]) -> list[Finding]:
+        records = [s.record for s in ranks.values() if s.record is not None]
+        for rec in records:
+            pre = rec.extra.get("preempt")
+            if isinstance(pre, dict):
+                self.budget.observe(pre.get("save_max_s"))
+        if not self.budget.fits() and not self._warned_budget:
+            self._warned_budget = True
+            logger.warning("rankguard: %s", self.budget.warning())
+        coord = self.coordinator
+        out: list[Finding] = []
+        step = coord.stop_at
+        if coord.active and step is not None and not self._announced:
+            self._announced = True
+            out.append(
+                Finding(
+                    finding_type=FindingType.PREEMPTED,
+                    run_id=self.run_id,
+                    rank=-1,
+                    reason=Reason.EXIT_SIGNAL,
+                    message=f"{coord.reason}: every rank saves step {step} and exits "
+                    f"(grace {coord.cfg.preempt_time:g}s)",
+                    iteration=step,
+                    timeout_s=coord.cfg.preempt_time,
+                    detail={"signal": signal.Signals(coord.sig).name},
+                )
+            )
+        if self._announced and self._saved is None and step is not None and records:
+            done = [r for r in records if r.ended and r.progress_seq >= step and _clean(r)]
+            self._ranks_saved = len(done)
+            if len(done) == len(ranks):
+                self._saved = step
+                out.append(
+                    Finding(
+                        finding_type=FindingType.PREEMPTED,
+                        run_id=self.run_id,
+                        rank=-1,
+                        reason=Reason.PREEMPTION_SAVED,
+                        message=f"preempted: every rank ({len(done)}) saved step {step} "
+                        "and exited; the next run resumes there",
+                        iteration=step,
+                        detail={"saved_step": step},
+                    )
+                )
+        return out
+
+    def status(self) -> dict[str, Any] | None:
+        out: dict[str, Any] = {"budget": self.budget.to_dict()}
+        if self.coordinator.active:
+            out.update(self.coordinator.summary())
+            out["saved_step"] = self._saved
+            out["ranks_saved"] = self._ranks_saved
+        return out
+
+
+def _clean(rec: Any) -> bool:
+    exit_info = rec.exit or {}
+    return bool(exit_info.get("clean"))

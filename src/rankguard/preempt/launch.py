@@ -1,0 +1,114 @@
+"""The launcher's preemption wiring: one :class:`LaunchPreemption` per ``rankguard run``.
+
+Built before the agent runs (``preemption.enable_exit_handler``): the node's
+:class:`~rankguard.preempt.coordinator.PreemptionCoordinator` handed to the agent, the
+grace budget checked at start (node 0 says when a save would not fit), node 0's
+evaluator added to the monitor. Until the agent starts the workers, the exit signal ends
+the launch at once with ``EXIT_PREEMPTED`` (nothing to save yet); from then on the
+agent hands it to the coordinator. At the end the outcome is marked preempted and node 0
+keeps the longest save for the next run's check.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from rankguard.launcher.exitcodes import EXIT_PREEMPTED, JobOutcome
+from rankguard.preempt.budget import GraceBudget, agreement_lead_s, load_save_time, store_save_time
+from rankguard.preempt.coordinator import PreemptionCoordinator, PreemptionEvaluator
+from rankguard.schema import layout
+
+if TYPE_CHECKING:
+    from rankguard.config import RankguardConfig
+    from rankguard.launcher.agent import RankguardAgent
+    from rankguard.launcher.services import NodeServices
+
+__all__ = ["LaunchPreemption"]
+
+
+class LaunchPreemption:
+    def __init__(
+        self,
+        cfg: RankguardConfig,
+        *,
+        node_rank: int,
+        nnodes: int,
+        run_id: str,
+        run_dir: Path,
+        services: NodeServices,
+        agent: RankguardAgent,
+        say: Callable[[str], None],
+    ) -> None:
+        pre, hb = cfg.preemption, cfg.heartbeat
+        self.node_rank = node_rank
+        self.say = say
+        self.agent = agent
+        self.coordinator = PreemptionCoordinator(
+            pre,
+            node_rank=node_rank,
+            nnodes=nnodes,
+            run_id=run_id,
+            run_dir=run_dir,
+            workers=agent.workers,
+            store=services.store,
+            request_stop=services.request_stop if node_rank == 0 else None,
+            ranks=services.rank_states,
+            fresh_lead_s=2 * hb.scan_interval_s + 1.0,
+            wait_fresh_s=hb.publish_interval_s + hb.scan_interval_s + 1.0,
+            say=say,
+        )
+        agent.attach_preemption(self.coordinator)
+        self.state_path = (
+            layout.ft_state_dir(cfg.log_dir, cfg.fault_tolerance.state_dir)
+            / layout.PREEMPT_STATE_FILE
+        )
+        self.budget = GraceBudget(
+            pre.preempt_time,
+            agreement_lead_s(hb.publish_interval_s, hb.scan_interval_s, relayed=services.relaying),
+            load_save_time(self.state_path),
+        )
+        if node_rank == 0:
+            if not self.budget.fits():
+                say(self.budget.warning())
+            services.evaluators.append(PreemptionEvaluator(self.coordinator, self.budget, run_id))
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(pre.signum, self._before_workers)
+
+    def _before_workers(self, signum: int, frame: FrameType | None) -> None:
+        """The exit signal before the agent took it over (its workers not started)."""
+        self.coordinator.claims(signum)
+        if not self.agent.workers.pids():
+            self.say(
+                f"preempted by {signal.Signals(signum).name} before the ranks started: "
+                f"nothing to save, exit {EXIT_PREEMPTED}"
+            )
+            raise SystemExit(EXIT_PREEMPTED)
+
+    def start(self) -> None:
+        self.coordinator.start()
+
+    def stop(self) -> None:
+        self.coordinator.stop()
+
+    def finish(self) -> None:
+        """After the services stopped: node 0 keeps the longest save for the next run."""
+        if self.node_rank == 0:
+            store_save_time(self.state_path, self.budget)
+
+    def outcome(self, outcome: JobOutcome) -> JobOutcome:
+        """``outcome`` marked preempted when the job was (said on the console)."""
+        coord = self.coordinator
+        if not coord.active:
+            return outcome
+        self.say(
+            f"preempted ({coord.reason}): stop step {coord.stop_at}, "
+            f"{len(coord.terminated)} rank(s) killed at the end of the grace window; "
+            f"exit {EXIT_PREEMPTED}: requeue the job, it resumes from the last save"
+        )
+        return replace(outcome, preempted=True)

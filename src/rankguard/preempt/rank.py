@@ -1,0 +1,122 @@
+"""Rank side of preemption: the exit-signal flag, the launcher told, the save measured.
+
+The signal usually reaches the rank from its launcher (which forwards it) and the stop
+step from node 0 (``control.json``, :mod:`rankguard.agree`). A signal sent straight to
+one rank instead (``kill PID``) is passed on to the rank's launcher, at the loop's next
+question (never from the handler itself), and from there the job is preempted as a
+whole: every rank then saves the same step.
+
+Heartbeats carry ``preempt``: whether the signal came, and how long this rank's saves
+took (``session.checkpoint()`` blocks, the last and the longest), which node 0 compares
+with ``preempt_time`` (the grace budget).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from typing import Any
+
+from rankguard.preempt.config import PreemptionConfig
+from rankguard.preempt.handler import ExitSignalHandler
+from rankguard.timeline import RING_SIZE, ProgressTracker
+
+__all__ = ["RankPreemption"]
+
+logger = logging.getLogger(__name__)
+
+_MASK = RING_SIZE - 1
+
+CONTROL_POLL_S = 0.05
+"""After the signal, how often the loop itself looks for the agreed stop step."""
+
+TELL_LAUNCHER_AFTER_S = 1.0
+"""No stop step this long after the signal: it did not come through the launcher (which
+agrees on a step at once), so the rank passes it on."""
+
+
+class RankPreemption:
+    def __init__(
+        self,
+        cfg: PreemptionConfig,
+        tracker: ProgressTracker,
+        *,
+        launcher_pid: int | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.tracker = tracker
+        self.launcher_pid = launcher_pid
+        self.handler = ExitSignalHandler(cfg.signum)
+        self.launcher_told = False
+        self.reported = False  # a heartbeat was asked for right after the signal
+        self._last_poll = 0.0
+        self._first_seen: float | None = None
+
+    def install(self) -> bool:
+        installed = self.handler.install()
+        if not installed:
+            logger.warning(
+                "rankguard: preemption: the %s handler can only be installed on the main "
+                "thread; this rank will not save on preemption",
+                self.cfg.signum.name,
+            )
+        return installed
+
+    def release(self) -> None:
+        self.handler.release()
+
+    @property
+    def received(self) -> bool:
+        return self.handler.received
+
+    def after_signal(self, stop_known: bool) -> bool:
+        """Called by the loop (slow path, signal received): tell the launcher once if
+        no stop step came; True when it is time to look for it again (rate-limited)."""
+        now = time.monotonic()
+        if self._first_seen is None:
+            self._first_seen = now
+        late = now - self._first_seen >= TELL_LAUNCHER_AFTER_S
+        if late and not stop_known and not self.launcher_told:
+            self.launcher_told = True
+            self._tell_launcher()
+        if now - self._last_poll < CONTROL_POLL_S:
+            return False
+        self._last_poll = now
+        return True
+
+    def _tell_launcher(self) -> None:
+        # The launcher ignores a repeat of a signal it already acts on: harmless when it
+        # was the launcher that forwarded this one.
+        pid = self.launcher_pid
+        if pid is None or pid <= 1:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, self.cfg.signum)
+
+    def step_min_s(self, window: int = 16) -> float | None:
+        """The shortest of the last ``window`` steps (checkpoints left out): how far
+        ahead node 0 puts the stop step (:func:`rankguard.agree.fastest_step_s`)."""
+        t = self.tracker
+        issued = t.issued_seq
+        ring = t.step_ns
+        skip = set(t.non_step_seqs)
+        gaps = [
+            ring[seq & _MASK] - ring[(seq - 1) & _MASK]
+            for seq in range(max(2, issued - window + 1), issued + 1)
+            if seq not in skip and seq - 1 not in skip
+        ]
+        positive = [g for g in gaps if g > 0]
+        return min(positive) / 1e9 if positive else None
+
+    def heartbeat_fields(self) -> dict[str, Any]:
+        durations = list(self.tracker.checkpoint_durations_ns)
+        out: dict[str, Any] = {"signal_received": self.handler.received}
+        step = self.step_min_s()
+        if step is not None:
+            out["step_min_s"] = round(step, 6)
+        if durations:
+            out["save_last_s"] = round(durations[-1] / 1e9, 6)
+            out["save_max_s"] = round(max(durations) / 1e9, 6)
+        return {"preempt": out}

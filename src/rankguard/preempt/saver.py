@@ -1,0 +1,81 @@
+"""What preemption saves through: anything with ``save(step)`` and ``wait()``.
+
+rankguard's checkpoint manager fits (``save(step)`` then ``wait()`` for an async write
+to commit); so does :class:`TorchFileSaver`, a plain one: ``torch.save`` of the state to
+a temporary file, fsync, then an atomic rename, so a preemption that kills a save never
+leaves a torn file under the final name, and :meth:`TorchFileSaver.load_latest` only
+ever sees complete ones.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = ["Saver", "TorchFileSaver", "save_and_wait"]
+
+
+@runtime_checkable
+class Saver(Protocol):
+    def save(self, step: int) -> Any: ...
+
+    def wait(self) -> Any: ...
+
+
+def save_and_wait(saver: Saver, step: int) -> None:
+    """Save ``step`` and wait until it is committed (an async save included)."""
+    saver.save(step)
+    saver.wait()
+
+
+class TorchFileSaver:
+    """``<directory>/rank_<r>/step_<n>.pt`` holding ``state()``; the newest complete one
+    is loaded by :meth:`load_latest`. One file per rank (no collective)."""
+
+    _NAME = re.compile(r"^step_(\d+)\.pt$")
+
+    def __init__(
+        self, directory: str | Path, rank: int, state: Callable[[], dict[str, Any]]
+    ) -> None:
+        self.directory = Path(directory) / f"rank_{rank}"
+        self.state = state
+
+    def save(self, step: int) -> Path:
+        import torch  # here: the light commands import rankguard.preempt
+
+        self.directory.mkdir(parents=True, exist_ok=True)
+        final = self.directory / f"step_{step}.pt"
+        tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as fh:
+            torch.save({"step": step, "state": self.state()}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+        dir_fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        return final
+
+    def wait(self) -> None:
+        """Saves are synchronous: nothing to wait for."""
+
+    def steps(self) -> list[int]:
+        if not self.directory.is_dir():
+            return []
+        found = (self._NAME.match(p.name) for p in self.directory.iterdir())
+        return sorted(int(m.group(1)) for m in found if m)
+
+    def load_latest(self) -> tuple[int, dict[str, Any]] | None:
+        """The newest complete save (step, state), or None."""
+        import torch
+
+        steps = self.steps()
+        if not steps:
+            return None
+        blob = torch.load(self.directory / f"step_{steps[-1]}.pt", weights_only=False)
+        return int(blob["step"]), blob["state"]

@@ -1,0 +1,120 @@
+"""Training loop of the preemption end-to-end tests (gloo, CPU).
+
+Each rank saves its own file (rankguard.preempt.TorchFileSaver) and resumes from the
+newest step that every rank saved. Events go to ``<ckpt-dir>/events.jsonl``, one line
+each (start, saved, done). Options put the exit signal before the first step, in an
+evaluation, in a periodic checkpoint, a second one in the preemption save, or make one
+rank hang in that save.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import rankguard
+from rankguard.preempt import TorchFileSaver
+
+
+def log(path: Path, **event: object) -> None:
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(event) + "\n")
+
+
+def common_latest(root: Path, world: int) -> int | None:
+    steps = [set(TorchFileSaver(root, r, dict).steps()) for r in range(world)]
+    both = set.intersection(*steps) if steps else set()
+    return max(both) if both else None
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--ckpt-dir", required=True)
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--step-sleep", type=float, default=0.05)
+    p.add_argument("--signal-step", type=int, default=-1, help="0: before the first step")
+    p.add_argument("--signal-rank", type=int, default=0)
+    p.add_argument("--signal-in", choices=["step", "eval", "ckpt"], default="step")
+    p.add_argument("--ckpt-every", type=int, default=0)
+    p.add_argument("--resignal-in-save", action="store_true")
+    p.add_argument("--hang-save-rank", type=int, default=-1)
+    args = p.parse_args()
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rg = rankguard.init()
+    root = Path(args.ckpt_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    events = root / "events.jsonl"
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    saver = TorchFileSaver(root, rank, lambda: {"model": model.state_dict()})
+    launcher = int(os.environ["RANKGUARD_LAUNCHER_PID"])
+    me = rank == args.signal_rank
+
+    def kill_launcher(where: str) -> None:
+        log(events, event="signal", rank=rank, where=where)
+        os.kill(launcher, signal.SIGTERM)
+
+    start = 1
+    latest = common_latest(root, world)
+    if latest is not None:
+        blob = torch.load(saver.directory / f"step_{latest}.pt", weights_only=False)
+        model.load_state_dict(blob["state"]["model"])
+        start = latest + 1
+    log(events, event="start", rank=rank, start=start, pid=os.getpid())
+    if me and args.signal_step == 0:
+        kill_launcher("before the first step")
+        time.sleep(5)  # the forwarded signal ends the ranks (not listening yet)
+
+    step = start - 1
+    for step in range(start, args.steps + 1):
+        with rg.step(step):
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            for prm in model.parameters():
+                dist.all_reduce(prm.grad)
+            opt.step()
+            time.sleep(args.step_sleep)
+        signal_now = me and step == args.signal_step
+        if signal_now and args.signal_in == "step":
+            kill_launcher("step")
+        if signal_now and args.signal_in == "eval":
+            with rg.phase("eval"):
+                kill_launcher("eval")
+                time.sleep(1.0)
+        if (args.ckpt_every and step % args.ckpt_every == 0) or (
+            signal_now and args.signal_in == "ckpt"
+        ):
+            with rg.checkpoint(f"step_{step}"):
+                if signal_now and args.signal_in == "ckpt":
+                    kill_launcher("checkpoint")
+                    time.sleep(1.0)
+                saver.save(step)
+        if rg.should_stop():
+            with rg.checkpoint(f"preempt_{step}"):
+                if me and args.resignal_in_save:
+                    kill_launcher("preemption save")
+                    time.sleep(1.0)
+                if rank == args.hang_save_rank:
+                    time.sleep(3600)
+                saver.save(step)
+            log(events, event="saved", rank=rank, step=step, preempted=rg.preempted)
+            if rg.preempted:
+                rg.exit_preempted()
+            break
+    log(events, event="done", rank=rank, step=step)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
