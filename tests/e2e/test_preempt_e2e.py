@@ -205,3 +205,48 @@ def test_two_agents_preempted_through_node_one(tmp_path: Path, run_id: str) -> N
         .splitlines()
     ]
     assert any(f["finding_type"] == "job_preempted" for f in preempted)
+
+
+def test_demo_preempted_saves_through_the_checkpoint_library_and_resumes(
+    tmp_path: Path, run_id: str
+) -> None:
+    # The demo's own loop: SIGTERM to the launcher at step 6 -> every rank saves the agreed
+    # step through rankguard.checkpoint (DCP), exit 14; the rerun resumes after that step.
+    ckpt = tmp_path / "ckpt"
+
+    def demo(rid: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            rankguard_cmd(
+                *standalone_run(rid, tmp_path / "logs", nproc=2),
+                *PREEMPT,
+                "--set",
+                f"checkpoint.save={ckpt}",
+                "-m",
+                "rankguard.demo.train",
+                "--log-every",
+                "1",
+                "--step-sleep",
+                "0.05",
+                "--steps",
+                "200",
+                *extra,
+            ),
+            capture_output=True,
+            text=True,
+            timeout=150,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+    first = demo(run_id, "--fault", "preempt", "--fault-rank", "0", "--fault-step", "6")
+    out = first.stdout + first.stderr
+    assert first.returncode == EXIT_PREEMPTED, out
+    stop = int(out.split("[demo] stopping at step ")[1].split(":")[0])
+    assert stop >= 6
+    kinds = {f["finding_type"] for f in findings(tmp_path, run_id)}
+    assert kinds == {"job_preempted"}, kinds  # nothing else: a healthy job preempted
+    again = demo(run_id + "b", "--steps", str(stop + 2))
+    out2 = again.stdout + again.stderr
+    assert again.returncode == 0, out2
+    assert f"[demo] resumed from step {stop} (persistent)" in out2
+    assert f"[demo] done: {stop + 2} steps on 2 rank(s)" in out2
+    assert no_leftover_workers(run_id)
