@@ -167,8 +167,14 @@ class StoreKeys:
         self.prefix = f"rankguard/{run_id}/"
 
     def heartbeats(self, node_rank: int) -> str:
-        """Node k's relay: latest record per local rank plus its GPU health."""
+        """Node k's relay: latest record per local rank plus its GPU health, rewritten
+        when more than the fields of its ``tick`` changed."""
         return f"{self.prefix}hb/node/{node_rank}"
+
+    def tick(self, node_rank: int) -> str:
+        """Node k's relay, every push: the fields of each local rank that move with
+        time, over the records of ``heartbeats`` (:mod:`rankguard.heartbeat.delta`)."""
+        return f"{self.prefix}hb/tick/{node_rank}"
 
     def done(self, node_rank: int) -> str:
         """Node k's relay has pushed its last records."""
