@@ -451,6 +451,9 @@ class StoreRemoteSource(RemoteSource):
         st.health = health if isinstance(health, dict) else None
         return st.health
 
+    def ignored(self) -> tuple[int, str | None]:
+        return self.ignored_rows, self.last_ignored
+
     def _bad(self, why: str) -> None:
         self.ignored_rows += 1
         self.last_ignored = why

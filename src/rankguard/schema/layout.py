@@ -5,6 +5,7 @@ A run's files live under ``<log_dir>``::
     <log_dir>/
       heartbeat/<run_id>/                 RunLayout: the run directory (node-local)
         status.json                       atomically replaced each monitor scan
+        status_ranks.json                 every rank's row, large jobs (periodically)
         findings.jsonl                    append-only, one finding a line
         restarts.jsonl                    append-only, one in-job restart a line
         perf_ranks.jsonl                  cross-rank step times (node 0)
@@ -46,6 +47,7 @@ __all__ = [
     "PERF_SUMMARY_PREFIX",
     "RESTARTS_FILE",
     "STATUS_FILE",
+    "STATUS_RANKS_FILE",
     "RunLayout",
     "StoreKeys",
     "elastic_log_dir",
@@ -61,6 +63,7 @@ __all__ = [
 HEARTBEAT_ROOT = "heartbeat"  # <log_dir>/heartbeat/<run_id>: the run directories
 PERF_ROOT = "perf_monitor"  # <log_dir>/perf_monitor/<run_id>: rank 0's perf files
 STATUS_FILE = "status.json"
+STATUS_RANKS_FILE = "status_ranks.json"  # every rank's row when status.json lists the worst
 FINDINGS_FILE = "findings.jsonl"
 RESTARTS_FILE = "restarts.jsonl"
 PERF_RANKS_FILE = "perf_ranks.jsonl"
@@ -126,6 +129,10 @@ class RunLayout:
     @property
     def status(self) -> Path:
         return self.root / STATUS_FILE
+
+    @property
+    def status_ranks(self) -> Path:
+        return self.root / STATUS_RANKS_FILE
 
     @property
     def findings(self) -> Path:
