@@ -195,11 +195,24 @@ class JobMonitor:
 
     def _loop(self) -> None:
         # Fixed rate: a slow scan does not push every later scan back by its duration.
+        # A rank's timeout that runs out between two scans is scanned for when it does
+        # (the rules know when), not up to one interval later.
         interval = self.cfg.scan_interval_s
         next_at = time.monotonic() + interval
-        while not self._stop.wait(max(0.0, next_at - time.monotonic())):
+        while not self._stop.wait(max(0.0, self._wake_at(next_at) - time.monotonic())):
+            now = time.monotonic()
             self.scan_once()
-            next_at = max(next_at + interval, time.monotonic() + 0.1 * interval)
+            if now >= next_at:
+                next_at = max(next_at + interval, time.monotonic() + 0.1 * interval)
+
+    def _wake_at(self, next_at: float) -> float:
+        if self.clock is not time.monotonic:
+            return next_at  # the rules' times are of another clock
+        due = self.rules.next_due()
+        if due is None:
+            return next_at
+        # not sooner than a tenth of an interval after the last scan
+        return min(next_at, max(due + 0.001, time.monotonic() + 0.1 * self.cfg.scan_interval_s))
 
     # ---- one scan -------------------------------------------------------------------
 

@@ -288,15 +288,18 @@ class HeartbeatRules:
         """The earliest monitor time at which evaluating rank ``s`` again could give
         another verdict without a new record (-inf: at every scan; inf: never).
 
-        Conservative: a rank is due once its heartbeat age passes its process timeout,
-        its progress age the shortest progress or section timeout in force, or (outside
-        the train phase) its phase's age the shortest section timeout; earlier is only
-        slower, never wrong. A rank that is not alive, is stalled or has an active
-        finding is evaluated at every scan, as every rank was before."""
+        For a live rank with a given record, time only pushes its ages up across a
+        threshold: the process timeout, the progress timeout, a section's timeout; once
+        across, the verdict stays until the next record (the stall's age moves on in
+        :meth:`_DueRanks.age_others`). So the rank is due when the first threshold it is
+        not yet across may be crossed: conservatively, its progress age reaching the
+        shortest progress or section timeout in force, or (outside the train phase) its
+        phase's age reaching the shortest section timeout; earlier is only slower, never
+        wrong. A stale rank (disk state, grace) is evaluated at every scan."""
         rec = s.record
         if rec is None or s.seen_at is None or rec.ended:
             return math.inf
-        if s.liveness is not Liveness.ALIVE or s.stall is not None or s.active or s.blocked_by:
+        if s.liveness is not Liveness.ALIVE:
             return -math.inf
         cfg = self.cfg
         seen = s.seen_at
@@ -309,11 +312,16 @@ class HeartbeatRules:
             *((self.out_of_section_timeout,) if self.out_of_section_timeout is not None else ()),
         )
         since = rec.since_progress_s
-        if since is not None:
+        if since is not None and s.stall is None:
             due = min(due, seen - since + shortest)
-        if rec.phase not in ("train", "step"):
+        if rec.phase not in ("train", "step") and FindingType.SECTION_TIMEOUT not in s.active:
             due = min(due, seen - (rec.phase_elapsed_s or 0.0) + shortest)
         return due - 1e-6  # never after the crossing, whatever the rounding
+
+    def next_due(self) -> float | None:
+        """When the next rank is due without a new record (monitor clock; None: none
+        is): the monitor may scan then instead of waiting for its next interval."""
+        return self._due.earliest()
 
     def _failure_order(self, state: RankState) -> tuple[int, int]:
         """Which ended rank is the likelier cause, first: the agent's root cause, then a
@@ -369,6 +377,7 @@ class HeartbeatRules:
         # not: those waiting wait for the others (a hang before the collective).
         behind = [t for t in live if _seq(t) == lowest]
         outside = sorted(t.rank for t in behind if not _in_collective(t))
+        behind_ranks = sorted(t.rank for t in behind)  # once, not once per stalled rank
         split = bool(outside) and len(outside) < len(behind)
         out: list[Finding] = []
         for s in sorted(stalled, key=lambda st: st.rank):
@@ -381,9 +390,7 @@ class HeartbeatRules:
             if not others and split and s.rank not in outside:
                 others = outside
             if others or _seq(s) > lowest:
-                s.blocked_by = others or sorted(
-                    t.rank for t in live if _seq(t) == lowest and t.rank != s.rank
-                )
+                s.blocked_by = others or behind_ranks  # s is ahead: not among them
                 s.culprits_gone_at = None
                 continue
             if s.blocked_by:
@@ -696,6 +703,14 @@ class _DueRanks:
             rec = s.record
             since = rec.since_progress_s if rec is not None else None
             s.progress_age_s = age + since if since is not None else None
+            if s.stall is not None and s.progress_age_s is not None:
+                s.stall = (s.stall[0], s.progress_age_s)  # as _evaluate_rank sets it
+
+    def earliest(self) -> float | None:
+        heap, at = self._heap, self._at
+        while heap and at.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)  # replaced since
+        return heap[0][0] if heap else None
 
 
 # The main thread's innermost Python frame inside torch.distributed's collective calls.
