@@ -100,7 +100,7 @@ class RecordPatcher:
     """Node 0's copy of one relayed rank's base record; builds the current record from
     a tick row (about 2 µs: one constructor call, no ``dataclasses.replace``)."""
 
-    __slots__ = ("base", "_values")
+    __slots__ = ("_values", "base")
 
     def __init__(self, base: HeartbeatRecord) -> None:
         self.base = base

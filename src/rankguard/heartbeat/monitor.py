@@ -109,6 +109,8 @@ class JobMonitor:
         self.status_bytes = 0
         self._detail_due = 0.0  # monitor time of the next status_ranks.json
         self._detail_written: str | None = None
+        self._detail_thread: threading.Thread | None = None
+        self.last_detail_write_s = 0.0
         self._health_stale: dict[int, bool] = {}
         self.sink_errors = 0
         self.write_errors = 0  # failed writes of mirrored records and health copies
@@ -183,6 +185,10 @@ class JobMonitor:
             if self._all_ended() or self.clock() >= deadline:
                 break
             time.sleep(min(0.2, self.cfg.scan_interval_s))
+        if not self.status.get("rank_detail", {}).get("complete", True):
+            self._detail_due = 0.0  # the final rows of every rank
+            self._write_rank_detail(self.clock())
+        self.wait_rank_detail()
         return self.status
 
     def _all_ended(self) -> bool:
@@ -533,8 +539,9 @@ class JobMonitor:
             active = sum(len(r["active_findings"]) for r in rows)
         else:  # a large job: counts over every rank, rows of the worst only
             states = rules.ranks.values()
-            liveness = Counter(s.liveness.value for s in states)
-            progress = Counter(s.progress.value for s in states)
+            # counted as enums (hashing them is 4x faster than reading .value)
+            liveness = Counter({k.value: n for k, n in Counter(s.liveness for s in states).items()})
+            progress = Counter({k.value: n for k, n in Counter(s.progress for s in states).items()})
             unseen = n_ranks - len(rules.ranks)
             if unseen:
                 liveness[Liveness.NOT_OBSERVED.value] += unseen
@@ -625,6 +632,15 @@ class JobMonitor:
         except Exception:
             return 0, None
 
+    def rank_rows(self) -> list[dict[str, Any]]:
+        """Every rank's status row now (all of them, whatever the job's size: slow at
+        100,000 ranks, for a request, not for every scan)."""
+        rules = self.rules
+        n_ranks = max(rules.world_size(), max(rules.ranks, default=-1) + 1)
+        return [
+            self._rank_row(rules.ranks.get(rank) or RankState(rank=rank)) for rank in range(n_ranks)
+        ]
+
     def worst_ranks(self, n: int) -> list[RankState]:
         """The ``n`` ranks that most need a look, worst first: with an active finding,
         then stale, stalled or ended in error, then blocked by another rank, then the
@@ -646,36 +662,66 @@ class JobMonitor:
 
     def _write_rank_detail(self, now: float) -> None:
         """Every rank's row, compact (one list a rank, ``columns`` names them), for
-        ``rankguard status --ranks`` and the report of a large job."""
+        ``rankguard status --ranks`` and the report of a large job. The scan takes a
+        snapshot (a tuple a rank); a thread formats and writes it (about a second at
+        100,000 ranks, which must not hold up the next scan). At most one at a time."""
         self._detail_due = now + self.cfg.status_detail_interval_s
+        if self._detail_thread is not None and self._detail_thread.is_alive():
+            return
         rules = self.rules
         n_ranks = max(rules.world_size(), max(rules.ranks, default=-1) + 1)
-        rows = []
-        for rank in range(n_ranks):
-            s = rules.ranks.get(rank)
-            if s is None:
-                rows.append([rank] + [None] * (len(DETAIL_COLUMNS) - 1))
-                continue
-            rec = s.record
-            rows.append(
-                [
-                    rank,
-                    s.pid,
-                    rec.hostname if rec else None,
-                    rec.node_rank if rec else None,
-                    rec.local_rank if rec else None,
-                    s.liveness.value,
-                    s.progress.value,
-                    rec.iteration if rec else None,
-                    rec.progress_seq if rec else None,
-                    rec.phase if rec else None,
-                    rec.checkpoint_active if rec else False,
-                    _round(s.heartbeat_age_s),
-                    _round(s.progress_age_s),
-                    sorted(t.value for t in s.active) if s.active else [],
-                    list(s.blocked_by),
-                ]
+        snapshot = [
+            (
+                rank,
+                s.pid,
+                s.record,
+                s.liveness.value,
+                s.progress.value,
+                s.heartbeat_age_s,
+                s.progress_age_s,
+                sorted(t.value for t in s.active) if s.active else [],
+                list(s.blocked_by),
             )
+            for rank, s in rules.ranks.items()
+        ]
+        self._detail_thread = threading.Thread(
+            target=self._detail_to_file,
+            args=(snapshot, n_ranks),
+            name="rankguard-status-ranks",
+            daemon=True,
+        )
+        self._detail_thread.start()
+
+    def wait_rank_detail(self, timeout_s: float = 60.0) -> None:
+        """Wait until ``status_ranks.json`` being written is written."""
+        if self._detail_thread is not None:
+            self._detail_thread.join(timeout_s)
+
+    def _detail_to_file(self, snapshot: list[tuple[Any, ...]], n_ranks: int) -> None:
+        t0 = time.perf_counter()
+        by_rank: list[list[Any] | None] = [None] * n_ranks
+        for rank, pid, rec, live, prog, hb_age, prog_age, active, blocked in snapshot:
+            if rank >= n_ranks:
+                continue
+            by_rank[rank] = [
+                rank,
+                pid,
+                rec.hostname if rec else None,
+                rec.node_rank if rec else None,
+                rec.local_rank if rec else None,
+                live,
+                prog,
+                rec.iteration if rec else None,
+                rec.progress_seq if rec else None,
+                rec.phase if rec else None,
+                rec.checkpoint_active if rec else False,
+                _round(hb_age),
+                _round(prog_age),
+                active,
+                blocked,
+            ]
+        empty = [None] * (len(DETAIL_COLUMNS) - 1)
+        rows = [row if row is not None else [rank, *empty] for rank, row in enumerate(by_rank)]
         stamp = _iso_now()
         detail = {
             "schema_version": SCHEMA_VERSION,
@@ -689,6 +735,9 @@ class JobMonitor:
             self._detail_written = stamp
         except OSError as exc:
             self._write_failed(self.layout.status_ranks, exc)
+        except Exception:
+            logger.exception("rankguard monitor: cannot write %s", self.layout.status_ranks)
+        self.last_detail_write_s = time.perf_counter() - t0
 
     def _status_fields(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -426,6 +426,8 @@ class StoreRemoteSource(RemoteSource):
         except (ValueError, TypeError, AttributeError):
             self._bad(f"node {node}: unreadable records")
             return None
+        if key == st.base_gen:
+            return None  # the records we have (a tick older than them was read)
         st.base_gen = key
         st.patchers = {}
         st.raw_records = []
@@ -458,7 +460,9 @@ class StoreRemoteSource(RemoteSource):
         self.ignored_rows += 1
         self.last_ignored = why
         if self.ignored_rows == 1 or self.ignored_rows % 1000 == 0:
-            logger.warning("rankguard monitor: relayed data skipped (%d so far): %s", self.ignored_rows, why)
+            logger.warning(
+                "rankguard monitor: relayed data skipped (%d so far): %s", self.ignored_rows, why
+            )
 
     def _discover(self) -> None:
         """Nodes whose tick key appeared since the last call: ``check`` is true only
