@@ -40,6 +40,7 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import socket
 import statistics
 import sys
 import tempfile
@@ -268,6 +269,8 @@ def node0_ranks(
     ranks = [SimRank(r, world, args.publish_interval) for r in range(PER_NODE)]
     for r in ranks:
         r.lag = 0.0
+        # this host and a live pid: the monitor's pid checks look at them as at real ranks
+        r.base.update(hostname=socket.gethostname(), pid=os.getpid())
     while not stop.is_set():
         now = time.monotonic()
         for r in ranks:
@@ -386,7 +389,7 @@ def main() -> int:
         node0_store = TimedStore(master)
         source = StoreRemoteSource(node0_store, RUN_ID, nnodes)
         monitor = JobMonitor(
-            cfg, run_dir, RUN_ID, expected_world_size=world, remote=source, check_pids=False
+            cfg, run_dir, RUN_ID, expected_world_size=world, remote=source, check_pids=True
         )
         node0 = Node0(monitor, args.scan_interval)
         detail_s: list[float] = []  # the scan's snapshot for status_ranks.json

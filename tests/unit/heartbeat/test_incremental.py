@@ -209,3 +209,18 @@ def test_a_quiet_rank_is_not_evaluated_until_its_timeout_is_due() -> None:
     findings = rules.evaluate(10.5)
     assert evaluated == [0]
     assert [f.finding_type.value for f in findings] == ["rank_process_heartbeat_timeout"]
+
+
+def test_the_monitor_wakes_when_a_timeout_runs_out(tmp_path: Any) -> None:
+    import time
+
+    from rankguard.heartbeat.monitor import JobMonitor
+
+    mon = JobMonitor(heartbeat_config(), tmp_path, RUN, expected_world_size=1, check_pids=False)
+    now = time.monotonic()
+    mon.rules.ingest(heartbeat_record(0, 1, run_id=RUN, world_size=1, since=0.0), now - 9.5)
+    assert mon.scan_once() == []
+    due = mon.rules.next_due()
+    assert due is not None and abs(due - (now + 0.5)) < 1e-3  # process timeout 10 s
+    assert abs(mon._wake_at(now + 100.0) - (now + 0.5)) < 0.01  # not the next interval
+    assert mon._wake_at(now + 0.2) == now + 0.2  # the interval comes first
