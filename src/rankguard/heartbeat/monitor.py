@@ -570,6 +570,12 @@ class JobMonitor:
                 "gpus": len(snap.get("gpus") or []),
             }
             for node, (snap, _, seen) in sorted(self._health.items())
+            if complete or snap.get("status") not in ("ok", "unavailable")
+        }
+        disks = {
+            str(node): disk.to_dict()
+            for node, disk in sorted(self._disks.items())
+            if complete or disk.full or disk.error
         }
         return {
             "schema_version": SCHEMA_VERSION,
@@ -616,7 +622,8 @@ class JobMonitor:
                 "written_wall_time": None if complete else self._detail_written,
             },
             "gpu_health": health,
-            "disks": {str(node): disk.to_dict() for node, disk in sorted(self._disks.items())},
+            # a large job: only the nodes in trouble (thousands of nodes otherwise)
+            "disks": disks,
             "perf": self._perf_status(),
             "stragglers": None,  # a stable key, filled by the straggler evaluator when on
             **{e.name: e.status() for e in self._evaluators},
