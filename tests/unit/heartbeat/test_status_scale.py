@@ -49,6 +49,31 @@ def _feed(mon: JobMonitor, clock: FakeClock, *, stuck: int | None = None) -> Non
         mon.scan_once()
 
 
+@pytest.fixture(autouse=True)
+def gc_thresholds() -> Any:
+    """A large job's monitor raises the collector's thresholds: restored after each test."""
+    import gc
+
+    before = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)
+    yield
+    gc.set_threshold(*before)
+
+
+def test_a_large_jobs_monitor_collects_garbage_less_often(tmp_path: Path) -> None:
+    import gc
+
+    from rankguard.heartbeat.monitor import LARGE_JOB_GC_THRESHOLD
+
+    _monitor(tmp_path, FakeClock(0.0))  # 40 ranks, status_rank_rows 4096: small
+    assert gc.get_threshold() == (700, 10, 10)
+    _monitor(tmp_path, FakeClock(0.0), status_rank_rows=16)
+    assert gc.get_threshold() == LARGE_JOB_GC_THRESHOLD
+    gc.set_threshold(1000, 10, 10)  # someone chose: left alone
+    _monitor(tmp_path, FakeClock(0.0), status_rank_rows=16)
+    assert gc.get_threshold() == (1000, 10, 10)
+
+
 @pytest.fixture
 def large(tmp_path: Path) -> JobMonitor:
     clock = FakeClock(100.0)
