@@ -21,7 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from rankguard.heartbeat.procs import pid_running, process_start_time
-from rankguard.schema.layout import CHECKPOINTS_FILE, FINDINGS_FILE, STATUS_FILE
+from rankguard.schema.layout import (
+    CHECKPOINTS_FILE,
+    FINDINGS_FILE,
+    STATUS_FILE,
+    STATUS_RANKS_FILE,
+)
 
 __all__ = [
     "FINAL_STATES",
@@ -29,8 +34,11 @@ __all__ = [
     "latest_findings",
     "launcher_gone",
     "load_status",
+    "parse_rank_spec",
+    "rank_rows",
     "read_checkpoints",
     "read_findings",
+    "worst_rows",
 ]
 
 #: Job states after which no launcher is expected to be alive.
@@ -179,3 +187,77 @@ def read_checkpoints(run_dir: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return obj if isinstance(obj, dict) else None
+
+
+def parse_rank_spec(spec: str) -> set[int]:
+    """``"10-20,35"`` -> {10, ..., 20, 35}; ``ValueError`` naming the bad part."""
+    out: set[int] = set()
+    for part in spec.split(","):
+        part = part.strip()
+        lo, sep, hi = part.partition("-")
+        try:
+            first = int(lo)
+            last = int(hi) if sep else first
+        except ValueError:
+            raise ValueError(f"not a rank or a range A-B: {part!r}") from None
+        if first < 0 or last < first:
+            raise ValueError(f"not a range of ranks: {part!r}")
+        if last - first > 1_000_000:
+            raise ValueError(f"range too long: {part!r}")
+        out.update(range(first, last + 1))
+    return out
+
+
+def rank_rows(run_dir: Path, status: dict[str, Any], ranks: set[int]) -> list[dict[str, Any]]:
+    """The rows of ``ranks``: status.json's when it lists every rank (or lists them),
+    else ``status_ranks.json``'s (a large job's monitor writes every rank there
+    periodically; status.json's fresher row wins where it has one)."""
+    listed = {r.get("rank"): r for r in status.get("ranks") or [] if isinstance(r, dict)}
+    detail = status.get("rank_detail")
+    complete = not isinstance(detail, dict) or detail.get("complete") is not False
+    if complete or all(r in listed for r in ranks):
+        return [listed[r] for r in sorted(ranks) if r in listed]
+    rows = _detail_rows(run_dir, ranks)
+    rows.update({r: row for r, row in listed.items() if r in ranks})
+    return [rows[r] for r in sorted(rows)]
+
+
+def _detail_rows(run_dir: Path, ranks: set[int]) -> dict[Any, dict[str, Any]]:
+    path = run_dir / STATUS_RANKS_FILE
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise StatusUnavailable(
+            f"no {STATUS_RANKS_FILE} in {run_dir} yet: the monitor writes it every "
+            "heartbeat.status_detail_interval_s"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise StatusUnavailable(f"cannot read {path}: {exc}") from exc
+    columns = doc.get("columns") if isinstance(doc, dict) else None
+    if not isinstance(columns, list):
+        raise StatusUnavailable(f"{path} is malformed: no columns")
+    out: dict[Any, dict[str, Any]] = {}
+    for row in doc.get("rows") or []:
+        if isinstance(row, list) and row and row[0] in ranks:
+            out[row[0]] = dict(zip(columns, row, strict=False))
+    return out
+
+
+_BAD_PROGRESS = ("stalled", "unknown")
+
+
+def worst_rows(rows: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """The ``n`` rows most in need of a look: an active finding, then stale, stalled or
+    ended in error, then the longest without progress (the monitor's order)."""
+
+    def badness(r: dict[str, Any]) -> tuple[int, float]:
+        if r.get("active_findings"):
+            tier = 0
+        elif r.get("process_liveness") == "stale" or r.get("gpu_progress") in _BAD_PROGRESS:
+            tier = 1
+        else:
+            tier = 2
+        age = r.get("progress_age_s") or r.get("heartbeat_age_s") or 0.0
+        return tier, -(age if isinstance(age, (int, float)) else 0.0)
+
+    return sorted(rows, key=badness)[: max(0, n)]

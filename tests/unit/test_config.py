@@ -57,9 +57,11 @@ command. No additional build step or separate monitoring command is required.
 """
 
 HEARTBEAT_KEYS = (
-    "checkpoint_timeout_s, enabled, eval_timeout_s, hardware_health, "
-    "initial_process_timeout_s, initial_progress_timeout_s, max_file_mb, phase_detection, "
-    "phase_patterns, process_timeout_s, progress_timeout_s, publish_interval_s, scan_interval_s"
+    "checkpoint_timeout_s, enabled, eval_timeout_s, hardware_health, incremental_rules, "
+    "initial_process_timeout_s, initial_progress_timeout_s, max_file_mb, "
+    "mirror_relayed_max_ranks, phase_detection, phase_patterns, process_timeout_s, "
+    "progress_timeout_s, publish_interval_s, scan_interval_s, status_detail_interval_s, "
+    "status_rank_rows, status_worst_ranks"
 )
 
 

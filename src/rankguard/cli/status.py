@@ -29,7 +29,10 @@ from rankguard.runfiles import (
     latest_findings,
     launcher_gone,
     load_status,
+    parse_rank_spec,
+    rank_rows,
     read_findings,
+    worst_rows,
 )
 from rankguard.schema.layout import FINDINGS_FILE, STATUS_FILE
 from rankguard.textsafe import safe_text
@@ -127,7 +130,30 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="redraw every SECONDS until Ctrl-C",
     )
+    parser.add_argument(
+        "--ranks",
+        type=_rank_spec,
+        default=None,
+        metavar="SPEC",
+        help="show only these ranks, e.g. 10-20,35 (a large job's other ranks come from "
+        "status_ranks.json)",
+    )
+    parser.add_argument(
+        "--worst",
+        type=_non_negative_int,
+        default=None,
+        metavar="N",
+        help="show only the N ranks most in need of a look (active findings, stale, "
+        "stalled, longest without progress)",
+    )
     parser.set_defaults(func=run)
+
+
+def _rank_spec(value: str) -> set[int]:
+    try:
+        return parse_rank_spec(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _use_color() -> bool:
@@ -142,6 +168,15 @@ def _error(message: str) -> int:
 
 def _frame(run_dir: Path, args: argparse.Namespace, tty: bool) -> str:
     status = load_status(run_dir)
+    ranks: set[int] | None = getattr(args, "ranks", None)
+    worst: int | None = getattr(args, "worst", None)
+    if ranks is not None or worst is not None:
+        status["rank_detail"] = {**(status.get("rank_detail") or {}), "selected": True}
+    if ranks is not None:
+        status["ranks"] = rank_rows(run_dir, status, ranks)
+    if worst is not None:
+        rows = [r for r in status.get("ranks") or [] if isinstance(r, dict)]
+        status["ranks"] = worst_rows(rows, worst)
     try:
         findings = latest_findings(run_dir, status, args.findings)
     except OSError as exc:

@@ -405,6 +405,12 @@ def render_status(
         lines.extend(_table(_RANK_HEADER, [_rank_row(r) for r in ranks], _RANK_RIGHT, color))
     else:
         lines.append("no ranks observed yet")
+    detail = _as_dict(status.get("rank_detail"))
+    if detail.get("complete") is False and not detail.get("selected"):
+        lines.append(
+            f"(the {_text(detail.get('listed'))} ranks most in need of a look; every rank: "
+            f"{_text(detail.get('file'))}, rankguard status --ranks A-B)"
+        )
     lines.append("")
     lines.extend(_health_lines(status, color))
     lines.append("")

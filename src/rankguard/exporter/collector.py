@@ -29,6 +29,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from rankguard.health.schema import NodeStatus
+from rankguard.runfiles import worst_rows
 from rankguard.schema.findings import FindingType, Liveness, Progress
 
 if TYPE_CHECKING:
@@ -223,6 +224,11 @@ METRICS: tuple[MetricSpec, ...] = (
     ),
     MetricSpec("rankguard_monitor_scan_seconds", "gauge", "Duration of the monitor's last scan."),
     MetricSpec(
+        "rankguard_exporter_ranks_with_series",
+        "gauge",
+        "Ranks exported with per-rank series (perf.prometheus.rank_series, worst first).",
+    ),
+    MetricSpec(
         "rankguard_monitor_status_age_seconds",
         "gauge",
         "Seconds since the monitor last rebuilt its status (grows if the monitor is stuck).",
@@ -280,11 +286,13 @@ def build_families(
     last_scan_s: float,
     finding_counts: dict[str, int],
     now_wall: float,
+    rank_rows: list[dict[str, Any]] | None = None,
 ) -> list[Metric]:
     """The families of :data:`METRICS` that have samples, from one ``status.json`` dict.
 
     A value the status does not have (a rank not observed yet, no FLOPs configured) is
     left out rather than exported as 0; state gauges always carry every state.
+    ``rank_rows``: the ranks with per-rank series (default: every row of the status).
     """
     fam = {name: spec.family() for name, spec in _SPECS.items()}
 
@@ -292,7 +300,10 @@ def build_families(
         if value is not None:
             fam[name].add_metric(list(labels), value)
 
-    for row in status.get("ranks") or []:
+    rows = rank_rows if rank_rows is not None else status.get("ranks") or []
+    if status:
+        put("rankguard_exporter_ranks_with_series", [], float(len(rows)))
+    for row in rows:
         rank = _label(row.get("rank"))
         if row.get("pid") is not None:
             where = [row.get("node_rank"), row.get("local_rank"), row.get("hostname")]
@@ -379,9 +390,30 @@ def build_families(
 class StatusCollector(Collector):
     """Reads ``monitor.status`` (one consistent dict per scan) at every scrape."""
 
-    def __init__(self, monitor: JobMonitor, findings: FindingCounts) -> None:
+    def __init__(
+        self,
+        monitor: JobMonitor,
+        findings: FindingCounts,
+        *,
+        rank_series: int | None = None,
+        all_ranks: bool = False,
+    ) -> None:
         self.monitor = monitor
         self.findings = findings
+        self.rank_series = rank_series
+        self.all_ranks = all_ranks
+
+    def _rank_rows(self, status: dict[str, Any]) -> list[dict[str, Any]]:
+        """Per-rank series budget: every rank on request, else the worst ``rank_series``."""
+        rows = [r for r in status.get("ranks") or [] if isinstance(r, dict)]
+        if self.all_ranks:
+            detail = status.get("rank_detail") or {}
+            if detail.get("complete") is False:  # a large job: rows from the rules
+                return self.monitor.rank_rows()
+            return rows
+        if self.rank_series is None or len(rows) <= self.rank_series:
+            return rows
+        return worst_rows(rows, self.rank_series)
 
     def describe(self) -> Iterator[Metric]:
         """The catalogue without samples: registers the names without a scan."""
@@ -390,11 +422,13 @@ class StatusCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         m = self.monitor
+        status = m.status  # replaced whole by each scan: a coherent snapshot
         yield from build_families(
-            m.status,  # replaced whole by each scan: a coherent snapshot
+            status,
             scans=m.scan_count,
             scan_errors=m.scan_errors,
             last_scan_s=m.last_scan_s,
             finding_counts=self.findings.snapshot(),
             now_wall=time.time(),
+            rank_rows=self._rank_rows(status),
         )

@@ -63,7 +63,17 @@ class MetricsExporter:
     (:func:`start_for_monitor` does both).
     """
 
-    def __init__(self, monitor: JobMonitor, *, run_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        monitor: JobMonitor,
+        *,
+        run_dir: Path | None = None,
+        rank_series: int | None = 64,
+        all_rank_series: bool = False,
+    ) -> None:
+        """``rank_series``: per-rank series for at most this many ranks, the worst first
+        (None: every rank in the monitor's status); ``all_rank_series``: every rank of
+        the job, even those a large job's status does not list."""
         try:  # prometheus-client is optional: imported here and below, never at the top
             from prometheus_client import CollectorRegistry
 
@@ -75,7 +85,11 @@ class MetricsExporter:
         self.findings = FindingCounts()
         self.counter = _CountFindings(self.findings)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(StatusCollector(monitor, self.findings))
+        self.registry.register(
+            StatusCollector(
+                monitor, self.findings, rank_series=rank_series, all_ranks=all_rank_series
+            )
+        )
         self.host: str | None = None
         self.port: int | None = None
         self._server: WSGIServer | None = None
@@ -198,7 +212,12 @@ def start_for_monitor(
     """
     if not cfg.enabled:
         return None
-    exporter = MetricsExporter(monitor, run_dir=run_dir)
+    exporter = MetricsExporter(
+        monitor,
+        run_dir=run_dir,
+        rank_series=cfg.rank_series,
+        all_rank_series=cfg.all_rank_series,
+    )
     exporter.attach()
     try:
         exporter.start(cfg.host, cfg.port)

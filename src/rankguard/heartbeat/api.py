@@ -33,6 +33,15 @@ class RemoteSource:
     def fetch(self) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]:
         raise NotImplementedError
 
+    def fetch_changed(self) -> tuple[list[Any], dict[int, dict[str, Any]]]:
+        """What changed since the last call (records as dicts or typed records); the
+        monitor's call at each scan. By default everything :meth:`fetch` returns."""
+        return self.fetch()
+
+    def ignored(self) -> tuple[int, str | None]:
+        """Relayed data the source itself could not use: how many, the last reason."""
+        return 0, None
+
     def nodes_done(self) -> bool:
         raise NotImplementedError
 

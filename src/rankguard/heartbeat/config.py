@@ -96,6 +96,35 @@ class HeartbeatConfig:
             "(0: never rotate)."
         },
     )
+    mirror_relayed_max_ranks: int = field(
+        default=4096,
+        metadata={
+            "help": "Node 0 keeps a local copy of other nodes' heartbeat files (for the "
+            "report) while the job has at most this many ranks (0: never)."
+        },
+    )
+    status_rank_rows: int = field(
+        default=4096,
+        metadata={
+            "help": "status.json lists every rank up to this many ranks; a larger job lists "
+            "the status_worst_ranks worst and writes all of them to status_ranks.json."
+        },
+    )
+    status_worst_ranks: int = field(
+        default=100,
+        metadata={"help": "Ranks listed in status.json above status_rank_rows (worst first)."},
+    )
+    status_detail_interval_s: float = field(
+        default=30.0,
+        metadata={"help": "Seconds between two rewrites of status_ranks.json (large jobs)."},
+    )
+    incremental_rules: bool = field(
+        default=True,
+        metadata={
+            "help": "Evaluate only the ranks with a new record or a timeout due in a scan "
+            "(same verdicts as evaluating every rank; false: every rank every scan)."
+        },
+    )
     hardware_health: HardwareHealthConfig = field(default_factory=HardwareHealthConfig)
 
     @property
@@ -105,6 +134,10 @@ class HeartbeatConfig:
 
     def __post_init__(self) -> None:
         check_number("max_file_mb", self.max_file_mb, ge=0)
+        check_number("mirror_relayed_max_ranks", self.mirror_relayed_max_ranks, ge=0)
+        check_number("status_rank_rows", self.status_rank_rows, ge=0)
+        check_number("status_worst_ranks", self.status_worst_ranks, ge=0)
+        check_number("status_detail_interval_s", self.status_detail_interval_s, gt=0)
         for name in (
             "publish_interval_s",
             "scan_interval_s",

@@ -27,6 +27,8 @@ whether the disk of the run directory is full (:mod:`.disk`).
 
 from __future__ import annotations
 
+import gc
+import heapq
 import json
 import logging
 import os
@@ -39,7 +41,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from rankguard._fs import QueuedJsonl, append_bytes, atomic_write_json, dumps_line, rotate_jsonl
+from rankguard._fs import (
+    QueuedJsonl,
+    append_bytes,
+    atomic_write_json,
+    dumps_line,
+    rotate_jsonl,
+)
 from rankguard.health import gpu_for_rank
 from rankguard.heartbeat.api import Evaluator, FindingSink, RemoteSource, StatusSource
 from rankguard.heartbeat.config import HeartbeatConfig
@@ -109,6 +117,14 @@ class JobMonitor:
         self.last_error: str | None = None
         self.state = "scanning"  # "failing" while scans fail; "stopped": the thread ended
         self.last_scan_s = 0.0
+        self.last_scan_cpu_s = 0.0  # the scanning thread's CPU time of the last scan
+        self.last_status_write_s = 0.0
+        self.status_bytes = 0
+        self._detail_due = 0.0  # monitor time of the next status_ranks.json
+        self._detail_written: str | None = None
+        self._detail_thread: threading.Thread | None = None
+        self.last_detail_write_s = 0.0
+        self._health_stale: dict[int, bool] = {}
         self.sink_errors = 0
         self.write_errors = 0  # failed writes of mirrored records and health copies
         self.status_write_errors = 0
@@ -131,6 +147,8 @@ class JobMonitor:
         self._thread: threading.Thread | None = None
         self._scan_lock = threading.Lock()
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if expected_world_size and expected_world_size > cfg.status_rank_rows:
+            _large_job_gc()
 
     # ---- extension points -----------------------------------------------------------
 
@@ -185,6 +203,10 @@ class JobMonitor:
             if self._all_ended() or self.clock() >= deadline:
                 break
             time.sleep(min(0.2, self.cfg.scan_interval_s))
+        if not self.status.get("rank_detail", {}).get("complete", True):
+            self._detail_due = 0.0  # the final rows of every rank
+            self._write_rank_detail(self.clock())
+        self.wait_rank_detail()
         give_up = time.monotonic() + write_wait_s
         while self._unwritten() and time.monotonic() < give_up:
             time.sleep(0.5)
@@ -221,9 +243,12 @@ class JobMonitor:
 
     def _scan_loop(self) -> None:
         # Fixed rate: a slow scan does not push every later scan back by its duration.
+        # A rank's timeout that runs out between two scans is scanned for when it does
+        # (the rules know when), not up to one interval later.
         interval = self.cfg.scan_interval_s
         next_at = time.monotonic() + interval
-        while not self._stop.wait(max(0.0, next_at - time.monotonic())):
+        while not self._stop.wait(max(0.0, self._wake_at(next_at) - time.monotonic())):
+            now = time.monotonic()
             try:
                 self.scan_once()
             except Exception as exc:  # a bug escaping the scan's own guard
@@ -231,14 +256,23 @@ class JobMonitor:
             if self.consecutive_errors:  # bounded back-off while scans keep failing
                 wait = min(MAX_BACKOFF_S, interval * 2.0 ** min(self.consecutive_errors, 16))
                 next_at = time.monotonic() + max(interval, wait)
-            else:
+            elif now >= next_at:
                 next_at = max(next_at + interval, time.monotonic() + 0.1 * interval)
+
+    def _wake_at(self, next_at: float) -> float:
+        if self.clock is not time.monotonic or self.consecutive_errors:
+            return next_at  # the rules' times are of another clock, or backing off
+        due = self.rules.next_due()
+        if due is None:
+            return next_at
+        # not sooner than a tenth of an interval after the last scan
+        return min(next_at, max(due + 0.001, time.monotonic() + 0.1 * self.cfg.scan_interval_s))
 
     # ---- one scan -------------------------------------------------------------------
 
     def scan_once(self) -> list[Finding]:
         with self._scan_lock:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             try:
                 findings = self._scan()
             except Exception as exc:
@@ -246,6 +280,7 @@ class JobMonitor:
                 self._scan_failed(exc)
                 return []
             self.last_scan_s = time.perf_counter() - t0
+            self.last_scan_cpu_s = time.thread_time() - c0
             if self.consecutive_errors:
                 logger.warning(
                     "rankguard monitor: scanning again after %d failed scan(s)",
@@ -310,6 +345,7 @@ class JobMonitor:
         if self.check_pids:
             self._mark_vanished(now)
         self._read_health(now)
+        self._note_stale_health(now)
         findings = self.rules.evaluate(now, self._health_for)
         for evaluator in self._evaluators:
             more = evaluator.evaluate(now, self.rules.ranks)
@@ -324,13 +360,18 @@ class JobMonitor:
             logger.exception("rankguard monitor: cross-rank performance failed")
         self.scan_count += 1
         self.status = self._build_status(now)
+        t0 = time.perf_counter()
         try:
             # Compact: at thousands of ranks indentation alone costs a third of a scan.
             atomic_write_json(self.layout.status, self.status, indent=None)
             self._status_unwritten = False
+            self.status_bytes = os.stat(self.layout.status).st_size
         except OSError as exc:  # written again at the next scan
             self._status_unwritten = True
             self._write_failed(self.layout.status, exc, status=True)
+        self.last_status_write_s = time.perf_counter() - t0
+        if not self.status["rank_detail"]["complete"] and now >= self._detail_due:
+            self._write_rank_detail(now)
         return findings
 
     def _written(self, out: QueuedJsonl, ok: bool) -> None:
@@ -415,7 +456,7 @@ class JobMonitor:
     def _ingest_remote(self, now: float) -> None:
         assert self.remote is not None
         try:
-            records, health = self.remote.fetch()
+            records, health = self.remote.fetch_changed()
         except Exception as exc:
             logger.warning("rankguard monitor: cannot read relayed heartbeats: %s", exc)
             return
@@ -425,12 +466,13 @@ class JobMonitor:
             self.rules.note_root_cause(rank, pid)
         for node, reason in sorted(self.remote.shutdowns().items()):
             self.rules.note_shutdown(f"node {node}'s launcher received {reason}")
+        mirror = self.rules.world_size() <= self.cfg.mirror_relayed_max_ranks
         for raw in records:
             record = self.rules.accept(raw)
             if record is None:
                 continue
             age = min(record.relayed_age_s or 0.0, 3600.0)
-            if self.rules.ingest(record, now - age):  # new: keep node 0's copy
+            if self.rules.ingest(record, now - age) and mirror:  # new: keep node 0's copy
                 self._mirror(record)
         for node_rank, snapshot in health.items():
             path = self.layout.health(node_rank)
@@ -511,6 +553,17 @@ class JobMonitor:
                 except (OSError, ValueError):
                     continue
                 self._health[node_rank] = (snapshot, mtime, now)
+                self._health_stale[node_rank] = False
+                self.rules.mark_node(node_rank)
+
+    def _note_stale_health(self, now: float) -> None:
+        """A node's health snapshot that went stale changes its ranks' verdicts."""
+        stale_after = self.cfg.hardware_health.stale_after_s or 0.0
+        for node, (_, _, seen) in self._health.items():
+            stale = now - seen > stale_after
+            if stale != self._health_stale.get(node, False):
+                self._health_stale[node] = stale
+                self.rules.mark_node(node)
 
     def _health_for(self, record: HeartbeatRecord) -> dict[str, Any] | None:
         node = record.node_rank
@@ -575,20 +628,33 @@ class JobMonitor:
     def _build_status(self, now: float) -> dict[str, Any]:
         rules = self.rules
         world = rules.world_size()
-        rows = []
-        for rank in range(max([world, *(r + 1 for r in rules.ranks)])):
-            state = rules.ranks.get(rank) or RankState(rank=rank)
-            rows.append(self._rank_row(state))
-        liveness = Counter(r["process_liveness"] for r in rows)
-        progress = Counter(r["gpu_progress"] for r in rows)
-        active = sum(len(r["active_findings"]) for r in rows)
-        if rules.shutdown is not None and not all(
-            r["gpu_progress"] == Progress.COMPLETED.value for r in rows
-        ):
+        n_ranks = max(world, max(rules.ranks, default=-1) + 1)
+        complete = n_ranks <= self.cfg.status_rank_rows
+        if complete:
+            rows = []
+            for rank in range(n_ranks):
+                state = rules.ranks.get(rank) or RankState(rank=rank)
+                rows.append(self._rank_row(state))
+            liveness = Counter(r["process_liveness"] for r in rows)
+            progress = Counter(r["gpu_progress"] for r in rows)
+            active = sum(len(r["active_findings"]) for r in rows)
+        else:  # a large job: counts over every rank, rows of the worst only
+            states = rules.ranks.values()
+            # counted as enums (hashing them is 4x faster than reading .value)
+            liveness = Counter({k.value: n for k, n in Counter(s.liveness for s in states).items()})
+            progress = Counter({k.value: n for k, n in Counter(s.progress for s in states).items()})
+            unseen = n_ranks - len(rules.ranks)
+            if unseen:
+                liveness[Liveness.NOT_OBSERVED.value] += unseen
+                progress[Progress.NOT_OBSERVED.value] += unseen
+            active = sum(len(s.active) for s in states if s.active)
+            rows = [self._rank_row(s) for s in self.worst_ranks(self.cfg.status_worst_ranks)]
+        n_rows = n_ranks
+        if rules.shutdown is not None and progress.get(Progress.COMPLETED.value, 0) != n_rows:
             job_state = "stopped"
         elif rules.first_failure is not None:
             job_state = "failed"
-        elif rows and progress.get(Progress.COMPLETED.value, 0) == len(rows):
+        elif n_rows and progress.get(Progress.COMPLETED.value, 0) == n_rows:
             job_state = "completed"
         elif active:
             job_state = "degraded"
@@ -605,6 +671,12 @@ class JobMonitor:
                 "gpus": len(snap.get("gpus") or []),
             }
             for node, (snap, _, seen) in sorted(self._health.items())
+            if complete or snap.get("status") not in ("ok", "unavailable")
+        }
+        disks = {
+            str(node): disk.to_dict()
+            for node, disk in sorted(self._disks.items())
+            if complete or disk.full or disk.error
         }
         return {
             "schema_version": SCHEMA_VERSION,
@@ -619,9 +691,12 @@ class JobMonitor:
                 "scan_errors": self.scan_errors,
                 **self._error_fields(),
                 "last_scan_s": round(self.last_scan_s, 6),
+                "last_scan_cpu_s": round(self.last_scan_cpu_s, 6),
+                "last_status_write_s": round(self.last_status_write_s, 6),
+                "status_bytes": self.status_bytes,
                 "expected_world_size": world,
-                "ignored_records": rules.ignored_records,
-                "last_ignored": rules.last_ignored,
+                "ignored_records": rules.ignored_records + self._remote_ignored()[0],
+                "last_ignored": rules.last_ignored or self._remote_ignored()[1],
                 "rank_errors": rules.rank_errors,
                 "sink_errors": self.sink_errors,
                 "unwritten_findings": self._findings_out.unwritten,
@@ -643,14 +718,136 @@ class JobMonitor:
                 "findings_active": active,
             },
             "ranks": rows,
+            "rank_detail": {
+                "complete": complete,
+                "listed": len(rows),
+                "file": None if complete else self.layout.status_ranks.name,
+                "written_wall_time": None if complete else self._detail_written,
+            },
             "gpu_health": health,
-            "disks": {str(node): disk.to_dict() for node, disk in sorted(self._disks.items())},
+            # a large job: only the nodes in trouble (thousands of nodes otherwise)
+            "disks": disks,
             "perf": self._perf_status(),
             "stragglers": None,  # a stable key, filled by the straggler evaluator when on
             **{e.name: e.status() for e in self._evaluators},
             "recent_findings": list(self.recent_findings),
             **self._status_fields(),
         }
+
+    def _remote_ignored(self) -> tuple[int, str | None]:
+        if self.remote is None:
+            return 0, None
+        try:
+            return self.remote.ignored()
+        except Exception:
+            return 0, None
+
+    def rank_rows(self) -> list[dict[str, Any]]:
+        """Every rank's status row now (all of them, whatever the job's size: slow at
+        100,000 ranks, for a request, not for every scan)."""
+        rules = self.rules
+        n_ranks = max(rules.world_size(), max(rules.ranks, default=-1) + 1)
+        return [
+            self._rank_row(rules.ranks.get(rank) or RankState(rank=rank)) for rank in range(n_ranks)
+        ]
+
+    def worst_ranks(self, n: int) -> list[RankState]:
+        """The ``n`` ranks that most need a look, worst first: with an active finding,
+        then stale, stalled or ended in error, then blocked by another rank, then the
+        longest without progress."""
+        if n <= 0:
+            return []
+        states = self.rules.ranks.values()
+        notable = [s for s in states if s.active or s.blocked_by or s.progress in _NOTABLE]
+        picked = heapq.nsmallest(n, notable, key=_badness)
+        if len(picked) < n:
+            chosen = {s.rank for s in picked}
+            rest = heapq.nlargest(
+                n - len(picked),
+                (s for s in states if s.rank not in chosen and s.progress_age_s is not None),
+                key=lambda s: s.progress_age_s or 0.0,
+            )
+            picked += rest
+        return picked
+
+    def _write_rank_detail(self, now: float) -> None:
+        """Every rank's row, compact (one list a rank, ``columns`` names them), for
+        ``rankguard status --ranks`` and the report of a large job. The scan takes a
+        snapshot (a tuple a rank); a thread formats and writes it (about a second at
+        100,000 ranks, which must not hold up the next scan). At most one at a time."""
+        self._detail_due = now + self.cfg.status_detail_interval_s
+        if self._detail_thread is not None and self._detail_thread.is_alive():
+            return
+        rules = self.rules
+        n_ranks = max(rules.world_size(), max(rules.ranks, default=-1) + 1)
+        snapshot = [
+            (
+                rank,
+                s.pid,
+                s.record,
+                s.liveness.value,
+                s.progress.value,
+                s.heartbeat_age_s,
+                s.progress_age_s,
+                sorted(t.value for t in s.active) if s.active else [],
+                list(s.blocked_by),
+            )
+            for rank, s in rules.ranks.items()
+        ]
+        self._detail_thread = threading.Thread(
+            target=self._detail_to_file,
+            args=(snapshot, n_ranks),
+            name="rankguard-status-ranks",
+            daemon=True,
+        )
+        self._detail_thread.start()
+
+    def wait_rank_detail(self, timeout_s: float = 60.0) -> None:
+        """Wait until ``status_ranks.json`` being written is written."""
+        if self._detail_thread is not None:
+            self._detail_thread.join(timeout_s)
+
+    def _detail_to_file(self, snapshot: list[tuple[Any, ...]], n_ranks: int) -> None:
+        t0 = time.perf_counter()
+        by_rank: list[list[Any] | None] = [None] * n_ranks
+        for rank, pid, rec, live, prog, hb_age, prog_age, active, blocked in snapshot:
+            if rank >= n_ranks:
+                continue
+            by_rank[rank] = [
+                rank,
+                pid,
+                rec.hostname if rec else None,
+                rec.node_rank if rec else None,
+                rec.local_rank if rec else None,
+                live,
+                prog,
+                rec.iteration if rec else None,
+                rec.progress_seq if rec else None,
+                rec.phase if rec else None,
+                rec.checkpoint_active if rec else False,
+                _round(hb_age),
+                _round(prog_age),
+                active,
+                blocked,
+            ]
+        empty = [None] * (len(DETAIL_COLUMNS) - 1)
+        rows = [row if row is not None else [rank, *empty] for rank, row in enumerate(by_rank)]
+        stamp = _iso_now()
+        detail = {
+            "schema_version": SCHEMA_VERSION,
+            "run_id": self.run_id,
+            "updated_wall_time": stamp,
+            "columns": list(DETAIL_COLUMNS),
+            "rows": rows,
+        }
+        try:
+            atomic_write_json(self.layout.status_ranks, detail, indent=None)
+            self._detail_written = stamp
+        except OSError as exc:
+            self._write_failed(self.layout.status_ranks, exc)
+        except Exception:
+            logger.exception("rankguard monitor: cannot write %s", self.layout.status_ranks)
+        self.last_detail_write_s = time.perf_counter() - t0
 
     def _status_fields(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -661,6 +858,38 @@ class JobMonitor:
                 self.sink_errors += 1
                 logger.exception("rankguard monitor: status source failed")
         return out
+
+
+#: The columns of ``status_ranks.json``'s rows (the keys of a status.json rank row).
+DETAIL_COLUMNS = (
+    "rank",
+    "pid",
+    "hostname",
+    "node_rank",
+    "local_rank",
+    "process_liveness",
+    "gpu_progress",
+    "iteration",
+    "progress_seq",
+    "phase",
+    "checkpoint_active",
+    "heartbeat_age_s",
+    "progress_age_s",
+    "active_findings",
+    "blocked_by",
+)
+_NOTABLE = frozenset({Progress.STALLED, Progress.UNKNOWN})
+
+
+def _badness(s: RankState) -> tuple[int, float, int]:
+    """Sort key, worst first (see :meth:`JobMonitor.worst_ranks`)."""
+    if s.active:
+        tier = 0
+    elif s.liveness is Liveness.STALE or s.progress in _NOTABLE:
+        tier = 1
+    else:
+        tier = 2
+    return tier, -(s.progress_age_s or s.heartbeat_age_s or 0.0), s.rank
 
 
 def _empty_row(s: RankState) -> dict[str, Any]:
@@ -692,3 +921,21 @@ def _perf_row(perf: Any) -> dict[str, Any] | None:
 
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
+
+
+#: Young-generation threshold of the garbage collector for a large job's node 0.
+LARGE_JOB_GC_THRESHOLD = (50_000, 20, 100)
+
+
+def _large_job_gc() -> None:
+    """A large job's monitor replaces ~20,000 records a second among the ~1 million
+    objects it keeps: with the collector's default thresholds (700, 10, 10) its young
+    collections take about a third of a scan's CPU at 100,000 ranks (bench/README.md).
+    The launcher's process is rankguard's own; a threshold someone already changed is
+    left as it is."""
+    if gc.get_threshold() == (700, 10, 10):
+        gc.set_threshold(*LARGE_JOB_GC_THRESHOLD)
+        logger.info(
+            "rankguard monitor: garbage collector thresholds %s (large job)",
+            LARGE_JOB_GC_THRESHOLD,
+        )

@@ -3,18 +3,31 @@
 Nodes share no filesystem, but every node's launcher already talks to the c10d
 rendezvous ``TCPStore`` (hosted by node 0's launcher). On node k > 0 a
 :class:`StoreRelay` thread tails the node's heartbeat files and, every publish
-interval, sets one key per node, ``rankguard/<run_id>/hb/node/<k>``, to the latest
-record of every local rank plus the node's GPU health snapshot. Node 0's monitor reads
-those keys through :class:`StoreRemoteSource`, mirrors the records into its own run
-directory and evaluates them like local ones.
+interval, sends the latest record of every local rank in two keys:
 
-One key per node keeps the monitor at ``nnodes`` store reads per scan whatever the
-number of ranks, and the latest-record model loses nothing the rules need: every record
-carries the rank's full state, and ``process_end`` is always a rank's last record. The
-relay also notices local pids that vanished without ``process_end`` (SIGKILL, hard
-crash) and relays a synthesized ``process_end``, because node 0 cannot look at another
-host's process table. The payload also says whether the node's disk is full
-(:mod:`.disk`), so a rank that cannot write its heartbeats is not taken for a dead one.
+- ``rankguard/<run_id>/hb/tick/<k>``, every push: a small *tick* with the fields of each
+  rank that move with time (counters, clocks, progress, the main thread's frame, see
+  :mod:`.delta`) and the node's disk state;
+- ``rankguard/<run_id>/hb/node/<k>``, only when anything else changed (a new process, an
+  event, a phase, a checkpoint, an exit, a perf window, the GPU health snapshot, a
+  shutdown): the full records plus the node's GPU health.
+
+Both carry the relay's ``epoch`` (one per relay process) and the ``gen`` of the full
+records; node 0 lays a tick over the records of the same epoch and generation and gets
+back exactly the relay's records. Each key is overwritten, never appended to, so a
+missed push loses nothing (the keys always hold the latest state), a restarted relay
+starts a new epoch (its first push sends every record in full) and a node that drops
+out simply stops changing its keys (its ranks' heartbeats age on node 0 as they would
+without the relay). Node 0's :class:`StoreRemoteSource` reads every node's tick with one
+``multi_get`` per scan, parses only the ticks that changed and reads the full records
+only of the nodes whose generation moved.
+
+The latest-record model loses nothing the rules need: every record carries the rank's
+full state, and ``process_end`` is always a rank's last record. The relay also notices
+local pids that vanished without ``process_end`` (SIGKILL, hard crash) and relays a
+synthesized ``process_end``, because node 0 cannot look at another host's process
+table. The tick also says whether the node's disk is full (:mod:`.disk`), so a rank that
+cannot write its heartbeats is not taken for a dead one.
 
 The relay also serves node 0's kill requests (``kill/node/<k>``). Any client of the
 store can write that key, so the relay signals only its own node's current workers
@@ -44,11 +57,14 @@ from rankguard.ft.kill import (
     dump_then_kill,
 )
 from rankguard.heartbeat.api import RemoteSource
+from rankguard.heartbeat.delta import RecordPatcher, stable_part, tick_row
 from rankguard.heartbeat.disk import DiskState, disk_state
 from rankguard.heartbeat.procs import pid_running
 from rankguard.heartbeat.tailer import JsonlTailer
 from rankguard.schema.layout import HEARTBEAT_FILE_RE, RunLayout, StoreKeys
 from rankguard.schema.records import Event, HeartbeatRecord, RecordError, supersedes
+
+_MAX_MULTI_GET = 4096  # keys per multi_get round trip (bounded replies)
 
 __all__ = ["StoreRelay", "StoreRemoteSource", "publish_control", "request_kill"]
 
@@ -107,6 +123,10 @@ class StoreRelay:
         self.root_cause: tuple[int, int | None] | None = None  # from this node's agent
         self._thread: threading.Thread | None = None
         self._control_done = False
+        self.epoch = f"{os.getpid():x}-{time.time_ns():x}"  # a restarted relay: a new one
+        self.gen = 0  # generation of the full records last sent (``hb/node/<k>``)
+        self.base_pushes = 0  # pushes that had to send the full records
+        self._sent: tuple[Any, ...] | None = None  # what the last full records said
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="rankguard-relay", daemon=True)
@@ -176,7 +196,10 @@ class StoreRelay:
                         exc_info=(type(exc), exc, exc.__traceback__),
                     )
 
-    def _collect(self) -> None:
+    def collect(self) -> None:
+        """Read what the node's ranks wrote since the last push (their heartbeat files)
+        and synthesize ``process_end`` for pids that vanished. A simulation of many
+        nodes in one process replaces this with :meth:`offer` calls."""
         with os.scandir(self.run_dir) as it:
             for entry in it:
                 if not HEARTBEAT_FILE_RE.match(entry.name):
@@ -187,6 +210,10 @@ class StoreRelay:
         for rank, rec in list(self._latest.items()):
             if not rec.ended and not pid_running(rec.pid):
                 self._latest[rank] = rec.vanished(time.time_ns())
+
+    def offer(self, raw: dict[str, Any]) -> None:
+        """One record of a local rank, as its heartbeat file holds it."""
+        self._offer(raw)
 
     def _offer(self, raw: dict[str, Any]) -> None:
         """Keep ``raw`` if it is this run's newest record of its rank (the rules'
@@ -259,34 +286,77 @@ class StoreRelay:
         except Exception as exc:
             logger.warning("rankguard relay: kill request failed: %s", exc)
         try:
-            self._collect()
-            now = time.monotonic_ns()
-            records = [
-                # How old each record already is (same host's clock as its writer), so
-                # node 0 ages it from its creation, not from its arrival.
-                {**rec.to_dict(), "relayed_age_s": max(0.0, (now - rec.monotonic_ns) / 1e9)}
-                if rec.monotonic_ns and not rec.synthesized
-                else rec.to_dict()
-                for rec in self._latest.values()
-            ]
-            payload = {
-                "seq": self.pushes,  # node 0 tells a live relay from a stuck one by it
-                "records": records,
-                "health": self._health(),
-                "disk": disk_state(self.run_dir).to_dict(),
-                "shutdown": self.shutdown,
-                "root_cause": list(self.root_cause) if self.root_cause else None,
-            }
-            self.store.set(self.keys.heartbeats(self.node_rank), json.dumps(payload))
+            self.collect()
+            self._push()
             self.pushes += 1
         except Exception as exc:
             self.errors += 1
             if self.errors == 1 or self.errors % 100 == 0:
                 logger.warning("rankguard relay: push failed (%d so far): %s", self.errors, exc)
 
+    def _push(self) -> None:
+        now = time.monotonic_ns()
+        latest = sorted(self._latest.values(), key=lambda r: r.rank)
+        # How old each record already is (same host's clock as its writer), so node 0
+        # ages it from its creation, not from its arrival.
+        ages = [
+            max(0.0, (now - rec.monotonic_ns) / 1e9)
+            if rec.monotonic_ns and not rec.synthesized
+            else None
+            for rec in latest
+        ]
+        health = self._health()
+        disk = disk_state(self.run_dir).to_dict()
+        root = list(self.root_cause) if self.root_cause else None
+        sent = (tuple(stable_part(r) for r in latest), health, self.shutdown, root)
+        if sent != self._sent:
+            self.gen += 1
+            records = [
+                {**rec.to_dict(), "relayed_age_s": age} if age is not None else rec.to_dict()
+                for rec, age in zip(latest, ages, strict=True)
+            ]
+            payload = {
+                "epoch": self.epoch,
+                "gen": self.gen,
+                "records": records,
+                "health": health,
+                "disk": disk,
+                "shutdown": self.shutdown,
+                "root_cause": root,
+            }
+            self.store.set(self.keys.heartbeats(self.node_rank), json.dumps(payload))
+            self._sent = sent
+            self.base_pushes += 1
+        tick = {
+            "epoch": self.epoch,
+            "gen": self.gen,
+            "seq": self.pushes,  # node 0 tells a live relay from a stuck one by it
+            "disk": disk,
+            "ranks": [tick_row(rec, age) for rec, age in zip(latest, ages, strict=True)],
+        }
+        self.store.set(self.keys.tick(self.node_rank), json.dumps(tick, separators=(",", ":")))
+
+
+class _Node:
+    """Node 0's view of one relaying node: its last tick and full records."""
+
+    __slots__ = ("base_gen", "health", "patchers", "raw_records", "tick_raw")
+
+    def __init__(self) -> None:
+        self.tick_raw: bytes | None = None
+        self.base_gen: tuple[Any, Any] | None = None  # (epoch, gen) of the full records
+        self.patchers: dict[int, RecordPatcher] = {}  # rank -> its base record
+        self.raw_records: list[dict[str, Any]] = []  # full records that failed validation
+        self.health: dict[str, Any] | None = None
+
 
 class StoreRemoteSource(RemoteSource):
-    """Node 0: read what the relays of nodes 1..nnodes-1 pushed."""
+    """Node 0: read what the relays of nodes 1..nnodes-1 pushed.
+
+    :meth:`fetch_changed` (the monitor's call, once per scan) returns only the records
+    that changed since the previous call: one ``multi_get`` of every node's tick, and
+    one of the full records of the nodes whose generation moved. :meth:`fetch` returns
+    every node's current records (the same state, as dicts)."""
 
     def __init__(
         self,
@@ -310,6 +380,11 @@ class StoreRemoteSource(RemoteSource):
         self._root_causes: dict[int, tuple[int, int | None]] = {}
         self._disks: dict[int, DiskState] = {}
         self._pushed: dict[int, tuple[Any, float]] = {}  # node -> (its push seq, seen at)
+        self._state: dict[int, _Node] = {}  # nodes whose tick key exists
+        self._current: dict[int, HeartbeatRecord] = {}  # rank -> latest relayed record
+        self.ignored_rows = 0  # tick rows or payloads that could not be used
+        self.last_ignored: str | None = None
+        self.store_reads = 0  # round trips to the store (reads and checks)
 
     def root_causes(self) -> dict[int, tuple[int, int | None]]:
         """Each node's agent's root cause of its failed workers (last :meth:`fetch`)."""
@@ -336,28 +411,152 @@ class StoreRemoteSource(RemoteSource):
         return out
 
     def fetch(self) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]:
-        records: list[dict[str, Any]] = []
-        health: dict[int, dict[str, Any]] = {}
-        for node in self.nodes:
-            key = self.keys.heartbeats(node)
-            if not self.store.check([key]):
+        """Every node's current records (dicts, as the relays sent them) and health."""
+        self.fetch_changed()
+        records: list[dict[str, Any]] = [r.to_dict() for _, r in sorted(self._current.items())]
+        for node in self._state.values():
+            records.extend(node.raw_records)
+        health = {n: st.health for n, st in sorted(self._state.items()) if st.health}
+        return records, health
+
+    def fetch_changed(
+        self,
+    ) -> tuple[list[dict[str, Any] | HeartbeatRecord], dict[int, dict[str, Any]]]:
+        """Records that changed since the last call (typed, or the raw dict of a full
+        record that failed validation, for the monitor to count) and the health
+        snapshots that changed."""
+        self._discover()
+        present = sorted(self._state)
+        ticks = self._multi_get([self.keys.tick(n) for n in present])
+        changed: dict[int, Any] = {}
+        need_base: list[int] = []
+        for node, raw in zip(present, ticks, strict=True):
+            st = self._state[node]
+            if raw == st.tick_raw:
                 continue
-            payload = json.loads(self.store.get(key))
-            seq = payload.get("seq")
-            if seq is None or self._pushed.get(node, (None, 0.0))[0] != seq:
-                self._pushed[node] = (seq, self.clock())
-            records.extend(payload.get("records") or [])
-            if payload.get("health"):
-                health[node] = payload["health"]
-            root = payload.get("root_cause")
-            if isinstance(root, list) and len(root) == 2 and type(root[0]) is int:
-                self._root_causes[node] = (root[0], root[1] if type(root[1]) is int else None)
-            if isinstance(payload.get("shutdown"), str):
-                self._shutdowns[node] = payload["shutdown"][:200]
-            disk = DiskState.from_dict(payload.get("disk"))
+            try:
+                tick = json.loads(raw)
+                key = (tick["epoch"], tick["gen"])
+            except (ValueError, TypeError, KeyError):
+                self._bad(f"node {node}: unreadable tick")
+                continue
+            st.tick_raw = raw
+            # a new tick: the relay is alive (its disk state counts for a while)
+            self._pushed[node] = (tick.get("seq"), self.clock())
+            changed[node] = tick
+            disk = DiskState.from_dict(tick.get("disk"))
             if disk is not None:
                 self._disks[node] = disk
-        return records, health
+            if key != st.base_gen:
+                need_base.append(node)
+        out: list[dict[str, Any] | HeartbeatRecord] = []
+        health: dict[int, dict[str, Any]] = {}
+        bases = self._multi_get([self.keys.heartbeats(n) for n in need_base])
+        for node, raw in zip(need_base, bases, strict=True):
+            snapshot = self._load_base(node, raw, out)
+            if snapshot:
+                health[node] = snapshot
+        for node, tick in changed.items():
+            st = self._state[node]
+            if (tick["epoch"], tick["gen"]) != st.base_gen:
+                continue  # full records newer than this tick: the next tick follows them
+            for row in tick.get("ranks") or ():
+                self._patch(node, st, row, out)
+        return out, health
+
+    def _patch(
+        self, node: int, st: _Node, row: Any, out: list[dict[str, Any] | HeartbeatRecord]
+    ) -> None:
+        try:
+            patcher = st.patchers.get(row[0]) if type(row) is list and row else None
+            rec = patcher.apply(row) if patcher is not None else None
+        except RecordError as exc:
+            self._bad(f"node {node}: {exc}")
+            return
+        if rec is None:
+            self._bad(f"node {node}: tick row of a rank without a record")
+            return
+        known = self._current.get(rec.rank)
+        if known is None or known.seq != rec.seq or known.pid != rec.pid:
+            self._current[rec.rank] = rec
+            out.append(rec)
+
+    def _load_base(
+        self, node: int, raw: Any, out: list[dict[str, Any] | HeartbeatRecord]
+    ) -> dict[str, Any] | None:
+        st = self._state[node]
+        try:
+            payload = json.loads(raw)
+            key = (payload.get("epoch"), payload.get("gen"))
+        except (ValueError, TypeError, AttributeError):
+            self._bad(f"node {node}: unreadable records")
+            return None
+        if key == st.base_gen:
+            return None  # the records we have (a tick older than them was read)
+        st.base_gen = key
+        st.patchers = {}
+        st.raw_records = []
+        for item in payload.get("records") or []:
+            try:
+                rec = HeartbeatRecord.from_dict(item)
+            except RecordError:
+                st.raw_records.append(item)  # the monitor counts it
+                out.append(item)
+                continue
+            st.patchers[rec.rank] = RecordPatcher(rec)
+            self._current[rec.rank] = rec
+            out.append(rec)
+        root = payload.get("root_cause")
+        if isinstance(root, list) and len(root) == 2 and type(root[0]) is int:
+            self._root_causes[node] = (root[0], root[1] if type(root[1]) is int else None)
+        if isinstance(payload.get("shutdown"), str):
+            self._shutdowns[node] = payload["shutdown"][:200]
+        disk = DiskState.from_dict(payload.get("disk"))
+        if disk is not None and node not in self._disks:
+            self._disks[node] = disk
+        health = payload.get("health")
+        st.health = health if isinstance(health, dict) else None
+        return st.health
+
+    def ignored(self) -> tuple[int, str | None]:
+        return self.ignored_rows, self.last_ignored
+
+    def _bad(self, why: str) -> None:
+        self.ignored_rows += 1
+        self.last_ignored = why
+        if self.ignored_rows == 1 or self.ignored_rows % 1000 == 0:
+            logger.warning(
+                "rankguard monitor: relayed data skipped (%d so far): %s", self.ignored_rows, why
+            )
+
+    def _discover(self) -> None:
+        """Nodes whose tick key appeared since the last call: ``check`` is true only
+        when every key exists, so halve the missing ones (a few calls per new node)."""
+        missing = [n for n in self.nodes if n not in self._state]
+        if missing:
+            for node in self._existing(missing):
+                self._state[node] = _Node()
+
+    def _existing(self, nodes: list[int]) -> list[int]:
+        self.store_reads += 1
+        if self.store.check([self.keys.tick(n) for n in nodes]):
+            return nodes
+        if len(nodes) == 1:
+            return []
+        mid = len(nodes) // 2
+        return self._existing(nodes[:mid]) + self._existing(nodes[mid:])
+
+    def _multi_get(self, keys: list[str]) -> list[bytes]:
+        multi_get = getattr(self.store, "multi_get", None)
+        out: list[bytes] = []
+        for i in range(0, len(keys), _MAX_MULTI_GET):
+            chunk = keys[i : i + _MAX_MULTI_GET]
+            self.store_reads += 1 if multi_get is not None else len(chunk)
+            if multi_get is not None:
+                out.extend(multi_get(chunk))
+            else:
+                out.extend(self.store.get(k) for k in chunk)
+        return [v if isinstance(v, bytes) else str(v).encode() for v in out]
 
     def nodes_done(self) -> bool:
         try:

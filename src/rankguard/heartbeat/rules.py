@@ -41,7 +41,9 @@ space again, the rank is unresponsive after all and gets the heartbeat timeout.
 
 from __future__ import annotations
 
+import heapq
 import logging
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -134,6 +136,7 @@ class HeartbeatRules:
         # node (None: every node without its own report) -> its disk, when it had space
         # again (None while full or never full)
         self.disks: dict[int | None, tuple[DiskState, float | None]] = {}
+        self._due = _DueRanks(cfg.incremental_rules)
 
     # ---- input ----------------------------------------------------------------------
 
@@ -204,7 +207,13 @@ class HeartbeatRules:
             self._first_sighting = now
         if record.event is Event.PROCESS_START or state.start_wall_ns is None:
             state.start_wall_ns = record.wall_time_ns
+        self._due.changed(rank, record.node_rank)
         return True
+
+    def mark_node(self, node_rank: int | None) -> None:
+        """Something about node ``node_rank`` beyond its records changed (its GPU health
+        snapshot, or that snapshot went stale): its ranks are evaluated at the next scan."""
+        self._due.mark_node(node_rank)
 
     def note_root_cause(self, rank: int, pid: int | None) -> None:
         """This node's agent saw its worker group fail and names ``rank`` (``pid``) as
@@ -282,21 +291,67 @@ class HeartbeatRules:
                 if rank not in self.ranks and rank not in self._never_seen_fired:
                     self._never_seen_fired.add(rank)
                     findings.append(self._never_seen(rank, waited))
+        # Only the ranks whose verdict can have changed (see _DueRanks); the others'
+        # ages move on.
+        due = self._due.take(now, self.ranks)
         # Earliest failure first: when a rank fails, its peers fail in their next
         # collective or are terminated by the launcher: consequences, not culprits.
-        for state in sorted(self.ranks.values(), key=self._failure_order):
+        for state in sorted(due, key=self._failure_order):
             if state.record is None:
                 continue
             try:  # each rank in isolation: one rank's surprise never hides the others
                 state.gpu_health = health_for(state.record) if health_for else None
                 findings.extend(self._evaluate_rank(state, now))
             except Exception:
+                self._due.again(state.rank)
                 self.rank_errors += 1
                 if self.rank_errors == 1 or self.rank_errors % 1000 == 0:
                     logger.exception("rankguard rules: evaluating rank %d failed", state.rank)
+            else:
+                self._due.schedule(state, self._next_due(state), now)
+        self._due.age_others(now, self.ranks)
         findings.extend(self._attribute_stalls(now))
         self.findings_total += len(findings)
         return findings
+
+    def _next_due(self, s: RankState) -> float:
+        """The earliest monitor time at which evaluating rank ``s`` again could give
+        another verdict without a new record (-inf: at every scan; inf: never).
+
+        For a live rank with a given record, time only pushes its ages up across a
+        threshold: the process timeout, the progress timeout, a section's timeout; once
+        across, the verdict stays until the next record (the stall's age moves on in
+        :meth:`_DueRanks.age_others`). So the rank is due when the first threshold it is
+        not yet across may be crossed: conservatively, its progress age reaching the
+        shortest progress or section timeout in force, or (outside the train phase) its
+        phase's age reaching the shortest section timeout; earlier is only slower, never
+        wrong. A stale rank (disk state, grace) is evaluated at every scan."""
+        rec = s.record
+        if rec is None or s.seen_at is None or rec.ended:
+            return math.inf
+        if s.liveness is not Liveness.ALIVE:
+            return -math.inf
+        cfg = self.cfg
+        seen = s.seen_at
+        due = seen + (cfg.checkpoint_timeout_s if rec.checkpoint_active else cfg.process_timeout_s)
+        shortest = min(
+            cfg.progress_timeout_s,
+            cfg.initial_progress_timeout_s,
+            cfg.checkpoint_timeout_s,
+            *self.section_timeouts.values(),
+            *((self.out_of_section_timeout,) if self.out_of_section_timeout is not None else ()),
+        )
+        since = rec.since_progress_s
+        if since is not None and s.stall is None:
+            due = min(due, seen - since + shortest)
+        if rec.phase not in ("train", "step") and FindingType.SECTION_TIMEOUT not in s.active:
+            due = min(due, seen - (rec.phase_elapsed_s or 0.0) + shortest)
+        return due - 1e-6  # never after the crossing, whatever the rounding
+
+    def next_due(self) -> float | None:
+        """When the next rank is due without a new record (monitor clock; None: none
+        is): the monitor may scan then instead of waiting for its next interval."""
+        return self._due.earliest()
 
     def _failure_order(self, state: RankState) -> tuple[int, int]:
         """Which ended rank is the likelier cause, first: the agent's root cause, then a
@@ -352,6 +407,7 @@ class HeartbeatRules:
         # not: those waiting wait for the others (a hang before the collective).
         behind = [t for t in live if _seq(t) == lowest]
         outside = sorted(t.rank for t in behind if not _in_collective(t))
+        behind_ranks = sorted(t.rank for t in behind)  # once, not once per stalled rank
         split = bool(outside) and len(outside) < len(behind)
         # Peers in a phase of their own (saving, evaluating) and within its timeout:
         # ranks waiting at the next collective meanwhile are blocked by them, not hung.
@@ -379,9 +435,7 @@ class HeartbeatRules:
             if not others and split and s.rank not in outside:
                 others = outside
             if others or _seq(s) > lowest:
-                s.blocked_by = others or sorted(
-                    t.rank for t in live if _seq(t) == lowest and t.rank != s.rank
-                )
+                s.blocked_by = others or behind_ranks  # s is ahead: not among them
                 s.culprits_gone_at = None
                 continue
             if s.blocked_by:
@@ -639,6 +693,107 @@ class HeartbeatRules:
             message=f"rank {rank} has published no heartbeat {waited:.1f}s after the "
             f"job's first rank was seen (initial_process_timeout_s={timeout:g})",
         )
+
+
+class _DueRanks:
+    """Which ranks a scan evaluates: with ``incremental``, those with a new record, of a
+    node marked changed, or whose due time (:meth:`HeartbeatRules._next_due`) came;
+    without it (and at the first scan), every rank. A rank's verdict depends only on
+    its record, the time, its GPU health and the job-wide notes (shutdown, restart,
+    root cause, first failure, disks), and those notes matter only to a rank that just
+    ended or is stale, which is due anyway: so the verdicts are those of evaluating every
+    rank (``tests/unit/heartbeat/test_incremental.py`` checks it on random histories).
+    """
+
+    __slots__ = (
+        "_at",
+        "_dirty",
+        "_every",
+        "_heap",
+        "_node_ranks",
+        "_order",
+        "_started",
+        "incremental",
+    )
+
+    def __init__(self, incremental: bool) -> None:
+        self.incremental = incremental
+        self._started = False
+        self._dirty: set[int] = set()
+        self._every: set[int] = set()  # due at every scan
+        self._at: dict[int, float] = {}  # rank -> its due time (when in the heap)
+        self._heap: list[tuple[float, int]] = []
+        self._node_ranks: dict[int | None, set[int]] = {}
+        self._order: dict[int, int] = {}  # rank -> when first seen (the ranks' dict order)
+
+    def changed(self, rank: int, node_rank: int | None) -> None:
+        self._dirty.add(rank)
+        self._order.setdefault(rank, len(self._order))
+        ranks = self._node_ranks.get(node_rank)
+        if ranks is None:
+            ranks = self._node_ranks[node_rank] = set()
+        ranks.add(rank)
+
+    def mark_node(self, node_rank: int | None) -> None:
+        self._dirty |= self._node_ranks.get(node_rank, set())
+
+    def again(self, rank: int) -> None:
+        self._every.add(rank)
+
+    def take(self, now: float, ranks: dict[int, RankState]) -> list[RankState]:
+        if not (self.incremental and self._started):
+            self._started = True
+            self._dirty.clear()
+            return list(ranks.values())
+        due = self._dirty | self._every
+        self._dirty = set()
+        heap, at = self._heap, self._at
+        while heap and heap[0][0] <= now:
+            when, rank = heapq.heappop(heap)
+            if at.get(rank) == when:
+                del at[rank]
+                due.add(rank)
+        # in the order of the ranks' dict, as a full evaluation sees them (ties of the
+        # failure order keep it)
+        return [ranks[r] for r in sorted(due, key=self._order.__getitem__) if r in ranks]
+
+    def schedule(self, state: RankState, when: float, now: float) -> None:
+        rank = state.rank
+        if when <= now:
+            self._every.add(rank)
+            self._at.pop(rank, None)
+            return
+        self._every.discard(rank)
+        if when == math.inf:
+            self._at.pop(rank, None)
+        elif self._at.get(rank) != when:
+            self._at[rank] = when
+            heapq.heappush(self._heap, (when, rank))
+            if len(self._heap) > 4 * len(self._at) + 1024:  # drop entries replaced since
+                self._heap = [(w, r) for r, w in self._at.items()]
+                heapq.heapify(self._heap)
+
+    def age_others(self, now: float, ranks: dict[int, RankState]) -> None:
+        """The ages a full evaluation would have set on the ranks not evaluated."""
+        if not self.incremental:
+            return
+        for s in ranks.values():
+            seen = s.seen_at
+            if seen is None:
+                continue
+            age = now - seen
+            s.heartbeat_age_s = age
+            rec = s.record
+            since = rec.since_progress_s if rec is not None else None
+            s.progress_age_s = age + since if since is not None else None
+            if s.stall is not None and s.progress_age_s is not None:
+                s.stall = (s.stall[0], s.progress_age_s)  # as _evaluate_rank sets it
+
+    def earliest(self) -> float | None:
+        heap, at = self._heap, self._at
+        while heap and at.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)  # replaced since
+        return heap[0][0] if heap else None
 
 
 # The main thread's innermost Python frame inside torch.distributed's collective calls.

@@ -20,9 +20,21 @@ class PrometheusConfig:
     enabled: bool = field(default=False, metadata={"help": "Serve /metrics."})
     host: str = field(default="127.0.0.1", metadata={"help": "Bind address (loopback)."})
     port: int = field(default=9464, metadata={"help": "TCP port; 0 picks a free one."})
+    rank_series: int = field(
+        default=64,
+        metadata={
+            "help": "Per-rank series (about 37 a rank) for at most this many ranks, those "
+            "most in need of a look first; job-level series always (0: none per rank)."
+        },
+    )
+    all_rank_series: bool = field(
+        default=False,
+        metadata={"help": "Per-rank series for every rank, whatever the job's size."},
+    )
 
     def __post_init__(self) -> None:
         check_number("port", self.port, ge=0, le=65535)
+        check_number("rank_series", self.rank_series, ge=0)
         if not self.host:
             raise ValueError("host: must not be empty")
 

@@ -5,6 +5,7 @@ A run's files live under ``<log_dir>``::
     <log_dir>/
       heartbeat/<run_id>/                 RunLayout: the run directory (node-local)
         status.json                       atomically replaced each monitor scan
+        status_ranks.json                 every rank's row, large jobs (periodically)
         findings.jsonl                    append-only, one finding a line
         restarts.jsonl                    append-only, one in-job restart a line
         perf_ranks.jsonl                  cross-rank step times (node 0)
@@ -52,6 +53,7 @@ __all__ = [
     "RERUN_VERDICT_FILE",
     "RESTARTS_FILE",
     "STATUS_FILE",
+    "STATUS_RANKS_FILE",
     "RunLayout",
     "StoreKeys",
     "elastic_log_dir",
@@ -68,6 +70,7 @@ __all__ = [
 HEARTBEAT_ROOT = "heartbeat"  # <log_dir>/heartbeat/<run_id>: the run directories
 PERF_ROOT = "perf_monitor"  # <log_dir>/perf_monitor/<run_id>: rank 0's perf files
 STATUS_FILE = "status.json"
+STATUS_RANKS_FILE = "status_ranks.json"  # every rank's row when status.json lists the worst
 FINDINGS_FILE = "findings.jsonl"
 RESTARTS_FILE = "restarts.jsonl"
 PERF_RANKS_FILE = "perf_ranks.jsonl"
@@ -151,6 +154,10 @@ class RunLayout:
         return self.root / STATUS_FILE
 
     @property
+    def status_ranks(self) -> Path:
+        return self.root / STATUS_RANKS_FILE
+
+    @property
     def findings(self) -> Path:
         return self.root / FINDINGS_FILE
 
@@ -198,8 +205,14 @@ class StoreKeys:
         self.prefix = f"rankguard/{run_id}/"
 
     def heartbeats(self, node_rank: int) -> str:
-        """Node k's relay: latest record per local rank plus its GPU health."""
+        """Node k's relay: latest record per local rank plus its GPU health, rewritten
+        when more than the fields of its ``tick`` changed."""
         return f"{self.prefix}hb/node/{node_rank}"
+
+    def tick(self, node_rank: int) -> str:
+        """Node k's relay, every push: the fields of each local rank that move with
+        time, over the records of ``heartbeats`` (:mod:`rankguard.heartbeat.delta`)."""
+        return f"{self.prefix}hb/tick/{node_rank}"
 
     def done(self, node_rank: int) -> str:
         """Node k's relay has pushed its last records."""
