@@ -787,7 +787,17 @@ class _DueRanks:
             since = rec.since_progress_s if rec is not None else None
             s.progress_age_s = age + since if since is not None else None
             if s.stall is not None and s.progress_age_s is not None:
-                s.stall = (s.stall[0], s.progress_age_s)  # as _evaluate_rank sets it
+                stall_age = s.progress_age_s
+                if (
+                    s.train_since is not None
+                    and rec is not None
+                    and rec.phase in _TRAIN_PHASES
+                    and rec.progress_seq > 0
+                    and not rec.checkpoint_active
+                ):
+                    # the clock restarts when train resumes after eval or a save
+                    stall_age = min(stall_age, now - s.train_since)
+                s.stall = (s.stall[0], stall_age)  # as _evaluate_rank sets it
 
     def earliest(self) -> float | None:
         heap, at = self._heap, self._at

@@ -13,8 +13,13 @@ FULL = {"full": True, "free_bytes": 0, "total_bytes": 2 << 20, "error": None}
 
 
 def _push(store: DictStore, seq: int, disk: dict[str, object]) -> None:
-    payload = {"seq": seq, "records": [], "health": None, "disk": disk}
-    store.set(StoreKeys(RUN).heartbeats(1), json.dumps(payload))
+    # what a relay's push sets: its full records (unchanged here) and a tick with its
+    # push count
+    keys = StoreKeys(RUN)
+    base = {"epoch": 1, "gen": 1, "records": [], "health": None, "disk": disk}
+    store.set(keys.heartbeats(1), json.dumps(base))
+    tick = {"epoch": 1, "gen": 1, "seq": seq, "disk": disk, "ranks": []}
+    store.set(keys.tick(1), json.dumps(tick))
 
 
 def test_a_full_disk_state_expires_when_its_relay_stops_pushing() -> None:
