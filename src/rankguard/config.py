@@ -26,6 +26,7 @@ import yaml
 
 from rankguard.ft.config import FaultToleranceConfig
 from rankguard.heartbeat.config import HeartbeatConfig
+from rankguard.inprocess.config import InProcessRestartConfig
 from rankguard.perf.config import PerfConfig
 from rankguard.straggler.config import StragglerConfig
 
@@ -94,6 +95,7 @@ class RankguardConfig:
     perf: PerfConfig = field(default_factory=PerfConfig)
     fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
+    inprocess_restart: InProcessRestartConfig = field(default_factory=InProcessRestartConfig)
 
     def __post_init__(self) -> None:
         if not self.log_dir:
@@ -153,6 +155,14 @@ class RankguardConfig:
             out.append(
                 "perf.prometheus.enabled=true has NO effect while heartbeat.enabled=false "
                 "(the exporter serves the job monitor's state)"
+            )
+        ipr = self.inprocess_restart
+        if ipr.enabled and hb.enabled and hb.progress_timeout_s <= ipr.soft_timeout:
+            out.append(
+                f"heartbeat.progress_timeout_s={hb.progress_timeout_s:g} <= "
+                f"inprocess_restart.soft_timeout={ipr.soft_timeout:g}: the monitor reports "
+                "(and fault tolerance restarts) a hang before the in-process restart can "
+                "recover it; make progress_timeout_s larger than soft_timeout"
             )
         if not hb.enabled:
             out.append(

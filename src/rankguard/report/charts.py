@@ -59,6 +59,7 @@ FINDING_STYLE: dict[str, tuple[str, str, str]] = {
         FindingType.SECTION_TIMEOUT: ("#009e73", "diamond"),
         FindingType.STRAGGLER: ("#000000", "square"),
         FindingType.NODE_DISK_FULL: ("#f0e442", "square"),
+        FindingType.INPROCESS_RESTART: ("#56b4e9", "circle"),
     }.items()
 }
 

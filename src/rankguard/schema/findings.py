@@ -61,6 +61,7 @@ class FindingType(str, Enum):
     SECTION_TIMEOUT = "rank_section_timeout"
     STRAGGLER = "straggler_detected"
     NODE_DISK_FULL = "node_disk_full"
+    INPROCESS_RESTART = "inprocess_restart"
 
     @property
     def info(self) -> FindingInfo:
@@ -96,6 +97,10 @@ _INFO: dict[FindingType, FindingInfo] = {
     FindingType.NODE_DISK_FULL: FindingInfo(
         "disk_full", "node disk full", "error", False, "report"
     ),
+    # Recovered already, inside the ranks: the launcher only records it.
+    FindingType.INPROCESS_RESTART: FindingInfo(
+        "inproc_restart", "in-process restart", "warning", False, "report"
+    ),
 }
 
 
@@ -111,6 +116,9 @@ class Reason(str, Enum):
     OUT_OF_SECTION = "rank_out_of_section_too_long"
     SLOW_COMPUTE = "rank_compute_slower_than_threshold"
     DISK_FULL = "heartbeats_unwritable_on_a_full_disk"
+    INPROCESS_EXCEPTION = "rank_raised_and_every_rank_reentered_in_process"
+    INPROCESS_HANG = "rank_stuck_past_soft_timeout_and_every_rank_reentered_in_process"
+    INPROCESS_OTHER = "collective_failed_and_every_rank_reentered_in_process"
 
 
 @dataclass(slots=True)

@@ -21,6 +21,7 @@ DEFAULT_ACTIONS = {
     "gpu_hardware_health_warning": "report",
     "straggler_detected": "report",
     "node_disk_full": "report",
+    "inprocess_restart": "report",
 }
 
 FT_PLUGIN_YAML = """\
