@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import threading
 import time
 
@@ -48,11 +49,9 @@ for item in filter(None, args.faults.split(",")):
     faults[(int(r_), int(k_))] = (int(s_), kind)
 if args.random:
     rng = random.Random(args.seed)
-    for r_ in range(args.random):
-        faults[(r_, rng.randrange(world))] = (
-            rng.randrange(1, args.steps - 1),
-            rng.choice(["raise", "raise", "hang"]),
-        )
+    at = sorted(rng.sample(range(1, args.steps - 1), args.random))  # one fault per round
+    for r_, step_ in enumerate(at):
+        faults[(r_, rng.randrange(world))] = (step_, rng.choice(["raise", "raise", "hang"]))
 
 DIM = 8
 state = {"step": 0, "w": torch.zeros(DIM), "snapshots": {0: torch.zeros(DIM)}}
@@ -81,7 +80,16 @@ fault_time: list[float] = []
 
 def train() -> torch.Tensor:
     round_ = ip.restart_count()
-    log["rounds"].append({"round": round_, "at": time.time(), **resources()})  # type: ignore[attr-defined]
+    info = ip.current()
+    log["rounds"].append(  # type: ignore[attr-defined]
+        {
+            "round": round_,
+            "at": time.time(),
+            "cause": info.cause if info else None,
+            "culprit": info.culprit if info else None,
+            **resources(),
+        }
+    )
     # Agree on the step every rank still holds, and take that step's in-memory copy.
     step = torch.tensor([state["step"]], dtype=torch.int64)
     dist.all_reduce(step, op=dist.ReduceOp.MIN)
@@ -99,6 +107,9 @@ def train() -> torch.Tensor:
                 raise RuntimeError(f"injected fault at step {s} on rank {rank}")
             if kind == "hang":
                 time.sleep(3600)  # stuck before the collective: the soft timeout ends it
+            if kind == "hang_blocked":  # the interrupt cannot land: the hard timeout ends it
+                signal.pthread_sigmask(signal.SIG_BLOCK, {ip.interrupt.INTERRUPT_SIGNAL})
+                time.sleep(3600)
             if kind == "exit":
                 os._exit(3)
         loss, grad = loss_and_grad(state["w"], s)  # type: ignore[arg-type]
