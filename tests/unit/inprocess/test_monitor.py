@@ -38,9 +38,9 @@ def test_record_keeps_and_validates_the_inprocess_object() -> None:
     assert rec.inprocess is not None and rec.inprocess["restarts"] == 1
     assert rec.to_dict()["inprocess"] == raw["inprocess"]
     assert "inprocess" not in HeartbeatRecord.from_dict(heartbeat_record(0)).to_dict()
-    with pytest.raises(RecordError, match="inprocess.restarts"):
+    with pytest.raises(RecordError, match=r"inprocess\.restarts"):
         HeartbeatRecord.from_dict(heartbeat_record(0, inprocess={"restarts": "1"}))
-    with pytest.raises(RecordError, match="inprocess.culprit"):
+    with pytest.raises(RecordError, match=r"inprocess\.culprit"):
         HeartbeatRecord.from_dict(
             heartbeat_record(0, inprocess=_inproc(1, {**_last(), "culprit": "x"}))
         )

@@ -131,9 +131,9 @@ def test_config_keys_under_the_root_config() -> None:
         None, ["inprocess_restart.enabled=true", "inprocess_restart.granularity=rank"]
     )
     assert cfg.inprocess_restart.enabled and cfg.inprocess_restart.granularity == "rank"
-    with pytest.raises(ConfigError, match="inprocess_restart.bogus"):
+    with pytest.raises(ConfigError, match=r"inprocess_restart\.bogus"):
         load_config(None, ["inprocess_restart.bogus=1"])
-    with pytest.raises(ConfigError, match="inprocess_restart.granularity"):
+    with pytest.raises(ConfigError, match=r"inprocess_restart\.granularity"):
         load_config(None, ["inprocess_restart.granularity=host"])
 
 
