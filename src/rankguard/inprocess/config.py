@@ -74,9 +74,9 @@ class InProcessRestartConfig:
     process_group_timeout: float | None = field(
         default=None,
         metadata={
-            "help": "Timeout of the process group the wrapper creates (None: soft_timeout on "
-            "gloo, where a timed-out collective is recoverable; 600 s on NCCL, which must "
-            "exceed hard_timeout)."
+            "help": "Timeout of the process group the wrapper creates (None: just past "
+            "soft_timeout on gloo, where a timed-out collective is recoverable; 600 s on "
+            "NCCL, which must exceed hard_timeout)."
         },
     )
     backend: str | None = field(

@@ -24,6 +24,7 @@ __all__ = [
     "RestartBudget",
     "apply_environment",
     "choose_culprit",
+    "culprit_cause",
     "lost_ranks",
     "timeout_problems",
 ]
@@ -76,6 +77,7 @@ class FaultReport:
     message: str
     hostname: str | None = None
     in_collective: bool = False  # the main thread was inside torch.distributed
+    stuck_s: float = 0.0  # how long the main thread had run no Python when it ended
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -94,19 +96,46 @@ class FaultReport:
             message=str(d.get("message") or "")[:2000],
             hostname=d.get("hostname") if isinstance(d.get("hostname"), str) else None,
             in_collective=bool(d.get("in_collective")),
+            stuck_s=float(d["stuck_s"]) if type(d.get("stuck_s")) in (int, float) else 0.0,
         )
 
 
-def _weight(report: FaultReport) -> tuple[int, int, int]:
-    # A stuck rank outside a collective holds the others up: it is the culprit of a hang.
-    return CAUSES.index(report.cause), int(report.in_collective), report.rank
+def _weight(report: FaultReport, stuck_after: float) -> tuple[int, float, int]:
+    cause = report.cause
+    if cause == "exception":
+        kind = 0
+    elif (
+        cause in ("soft_timeout", "interrupted")
+        and not report.in_collective
+        and (report.stuck_s >= stuck_after)
+    ):
+        kind = 1  # stuck outside a collective: it holds the others up
+    elif cause == "soft_timeout":
+        kind = 2  # stuck inside a collective: waiting for someone
+    elif cause == "collective_error":
+        kind = 3
+    else:
+        kind = 4
+    return kind, -report.stuck_s, report.rank
 
 
-def choose_culprit(reports: Iterable[FaultReport]) -> FaultReport | None:
+def choose_culprit(
+    reports: Iterable[FaultReport], stuck_after: float = float("inf")
+) -> FaultReport | None:
     """The rank that caused the round's end: an exception first, then a rank stuck
-    outside a collective, then one stuck inside, then a failed collective; the lowest
-    rank among equals. Every rank gets the same answer from the same reports."""
-    return min(reports, key=_weight, default=None)
+    outside a collective (for ``stuck_after`` seconds or more: its own soft timeout, or
+    interrupted by a peer's while stuck), then one stuck inside a collective, then a
+    failed collective, then the interrupted; the longest stuck, then the lowest rank
+    among equals. Every rank gets the same answer from the same reports."""
+    return min(reports, key=lambda r: _weight(r, stuck_after), default=None)
+
+
+def culprit_cause(report: FaultReport, stuck_after: float) -> str:
+    """The culprit's cause as reported: a rank interrupted by a peer's soft timeout while
+    itself stuck outside a collective is the hang (``soft_timeout``)."""
+    if _weight(report, stuck_after)[0] == 1:
+        return "soft_timeout"
+    return report.cause
 
 
 def lost_ranks(missing: Iterable[int], granularity: str, hosts: Mapping[int, str]) -> list[int]:

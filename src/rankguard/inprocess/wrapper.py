@@ -46,6 +46,7 @@ from rankguard.inprocess.policy import (
     RestartBudget,
     apply_environment,
     choose_culprit,
+    culprit_cause,
     lost_ranks,
     timeout_problems,
 )
@@ -130,8 +131,22 @@ def _main_frame(thread: threading.Thread) -> str:
     return f"{os.path.basename(code.co_filename)}:{frame.f_lineno} in {code.co_name}"
 
 
+_COLLECTIVE_FILES = ("distributed_c10d.py", "c10d_logger.py")
+
+
 def _in_collective(frame: str) -> bool:
-    return frame.startswith(("distributed_c10d.py", "c10d_logger.py"))
+    return frame.startswith(_COLLECTIVE_FILES)
+
+
+def _raised_in_collective(exc: BaseException) -> bool:
+    """Did ``exc`` come out of a torch.distributed call (a collective that broke because
+    a peer left or timed out: an echo of another rank's fault, not a cause)?"""
+    tb = exc.__traceback__
+    last = None
+    while tb is not None:
+        last = tb.tb_frame.f_code.co_filename
+        tb = tb.tb_next
+    return bool(last and os.path.basename(last) in _COLLECTIVE_FILES)
 
 
 def _default_store(timeout_s: float) -> Any:
@@ -248,8 +263,12 @@ class _Call:
         self.session = session if getattr(session, "enabled", False) else None
         self.on_hard_timeout = on_hard_timeout or self._exit_process
         self.backend = cfg.backend or self._auto_backend()
+        # gloo: just past the soft timeout, so that a stuck rank's own watcher reports
+        # the hang (and names the culprit) before its peers' collectives time out
         self.pg_timeout = cfg.process_group_timeout or (
-            600.0 if self.backend == "nccl" else cfg.soft_timeout
+            600.0
+            if self.backend == "nccl"
+            else cfg.soft_timeout + 2 * cfg.monitor_thread_interval + 0.5
         )
         self.round = 0
         self.phase = "joining"  # joining | running | recovering (read by the watcher)
@@ -266,6 +285,7 @@ class _Call:
         self._handled_round = -1
         self._soft_round = -1
         self._saved_phase = "train"
+        self._at_interrupt: tuple[float, str] = (0.0, "")
 
     # ---- setup ------------------------------------------------------------------------
 
@@ -393,14 +413,20 @@ class _Call:
     def _report_for(self, exc: BaseException) -> FaultReport:
         self.fault_at = self.fault_at or time.monotonic()
         if isinstance(exc, RestartInterrupt):
-            cause, message = "interrupted", str(exc) or "a peer failed"
-        else:
-            text = f"{type(exc).__name__}: {exc}"
-            peer = "Connection closed by peer" in text or "Timed out waiting" in text
-            cause = "collective_error" if peer else "exception"
-            message = text
-            tb = "".join(traceback.format_exception(exc, limit=-3))
-            logger.error("rankguard: rank %d: round %d failed: %s", self.rank, self.round, tb)
+            stuck_s, frame = self._at_interrupt
+            return FaultReport(
+                self.rank,
+                "interrupted",
+                f"{exc or 'a peer failed'}; this rank's main thread had run no Python for "
+                f"{stuck_s:.1f}s at {frame}",
+                self.hostname,
+                in_collective=_in_collective(frame),
+                stuck_s=round(stuck_s, 3),
+            )
+        message = f"{type(exc).__name__}: {exc}"
+        cause = "collective_error" if _raised_in_collective(exc) else "exception"
+        tb = "".join(traceback.format_exception(exc, limit=-3))
+        logger.error("rankguard: rank %d: round %d failed: %s", self.rank, self.round, tb)
         return FaultReport(self.rank, cause, message[:2000], self.hostname)
 
     def _complete(self, value: Any) -> Any:
@@ -515,10 +541,11 @@ class _Call:
                     reports.append(FaultReport.from_json(self._store.get(key)))
                 except ValueError:
                     logger.warning("rankguard: unreadable fault report of rank %d", p)
-        culprit = choose_culprit(reports)
+        stuck_after = self.cfg.soft_timeout / 2
+        culprit = choose_culprit(reports, stuck_after)
         info = self.info
         info.count = self.round
-        info.cause = culprit.cause if culprit else "unknown"
+        info.cause = culprit_cause(culprit, stuck_after) if culprit else "unknown"
         info.culprit = culprit.rank if culprit else None
         info.message = culprit.message if culprit else None
         self.last_fault = {
@@ -612,6 +639,7 @@ class _Call:
                 f"main thread stuck {idle:.1f}s > soft_timeout {cfg.soft_timeout:g}s at {frame}",
                 self.hostname,
                 in_collective=_in_collective(frame),
+                stuck_s=round(idle, 3),
             )
             self.fault_at = time.monotonic()
             self._wstore.set(self._key(r, f"fault/{self.rank}"), report.to_json())
@@ -621,6 +649,7 @@ class _Call:
 
     def _interrupt(self, reason: str) -> None:
         self.fault_at = self.fault_at or time.monotonic()
+        self._at_interrupt = (self.liveness.idle_s(), _main_frame(self.interrupter.thread))
         try:
             abort_communicators(_torch_dist(), self.backend)
         except Exception:

@@ -53,6 +53,9 @@ if args.random:
     for r_, step_ in enumerate(at):
         faults[(r_, rng.randrange(world))] = (step_, rng.choice(["raise", "raise", "hang"]))
 
+if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+    faults.clear()  # the launcher restarted the processes: this attempt runs clean
+
 DIM = 8
 state = {"step": 0, "w": torch.zeros(DIM), "snapshots": {0: torch.zeros(DIM)}}
 log: dict[str, object] = {"losses": {}, "rounds": [], "fault_to_step": []}

@@ -13,6 +13,7 @@ from rankguard.inprocess.policy import (
     RestartBudget,
     apply_environment,
     choose_culprit,
+    culprit_cause,
     lost_ranks,
     timeout_problems,
 )
@@ -40,15 +41,21 @@ def test_zero_budget_refuses_the_first_restart() -> None:
     assert RestartBudget(per_window=0, window=1.0).spend(0.0) is not None
 
 
-def _r(rank: int, cause: str, in_collective: bool = False) -> FaultReport:
-    return FaultReport(rank, cause, f"{cause} on {rank}", "h", in_collective)
+def _r(rank: int, cause: str, in_collective: bool = False, stuck: float = 0.0) -> FaultReport:
+    return FaultReport(rank, cause, f"{cause} on {rank}", "h", in_collective, stuck)
 
 
 def test_culprit_exception_before_hang_before_echoes() -> None:
     reports = [_r(0, "interrupted"), _r(3, "collective_error"), _r(2, "exception")]
     assert choose_culprit(reports) == reports[2]
-    hang = [_r(0, "soft_timeout", in_collective=True), _r(1, "soft_timeout")]
-    assert choose_culprit(hang) == hang[1]  # the one outside the collective holds it up
+    hang = [_r(0, "soft_timeout", True, 60.0), _r(1, "soft_timeout", stuck=60.0)]
+    assert choose_culprit(hang, 30.0) == hang[1]  # outside the collective: it holds them up
+    # the waiting rank timed out first and interrupted the stuck one: still the stuck one
+    hang = [_r(0, "soft_timeout", True, 60.0), _r(1, "interrupted", stuck=59.9)]
+    assert choose_culprit(hang, 30.0) == hang[1]
+    assert culprit_cause(hang[1], 30.0) == "soft_timeout"
+    busy = [_r(0, "soft_timeout", True, 60.0), _r(1, "interrupted", stuck=0.01)]
+    assert choose_culprit(busy, 30.0) == busy[0]  # rank 1 was running: not stuck
     assert choose_culprit([_r(4, "interrupted"), _r(1, "interrupted")]).rank == 1  # type: ignore[union-attr]
     assert choose_culprit([]) is None
 
