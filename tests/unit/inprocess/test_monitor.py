@@ -104,3 +104,22 @@ def test_tracker_progress_clock_restarts_after_a_reentry() -> None:
     tracker.mark_recovered()
     assert tracker.snapshot()["since_progress_s"] == 0.0
     assert tracker.progress_seq == 1  # no step counted
+
+
+RESTARTS = [
+    {"kind": "process", "restart": 1, "cause": "rank_process_exited", "rank": 0, "message": "x"},
+    {"kind": "inprocess", "restart": 1, "cause": "exception", "rank": 1, "message": "boom"},
+]
+
+
+def test_status_screen_and_report_tell_the_two_kinds_apart(tmp_path: Any) -> None:
+    from rankguard.cli.status_render import _ft_lines
+    from rankguard.report.data import RunData
+    from rankguard.report.tables import restarts_table
+
+    lines = _ft_lines({"restarts": RESTARTS})
+    assert "Restarts: 2 (1 process, 1 in-process)" in lines
+    assert any(line.strip().startswith("in-process #1") for line in lines)
+    html = restarts_table(RunData(run_id="r", restarts=RESTARTS))
+    assert "1 of the processes, 1 in-process" in html and "boom" in html
+    assert restarts_table(RunData(run_id="r")) == ""
