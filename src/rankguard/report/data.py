@@ -32,9 +32,9 @@ from rankguard.schema.layout import (
     LAUNCHER_FILE_RE,
     PERF_LOG_FILE,
     PERF_RANKS_FILE,
-    RESTARTS_FILE,
     PERF_ROOT,
     PERF_SUMMARY_GLOB,
+    RESTARTS_FILE,
     STATUS_FILE,
 )
 
