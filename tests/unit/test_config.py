@@ -406,6 +406,7 @@ def test_config_to_dict_is_plain() -> None:
         "perf",
         "fault_tolerance",
         "straggler",
+        "inprocess_restart",
     }
     assert d["perf"]["log_interval"] == 10 and d["perf"]["model"] is None
 

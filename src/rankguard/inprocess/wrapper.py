@@ -503,8 +503,9 @@ class _Call:
                 old = seen.get(p)
                 if old is None or old[0] != count:
                     seen[p] = (count, now)
-                elif now - old[1] > cfg.heartbeat_timeout:
-                    dead.append(p)
+                elif count > 0 and now - old[1] > cfg.heartbeat_timeout:
+                    dead.append(p)  # it was alive, and its heartbeat stopped
+                # never seen (count 0): still starting; only barrier_timeout applies
             timed_out = now - start > cfg.barrier_timeout
             if dead or timed_out:
                 gone = dead or missing

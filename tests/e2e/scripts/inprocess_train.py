@@ -38,6 +38,7 @@ p.add_argument("--soft", type=float, default=3.0)
 p.add_argument("--hard", type=float, default=8.0)
 p.add_argument("--per-window", type=int, default=50)
 p.add_argument("--step-s", type=float, default=0.0)
+p.add_argument("--late", type=float, default=0.0, help="rank 1 starts this much later")
 args = p.parse_args()
 
 session = rankguard.init()
@@ -144,6 +145,8 @@ if args.standalone or os.environ.get("RANKGUARD_LAUNCHER") != "1":
         restart_window=600.0,
     )
 wrapped = ip.wrap(train, config=config)
+if rank == 1 and args.late:
+    time.sleep(args.late)  # still starting: its peers must wait, not declare it lost
 error = None
 try:
     final = wrapped()

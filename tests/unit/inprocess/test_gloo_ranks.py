@@ -124,6 +124,13 @@ def test_a_dead_peer_cannot_reenter_the_others_give_up(tmp_path: Path) -> None:
     assert "cannot re-enter" in results[0]["error"] and "[1]" in results[0]["error"]
 
 
+def test_a_late_starting_rank_is_waited_for_not_declared_lost(tmp_path: Path) -> None:
+    # rank 1 reaches the first barrier 4 s late, past heartbeat_timeout (3 s)
+    rcs, results = run_ranks(tmp_path, "--late", "4", "--faults", "0:1:5:raise")
+    assert rcs == [0, 0]
+    assert_completed(results, restarts=1)
+
+
 def test_hard_timeout_ends_the_stuck_process(tmp_path: Path) -> None:
     rcs, results = run_ranks(
         tmp_path, "--faults", "0:1:5:hang_blocked", "--soft", "1.5", "--hard", "3"
