@@ -155,7 +155,7 @@ def test_twenty_reentries_leave_no_thread_fd_or_memory_growing(tmp_path: Path) -
 
 def test_random_faults(tmp_path: Path) -> None:
     rcs, results = run_ranks(
-        tmp_path, "--random", "4", "--seed", "7", "--soft", "2", "--hard", "20", timeout=120
+        tmp_path, "--random", "4", "--seed", "7", "--soft", "4", "--hard", "20", timeout=120
     )
     assert rcs == [0, 0]
     assert_completed(results, restarts=4)
