@@ -93,3 +93,40 @@ def test_past_the_budget_the_launcher_restarts_the_processes(tmp_path: Path, run
     kinds = [x["kind"] for x in read_jsonl(run_dir / "restarts.jsonl")]
     assert kinds == ["inprocess", "process"]
     assert len(heartbeat_files(run_dir)) == 4  # the second attempt: two new processes
+
+
+def _demo(tmp_path: Path, run_id: str, *train: str) -> tuple[str, int]:
+    res = run_rankguard(
+        [
+            *standalone_run(run_id, tmp_path),
+            *INPROC,
+            "-m",
+            "rankguard.demo.train",
+            "--steps",
+            "20",
+            "--step-sleep",
+            "0",
+            *train,
+        ],
+        timeout=140,
+    )
+    return res.stdout + res.stderr, res.returncode
+
+
+def _final_loss(out: str) -> str:
+    lines = [line for line in out.splitlines() if line.startswith("[demo] step 20/20")]
+    assert lines, out[-2000:]
+    return lines[-1]
+
+
+def test_demo_crash_recovered_in_process_with_the_loss_of_a_clean_run(
+    tmp_path: Path, run_id: str
+) -> None:
+    clean, rc = _demo(tmp_path / "clean", run_id + "-c")
+    assert rc == 0, clean[-2000:]
+    out, rc = _demo(tmp_path / "crash", run_id, "--fault", "crash", "--fault-step", "5")
+    assert rc == 0, out[-2000:]
+    assert "in-process restart 1: resuming at step 6" in out
+    assert _final_loss(out) == _final_loss(clean)  # same data, same weights: continuous
+    lines = read_jsonl(tmp_path / "crash" / "heartbeat" / run_id / "restarts.jsonl")
+    assert [(x["kind"], x["cause"], x["rank"]) for x in lines] == [("inprocess", "exception", 1)]

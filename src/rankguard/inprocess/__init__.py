@@ -16,6 +16,7 @@ from rankguard.inprocess.wrapper import (
     RestartInfo,
     current,
     restart_count,
+    run_config,
     wrap,
 )
 
@@ -28,5 +29,6 @@ __all__ = [
     "RestartInterrupt",
     "current",
     "restart_count",
+    "run_config",
     "wrap",
 ]

@@ -58,6 +58,7 @@ __all__ = [
     "RestartInfo",
     "current",
     "restart_count",
+    "run_config",
     "wrap",
 ]
 
@@ -161,7 +162,7 @@ def _default_store(timeout_s: float) -> Any:
     return dist.TCPStore(addr, int(port), is_master=False, timeout=timedelta(seconds=timeout_s))
 
 
-def _config_from_run() -> InProcessRestartConfig | None:
+def run_config() -> InProcessRestartConfig | None:
     """The run's ``inprocess_restart`` section under ``rankguard run`` (else None)."""
     from rankguard.heartbeat.identity import ENV
 
@@ -201,7 +202,7 @@ def wrap(
         )
     cfg = config
     if cfg is None:
-        cfg = _config_from_run()
+        cfg = run_config()
         if cfg is not None and not cfg.enabled:
             logger.warning(
                 "rankguard: inprocess.wrap(%s) has NO effect: inprocess_restart.enabled=false "
