@@ -27,6 +27,7 @@ import yaml
 from rankguard.checkpoint.config import CheckpointConfig
 from rankguard.ft.config import FaultToleranceConfig
 from rankguard.heartbeat.config import HeartbeatConfig
+from rankguard.inprocess.config import InProcessRestartConfig
 from rankguard.perf.config import PerfConfig
 from rankguard.preempt.config import PreemptionConfig
 from rankguard.rerun.config import RerunStateMachineConfig
@@ -100,6 +101,7 @@ class RankguardConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     rerun_state_machine: RerunStateMachineConfig = field(default_factory=RerunStateMachineConfig)
     preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
+    inprocess_restart: InProcessRestartConfig = field(default_factory=InProcessRestartConfig)
 
     def __post_init__(self) -> None:
         if not self.log_dir:
@@ -173,6 +175,14 @@ class RankguardConfig:
             out.append(
                 "preemption.enable_exit_handler_for_data_loader=true has NO effect while "
                 "preemption.enable_exit_handler=false"
+            )
+        ipr = self.inprocess_restart
+        if ipr.enabled and hb.enabled and hb.progress_timeout_s <= ipr.soft_timeout:
+            out.append(
+                f"heartbeat.progress_timeout_s={hb.progress_timeout_s:g} <= "
+                f"inprocess_restart.soft_timeout={ipr.soft_timeout:g}: the monitor reports "
+                "(and fault tolerance restarts) a hang before the in-process restart can "
+                "recover it; make progress_timeout_s larger than soft_timeout"
             )
         if not hb.enabled:
             out.append(

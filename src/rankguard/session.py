@@ -165,6 +165,7 @@ class Session:
         if phases is None and config.phase_detection:
             phases = PhaseWatcher(self.tracker, config.phase_patterns)
         self.phases = phases
+        self._added: list[Callable[[], dict[str, Any] | None]] = []
         self.publisher = (
             HeartbeatPublisher(
                 identity,
@@ -176,6 +177,7 @@ class Session:
                     extra,
                     probe.heartbeat_fields if probe is not None else None,
                     preemption.heartbeat_fields if preemption is not None else None,
+                    self._added_fields,
                 ),
                 max_file_bytes=config.max_file_bytes,
                 phases=phases,
@@ -206,6 +208,17 @@ class Session:
             self.publisher.start()
         if perf is not None:
             perf.start()
+
+    def add_heartbeat_fields(self, source: Callable[[], dict[str, Any] | None]) -> None:
+        """More fields for every heartbeat record from now on (the in-process restart's
+        ``inprocess`` object); ``source`` runs on the heartbeat thread."""
+        self._added.append(source)
+
+    def _added_fields(self) -> dict[str, Any] | None:
+        out: dict[str, Any] = {}
+        for source in list(self._added):
+            out.update(source() or {})
+        return out or None
 
     @property
     def restart_count(self) -> int:

@@ -309,6 +309,12 @@ class ProgressTracker:
             del spans[:-MAX_SPANS]
         return span
 
+    def mark_recovered(self) -> None:
+        """An in-process restart brought the rank back: the time since progress starts
+        again (the re-entry is not a stall); no step is counted."""
+        self.last_progress_ns = self._clock()
+        self._changed()
+
     def _changed(self) -> None:
         callback = self.on_change
         if callback is not None:

@@ -411,6 +411,7 @@ def test_config_to_dict_is_plain() -> None:
         "checkpoint",
         "rerun_state_machine",
         "preemption",
+        "inprocess_restart",
     }
     assert d["perf"]["log_interval"] == 10 and d["perf"]["model"] is None
 

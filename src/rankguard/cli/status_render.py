@@ -425,11 +425,17 @@ def _ft_lines(status: dict[str, Any]) -> list[str]:
     out: list[str] = []
     restarts = status.get("restarts")
     if isinstance(restarts, list) and restarts:
-        out += ["", f"Restarts: {len(restarts)}"]
+        kinds = [r.get("kind") if isinstance(r, dict) else None for r in restarts]
+        inproc = sum(k == "inprocess" for k in kinds)
+        out += [
+            "",
+            f"Restarts: {len(restarts)} ({len(restarts) - inproc} process, {inproc} in-process)",
+        ]
         for r in restarts:
             if isinstance(r, dict):
+                kind = "in-process" if r.get("kind") == "inprocess" else "process"
                 out.append(
-                    f"  #{r.get('restart', '-')} {r.get('wall_time', '-')}  "
+                    f"  {kind} #{r.get('restart', '-')} {r.get('wall_time', '-')}  "
                     f"{r.get('cause') or '-'} rank {_s(r.get('rank'))}: {_s(r.get('message'))}"
                 )
     stragglers = status.get("stragglers")

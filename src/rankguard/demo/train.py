@@ -29,6 +29,11 @@ A slow evaluation (``--eval-every N --eval-seconds S``) and a slow save
 (``--checkpoint-every N --save-seconds S``) show that neither is taken for a hang: the
 evaluation is recognised by its function's name (``evaluate``, no rankguard call), the
 save by the checkpoint library; each has its own timeout.
+
+With ``inprocess_restart.enabled=true`` the training loop is wrapped with
+:func:`rankguard.inprocess.wrap`: a crash or a stall (past ``soft_timeout``) re-enters the
+loop in the same processes, from the model and optimizer still in memory (the ranks agree
+on the step with an ``all_reduce(MIN)``).
 """
 
 from __future__ import annotations
@@ -41,12 +46,14 @@ import subprocess
 import sys
 import time
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import rankguard
+import rankguard.inprocess as ip
 from rankguard.checkpoint import CheckpointConfig, CheckpointManager, PerRank, RNGState
 from rankguard.demo.model import GPTConfig, TinyGPT, synthetic_batch
 from rankguard.perf.flops import ModelShape, analytic_flops_per_step
@@ -151,27 +158,67 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=args.pg_timeout))
+    memory: dict[str, Any] = {}  # what survives an in-process restart
+    ipr = ip.run_config()
+    if ipr is not None and ipr.enabled:  # the wrapper creates the group in every round
+        code = int(ip.wrap(train, config=ipr)(args, device, memory))
+    else:
+        dist.init_process_group(
+            "nccl" if cuda else "gloo", timeout=timedelta(seconds=args.pg_timeout)
+        )
+        code = train(args, device, memory)
+        dist.destroy_process_group()
+    if memory.get("preempted"):
+        rankguard.init().exit_preempted()  # the launcher exits 14: requeue, resume
+    return code
+
+
+def train(args: argparse.Namespace, device: torch.device, memory: dict[str, Any]) -> int:
+    cuda = device.type == "cuda"
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     rank, world = dist.get_rank(), dist.get_world_size()
     rg = rankguard.init()
-    torch.manual_seed(0)
+    round_ = ip.restart_count()  # in-process restarts so far (0 without the wrapper)
     cfg = GPTConfig()
-    model = DDP(TinyGPT(cfg).to(device), device_ids=[local_rank] if cuda else None)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    gen = torch.Generator().manual_seed(1234 + rank)
+    if not memory:
+        torch.manual_seed(0)
+        net = TinyGPT(cfg).to(device)
+        memory.update(
+            net=net,
+            opt=torch.optim.AdamW(net.parameters(), lr=3e-3),
+            gen=torch.Generator().manual_seed(1234 + rank),
+            step=0,
+        )
+        memory["gen_state"] = memory["gen"].get_state()
+    net, opt, gen = memory["net"], memory["opt"], memory["gen"]
+    model = DDP(net, device_ids=[local_rank] if cuda else None)  # holds this round's group
     rg.set_batch(samples=args.batch_size, tokens=args.batch_size * cfg.seq_len)
     if args.flops == "analytic":
         rg.set_flops_per_step(
             analytic_flops_per_step(demo_shape(cfg), args.batch_size * world),
             "analytic: Megatron GPT formula",
         )
-    elif args.flops == "measured":
+    elif args.flops == "measured" and round_ == 0:
         x, y = synthetic_batch(cfg, args.batch_size, torch.Generator().manual_seed(0), device)
         rg.measure_flops(model.module, (x,), loss_fn=lambda logits: _ce(logits, y))
     base = args.step_sleep
     first = 1
+    previous = memory.pop("ckpt", None)
+    if previous is not None:  # the last round's manager: its group is gone with it
+        try:
+            previous.close()
+        except Exception as exc:
+            print(f"[demo rank {rank}] previous round's checkpoint write failed: {exc}")
     ckpt = checkpoints(args, {"model": model, "optim": opt, "rng": RNGState(), "data": _Gen(gen)})
-    if ckpt is not None:
+    memory["ckpt"] = ckpt
+    if round_ > 0:  # from memory: every rank takes the step all of them completed
+        done = torch.tensor([memory["step"]], device=device)
+        dist.all_reduce(done, op=dist.ReduceOp.MIN)
+        first = int(done.item()) + 1
+        gen.set_state(memory["gen_state"])  # the data of the steps not completed, again
+        if rank == 0:
+            print(f"[demo] in-process restart {round_}: resuming at step {first}", flush=True)
+    elif ckpt is not None:
         resumed = ckpt.load_latest()
         if resumed is not None:
             first = resumed + 1
@@ -203,9 +250,11 @@ def main(argv: list[str] | None = None) -> int:
                         _busy(time.thread_time() - cpu0, args.slowdown)
             if rerun.accepted:
                 opt.step()
+            memory["step"], memory["gen_state"] = step, gen.get_state()
             if base:
                 time.sleep(base)
-            inject(args, rank, step, rg.restart_count)
+            if round_ == 0:  # an in-process re-entry runs clean
+                inject(args, rank, step, rg.restart_count)
         if rank == 0 and (step == 1 or step % args.log_every == 0):
             print(f"[demo] step {step}/{args.steps} loss {loss.item():.4f}", flush=True)
         if args.eval_every and step % args.eval_every == 0:
@@ -226,12 +275,11 @@ def main(argv: list[str] | None = None) -> int:
             break
     if ckpt is not None:
         ckpt.close()  # waits for the last background write
+        memory.pop("ckpt", None)
     dist.barrier()
-    dist.destroy_process_group()
     if rank == 0:
         print(f"[demo] done: {step} steps on {world} rank(s)", flush=True)
-    if rg.preempted:
-        rg.exit_preempted()  # the launcher exits 14: requeue, resume from this step
+    memory["preempted"] = rg.preempted
     return 0
 
 

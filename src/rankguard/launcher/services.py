@@ -27,6 +27,8 @@ from rankguard.ft.learned import save_learned
 from rankguard.health import HealthCollector
 from rankguard.heartbeat.monitor import JobMonitor
 from rankguard.heartbeat.relay import StoreRelay, StoreRemoteSource, publish_control, request_kill
+from rankguard.inprocess.monitor import InProcessRestarts
+from rankguard.inprocess.wrapper import RESTART_PHASE
 from rankguard.rerun.evaluator import RerunEvaluator
 from rankguard.runfiles import read_checkpoints
 from rankguard.schema.layout import RunLayout, StoreKeys, ft_state_dir
@@ -145,6 +147,7 @@ class NodeServices:
         cause = cause or {}
         entry = {
             "schema_version": 1,
+            "kind": "process",
             "run_id": self.run_id,
             "restart": count,
             "wall_time": _iso_ms(time.time()),
@@ -162,6 +165,13 @@ class NodeServices:
             self.monitor.note_restart(f"restart {count}: {entry['cause']}")
         if self.faults is not None:
             self.faults.restarted()
+
+    def on_inprocess_restart(self, entry: dict[str, Any]) -> None:
+        """The ranks re-entered their training function (seen in their heartbeats):
+        a ``restarts.jsonl`` line of kind ``inprocess``; the processes were not restarted."""
+        entry = {**entry, "wall_time": _iso_ms(time.time())}
+        self.restarts_file.append([entry])
+        self.restarts.append(entry)
 
     def on_group_failure(self, root: dict[str, Any]) -> None:
         """The agent saw this node's worker group fail; ``root`` is its root cause (exit
@@ -207,10 +217,15 @@ class NodeServices:
                 expected_world_size=self.expected_world_size,
                 remote=remote,
                 config_snapshot=config_to_dict(self.cfg),
-                section_timeouts=self.cfg.fault_tolerance.rank_section_timeouts,
+                # A rank re-entering in-process has until hard_timeout (then it exits).
+                section_timeouts={
+                    RESTART_PHASE: self.cfg.inprocess_restart.hard_timeout,
+                    **self.cfg.fault_tolerance.rank_section_timeouts,
+                },
                 out_of_section_timeout=self.cfg.fault_tolerance.rank_out_of_section_timeout,
                 status_sources=[self],
             )
+            monitor.add_evaluator(InProcessRestarts(self.run_id, self.on_inprocess_restart))
             detector = None
             if self.cfg.straggler.enabled:
                 detector = StragglerDetector(

@@ -34,6 +34,7 @@ from rankguard.schema.layout import (
     PERF_RANKS_FILE,
     PERF_ROOT,
     PERF_SUMMARY_GLOB,
+    RESTARTS_FILE,
     STATUS_FILE,
 )
 
@@ -67,6 +68,7 @@ class RunData:
     perf_dir: Path | None = None
     status: dict[str, Any] | None = None
     findings: list[dict[str, Any]] = field(default_factory=list)
+    restarts: list[dict[str, Any]] = field(default_factory=list)  # process and in-process
     perf_ranks: list[dict[str, Any]] = field(default_factory=list)
     perf_entries: list[dict[str, Any]] = field(default_factory=list)
     perf_summary: dict[str, Any] | None = None
@@ -278,6 +280,8 @@ def _load_heartbeat(data: RunData, hb: Path) -> None:
     if not data.findings and data.status:
         recent = data.status.get("recent_findings")
         data.findings = [f for f in recent or [] if isinstance(f, dict)]
+    if (hb / RESTARTS_FILE).exists():
+        data.restarts = _read_jsonl(hb / RESTARTS_FILE, p)
     data.perf_ranks = _read_jsonl(hb / PERF_RANKS_FILE, p)
     if not data.perf_ranks:
         data.missing.append(f"No {PERF_RANKS_FILE}: cross-rank step times are not available")

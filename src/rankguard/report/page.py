@@ -104,6 +104,7 @@ def _status_caption(data: RunData) -> str:
 def _findings(data: RunData) -> str:
     svg, caption = charts.findings_timeline(data)
     body = _figure(CHART_TITLES[6], caption, svg) + tables.findings_table(data)
+    body += tables.restarts_table(data)
     return _section("findings", f"Findings ({len(data.findings)})", body)
 
 

@@ -102,6 +102,35 @@ def findings_table(data: RunData) -> str:
     return _table(["Time (UTC)", "Type", "Rank", "Reason", "Message"], rows, {2}) + note
 
 
+def restarts_table(data: RunData) -> str:
+    """The restarts of the run: the launcher's (``process``) and the ranks' own
+    (``in-process``), from ``restarts.jsonl``."""
+    if not data.restarts:
+        return ""
+    rows = []
+    for r in data.restarts:
+        t = parse_time(r.get("wall_time"))
+        clock = fmt_clock(t)
+        kind = "in-process" if r.get("kind") == "inprocess" else "process"
+        rows.append(
+            [
+                esc(clock[11:19] if clock != "-" else "-"),
+                esc(kind),
+                esc(_text(r.get("restart"))),
+                esc(_text(r.get("cause"))),
+                esc(_text(r.get("rank"))),
+                esc(_text(r.get("message"))),
+            ]
+        )
+    inproc = sum(r.get("kind") == "inprocess" for r in data.restarts)
+    caption = (
+        f'<p class="caption">{len(data.restarts)} restarts: '
+        f"{len(data.restarts) - inproc} of the processes, {inproc} in-process.</p>"
+    )
+    header = ["Time (UTC)", "Kind", "#", "Cause", "Rank", "Message"]
+    return caption + _table(header, rows, {2, 4})
+
+
 def _gpu_cell(rank: dict[str, Any]) -> str:
     gpu = rank.get("gpu") if isinstance(rank.get("gpu"), dict) else None
     if gpu is None:

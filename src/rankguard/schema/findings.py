@@ -66,6 +66,7 @@ class FindingType(str, Enum):
     RERUN_VALIDATION_FAILED = "rerun_validation_failed"
     RERUN_REPRODUCIBLE_FAULT = "rerun_reproducible_fault"
     PREEMPTED = "job_preempted"
+    INPROCESS_RESTART = "inprocess_restart"
 
     @property
     def info(self) -> FindingInfo:
@@ -116,6 +117,10 @@ _INFO: dict[FindingType, FindingInfo] = {
         "rr_repro", "rerun: reproducible (data or model)", "error", False, "report"
     ),
     FindingType.PREEMPTED: FindingInfo("preempted", "preempted", "warning", False, "report"),
+    # Recovered already, inside the ranks: the launcher only records it.
+    FindingType.INPROCESS_RESTART: FindingInfo(
+        "inproc_restart", "in-process restart", "warning", False, "report"
+    ),
 }
 
 
@@ -137,6 +142,9 @@ class Reason(str, Enum):
     RERUN_SAME_ELSEWHERE = "rerun_result_reproduced_after_resume"
     EXIT_SIGNAL = "scheduler_sent_the_exit_signal"
     PREEMPTION_SAVED = "every_rank_saved_the_agreed_step"
+    INPROCESS_EXCEPTION = "rank_raised_and_every_rank_reentered_in_process"
+    INPROCESS_HANG = "rank_stuck_past_soft_timeout_and_every_rank_reentered_in_process"
+    INPROCESS_OTHER = "collective_failed_and_every_rank_reentered_in_process"
 
 
 @dataclass(slots=True)

@@ -142,6 +142,22 @@ def _rerun(d: dict[str, Any]) -> dict[str, Any] | None:
     return block
 
 
+def _inprocess(d: dict[str, Any]) -> dict[str, Any] | None:
+    info = _obj(d, "inprocess")
+    if info is None:
+        return None
+    try:
+        _int(info, "restarts")
+        last = _obj(info, "last")
+        if last is not None:
+            _int(last, "culprit")
+            _str(last, "cause")
+            _str(last, "message")
+    except RecordError as exc:
+        raise RecordError(f"inprocess.{exc}") from None
+    return info
+
+
 @dataclass(slots=True)
 class HeartbeatRecord:
     """One record of one rank process (schema in ``docs/heartbeat.md``). Treated as
@@ -179,6 +195,7 @@ class HeartbeatRecord:
     straggler: dict[str, Any] | None = None  # own-compute samples
     ft_stats: dict[str, Any] | None = None  # section durations (learned timeouts)
     rerun: dict[str, Any] | None = None  # the rerun state machine's outcomes (schema/rerun.py)
+    inprocess: dict[str, Any] | None = None  # in-process restarts: count, last cause, culprit
     extra: dict[str, Any] = field(default_factory=dict)  # unknown keys, kept as they came
 
     @property
@@ -277,6 +294,7 @@ class HeartbeatRecord:
             get("straggler"),
             get("ft_stats"),
             _rerun(d),
+            _inprocess(d),
             {k: d[k] for k in unknown} if unknown else {},
         )
 
@@ -322,7 +340,7 @@ _INTS = ("monotonic_ns", "iteration", "last_progress_monotonic_ns")
 _NUMBERS = ("phase_elapsed_s", "since_progress_s", "relayed_age_s")
 _STRINGS = ("hostname", "phase", "progress_source", "main_frame")
 _BOOLS = ("checkpoint_active", "synthesized")
-_OBJECTS = ("perf", "straggler", "ft_stats")
+_OBJECTS = ("perf", "straggler", "ft_stats", "inprocess")
 _OMIT_WHEN_EMPTY = frozenset(
     {
         "synthesized",
@@ -332,6 +350,7 @@ _OMIT_WHEN_EMPTY = frozenset(
         "straggler",
         "ft_stats",
         "rerun",
+        "inprocess",
         "monotonic_ns",
     }
 )

@@ -27,6 +27,7 @@ DEFAULT_ACTIONS = {
     "rerun_validation_failed": "report",
     "rerun_reproducible_fault": "report",
     "job_preempted": "report",
+    "inprocess_restart": "report",
 }
 
 FT_PLUGIN_YAML = """\

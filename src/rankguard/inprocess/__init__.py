@@ -1,0 +1,34 @@
+"""In-process restart: recover from a fault or a hang inside the same processes.
+
+``rankguard.inprocess.wrap(train)`` (or ``@rankguard.inprocess.wrap``) re-enters
+``train`` on every rank after an exception in any rank or a hang, without starting
+Python again: the process group is torn down and initialised anew through the job's
+store, and ``train`` is called again; it learns how many times with
+:func:`restart_count`. See ``docs/inprocess.md``.
+"""
+
+from rankguard.inprocess.config import InProcessRestartConfig
+from rankguard.inprocess.interrupt import RestartInterrupt
+from rankguard.inprocess.wrapper import (
+    HARD_TIMEOUT_EXIT_CODE,
+    RESTART_PHASE,
+    InProcessRestartError,
+    RestartInfo,
+    current,
+    restart_count,
+    run_config,
+    wrap,
+)
+
+__all__ = [
+    "HARD_TIMEOUT_EXIT_CODE",
+    "RESTART_PHASE",
+    "InProcessRestartConfig",
+    "InProcessRestartError",
+    "RestartInfo",
+    "RestartInterrupt",
+    "current",
+    "restart_count",
+    "run_config",
+    "wrap",
+]

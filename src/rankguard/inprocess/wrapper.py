@@ -1,0 +1,678 @@
+"""``rankguard.inprocess.wrap(fn)``: re-enter the training function after a fault.
+
+One call of the wrapped function is a sequence of *rounds*. Each round has its own key
+prefix in the job's store (``rankguard/inprocess/<run>/<call>/<round>/``), so keys of an
+earlier round never mix with a later one, and its own process group::
+
+    join      every rank arrives (a lost peer or an ``abandon`` key ends the wait)
+    init      init_process_group(store=PrefixStore(round), timeout=...)
+    run       fn(*args, **kwargs): the user restores state and trains
+    complete  every rank done -> return fn's result
+    fault     an exception, a peer's fault (the round's ``failed`` key) or this rank's
+              soft timeout: report it, tear the group down (NCCL abort, destroy),
+              spend one restart from the budget, join the next round
+
+A watcher thread per rank (one for the whole call, not one per round) waits on the
+round's ``failed`` key, bumps the rank's store heartbeat, and checks that the main
+thread still runs Python (:class:`~.interrupt.Liveness`): stuck ``soft_timeout`` seconds,
+it reports a hang, aborts the communicator and interrupts the main thread; stuck
+``hard_timeout`` seconds, it ends the process so the launcher's restart takes over.
+
+Past the restart budget, or when a peer cannot re-enter (its process died: its store
+heartbeat stops; it never joins), the wrapper raises :class:`InProcessRestartError`:
+the script fails and ``rankguard run`` restarts the processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from rankguard.inprocess.config import InProcessRestartConfig
+from rankguard.inprocess.interrupt import Interrupter, Liveness, RestartInterrupt
+from rankguard.inprocess.policy import (
+    FaultReport,
+    RestartBudget,
+    apply_environment,
+    choose_culprit,
+    culprit_cause,
+    lost_ranks,
+    timeout_problems,
+)
+
+__all__ = [
+    "HARD_TIMEOUT_EXIT_CODE",
+    "RESTART_PHASE",
+    "InProcessRestartError",
+    "RestartInfo",
+    "current",
+    "restart_count",
+    "run_config",
+    "wrap",
+]
+
+logger = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: The phase a rank reports while it re-enters (the monitor gives it its own timeout).
+RESTART_PHASE = "inprocess_restart"
+#: Exit status of a rank ended by the hard timeout (the launcher restarts the group).
+HARD_TIMEOUT_EXIT_CODE = 124
+_CHUNK_S = 0.2  # longest single blocking store wait of the main thread
+
+
+class InProcessRestartError(RuntimeError):
+    """The in-process restart cannot go on (budget spent, a peer lost, a timeout): the
+    process ends with this error and the launcher's process restart takes over."""
+
+
+class RestartInfo:
+    """What the training function may ask: ``count`` restarts so far in this call, and
+    the last one's ``cause``, ``culprit`` rank and ``message``."""
+
+    __slots__ = ("cause", "count", "culprit", "message")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.cause: str | None = None
+        self.culprit: int | None = None
+        self.message: str | None = None
+
+
+_local = threading.local()
+
+
+def current() -> RestartInfo | None:
+    """The restart state of the wrapped call running in this thread (None outside)."""
+    return getattr(_local, "info", None)
+
+
+def restart_count() -> int:
+    """In-process restarts so far in the wrapped call running in this thread (0 in the
+    first round, and outside a wrapped call)."""
+    info = current()
+    return info.count if info is not None else 0
+
+
+def _torch_dist() -> Any:
+    import torch.distributed as dist  # here: `import rankguard` stays torch-free
+
+    return dist
+
+
+def abort_communicators(dist: Any, backend: str) -> None:
+    """Unblock collectives in flight: ``ProcessGroup.abort()`` of the default group on
+    NCCL (its kernels and the blocked ``wait`` return with an error). On gloo it is not
+    done: torch 2.13's gloo abort does not release a blocked collective (measured); the
+    process-group timeout does."""
+    if backend != "nccl" or not dist.is_initialized():
+        return
+    group = dist.group.WORLD
+    if group is not None:
+        group.abort()
+
+
+def _main_frame(thread: threading.Thread) -> str:
+    frame = sys._current_frames().get(thread.ident or -1)
+    if frame is None:
+        return ""
+    code = frame.f_code
+    return f"{os.path.basename(code.co_filename)}:{frame.f_lineno} in {code.co_name}"
+
+
+_COLLECTIVE_FILES = ("distributed_c10d.py", "c10d_logger.py")
+
+
+def _in_collective(frame: str) -> bool:
+    return frame.startswith(_COLLECTIVE_FILES)
+
+
+def _raised_in_collective(exc: BaseException) -> bool:
+    """Did ``exc`` come out of a torch.distributed call (a collective that broke because
+    a peer left or timed out: an echo of another rank's fault, not a cause)?"""
+    tb = exc.__traceback__
+    last = None
+    while tb is not None:
+        last = tb.tb_frame.f_code.co_filename
+        tb = tb.tb_next
+    return bool(last and os.path.basename(last) in _COLLECTIVE_FILES)
+
+
+def _default_store(timeout_s: float) -> Any:
+    """A client of the job's store: torch elastic's worker store (MASTER_ADDR/PORT)."""
+    dist = _torch_dist()
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not addr or not port:
+        raise InProcessRestartError(
+            "in-process restart needs the job's store: MASTER_ADDR and MASTER_PORT are not "
+            "set (launch with `rankguard run` or torchrun, or pass store_factory)"
+        )
+    return dist.TCPStore(addr, int(port), is_master=False, timeout=timedelta(seconds=timeout_s))
+
+
+def run_config() -> InProcessRestartConfig | None:
+    """The run's ``inprocess_restart`` section under ``rankguard run`` (else None)."""
+    from rankguard.heartbeat.identity import ENV
+
+    text = os.environ.get(ENV.CONFIG)
+    if not text or os.environ.get(ENV.LAUNCHER) != "1":
+        return None
+    from rankguard.config import loads_config
+
+    return loads_config(text).inprocess_restart
+
+
+def wrap(
+    fn: F | None = None,
+    *,
+    config: InProcessRestartConfig | None = None,
+    store_factory: Callable[[], Any] | None = None,
+    session: Any = None,
+    on_hard_timeout: Callable[[str], None] | None = None,
+) -> Any:
+    """Wrap a training function for in-process restart (also a decorator, with or
+    without arguments).
+
+    ``config``: default, the run's ``inprocess_restart`` under ``rankguard run``, else
+    ``InProcessRestartConfig(enabled=True)``. Disabled: ``fn`` is returned as it is (and
+    a warning says so under ``rankguard run``). The wrapper initialises the default
+    process group in every round: ``fn`` must not call ``init_process_group`` and must
+    build what holds the group (DDP, FSDP) inside. ``store_factory``: a new client of the
+    job's store (default: ``MASTER_ADDR``/``MASTER_PORT``); ``session``: the rankguard
+    session (default: ``rankguard.session.current()``)."""
+    if fn is None:
+        return functools.partial(
+            wrap,
+            config=config,
+            store_factory=store_factory,
+            session=session,
+            on_hard_timeout=on_hard_timeout,
+        )
+    cfg = config
+    if cfg is None:
+        cfg = run_config()
+        if cfg is not None and not cfg.enabled:
+            logger.warning(
+                "rankguard: inprocess.wrap(%s) has NO effect: inprocess_restart.enabled=false "
+                "in this run's config; a fault restarts the processes",
+                getattr(fn, "__name__", fn),
+            )
+        cfg = cfg or InProcessRestartConfig(enabled=True)
+    if not cfg.enabled:
+        return fn
+    resolved = cfg
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        call = _Call(
+            fn,
+            resolved,
+            store_factory=store_factory,
+            session=session,
+            on_hard_timeout=on_hard_timeout,
+        )
+        return call.run(args, kwargs)
+
+    return wrapped
+
+
+class _Call:
+    """One call of the wrapped function: its rounds, its watcher thread."""
+
+    _calls = 0  # distinct key prefix per call in this process
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        cfg: InProcessRestartConfig,
+        *,
+        store_factory: Callable[[], Any] | None,
+        session: Any,
+        on_hard_timeout: Callable[[str], None] | None,
+    ) -> None:
+        self.fn = fn
+        self.cfg = cfg
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.hostname = socket.gethostname()
+        factory = store_factory or (lambda: _default_store(cfg.barrier_timeout))
+        self._factory = factory
+        run = os.environ.get("RANKGUARD_RUN_ID") or os.environ.get("TORCHELASTIC_RUN_ID", "local")
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        _Call._calls += 1
+        self.prefix = f"rankguard/inprocess/{run}/{attempt}/{_Call._calls}/"
+        self.info = RestartInfo()
+        self.budget = RestartBudget(
+            cfg.max_restarts_per_window, cfg.restart_window, cfg.max_iterations
+        )
+        if session is None:
+            from rankguard.session import current as current_session
+
+            session = current_session()
+        self.session = session if getattr(session, "enabled", False) else None
+        self.on_hard_timeout = on_hard_timeout or self._exit_process
+        self.backend = cfg.backend or self._auto_backend()
+        # gloo: just past the soft timeout, so that a stuck rank's own watcher reports
+        # the hang (and names the culprit) before its peers' collectives time out
+        self.pg_timeout = cfg.process_group_timeout or (
+            600.0
+            if self.backend == "nccl"
+            else cfg.soft_timeout + 2 * cfg.monitor_thread_interval + 0.5
+        )
+        self.round = 0
+        self.phase = "joining"  # joining | running | recovering (read by the watcher)
+        self.recovering_since: float | None = None
+        self.fault_at: float | None = None  # monotonic time of the round's fault
+        self.last_reentry_s: float | None = None  # fault -> fn called again
+        self.last_fault: dict[str, Any] | None = None
+        self.interrupter = Interrupter()
+        self.liveness = Liveness()
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self._store: Any = None
+        self._wstore: Any = None
+        self._handled_round = -1
+        self._soft_round = -1
+        self._saved_phase = "train"
+        self._at_interrupt: tuple[float, str] = (0.0, "")
+
+    # ---- setup ------------------------------------------------------------------------
+
+    @staticmethod
+    def _auto_backend() -> str:
+        try:
+            import torch
+
+            return "nccl" if torch.cuda.is_available() else "gloo"
+        except Exception:
+            return "gloo"
+
+    def _announce(self) -> None:
+        cfg = self.cfg
+        lines = []
+        if cfg.set_nccl_env:
+            lines += apply_environment(os.environ)
+        fine, problems = timeout_problems(
+            backend=self.backend,
+            pg_timeout=self.pg_timeout,
+            hard_timeout=cfg.hard_timeout,
+            environ=os.environ,
+        )
+        if self.rank == 0:
+            logger.warning(
+                "rankguard: in-process restart ON (granularity %s, soft %gs, hard %gs, "
+                "%d per %gs): %s",
+                cfg.granularity,
+                cfg.soft_timeout,
+                cfg.hard_timeout,
+                cfg.max_restarts_per_window,
+                cfg.restart_window,
+                "; ".join(lines + fine),
+            )
+        for problem in problems:
+            logger.error("rankguard: in-process restart: %s", problem)
+
+    def _key(self, round_: int, name: str) -> str:
+        return f"{self.prefix}{round_}/{name}"
+
+    def _hb_key(self, rank: int) -> str:
+        return f"{self.prefix}hb/{rank}"
+
+    # ---- the call ---------------------------------------------------------------------
+
+    def run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        dist = _torch_dist()
+        if dist.is_initialized():
+            raise InProcessRestartError(
+                "in-process restart: the default process group is already initialised; the "
+                "wrapper initialises it in every round: remove init_process_group from the "
+                "code before the wrapped function"
+            )
+        self._announce()
+        self._store = self._factory()
+        self._wstore = self._factory()  # the watcher's own connection: no shared socket
+        previous = getattr(_local, "info", None)
+        _local.info = self.info
+        self.interrupter.install()
+        if self.session is not None:
+            self.session.add_heartbeat_fields(self.heartbeat_fields)
+        self._watcher = threading.Thread(
+            target=self._watch, name="rankguard-inprocess", daemon=True
+        )
+        self._watcher.start()
+        try:
+            return self._rounds(dist, args, kwargs)
+        finally:
+            self.interrupter.armed = False
+            self._stop.set()
+            self._watcher.join(timeout=self.cfg.monitor_thread_interval + 5)
+            self.interrupter.uninstall()
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            _local.info = previous
+            self._store = self._wstore = None
+
+    def _rounds(self, dist: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        while True:
+            self._join(self.round)
+            if self.round > 0:
+                self._after_restart()
+            dist.init_process_group(
+                self.backend,
+                store=dist.PrefixStore(self._key(self.round, "pg/"), self._store),
+                rank=self.rank,
+                world_size=self.world,
+                timeout=timedelta(seconds=self.pg_timeout),
+            )
+            report = self._attempt(args, kwargs)
+            if isinstance(report, _Done):
+                return report.value
+            self._recover(dist, report)
+
+    def _attempt(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run ``fn`` once; a :class:`_Done` or this rank's :class:`FaultReport`. An
+        interrupt arriving late (inside the handler below) is caught by the outer try."""
+        fault: FaultReport | None = None
+        try:
+            try:
+                self.liveness.reset()
+                self.phase = "running"
+                self.interrupter.armed = True
+                if self.fault_at is not None:
+                    self.last_reentry_s = time.monotonic() - self.fault_at
+                    self.fault_at = None
+                value = self.fn(*args, **kwargs)
+                self.interrupter.armed = False
+                self.phase = "recovering"
+                return self._complete(value)
+            except (KeyboardInterrupt, SystemExit):
+                self.interrupter.armed = False
+                raise
+            except BaseException as exc:
+                self.interrupter.armed = False
+                self.phase = "recovering"
+                fault = self._report_for(exc)
+                del exc  # its traceback holds the round's frames (and the group)
+        except RestartInterrupt as late:
+            self.interrupter.armed = False
+            self.phase = "recovering"
+            fault = fault or self._report_for(late)
+        return fault
+
+    def _report_for(self, exc: BaseException) -> FaultReport:
+        self.fault_at = self.fault_at or time.monotonic()
+        if isinstance(exc, RestartInterrupt):
+            stuck_s, frame = self._at_interrupt
+            return FaultReport(
+                self.rank,
+                "interrupted",
+                f"{exc or 'a peer failed'}; this rank's main thread had run no Python for "
+                f"{stuck_s:.1f}s at {frame}",
+                self.hostname,
+                in_collective=_in_collective(frame),
+                stuck_s=round(stuck_s, 3),
+            )
+        message = f"{type(exc).__name__}: {exc}"
+        cause = "collective_error" if _raised_in_collective(exc) else "exception"
+        tb = "".join(traceback.format_exception(exc, limit=-3))
+        logger.error("rankguard: rank %d: round %d failed: %s", self.rank, self.round, tb)
+        return FaultReport(self.rank, cause, message[:2000], self.hostname)
+
+    def _complete(self, value: Any) -> Any:
+        """Every rank finished: the result. A peer's fault meanwhile: re-enter."""
+        store = self._store
+        if store.add(self._key(self.round, "done"), 1) >= self.world:
+            store.set(self._key(self.round, "all_done"), "1")
+        deadline = time.monotonic() + self.cfg.completion_timeout
+        while True:
+            try:
+                store.wait([self._key(self.round, "all_done")], timedelta(seconds=_CHUNK_S))
+                return _Done(value)
+            except Exception:
+                pass
+            if store.check([self._key(self.round, "failed")]):
+                return FaultReport(self.rank, "interrupted", "a peer failed", self.hostname)
+            if time.monotonic() > deadline:
+                raise InProcessRestartError(
+                    f"in-process restart: ranks did not all finish within "
+                    f"completion_timeout={self.cfg.completion_timeout:g}s"
+                )
+
+    # ---- recovery ---------------------------------------------------------------------
+
+    def _recover(self, dist: Any, report: FaultReport) -> None:
+        store, r = self._store, self.round
+        self.fault_at = self.fault_at or time.monotonic()
+        self.recovering_since = time.monotonic()
+        if self.session is not None:
+            self._saved_phase = self.session.tracker.phase or "train"
+            self.session.tracker.set_phase(RESTART_PHASE)
+        if self._soft_round != r:  # else the watcher has reported this rank's hang
+            store.set(self._key(r, f"fault/{self.rank}"), report.to_json())
+        store.set(self._key(r, "failed"), str(self.rank))
+        abort_communicators(dist, self.backend)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        gc.collect(1)  # young cycles only: the round's frames; a full pass costs ~0.5 s
+        if self.backend == "nccl" and self.cfg.empty_cuda_cache:
+            import torch
+
+            torch.cuda.empty_cache()
+        refused = self.budget.spend(time.monotonic())
+        if refused is not None:
+            store.set(self._key(r + 1, "abandon"), f"rank {self.rank}: {refused}")
+            raise InProcessRestartError(
+                f"in-process restart budget spent ({refused}); last fault: {report.message}"
+            )
+        self.round = r + 1
+        self.phase = "joining"
+
+    def _join(self, r: int) -> None:
+        """Wait for every rank at round ``r``; a lost peer or an abandon ends it."""
+        store, cfg = self._store, self.cfg
+        store.set(self._key(r, f"here/{self.rank}"), self.hostname)
+        if store.add(self._key(r, "arrived"), 1) >= self.world:
+            store.set(self._key(r, "ready"), "1")
+        start = time.monotonic()
+        seen: dict[int, tuple[int, float]] = {}  # rank -> (heartbeat count, when it moved)
+        while True:
+            try:
+                store.wait([self._key(r, "ready")], timedelta(seconds=_CHUNK_S))
+                return
+            except Exception:
+                pass
+            if store.check([self._key(r, "abandon")]):
+                why = store.get(self._key(r, "abandon")).decode(errors="replace")
+                raise InProcessRestartError(f"in-process restart abandoned: {why}")
+            now = time.monotonic()
+            missing = [p for p in range(self.world) if not store.check([self._key(r, f"here/{p}")])]
+            dead = []
+            for p in missing:
+                count = store.add(self._hb_key(p), 0)
+                old = seen.get(p)
+                if old is None or old[0] != count:
+                    seen[p] = (count, now)
+                elif count > 0 and now - old[1] > cfg.heartbeat_timeout:
+                    dead.append(p)  # it was alive, and its heartbeat stopped
+                # never seen (count 0): still starting; only barrier_timeout applies
+            timed_out = now - start > cfg.barrier_timeout
+            if dead or timed_out:
+                gone = dead or missing
+                hosts = self._hosts(r)
+                lost = lost_ranks(gone, cfg.granularity, hosts)
+                why = (
+                    f"rank(s) {gone} cannot re-enter ("
+                    + (
+                        "store heartbeat stopped"
+                        if dead
+                        else f"not back in {cfg.barrier_timeout:g}s"
+                    )
+                    + f"); lost with granularity={cfg.granularity}: {lost}"
+                )
+                store.set(self._key(r, "abandon"), why)
+                raise InProcessRestartError(f"in-process restart abandoned: {why}")
+
+    def _hosts(self, r: int) -> dict[int, str]:
+        out = {}
+        for p in range(self.world):
+            key = self._key(r, f"here/{p}")
+            if self._store.check([key]):
+                out[p] = self._store.get(key).decode(errors="replace")
+        return out
+
+    def _after_restart(self) -> None:
+        """Every rank is back: agree on the culprit of the last round, tell the monitor."""
+        r = self.round - 1
+        reports = []
+        for p in range(self.world):
+            key = self._key(r, f"fault/{p}")
+            if self._store.check([key]):
+                try:
+                    reports.append(FaultReport.from_json(self._store.get(key)))
+                except ValueError:
+                    logger.warning("rankguard: unreadable fault report of rank %d", p)
+        stuck_after = self.cfg.soft_timeout / 2
+        culprit = choose_culprit(reports, stuck_after)
+        info = self.info
+        info.count = self.round
+        info.cause = culprit_cause(culprit, stuck_after) if culprit else "unknown"
+        info.culprit = culprit.rank if culprit else None
+        info.message = culprit.message if culprit else None
+        self.last_fault = {
+            "id": f"{self.prefix.removeprefix('rankguard/inprocess/')}{r}",
+            "round": r,
+            "cause": info.cause,
+            "culprit": info.culprit,
+            "culprit_host": culprit.hostname if culprit else None,
+            "message": info.message,
+            "wall_time_ns": time.time_ns(),
+        }
+        if self.session is not None:
+            tracker = self.session.tracker
+            tracker.set_phase(self._saved_phase)
+            tracker.mark_recovered()
+        took = time.monotonic() - (self.recovering_since or time.monotonic())
+        if self.rank == 0:
+            logger.warning(
+                "rankguard: in-process restart %d: %s on rank %s (%s); every rank back in %.3fs",
+                self.round,
+                info.cause,
+                info.culprit,
+                (info.message or "")[:200],
+                took,
+            )
+
+    # ---- monitor ----------------------------------------------------------------------
+
+    def heartbeat_fields(self) -> dict[str, Any]:
+        """The ``inprocess`` object of the rank's heartbeat records."""
+        out: dict[str, Any] = {"restarts": self.info.count, "recovering": self.phase != "running"}
+        if self.last_fault is not None:
+            out["last"] = self.last_fault
+        return {"inprocess": out}
+
+    # ---- watcher thread ---------------------------------------------------------------
+
+    def _watch(self) -> None:
+        cfg = self.cfg
+        interval = min(cfg.monitor_thread_interval, _CHUNK_S)
+        next_beat = 0.0
+        while not self._stop.is_set():
+            now = time.monotonic()
+            try:
+                if now >= next_beat:
+                    self._wstore.add(self._hb_key(self.rank), 1)
+                    next_beat = now + cfg.heartbeat_interval
+                self.liveness.ask()
+                r = self.round
+                if self.phase == "running":
+                    self._watch_round(r, interval)
+                else:
+                    self._stop.wait(interval)
+            except Exception:
+                if self._stop.is_set():
+                    return
+                logger.exception("rankguard: in-process watcher")
+                self._stop.wait(interval)
+
+    def _watch_round(self, r: int, interval: float) -> None:
+        cfg = self.cfg
+        failed = self._key(r, "failed")
+        if self._handled_round != r:
+            try:
+                self._wstore.wait([failed], timedelta(seconds=interval))
+            except Exception:
+                pass
+            else:
+                if self.round == r and self.phase == "running":
+                    self._handled_round = r
+                    who = self._wstore.get(failed).decode(errors="replace")
+                    self._interrupt(f"rank {who} failed in round {r}")
+                return
+        else:
+            self._stop.wait(interval)
+            if self.round == r and self.interrupter.armed:  # swallowed: deliver again
+                self.interrupter.fire(self.interrupter.reason)
+        idle = self.liveness.idle_s()
+        if idle > cfg.hard_timeout and self.round == r:
+            self.on_hard_timeout(
+                f"rank {self.rank}: main thread stuck {idle:.1f}s > hard_timeout "
+                f"{cfg.hard_timeout:g}s at {_main_frame(self.interrupter.thread)}"
+            )
+            return
+        if idle > cfg.soft_timeout and self._soft_round != r and self.round == r:
+            self._soft_round = r
+            frame = _main_frame(self.interrupter.thread)
+            report = FaultReport(
+                self.rank,
+                "soft_timeout",
+                f"main thread stuck {idle:.1f}s > soft_timeout {cfg.soft_timeout:g}s at {frame}",
+                self.hostname,
+                in_collective=_in_collective(frame),
+                stuck_s=round(idle, 3),
+            )
+            self.fault_at = time.monotonic()
+            self._wstore.set(self._key(r, f"fault/{self.rank}"), report.to_json())
+            self._wstore.set(failed, str(self.rank))
+            self._handled_round = r
+            self._interrupt(report.message)
+
+    def _interrupt(self, reason: str) -> None:
+        self.fault_at = self.fault_at or time.monotonic()
+        self._at_interrupt = (self.liveness.idle_s(), _main_frame(self.interrupter.thread))
+        try:
+            abort_communicators(_torch_dist(), self.backend)
+        except Exception:
+            logger.exception("rankguard: aborting the communicator failed")
+        self.interrupter.fire(reason)
+
+    def _exit_process(self, why: str) -> None:
+        logger.critical("rankguard: %s: exiting for the launcher's restart", why)
+        if self.session is not None:
+            try:
+                self.session.close(clean=False, exit_code=HARD_TIMEOUT_EXIT_CODE, error=why)
+            except Exception:
+                logger.exception("rankguard: closing the session failed")
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(HARD_TIMEOUT_EXIT_CODE)
+
+
+class _Done:
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value

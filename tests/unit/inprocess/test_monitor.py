@@ -1,0 +1,125 @@
+"""The launcher's side: records carry the restart, one finding and one restarts.jsonl
+line per in-process restart, the re-entry is not a hang."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rankguard.inprocess import RESTART_PHASE
+from rankguard.inprocess.monitor import InProcessRestarts
+from rankguard.schema.findings import FindingType, Reason
+from rankguard.schema.records import HeartbeatRecord, RecordError
+from tests.factories import heartbeat_record, heartbeat_rules, types_of
+
+
+def _last(rid: str = "run/0/1/0", cause: str = "exception", culprit: int = 1) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "round": 0,
+        "cause": cause,
+        "culprit": culprit,
+        "culprit_host": "h1",
+        "message": "RuntimeError: boom",
+    }
+
+
+def _inproc(restarts: int, last: dict[str, Any] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"restarts": restarts, "recovering": False}
+    if last is not None:
+        out["last"] = last
+    return out
+
+
+def test_record_keeps_and_validates_the_inprocess_object() -> None:
+    raw = heartbeat_record(0, inprocess=_inproc(1, _last()))
+    rec = HeartbeatRecord.from_dict(raw)
+    assert rec.inprocess is not None and rec.inprocess["restarts"] == 1
+    assert rec.to_dict()["inprocess"] == raw["inprocess"]
+    assert "inprocess" not in HeartbeatRecord.from_dict(heartbeat_record(0)).to_dict()
+    with pytest.raises(RecordError, match=r"inprocess\.restarts"):
+        HeartbeatRecord.from_dict(heartbeat_record(0, inprocess={"restarts": "1"}))
+    with pytest.raises(RecordError, match=r"inprocess\.culprit"):
+        HeartbeatRecord.from_dict(
+            heartbeat_record(0, inprocess=_inproc(1, {**_last(), "culprit": "x"}))
+        )
+
+
+def test_one_finding_and_one_line_per_restart_whichever_rank_shows_it() -> None:
+    rules = heartbeat_rules(2)
+    lines: list[dict[str, Any]] = []
+    ev = InProcessRestarts("run", lines.append)
+    rules.ingest(heartbeat_record(0, 1, t=1.0, inprocess=_inproc(1, _last())), 1.0)
+    found = ev.evaluate(1.0, rules.ranks)
+    assert types_of(found) == [(1, "inprocess_restart")]  # the culprit, not the reporter
+    f = found[0]
+    assert f.reason is Reason.INPROCESS_EXCEPTION and "in-process restart 1" in f.message
+    assert f.info.default_action == "report" and not f.info.hang
+    assert f.detail["inprocess"]["cause"] == "exception"
+    rules.ingest(heartbeat_record(1, 1, t=1.5, inprocess=_inproc(1, _last())), 1.5)
+    assert ev.evaluate(1.5, rules.ranks) == []  # the same restart seen on rank 1
+    assert [(x["kind"], x["restart"], x["rank"]) for x in lines] == [("inprocess", 1, 1)]
+    hang = _last("run/0/1/1", "soft_timeout", 0)
+    rules.ingest(heartbeat_record(1, 2, t=5.0, inprocess=_inproc(2, hang)), 5.0)
+    found = ev.evaluate(5.0, rules.ranks)
+    assert types_of(found) == [(0, "inprocess_restart")]
+    assert found[0].reason is Reason.INPROCESS_HANG
+    assert ev.status() == {"restarts": 2, "last": {"restarts": 2, **hang}}
+    assert FindingType.INPROCESS_RESTART.value == "inprocess_restart"
+
+
+def test_no_restart_no_finding_and_no_status() -> None:
+    rules = heartbeat_rules(2)
+    rules.ingest(heartbeat_record(0, 1, t=1.0, inprocess=_inproc(0, None)), 1.0)
+    ev = InProcessRestarts("run")
+    assert ev.evaluate(1.0, rules.ranks) == [] and ev.status() is None
+
+
+def test_the_reentry_phase_has_its_own_timeout_not_the_progress_timeout() -> None:
+    """A rank re-entering (phase inprocess_restart) long after its last step is not a
+    stall while the re-entry lasts less than its section timeout (hard_timeout)."""
+    rules = heartbeat_rules(1, section_timeouts={RESTART_PHASE: 90.0})
+    rec = heartbeat_record(
+        0, 1, t=1.0, world_size=1, phase=RESTART_PHASE, since=50.0, phase_elapsed=10.0
+    )
+    rules.ingest(rec, 1.0)
+    assert rules.evaluate(1.0) == []  # 50 s since the last step > progress timeout 20 s
+    rec = heartbeat_record(
+        0, 2, t=2.0, world_size=1, phase=RESTART_PHASE, since=150.0, phase_elapsed=95.0
+    )
+    rules.ingest(rec, 2.0)
+    assert types_of(rules.evaluate(2.0)) == [(0, "rank_section_timeout")]
+
+
+def test_tracker_progress_clock_restarts_after_a_reentry() -> None:
+    from rankguard.timeline import ProgressTracker
+    from tests.factories import FakeNsClock
+
+    clock = FakeNsClock()
+    tracker = ProgressTracker(clock=clock, mode="cpu")
+    tracker.step_end()
+    clock.advance(40.0)
+    assert tracker.snapshot()["since_progress_s"] == pytest.approx(40.0)
+    tracker.mark_recovered()
+    assert tracker.snapshot()["since_progress_s"] == 0.0
+    assert tracker.progress_seq == 1  # no step counted
+
+
+RESTARTS = [
+    {"kind": "process", "restart": 1, "cause": "rank_process_exited", "rank": 0, "message": "x"},
+    {"kind": "inprocess", "restart": 1, "cause": "exception", "rank": 1, "message": "boom"},
+]
+
+
+def test_status_screen_and_report_tell_the_two_kinds_apart(tmp_path: Any) -> None:
+    from rankguard.cli.status_render import _ft_lines
+    from rankguard.report.data import RunData
+    from rankguard.report.tables import restarts_table
+
+    lines = _ft_lines({"restarts": RESTARTS})
+    assert "Restarts: 2 (1 process, 1 in-process)" in lines
+    assert any(line.strip().startswith("in-process #1") for line in lines)
+    html = restarts_table(RunData(run_id="r", restarts=RESTARTS))
+    assert "1 of the processes, 1 in-process" in html and "boom" in html
+    assert restarts_table(RunData(run_id="r")) == ""
