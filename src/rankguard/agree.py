@@ -74,6 +74,12 @@ def fastest_step_s(records: list[HeartbeatRecord]) -> float | None:
     return min(positive) if positive else None
 
 
+def _checkpoints(rec: HeartbeatRecord) -> int:
+    """How many of ``rec``'s progress steps were saves (``checkpoint_count``)."""
+    count = rec.extra.get("checkpoint_count")
+    return count if type(count) is int and 0 <= count <= rec.progress_seq else 0
+
+
 class StopAgreement(FindingSink):
     """Node 0: decide the one step every rank stops at, and tell every node.
 
@@ -112,7 +118,9 @@ class StopAgreement(FindingSink):
         intervals and two scans plus a second; less when the records are fresh)."""
         ranks = self.ranks()
         records = [s.record for s in ranks.values() if s.record is not None]
-        progress = {r.rank: r.progress_seq for r in records}
+        # in training steps: a rank that saved more often has more progress, not more
+        # steps (every rank counts its way to the same stop step)
+        progress = {r.rank: r.progress_seq - _checkpoints(r) for r in records}
         lead = 2 * self.hb.publish_interval_s + 2 * self.hb.scan_interval_s + 1.0
         if lead_s is not None:
             lead = lead_s

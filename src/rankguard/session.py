@@ -270,7 +270,8 @@ class Session:
         if stop_at is None:
             return False
         self._quiet = False
-        return self.tracker.issued_seq >= stop_at
+        tracker = self.tracker  # training steps: saves are progress, not steps
+        return tracker.issued_seq - tracker.checkpoint_count >= stop_at
 
     def _note_signal(self, signum: int) -> None:
         self._quiet = False  # from the signal handler: a flag only

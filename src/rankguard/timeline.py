@@ -110,6 +110,7 @@ class ProgressTracker:
         "_stream",
         "_train_ns",
         "checkpoint_active",
+        "checkpoint_count",
         "checkpoint_durations_ns",
         "checkpoint_id",
         "checkpoint_started_ns",
@@ -169,6 +170,7 @@ class ProgressTracker:
         self.data_ns = 0
         self.data_at = [0] * RING_SIZE  # data_ns when step n ended
         self.non_step_seqs: list[int] = []  # progress counted for a checkpoint, not a step
+        self.checkpoint_count = 0  # saves ended: progress_seq - this = training steps
         self.phase_ns = self._started_ns  # when the phase last changed
         # [start_ns, end_ns, phase] of phases other than setup/train: from set_phase
         # (exact) and from stack sampling (first and last sample that saw the phase)
@@ -297,6 +299,7 @@ class ProgressTracker:
         self.step_ns[seq & _RING_MASK] = now
         self.data_at[seq & _RING_MASK] = self.data_ns
         self.non_step_seqs.append(seq)
+        self.checkpoint_count += 1
         self.checkpoint_durations_ns.append(now - self.checkpoint_started_ns)
         self._changed()
 
@@ -384,6 +387,7 @@ class ProgressTracker:
         phase, phase_ns = self.effective_phase()
         return {
             "progress_seq": self.progress_seq,
+            "checkpoint_count": self.checkpoint_count,
             "iteration": self.iteration,
             "phase": phase,
             "checkpoint_active": self.checkpoint_active,

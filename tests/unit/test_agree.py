@@ -371,3 +371,27 @@ def test_stop_on_straggler_requests_once(tmp_path: Path) -> None:
     assert svc.stop_at == first  # a second straggler does not move the agreed step
     control = json.loads((tmp_path / CONTROL_FILE).read_text(encoding="utf-8"))
     assert control["reason"] == "straggler: rank 0 slow"
+
+
+def test_the_stop_step_counts_training_steps_not_saves(tmp_path: Path) -> None:
+    # rank 0 saved 3 times more than rank 1: same training step, different progress_seq;
+    # the stop step is in training steps, which every rank counts alike
+    ranks = {
+        0: _State(_rec(progress_seq=53, checkpoint_count=3, perf={"step_time_ms": 200.0})),
+        1: _State(_rec(rank=1, progress_seq=50, checkpoint_count=0)),
+    }
+    stop_at = _agreement(tmp_path, ranks).request_stop("preempted")
+    assert stop_at == 50 + 65  # furthest rank's training step + 13 s / 0.2 s
+
+
+def test_a_session_stops_at_the_agreed_training_step_whatever_its_saves(
+    tmp_path: Path,
+) -> None:
+    from rankguard.timeline import ProgressTracker
+
+    tracker = ProgressTracker()
+    for _ in range(4):
+        tracker.step_end()
+    tracker.checkpoint_start("extra")  # a save only this rank makes
+    tracker.checkpoint_end()
+    assert tracker.issued_seq - tracker.checkpoint_count == 4  # what should_stop compares

@@ -182,6 +182,7 @@ def test_snapshot_uses_injected_clock() -> None:
     assert snap["progress_seq"] == 1 and snap["iteration"] == 7
     assert set(snap) == {
         "progress_seq",
+        "checkpoint_count",
         "iteration",
         "phase",
         "checkpoint_active",
@@ -295,3 +296,14 @@ def test_cuda_step_after_checkpoint_counts() -> None:
     t.poll()
     assert t.iteration == 2
     assert t.progress_seq == 3
+
+
+def test_saves_are_counted_apart_from_steps() -> None:
+    t = _cpu(FakeClock())
+    t.step_end()
+    t.checkpoint_start("a")
+    t.checkpoint_end()
+    t.step_end()
+    snap = t.snapshot()
+    # a save is progress (FlagScale's rule) but not a training step
+    assert snap["progress_seq"] == 3 and snap["checkpoint_count"] == 1

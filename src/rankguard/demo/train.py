@@ -262,11 +262,12 @@ def train(args: argparse.Namespace, device: torch.device, memory: dict[str, Any]
             if rank == 0:
                 print(f"[demo] step {step} eval loss {val:.4f}", flush=True)
         stop = rg.should_stop()  # every rank agrees on this step (stragglers, preemption)
+        due = bool(args.checkpoint_every) and step % args.checkpoint_every == 0
         saved = ckpt.maybe_save(step) if ckpt is not None else False
         if stop and ckpt is not None and not saved and ckpt.save_dir is not None:
             ckpt.save(step, blocking=True)  # the agreed step, written before leaving
             saved = True
-        if saved and args.checkpoint_seconds:
+        if (saved or due) and args.checkpoint_seconds:  # a slower disk (no directory: only this)
             with rg.checkpoint(f"step_{step}_extra"):
                 time.sleep(args.checkpoint_seconds)
         if stop:
@@ -320,7 +321,7 @@ def checkpoints(args: argparse.Namespace, state: dict) -> CheckpointManager | No
     changes: dict = {}
     if args.checkpoint_dir:
         changes["save"] = args.checkpoint_dir
-    if args.checkpoint_every:
+    if args.checkpoint_every and (args.checkpoint_dir or cfg.save):
         changes["save_interval"] = args.checkpoint_every
     if args.async_save:
         changes["async_save"] = True

@@ -15,6 +15,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
 parser.add_argument("--steps", type=int, default=12)
 parser.add_argument("--save-s", type=float, default=0.0)
+parser.add_argument("--step-s", type=float, default=0.05)  # compute time per micro-batch
 parser.add_argument("--callback", action="store_true")
 args = parser.parse_args()
 
@@ -32,6 +33,7 @@ class TinyLM(pl.LightningModule):
         return torch.nn.functional.cross_entropy(logits.view(-1, VOCAB), batch.view(-1))
 
     def training_step(self, batch, batch_idx):
+        time.sleep(args.step_s)  # a real model's compute: the perf monitor sees the steps
         return self._loss(batch)
 
     def validation_step(self, batch, batch_idx):
