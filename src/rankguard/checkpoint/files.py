@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rankguard._fs import atomic_write_json, fsync_dir
+from rankguard.heartbeat.procs import pid_running
 
 __all__ = [
     "COMMIT_MARKER",
@@ -264,16 +265,6 @@ def probe_writable(directory: Path) -> str | None:
     return None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class DirLock:
     """Keeps two jobs out of one checkpoint directory: ``.rankguard_checkpoint.lock``
     names the owner job (host, pid). The same job (an in-job restart, a requeue with the
@@ -294,7 +285,7 @@ class DirLock:
             if owner is not None and owner.get("job") != self.job:
                 same_host = owner.get("host") == me["host"]
                 pid = owner.get("pid")
-                if not (same_host and isinstance(pid, int) and not _pid_alive(pid)):
+                if not (same_host and isinstance(pid, int) and not pid_running(pid)):
                     raise CheckpointError(
                         f"{self.path.parent}: in use by job {owner.get('job')!r} "
                         f"(host {owner.get('host')}, pid {owner.get('pid')}); this job is "
