@@ -721,3 +721,18 @@ class TorchSaver:
             self.directory / f"step_{steps[-1]}.pt", weights_only=True
         )
         return state
+
+
+# ---- Lightning's entry point ---------------------------------------------------------
+
+LIGHTNING_FACTORY = "rankguard.integrations.lightning:callbacks_factory"
+
+
+def lightning_entry_point_installed() -> bool:
+    """Is rankguard's ``lightning.pytorch.callbacks_factory`` entry point registered by
+    the installed package (an install from this tree's pyproject.toml)? Tests add a
+    stand-in distribution only when it is not, so the callback is never added twice."""
+    from importlib.metadata import entry_points
+
+    group = entry_points(group="lightning.pytorch.callbacks_factory")
+    return any(ep.value == LIGHTNING_FACTORY for ep in group)

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from rankguard.perf.flops import ModelShape, analytic_flops_per_step
+from tests.factories import LIGHTNING_FACTORY, lightning_entry_point_installed
 
 from .conftest import SCRIPTS, read_jsonl, read_status, run_rankguard, standalone_run
 
@@ -167,11 +168,13 @@ def test_lightning_callback_from_the_entry_point(tmp_path: Path, run_id: str) ->
     pytest.importorskip("lightning")
     site = tmp_path / "site" / "rankguard_e2e_entry_point-0.dist-info"
     site.mkdir(parents=True)
-    (site / "METADATA").write_text("Metadata-Version: 2.1\nName: rankguard-e2e-ep\nVersion: 0\n")
-    (site / "entry_points.txt").write_text(
-        "[lightning.pytorch.callbacks_factory]\n"
-        "rankguard = rankguard.integrations.lightning:callbacks_factory\n"
-    )
+    if not lightning_entry_point_installed():  # installed from an older tree: stand in
+        (site / "METADATA").write_text(
+            "Metadata-Version: 2.1\nName: rankguard-e2e-ep\nVersion: 0\n"
+        )
+        (site / "entry_points.txt").write_text(
+            f"[lightning.pytorch.callbacks_factory]\nrankguard = {LIGHTNING_FACTORY}\n"
+        )
     path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(site.parent)) if p)
     env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
     res = subprocess.run(

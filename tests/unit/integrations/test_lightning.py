@@ -23,7 +23,12 @@ from rankguard.perf.config import PerfConfig  # noqa: E402
 from rankguard.perf.reporter import PerfReporter  # noqa: E402
 from rankguard.session import Session  # noqa: E402
 from rankguard.timeline import ProgressTracker  # noqa: E402
-from tests.factories import heartbeat_config, rank_identity  # noqa: E402
+from tests.factories import (  # noqa: E402
+    LIGHTNING_FACTORY,
+    heartbeat_config,
+    lightning_entry_point_installed,
+    rank_identity,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -173,17 +178,17 @@ def test_a_second_instance_stays_idle(tmp_path: Path, session: Session) -> None:
 def test_entry_point_adds_the_callback_under_rankguard_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    dist = tmp_path / "site" / "rankguard_entry_point_test-0.dist-info"
-    dist.mkdir(parents=True)
-    (dist / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: rankguard-entry-point-test\nVersion: 0\n"
-    )
-    # the same line as pyproject.toml's [project.entry-points."lightning.pytorch.callbacks_factory"]
-    (dist / "entry_points.txt").write_text(
-        "[lightning.pytorch.callbacks_factory]\n"
-        "rankguard = rankguard.integrations.lightning:callbacks_factory\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    if not lightning_entry_point_installed():  # installed from an older tree: stand in
+        dist = tmp_path / "site" / "rankguard_entry_point_test-0.dist-info"
+        dist.mkdir(parents=True)
+        (dist / "METADATA").write_text(
+            "Metadata-Version: 2.1\nName: rankguard-entry-point-test\nVersion: 0\n"
+        )
+        # the line of pyproject.toml's [project.entry-points."lightning.pytorch.callbacks_factory"]
+        (dist / "entry_points.txt").write_text(
+            f"[lightning.pytorch.callbacks_factory]\nrankguard = {LIGHTNING_FACTORY}\n"
+        )
+        monkeypatch.syspath_prepend(str(tmp_path / "site"))
     for name in (ENV.LAUNCHER, ENV.RUN_DIR):
         monkeypatch.delenv(name, raising=False)
     assert callbacks_factory() == []
