@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 from rankguard.schema.records import HeartbeatRecord
 from rankguard.schema.rerun import RerunBlock
@@ -52,6 +52,7 @@ __all__ = [
 ]
 
 
+@runtime_checkable
 class HeartbeatBlock(Protocol):
     """What every block is: a unique ``name`` and a typed round trip."""
 
