@@ -64,6 +64,7 @@ from rankguard.checkpoint.group import CheckpointGroup
 from rankguard.checkpoint.local import LocalStore, deserialize, replica_peers, serialize
 from rankguard.checkpoint.stager import HostStager
 from rankguard.checkpoint.state import StatePlan
+from rankguard.checkpoint.tiers import BoundTier, Candidate, CheckpointTier
 from rankguard.runenv import RunEnv
 from rankguard.schema.layout import CHECKPOINTS_FILE
 
@@ -166,6 +167,18 @@ class CheckpointManager:
             if config.replication:
                 jump = config.replication_jump or lws
                 self._peers = replica_peers(self.rank, self.world, config.replication_factor, jump)
+        # the tiers, in the order every rank gathers their candidates
+        self.tiers: dict[str, CheckpointTier] = {
+            "local": BoundTier(
+                "local", self._start_local, self._local_candidates, self._load_local
+            ),
+            "persistent": BoundTier(
+                "persistent",
+                self._start_persistent,
+                self._persistent_candidates,
+                self._load_persistent,
+            ),
+        }
         for message in config.warnings() + self._replication_warnings():
             self._say(message, logging.WARNING)
         self._prepare_dirs()
@@ -282,10 +295,7 @@ class CheckpointManager:
         self._seq += 1
         t0 = time.monotonic()
         with self._phase(f"{tier}:{step_dir_name(step)}"):
-            if tier == "persistent":
-                job = self._start_persistent(step, blocking, t0)
-            else:
-                job = self._start_local(step, blocking, t0)
+            job = self.tiers[tier].start_save(step, blocking, t0)
             if blocking:
                 job()
                 return
@@ -548,16 +558,19 @@ class CheckpointManager:
         self.wait()
         # not a checkpoint phase: a save's end counts as one progress step (and so would
         # shift the agreed stop steps); a load at start-up is under the initial timeouts
-        for step, tier, where in self._candidates():
-            if tier == "local":
-                if self._load_local(step, where):
-                    return step
-            elif self._load_persistent(step, Path(where)):
-                return step
+        for candidate in self._candidates():
+            if self.tiers[candidate.tier].load(candidate):
+                return candidate.step
         return None
 
-    def _candidates(self) -> list[tuple[int, str, Any]]:
-        out: list[tuple[int, str, Any]] = []
+    def _candidates(self) -> list[Candidate]:
+        """Every tier's candidates, newest first (the local tier first at one step)."""
+        out = [c for tier in self.tiers.values() for c in tier.candidates()]
+        out.sort(key=lambda c: (c.step, c.tier == "local"), reverse=True)
+        return out
+
+    def _local_candidates(self) -> list[tuple[int, Any]]:
+        out: list[tuple[int, Any]] = []
         if self.local is not None:
             holdings = self.group.all_gather(self.local.holdings(self.world))
             steps = sorted({s for h in holdings for s in h}, reverse=True)
@@ -568,7 +581,7 @@ class CheckpointManager:
                         if owner == holder or owner not in holders:
                             holders[owner] = holder
                 if len(holders) == self.world:
-                    out.append((step, "local", holders))
+                    out.append((step, holders))
                 elif self.rank == 0:
                     missing = sorted(set(range(self.world)) - set(holders))
                     self._say(
@@ -576,12 +589,16 @@ class CheckpointManager:
                         f"rank(s) {missing}'s shard",
                         logging.WARNING,
                     )
-        if self.load_dir is not None:
-            listed = committed_steps(self.load_dir) if self.rank == 0 else []
-            for step, path in self.group.broadcast([(s, str(p)) for s, p in listed]):
-                out.append((step, "persistent", path))
-        out.sort(key=lambda c: (c[0], c[1] == "local"), reverse=True)
         return out
+
+    def _persistent_candidates(self) -> list[tuple[int, Any]]:
+        if self.load_dir is None:
+            return []
+        listed = committed_steps(self.load_dir) if self.rank == 0 else []
+        return [
+            (step, Path(path))
+            for step, path in self.group.broadcast([(s, str(p)) for s, p in listed])
+        ]
 
     def _load_local(self, step: int, holders: dict[int, int]) -> bool:
         assert self.local is not None
