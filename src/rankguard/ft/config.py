@@ -66,6 +66,13 @@ class FaultToleranceConfig:
     state_dir: str | None = field(
         default=None, metadata={"help": "Where ft_state.json lives (next to checkpoints)."}
     )
+    serve_nvrx_client: bool = field(
+        default=True,
+        metadata={
+            "help": "Serve NVRx's RankMonitorClient in each rank (ft_launcher's rank monitor) "
+            "when nvidia-resiliency-ext is installed."
+        },
+    )
     simulate_fault: bool = field(default=False, metadata={"help": "Inject one fault to test."})
     simulated_fault_type: str = field(default="random", metadata={"help": "/".join(FAULT_TYPES)})
     simulated_fault_rank: int | None = field(

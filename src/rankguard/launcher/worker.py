@@ -64,6 +64,32 @@ def _watch(session: Any, lifeline: Lifeline | None) -> None:
         publisher.lifeline = lifeline
 
 
+def _serve_nvrx(session: Any) -> Any:
+    """NVRx's RankMonitorClient served in this rank when nvidia-resiliency-ext is
+    installed (``fault_tolerance.serve_nvrx_client``; see ``integrations/nvrx.py``)."""
+    if not getattr(session, "enabled", False) or not os.environ.get(ENV.CONFIG):
+        return None
+    from rankguard.config import loads_config
+    from rankguard.integrations.nvrx import serve_nvrx_client
+
+    cfg = loads_config(os.environ[ENV.CONFIG])
+    bridge = serve_nvrx_client(
+        session,
+        cfg.fault_tolerance,
+        cfg.heartbeat,
+        rank=int(os.environ.get("RANK", "0")),
+        enabled=cfg.fault_tolerance.serve_nvrx_client,
+    )
+    if bridge is not None:
+        session.add_heartbeat_fields(bridge.heartbeat_fields)
+    return bridge
+
+
+def _stop(bridge: Any) -> None:
+    if bridge is not None:
+        bridge.close()
+
+
 @record
 def main(argv: list[str] | None = None, *, direct_child: bool = True) -> None:
     lifeline = hold_launcher(direct_child=direct_child)
@@ -78,9 +104,11 @@ def main(argv: list[str] | None = None, *, direct_child: bool = True) -> None:
     session = init()
     _watch(session, lifeline)
     dump_file = None
+    bridge = None
     run_dir = os.environ.get(ENV.RUN_DIR)
     if run_dir and os.environ.get(ENV.LAUNCHER) == "1":
         dump_file = install_dump_handler(Path(run_dir), int(os.environ.get("RANK", "0")))
+        bridge = _serve_nvrx(session)
     try:
         session.install_optimizer_hook()
         if as_module:
@@ -92,6 +120,7 @@ def main(argv: list[str] | None = None, *, direct_child: bool = True) -> None:
             runpy.run_path(target, run_name="__main__")
     except SystemExit as exc:
         code = _exit_code(exc)
+        _stop(bridge)
         session.close(
             clean=code == 0,
             exit_code=code,
@@ -99,8 +128,10 @@ def main(argv: list[str] | None = None, *, direct_child: bool = True) -> None:
         )
         raise
     except BaseException as exc:
+        _stop(bridge)
         session.close(clean=False, exit_code=1, error=f"{type(exc).__name__}: {exc}")
         raise
+    _stop(bridge)
     session.close(clean=True, exit_code=0)
     del dump_file  # kept open until here: faulthandler writes to it
 
