@@ -211,6 +211,9 @@ _BRIDGE_READ = frozenset(
 def normalize(doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """rankguard's layout from a document that may use Megatron Bridge's names (after
     the overrides were applied), and one line per setting accepted without effect."""
+    bridge_doc = "_target_" in doc or bool(
+        (BRIDGE_SCRIPT_SECTIONS | set(_BRIDGE_ROOT_ALIASES) | {"train"}) & set(doc)
+    )
     doc = {
         k: _from_bridge_yaml(v) if k in _BRIDGE_READ else v
         for k, v in doc.items()
@@ -251,7 +254,7 @@ def normalize(doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     for key in BRIDGE_SCRIPT_SECTIONS & set(doc):
         doc.pop(key)  # the training script's own configuration
     ckpt = doc.get("checkpoint")
-    if isinstance(ckpt, dict) and ckpt.get("most_recent_k") == -1:
+    if bridge_doc and isinstance(ckpt, dict) and ckpt.get("most_recent_k") == -1:
         doc["checkpoint"] = {**ckpt, "most_recent_k": None}  # Bridge's -1: keep them all
     for section, fields in BRIDGE_ONLY.items():
         block = doc.get(section)
