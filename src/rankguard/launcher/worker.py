@@ -21,6 +21,7 @@ import runpy
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -28,7 +29,12 @@ from rankguard import runenv
 from rankguard.bootstrap import session_from_env
 from rankguard.ft.stacks import install_dump_handler
 from rankguard.heartbeat.lifeline import Lifeline, end_orphan, set_parent_death_signal
+from rankguard.schema.blocks import NvrxBlock, fields_source
 from rankguard.session import install
+
+if TYPE_CHECKING:
+    from rankguard.integrations.nvrx import RankMonitorBridge
+    from rankguard.ranksession import RankSession
 
 __all__ = ["forked_main", "main"]
 
@@ -57,6 +63,31 @@ def hold_launcher(*, direct_child: bool) -> Lifeline | None:
     return lifeline
 
 
+def _serve_nvrx(session: RankSession, env: runenv.RunEnv) -> RankMonitorBridge | None:
+    """NVRx's RankMonitorClient served in this rank when nvidia-resiliency-ext is
+    installed (``fault_tolerance.serve_nvrx_client``; see ``integrations/nvrx.py``)."""
+    cfg = env.config
+    if not session.enabled or cfg is None:
+        return None
+    from rankguard.integrations.nvrx import serve_nvrx_client
+
+    bridge = serve_nvrx_client(
+        session,
+        cfg.fault_tolerance,
+        cfg.heartbeat,
+        rank=env.rank,
+        enabled=cfg.fault_tolerance.serve_nvrx_client,
+    )
+    if bridge is not None:
+        session.add_heartbeat_block(fields_source(NvrxBlock, bridge.heartbeat_fields))
+    return bridge
+
+
+def _stop(bridge: RankMonitorBridge | None) -> None:
+    if bridge is not None:
+        bridge.close()
+
+
 @record
 def main(argv: list[str] | None = None, *, direct_child: bool = True) -> None:
     lifeline = hold_launcher(direct_child=direct_child)
@@ -72,9 +103,11 @@ def main(argv: list[str] | None = None, *, direct_child: bool = True) -> None:
     # the heartbeat thread checks the lifeline at every beat (no thread, no check)
     session = install(lambda: session_from_env(env, lifeline=lifeline))
     dump_file = None
+    bridge = None
     if env.monitored:
         assert env.run_dir is not None
         dump_file = install_dump_handler(Path(env.run_dir), env.rank)
+        bridge = _serve_nvrx(session, env)
     try:
         session.install_optimizer_hook()
         if as_module:
@@ -86,6 +119,7 @@ def main(argv: list[str] | None = None, *, direct_child: bool = True) -> None:
             runpy.run_path(target, run_name="__main__")
     except SystemExit as exc:
         code = _exit_code(exc)
+        _stop(bridge)
         session.close(
             clean=code == 0,
             exit_code=code,
@@ -93,8 +127,10 @@ def main(argv: list[str] | None = None, *, direct_child: bool = True) -> None:
         )
         raise
     except BaseException as exc:
+        _stop(bridge)
         session.close(clean=False, exit_code=1, error=f"{type(exc).__name__}: {exc}")
         raise
+    _stop(bridge)
     session.close(clean=True, exit_code=0)
     del dump_file  # kept open until here: faulthandler writes to it
 

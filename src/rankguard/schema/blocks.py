@@ -41,6 +41,7 @@ __all__ = [
     "HeartbeatBlock",
     "InProcessBlock",
     "InProcessRestart",
+    "NvrxBlock",
     "PerfBlock",
     "PreemptBlock",
     "RerunBlock",
@@ -345,6 +346,14 @@ class FtStatsBlock(_OpaqueBlock):
     name: ClassVar[str] = "ft_stats"
 
 
+@dataclass(frozen=True, slots=True)
+class NvrxBlock(_OpaqueBlock):
+    """``nvrx``: the NVRx RankMonitorClient this rank serves (connections, heartbeats,
+    section events, open sections, the timeouts the client calculated)."""
+
+    name: ClassVar[str] = "nvrx"
+
+
 # ---- the registry ----------------------------------------------------------------------
 
 #: Every heartbeat block, in one place. A name appears once (:func:`block_registry`).
@@ -357,6 +366,7 @@ BLOCKS: tuple[type[HeartbeatBlock], ...] = (
     PerfBlock,
     StragglerBlock,
     FtStatsBlock,
+    NvrxBlock,
 )
 
 
