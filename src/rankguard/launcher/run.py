@@ -54,23 +54,31 @@ def run_dir_for(cfg: RankguardConfig, run_id: str) -> Path:
 
 
 def _rendezvous(opts: LaunchOptions, run_id: str) -> tuple[Any, Any, str, int, bool]:
-    """The c10d rendezvous handler, the store it uses, its host and port, and whether
-    this agent hosts the store: the node whose ``--rdzv-endpoint`` host is this machine,
-    as torch elastic decides (:func:`rendezvous_store`), or node 0 when ``--node-rank``
-    is given.
+    """The rendezvous handler, the store rankguard's relays use (None: the handler's
+    own, taken at the first round), its host and port, and whether this agent hosts it.
 
+    c10d (and torchrun's local rendezvous): the store is held here, hosted by the node
+    whose ``--rdzv-endpoint`` host is this machine, as torch elastic decides
+    (:func:`rendezvous_store`), or node 0 when ``--node-rank`` is given.
     ``--standalone``: every store of the job listens on 127.0.0.1 only (the rendezvous
     store here, each round's worker store in :class:`FreshStoreRendezvous`) and the
-    workers are told 127.0.0.1 as ``MASTER_ADDR``."""
+    workers are told 127.0.0.1 as ``MASTER_ADDR``. Any other backend (``static``,
+    ``etcd``, ``etcd-v2``, a registered plugin) is torch's own handler
+    (:func:`registry_rendezvous`)."""
+    if opts.rdzv_backend != "c10d":
+        from rankguard.launcher.backends import registry_rendezvous
+
+        handler, host, port = registry_rendezvous(opts, run_id)
+        return handler, None, host, port, False
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
         C10dRendezvousBackend,
     )
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
         DynamicRendezvousHandler,
-        RendezvousTimeout,
     )
     from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
+    from rankguard.launcher.backends import rendezvous_timeout
     from rankguard.launcher.rendezvous import LOOPBACK, loopback_store_server, rendezvous_store
 
     hosting = True
@@ -82,6 +90,8 @@ def _rendezvous(opts: LaunchOptions, run_id: str) -> tuple[Any, Any, str, int, b
         endpoint = str(opts.rdzv_endpoint)
         host, port = parse_rendezvous_endpoint(endpoint, default_port=29400)
         given = None if opts.node_rank is None else opts.node_rank == 0
+        if "is_host" in opts.rdzv_conf:  # torch's c10d conf key wins
+            given = str(opts.rdzv_conf["is_host"]).lower() in ("1", "true", "yes")
         store, hosting = rendezvous_store(host, port, given)
     backend: Any = C10dRendezvousBackend(store, run_id)
     handler = DynamicRendezvousHandler.from_backend(
@@ -90,8 +100,8 @@ def _rendezvous(opts: LaunchOptions, run_id: str) -> tuple[Any, Any, str, int, b
         backend=backend,
         min_nodes=opts.min_nodes,
         max_nodes=opts.max_nodes,
-        local_addr=LOOPBACK if opts.standalone else None,
-        timeout=RendezvousTimeout(join=timedelta(seconds=opts.rdzv_join_timeout_s)),
+        local_addr=LOOPBACK if opts.standalone else opts.local_addr,
+        timeout=rendezvous_timeout(opts.rdzv_conf, opts.rdzv_join_timeout_s),
     )
     host = endpoint.rsplit(":", 1)[0]
     if os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1":
@@ -219,6 +229,10 @@ def _timeouts_in_force(cfg: RankguardConfig) -> dict[str, Any] | None:
     return apply_learned(cfg, state, source)
 
 
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 def _say(msg: str) -> None:
     """One launcher line on stderr. What it quotes (finding messages, a rank's error,
     hostnames, paths) is shown with its control characters escaped."""
@@ -226,7 +240,40 @@ def _say(msg: str) -> None:
 
 
 def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
-    """Run the job on this node; return the process exit code."""
+    """Run the job on this node; return the process exit code (in the table
+    ``exit_codes`` names: :mod:`.kubeflow`)."""
+    from rankguard.launcher.kubeflow import exit_code_for
+
+    return exit_code_for(_launch(opts, cfg), cfg.exit_codes)
+
+
+def _features(opts: LaunchOptions, cfg: RankguardConfig) -> str:
+    """The first console line: what watches this job."""
+    hb, ft = cfg.heartbeat, cfg.fault_tolerance
+    parts = [
+        f"heartbeats on (process timeout {hb.process_timeout_s:g} s, progress "
+        f"{hb.progress_timeout_s:g} s)"
+        if hb.enabled
+        else "heartbeats OFF",
+        f"perf {'on' if cfg.perf.enabled else 'off'}",
+        f"fault tolerance {'on' if ft.enable_ft_package else 'off'}",
+    ]
+    for name, on in (
+        ("stragglers", cfg.straggler.enabled),
+        ("preemption", cfg.preemption.enable_exit_handler),
+        ("rerun", cfg.rerun_state_machine.enabled),
+        ("in-process restart", cfg.inprocess_restart.enabled),
+    ):
+        if on:
+            parts.append(f"{name} on")
+    where = f"rendezvous {opts.rdzv_backend}" + (" (local)" if opts.standalone else "")
+    return f"monitoring: {', '.join(parts)}; {where}, restarts {opts.max_restarts}"
+
+
+def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
+    _say(_features(opts, cfg))
+    for note in opts.notes:
+        _say(note)
     max_restarts = _check(opts, cfg)
     if max_restarts is None:
         return EXIT_USAGE
@@ -237,16 +284,23 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
     except (ForeignDirectoryError, NotADirectoryError) as exc:
         _say(str(exc))
         return EXIT_USAGE
+    except OSError as exc:
+        _say(f"log_dir {cfg.log_dir}: cannot create {exc.filename or run_dir}: {exc.strerror}")
+        return EXIT_USAGE
     refused = _preflight(opts, cfg, run_dir)
     if refused is not None:
         return refused
     timeouts = _timeouts_in_force(cfg)
     if timeouts is None or not _environment(opts, cfg, run_id, run_dir):
         return EXIT_USAGE
-    handler, store, host, port, hosting = _rendezvous(opts, run_id)
-    services = _services(opts, cfg, run_id, run_dir, timeouts, host, port)
+    try:
+        handler, store, host, port, hosting = _rendezvous(opts, run_id)
+    except (RuntimeError, ValueError) as exc:
+        _say(f"rendezvous: {_one_line(exc)}")
+        return EXIT_USAGE
+    services = _services(opts, cfg, run_id, run_dir, timeouts, host, port, store is not None)
     node = NodeStart(opts, cfg, run_id, run_dir, f"{host}:{port}", services)
-    agent = _agent(opts, cfg, RoundWatcher(handler, node.on_round), services, max_restarts)
+    agent = _agent(opts, cfg, RoundWatcher(handler, node.on_round), services, max_restarts, run_dir)
     node.agent = agent
     services.workers = agent.workers  # fault tolerance signals these processes only
     try:
@@ -294,6 +348,9 @@ class NodeStart:
         if not decided.first:
             return
         node = self.services.node_rank = decided.node_rank
+        if self.services.store is None and self.opts.multi_node:
+            # a backend other than c10d: the relays use the store its handler hands out
+            self.services.store = getattr(info, "store", None)
         _write_launcher_file(self.opts, self.cfg, self.run_id, self.run_dir, self.rendezvous, node)
         _say(
             f"run {self.run_id}: {self.opts.nproc_per_node} rank(s) on node {node}"
@@ -395,6 +452,7 @@ def _services(
     timeouts: dict[str, Any],
     host: str,
     port: int,
+    held_store: bool = True,
 ) -> NodeServices:
     return NodeServices(
         cfg=cfg,
@@ -403,13 +461,23 @@ def _services(
         node_rank=None,  # told by the first rendezvous round (NodeStart)
         nnodes=opts.max_nodes,
         expected_world_size=opts.expected_world_size,
-        store=_store_client(host, port) if opts.multi_node else None,
+        store=_store_client(host, port) if opts.multi_node and held_store else None,
         timeouts=timeouts,
     )
 
 
 def _entrypoint(opts: LaunchOptions) -> tuple[Any, list[str], str]:
-    """The workers' entry point, its arguments and torch elastic's start method."""
+    """The workers' entry point, its arguments and torch elastic's start method, as
+    torchrun chooses them (``--no-python``, ``--run-path``, ``--module``,
+    ``PYTHON_EXEC``), with rankguard's bootstrap in front of a Python rank."""
+    from rankguard.launcher.options import ENTRY_NO_PYTHON, ENTRY_RUN_PATH
+
+    if opts.entry == ENTRY_NO_PYTHON:  # executed as it is: no bootstrap in the rank
+        return opts.target, list(opts.target_args), opts.start_method
+    if opts.entry == ENTRY_RUN_PATH:  # a function in a process torch starts
+        from rankguard.launcher.worker import run_path_main
+
+        return run_path_main, [opts.target, *opts.target_args], opts.start_method
     worker_args = ["-m"] if opts.module else []
     worker_args += [opts.target, *opts.target_args]
     if opts.preload:  # torch elastic's function entry point, forked by the fork server
@@ -417,7 +485,8 @@ def _entrypoint(opts: LaunchOptions) -> tuple[Any, list[str], str]:
 
         return forked_main, worker_args, "forkserver"
     # The start method is unused: a command entry point starts as a subprocess.
-    return sys.executable, ["-u", "-m", "rankguard.launcher.worker", *worker_args], "spawn"
+    python = os.environ.get("PYTHON_EXEC", sys.executable)
+    return python, ["-u", "-m", "rankguard.launcher.worker", *worker_args], opts.start_method
 
 
 def _agent(
@@ -426,29 +495,52 @@ def _agent(
     handler: Any,
     services: NodeServices,
     max_restarts: int,
+    run_dir: Path,
 ) -> RankguardAgent:
     from torch.distributed.elastic.agent.server.api import WorkerSpec
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 
+    from rankguard.launcher.ranklogs import recording_logs_specs
+
     entrypoint, entry_args, start_method = _entrypoint(opts)
+    elastic = opts.elastic
+    extra: dict[str, Any] = {}
+    if elastic is not None:  # the rest of torchrun's launch config, passed on as it does
+        extra = {
+            "local_addr": elastic.local_addr,
+            "event_log_handler": elastic.event_log_handler,
+            "numa_options": elastic.numa_options,
+            "duplicate_stdout_filters": elastic.duplicate_stdout_filters,
+            "duplicate_stderr_filters": elastic.duplicate_stderr_filters,
+            "virtual_local_rank": elastic.virtual_local_rank,
+        }
+        os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = elastic.signals_to_handle
     spec = WorkerSpec(
-        role="trainer",
+        role=opts.role,
         local_world_size=opts.nproc_per_node,
         entrypoint=entrypoint,
         args=tuple(entry_args),
         rdzv_handler=handler,
         max_restarts=max_restarts,
         monitor_interval=opts.monitor_interval_s,
+        **extra,
     )
-    logs = DefaultLogsSpecs(log_dir=str(layout.elastic_log_dir(cfg.log_dir)))
+    logs = opts.logs_specs
+    if logs is None:
+        logs = DefaultLogsSpecs(log_dir=str(layout.elastic_log_dir(cfg.log_dir)))
+    kw: dict[str, Any] = {}
+    if elastic is not None and elastic.shutdown_timeout is not None:
+        kw["shutdown_timeout"] = int(elastic.shutdown_timeout)  # torchrun's flag wins
     return RankguardAgent(
         spec=spec,
-        logs_specs=logs,
+        logs_specs=recording_logs_specs(logs, run_dir),
         start_method=start_method,
+        log_line_prefix_template=opts.line_prefix_template,
         on_signal=services.note_shutdown,
         on_restart=services.on_restart,
         on_failure=services.on_group_failure,
         grace_s=cfg.fault_tolerance.termination_grace_s,
+        **kw,
     )
 
 
@@ -472,6 +564,9 @@ def _write_launcher_file(
             "target_args": opts.target_args,
             "nproc_per_node": opts.nproc_per_node,
             "nnodes": [opts.min_nodes, opts.max_nodes],
+            "rdzv_backend": opts.rdzv_backend,
+            "role": opts.role,
+            "entry": opts.entry,
             "rendezvous": rendezvous,
             "config": config_to_dict(cfg),
         },
