@@ -12,13 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from rankguard import __version__
-from rankguard.cli import status
 from rankguard.config import ConfigError, load_config
-from rankguard.demo import cli as demo_cli
 from rankguard.ft.config import FaultToleranceConfig
 from rankguard.launcher.exitcodes import EXIT_USAGE
-from rankguard.report import cli as report_cli
-from rankguard.slurm import cli as slurm_cli
 
 __all__ = ["build_parser", "main", "run_main"]
 
@@ -86,6 +82,8 @@ def run_main(argv: list[str]) -> int:
         _check_log_dir(cfg.log_dir)
         if not pre.has_script and not {"-h", "--help"} & set(argv):
             raise ValueError("no training script given")
+        if pre.script and pre.script.endswith(".py") and not os.path.isfile(pre.script):
+            raise ValueError(f"training script not found: {pre.script}")
     except (ConfigError, ValueError) as exc:
         print(f"rankguard run: {_one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
@@ -116,6 +114,12 @@ def run_main(argv: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # the other commands' modules only here: ``rankguard run`` checks its config first
+    from rankguard.cli import status
+    from rankguard.demo import cli as demo_cli
+    from rankguard.report import cli as report_cli
+    from rankguard.slurm import cli as slurm_cli
+
     parser = argparse.ArgumentParser(
         prog="rankguard",
         description="Keeps distributed PyTorch training alive and says what is wrong.",

@@ -91,6 +91,7 @@ class PrePass:
     overrides: list[str] = field(default_factory=list)  # lowest precedence first
     no_python: bool = False
     has_script: bool = False
+    script: str | None = None  # the first word that is neither an option nor an override
 
     def config_overrides(self) -> list[str]:
         return list(self.overrides)
@@ -130,6 +131,7 @@ def pre_pass(argv: list[str]) -> PrePass:
             bare.append(word)
         else:
             out.has_script = word != "--"
+            out.script = word if out.has_script else None
             break
         i += 1
     out.overrides = ([f"log_dir={log_dir}"] if log_dir else []) + sets + bare

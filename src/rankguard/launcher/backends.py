@@ -39,6 +39,32 @@ def rendezvous_timeout(conf: dict[str, Any], join_s: float) -> Any:
     return RendezvousTimeout(**kw)
 
 
+def _check_port_free(endpoint: str) -> None:
+    """Node 0 of a static rendezvous hosts its store on ``--master-port``: a port in use
+    is said now, before any worker starts (torch would fail inside the agent)."""
+    import errno
+    import socket
+
+    from torch.distributed.elastic.rendezvous.utils import (
+        _matches_machine_hostname,
+        parse_rendezvous_endpoint,
+    )
+
+    host, port = parse_rendezvous_endpoint(endpoint, default_port=-1)
+    if port <= 0 or not _matches_machine_hostname(host):
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ValueError(
+                    f"port {port} ({endpoint}) is in use: node 0 of the static rendezvous "
+                    "cannot host its store there; choose another --master-port"
+                ) from None
+
+
 def registry_rendezvous(opts: LaunchOptions, run_id: str) -> tuple[Any, str, int]:
     """torch's handler for ``opts.rdzv_backend``, and the endpoint's host and port (for
     the launcher file). A ValueError names what is wrong (an unknown backend, a missing
@@ -56,6 +82,8 @@ def registry_rendezvous(opts: LaunchOptions, run_id: str) -> tuple[Any, str, int
         local_addr=opts.local_addr,
         **opts.rdzv_conf,
     )
+    if opts.rdzv_backend == "static" and opts.rdzv_conf.get("rank") == 0:
+        _check_port_free(opts.rdzv_endpoint or "")
     try:
         handler = get_rendezvous_handler(params)
     except (ValueError, RuntimeError, ImportError) as exc:

@@ -317,6 +317,9 @@ def options_from_args(
     elif args.no_python:
         entry = ENTRY_NO_PYTHON
     conf = dict(cfg.rdzv_configs)
+    if cfg.rdzv_backend == "c10d" and cfg.max_nodes == 1:
+        # a c10d store on a free port of this machine: what torchrun's local rule makes
+        local = local or str(cfg.rdzv_endpoint).rsplit(":", 1)[-1] == "0"
     endpoint = None if local else (cfg.rdzv_endpoint or None)
     node_rank: int | None = args.node_rank
     if cfg.rdzv_backend != "static" and not node_rank_given:

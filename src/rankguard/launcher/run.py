@@ -90,6 +90,8 @@ def _rendezvous(opts: LaunchOptions, run_id: str) -> tuple[Any, Any, str, int, b
         endpoint = str(opts.rdzv_endpoint)
         host, port = parse_rendezvous_endpoint(endpoint, default_port=29400)
         given = None if opts.node_rank is None else opts.node_rank == 0
+        if given is None and opts.max_nodes == 1:
+            given = True  # no other agent to share the port with: a busy port is an error
         if "is_host" in opts.rdzv_conf:  # torch's c10d conf key wins
             given = str(opts.rdzv_conf["is_host"]).lower() in ("1", "true", "yes")
         store, hosting = rendezvous_store(host, port, given)
