@@ -115,7 +115,7 @@ def run_main(argv: list[str]) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     # the other commands' modules only here: ``rankguard run`` checks its config first
-    from rankguard.cli import status
+    from rankguard.cli import logs, status
     from rankguard.demo import cli as demo_cli
     from rankguard.report import cli as report_cli
     from rankguard.slurm import cli as slurm_cli
@@ -130,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(sub)
     demo_cli.add_parser(sub)
     status.add_parser(sub)
+    logs.add_parser(sub)
     report_cli.add_parser(sub)
     slurm_cli.add_parser(sub)
     return parser

@@ -621,6 +621,8 @@ def _outcome(
                 f"{root['exit_code']}{' (' + root['signal'] + ')' if root['signal'] else ''}"
                 f": {(root['error'] or '-').strip().splitlines()[-1][:300]}"
             )
+            if root.get("error_file") and os.path.isfile(str(root["error_file"])):
+                _say(f"error file: {root['error_file']} (host {socket.gethostname()})")
         if agent.restarts:
             _say(f"{agent.restarts} in-job restart(s) spent (budget {max_restarts})")
         worker_exit = root["exit_code"] if root is not None else None
