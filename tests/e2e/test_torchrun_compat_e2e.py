@@ -204,6 +204,7 @@ def test_the_demo_under_default_monitoring_has_no_finding(tmp_path: Path, run_id
     res = run_rankguard(
         [
             "run",
+            "--rank-prefix",
             "--standalone",
             "--nproc-per-node",
             "2",
@@ -227,3 +228,8 @@ def test_the_demo_under_default_monitoring_has_no_finding(tmp_path: Path, run_id
     run_dir = tmp_path / "heartbeat" / run_id
     assert read_jsonl(run_dir / "findings.jsonl") == [], console
     assert len(list(run_dir.glob("rank_*_pid_*.heartbeat.jsonl"))) == 2
+    # --rank-prefix: the node and global rank before each line of a rank
+    said = [ln for ln in console.splitlines() if "[demo] done" in ln]
+    assert said and all(ln.startswith("[node0 rank0]: ") for ln in said), console
+    shown = run_rankguard(["logs", str(run_dir), "--rank", "1", "--stream", "stderr"])
+    assert shown.returncode == 0, shown.stderr
