@@ -55,6 +55,11 @@ def pytorchjob_pods(job: dict[str, Any]) -> list[tuple[dict[str, str], list[str]
     return pods
 
 
+def _expand(word: str, env: dict[str, str]) -> str:
+    """Kubernetes' ``$(VAR)`` expansion of a container's command word."""
+    return re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], word)
+
+
 def jobset_pods(js: dict[str, Any]) -> list[tuple[dict[str, str], list[str]]]:
     """Each indexed pod's environment (its completion index resolved) and its command
     with Kubernetes' ``$(VAR)`` expansion."""
@@ -71,9 +76,7 @@ def jobset_pods(js: dict[str, Any]) -> list[tuple[dict[str, str], list[str]]]:
                     env[var["name"]] = str(index)
                 else:
                     env[var["name"]] = var["value"]
-            command = [
-                re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], w) for w in container["command"]
-            ]
+            command = [_expand(w, env) for w in container["command"]]
             pods.append((env, command))
     return pods
 
