@@ -19,9 +19,12 @@ from .conftest import (
     SCRIPTS,
     fast_sets,
     free_port,
+    heartbeat_files,
     no_leftover_workers,
     rankguard_cmd,
     read_jsonl,
+    read_status,
+    run_nodes,
     run_rankguard,
 )
 
@@ -233,3 +236,53 @@ def test_the_demo_under_default_monitoring_has_no_finding(tmp_path: Path, run_id
     assert said and all(ln.startswith("[node0 rank0]: ") for ln in said), console
     shown = run_rankguard(["logs", str(run_dir), "--rank", "1", "--stream", "stderr"])
     assert shown.returncode == 0, shown.stderr
+
+
+def test_two_nodes_on_torchruns_static_rendezvous_relay_to_node0(
+    tmp_path: Path, run_id: str
+) -> None:
+    # torchrun's default backend with --master-addr/--master-port (what a PyTorchJob
+    # gives): the node ranks are the given ones, node 0 hosts the store, and node 1's
+    # heartbeats reach node 0's monitor through the store the static handler hands out.
+    port = free_port()
+    logs = {n: tmp_path / f"node{n}" for n in (0, 1)}
+    cmds = {
+        node: rankguard_cmd(
+            "run",
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "1",
+            "--node-rank",
+            str(node),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(port),
+            "--rdzv-id",
+            run_id,
+            "--set",
+            f"log_dir={logs[node]}",
+            "--set",  # the default timeouts (a loaded machine's slow steps are no fault)
+            "heartbeat.publish_interval_s=0.5",
+            "--set",
+            "heartbeat.scan_interval_s=0.5",
+            "-m",
+            "rankguard.demo.train",
+            "--steps",
+            "12",
+            "--step-sleep",
+            "0.05",
+        )
+        for node in (0, 1)
+    }
+    outs, codes = run_nodes(cmds, timeout_s=130)
+    both = "\n".join(f"--- node {n}\n{o}" for n, o in outs.items())
+    assert codes == {0: 0, 1: 0}, both
+    run0 = logs[0] / "heartbeat" / run_id
+    assert len(heartbeat_files(logs[1] / "heartbeat" / run_id)) == 1
+    assert len(heartbeat_files(run0)) == 2  # node 1's rank mirrored on node 0
+    status = read_status(run0)
+    assert sorted((r["rank"], r["node_rank"]) for r in status["ranks"]) == [(0, 0), (1, 1)]
+    assert read_jsonl(run0 / "findings.jsonl") == [], both
+    assert "rendezvous static" in outs[0]
