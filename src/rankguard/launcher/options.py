@@ -327,6 +327,16 @@ def options_from_args(
     template = cfg.log_line_prefix_template
     if rank_prefix and not template:
         template = RANK_PREFIX_TEMPLATE
+    if rank_prefix and args.tee == "0":
+        notes.append(
+            "--rank-prefix has NO effect with --redirects and no --tee: torch prefixes "
+            "the lines it tees to the console, and the redirected ones never reach it"
+        )
+    elif rank_prefix and cfg.log_line_prefix_template:
+        notes.append(
+            "--rank-prefix: TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE is set and wins "
+            f"({cfg.log_line_prefix_template!r})"
+        )
     opts = LaunchOptions(
         target=target,
         target_args=target_args,

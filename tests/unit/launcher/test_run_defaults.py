@@ -75,3 +75,21 @@ def test_nvrx_flags_skip_torchruns_switches_and_values() -> None:
         "x.sh",
         "--ft-y",
     ]
+
+
+def test_rank_prefix_tees_every_stream_with_the_node_and_global_rank(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from torch.distributed.elastic.multiprocessing import Std
+
+    from rankguard.launcher.options import RANK_PREFIX_TEMPLATE, parse_run_args
+
+    monkeypatch.delenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", raising=False)
+    opts, _ = parse_run_args(["--rank-prefix", "t.py"])
+    assert opts.line_prefix_template == RANK_PREFIX_TEMPLATE and opts.notes == ()
+    assert opts.logs_specs._tee == Std.ALL
+    opts, _ = parse_run_args(["--rank-prefix", "--redirects", "3", "t.py"])
+    assert any("NO effect" in n for n in opts.notes)
+    monkeypatch.setenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[${rank}]")
+    opts, _ = parse_run_args(["--rank-prefix", "t.py"])
+    assert opts.line_prefix_template == "[${rank}]" and "wins" in opts.notes[0]
