@@ -152,7 +152,12 @@ def add_rankguard_arguments(p: argparse.ArgumentParser) -> None:
         "then forks every rank, at start and at each restart, instead of starting a new "
         "interpreter per rank; the modules must not initialise CUDA (env PET_PRELOAD)",
     )
-    g.add_argument("--live", action="store_true", help="show a live status line (node 0)")
+    g.add_argument(
+        "--live",
+        action="store_true",
+        default=os.environ.get("PET_LIVE", "") in ("1", "true"),
+        help="show a live status line (node 0; env PET_LIVE=1)",
+    )
     g.add_argument(
         "--rank-prefix",
         action="store_true",
