@@ -83,6 +83,9 @@ class LaunchOptions:
     logs_specs: Any = None  # torch elastic's LogsSpecs (torchrun's --log-dir/-r/-t/...)
     elastic: Any = None  # torch's LaunchConfig for everything else torchrun passes on
     notes: tuple[str, ...] = ()  # torchrun's warnings about the line, one line each
+    # torchrun's --shutdown-timeout / TORCH_ELASTIC_SHUTDOWN_TIMEOUT, when given (else
+    # fault_tolerance.termination_grace_s)
+    shutdown_timeout_s: int | None = None
 
     def __post_init__(self) -> None:
         if self.nproc_per_node < 1:
@@ -250,6 +253,13 @@ def _torch_warnings(into: list[str]) -> Iterator[None]:
         log.propagate = propagate
 
 
+def _shutdown_timeout(args: argparse.Namespace) -> int | None:
+    if args.shutdown_timeout is not None:
+        return int(args.shutdown_timeout)
+    env = os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
+    return int(env) if env and env.strip().isdigit() else None
+
+
 def _check_torch_values(args: argparse.Namespace) -> None:
     """What torch's ``config_from_args`` asserts, said with the flag's name."""
     from torch.distributed.run import parse_min_max_nnodes
@@ -369,6 +379,7 @@ def options_from_args(
         logs_specs=cfg.logs_specs,
         elastic=cfg,
         notes=tuple(notes),
+        shutdown_timeout_s=_shutdown_timeout(args),
     )
     all_overrides = [*args.overrides, *overrides]
     if torch_log_dir:

@@ -531,8 +531,8 @@ def _agent(
     if logs is None:
         logs = DefaultLogsSpecs(log_dir=str(layout.elastic_log_dir(cfg.log_dir)))
     kw: dict[str, Any] = {}
-    if elastic is not None and elastic.shutdown_timeout is not None:
-        kw["shutdown_timeout"] = int(elastic.shutdown_timeout)  # torchrun's flag wins
+    if opts.shutdown_timeout_s is not None:
+        kw["shutdown_timeout"] = opts.shutdown_timeout_s  # torchrun's flag wins
     return RankguardAgent(
         spec=spec,
         logs_specs=recording_logs_specs(logs, run_dir),
