@@ -93,3 +93,13 @@ def test_rank_prefix_tees_every_stream_with_the_node_and_global_rank(
     monkeypatch.setenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[${rank}]")
     opts, _ = parse_run_args(["--rank-prefix", "t.py"])
     assert opts.line_prefix_template == "[${rank}]" and "wins" in opts.notes[0]
+
+
+def test_torchruns_shutdown_timeout_only_when_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rankguard.launcher.options import parse_run_args
+
+    monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", raising=False)
+    assert parse_run_args(["t.py"])[0].shutdown_timeout_s is None  # termination_grace_s
+    assert parse_run_args(["--shutdown-timeout", "5", "t.py"])[0].shutdown_timeout_s == 5
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "7")
+    assert parse_run_args(["t.py"])[0].shutdown_timeout_s == 7
