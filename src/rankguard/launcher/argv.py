@@ -93,9 +93,6 @@ class PrePass:
     has_script: bool = False
     script: str | None = None  # the first word that is neither an option nor an override
 
-    def config_overrides(self) -> list[str]:
-        return list(self.overrides)
-
 
 def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")

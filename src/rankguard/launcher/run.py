@@ -269,7 +269,8 @@ def _features(opts: LaunchOptions, cfg: RankguardConfig) -> str:
         if on:
             parts.append(f"{name} on")
     where = f"rendezvous {opts.rdzv_backend}" + (" (local)" if opts.standalone else "")
-    return f"monitoring: {', '.join(parts)}; {where}, restarts {opts.max_restarts}"
+    budget = opts.max_restarts or ft.num_in_job_restarts or 0
+    return f"monitoring: {', '.join(parts)}; {where}, restarts {budget}"
 
 
 def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
