@@ -28,6 +28,7 @@ from rankguard.heartbeat.identity import ENV
 from rankguard.launcher.agent import RankguardAgent, first_failure
 from rankguard.launcher.checks import check_launch
 from rankguard.launcher.console import LiveStatus
+from rankguard.launcher.elastic import build_agent, features_line
 from rankguard.launcher.exitcodes import (
     EXIT_RERUN_RESUME,
     EXIT_RERUN_VALIDATION_FAILED,
@@ -249,32 +250,8 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
     return exit_code_for(_launch(opts, cfg), cfg.exit_codes)
 
 
-def _features(opts: LaunchOptions, cfg: RankguardConfig) -> str:
-    """The first console line: what watches this job."""
-    hb, ft = cfg.heartbeat, cfg.fault_tolerance
-    parts = [
-        f"heartbeats on (process timeout {hb.process_timeout_s:g} s, progress "
-        f"{hb.progress_timeout_s:g} s)"
-        if hb.enabled
-        else "heartbeats OFF",
-        f"perf {'on' if cfg.perf.enabled else 'off'}",
-        f"fault tolerance {'on' if ft.enable_ft_package else 'off'}",
-    ]
-    for name, on in (
-        ("stragglers", cfg.straggler.enabled),
-        ("preemption", cfg.preemption.enable_exit_handler),
-        ("rerun", cfg.rerun_state_machine.enabled),
-        ("in-process restart", cfg.inprocess_restart.enabled),
-    ):
-        if on:
-            parts.append(f"{name} on")
-    where = f"rendezvous {opts.rdzv_backend}" + (" (local)" if opts.standalone else "")
-    budget = opts.max_restarts or ft.num_in_job_restarts or 0
-    return f"monitoring: {', '.join(parts)}; {where}, restarts {budget}"
-
-
 def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
-    _say(_features(opts, cfg))
+    _say(features_line(opts, cfg))
     for note in opts.notes:
         _say(note)
     max_restarts = _check(opts, cfg)
@@ -303,7 +280,9 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
         return EXIT_USAGE
     services = _services(opts, cfg, run_id, run_dir, timeouts, host, port, store is not None)
     node = NodeStart(opts, cfg, run_id, run_dir, f"{host}:{port}", services)
-    agent = _agent(opts, cfg, RoundWatcher(handler, node.on_round), services, max_restarts, run_dir)
+    agent = build_agent(
+        opts, cfg, RoundWatcher(handler, node.on_round), services, max_restarts, run_dir
+    )
     node.agent = agent
     services.workers = agent.workers  # fault tolerance signals these processes only
     try:
@@ -466,84 +445,6 @@ def _services(
         expected_world_size=opts.expected_world_size,
         store=_store_client(host, port) if opts.multi_node and held_store else None,
         timeouts=timeouts,
-    )
-
-
-def _entrypoint(opts: LaunchOptions) -> tuple[Any, list[str], str]:
-    """The workers' entry point, its arguments and torch elastic's start method, as
-    torchrun chooses them (``--no-python``, ``--run-path``, ``--module``,
-    ``PYTHON_EXEC``), with rankguard's bootstrap in front of a Python rank."""
-    from rankguard.launcher.options import ENTRY_NO_PYTHON, ENTRY_RUN_PATH
-
-    if opts.entry == ENTRY_NO_PYTHON:  # executed as it is: no bootstrap in the rank
-        return opts.target, list(opts.target_args), opts.start_method
-    if opts.entry == ENTRY_RUN_PATH:  # a function in a process torch starts
-        from rankguard.launcher.worker import run_path_main
-
-        return run_path_main, [opts.target, *opts.target_args], opts.start_method
-    worker_args = ["-m"] if opts.module else []
-    worker_args += [opts.target, *opts.target_args]
-    if opts.preload:  # torch elastic's function entry point, forked by the fork server
-        from rankguard.launcher.worker import forked_main
-
-        return forked_main, worker_args, "forkserver"
-    # The start method is unused: a command entry point starts as a subprocess.
-    python = os.environ.get("PYTHON_EXEC", sys.executable)
-    return python, ["-u", "-m", "rankguard.launcher.worker", *worker_args], opts.start_method
-
-
-def _agent(
-    opts: LaunchOptions,
-    cfg: RankguardConfig,
-    handler: Any,
-    services: NodeServices,
-    max_restarts: int,
-    run_dir: Path,
-) -> RankguardAgent:
-    from torch.distributed.elastic.agent.server.api import WorkerSpec
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-
-    from rankguard.launcher.ranklogs import recording_logs_specs
-
-    entrypoint, entry_args, start_method = _entrypoint(opts)
-    elastic = opts.elastic
-    extra: dict[str, Any] = {}
-    if elastic is not None:  # the rest of torchrun's launch config, passed on as it does
-        extra = {
-            "local_addr": elastic.local_addr,
-            "event_log_handler": elastic.event_log_handler,
-            "numa_options": elastic.numa_options,
-            "duplicate_stdout_filters": elastic.duplicate_stdout_filters,
-            "duplicate_stderr_filters": elastic.duplicate_stderr_filters,
-            "virtual_local_rank": elastic.virtual_local_rank,
-        }
-        os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = elastic.signals_to_handle
-    spec = WorkerSpec(
-        role=opts.role,
-        local_world_size=opts.nproc_per_node,
-        entrypoint=entrypoint,
-        args=tuple(entry_args),
-        rdzv_handler=handler,
-        max_restarts=max_restarts,
-        monitor_interval=opts.monitor_interval_s,
-        **extra,
-    )
-    logs = opts.logs_specs
-    if logs is None:
-        logs = DefaultLogsSpecs(log_dir=str(layout.elastic_log_dir(cfg.log_dir)))
-    kw: dict[str, Any] = {}
-    if opts.shutdown_timeout_s is not None:
-        kw["shutdown_timeout"] = opts.shutdown_timeout_s  # torchrun's flag wins
-    return RankguardAgent(
-        spec=spec,
-        logs_specs=recording_logs_specs(logs, run_dir),
-        start_method=start_method,
-        log_line_prefix_template=opts.line_prefix_template,
-        on_signal=services.note_shutdown,
-        on_restart=services.on_restart,
-        on_failure=services.on_group_failure,
-        grace_s=cfg.fault_tolerance.termination_grace_s,
-        **kw,
     )
 
 

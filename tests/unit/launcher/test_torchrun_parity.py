@@ -18,6 +18,7 @@ import pytest
 import torch.distributed.run as torchrun
 
 from rankguard.launcher.argv import TORCH_SWITCHES, pre_pass
+from rankguard.launcher.elastic import entrypoint
 from rankguard.launcher.options import (
     ENTRY_NO_PYTHON,
     ENTRY_RUN_PATH,
@@ -25,7 +26,6 @@ from rankguard.launcher.options import (
     build_run_parser,
     parse_run_args,
 )
-from rankguard.launcher.run import _entrypoint
 from rankguard.launcher.worker import run_path_main
 
 LINES: list[list[str]] = [
@@ -164,7 +164,7 @@ def assert_same(theirs: dict[str, Any], opts: LaunchOptions, line: list[str]) ->
     if "LOGS" in " ".join(line) or "--log-dir" in line or "--log_dir" in line:
         assert opts.logs_specs.root_log_dir == ref.logs_specs.root_log_dir, line
     # the entry point: torch's, behind rankguard's bootstrap for a Python rank
-    entry, args, _ = _entrypoint(opts)
+    entry, args, _ = entrypoint(opts)
     if opts.entry == ENTRY_RUN_PATH:
         assert theirs["entrypoint"] is torchrun.run_script_path and entry is run_path_main
         assert args == theirs["args"], line
