@@ -96,6 +96,14 @@ class RankguardConfig:
             "own 'enabled'."
         },
     )
+    exit_codes: str = field(
+        default="rankguard",
+        metadata={
+            "help": "'rankguard': the launcher's own exit codes; 'kubeflow': the retryable "
+            "ones moved into 128-255, which Kubeflow's ExitCode restart policy retries "
+            "(docs/kubernetes.md)."
+        },
+    )
     heartbeat: HeartbeatConfig = field(default_factory=HeartbeatConfig)
     perf: PerfConfig = field(default_factory=PerfConfig)
     fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
@@ -112,6 +120,10 @@ class RankguardConfig:
             # YAML reads an unquoted 0750 as the octal number it is
             self.run_dir_mode = f"0{self.run_dir_mode:o}"
         self.dir_mode()  # validates run_dir_mode
+        if self.exit_codes not in ("rankguard", "kubeflow"):
+            raise ConfigError(
+                f"exit_codes: must be 'rankguard' or 'kubeflow', got {self.exit_codes!r}"
+            )
         if self.enable_monitoring is not None:
             self.heartbeat.enabled = self.enable_monitoring
             self.perf.enabled = self.enable_monitoring
@@ -392,9 +404,14 @@ def apply_override(doc: dict[str, Any], override: str) -> None:
 
 
 def load_config(
-    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+    path: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    *,
+    defaults: dict[str, Any] | None = None,
 ) -> RankguardConfig:
-    """YAML file (optional) + overrides -> validated :class:`RankguardConfig`."""
+    """YAML file (optional) + overrides -> validated :class:`RankguardConfig`.
+    ``defaults``: dotted keys set only where neither the file nor an override set them
+    (``rankguard run``'s own defaults, e.g. heartbeats on)."""
     doc: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -429,6 +446,13 @@ def load_config(
         raise ConfigError(str(exc)) from None
     for line in (*notes, *again, *more):
         logger.warning("rankguard: %s", line)
+    for key, value in (defaults or {}).items():
+        node: Any = doc
+        *parents, last = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {}) if isinstance(node, dict) else None
+        if isinstance(node, dict) and last not in node:
+            node[last] = value
     return build(RankguardConfig, doc)
 
 

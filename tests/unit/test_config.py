@@ -410,6 +410,7 @@ def test_config_to_dict_is_plain() -> None:
         "no_shared_fs",
         "enable_gpu_health_check",
         "enable_monitoring",
+        "exit_codes",
         "heartbeat",
         "perf",
         "fault_tolerance",

@@ -37,6 +37,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from string import Template
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -203,6 +204,9 @@ class RankguardAgent(LocalElasticAgent):
     ) -> None:
         # torch elastic's own grace when a signal stops it or the job ends: ours.
         kw.setdefault("shutdown_timeout", max(1, round(grace_s)))
+        # rankguard's ``$node`` in the line prefix template: the group rank, known
+        # once the round is agreed (torch's template knows role, rank and local rank)
+        self._line_prefix: str | None = kw.get("log_line_prefix_template")
         super().__init__(*args, **kw)
         self._on_signal = on_signal
         self._on_restart = on_restart
@@ -251,6 +255,10 @@ class RankguardAgent(LocalElasticAgent):
     # ---- lifecycle extensions --------------------------------------------------------
 
     def _start_workers(self, worker_group: Any) -> dict[int, Any]:
+        if self._line_prefix and "$node" in self._line_prefix:
+            self._log_line_prefix_template = Template(self._line_prefix).safe_substitute(
+                node=worker_group.group_rank
+            )
         pids: dict[int, Any] = super()._start_workers(worker_group)
         self.workers.set(worker_pids(pids, getattr(self, "_pcontext", None)))
         if not self._prewarmed:

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from rankguard.integrations.nvrx import RankMonitorBridge
     from rankguard.ranksession import RankSession
 
-__all__ = ["forked_main", "main"]
+__all__ = ["forked_main", "main", "run_path_main"]
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -139,12 +139,25 @@ def forked_main(*argv: str) -> None:
     """The rank's entry point when the launcher forks ranks from a fork server
     (``--preload``): what ``python -u -m rankguard.launcher.worker ARGV`` does, in a
     process forked from one that has already imported the preloaded modules."""
+    _function_main(argv, direct_child=False)
+
+
+def run_path_main(*argv: str) -> None:
+    """torchrun's ``--run-path``: the script run with ``runpy.run_path`` in a process
+    torch elastic starts with ``--start-method`` (a child of the launcher), through the
+    same bootstrap as any rank (its parent is the launcher, or a fork server with
+    ``--start-method forkserver``: the lifeline keeps whichever it is)."""
+    _function_main(argv, direct_child=False)
+
+
+def _function_main(argv: tuple[str, ...], *, direct_child: bool) -> None:
+    """A rank started as torch elastic's function entry point (not a new interpreter)."""
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             reconfigure(line_buffering=True, write_through=True)  # lines reach the log now
     try:
-        main(list(argv), direct_child=False)
+        main(list(argv), direct_child=direct_child)
     finally:
         # A forked process leaves with os._exit, which skips atexit: run the script's
         # exit handlers (logging flush, trackers' finish) as a normal exit would.

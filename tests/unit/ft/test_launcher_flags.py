@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from rankguard.cli.main import _nvrx_flags, build_parser
+from rankguard.cli.main import _nvrx_flags
 from rankguard.config import load_config
 from rankguard.ft import launcher_flags
 from rankguard.ft.launcher_flags import FROZEN, flag_for, translate
-from rankguard.launcher.options import options_from_args
+from rankguard.launcher.options import parse_run_args
 
 
 def _sample(dest: str, tmp_path: Path) -> str | None:
@@ -34,8 +34,7 @@ def _sample(dest: str, tmp_path: Path) -> str | None:
 
 def _launch(words: list[str]) -> tuple[list[str], object]:
     argv = _nvrx_flags(["run", "--nproc-per-node", "2", *words, "train.py", "--lr", "1"])
-    args = build_parser().parse_args(argv)
-    _opts, overrides = options_from_args(args)
+    _opts, overrides = parse_run_args(argv[1:])
     return argv, load_config(None, overrides)
 
 
