@@ -61,6 +61,7 @@ def _config() -> HeartbeatConfig:
         initial_progress_timeout_s=HOUR,
         progress_timeout_s=HOUR,
         checkpoint_timeout_s=HOUR,
+        eval_timeout_s=HOUR,
     )
 
 
