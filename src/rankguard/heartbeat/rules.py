@@ -728,26 +728,21 @@ class HeartbeatRules:
         observed_s: float | None,
         message: str | None = None,
     ) -> Finding:
-        """The finding about rank ``s`` as the monitor sees it now (the one builder)."""
+        """The finding about rank ``s`` as the monitor sees it now."""
         rec = s.record
-        return Finding(
-            finding_type=ftype,
+        return Finding.build(
+            ftype,
+            reason,
             run_id=self.run_id,
             rank=s.rank,
-            reason=reason,
             message=message or _message(ftype, reason, s, timeout_s, observed_s),
+            record=rec,
             pid=s.pid,
-            hostname=rec.hostname if rec else None,
-            node_rank=rec.node_rank if rec else None,
-            local_rank=rec.local_rank if rec else None,
             process_liveness=s.liveness,
             gpu_progress=s.progress,
-            phase=rec.phase if rec else None,
-            iteration=rec.iteration if rec else None,
             checkpoint_active=rec.checkpoint_active if rec else False,
             timeout_s=timeout_s,
             observed_s=None if observed_s is None else round(observed_s, 3),
-            gpu=rec.gpu if rec else None,
             gpu_health=s.gpu_health,
             exit=rec.exit if rec else None,
             main_frame=rec.main_frame if rec else None,

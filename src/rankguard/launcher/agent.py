@@ -46,6 +46,7 @@ from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from rankguard.ft.kill import OwnedWorkers
+from rankguard.schema.findings import FindingType
 
 if TYPE_CHECKING:
     from rankguard.preempt.coordinator import PreemptionCoordinator
@@ -83,7 +84,7 @@ def first_failure(result: Any) -> dict[str, Any] | None:
     if isinstance(message, dict):
         message = message.get("message") or message.get("extraInfo", {}).get("py_callstack")
     return {
-        "finding_type": "worker_failed",
+        "finding_type": FindingType.WORKER_FAILED.value,
         "rank": rank,
         "local_rank": failure.local_rank,
         "pid": failure.pid,
