@@ -242,7 +242,9 @@ class Finding:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Finding:
-        """A finding read back from ``findings.jsonl``; ValueError names a bad field."""
+        """A finding read back from ``findings.jsonl``; ValueError names a bad field
+        (an unknown type or reason, a rank that is not an integer). Missing fields take
+        their defaults; an unknown liveness or progress word reads as None."""
         ftype = FindingType.parse(d.get("finding_type"))
         if ftype is None:
             raise ValueError(f"finding_type: unknown {d.get('finding_type')!r:.60}")
@@ -251,16 +253,22 @@ class Finding:
         except ValueError:
             raise ValueError(f"reason: unknown {d.get('reason')!r:.60}") from None
         rank = d.get("rank")
-        if type(rank) is not int:
+        if rank is None:
+            rank = -1  # about no one rank (the job, a node)
+        elif type(rank) is not int:
             raise ValueError("rank: expected an integer")
         known: dict[str, Any] = {}
         detail: dict[str, Any] = {}
         for key, value in d.items():
             (known if key in _KNOWN else detail)[key] = value
-        known["finding_type"], known["reason"] = ftype, reason
+        known["finding_type"], known["reason"], known["rank"] = ftype, reason, rank
+        # a partial line (an older writer, a hand-cut file) still reads
+        known["run_id"] = str(known.get("run_id") or "")
+        known["message"] = str(known.get("message") or "")
         for key, enum in (("process_liveness", Liveness), ("gpu_progress", Progress)):
-            if known.get(key) is not None:
-                known[key] = enum(known[key])
+            value = known.get(key)
+            if value is not None:
+                known[key] = enum(value) if value in enum._value2member_map_ else None
         return cls(**known, detail=detail)
 
 

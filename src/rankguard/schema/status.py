@@ -316,7 +316,7 @@ class NodeHealth:
     @classmethod
     def from_dict(cls, d: Any) -> NodeHealth:
         if not isinstance(d, dict):
-            return cls(status=_str(d))
+            return cls()
         return cls(
             status=_str(d.get("status")),
             source=_str(d.get("source")),
