@@ -46,6 +46,7 @@ from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from rankguard.ft.kill import OwnedWorkers
+from rankguard.schema.exits import EXIT_RERUN_VALIDATION_FAILED
 from rankguard.schema.findings import FindingType
 
 if TYPE_CHECKING:
@@ -184,7 +185,7 @@ def _final_verdict(failure: dict[str, Any]) -> bool:
     """A failure a restart in the job cannot help, by the rerun state machine's verdict:
     exit 17 (this hardware was faulty: the scheduler excludes the node) or a fault that
     reproduced after the resume (a data or model problem)."""
-    if failure["exit_code"] == 17:
+    if failure["exit_code"] == EXIT_RERUN_VALIDATION_FAILED:
         return True
     return "ReproducibleFaultError" in str(failure.get("error") or "")
 
