@@ -146,6 +146,7 @@ class HeartbeatRules:
         #: progressing". A process that publishes no record for longer (SIGSTOP, swap)
         #: is late: not judged on progress until its records come back.
         self.fresh_s = 2.0 * cfg.publish_interval_s + cfg.scan_interval_s
+        self._fresh_ns = int(self.fresh_s * 1e9)
 
     # ---- input ----------------------------------------------------------------------
 
@@ -208,8 +209,12 @@ class HeartbeatRules:
         previous = state.record
         if record.phase in _TRAIN_PHASES and previous is not None and _busy(state):
             state.train_since = now  # back in train after eval, a save, a section
-        if previous is not None and self._paused(previous, record):
-            state.resumed_at = now  # the progress clock restarts (see _progress)
+        if previous is not None:  # of the same process (a new pid reset the state)
+            before, after = previous.monotonic_ns, record.monotonic_ns
+            if before is not None and after is not None and after - before > self._fresh_ns:
+                # published nothing for longer than fresh_s on its own clock (stopped,
+                # then continued): the stopped time is not time without progress
+                state.resumed_at = now  # the progress clock restarts (see _progress)
         if record.phase and len(state.phases_seen) < 16:
             state.phases_seen.setdefault(record.phase)
         state.record = record
@@ -220,15 +225,6 @@ class HeartbeatRules:
             state.start_wall_ns = record.wall_time_ns
         self._due.changed(rank, record.node_rank)
         return True
-
-    def _paused(self, previous: HeartbeatRecord, record: HeartbeatRecord) -> bool:
-        """The process published nothing for longer than :attr:`fresh_s` between two of
-        its records, on its own monotonic clock (stopped, then continued): the time it
-        was stopped is not time without progress."""
-        before, after = previous.monotonic_ns, record.monotonic_ns
-        if before is None or after is None or previous.pid != record.pid:
-            return False
-        return (after - before) / 1e9 > self.fresh_s
 
     def mark_node(self, node_rank: int | None) -> None:
         """Something about node ``node_rank`` beyond its records changed (its GPU health
@@ -493,7 +489,12 @@ class HeartbeatRules:
         self._clear(s, FindingType.PROCESS_TIMEOUT, FindingType.NODE_DISK_FULL)
         if hb_age > self.fresh_s:
             self._heartbeats_late(s)
-        elif not self._in_section(s, ckpt, hb_age, out):
+        elif (
+            ckpt
+            or rec.progress_seq <= 0
+            or rec.phase in _TRAIN_PHASES
+            or not self._in_section(s, hb_age, out)
+        ):
             self._progress(s, now, ckpt)
         return out + self._check_health(s)
 
@@ -592,15 +593,13 @@ class HeartbeatRules:
         s.blocked_by = []
         s.culprits_gone_at = None
 
-    def _in_section(self, s: RankState, ckpt: bool, hb_age: float, out: list[Finding]) -> bool:
-        """A phase with a section timeout of its own (a named section, or any phase with
-        the out-of-section timeout) is judged by that timeout instead of progress: True
-        when it was."""
+    def _in_section(self, s: RankState, hb_age: float, out: list[Finding]) -> bool:
+        """After the first step, outside train and saves: a phase with a section timeout
+        of its own (a named section, or any phase with the out-of-section timeout) is
+        judged by that timeout instead of progress; True when it was."""
         rec = s.record
         assert rec is not None
         phase = rec.phase or ""
-        if ckpt or rec.progress_seq <= 0 or phase in _TRAIN_PHASES:
-            return False
         if (
             phase == EVAL_PHASE
             and EVAL_PHASE not in self.section_timeouts
