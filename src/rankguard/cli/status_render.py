@@ -410,8 +410,9 @@ def render_status(
     return "\n".join(_clip(line, width) for line in lines) + "\n"
 
 
-def _ft_lines(doc: StatusDoc) -> list[str]:
+def _ft_lines(status: StatusDoc | dict[str, Any]) -> list[str]:
     """Restarts and the timeouts in force with their sources (fault tolerance)."""
+    doc = status if isinstance(status, StatusDoc) else StatusDoc.from_dict(status)
     out: list[str] = []
     restarts = doc.block("restarts")
     if isinstance(restarts, list) and restarts:
