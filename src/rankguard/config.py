@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import reprlib
 import types
 import typing
@@ -43,6 +44,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 _FLAGSCALE_PREFIX = ("experiment", "runner")
 
@@ -357,24 +359,6 @@ def _strip_flagscale_prefix(parts: list[str]) -> list[str]:
     return parts
 
 
-def _unwrap_flagscale_layout(doc: dict[str, Any]) -> dict[str, Any]:
-    if set(doc) != {"experiment"}:
-        return doc
-    experiment = doc["experiment"]
-    if not isinstance(experiment, dict):
-        raise ConfigError("experiment: expected a mapping with a 'runner' block")
-    extra = sorted(set(experiment) - {"runner"})
-    if extra:
-        raise ConfigError(
-            f"unknown config key(s) {', '.join('experiment.' + k for k in extra)}; "
-            "only experiment.runner is read"
-        )
-    runner = experiment.get("runner") or {}
-    if not isinstance(runner, dict):
-        raise ConfigError("experiment.runner: expected a mapping")
-    return runner
-
-
 def apply_override(doc: dict[str, Any], override: str) -> None:
     """Apply one ``a.b.c=value`` override to a plain-dict config document.
 
@@ -428,9 +412,23 @@ def load_config(
             loaded = {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {p}: top level must be a mapping")
-        doc = _unwrap_flagscale_layout(loaded)
-    for ov in overrides:
-        apply_override(doc, ov)
+        doc = loaded
+    # FlagScale's experiment YAML and Megatron Bridge's names, read as they are (the
+    # file's FlagScale runner first, so that overrides apply on top of it)
+    from rankguard.layouts import normalize, unwrap_flagscale
+
+    try:
+        doc, notes = unwrap_flagscale(doc)
+        for ov in overrides:
+            apply_override(doc, ov)
+        doc, again = unwrap_flagscale(doc)  # FlagScale keys given as overrides
+        doc, more = normalize(doc)
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    for line in (*notes, *again, *more):
+        logger.warning("rankguard: %s", line)
     return build(RankguardConfig, doc)
 
 

@@ -12,6 +12,7 @@ from rankguard import __version__
 from rankguard.cli import status
 from rankguard.config import ConfigError, load_config
 from rankguard.demo import cli as demo_cli
+from rankguard.ft import launcher_flags
 from rankguard.ft.config import FaultToleranceConfig
 from rankguard.launcher.options import add_launch_arguments, is_override, options_from_args
 from rankguard.report import cli as report_cli
@@ -76,7 +77,7 @@ _FT_SWITCHES = {f.name for f in dataclasses.fields(FaultToleranceConfig) if f.de
 
 def _ft_key(flag: str) -> str:
     """The fault_tolerance key of an NVRx ``--ft-<key>`` flag, or ValueError naming it."""
-    key = flag[len("--ft-") :].replace("-", "_")
+    key = flag[len("--ft-") :].replace("-", "_").removeprefix("param_")
     if key in _FT_KEYS:
         return key
     close = difflib.get_close_matches(key, _FT_KEYS, n=1)
@@ -97,12 +98,27 @@ def _nvrx_flags(argv: list[str]) -> list[str]:
     takes_value = _value_options()
     head: list[str] = []
     sets: list[str] = []
+    launcher: dict[str, str | None] = {}  # ft_launcher's own flags (NVRx's meaning)
+    flags = None
     i = 1
     while i < len(argv):
         word = argv[i]
         if word == "--":
             break
-        if word.startswith("--ft-"):
+        option, sep, value = word.partition("=")
+        nvrx_flag = None
+        if word.startswith("--") and launcher_flags.flag_for(option) is not None:
+            if flags is None:
+                flags, _ = launcher_flags.launcher_flags()
+            nvrx_flag = launcher_flags.flag_for(option, flags)
+        if nvrx_flag is not None:
+            if nvrx_flag.takes_value and not sep:
+                if i + 1 >= len(argv):
+                    raise ValueError(f"{option}: expected a value ({option}=VALUE)")
+                i += 1
+                value = argv[i]
+            launcher[option] = value if nvrx_flag.takes_value else None
+        elif word.startswith("--ft-"):
             flag, sep, value = word.partition("=")
             key = _ft_key(flag)
             nxt = argv[i + 1] if i + 1 < len(argv) else None
@@ -128,6 +144,12 @@ def _nvrx_flags(argv: list[str]) -> list[str]:
         else:
             break  # the script (or the module after -m)
         i += 1
+    if launcher:
+        assert flags is not None
+        translated = launcher_flags.translate(launcher, flags)
+        for line in translated.warnings:
+            print(f"rankguard run: {line}", file=sys.stderr)
+        sets = [w for s in translated.sets for w in ("--set", s)] + sets  # own --ft-* win
     return [*argv[:1], *sets, *head, *argv[i:]]
 
 

@@ -46,6 +46,7 @@ from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from rankguard.ft.kill import OwnedWorkers
+from rankguard.launcher.handover import HandoverResult, wait_for_handover
 from rankguard.schema.exits import EXIT_RERUN_VALIDATION_FAILED
 from rankguard.schema.findings import FindingType
 
@@ -199,6 +200,7 @@ class RankguardAgent(LocalElasticAgent):
         on_failure: Callable[[dict[str, Any]], None] | None = None,
         grace_s: float = 30.0,
         preemption: PreemptionCoordinator | None = None,
+        handover_timeout_s: float = 30.0,
         **kw: Any,
     ) -> None:
         # torch elastic's own grace when a signal stops it or the job ends: ours.
@@ -217,6 +219,8 @@ class RankguardAgent(LocalElasticAgent):
         self._prewarmed = False
         self.workers = OwnedWorkers()  # the only processes fault tolerance may signal
         self.preemption = preemption
+        self.handover_timeout_s = handover_timeout_s
+        self.last_handover: HandoverResult | None = None
 
     # ---- the launcher's side ---------------------------------------------------------
 
@@ -341,8 +345,17 @@ class RankguardAgent(LocalElasticAgent):
         logger.info("rankguard: worker group restarted in %.2fs", time.monotonic() - t0)
 
     def _stop_workers(self, worker_group: Any) -> None:
+        old = sorted(self.workers.pids())
         self.workers.clear()
         self._shutdown(timeout=max(1, round(self._grace_s)))
+        # the next group starts only once the old one is gone and its GPU memory freed
+        self.last_handover = wait_for_handover(old, timeout_s=self.handover_timeout_s)
+        if self.last_handover.waited_s >= 0.5:
+            logger.info(
+                "rankguard: old workers gone in %.2fs (%s)",
+                self.last_handover.waited_s,
+                self.last_handover.describe(),
+            )
 
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
         super()._shutdown(worker_stop_signal(death_sig), timeout)

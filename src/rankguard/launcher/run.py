@@ -449,6 +449,7 @@ def _agent(
         on_restart=services.on_restart,
         on_failure=services.on_group_failure,
         grace_s=cfg.fault_tolerance.termination_grace_s,
+        handover_timeout_s=cfg.fault_tolerance.handover_timeout_s,
     )
 
 
