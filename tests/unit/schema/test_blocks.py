@@ -25,6 +25,7 @@ from rankguard.schema.blocks import (
     HeartbeatBlock,
     InProcessBlock,
     InProcessRestart,
+    NvrxBlock,
     PerfBlock,
     PreemptBlock,
     StragglerBlock,
@@ -78,6 +79,7 @@ EXAMPLES: list[Any] = [
     PerfBlock({"step": 3, "windows": [[1, 1, 2.5]]}),
     StragglerBlock({"samples": [1.0]}),
     FtStatsBlock({"steps": 3}),
+    NvrxBlock({"connections": 1, "heartbeats": 4, "open_sections": ["step"]}),
 ]
 
 
