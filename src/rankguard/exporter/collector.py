@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -30,7 +30,8 @@ from prometheus_client.registry import Collector
 
 from rankguard.health.schema import NodeStatus
 from rankguard.runfiles import worst_rows
-from rankguard.schema.findings import FindingType, Liveness, Progress
+from rankguard.schema.findings import Finding, FindingType, Liveness, Progress
+from rankguard.schema.status import RankDetail, RankRow, StatusDoc
 
 if TYPE_CHECKING:
     from rankguard.heartbeat.monitor import JobMonitor
@@ -244,8 +245,12 @@ class FindingCounts:
         self._lock = threading.Lock()
         self._counts: dict[str, int] = dict.fromkeys((t.value for t in FindingType), 0)
 
-    def observe(self, finding: dict[str, Any]) -> None:
-        ftype = finding.get("finding_type")
+    def observe(self, finding: Finding | dict[str, Any]) -> None:
+        """One more of its type (a line of a newer writer: counted under its own name)."""
+        if isinstance(finding, Finding):
+            ftype: Any = finding.finding_type.value
+        else:
+            ftype = finding.get("finding_type")
         key = ftype if isinstance(ftype, str) and ftype else "unknown"
         with self._lock:
             self._counts[key] = self._counts.get(key, 0) + 1
@@ -279,58 +284,88 @@ def _age_since(iso: Any, now_wall: float) -> float | None:
 
 
 def build_families(
-    status: dict[str, Any],
+    status: dict[str, Any] | StatusDoc,
     *,
     scans: int,
     scan_errors: int,
     last_scan_s: float,
     finding_counts: dict[str, int],
     now_wall: float,
-    rank_rows: list[dict[str, Any]] | None = None,
+    rank_rows: list[dict[str, Any]] | list[RankRow] | None = None,
 ) -> list[Metric]:
-    """The families of :data:`METRICS` that have samples, from one ``status.json`` dict.
+    """The families of :data:`METRICS` that have samples, from one ``status.json`` (read
+    through :class:`StatusDoc`).
 
     A value the status does not have (a rank not observed yet, no FLOPs configured) is
     left out rather than exported as 0; state gauges always carry every state.
     ``rank_rows``: the ranks with per-rank series (default: every row of the status).
     """
+    present = bool(status)
+    doc = status if isinstance(status, StatusDoc) else StatusDoc.from_dict(status)
     fam = {name: spec.family() for name, spec in _SPECS.items()}
 
     def put(name: str, labels: Iterable[str], value: float | None) -> None:
         if value is not None:
             fam[name].add_metric(list(labels), value)
 
-    rows = rank_rows if rank_rows is not None else status.get("ranks") or []
-    if status:
+    if rank_rows is None:
+        rows = doc.ranks
+    else:
+        rows = [r if isinstance(r, RankRow) else RankRow.from_dict(r) for r in rank_rows]
+    if present:
         put("rankguard_exporter_ranks_with_series", [], float(len(rows)))
     for row in rows:
-        rank = _label(row.get("rank"))
-        if row.get("pid") is not None:
-            where = [row.get("node_rank"), row.get("local_rank"), row.get("hostname")]
-            put("rankguard_rank_info", [rank, *map(_label, where)], 1.0)
-        for name, states, current in (
-            ("rankguard_rank_process_liveness", _LIVENESS, row.get("process_liveness")),
-            ("rankguard_rank_gpu_progress", _PROGRESS, row.get("gpu_progress")),
-        ):
-            for state in states:
-                put(name, [rank, state], 1.0 if state == current else 0.0)
-        put("rankguard_rank_heartbeat_age_seconds", [rank], _num(row.get("heartbeat_age_s")))
-        put("rankguard_rank_progress_age_seconds", [rank], _num(row.get("progress_age_s")))
-        put("rankguard_rank_iteration", [rank], _num(row.get("iteration")))
-        put("rankguard_rank_steps_total", [rank], _num(row.get("progress_seq")))
-        if row.get("pid") is not None:
-            put(
-                "rankguard_rank_checkpoint_active",
-                [rank],
-                float(bool(row.get("checkpoint_active"))),
-            )
-        put("rankguard_rank_active_findings", [rank], float(len(row.get("active_findings") or [])))
-        perf = row.get("perf") or {}
-        put("rankguard_rank_step_time_seconds", [rank], _num(perf.get("step_time_ms"), _MS))
-        put("rankguard_rank_flops_per_second", [rank], _num(perf.get("TFLOPS_per_GPU"), _TFLOPS))
-        put("rankguard_rank_memory_bytes", [rank], _num(perf.get("memory_GB"), _GB))
+        _rank_families(put, row)
+    _straggler_families(put, doc.block("stragglers"))
+    if present:
+        _job_families(put, doc, now_wall)
+    job_perf = doc.perf or {}
+    step_ms = job_perf.get("step_time_ms") or {}
+    for stat in _STATS:
+        put("rankguard_job_step_time_seconds", [stat], _num(step_ms.get(stat), _MS))
+    put("rankguard_job_perf_iteration", [], _num(job_perf.get("iteration")))
 
-    stragglers = status.get("stragglers")
+    for node, health in sorted(doc.gpu_health.items()):
+        for s in _NODE_STATUS:
+            put("rankguard_node_gpu_health", [str(node), s], 1.0 if s == health.status else 0.0)
+        put("rankguard_node_gpu_health_age_seconds", [str(node)], _num(health.age_s))
+
+    for ftype, count in sorted(finding_counts.items()):
+        put("rankguard_findings_total", [ftype], float(count))
+    put("rankguard_monitor_scans_total", [], float(scans))
+    put("rankguard_monitor_scan_errors_total", [], float(scan_errors))
+    put("rankguard_monitor_scan_seconds", [], float(last_scan_s))
+    return [f for f in fam.values() if f.samples]  # absent, not zero, when unknown
+
+
+_Put = Callable[[str, Iterable[str], "float | None"], None]
+
+
+def _rank_families(put: _Put, row: RankRow) -> None:
+    rank = _label(row.rank)
+    if row.pid is not None:
+        where = [row.node_rank, row.local_rank, row.hostname]
+        put("rankguard_rank_info", [rank, *map(_label, where)], 1.0)
+    for name, states, current in (
+        ("rankguard_rank_process_liveness", _LIVENESS, row.process_liveness),
+        ("rankguard_rank_gpu_progress", _PROGRESS, row.gpu_progress),
+    ):
+        for state in states:
+            put(name, [rank, state], 1.0 if state == current else 0.0)
+    put("rankguard_rank_heartbeat_age_seconds", [rank], _num(row.heartbeat_age_s))
+    put("rankguard_rank_progress_age_seconds", [rank], _num(row.progress_age_s))
+    put("rankguard_rank_iteration", [rank], _num(row.iteration))
+    put("rankguard_rank_steps_total", [rank], _num(row.progress_seq))
+    if row.pid is not None:
+        put("rankguard_rank_checkpoint_active", [rank], float(row.checkpoint_active))
+    put("rankguard_rank_active_findings", [rank], float(len(row.active_findings)))
+    perf = row.perf or {}
+    put("rankguard_rank_step_time_seconds", [rank], _num(perf.get("step_time_ms"), _MS))
+    put("rankguard_rank_flops_per_second", [rank], _num(perf.get("TFLOPS_per_GPU"), _TFLOPS))
+    put("rankguard_rank_memory_bytes", [rank], _num(perf.get("memory_GB"), _GB))
+
+
+def _straggler_families(put: _Put, stragglers: Any) -> None:
     scores = stragglers.get("scores") if isinstance(stragglers, dict) else None
     for rank_key, score in (scores or {}).items() if isinstance(scores, dict) else ():
         if isinstance(score, dict):
@@ -342,49 +377,26 @@ def build_families(
                 _num(score.get("individual")),
             )
 
-    if status:
-        job_state = status.get("state")
-        for s in JOB_STATES:
-            put("rankguard_job_state", [s], 1.0 if s == job_state else 0.0)
-        summary = status.get("summary") or {}
-        put("rankguard_job_ranks_expected", [], _num(summary.get("ranks_expected")))
-        put("rankguard_job_ranks_observed", [], _num(summary.get("ranks_observed")))
-        for name, states, counts in (
-            ("rankguard_job_ranks_process_liveness", _LIVENESS, summary.get("process_liveness")),
-            ("rankguard_job_ranks_gpu_progress", _PROGRESS, summary.get("gpu_progress")),
-        ):
-            for s in states:
-                put(name, [s], float((counts or {}).get(s, 0)))
-        put("rankguard_findings_active", [], _num(summary.get("findings_active")))
-        put(
-            "rankguard_monitor_ignored_records_total",
-            [],
-            _num((status.get("monitor") or {}).get("ignored_records")),
-        )
-        put(
-            "rankguard_monitor_status_age_seconds",
-            [],
-            _age_since(status.get("updated_wall_time"), now_wall),
-        )
-    job_perf = status.get("perf") or {}
-    step_ms = job_perf.get("step_time_ms") or {}
-    for stat in _STATS:
-        put("rankguard_job_step_time_seconds", [stat], _num(step_ms.get(stat), _MS))
-    put("rankguard_job_perf_iteration", [], _num(job_perf.get("iteration")))
 
-    for node, health in sorted((status.get("gpu_health") or {}).items()):
-        health = health or {}
-        current = health.get("status")
-        for s in _NODE_STATUS:
-            put("rankguard_node_gpu_health", [str(node), s], 1.0 if s == current else 0.0)
-        put("rankguard_node_gpu_health_age_seconds", [str(node)], _num(health.get("age_s")))
-
-    for ftype, count in sorted(finding_counts.items()):
-        put("rankguard_findings_total", [ftype], float(count))
-    put("rankguard_monitor_scans_total", [], float(scans))
-    put("rankguard_monitor_scan_errors_total", [], float(scan_errors))
-    put("rankguard_monitor_scan_seconds", [], float(last_scan_s))
-    return [f for f in fam.values() if f.samples]  # absent, not zero, when unknown
+def _job_families(put: _Put, doc: StatusDoc, now_wall: float) -> None:
+    for s in JOB_STATES:
+        put("rankguard_job_state", [s], 1.0 if s == doc.state else 0.0)
+    summary = doc.summary
+    put("rankguard_job_ranks_expected", [], _num(summary.ranks_expected))
+    put("rankguard_job_ranks_observed", [], _num(summary.ranks_observed))
+    for name, states, counts in (
+        ("rankguard_job_ranks_process_liveness", _LIVENESS, summary.process_liveness),
+        ("rankguard_job_ranks_gpu_progress", _PROGRESS, summary.gpu_progress),
+    ):
+        for s in states:
+            put(name, [s], float(counts.get(s, 0)))
+    put("rankguard_findings_active", [], _num(summary.findings_active))
+    put("rankguard_monitor_ignored_records_total", [], _num(doc.monitor.ignored_records))
+    put(
+        "rankguard_monitor_status_age_seconds",
+        [],
+        _age_since(doc.updated_wall_time, now_wall),
+    )
 
 
 class StatusCollector(Collector):
@@ -407,9 +419,8 @@ class StatusCollector(Collector):
         """Per-rank series budget: every rank on request, else the worst ``rank_series``."""
         rows = [r for r in status.get("ranks") or [] if isinstance(r, dict)]
         if self.all_ranks:
-            detail = status.get("rank_detail") or {}
-            if detail.get("complete") is False:  # a large job: rows from the rules
-                return self.monitor.rank_rows()
+            if not RankDetail.from_dict(status.get("rank_detail")).complete:
+                return self.monitor.rank_rows()  # a large job: rows from the rules
             return rows
         if self.rank_series is None or len(rows) <= self.rank_series:
             return rows

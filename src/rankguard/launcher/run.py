@@ -38,10 +38,10 @@ from rankguard.launcher.exitcodes import (
 )
 from rankguard.launcher.node import node_identity
 from rankguard.launcher.options import LaunchOptions
+from rankguard.launcher.preemption import LaunchPreemption
 from rankguard.launcher.rendezvous import RoundWatcher
 from rankguard.launcher.rundir import ForeignDirectoryError, prepare_run_dir
 from rankguard.launcher.services import NodeServices
-from rankguard.preempt.launch import LaunchPreemption
 from rankguard.schema import layout
 from rankguard.textsafe import safe_text
 
