@@ -612,6 +612,7 @@ def _session_from_env() -> Session | NullSession:
             world_size=identity.world_size,
             run_id=identity.run_id,
             out_dir=perf_dir(log_dir, identity.run_id),
+            run_dir=Path(run_dir),  # rank 0 forwards its findings to perf.trackers
             job=os.environ.get(ENV.JOB),
             cuda_device=identity.gpu.ordinal if identity.gpu else None,
             phases=phases,
