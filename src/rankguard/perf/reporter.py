@@ -319,6 +319,7 @@ class PerfReporter:
                 "iteration": e["iteration"],
                 "step_time_ms": e["gpu_step_time_ms"] or e["step_time_ms"],
                 "TFLOPS_per_GPU": e["TFLOPS_per_GPU"],
+                "MFU": e["MFU"],  # Prometheus' rankguard_rank_mfu_ratio
                 "memory_GB": e["memory_GB"],
                 "windows": [
                     [w["step"], w["iteration"], w["gpu_step_time_ms"] or w["step_time_ms"]]
