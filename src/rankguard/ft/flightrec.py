@@ -42,6 +42,7 @@ __all__ = [
     "TraceDumper",
     "analyse",
     "available",
+    "collect_verdict",
     "flight_recorder_env",
     "request_dumps",
     "trace_file",
@@ -118,6 +119,11 @@ class TraceDumper:
                 )
             return None
         dumper = cls(run_dir, rank)
+        try:  # NCCL's own timeout dumps go there too (TORCH_FR_DUMP_TEMP_FILE)
+            (Path(run_dir) / DUMP_DIR).mkdir(exist_ok=True)
+        except OSError as exc:
+            logger.warning("rankguard: no flight-recorder dumps for this rank: %s", exc)
+            return None
         dumper._thread.start()
         return dumper
 
@@ -354,3 +360,38 @@ def _compare(traces: dict[int, dict[str, Any]]) -> FrVerdict | None:
             ranks_read=sorted(traces),
         )
     return None
+
+
+TORCH_ANALYSIS_FILE = "torchfrtrace.txt"
+
+
+def collect_verdict(run_dir: Path, ranks: list[int], *, timeout_s: float = 3.0) -> FrVerdict | None:
+    """Before a kill: the traces of ``ranks`` (those that answer within ``timeout_s``)
+    and the verdict; torchfrtrace then runs in the background over the same files and
+    writes ``flightrec/torchfrtrace.txt`` (its output can take seconds: never before the
+    kill). Errors are logged, never raised."""
+    try:
+        got = request_dumps(run_dir, ranks, timeout_s=timeout_s)
+        if not got:
+            logger.warning("rankguard: no rank answered the flight-recorder request")
+            return None
+        dump_dir = Path(run_dir) / DUMP_DIR
+        verdict = analyse(dump_dir, run_torch=False)
+    except Exception:
+        logger.exception("rankguard: reading the flight recorder failed")
+        return None
+    if verdict is None:
+        return None
+    out = dump_dir / TORCH_ANALYSIS_FILE
+
+    def run_torch() -> None:
+        try:
+            text = _torch_analysis(dump_dir, 120.0)
+            tmp = out.with_name(f".{out.name}.tmp")
+            tmp.write_text(text + "\n", encoding="utf-8")
+            os.replace(tmp, out)
+        except Exception:
+            logger.exception("rankguard: torchfrtrace over %s failed", dump_dir)
+
+    threading.Thread(target=run_torch, name="rankguard-frtrace", daemon=True).start()
+    return FrVerdict(**{**_fields(verdict), "torch_analysis": str(out)})

@@ -25,6 +25,7 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from rankguard.ft.flightrec import TraceDumper
 from rankguard.ft.stacks import install_dump_handler
 from rankguard.heartbeat.identity import ENV
 from rankguard.heartbeat.lifeline import Lifeline, end_orphan, set_parent_death_signal
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None, *, direct_child: bool = True) -> None:
     run_dir = os.environ.get(ENV.RUN_DIR)
     if run_dir and os.environ.get(ENV.LAUNCHER) == "1":
         dump_file = install_dump_handler(Path(run_dir), int(os.environ.get("RANK", "0")))
+        TraceDumper.start_if_available(Path(run_dir), int(os.environ.get("RANK", "0")))
     try:
         session.install_optimizer_hook()
         if as_module:
