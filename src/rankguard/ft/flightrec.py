@@ -57,6 +57,14 @@ BUFFER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 DUMP_FILE_ENV = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 DEFAULT_ENTRIES = 2000
 _MAX_TRACE = 64 << 20
+# torchfrtrace's entry point, in a child that gets SIGKILL when its parent thread ends
+_RUNNER = (
+    "import sys\n"
+    "from rankguard.heartbeat.lifeline import set_parent_death_signal\n"
+    "set_parent_death_signal()\n"
+    "from torch.distributed.flight_recorder.fr_trace import main\n"
+    "main(sys.argv[1:])\n"
+)
 
 
 def trace_file(run_dir: Path, rank: int) -> Path:
@@ -277,14 +285,17 @@ def _load(path: Path) -> dict[str, Any] | None:
 def _torch_analysis(dump_dir: Path, timeout_s: float) -> str:
     """``torchfrtrace`` (``torch.distributed.flight_recorder.fr_trace``) over the dumps:
     its last lines, or why it failed."""
-    cmd = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(dump_dir)]
+    cmd = [sys.executable, "-c", _RUNNER, str(dump_dir), "--prefix", PREFIX]
+    # not a worker of the job (no RANKGUARD_* variables), and it dies with the launcher
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RANKGUARD_")}
     try:
         res = subprocess.run(
-            [*cmd, "--prefix", PREFIX],
+            cmd,
             capture_output=True,
             text=True,
             timeout=timeout_s,
             stdin=subprocess.DEVNULL,
+            env=env,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"torchfrtrace did not run: {type(exc).__name__}: {exc}"
