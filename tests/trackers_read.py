@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,14 +48,25 @@ def _wandb_records(path: Path) -> list[bytes]:
     return out
 
 
-def wandb_history(run_file: Path) -> list[dict[str, Any]]:
-    """The history rows (``run.log`` calls) of a W&B offline run file."""
+def wandb_history(run_file: Path, *, wait_s: float = 30.0) -> list[dict[str, Any]]:
+    """The history rows (``run.log`` calls) of a W&B offline run file. W&B's service
+    process writes the file after ``finish()`` returns: read it once its ``exit`` record
+    is there (at most ``wait_s``)."""
     from wandb.proto import wandb_internal_pb2
 
+    deadline = time.monotonic() + wait_s
+    while True:
+        records = []
+        for raw in _wandb_records(run_file):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(raw)
+            records.append(record)
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            break
+        assert time.monotonic() < deadline, f"{run_file}: no exit record after {wait_s} s"
+        time.sleep(0.2)
     rows = []
-    for raw in _wandb_records(run_file):
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(raw)
+    for record in records:
         if record.WhichOneof("record_type") == "history":
             rows.append(
                 {

@@ -163,6 +163,7 @@ class RankguardConfig:
                 "(the exporter serves the job monitor's state)"
             )
         out += self.checkpoint.warnings()
+        out += self.perf.warnings()
         pre = self.preemption
         if pre.enable_exit_handler and not hb.enabled:
             out.append(

@@ -192,6 +192,25 @@ class PerfConfig:
             raise ValueError(
                 f"tracker_ranks: must be one of {list(TRACKER_RANKS)}, got {self.tracker_ranks!r}"
             )
+
+    def warnings(self) -> list[str]:
+        """Tracker settings that cannot take effect: one line each."""
+        out = []
+        if self.trackers and not self.enabled:
+            out.append(
+                f"perf.trackers={','.join(self.trackers)} has NO effect while perf.enabled=false"
+            )
+        defaults = {
+            "tensorboard": TensorBoardConfig(),
+            "wandb": WandbConfig(),
+            "mlflow": MlflowConfig(),
+        }
+        for name, default in defaults.items():
+            if getattr(self, name) != default and name not in self.trackers:
+                out.append(
+                    f"perf.{name} is set but {name} is not in perf.trackers: it has NO effect"
+                )
+        return out
         check_number("log_interval", self.log_interval, ge=1)
         check_number("warmup_iterations", self.warmup_iterations, ge=0)
         if self.dtype not in _DTYPES:

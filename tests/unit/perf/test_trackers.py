@@ -84,6 +84,14 @@ def test_config_lists_trackers_and_refuses_what_it_does_not_know() -> None:
         MlflowConfig(tracking_uri=" ")
 
 
+def test_settings_that_cannot_take_effect_are_said() -> None:
+    cfg = load_config(None, ["perf.wandb.project=p", "perf.trackers=tensorboard"])
+    assert any("perf.wandb is set but wandb is not in perf.trackers" in w for w in cfg.warnings())
+    off = load_config(None, ["perf.enabled=false", "perf.trackers=mlflow"])
+    assert any("perf.trackers=mlflow has NO effect" in w for w in off.warnings())
+    assert not load_config(None, ["perf.trackers=wandb", "perf.wandb.project=p"]).perf.warnings()
+
+
 def test_rank_zero_by_default_every_rank_on_request(tmp_path: Path) -> None:
     cfg = PerfConfig(trackers=["tensorboard", "wandb", "mlflow"])
     assert [s.name for s in build_trackers(cfg, rank=0, perf_dir=tmp_path)] == [
@@ -170,7 +178,7 @@ def test_wandb_logs_into_the_scripts_run_under_a_prefix(
         (1, 11),
         (5, 15),
         (10, 20),
-    ]
+    ], rows
     assert not any(k.startswith("perf/") for r in rows for k in r)  # nothing unprefixed
     assert [r["loss"] for r in rows if "loss" in r] == [1.0, 0.5]
     findings = [r for r in rows if "rankguard/events/findings" in r]
