@@ -21,15 +21,15 @@ import runpy
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from rankguard import runenv
+from rankguard.bootstrap import session_from_env
 from rankguard.ft.flightrec import TraceDumper
 from rankguard.ft.stacks import install_dump_handler
-from rankguard.heartbeat.identity import ENV
 from rankguard.heartbeat.lifeline import Lifeline, end_orphan, set_parent_death_signal
-from rankguard.session import init
+from rankguard.session import install
 
 __all__ = ["forked_main", "main"]
 
@@ -58,13 +58,6 @@ def hold_launcher(*, direct_child: bool) -> Lifeline | None:
     return lifeline
 
 
-def _watch(session: Any, lifeline: Lifeline | None) -> None:
-    """The heartbeat thread checks the lifeline at every beat (no thread, no check)."""
-    publisher = getattr(session, "publisher", None)
-    if publisher is not None and lifeline is not None:
-        publisher.lifeline = lifeline
-
-
 @record
 def main(argv: list[str] | None = None, *, direct_child: bool = True) -> None:
     lifeline = hold_launcher(direct_child=direct_child)
@@ -76,13 +69,14 @@ def main(argv: list[str] | None = None, *, direct_child: bool = True) -> None:
         raise SystemExit("rankguard worker: no script or module to run")
     target, rest = args[0], args[1:]
 
-    session = init()
-    _watch(session, lifeline)
+    env = runenv.current()
+    # the heartbeat thread checks the lifeline at every beat (no thread, no check)
+    session = install(lambda: session_from_env(env, lifeline=lifeline))
     dump_file = None
-    run_dir = os.environ.get(ENV.RUN_DIR)
-    if run_dir and os.environ.get(ENV.LAUNCHER) == "1":
-        dump_file = install_dump_handler(Path(run_dir), int(os.environ.get("RANK", "0")))
-        TraceDumper.start_if_available(Path(run_dir), int(os.environ.get("RANK", "0")))
+    if env.monitored:
+        assert env.run_dir is not None
+        dump_file = install_dump_handler(Path(env.run_dir), env.rank)
+        TraceDumper.start_if_available(Path(env.run_dir), env.rank)
     try:
         session.install_optimizer_hook()
         if as_module:
