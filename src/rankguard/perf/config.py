@@ -192,6 +192,14 @@ class PerfConfig:
             raise ValueError(
                 f"tracker_ranks: must be one of {list(TRACKER_RANKS)}, got {self.tracker_ranks!r}"
             )
+        check_number("log_interval", self.log_interval, ge=1)
+        check_number("warmup_iterations", self.warmup_iterations, ge=0)
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype: must be one of {list(_DTYPES)}, got {self.dtype!r}")
+        for name in ("peak_tflops", "flops_per_step"):
+            if getattr(self, name) is not None:
+                check_number(name, getattr(self, name), gt=0)
+        check_number("keep_runs", self.keep_runs, ge=1)
 
     def warnings(self) -> list[str]:
         """Tracker settings that cannot take effect: one line each."""
@@ -211,11 +219,3 @@ class PerfConfig:
                     f"perf.{name} is set but {name} is not in perf.trackers: it has NO effect"
                 )
         return out
-        check_number("log_interval", self.log_interval, ge=1)
-        check_number("warmup_iterations", self.warmup_iterations, ge=0)
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype: must be one of {list(_DTYPES)}, got {self.dtype!r}")
-        for name in ("peak_tflops", "flops_per_step"):
-            if getattr(self, name) is not None:
-                check_number(name, getattr(self, name), gt=0)
-        check_number("keep_runs", self.keep_runs, ge=1)
