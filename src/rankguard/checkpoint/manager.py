@@ -130,19 +130,11 @@ class CheckpointManager:
             "last": dict.fromkeys(TIERS),
             "inflight": None,
             "loaded": None,
-            "staging_wait_s": None,
         }
         self._seq = 0
         self._inflight: Future[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rankguard-ckpt")
         self._stager = HostStager(pin_memory=config.pin_memory)
-        self._hooks = []
-        if config.async_save and config.stage_in_background:
-            # the next optimizer step waits for the background copy of what it changes
-            self._hooks = [
-                opt.register_step_pre_hook(self._before_optimizer_step)
-                for opt, _ in self.plan.optims.values()
-            ]
         self._locks: list[DirLock] = []
         self._protect: set[Path] = set()
         self._closed = False
@@ -293,7 +285,6 @@ class CheckpointManager:
         if self.config.ckpt_format == "torch" or blocking:
             state = self.plan.global_state_dict()
         else:
-            self._stager.deferred = self._deferred()
             writer = self._writer_factory(tmp)
             kind = AsyncCheckpointerType(self.config.async_checkpointer_type)
             with _single_process_quiet(self.group):
@@ -416,7 +407,6 @@ class CheckpointManager:
         stage_s = 0.0
         staged: Any = live
         if not blocking:
-            self._stager.deferred = self._deferred()
             staged = self._stager.stage(live)
             stage_s = time.monotonic() - t0
             self._say(
@@ -429,8 +419,7 @@ class CheckpointManager:
             w0 = time.monotonic()
             error = None
             try:
-                state = staged.result() if isinstance(staged, Future) else staged
-                self._write_local(step, state, per_rank)
+                self._write_local(step, staged, per_rank)
             except _ERRORS as exc:
                 error = f"rank {self.rank}: {_describe(exc)}"
             errors = self.group.errors(error)
@@ -507,17 +496,6 @@ class CheckpointManager:
         self._write_status()
         self._say(message, logging.ERROR)
         raise CheckpointError(message)
-
-    def _deferred(self) -> set[int]:
-        if self._hooks:
-            return self.plan.stepped_storages()
-        return set()
-
-    def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        """Optimizer pre-step hook: nothing while no copy is in flight (one attribute
-        read); else wait for the background copy of the state this step will change."""
-        if self._stager.future is not None:
-            self.stats["staging_wait_s"] = round(self._stager.wait_copy(), 4)
 
     def wait(self) -> None:
         """Wait for the background write in flight; raise CheckpointError if it failed."""
@@ -675,9 +653,6 @@ class CheckpointManager:
             self.wait()
         finally:
             self._executor.shutdown(wait=True)
-            for hook in self._hooks:
-                hook.remove()
-            self._hooks = []
             self._stager.close()
             self._release_locks()
 
