@@ -6,9 +6,10 @@ calls ``save``/``maybe_save``/``load_latest`` at the same steps. A save:
 
 1. waits for the previous save and raises if that one failed;
 2. marks the ``checkpointing`` phase of the rankguard session (checkpoint_timeout_s);
-3. sync: writes and commits in the caller; async: copies the state into host buffers
-   (the only stall: :class:`HostStager` through DCP's ``async_save``) and returns while
-   DCP's thread (or process) writes;
+3. sync: writes and commits in the caller; async: copies the whole state into host
+   buffers (the only stall: :class:`HostStager` through DCP's ``async_save``), so the
+   checkpoint is the state at the call whatever the loop does next, and returns while
+   DCP's thread (or process) writes that copy;
 4. commits: every rank checksums and fsyncs its own files, rank 0 gathers the lists,
    writes ``manifest.json``, renames the temporary directory and writes ``COMMITTED``;
    the decision is broadcast, so every rank's ``last_committed`` agrees;

@@ -1,7 +1,8 @@
 """DDP training with async checkpoints (the ``checkpoint`` section ``rankguard run`` was
 given) and an EMA-style update at the start of every step, right after the previous
-step's save returned: the EMA model moves toward the weights and the weights toward
-the EMA model, in place (``lerp_``, the weights through ``.data``). Rank ``--crash-rank``
+step's save returned: the weights move toward the EMA model (through ``.data``) and
+the EMA model toward the weights, in place (``lerp_``; 4 M parameters: a copy that
+takes a while). Rank ``--crash-rank``
 dies right after the save of ``--crash-step`` returns (first attempt only). Prints
 ``[ema] step N loss X`` with the loss's full repr, and ``[ema] resumed from step N``."""
 
@@ -27,10 +28,10 @@ torch.manual_seed(0)
 
 def mlp() -> torch.nn.Module:
     return torch.nn.Sequential(
-        torch.nn.Linear(64, 1024),
+        torch.nn.Linear(64, 2048),
         torch.nn.Tanh(),
-        torch.nn.Linear(1024, 1024),
-        torch.nn.Linear(1024, 1),
+        torch.nn.Linear(2048, 2048),
+        torch.nn.Linear(2048, 1),
     )
 
 
@@ -51,8 +52,8 @@ for step in range(start, args.steps + 1):
     if step > 1:  # the EMA-style update of the previous step, right after its save
         with torch.no_grad():
             for p, e in zip(net.parameters(), ema.parameters(), strict=True):
-                e.lerp_(p, 0.25)
                 p.data.lerp_(e.data, 0.5)
+                e.lerp_(p, 0.25)
     gen = torch.Generator().manual_seed(100 * step + rank)
     x = torch.randn(32, 64, generator=gen)
     loss = (model(x) - x[:, :1]).pow(2).mean()

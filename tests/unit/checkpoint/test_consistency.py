@@ -235,3 +235,15 @@ def test_the_loop_writes_right_after_save_returns_are_really_there(tmp_path: Pat
     t.mutate()
     changed = {d.split(".")[1] for d in diff(t.snapshot(), before)}
     assert {"model", "optim", "sched", "data", "bag", "rng"} <= changed
+
+
+def test_stage_in_background_has_no_effect_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    t = Trainer(seed=0, ddp=False)
+    config = CheckpointConfig(save=str(tmp_path / "c"), async_save=True, stage_in_background=True)
+    with CheckpointManager(config, t.state(), job_id="j", session=False):
+        pass
+    lines = [line for line in capsys.readouterr().err.splitlines() if "stage_in_background" in line]
+    assert len(lines) == 1 and "has NO effect" in lines[0], lines
+    assert CheckpointConfig(save="x", async_save=True).warnings() == []
