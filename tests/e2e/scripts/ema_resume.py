@@ -51,7 +51,8 @@ restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 for step in range(start, args.steps + 1):
     if step > 1:  # the EMA-style update of the previous step, right after its save
         with torch.no_grad():
-            for p, e in zip(net.parameters(), ema.parameters(), strict=True):
+            pairs = list(zip(net.parameters(), ema.parameters(), strict=True))
+            for p, e in reversed(pairs):  # the last layer first
                 p.data.lerp_(e.data, 0.5)
                 e.lerp_(p, 0.25)
     gen = torch.Generator().manual_seed(100 * step + rank)
