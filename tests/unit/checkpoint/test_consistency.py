@@ -13,6 +13,7 @@ import copy
 import multiprocessing
 import random
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,18 @@ from rankguard.checkpoint import CheckpointConfig, CheckpointManager, DataPositi
 from tests.factories import run_ranks
 
 pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    """The 2048-wide matmuls here run on one thread: a parent process that ran an
+    OpenMP parallel region hangs the forked ranks of later tests in their first one."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 class Net(torch.nn.Module):
