@@ -184,6 +184,7 @@ def test_snapshot_uses_injected_clock() -> None:
         "progress_seq",
         "checkpoint_count",
         "iteration",
+        "iteration_source",
         "phase",
         "checkpoint_active",
         "checkpoint_id",

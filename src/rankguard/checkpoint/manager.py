@@ -540,11 +540,25 @@ class CheckpointManager:
         # shift the agreed stop steps); a load at start-up is under the initial timeouts
         for step, tier, where in self._candidates():
             if tier == "local":
-                if self._load_local(step, where):
-                    return step
-            elif self._load_persistent(step, Path(where)):
+                loaded = self._load_local(step, where)
+            else:
+                loaded = self._load_persistent(step, Path(where))
+            if loaded:
+                self._note_resumed(step)
                 return step
         return None
+
+    def _note_resumed(self, step: int) -> None:
+        """The session shows ``step`` plus the steps since as the iteration of a script
+        that does not number its steps itself."""
+        session = self._session
+        if session is None:
+            from rankguard.session import current
+
+            session = current()
+        tracker = getattr(session, "tracker", None) if getattr(session, "enabled", False) else None
+        if tracker is not None:
+            tracker.note_resumed(step)
 
     def _candidates(self) -> list[tuple[int, str, Any]]:
         out: list[tuple[int, str, Any]] = []

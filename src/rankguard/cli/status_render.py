@@ -11,6 +11,13 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+from rankguard.cli.status_notes import (
+    exit_note,
+    frozen_status,
+    iteration_cell,
+    iteration_legend,
+    restarts_summary,
+)
 from rankguard.schema.findings import FindingType
 from rankguard.textsafe import safe_text
 
@@ -180,6 +187,9 @@ def _liveness_cell(rank: dict[str, Any]) -> tuple[str, str]:
     exit_info = rank.get("exit")
     if isinstance(exit_info, dict) or liveness == "exited":
         info = _as_dict(exit_info)
+        note = exit_note(info)
+        if note is not None:
+            return f"exited ({note})", ""
         if info.get("clean") is False:
             return "exited (err)", "red"
         return "exited", ""
@@ -237,7 +247,7 @@ def _rank_row(rank: dict[str, Any]) -> Row:
         (_text(rank.get("pid")), ""),
         _liveness_cell(rank),
         _progress_cell(rank),
-        (_text(rank.get("iteration")), ""),
+        (iteration_cell(rank), ""),
         (_phase_cell(rank), ""),
         (_seconds(rank.get("heartbeat_age_s")), ""),
         (_seconds(rank.get("progress_age_s")), ""),
@@ -295,6 +305,7 @@ def _header(
     total = summary.get("findings_total")
     active = summary.get("findings_active")
     findings = _text(total) + (f" ({_text(active)} active)" if active is not None else "")
+    restarts = restarts_summary(status.get("restarts"))
     liveness = _counts(summary, ranks, "process_liveness")
     progress = _counts(summary, ranks, "gpu_progress")
     problem = []
@@ -316,6 +327,7 @@ def _header(
         f"liveness {_fmt_counts(liveness, _LIVENESS_STYLE, color)}",
         f"progress {_fmt_counts(progress, _PROGRESS_STYLE, color)}",
         f"findings {findings}",
+        *([f"restarts {restarts}"] if restarts else []),
     ]
 
 
@@ -395,6 +407,8 @@ def render_status(
     terminal.
     """
     status = _safe(status) if isinstance(status, dict) else {}
+    if launcher_gone:
+        status = frozen_status(status)
     findings = [_safe(f) for f in findings if isinstance(f, dict)]
     ranks = _ranks(status)
     lines = [*_pack(_header(status, ranks, color, now), width)]
@@ -403,6 +417,9 @@ def render_status(
     lines.append("")
     if ranks:
         lines.extend(_table(_RANK_HEADER, [_rank_row(r) for r in ranks], _RANK_RIGHT, color))
+        legend = iteration_legend(ranks)
+        if legend:
+            lines.append(legend)
     else:
         lines.append("no ranks observed yet")
     detail = _as_dict(status.get("rank_detail"))

@@ -598,6 +598,7 @@ class JobMonitor:
             "process_liveness": s.liveness.value,
             "gpu_progress": s.progress.value,
             "iteration": rec.iteration,
+            "iteration_source": rec.iteration_source,
             "progress_seq": rec.progress_seq,
             "phase": rec.phase,
             "phases_seen": list(s.phases_seen),
@@ -609,7 +610,7 @@ class JobMonitor:
             "gpu": rec.gpu,
             "gpu_health": s.gpu_health,
             "exit": rec.exit,
-            "active_findings": sorted(t.value for t in s.active),
+            "active_findings": sorted(t.value for t in s.reported),
             "blocked_by": list(s.blocked_by),
         }
 
@@ -647,7 +648,7 @@ class JobMonitor:
             if unseen:
                 liveness[Liveness.NOT_OBSERVED.value] += unseen
                 progress[Progress.NOT_OBSERVED.value] += unseen
-            active = sum(len(s.active) for s in states if s.active)
+            active = sum(len(s.reported) for s in states if s.active)
             rows = [self._rank_row(s) for s in self.worst_ranks(self.cfg.status_worst_ranks)]
         n_rows = n_ranks
         if rules.shutdown is not None and progress.get(Progress.COMPLETED.value, 0) != n_rows:
@@ -789,7 +790,7 @@ class JobMonitor:
                 s.progress.value,
                 s.heartbeat_age_s,
                 s.progress_age_s,
-                sorted(t.value for t in s.active) if s.active else [],
+                sorted(t.value for t in s.reported) if s.active else [],
                 list(s.blocked_by),
             )
             for rank, s in rules.ranks.items()
@@ -870,6 +871,7 @@ DETAIL_COLUMNS = (
     "process_liveness",
     "gpu_progress",
     "iteration",
+    "iteration_source",
     "progress_seq",
     "phase",
     "checkpoint_active",
@@ -900,7 +902,7 @@ def _empty_row(s: RankState) -> dict[str, Any]:
         **dict.fromkeys(("hostname", "node_rank", "local_rank"), None),
         "process_liveness": s.liveness.value,
         "gpu_progress": s.progress.value,
-        **dict.fromkeys(("iteration", "progress_seq", "phase"), None),
+        **dict.fromkeys(("iteration", "iteration_source", "progress_seq", "phase"), None),
         "phases_seen": [],
         "checkpoint_active": False,
         "heartbeat_age_s": _round(s.heartbeat_age_s),

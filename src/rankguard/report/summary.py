@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from rankguard.cli.status_notes import restarts_summary
 from rankguard.report.data import RunData, parse_time
 from rankguard.report.svgbase import esc, fmt_num
 from rankguard.report.wallclock import fmt_clock
@@ -108,6 +109,9 @@ def header_html(data: RunData) -> str:
     if peak is not None:
         peak_src = f"{fmt_num(peak, 4)} TFLOP/s per GPU ({peak_src})"
     findings = f"{total}" + (f" ({active} active)" if active else "")
+    restarts = restarts_summary(data.restarts)
+    if restarts:
+        findings += f" · {restarts}"
     ws = world_size(data)
     hosts = sorted({str(r.get("hostname")) for r in _ranks(data) if r.get("hostname")})
     where = f"on {hosts[0]}" if len(hosts) == 1 else f"on {len(hosts)} hosts" if hosts else ""
@@ -120,7 +124,10 @@ def header_html(data: RunData) -> str:
         ("FLOPs source", esc(info.get("flops_source") or DASH)),
         ("Batch source", esc(info.get("batch_source") or DASH)),
         ("Peak source", esc(peak_src)),
-        ("Findings", f'<span class="{"bad-text" if total else ""}">{esc(findings)}</span>'),
+        (
+            "Findings",
+            f'<span class="{"bad-text" if total or restarts else ""}">{esc(findings)}</span>',
+        ),
         ("Iterations", esc(_iterations(data) or DASH)),
     ]
     cells = "".join(f"<div><dt>{k}</dt><dd>{v}</dd></div>" for k, v in meta)

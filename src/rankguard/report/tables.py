@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from rankguard.cli.status_notes import iteration_cell, iteration_legend, restart_cause
 from rankguard.report.charts import finding_style
 from rankguard.report.data import RunData, parse_time
 from rankguard.report.summary import fmt_clock, run_window
@@ -72,9 +73,29 @@ def _breakable(identifier: str) -> str:
     return "_<wbr>".join(esc(part) for part in identifier.split("_"))
 
 
+def _no_findings(data: RunData) -> str:
+    """What an empty findings file means for this run: a clean run, or only that the
+    monitor found nothing while restarts (with their causes) or a stop happened."""
+    state = str((data.status or {}).get("state") or "")
+    process = [r for r in data.restarts if r.get("kind") != "inprocess"]
+    if data.restarts:
+        causes = "; ".join(restart_cause(r) for r in data.restarts[-3:])
+        text = (
+            f"No findings from the monitor, but the run restarted {len(data.restarts)} "
+            f"time(s) ({len(process)} of the processes): {causes}. See the restarts below."
+        )
+    elif state == "stopped":
+        text = "No findings until the launcher stopped the run (a signal): it did not complete."
+    elif state == "completed":
+        text = "No findings: every rank stayed alive and kept making progress."
+    else:
+        text = f"No findings (the run's last state: {state or 'unknown'})."
+    return f'<p class="empty">{esc(text)}</p>'
+
+
 def findings_table(data: RunData) -> str:
     if not data.findings:
-        return '<p class="empty">No findings: every rank stayed alive and kept making progress.</p>'
+        return _no_findings(data)
     t0, _ = run_window(data)
     rows = []
     for f in data.findings[-FINDINGS_TABLE_LIMIT:]:
@@ -184,7 +205,7 @@ def _rank_row(r: dict[str, Any]) -> list[str]:
         f'<span class="nowrap">{esc(_text(r.get("hostname")))}:{esc(_text(r.get("pid")))}</span>',
         pill(r.get("process_liveness")),
         pill(r.get("gpu_progress")),
-        esc(_text(r.get("iteration"))),
+        esc(iteration_cell(r)),
         esc(phase),
         esc(_text(r.get("heartbeat_age_s"))),
         esc(_text(r.get("progress_age_s"))),
@@ -204,6 +225,9 @@ def rank_table(data: RunData) -> str:
     ranks.sort(key=_rank_key)
     numeric = {0, 4, 6, 7}
     table = _table(_RANK_HEADER, [_rank_row(r) for r in ranks], numeric)
+    legend = iteration_legend(ranks)
+    if legend:
+        table += f'<p class="caption">{esc(legend)}</p>'
     if len(ranks) <= RANK_TABLE_OPEN:
         return table
     flagged = [r for r in ranks if r.get("active_findings") or r.get("process_liveness") == "stale"]
