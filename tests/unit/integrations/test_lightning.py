@@ -246,6 +246,7 @@ def test_flops_measured_on_the_first_training_step_and_the_parameters_dtype(
     # forward and backward of each micro-batch of the first optimizer step, world size 1
     assert perf.flops_per_step == pytest.approx(ACCUM * one_micro_batch, rel=1e-6)
     assert perf.flops_source.startswith("measured: FlopCounterMode over the first training_step")
-    assert (perf.model_dtype, perf.model_dtype_source) == ("fp32", "lightning: parameters of TinyLM")
+    assert perf.model_dtype == "fp32"
+    assert perf.model_dtype_source == "lightning: parameters of TinyLM"
     assert perf.summary()["session_info"]["dtype"] == "fp32"
     assert session.tracker.shown_iteration() == (3, "script")  # trainer.global_step
