@@ -429,8 +429,8 @@ class ProgressTracker:
         return steps, "steps"
 
     def _steps_counted(self) -> int:
-        iteration = self.iteration or 0
-        return max(0, iteration - self.checkpoint_count)  # a save's end is no step
+        """Training steps so far: progress counts a save's end too, which is no step."""
+        return max(0, self.progress_seq - self.checkpoint_count)
 
     def snapshot(self) -> ProgressSnapshot:
         now = self._clock()

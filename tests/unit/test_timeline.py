@@ -354,3 +354,13 @@ def test_the_scripts_numbering_wins_over_a_resumed_step() -> None:
     t.note_resumed(1500)
     t.step_end(1501)
     assert t.shown_iteration() == (1501, "script")
+
+
+def test_a_save_after_the_last_step_does_not_take_a_step_off() -> None:
+    t = _cpu()
+    t.note_resumed(27)
+    for _ in range(3):
+        t.step_end()
+    t.checkpoint_start()
+    t.checkpoint_end()  # the save of step 30, after it
+    assert t.shown_iteration() == (30, "checkpoint")

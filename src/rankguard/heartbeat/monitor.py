@@ -823,6 +823,7 @@ class JobMonitor:
                 live,
                 prog,
                 rec.iteration if rec else None,
+                rec.iteration_source if rec else None,
                 rec.progress_seq if rec else None,
                 rec.phase if rec else None,
                 rec.checkpoint_active if rec else False,
