@@ -33,6 +33,7 @@ _STATE_CLASS = {
     "running": "info",
     "starting": "muted",
     "degraded": "warn",
+    "stopped": "warn",
     "failed": "bad",
 }
 
