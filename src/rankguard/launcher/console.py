@@ -12,7 +12,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from rankguard.cli.status_notes import restart_cause, restarts_summary
+from rankguard.cli.status_notes import ITERATION_MARKS, restart_cause, restarts_summary
 from rankguard.heartbeat.api import FindingSink
 from rankguard.heartbeat.monitor import JobMonitor
 from rankguard.schema.findings import Finding
@@ -35,7 +35,9 @@ def _status_line(status: dict[str, Any]) -> str:
     live = Counter(r.get("process_liveness") for r in ranks)
     prog = Counter(r.get("gpu_progress") for r in ranks)
     summary = status.get("summary") or {}
-    it = f"iter {min(iters)}-{max(iters)}" if iters else "iter -"
+    marks = {ITERATION_MARKS.get(str(r.get("iteration_source")), "") for r in ranks}
+    mark = marks.pop() if len(marks) == 1 else ""  # * steps counted, + checkpoint's step
+    it = f"iter {min(iters)}-{max(iters)}{mark}" if iters else "iter -"
     live_s = " ".join(f"{k}={v}" for k, v in sorted(live.items()))
     prog_s = " ".join(f"{k}={v}" for k, v in sorted(prog.items()))
     line = (

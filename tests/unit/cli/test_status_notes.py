@@ -131,6 +131,7 @@ def test_restarts_come_with_their_cause() -> None:
     status = _status(_row(0), restarts=[KILLED])
     assert "restarts 1 restart (worker_failed rank 1" in render_status(status, [])
     assert status_line(status).endswith("findings 0 | restarts 1")
+    assert status_line(status).startswith("[running] iter 41-41* | ")  # steps counted
 
 
 def test_the_launchers_last_line_is_the_runs_state_not_the_monitors() -> None:
