@@ -157,7 +157,10 @@ def test_hf_trainer_callback_under_rankguard_run(tmp_path: Path, run_id: str) ->
     assert info["batch_source"].startswith("hf: Trainer arguments")
     assert info["flops_source"].startswith("analytic: gpt formula from GPT2LMHeadModel.config")
     assert summary["final_statistics"]["avg_tflops_per_gpu"]
+    assert info["dtype"] == "fp32"  # the model's parameters, not perf.dtype's bf16
     assert "'rankguard/tokens_per_sec'" in res.stdout  # in the Trainer's own logs
+    status = json.loads((tmp_path / "heartbeat" / run_id / "status.json").read_text())
+    assert {(r["iteration"], r["iteration_source"]) for r in status["ranks"]} == {(8, "script")}
 
 
 @pytest.mark.timeout(180)
