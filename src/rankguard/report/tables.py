@@ -11,7 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rankguard.cli.status_notes import iteration_cell, iteration_legend, restart_cause
+from rankguard.cli.status_notes import (
+    exit_note,
+    iteration_cell,
+    iteration_legend,
+    restart_cause,
+)
 from rankguard.report.charts import finding_style
 from rankguard.report.data import RunData, parse_time
 from rankguard.report.summary import fmt_clock, run_window
@@ -169,8 +174,9 @@ def _exit_cell(rank: dict[str, Any]) -> str:
     if ex.get("clean"):
         return "clean"
     text = f"code {_text(ex.get('exit_code'))}"
-    if ex.get("after_failure_of_rank") is not None:
-        text += f" (after rank {ex['after_failure_of_rank']})"
+    note = exit_note(ex)  # the launcher's stop, a restart or a peer's failure
+    if note is not None:
+        text += f" ({note})"
     return esc(text)
 
 

@@ -116,3 +116,22 @@ def test_a_gone_launchers_ranks_are_unknown_in_the_report(tmp_path: Path) -> Non
     assert "unknown (launcher gone; last: running)" in page
     ranks = page.split("<h3>Rank status</h3>")[1].split("</table>")[0]
     assert "progressing" not in ranks and ">alive<" not in ranks
+
+
+def test_exits_the_launcher_caused_are_said_in_the_rank_table(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path, findings=[])
+    status = json.loads((run_dir / "status.json").read_text())
+    for row, why in zip(
+        status["ranks"][:3],
+        (
+            {"after_shutdown": "SIGTERM"},
+            {"after_restart": "restart 1"},
+            {"after_failure_of_rank": 3},
+        ),
+        strict=True,
+    ):
+        row.update(process_liveness="exited", exit={"clean": False, "exit_code": -15, **why})
+    (run_dir / "status.json").write_text(json.dumps(status))
+    ranks = _page(run_dir).split("<h3>Rank status</h3>")[1]
+    for said in ("code -15 (stopped)", "code -15 (restart)", "code -15 (after rank 3)"):
+        assert said in ranks, said
