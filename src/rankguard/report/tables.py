@@ -149,9 +149,10 @@ def restarts_table(data: RunData) -> str:
             ]
         )
     inproc = sum(r.get("kind") == "inprocess" for r in data.restarts)
+    n = len(data.restarts)
     caption = (
-        f'<p class="caption">{len(data.restarts)} restarts: '
-        f"{len(data.restarts) - inproc} of the processes, {inproc} in-process.</p>"
+        f'<p class="caption">{n} restart{"" if n == 1 else "s"}, each with its cause: '
+        f"{n - inproc} of the processes, {inproc} in-process.</p>"
     )
     header = ["Time (UTC)", "Kind", "#", "Cause", "Rank", "Message"]
     return caption + _table(header, rows, {2, 4})

@@ -56,6 +56,7 @@ def test_no_findings_and_a_restart_says_the_restart_and_its_cause(tmp_path: Path
         "No findings from the monitor, but the run restarted 1 time(s) (1 of the processes): "
         "worker_failed rank 1: Signal 9 (SIGKILL) received by PID 9853." in page
     )
+    assert "1 restart, each with its cause: 1 of the processes, 0 in-process." in page
     header = page.split("</header>")[0]
     assert "1 restart (worker_failed rank 1: Signal 9 (SIGKILL) received by PID 9853)" in header
 
