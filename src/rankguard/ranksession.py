@@ -89,6 +89,11 @@ class RankSession(Protocol):
         """The rank is back from an in-process restart (progress counts afresh)."""
         ...
 
+    def note_resumed(self, step: int) -> None:
+        """A checkpoint of ``step`` was loaded: the iteration shown is ``step`` plus the
+        steps since, for a script that does not number its steps itself."""
+        ...
+
     # ---- components -----------------------------------------------------------------
 
     def add_heartbeat_block(self, source: BlockSource) -> None:

@@ -233,6 +233,10 @@ class Session:
         """Back from an in-process restart: progress counts afresh from now."""
         self.tracker.mark_recovered()
 
+    def note_resumed(self, step: int) -> None:
+        """A checkpoint of ``step`` was loaded (the iteration shown follows it)."""
+        self.tracker.note_resumed(step)
+
     @property
     def restart_count(self) -> int:
         """How many times the launcher restarted the worker group before this process
@@ -512,6 +516,9 @@ class NullSession:
         pass
 
     def mark_recovered(self) -> None:
+        pass
+
+    def note_resumed(self, step: int) -> None:
         pass
 
     def add_heartbeat_block(self, source: BlockSource) -> None:

@@ -42,6 +42,7 @@ from typing import Any, Protocol
 __all__ = [
     "CHECKPOINT_PHASE",
     "EVAL_PHASE",
+    "ITERATION_SOURCES",
     "RING_SIZE",
     "SETUP_PHASE",
     "TRAIN_PHASE",
@@ -55,6 +56,8 @@ EVAL_PHASE = "eval"
 SETUP_PHASE = "setup"
 TRAIN_PHASE = "train"
 MAX_SPANS = 1024  # spans of non-train phases kept (the perf monitor reads the recent ones)
+#: Where a heartbeat's ``iteration`` comes from (:meth:`ProgressTracker.shown_iteration`).
+ITERATION_SOURCES = ("script", "checkpoint", "steps", "none")
 RING_SIZE = 8192  # step-end times kept for the performance monitor (power of two)
 _RING_MASK = RING_SIZE - 1
 assert _RING_MASK == 8191, "step_end and optimizer_step_hook spell the mask as a literal"
@@ -105,6 +108,7 @@ class ProgressTracker:
         "_phase_set",
         "_queued_iteration",
         "_queued_seq",
+        "_resumed_at",
         "_saved_phase",
         "_started_ns",
         "_stream",
@@ -117,6 +121,7 @@ class ProgressTracker:
         "data_at",
         "data_ns",
         "iteration",
+        "iteration_given",
         "last_progress_ns",
         "non_step_seqs",
         "on_change",
@@ -124,6 +129,7 @@ class ProgressTracker:
         "phase_ns",
         "phase_spans",
         "progress_seq",
+        "resumed_step",
         "source",
         "started_ns",
         "step_ns",
@@ -153,6 +159,12 @@ class ProgressTracker:
         self._hook_lead = 0  # id() of the optimizer whose steps count (optimizer_step_hook)
         self.progress_seq = 0
         self.iteration: int | None = None
+        # Where the shown iteration comes from (see shown_iteration): the script numbers
+        # its steps (a step end was given one), and the step of the checkpoint this
+        # process resumed from (set by the checkpoint library's load).
+        self.iteration_given = False
+        self.resumed_step: int | None = None
+        self._resumed_at = 0
         self.phase = SETUP_PHASE
         self._phase_set = False  # has anyone set a phase (API, checkpoint)?
         self._train_ns = 0  # readers: when the implicit train phase began (first step)
@@ -190,7 +202,11 @@ class ProgressTracker:
             slot = seq & 8191  # _RING_MASK
             self.step_ns[slot] = now
             self.data_at[slot] = self.data_ns
-            self.iteration = seq if iteration is None else iteration
+            if iteration is None:
+                self.iteration = seq
+            else:  # the script numbers its steps (one more store, only then)
+                self.iteration = iteration
+                self.iteration_given = True
             self.last_progress_ns = now
             self.progress_seq = seq
             return
@@ -230,7 +246,11 @@ class ProgressTracker:
         seq = self._queued_seq + 1
         self.step_ns[seq & _RING_MASK] = now
         self.data_at[seq & _RING_MASK] = self.data_ns
-        self._queued_iteration = seq if iteration is None else iteration
+        if iteration is None:
+            self._queued_iteration = seq
+        else:
+            self._queued_iteration = iteration
+            self.iteration_given = True
         self._queued_seq = seq
 
     @property
@@ -314,6 +334,12 @@ class ProgressTracker:
             del spans[:-MAX_SPANS]
         return span
 
+    def note_resumed(self, step: int) -> None:
+        """This process resumed from the checkpoint of step ``step``: without the
+        script's own numbering, the shown iteration is that step plus the steps since."""
+        self.resumed_step = int(step)
+        self._resumed_at = self._steps_counted()  # an in-process restart resumes again
+
     def mark_recovered(self) -> None:
         """An in-process restart brought the rank back: the time since progress starts
         again (the re-entry is not a stall); no step is counted."""
@@ -382,15 +408,43 @@ class ProgressTracker:
                 return True
         return False
 
+    def shown_iteration(self) -> tuple[int | None, str]:
+        """The iteration to show and where it comes from (:data:`ITERATION_SOURCES`):
+
+        - ``script``: the number the script (or its framework: HF ``global_step``,
+          Lightning ``global_step``) passed to ``step_end``/``step``;
+        - ``checkpoint``: the step of the checkpoint this process resumed from plus the
+          training steps it made since;
+        - ``steps``: the training steps this process counted (optimizer steps or
+          ``step_end`` calls; checkpoint saves are not counted), not the script's numbering;
+        - ``none``: no step yet.
+        """
+        iteration = self.iteration
+        resumed = self.resumed_step
+        if iteration is None:
+            return (None, "none") if resumed is None else (resumed, "checkpoint")
+        if self.iteration_given:
+            return iteration, "script"
+        steps = self._steps_counted()
+        if resumed is not None:
+            return resumed + max(0, steps - self._resumed_at), "checkpoint"
+        return steps, "steps"
+
+    def _steps_counted(self) -> int:
+        """Training steps so far: progress counts a save's end too, which is no step."""
+        return max(0, self.progress_seq - self.checkpoint_count)
+
     def snapshot(self) -> ProgressSnapshot:
         now = self._clock()
         last = self.last_progress_ns
         since_ns = now - (last if last is not None else self._started_ns)
         phase, phase_ns = self.effective_phase()
+        iteration, iteration_source = self.shown_iteration()
         return {
             "progress_seq": self.progress_seq,
             "checkpoint_count": self.checkpoint_count,
-            "iteration": self.iteration,
+            "iteration": iteration,
+            "iteration_source": iteration_source,
             "phase": phase,
             "checkpoint_active": self.checkpoint_active,
             "checkpoint_id": self.checkpoint_id,

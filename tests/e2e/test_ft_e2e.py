@@ -103,6 +103,8 @@ def test_hang_dumps_stacks_then_restarts_and_the_job_completes(
     assert "[demo] done: 20 steps on 2 rank(s)" in out
     status = read_status(run_dir)
     assert status["state"] == "completed" and len(status["restarts"]) == 1
+    # after the resume from step 3, the demo's own step numbers (rg.step(step))
+    assert {(r["iteration"], r["iteration_source"]) for r in status["ranks"]} == {(20, "script")}
     assert no_leftover_workers(run_id)
 
 

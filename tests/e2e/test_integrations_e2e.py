@@ -157,7 +157,10 @@ def test_hf_trainer_callback_under_rankguard_run(tmp_path: Path, run_id: str) ->
     assert info["batch_source"].startswith("hf: Trainer arguments")
     assert info["flops_source"].startswith("analytic: gpt formula from GPT2LMHeadModel.config")
     assert summary["final_statistics"]["avg_tflops_per_gpu"]
+    assert info["dtype"] == "fp32"  # the model's parameters, not perf.dtype's bf16
     assert "'rankguard/tokens_per_sec'" in res.stdout  # in the Trainer's own logs
+    status = json.loads((tmp_path / "heartbeat" / run_id / "status.json").read_text())
+    assert {(r["iteration"], r["iteration_source"]) for r in status["ranks"]} == {(8, "script")}
 
 
 @pytest.mark.timeout(180)
@@ -201,6 +204,15 @@ def test_lightning_callback_from_the_entry_point(tmp_path: Path, run_id: str) ->
     )
     summary = _check_integration_run(res, tmp_path, run_id)
     assert summary["session_info"]["batch_source"].startswith("lightning: first batch 4 x 16")
+    # a LightningModule without a known config: its first training step's FLOPs, counted
+    # under the DDP strategy while it ran, give TFLOP/s
+    info = summary["session_info"]
+    assert info["flops_source"].startswith(
+        "measured: FlopCounterMode over the first training_step (forward and backward) x "
+        "world_size 2"
+    ), info
+    assert summary["final_statistics"]["avg_tflops_per_gpu"] > 0
+    assert (info["dtype"], info["dtype_source"]) == ("fp32", "lightning: parameters of TinyLM")
     assert "callbacks ['RankguardCallback', 'ModelCheckpoint']" in res.stdout
     (metrics,) = (tmp_path / "out").rglob("metrics.csv")
     assert "rankguard/tokens_per_sec" in metrics.read_text().splitlines()[0]

@@ -77,6 +77,9 @@ def test_nanogpt_style_rank0_evaluates_and_saves_alone(
         flags=flags,
     )
     status = _assert_healthy(run_dir, out, "nanogpt_style done: 13 iterations")
+    # the script never says its iter_num: the optimizer steps counted, said as such
+    assert {(r["iteration"], r["iteration_source"]) for r in status["ranks"]} == {(13, "steps")}
+    assert "incl. start-up (warm-up)" in out  # its first perf window runs from start-up
     assert {"eval", "checkpointing", "train"} <= set(status["ranks"][0]["phases_seen"])
     assert {"eval", "checkpointing"} <= _phases_published(run_dir, 0)
     assert _phases_published(run_dir, 1) <= {"setup", "train"}

@@ -207,6 +207,8 @@ def test_unmodified_torchrun_script_gets_progress_from_the_optimizer_hook(
     for row in status["ranks"]:
         assert row["progress_seq"] == 12
         assert row["progress_source"] == "optimizer_hook"
+        # not the script's numbering: said as the steps this process counted
+        assert (row["iteration"], row["iteration_source"]) == (12, "steps")
     assert findings(run_dir) == []
 
 
@@ -251,6 +253,15 @@ def test_sigterm_to_the_launcher_stops_everything_without_false_findings(
     status = read_status(run_dir)
     assert status["state"] == "stopped"
     assert all(r["process_liveness"] == "exited" for r in status["ranks"])
+    # the exits the stop caused are no findings, active or not; the last line says the
+    # run was stopped (the monitor thread itself did not stop on an error)
+    assert status["summary"]["findings_active"] == 0
+    assert all(r["active_findings"] == [] for r in status["ranks"])
+    assert "[rankguard] run stopped by the launcher: 0 finding(s)" in out, out
+    assert "monitor: state" not in out
+    shown = run_rankguard(["status", str(run_dir)], timeout=30).stdout
+    assert "findings 0 (0 active)" in shown, shown
+    assert shown.count("exited (stopped)") == 2 and "exited (err)" not in shown, shown
     assert no_leftover_workers(run_id)
 
 

@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("schema", "phases"),
     ("runenv", "health", "perf"),
     ("heartbeat",),
-    ("agree", "ft", "rerun", "straggler", "runfiles"),
+    ("agree", "ft", "rerun", "straggler", "runfiles", "statusnotes"),
     ("preempt", "heartbeat.relay", "exporter", "ranksession"),
     ("checkpoint", "inprocess"),
     ("config",),

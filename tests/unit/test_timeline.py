@@ -209,6 +209,7 @@ def test_snapshot_uses_injected_clock() -> None:
         "progress_seq",
         "checkpoint_count",
         "iteration",
+        "iteration_source",
         "phase",
         "checkpoint_active",
         "checkpoint_id",
@@ -332,3 +333,59 @@ def test_saves_are_counted_apart_from_steps() -> None:
     snap = t.snapshot()
     # a save is progress (FlagScale's rule) but not a training step
     assert snap["progress_seq"] == 3 and snap["checkpoint_count"] == 1
+
+
+# ---- the iteration shown and its source ---------------------------------------------
+
+
+def test_iteration_is_the_scripts_when_it_numbers_its_steps() -> None:
+    t = _cpu()
+    assert t.shown_iteration() == (None, "none")
+    t.step_end(500)
+    t.checkpoint_start()
+    t.checkpoint_end()
+    t.step_end(501)
+    assert t.shown_iteration() == (501, "script")
+    assert t.snapshot()["iteration_source"] == "script"
+
+
+def test_counted_steps_leave_checkpoint_saves_out_and_say_so() -> None:
+    t = _cpu()
+    for _ in range(3):
+        t.optimizer_step_hook(object, (), {})
+    t.checkpoint_start()
+    t.checkpoint_end()  # progress, but no step
+    t.optimizer_step_hook(object, (), {})
+    assert t.progress_seq == 5
+    assert t.shown_iteration() == (4, "steps")
+    snap = t.snapshot()
+    assert (snap["iteration"], snap["iteration_source"]) == (4, "steps")
+
+
+def test_a_resumed_checkpoints_step_plus_the_steps_since() -> None:
+    t = _cpu()
+    t.note_resumed(1500)
+    assert t.shown_iteration() == (1500, "checkpoint")
+    for _ in range(500):
+        t.step_end()
+    assert t.shown_iteration() == (2000, "checkpoint")
+    t.note_resumed(1800)  # an in-process restart resumed again: counted from there
+    t.step_end()
+    assert t.shown_iteration() == (1801, "checkpoint")
+
+
+def test_the_scripts_numbering_wins_over_a_resumed_step() -> None:
+    t = _cpu()
+    t.note_resumed(1500)
+    t.step_end(1501)
+    assert t.shown_iteration() == (1501, "script")
+
+
+def test_a_save_after_the_last_step_does_not_take_a_step_off() -> None:
+    t = _cpu()
+    t.note_resumed(27)
+    for _ in range(3):
+        t.step_end()
+    t.checkpoint_start()
+    t.checkpoint_end()  # the save of step 30, after it
+    assert t.shown_iteration() == (30, "checkpoint")

@@ -539,8 +539,22 @@ class CheckpointManager:
         # shift the agreed stop steps); a load at start-up is under the initial timeouts
         for candidate in self._candidates():
             if self.tiers[candidate.tier].load(candidate):
+                self._note_resumed(candidate.step)
                 return candidate.step
         return None
+
+    def _note_resumed(self, step: int) -> None:
+        """The session shows ``step`` plus the steps since as the iteration of a script
+        that does not number its steps itself."""
+        session = self._session
+        if session is False:
+            return
+        if session is None:
+            from rankguard.session import current
+
+            session = current()
+        if session is not None and session.enabled:
+            session.note_resumed(step)
 
     def _candidates(self) -> list[Candidate]:
         """Every tier's candidates, newest first (the local tier first at one step)."""

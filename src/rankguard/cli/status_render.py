@@ -14,6 +14,13 @@ from typing import Any
 
 from rankguard.schema.findings import Finding, FindingType
 from rankguard.schema.status import RankRow, StatusDoc, parse_findings
+from rankguard.statusnotes import (
+    exit_note,
+    frozen_status,
+    iteration_cell,
+    iteration_legend,
+    restarts_summary,
+)
 from rankguard.textsafe import safe_text
 
 __all__ = ["render_status"]
@@ -169,6 +176,9 @@ def _table(header: Sequence[str], rows: Sequence[Row], right: set[int], color: b
 
 def _liveness_cell(rank: RankRow) -> tuple[str, str]:
     if rank.exit is not None or rank.process_liveness == "exited":
+        note = exit_note(rank.exit or {})
+        if note is not None:
+            return f"exited ({note})", ""
         if (rank.exit or {}).get("clean") is False:
             return "exited (err)", "red"
         return "exited", ""
@@ -225,7 +235,7 @@ def _rank_row(rank: RankRow) -> Row:
         (_text(rank.pid), ""),
         _liveness_cell(rank),
         _progress_cell(rank),
-        (_text(rank.iteration), ""),
+        (iteration_cell(rank), ""),
         (_phase_cell(rank), ""),
         (_seconds(rank.heartbeat_age_s), ""),
         (_seconds(rank.progress_age_s), ""),
@@ -283,6 +293,7 @@ def _header(doc: StatusDoc, ranks: list[RankRow], color: bool, now: Any) -> list
     findings = _text(summary.findings_total) + (
         f" ({_text(active)} active)" if active is not None else ""
     )
+    restarts = restarts_summary(doc.block("restarts"))
     liveness = _counts(summary.process_liveness, ranks, "process_liveness")
     progress = _counts(summary.gpu_progress, ranks, "gpu_progress")
     problem = []
@@ -304,6 +315,7 @@ def _header(doc: StatusDoc, ranks: list[RankRow], color: bool, now: Any) -> list
         f"liveness {_fmt_counts(liveness, _LIVENESS_STYLE, color)}",
         f"progress {_fmt_counts(progress, _PROGRESS_STYLE, color)}",
         f"findings {findings}",
+        *([f"restarts {restarts}"] if restarts else []),
     ]
 
 
@@ -384,7 +396,10 @@ def render_status(
     Control characters in the data are shown escaped (``\\x1b``), never sent to the
     terminal.
     """
-    doc = StatusDoc.from_dict(_safe(status) if isinstance(status, dict) else {})
+    raw = _safe(status) if isinstance(status, dict) else {}
+    if launcher_gone:
+        raw = frozen_status(raw)
+    doc = StatusDoc.from_dict(raw)
     found, skipped = parse_findings([_safe(f) for f in findings if isinstance(f, dict)])
     ranks = sorted(doc.ranks, key=lambda r: _sort_key(r.rank))
     lines = [*_pack(_header(doc, ranks, color, now), width)]
@@ -393,6 +408,9 @@ def render_status(
     lines.append("")
     if ranks:
         lines.extend(_table(_RANK_HEADER, [_rank_row(r) for r in ranks], _RANK_RIGHT, color))
+        legend = iteration_legend(ranks)
+        if legend:
+            lines.append(legend)
     else:
         lines.append("no ranks observed yet")
     detail = doc.rank_detail

@@ -74,6 +74,9 @@ class RankState:
     progress_age_s: float | None = None
     gpu_health: dict[str, Any] | None = None
     active: set[FindingType] = field(default_factory=set)  # finding types active for this pid
+    # the active types that came with a finding (the others are held as state only: an
+    # exit after the launcher's stop, a restart or a peer's failure)
+    fired: set[FindingType] = field(default_factory=set)
     blocked_by: list[int] = field(default_factory=list)  # culprits a stalled rank waits on
     stall: tuple[float, float] | None = None  # (timeout, age) while over the progress timeout
     culprits_gone_at: float | None = None  # when the ranks a victim waited on recovered
@@ -81,6 +84,11 @@ class RankState:
     phases_seen: dict[str, None] = field(default_factory=dict)  # in order, at most 16
     late: bool = False  # heartbeats older than fresh_s, not yet past the process timeout
     resumed_at: float | None = None  # heartbeats back after a pause of the process
+
+    @property
+    def reported(self) -> set[FindingType]:
+        """The active types a finding was written for (what status calls active)."""
+        return self.active & self.fired
 
     def reset(self, pid: int) -> None:
         self.pid = pid
@@ -92,6 +100,7 @@ class RankState:
         self.heartbeat_age_s = None
         self.progress_age_s = None
         self.active = set()
+        self.fired = set()
         self.blocked_by = []
         self.stall = None
         self.culprits_gone_at = None
@@ -715,6 +724,7 @@ class HeartbeatRules:
         if ftype in s.active:
             return
         s.active.add(ftype)
+        s.fired.add(ftype)
         found = self.finding(s, ftype, reason, timeout_s, observed_s)
         found.detail.update(detail or {})
         out.append(found)

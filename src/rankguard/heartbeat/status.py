@@ -39,6 +39,7 @@ DETAIL_COLUMNS = (
     "process_liveness",
     "gpu_progress",
     "iteration",
+    "iteration_source",
     "progress_seq",
     "phase",
     "checkpoint_active",
@@ -74,6 +75,7 @@ def rank_row(s: RankState) -> RankRow:
         process_liveness=s.liveness.value,
         gpu_progress=s.progress.value,
         iteration=rec.iteration,
+        iteration_source=rec.iteration_source,
         progress_seq=rec.progress_seq,
         phase=rec.phase,
         phases_seen=list(s.phases_seen),
@@ -85,7 +87,7 @@ def rank_row(s: RankState) -> RankRow:
         gpu=rec.gpu,
         gpu_health=s.gpu_health,
         exit=rec.exit,
-        active_findings=sorted(t.value for t in s.active),
+        active_findings=sorted(t.value for t in s.reported),
         blocked_by=list(s.blocked_by),
     )
 
@@ -116,7 +118,7 @@ def counts(
         if unseen:
             liveness[Liveness.NOT_OBSERVED.value] += unseen
             progress[Progress.NOT_OBSERVED.value] += unseen
-        active = sum(len(s.active) for s in states if s.active)
+        active = sum(len(s.reported) for s in states if s.active)
         rows = [rank_row(s) for s in worst_ranks(states, worst_max)]
     summary = StatusSummary(
         ranks_expected=world,
@@ -176,7 +178,7 @@ def detail_snapshot(rules: HeartbeatRules) -> list[DetailSnapshot]:
             s.progress.value,
             s.heartbeat_age_s,
             s.progress_age_s,
-            sorted(t.value for t in s.active) if s.active else [],
+            sorted(t.value for t in s.reported) if s.active else [],
             list(s.blocked_by),
         )
         for rank, s in rules.ranks.items()
@@ -199,6 +201,7 @@ def detail_rows(snapshot: list[DetailSnapshot], total: int) -> list[list[Any]]:
             live,
             prog,
             rec.iteration if rec else None,
+            rec.iteration_source if rec else None,
             rec.progress_seq if rec else None,
             rec.phase if rec else None,
             rec.checkpoint_active if rec else False,

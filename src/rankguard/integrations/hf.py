@@ -50,7 +50,7 @@ from rankguard.integrations.common import (
     resolve_session,
     set_batch,
 )
-from rankguard.perf.autodetect import InputProbe
+from rankguard.perf.autodetect import InputProbe, note_model_dtype
 from rankguard.ranksession import RankSession
 
 __all__ = ["RankguardCallback"]
@@ -93,6 +93,8 @@ class RankguardCallback(TrainerCallback):
             return
         self._training = True
         session.set_phase(TRAIN_PHASE)
+        if model is not None and session.perf is not None:
+            note_model_dtype(session.perf, model, "hf")
         if model is not None and session.perf is not None and not self._batch_set:
             self._probe = InputProbe(model)
 

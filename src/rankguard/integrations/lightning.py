@@ -21,7 +21,11 @@ What it does, over the in-loop API of the process's session (``rankguard.init()`
 - batch: the first batch's first tensor (``shape[0]`` samples; tokens when it is 2-D token
   ids) x ``accumulate_grad_batches`` x ``trainer.world_size``;
 - FLOPs: Megatron's formula when the LightningModule or one of its sub-modules has a known
-  ``config``; else what the detector of unmodified scripts finds (``perf.autodetect``);
+  ``config``; else measured on the first optimizer step itself: ``FlopCounterMode`` from
+  its first ``on_train_batch_start`` to ``on_before_optimizer_step`` (the
+  ``training_step``, forward and backward, of every micro-batch of that step) x
+  ``trainer.world_size`` (``perf.measured.StepFlopCounter``); the dtype the report shows
+  is that of the module's parameters;
 - logs: ``rankguard/tokens_per_sec``, ``rankguard/samples_per_sec``,
   ``rankguard/tflops_per_gpu``, ``rankguard/mfu``, ``rankguard/step_time_ms`` through
   ``pl_module.log_dict`` (so ``trainer.logger``), once per new perf window.
@@ -45,7 +49,8 @@ from rankguard.integrations.common import (
     resolve_session,
     set_batch,
 )
-from rankguard.perf.autodetect import input_shape
+from rankguard.perf.autodetect import input_shape, note_model_dtype
+from rankguard.perf.measured import StepFlopCounter
 from rankguard.ranksession import RankSession
 
 __all__ = ["RankguardCallback", "callbacks_factory"]
@@ -73,6 +78,7 @@ class RankguardCallback(pl.Callback):
         self._saving = False
         self._phase_before_eval: str | None = None
         self._last_logged: dict[str, Any] | None = None
+        self._flops: StepFlopCounter | None = None  # counting the first optimizer step
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         callbacks: list[pl.Callback] = getattr(trainer, "callbacks", [self])
@@ -82,6 +88,8 @@ class RankguardCallback(pl.Callback):
         session = resolve_session(self._given)
         self.session = session if session.enabled else None
         self._last_step = trainer.global_step
+        if self.session is not None and self.session.perf is not None:
+            note_model_dtype(self.session.perf, pl_module, "lightning")
 
     # ---- training -------------------------------------------------------------------
 
@@ -100,6 +108,16 @@ class RankguardCallback(pl.Callback):
         self._end_save(session)
         if not self._batch_set:
             self._set_batch(session, trainer, pl_module, batch)
+            perf = session.perf
+            if perf is not None and perf.flops_per_step is None:
+                self._flops = StepFlopCounter()
+                self._flops.start()
+
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+    ) -> None:
+        if self._flops is not None:
+            self._count_flops(trainer)
 
     def on_train_batch_end(
         self,
@@ -115,6 +133,8 @@ class RankguardCallback(pl.Callback):
         step = trainer.global_step
         if step == self._last_step:  # a micro-batch of gradient accumulation
             return
+        if self._flops is not None:  # manual optimization: no on_before_optimizer_step
+            self._count_flops(trainer)
         self._last_step = step
         session.step_end(step)
         extra = perf_logs(session, self._last_logged)
@@ -141,6 +161,9 @@ class RankguardCallback(pl.Callback):
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
+        counter, self._flops = self._flops, None
+        if counter is not None:
+            counter.stop()
         if self.session is not None:
             self._end_save(self.session)
 
@@ -196,3 +219,19 @@ class RankguardCallback(pl.Callback):
             ),
         )
         analytic_from_config(session, pl_module, shape, shape.samples * micro * world)
+
+    def _count_flops(self, trainer: pl.Trainer) -> None:
+        """The first optimizer step's FLOPs, counted while it ran, for the global batch."""
+        counter, self._flops = self._flops, None
+        assert counter is not None
+        per_replica = counter.stop()
+        session = self.session
+        perf = session.perf if session is not None else None
+        if per_replica is None or perf is None or perf.flops_per_step is not None:
+            return
+        world = int(trainer.world_size)
+        perf.set_flops(
+            per_replica * world,
+            f"measured: FlopCounterMode over the first training_step (forward and backward) "
+            f"x world_size {world}",
+        )

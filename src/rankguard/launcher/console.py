@@ -15,9 +15,10 @@ from typing import Any
 from rankguard.heartbeat.api import FindingSink
 from rankguard.heartbeat.monitor import JobMonitor
 from rankguard.schema.findings import Finding
+from rankguard.statusnotes import ITERATION_MARKS, restart_cause, restarts_summary
 from rankguard.textsafe import safe_text
 
-__all__ = ["LiveStatus", "monitor_problem", "status_line"]
+__all__ = ["LiveStatus", "monitor_problem", "restart_line", "run_end_line", "status_line"]
 
 
 def status_line(status: dict[str, Any]) -> str:
@@ -34,14 +35,42 @@ def _status_line(status: dict[str, Any]) -> str:
     live = Counter(r.get("process_liveness") for r in ranks)
     prog = Counter(r.get("gpu_progress") for r in ranks)
     summary = status.get("summary") or {}
-    it = f"iter {min(iters)}-{max(iters)}" if iters else "iter -"
+    marks = {ITERATION_MARKS.get(str(r.get("iteration_source")), "") for r in ranks}
+    mark = marks.pop() if len(marks) == 1 else ""  # * steps counted, + checkpoint's step
+    it = f"iter {min(iters)}-{max(iters)}{mark}" if iters else "iter -"
     live_s = " ".join(f"{k}={v}" for k, v in sorted(live.items()))
     prog_s = " ".join(f"{k}={v}" for k, v in sorted(prog.items()))
     line = (
         f"[{status.get('state')}] {it} | {live_s} | {prog_s} | "
         f"findings {summary.get('findings_total', 0)}"
     )
+    restarts = status.get("restarts")
+    if isinstance(restarts, list) and restarts:
+        line += f" | restarts {len(restarts)}"
     return line + monitor_problem(status)
+
+
+def restart_line(entry: dict[str, Any]) -> str:
+    """The console line of one restart of the worker group, with its cause."""
+    return safe_text(f"restart {entry.get('restart', '?')} of the workers: {restart_cause(entry)}")
+
+
+def run_end_line(status: dict[str, Any] | None) -> str:
+    """The launcher's last word on the run: the job's state (``stopped``: the launcher
+    stopped the workers on a signal; the monitor thread's own state, ``monitor.state``,
+    is said apart when it is not ``scanning``), its findings and every restart with its
+    cause."""
+    status = status or {}
+    summary = status.get("summary")
+    total = summary.get("findings_total", 0) if isinstance(summary, dict) else 0
+    state = status.get("state") or "unknown"
+    if state == "stopped":
+        state = "stopped by the launcher"
+    line = f"run {state}: {total} finding(s)"
+    restarts = restarts_summary(status.get("restarts"))
+    if restarts:
+        line += f", {restarts}"
+    return safe_text(line + monitor_problem(status))
 
 
 def monitor_problem(status: dict[str, Any]) -> str:

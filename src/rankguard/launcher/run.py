@@ -28,7 +28,7 @@ from rankguard.ft.flightrec import flight_recorder_env
 from rankguard.heartbeat.identity import ENV
 from rankguard.launcher.agent import RankguardAgent, first_failure
 from rankguard.launcher.checks import check_launch
-from rankguard.launcher.console import LiveStatus
+from rankguard.launcher.console import LiveStatus, run_end_line
 from rankguard.launcher.elastic import build_agent, features_line
 from rankguard.launcher.exitcodes import (
     EXIT_RERUN_RESUME,
@@ -566,8 +566,7 @@ def _say_rerun(worker_exit: int | None, run_dir: Path) -> None:
 
 def _report(run_dir: Path, status: dict[str, Any] | None) -> None:
     status = status or {}
-    summary = status.get("summary") or {}
-    _say(f"monitor: state {status.get('state')}, {summary.get('findings_total', 0)} finding(s)")
+    _say(run_end_line(status))
     monitor = status.get("monitor") or {}
     if monitor.get("errors"):
         _say(

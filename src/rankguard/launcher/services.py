@@ -12,6 +12,7 @@ training ended.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -29,6 +30,7 @@ from rankguard.heartbeat.monitor import JobMonitor
 from rankguard.heartbeat.relay import StoreRelay, StoreRemoteSource, publish_control, request_kill
 from rankguard.inprocess.monitor import InProcessRestarts
 from rankguard.inprocess.wrapper import RESTART_PHASE
+from rankguard.launcher.console import restart_line
 from rankguard.rerun.evaluator import RerunEvaluator
 from rankguard.runfiles import read_checkpoints
 from rankguard.schema.layout import RunLayout, StoreKeys, ft_state_dir
@@ -161,6 +163,7 @@ class NodeServices:
         if self.node_rank == 0:  # a failed write is kept and retried: never raised here
             self.restarts_file.append([entry])
         self.restarts.append(entry)
+        print(f"[rankguard] {restart_line(entry)}", file=sys.stderr, flush=True)
         if self.monitor is not None:
             self.monitor.note_restart(f"restart {count}: {entry['cause']}")
         if self.faults is not None:

@@ -52,6 +52,7 @@ __all__ = [
     "input_shape",
     "loss_of",
     "model_shape_from_config",
+    "note_model_dtype",
     "unwrap",
 ]
 
@@ -64,6 +65,7 @@ class _Perf(Protocol):
     flops_per_step: float | None
     flops_source: str
     batch_source: str | None
+    model_dtype: str | None
 
     def set_batch(
         self,
@@ -75,6 +77,8 @@ class _Perf(Protocol):
     ) -> None: ...
 
     def set_flops(self, flops_per_step: float, source: str) -> None: ...
+
+    def set_model_dtype(self, dtype: str, source: str) -> None: ...
 
 
 class InputShape:
@@ -416,6 +420,7 @@ class PerfDetector:
         assert probe is not None and self.root is not None
         shape, micro, inputs = probe.shape, probe.calls, probe.inputs
         self._retire(reap=False)
+        note_model_dtype(self.perf, self.root, "detected")
         try:
             if shape is None:
                 self.note = "the root module's first input has no batch dimension"
@@ -489,6 +494,18 @@ class PerfDetector:
             f"measured: FlopCounterMode on {type(model).__name__}, x {micro} micro-batches"
             f" x {self.world_size} replicas",
         )
+
+
+def note_model_dtype(perf: _Perf, module: torch.nn.Module, who: str) -> None:
+    """Tell the performance monitor the dtype of ``module``'s parameters (the report's
+    dtype), unless a module seen before already did."""
+    from rankguard.perf.measured import param_dtype  # here: see measure_call_flops
+
+    if perf.model_dtype is not None:
+        return
+    dtype = param_dtype(unwrap(module))
+    if dtype is not None:
+        perf.set_model_dtype(dtype, f"{who}: parameters of {type(unwrap(module)).__name__}")
 
 
 def _sharded(module: torch.nn.Module) -> bool:

@@ -16,7 +16,28 @@ import torch
 from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
-__all__ = ["FlopsCache", "measured_flops_per_step"]
+__all__ = ["FlopsCache", "StepFlopCounter", "measured_flops_per_step", "param_dtype"]
+
+_DTYPE_NAMES = {
+    torch.float32: "fp32",
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+    torch.float64: "fp64",
+}
+
+
+def param_dtype(model: torch.nn.Module) -> str | None:
+    """The floating dtype holding most of ``model``'s parameters (``fp32``, ``bf16``,
+    ``fp16``, ``fp64``, else torch's name), None without floating parameters. What the
+    model is stored in: an autocast region may compute in a narrower one."""
+    sizes: dict[torch.dtype, int] = {}
+    for p in model.parameters():
+        if p.dtype.is_floating_point:
+            sizes[p.dtype] = sizes.get(p.dtype, 0) + p.numel()
+    if not sizes:
+        return None
+    dtype = max(sizes, key=lambda d: sizes[d])
+    return _DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
 
 
 def _iter_tensors(value: Any) -> Iterator[torch.Tensor]:
@@ -119,6 +140,38 @@ def measured_flops_per_step(
         for module, training in modes:
             module.training = training
     return float(counter.get_total_flops())
+
+
+class StepFlopCounter:
+    """``FlopCounterMode`` around a span of the real training step (a framework's
+    training step, its backward): :meth:`start` at the first hook, :meth:`stop` at the
+    one after the backward. Nothing is run twice, nothing is changed: the count is of
+    the step the script runs anyway, once (the step it covers runs slower: keep it in
+    the warm-up). Start and stop on the thread that trains (the mode is per thread;
+    the backward inherits it)."""
+
+    def __init__(self) -> None:
+        _register_cpu_flash_attention()
+        self._mode: FlopCounterMode | None = None
+
+    @property
+    def active(self) -> bool:
+        return self._mode is not None
+
+    def start(self) -> None:
+        if self._mode is None:
+            mode = FlopCounterMode(display=False)
+            mode.__enter__()
+            self._mode = mode
+
+    def stop(self) -> float | None:
+        """The FLOPs counted since :meth:`start` (None if not started or none counted)."""
+        mode, self._mode = self._mode, None
+        if mode is None:
+            return None
+        mode.__exit__(None, None, None)
+        total = float(mode.get_total_flops())
+        return total if total > 0 else None
 
 
 def _signature(value: Any) -> Hashable:

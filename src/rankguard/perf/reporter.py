@@ -190,6 +190,8 @@ class PerfReporter:
         self.global_samples: float | None = None
         self.global_tokens: float | None = None
         self.batch_source: str | None = None  # who set the batch: user, an integration, detected
+        self.model_dtype: str | None = None  # the parameters' dtype (set_model_dtype)
+        self.model_dtype_source: str | None = None
         self.entries: list[dict[str, Any]] = []
         self.latest: dict[str, Any] | None = None
         self.step_ms = array("d")
@@ -249,6 +251,12 @@ class PerfReporter:
             raise ValueError(f"flops_per_step: must be > 0, got {flops_per_step}")
         self.flops_per_step = float(flops_per_step)
         self.flops_source = source
+
+    def set_model_dtype(self, dtype: str, source: str) -> None:
+        """The dtype the model is stored in, as seen on its parameters (the summary's
+        ``dtype``; ``perf.dtype`` only picks the peak column)."""
+        self.model_dtype = str(dtype)
+        self.model_dtype_source = source
 
     # ---- thread ----------------------------------------------------------------------
 
@@ -469,7 +477,15 @@ class PerfReporter:
             "memory_kind": mem_kind,
             "data_loading_share": _round(data_share),
             "steps_in_window": n,
+            # the first window of a loop that set no phase runs from the process start:
+            # imports, model, data loader and process group are in it (warm-up)
+            **({"includes_startup": True} if start == 0 and self._from_startup() else {}),
         }
+
+    def _from_startup(self) -> bool:
+        """Did the first step's interval start at the process start (no phase entered
+        before it), not at a known start of the loop?"""
+        return self._first_start_ns() == self.tracker.started_ns
 
     _COLUMNS = (
         ("iteration", "ITER", "d", 8),
@@ -499,10 +515,15 @@ class PerfReporter:
                 self._write(f"[rankguard perf] {head}")
                 self._header_done = True
             row = " ".join(f"{fmt(k, spec):>{w}}" for k, _, spec, w in self._COLUMNS)
+            if e.get("includes_startup"):
+                row += "  (first step: incl. start-up, warm-up)"
             self._write(f"[rankguard perf] {row}")
             return
+        step = f"step {fmt('step_time_ms', '.1f')} ms"
+        if e.get("includes_startup"):
+            step = f"first step {fmt('step_time_ms', '.1f')} ms incl. start-up (warm-up)"
         self._write(
-            f"[rankguard perf] iter {e['iteration']} | step {fmt('step_time_ms', '.1f')} ms"
+            f"[rankguard perf] iter {e['iteration']} | {step}"
             f" | {fmt('tokens_per_sec', ',.0f')} tok/s | {fmt('samples_per_sec', ',.1f')}"
             f" samples/s | {fmt('TFLOPS_per_GPU', '.3f')} TFLOP/s/GPU"
             f" | MFU {fmt('MFU', '.1f') + '%' if e.get('MFU') is not None else '-'}"
@@ -539,7 +560,9 @@ class PerfReporter:
                 "run_id": self.run_id,
                 "world_size": self.world_size,
                 "device": self.device_name or "cpu",
-                "dtype": self.cfg.dtype,
+                "dtype": self.model_dtype or "unknown",
+                "dtype_source": self.model_dtype_source,
+                "peak_dtype": self.cfg.dtype,
                 "peak_tflops_per_gpu": self.peak_tflops,
                 "peak_source": self.peak_source,
                 "flops_per_step": self.flops_per_step,

@@ -112,7 +112,12 @@ def step_time_chart(data: RunData) -> str:
         Series("median over ranks", median, GREY, dashed=True),
         Series(
             "rank 0 (perf.jsonl)",
-            _points(data.perf_entries, "gpu_step_time_ms", "step_time_ms"),
+            # the first window of a loop without a phase runs from start-up: not a step
+            _points(
+                [e for e in data.perf_entries if not e.get("includes_startup")],
+                "gpu_step_time_ms",
+                "step_time_ms",
+            ),
             BLUE,
         ),
     ]

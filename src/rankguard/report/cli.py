@@ -16,6 +16,8 @@ from pathlib import Path
 from rankguard._fs import atomic_write_text
 from rankguard.report.data import ReportUnavailable, load_run
 from rankguard.report.page import render_page
+from rankguard.runfiles import launcher_gone
+from rankguard.statusnotes import frozen_status
 
 __all__ = ["EXIT_OK", "EXIT_UNAVAILABLE", "REPORT_FILE", "add_parser", "run"]
 
@@ -57,6 +59,10 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_UNAVAILABLE
     if note:
         print(f"rankguard report: {note}", file=sys.stderr)
+    gone = launcher_gone(data.status) if data.status else None
+    if gone:  # its last status is no live view: no rank is shown alive or progressing
+        data.status = frozen_status(data.status or {})
+        note = f"{note}; {gone}" if note else gone
     out: Path | None = args.output
     if out is None:
         run_dir = data.heartbeat_dir or data.perf_dir or Path(args.run_dir)

@@ -15,6 +15,7 @@ from typing import Any
 from rankguard.report.data import RunData, parse_time
 from rankguard.report.svgbase import esc, fmt_num
 from rankguard.report.wallclock import fmt_clock
+from rankguard.statusnotes import restarts_summary
 
 __all__ = [
     "fmt_clock",
@@ -32,6 +33,7 @@ _STATE_CLASS = {
     "running": "info",
     "starting": "muted",
     "degraded": "warn",
+    "stopped": "warn",
     "failed": "bad",
 }
 
@@ -108,6 +110,9 @@ def header_html(data: RunData) -> str:
     if peak is not None:
         peak_src = f"{fmt_num(peak, 4)} TFLOP/s per GPU ({peak_src})"
     findings = f"{total}" + (f" ({active} active)" if active else "")
+    restarts = restarts_summary(data.restarts)
+    if restarts:
+        findings += f" · {restarts}"
     ws = world_size(data)
     hosts = sorted({str(r.get("hostname")) for r in _ranks(data) if r.get("hostname")})
     where = f"on {hosts[0]}" if len(hosts) == 1 else f"on {len(hosts)} hosts" if hosts else ""
@@ -120,7 +125,10 @@ def header_html(data: RunData) -> str:
         ("FLOPs source", esc(info.get("flops_source") or DASH)),
         ("Batch source", esc(info.get("batch_source") or DASH)),
         ("Peak source", esc(peak_src)),
-        ("Findings", f'<span class="{"bad-text" if total else ""}">{esc(findings)}</span>'),
+        (
+            "Findings",
+            f'<span class="{"bad-text" if total or restarts else ""}">{esc(findings)}</span>',
+        ),
         ("Iterations", esc(_iterations(data) or DASH)),
     ]
     cells = "".join(f"<div><dt>{k}</dt><dd>{v}</dd></div>" for k, v in meta)

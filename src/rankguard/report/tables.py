@@ -16,6 +16,12 @@ from rankguard.report.data import RunData, parse_time
 from rankguard.report.summary import fmt_clock, run_window
 from rankguard.report.svgbase import esc, fmt_num
 from rankguard.schema.status import RankRow, StatusDoc
+from rankguard.statusnotes import (
+    exit_note,
+    iteration_cell,
+    iteration_legend,
+    restart_cause,
+)
 
 __all__ = ["FINDINGS_TABLE_LIMIT", "findings_table", "gpu_health_html", "rank_table"]
 
@@ -73,9 +79,29 @@ def _breakable(identifier: str) -> str:
     return "_<wbr>".join(esc(part) for part in identifier.split("_"))
 
 
+def _no_findings(data: RunData) -> str:
+    """What an empty findings file means for this run: a clean run, or only that the
+    monitor found nothing while restarts (with their causes) or a stop happened."""
+    state = str((data.status or {}).get("state") or "")
+    process = [r for r in data.restarts if r.get("kind") != "inprocess"]
+    if data.restarts:
+        causes = "; ".join(restart_cause(r) for r in data.restarts[-3:])
+        text = (
+            f"No findings from the monitor, but the run restarted {len(data.restarts)} "
+            f"time(s) ({len(process)} of the processes): {causes}. See the restarts below."
+        )
+    elif state == "stopped":
+        text = "No findings until the launcher stopped the run (a signal): it did not complete."
+    elif state == "completed":
+        text = "No findings: every rank stayed alive and kept making progress."
+    else:
+        text = f"No findings (the run's last state: {state or 'unknown'})."
+    return f'<p class="empty">{esc(text)}</p>'
+
+
 def findings_table(data: RunData) -> str:
     if not data.findings:
-        return '<p class="empty">No findings: every rank stayed alive and kept making progress.</p>'
+        return _no_findings(data)
     t0, _ = run_window(data)
     rows = []
     for f in data.findings[-FINDINGS_TABLE_LIMIT:]:
@@ -124,9 +150,10 @@ def restarts_table(data: RunData) -> str:
             ]
         )
     inproc = sum(r.get("kind") == "inprocess" for r in data.restarts)
+    n = len(data.restarts)
     caption = (
-        f'<p class="caption">{len(data.restarts)} restarts: '
-        f"{len(data.restarts) - inproc} of the processes, {inproc} in-process.</p>"
+        f'<p class="caption">{n} restart{"" if n == 1 else "s"}, each with its cause: '
+        f"{n - inproc} of the processes, {inproc} in-process.</p>"
     )
     header = ["Time (UTC)", "Kind", "#", "Cause", "Rank", "Message"]
     return caption + _table(header, rows, {2, 4})
@@ -149,8 +176,9 @@ def _exit_cell(rank: RankRow) -> str:
     if ex.get("clean"):
         return "clean"
     text = f"code {_text(ex.get('exit_code'))}"
-    if ex.get("after_failure_of_rank") is not None:
-        text += f" (after rank {ex['after_failure_of_rank']})"
+    note = exit_note(ex)  # the launcher's stop, a restart or a peer's failure
+    if note is not None:
+        text += f" ({note})"
     return esc(text)
 
 
@@ -184,7 +212,7 @@ def _rank_row(r: RankRow) -> list[str]:
         f'<span class="nowrap">{esc(_text(r.hostname))}:{esc(_text(r.pid))}</span>',
         pill(r.process_liveness),
         pill(r.gpu_progress),
-        esc(_text(r.iteration)),
+        esc(iteration_cell(r)),
         esc(phase),
         esc(_text(r.heartbeat_age_s)),
         esc(_text(r.progress_age_s)),
@@ -204,6 +232,9 @@ def rank_table(data: RunData) -> str:
     ranks.sort(key=_rank_key)
     numeric = {0, 4, 6, 7}
     table = _table(_RANK_HEADER, [_rank_row(r) for r in ranks], numeric)
+    legend = iteration_legend(ranks)
+    if legend:
+        table += f'<p class="caption">{esc(legend)}</p>'
     if len(ranks) <= RANK_TABLE_OPEN:
         return table
     flagged = [r for r in ranks if r.active_findings or r.process_liveness == "stale"]

@@ -187,6 +187,7 @@ class HeartbeatRecord:
     since_progress_s: float | None = None
     last_progress_monotonic_ns: int | None = None
     progress_source: str | None = None
+    iteration_source: str | None = None  # script, checkpoint, steps (timeline.shown_iteration)
     main_frame: str | None = None
     exit: dict[str, Any] | None = None  # process_end: clean, exit_code, error, vanished
     synthesized: bool = False  # a process_end written for a process that died without one
@@ -286,6 +287,7 @@ class HeartbeatRecord:
             get("since_progress_s"),
             get("last_progress_monotonic_ns"),
             get("progress_source"),
+            get("iteration_source"),
             get("main_frame"),
             _exit(d),
             get("synthesized") or False,
@@ -338,7 +340,7 @@ _EVENTS = {e.value: e for e in Event}
 _NONNEG_INTS = ("seq", "schema_version", "node_rank", "local_rank", "wall_time_ns", "progress_seq")
 _INTS = ("monotonic_ns", "iteration", "last_progress_monotonic_ns")
 _NUMBERS = ("phase_elapsed_s", "since_progress_s", "relayed_age_s")
-_STRINGS = ("hostname", "phase", "progress_source", "main_frame")
+_STRINGS = ("hostname", "phase", "progress_source", "iteration_source", "main_frame")
 _BOOLS = ("checkpoint_active", "synthesized")
 _OBJECTS = ("perf", "straggler", "ft_stats", "inprocess")
 _OMIT_WHEN_EMPTY = frozenset(

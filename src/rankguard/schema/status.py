@@ -76,6 +76,7 @@ class RankRow:
     process_liveness: str | None = None
     gpu_progress: str | None = None
     iteration: int | None = None
+    iteration_source: str | None = None  # script, checkpoint, steps (where iteration comes from)
     progress_seq: int | None = None
     phase: str | None = None
     phases_seen: list[str] = field(default_factory=list)
@@ -101,6 +102,7 @@ class RankRow:
             "process_liveness": self.process_liveness,
             "gpu_progress": self.gpu_progress,
             "iteration": self.iteration,
+            "iteration_source": self.iteration_source,
             "progress_seq": self.progress_seq,
             "phase": self.phase,
             "phases_seen": self.phases_seen,
@@ -130,6 +132,7 @@ class RankRow:
             process_liveness=_str(d.get("process_liveness")),
             gpu_progress=_str(d.get("gpu_progress")),
             iteration=_int(d.get("iteration")),
+            iteration_source=_str(d.get("iteration_source")),
             progress_seq=_int(d.get("progress_seq")),
             phase=_str(d.get("phase")),
             phases_seen=[p for p in _list(d.get("phases_seen")) if isinstance(p, str)],

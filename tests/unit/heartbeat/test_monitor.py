@@ -507,6 +507,9 @@ def test_shutdown_exits_give_stopped_state(tmp_path: Path) -> None:
     assert status["state"] == "stopped"
     assert [r["exit"]["after_shutdown"] for r in status["ranks"]] == ["SIGTERM"] * 2
     assert read_findings(tmp_path) == []
+    # the exits are held as state (one episode each), not findings: none is "active"
+    assert [r["active_findings"] for r in status["ranks"]] == [[], []]
+    assert (status["summary"]["findings_total"], status["summary"]["findings_active"]) == (0, 0)
 
 
 def test_state_recovers_after_restart(tmp_path: Path) -> None:

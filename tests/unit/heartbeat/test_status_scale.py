@@ -80,6 +80,7 @@ def large(tmp_path: Path) -> JobMonitor:
     mon = _monitor(tmp_path, clock, status_rank_rows=16, status_worst_ranks=5)
     _feed(mon, clock, stuck=7)
     mon.rules.ranks[3].active.add(FindingType.PROGRESS_TIMEOUT)  # one rank with a finding
+    mon.rules.ranks[3].fired.add(FindingType.PROGRESS_TIMEOUT)  # written, as _fire does
     mon.scan_once()
     mon.wait_rank_detail()
     return mon

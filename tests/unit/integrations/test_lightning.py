@@ -208,3 +208,45 @@ def test_pyproject_declares_the_entry_point() -> None:
     factories = project["entry-points"]["lightning.pytorch.callbacks_factory"]
     assert factories == {"rankguard": "rankguard.integrations.lightning:callbacks_factory"}
     assert project["optional-dependencies"]["lightning"]
+
+
+class _StepOf(torch.nn.Module):
+    """A LightningModule's ``training_step`` as a module's forward (for the reference)."""
+
+    def __init__(self, module: pl.LightningModule) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+        return self.module.training_step(batch, 0)
+
+
+def test_flops_measured_on_the_first_training_step_and_the_parameters_dtype(
+    session: Session,
+) -> None:
+    from rankguard.perf.measured import measured_flops_per_step
+
+    model = TinyLM()
+    trainer = pl.Trainer(
+        max_steps=3,
+        accumulate_grad_batches=ACCUM,
+        callbacks=[RankguardCallback(session)],
+        logger=False,
+        enable_checkpointing=False,
+        accelerator="cpu",
+        devices=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model, _loader(64))
+    perf = session.perf
+    assert perf is not None
+    batch = next(iter(_loader(64)))
+    one_micro_batch = measured_flops_per_step(_StepOf(model), (batch,))
+    # forward and backward of each micro-batch of the first optimizer step, world size 1
+    assert perf.flops_per_step == pytest.approx(ACCUM * one_micro_batch, rel=1e-6)
+    assert perf.flops_source.startswith("measured: FlopCounterMode over the first training_step")
+    assert perf.model_dtype == "fp32"
+    assert perf.model_dtype_source == "lightning: parameters of TinyLM"
+    assert perf.summary()["session_info"]["dtype"] == "fp32"
+    assert session.tracker.shown_iteration() == (3, "script")  # trainer.global_step

@@ -660,3 +660,34 @@ def test_perf_jsonl_lines_a_full_disk_refused_are_written_later_in_order(
     assert rig.out_dir is not None
     lines = (rig.out_dir / PERF_LOG).read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [1, 3, 6, 9, 12, 15]
+
+
+# ---- the first window and the dtype the summary names --------------------------------
+
+
+def test_first_window_from_start_up_is_labelled_warm_up(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, log_interval=5)
+    rig.step(3300, poll=True)  # imports, model, data loader: no phase entered before it
+    rig.steps(100, 100, 100, 100, poll=True)
+    first, second = rig.reporter.entries
+    assert first["includes_startup"] is True and "includes_startup" not in second
+    assert second["step_time_ms"] == approx(100)
+    assert "first step 3300.0 ms incl. start-up (warm-up)" in rig.console.getvalue()
+
+
+def test_first_window_from_the_loops_start_is_a_step() -> None:
+    rig = Rig(None, log_interval=5)
+    rig.clock.advance_ms(3000)  # start-up
+    rig.tracker.set_phase("train")  # the loop (or its framework) says where it starts
+    rig.step(100, poll=True)
+    (first,) = rig.reporter.entries
+    assert "includes_startup" not in first and first["step_time_ms"] == approx(100)
+
+
+def test_summary_dtype_is_the_models_not_the_peak_column() -> None:
+    rig = Rig(None, dtype="bf16")
+    info = rig.reporter.summary()["session_info"]
+    assert (info["dtype"], info["dtype_source"], info["peak_dtype"]) == ("unknown", None, "bf16")
+    rig.reporter.set_model_dtype("fp32", "detected: parameters of GPT")
+    info = rig.reporter.summary()["session_info"]
+    assert (info["dtype"], info["dtype_source"]) == ("fp32", "detected: parameters of GPT")

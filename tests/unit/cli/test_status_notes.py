@@ -1,0 +1,146 @@
+"""What status, the launcher's last line and the report say beside the numbers: the
+iteration's source, a gone launcher's rows, exits without a finding, restarts."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+
+from rankguard.cli.status_render import render_status
+from rankguard.launcher.console import restart_line, run_end_line, status_line
+from rankguard.statusnotes import (
+    exit_note,
+    frozen_status,
+    iteration_cell,
+    iteration_legend,
+    restart_cause,
+    restarts_summary,
+)
+
+pytestmark = pytest.mark.timeout(10)
+
+KILLED = {
+    "kind": "process",
+    "restart": 1,
+    "cause": "worker_failed",
+    "rank": 1,
+    "message": "Signal 9 (SIGKILL) received by PID 9853",
+}
+
+
+def _row(rank: int, **kw: Any) -> dict[str, Any]:
+    return {
+        "rank": rank,
+        "pid": 100 + rank,
+        "process_liveness": "alive",
+        "gpu_progress": "progressing",
+        "iteration": 41,
+        "iteration_source": "steps",
+        "active_findings": [],
+        **kw,
+    }
+
+
+def _status(*rows: dict[str, Any], **kw: Any) -> dict[str, Any]:
+    return {
+        "run_id": "r",
+        "state": "running",
+        "summary": {
+            "ranks_expected": len(rows),
+            "process_liveness": {"alive": len(rows)},
+            "gpu_progress": {"progressing": len(rows)},
+            "findings_total": 0,
+            "findings_active": 0,
+        },
+        "ranks": list(rows),
+        **kw,
+    }
+
+
+def test_iteration_cell_marks_what_is_not_the_scripts_numbering() -> None:
+    assert iteration_cell({"iteration": 40, "iteration_source": "script"}) == "40"
+    assert iteration_cell({"iteration": 41, "iteration_source": "steps"}) == "41*"
+    assert iteration_cell({"iteration": 2000, "iteration_source": "checkpoint"}) == "2000+"
+    assert iteration_cell({"iteration": 7}) == "7"  # an older writer: no source
+    assert iteration_cell({"iteration": None}) == "-"
+
+
+def test_the_legend_explains_only_the_marks_in_use() -> None:
+    assert iteration_legend([{"iteration": 3, "iteration_source": "script"}]) is None
+    legend = iteration_legend([_row(0), _row(1, iteration_source="checkpoint")])
+    assert legend is not None and legend.startswith("ITER: * steps this process counted")
+    assert "+ the resumed checkpoint's step plus the steps since" in legend
+
+
+def test_status_screen_shows_the_mark_and_the_legend() -> None:
+    text = render_status(_status(_row(0), _row(1)), [])
+    assert "41*" in text
+    assert "ITER: * steps this process counted (optimizer steps" in text
+
+
+def test_a_gone_launchers_rows_are_unknown_not_alive() -> None:
+    status = _status(_row(0), _row(1, process_liveness="exited", gpu_progress="completed"))
+    frozen = frozen_status(status)
+    assert [r["process_liveness"] for r in frozen["ranks"]] == ["unknown", "exited"]
+    assert [r["gpu_progress"] for r in frozen["ranks"]] == ["unknown", "completed"]
+    assert frozen["summary"]["process_liveness"] == {"unknown": 2}
+    assert frozen["state"] == "unknown (launcher gone; last: running)"
+    assert status["ranks"][0]["process_liveness"] == "alive"  # a copy
+
+    gone = "launcher gone (pid 9353 no longer runs: killed?); this status is its last"
+    text = render_status(
+        _status(_row(0), _row(1)), [], now=datetime.now(timezone.utc), launcher_gone=gone
+    )
+    table = text.split("\n\n")[1]
+    assert "alive" not in text and "progressing" not in text
+    assert table.count("unknown") == 4  # liveness and progress of both rows
+    assert "liveness unknown=2" in text and gone in text
+
+
+def test_an_exit_the_launcher_caused_is_said_as_such() -> None:
+    assert exit_note({"clean": False, "after_shutdown": "signal 15"}) == "stopped"
+    assert exit_note({"clean": False, "after_restart": "restart 1"}) == "restart"
+    assert exit_note({"clean": False, "after_failure_of_rank": 1}) == "after rank 1"
+    assert exit_note({"clean": False}) is None
+    row = _row(
+        0,
+        process_liveness="exited",
+        gpu_progress="unknown",
+        exit={"clean": False, "after_shutdown": "signal 15"},
+    )
+    text = render_status(_status(row, state="stopped"), [])
+    assert "exited (stopped)" in text and "exited (err)" not in text
+
+
+def test_restarts_come_with_their_cause() -> None:
+    assert restart_cause(KILLED) == "worker_failed rank 1: Signal 9 (SIGKILL) received by PID 9853"
+    assert restarts_summary([KILLED]) == (
+        "1 restart (worker_failed rank 1: Signal 9 (SIGKILL) received by PID 9853)"
+    )
+    hang = {**KILLED, "restart": 2, "cause": "gpu_progress_timeout", "message": "stalled"}
+    assert restarts_summary([KILLED, hang]) == (
+        "2 restarts (worker_failed, gpu_progress_timeout; last: gpu_progress_timeout rank 1:"
+        " stalled)"
+    )
+    assert restarts_summary([]) is None and restarts_summary(None) is None
+    assert restart_line(KILLED) == (
+        "restart 1 of the workers: worker_failed rank 1: Signal 9 (SIGKILL) received by PID 9853"
+    )
+    status = _status(_row(0), restarts=[KILLED])
+    assert "restarts 1 restart (worker_failed rank 1" in render_status(status, [])
+    assert status_line(status).endswith("findings 0 | restarts 1")
+    assert status_line(status).startswith("[running] iter 41-41* | ")  # steps counted
+
+
+def test_the_launchers_last_line_is_the_runs_state_not_the_monitors() -> None:
+    stopped = _status(_row(0), state="stopped", monitor={"state": "scanning"})
+    assert run_end_line(stopped) == "run stopped by the launcher: 0 finding(s)"
+    done = _status(_row(0), state="completed", restarts=[KILLED])
+    assert run_end_line(done) == (
+        "run completed: 0 finding(s), 1 restart (worker_failed rank 1: Signal 9 (SIGKILL) "
+        "received by PID 9853)"
+    )
+    dead = _status(_row(0), state="completed", monitor={"state": "stopped", "errors": 2})
+    assert "| MONITOR STOPPED (2 failed scan(s)" in run_end_line(dead)
