@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any
 
+from rankguard.schema.flagscale import FLAGSCALE_KEYS, flagscale_fields
 from rankguard.schema.records import SCHEMA_VERSION, HeartbeatRecord
 
 __all__ = ["Finding", "FindingInfo", "FindingType", "Liveness", "Progress", "Reason"]
@@ -238,6 +239,7 @@ class Finding:
                 continue
             out[name] = value.value if isinstance(value, Enum) else value
         out.update(self.detail)
+        out.update(flagscale_fields(out))  # FlagScale's names for the same facts
         return out
 
     @classmethod
@@ -260,6 +262,8 @@ class Finding:
         known: dict[str, Any] = {}
         detail: dict[str, Any] = {}
         for key, value in d.items():
+            if key in FLAGSCALE_KEYS:
+                continue  # FlagScale's names, derived again by to_dict
             (known if key in _KNOWN else detail)[key] = value
         known["finding_type"], known["reason"], known["rank"] = ftype, reason, rank
         # a partial line (an older writer, a hand-cut file) still reads

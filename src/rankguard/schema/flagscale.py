@@ -15,7 +15,19 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-__all__ = ["flagscale_fields"]
+__all__ = ["FLAGSCALE_KEYS", "flagscale_fields"]
+
+#: The keys :func:`flagscale_fields` writes: derived, so a reader drops them.
+FLAGSCALE_KEYS = frozenset(
+    {
+        "detected_at_unix_ns",
+        "timeout_type",
+        "heartbeat_age_s",
+        "progress_age_s",
+        "confidence",
+        "gpu_device_health",
+    }
+)
 
 _PROCESS = "rank_process_heartbeat_timeout"
 _PROGRESS = "gpu_progress_timeout"
