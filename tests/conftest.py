@@ -1,6 +1,6 @@
 """Fixtures shared by the unit and end-to-end tests (builders live in tests/factories.py).
 
-The suite runs on several workers (pytest-xdist, ``-n 4 --dist loadgroup``: the README's
+The suite runs on several workers (pytest-xdist, ``-n 3 --dist loadgroup``: the README's
 test command): the long tests (``e2e``, ``bench``: mostly waiting on timeouts and child
 processes) are handed out first, the short unit tests fill the gaps. Tests that must not
 run at the same time as each other (a fixed port, a shared directory) take the same
