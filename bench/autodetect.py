@@ -24,12 +24,11 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from rankguard.demo.model import GPT, NanoGPTConfig
 from rankguard.perf.autodetect import InputProbe, PerfDetector
 from rankguard.perf.config import PerfConfig
 from rankguard.perf.reporter import PerfReporter
@@ -61,6 +60,15 @@ def _paired_ns(
     return statistics.median(diffs)
 
 
+def _paired(install: Callable[[nn.Module], Callable[[], None]]) -> float:
+    return _paired_ns(install, n=_size[0], rounds=_size[1])
+
+
+# Sizes: (calls per timing, ABBA rounds, repeats of the one-time cost); --smoke shrinks them.
+SIZES = {"full": (5000, 41, 3), "smoke": (200, 3, 1)}
+_size = SIZES["full"]
+
+
 def per_call() -> None:
     from torch.nn.modules.module import register_module_forward_pre_hook
 
@@ -74,62 +82,13 @@ def per_call() -> None:
         return lambda: None
 
     print("1. per forward call of a module, ns above a bare nn.Identity call (ABBA medians)")
-    print(f"   control (no hook either side)   {_paired_ns(nothing):+8.0f} ns")
-    print(f"   root probe (one step only)      {_paired_ns(probe):+8.0f} ns")
-    print(f"   global pre-hook (one forward)   {_paired_ns(global_hook):+8.0f} ns per module call")
-
-
-@dataclass
-class GPTConfig:  # tests/e2e/scripts/perf_nanogpt.py's model
-    block_size: int = 32
-    vocab_size: int = 256
-    n_layer: int = 2
-    n_head: int = 4
-    n_embd: int = 128
-
-
-class Block(nn.Module):
-    def __init__(self, cfg: GPTConfig) -> None:
-        super().__init__()
-        self.n_head = cfg.n_head
-        self.ln_1, self.ln_2 = nn.LayerNorm(cfg.n_embd), nn.LayerNorm(cfg.n_embd)
-        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
-        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
-        self.mlp = nn.Sequential(
-            nn.Linear(cfg.n_embd, 4 * cfg.n_embd), nn.GELU(), nn.Linear(4 * cfg.n_embd, cfg.n_embd)
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.c_attn(self.ln_1(x)).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.c_proj(y.transpose(1, 2).reshape(b, t, c))
-        return x + self.mlp(self.ln_2(x))
-
-
-class GPT(nn.Module):
-    def __init__(self, cfg: GPTConfig) -> None:
-        super().__init__()
-        self.config = cfg
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
-        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
-        self.h = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
-        self.ln_f = nn.LayerNorm(cfg.n_embd)
-        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
-
-    def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
-        for block in self.h:
-            x = block(x)
-        logits = self.lm_head(self.ln_f(x))
-        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+    print(f"   control (no hook either side)   {_paired(nothing):+8.0f} ns")
+    print(f"   root probe (one step only)      {_paired(probe):+8.0f} ns")
+    print(f"   global pre-hook (one forward)   {_paired(global_hook):+8.0f} ns per module call")
 
 
 def _nano(config: bool) -> nn.Module:
-    model = GPT(GPTConfig())
+    model = GPT(NanoGPTConfig())
     if not config:
         del model.config
     return model
@@ -158,8 +117,8 @@ def one_time() -> None:
     print("2. one-time cost: first 3 steps of a nanoGPT-style model (batch 4 x 32)")
     torch.manual_seed(0)
     for config in (True, False):
-        base = [_steps(_nano(config), 3, False)[0] for _ in range(3)]
-        runs = [_steps(_nano(config), 3, True) for _ in range(3)]
+        base = [_steps(_nano(config), 3, False)[0] for _ in range(_size[2])]
+        runs = [_steps(_nano(config), 3, True) for _ in range(_size[2])]
         b, d = statistics.median(base), statistics.median(r[0] for r in runs)
         step = b / 3
         print(
@@ -201,6 +160,11 @@ def after_retire() -> None:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="tiny loops (seconds): it runs")
+    _size = SIZES["smoke" if ap.parse_args().smoke else "full"]
     torch.set_num_threads(1)
     print(f"python {sys.version.split()[0]}, torch {torch.__version__}")
     per_call()

@@ -222,7 +222,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--fault-duration", type=float, default=8.0)
     p.add_argument("--run-timeout", type=float, default=180.0, help="seconds per demo run")
+    p.add_argument("--smoke", action="store_true", help="one stall run, a 6 s fault (seconds)")
     args = p.parse_args(argv)
+    if args.smoke:
+        args.repeats, args.faults, args.steps, args.fault_step = 1, ["stall"], 14, 4
+        args.fault_duration, args.run_timeout = 6.0, 90.0
 
     settings = demo_settings()
     scan, publish = settings["scan_interval_s"], settings["publish_interval_s"]

@@ -248,6 +248,11 @@ def quick_matrix() -> list[Case]:
     return out
 
 
+def smoke_matrix() -> list[Case]:
+    """Two cases: a hung step on 2 ranks and a clean run (``--smoke``)."""
+    return [case("step_hang", 2), case("clean", 2)]
+
+
 # ---- results -----------------------------------------------------------------------------
 
 
@@ -924,11 +929,14 @@ def print_summary(s: dict[str, Any]) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true", help="one case per kind, one clean run")
+    p.add_argument(
+        "--smoke", action="store_true", help="a hung step and a clean run; exit 1 if wrong"
+    )
     p.add_argument("--only", default="", help="comma-separated kinds to run")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--keep", default=None, help="keep each case's logs under this directory")
     args = p.parse_args()
-    cases = quick_matrix() if args.quick else full_matrix()
+    cases = smoke_matrix() if args.smoke else quick_matrix() if args.quick else full_matrix()
     if args.only:
         kinds = set(args.only.split(","))
         cases = [c for c in cases if c.kind in kinds]
@@ -980,6 +988,8 @@ def main() -> int:
                 indent=1,
             )
         )
+    if args.smoke and not all(r.right and not r.not_run for r in results):
+        return 1
     return 0
 
 

@@ -1,35 +1,46 @@
-"""GPU checks: what only a real GPU can show, in one short script (about a minute).
+"""GPU checks: what only a real GPU can show, one PASS / FAIL / SKIP line per claim.
 
-What, on CUDA device 0 (prints "no CUDA device" and exits 0 without one):
+    python bench/gpu_check.py [--smoke]      # a few minutes on a GPU; exit 1 on any FAIL
 
-1. The hot path never synchronises. A GPT-like model (bf16 autocast, fused AdamW) trains
-   ``--steps`` steps under ``torch.cuda.set_sync_debug_mode("error")``, first bare
-   (baseline: torch itself must not sync in this loop) and then with rankguard's per-step
-   calls: ``ComputeProbe`` (CUDA timing events around ``with probe:``, straggler
-   detection) wrapping ``ProgressTracker.step_end`` (progress), while a helper thread
-   plays the heartbeat thread (``tracker.poll()``, ``probe.heartbeat_fields()``) and the
-   performance reporter's own thread reads its CUDA timing events. Any synchronising call
-   raises inside the loop; the script says which part raised.
-2. Progress from CUDA events: after the loop the tracker's ``progress_seq`` must reach
-   the step count (events completed, counted by ``query()``), and its ``mode`` is
-   ``cuda``.
-3. Real TFLOP/s and MFU: FLOPs of one step counted with ``FlopCounterMode``; the
-   reporter's TFLOP/s per GPU and MFU (peak from the device table) against the same
-   figure from wall-clock time with ``torch.cuda.synchronize()`` around the timed steps.
-   Also the reporter's device step time (CUDA events) against that wall-clock time, and
-   the probe's compute time against the step time.
-4. NVML: one health snapshot through ``collect_gpu_health`` (NVML, nvidia-smi fallback).
-5. End to end: ``rankguard run --nproc-per-node 1 -m rankguard.demo.train`` on the GPU
-   (NCCL), which must complete with state ``completed`` and no finding, its heartbeats
-   showing progress.
+Every rank-side check runs inside a real job: ``rankguard run --nproc-per-node 1`` starts
+this script as its rank (``--rank-checks``), which calls ``rankguard.init()`` (the real
+session, heartbeat publisher and performance reporter, as a training script gets them)
+with ``threading.excepthook`` collecting every exception of a background thread.
 
-Run: ``python bench/gpu_check.py [--steps 60] [--skip-e2e]``.
+1. ``init``: ``rankguard.init()`` returns the launcher's session, its heartbeat thread
+   runs.
+2. ``host lag``: a long kernel (``torch.cuda._sleep``, ~0.5 s) is queued, then the hot
+   calls (``step_end``, ``with rg.step(i)``, ``with rg.compute()``) are timed: each must
+   return in microseconds and the kernel must still be running when they are done. A call
+   that synchronised (``torch.cuda.synchronize()``, ``.item()``; ``set_sync_debug_mode``
+   does not flag the first) would have waited for the kernel.
+3. ``ns per step``: ``step_end`` in GPU mode (a CUDA event per step), thread CPU time,
+   median of 7 x 20k calls, against a bound of ``GPU_STEP_NS`` (CPU mode: ``CPU_STEP_NS``).
+4. ``gemm mfu``: a bf16 GEMM timed with CUDA events against the peak table: its MFU must
+   be plausible for a dense GEMM (``MFU_RANGE``; a wrong table row, e.g. a sparse peak,
+   falls outside) and the performance reporter's MFU over the same steps within 10 %.
+5. ``async save``: ``CheckpointManager`` with ``async_save`` from CUDA tensors: staged in
+   pinned host memory, committed, and restored exactly (``torch.equal``).
+6. ``cuda graphs``: a training step captured in a CUDA graph while the heartbeat thread
+   publishes every 0.1 s, replayed with ``step_end`` between replays: no error, progress
+   counted from the CUDA events.
+7. ``thread exceptions``: none in any thread (``threading.excepthook``) over the run.
+
+Then, each in its own job:
+
+8. ``inprocess nccl``: world 1, ``rankguard.inprocess.wrap`` on NCCL: the function raises
+   once, is re-entered in the same process, and a new NCCL group all-reduces correctly.
+9. ``long kernel``: a rank whose kernel runs 8 s while its host keeps calling
+   ``step_end`` must end in ``gpu_progress_timeout`` (progress timeout 3 s).
+
+Without a GPU (``--smoke`` or not), the checks that can run on a CPU do (1, 3 in CPU
+mode, 5 from CPU tensors, 7, 8 on gloo) and the rest say ``SKIP (no GPU)``: nothing
+passes that was not checked.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import statistics
@@ -38,105 +49,117 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+GPU_STEP_NS = 10_000  # step_end in GPU mode (one cudaEventRecord): goal, ns per call
+CPU_STEP_NS = 1_000  # the CPU-mode goal (bench/hot_path.py)
+HOST_CALL_MAX_S = 0.005  # any single hot call, while a kernel runs
+MFU_RANGE = (0.4, 1.0)  # a large dense bf16 GEMM against the dense bf16 peak
+MFU_AGREE = 0.10  # reporter's MFU vs the event-timed one (relative)
+LONG_KERNEL_S = 8.0
+PROGRESS_TIMEOUT_S = 3.0
+HERE = Path(__file__).resolve()
+ROOT = HERE.parents[1]
+SKIP_NO_GPU = "SKIP (no GPU)"
 
-def _model(args: argparse.Namespace, device: Any) -> tuple[Any, Any, Any, Any]:
-    import torch
+Line = tuple[str, str, str]  # (status, check, detail)
 
-    from rankguard.demo.model import GPTConfig, TinyGPT, synthetic_batch
 
-    cfg = GPTConfig(
-        vocab_size=32768,
-        seq_len=args.seq_len,
-        d_model=args.d_model,
-        n_heads=args.d_model // 128,
-        n_layers=args.layers,
+# ---- rank side (inside `rankguard run`) --------------------------------------------------
+
+
+def _thread_errors() -> list[str]:
+    errors: list[str] = []
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        name = args.thread.name if args.thread else "?"
+        errors.append(f"{name}: {args.exc_type.__name__}: {args.exc_value}")
+
+    threading.excepthook = hook
+    return errors
+
+
+def _calibrated_sleep(torch: Any, seconds: float) -> Callable[[], Any]:
+    """A function that queues one kernel spinning ~``seconds`` and returns its end event."""
+    cycles = 10_000_000
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    per_s = cycles / (start.elapsed_time(end) / 1e3)
+
+    def launch() -> Any:
+        torch.cuda._sleep(int(per_s * seconds))
+        done = torch.cuda.Event()
+        done.record()
+        return done
+
+    return launch
+
+
+def check_host_lag(rg: Any, torch: Any) -> Line:
+    launch = _calibrated_sleep(torch, 0.5)
+    for i in range(5):  # GPU mode decided, events pooled
+        rg.step_end(i)
+    torch.cuda.synchronize()
+    done = launch()
+    worst, t0 = 0.0, time.perf_counter()
+    for i in range(5, 105):
+        c0 = time.perf_counter()
+        rg.step_end(i)
+        with rg.step(i):
+            pass
+        with rg.compute():
+            pass
+        worst = max(worst, time.perf_counter() - c0)
+    took = time.perf_counter() - t0
+    running = not done.query()
+    torch.cuda.synchronize()
+    ok = running and worst < HOST_CALL_MAX_S
+    detail = (
+        f"300 hot calls in {took * 1e3:.2f} ms during a 0.5 s kernel, worst step "
+        f"{worst * 1e6:.0f} us (bound {HOST_CALL_MAX_S * 1e3:g} ms), kernel still running "
+        f"after them: {running}"
     )
-    model = TinyGPT(cfg).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    x, y = synthetic_batch(cfg, args.batch_size, torch.Generator().manual_seed(0), device)
-    return model, opt, x, y
+    return ("PASS" if ok else "FAIL", "host lag", detail)
 
 
-def _train_step(model: Any, opt: Any, x: Any, y: Any, probe: Any = None) -> None:
-    import torch
-
-    if probe is not None:
-        probe.__enter__()
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = model.loss(x, y)
-    loss.backward()
-    if probe is not None:
-        probe.__exit__(None, None, None)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-
-
-def _sync_loop(
-    args: argparse.Namespace, model: Any, opt: Any, x: Any, y: Any, calls: Any = None
-) -> tuple[float, str | None]:
-    """Steps under sync-debug "error"; wall seconds (synchronised) and the error, if any."""
-    import torch
-
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    error = None
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for i in range(args.steps):
-            if calls is None:
-                _train_step(model, opt, x, y)
-            else:
-                probe, step_end = calls
-                _train_step(model, opt, x, y, probe)
-                step_end(i)
-    except RuntimeError as exc:
-        error = f"{type(exc).__name__}: {exc}"
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    torch.cuda.synchronize()
-    return time.perf_counter() - t0, error
+def check_ns_per_step(rg: Any, cuda: bool, calls: int) -> Line:
+    step_end = rg.step_end
+    samples = []
+    for _ in range(7):
+        t0 = time.thread_time_ns()
+        for i in range(calls):
+            step_end(i)
+        samples.append((time.thread_time_ns() - t0) / calls)
+    ns = statistics.median(samples)
+    bound = GPU_STEP_NS if cuda else CPU_STEP_NS
+    mode = rg.tracker.mode
+    ok = ns < bound and mode == ("cuda" if cuda else "cpu")
+    detail = f"step_end {ns:.0f} ns/call in {mode} mode (bound {bound} ns, thread CPU time)"
+    return ("PASS" if ok else "FAIL", "ns per step", detail)
 
 
-def part_hot_path(args: argparse.Namespace) -> bool:
-    import torch
+def check_gemm_mfu(torch: Any, n: int, steps: int) -> Line:
+    import io
 
     from rankguard.perf.config import PerfConfig
     from rankguard.perf.flops import mfu, tflops_per_gpu
-    from rankguard.perf.measured import measured_flops_per_step
     from rankguard.perf.reporter import PerfReporter
-    from rankguard.straggler.probe import ComputeProbe
     from rankguard.timeline import ProgressTracker
 
-    device = torch.device("cuda", 0)
-    torch.cuda.set_device(device)
     name = torch.cuda.get_device_name(0)
-    print(f"== 1-3: hot path, progress, TFLOP/s on {name} ==")
-    model, opt, x, y = _model(args, device)
-    for _ in range(5):  # warm-up: kernels, allocator, fused optimizer state
-        _train_step(model, opt, x, y)
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(5):
+        a @ b
     torch.cuda.synchronize()
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        flops = measured_flops_per_step(model, (x,), loss_fn=lambda out: _ce(out, y))
-    print(f"FLOPs per step (FlopCounterMode, bf16 autocast): {flops:.4g}")
-
-    base_s, base_err = _sync_loop(args, model, opt, x, y)
-    if base_err is not None:
-        print(f"baseline with fused AdamW synchronised ({base_err}); trying SGD")
-        opt = torch.optim.SGD(model.parameters(), lr=1e-4, foreach=True)
-        base_s, base_err = _sync_loop(args, model, opt, x, y)
-    if base_err is not None:
-        print(f"baseline loop (no rankguard) synchronised by itself: {base_err}")
-        print("RESULT: cannot judge rankguard's hot path with this loop")
-        return False
-    print(f"baseline: {args.steps} steps, no sync, {base_s / args.steps * 1e3:.2f} ms/step")
-
-    tracker = ProgressTracker()
-    probe = ComputeProbe(tracker.step_end, cuda=True)
+    tracker = ProgressTracker(mode="cuda")
     reporter = PerfReporter(
-        PerfConfig(log_interval=10, warmup_iterations=5),
+        PerfConfig(log_interval=steps, warmup_iterations=2),
         tracker,
         rank=0,
         world_size=1,
@@ -146,148 +169,342 @@ def part_hot_path(args: argparse.Namespace) -> bool:
         cuda_device=0,
         console=io.StringIO(),
     )
-    reporter.set_flops(flops, "measured: FlopCounterMode")
-    reporter.set_batch(samples=args.batch_size, tokens=args.batch_size * args.seq_len)
-    stop = threading.Event()
-    compute_ms: list[float] = []
-
-    def heartbeat() -> None:  # what the heartbeat thread does every publish interval
-        while not stop.is_set():
-            tracker.poll()
-            fields = probe.heartbeat_fields()
-            if fields is not None:
-                compute_ms.append(fields["straggler"]["compute_ms"])
-            stop.wait(0.01)
-
-    thread = threading.Thread(target=heartbeat, daemon=True)
-    thread.start()
-    reporter.start()
-    rg_s, rg_err = _sync_loop(args, model, opt, x, y, calls=(probe, probe.step_end))
-    time.sleep(0.5)  # the helper thread and the reporter read the completed events
-    stop.set()
-    thread.join()
-    tracker.poll()
+    flops = 2.0 * n**3
+    reporter.set_flops(flops, "gemm 2n^3")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    tracker.step_end(0)
+    tracker.step_end(1)
+    start.record()
+    for i in range(2, 2 + steps):
+        a @ b
+        tracker.step_end(i)
+    end.record()
+    end.synchronize()
     tracker.poll()
     reporter.poll()
-    reporter.close()
-    ok = True
-    if rg_err is not None:
-        print(f"FAIL: a rankguard call synchronised under sync-debug 'error': {rg_err}")
-        ok = False
-    else:
-        per_step = (rg_s - base_s) / args.steps * 1e6
-        print(
-            f"rankguard: {args.steps} steps, no sync, {rg_s / args.steps * 1e3:.2f} ms/step "
-            f"({per_step:+.1f} us/step vs baseline, noise included)"
+    step_s = start.elapsed_time(end) / 1e3 / steps
+    timed = mfu(tflops_per_gpu(flops, step_s, 1), reporter.peak_tflops)
+    got = (reporter.latest or {}).get("MFU")
+    if timed is None:
+        return ("FAIL", "gemm mfu", f"no peak for {name!r}: {reporter.peak_source}")
+    plausible = MFU_RANGE[0] <= timed <= MFU_RANGE[1]
+    agree = got is not None and abs(got - timed) <= MFU_AGREE * timed
+    detail = (
+        f"{n}^3 bf16 on {name}: {tflops_per_gpu(flops, step_s, 1):.0f} TFLOP/s, MFU "
+        f"{timed:.3f} against {reporter.peak_tflops} ({reporter.peak_source}; plausible "
+        f"{MFU_RANGE}); reporter's MFU {got} (within {MFU_AGREE:.0%}: {agree})"
+    )
+    return ("PASS" if plausible and agree else "FAIL", "gemm mfu", detail)
+
+
+def check_async_save(torch: Any, device: Any, workdir: Path) -> Line:
+    from rankguard.checkpoint import CheckpointConfig, CheckpointManager
+    from rankguard.checkpoint.stager import HostStager
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 8)).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(4, 256, device=device)).sum().backward()
+    opt.step()
+    cfg = CheckpointConfig(save=str(workdir / "ckpt"), async_save=True)
+    manager = CheckpointManager(cfg, {"model": model, "optimizer": opt})
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    t0 = time.perf_counter()
+    manager.save(1)
+    returned = time.perf_counter() - t0
+    manager.wait()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    loaded = manager.load_latest()
+    after = model.state_dict()
+    exact = loaded == 1 and all(torch.equal(before[k], after[k]) for k in before)
+    manager.close()
+    pinned: bool | None = None
+    if device.type == "cuda":
+        staged = HostStager(pin_memory=True).stage(dict(model.state_dict()))
+        if hasattr(staged, "result"):
+            staged = staged.result(timeout=60)
+        tensors = [v for v in staged.values() if isinstance(v, torch.Tensor)]
+        pinned = bool(tensors) and all(t.is_pinned() and t.device.type == "cpu" for t in tensors)
+    ok = exact and pinned is not False
+    where = "CUDA" if device.type == "cuda" else "CPU (no GPU: pinned staging not checked)"
+    detail = (
+        f"from {where}: save returned in {returned * 1e3:.1f} ms, committed, restored step "
+        f"{loaded}, every tensor equal: {exact}" + ("" if pinned is None else f", pinned: {pinned}")
+    )
+    return ("PASS" if ok else "FAIL", "async save", detail)
+
+
+def check_cuda_graphs(rg: Any, torch: Any, replays: int) -> Line:
+    model = torch.nn.Sequential(
+        torch.nn.Linear(512, 512), torch.nn.GELU(), torch.nn.Linear(512, 512)
+    ).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x, y = torch.randn(64, 512, device="cuda"), torch.randn(64, 512, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up on a side stream, as the PyTorch docs do
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    before = rg.tracker.progress_seq
+    records = rg.publisher.records_written
+    try:
+        with torch.cuda.graph(graph):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            time.sleep(0.35)  # capturing: the heartbeat thread publishes (every 0.1 s)
+        graph.replay()
+        torch.cuda.synchronize()
+        first = float(loss.item())
+        for i in range(replays):
+            graph.replay()
+            rg.step_end(10_000 + i)
+        torch.cuda.synchronize()
+        time.sleep(0.3)
+        last = float(loss.item())
+    except RuntimeError as exc:
+        return ("FAIL", "cuda graphs", f"{type(exc).__name__}: {exc}"[:300])
+    rg.tracker.poll()
+    counted = rg.tracker.progress_seq - before
+    published = rg.publisher.records_written - records
+    ok = counted >= replays and published >= 3 and last < first
+    detail = (
+        f"{replays} replays, progress counted {counted}, loss {first:.4f} -> {last:.4f}, "
+        f"heartbeats published meanwhile: {published}"
+    )
+    return ("PASS" if ok else "FAIL", "cuda graphs", detail)
+
+
+def rank_checks(out: Path, smoke: bool) -> int:
+    errors = _thread_errors()
+    import torch
+
+    import rankguard
+    from rankguard.session import Session
+
+    lines: list[Line] = []
+    rg = rankguard.init()
+    is_session = isinstance(rg, Session) and rg.publisher is not None
+    lines.append(
+        (
+            "PASS" if is_session else "FAIL",
+            "init",
+            f"rankguard.init() -> {type(rg).__name__}, heartbeat thread "
+            f"{'running' if is_session else 'missing'}",
         )
-    print(f"progress: mode {tracker.mode}, progress_seq {tracker.progress_seq} of {args.steps}")
-    ok &= tracker.mode == "cuda" and tracker.progress_seq == args.steps
-    wall_step_s = rg_s / args.steps
-    wall_tflops = tflops_per_gpu(flops, wall_step_s, 1)
-    last = reporter.latest or {}
-    print(
-        f"TFLOP/s per GPU: reporter {last.get('TFLOPS_per_GPU')} (device step "
-        f"{last.get('gpu_step_time_ms')} ms, issue step {last.get('step_time_ms')} ms); "
-        f"wall clock {wall_tflops:.1f} ({wall_step_s * 1e3:.2f} ms/step)"
     )
-    print(
-        f"MFU: reporter {last.get('MFU')}; wall clock "
-        f"{mfu(wall_tflops, reporter.peak_tflops)} (peak {reporter.peak_tflops} TFLOP/s, "
-        f"{reporter.peak_source})"
-    )
-    if compute_ms:
-        print(
-            f"straggler probe (CUDA events around forward+backward): median "
-            f"{statistics.median(compute_ms):.2f} ms of a {wall_step_s * 1e3:.2f} ms step "
-            f"({len(compute_ms)} heartbeat reads)"
-        )
+    if not is_session:
+        out.write_text(json.dumps(lines))
+        return 1
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(0)
+        torch.ones(1, device="cuda")  # CUDA initialised: the tracker picks GPU mode
+        lines.append(check_host_lag(rg, torch))
     else:
-        print("FAIL: the straggler probe produced no sample")
-        ok = False
-    print(f"RESULT hot path / progress / probe: {'PASS' if ok else 'FAIL'}\n")
-    return ok
-
-
-def _ce(logits: Any, y: Any) -> Any:
-    from torch.nn import functional as F
-
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
-
-
-def part_nvml() -> bool:
-    from rankguard.health.collector import collect_gpu_health
-
-    print("== 4: GPU health (NVML first) ==")
-    snap = collect_gpu_health(command_timeout_s=10)
-    print(json.dumps(snap, indent=1)[:3000])
-    ok = snap.get("source") == "nvml" and bool(snap.get("gpus"))
-    print(f"RESULT NVML: {'PASS' if ok else 'FAIL'} (source {snap.get('source')})\n")
-    return ok
-
-
-def part_e2e() -> bool:
-    print("== 5: rankguard run, 1 rank on the GPU (NCCL) ==")
-    with tempfile.TemporaryDirectory(prefix="rankguard-gpu-") as tmp:
-        cmd = [
-            sys.executable,
-            "-m",
-            "rankguard.cli.main",
-            "run",
-            "--nproc-per-node",
-            "1",
-            "--log-dir",
-            tmp,
-            "--set",
-            "heartbeat.enabled=true",
-            "--set",
-            "heartbeat.publish_interval_s=0.5",
-            "-m",
-            "rankguard.demo.train",
-            "--steps",
-            "30",
-            "--step-sleep",
-            "0.02",
-        ]
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-        print(res.stdout[-2500:], res.stderr[-1500:], sep="\n")
-        status_files = list(Path(tmp).glob("heartbeat/*/status.json"))
-        status = json.loads(status_files[0].read_text()) if status_files else {}
-        findings = list(Path(tmp).glob("heartbeat/*/findings.jsonl"))
-        n_findings = sum(len(f.read_text().splitlines()) for f in findings)
-        beats = [
-            json.loads(line)
-            for f in Path(tmp).glob("heartbeat/*/rank_0_pid_*.heartbeat.jsonl")
-            for line in f.read_text().splitlines()
-        ]
-        seq = max((b.get("progress_seq") or 0 for b in beats), default=0)
-    ok = res.returncode == 0 and status.get("state") == "completed" and n_findings == 0
-    print(
-        f"RESULT e2e: {'PASS' if ok else 'FAIL'} (rc {res.returncode}, state "
-        f"{status.get('state')}, findings {n_findings}, last progress_seq {seq})\n"
+        lines.append((SKIP_NO_GPU, "host lag", "needs a kernel to wait for"))
+    lines.append(check_ns_per_step(rg, cuda, 2_000 if smoke else 20_000))
+    if cuda:
+        lines.append(check_gemm_mfu(torch, 4096 if smoke else 8192, 20 if smoke else 50))
+    else:
+        lines.append((SKIP_NO_GPU, "gemm mfu", "no device peak"))
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    with tempfile.TemporaryDirectory() as tmp:
+        lines.append(check_async_save(torch, device, Path(tmp)))
+    if cuda:
+        lines.append(check_cuda_graphs(rg, torch, 50))
+    else:
+        lines.append((SKIP_NO_GPU, "cuda graphs", ""))
+    time.sleep(0.3)  # one more heartbeat after everything
+    rg.close()
+    lines.append(
+        (
+            "FAIL" if errors else "PASS",
+            "thread exceptions",
+            "; ".join(errors)[:500] if errors else "none in any thread (threading.excepthook)",
+        )
     )
-    return ok
+    out.write_text(json.dumps(lines))
+    return 0
+
+
+def inprocess_checks(out: Path) -> int:
+    """World 1: raise in round 0, re-enter, all-reduce on a new group (NCCL on a GPU)."""
+    import torch
+    import torch.distributed as dist
+
+    import rankguard.inprocess as ip
+
+    rounds: list[tuple[int, str, float]] = []
+
+    @ip.wrap
+    def train() -> None:
+        backend = dist.get_backend()
+        device = "cuda" if backend == "nccl" else "cpu"
+        t = torch.full((4,), 2.0, device=device)
+        dist.all_reduce(t)
+        rounds.append((ip.restart_count(), backend, float(t.sum().item())))
+        if ip.restart_count() == 0:
+            raise RuntimeError("injected fault in round 0")
+
+    if torch.cuda.is_available():
+        torch.cuda.set_device(0)
+    train()
+    out.write_text(json.dumps(rounds))
+    return 0
+
+
+def long_kernel_job(out: Path) -> int:
+    """Steps, then one kernel of LONG_KERNEL_S while the host keeps calling step_end."""
+    import torch
+
+    import rankguard
+
+    rg = rankguard.init()
+    torch.cuda.set_device(0)
+    torch.ones(1, device="cuda")
+    launch = _calibrated_sleep(torch, LONG_KERNEL_S)
+    for i in range(20):
+        rg.step_end(i)
+        time.sleep(0.05)
+    torch.cuda.synchronize()
+    launch()
+    t0 = time.monotonic()
+    i = 20
+    while time.monotonic() - t0 < LONG_KERNEL_S:  # the host is not blocked
+        rg.step_end(i)
+        i += 1
+        time.sleep(0.05)
+    torch.cuda.synchronize()
+    for j in range(10):
+        rg.step_end(i + j)
+        time.sleep(0.05)
+    out.write_text(json.dumps({"host_steps": i}))
+    return 0
+
+
+# ---- orchestrator -------------------------------------------------------------------------
+
+
+def _job(log_dir: Path, sets: list[str], *script: str, timeout_s: float) -> tuple[int, str, Path]:
+    cmd = [sys.executable, "-m", "rankguard.cli.main", "run", "--standalone"]
+    cmd += ["--nproc-per-node", "1", "--rdzv-id", "gpu-check", "--log-dir", str(log_dir)]
+    for item in ["heartbeat.enabled=true", "heartbeat.scan_interval_s=0.5", *sets]:
+        cmd += ["--set", item]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p
+    )
+    try:
+        res = subprocess.run(
+            [*cmd, str(HERE), *script],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+        code, text = res.returncode, res.stdout + res.stderr
+    except subprocess.TimeoutExpired as exc:
+        code, text = -1, f"timed out after {timeout_s:.0f} s: {exc.output!r}"[-3000:]
+    return code, text, log_dir / "heartbeat" / "gpu-check"
+
+
+def run_rank_checks(tmp: Path, smoke: bool) -> list[Line]:
+    out = tmp / "rank.json"
+    sets = ["heartbeat.publish_interval_s=0.1", "perf.enabled=true"]
+    args = ["--rank-checks", str(out), *(["--smoke"] if smoke else [])]
+    code, text, _ = _job(tmp / "rank-logs", sets, *args, timeout_s=300)
+    if not out.is_file():
+        return [("FAIL", "rank checks", f"the job wrote no result (exit {code}): {text[-1500:]}")]
+    lines = [tuple(x) for x in json.loads(out.read_text())]
+    if code != 0:
+        lines.append(("FAIL", "rank job", f"exit {code}: {text[-1000:]}"))
+    return lines  # type: ignore[return-value]
+
+
+def run_inprocess(tmp: Path, cuda: bool) -> list[Line]:
+    out = tmp / "inprocess.json"
+    sets = ["inprocess_restart.enabled=true", "inprocess_restart.monitor_thread_interval=0.1"]
+    code, text, _ = _job(tmp / "ip-logs", sets, "--inprocess-checks", str(out), timeout_s=180)
+    rounds = json.loads(out.read_text()) if out.is_file() else []
+    backend = "nccl" if cuda else "gloo"
+    want = [[0, backend, 8.0], [1, backend, 8.0]]
+    ok = code == 0 and rounds == want
+    name = f"inprocess {backend}"
+    detail = f"world 1, rounds (restart, backend, all_reduce sum) {rounds}, exit {code}"
+    if not ok:
+        detail += f": {text[-1200:]}"
+    lines: list[Line] = [("PASS" if ok else "FAIL", name, detail)]
+    if not cuda:
+        lines.append((SKIP_NO_GPU, "inprocess nccl", "the same on NCCL"))
+    return lines
+
+
+def run_long_kernel(tmp: Path) -> Line:
+    out = tmp / "long.json"
+    sets = [
+        "heartbeat.publish_interval_s=0.5",
+        f"heartbeat.progress_timeout_s={PROGRESS_TIMEOUT_S}",
+        f"heartbeat.eval_timeout_s={PROGRESS_TIMEOUT_S}",
+        "heartbeat.process_timeout_s=3",
+    ]
+    code, text, run_dir = _job(tmp / "long-logs", sets, "--long-kernel", str(out), timeout_s=180)
+    path = run_dir / "findings.jsonl"
+    found = [json.loads(x) for x in path.read_text().splitlines() if x] if path.is_file() else []
+    kinds = [(f.get("finding_type"), f.get("rank")) for f in found]
+    ok = ("gpu_progress_timeout", 0) in kinds and out.is_file()
+    detail = f"{LONG_KERNEL_S:g} s kernel, progress timeout {PROGRESS_TIMEOUT_S:g} s: {kinds}"
+    if not ok:
+        detail += f" (exit {code}): {text[-1200:]}"
+    return ("PASS" if ok else "FAIL", "long kernel", detail)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=1024)
-    p.add_argument("--d-model", type=int, default=2048)
-    p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--skip-e2e", action="store_true")
+    p.add_argument("--smoke", action="store_true", help="smaller sizes (seconds on a CPU)")
+    p.add_argument("--rank-checks", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--inprocess-checks", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--long-kernel", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.rank_checks:
+        return rank_checks(args.rank_checks, args.smoke)
+    if args.inprocess_checks:
+        return inprocess_checks(args.inprocess_checks)
+    if args.long_kernel:
+        return long_kernel_job(args.long_kernel)
+
     import torch
 
-    print(f"python {sys.version.split()[0]}, torch {torch.__version__}, pid {os.getpid()}")
-    if not torch.cuda.is_available():
-        print("no CUDA device: nothing to check here (run this where a GPU is lent)")
-        return 0
-    results = {"hot path": part_hot_path(args), "nvml": part_nvml()}
-    if not args.skip_e2e:
-        results["e2e"] = part_e2e()
-    print("SUMMARY: " + ", ".join(f"{k} {'PASS' if v else 'FAIL'}" for k, v in results.items()))
-    return 0 if all(results.values()) else 1
+    cuda = torch.cuda.is_available()
+    where = torch.cuda.get_device_name(0) if cuda else "no GPU"
+    print(f"python {sys.version.split()[0]}, torch {torch.__version__}, {where}", flush=True)
+    t0 = time.monotonic()
+    lines: list[Line] = []
+    with tempfile.TemporaryDirectory(prefix="rankguard-gpu-check-") as d:
+        tmp = Path(d)
+        for batch in (
+            lambda: run_rank_checks(tmp, args.smoke),
+            lambda: run_inprocess(tmp, cuda),
+            lambda: [run_long_kernel(tmp)] if cuda else [(SKIP_NO_GPU, "long kernel", "")],
+        ):
+            for line in batch():
+                lines.append(line)
+                print(f"{line[0]:<14} {line[1]:<18} {line[2]}", flush=True)
+    failed = [name for status, name, _ in lines if status == "FAIL"]
+    passed = sum(1 for status, _, _ in lines if status == "PASS")
+    print(
+        f"\n{passed} PASS, {len(failed)} FAIL, {len(lines) - passed - len(failed)} SKIP in "
+        f"{time.monotonic() - t0:.0f} s" + (f"; failed: {', '.join(failed)}" if failed else "")
+    )
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

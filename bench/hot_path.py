@@ -202,7 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--opt-calls", type=int, default=2_000, help="A/B: iterations per run")
     p.add_argument("--pairs", type=int, default=100, help="A/B: pairs of runs (median)")
     p.add_argument("--wall", action="store_true", help="time with the wall clock, not CPU time")
+    p.add_argument("--smoke", action="store_true", help="tiny loops (seconds)")
     args = p.parse_args(argv)
+    if args.smoke:
+        args.calls, args.repeats, args.opt_calls, args.pairs = 2_000, 3, 50, 3
     global _clock
     if args.wall:
         _clock = time.perf_counter_ns

@@ -5,7 +5,11 @@ under either wrapper: ``--wrapper rankguard`` (``rankguard.inprocess.wrap``) or
 ``--wrapper nvrx`` (NVRx's ``inprocess.Wrapper``, its own store on MASTER_PORT+1 and, as
 in NVRx's example, the application's store on MASTER_PORT+2+iteration). Rank 1 raises at
 ``--every`` steps into each round, ``--faults`` times; rank 1 prints, as JSON, the time
-from each raise to the first step completed after the re-entry.
+from each raise to the first step completed after the re-entry. ``--interval S`` sets
+every monitoring interval and wait of the wrapper to S seconds (rankguard: the watcher
+thread's interval and the store heartbeat; NVRx: its monitor thread, monitor process,
+heartbeat and progress watchdog intervals and ``last_call_wait``); without it each
+wrapper runs at its own defaults (1 s for all of these in both).
 """
 
 # No `from __future__ import annotations`: NVRx reads the real annotation of call_wrapper.
@@ -24,6 +28,12 @@ p = argparse.ArgumentParser()
 p.add_argument("--wrapper", choices=["rankguard", "nvrx"], required=True)
 p.add_argument("--faults", type=int, default=5)
 p.add_argument("--every", type=int, default=5)
+p.add_argument(
+    "--interval",
+    type=float,
+    default=None,
+    help="every monitoring interval and wait of the wrapper, in seconds (default: its own)",
+)
 args = p.parse_args()
 
 RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -58,13 +68,19 @@ def body(round_: int) -> None:
 if args.wrapper == "rankguard":
     import rankguard.inprocess as ip
 
+    tuned = (
+        {}
+        if args.interval is None
+        else {"monitor_thread_interval": args.interval, "heartbeat_interval": args.interval}
+    )
+
     @ip.wrap(
         config=ip.InProcessRestartConfig(
             enabled=True,
             soft_timeout=10.0,
             hard_timeout=20.0,
-            monitor_thread_interval=0.1,
             max_restarts_per_window=1000,
+            **tuned,
         )
     )
     def train() -> None:
@@ -74,10 +90,24 @@ if args.wrapper == "rankguard":
 else:
     import nvidia_resiliency_ext.inprocess as inprocess
 
+    interval = None if args.interval is None else datetime.timedelta(seconds=args.interval)
+    nvrx_tuned = (
+        {}
+        if interval is None
+        else {
+            "monitor_thread_interval": interval,
+            "monitor_process_interval": interval,
+            "heartbeat_interval": interval,
+            "progress_watchdog_interval": interval,
+            "last_call_wait": interval,
+        }
+    )
+
     @inprocess.Wrapper(
         store_kwargs={"port": int(os.environ["MASTER_PORT"]) + 1},
         soft_timeout=datetime.timedelta(seconds=10),
         hard_timeout=datetime.timedelta(seconds=20),
+        **nvrx_tuned,
     )
     def train(call_wrapper: Optional[inprocess.CallWrapper] = None) -> None:  # noqa: UP045
         assert call_wrapper is not None

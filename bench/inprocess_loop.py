@@ -87,11 +87,14 @@ def one(seed: int, faults: int, out: Path) -> tuple[bool, str]:
     return True, "ok"
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--faults", type=int, default=3)
+    ap.add_argument("--smoke", action="store_true", help="one run, one fault (seconds)")
     args = ap.parse_args()
+    if args.smoke:
+        args.runs, args.faults = 1, 1
     passed = 0
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
@@ -103,7 +106,8 @@ def main() -> None:
         f"{passed}/{args.runs} runs passed ({args.faults} random faults each), "
         f"{time.monotonic() - t0:.0f}s"
     )
+    return 0 if passed == args.runs else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -201,7 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ranks", type=int, nargs="+", default=[1024, 8192])
     p.add_argument("--scans", type=int, default=7, help="scans per case (median taken)")
+    p.add_argument("--smoke", action="store_true", help="64 and 128 ranks, 2 scans (seconds)")
     args = p.parse_args(argv)
+    if args.smoke:
+        args.ranks, args.scans = [64, 128], 2
 
     print(
         f"python {platform.python_version()}, {os.cpu_count()} CPU(s), "

@@ -102,7 +102,10 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--limit", type=float, default=30.0, help="seconds before a run fails")
     p.add_argument("--modes", default="subprocess,preload")
+    p.add_argument("--smoke", action="store_true", help="one run per mode (seconds)")
     args = p.parse_args()
+    if args.smoke:
+        args.repeats = 1
     for mode in args.modes.split(","):
         times = [one_run(mode, i, args.limit) for i in range(args.repeats)]
         ok = [t for t in times if t is not None]

@@ -36,11 +36,13 @@ from rankguard.timeline import ProgressTracker
 
 REPEATS = 21
 CALLS = 200_000
+BACKGROUND_S = 3.0
 DEMO_STEP_MS = 70.0  # the demo's CPU step time (bench/README.md, rankguard demo)
 
 
-def _ns_per_call(fn: object, calls: int = CALLS) -> float:
+def _ns_per_call(fn: object, calls: int | None = None) -> float:
     f = fn  # local for speed
+    calls = CALLS if calls is None else calls
     samples = []
     for _ in range(REPEATS):
         t0 = time.perf_counter_ns()
@@ -90,7 +92,7 @@ def hot_path() -> None:
         plain.close()
         with_perf.close()
     delta = on - off
-    print("== hot path: Session.step_end (median of 21 x 200k calls) ==")
+    print(f"== hot path: Session.step_end (median of {REPEATS} x {CALLS:,} calls) ==")
     print(f"  empty function call (floor)        {floor:8.1f} ns")
     print(f"  step_end, perf disabled            {off:8.1f} ns")
     print(f"  step_end, perf reporter polling    {on:8.1f} ns")
@@ -117,7 +119,7 @@ def background() -> None:
         calls = 0
         t0 = time.perf_counter()
         cpu0 = time.process_time()
-        while time.perf_counter() - t0 < 3.0:
+        while time.perf_counter() - t0 < BACKGROUND_S:
             for i in range(1000):
                 tracker.step_end(i)
             calls += 1000
@@ -164,6 +166,12 @@ def accuracy() -> None:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="tiny loops (seconds)")
+    if ap.parse_args().smoke:
+        REPEATS, CALLS, BACKGROUND_S = 3, 2_000, 0.3
     hot_path()
     background()
     accuracy()

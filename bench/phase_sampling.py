@@ -94,7 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--calls", type=int, default=2_000)
     p.add_argument("--repeats", type=int, default=21)
+    p.add_argument("--smoke", action="store_true", help="tiny loops (seconds)")
     args = p.parse_args(argv)
+    if args.smoke:
+        args.calls, args.repeats = 50, 3
     sys.setrecursionlimit(10_000)
     tracker = ProgressTracker(mode="cpu")
     tracker.step_end()  # in train: the watcher samples the stack

@@ -98,6 +98,9 @@ def _loop(
     return (time.process_time() - t0) * 1e3 / steps
 
 
+_SHRINK = 1  # --smoke divides the empty-body iterations by 100
+
+
 def _machine_only(mode: str, iterations: int) -> float:
     """us per iteration of the machine alone (empty body, a scalar loss)."""
     settings = MODES[mode]
@@ -138,7 +141,7 @@ def part1(steps: int, rounds: int) -> None:
     alone: dict[str, float] = {}
     for mode, ts in times.items():
         med = statistics.median(ts)
-        alone[mode] = _machine_only(mode, 20_000 if MODES[mode] is None else 5_000)
+        alone[mode] = _machine_only(mode, (20_000 if MODES[mode] is None else 5_000) // _SHRINK)
         print(f"{mode:40s} {med:9.2f} {100 * (med / base - 1):+8.2f}% {alone[mode]:20.2f}")
     spread = max(statistics.median(times[m]) for m in times) / min(
         statistics.median(times[m]) for m in times
@@ -167,7 +170,7 @@ def _rank(
     # the agreement alone: an empty body; disabled, all-reduce, piggy-backed
     for mode in ("disabled", "validate_results (NaN)", PIGGYBACK):
         dist.barrier()
-        results.append(_empty_body(_machine(mode), 2000))
+        results.append(_empty_body(_machine(mode), 2000 // _SHRINK))
     # the demo's DDP step, checks off / on, interleaved
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -186,7 +189,8 @@ def _rank(
     dist.destroy_process_group()
 
 
-def part2(steps: int, rounds: int) -> None:
+def part2(steps: int, rounds: int) -> bool:
+    """False when a rank failed."""
     with tempfile.TemporaryDirectory() as tmp:
         manager = mp.Manager()
         out = manager.dict()
@@ -201,7 +205,7 @@ def part2(steps: int, rounds: int) -> None:
             p.join(600)
         if any(p.exitcode != 0 for p in procs):
             print("part 2: a rank failed", file=sys.stderr)
-            return
+            return False
         r0 = out[0]
     off_us, on_us, pig_us, plain_ms, checked_ms, pig_ms = r0
     print("part 2: 2 ranks on gloo, DDP demo step with clip_grad_norm_ (rank 0's figures)")
@@ -212,6 +216,7 @@ def part2(steps: int, rounds: int) -> None:
     print(f"  demo DDP step: plain {plain_ms:.2f} ms, all_reduce {checked_ms:.2f} ms "
           f"({100 * (checked_ms / plain_ms - 1):+.2f}%), grad_norm {pig_ms:.2f} ms "
           f"({100 * (pig_ms / plain_ms - 1):+.2f}%)")  # fmt: skip
+    return True
 
 
 def gpu_part(steps: int) -> None:
@@ -260,14 +265,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--skip-part2", action="store_true")
+    p.add_argument("--smoke", action="store_true", help="3 steps, 1 round (seconds)")
     args = p.parse_args(argv)
+    if args.smoke:
+        global _SHRINK
+        args.steps, args.rounds, _SHRINK = 3, 1, 100
     # "validate_results without a checkpoint": true here, and said once per machine
     logging.getLogger("rankguard.rerun.machine").setLevel(logging.ERROR)
     part1(args.steps, args.rounds)
-    if not args.skip_part2:
-        part2(args.steps, args.rounds)
+    ok = args.skip_part2 or part2(args.steps, args.rounds)
     gpu_part(args.steps)
-    return 0
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

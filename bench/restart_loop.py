@@ -53,7 +53,8 @@ def classify(r: Result) -> str:
     return f"other: {r.why[:120]}"
 
 
-def loop(launcher: str, runs: int, args: argparse.Namespace, env: dict[str, str]) -> None:
+def loop(launcher: str, runs: int, args: argparse.Namespace, env: dict[str, str]) -> bool:
+    """``runs`` crash runs; True when every one completed."""
     print(f"\n{launcher}: {runs} runs, crash at step 5, --max-restarts 1, timeout {args.timeout}s")
     results: list[Result] = []
     for i in range(runs):
@@ -80,6 +81,7 @@ def loop(launcher: str, runs: int, args: argparse.Namespace, env: dict[str, str]
         f"goal: {runs}/{runs} restarts complete -> {len(ok)}/{runs}: "
         + ("MEETS" if len(ok) == runs else "MISSES")
     )
+    return len(ok) == runs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,14 +95,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=120.0, help="hard limit per run (s)")
     p.add_argument("--env", action="append", default=[], help="KEY=VALUE, diagnosis only")
     p.add_argument("--keep", action="store_true", help="keep every run's temp dir")
+    p.add_argument("--smoke", action="store_true", help="one rankguard run (seconds)")
     args = p.parse_args(argv)
+    if args.smoke:
+        args.runs, args.torchrun = 1, False
     env = parse_env(args.env)
     header(env)
+    all_ok = True
     if args.runs:
-        loop(PRELOAD if args.preload else "rankguard", args.runs, args, env)
+        all_ok = loop(PRELOAD if args.preload else "rankguard", args.runs, args, env)
     if args.torchrun and args.torchrun_runs:
         loop("torchrun", args.torchrun_runs, args, env)
-    return 0
+    return 1 if args.smoke and not all_ok else 0
 
 
 if __name__ == "__main__":

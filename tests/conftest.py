@@ -1,4 +1,11 @@
-"""Fixtures shared by the unit and end-to-end tests (builders live in tests/factories.py)."""
+"""Fixtures shared by the unit and end-to-end tests (builders live in tests/factories.py).
+
+The suite runs on several workers (pytest-xdist, ``-n 3 --dist loadgroup``: the README's
+test command): the long tests (``e2e``, ``bench``: mostly waiting on timeouts and child
+processes) are handed out first, the short unit tests fill the gaps. Tests that must not
+run at the same time as each other (a fixed port, a shared directory) take the same
+``@pytest.mark.xdist_group("name")``; every test gets its own ``tmp_path`` and binds port 0.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +15,14 @@ from collections.abc import Iterator
 import pytest
 
 from tests.factories import FAKE_BIN, Children
+
+LONG_MARKERS = ("e2e", "bench")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Long tests first (a stable sort: the same order on every xdist worker), so that the
+    last minutes of a parallel run are not one long test alone."""
+    items.sort(key=lambda item: not any(item.get_closest_marker(m) for m in LONG_MARKERS))
 
 
 @pytest.fixture

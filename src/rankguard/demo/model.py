@@ -1,4 +1,12 @@
-"""A small GPT-like decoder (pre-LN, causal MHA, GELU MLP) for the demo and tests."""
+"""Small GPT-like decoders for the demo, the tests and the benches.
+
+- ``TinyGPT`` (``GPTConfig``): the demo's model (pre-LN, causal ``nn.MultiheadAttention``,
+  GELU MLP).
+- ``GPT`` (``NanoGPTConfig``): a model written the way nanoGPT writes it (``model.config``
+  with nanoGPT's field names, fused ``c_attn`` projection, ``scaled_dot_product_attention``,
+  ``forward(idx, targets)`` returning ``(logits, loss)``); what an unmodified nanoGPT-style
+  script trains, so batch and FLOP detection can be tested against it.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["GPTConfig", "TinyGPT", "synthetic_batch"]
+__all__ = ["GPT", "GPTConfig", "NanoGPTConfig", "TinyGPT", "synthetic_batch"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,3 +81,61 @@ def synthetic_batch(
     seq = (start + torch.arange(cfg.seq_len + 1)) % cfg.vocab_size
     seq = seq.to(device)
     return seq[:, :-1], seq[:, 1:]
+
+
+@dataclass(frozen=True, slots=True)
+class NanoGPTConfig:
+    """nanoGPT's ``GPTConfig`` names (read by ``model_shape_from_config``)."""
+
+    block_size: int = 32
+    vocab_size: int = 256
+    n_layer: int = 2
+    n_head: int = 4
+    n_embd: int = 128
+
+
+class _NanoBlock(nn.Module):
+    def __init__(self, cfg: NanoGPTConfig) -> None:
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.ln_1 = nn.LayerNorm(cfg.n_embd)
+        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd)
+        self.mlp = nn.Sequential(
+            nn.Linear(cfg.n_embd, 4 * cfg.n_embd), nn.GELU(), nn.Linear(4 * cfg.n_embd, cfg.n_embd)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.c_proj(y.transpose(1, 2).reshape(b, t, c))
+        out: torch.Tensor = x + self.mlp(self.ln_2(x))
+        return out
+
+
+class GPT(nn.Module):
+    """nanoGPT's shape; ``del model.config`` leaves a model without a known config."""
+
+    def __init__(self, cfg: NanoGPTConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.h = nn.ModuleList(_NanoBlock(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.h:
+            x = block(x)
+        logits: torch.Tensor = self.lm_head(self.ln_f(x))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        return logits, loss

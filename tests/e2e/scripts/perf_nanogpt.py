@@ -7,13 +7,12 @@ parts under plain torchrun); ``--no-config`` drops ``model.config`` (FLOPs then 
 
 import argparse
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+from rankguard.demo.model import GPT, NanoGPTConfig  # nanoGPT's model, as written there
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=30)
@@ -29,60 +28,9 @@ if args.rankguard_init:
     rankguard.init()
 
 
-@dataclass
-class GPTConfig:
-    block_size: int = 32
-    vocab_size: int = 256
-    n_layer: int = 2
-    n_head: int = 4
-    n_embd: int = 128
-
-
-class Block(nn.Module):
-    def __init__(self, cfg: GPTConfig) -> None:
-        super().__init__()
-        self.n_head = cfg.n_head
-        self.ln_1 = nn.LayerNorm(cfg.n_embd)
-        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
-        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
-        self.ln_2 = nn.LayerNorm(cfg.n_embd)
-        self.mlp = nn.Sequential(
-            nn.Linear(cfg.n_embd, 4 * cfg.n_embd), nn.GELU(), nn.Linear(4 * cfg.n_embd, cfg.n_embd)
-        )
-
-    def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = self.c_attn(self.ln_1(x)).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.c_proj(y.transpose(1, 2).reshape(b, t, c))
-        return x + self.mlp(self.ln_2(x))
-
-
-class GPT(nn.Module):
-    def __init__(self, cfg: GPTConfig) -> None:
-        super().__init__()
-        self.config = cfg
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
-        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
-        self.h = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
-        self.ln_f = nn.LayerNorm(cfg.n_embd)
-        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
-
-    def forward(self, idx, targets=None):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
-        for block in self.h:
-            x = block(x)
-        logits = self.lm_head(self.ln_f(x))
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
-        return logits, loss
-
-
 dist.init_process_group("gloo")
 torch.manual_seed(0)
-cfg = GPTConfig()
+cfg = NanoGPTConfig()
 raw = GPT(cfg)
 if args.no_config:
     del raw.config

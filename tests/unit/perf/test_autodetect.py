@@ -4,13 +4,12 @@ process, the detector's hooks, the analytic and measured paths."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from rankguard.demo.model import GPT, NanoGPTConfig
 from rankguard.perf.autodetect import (
     InputProbe,
     PerfDetector,
@@ -24,61 +23,7 @@ from rankguard.perf.flops import ModelShape, analytic_flops_per_step
 from rankguard.perf.reporter import PerfReporter
 from rankguard.timeline import ProgressTracker
 
-
-@dataclass
-class GPTConfig:  # nanoGPT's names
-    block_size: int = 16
-    vocab_size: int = 128
-    n_layer: int = 2
-    n_head: int = 4
-    n_embd: int = 64
-
-
-class Block(nn.Module):
-    def __init__(self, cfg: GPTConfig) -> None:
-        super().__init__()
-        self.n_head = cfg.n_head
-        self.ln1 = nn.LayerNorm(cfg.n_embd)
-        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
-        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd)
-        self.ln2 = nn.LayerNorm(cfg.n_embd)
-        self.mlp = nn.Sequential(
-            nn.Linear(cfg.n_embd, 4 * cfg.n_embd), nn.GELU(), nn.Linear(4 * cfg.n_embd, cfg.n_embd)
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
-        return x + self.mlp(self.ln2(x))
-
-
-class GPT(nn.Module):
-    def __init__(self, cfg: GPTConfig) -> None:
-        super().__init__()
-        self.config = cfg
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
-        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
-        self.ln_f = nn.LayerNorm(cfg.n_embd)
-        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
-
-    def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
-        for block in self.blocks:
-            x = block(x)
-        logits = self.lm_head(self.ln_f(x))
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
-        return logits, loss
-
-
-CFG = GPTConfig()
+CFG = NanoGPTConfig(block_size=16, vocab_size=128, n_embd=64)  # nanoGPT's names
 ANALYTIC = ModelShape(
     family="gpt",
     num_layers=CFG.n_layer,
