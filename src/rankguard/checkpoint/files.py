@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ __all__ = [
     "committed_steps",
     "fsync_file",
     "read_manifest",
+    "root_problem",
     "step_dir_name",
     "verify_files",
     "write_commit",
@@ -250,8 +252,40 @@ def prune(root: Path, keep: int, *, protect: set[Path], keep_tmp_prefix: str | N
     return removed
 
 
+def root_problem(directory: Path, *, owner: bool = True) -> str | None:
+    """Why checkpoints in ``directory`` cannot be trusted, or None: it belongs to another
+    user (with ``owner``) or every user may write into it; either could plant a
+    checkpoint that this job then loads (a manifest and its marker are no defence: the
+    same user rewrites them). A missing directory is fine (it is created as ours)."""
+    from rankguard.launcher.rundir import owner_name
+
+    try:
+        st = os.stat(directory)  # follows a symlink: the directory actually used
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # the writer's probe says why it cannot be created
+    except OSError as exc:
+        return f"{directory}: cannot inspect it ({exc.strerror or exc})"
+    if owner and st.st_uid != os.getuid():
+        return (
+            f"{directory} belongs to {owner_name(st.st_uid)} (uid {st.st_uid}), not to this "
+            f"user (uid {os.getuid()}): refusing to use it for checkpoints; choose a "
+            "directory of your own"
+        )
+    if st.st_mode & stat.S_IWOTH:
+        return (
+            f"{directory} is writable by every user (mode {stat.S_IMODE(st.st_mode):o}): "
+            "anyone could plant a checkpoint there; remove that permission (chmod o-w) or "
+            "choose another directory"
+        )
+    return None
+
+
 def probe_writable(directory: Path) -> str | None:
-    """None if ``directory`` can be created and written, else why not."""
+    """None if ``directory`` can be created, is this user's (:func:`root_problem`) and
+    can be written, else why not."""
+    problem = root_problem(directory)
+    if problem is not None:
+        return problem
     try:
         directory.mkdir(parents=True, exist_ok=True)
         probe = directory / f".rankguard_probe.{socket.gethostname()}.{os.getpid()}"

@@ -403,6 +403,7 @@ def _services(
         node_rank=None,  # told by the first rendezvous round (NodeStart)
         nnodes=opts.max_nodes,
         expected_world_size=opts.expected_world_size,
+        max_world_size=opts.max_nodes * opts.nproc_per_node,
         store=_store_client(host, port) if opts.multi_node else None,
         timeouts=timeouts,
     )

@@ -68,6 +68,7 @@ class NodeServices:
     node_rank: int | None  # None until the first rendezvous round numbers this node
     nnodes: int
     expected_world_size: int | None
+    max_world_size: int | None = None  # the most ranks the rendezvous allows
     store: Any = None  # a TCPStore client of the rendezvous store (several nodes)
     timeouts: dict[str, Any] | None = None  # timeouts in force and their sources
     # the agent's current workers: the only processes the fault handler or the relay
@@ -215,6 +216,7 @@ class NodeServices:
                 self.run_dir,
                 self.run_id,
                 expected_world_size=self.expected_world_size,
+                max_world_size=self.max_world_size,
                 remote=remote,
                 config_snapshot=config_to_dict(self.cfg),
                 # A rank re-entering in-process has until hard_timeout (then it exits).

@@ -211,7 +211,7 @@ class HeartbeatRecord:
     def from_dict(cls, d: Any, *, max_ranks: int = MAX_RANKS) -> HeartbeatRecord:
         """Validate a record read from a file or the store; :class:`RecordError` names
         the first bad field. ``max_ranks``: ranks at or above it are rejected (the job's
-        world size when the monitor knows it).
+        world size, or the most the rendezvous allows).
 
         The monitor validates every record it reads (thousands a scan at scale), so the
         checks are grouped by type with a fast path for well-formed values; the helpers
@@ -262,6 +262,8 @@ class HeartbeatRecord:
         world = get("world_size")
         if world is not None and (type(world) is not int or world < 1):
             _int(d, "world_size", lo=1)
+        if world is not None and world > MAX_RANKS:
+            raise RecordError(f"world_size: {world} is more than any job has ({MAX_RANKS})")
         unknown = d.keys() - _KNOWN
         return cls(
             event,
