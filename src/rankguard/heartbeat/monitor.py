@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import gc
 import heapq
-import json
 import logging
 import os
 import socket
@@ -52,6 +51,7 @@ from rankguard.health import gpu_for_rank
 from rankguard.heartbeat.api import Evaluator, FindingSink, RemoteSource, StatusSource
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.disk import DiskState, disk_state
+from rankguard.heartbeat.payloads import PayloadError, check_health, load_json
 from rankguard.heartbeat.perfranks import PerfRanks
 from rankguard.heartbeat.procs import pid_running, process_start_time
 from rankguard.heartbeat.rules import HeartbeatRules, Liveness, Progress, RankState
@@ -551,8 +551,8 @@ class JobMonitor:
                 if known is not None and known[1] == mtime:
                     continue
                 try:
-                    snapshot = json.loads(Path(entry.path).read_text(encoding="utf-8"))
-                except (OSError, ValueError):
+                    snapshot = check_health(load_json(Path(entry.path).read_bytes()))
+                except (OSError, PayloadError):
                     continue
                 self._health[node_rank] = (snapshot, mtime, now)
                 self._health_stale[node_rank] = False

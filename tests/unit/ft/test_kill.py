@@ -42,13 +42,13 @@ def blocked_here():
 blocked_here()
 """
 
-# A rank that never answers the dump signal (it ignores it): every faulthandler dump of
-# it waits the whole timeout.
+# A rank that never answers the dump signal (its handler writes nothing): every
+# faulthandler dump of it waits the whole timeout.
 DEAF_CHILD = """\
 import signal, sys, time
 from rankguard.ft.stacks import DUMP_SIGNAL
 
-signal.signal(DUMP_SIGNAL, signal.SIG_IGN)
+signal.signal(DUMP_SIGNAL, lambda signum, frame: None)
 print("ready", flush=True)
 time.sleep(120)
 """
