@@ -40,7 +40,9 @@ __all__ = [
     "checksum_file",
     "committed_steps",
     "fsync_file",
+    "is_real_dir",
     "read_manifest",
+    "remove_entry",
     "root_problem",
     "step_dir_name",
     "verify_files",
@@ -191,9 +193,11 @@ def verify_files(
             )
 
 
-def committed_steps(root: Path) -> list[tuple[int, Path]]:
+def committed_steps(root: Path, *, links: bool = False) -> list[tuple[int, Path]]:
     """``(step, dir)`` of every directory that carries a commit marker, newest first
-    (the marker says committed; verification is the reader's next step)."""
+    (the marker says committed; verification is the reader's next step). A step that is
+    a symbolic link counts only with ``links`` (a load may read through one; retention
+    never follows one out of the job)."""
     try:
         names = os.listdir(root)
     except FileNotFoundError:
@@ -201,9 +205,32 @@ def committed_steps(root: Path) -> list[tuple[int, Path]]:
     out = []
     for name in names:
         m = STEP_RE.match(name)
-        if m and (root / name / COMMIT_MARKER).exists():
+        if not m or not (links or is_real_dir(root / name)):
+            continue
+        if (root / name / COMMIT_MARKER).exists():
             out.append((int(m.group(1)), root / name))
     return sorted(out, reverse=True)
+
+
+def is_real_dir(path: Path) -> bool:
+    """A directory, not a symbolic link to one (``lstat``)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def remove_entry(path: Path) -> None:
+    """Delete a checkpoint directory without following links: a symbolic link is
+    unlinked itself; a real directory loses its commit marker first (a half-deleted
+    checkpoint is never taken for a good one), then the rest."""
+    if not is_real_dir(path):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return
+    with contextlib.suppress(OSError):
+        (path / COMMIT_MARKER).unlink(missing_ok=True)  # a link: only the link goes
+    shutil.rmtree(path, ignore_errors=True)  # rmtree never follows links inside
 
 
 def replace_dir(tmp: Path, final: Path) -> None:
@@ -222,7 +249,8 @@ def prune(root: Path, keep: int, *, protect: set[Path], keep_tmp_prefix: str | N
     """Retention: delete committed checkpoints beyond the newest ``keep`` (-1: none),
     uncommitted ``step_*`` directories older than the newest committed one, and stale
     temporary directories (not ``keep_tmp_prefix``, the writer's own). Never a path in
-    ``protect``. Returns what was removed."""
+    ``protect``, never through a symbolic link (a linked step is neither counted nor
+    deleted; a linked temporary loses only the link). Returns what was removed."""
     removed: list[Path] = []
     committed = committed_steps(root)
     doomed = [d for _, d in committed[keep:]] if keep >= 0 else []
@@ -235,7 +263,8 @@ def prune(root: Path, keep: int, *, protect: set[Path], keep_tmp_prefix: str | N
         m = STEP_RE.match(name)
         path = root / name
         if m and newest is not None and int(m.group(1)) < newest:
-            if not (path / COMMIT_MARKER).exists():
+            # a step that links elsewhere (another run's checkpoint) is not this job's
+            if is_real_dir(path) and not (path / COMMIT_MARKER).exists():
                 doomed.append(path)
         elif name.startswith(TMP_PREFIX) and (
             keep_tmp_prefix is None or not name.startswith(keep_tmp_prefix)
@@ -244,10 +273,7 @@ def prune(root: Path, keep: int, *, protect: set[Path], keep_tmp_prefix: str | N
     for path in doomed:
         if path in protect:
             continue
-        with contextlib.suppress(OSError):
-            # the marker first: a half-deleted checkpoint is never taken for a good one
-            (path / COMMIT_MARKER).unlink(missing_ok=True)
-        shutil.rmtree(path, ignore_errors=True)
+        remove_entry(path)
         removed.append(path)
     return removed
 

@@ -573,7 +573,7 @@ class CheckpointManager:
             errors = self.group.errors(problem)
             if errors:
                 raise CheckpointError("checkpoint load directory not usable: " + errors[0])
-            listed = committed_steps(self.load_dir) if self.rank == 0 else []
+            listed = committed_steps(self.load_dir, links=True) if self.rank == 0 else []
             for step, path in self.group.broadcast([(s, str(p)) for s, p in listed]):
                 out.append((step, "persistent", path))
         out.sort(key=lambda c: (c[0], c[1] == "local"), reverse=True)

@@ -177,6 +177,8 @@ class NodeServices:
     def on_group_failure(self, root: dict[str, Any]) -> None:
         """The agent saw this node's worker group fail; ``root`` is its root cause (exit
         codes and error files: a rank killed by a signal before its peers' errors)."""
+        if self.faults is not None:
+            self.faults.group_failed()  # the restart under way is real
         rank, pid = root.get("rank"), root.get("pid")
         if not isinstance(rank, int) or not root.get("signal"):
             # Only a signal is news to the monitor (it sees a killed rank vanish, like
