@@ -59,6 +59,7 @@ from rankguard.heartbeat.tailer import JsonlTailer
 from rankguard.schema.findings import Finding
 from rankguard.schema.layout import HEALTH_FILE_RE, HEARTBEAT_FILE_RE, HEARTBEAT_SUFFIX, RunLayout
 from rankguard.schema.records import SCHEMA_VERSION, HeartbeatRecord
+from rankguard.textsafe import safe_text
 
 __all__ = ["Evaluator", "FindingSink", "JobMonitor", "RemoteSource", "StatusSource"]
 
@@ -426,7 +427,7 @@ class JobMonitor:
         self._written(self._findings_out, self._findings_out.append(lines))
         self.recent_findings.extend(lines)
         for f in findings:
-            logger.warning("rankguard finding: %s", f.message)
+            logger.warning("rankguard finding: %s", safe_text(f.message))
             self._each_sink("after_write", f)
 
     def _each_sink(self, step: str, finding: Finding) -> None:

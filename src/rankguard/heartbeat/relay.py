@@ -115,7 +115,8 @@ class StoreRelay:
         self.stopped: str | None = None  # why the relay thread ended on an error
         self.ignored_records = 0
         self._latest: dict[int, HeartbeatRecord] = {}
-        self._started: dict[int, int] = {}  # rank -> start time (ns) of its latest process
+        # rank -> start time (ns) of its latest process: wall clock, monotonic clock
+        self._started: dict[int, tuple[int, int | None]] = {}
         self._tailers: dict[str, JsonlTailer] = {}
         self._stop = threading.Event()
         self._wake = threading.Event()  # push now (the launcher is stopping the node)
@@ -228,10 +229,11 @@ class StoreRelay:
         if rec.run_id != self.run_id:
             return
         old = self._latest.get(rec.rank)
-        if not supersedes(rec, old, old_start_ns=self._started.get(rec.rank)):
+        start, start_mono = self._started.get(rec.rank, (None, None))
+        if not supersedes(rec, old, old_start_ns=start, old_start_mono_ns=start_mono):
             return
         if old is None or old.pid != rec.pid or rec.event is Event.PROCESS_START:
-            self._started[rec.rank] = rec.wall_time_ns
+            self._started[rec.rank] = (rec.wall_time_ns, rec.monotonic_ns)
         self._latest[rec.rank] = rec
 
     def _health(self) -> dict[str, Any] | None:

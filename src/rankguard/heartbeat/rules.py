@@ -75,6 +75,7 @@ class RankState:
     record: HeartbeatRecord | None = None  # latest record of the current pid
     seen_at: float | None = None  # monitor clock when ``record`` was first seen
     start_wall_ns: int | None = None
+    start_mono_ns: int | None = None  # the same start by the host's monotonic clock
     liveness: Liveness = Liveness.NOT_OBSERVED
     progress: Progress = Progress.NOT_OBSERVED
     heartbeat_age_s: float | None = None
@@ -92,6 +93,7 @@ class RankState:
         self.record = None
         self.seen_at = None
         self.start_wall_ns = None
+        self.start_mono_ns = None
         self.liveness = Liveness.NOT_OBSERVED
         self.progress = Progress.NOT_OBSERVED
         self.heartbeat_age_s = None
@@ -201,7 +203,12 @@ class HeartbeatRules:
         state = self.ranks.get(rank)
         if state is None:
             state = self.ranks[rank] = RankState(rank=rank)
-        if not supersedes(record, state.record, old_start_ns=state.start_wall_ns):
+        if not supersedes(
+            record,
+            state.record,
+            old_start_ns=state.start_wall_ns,
+            old_start_mono_ns=state.start_mono_ns,
+        ):
             if state.record is not None and record.pid != state.record.pid:
                 self._ignore(f"late record of a replaced process of rank {rank}")
             return False
@@ -226,6 +233,7 @@ class HeartbeatRules:
             self._first_sighting = now
         if record.event is Event.PROCESS_START or state.start_wall_ns is None:
             state.start_wall_ns = record.wall_time_ns
+            state.start_mono_ns = record.monotonic_ns
         self._due.changed(rank, record.node_rank)
         return True
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 import tracemalloc
 from functools import partial
 from pathlib import Path
+
+import pytest
 
 from rankguard.heartbeat.monitor import JobMonitor
 from rankguard.schema.layout import FINDINGS_FILE
@@ -64,3 +67,18 @@ def test_huge_world_size_without_a_bound_gives_one_finding(tmp_path: Path) -> No
     lines = (tmp_path / FINDINGS_FILE).read_text(encoding="utf-8").splitlines()
     never = [json.loads(x) for x in lines if "never_observed" in x]
     assert len(never) == 1 and never[0]["never_seen_count"] == 199_999
+
+
+def test_a_hostname_with_terminal_escapes_is_logged_escaped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock()
+    mon = _monitor(tmp_path, clock, max_world_size=1)
+    write(tmp_path, rec(0, 0, world_size=1, hostname="evil\x1b]0;owned\x07\x1b[2J"))
+    mon.scan_once()
+    clock.t += 30
+    with caplog.at_level(logging.WARNING, logger="rankguard.heartbeat.monitor"):
+        mon.scan_once()
+    logged = [r.getMessage() for r in caplog.records if "rankguard finding" in r.getMessage()]
+    assert logged and all("\x1b" not in m and "\x07" not in m for m in logged)
+    assert "\\x1b" in logged[0]
