@@ -42,6 +42,7 @@ __all__ = [
     "fsync_file",
     "is_real_dir",
     "read_manifest",
+    "read_regular",
     "remove_entry",
     "root_problem",
     "step_dir_name",
@@ -144,20 +145,42 @@ def write_commit(directory: Path, step: int, manifest_checksum: str, meta: dict[
     fsync_dir(directory)
 
 
+_MAX_META = 64 << 20  # the largest manifest or marker read (a manifest lists every file)
+
+
+def read_regular(path: Path, limit: int) -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit``; OSError for a link, a
+    device or a FIFO (never opened for reading: ``/dev/zero`` would not end) and for a
+    larger file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{path}: not a regular file")
+        if st.st_size > limit:
+            raise OSError(f"{path}: {st.st_size} bytes, more than {limit}")
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            return fh.read(limit + 1)[:limit]
+    finally:
+        os.close(fd)
+
+
 def read_manifest(directory: Path) -> dict[str, Any]:
     """The verified manifest of a committed checkpoint; CheckpointError otherwise."""
     marker_path = directory / COMMIT_MARKER
     try:
-        marker = json.loads(marker_path.read_text())
+        marker = json.loads(read_regular(marker_path, _MAX_META))
     except FileNotFoundError:
         raise CheckpointError(f"{directory}: not committed (no {COMMIT_MARKER})") from None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise CheckpointError(f"{marker_path}: unreadable commit marker: {exc}") from None
     try:
-        data = (directory / MANIFEST_FILE).read_bytes()
+        data = read_regular(directory / MANIFEST_FILE, _MAX_META)
         manifest = json.loads(data)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise CheckpointError(f"{directory / MANIFEST_FILE}: unreadable: {exc}") from None
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{directory / MANIFEST_FILE}: not an object")
     algo = manifest.get("checksum", "crc32") if isinstance(manifest, dict) else "crc32"
     if not isinstance(marker, dict) or marker.get("manifest_checksum") != checksum_bytes(
         data, algo
@@ -165,21 +188,44 @@ def read_manifest(directory: Path) -> dict[str, Any]:
         raise CheckpointError(f"{directory}: manifest does not match its commit marker")
     if not isinstance(manifest.get("files"), dict):
         raise CheckpointError(f"{directory / MANIFEST_FILE}: no file list")
+    for name, entry in manifest["files"].items():
+        problem = _entry_problem(name, entry)
+        if problem is not None:
+            raise CheckpointError(f"{directory / MANIFEST_FILE}: file {name!r:.80}: {problem}")
     return manifest
+
+
+def _entry_problem(name: str, entry: Any) -> str | None:
+    """Why a manifest entry cannot name a file of its checkpoint, or None."""
+    parts = name.split("/")
+    if not name or name.startswith("/") or "\\" in name or "\x00" in name:
+        return "not a relative path"
+    if any(part in ("", ".", "..") for part in parts):
+        return "leaves the checkpoint directory"
+    if not isinstance(entry, dict):
+        return "no size and checksum"
+    size, checksum = entry.get("size"), entry.get("checksum")
+    if type(size) is not int or size < 0 or not isinstance(checksum, str):
+        return "no size and checksum"
+    return None
 
 
 def verify_files(
     directory: Path, manifest: dict[str, Any], names: list[str], *, checksum: bool = True
 ) -> None:
-    """Check size and (``checksum``) checksum of ``names`` (some of the manifest's files)."""
+    """Check size and (``checksum``) checksum of ``names`` (some of the manifest's
+    files), each a regular file (never read through a link: a device would not end)."""
     algo = manifest.get("checksum", "crc32")
     for name in names:
         want = manifest["files"][name]
         path = directory / name
         try:
-            size = path.stat().st_size
+            st = os.lstat(path)
         except OSError as exc:
             raise CheckpointError(f"{path}: missing ({exc.strerror})") from None
+        if not stat.S_ISREG(st.st_mode):  # a link, a device (/dev/zero), a directory
+            raise CheckpointError(f"{path}: not a regular file")
+        size = st.st_size
         if size != want["size"]:
             raise CheckpointError(
                 f"{path}: {size} bytes, the manifest says {want['size']} (torn or truncated)"

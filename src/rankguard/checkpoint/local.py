@@ -34,6 +34,7 @@ from rankguard.checkpoint.files import (
     checksum_bytes,
     is_real_dir,
     read_manifest,
+    read_regular,
     remove_entry,
     replace_dir,
     step_dir_name,
@@ -129,14 +130,16 @@ class LocalStore:
         manifest = read_manifest(folder)
         want = manifest["files"].get(SHARD_FILE)
         path = folder / SHARD_FILE
+        if want is None:
+            raise CheckpointError(f"{folder / 'manifest.json'}: no entry for {SHARD_FILE}")
         try:
-            data = path.read_bytes()
+            size = os.lstat(path).st_size
+            data = read_regular(path, want["size"]) if size == want["size"] else b""
         except OSError as exc:
-            raise CheckpointError(f"{path}: unreadable ({exc.strerror})") from None
-        if want is None or len(data) != want["size"]:
+            raise CheckpointError(f"{path}: unreadable ({exc.strerror or exc})") from None
+        if size != want["size"] or len(data) != want["size"]:
             raise CheckpointError(
-                f"{path}: {len(data)} bytes, the manifest says "
-                f"{want and want['size']} (torn or truncated)"
+                f"{path}: {size} bytes, the manifest says {want['size']} (torn or truncated)"
             )
         got = checksum_bytes(data, manifest.get("checksum", "crc32"))
         if got != want["checksum"]:

@@ -234,7 +234,7 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
     run_dir = run_dir_for(cfg, run_id)
     try:
         prepare_run_dir(Path(cfg.log_dir), run_dir, cfg.dir_mode())
-    except (ForeignDirectoryError, NotADirectoryError) as exc:
+    except (ForeignDirectoryError, NotADirectoryError, ValueError) as exc:
         _say(str(exc))
         return EXIT_USAGE
     refused = _preflight(opts, cfg, run_dir)

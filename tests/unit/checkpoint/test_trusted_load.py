@@ -153,3 +153,37 @@ def test_world_writable_or_foreign_roots_are_refused(
     assert "belongs to" in (root_problem(mine) or "")
     assert root_problem(mine, owner=False) is None  # read-only use of another's
     assert root_problem(tmp_path / "missing") is None
+
+
+@pytest.mark.parametrize("name", ["../outside.bin", "/etc/passwd", "a/../../b", "", "x\\y"])
+def test_manifest_names_outside_the_checkpoint_are_refused(tmp_path: Path, name: str) -> None:
+    from rankguard.checkpoint.files import read_manifest
+
+    with _manager(tmp_path, DataPosition()) as m:
+        m.save(1)
+    step = tmp_path / "ckpt" / "step_000000001"
+    manifest = json.loads((step / MANIFEST_FILE).read_text())
+    manifest["files"][name] = {"size": 1, "checksum": "0", "rank": 0}
+    raw = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
+    (step / MANIFEST_FILE).write_bytes(raw)
+    marker = json.loads((step / COMMIT_MARKER).read_text())
+    marker["manifest_checksum"] = checksum_bytes(raw, manifest.get("checksum", "crc32"))
+    (step / COMMIT_MARKER).write_text(json.dumps(marker))
+    with pytest.raises(CheckpointError, match=r"relative path|leaves the checkpoint"):
+        read_manifest(step)
+
+
+@pytest.mark.timeout(20)
+def test_a_device_planted_as_a_checkpoint_file_does_not_hang_the_load(tmp_path: Path) -> None:
+    with _manager(tmp_path, DataPosition(index=4)) as m:
+        m.save(1)
+        m.save(2)
+    newest = tmp_path / "ckpt" / "step_000000002"
+    (newest / "rank_0.state").unlink()
+    (newest / "rank_0.state").symlink_to("/dev/zero")
+    (newest / MANIFEST_FILE).rename(newest / "manifest.real")
+    (newest / MANIFEST_FILE).symlink_to("/dev/zero")
+    data = DataPosition()
+    with _manager(tmp_path, data) as m:
+        assert m.load_latest() == 1
+    assert data.index == 4
