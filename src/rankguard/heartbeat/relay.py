@@ -63,6 +63,7 @@ from rankguard.heartbeat.procs import pid_running
 from rankguard.heartbeat.tailer import JsonlTailer
 from rankguard.schema.layout import HEARTBEAT_FILE_RE, RunLayout, StoreKeys
 from rankguard.schema.records import Event, HeartbeatRecord, RecordError, supersedes
+from rankguard.wakeup import Wakeup
 
 _MAX_MULTI_GET = 4096  # keys per multi_get round trip (bounded replies)
 
@@ -119,7 +120,7 @@ class StoreRelay:
         self._started: dict[int, tuple[int, int | None]] = {}
         self._tailers: dict[str, JsonlTailer] = {}
         self._stop = threading.Event()
-        self._wake = threading.Event()  # push now (the launcher is stopping the node)
+        self._wake = Wakeup()  # push now (set from a signal handler: no lock)
         self.shutdown: str | None = None  # why this node's launcher stops its workers
         self.root_cause: tuple[int, int | None] | None = None  # from this node's agent
         self._thread: threading.Thread | None = None
@@ -177,7 +178,6 @@ class StoreRelay:
             # bounded back-off while pushes keep failing in a way push_once did not catch
             wait = min(MAX_BACKOFF_S, self.interval_s * 2.0 ** min(failures, 16))
             self._wake.wait(max(self.interval_s, wait) if failures else self.interval_s)
-            self._wake.clear()
             if self._stop.is_set():
                 break
             try:

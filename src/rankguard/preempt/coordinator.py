@@ -47,6 +47,7 @@ from rankguard.preempt.config import PreemptionConfig
 from rankguard.schema.findings import Finding, FindingType, Reason
 from rankguard.schema.layout import StoreKeys
 from rankguard.textsafe import safe_text
+from rankguard.wakeup import Wakeup
 
 if TYPE_CHECKING:
     from rankguard.ft.kill import OwnedWorkers
@@ -104,7 +105,7 @@ class PreemptionCoordinator:
         self._published = False
         self.bad_values = 0  # store values that were not a preemption (logged, rate-limited)
         self._forwarded = False
-        self._wake = threading.Event()
+        self._wake = Wakeup()  # set from the signal handler: no lock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -159,7 +160,6 @@ class PreemptionCoordinator:
     def _loop(self) -> None:
         while not self._stop.is_set():
             self._wake.wait(POLL_S)
-            self._wake.clear()
             try:
                 self.tick()
             except Exception:
