@@ -9,7 +9,10 @@ never loaded.
 
 Checksum: zlib's CRC-32 (standard library, releases the GIL, measured 4.1 GB/s against
 0.8 GB/s for BLAKE2b and 1.5 GB/s for SHA-256 on the same host): it detects torn and
-truncated files and bit rot, not tampering; ``checksum: blake2b`` when that matters.
+truncated files and bit rot. Neither it nor BLAKE2b detects tampering: the checksums sit
+unkeyed beside the data, in a manifest the same writer can rewrite. What keeps a planted
+checkpoint out is :func:`root_problem` (who may write the directory) and a load that
+runs no code.
 """
 
 from __future__ import annotations
