@@ -53,9 +53,9 @@ Fault kinds and the verdict each case expects (finding type on (node, local rank
 - ``relay_death``: the relay thread of node 1 dies (``fault_matrix_launcher.py``) while
   its ranks keep training -> node 1's ranks reported (``rank_process_heartbeat_timeout``
   on both; the monitor cannot tell a dead relay from dead ranks), none of node 0's. Of
-  the answers the monitor can give this is the right one only with the relay's death
-  said on node 1 (``THE RELAY THREAD OF NODE 1 STOPPED``); blaming node 1's live ranks
-  is then the expected consequence, not a culprit;
+  the answers the monitor can give this is the right one only with the relay's failure
+  said on node 1 (``PUSH FAILED``, or ``THE RELAY THREAD OF NODE 1 STOPPED``); blaming
+  node 1's live ranks is then the expected consequence, not a culprit;
 - ``forged_record``: two nodes; a store client of this script writes node 1's relay keys
   (a record claiming 200,000 ranks, a record of node 0 under node 1's key, a health
   snapshot whose ``gpus`` is a number) and appends a 200,000-rank record to a heartbeat
@@ -969,8 +969,10 @@ def evaluate(
         res.right = res.right and not res.completed and res.orphans == 0
     if c.kind == "launcher_sigkill":
         res.right = res.right and res.orphans_at_kill == 0
-    if c.kind == "relay_death" and "THE RELAY THREAD OF NODE 1 STOPPED" not in out:
+    relay_said = ("rankguard relay: PUSH FAILED", "THE RELAY THREAD OF NODE 1 STOPPED")
+    if c.kind == "relay_death" and not any(said in out for said in relay_said):
         res.right = False
+        res.note += "the relay's failure was not said on node 1; "
     if c.kind == "monitor_crash":
         said = monitor_errors_said(run_dirs[0], launchers[0].text())
         if not said:
