@@ -646,7 +646,7 @@ def build_cmd(
         cmd += ["--nnodes", str(c.nnodes)]
         if c.variant != "rdzv":  # rdzv: no --node-rank, the rendezvous numbers the nodes
             cmd += ["--node-rank", str(node)]
-        cmd += ["--rdzv-endpoint", f"127.0.0.1:{port}"]
+        cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
     cmd += ["--nproc-per-node", str(c.nproc), "--rdzv-id", run_id, "--log-dir", str(log_dir)]
     sets = list(FAST)
     if c.kind == "slow_rank" or c.variant == "straggler":

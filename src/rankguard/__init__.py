@@ -9,10 +9,13 @@ In a training script started by ``rankguard run``::
             loss = train_step(batch)
     with rg.checkpoint("step_100"):  # long saves do not look like hangs
         save(...)
+
+Code that takes a session types it ``rankguard.RankSession`` (both sessions satisfy it).
 """
 
+from rankguard.ranksession import RankSession
 from rankguard.session import NullSession, Session, current, init
 
-__all__ = ["NullSession", "Session", "__version__", "current", "init"]
+__all__ = ["NullSession", "RankSession", "Session", "__version__", "current", "init"]
 
 __version__ = "0.1.0"

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from rankguard._fs import atomic_write_json
 from rankguard.heartbeat.api import FindingSink
+from rankguard.schema.blocks import CheckpointBlock, PreemptBlock, read_block
 from rankguard.schema.findings import Finding, FindingType
 from rankguard.schema.layout import CONTROL_FILE
 from rankguard.schema.records import HeartbeatRecord
@@ -60,9 +61,12 @@ def fastest_step_s(records: list[HeartbeatRecord]) -> float | None:
         perf = rec.perf
         if perf is not None and isinstance(perf.get("step_time_ms"), (int, float)):
             times.append(float(perf["step_time_ms"]) / 1e3)
-        pre = rec.extra.get("preempt")
-        measured = pre.get("step_min_s") if isinstance(pre, dict) else None
-        if isinstance(measured, (int, float)) and not isinstance(measured, bool):
+        try:
+            pre = read_block(rec, PreemptBlock)
+        except ValueError:  # a malformed block: the phase's average below
+            pre = None
+        measured = pre.step_min_s if pre is not None else None
+        if measured is not None:
             # the rank's own shortest recent step: the phase's average below is wrong
             # after a checkpoint (the phase restarts, its elapsed time does not cover seq)
             times.append(float(measured))
@@ -76,8 +80,11 @@ def fastest_step_s(records: list[HeartbeatRecord]) -> float | None:
 
 def _checkpoints(rec: HeartbeatRecord) -> int:
     """How many of ``rec``'s progress steps were saves (``checkpoint_count``)."""
-    count = rec.extra.get("checkpoint_count")
-    return count if type(count) is int and 0 <= count <= rec.progress_seq else 0
+    try:
+        block = read_block(rec, CheckpointBlock)
+    except ValueError:
+        return 0
+    return block.saves_in(rec.progress_seq) if block is not None else 0
 
 
 class StopAgreement(FindingSink):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import reprlib
 import types
 import typing
@@ -43,6 +44,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 _FLAGSCALE_PREFIX = ("experiment", "runner")
 
@@ -94,6 +96,14 @@ class RankguardConfig:
             "own 'enabled'."
         },
     )
+    exit_codes: str = field(
+        default="rankguard",
+        metadata={
+            "help": "'rankguard': the launcher's own exit codes; 'kubeflow': the retryable "
+            "ones moved into 128-255, which Kubeflow's ExitCode restart policy retries "
+            "(docs/kubernetes.md)."
+        },
+    )
     heartbeat: HeartbeatConfig = field(default_factory=HeartbeatConfig)
     perf: PerfConfig = field(default_factory=PerfConfig)
     fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
@@ -110,6 +120,10 @@ class RankguardConfig:
             # YAML reads an unquoted 0750 as the octal number it is
             self.run_dir_mode = f"0{self.run_dir_mode:o}"
         self.dir_mode()  # validates run_dir_mode
+        if self.exit_codes not in ("rankguard", "kubeflow"):
+            raise ConfigError(
+                f"exit_codes: must be 'rankguard' or 'kubeflow', got {self.exit_codes!r}"
+            )
         if self.enable_monitoring is not None:
             self.heartbeat.enabled = self.enable_monitoring
             self.perf.enabled = self.enable_monitoring
@@ -357,24 +371,6 @@ def _strip_flagscale_prefix(parts: list[str]) -> list[str]:
     return parts
 
 
-def _unwrap_flagscale_layout(doc: dict[str, Any]) -> dict[str, Any]:
-    if set(doc) != {"experiment"}:
-        return doc
-    experiment = doc["experiment"]
-    if not isinstance(experiment, dict):
-        raise ConfigError("experiment: expected a mapping with a 'runner' block")
-    extra = sorted(set(experiment) - {"runner"})
-    if extra:
-        raise ConfigError(
-            f"unknown config key(s) {', '.join('experiment.' + k for k in extra)}; "
-            "only experiment.runner is read"
-        )
-    runner = experiment.get("runner") or {}
-    if not isinstance(runner, dict):
-        raise ConfigError("experiment.runner: expected a mapping")
-    return runner
-
-
 def apply_override(doc: dict[str, Any], override: str) -> None:
     """Apply one ``a.b.c=value`` override to a plain-dict config document.
 
@@ -408,9 +404,14 @@ def apply_override(doc: dict[str, Any], override: str) -> None:
 
 
 def load_config(
-    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+    path: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    *,
+    defaults: dict[str, Any] | None = None,
 ) -> RankguardConfig:
-    """YAML file (optional) + overrides -> validated :class:`RankguardConfig`."""
+    """YAML file (optional) + overrides -> validated :class:`RankguardConfig`.
+    ``defaults``: dotted keys set only where neither the file nor an override set them
+    (``rankguard run``'s own defaults, e.g. heartbeats on)."""
     doc: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -428,9 +429,30 @@ def load_config(
             loaded = {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {p}: top level must be a mapping")
-        doc = _unwrap_flagscale_layout(loaded)
-    for ov in overrides:
-        apply_override(doc, ov)
+        doc = loaded
+    # FlagScale's experiment YAML and Megatron Bridge's names, read as they are (the
+    # file's FlagScale runner first, so that overrides apply on top of it)
+    from rankguard.layouts import normalize, unwrap_flagscale
+
+    try:
+        doc, notes = unwrap_flagscale(doc)
+        for ov in overrides:
+            apply_override(doc, ov)
+        doc, again = unwrap_flagscale(doc)  # FlagScale keys given as overrides
+        doc, more = normalize(doc)
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    for line in (*notes, *again, *more):
+        logger.warning("rankguard: %s", line)
+    for key, value in (defaults or {}).items():
+        node: Any = doc
+        *parents, last = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {}) if isinstance(node, dict) else None
+        if isinstance(node, dict) and last not in node:
+            node[last] = value
     return build(RankguardConfig, doc)
 
 

@@ -1,51 +1,50 @@
 """The in-loop API: one call to start, one cheap call per step.
 
-``rankguard.init()`` reads everything from the environment the launcher set and returns
-a :class:`Session`; outside any launcher it returns a :class:`NullSession` whose
-methods do nothing. Under plain torchrun it returns a local session: the in-rank parts
-(progress hook, performance monitor and its files under ``rankguard_logs/``) work, and
-one log line says that cross-rank monitoring needs ``rankguard run``. Sessions are plain
-objects, not hidden globals: tests may create several in one process; ``init()`` only
-remembers the process's default one so that the worker bootstrap and the user's script
-share it.
+``rankguard.init()`` builds the session from the environment the launcher set
+(:mod:`rankguard.bootstrap`, from :class:`rankguard.runenv.RunEnv`) and returns a
+:class:`Session`; outside any launcher it returns a :class:`NullSession` whose methods
+do nothing. Both satisfy :class:`rankguard.ranksession.RankSession`. Under plain
+torchrun it returns a local session: the in-rank parts (progress hook, performance
+monitor and its files under ``rankguard_logs/``) work, and one log line says that
+cross-rank monitoring needs ``rankguard run``. Sessions are plain objects, not hidden
+globals: tests may create several in one process; ``init()`` only remembers the
+process's default one so that the worker bootstrap and the user's script share it.
+Components reach the session through its constructor and its methods
+(:meth:`Session.add_heartbeat_block`), never by setting its attributes.
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
-import os
-import sys
 import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from rankguard import runenv
 from rankguard.agree import ControlReader
-from rankguard.config import loads_config
-from rankguard.ft.simulate import FaultSimulator
-from rankguard.ft.stats import SectionStats
 from rankguard.heartbeat.config import HeartbeatConfig
-from rankguard.heartbeat.identity import ENV, RankIdentity
+from rankguard.heartbeat.identity import RankIdentity
 from rankguard.heartbeat.publisher import HeartbeatPublisher
-from rankguard.perf.reporter import PerfReporter
 from rankguard.phases import PhaseWatcher
 from rankguard.preempt.handler import ignore_exit_signal
-from rankguard.preempt.rank import RankPreemption
-from rankguard.schema.layout import perf_dir
-from rankguard.straggler.probe import ComputeProbe
+from rankguard.schema.blocks import BlockSource, PerfBlock, StragglerBlock, fields_source
 from rankguard.timeline import ProgressTracker
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     import torch
 
+    from rankguard.heartbeat.lifeline import Lifeline
     from rankguard.perf.autodetect import PerfDetector
+    from rankguard.perf.reporter import PerfReporter
+    from rankguard.preempt.rank import RankPreemption
+    from rankguard.ranksession import RankSession
     from rankguard.rerun.config import RerunStateMachineConfig
     from rankguard.rerun.machine import RerunStateMachine
+    from rankguard.straggler.probe import ComputeProbe
 
-__all__ = ["NullSession", "Session", "current", "init"]
+__all__ = ["NullSession", "Session", "current", "init", "install"]
 
 logger = logging.getLogger(__name__)
 
@@ -143,44 +142,54 @@ class Session:
         tracker: ProgressTracker | None = None,
         publish: bool = True,
         perf: PerfReporter | None = None,
-        extra: Callable[[], dict[str, Any]] | None = None,
+        blocks: Sequence[BlockSource] = (),
         probe: ComputeProbe | None = None,
         phases: PhaseWatcher | None = None,
         detector: PerfDetector | None = None,
         rerun_config: RerunStateMachineConfig | None = None,
         preemption: RankPreemption | None = None,
         dataloader_ignores_signal: bool = False,
+        lifeline: Lifeline | None = None,
+        env: runenv.RunEnv | None = None,
     ) -> None:
         """``phases``: recognises evaluation and saving from the main thread's stack
         (the one the perf reporter samples too); by default one built from
-        ``config.phase_patterns`` when ``config.phase_detection`` is on."""
+        ``config.phase_patterns`` when ``config.phase_detection`` is on. ``blocks``:
+        more heartbeat block sources (see :meth:`add_heartbeat_block`). ``lifeline``:
+        the heartbeat thread checks at every beat that the launcher is still there.
+        ``env``: the run's environment (default: this process's, when asked)."""
         self.identity = identity
         self.detector = detector  # batch shape and FLOPs of an unmodified script
         self.rerun_config = rerun_config
         self.preemption = preemption
         self._dataloader_ignores_signal = dataloader_ignores_signal
+        self._env = env
         self.config = config
         self.tracker = tracker or ProgressTracker()
         self.perf = perf
         if phases is None and config.phase_detection:
             phases = PhaseWatcher(self.tracker, config.phase_patterns)
         self.phases = phases
-        self._added: list[Callable[[], dict[str, Any] | None]] = []
+        self._control: ControlReader | None = ControlReader(run_dir) if publish else None
+        sources: list[BlockSource] = []
+        if perf is not None:
+            sources.append(fields_source(PerfBlock, perf.heartbeat_fields))
+        sources += blocks
+        if probe is not None:
+            sources.append(fields_source(StragglerBlock, probe.heartbeat_fields))
+        if preemption is not None:
+            sources.append(preemption.heartbeat_block)
         self.publisher = (
             HeartbeatPublisher(
                 identity,
                 run_dir,
                 self.tracker,
                 config.publish_interval_s,
-                extra=_merge(
-                    perf.heartbeat_fields if perf is not None else None,
-                    extra,
-                    probe.heartbeat_fields if probe is not None else None,
-                    preemption.heartbeat_fields if preemption is not None else None,
-                    self._added_fields,
-                ),
+                blocks=sources,
+                ticks=(self._poll_control,),
                 max_file_bytes=config.max_file_bytes,
                 phases=phases,
+                lifeline=lifeline,
             )
             if publish
             else None
@@ -195,36 +204,40 @@ class Session:
         if probe is not None:  # straggler detection: measure each step's own compute
             self._tracker_step_end = probe.step_end
             self._compute = probe  # ``with probe:`` times one compute section
-        self._control: ControlReader | None = None
         self._stop_at: int | None = None
         # should_stop()'s fast path: True while there is nothing to look at (no stop
         # step, no signal). The first question turns the exit-signal handler on.
         self._quiet = False
         if preemption is not None:
-            preemption.handler.on_signal = self._note_signal
+            preemption.notify(self._note_signal)
         if self.publisher is not None:
-            self._control = ControlReader(run_dir)
-            self.publisher.ticks.append(self._poll_control)
             self.publisher.start()
         if perf is not None:
             perf.start()
 
-    def add_heartbeat_fields(self, source: Callable[[], dict[str, Any] | None]) -> None:
-        """More fields for every heartbeat record from now on (the in-process restart's
-        ``inprocess`` object); ``source`` runs on the heartbeat thread."""
-        self._added.append(source)
+    def add_heartbeat_block(self, source: BlockSource) -> None:
+        """A heartbeat block in every record from now on (the rerun state machine's
+        ``rerun``, the in-process restart's ``inprocess``): ``source`` runs on the
+        heartbeat thread before each record and returns a block of
+        :mod:`rankguard.schema.blocks` (None: none in that record). Without heartbeats
+        (``publish=False``) nothing is published."""
+        if self.publisher is not None:
+            self.publisher.add_block(source)
 
-    def _added_fields(self) -> dict[str, Any] | None:
-        out: dict[str, Any] = {}
-        for source in list(self._added):
-            out.update(source() or {})
-        return out or None
+    @property
+    def current_phase(self) -> str | None:
+        """The phase the tracker holds now."""
+        return self.tracker.phase
+
+    def mark_recovered(self) -> None:
+        """Back from an in-process restart: progress counts afresh from now."""
+        self.tracker.mark_recovered()
 
     @property
     def restart_count(self) -> int:
         """How many times the launcher restarted the worker group before this process
         (0 in the first attempt): resume from the latest checkpoint when > 0."""
-        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        return (self._env or runenv.current()).restart_count
 
     # ---- hot path -------------------------------------------------------------------
 
@@ -319,8 +332,7 @@ class Session:
         rank's heartbeats and become findings. ``kwargs``: checkpoint, state_dir, group,
         generators (see the class)."""
         machine = _rerun_machine(config or self.rerun_config, kwargs)
-        if self.publisher is not None:
-            self.publisher.add_fields(machine.heartbeat_fields)
+        self.add_heartbeat_block(machine.heartbeat_block)
         return machine
 
     # ---- phases and checkpoints -----------------------------------------------------
@@ -458,33 +470,16 @@ class Session:
             self.preemption.release()
 
 
-def _merge(
-    *sources: Callable[[], dict[str, Any] | None] | None,
-) -> Callable[[], dict[str, Any] | None] | None:
-    """One ``extra`` callable for the publisher from several."""
-    live = [s for s in sources if s is not None]
-    if not live:
-        return None
-    if len(live) == 1:
-        return live[0]
-
-    def merged() -> dict[str, Any] | None:
-        out: dict[str, Any] = {}
-        for source in live:
-            out.update(source() or {})
-        return out or None
-
-    return merged
-
-
 class NullSession:
     """What ``init()`` returns outside ``rankguard run``: every call is a no-op."""
 
     enabled = False
+    perf: PerfReporter | None = None
+    current_phase: str | None = None
 
     @property
     def restart_count(self) -> int:
-        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        return runenv.current().restart_count
 
     def step_end(self, iteration: int | None = None) -> None:
         pass
@@ -493,7 +488,10 @@ class NullSession:
         self, config: RerunStateMachineConfig | None = None, **kwargs: Any
     ) -> RerunStateMachine:
         """The rerun state machine without monitoring: its outcomes go to the log only."""
-        return _rerun_machine(config or _rerun_config_from_env(), kwargs)
+        if config is None:
+            run = runenv.current().config
+            config = run.rerun_state_machine if run is not None else None
+        return _rerun_machine(config, kwargs)
 
     def step(self, iteration: int | None = None) -> _NullContext:
         return _NULL_CONTEXT
@@ -511,6 +509,12 @@ class NullSession:
         pass
 
     def checkpoint_end(self) -> None:
+        pass
+
+    def mark_recovered(self) -> None:
+        pass
+
+    def add_heartbeat_block(self, source: BlockSource) -> None:
         pass
 
     def install_optimizer_hook(self) -> None:
@@ -567,13 +571,6 @@ def _rerun_machine(
     return RerunStateMachine(config, **kwargs)
 
 
-def _rerun_config_from_env() -> RerunStateMachineConfig | None:
-    text = os.environ.get(ENV.CONFIG)
-    if not text or os.environ.get(ENV.LAUNCHER) != "1":
-        return None
-    return loads_config(text).rerun_state_machine
-
-
 class _NullContext:
     __slots__ = ()
 
@@ -589,136 +586,29 @@ _default: Session | NullSession | None = None
 _default_lock = threading.Lock()
 
 
-def _session_from_env() -> Session | NullSession:
-    run_dir = os.environ.get(ENV.RUN_DIR)
-    if not run_dir or os.environ.get(ENV.LAUNCHER) != "1":
-        if os.environ.get("TORCHELASTIC_RUN_ID"):
-            return _torchrun_session()
-        return NullSession()
-    cfg = loads_config(os.environ[ENV.CONFIG])
-    if not (cfg.heartbeat.enabled or cfg.perf.enabled):
-        return NullSession()
-    identity = RankIdentity.from_env()
-    tracker = ProgressTracker()
-    hb = cfg.heartbeat
-    phases = PhaseWatcher(tracker, hb.phase_patterns) if hb.phase_detection else None
-    perf = None
-    if cfg.perf.enabled:
-        log_dir = Path(os.environ.get(ENV.LOG_DIR) or cfg.log_dir)
-        perf = PerfReporter(
-            cfg.perf,
-            tracker,
-            rank=identity.rank,
-            world_size=identity.world_size,
-            run_id=identity.run_id,
-            out_dir=perf_dir(log_dir, identity.run_id),
-            job=os.environ.get(ENV.JOB),
-            cuda_device=identity.gpu.ordinal if identity.gpu else None,
-            phases=phases,
-        )
-    ft = cfg.fault_tolerance
-    extra = None
-    if ft.calc_ft_timeouts:
-        extra = SectionStats(tracker).heartbeat_fields
-    preemption = None
-    if cfg.preemption.enable_exit_handler:
-        pid = os.environ.get(ENV.LAUNCHER_PID)
-        preemption = RankPreemption(
-            cfg.preemption, tracker, launcher_pid=int(pid) if pid and pid.isdigit() else None
-        )
-        preemption.install()
-    probe = None
-    if cfg.straggler.enabled and cfg.heartbeat.enabled:
-        probe = ComputeProbe(tracker.step_end, every=cfg.straggler.profiling_interval)
-    session = Session(
-        identity,
-        Path(run_dir),
-        cfg.heartbeat,
-        tracker=tracker,
-        publish=cfg.heartbeat.enabled,
-        perf=perf,
-        extra=extra,
-        probe=probe,
-        phases=phases,
-        detector=_detector(perf, identity.world_size),
-        rerun_config=cfg.rerun_state_machine,
-        preemption=preemption,
-        dataloader_ignores_signal=cfg.preemption.enable_exit_handler_for_data_loader,
-    )
-    if ft.simulate_fault and session.restart_count == 0:
-        FaultSimulator(
-            ft, rank=identity.rank, world_size=identity.world_size, run_id=identity.run_id
-        ).start()
-    return session
-
-
-def _detector(perf: PerfReporter | None, world_size: int) -> PerfDetector | None:
-    """The batch and FLOPs detector of an unmodified script (``perf.autodetect``)."""
-    if perf is None or not perf.cfg.autodetect:
-        return None
-    # here, not at the top: it imports torch; `import rankguard` stays torch-free
-    from rankguard.perf.autodetect import PerfDetector
-
-    return PerfDetector(perf, world_size=world_size).install()
-
-
-TORCHRUN_NOTICE = (
-    "rankguard: started by plain torchrun: step times, throughput and TFLOP/s are measured "
-    "in each rank (files under %s); heartbeats, hang detection, stack dumps and restarts "
-    "need the launcher: run this script with `rankguard run` instead of `torchrun`."
-)
-
-
-def _torchrun_session() -> Session:
-    """Plain torchrun: the in-rank parts only (progress from the optimizer hook, the
-    performance monitor with its files under the default log directory), with the
-    default configuration; one line on rank 0 says what is missing."""
-    # here, not at the top: the root config pulls in every component's config
-    from rankguard.config import RankguardConfig
-
-    cfg = RankguardConfig()
-    elastic_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
-    run_id = elastic_id if elastic_id and elastic_id != "none" else "torchrun"
-    identity = RankIdentity.from_env({**os.environ, ENV.RUN_ID: run_id})
-    log_dir = Path(os.environ.get(ENV.LOG_DIR) or cfg.log_dir).absolute()
-    out_dir = perf_dir(log_dir, run_id)
-    tracker = ProgressTracker()
-    job = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else None
-    perf = PerfReporter(
-        cfg.perf,
-        tracker,
-        rank=identity.rank,
-        world_size=identity.world_size,
-        run_id=run_id,
-        out_dir=out_dir,
-        job=job,
-        cuda_device=identity.gpu.ordinal if identity.gpu else None,
-    )
-    if identity.rank == 0:
-        logger.warning(TORCHRUN_NOTICE, out_dir)
-    session = Session(
-        identity,
-        out_dir,
-        cfg.heartbeat,
-        tracker=tracker,
-        publish=False,
-        perf=perf,
-        detector=_detector(perf, identity.world_size),
-    )
-    session.install_optimizer_hook()
-    atexit.register(session.close)
-    return session
+def install(factory: Callable[[], Session | NullSession]) -> Session | NullSession:
+    """The process's default session: built by ``factory`` the first time (the rank
+    bootstrap passes its lifeline this way), the same one afterwards."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = factory()
+        return _default
 
 
 def init() -> Session | NullSession:
     """Start monitoring for this rank (idempotent); a no-op outside the launcher."""
-    global _default
-    with _default_lock:
-        if _default is None:
-            _default = _session_from_env()
-        return _default
+    from rankguard.bootstrap import session_from_env  # it imports this module
+
+    return install(session_from_env)
 
 
 def current() -> Session | NullSession | None:
     """The session ``init()`` created, or None before it."""
     return _default
+
+
+if TYPE_CHECKING:
+
+    def _both_are_rank_sessions(s: Session, n: NullSession) -> tuple[RankSession, RankSession]:
+        return s, n  # mypy checks that both satisfy the protocol

@@ -273,8 +273,10 @@ class ProgressTracker:
         if self.checkpoint_active:
             self.checkpoint_id = checkpoint_id
             return
+        # the phase to come back to: a script that never set one is in train after its
+        # first step (effective_phase), not in setup
+        self._saved_phase = self.effective_phase()[0]
         self._phase_set = True
-        self._saved_phase = self.phase
         self.checkpoint_id = checkpoint_id
         self.checkpoint_active = True
         self.phase = CHECKPOINT_PHASE

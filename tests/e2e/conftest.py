@@ -58,6 +58,8 @@ def node_run(
         "--nproc-per-node",
         str(nproc),
         *([] if node is None else ["--node-rank", str(node)]),
+        "--rdzv-backend",
+        "c10d",
         "--rdzv-endpoint",
         f"127.0.0.1:{port}",
         "--rdzv-id",

@@ -49,6 +49,8 @@ def test_forged_kill_request_for_a_non_worker_is_refused(tmp_path: Path, run_id:
                 "1",
                 "--node-rank",
                 str(node),
+                "--rdzv-backend",
+                "c10d",
                 "--rdzv-endpoint",
                 f"127.0.0.1:{port}",
                 "--rdzv-id",

@@ -174,9 +174,15 @@ def test_unknown_top_level_key(tmp_path: Path) -> None:
         load_config(_write(tmp_path, "bogus: 1\n"))
 
 
-def test_unknown_key_under_experiment_is_an_error(tmp_path: Path) -> None:
+def test_flagscale_sections_beside_the_runner_are_left_alone(tmp_path: Path) -> None:
     text = FLAGSCALE_YAML.replace("experiment:\n", "experiment:\n  trainer: {}\n")
-    with pytest.raises(ConfigError, match=r"experiment\.trainer"):
+    cfg = load_config(_write(tmp_path, text))
+    assert cfg.heartbeat.enabled is True
+
+
+def test_misspelt_rankguard_key_in_the_runner_is_an_error(tmp_path: Path) -> None:
+    text = FLAGSCALE_YAML.replace("    heartbeat:\n", "    heartbeet:\n", 1)
+    with pytest.raises(ConfigError, match=r"experiment\.runner\.heartbeet.*heartbeat"):
         load_config(_write(tmp_path, text))
 
 
@@ -404,6 +410,7 @@ def test_config_to_dict_is_plain() -> None:
         "no_shared_fs",
         "enable_gpu_health_check",
         "enable_monitoring",
+        "exit_codes",
         "heartbeat",
         "perf",
         "fault_tolerance",

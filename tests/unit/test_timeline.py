@@ -116,6 +116,31 @@ def test_checkpoint_end_advances_and_restores_phase() -> None:
     assert t.iteration is None  # a checkpoint is not an iteration
 
 
+def test_checkpoint_in_a_script_that_never_set_a_phase_returns_to_train() -> None:
+    """Zero-code progress (optimizer hook) puts a script in train after its first step;
+    a save then must come back to train, not to the setup it never left explicitly
+    (else setup's timeout applies to training from then on)."""
+    clock = FakeClock()
+    t = _cpu(clock)
+    assert t.effective_phase()[0] == "setup"
+    t.step_end()
+    clock.advance(1)
+    assert t.effective_phase()[0] == "train"
+    t.checkpoint_start(None)
+    clock.advance(2)
+    t.checkpoint_end()
+    assert t.phase == "train" and t.effective_phase()[0] == "train"
+    t.step_end()
+    assert t.effective_phase()[0] == "train"
+
+
+def test_checkpoint_before_the_first_step_returns_to_setup() -> None:
+    t = _cpu()
+    t.checkpoint_start(None)
+    t.checkpoint_end()
+    assert t.phase == "setup"
+
+
 def test_checkpoint_end_without_start_changes_nothing() -> None:
     calls: list[int] = []
     t = _cpu()

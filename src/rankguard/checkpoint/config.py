@@ -9,8 +9,12 @@ clique replication of local checkpoints). The rest are rankguard's own.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rankguard.validate import check_number
+
+if TYPE_CHECKING:
+    from rankguard.runenv import RunEnv
 
 __all__ = ["ASYNC_TYPES", "CHECKSUMS", "FORMATS", "LOCAL_ALGOS", "CheckpointConfig"]
 
@@ -143,19 +147,13 @@ class CheckpointConfig:
             )
 
     @classmethod
-    def from_run(cls) -> CheckpointConfig | None:
-        """The ``checkpoint`` section of the config ``rankguard run`` gave this rank, or
-        None outside the launcher."""
-        import os
+    def from_run(cls, env: RunEnv | None = None) -> CheckpointConfig | None:
+        """The ``checkpoint`` section of the config ``rankguard run`` gave this rank
+        (``env``: default, this process's environment), or None outside the launcher."""
+        from rankguard.runenv import current
 
-        from rankguard.heartbeat.identity import ENV
-
-        text = os.environ.get(ENV.CONFIG)
-        if not text or os.environ.get(ENV.LAUNCHER) != "1":
-            return None
-        from rankguard.config import loads_config
-
-        return loads_config(text).checkpoint
+        run = (env or current()).config
+        return run.checkpoint if run is not None else None
 
     @property
     def local_enabled(self) -> bool:

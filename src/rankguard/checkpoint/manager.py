@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -42,6 +42,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
+from rankguard import runenv
 from rankguard._fs import atomic_write_json, fsync_dir
 from rankguard.checkpoint.config import CheckpointConfig
 from rankguard.checkpoint.files import (
@@ -65,8 +66,12 @@ from rankguard.checkpoint.group import CheckpointGroup
 from rankguard.checkpoint.local import LocalStore, deserialize, replica_peers, serialize
 from rankguard.checkpoint.stager import HostStager
 from rankguard.checkpoint.state import StatePlan
-from rankguard.heartbeat.identity import ENV
+from rankguard.checkpoint.tiers import BoundTier, Candidate, CheckpointTier
+from rankguard.runenv import RunEnv
 from rankguard.schema.layout import CHECKPOINTS_FILE
+
+if TYPE_CHECKING:
+    from rankguard.ranksession import RankSession
 
 __all__ = ["TIERS", "CheckpointManager"]
 
@@ -95,9 +100,15 @@ class CheckpointManager:
         job_id: str | None = None,
         local_world_size: int | None = None,
         writer_factory: WriterFactory | None = None,
-        session: Any = None,
+        session: RankSession | Literal[False] | None = None,
         status_path: str | os.PathLike[str] | None = None,
+        env: RunEnv | None = None,
     ) -> None:
+        """``session``: where saves mark the ``checkpointing`` phase (default: the
+        process's, ``rankguard.session.current()``; False: none). ``env``: the run's environment
+        (default: this process's): the attempt, the local world size, the job's id and,
+        under ``rankguard run``, where ``checkpoints.json`` goes."""
+        env = env or runenv.current()
         if not isinstance(config, CheckpointConfig):
             raise TypeError("config: a rankguard.checkpoint.CheckpointConfig")
         if not config.save and not config.load and not config.local_enabled:
@@ -114,13 +125,13 @@ class CheckpointManager:
             )
         self.group = CheckpointGroup(process_group, timeout_s=config.dist_timeout_s)
         self.rank, self.world = self.group.rank, self.group.world
-        self.job = job_id or _job_id()
-        self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.job = job_id or env.job_id or f"{socket.gethostname()}:{os.getppid()}"
+        self.attempt = env.restart_count
         self._writer_factory = writer_factory or _default_writer
         self._session = session
         self.save_dir = Path(config.save).resolve() if config.save else None
         self.load_dir = Path(config.load_dir).resolve() if config.load_dir else None
-        lws = local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0) or 1
+        lws = local_world_size or env.local_world_size or 1
         self.local_world_size = lws
         self.local: LocalStore | None = None
         self._peers: tuple[list[int], list[int]] = ([], [])
@@ -148,7 +159,7 @@ class CheckpointManager:
         self._locks: list[DirLock] = []
         self._protect: set[Path] = set()
         self._closed = False
-        self._status_path = self._status_file(status_path)
+        self._status_path = self._status_file(status_path, env)
         self._status_lock = threading.Lock()
         if config.local_enabled:
             assert config.non_persistent_local_ckpt_dir
@@ -158,6 +169,18 @@ class CheckpointManager:
             if config.replication:
                 jump = config.replication_jump or lws
                 self._peers = replica_peers(self.rank, self.world, config.replication_factor, jump)
+        # the tiers, in the order every rank gathers their candidates
+        self.tiers: dict[str, CheckpointTier] = {
+            "local": BoundTier(
+                "local", self._start_local, self._local_candidates, self._load_local
+            ),
+            "persistent": BoundTier(
+                "persistent",
+                self._start_persistent,
+                self._persistent_candidates,
+                self._load_persistent,
+            ),
+        }
         for message in config.warnings() + self._replication_warnings():
             self._say(message, logging.WARNING)
         self._prepare_dirs()
@@ -223,12 +246,12 @@ class CheckpointManager:
                 logging.WARNING,
             )
 
-    def _status_file(self, path: str | os.PathLike[str] | None) -> Path | None:
+    def _status_file(self, path: str | os.PathLike[str] | None, env: RunEnv) -> Path | None:
         if path is not None:
             return Path(path)
-        run_dir = os.environ.get(ENV.RUN_DIR)
-        if run_dir and os.environ.get(ENV.LAUNCHER) == "1":
-            return Path(run_dir) / CHECKPOINTS_FILE
+        if env.monitored:
+            assert env.run_dir is not None
+            return Path(env.run_dir) / CHECKPOINTS_FILE
         return None
 
     # ---- save -----------------------------------------------------------------------
@@ -274,10 +297,7 @@ class CheckpointManager:
         self._seq += 1
         t0 = time.monotonic()
         with self._phase(f"{tier}:{step_dir_name(step)}"):
-            if tier == "persistent":
-                job = self._start_persistent(step, blocking, t0)
-            else:
-                job = self._start_local(step, blocking, t0)
+            job = self.tiers[tier].start_save(step, blocking, t0)
             if blocking:
                 job()
                 return
@@ -540,16 +560,19 @@ class CheckpointManager:
         self.wait()
         # not a checkpoint phase: a save's end counts as one progress step (and so would
         # shift the agreed stop steps); a load at start-up is under the initial timeouts
-        for step, tier, where in self._candidates():
-            if tier == "local":
-                if self._load_local(step, where):
-                    return step
-            elif self._load_persistent(step, Path(where)):
-                return step
+        for candidate in self._candidates():
+            if self.tiers[candidate.tier].load(candidate):
+                return candidate.step
         return None
 
-    def _candidates(self) -> list[tuple[int, str, Any]]:
-        out: list[tuple[int, str, Any]] = []
+    def _candidates(self) -> list[Candidate]:
+        """Every tier's candidates, newest first (the local tier first at one step)."""
+        out = [c for tier in self.tiers.values() for c in tier.candidates()]
+        out.sort(key=lambda c: (c.step, c.tier == "local"), reverse=True)
+        return out
+
+    def _local_candidates(self) -> list[tuple[int, Any]]:
+        out: list[tuple[int, Any]] = []
         if self.local is not None:
             holdings = self.group.all_gather(self.local.holdings(self.world))
             steps = sorted({s for h in holdings for s in h}, reverse=True)
@@ -560,7 +583,7 @@ class CheckpointManager:
                         if owner == holder or owner not in holders:
                             holders[owner] = holder
                 if len(holders) == self.world:
-                    out.append((step, "local", holders))
+                    out.append((step, holders))
                 elif self.rank == 0:
                     missing = sorted(set(range(self.world)) - set(holders))
                     self._say(
@@ -568,16 +591,21 @@ class CheckpointManager:
                         f"rank(s) {missing}'s shard",
                         logging.WARNING,
                     )
-        if self.load_dir is not None:
-            problem = root_problem(self.load_dir, owner=False) if self.rank == 0 else None
-            errors = self.group.errors(problem)
-            if errors:
-                raise CheckpointError("checkpoint load directory not usable: " + errors[0])
-            listed = committed_steps(self.load_dir, links=True) if self.rank == 0 else []
-            for step, path in self.group.broadcast([(s, str(p)) for s, p in listed]):
-                out.append((step, "persistent", path))
-        out.sort(key=lambda c: (c[0], c[1] == "local"), reverse=True)
         return out
+
+    def _persistent_candidates(self) -> list[tuple[int, Any]]:
+        if self.load_dir is None:
+            return []
+        problem = root_problem(self.load_dir, owner=False) if self.rank == 0 else None
+        errors = self.group.errors(problem)
+        if errors:
+            raise CheckpointError("checkpoint load directory not usable: " + errors[0])
+        # a step may link to another run's (read only here; retention never follows it)
+        listed = committed_steps(self.load_dir, links=True) if self.rank == 0 else []
+        return [
+            (step, Path(path))
+            for step, path in self.group.broadcast([(s, str(p)) for s, p in listed])
+        ]
 
     def _load_local(self, step: int, holders: dict[int, int]) -> bool:
         assert self.local is not None
@@ -738,13 +766,15 @@ class CheckpointManager:
             except OSError as exc:
                 logger.warning("rankguard: cannot write %s: %s", self._status_path, exc)
 
-    def _phase(self, name: str) -> Any:
+    def _phase(self, name: str) -> contextlib.AbstractContextManager[None]:
         session = self._session
+        if session is False:
+            return contextlib.nullcontext()
         if session is None:
             from rankguard.session import current
 
             session = current()
-        if session is not None and getattr(session, "enabled", False):
+        if session is not None and session.enabled:
             return session.checkpoint(name)
         return contextlib.nullcontext()
 
@@ -772,14 +802,6 @@ def _close_at_exit(ref: weakref.ref[CheckpointManager]) -> None:
 
 def _iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-
-
-def _job_id() -> str:
-    for name in (ENV.RUN_ID, "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
-        value = os.environ.get(name)
-        if value and value != "none":
-            return value
-    return f"{socket.gethostname()}:{os.getppid()}"
 
 
 _ERRORS = (Exception, CheckpointException)

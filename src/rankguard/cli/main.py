@@ -4,49 +4,122 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import logging
+import os
+import shutil
 import sys
+from pathlib import Path
+from typing import Any
 
 from rankguard import __version__
-from rankguard.cli import status
 from rankguard.config import ConfigError, load_config
-from rankguard.demo import cli as demo_cli
 from rankguard.ft.config import FaultToleranceConfig
-from rankguard.launcher.options import add_launch_arguments, is_override, options_from_args
-from rankguard.report import cli as report_cli
-from rankguard.slurm import cli as slurm_cli
+from rankguard.launcher.exitcodes import EXIT_USAGE
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "run_main"]
 
 
 def _add_run(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
+    # Listed for ``rankguard --help``; ``rankguard run ...`` is parsed by torchrun's own
+    # parser (:func:`run_main`), which imports torch.
+    subparsers.add_parser(
         "run",
-        help="launch a distributed training script under rankguard (torchrun-compatible)",
-        description="Launch SCRIPT on this node with torch.distributed.elastic and "
-        "rankguard's monitoring. Config: --config FILE plus KEY=VALUE overrides, given "
-        "with --set or as bare words before SCRIPT.",
+        help="launch a distributed training script under rankguard (torchrun's flags)",
+        add_help=False,
     )
-    add_launch_arguments(p)
-    p.add_argument("--live", action="store_true", help="show a live status line (node 0)")
-    p.set_defaults(func=_run)
 
 
-def _run(args: argparse.Namespace) -> int:
-    from rankguard.launcher.run import launch  # imports torch: not for the light commands
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def _check_log_dir(log_dir: str) -> None:
+    """``log_dir`` can be created (or written): a ConfigError naming the path if not."""
+    path = Path(log_dir).absolute()
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"log_dir {log_dir}: {probe} is not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        what = (
+            "is not writable" if probe == path else f"cannot be created ({probe} is not writable)"
+        )
+        raise ConfigError(f"log_dir {log_dir}: {what}")
+
+
+def _script_missing(opts: Any) -> str | None:
+    """Why the training script cannot start (None: it can, as far as can be told)."""
+    from rankguard.launcher.options import ENTRY_NO_PYTHON
+
+    if opts.module:
+        return None
+    target = opts.target
+    if opts.entry == ENTRY_NO_PYTHON:
+        if os.sep not in target and shutil.which(target):
+            return None
+        if os.path.isfile(target) and os.access(target, os.X_OK):
+            return None
+        return f"--no-python: {target}: no such executable"
+    if not os.path.isfile(target):
+        return f"training script not found: {target}"
+    return None
+
+
+def run_main(argv: list[str]) -> int:
+    """``rankguard run ARGV``. rankguard's own settings are read and checked first,
+    without torch (:mod:`rankguard.launcher.argv`): a configuration error is said in one
+    line at once. Then torchrun's parser reads the whole line."""
+    from rankguard.launcher.argv import nvrx_flags, pre_pass
 
     try:
-        opts, overrides = options_from_args(args)
-        opts.live_status = args.live
-        cfg = load_config(args.config, overrides)
+        argv = nvrx_flags(["run", *argv], _FT_KEYS, _FT_SWITCHES)[1:]
+        pre = pre_pass(argv)
+        defaults = {"heartbeat.enabled": not pre.no_python}
+        cfg = load_config(pre.config, pre.overrides, defaults=defaults)
+        _check_log_dir(cfg.log_dir)
+        if not pre.has_script and not {"-h", "--help"} & set(argv):
+            raise ValueError("no training script given")
+        if pre.script and pre.script.endswith(".py") and not os.path.isfile(pre.script):
+            raise ValueError(f"training script not found: {pre.script}")
     except (ConfigError, ValueError) as exc:
-        print(f"rankguard run: {exc}", file=sys.stderr)
-        return 2
+        print(f"rankguard run: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    from rankguard.launcher.options import parse_run_args  # imports torch
+    from rankguard.launcher.run import launch
+    from rankguard.schema import layout
+
+    try:
+        opts, overrides = parse_run_args(
+            argv, default_log_dir=str(layout.elastic_log_dir(cfg.log_dir))
+        )
+        if overrides != pre.overrides:  # the full parse split the line otherwise
+            cfg = load_config(pre.config, overrides, defaults=defaults)
+        missing = _script_missing(opts)
+        if missing:
+            raise ValueError(missing)
+    except (ConfigError, ValueError) as exc:
+        print(f"rankguard run: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    if pre.no_python and not cfg.heartbeat.enabled:
+        print(
+            "[rankguard] --no-python: the ranks start without rankguard's bootstrap: "
+            "heartbeat monitoring is off (heartbeat.enabled=true if the program calls "
+            "rankguard.init())",
+            file=sys.stderr,
+        )
     return launch(opts, cfg)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # the other commands' modules only here: ``rankguard run`` checks its config first
+    from rankguard.cli import logs, status
+    from rankguard.demo import cli as demo_cli
+    from rankguard.report import cli as report_cli
+    from rankguard.slurm import cli as slurm_cli
+
     parser = argparse.ArgumentParser(
         prog="rankguard",
         description="Keeps distributed PyTorch training alive and says what is wrong.",
@@ -57,96 +130,44 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(sub)
     demo_cli.add_parser(sub)
     status.add_parser(sub)
+    logs.add_parser(sub)
     report_cli.add_parser(sub)
     slurm_cli.add_parser(sub)
     return parser
-
-
-def _value_options() -> set[str]:
-    """``rankguard run``'s option strings that take a value (their next word is not the
-    script)."""
-    p = argparse.ArgumentParser(add_help=False)
-    add_launch_arguments(p)
-    return {o for a in p._actions if a.option_strings and a.nargs != 0 for o in a.option_strings}
 
 
 _FT_KEYS = tuple(f.name for f in dataclasses.fields(FaultToleranceConfig))
 _FT_SWITCHES = {f.name for f in dataclasses.fields(FaultToleranceConfig) if f.default is False}
 
 
-def _ft_key(flag: str) -> str:
-    """The fault_tolerance key of an NVRx ``--ft-<key>`` flag, or ValueError naming it."""
-    key = flag[len("--ft-") :].replace("-", "_")
-    if key in _FT_KEYS:
-        return key
-    close = difflib.get_close_matches(key, _FT_KEYS, n=1)
-    hint = f"; did you mean --ft-{close[0]}?" if close else ""
-    raise ValueError(
-        f"{flag}: not a fault tolerance setting{hint} (known: "
-        + ", ".join(f"--ft-{k}" for k in _FT_KEYS)
-        + ")"
-    )
-
-
 def _nvrx_flags(argv: list[str]) -> list[str]:
-    """NVRx ``ft_launcher`` flags anywhere before the script, ``--ft-<key>=<value>`` or
-    ``--ft-<key> <value>`` (e.g. ``--ft-rank_section_timeouts=setup:600,step:180``), read
-    as ``--set fault_tolerance.<key>=<value>`` ahead of the other words (so they never
-    split bare overrides from the script). Words from the script on are its own. A
-    misspelt flag is a ValueError naming it."""
-    takes_value = _value_options()
-    head: list[str] = []
-    sets: list[str] = []
-    i = 1
-    while i < len(argv):
-        word = argv[i]
-        if word == "--":
-            break
-        if word.startswith("--ft-"):
-            flag, sep, value = word.partition("=")
-            key = _ft_key(flag)
-            nxt = argv[i + 1] if i + 1 < len(argv) else None
-            if (
-                not sep
-                and key in _FT_SWITCHES
-                and (nxt is None or nxt.lower() not in ("true", "false", "1", "0"))
-            ):
-                value = "true"  # a switch given alone: --ft-enable_ft_package
-            elif not sep:
-                if nxt is None:
-                    raise ValueError(f"{flag}: expected a value ({flag}=VALUE or {flag} VALUE)")
-                i += 1
-                value = argv[i]
-            sets += ["--set", f"fault_tolerance.{key}={value}"]
-        elif word.startswith("-"):
-            head.append(word)
-            if "=" not in word and word in takes_value and i + 1 < len(argv):
-                i += 1
-                head.append(argv[i])
-        elif is_override(word):
-            head.append(word)
-        else:
-            break  # the script (or the module after -m)
-        i += 1
-    return [*argv[:1], *sets, *head, *argv[i:]]
+    """NVRx ``ft_launcher`` flags as ``--set fault_tolerance.<key>=<value>``
+    (:func:`rankguard.launcher.argv.nvrx_flags`)."""
+    from rankguard.launcher.argv import nvrx_flags
+
+    return nvrx_flags(argv, _FT_KEYS, _FT_SWITCHES)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    verbose = False
+    while argv[:1] and argv[0] in ("-v", "--verbose"):
+        verbose, argv = True, argv[1:]
     if argv[:1] == ["run"]:
-        try:
-            argv = _nvrx_flags(argv)
-        except ValueError as exc:
-            print(f"rankguard run: {exc}", file=sys.stderr)
-            return 2
+        _logging(verbose)
+        return run_main(argv[1:])
+    parser = build_parser()
     args = parser.parse_args(argv)
+    _logging(args.verbose or verbose)
+    return int(args.func(args) or 0)
+
+
+def _logging(verbose: bool) -> None:
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING,
+        level=logging.DEBUG if verbose else logging.WARNING,
         format="[rankguard %(levelname)s %(name)s] %(message)s",
     )
-    logging.getLogger("rankguard").setLevel(logging.DEBUG if args.verbose else logging.INFO)
-    return int(args.func(args) or 0)
+    logging.getLogger("rankguard").setLevel(logging.DEBUG if verbose else logging.INFO)
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import rankguard
 import rankguard.inprocess as ip
+from rankguard import runenv
 from rankguard.checkpoint import CheckpointConfig, CheckpointManager, PerRank, RNGState
 from rankguard.demo.model import GPTConfig, TinyGPT, synthetic_batch
 from rankguard.perf.flops import ModelShape, analytic_flops_per_step
@@ -112,8 +113,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def is_fault_rank(args: argparse.Namespace, rank: int) -> bool:
     if args.fault_node is None:
         return rank == args.fault_rank
-    node = int(os.environ.get("RANKGUARD_NODE_RANK", os.environ.get("GROUP_RANK", "0")))
-    return node == args.fault_node and int(os.environ.get("LOCAL_RANK", "0")) == args.fault_rank
+    env = runenv.current()
+    return env.node == args.fault_node and env.local_rank == args.fault_rank
 
 
 def inject_nan(
@@ -148,13 +149,16 @@ def inject(args: argparse.Namespace, rank: int, step: int, attempt: int) -> None
     elif args.fault == "crash":
         raise RuntimeError(f"injected crash on rank {rank} at step {step}")
     elif args.fault == "preempt":
-        os.kill(int(os.environ["RANKGUARD_LAUNCHER_PID"]), signal.SIGTERM)
+        pid = runenv.current().launcher_pid
+        if pid is None:
+            raise SystemExit("--fault preempt needs `rankguard run` (no launcher to signal)")
+        os.kill(pid, signal.SIGTERM)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cuda = torch.cuda.is_available()
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_rank = runenv.current().local_rank
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
@@ -175,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def train(args: argparse.Namespace, device: torch.device, memory: dict[str, Any]) -> int:
     cuda = device.type == "cuda"
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_rank = runenv.current().local_rank
     rank, world = dist.get_rank(), dist.get_world_size()
     rg = rankguard.init()
     round_ = ip.restart_count()  # in-process restarts so far (0 without the wrapper)

@@ -43,6 +43,13 @@ class FaultToleranceConfig:
     termination_grace_s: float = field(
         default=10.0, metadata={"help": "SIGTERM -> this long -> SIGKILL for the workers."}
     )
+    handover_timeout_s: float = field(
+        default=30.0,
+        metadata={
+            "help": "At a restart, wait at most this long for the old workers to be gone "
+            "and their GPU memory freed (NVML) before new ones start."
+        },
+    )
     rank_section_timeouts: dict[str, float] = field(
         default_factory=dict,
         metadata={"help": "section -> timeout s, e.g. setup:600,step:180,checkpointing:420."},
@@ -65,6 +72,13 @@ class FaultToleranceConfig:
     )
     state_dir: str | None = field(
         default=None, metadata={"help": "Where ft_state.json lives (next to checkpoints)."}
+    )
+    serve_nvrx_client: bool = field(
+        default=True,
+        metadata={
+            "help": "Serve NVRx's RankMonitorClient in each rank (ft_launcher's rank monitor) "
+            "when nvidia-resiliency-ext is installed."
+        },
     )
     simulate_fault: bool = field(default=False, metadata={"help": "Inject one fault to test."})
     simulated_fault_type: str = field(default="random", metadata={"help": "/".join(FAULT_TYPES)})
@@ -95,7 +109,7 @@ class FaultToleranceConfig:
         self.actions = {**_default_actions(), **self.actions}
         if self.stack_dump not in ("auto", "py-spy", "faulthandler"):
             raise ValueError(f"stack_dump: auto, py-spy or faulthandler, got {self.stack_dump!r}")
-        for name in ("stack_dump_timeout_s", "termination_grace_s"):
+        for name in ("stack_dump_timeout_s", "termination_grace_s", "handover_timeout_s"):
             check_number(name, getattr(self, name), gt=0)
         check_number("safety_factor", self.safety_factor, ge=1)
         for section, timeout in self.rank_section_timeouts.items():

@@ -28,6 +28,7 @@ from typing import Any
 
 from rankguard._fs import atomic_write_json
 from rankguard.ft.config import FaultToleranceConfig
+from rankguard.ft.nvrx_state import RANKGUARD_STATE_FILE, from_nvrx, is_nvrx_state, to_nvrx
 from rankguard.schema.layout import FT_STATE_FILE
 from rankguard.schema.records import HeartbeatRecord
 
@@ -44,19 +45,41 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 STATE_FILE = FT_STATE_FILE  # the name rankguard.schema.layout gives it
+_SECTIONS = ("setup", "step", "checkpointing")
+_NOT_SECTIONS = ("heartbeat", "initial_heartbeat", "out_of_section")
 MIN_STEPS = 16
 EMA_WEIGHT = 0.5
 
 
-def load_state(path: Path) -> dict[str, Any] | None:
+def _read(path: Path) -> Any:
     try:
-        state = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
         raise ValueError(f"{path}: not a valid ft_state.json ({exc})") from exc
+
+
+def load_state(path: Path) -> dict[str, Any] | None:
+    """rankguard's learned state from ``path``: rankguard's own layout, or NVRx's
+    (``current_timeouts``, as Megatron-LM keeps it in ``<save>/ft_state.json``), then
+    rankguard's ``rankguard_ft_state.json`` beside it when there is one."""
+    state = _read(path)
+    if state is None:
+        return None
+    if is_nvrx_state(state):
+        own = _read(path.parent / RANKGUARD_STATE_FILE)
+        if isinstance(own, dict) and isinstance(own.get("timeouts"), dict):
+            return own
+        try:
+            return from_nvrx(state)
+        except ValueError as exc:
+            raise ValueError(f"{path}: not a valid ft_state.json of NVRx ({exc})") from exc
     if not isinstance(state, dict) or not isinstance(state.get("timeouts"), dict):
-        raise ValueError(f"{path}: not a valid ft_state.json (no 'timeouts' mapping)")
+        raise ValueError(
+            f"{path}: not a valid ft_state.json (neither rankguard's 'timeouts' mapping "
+            "nor NVRx's 'current_timeouts')"
+        )
     return state
 
 
@@ -134,9 +157,19 @@ def save_learned(
     state = learn(
         measured, previous, safety_factor=ft.safety_factor, floor_s=ft.min_learned_timeout_s
     )
-    save_state(path, state)
+    try:
+        nvrx = _read(path)
+    except ValueError:
+        nvrx = None
+    if is_nvrx_state(nvrx):  # NVRx's file stays NVRx's; rankguard's own goes beside it
+        save_state(path.parent / RANKGUARD_STATE_FILE, state)
+        save_state(path, to_nvrx(nvrx, state["timeouts"]))
+        where = f"{path.parent / RANKGUARD_STATE_FILE} and {path} (NVRx's layout)"
+    else:
+        save_state(path, state)
+        where = str(path)
     logger.warning(
-        "rankguard: learned timeouts saved in %s: %s", path, json.dumps(state["timeouts"])
+        "rankguard: learned timeouts saved in %s: %s", where, json.dumps(state["timeouts"])
     )
     return state
 
@@ -147,7 +180,8 @@ def apply_learned(cfg: Any, state: dict[str, Any] | None, source: str) -> dict[s
     ft, hb = cfg.fault_tolerance, cfg.heartbeat
     learned = (state or {}).get("timeouts") or {}
     shown: dict[str, Any] = {}
-    for name in ("setup", "step", "checkpointing"):
+    others = [n for n in learned if n not in _NOT_SECTIONS and n not in _SECTIONS]
+    for name in (*_SECTIONS, *others):
         if name in learned:
             ft.rank_section_timeouts[name] = float(learned[name])
             shown[f"section.{name}"] = {"value": float(learned[name]), "source": source}
@@ -161,6 +195,20 @@ def apply_learned(cfg: Any, state: dict[str, Any] | None, source: str) -> dict[s
     if "heartbeat" in learned:
         hb.process_timeout_s = max(float(learned["heartbeat"]), hb.publish_interval_s * 2)
         shown["heartbeat.process_timeout_s"] = {"value": hb.process_timeout_s, "source": source}
+    if "initial_heartbeat" in learned:  # NVRx's calculated initial heartbeat timeout
+        hb.initial_process_timeout_s = max(
+            float(learned["initial_heartbeat"]), hb.publish_interval_s * 2
+        )
+        shown["heartbeat.initial_process_timeout_s"] = {
+            "value": hb.initial_process_timeout_s,
+            "source": source,
+        }
+    if "out_of_section" in learned:  # NVRx's calculated out-of-section timeout
+        ft.rank_out_of_section_timeout = float(learned["out_of_section"])
+        shown["rank_out_of_section_timeout"] = {
+            "value": ft.rank_out_of_section_timeout,
+            "source": source,
+        }
     for name in (
         "initial_process_timeout_s",
         "process_timeout_s",

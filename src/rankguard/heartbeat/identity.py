@@ -1,35 +1,24 @@
-"""A rank's identity and the environment contract with the launcher.
+"""A rank's identity, from the environment contract with the launcher.
 
 The launcher passes everything a rank needs through environment variables (names in
-:data:`ENV`), so a rank started by ``rankguard run`` needs no argument and a script that
-never imports rankguard still publishes heartbeats.
+:data:`ENV`, parsed by :class:`rankguard.runenv.RunEnv`), so a rank started by
+``rankguard run`` needs no argument and a script that never imports rankguard still
+publishes heartbeats. ``ENV`` is re-exported here for the callers that import it from
+this module.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rankguard.runenv import ENV, RunEnv
 from rankguard.schema.records import SCHEMA_VERSION
 
 __all__ = ["ENV", "GpuAssignment", "RankIdentity"]
-
-
-class ENV:
-    """Environment variables set by the launcher for every rank."""
-
-    RUN_ID = "RANKGUARD_RUN_ID"
-    RUN_DIR = "RANKGUARD_RUN_DIR"  # node-local heartbeat directory of the run
-    NODE_RANK = "RANKGUARD_NODE_RANK"
-    CONFIG = "RANKGUARD_CONFIG"  # JSON of the validated RankguardConfig
-    LAUNCHER = "RANKGUARD_LAUNCHER"  # "1" under rankguard run
-    LOG_DIR = "RANKGUARD_LOG_DIR"  # absolute log_dir of this node
-    JOB = "RANKGUARD_JOB"  # the training job: its script (absolute) or module
-    LAUNCHER_PID = "RANKGUARD_LAUNCHER_PID"  # the ranks die with it (heartbeat.lifeline)
-    # set by the sbatch script: where an exit 17 leaves the hosts to exclude (rerun)
-    EXCLUDE_FILE = "RANKGUARD_EXCLUDE_FILE"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +36,9 @@ class GpuAssignment:
         return {"ordinal": self.ordinal, "token": self.token, "uuid": self.uuid}
 
     @classmethod
-    def detect(cls, local_rank: int, environ: dict[str, str] | None = None) -> GpuAssignment | None:
+    def detect(
+        cls, local_rank: int, environ: Mapping[str, str] | None = None
+    ) -> GpuAssignment | None:
         """The conventional mapping (device = local_rank % visible devices), or None on CPU.
 
         Only asks torch how many devices exist; never creates a CUDA context.
@@ -80,18 +71,26 @@ class RankIdentity:
     gpu: GpuAssignment | None
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> RankIdentity:
-        env = dict(os.environ if environ is None else environ)
-        local_rank = int(env.get("LOCAL_RANK", "0"))
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> RankIdentity:
+        """This rank's identity from ``environ`` (default: this process's)."""
+        return cls.from_runenv(RunEnv.from_environ(environ))
+
+    @classmethod
+    def from_runenv(cls, env: RunEnv, *, run_id: str | None = None) -> RankIdentity:
+        """This rank's identity from the parsed environment (``run_id`` overrides the
+        launcher's; ``local`` when neither names one)."""
+        visible = env.cuda_visible_devices
         return cls(
-            run_id=env.get(ENV.RUN_ID, "local"),
-            rank=int(env.get("RANK", "0")),
-            local_rank=local_rank,
-            world_size=int(env.get("WORLD_SIZE", "1")),
-            node_rank=int(env.get(ENV.NODE_RANK, env.get("GROUP_RANK", "0"))),
+            run_id=run_id or env.run_id or "local",
+            rank=env.rank,
+            local_rank=env.local_rank,
+            world_size=env.world_size,
+            node_rank=env.node,
             hostname=socket.gethostname(),
             pid=os.getpid(),
-            gpu=GpuAssignment.detect(local_rank, env),
+            gpu=GpuAssignment.detect(
+                env.local_rank, {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
+            ),
         )
 
     def base_record(self) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import NoReturn
 
-from rankguard.heartbeat.identity import ENV
+from rankguard.runenv import RunEnv, current
 
 __all__ = [
     "ORPHAN_EXIT_CODE",
@@ -91,12 +91,8 @@ def pid_alive(pid: int) -> bool:
 def launcher_pid(environ: Mapping[str, str] | None = None) -> int | None:
     """The launcher's pid ``rankguard run`` passed to its ranks, or None (not under the
     launcher, or a value that is not a pid)."""
-    env = os.environ if environ is None else environ
-    try:
-        pid = int(env.get(ENV.LAUNCHER_PID, ""))
-    except ValueError:
-        return None
-    return pid if pid > 1 else None
+    env = current() if environ is None else RunEnv.from_environ(environ)
+    return env.launcher_pid
 
 
 @dataclass

@@ -8,12 +8,14 @@ never leaves a torn line that matters (the monitor's tailer skips a partial last
 A file about to grow past ``heartbeat.max_file_mb`` is rotated: it becomes
 ``<name>.1`` and a new file starts with a copy of the ``process_start`` record.
 
-With a :class:`~rankguard.heartbeat.lifeline.Lifeline` (set by the rank bootstrap), the
+With a :class:`~rankguard.heartbeat.lifeline.Lifeline` (the rank bootstrap's), the
 thread also checks at every beat that the launcher is still there; if it is gone, the
 rank writes ``process_end`` (not clean, exit code -9, the reason) and stops itself with
 SIGKILL.
 
-The thread only reads the :class:`~rankguard.timeline.ProgressTracker`; the
+Components add their heartbeat blocks (:mod:`rankguard.schema.blocks`) through
+:meth:`HeartbeatPublisher.add_block`. The thread only reads the
+:class:`~rankguard.timeline.ProgressTracker`; the
 training loop never waits for it. A write error is counted and logged once, never
 raised into training.
 """
@@ -26,7 +28,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -35,6 +37,7 @@ from rankguard._fs import dumps_line, open_append, rotate_jsonl, write_all
 from rankguard.heartbeat.identity import RankIdentity
 from rankguard.heartbeat.lifeline import Lifeline, end_orphan
 from rankguard.phases import PhaseWatcher, main_thread_frame
+from rankguard.schema.blocks import BlockSource, ExitBlock
 from rankguard.schema.layout import heartbeat_file_name
 from rankguard.schema.records import Event
 from rankguard.timeline import ProgressTracker
@@ -60,15 +63,23 @@ class HeartbeatPublisher:
         run_dir: Path,
         tracker: ProgressTracker,
         interval_s: float,
-        extra: Callable[[], dict[str, Any] | None] | None = None,
+        *,
+        blocks: Sequence[BlockSource] = (),
+        ticks: Sequence[Callable[[], None]] = (),
         max_file_bytes: int = 0,
         phases: PhaseWatcher | None = None,
+        lifeline: Lifeline | None = None,
+        on_orphan: Callable[[str], None] = end_orphan,
     ) -> None:
-        """``extra``: called at each record for more fields (the perf monitor's latest
-        window under ``perf``). ``max_file_bytes``: rotate the file before it would grow
+        """``blocks``: the sources of the record's heartbeat blocks
+        (:mod:`rankguard.schema.blocks`), called at each record; more with
+        :meth:`add_block`. ``ticks``: run by the thread before each record (the stop
+        step's control file). ``max_file_bytes``: rotate the file before it would grow
         past this (0: never); see ``rankguard._fs.rotate_jsonl``. ``phases``: names
         evaluation and saving from the main thread's stack at each record (None: the
-        tracker's phase as it is)."""
+        tracker's phase as it is). ``lifeline``: checked at every beat (see
+        :meth:`_check_lifeline`); ``on_orphan``: what ends the rank then (tests: anything
+        but a kill)."""
         if interval_s <= 0:
             raise ValueError(f"interval_s: must be > 0, got {interval_s}")
         self.identity = identity
@@ -76,6 +87,7 @@ class HeartbeatPublisher:
         self.tracker = tracker
         self.interval_s = interval_s
         self.write_errors = 0
+        self.block_errors = 0  # a block source that raised (its block left out)
         self._seq = 0
         self._fd: int | None = None
         self.max_file_bytes = max_file_bytes
@@ -87,11 +99,13 @@ class HeartbeatPublisher:
         self._stop = threading.Event()
         self._closed = False
         self._thread: threading.Thread | None = None
-        self._extra = extra
+        self._blocks: list[BlockSource] = []
+        for source in blocks:
+            self.add_block(source)
         self._phases = phases
-        self.ticks: list[Callable[[], None]] = []  # run by the thread before each record
-        self.lifeline: Lifeline | None = None  # checked at every beat: see _check_lifeline
-        self.on_orphan: Callable[[str], None] = end_orphan  # tests: anything but a kill
+        self._ticks = tuple(ticks)
+        self._lifeline = lifeline
+        self._on_orphan = on_orphan
         self._base = identity.base_record()
         self._gpu_refined = identity.gpu is None
         tracker.on_change = self._wake.set
@@ -106,19 +120,21 @@ class HeartbeatPublisher:
         self._thread = threading.Thread(target=self._run, name="rankguard-heartbeat", daemon=True)
         self._thread.start()
 
-    def add_fields(self, source: Callable[[], dict[str, Any] | None]) -> None:
-        """One more source of record fields (a component started after the session)."""
-        previous = self._extra
-        if previous is None:
-            self._extra = source
-            return
+    def add_block(self, source: BlockSource) -> None:
+        """One more heartbeat block from now on: ``source()`` runs on this thread before
+        each record and returns the block (None: not in this record). A block name
+        appears once in a record: a second source of the same name is refused when its
+        first block comes (ValueError logged, that block left out)."""
+        self._blocks.append(source)
 
-        def both() -> dict[str, Any] | None:
-            out = dict(previous() or {})
-            out.update(source() or {})
-            return out or None
+    @property
+    def ticks(self) -> tuple[Callable[[], None], ...]:
+        """What runs on this thread before each record."""
+        return self._ticks
 
-        self._extra = both
+    @property
+    def lifeline(self) -> Lifeline | None:
+        return self._lifeline
 
     def wake(self) -> None:
         """Publish now instead of at the next interval (phase/checkpoint changes)."""
@@ -137,10 +153,8 @@ class HeartbeatPublisher:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=max(1.0, 2 * self.interval_s))
         self.tracker.poll()
-        self._write(
-            Event.PROCESS_END,
-            {"exit": {"clean": clean, "exit_code": exit_code, "error": error}},
-        )
+        end = ExitBlock(clean=clean, exit_code=exit_code, error=error)
+        self._write(Event.PROCESS_END, {end.name: end.to_dict()})
         with self._lock:
             if self._fd is not None:
                 os.close(self._fd)
@@ -197,7 +211,7 @@ class HeartbeatPublisher:
             self._check_lifeline()
             if self._stop.is_set():  # closed: the launcher is gone
                 break
-            for tick in self.ticks:
+            for tick in self._ticks:
                 try:
                     tick()
                 except Exception:
@@ -212,7 +226,7 @@ class HeartbeatPublisher:
 
     def _check_lifeline(self) -> None:
         """The launcher is gone: the last record says so, then the rank stops itself."""
-        lifeline = self.lifeline
+        lifeline = self._lifeline
         if lifeline is None:
             return
         try:
@@ -223,7 +237,29 @@ class HeartbeatPublisher:
         if reason is None:
             return
         self.close(clean=False, exit_code=-signal.SIGKILL, error=f"orphaned: {reason}")
-        self.on_orphan(reason)
+        self._on_orphan(reason)
+
+    def _add_blocks(self, record: dict[str, Any]) -> None:
+        """Each source's block into the record: a nested one under its name, a flat
+        one's fields at the top. A source that raises is counted and logged once; its
+        block is left out of this record, never the record itself."""
+        names: set[str] = set()
+        for source in list(self._blocks):
+            try:
+                block = source()
+                if block is None:
+                    continue
+                if block.name in names:
+                    raise ValueError(f"heartbeat block {block.name!r}: two sources add it")
+                names.add(block.name)
+                if block.flat:
+                    record.update(block.to_dict())
+                else:
+                    record[block.name] = block.to_dict()
+            except Exception:
+                self.block_errors += 1
+                if self.block_errors == 1:
+                    logger.exception("rankguard: a heartbeat block source failed")
 
     def _write(self, event: Event, extra: dict[str, Any] | None = None) -> None:
         record = dict(self._base)
@@ -238,13 +274,8 @@ class HeartbeatPublisher:
                 logger.exception("rankguard: recognising the phase failed")
         record["main_frame"] = _describe(frame)
         del frame  # no reference to another thread's frame outlives the record
-        if self._extra is not None:
-            try:
-                more = self._extra()
-            except Exception:
-                more = None
-            if more:
-                record.update(more)
+        if self._blocks:
+            self._add_blocks(record)
         if extra:
             record.update(extra)
         with self._lock:

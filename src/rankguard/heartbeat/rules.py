@@ -51,6 +51,7 @@ from typing import Any
 
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.disk import DiskState
+from rankguard.schema.blocks import exit_clean
 from rankguard.schema.findings import Finding, FindingType, Liveness, Progress, Reason
 from rankguard.schema.records import MAX_RANKS, Event, HeartbeatRecord, RecordError, supersedes
 from rankguard.timeline import CHECKPOINT_PHASE, EVAL_PHASE, SETUP_PHASE, TRAIN_PHASE
@@ -485,7 +486,7 @@ class HeartbeatRules:
             s.liveness = Liveness.EXITED
             s.stall = None
             s.blocked_by = []
-            clean = bool(exit_info.get("clean", True))
+            clean = exit_clean(rec)
             s.progress = Progress.COMPLETED if clean else Progress.UNKNOWN
             if (
                 not clean

@@ -1,6 +1,7 @@
 """The launcher's view of in-process restarts (node 0's job monitor; no torch).
 
-Ranks put an ``inprocess`` object in their heartbeat records: how many times they
+Ranks put an ``inprocess`` block (:class:`~rankguard.schema.blocks.InProcessBlock`) in
+their heartbeat records: how many times they
 re-entered and the last restart's cause and culprit, the same on every rank (the
 wrapper's ranks agree on it through the store). :class:`InProcessRestarts` is an
 :class:`~rankguard.heartbeat.api.Evaluator`: one ``inprocess_restart`` finding per
@@ -14,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from rankguard.heartbeat.blockeval import BlockEvaluator
+from rankguard.schema.blocks import InProcessBlock, InProcessRestart
 from rankguard.schema.findings import Finding, FindingType, Reason
 
 if TYPE_CHECKING:
@@ -28,54 +31,55 @@ _REASONS = {
 _SEEN_MAX = 4096  # restart ids remembered (a long job restarts far fewer times)
 
 
-class InProcessRestarts:
+class InProcessRestarts(BlockEvaluator[InProcessBlock]):
     """Evaluator: a finding and a ``restarts.jsonl`` line per in-process restart."""
 
     name = "inprocess"
+    block = InProcessBlock
 
     def __init__(
         self, run_id: str, on_restart: Callable[[dict[str, Any]], None] | None = None
     ) -> None:
+        super().__init__()
         self.run_id = run_id
         self.on_restart = on_restart
         self.total = 0
         self.last: dict[str, Any] | None = None
         self._seen: dict[str, None] = {}  # insertion-ordered set of restart ids
 
-    def evaluate(self, now: float, ranks: Mapping[int, RankState]) -> list[Finding]:
-        out: list[Finding] = []
-        for state in ranks.values():
-            rec = state.record
-            info = rec.inprocess if rec is not None else None
-            last = info.get("last") if isinstance(info, dict) else None
-            if info is None or not isinstance(last, dict):
-                continue
-            rid = last.get("id")
-            if not isinstance(rid, str) or rid in self._seen:
-                continue
-            self._seen[rid] = None
-            if len(self._seen) > _SEEN_MAX:
-                self._seen.pop(next(iter(self._seen)))
-            out.append(self._finding(ranks, state, info, last))
-        return out
+    def on_block(
+        self,
+        rank: int,
+        state: RankState,
+        block: InProcessBlock,
+        ranks: Mapping[int, RankState],
+    ) -> list[Finding]:
+        last = block.last
+        if last is None or last.id in self._seen:
+            return []
+        self._seen[last.id] = None
+        if len(self._seen) > _SEEN_MAX:
+            self._seen.pop(next(iter(self._seen)))
+        return [self._finding(ranks, state, block, last)]
 
     def _finding(
         self,
         ranks: Mapping[int, RankState],
         seen_on: RankState,
-        info: dict[str, Any],
-        last: dict[str, Any],
+        info: InProcessBlock,
+        restart: InProcessRestart,
     ) -> Finding:
-        culprit = last.get("culprit")
-        state = ranks.get(culprit) if isinstance(culprit, int) else None
+        culprit = restart.culprit
+        state = ranks.get(culprit) if culprit is not None else None
         state = state if state is not None and state.record is not None else seen_on
         rec = state.record
         assert rec is not None
-        cause = str(last.get("cause") or "unknown")
-        count = info.get("restarts") if isinstance(info.get("restarts"), int) else None
+        last = restart.to_dict()
+        cause = restart.cause or "unknown"
+        count = info.restarts
         message = (
             f"in-process restart {count}: {cause} on rank {culprit} "
-            f"({last.get('culprit_host') or rec.hostname}): {last.get('message') or '-'}; "
+            f"({restart.culprit_host or rec.hostname}): {restart.message or '-'}; "
             "every rank re-entered the training function in the same processes"
         )
         self.total += 1
@@ -88,15 +92,15 @@ class InProcessRestarts:
             "cause": cause,
             "rank": culprit,
             "reason": _REASONS.get(cause, Reason.INPROCESS_OTHER).value,
-            "message": last.get("message"),
-            "id": last.get("id"),
+            "message": restart.message,
+            "id": restart.id,
         }
         if self.on_restart is not None:
             self.on_restart(entry)
         return Finding(
             finding_type=FindingType.INPROCESS_RESTART,
             run_id=self.run_id,
-            rank=culprit if isinstance(culprit, int) else state.rank,
+            rank=culprit if culprit is not None else state.rank,
             reason=_REASONS.get(cause, Reason.INPROCESS_OTHER),
             message=message[:4000],
             pid=rec.pid,

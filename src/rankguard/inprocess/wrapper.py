@@ -37,8 +37,9 @@ import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from rankguard import runenv
 from rankguard.inprocess.config import InProcessRestartConfig
 from rankguard.inprocess.interrupt import Interrupter, Liveness, RestartInterrupt
 from rankguard.inprocess.policy import (
@@ -50,6 +51,11 @@ from rankguard.inprocess.policy import (
     lost_ranks,
     timeout_problems,
 )
+from rankguard.runenv import RunEnv
+from rankguard.schema.blocks import InProcessBlock, InProcessRestart
+
+if TYPE_CHECKING:
+    from rankguard.ranksession import RankSession
 
 __all__ = [
     "HARD_TIMEOUT_EXIT_CODE",
@@ -150,28 +156,23 @@ def _raised_in_collective(exc: BaseException) -> bool:
     return bool(last and os.path.basename(last) in _COLLECTIVE_FILES)
 
 
-def _default_store(timeout_s: float) -> Any:
+def _default_store(timeout_s: float, env: RunEnv | None = None) -> Any:
     """A client of the job's store: torch elastic's worker store (MASTER_ADDR/PORT)."""
     dist = _torch_dist()
-    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    env = env or runenv.current()
+    addr, port = env.master_addr, env.master_port
     if not addr or not port:
         raise InProcessRestartError(
             "in-process restart needs the job's store: MASTER_ADDR and MASTER_PORT are not "
             "set (launch with `rankguard run` or torchrun, or pass store_factory)"
         )
-    return dist.TCPStore(addr, int(port), is_master=False, timeout=timedelta(seconds=timeout_s))
+    return dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=timeout_s))
 
 
-def run_config() -> InProcessRestartConfig | None:
+def run_config(env: RunEnv | None = None) -> InProcessRestartConfig | None:
     """The run's ``inprocess_restart`` section under ``rankguard run`` (else None)."""
-    from rankguard.heartbeat.identity import ENV
-
-    text = os.environ.get(ENV.CONFIG)
-    if not text or os.environ.get(ENV.LAUNCHER) != "1":
-        return None
-    from rankguard.config import loads_config
-
-    return loads_config(text).inprocess_restart
+    run = (env or runenv.current()).config
+    return run.inprocess_restart if run is not None else None
 
 
 def wrap(
@@ -179,8 +180,9 @@ def wrap(
     *,
     config: InProcessRestartConfig | None = None,
     store_factory: Callable[[], Any] | None = None,
-    session: Any = None,
+    session: RankSession | None = None,
     on_hard_timeout: Callable[[str], None] | None = None,
+    env: RunEnv | None = None,
 ) -> Any:
     """Wrap a training function for in-process restart (also a decorator, with or
     without arguments).
@@ -191,7 +193,8 @@ def wrap(
     process group in every round: ``fn`` must not call ``init_process_group`` and must
     build what holds the group (DDP, FSDP) inside. ``store_factory``: a new client of the
     job's store (default: ``MASTER_ADDR``/``MASTER_PORT``); ``session``: the rankguard
-    session (default: ``rankguard.session.current()``)."""
+    session (default: ``rankguard.session.current()``); ``env``: the run's environment
+    (default: this process's, read when the wrapped function is called)."""
     if fn is None:
         return functools.partial(
             wrap,
@@ -199,10 +202,11 @@ def wrap(
             store_factory=store_factory,
             session=session,
             on_hard_timeout=on_hard_timeout,
+            env=env,
         )
     cfg = config
     if cfg is None:
-        cfg = run_config()
+        cfg = run_config(env)
         if cfg is not None and not cfg.enabled:
             logger.warning(
                 "rankguard: inprocess.wrap(%s) has NO effect: inprocess_restart.enabled=false "
@@ -222,6 +226,7 @@ def wrap(
             store_factory=store_factory,
             session=session,
             on_hard_timeout=on_hard_timeout,
+            env=env or runenv.current(),
         )
         return call.run(args, kwargs)
 
@@ -239,18 +244,19 @@ class _Call:
         cfg: InProcessRestartConfig,
         *,
         store_factory: Callable[[], Any] | None,
-        session: Any,
+        session: RankSession | None,
         on_hard_timeout: Callable[[str], None] | None,
+        env: RunEnv,
     ) -> None:
         self.fn = fn
         self.cfg = cfg
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = env.rank
+        self.world = env.world_size
         self.hostname = socket.gethostname()
-        factory = store_factory or (lambda: _default_store(cfg.barrier_timeout))
+        factory = store_factory or (lambda: _default_store(cfg.barrier_timeout, env))
         self._factory = factory
-        run = os.environ.get("RANKGUARD_RUN_ID") or os.environ.get("TORCHELASTIC_RUN_ID", "local")
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        run = env.run_id or env.elastic_run_id or "local"
+        attempt = env.restart_count
         _Call._calls += 1
         self.prefix = f"rankguard/inprocess/{run}/{attempt}/{_Call._calls}/"
         self.info = RestartInfo()
@@ -261,7 +267,9 @@ class _Call:
             from rankguard.session import current as current_session
 
             session = current_session()
-        self.session = session if getattr(session, "enabled", False) else None
+        self.session: RankSession | None = (
+            session if session is not None and session.enabled else None
+        )
         self.on_hard_timeout = on_hard_timeout or self._exit_process
         self.backend = cfg.backend or self._auto_backend()
         # gloo: just past the soft timeout, so that a stuck rank's own watcher reports
@@ -276,7 +284,7 @@ class _Call:
         self.recovering_since: float | None = None
         self.fault_at: float | None = None  # monotonic time of the round's fault
         self.last_reentry_s: float | None = None  # fault -> fn called again
-        self.last_fault: dict[str, Any] | None = None
+        self.last_fault: InProcessRestart | None = None
         self.interrupter = Interrupter()
         self.liveness = Liveness()
         self._stop = threading.Event()
@@ -347,7 +355,7 @@ class _Call:
         _local.info = self.info
         self.interrupter.install()
         if self.session is not None:
-            self.session.add_heartbeat_fields(self.heartbeat_fields)
+            self.session.add_heartbeat_block(self.heartbeat_block)
         self._watcher = threading.Thread(
             target=self._watch, name="rankguard-inprocess", daemon=True
         )
@@ -457,8 +465,8 @@ class _Call:
         self.fault_at = self.fault_at or time.monotonic()
         self.recovering_since = time.monotonic()
         if self.session is not None:
-            self._saved_phase = self.session.tracker.phase or "train"
-            self.session.tracker.set_phase(RESTART_PHASE)
+            self._saved_phase = self.session.current_phase or "train"
+            self.session.set_phase(RESTART_PHASE)
         if self._soft_round != r:  # else the watcher has reported this rank's hang
             store.set(self._key(r, f"fault/{self.rank}"), report.to_json())
         store.set(self._key(r, "failed"), str(self.rank))
@@ -550,19 +558,18 @@ class _Call:
         info.cause = culprit_cause(culprit, stuck_after) if culprit else "unknown"
         info.culprit = culprit.rank if culprit else None
         info.message = culprit.message if culprit else None
-        self.last_fault = {
-            "id": f"{self.prefix.removeprefix('rankguard/inprocess/')}{r}",
-            "round": r,
-            "cause": info.cause,
-            "culprit": info.culprit,
-            "culprit_host": culprit.hostname if culprit else None,
-            "message": info.message,
-            "wall_time_ns": time.time_ns(),
-        }
+        self.last_fault = InProcessRestart(
+            id=f"{self.prefix.removeprefix('rankguard/inprocess/')}{r}",
+            round=r,
+            cause=info.cause,
+            culprit=info.culprit,
+            culprit_host=culprit.hostname if culprit else None,
+            message=info.message,
+            wall_time_ns=time.time_ns(),
+        )
         if self.session is not None:
-            tracker = self.session.tracker
-            tracker.set_phase(self._saved_phase)
-            tracker.mark_recovered()
+            self.session.set_phase(self._saved_phase)
+            self.session.mark_recovered()
         took = time.monotonic() - (self.recovering_since or time.monotonic())
         if self.rank == 0:
             logger.warning(
@@ -576,12 +583,13 @@ class _Call:
 
     # ---- monitor ----------------------------------------------------------------------
 
-    def heartbeat_fields(self) -> dict[str, Any]:
-        """The ``inprocess`` object of the rank's heartbeat records."""
-        out: dict[str, Any] = {"restarts": self.info.count, "recovering": self.phase != "running"}
-        if self.last_fault is not None:
-            out["last"] = self.last_fault
-        return {"inprocess": out}
+    def heartbeat_block(self) -> InProcessBlock:
+        """The ``inprocess`` block of the rank's heartbeat records."""
+        return InProcessBlock(
+            restarts=self.info.count,
+            recovering=self.phase != "running",
+            last=self.last_fault,
+        )
 
     # ---- watcher thread ---------------------------------------------------------------
 

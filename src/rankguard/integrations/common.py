@@ -9,7 +9,8 @@ import torch
 
 from rankguard.perf.autodetect import InputShape, model_shape_from_config
 from rankguard.perf.flops import analytic_flops_per_step
-from rankguard.session import NullSession, Session, init
+from rankguard.ranksession import RankSession
+from rankguard.session import init
 
 __all__ = ["LOG_KEYS", "analytic_from_config", "perf_logs", "resolve_session", "set_batch"]
 
@@ -23,15 +24,15 @@ LOG_KEYS = {
 }
 
 
-def resolve_session(session: Session | NullSession | None) -> Session | NullSession:
+def resolve_session(session: RankSession | None) -> RankSession:
     """The given session, or the process's (``rankguard.init()``: the launcher's under
     ``rankguard run``, a local one under plain torchrun, a no-op otherwise)."""
     return session if session is not None else init()
 
 
-def perf_logs(session: Session | NullSession, last: dict[str, Any] | None) -> dict[str, float]:
+def perf_logs(session: RankSession, last: dict[str, Any] | None) -> dict[str, float]:
     """rankguard's latest perf window as log keys (empty when none or already given)."""
-    perf = getattr(session, "perf", None)
+    perf = session.perf
     latest = perf.latest if perf is not None else None
     if latest is None or latest is last:
         return {}
@@ -41,7 +42,7 @@ def perf_logs(session: Session | NullSession, last: dict[str, Any] | None) -> di
 
 
 def set_batch(
-    session: Session,
+    session: RankSession,
     shape: InputShape,
     *,
     micro_batches: int,
@@ -59,7 +60,7 @@ def set_batch(
 
 
 def analytic_from_config(
-    session: Session, model: torch.nn.Module, shape: InputShape, global_batch: int
+    session: RankSession, model: torch.nn.Module, shape: InputShape, global_batch: int
 ) -> bool:
     """Megatron's formula from the ``config`` of ``model`` or its first sub-module that has
     a known one, unless the FLOPs are already set. True when set."""

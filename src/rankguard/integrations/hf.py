@@ -51,7 +51,7 @@ from rankguard.integrations.common import (
     set_batch,
 )
 from rankguard.perf.autodetect import InputProbe
-from rankguard.session import NullSession, Session
+from rankguard.ranksession import RankSession
 
 __all__ = ["RankguardCallback"]
 
@@ -62,9 +62,9 @@ TRAIN_PHASE = "train"
 class RankguardCallback(TrainerCallback):
     """Phases, progress, batch, FLOPs and perf logs of a ``transformers.Trainer``."""
 
-    def __init__(self, session: Session | NullSession | None = None) -> None:
+    def __init__(self, session: RankSession | None = None) -> None:
         self._given = session
-        self.session: Session | NullSession | None = None
+        self.session: RankSession | None = None
         self._probe: InputProbe | None = None
         self._training = False
         self._save_after_eval = False
@@ -72,11 +72,11 @@ class RankguardCallback(TrainerCallback):
         self._last_logged: dict[str, Any] | None = None
 
     @property
-    def _live(self) -> Session | None:
+    def _live(self) -> RankSession | None:
         session = self.session
         if session is None:
             session = self.session = resolve_session(self._given)
-        return session if isinstance(session, Session) else None
+        return session if session.enabled else None
 
     # ---- training -------------------------------------------------------------------
 
@@ -125,7 +125,7 @@ class RankguardCallback(TrainerCallback):
     # ---- evaluation and saving --------------------------------------------------------
 
     def _before_log_save_evaluate(
-        self, session: Session, state: TrainerState, control: TrainerControl
+        self, session: RankSession, state: TrainerState, control: TrainerControl
     ) -> None:
         """The Trainer evaluates, then saves, right after these callbacks return."""
         if control.should_evaluate:
@@ -138,7 +138,7 @@ class RankguardCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
         session = self._live
-        if session is not None and session.tracker.phase not in (EVAL_PHASE, "checkpointing"):
+        if session is not None and session.current_phase not in (EVAL_PHASE, "checkpointing"):
             session.set_phase(EVAL_PHASE)  # trainer.evaluate() / predict() outside training
 
     def on_evaluate(
@@ -173,7 +173,7 @@ class RankguardCallback(TrainerCallback):
 
     # ---- perf -------------------------------------------------------------------------
 
-    def _set_batch(self, session: Session, args: TrainingArguments) -> None:
+    def _set_batch(self, session: RankSession, args: TrainingArguments) -> None:
         probe, self._probe = self._probe, None
         assert probe is not None
         probe.remove()

@@ -29,7 +29,6 @@ What it does, over the in-loop API of the process's session (``rankguard.init()`
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 try:
@@ -39,7 +38,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "rankguard.integrations.lightning needs lightning: pip install 'rankguard[lightning]'"
     ) from exc
 
-from rankguard.heartbeat.identity import ENV
+from rankguard import runenv
 from rankguard.integrations.common import (
     analytic_from_config,
     perf_logs,
@@ -47,7 +46,7 @@ from rankguard.integrations.common import (
     set_batch,
 )
 from rankguard.perf.autodetect import input_shape
-from rankguard.session import NullSession, Session
+from rankguard.ranksession import RankSession
 
 __all__ = ["RankguardCallback", "callbacks_factory"]
 
@@ -58,7 +57,7 @@ TRAIN_PHASE = "train"
 def callbacks_factory() -> list[pl.Callback]:
     """Lightning's ``lightning.pytorch.callbacks_factory`` entry point: the callback in a
     rank of ``rankguard run``, nothing elsewhere."""
-    if os.environ.get(ENV.LAUNCHER) == "1" and os.environ.get(ENV.RUN_DIR):
+    if runenv.current().monitored:
         return [RankguardCallback()]
     return []
 
@@ -66,9 +65,9 @@ def callbacks_factory() -> list[pl.Callback]:
 class RankguardCallback(pl.Callback):
     """Phases, progress, batch, FLOPs and perf logs of a ``lightning.pytorch.Trainer``."""
 
-    def __init__(self, session: Session | NullSession | None = None) -> None:
+    def __init__(self, session: RankSession | None = None) -> None:
         self._given = session
-        self.session: Session | None = None
+        self.session: RankSession | None = None
         self._last_step = 0
         self._batch_set = False
         self._saving = False
@@ -81,7 +80,7 @@ class RankguardCallback(pl.Callback):
         if first is not self:  # the entry point's and the user's: one is enough
             return
         session = resolve_session(self._given)
-        self.session = session if isinstance(session, Session) else None
+        self.session = session if session.enabled else None
         self._last_step = trainer.global_step
 
     # ---- training -------------------------------------------------------------------
@@ -152,7 +151,7 @@ class RankguardCallback(pl.Callback):
         if session is None:
             return
         self._end_save(session)
-        self._phase_before_eval = session.tracker.phase
+        self._phase_before_eval = session.current_phase
         session.set_phase(EVAL_PHASE)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -171,7 +170,7 @@ class RankguardCallback(pl.Callback):
         session.checkpoint_start(f"step_{trainer.global_step}")
         self._saving = True
 
-    def _end_save(self, session: Session) -> None:
+    def _end_save(self, session: RankSession) -> None:
         if self._saving:
             self._saving = False
             session.checkpoint_end()
@@ -179,7 +178,7 @@ class RankguardCallback(pl.Callback):
     # ---- perf -------------------------------------------------------------------------
 
     def _set_batch(
-        self, session: Session, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any
+        self, session: RankSession, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any
     ) -> None:
         self._batch_set = True
         shape = input_shape((batch,))

@@ -37,6 +37,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from string import Template
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +47,7 @@ from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from rankguard.ft.kill import OwnedWorkers
+from rankguard.launcher.handover import HandoverResult, wait_for_handover
 
 if TYPE_CHECKING:
     from rankguard.preempt.coordinator import PreemptionCoordinator
@@ -197,10 +199,14 @@ class RankguardAgent(LocalElasticAgent):
         on_failure: Callable[[dict[str, Any]], None] | None = None,
         grace_s: float = 30.0,
         preemption: PreemptionCoordinator | None = None,
+        handover_timeout_s: float = 30.0,
         **kw: Any,
     ) -> None:
         # torch elastic's own grace when a signal stops it or the job ends: ours.
         kw.setdefault("shutdown_timeout", max(1, round(grace_s)))
+        # rankguard's ``$node`` in the line prefix template: the group rank, known
+        # once the round is agreed (torch's template knows role, rank and local rank)
+        self._line_prefix: str | None = kw.get("log_line_prefix_template")
         super().__init__(*args, **kw)
         self._on_signal = on_signal
         self._on_restart = on_restart
@@ -215,6 +221,8 @@ class RankguardAgent(LocalElasticAgent):
         self._prewarmed = False
         self.workers = OwnedWorkers()  # the only processes fault tolerance may signal
         self.preemption = preemption
+        self.handover_timeout_s = handover_timeout_s
+        self.last_handover: HandoverResult | None = None
 
     # ---- the launcher's side ---------------------------------------------------------
 
@@ -247,6 +255,10 @@ class RankguardAgent(LocalElasticAgent):
     # ---- lifecycle extensions --------------------------------------------------------
 
     def _start_workers(self, worker_group: Any) -> dict[int, Any]:
+        if self._line_prefix and "$node" in self._line_prefix:
+            self._log_line_prefix_template = Template(self._line_prefix).safe_substitute(
+                node=worker_group.group_rank
+            )
         pids: dict[int, Any] = super()._start_workers(worker_group)
         self.workers.set(worker_pids(pids, getattr(self, "_pcontext", None)))
         if not self._prewarmed:
@@ -339,8 +351,17 @@ class RankguardAgent(LocalElasticAgent):
         logger.info("rankguard: worker group restarted in %.2fs", time.monotonic() - t0)
 
     def _stop_workers(self, worker_group: Any) -> None:
+        old = sorted(self.workers.pids())
         self.workers.clear()
         self._shutdown(timeout=max(1, round(self._grace_s)))
+        # the next group starts only once the old one is gone and its GPU memory freed
+        self.last_handover = wait_for_handover(old, timeout_s=self.handover_timeout_s)
+        if self.last_handover.waited_s >= 0.5:
+            logger.info(
+                "rankguard: old workers gone in %.2fs (%s)",
+                self.last_handover.waited_s,
+                self.last_handover.describe(),
+            )
 
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
         super()._shutdown(worker_stop_signal(death_sig), timeout)

@@ -28,6 +28,7 @@ from rankguard.heartbeat.identity import ENV
 from rankguard.launcher.agent import RankguardAgent, first_failure
 from rankguard.launcher.checks import check_launch
 from rankguard.launcher.console import LiveStatus
+from rankguard.launcher.elastic import build_agent, features_line
 from rankguard.launcher.exitcodes import (
     EXIT_RERUN_RESUME,
     EXIT_RERUN_VALIDATION_FAILED,
@@ -54,23 +55,31 @@ def run_dir_for(cfg: RankguardConfig, run_id: str) -> Path:
 
 
 def _rendezvous(opts: LaunchOptions, run_id: str) -> tuple[Any, Any, str, int, bool]:
-    """The c10d rendezvous handler, the store it uses, its host and port, and whether
-    this agent hosts the store: the node whose ``--rdzv-endpoint`` host is this machine,
-    as torch elastic decides (:func:`rendezvous_store`), or node 0 when ``--node-rank``
-    is given.
+    """The rendezvous handler, the store rankguard's relays use (None: the handler's
+    own, taken at the first round), its host and port, and whether this agent hosts it.
 
+    c10d (and torchrun's local rendezvous): the store is held here, hosted by the node
+    whose ``--rdzv-endpoint`` host is this machine, as torch elastic decides
+    (:func:`rendezvous_store`), or node 0 when ``--node-rank`` is given.
     ``--standalone``: every store of the job listens on 127.0.0.1 only (the rendezvous
     store here, each round's worker store in :class:`FreshStoreRendezvous`) and the
-    workers are told 127.0.0.1 as ``MASTER_ADDR``."""
+    workers are told 127.0.0.1 as ``MASTER_ADDR``. Any other backend (``static``,
+    ``etcd``, ``etcd-v2``, a registered plugin) is torch's own handler
+    (:func:`registry_rendezvous`)."""
+    if opts.rdzv_backend != "c10d":
+        from rankguard.launcher.backends import registry_rendezvous
+
+        handler, host, port = registry_rendezvous(opts, run_id)
+        return handler, None, host, port, False
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
         C10dRendezvousBackend,
     )
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
         DynamicRendezvousHandler,
-        RendezvousTimeout,
     )
     from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
+    from rankguard.launcher.backends import rendezvous_timeout
     from rankguard.launcher.rendezvous import LOOPBACK, loopback_store_server, rendezvous_store
 
     hosting = True
@@ -82,6 +91,10 @@ def _rendezvous(opts: LaunchOptions, run_id: str) -> tuple[Any, Any, str, int, b
         endpoint = str(opts.rdzv_endpoint)
         host, port = parse_rendezvous_endpoint(endpoint, default_port=29400)
         given = None if opts.node_rank is None else opts.node_rank == 0
+        if given is None and opts.max_nodes == 1:
+            given = True  # no other agent to share the port with: a busy port is an error
+        if "is_host" in opts.rdzv_conf:  # torch's c10d conf key wins
+            given = str(opts.rdzv_conf["is_host"]).lower() in ("1", "true", "yes")
         store, hosting = rendezvous_store(host, port, given)
     backend: Any = C10dRendezvousBackend(store, run_id)
     handler = DynamicRendezvousHandler.from_backend(
@@ -90,8 +103,8 @@ def _rendezvous(opts: LaunchOptions, run_id: str) -> tuple[Any, Any, str, int, b
         backend=backend,
         min_nodes=opts.min_nodes,
         max_nodes=opts.max_nodes,
-        local_addr=LOOPBACK if opts.standalone else None,
-        timeout=RendezvousTimeout(join=timedelta(seconds=opts.rdzv_join_timeout_s)),
+        local_addr=LOOPBACK if opts.standalone else opts.local_addr,
+        timeout=rendezvous_timeout(opts.rdzv_conf, opts.rdzv_join_timeout_s),
     )
     host = endpoint.rsplit(":", 1)[0]
     if os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1":
@@ -219,6 +232,10 @@ def _timeouts_in_force(cfg: RankguardConfig) -> dict[str, Any] | None:
     return apply_learned(cfg, state, source)
 
 
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 def _say(msg: str) -> None:
     """One launcher line on stderr. What it quotes (finding messages, a rank's error,
     hostnames, paths) is shown with its control characters escaped."""
@@ -226,7 +243,17 @@ def _say(msg: str) -> None:
 
 
 def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
-    """Run the job on this node; return the process exit code."""
+    """Run the job on this node; return the process exit code (in the table
+    ``exit_codes`` names: :mod:`.kubeflow`)."""
+    from rankguard.launcher.kubeflow import exit_code_for
+
+    return exit_code_for(_launch(opts, cfg), cfg.exit_codes)
+
+
+def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
+    _say(features_line(opts, cfg))
+    for note in opts.notes:
+        _say(note)
     max_restarts = _check(opts, cfg)
     if max_restarts is None:
         return EXIT_USAGE
@@ -237,16 +264,25 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
     except (ForeignDirectoryError, NotADirectoryError, ValueError) as exc:
         _say(str(exc))
         return EXIT_USAGE
+    except OSError as exc:
+        _say(f"log_dir {cfg.log_dir}: cannot create {exc.filename or run_dir}: {exc.strerror}")
+        return EXIT_USAGE
     refused = _preflight(opts, cfg, run_dir)
     if refused is not None:
         return refused
     timeouts = _timeouts_in_force(cfg)
     if timeouts is None or not _environment(opts, cfg, run_id, run_dir):
         return EXIT_USAGE
-    handler, store, host, port, hosting = _rendezvous(opts, run_id)
-    services = _services(opts, cfg, run_id, run_dir, timeouts, host, port)
+    try:
+        handler, store, host, port, hosting = _rendezvous(opts, run_id)
+    except (RuntimeError, ValueError) as exc:
+        _say(f"rendezvous: {_one_line(exc)}")
+        return EXIT_USAGE
+    services = _services(opts, cfg, run_id, run_dir, timeouts, host, port, store is not None)
     node = NodeStart(opts, cfg, run_id, run_dir, f"{host}:{port}", services)
-    agent = _agent(opts, cfg, RoundWatcher(handler, node.on_round), services, max_restarts)
+    agent = build_agent(
+        opts, cfg, RoundWatcher(handler, node.on_round), services, max_restarts, run_dir
+    )
     node.agent = agent
     services.workers = agent.workers  # fault tolerance signals these processes only
     try:
@@ -294,6 +330,9 @@ class NodeStart:
         if not decided.first:
             return
         node = self.services.node_rank = decided.node_rank
+        if self.services.store is None and self.opts.multi_node:
+            # a backend other than c10d: the relays use the store its handler hands out
+            self.services.store = getattr(info, "store", None)
         _write_launcher_file(self.opts, self.cfg, self.run_id, self.run_dir, self.rendezvous, node)
         _say(
             f"run {self.run_id}: {self.opts.nproc_per_node} rank(s) on node {node}"
@@ -395,6 +434,7 @@ def _services(
     timeouts: dict[str, Any],
     host: str,
     port: int,
+    held_store: bool = True,
 ) -> NodeServices:
     return NodeServices(
         cfg=cfg,
@@ -404,52 +444,8 @@ def _services(
         nnodes=opts.max_nodes,
         expected_world_size=opts.expected_world_size,
         max_world_size=opts.max_nodes * opts.nproc_per_node,
-        store=_store_client(host, port) if opts.multi_node else None,
+        store=_store_client(host, port) if opts.multi_node and held_store else None,
         timeouts=timeouts,
-    )
-
-
-def _entrypoint(opts: LaunchOptions) -> tuple[Any, list[str], str]:
-    """The workers' entry point, its arguments and torch elastic's start method."""
-    worker_args = ["-m"] if opts.module else []
-    worker_args += [opts.target, *opts.target_args]
-    if opts.preload:  # torch elastic's function entry point, forked by the fork server
-        from rankguard.launcher.worker import forked_main
-
-        return forked_main, worker_args, "forkserver"
-    # The start method is unused: a command entry point starts as a subprocess.
-    return sys.executable, ["-u", "-m", "rankguard.launcher.worker", *worker_args], "spawn"
-
-
-def _agent(
-    opts: LaunchOptions,
-    cfg: RankguardConfig,
-    handler: Any,
-    services: NodeServices,
-    max_restarts: int,
-) -> RankguardAgent:
-    from torch.distributed.elastic.agent.server.api import WorkerSpec
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-
-    entrypoint, entry_args, start_method = _entrypoint(opts)
-    spec = WorkerSpec(
-        role="trainer",
-        local_world_size=opts.nproc_per_node,
-        entrypoint=entrypoint,
-        args=tuple(entry_args),
-        rdzv_handler=handler,
-        max_restarts=max_restarts,
-        monitor_interval=opts.monitor_interval_s,
-    )
-    logs = DefaultLogsSpecs(log_dir=str(layout.elastic_log_dir(cfg.log_dir)))
-    return RankguardAgent(
-        spec=spec,
-        logs_specs=logs,
-        start_method=start_method,
-        on_signal=services.note_shutdown,
-        on_restart=services.on_restart,
-        on_failure=services.on_group_failure,
-        grace_s=cfg.fault_tolerance.termination_grace_s,
     )
 
 
@@ -473,6 +469,9 @@ def _write_launcher_file(
             "target_args": opts.target_args,
             "nproc_per_node": opts.nproc_per_node,
             "nnodes": [opts.min_nodes, opts.max_nodes],
+            "rdzv_backend": opts.rdzv_backend,
+            "role": opts.role,
+            "entry": opts.entry,
             "rendezvous": rendezvous,
             "config": config_to_dict(cfg),
         },
@@ -525,6 +524,8 @@ def _outcome(
                 f"{root['exit_code']}{' (' + root['signal'] + ')' if root['signal'] else ''}"
                 f": {(root['error'] or '-').strip().splitlines()[-1][:300]}"
             )
+            if root.get("error_file") and os.path.isfile(str(root["error_file"])):
+                _say(f"error file: {root['error_file']} (host {socket.gethostname()})")
         if agent.restarts:
             _say(f"{agent.restarts} in-job restart(s) spent (budget {max_restarts})")
         worker_exit = root["exit_code"] if root is not None else None

@@ -21,16 +21,22 @@ import runpy
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from rankguard import runenv
+from rankguard.bootstrap import session_from_env
 from rankguard.ft.stacks import install_dump_handler
-from rankguard.heartbeat.identity import ENV
 from rankguard.heartbeat.lifeline import Lifeline, end_orphan, set_parent_death_signal
-from rankguard.session import init
+from rankguard.schema.blocks import NvrxBlock, fields_source
+from rankguard.session import install
 
-__all__ = ["forked_main", "main"]
+if TYPE_CHECKING:
+    from rankguard.integrations.nvrx import RankMonitorBridge
+    from rankguard.ranksession import RankSession
+
+__all__ = ["forked_main", "main", "run_path_main"]
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -57,11 +63,29 @@ def hold_launcher(*, direct_child: bool) -> Lifeline | None:
     return lifeline
 
 
-def _watch(session: Any, lifeline: Lifeline | None) -> None:
-    """The heartbeat thread checks the lifeline at every beat (no thread, no check)."""
-    publisher = getattr(session, "publisher", None)
-    if publisher is not None and lifeline is not None:
-        publisher.lifeline = lifeline
+def _serve_nvrx(session: RankSession, env: runenv.RunEnv) -> RankMonitorBridge | None:
+    """NVRx's RankMonitorClient served in this rank when nvidia-resiliency-ext is
+    installed (``fault_tolerance.serve_nvrx_client``; see ``integrations/nvrx.py``)."""
+    cfg = env.config
+    if not session.enabled or cfg is None:
+        return None
+    from rankguard.integrations.nvrx import serve_nvrx_client
+
+    bridge = serve_nvrx_client(
+        session,
+        cfg.fault_tolerance,
+        cfg.heartbeat,
+        rank=env.rank,
+        enabled=cfg.fault_tolerance.serve_nvrx_client,
+    )
+    if bridge is not None:
+        session.add_heartbeat_block(fields_source(NvrxBlock, bridge.heartbeat_fields))
+    return bridge
+
+
+def _stop(bridge: RankMonitorBridge | None) -> None:
+    if bridge is not None:
+        bridge.close()
 
 
 @record
@@ -75,12 +99,15 @@ def main(argv: list[str] | None = None, *, direct_child: bool = True) -> None:
         raise SystemExit("rankguard worker: no script or module to run")
     target, rest = args[0], args[1:]
 
-    session = init()
-    _watch(session, lifeline)
+    env = runenv.current()
+    # the heartbeat thread checks the lifeline at every beat (no thread, no check)
+    session = install(lambda: session_from_env(env, lifeline=lifeline))
     dump_file = None
-    run_dir = os.environ.get(ENV.RUN_DIR)
-    if run_dir and os.environ.get(ENV.LAUNCHER) == "1":
-        dump_file = install_dump_handler(Path(run_dir), int(os.environ.get("RANK", "0")))
+    bridge = None
+    if env.monitored:
+        assert env.run_dir is not None
+        dump_file = install_dump_handler(Path(env.run_dir), env.rank)
+        bridge = _serve_nvrx(session, env)
     try:
         session.install_optimizer_hook()
         if as_module:
@@ -92,6 +119,7 @@ def main(argv: list[str] | None = None, *, direct_child: bool = True) -> None:
             runpy.run_path(target, run_name="__main__")
     except SystemExit as exc:
         code = _exit_code(exc)
+        _stop(bridge)
         session.close(
             clean=code == 0,
             exit_code=code,
@@ -99,8 +127,10 @@ def main(argv: list[str] | None = None, *, direct_child: bool = True) -> None:
         )
         raise
     except BaseException as exc:
+        _stop(bridge)
         session.close(clean=False, exit_code=1, error=f"{type(exc).__name__}: {exc}")
         raise
+    _stop(bridge)
     session.close(clean=True, exit_code=0)
     del dump_file  # kept open until here: faulthandler writes to it
 
@@ -109,12 +139,25 @@ def forked_main(*argv: str) -> None:
     """The rank's entry point when the launcher forks ranks from a fork server
     (``--preload``): what ``python -u -m rankguard.launcher.worker ARGV`` does, in a
     process forked from one that has already imported the preloaded modules."""
+    _function_main(argv, direct_child=False)
+
+
+def run_path_main(*argv: str) -> None:
+    """torchrun's ``--run-path``: the script run with ``runpy.run_path`` in a process
+    torch elastic starts with ``--start-method`` (a child of the launcher), through the
+    same bootstrap as any rank (its parent is the launcher, or a fork server with
+    ``--start-method forkserver``: the lifeline keeps whichever it is)."""
+    _function_main(argv, direct_child=False)
+
+
+def _function_main(argv: tuple[str, ...], *, direct_child: bool) -> None:
+    """A rank started as torch elastic's function entry point (not a new interpreter)."""
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             reconfigure(line_buffering=True, write_through=True)  # lines reach the log now
     try:
-        main(list(argv), direct_child=False)
+        main(list(argv), direct_child=direct_child)
     finally:
         # A forked process leaves with os._exit, which skips atexit: run the script's
         # exit handlers (logging flush, trackers' finish) as a normal exit would.

@@ -42,8 +42,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rankguard.agree import write_control
+from rankguard.heartbeat.blockeval import BlockEvaluator
 from rankguard.preempt.budget import GraceBudget
 from rankguard.preempt.config import PreemptionConfig
+from rankguard.schema.blocks import PreemptBlock, exit_clean, read_block
 from rankguard.schema.findings import Finding, FindingType, Reason
 from rankguard.schema.layout import StoreKeys
 from rankguard.textsafe import safe_text
@@ -52,6 +54,7 @@ from rankguard.wakeup import Wakeup
 if TYPE_CHECKING:
     from rankguard.ft.kill import OwnedWorkers
     from rankguard.heartbeat.rules import RankState
+    from rankguard.schema.records import HeartbeatRecord
 
 __all__ = ["PreemptionCoordinator", "PreemptionEvaluator"]
 
@@ -234,8 +237,8 @@ class PreemptionCoordinator:
             rec = st.record
             if rec is None or getattr(rec, "node_rank", None) != node:
                 continue
-            pre = rec.extra.get("preempt")
-            if isinstance(pre, dict) and pre.get("signal_received") is True:
+            pre = _preempt_block(rec)
+            if pre is not None and pre.signal_received:
                 return True
         return False
 
@@ -270,9 +273,7 @@ class PreemptionCoordinator:
         states = self.ranks() if self.ranks is not None else {}
         records = [s.record for s in states.values()]
         return bool(records) and all(
-            rec is not None
-            and isinstance(pre := rec.extra.get("preempt"), dict)
-            and pre.get("signal_received") is True
+            rec is not None and (pre := _preempt_block(rec)) is not None and pre.signal_received
             for rec in records
         )
 
@@ -309,11 +310,12 @@ class PreemptionCoordinator:
         }
 
 
-class PreemptionEvaluator:
+class PreemptionEvaluator(BlockEvaluator[PreemptBlock]):
     """Node 0's monitor: the preemption and the saved step in findings and status, and
     the grace budget (does the longest save fit ``preempt_time``?)."""
 
     name = "preemption"
+    block = PreemptBlock
 
     def __init__(
         self,
@@ -321,6 +323,7 @@ class PreemptionEvaluator:
         budget: GraceBudget,
         run_id: str,
     ) -> None:
+        super().__init__()
         self.coordinator = coordinator
         self.budget = budget
         self.run_id = run_id
@@ -329,12 +332,14 @@ class PreemptionEvaluator:
         self._ranks_saved = 0
         self._warned_budget = False
 
-    def evaluate(self, now: float, ranks: Mapping[int, RankState]) -> list[Finding]:
+    def on_block(
+        self, rank: int, state: RankState, block: PreemptBlock, ranks: Mapping[int, RankState]
+    ) -> list[Finding]:
+        self.budget.observe(block.save_max_s)
+        return []
+
+    def after_blocks(self, now: float, ranks: Mapping[int, RankState]) -> list[Finding]:
         records = [s.record for s in ranks.values() if s.record is not None]
-        for rec in records:
-            pre = rec.extra.get("preempt")
-            if isinstance(pre, dict):
-                self.budget.observe(pre.get("save_max_s"))
         if not self.budget.fits() and not self._warned_budget:
             self._warned_budget = True
             logger.warning("rankguard: %s", self.budget.warning())
@@ -357,7 +362,7 @@ class PreemptionEvaluator:
                 )
             )
         if self._announced and self._saved is None and step is not None and records:
-            done = [r for r in records if r.ended and r.progress_seq >= step and _clean(r)]
+            done = [r for r in records if r.ended and r.progress_seq >= step and exit_clean(r)]
             self._ranks_saved = len(done)
             if len(done) == len(ranks):
                 self._saved = step
@@ -384,9 +389,12 @@ class PreemptionEvaluator:
         return out
 
 
-def _clean(rec: Any) -> bool:
-    exit_info = rec.exit or {}
-    return bool(exit_info.get("clean"))
+def _preempt_block(rec: HeartbeatRecord) -> PreemptBlock | None:
+    """The record's ``preempt`` block; a malformed one counts as none."""
+    try:
+        return read_block(rec, PreemptBlock)
+    except ValueError:
+        return None
 
 
 _MAX_REASON = 200  # longest reason accepted from the store

@@ -18,7 +18,6 @@ process of a job step) cannot kill one mid-batch, which the rank would see as
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from types import FrameType
 from typing import Any
 
 from rankguard.preempt.config import parse_exit_signal
+from rankguard.runenv import RunEnv, current
 
 __all__ = ["ExitSignalHandler", "exit_signal_from_env", "ignore_exit_signal"]
 
@@ -87,20 +87,13 @@ class ExitSignalHandler:
         # SIG_IGN: ignored, as before
 
 
-def exit_signal_from_env() -> signal.Signals:
-    """The exit signal of this run (``preemption.exit_signal``); SIGTERM outside one."""
-    from rankguard.heartbeat.identity import ENV  # light: no torch
-
-    text = os.environ.get(ENV.CONFIG)
-    if text:
-        import json
-
-        try:
-            value = json.loads(text).get("preemption", {}).get("exit_signal")
-        except (ValueError, AttributeError):
-            value = None
-        if value is not None:
-            return parse_exit_signal(value)
+def exit_signal_from_env(env: RunEnv | None = None) -> signal.Signals:
+    """The exit signal of this run (``preemption.exit_signal``); SIGTERM outside one.
+    Reads the config's JSON only (a DataLoader worker builds no config)."""
+    env = env or current()
+    value = env.raw_section("preemption").get("exit_signal")
+    if value is not None:
+        return parse_exit_signal(value)
     return signal.SIGTERM
 
 

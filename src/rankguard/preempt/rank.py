@@ -17,10 +17,11 @@ import contextlib
 import logging
 import os
 import time
-from typing import Any
+from collections.abc import Callable
 
 from rankguard.preempt.config import PreemptionConfig
 from rankguard.preempt.handler import ExitSignalHandler
+from rankguard.schema.blocks import PreemptBlock
 from rankguard.timeline import RING_SIZE, ProgressTracker
 
 __all__ = ["RankPreemption"]
@@ -110,13 +111,18 @@ class RankPreemption:
         positive = [g for g in gaps if g > 0]
         return min(positive) / 1e9 if positive else None
 
-    def heartbeat_fields(self) -> dict[str, Any]:
+    def notify(self, callback: Callable[[int], None]) -> None:
+        """``callback(signum)`` from the signal handler when the signal comes (it must
+        only set flags): the session's fast path wakes up."""
+        self.handler.on_signal = callback
+
+    def heartbeat_block(self) -> PreemptBlock:
+        """The ``preempt`` block of this rank's heartbeat records."""
         durations = list(self.tracker.checkpoint_durations_ns)
-        out: dict[str, Any] = {"signal_received": self.handler.received}
         step = self.step_min_s()
-        if step is not None:
-            out["step_min_s"] = round(step, 6)
-        if durations:
-            out["save_last_s"] = round(durations[-1] / 1e9, 6)
-            out["save_max_s"] = round(max(durations) / 1e9, 6)
-        return {"preempt": out}
+        return PreemptBlock(
+            signal_received=self.handler.received,
+            step_min_s=round(step, 6) if step is not None else None,
+            save_last_s=round(durations[-1] / 1e9, 6) if durations else None,
+            save_max_s=round(max(durations) / 1e9, 6) if durations else None,
+        )

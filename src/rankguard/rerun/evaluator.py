@@ -11,6 +11,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from rankguard.heartbeat.blockeval import BlockEvaluator
 from rankguard.schema.findings import Finding, FindingType, Reason
 from rankguard.schema.rerun import RerunBlock, RerunEvent, RerunOutcome
 
@@ -36,36 +37,29 @@ _TYPES = {
 }
 
 
-class RerunEvaluator:
+class RerunEvaluator(BlockEvaluator[RerunBlock]):
     """A monitor evaluator: its status is ``status.json``'s ``rerun``."""
 
     name = "rerun"
+    block = RerunBlock
 
     def __init__(self, run_id: str) -> None:
+        super().__init__()
         self.run_id = run_id
         self._seen: dict[tuple[int, int], int] = {}  # (rank, pid) -> highest seq reported
         self._blocks: dict[int, RerunBlock] = {}  # rank -> latest block
-        self.bad_blocks = 0
 
-    def evaluate(self, now: float, ranks: Mapping[int, RankState]) -> list[Finding]:
-        out: list[Finding] = []
-        for rank, state in ranks.items():
-            rec = state.record
-            if rec is None or rec.rerun is None:
-                continue
-            try:
-                block = RerunBlock.from_dict(rec.rerun)
-            except ValueError:  # validated on ingest: only a bug gets here
-                self.bad_blocks += 1
-                continue
-            self._blocks[rank] = block
-            key = (rank, rec.pid)
-            seen = self._seen.get(key, 0)
-            for event in block.events:
-                if event.seq > seen:
-                    out.append(self._finding(rank, rec, event))
-            if block.events:
-                self._seen[key] = max(seen, max(e.seq for e in block.events))
+    def on_block(
+        self, rank: int, state: RankState, block: RerunBlock, ranks: Mapping[int, RankState]
+    ) -> list[Finding]:
+        rec = state.record
+        assert rec is not None
+        self._blocks[rank] = block
+        key = (rank, rec.pid)
+        seen = self._seen.get(key, 0)
+        out = [self._finding(rank, rec, e) for e in block.events if e.seq > seen]
+        if block.events:
+            self._seen[key] = max(seen, max(e.seq for e in block.events))
         return out
 
     def status(self) -> dict[str, Any] | None:

@@ -309,11 +309,12 @@ class RerunStateMachine:
             mode=self.mode, reruns=self.reruns, events=tuple(self.events), stats=dict(self.stats)
         )
 
-    def heartbeat_fields(self) -> dict[str, Any] | None:
-        """The ``rerun`` block of this rank's heartbeat records (the publisher's thread)."""
+    def heartbeat_block(self) -> RerunBlock | None:
+        """The ``rerun`` block of this rank's heartbeat records (the publisher's thread);
+        None when the machine is disabled."""
         if self._disabled:
             return None
-        return {"rerun": self.block().to_dict()}
+        return self.block()
 
     # ---- transitions ------------------------------------------------------------------
 

@@ -12,18 +12,20 @@ from pathlib import Path
 from typing import Any
 
 from rankguard._fs import atomic_write_json, atomic_write_text
-from rankguard.heartbeat.identity import ENV
+from rankguard.runenv import RunEnv, current
 from rankguard.schema.layout import RERUN_VERDICT_FILE
 
 __all__ = ["read_verdict", "write_verdict"]
 
 
-def write_verdict(iteration: int, culprits: list[dict[str, Any]]) -> None:
+def write_verdict(
+    iteration: int, culprits: list[dict[str, Any]], env: RunEnv | None = None
+) -> None:
     verdict = {"exit_code": 17, "iteration": iteration, "faulty": culprits}
-    run_dir = os.environ.get(ENV.RUN_DIR)
-    if run_dir:
-        atomic_write_json(Path(run_dir) / RERUN_VERDICT_FILE, verdict)
-    exclude = os.environ.get(ENV.EXCLUDE_FILE)
+    env = env or current()
+    if env.run_dir:
+        atomic_write_json(Path(env.run_dir) / RERUN_VERDICT_FILE, verdict)
+    exclude = env.exclude_file
     if exclude:
         hosts = sorted({str(c["hostname"]) for c in culprits if c.get("hostname")})
         atomic_write_text(exclude, ",".join(hosts) + "\n")

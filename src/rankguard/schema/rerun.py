@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = ["MAX_EVENTS", "RerunBlock", "RerunEvent", "RerunOutcome"]
 
@@ -90,6 +90,10 @@ class RerunEvent:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RerunBlock:
+    """``rerun``: the rank's latest outcomes and determinism statistics."""
+
+    name: ClassVar[str] = "rerun"
+    flat: ClassVar[bool] = False
     mode: str
     reruns: int = 0  # iterations re-run so far by this process
     events: tuple[RerunEvent, ...] = ()

@@ -289,7 +289,8 @@ rg_forward() {
 }
 srun --kill-on-bad-exit=0 --ntasks-per-node=1 \
     bash -c 'exec "$0" run --node-rank "$SLURM_NODEID" "$@"' __RANKGUARD__ \
-    --nnodes "$RG_NNODES" --rdzv-endpoint "$RG_ENDPOINT" --rdzv-id "$RG_JOB_ID" \
+    --nnodes "$RG_NNODES" --rdzv-backend c10d --rdzv-endpoint "$RG_ENDPOINT" \
+    --rdzv-id "$RG_JOB_ID" \
     __LAUNCH__ &
 RG_SRUN_PID=$!
 for rg_sig in TERM USR1 USR2; do

@@ -289,3 +289,9 @@ def __getattr__(name: str) -> Any:
     if name == "nvmlDeviceGetGpuRecoveryAction" and _config().get("recovery_api") == "function":
         return _recovery_action
     raise AttributeError(name)
+
+
+def nvmlDeviceGetComputeRunningProcesses(handle: Any) -> list[SimpleNamespace]:
+    """The GPU's ``processes`` entry: [{"pid": 123, "usedGpuMemory": bytes}, ...]."""
+    gpu = _gpu(handle, "nvmlDeviceGetComputeRunningProcesses")
+    return [SimpleNamespace(**p) for p in gpu.get("processes", [])]

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -216,8 +217,17 @@ def test_end_orphan_kills_itself_with_sigkill(caplog: pytest.LogCaptureFixture) 
 # ---- the heartbeat thread's check ------------------------------------------------------
 
 
-def _publisher(tmp_path: Path) -> HeartbeatPublisher:
-    return HeartbeatPublisher(rank_identity(), tmp_path, ProgressTracker(mode="cpu"), 0.02)
+def _publisher(
+    tmp_path: Path, lifeline: Lifeline, on_orphan: Callable[[str], None]
+) -> HeartbeatPublisher:
+    return HeartbeatPublisher(
+        rank_identity(),
+        tmp_path,
+        ProgressTracker(mode="cpu"),
+        0.02,
+        lifeline=lifeline,
+        on_orphan=on_orphan,
+    )
 
 
 def _wait(cond: object, timeout: float = 3.0) -> bool:
@@ -231,12 +241,12 @@ def _wait(cond: object, timeout: float = 3.0) -> bool:
 
 def test_launcher_gone_ends_the_record_stream_then_the_rank(tmp_path: Path) -> None:
     fake = FakeSystem(ppid=100, alive=set())
-    pub = _publisher(tmp_path)
-    pub.lifeline = Lifeline(
-        launcher_pid=100, parent_pid=100, getppid=fake.getppid, alive=fake.alive
-    )
     orphaned: list[str] = []
-    pub.on_orphan = orphaned.append
+    pub = _publisher(
+        tmp_path,
+        Lifeline(launcher_pid=100, parent_pid=100, getppid=fake.getppid, alive=fake.alive),
+        orphaned.append,
+    )
     pub.start()
     try:
         assert _wait(lambda: len(read_records(pub.path)) >= 3)  # beats while it is there
@@ -267,10 +277,10 @@ def test_a_broken_check_never_kills_the_rank(
     def broken() -> int:
         raise RuntimeError("no getppid today")
 
-    pub = _publisher(tmp_path)
-    pub.lifeline = Lifeline(launcher_pid=100, parent_pid=100, getppid=broken)
     orphaned: list[str] = []
-    pub.on_orphan = orphaned.append
+    pub = _publisher(
+        tmp_path, Lifeline(launcher_pid=100, parent_pid=100, getppid=broken), orphaned.append
+    )
     pub.start()
     try:
         assert _wait(lambda: len(read_records(pub.path)) >= 4)  # still beating
@@ -295,8 +305,8 @@ def test_a_real_orphan_stops_within_a_beat_without_prctl(tmp_path: Path) -> None
         pub = HeartbeatPublisher(
             rank_identity(pid=os.getpid()), Path({str(tmp_path)!r}),
             ProgressTracker(mode="cpu"), 0.1,
+            lifeline=Lifeline.from_env(direct_child=True),
         )
-        pub.lifeline = Lifeline.from_env(direct_child=True)
         assert pub.lifeline is not None and pub.lifeline.lost() is None
         pub.start()
         print(os.getpid(), flush=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from types import SimpleNamespace
@@ -120,10 +121,22 @@ def test_nccl_communicator_is_aborted_gloo_is_left_to_its_timeout() -> None:
     assert group.aborted == 1
 
 
-def test_session_carries_added_heartbeat_fields(tmp_path: Any) -> None:
+def test_session_carries_added_heartbeat_blocks(tmp_path: Any) -> None:
+    from rankguard.schema.blocks import InProcessBlock
     from rankguard.session import Session
     from tests.factories import heartbeat_config, rank_identity
 
-    session = Session(rank_identity(), tmp_path, heartbeat_config(), publish=False)
-    session.add_heartbeat_fields(lambda: {"inprocess": {"restarts": 2}})
-    assert session._added_fields() == {"inprocess": {"restarts": 2}}
+    session = Session(rank_identity(), tmp_path, heartbeat_config(), publish=True)
+    try:
+        session.add_heartbeat_block(lambda: InProcessBlock(restarts=2))
+        assert session.publisher is not None
+        session.publisher.wake()
+        deadline = time.monotonic() + 5
+        seen: list[dict[str, Any]] = []
+        while time.monotonic() < deadline and not seen:
+            lines = session.publisher.path.read_text().splitlines()
+            seen = [r for r in map(json.loads, lines) if "inprocess" in r]
+            time.sleep(0.01)
+    finally:
+        session.close()
+    assert seen and seen[0]["inprocess"] == {"restarts": 2, "recovering": False}

@@ -7,12 +7,17 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
+from rankguard.bootstrap import session_from_env
+from rankguard.config import RankguardConfig, dumps_config
 from rankguard.heartbeat.identity import ENV
 from rankguard.heartbeat.lifeline import Lifeline
 from rankguard.launcher import forkserver_guard, worker
+from rankguard.runenv import RunEnv
+from rankguard.session import NullSession, Session
 
 LINUX = sys.platform.startswith("linux")
 
@@ -72,18 +77,23 @@ def test_a_forked_rank_keeps_its_parent(monkeypatch: pytest.MonkeyPatch, calls: 
     assert calls.seen == [f"prctl {int(signal.SIGKILL)}"]
 
 
-def test_the_session_publisher_gets_the_lifeline() -> None:
-    class Pub:
-        lifeline: Lifeline | None = None
-
-    class Sess:
-        publisher = Pub()
-
-    line = Lifeline(launcher_pid=10, parent_pid=10)
-    session = Sess()
-    worker._watch(session, line)
-    assert session.publisher.lifeline is line
-    worker._watch(object(), line)  # NullSession: no publisher, nothing to do
+def test_the_session_publisher_gets_the_lifeline(tmp_path: Path) -> None:
+    # a launcher that is always there: the heartbeat thread must never end this process
+    line = Lifeline(launcher_pid=10, parent_pid=10, getppid=lambda: 10, alive=lambda pid: True)
+    cfg = RankguardConfig()
+    cfg.heartbeat.enabled = True
+    cfg.perf.enabled = False
+    env = RunEnv.from_environ(
+        {ENV.LAUNCHER: "1", ENV.RUN_DIR: str(tmp_path), ENV.CONFIG: dumps_config(cfg)}
+    )
+    session = session_from_env(env, lifeline=line)
+    try:
+        assert isinstance(session, Session) and session.publisher is not None
+        assert session.publisher.lifeline is line
+    finally:
+        session.close()
+    # outside the launcher: the no-op session, nothing to check
+    assert isinstance(session_from_env(RunEnv.from_environ({}), lifeline=line), NullSession)
 
 
 def test_the_fork_server_guard_needs_the_launcher_as_parent(

@@ -9,12 +9,11 @@ import pytest
 from rankguard.cli.main import build_parser
 from rankguard.config import ConfigError, load_config
 from rankguard.launcher.checks import LaunchChecks, check_launch
-from rankguard.launcher.options import LaunchOptions, options_from_args, split_overrides
+from rankguard.launcher.options import LaunchOptions, parse_run_args, split_overrides
 
 
 def parse(*argv: str) -> tuple[LaunchOptions, list[str]]:
-    args = build_parser().parse_args(["run", *argv])
-    return options_from_args(args)
+    return parse_run_args(list(argv))
 
 
 def test_torchrun_flag_names_and_script_args_pass_through() -> None:
@@ -84,8 +83,9 @@ def test_elastic_range_has_no_fixed_world_size() -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--nnodes", "2", "t.py"], "--rdzv-endpoint"),
-        (["--nnodes", "2", "--rdzv-endpoint", "h:1", "t.py"], "--rdzv-id"),
+        (["--nnodes", "2", "--rdzv-backend", "c10d", "t.py"], "--rdzv-endpoint"),
+        (["--no-python", "-m", "t.py"], "--no-python and --module"),
+        (["--nproc-per-node", "many", "t.py"], "--nproc-per-node"),
         (
             [
                 "--nnodes",
@@ -137,44 +137,27 @@ def test_master_addr_and_port_make_the_rendezvous_endpoint() -> None:
 
 
 def test_cli_surface_is_frozen() -> None:
-    """Changing a command or flag name breaks users' scripts: do it on purpose only."""
+    """Changing a command or flag name breaks users' scripts: do it on purpose only.
+    ``rankguard run`` has every flag of torchrun's parser plus exactly these."""
+    from torch.distributed.run import get_args_parser
+
+    from rankguard.launcher.options import build_run_parser
+
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    assert sorted(sub.choices) == ["demo", "report", "run", "slurm", "status"]
-    run_flags = sorted(opt for a in sub.choices["run"]._actions for opt in a.option_strings)
-    assert run_flags == sorted(
+    assert sorted(sub.choices) == ["demo", "logs", "report", "run", "slurm", "status"]
+    torch_flags = {o for a in get_args_parser()._actions for o in a.option_strings}
+    run_flags = {o for a in build_run_parser()._actions for o in a.option_strings}
+    assert torch_flags <= run_flags
+    assert sorted(run_flags - torch_flags) == sorted(
         [
-            "-h",
-            "--help",
-            "--nnodes",
-            "--nproc-per-node",
-            "--nproc_per_node",
-            "--node-rank",
-            "--node_rank",
-            "--rdzv-endpoint",
-            "--rdzv_endpoint",
-            "--rdzv-id",
-            "--rdzv_id",
-            "--run-id",
-            "--rdzv-backend",
-            "--rdzv_backend",
-            "--rdzv-join-timeout",
-            "--max-restarts",
-            "--max_restarts",
-            "--monitor-interval",
-            "--monitor_interval",
-            "--standalone",
-            "--master-addr",
-            "--master_addr",
-            "--master-port",
-            "--master_port",
             "--config",
             "--set",
-            "--log-dir",
-            "-m",
-            "--module",
-            "--live",
             "--preload",
+            "--live",
+            "--rank-prefix",
+            "--run-id",
+            "--rdzv-join-timeout",
         ]
     )
 
@@ -206,7 +189,7 @@ def test_nvrx_ft_launcher_flags_are_fault_tolerance_overrides() -> None:
         "train.py",
         "--ft-not-mine=1",
     ]
-    opts, overrides = options_from_args(build_parser().parse_args(argv))
+    opts, overrides = parse_run_args(argv[1:])
     cfg = load_config(None, overrides)
     assert cfg.fault_tolerance.rank_section_timeouts == {
         "setup": 600.0,
@@ -235,7 +218,7 @@ def _checks(argv: list[str], config: list[str]) -> LaunchChecks:
 
 
 HB_ON = ["heartbeat.enabled=true"]
-TWO_NODES = ["--nnodes", "2", "--rdzv-endpoint", "h:1", "--rdzv-id", "j"]
+TWO_NODES = ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1", "--rdzv-id", "j"]
 
 
 def test_no_restarts_no_warnings() -> None:
@@ -289,15 +272,25 @@ def test_unrelayed_heartbeats_warn_on_the_other_nodes_only() -> None:
 
 @pytest.mark.parametrize("nnodes", ["2", "1:3"])
 def test_several_nodes_without_node_rank_leave_it_to_the_rendezvous(nnodes: str) -> None:
-    # As torchrun: the rendezvous numbers the nodes (the agent's group rank).
-    opts, _ = parse("--nnodes", nnodes, "--rdzv-endpoint", "h:1", "--rdzv-id", "j", "t.py")
+    # As torchrun with c10d: the rendezvous numbers the nodes (the agent's group rank).
+    c10d = ["--nnodes", nnodes, "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1"]
+    opts, _ = parse(*c10d, "--rdzv-id", "j", "t.py")
     assert opts.node_rank is None
     shared = [*HB_ON, "no_shared_fs=false"]
-    unknown = _checks(["--nnodes", nnodes, "--rdzv-endpoint", "h:1", "--rdzv-id", "j"], shared)
+    unknown = _checks([*c10d, "--rdzv-id", "j"], shared)
     assert unknown.warnings == (
         "no_shared_fs=false: heartbeats of nodes > 0 are NOT relayed; node 0 sees them "
         "only if log_dir is on a filesystem shared with it",
     )
+
+
+def test_static_backend_keeps_torchruns_node_rank_and_default_run_id() -> None:
+    # torchrun's default backend is static: --node-rank (default 0) is the group rank,
+    # and the run id defaults to "none" on every node
+    opts, _ = parse("--nnodes", "2", "--rdzv-endpoint", "h:1", "t.py")
+    assert (opts.rdzv_backend, opts.node_rank, opts.rdzv_endpoint) == ("static", 0, "h:1")
+    assert opts.run_id() == "none"
+    assert opts.rdzv_conf["rank"] == 0
 
 
 def test_one_node_needs_no_node_rank() -> None:
@@ -327,7 +320,7 @@ def test_nvrx_flags_after_a_bare_override_and_in_the_space_form() -> None:
             "7",
         ]
     )
-    opts, overrides = options_from_args(build_parser().parse_args(argv))
+    opts, overrides = parse_run_args(argv[1:])
     cfg = load_config(None, overrides)
     assert opts.target == "train.py" and opts.nproc_per_node == 2
     assert opts.target_args == ["--ft-rank_out_of_section_timeout", "7"]  # the script's own

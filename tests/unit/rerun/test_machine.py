@@ -234,8 +234,8 @@ def test_report_determinism_stats(tmp_path: Path) -> None:
     # the largest of the two re-runs' differences: 0.01 / 1.01 and 0.03 / 1.03
     assert m.stats["loss is NaN or Inf"] == pytest.approx(0.03 / 1.03, rel=1e-5)
     assert m.reruns == 2 and not m.events
-    block = m.heartbeat_fields()
-    assert block is not None and block["rerun"]["stats"]
+    block = m.heartbeat_block()
+    assert block is not None and block.to_dict()["stats"]
 
 
 def test_spiky_loss_ignores_warmup(tmp_path: Path) -> None:
@@ -254,7 +254,7 @@ def test_disabled_does_nothing(tmp_path: Path) -> None:
     batches = m.replay(iter(range(10)))
     seen = _train(m, lambda s, a, b, d: math.nan, range(1, 4))
     assert [s[:3] for s in seen] == [(1, 0, 0), (2, 0, 1), (3, 0, 2)]
-    assert m.heartbeat_fields() is None and not m.events and m.reruns == 0
+    assert m.heartbeat_block() is None and not m.events and m.reruns == 0
     assert batches.batches == []  # nothing recorded for a replay
 
 

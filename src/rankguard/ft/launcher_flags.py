@@ -1,0 +1,285 @@
+"""NVRx ``ft_launcher``'s own flags on ``rankguard run``'s command line.
+
+A Megatron-LM launch script written for ``ft_launcher`` passes, besides torchrun's
+flags, ``--ft-<setting>`` flags in three spellings (``--ft-rank-section-timeouts``,
+``--ft-rank_section_timeouts``, the older ``--ft-param-rank_section_timeouts``), a YAML
+file (``--ft-cfg-path``), ``--term-timeout``, ``--restart-policy`` and a few more. Every
+one of them is accepted here: the settings rankguard has become its
+``fault_tolerance.*`` keys, the others are accepted with one warning line that says why
+they have no effect under rankguard.
+
+The flags and their meaning come from NVRx itself when ``nvidia-resiliency-ext`` is
+installed: its launcher's parser (``get_args_parser()``) lists them and its
+``FaultToleranceConfig.from_args`` reads them (YAML file first, flags over it, ``None``
+for "no timeout" as in ``step:None``). Without NVRx, a frozen list of nvidia-resiliency-ext
+0.4.1's flags (:data:`FROZEN`) and rankguard's own reading of their values stand in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "FROZEN",
+    "FROZEN_SOURCE",
+    "FtLauncherArgs",
+    "LauncherFlag",
+    "flag_for",
+    "launcher_flags",
+    "translate",
+]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class LauncherFlag:
+    """One ``ft_launcher`` flag that torchrun does not have."""
+
+    dest: str
+    options: tuple[str, ...]
+    takes_value: bool = True
+
+
+FROZEN_SOURCE = "nvidia-resiliency-ext 0.4.1 (frozen list)"
+FROZEN: tuple[LauncherFlag, ...] = (
+    LauncherFlag("term_timeout", ("--term-timeout", "--term_timeout")),
+    LauncherFlag("workers_stop_timeout", ("--workers-stop-timeout", "--workers_stop_timeout")),
+    LauncherFlag("ft_cfg_path", ("--ft-cfg-path", "--ft-cfg_path", "--fault-tol-cfg-path")),
+    *(
+        LauncherFlag(
+            f"ft_{name}",
+            (
+                f"--ft-{name.replace('_', '-')}",
+                f"--ft-{name}",
+                f"--ft-param-{name}",
+            ),
+        )
+        for name in (
+            "workload_check_interval",
+            "initial_rank_heartbeat_timeout",
+            "rank_heartbeat_timeout",
+            "node_health_check_interval",
+            "safety_factor",
+            "rank_termination_signal",
+            "log_level",
+            "rank_out_of_section_timeout",
+            "rank_section_timeouts",
+            "restart_check_interval",
+        )
+    ),
+    LauncherFlag(
+        "ft_restart_policy",
+        ("--ft-restart-policy", "--ft-restart_policy", "--restart-policy", "--restart_policy"),
+    ),
+    *(
+        LauncherFlag(
+            f"ft_{name}",
+            (
+                f"--ft-{name.replace('_', '-')}",
+                f"--ft-{name}",
+                f"--ft-param-{name.replace('_', '-')}",
+                f"--ft_param_{name}",
+            ),
+        )
+        for name in ("enable_nic_monitor", "pci_topo_file", "link_down_path_template")
+    ),
+    LauncherFlag("ft_ignore_missing_cfg", ("--ignore-missing-fault-tol-cfg",), False),
+)
+
+# NVRx FaultToleranceConfig field -> rankguard key (same meaning)
+MAPPED = {
+    "initial_rank_heartbeat_timeout": "fault_tolerance.initial_rank_heartbeat_timeout",
+    "rank_heartbeat_timeout": "fault_tolerance.rank_heartbeat_timeout",
+    "safety_factor": "fault_tolerance.safety_factor",
+    "rank_out_of_section_timeout": "fault_tolerance.rank_out_of_section_timeout",
+    "rank_section_timeouts": "fault_tolerance.rank_section_timeouts",
+}
+# accepted, no effect: why
+NO_EFFECT = {
+    "workload_check_interval": "rankguard's monitor checks every heartbeat.scan_interval_s",
+    "node_health_check_interval": (
+        "GPU health is collected every heartbeat.hardware_health.interval_s"
+    ),
+    "rank_termination_signal": ("rankguard dumps the culprit's stacks, then kills it with SIGKILL"),
+    "log_level": "rankguard logs at INFO (-v for DEBUG)",
+    "restart_check_interval": "rankguard restarts through torch elastic's own restart path",
+    "enable_nic_monitor": "rankguard has no NIC monitor",
+    "pci_topo_file": "rankguard has no NIC monitor",
+    "link_down_path_template": "rankguard has no NIC monitor",
+    "term_timeout": (
+        "on SIGTERM rankguard follows preemption.* (graceful preemption) or torch elastic's "
+        "own shutdown"
+    ),
+    "workers_stop_timeout": "workers are stopped within fault_tolerance.termination_grace_s",
+    "ignore_missing_cfg": "nothing to ignore: a missing --ft-cfg-path is an error",
+    "restart_policy": "rankguard restarts the group when any worker failed (any-failed)",
+}
+_DEFAULT_RESTART_POLICY = "any-failed"
+
+
+def launcher_flags() -> tuple[tuple[LauncherFlag, ...], str]:
+    """``ft_launcher``'s flags that torchrun lacks, and where the list came from: the
+    installed NVRx's own parser, else :data:`FROZEN`."""
+    try:
+        from nvidia_resiliency_ext.fault_tolerance.launcher import get_args_parser
+        from torch.distributed.run import get_args_parser as torchrun_parser
+    except Exception:
+        return FROZEN, FROZEN_SOURCE
+    torch_dests = {a.dest for a in torchrun_parser()._actions}
+    flags = tuple(
+        LauncherFlag(a.dest, tuple(a.option_strings), a.nargs != 0)
+        for a in get_args_parser()._actions
+        if a.option_strings and a.dest not in torch_dests
+    )
+    from rankguard.integrations.nvrx import nvrx_version
+
+    version = ".".join(map(str, nvrx_version() or ()))
+    return flags, f"nvidia-resiliency-ext {version} (its launcher's parser)"
+
+
+def flag_for(option: str, flags: Iterable[LauncherFlag] | None = None) -> LauncherFlag | None:
+    """The ``ft_launcher`` flag an option string (without ``=value``) names, or None."""
+    for flag in FROZEN if flags is None else flags:
+        if option in flag.options:
+            return flag
+    return None
+
+
+@dataclass(slots=True)
+class FtLauncherArgs:
+    """What the ``ft_launcher`` flags of a command line mean under rankguard."""
+
+    sets: list[str] = field(default_factory=list)  # rankguard ``key=value`` overrides
+    warnings: list[str] = field(default_factory=list)  # one line per flag without effect
+
+
+def _plain_value(value: Any) -> str:
+    if isinstance(value, dict):
+        return ",".join(f"{k}:{v}" for k, v in value.items())
+    return "none" if value is None else str(value)
+
+
+def _find_ft_section(data: Any) -> dict[str, Any] | None:
+    if isinstance(data, dict):
+        if isinstance(data.get("fault_tolerance"), dict):
+            return data["fault_tolerance"]
+        items: Iterable[Any] = data.values()
+    elif isinstance(data, list):
+        items = data
+    else:
+        return None
+    for item in items:
+        found = _find_ft_section(item)
+        if found is not None:
+            return found
+    return None
+
+
+def _yaml_settings(path: str) -> dict[str, Any]:
+    import yaml
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"--ft-cfg-path {path}: {exc.strerror or exc}") from exc
+    try:
+        section = _find_ft_section(yaml.safe_load(text))
+    except yaml.YAMLError as exc:
+        raise ValueError(f"--ft-cfg-path {path}: not valid YAML ({exc})") from exc
+    if section is None:
+        raise ValueError(f"--ft-cfg-path {path}: no 'fault_tolerance' section")
+    return dict(section)
+
+
+def _nvrx_settings(given: dict[str, str | None]) -> dict[str, Any] | None:
+    """NVRx's own reading of the flags (its parser and ``from_args``); None without NVRx."""
+    try:
+        from nvidia_resiliency_ext.fault_tolerance.config import FaultToleranceConfig
+        from nvidia_resiliency_ext.fault_tolerance.launcher import get_args_parser
+    except Exception:
+        return None
+    argv: list[str] = []
+    for option, value in given.items():
+        argv += [option] if value is None else [f"{option}={value}"]
+    ns, _ = get_args_parser().parse_known_args([*argv, "script.py"])
+    cfg = FaultToleranceConfig.from_args(ns)
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+
+
+def translate(given: dict[str, str | None], flags: Iterable[LauncherFlag]) -> FtLauncherArgs:
+    """``given``: option string -> its value (None for a switch), for ``ft_launcher``
+    flags only. ValueError for a value NVRx itself would refuse."""
+    by_option = {o: f for f in flags for o in f.options}
+    out = FtLauncherArgs()
+    # each setting once, in the order given: the flags' own text (rankguard reads
+    # "600", "setup:600,step:180" as NVRx does), the file's values under them
+    settings: dict[str, Any] = {}
+    cfg_path = next((v for o, v in given.items() if by_option[o].dest == "ft_cfg_path" and v), None)
+    for option, value in given.items():
+        dest = by_option[option].dest
+        if dest != "ft_cfg_path":
+            settings[dest.removeprefix("ft_")] = value
+    from_file: dict[str, Any] = _yaml_settings(cfg_path) if cfg_path else {}
+    try:  # NVRx's own reading: refuses what NVRx refuses, types the file's values
+        nvrx = _nvrx_settings(
+            {o: v for o, v in given.items() if by_option[o].dest != "ft_ignore_missing_cfg"}
+        )
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"ft_launcher flags: {exc}") from exc
+    for name, value in from_file.items():
+        if name not in settings:
+            settings[name] = nvrx[name] if nvrx is not None and name in nvrx else value
+    named = list(settings)
+    for name in named:
+        setting: Any = settings.get(name)
+        if name in MAPPED:
+            if name == "rank_section_timeouts":
+                setting = _sections(setting, out)
+                if not setting:
+                    continue
+            out.sets.append(f"{MAPPED[name]}={_plain_value(setting)}")
+        elif name == "restart_policy" and str(setting) == _DEFAULT_RESTART_POLICY:
+            continue  # rankguard's own behaviour
+        elif name in NO_EFFECT:
+            out.warnings.append(
+                f"ft_launcher's {name}={_plain_value(setting)} has no effect under rankguard: "
+                f"{NO_EFFECT[name]}"
+            )
+        else:  # a setting a later NVRx added
+            out.warnings.append(
+                f"ft_launcher's {name}={_plain_value(setting)} has no effect under rankguard"
+            )
+    return out
+
+
+def _sections(value: Any, out: FtLauncherArgs) -> dict[str, Any]:
+    """Section timeouts; NVRx's ``None`` (no timeout) for a section is said once."""
+    if isinstance(value, str):
+        parsed: dict[str, Any] = {}
+        for item in filter(None, (p.strip() for p in value.split(","))):
+            name, sep, timeout = item.partition(":")
+            if not sep:
+                raise ValueError(f"rank_section_timeouts: expected name:seconds, got {item!r}")
+            low = timeout.strip().lower()
+            parsed[name.strip()] = None if low in ("none", "null", "") else timeout.strip()
+        value = parsed
+    if not isinstance(value, dict):
+        raise ValueError(f"rank_section_timeouts: expected a mapping, got {value!r}")
+    kept = {k: v for k, v in value.items() if v is not None}
+    for name in (k for k, v in value.items() if v is None):
+        instead = {
+            "step": "heartbeat.progress_timeout_s",
+            "setup": "heartbeat.initial_progress_timeout_s",
+            "checkpointing": "heartbeat.checkpoint_timeout_s",
+        }.get(name, "fault_tolerance.rank_out_of_section_timeout, if set")
+        out.warnings.append(
+            f"ft_launcher's rank_section_timeouts {name}:None (no timeout for that section): "
+            f"under rankguard {instead} still applies there"
+        )
+    return kept

@@ -1,0 +1,400 @@
+"""NVRx's ``RankMonitorClient`` under ``rankguard run``, unchanged.
+
+Megatron-LM (``--enable-ft-package``) and other scripts written for NVIDIA Resiliency
+Extension's fault tolerance create a ``RankMonitorClient`` and call
+``init_workload_monitoring()``, ``start_section``/``end_section``, ``send_heartbeat``,
+``calculate_and_set_*_timeouts`` and ``shutdown_workload_monitoring()``. The client
+talks over a Unix socket (``FT_RANK_MONITOR_IPC_SOCKET``) to the rank-monitor server that
+``ft_launcher`` starts for every rank; without one, ``init_workload_monitoring()`` raises.
+
+:class:`RankMonitorBridge` is that server's side for rankguard: a thread in the rank
+itself (the worker bootstrap starts it before the script, when NVRx is installed) that
+listens on a private socket and answers the client with NVRx's own message classes,
+framed by NVRx's own IPC helpers (imported from the installed package, so the wire
+format is the client's). What the client says becomes rankguard's vocabulary:
+
+- a heartbeat is progress (``session.step_end()``: the script's own progress signal takes
+  over from the optimizer hook, as an explicit ``rg.step_end()`` does);
+- the ``checkpointing`` section is rankguard's checkpointing phase (``checkpoint_timeout_s``
+  or the ``checkpointing`` section timeout applies; its end is progress);
+- ``setup`` and ``step`` are rankguard's own setup and train phases already (start to the
+  first step; training): nothing to do, their section timeouts apply as configured;
+- any other section is a phase of that name while it is open (its section timeout, else
+  the out-of-section timeout, applies);
+- calculated timeouts (``calculate_and_set_section_timeouts``) are recorded and published
+  in the heartbeats (``nvrx`` object); rankguard's monitor keeps the timeouts of the
+  launch (its own learned timeouts, ``fault_tolerance.calc_ft_timeouts``, persist across
+  runs): one warning line says so.
+
+The client's reply to ``InitMsg`` carries an NVRx ``FaultToleranceConfig`` built from the
+launch's rankguard config (section, out-of-section and heartbeat timeouts, safety factor),
+so ``client.section_timeouts`` and the timeouts calculation see the timeouts in force.
+
+Security: the socket lives in a directory only this user can enter (0700) and a
+connection from another user id (``SO_PEERCRED``) is refused before anything is read;
+NVRx's framing unpickles what it reads, as ``ft_launcher``'s server does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.metadata
+import importlib.util
+import logging
+import os
+import shutil
+import socket
+import struct
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "SOCKET_ENV",
+    "SUPPORTED_VERSIONS",
+    "RankMonitorBridge",
+    "nvrx_available",
+    "nvrx_version",
+    "serve_nvrx_client",
+]
+
+logger = logging.getLogger(__name__)
+
+SOCKET_ENV = "FT_RANK_MONITOR_IPC_SOCKET"
+SUPPORTED_VERSIONS = ((0, 4), (0, 7))  # inclusive major.minor range served
+_CHECKPOINTING = "checkpointing"
+_BUILTIN = frozenset({"setup", "step"})
+
+
+def nvrx_version() -> tuple[int, ...] | None:
+    """The installed ``nvidia-resiliency-ext`` version, or None when it is absent."""
+    try:
+        text = importlib.metadata.version("nvidia-resiliency-ext")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    parts: list[int] = []
+    for piece in text.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def nvrx_available() -> bool:
+    return importlib.util.find_spec("nvidia_resiliency_ext") is not None
+
+
+def _supported(version: tuple[int, ...]) -> bool:
+    lo, hi = SUPPORTED_VERSIONS
+    return lo <= tuple(version[:2]) <= hi
+
+
+class _Session:
+    """The part of a rank session the bridge drives (a ``RankSession`` satisfies it)."""
+
+    def step_end(self, iteration: int | None = None) -> None: ...
+
+    def set_phase(self, name: str) -> None: ...
+
+    def checkpoint_start(self, checkpoint_id: str | None = None) -> None: ...
+
+    def checkpoint_end(self) -> None: ...
+
+
+class RankMonitorBridge:
+    """Serves one rank's NVRx ``RankMonitorClient`` (see the module docstring).
+
+    ``session``: the rank's session; ``nvrx_config``: the NVRx ``FaultToleranceConfig``
+    sent to the client at init; ``socket_dir``: where the socket goes (default: a new
+    private temporary directory, removed at :meth:`close`)."""
+
+    ACCEPT_POLL_S = 0.5
+
+    def __init__(
+        self,
+        session: Any,
+        nvrx_config: Any,
+        *,
+        rank: int,
+        socket_dir: Path | None = None,
+    ) -> None:
+        from nvidia_resiliency_ext.fault_tolerance import data, utils
+
+        self._data = data
+        self._read: Callable[[socket.socket], Any] = utils.read_obj_from_ipc_socket
+        self._write: Callable[[Any, socket.socket], None] = utils.write_object_to_ipc_socket
+        self.session = session
+        self.nvrx_config = nvrx_config
+        self.rank = rank
+        self._own_dir = socket_dir is None
+        self.socket_dir = (
+            Path(tempfile.mkdtemp(prefix="rg-nvrx-")) if socket_dir is None else socket_dir
+        )
+        os.chmod(self.socket_dir, 0o700)
+        self.path = self.socket_dir / f"rank_{rank}.sock"
+        self._server: socket.socket | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        # what the heartbeats show (read by the heartbeat thread)
+        self.connections = 0
+        self.heartbeats = 0
+        self.section_events = 0
+        self.open_sections: dict[str, str] = {}  # name -> the phase before it
+        self.calculated: dict[str, Any] | None = None
+        self.refused = 0
+        self.errors = 0
+        self._warned_timeouts = False
+        self._warned_unknown: set[str] = set()
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> RankMonitorBridge:
+        """Listen, point ``FT_RANK_MONITOR_IPC_SOCKET`` at the socket, start the thread."""
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(str(self.path))
+        os.chmod(self.path, 0o600)
+        server.listen(4)
+        server.settimeout(self.ACCEPT_POLL_S)
+        self._server = server
+        os.environ[SOCKET_ENV] = str(self.path)
+        self._thread = threading.Thread(
+            target=self._accept_loop, name="rankguard-nvrx", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop serving, close every open section, remove the socket (idempotent)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self._server is not None:
+            with contextlib.suppress(OSError):
+                self._server.close()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2)
+        self._close_all_sections()
+        if os.environ.get(SOCKET_ENV) == str(self.path):
+            del os.environ[SOCKET_ENV]
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        if self._own_dir:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
+
+    # ---- heartbeat fields ------------------------------------------------------------
+
+    def heartbeat_fields(self) -> dict[str, Any] | None:
+        """The ``nvrx`` object of the rank's heartbeats (None before any client)."""
+        if not self.connections:
+            return None
+        with self._lock:
+            out: dict[str, Any] = {
+                "connections": self.connections,
+                "heartbeats": self.heartbeats,
+                "section_events": self.section_events,
+                "open_sections": sorted(self.open_sections),
+            }
+            if self.calculated is not None:
+                out["calculated_timeouts"] = self.calculated
+            if self.refused or self.errors:
+                out["refused"], out["errors"] = self.refused, self.errors
+        return {"nvrx": out}
+
+    # ---- serving ---------------------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        server = self._server
+        assert server is not None
+        while not self._stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return  # closed
+            if not self._same_user(conn):
+                self.refused += 1
+                logger.warning(
+                    "rankguard nvrx: refused a connection from another user on %s", self.path
+                )
+                conn.close()
+                continue
+            conn.settimeout(None)
+            threading.Thread(
+                target=self._serve, args=(conn,), name="rankguard-nvrx-conn", daemon=True
+            ).start()
+
+    @staticmethod
+    def _same_user(conn: socket.socket) -> bool:
+        try:
+            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        except (OSError, AttributeError):
+            return False
+        _pid, uid, _gid = struct.unpack("3i", creds)
+        return bool(uid == os.getuid())
+
+    def _serve(self, conn: socket.socket) -> None:
+        with self._lock:
+            self.connections += 1
+        try:
+            while not self._stop.is_set():
+                msg = self._read(conn)
+                if msg is None:  # the client closed (shutdown) or the framing broke
+                    return
+                try:
+                    reply = self._handle(msg)
+                except Exception as exc:  # never let the client hang on a missing reply
+                    self.errors += 1
+                    logger.exception("rankguard nvrx: handling %s failed", type(msg).__name__)
+                    reply = self._data.ErrorMsg(cause=f"{type(exc).__name__}: {exc}")
+                self._write(reply, conn)
+        except OSError:
+            return
+        finally:
+            with contextlib.suppress(OSError):
+                conn.close()
+
+    def _handle(self, msg: Any) -> Any:
+        d = self._data
+        if isinstance(msg, d.InitMsg):
+            return d.OkMsg(cfg=self.nvrx_config)
+        if isinstance(msg, d.AuthkeyMsg):
+            return d.OkMsg()
+        if isinstance(msg, d.HeartbeatMsg):
+            self.heartbeats += 1
+            self.session.step_end()
+            return d.OkMsg()
+        if isinstance(msg, d.SectionMsg):
+            self._section(msg.section, msg.action)
+            return d.OkMsg()
+        if isinstance(msg, d.UpdateConfigMsg):
+            self._timeouts(msg)
+            return d.OkMsg()
+        name = type(msg).__name__
+        if name not in self._warned_unknown:
+            self._warned_unknown.add(name)
+            logger.warning(
+                "rankguard nvrx: the client sent %s, which rankguard does not act on; answered OK",
+                name,
+            )
+        return d.OkMsg()
+
+    def _section(self, name: str, action: Any) -> None:
+        kind = getattr(action, "name", str(action))
+        with self._lock:
+            self.section_events += 1
+        if kind == "CLOSE_ALL":
+            self._close_all_sections()
+            return
+        if kind == "OPEN":
+            if name in self.open_sections:
+                return
+            tracker_phase = getattr(getattr(self.session, "tracker", None), "phase", "train")
+            with self._lock:
+                self.open_sections[name] = tracker_phase
+            if name == _CHECKPOINTING:
+                self.session.checkpoint_start(None)
+            elif name not in _BUILTIN:
+                self.session.set_phase(name)
+            return
+        if kind == "CLOSE":
+            with self._lock:
+                previous = self.open_sections.pop(name, None)
+            if previous is None:
+                return
+            if name == _CHECKPOINTING:
+                self.session.checkpoint_end()
+            elif name not in _BUILTIN:
+                self.session.set_phase(previous)
+
+    def _close_all_sections(self) -> None:
+        with self._lock:
+            names = list(self.open_sections)
+        close = getattr(self._data.SectionAction, "CLOSE", "CLOSE")
+        for name in reversed(names):
+            self._section(name, close)
+
+    def _timeouts(self, msg: Any) -> None:
+        out: dict[str, Any] = {}
+        for key in ("hb_timeouts", "section_timeouts"):
+            value = getattr(msg, key, None)
+            if value is None:
+                continue
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                value = dataclasses.asdict(value)
+            out[key.removesuffix("_timeouts")] = _plain(value)
+        with self._lock:
+            self.calculated = {**(self.calculated or {}), **out}
+        if not self._warned_timeouts and self.rank == 0:
+            self._warned_timeouts = True
+            logger.warning(
+                "rankguard nvrx: the client calculated timeouts %s; rankguard's monitor keeps "
+                "this launch's timeouts (set fault_tolerance.calc_ft_timeouts=true for "
+                "rankguard's own learned timeouts, kept across runs)",
+                out,
+            )
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready copy (sets become sorted lists)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, set | frozenset):
+        return sorted(_plain(v) for v in value)
+    return value
+
+
+def nvrx_config_from(ft: Any, heartbeat: Any) -> Any:
+    """NVRx's ``FaultToleranceConfig`` for the client, from rankguard's config: the
+    timeouts in force under this launch."""
+    from nvidia_resiliency_ext.fault_tolerance.config import FaultToleranceConfig
+
+    fields = {f.name for f in dataclasses.fields(FaultToleranceConfig)}
+    values: dict[str, Any] = {
+        "rank_section_timeouts": dict(ft.rank_section_timeouts),
+        "rank_out_of_section_timeout": ft.rank_out_of_section_timeout,
+        "initial_rank_heartbeat_timeout": heartbeat.initial_process_timeout_s,
+        "rank_heartbeat_timeout": heartbeat.process_timeout_s,
+        "safety_factor": ft.safety_factor,
+        "workload_check_interval": heartbeat.scan_interval_s,
+    }
+    return FaultToleranceConfig(**{k: v for k, v in values.items() if k in fields})
+
+
+def serve_nvrx_client(
+    session: Any, ft: Any, heartbeat: Any, *, rank: int, enabled: bool = True
+) -> RankMonitorBridge | None:
+    """Start the bridge when NVRx is installed and this rank has a session (None
+    otherwise). A version outside :data:`SUPPORTED_VERSIONS` is one warning line and no
+    socket, so the client's ``init_workload_monitoring()`` fails at once, never hangs."""
+    if not enabled or os.environ.get(SOCKET_ENV) or not nvrx_available():
+        return None
+    version = nvrx_version()
+    if version is None or not _supported(version):
+        if rank == 0:
+            logger.warning(
+                "rankguard nvrx: nvidia-resiliency-ext %s is installed; rankguard serves its "
+                "RankMonitorClient for versions %s to %s only: a script that uses the client "
+                "fails at init_workload_monitoring()",
+                ".".join(map(str, version or ())) or "?",
+                ".".join(map(str, SUPPORTED_VERSIONS[0])),
+                ".".join(map(str, SUPPORTED_VERSIONS[1])),
+            )
+        return None
+    try:
+        bridge = RankMonitorBridge(session, nvrx_config_from(ft, heartbeat), rank=rank)
+        return bridge.start()
+    except Exception as exc:  # the script still runs; its client will say it cannot connect
+        logger.warning(
+            "rankguard nvrx: cannot serve the NVRx client (%s: %s)", type(exc).__name__, exc
+        )
+        return None

@@ -1,0 +1,126 @@
+"""The torch elastic agent of a launch, built as torchrun builds it, and the first
+console line that says what watches the job.
+
+:func:`entrypoint` chooses the workers' entry point as torchrun does (``--no-python``,
+``--run-path``, ``--module``, ``PYTHON_EXEC``), with rankguard's bootstrap in front of
+a Python rank; :func:`build_agent` passes the rest of torchrun's launch config (role,
+log specs, line prefix template, NUMA, filters, signals) to ``RankguardAgent``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from rankguard.config import RankguardConfig
+from rankguard.launcher.agent import RankguardAgent
+from rankguard.launcher.options import LaunchOptions
+from rankguard.launcher.services import NodeServices
+from rankguard.schema import layout
+
+__all__ = ["build_agent", "entrypoint", "features_line"]
+
+
+def features_line(opts: LaunchOptions, cfg: RankguardConfig) -> str:
+    """The first console line: what watches this job."""
+    hb, ft = cfg.heartbeat, cfg.fault_tolerance
+    parts = [
+        f"heartbeats on (process timeout {hb.process_timeout_s:g} s, progress "
+        f"{hb.progress_timeout_s:g} s)"
+        if hb.enabled
+        else "heartbeats OFF",
+        f"perf {'on' if cfg.perf.enabled else 'off'}",
+        f"fault tolerance {'on' if ft.enable_ft_package else 'off'}",
+    ]
+    for name, on in (
+        ("stragglers", cfg.straggler.enabled),
+        ("preemption", cfg.preemption.enable_exit_handler),
+        ("rerun", cfg.rerun_state_machine.enabled),
+        ("in-process restart", cfg.inprocess_restart.enabled),
+    ):
+        if on:
+            parts.append(f"{name} on")
+    where = f"rendezvous {opts.rdzv_backend}" + (" (local)" if opts.standalone else "")
+    budget = opts.max_restarts or ft.num_in_job_restarts or 0
+    return f"monitoring: {', '.join(parts)}; {where}, restarts {budget}"
+
+
+def entrypoint(opts: LaunchOptions) -> tuple[Any, list[str], str]:
+    """The workers' entry point, its arguments and torch elastic's start method, as
+    torchrun chooses them (``--no-python``, ``--run-path``, ``--module``,
+    ``PYTHON_EXEC``), with rankguard's bootstrap in front of a Python rank."""
+    from rankguard.launcher.options import ENTRY_NO_PYTHON, ENTRY_RUN_PATH
+
+    if opts.entry == ENTRY_NO_PYTHON:  # executed as it is: no bootstrap in the rank
+        return opts.target, list(opts.target_args), opts.start_method
+    if opts.entry == ENTRY_RUN_PATH:  # a function in a process torch starts
+        from rankguard.launcher.worker import run_path_main
+
+        return run_path_main, [opts.target, *opts.target_args], opts.start_method
+    worker_args = ["-m"] if opts.module else []
+    worker_args += [opts.target, *opts.target_args]
+    if opts.preload:  # torch elastic's function entry point, forked by the fork server
+        from rankguard.launcher.worker import forked_main
+
+        return forked_main, worker_args, "forkserver"
+    # The start method is unused: a command entry point starts as a subprocess.
+    python = os.environ.get("PYTHON_EXEC", sys.executable)
+    return python, ["-u", "-m", "rankguard.launcher.worker", *worker_args], opts.start_method
+
+
+def build_agent(
+    opts: LaunchOptions,
+    cfg: RankguardConfig,
+    handler: Any,
+    services: NodeServices,
+    max_restarts: int,
+    run_dir: Path,
+) -> RankguardAgent:
+    from torch.distributed.elastic.agent.server.api import WorkerSpec
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+    from rankguard.launcher.ranklogs import recording_logs_specs
+
+    entry, entry_args, start_method = entrypoint(opts)
+    elastic = opts.elastic
+    extra: dict[str, Any] = {}
+    if elastic is not None:  # the rest of torchrun's launch config, passed on as it does
+        extra = {
+            "local_addr": elastic.local_addr,
+            "event_log_handler": elastic.event_log_handler,
+            "numa_options": elastic.numa_options,
+            "duplicate_stdout_filters": elastic.duplicate_stdout_filters,
+            "duplicate_stderr_filters": elastic.duplicate_stderr_filters,
+            "virtual_local_rank": elastic.virtual_local_rank,
+        }
+        os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = elastic.signals_to_handle
+    spec = WorkerSpec(
+        role=opts.role,
+        local_world_size=opts.nproc_per_node,
+        entrypoint=entry,
+        args=tuple(entry_args),
+        rdzv_handler=handler,
+        max_restarts=max_restarts,
+        monitor_interval=opts.monitor_interval_s,
+        **extra,
+    )
+    logs = opts.logs_specs
+    if logs is None:
+        logs = DefaultLogsSpecs(log_dir=str(layout.elastic_log_dir(cfg.log_dir)))
+    kw: dict[str, Any] = {}
+    if opts.shutdown_timeout_s is not None:
+        kw["shutdown_timeout"] = opts.shutdown_timeout_s  # torchrun's flag wins
+    return RankguardAgent(
+        spec=spec,
+        logs_specs=recording_logs_specs(logs, run_dir),
+        start_method=start_method,
+        log_line_prefix_template=opts.line_prefix_template,
+        on_signal=services.note_shutdown,
+        on_restart=services.on_restart,
+        on_failure=services.on_group_failure,
+        grace_s=cfg.fault_tolerance.termination_grace_s,
+        handover_timeout_s=cfg.fault_tolerance.handover_timeout_s,
+        **kw,
+    )

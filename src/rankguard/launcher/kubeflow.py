@@ -1,0 +1,50 @@
+"""``exit_codes: kubeflow``: rankguard's exit codes as Kubeflow's restart policy reads them.
+
+A Kubeflow ``PyTorchJob`` replica with ``restartPolicy: ExitCode`` treats an exit code
+of 1-127 as a permanent failure (the pod is not restarted) and 128-255 as retryable.
+rankguard's retryable outcomes (:data:`~rankguard.launcher.exitcodes.RETRYABLE`) are
+small numbers, so under that policy a hang whose restart budget is spent, a preemption
+or a rerun request would end the job for good. With ``exit_codes: kubeflow`` each of
+them leaves as ``200 + code`` instead: retryable for Kubeflow, and still readable (the
+last two digits are rankguard's code; a launcher stopped by signal N keeps 128+N, at
+most 192). The other codes are permanent in both tables:
+
+| rankguard | kubeflow | outcome |
+|---|---|---|
+| 0 | 0 | training completed |
+| 1 | 1 | failed, cause not classified |
+| 2 | 2 | bad command line or configuration |
+| 3 | 203 | pre-launch GPU check refused this node |
+| 10 | 210 | a hang, restart budget spent |
+| 11 | 211 | a crash, restart budget spent |
+| 12 | 12 | a fault whose action is ``abort`` |
+| 13 | 213 | ranks stopped at one step (straggler) |
+| 14 | 214 | preempted: the ranks saved one step |
+| 16 | 216 | rerun: resume to re-run the iteration |
+| 17 | 217 | rerun: the first run's GPU was faulty |
+| 128+N | 128+N | the launcher was stopped by signal N |
+"""
+
+from __future__ import annotations
+
+from rankguard.launcher.exitcodes import RETRYABLE
+
+__all__ = ["KUBEFLOW_OFFSET", "exit_code_for", "kubeflow_exit_code"]
+
+KUBEFLOW_OFFSET = 200
+
+
+def kubeflow_exit_code(code: int) -> int:
+    """``code`` (rankguard's) as Kubeflow's ``ExitCode`` policy should see it."""
+    if code in RETRYABLE:
+        return KUBEFLOW_OFFSET + code
+    return code
+
+
+def exit_code_for(code: int, table: str) -> int:
+    """``code`` in the table ``exit_codes`` names (``rankguard`` or ``kubeflow``)."""
+    if table == "kubeflow":
+        return kubeflow_exit_code(code)
+    if table != "rankguard":
+        raise ValueError(f"exit_codes: must be 'rankguard' or 'kubeflow', got {table!r}")
+    return code

@@ -1,0 +1,423 @@
+"""Declared heartbeat blocks: the typed objects a rank's components add to its records.
+
+A heartbeat record has the publisher's own fields (identity, progress, phase) and one
+*block* per component that has something to tell node 0: ``rerun``, ``inprocess``,
+``preempt``, ``perf``, ``straggler``, ``ft_stats``, the ``exit`` of ``process_end``, and
+the tracker's checkpoint count. Each block is a small type with a unique ``name``,
+``to_dict()`` (what the record carries under that name) and ``from_dict()`` (validation
+on the way in: ``ValueError`` naming the field). :data:`BLOCKS` is the one list of
+them; :func:`read_block` is how a reader gets one from a record, typed, so no reader
+parses a block by hand or digs in ``HeartbeatRecord.extra``.
+
+A *flat* block (``flat = True``) is a group of top-level record fields rather than a
+nested object (the checkpoint count, written with the tracker's progress fields).
+
+The rank side adds a block with ``session.add_heartbeat_block(source)``: ``source`` is
+called on the heartbeat thread before each record and returns the block (or None: no
+block in that record). Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, runtime_checkable
+
+from rankguard.schema.records import HeartbeatRecord
+from rankguard.schema.rerun import RerunBlock
+
+if TYPE_CHECKING:
+    from typing import Self
+
+__all__ = [
+    "BLOCKS",
+    "EXIT_CLEAN_DEFAULT",
+    "REGISTRY",
+    "BlockSource",
+    "CheckpointBlock",
+    "ExitBlock",
+    "FtStatsBlock",
+    "HeartbeatBlock",
+    "InProcessBlock",
+    "InProcessRestart",
+    "NvrxBlock",
+    "PerfBlock",
+    "PreemptBlock",
+    "RerunBlock",
+    "StragglerBlock",
+    "block_registry",
+    "exit_clean",
+    "fields_source",
+    "read_block",
+]
+
+
+@runtime_checkable
+class HeartbeatBlock(Protocol):
+    """What every block is: a unique ``name`` and a typed round trip."""
+
+    name: ClassVar[str]
+    flat: ClassVar[bool]
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Self: ...
+
+
+B = TypeVar("B", bound=HeartbeatBlock)
+
+#: What ``session.add_heartbeat_block`` takes: called before each record.
+BlockSource = Callable[[], "HeartbeatBlock | None"]
+
+
+def _obj(d: Any, where: str) -> dict[str, Any]:
+    if not isinstance(d, dict):
+        raise ValueError(f"{where}: expected an object, got {type(d).__name__}")
+    return d
+
+
+def _opt_int(d: Mapping[str, Any], key: str, where: str, *, lo: int | None = 0) -> int | None:
+    v = d.get(key)
+    if v is None:
+        return None
+    if type(v) is not int or (lo is not None and v < lo):
+        bound = f" >= {lo}" if lo is not None else ""
+        raise ValueError(f"{where}.{key}: expected an integer{bound}")
+    return v
+
+
+def _opt_num(d: Mapping[str, Any], key: str, where: str) -> float | None:
+    v = d.get(key)
+    if v is None:
+        return None
+    if type(v) not in (int, float) or not math.isfinite(v) or v < 0:
+        raise ValueError(f"{where}.{key}: expected a finite number >= 0")
+    return float(v)
+
+
+def _opt_str(d: Mapping[str, Any], key: str, where: str, *, limit: int = 4096) -> str | None:
+    v = d.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, str) or len(v) > limit:
+        raise ValueError(f"{where}.{key}: expected a string (<= {limit} chars)")
+    return v
+
+
+def _bool(d: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
+    v = d.get(key)
+    if v is None:
+        return default
+    if type(v) is not bool:
+        raise ValueError(f"{where}.{key}: expected true or false")
+    return v
+
+
+# ---- in-process restart ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InProcessRestart:
+    """The last in-process restart, the same on every rank (agreed through the store)."""
+
+    id: str  # unique per restart in the job: the evaluator reports each id once
+    round: int | None = None
+    cause: str | None = None
+    culprit: int | None = None
+    culprit_host: str | None = None
+    message: str | None = None
+    wall_time_ns: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields that are known (an unknown culprit is left out, not null)."""
+        out: dict[str, Any] = {"id": self.id}
+        for key in ("round", "cause", "culprit", "culprit_host", "message", "wall_time_ns"):
+            v = getattr(self, key)
+            if v is not None:
+                out[key] = v
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Any) -> InProcessRestart:
+        w = "inprocess.last"
+        d = _obj(d, w)
+        rid = d.get("id")
+        if not isinstance(rid, str) or not rid or len(rid) > 1000:
+            raise ValueError(f"{w}.id: expected a non-empty string")
+        return cls(
+            id=rid,
+            round=_opt_int(d, "round", w),
+            cause=_opt_str(d, "cause", w),
+            culprit=_opt_int(d, "culprit", w),
+            culprit_host=_opt_str(d, "culprit_host", w),
+            message=_opt_str(d, "message", w),
+            wall_time_ns=_opt_int(d, "wall_time_ns", w),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InProcessBlock:
+    """``inprocess``: how many times this rank re-entered, whether it is recovering now,
+    and the last restart."""
+
+    name: ClassVar[str] = "inprocess"
+    flat: ClassVar[bool] = False
+    restarts: int = 0
+    recovering: bool = False
+    last: InProcessRestart | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"restarts": self.restarts, "recovering": self.recovering}
+        if self.last is not None:
+            out["last"] = self.last.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Any) -> InProcessBlock:
+        d = _obj(d, "inprocess")
+        last = d.get("last")
+        return cls(
+            restarts=_opt_int(d, "restarts", "inprocess") or 0,
+            recovering=_bool(d, "recovering", "inprocess", False),
+            last=InProcessRestart.from_dict(last) if last is not None else None,
+        )
+
+
+# ---- preemption ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PreemptBlock:
+    """``preempt``: whether the exit signal came to this rank, its shortest recent step
+    (how far ahead node 0 puts the stop step) and its saves' durations (the grace
+    budget)."""
+
+    name: ClassVar[str] = "preempt"
+    flat: ClassVar[bool] = False
+    signal_received: bool = False
+    step_min_s: float | None = None
+    save_last_s: float | None = None
+    save_max_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"signal_received": self.signal_received}
+        for key in ("step_min_s", "save_last_s", "save_max_s"):
+            v = getattr(self, key)
+            if v is not None:
+                out[key] = v
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Any) -> PreemptBlock:
+        d = _obj(d, "preempt")
+        return cls(
+            signal_received=_bool(d, "signal_received", "preempt", False),
+            step_min_s=_opt_num(d, "step_min_s", "preempt"),
+            save_last_s=_opt_num(d, "save_last_s", "preempt"),
+            save_max_s=_opt_num(d, "save_max_s", "preempt"),
+        )
+
+
+# ---- checkpoints (flat: the tracker's progress fields) ---------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointBlock:
+    """The tracker's ``checkpoint_count``: how many of the rank's progress steps were
+    saves (a save's end counts as progress; stop steps count training steps only)."""
+
+    name: ClassVar[str] = "checkpoint"
+    flat: ClassVar[bool] = True
+    keys: ClassVar[tuple[str, ...]] = ("checkpoint_count",)  # its top-level fields
+    checkpoint_count: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"checkpoint_count": self.checkpoint_count}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> CheckpointBlock:
+        d = _obj(d, "checkpoint")
+        return cls(checkpoint_count=_opt_int(d, "checkpoint_count", "checkpoint") or 0)
+
+    def saves_in(self, progress_seq: int) -> int:
+        """The saves among ``progress_seq`` progress steps (0 if the count is absurd)."""
+        return self.checkpoint_count if self.checkpoint_count <= progress_seq else 0
+
+
+# ---- process end -----------------------------------------------------------------------
+
+#: A ``process_end`` whose ``exit`` does not say ``clean`` was a clean end: the rank's own
+#: end record says ``clean: false`` whenever it knows better (an exception, a non-zero
+#: exit, the hard timeout, an orphan), and a vanished process's synthesized end always
+#: does. The heartbeat rules and the preemption evaluator both read it through
+#: :func:`exit_clean`.
+EXIT_CLEAN_DEFAULT = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExitBlock:
+    """``exit`` of a ``process_end``: clean or not, the exit code, the error, whether
+    the process vanished (the end was written on its behalf), and the monitor's notes
+    on why it ended (``after_shutdown``, ``after_restart``, ``on_full_disk``)."""
+
+    name: ClassVar[str] = "exit"
+    flat: ClassVar[bool] = False
+    clean: bool = EXIT_CLEAN_DEFAULT
+    exit_code: int | None = None
+    error: str | None = None
+    vanished: bool = False
+    notes: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "clean": self.clean,
+            "exit_code": self.exit_code,
+            "error": self.error,
+        }
+        if self.vanished:
+            out["vanished"] = True
+        out.update(self.notes)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Any) -> ExitBlock:
+        d = _obj(d, "exit")
+        notes = {str(k): str(v) for k, v in d.items() if k not in _EXIT_KEYS and isinstance(v, str)}
+        return cls(
+            clean=_bool(d, "clean", "exit", EXIT_CLEAN_DEFAULT),
+            exit_code=_opt_int(d, "exit_code", "exit", lo=None),
+            error=_opt_str(d, "error", "exit", limit=1 << 16),
+            vanished=_bool(d, "vanished", "exit", False),
+            notes=notes,
+        )
+
+
+_EXIT_KEYS = frozenset({"clean", "exit_code", "error", "vanished"})
+
+
+def exit_clean(rec: HeartbeatRecord) -> bool:
+    """Did ``rec``'s process end cleanly (the one default: :data:`EXIT_CLEAN_DEFAULT`)?"""
+    info = rec.exit
+    if not info:
+        return EXIT_CLEAN_DEFAULT
+    clean = info.get("clean")
+    return EXIT_CLEAN_DEFAULT if clean is None else bool(clean)
+
+
+# ---- blocks the monitor passes on as they came -----------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _OpaqueBlock:
+    """A block node 0 keeps in its JSON shape (checked only to be an object)."""
+
+    name: ClassVar[str] = ""
+    flat: ClassVar[bool] = False
+    data: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.data
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Self:
+        return cls(dict(_obj(d, cls.name)))
+
+
+@dataclass(frozen=True, slots=True)
+class PerfBlock(_OpaqueBlock):
+    """``perf``: the perf monitor's latest windows (cross-rank step times)."""
+
+    name: ClassVar[str] = "perf"
+
+
+@dataclass(frozen=True, slots=True)
+class StragglerBlock(_OpaqueBlock):
+    """``straggler``: own-compute samples for straggler detection."""
+
+    name: ClassVar[str] = "straggler"
+
+
+@dataclass(frozen=True, slots=True)
+class FtStatsBlock(_OpaqueBlock):
+    """``ft_stats``: section durations for learned timeouts."""
+
+    name: ClassVar[str] = "ft_stats"
+
+
+@dataclass(frozen=True, slots=True)
+class NvrxBlock(_OpaqueBlock):
+    """``nvrx``: the NVRx RankMonitorClient this rank serves (connections, heartbeats,
+    section events, open sections, the timeouts the client calculated)."""
+
+    name: ClassVar[str] = "nvrx"
+
+
+# ---- the registry ----------------------------------------------------------------------
+
+#: Every heartbeat block, in one place. A name appears once (:func:`block_registry`).
+BLOCKS: tuple[type[HeartbeatBlock], ...] = (
+    RerunBlock,
+    InProcessBlock,
+    PreemptBlock,
+    CheckpointBlock,
+    ExitBlock,
+    PerfBlock,
+    StragglerBlock,
+    FtStatsBlock,
+    NvrxBlock,
+)
+
+
+def block_registry(blocks: tuple[type[HeartbeatBlock], ...] = BLOCKS) -> dict[str, type[Any]]:
+    """Name -> block type; ValueError when two blocks share a name (or one has none)."""
+    out: dict[str, type[Any]] = {}
+    for cls in blocks:
+        name = getattr(cls, "name", "")
+        if not name:
+            raise ValueError(f"{cls.__name__}: a heartbeat block needs a name")
+        if name in out:
+            raise ValueError(
+                f"heartbeat block name {name!r} is used twice: "
+                f"{out[name].__name__} and {cls.__name__}"
+            )
+        out[name] = cls
+    return out
+
+
+REGISTRY = block_registry()
+
+
+def read_block(rec: HeartbeatRecord, cls: type[B]) -> B | None:
+    """The block ``cls`` of ``rec``, typed; None when the record has none. ValueError
+    (naming the field) for a block that does not validate."""
+    if cls.flat:
+        present = {}
+        for key in getattr(cls, "keys", ()):
+            v = getattr(rec, key, None) if key in _RECORD_FIELDS else rec.extra.get(key)
+            if v is not None:
+                present[key] = v
+        return cls.from_dict(present) if present else None
+    value = getattr(rec, cls.name, None) if cls.name in _RECORD_FIELDS else None
+    if value is None:
+        value = rec.extra.get(cls.name)
+    return None if value is None else cls.from_dict(value)
+
+
+def fields_source(
+    cls: type[B], fields: Callable[[], dict[str, Any] | None]
+) -> Callable[[], B | None]:
+    """A block source from a component that returns ``{name: {...}}`` record fields
+    (the perf monitor, the straggler probe, the section statistics)."""
+
+    def source() -> B | None:
+        out = fields()
+        value = out.get(cls.name) if out else None
+        return None if value is None else cls.from_dict(value)
+
+    return source
+
+
+#: The blocks ``HeartbeatRecord`` holds as its own fields (the rest sit in ``extra``).
+_RECORD_FIELDS = frozenset(HeartbeatRecord.__dataclass_fields__) - {"extra"}

@@ -1,0 +1,112 @@
+"""End to end: a script that uses NVRx's RankMonitorClient as Megatron-LM does runs
+unchanged under ``rankguard run`` (2 CPU ranks, gloo): no finding when healthy, NVRx's
+``ft_state.json`` written by the script, a hang inside the ``step`` section found by that
+section's timeout, stacks dumped, the group restarted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .conftest import (
+    SCRIPTS,
+    no_leftover_workers,
+    rankguard_cmd,
+    read_jsonl,
+    read_status,
+    standalone_run,
+)
+
+pytest.importorskip("nvidia_resiliency_ext.fault_tolerance")
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
+
+
+def _run(
+    tmp_path: Path, run_id: str, *script_args: str, ft: tuple[str, ...] = ()
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    res = subprocess.run(
+        rankguard_cmd(
+            *standalone_run(run_id, tmp_path),
+            "--ft-rank_section_timeouts=setup:60,step:4,checkpointing:30",
+            "--ft-rank_out_of_section_timeout=30",
+            *ft,
+            str(SCRIPTS / "megatron_ft.py"),
+            "--save",
+            str(tmp_path / "save"),
+            *script_args,
+        ),
+        capture_output=True,
+        text=True,
+        timeout=140,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    return res, tmp_path / "heartbeat" / run_id
+
+
+def test_healthy_megatron_ft_script_gives_no_finding_and_nvrx_state(
+    tmp_path: Path, run_id: str
+) -> None:
+    res, run_dir = _run(tmp_path, run_id, "--iters", "30", "--calc-ft-timeouts")
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert "done: 30 iterations, restart 0" in out
+    # the client got the launch's section timeouts from rankguard
+    assert "'step': 4.0" in out and "out_of_section=30.00" in out, out
+    assert read_jsonl(run_dir / "findings.jsonl") == []
+    state = json.loads((tmp_path / "save" / "ft_state.json").read_text())
+    section = state["current_timeouts"]["section"]
+    assert set(section["calculated_sections"]) >= {"step", "checkpointing"}
+    assert 0 < section["section"]["step"] < 4.0
+    # every rank's heartbeats show the client served
+    for rank in (0, 1):
+        (hb,) = sorted(run_dir.glob(f"rank_{rank}_pid_*.heartbeat.jsonl"))
+        nvrx = [r["nvrx"] for r in read_jsonl(hb) if "nvrx" in r]
+        assert nvrx and nvrx[-1]["section_events"] > 0, rank
+    status = read_status(run_dir)
+    assert status["state"] == "completed"
+    assert no_leftover_workers(run_id)
+
+
+def test_hang_in_the_step_section_is_found_dumped_and_restarted(
+    tmp_path: Path, run_id: str
+) -> None:
+    res, run_dir = _run(
+        tmp_path,
+        run_id,
+        "--iters",
+        "30",
+        "--hang-rank",
+        "1",
+        "--hang-iter",
+        "12",
+        ft=(
+            "--set",
+            "fault_tolerance.enable_ft_package=true",
+            "--set",
+            "fault_tolerance.num_in_job_restarts=1",
+            "--set",
+            "fault_tolerance.termination_grace_s=3",
+            "--set",
+            "fault_tolerance.stack_dump=faulthandler",
+        ),
+    )
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert "rank 1 hangs inside its step at iteration 12" in out
+    assert "done: 30 iterations, restart 1" in out
+    findings = read_jsonl(run_dir / "findings.jsonl")
+    assert [(f["finding_type"], f["rank"], f["action"]) for f in findings] == [
+        ("gpu_progress_timeout", 1, "restart")
+    ], findings
+    assert findings[0]["timeout_s"] == 4.0, findings[0]  # the step section's timeout
+    dump = Path(findings[0]["stack_dump"])
+    assert dump.exists() and "megatron_ft.py" in dump.read_text()
+    (restart,) = read_jsonl(run_dir / "restarts.jsonl")
+    assert restart["cause"] == "gpu_progress_timeout" and restart["rank"] == 1
+    assert no_leftover_workers(run_id)

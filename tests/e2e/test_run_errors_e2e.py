@@ -1,0 +1,123 @@
+"""A user's mistake on ``rankguard run``'s line: one line naming it, exit 2, no rank.
+
+Configuration mistakes are found before torch is imported: the test measures the CPU
+time of the whole command (interpreter start included), which does not depend on how
+loaded the machine is, and bounds the wall time generously.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import rankguard_cmd
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+# torch's own import prints this warning in some environments (not rankguard's)
+_FOREIGN = ("The pynvml package is deprecated", "import pynvml")
+
+
+def _run(args: list[str], cwd: Path) -> tuple[int, list[str], float, float]:
+    """Exit code, stderr lines (torch's import warnings left out), wall and CPU seconds."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.monotonic()
+    proc = subprocess.run(
+        rankguard_cmd(*args),
+        capture_output=True,
+        text=True,
+        timeout=90,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    wall = time.monotonic() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    lines = [ln for ln in proc.stderr.splitlines() if not any(f in ln for f in _FOREIGN)]
+    assert proc.stdout == "", proc.stdout
+    return proc.returncode, lines, wall, cpu
+
+
+def _nothing_started(log_dir: Path) -> None:
+    assert not list(log_dir.rglob("rank_*")), sorted(log_dir.rglob("*"))
+
+
+def _script(tmp_path: Path) -> Path:
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('a rank must not start')\n")
+    return script
+
+
+@pytest.mark.parametrize(
+    ("words", "says"),
+    [
+        (["--config", "{bad}"], "not valid YAML"),
+        (["heartbeat.publish_intervl_s=1"], "heartbeat.publish_intervl_s"),
+        (["--set", "log_dir={file}/logs"], "is not a directory"),
+    ],
+    ids=["malformed-yaml", "unknown-key", "log-dir-under-a-file"],
+)
+def test_a_config_error_is_one_line_at_once(words: list[str], says: str, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("heartbeat: [1,\nperf: 2\n")
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    script = _script(tmp_path)
+    words = [w.format(bad=bad, file=afile) for w in words]
+    log = ["--set", f"log_dir={tmp_path / 'rg'}"] if "log_dir" not in " ".join(words) else []
+    code, lines, wall, cpu = _run(["run", *log, *words, str(script)], tmp_path)
+    assert code == 2 and len(lines) == 1 and says in lines[0], lines
+    assert lines[0].startswith("rankguard run: ")
+    assert "Traceback" not in lines[0]
+    assert cpu < 1.0, f"{cpu:.2f} s of CPU: torch was imported?"
+    assert wall < 6.0, wall
+    print(f"config error: {wall:.2f} s wall, {cpu:.2f} s CPU")
+    _nothing_started(tmp_path)
+
+
+def test_a_missing_script_is_one_line_before_anything_starts(tmp_path: Path) -> None:
+    code, lines, _, cpu = _run(
+        ["run", "--nproc-per-node", "2", "--set", f"log_dir={tmp_path}", "nope.py"], tmp_path
+    )
+    assert code == 2 and lines == ["rankguard run: training script not found: nope.py"]
+    assert cpu < 1.0
+    _nothing_started(tmp_path)
+    # the same through -m's neighbour --no-python: the program must exist
+    code, lines, _, _ = _run(
+        ["run", "--no-python", "--set", f"log_dir={tmp_path}", "./nope.sh"], tmp_path
+    )
+    assert code == 2 and lines == ["rankguard run: --no-python: ./nope.sh: no such executable"]
+
+
+def test_a_busy_rendezvous_port_is_one_line_before_any_worker(tmp_path: Path) -> None:
+    script = _script(tmp_path)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        for flags in (
+            ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"],
+            ["--master-addr", "127.0.0.1", "--master-port", str(port)],  # static
+        ):
+            code, lines, _, _ = _run(
+                ["run", *flags, "--set", f"log_dir={tmp_path}", str(script)], tmp_path
+            )
+            said = [ln for ln in lines if not ln.startswith("[rankguard] monitoring:")]
+            assert code == 2 and len(said) == 1, lines
+            assert str(port) in said[0] and "Traceback" not in "".join(lines), lines
+            _nothing_started(tmp_path)
+
+
+def test_no_python_with_module_is_refused_as_torchrun_does(tmp_path: Path) -> None:
+    code, lines, _, _ = _run(["run", "--no-python", "-m", "pkg.train"], tmp_path)
+    assert code == 2 and lines == [
+        "rankguard run: --no-python and --module cannot be used together (as in torchrun)"
+    ]
