@@ -2,54 +2,70 @@
 
 What, in one run on CPU:
 
-1. Stall per save, a model with >= 1 GB of state (an MLP of ``--params`` parameters and
-   its AdamW moments): the time the training loop is blocked by one save, median of
-   ``--repeats``:
+1. The real stall per save, every path on the same state, in one run: an MLP of
+   ``--params`` parameters, an EMA copy of it and AdamW's moments (16 bytes per
+   parameter: 1.21 GB by default). Every step is a forward/backward, ``optimizer.step()``
+   and an EMA update of the copy in place (``torch._foreach_lerp_``): the loop changes
+   the state right after a save returns, as real loops do. Per save:
 
-   - ``sync``: ``CheckpointManager.save`` with ``async_save=false`` (DCP ``save``,
-     manifest, commit): the baseline;
-   - ``rankguard async (thread)`` / ``(process)``: ``async_save=true``: the loop waits
-     for the copy into the cached host buffers only, and that copy overlaps the next
-     ``--step-s`` seconds of compute (the next forward/backward; the optimizer step after
-     it waits for the copy: that wait is counted as blocked); DCP's thread (or its
-     checkpoint process) writes, rankguard commits in the background; ``copy first``:
-     the same with ``stage_in_background=false`` (the save returns after the copy);
-   - ``DCP async_save``: ``torch.distributed.checkpoint.async_save`` called directly
-     with its defaults (no manifest, no commit), the path to match.
+   - ``blocked``: the time in the save call;
+   - ``extra``: what the following steps took beyond the median step without a save
+     (``--base-steps`` steps measured before each path's saves), summed over the steps
+     run while the write was in flight (at least ``--follow``): a copy moved out of the
+     call, or the background write competing for the cores, shows here;
+   - ``total`` = blocked + extra, and its share of the sync save's total.
 
-   Each async save is followed by the time until its write is committed (``wait``), and
-   the step time of the matmul loop that runs while that write is in flight, next to the
-   same loop with no write (how much the background write slows training on 2 cores).
-   The first save of each path allocates its buffers (and starts DCP's process): shown,
-   not counted.
+   Paths: ``sync`` (``CheckpointManager.save`` with ``async_save=false``: DCP ``save``,
+   manifest, commit); ``rankguard async (thread)`` and ``(process)`` (``async_save=true``
+   and DCP's thread or checkpoint process); DCP's ``async_save`` called directly with
+   its default staging (a new ``DefaultStager`` each call: copy in the call) and with
+   ``StagingOptions(use_async_staging=True)`` (one ``DefaultStager`` kept across saves:
+   the copy runs in DCP's staging thread; the loop waits for ``staging_completion``
+   before its first change of the state, the optimizer step after the next
+   forward/backward, as DCP requires: that wait is in ``extra``). The other
+   ``StagingOptions`` (pinned memory, non-blocking copies) need a GPU
+   (``bench/gpu_check.py``). The first save of each path allocates its buffers (and
+   starts DCP's process): shown, not counted.
+
+   Every figure is for a checkpoint that passed the consistency check in the same run:
+   at the save call (outside the timed part) the CRC-32 of every tensor's bytes and a
+   copy of every other item are taken; after the write the checkpoint is loaded with
+   ``dcp.load`` into fresh tensors and must match exactly. A path with a mismatch is
+   printed as INCONSISTENT and the run exits 1.
 2. Steps lost on a crash: a loop of ``--steps`` small steps saving the persistent tier
    every ``--every`` steps, or the local tier every step (async); a crash at every step
    in turn loses ``step - last_committed`` steps; the mean and max are measured from the
-   manager's ``last_committed`` at that instant, and the local tier's cost per step
-   (blocked time) is measured on the 1 GB state too.
+   manager's ``last_committed`` at that instant.
 3. Restore time with 2 ranks (forked processes on gloo, each with a ``--restore-params``
    model): ``load_latest`` from each rank's own local shard, from a peer's replica (one
    node's local directory deleted), and from the persistent tier (both deleted).
 
-Run: ``python bench/checkpoint.py`` (about 3-5 minutes on 2 cores; needs ~6 GB of memory
-and ~5 GB of disk under ``--dir``, removed at the end).
+Run: ``python bench/checkpoint.py`` (about 10-15 minutes on 2 loaded cores; needs ~5 GB
+of memory and ~3 GB of disk under ``--dir``, removed at the end).
+``python bench/checkpoint.py --smoke``: a 1 M parameter state, one save per path, the
+thread paths only, part 1 only (seconds; CI runs it).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import shutil
 import statistics
 import sys
 import tempfile
 import time
+import zlib
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
 from rankguard.checkpoint import CheckpointConfig, CheckpointManager
 
@@ -67,135 +83,282 @@ def model_and_opt(params: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, opt
 
 
-def state_bytes(model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
-    for st in opt.state.values():
-        total += sum(v.numel() * v.element_size() for v in st.values() if torch.is_tensor(v))
-    return total
+class Loop:
+    """The training loop of part 1: model, EMA copy, AdamW; one step at a time."""
+
+    def __init__(self, params: int, width: int) -> None:
+        layers = max(1, params // (width * width))
+        torch.manual_seed(0)
+
+        def mlp() -> torch.nn.Module:
+            return torch.nn.Sequential(
+                *[torch.nn.Linear(width, width, bias=False) for _ in range(layers)]
+            )
+
+        self.model, self.ema = mlp(), mlp()
+        self.ema.load_state_dict(self.model.state_dict())
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        self.params = list(self.model.parameters())
+        self.ema_params = list(self.ema.parameters())
+        self.x = torch.randn(16, width)
+        self.step()  # allocates the moments
+
+    @property
+    def state(self) -> dict[str, Any]:
+        return {"model": self.model, "ema": self.ema, "optim": self.opt}
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint holds (as the manager and the direct DCP calls save it)."""
+        return {
+            "model": get_model_state_dict(self.model),
+            "ema": get_model_state_dict(self.ema),
+            "optim": get_optimizer_state_dict(self.model, self.opt),
+        }
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in _tensors(self.state_dict()))
+
+    def step(self, before_change: Callable[[], None] | None = None) -> float:
+        """forward, backward, optimizer step, EMA update; its seconds.
+        ``before_change`` runs before the first change of the state."""
+        t0 = time.perf_counter()
+        self.model(self.x).pow(2).mean().backward()
+        if before_change is not None:
+            before_change()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            torch._foreach_lerp_(self.ema_params, self.params, 0.01)
+        return time.perf_counter() - t0
 
 
-def matmul_steps(seconds: float, size: int = 512) -> float:
-    """Run small compute steps (a stand-in for the next forward and backward) for about
-    ``seconds``; the mean seconds per step."""
-    a = torch.randn(size, size)
-    t0 = time.perf_counter()
-    n = 0
-    while time.perf_counter() - t0 < seconds:
-        a = torch.tanh(a @ a)
-        n += 1
-    return (time.perf_counter() - t0) / max(n, 1)
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in _tensors(v)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in _tensors(v)]
+    return []
 
 
-def stall(args: argparse.Namespace, root: Path) -> dict[str, Any]:
-    model, opt = model_and_opt(args.params)
-    size = state_bytes(model, opt)
-    print(f"state: {size / 1e9:.2f} GB ({args.params / 1e6:.0f} M parameters + AdamW moments)")
-    state = {"model": model, "optim": opt}
-    base_step = matmul_steps(1.0)
-    rows: dict[str, dict[str, list[float]]] = {}
+def fingerprint(obj: Any) -> Any:
+    """The CRC-32 (with dtype and shape) of every tensor's bytes; other items copied."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().contiguous()
+        data = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b""
+        return ("tensor", str(t.dtype), tuple(t.shape), zlib.crc32(data))
+    if isinstance(obj, dict):
+        return {k: fingerprint(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [fingerprint(v) for v in obj]
+    return copy.deepcopy(obj)
 
-    def record(label: str, blocked: float, write: float, step: float | None) -> None:
-        row = rows.setdefault(label, {"blocked": [], "write": [], "step": []})
-        row["blocked"].append(blocked)
-        row["write"].append(write)
-        if step is not None:
-            row["step"].append(step)
 
-    # rankguard: sync, async (copy overlapping the next step, or not), async process
-    for label, kw in (
-        ("sync", {"async_save": False}),
-        ("rankguard async (thread)", {"async_save": True}),
-        ("rankguard async, copy first", {"async_save": True, "stage_in_background": False}),
-        ("rankguard async (process)", {"async_save": True, "async_checkpointer_type": "process"}),
-    ):
-        d = root / label.replace(" ", "_").replace("(", "").replace(")", "").replace(",", "")
-        m = CheckpointManager(
-            CheckpointConfig(save=str(d), most_recent_k=1, **kw), state, job_id="bench"
+def empty_like(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return torch.empty_like(obj)
+    if isinstance(obj, dict):
+        return {k: empty_like(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [empty_like(v) for v in obj]
+    return copy.deepcopy(obj)
+
+
+def loads_as(path: Path, loop: Loop, expected: Any) -> bool:
+    """``path``'s checkpoint, loaded into fresh tensors, matches ``expected``."""
+    target = empty_like(loop.state_dict())
+    dcp.load(target, checkpoint_id=str(path))
+    return fingerprint(target) == expected
+
+
+class Saver:
+    """One way to save: ``start(step)`` returns when the save call returns; ``done()``
+    tells whether the write finished; ``finish()`` waits for it and returns the
+    checkpoint's directory; ``before_change`` is what the loop must call before its
+    first change of the state after a save (DCP's async staging only)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.before_change: Callable[[], None] | None = None
+
+    def start(self, step: int) -> None:
+        raise NotImplementedError
+
+    def done(self) -> bool:
+        raise NotImplementedError
+
+    def finish(self, step: int) -> Path:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+class Ours(Saver):
+    def __init__(self, root: Path, loop: Loop, **kw: Any) -> None:
+        super().__init__(root)
+        config = CheckpointConfig(save=str(root), most_recent_k=1, **kw)
+        self.m = CheckpointManager(config, loop.state, job_id="bench", session=False)
+
+    def start(self, step: int) -> None:
+        self.m.save(step)
+
+    def done(self) -> bool:
+        return not self.m.in_flight
+
+    def finish(self, step: int) -> Path:
+        self.m.wait()
+        assert self.m.last_committed["persistent"] == step
+        return self.root / f"step_{step:09d}"
+
+    def close(self) -> None:
+        self.m.close()
+        super().close()
+
+
+class Direct(Saver):
+    """``dcp.async_save`` called directly (no manifest, no commit)."""
+
+    def __init__(self, root: Path, loop: Loop, options: StagingOptions | None) -> None:
+        super().__init__(root)
+        self.loop = loop
+        self.stager = DefaultStager(options) if options is not None else None
+        self.upload: Future[Any] | None = None
+        self.staging: Future[Any] | None = None
+
+    def start(self, step: int) -> None:
+        response = dcp.async_save(
+            self.loop.state_dict(),
+            checkpoint_id=str(self.root / f"step_{step:09d}"),
+            async_stager=self.stager,
         )
-        for i in range(args.repeats + 1):
-            t0 = time.perf_counter()
-            m.save(i + 1)
-            blocked = time.perf_counter() - t0
-            step = None
-            if kw["async_save"]:
-                m.stats["staging_wait_s"] = None
-                step = matmul_steps(args.step_s)  # the next forward and backward
-                opt.step()  # no gradients: only the pre-step hook's wait for the copy
-                blocked += m.stats["staging_wait_s"] or 0.0
-            m.wait()
-            write = time.perf_counter() - t0
-            if i == 0:  # allocates the host buffers (and starts DCP's process)
-                print(f"   {label}: first save {blocked:.2f} s blocked (warm-up, not counted)")
-                continue
-            record(label, blocked, write, step)
-        m.close()
-        shutil.rmtree(d, ignore_errors=True)
+        if isinstance(response, Future):
+            self.upload, self.staging = response, None
+            self.before_change = None
+        else:
+            self.upload, self.staging = response.upload_completion, response.staging_completion
+            self.before_change = self._wait_staging
 
-    # DCP's own async_save, called directly
-    for i in range(args.repeats):
-        d = root / f"dcp_{i}"
-        t0 = time.perf_counter()
-        msd, osd = get_state_dict(model, opt)
-        future = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=str(d))
-        blocked = time.perf_counter() - t0
-        step = matmul_steps(args.step_s)
-        future.result()
-        record("DCP async_save (direct)", blocked, time.perf_counter() - t0, step)
-        shutil.rmtree(d, ignore_errors=True)
+    def _wait_staging(self) -> None:
+        if self.staging is not None:
+            self.staging.result()
+            self.staging = None
 
-    sync = statistics.median(rows["sync"]["blocked"])
-    dcp_blocked = statistics.median(rows["DCP async_save (direct)"]["blocked"])
-    print(f"\n1. Stall per save ({size / 1e9:.2f} GB state, median of {args.repeats})")
+    def done(self) -> bool:
+        return self.upload is None or self.upload.done()
+
+    def finish(self, step: int) -> Path:
+        assert self.upload is not None
+        self.upload.result()
+        old = self.root / f"step_{step - 1:09d}"
+        shutil.rmtree(old, ignore_errors=True)
+        return self.root / f"step_{step:09d}"
+
+    def close(self) -> None:
+        if self.stager is not None:
+            self.stager.close()
+        super().close()
+
+
+class Sync(Ours):
+    def done(self) -> bool:
+        return True
+
+
+def stall(args: argparse.Namespace, root: Path) -> bool:
+    loop = Loop(args.params, args.width)
+    size = loop.nbytes()
     print(
-        f"   {args.step_s:g} s of compute after each save (the next forward/backward); "
-        f"a compute step with no write in flight: {base_step * 1e3:.1f} ms"
+        f"\n1. Real stall per save: {size / 1e9:.2f} GB of state ({args.params / 1e6:.0f} M "
+        "parameters, an EMA copy, AdamW moments); each step: forward/backward, AdamW step, "
+        "EMA update in place"
     )
-    print(f"   {'path':<28} {'blocked s':>9} {'% of sync':>9} {'write s':>8} {'step ms':>8}")
-    for label, row in rows.items():
-        b = statistics.median(row["blocked"])
-        w = statistics.median(row["write"])
-        s = f"{statistics.median(row['step']) * 1e3:8.1f}" if row["step"] else f"{'-':>8}"
-        print(f"   {label:<28} {b:9.3f} {100 * b / sync:8.1f}% {w:8.2f} {s}")
-    ours = statistics.median(rows["rankguard async (thread)"]["blocked"])
-    worse = "no worse" if ours <= dcp_blocked * 1.1 else "worse"
-    print(
-        f"   verdict: rankguard async blocks {100 * ours / sync:.1f}% of the sync save "
-        f"(goal <= 5%: {'met' if ours <= 0.05 * sync else 'NOT met'}); "
-        f"DCP's own path {dcp_blocked:.3f} s (rankguard {worse})"
-    )
-    local = root / "local_every_step"
-    m = CheckpointManager(
-        CheckpointConfig(
-            non_persistent_ckpt_type="local",
-            non_persistent_local_ckpt_dir=str(local),
-            non_persistent_save_interval=1,
-            non_persistent_most_recent_k=1,
-            async_save=True,
+    makers: list[tuple[str, Callable[[Path], Saver]]] = [
+        ("sync", lambda d: Sync(d, loop, async_save=False)),
+        ("rankguard async (thread)", lambda d: Ours(d, loop, async_save=True)),
+    ]
+    if not args.smoke:
+        makers.append(
+            (
+                "rankguard async (process)",
+                lambda d: Ours(d, loop, async_save=True, async_checkpointer_type="process"),
+            )
+        )
+    makers += [
+        ("DCP async_save, default staging", lambda d: Direct(d, loop, None)),
+        (
+            "DCP async_save, use_async_staging",
+            lambda d: Direct(d, loop, StagingOptions(False, False, True, False)),
         ),
-        state,
-        job_id="bench",
+    ]
+    rows: dict[str, dict[str, list[float]]] = {}
+    consistent: dict[str, list[bool]] = {}
+    for i, (label, make) in enumerate(makers):
+        path = make(root / f"path{i}")
+        base = statistics.median(loop.step() for _ in range(args.base_steps))
+        for n in range(args.repeats + 1):
+            step = 10 * (n + 1)
+            expected = fingerprint(loop.state_dict())  # the state at the save call
+            t0 = time.perf_counter()
+            path.start(step)
+            blocked = time.perf_counter() - t0
+            extra, steps = 0.0, 0
+            hook = path.before_change
+            while steps < args.follow or (not path.done() and steps < args.max_follow):
+                extra += loop.step(hook) - base
+                hook = None
+                steps += 1
+            saved = path.finish(step)
+            write = time.perf_counter() - t0
+            ok = loads_as(saved, loop, expected)
+            consistent.setdefault(label, []).append(ok)
+            if n == 0:  # allocates the buffers (and starts DCP's process)
+                print(
+                    f"   {label}: first save {blocked:.2f} s blocked (warm-up, not counted)"
+                    f"{'' if ok else ', INCONSISTENT'}"
+                )
+                continue
+            row = rows.setdefault(label, {k: [] for k in ("blocked", "extra", "write", "n")})
+            row["blocked"].append(blocked)
+            row["extra"].append(max(extra, 0.0))
+            row["write"].append(write)
+            row["n"].append(float(steps))
+        rows[label]["base"] = [base]
+        path.close()
+    sync_total = statistics.median(
+        b + e for b, e in zip(rows["sync"]["blocked"], rows["sync"]["extra"], strict=True)
     )
-    blocked, writes = [], []
-    for i in range(args.repeats + 1):
-        t0 = time.perf_counter()
-        m.save(i + 1, tier="local")  # waits for the previous step's write first
-        b = time.perf_counter() - t0
-        m.stats["staging_wait_s"] = None
-        matmul_steps(args.step_s)
-        opt.step()
-        b += m.stats["staging_wait_s"] or 0.0
-        if i:
-            blocked.append(b)
-            writes.append(m.stats["last"]["local"]["write_s"])
-    m.close()
-    shutil.rmtree(local, ignore_errors=True)
+    print(f"   median of {args.repeats} save(s) per path; 'extra': following steps beyond")
+    print("   the median step without a save (negative sums count as 0)")
     print(
-        f"   local tier every step ({args.step_s:g} s steps): "
-        f"{statistics.median(blocked):.3f} s blocked per step (the wait for the previous "
-        f"step's write, the copy's sync part and the optimizer step's wait for the copy); "
-        f"a local write takes {statistics.median(writes):.2f} s"
+        f"   {'path':<34} {'step s':>6} {'blocked s':>9} {'extra s':>8} {'total s':>8} "
+        f"{'% sync':>7} {'write s':>8} {'steps':>5}  check"
     )
-    return {"sync": sync, "ours": ours, "dcp": dcp_blocked}
+    totals: dict[str, float] = {}
+    for label, row in rows.items():
+        b, e = statistics.median(row["blocked"]), statistics.median(row["extra"])
+        t = statistics.median(x + y for x, y in zip(row["blocked"], row["extra"], strict=True))
+        totals[label] = t
+        checks = consistent[label]
+        verdict = f"{sum(checks)}/{len(checks)} consistent"
+        print(
+            f"   {label:<34} {row['base'][0]:6.2f} {b:9.3f} {e:8.3f} {t:8.3f} "
+            f"{100 * t / sync_total:6.1f}% {statistics.median(row['write']):8.2f} "
+            f"{statistics.median(row['n']):5.0f}  {verdict}"
+        )
+    bad = [label for label, checks in consistent.items() if not all(checks)]
+    ours = totals["rankguard async (thread)"]
+    dcp_best = min(t for label, t in totals.items() if label.startswith("DCP"))
+    print(
+        f"   verdict: rankguard async total stall {ours:.3f} s = {100 * ours / sync_total:.1f}% "
+        f"of the sync save (goal <= 5%: {'met' if ours <= 0.05 * sync_total else 'NOT met'}); "
+        f"DCP's best option {dcp_best:.3f} s (rankguard "
+        f"{'no worse' if ours <= dcp_best * 1.1 else 'worse'})"
+    )
+    if bad:
+        print(f"   INCONSISTENT checkpoints: {bad}")
+    return not bad
 
 
 def steps_lost(args: argparse.Namespace, root: Path) -> None:
@@ -297,19 +460,28 @@ def restore(args: argparse.Namespace, root: Path) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--params", type=int, default=96 * 2**20, help="parameters (x12 bytes)")
+    p.add_argument("--params", type=int, default=72 * 2**20, help="parameters (x16 bytes)")
+    p.add_argument("--width", type=int, default=2048, help="width of the MLP's layers")
     p.add_argument("--restore-params", type=int, default=16 * 2**20)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--step-s", type=float, default=2.0, help="compute after each save")
+    p.add_argument("--base-steps", type=int, default=5, help="steps timed without a save")
+    p.add_argument("--follow", type=int, default=3, help="steps timed after a save, at least")
+    p.add_argument("--max-follow", type=int, default=60, help="... at most (write in flight)")
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--every", type=int, default=20)
     p.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
     p.add_argument("--parts", default="restore,stall,lost", help="which parts to run")
+    p.add_argument("--smoke", action="store_true", help="seconds: a tiny state, no restore")
     args = p.parse_args()
+    if args.smoke:
+        args.params, args.width, args.repeats = 2**20, 256, 1
+        args.base_steps, args.follow, args.steps, args.every = 2, 1, 6, 3
+        args.parts = "stall"
     root = Path(tempfile.mkdtemp(prefix="rg-ckpt-bench-", dir=args.dir))
     print(f"torch {torch.__version__}, {os.cpu_count()} CPU(s), scratch {root}")
     print(f"load average before: {os.getloadavg()[0]:.1f}")
     parts = set(args.parts.split(","))
+    ok = True
     try:
         if "restore" in parts:
             restore(args, root)  # forks: before this process starts threads
@@ -318,13 +490,13 @@ def main() -> int:
         # one rank, as a job would have: DCP's checkpoint process joins its group
         dist.init_process_group("gloo", init_method=f"file://{root}/store", rank=0, world_size=1)
         if "stall" in parts:
-            stall(args, root)
+            ok = stall(args, root)
         if "lost" in parts:
             steps_lost(args, root)
         dist.destroy_process_group()
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return 0
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

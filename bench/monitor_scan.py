@@ -61,6 +61,7 @@ def _config() -> HeartbeatConfig:
         initial_progress_timeout_s=HOUR,
         progress_timeout_s=HOUR,
         checkpoint_timeout_s=HOUR,
+        eval_timeout_s=HOUR,
     )
 
 
@@ -132,9 +133,9 @@ def _breakdown_once(monitor: JobMonitor, run_dir: Path) -> tuple[list[tuple[floa
     """One scan done phase by phase, as ``JobMonitor._scan`` does it (no remote source
     and no pid checks, as in the timed scans; no health file exists)."""
     now = monitor.clock()
-    _, t_read = _timed_call(monitor._read_local_files, now)
-    _, t_health = _timed_call(monitor._read_health, now)
-    findings, t_eval = _timed_call(monitor.rules.evaluate, now, monitor._health_for)
+    _, t_read = _timed_call(monitor.ingest.read_local_files, now)
+    _, t_health = _timed_call(monitor.ingest.read_health, now)
+    findings, t_eval = _timed_call(monitor.rules.evaluate, now, monitor.ingest.health_for)
     assert not findings, "a finding fired: the benchmark state is not steady"
     monitor.scan_count += 1
     status, t_build = _timed_call(monitor._build_status, now)

@@ -84,6 +84,7 @@ def session_from_env(
             world_size=identity.world_size,
             run_id=identity.run_id,
             out_dir=perf_dir(log_dir, identity.run_id),
+            run_dir=Path(env.run_dir),  # rank 0 forwards its findings to perf.trackers
             job=env.job,
             cuda_device=identity.gpu.ordinal if identity.gpu else None,
             phases=phases,

@@ -177,6 +177,7 @@ class RankguardConfig:
                 "(the exporter serves the job monitor's state)"
             )
         out += self.checkpoint.warnings()
+        out += self.perf.warnings()
         pre = self.preemption
         if pre.enable_exit_handler and not hb.enabled:
             out.append(
@@ -267,6 +268,13 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, str):
             return value
         raise ConfigError(f"{key}: expected a string, got {_short(value)}")
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if isinstance(value, str):  # a command line: "a,b" (empty: none)
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list (or 'a,b'), got {_short(value)}")
+        return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
     if origin is dict:
         key_tp, value_tp = typing.get_args(tp)
         if isinstance(value, str):

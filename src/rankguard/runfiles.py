@@ -27,6 +27,7 @@ from rankguard.schema.layout import (
     STATUS_FILE,
     STATUS_RANKS_FILE,
 )
+from rankguard.schema.status import RankRow, StatusDoc
 
 __all__ = [
     "FINAL_STATES",
@@ -60,19 +61,18 @@ def launcher_gone(status: dict[str, Any], hostname: str | None = None) -> str | 
     The monitor writes its launcher's pid and start time (``monitor.pid``,
     ``monitor.pid_start``) in every status: a pid that no longer runs, or that another
     process took since, means nobody updates this status any more."""
-    if status.get("state") in FINAL_STATES:
+    doc = StatusDoc.from_dict(status)
+    if doc.state in FINAL_STATES:
         return None
-    monitor = status.get("monitor")
-    if not isinstance(monitor, dict):
+    monitor = doc.monitor
+    pid, started = monitor.pid, monitor.pid_start
+    if pid is None or pid <= 1:
         return None
-    pid, started = monitor.get("pid"), monitor.get("pid_start")
-    if type(pid) is not int or pid <= 1:
-        return None
-    if monitor.get("hostname") != (hostname or socket.gethostname()):
+    if monitor.hostname != (hostname or socket.gethostname()):
         return None
     if not pid_running(pid):
         return f"launcher gone (pid {pid} no longer runs: killed?); this status is its last"
-    if type(started) is int and process_start_time(pid) not in (None, started):
+    if started is not None and process_start_time(pid) not in (None, started):
         return f"launcher gone (pid {pid} is another process now: killed?); this status is its last"
     return None
 
@@ -172,10 +172,7 @@ def latest_findings(run_dir: Path, status: dict[str, Any], limit: int) -> list[d
         return []
     if (run_dir / FINDINGS_FILE).exists():
         return read_findings(run_dir / FINDINGS_FILE, limit)
-    recent = status.get("recent_findings")
-    if isinstance(recent, list):
-        return [f for f in recent if isinstance(f, dict)][-limit:]
-    return []
+    return StatusDoc.from_dict(status).recent_findings[-limit:]
 
 
 def read_checkpoints(run_dir: Path) -> dict[str, Any] | None:
@@ -213,8 +210,7 @@ def rank_rows(run_dir: Path, status: dict[str, Any], ranks: set[int]) -> list[di
     else ``status_ranks.json``'s (a large job's monitor writes every rank there
     periodically; status.json's fresher row wins where it has one)."""
     listed = {r.get("rank"): r for r in status.get("ranks") or [] if isinstance(r, dict)}
-    detail = status.get("rank_detail")
-    complete = not isinstance(detail, dict) or detail.get("complete") is not False
+    complete = StatusDoc.from_dict(status).rank_detail.complete
     if complete or all(r in listed for r in ranks):
         return [listed[r] for r in sorted(ranks) if r in listed]
     rows = _detail_rows(run_dir, ranks)
@@ -250,14 +246,14 @@ def worst_rows(rows: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
     """The ``n`` rows most in need of a look: an active finding, then stale, stalled or
     ended in error, then the longest without progress (the monitor's order)."""
 
-    def badness(r: dict[str, Any]) -> tuple[int, float]:
-        if r.get("active_findings"):
+    def badness(raw: dict[str, Any]) -> tuple[int, float]:
+        r = RankRow.from_dict(raw)
+        if r.active_findings:
             tier = 0
-        elif r.get("process_liveness") == "stale" or r.get("gpu_progress") in _BAD_PROGRESS:
+        elif r.process_liveness == "stale" or r.gpu_progress in _BAD_PROGRESS:
             tier = 1
         else:
             tier = 2
-        age = r.get("progress_age_s") or r.get("heartbeat_age_s") or 0.0
-        return tier, -(age if isinstance(age, (int, float)) else 0.0)
+        return tier, -(r.progress_age_s or r.heartbeat_age_s or 0.0)
 
     return sorted(rows, key=badness)[: max(0, n)]

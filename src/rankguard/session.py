@@ -533,7 +533,7 @@ class NullSession:
     worker_init_fn = None
 
     def exit_preempted(self) -> None:
-        from rankguard.launcher.exitcodes import EXIT_PREEMPTED
+        from rankguard.schema.exits import EXIT_PREEMPTED
 
         raise SystemExit(EXIT_PREEMPTED)  # no launcher here to say it
 

@@ -266,3 +266,44 @@ def test_readme_demo_command_completes_and_says_where_the_files_are(tmp_path: Pa
     assert read_status(run_dir)["state"] == "completed"
     assert len(heartbeat_files(run_dir)) == 2
     assert findings(run_dir) == []
+
+
+def test_a_paused_rank_is_a_heartbeat_timeout_and_no_progress_finding_after_it_resumes(
+    tmp_path: Path, run_id: str
+) -> None:
+    """SIGSTOP then SIGCONT one rank with the progress timeout below the process timeout:
+    its late heartbeats are not "alive and not progressing", and once continued it steps
+    again (the stopped time is not time without progress)."""
+    res = run_rankguard(
+        [
+            *standalone_run(run_id, tmp_path),
+            "--set",
+            "heartbeat.process_timeout_s=8",
+            "--set",
+            "heartbeat.progress_timeout_s=3",
+            "-m",
+            "rankguard.demo.train",
+            "--steps",
+            "60",
+            "--step-sleep",
+            "0.1",
+            "--fault",
+            "stop",
+            "--fault-rank",
+            "1",
+            "--fault-step",
+            "5",
+            "--fault-duration",
+            "11",
+        ],
+        timeout=100,
+    )
+    out = res.stdout + res.stderr
+    run_dir = tmp_path / "heartbeat" / run_id
+    found = findings(run_dir)
+    assert [(f["finding_type"], f["rank"]) for f in found] == [
+        ("rank_process_heartbeat_timeout", 1)
+    ], out
+    assert found[0]["reason"] == "rank_process_or_heartbeat_thread_unresponsive"
+    assert "[demo] done: 60 steps on 2 rank(s)" in out, out
+    assert read_status(run_dir)["state"] == "completed", out

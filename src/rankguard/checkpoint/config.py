@@ -85,11 +85,10 @@ class CheckpointConfig:
         default="crc32", metadata={"help": "Per-file checksum of the manifest: crc32 | blake2b."}
     )
     stage_in_background: bool = field(
-        default=True,
+        default=False,
         metadata={
-            "help": "Async saves copy the parameters and optimizer state to host memory "
-            "while the next forward/backward runs; the next optimizer.step() waits for "
-            "the copy. false: the save returns after the whole copy."
+            "help": "No effect (true: a warning): an async save returns once the state "
+            "is copied to host memory, so it holds the state at the save call."
         },
     )
     pin_memory: bool = field(
@@ -176,5 +175,12 @@ class CheckpointConfig:
                 "checkpoint.non_persistent_ckpt_type=local but "
                 "checkpoint.non_persistent_save_interval is unset: maybe_save() writes no "
                 "local checkpoint (call save(step, tier='local') yourself)"
+            )
+        if self.stage_in_background:
+            out.append(
+                "checkpoint.stage_in_background=true has NO effect: an async save copies "
+                "the whole state before save() returns (a write through param.data or a "
+                "NumPy view is invisible to a tensor's version counter, so no copy may "
+                "overlap the loop)"
             )
         return out

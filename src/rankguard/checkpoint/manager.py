@@ -6,9 +6,10 @@ calls ``save``/``maybe_save``/``load_latest`` at the same steps. A save:
 
 1. waits for the previous save and raises if that one failed;
 2. marks the ``checkpointing`` phase of the rankguard session (checkpoint_timeout_s);
-3. sync: writes and commits in the caller; async: copies the state into host buffers
-   (the only stall: :class:`HostStager` through DCP's ``async_save``) and returns while
-   DCP's thread (or process) writes;
+3. sync: writes and commits in the caller; async: copies the whole state into host
+   buffers (the only stall: :class:`HostStager` through DCP's ``async_save``), so the
+   checkpoint is the state at the call whatever the loop does next, and returns while
+   DCP's thread (or process) writes that copy;
 4. commits: every rank checksums and fsyncs its own files, rank 0 gathers the lists,
    writes ``manifest.json``, renames the temporary directory and writes ``COMMITTED``;
    the decision is broadcast, so every rank's ``last_committed`` agrees;
@@ -143,19 +144,11 @@ class CheckpointManager:
             "last": dict.fromkeys(TIERS),
             "inflight": None,
             "loaded": None,
-            "staging_wait_s": None,
         }
         self._seq = 0
         self._inflight: Future[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rankguard-ckpt")
         self._stager = HostStager(pin_memory=config.pin_memory)
-        self._hooks = []
-        if config.async_save and config.stage_in_background:
-            # the next optimizer step waits for the background copy of what it changes
-            self._hooks = [
-                opt.register_step_pre_hook(self._before_optimizer_step)
-                for opt, _ in self.plan.optims.values()
-            ]
         self._locks: list[DirLock] = []
         self._protect: set[Path] = set()
         self._closed = False
@@ -315,7 +308,6 @@ class CheckpointManager:
         if self.config.ckpt_format == "torch" or blocking:
             state = self.plan.global_state_dict()
         else:
-            self._stager.deferred = self._deferred()
             writer = self._writer_factory(tmp)
             kind = AsyncCheckpointerType(self.config.async_checkpointer_type)
             with _single_process_quiet(self.group):
@@ -438,7 +430,6 @@ class CheckpointManager:
         stage_s = 0.0
         staged: Any = live
         if not blocking:
-            self._stager.deferred = self._deferred()
             staged = self._stager.stage(live)
             stage_s = time.monotonic() - t0
             self._say(
@@ -451,8 +442,7 @@ class CheckpointManager:
             w0 = time.monotonic()
             error = None
             try:
-                state = staged.result() if isinstance(staged, Future) else staged
-                self._write_local(step, state, per_rank)
+                self._write_local(step, staged, per_rank)
             except _ERRORS as exc:
                 error = f"rank {self.rank}: {_describe(exc)}"
             errors = self.group.errors(error)
@@ -529,17 +519,6 @@ class CheckpointManager:
         self._write_status()
         self._say(message, logging.ERROR)
         raise CheckpointError(message)
-
-    def _deferred(self) -> set[int]:
-        if self._hooks:
-            return self.plan.stepped_storages()
-        return set()
-
-    def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        """Optimizer pre-step hook: nothing while no copy is in flight (one attribute
-        read); else wait for the background copy of the state this step will change."""
-        if self._stager.future is not None:
-            self.stats["staging_wait_s"] = round(self._stager.wait_copy(), 4)
 
     def wait(self) -> None:
         """Wait for the background write in flight; raise CheckpointError if it failed."""
@@ -725,9 +704,6 @@ class CheckpointManager:
             self.wait()
         finally:
             self._executor.shutdown(wait=True)
-            for hook in self._hooks:
-                hook.remove()
-            self._hooks = []
             self._stager.close()
             self._release_locks()
 

@@ -1,5 +1,5 @@
 """Staging: the copy of the state into host memory, the only part of an async save the
-training loop may wait for.
+training loop waits for.
 
 :class:`HostStager` implements DCP's ``AsyncStager`` protocol. Its host buffers are
 allocated at the first save and reused by every later one (pinned when the state is on
@@ -8,21 +8,17 @@ allocation or page fault; the next save only starts once the previous write fini
 with the buffers (the manager waits). DTensors keep their placement: the local shard is
 copied and wrapped again. Non-tensor leaves are deep-copied (they are small).
 
-Background staging: tensors whose storage is in ``deferred`` (the parameters an
-optimizer steps and that optimizer's state: they change only in ``optimizer.step()``)
-are copied by a staging thread while the loop runs the next forward and backward;
-``stage`` then returns a Future that DCP's writer waits for, and the manager's
-optimizer pre-step hook makes the next ``optimizer.step()`` wait until the copy is done.
-Everything else (buffers such as BatchNorm statistics, which the forward pass changes)
-is copied before ``stage`` returns.
+The copy is complete when :meth:`HostStager.stage` returns (GPU copies are issued
+non-blocking and synchronized once at the end), so what is written is the state at
+the save call whatever the loop does next. Overlapping the copy with the next
+forward/backward cannot be made safe: a write through ``param.data``, a NumPy view or
+a raw pointer (a collective's output, an extension's kernel) does not move the
+tensor's version counter, so no check at the end of a background copy could see it.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import copy
-import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -36,7 +32,7 @@ except ImportError:  # pragma: no cover - torch without distributed tensors
 
 
 class HostStager:
-    """Cached host-memory copy of a state dict (DCP ``AsyncStager``)."""
+    """Cached host-memory copy of a state dict (DCP ``AsyncStager``), complete at return."""
 
     _synchronize_after_execute = False
 
@@ -45,49 +41,25 @@ class HostStager:
         self._buffers: dict[str, torch.Tensor] = {}
         self._cuda = False
         self.bytes = 0
-        self.deferred: set[int] = set()  # storage pointers the staging thread may copy
-        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self._pool: ThreadPoolExecutor | None = None
-        self.future: Future[dict[str, Any]] | None = None  # the copy in flight
 
     @property
     def should_synchronize_after_execute(self) -> bool:
         return False
 
-    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any] | Future[dict[str, Any]]:
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """A host copy of ``state_dict`` (tensors into the cached buffers, everything
+        else deep-copied), complete when this returns."""
         self._cuda = False
-        self._pending = []
-        out = self._copy(state_dict, "")
+        with torch.no_grad():
+            out = self._copy(state_dict, "")
         if self._cuda:
             torch.cuda.synchronize()
-        if not self._pending:
-            return out
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rankguard-stage")
-        pending, self._pending = self._pending, []
-        self.future = self._pool.submit(_copy_all, pending, out)
-        return self.future
-
-    def wait_copy(self) -> float:
-        """Wait for the background copy (not its error: the writer reports that) and
-        forget it; the seconds waited."""
-        future, self.future = self.future, None
-        if future is None or future.done():
-            return 0.0
-        t0 = time.monotonic()
-        concurrent.futures.wait([future])
-        return time.monotonic() - t0
+        return out
 
     def synchronize_staging(self) -> None:
-        """Wait for the background copy (re-raising its error)."""
-        future = self.future
-        if future is not None:
-            future.result()
+        """Nothing to wait for: :meth:`stage` returns a complete copy."""
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
         self._buffers.clear()
         self.bytes = 0
 
@@ -128,25 +100,10 @@ class HostStager:
 
     def _tensor(self, src: torch.Tensor, key: str) -> torch.Tensor:
         src = src.detach()
-        if not src.is_contiguous():
-            src = src.contiguous()
         buf = self._buffer(key, src)
-        if self.deferred and src.untyped_storage().data_ptr() in self.deferred:
-            self._pending.append((buf, src))
-        elif src.device.type == "cuda":
+        if src.device.type == "cuda":
             self._cuda = True
             buf.copy_(src, non_blocking=True)
         else:
             buf.copy_(src)
         return buf
-
-
-def _copy_all(
-    pending: list[tuple[torch.Tensor, torch.Tensor]], out: dict[str, Any]
-) -> dict[str, Any]:
-    with torch.no_grad():
-        for dst, src in pending:
-            dst.copy_(src)
-    if any(src.device.type == "cuda" for _, src in pending):
-        torch.cuda.synchronize()
-    return out

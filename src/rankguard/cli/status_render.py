@@ -1,6 +1,7 @@
 """Text rendering of a run's status for ``rankguard status``: the header, the rank
 table, GPU health, findings, restarts, stragglers and the timeouts in force. Pure
-functions of the status.json and findings dicts (tolerant of missing keys)."""
+functions of a :class:`~rankguard.schema.status.StatusDoc` and findings (tolerant of
+missing keys and of values of the wrong type)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from rankguard.schema.findings import FindingType
+from rankguard.schema.findings import Finding, FindingType
+from rankguard.schema.status import RankRow, StatusDoc, parse_findings
 from rankguard.textsafe import safe_text
 
 __all__ = ["render_status"]
@@ -114,16 +116,6 @@ def _sort_key(value: Any) -> tuple[int, float, str]:
         return (1, 0.0, str(value))
 
 
-def _ranks(status: dict[str, Any]) -> list[dict[str, Any]]:
-    ranks = status.get("ranks")
-    if isinstance(ranks, dict):
-        ranks = list(ranks.values())
-    if not isinstance(ranks, list):
-        return []
-    rows = [r for r in ranks if isinstance(r, dict)]
-    return sorted(rows, key=lambda r: _sort_key(r.get("rank")))
-
-
 def _paint(text: str, style: str, color: bool) -> str:
     if not color or not style:
         return text
@@ -175,15 +167,12 @@ def _table(header: Sequence[str], rows: Sequence[Row], right: set[int], color: b
     return lines
 
 
-def _liveness_cell(rank: dict[str, Any]) -> tuple[str, str]:
-    liveness = rank.get("process_liveness")
-    exit_info = rank.get("exit")
-    if isinstance(exit_info, dict) or liveness == "exited":
-        info = _as_dict(exit_info)
-        if info.get("clean") is False:
+def _liveness_cell(rank: RankRow) -> tuple[str, str]:
+    if rank.exit is not None or rank.process_liveness == "exited":
+        if (rank.exit or {}).get("clean") is False:
             return "exited (err)", "red"
         return "exited", ""
-    text = _text(liveness)
+    text = _text(rank.process_liveness)
     return text, _LIVENESS_STYLE.get(text, "")
 
 
@@ -202,48 +191,47 @@ def _gpu_token(value: Any) -> str:
     return _text(value)
 
 
-def _findings_cell(active: Any) -> tuple[str, str]:
-    if not isinstance(active, list) or not active:
+def _findings_cell(active: list[str]) -> tuple[str, str]:
+    if not active:
         return "-", ""
-    names = [str(f) for f in active]
-    style = "yellow" if all(n in _WARNING_FINDINGS for n in names) else "red"
-    return ",".join(_FINDING_ABBREV.get(n, n) for n in names), style
+    style = "yellow" if all(n in _WARNING_FINDINGS for n in active) else "red"
+    return ",".join(_FINDING_ABBREV.get(n, n) for n in active), style
 
 
-def _phase_cell(rank: dict[str, Any]) -> str:
-    phase = _text(rank.get("phase"))
-    if rank.get("checkpoint_active") is True and phase != "checkpointing":
+def _phase_cell(rank: RankRow) -> str:
+    phase = _text(rank.phase)
+    if rank.checkpoint_active and phase != "checkpointing":
         return f"{phase} (ckpt)"
     return phase
 
 
-def _progress_cell(rank: dict[str, Any]) -> tuple[str, str]:
+def _progress_cell(rank: RankRow) -> tuple[str, str]:
     """``stalled``, or ``blocked:0`` for a rank waiting on another (a peer that is
     saving or evaluating, or the culprit of a hang): not hung itself."""
-    progress = _text(rank.get("gpu_progress"))
-    blocked = rank.get("blocked_by")
-    if progress == "stalled" and isinstance(blocked, list) and blocked:
+    progress = _text(rank.gpu_progress)
+    blocked = rank.blocked_by
+    if progress == "stalled" and blocked:
         shown = ",".join(_text(r) for r in blocked[:4]) + (",..." if len(blocked) > 4 else "")
         return f"blocked:{shown}", "yellow"
     return progress, _PROGRESS_STYLE.get(progress, "")
 
 
-def _rank_row(rank: dict[str, Any]) -> Row:
-    health = _health_status(rank.get("gpu_health"))
+def _rank_row(rank: RankRow) -> Row:
+    health = _health_status(rank.gpu_health)
     return [
-        (_text(rank.get("rank")), ""),
-        (_text(rank.get("node_rank")), ""),
-        (_text(rank.get("hostname")), ""),
-        (_text(rank.get("pid")), ""),
+        (_text(rank.rank), ""),
+        (_text(rank.node_rank), ""),
+        (_text(rank.hostname), ""),
+        (_text(rank.pid), ""),
         _liveness_cell(rank),
         _progress_cell(rank),
-        (_text(rank.get("iteration")), ""),
+        (_text(rank.iteration), ""),
         (_phase_cell(rank), ""),
-        (_seconds(rank.get("heartbeat_age_s")), ""),
-        (_seconds(rank.get("progress_age_s")), ""),
-        (_gpu_token(rank.get("gpu")), ""),
+        (_seconds(rank.heartbeat_age_s), ""),
+        (_seconds(rank.progress_age_s), ""),
+        (_gpu_token(rank.gpu), ""),
         (health, _HEALTH_STYLE.get(health.lower(), "")),
-        _findings_cell(rank.get("active_findings")),
+        _findings_cell(rank.active_findings),
     ]
 
 
@@ -265,11 +253,11 @@ _RANK_HEADER = (
 _RANK_RIGHT = {0, 1, 3, 6, 8, 9}
 
 
-def _counts(summary: dict[str, Any], ranks: list[dict[str, Any]], key: str) -> dict[str, int]:
-    given = summary.get(key)
-    if isinstance(given, dict):
-        return {str(k): v for k, v in given.items() if isinstance(v, int) and v}
-    return dict(Counter(str(r[key]) for r in ranks if r.get(key) is not None))
+def _counts(given: dict[str, int], ranks: list[RankRow], key: str) -> dict[str, int]:
+    if given:
+        return {k: v for k, v in given.items() if v}
+    values = (getattr(r, key) for r in ranks)
+    return dict(Counter(str(v) for v in values if v is not None))
 
 
 def _fmt_counts(counts: dict[str, int], styles: dict[str, str], color: bool) -> str:
@@ -278,37 +266,37 @@ def _fmt_counts(counts: dict[str, int], styles: dict[str, str], color: bool) -> 
     return " ".join(_paint(f"{k}={n}", styles.get(k, ""), color) for k, n in counts.items())
 
 
-def _header(
-    status: dict[str, Any], ranks: list[dict[str, Any]], color: bool, now: Any
-) -> list[str]:
-    summary = _as_dict(status.get("summary"))
-    monitor = _as_dict(status.get("monitor"))
-    state = _text(status.get("state"))
-    expected = summary.get("ranks_expected", monitor.get("expected_world_size"))
-    observed = summary.get("ranks_observed")
+def _header(doc: StatusDoc, ranks: list[RankRow], color: bool, now: Any) -> list[str]:
+    summary, monitor = doc.summary, doc.monitor
+    state = _text(doc.state)
+    expected = summary.ranks_expected
+    if expected is None:
+        expected = monitor.expected_world_size
+    observed = summary.ranks_observed
     if observed is None and ranks:
-        observed = sum(1 for r in ranks if r.get("process_liveness") not in (None, "not_observed"))
-    updated = _fmt_time(status.get("updated_wall_time"))
-    parsed = _parse_time(status.get("updated_wall_time"))
+        observed = sum(1 for r in ranks if r.process_liveness not in (None, "not_observed"))
+    updated = _fmt_time(doc.updated_wall_time)
+    parsed = _parse_time(doc.updated_wall_time)
     if isinstance(now, datetime) and parsed is not None and parsed.tzinfo is not None:
         updated += f" ({max(0.0, (now - parsed).total_seconds()):.1f}s ago)"
-    total = summary.get("findings_total")
-    active = summary.get("findings_active")
-    findings = _text(total) + (f" ({_text(active)} active)" if active is not None else "")
-    liveness = _counts(summary, ranks, "process_liveness")
-    progress = _counts(summary, ranks, "gpu_progress")
+    active = summary.findings_active
+    findings = _text(summary.findings_total) + (
+        f" ({_text(active)} active)" if active is not None else ""
+    )
+    liveness = _counts(summary.process_liveness, ranks, "process_liveness")
+    progress = _counts(summary.gpu_progress, ranks, "gpu_progress")
     problem = []
-    if monitor.get("state") not in (None, "scanning"):
+    if monitor.state not in (None, "scanning"):
         problem = [
             _paint(
-                f"MONITOR {_text(monitor.get('state')).upper()}: {_text(monitor.get('errors'))} "
-                f"failed scan(s), last {_text(monitor.get('last_error'))}",
+                f"MONITOR {_text(monitor.state).upper()}: {_text(monitor.errors)} "
+                f"failed scan(s), last {_text(monitor.last_error)}",
                 "red",
                 color,
             )
         ]
     return [
-        f"run {_text(status.get('run_id'))}",
+        f"run {_text(doc.run_id)}",
         "state " + _paint(state, _STATE_STYLE.get(state, ""), color),
         *problem,
         f"updated {updated}",
@@ -332,46 +320,47 @@ def _pack(parts: list[str], width: int | None) -> list[str]:
     return lines
 
 
-def _health_lines(status: dict[str, Any], color: bool) -> list[str]:
-    nodes = _as_dict(status.get("gpu_health"))
+def _health_lines(doc: StatusDoc, color: bool) -> list[str]:
+    nodes = doc.gpu_health
     if not nodes:
         return ["GPU health: no data"]
     rows: list[Row] = []
     for node in sorted(nodes, key=_sort_key):
-        info = _as_dict(nodes[node])
-        health = _text(info.get("status"))
+        info = nodes[node]
+        health = _text(info.status)
         rows.append(
             [
                 (str(node), ""),
-                (_text(info.get("hostname")), ""),
+                (_text(info.hostname), ""),
                 (health, _HEALTH_STYLE.get(health.lower(), "")),
-                (_text(info.get("source")), ""),
-                (_seconds(info.get("age_s")), ""),
-                (_text(info.get("gpus")), ""),
+                (_text(info.source), ""),
+                (_seconds(info.age_s), ""),
+                (_text(info.gpus), ""),
             ]
         )
     header = ("NODE", "HOST", "STATUS", "SOURCE", "AGE (s)", "GPUS")
     return ["GPU health", *_table(header, rows, {0, 4, 5}, color)]
 
 
-def _finding_lines(findings: Iterable[dict[str, Any]], color: bool) -> list[str]:
+def _finding_lines(findings: Iterable[Finding], skipped: int, color: bool) -> list[str]:
     rows: list[Row] = []
     for f in findings:
-        ftype = _text(f.get("finding_type"))
+        ftype = f.finding_type.value
         style = "yellow" if ftype in _WARNING_FINDINGS else "red"
         rows.append(
             [
-                (_fmt_time(f.get("detected_wall_time")), ""),
+                (_fmt_time(f.detected_wall_time), ""),
                 (ftype, style),
-                (_text(f.get("rank")), ""),
-                (_text(f.get("reason")), ""),
-                (_text(f.get("message")), ""),
+                (_text(f.rank), ""),
+                (_text(f.reason.value), ""),
+                (_text(f.message), ""),
             ]
         )
+    more = [f"({skipped} unreadable finding line(s) skipped)"] if skipped else []
     if not rows:
-        return ["Latest findings: none"]
+        return ["Latest findings: none", *more]
     header = ("TIME", "TYPE", "RANK", "REASON", "MESSAGE")
-    return [f"Latest findings ({len(rows)})", *_table(header, rows, {2}, color)]
+    return [f"Latest findings ({len(rows)})", *_table(header, rows, {2}, color), *more]
 
 
 def render_status(
@@ -390,14 +379,15 @@ def render_status(
     ``color`` adds ANSI codes: red for problems, yellow for warnings. ``now`` (aware)
     adds how long ago the monitor last wrote the status. ``launcher_gone``: why the
     status is frozen (:func:`rankguard.runfiles.launcher_gone`), shown after the
-    header. Pure: no I/O, no clock.
+    header. Pure: no I/O, no clock. Both are read through :class:`StatusDoc` and
+    :meth:`Finding.from_dict`: a finding line that is not one is skipped and counted.
     Control characters in the data are shown escaped (``\\x1b``), never sent to the
     terminal.
     """
-    status = _safe(status) if isinstance(status, dict) else {}
-    findings = [_safe(f) for f in findings if isinstance(f, dict)]
-    ranks = _ranks(status)
-    lines = [*_pack(_header(status, ranks, color, now), width)]
+    doc = StatusDoc.from_dict(_safe(status) if isinstance(status, dict) else {})
+    found, skipped = parse_findings([_safe(f) for f in findings if isinstance(f, dict)])
+    ranks = sorted(doc.ranks, key=lambda r: _sort_key(r.rank))
+    lines = [*_pack(_header(doc, ranks, color, now), width)]
     if launcher_gone:
         lines.append(_paint(safe_text(launcher_gone), "red", color))
     lines.append("")
@@ -405,25 +395,26 @@ def render_status(
         lines.extend(_table(_RANK_HEADER, [_rank_row(r) for r in ranks], _RANK_RIGHT, color))
     else:
         lines.append("no ranks observed yet")
-    detail = _as_dict(status.get("rank_detail"))
-    if detail.get("complete") is False and not detail.get("selected"):
+    detail = doc.rank_detail
+    if not detail.complete and not detail.extra.get("selected"):
         lines.append(
-            f"(the {_text(detail.get('listed'))} ranks most in need of a look; every rank: "
-            f"{_text(detail.get('file'))}, rankguard status --ranks A-B)"
+            f"(the {_text(detail.listed)} ranks most in need of a look; every rank: "
+            f"{_text(detail.file)}, rankguard status --ranks A-B)"
         )
     lines.append("")
-    lines.extend(_health_lines(status, color))
+    lines.extend(_health_lines(doc, color))
     lines.append("")
-    lines.extend(_finding_lines(findings, color))
-    lines.extend(_ft_lines(status))
-    lines.extend(checkpoint_lines(status.get("checkpoints")))
+    lines.extend(_finding_lines(found, skipped, color))
+    lines.extend(_ft_lines(doc))
+    lines.extend(checkpoint_lines(doc.block("checkpoints")))
     return "\n".join(_clip(line, width) for line in lines) + "\n"
 
 
-def _ft_lines(status: dict[str, Any]) -> list[str]:
+def _ft_lines(status: StatusDoc | dict[str, Any]) -> list[str]:
     """Restarts and the timeouts in force with their sources (fault tolerance)."""
+    doc = status if isinstance(status, StatusDoc) else StatusDoc.from_dict(status)
     out: list[str] = []
-    restarts = status.get("restarts")
+    restarts = doc.block("restarts")
     if isinstance(restarts, list) and restarts:
         kinds = [r.get("kind") if isinstance(r, dict) else None for r in restarts]
         inproc = sum(k == "inprocess" for k in kinds)
@@ -438,7 +429,7 @@ def _ft_lines(status: dict[str, Any]) -> list[str]:
                     f"  {kind} #{r.get('restart', '-')} {r.get('wall_time', '-')}  "
                     f"{r.get('cause') or '-'} rank {_s(r.get('rank'))}: {_s(r.get('message'))}"
                 )
-    stragglers = status.get("stragglers")
+    stragglers = doc.block("stragglers")
     if isinstance(stragglers, dict):
         out += [
             "",
@@ -454,13 +445,13 @@ def _ft_lines(status: dict[str, Any]) -> list[str]:
                 if isinstance(r, dict)
             ]
             out.append(f"  {label:<5}  " + ", ".join(cells))
-    stop = status.get("stop_requested")
+    stop = doc.block("stop_requested")
     if isinstance(stop, dict):
         out.append(
             f"  stop requested at step {_s(stop.get('stop_at_step'))}: {_s(stop.get('reason'))}"
         )
-    out += _preemption_lines(status.get("preemption"))
-    timeouts = status.get("timeouts")
+    out += _preemption_lines(doc.block("preemption"))
+    timeouts = doc.block("timeouts")
     if isinstance(timeouts, dict) and timeouts:
         out += ["", "Timeouts in force"]
         width = max(len(str(k)) for k in timeouts)

@@ -8,19 +8,22 @@ vanished. Only the findings counter needs state of its own (the monitor keeps th
 20 findings), fed by :meth:`FindingCounts.observe`.
 
 Naming follows the Prometheus conventions: the ``rankguard_`` prefix, base units
-(seconds, bytes, FLOP/s), ``_total`` on counters, one-hot state gauges (1 for the
-current state, 0 for the others, every state always present so that absent and zero
-are never confused) and bounded labels only: ``rank``, ``node_rank``, ``local_rank``,
-``hostname``, ``state``, ``stat``, ``status`` and ``finding_type``. No pid, step or
-iteration ever becomes a label. :data:`METRICS` is the catalogue (name, type, help,
-labels); ``describe()`` returns it so a name clash fails at registration.
+(seconds, bytes, FLOP/s, ratios 0-1), ``_total`` on counters, one-hot state gauges (1 for
+the current state, 0 for the others, every state always present so that absent and zero
+are never confused) and bounded labels only. Every series carries ``run_id``; every
+per-rank series also carries the labels dcgm-exporter gives the rank's GPU
+(:data:`DCGM_LABELS`: ``Hostname``, ``gpu`` (the NVML index), ``UUID``, ``modelName``;
+empty where the GPU is not known, e.g. on CPU), so a PromQL join or a Grafana panel puts
+``DCGM_FI_DEV_*`` next to a rank's progress with ``on(Hostname, gpu)`` or ``on(UUID)``.
+No pid, step or iteration ever becomes a label. :data:`METRICS` is the catalogue (name,
+type, help, labels); ``describe()`` returns it so a name clash fails at registration.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -30,15 +33,29 @@ from prometheus_client.registry import Collector
 
 from rankguard.health.schema import NodeStatus
 from rankguard.runfiles import worst_rows
-from rankguard.schema.findings import FindingType, Liveness, Progress
+from rankguard.schema.findings import Finding, FindingType, Liveness, Progress
+from rankguard.schema.status import RankDetail, RankRow, StatusDoc
 
 if TYPE_CHECKING:
     from rankguard.heartbeat.monitor import JobMonitor
 
-__all__ = ["JOB_STATES", "METRICS", "FindingCounts", "MetricSpec", "StatusCollector"]
+__all__ = [
+    "DCGM_LABELS",
+    "JOB_STATES",
+    "METRICS",
+    "MONITOR_STATES",
+    "FindingCounts",
+    "MetricSpec",
+    "StatusCollector",
+    "rank_labels",
+]
 
 #: Every value of ``status.json``'s ``state`` (see ``JobMonitor._build_status``).
 JOB_STATES = ("starting", "running", "degraded", "completed", "failed", "stopped")
+#: Every value of ``status.json``'s ``monitor.state`` (see ``JobMonitor``).
+MONITOR_STATES = ("starting", "scanning", "failing", "stopped")
+#: dcgm-exporter's label names for a GPU, in the order every per-rank series has them.
+DCGM_LABELS = ("Hostname", "gpu", "UUID", "modelName")
 _LIVENESS = tuple(s.value for s in Liveness)
 _PROGRESS = tuple(s.value for s in Progress)
 _NODE_STATUS = tuple(s.value for s in NodeStatus)
@@ -66,7 +83,8 @@ class MetricSpec:
         return GaugeMetricFamily(self.name, self.help, labels=self.labels)
 
 
-_R = ("rank",)
+_RUN = ("run_id",)
+_R = ("run_id", "rank", *DCGM_LABELS)
 METRICS: tuple[MetricSpec, ...] = (
     # ---- per rank: straggler scores (straggler.enabled) ----
     MetricSpec(
@@ -86,19 +104,19 @@ METRICS: tuple[MetricSpec, ...] = (
         "rankguard_rank_info",
         "gauge",
         "Always 1: where a rank runs (join on rank to group other metrics by node).",
-        ("rank", "node_rank", "local_rank", "hostname"),
+        (*_R, "node_rank", "local_rank"),
     ),
     MetricSpec(
         "rankguard_rank_process_liveness",
         "gauge",
         "1 for the rank's current process liveness state, 0 for the others.",
-        ("rank", "state"),
+        (*_R, "state"),
     ),
     MetricSpec(
         "rankguard_rank_gpu_progress",
         "gauge",
         "1 for the rank's current training-progress state, 0 for the others.",
-        ("rank", "state"),
+        (*_R, "state"),
     ),
     MetricSpec(
         "rankguard_rank_heartbeat_age_seconds",
@@ -151,87 +169,140 @@ METRICS: tuple[MetricSpec, ...] = (
         _R,
     ),
     MetricSpec(
+        "rankguard_rank_mfu_ratio",
+        "gauge",
+        "Model FLOPs utilisation of the rank's latest performance window (achieved / peak "
+        "FLOP/s per GPU, 0-1; absent without a peak, e.g. on CPU).",
+        _R,
+    ),
+    MetricSpec(
         "rankguard_rank_memory_bytes",
         "gauge",
         "Memory in use by the rank at its latest performance window "
         "(CUDA allocator on GPU, resident set size on CPU).",
         _R,
     ),
+    MetricSpec(
+        "rankguard_rank_finding_active",
+        "gauge",
+        "1 for each finding type active for the rank now (absent when none).",
+        (*_R, "finding_type"),
+    ),
     # ---- job ----
     MetricSpec(
         "rankguard_job_state",
         "gauge",
         "1 for the job's current state, 0 for the others.",
-        ("state",),
+        (*_RUN, "state"),
     ),
-    MetricSpec("rankguard_job_ranks_expected", "gauge", "Ranks the job should have."),
-    MetricSpec("rankguard_job_ranks_observed", "gauge", "Ranks that published a record."),
+    MetricSpec("rankguard_job_ranks_expected", "gauge", "Ranks the job should have.", _RUN),
+    MetricSpec("rankguard_job_ranks_observed", "gauge", "Ranks that published a record.", _RUN),
     MetricSpec(
         "rankguard_job_ranks_process_liveness",
         "gauge",
         "Number of ranks in each process liveness state.",
-        ("state",),
+        (*_RUN, "state"),
     ),
     MetricSpec(
         "rankguard_job_ranks_gpu_progress",
         "gauge",
         "Number of ranks in each training-progress state.",
-        ("state",),
+        (*_RUN, "state"),
     ),
     MetricSpec(
         "rankguard_job_step_time_seconds",
         "gauge",
         "Step time across ranks (min, median, max over ranks) of the latest performance "
         "window every rank reported.",
-        ("stat",),
+        (*_RUN, "stat"),
     ),
     MetricSpec(
         "rankguard_job_perf_iteration",
         "gauge",
         "Iteration of the window that rankguard_job_step_time_seconds describes.",
+        _RUN,
+    ),
+    MetricSpec(
+        "rankguard_job_restarts_total",
+        "counter",
+        "Restarts of the job since its launcher started (process restarts of the worker "
+        "group and in-process restarts), by kind.",
+        (*_RUN, "kind"),
+    ),
+    MetricSpec(
+        "rankguard_checkpoint_last_step",
+        "gauge",
+        "Step of the newest committed checkpoint, by tier (persistent, local).",
+        (*_RUN, "tier"),
+    ),
+    MetricSpec(
+        "rankguard_checkpoint_age_seconds",
+        "gauge",
+        "Seconds since the newest checkpoint of the tier was committed.",
+        (*_RUN, "tier"),
+    ),
+    MetricSpec(
+        "rankguard_checkpoint_failures_total",
+        "counter",
+        "Checkpoint saves that failed since the job started (rank 0's manager).",
+        _RUN,
     ),
     MetricSpec(
         "rankguard_findings_total",
         "counter",
         "Findings reported by the monitor since the exporter started, by type.",
-        ("finding_type",),
+        (*_RUN, "finding_type"),
     ),
-    MetricSpec("rankguard_findings_active", "gauge", "Findings active now, over all ranks."),
+    MetricSpec("rankguard_findings_active", "gauge", "Findings active now, over all ranks.", _RUN),
     # ---- GPU health, per node ----
     MetricSpec(
         "rankguard_node_gpu_health",
         "gauge",
         "1 for the node's current GPU health status, 0 for the others.",
-        ("node_rank", "status"),
+        (*_RUN, "node_rank", "status"),
     ),
     MetricSpec(
         "rankguard_node_gpu_health_age_seconds",
         "gauge",
         "Age of the node's latest GPU health snapshot as seen by the monitor.",
-        ("node_rank",),
+        (*_RUN, "node_rank"),
     ),
     # ---- the monitor itself ----
-    MetricSpec("rankguard_monitor_scans_total", "counter", "Scans the job monitor completed."),
+    MetricSpec(
+        "rankguard_monitor_scans_total", "counter", "Scans the job monitor completed.", _RUN
+    ),
     MetricSpec(
         "rankguard_monitor_scan_errors_total",
         "counter",
         "Scans that failed with an exception (logged by the monitor).",
+        _RUN,
     ),
     MetricSpec(
         "rankguard_monitor_ignored_records_total",
         "counter",
         "Heartbeat records ignored (other run id, old pid, malformed).",
+        _RUN,
     ),
-    MetricSpec("rankguard_monitor_scan_seconds", "gauge", "Duration of the monitor's last scan."),
+    MetricSpec(
+        "rankguard_monitor_scan_seconds", "gauge", "Duration of the monitor's last scan.", _RUN
+    ),
+    MetricSpec(
+        "rankguard_monitor_state",
+        "gauge",
+        "1 for the job monitor's current state (failing: its scans raise), 0 for the others.",
+        (*_RUN, "state"),
+    ),
     MetricSpec(
         "rankguard_exporter_ranks_with_series",
         "gauge",
         "Ranks exported with per-rank series (perf.prometheus.rank_series, worst first).",
+        _RUN,
     ),
     MetricSpec(
         "rankguard_monitor_status_age_seconds",
         "gauge",
         "Seconds since the monitor last rebuilt its status (grows if the monitor is stuck).",
+        _RUN,
     ),
 )
 _SPECS = {spec.name: spec for spec in METRICS}
@@ -244,8 +315,12 @@ class FindingCounts:
         self._lock = threading.Lock()
         self._counts: dict[str, int] = dict.fromkeys((t.value for t in FindingType), 0)
 
-    def observe(self, finding: dict[str, Any]) -> None:
-        ftype = finding.get("finding_type")
+    def observe(self, finding: Finding | dict[str, Any]) -> None:
+        """One more of its type (a line of a newer writer: counted under its own name)."""
+        if isinstance(finding, Finding):
+            ftype: Any = finding.finding_type.value
+        else:
+            ftype = finding.get("finding_type")
         key = ftype if isinstance(ftype, str) and ftype else "unknown"
         with self._lock:
             self._counts[key] = self._counts.get(key, 0) + 1
@@ -278,106 +353,76 @@ def _age_since(iso: Any, now_wall: float) -> float | None:
         return None
 
 
+def rank_labels(row: RankRow | dict[str, Any]) -> list[str]:
+    """A rank's :data:`DCGM_LABELS` values, as dcgm-exporter names its GPU: the GPU
+    entry the monitor matched in the node's health snapshot (NVML index, UUID, model),
+    else what the rank knows itself (a ``GPU-`` UUID; a numeric ``CUDA_VISIBLE_DEVICES``
+    entry as the index); empty where unknown, never a guess from the CUDA ordinal."""
+    if isinstance(row, dict):
+        row = RankRow.from_dict(row)
+    health: dict[str, Any] = row.gpu_health if isinstance(row.gpu_health, dict) else {}
+    gpu: dict[str, Any] = row.gpu if isinstance(row.gpu, dict) else {}
+    index = health.get("index")
+    token = str(gpu.get("token") or "").strip()
+    if index is None and token.isdigit():
+        index = token
+    uuid = health.get("uuid") or gpu.get("uuid")
+    if not uuid and token.upper().startswith("GPU-"):
+        uuid = token
+    return [_label(row.hostname), _label(index), _label(uuid), _label(health.get("name"))]
+
+
 def build_families(
-    status: dict[str, Any],
+    status: dict[str, Any] | StatusDoc,
     *,
     scans: int,
     scan_errors: int,
     last_scan_s: float,
     finding_counts: dict[str, int],
     now_wall: float,
-    rank_rows: list[dict[str, Any]] | None = None,
+    rank_rows: list[dict[str, Any]] | list[RankRow] | None = None,
+    run_id: str | None = None,
 ) -> list[Metric]:
-    """The families of :data:`METRICS` that have samples, from one ``status.json`` dict.
+    """The families of :data:`METRICS` that have samples, from one ``status.json`` (read
+    through :class:`StatusDoc`).
 
     A value the status does not have (a rank not observed yet, no FLOPs configured) is
     left out rather than exported as 0; state gauges always carry every state.
-    ``rank_rows``: the ranks with per-rank series (default: every row of the status).
+    ``rank_rows``: the ranks with per-rank series (default: every row of the status);
+    ``run_id``: the ``run_id`` label (default: the status's).
     """
+    present = bool(status)
+    doc = status if isinstance(status, StatusDoc) else StatusDoc.from_dict(status)
     fam = {name: spec.family() for name, spec in _SPECS.items()}
+    run = _label(run_id if run_id is not None else doc.run_id)
 
     def put(name: str, labels: Iterable[str], value: float | None) -> None:
         if value is not None:
-            fam[name].add_metric(list(labels), value)
+            fam[name].add_metric([run, *labels], value)
 
-    rows = rank_rows if rank_rows is not None else status.get("ranks") or []
-    if status:
+    if rank_rows is None:
+        rows = doc.ranks
+    else:
+        rows = [r if isinstance(r, RankRow) else RankRow.from_dict(r) for r in rank_rows]
+    if present:
         put("rankguard_exporter_ranks_with_series", [], float(len(rows)))
+    where: dict[str, list[str]] = {}  # rank -> its rank and GPU labels
     for row in rows:
-        rank = _label(row.get("rank"))
-        if row.get("pid") is not None:
-            where = [row.get("node_rank"), row.get("local_rank"), row.get("hostname")]
-            put("rankguard_rank_info", [rank, *map(_label, where)], 1.0)
-        for name, states, current in (
-            ("rankguard_rank_process_liveness", _LIVENESS, row.get("process_liveness")),
-            ("rankguard_rank_gpu_progress", _PROGRESS, row.get("gpu_progress")),
-        ):
-            for state in states:
-                put(name, [rank, state], 1.0 if state == current else 0.0)
-        put("rankguard_rank_heartbeat_age_seconds", [rank], _num(row.get("heartbeat_age_s")))
-        put("rankguard_rank_progress_age_seconds", [rank], _num(row.get("progress_age_s")))
-        put("rankguard_rank_iteration", [rank], _num(row.get("iteration")))
-        put("rankguard_rank_steps_total", [rank], _num(row.get("progress_seq")))
-        if row.get("pid") is not None:
-            put(
-                "rankguard_rank_checkpoint_active",
-                [rank],
-                float(bool(row.get("checkpoint_active"))),
-            )
-        put("rankguard_rank_active_findings", [rank], float(len(row.get("active_findings") or [])))
-        perf = row.get("perf") or {}
-        put("rankguard_rank_step_time_seconds", [rank], _num(perf.get("step_time_ms"), _MS))
-        put("rankguard_rank_flops_per_second", [rank], _num(perf.get("TFLOPS_per_GPU"), _TFLOPS))
-        put("rankguard_rank_memory_bytes", [rank], _num(perf.get("memory_GB"), _GB))
-
-    stragglers = status.get("stragglers")
-    scores = stragglers.get("scores") if isinstance(stragglers, dict) else None
-    for rank_key, score in (scores or {}).items() if isinstance(scores, dict) else ():
-        if isinstance(score, dict):
-            label = _label(rank_key)
-            put("rankguard_rank_straggler_relative_score", [label], _num(score.get("relative")))
-            put(
-                "rankguard_rank_straggler_individual_score",
-                [label],
-                _num(score.get("individual")),
-            )
-
-    if status:
-        job_state = status.get("state")
-        for s in JOB_STATES:
-            put("rankguard_job_state", [s], 1.0 if s == job_state else 0.0)
-        summary = status.get("summary") or {}
-        put("rankguard_job_ranks_expected", [], _num(summary.get("ranks_expected")))
-        put("rankguard_job_ranks_observed", [], _num(summary.get("ranks_observed")))
-        for name, states, counts in (
-            ("rankguard_job_ranks_process_liveness", _LIVENESS, summary.get("process_liveness")),
-            ("rankguard_job_ranks_gpu_progress", _PROGRESS, summary.get("gpu_progress")),
-        ):
-            for s in states:
-                put(name, [s], float((counts or {}).get(s, 0)))
-        put("rankguard_findings_active", [], _num(summary.get("findings_active")))
-        put(
-            "rankguard_monitor_ignored_records_total",
-            [],
-            _num((status.get("monitor") or {}).get("ignored_records")),
-        )
-        put(
-            "rankguard_monitor_status_age_seconds",
-            [],
-            _age_since(status.get("updated_wall_time"), now_wall),
-        )
-    job_perf = status.get("perf") or {}
+        r = where[_label(row.rank)] = [_label(row.rank), *rank_labels(row)]
+        _rank_families(put, row, r)
+    _straggler_families(put, doc.block("stragglers"), where)
+    if present:
+        _job_families(put, doc, now_wall)
+    job_perf = doc.perf or {}
     step_ms = job_perf.get("step_time_ms") or {}
     for stat in _STATS:
         put("rankguard_job_step_time_seconds", [stat], _num(step_ms.get(stat), _MS))
     put("rankguard_job_perf_iteration", [], _num(job_perf.get("iteration")))
 
-    for node, health in sorted((status.get("gpu_health") or {}).items()):
-        health = health or {}
-        current = health.get("status")
+    for node, health in sorted(doc.gpu_health.items()):
         for s in _NODE_STATUS:
-            put("rankguard_node_gpu_health", [str(node), s], 1.0 if s == current else 0.0)
-        put("rankguard_node_gpu_health_age_seconds", [str(node)], _num(health.get("age_s")))
+            put("rankguard_node_gpu_health", [str(node), s], 1.0 if s == health.status else 0.0)
+        put("rankguard_node_gpu_health_age_seconds", [str(node)], _num(health.age_s))
 
     for ftype, count in sorted(finding_counts.items()):
         put("rankguard_findings_total", [ftype], float(count))
@@ -385,6 +430,94 @@ def build_families(
     put("rankguard_monitor_scan_errors_total", [], float(scan_errors))
     put("rankguard_monitor_scan_seconds", [], float(last_scan_s))
     return [f for f in fam.values() if f.samples]  # absent, not zero, when unknown
+
+
+_Put = Callable[[str, Iterable[str], "float | None"], None]
+
+
+def _rank_families(put: _Put, row: RankRow, r: list[str]) -> None:
+    """``r``: the rank's labels (rank and its GPU's dcgm-exporter labels)."""
+    if row.pid is not None:
+        put("rankguard_rank_info", [*r, _label(row.node_rank), _label(row.local_rank)], 1.0)
+    for name, states, current in (
+        ("rankguard_rank_process_liveness", _LIVENESS, row.process_liveness),
+        ("rankguard_rank_gpu_progress", _PROGRESS, row.gpu_progress),
+    ):
+        for state in states:
+            put(name, [*r, state], 1.0 if state == current else 0.0)
+    put("rankguard_rank_heartbeat_age_seconds", r, _num(row.heartbeat_age_s))
+    put("rankguard_rank_progress_age_seconds", r, _num(row.progress_age_s))
+    put("rankguard_rank_iteration", r, _num(row.iteration))
+    put("rankguard_rank_steps_total", r, _num(row.progress_seq))
+    if row.pid is not None:
+        put("rankguard_rank_checkpoint_active", r, float(row.checkpoint_active))
+    put("rankguard_rank_active_findings", r, float(len(row.active_findings)))
+    for ftype in row.active_findings:
+        put("rankguard_rank_finding_active", [*r, _label(ftype)], 1.0)
+    perf = row.perf or {}
+    put("rankguard_rank_step_time_seconds", r, _num(perf.get("step_time_ms"), _MS))
+    put("rankguard_rank_flops_per_second", r, _num(perf.get("TFLOPS_per_GPU"), _TFLOPS))
+    put("rankguard_rank_mfu_ratio", r, _num(perf.get("MFU")))
+    put("rankguard_rank_memory_bytes", r, _num(perf.get("memory_GB"), _GB))
+
+
+def _straggler_families(put: _Put, stragglers: Any, where: dict[str, list[str]]) -> None:
+    scores = stragglers.get("scores") if isinstance(stragglers, dict) else None
+    for rank_key, score in (scores or {}).items() if isinstance(scores, dict) else ():
+        if isinstance(score, dict):
+            label = _label(rank_key)
+            r = where.get(label) or [label, "", "", "", ""]
+            put("rankguard_rank_straggler_relative_score", r, _num(score.get("relative")))
+            put("rankguard_rank_straggler_individual_score", r, _num(score.get("individual")))
+
+
+def _job_families(put: _Put, doc: StatusDoc, now_wall: float) -> None:
+    for s in JOB_STATES:
+        put("rankguard_job_state", [s], 1.0 if s == doc.state else 0.0)
+    summary = doc.summary
+    put("rankguard_job_ranks_expected", [], _num(summary.ranks_expected))
+    put("rankguard_job_ranks_observed", [], _num(summary.ranks_observed))
+    for name, states, counts in (
+        ("rankguard_job_ranks_process_liveness", _LIVENESS, summary.process_liveness),
+        ("rankguard_job_ranks_gpu_progress", _PROGRESS, summary.gpu_progress),
+    ):
+        for s in states:
+            put(name, [s], float(counts.get(s, 0)))
+    put("rankguard_findings_active", [], _num(summary.findings_active))
+    put("rankguard_monitor_ignored_records_total", [], _num(doc.monitor.ignored_records))
+    for s in MONITOR_STATES:
+        put("rankguard_monitor_state", [s], 1.0 if s == doc.monitor.state else 0.0)
+    put(
+        "rankguard_monitor_status_age_seconds",
+        [],
+        _age_since(doc.updated_wall_time, now_wall),
+    )
+    kinds: dict[str, int] = {"process": 0, "inprocess": 0}
+    for entry in doc.block("restarts") or []:
+        if isinstance(entry, dict):
+            kind = _label(entry.get("kind") or "process")
+            kinds[kind] = kinds.get(kind, 0) + 1
+    for kind, count in sorted(kinds.items()):
+        put("rankguard_job_restarts_total", [kind], float(count))
+    _checkpoint_series(doc.block("checkpoints"), now_wall, put)
+
+
+def _checkpoint_series(ckpt: Any, now_wall: float, put: _Put) -> None:
+    """``checkpoints.json`` (rank 0's manager, merged into the status): each tier's
+    newest committed step and its age; failed saves."""
+    if not isinstance(ckpt, dict):
+        return
+    committed = ckpt.get("last_committed") or {}
+    last = ckpt.get("last") or {}
+    for tier, step in sorted(committed.items() if isinstance(committed, dict) else ()):
+        if _num(step) is None:
+            continue
+        put("rankguard_checkpoint_last_step", [_label(tier)], _num(step))
+        info = last.get(tier) if isinstance(last, dict) else None
+        if isinstance(info, dict):
+            age = _age_since(info.get("time"), now_wall)
+            put("rankguard_checkpoint_age_seconds", [_label(tier)], age)
+    put("rankguard_checkpoint_failures_total", [], _num(ckpt.get("failures")))
 
 
 class StatusCollector(Collector):
@@ -407,9 +540,8 @@ class StatusCollector(Collector):
         """Per-rank series budget: every rank on request, else the worst ``rank_series``."""
         rows = [r for r in status.get("ranks") or [] if isinstance(r, dict)]
         if self.all_ranks:
-            detail = status.get("rank_detail") or {}
-            if detail.get("complete") is False:  # a large job: rows from the rules
-                return self.monitor.rank_rows()
+            if not RankDetail.from_dict(status.get("rank_detail")).complete:
+                return self.monitor.rank_rows()  # a large job: rows from the rules
             return rows
         if self.rank_series is None or len(rows) <= self.rank_series:
             return rows
@@ -431,4 +563,5 @@ class StatusCollector(Collector):
             finding_counts=self.findings.snapshot(),
             now_wall=time.time(),
             rank_rows=self._rank_rows(status),
+            run_id=m.run_id,
         )

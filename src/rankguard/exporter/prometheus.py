@@ -246,4 +246,4 @@ class _CountFindings(FindingSink):
         self.counts = counts
 
     def after_write(self, finding: Finding) -> None:
-        self.counts.observe(finding.to_dict())
+        self.counts.observe(finding)

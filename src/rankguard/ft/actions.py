@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rankguard.ft.config import FaultToleranceConfig
+from rankguard.ft.flightrec import collect_verdict
 from rankguard.ft.kill import (
     NOT_A_WORKER,
     DumpPolicy,
@@ -46,6 +47,7 @@ from rankguard.ft.kill import (
     kill_marked,
 )
 from rankguard.heartbeat.api import FindingSink
+from rankguard.heartbeat.procs import process_state
 from rankguard.schema.findings import Finding, FindingType
 
 if TYPE_CHECKING:
@@ -188,6 +190,24 @@ class FaultHandler(FindingSink):
         finding.stack_dump = finding.stack_dumps.get(str(finding.rank))
         if errors:
             finding.detail["stack_dump_errors"] = errors
+        if ftype.info.hang:
+            self._flight_recorder(finding)
+
+    def _flight_recorder(self, finding: Finding) -> None:
+        """A hang: this node's ranks' collective traces and who did not join
+        (``ft/flightrec.py``), in the finding's message and ``flight_recorder``."""
+        ranks = [
+            rank
+            for rank, state in sorted(self.monitor.rules.ranks.items())
+            if state.record is not None
+            and not state.record.ended
+            and self._dumps_here(state.record)
+            and process_state(state.record.pid) not in ("T", "t")  # stopped: cannot answer
+        ]
+        verdict = collect_verdict(self.run_dir, ranks) if ranks else None
+        if verdict is not None:
+            finding.detail["flight_recorder"] = verdict.to_dict()
+            finding.message = f"{finding.message}; {verdict.line}"
 
     def _cannot_act(self, finding: Finding) -> str | None:
         """Why the culprit cannot be killed (then nothing restarts: stay armed)."""

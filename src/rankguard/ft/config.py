@@ -106,6 +106,11 @@ class FaultToleranceConfig:
                     f"actions.{finding}: only report (a preemption is not a fault: the "
                     f"job saves and exits to be requeued), got {action!r}"
                 )
+            if finding == FindingType.WORKER_FAILED.value and action != "restart":
+                raise ValueError(
+                    f"actions.{finding}: only restart (torch elastic's agent restarts a "
+                    f"failed worker group within the restart budget), got {action!r}"
+                )
         self.actions = {**_default_actions(), **self.actions}
         if self.stack_dump not in ("auto", "py-spy", "faulthandler"):
             raise ValueError(f"stack_dump: auto, py-spy or faulthandler, got {self.stack_dump!r}")

@@ -2,8 +2,10 @@
 
 Two ways, best first:
 
-- ``py-spy dump --pid`` when py-spy is on PATH: reads the process from outside, works on
-  a stopped (SIGSTOP) or wedged process, shows native frames too;
+- ``py-spy dump --pid`` when py-spy is on PATH (``pip install 'rankguard[stacks]'`` on
+  every node): reads the process from outside, works on a stopped (SIGSTOP) or wedged
+  process; with ``--native`` where py-spy supports it, so a rank stuck in a C++
+  collective shows the native frames (``py-spy dump --native``), else without;
 - faulthandler: every rank started by ``rankguard run`` registers
   ``faulthandler.register(DUMP_SIGNAL, file=<run_dir>/stacks/rank_<r>_pid_<p>.txt,
   all_threads=True)`` at start-up; the launcher sends the signal and faulthandler's C
@@ -82,15 +84,27 @@ def _py_spy(pid: int, out: Path, timeout_s: float) -> bool:
     exe = shutil.which("py-spy")
     if exe is None:
         return False
-    try:
-        res = subprocess.run(
-            [exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=timeout_s
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        logger.warning("rankguard: py-spy dump of pid %d failed: %s", pid, exc)
-        return False
-    if res.returncode != 0:
+    # Native frames first (a rank stuck inside a C++ collective shows where); py-spy
+    # builds or platforms without them fail fast, and the plain dump follows.
+    deadline = time.monotonic() + timeout_s
+    for extra in (["--native"], []):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        try:
+            res = subprocess.run(
+                [exe, "dump", "--pid", str(pid), *extra],
+                capture_output=True,
+                text=True,
+                timeout=left * 0.6 if extra else left,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            logger.warning("rankguard: py-spy dump %s of pid %d failed: %s", extra, pid, exc)
+            continue
+        if res.returncode == 0:
+            break
         logger.warning("rankguard: py-spy dump of pid %d: %s", pid, res.stderr.strip())
+    else:
         return False
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -100,6 +114,8 @@ def _py_spy(pid: int, out: Path, timeout_s: float) -> bool:
         return False
     with fh:
         fh.write(f"\n=== py-spy dump at {time.strftime('%Y-%m-%dT%H:%M:%S%z')} ===\n")
+        if extra:
+            fh.write("(py-spy --native: native frames included)\n")
         fh.write(res.stdout)
     return True
 

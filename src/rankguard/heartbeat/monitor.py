@@ -28,40 +28,40 @@ whether the disk of the run directory is full (:mod:`.disk`).
 from __future__ import annotations
 
 import gc
-import heapq
 import logging
 import os
 import socket
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from rankguard._fs import (
-    QueuedJsonl,
-    append_bytes,
-    atomic_write_json,
-    dumps_line,
-    rotate_jsonl,
-)
-from rankguard.health import gpu_for_rank
+from rankguard._fs import QueuedJsonl, atomic_write_json
+from rankguard.heartbeat import status as status_rows
 from rankguard.heartbeat.api import Evaluator, FindingSink, RemoteSource, StatusSource
 from rankguard.heartbeat.config import HeartbeatConfig
-from rankguard.heartbeat.disk import DiskState, disk_state
-from rankguard.heartbeat.payloads import PayloadError, check_health, load_json
+from rankguard.heartbeat.ingest import Ingest
 from rankguard.heartbeat.perfranks import PerfRanks
-from rankguard.heartbeat.procs import pid_running, process_start_time
-from rankguard.heartbeat.rules import HeartbeatRules, Liveness, Progress, RankState
-from rankguard.heartbeat.tailer import JsonlTailer
+from rankguard.heartbeat.procs import process_start_time
+from rankguard.heartbeat.rules import HeartbeatRules, Liveness, RankState
+from rankguard.heartbeat.status import DETAIL_COLUMNS
 from rankguard.schema.findings import Finding
-from rankguard.schema.layout import HEALTH_FILE_RE, HEARTBEAT_FILE_RE, HEARTBEAT_SUFFIX, RunLayout
-from rankguard.schema.records import SCHEMA_VERSION, HeartbeatRecord
+from rankguard.schema.layout import RunLayout
+from rankguard.schema.records import SCHEMA_VERSION
+from rankguard.schema.status import MonitorInfo, NodeHealth, StatusDoc
 from rankguard.textsafe import safe_text
 
-__all__ = ["Evaluator", "FindingSink", "JobMonitor", "RemoteSource", "StatusSource"]
+__all__ = [
+    "DETAIL_COLUMNS",
+    "Evaluator",
+    "FindingSink",
+    "JobMonitor",
+    "RemoteSource",
+    "StatusSource",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -125,9 +125,9 @@ class JobMonitor:
         self.status_bytes = 0
         self._detail_due = 0.0  # monitor time of the next status_ranks.json
         self._detail_written: str | None = None
+        self._complete = True  # the last status listed every rank
         self._detail_thread: threading.Thread | None = None
         self.last_detail_write_s = 0.0
-        self._health_stale: dict[int, bool] = {}
         self.sink_errors = 0
         self.write_errors = 0  # failed writes of mirrored records and health copies
         self.status_write_errors = 0
@@ -135,16 +135,20 @@ class JobMonitor:
         self.last_write_error: str | None = None
         self._findings_out = QueuedJsonl(self.layout.findings)
         self._perf_out = QueuedJsonl(self.layout.perf_ranks)
-        self._disks: dict[int, DiskState] = {}
         self._evaluators: list[Evaluator] = list(evaluators)
         self._sinks: list[FindingSink] = list(sinks)
         self._status_sources: list[StatusSource] = list(status_sources)
         self.recent_findings: deque[dict[str, Any]] = deque(maxlen=20)
         self.status: dict[str, Any] = {}
-        self._tailers: dict[str, JsonlTailer] = {}
-        self._health: dict[int, tuple[dict[str, Any], float, float]] = {}  # snap, mtime, seen
-        # mirrored file per (rank, pid): bytes so far and its first line (for rotation)
-        self._mirror_files: dict[tuple[int, int], tuple[int, bytes]] = {}
+        self.ingest = Ingest(
+            cfg,
+            self.layout,
+            self.rules,
+            remote=remote,
+            hostname=self.hostname,
+            clock=clock,
+            write_failed=self._write_failed,
+        )
         self.perf_ranks = PerfRanks(run_id)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -341,15 +345,16 @@ class JobMonitor:
         # Lines a failed write left behind go first, before any new one.
         self._written(self._findings_out, self._findings_out.flush())
         self._written(self._perf_out, self._perf_out.flush())
+        ingest = self.ingest
         if self.remote is not None:
-            self._ingest_remote(now)
-        self._check_disks(now)
-        self._read_local_files(now)
+            ingest.ingest_remote(now)
+        ingest.check_disks(now)
+        ingest.read_local_files(now)
         if self.check_pids:
-            self._mark_vanished(now)
-        self._read_health(now)
-        self._note_stale_health(now)
-        findings = self.rules.evaluate(now, self._health_for)
+            ingest.mark_vanished(now)
+        ingest.read_health(now)
+        ingest.note_stale_health(now)
+        findings = self.rules.evaluate(now, ingest.health_for)
         for evaluator in self._evaluators:
             more = evaluator.evaluate(now, self.rules.ranks)
             self.rules.findings_total += len(more)
@@ -373,7 +378,7 @@ class JobMonitor:
             self._status_unwritten = True
             self._write_failed(self.layout.status, exc, status=True)
         self.last_status_write_s = time.perf_counter() - t0
-        if not self.status["rank_detail"]["complete"] and now >= self._detail_due:
+        if not self._complete and now >= self._detail_due:
             self._write_rank_detail(now)
         return findings
 
@@ -397,25 +402,6 @@ class JobMonitor:
                 exc,
             )
 
-    def _check_disks(self, now: float) -> None:
-        """Each node's disk state into the rules: this node's run directory, and what
-        the relays of the other nodes measured. Without relays every rank writes to this
-        run directory (one node, or a shared filesystem): its state is every node's."""
-        local = disk_state(self.run_dir)
-        self._disks[0] = local
-        self.rules.note_disk(0 if self.remote is not None else None, local, now)
-        if self.remote is None:
-            return
-        try:
-            relayed = self.remote.disks()
-        except Exception as exc:
-            logger.warning("rankguard monitor: cannot read relayed disk states: %s", exc)
-            return
-        for node, disk in relayed.items():
-            if isinstance(node, int) and isinstance(disk, DiskState) and node != 0:
-                self._disks[node] = disk
-                self.rules.note_disk(node, disk, now)
-
     def _emit(self, findings: list[Finding]) -> None:
         """Sinks complete each finding, it is appended to findings.jsonl (queued when
         that fails), then sinks act, whether or not it could be written yet."""
@@ -438,82 +424,6 @@ class JobMonitor:
                 self.sink_errors += 1
                 logger.exception("rankguard monitor: %s.%s failed", type(sink).__name__, step)
 
-    def _read_local_files(self, now: float) -> None:
-        with os.scandir(self.run_dir) as it:
-            for entry in it:
-                name = entry.name
-                if not name.endswith(HEARTBEAT_SUFFIX):
-                    continue
-                tailer = self._tailers.get(name)
-                if tailer is None:
-                    if not HEARTBEAT_FILE_RE.match(name):
-                        continue
-                    tailer = self._tailers[name] = JsonlTailer(entry.path)
-                try:
-                    st = entry.stat()
-                except FileNotFoundError:
-                    continue
-                for record in tailer.read(st.st_size, st.st_ino):
-                    self.rules.ingest(record, now)
-
-    def _ingest_remote(self, now: float) -> None:
-        assert self.remote is not None
-        try:
-            records, health = self.remote.fetch_changed()
-        except Exception as exc:
-            logger.warning("rankguard monitor: cannot read relayed heartbeats: %s", exc)
-            return
-        # Before the records: another node's agent named a killed rank; a stopped node's
-        # ranks (and the peers whose collective broke) did not fail.
-        for rank, pid in self.remote.root_causes().values():
-            self.rules.note_root_cause(rank, pid)
-        for node, reason in sorted(self.remote.shutdowns().items()):
-            self.rules.note_shutdown(f"node {node}'s launcher received {reason}")
-        mirror = self.rules.world_size() <= self.cfg.mirror_relayed_max_ranks
-        for raw in records:
-            record = self.rules.accept(raw)
-            if record is None:
-                continue
-            age = min(record.relayed_age_s or 0.0, 3600.0)
-            if self.rules.ingest(record, now - age) and mirror:  # new: keep node 0's copy
-                self._mirror(record)
-        for node_rank, snapshot in health.items():
-            path = self.layout.health(node_rank)
-            known = self._health.get(node_rank)
-            if known is None or known[0] != snapshot:
-                try:
-                    atomic_write_json(path, snapshot)
-                except OSError as exc:  # tried again at the next scan
-                    self._write_failed(path, exc)
-
-    def _mirror(self, record: HeartbeatRecord) -> None:
-        """Append a relayed record to this node's copy of its heartbeat file, rotated as
-        the rank's own file is (``heartbeat.max_file_mb``)."""
-        key = (record.rank, record.pid)
-        path = self.layout.heartbeat(*key)
-        line = dumps_line(record.to_dict()).encode("utf-8")
-        size, first = self._mirror_files.get(key, (-1, b""))
-        if size < 0:
-            try:
-                size = os.stat(path).st_size
-            except FileNotFoundError:
-                size = 0
-        if not first:
-            first = line  # the oldest record this node has of the rank: its start
-        limit = self.cfg.max_file_bytes
-        if 0 < limit < size + len(line) and size > len(first):
-            try:
-                rotate_jsonl(path, first)
-                size = len(first)
-            except OSError as exc:
-                logger.warning("rankguard monitor: cannot rotate %s: %s", path, exc)
-        try:
-            append_bytes(path, line, fsync=False)
-        except OSError as exc:  # node 0's copy misses the line; the rules have it
-            self._write_failed(path, exc)
-            return
-        self._mirror_files[key] = (size + len(line), first)
-
     def _cross_rank_perf(self) -> None:
         latest: dict[int, int] = {}
         for rank, state in self.rules.ranks.items():
@@ -529,92 +439,10 @@ class JobMonitor:
             if lines:
                 self._written(self._perf_out, self._perf_out.append(lines))
 
-    def _mark_vanished(self, now: float) -> None:
-        for state in self.rules.ranks.values():
-            rec = state.record
-            if rec is None or rec.ended or rec.hostname != self.hostname:
-                continue
-            if not pid_running(rec.pid):
-                self.rules.ingest(rec.vanished(time.time_ns()), now)
-
-    def _read_health(self, now: float) -> None:
-        with os.scandir(self.run_dir) as it:
-            for entry in it:
-                match = HEALTH_FILE_RE.match(entry.name)
-                if match is None:
-                    continue
-                node_rank = int(match.group(1))
-                try:
-                    mtime = entry.stat().st_mtime
-                except (ValueError, FileNotFoundError):
-                    continue
-                known = self._health.get(node_rank)
-                if known is not None and known[1] == mtime:
-                    continue
-                try:
-                    snapshot = check_health(load_json(Path(entry.path).read_bytes()))
-                except (OSError, PayloadError):
-                    continue
-                self._health[node_rank] = (snapshot, mtime, now)
-                self._health_stale[node_rank] = False
-                self.rules.mark_node(node_rank)
-
-    def _note_stale_health(self, now: float) -> None:
-        """A node's health snapshot that went stale changes its ranks' verdicts."""
-        stale_after = self.cfg.hardware_health.stale_after_s or 0.0
-        for node, (_, _, seen) in self._health.items():
-            stale = now - seen > stale_after
-            if stale != self._health_stale.get(node, False):
-                self._health_stale[node] = stale
-                self.rules.mark_node(node)
-
-    def _health_for(self, record: HeartbeatRecord) -> dict[str, Any] | None:
-        node = record.node_rank
-        known = self._health.get(node) if node is not None else None
-        gpu = record.gpu
-        if known is None or not gpu:
-            return None
-        snapshot, _, seen = known
-        entry = gpu_for_rank(
-            snapshot,
-            str(record.hostname),
-            gpu.get("uuid") or gpu.get("token"),
-            gpu.get("ordinal"),
-        )
-        if entry is None:
-            return None
-        stale_after = self.cfg.hardware_health.stale_after_s or 0.0
-        return {**entry, "stale": self.clock() - seen > stale_after}
-
     # ---- status ---------------------------------------------------------------------
 
     def _rank_row(self, s: RankState) -> dict[str, Any]:
-        rec = s.record
-        if rec is None:
-            return _empty_row(s)
-        return {
-            "rank": s.rank,
-            "pid": s.pid,
-            "hostname": rec.hostname,
-            "node_rank": rec.node_rank,
-            "local_rank": rec.local_rank,
-            "process_liveness": s.liveness.value,
-            "gpu_progress": s.progress.value,
-            "iteration": rec.iteration,
-            "progress_seq": rec.progress_seq,
-            "phase": rec.phase,
-            "phases_seen": list(s.phases_seen),
-            "checkpoint_active": rec.checkpoint_active,
-            "heartbeat_age_s": _round(s.heartbeat_age_s),
-            "progress_age_s": _round(s.progress_age_s),
-            "progress_source": rec.progress_source,
-            "perf": _perf_row(rec.perf),
-            "gpu": rec.gpu,
-            "gpu_health": s.gpu_health,
-            "exit": rec.exit,
-            "active_findings": sorted(t.value for t in s.active),
-            "blocked_by": list(s.blocked_by),
-        }
+        return status_rows.rank_row(s).to_dict()
 
     def _perf_status(self) -> dict[str, Any] | None:
         latest = self.perf_ranks.latest
@@ -629,113 +457,81 @@ class JobMonitor:
         }
 
     def _build_status(self, now: float) -> dict[str, Any]:
-        rules = self.rules
-        world = rules.world_size()
-        n_ranks = max(world, max(rules.ranks, default=-1) + 1)
-        complete = n_ranks <= self.cfg.status_rank_rows
-        if complete:
-            rows = []
-            for rank in range(n_ranks):
-                state = rules.ranks.get(rank) or RankState(rank=rank)
-                rows.append(self._rank_row(state))
-            liveness = Counter(r["process_liveness"] for r in rows)
-            progress = Counter(r["gpu_progress"] for r in rows)
-            active = sum(len(r["active_findings"]) for r in rows)
-        else:  # a large job: counts over every rank, rows of the worst only
-            states = rules.ranks.values()
-            # counted as enums (hashing them is 4x faster than reading .value)
-            liveness = Counter({k.value: n for k, n in Counter(s.liveness for s in states).items()})
-            progress = Counter({k.value: n for k, n in Counter(s.progress for s in states).items()})
-            unseen = n_ranks - len(rules.ranks)
-            if unseen:
-                liveness[Liveness.NOT_OBSERVED.value] += unseen
-                progress[Progress.NOT_OBSERVED.value] += unseen
-            active = sum(len(s.active) for s in states if s.active)
-            rows = [self._rank_row(s) for s in self.worst_ranks(self.cfg.status_worst_ranks)]
-        n_rows = n_ranks
-        if rules.shutdown is not None and progress.get(Progress.COMPLETED.value, 0) != n_rows:
-            job_state = "stopped"
-        elif rules.first_failure is not None:
-            job_state = "failed"
-        elif n_rows and progress.get(Progress.COMPLETED.value, 0) == n_rows:
-            job_state = "completed"
-        elif active:
-            job_state = "degraded"
-        elif liveness.get(Liveness.ALIVE.value, 0) == 0:
-            job_state = "starting"
-        else:
-            job_state = "running"
+        return self.status_doc(now).to_dict()
+
+    def status_doc(self, now: float) -> StatusDoc:
+        """The status as of now (what the scan writes to ``status.json``)."""
+        rules, cfg = self.rules, self.cfg
+        rows, summary, detail = status_rows.counts(
+            rules, cfg.status_rank_rows, cfg.status_worst_ranks
+        )
+        complete = self._complete = detail.complete
+        if not complete:
+            detail.file = self.layout.status_ranks.name
+            detail.written_wall_time = self._detail_written
         health = {
-            str(node): {
-                "status": snap.get("status"),
-                "source": snap.get("source"),
-                "hostname": snap.get("hostname"),
-                "age_s": _round(now - seen),
-                "gpus": len(snap.get("gpus") or []),
-            }
-            for node, (snap, _, seen) in sorted(self._health.items())
+            str(node): NodeHealth(
+                status=snap.get("status"),
+                source=snap.get("source"),
+                hostname=snap.get("hostname"),
+                age_s=_round(now - seen),
+                gpus=len(snap.get("gpus") or []),
+            )
+            for node, (snap, _, seen) in sorted(self.ingest.health.items())
             if complete or snap.get("status") not in ("ok", "unavailable")
         }
-        disks = {
+        disks = {  # a large job: only the nodes in trouble (thousands of nodes otherwise)
             str(node): disk.to_dict()
-            for node, disk in sorted(self._disks.items())
+            for node, disk in sorted(self.ingest.disks.items())
             if complete or disk.full or disk.error
         }
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "run_id": self.run_id,
-            "updated_wall_time": _iso_now(),
-            "state": job_state,
-            "monitor": {
-                "hostname": self.hostname,
-                "pid": os.getpid(),  # the launcher's: the monitor is its thread
-                "pid_start": self._pid_start,  # with the pid: is that launcher alive?
-                "scan_count": self.scan_count,
-                "scan_errors": self.scan_errors,
-                **self._error_fields(),
-                "last_scan_s": round(self.last_scan_s, 6),
-                "last_scan_cpu_s": round(self.last_scan_cpu_s, 6),
-                "last_status_write_s": round(self.last_status_write_s, 6),
-                "status_bytes": self.status_bytes,
-                "expected_world_size": world,
-                "ignored_records": rules.ignored_records + self._remote_ignored()[0],
-                "last_ignored": rules.last_ignored or self._remote_ignored()[1],
-                "rank_errors": rules.rank_errors,
-                "sink_errors": self.sink_errors,
-                "unwritten_findings": self._findings_out.unwritten,
-                "unwritten_perf_lines": self._perf_out.unwritten,
-                "dropped_lines": self._findings_out.dropped + self._perf_out.dropped,
-                "write_errors": self.write_errors
-                + self._findings_out.errors
-                + self._perf_out.errors,
-                "status_write_errors": self.status_write_errors,
-                "last_write_error": self.last_write_error,
-                "config": self.config_snapshot,
-            },
-            "summary": {
-                "ranks_expected": world,
-                "ranks_observed": sum(1 for s in rules.ranks.values() if s.record),
-                "process_liveness": dict(liveness),
-                "gpu_progress": dict(progress),
-                "findings_total": rules.findings_total,
-                "findings_active": active,
-            },
-            "ranks": rows,
-            "rank_detail": {
-                "complete": complete,
-                "listed": len(rows),
-                "file": None if complete else self.layout.status_ranks.name,
-                "written_wall_time": None if complete else self._detail_written,
-            },
-            "gpu_health": health,
-            # a large job: only the nodes in trouble (thousands of nodes otherwise)
-            "disks": disks,
-            "perf": self._perf_status(),
-            "stragglers": None,  # a stable key, filled by the straggler evaluator when on
-            **{e.name: e.status() for e in self._evaluators},
-            "recent_findings": list(self.recent_findings),
-            **self._status_fields(),
-        }
+        return StatusDoc(
+            run_id=self.run_id,
+            updated_wall_time=_iso_now(),
+            state=status_rows.job_state(rules, summary, status_rows.n_ranks(rules)),
+            monitor=self._monitor_info(),
+            summary=summary,
+            ranks=rows,
+            rank_detail=detail,
+            gpu_health=health,
+            disks=disks,
+            perf=self._perf_status(),
+            stragglers=None,  # a stable key, filled by the straggler evaluator when on
+            blocks={e.name: e.status() for e in self._evaluators},
+            recent_findings=list(self.recent_findings),
+            fields=self._status_fields(),
+        )
+
+    def _monitor_info(self) -> MonitorInfo:
+        rules = self.rules
+        ignored, last_ignored = self._remote_ignored()
+        return MonitorInfo(
+            hostname=self.hostname,
+            pid=os.getpid(),  # the launcher's: the monitor is its thread
+            pid_start=self._pid_start,  # with the pid: is that launcher alive?
+            scan_count=self.scan_count,
+            scan_errors=self.scan_errors,
+            state=self.state,
+            errors=self.errors,
+            consecutive_errors=self.consecutive_errors,
+            last_error=self.last_error,
+            last_scan_s=round(self.last_scan_s, 6),
+            last_scan_cpu_s=round(self.last_scan_cpu_s, 6),
+            last_status_write_s=round(self.last_status_write_s, 6),
+            status_bytes=self.status_bytes,
+            expected_world_size=rules.world_size(),
+            ignored_records=rules.ignored_records + ignored,
+            last_ignored=rules.last_ignored or last_ignored,
+            rank_errors=rules.rank_errors,
+            sink_errors=self.sink_errors,
+            unwritten_findings=self._findings_out.unwritten,
+            unwritten_perf_lines=self._perf_out.unwritten,
+            dropped_lines=self._findings_out.dropped + self._perf_out.dropped,
+            write_errors=self.write_errors + self._findings_out.errors + self._perf_out.errors,
+            status_write_errors=self.status_write_errors,
+            last_write_error=self.last_write_error,
+            config=self.config_snapshot,
+        )
 
     def _remote_ignored(self) -> tuple[int, str | None]:
         if self.remote is None:
@@ -749,29 +545,14 @@ class JobMonitor:
         """Every rank's status row now (all of them, whatever the job's size: slow at
         100,000 ranks, for a request, not for every scan)."""
         rules = self.rules
-        n_ranks = max(rules.world_size(), max(rules.ranks, default=-1) + 1)
         return [
-            self._rank_row(rules.ranks.get(rank) or RankState(rank=rank)) for rank in range(n_ranks)
+            self._rank_row(rules.ranks.get(rank) or RankState(rank=rank))
+            for rank in range(status_rows.n_ranks(rules))
         ]
 
     def worst_ranks(self, n: int) -> list[RankState]:
-        """The ``n`` ranks that most need a look, worst first: with an active finding,
-        then stale, stalled or ended in error, then blocked by another rank, then the
-        longest without progress."""
-        if n <= 0:
-            return []
-        states = self.rules.ranks.values()
-        notable = [s for s in states if s.active or s.blocked_by or s.progress in _NOTABLE]
-        picked = heapq.nsmallest(n, notable, key=_badness)
-        if len(picked) < n:
-            chosen = {s.rank for s in picked}
-            rest = heapq.nlargest(
-                n - len(picked),
-                (s for s in states if s.rank not in chosen and s.progress_age_s is not None),
-                key=lambda s: s.progress_age_s or 0.0,
-            )
-            picked += rest
-        return picked
+        """See :func:`rankguard.heartbeat.status.worst_ranks`."""
+        return status_rows.worst_ranks(self.rules.ranks.values(), n)
 
     def _write_rank_detail(self, now: float) -> None:
         """Every rank's row, compact (one list a rank, ``columns`` names them), for
@@ -781,25 +562,9 @@ class JobMonitor:
         self._detail_due = now + self.cfg.status_detail_interval_s
         if self._detail_thread is not None and self._detail_thread.is_alive():
             return
-        rules = self.rules
-        n_ranks = max(rules.world_size(), max(rules.ranks, default=-1) + 1)
-        snapshot = [
-            (
-                rank,
-                s.pid,
-                s.record,
-                s.liveness.value,
-                s.progress.value,
-                s.heartbeat_age_s,
-                s.progress_age_s,
-                sorted(t.value for t in s.active) if s.active else [],
-                list(s.blocked_by),
-            )
-            for rank, s in rules.ranks.items()
-        ]
         self._detail_thread = threading.Thread(
             target=self._detail_to_file,
-            args=(snapshot, n_ranks),
+            args=(status_rows.detail_snapshot(self.rules), status_rows.n_ranks(self.rules)),
             name="rankguard-status-ranks",
             daemon=True,
         )
@@ -810,31 +575,9 @@ class JobMonitor:
         if self._detail_thread is not None:
             self._detail_thread.join(timeout_s)
 
-    def _detail_to_file(self, snapshot: list[tuple[Any, ...]], n_ranks: int) -> None:
+    def _detail_to_file(self, snapshot: list[status_rows.DetailSnapshot], n_ranks: int) -> None:
         t0 = time.perf_counter()
-        by_rank: list[list[Any] | None] = [None] * n_ranks
-        for rank, pid, rec, live, prog, hb_age, prog_age, active, blocked in snapshot:
-            if rank >= n_ranks:
-                continue
-            by_rank[rank] = [
-                rank,
-                pid,
-                rec.hostname if rec else None,
-                rec.node_rank if rec else None,
-                rec.local_rank if rec else None,
-                live,
-                prog,
-                rec.iteration if rec else None,
-                rec.progress_seq if rec else None,
-                rec.phase if rec else None,
-                rec.checkpoint_active if rec else False,
-                _round(hb_age),
-                _round(prog_age),
-                active,
-                blocked,
-            ]
-        empty = [None] * (len(DETAIL_COLUMNS) - 1)
-        rows = [row if row is not None else [rank, *empty] for rank, row in enumerate(by_rank)]
+        rows = status_rows.detail_rows(snapshot, n_ranks)
         stamp = _iso_now()
         detail = {
             "schema_version": SCHEMA_VERSION,
@@ -861,65 +604,6 @@ class JobMonitor:
                 self.sink_errors += 1
                 logger.exception("rankguard monitor: status source failed")
         return out
-
-
-#: The columns of ``status_ranks.json``'s rows (the keys of a status.json rank row).
-DETAIL_COLUMNS = (
-    "rank",
-    "pid",
-    "hostname",
-    "node_rank",
-    "local_rank",
-    "process_liveness",
-    "gpu_progress",
-    "iteration",
-    "progress_seq",
-    "phase",
-    "checkpoint_active",
-    "heartbeat_age_s",
-    "progress_age_s",
-    "active_findings",
-    "blocked_by",
-)
-_NOTABLE = frozenset({Progress.STALLED, Progress.UNKNOWN})
-
-
-def _badness(s: RankState) -> tuple[int, float, int]:
-    """Sort key, worst first (see :meth:`JobMonitor.worst_ranks`)."""
-    if s.active:
-        tier = 0
-    elif s.liveness is Liveness.STALE or s.progress in _NOTABLE:
-        tier = 1
-    else:
-        tier = 2
-    return tier, -(s.progress_age_s or s.heartbeat_age_s or 0.0), s.rank
-
-
-def _empty_row(s: RankState) -> dict[str, Any]:
-    """A rank not seen yet (same keys as a seen one)."""
-    return {
-        "rank": s.rank,
-        "pid": s.pid,
-        **dict.fromkeys(("hostname", "node_rank", "local_rank"), None),
-        "process_liveness": s.liveness.value,
-        "gpu_progress": s.progress.value,
-        **dict.fromkeys(("iteration", "progress_seq", "phase"), None),
-        "phases_seen": [],
-        "checkpoint_active": False,
-        "heartbeat_age_s": _round(s.heartbeat_age_s),
-        "progress_age_s": _round(s.progress_age_s),
-        **dict.fromkeys(("progress_source", "perf", "gpu"), None),
-        "gpu_health": s.gpu_health,
-        "exit": None,
-        "active_findings": [],
-        "blocked_by": [],
-    }
-
-
-def _perf_row(perf: Any) -> dict[str, Any] | None:
-    if not isinstance(perf, dict):
-        return None
-    return {k: v for k, v in perf.items() if k != "windows"} or None
 
 
 def _round(value: float | None) -> float | None:

@@ -88,6 +88,8 @@ class RankState:
     culprits_gone_at: float | None = None  # when the ranks a victim waited on recovered
     train_since: float | None = None  # first record back in train after another phase
     phases_seen: dict[str, None] = field(default_factory=dict)  # in order, at most 16
+    late: bool = False  # heartbeats older than fresh_s, not yet past the process timeout
+    resumed_at: float | None = None  # heartbeats back after a pause of the process
 
     def reset(self, pid: int) -> None:
         self.pid = pid
@@ -105,6 +107,8 @@ class RankState:
         self.culprits_gone_at = None
         self.train_since = None
         self.phases_seen = {}
+        self.late = False
+        self.resumed_at = None
 
 
 HealthLookup = Callable[[HeartbeatRecord], dict[str, Any] | None]
@@ -157,6 +161,12 @@ class HeartbeatRules:
         # again (None while full or never full)
         self.disks: dict[int | None, tuple[DiskState, float | None]] = {}
         self._due = _DueRanks(cfg.incremental_rules)
+        #: A rank's heartbeats are fresh while its latest record is at most this old
+        #: (two publish intervals and a scan): only then can it be "alive and not
+        #: progressing". A process that publishes no record for longer (SIGSTOP, swap)
+        #: is late: not judged on progress until its records come back.
+        self.fresh_s = 2.0 * cfg.publish_interval_s + cfg.scan_interval_s
+        self._fresh_ns = int(self.fresh_s * 1e9)
 
     # ---- input ----------------------------------------------------------------------
 
@@ -226,6 +236,12 @@ class HeartbeatRules:
         previous = state.record
         if record.phase in _TRAIN_PHASES and previous is not None and _busy(state):
             state.train_since = now  # back in train after eval, a save, a section
+        if previous is not None:  # of the same process (a new pid reset the state)
+            before, after = previous.monotonic_ns, record.monotonic_ns
+            if before is not None and after is not None and after - before > self._fresh_ns:
+                # published nothing for longer than fresh_s on its own clock (stopped,
+                # then continued): the stopped time is not time without progress
+                state.resumed_at = now  # the progress clock restarts (see _progress)
         if record.phase and len(state.phases_seen) < 16:
             state.phases_seen.setdefault(record.phase)
         state.record = record
@@ -359,6 +375,8 @@ class HeartbeatRules:
         cfg = self.cfg
         seen = s.seen_at
         due = seen + (cfg.checkpoint_timeout_s if rec.checkpoint_active else cfg.process_timeout_s)
+        if not s.late:
+            due = min(due, seen + self.fresh_s)
         shortest = min(
             cfg.progress_timeout_s,
             cfg.initial_progress_timeout_s,
@@ -417,7 +435,9 @@ class HeartbeatRules:
         if not stalled:
             return []
         dead = {FindingType.PROCESS_TIMEOUT, FindingType.PROCESS_EXITED, FindingType.NODE_DISK_FULL}
-        down = [s.rank for s in self.ranks.values() if s.active & dead]
+        # a rank whose heartbeats are late is the likely cause too (its own heartbeat
+        # timeout names it if it does not come back)
+        down = [s.rank for s in self.ranks.values() if s.active & dead or s.late]
         flagged = [
             (s.rank, _seq(s))
             for s in self.ranks.values()
@@ -472,99 +492,162 @@ class HeartbeatRules:
         return out
 
     def _evaluate_rank(self, s: RankState, now: float) -> list[Finding]:
+        """One rank's verdict now: exited, process stale, heartbeats late (not judged on
+        progress), or alive, then its progress in its phase and its GPU's health."""
         rec = s.record
         assert rec is not None and s.seen_at is not None
-        cfg = self.cfg
         out: list[Finding] = []
         hb_age = now - s.seen_at
         s.heartbeat_age_s = hb_age
         since = rec.since_progress_s
         s.progress_age_s = hb_age + since if since is not None else None
-
+        s.late = False
         if rec.ended:
-            exit_info = rec.exit or {}
-            s.liveness = Liveness.EXITED
-            s.stall = None
-            s.blocked_by = []
-            clean = exit_clean(rec)
-            s.progress = Progress.COMPLETED if clean else Progress.UNKNOWN
-            if (
-                not clean
-                and exit_info.get("vanished")
-                and FindingType.PROCESS_EXITED not in s.active
-                and self._full_disk(s, now, cfg.process_timeout_s) is not None
-            ):
-                # Gone without a process_end while its heartbeats could not be written:
-                # a clean end's last record is lost the same way, so it is not "died".
-                s.active.add(FindingType.PROCESS_EXITED)
-                s.record = rec.with_exit(
-                    on_full_disk="its process_end could not be written (full disk): "
-                    "how it ended is unknown here; the launcher's exit code says"
-                )
-                self._clear(s, FindingType.NODE_DISK_FULL)
-                return out
-            self._clear(
-                s,
-                FindingType.PROCESS_TIMEOUT,
-                FindingType.PROGRESS_TIMEOUT,
-                FindingType.NODE_DISK_FULL,
-            )
-            if not clean and FindingType.PROCESS_EXITED not in s.active:
-                if self.shutdown is not None:
-                    s.active.add(FindingType.PROCESS_EXITED)
-                    s.record = rec.with_exit(after_shutdown=self.shutdown)
-                    return out
-                if self.restarting is not None:
-                    s.active.add(FindingType.PROCESS_EXITED)
-                    s.record = rec.with_exit(after_restart=self.restarting)
-                    return out
-                first = self.first_failure
-                if (
-                    first is not None
-                    and first[0] != s.rank
-                    and now - first[1] <= cfg.process_timeout_s
-                ):
-                    # Terminated as a consequence of the first failure: state only.
-                    s.active.add(FindingType.PROCESS_EXITED)
-                    s.record = rec.with_exit(after_failure_of_rank=first[0])
-                    return out
-                if first is None:
-                    self.first_failure = (s.rank, now)
-                reason = Reason.DIED if exit_info.get("vanished") else Reason.EXITED_WITH_ERROR
-                self._fire(s, FindingType.PROCESS_EXITED, reason, None, None, out)
+            self._exited(s, now, out)
             return out
-
         ckpt = rec.checkpoint_active or rec.phase == CHECKPOINT_PHASE
-        process_timeout = cfg.checkpoint_timeout_s if ckpt else cfg.process_timeout_s
+        process_timeout = self.cfg.checkpoint_timeout_s if ckpt else self.cfg.process_timeout_s
         if hb_age > process_timeout:
-            s.liveness = Liveness.STALE
-            s.progress = Progress.UNKNOWN
-            s.stall = None
-            s.blocked_by = []
-            s.culprits_gone_at = None
-            self._clear(s, FindingType.PROGRESS_TIMEOUT)
-            disk = self._full_disk(s, now, process_timeout)
-            if disk is not None:
-                self._fire(
-                    s,
-                    FindingType.NODE_DISK_FULL,
-                    Reason.DISK_FULL,
-                    process_timeout,
-                    hb_age,
-                    out,
-                    detail={"disk": disk.to_dict()},
-                )
-                return out
-            self._clear(s, FindingType.NODE_DISK_FULL)
-            self._fire(
-                s, FindingType.PROCESS_TIMEOUT, Reason.UNRESPONSIVE, process_timeout, hb_age, out
-            )
+            self._process_stale(s, now, process_timeout, hb_age, out)
             return out
         s.liveness = Liveness.ALIVE
         self._clear(s, FindingType.PROCESS_TIMEOUT, FindingType.NODE_DISK_FULL)
+        if hb_age > self.fresh_s:
+            self._heartbeats_late(s)
+        elif (
+            ckpt
+            or rec.progress_seq <= 0
+            or rec.phase in _TRAIN_PHASES
+            or not self._in_section(s, hb_age, out)
+        ):
+            self._progress(s, now, ckpt)
+        return out + self._check_health(s)
 
+    def _exited(self, s: RankState, now: float, out: list[Finding]) -> None:
+        """The rank ended (``process_end``, or its pid vanished): completed after a clean
+        exit; after an error a finding, unless the launcher's shutdown or restart, the
+        first failure of a peer or a full disk explains it."""
+        rec = s.record
+        assert rec is not None
+        exit_info = rec.exit or {}
+        s.liveness = Liveness.EXITED
+        s.stall = None
+        s.blocked_by = []
+        clean = exit_clean(rec)
+        s.progress = Progress.COMPLETED if clean else Progress.UNKNOWN
+        if (
+            not clean
+            and exit_info.get("vanished")
+            and FindingType.PROCESS_EXITED not in s.active
+            and self._full_disk(s, now, self.cfg.process_timeout_s) is not None
+        ):
+            # Gone without a process_end while its heartbeats could not be written:
+            # a clean end's last record is lost the same way, so it is not "died".
+            s.active.add(FindingType.PROCESS_EXITED)
+            s.record = rec.with_exit(
+                on_full_disk="its process_end could not be written (full disk): "
+                "how it ended is unknown here; the launcher's exit code says"
+            )
+            self._clear(s, FindingType.NODE_DISK_FULL)
+            return
+        self._clear(
+            s,
+            FindingType.PROCESS_TIMEOUT,
+            FindingType.PROGRESS_TIMEOUT,
+            FindingType.NODE_DISK_FULL,
+        )
+        if clean or FindingType.PROCESS_EXITED in s.active:
+            return
+        if self.shutdown is not None:
+            s.active.add(FindingType.PROCESS_EXITED)
+            s.record = rec.with_exit(after_shutdown=self.shutdown)
+            return
+        if self.restarting is not None:
+            s.active.add(FindingType.PROCESS_EXITED)
+            s.record = rec.with_exit(after_restart=self.restarting)
+            return
+        first = self.first_failure
+        window = self.cfg.process_timeout_s
+        if first is not None and first[0] != s.rank and now - first[1] <= window:
+            # Terminated as a consequence of the first failure: state only.
+            s.active.add(FindingType.PROCESS_EXITED)
+            s.record = rec.with_exit(after_failure_of_rank=first[0])
+            return
+        if first is None:
+            self.first_failure = (s.rank, now)
+        reason = Reason.DIED if exit_info.get("vanished") else Reason.EXITED_WITH_ERROR
+        self._fire(s, FindingType.PROCESS_EXITED, reason, None, None, out)
+
+    def _process_stale(
+        self, s: RankState, now: float, process_timeout: float, hb_age: float, out: list[Finding]
+    ) -> None:
+        """No heartbeat for the process timeout: the heartbeat timeout (progress is not
+        judged: one cause, one finding), or ``node_disk_full`` when its node's disk is."""
+        s.liveness = Liveness.STALE
+        s.progress = Progress.UNKNOWN
+        s.stall = None
+        s.blocked_by = []
+        s.culprits_gone_at = None
+        self._clear(s, FindingType.PROGRESS_TIMEOUT)
+        disk = self._full_disk(s, now, process_timeout)
+        if disk is not None:
+            self._fire(
+                s,
+                FindingType.NODE_DISK_FULL,
+                Reason.DISK_FULL,
+                process_timeout,
+                hb_age,
+                out,
+                detail={"disk": disk.to_dict()},
+            )
+            return
+        self._clear(s, FindingType.NODE_DISK_FULL)
+        self._fire(
+            s, FindingType.PROCESS_TIMEOUT, Reason.UNRESPONSIVE, process_timeout, hb_age, out
+        )
+
+    @staticmethod
+    def _heartbeats_late(s: RankState) -> None:
+        """Heartbeats late (older than :attr:`fresh_s`) but not yet past the process
+        timeout: a stopped or swapping process, not one alive and not progressing. Its
+        progress is unknown and not judged; the heartbeat timeout names it if it does
+        not come back, and a stall it caused in its peers is theirs to wait on."""
+        s.late = True
+        s.progress = Progress.UNKNOWN
+        s.stall = None
+        s.blocked_by = []
+        s.culprits_gone_at = None
+
+    def _in_section(self, s: RankState, hb_age: float, out: list[Finding]) -> bool:
+        """After the first step, outside train and saves: a phase with a section timeout
+        of its own (a named section, or any phase with the out-of-section timeout) is
+        judged by that timeout instead of progress; True when it was."""
+        rec = s.record
+        assert rec is not None
+        phase = rec.phase or ""
+        if (
+            phase == EVAL_PHASE
+            and EVAL_PHASE not in self.section_timeouts
+            and self.out_of_section_timeout is None
+        ):
+            return False  # eval_timeout_s, a progress timeout
+        section_timeout = self.section_timeouts.get(phase, self.out_of_section_timeout)
+        if section_timeout is None:
+            return False
+        self._check_section(s, phase, section_timeout, hb_age, out)
+        s.progress = Progress.PROGRESSING
+        s.stall = None
+        s.blocked_by = []
+        self._clear(s, FindingType.PROGRESS_TIMEOUT)
+        return True
+
+    def _progress(self, s: RankState, now: float, ckpt: bool) -> None:
+        """Fresh heartbeats: progressing, or stalled past the timeout of its phase (a
+        stall is attributed, culprit or victim, in :meth:`_attribute_stalls`)."""
+        rec = s.record
+        assert rec is not None
+        cfg, sections = self.cfg, self.section_timeouts
         started = rec.progress_seq > 0
-        sections = self.section_timeouts
         phase = rec.phase or ""
         age = s.progress_age_s
         if ckpt:
@@ -576,24 +659,13 @@ class HeartbeatRules:
             if age is not None and s.train_since is not None:
                 # the clock restarts when train resumes after eval or a save
                 age = min(age, now - s.train_since)
-        elif (
-            phase == EVAL_PHASE
-            and EVAL_PHASE not in sections
-            and (self.out_of_section_timeout is None)
-        ):
+        elif phase == EVAL_PHASE:
             progress_timeout = cfg.eval_timeout_s
         else:
-            # A named section (eval, a user section) has its own timeout instead of the
-            # progress timeout; a phase without one gets the out-of-section timeout.
-            section_timeout = sections.get(phase, self.out_of_section_timeout)
-            if section_timeout is not None:
-                self._check_section(s, phase, section_timeout, hb_age, out)
-                s.progress = Progress.PROGRESSING
-                s.stall = None
-                s.blocked_by = []
-                self._clear(s, FindingType.PROGRESS_TIMEOUT)
-                return out + self._check_health(s)
             progress_timeout = cfg.progress_timeout_s
+        if age is not None and s.resumed_at is not None:
+            # the clock restarts when heartbeats come back after a pause (SIGCONT)
+            age = min(age, now - s.resumed_at)
         self._clear(s, FindingType.SECTION_TIMEOUT)
         if age is not None and age > progress_timeout:
             s.progress = Progress.STALLED
@@ -604,8 +676,6 @@ class HeartbeatRules:
             s.blocked_by = []
             s.culprits_gone_at = None
             self._clear(s, FindingType.PROGRESS_TIMEOUT)
-
-        return out + self._check_health(s)
 
     def _phase_timeout(self, s: RankState) -> float:
         """How long rank ``s`` may stay in its current (non-train) phase."""
@@ -682,26 +752,21 @@ class HeartbeatRules:
         observed_s: float | None,
         message: str | None = None,
     ) -> Finding:
-        """The finding about rank ``s`` as the monitor sees it now (the one builder)."""
+        """The finding about rank ``s`` as the monitor sees it now."""
         rec = s.record
-        return Finding(
-            finding_type=ftype,
+        return Finding.build(
+            ftype,
+            reason,
             run_id=self.run_id,
             rank=s.rank,
-            reason=reason,
             message=message or _message(ftype, reason, s, timeout_s, observed_s),
+            record=rec,
             pid=s.pid,
-            hostname=rec.hostname if rec else None,
-            node_rank=rec.node_rank if rec else None,
-            local_rank=rec.local_rank if rec else None,
             process_liveness=s.liveness,
             gpu_progress=s.progress,
-            phase=rec.phase if rec else None,
-            iteration=rec.iteration if rec else None,
             checkpoint_active=rec.checkpoint_active if rec else False,
             timeout_s=timeout_s,
             observed_s=None if observed_s is None else round(observed_s, 3),
-            gpu=rec.gpu if rec else None,
             gpu_health=s.gpu_health,
             exit=rec.exit if rec else None,
             main_frame=rec.main_frame if rec else None,
@@ -855,7 +920,9 @@ class _DueRanks:
                 ):
                     # the clock restarts when train resumes after eval or a save
                     stall_age = min(stall_age, now - s.train_since)
-                s.stall = (s.stall[0], stall_age)  # as _evaluate_rank sets it
+                if s.resumed_at is not None:
+                    stall_age = min(stall_age, now - s.resumed_at)
+                s.stall = (s.stall[0], stall_age)  # as _progress sets it
 
     def earliest(self) -> float | None:
         heap, at = self._heap, self._at

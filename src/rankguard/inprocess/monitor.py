@@ -97,21 +97,15 @@ class InProcessRestarts(BlockEvaluator[InProcessBlock]):
         }
         if self.on_restart is not None:
             self.on_restart(entry)
-        return Finding(
-            finding_type=FindingType.INPROCESS_RESTART,
+        return Finding.build(
+            FindingType.INPROCESS_RESTART,
+            _REASONS.get(cause, Reason.INPROCESS_OTHER),
             run_id=self.run_id,
             rank=culprit if culprit is not None else state.rank,
-            reason=_REASONS.get(cause, Reason.INPROCESS_OTHER),
             message=message[:4000],
-            pid=rec.pid,
-            hostname=rec.hostname,
-            node_rank=rec.node_rank,
-            local_rank=rec.local_rank,
+            record=rec,
             process_liveness=state.liveness,
             gpu_progress=state.progress,
-            phase=rec.phase,
-            iteration=rec.iteration,
-            gpu=rec.gpu,
             detail={"inprocess": {"restarts": count, **last}},
         )
 

@@ -48,6 +48,8 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from rankguard.ft.kill import OwnedWorkers
 from rankguard.launcher.handover import HandoverResult, wait_for_handover
+from rankguard.schema.exits import EXIT_RERUN_VALIDATION_FAILED
+from rankguard.schema.findings import FindingType
 
 if TYPE_CHECKING:
     from rankguard.preempt.coordinator import PreemptionCoordinator
@@ -85,7 +87,7 @@ def first_failure(result: Any) -> dict[str, Any] | None:
     if isinstance(message, dict):
         message = message.get("message") or message.get("extraInfo", {}).get("py_callstack")
     return {
-        "finding_type": "worker_failed",
+        "finding_type": FindingType.WORKER_FAILED.value,
         "rank": rank,
         "local_rank": failure.local_rank,
         "pid": failure.pid,
@@ -185,7 +187,7 @@ def _final_verdict(failure: dict[str, Any]) -> bool:
     """A failure a restart in the job cannot help, by the rerun state machine's verdict:
     exit 17 (this hardware was faulty: the scheduler excludes the node) or a fault that
     reproduced after the resume (a data or model problem)."""
-    if failure["exit_code"] == 17:
+    if failure["exit_code"] == EXIT_RERUN_VALIDATION_FAILED:
         return True
     return "ReproducibleFaultError" in str(failure.get("error") or "")
 

@@ -1,4 +1,6 @@
-"""Exit codes of ``rankguard run`` (what a scheduler wrapper decides retries on).
+"""Exit codes of ``rankguard run`` (what a scheduler wrapper decides retries on), and
+the rule that picks one. The codes are defined once, in :mod:`rankguard.schema.exits`
+(the ranks use them too); this module re-exports them.
 
 | code | name | meaning | retry the job? |
 |---|---|---|---|
@@ -32,6 +34,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rankguard.schema import FindingType
+from rankguard.schema.exits import (
+    EXIT_CRASH,
+    EXIT_FAILED,
+    EXIT_HANG,
+    EXIT_NO_RESTART,
+    EXIT_OK,
+    EXIT_PREEMPTED,
+    EXIT_RERUN_RESUME,
+    EXIT_RERUN_VALIDATION_FAILED,
+    EXIT_STRAGGLER,
+    EXIT_UNHEALTHY_GPU,
+    EXIT_USAGE,
+    RERUN_CODES,
+    RETRYABLE,
+)
 
 __all__ = [
     "EXIT_CRASH",
@@ -51,31 +68,6 @@ __all__ = [
     "exit_code",
     "is_hang",
 ]
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_UNHEALTHY_GPU = 3
-EXIT_HANG = 10
-EXIT_CRASH = 11
-EXIT_NO_RESTART = 12
-EXIT_STRAGGLER = 13
-EXIT_PREEMPTED = 14
-EXIT_RERUN_RESUME = 16
-EXIT_RERUN_VALIDATION_FAILED = 17
-RERUN_CODES = frozenset({EXIT_RERUN_RESUME, EXIT_RERUN_VALIDATION_FAILED})
-
-RETRYABLE = frozenset(
-    {
-        EXIT_UNHEALTHY_GPU,
-        EXIT_HANG,
-        EXIT_CRASH,
-        EXIT_STRAGGLER,
-        EXIT_RERUN_RESUME,
-        EXIT_RERUN_VALIDATION_FAILED,
-        EXIT_PREEMPTED,
-    }
-)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

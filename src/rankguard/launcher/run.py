@@ -24,6 +24,7 @@ from typing import Any
 
 from rankguard._fs import atomic_write_json
 from rankguard.config import RankguardConfig, config_to_dict, dumps_config
+from rankguard.ft.flightrec import flight_recorder_env
 from rankguard.heartbeat.identity import ENV
 from rankguard.launcher.agent import RankguardAgent, first_failure
 from rankguard.launcher.checks import check_launch
@@ -38,10 +39,10 @@ from rankguard.launcher.exitcodes import (
 )
 from rankguard.launcher.node import node_identity
 from rankguard.launcher.options import LaunchOptions
+from rankguard.launcher.preemption import LaunchPreemption
 from rankguard.launcher.rendezvous import RoundWatcher
 from rankguard.launcher.rundir import ForeignDirectoryError, prepare_run_dir
 from rankguard.launcher.services import NodeServices
-from rankguard.preempt.launch import LaunchPreemption
 from rankguard.schema import layout
 from rankguard.textsafe import safe_text
 
@@ -139,6 +140,8 @@ def _worker_env(cfg: RankguardConfig, run_id: str, run_dir: Path, job: str | Non
     os.environ[ENV.LOG_DIR] = str(Path(cfg.log_dir).resolve())
     os.environ[ENV.LAUNCHER_PID] = str(os.getpid())
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    # PyTorch's flight recorder: each rank's recent collectives, dumped on a hang
+    os.environ.update(flight_recorder_env(run_dir, os.environ))
 
 
 def _loopback_gloo() -> None:

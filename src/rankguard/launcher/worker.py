@@ -27,6 +27,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from rankguard import runenv
 from rankguard.bootstrap import session_from_env
+from rankguard.ft.flightrec import TraceDumper
 from rankguard.ft.stacks import install_dump_handler
 from rankguard.heartbeat.lifeline import Lifeline, end_orphan, set_parent_death_signal
 from rankguard.schema.blocks import NvrxBlock, fields_source
@@ -108,6 +109,7 @@ def main(argv: list[str] | None = None, *, direct_child: bool = True) -> None:
         assert env.run_dir is not None
         dump_file = install_dump_handler(Path(env.run_dir), env.rank)
         bridge = _serve_nvrx(session, env)
+        TraceDumper.start_if_available(Path(env.run_dir), env.rank)
     try:
         session.install_optimizer_hook()
         if as_module:

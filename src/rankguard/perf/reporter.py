@@ -41,6 +41,7 @@ import sys
 import threading
 import time
 from array import array
+from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
@@ -50,6 +51,9 @@ from rankguard.perf.config import PerfConfig
 from rankguard.perf.flops import analytic_flops_per_step, mfu, tflops_per_gpu
 from rankguard.perf.memory import memory_gb
 from rankguard.perf.peaks import resolve_peak_tflops
+from rankguard.perf.sinks import PerfSink, RunInfo, SinkSet, SinkThread
+from rankguard.perf.trackers import build_trackers
+from rankguard.perf.trackers.events import RunEventTail
 from rankguard.phases import PhaseWatcher
 from rankguard.schema.layout import PERF_JOB_FILE, PERF_LOG_FILE, PERF_SUMMARY_PREFIX
 from rankguard.timeline import RING_SIZE, ProgressTracker
@@ -154,9 +158,14 @@ class PerfReporter:
         gpu_event_factory: Any = None,
         job: str | None = None,
         phases: PhaseWatcher | None = None,
+        sinks: Iterable[PerfSink] = (),
+        run_dir: Path | None = None,
     ) -> None:
         """``phases``: sampled at each poll, so that evaluation and saving between two
-        steps are left out of the step times (None: only the phases the script set)."""
+        steps are left out of the step times (None: only the phases the script set).
+        ``sinks``: where windows, run events and the summary also go, besides the
+        trackers of ``cfg.trackers``; ``run_dir``: the run directory whose findings,
+        restarts and checkpoints rank 0 forwards to them."""
         self.cfg = cfg
         self.phases = phases
         self.job = job  # the training job this run belongs to: retention keeps to it
@@ -200,6 +209,15 @@ class PerfReporter:
         self._closed = False
         self._tty = bool(getattr(self.console, "isatty", lambda: False)())
         self._header_done = False
+        # trackers: fed after each poll, outside the window lock, through a thread of
+        # their own (a slow tracker never delays this thread)
+        self.sinks = SinkSet([*build_trackers(cfg, rank=rank, perf_dir=out_dir), *sinks])
+        self._sink_thread = SinkThread(self.sinks)
+        self._sink_lock = threading.Lock()
+        self._sinks_open = False
+        self._run_events = (
+            RunEventTail(run_dir) if run_dir is not None and rank == 0 and self.sinks else None
+        )
 
     # ---- inputs ----------------------------------------------------------------------
 
@@ -247,7 +265,47 @@ class PerfReporter:
 
     def poll(self) -> list[dict[str, Any]]:
         with self._lock:
-            return self._poll()
+            new = self._poll()
+        if self.sinks:
+            self._to_sinks(new)
+        return new
+
+    def _to_sinks(self, new: list[dict[str, Any]]) -> None:
+        """New windows and run events to the sinks (each sink's failures contained)."""
+        with self._sink_lock:
+            events = []
+            if self._run_events is not None:
+                last = self.latest["iteration"] if self.latest else None
+                try:
+                    events = self._run_events.poll(last)
+                except Exception:
+                    logger.exception("rankguard perf: reading the run's events failed")
+            if not (new or events):
+                return
+            out = self._sink_thread
+            if not self._sinks_open:
+                self._sinks_open = True
+                out.open(self._run_info())
+            for entry in new:
+                out.window(entry)
+            for ev in events:
+                out.event(ev.kind, ev.step, ev.fields)
+
+    def _run_info(self) -> RunInfo:
+        return RunInfo(
+            run_id=self.run_id,
+            rank=self.rank,
+            world_size=self.world_size,
+            out_dir=str(self.out_dir) if self.out_dir is not None else None,
+            job=self.job,
+            config={
+                "device": self.device_name or "cpu",
+                "dtype": self.cfg.dtype,
+                "log_interval": self.cfg.log_interval,
+                "flops_source": self.flops_source,
+                "batch_source": self.batch_source,
+            },
+        )
 
     def heartbeat_fields(self) -> dict[str, Any] | None:
         """What every heartbeat record carries: the latest window, for cross-rank stats."""
@@ -261,6 +319,7 @@ class PerfReporter:
                 "iteration": e["iteration"],
                 "step_time_ms": e["gpu_step_time_ms"] or e["step_time_ms"],
                 "TFLOPS_per_GPU": e["TFLOPS_per_GPU"],
+                "MFU": e["MFU"],  # Prometheus' rankguard_rank_mfu_ratio
                 "memory_GB": e["memory_GB"],
                 "windows": [
                     [w["step"], w["iteration"], w["gpu_step_time_ms"] or w["step_time_ms"]]
@@ -522,7 +581,11 @@ class PerfReporter:
             self.poll()
         except Exception:
             logger.exception("rankguard perf: final poll failed")
-        if self.out_dir is None:
+        summary = self.summary() if self.out_dir is not None or self._sinks_open else None
+        if self._sinks_open:
+            with self._sink_lock:
+                self._sink_thread.close(summary)
+        if self.out_dir is None or summary is None:
             return None
         stamp = datetime.now(timezone.utc).strftime("%Y%m%d_%H%M%S")
         path = self.out_dir / f"{SUMMARY_PREFIX}{stamp}.json"
@@ -535,7 +598,7 @@ class PerfReporter:
                 self._log.last_error if self._log is not None else None,
             )
         try:
-            atomic_write_json(path, self.summary())
+            atomic_write_json(path, summary)
         except OSError as exc:
             logger.error("rankguard perf: cannot write %s: %s", path, exc)
             return None

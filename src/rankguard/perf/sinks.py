@@ -9,7 +9,13 @@ default is :class:`NullSink`, so a run without sinks pays nothing.
 :class:`SinkSet` fans out to several sinks and contains their failures: a sink that
 raises is logged once (one warning line naming it), counted in
 :attr:`SinkSet.errors`, and disabled after ``max_errors`` failures; the job never
-crashes because a tracker could not write.
+crashes because a tracker could not write. A sink whose ``open`` fails (a tracker that
+cannot start) is disabled at once: it has nothing to write into.
+
+:class:`SinkThread` puts a thread of its own between the perf thread and the sinks: a
+tracker that takes seconds to start (``wandb.init``) or to write (a remote MLflow
+server) never delays the perf thread's windows, files and heartbeat fields. Its queue is
+bounded; what does not fit is dropped and counted.
 
 Adding a sink is one file: a class with ``name``, ``open``, ``window``, ``event`` and
 ``close`` (see ``docs/architecture.md``, "How to add a tracker").
@@ -18,11 +24,13 @@ Adding a sink is one file: a class with ``name``, ``open``, ``window``, ``event`
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["NullSink", "PerfSink", "RunInfo", "SinkSet"]
+__all__ = ["NullSink", "PerfSink", "RunInfo", "SinkSet", "SinkThread"]
 
 logger = logging.getLogger(__name__)
 
@@ -123,10 +131,10 @@ class SinkSet:
                         type(exc).__name__,
                         exc,
                     )
-                if n >= self.max_errors and sink in self._sinks:
+                if (n >= self.max_errors or method == "open") and sink in self._sinks:
                     self._sinks.remove(sink)
                     self.disabled.append(name)
-                    logger.warning("rankguard perf: sink %s disabled after %d failures", name, n)
+                    logger.warning("rankguard perf: sink %s disabled after %d failure(s)", name, n)
 
     def open(self, info: RunInfo) -> None:
         self._call("open", info)
@@ -139,3 +147,94 @@ class SinkSet:
 
     def close(self, summary: Mapping[str, Any] | None) -> None:
         self._call("close", summary)
+
+
+_STOP = object()
+
+
+class SinkThread:
+    """Calls a :class:`PerfSink` from a thread of its own, fed through a bounded queue.
+
+    ``open``/``window``/``event`` only enqueue (never block; a full queue drops the
+    call and counts it in :attr:`dropped`); ``close`` enqueues the summary and waits
+    up to ``close_timeout_s`` for the sinks to finish (a warning if they do not).
+    """
+
+    def __init__(
+        self,
+        sink: PerfSink,
+        *,
+        maxsize: int = 10_000,
+        close_timeout_s: float = 60.0,
+        name: str = "rankguard-trackers",
+    ) -> None:
+        if maxsize < 1:
+            raise ValueError(f"maxsize: must be >= 1, got {maxsize}")
+        if close_timeout_s <= 0:
+            raise ValueError(f"close_timeout_s: must be > 0, got {close_timeout_s}")
+        self.sink = sink
+        self.name = getattr(sink, "name", "sinks")
+        self.close_timeout_s = close_timeout_s
+        self.dropped = 0
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=maxsize)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._started = False
+        self._closed = False
+
+    def _put(self, item: Any) -> None:
+        if self._closed:
+            return
+        if not self._started:
+            self._started = True
+            self._thread.start()
+        try:
+            self._queue.put_nowait(item)
+        except queue.Full:
+            self.dropped += 1
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            method, args = item
+            try:
+                getattr(self.sink, method)(*args)
+            except Exception:  # a SinkSet contains its sinks' errors; anything else here
+                logger.exception("rankguard perf: %s failed in %s", self.name, method)
+
+    def open(self, info: RunInfo) -> None:
+        self._put(("open", (info,)))
+
+    def window(self, entry: Mapping[str, Any]) -> None:
+        self._put(("window", (entry,)))
+
+    def event(self, kind: str, step: int | None, fields: Mapping[str, Any]) -> None:
+        self._put(("event", (kind, step, fields)))
+
+    def close(self, summary: Mapping[str, Any] | None) -> bool:
+        """Close the sinks on their thread; True when they finished in time."""
+        if self._closed:
+            return True
+        if not self._started:
+            self._closed = True
+            return True
+        self._queue.put(("close", (summary,)))  # blocking: close is never dropped
+        self._queue.put(_STOP)
+        self._closed = True
+        self._thread.join(self.close_timeout_s)
+        if self._thread.is_alive():
+            logger.warning(
+                "rankguard perf: %s did not finish within %.0f s; what they had not written "
+                "yet is lost",
+                self.name,
+                self.close_timeout_s,
+            )
+            return False
+        if self.dropped:
+            logger.warning(
+                "rankguard perf: %d window(s)/event(s) dropped: %s could not keep up",
+                self.dropped,
+                self.name,
+            )
+        return True

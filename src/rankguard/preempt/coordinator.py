@@ -349,11 +349,11 @@ class PreemptionEvaluator(BlockEvaluator[PreemptBlock]):
         if coord.active and step is not None and not self._announced:
             self._announced = True
             out.append(
-                Finding(
-                    finding_type=FindingType.PREEMPTED,
+                Finding.build(
+                    FindingType.PREEMPTED,
+                    Reason.EXIT_SIGNAL,
                     run_id=self.run_id,
                     rank=-1,
-                    reason=Reason.EXIT_SIGNAL,
                     message=f"{coord.reason}: every rank saves step {step} and exits "
                     f"(grace {coord.cfg.preempt_time:g}s)",
                     iteration=step,
@@ -367,11 +367,11 @@ class PreemptionEvaluator(BlockEvaluator[PreemptBlock]):
             if len(done) == len(ranks):
                 self._saved = step
                 out.append(
-                    Finding(
-                        finding_type=FindingType.PREEMPTED,
+                    Finding.build(
+                        FindingType.PREEMPTED,
+                        Reason.PREEMPTION_SAVED,
                         run_id=self.run_id,
                         rank=-1,
-                        reason=Reason.PREEMPTION_SAVED,
                         message=f"preempted: every rank ({len(done)}) saved step {step} "
                         "and exited; the next run resumes there",
                         iteration=step,

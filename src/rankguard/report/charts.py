@@ -65,6 +65,7 @@ FINDING_STYLE: dict[str, tuple[str, str, str]] = {
         FindingType.RERUN_REPRODUCIBLE_FAULT: ("#cc79a7", "diamond"),
         FindingType.PREEMPTED: ("#6e7781", "circle"),
         FindingType.INPROCESS_RESTART: ("#56b4e9", "circle"),
+        FindingType.WORKER_FAILED: ("#cc79a7", "circle"),
     }.items()
 }
 

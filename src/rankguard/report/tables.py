@@ -15,6 +15,7 @@ from rankguard.report.charts import finding_style
 from rankguard.report.data import RunData, parse_time
 from rankguard.report.summary import fmt_clock, run_window
 from rankguard.report.svgbase import esc, fmt_num
+from rankguard.schema.status import RankRow, StatusDoc
 
 __all__ = ["FINDINGS_TABLE_LIMIT", "findings_table", "gpu_health_html", "rank_table"]
 
@@ -131,18 +132,18 @@ def restarts_table(data: RunData) -> str:
     return caption + _table(header, rows, {2, 4})
 
 
-def _gpu_cell(rank: dict[str, Any]) -> str:
-    gpu = rank.get("gpu") if isinstance(rank.get("gpu"), dict) else None
+def _gpu_cell(rank: RankRow) -> str:
+    gpu = rank.gpu
     if gpu is None:
         return "-"
     token = gpu.get("token") or gpu.get("ordinal")
-    health = rank.get("gpu_health")
-    status = (health.get("health") or health.get("status")) if isinstance(health, dict) else None
+    health = rank.gpu_health
+    status = (health.get("health") or health.get("status")) if health is not None else None
     return esc(_text(token)) + (" " + pill(status) if status else "")
 
 
-def _exit_cell(rank: dict[str, Any]) -> str:
-    ex = rank.get("exit") if isinstance(rank.get("exit"), dict) else None
+def _exit_cell(rank: RankRow) -> str:
+    ex = rank.exit
     if ex is None:
         return "-"
     if ex.get("clean"):
@@ -153,9 +154,8 @@ def _exit_cell(rank: dict[str, Any]) -> str:
     return esc(text)
 
 
-def _rank_key(rank: dict[str, Any]) -> int:
-    value = rank.get("rank")
-    return value if isinstance(value, int) else 1 << 30
+def _rank_key(rank: RankRow) -> int:
+    return rank.rank if rank.rank is not None else 1 << 30
 
 
 _RANK_HEADER = (
@@ -174,23 +174,23 @@ _RANK_HEADER = (
 )
 
 
-def _rank_row(r: dict[str, Any]) -> list[str]:
-    phase = _text(r.get("phase")) + (" · checkpoint" if r.get("checkpoint_active") else "")
-    seen = [str(p) for p in r.get("phases_seen") or [] if p != r.get("phase")]
+def _rank_row(r: RankRow) -> list[str]:
+    phase = _text(r.phase) + (" · checkpoint" if r.checkpoint_active else "")
+    seen = [p for p in r.phases_seen if p != r.phase]
     if seen:
         phase += f" (also {', '.join(seen)})"
     return [
-        esc(_text(r.get("rank"))),
-        f'<span class="nowrap">{esc(_text(r.get("hostname")))}:{esc(_text(r.get("pid")))}</span>',
-        pill(r.get("process_liveness")),
-        pill(r.get("gpu_progress")),
-        esc(_text(r.get("iteration"))),
+        esc(_text(r.rank)),
+        f'<span class="nowrap">{esc(_text(r.hostname))}:{esc(_text(r.pid))}</span>',
+        pill(r.process_liveness),
+        pill(r.gpu_progress),
+        esc(_text(r.iteration)),
         esc(phase),
-        esc(_text(r.get("heartbeat_age_s"))),
-        esc(_text(r.get("progress_age_s"))),
+        esc(_text(r.heartbeat_age_s)),
+        esc(_text(r.progress_age_s)),
         _gpu_cell(r),
-        "".join(pill(a, "bad") for a in r.get("active_findings") or []) or "-",
-        esc(_text(r.get("blocked_by"))),
+        "".join(pill(a, "bad") for a in r.active_findings) or "-",
+        esc(_text(r.blocked_by)),
         _exit_cell(r),
     ]
 
@@ -198,7 +198,7 @@ def _rank_row(r: dict[str, Any]) -> list[str]:
 def rank_table(data: RunData) -> str:
     """Every rank's row; past ``RANK_TABLE_OPEN`` ranks, the ones with active findings
     first and the full table folded away."""
-    ranks = [r for r in (data.status or {}).get("ranks") or [] if isinstance(r, dict)]
+    ranks = StatusDoc.from_dict(data.status or {}).ranks
     if not ranks:
         return '<p class="empty">No per-rank status: status.json is missing or has no ranks.</p>'
     ranks.sort(key=_rank_key)
@@ -206,7 +206,7 @@ def rank_table(data: RunData) -> str:
     table = _table(_RANK_HEADER, [_rank_row(r) for r in ranks], numeric)
     if len(ranks) <= RANK_TABLE_OPEN:
         return table
-    flagged = [r for r in ranks if r.get("active_findings") or r.get("process_liveness") == "stale"]
+    flagged = [r for r in ranks if r.active_findings or r.process_liveness == "stale"]
     head = ""
     if flagged:
         head = f'<p class="caption">Ranks with active findings ({len(flagged)}):</p>'
@@ -266,19 +266,18 @@ def _node_html(node: int, snap: dict[str, Any]) -> str:
 def gpu_health_html(data: RunData) -> str:
     if data.gpu_health:
         return "".join(_node_html(n, snap) for n, snap in sorted(data.gpu_health.items()))
-    summary = (data.status or {}).get("gpu_health")
-    if isinstance(summary, dict) and summary:
+    summary = StatusDoc.from_dict(data.status or {}).gpu_health
+    if summary:
         rows = [
             [
                 esc(n),
-                pill(s.get("status")),
-                esc(_text(s.get("source"))),
-                esc(_text(s.get("hostname"))),
-                esc(_text(s.get("age_s"))),
-                esc(_text(s.get("gpus"))),
+                pill(h.status),
+                esc(_text(h.source)),
+                esc(_text(h.hostname)),
+                esc(_text(h.age_s)),
+                esc(_text(h.gpus)),
             ]
-            for n, s in sorted(summary.items())
-            if isinstance(s, dict)
+            for n, h in sorted(summary.items())
         ]
         return _table(["Node", "Status", "Source", "Host", "Age (s)", "GPUs"], rows, {4, 5})
     return (
@@ -290,7 +289,7 @@ def gpu_health_html(data: RunData) -> str:
 def checkpoint_table(data: RunData) -> str:
     """Last committed checkpoint per tier with stage/write durations, from the copy of
     ``checkpoints.json`` in ``status.json``; empty when the job used no CheckpointManager."""
-    ckpt = (data.status or {}).get("checkpoints")
+    ckpt = StatusDoc.from_dict(data.status or {}).block("checkpoints")
     if not isinstance(ckpt, dict):
         return ""
     last: dict[str, Any] = ckpt["last"] if isinstance(ckpt.get("last"), dict) else {}

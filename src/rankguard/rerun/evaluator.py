@@ -97,19 +97,14 @@ class RerunEvaluator(BlockEvaluator[RerunBlock]):
             detail["faulty_gpu"] = event.faulty_gpu
         if event.same_hardware is not None:
             detail["same_hardware"] = event.same_hardware
-        return Finding(
-            finding_type=ftype,
+        return Finding.build(
+            ftype,
+            reason,
             run_id=self.run_id,
             rank=rank,
-            reason=reason,
             message=event.message,
-            pid=rec.pid,
-            hostname=rec.hostname,
-            node_rank=rec.node_rank,
-            local_rank=rec.local_rank,
-            phase=rec.phase,
+            record=rec,
             iteration=event.iteration,
-            gpu=rec.gpu,
             exit=rec.exit,
             detail=detail,
         )

@@ -46,6 +46,7 @@ from rankguard.rerun.results import gpu_name, not_finite, relative_diff, scalar,
 from rankguard.rerun.rng import RngSnapshot, restore_rng, snapshot_rng
 from rankguard.rerun.state import RerunState, check_transition
 from rankguard.rerun.statefile import load_state, remove_state, save_state, state_path
+from rankguard.schema.exits import EXIT_RERUN_RESUME, EXIT_RERUN_VALIDATION_FAILED
 from rankguard.schema.rerun import MAX_EVENTS, RerunBlock, RerunEvent, RerunOutcome
 
 __all__ = [
@@ -58,9 +59,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# Megatron's codes (also in rankguard.launcher.exitcodes, which does not import torch).
-EXIT_RESUME = 16
-EXIT_VALIDATION_FAILED = 17
+# Megatron's codes, defined with every other exit code in rankguard.schema.exits.
+EXIT_RESUME = EXIT_RERUN_RESUME
+EXIT_VALIDATION_FAILED = EXIT_RERUN_VALIDATION_FAILED
 
 _NAN_MESSAGE = "loss is NaN or Inf"
 _ATTEMPTS = (RerunState.INITIAL_RUN, RerunState.RERUN_IN_PLACE, RerunState.RERUN_FROM_CHECKPOINT)

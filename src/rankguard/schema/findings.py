@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any
 
-from rankguard.schema.records import SCHEMA_VERSION
+from rankguard.schema.records import SCHEMA_VERSION, HeartbeatRecord
 
 __all__ = ["Finding", "FindingInfo", "FindingType", "Liveness", "Progress", "Reason"]
 
@@ -67,6 +67,7 @@ class FindingType(str, Enum):
     RERUN_REPRODUCIBLE_FAULT = "rerun_reproducible_fault"
     PREEMPTED = "job_preempted"
     INPROCESS_RESTART = "inprocess_restart"
+    WORKER_FAILED = "worker_failed"  # the agent's root cause of a failed worker group
 
     @property
     def info(self) -> FindingInfo:
@@ -120,6 +121,11 @@ _INFO: dict[FindingType, FindingInfo] = {
     # Recovered already, inside the ranks: the launcher only records it.
     FindingType.INPROCESS_RESTART: FindingInfo(
         "inproc_restart", "in-process restart", "warning", False, "report"
+    ),
+    # What torch elastic's agent saw: a worker exited with an error or a signal. The
+    # agent restarts the group itself (its restart budget), so restart is its only action.
+    FindingType.WORKER_FAILED: FindingInfo(
+        "worker_failed", "worker failed", "error", False, "restart"
     ),
 }
 
@@ -187,6 +193,43 @@ class Finding:
     def info(self) -> FindingInfo:
         return self.finding_type.info
 
+    @classmethod
+    def build(
+        cls,
+        finding_type: FindingType,
+        reason: Reason,
+        *,
+        run_id: str,
+        rank: int,
+        message: str,
+        record: HeartbeatRecord | None = None,
+        **fields: Any,
+    ) -> Finding:
+        """The one way to make a finding: the rank's identity and place (pid, host, node,
+        local rank, phase, iteration, GPU) from its latest ``record`` when there is one,
+        then ``fields`` (any other field of :class:`Finding`, ``detail`` for what only
+        this type has), which win over the record's."""
+        where: dict[str, Any] = {}
+        if record is not None:
+            where = {
+                "pid": record.pid,
+                "hostname": record.hostname,
+                "node_rank": record.node_rank,
+                "local_rank": record.local_rank,
+                "phase": record.phase,
+                "iteration": record.iteration,
+                "gpu": record.gpu,
+            }
+        where.update(fields)
+        return cls(
+            finding_type=finding_type,
+            run_id=run_id,
+            rank=rank,
+            reason=reason,
+            message=message,
+            **where,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"schema_version": self.schema_version}
         for name in _FIELDS:
@@ -199,7 +242,9 @@ class Finding:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Finding:
-        """A finding read back from ``findings.jsonl``; ValueError names a bad field."""
+        """A finding read back from ``findings.jsonl``; ValueError names a bad field
+        (an unknown type or reason, a rank that is not an integer). Missing fields take
+        their defaults; an unknown liveness or progress word reads as None."""
         ftype = FindingType.parse(d.get("finding_type"))
         if ftype is None:
             raise ValueError(f"finding_type: unknown {d.get('finding_type')!r:.60}")
@@ -208,16 +253,22 @@ class Finding:
         except ValueError:
             raise ValueError(f"reason: unknown {d.get('reason')!r:.60}") from None
         rank = d.get("rank")
-        if type(rank) is not int:
+        if rank is None:
+            rank = -1  # about no one rank (the job, a node)
+        elif type(rank) is not int:
             raise ValueError("rank: expected an integer")
         known: dict[str, Any] = {}
         detail: dict[str, Any] = {}
         for key, value in d.items():
             (known if key in _KNOWN else detail)[key] = value
-        known["finding_type"], known["reason"] = ftype, reason
+        known["finding_type"], known["reason"], known["rank"] = ftype, reason, rank
+        # a partial line (an older writer, a hand-cut file) still reads
+        known["run_id"] = str(known.get("run_id") or "")
+        known["message"] = str(known.get("message") or "")
         for key, enum in (("process_liveness", Liveness), ("gpu_progress", Progress)):
-            if known.get(key) is not None:
-                known[key] = enum(known[key])
+            value = known.get(key)
+            if value is not None:
+                known[key] = enum(value) if value in enum._value2member_map_ else None
         return cls(**known, detail=detail)
 
 

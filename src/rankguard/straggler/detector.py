@@ -187,11 +187,11 @@ class StragglerDetector:
             )
         gpu = (score.get("gpu") or {}).get("token") if score.get("gpu") else None
         reports = cfg.consecutive_reports
-        return Finding(
-            finding_type=FindingType.STRAGGLER,
+        return Finding.build(
+            FindingType.STRAGGLER,
+            Reason.SLOW_COMPUTE,
             run_id=self.run_id,
             rank=score["rank"],
-            reason=Reason.SLOW_COMPUTE,
             message=f"rank {score['rank']} (node {score['node_rank']}, "
             f"{score['hostname']}, GPU {gpu or '-'}) is a straggler: {'; '.join(why)} "
             f"(compute {score['compute_ms']} ms per step"

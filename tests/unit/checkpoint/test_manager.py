@@ -378,9 +378,9 @@ def test_status_file_and_the_status_screen(tmp_path: Path) -> None:
     assert "FAILED saves: 1; last: disk full" in text
 
 
-def test_background_staging_saves_the_state_of_the_save_step(tmp_path: Path) -> None:
-    """The copy of parameters and moments overlaps the next forward/backward; the next
-    optimizer step waits for it; buffers the forward changes are copied at once."""
+def test_an_async_save_holds_the_state_of_the_save_step(tmp_path: Path) -> None:
+    """The next forward changes the BatchNorm statistics and the next optimizer step the
+    weights and moments while the write is in flight: the checkpoint has neither."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64))
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)

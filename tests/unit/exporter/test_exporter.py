@@ -31,8 +31,9 @@ from tests.factories import write_heartbeats as write
 
 RUN = "run-prom"
 NAME_RE = re.compile(r"^rankguard_[a-z0-9_]+$")
-ALLOWED_LABELS = {"rank", "node_rank", "local_rank", "hostname", "state", "stat", "status"}
-ALLOWED_LABELS |= {"finding_type"}
+ALLOWED_LABELS = {"rank", "node_rank", "local_rank", "state", "stat", "status"}
+ALLOWED_LABELS |= {"finding_type", "kind", "tier", "run_id"}
+ALLOWED_LABELS |= {"Hostname", "gpu", "UUID", "modelName"}  # dcgm-exporter's names
 LIVENESS = ("not_observed", "alive", "stale", "exited")
 PROGRESS = ("not_observed", "starting", "progressing", "stalled", "unknown", "completed")
 
@@ -91,10 +92,12 @@ def scrape(url: str) -> dict[str, Any]:
 
 
 def value(families: dict[str, Any], name: str, **labels: str) -> float | None:
+    """The one sample of ``name`` with these labels (and whatever else it carries:
+    ``run_id``, the GPU's labels); more than one match fails."""
     fam = families.get(name)
     if fam is None:
         return None
-    hits = [s.value for s in fam.samples if s.name == name and s.labels == labels]
+    hits = [s.value for s in fam.samples if s.name == name and labels.items() <= s.labels.items()]
     assert len(hits) <= 1, (name, labels, hits)
     return hits[0] if hits else None
 
@@ -184,7 +187,7 @@ def test_scrape_names_types_labels_and_values(
     assert value(fams, "rankguard_rank_active_findings", rank="0") == 0.0
     assert (
         value(
-            fams, "rankguard_rank_info", rank="1", node_rank="0", local_rank="1", hostname="node-a"
+            fams, "rankguard_rank_info", rank="1", node_rank="0", local_rank="1", Hostname="node-a"
         )
         == 1.0
     )
@@ -465,3 +468,99 @@ def test_straggler_scores_are_exported_per_rank() -> None:
         for s in families["rankguard_rank_straggler_individual_score"].samples
     }
     assert rel == {"0": 1.0, "1": 0.66} and ind == {"0": 0.98, "1": 1.0}
+
+
+# ---- joining DCGM ---------------------------------------------------------------------
+
+
+def _families(status: dict[str, Any], **kw: Any) -> dict[str, Any]:
+    from rankguard.exporter.collector import build_families
+
+    args: dict[str, Any] = dict(
+        scans=1, scan_errors=0, last_scan_s=0.0, finding_counts={}, now_wall=1000.0
+    )
+    args.update(kw)
+    fams = {}
+    for f in build_families(status, **args):
+        fams[f.name] = fams[f.name + "_total" if f.type == "counter" else f.name] = f
+    return fams
+
+
+def _gpu_row(rank: int, **over: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "rank": rank,
+        "pid": 100 + rank,
+        "hostname": "gpu-node-7",
+        "node_rank": 0,
+        "local_rank": rank,
+        "process_liveness": "alive",
+        "gpu_progress": "progressing",
+        "perf": {"step_time_ms": 250.0, "TFLOPS_per_GPU": 400.0, "MFU": 0.41, "memory_GB": 60},
+        "gpu": {"ordinal": 0, "token": str(rank + 2), "uuid": None},
+        "gpu_health": {"index": rank + 2, "uuid": f"GPU-aaaa-{rank}", "name": "NVIDIA H200"},
+        "active_findings": [],
+    }
+    row.update(over)
+    return row
+
+
+def test_per_rank_series_carry_dcgm_exporters_gpu_labels() -> None:
+    status = {
+        "run_id": "job-42",
+        "state": "running",
+        "ranks": [
+            _gpu_row(0),
+            # health not matched yet: only what the rank knows (a GPU- token is a UUID)
+            _gpu_row(1, gpu={"ordinal": 0, "token": "GPU-bbbb-1"}, gpu_health=None),
+            # a bare CUDA ordinal is no NVML index: no gpu label rather than a wrong one
+            _gpu_row(2, gpu={"ordinal": 3, "token": None}, gpu_health=None),
+        ],
+    }
+    fams = _families(status)
+    for fam in fams.values():
+        for s in fam.samples:
+            assert s.labels["run_id"] == "job-42", (fam.name, s.labels)
+    by_rank = {s.labels["rank"]: s.labels for s in fams["rankguard_rank_step_time_seconds"].samples}
+    assert by_rank["0"] == {
+        "run_id": "job-42",
+        "rank": "0",
+        "Hostname": "gpu-node-7",
+        "gpu": "2",
+        "UUID": "GPU-aaaa-0",
+        "modelName": "NVIDIA H200",
+    }
+    assert (by_rank["1"]["gpu"], by_rank["1"]["UUID"], by_rank["1"]["modelName"]) == (
+        "",
+        "GPU-bbbb-1",
+        "",
+    )
+    assert (by_rank["2"]["gpu"], by_rank["2"]["UUID"]) == ("", "")
+    assert value(fams, "rankguard_rank_mfu_ratio", rank="0", gpu="2") == pytest.approx(0.41)
+    info = value(fams, "rankguard_rank_info", rank="0", UUID="GPU-aaaa-0", node_rank="0")
+    assert info == 1.0
+
+
+def test_restarts_checkpoints_findings_and_monitor_state_series() -> None:
+    status = {
+        "run_id": "job-42",
+        "state": "degraded",
+        "monitor": {"state": "failing"},
+        "ranks": [_gpu_row(0, active_findings=["gpu_progress_timeout", "rank_straggler"])],
+        "restarts": [{"kind": "process", "restart": 1}, {"kind": "process", "restart": 2}],
+        "checkpoints": {
+            "last_committed": {"persistent": 200, "local": None},
+            "last": {"persistent": {"step": 200, "time": "1970-01-01T00:15:00+00:00"}},
+            "failures": 1,
+        },
+    }
+    fams = _families(status)
+    assert value(fams, "rankguard_job_restarts_total", kind="process") == 2
+    assert value(fams, "rankguard_job_restarts_total", kind="inprocess") == 0
+    assert value(fams, "rankguard_checkpoint_last_step", tier="persistent") == 200
+    assert value(fams, "rankguard_checkpoint_last_step", tier="local") is None
+    assert value(fams, "rankguard_checkpoint_age_seconds", tier="persistent") == 100.0
+    assert value(fams, "rankguard_checkpoint_failures_total") == 1
+    active = {s.labels["finding_type"] for s in fams["rankguard_rank_finding_active"].samples}
+    assert active == {"gpu_progress_timeout", "rank_straggler"}
+    got = {s.labels["state"]: s.value for s in fams["rankguard_monitor_state"].samples}
+    assert got == {"starting": 0, "scanning": 0, "failing": 1, "stopped": 0}

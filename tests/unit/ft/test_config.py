@@ -28,6 +28,8 @@ DEFAULT_ACTIONS = {
     "rerun_reproducible_fault": "report",
     "job_preempted": "report",
     "inprocess_restart": "report",
+    # the agent's own: torch elastic restarts a failed group within its budget
+    "worker_failed": "restart",
 }
 
 FT_PLUGIN_YAML = """\
@@ -94,6 +96,7 @@ def test_default_actions_are_not_shared_between_instances() -> None:
     ("kwargs", "field"),
     [
         ({"actions": {"gpu_progress_timeout": "reboot"}}, "actions.gpu_progress_timeout"),
+        ({"actions": {"worker_failed": "abort"}}, "actions.worker_failed"),
         ({"num_in_job_restarts": -1}, "num_in_job_restarts"),
         ({"num_job_retries_on_failure": -2}, "num_job_retries_on_failure"),
         ({"stack_dump": "gdb"}, "stack_dump"),

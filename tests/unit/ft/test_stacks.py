@@ -161,6 +161,17 @@ def test_py_spy_dump(tmp_path: Path, child: subprocess.Popen[str]) -> None:
     assert "blocked_here" in text
 
 
+@pytest.mark.skipif(shutil.which("py-spy") is None, reason="py-spy is not on PATH")
+def test_py_spy_dump_has_native_frames(tmp_path: Path, child: subprocess.Popen[str]) -> None:
+    path = dump_stacks(tmp_path, 3, child.pid, method="py-spy", timeout_s=20.0)
+    assert path is not None
+    text = Path(path).read_text(encoding="utf-8")
+    if "native frames included" not in text:
+        pytest.skip("this py-spy cannot read native frames here (plain dump taken)")
+    assert "blocked_here" in text
+    assert "libpython" in text or "libc" in text  # frames below the interpreter
+
+
 def test_a_rank_without_its_handler_is_not_signalled(tmp_path: Path) -> None:
     """The dump signal's default action kills: a rank that has not yet registered its
     handler is left alone (and lives)."""

@@ -45,12 +45,14 @@ def _state(s: RankState) -> tuple[Any, ...]:
         list(s.blocked_by),
         s.stall,
         s.culprits_gone_at,
+        s.late,
+        s.resumed_at,
     )
 
 
 class _History:
-    """One random job: ranks publish (or stop), progress (or stall), change phase,
-    checkpoint, end, restart; GPUs turn unhealthy; disks fill; the launcher stops."""
+    """One random job: ranks publish (or stop, or pause and go on), progress (or stall),
+    change phase, checkpoint, end, restart; GPUs turn unhealthy; disks fill; the launcher stops."""
 
     def __init__(self, rng: random.Random) -> None:
         self.rng = rng
@@ -105,6 +107,7 @@ class _History:
             phase_elapsed=round(now - self.phase_since[rank], 3),
             checkpoint_active=self.ckpt[rank],
             main_frame=frame,
+            monotonic_ns=int(now * 1e9),  # the publisher's clock: a pause shows as a gap
             **extra,
         )
 
@@ -129,6 +132,7 @@ def _run(seed: int, sections: bool) -> int:
         return {"health": verdict, "stale": False, "problems": []} if verdict else None
 
     late = set(rng.sample(range(WORLD), 2))  # first seen after a while, or never
+    paused: dict[int, float] = {}  # rank -> when it continues
     for step in range(400):
         now += rng.choice([0.25, 0.5, 1.0, 1.0, 2.0, 5.0])
         roll = rng.random()
@@ -159,8 +163,12 @@ def _run(seed: int, sections: bool) -> int:
         elif roll < 0.155:
             for r in both:
                 r.note_shutdown("SIGTERM")
+        elif roll < 0.18:  # stopped (SIGSTOP), continued later
+            paused[rng.randrange(WORLD)] = now + rng.choice([4.0, 8.0, 15.0])
         for rank in range(WORLD):
             if rank in history.ended or rank in history.hung:
+                continue
+            if paused.get(rank, 0.0) > now:
                 continue
             if rank in late and step < 30:
                 continue
@@ -202,12 +210,18 @@ def test_a_quiet_rank_is_not_evaluated_until_its_timeout_is_due() -> None:
     rules.ingest(rec, 0.0)
     rules.evaluate(0.0)  # first scan: every rank
     evaluated.clear()
-    for t in (1.0, 2.0, 9.0):  # no new record, process timeout 10 s not due yet
+    for t in (1.0, 2.0):  # no new record, its heartbeats still fresh (3 s)
         rules.evaluate(t)
     assert evaluated == []
-    assert rules.ranks[0].heartbeat_age_s == 9.0  # its age moved on all the same
-    findings = rules.evaluate(10.5)
+    assert rules.ranks[0].heartbeat_age_s == 2.0  # its age moved on all the same
+    rules.evaluate(3.5)  # late now: evaluated once (no longer judged on progress)
+    assert evaluated == [0] and rules.ranks[0].late
+    for t in (5.0, 9.0):  # process timeout 10 s not due yet
+        rules.evaluate(t)
     assert evaluated == [0]
+    assert rules.ranks[0].heartbeat_age_s == 9.0
+    findings = rules.evaluate(10.5)
+    assert evaluated == [0, 0]
     assert [f.finding_type.value for f in findings] == ["rank_process_heartbeat_timeout"]
 
 

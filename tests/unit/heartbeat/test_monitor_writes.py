@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import rankguard._fs as fs
+import rankguard.heartbeat.ingest as ingest_mod
 import rankguard.heartbeat.monitor as monitor_mod
 from rankguard.heartbeat.api import RemoteSource
 from rankguard.heartbeat.disk import DiskState
@@ -202,7 +203,7 @@ def test_a_full_local_disk_gives_node_disk_full_not_a_timeout(
     write(tmp_path, rec(0, 0), rec(1, 0))
     mon.scan_once()
     full = DiskState(full=True, free_bytes=0, total_bytes=1 << 20)
-    monkeypatch.setattr(monitor_mod, "disk_state", lambda path: full)
+    monkeypatch.setattr(ingest_mod, "disk_state", lambda path: full)
     _silence_rank(mon, tmp_path, clock, 1, range(1, 13))
     assert acted.types == [(1, "node_disk_full")]
     status = read_status(tmp_path)
@@ -213,7 +214,7 @@ def test_a_full_local_disk_gives_node_disk_full_not_a_timeout(
     assert finding["disk"] == full.to_dict()
 
     # Space again, heartbeats resume: the episode ends without another finding.
-    monkeypatch.setattr(monitor_mod, "disk_state", lambda path: DiskState(full=False))
+    monkeypatch.setattr(ingest_mod, "disk_state", lambda path: DiskState(full=False))
     clock.t += 1
     write(tmp_path, rec(1, 13, progress_seq=13))
     mon.scan_once()

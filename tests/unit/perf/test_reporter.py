@@ -621,6 +621,7 @@ def test_heartbeat_fields_shape() -> None:
         "iteration",
         "step_time_ms",
         "TFLOPS_per_GPU",
+        "MFU",
         "memory_GB",
         "windows",
     }

@@ -1,0 +1,408 @@
+"""PyTorch's flight recorder on a hang: every rank's collective trace, and who did not join.
+
+torch records each rank's recent collectives (its flight recorder, ``TORCH_FR_BUFFER_SIZE``
+entries; ``TORCH_NCCL_TRACE_BUFFER_SIZE`` is the older name) for NCCL and, in torch 2.13,
+for gloo too. ``rankguard run`` turns it on for its ranks (:func:`flight_recorder_env`:
+both names, unless the user set them, and NCCL's own timeout dumps into the run
+directory). When a hang is found, node 0's fault handler, before the kill, asks its
+ranks for their traces (:func:`request_dumps`: one request file; each rank's
+:class:`TraceDumper` thread, started with the rank, sees it and writes
+``flightrec/rank_<r>`` with ``_dump_fr_trace``, from a thread of its own, so a main
+thread blocked in a collective does not stop it), then :func:`analyse` compares them:
+for each process group, the newest collective some ranks enqueued and others did not is
+the one those ranks did not join (:class:`FrVerdict`: the group, the collective, its
+sequence number, the ranks missing and the ranks waiting in it). PyTorch's own analyser
+(``torchfrtrace``) is run over the same files and its output kept beside the verdict;
+on gloo it cannot match the traces in torch 2.13 (gloo records no group name), so the
+verdict is rankguard's own comparison of the ranks' ``pg_status``. No flight recorder
+(an older torch): one line, and the stack dumps as before.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rankguard._fs import atomic_write_json
+
+__all__ = [
+    "BUFFER_ENV",
+    "DUMP_DIR",
+    "FrVerdict",
+    "TraceDumper",
+    "analyse",
+    "available",
+    "collect_verdict",
+    "flight_recorder_env",
+    "request_dumps",
+    "trace_file",
+]
+
+logger = logging.getLogger(__name__)
+
+DUMP_DIR = "flightrec"  # <run_dir>/flightrec/rank_<r>: one trace per rank
+REQUEST_FILE = "request.json"
+PREFIX = "rank_"  # torch's analyser reads <prefix><rank> files
+BUFFER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+DUMP_FILE_ENV = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+DEFAULT_ENTRIES = 2000
+_MAX_TRACE = 64 << 20
+# torchfrtrace's entry point, in a child that gets SIGKILL when its parent thread ends
+_RUNNER = (
+    "import sys\n"
+    "from rankguard.heartbeat.lifeline import set_parent_death_signal\n"
+    "set_parent_death_signal()\n"
+    "from torch.distributed.flight_recorder.fr_trace import main\n"
+    "main(sys.argv[1:])\n"
+)
+
+
+def trace_file(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / DUMP_DIR / f"{PREFIX}{rank}"
+
+
+def available() -> bool:
+    """Whether this torch has the flight recorder's dump call."""
+    try:
+        import torch._C._distributed_c10d as c10d
+    except ImportError:
+        return False
+    return hasattr(c10d, "_dump_fr_trace")
+
+
+def flight_recorder_env(run_dir: Path, environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables that turn the flight recorder on for the ranks: both buffer names
+    (a size the user set is kept, and given to the other name), NCCL's timeout dumps
+    into ``<run_dir>/flightrec/``. Empty when the user switched it off (size 0)."""
+    given = next((environ[n] for n in BUFFER_ENV if environ.get(n)), None)
+    if given is not None and given.strip() == "0":
+        return {}
+    size = given or str(DEFAULT_ENTRIES)
+    out = {name: environ.get(name) or size for name in BUFFER_ENV}
+    prefix = str(Path(run_dir) / DUMP_DIR / PREFIX)
+    out.update({name: environ.get(name) or prefix for name in DUMP_FILE_ENV})
+    return out
+
+
+# ---- rank side ------------------------------------------------------------------------
+
+
+class TraceDumper:
+    """A rank's daemon thread: writes its flight-recorder trace when asked.
+
+    Polls ``<run_dir>/flightrec/request.json`` (one ``stat`` every ``poll_s``); a request
+    with a new id that names this rank (or every rank) is answered with
+    ``flightrec/rank_<r>`` (atomically). ``_dump_fr_trace`` takes the recorder's own lock,
+    not the GIL-holding main thread, so a rank blocked in a collective still answers.
+    """
+
+    def __init__(self, run_dir: Path, rank: int, *, poll_s: float = 0.2) -> None:
+        self.run_dir = Path(run_dir)
+        self.rank = rank
+        self.poll_s = poll_s
+        self.answered = 0
+        self.last_error: str | None = None
+        self._seen: tuple[int, int] | None = None
+        self._done_id: object = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rankguard-flightrec", daemon=True)
+
+    @classmethod
+    def start_if_available(cls, run_dir: Path, rank: int) -> TraceDumper | None:
+        if not available():
+            if rank == 0:
+                logger.warning(
+                    "rankguard: this torch has no flight recorder (_dump_fr_trace): a hang's "
+                    "finding gets stack dumps only, no collective trace"
+                )
+            return None
+        dumper = cls(run_dir, rank)
+        try:  # NCCL's own timeout dumps go there too (TORCH_FR_DUMP_TEMP_FILE)
+            (Path(run_dir) / DUMP_DIR).mkdir(exist_ok=True)
+        except OSError as exc:
+            logger.warning("rankguard: no flight-recorder dumps for this rank: %s", exc)
+            return None
+        dumper._thread.start()
+        return dumper
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.poll()
+            except Exception as exc:  # never raised into the rank
+                self.last_error = f"{type(exc).__name__}: {exc}"
+
+    def poll(self) -> bool:
+        """Answer a new request; True when a trace was written."""
+        path = self.run_dir / DUMP_DIR / REQUEST_FILE
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False
+        stat = (st.st_size, st.st_mtime_ns)
+        if stat == self._seen:
+            return False
+        self._seen = stat
+        try:
+            request = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            self._seen = None  # being replaced: read again next time
+            return False
+        if not isinstance(request, dict) or request.get("id") == self._done_id:
+            return False
+        ranks = request.get("ranks")
+        if isinstance(ranks, list) and self.rank not in ranks:
+            return False
+        self._done_id = request.get("id")
+        self.dump()
+        return True
+
+    def dump(self) -> Path:
+        import torch._C._distributed_c10d as c10d
+
+        dump_fr_trace = c10d._dump_fr_trace  # type: ignore[attr-defined]
+        data = dump_fr_trace(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+        out = trace_file(self.run_dir, self.rank)
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, out)
+        self.answered += 1
+        return out
+
+
+# ---- launcher side --------------------------------------------------------------------
+
+
+def request_dumps(
+    run_dir: Path, ranks: list[int], *, timeout_s: float = 10.0, poll_s: float = 0.1
+) -> dict[int, Path]:
+    """Ask ``ranks`` for their traces and wait up to ``timeout_s``: the traces written
+    after the request, by rank (a rank that did not answer in time is missing)."""
+    d = Path(run_dir) / DUMP_DIR
+    d.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    atomic_write_json(d / REQUEST_FILE, {"id": f"{os.getpid()}-{time.time_ns()}", "ranks": ranks})
+    deadline = time.monotonic() + timeout_s
+    got: dict[int, Path] = {}
+    while True:
+        for rank in ranks:
+            path = trace_file(run_dir, rank)
+            try:
+                fresh = path.stat().st_mtime >= t0 - 1.0
+            except OSError:
+                continue
+            if fresh:
+                got[rank] = path
+        if len(got) == len(ranks) or time.monotonic() >= deadline:
+            return got
+        time.sleep(poll_s)
+
+
+@dataclass(frozen=True, slots=True)
+class FrVerdict:
+    """Who did not join which collective, from the ranks' flight-recorder traces."""
+
+    process_group: str
+    collective: str  # e.g. "all_reduce" (backend prefix removed)
+    seq: int  # the collective's sequence number in its group
+    missing_ranks: list[int]  # ranks that never enqueued it
+    waiting_ranks: list[int]  # ranks that enqueued it and wait for it to complete
+    ranks_read: list[int]
+    torch_analysis: str | None = None  # torchfrtrace's output (or why it failed)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def line(self) -> str:
+        missing = ", ".join(map(str, self.missing_ranks))
+        waiting = ", ".join(map(str, self.waiting_ranks)) or "none"
+        return (
+            f"flight recorder: rank(s) {missing} did not join {self.collective} #{self.seq} "
+            f"of process group {self.process_group} (rank(s) {waiting} wait in it)"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "process_group": self.process_group,
+            "collective": self.collective,
+            "seq": self.seq,
+            "missing_ranks": list(self.missing_ranks),
+            "waiting_ranks": list(self.waiting_ranks),
+            "ranks_read": list(self.ranks_read),
+            "torch_analysis": self.torch_analysis,
+            "line": self.line,
+            **self.extra,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> FrVerdict:
+        for key in ("process_group", "collective"):
+            if not isinstance(d.get(key), str):
+                raise ValueError(f"{key}: expected a string")
+        seq = d.get("seq")
+        if type(seq) is not int:
+            raise ValueError("seq: expected an integer")
+        lists: dict[str, list[int]] = {}
+        for key in ("missing_ranks", "waiting_ranks", "ranks_read"):
+            value = d.get(key)
+            if not isinstance(value, list) or not all(type(r) is int for r in value):
+                raise ValueError(f"{key}: expected a list of ranks")
+            lists[key] = value
+        ta = d.get("torch_analysis")
+        return cls(
+            process_group=d["process_group"],
+            collective=d["collective"],
+            seq=seq,
+            missing_ranks=lists["missing_ranks"],
+            waiting_ranks=lists["waiting_ranks"],
+            ranks_read=lists["ranks_read"],
+            torch_analysis=ta if isinstance(ta, str) else None,
+        )
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    try:
+        if path.stat().st_size > _MAX_TRACE:
+            return None
+        doc = pickle.loads(path.read_bytes())
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _torch_analysis(dump_dir: Path, timeout_s: float) -> str:
+    """``torchfrtrace`` (``torch.distributed.flight_recorder.fr_trace``) over the dumps:
+    its last lines, or why it failed."""
+    cmd = [sys.executable, "-c", _RUNNER, str(dump_dir), "--prefix", PREFIX]
+    # not a worker of the job (no RANKGUARD_* variables), and it dies with the launcher
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RANKGUARD_")}
+    try:
+        res = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"torchfrtrace did not run: {type(exc).__name__}: {exc}"
+    text = "\n".join((res.stdout + res.stderr).strip().splitlines()[-20:])
+    if res.returncode != 0:
+        last = text.splitlines()[-1] if text else f"exit {res.returncode}"
+        return f"torchfrtrace failed (exit {res.returncode}): {last}"
+    return text or "torchfrtrace: no mismatch reported"
+
+
+def analyse(dump_dir: Path, *, run_torch: bool = True, timeout_s: float = 60.0) -> FrVerdict | None:
+    """The verdict from the traces ``rank_<r>`` in ``dump_dir``; None when they show no
+    group where some ranks are ahead of others (or no trace could be read)."""
+    traces: dict[int, dict[str, Any]] = {}
+    for path in sorted(Path(dump_dir).glob(f"{PREFIX}*")):
+        suffix = path.name[len(PREFIX) :]
+        if suffix.isdigit():
+            doc = _load(path)
+            if doc is not None:
+                traces[int(suffix)] = doc
+    if not traces:
+        return None
+    verdict = _compare(traces)
+    if verdict is None:
+        return None
+    if run_torch:
+        return FrVerdict(
+            **{**_fields(verdict), "torch_analysis": _torch_analysis(Path(dump_dir), timeout_s)}
+        )
+    return verdict
+
+
+def _fields(v: FrVerdict) -> dict[str, Any]:
+    return {name: getattr(v, name) for name in FrVerdict.__dataclass_fields__}
+
+
+def _compare(traces: dict[int, dict[str, Any]]) -> FrVerdict | None:
+    """Per process group, each rank's newest enqueued collective; the group where the
+    ranks disagree: the newest collective, the ranks behind it (missing) and those that
+    enqueued it but did not complete it (waiting)."""
+    enqueued: dict[str, dict[int, int]] = {}
+    completed: dict[str, dict[int, int]] = {}
+    names: dict[tuple[str, int], str] = {}
+    for rank, doc in traces.items():
+        for pg, st in (doc.get("pg_status") or {}).items():
+            if isinstance(st, dict):
+                enqueued.setdefault(str(pg), {})[rank] = int(st.get("last_enqueued_collective", -1))
+                completed.setdefault(str(pg), {})[rank] = int(
+                    st.get("last_completed_collective", -1)
+                )
+        for e in doc.get("entries") or []:
+            if isinstance(e, dict) and not e.get("is_p2p"):
+                pg_name = e.get("process_group")
+                pg = str(pg_name[0]) if isinstance(pg_name, (list, tuple)) else str(e.get("pg_id"))
+                names[(pg, int(e.get("collective_seq_id", -1)))] = str(e.get("profiling_name"))
+    for pg in sorted(enqueued):
+        seqs = enqueued[pg]
+        newest = max(seqs.values())
+        missing = sorted(r for r, s in seqs.items() if s < newest)
+        missing += sorted(r for r in traces if r not in seqs)  # never used the group
+        if not missing:
+            continue
+        waiting = sorted(
+            r for r, s in seqs.items() if s == newest and completed[pg].get(r, -1) < newest
+        )
+        name = names.get((pg, newest), "unknown collective")
+        return FrVerdict(
+            process_group=pg,
+            collective=name.split(":", 1)[-1],
+            seq=newest,
+            missing_ranks=sorted(set(missing)),
+            waiting_ranks=waiting,
+            ranks_read=sorted(traces),
+        )
+    return None
+
+
+TORCH_ANALYSIS_FILE = "torchfrtrace.txt"
+
+
+def collect_verdict(run_dir: Path, ranks: list[int], *, timeout_s: float = 3.0) -> FrVerdict | None:
+    """Before a kill: the traces of ``ranks`` (those that answer within ``timeout_s``)
+    and the verdict; torchfrtrace then runs in the background over the same files and
+    writes ``flightrec/torchfrtrace.txt`` (its output can take seconds: never before the
+    kill). Errors are logged, never raised."""
+    try:
+        got = request_dumps(run_dir, ranks, timeout_s=timeout_s)
+        if not got:
+            logger.warning("rankguard: no rank answered the flight-recorder request")
+            return None
+        dump_dir = Path(run_dir) / DUMP_DIR
+        verdict = analyse(dump_dir, run_torch=False)
+    except Exception:
+        logger.exception("rankguard: reading the flight recorder failed")
+        return None
+    if verdict is None:
+        return None
+    out = dump_dir / TORCH_ANALYSIS_FILE
+
+    def run_torch() -> None:
+        try:
+            text = _torch_analysis(dump_dir, 120.0)
+            tmp = out.with_name(f".{out.name}.tmp")
+            tmp.write_text(text + "\n", encoding="utf-8")
+            os.replace(tmp, out)
+        except Exception:
+            logger.exception("rankguard: torchfrtrace over %s failed", dump_dir)
+
+    threading.Thread(target=run_torch, name="rankguard-frtrace", daemon=True).start()
+    return FrVerdict(**{**_fields(verdict), "torch_analysis": str(out)})

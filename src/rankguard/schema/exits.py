@@ -1,0 +1,65 @@
+"""Exit codes: the one list, shared by the ranks (the rerun state machine exits 16 and
+17, a preempted rank 14), the launcher and the sbatch script that decides retries on
+them. No torch, no launcher: every layer may import it.
+
+| code | name | meaning | retry the job? |
+|---|---|---|---|
+| 0 | ``EXIT_OK`` | training completed | no |
+| 1 | ``EXIT_FAILED`` | failed, cause not classified | no |
+| 2 | ``EXIT_USAGE`` | bad command line or configuration | no |
+| 3 | ``EXIT_UNHEALTHY_GPU`` | pre-launch GPU check refused this node | yes, elsewhere |
+| 10 | ``EXIT_HANG`` | a hang (heartbeat, progress, section timeout), budget spent | yes |
+| 11 | ``EXIT_CRASH`` | a rank crashed and the in-job restart budget is spent | yes |
+| 12 | ``EXIT_NO_RESTART`` | a fault whose action is ``abort`` ended the job | no |
+| 13 | ``EXIT_STRAGGLER`` | ranks stopped at one step (stop_if_detected) | yes, elsewhere |
+| 14 | ``EXIT_PREEMPTED`` | preempted: the ranks saved one step | yes, always (no retry spent) |
+| 16 | ``EXIT_RERUN_RESUME`` | a failed check reproduced: resume to re-run it | yes, elsewhere |
+| 17 | ``EXIT_RERUN_VALIDATION_FAILED`` | the first run's GPU was faulty | yes, without it |
+| 128+N | | the launcher was stopped by signal N | scheduler's call |
+
+16 and 17 are Megatron's codes. Which code the launcher exits with is
+:func:`rankguard.launcher.exitcodes.exit_code`.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "EXIT_CRASH",
+    "EXIT_FAILED",
+    "EXIT_HANG",
+    "EXIT_NO_RESTART",
+    "EXIT_OK",
+    "EXIT_PREEMPTED",
+    "EXIT_RERUN_RESUME",
+    "EXIT_RERUN_VALIDATION_FAILED",
+    "EXIT_STRAGGLER",
+    "EXIT_UNHEALTHY_GPU",
+    "EXIT_USAGE",
+    "RERUN_CODES",
+    "RETRYABLE",
+]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_UNHEALTHY_GPU = 3
+EXIT_HANG = 10
+EXIT_CRASH = 11
+EXIT_NO_RESTART = 12
+EXIT_STRAGGLER = 13
+EXIT_PREEMPTED = 14
+EXIT_RERUN_RESUME = 16
+EXIT_RERUN_VALIDATION_FAILED = 17
+RERUN_CODES = frozenset({EXIT_RERUN_RESUME, EXIT_RERUN_VALIDATION_FAILED})
+
+RETRYABLE = frozenset(
+    {
+        EXIT_UNHEALTHY_GPU,
+        EXIT_HANG,
+        EXIT_CRASH,
+        EXIT_STRAGGLER,
+        EXIT_RERUN_RESUME,
+        EXIT_RERUN_VALIDATION_FAILED,
+        EXIT_PREEMPTED,
+    }
+)

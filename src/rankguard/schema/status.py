@@ -1,0 +1,439 @@
+"""``status.json`` as one typed object: :class:`StatusDoc` and its blocks.
+
+The monitor writes the file through :meth:`StatusDoc.to_dict`; every reader (``rankguard
+status``, the report, the Prometheus exporter, :mod:`rankguard.runfiles`) reads it through
+:meth:`StatusDoc.from_dict`. Users' scripts read the file too, so its keys and their
+order are the product's: ``to_dict(from_dict(d)) == d`` for a file the monitor wrote
+(``tests/unit/schema/test_status_doc.py`` freezes the keys).
+
+Reading is tolerant: a missing block or a value of the wrong type reads as its default
+(``None``, empty), never raises, so a status written by an older or newer monitor (or cut
+by hand) still renders. Blocks that belong to other parts (an evaluator's
+``status()``, a status source's fields: ``stragglers``, ``rerun``, ``preemption``,
+``checkpoints``, ``timeouts``, ``restarts``, ...) are kept as they came, in order, and
+read with :meth:`StatusDoc.block`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rankguard.schema.findings import Finding
+from rankguard.schema.records import SCHEMA_VERSION
+
+__all__ = [
+    "MonitorInfo",
+    "NodeHealth",
+    "RankDetail",
+    "RankRow",
+    "StatusDoc",
+    "StatusSummary",
+    "parse_findings",
+]
+
+
+def _int(v: Any) -> int | None:
+    return v if type(v) is int else None
+
+
+def _num(v: Any) -> float | None:
+    return v if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def _str(v: Any) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def _dict(v: Any) -> dict[str, Any] | None:
+    return v if isinstance(v, dict) else None
+
+
+def _list(v: Any) -> list[Any]:
+    return v if isinstance(v, list) else []
+
+
+def _counts(v: Any) -> dict[str, int]:
+    if not isinstance(v, dict):
+        return {}
+    return {str(k): n for k, n in v.items() if type(n) is int}
+
+
+def _extra(d: dict[str, Any], known: frozenset[str]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if k not in known}
+
+
+@dataclass(slots=True)
+class RankRow:
+    """One rank's row (``status.json["ranks"]``; ``status_ranks.json`` holds the first
+    columns of it, :data:`rankguard.heartbeat.status.DETAIL_COLUMNS`)."""
+
+    rank: int | None = None
+    pid: int | None = None
+    hostname: str | None = None
+    node_rank: int | None = None
+    local_rank: int | None = None
+    process_liveness: str | None = None
+    gpu_progress: str | None = None
+    iteration: int | None = None
+    progress_seq: int | None = None
+    phase: str | None = None
+    phases_seen: list[str] = field(default_factory=list)
+    checkpoint_active: bool = False
+    heartbeat_age_s: float | None = None
+    progress_age_s: float | None = None
+    progress_source: str | None = None
+    perf: dict[str, Any] | None = None
+    gpu: dict[str, Any] | None = None
+    gpu_health: dict[str, Any] | None = None
+    exit: dict[str, Any] | None = None
+    active_findings: list[str] = field(default_factory=list)
+    blocked_by: list[int] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)  # keys of a newer writer
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {
+            "rank": self.rank,
+            "pid": self.pid,
+            "hostname": self.hostname,
+            "node_rank": self.node_rank,
+            "local_rank": self.local_rank,
+            "process_liveness": self.process_liveness,
+            "gpu_progress": self.gpu_progress,
+            "iteration": self.iteration,
+            "progress_seq": self.progress_seq,
+            "phase": self.phase,
+            "phases_seen": self.phases_seen,
+            "checkpoint_active": self.checkpoint_active,
+            "heartbeat_age_s": self.heartbeat_age_s,
+            "progress_age_s": self.progress_age_s,
+            "progress_source": self.progress_source,
+            "perf": self.perf,
+            "gpu": self.gpu,
+            "gpu_health": self.gpu_health,
+            "exit": self.exit,
+            "active_findings": self.active_findings,
+            "blocked_by": self.blocked_by,
+        }
+        if self.extra:
+            out.update(self.extra)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RankRow:
+        return cls(
+            rank=_int(d.get("rank")),
+            pid=_int(d.get("pid")),
+            hostname=_str(d.get("hostname")),
+            node_rank=_int(d.get("node_rank")),
+            local_rank=_int(d.get("local_rank")),
+            process_liveness=_str(d.get("process_liveness")),
+            gpu_progress=_str(d.get("gpu_progress")),
+            iteration=_int(d.get("iteration")),
+            progress_seq=_int(d.get("progress_seq")),
+            phase=_str(d.get("phase")),
+            phases_seen=[p for p in _list(d.get("phases_seen")) if isinstance(p, str)],
+            checkpoint_active=d.get("checkpoint_active") is True,
+            heartbeat_age_s=_num(d.get("heartbeat_age_s")),
+            progress_age_s=_num(d.get("progress_age_s")),
+            progress_source=_str(d.get("progress_source")),
+            perf=_dict(d.get("perf")),
+            gpu=_dict(d.get("gpu")),
+            gpu_health=_dict(d.get("gpu_health")),
+            exit=_dict(d.get("exit")),
+            active_findings=[str(f) for f in _list(d.get("active_findings"))],
+            blocked_by=[r for r in _list(d.get("blocked_by")) if type(r) is int],
+            extra=_extra(d, _ROW_KEYS),
+        )
+
+    @classmethod
+    def from_columns(cls, columns: list[str], values: list[Any]) -> RankRow:
+        """A row of ``status_ranks.json`` (``columns`` names its values)."""
+        return cls.from_dict(dict(zip(columns, values, strict=False)))
+
+
+_ROW_KEYS = frozenset(RankRow.__dataclass_fields__) - {"extra"}
+
+
+@dataclass(slots=True)
+class MonitorInfo:
+    """``status.json["monitor"]``: who scans, how scans go, what was dropped or unwritten."""
+
+    hostname: str | None = None
+    pid: int | None = None
+    pid_start: int | None = None  # with the pid: is that launcher still the one running?
+    scan_count: int | None = None
+    scan_errors: int | None = None
+    state: str | None = None  # scanning, failing, stopped
+    errors: int | None = None
+    consecutive_errors: int | None = None
+    last_error: str | None = None
+    last_scan_s: float | None = None
+    last_scan_cpu_s: float | None = None
+    last_status_write_s: float | None = None
+    status_bytes: int | None = None
+    expected_world_size: int | None = None
+    ignored_records: int | None = None
+    last_ignored: str | None = None
+    rank_errors: int | None = None
+    sink_errors: int | None = None
+    unwritten_findings: int | None = None
+    unwritten_perf_lines: int | None = None
+    dropped_lines: int | None = None
+    write_errors: int | None = None
+    status_write_errors: int | None = None
+    last_write_error: str | None = None
+    config: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    present: tuple[str, ...] | None = None  # the keys read (None: every key)
+
+    def to_dict(self) -> dict[str, Any]:
+        names = _MONITOR_FIELDS if self.present is None else self.present
+        out = {name: getattr(self, name) for name in names}
+        out.update(self.extra)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Any) -> MonitorInfo:
+        if not isinstance(d, dict):
+            return cls(present=())
+        kw: dict[str, Any] = {name: _MONITOR_KINDS[name](d.get(name)) for name in _MONITOR_FIELDS}
+        present = tuple(n for n in _MONITOR_FIELDS if n in d)
+        return cls(
+            **kw,
+            extra=_extra(d, frozenset(_MONITOR_FIELDS)),
+            present=None if len(present) == len(_MONITOR_FIELDS) else present,
+        )
+
+
+_MONITOR_FIELDS = tuple(
+    n for n in MonitorInfo.__dataclass_fields__ if n not in ("extra", "present")
+)
+_MONITOR_STR = ("hostname", "state", "last_error", "last_ignored", "last_write_error")
+_MONITOR_KINDS: dict[str, Any] = {
+    n: _dict if n == "config" else _str if n in _MONITOR_STR else _num if n.endswith("_s") else _int
+    for n in _MONITOR_FIELDS
+}
+
+
+@dataclass(slots=True)
+class StatusSummary:
+    """``status.json["summary"]``: counts over every rank, listed or not."""
+
+    ranks_expected: int | None = None
+    ranks_observed: int | None = None
+    process_liveness: dict[str, int] = field(default_factory=dict)
+    gpu_progress: dict[str, int] = field(default_factory=dict)
+    findings_total: int | None = None
+    findings_active: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    present: bool = True  # False: the status had no summary block
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ranks_expected": self.ranks_expected,
+            "ranks_observed": self.ranks_observed,
+            "process_liveness": self.process_liveness,
+            "gpu_progress": self.gpu_progress,
+            "findings_total": self.findings_total,
+            "findings_active": self.findings_active,
+            **self.extra,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any) -> StatusSummary:
+        if not isinstance(d, dict):
+            return cls(present=False)
+        return cls(
+            ranks_expected=_int(d.get("ranks_expected")),
+            ranks_observed=_int(d.get("ranks_observed")),
+            process_liveness=_counts(d.get("process_liveness")),
+            gpu_progress=_counts(d.get("gpu_progress")),
+            findings_total=_int(d.get("findings_total")),
+            findings_active=_int(d.get("findings_active")),
+            extra=_extra(d, _SUMMARY_KEYS),
+        )
+
+
+_SUMMARY_KEYS = frozenset(StatusSummary.__dataclass_fields__) - {"extra", "present"}
+
+
+@dataclass(slots=True)
+class RankDetail:
+    """``status.json["rank_detail"]``: whether ``ranks`` lists every rank (else the worst,
+    and every rank is in ``file``, ``status_ranks.json``)."""
+
+    complete: bool = True
+    listed: int | None = None
+    file: str | None = None
+    written_wall_time: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # ``selected``: rows picked by a reader
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "complete": self.complete,
+            "listed": self.listed,
+            "file": self.file,
+            "written_wall_time": self.written_wall_time,
+            **self.extra,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any) -> RankDetail:
+        if not isinstance(d, dict):
+            return cls()
+        return cls(
+            complete=d.get("complete") is not False,
+            listed=_int(d.get("listed")),
+            file=_str(d.get("file")),
+            written_wall_time=_str(d.get("written_wall_time")),
+            extra=_extra(d, frozenset(("complete", "listed", "file", "written_wall_time"))),
+        )
+
+
+@dataclass(slots=True)
+class NodeHealth:
+    """One node's GPU health in ``status.json["gpu_health"]`` (keyed by node rank)."""
+
+    status: str | None = None
+    source: str | None = None
+    hostname: str | None = None
+    age_s: float | None = None
+    gpus: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "source": self.source,
+            "hostname": self.hostname,
+            "age_s": self.age_s,
+            "gpus": self.gpus,
+            **self.extra,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any) -> NodeHealth:
+        if not isinstance(d, dict):
+            return cls()
+        return cls(
+            status=_str(d.get("status")),
+            source=_str(d.get("source")),
+            hostname=_str(d.get("hostname")),
+            age_s=_num(d.get("age_s")),
+            gpus=_int(d.get("gpus")),
+            extra=_extra(d, frozenset(("status", "source", "hostname", "age_s", "gpus"))),
+        )
+
+
+def parse_findings(lines: Any) -> tuple[list[Finding], int]:
+    """The findings among ``lines`` (dicts of ``findings.jsonl``), and how many were not
+    findings (a wrong type, an unknown finding type or reason, a bad field): skipped and
+    counted, never raised."""
+    out: list[Finding] = []
+    bad = 0
+    for line in lines if isinstance(lines, list | tuple) else ():
+        if not isinstance(line, dict):
+            bad += 1
+            continue
+        try:
+            out.append(Finding.from_dict(line))
+        except (ValueError, TypeError):
+            bad += 1
+    return out, bad
+
+
+@dataclass(slots=True)
+class StatusDoc:
+    """The whole ``status.json``. ``blocks`` are the evaluators' blocks (written between
+    ``stragglers`` and ``recent_findings``) and ``fields`` the status sources' fields
+    (written after ``recent_findings``), both in order, as they came."""
+
+    run_id: str | None = None
+    updated_wall_time: str | None = None
+    state: str | None = None
+    monitor: MonitorInfo = field(default_factory=MonitorInfo)
+    summary: StatusSummary = field(default_factory=StatusSummary)
+    ranks: list[RankRow] = field(default_factory=list)
+    rank_detail: RankDetail = field(default_factory=RankDetail)
+    gpu_health: dict[str, NodeHealth] = field(default_factory=dict)
+    disks: dict[str, Any] = field(default_factory=dict)
+    perf: dict[str, Any] | None = None
+    stragglers: Any = None
+    blocks: dict[str, Any] = field(default_factory=dict)
+    recent_findings: list[dict[str, Any]] = field(default_factory=list)
+    fields: dict[str, Any] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "run_id": self.run_id,
+            "updated_wall_time": self.updated_wall_time,
+            "state": self.state,
+            "monitor": self.monitor.to_dict(),
+            "summary": self.summary.to_dict(),
+            "ranks": [r.to_dict() for r in self.ranks],
+            "rank_detail": self.rank_detail.to_dict(),
+            "gpu_health": {node: h.to_dict() for node, h in self.gpu_health.items()},
+            "disks": self.disks,
+            "perf": self.perf,
+            "stragglers": self.stragglers,
+            **self.blocks,
+            "recent_findings": self.recent_findings,
+            **self.fields,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any) -> StatusDoc:
+        """Never raises: anything that is not a status reads as an empty one."""
+        if not isinstance(d, dict):
+            return cls(schema_version=0)
+        blocks: dict[str, Any] = {}
+        fields_: dict[str, Any] = {}
+        after = False  # past recent_findings: a status source's field
+        for key, value in d.items():
+            if key == "recent_findings":
+                after = True
+            elif key not in _DOC_KEYS:
+                (fields_ if after else blocks)[key] = value
+        ranks = d.get("ranks")
+        if isinstance(ranks, dict):  # an old writer keyed rows by rank
+            ranks = list(ranks.values())
+        health = d.get("gpu_health")
+        return cls(
+            schema_version=_int(d.get("schema_version")) or 0,
+            run_id=_str(d.get("run_id")),
+            updated_wall_time=_str(d.get("updated_wall_time")),
+            state=_str(d.get("state")),
+            monitor=MonitorInfo.from_dict(d.get("monitor")),
+            summary=StatusSummary.from_dict(d.get("summary")),
+            ranks=[RankRow.from_dict(r) for r in _list(ranks) if isinstance(r, dict)],
+            rank_detail=RankDetail.from_dict(d.get("rank_detail")),
+            gpu_health={
+                str(node): NodeHealth.from_dict(h)
+                for node, h in (health.items() if isinstance(health, dict) else ())
+            },
+            disks=_dict(d.get("disks")) or {},
+            perf=_dict(d.get("perf")),
+            stragglers=d.get("stragglers"),
+            blocks=blocks,
+            recent_findings=[f for f in _list(d.get("recent_findings")) if isinstance(f, dict)],
+            fields=fields_,
+        )
+
+    def block(self, name: str) -> Any:
+        """An evaluator's block or a status source's field (None when absent)."""
+        if name == "stragglers":
+            return self.stragglers
+        if name in self.fields:
+            return self.fields[name]
+        return self.blocks.get(name)
+
+    def findings(self) -> tuple[list[Finding], int]:
+        """``recent_findings`` as findings, and how many lines were skipped."""
+        return parse_findings(self.recent_findings)
+
+
+_DOC_KEYS = frozenset(StatusDoc.__dataclass_fields__) - {"blocks", "fields"}

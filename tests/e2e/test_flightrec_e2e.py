@@ -1,0 +1,51 @@
+"""End to end: a hang in a collective on gloo (rank 1 skips an all-reduce) under the real
+launcher; the hang's finding names rank 1 and the collective from the ranks' flight
+recorder traces, taken before the kill."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rankguard.ft.flightrec import available
+
+from .conftest import SCRIPTS, rankguard_cmd, read_jsonl, standalone_run
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
+
+
+@pytest.mark.skipif(not available(), reason="this torch has no flight recorder")
+def test_the_rank_that_skipped_an_all_reduce_is_named(tmp_path: Path, run_id: str) -> None:
+    res = subprocess.run(
+        rankguard_cmd(
+            *standalone_run(run_id, tmp_path),
+            "--set",
+            "fault_tolerance.enable_ft_package=true",
+            "--set",
+            "fault_tolerance.num_in_job_restarts=0",
+            "--set",
+            "fault_tolerance.termination_grace_s=3",
+            "--set",
+            "fault_tolerance.stack_dump=faulthandler",
+            str(SCRIPTS / "skip_allreduce.py"),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=140,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    out = res.stdout + res.stderr
+    assert res.returncode != 0, out
+    run_dir = tmp_path / "heartbeat" / run_id
+    hangs = [f for f in read_jsonl(run_dir / "findings.jsonl") if f.get("flight_recorder")]
+    assert hangs, out
+    fr = hangs[0]["flight_recorder"]
+    assert fr["missing_ranks"] == [1] and fr["waiting_ranks"] == [0], fr
+    assert fr["collective"] == "all_reduce" and fr["seq"] >= 6, fr
+    assert "rank(s) 1 did not join all_reduce" in hangs[0]["message"]
+    assert (run_dir / "flightrec" / "rank_0").exists()
+    assert (run_dir / "flightrec" / "rank_1").exists()

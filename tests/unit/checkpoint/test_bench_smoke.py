@@ -1,0 +1,39 @@
+"""``bench/checkpoint.py --smoke``: every path saves, every checkpoint passes the
+consistency check of the same run, and the table is printed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(600)  # seconds on an idle machine, minutes on a loaded one
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_the_checkpoint_bench_smoke_run_checks_every_checkpoint(tmp_path: Path) -> None:
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "checkpoint.py"), "--smoke", "--dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=580,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        cwd=ROOT,
+    )
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    for label in (
+        "sync",
+        "rankguard async (thread)",
+        "DCP async_save, default staging",
+        "DCP async_save, use_async_staging",
+    ):
+        row = [line for line in out.splitlines() if line.strip().startswith(label + " ")]
+        assert row and row[-1].endswith("2/2 consistent"), (label, out)
+    assert "INCONSISTENT" not in out and "verdict: rankguard async total stall" in out
+    assert not list(tmp_path.iterdir())  # the scratch directory is removed
