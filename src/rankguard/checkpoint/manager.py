@@ -47,6 +47,7 @@ from rankguard import runenv
 from rankguard._fs import atomic_write_json, fsync_dir
 from rankguard.checkpoint.config import CheckpointConfig
 from rankguard.checkpoint.files import (
+    MANIFEST_FILE,
     TMP_PREFIX,
     CheckpointError,
     DirLock,
@@ -56,6 +57,7 @@ from rankguard.checkpoint.files import (
     prune,
     read_manifest,
     replace_dir,
+    root_problem,
     step_dir_name,
     verify_files,
     write_commit,
@@ -587,7 +589,12 @@ class CheckpointManager:
     def _persistent_candidates(self) -> list[tuple[int, Any]]:
         if self.load_dir is None:
             return []
-        listed = committed_steps(self.load_dir) if self.rank == 0 else []
+        problem = root_problem(self.load_dir, owner=False) if self.rank == 0 else None
+        errors = self.group.errors(problem)
+        if errors:
+            raise CheckpointError("checkpoint load directory not usable: " + errors[0])
+        # a step may link to another run's (read only here; retention never follows it)
+        listed = committed_steps(self.load_dir, links=True) if self.rank == 0 else []
         return [
             (step, Path(path))
             for step, path in self.group.broadcast([(s, str(p)) for s, p in listed])
@@ -615,7 +622,8 @@ class CheckpointManager:
                     )
             assert mine is not None
             payload = deserialize(mine)
-        except (CheckpointError, OSError, RuntimeError) as exc:
+            per_rank = self.plan.parse_per_rank(payload["per_rank"])
+        except (CheckpointError, OSError, RuntimeError, KeyError) as exc:
             error = f"rank {self.rank}: {_describe(exc)}"
         errors = self.group.errors(error)
         if errors:
@@ -627,7 +635,7 @@ class CheckpointManager:
         current = self.plan.global_state_dict()
         _copy_into(current, payload["global"], "")
         self.plan.load_global(current)
-        self.plan.load_per_rank(payload["per_rank"])
+        self.plan.load_per_rank(per_rank)
         self._loaded("local", step, self.local.root)
         return True
 
@@ -636,10 +644,12 @@ class CheckpointManager:
         try:
             error = None
             manifest: dict[str, Any] = {}
+            per_rank: dict[str, Any] | None = None
             try:
                 manifest = read_manifest(path)
                 names = sorted(manifest["files"])
                 verify_files(path, manifest, names[self.rank :: self.world])
+                per_rank = self._per_rank_of(path, manifest)
             except CheckpointError as exc:
                 error = str(exc)
             errors = self.group.errors(error)
@@ -668,14 +678,27 @@ class CheckpointManager:
                     f"checkpoint step {step} at {path} does not fit the state: {_describe(exc)}"
                 ) from exc
             self.plan.load_global(current)
-            saved_world = int(manifest.get("world_size") or self.world)
-            per_rank = path / PER_RANK_FILE.format(rank=self.rank % saved_world)
-            if per_rank.exists():
-                self.plan.load_per_rank(per_rank.read_bytes())
+            if per_rank is not None:
+                self.plan.load_per_rank(per_rank)
             self._loaded("persistent", step, path)
             return True
         finally:
             self._protect.discard(path)
+
+    def _per_rank_of(self, path: Path, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        """This rank's saved own state in checkpoint ``path`` (plain data only), if any."""
+        saved_world = manifest.get("world_size") or self.world
+        if type(saved_world) is not int or saved_world < 1:
+            raise CheckpointError(f"{path / MANIFEST_FILE}: world_size {saved_world!r:.40}")
+        per_rank = path / PER_RANK_FILE.format(rank=self.rank % saved_world)
+        if not per_rank.exists():
+            return None
+        try:
+            return self.plan.parse_per_rank(per_rank.read_bytes())
+        except OSError as exc:
+            raise CheckpointError(f"{per_rank}: unreadable ({exc.strerror})") from None
+        except CheckpointError as exc:
+            raise CheckpointError(f"{per_rank}: {exc}") from None
 
     def _loaded(self, tier: str, step: int, path: Path) -> None:
         if (self.last_committed[tier] or -1) < step:

@@ -6,10 +6,16 @@ Models go through DCP's ``get_model_state_dict``/``set_model_state_dict`` (DDP a
 alike), optimizers through ``get_optimizer_state_dict``/``set_optimizer_state_dict`` with
 the model that owns their parameters; anything else with ``state_dict``/``load_state_dict``
 is saved as it is.
+
+Each rank's own state is one pickle; it is read back by :func:`load_plain`, which
+rebuilds only plain data (dicts, lists, tuples, sets, strings, numbers, bytes), tensors
+(through ``torch.load(weights_only=True)``) and NumPy arrays: a planted file cannot run
+code at load time, it is refused with an error naming what it asked for.
 """
 
 from __future__ import annotations
 
+import io
 import pickle
 import random
 from collections.abc import Mapping
@@ -24,7 +30,76 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-__all__ = ["DataPosition", "PerRank", "RNGState", "StatePlan"]
+from rankguard.checkpoint.files import CheckpointError
+
+__all__ = ["DataPosition", "PerRank", "RNGState", "StatePlan", "UnsafeStateError", "load_plain"]
+
+
+class UnsafeStateError(CheckpointError):
+    """Per-rank state that cannot be loaded: it asks for more than plain data, tensors
+    and arrays, or it is not a pickle at all."""
+
+
+def _storage_from_bytes(data: bytes) -> Any:
+    # what ``torch.storage._load_from_bytes`` does, without arbitrary unpickling
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
+def _allowed() -> dict[tuple[str, str], Any]:
+    import collections
+
+    import torch._utils
+
+    out: dict[tuple[str, str], Any] = {
+        ("collections", "OrderedDict"): collections.OrderedDict,
+        ("builtins", "set"): set,
+        ("builtins", "frozenset"): frozenset,
+        ("builtins", "complex"): complex,
+        ("builtins", "bytearray"): bytearray,
+        ("torch._utils", "_rebuild_tensor_v2"): torch._utils._rebuild_tensor_v2,
+        ("torch.storage", "_load_from_bytes"): _storage_from_bytes,
+    }
+    try:
+        import numpy as np
+    except ImportError:
+        return out
+    core = getattr(np, "_core", None) or np.core  # NumPy 2 names it _core; pickles say either
+    for mod in ("numpy.core", "numpy._core"):
+        out[(f"{mod}.numeric", "_frombuffer")] = core.numeric._frombuffer
+        out[(f"{mod}.multiarray", "_reconstruct")] = core.multiarray._reconstruct
+        out[(f"{mod}.multiarray", "scalar")] = core.multiarray.scalar
+    out[("numpy", "ndarray")] = np.ndarray
+    out[("numpy", "dtype")] = np.dtype
+    return out
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    allowed: dict[tuple[str, str], Any] = {}
+
+    def find_class(self, module: str, name: str) -> Any:
+        found = self.allowed.get((module, name))
+        if found is None:
+            raise UnsafeStateError(
+                f"per-rank state asks for {module}.{name}: only plain data, tensors and "
+                "NumPy arrays are loaded (a file not written by this job?)"
+            )
+        return found
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise UnsafeStateError("per-rank state: persistent references are not loaded")
+
+
+def load_plain(data: bytes) -> Any:
+    """Unpickle ``data`` allowing only plain data, tensors and NumPy arrays;
+    :class:`UnsafeStateError` names anything else it asks for."""
+    if not _PlainUnpickler.allowed:
+        _PlainUnpickler.allowed = _allowed()
+    try:
+        return _PlainUnpickler(io.BytesIO(data)).load()
+    except UnsafeStateError:
+        raise
+    except Exception as exc:  # a torn or foreign file: whatever the unpickler raised
+        raise UnsafeStateError(f"per-rank state unreadable: {type(exc).__name__}: {exc}") from None
 
 
 class PerRank:
@@ -175,8 +250,16 @@ class StatePlan:
             protocol=pickle.HIGHEST_PROTOCOL,
         )
 
-    def load_per_rank(self, data: bytes) -> None:
-        loaded = pickle.loads(data)
+    def parse_per_rank(self, data: bytes) -> dict[str, Any]:
+        """The saved per-rank state (:func:`load_plain`), not yet applied."""
+        loaded = load_plain(data)
+        if not isinstance(loaded, dict):
+            raise UnsafeStateError(f"per-rank state: a mapping, got {type(loaded).__name__}")
+        return loaded
+
+    def load_per_rank(self, data: bytes | dict[str, Any]) -> None:
+        """Apply saved per-rank state (bytes as saved, or :meth:`parse_per_rank`'s)."""
+        loaded = self.parse_per_rank(data) if isinstance(data, bytes) else data
         for name, obj in self.per_rank.items():
             if name in loaded:
                 obj.load_state_dict(loaded[name])

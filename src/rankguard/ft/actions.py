@@ -14,7 +14,11 @@ Only this node's workers are signalled: with the agent's registry of its workers
 reused since) is refused and logged, the finding saying so.
 
 One fault, one action: while a restart is under way, further findings (the peers of a
-dead rank going stale) are recorded but not acted on. An action that fails (the kill,
+dead rank going stale) are recorded but not acted on. That state ends when the agent
+starts the new group (:meth:`FaultHandler.restarted`), or when the agent saw no group
+failure (:meth:`FaultHandler.group_failed`) within ``busy_grace_s`` of the action: a
+finding that stopped nothing (a forged ``process_end``: no worker failed) must not
+disarm fault tolerance for the rest of the job. An action that fails (the kill,
 the agent, the store) ends that state, so the next fault is acted on again, and leaves
 no mark: the agent's cause (and an abort) and the monitor's restart notice are
 withdrawn, so later exits are findings again, not a restart's doing; stacks that
@@ -27,6 +31,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -77,7 +82,10 @@ class FaultHandler(FindingSink):
     (named in the finding), :meth:`after_write` kills the culprit.
 
     ``workers``: the processes this launcher may signal (the agent's current workers);
-    None trusts the records' pids (for a caller that started them itself)."""
+    None trusts the records' pids (for a caller that started them itself).
+    ``busy_grace_s``: how long after an action the agent has to see its group fail
+    (default: two stack dump timeouts, the termination grace and 30 s for the agent and
+    the relays to notice)."""
 
     def __init__(
         self,
@@ -88,6 +96,8 @@ class FaultHandler(FindingSink):
         *,
         remote_kill: RemoteKill | None = None,
         workers: WorkerRegistry | None = None,
+        busy_grace_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cfg = cfg
         self.workers = workers
@@ -100,11 +110,52 @@ class FaultHandler(FindingSink):
         self.action_errors = 0
         self._busy = False
         self._lock = threading.Lock()
+        self.clock = clock
+        self.busy_grace_s = (
+            busy_grace_s
+            if busy_grace_s is not None
+            else 2 * cfg.stack_dump_timeout_s + cfg.termination_grace_s + 30.0
+        )
+        self.busy_expired = 0  # actions after which no group failure came
+        self._acted_at: float | None = None  # when the action under way was taken
+        self._failure_seen = False
+        self._undo: tuple[dict[str, Any] | None, str] | None = None  # its cause, reason
 
     def restarted(self) -> None:
         """The agent started a new worker group: act on the next fault again."""
         with self._lock:
             self._busy = False
+            self._acted_at = None
+            self._undo = None
+
+    def group_failed(self) -> None:
+        """The agent saw its worker group fail: the restart under way is real."""
+        with self._lock:
+            self._failure_seen = True
+
+    def _expire(self) -> None:
+        """Called with the lock held: end a busy state no group failure followed."""
+        if not self._busy or self._failure_seen or self._acted_at is None:
+            return
+        waited = self.clock() - self._acted_at
+        if waited <= self.busy_grace_s:
+            return
+        self.busy_expired += 1
+        cause, reason = self._undo or (None, "")
+        logger.warning(
+            "rankguard: no worker group failure %.0fs after the %s (busy_grace_s=%g): "
+            "nothing was stopped; acting on faults again",
+            waited,
+            reason or "last action",
+            self.busy_grace_s,
+        )
+        if cause is not None:
+            self.agent.withdraw_cause(cause)
+        if reason:
+            self.monitor.rules.cancel_restart(reason)
+        self._busy = False
+        self._acted_at = None
+        self._undo = None
 
     # ---- before the finding is written -----------------------------------------------
 
@@ -117,6 +168,7 @@ class FaultHandler(FindingSink):
                 finding.action = f"report ({action} impossible: {blocker})"
                 return
         with self._lock:
+            self._expire()
             if action != "report" and self._busy:
                 finding.action = "none (a restart is already under way)"
                 return
@@ -124,6 +176,8 @@ class FaultHandler(FindingSink):
             if action == "report":
                 return
             self._busy = True
+            self._acted_at = None
+            self._failure_seen = False
         if ftype is FindingType.PROCESS_EXITED:
             return  # nothing left to dump: the process is gone
         errors: dict[str, str] = {}
@@ -221,9 +275,11 @@ class FaultHandler(FindingSink):
             # their exit codes and error files (a rank killed by a signal before its
             # peers' errors); the monitor, seeing several exits in one scan, cannot order
             # them. So the agent's failure report is the restart's cause.
+            reason = f"{action} after {finding.finding_type.value} on rank {rank}"
             if action == "abort":
                 self.agent.set_cause(cause, abort=True)
-            self.monitor.note_restart(f"{action} after {finding.finding_type.value} on rank {rank}")
+            self.monitor.note_restart(reason)
+            self._armed(cause if action == "abort" else None, reason)
             return
         reason = f"{action} after {finding.finding_type.value} on rank {rank}"
         self.agent.set_cause(cause, abort=action == "abort")
@@ -235,6 +291,16 @@ class FaultHandler(FindingSink):
             raise
         if not killed:
             self._withdraw(cause, reason)
+        else:
+            self._armed(cause, reason)
+
+    def _armed(self, cause: dict[str, Any] | None, reason: str) -> None:
+        """The action is taken: from now the agent has ``busy_grace_s`` to see its group
+        fail, else the busy state ends (and ``cause`` and the restart notice with it)."""
+        with self._lock:
+            if self._busy:
+                self._acted_at = self.clock()
+                self._undo = (cause, reason)
 
     def _kill(self, rank: int, action: str) -> bool:
         """SIGKILL the culprit (here, or through its node's relay); False if it was not
@@ -270,3 +336,5 @@ class FaultHandler(FindingSink):
         self.monitor.rules.cancel_restart(reason)
         with self._lock:
             self._busy = False
+            self._acted_at = None
+            self._undo = None

@@ -16,17 +16,18 @@ the local agent started (:class:`OwnedWorkers`: pid and start time, so a pid reu
 another process since is not a worker). Refused with a log line, neither dumped nor
 killed, and reported in the result: pids that cannot be meant (``<= 1``: a signal to 0
 or -1 reaches a process group or every process), pids no longer running, and pids that
-are not a current worker of this node.
+are not a current worker of this node. The kill itself goes through a pidfd
+(:func:`signal_pid`): opened, checked again, signalled, so a pid reused between the
+check and the signal is never hit.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,7 @@ __all__ = [
     "dump_stacks_of",
     "dump_then_kill",
     "kill_marked",
+    "signal_pid",
 ]
 
 logger = logging.getLogger(__name__)
@@ -240,10 +242,42 @@ def _kill(
             refusals.append(KillRefusal(target.rank, target.pid, refused))
             continue
         logger.info("rankguard: SIGKILL to rank %d (pid %d)", target.rank, target.pid)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(target.pid, signal.SIGKILL)
+        sent = signal_pid(target.pid, signal.SIGKILL, None if owner is None else owner.owns)
+        if sent:
             killed.append(target.pid)
+        elif sent is None:
+            refusals.append(KillRefusal(target.rank, target.pid, NOT_A_WORKER))
     return killed, refusals
+
+
+def signal_pid(pid: int, sig: int, still_ours: Callable[[int], bool] | None) -> bool | None:
+    """Send ``sig`` to ``pid`` if ``still_ours(pid)`` holds at the time it is sent:
+    through a pidfd where the kernel has them (opened first, then checked, then
+    signalled: the process cannot be replaced in between), else with ``os.kill`` right
+    after the check. True: sent; False: the process is gone; None: refused."""
+    open_pidfd = getattr(os, "pidfd_open", None)
+    send = getattr(signal, "pidfd_send_signal", None)
+    fd = None
+    if open_pidfd is not None and send is not None:
+        try:
+            fd = open_pidfd(pid)
+        except ProcessLookupError:
+            return False
+        except OSError:  # no pidfds here (an old kernel, a sandbox)
+            fd = None
+    try:
+        if still_ours is not None and not still_ours(pid):
+            return None
+        if fd is not None and send is not None:
+            send(fd, sig)
+        else:
+            os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def kill_marked(targets: Iterable[KillTarget], *, owner: WorkerRegistry | None = None) -> list[int]:

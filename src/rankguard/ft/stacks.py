@@ -13,6 +13,11 @@ Two ways, best first:
   (sleep, a collective). A stopped process gets SIGCONT after the signal so it can write.
 
 The launcher calls :func:`dump_stacks` before any kill, and the finding names the file.
+
+The dump signal goes only to a process that handles it (``SigCgt`` in
+``/proc/<pid>/status``): sent to a rank that has not yet registered its handler, its
+default action would kill the rank. Stack files are opened without following a
+symbolic link (one planted in the stacks folder would redirect the append).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from typing import IO, Any
 from rankguard.heartbeat.procs import process_state
 from rankguard.schema.layout import RunLayout
 
-__all__ = ["DUMP_SIGNAL", "dump_stacks", "install_dump_handler", "stack_file"]
+__all__ = ["DUMP_SIGNAL", "dump_stacks", "handles_signal", "install_dump_handler", "stack_file"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,13 +47,32 @@ def stack_file(run_dir: Path, rank: int, pid: int) -> Path:
     return RunLayout(Path(run_dir)).stack_dump(rank, pid)
 
 
+def _open_append(path: Path) -> IO[Any]:
+    """``path`` opened to append text, never through a symbolic link (ELOOP)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o640)
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
+def handles_signal(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (Linux: its ``SigCgt`` mask);
+    False when that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (int(sig) - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        return False
+    return False
+
+
 def install_dump_handler(run_dir: Path, rank: int) -> IO[Any] | None:
     """Rank side, at start-up: faulthandler writes all threads' stacks on DUMP_SIGNAL.
     Keep the returned file open for the life of the process."""
     path = stack_file(run_dir, rank, os.getpid())
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - must outlive this call
+        fh = _open_append(path)  # must outlive this call
         faulthandler.register(DUMP_SIGNAL, file=fh, all_threads=True, chain=False)
         return fh
     except (OSError, RuntimeError, ValueError) as exc:
@@ -83,7 +107,12 @@ def _py_spy(pid: int, out: Path, timeout_s: float) -> bool:
     else:
         return False
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "a", encoding="utf-8") as fh:
+    try:
+        fh = _open_append(out)
+    except OSError as exc:
+        logger.warning("rankguard: cannot write the stacks of pid %d to %s: %s", pid, out, exc)
+        return False
+    with fh:
         fh.write(f"\n=== py-spy dump at {time.strftime('%Y-%m-%dT%H:%M:%S%z')} ===\n")
         if extra:
             fh.write("(py-spy --native: native frames included)\n")
@@ -91,8 +120,23 @@ def _py_spy(pid: int, out: Path, timeout_s: float) -> bool:
     return True
 
 
+def _size(path: Path) -> int:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return 0
+    return st.st_size if not os.path.islink(path) else 0
+
+
 def _faulthandler(pid: int, out: Path, timeout_s: float) -> bool:
-    before = out.stat().st_size if out.exists() else 0
+    if not handles_signal(pid, DUMP_SIGNAL):
+        logger.warning(
+            "rankguard: pid %d has no stack dump handler (yet): not signalled (the signal "
+            "would kill it)",
+            pid,
+        )
+        return False
+    before = _size(out)
     try:
         os.kill(pid, DUMP_SIGNAL)
         if process_state(pid) in ("T", "t"):
@@ -103,7 +147,7 @@ def _faulthandler(pid: int, out: Path, timeout_s: float) -> bool:
     size, stable_since = before, time.monotonic()
     while time.monotonic() < deadline:
         time.sleep(0.05)
-        now_size = out.stat().st_size if out.exists() else 0
+        now_size = _size(out)
         if now_size != size:
             size, stable_since = now_size, time.monotonic()
         elif size > before and time.monotonic() - stable_since > 0.05:

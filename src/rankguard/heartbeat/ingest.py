@@ -10,7 +10,6 @@ reported through ``write_failed`` and tried again.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -23,6 +22,7 @@ from rankguard.health import gpu_for_rank
 from rankguard.heartbeat.api import RemoteSource
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.disk import DiskState, disk_state
+from rankguard.heartbeat.payloads import PayloadError, check_health, load_json
 from rankguard.heartbeat.procs import pid_running
 from rankguard.heartbeat.rules import HeartbeatRules
 from rankguard.heartbeat.tailer import JsonlTailer
@@ -184,8 +184,8 @@ class Ingest:
                 if known is not None and known[1] == mtime:
                     continue
                 try:
-                    snapshot = json.loads(Path(entry.path).read_text(encoding="utf-8"))
-                except (OSError, ValueError):
+                    snapshot = check_health(load_json(Path(entry.path).read_bytes()))
+                except (OSError, PayloadError):
                     continue
                 self.health[node_rank] = (snapshot, mtime, now)
                 self._health_stale[node_rank] = False

@@ -52,6 +52,7 @@ from rankguard.schema.findings import Finding
 from rankguard.schema.layout import RunLayout
 from rankguard.schema.records import SCHEMA_VERSION
 from rankguard.schema.status import MonitorInfo, NodeHealth, StatusDoc
+from rankguard.textsafe import safe_text
 
 __all__ = [
     "DETAIL_COLUMNS",
@@ -79,6 +80,7 @@ class JobMonitor:
         run_id: str,
         *,
         expected_world_size: int | None = None,
+        max_world_size: int | None = None,
         remote: RemoteSource | None = None,
         check_pids: bool = True,
         clock: Callable[[], float] = time.monotonic,
@@ -105,6 +107,7 @@ class JobMonitor:
             cfg,
             run_id,
             expected_world_size=expected_world_size,
+            max_world_size=max_world_size,
             started_at=clock(),
             section_timeouts=section_timeouts,
             out_of_section_timeout=out_of_section_timeout,
@@ -410,7 +413,7 @@ class JobMonitor:
         self._written(self._findings_out, self._findings_out.append(lines))
         self.recent_findings.extend(lines)
         for f in findings:
-            logger.warning("rankguard finding: %s", f.message)
+            logger.warning("rankguard finding: %s", safe_text(f.message))
             self._each_sink("after_write", f)
 
     def _each_sink(self, step: str, finding: Finding) -> None:

@@ -51,7 +51,6 @@ from rankguard.agree import write_control
 from rankguard.ft.kill import (
     DEFAULT_DUMP_POLICY,
     DumpPolicy,
-    KillTarget,
     OwnedWorkers,
     WorkerRegistry,
     dump_then_kill,
@@ -59,10 +58,12 @@ from rankguard.ft.kill import (
 from rankguard.heartbeat.api import RemoteSource
 from rankguard.heartbeat.delta import RecordPatcher, stable_part, tick_row
 from rankguard.heartbeat.disk import DiskState, disk_state
+from rankguard.heartbeat.payloads import NodeBase, PayloadError, Tick, parse_kill_request
 from rankguard.heartbeat.procs import pid_running
 from rankguard.heartbeat.tailer import JsonlTailer
 from rankguard.schema.layout import HEARTBEAT_FILE_RE, RunLayout, StoreKeys
 from rankguard.schema.records import Event, HeartbeatRecord, RecordError, supersedes
+from rankguard.wakeup import Wakeup
 
 _MAX_MULTI_GET = 4096  # keys per multi_get round trip (bounded replies)
 
@@ -115,10 +116,11 @@ class StoreRelay:
         self.stopped: str | None = None  # why the relay thread ended on an error
         self.ignored_records = 0
         self._latest: dict[int, HeartbeatRecord] = {}
-        self._started: dict[int, int] = {}  # rank -> start time (ns) of its latest process
+        # rank -> start time (ns) of its latest process: wall clock, monotonic clock
+        self._started: dict[int, tuple[int, int | None]] = {}
         self._tailers: dict[str, JsonlTailer] = {}
         self._stop = threading.Event()
-        self._wake = threading.Event()  # push now (the launcher is stopping the node)
+        self._wake = Wakeup()  # push now (set from a signal handler: no lock)
         self.shutdown: str | None = None  # why this node's launcher stops its workers
         self.root_cause: tuple[int, int | None] | None = None  # from this node's agent
         self._thread: threading.Thread | None = None
@@ -176,7 +178,6 @@ class StoreRelay:
             # bounded back-off while pushes keep failing in a way push_once did not catch
             wait = min(MAX_BACKOFF_S, self.interval_s * 2.0 ** min(failures, 16))
             self._wake.wait(max(self.interval_s, wait) if failures else self.interval_s)
-            self._wake.clear()
             if self._stop.is_set():
                 break
             try:
@@ -228,10 +229,11 @@ class StoreRelay:
         if rec.run_id != self.run_id:
             return
         old = self._latest.get(rec.rank)
-        if not supersedes(rec, old, old_start_ns=self._started.get(rec.rank)):
+        start, start_mono = self._started.get(rec.rank, (None, None))
+        if not supersedes(rec, old, old_start_ns=start, old_start_mono_ns=start_mono):
             return
         if old is None or old.pid != rec.pid or rec.event is Event.PROCESS_START:
-            self._started[rec.rank] = rec.wall_time_ns
+            self._started[rec.rank] = (rec.wall_time_ns, rec.monotonic_ns)
         self._latest[rec.rank] = rec
 
     def _health(self) -> dict[str, Any] | None:
@@ -248,7 +250,13 @@ class StoreRelay:
             return
         raw = self.store.get(key)
         self.store.delete_key(key)
-        targets = [KillTarget.from_dict(t) for t in json.loads(raw)]
+        targets, dropped = parse_kill_request(raw)
+        if dropped:
+            logger.warning(
+                "rankguard relay: kill request: %d duplicate or malformed entr%s dropped",
+                dropped,
+                "y" if dropped == 1 else "ies",
+            )
         # In parallel: N hung ranks hold this loop for about one dump timeout, not N.
         done = dump_then_kill(self.run_dir, targets, self.dump_policy, owner=self.workers)
         for res in done.dumps:
@@ -435,32 +443,34 @@ class StoreRemoteSource(RemoteSource):
             if raw == st.tick_raw:
                 continue
             try:
-                tick = json.loads(raw)
-                key = (tick["epoch"], tick["gen"])
-            except (ValueError, TypeError, KeyError):
-                self._bad(f"node {node}: unreadable tick")
+                tick = Tick.parse(raw)
+            except PayloadError as exc:
+                self._bad(f"node {node}: unusable tick: {exc}")
                 continue
             st.tick_raw = raw
             # a new tick: the relay is alive (its disk state counts for a while)
-            self._pushed[node] = (tick.get("seq"), self.clock())
+            self._pushed[node] = (tick.seq, self.clock())
             changed[node] = tick
-            disk = DiskState.from_dict(tick.get("disk"))
-            if disk is not None:
-                self._disks[node] = disk
-            if key != st.base_gen:
+            if tick.disk is not None:
+                self._disks[node] = tick.disk
+            if tick.key != st.base_gen:
                 need_base.append(node)
         out: list[dict[str, Any] | HeartbeatRecord] = []
         health: dict[int, dict[str, Any]] = {}
         bases = self._multi_get([self.keys.heartbeats(n) for n in need_base])
         for node, raw in zip(need_base, bases, strict=True):
-            snapshot = self._load_base(node, raw, out)
+            try:  # each node in isolation: one node's bad payload never stops the others
+                snapshot = self._load_base(node, raw, out)
+            except Exception as exc:
+                self._bad(f"node {node}: records failed: {type(exc).__name__}: {exc}")
+                continue
             if snapshot:
                 health[node] = snapshot
         for node, tick in changed.items():
             st = self._state[node]
-            if (tick["epoch"], tick["gen"]) != st.base_gen:
+            if tick.key != st.base_gen:
                 continue  # full records newer than this tick: the next tick follows them
-            for row in tick.get("ranks") or ():
+            for row in tick.rows:
                 self._patch(node, st, row, out)
         return out, health
 
@@ -470,7 +480,7 @@ class StoreRemoteSource(RemoteSource):
         try:
             patcher = st.patchers.get(row[0]) if type(row) is list and row else None
             rec = patcher.apply(row) if patcher is not None else None
-        except RecordError as exc:
+        except (RecordError, TypeError) as exc:  # TypeError: an unhashable rank
             self._bad(f"node {node}: {exc}")
             return
         if rec is None:
@@ -484,38 +494,44 @@ class StoreRemoteSource(RemoteSource):
     def _load_base(
         self, node: int, raw: Any, out: list[dict[str, Any] | HeartbeatRecord]
     ) -> dict[str, Any] | None:
+        """Node ``node``'s full records, used only when the whole payload parses; its
+        records count only if they say they are of that node (``node_rank``)."""
         st = self._state[node]
         try:
-            payload = json.loads(raw)
-            key = (payload.get("epoch"), payload.get("gen"))
-        except (ValueError, TypeError, AttributeError):
-            self._bad(f"node {node}: unreadable records")
+            base = NodeBase.parse(raw)
+        except PayloadError as exc:
+            self._bad(f"node {node}: unusable records: {exc}")
             return None
-        if key == st.base_gen:
+        if base.key == st.base_gen:
             return None  # the records we have (a tick older than them was read)
-        st.base_gen = key
-        st.patchers = {}
-        st.raw_records = []
-        for item in payload.get("records") or []:
+        patchers: dict[int, RecordPatcher] = {}
+        raw_records: list[dict[str, Any]] = []
+        typed: list[HeartbeatRecord] = []
+        for item in base.records:
             try:
                 rec = HeartbeatRecord.from_dict(item)
             except RecordError:
-                st.raw_records.append(item)  # the monitor counts it
-                out.append(item)
+                raw_records.append(item)  # the monitor counts it
                 continue
-            st.patchers[rec.rank] = RecordPatcher(rec)
+            if rec.node_rank != node:
+                self._bad(f"node {node}: a record of node {rec.node_rank} under its key")
+                continue
+            patchers[rec.rank] = RecordPatcher(rec)
+            typed.append(rec)
+        st.base_gen = base.key
+        st.patchers = patchers
+        st.raw_records = raw_records
+        out.extend(raw_records)
+        for rec in typed:
             self._current[rec.rank] = rec
             out.append(rec)
-        root = payload.get("root_cause")
-        if isinstance(root, list) and len(root) == 2 and type(root[0]) is int:
-            self._root_causes[node] = (root[0], root[1] if type(root[1]) is int else None)
-        if isinstance(payload.get("shutdown"), str):
-            self._shutdowns[node] = payload["shutdown"][:200]
-        disk = DiskState.from_dict(payload.get("disk"))
-        if disk is not None and node not in self._disks:
-            self._disks[node] = disk
-        health = payload.get("health")
-        st.health = health if isinstance(health, dict) else None
+        if base.root_cause is not None:
+            self._root_causes[node] = base.root_cause
+        if base.shutdown is not None:
+            self._shutdowns[node] = base.shutdown
+        if base.disk is not None and node not in self._disks:
+            self._disks[node] = base.disk
+        st.health = base.health
         return st.health
 
     def ignored(self) -> tuple[int, str | None]:

@@ -56,7 +56,15 @@ from rankguard.schema.findings import Finding, FindingType, Liveness, Progress, 
 from rankguard.schema.records import MAX_RANKS, Event, HeartbeatRecord, RecordError, supersedes
 from rankguard.timeline import CHECKPOINT_PHASE, EVAL_PHASE, SETUP_PHASE, TRAIN_PHASE
 
-__all__ = ["FindingType", "HeartbeatRules", "Liveness", "Progress", "RankState", "Reason"]
+__all__ = [
+    "NEVER_SEEN_EACH",
+    "FindingType",
+    "HeartbeatRules",
+    "Liveness",
+    "Progress",
+    "RankState",
+    "Reason",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +76,7 @@ class RankState:
     record: HeartbeatRecord | None = None  # latest record of the current pid
     seen_at: float | None = None  # monitor clock when ``record`` was first seen
     start_wall_ns: int | None = None
+    start_mono_ns: int | None = None  # the same start by the host's monotonic clock
     liveness: Liveness = Liveness.NOT_OBSERVED
     progress: Progress = Progress.NOT_OBSERVED
     heartbeat_age_s: float | None = None
@@ -95,6 +104,7 @@ class RankState:
         self.record = None
         self.seen_at = None
         self.start_wall_ns = None
+        self.start_mono_ns = None
         self.liveness = Liveness.NOT_OBSERVED
         self.progress = Progress.NOT_OBSERVED
         self.heartbeat_age_s = None
@@ -113,6 +123,11 @@ class RankState:
 HealthLookup = Callable[[HeartbeatRecord], dict[str, Any] | None]
 
 
+#: Up to this many ranks never seen get a finding each; more get one finding together.
+NEVER_SEEN_EACH = 8
+NEVER_SEEN_SAMPLE = 32  # ranks named in that finding's detail
+
+
 class HeartbeatRules:
     """Feed records with :meth:`ingest`, call :meth:`evaluate` once per scan."""
 
@@ -125,8 +140,11 @@ class HeartbeatRules:
         started_at: float,
         section_timeouts: dict[str, float] | None = None,
         out_of_section_timeout: float | None = None,
+        max_world_size: int | None = None,
     ) -> None:
-        """``section_timeouts``: ``step``, ``setup`` and ``checkpointing`` replace the
+        """``max_world_size``: the most ranks the rendezvous allows (max nodes x ranks
+        per node; records claiming more, or of a rank past it, are ignored).
+        ``section_timeouts``: ``step``, ``setup`` and ``checkpointing`` replace the
         progress timeouts of the train phase, before the first step and while saving;
         any other name is the timeout of that phase (eval, a user section), and
         ``out_of_section_timeout`` that of a phase without one."""
@@ -135,6 +153,7 @@ class HeartbeatRules:
         self.out_of_section_timeout = out_of_section_timeout
         self.run_id = run_id
         self.expected_world_size = expected_world_size
+        self.rank_limit = expected_world_size or max_world_size or MAX_RANKS
         self.started_at = started_at
         self.ranks: dict[int, RankState] = {}
         self.ignored_records = 0
@@ -142,7 +161,7 @@ class HeartbeatRules:
         self.rank_errors = 0  # evaluations of one rank that raised (logged, skipped)
         self.root_cause: tuple[int, int | None] | None = None  # from the agent
         self.findings_total = 0
-        self._never_seen_fired: set[int] = set()
+        self._never_seen_upto = 0  # ranks below it were seen or reported never seen
         self._first_sighting: float | None = None
         self.first_failure: tuple[int, float] | None = None  # (rank, monitor time)
         self.shutdown: str | None = None  # why the launcher is stopping the workers
@@ -174,17 +193,19 @@ class HeartbeatRules:
             record = raw
         else:
             try:
-                record = HeartbeatRecord.from_dict(
-                    raw, max_ranks=self.expected_world_size or MAX_RANKS
-                )
+                record = HeartbeatRecord.from_dict(raw, max_ranks=self.rank_limit)
             except RecordError as exc:
                 self._ignore(f"invalid record: {exc}")
                 return None
         if record.run_id != self.run_id:
             self._ignore(f"record of another run ({record.run_id[:64]!r})")
             return None
-        if self.expected_world_size and record.rank >= self.expected_world_size:
+        if record.rank >= self.rank_limit:
             self._ignore(f"rank {record.rank} outside the job")
+            return None
+        world = record.world_size
+        if self.expected_world_size is None and world is not None and world > self.rank_limit:
+            self._ignore(f"world_size {world} past the job's {self.rank_limit} ranks")
             return None
         return record
 
@@ -202,7 +223,12 @@ class HeartbeatRules:
         state = self.ranks.get(rank)
         if state is None:
             state = self.ranks[rank] = RankState(rank=rank)
-        if not supersedes(record, state.record, old_start_ns=state.start_wall_ns):
+        if not supersedes(
+            record,
+            state.record,
+            old_start_ns=state.start_wall_ns,
+            old_start_mono_ns=state.start_mono_ns,
+        ):
             if state.record is not None and record.pid != state.record.pid:
                 self._ignore(f"late record of a replaced process of rank {rank}")
             return False
@@ -233,6 +259,7 @@ class HeartbeatRules:
             self._first_sighting = now
         if record.event is Event.PROCESS_START or state.start_wall_ns is None:
             state.start_wall_ns = record.wall_time_ns
+            state.start_mono_ns = record.monotonic_ns
         self._due.changed(rank, record.node_rank)
         return True
 
@@ -313,10 +340,7 @@ class HeartbeatRules:
         anchor = self._first_sighting if self._first_sighting is not None else self.started_at
         waited = now - anchor
         if waited > self.cfg.initial_process_timeout_s:
-            for rank in range(world):
-                if rank not in self.ranks and rank not in self._never_seen_fired:
-                    self._never_seen_fired.add(rank)
-                    findings.append(self._never_seen(rank, waited))
+            findings.extend(self._never_seen_findings(world, waited))
         # Only the ranks whose verdict can have changed (see _DueRanks); the others'
         # ages move on.
         due = self._due.take(now, self.ranks)
@@ -757,6 +781,39 @@ class HeartbeatRules:
             exit=rec.exit if rec else None,
             main_frame=rec.main_frame if rec else None,
         )
+
+    def _never_seen_findings(self, world: int, waited: float) -> list[Finding]:
+        """The ranks below ``world`` not seen yet nor reported: one finding each when
+        few, else one finding for all of them (a sample of their ranks in its detail)."""
+        if world <= self._never_seen_upto:
+            return []
+        first, self._never_seen_upto = self._never_seen_upto, world
+        count, sample = 0, list[int]()
+        for rank in range(first, world):
+            if rank not in self.ranks:
+                count += 1
+                if len(sample) < NEVER_SEEN_SAMPLE:
+                    sample.append(rank)
+        if count <= NEVER_SEEN_EACH:
+            return [self._never_seen(rank, waited) for rank in sample]
+        return [self._never_seen_many(count, sample, waited)]
+
+    def _never_seen_many(self, count: int, sample: list[int], waited: float) -> Finding:
+        timeout = self.cfg.initial_process_timeout_s
+        shown = ", ".join(map(str, sample[:8]))
+        more = f" and {count - 8} more" if count > 8 else ""
+        finding = self.finding(
+            RankState(rank=sample[0]),
+            FindingType.PROCESS_TIMEOUT,
+            Reason.NEVER_OBSERVED,
+            timeout,
+            waited,
+            message=f"{count} ranks have published no heartbeat {waited:.1f}s after the "
+            f"job's first rank was seen (ranks {shown}{more}; "
+            f"initial_process_timeout_s={timeout:g})",
+        )
+        finding.detail.update(never_seen_count=count, never_seen_ranks=sample)
+        return finding
 
     def _never_seen(self, rank: int, waited: float) -> Finding:
         timeout = self.cfg.initial_process_timeout_s

@@ -2,8 +2,9 @@
 
 A heartbeat file is appended to by a process that may be killed at any instant, so the
 tailer must tolerate a partial last line (left for the next read), malformed lines
-(skipped and counted), a line longer than ``max_line`` bytes (skipped up to its end and
-counted, so one runaway line never stops the file) and truncation or replacement
+(skipped and counted, one nested too deeply for the parser included), a line longer
+than ``max_line`` bytes (skipped up to its end and counted, so one runaway line never
+stops the file) and truncation or replacement
 (restart from the beginning). A file that has not grown costs one ``stat``.
 """
 
@@ -88,7 +89,7 @@ class JsonlTailer:
                 continue
             try:
                 obj = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested too deeply
                 self.malformed += 1
                 continue
             if isinstance(obj, dict):

@@ -264,7 +264,7 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
     run_dir = run_dir_for(cfg, run_id)
     try:
         prepare_run_dir(Path(cfg.log_dir), run_dir, cfg.dir_mode())
-    except (ForeignDirectoryError, NotADirectoryError) as exc:
+    except (ForeignDirectoryError, NotADirectoryError, ValueError) as exc:
         _say(str(exc))
         return EXIT_USAGE
     except OSError as exc:
@@ -446,6 +446,7 @@ def _services(
         node_rank=None,  # told by the first rendezvous round (NodeStart)
         nnodes=opts.max_nodes,
         expected_world_size=opts.expected_world_size,
+        max_world_size=opts.max_nodes * opts.nproc_per_node,
         store=_store_client(host, port) if opts.multi_node and held_store else None,
         timeouts=timeouts,
     )

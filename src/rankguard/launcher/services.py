@@ -70,6 +70,7 @@ class NodeServices:
     node_rank: int | None  # None until the first rendezvous round numbers this node
     nnodes: int
     expected_world_size: int | None
+    max_world_size: int | None = None  # the most ranks the rendezvous allows
     store: Any = None  # a TCPStore client of the rendezvous store (several nodes)
     timeouts: dict[str, Any] | None = None  # timeouts in force and their sources
     # the agent's current workers: the only processes the fault handler or the relay
@@ -179,6 +180,8 @@ class NodeServices:
     def on_group_failure(self, root: dict[str, Any]) -> None:
         """The agent saw this node's worker group fail; ``root`` is its root cause (exit
         codes and error files: a rank killed by a signal before its peers' errors)."""
+        if self.faults is not None:
+            self.faults.group_failed()  # the restart under way is real
         rank, pid = root.get("rank"), root.get("pid")
         if not isinstance(rank, int) or not root.get("signal"):
             # Only a signal is news to the monitor (it sees a killed rank vanish, like
@@ -218,6 +221,7 @@ class NodeServices:
                 self.run_dir,
                 self.run_id,
                 expected_world_size=self.expected_world_size,
+                max_world_size=self.max_world_size,
                 remote=remote,
                 config_snapshot=config_to_dict(self.cfg),
                 # A rank re-entering in-process has until hard_timeout (then it exits).

@@ -48,6 +48,8 @@ from rankguard.preempt.config import PreemptionConfig
 from rankguard.schema.blocks import PreemptBlock, exit_clean, read_block
 from rankguard.schema.findings import Finding, FindingType, Reason
 from rankguard.schema.layout import StoreKeys
+from rankguard.textsafe import safe_text
+from rankguard.wakeup import Wakeup
 
 if TYPE_CHECKING:
     from rankguard.ft.kill import OwnedWorkers
@@ -104,8 +106,9 @@ class PreemptionCoordinator:
         self.terminated: list[int] = []  # pids killed when the window closed
         self.wall_started: float | None = None
         self._published = False
+        self.bad_values = 0  # store values that were not a preemption (logged, rate-limited)
         self._forwarded = False
-        self._wake = threading.Event()
+        self._wake = Wakeup()  # set from the signal handler: no lock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -160,7 +163,6 @@ class PreemptionCoordinator:
     def _loop(self) -> None:
         while not self._stop.is_set():
             self._wake.wait(POLL_S)
-            self._wake.clear()
             try:
                 self.tick()
             except Exception:
@@ -190,19 +192,61 @@ class PreemptionCoordinator:
                     for node in range(1, self.nnodes):
                         key = self.keys.preempt_request(node)
                         if self.store.check([key]):
-                            self._begin(self.store.get(key).decode() or f"preempted by node {node}")
-                            break
+                            reason = self._request(node, self.store.get(key))
+                            if reason is not None:
+                                self._begin(reason)
+                                break
                 if self.started_at is not None:
                     self._agree()
             elif not self._published and self.store.check([self.keys.preempt]):
-                payload = json.loads(self.store.get(self.keys.preempt))
+                payload = _preempt_payload(self.store.get(self.keys.preempt))
+                if isinstance(payload, str):
+                    self._bad_value(f"store key preempt ignored: {payload}")
+                    return
+                step, reason = payload
                 if self.started_at is None:
-                    self._begin(str(payload.get("reason")))
-                step = payload.get("stop_at_step")
-                if isinstance(step, int):
+                    self._begin(reason)
+                if step is not None:
                     self.stop_at = step
-                    write_control(self.run_dir, step, str(payload.get("reason")))
+                    write_control(self.run_dir, step, reason)
                 self._published = True
+
+    def _request(self, node: int, raw: Any) -> str | None:
+        """Node 0: the reason of node ``node``'s preemption request, or None while it
+        is not one: not a short text, or (with a monitor) not confirmed by any of that
+        node's ranks saying in its heartbeat that it received the signal (its launcher
+        forwards the signal before it asks; any client of the store can write the key)."""
+        try:
+            text = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
+        except UnicodeDecodeError:
+            text = None
+        if text is None or len(text) > _MAX_REASON:
+            self._bad_value(f"node {node}'s preemption request ignored: not a short text")
+            return None
+        if self.ranks is not None and not self._signalled(node):
+            self._bad_value(
+                f"node {node}'s preemption request not confirmed by its ranks' heartbeats "
+                "(none says it received the signal): waiting"
+            )
+            return None
+        return safe_text(text) or f"preempted by node {node}"
+
+    def _signalled(self, node: int) -> bool:
+        states = self.ranks() if self.ranks is not None else {}
+        for st in states.values():
+            rec = st.record
+            if rec is None or getattr(rec, "node_rank", None) != node:
+                continue
+            pre = _preempt_block(rec)
+            if pre is not None and pre.signal_received:
+                return True
+        return False
+
+    def _bad_value(self, why: str) -> None:
+        """A store value that cannot be used: logged once, then every 1000th time."""
+        self.bad_values += 1
+        if self.bad_values == 1 or self.bad_values % 1000 == 0:
+            logger.warning("rankguard: preemption: %s (%d so far)", why, self.bad_values)
 
     def _begin(self, reason: str) -> None:
         """Open this node's grace window and pass the signal to its ranks."""
@@ -351,3 +395,22 @@ def _preempt_block(rec: HeartbeatRecord) -> PreemptBlock | None:
         return read_block(rec, PreemptBlock)
     except ValueError:
         return None
+
+
+_MAX_REASON = 200  # longest reason accepted from the store
+
+
+def _preempt_payload(raw: Any) -> tuple[int | None, str] | str:
+    """The ``preempt`` key's (stop step, reason), or why it is not one."""
+    try:
+        payload = json.loads(raw)
+    except (ValueError, TypeError, RecursionError):
+        return "not JSON"
+    if not isinstance(payload, dict):
+        return f"expected an object, got {type(payload).__name__}"
+    step, reason = payload.get("stop_at_step"), payload.get("reason")
+    if step is not None and (type(step) is not int or step < 0):
+        return "stop_at_step: expected an integer >= 0 or null"
+    if type(reason) is not str or len(reason) > _MAX_REASON:
+        return f"reason: expected a text of at most {_MAX_REASON} characters"
+    return step, safe_text(reason)

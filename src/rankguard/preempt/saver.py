@@ -4,12 +4,15 @@ rankguard's checkpoint manager fits (``save(step)`` then ``wait()`` for an async
 to commit); so does :class:`TorchFileSaver`, a plain one: ``torch.save`` of the state to
 a temporary file, fsync, then an atomic rename, so a preemption that kills a save never
 leaves a torn file under the final name, and :meth:`TorchFileSaver.load_latest` only
-ever sees complete ones.
+ever sees complete ones. A failed write (a full disk) removes its temporary file. Loads
+go through ``torch.load(weights_only=True)``: tensors and plain data, never code.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pickle
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -49,11 +52,16 @@ class TorchFileSaver:
         self.directory.mkdir(parents=True, exist_ok=True)
         final = self.directory / f"step_{step}.pt"
         tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as fh:
-            torch.save({"step": step, "state": self.state()}, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
+        try:
+            with open(tmp, "wb") as fh:
+                torch.save({"step": step, "state": self.state()}, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
         dir_fd = os.open(self.directory, os.O_RDONLY)
         try:
             os.fsync(dir_fd)
@@ -71,11 +79,19 @@ class TorchFileSaver:
         return sorted(int(m.group(1)) for m in found if m)
 
     def load_latest(self) -> tuple[int, dict[str, Any]] | None:
-        """The newest complete save (step, state), or None."""
+        """The newest complete save (step, state), or None. Only tensors and plain data
+        are loaded (``weights_only``): a planted file cannot run code; a file that is not
+        a save of this shape raises ValueError naming it."""
         import torch
 
         steps = self.steps()
         if not steps:
             return None
-        blob = torch.load(self.directory / f"step_{steps[-1]}.pt", weights_only=False)
-        return int(blob["step"]), blob["state"]
+        path = self.directory / f"step_{steps[-1]}.pt"
+        try:
+            blob = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as exc:
+            raise ValueError(f"{path}: not loadable as tensors and plain data: {exc}") from None
+        if not isinstance(blob, dict) or type(blob.get("step")) is not int or "state" not in blob:
+            raise ValueError(f"{path}: not a save of TorchFileSaver (step and state)")
+        return blob["step"], blob["state"]

@@ -177,7 +177,7 @@ def _read_json(path: Path, problems: list[str]) -> dict[str, Any] | None:
     except OSError as exc:
         problems.append(f"Cannot read {path.name}: {exc.strerror or exc}")
         return None
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         problems.append(f"{path.name} is malformed or partially written ({exc})")
         return None
     if not isinstance(obj, dict):
@@ -189,7 +189,7 @@ def _read_json(path: Path, problems: list[str]) -> dict[str, Any] | None:
 def _parse_line(line: str) -> dict[str, Any] | None:
     try:
         obj = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return obj if isinstance(obj, dict) else None
 

@@ -212,7 +212,7 @@ class HeartbeatRecord:
     def from_dict(cls, d: Any, *, max_ranks: int = MAX_RANKS) -> HeartbeatRecord:
         """Validate a record read from a file or the store; :class:`RecordError` names
         the first bad field. ``max_ranks``: ranks at or above it are rejected (the job's
-        world size when the monitor knows it).
+        world size, or the most the rendezvous allows).
 
         The monitor validates every record it reads (thousands a scan at scale), so the
         checks are grouped by type with a fast path for well-formed values; the helpers
@@ -263,6 +263,8 @@ class HeartbeatRecord:
         world = get("world_size")
         if world is not None and (type(world) is not int or world < 1):
             _int(d, "world_size", lo=1)
+        if world is not None and world > MAX_RANKS:
+            raise RecordError(f"world_size: {world} is more than any job has ({MAX_RANKS})")
         unknown = d.keys() - _KNOWN
         return cls(
             event,
@@ -335,6 +337,7 @@ class HeartbeatRecord:
 
 
 _FIELDS = tuple(f.name for f in fields(HeartbeatRecord) if f.name != "extra")
+_REBOOT_MIN_NS = 60 * 10**9  # no host reboots and restarts a rank faster
 _KNOWN = frozenset(_FIELDS)
 _EVENTS = {e.value: e for e in Event}
 _NONNEG_INTS = ("seq", "schema_version", "node_rank", "local_rank", "wall_time_ns", "progress_seq")
@@ -359,14 +362,22 @@ _OMIT_WHEN_EMPTY = frozenset(
 
 
 def supersedes(
-    new: HeartbeatRecord, old: HeartbeatRecord | None, *, old_start_ns: int | None = None
+    new: HeartbeatRecord,
+    old: HeartbeatRecord | None,
+    *,
+    old_start_ns: int | None = None,
+    old_start_mono_ns: int | None = None,
 ) -> bool:
     """Does ``new`` replace ``old``, the latest accepted record of the same rank?
 
     - Another process of the rank (a restart): yes if it runs on another host (arrival
       order is all two hosts' clocks allow), else if it started no earlier than ``old``'s
-      process (``old_start_ns``, else ``old``'s own time): a late line of a replaced
-      process never brings it back.
+      process: by the host's boot-relative monotonic clock when both records have it
+      (``old_start_mono_ns`` with ``old_start_ns``, else ``old``'s own), so a wall
+      clock stepped back (NTP) does not hide a restarted rank; earlier by that clock,
+      only if the wall clock says the host rebooted since (a minute or more later);
+      without it, by the wall clock (``old_start_ns``, else ``old``'s own time). A late
+      line of a replaced process never brings it back.
     - The same process: an ended process stays ended; only its own ``process_end`` may
       replace one synthesized for it (the pid check was faster than the record). Else a
       higher ``seq`` wins (a rotated file's repeated start record and duplicates lose).
@@ -377,6 +388,13 @@ def supersedes(
         if new.hostname != old.hostname:
             return True
         start = old_start_ns if old_start_ns is not None else old.wall_time_ns
+        mono = old.monotonic_ns if old_start_ns is None else old_start_mono_ns
+        if new.monotonic_ns is not None and mono is not None:
+            if new.monotonic_ns > mono:
+                return True
+            # earlier by the boot clock: a late line of the replaced process, unless the
+            # host rebooted since (its boot clock began again, its wall clock moved on)
+            return new.wall_time_ns >= start + _REBOOT_MIN_NS
         return new.wall_time_ns >= start
     if old.event is Event.PROCESS_END:
         return old.synthesized and new.own_end

@@ -30,6 +30,14 @@ class StragglerConfig:
     gpu_individual_perf_threshold: float = field(
         default=0.7, metadata={"help": "Individual score below this: straggler."}
     )
+    consecutive_reports: int = field(
+        default=2,
+        metadata={
+            "help": "Reports in a row a score must stay below its threshold before the rank "
+            "is a straggler (1: the first; more: no finding for a score wavering at the "
+            "threshold)."
+        },
+    )
     stop_if_detected: bool = field(
         default=False, metadata={"help": "All ranks agree on a step, checkpoint and stop."}
     )
@@ -42,3 +50,4 @@ class StragglerConfig:
         for name in ("gpu_relative_perf_threshold", "gpu_individual_perf_threshold"):
             check_number(name, getattr(self, name), gt=0, le=1)
         check_number("profiling_interval", self.profiling_interval, ge=1)
+        check_number("consecutive_reports", self.consecutive_reports, ge=1)

@@ -6,9 +6,12 @@ Every ``report_time_interval`` seconds, from each rank's latest median compute t
 - individual score = this rank's best reported time so far / its time now (1.0 when it
   is as fast as it ever was).
 
-A score below its threshold is a straggler: one ``straggler_detected`` finding per
-episode, naming rank, node, host, GPU and both scores. Each report (best and worst
-``num_gpu_perf_scores_to_print`` ranks) goes to the log and ``status.json``.
+A score below its threshold in ``consecutive_reports`` reports in a row is a straggler
+(hysteresis: a score wavering around the threshold from one report to the next is
+noise, not a slow GPU): one ``straggler_detected`` finding per episode, naming rank,
+node, host, GPU and both scores; the episode ends at the first report above it. Each
+report (best and worst ``num_gpu_perf_scores_to_print`` ranks) goes to the log and
+``status.json``.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class StragglerDetector:
         self.best: dict[int, float] = {}  # rank -> best (lowest) compute ms reported
         self.latest: dict[int, tuple[float, HeartbeatRecord]] = {}  # rank -> (ms, record)
         self.active: set[tuple[int, int | None]] = set()  # (rank, pid) flagged now
+        self.below: dict[tuple[int, int | None], int] = {}  # reports in a row below
         self.report: dict[str, Any] | None = None
         self.stop_requested = False
 
@@ -113,6 +117,7 @@ class StragglerDetector:
             }
         findings = []
         flagged_now = set()
+        below: dict[tuple[int, int | None], int] = {}
         for rank, score in scores.items():
             slow_rel = score["relative"] is not None and (
                 score["relative"] < cfg.gpu_relative_perf_threshold
@@ -123,10 +128,14 @@ class StragglerDetector:
             if not (slow_rel or slow_ind):
                 continue
             key = (rank, score["pid"])
+            below[key] = self.below.get(key, 0) + 1
+            if below[key] < cfg.consecutive_reports:
+                continue  # below once: seen again at the next report before it counts
             flagged_now.add(key)
             if key in self.active:
                 continue
             findings.append(self._finding(score, slow_rel, slow_ind))
+        self.below = below
         self.active = flagged_now
         ordered = sorted(scores.values(), key=lambda s: (_worst_score(s), s["rank"]))
         n = cfg.num_gpu_perf_scores_to_print
@@ -135,6 +144,7 @@ class StragglerDetector:
             "ranks": len(scores),
             "best_compute_ms": round(best_now, 4),
             "stragglers": sorted(rank for rank, _ in flagged_now),
+            "below_threshold": sorted(rank for rank, _ in below),
             "worst": ordered[:n],
             "best": ordered[::-1][:n],
             "scores": {
@@ -176,6 +186,7 @@ class StragglerDetector:
                 f"individual score {score['individual']} < {cfg.gpu_individual_perf_threshold}"
             )
         gpu = (score.get("gpu") or {}).get("token") if score.get("gpu") else None
+        reports = cfg.consecutive_reports
         return Finding.build(
             FindingType.STRAGGLER,
             Reason.SLOW_COMPUTE,
@@ -183,7 +194,8 @@ class StragglerDetector:
             rank=score["rank"],
             message=f"rank {score['rank']} (node {score['node_rank']}, "
             f"{score['hostname']}, GPU {gpu or '-'}) is a straggler: {'; '.join(why)} "
-            f"(compute {score['compute_ms']} ms per step)",
+            f"(compute {score['compute_ms']} ms per step"
+            + (f"; {reports} reports in a row)" if reports > 1 else ")"),
             pid=score["pid"],
             hostname=score["hostname"],
             node_rank=score["node_rank"],
@@ -192,5 +204,6 @@ class StragglerDetector:
                 "relative_score": score["relative"],
                 "individual_score": score["individual"],
                 "compute_ms": score["compute_ms"],
+                "consecutive_reports": reports,
             },
         )

@@ -4,6 +4,7 @@ method and timeout, SIGKILL only to the targets marked kill, refused and vanishe
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -42,13 +43,13 @@ def blocked_here():
 blocked_here()
 """
 
-# A rank that never answers the dump signal (it ignores it): every faulthandler dump of
-# it waits the whole timeout.
+# A rank that never answers the dump signal (its handler writes nothing): every
+# faulthandler dump of it waits the whole timeout.
 DEAF_CHILD = """\
 import signal, sys, time
 from rankguard.ft.stacks import DUMP_SIGNAL
 
-signal.signal(DUMP_SIGNAL, signal.SIG_IGN)
+signal.signal(DUMP_SIGNAL, lambda signum, frame: None)
 print("ready", flush=True)
 time.sleep(120)
 """
@@ -272,3 +273,35 @@ def test_relay_serves_a_kill_request_with_the_policy_in_parallel(
     assert "blocked_here" in text and "most recent call first" in text  # faulthandler
     assert "py-spy dump" not in text
     assert not store.check(["rankguard/run-kill/kill/node/1"])  # served once
+
+
+def test_signal_pid_checks_the_process_it_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check runs after the pidfd is open: the process checked is the one signalled."""
+    from rankguard.ft.kill import signal_pid
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        order: list[str] = []
+        real_open = os.pidfd_open
+
+        def opened(pid: int, *a: int) -> int:
+            order.append("open")
+            return real_open(pid, *a)
+
+        monkeypatch.setattr(os, "pidfd_open", opened)
+
+        def ours(pid: int) -> bool:
+            order.append("check")
+            return pid == proc.pid
+
+        assert signal_pid(proc.pid, signal.SIGKILL, lambda pid: False) is None
+        assert proc.poll() is None  # refused: not signalled
+        order.clear()
+        assert signal_pid(proc.pid, signal.SIGKILL, ours) is True
+        assert order == ["open", "check"]
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+        assert signal_pid(proc.pid, signal.SIGKILL, ours) is False  # gone
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)

@@ -170,3 +170,35 @@ def test_py_spy_dump_has_native_frames(tmp_path: Path, child: subprocess.Popen[s
         pytest.skip("this py-spy cannot read native frames here (plain dump taken)")
     assert "blocked_here" in text
     assert "libpython" in text or "libc" in text  # frames below the interpreter
+
+
+def test_a_rank_without_its_handler_is_not_signalled(tmp_path: Path) -> None:
+    """The dump signal's default action kills: a rank that has not yet registered its
+    handler is left alone (and lives)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        assert dump_stacks(tmp_path, 1, proc.pid, method="faulthandler", timeout_s=1.0) is None
+        time.sleep(0.2)
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_stack_files_are_not_written_through_a_symlink(
+    tmp_path: Path, child: subprocess.Popen[str]
+) -> None:
+    victim = tmp_path / "elsewhere.txt"
+    victim.write_text("untouched")
+    out = stack_file(tmp_path, 3, child.pid)
+    out.unlink()  # the child's handler holds its own open file; plant a link in its place
+    out.symlink_to(victim)
+    dump_stacks(tmp_path, 3, child.pid, method="py-spy", timeout_s=5.0)
+    assert victim.read_text() == "untouched"

@@ -143,3 +143,11 @@ def test_file_deleted_then_recreated(tmp_path: Path) -> None:
         pytest.skip("the filesystem did not reuse the inode number")
     assert tailer.read() == [{"seq": 0, "again": True}]
     assert tailer.malformed == 0
+
+
+def test_a_line_nested_too_deeply_is_one_malformed_line(tmp_path: Path) -> None:
+    path = tmp_path / "hb.jsonl"
+    path.write_bytes(b'{"a": 1}\n' + b"[" * 100_000 + b'\n{"b": 2}\n')
+    tailer = JsonlTailer(path)
+    assert tailer.read() == [{"a": 1}, {"b": 2}]
+    assert tailer.malformed == 1

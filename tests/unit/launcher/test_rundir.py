@@ -115,3 +115,23 @@ def test_launch_refuses_a_log_dir_of_another_user_with_exit_2(
     err = capsys.readouterr().err
     assert str(logs) in err and f"uid {real}" in err and owner_name(real) in err
     assert not (logs / "heartbeat").exists()  # nothing written there
+
+
+@pytest.mark.parametrize("run_id", ["../../x", "a\nb", "..", ".hidden", "-rf", "", "x" * 201])
+def test_a_run_id_that_is_not_one_plain_name_is_refused(tmp_path: Path, run_id: str) -> None:
+    from rankguard.launcher.rundir import check_run_id
+    from rankguard.schema.layout import run_dir
+
+    with pytest.raises(ValueError, match="rdzv-id"):
+        check_run_id(run_id)
+    if run_id:
+        with pytest.raises(ValueError, match="rdzv-id"):
+            prepare_run_dir(tmp_path / "logs", run_dir(tmp_path / "logs", run_id), 0o750)
+    assert not (tmp_path / "x").exists()
+
+
+def test_usual_run_ids_are_accepted() -> None:
+    from rankguard.launcher.rundir import check_run_id
+
+    for run_id in ("20261201-120000-abc123", "12345_7", "job.3", "none", "a:b@c+d=e"):
+        assert check_run_id(run_id) == run_id

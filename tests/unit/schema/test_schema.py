@@ -365,3 +365,32 @@ def test_layout_names(tmp_path: Path) -> None:
     assert keys.heartbeats(2) == "rankguard/r1/hb/node/2"
     assert keys.kill(1) == "rankguard/r1/kill/node/1"
     assert keys.done(1) == "rankguard/r1/done/node/1" and keys.control == "rankguard/r1/control"
+
+
+def test_a_restart_after_the_wall_clock_stepped_back_replaces_the_old_process() -> None:
+    from rankguard.schema.records import HeartbeatRecord, supersedes
+
+    def rec(pid: int, wall: int, mono: int | None) -> HeartbeatRecord:
+        return HeartbeatRecord.from_dict(
+            {
+                "event": "heartbeat",
+                "run_id": "r",
+                "rank": 0,
+                "pid": pid,
+                "hostname": "h",
+                "wall_time_ns": wall,
+                "monotonic_ns": mono,
+            }
+        )
+
+    s = 10**9
+    old = rec(100, wall=5_000 * s, mono=900 * s)
+    stepped_back = rec(200, wall=1_000 * s, mono=1_000 * s)  # NTP stepped back 4000 s
+    assert supersedes(stepped_back, old, old_start_ns=5_000 * s, old_start_mono_ns=900 * s)
+    late_line = rec(100, wall=1_010 * s, mono=950 * s)  # the replaced process's last line
+    assert not supersedes(
+        late_line, stepped_back, old_start_ns=1_000 * s, old_start_mono_ns=1_000 * s
+    )
+    rebooted = rec(300, wall=1_500 * s, mono=20 * s)  # the monotonic clock began again
+    assert supersedes(rebooted, stepped_back, old_start_ns=1_000 * s, old_start_mono_ns=1_000 * s)
+    assert not supersedes(rec(400, wall=10, mono=None), old, old_start_ns=5_000 * s)

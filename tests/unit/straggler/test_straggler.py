@@ -86,6 +86,9 @@ def _ranks(times: dict[int, float]) -> dict[int, FakeState]:
 
 
 def _detector(**overrides: Any) -> StragglerDetector:
+    """A detector; one report decides (``consecutive_reports=1``) unless a test asks
+    for the hysteresis: the scores are what most tests here look at."""
+    overrides.setdefault("consecutive_reports", 1)
     cfg = StragglerConfig(enabled=True, report_time_interval=INTERVAL, **overrides)
     return StragglerDetector(cfg, RUN, started_at=T0)
 
@@ -123,7 +126,8 @@ NVRX_STRAGGLER_DEFAULTS = {
 
 def test_config_defaults_are_nvrx_straggler_defaults() -> None:
     cfg = StragglerConfig()
-    assert {f.name: getattr(cfg, f.name) for f in fields(cfg)} == NVRX_STRAGGLER_DEFAULTS
+    own = {"consecutive_reports": 2}  # rankguard's hysteresis, not an NVRx key
+    assert {f.name: getattr(cfg, f.name) for f in fields(cfg)} == {**NVRX_STRAGGLER_DEFAULTS, **own}
     assert all(f.metadata.get("help") for f in fields(cfg))  # every key documented
 
 
@@ -138,6 +142,7 @@ def test_config_defaults_are_nvrx_straggler_defaults() -> None:
         ("gpu_individual_perf_threshold", -0.1),
         ("gpu_individual_perf_threshold", 1.01),
         ("profiling_interval", 0),
+        ("consecutive_reports", 0),
     ],
 )
 def test_config_validation_names_the_field(field_name: str, value: float) -> None:
@@ -873,3 +878,38 @@ def test_probe_gpu_rank_without_sections_warns_once(
         assert fields is not None and fields["straggler"]["method"] == "step_cpu"
     warnings = [r for r in caplog.records if "rg.compute()" in r.getMessage()]
     assert len(warnings) == 1
+
+
+# ---- hysteresis ------------------------------------------------------------------------
+
+
+def test_a_score_must_stay_below_for_consecutive_reports() -> None:
+    det = _detector(consecutive_reports=2)
+    report = Reports(det)
+    assert report({0: 10.0, 1: 10.0, 2: 15.0}) == []  # below once: not yet
+    assert det.report["stragglers"] == [] and det.report["below_threshold"] == [2]
+    (f,) = report({0: 10.0, 1: 10.0, 2: 15.0})
+    assert f.rank == 2 and f.detail["consecutive_reports"] == 2
+    assert "2 reports in a row" in f.message and det.report["stragglers"] == [2]
+
+
+def test_a_score_wavering_at_the_threshold_flags_nobody() -> None:
+    """Scores of a healthy rank around the threshold (0.60-0.74 seen on a loaded host):
+    never below twice in a row, never a finding."""
+    det = StragglerDetector(
+        StragglerConfig(enabled=True, report_time_interval=INTERVAL), RUN, started_at=T0
+    )  # the default: two reports in a row
+    report = Reports(det)
+    for k in range(40):
+        slow = 10.0 / (0.62 if k % 2 else 0.74)  # below, above, below, above ...
+        assert report({0: 10.0, 1: slow, 2: 10.0}) == []
+    assert det.report["stragglers"] == []
+
+
+def test_recovery_in_between_starts_the_count_again() -> None:
+    det = _detector(consecutive_reports=3)
+    report = Reports(det)
+    assert report({0: 10.0, 1: 20.0}) == [] and report({0: 10.0, 1: 20.0}) == []
+    assert report({0: 10.0, 1: 10.0}) == []  # recovered: the count starts again
+    assert report({0: 10.0, 1: 20.0}) == [] and report({0: 10.0, 1: 20.0}) == []
+    assert [f.rank for f in report({0: 10.0, 1: 20.0})] == [1]
