@@ -29,6 +29,7 @@ __all__ = [
     "dumps_line",
     "fsync_dir",
     "open_append",
+    "owner_name",
     "write_all",
 ]
 
@@ -245,3 +246,13 @@ class QueuedJsonl:
             logger.warning("rankguard: %s written again (%d queued line(s))", self.path, n)
         self._failing = False
         return True
+
+
+def owner_name(uid: int) -> str:
+    """The user name of ``uid``, else the number."""
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return str(uid)

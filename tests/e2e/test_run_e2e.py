@@ -271,7 +271,7 @@ def test_readme_demo_command_completes_and_says_where_the_files_are(tmp_path: Pa
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     assert "[demo] done: 12 steps on 2 rank(s)" in out
-    assert "monitor: state completed, 0 finding(s)" in out
+    assert "[rankguard] run completed: 0 finding(s)" in out
     (run_dir,) = (tmp_path / "heartbeat").iterdir()
     assert f"rankguard status {run_dir}" in out and f"rankguard report {run_dir}" in out
     assert read_status(run_dir)["state"] == "completed"

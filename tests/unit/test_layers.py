@@ -19,7 +19,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "rankguard"
 
 #: Bottom first. A part may import the parts of the layers below its own.
 LAYERS: list[tuple[str, ...]] = [
-    ("_fs", "validate", "textsafe", "timeline", "heartbeat.tailer"),
+    ("_fs", "validate", "textsafe", "timeline", "heartbeat.tailer", "wakeup"),
     ("schema", "phases"),
     ("runenv", "health", "perf"),
     ("heartbeat",),

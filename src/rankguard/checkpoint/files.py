@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rankguard._fs import atomic_write_json, fsync_dir
+from rankguard._fs import atomic_write_json, fsync_dir, owner_name
 from rankguard.heartbeat.procs import pid_running
 
 __all__ = [
@@ -332,8 +332,6 @@ def root_problem(directory: Path, *, owner: bool = True) -> str | None:
     user (with ``owner``) or every user may write into it; either could plant a
     checkpoint that this job then loads (a manifest and its marker are no defence: the
     same user rewrites them). A missing directory is fine (it is created as ours)."""
-    from rankguard.launcher.rundir import owner_name
-
     try:
         st = os.stat(directory)  # follows a symlink: the directory actually used
     except (FileNotFoundError, NotADirectoryError):

@@ -47,7 +47,7 @@ from rankguard.ft.kill import (
     kill_marked,
 )
 from rankguard.heartbeat.api import FindingSink
-from rankguard.heartbeat.procs import process_state
+from rankguard.heartbeat.procs import pid_running, process_state
 from rankguard.schema.findings import Finding, FindingType
 
 if TYPE_CHECKING:
@@ -120,6 +120,7 @@ class FaultHandler(FindingSink):
         self._acted_at: float | None = None  # when the action under way was taken
         self._failure_seen = False
         self._undo: tuple[dict[str, Any] | None, str] | None = None  # its cause, reason
+        self._pending: dict[str, Any] | None = None  # the cause given the agent before dumps
 
     def restarted(self) -> None:
         """The agent started a new worker group: act on the next fault again."""
@@ -180,6 +181,15 @@ class FaultHandler(FindingSink):
             self._failure_seen = False
         if ftype is FindingType.PROCESS_EXITED:
             return  # nothing left to dump: the process is gone
+        # The agent knows the cause before the dumps: a culprit that dies while it is
+        # dumped (a stopped process resumed to write its stacks) restarts the group
+        # for this finding, not as an unexplained worker failure. ``_act`` completes it.
+        pending = finding.to_dict()
+        try:
+            self.agent.set_cause(pending, abort=action == "abort")
+            self._pending = pending
+        except Exception:  # ``_act`` tries again, and a failure there is counted
+            self._pending = None
         errors: dict[str, str] = {}
         try:
             finding.stack_dumps = self._dump_all(finding.rank, errors)
@@ -282,7 +292,12 @@ class FaultHandler(FindingSink):
             self._armed(cause if action == "abort" else None, reason)
             return
         reason = f"{action} after {finding.finding_type.value} on rank {rank}"
-        self.agent.set_cause(cause, abort=action == "abort")
+        pending, self._pending = self._pending, None
+        if pending is not None:  # set before the dumps: the same object, now complete
+            pending.update(cause)
+            cause = pending
+        else:
+            self.agent.set_cause(cause, abort=action == "abort")
         self.monitor.note_restart(reason)
         try:
             killed = self._kill(rank, action)
@@ -314,6 +329,8 @@ class FaultHandler(FindingSink):
         if self._dumps_here(rec):
             logger.warning("rankguard: %s: killing rank %d (pid %d)", action, rank, pid)
             if not kill_marked([KillTarget(rank=rank, pid=pid, kill=True)], owner=self.workers):
+                if not pid_running(pid):
+                    return True  # already gone (it died while its stacks were dumped)
                 logger.error("rankguard: rank %d (pid %d) was not killed", rank, pid)
                 return False
             return True

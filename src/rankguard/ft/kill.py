@@ -27,14 +27,15 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from rankguard.ft.config import FaultToleranceConfig
 from rankguard.ft.stacks import dump_stacks
+from rankguard.heartbeat.payloads import KillTarget  # what a kill request names
 from rankguard.heartbeat.procs import pid_running, process_start_time
 
 __all__ = [
@@ -81,20 +82,6 @@ class DumpPolicy:
 
 
 DEFAULT_DUMP_POLICY = DumpPolicy()
-
-
-@dataclass(frozen=True, slots=True)
-class KillTarget:
-    """A rank process to dump; ``kill``: SIGKILL it after the dumps."""
-
-    rank: int
-    pid: int
-    kill: bool = False
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> KillTarget:
-        """One entry of a kill request as it travels through the store."""
-        return cls(rank=int(data["rank"]), pid=int(data["pid"]), kill=bool(data.get("kill")))
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,15 +16,16 @@ generation, not its health snapshot) unless all of it parses.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rankguard.ft.kill import KillTarget
 from rankguard.heartbeat.disk import DiskState
 
 __all__ = [
     "MAX_KILL_TARGETS",
     "MAX_NODE_RANKS",
+    "KillTarget",
     "NodeBase",
     "PayloadError",
     "Tick",
@@ -179,6 +180,20 @@ class Tick:
             raise PayloadError("seq: expected an integer")
         rows = _list(d, "ranks", MAX_NODE_RANKS)
         return cls(epoch, gen, seq, rows, DiskState.from_dict(d.get("disk")))
+
+
+@dataclass(frozen=True, slots=True)
+class KillTarget:
+    """A rank process to dump; ``kill``: SIGKILL it after the dumps."""
+
+    rank: int
+    pid: int
+    kill: bool = False
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> KillTarget:
+        """One entry of a kill request as it travels through the store."""
+        return cls(rank=int(data["rank"]), pid=int(data["pid"]), kill=bool(data.get("kill")))
 
 
 def parse_kill_request(raw: bytes | str | None) -> tuple[list[KillTarget], int]:

@@ -18,6 +18,8 @@ import os
 import re
 from pathlib import Path
 
+from rankguard._fs import owner_name
+
 __all__ = ["ForeignDirectoryError", "check_run_id", "owner_name", "prepare_run_dir"]
 
 _RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@+=-]{0,199}")
@@ -45,16 +47,6 @@ class ForeignDirectoryError(RuntimeError):
         )
         self.path = path
         self.uid = uid
-
-
-def owner_name(uid: int) -> str:
-    """The user name of ``uid``, else the number."""
-    try:
-        import pwd
-
-        return pwd.getpwuid(uid).pw_name
-    except (ImportError, KeyError):
-        return str(uid)
 
 
 def _ours(path: Path, mode: int) -> None:
