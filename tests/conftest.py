@@ -19,6 +19,16 @@ from tests.factories import FAKE_BIN, Children
 LONG_MARKERS = ("e2e", "bench")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """One intra-op thread in the test processes themselves (not in the ranks the e2e
+    tests launch): a test process that grew an OpenMP/BLAS thread pool (a matmul in an
+    earlier test on the same worker) can hang the ranks it forks later
+    (``tests.factories.run_ranks``)."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Long tests first (a stable sort: the same order on every xdist worker), so that the
     last minutes of a parallel run are not one long test alone."""

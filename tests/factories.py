@@ -609,6 +609,9 @@ def run_ranks(
 
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
+    # a rank stays until its result was received: tensors travel as shared memory whose
+    # file descriptors the sending process must still hold when they are rebuilt
+    received = ctx.Event()
     store = store_dir / f"store_{os.getpid()}_{id(fn)}_{world}"
     store.unlink(missing_ok=True)
 
@@ -632,6 +635,7 @@ def run_ranks(
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
+            received.wait(timeout_s)
 
     procs = [ctx.Process(target=main, args=(r,), daemon=True) for r in range(world)]
     for proc in procs:
@@ -660,6 +664,7 @@ def run_ranks(
             else:
                 errors.append(f"rank {rank}:\n{value}")
     finally:
+        received.set()
         for proc in procs:
             proc.join(timeout=5)
             if proc.is_alive():
