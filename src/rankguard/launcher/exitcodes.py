@@ -2,20 +2,7 @@
 the rule that picks one. The codes are defined once, in :mod:`rankguard.schema.exits`
 (the ranks use them too); this module re-exports them.
 
-| code | name | meaning | retry the job? |
-|---|---|---|---|
-| 0 | ``EXIT_OK`` | training completed | no |
-| 1 | ``EXIT_FAILED`` | failed, cause not classified | no |
-| 2 | ``EXIT_USAGE`` | bad command line or configuration | no |
-| 3 | ``EXIT_UNHEALTHY_GPU`` | pre-launch GPU check refused this node | yes, elsewhere |
-| 10 | ``EXIT_HANG`` | a hang (heartbeat, progress, section timeout), budget spent | yes |
-| 11 | ``EXIT_CRASH`` | a rank crashed and the in-job restart budget is spent | yes |
-| 12 | ``EXIT_NO_RESTART`` | a fault whose action is ``abort`` ended the job | no |
-| 13 | ``EXIT_STRAGGLER`` | ranks stopped at one step (stop_if_detected) | yes, elsewhere |
-| 14 | ``EXIT_PREEMPTED`` | preempted: the ranks saved one step | yes, always (no retry spent) |
-| 16 | ``EXIT_RERUN_RESUME`` | a failed check reproduced: resume to re-run it | yes, elsewhere |
-| 17 | ``EXIT_RERUN_VALIDATION_FAILED`` | the first run's GPU was faulty | yes, without it |
-| 128+N | | the launcher was stopped by signal N | scheduler's call |
+The table of codes, their meaning and whether to retry is in that module.
 
 ``EXIT_PREEMPTED`` wins over the others once the launcher acted on the exit signal
 (``preemption.enable_exit_handler``): the job is going away, whatever happened during

@@ -24,7 +24,7 @@ from rankguard.launcher.exitcodes import (
     is_hang,
 )
 from rankguard.launcher.options import LaunchOptions
-from rankguard.schema import FindingType
+from rankguard.schema import FindingType, exits
 
 HANGS = [t for t in FindingType if t.info.hang]
 NOT_HANGS = [t for t in FindingType if not t.info.hang]
@@ -33,7 +33,7 @@ NOT_HANGS = [t for t in FindingType if not t.info.hang]
 def _table() -> list[tuple[str, str, str]]:
     """(code, name, retry) of each row of the module docstring's table."""
     rows = []
-    for line in (exitcodes.__doc__ or "").splitlines():
+    for line in (exits.__doc__ or "").splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if line.startswith("|") and len(cells) == 4 and cells[0] not in ("code", "---"):
             rows.append((cells[0], cells[1].strip("`"), cells[3]))
