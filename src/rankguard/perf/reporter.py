@@ -5,8 +5,9 @@ already stamps every step end into a ring buffer. A daemon thread here reads the
 few times a second and, at iteration 1 and every ``log_interval`` steps, computes the
 window's step time, samples/s, tokens/s, TFLOP/s per GPU and in total, MFU, memory and
 the data-loading share. Rank 0 appends each entry to ``perf.jsonl`` and prints one
-line; at the end it writes ``perf_summary_<timestamp>.json`` with FlagScale's perf
-monitor schema.
+line; it rewrites ``perf_summary_<timestamp>.json`` as the run goes (a killed job keeps
+one; one file per run, which a restarted attempt takes over) and at the end, with
+FlagScale's perf monitor schema.
 Every rank exposes its latest window (:attr:`PerfReporter.latest`) to its heartbeat
 records, from which node 0's monitor derives cross-rank min/median/max step times
 without any collective.
@@ -203,6 +204,8 @@ class PerfReporter:
         self._excluded: set[int] = set()  # their seqs, until logged
         self._first_ns: int | None = None
         self._start_wall = time.time()
+        self._summary_path: Path | None = None  # one file a run, rewritten as it goes
+        self._summary_at: float | None = None  # monotonic time of the last rewrite
         self._gpu = _GpuTimer(tracker, gpu_event_factory)
         self._gpu.warmup = cfg.warmup_iterations
         self._stop = threading.Event()
@@ -406,6 +409,7 @@ class PerfReporter:
             if self._log is not None:
                 self._mark_job()
                 self._log.append(new)
+                self._rewrite_summary()
                 if self.cfg.console:
                     for entry in new:
                         self._print(entry)
@@ -610,8 +614,7 @@ class PerfReporter:
                 self._sink_thread.close(summary)
         if self.out_dir is None or summary is None:
             return None
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%d_%H%M%S")
-        path = self.out_dir / f"{SUMMARY_PREFIX}{stamp}.json"
+        path = self._summary_file()
         self._mark_job()
         if self.unwritten_lines:
             logger.error(
@@ -627,6 +630,37 @@ class PerfReporter:
             return None
         prune_runs(self.out_dir.parent, keep=self.cfg.keep_runs, current=self.out_dir)
         return path
+
+    SUMMARY_EVERY_S = 30.0  # the running summary's rewrites, at most this often
+
+    def _summary_file(self) -> Path:
+        """``perf_summary_<start>.json``: one per run, rewritten atomically while the run
+        goes (FlagScale writes its summary periodically: a killed job keeps one) and a
+        last time at close. The run directory is the job's across in-job restarts: an
+        attempt takes over the summary an earlier attempt left there (its file name, its
+        contents replaced by this attempt's), so a run never holds two."""
+        if self._summary_path is None:
+            assert self.out_dir is not None
+            earlier = sorted(self.out_dir.glob(f"{SUMMARY_PREFIX}*.json"))
+            if earlier:
+                self._summary_path = earlier[-1]
+            else:
+                stamp = datetime.fromtimestamp(self._start_wall, timezone.utc)
+                name = f"{SUMMARY_PREFIX}{stamp.strftime('%Y%m%d_%H%M%S')}.json"
+                self._summary_path = self.out_dir / name
+        return self._summary_path
+
+    def _rewrite_summary(self) -> None:
+        """The summary so far, after a new window, at most every ``SUMMARY_EVERY_S``
+        (the perf thread's work, never the training loop's)."""
+        now = time.monotonic()
+        if self._summary_at is not None and now - self._summary_at < self.SUMMARY_EVERY_S:
+            return
+        self._summary_at = now
+        try:
+            atomic_write_json(self._summary_file(), self.summary())
+        except OSError as exc:  # tried again with the next window
+            logger.warning("rankguard perf: cannot write the running summary: %s", exc)
 
     def _mark_job(self) -> None:
         """Say which job this run belongs to (``perf_job.json``), once, before its

@@ -691,3 +691,49 @@ def test_summary_dtype_is_the_models_not_the_peak_column() -> None:
     rig.reporter.set_model_dtype("fp32", "detected: parameters of GPT")
     info = rig.reporter.summary()["session_info"]
     assert (info["dtype"], info["dtype_source"]) == ("fp32", "detected: parameters of GPT")
+
+
+def test_the_summary_is_written_while_the_run_goes(tmp_path: Path) -> None:
+    """FlagScale rewrites its summary as the run goes: a job killed before close keeps one
+    (one file per run, rewritten atomically, at most every SUMMARY_EVERY_S; close writes it
+    a last time)."""
+    rig = Rig(tmp_path, log_interval=2)
+    assert rig.out_dir is not None
+    rig.steps(100, 100, poll=True)  # written at the first window (iteration 1)
+    (running,) = rig.out_dir.glob(f"{SUMMARY_PREFIX}*.json")
+    first = json.loads(running.read_text())
+    assert set(first) == {"session_info", "final_statistics", "iteration_logs"}
+    assert [e["iteration"] for e in first["iteration_logs"]] == [1]
+    rig.steps(100, 100, poll=True)  # within SUMMARY_EVERY_S: not rewritten yet
+    assert json.loads(running.read_text()) == first
+    rig.reporter._summary_at = -1e9  # as if SUMMARY_EVERY_S had passed
+    rig.steps(100, 100, poll=True)
+    assert [e["iteration"] for e in json.loads(running.read_text())["iteration_logs"]] == [
+        1,
+        2,
+        4,
+        6,
+    ]
+    final = rig.reporter.close()
+    assert final == running  # the same file, a last time
+    assert len(list(rig.out_dir.glob(f"{SUMMARY_PREFIX}*.json"))) == 1
+    assert json.loads(final.read_text())["session_info"]["total_iterations"] == 6
+
+
+def test_a_restarted_attempt_takes_over_the_summary_its_predecessor_left(tmp_path: Path) -> None:
+    """An in-job restart keeps the run directory: the new attempt's rank 0 rewrites the
+    summary the killed attempt left there (the same name, this attempt's contents), so a
+    run never holds two (readers would not know which one is the job's)."""
+    killed = Rig(tmp_path, log_interval=2)
+    assert killed.out_dir is not None
+    killed.steps(100, 100, poll=True)  # a running summary, then SIGKILL: no close()
+    (left,) = killed.out_dir.glob(f"{SUMMARY_PREFIX}*.json")
+    assert json.loads(left.read_text())["session_info"]["dtype"] == "unknown"
+    restarted = Rig(tmp_path, log_interval=2)
+    restarted.reporter.set_model_dtype("fp32", "detected: parameters of GPT")
+    restarted.steps(100, 100, 100, poll=True)
+    final = restarted.reporter.close()
+    assert final == left
+    assert list(killed.out_dir.glob(f"{SUMMARY_PREFIX}*.json")) == [left]
+    info = json.loads(left.read_text())["session_info"]
+    assert info["dtype"] == "fp32" and info["total_iterations"] == 3
