@@ -138,9 +138,10 @@ def _finding_marks(data: RunData) -> tuple[list[Event], list[tuple[str, str, str
     """Findings at the iteration the rank was at, one mark per (iteration, type)."""
     marks: dict[tuple[float, str], list[str]] = {}
     for f in data.findings:
-        it = _num(f.get("iteration"))
+        it = _num(f.iteration)
         if it is not None:
-            marks.setdefault((it, str(f.get("finding_type") or "")), []).append(str(f.get("rank")))
+            who = str(f.rank) if f.rank >= 0 else "None"
+            marks.setdefault((it, f.finding_type.value), []).append(who)
     events, legend_items = [], {}
     for (it, ftype), ranks in sorted(marks.items())[:MAX_MARKS]:
         colour, shape, short = finding_style(ftype)
@@ -279,7 +280,7 @@ def findings_timeline(data: RunData) -> tuple[str, str]:
     """Process lifetimes and findings over wall time, one row per rank, and a caption."""
     t0, _ = run_window(data)
     origin = t0 or 0.0
-    flagged = {int(f["rank"]) for f in data.findings if isinstance(f.get("rank"), int)}
+    flagged = {f.rank for f in data.findings if f.rank >= 0}
     known = {p.rank for p in data.processes} | {int(r["rank"]) for r in _status_ranks(data)}
     ranks = sorted(known | flagged)
     caption = (
@@ -290,7 +291,7 @@ def findings_timeline(data: RunData) -> tuple[str, str]:
         caption += f" Showing the {len(shown)} of {len(ranks)} ranks with findings."
         ranks = shown
     labels = [f"rank {r}" for r in ranks]
-    if any(not isinstance(f.get("rank"), int) for f in data.findings):
+    if any(f.rank < 0 for f in data.findings):  # about the job or a node, no one rank
         labels.append("no rank")
     index = {r: i for i, r in enumerate(ranks)}
     spans = [
@@ -306,11 +307,11 @@ def findings_timeline(data: RunData) -> tuple[str, str]:
     events: list[Event] = []
     seen: dict[str, tuple[str, str, str]] = {}
     for f in data.findings:
-        t, rank = parse_time(f.get("detected_wall_time")), f.get("rank")
-        row = index.get(rank, -1) if isinstance(rank, int) else len(ranks)
+        t = parse_time(f.detected_wall_time)
+        row = index.get(f.rank, -1) if f.rank >= 0 else len(ranks)
         if t is None or row < 0:
             continue
-        ftype = str(f.get("finding_type") or "")
+        ftype = f.finding_type.value
         colour, shape, short = finding_style(ftype)
         seen[ftype] = (short, colour, shape)
         events.append(
@@ -319,7 +320,7 @@ def findings_timeline(data: RunData) -> tuple[str, str]:
                 t - origin,
                 colour,
                 shape,
-                f"+{t - origin:.1f} s {short}: {f.get('message') or ''}",
+                f"+{t - origin:.1f} s {short}: {f.message}",
             )
         )
     svg = timeline(

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rankguard.report.wallclock import iso_epoch_s, ns_epoch_s
+from rankguard.schema.findings import Finding
 from rankguard.schema.layout import (
     FINDINGS_FILE,
     HEALTH_FILE_RE,
@@ -37,6 +38,7 @@ from rankguard.schema.layout import (
     RESTARTS_FILE,
     STATUS_FILE,
 )
+from rankguard.schema.status import parse_findings
 
 __all__ = ["ProcessSpan", "ReportUnavailable", "RunData", "load_run", "parse_time", "resolve_run"]
 
@@ -67,7 +69,7 @@ class RunData:
     heartbeat_dir: Path | None = None
     perf_dir: Path | None = None
     status: dict[str, Any] | None = None
-    findings: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)  # through Finding.from_dict
     restarts: list[dict[str, Any]] = field(default_factory=list)  # process and in-process
     perf_ranks: list[dict[str, Any]] = field(default_factory=list)
     perf_entries: list[dict[str, Any]] = field(default_factory=list)
@@ -276,10 +278,13 @@ def _load_heartbeat(data: RunData, hb: Path) -> None:
     data.status = _read_json(hb / STATUS_FILE, p)
     if data.status is None and not (hb / STATUS_FILE).exists():
         data.missing.append(f"No {STATUS_FILE}: the per-rank status table is not available")
-    data.findings = _read_jsonl(hb / FINDINGS_FILE, p)
-    if not data.findings and data.status:
+    lines, where = _read_jsonl(hb / FINDINGS_FILE, p), FINDINGS_FILE
+    if not lines and data.status:
         recent = data.status.get("recent_findings")
-        data.findings = [f for f in recent or [] if isinstance(f, dict)]
+        lines, where = [f for f in recent or [] if isinstance(f, dict)], STATUS_FILE
+    data.findings, bad = parse_findings(lines)
+    if bad:
+        p.append(f"{where}: {bad} finding(s) not readable as findings (skipped)")
     if (hb / RESTARTS_FILE).exists():
         data.restarts = _read_jsonl(hb / RESTARTS_FILE, p)
     data.perf_ranks = _read_jsonl(hb / PERF_RANKS_FILE, p)

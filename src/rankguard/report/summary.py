@@ -67,7 +67,7 @@ def run_window(data: RunData) -> tuple[float | None, float | None]:
     ends.append(parse_time(info.get("end_time")))
     ends.append(parse_time(_d(data.status).get("updated_wall_time")))
     both = [parse_time(e.get("timestamp")) for e in data.perf_entries]
-    both += [parse_time(f.get("detected_wall_time")) for f in data.findings]
+    both += [parse_time(f.detected_wall_time) for f in data.findings]
     lo = [t for t in starts + both if t is not None]
     hi = [t for t in ends + both if t is not None]
     return (min(lo) if lo else None, max(hi) if hi else None)

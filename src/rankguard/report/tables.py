@@ -105,8 +105,8 @@ def findings_table(data: RunData) -> str:
     t0, _ = run_window(data)
     rows = []
     for f in data.findings[-FINDINGS_TABLE_LIMIT:]:
-        t = parse_time(f.get("detected_wall_time"))
-        ftype = str(f.get("finding_type") or "-")
+        t = parse_time(f.detected_wall_time)
+        ftype = f.finding_type.value
         colour, _, _ = finding_style(ftype)
         clock = fmt_clock(t)
         when = esc(clock[11:19] if clock != "-" else "-")
@@ -117,9 +117,9 @@ def findings_table(data: RunData) -> str:
                 when,
                 f'<span class="nowrap"><span class="dot" style="background:{colour}"></span>'
                 f"{esc(ftype)}</span>",
-                esc(_text(f.get("rank"))),
-                f"<code>{_breakable(_text(f.get('reason')))}</code>",
-                esc(_text(f.get("message"))),
+                esc(_text(f.rank if f.rank >= 0 else None)),
+                f"<code>{_breakable(_text(f.reason.value))}</code>",
+                esc(_text(f.message)),
             ]
         )
     note = ""

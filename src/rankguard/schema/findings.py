@@ -152,6 +152,8 @@ class Reason(str, Enum):
     INPROCESS_EXCEPTION = "rank_raised_and_every_rank_reentered_in_process"
     INPROCESS_HANG = "rank_stuck_past_soft_timeout_and_every_rank_reentered_in_process"
     INPROCESS_OTHER = "collective_failed_and_every_rank_reentered_in_process"
+    # A line read back without a reason (a partial line, an older writer): never written.
+    UNKNOWN = "unknown"
 
 
 @dataclass(slots=True)
@@ -246,12 +248,13 @@ class Finding:
     def from_dict(cls, d: dict[str, Any]) -> Finding:
         """A finding read back from ``findings.jsonl``; ValueError names a bad field
         (an unknown type or reason, a rank that is not an integer). Missing fields take
-        their defaults; an unknown liveness or progress word reads as None."""
+        their defaults (a missing reason reads as ``unknown``); an unknown liveness or
+        progress word reads as None."""
         ftype = FindingType.parse(d.get("finding_type"))
         if ftype is None:
             raise ValueError(f"finding_type: unknown {d.get('finding_type')!r:.60}")
         try:
-            reason = Reason(d.get("reason"))
+            reason = Reason(d.get("reason") or Reason.UNKNOWN)
         except ValueError:
             raise ValueError(f"reason: unknown {d.get('reason')!r:.60}") from None
         rank = d.get("rank")
