@@ -13,8 +13,9 @@ In a training script started by ``rankguard run``::
 Code that takes a session types it ``rankguard.RankSession`` (both sessions satisfy it).
 """
 
+from rankguard.bootstrap import init
 from rankguard.ranksession import RankSession
-from rankguard.session import NullSession, Session, current, init
+from rankguard.session import NullSession, Session, current
 
 __all__ = ["NullSession", "RankSession", "Session", "__version__", "current", "init"]
 

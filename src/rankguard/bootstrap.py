@@ -31,7 +31,7 @@ from rankguard.phases import PhaseWatcher
 from rankguard.preempt.rank import RankPreemption
 from rankguard.schema.blocks import BlockSource, FtStatsBlock, fields_source
 from rankguard.schema.layout import perf_dir
-from rankguard.session import NullSession, Session
+from rankguard.session import NullSession, Session, install
 from rankguard.straggler.probe import ComputeProbe
 from rankguard.timeline import ProgressTracker
 
@@ -174,3 +174,8 @@ def _torchrun_session(env: runenv.RunEnv) -> Session:
     session.install_optimizer_hook()
     atexit.register(session.close)
     return session
+
+
+def init() -> Session | NullSession:
+    """Start monitoring for this rank (idempotent); a no-op outside the launcher."""
+    return install(session_from_env)

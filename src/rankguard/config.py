@@ -29,6 +29,7 @@ from rankguard.checkpoint.config import CheckpointConfig
 from rankguard.ft.config import FaultToleranceConfig
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.inprocess.config import InProcessRestartConfig
+from rankguard.layouts import normalize, unwrap_flagscale
 from rankguard.perf.config import PerfConfig
 from rankguard.preempt.config import PreemptionConfig
 from rankguard.rerun.config import RerunStateMachineConfig
@@ -440,13 +441,12 @@ def load_config(
         doc = loaded
     # FlagScale's experiment YAML and Megatron Bridge's names, read as they are (the
     # file's FlagScale runner first, so that overrides apply on top of it)
-    from rankguard.layouts import normalize, unwrap_flagscale
-
+    own = frozenset(f.name for f in dataclasses.fields(RankguardConfig))
     try:
-        doc, notes = unwrap_flagscale(doc)
+        doc, notes = unwrap_flagscale(doc, own)
         for ov in overrides:
             apply_override(doc, ov)
-        doc, again = unwrap_flagscale(doc)  # FlagScale keys given as overrides
+        doc, again = unwrap_flagscale(doc, own)  # FlagScale keys given as overrides
         doc, more = normalize(doc)
     except ConfigError:
         raise

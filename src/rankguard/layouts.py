@@ -139,18 +139,10 @@ FLAGSCALE_RUNNER_SETTINGS = frozenset(
 )
 
 
-def _root_keys() -> set[str]:
-    import dataclasses
-
-    from rankguard.config import RankguardConfig
-
-    return {f.name for f in dataclasses.fields(RankguardConfig)}
-
-
-def unwrap_flagscale(doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def unwrap_flagscale(doc: dict[str, Any], own: frozenset[str]) -> tuple[dict[str, Any], list[str]]:
     """The rankguard part of a FlagScale experiment document (``experiment.runner``, and
-    rankguard's own root keys beside it, e.g. from overrides), and the lines that say
-    what rankguard leaves to FlagScale; other documents as they are. ValueError for a
+    rankguard's own root keys ``own`` beside it, e.g. from overrides), and the lines that
+    say what rankguard leaves to FlagScale; other documents as they are. ValueError for a
     runner key that is a misspelt rankguard key."""
     experiment = doc.get("experiment")
     if experiment is None:
@@ -160,7 +152,6 @@ def unwrap_flagscale(doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     runner = experiment.get("runner") or {}
     if not isinstance(runner, dict):
         raise ValueError("experiment.runner: expected a mapping")
-    own = _root_keys()
     out: dict[str, Any] = {k: v for k, v in doc.items() if k in own}
     theirs: list[str] = []
     for key, value in runner.items():

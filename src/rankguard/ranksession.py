@@ -13,9 +13,10 @@ Torch-free: the types it names are imported for the type checker only.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:
     from rankguard.perf.reporter import PerfReporter
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from rankguard.rerun.machine import RerunStateMachine
     from rankguard.schema.blocks import BlockSource
 
-__all__ = ["RankSession"]
+__all__ = ["RankSession", "current", "install"]
 
 
 @runtime_checkable
@@ -134,3 +135,25 @@ class RankSession(Protocol):
     def close(
         self, *, clean: bool = True, exit_code: int | None = None, error: str | None = None
     ) -> None: ...
+
+
+_S = TypeVar("_S", bound=RankSession)
+_current: RankSession | None = None
+_current_lock = threading.Lock()
+
+
+def install(factory: Callable[[], _S]) -> _S | RankSession:
+    """The process's session: built by ``factory`` the first time (the rank bootstrap,
+    ``rankguard.init()``), the same one afterwards. Here, below the parts that take a
+    session (the checkpoint manager, the in-process restart), so that they find the
+    process's session without importing the module that builds it."""
+    global _current
+    with _current_lock:
+        if _current is None:
+            _current = factory()
+        return _current
+
+
+def current() -> RankSession | None:
+    """The process's session, or None before ``rankguard.init()`` (or the bootstrap)."""
+    return _current

@@ -16,13 +16,12 @@ Components reach the session through its constructor and its methods
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from rankguard import runenv
+from rankguard import ranksession, runenv
 from rankguard.agree import ControlReader
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.identity import RankIdentity
@@ -44,7 +43,7 @@ if TYPE_CHECKING:
     from rankguard.rerun.machine import RerunStateMachine
     from rankguard.straggler.probe import ComputeProbe
 
-__all__ = ["NullSession", "Session", "current", "init", "install"]
+__all__ = ["NullSession", "Session", "current", "install"]
 
 logger = logging.getLogger(__name__)
 
@@ -589,30 +588,23 @@ class _NullContext:
 
 
 _NULL_CONTEXT = _NullContext()
-_default: Session | NullSession | None = None
-_default_lock = threading.Lock()
 
 
 def install(factory: Callable[[], Session | NullSession]) -> Session | NullSession:
     """The process's default session: built by ``factory`` the first time (the rank
-    bootstrap passes its lifeline this way), the same one afterwards."""
-    global _default
-    with _default_lock:
-        if _default is None:
-            _default = factory()
-        return _default
-
-
-def init() -> Session | NullSession:
-    """Start monitoring for this rank (idempotent); a no-op outside the launcher."""
-    from rankguard.bootstrap import session_from_env  # it imports this module
-
-    return install(session_from_env)
+    bootstrap passes its lifeline this way), the same one afterwards (the slot is
+    :func:`rankguard.ranksession.install`'s). ``rankguard.init()`` is
+    :func:`rankguard.bootstrap.init`: building a session from the environment is the
+    bootstrap's."""
+    session = ranksession.install(factory)
+    assert isinstance(session, Session | NullSession)
+    return session
 
 
 def current() -> Session | NullSession | None:
     """The session ``init()`` created, or None before it."""
-    return _default
+    session = ranksession.current()
+    return session if isinstance(session, Session | NullSession) else None
 
 
 if TYPE_CHECKING:

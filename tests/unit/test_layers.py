@@ -25,9 +25,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("heartbeat",),
     ("agree", "ft", "rerun", "straggler", "runfiles", "statusnotes"),
     ("preempt", "heartbeat.relay", "exporter", "ranksession"),
-    ("checkpoint", "inprocess"),
+    ("checkpoint", "inprocess", "layouts"),
     ("config",),
-    ("layouts",),
     ("session",),
     ("bootstrap",),
     ("rankguard", "integrations"),
@@ -41,12 +40,7 @@ LAYERS: list[tuple[str, ...]] = [
 #: config), an optional integration. To be removed, never added to.
 #: (importing module, imported part)
 KNOWN_UPWARD = {
-    ("rankguard.checkpoint.manager", "session"),
-    ("rankguard.config", "layouts"),
-    ("rankguard.ft.launcher_flags", "integrations"),
-    ("rankguard.inprocess.wrapper", "session"),
     ("rankguard.runenv", "config"),
-    ("rankguard.session", "bootstrap"),
 }
 
 _LAYER = {part: i for i, parts in enumerate(LAYERS) for part in parts}

@@ -12,12 +12,13 @@ import pytest
 import torch
 
 import rankguard
-import rankguard.session as session_mod
+from rankguard import ranksession
+from rankguard.bootstrap import init
 from rankguard.config import RankguardConfig, dumps_config
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.identity import ENV
 from rankguard.schema.layout import heartbeat_file_name
-from rankguard.session import NullSession, Session, current, init
+from rankguard.session import NullSession, Session, current
 from rankguard.timeline import ProgressTracker
 from tests.factories import rank_identity
 from tests.factories import read_records as _records
@@ -221,7 +222,7 @@ _ENV_VARS = (
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     for name in _ENV_VARS:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(session_mod, "_default", None)
+    monkeypatch.setattr(ranksession, "_current", None)
     return monkeypatch
 
 

@@ -18,6 +18,7 @@ for "no timeout" as in ``step:None``). Without NVRx, a frozen list of nvidia-res
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ __all__ = [
     "LauncherFlag",
     "flag_for",
     "launcher_flags",
+    "nvrx_version",
     "translate",
 ]
 
@@ -123,6 +125,21 @@ NO_EFFECT = {
 _DEFAULT_RESTART_POLICY = "any-failed"
 
 
+def nvrx_version() -> tuple[int, ...] | None:
+    """The installed ``nvidia-resiliency-ext`` version, or None when it is absent."""
+    try:
+        text = importlib.metadata.version("nvidia-resiliency-ext")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    parts: list[int] = []
+    for piece in text.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
 def launcher_flags() -> tuple[tuple[LauncherFlag, ...], str]:
     """``ft_launcher``'s flags that torchrun lacks, and where the list came from: the
     installed NVRx's own parser, else :data:`FROZEN`."""
@@ -137,8 +154,6 @@ def launcher_flags() -> tuple[tuple[LauncherFlag, ...], str]:
         for a in get_args_parser()._actions
         if a.option_strings and a.dest not in torch_dests
     )
-    from rankguard.integrations.nvrx import nvrx_version
-
     version = ".".join(map(str, nvrx_version() or ()))
     return flags, f"nvidia-resiliency-ext {version} (its launcher's parser)"
 

@@ -51,6 +51,7 @@ from rankguard.inprocess.policy import (
     lost_ranks,
     timeout_problems,
 )
+from rankguard.ranksession import current as current_session
 from rankguard.runenv import RunEnv
 from rankguard.schema.blocks import InProcessBlock, InProcessRestart
 
@@ -264,8 +265,6 @@ class _Call:
             cfg.max_restarts_per_window, cfg.restart_window, cfg.max_iterations
         )
         if session is None:
-            from rankguard.session import current as current_session
-
             session = current_session()
         self.session: RankSession | None = (
             session if session is not None and session.enabled else None

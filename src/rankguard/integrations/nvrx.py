@@ -52,6 +52,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rankguard.ft.launcher_flags import nvrx_version
+
 __all__ = [
     "SOCKET_ENV",
     "SUPPORTED_VERSIONS",
@@ -67,21 +69,6 @@ SOCKET_ENV = "FT_RANK_MONITOR_IPC_SOCKET"
 SUPPORTED_VERSIONS = ((0, 4), (0, 7))  # inclusive major.minor range served
 _CHECKPOINTING = "checkpointing"
 _BUILTIN = frozenset({"setup", "step"})
-
-
-def nvrx_version() -> tuple[int, ...] | None:
-    """The installed ``nvidia-resiliency-ext`` version, or None when it is absent."""
-    try:
-        text = importlib.metadata.version("nvidia-resiliency-ext")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    parts: list[int] = []
-    for piece in text.split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts)
 
 
 def nvrx_available() -> bool:
