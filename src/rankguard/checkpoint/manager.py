@@ -38,10 +38,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemWriter
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
 from rankguard import runenv
 from rankguard._fs import atomic_write_json, fsync_dir
@@ -68,10 +64,13 @@ from rankguard.checkpoint.local import LocalStore, deserialize, replica_peers, s
 from rankguard.checkpoint.stager import HostStager
 from rankguard.checkpoint.state import StatePlan
 from rankguard.checkpoint.tiers import BoundTier, Candidate, CheckpointTier
+from rankguard.ranksession import current as current_session
 from rankguard.runenv import RunEnv
 from rankguard.schema.layout import CHECKPOINTS_FILE
 
 if TYPE_CHECKING:
+    from torch.distributed.checkpoint import FileSystemWriter
+
     from rankguard.ranksession import RankSession
 
 __all__ = ["TIERS", "CheckpointManager"]
@@ -85,8 +84,28 @@ TORCH_FILE = "state.pt"
 WriterFactory = Callable[[Path], Any]
 
 
+def _dcp() -> Any:
+    """``torch.distributed.checkpoint``, imported at the first save or load that needs it:
+    a rank that never checkpoints does not pay for its import (DTensor, sympy: about as
+    long as importing torch itself)."""
+    import torch.distributed.checkpoint as dcp
+
+    return dcp
+
+
+def _checkpoint_exception() -> type[BaseException]:
+    """DCP's ``CheckpointException`` (a ``BaseException``: caught by name)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return CheckpointException
+
+
+def _errors() -> tuple[type[BaseException], ...]:
+    return (Exception, _checkpoint_exception())
+
+
 def _default_writer(path: Path) -> FileSystemWriter:
-    return FileSystemWriter(path, sync_files=True)
+    return _dcp().FileSystemWriter(path, sync_files=True)
 
 
 class CheckpointManager:
@@ -309,9 +328,11 @@ class CheckpointManager:
             state = self.plan.global_state_dict()
         else:
             writer = self._writer_factory(tmp)
+            from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
             kind = AsyncCheckpointerType(self.config.async_checkpointer_type)
             with _single_process_quiet(self.group):
-                response = dcp.async_save(
+                response = _dcp().async_save(
                     self.plan.global_state_dict(),
                     storage_writer=writer,
                     process_group=self.group.pg,
@@ -337,14 +358,14 @@ class CheckpointManager:
                     self._write_torch_format(tmp, state)
                 else:
                     with _single_process_quiet(self.group):
-                        dcp.save(
+                        _dcp().save(
                             state,
                             storage_writer=self._writer_factory(tmp),
                             process_group=self.group.pg,
                             no_dist=not self.group.distributed,
                         )
                 entries = self._persistent_entries(tmp, per_rank)
-            except _ERRORS as exc:  # gathered: every rank decides the same
+            except _errors() as exc:  # gathered: every rank decides the same
                 error = f"rank {self.rank}: {_describe(exc)}"
                 entries = []
             self._commit_persistent(step, tmp, error, entries, t0, stage_s, w0)
@@ -443,7 +464,7 @@ class CheckpointManager:
             error = None
             try:
                 self._write_local(step, staged, per_rank)
-            except _ERRORS as exc:
+            except _errors() as exc:
                 error = f"rank {self.rank}: {_describe(exc)}"
             errors = self.group.errors(error)
             if errors:
@@ -552,9 +573,7 @@ class CheckpointManager:
         if session is False:
             return
         if session is None:
-            from rankguard.session import current
-
-            session = current()
+            session = current_session()
         if session is not None and session.enabled:
             session.note_resumed(step)
 
@@ -667,13 +686,13 @@ class CheckpointManager:
                     _copy_into(current, loaded, "")
                 else:
                     with _single_process_quiet(self.group):
-                        dcp.load(
+                        _dcp().load(
                             current,
                             checkpoint_id=path,
                             process_group=self.group.pg,
                             no_dist=not self.group.distributed,
                         )
-            except (CheckpointError, CheckpointException, ValueError, RuntimeError) as exc:
+            except (CheckpointError, _checkpoint_exception(), ValueError, RuntimeError) as exc:
                 raise CheckpointError(
                     f"checkpoint step {step} at {path} does not fit the state: {_describe(exc)}"
                 ) from exc
@@ -761,9 +780,7 @@ class CheckpointManager:
         if session is False:
             return contextlib.nullcontext()
         if session is None:
-            from rankguard.session import current
-
-            session = current()
+            session = current_session()
         if session is not None and session.enabled:
             return session.checkpoint(name)
         return contextlib.nullcontext()
@@ -794,9 +811,6 @@ def _iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
-_ERRORS = (Exception, CheckpointException)
-
-
 @contextlib.contextmanager
 def _single_process_quiet(group: CheckpointGroup) -> Iterator[None]:
     """DCP warns on every single-process call that it assumes one process: it is meant."""
@@ -810,9 +824,10 @@ def _single_process_quiet(group: CheckpointGroup) -> Iterator[None]:
 
 def _describe(exc: BaseException) -> str:
     """One line for an error; DCP's CheckpointException carries each rank's failure."""
-    if isinstance(exc, CheckpointException):
+    if isinstance(exc, _checkpoint_exception()):
         parts = []
-        for rank, item in sorted(exc.failures.items()):
+        failures: dict[int, Any] = getattr(exc, "failures", {})
+        for rank, item in sorted(failures.items()):
             failure: Any = item[0] if isinstance(item, tuple) and item else item
             text = _describe(failure) if isinstance(failure, BaseException) else str(failure)
             parts.append(f"DCP rank {rank}: {text}")

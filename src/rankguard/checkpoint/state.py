@@ -23,12 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.state_dict import (
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 from rankguard.checkpoint.files import CheckpointError
 
@@ -226,6 +220,13 @@ class StatePlan:
 
     def global_state_dict(self) -> dict[str, Any]:
         """The job's state as DCP saves and loads it (tensors of the live objects)."""
+        # DCP's state-dict helpers at the first save or load, not at import (see _dcp in
+        # checkpoint/manager.py: a rank that never checkpoints does not import DCP)
+        from torch.distributed.checkpoint.state_dict import (
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
         out: dict[str, Any] = {}
         for name, model in self.models.items():
             out[name] = get_model_state_dict(model)
@@ -237,6 +238,11 @@ class StatePlan:
 
     def load_global(self, loaded: dict[str, Any]) -> None:
         """Push a loaded ``global_state_dict()`` into the live objects."""
+        from torch.distributed.checkpoint.state_dict import (
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
         for name, model in self.models.items():
             set_model_state_dict(model, loaded[name])
         for name, (opt, model) in self.optims.items():
