@@ -1,5 +1,6 @@
 """``bench/checkpoint.py --smoke``: every path saves, every checkpoint passes the
-consistency check of the same run, and the table is printed."""
+consistency check of the same run, and the table is printed (this bench's smoke run:
+``test_bench_smoke.py`` leaves it to this test, which asserts more of it)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.timeout(600)  # seconds on an idle machine, minutes on a loaded one
+pytestmark = [pytest.mark.bench, pytest.mark.timeout(600)]  # minutes on a loaded machine
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_checkpoint_bench_smoke_run_checks_every_checkpoint(tmp_path: Path) -> None:
