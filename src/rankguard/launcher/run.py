@@ -81,7 +81,12 @@ def _rendezvous(opts: LaunchOptions, run_id: str) -> tuple[Any, Any, str, int, b
     from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
     from rankguard.launcher.backends import rendezvous_timeout
-    from rankguard.launcher.rendezvous import LOOPBACK, loopback_store_server, rendezvous_store
+    from rankguard.launcher.rendezvous import (
+        LOOPBACK,
+        keep_alive_settings,
+        loopback_store_server,
+        rendezvous_store,
+    )
 
     hosting = True
     if opts.standalone:
@@ -106,6 +111,7 @@ def _rendezvous(opts: LaunchOptions, run_id: str) -> tuple[Any, Any, str, int, b
         max_nodes=opts.max_nodes,
         local_addr=LOOPBACK if opts.standalone else opts.local_addr,
         timeout=rendezvous_timeout(opts.rdzv_conf, opts.rdzv_join_timeout_s),
+        **keep_alive_settings(opts.rdzv_conf),
     )
     host = endpoint.rsplit(":", 1)[0]
     if os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1":
@@ -113,6 +119,18 @@ def _rendezvous(opts: LaunchOptions, run_id: str) -> tuple[Any, Any, str, int, b
 
         handler = FreshStoreRendezvous(handler, loopback=opts.standalone)
     return handler, store, host, int(store.port), hosting
+
+
+def _spare_keeper(handler: Any, opts: LaunchOptions, run_id: str, host: str, port: int) -> Any:
+    """Hot spares and elastic shrink (:class:`~rankguard.launcher.rendezvous.SpareKeeper`):
+    the agent's entry in the store goes through a client of its own."""
+    from rankguard.launcher.rendezvous import SpareKeeper
+    from rankguard.launcher.spares import AgentRegistry
+
+    registry = AgentRegistry(
+        _store_client(host, port), run_id, max_nodes=opts.max_nodes, min_nodes=opts.min_nodes
+    )
+    return SpareKeeper(handler, registry, say=_say)
 
 
 def _store_client(host: str, port: int) -> Any:
@@ -282,6 +300,10 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
         _say(f"rendezvous: {_one_line(exc)}")
         return EXIT_USAGE
     services = _services(opts, cfg, run_id, run_dir, timeouts, host, port, store is not None)
+    if opts.rdzv_backend == "c10d" and opts.multi_node:
+        handler = _spare_keeper(handler, opts, run_id, host, port)
+        services.track_agents = services.store is not None
+        services.min_nodes = opts.min_nodes
     node = NodeStart(opts, cfg, run_id, run_dir, f"{host}:{port}", services)
     agent = build_agent(
         opts, cfg, RoundWatcher(handler, node.on_round), services, max_restarts, run_dir
@@ -327,9 +349,27 @@ class NodeStart:
         self.preemption: LaunchPreemption | None = None
 
     def on_round(self, info: Any) -> None:
+        from rankguard.launcher.rendezvous import round_tag
+
         decided = node_identity(self.opts.node_rank, int(info.rank), self.services.node_rank)
         if decided.warning:
             _say(decided.warning)
+        self.services.round_tag = round_tag(info)
+        self.services.round_nodes = int(info.world_size)
+        if self.services.node_rank is not None and info.world_size < self.opts.max_nodes:
+            _say(
+                f"this round has {info.world_size} of {self.opts.max_nodes} node(s) "
+                f"(--nnodes {self.opts.min_nodes}:{self.opts.max_nodes}): the job goes on "
+                f"with {info.world_size * self.opts.nproc_per_node} rank(s)"
+            )
+        if decided.moved:
+            self.services.move(decided.node_rank)
+            _write_launcher_file(
+                self.opts, self.cfg, self.run_id, self.run_dir, self.rendezvous, decided.node_rank
+            )
+            if self.agent is not None:
+                self.services.attach_agent(self.agent)
+            return
         if not decided.first:
             return
         node = self.services.node_rank = decided.node_rank
