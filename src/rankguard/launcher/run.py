@@ -456,6 +456,7 @@ def _environment(opts: LaunchOptions, cfg: RankguardConfig, run_id: str, run_dir
     """The environment the workers inherit (and ``--preload``'s fork server); False
     (said why) for a usage error."""
     _worker_env(cfg, run_id, run_dir, job_name(opts))
+    os.environ[ENV.MAX_WORLD_SIZE] = str(opts.max_nodes * opts.nproc_per_node)
     _thread_defaults(opts)
     if opts.standalone:
         _loopback_gloo()
