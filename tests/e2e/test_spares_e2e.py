@@ -34,7 +34,7 @@ FAST = [
 
 
 def agent_cmd(
-    i: int, nnodes: str, port: int, run_id: str, tmp: Path, steps: int, *extra: str
+    i: int, nnodes: str, port: int, run_id: str, tmp: Path, steps: int, conf: str = RDZV_CONF
 ) -> list[str]:
     sets: list[str] = []
     for item in FAST:
@@ -52,13 +52,12 @@ def agent_cmd(
         "--rdzv-id",
         run_id,
         "--rdzv-conf",
-        RDZV_CONF,
+        conf,
         "--max-restarts",
         "2",
         "--log-dir",
         str(tmp / f"agent{i}"),
         *sets,
-        *extra,
         "-m",
         "rankguard.demo.train",
         "--steps",
@@ -221,10 +220,12 @@ def test_without_a_spare_the_job_shrinks_to_the_nodes_left_and_goes_on(
     assert "[demo] done: 25 steps on 1 rank(s)" in text0, out
     elastic = status_of(tmp_path, node0, run_id)["elastic"]
     assert (elastic["nodes"], elastic["shrunk"], elastic["replacements"]) == (1, True, []), elastic
-    # the perf monitor's figures follow the new world size
-    perf = read_jsonl(tmp_path / f"agent{node0}" / "heartbeat" / run_id / "perf.jsonl")
-    sizes = [p.get("world_size") for p in perf if "world_size" in p]
-    assert sizes and sizes[-1] == 1, perf[-1:]
+    # the perf monitor's figures follow the new world size: the job's total is two
+    # GPUs' worth before the loss, one after
+    perf = read_jsonl(tmp_path / f"agent{node0}" / "perf_monitor" / run_id / "perf.jsonl")
+    first, last = perf[0], perf[-1]
+    assert first["TFLOPS_total"] == pytest.approx(2 * first["TFLOPS_per_GPU"], rel=0.01), first
+    assert last["TFLOPS_total"] == pytest.approx(last["TFLOPS_per_GPU"], rel=0.01), last
     assert no_leftover_workers(run_id)
 
 
@@ -242,10 +243,15 @@ def test_a_healthy_run_with_a_spare_waiting_has_no_finding(tmp_path: Path, run_i
     out = agents.all_text()
     assert set(codes.values()) == {0}, out
     run0 = tmp_path / f"agent{node0}" / "heartbeat" / run_id
-    assert read_jsonl(run0 / "findings.jsonl") == [] if (run0 / "findings.jsonl").exists() else True
+    findings = run0 / "findings.jsonl"
+    assert not findings.exists() or read_jsonl(findings) == [], out
     status = read_status(run0)
     assert status["state"] == "completed", out
-    assert "restart" not in agents.text(node0), out  # a waiting spare restarts nothing
+    assert status["summary"]["findings_total"] == 0, status["summary"]
+    # a waiting spare restarts nothing, and leaves when the job ends
+    assert "restart 1 of the workers" not in agents.text(node0), out
+    assert not status.get("restarts"), status.get("restarts")
+    assert "waited as a spare: it was not needed" in agents.text(2), out
     spares = status["elastic"]["spares_waiting"]
     assert len(spares) == 1, status["elastic"]
     assert no_leftover_workers(run_id)
@@ -255,10 +261,8 @@ def test_node0_lost_the_new_rounds_node0_runs_the_monitor(tmp_path: Path, run_id
     # the store on a host that does not train (here: this test), every agent a client
     port = free_port()
     store = TCPStore("127.0.0.1", port, is_master=True, multi_tenant=True, wait_for_workers=False)
-    extra = ["--rdzv-conf", f"{RDZV_CONF},is_host=false"]
-    cmds = [agent_cmd(i, "2:2", port, run_id, tmp_path, 30) for i in range(3)]
-    for cmd in cmds:  # the later --rdzv-conf wins
-        cmd[cmd.index("-m") : cmd.index("-m")] = extra
+    conf = f"{RDZV_CONF},is_host=false"
+    cmds = [agent_cmd(i, "2:2", port, run_id, tmp_path, 30, conf) for i in range(3)]
     agents = Agents(cmds, tmp_path, spares=1)
     try:
         node0, node1, spare = agents.node(0), agents.node(1), 2

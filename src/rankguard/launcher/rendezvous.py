@@ -295,9 +295,13 @@ class SpareKeeper(RendezvousHandler):
         self.registry = registry
         self.say = say or (lambda msg: logger.info("rankguard: %s", msg))
         self.nodes: int | None = None  # the current group's node count
+        self.left_waiting = False  # the rendezvous closed while this agent waited
 
     def next_rendezvous(self) -> RendezvousInfo:
-        from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
+        from torch.distributed.elastic.rendezvous.api import (
+            RendezvousGracefulExitError,
+            RendezvousTimeoutError,
+        )
 
         from rankguard.launcher.spares import full_round_without, read_agents
 
@@ -307,6 +311,12 @@ class SpareKeeper(RendezvousHandler):
             try:
                 info = self.inner.next_rendezvous()
                 break
+            except RendezvousGracefulExitError:
+                # the job ended while this agent waited (a spare never needed): torch's
+                # agent returns no result; the launcher says so and exits 0
+                self.left_waiting = True
+                self.registry.left()
+                raise
             except RendezvousTimeoutError:
                 agents = read_agents(self.registry.store, self.registry.run_id)
                 if not full_round_without(agents, self.registry.agent, self.registry.max_nodes):

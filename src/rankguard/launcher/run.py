@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -318,9 +319,14 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
         _stop(services, handler, run_dir)
         if hosting and services.node_rank not in (None, 0):
             _keep_store_for_monitor(services)
+        if hosting and services.track_agents:
+            _keep_store_for_spares(services)
         del store  # hosted here: it had to outlive node 0's drain
         if node.preemption is not None:
             node.preemption.finish()
+    if result is None and stopped_by is None and getattr(handler, "left_waiting", False):
+        _say("the job ended while this agent waited as a spare: it was not needed")
+        return 0
     outcome = _outcome(result, stopped_by, agent, services, cfg, max_restarts)
     if node.preemption is not None:
         outcome = node.preemption.outcome(outcome)
@@ -412,6 +418,20 @@ def _keep_store_for_monitor(services: NodeServices) -> None:
     _say(f"keeping the rendezvous store up to {wait_s:.0f} s for node 0's monitor")
     if not services.wait_for_monitor(wait_s):
         _say("node 0's monitor did not say it finished; the rendezvous store goes now")
+
+
+def _keep_store_for_spares(services: NodeServices, wait_s: float = 10.0) -> None:
+    """This node hosts the rendezvous store: the spares still waiting in the
+    rendezvous learn that it closed (at their next sync, about a second) before the
+    store goes (bounded); without it they would fail on a lost store."""
+    from rankguard.launcher.spares import waiting_agents
+
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if waiting_agents(services.store, services.run_id) == 0:
+            return
+        time.sleep(0.2)
+    _say("spares still waiting in the rendezvous: the rendezvous store goes now")
 
 
 def _check(opts: LaunchOptions, cfg: RankguardConfig) -> int | None:

@@ -30,7 +30,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["AgentRegistry", "elastic_status", "full_round_without", "read_agents"]
+__all__ = [
+    "AgentRegistry",
+    "elastic_status",
+    "full_round_without",
+    "read_agents",
+    "waiting_agents",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +103,18 @@ class AgentRegistry:
                 "waited_s": round(waited, 3),
             }
             self._write()
+
+
+    def left(self) -> None:
+        """The job ended while this agent waited (the rendezvous was closed)."""
+        with self._lock:
+            self.entry = {**self.entry, "agent": self.agent, "state": "left", "left": time.time()}
+            self._write()
+
+
+def waiting_agents(store: Any, run_id: str) -> int:
+    """How many agents of the run still wait in the rendezvous."""
+    return sum(1 for a in read_agents(store, run_id) if a.get("state") == "waiting")
 
 
 def read_agents(store: Any, run_id: str) -> list[dict[str, Any]]:
