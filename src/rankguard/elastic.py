@@ -98,7 +98,9 @@ def batch_plan(
         per_step = micro_batch * world_size
         accumulation = max(1, -(-global_batch // per_step))  # rounded up
         real = accumulation * per_step
-        return BatchPlan(rule, world_size, micro_batch, accumulation, real, global_batch, real == global_batch)
+        return BatchPlan(
+            rule, world_size, micro_batch, accumulation, real, global_batch, real == global_batch
+        )
     full = full_world_size if full_world_size is not None else world_size
     if isinstance(full, bool) or not isinstance(full, int) or full < world_size:
         raise ValueError(
@@ -108,6 +110,11 @@ def batch_plan(
     accumulation = max(1, global_batch // (micro_batch * full))
     exact = accumulation * micro_batch * full == global_batch
     return BatchPlan(
-        rule, world_size, micro_batch, accumulation, accumulation * micro_batch * world_size,
-        global_batch, exact,
+        rule,
+        world_size,
+        micro_batch,
+        accumulation,
+        accumulation * micro_batch * world_size,
+        global_batch,
+        exact,
     )

@@ -439,12 +439,15 @@ def elastic_lines(block: Any) -> list[str]:
     spares = [s for s in block.get("spares_waiting") or [] if isinstance(s, dict)]
     out = ["", f"Nodes: {_s(nodes)} of {_s(lo)}:{_s(hi)}{shrunk}, {len(spares)} spare(s) waiting"]
     for spare in spares:
-        out.append(f"  spare    {_text(spare.get('agent'))} waiting since {_fmt_time(spare.get('since'))}")
+        out.append(
+            f"  spare    {_text(spare.get('agent'))} waiting since {_fmt_time(spare.get('since'))}"
+        )
     for item in block.get("replacements") or []:
         if isinstance(item, dict):
+            waited = _s(item.get("waited_s"))
             out.append(
                 f"  replaced node {_s(item.get('node'))}: {_text(item.get('replaced'))} lost, "
-                f"spare {_text(item.get('spare'))} took its place after {_s(item.get('waited_s'))} s"
+                f"spare {_text(item.get('spare'))} took its place (waited {waited} s)"
             )
     lost = block.get("lost") or []
     if lost:

@@ -104,7 +104,6 @@ class AgentRegistry:
             }
             self._write()
 
-
     def left(self) -> None:
         """The job ended while this agent waited (the rendezvous was closed)."""
         with self._lock:
@@ -202,9 +201,7 @@ def elastic_status(
         "shrunk": nodes < max_nodes,
         "round": round_tag,
         "members": [{"node": a.get("node"), "agent": a["agent"]} for a in current],
-        "spares_waiting": [
-            {"agent": a["agent"], "since": a.get("since")} for a in spares
-        ],
+        "spares_waiting": [{"agent": a["agent"], "since": a.get("since")} for a in spares],
         "lost": sorted({a["agent"] for a in lost}),
         "replacements": list(history),
     }
