@@ -50,7 +50,7 @@ def test_the_rule_is_a_strict_config_key() -> None:
     assert build(RankguardConfig, {"elastic": {"batch_rule": "scale"}}).elastic.batch_rule == (
         "scale"
     )
-    with pytest.raises(ConfigError, match="elastic.batch_rule: one of keep_global, scale"):
+    with pytest.raises(ConfigError, match=r"elastic\.batch_rule: one of keep_global, scale"):
         build(RankguardConfig, {"elastic": {"batch_rule": "grow"}})
     with pytest.raises(ConfigError, match="unknown config key"):
         build(RankguardConfig, {"elastic": {"spares": 1}})
