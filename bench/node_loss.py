@@ -7,6 +7,8 @@ the demo (``rankguard.demo.train``, a checkpoint every ``--every`` steps, ``--lo
 host and rank 0's is killed with its workers (``killpg``, SIGKILL). Scenarios:
 
 - ``spare``: ``rankguard run --nnodes 2:2``, 3 agents: 2 train, 1 waits as a spare;
+- ``spare-preload``: the same with ``--preload torch`` (every agent, the spare too,
+  forks its ranks from a fork server that imported torch while it waited);
 - ``shrink``: ``rankguard run --nnodes 1:2``, 2 agents: the survivor goes on alone;
 - ``torchrun``: ``python -m torch.distributed.run --nnodes 2:3``, 3 agents that all
   train (torch's rendezvous has no spare: whoever comes is let in), 2 go on.
@@ -68,7 +70,9 @@ class Agent:
         return "\n".join(line for _, line in self.lines)
 
 
-def _cmd(kind: str, nnodes: str, port: int, run_id: str, log_dir: Path, args: Any) -> list[str]:
+def _cmd(
+    kind: str, nnodes: str, port: int, run_id: str, log_dir: Path, args: Any, preload: bool
+) -> list[str]:
     demo = [
         "-m",
         "rankguard.demo.train",
@@ -113,6 +117,7 @@ def _cmd(kind: str, nnodes: str, port: int, run_id: str, log_dir: Path, args: An
         "heartbeat.publish_interval_s=0.5",
         "--set",
         "heartbeat.scan_interval_s=0.5",
+        *(["--preload", "torch"] if preload else []),
         *demo,
     ]
 
@@ -153,8 +158,10 @@ def _steps(agent: Agent, after: float = 0.0) -> list[tuple[float, int]]:
 
 def run_once(scenario: str, args: Any, root: Path) -> dict[str, Any]:
     kind = "torchrun" if scenario == "torchrun" else "rankguard"
+    preload = scenario.endswith("-preload")
     nnodes, n_agents, spares = {
         "spare": ("2:2", 3, 1),
+        "spare-preload": ("2:2", 3, 1),
         "shrink": ("1:2", 2, 0),
         "torchrun": ("2:3", 3, 0),
     }[scenario]
@@ -164,12 +171,14 @@ def run_once(scenario: str, args: Any, root: Path) -> dict[str, Any]:
     agents: list[Agent] = []
     try:
         for i in range(n_agents - spares):
-            agents.append(_start(_cmd(kind, nnodes, port, run_id, work / f"a{i}", args)))
+            agents.append(_start(_cmd(kind, nnodes, port, run_id, work / f"a{i}", args, preload)))
             time.sleep(0.3)
         if spares:  # the spare comes once the group trains: it waits in the rendezvous
             _wait(lambda: any(_steps(a) for a in agents), args.timeout)
             for i in range(spares):
-                agents.append(_start(_cmd(kind, nnodes, port, run_id, work / f"s{i}", args)))
+                agents.append(
+                    _start(_cmd(kind, nnodes, port, run_id, work / f"s{i}", args, preload))
+                )
         if not _wait(
             lambda: any(s >= args.kill_step for a in agents for _, s in _steps(a)), args.timeout
         ):
@@ -233,7 +242,7 @@ def run_once(scenario: str, args: Any, root: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--scenarios", default="spare,shrink,torchrun")
+    p.add_argument("--scenarios", default="spare,spare-preload,shrink,torchrun")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--kill-step", type=int, default=12)
     p.add_argument("--every", type=int, default=5)

@@ -17,7 +17,14 @@ from typing import Any
 import pytest
 from torch.distributed import TCPStore
 
-from .conftest import free_port, no_leftover_workers, rankguard_cmd, read_jsonl, read_status
+from .conftest import (
+    free_port,
+    no_leftover_workers,
+    rankguard_cmd,
+    read_jsonl,
+    read_status,
+    run_rankguard,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 
@@ -254,6 +261,8 @@ def test_a_healthy_run_with_a_spare_waiting_has_no_finding(tmp_path: Path, run_i
     assert "waited as a spare: it was not needed" in agents.text(2), out
     spares = status["elastic"]["spares_waiting"]
     assert len(spares) == 1, status["elastic"]
+    shown = run_rankguard(["status", str(run0)], timeout=60)
+    assert "Nodes: 2 of 2:2, 1 spare(s) waiting" in shown.stdout, shown.stdout + shown.stderr
     assert no_leftover_workers(run_id)
 
 
