@@ -19,7 +19,9 @@ Every scenario gets the same ``--rdzv-conf``: keep-alive every second, a node de
 
 Measured (each agent's output is read by a thread that stamps each line on arrival):
 ``recovery_s`` = the kill to the first ``[demo] step`` line after ``[demo] resumed
-from`` (the new group trains); ``steps_lost`` = the last step printed before the kill
+from`` (the new group trains), with its stages on rank 0's agent: ``noticed_s`` (the
+agent restarts its group), ``round_s`` (the new round agreed: its worker store is up),
+``resume_s`` (the checkpoint loaded); ``steps_lost`` = the last step printed before the kill
 minus the step resumed from; ``ok`` = the surviving agents exited 0 and rank 0 printed
 ``done``. ``--repeats`` runs each, the median.
 
@@ -220,6 +222,11 @@ def run_once(scenario: str, args: Any, root: Path) -> dict[str, Any]:
             }
         agent, ts, step = resumed
         first = next((t for t, _ in _steps(agent, after=ts)), None)
+
+        def stamp(pattern: str) -> float | None:
+            hits = [t for t, line in agent.lines if t >= killed_at and re.search(pattern, line)]
+            return round(hits[0] - killed_at, 2) if hits else None
+
         done = any("[demo] done:" in a.text() for a in survivors)
         codes = [a.proc.returncode for a in survivors]
         world = re.findall(r"\[demo\] done: \d+ steps on (\d+) rank", agent.text())
@@ -227,6 +234,10 @@ def run_once(scenario: str, args: Any, root: Path) -> dict[str, Any]:
             "scenario": scenario,
             "ok": done and all(c == 0 for c in codes),
             "recovery_s": round(first - killed_at, 2) if first is not None else None,
+            # rankguard's lines: the agent restarts its group (it saw the failure), the
+            # new round is agreed (the round's worker store is up)
+            "noticed_s": stamp(r"restart \d+ of the workers|closing signal SIGTERM"),
+            "round_s": stamp(r"worker store hosted by the agent"),
             "resume_s": round(ts - killed_at, 2),
             "resumed_from": step,
             "steps_lost": last_before - step,
@@ -270,18 +281,21 @@ def main(argv: list[str] | None = None) -> int:
         f"python {platform.python_version()}, steps {args.steps}, kill at {args.kill_step}, "
         f"checkpoint every {args.every}"
     )
-    print(f"{'scenario':<10} {'ok':>5} {'recovery_s':>11} {'steps_lost':>11} {'ranks_after':>12}")
+    cols = ("recovery_s", "noticed_s", "round_s", "resume_s", "steps_lost")
+    print(f"{'scenario':<14} {'ok':>5} " + " ".join(f"{c:>11}" for c in cols) + " ranks_after")
     failed = False
     for scenario, runs in results.items():
         good = [r for r in runs if r.get("ok")]
-        rec = [r["recovery_s"] for r in good if r.get("recovery_s") is not None]
-        lost = [r["steps_lost"] for r in good]
-        after = {r.get("ranks_after") for r in good}
+
+        def med(key: str, good: list[dict[str, Any]] = good) -> str:
+            vals = [r[key] for r in good if r.get(key) is not None]
+            return f"{statistics.median(vals):.2f}" if vals else "-"
+
+        after = sorted({str(r.get("ranks_after")) for r in good})
         print(
-            f"{scenario:<10} {len(good)}/{len(runs):<3} "
-            f"{statistics.median(rec) if rec else float('nan'):>11.2f} "
-            f"{statistics.median(lost) if lost else float('nan'):>11.1f} "
-            f"{','.join(str(a) for a in sorted(after, key=str)):>12}"
+            f"{scenario:<14} {len(good)}/{len(runs):<3} "
+            + " ".join(f"{med(c):>11}" for c in cols)
+            + f" {','.join(after):>11}"
         )
         if scenario != "torchrun" and len(good) < len(runs):
             failed = True
