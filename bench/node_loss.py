@@ -4,7 +4,9 @@ of the new group, with a hot spare, without one (shrink), and under plain torchr
 What: agents on loopback (each its own session and log dir, one CPU rank each, gloo),
 the demo (``rankguard.demo.train``, a checkpoint every ``--every`` steps, ``--log-every
 1``). When rank 0 prints step ``--kill-step``, one agent other than the rendezvous store's
-host and rank 0's is killed with its workers (``killpg``, SIGKILL). Scenarios:
+host and rank 0's is killed with every process under it (SIGKILL: torch elastic starts
+each worker in a session of its own, a kill of the agent's session would miss them; a
+torchrun worker then trains on without its agent). Scenarios:
 
 - ``spare``: ``rankguard run --nnodes 2:2``, 3 agents: 2 train, 1 waits as a spare;
 - ``spare-preload``: the same with ``--preload torch`` (every agent, the spare too,
@@ -140,6 +142,37 @@ def _start(cmd: list[str]) -> Agent:
     return agent
 
 
+def _descendants(pid: int) -> list[int]:
+    """``pid``'s processes, children first found through ``/proc`` (torch elastic starts
+    each worker in a session of its own: a kill of the agent's session misses them)."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rfind(b")") + 2 :].split()[1])
+        parents.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _lose_node(agent: Agent) -> None:
+    """The node is lost: its agent and every process under it SIGKILLed at once."""
+    for pid in [agent.proc.pid, *_descendants(agent.proc.pid)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def _wait(pred: Any, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -192,7 +225,7 @@ def run_once(scenario: str, args: Any, root: Path) -> dict[str, Any]:
         victim = victims[-1]
         last_before = max(s for _, s in _steps(printer))
         killed_at = time.time()
-        os.killpg(victim.proc.pid, signal.SIGKILL)
+        _lose_node(victim)
         survivors = [a for a in agents if a is not victim]
         for a in survivors:
             try:
@@ -246,8 +279,7 @@ def run_once(scenario: str, args: Any, root: Path) -> dict[str, Any]:
         }
     finally:
         for a in agents:
-            if a.proc.poll() is None:
-                os.killpg(a.proc.pid, signal.SIGKILL)
+            _lose_node(a)  # whatever is left of the run (its workers too)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -261,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--smoke", action="store_true", help="the spare scenario once, few steps")
     args = p.parse_args(argv)
+    # a SIGTERM to the bench still ends every agent it started (the finally clauses)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.smoke:
         args.repeats, args.scenarios, args.steps, args.kill_step, args.every = (
             1,
