@@ -34,6 +34,7 @@ with few steps (CI).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -167,10 +168,8 @@ def _descendants(pid: int) -> list[int]:
 def _lose_node(agent: Agent) -> None:
     """The node is lost: its agent and every process under it SIGKILLed at once."""
     for pid in [agent.proc.pid, *_descendants(agent.proc.pid)]:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _wait(pred: Any, timeout_s: float) -> bool:
