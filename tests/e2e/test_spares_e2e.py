@@ -162,11 +162,11 @@ def test_a_spare_takes_the_lost_nodes_place_and_training_resumes_from_the_checkp
     tmp_path: Path, run_id: str
 ) -> None:
     port = free_port()
-    cmds = [agent_cmd(i, "2:2", port, run_id, tmp_path, 30) for i in range(3)]
+    cmds = [agent_cmd(i, "2:2", port, run_id, tmp_path, 20) for i in range(3)]
     agents = Agents(cmds, tmp_path, spares=1)
     try:
         node0, node1, spare = agents.node(0), agents.node(1), 2
-        agents.wait_for(r"\[demo\] step 12/", 90)
+        agents.wait_for(r"\[demo\] step 8/", 90)
         agents.kill(node1)
         codes = agents.finish(110)
     finally:
@@ -177,17 +177,17 @@ def test_a_spare_takes_the_lost_nodes_place_and_training_resumes_from_the_checkp
     assert codes[node0] == 0 and codes[spare] == 0, out
     text0 = agents.text(node0)
     # the new round took the spare: two ranks again, from the newest checkpoint (step
-    # 10: saved every 5, the node was lost after step 12), not from step 0
+    # 5: saved every 5, the node was lost after step 8), not from step 0
     match = re.search(r"\[demo\] resumed from step (\d+)", text0)
     assert match is not None, out
     saved = int(match.group(1))
-    assert saved >= 10, out
+    assert saved >= 5, out
     steps = demo_steps(text0)
     resumed_at = text0.index(match.group(0))
     after = demo_steps(text0[resumed_at:])
-    assert after[0] == saved + 1 and after[-1] == 30, out
+    assert after[0] == saved + 1 and after[-1] == 20, out
     assert steps.count(1) == 1, out  # never from the start again
-    assert "[demo] done: 30 steps on 2 rank(s)" in text0, out
+    assert "[demo] done: 20 steps on 2 rank(s)" in text0, out
     assert "rank(s) on node 1" in agents.text(spare), out
 
     status = status_of(tmp_path, node0, run_id)
@@ -206,10 +206,10 @@ def test_without_a_spare_the_job_shrinks_to_the_nodes_left_and_goes_on(
     tmp_path: Path, run_id: str
 ) -> None:
     port = free_port()
-    agents = Agents([agent_cmd(i, "1:2", port, run_id, tmp_path, 25) for i in range(2)], tmp_path)
+    agents = Agents([agent_cmd(i, "1:2", port, run_id, tmp_path, 16) for i in range(2)], tmp_path)
     try:
         node0, node1 = agents.node(0), agents.node(1)
-        agents.wait_for(r"\[demo\] step 12/", 90)
+        agents.wait_for(r"\[demo\] step 8/", 90)
         agents.kill(node1)
         codes = agents.finish(110)
     finally:
@@ -221,10 +221,10 @@ def test_without_a_spare_the_job_shrinks_to_the_nodes_left_and_goes_on(
     text0 = agents.text(node0)
     assert "this round has 1 of 2 node(s)" in text0, out
     match = re.search(r"\[demo\] resumed from step (\d+)", text0)
-    assert match is not None and int(match.group(1)) >= 10, out
+    assert match is not None and int(match.group(1)) >= 5, out
     after = demo_steps(text0[text0.index(match.group(0)) :])
     assert after[0] == int(match.group(1)) + 1, out
-    assert "[demo] done: 25 steps on 1 rank(s)" in text0, out
+    assert "[demo] done: 16 steps on 1 rank(s)" in text0, out
     elastic = status_of(tmp_path, node0, run_id)["elastic"]
     assert (elastic["nodes"], elastic["shrunk"], elastic["replacements"]) == (1, True, []), elastic
     # the perf monitor's figures follow the new world size: the job's total is two
@@ -238,7 +238,7 @@ def test_without_a_spare_the_job_shrinks_to_the_nodes_left_and_goes_on(
 
 def test_a_healthy_run_with_a_spare_waiting_has_no_finding(tmp_path: Path, run_id: str) -> None:
     port = free_port()
-    cmds = [agent_cmd(i, "2:2", port, run_id, tmp_path, 15) for i in range(3)]
+    cmds = [agent_cmd(i, "2:2", port, run_id, tmp_path, 10) for i in range(3)]
     agents = Agents(cmds, tmp_path, spares=1)
     try:
         node0 = agents.node(0)
@@ -271,11 +271,11 @@ def test_node0_lost_the_new_rounds_node0_runs_the_monitor(tmp_path: Path, run_id
     port = free_port()
     store = TCPStore("127.0.0.1", port, is_master=True, multi_tenant=True, wait_for_workers=False)
     conf = f"{RDZV_CONF},is_host=false"
-    cmds = [agent_cmd(i, "2:2", port, run_id, tmp_path, 30, conf) for i in range(3)]
+    cmds = [agent_cmd(i, "2:2", port, run_id, tmp_path, 20, conf) for i in range(3)]
     agents = Agents(cmds, tmp_path, spares=1)
     try:
         node0, node1, spare = agents.node(0), agents.node(1), 2
-        agents.wait_for(r"\[demo\] step 12/", 90)
+        agents.wait_for(r"\[demo\] step 8/", 90)
         agents.kill(node0)
         codes = agents.finish(110)
     finally:
@@ -287,7 +287,7 @@ def test_node0_lost_the_new_rounds_node0_runs_the_monitor(tmp_path: Path, run_id
     assert codes[node1] == 0 and codes[spare] == 0, out
     text1 = agents.text(node1)
     assert "renumbered this node 1 -> 0" in text1 and "the job monitor runs here now" in text1
-    assert "[demo] done: 30 steps on 2 rank(s)" in text1, out
+    assert "[demo] done: 20 steps on 2 rank(s)" in text1, out
     status = status_of(tmp_path, node1, run_id)
     assert status["state"] == "completed", json.dumps(status)[:2000]
     elastic = status["elastic"]
