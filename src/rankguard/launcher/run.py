@@ -369,12 +369,24 @@ class NodeStart:
                 f"with {info.world_size * self.opts.nproc_per_node} rank(s)"
             )
         if decided.moved:
+            if self.live is not None:
+                self.live.stop()
+                self.live = None
             self.services.move(decided.node_rank)
             _write_launcher_file(
                 self.opts, self.cfg, self.run_id, self.run_dir, self.rendezvous, decided.node_rank
             )
             if self.agent is not None:
                 self.services.attach_agent(self.agent)
+            if self.preemption is not None:
+                _say(
+                    "preemption: the exit-signal coordination keeps this node's first "
+                    "number; after the renumbering a preemption may not agree on one step "
+                    "until the job is restarted"
+                )
+            if self.opts.live_status and self.services.monitor is not None:
+                self.live = LiveStatus(self.services.monitor)
+                self.live.start()
             return
         if not decided.first:
             return
