@@ -41,7 +41,14 @@ FAST = [
 
 
 def agent_cmd(
-    i: int, nnodes: str, port: int, run_id: str, tmp: Path, steps: int, conf: str = RDZV_CONF
+    i: int,
+    nnodes: str,
+    port: int,
+    run_id: str,
+    tmp: Path,
+    steps: int,
+    conf: str = RDZV_CONF,
+    *demo: str,
 ) -> list[str]:
     sets: list[str] = []
     for item in FAST:
@@ -77,6 +84,7 @@ def agent_cmd(
         str(tmp / "ckpt"),
         "--checkpoint-every",
         "5",
+        *demo,
     )
 
 
@@ -206,7 +214,12 @@ def test_without_a_spare_the_job_shrinks_to_the_nodes_left_and_goes_on(
     tmp_path: Path, run_id: str
 ) -> None:
     port = free_port()
-    agents = Agents([agent_cmd(i, "1:2", port, run_id, tmp_path, 16) for i in range(2)], tmp_path)
+    # the global batch of 16 samples: one micro-batch of 8 per rank on 2 ranks, two on 1
+    cmds = [
+        agent_cmd(i, "1:2", port, run_id, tmp_path, 16, RDZV_CONF, "--global-batch", "16")
+        for i in range(2)
+    ]
+    agents = Agents(cmds, tmp_path)
     try:
         node0, node1 = agents.node(0), agents.node(1)
         agents.wait_for(r"\[demo\] step 8/", 90)
@@ -225,6 +238,11 @@ def test_without_a_spare_the_job_shrinks_to_the_nodes_left_and_goes_on(
     after = demo_steps(text0[text0.index(match.group(0)) :])
     assert after[0] == int(match.group(1)) + 1, out
     assert "[demo] done: 16 steps on 1 rank(s)" in text0, out
+    plans = re.findall(r"\[demo\] batch plan: (.*)", text0)
+    assert plans == [
+        "2 rank(s), 1 micro-batch(es) of 8 per step, global batch 16 (keep_global)",
+        "1 rank(s), 2 micro-batch(es) of 8 per step, global batch 16 (keep_global)",
+    ], plans
     elastic = status_of(tmp_path, node0, run_id)["elastic"]
     assert (elastic["nodes"], elastic["shrunk"], elastic["replacements"]) == (1, True, []), elastic
     # the perf monitor's figures follow the new world size: the job's total is two
