@@ -85,6 +85,7 @@ class NodeServices:
     round_tag: str | None = None  # the current rendezvous round (launcher.rendezvous)
     round_nodes: int | None = None  # its node count
     replacements: list[dict[str, Any]] = field(default_factory=list, init=False)
+    _agents: tuple[float, list[dict[str, Any]]] | None = field(default=None, init=False, repr=False)
     monitor: JobMonitor | None = field(default=None, init=False)
     relay: StoreRelay | None = field(default=None, init=False)
     collector: HealthCollector | None = field(default=None, init=False)
@@ -133,13 +134,17 @@ class NodeServices:
         return out
 
     def elastic_fields(self) -> dict[str, Any] | None:
-        """Node 0 of an elastic job: the ``elastic`` block (:mod:`.spares`)."""
+        """Node 0 of an elastic job: the ``elastic`` block (:mod:`.spares`); the
+        agents' entries are read again at most every 2 s (one store round trip each)."""
         if not self.track_agents or self.store is None or self.node_rank != 0:
             return None
         from rankguard.launcher.spares import elastic_status, read_agents
 
+        now = time.monotonic()
+        if self._agents is None or now - self._agents[0] >= 2.0:
+            self._agents = (now, read_agents(self.store, self.run_id))
         return elastic_status(
-            read_agents(self.store, self.run_id),
+            self._agents[1],
             round_tag=self.round_tag,
             nodes=self.round_nodes or self.nnodes,
             min_nodes=self.min_nodes,
@@ -151,9 +156,8 @@ class NodeServices:
         """A new rendezvous round renumbered this node: its services stop and start
         again as node ``node_rank`` (the new round's node 0 runs the monitor). The
         monitor of a node that is no longer node 0 writes its last status first."""
-        if self.monitor is not None:
+        if self.monitor is not None:  # not ``monitor_done``: the job's monitor goes on
             self.monitor.stop(drain_timeout_s=0.0, write_wait_s=1.0)
-            self._say_monitor_done()
         for part in (self.collector, self.relay, self.exporter):
             if part is None:
                 continue

@@ -129,7 +129,9 @@ def read_agents(store: Any, run_id: str) -> list[dict[str, Any]]:
         return []
     keys = [f"{prefix}agent/{i}" for i in range(count)]
     try:
-        present = [k for k in keys if store.check([k])]
+        # an index is taken before its entry is written: read only entries that exist
+        # (a multi_get of a missing key would wait for it)
+        present = keys if store.check(keys) else [k for k in keys if store.check([k])]
         values = store.multi_get(present) if present else []
     except Exception as exc:
         logger.debug("rankguard: cannot read the agent entries: %s", exc)
