@@ -26,6 +26,7 @@ from typing import Any, TypeVar, Union
 import yaml
 
 from rankguard.checkpoint.config import CheckpointConfig
+from rankguard.elastic import ElasticConfig
 from rankguard.ft.config import FaultToleranceConfig
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.inprocess.config import InProcessRestartConfig
@@ -113,6 +114,7 @@ class RankguardConfig:
     rerun_state_machine: RerunStateMachineConfig = field(default_factory=RerunStateMachineConfig)
     preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
     inprocess_restart: InProcessRestartConfig = field(default_factory=InProcessRestartConfig)
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
 
     def __post_init__(self) -> None:
         if not self.log_dir:

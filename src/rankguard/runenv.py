@@ -47,6 +47,8 @@ class ENV:
     LAUNCHER_PID = "RANKGUARD_LAUNCHER_PID"  # the ranks die with it (heartbeat.lifeline)
     # set by the sbatch script: where an exit 17 leaves the hosts to exclude (rerun)
     EXCLUDE_FILE = "RANKGUARD_EXCLUDE_FILE"
+    # the most ranks the rendezvous admits (--nnodes MIN:MAX: MAX * nproc-per-node)
+    MAX_WORLD_SIZE = "RANKGUARD_MAX_WORLD_SIZE"
 
 
 class ELASTIC:
@@ -108,6 +110,7 @@ class RunEnv:
     job: str | None = None
     launcher_pid: int | None = None
     exclude_file: str | None = None
+    max_world_size: int | None = None
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
@@ -139,6 +142,7 @@ class RunEnv:
             job=_text(env, ENV.JOB),
             launcher_pid=launcher_pid,
             exclude_file=_text(env, ENV.EXCLUDE_FILE),
+            max_world_size=_int(env, ENV.MAX_WORLD_SIZE, None, lo=1),
             rank=_int(env, ELASTIC.RANK, 0, lo=0) or 0,
             local_rank=_int(env, ELASTIC.LOCAL_RANK, 0, lo=0) or 0,
             world_size=_int(env, ELASTIC.WORLD_SIZE, 1, lo=1) or 1,
@@ -194,6 +198,18 @@ class RunEnv:
             self._cache["config"] = loads_config(self.config_text)
         cfg: RankguardConfig = self._cache["config"]
         return cfg
+
+    def batch_plan(self, global_batch: int, micro_batch: int) -> Any:
+        """This rank's share of a step at the current world size, by the run's
+        ``elastic.batch_rule`` (:mod:`rankguard.elastic`; ``keep_global`` outside the
+        launcher)."""
+        from rankguard.elastic import batch_plan
+
+        rule = str(self.raw_section("elastic").get("batch_rule") or "keep_global")
+        full = max(self.max_world_size or self.world_size, self.world_size)
+        return batch_plan(
+            global_batch, micro_batch, self.world_size, rule=rule, full_world_size=full
+        )
 
     def raw_section(self, name: str) -> dict[str, Any]:
         """One section of the config's JSON as it came, without building the config

@@ -34,6 +34,7 @@ from rankguard.timeline import ProgressTracker
 if TYPE_CHECKING:
     import torch
 
+    from rankguard.elastic import BatchPlan
     from rankguard.heartbeat.lifeline import Lifeline
     from rankguard.perf.autodetect import PerfDetector
     from rankguard.perf.reporter import PerfReporter
@@ -241,6 +242,13 @@ class Session:
         """How many times the launcher restarted the worker group before this process
         (0 in the first attempt): resume from the latest checkpoint when > 0."""
         return (self._env or runenv.current()).restart_count
+
+    def batch_plan(self, global_batch: int, micro_batch: int) -> BatchPlan:
+        """This rank's share of a step at the world size it runs with now (an elastic
+        job that shrank or grew), by ``elastic.batch_rule`` (:mod:`rankguard.elastic`):
+        ``accumulation_steps`` micro-batches of ``micro_batch`` samples per step."""
+        plan: BatchPlan = (self._env or runenv.current()).batch_plan(global_batch, micro_batch)
+        return plan
 
     # ---- hot path -------------------------------------------------------------------
 
@@ -483,6 +491,11 @@ class NullSession:
     @property
     def restart_count(self) -> int:
         return runenv.current().restart_count
+
+    def batch_plan(self, global_batch: int, micro_batch: int) -> BatchPlan:
+        """As :meth:`Session.batch_plan` (torchrun's world size, ``keep_global``)."""
+        plan: BatchPlan = runenv.current().batch_plan(global_batch, micro_batch)
+        return plan
 
     def step_end(self, iteration: int | None = None) -> None:
         pass

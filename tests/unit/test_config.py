@@ -419,6 +419,7 @@ def test_config_to_dict_is_plain() -> None:
         "rerun_state_machine",
         "preemption",
         "inprocess_restart",
+        "elastic",
     }
     assert d["perf"]["log_interval"] == 10 and d["perf"]["model"] is None
 

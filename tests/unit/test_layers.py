@@ -19,7 +19,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "rankguard"
 
 #: Bottom first. A part may import the parts of the layers below its own.
 LAYERS: list[tuple[str, ...]] = [
-    ("_fs", "validate", "textsafe", "timeline", "heartbeat.tailer", "wakeup"),
+    ("_fs", "validate", "textsafe", "timeline", "heartbeat.tailer", "wakeup", "elastic"),
     ("schema", "phases"),
     ("runenv", "health", "perf"),
     ("heartbeat",),

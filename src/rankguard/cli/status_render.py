@@ -425,7 +425,34 @@ def render_status(
     lines.extend(_finding_lines(found, skipped, color))
     lines.extend(_ft_lines(doc))
     lines.extend(checkpoint_lines(doc.block("checkpoints")))
+    lines.extend(elastic_lines(doc.block("elastic")))
     return "\n".join(_clip(line, width) for line in lines) + "\n"
+
+
+def elastic_lines(block: Any) -> list[str]:
+    """The nodes of the current rendezvous round, the spares waiting, the nodes lost
+    and which spare took whose place (``status.json`` ``elastic``)."""
+    if not isinstance(block, dict):
+        return []
+    nodes, lo, hi = block.get("nodes"), block.get("min_nodes"), block.get("max_nodes")
+    shrunk = " (shrunk)" if block.get("shrunk") else ""
+    spares = [s for s in block.get("spares_waiting") or [] if isinstance(s, dict)]
+    out = ["", f"Nodes: {_s(nodes)} of {_s(lo)}:{_s(hi)}{shrunk}, {len(spares)} spare(s) waiting"]
+    for spare in spares:
+        out.append(
+            f"  spare    {_text(spare.get('agent'))} waiting since {_fmt_time(spare.get('since'))}"
+        )
+    for item in block.get("replacements") or []:
+        if isinstance(item, dict):
+            waited = _s(item.get("waited_s"))
+            out.append(
+                f"  replaced node {_s(item.get('node'))}: {_text(item.get('replaced'))} lost, "
+                f"spare {_text(item.get('spare'))} took its place (waited {waited} s)"
+            )
+    lost = block.get("lost") or []
+    if lost:
+        out.append(f"  lost     {', '.join(_text(a) for a in lost)}")
+    return out
 
 
 def _ft_lines(status: StatusDoc | dict[str, Any]) -> list[str]:

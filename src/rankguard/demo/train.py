@@ -67,6 +67,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument(
+        "--global-batch",
+        type=int,
+        default=0,
+        help="samples per optimizer step, all ranks: gradient accumulation by the run's "
+        "elastic.batch_rule at the current world size (0: one micro-batch per step)",
+    )
     p.add_argument("--step-sleep", type=float, default=0.05, help="extra seconds per step")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--checkpoint-every", type=int, default=0, help="persistent, every N steps")
@@ -196,10 +203,20 @@ def train(args: argparse.Namespace, device: torch.device, memory: dict[str, Any]
         memory["gen_state"] = memory["gen"].get_state()
     net, opt, gen = memory["net"], memory["opt"], memory["gen"]
     model = DDP(net, device_ids=[local_rank] if cuda else None)  # holds this round's group
-    rg.set_batch(samples=args.batch_size, tokens=args.batch_size * cfg.seq_len)
+    accum = 1
+    if args.global_batch:  # an elastic job's step follows its current world size
+        plan = rg.batch_plan(args.global_batch, args.batch_size)
+        accum = plan.accumulation_steps
+        if rank == 0:
+            print(
+                f"[demo] batch plan: {world} rank(s), {accum} micro-batch(es) of "
+                f"{args.batch_size} per step, global batch {plan.global_batch} ({plan.rule})",
+                flush=True,
+            )
+    rg.set_batch(samples=args.batch_size * accum, tokens=args.batch_size * accum * cfg.seq_len)
     if args.flops == "analytic":
         rg.set_flops_per_step(
-            analytic_flops_per_step(demo_shape(cfg), args.batch_size * world),
+            analytic_flops_per_step(demo_shape(cfg), args.batch_size * accum * world),
             "analytic: Megatron GPT formula",
         )
     elif args.flops == "measured" and round_ == 0:
@@ -249,7 +266,11 @@ def train(args: argparse.Namespace, device: torch.device, memory: dict[str, Any]
                         loss = loss * float("nan")
                     rerun.validate_loss(loss)
                     opt.zero_grad(set_to_none=True)
-                    loss.backward()
+                    for _ in range(accum - 1):  # the other micro-batches of the step
+                        xa, ya = next(batches)
+                        with model.no_sync():
+                            (_loss(model, xa, ya) / accum).backward()
+                    (loss / accum if accum > 1 else loss).backward()
                     if args.fault == "slow" and is_fault_rank(args, rank):
                         _busy(time.thread_time() - cpu0, args.slowdown)
             if rerun.accepted:

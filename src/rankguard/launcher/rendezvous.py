@@ -40,6 +40,8 @@ __all__ = [
     "LOOPBACK",
     "FreshStoreRendezvous",
     "RoundWatcher",
+    "SpareKeeper",
+    "keep_alive_settings",
     "loopback_store_server",
     "rendezvous_store",
 ]
@@ -47,6 +49,44 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
+
+KEEP_ALIVE_KEYS = ("keep_alive_interval", "keep_alive_max_attempt")
+"""torchrun's ``--rdzv-conf`` keys for the c10d rendezvous' keep-alive: a node whose
+last keep-alive is older than ``interval * max_attempt`` is dead, removed from the round
+(torch's defaults: 5 s, 3 attempts: a lost node is noticed after 15 s)."""
+
+
+def keep_alive_settings(conf: dict[str, Any]) -> dict[str, Any]:
+    """The keep-alive arguments of ``DynamicRendezvousHandler.from_backend`` from
+    ``--rdzv-conf`` (only the keys given; torch's defaults otherwise).
+
+    ``keep_alive_interval`` may be a fraction of a second here (torch's own parser takes
+    whole seconds; the handler itself takes any ``timedelta``): the time to notice a lost
+    node is ``interval * max_attempt``, what a spare waits before it takes the place."""
+    out: dict[str, Any] = {}
+    if "keep_alive_interval" in conf:
+        try:
+            interval = float(conf["keep_alive_interval"])
+        except (TypeError, ValueError):
+            interval = -1.0
+        if not 0 < interval <= 3600:
+            raise ValueError(
+                "--rdzv-conf keep_alive_interval: seconds in (0, 3600], got "
+                f"{conf['keep_alive_interval']!r}"
+            )
+        out["keep_alive_interval"] = interval
+    if "keep_alive_max_attempt" in conf:
+        try:
+            attempts = int(str(conf["keep_alive_max_attempt"]))
+        except ValueError:
+            attempts = 0
+        if attempts < 1:
+            raise ValueError(
+                "--rdzv-conf keep_alive_max_attempt: a whole number >= 1, got "
+                f"{conf['keep_alive_max_attempt']!r}"
+            )
+        out["keep_alive_max_attempt"] = attempts
+    return out
 
 
 def loopback_store_server(
@@ -209,6 +249,104 @@ class RoundWatcher(RendezvousHandler):
 
     def num_nodes_waiting(self) -> int:
         return self.inner.num_nodes_waiting()
+
+    def get_run_id(self) -> str:
+        return self.inner.get_run_id()
+
+    def shutdown(self) -> bool:
+        return self.inner.shutdown()
+
+
+def round_tag(info: RendezvousInfo) -> str | None:
+    """A name of the round ``info`` belongs to, the same on every node of it: the
+    round's worker store (a fresh port each round, see :class:`FreshStoreRendezvous`)."""
+    store_info = info.bootstrap_store_info
+    if store_info is None:
+        return None
+    return f"{store_info.master_addr}:{store_info.master_port}"
+
+
+class SpareKeeper(RendezvousHandler):
+    """Torch elastic's c10d handler for a job with hot spares (agents beyond
+    ``max_nodes``) and elastic shrink; everything else delegated unchanged.
+
+    - ``num_nodes_waiting``: torch's agent restarts a healthy group whenever a node
+      waits for the next round, to let it in. A node can only join a round that has
+      room: while this group has ``max_nodes`` nodes a waiting agent is a spare, and a
+      restart for it would only put it back in the queue (torch keeps an agent that
+      queued while the round was filling on the wait list, and every restart queues one
+      again: the group restarts for ever). So: 0 while the group is full, torch's
+      count while it is smaller (a shrunk job grows back when a node comes).
+    - ``next_rendezvous``: the agent says it waits, then what it became, in its entry
+      of the rendezvous store (:class:`~rankguard.launcher.spares.AgentRegistry`). A
+      spare that torch put on the wait list meets torch's join timeout; when a full
+      round trains without it, it waits again instead of failing (torch then keeps it
+      in the redundancy list, which has no timeout).
+    """
+
+    def __init__(
+        self,
+        inner: RendezvousHandler,
+        registry: Any,
+        *,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
+        self.inner = inner
+        self.registry = registry
+        self.say = say or (lambda msg: logger.info("rankguard: %s", msg))
+        self.nodes: int | None = None  # the current group's node count
+        self.left_waiting = False  # the rendezvous closed while this agent waited
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        from torch.distributed.elastic.rendezvous.api import (
+            RendezvousGracefulExitError,
+            RendezvousTimeoutError,
+        )
+
+        from rankguard.launcher.spares import full_round_without, read_agents
+
+        self.nodes = None
+        self.registry.waiting()
+        while True:
+            try:
+                info = self.inner.next_rendezvous()
+                break
+            except RendezvousGracefulExitError:
+                # the job ended while this agent waited (a spare never needed): torch's
+                # agent returns no result; the launcher says so and exits 0
+                self.left_waiting = True
+                self.registry.left()
+                raise
+            except RendezvousTimeoutError:
+                agents = read_agents(self.registry.store, self.registry.run_id)
+                if not full_round_without(agents, self.registry.agent, self.registry.max_nodes):
+                    raise
+                self.say(
+                    f"a full round of {self.registry.max_nodes} node(s) trains: this agent "
+                    "waits on as a spare"
+                )
+        self.nodes = int(info.world_size)
+        self.registry.joined(int(info.rank), self.nodes, round_tag(info))
+        return info
+
+    @property
+    def use_agent_store(self) -> bool:
+        return bool(self.inner.use_agent_store)
+
+    def get_backend(self) -> str:
+        return self.inner.get_backend()
+
+    def is_closed(self) -> bool:
+        return self.inner.is_closed()
+
+    def set_closed(self) -> None:
+        self.inner.set_closed()
+
+    def num_nodes_waiting(self) -> int:
+        waiting = self.inner.num_nodes_waiting()
+        if self.nodes is not None and self.nodes >= self.registry.max_nodes:
+            return 0  # a full group: whoever waits is a spare
+        return waiting
 
     def get_run_id(self) -> str:
         return self.inner.get_run_id()

@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -81,7 +82,12 @@ def _rendezvous(opts: LaunchOptions, run_id: str) -> tuple[Any, Any, str, int, b
     from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
     from rankguard.launcher.backends import rendezvous_timeout
-    from rankguard.launcher.rendezvous import LOOPBACK, loopback_store_server, rendezvous_store
+    from rankguard.launcher.rendezvous import (
+        LOOPBACK,
+        keep_alive_settings,
+        loopback_store_server,
+        rendezvous_store,
+    )
 
     hosting = True
     if opts.standalone:
@@ -106,6 +112,7 @@ def _rendezvous(opts: LaunchOptions, run_id: str) -> tuple[Any, Any, str, int, b
         max_nodes=opts.max_nodes,
         local_addr=LOOPBACK if opts.standalone else opts.local_addr,
         timeout=rendezvous_timeout(opts.rdzv_conf, opts.rdzv_join_timeout_s),
+        **keep_alive_settings(opts.rdzv_conf),
     )
     host = endpoint.rsplit(":", 1)[0]
     if os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1":
@@ -113,6 +120,18 @@ def _rendezvous(opts: LaunchOptions, run_id: str) -> tuple[Any, Any, str, int, b
 
         handler = FreshStoreRendezvous(handler, loopback=opts.standalone)
     return handler, store, host, int(store.port), hosting
+
+
+def _spare_keeper(handler: Any, opts: LaunchOptions, run_id: str, host: str, port: int) -> Any:
+    """Hot spares and elastic shrink (:class:`~rankguard.launcher.rendezvous.SpareKeeper`):
+    the agent's entry in the store goes through a client of its own."""
+    from rankguard.launcher.rendezvous import SpareKeeper
+    from rankguard.launcher.spares import AgentRegistry
+
+    registry = AgentRegistry(
+        _store_client(host, port), run_id, max_nodes=opts.max_nodes, min_nodes=opts.min_nodes
+    )
+    return SpareKeeper(handler, registry, say=_say)
 
 
 def _store_client(host: str, port: int) -> Any:
@@ -282,6 +301,10 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
         _say(f"rendezvous: {_one_line(exc)}")
         return EXIT_USAGE
     services = _services(opts, cfg, run_id, run_dir, timeouts, host, port, store is not None)
+    if opts.rdzv_backend == "c10d" and opts.multi_node:
+        handler = _spare_keeper(handler, opts, run_id, host, port)
+        services.track_agents = services.store is not None
+        services.min_nodes = opts.min_nodes
     node = NodeStart(opts, cfg, run_id, run_dir, f"{host}:{port}", services)
     agent = build_agent(
         opts, cfg, RoundWatcher(handler, node.on_round), services, max_restarts, run_dir
@@ -296,9 +319,14 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
         _stop(services, handler, run_dir)
         if hosting and services.node_rank not in (None, 0):
             _keep_store_for_monitor(services)
+        if hosting and services.track_agents:
+            _keep_store_for_spares(services)
         del store  # hosted here: it had to outlive node 0's drain
         if node.preemption is not None:
             node.preemption.finish()
+    if result is None and stopped_by is None and getattr(handler, "left_waiting", False):
+        _say("the job ended while this agent waited as a spare: it was not needed")
+        return 0
     outcome = _outcome(result, stopped_by, agent, services, cfg, max_restarts)
     if node.preemption is not None:
         outcome = node.preemption.outcome(outcome)
@@ -327,9 +355,39 @@ class NodeStart:
         self.preemption: LaunchPreemption | None = None
 
     def on_round(self, info: Any) -> None:
+        from rankguard.launcher.rendezvous import round_tag
+
         decided = node_identity(self.opts.node_rank, int(info.rank), self.services.node_rank)
         if decided.warning:
             _say(decided.warning)
+        self.services.round_tag = round_tag(info)
+        self.services.round_nodes = int(info.world_size)
+        if self.services.node_rank is not None and info.world_size < self.opts.max_nodes:
+            _say(
+                f"this round has {info.world_size} of {self.opts.max_nodes} node(s) "
+                f"(--nnodes {self.opts.min_nodes}:{self.opts.max_nodes}): the job goes on "
+                f"with {info.world_size * self.opts.nproc_per_node} rank(s)"
+            )
+        if decided.moved:
+            if self.live is not None:
+                self.live.stop()
+                self.live = None
+            self.services.move(decided.node_rank)
+            _write_launcher_file(
+                self.opts, self.cfg, self.run_id, self.run_dir, self.rendezvous, decided.node_rank
+            )
+            if self.agent is not None:
+                self.services.attach_agent(self.agent)
+            if self.preemption is not None:
+                _say(
+                    "preemption: the exit-signal coordination keeps this node's first "
+                    "number; after the renumbering a preemption may not agree on one step "
+                    "until the job is restarted"
+                )
+            if self.opts.live_status and self.services.monitor is not None:
+                self.live = LiveStatus(self.services.monitor)
+                self.live.start()
+            return
         if not decided.first:
             return
         node = self.services.node_rank = decided.node_rank
@@ -374,6 +432,20 @@ def _keep_store_for_monitor(services: NodeServices) -> None:
         _say("node 0's monitor did not say it finished; the rendezvous store goes now")
 
 
+def _keep_store_for_spares(services: NodeServices, wait_s: float = 10.0) -> None:
+    """This node hosts the rendezvous store: the spares still waiting in the
+    rendezvous learn that it closed (at their next sync, about a second) before the
+    store goes (bounded); without it they would fail on a lost store."""
+    from rankguard.launcher.spares import waiting_agents
+
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if waiting_agents(services.store, services.run_id) == 0:
+            return
+        time.sleep(0.2)
+    _say("spares still waiting in the rendezvous: the rendezvous store goes now")
+
+
 def _check(opts: LaunchOptions, cfg: RankguardConfig) -> int | None:
     """Print the configuration's warnings; the in-job restart budget in force, or None
     (said why) when the command line and the configuration cannot run together."""
@@ -416,6 +488,7 @@ def _environment(opts: LaunchOptions, cfg: RankguardConfig, run_id: str, run_dir
     """The environment the workers inherit (and ``--preload``'s fork server); False
     (said why) for a usage error."""
     _worker_env(cfg, run_id, run_dir, job_name(opts))
+    os.environ[ENV.MAX_WORLD_SIZE] = str(opts.max_nodes * opts.nproc_per_node)
     _thread_defaults(opts)
     if opts.standalone:
         _loopback_gloo()

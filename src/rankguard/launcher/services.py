@@ -78,6 +78,14 @@ class NodeServices:
     workers: WorkerRegistry | None = None
     # more evaluators for node 0's monitor (preemption), added before it starts
     evaluators: list[Any] = field(default_factory=list)
+    # elastic jobs (c10d, several nodes): the agents' entries in the store are read
+    # into status.json's ``elastic`` block (spares waiting, lost nodes, replacements)
+    track_agents: bool = False
+    min_nodes: int = 1
+    round_tag: str | None = None  # the current rendezvous round (launcher.rendezvous)
+    round_nodes: int | None = None  # its node count
+    replacements: list[dict[str, Any]] = field(default_factory=list, init=False)
+    _agents: tuple[float, list[dict[str, Any]]] | None = field(default=None, init=False, repr=False)
     monitor: JobMonitor | None = field(default=None, init=False)
     relay: StoreRelay | None = field(default=None, init=False)
     collector: HealthCollector | None = field(default=None, init=False)
@@ -120,7 +128,47 @@ class NodeServices:
         checkpoints = read_checkpoints(self.run_dir)
         if checkpoints is not None:
             out["checkpoints"] = checkpoints
+        elastic = self.elastic_fields()
+        if elastic is not None:
+            out["elastic"] = elastic
         return out
+
+    def elastic_fields(self) -> dict[str, Any] | None:
+        """Node 0 of an elastic job: the ``elastic`` block (:mod:`.spares`); the
+        agents' entries are read again at most every 2 s (one store round trip each)."""
+        if not self.track_agents or self.store is None or self.node_rank != 0:
+            return None
+        from rankguard.launcher.spares import elastic_status, read_agents
+
+        now = time.monotonic()
+        if self._agents is None or now - self._agents[0] >= 2.0:
+            self._agents = (now, read_agents(self.store, self.run_id))
+        return elastic_status(
+            self._agents[1],
+            round_tag=self.round_tag,
+            nodes=self.round_nodes or self.nnodes,
+            min_nodes=self.min_nodes,
+            max_nodes=self.nnodes,
+            history=self.replacements,
+        )
+
+    def move(self, node_rank: int) -> None:
+        """A new rendezvous round renumbered this node: its services stop and start
+        again as node ``node_rank`` (the new round's node 0 runs the monitor). The
+        monitor of a node that is no longer node 0 writes its last status first."""
+        if self.monitor is not None:  # not ``monitor_done``: the job's monitor goes on
+            self.monitor.stop(drain_timeout_s=0.0, write_wait_s=1.0)
+        for part in (self.collector, self.relay, self.exporter):
+            if part is None:
+                continue
+            try:
+                part.stop()
+            except Exception:
+                logger.exception("rankguard: stopping %s before the move failed", part)
+        self.monitor = self.relay = self.collector = self.exporter = None
+        self.faults = self.agreement = None
+        self.node_rank = node_rank
+        self.start()
 
     def attach_agent(self, agent: AgentControl) -> None:
         """Node 0 with fault tolerance: act on findings through the agent."""

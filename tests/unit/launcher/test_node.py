@@ -29,11 +29,14 @@ def test_a_node_rank_the_rendezvous_contradicts_is_said_and_the_rendezvous_wins(
     assert "GROUP_RANK" in d.warning
 
 
-def test_later_rounds_keep_the_first_identity_and_say_a_renumbering() -> None:
+def test_later_rounds_keep_an_unchanged_identity_and_move_a_renumbered_one() -> None:
     assert node_identity(None, 1, 1) == NodeDecision(1, False)
     d = node_identity(None, 0, 1)
-    assert (d.node_rank, d.first) == (1, False)
+    assert (d.node_rank, d.first, d.moved) == (0, False, True)
     assert d.warning is not None and "renumbered this node 1 -> 0" in d.warning
+    assert "the job monitor runs here now" in d.warning
+    d = node_identity(None, 2, 0)
+    assert (d.node_rank, d.moved) == (2, True) and "monitor" not in str(d.warning)
 
 
 def test_a_negative_group_rank_is_an_error() -> None:

@@ -74,3 +74,30 @@ def test_only_a_killed_ranks_root_cause_is_passed_to_the_monitor(tmp_path: Path)
     assert noted == []
     svc.on_group_failure({"rank": 2, "pid": 12, "exit_code": -9, "signal": "SIGKILL"})
     assert noted == [(2, 12)]
+
+
+def test_a_renumbered_node_moves_its_services_node0_runs_the_monitor(tmp_path: Path) -> None:
+    from rankguard.config import build
+    from rankguard.schema.layout import STATUS_FILE
+
+    services = NodeServices(
+        cfg=build(RankguardConfig, {"heartbeat": {"enabled": True, "scan_interval_s": 0.2}}),
+        run_dir=tmp_path,
+        run_id="run-move",
+        node_rank=1,
+        nnodes=2,
+        expected_world_size=2,
+    )
+    services.start()
+    assert services.monitor is None  # node 1: no monitor (and no store: no relay)
+    services.move(0)  # the node that was 1 is node 0 of the new round
+    try:
+        assert services.node_rank == 0 and services.monitor is not None
+        assert services.agreement is not None
+        monitor = services.monitor
+        services.move(1)  # and back: the monitor's last status is written, it stops
+        assert services.monitor is None and services.agreement is None
+        assert monitor._stop.is_set()
+        assert (tmp_path / STATUS_FILE).is_file()
+    finally:
+        services.stop()

@@ -1,0 +1,314 @@
+"""Losing a node on loopback: agents of one job (``--nnodes MIN:MAX``), each its own log
+dir, one agent and its workers SIGKILLed mid-run. A spare takes its place and training
+resumes from the newest checkpoint; without a spare the job shrinks; a spare waiting in
+a healthy run is no fault; node 0 lost moves the monitor to the new round's node 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from torch.distributed import TCPStore
+
+from .conftest import (
+    free_port,
+    no_leftover_workers,
+    rankguard_cmd,
+    read_jsonl,
+    read_status,
+    run_rankguard,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
+
+# a lost node noticed in 3 s (1 s keep-alives, 3 missed); a shrunk round 1 s after MIN
+RDZV_CONF = "keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1"
+FAST = [
+    "heartbeat.publish_interval_s=0.5",
+    "heartbeat.scan_interval_s=0.5",
+    "heartbeat.initial_process_timeout_s=60",
+    "heartbeat.process_timeout_s=5",
+    "heartbeat.initial_progress_timeout_s=60",
+    "heartbeat.progress_timeout_s=8",
+]
+
+
+def agent_cmd(
+    i: int,
+    nnodes: str,
+    port: int,
+    run_id: str,
+    tmp: Path,
+    steps: int,
+    conf: str = RDZV_CONF,
+    *demo: str,
+) -> list[str]:
+    sets: list[str] = []
+    for item in FAST:
+        sets += ["--set", item]
+    return rankguard_cmd(
+        "run",
+        "--nnodes",
+        nnodes,
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        run_id,
+        "--rdzv-conf",
+        conf,
+        "--max-restarts",
+        "2",
+        "--log-dir",
+        str(tmp / f"agent{i}"),
+        *sets,
+        "-m",
+        "rankguard.demo.train",
+        "--steps",
+        str(steps),
+        "--step-sleep",
+        "0.1",
+        "--log-every",
+        "1",
+        "--checkpoint-dir",
+        str(tmp / "ckpt"),
+        "--checkpoint-every",
+        "5",
+        *demo,
+    )
+
+
+class Agents:
+    """Agents started one after the other, each in its own session (a kill of the
+    session is the loss of that node: agent and workers)."""
+
+    def __init__(self, cmds: list[list[str]], tmp: Path, *, spares: int = 0) -> None:
+        """The last ``spares`` agents start once the others trained: torch numbers the
+        nodes of a round by host and pid, so a spare (the highest pid) takes the last
+        node's number in the next round."""
+        self.tmp = tmp
+        self.logs: list[Path] = []
+        self.procs: list[subprocess.Popen[bytes]] = []
+        for cmd in cmds[: len(cmds) - spares]:
+            self.start(cmd)
+        if spares:
+            for k in range(len(cmds) - spares):
+                self.node(k)
+            for cmd in cmds[len(cmds) - spares :]:
+                self.start(cmd)
+
+    def start(self, cmd: list[str]) -> None:
+        log = self.tmp / f"agent{len(self.logs)}.log"
+        self.logs.append(log)
+        with open(log, "w", encoding="utf-8") as out:
+            self.procs.append(
+                subprocess.Popen(
+                    cmd,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                )
+            )
+        time.sleep(0.2)
+
+    def text(self, i: int) -> str:
+        return self.logs[i].read_text(encoding="utf-8", errors="replace")
+
+    def all_text(self) -> str:
+        return "\n".join(f"--- agent {i}\n{self.text(i)}" for i in range(len(self.logs)))
+
+    def wait_for(self, pattern: str, timeout_s: float) -> int:
+        """The agent whose output first matches ``pattern``."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for i in range(len(self.logs)):
+                if re.search(pattern, self.text(i)):
+                    return i
+            time.sleep(0.1)
+        raise AssertionError(f"no agent printed {pattern!r}\n{self.all_text()}")
+
+    def node(self, k: int, timeout_s: float = 60) -> int:
+        return self.wait_for(rf"rank\(s\) on node {k} ", timeout_s)
+
+    def kill(self, i: int) -> None:
+        os.killpg(self.procs[i].pid, signal.SIGKILL)
+        self.procs[i].wait(timeout=10)
+
+    def finish(self, timeout_s: float) -> dict[int, int | None]:
+        deadline = time.monotonic() + timeout_s
+        codes: dict[int, int | None] = {}
+        for i, proc in enumerate(self.procs):
+            try:
+                codes[i] = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                codes[i] = None
+        return codes
+
+
+def demo_steps(text: str) -> list[int]:
+    return [int(m) for m in re.findall(r"\[demo\] step (\d+)/", text)]
+
+
+def status_of(tmp: Path, i: int, run_id: str) -> dict[str, Any]:
+    return read_status(tmp / f"agent{i}" / "heartbeat" / run_id)
+
+
+def test_a_spare_takes_the_lost_nodes_place_and_training_resumes_from_the_checkpoint(
+    tmp_path: Path, run_id: str
+) -> None:
+    port = free_port()
+    cmds = [agent_cmd(i, "2:2", port, run_id, tmp_path, 20) for i in range(3)]
+    agents = Agents(cmds, tmp_path, spares=1)
+    try:
+        node0, node1, spare = agents.node(0), agents.node(1), 2
+        agents.wait_for(r"\[demo\] step 8/", 90)
+        agents.kill(node1)
+        codes = agents.finish(110)
+    finally:
+        for proc in agents.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    out = agents.all_text()
+    assert codes[node0] == 0 and codes[spare] == 0, out
+    text0 = agents.text(node0)
+    # the new round took the spare: two ranks again, from the newest checkpoint (step
+    # 5: saved every 5, the node was lost after step 8), not from step 0
+    match = re.search(r"\[demo\] resumed from step (\d+)", text0)
+    assert match is not None, out
+    saved = int(match.group(1))
+    assert saved >= 5, out
+    steps = demo_steps(text0)
+    resumed_at = text0.index(match.group(0))
+    after = demo_steps(text0[resumed_at:])
+    assert after[0] == saved + 1 and after[-1] == 20, out
+    assert steps.count(1) == 1, out  # never from the start again
+    assert "[demo] done: 20 steps on 2 rank(s)" in text0, out
+    assert "rank(s) on node 1" in agents.text(spare), out
+
+    status = status_of(tmp_path, node0, run_id)
+    elastic = status["elastic"]
+    assert (elastic["nodes"], elastic["shrunk"]) == (2, False), elastic
+    [replaced] = elastic["replacements"]
+    assert replaced["node"] == 1 and replaced["spare"].endswith(f":{agents.procs[spare].pid}")
+    assert replaced["replaced"].endswith(f":{agents.procs[node1].pid}"), elastic
+    # the lost node's rank is named, nothing else
+    found = read_jsonl(tmp_path / f"agent{node0}" / "heartbeat" / run_id / "findings.jsonl")
+    assert [f["rank"] for f in found] == [1], found
+    assert no_leftover_workers(run_id)
+
+
+def test_without_a_spare_the_job_shrinks_to_the_nodes_left_and_goes_on(
+    tmp_path: Path, run_id: str
+) -> None:
+    port = free_port()
+    # the global batch of 16 samples: one micro-batch of 8 per rank on 2 ranks, two on 1
+    cmds = [
+        agent_cmd(i, "1:2", port, run_id, tmp_path, 16, RDZV_CONF, "--global-batch", "16")
+        for i in range(2)
+    ]
+    agents = Agents(cmds, tmp_path)
+    try:
+        node0, node1 = agents.node(0), agents.node(1)
+        agents.wait_for(r"\[demo\] step 8/", 90)
+        agents.kill(node1)
+        codes = agents.finish(110)
+    finally:
+        for proc in agents.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    out = agents.all_text()
+    assert codes[node0] == 0, out
+    text0 = agents.text(node0)
+    assert "this round has 1 of 2 node(s)" in text0, out
+    match = re.search(r"\[demo\] resumed from step (\d+)", text0)
+    assert match is not None and int(match.group(1)) >= 5, out
+    after = demo_steps(text0[text0.index(match.group(0)) :])
+    assert after[0] == int(match.group(1)) + 1, out
+    assert "[demo] done: 16 steps on 1 rank(s)" in text0, out
+    plans = re.findall(r"\[demo\] batch plan: (.*)", text0)
+    assert plans == [
+        "2 rank(s), 1 micro-batch(es) of 8 per step, global batch 16 (keep_global)",
+        "1 rank(s), 2 micro-batch(es) of 8 per step, global batch 16 (keep_global)",
+    ], plans
+    elastic = status_of(tmp_path, node0, run_id)["elastic"]
+    assert (elastic["nodes"], elastic["shrunk"], elastic["replacements"]) == (1, True, []), elastic
+    # the perf monitor's figures follow the new world size: the job's total is two
+    # GPUs' worth before the loss, one after
+    perf = read_jsonl(tmp_path / f"agent{node0}" / "perf_monitor" / run_id / "perf.jsonl")
+    first, last = perf[0], perf[-1]
+    assert first["TFLOPS_total"] == pytest.approx(2 * first["TFLOPS_per_GPU"], rel=0.01), first
+    assert last["TFLOPS_total"] == pytest.approx(last["TFLOPS_per_GPU"], rel=0.01), last
+    assert no_leftover_workers(run_id)
+
+
+def test_a_healthy_run_with_a_spare_waiting_has_no_finding(tmp_path: Path, run_id: str) -> None:
+    port = free_port()
+    cmds = [agent_cmd(i, "2:2", port, run_id, tmp_path, 10) for i in range(3)]
+    agents = Agents(cmds, tmp_path, spares=1)
+    try:
+        node0 = agents.node(0)
+        codes = agents.finish(110)
+    finally:
+        for proc in agents.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    out = agents.all_text()
+    assert set(codes.values()) == {0}, out
+    run0 = tmp_path / f"agent{node0}" / "heartbeat" / run_id
+    findings = run0 / "findings.jsonl"
+    assert not findings.exists() or read_jsonl(findings) == [], out
+    status = read_status(run0)
+    assert status["state"] == "completed", out
+    assert status["summary"]["findings_total"] == 0, status["summary"]
+    # a waiting spare restarts nothing, and leaves when the job ends
+    assert "restart 1 of the workers" not in agents.text(node0), out
+    assert not status.get("restarts"), status.get("restarts")
+    assert "waited as a spare: it was not needed" in agents.text(2), out
+    spares = status["elastic"]["spares_waiting"]
+    assert len(spares) == 1, status["elastic"]
+    shown = run_rankguard(["status", str(run0)], timeout=60)
+    assert "Nodes: 2 of 2:2, 1 spare(s) waiting" in shown.stdout, shown.stdout + shown.stderr
+    assert no_leftover_workers(run_id)
+
+
+def test_node0_lost_the_new_rounds_node0_runs_the_monitor(tmp_path: Path, run_id: str) -> None:
+    # the store on a host that does not train (here: this test), every agent a client
+    port = free_port()
+    store = TCPStore("127.0.0.1", port, is_master=True, multi_tenant=True, wait_for_workers=False)
+    conf = f"{RDZV_CONF},is_host=false"
+    cmds = [agent_cmd(i, "2:2", port, run_id, tmp_path, 20, conf) for i in range(3)]
+    agents = Agents(cmds, tmp_path, spares=1)
+    try:
+        node0, node1, spare = agents.node(0), agents.node(1), 2
+        agents.wait_for(r"\[demo\] step 8/", 90)
+        agents.kill(node0)
+        codes = agents.finish(110)
+    finally:
+        for proc in agents.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        del store
+    out = agents.all_text()
+    assert codes[node1] == 0 and codes[spare] == 0, out
+    text1 = agents.text(node1)
+    assert "renumbered this node 1 -> 0" in text1 and "the job monitor runs here now" in text1
+    assert "[demo] done: 20 steps on 2 rank(s)" in text1, out
+    status = status_of(tmp_path, node1, run_id)
+    assert status["state"] == "completed", json.dumps(status)[:2000]
+    elastic = status["elastic"]
+    assert [m["node"] for m in elastic["members"]] == [0, 1], elastic
+    assert elastic["lost"] == [elastic["replacements"][0]["replaced"]], elastic
+    assert no_leftover_workers(run_id)

@@ -1,0 +1,199 @@
+"""Hot spares: the agents' entries in a real TCPStore, the status block node 0 builds from
+them, and the rendezvous wrapper (no restart for a spare, a timeout waited out)."""
+
+from __future__ import annotations
+
+import socket
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from torch.distributed import TCPStore
+from torch.distributed.elastic.rendezvous.api import (
+    RendezvousGracefulExitError,
+    RendezvousInfo,
+    RendezvousStoreInfo,
+    RendezvousTimeoutError,
+)
+
+from rankguard.cli.status_render import elastic_lines
+from rankguard.launcher.rendezvous import SpareKeeper, keep_alive_settings, round_tag
+from rankguard.launcher.spares import (
+    AgentRegistry,
+    elastic_status,
+    full_round_without,
+    read_agents,
+    waiting_agents,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _store() -> TCPStore:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    return TCPStore(
+        "127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5)
+    )
+
+
+def test_entries_go_through_the_store_and_node0_tells_who_replaced_whom() -> None:
+    store = _store()
+    a, b, spare = (AgentRegistry(store, "r", max_nodes=2, agent=n) for n in ("h:1", "h:2", "h:3"))
+    for reg in (a, b, spare):
+        reg.waiting()
+    a.joined(0, 2, "R1")
+    b.joined(1, 2, "R1")
+    agents = read_agents(store, "r")
+    assert {x["agent"]: x["state"] for x in agents} == {
+        "h:1": "training",
+        "h:2": "training",
+        "h:3": "waiting",
+    }
+    assert full_round_without(agents, "h:3", 2) and not full_round_without(agents, "h:1", 2)
+    history: list[dict[str, Any]] = []
+    first = elastic_status(
+        agents, round_tag="R1", nodes=2, min_nodes=2, max_nodes=2, history=history
+    )
+    assert [s["agent"] for s in first["spares_waiting"]] == ["h:3"]
+    assert (first["lost"], first["replacements"]) == ([], [])
+
+    # h:2 is lost; h:1 leaves its round and the spare joins the next one as node 1
+    a.waiting()
+    a.joined(0, 2, "R2")
+    spare.joined(1, 2, "R2")
+    status = elastic_status(
+        read_agents(store, "r"), round_tag="R2", nodes=2, min_nodes=2, max_nodes=2, history=history
+    )
+    assert status["lost"] == ["h:2"] and status["spares_waiting"] == []
+    [rep] = status["replacements"]
+    assert (rep["node"], rep["spare"], rep["replaced"]) == (1, "h:3", "h:2")
+    again = elastic_status(
+        read_agents(store, "r"), round_tag="R2", nodes=2, min_nodes=2, max_nodes=2, history=history
+    )
+    assert len(again["replacements"]) == 1  # found once
+    text = "\n".join(elastic_lines(status))
+    assert "Nodes: 2 of 2:2, 0 spare(s) waiting" in text
+    assert "replaced node 1: h:2 lost, spare h:3 took its place" in text
+    assert waiting_agents(store, "r") == 0
+    spare2 = AgentRegistry(store, "r", max_nodes=2, agent="h:4")
+    spare2.waiting()
+    assert waiting_agents(store, "r") == 1
+    spare2.left()
+    assert waiting_agents(store, "r") == 0
+
+
+def test_a_shrunk_round_is_said() -> None:
+    store = _store()
+    a = AgentRegistry(store, "r", max_nodes=2, agent="h:1")
+    a.waiting()
+    a.joined(0, 1, "R2")
+    status = elastic_status(
+        read_agents(store, "r"), round_tag="R2", nodes=1, min_nodes=1, max_nodes=2, history=[]
+    )
+    assert (status["nodes"], status["shrunk"]) == (1, True)
+    assert "Nodes: 1 of 1:2 (shrunk)" in "\n".join(elastic_lines(status))
+
+
+def test_a_store_that_is_gone_is_no_error_for_the_entries() -> None:
+    class Gone:
+        def add(self, *a: Any) -> int:
+            raise RuntimeError("connection refused")
+
+    reg = AgentRegistry(Gone(), "r", max_nodes=2, agent="h:1")
+    reg.waiting()  # logged, not raised
+    assert read_agents(Gone(), "r") == []
+
+
+class Inner:
+    """A rendezvous handler with a scripted sequence of outcomes."""
+
+    def __init__(self, outcomes: list[Any], waiting: int = 1) -> None:
+        self.outcomes = outcomes
+        self.waiting = waiting
+        self.calls = 0
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        self.calls += 1
+        out = self.outcomes.pop(0)
+        if isinstance(out, BaseException):
+            raise out
+        return out
+
+    def num_nodes_waiting(self) -> int:
+        return self.waiting
+
+    use_agent_store = True
+
+
+def _info(rank: int, nodes: int, port: int = 7) -> RendezvousInfo:
+    return RendezvousInfo(
+        store=None,  # type: ignore[arg-type]
+        rank=rank,
+        world_size=nodes,
+        bootstrap_store_info=RendezvousStoreInfo(master_addr="h", master_port=port),
+    )
+
+
+def test_a_full_group_is_not_restarted_for_a_waiting_spare_a_shrunk_one_is() -> None:
+    store = _store()
+    inner = Inner([_info(0, 2), _info(0, 1)])
+    keeper = SpareKeeper(inner, AgentRegistry(store, "r", max_nodes=2, agent="h:1"))  # type: ignore[arg-type]
+    info = keeper.next_rendezvous()
+    assert round_tag(info) == "h:7"
+    assert keeper.num_nodes_waiting() == 0  # full: whoever waits is a spare
+    keeper.next_rendezvous()
+    assert keeper.num_nodes_waiting() == 1  # shrunk: a node that comes is let in
+    [entry] = read_agents(store, "r")
+    assert (entry["state"], entry["node"], entry["nodes"], entry["rounds"]) == ("training", 0, 1, 2)
+
+
+def test_a_spare_waits_on_past_the_join_timeout_while_a_full_round_trains() -> None:
+    store = _store()
+    for name, node in (("h:1", 0), ("h:2", 1)):
+        reg = AgentRegistry(store, "r", max_nodes=2, agent=name)
+        reg.waiting()
+        reg.joined(node, 2, "R1")
+    said: list[str] = []
+    inner = Inner([RendezvousTimeoutError("join"), _info(1, 2)])
+    keeper = SpareKeeper(
+        inner,  # type: ignore[arg-type]
+        AgentRegistry(store, "r", max_nodes=2, agent="h:3"),
+        say=said.append,
+    )
+    assert keeper.next_rendezvous().rank == 1 and inner.calls == 2
+    assert said and "waits on as a spare" in said[0]
+
+
+def test_a_timeout_without_a_full_round_is_torchs_error() -> None:
+    keeper = SpareKeeper(
+        Inner([RendezvousTimeoutError("join")]),  # type: ignore[arg-type]
+        AgentRegistry(_store(), "r", max_nodes=2, agent="h:1"),
+    )
+    with pytest.raises(RendezvousTimeoutError):
+        keeper.next_rendezvous()
+
+
+def test_a_closed_rendezvous_while_waiting_is_a_spare_not_needed() -> None:
+    store = _store()
+    keeper = SpareKeeper(
+        Inner([RendezvousGracefulExitError("closed")]),  # type: ignore[arg-type]
+        AgentRegistry(store, "r", max_nodes=2, agent="h:1"),
+    )
+    with pytest.raises(RendezvousGracefulExitError):
+        keeper.next_rendezvous()
+    assert keeper.left_waiting
+    assert read_agents(store, "r")[0]["state"] == "left"
+
+
+def test_keep_alive_settings_from_rdzv_conf() -> None:
+    assert keep_alive_settings({}) == {}
+    assert keep_alive_settings({"keep_alive_interval": "0.5", "keep_alive_max_attempt": "2"}) == {
+        "keep_alive_interval": 0.5,
+        "keep_alive_max_attempt": 2,
+    }
+    with pytest.raises(ValueError, match="keep_alive_interval: seconds in"):
+        keep_alive_settings({"keep_alive_interval": "soon"})
+    with pytest.raises(ValueError, match="keep_alive_max_attempt: a whole number >= 1"):
+        keep_alive_settings({"keep_alive_max_attempt": "0"})
