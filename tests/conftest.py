@@ -1,10 +1,12 @@
 """Fixtures shared by the unit and end-to-end tests (builders live in tests/factories.py).
 
 The suite runs on several workers (pytest-xdist, ``-n 3 --dist loadgroup``: the README's
-test command): the long tests (``e2e``, ``bench``: mostly waiting on timeouts and child
-processes) are handed out first, the short unit tests fill the gaps. Tests that must not
-run at the same time as each other (a fixed port, a shared directory) take the same
-``@pytest.mark.xdist_group("name")``; every test gets its own ``tmp_path`` and binds port 0.
+test command): the long tests (``e2e``, ``bench``, and the unit tests that start gloo
+ranks, ``ranks``: mostly waiting on timeouts and child processes) are handed out first,
+the short unit tests fill the gaps. Tests that must not run at the same time as each
+other (a fixed port, a shared directory) take the same
+``@pytest.mark.xdist_group("name")``; every test gets its own ``tmp_path`` and binds
+port 0.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import pytest
 
 from tests.factories import FAKE_BIN, Children
 
-LONG_MARKERS = ("e2e", "bench")
+LONG_MARKERS = ("e2e", "bench", "ranks")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from rankguard.checkpoint import CheckpointConfig, CheckpointManager, DataPosition, RNGState
 from tests.factories import run_ranks
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.ranks, pytest.mark.timeout(120)]
 
 
 @pytest.fixture(autouse=True)

@@ -20,7 +20,7 @@ from rankguard.checkpoint import CheckpointConfig, CheckpointManager, DataPositi
 from rankguard.checkpoint.files import COMMIT_MARKER
 from tests.factories import run_ranks
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.ranks, pytest.mark.timeout(120)]
 
 
 def _trainer(rank: int, seed: int = 0) -> tuple[DDP, torch.optim.Optimizer, DataPosition]:

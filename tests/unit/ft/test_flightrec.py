@@ -23,7 +23,7 @@ from rankguard.ft.flightrec import (
     trace_file,
 )
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.ranks, pytest.mark.timeout(120)]
 
 
 def test_env_turns_the_recorder_on_and_keeps_the_users_settings(tmp_path: Path) -> None:

@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 import torch
 
+pytestmark = pytest.mark.ranks
+
 SCRIPT = Path(__file__).parents[2] / "e2e" / "scripts" / "inprocess_train.py"
 ROOT = Path(__file__).parents[3]
 STEPS = 20

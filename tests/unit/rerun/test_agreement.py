@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.ranks, pytest.mark.timeout(120)]
 
 
 def _rank_main(rank: int, world: int, tmp: str, scenario: str, resume: bool) -> None:
