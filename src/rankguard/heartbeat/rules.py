@@ -176,6 +176,7 @@ class HeartbeatRules:
         #: is late: not judged on progress until its records come back.
         self.fresh_s = 2.0 * cfg.publish_interval_s + cfg.scan_interval_s
         self._fresh_ns = int(self.fresh_s * 1e9)
+        self._retired: set[tuple[int, int]] = set()  # (rank, pid) of a smaller group's past
 
     # ---- input ----------------------------------------------------------------------
 
@@ -220,6 +221,9 @@ class HeartbeatRules:
         if record is None:
             return False
         rank = record.rank
+        if (rank, record.pid) in self._retired:
+            self._ignore(f"record of rank {rank}'s process retired with its node")
+            return False
         state = self.ranks.get(rank)
         if state is None:
             state = self.ranks[rank] = RankState(rank=rank)
@@ -262,6 +266,19 @@ class HeartbeatRules:
             state.start_mono_ns = record.monotonic_ns
         self._due.changed(rank, record.node_rank)
         return True
+
+    def retire_ranks(self, world: int) -> list[int]:
+        """The group re-formed with ``world`` ranks, without nodes that left it (bad-node
+        exclusion): the ranks at or past ``world`` are no longer part of the job. Their
+        states go, and their processes' records (a relay's last push) are ignored from
+        now on; a new process of such a rank (a node joined again) is a new rank state.
+        The ranks retired."""
+        gone = sorted(r for r in self.ranks if r >= world)
+        for rank in gone:
+            state = self.ranks.pop(rank)
+            if state.pid is not None:
+                self._retired.add((rank, state.pid))
+        return gone
 
     def mark_node(self, node_rank: int | None) -> None:
         """Something about node ``node_rank`` beyond its records changed (its GPU health

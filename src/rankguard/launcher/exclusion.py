@@ -287,6 +287,12 @@ class NodeExclusion:
         self.excluded: Exclusion | None = None
         self.known: dict[str, Exclusion] = {}
         self.decided_s: float | None = None  # when this node decided to leave (monotonic)
+        self.closed_it = False  # this node closed the rendezvous (too few nodes left)
+        self.nproc_per_node = 1
+        #: node 0: the group re-formed smaller after exclusions, with this many ranks
+        #: (the monitor retires the ranks past it)
+        self.on_shrink: Callable[[int], Any] | None = None
+        self._world: int | None = None
         self._command_timeout_s = command_timeout_s
         self._health = health
         self._xids: Any = None
@@ -404,7 +410,15 @@ class NodeExclusion:
         self.round_key = f"{getattr(store_info, 'master_addr', '')}:{port}" if port else None
         if self.node_rank is None:
             self.node_rank = int(info.rank)
-        self.sync(int(info.rank) == 0)
+        self.sync(self.node_rank == 0)
+        world = int(info.world_size) * self.nproc_per_node
+        if self._world is not None and world < self._world and self.known and self.on_shrink:
+            try:
+                gone = self.on_shrink(world)
+                self.say(f"the group re-formed with {world} rank(s); retired: {gone}")
+            except Exception:
+                logger.exception("rankguard: exclusion: retiring the ranks failed")
+        self._world = world
 
     def leave(self, exclusion: Exclusion, handler: Any) -> bool:
         """This node leaves: out of the rendezvous, the finding published and written.
@@ -430,6 +444,7 @@ class NodeExclusion:
             )
             try:
                 handler.set_closed()
+                self.closed_it = True
             except Exception as exc:
                 logger.warning("rankguard: closing the rendezvous failed: %s", exc)
         self._say_commands()
@@ -451,7 +466,37 @@ class NodeExclusion:
             excluded=[e.to_dict() for e in excluded],
         )
         self._say_commands()
+        if self.store is not None:
+            try:  # read: an excluded node hosting the store may let it go
+                self.store.add(self.keys.excluded_ended, 1)
+            except Exception as exc:
+                logger.debug("rankguard: exclusion: the store: %s", exc)
         return ExcludedBelowMinimum(excluded, cause)
+
+    def hold(self, handler: Any, hosting: bool, poll_s: float = 1.0) -> None:
+        """This excluded node hosts the rendezvous store or runs node 0's monitor: keep
+        them (no workers here) until the other nodes end the job and close the
+        rendezvous; when it closed the rendezvous itself, until the others have read the
+        host list (at most 10 s)."""
+        while True:
+            try:
+                if handler.is_closed():
+                    break
+            except Exception as exc:
+                self.say(f"the rendezvous cannot be read ({exc}): stopping")
+                return
+            time.sleep(poll_s)
+        if not (self.closed_it and hosting and self.store is not None):
+            return
+        others = self.max_nodes - max(1, len(self.known))
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            try:
+                if int(self.store.add(self.keys.excluded_ended, 0)) >= others:
+                    return
+            except Exception:
+                return
+            time.sleep(0.2)
 
     def sync(self, write_findings: bool) -> list[Exclusion]:
         """Learn the exclusions the other nodes published; the new ones are written in

@@ -294,6 +294,10 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
     node.agent = agent
     if exclusion is not None:
         agent.attach_exclusion(exclusion)
+        exclusion.nproc_per_node = opts.nproc_per_node
+        exclusion.on_shrink = lambda world: (
+            services.monitor.retire_ranks(world) if services.monitor is not None else []
+        )
     services.workers = agent.workers  # fault tolerance signals these processes only
     excluded: Exception | None = None
     try:
@@ -301,15 +305,21 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
             result, stopped_by = _run_agent(agent, node)
         except (NodeExcluded, ExcludedBelowMinimum) as exc:
             result, stopped_by, excluded = None, None, exc
-            if isinstance(exc, NodeExcluded) and (hosting or services.node_rank == 0):
-                _hold_for_the_rest(handler, hosting)
+            holds = hosting or services.node_rank == 0
+            if isinstance(exc, NodeExcluded) and exclusion is not None and holds:
+                what = "the rendezvous store" if hosting else "node 0's monitor"
+                _say(f"excluded; this launcher holds {what}: kept until the job ends")
+                exclusion.hold(handler, hosting)
     finally:
         if exclusion is not None:
             exclusion.close()
         if node.preemption is not None:
             node.preemption.stop()
         _stop(services, handler, run_dir)
-        if hosting and services.node_rank not in (None, 0):
+        if hosting and (
+            services.node_rank not in (None, 0)
+            or (excluded is not None and exclusion is not None and not exclusion.closed_it)
+        ):
             _keep_store_for_monitor(services)
         del store  # hosted here: it had to outlive node 0's drain
         if node.preemption is not None:
@@ -406,23 +416,6 @@ def _exclusion(
         command_timeout_s=cfg.heartbeat.hardware_health.command_timeout_s,
         say=_say,
     )
-
-
-def _hold_for_the_rest(handler: Any, hosting: bool) -> None:
-    """An excluded node that hosts the rendezvous store or runs node 0's monitor keeps
-    them (no workers) until the other nodes end the job (they close the rendezvous)."""
-    import time
-
-    what = "the rendezvous store" if hosting else "node 0's monitor"
-    _say(f"excluded, but this launcher holds {what}: kept until the other nodes end the job")
-    while True:
-        try:
-            if handler.is_closed():
-                return
-        except Exception as exc:
-            _say(f"the rendezvous cannot be read ({_one_line(exc)}): stopping")
-            return
-        time.sleep(1.0)
 
 
 def _keep_store_for_monitor(services: NodeServices) -> None:

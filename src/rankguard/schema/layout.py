@@ -252,6 +252,12 @@ class StoreKeys:
         """How many nodes exclusion took out (a counter: ``add``)."""
         return f"{self.prefix}excluded_count"
 
+    @property
+    def excluded_ended(self) -> str:
+        """How many nodes ended because too few were left after exclusions (a counter):
+        an excluded node hosting the store keeps it until they read the host list."""
+        return f"{self.prefix}excluded_ended"
+
     def first_failure(self, round_key: str) -> str:
         """The node whose ranks failed first in the round ``round_key`` (``compare_set``:
         the first to ask wins): the node that caused the restart."""
