@@ -278,6 +278,10 @@ class HeartbeatRules:
             state = self.ranks.pop(rank)
             if state.pid is not None:
                 self._retired.add((rank, state.pid))
+        if self.first_failure is not None and self.first_failure[0] >= world:
+            self.first_failure = None  # that episode ended with the node's exclusion
+        if self.root_cause is not None and self.root_cause[0] >= world:
+            self.root_cause = None
         return gone
 
     def mark_node(self, node_rank: int | None) -> None:
