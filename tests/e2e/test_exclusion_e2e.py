@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.factories import FAKE_PYNVML
+from tests.factories import FAKE_PYNVML, load_fake_pynvml
 
 from .conftest import (
     fast_sets,
@@ -31,12 +31,7 @@ HOST = socket.gethostname()
 
 def fake_gpu_env(tmp_path: Path, name: str, **gpu: Any) -> dict[str, str]:
     """The environment of an agent whose one GPU NVML reports as ``gpu`` says."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("fake_pynvml_e2e", FAKE_PYNVML)
-    assert spec is not None and spec.loader is not None
-    fake = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fake)
+    fake = load_fake_pynvml()
     config = fake.write_config(tmp_path / f"{name}.nvml.json", [fake.make_gpu(0, **gpu)])
     path = os.pathsep.join([str(FAKE_PYNVML.parent), os.environ.get("PYTHONPATH", "")])
     return {"PYTHONPATH": path, "FAKE_NVML_CONFIG": str(config)}
