@@ -214,3 +214,50 @@ def test_repeated_crashes_on_one_node_exclude_it_after_k(tmp_path: Path, run_id:
     assert status["state"] == "completed", every
     assert [r["rank"] for r in status["ranks"]] == [0, 1], every
     assert no_leftover_workers(run_id)
+
+
+def test_exit_17_excludes_the_faulty_node_and_the_others_go_on(tmp_path: Path, run_id: str) -> None:
+    """The rerun state machine: a NaN on global rank 2's first hardware only (exit 16,
+    resume, re-run differs: exit 17 naming rank 2). Its node leaves; the two others
+    resume from the checkpoint as a group of two and complete."""
+    port = free_port()
+    logs = {a: tmp_path / f"agent{a}" for a in range(3)}
+    target = (
+        "--max-restarts",
+        "2",
+        "-m",
+        "rankguard.demo.train",
+        "--steps",
+        "6",
+        "--step-sleep",
+        "0.01",
+        "--fault",
+        "nan-bad-gpu",
+        "--fault-step",
+        "3",
+        "--fault-rank",
+        "2",
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+    )
+    sets = (
+        "fault_tolerance.exclude_bad_nodes=true",
+        "rerun_state_machine.rerun_mode=validate_results",
+    )
+    envs = {a: fake_gpu_env(tmp_path, f"agent{a}") for a in range(3)}
+    cmds = {a: agent_cmd(port, run_id, logs[a], "2:3", *sets, target=target) for a in range(3)}
+    outs, codes = run_nodes(cmds, timeout_s=140, envs=envs)
+    every = "\n".join(f"--- agent {a} (exit {codes[a]})\n{o}" for a, o in outs.items())
+    assert sorted(codes.values()) == [0, 0, 15], every
+    (bad,) = [a for a, c in codes.items() if c == 15]
+    excluded = [
+        f
+        for f in read_jsonl(run_dir(logs[bad], run_id) / "findings.jsonl")
+        if f["finding_type"] == "node_excluded"
+    ]
+    assert [(f["trigger"], f["reason"]) for f in excluded] == [
+        ("rerun", "node_gpu_found_faulty_by_the_rerun_state_machine")
+    ], every
+    assert excluded[0]["hostname"] == HOST and "rank 2: GPU cpu" in excluded[0]["problems"]
+    assert "[demo] done: 6 steps on 2 rank(s)" in "".join(outs.values()), every
+    assert no_leftover_workers(run_id)

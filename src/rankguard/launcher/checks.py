@@ -76,7 +76,12 @@ def _exclusion_warnings(opts: LaunchOptions, ft: Any, max_restarts: int) -> list
             "fault_tolerance.exclude_bad_nodes with no in-job restart: the GPU check runs "
             "before the first round only, and an exit 17 ends the job as before"
         )
-    if opts.rdzv_backend != "c10d":
+    if opts.rdzv_backend == "static" and opts.max_nodes > 1:
+        out.append(
+            "bad-node exclusion with --rdzv-backend static: the group is fixed, the other "
+            "nodes wait for an excluded one until their timeouts; use --rdzv-backend c10d"
+        )
+    elif opts.rdzv_backend not in ("c10d", "static"):
         out.append(
             f"bad-node exclusion with --rdzv-backend {opts.rdzv_backend}: an excluded node "
             "leaves through its keep-alive (the others wait for it to expire)"
