@@ -281,6 +281,10 @@ class NodeExclusion:
         self.pid = os.getpid()
         self.node_rank: int | None = None
         self.round_key: str | None = None
+        self.round_store: Any = None
+        #: node 0 writes the other nodes' exclusions into its run directory (not when
+        #: every node shares one: the excluded node wrote its own line there)
+        self.write_others = True
         self.rounds = 0
         self.window = RestartWindow(ft.exclude_after_restarts, ft.exclude_window_s, clock)
         self.pending: Exclusion | None = None
@@ -379,11 +383,14 @@ class NodeExclusion:
 
     def _caused_here(self) -> bool:
         """Was this node the first of its round to see its group fail?"""
-        if self.store is None:
+        store, key = self.round_store, self.keys.first_failure("round")
+        if store is None:
+            store = self.store
+            key = self.keys.first_failure(self.round_key or f"round{self.rounds}")
+        if store is None or self.max_nodes == 1:
             return True  # one node (or no store): every restart is this node's
-        key = self.keys.first_failure(self.round_key or f"round{self.rounds}")
         try:
-            winner = self.store.compare_set(key, "", f"{self.hostname}:{self.pid}")
+            winner = store.compare_set(key, "", f"{self.hostname}:{self.pid}")
         except Exception as exc:
             logger.warning("rankguard: exclusion: cannot tell who caused the restart: %s", exc)
             return False
@@ -405,12 +412,17 @@ class NodeExclusion:
 
     def on_round(self, info: RendezvousInfo) -> None:
         self.rounds += 1
+        # The round's store: torch elastic's rendezvous store under a prefix of this
+        # round (every node of the round has the same), where the first failure is told.
+        self.round_store = getattr(info, "store", None)
         store_info = getattr(info, "bootstrap_store_info", None)
         port = getattr(store_info, "master_port", None)
         self.round_key = f"{getattr(store_info, 'master_addr', '')}:{port}" if port else None
+        for stale in self.run_dir.glob(f"{RERUN_FAULTY_PREFIX}*.json"):
+            stale.unlink(missing_ok=True)  # an earlier group's exit 17, read already
         if self.node_rank is None:
             self.node_rank = int(info.rank)
-        self.sync(self.node_rank == 0)
+        self.sync(self.node_rank == 0 and self.write_others)
         world = int(info.world_size) * self.nproc_per_node
         if self._world is not None and world < self._world and self.known and self.on_shrink:
             try:
@@ -453,7 +465,7 @@ class NodeExclusion:
     def below_minimum(self, cause: BaseException) -> ExcludedBelowMinimum | None:
         """The rendezvous closed or timed out: because of exclusions? Then the job ends
         here with the host list."""
-        self.sync(self.node_rank == 0)
+        self.sync(self.node_rank == 0 and self.write_others)
         if not self.known:
             return None
         excluded = list(self.known.values())

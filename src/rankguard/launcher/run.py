@@ -295,6 +295,7 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
     if exclusion is not None:
         agent.attach_exclusion(exclusion)
         exclusion.nproc_per_node = opts.nproc_per_node
+        exclusion.write_others = cfg.no_shared_fs
         exclusion.on_shrink = lambda world: (
             services.monitor.retire_ranks(world) if services.monitor is not None else []
         )

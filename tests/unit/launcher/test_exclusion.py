@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from torch.distributed import PrefixStore
 from torch.distributed.elastic.rendezvous.api import (
     RendezvousClosedError,
     RendezvousHandler,
@@ -162,8 +163,9 @@ def test_only_the_first_node_to_fail_in_a_round_counts_the_restart(
     peer, _ = exclusion(tmp_path / "b", store=store, exclude_after_restarts=2)
     peer.pid = culprit.pid + 1  # another agent on this host
     failure = {"exit_code": 1, "rank": 2, "local_rank": 0}
-    for round_port in (1001, 1002):
-        info = RendezvousInfo(store, 0, 3, RendezvousStoreInfo("127.0.0.1", round_port))
+    for round_port in (1001, 1001):  # the same port twice: the round's store tells them apart
+        round_store = PrefixStore(f"torch.rendezvous.r1.{culprit.rounds}", store)
+        info = RendezvousInfo(round_store, 0, 3, RendezvousStoreInfo("127.0.0.1", round_port))
         culprit.on_round(info)
         peer.on_round(info)
         culprit.note_failure(failure, [2])  # first: the culprit
@@ -192,6 +194,9 @@ def test_exit_17_excludes_the_node_that_holds_the_faulty_rank(tmp_path: Path) ->
     healthy, _ = exclusion(tmp_path, exclude_bad_nodes=True)
     healthy.note_failure(failure, [0, 1])  # its ranks were not named: it goes on
     assert healthy.pending is None and healthy.final_verdict_taken(failure)
+    # the next group's round: that verdict was read, a later exit 17 must not reuse it
+    healthy.on_round(RendezvousInfo(None, 0, 2, RendezvousStoreInfo("127.0.0.1", 1)))  # type: ignore[arg-type]
+    assert rerun_faulty(tmp_path, [2, 3]) == []
 
 
 def test_exit_17_without_exclusion_stays_final(tmp_path: Path) -> None:
