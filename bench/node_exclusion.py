@@ -8,7 +8,8 @@ Each agent gets the fake NVML of the test suite (``tests/fakes/fake_nvml``, thro
 bus) pending. Times, from the moment the three agents are started (``time.time()`` just
 before the first ``Popen``), of lines stamped on arrival by a reader thread per agent:
 
-- exclusion decision: agent 2's ``excluded:`` line (its check before the first round);
+- exclusion decision: agent 2's ``excluded:`` line (its check before the first round),
+  and the part of it after the launcher's first line (its start-up, torch imported);
 - group formed: the first ``rank(s) on node`` line of agents 0 and 1 (their round);
 - first step: the first ``[demo] step`` line (rank 0, ``--log-every 1``).
 
@@ -167,9 +168,12 @@ def one_run(tmp: Path, *, bad_node: bool, steps: int, last_call: float, timeout_
     good = [agents[0], agents[1]]
     formed = [t for t in (a.first("rank(s) on node") for a in good) if t is not None]
     stepped = [t for t in (a.first("[demo] step") for a in good) if t is not None]
+    decided = agents[2].first("excluded:") if bad_node else None
+    started = agents[2].first("[rankguard]") if bad_node else None  # its first line
     out = {
         "codes": codes,
-        "decided_s": since(agents[2].first("excluded:")) if bad_node else None,
+        "decided_s": since(decided),
+        "check_s": decided - started if decided is not None and started is not None else None,
         "formed_s": since(min(formed)) if formed else None,
         "first_step_s": since(min(stepped)) if stepped else None,
     }
@@ -229,7 +233,8 @@ def main() -> None:
             )
     bad, alone = runs[True], runs[False]
     print(
-        f"launch -> exclusion decision: {fmt([r['decided_s'] for r in bad])}; "
+        f"launch -> exclusion decision: {fmt([r['decided_s'] for r in bad])} (of which the "
+        f"launcher's first line -> decision: {fmt([r['check_s'] for r in bad])}); "
         f"launch -> group of 2 formed: {fmt([r['formed_s'] for r in bad])}; "
         f"launch -> first step of the remaining group: {fmt([r['first_step_s'] for r in bad])}"
     )

@@ -49,6 +49,7 @@ from torch.distributed.elastic.rendezvous.api import (
 
 from rankguard._fs import append_jsonl, atomic_write_json, atomic_write_text
 from rankguard.ft.config import FaultToleranceConfig
+from rankguard.runfiles import read_excluded
 from rankguard.schema.exits import EXIT_NODE_EXCLUDED, EXIT_RERUN_VALIDATION_FAILED
 from rankguard.schema.findings import Finding, FindingType, Reason
 from rankguard.schema.layout import (
@@ -209,16 +210,6 @@ def exclusion_commands(hosts: Iterable[str]) -> dict[str, Any]:
         "slurm_exclude": f"--exclude={','.join(hosts)}" if hosts else None,
         "kubectl": [f"kubectl taint nodes {h} {TAINT}" for h in hosts],
     }
-
-
-def read_excluded(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """``excluded_nodes.json`` of a run directory, or None."""
-    try:
-        with open(Path(run_dir) / EXCLUDED_NODES_FILE, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def leave_rendezvous(handler: Any) -> bool:

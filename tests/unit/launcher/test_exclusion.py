@@ -406,3 +406,26 @@ def test_node_excluded_exit_code_is_retryable_and_wins_over_a_failure() -> None:
     assert exit_code(JobOutcome(excluded=True)) == 15
     assert exit_code(JobOutcome(excluded=True, failed=True, fault_tolerance=True)) == 15
     assert exit_code(JobOutcome(excluded=True, signal=15)) == 143
+
+
+def test_rankguard_status_shows_the_excluded_nodes(
+    tmp_path: Path, store: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rankguard.cli.main import main
+
+    ex, _ = exclusion(
+        tmp_path, store=store, health=snapshot(gpu(0, xid_errors=[79])), exclude_bad_nodes=True
+    )
+    with pytest.raises(NodeExcluded):
+        ex.wrap(Inner(store)).next_rendezvous()
+    capsys.readouterr()
+    assert main(["status", str(tmp_path)]) == 0  # no status.json: excluded before a round
+    out = capsys.readouterr().out
+    assert out.splitlines() == [
+        f"excluded: {HOST}",
+        f"  a node on {HOST} (launcher pid {ex.pid}): gpu_health, GPU 0: xid=79",
+        f"  Slurm: --exclude={HOST}",
+        f"  Kubernetes: kubectl taint nodes {HOST} rankguard.io/excluded=true:NoSchedule",
+    ]
+    assert main(["status", "--json", str(tmp_path)]) == 0
+    assert json.loads(capsys.readouterr().out)["excluded"]["hosts"] == [HOST]
