@@ -49,6 +49,7 @@ from torch.distributed.elastic.rendezvous.api import (
 
 from rankguard._fs import append_jsonl, atomic_write_json, atomic_write_text
 from rankguard.ft.config import FaultToleranceConfig
+from rankguard.runenv import current
 from rankguard.runfiles import read_excluded
 from rankguard.schema.exits import EXIT_NODE_EXCLUDED, EXIT_RERUN_VALIDATION_FAILED
 from rankguard.schema.findings import Finding, FindingType, Reason
@@ -545,7 +546,11 @@ class NodeExclusion:
     def _write(self, exclusion: Exclusion, *, below_min: bool) -> None:
         self._finding(_REASONS[exclusion.trigger], exclusion.message, exclusion)
         self._write_hosts(below_min=below_min)
-        exclude_file = os.environ.get("RANKGUARD_EXCLUDE_FILE")  # the sbatch script's
+        try:
+            exclude_file = current().exclude_file  # set by the sbatch script
+        except ValueError as exc:
+            self.say(f"the Slurm exclude file: {exc}")
+            exclude_file = None
         if exclude_file:
             try:  # one file per node: several may leave at once
                 atomic_write_text(f"{exclude_file}.node.{self.pid}", exclusion.hostname + "\n")

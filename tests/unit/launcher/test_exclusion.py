@@ -429,3 +429,15 @@ def test_rankguard_status_shows_the_excluded_nodes(
     ]
     assert main(["status", "--json", str(tmp_path)]) == 0
     assert json.loads(capsys.readouterr().out)["excluded"]["hosts"] == [HOST]
+
+
+def test_under_slurm_each_excluded_node_names_its_host_for_the_requeue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exclude_file = tmp_path / ".rankguard_exclude_777"
+    monkeypatch.setenv("RANKGUARD_EXCLUDE_FILE", str(exclude_file))
+    ex, _ = exclusion(tmp_path, health=snapshot(gpu(0, xid_errors=[79])), exclude_bad_nodes=True)
+    with pytest.raises(NodeExcluded):
+        ex.wrap(Inner(None)).next_rendezvous()
+    assert (tmp_path / f".rankguard_exclude_777.node.{ex.pid}").read_text() == f"{HOST}\n"
+    assert not exclude_file.exists()  # exit 17's file, rank 0's alone
