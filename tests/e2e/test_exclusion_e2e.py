@@ -43,7 +43,7 @@ def agent_cmd(
     log_dir: Path,
     nnodes: str,
     *sets: str,
-    target: tuple[str, ...] = ("-m", "rankguard.demo.train", "--steps", "12"),
+    target: tuple[str, ...] = ("-m", "rankguard.demo.train", "--steps", "6"),
 ) -> list[str]:
     extra: list[str] = []
     for item in sets:
