@@ -301,6 +301,14 @@ class NodeExclusion:
         if self._xids is not None:
             self._xids.close()
 
+    def finish(self) -> None:
+        """The job ends here: the exclusions published after this node's last round
+        are noted too (node 0 writes their findings), then NVML is let go."""
+        try:
+            self.sync(self.node_rank == 0 and self.write_others)
+        finally:
+            self.close()
+
     def wrap(self, handler: RendezvousHandler) -> RendezvousHandler:
         return ExclusionRendezvous(handler, self)
 

@@ -313,7 +313,7 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
                 exclusion.hold(handler, hosting)
     finally:
         if exclusion is not None:
-            exclusion.close()
+            exclusion.finish()
         if node.preemption is not None:
             node.preemption.stop()
         _stop(services, handler, run_dir)
