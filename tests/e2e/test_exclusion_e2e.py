@@ -192,10 +192,10 @@ def test_repeated_crashes_on_one_node_exclude_it_after_k(tmp_path: Path, run_id:
             target=("--max-restarts", "3", script, "--steps", "10"),
         )
         cmds[a] = cmd
-    outs, codes = run_nodes(cmds, timeout_s=130, envs={2: {"CRASH_HERE": "1"}})
+    outs, codes = run_nodes(cmds, timeout_s=130, envs={1: {"CRASH_HERE": "1"}})
     every = "\n".join(f"--- agent {a} (exit {codes[a]})\n{o}" for a, o in outs.items())
-    assert codes == {0: 0, 1: 0, 2: 15}, every
-    bad = run_dir(logs[2], run_id)
+    assert codes == {0: 0, 1: 15, 2: 0}, every
+    bad = run_dir(logs[1], run_id)
     (finding,) = [
         f for f in read_jsonl(bad / "findings.jsonl") if f["finding_type"] == "node_excluded"
     ]
@@ -203,17 +203,21 @@ def test_repeated_crashes_on_one_node_exclude_it_after_k(tmp_path: Path, run_id:
     assert finding["trigger"] == "restarts" and "restarts=2" in finding["problems"]
     assert finding["hostname"] == HOST and finding["node_rank"] is not None
     assert json.loads((bad / "excluded_nodes.json").read_text())["hosts"] == [HOST]
-    assert "crash_here done: 10 steps, world 2" in outs[0] + outs[1], every
+    assert "crash_here done: 10 steps, world 2" in outs[0] + outs[2], every
     # Node 0's monitor: the excluded node's rank retired when the group re-formed; the
     # run completed with the two ranks left.
     run0 = next(
         run_dir(logs[a], run_id)
-        for a in (0, 1)
+        for a in (0, 2)
         if (run_dir(logs[a], run_id) / "launcher_node_0.json").exists()
     )
     status = read_status(run0)
     assert status["state"] == "completed", every
     assert [r["rank"] for r in status["ranks"]] == [0, 1], every
+    # what node 0 reported: the two crashes of the bad node's rank and its exclusion
+    found = [(f["finding_type"], f["node_rank"]) for f in read_jsonl(run0 / "findings.jsonl")]
+    bad_node = finding["node_rank"]
+    assert found == [("rank_process_exited", bad_node)] * 2 + [("node_excluded", bad_node)], every
     assert no_leftover_workers(run_id)
 
 

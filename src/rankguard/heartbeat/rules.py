@@ -177,6 +177,7 @@ class HeartbeatRules:
         self.fresh_s = 2.0 * cfg.publish_interval_s + cfg.scan_interval_s
         self._fresh_ns = int(self.fresh_s * 1e9)
         self._retired: set[tuple[int, int]] = set()  # (rank, pid) of a smaller group's past
+        self._shrunk_to: int | None = None  # the world of a group re-formed smaller
 
     # ---- input ----------------------------------------------------------------------
 
@@ -184,6 +185,8 @@ class HeartbeatRules:
         if self.expected_world_size:
             return self.expected_world_size
         sizes = [s.record.world_size or 0 for s in self.ranks.values() if s.record]
+        if self._shrunk_to is not None:  # the old group's last records say more ranks
+            sizes = [min(size, self._shrunk_to) for size in sizes]
         return max(sizes, default=0)
 
     def accept(self, raw: dict[str, Any] | HeartbeatRecord) -> HeartbeatRecord | None:
@@ -224,6 +227,10 @@ class HeartbeatRules:
         if (rank, record.pid) in self._retired:
             self._ignore(f"record of rank {rank}'s process retired with its node")
             return False
+        shrunk = self._shrunk_to
+        if shrunk is not None and record.event is Event.PROCESS_START:
+            # a process of a new, larger group (a node joined again): no cap any more
+            self._shrunk_to = None if (record.world_size or 0) > shrunk else shrunk
         state = self.ranks.get(rank)
         if state is None:
             state = self.ranks[rank] = RankState(rank=rank)
@@ -282,6 +289,8 @@ class HeartbeatRules:
             self.first_failure = None  # that episode ended with the node's exclusion
         if self.root_cause is not None and self.root_cause[0] >= world:
             self.root_cause = None
+        self._shrunk_to = world
+        self._never_seen_upto = min(self._never_seen_upto, world)
         return gone
 
     def mark_node(self, node_rank: int | None) -> None:

@@ -375,7 +375,12 @@ def test_rules_retire_the_ranks_past_a_smaller_group() -> None:
         heartbeat_record(2, seq=2, world_size=3), now=2.0
     )  # its relay's last push
     assert "retired" in (rules.last_ignored or "")
+    assert rules.world_size() == 2  # ranks 0 and 1 still show the old group's records
     assert rules.ingest(heartbeat_record(2, pid=9999, world_size=3), now=3.0)  # a new process
+    assert rules.world_size() == 2
+    started = heartbeat_record(3, pid=9998, world_size=4, event="process_start")
+    assert rules.ingest(started, now=4.0)  # a larger group formed: no cap any more
+    assert rules.world_size() == 4
 
 
 # ---- config and exit code --------------------------------------------------------------------
