@@ -127,6 +127,11 @@ class FaultToleranceConfig:
                     f"actions.{finding}: only report (a preemption is not a fault: the "
                     f"job saves and exits to be requeued), got {action!r}"
                 )
+            if finding == FindingType.NODE_EXCLUDED.value and action != "report":
+                raise ValueError(
+                    f"actions.{finding}: only report (the excluded node's launcher acted: "
+                    f"it left the job), got {action!r}"
+                )
             if finding == FindingType.WORKER_FAILED.value and action != "restart":
                 raise ValueError(
                     f"actions.{finding}: only restart (torch elastic's agent restarts a "
