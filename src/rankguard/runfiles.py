@@ -23,6 +23,7 @@ from typing import Any
 from rankguard.heartbeat.procs import pid_running, process_start_time
 from rankguard.schema.layout import (
     CHECKPOINTS_FILE,
+    EXCLUDED_NODES_FILE,
     FINDINGS_FILE,
     STATUS_FILE,
     STATUS_RANKS_FILE,
@@ -32,12 +33,14 @@ from rankguard.schema.status import RankRow, StatusDoc
 __all__ = [
     "FINAL_STATES",
     "StatusUnavailable",
+    "excluded_lines",
     "latest_findings",
     "launcher_gone",
     "load_status",
     "parse_rank_spec",
     "rank_rows",
     "read_checkpoints",
+    "read_excluded",
     "read_findings",
     "worst_rows",
 ]
@@ -257,3 +260,38 @@ def worst_rows(rows: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
         return tier, -(r.progress_age_s or r.heartbeat_age_s or 0.0)
 
     return sorted(rows, key=badness)[: max(0, n)]
+
+
+def read_excluded(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """Bad-node exclusion's ``excluded_nodes.json`` of a run directory (the hosts to
+    leave out, each excluded node and why), or None."""
+    try:
+        with open(Path(run_dir) / EXCLUDED_NODES_FILE, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def excluded_lines(run_dir: str | os.PathLike[str]) -> list[str]:
+    """What ``rankguard status`` says about the run's excluded nodes (none: [])."""
+    data = read_excluded(run_dir)
+    if not data or not data.get("hosts"):
+        return []
+    nodes = [n for n in data.get("nodes") or [] if isinstance(n, dict)]
+    out = [
+        f"excluded: {', '.join(str(h) for h in data['hosts'])}"
+        + (" (below --nnodes MIN: the job ended)" if data.get("below_min_nodes") else "")
+    ]
+    for n in nodes:
+        where = f"node {n['node_rank']}" if n.get("node_rank") is not None else "a node"
+        problems = ", ".join(str(p) for p in n.get("problems") or []) or "-"
+        out.append(
+            f"  {where} on {n.get('hostname')} (launcher pid {n.get('pid')}): "
+            f"{n.get('trigger')}, GPU {n.get('gpu')}: {problems}"
+        )
+    if data.get("slurm_exclude"):
+        out.append(f"  Slurm: {data['slurm_exclude']}")
+    for command in data.get("kubectl") or []:
+        out.append(f"  Kubernetes: {command}")
+    return out

@@ -71,9 +71,12 @@ def node_run(
 
 
 def run_nodes(
-    cmds: dict[int, list[str]], timeout_s: float
+    cmds: dict[int, list[str]],
+    timeout_s: float,
+    envs: dict[int, dict[str, str]] | None = None,
 ) -> tuple[dict[int, str], dict[int, int | None]]:
-    """Run one command per node at once; each node's output and exit code."""
+    """Run one command per node at once; each node's output and exit code. ``envs``:
+    variables added to one node's environment (a fake GPU on one "node")."""
     procs = {
         node: subprocess.Popen(
             cmd,
@@ -81,7 +84,7 @@ def run_nodes(
             stderr=subprocess.STDOUT,
             text=True,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(envs or {}).get(node, {})},
         )
         for node, cmd in cmds.items()
     }

@@ -26,15 +26,17 @@ from pathlib import Path
 from rankguard.cli.status_render import render_status
 from rankguard.runfiles import (
     StatusUnavailable,
+    excluded_lines,
     latest_findings,
     launcher_gone,
     load_status,
     parse_rank_spec,
     rank_rows,
+    read_excluded,
     read_findings,
     worst_rows,
 )
-from rankguard.schema.layout import FINDINGS_FILE, STATUS_FILE
+from rankguard.schema.layout import EXCLUDED_NODES_FILE, FINDINGS_FILE, STATUS_FILE
 from rankguard.textsafe import safe_text
 
 __all__ = ["add_parser", "read_findings", "render_status", "run"]
@@ -49,8 +51,8 @@ def _resolve_run_dir(path: Path) -> tuple[Path, str | None]:
         raise StatusUnavailable(f"no such directory: {path}")
     if not path.is_dir():
         raise StatusUnavailable(f"not a directory: {path}")
-    if (path / STATUS_FILE).exists():
-        return path, None
+    if (path / STATUS_FILE).exists() or (path / EXCLUDED_NODES_FILE).exists():
+        return path, None  # the second: a node excluded before any status was written
     candidates: list[tuple[float, str, Path]] = []
     for pattern in (f"heartbeat/*/{STATUS_FILE}", f"*/{STATUS_FILE}"):
         for status_file in path.glob(pattern):
@@ -166,8 +168,24 @@ def _error(message: str) -> int:
     return EXIT_UNAVAILABLE
 
 
+def _excluded_frame(run_dir: Path, args: argparse.Namespace) -> str | None:
+    """A run directory without a status but with ``excluded_nodes.json``: this node was
+    excluded before the monitor could start (bad-node exclusion)."""
+    if read_excluded(run_dir) is None:
+        return None
+    if args.json:
+        return json.dumps({"run_dir": str(run_dir), "excluded": read_excluded(run_dir)}) + "\n"
+    return "\n".join(safe_text(line) for line in excluded_lines(run_dir)) + "\n"
+
+
 def _frame(run_dir: Path, args: argparse.Namespace, tty: bool) -> str:
-    status = load_status(run_dir)
+    try:
+        status = load_status(run_dir)
+    except StatusUnavailable:
+        excluded = _excluded_frame(run_dir, args)
+        if excluded is None:
+            raise
+        return excluded
     ranks: set[int] | None = getattr(args, "ranks", None)
     worst: int | None = getattr(args, "worst", None)
     if ranks is not None or worst is not None:
@@ -190,10 +208,13 @@ def _frame(run_dir: Path, args: argparse.Namespace, tty: bool) -> str:
             "findings": findings,
             "launcher_gone": gone,
         }
+        excluded_doc = read_excluded(run_dir)
+        if excluded_doc is not None:
+            doc["excluded"] = excluded_doc
         indent = None if args.watch else 2
         return json.dumps(doc, indent=indent, default=str) + "\n"
     width = shutil.get_terminal_size().columns if tty else None
-    return render_status(
+    text = render_status(
         status,
         findings,
         width=width,
@@ -201,6 +222,8 @@ def _frame(run_dir: Path, args: argparse.Namespace, tty: bool) -> str:
         now=datetime.now(timezone.utc),
         launcher_gone=gone,
     )
+    extra = excluded_lines(run_dir)  # bad-node exclusion
+    return text + "".join(safe_text(line) + "\n" for line in extra)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -80,6 +80,27 @@ class FaultToleranceConfig:
             "when nvidia-resiliency-ext is installed."
         },
     )
+    exclude_bad_nodes: bool = field(
+        default=False,
+        metadata={
+            "help": "Bad-node exclusion: before each rendezvous round, a node whose GPU "
+            "fails its health check (NVML: XID error, uncorrected ECC, retired pages "
+            "pending, row-remap failure, recovery action, GPU lost), or whose GPU the rerun "
+            "state machine found faulty (exit 17), leaves the job (exit 15); the others go "
+            "on when --nnodes MIN allows."
+        },
+    )
+    exclude_after_restarts: int = field(
+        default=0,
+        metadata={
+            "help": "Bad-node exclusion: a node whose ranks caused this many in-job "
+            "restarts within exclude_window_s leaves the job (0: never)."
+        },
+    )
+    exclude_window_s: float = field(
+        default=3600.0,
+        metadata={"help": "The window exclude_after_restarts counts restarts in (seconds)."},
+    )
     simulate_fault: bool = field(default=False, metadata={"help": "Inject one fault to test."})
     simulated_fault_type: str = field(default="random", metadata={"help": "/".join(FAULT_TYPES)})
     simulated_fault_rank: int | None = field(
@@ -105,6 +126,11 @@ class FaultToleranceConfig:
                 raise ValueError(
                     f"actions.{finding}: only report (a preemption is not a fault: the "
                     f"job saves and exits to be requeued), got {action!r}"
+                )
+            if finding == FindingType.NODE_EXCLUDED.value and action != "report":
+                raise ValueError(
+                    f"actions.{finding}: only report (the excluded node's launcher acted: "
+                    f"it left the job), got {action!r}"
                 )
             if finding == FindingType.WORKER_FAILED.value and action != "restart":
                 raise ValueError(
@@ -135,3 +161,10 @@ class FaultToleranceConfig:
             )
         check_number("simulated_fault_base_delay", self.simulated_fault_base_delay, ge=0)
         check_number("min_learned_timeout_s", self.min_learned_timeout_s, gt=0)
+        check_number("exclude_after_restarts", self.exclude_after_restarts, ge=0)
+        check_number("exclude_window_s", self.exclude_window_s, gt=0)
+
+    @property
+    def exclusion(self) -> bool:
+        """Is bad-node exclusion on (any of its triggers)?"""
+        return self.exclude_bad_nodes or self.exclude_after_restarts > 0

@@ -55,14 +55,20 @@ def _snapshot(
 
 
 def collect_gpu_health(
-    *, command_timeout_s: float, baseline: Mapping[str, int] | None = None, prefer: str = "auto"
+    *,
+    command_timeout_s: float,
+    baseline: Mapping[str, int] | None = None,
+    prefer: str = "auto",
+    xids: Mapping[int, list[int]] | None = None,
 ) -> dict[str, Any]:
     """Collect one health snapshot of this node's GPUs.
 
     ``prefer``: ``auto`` (NVML, then nvidia-smi), ``nvml`` or ``nvidia-smi`` only.
     ``baseline``: corrected-ECC counts of the first sample per GPU (see
     ``rules.update_baseline``). ``error`` in the snapshot says why there is no (or only
-    partial) data; it is ``None`` whenever ``status`` is a GPU verdict.
+    partial) data; it is ``None`` whenever ``status`` is a GPU verdict. ``xids``: the
+    XID errors seen per NVML index (:class:`~rankguard.health.nvml.XidWatcher`), put in
+    each GPU's ``xid_errors`` before the rules run.
     """
     if prefer not in _PREFER:
         raise ValueError(f"prefer: must be one of {', '.join(_PREFER)}, got {prefer!r}")
@@ -74,6 +80,9 @@ def collect_gpu_health(
     if prefer == "nvidia-smi" or (prefer == "auto" and results[-1].status is not NodeStatus.OK):
         results.append(collect_smi(command_timeout_s=command_timeout_s))
     chosen = next((r for r in results if r.status is NodeStatus.OK), None)
+    if chosen is not None and xids is not None:
+        for gpu in chosen.gpus:
+            gpu["xid_errors"] = list(xids.get(gpu.get("index"), ()))  # type: ignore[arg-type]
     if chosen is not None:
         for other in results:
             if other.status is NodeStatus.ERROR:

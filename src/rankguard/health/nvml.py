@@ -20,7 +20,7 @@ from typing import Any
 
 from rankguard.health.schema import CollectionResult, NodeStatus, empty_gpu
 
-__all__ = ["RECOVERY_ACTIONS", "SOURCE", "collect_nvml"]
+__all__ = ["RECOVERY_ACTIONS", "SOURCE", "XidWatcher", "collect_nvml"]
 
 logger = logging.getLogger(__name__)
 
@@ -213,3 +213,88 @@ def _int(value: Any) -> int | None:
 
 def _milliwatts(value: Any) -> float | None:
     return None if value is None else round(int(value) / 1000.0, 2)
+
+
+_XID_EVENT = 0x0000000000000008  # nvmlEventTypeXidCriticalError, if pynvml lacks the name
+
+
+class XidWatcher:
+    """Critical XID errors of this node's GPUs, through NVML events.
+
+    NVML delivers an XID event only to an event set registered before it happens, so
+    the watcher registers one set per GPU when it opens (the launcher's start) and
+    :meth:`drain` returns what arrived since (or since the previous drain), by NVML
+    index. NVML stays initialised while the watcher is open (``nvmlInit`` counts its
+    callers: the collections' own init and shutdown do not end it). A node without NVML,
+    or a GPU that has no events, gives nothing: :attr:`available` says whether any GPU
+    is watched.
+    """
+
+    def __init__(self) -> None:
+        self._nvml: ModuleType | None = None
+        self._sets: dict[int, Any] = {}
+        self.error: str | None = None
+
+    @property
+    def available(self) -> bool:
+        return bool(self._sets)
+
+    def open(self) -> XidWatcher:
+        try:
+            import pynvml
+        except ImportError as exc:
+            self.error = f"pynvml: {exc}"
+            return self
+        try:
+            pynvml.nvmlInit()
+        except (pynvml.NVMLError, OSError) as exc:
+            self.error = f"nvmlInit: {exc}"
+            return self
+        self._nvml = pynvml
+        kind = getattr(pynvml, "nvmlEventTypeXidCriticalError", _XID_EVENT)
+        try:
+            count = int(pynvml.nvmlDeviceGetCount())
+            for i in range(count):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                event_set = pynvml.nvmlEventSetCreate()
+                try:
+                    pynvml.nvmlDeviceRegisterEvents(handle, kind, event_set)
+                except pynvml.NVMLError as exc:  # no events on this GPU (NotSupported)
+                    logger.debug("NVML XID events on GPU %d: %s", i, exc)
+                    pynvml.nvmlEventSetFree(event_set)
+                    continue
+                self._sets[i] = event_set
+        except (pynvml.NVMLError, AttributeError) as exc:
+            self.error = f"XID events: {exc}"
+        return self
+
+    def drain(self) -> dict[int, list[int]]:
+        """The XIDs that arrived since the last drain, by GPU index (no wait)."""
+        nvml = self._nvml
+        out: dict[int, list[int]] = {}
+        if nvml is None:
+            return out
+        wait = getattr(nvml, "nvmlEventSetWait_v2", None) or nvml.nvmlEventSetWait
+        for index, event_set in self._sets.items():
+            for _ in range(1000):  # bounded: a storm of events does not stall the check
+                try:
+                    data = wait(event_set, 0)
+                except nvml.NVMLError:  # Timeout: nothing (more) pending
+                    break
+                out.setdefault(index, []).append(int(data.eventData))
+        return out
+
+    def close(self) -> None:
+        nvml, self._nvml = self._nvml, None
+        if nvml is None:
+            return
+        for event_set in self._sets.values():
+            try:
+                nvml.nvmlEventSetFree(event_set)
+            except nvml.NVMLError as exc:
+                logger.debug("nvmlEventSetFree: %s", exc)
+        self._sets.clear()
+        try:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError as exc:
+            logger.warning("nvmlShutdown failed: %s", exc)

@@ -4,12 +4,13 @@ The rules follow what the field has learned about GPUs that kill training runs:
 
 - **unhealthy** (the GPU will corrupt or lose work; move the job off it): uncorrected
   volatile ECC errors, a failed row remap (the spare rows of a bank are exhausted), a GPU
-  recovery action other than ``none`` requested by the driver, or a GPU the backend
-  cannot even address (NVML "GPU is lost").
+  recovery action other than ``none`` requested by the driver, a GPU the backend
+  cannot even address (NVML "GPU is lost"), or a hardware XID error (``XID_HARDWARE``:
+  ECC, page retirement, NVLink, fallen off the bus, GSP).
 - **warning** (still usable, watch it): corrected ECC errors increasing since the first
   sample of that GPU (a corrected count that is merely non-zero may be years old), page
   retirement or row remapping pending (takes effect at the next GPU reset), thermal
-  slowdown.
+  slowdown, an XID error the application can cause (an illegal address: XID 13, 31, 43).
 
 Missing values (``None``) never trigger a rule. Each problem is a short
 machine-readable string (``"ecc_uncorrected_volatile=3"``) that the monitor copies into
@@ -23,7 +24,21 @@ from typing import Any
 
 from rankguard.health.schema import GpuHealth, NodeStatus
 
-__all__ = ["apply_rules", "evaluate_gpu", "gpu_key", "node_status", "update_baseline"]
+__all__ = [
+    "XID_HARDWARE",
+    "apply_rules",
+    "evaluate_gpu",
+    "gpu_key",
+    "node_status",
+    "update_baseline",
+]
+
+#: XID errors that mean the GPU itself is at fault (NVIDIA's XID catalogue): double-bit
+#: ECC (48), internal micro-controller (61, 62), page retirement / row remap events (63,
+#: 64), NVLink (74), fallen off the bus (79), high single-bit ECC rate (92), contained and
+#: uncontained ECC (94, 95), GSP errors (119, 120), unrecovered ECC (140). Other XIDs (13,
+#: 31, 43: an illegal address, a killed context) are usually the application's.
+XID_HARDWARE = frozenset({48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140})
 
 
 def gpu_key(gpu: Mapping[str, Any]) -> str:
@@ -48,6 +63,8 @@ def evaluate_gpu(
     action = gpu.get("recovery_action")
     if action not in (None, "none"):
         unhealthy.append(f"recovery_action={action}")
+    for xid in gpu.get("xid_errors") or ():
+        (unhealthy if xid in XID_HARDWARE else warnings).append(f"xid={xid}")
     corrected = gpu.get("ecc_corrected_volatile")
     if corrected is not None and baseline_corrected is not None and corrected > baseline_corrected:
         warnings.append(f"ecc_corrected_volatile_increase={corrected - baseline_corrected}")

@@ -26,6 +26,8 @@ SCHEMA_VERSION = 1
 
 #: Keys of every per-GPU entry, in file order. ``query_error`` is set when the backend
 #: could not even address the GPU (e.g. NVML "GPU is lost"); the rules treat it as fatal.
+#: ``xid_errors``: the critical XID errors NVML reported for the GPU since the launcher
+#: started watching (:class:`~rankguard.health.nvml.XidWatcher`; ``None``: not watched).
 GPU_FIELDS: tuple[str, ...] = (
     "index",
     "uuid",
@@ -46,6 +48,7 @@ GPU_FIELDS: tuple[str, ...] = (
     "remapped_rows_failure",
     "recovery_action",
     "query_error",
+    "xid_errors",
 )
 
 

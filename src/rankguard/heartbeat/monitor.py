@@ -188,6 +188,11 @@ class JobMonitor:
         """See :meth:`HeartbeatRules.note_restart`."""
         self.rules.note_restart(reason)
 
+    def retire_ranks(self, world: int) -> list[int]:
+        """See :meth:`HeartbeatRules.retire_ranks` (between two scans)."""
+        with self._scan_lock:
+            return self.rules.retire_ranks(world)
+
     def note_root_cause(self, rank: int, pid: int | None) -> None:
         """See :meth:`HeartbeatRules.note_root_cause`."""
         self.rules.note_root_cause(rank, pid)

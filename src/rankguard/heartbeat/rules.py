@@ -176,6 +176,8 @@ class HeartbeatRules:
         #: is late: not judged on progress until its records come back.
         self.fresh_s = 2.0 * cfg.publish_interval_s + cfg.scan_interval_s
         self._fresh_ns = int(self.fresh_s * 1e9)
+        self._retired: set[tuple[int, int]] = set()  # (rank, pid) of a smaller group's past
+        self._shrunk_to: int | None = None  # the world of a group re-formed smaller
 
     # ---- input ----------------------------------------------------------------------
 
@@ -183,6 +185,8 @@ class HeartbeatRules:
         if self.expected_world_size:
             return self.expected_world_size
         sizes = [s.record.world_size or 0 for s in self.ranks.values() if s.record]
+        if self._shrunk_to is not None:  # the old group's last records say more ranks
+            sizes = [min(size, self._shrunk_to) for size in sizes]
         return max(sizes, default=0)
 
     def accept(self, raw: dict[str, Any] | HeartbeatRecord) -> HeartbeatRecord | None:
@@ -220,6 +224,13 @@ class HeartbeatRules:
         if record is None:
             return False
         rank = record.rank
+        if (rank, record.pid) in self._retired:
+            self._ignore(f"record of rank {rank}'s process retired with its node")
+            return False
+        shrunk = self._shrunk_to
+        if shrunk is not None and record.event is Event.PROCESS_START:
+            # a process of a new, larger group (a node joined again): no cap any more
+            self._shrunk_to = None if (record.world_size or 0) > shrunk else shrunk
         state = self.ranks.get(rank)
         if state is None:
             state = self.ranks[rank] = RankState(rank=rank)
@@ -262,6 +273,25 @@ class HeartbeatRules:
             state.start_mono_ns = record.monotonic_ns
         self._due.changed(rank, record.node_rank)
         return True
+
+    def retire_ranks(self, world: int) -> list[int]:
+        """The group re-formed with ``world`` ranks, without nodes that left it (bad-node
+        exclusion): the ranks at or past ``world`` are no longer part of the job. Their
+        states go, and their processes' records (a relay's last push) are ignored from
+        now on; a new process of such a rank (a node joined again) is a new rank state.
+        The ranks retired."""
+        gone = sorted(r for r in self.ranks if r >= world)
+        for rank in gone:
+            state = self.ranks.pop(rank)
+            if state.pid is not None:
+                self._retired.add((rank, state.pid))
+        if self.first_failure is not None and self.first_failure[0] >= world:
+            self.first_failure = None  # that episode ended with the node's exclusion
+        if self.root_cause is not None and self.root_cause[0] >= world:
+            self.root_cause = None
+        self._shrunk_to = world
+        self._never_seen_upto = min(self._never_seen_upto, world)
+        return gone
 
     def mark_node(self, node_rank: int | None) -> None:
         """Something about node ``node_rank`` beyond its records changed (its GPU health

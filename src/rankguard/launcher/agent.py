@@ -52,6 +52,7 @@ from rankguard.schema.exits import EXIT_RERUN_VALIDATION_FAILED
 from rankguard.schema.findings import FindingType
 
 if TYPE_CHECKING:
+    from rankguard.launcher.exclusion import NodeExclusion
     from rankguard.preempt.coordinator import PreemptionCoordinator
 
 __all__ = [
@@ -225,6 +226,7 @@ class RankguardAgent(LocalElasticAgent):
         self.preemption = preemption
         self.handover_timeout_s = handover_timeout_s
         self.last_handover: HandoverResult | None = None
+        self.exclusion: NodeExclusion | None = None
 
     # ---- the launcher's side ---------------------------------------------------------
 
@@ -244,6 +246,24 @@ class RankguardAgent(LocalElasticAgent):
             if self._cause is finding and self._before_cause is not None:
                 self._cause, self.aborted, self._remaining_restarts = self._before_cause
                 self._before_cause = None
+
+    def attach_exclusion(self, exclusion: NodeExclusion) -> None:
+        """Bad-node exclusion: each failure of this node's group is told to
+        ``exclusion`` (restarts it caused, exit 17's faulty GPU)."""
+        self.exclusion = exclusion
+
+    def _note_exclusion(self, worker_group: Any) -> bool:
+        """Tell the exclusion of this failure; True when it takes over an exit 17 (the
+        group restarts without the faulty node instead of ending the job)."""
+        failure, exclusion = self.last_failure, self.exclusion
+        if failure is None or exclusion is None:
+            return False
+        try:
+            exclusion.note_failure(failure, [w.global_rank for w in worker_group.workers])
+            return exclusion.final_verdict_taken(failure)
+        except Exception:
+            logger.exception("rankguard: exclusion failed to note the failure")
+            return False
 
     def attach_preemption(self, coordinator: PreemptionCoordinator) -> None:
         """Preemption: the exit signal goes to ``coordinator`` (see the module doc)."""
@@ -294,7 +314,8 @@ class RankguardAgent(LocalElasticAgent):
         if result.is_failed() and self.last_failure is None:
             self._add_peer_errors(result, worker_group)
             self.last_failure = first_failure(result)
-            if self.last_failure is not None and _final_verdict(self.last_failure):
+            taken = self._note_exclusion(worker_group)
+            if self.last_failure is not None and _final_verdict(self.last_failure) and not taken:
                 self._remaining_restarts = 0
                 self.aborted = True
             if self.last_failure is not None and self._on_failure is not None:

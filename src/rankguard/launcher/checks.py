@@ -8,6 +8,7 @@ launcher prints the warnings and turns a ``ValueError`` into a usage error.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from rankguard.config import RankguardConfig
 from rankguard.launcher.options import LaunchOptions
@@ -49,4 +50,40 @@ def check_launch(opts: LaunchOptions, cfg: RankguardConfig) -> LaunchChecks:
             f"no_shared_fs=false: {which} NOT relayed; node 0 sees them "
             "only if log_dir is on a filesystem shared with it"
         )
+    warnings.extend(_exclusion_warnings(opts, ft, max_restarts))
     return LaunchChecks(max_restarts, tuple(warnings))
+
+
+def _exclusion_warnings(opts: LaunchOptions, ft: Any, max_restarts: int) -> list[str]:
+    """Bad-node exclusion configured where it cannot do all it says."""
+    if not ft.exclusion:
+        return []
+    out = []
+    if opts.min_nodes == opts.max_nodes:
+        out.append(
+            f"bad-node exclusion with --nnodes {opts.max_nodes} (MIN = MAX): an excluded "
+            "node ends the job (exit 15, the host list for the scheduler); give --nnodes "
+            "MIN:MAX for the others to go on without it"
+        )
+    if ft.exclude_after_restarts > max_restarts:
+        out.append(
+            f"fault_tolerance.exclude_after_restarts={ft.exclude_after_restarts} is more "
+            f"than the in-job restart budget ({max_restarts}): the job ends before a node "
+            "is excluded for its restarts"
+        )
+    if ft.exclude_bad_nodes and not max_restarts:
+        out.append(
+            "fault_tolerance.exclude_bad_nodes with no in-job restart: the GPU check runs "
+            "before the first round only, and an exit 17 ends the job as before"
+        )
+    if opts.rdzv_backend == "static" and opts.max_nodes > 1:
+        out.append(
+            "bad-node exclusion with --rdzv-backend static: the group is fixed, the other "
+            "nodes wait for an excluded one until their timeouts; use --rdzv-backend c10d"
+        )
+    elif opts.rdzv_backend not in ("c10d", "static"):
+        out.append(
+            f"bad-node exclusion with --rdzv-backend {opts.rdzv_backend}: an excluded node "
+            "leaves through its keep-alive (the others wait for it to expire)"
+        )
+    return out

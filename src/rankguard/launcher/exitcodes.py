@@ -9,6 +9,10 @@ The table of codes, their meaning and whether to retry is in that module.
 the grace window (a rank killed at its end still leaves the previous checkpoint).
 Without the exit handler a SIGTERM gives 143 (128+15) as before.
 
+``EXIT_NODE_EXCLUDED`` (bad-node exclusion, :mod:`rankguard.launcher.exclusion`): this
+node left the job before its ranks (re)started, or the nodes left cannot reach
+``--nnodes`` MIN; the job is to be retried without the hosts of ``excluded_nodes.json``.
+
 Codes 2 and 3 end the launch before any rank starts; :func:`exit_code` chooses among
 the others from how the job ended (:class:`JobOutcome`). 16 and 17 are the ranks' own
 exit codes (the rerun state machine), passed through: the launcher restarts the group
@@ -26,6 +30,7 @@ from rankguard.schema.exits import (
     EXIT_FAILED,
     EXIT_HANG,
     EXIT_NO_RESTART,
+    EXIT_NODE_EXCLUDED,
     EXIT_OK,
     EXIT_PREEMPTED,
     EXIT_RERUN_RESUME,
@@ -41,6 +46,7 @@ __all__ = [
     "EXIT_CRASH",
     "EXIT_FAILED",
     "EXIT_HANG",
+    "EXIT_NODE_EXCLUDED",
     "EXIT_NO_RESTART",
     "EXIT_OK",
     "EXIT_PREEMPTED",
@@ -69,6 +75,7 @@ class JobOutcome:
     stop_at: int | None = None  # the step every rank was asked to stop at
     worker_exit: int | None = None  # the exit code of the failure that ended the group
     preempted: bool = False  # the launcher acted on the exit signal (preemption)
+    excluded: bool = False  # bad-node exclusion: this node left, or too few nodes are left
 
 
 def is_hang(finding_type: str | None) -> bool:
@@ -82,6 +89,8 @@ def exit_code(outcome: JobOutcome) -> int:
         return EXIT_PREEMPTED
     if outcome.signal is not None:
         return 128 + outcome.signal
+    if outcome.excluded:
+        return EXIT_NODE_EXCLUDED
     if outcome.failed:
         if outcome.worker_exit in RERUN_CODES:  # the ranks' own verdict (rerun)
             return outcome.worker_exit

@@ -20,6 +20,7 @@ most 192). The other codes are permanent in both tables:
 | 12 | 12 | a fault whose action is ``abort`` |
 | 13 | 213 | ranks stopped at one step (straggler) |
 | 14 | 214 | preempted: the ranks saved one step |
+| 15 | 215 | bad-node exclusion: this node excluded, or too few nodes left |
 | 16 | 216 | rerun: resume to re-run the iteration |
 | 17 | 217 | rerun: the first run's GPU was faulty |
 | 128+N | 128+N | the launcher was stopped by signal N |

@@ -31,7 +31,9 @@ from rankguard.launcher.agent import RankguardAgent, first_failure
 from rankguard.launcher.checks import check_launch
 from rankguard.launcher.console import LiveStatus, run_end_line
 from rankguard.launcher.elastic import build_agent, features_line
+from rankguard.launcher.exclusion import ExcludedBelowMinimum, NodeExcluded, NodeExclusion
 from rankguard.launcher.exitcodes import (
+    EXIT_NODE_EXCLUDED,
     EXIT_RERUN_RESUME,
     EXIT_RERUN_VALIDATION_FAILED,
     EXIT_USAGE,
@@ -306,24 +308,51 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
         services.track_agents = services.store is not None
         services.min_nodes = opts.min_nodes
     node = NodeStart(opts, cfg, run_id, run_dir, f"{host}:{port}", services)
+    exclusion = _exclusion(opts, cfg, run_id, run_dir, host, port, store is not None)
+    if exclusion is not None:
+        handler = exclusion.wrap(handler)
     agent = build_agent(
         opts, cfg, RoundWatcher(handler, node.on_round), services, max_restarts, run_dir
     )
     node.agent = agent
+    if exclusion is not None:
+        agent.attach_exclusion(exclusion)
+        exclusion.nproc_per_node = opts.nproc_per_node
+        exclusion.write_others = cfg.no_shared_fs
+        exclusion.on_shrink = lambda world: (
+            services.monitor.retire_ranks(world) if services.monitor is not None else []
+        )
     services.workers = agent.workers  # fault tolerance signals these processes only
+    excluded: Exception | None = None
     try:
-        result, stopped_by = _run_agent(agent, node)
+        try:
+            result, stopped_by = _run_agent(agent, node)
+        except (NodeExcluded, ExcludedBelowMinimum) as exc:
+            result, stopped_by, excluded = None, None, exc
+            holds = hosting or services.node_rank == 0
+            if isinstance(exc, NodeExcluded) and exclusion is not None and holds:
+                what = "the rendezvous store" if hosting else "node 0's monitor"
+                _say(f"excluded; this launcher holds {what}: kept until the job ends")
+                exclusion.hold(handler, hosting)
     finally:
+        if exclusion is not None:
+            exclusion.finish()
         if node.preemption is not None:
             node.preemption.stop()
         _stop(services, handler, run_dir)
-        if hosting and services.node_rank not in (None, 0):
+        if hosting and (
+            services.node_rank not in (None, 0)
+            or (excluded is not None and exclusion is not None and not exclusion.closed_it)
+        ):
             _keep_store_for_monitor(services)
         if hosting and services.track_agents:
             _keep_store_for_spares(services)
         del store  # hosted here: it had to outlive node 0's drain
         if node.preemption is not None:
             node.preemption.finish()
+    if excluded is not None:
+        _say(f"{excluded}: exit {EXIT_NODE_EXCLUDED} (retry without the excluded host(s))")
+        return exit_code(JobOutcome(excluded=True, fault_tolerance=True))
     if result is None and stopped_by is None and getattr(handler, "left_waiting", False):
         _say("the job ended while this agent waited as a spare: it was not needed")
         return 0
@@ -423,6 +452,31 @@ class NodeStart:
             self.live.start()
 
 
+def _exclusion(
+    opts: LaunchOptions,
+    cfg: RankguardConfig,
+    run_id: str,
+    run_dir: Path,
+    host: str,
+    port: int,
+    held_store: bool,
+) -> NodeExclusion | None:
+    """Bad-node exclusion (``fault_tolerance.exclude_*``), with its own store client."""
+    ft = cfg.fault_tolerance
+    if not ft.exclusion:
+        return None
+    return NodeExclusion(
+        ft,
+        run_id=run_id,
+        run_dir=run_dir,
+        min_nodes=opts.min_nodes,
+        max_nodes=opts.max_nodes,
+        store=_store_client(host, port) if opts.multi_node and held_store else None,
+        command_timeout_s=cfg.heartbeat.hardware_health.command_timeout_s,
+        say=_say,
+    )
+
+
 def _keep_store_for_monitor(services: NodeServices) -> None:
     """This node hosts the rendezvous store, node 0 runs the monitor: the store stays
     until node 0's monitor has drained every relay (bounded)."""
@@ -473,6 +527,12 @@ def _check(opts: LaunchOptions, cfg: RankguardConfig) -> int | None:
 def _preflight(opts: LaunchOptions, cfg: RankguardConfig, run_dir: Path) -> int | None:
     """``enable_gpu_health_check``: None to go on, or the exit code to stop with."""
     if not cfg.enable_gpu_health_check:
+        return None
+    if cfg.fault_tolerance.exclude_bad_nodes:
+        _say(
+            "enable_gpu_health_check: the node's GPUs are checked before each rendezvous "
+            "round instead (fault_tolerance.exclude_bad_nodes: a bad GPU excludes the node)"
+        )
         return None
     from rankguard.launcher.preflight import preflight_gpu_check
 

@@ -66,6 +66,7 @@ FINDING_STYLE: dict[str, tuple[str, str, str]] = {
         FindingType.PREEMPTED: ("#6e7781", "circle"),
         FindingType.INPROCESS_RESTART: ("#56b4e9", "circle"),
         FindingType.WORKER_FAILED: ("#cc79a7", "circle"),
+        FindingType.NODE_EXCLUDED: ("#0072b2", "square"),
     }.items()
 }
 

@@ -634,10 +634,16 @@ class RerunStateMachine:
         remove_state(self._state_path())
 
     def _write_verdict(self, culprits: list[dict[str, Any]]) -> None:
-        """Rank 0 names the faulty hosts for the launcher and the scheduler wrapper."""
+        """Rank 0 names the faulty hosts for the launcher and the scheduler wrapper; a
+        faulty rank still on its first run's hardware tells its own node's launcher."""
+        from rankguard.rerun.verdict import write_faulty_rank, write_verdict
+
+        here = {"hostname": self.hostname, "gpu": self.gpu}
+        for c in culprits:
+            if c.get("rank") == self.rank and {k: c.get(k) for k in here} == here:
+                write_faulty_rank(self.rank, here)
         if self.rank != 0:
             return
-        from rankguard.rerun.verdict import write_verdict
 
         write_verdict(self.current_iteration, culprits)
 

@@ -13,9 +13,9 @@ from typing import Any
 
 from rankguard._fs import atomic_write_json, atomic_write_text
 from rankguard.runenv import RunEnv, current
-from rankguard.schema.layout import RERUN_VERDICT_FILE
+from rankguard.schema.layout import RERUN_FAULTY_PREFIX, RERUN_VERDICT_FILE
 
-__all__ = ["read_verdict", "write_verdict"]
+__all__ = ["read_verdict", "write_faulty_rank", "write_verdict"]
 
 
 def write_verdict(
@@ -29,6 +29,16 @@ def write_verdict(
     if exclude:
         hosts = sorted({str(c["hostname"]) for c in culprits if c.get("hostname")})
         atomic_write_text(exclude, ",".join(hosts) + "\n")
+
+
+def write_faulty_rank(rank: int, hardware: dict[str, Any], env: RunEnv | None = None) -> None:
+    """A rank named faulty by exit 17, still on that hardware, says so in its own node's
+    run directory: bad-node exclusion (``fault_tolerance.exclude_bad_nodes``) takes that
+    node out of the job."""
+    env = env or current()
+    if env.run_dir:
+        path = Path(env.run_dir) / f"{RERUN_FAULTY_PREFIX}{rank}.json"
+        atomic_write_json(path, {"rank": rank, **hardware})
 
 
 def read_verdict(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:

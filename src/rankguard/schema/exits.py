@@ -13,11 +13,13 @@ them. No torch, no launcher: every layer may import it.
 | 12 | ``EXIT_NO_RESTART`` | a fault whose action is ``abort`` ended the job | no |
 | 13 | ``EXIT_STRAGGLER`` | ranks stopped at one step (stop_if_detected) | yes, elsewhere |
 | 14 | ``EXIT_PREEMPTED`` | preempted: the ranks saved one step | yes, always (no retry spent) |
+| 15 | ``EXIT_NODE_EXCLUDED`` | this node excluded, or too few nodes left | yes, without them |
 | 16 | ``EXIT_RERUN_RESUME`` | a failed check reproduced: resume to re-run it | yes, elsewhere |
 | 17 | ``EXIT_RERUN_VALIDATION_FAILED`` | the first run's GPU was faulty | yes, without it |
 | 128+N | | the launcher was stopped by signal N | scheduler's call |
 
-16 and 17 are Megatron's codes. Which code the launcher exits with is
+15: bad-node exclusion (its GPU, its restarts, exit 17), the hosts in the run's
+``excluded_nodes.json``. 16 and 17 are Megatron's codes. Which code the launcher exits with is
 :func:`rankguard.launcher.exitcodes.exit_code`.
 """
 
@@ -27,6 +29,7 @@ __all__ = [
     "EXIT_CRASH",
     "EXIT_FAILED",
     "EXIT_HANG",
+    "EXIT_NODE_EXCLUDED",
     "EXIT_NO_RESTART",
     "EXIT_OK",
     "EXIT_PREEMPTED",
@@ -48,6 +51,7 @@ EXIT_CRASH = 11
 EXIT_NO_RESTART = 12
 EXIT_STRAGGLER = 13
 EXIT_PREEMPTED = 14
+EXIT_NODE_EXCLUDED = 15
 EXIT_RERUN_RESUME = 16
 EXIT_RERUN_VALIDATION_FAILED = 17
 RERUN_CODES = frozenset({EXIT_RERUN_RESUME, EXIT_RERUN_VALIDATION_FAILED})
@@ -61,5 +65,6 @@ RETRYABLE = frozenset(
         EXIT_RERUN_RESUME,
         EXIT_RERUN_VALIDATION_FAILED,
         EXIT_PREEMPTED,
+        EXIT_NODE_EXCLUDED,
     }
 )

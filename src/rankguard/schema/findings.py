@@ -69,6 +69,7 @@ class FindingType(str, Enum):
     PREEMPTED = "job_preempted"
     INPROCESS_RESTART = "inprocess_restart"
     WORKER_FAILED = "worker_failed"  # the agent's root cause of a failed worker group
+    NODE_EXCLUDED = "node_excluded"  # bad-node exclusion: a node left the job
 
     @property
     def info(self) -> FindingInfo:
@@ -128,6 +129,9 @@ _INFO: dict[FindingType, FindingInfo] = {
     FindingType.WORKER_FAILED: FindingInfo(
         "worker_failed", "worker failed", "error", False, "restart"
     ),
+    # Written by the excluded node's own launcher (launcher/exclusion.py), which acted
+    # already (it left the rendezvous): nothing for the monitor to do but report.
+    FindingType.NODE_EXCLUDED: FindingInfo("excluded", "node excluded", "error", False, "report"),
 }
 
 
@@ -152,6 +156,10 @@ class Reason(str, Enum):
     INPROCESS_EXCEPTION = "rank_raised_and_every_rank_reentered_in_process"
     INPROCESS_HANG = "rank_stuck_past_soft_timeout_and_every_rank_reentered_in_process"
     INPROCESS_OTHER = "collective_failed_and_every_rank_reentered_in_process"
+    EXCLUDED_UNHEALTHY_GPU = "node_gpu_failed_its_check_before_the_round"
+    EXCLUDED_RESTARTS = "node_ranks_caused_too_many_restarts_in_the_window"
+    EXCLUDED_RERUN = "node_gpu_found_faulty_by_the_rerun_state_machine"
+    EXCLUDED_BELOW_MIN = "nodes_left_after_exclusion_below_min_nodes"
     # A line read back without a reason (a partial line, an older writer): never written.
     UNKNOWN = "unknown"
 

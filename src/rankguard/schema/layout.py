@@ -36,6 +36,7 @@ from pathlib import Path
 __all__ = [
     "CHECKPOINTS_FILE",
     "CONTROL_FILE",
+    "EXCLUDED_NODES_FILE",
     "FINDINGS_FILE",
     "FT_STATE_FILE",
     "HEALTH_FILE_RE",
@@ -50,6 +51,7 @@ __all__ = [
     "PERF_SUMMARY_GLOB",
     "PERF_SUMMARY_PREFIX",
     "PREEMPT_STATE_FILE",
+    "RERUN_FAULTY_PREFIX",
     "RERUN_VERDICT_FILE",
     "RESTARTS_FILE",
     "STATUS_FILE",
@@ -84,6 +86,8 @@ FT_STATE_FILE = "ft_state.json"
 PREEMPT_STATE_FILE = "preempt_state.json"  # next to ft_state.json: the last save time
 STACKS_DIR = "stacks"
 RERUN_VERDICT_FILE = "rerun_verdict.json"  # rank 0: the faulty hosts behind an exit 17
+EXCLUDED_NODES_FILE = "excluded_nodes.json"  # bad-node exclusion: the hosts to leave out
+RERUN_FAULTY_PREFIX = "rerun_faulty_rank_"  # rerun_faulty_rank_<r>.json: rank r's GPU (17)
 HEARTBEAT_SUFFIX = ".heartbeat.jsonl"
 
 HEARTBEAT_FILE_RE = re.compile(r"^rank_(\d+)_pid_(\d+)\.heartbeat\.jsonl$")
@@ -237,6 +241,27 @@ class StoreKeys:
     def preempt(self) -> str:
         """Node 0: the job is preempted (stop step, reason); every node's launcher watches."""
         return f"{self.prefix}preempt"
+
+    def excluded(self, node: str) -> str:
+        """Bad-node exclusion: ``node`` (host and launcher pid) left the job; its
+        finding, read by the nodes left (the hosts for the scheduler)."""
+        return f"{self.prefix}excluded/{node}"
+
+    @property
+    def excluded_count(self) -> str:
+        """How many nodes exclusion took out (a counter: ``add``)."""
+        return f"{self.prefix}excluded_count"
+
+    @property
+    def excluded_ended(self) -> str:
+        """How many nodes ended because too few were left after exclusions (a counter):
+        an excluded node hosting the store keeps it until they read the host list."""
+        return f"{self.prefix}excluded_ended"
+
+    def first_failure(self, round_key: str) -> str:
+        """The node whose ranks failed first in the round ``round_key`` (``compare_set``:
+        the first to ask wins): the node that caused the restart."""
+        return f"{self.prefix}first_failure/{round_key}"
 
     def preempt_request(self, node_rank: int) -> str:
         """Node k's launcher received the exit signal: node 0 starts the preemption."""

@@ -13,7 +13,8 @@ next run appends to the same output file (``--open-mode=append``). The decision 
 shell twin of :func:`rankguard.slurm.retry.decide`; each one is logged with a UTC time.
 On exit 17 (the rerun state machine: the first run's GPU was faulty) the requeued job
 excludes the hosts rank 0 named in ``$RANKGUARD_EXCLUDE_FILE`` (``scontrol update
-ExcNodeList``), cumulatively over the job's retries.
+ExcNodeList``), cumulatively over the job's retries; on exit 15 (bad-node exclusion) the
+hosts each excluded node named in ``$RANKGUARD_EXCLUDE_FILE.node.<pid>``, the same way.
 
 Every user value is shell-quoted; ``#SBATCH`` values too (sbatch strips quotes the same
 way, and an unquoted ``#`` would start a comment there).
@@ -236,18 +237,23 @@ rg_decide() {
     if [ "$2" -lt "$3" ]; then echo REQUEUE; else echo GIVE_UP; fi
 }
 
-# After an exit 17 (the rerun state machine found the first run's GPU faulty), leave out
-# the hosts rank 0 named in RANKGUARD_EXCLUDE_FILE, and those of earlier exits 17.
+# After an exit 17 (the rerun state machine found the first run's GPU faulty) or 15 (a
+# node excluded itself: bad GPU, too many restarts), leave out the hosts named in
+# RANKGUARD_EXCLUDE_FILE (rank 0, exit 17) and RANKGUARD_EXCLUDE_FILE.node.* (each
+# excluded node), and those of earlier retries.
 rg_exclude() {
-    if [ -s "$RANKGUARD_EXCLUDE_FILE" ]; then
-        tr ',' '\n' < "$RANKGUARD_EXCLUDE_FILE" >> "$RANKGUARD_EXCLUDE_FILE.all"
-    fi
+    for rg_f in "$RANKGUARD_EXCLUDE_FILE" "$RANKGUARD_EXCLUDE_FILE".node.*; do
+        if [ -s "$rg_f" ]; then
+            tr ',' '\n' < "$rg_f" >> "$RANKGUARD_EXCLUDE_FILE.all"
+            echo >> "$RANKGUARD_EXCLUDE_FILE.all"
+        fi
+    done
     if [ ! -s "$RANKGUARD_EXCLUDE_FILE.all" ]; then
-        rg_log "warning: exit 17 but no host named in $RANKGUARD_EXCLUDE_FILE: requeue as is"
+        rg_log "warning: exit $1 but no host named in $RANKGUARD_EXCLUDE_FILE: requeue as is"
         return
     fi
     RG_EXC=$(grep -v '^$' "$RANKGUARD_EXCLUDE_FILE.all" | sort -u | paste -sd, -)
-    rg_log "exclude: $RG_EXC (exit 17: a faulty GPU there):" \
+    rg_log "exclude: $RG_EXC (exit $1: a faulty GPU or node there):" \
         "scontrol update JobId=$RG_JOB_ID ExcNodeList=$RG_EXC"
     if ! scontrol update JobId="$RG_JOB_ID" ExcNodeList="$RG_EXC"; then
         rg_log "warning: scontrol update failed: the requeued job may run there again"
@@ -257,7 +263,7 @@ rg_exclude() {
 RG_JOB_ID=${SLURM_JOB_ID:?not inside a Slurm job: SLURM_JOB_ID is not set}
 # Where rank 0 names the faulty hosts behind an exit 17 (the submit directory: shared).
 export RANKGUARD_EXCLUDE_FILE="${SLURM_SUBMIT_DIR:-$PWD}/.rankguard_exclude_$RG_JOB_ID"
-rm -f "$RANKGUARD_EXCLUDE_FILE"
+rm -f "$RANKGUARD_EXCLUDE_FILE" "$RANKGUARD_EXCLUDE_FILE".node.*
 RG_NNODES=${SLURM_NNODES:?SLURM_NNODES is not set}
 RG_RESTART_COUNT=${SLURM_RESTART_COUNT:-0}
 case "$RG_RESTART_COUNT" in
@@ -312,7 +318,7 @@ case "$RG_DECISION" in
     REQUEUE)
         rg_log "requeue: code $RG_CODE is retryable, job retry" \
             "$((RG_RESTART_COUNT + 1)) of $RG_MAX_JOB_RETRIES: scontrol requeue $RG_JOB_ID"
-        if [ "$RG_CODE" -eq 17 ]; then rg_exclude; fi
+        if [ "$RG_CODE" -eq 17 ] || [ "$RG_CODE" -eq 15 ]; then rg_exclude "$RG_CODE"; fi
         if ! scontrol requeue "$RG_JOB_ID"; then
             rg_log "give up: scontrol requeue $RG_JOB_ID failed"
         fi

@@ -13,7 +13,9 @@ between two collections::
       "recovery_api": "function",    # "function", "field" (nvmlDeviceGetFieldValues), "none"
       "clocks_api": "event",         # "event" or "throttle" (old driver: event -> FunctionNotFound)
       "gpus": [make_gpu(0), ...]     # see make_gpu; per-GPU "not_supported": [function names],
-                                     # "errors": {function name: error name}, "handle_error"
+                                     # "errors": {function name: error name}, "handle_error",
+                                     # "xid_events": [79, ...] (delivered once to each event
+                                     # set registered for the GPU, as NVML delivers XIDs)
     }
 
 ``INIT_CALLS`` and ``SHUTDOWN_CALLS`` count calls so tests can check the pairing.
@@ -36,6 +38,7 @@ NVML_ERROR_NO_PERMISSION = 4
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_UNKNOWN = 999
 
@@ -56,6 +59,7 @@ _MESSAGES = {
     NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
     NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
     NVML_ERROR_GPU_IS_LOST: "GPU is lost",
+    NVML_ERROR_TIMEOUT: "Timeout",
     NVML_ERROR_UNKNOWN: "Unknown Error",
 }
 
@@ -82,6 +86,7 @@ NVMLError_DriverNotLoaded = _error_class("DriverNotLoaded", NVML_ERROR_DRIVER_NO
 NVMLError_LibraryNotFound = _error_class("LibraryNotFound", NVML_ERROR_LIBRARY_NOT_FOUND)
 NVMLError_FunctionNotFound = _error_class("FunctionNotFound", NVML_ERROR_FUNCTION_NOT_FOUND)
 NVMLError_GpuIsLost = _error_class("GpuIsLost", NVML_ERROR_GPU_IS_LOST)
+NVMLError_Timeout = _error_class("Timeout", NVML_ERROR_TIMEOUT)
 NVMLError_Unknown = _error_class("Unknown", NVML_ERROR_UNKNOWN)
 
 INIT_CALLS = 0
@@ -111,6 +116,7 @@ def make_gpu(index: int, **overrides: Any) -> dict[str, Any]:
         "not_supported": [],
         "errors": {},
         "handle_error": None,
+        "xid_events": [],
     }
     gpu.update(overrides)
     return gpu
@@ -295,3 +301,33 @@ def nvmlDeviceGetComputeRunningProcesses(handle: Any) -> list[SimpleNamespace]:
     """The GPU's ``processes`` entry: [{"pid": 123, "usedGpuMemory": bytes}, ...]."""
     gpu = _gpu(handle, "nvmlDeviceGetComputeRunningProcesses")
     return [SimpleNamespace(**p) for p in gpu.get("processes", [])]
+
+
+nvmlEventTypeXidCriticalError = 0x0000000000000008
+
+
+def nvmlEventSetCreate() -> SimpleNamespace:
+    if not _state["initialized"]:
+        _raise("Uninitialized")
+    return SimpleNamespace(pending=[], freed=False)
+
+
+def nvmlDeviceRegisterEvents(handle: Any, event_types: int, event_set: Any) -> None:
+    gpu = _gpu(handle, "nvmlDeviceRegisterEvents")
+    if event_types & nvmlEventTypeXidCriticalError:
+        event_set.pending.extend(
+            SimpleNamespace(device=handle, eventType=nvmlEventTypeXidCriticalError, eventData=x)
+            for x in gpu.get("xid_events", [])
+        )
+
+
+def nvmlEventSetWait_v2(event_set: Any, timeout_ms: int) -> SimpleNamespace:
+    if event_set.freed:
+        _raise("Uninitialized")
+    if not event_set.pending:
+        _raise("Timeout")
+    return event_set.pending.pop(0)
+
+
+def nvmlEventSetFree(event_set: Any) -> None:
+    event_set.freed = True

@@ -30,6 +30,8 @@ DEFAULT_ACTIONS = {
     "inprocess_restart": "report",
     # the agent's own: torch elastic restarts a failed group within its budget
     "worker_failed": "restart",
+    # bad-node exclusion: the excluded node's launcher acted already (it left the job)
+    "node_excluded": "report",
 }
 
 FT_PLUGIN_YAML = """\
@@ -97,6 +99,7 @@ def test_default_actions_are_not_shared_between_instances() -> None:
     [
         ({"actions": {"gpu_progress_timeout": "reboot"}}, "actions.gpu_progress_timeout"),
         ({"actions": {"worker_failed": "abort"}}, "actions.worker_failed"),
+        ({"actions": {"node_excluded": "restart"}}, "actions.node_excluded"),
         ({"num_in_job_restarts": -1}, "num_in_job_restarts"),
         ({"num_job_retries_on_failure": -2}, "num_job_retries_on_failure"),
         ({"stack_dump": "gdb"}, "stack_dump"),

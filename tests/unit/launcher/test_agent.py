@@ -371,3 +371,55 @@ def test_rerun_verdicts_end_the_in_job_restarts() -> None:
     assert _final_verdict({"exit_code": 1, "error": "ReproducibleFaultError: rerun: ..."})
     assert not _final_verdict({"exit_code": 16, "error": None})  # a resume: restart
     assert not _final_verdict({"exit_code": 1, "error": "RuntimeError: boom"})
+
+
+def test_exit_17_with_exclusion_restarts_the_group_and_names_the_faulty_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bad-node exclusion takes exit 17 over: the group restarts (no abort, the budget
+    left), and the node whose rank was named faulty leaves at that restart."""
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerSpec, WorkerState
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from rankguard.ft.config import FaultToleranceConfig
+    from rankguard.launcher.agent import RankguardAgent
+    from rankguard.launcher.exclusion import NodeExclusion
+
+    def agent_with(run_dir: Path, **ft: Any) -> tuple[RankguardAgent, NodeExclusion]:
+        spec = WorkerSpec(
+            role="trainer",
+            local_world_size=1,
+            entrypoint="python",
+            args=(),
+            rdzv_handler=object(),
+            max_restarts=2,
+        )
+        agent = RankguardAgent(spec=spec, logs_specs=DefaultLogsSpecs(log_dir=str(run_dir)))
+        ex = NodeExclusion(
+            FaultToleranceConfig(**ft), run_id="r", run_dir=run_dir, min_nodes=1, max_nodes=2
+        )
+        agent.attach_exclusion(ex)
+        return agent, ex
+
+    failed = RunResult(
+        state=WorkerState.FAILED,
+        failures={1: ProcessFailure(local_rank=0, pid=4242, exitcode=17, error_file="")},
+    )
+    monkeypatch.setattr(LocalElasticAgent, "_monitor_workers", lambda self, wg: failed)
+
+    class Group:
+        workers = [type("W", (), {"global_rank": 1})()]
+
+    (tmp_path / "rerun_faulty_rank_1.json").write_text('{"rank": 1, "gpu": 0}')
+    agent, ex = agent_with(tmp_path, exclude_bad_nodes=True)
+    agent._monitor_workers(Group())
+    assert not agent.aborted and agent._remaining_restarts == 2
+    assert ex.pending is not None and (ex.pending.trigger, ex.pending.gpu) == ("rerun", 0)
+
+    without = tmp_path / "without"
+    without.mkdir()
+    agent, ex = agent_with(without, exclude_after_restarts=5)  # exclusion, not of GPUs
+    agent._monitor_workers(Group())
+    assert agent.aborted and agent._remaining_restarts == 0  # 17 ends the job as before

@@ -375,3 +375,16 @@ def test_none_unsets_an_optional_timeout(unset: str) -> None:
     assert cfg.fault_tolerance.rank_out_of_section_timeout is None
     with pytest.raises(ConfigError, match=r"heartbeat\.progress_timeout_s"):
         load_config(None, ["heartbeat.progress_timeout_s=none"])
+
+
+def test_exclusion_that_cannot_act_fully_is_said() -> None:
+    elastic = ["--nnodes", "2:3", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1"]
+    on = ["fault_tolerance.exclude_bad_nodes=true", "fault_tolerance.exclude_after_restarts=3"]
+    assert _checks([*elastic, "--rdzv-id", "j", "--max-restarts", "3"], on).warnings == ()
+    said = " | ".join(_checks([*TWO_NODES], on).warnings)
+    assert "MIN = MAX" in said  # an exclusion ends the job
+    assert "more than the in-job restart budget (0)" in said
+    assert "no in-job restart" in said
+    static = ["--nnodes", "1:2", "--max-restarts", "3"]  # torchrun's default backend
+    (said,) = _checks(static, ["fault_tolerance.exclude_bad_nodes=true"]).warnings
+    assert said.startswith("bad-node exclusion with --rdzv-backend static: the group is fixed")

@@ -35,6 +35,9 @@ code = os.environ.get("FAKE_RANKGUARD_EXIT_NODE" + node) or os.environ.get("FAKE
 if node == "0" and os.environ.get("FAKE_RANKGUARD_EXCLUDE"):  # rank 0 names a faulty host
     with open(os.environ["RANKGUARD_EXCLUDE_FILE"], "w") as fh:
         fh.write(os.environ["FAKE_RANKGUARD_EXCLUDE"] + "\\n")
+if os.environ.get("FAKE_RANKGUARD_EXCLUDED_NODE" + node):  # this node excluded itself
+    with open(os.environ["RANKGUARD_EXCLUDE_FILE"] + ".node." + str(os.getpid()), "w") as fh:
+        fh.write(os.environ["FAKE_RANKGUARD_EXCLUDED_NODE" + node] + "\\n")
 sys.exit(int(code or 0))
 """
 
@@ -144,8 +147,9 @@ def test_decide_rejects_negative_counts() -> None:
 
 
 def test_retryable_codes_are_the_launchers() -> None:
-    # unhealthy GPU, hang, crash, straggler, preempted, rerun: resume (16), faulty GPU (17)
-    assert set(RETRYABLE) == {3, 10, 11, 13, 14, 16, 17}
+    # unhealthy GPU, hang, crash, straggler, preempted, node excluded (15), rerun: resume
+    # (16), faulty GPU (17)
+    assert set(RETRYABLE) == {3, 10, 11, 13, 14, 15, 16, 17}
 
 
 def test_script_exit_16_requeues_without_exclude(cluster: Cluster) -> None:
@@ -170,6 +174,21 @@ def test_script_exit_17_requeues_excluding_the_named_hosts(cluster: Cluster) -> 
     ]
     assert len(cluster.requeues()) == 2
     assert "exclude: gpu03,gpu08 (exit 17" in proc.stdout
+
+
+def test_script_exit_15_requeues_excluding_every_excluded_node(cluster: Cluster) -> None:
+    env = {"SLURM_SUBMIT_DIR": str(cluster.tmp), "FAKE_RANKGUARD_EXIT": "15"}
+    proc = cluster.run(
+        render_sbatch(spec()),
+        FAKE_RANKGUARD_EXCLUDED_NODE0="gpu02",
+        FAKE_RANKGUARD_EXCLUDED_NODE1="gpu05",
+        **env,
+    )
+    assert proc.returncode == 15, proc.stdout + proc.stderr
+    updates = [r["argv"] for r in read_jsonl(cluster.slurm_log) if r.get("action") == "update"]
+    assert updates == [["update", f"JobId={JOB_ID}", "ExcNodeList=gpu02,gpu05"]]
+    assert len(cluster.requeues()) == 1
+    assert "exclude: gpu02,gpu05 (exit 15" in proc.stdout
 
 
 # --- rendering ----------------------------------------------------------------------

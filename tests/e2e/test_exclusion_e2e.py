@@ -1,0 +1,268 @@
+"""Bad-node exclusion on loopback: several agents, one "node" (one agent's environment)
+with a fake NVML whose GPU reports an XID error, or whose ranks keep crashing."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.factories import FAKE_PYNVML, load_fake_pynvml
+
+from .conftest import (
+    fast_sets,
+    free_port,
+    heartbeat_files,
+    no_leftover_workers,
+    rankguard_cmd,
+    read_jsonl,
+    read_status,
+    run_nodes,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
+
+HOST = socket.gethostname()
+
+
+def fake_gpu_env(tmp_path: Path, name: str, **gpu: Any) -> dict[str, str]:
+    """The environment of an agent whose one GPU NVML reports as ``gpu`` says."""
+    fake = load_fake_pynvml()
+    config = fake.write_config(tmp_path / f"{name}.nvml.json", [fake.make_gpu(0, **gpu)])
+    path = os.pathsep.join([str(FAKE_PYNVML.parent), os.environ.get("PYTHONPATH", "")])
+    return {"PYTHONPATH": path, "FAKE_NVML_CONFIG": str(config)}
+
+
+def agent_cmd(
+    port: int,
+    run_id: str,
+    log_dir: Path,
+    nnodes: str,
+    *sets: str,
+    target: tuple[str, ...] = ("-m", "rankguard.demo.train", "--steps", "6"),
+) -> list[str]:
+    extra: list[str] = []
+    for item in sets:
+        extra += ["--set", item]
+    return rankguard_cmd(
+        "run",
+        "--nnodes",
+        nnodes,
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        run_id,
+        "--rdzv-conf",
+        "last_call_timeout=2,join_timeout=60",
+        "--log-dir",
+        str(log_dir),
+        *fast_sets(),
+        *extra,
+        *target,
+    )
+
+
+def run_dir(log_dir: Path, run_id: str) -> Path:
+    return log_dir / "heartbeat" / run_id
+
+
+def test_xid_error_excludes_the_node_and_the_others_go_on(tmp_path: Path, run_id: str) -> None:
+    port = free_port()
+    logs = {a: tmp_path / f"agent{a}" for a in range(3)}
+    envs = {a: fake_gpu_env(tmp_path, f"agent{a}") for a in (0, 1)}
+    envs[2] = fake_gpu_env(tmp_path, "agent2", xid_events=[79])  # fallen off the bus
+    cmds = {
+        a: agent_cmd(port, run_id, logs[a], "2:3", "fault_tolerance.exclude_bad_nodes=true")
+        for a in range(3)
+    }
+    outs, codes = run_nodes(cmds, timeout_s=130, envs=envs)
+    every = "\n".join(f"--- agent {a} (exit {codes[a]})\n{o}" for a, o in outs.items())
+    assert codes == {0: 0, 1: 0, 2: 15}, every
+
+    # The excluded agent: its finding and the host list, naming host, GPU and XID.
+    bad = run_dir(logs[2], run_id)
+    (finding,) = [f for f in read_jsonl(bad / "findings.jsonl")]
+    assert finding["finding_type"] == "node_excluded", every
+    assert finding["reason"] == "node_gpu_failed_its_check_before_the_round"
+    assert (finding["hostname"], finding["gpu_index"], finding["trigger"]) == (
+        HOST,
+        0,
+        "gpu_health",
+    )
+    assert "xid=79" in finding["problems"]
+    assert finding["slurm_exclude"] == f"--exclude={HOST}"
+    excluded = json.loads((bad / "excluded_nodes.json").read_text())
+    assert excluded["hosts"] == [HOST] and excluded["below_min_nodes"] is False
+    assert excluded["kubectl"] == [
+        f"kubectl taint nodes {HOST} rankguard.io/excluded=true:NoSchedule"
+    ]
+    (node,) = excluded["nodes"]
+    assert node["gpu"] == 0 and node["node_rank"] is None  # before it joined any round
+    assert not heartbeat_files(bad)  # its ranks never started
+    assert "excluded" in outs[2] and "xid=79" in outs[2]
+
+    # The two others trained together, as a group of two, without a fault.
+    runs = {
+        json.loads(next(run_dir(logs[a], run_id).glob("launcher_node_*.json")).read_text())[
+            "node_rank"
+        ]: run_dir(logs[a], run_id)
+        for a in (0, 1)
+    }
+    assert sorted(runs) == [0, 1], every
+    status = read_status(runs[0])
+    assert status["state"] == "completed", every
+    assert [r["rank"] for r in status["ranks"]] == [0, 1]
+    # Node 0 noted the exclusion (its finding, the host list); no other finding.
+    found = read_jsonl(runs[0] / "findings.jsonl")
+    assert [(f["finding_type"], f["trigger"], f["gpu_index"]) for f in found] == [
+        ("node_excluded", "gpu_health", 0)
+    ], every
+    for node in (0, 1):
+        assert json.loads((runs[node] / "excluded_nodes.json").read_text())["hosts"] == [HOST]
+    assert no_leftover_workers(run_id)
+
+
+def test_below_min_nodes_the_job_ends_with_15_and_the_host_list(
+    tmp_path: Path, run_id: str
+) -> None:
+    port = free_port()
+    logs = {a: tmp_path / f"agent{a}" for a in range(2)}
+    envs = {
+        0: fake_gpu_env(tmp_path, "agent0"),
+        1: fake_gpu_env(tmp_path, "agent1", ecc_uncorrected=2),
+    }
+    cmds = {
+        a: agent_cmd(port, run_id, logs[a], "2", "fault_tolerance.exclude_bad_nodes=true")
+        for a in range(2)
+    }
+    outs, codes = run_nodes(cmds, timeout_s=100, envs=envs)
+    every = "\n".join(f"--- agent {a} (exit {codes[a]})\n{o}" for a, o in outs.items())
+    assert codes == {0: 15, 1: 15}, every
+    for a in (0, 1):
+        excluded = json.loads((run_dir(logs[a], run_id) / "excluded_nodes.json").read_text())
+        assert excluded["hosts"] == [HOST] and excluded["below_min_nodes"] is True, every
+        assert excluded["slurm_exclude"] == f"--exclude={HOST}"
+        (node,) = excluded["nodes"]
+        assert node["trigger"] == "gpu_health" and "ecc_uncorrected_volatile=2" in node["problems"]
+        assert not heartbeat_files(run_dir(logs[a], run_id))
+    found = read_jsonl(run_dir(logs[0], run_id) / "findings.jsonl")
+    assert [f["reason"] for f in found] == ["nodes_left_after_exclusion_below_min_nodes"], every
+    assert "--exclude=" in outs[0] and "kubectl taint nodes" in outs[0]
+    assert no_leftover_workers(run_id)
+
+
+def test_healthy_agents_with_exclusion_configured_give_no_finding(
+    tmp_path: Path, run_id: str
+) -> None:
+    port = free_port()
+    logs = {a: tmp_path / f"agent{a}" for a in range(2)}
+    envs = {a: fake_gpu_env(tmp_path, f"agent{a}") for a in range(2)}
+    sets = ("fault_tolerance.exclude_bad_nodes=true", "fault_tolerance.exclude_after_restarts=2")
+    cmds = {a: agent_cmd(port, run_id, logs[a], "1:2", *sets) for a in range(2)}
+    outs, codes = run_nodes(cmds, timeout_s=100, envs=envs)
+    every = "\n".join(f"--- agent {a} (exit {codes[a]})\n{o}" for a, o in outs.items())
+    assert codes == {0: 0, 1: 0}, every
+    for a in range(2):
+        rd = run_dir(logs[a], run_id)
+        assert not (rd / "excluded_nodes.json").exists(), every
+        assert not (rd / "findings.jsonl").exists() or read_jsonl(rd / "findings.jsonl") == []
+
+
+def test_repeated_crashes_on_one_node_exclude_it_after_k(tmp_path: Path, run_id: str) -> None:
+    port = free_port()
+    logs = {a: tmp_path / f"agent{a}" for a in range(3)}
+    script = str(Path(__file__).parent / "scripts" / "crash_here.py")
+    cmds = {}
+    for a in range(3):
+        cmd = agent_cmd(
+            port,
+            run_id,
+            logs[a],
+            "2:3",
+            "fault_tolerance.exclude_after_restarts=2",
+            "fault_tolerance.exclude_window_s=600",
+            target=("--max-restarts", "3", script, "--steps", "10"),
+        )
+        cmds[a] = cmd
+    outs, codes = run_nodes(cmds, timeout_s=130, envs={1: {"CRASH_HERE": "1"}})
+    every = "\n".join(f"--- agent {a} (exit {codes[a]})\n{o}" for a, o in outs.items())
+    assert codes == {0: 0, 1: 15, 2: 0}, every
+    bad = run_dir(logs[1], run_id)
+    (finding,) = [
+        f for f in read_jsonl(bad / "findings.jsonl") if f["finding_type"] == "node_excluded"
+    ]
+    assert finding["reason"] == "node_ranks_caused_too_many_restarts_in_the_window", every
+    assert finding["trigger"] == "restarts" and "restarts=2" in finding["problems"]
+    assert finding["hostname"] == HOST and finding["node_rank"] is not None
+    assert json.loads((bad / "excluded_nodes.json").read_text())["hosts"] == [HOST]
+    assert "crash_here done: 10 steps, world 2" in outs[0] + outs[2], every
+    # Node 0's monitor: the excluded node's rank retired when the group re-formed; the
+    # run completed with the two ranks left.
+    run0 = next(
+        run_dir(logs[a], run_id)
+        for a in (0, 2)
+        if (run_dir(logs[a], run_id) / "launcher_node_0.json").exists()
+    )
+    status = read_status(run0)
+    assert status["state"] == "completed", every
+    assert [r["rank"] for r in status["ranks"]] == [0, 1], every
+    # what node 0 reported: the two crashes of the bad node's rank and its exclusion
+    found = [(f["finding_type"], f["node_rank"]) for f in read_jsonl(run0 / "findings.jsonl")]
+    bad_node = finding["node_rank"]
+    assert found == [("rank_process_exited", bad_node)] * 2 + [("node_excluded", bad_node)], every
+    assert no_leftover_workers(run_id)
+
+
+def test_exit_17_excludes_the_faulty_node_and_the_others_go_on(tmp_path: Path, run_id: str) -> None:
+    """The rerun state machine: a NaN on global rank 2's first hardware only (exit 16,
+    resume, re-run differs: exit 17 naming rank 2). Its node leaves; the two others
+    resume from the checkpoint as a group of two and complete."""
+    port = free_port()
+    logs = {a: tmp_path / f"agent{a}" for a in range(3)}
+    target = (
+        "--max-restarts",
+        "2",
+        "-m",
+        "rankguard.demo.train",
+        "--steps",
+        "6",
+        "--step-sleep",
+        "0.01",
+        "--fault",
+        "nan-bad-gpu",
+        "--fault-step",
+        "3",
+        "--fault-rank",
+        "2",
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+    )
+    sets = (
+        "fault_tolerance.exclude_bad_nodes=true",
+        "rerun_state_machine.rerun_mode=validate_results",
+    )
+    envs = {a: fake_gpu_env(tmp_path, f"agent{a}") for a in range(3)}
+    cmds = {a: agent_cmd(port, run_id, logs[a], "2:3", *sets, target=target) for a in range(3)}
+    outs, codes = run_nodes(cmds, timeout_s=140, envs=envs)
+    every = "\n".join(f"--- agent {a} (exit {codes[a]})\n{o}" for a, o in outs.items())
+    assert sorted(codes.values()) == [0, 0, 15], every
+    (bad,) = [a for a, c in codes.items() if c == 15]
+    excluded = [
+        f
+        for f in read_jsonl(run_dir(logs[bad], run_id) / "findings.jsonl")
+        if f["finding_type"] == "node_excluded"
+    ]
+    assert [(f["trigger"], f["reason"]) for f in excluded] == [
+        ("rerun", "node_gpu_found_faulty_by_the_rerun_state_machine")
+    ], every
+    assert excluded[0]["hostname"] == HOST and "rank 2: GPU cpu" in excluded[0]["problems"]
+    assert "[demo] done: 6 steps on 2 rank(s)" in "".join(outs.values()), every
+    assert no_leftover_workers(run_id)
