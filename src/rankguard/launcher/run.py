@@ -353,13 +353,23 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
     if excluded is not None:
         _say(f"{excluded}: exit {EXIT_NODE_EXCLUDED} (retry without the excluded host(s))")
         return exit_code(JobOutcome(excluded=True, fault_tolerance=True))
-    if result is None and stopped_by is None and getattr(handler, "left_waiting", False):
+    if result is None and stopped_by is None and _left_waiting(handler):
         _say("the job ended while this agent waited as a spare: it was not needed")
         return 0
     outcome = _outcome(result, stopped_by, agent, services, cfg, max_restarts)
     if node.preemption is not None:
         outcome = node.preemption.outcome(outcome)
     return exit_code(outcome)
+
+
+def _left_waiting(handler: Any) -> bool:
+    """The job ended while this agent waited as a hot spare: its ``SpareKeeper``, found
+    through the wrappers around it (bad-node exclusion's), says so."""
+    while handler is not None:
+        if getattr(handler, "left_waiting", False):
+            return True
+        handler = getattr(handler, "inner", None)
+    return False
 
 
 class NodeStart:
