@@ -30,6 +30,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import queue
 import socket
 import threading
 import time
@@ -137,6 +138,9 @@ class JobMonitor:
         self._perf_out = QueuedJsonl(self.layout.perf_ranks)
         self._evaluators: list[Evaluator] = list(evaluators)
         self._sinks: list[FindingSink] = list(sinks)
+        self._reported: queue.SimpleQueue[Finding] = queue.SimpleQueue()  # report()
+        self._report_lock = threading.Lock()
+        self._report_closed = False  # stop() has taken the last ones
         self._status_sources: list[StatusSource] = list(status_sources)
         self.recent_findings: deque[dict[str, Any]] = deque(maxlen=20)
         self.status: dict[str, Any] = {}
@@ -215,6 +219,10 @@ class JobMonitor:
             if self._all_ended() or self.clock() >= deadline:
                 break
             time.sleep(min(0.2, self.cfg.scan_interval_s))
+        with self._report_lock:  # report() says False from now on: its caller writes
+            self._report_closed = True
+        if not self._reported.empty():  # reported during the last scan
+            self.scan_once()
         if not self.status.get("rank_detail", {}).get("complete", True):
             self._detail_due = 0.0  # the final rows of every rank
             self._write_rank_detail(self.clock())
@@ -364,6 +372,12 @@ class JobMonitor:
             more = evaluator.evaluate(now, self.rules.ranks)
             self.rules.findings_total += len(more)
             findings += more
+        while True:  # findings the launcher made (a node excluded): as the scan's own
+            try:
+                findings.append(self._reported.get_nowait())
+            except queue.Empty:
+                break
+            self.rules.findings_total += 1
         if findings:
             self._emit(findings)
         try:  # after the findings were handled: bad perf data must not lose them
@@ -386,6 +400,17 @@ class JobMonitor:
         if not self._complete and now >= self._detail_due:
             self._write_rank_detail(now)
         return findings
+
+    def report(self, finding: Finding) -> bool:
+        """A finding made outside the scan, by the launcher (bad-node exclusion's
+        ``node_excluded``): any thread; the next scan writes it through the sinks and
+        counts it with its own (``findings.jsonl``, the status, the end-of-run line).
+        False once the monitor has stopped: the caller writes it itself."""
+        with self._report_lock:
+            if self._report_closed:
+                return False
+            self._reported.put(finding)
+            return True
 
     def _written(self, out: QueuedJsonl, ok: bool) -> None:
         if not ok:

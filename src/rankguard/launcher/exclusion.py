@@ -284,6 +284,8 @@ class NodeExclusion:
         self.known: dict[str, Exclusion] = {}
         self.decided_s: float | None = None  # when this node decided to leave (monotonic)
         self.closed_it = False  # this node closed the rendezvous (too few nodes left)
+        #: node 0's monitor, when this node runs it (``NodeServices.report_finding``)
+        self.report: Callable[[Finding], bool] | None = None
         self.nproc_per_node = 1
         #: node 0: the group re-formed smaller after exclusions, with this many ranks
         #: (the monitor retires the ranks past it)
@@ -624,6 +626,8 @@ class NodeExclusion:
             detail={**detail, **exclusion_commands(hosts)},
             **where,
         )
+        if self.report is not None and self.report(finding):
+            return  # node 0's monitor writes it, and counts it with its own
         try:
             append_jsonl(self.run_dir / FINDINGS_FILE, [finding.to_dict()])
         except OSError as exc:

@@ -310,6 +310,7 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
     node = NodeStart(opts, cfg, run_id, run_dir, f"{host}:{port}", services)
     exclusion = _exclusion(opts, cfg, run_id, run_dir, host, port, store is not None)
     if exclusion is not None:
+        exclusion.report = services.report_finding
         handler = exclusion.wrap(handler)
     agent = build_agent(
         opts, cfg, RoundWatcher(handler, node.on_round), services, max_restarts, run_dir

@@ -33,6 +33,7 @@ from rankguard.inprocess.wrapper import RESTART_PHASE
 from rankguard.launcher.console import restart_line
 from rankguard.rerun.evaluator import RerunEvaluator
 from rankguard.runfiles import read_checkpoints
+from rankguard.schema.findings import Finding
 from rankguard.schema.layout import RunLayout, StoreKeys, ft_state_dir
 from rankguard.straggler.detector import StragglerDetector
 
@@ -185,6 +186,12 @@ class NodeServices:
             ft, self.run_dir, self.monitor, agent, remote_kill=remote, workers=self.workers
         )
         self.monitor.add_sink(self.faults)
+
+    def report_finding(self, finding: Finding) -> bool:
+        """Hand a launcher's finding to node 0's monitor (written and counted with the
+        scan's own); False on a node without one (the caller writes it itself)."""
+        monitor = self.monitor
+        return monitor is not None and monitor.report(finding)
 
     def request_stop(self, reason: str, lead_s: float | None = None) -> int | None:
         """Every rank stops at one step (see :mod:`rankguard.agree`); None without a

@@ -596,3 +596,47 @@ def test_mirrored_files_rotate_like_the_ranks_own(tmp_path: Path) -> None:
     seqs += [r["seq"] for r in current[1:]]
     assert seqs == list(range(seqs[0], 40))
     assert read_status(tmp_path)["ranks"][0]["progress_seq"] == 39
+
+
+def test_a_finding_the_launcher_reports_is_written_and_counted_at_the_next_scan(
+    tmp_path: Path,
+) -> None:
+    """Bad-node exclusion's ``node_excluded`` is made by the launcher, in another thread:
+    the monitor writes it through its sinks with the scan's own findings and counts it
+    (findings.jsonl, the status, the end-of-run line), once."""
+    from rankguard.schema.findings import Finding, FindingType, Reason
+
+    clock = FakeClock()
+    mon = _monitor(tmp_path, clock)
+    seen: list[str] = []
+
+    class Sink:
+        def before_write(self, f: Finding) -> None:
+            seen.append(f"before {f.finding_type.value}")
+
+        def after_write(self, f: Finding) -> None:
+            seen.append(f"after {f.finding_type.value}")
+
+    mon.add_sink(Sink())  # type: ignore[arg-type]
+    write(tmp_path, rec(0, 0, event="process_start", progress_seq=0))
+    write(tmp_path, rec(1, 0, event="process_start", progress_seq=0))
+    assert mon.scan_once() == []
+    excluded = Finding.build(
+        FindingType.NODE_EXCLUDED,
+        Reason.EXCLUDED_UNHEALTHY_GPU,
+        run_id=RUN,
+        rank=-1,
+        message="node 1 excluded: GPU 0 XID 79",
+        hostname="node-b",
+    )
+    assert mon.report(excluded)
+    assert read_findings(tmp_path) == []  # not before the scan
+    (found,) = mon.scan_once()
+    assert found is excluded and found.detected_wall_time is not None
+    (line,) = read_findings(tmp_path)
+    assert line["finding_type"] == "node_excluded" and line["hostname"] == "node-b"
+    assert read_status(tmp_path)["summary"]["findings_total"] == 1
+    assert seen == ["before node_excluded", "after node_excluded"]
+    assert mon.scan_once() == [] and len(read_findings(tmp_path)) == 1
+    mon.stop()
+    assert not mon.report(excluded)  # stopped: the caller writes it itself
