@@ -971,8 +971,14 @@ class _DueRanks:
         return heap[0][0] if heap else None
 
 
-# The main thread's innermost Python frame inside torch.distributed's collective calls.
-_COLLECTIVE_FRAME = re.compile(r"^(distributed_c10d|c10d_logger)\.py:\d+ in ")
+# The main thread's innermost Python frame inside torch.distributed's collective calls:
+# the c10d API, and the collectives DistributedDataParallel's constructor runs from
+# torch/distributed/utils.py (a rank waiting there waits for a peer that is not there yet).
+_COLLECTIVE_FRAME = re.compile(
+    r"^(?:(?:distributed_c10d|c10d_logger)\.py:\d+ in "
+    r"|utils\.py:\d+ in (?:_verify_param_shape_across_processes|_sync_module_states"
+    r"|_sync_params_and_buffers)$)"
+)
 
 
 def _in_collective(state: RankState) -> bool:

@@ -76,6 +76,24 @@ def test_a_rank_outside_the_collective_is_the_culprit_of_those_waiting_in_it() -
     assert rules.ranks[0].blocked_by == [1] and rules.ranks[2].blocked_by == [1]
 
 
+def test_a_rank_missing_from_ddps_first_collective_is_the_culprit_in_setup() -> None:
+    # Before the first step: rank 0 waits in DistributedDataParallel's constructor (its
+    # parameter-shape check across the ranks), rank 1 never got there (stalled).
+    rules = _rules(world=2)
+    feed = Feed(rules)
+    frames = {
+        0: "utils.py:286 in _verify_param_shape_across_processes",
+        1: "simulate.py:36 in _stall",
+    }
+    found: list[tuple[int, str]] = []
+    for t in range(0, 90):
+        for rank, frame in frames.items():
+            feed.beat(rank, float(t), progress_seq=0, since=float(t), main_frame=frame)
+        found += types_of(rules.evaluate(t + 0.1))
+    assert found == [(1, "gpu_progress_timeout")]
+    assert rules.ranks[0].blocked_by == [1]
+
+
 def test_all_waiting_in_the_collective_are_all_reported() -> None:
     rules = _rules(world=2)
     feed = Feed(rules)
