@@ -49,7 +49,7 @@ from torch.distributed.elastic.rendezvous.api import (
 
 from rankguard._fs import append_jsonl, atomic_write_json, atomic_write_text
 from rankguard.ft.config import FaultToleranceConfig
-from rankguard.runenv import ENV, current
+from rankguard.runenv import current
 from rankguard.runfiles import read_excluded
 from rankguard.schema.exits import EXIT_NODE_EXCLUDED, EXIT_RERUN_VALIDATION_FAILED
 from rankguard.schema.findings import Finding, FindingType, Reason
@@ -422,14 +422,10 @@ class NodeExclusion:
         self.round_key = f"{getattr(store_info, 'master_addr', '')}:{port}" if port else None
         for stale in self.run_dir.glob(f"{RERUN_FAULTY_PREFIX}*.json"):
             stale.unlink(missing_ok=True)  # an earlier group's exit 17, read already
-        if self.node_rank is None:
-            self.node_rank = int(info.rank)
-        elif int(info.rank) != self.node_rank:
-            # A smaller group numbered this node otherwise (torch elastic's GROUP_RANK).
-            # Its relay, health file and kill requests keep the node's identity
-            # (launcher/node.py); so do its next workers' heartbeats, else node 0 would
-            # refuse them under this node's relay key.
-            os.environ[ENV.NODE_RANK] = str(self.node_rank)
+        # A smaller group may number this node otherwise (torch elastic's GROUP_RANK):
+        # its services move to the new number (launcher/node.py, NodeServices.move), and
+        # so does its identity here (the finding, the store entries).
+        self.node_rank = int(info.rank)
         self.sync(self.node_rank == 0 and self.write_others)
         world = int(info.world_size) * self.nproc_per_node
         if self._world is not None and world < self._world and self.known and self.on_shrink:
