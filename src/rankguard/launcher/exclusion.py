@@ -49,6 +49,7 @@ from torch.distributed.elastic.rendezvous.api import (
 
 from rankguard._fs import append_jsonl, atomic_write_json, atomic_write_text
 from rankguard.ft.config import FaultToleranceConfig
+from rankguard.launcher.rendezvous import HandlerWrapper
 from rankguard.runenv import current
 from rankguard.runfiles import read_excluded
 from rankguard.schema.exits import EXIT_NODE_EXCLUDED, EXIT_RERUN_VALIDATION_FAILED
@@ -640,13 +641,13 @@ class NodeExclusion:
             )
 
 
-class ExclusionRendezvous(RendezvousHandler):
+class ExclusionRendezvous(HandlerWrapper):
     """Torch elastic's handler, plus :class:`NodeExclusion`'s check before each round
     (:class:`NodeExcluded` instead of joining) and its reading of a rendezvous that
     closed or timed out because of exclusions (:class:`ExcludedBelowMinimum`)."""
 
     def __init__(self, inner: RendezvousHandler, exclusion: NodeExclusion) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.exclusion = exclusion
 
     def next_rendezvous(self) -> RendezvousInfo:
@@ -664,25 +665,6 @@ class ExclusionRendezvous(RendezvousHandler):
             raise ended from exc
         ex.on_round(info)
         return info
-
-    @property
-    def use_agent_store(self) -> bool:
-        return bool(self.inner.use_agent_store)
-
-    def get_backend(self) -> str:
-        return self.inner.get_backend()
-
-    def is_closed(self) -> bool:
-        return self.inner.is_closed()
-
-    def set_closed(self) -> None:
-        self.inner.set_closed()
-
-    def num_nodes_waiting(self) -> int:
-        return self.inner.num_nodes_waiting()
-
-    def get_run_id(self) -> str:
-        return self.inner.get_run_id()
 
     def shutdown(self) -> bool:
         if self.exclusion.excluded is not None:

@@ -39,6 +39,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousHandler, Rendezvo
 __all__ = [
     "LOOPBACK",
     "FreshStoreRendezvous",
+    "HandlerWrapper",
     "RoundWatcher",
     "SpareKeeper",
     "keep_alive_settings",
@@ -119,14 +120,48 @@ def loopback_store_server(
         raise
 
 
-class FreshStoreRendezvous(RendezvousHandler):
+class HandlerWrapper(RendezvousHandler):
+    """A rendezvous handler around another (torch elastic's, or another wrapper): every
+    call goes to ``inner``; a wrapper overrides what it adds to. Wrappers nest
+    (``inner`` is how the chain is walked)."""
+
+    def __init__(self, inner: RendezvousHandler) -> None:
+        self.inner = inner
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        return self.inner.next_rendezvous()
+
+    @property
+    def use_agent_store(self) -> bool:
+        return bool(self.inner.use_agent_store)
+
+    def get_backend(self) -> str:
+        return self.inner.get_backend()
+
+    def is_closed(self) -> bool:
+        return self.inner.is_closed()
+
+    def set_closed(self) -> None:
+        self.inner.set_closed()
+
+    def num_nodes_waiting(self) -> int:
+        return self.inner.num_nodes_waiting()
+
+    def get_run_id(self) -> str:
+        return self.inner.get_run_id()
+
+    def shutdown(self) -> bool:
+        return self.inner.shutdown()
+
+
+class FreshStoreRendezvous(HandlerWrapper):
     def __init__(
         self, inner: RendezvousHandler, *, timeout_s: float = 300.0, loopback: bool = False
     ) -> None:
         """``inner``: torch's handler, run with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``
         (it picks the round's free port and shares it through the rendezvous store).
         ``loopback``: the round's store listens on 127.0.0.1 only (``--standalone``)."""
-        self.inner = inner
+        super().__init__(inner)
         self.timeout_s = timeout_s
         self.loopback = loopback
         self.server: Any = None  # this round's TCPStore server (node 0's agent only)
@@ -161,21 +196,6 @@ class FreshStoreRendezvous(RendezvousHandler):
     @property
     def use_agent_store(self) -> bool:
         return True
-
-    def get_backend(self) -> str:
-        return self.inner.get_backend()
-
-    def is_closed(self) -> bool:
-        return self.inner.is_closed()
-
-    def set_closed(self) -> None:
-        self.inner.set_closed()
-
-    def num_nodes_waiting(self) -> int:
-        return self.inner.num_nodes_waiting()
-
-    def get_run_id(self) -> str:
-        return self.inner.get_run_id()
 
     def shutdown(self) -> bool:
         self.server = None
@@ -218,7 +238,7 @@ def rendezvous_store(
     raise AssertionError("unreachable")
 
 
-class RoundWatcher(RendezvousHandler):
+class RoundWatcher(HandlerWrapper):
     """Torch elastic's handler, unchanged, plus a call of ``on_round(info)`` after each
     completed round: the agent's group rank in ``info.rank`` is this node's identity
     (torch numbers the nodes of a round; ``--node-rank`` is not needed)."""
@@ -226,35 +246,13 @@ class RoundWatcher(RendezvousHandler):
     def __init__(
         self, inner: RendezvousHandler, on_round: Callable[[RendezvousInfo], None]
     ) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.on_round = on_round
 
     def next_rendezvous(self) -> RendezvousInfo:
         info = self.inner.next_rendezvous()
         self.on_round(info)
         return info
-
-    @property
-    def use_agent_store(self) -> bool:
-        return bool(self.inner.use_agent_store)
-
-    def get_backend(self) -> str:
-        return self.inner.get_backend()
-
-    def is_closed(self) -> bool:
-        return self.inner.is_closed()
-
-    def set_closed(self) -> None:
-        self.inner.set_closed()
-
-    def num_nodes_waiting(self) -> int:
-        return self.inner.num_nodes_waiting()
-
-    def get_run_id(self) -> str:
-        return self.inner.get_run_id()
-
-    def shutdown(self) -> bool:
-        return self.inner.shutdown()
 
 
 def round_tag(info: RendezvousInfo) -> str | None:
@@ -266,7 +264,7 @@ def round_tag(info: RendezvousInfo) -> str | None:
     return f"{store_info.master_addr}:{store_info.master_port}"
 
 
-class SpareKeeper(RendezvousHandler):
+class SpareKeeper(HandlerWrapper):
     """Torch elastic's c10d handler for a job with hot spares (agents beyond
     ``max_nodes``) and elastic shrink; everything else delegated unchanged.
 
@@ -291,7 +289,7 @@ class SpareKeeper(RendezvousHandler):
         *,
         say: Callable[[str], None] | None = None,
     ) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.registry = registry
         self.say = say or (lambda msg: logger.info("rankguard: %s", msg))
         self.nodes: int | None = None  # the current group's node count
@@ -329,27 +327,8 @@ class SpareKeeper(RendezvousHandler):
         self.registry.joined(int(info.rank), self.nodes, round_tag(info))
         return info
 
-    @property
-    def use_agent_store(self) -> bool:
-        return bool(self.inner.use_agent_store)
-
-    def get_backend(self) -> str:
-        return self.inner.get_backend()
-
-    def is_closed(self) -> bool:
-        return self.inner.is_closed()
-
-    def set_closed(self) -> None:
-        self.inner.set_closed()
-
     def num_nodes_waiting(self) -> int:
         waiting = self.inner.num_nodes_waiting()
         if self.nodes is not None and self.nodes >= self.registry.max_nodes:
             return 0  # a full group: whoever waits is a spare
         return waiting
-
-    def get_run_id(self) -> str:
-        return self.inner.get_run_id()
-
-    def shutdown(self) -> bool:
-        return self.inner.shutdown()
