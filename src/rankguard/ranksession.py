@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from rankguard.perf.reporter import PerfReporter
@@ -137,12 +137,11 @@ class RankSession(Protocol):
     ) -> None: ...
 
 
-_S = TypeVar("_S", bound=RankSession)
 _current: RankSession | None = None
 _current_lock = threading.Lock()
 
 
-def install(factory: Callable[[], _S]) -> _S | RankSession:
+def install(factory: Callable[[], RankSession]) -> RankSession:
     """The process's session: built by ``factory`` the first time (the rank bootstrap,
     ``rankguard.init()``), the same one afterwards. Here, below the parts that take a
     session (the checkpoint manager, the in-process restart), so that they find the
