@@ -47,10 +47,18 @@ def fast_sets() -> list[str]:
 
 
 def node_run(
-    node: int | None, port: int, run_id: str, log_dir: Path, *, nproc: int = 2, nnodes: int = 2
+    node: int | None,
+    port: int,
+    run_id: str,
+    log_dir: Path,
+    *,
+    nproc: int = 2,
+    nnodes: int | str = 2,
+    rdzv_conf: str | None = None,
 ) -> list[str]:
-    """``run`` as node ``node`` of ``nnodes`` agents on loopback (own log dir), FAST
-    settings; ``node`` None: no ``--node-rank`` (the rendezvous numbers the nodes)."""
+    """``run`` as node ``node`` of ``nnodes`` agents (a count or torch elastic's
+    ``MIN:MAX``) on loopback (own log dir), FAST settings; ``node`` None: no
+    ``--node-rank`` (the rendezvous numbers the nodes); ``rdzv_conf``: ``--rdzv-conf``."""
     return [
         "run",
         "--nnodes",
@@ -64,6 +72,7 @@ def node_run(
         f"127.0.0.1:{port}",
         "--rdzv-id",
         run_id,
+        *([] if rdzv_conf is None else ["--rdzv-conf", rdzv_conf]),
         "--log-dir",
         str(log_dir),
         *fast_sets(),

@@ -14,10 +14,10 @@ import pytest
 from tests.factories import FAKE_PYNVML, load_fake_pynvml
 
 from .conftest import (
-    fast_sets,
     free_port,
     heartbeat_files,
     no_leftover_workers,
+    node_run,
     rankguard_cmd,
     read_jsonl,
     read_status,
@@ -48,26 +48,9 @@ def agent_cmd(
     extra: list[str] = []
     for item in sets:
         extra += ["--set", item]
-    return rankguard_cmd(
-        "run",
-        "--nnodes",
-        nnodes,
-        "--nproc-per-node",
-        "1",
-        "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        f"127.0.0.1:{port}",
-        "--rdzv-id",
-        run_id,
-        "--rdzv-conf",
-        "last_call_timeout=2,join_timeout=60",
-        "--log-dir",
-        str(log_dir),
-        *fast_sets(),
-        *extra,
-        *target,
-    )
+    conf = "last_call_timeout=2,join_timeout=60"
+    run = node_run(None, port, run_id, log_dir, nproc=1, nnodes=nnodes, rdzv_conf=conf)
+    return rankguard_cmd(*run, *extra, *target)
 
 
 def run_dir(log_dir: Path, run_id: str) -> Path:
