@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rankguard import runenv
+from rankguard.config import run_config
 from rankguard.ft.simulate import FaultSimulator
 from rankguard.ft.stats import SectionStats
 from rankguard.heartbeat.identity import RankIdentity
@@ -61,7 +62,7 @@ def session_from_env(
         if env.torchrun:
             return _torchrun_session(env)
         return NullSession()
-    cfg = env.config
+    cfg = run_config(env)
     if cfg is None:
         raise ValueError(
             f"{runenv.ENV.CONFIG}: not set, though {runenv.ENV.LAUNCHER}=1 and "

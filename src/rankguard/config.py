@@ -16,16 +16,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import reprlib
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar, Union
+from typing import Any, TypeVar
 
 import yaml
 
+from rankguard import runenv
 from rankguard.checkpoint.config import CheckpointConfig
+from rankguard.configdoc import MAX_DEPTH, ConfigError, build
+from rankguard.configdoc import load_yaml as _load_yaml
+from rankguard.configdoc import short as _short
 from rankguard.elastic import ElasticConfig
 from rankguard.ft.config import FaultToleranceConfig
 from rankguard.heartbeat.config import HeartbeatConfig
@@ -43,20 +44,13 @@ __all__ = [
     "build",
     "config_to_dict",
     "load_config",
+    "run_config",
 ]
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 _FLAGSCALE_PREFIX = ("experiment", "runner")
-
-MAX_DEPTH = 32
-"""Deepest nesting of mappings and lists a config document (file or override) may have;
-the real layout needs five levels."""
-
-
-class ConfigError(ValueError):
-    """A configuration key or value is wrong; the message names it."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -216,162 +210,6 @@ class RankguardConfig:
         return out
 
 
-_UNSET = ("none", "null", "~")
-
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", str(tp))
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    origin = typing.get_origin(tp)
-    if origin in (Union, types.UnionType):
-        args = typing.get_args(tp)
-        if type(None) in args and (
-            value is None or (isinstance(value, str) and value.strip().lower() in _UNSET)
-        ):
-            return None  # "none"/"null" on a command line unsets an optional setting
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, key)
-            except ConfigError as exc:
-                errors.append(str(exc))
-        allowed = " or ".join(_type_name(a) for a in args)
-        raise ConfigError(f"{key}: expected {allowed}, got {_short(value)}")
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise ConfigError(
-                f"{key}: expected a mapping of {_type_name(tp)} keys, got {_short(value)}"
-            )
-        return build(tp, value, prefix=f"{key}.")  # type: ignore[arg-type]
-    if origin is typing.Literal:
-        allowed_values = typing.get_args(tp)
-        if value not in allowed_values:
-            raise ConfigError(f"{key}: expected one of {list(allowed_values)}, got {_short(value)}")
-        return value
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key}: expected true or false, got {_short(value)}")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key}: expected an integer, got {_short(value)}")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            try:
-                return float(value)
-            except OverflowError:
-                raise ConfigError(f"{key}: must be a finite number, got {_short(value)}") from None
-        raise ConfigError(f"{key}: expected a number, got {_short(value)}")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise ConfigError(f"{key}: expected a string, got {_short(value)}")
-    if origin is list:
-        (item_tp,) = typing.get_args(tp)
-        if isinstance(value, str):  # a command line: "a,b" (empty: none)
-            value = [part.strip() for part in value.split(",") if part.strip()]
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected a list (or 'a,b'), got {_short(value)}")
-        return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        key_tp, value_tp = typing.get_args(tp)
-        if isinstance(value, str):
-            value = _parse_mapping(value, key)
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping (or 'a:1,b:2'), got {_short(value)}")
-        return {
-            _coerce(k, key_tp, f"{key}.<key>"): _coerce(v, value_tp, f"{key}.{k}")
-            for k, v in value.items()
-        }
-    raise ConfigError(f"{key}: unsupported config type {tp!r}")
-
-
-_REPR = reprlib.Repr()
-_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 2, 80, 80
-_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 6
-
-
-def _short(value: Any) -> str:
-    """``repr(value)`` bounded in depth and length, for error messages (a document can
-    be deep, long, or share one node many times through YAML aliases)."""
-    text = _REPR.repr(value)
-    return text if len(text) <= 160 else text[:157] + "..."
-
-
-def _yaml_depth_error(text: str, limit: int) -> str | None:
-    """Where ``text`` nests mappings/lists deeper than ``limit``, or None. Reads the
-    parser's events (no recursion), so a pathological document cannot overflow the stack
-    before it is refused."""
-    depth = 0
-    try:
-        for event in yaml.parse(text, Loader=yaml.SafeLoader):
-            if isinstance(event, yaml.CollectionStartEvent):
-                depth += 1
-                if depth > limit:
-                    mark = event.start_mark
-                    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-                    return f"nested deeper than {limit} levels{where}"
-            elif isinstance(event, yaml.CollectionEndEvent):
-                depth -= 1
-    except yaml.YAMLError:
-        return None  # safe_load reports it with its own message
-    return None
-
-
-def _load_yaml(text: str, limit: int = MAX_DEPTH) -> Any:
-    """``yaml.safe_load`` with a nesting limit (ConfigError past it)."""
-    problem = _yaml_depth_error(text, limit)
-    if problem is not None:
-        raise ConfigError(problem)
-    return yaml.safe_load(text)
-
-
-def _parse_mapping(text: str, key: str) -> dict[str, Any]:
-    """``"setup:600,step:180"`` (NVRx's command-line form) -> ``{"setup": 600, ...}``."""
-    out: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        name, sep, raw = item.partition(":")
-        if not sep or not name.strip():
-            raise ConfigError(f"{key}: expected NAME:VALUE items separated by commas, got {text!r}")
-        try:
-            out[name.strip()] = _load_yaml(raw)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{key}.{name.strip()}: cannot parse value: {exc}") from exc
-    return out
-
-
-def build(cls: type[T], data: dict[str, Any] | None, *, prefix: str = "") -> T:
-    """Construct config dataclass ``cls`` from ``data``, strictly.
-
-    Unknown keys raise :class:`ConfigError` listing the allowed ones; ``ValueError`` from
-    a component's own validation is re-raised with the dotted prefix.
-    """
-    data = data or {}
-    if not isinstance(data, dict):
-        where = prefix.rstrip(".") or "<root>"
-        raise ConfigError(f"{where}: expected a mapping, got {_short(data)}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ConfigError(
-            f"unknown config key(s) {', '.join(prefix + str(k) for k in unknown)}; "
-            f"allowed under {prefix.rstrip('.') or '<root>'}: {', '.join(sorted(fields))}"
-        )
-    kwargs = {name: _coerce(value, hints[name], prefix + name) for name, value in data.items()}
-    try:
-        return cls(**kwargs)
-    except ConfigError:
-        raise
-    except ValueError as exc:
-        raise ConfigError(f"{prefix}{exc}" if prefix else str(exc)) from exc
-
-
 def config_to_dict(cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
@@ -468,6 +306,17 @@ def load_config(
 
 def dumps_config(cfg: RankguardConfig) -> str:
     return json.dumps(config_to_dict(cfg), sort_keys=True)
+
+
+def run_config(env: runenv.RunEnv | None = None) -> RankguardConfig | None:
+    """The validated config ``rankguard run`` gave this rank (``env``: default, this
+    process's environment), decoded once per environment; None outside the launcher. A
+    component that needs only its own section reads :meth:`runenv.RunEnv.section`."""
+    env = env or runenv.current()
+    text = env.config_text
+    if not env.launcher or not text:
+        return None
+    return env.memo("config", lambda: loads_config(text))
 
 
 def loads_config(text: str) -> RankguardConfig:

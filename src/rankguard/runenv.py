@@ -16,7 +16,9 @@ with the ones it last parsed and parses again only when they differ: the config'
 is decoded once per value, not once per caller.
 
 Nothing here imports torch or another part of rankguard at import time: this module is
-the bottom of the import graph.
+near the bottom of the import graph (a config section is decoded by
+:mod:`rankguard.configdoc`, below it; the whole config by :func:`rankguard.config.run_config`,
+above it).
 """
 
 from __future__ import annotations
@@ -24,12 +26,11 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
-if TYPE_CHECKING:
-    from rankguard.config import RankguardConfig
+T = TypeVar("T")
 
 __all__ = ["ELASTIC", "ENV", "NAMES", "RunEnv", "current"]
 
@@ -185,19 +186,27 @@ class RunEnv:
 
     # ---- the run's config -----------------------------------------------------------
 
-    @property
-    def config(self) -> RankguardConfig | None:
-        """The validated config ``rankguard run`` gave this rank (decoded once), or None
-        outside the launcher."""
+    def section(self, name: str, cls: type[T]) -> T | None:
+        """Section ``name`` of the config ``rankguard run`` gave this rank, decoded as the
+        component's own config class ``cls`` (strictly, as the root config decodes it;
+        once per section), or None outside the launcher. A component reads its section
+        here without importing the root config (:func:`rankguard.config.run_config`),
+        which imports every component's."""
         if not self.launcher or not self.config_text:
             return None
-        if "config" not in self._cache:
-            # here, not at the top: the root config imports every component's config
-            from rankguard.config import loads_config
+        from rankguard.configdoc import build
 
-            self._cache["config"] = loads_config(self.config_text)
-        cfg: RankguardConfig = self._cache["config"]
-        return cfg
+        return self.memo(
+            f"section:{name}", lambda: build(cls, self.raw_section(name), prefix=f"{name}.")
+        )
+
+    def memo(self, key: str, make: Callable[[], T]) -> T:
+        """``make()``, computed once for this environment under ``key`` (what is decoded
+        from it: the config, a section)."""
+        if key not in self._cache:
+            self._cache[key] = make()
+        value: T = self._cache[key]
+        return value
 
     def batch_plan(self, global_batch: int, micro_batch: int) -> Any:
         """This rank's share of a step at the current world size, by the run's

@@ -505,8 +505,9 @@ class NullSession:
     ) -> RerunStateMachine:
         """The rerun state machine without monitoring: its outcomes go to the log only."""
         if config is None:
-            run = runenv.current().config
-            config = run.rerun_state_machine if run is not None else None
+            from rankguard.rerun.config import RerunStateMachineConfig as Config
+
+            config = runenv.current().section("rerun_state_machine", Config)
         return _rerun_machine(config, kwargs)
 
     def step(self, iteration: int | None = None) -> _NullContext:

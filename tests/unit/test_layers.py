@@ -19,7 +19,16 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "rankguard"
 
 #: Bottom first. A part may import the parts of the layers below its own.
 LAYERS: list[tuple[str, ...]] = [
-    ("_fs", "validate", "textsafe", "timeline", "heartbeat.tailer", "wakeup", "elastic"),
+    (
+        "_fs",
+        "validate",
+        "textsafe",
+        "timeline",
+        "heartbeat.tailer",
+        "wakeup",
+        "elastic",
+        "configdoc",
+    ),
     ("schema", "phases"),
     ("runenv", "health", "perf"),
     ("heartbeat",),
@@ -35,13 +44,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("cli",),
 ]
 
-#: Upward imports that remain, all inside a function (each says why where it is): the
-#: process's current session, the root config read lazily (it imports every part's
-#: config), an optional integration. To be removed, never added to.
-#: (importing module, imported part)
-KNOWN_UPWARD = {
-    ("rankguard.runenv", "config"),
-}
+#: Upward imports that remain (importing module, imported part): none. Never to be added
+#: to: a part that needs something from above takes it as an argument or a hook.
+KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 _LAYER = {part: i for i, parts in enumerate(LAYERS) for part in parts}
 

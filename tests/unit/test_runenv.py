@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
 import pytest
 
 from rankguard import runenv
-from rankguard.config import RankguardConfig, dumps_config
+from rankguard.config import RankguardConfig, dumps_config, load_config, run_config
 from rankguard.heartbeat.identity import ENV as IDENTITY_ENV
 from rankguard.heartbeat.identity import RankIdentity
+from rankguard.preempt.config import PreemptionConfig
 from rankguard.runenv import ELASTIC, ENV, NAMES, RunEnv
 
 SRC = Path(runenv.__file__).resolve().parent
@@ -54,10 +56,37 @@ def test_every_variable_of_a_launched_rank() -> None:
     assert env.node == 2  # the launcher's node rank before torch elastic's group rank
     assert (env.restart_count, env.master_addr, env.master_port) == (2, "127.0.0.1", 29500)
     assert env.launcher_pid == 4242 and env.job_id == "run-7"
-    cfg = env.config
+    cfg = run_config(env)
     assert cfg is not None and cfg.preemption.exit_signal == "SIGUSR1"
-    assert env.config is cfg  # decoded once
+    assert run_config(env) is cfg  # decoded once
+    # one section, decoded by its own class as the root config decodes it, once
+    section = env.section("preemption", PreemptionConfig)
+    assert section == cfg.preemption and env.section("preemption", PreemptionConfig) is section
     assert env.raw_section("preemption")["exit_signal"] == "SIGUSR1"
+
+
+def test_every_section_decodes_alone_as_the_root_config_decodes_it() -> None:
+    """What a component below the root config reads (its own section) is what the root
+    config holds, for every section, with settings away from their defaults."""
+    cfg = load_config(
+        overrides=[
+            "heartbeat.process_timeout_s=7",
+            "checkpoint.save=/tmp/ck",
+            "checkpoint.save_interval=5",
+            "inprocess_restart.enabled=true",
+            "rerun_state_machine.rerun_mode=validate_results",
+            "preemption.exit_signal=SIGUSR2",
+            "fault_tolerance.num_in_job_restarts=3",
+        ]
+    )
+    env = RunEnv.from_environ(_launcher_env(**{ENV.CONFIG: dumps_config(cfg)}))
+    sections = [
+        f for f in dataclasses.fields(cfg) if dataclasses.is_dataclass(getattr(cfg, f.name))
+    ]
+    assert len(sections) >= 9
+    for f in sections:
+        value = getattr(cfg, f.name)
+        assert env.section(f.name, type(value)) == value, f.name
 
 
 def test_defaults_outside_any_launcher() -> None:
@@ -65,7 +94,8 @@ def test_defaults_outside_any_launcher() -> None:
     assert not env.launcher and not env.monitored and not env.torchrun
     assert (env.rank, env.local_rank, env.world_size, env.restart_count) == (0, 0, 1, 0)
     assert env.local_world_size is None and env.node == 0 and env.job_id is None
-    assert env.config is None and env.raw_section("preemption") == {}
+    assert run_config(env) is None and env.raw_section("preemption") == {}
+    assert env.section("preemption", PreemptionConfig) is None
 
 
 def test_plain_torchrun_and_the_group_rank() -> None:
@@ -78,7 +108,8 @@ def test_plain_torchrun_and_the_group_rank() -> None:
 
 def test_the_config_needs_the_launcher_flag() -> None:
     env = RunEnv.from_environ(_launcher_env(**{ENV.LAUNCHER: "0"}))
-    assert env.config is None and not env.monitored
+    assert run_config(env) is None and not env.monitored
+    assert env.section("preemption", PreemptionConfig) is None
     # the raw sections stay readable (a DataLoader worker's signal, whatever started it)
     assert env.raw_section("preemption")["exit_signal"] == "SIGUSR1"
 

@@ -151,8 +151,7 @@ class CheckpointConfig:
         (``env``: default, this process's environment), or None outside the launcher."""
         from rankguard.runenv import current
 
-        run = (env or current()).config
-        return run.checkpoint if run is not None else None
+        return (env or current()).section("checkpoint", cls)
 
     @property
     def local_enabled(self) -> bool:

@@ -172,8 +172,7 @@ def _default_store(timeout_s: float, env: RunEnv | None = None) -> Any:
 
 def run_config(env: RunEnv | None = None) -> InProcessRestartConfig | None:
     """The run's ``inprocess_restart`` section under ``rankguard run`` (else None)."""
-    run = (env or runenv.current()).config
-    return run.inprocess_restart if run is not None else None
+    return (env or runenv.current()).section("inprocess_restart", InProcessRestartConfig)
 
 
 def wrap(

@@ -27,6 +27,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from rankguard import runenv
 from rankguard.bootstrap import session_from_env
+from rankguard.config import run_config
 from rankguard.ft.flightrec import TraceDumper
 from rankguard.ft.stacks import install_dump_handler
 from rankguard.heartbeat.lifeline import Lifeline, end_orphan, set_parent_death_signal
@@ -67,7 +68,7 @@ def hold_launcher(*, direct_child: bool) -> Lifeline | None:
 def _serve_nvrx(session: RankSession, env: runenv.RunEnv) -> RankMonitorBridge | None:
     """NVRx's RankMonitorClient served in this rank when nvidia-resiliency-ext is
     installed (``fault_tolerance.serve_nvrx_client``; see ``integrations/nvrx.py``)."""
-    cfg = env.config
+    cfg = run_config(env)
     if not session.enabled or cfg is None:
         return None
     from rankguard.integrations.nvrx import serve_nvrx_client
