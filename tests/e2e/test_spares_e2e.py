@@ -9,13 +9,17 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from torch.distributed import TCPStore
+
+from rankguard.launcher.spares import waiting_agents
 
 from .conftest import (
     free_port,
@@ -254,19 +258,29 @@ def test_without_a_spare_the_job_shrinks_to_the_nodes_left_and_goes_on(
     assert no_leftover_workers(run_id)
 
 
-def test_a_healthy_run_with_a_spare_waiting_has_no_finding(tmp_path: Path, run_id: str) -> None:
+def test_a_healthy_run_with_a_spare_waiting_has_no_finding_and_a_killed_spare_is_gone(
+    tmp_path: Path, run_id: str
+) -> None:
     port = free_port()
-    cmds = [agent_cmd(i, "2:2", port, run_id, tmp_path, 10) for i in range(3)]
-    agents = Agents(cmds, tmp_path, spares=1)
+    # 100 steps (~13 s): a spare killed while it waits is found gone after 3 missed
+    # keep-alives (1 s here) and node 0's reading period (2 s), well before the end
+    cmds = [agent_cmd(i, "2:2", port, run_id, tmp_path, 100) for i in range(4)]
+    agents = Agents(cmds, tmp_path, spares=2)
     try:
         node0 = agents.node(0)
+        client = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
+        deadline = time.monotonic() + 60
+        while waiting_agents(client, run_id) < 2:  # both spares in the rendezvous
+            assert time.monotonic() < deadline, agents.all_text()
+            time.sleep(0.2)
+        agents.kill(3)  # a spare lost while it waits: no agent left to say so
         codes = agents.finish(110)
     finally:
         for proc in agents.procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
     out = agents.all_text()
-    assert set(codes.values()) == {0}, out
+    assert {i: codes[i] for i in range(3)} == {0: 0, 1: 0, 2: 0}, out
     run0 = tmp_path / f"agent{node0}" / "heartbeat" / run_id
     findings = run0 / "findings.jsonl"
     assert not findings.exists() or read_jsonl(findings) == [], out
@@ -277,10 +291,17 @@ def test_a_healthy_run_with_a_spare_waiting_has_no_finding(tmp_path: Path, run_i
     assert "restart 1 of the workers" not in agents.text(node0), out
     assert not status.get("restarts"), status.get("restarts")
     assert "waited as a spare: it was not needed" in agents.text(2), out
-    spares = status["elastic"]["spares_waiting"]
-    assert len(spares) == 1, status["elastic"]
+    elastic = status["elastic"]
+    killed = f"{socket.gethostname()}:{agents.procs[3].pid}"
+    assert [s["agent"] for s in elastic["spares_waiting"]] == [
+        f"{socket.gethostname()}:{agents.procs[2].pid}"
+    ], elastic
+    assert elastic["spares_gone"] == [killed], elastic
+    # the store's host did not wait for the killed spare to leave at the end
+    assert "spares still waiting in the rendezvous" not in out, out
     shown = run_rankguard(["status", str(run0)], timeout=60)
     assert "Nodes: 2 of 2:2, 1 spare(s) waiting" in shown.stdout, shown.stdout + shown.stderr
+    assert f"gone     {killed}" in shown.stdout, shown.stdout
     assert no_leftover_workers(run_id)
 
 

@@ -452,6 +452,12 @@ def elastic_lines(block: Any) -> list[str]:
     lost = block.get("lost") or []
     if lost:
         out.append(f"  lost     {', '.join(_text(a) for a in lost)}")
+    gone = block.get("spares_gone") or []
+    if gone:
+        out.append(
+            f"  gone     {', '.join(_text(a) for a in gone)} (spare(s) whose keep-alive "
+            "stopped while waiting: not counted)"
+        )
     return out
 
 

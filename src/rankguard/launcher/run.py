@@ -127,11 +127,17 @@ def _rendezvous(opts: LaunchOptions, run_id: str) -> tuple[Any, Any, str, int, b
 def _spare_keeper(handler: Any, opts: LaunchOptions, run_id: str, host: str, port: int) -> Any:
     """Hot spares and elastic shrink (:class:`~rankguard.launcher.rendezvous.SpareKeeper`):
     the agent's entry in the store goes through a client of its own."""
-    from rankguard.launcher.rendezvous import SpareKeeper
-    from rankguard.launcher.spares import AgentRegistry
+    from rankguard.launcher.rendezvous import SpareKeeper, keep_alive_settings
+    from rankguard.launcher.spares import KEEPALIVE_S, AgentRegistry
 
+    # the spare's beat at the rendezvous' own keep-alive interval (torch's 5 s default)
+    interval = keep_alive_settings(opts.rdzv_conf).get("keep_alive_interval", KEEPALIVE_S)
     registry = AgentRegistry(
-        _store_client(host, port), run_id, max_nodes=opts.max_nodes, min_nodes=opts.min_nodes
+        _store_client(host, port),
+        run_id,
+        max_nodes=opts.max_nodes,
+        min_nodes=opts.min_nodes,
+        keepalive_s=float(interval),
     )
     return SpareKeeper(handler, registry, say=_say)
 
@@ -500,12 +506,13 @@ def _keep_store_for_monitor(services: NodeServices) -> None:
 def _keep_store_for_spares(services: NodeServices, wait_s: float = 10.0) -> None:
     """This node hosts the rendezvous store: the spares still waiting in the
     rendezvous learn that it closed (at their next sync, about a second) before the
-    store goes (bounded); without it they would fail on a lost store."""
+    store goes (bounded); without it they would fail on a lost store. A spare that node
+    0 found gone (its beat stopped) is not waited for."""
     from rankguard.launcher.spares import waiting_agents
 
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        if waiting_agents(services.store, services.run_id) == 0:
+        if waiting_agents(services.store, services.run_id, services.spares_gone) == 0:
             return
         time.sleep(0.2)
     _say("spares still waiting in the rendezvous: the rendezvous store goes now")

@@ -87,6 +87,9 @@ class NodeServices:
     round_nodes: int | None = None  # its node count
     replacements: list[dict[str, Any]] = field(default_factory=list, init=False)
     _agents: tuple[float, list[dict[str, Any]]] | None = field(default=None, init=False, repr=False)
+    # waiting agents whose beat stopped (spares gone while they waited), as node 0 saw
+    spares_gone: set[str] = field(default_factory=set, init=False)
+    _spare_watch: Any = field(default=None, init=False, repr=False)
     monitor: JobMonitor | None = field(default=None, init=False)
     relay: StoreRelay | None = field(default=None, init=False)
     collector: HealthCollector | None = field(default=None, init=False)
@@ -139,11 +142,14 @@ class NodeServices:
         agents' entries are read again at most every 2 s (one store round trip each)."""
         if not self.track_agents or self.store is None or self.node_rank != 0:
             return None
-        from rankguard.launcher.spares import elastic_status, read_agents
+        from rankguard.launcher.spares import SpareWatch, elastic_status, read_agents
 
+        if self._spare_watch is None:
+            self._spare_watch = SpareWatch()
         now = time.monotonic()
         if self._agents is None or now - self._agents[0] >= 2.0:
             self._agents = (now, read_agents(self.store, self.run_id))
+            self.spares_gone = self._spare_watch.gone(self._agents[1], now)
         return elastic_status(
             self._agents[1],
             round_tag=self.round_tag,
@@ -151,6 +157,7 @@ class NodeServices:
             min_nodes=self.min_nodes,
             max_nodes=self.nnodes,
             history=self.replacements,
+            gone=self.spares_gone,
         )
 
     def move(self, node_rank: int) -> None:

@@ -12,11 +12,16 @@ stands in a small entry of its own in the rendezvous store:
 - ``rankguard/<run>/agent/<i>``: that agent's JSON entry, rewritten at each change:
   ``waiting`` (in the rendezvous, not in a round yet, or again after its round ended)
   or ``training`` as node ``k`` of a round of ``nodes`` nodes, with the round's tag.
+  A waiting agent also counts a ``beat`` every ``keepalive_s`` (5 s, torch's own
+  keep-alive interval), so that a spare killed while it waits (SIGKILL, its host lost)
+  is not listed as waiting for ever.
 
 Node 0 reads every entry with one ``multi_get`` (:func:`read_agents`) and
 :func:`elastic_status` turns them into the ``elastic`` block of ``status.json``: the
-spares waiting, the nodes of the current round, the nodes lost and which spare took
-whose place. Torch-free; the writer takes any store with ``add``/``set``/``multi_get``.
+spares waiting, the spares gone (a beat that stopped: :class:`SpareWatch`, on node 0's
+own clock, so the hosts' clocks need not agree), the nodes of the current round, the
+nodes lost and which spare took whose place. Torch-free; the writer takes any store
+with ``add``/``set``/``multi_get``.
 """
 
 from __future__ import annotations
@@ -31,7 +36,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "KEEPALIVE_S",
     "AgentRegistry",
+    "SpareWatch",
     "elastic_status",
     "full_round_without",
     "read_agents",
@@ -42,6 +49,14 @@ logger = logging.getLogger(__name__)
 
 MAX_AGENTS = 4096
 """Most agent entries node 0 reads (a job restarted on new agents again and again)."""
+
+KEEPALIVE_S = 5.0
+"""Seconds between two beats of a waiting agent (torch's rendezvous keep-alive)."""
+
+MISSED_BEATS = 3
+"""A waiting agent whose beat did not change for this many intervals (plus node 0's
+own reading period) is gone: torch's rendezvous drops a node after 3 missed keep-alives
+too."""
 
 
 def _prefix(run_id: str) -> str:
@@ -58,9 +73,12 @@ class AgentRegistry:
     max_nodes: int
     min_nodes: int = 1
     agent: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    keepalive_s: float = KEEPALIVE_S
     index: int | None = field(default=None, init=False)
     entry: dict[str, Any] = field(default_factory=dict, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _beater: threading.Thread | None = field(default=None, init=False, repr=False)
+    _closed: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
 
     def _write(self) -> None:
         try:
@@ -81,10 +99,34 @@ class AgentRegistry:
                 "state": "waiting",
                 "since": time.time(),
                 "rounds": int(self.entry.get("rounds", 0)),
+                "beat": int(self.entry.get("beat", 0)),
+                "keepalive_s": self.keepalive_s,
             }
             if was is None:
                 self.entry["started"] = self.entry["since"]
             self._write()
+            if self._beater is None and not self._closed.is_set():
+                self._beater = threading.Thread(
+                    target=self._beat, name="rankguard-spare-beat", daemon=True
+                )
+                self._beater.start()
+
+    def _beat(self) -> None:
+        """While this agent waits: one more beat every ``keepalive_s`` (the thread ends
+        when the agent joins a round or leaves; :meth:`waiting` starts it again)."""
+        while not self._closed.wait(self.keepalive_s):
+            with self._lock:
+                if self.entry.get("state") != "waiting":
+                    self._beater = None
+                    return
+                self.entry["beat"] = int(self.entry.get("beat", 0)) + 1
+                self._write()
+        with self._lock:
+            self._beater = None
+
+    def close(self) -> None:
+        """No more beats (the agent ends)."""
+        self._closed.set()
 
     def joined(self, node: int, nodes: int, tag: str | None) -> None:
         """The round completed with this agent as node ``node`` of ``nodes``."""
@@ -111,9 +153,48 @@ class AgentRegistry:
             self._write()
 
 
-def waiting_agents(store: Any, run_id: str) -> int:
-    """How many agents of the run still wait in the rendezvous."""
-    return sum(1 for a in read_agents(store, run_id) if a.get("state") == "waiting")
+def waiting_agents(store: Any, run_id: str, gone: frozenset[str] | set[str] = frozenset()) -> int:
+    """How many agents of the run still wait in the rendezvous (``gone``: the agents
+    node 0 found gone, not counted)."""
+    return sum(
+        1
+        for a in read_agents(store, run_id)
+        if a.get("state") == "waiting" and a["agent"] not in gone
+    )
+
+
+@dataclass
+class SpareWatch:
+    """Node 0's view of the waiting agents' beats, on its own monotonic clock: a beat
+    that has not changed for ``MISSED_BEATS`` keep-alive intervals (plus ``slack_s``:
+    how often node 0 reads the entries) is an agent gone while it waited."""
+
+    slack_s: float = 2.0
+    _seen: dict[str, tuple[Any, float]] = field(default_factory=dict, init=False)
+
+    def gone(self, agents: list[dict[str, Any]], now: float) -> set[str]:
+        """The waiting agents among ``agents`` whose beat stopped, seen at ``now``."""
+        out: set[str] = set()
+        waiting = set()
+        for a in agents:
+            if a.get("state") != "waiting":
+                continue
+            name = a["agent"]
+            waiting.add(name)
+            mark = (a.get("beat"), a.get("since"))  # a new wait starts the count again
+            seen = self._seen.get(name)
+            if seen is None or seen[0] != mark:
+                self._seen[name] = (mark, now)
+                continue
+            try:
+                interval = max(0.01, float(a.get("keepalive_s") or KEEPALIVE_S))
+            except (TypeError, ValueError):
+                interval = KEEPALIVE_S
+            if now - seen[1] > MISSED_BEATS * interval + self.slack_s:
+                out.add(name)
+        for name in set(self._seen) - waiting:  # joined a round or left
+            del self._seen[name]
+        return out
 
 
 def read_agents(store: Any, run_id: str) -> list[dict[str, Any]]:
@@ -155,19 +236,23 @@ def elastic_status(
     min_nodes: int,
     max_nodes: int,
     history: list[dict[str, Any]],
+    gone: frozenset[str] | set[str] = frozenset(),
 ) -> dict[str, Any]:
     """The ``elastic`` block of ``status.json`` from the agents' entries, seen by node 0
     of the round ``round_tag`` (``nodes`` nodes). ``history``: the replacements found so
-    far, updated in place (a replacement is found once: the round it happened in)."""
+    far, updated in place (a replacement is found once: the round it happened in).
+    ``gone``: waiting agents whose beat stopped (:class:`SpareWatch`): listed apart,
+    not as spares."""
     current = sorted(
         (a for a in agents if a.get("state") == "training" and a.get("round") == round_tag),
         key=lambda a: int(a.get("node", 0)),
     )
     members = {a["agent"] for a in current}
-    spares = sorted(
+    waiting = sorted(
         (a for a in agents if a.get("state") == "waiting" and a["agent"] not in members),
         key=lambda a: float(a.get("since") or 0.0),
     )
+    spares = [a for a in waiting if a["agent"] not in gone]
     lost = [
         a
         for a in agents
@@ -183,7 +268,7 @@ def elastic_status(
         if not renewed or int(a.get("rounds", 0)) != 1 or (round_tag, a.get("node")) in seen:
             continue
         # whose place: a lost agent that was this node (else any lost one)
-        gone = [b["agent"] for b in lost if b.get("node") == a.get("node")] or [
+        whose = [b["agent"] for b in lost if b.get("node") == a.get("node")] or [
             b["agent"] for b in lost
         ]
         history.append(
@@ -191,7 +276,7 @@ def elastic_status(
                 "round": round_tag,
                 "node": a.get("node"),
                 "spare": a["agent"],
-                "replaced": gone[0] if gone else None,
+                "replaced": whose[0] if whose else None,
                 "waited_s": a.get("waited_s"),
                 "at": a.get("joined"),
             }
@@ -204,6 +289,7 @@ def elastic_status(
         "round": round_tag,
         "members": [{"node": a.get("node"), "agent": a["agent"]} for a in current],
         "spares_waiting": [{"agent": a["agent"], "since": a.get("since")} for a in spares],
+        "spares_gone": [a["agent"] for a in waiting if a["agent"] in gone],
         "lost": sorted({a["agent"] for a in lost}),
         "replacements": list(history),
     }

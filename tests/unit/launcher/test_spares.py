@@ -4,6 +4,7 @@ them, and the rendezvous wrapper (no restart for a spare, a timeout waited out).
 from __future__ import annotations
 
 import socket
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -20,6 +21,7 @@ from rankguard.cli.status_render import elastic_lines
 from rankguard.launcher.rendezvous import SpareKeeper, keep_alive_settings, round_tag
 from rankguard.launcher.spares import (
     AgentRegistry,
+    SpareWatch,
     elastic_status,
     full_round_without,
     read_agents,
@@ -197,3 +199,82 @@ def test_keep_alive_settings_from_rdzv_conf() -> None:
         keep_alive_settings({"keep_alive_interval": "soon"})
     with pytest.raises(ValueError, match="keep_alive_max_attempt: a whole number >= 1"):
         keep_alive_settings({"keep_alive_max_attempt": "0"})
+
+
+def test_a_waiting_agent_beats_and_stops_once_it_joins_a_round() -> None:
+    store = _store()
+    reg = AgentRegistry(store, "r", max_nodes=2, agent="h:1", keepalive_s=0.05)
+    reg.waiting()
+    deadline = time.monotonic() + 10
+    while read_agents(store, "r")[0].get("beat", 0) < 3:
+        assert time.monotonic() < deadline, read_agents(store, "r")
+        time.sleep(0.02)
+    assert read_agents(store, "r")[0]["keepalive_s"] == 0.05
+    reg.joined(0, 2, "R1")
+    time.sleep(0.2)  # the beat thread sees the round and ends
+    beat = read_agents(store, "r")[0]["beat"]
+    time.sleep(0.3)
+    (entry,) = read_agents(store, "r")
+    assert entry["state"] == "training" and entry["beat"] == beat
+    assert reg._beater is None
+    reg.waiting()  # its round ended: it waits (and beats) again
+    deadline = time.monotonic() + 10
+    while read_agents(store, "r")[0]["beat"] == beat:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    reg.close()
+
+
+def test_node0_finds_a_spare_whose_beat_stopped_gone_on_its_own_clock() -> None:
+    watch = SpareWatch(slack_s=1.0)
+
+    def entry(name: str, beat: int, since: float = 100.0, state: str = "waiting") -> dict:
+        return {"agent": name, "state": state, "beat": beat, "since": since, "keepalive_s": 5.0}
+
+    # the spares' own clocks (``since``) say nothing here: only whether the beat moved
+    assert watch.gone([entry("a", 0), entry("b", 0)], now=0.0) == set()
+    assert watch.gone([entry("a", 3), entry("b", 0)], now=15.0) == set()  # 15 < 3*5+1
+    assert watch.gone([entry("a", 4), entry("b", 0)], now=16.5) == {"b"}
+    assert watch.gone([entry("a", 4), entry("b", 0)], now=40.0) == {"a", "b"}
+    # b comes back to a new wait (a restarted agent re-enters: a new ``since``)
+    assert watch.gone([entry("a", 9), entry("b", 0, since=200.0)], now=41.0) == set()
+    # an agent that joined a round is not a spare; the watch forgets it
+    assert watch.gone([entry("a", 9, state="training")], now=99.0) == set()
+    assert "a" not in watch._seen
+
+
+def test_a_spare_gone_is_listed_apart_not_counted_and_not_waited_for() -> None:
+    store = _store()
+    a, b = (AgentRegistry(store, "r", max_nodes=2, agent=n) for n in ("h:1", "h:2"))
+    live, dead = (
+        AgentRegistry(store, "r", max_nodes=2, agent=n, keepalive_s=0.05) for n in ("h:3", "h:4")
+    )
+    for reg in (a, b, live, dead):
+        reg.waiting()
+    a.joined(0, 2, "R1")
+    b.joined(1, 2, "R1")
+    dead.close()  # as a SIGKILL would: its beat stops, its entry stays "waiting"
+    watch = SpareWatch(slack_s=0.1)
+    t0 = time.monotonic()
+    gone: set[str] = set()
+    while not gone:
+        assert time.monotonic() - t0 < 10
+        time.sleep(0.05)
+        gone = watch.gone(read_agents(store, "r"), time.monotonic())
+    assert gone == {"h:4"}  # the live spare beats on
+    status = elastic_status(
+        read_agents(store, "r"),
+        round_tag="R1",
+        nodes=2,
+        min_nodes=2,
+        max_nodes=2,
+        history=[],
+        gone=gone,
+    )
+    assert [s["agent"] for s in status["spares_waiting"]] == ["h:3"]
+    assert status["spares_gone"] == ["h:4"]
+    text = "\n".join(elastic_lines(status))
+    assert "Nodes: 2 of 2:2, 1 spare(s) waiting" in text
+    assert "gone     h:4 (spare(s) whose keep-alive stopped while waiting" in text
+    assert waiting_agents(store, "r") == 2 and waiting_agents(store, "r", gone) == 1
+    live.close()
