@@ -258,6 +258,52 @@ def test_without_a_spare_the_job_shrinks_to_the_nodes_left_and_goes_on(
     assert no_leftover_workers(run_id)
 
 
+def test_a_shrunk_job_grows_back_when_a_node_comes(tmp_path: Path, run_id: str) -> None:
+    port = free_port()
+    cmds = [
+        agent_cmd(i, "1:2", port, run_id, tmp_path, 40, RDZV_CONF, "--global-batch", "16")
+        for i in range(3)
+    ]
+    agents = Agents(cmds[:2], tmp_path)
+    try:
+        node0, node1 = agents.node(0), agents.node(1)
+        agents.wait_for(r"\[demo\] step 6/", 90)
+        agents.kill(node1)
+        agents.wait_for(r"batch plan: 1 rank\(s\)", 60)  # shrunk, training again
+        agents.start(cmds[2])  # a node comes: the job takes it at its next round
+        codes = agents.finish(120)
+    finally:
+        for proc in agents.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    out = agents.all_text()
+    assert codes[node0] == 0 and codes[2] == 0, out
+    text0 = agents.text(node0)
+    assert "this round has 1 of 2 node(s) (--nnodes 1:2)" in text0, out
+    assert "this round has 2 of 2 node(s) again (it had 1): the job grows back to 2" in text0
+    assert "rank(s) on node 1" in agents.text(2), out
+    plans = re.findall(r"\[demo\] batch plan: (.*)", text0)
+    assert plans == [
+        "2 rank(s), 1 micro-batch(es) of 8 per step, global batch 16 (keep_global)",
+        "1 rank(s), 2 micro-batch(es) of 8 per step, global batch 16 (keep_global)",
+        "2 rank(s), 1 micro-batch(es) of 8 per step, global batch 16 (keep_global)",
+    ], plans
+    assert "[demo] done: 40 steps on 2 rank(s)" in text0, out
+    # the restart that took the node in is named, not an unknown cause
+    run0 = tmp_path / f"agent{node0}" / "heartbeat" / run_id
+    restarts = read_jsonl(run0 / "restarts.jsonl")
+    assert [r["cause"] for r in restarts] == ["worker_failed", "nodes_joined"], restarts
+    assert restarts[1]["rank"] is None, restarts
+    assert "node(s) waiting to join" in restarts[1]["message"], restarts
+    assert "restart 2 of the workers: nodes_joined" in text0, out
+    elastic = status_of(tmp_path, node0, run_id)["elastic"]
+    assert (elastic["nodes"], elastic["shrunk"]) == (2, False), elastic
+    assert len(elastic["members"]) == 2, elastic
+    perf = read_jsonl(tmp_path / f"agent{node0}" / "perf_monitor" / run_id / "perf.jsonl")
+    assert perf[-1]["TFLOPS_total"] == pytest.approx(2 * perf[-1]["TFLOPS_per_GPU"], rel=0.01)
+    assert no_leftover_workers(run_id)
+
+
 def test_a_healthy_run_with_a_spare_waiting_has_no_finding_and_a_killed_spare_is_gone(
     tmp_path: Path, run_id: str
 ) -> None:

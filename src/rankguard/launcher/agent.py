@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from rankguard.preempt.coordinator import PreemptionCoordinator
 
 __all__ = [
+    "RESTART_NODES_JOINED",
     "RankguardAgent",
     "add_peer_errors",
     "drop_torn_error_files",
@@ -67,6 +68,10 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+
+RESTART_NODES_JOINED = "nodes_joined"
+"""The cause of a restart with no failure: nodes waited to join an elastic job's group
+(``restarts.jsonl``'s ``cause``; not a finding)."""
 
 
 def worker_stop_signal(received: int) -> signal.Signals:
@@ -363,6 +368,8 @@ class RankguardAgent(LocalElasticAgent):
             cause = self._cause or self.last_failure
             self._cause = None
         self.last_failure = None
+        if cause is None and worker_group.state == WorkerState.HEALTHY:
+            cause = self._membership_cause(worker_group)
         self.restarts += 1
         if self._on_restart is not None:
             try:
@@ -372,6 +379,23 @@ class RankguardAgent(LocalElasticAgent):
         t0 = time.monotonic()
         super()._restart_workers(worker_group)
         logger.info("rankguard: worker group restarted in %.2fs", time.monotonic() - t0)
+
+    def _membership_cause(self, worker_group: Any) -> dict[str, Any] | None:
+        """A restart without a failure: torch's agent restarts a healthy group when
+        nodes wait to join it (an elastic ``--nnodes MIN:MAX`` job below MAX, a node
+        back after a loss). Named, not left an unknown cause."""
+        try:
+            waiting = int(worker_group.spec.rdzv_handler.num_nodes_waiting())
+        except Exception as exc:  # the store is busy or gone: the cause stays unknown
+            logger.debug("rankguard: cannot ask the rendezvous who waits: %s", exc)
+            return None
+        if waiting <= 0:
+            return None
+        return {
+            "finding_type": RESTART_NODES_JOINED,
+            "message": f"{waiting} node(s) waiting to join: the group restarts to take "
+            "them in (elastic --nnodes MIN:MAX)",
+        }
 
     def _stop_workers(self, worker_group: Any) -> None:
         old = sorted(self.workers.pids())

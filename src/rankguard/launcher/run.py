@@ -407,12 +407,19 @@ class NodeStart:
         if decided.warning:
             _say(decided.warning)
         self.services.round_tag = round_tag(info)
+        before = self.services.round_nodes
         self.services.round_nodes = int(info.world_size)
         if self.services.node_rank is not None and info.world_size < self.opts.max_nodes:
             _say(
                 f"this round has {info.world_size} of {self.opts.max_nodes} node(s) "
                 f"(--nnodes {self.opts.min_nodes}:{self.opts.max_nodes}): the job goes on "
                 f"with {info.world_size * self.opts.nproc_per_node} rank(s)"
+            )
+        elif before is not None and before < info.world_size:
+            _say(
+                f"this round has {info.world_size} of {self.opts.max_nodes} node(s) again "
+                f"(it had {before}): the job grows back to "
+                f"{info.world_size * self.opts.nproc_per_node} rank(s)"
             )
         if decided.moved:
             if self.live is not None:
