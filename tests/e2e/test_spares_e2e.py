@@ -34,6 +34,14 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 
 # a lost node noticed in 3 s (1 s keep-alives, 3 missed); a shrunk round 1 s after MIN
 RDZV_CONF = "keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1"
+NO_HOST = f"{RDZV_CONF},is_host=false"  # every agent a client of the store
+
+
+def host_store(port: int) -> TCPStore:
+    """The rendezvous store hosted by this test: a host that does not train."""
+    return TCPStore("127.0.0.1", port, is_master=True, multi_tenant=True, wait_for_workers=False)
+
+
 FAST = [
     "heartbeat.publish_interval_s=0.5",
     "heartbeat.scan_interval_s=0.5",
@@ -174,7 +182,8 @@ def test_a_spare_takes_the_lost_nodes_place_and_training_resumes_from_the_checkp
     tmp_path: Path, run_id: str
 ) -> None:
     port = free_port()
-    cmds = [agent_cmd(i, "2:2", port, run_id, tmp_path, 20) for i in range(3)]
+    store = host_store(port)  # any node may be the one lost (see the shrink test)
+    cmds = [agent_cmd(i, "2:2", port, run_id, tmp_path, 20, NO_HOST) for i in range(3)]
     agents = Agents(cmds, tmp_path, spares=1)
     try:
         node0, node1, spare = agents.node(0), agents.node(1), 2
@@ -185,6 +194,7 @@ def test_a_spare_takes_the_lost_nodes_place_and_training_resumes_from_the_checkp
         for proc in agents.procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
+        del store
     out = agents.all_text()
     assert codes[node0] == 0 and codes[spare] == 0, out
     text0 = agents.text(node0)
@@ -218,9 +228,13 @@ def test_without_a_spare_the_job_shrinks_to_the_nodes_left_and_goes_on(
     tmp_path: Path, run_id: str
 ) -> None:
     port = free_port()
+    # The store on a host that does not train (this test): the node lost is whichever
+    # the rendezvous numbered 1, and the store's host is the one node whose loss would
+    # end the job (which agent binds the port first is a race).
+    store = host_store(port)
     # the global batch of 16 samples: one micro-batch of 8 per rank on 2 ranks, two on 1
     cmds = [
-        agent_cmd(i, "1:2", port, run_id, tmp_path, 16, RDZV_CONF, "--global-batch", "16")
+        agent_cmd(i, "1:2", port, run_id, tmp_path, 16, NO_HOST, "--global-batch", "16")
         for i in range(2)
     ]
     agents = Agents(cmds, tmp_path)
@@ -233,6 +247,7 @@ def test_without_a_spare_the_job_shrinks_to_the_nodes_left_and_goes_on(
         for proc in agents.procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
+        del store
     out = agents.all_text()
     assert codes[node0] == 0, out
     text0 = agents.text(node0)
@@ -260,8 +275,9 @@ def test_without_a_spare_the_job_shrinks_to_the_nodes_left_and_goes_on(
 
 def test_a_shrunk_job_grows_back_when_a_node_comes(tmp_path: Path, run_id: str) -> None:
     port = free_port()
+    store = host_store(port)  # as in the shrink test: any node may be the one lost
     cmds = [
-        agent_cmd(i, "1:2", port, run_id, tmp_path, 40, RDZV_CONF, "--global-batch", "16")
+        agent_cmd(i, "1:2", port, run_id, tmp_path, 40, NO_HOST, "--global-batch", "16")
         for i in range(3)
     ]
     agents = Agents(cmds[:2], tmp_path)
@@ -276,6 +292,7 @@ def test_a_shrunk_job_grows_back_when_a_node_comes(tmp_path: Path, run_id: str) 
         for proc in agents.procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
+        del store
     out = agents.all_text()
     assert codes[node0] == 0 and codes[2] == 0, out
     text0 = agents.text(node0)
@@ -293,6 +310,9 @@ def test_a_shrunk_job_grows_back_when_a_node_comes(tmp_path: Path, run_id: str) 
     run0 = tmp_path / f"agent{node0}" / "heartbeat" / run_id
     restarts = read_jsonl(run0 / "restarts.jsonl")
     assert [r["cause"] for r in restarts] == ["worker_failed", "nodes_joined"], restarts
+    # the survivor's rank failed in its broken collective: said so, not made the culprit
+    assert restarts[0]["reason"] == "peer_failure", restarts
+    assert restarts[0]["message"].startswith("its peer went away ("), restarts
     assert restarts[1]["rank"] is None, restarts
     assert "node(s) waiting to join" in restarts[1]["message"], restarts
     assert "restart 2 of the workers: nodes_joined" in text0, out
@@ -354,8 +374,8 @@ def test_a_healthy_run_with_a_spare_waiting_has_no_finding_and_a_killed_spare_is
 def test_node0_lost_the_new_rounds_node0_runs_the_monitor(tmp_path: Path, run_id: str) -> None:
     # the store on a host that does not train (here: this test), every agent a client
     port = free_port()
-    store = TCPStore("127.0.0.1", port, is_master=True, multi_tenant=True, wait_for_workers=False)
-    conf = f"{RDZV_CONF},is_host=false"
+    store = host_store(port)
+    conf = NO_HOST
     cmds = [agent_cmd(i, "2:2", port, run_id, tmp_path, 20, conf) for i in range(3)]
     agents = Agents(cmds, tmp_path, spares=1)
     try:

@@ -192,6 +192,11 @@ class JobMonitor:
         """See :meth:`HeartbeatRules.note_restart`."""
         self.rules.note_restart(reason)
 
+    def first_failed_rank(self) -> int | None:
+        """The rank the monitor saw fail first in the failure under way (None: none)."""
+        first = self.rules.first_failure
+        return None if first is None else first[0]
+
     def retire_ranks(self, world: int) -> list[int]:
         """See :meth:`HeartbeatRules.retire_ranks` (between two scans)."""
         with self._scan_lock:

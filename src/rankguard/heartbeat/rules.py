@@ -449,7 +449,7 @@ class HeartbeatRules:
             kind = -1
         elif info.get("vanished"):
             kind = 1
-        elif _PEER_FAILURE.search(str(info.get("error") or "")):
+        elif peer_failure(info.get("error")):
             kind = 2
         else:
             kind = 0
@@ -1014,6 +1014,12 @@ _PEER_FAILURE = re.compile(
     r"ECONNRESET|Connection refused|Timed out waiting .* for peer",
     re.IGNORECASE,
 )
+
+
+def peer_failure(error: object) -> bool:
+    """The error of a rank whose collective broke because a peer went away (connection
+    closed or reset, a remote process exited): a victim's error, not a root cause."""
+    return bool(_PEER_FAILURE.search(str(error or "")))
 
 
 def _message(

@@ -28,12 +28,13 @@ from rankguard.ft.learned import save_learned
 from rankguard.health import HealthCollector
 from rankguard.heartbeat.monitor import JobMonitor
 from rankguard.heartbeat.relay import StoreRelay, StoreRemoteSource, publish_control, request_kill
+from rankguard.heartbeat.rules import peer_failure
 from rankguard.inprocess.monitor import InProcessRestarts
 from rankguard.inprocess.wrapper import RESTART_PHASE
 from rankguard.launcher.console import restart_line
 from rankguard.rerun.evaluator import RerunEvaluator
 from rankguard.runfiles import read_checkpoints
-from rankguard.schema.findings import Finding
+from rankguard.schema.findings import Finding, FindingType
 from rankguard.schema.layout import RunLayout, StoreKeys, ft_state_dir
 from rankguard.straggler.detector import StragglerDetector
 
@@ -210,6 +211,22 @@ class NodeServices:
     def on_restart(self, count: int, cause: dict[str, Any] | None) -> None:
         """The agent restarts the worker group: record it (restarts.jsonl, status)."""
         cause = cause or {}
+        reason, message = cause.get("reason"), cause.get("message") or cause.get("error")
+        if (
+            cause.get("finding_type") == FindingType.WORKER_FAILED.value
+            and not cause.get("signal")
+            and peer_failure(cause.get("error"))
+        ):
+            # this node's rank failed because its peer went away (a lost node): the
+            # cause is elsewhere; name the rank the monitor saw fail first, if any
+            first = self.monitor.first_failed_rank() if self.monitor is not None else None
+            reason = "peer_failure"
+            culprit = (
+                f"rank {first} failed first, as the monitor saw"
+                if first is not None and first != cause.get("rank")
+                else "the root cause is on another rank"
+            )
+            message = f"its peer went away ({culprit}): {message}"
         entry = {
             "schema_version": 1,
             "kind": "process",
@@ -218,8 +235,8 @@ class NodeServices:
             "wall_time": _iso_ms(time.time()),
             "cause": cause.get("finding_type"),
             "rank": cause.get("rank"),
-            "reason": cause.get("reason"),
-            "message": cause.get("message") or cause.get("error"),
+            "reason": reason,
+            "message": message,
             "exit_code": cause.get("exit_code"),
             "stack_dump": cause.get("stack_dump"),
         }

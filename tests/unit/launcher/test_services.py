@@ -101,3 +101,37 @@ def test_a_renumbered_node_moves_its_services_node0_runs_the_monitor(tmp_path: P
         assert (tmp_path / STATUS_FILE).is_file()
     finally:
         services.stop()
+
+
+def test_a_rank_whose_peer_went_away_is_not_named_the_cause_alone(tmp_path: Path) -> None:
+    """After a node is lost, this node's rank fails in its broken collective: the restart
+    says that its peer went away, and names the rank the monitor saw fail first."""
+    from types import SimpleNamespace
+
+    services = _services(tmp_path)
+    peer = (
+        "RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+        "[127.0.0.1]:19330. This is typically caused by a remote worker crashing."
+    )
+    failed = {"finding_type": "worker_failed", "rank": 0, "exit_code": 1, "error": peer}
+    services.monitor = SimpleNamespace(  # type: ignore[assignment]
+        first_failed_rank=lambda: 1, note_restart=lambda reason: None
+    )
+    services.on_restart(1, failed)
+    services.monitor = SimpleNamespace(  # type: ignore[assignment]
+        first_failed_rank=lambda: None, note_restart=lambda reason: None
+    )
+    services.on_restart(2, failed)
+    # a rank's own error, or one killed by a signal, is the cause as it was
+    own = {"finding_type": "worker_failed", "rank": 1, "exit_code": 1, "error": "ZeroDivisionError"}
+    services.on_restart(3, own)
+    killed = {"finding_type": "worker_failed", "rank": 1, "exit_code": -9, "signal": "SIGKILL"}
+    services.on_restart(4, {**killed, "error": peer})
+    first, unknown, plain, signalled = read_jsonl(tmp_path / RESTARTS_FILE)
+    assert (first["cause"], first["rank"], first["reason"]) == ("worker_failed", 0, "peer_failure")
+    assert first["message"].startswith(
+        "its peer went away (rank 1 failed first, as the monitor saw): RuntimeError"
+    )
+    assert unknown["message"].startswith("its peer went away (the root cause is on another rank)")
+    assert (plain["reason"], plain["message"]) == (None, "ZeroDivisionError")
+    assert signalled["reason"] is None and signalled["message"] == peer
