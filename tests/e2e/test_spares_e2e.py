@@ -135,6 +135,15 @@ class Agents:
             )
         time.sleep(0.2)
 
+    def __enter__(self) -> Agents:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Every agent still running is killed with its workers (a failed test)."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+
     def text(self, i: int) -> str:
         return self.logs[i].read_text(encoding="utf-8", errors="replace")
 
@@ -184,17 +193,12 @@ def test_a_spare_takes_the_lost_nodes_place_and_training_resumes_from_the_checkp
     port = free_port()
     store = host_store(port)  # any node may be the one lost (see the shrink test)
     cmds = [agent_cmd(i, "2:2", port, run_id, tmp_path, 20, NO_HOST) for i in range(3)]
-    agents = Agents(cmds, tmp_path, spares=1)
-    try:
+    with Agents(cmds, tmp_path, spares=1) as agents:
         node0, node1, spare = agents.node(0), agents.node(1), 2
         agents.wait_for(r"\[demo\] step 8/", 90)
         agents.kill(node1)
         codes = agents.finish(110)
-    finally:
-        for proc in agents.procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-        del store
+    del store
     out = agents.all_text()
     assert codes[node0] == 0 and codes[spare] == 0, out
     text0 = agents.text(node0)
@@ -237,17 +241,12 @@ def test_without_a_spare_the_job_shrinks_to_the_nodes_left_and_goes_on(
         agent_cmd(i, "1:2", port, run_id, tmp_path, 16, NO_HOST, "--global-batch", "16")
         for i in range(2)
     ]
-    agents = Agents(cmds, tmp_path)
-    try:
+    with Agents(cmds, tmp_path) as agents:
         node0, node1 = agents.node(0), agents.node(1)
         agents.wait_for(r"\[demo\] step 8/", 90)
         agents.kill(node1)
         codes = agents.finish(110)
-    finally:
-        for proc in agents.procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-        del store
+    del store
     out = agents.all_text()
     assert codes[node0] == 0, out
     text0 = agents.text(node0)
@@ -280,19 +279,14 @@ def test_a_shrunk_job_grows_back_when_a_node_comes(tmp_path: Path, run_id: str) 
         agent_cmd(i, "1:2", port, run_id, tmp_path, 40, NO_HOST, "--global-batch", "16")
         for i in range(3)
     ]
-    agents = Agents(cmds[:2], tmp_path)
-    try:
+    with Agents(cmds[:2], tmp_path) as agents:
         node0, node1 = agents.node(0), agents.node(1)
         agents.wait_for(r"\[demo\] step 6/", 90)
         agents.kill(node1)
         agents.wait_for(r"batch plan: 1 rank\(s\)", 60)  # shrunk, training again
         agents.start(cmds[2])  # a node comes: the job takes it at its next round
         codes = agents.finish(120)
-    finally:
-        for proc in agents.procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-        del store
+    del store
     out = agents.all_text()
     assert codes[node0] == 0 and codes[2] == 0, out
     text0 = agents.text(node0)
@@ -331,8 +325,7 @@ def test_a_healthy_run_with_a_spare_waiting_has_no_finding_and_a_killed_spare_is
     # 100 steps (~13 s): a spare killed while it waits is found gone after 3 missed
     # keep-alives (1 s here) and node 0's reading period (2 s), well before the end
     cmds = [agent_cmd(i, "2:2", port, run_id, tmp_path, 100) for i in range(4)]
-    agents = Agents(cmds, tmp_path, spares=2)
-    try:
+    with Agents(cmds, tmp_path, spares=2) as agents:
         node0 = agents.node(0)
         client = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
         deadline = time.monotonic() + 60
@@ -341,10 +334,6 @@ def test_a_healthy_run_with_a_spare_waiting_has_no_finding_and_a_killed_spare_is
             time.sleep(0.2)
         agents.kill(3)  # a spare lost while it waits: no agent left to say so
         codes = agents.finish(110)
-    finally:
-        for proc in agents.procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
     out = agents.all_text()
     assert {i: codes[i] for i in range(3)} == {0: 0, 1: 0, 2: 0}, out
     run0 = tmp_path / f"agent{node0}" / "heartbeat" / run_id
@@ -377,17 +366,12 @@ def test_node0_lost_the_new_rounds_node0_runs_the_monitor(tmp_path: Path, run_id
     store = host_store(port)
     conf = NO_HOST
     cmds = [agent_cmd(i, "2:2", port, run_id, tmp_path, 20, conf) for i in range(3)]
-    agents = Agents(cmds, tmp_path, spares=1)
-    try:
+    with Agents(cmds, tmp_path, spares=1) as agents:
         node0, node1, spare = agents.node(0), agents.node(1), 2
         agents.wait_for(r"\[demo\] step 8/", 90)
         agents.kill(node0)
         codes = agents.finish(110)
-    finally:
-        for proc in agents.procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-        del store
+    del store
     out = agents.all_text()
     assert codes[node1] == 0 and codes[spare] == 0, out
     text1 = agents.text(node1)
