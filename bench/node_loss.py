@@ -3,10 +3,13 @@ of the new group, with a hot spare, without one (shrink), and under plain torchr
 
 What: agents on loopback (each its own session and log dir, one CPU rank each, gloo),
 the demo (``rankguard.demo.train``, a checkpoint every ``--every`` steps, ``--log-every
-1``). When rank 0 prints step ``--kill-step``, one agent other than the rendezvous store's
-host and rank 0's is killed with every process under it (SIGKILL: torch elastic starts
-each worker in a session of its own, a kill of the agent's session would miss them; a
-torchrun worker then trains on without its agent). Scenarios:
+1``). The rendezvous store is hosted by the bench, a host that does not train (the
+deployment ``docs/elastic.md`` recommends: the store's host is the one node whose loss
+ends a job; which agent would host it is otherwise a race on a loaded machine). When rank
+0 prints step ``--kill-step``, one agent other than rank 0's is killed with every process
+under it (SIGKILL: torch elastic starts each worker in a session of its own, a kill of the
+agent's session would miss them; a torchrun worker then trains on without its agent).
+Scenarios:
 
 - ``spare``: ``rankguard run --nnodes 2:2``, 3 agents: 2 train, 1 waits as a spare;
 - ``spare-preload``: the same with ``--preload torch`` (every agent, the spare too,
@@ -16,8 +19,9 @@ torchrun worker then trains on without its agent). Scenarios:
   train (torch's rendezvous has no spare: whoever comes is let in), 2 go on.
 
 Every scenario gets the same ``--rdzv-conf``: keep-alive every second, a node dead after
-3 missed (``keep_alive_interval=1,keep_alive_max_attempt=3``), and ``last_call_timeout=1``
-(the shrunk round completes 1 s after MIN is reached).
+3 missed (``keep_alive_interval=1,keep_alive_max_attempt=3``), ``last_call_timeout=1``
+(the shrunk round completes 1 s after MIN is reached) and ``is_host=false`` (every agent
+a client of the bench's store).
 
 Measured (each agent's output is read by a thread that stamps each line on arrival):
 ``recovery_s`` = the kill to the first ``[demo] step`` line after ``[demo] resumed
@@ -52,7 +56,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-RDZV_CONF = "keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1"
+RDZV_CONF = "keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1,is_host=false"
 
 
 def _free_port() -> int:
@@ -199,7 +203,10 @@ def run_once(scenario: str, args: Any, root: Path) -> dict[str, Any]:
         "shrink": ("1:2", 2, 0),
         "torchrun": ("2:3", 3, 0),
     }[scenario]
+    from torch.distributed import TCPStore
+
     port = _free_port()
+    store = TCPStore("127.0.0.1", port, is_master=True, multi_tenant=True, wait_for_workers=False)
     run_id = f"nodeloss-{scenario}-{os.getpid()}-{int(time.time() * 1000) % 100000}"
     work = Path(tempfile.mkdtemp(prefix=f"{scenario}-", dir=root))
     agents: list[Agent] = []
@@ -218,9 +225,8 @@ def run_once(scenario: str, args: Any, root: Path) -> dict[str, Any]:
         ):
             return {"scenario": scenario, "ok": False, "error": "never reached the kill step"}
         printer = next(a for a in agents if _steps(a))  # rank 0's agent
-        # the victim: neither rank 0's agent nor the store's host (the first agent), nor
-        # the spare (it has no worker yet)
-        victims = [a for a in agents[1 : n_agents - spares] if a is not printer]
+        # the victim: neither rank 0's agent nor the spare (it has no worker yet)
+        victims = [a for a in agents[: n_agents - spares] if a is not printer]
         victim = victims[-1]
         last_before = max(s for _, s in _steps(printer))
         killed_at = time.time()
@@ -279,6 +285,7 @@ def run_once(scenario: str, args: Any, root: Path) -> dict[str, Any]:
     finally:
         for a in agents:
             _lose_node(a)  # whatever is left of the run (its workers too)
+        del store
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,13 +22,21 @@ LONG_MARKERS = ("e2e", "bench", "ranks")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """One intra-op thread in the test processes themselves (not in the ranks the e2e
-    tests launch): a test process that grew an OpenMP/BLAS thread pool (a matmul in an
-    earlier test on the same worker) can hang the ranks it forks later
-    (``tests.factories.run_ranks``)."""
+    """One intra-op thread in the test processes themselves: a test process that grew an
+    OpenMP/BLAS thread pool (a matmul in an earlier test on the same worker) can hang the
+    ranks it forks later (``tests.factories.run_ranks``).
+
+    And one in every rank the tests launch (``OMP_NUM_THREADS=1``, unless set): the
+    simulated nodes of a multi-node test share this machine's cores, and a rank alone on
+    its "node" (``--nproc-per-node 1``, where torchrun leaves the variable alone) would
+    run one OpenMP thread per core, spinning between operations: on 2 cores a two-node
+    job's ranks burned 2.6 times the CPU they needed (16.9 s against 6.4 s each, for 60
+    steps). Several ranks on one node get 1 from the launcher anyway, as with torchrun;
+    the tests that check that rule remove the variable first."""
     import torch
 
     torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -322,9 +322,13 @@ def test_a_healthy_run_with_a_spare_waiting_has_no_finding_and_a_killed_spare_is
     tmp_path: Path, run_id: str
 ) -> None:
     port = free_port()
-    # 100 steps (~13 s): a spare killed while it waits is found gone after 3 missed
-    # keep-alives (1 s here) and node 0's reading period (2 s), well before the end
-    cmds = [agent_cmd(i, "2:2", port, run_id, tmp_path, 100) for i in range(4)]
+    # 60 steps of at least 0.3 s (18 s, mostly asleep: little CPU on a loaded machine): a
+    # spare killed while it waits is found gone after 3 missed keep-alives (1 s here) and
+    # node 0's reading period (2 s), well before the end
+    cmds = [
+        agent_cmd(i, "2:2", port, run_id, tmp_path, 60, RDZV_CONF, "--step-sleep", "0.3")
+        for i in range(4)
+    ]
     with Agents(cmds, tmp_path, spares=2) as agents:
         node0 = agents.node(0)
         client = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
