@@ -105,7 +105,8 @@ class Agent:
             stderr=subprocess.STDOUT,
             text=True,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+            # one OpenMP thread per rank unless set: the simulated nodes share the cores
+            env={"OMP_NUM_THREADS": "1", **os.environ, "PYTHONUNBUFFERED": "1", **env},
         )
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()

@@ -21,7 +21,8 @@ Scenarios:
 Every scenario gets the same ``--rdzv-conf``: keep-alive every second, a node dead after
 3 missed (``keep_alive_interval=1,keep_alive_max_attempt=3``), ``last_call_timeout=1``
 (the shrunk round completes 1 s after MIN is reached) and ``is_host=false`` (every agent
-a client of the bench's store).
+a client of the bench's store), and every rank one OpenMP thread (``OMP_NUM_THREADS=1``
+unless set: the simulated nodes share this machine's cores).
 
 Measured (each agent's output is read by a thread that stamps each line on arrival):
 ``recovery_s`` = the kill to the first ``[demo] step`` line after ``[demo] resumed
@@ -140,7 +141,10 @@ def _start(cmd: list[str]) -> Agent:
         text=True,
         errors="replace",
         start_new_session=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        # one OpenMP thread per rank unless set (as torchrun gives several ranks on one
+        # node): the simulated nodes share this machine's cores, and a rank alone on its
+        # "node" would otherwise spin a thread per core against the others
+        env={"OMP_NUM_THREADS": "1", **os.environ, "PYTHONUNBUFFERED": "1"},
     )
     agent = Agent(proc)
     threading.Thread(target=agent.read, daemon=True).start()

@@ -100,6 +100,14 @@ def _demo(tmp_path: Path, run_id: str, *train: str) -> tuple[str, int]:
         [
             *standalone_run(run_id, tmp_path),
             *INPROC,
+            # No hang in this job: a soft timeout of 5 s, not 2, so that a main thread held
+            # 2 s in one C call on a loaded machine (the process group's first connect, the
+            # first backward) is no restart that takes the crash's place. The survivor
+            # then waits about 5 s in its broken collective (the group's timeout on gloo).
+            "--set",
+            "inprocess_restart.soft_timeout=5",
+            "--set",
+            "inprocess_restart.hard_timeout=12",
             "-m",
             "rankguard.demo.train",
             "--steps",
@@ -126,7 +134,7 @@ def test_demo_crash_recovered_in_process_with_the_loss_of_a_clean_run(
     assert rc == 0, clean[-2000:]
     out, rc = _demo(tmp_path / "crash", run_id, "--fault", "crash", "--fault-step", "5")
     assert rc == 0, out[-2000:]
-    assert "in-process restart 1: resuming at step 6" in out
+    assert "in-process restart 1: resuming at step 6" in out, out[-6000:]
     assert _final_loss(out) == _final_loss(clean)  # same data, same weights: continuous
     lines = read_jsonl(tmp_path / "crash" / "heartbeat" / run_id / "restarts.jsonl")
     assert [(x["kind"], x["cause"], x["rank"]) for x in lines] == [("inprocess", "exception", 1)]
