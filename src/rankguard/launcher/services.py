@@ -397,6 +397,9 @@ class NodeServices:
             drain = 2 * hb.publish_interval_s + hb.scan_interval_s
             if self.relaying:
                 drain += 2 * hb.publish_interval_s
+            # at least 5 s: the wait ends as soon as every rank has ended, and a loaded
+            # machine can take longer than a few intervals to scan the ranks' last records
+            drain = max(drain, 5.0)
             status = self.monitor.stop(drain_timeout_s=drain)
             self._say_monitor_done()
             if self.cfg.fault_tolerance.calc_ft_timeouts:
