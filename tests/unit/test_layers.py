@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
         "wakeup",
         "elastic",
         "configdoc",
+        "gcfreeze",
     ),
     ("schema", "phases"),
     ("runenv", "health", "perf"),

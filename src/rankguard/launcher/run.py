@@ -26,6 +26,7 @@ from typing import Any
 from rankguard._fs import atomic_write_json
 from rankguard.config import RankguardConfig, config_to_dict, dumps_config
 from rankguard.ft.flightrec import flight_recorder_env
+from rankguard.gcfreeze import freeze_startup
 from rankguard.heartbeat.identity import ENV
 from rankguard.launcher.agent import RankguardAgent, first_failure
 from rankguard.launcher.checks import check_launch
@@ -281,6 +282,7 @@ def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
 
 
 def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
+    freeze_startup()  # torch's module state, imported: the agent's collections skip it
     _say(features_line(opts, cfg))
     for note in opts.notes:
         _say(note)

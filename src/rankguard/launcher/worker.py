@@ -16,12 +16,19 @@ and hands the heartbeat thread the lifeline it checks at every beat.
 from __future__ import annotations
 
 import atexit
+import builtins
+import importlib.machinery
+import importlib.util
+import io
 import os
 import runpy
 import signal
 import sys
+import types
+import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from types import CodeType
+from typing import TYPE_CHECKING, Any
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -30,6 +37,7 @@ from rankguard.bootstrap import session_from_env
 from rankguard.config import run_config
 from rankguard.ft.flightrec import TraceDumper
 from rankguard.ft.stacks import install_dump_handler
+from rankguard.gcfreeze import freeze_startup
 from rankguard.heartbeat.lifeline import Lifeline, end_orphan, set_parent_death_signal
 from rankguard.schema.blocks import NvrxBlock, fields_source
 from rankguard.session import install
@@ -85,6 +93,55 @@ def _serve_nvrx(session: RankSession, env: runenv.RunEnv) -> RankMonitorBridge |
     return bridge
 
 
+def _as_main(code: CodeType, **attrs: Any) -> None:
+    """Run ``code`` in a new ``__main__`` module, as the interpreter runs a script: the
+    module stays ``sys.modules["__main__"]`` until the exit, which clears it after the
+    atexit handlers (a file the script left open is flushed then, its objects' finalizers
+    run). ``runpy``'s temporary module is put back at once, and what it held was left in
+    reference cycles that no exit collects: a log the script never closed lost its tail."""
+    module = types.ModuleType("__main__")
+    module.__dict__.update(attrs, __builtins__=builtins)
+    sys.modules["__main__"] = module
+    exec(code, module.__dict__)
+
+
+def _run_path_as_main(path: str) -> None:
+    """``python SCRIPT``: a file is compiled and run as ``__main__``; a directory or zip
+    file with a ``__main__.py`` runs through ``runpy`` as before."""
+    if not os.path.isfile(path) or zipfile.is_zipfile(path):
+        runpy.run_path(path, run_name="__main__")
+        return
+    path = os.path.abspath(path)  # as the interpreter's own ``__file__`` is
+    with io.open_code(path) as f:
+        code = compile(f.read(), path, "exec", dont_inherit=True)
+    loader = importlib.machinery.SourceFileLoader("__main__", path)
+    _as_main(code, __file__=path, __cached__=None, __loader__=loader, __spec__=None)
+
+
+def _run_module_as_main(name: str) -> None:
+    """``python -m NAME``: the module (a package's ``__main__``) run as ``__main__``,
+    ``sys.argv[0]`` its file, as the interpreter's ``-m`` does."""
+    spec = importlib.util.find_spec(name)
+    if spec is not None and spec.submodule_search_locations is not None:
+        spec = importlib.util.find_spec(f"{name}.__main__")
+    if spec is None or spec.loader is None or not hasattr(spec.loader, "get_code"):
+        runpy.run_module(name, run_name="__main__", alter_sys=True)  # runpy's own error
+        return
+    code = spec.loader.get_code(spec.name)
+    if code is None:
+        raise ImportError(f"No code object available for {name}")
+    if spec.origin:
+        sys.argv[0] = spec.origin
+    _as_main(
+        code,
+        __file__=spec.origin,
+        __cached__=spec.cached,
+        __loader__=spec.loader,
+        __spec__=spec,
+        __package__=spec.parent,
+    )
+
+
 def _stop(bridge: RankMonitorBridge | None) -> None:
     if bridge is not None:
         bridge.close()
@@ -111,15 +168,16 @@ def main(argv: list[str] | None = None, *, direct_child: bool = True) -> None:
         dump_file = install_dump_handler(Path(env.run_dir), env.rank)
         bridge = _serve_nvrx(session, env)
         TraceDumper.start_if_available(Path(env.run_dir), env.rank)
+    freeze_startup()  # torch's and rankguard's module state: no collection walks it again
     try:
         session.install_optimizer_hook()
         if as_module:
             sys.argv = [target, *rest]
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
+            _run_module_as_main(target)
         else:
             sys.argv = [target, *rest]
             sys.path[0] = os.path.dirname(os.path.abspath(target))
-            runpy.run_path(target, run_name="__main__")
+            _run_path_as_main(target)
     except SystemExit as exc:
         code = _exit_code(exc)
         _stop(bridge)
