@@ -50,9 +50,7 @@ def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize("as_module", [False, True], ids=["script", "module"])
-def test_a_file_the_script_leaves_open_is_flushed_at_exit(
-    tmp_path: Path, as_module: bool
-) -> None:
+def test_a_file_the_script_leaves_open_is_flushed_at_exit(tmp_path: Path, as_module: bool) -> None:
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "pkg" / "train.py").write_text(_LEAVES_A_FILE_OPEN)
