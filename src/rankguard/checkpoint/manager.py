@@ -61,7 +61,7 @@ from rankguard.checkpoint.files import (
 )
 from rankguard.checkpoint.group import CheckpointGroup
 from rankguard.checkpoint.local import LocalStore, deserialize, replica_peers, serialize
-from rankguard.checkpoint.stager import HostStager
+from rankguard.checkpoint.stager import HostStager, dtensor_type
 from rankguard.checkpoint.state import StatePlan
 from rankguard.checkpoint.tiers import BoundTier, Candidate, CheckpointTier
 from rankguard.ranksession import current as current_session
@@ -841,9 +841,8 @@ def _describe(exc: BaseException) -> str:
 
 def _localize(obj: Any) -> Any:
     """DTensors -> their local shard (a local checkpoint is per rank)."""
-    from rankguard.checkpoint.stager import DTensor
-
-    if DTensor is not None and isinstance(obj, DTensor):
+    dtensor = dtensor_type()
+    if dtensor is not None and isinstance(obj, dtensor):
         return obj.to_local()
     if isinstance(obj, dict):
         return {k: _localize(v) for k, v in obj.items()}
@@ -857,12 +856,11 @@ def _localize(obj: Any) -> Any:
 def _copy_into(current: Any, loaded: Any, key: str) -> Any:
     """Load ``loaded`` into the live ``current`` structure in place (tensors copied into
     the existing ones); a shape or structure that does not fit raises, naming the key."""
-    from rankguard.checkpoint.stager import DTensor
-
+    dtensor = dtensor_type()
     where = key.lstrip(".") or "<root>"
     if isinstance(current, torch.Tensor):
         target = (
-            current.to_local() if DTensor is not None and isinstance(current, DTensor) else current
+            current.to_local() if dtensor is not None and isinstance(current, dtensor) else current
         )
         if not isinstance(loaded, torch.Tensor):
             raise CheckpointError(f"{where}: the checkpoint has no tensor there")

@@ -19,16 +19,23 @@ tensor's version counter, so no check at the end of a background copy could see 
 from __future__ import annotations
 
 import copy
-from typing import Any
+import sys
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-__all__ = ["HostStager"]
-
-try:
+if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
-except ImportError:  # pragma: no cover - torch without distributed tensors
-    DTensor = None  # type: ignore[assignment,misc]
+
+__all__ = ["HostStager", "dtensor_type"]
+
+
+def dtensor_type() -> type[DTensor] | None:
+    """``DTensor`` if a DTensor can exist here: its module is imported (a state dict
+    holds one only then). Importing it to ask would cost a rank that never shards a
+    second at every start (it imports ``torch._dynamo``)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None)
 
 
 class HostStager:
@@ -77,10 +84,11 @@ class HostStager:
         return buf
 
     def _copy(self, obj: Any, key: str) -> Any:
-        if DTensor is not None and isinstance(obj, DTensor):
+        dtensor = dtensor_type()
+        if dtensor is not None and isinstance(obj, dtensor):
             local = obj.to_local()
             staged = self._tensor(local, key)
-            return DTensor.from_local(
+            return dtensor.from_local(
                 staged,
                 obj.device_mesh,
                 obj.placements,
