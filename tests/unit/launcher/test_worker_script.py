@@ -12,22 +12,9 @@ from pathlib import Path
 
 import pytest
 
-_LEAVES_A_FILE_OPEN = textwrap.dedent(
+_SCRIPT = textwrap.dedent(
     """
-    import atexit, sys
-    log = open(sys.argv[1], "w")
-    log.write("written, never flushed nor closed\\n")
-
-    def bye():  # holds the script's globals (and the file) until the atexit handlers ran
-        print("atexit ran", flush=True)
-
-    atexit.register(bye)
-    """
-)
-
-_DESCRIBES_ITSELF = textwrap.dedent(
-    """
-    import json, sys
+    import atexit, json, sys
     spec = globals().get("__spec__")
     print(json.dumps({
         "name": __name__,
@@ -39,27 +26,15 @@ _DESCRIBES_ITSELF = textwrap.dedent(
         "argv": sys.argv[1:],
         "main_is_me": sys.modules["__main__"].__dict__ is globals(),
     }))
+    log = open(sys.argv[-1], "w")
+    log.write("written, never flushed nor closed\\n")
+
+    def bye():  # holds the script's globals (and the file) until the atexit handlers ran
+        print("atexit ran", flush=True)
+
+    atexit.register(bye)
     """
 )
-
-
-def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, timeout=60, cwd=cwd
-    )
-
-
-@pytest.mark.parametrize("as_module", [False, True], ids=["script", "module"])
-def test_a_file_the_script_leaves_open_is_flushed_at_exit(tmp_path: Path, as_module: bool) -> None:
-    (tmp_path / "pkg").mkdir()
-    (tmp_path / "pkg" / "__init__.py").write_text("")
-    (tmp_path / "pkg" / "train.py").write_text(_LEAVES_A_FILE_OPEN)
-    target = ["-m", "pkg.train"] if as_module else [str(tmp_path / "pkg" / "train.py")]
-    out_file = tmp_path / "out.log"
-    done = _run(["-m", "rankguard.launcher.worker", *target, str(out_file)], tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert "atexit ran" in done.stdout
-    assert out_file.read_text() == "written, never flushed nor closed\n"
 
 
 @pytest.mark.parametrize(
@@ -67,15 +42,27 @@ def test_a_file_the_script_leaves_open_is_flushed_at_exit(tmp_path: Path, as_mod
     [["train.py"], ["-m", "pkg.train"], ["-m", "pkg"]],
     ids=["script", "module", "package"],
 )
-def test_the_script_sees_what_python_would_show_it(tmp_path: Path, target: list[str]) -> None:
+def test_the_script_runs_as_python_runs_it(tmp_path: Path, target: list[str]) -> None:
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
-    for where in (tmp_path / "train.py", tmp_path / "pkg" / "train.py"):
-        where.write_text(_DESCRIBES_ITSELF)
-    (tmp_path / "pkg" / "__main__.py").write_text(_DESCRIBES_ITSELF)
-    plain = _run([*target, "--lr", "3"], tmp_path)
-    ours = _run(["-m", "rankguard.launcher.worker", *target, "--lr", "3"], tmp_path)
-    assert plain.returncode == 0 and ours.returncode == 0, (plain.stderr, ours.stderr)
-    seen = json.loads(ours.stdout.splitlines()[-1])
-    assert seen == json.loads(plain.stdout.splitlines()[-1])
-    assert seen["main_is_me"] and seen["name"] == "__main__" and seen["argv"] == ["--lr", "3"]
+    for where in ("train.py", "pkg/train.py", "pkg/__main__.py"):
+        (tmp_path / where).write_text(_SCRIPT)
+    seen = {}
+    for how, prefix in (("python", []), ("rankguard", ["-m", "rankguard.launcher.worker"])):
+        log = tmp_path / f"{how}.log"
+        done = subprocess.run(
+            [sys.executable, *prefix, *target, "--lr", "3", str(log)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
+        assert done.returncode == 0, (how, done.stderr)
+        lines = done.stdout.splitlines()
+        assert lines[-1] == "atexit ran", (how, done.stdout)
+        assert log.read_text() == "written, never flushed nor closed\n", how
+        seen[how] = json.loads(lines[-2])
+        seen[how]["argv"][-1] = "LOG"
+    assert seen["rankguard"] == seen["python"]
+    assert seen["rankguard"]["main_is_me"] and seen["rankguard"]["name"] == "__main__"
+    assert seen["rankguard"]["argv"] == ["--lr", "3", "LOG"]

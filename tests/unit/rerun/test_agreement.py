@@ -24,6 +24,8 @@ def _rank_main(rank: int, world: int, tmp: str, scenario: str, resume: bool) -> 
     import torch
     import torch.distributed as dist
 
+    torch.set_num_threads(1)  # a forked rank must not enter the parent's OpenMP pool
+
     from rankguard.rerun import RerunStateMachine, RerunStateMachineConfig
     from tests.factories import RerunExit, TorchSaver, raising_exit
 
@@ -96,7 +98,7 @@ def _rank_main(rank: int, world: int, tmp: str, scenario: str, resume: bool) -> 
 
 
 def _run(tmp: Path, scenario: str, *, resume: bool = False) -> list[dict[str, Any]]:
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("fork")  # torch is imported here: the ranks start at once
     procs = [
         ctx.Process(target=_rank_main, args=(r, 2, str(tmp), scenario, resume)) for r in (0, 1)
     ]
