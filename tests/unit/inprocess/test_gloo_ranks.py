@@ -40,16 +40,20 @@ def run_ranks(
         TORCH_CPP_LOG_LEVEL="error",
     )
     env.pop("RANKGUARD_LAUNCHER", None)
+    # each rank's stderr to a file (a pipe nobody reads could fill and block the rank)
+    errs = [(out / f"rank_{r}.stderr").open("w") for r in range(WORLD)]
     procs = [
         subprocess.Popen(
             [sys.executable, str(SCRIPT), "--out", str(out), "--steps", str(steps), *args],
             env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stderr=errs[r],
             text=True,
         )
         for r in range(WORLD)
     ]
+    for err in errs:
+        err.close()
     try:
         rcs = [p.wait(timeout=timeout) for p in procs]
     finally:
@@ -62,6 +66,13 @@ def run_ranks(
         path = out / f"rank_{r}.json"
         results.append(json.loads(path.read_text()) if path.exists() else {})
     return rcs, results
+
+
+def stderr_tails(out: Path) -> str:
+    """The end of each rank's stderr, for an assertion's message."""
+    return "\n".join(
+        f"--- rank {r}\n{(out / f'rank_{r}.stderr').read_text()[-3000:]}" for r in range(WORLD)
+    )
 
 
 def reference_weights(steps: int = STEPS) -> list[float]:
@@ -90,7 +101,7 @@ def assert_completed(results: list[dict[str, Any]], restarts: int, steps: int = 
 
 def test_exception_in_one_rank_every_rank_reenters_and_completes(tmp_path: Path) -> None:
     rcs, results = run_ranks(tmp_path, "--faults", "0:1:5:raise")
-    assert rcs == [0, 0]
+    assert rcs == [0, 0], stderr_tails(tmp_path)
     assert_completed(results, restarts=1)
     for res in results:
         assert res["rounds"][1]["cause"] == "exception" and res["rounds"][1]["culprit"] == 1
@@ -101,7 +112,7 @@ def test_exception_in_one_rank_every_rank_reenters_and_completes(tmp_path: Path)
 
 def test_hang_before_a_collective_soft_timeout_then_reentry(tmp_path: Path) -> None:
     rcs, results = run_ranks(tmp_path, "--faults", "0:0:4:hang", "--soft", "2", "--hard", "20")
-    assert rcs == [0, 0]
+    assert rcs == [0, 0], stderr_tails(tmp_path)
     assert_completed(results, restarts=1)
     for res in results:  # rank 0 sleeping outside the collective is the culprit
         assert res["rounds"][1]["cause"] == "soft_timeout" and res["rounds"][1]["culprit"] == 0
@@ -129,7 +140,7 @@ def test_a_dead_peer_cannot_reenter_the_others_give_up(tmp_path: Path) -> None:
 def test_a_late_starting_rank_is_waited_for_not_declared_lost(tmp_path: Path) -> None:
     # rank 1 reaches the first barrier 4 s late, past heartbeat_timeout (3 s)
     rcs, results = run_ranks(tmp_path, "--late", "4", "--faults", "0:1:5:raise")
-    assert rcs == [0, 0]
+    assert rcs == [0, 0], stderr_tails(tmp_path)
     assert_completed(results, restarts=1)
 
 
@@ -144,7 +155,7 @@ def test_hard_timeout_ends_the_stuck_process(tmp_path: Path) -> None:
 def test_twenty_reentries_leave_no_thread_fd_or_memory_growing(tmp_path: Path) -> None:
     faults = ",".join(f"{r}:{r % 2}:{r + 2}:raise" for r in range(20))
     rcs, results = run_ranks(tmp_path, "--faults", faults, steps=26, timeout=150)
-    assert rcs == [0, 0]
+    assert rcs == [0, 0], stderr_tails(tmp_path)
     assert_completed(results, restarts=20, steps=26)
     for res in results:
         rounds = res["rounds"]
@@ -159,5 +170,5 @@ def test_random_faults(tmp_path: Path) -> None:
     rcs, results = run_ranks(
         tmp_path, "--random", "4", "--seed", "7", "--soft", "4", "--hard", "20", timeout=120
     )
-    assert rcs == [0, 0]
+    assert rcs == [0, 0], stderr_tails(tmp_path)
     assert_completed(results, restarts=4)
