@@ -27,7 +27,6 @@ import sys
 import types
 import zipfile
 from pathlib import Path
-from types import CodeType
 from typing import TYPE_CHECKING, Any
 
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -93,7 +92,7 @@ def _serve_nvrx(session: RankSession, env: runenv.RunEnv) -> RankMonitorBridge |
     return bridge
 
 
-def _as_main(code: CodeType, **attrs: Any) -> None:
+def _as_main(code: types.CodeType, **attrs: Any) -> None:
     """Run ``code`` in a new ``__main__`` module, as the interpreter runs a script: the
     module stays ``sys.modules["__main__"]`` until the exit, which clears it after the
     atexit handlers (a file the script left open is flushed then, its objects' finalizers
