@@ -1,11 +1,12 @@
 """What a process holds before its work starts is kept out of the garbage collector's walks.
 
-A rank imports torch (and rankguard) before the training script runs: about 180,000
+A rank imports torch (and rankguard) before the training script runs: about 177,000
 objects that the cyclic collector walks at every full collection, for as long as the
-process lives. A full collection then takes 90 ms on a 2-core machine (150 ms once the
-first optimizer step has imported ``torch._dynamo``): a pause no step time explains, at a
-moment no rank chooses, the noise a straggler detector has to see through. At exit the
-interpreter walks them once more (0.5 s of CPU per rank, paid again at every restart).
+process lives. Once the script's optimizer has imported ``torch._dynamo`` (117,000 more),
+a full collection takes 164 ms on a 2-core machine, 69 ms with the first ones frozen
+(``bench/gc_pause.py``): a pause no step time explains, at a moment no rank chooses, the
+noise a straggler detector has to see through. At exit the interpreter walks them once
+more (about 0.4 s of CPU per rank, paid again at every restart).
 
 :func:`freeze_startup` moves every object alive at that moment to the collector's
 permanent generation (``gc.freeze``, the interpreter's own means for it). Those objects

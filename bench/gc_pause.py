@@ -1,0 +1,84 @@
+"""A full garbage collection in a rank, before and after rankguard's start-up freeze.
+
+What: a rank has imported torch and rankguard (``rankguard.launcher.worker``, what every
+rank imports before the script) and built an optimizer (which imports ``torch._dynamo``).
+A full collection (``gc.collect()``) is timed, median of ``--repeats``; then
+:func:`rankguard.gcfreeze.freeze_startup` runs as the worker runs it before the script,
+here after the optimizer so that the whole start-up is frozen, and a full collection is
+timed again. The worker freezes before the script, so a real rank keeps the objects the
+optimizer's import makes in the walk: the second figure printed, "worker's point", is a
+fresh process frozen at the worker's point, then the optimizer built.
+
+Why: the interpreter starts a full collection whenever enough long-lived objects were
+made; in a rank that walk is a pause of the training thread no step time explains, at a
+moment no rank chooses (straggler noise).
+
+Run: ``python bench/gc_pause.py [--repeats 7]``; ``--smoke``: 3 repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+
+_CHILD = """
+import gc, statistics, sys, time
+import torch
+import rankguard.launcher.worker
+from rankguard.gcfreeze import freeze_startup
+
+def full(n):
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter(); gc.collect(); out.append(time.perf_counter() - t0)
+    return statistics.median(out) * 1e3
+
+n = int(sys.argv[1])
+if sys.argv[2] == "worker":
+    freeze_startup()
+opt = torch.optim.AdamW(torch.nn.Linear(8, 8).parameters())
+before = full(n) if sys.argv[2] == "after" else None
+if sys.argv[2] == "after":
+    freeze_startup()
+print(before, full(n), len(gc.get_objects()), gc.get_freeze_count())
+"""
+
+
+def _child(repeats: int, when: str) -> list[str]:
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", _CHILD, str(repeats), when],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    return out.stdout.split()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--smoke", action="store_true", help="3 repeats")
+    args = p.parse_args()
+    repeats = 3 if args.smoke else args.repeats
+    t0 = time.monotonic()
+    before, after, tracked, frozen = _child(repeats, "after")
+    _, at_worker, tracked_w, frozen_w = _child(repeats, "worker")
+    print(f"full collection, nothing frozen:        {float(before):7.1f} ms")
+    print(
+        f"frozen after the optimizer:             {float(after):7.1f} ms "
+        f"({tracked} objects tracked, {frozen} frozen)"
+    )
+    print(
+        f"frozen at the worker's point:           {float(at_worker):7.1f} ms "
+        f"({tracked_w} objects tracked, {frozen_w} frozen)"
+    )
+    print(f"ratio nothing frozen / worker's point:  {float(before) / float(at_worker):7.1f}x")
+    print(f"({repeats} repeats each, {time.monotonic() - t0:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
