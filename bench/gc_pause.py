@@ -6,7 +6,7 @@ A full collection (``gc.collect()``) is timed, median of ``--repeats``; then
 :func:`rankguard.gcfreeze.freeze_startup` runs as the worker runs it before the script,
 here after the optimizer so that the whole start-up is frozen, and a full collection is
 timed again. The worker freezes before the script, so a real rank keeps the objects the
-optimizer's import makes in the walk: the second figure printed, "worker's point", is a
+optimizer's import makes in the walk: the third line, "worker's point", is a
 fresh process frozen at the worker's point, then the optimizer built.
 
 Why: the interpreter starts a full collection whenever enough long-lived objects were
