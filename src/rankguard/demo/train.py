@@ -256,26 +256,29 @@ def train(args: argparse.Namespace, device: torch.device, memory: dict[str, Any]
     batches = rerun.replay(iter(lambda: synthetic_batch(cfg, args.batch_size, gen, device), None))
     for step in range(first, args.steps + 1):
         with rg.step(step):
-            for _ in rerun.iteration(step, batches):  # twice when a check fails
-                with rg.data_loading():
-                    x, y = next(batches)
-                with rg.compute():  # this rank's own work (straggler detection measures it)
-                    cpu0 = time.thread_time()
-                    loss = _loss(model, x, y)
-                    if inject_nan(args, rank, step, rg.restart_count, rerun.rerunning):
-                        loss = loss * float("nan")
-                    rerun.validate_loss(loss)
-                    opt.zero_grad(set_to_none=True)
-                    for _ in range(accum - 1):  # the other micro-batches of the step
-                        xa, ya = next(batches)
-                        with model.no_sync():
-                            (_loss(model, xa, ya) / accum).backward()
-                    (loss / accum if accum > 1 else loss).backward()
-                    if args.fault == "slow" and is_fault_rank(args, rank):
-                        _busy(time.thread_time() - cpu0, args.slowdown)
-            if rerun.accepted:
-                opt.step()
-            memory["step"], memory["gen_state"] = step, gen.get_state()
+            # an in-process restart ends a round before this step or after it, never in
+            # its middle: each rank's weights, optimizer and data stay those of one step
+            with ip.atomic():
+                for _ in rerun.iteration(step, batches):  # twice when a check fails
+                    with rg.data_loading():
+                        x, y = next(batches)
+                    with rg.compute():  # this rank's own work (straggler detection measures it)
+                        cpu0 = time.thread_time()
+                        loss = _loss(model, x, y)
+                        if inject_nan(args, rank, step, rg.restart_count, rerun.rerunning):
+                            loss = loss * float("nan")
+                        rerun.validate_loss(loss)
+                        opt.zero_grad(set_to_none=True)
+                        for _ in range(accum - 1):  # the other micro-batches of the step
+                            xa, ya = next(batches)
+                            with model.no_sync():
+                                (_loss(model, xa, ya) / accum).backward()
+                        (loss / accum if accum > 1 else loss).backward()
+                        if args.fault == "slow" and is_fault_rank(args, rank):
+                            _busy(time.thread_time() - cpu0, args.slowdown)
+                if rerun.accepted:
+                    opt.step()
+                memory["step"], memory["gen_state"] = step, gen.get_state()
             if base:
                 time.sleep(base)
             if round_ == 0:  # an in-process re-entry runs clean

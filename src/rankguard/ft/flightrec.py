@@ -3,8 +3,8 @@
 torch records each rank's recent collectives (its flight recorder, ``TORCH_FR_BUFFER_SIZE``
 entries; ``TORCH_NCCL_TRACE_BUFFER_SIZE`` is the older name) for NCCL and, in torch 2.13,
 for gloo too. ``rankguard run`` turns it on for its ranks (:func:`flight_recorder_env`:
-both names, unless the user set them, and NCCL's own timeout dumps into the run
-directory). When a hang is found, node 0's fault handler, before the kill, asks its
+the names this torch reads, unless the user set them, and NCCL's own timeout dumps into
+the run directory). When a hang is found, node 0's fault handler, before the kill, asks its
 ranks for their traces (:func:`request_dumps`: one request file; each rank's
 :class:`TraceDumper` thread, started with the rank, sees it and writes
 ``flightrec/rank_<r>`` with ``_dump_fr_trace``, from a thread of its own, so a main
@@ -20,6 +20,7 @@ verdict is rankguard's own comparison of the ranks' ``pg_status``. No flight rec
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import logging
 import os
@@ -80,17 +81,41 @@ def available() -> bool:
     return hasattr(c10d, "_dump_fr_trace")
 
 
-def flight_recorder_env(run_dir: Path, environ: Mapping[str, str]) -> dict[str, str]:
-    """The variables that turn the flight recorder on for the ranks: both buffer names
-    (a size the user set is kept, and given to the other name), NCCL's timeout dumps
-    into ``<run_dir>/flightrec/``. Empty when the user switched it off (size 0)."""
+def _renamed(torch_version: str | None) -> bool:
+    """Does this torch read the flight recorder's new names (and warn at each rank's
+    start about the old ones)? torch 2.9 renamed them, keeping the old as aliases."""
+    if torch_version is None:
+        torch = sys.modules.get("torch")
+        torch_version = getattr(torch, "__version__", None)
+    if torch_version is None:
+        try:
+            torch_version = importlib.metadata.version("torch")
+        except importlib.metadata.PackageNotFoundError:
+            return True
+    try:
+        major, minor = (int(part) for part in torch_version.split(".")[:2])
+    except ValueError:
+        return True
+    return (major, minor) >= (2, 9)
+
+
+def flight_recorder_env(
+    run_dir: Path, environ: Mapping[str, str], *, torch_version: str | None = None
+) -> dict[str, str]:
+    """The variables that turn the flight recorder on for the ranks: the buffer size (a
+    size the user set, under either name, is kept and given to the name this torch
+    reads) and NCCL's timeout dumps into ``<run_dir>/flightrec/``. The old names are
+    set only for a torch older than 2.9 (a newer one warns about them in every rank).
+    Empty when the user switched it off (size 0)."""
     given = next((environ[n] for n in BUFFER_ENV if environ.get(n)), None)
     if given is not None and given.strip() == "0":
         return {}
     size = given or str(DEFAULT_ENTRIES)
-    out = {name: environ.get(name) or size for name in BUFFER_ENV}
+    names = 1 if _renamed(torch_version) else 2
+    out = {name: environ.get(name) or size for name in BUFFER_ENV[:names]}
     prefix = str(Path(run_dir) / DUMP_DIR / PREFIX)
-    out.update({name: environ.get(name) or prefix for name in DUMP_FILE_ENV})
+    mine = next((environ[n] for n in DUMP_FILE_ENV if environ.get(n)), None)
+    out.update({name: environ.get(name) or mine or prefix for name in DUMP_FILE_ENV[:names]})
     return out
 
 

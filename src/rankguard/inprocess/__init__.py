@@ -4,7 +4,8 @@
 ``train`` on every rank after an exception in any rank or a hang, without starting
 Python again: the process group is torn down and initialised anew through the job's
 store, and ``train`` is called again; it learns how many times with
-:func:`restart_count`. See ``docs/inprocess.md``.
+:func:`restart_count`; :func:`atomic` keeps a section (the optimizer step and the state
+a re-entry resumes from) whole. See ``docs/inprocess.md``.
 """
 
 from rankguard.inprocess.config import InProcessRestartConfig
@@ -14,6 +15,7 @@ from rankguard.inprocess.wrapper import (
     RESTART_PHASE,
     InProcessRestartError,
     RestartInfo,
+    atomic,
     current,
     restart_count,
     run_config,
@@ -27,6 +29,7 @@ __all__ = [
     "InProcessRestartError",
     "RestartInfo",
     "RestartInterrupt",
+    "atomic",
     "current",
     "restart_count",
     "run_config",

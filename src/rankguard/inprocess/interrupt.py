@@ -17,6 +17,11 @@ queue ``get``) returns with ``EINTR`` so the handler runs at once. A call blocke
 C++ (a collective) is released by aborting the communicator first; the handler runs when
 it returns. On another thread (ranks as threads), ``PyThreadState_SetAsyncExc`` is the
 only public way; it cannot wake a blocking call.
+
+An interrupter is also the context manager of an *atomic* section (NVRx's
+``CallWrapper.atomic``): an interrupt that comes while the training thread is inside one
+is held and raised as the section ends, so a step's update (the optimizer step and the
+state the next round resumes from) lands whole or not at all.
 """
 
 from __future__ import annotations
@@ -73,7 +78,9 @@ class Interrupter:
     ``armed`` is set by the training thread around the user's function and the
     completion wait; the handler raises only while armed and disarms itself, so one
     delivery raises once. :meth:`fire` may be repeated (user code that swallowed the
-    interrupt gets it again)."""
+    interrupt gets it again). ``with interrupter:`` is an atomic section (reentrant): an
+    interrupt inside it is raised at its end; an exception leaving the section is left
+    to propagate (the wrapper reports it) and the held interrupt is dropped."""
 
     def __init__(self, thread: threading.Thread | None = None) -> None:
         self.thread = thread or threading.current_thread()
@@ -83,6 +90,24 @@ class Interrupter:
         self._on_main = self.thread is threading.main_thread()
         self._previous: Any = None
         self._installed = False
+        self.depth = 0  # atomic sections the training thread is in
+        self.pending = False  # an interrupt came inside one
+
+    def arm(self) -> None:
+        """Training thread, as a round starts: interrupts raise from now on."""
+        self.pending = False
+        self.armed = True
+
+    def __enter__(self) -> None:
+        self.depth += 1
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.depth -= 1
+        if self.depth == 0 and self.pending:
+            self.pending = False
+            if self.armed and exc_type is None:
+                self.armed = False
+                raise RestartInterrupt(self.reason)
 
     def install(self) -> None:
         """Training thread, at start: the signal handler (main thread only)."""
@@ -97,6 +122,9 @@ class Interrupter:
 
     def _handler(self, signum: int, frame: Any) -> None:
         if self.armed:
+            if self.depth:  # inside an atomic section: raised at its end
+                self.pending = True
+                return
             self.armed = False
             raise RestartInterrupt(self.reason)
 
@@ -111,6 +139,9 @@ class Interrupter:
             return
         if self._installed:
             signal.pthread_kill(ident, INTERRUPT_SIGNAL)
+            return
+        if self.depth:  # the section's end raises it (a thread entering one just now
+            self.pending = True  # may still get it inside: no signal to order them)
             return
         set_async = ctypes.pythonapi.PyThreadState_SetAsyncExc
         set_async.argtypes = (ctypes.c_ulong, ctypes.py_object)

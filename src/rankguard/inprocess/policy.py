@@ -149,18 +149,37 @@ def lost_ranks(missing: Iterable[int], granularity: str, hosts: Mapping[int, str
     return sorted(gone)
 
 
-def apply_environment(environ: MutableMapping[str, str]) -> list[str]:
-    """Set Megatron Bridge's variables the user has not set; one line per variable
-    saying what was done."""
-    out = []
+#: Read once, as torch is imported: set in a rank that imported torch, it does nothing.
+AT_IMPORT = frozenset({"TORCH_CPP_LOG_LEVEL"})
+
+
+def apply_environment(
+    environ: MutableMapping[str, str], *, torch_imported: bool = False
+) -> tuple[list[str], list[str]]:
+    """Set Megatron Bridge's variables the user has not set: (lines saying what was
+    done, problems). ``rankguard run`` does it in the ranks' environment before they
+    start; the wrapper again in the rank, where a variable read at torch's import
+    (``TORCH_CPP_LOG_LEVEL``: c10d's warning at each timed-out store wait) is a problem
+    once torch is imported."""
+    out: list[str] = []
+    problems: list[str] = []
     for name, value in NCCL_ENV.items():
         if name in environ:
             if environ[name] != value:
                 out.append(f"{name}={environ[name]} kept (set by the user; recommended {value})")
+            else:
+                out.append(f"{name}={value}")
         else:
             environ[name] = value
-            out.append(f"{name}={value} set")
-    return out
+            if torch_imported and name in AT_IMPORT:
+                problems.append(
+                    f"{name}={value} set too late to take effect: torch is already imported "
+                    "(it reads the variable at import); set it in the launch environment "
+                    "(rankguard run does), or c10d logs a warning at each timed-out store wait"
+                )
+            else:
+                out.append(f"{name}={value} set")
+    return out, problems
 
 
 def timeout_problems(

@@ -113,6 +113,20 @@ def restart_count() -> int:
     return info.count if info is not None else 0
 
 
+_NOT_WRAPPED = contextlib.nullcontext()
+
+
+def atomic() -> contextlib.AbstractContextManager[None]:
+    """A section an in-process restart does not cut (NVRx's ``CallWrapper.atomic``):
+    an interrupt (a peer failed, this rank is stuck) that comes inside it is raised when
+    it ends. Wrap the optimizer step together with the state a re-entry resumes from, so
+    that a round ends before a step or after it, never in its middle. Reentrant; a no-op
+    outside a wrapped call. A collective inside it still ends the section when its peer
+    is gone (NCCL's abort releases it, gloo's timeout raises)."""
+    interrupter = getattr(_local, "interrupter", None)
+    return interrupter if interrupter is not None else _NOT_WRAPPED
+
+
 def _torch_dist() -> Any:
     import torch.distributed as dist  # here: `import rankguard` stays torch-free
 
@@ -307,15 +321,17 @@ class _Call:
 
     def _announce(self) -> None:
         cfg = self.cfg
-        lines = []
+        lines: list[str] = []
+        late: list[str] = []
         if cfg.set_nccl_env:
-            lines += apply_environment(os.environ)
+            lines, late = apply_environment(os.environ, torch_imported="torch" in sys.modules)
         fine, problems = timeout_problems(
             backend=self.backend,
             pg_timeout=self.pg_timeout,
             hard_timeout=cfg.hard_timeout,
             environ=os.environ,
         )
+        problems = late + problems
         if self.rank == 0:
             logger.warning(
                 "rankguard: in-process restart ON (granularity %s, soft %gs, hard %gs, "
@@ -350,7 +366,9 @@ class _Call:
         self._store = self._factory()
         self._wstore = self._factory()  # the watcher's own connection: no shared socket
         previous = getattr(_local, "info", None)
+        previous_interrupter = getattr(_local, "interrupter", None)
         _local.info = self.info
+        _local.interrupter = self.interrupter
         self.interrupter.install()
         if self.session is not None:
             self.session.add_heartbeat_block(self.heartbeat_block)
@@ -368,6 +386,7 @@ class _Call:
             if dist.is_initialized():
                 dist.destroy_process_group()
             _local.info = previous
+            _local.interrupter = previous_interrupter
             self._store = self._wstore = None
 
     def _rounds(self, dist: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -395,7 +414,7 @@ class _Call:
             try:
                 self.liveness.reset()
                 self.phase = "running"
-                self.interrupter.armed = True
+                self.interrupter.arm()
                 if self.fault_at is not None:
                     self.last_reentry_s = time.monotonic() - self.fault_at
                     self.fault_at = None

@@ -28,6 +28,7 @@ from rankguard.config import RankguardConfig, config_to_dict, dumps_config
 from rankguard.ft.flightrec import flight_recorder_env
 from rankguard.gcfreeze import freeze_startup
 from rankguard.heartbeat.identity import ENV
+from rankguard.inprocess.policy import apply_environment
 from rankguard.launcher.agent import RankguardAgent, first_failure
 from rankguard.launcher.checks import check_launch
 from rankguard.launcher.console import LiveStatus, run_end_line
@@ -170,6 +171,9 @@ def _worker_env(cfg: RankguardConfig, run_id: str, run_dir: Path, job: str | Non
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     # PyTorch's flight recorder: each rank's recent collectives, dumped on a hang
     os.environ.update(flight_recorder_env(run_dir, os.environ))
+    ip = cfg.inprocess_restart
+    if ip.enabled and ip.set_nccl_env:  # before the ranks import torch (its log level)
+        apply_environment(os.environ)
 
 
 def _loopback_gloo() -> None:

@@ -7,6 +7,8 @@ import datetime
 import multiprocessing as mp
 import os
 import pickle
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -27,15 +29,37 @@ pytestmark = [pytest.mark.ranks, pytest.mark.timeout(120)]
 
 
 def test_env_turns_the_recorder_on_and_keeps_the_users_settings(tmp_path: Path) -> None:
-    env = flight_recorder_env(tmp_path, {})
-    assert env["TORCH_FR_BUFFER_SIZE"] == env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"
-    assert env["TORCH_FR_DUMP_TEMP_FILE"] == str(tmp_path / "flightrec" / "rank_")
-    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == env["TORCH_FR_DUMP_TEMP_FILE"]
+    env = flight_recorder_env(tmp_path, {}, torch_version="2.13.0+cpu")
+    assert env == {  # torch 2.9 and later: the new names only (the old ones warn)
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "flightrec" / "rank_"),
+    }
     older = flight_recorder_env(tmp_path, {"TORCH_NCCL_TRACE_BUFFER_SIZE": "500"})
-    assert older["TORCH_FR_BUFFER_SIZE"] == older["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "500"
+    assert older["TORCH_FR_BUFFER_SIZE"] == "500"  # the user's size, under the read name
     assert flight_recorder_env(tmp_path, {"TORCH_FR_BUFFER_SIZE": "0"}) == {}
-    mine = flight_recorder_env(tmp_path, {"TORCH_FR_DUMP_TEMP_FILE": "/x/fr_"})
+    mine = flight_recorder_env(tmp_path, {"TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/x/fr_"})
     assert mine["TORCH_FR_DUMP_TEMP_FILE"] == "/x/fr_"
+    old = flight_recorder_env(tmp_path, {"TORCH_FR_BUFFER_SIZE": "64"}, torch_version="2.8.1")
+    assert old["TORCH_FR_BUFFER_SIZE"] == old["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "64"
+    assert old["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == old["TORCH_FR_DUMP_TEMP_FILE"]
+
+
+def test_the_ranks_of_this_torch_start_without_a_warning_about_the_names(
+    tmp_path: Path,
+) -> None:
+    env = {**os.environ, **flight_recorder_env(tmp_path, os.environ)}
+    code = (
+        "import torch.distributed as dist\n"
+        f"dist.init_process_group('gloo', init_method='file://{tmp_path}/pg', rank=0,"
+        " world_size=1)\n"
+        "import torch; t = torch.ones(1); dist.all_reduce(t)\n"
+        "dist.destroy_process_group()\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "Environment variable TORCH_" not in res.stderr, res.stderr[-2000:]
 
 
 def _trace(enqueued: int, completed: int, entries: list[tuple[int, str]]) -> dict[str, Any]:

@@ -75,6 +75,101 @@ def test_another_thread_gets_an_async_exception() -> None:
     assert seen == ["interrupted"]
 
 
+def test_an_interrupt_inside_an_atomic_section_is_raised_as_it_ends() -> None:
+    it = Interrupter()
+    it.install()
+    done: list[str] = []
+    try:
+        it.arm()
+        firing = _fire_later(it, 0.05)
+        with pytest.raises(RestartInterrupt, match="peer"):
+            with it:
+                with it:  # reentrant: the outer end raises
+                    deadline = time.monotonic() + 0.5
+                    while time.monotonic() < deadline:  # Python: the signal is handled here
+                        time.sleep(0.01)
+                    done.append("inner")
+                done.append("outer")  # the section ran to its end
+            done.append("after")  # never: the held interrupt is raised at the end
+        firing.join()
+        assert done == ["inner", "outer"]
+        assert not it.armed and not it.pending and it.depth == 0
+    finally:
+        it.uninstall()
+
+
+def test_outside_atomic_sections_the_interrupt_is_immediate_and_arm_drops_a_held_one() -> None:
+    it = Interrupter()
+    it.install()
+    try:
+        it.arm()
+        with it:
+            pass
+        firing = _fire_later(it, 0.05)
+        with pytest.raises(RestartInterrupt):
+            time.sleep(30)
+        firing.join()
+        it.pending = True  # a held interrupt of the last round
+        it.arm()
+        with it:
+            pass  # the new round's section ends without it
+        assert it.armed
+    finally:
+        it.uninstall()
+
+
+def test_an_exception_leaving_an_atomic_section_wins_over_the_held_interrupt() -> None:
+    it = Interrupter()
+    it.install()
+    try:
+        it.arm()
+        firing = _fire_later(it, 0.02)
+        with pytest.raises(ValueError, match="own"), it:
+            time.sleep(0.3)
+            time.sleep(0.01)  # the handler has run by now
+            assert it.pending
+            raise ValueError("own")
+        firing.join()
+        assert not it.pending and it.depth == 0
+    finally:
+        it.uninstall()
+
+
+def test_atomic_holds_the_async_exception_of_another_thread() -> None:
+    seen: list[str] = []
+    holder: list[Interrupter] = []
+    fired = threading.Event()
+
+    def body() -> None:
+        it = Interrupter()
+        it.arm()
+        try:
+            with it:
+                holder.append(it)
+                fired.wait(10)
+                for _ in range(1000):  # Python code: an async exception would land here
+                    time.sleep(0)
+                seen.append("section done")
+        except RestartInterrupt:
+            seen.append("interrupted")
+
+    t = threading.Thread(target=body)
+    t.start()
+    while not holder:
+        time.sleep(0.01)
+    holder[0].fire("peer")
+    fired.set()
+    t.join(timeout=10)
+    assert seen == ["section done", "interrupted"]
+
+
+def test_atomic_outside_a_wrapped_call_is_a_no_op() -> None:
+    from rankguard.inprocess import atomic
+
+    with atomic(), atomic():
+        pass
+
+
 def test_liveness_stops_while_the_main_thread_is_blocked() -> None:
     live = Liveness()
     stop = threading.Event()

@@ -83,12 +83,23 @@ def test_lost_ranks_by_granularity() -> None:
 
 def test_environment_set_only_where_unset() -> None:
     env = {"NCCL_NVLS_ENABLE": "1"}
-    lines = apply_environment(env)
+    lines, problems = apply_environment(env)
     assert env["TORCH_CPP_LOG_LEVEL"] == "error"
     assert env["TORCH_NCCL_RETHROW_CUDA_ERRORS"] == "0"
     assert env["NCCL_NVLS_ENABLE"] == "1"  # the user's value is kept, and said
     assert any("NCCL_NVLS_ENABLE=1 kept" in line for line in lines)
-    assert set(NCCL_ENV) <= set(env)
+    assert set(NCCL_ENV) <= set(env) and problems == []
+    again, problems = apply_environment(env, torch_imported=True)  # as the launcher left it
+    assert "TORCH_CPP_LOG_LEVEL=error" in again and problems == []
+
+
+def test_the_log_level_set_after_torchs_import_is_said_to_have_no_effect() -> None:
+    env: dict[str, str] = {}
+    lines, problems = apply_environment(env, torch_imported=True)
+    assert env["TORCH_CPP_LOG_LEVEL"] == "error"  # for the processes it starts
+    assert [p.split(" ", 1)[0] for p in problems] == ["TORCH_CPP_LOG_LEVEL=error"]
+    assert "too late" in problems[0] and "launch environment" in problems[0]
+    assert "TORCH_NCCL_RETHROW_CUDA_ERRORS=0 set" in lines  # read when a group is made
 
 
 def test_nccl_timeouts_must_exceed_hard_timeout() -> None:
