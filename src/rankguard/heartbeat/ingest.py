@@ -23,7 +23,7 @@ from rankguard.heartbeat.api import RemoteSource
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.disk import DiskState, disk_state
 from rankguard.heartbeat.payloads import PayloadError, check_health, load_json
-from rankguard.heartbeat.procs import pid_running
+from rankguard.heartbeat.procs import parent_pid, pid_running
 from rankguard.heartbeat.rules import HeartbeatRules
 from rankguard.heartbeat.tailer import JsonlTailer
 from rankguard.schema.layout import HEALTH_FILE_RE, HEARTBEAT_FILE_RE, HEARTBEAT_SUFFIX, RunLayout
@@ -65,6 +65,10 @@ class Ingest:
         self._health_stale: dict[int, bool] = {}
         # mirrored file per (rank, pid): bytes so far and its first line (for rotation)
         self._mirror_files: dict[tuple[int, int], tuple[int, bytes]] = {}
+        # (rank, pid) of the processes another agent's relay speaks for -> that agent's
+        # pid when it runs on this host (agents of one host), else None
+        self._relayed: dict[tuple[int, int], int | None] = {}
+        self._relayed_gone: dict[tuple[int, int], float] = {}  # since when the pid is gone
 
     def check_disks(self, now: float) -> None:
         """Each node's disk state into the rules: this node's run directory, and what
@@ -121,6 +125,10 @@ class Ingest:
             record = self.rules.accept(raw)
             if record is None:
                 continue
+            key = (record.rank, record.pid)
+            if key not in self._relayed:
+                local = record.hostname == self.hostname
+                self._relayed[key] = parent_pid(record.pid) if local else None
             age = min(record.relayed_age_s or 0.0, 3600.0)
             if self.rules.ingest(record, now - age) and mirror:  # new: keep node 0's copy
                 self.mirror(record)
@@ -161,13 +169,30 @@ class Ingest:
             return
         self._mirror_files[key] = (size + len(line), first)
 
+    def relay_grace_s(self) -> float:
+        """How long a relayed rank's pid may be gone before its process_end arrives: two
+        publish periods and a scan."""
+        cfg = self.cfg
+        return max(2.0, 2 * cfg.publish_interval_s + cfg.scan_interval_s)
+
     def mark_vanished(self, now: float) -> None:
+        """This host's ranks whose pid is gone without a process_end: an end written for
+        them (killed, crashed). A rank whose agent (another node's, on this host) still
+        runs is given that agent's relay period first: its own end is on the way."""
         for state in self.rules.ranks.values():
             rec = state.record
             if rec is None or rec.ended or rec.hostname != self.hostname:
                 continue
-            if not pid_running(rec.pid):
-                self.rules.ingest(rec.vanished(time.time_ns()), now)
+            if pid_running(rec.pid):
+                continue
+            key = (rec.rank, rec.pid)
+            agent = self._relayed.get(key)
+            if agent is not None and pid_running(agent):
+                since = self._relayed_gone.setdefault(key, now)
+                if now - since < self.relay_grace_s():
+                    continue
+            self._relayed_gone.pop(key, None)
+            self.rules.ingest(rec.vanished(time.time_ns()), now)
 
     def read_health(self, now: float) -> None:
         with os.scandir(self.run_dir) as it:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["pid_running", "process_start_time", "process_state"]
+__all__ = ["parent_pid", "pid_running", "process_start_time", "process_state"]
 
 
 def process_state(pid: int) -> str | None:
@@ -44,6 +44,23 @@ def process_start_time(pid: int) -> int | None:
     rest = stat[stat.rfind(b")") + 2 :].split()
     try:
         return int(rest[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def parent_pid(pid: int) -> int | None:
+    """The parent of ``pid`` (``/proc/<pid>/stat`` field 4); None if the process is gone
+    or ``/proc`` cannot tell."""
+    if pid <= 0:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    rest = stat[stat.rfind(b")") + 2 :].split()
+    try:
+        return int(rest[1])
     except (IndexError, ValueError):
         return None
 

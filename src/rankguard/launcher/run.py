@@ -519,14 +519,30 @@ def _keep_store_for_monitor(services: NodeServices) -> None:
 def _keep_store_for_spares(services: NodeServices, wait_s: float = 10.0) -> None:
     """This node hosts the rendezvous store: the spares still waiting in the
     rendezvous learn that it closed (at their next sync, about a second) before the
-    store goes (bounded); without it they would fail on a lost store. A spare that node
-    0 found gone (its beat stopped) is not waited for."""
-    from rankguard.launcher.spares import waiting_agents
+    store goes (bounded); without it they would fail on a lost store. A spare whose
+    beat stopped (node 0 found it gone, or this node sees it now: the store's host need
+    not be node 0) is not waited for."""
+    from rankguard.launcher.spares import MISSED_BEATS, SpareWatch, read_agents
 
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        if waiting_agents(services.store, services.run_id, services.spares_gone) == 0:
+    watch = SpareWatch(slack_s=0.5)
+    gone = set(services.spares_gone)
+    start = time.monotonic()
+    deadline = start + wait_s
+    while True:
+        now = time.monotonic()
+        agents = read_agents(services.store, services.run_id)
+        gone |= watch.gone(agents, now)
+        waiting = [a for a in agents if a.get("state") == "waiting" and a["agent"] not in gone]
+        if not waiting:
             return
+        for a in waiting:  # long enough to see a stopped beat as one
+            try:
+                keepalive = float(a.get("keepalive_s") or 0.0)
+            except (TypeError, ValueError):
+                keepalive = 0.0
+            deadline = max(deadline, start + MISSED_BEATS * keepalive + watch.slack_s + 1.0)
+        if now >= deadline:
+            break
         time.sleep(0.2)
     _say("spares still waiting in the rendezvous: the rendezvous store goes now")
 

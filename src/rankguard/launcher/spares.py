@@ -37,6 +37,7 @@ from typing import Any
 
 __all__ = [
     "KEEPALIVE_S",
+    "MISSED_BEATS",
     "AgentRegistry",
     "SpareWatch",
     "elastic_status",

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -14,6 +17,7 @@ import pytest
 
 from rankguard.heartbeat.api import RemoteSource
 from rankguard.heartbeat.monitor import FindingSink, JobMonitor
+from rankguard.heartbeat.procs import process_state
 from rankguard.schema.findings import Finding
 from rankguard.schema.layout import FINDINGS_FILE, heartbeat_file_name
 from tests.factories import BASE_NS, FakeClock, heartbeat_config, publisher_record, read_status
@@ -414,6 +418,68 @@ def test_running_local_pid_and_remote_hosts_are_not_marked(tmp_path: Path) -> No
     mon.scan_once()
     assert read_findings(tmp_path) == []
     assert [r["process_liveness"] for r in read_status(tmp_path)["ranks"]] == ["alive"] * 2
+
+
+def test_a_relayed_rank_of_a_live_agent_on_this_host_gets_its_relay_period(
+    tmp_path: Path,
+) -> None:
+    here = socket.gethostname()
+    child = subprocess.Popen(["sleep", "30"])  # a rank of another agent (this process)
+    remote = FakeRemote()
+    clock = FakeClock()
+    mon = _monitor(tmp_path, clock, world=2, check_pids=True, remote=remote)
+    write(tmp_path, rec(0, 0, pid=os.getpid(), hostname=here))
+    remote.records = [rec(1, 0, pid=child.pid, hostname=here, node_rank=1)]
+    mon.scan_once()
+    child.kill()
+    child.wait()  # the rank ended; its process_end is still on the way through the relay
+    mon.scan_once()
+    clock.t += mon.ingest.relay_grace_s() - 0.5
+    mon.scan_once()
+    assert read_findings(tmp_path) == []
+    rows = {r["rank"]: r for r in read_status(tmp_path)["ranks"]}
+    assert rows[1]["process_liveness"] == "alive"
+    clock.t += 1.0
+    mon.scan_once()  # no end came in the relay's time: named
+    found = read_findings(tmp_path)
+    assert [(f["rank"], f["reason"]) for f in found] == [
+        (1, "rank_process_died_without_process_end")
+    ]
+
+
+def test_a_relayed_rank_whose_agent_on_this_host_died_is_named_at_once(tmp_path: Path) -> None:
+    here = socket.gethostname()
+    agent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, time\n"
+            "p = subprocess.Popen(['sleep', '30'])\n"
+            "print(p.pid, flush=True)\n"
+            "time.sleep(30)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert agent.stdout is not None
+    rank_pid = int(agent.stdout.readline())
+    remote = FakeRemote()
+    mon = _monitor(tmp_path, FakeClock(), world=2, check_pids=True, remote=remote)
+    write(tmp_path, rec(0, 0, pid=os.getpid(), hostname=here))
+    remote.records = [rec(1, 0, pid=rank_pid, hostname=here, node_rank=1)]
+    mon.scan_once()
+    agent.kill()  # the agent and its rank killed together (its node lost)
+    agent.wait()
+    os.kill(rank_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while process_state(rank_pid) not in (None, "Z"):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    mon.scan_once()
+    found = read_findings(tmp_path)
+    assert [(f["rank"], f["reason"]) for f in found] == [
+        (1, "rank_process_died_without_process_end")
+    ]
 
 
 def test_stop_returns_completed_status(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ them, and the rendezvous wrapper (no restart for a spare, a timeout waited out).
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -278,3 +279,52 @@ def test_a_spare_gone_is_listed_apart_not_counted_and_not_waited_for() -> None:
     assert "gone     h:4 (spare(s) whose keep-alive stopped while waiting" in text
     assert waiting_agents(store, "r") == 2 and waiting_agents(store, "r", gone) == 1
     live.close()
+
+
+def test_a_store_host_that_is_not_node0_sees_a_dead_spare_itself_and_waits_for_a_live_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from types import SimpleNamespace
+
+    from rankguard.launcher.run import _keep_store_for_spares
+
+    store = _store()
+    live, dead = (
+        AgentRegistry(store, "r", max_nodes=2, agent=n, keepalive_s=0.1) for n in ("h:3", "h:4")
+    )
+    live.waiting()
+    dead.waiting()
+    dead.close()  # as a SIGKILL would: its beat stops, its entry stays "waiting"
+    # node 1's services: node 0 computes spares_gone, here it is empty
+    services = SimpleNamespace(store=store, run_id="r", spares_gone=set())
+    t0 = time.monotonic()
+    leaving = threading.Timer(1.0, live.left)  # the live spare sees the store closed
+    leaving.start()
+    _keep_store_for_spares(services, wait_s=5.0)  # type: ignore[arg-type]
+    took = time.monotonic() - t0
+    leaving.join()
+    live.close()
+    assert 1.0 <= took < 4.0, took  # the live one waited for; the dead one found, not waited
+    assert "spares still waiting" not in capsys.readouterr().err
+    t0 = time.monotonic()
+    _keep_store_for_spares(services, wait_s=0.1)  # nobody waits now: at once
+    assert time.monotonic() - t0 < 1.0
+
+
+def test_a_spare_that_never_leaves_is_waited_for_as_long_as_its_beat_may_take(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from types import SimpleNamespace
+
+    from rankguard.launcher.run import _keep_store_for_spares
+
+    store = _store()
+    stuck = AgentRegistry(store, "r", max_nodes=2, agent="h:5", keepalive_s=0.3)
+    stuck.waiting()  # beats on, never leaves
+    services = SimpleNamespace(store=store, run_id="r", spares_gone=set())
+    t0 = time.monotonic()
+    _keep_store_for_spares(services, wait_s=0.2)  # type: ignore[arg-type]
+    took = time.monotonic() - t0
+    stuck.close()
+    assert 3 * 0.3 <= took < 5.0, took  # three beats' time at least, then it goes
+    assert "spares still waiting in the rendezvous" in capsys.readouterr().err
