@@ -642,23 +642,26 @@ def run_ranks(
         proc.start()
     results: dict[int, Any] = {}
     errors: list[str] = []
+    reported: set[int] = set()
     deadline = time.monotonic() + timeout_s
     try:
-        while len(results) + len(errors) < world:
+        while len(reported) < world:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(f"ranks not done after {timeout_s} s: {results.keys()}")
             try:
-                rank, ok, value = queue.get(timeout=min(remaining, 1.0))
+                rank, ok, value = queue.get(timeout=min(remaining, 0.2))
             except Exception:  # queue.Empty: a rank may have died without a word
-                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-                if (
-                    dead
-                    and len(results) + len(errors) < world
-                    and not any(p.is_alive() for p in procs)
-                ):
-                    raise RuntimeError(f"ranks died: exit codes {dead}") from None
+                # every rank that did not report has exited (the others wait for the
+                # parent to take their results): no word will come
+                silent = [r for r in range(world) if r not in reported]
+                if all(procs[r].exitcode is not None for r in silent):
+                    codes = [procs[r].exitcode for r in silent]
+                    raise RuntimeError(
+                        f"ranks died: exit codes {codes}" + "".join(f"\n{e}" for e in errors)
+                    ) from None
                 continue
+            reported.add(rank)
             if ok:
                 results[rank] = value
             else:
