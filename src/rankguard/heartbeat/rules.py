@@ -93,6 +93,8 @@ class RankState:
     phases_seen: dict[str, None] = field(default_factory=dict)  # in order, at most 16
     late: bool = False  # heartbeats older than fresh_s, not yet past the process timeout
     resumed_at: float | None = None  # heartbeats back after a pause of the process
+    # a victim's end (its peer went away) held until then: the cause may still be relayed
+    held_until: float | None = None
 
     @property
     def reported(self) -> set[FindingType]:
@@ -118,6 +120,7 @@ class RankState:
         self.phases_seen = {}
         self.late = False
         self.resumed_at = None
+        self.held_until = None
 
 
 HealthLookup = Callable[[HeartbeatRecord], dict[str, Any] | None]
@@ -407,8 +410,10 @@ class HeartbeatRules:
         phase's age reaching the shortest section timeout; earlier is only slower, never
         wrong. A stale rank (disk state, grace) is evaluated at every scan."""
         rec = s.record
-        if rec is None or s.seen_at is None or rec.ended:
+        if rec is None or s.seen_at is None:
             return math.inf
+        if rec.ended:  # held (a victim's end): at every scan, as a peer's end may come
+            return -math.inf if s.held_until is not None else math.inf
         if s.liveness is not Liveness.ALIVE:
             return -math.inf
         cfg = self.cfg
@@ -609,9 +614,19 @@ class HeartbeatRules:
         window = self.cfg.process_timeout_s
         if first is not None and first[0] != s.rank and now - first[1] <= window:
             # Terminated as a consequence of the first failure: state only.
+            s.held_until = None
             s.active.add(FindingType.PROCESS_EXITED)
             s.record = rec.with_exit(after_failure_of_rank=first[0])
             return
+        if first is None and peer_failure(exit_info.get("error")) and s.seen_at is not None:
+            # A victim's end (its collective broke: a peer went away) comes at once from
+            # this node; the peer's own end, from another node, a relay period later.
+            # Held that long, the cause is named, not its echo.
+            hold = s.seen_at + self.fresh_s
+            if now < hold:
+                s.held_until = hold
+                return
+        s.held_until = None
         if first is None:
             self.first_failure = (s.rank, now)
         reason = Reason.DIED if exit_info.get("vanished") else Reason.EXITED_WITH_ERROR

@@ -437,6 +437,38 @@ def test_a_killed_rank_is_blamed_not_the_peer_whose_collective_broke() -> None:
     assert rules.ranks[0].record.exit["after_failure_of_rank"] == 1
 
 
+_BROKEN = "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer"
+
+
+def test_a_victims_end_waits_a_relay_period_for_its_cause_from_another_node() -> None:
+    # rank 0 (this node) ends at once with the broken collective's error; rank 1's own
+    # error comes from node 1's relay a scan later: rank 1 is named, not its echo
+    rules = _rules(world=2)
+    assert rules.ingest(rec(1, 0, t=1.0), 1.0)
+    end0 = rec(0, 1, event="process_end", t=4.0)
+    end0["exit"] = {"clean": False, "exit_code": 1, "error": _BROKEN}
+    rules.ingest(end0, 6.0)
+    assert rules.evaluate(6.0) == []  # held
+    end1 = rec(1, 1, event="process_end", t=4.0)
+    end1["exit"] = {"clean": False, "exit_code": 1, "error": "RuntimeError: injected"}
+    rules.ingest(end1, 6.5)
+    assert types_of(rules.evaluate(6.5)) == [(1, PROCESS_EXITED)]
+    assert rules.evaluate(6.0 + rules.fresh_s) == []
+    assert rules.ranks[0].record is not None
+    assert rules.ranks[0].record.exit["after_failure_of_rank"] == 1
+
+
+def test_a_victims_end_with_no_cause_coming_is_named_after_the_relay_period() -> None:
+    rules = _rules(world=1)
+    end0 = rec(0, 1, event="process_end", t=4.0)
+    end0["exit"] = {"clean": False, "exit_code": 1, "error": _BROKEN}
+    rules.ingest(end0, 6.0)
+    assert rules.evaluate(6.0) == []
+    assert rules.evaluate(6.0 + rules.fresh_s - 0.01) == []
+    assert types_of(rules.evaluate(6.0 + rules.fresh_s)) == [(0, PROCESS_EXITED)]
+    assert rules.evaluate(20.0) == []  # once
+
+
 def test_the_agents_root_cause_is_blamed_among_vanished_ranks() -> None:
     # ranks 1 and 2 both vanished in one scan; the agent's exit codes say rank 2 was
     # killed first (rank 1 died in the broken collective without a record)
