@@ -26,43 +26,41 @@ def process_state(pid: int) -> str | None:
     return stat[close + 2 : close + 3].decode("ascii", "replace")
 
 
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after the parenthesised command name (which may
+    hold spaces or parens): state is index 0, the parent 1, starttime 19; None if the
+    process is gone or ``/proc`` cannot tell (not Linux)."""
+    if pid <= 0:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    return stat[stat.rfind(b")") + 2 :].split()
+
+
+def _stat_int(pid: int, index: int) -> int | None:
+    fields = _stat_fields(pid)
+    try:
+        return int(fields[index]) if fields is not None else None
+    except (IndexError, ValueError):
+        return None
+
+
 def process_start_time(pid: int) -> int | None:
     """When ``pid`` started, in clock ticks after boot (``/proc/<pid>/stat`` field 22);
     None if the process is gone or ``/proc`` cannot tell (not Linux).
 
     A pid and its start time name one process: a pid reused by a later process has
     another start time."""
-    if pid <= 0:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return None
-    # fields after the parenthesised command name (which may hold spaces or parens):
-    # state is field 3, starttime field 22, so index 19 of what follows ")"
-    rest = stat[stat.rfind(b")") + 2 :].split()
-    try:
-        return int(rest[19])
-    except (IndexError, ValueError):
-        return None
+    return _stat_int(pid, 19)
 
 
 def parent_pid(pid: int) -> int | None:
     """The parent of ``pid`` (``/proc/<pid>/stat`` field 4); None if the process is gone
     or ``/proc`` cannot tell."""
-    if pid <= 0:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return None
-    rest = stat[stat.rfind(b")") + 2 :].split()
-    try:
-        return int(rest[1])
-    except (IndexError, ValueError):
-        return None
+    return _stat_int(pid, 1)
 
 
 def pid_running(pid: int) -> bool:
