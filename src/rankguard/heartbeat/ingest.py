@@ -170,10 +170,9 @@ class Ingest:
         self._mirror_files[key] = (size + len(line), first)
 
     def relay_grace_s(self) -> float:
-        """How long a relayed rank's pid may be gone before its process_end arrives: two
-        publish periods and a scan."""
-        cfg = self.cfg
-        return max(2.0, 2 * cfg.publish_interval_s + cfg.scan_interval_s)
+        """How long a relayed rank's pid may be gone before its process_end arrives: the
+        rules' relay period (two publish periods and a scan), 2 s at least."""
+        return max(2.0, self.rules.fresh_s)
 
     def mark_vanished(self, now: float) -> None:
         """This host's ranks whose pid is gone without a process_end: an end written for
