@@ -119,9 +119,10 @@ def train() -> torch.Tensor:
         loss, grad = loss_and_grad(state["w"], s)  # type: ignore[arg-type]
         dist.all_reduce(grad)
         w = state["w"] - 0.01 * grad / world  # type: ignore[operator]
-        state["w"], state["step"] = w, s + 1
-        state["snapshots"] = {s + 1: w, s: state["snapshots"].get(s, w)}  # type: ignore[attr-defined]
-        log["losses"][str(s)] = loss  # type: ignore[index]
+        with ip.atomic():  # an interrupt between these lines would leave the step torn
+            state["w"], state["step"] = w, s + 1
+            state["snapshots"] = {s + 1: w, s: state["snapshots"].get(s, w)}  # type: ignore[attr-defined]
+            log["losses"][str(s)] = loss  # type: ignore[index]
         if first and round_ > 0:
             log["fault_to_step"].append(time.time())  # type: ignore[attr-defined]
             first = False
