@@ -238,8 +238,20 @@ def test_sigterm_to_the_launcher_stops_everything_without_false_findings(
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # wait until both ranks progress
-            if (run_dir / "status.json").exists() and read_status(run_dir)["state"] == "running":
-                break
+            # (the state is "running" as soon as one rank is: a slow second rank
+            # signalled before its first record is never observed)
+            if (run_dir / "status.json").exists():
+                status = read_status(run_dir)
+                rows = status["ranks"]
+                if (
+                    status["state"] == "running"
+                    and len(rows) == 2
+                    and all(
+                        r["process_liveness"] == "alive" and (r["progress_seq"] or 0) > 0
+                        for r in rows
+                    )
+                ):
+                    break
             time.sleep(0.2)
         else:
             pytest.fail("the job never reached the running state")
