@@ -139,6 +139,10 @@ def test_below_min_nodes_the_job_ends_with_15_and_the_host_list(
     found = read_jsonl(run_dir(logs[0], run_id) / "findings.jsonl")
     assert [f["reason"] for f in found] == ["nodes_left_after_exclusion_below_min_nodes"], every
     assert "--exclude=" in outs[0] and "kubectl taint nodes" in outs[0]
+    # no round ever formed: the store's host waits neither for a node 0 monitor that
+    # never ran nor for its own entry as a spare (it used to wait 60 s, then 17 s)
+    assert "keeping the rendezvous store" not in every, every
+    assert "spares still waiting" not in every, every
     assert no_leftover_workers(run_id)
 
 

@@ -188,9 +188,9 @@ class JobMonitor:
         self._thread = threading.Thread(target=self._loop, name="rankguard-monitor", daemon=True)
         self._thread.start()
 
-    def note_restart(self, reason: str) -> None:
+    def note_restart(self, reason: str, *, cause_pending: bool = False) -> None:
         """See :meth:`HeartbeatRules.note_restart`."""
-        self.rules.note_restart(reason)
+        self.rules.note_restart(reason, cause_pending=cause_pending, now=self.clock())
 
     def first_failed_rank(self) -> int | None:
         """The rank the monitor saw fail first in the failure under way (None: none)."""

@@ -169,6 +169,9 @@ class HeartbeatRules:
         self.first_failure: tuple[int, float] | None = None  # (rank, monitor time)
         self.shutdown: str | None = None  # why the launcher is stopping the workers
         self.restarting: str | None = None  # why the worker group is being restarted
+        # a restart for a rank whose peer went away, its cause not seen yet: until then a
+        # rank's own error is still that cause (it comes a relay period later)
+        self.cause_pending_until: float | None = None
         # node (None: every node without its own report) -> its disk, when it had space
         # again (None while full or never full)
         self.disks: dict[int | None, tuple[DiskState, float | None]] = {}
@@ -255,6 +258,7 @@ class HeartbeatRules:
                 self.first_failure = None  # the failed rank was restarted: episode over
             if had_process:
                 self.restarting = None  # the new worker group is up
+                self.cause_pending_until = None
                 self.root_cause = None
         previous = state.record
         if record.phase in _TRAIN_PHASES and previous is not None and _busy(state):
@@ -308,10 +312,18 @@ class HeartbeatRules:
         broken collective both end without a record saying why)."""
         self.root_cause = (rank, pid)
 
-    def note_restart(self, reason: str) -> None:
+    def note_restart(
+        self, reason: str, *, cause_pending: bool = False, now: float | None = None
+    ) -> None:
         """The worker group is being restarted: exits until new processes appear are
-        the restart's doing, not findings."""
+        the restart's doing, not findings. ``cause_pending``: the restart is for a rank
+        whose collective broke (a peer went away) and no rank was seen failing first:
+        the peer's own end, relayed from another node, may arrive after this note; for
+        one relay period after ``now`` an exit with a rank's own error (not a peer
+        failure, not a signal) is still named as that cause."""
         self.restarting = reason
+        pending = cause_pending and now is not None and self.first_failure is None
+        self.cause_pending_until = now + self.fresh_s if pending and now is not None else None
 
     def cancel_restart(self, reason: str) -> None:
         """The restart noted with ``reason`` will not happen (its kill failed): exits
@@ -606,7 +618,7 @@ class HeartbeatRules:
             s.active.add(FindingType.PROCESS_EXITED)
             s.record = rec.with_exit(after_shutdown=self.shutdown)
             return
-        if self.restarting is not None:
+        if self.restarting is not None and not self._pending_cause(exit_info, now):
             s.active.add(FindingType.PROCESS_EXITED)
             s.record = rec.with_exit(after_restart=self.restarting)
             return
@@ -631,6 +643,20 @@ class HeartbeatRules:
             self.first_failure = (s.rank, now)
         reason = Reason.DIED if exit_info.get("vanished") else Reason.EXITED_WITH_ERROR
         self._fire(s, FindingType.PROCESS_EXITED, reason, None, None, out)
+
+    def _pending_cause(self, exit_info: dict[str, Any], now: float) -> bool:
+        """During a restart noted with its cause pending (:meth:`note_restart`): whether
+        this end, with its own error, is that cause."""
+        until = self.cause_pending_until
+        if until is None or now > until or self.first_failure is not None:
+            return False
+        error = str(exit_info.get("error") or "")
+        return (
+            bool(error)
+            and not exit_info.get("vanished")
+            and not peer_failure(error)
+            and not _SIGNAL_END.search(error)
+        )
 
     def _process_stale(
         self, s: RankState, now: float, process_timeout: float, hb_age: float, out: list[Finding]
@@ -1029,6 +1055,10 @@ _PEER_FAILURE = re.compile(
     r"ECONNRESET|Connection refused|Timed out waiting .* for peer",
     re.IGNORECASE,
 )
+
+
+# an end the restart itself may cause: a signal turned into an exception or an exit
+_SIGNAL_END = re.compile(r"^(SystemExit|KeyboardInterrupt)|signal", re.IGNORECASE)
 
 
 def peer_failure(error: object) -> bool:

@@ -318,11 +318,18 @@ class SpareKeeper(HandlerWrapper):
             except RendezvousTimeoutError:
                 agents = read_agents(self.registry.store, self.registry.run_id)
                 if not full_round_without(agents, self.registry.agent, self.registry.max_nodes):
+                    self.registry.left()
                     raise
                 self.say(
                     f"a full round of {self.registry.max_nodes} node(s) trains: this agent "
                     "waits on as a spare"
                 )
+            except BaseException:
+                # the rendezvous failed (closed below --nnodes MIN, the store lost, ...):
+                # this agent's run ends, it no longer waits (nor beats: the store's host
+                # would otherwise wait for it as for a spare)
+                self.registry.left()
+                raise
         self.nodes = int(info.world_size)
         self.registry.joined(int(info.rank), self.nodes, round_tag(info))
         return info

@@ -509,7 +509,12 @@ def _exclusion(
 
 def _keep_store_for_monitor(services: NodeServices) -> None:
     """This node hosts the rendezvous store, node 0 runs the monitor: the store stays
-    until node 0's monitor has drained every relay (bounded)."""
+    until node 0's monitor has drained every relay (bounded). A host that never had a
+    number in any round, in a job whose node 0 never started its monitor (the job ended
+    before its first round: the rendezvous closed below ``--nnodes`` MIN), has nobody to
+    wait for."""
+    if services.node_rank is None and not services.monitor_ever_started():
+        return
     wait_s = 60.0
     _say(f"keeping the rendezvous store up to {wait_s:.0f} s for node 0's monitor")
     if not services.wait_for_monitor(wait_s):

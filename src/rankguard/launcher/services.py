@@ -212,6 +212,7 @@ class NodeServices:
         """The agent restarts the worker group: record it (restarts.jsonl, status)."""
         cause = cause or {}
         reason, message = cause.get("reason"), cause.get("message") or cause.get("error")
+        cause_pending = False  # the monitor may yet hear of the rank that failed first
         if (
             cause.get("finding_type") == FindingType.WORKER_FAILED.value
             and not cause.get("signal")
@@ -227,6 +228,7 @@ class NodeServices:
                 else "the root cause is on another rank"
             )
             message = f"its peer went away ({culprit}): {message}"
+            cause_pending = first is None
         entry = {
             "schema_version": 1,
             "kind": "process",
@@ -245,7 +247,9 @@ class NodeServices:
         self.restarts.append(entry)
         print(f"[rankguard] {restart_line(entry)}", file=sys.stderr, flush=True)
         if self.monitor is not None:
-            self.monitor.note_restart(f"restart {count}: {entry['cause']}")
+            self.monitor.note_restart(
+                f"restart {count}: {entry['cause']}", cause_pending=cause_pending
+            )
         if self.faults is not None:
             self.faults.restarted()
 
@@ -337,6 +341,7 @@ class NodeServices:
 
                 self.exporter = start_for_monitor(self.monitor, prometheus, self.run_dir)
             self.monitor.start()
+            self._say_monitor_started()
         elif self.relaying:
             self.relay = StoreRelay(
                 self.store,
@@ -348,6 +353,24 @@ class NodeServices:
                 workers=self.workers,
             )
             self.relay.start()
+
+    def _say_monitor_started(self) -> None:
+        if self.store is None or not self.relaying:
+            return
+        try:
+            self.store.set(StoreKeys(self.run_id).monitor_started, b"1")
+        except Exception as exc:  # the store host is gone already: nobody waits
+            logger.debug("rankguard: cannot mark the monitor started: %s", exc)
+
+    def monitor_ever_started(self) -> bool:
+        """Whether a node 0 of this job ever started its monitor (the store says); True
+        when the store cannot be asked (then the caller waits, as before)."""
+        if self.store is None:
+            return False
+        try:
+            return bool(self.store.check([StoreKeys(self.run_id).monitor_started]))
+        except Exception:
+            return True
 
     def _say_monitor_done(self) -> None:
         if self.store is None:

@@ -227,6 +227,12 @@ class StoreKeys:
         return f"{self.prefix}kill/node/{node_rank}"
 
     @property
+    def monitor_started(self) -> str:
+        """Node 0's monitor started (in some round): an agent hosting the store that
+        never had a number waits for that monitor only if one ran."""
+        return f"{self.prefix}monitor_started"
+
+    @property
     def monitor_done(self) -> str:
         """Node 0's monitor wrote its final status: the agent hosting the store (when
         it is another node) may let the store go."""

@@ -236,6 +236,54 @@ def test_without_note_restart_the_exit_is_a_finding() -> None:
     assert [(f.rank, f.finding_type) for f in rules.evaluate(1.5)] == [(1, PROCESS_EXITED)]
 
 
+def test_a_peer_failure_restart_still_names_the_cause_relayed_a_moment_later() -> None:
+    """Node 0's rank failed in its broken collective and the agent restarted before the
+    peer's own end came through its node's relay (the monitor had seen no rank fail):
+    that end, with the peer's own error, is still the cause; for one relay period."""
+    rules, feed = _two_ranks()
+    peer = "RuntimeError: Connection closed by peer [127.0.0.1]:43410"
+    feed.beat(0, 1.0, event="process_end", exit={"clean": False, "exit_code": 1, "error": peer})
+    assert rules.evaluate(1.1) == []  # a victim's end is held, the cause may follow
+    rules.note_restart("restart 1: worker_failed", cause_pending=True, now=1.2)
+    own = {"clean": False, "exit_code": 1, "error": "RuntimeError: rank 1 crashes at step 3"}
+    feed.beat(1, 1.5, event="process_end", exit=own)
+    found = rules.evaluate(1.6)
+    assert [(f.rank, f.finding_type.value) for f in found] == [(1, PROCESS_EXITED)]
+    assert rules.first_failure is not None and rules.first_failure[0] == 1
+
+
+@pytest.mark.parametrize(
+    ("error", "at"),
+    [
+        ("RuntimeError: rank 1 crashes at step 3", 9.0),  # past the relay period
+        ("RuntimeError: Connection reset by peer", 1.5),  # a victim too
+        ("SystemExit(-15)", 1.5),  # the restart's own signal
+        ("KeyboardInterrupt: ", 1.5),
+    ],
+    ids=["late", "peer", "sigterm", "interrupt"],
+)
+def test_a_pending_cause_is_only_an_own_error_within_the_relay_period(
+    error: str, at: float
+) -> None:
+    rules, feed = _two_ranks()
+    rules.note_restart("restart 1: worker_failed", cause_pending=True, now=1.2)
+    feed.beat(1, at, event="process_end", exit={"clean": False, "exit_code": 1, "error": error})
+    assert rules.evaluate(at + 0.1) == []
+    assert rules.ranks[1].record is not None
+    assert rules.ranks[1].record.exit["after_restart"] == "restart 1: worker_failed"
+
+
+def test_a_restart_with_its_cause_known_names_no_later_exit() -> None:
+    rules, feed = _two_ranks()
+    feed.beat(1, 1.0, event="process_end", exit={"clean": False, "exit_code": 1, "error": "x"})
+    assert [f.rank for f in rules.evaluate(1.1)] == [1]
+    rules.note_restart("restart 1: rank_process_exited", cause_pending=True, now=1.2)
+    assert rules.cause_pending_until is None  # a first failure was seen: nothing pending
+    own = {"clean": False, "exit_code": 1, "error": "RuntimeError: teardown"}
+    feed.beat(0, 1.5, event="process_end", exit=own)
+    assert rules.evaluate(1.6) == []
+
+
 def test_first_new_pid_ends_the_restart_window() -> None:
     rules, feed = _two_ranks()
     rules.note_restart("restart 1")

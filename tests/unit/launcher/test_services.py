@@ -114,12 +114,17 @@ def test_a_rank_whose_peer_went_away_is_not_named_the_cause_alone(tmp_path: Path
         "[127.0.0.1]:19330. This is typically caused by a remote worker crashing."
     )
     failed = {"finding_type": "worker_failed", "rank": 0, "exit_code": 1, "error": peer}
+    noted: list[tuple[str, bool]] = []
+
+    def note_restart(reason: str, *, cause_pending: bool = False) -> None:
+        noted.append((reason, cause_pending))
+
     services.monitor = SimpleNamespace(  # type: ignore[assignment]
-        first_failed_rank=lambda: 1, note_restart=lambda reason: None
+        first_failed_rank=lambda: 1, note_restart=note_restart
     )
     services.on_restart(1, failed)
     services.monitor = SimpleNamespace(  # type: ignore[assignment]
-        first_failed_rank=lambda: None, note_restart=lambda reason: None
+        first_failed_rank=lambda: None, note_restart=note_restart
     )
     services.on_restart(2, failed)
     # a rank's own error, or one killed by a signal, is the cause as it was
@@ -128,6 +133,8 @@ def test_a_rank_whose_peer_went_away_is_not_named_the_cause_alone(tmp_path: Path
     killed = {"finding_type": "worker_failed", "rank": 1, "exit_code": -9, "signal": "SIGKILL"}
     services.on_restart(4, {**killed, "error": peer})
     first, unknown, plain, signalled = read_jsonl(tmp_path / RESTARTS_FILE)
+    # only the restart whose cause the monitor has not seen yet leaves it pending
+    assert [pending for _, pending in noted] == [False, True, False, False]
     assert (first["cause"], first["rank"], first["reason"]) == ("worker_failed", 0, "peer_failure")
     assert first["message"].startswith(
         "its peer went away (rank 1 failed first, as the monitor saw): RuntimeError"

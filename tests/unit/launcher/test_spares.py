@@ -190,6 +190,63 @@ def test_a_closed_rendezvous_while_waiting_is_a_spare_not_needed() -> None:
     assert read_agents(store, "r")[0]["state"] == "left"
 
 
+def test_a_failed_rendezvous_leaves_the_agents_entry_and_stops_its_beat() -> None:
+    """The rendezvous closed below --nnodes MIN (or its store went away) while this
+    agent waited: its run ends, so its entry no longer says waiting and no beat moves (the
+    store's host, this agent or another, would otherwise wait for it as for a spare)."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
+
+    store = _store()
+    registry = AgentRegistry(store, "r", max_nodes=2, agent="h:1", keepalive_s=0.05)
+    keeper = SpareKeeper(Inner([RendezvousClosedError()]), registry)  # type: ignore[arg-type]
+    with pytest.raises(RendezvousClosedError):
+        keeper.next_rendezvous()
+    [entry] = read_agents(store, "r")
+    assert entry["state"] == "left" and not keeper.left_waiting
+    time.sleep(0.2)  # past a few keep-alive intervals
+    assert read_agents(store, "r")[0]["beat"] == entry["beat"]
+    registry.close()
+
+
+def test_a_timeout_without_a_full_round_leaves_the_agents_entry() -> None:
+    store = _store()
+    keeper = SpareKeeper(
+        Inner([RendezvousTimeoutError("join")]),  # type: ignore[arg-type]
+        AgentRegistry(store, "r", max_nodes=2, agent="h:1"),
+    )
+    with pytest.raises(RendezvousTimeoutError):
+        keeper.next_rendezvous()
+    assert read_agents(store, "r")[0]["state"] == "left"
+
+
+def test_a_store_host_never_numbered_waits_for_no_monitor_that_never_ran(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The job ended before its first round (the rendezvous closed below --nnodes MIN):
+    no node 0 ever started a monitor, so the store's host lets the store go at once; once
+    a monitor started, the host waits for it to say it finished."""
+    from rankguard.launcher.run import _keep_store_for_monitor
+    from rankguard.launcher.services import NodeServices
+    from rankguard.schema.layout import StoreKeys
+
+    store = _store()
+    services = NodeServices.__new__(NodeServices)
+    services.store, services.run_id, services.node_rank = store, "r", None
+    t0 = time.monotonic()
+    _keep_store_for_monitor(services)
+    assert time.monotonic() - t0 < 1.0
+    assert "keeping the rendezvous store" not in capsys.readouterr().err
+    store.set(StoreKeys("r").monitor_started, b"1")
+    done = threading.Timer(0.5, lambda: store.set(StoreKeys("r").monitor_done, b"1"))
+    done.start()
+    t0 = time.monotonic()
+    _keep_store_for_monitor(services)
+    done.join()
+    assert 0.5 <= time.monotonic() - t0 < 5.0
+    err = capsys.readouterr().err
+    assert "keeping the rendezvous store" in err and "did not say" not in err
+
+
 def test_keep_alive_settings_from_rdzv_conf() -> None:
     assert keep_alive_settings({}) == {}
     assert keep_alive_settings({"keep_alive_interval": "0.5", "keep_alive_max_attempt": "2"}) == {
