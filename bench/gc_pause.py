@@ -13,12 +13,19 @@ Why: the interpreter starts a full collection whenever enough long-lived objects
 made; in a rank that walk is a pause of the training thread no step time explains, at a
 moment no rank chooses (straggler noise).
 
+Also: the CPU a process spends on its start-up imports (``import torch`` and
+``rankguard.launcher.worker``, then :func:`~rankguard.gcfreeze.freeze_startup`) with the
+interpreter's automatic collections on, and paused as the launcher and the worker pause
+them (:func:`~rankguard.gcfreeze.pause_collection`): median of ``--repeats`` fresh
+processes each, interleaved.
+
 Run: ``python bench/gc_pause.py [--repeats 7]``; ``--smoke``: 3 repeats.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import subprocess
 import sys
 import time
@@ -44,6 +51,35 @@ if sys.argv[2] == "after":
     freeze_startup()
 print(before, full(n), len(gc.get_objects()), gc.get_freeze_count())
 """
+
+
+_START = """
+import resource, sys
+
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+t0 = cpu()
+from rankguard.gcfreeze import freeze_startup, pause_collection
+if sys.argv[1] == "paused":
+    pause_collection()
+import torch
+import rankguard.launcher.worker
+freeze_startup()
+print(cpu() - t0)
+"""
+
+
+def _startup_cpu_s(mode: str) -> float:
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", _START, mode],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    return float(out.stdout.split()[-1])
 
 
 def _child(repeats: int, when: str) -> list[str]:
@@ -76,6 +112,17 @@ def main() -> int:
         f"({tracked_w} objects tracked, {frozen_w} frozen)"
     )
     print(f"ratio nothing frozen / worker's point:  {float(before) / float(at_worker):7.1f}x")
+    on: list[float] = []
+    paused: list[float] = []
+    for _ in range(repeats):  # interleaved: a machine's drift falls on both alike
+        on.append(_startup_cpu_s("on"))
+        paused.append(_startup_cpu_s("paused"))
+    cpu_on, cpu_paused = statistics.median(on), statistics.median(paused)
+    print(f"start-up imports, collections on:       {cpu_on * 1e3:7.0f} ms CPU")
+    print(
+        f"start-up imports, collections paused:   {cpu_paused * 1e3:7.0f} ms CPU "
+        f"(saves {(cpu_on - cpu_paused) * 1e3:.0f} ms per process start)"
+    )
     print(f"({repeats} repeats each, {time.monotonic() - t0:.1f} s)")
     return 0
 

@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from rankguard import __version__
-from rankguard.config import ConfigError, load_config
+from rankguard.config import ConfigError, RankguardConfig, load_config
 from rankguard.ft.config import FaultToleranceConfig
+from rankguard.gcfreeze import pause_collection, resume_collection
 from rankguard.launcher.exitcodes import EXIT_USAGE
 
 __all__ = ["build_parser", "main", "run_main"]
@@ -87,6 +88,17 @@ def run_main(argv: list[str]) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"rankguard run: {_one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
+    # torch's import ahead: collected once when the launch starts (freeze_startup)
+    pause_collection()
+    try:
+        return _parse_and_launch(argv, pre, cfg, defaults)
+    finally:
+        resume_collection()  # an error line before the launch: collection as it was
+
+
+def _parse_and_launch(
+    argv: list[str], pre: Any, cfg: RankguardConfig, defaults: dict[str, Any]
+) -> int:
     from rankguard.launcher.options import parse_run_args  # imports torch
     from rankguard.launcher.run import launch
     from rankguard.schema import layout

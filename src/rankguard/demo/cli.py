@@ -8,6 +8,7 @@ import os
 import tempfile
 
 from rankguard.config import ConfigError, load_config
+from rankguard.gcfreeze import pause_collection, resume_collection
 from rankguard.launcher.options import LaunchOptions
 
 __all__ = ["DEMO_OVERRIDES", "add_parser", "run"]
@@ -107,16 +108,20 @@ def run(args: argparse.Namespace) -> int:
         os.makedirs(args.log_dir, exist_ok=True)
         ckpt = tempfile.mkdtemp(prefix="demo_checkpoints_", dir=args.log_dir)
         target_args += ["--checkpoint-dir", ckpt]
-    from rankguard.launcher.run import launch  # imports torch: not for `--help`
+    pause_collection()  # torch's import ahead: collected once when the launch starts
+    try:
+        from rankguard.launcher.run import launch  # imports torch: not for `--help`
 
-    opts = LaunchOptions(
-        target="rankguard.demo.train",
-        target_args=target_args,
-        module=True,
-        nproc_per_node=args.nproc_per_node,
-        standalone=True,
-        live_status=True,
-        max_restarts=1 if rerun else 0,
-        preload=tuple(m.strip() for m in args.preload.split(",") if m.strip()),
-    )
-    return launch(opts, cfg)
+        opts = LaunchOptions(
+            target="rankguard.demo.train",
+            target_args=target_args,
+            module=True,
+            nproc_per_node=args.nproc_per_node,
+            standalone=True,
+            live_status=True,
+            max_restarts=1 if rerun else 0,
+            preload=tuple(m.strip() for m in args.preload.split(",") if m.strip()),
+        )
+        return launch(opts, cfg)
+    finally:
+        resume_collection()  # an error before the launch: collection as it was

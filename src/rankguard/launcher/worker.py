@@ -29,6 +29,12 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rankguard.gcfreeze import freeze_startup, pause_collection
+
+if __name__ == "__main__":
+    # torch's import ahead: collected once by freeze_startup, before the script runs
+    pause_collection()
+
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from rankguard import runenv
@@ -36,7 +42,6 @@ from rankguard.bootstrap import session_from_env
 from rankguard.config import run_config
 from rankguard.ft.flightrec import TraceDumper
 from rankguard.ft.stacks import install_dump_handler
-from rankguard.gcfreeze import freeze_startup
 from rankguard.heartbeat.lifeline import Lifeline, end_orphan, set_parent_death_signal
 from rankguard.schema.blocks import NvrxBlock, fields_source
 from rankguard.session import install

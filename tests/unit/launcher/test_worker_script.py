@@ -14,7 +14,7 @@ import pytest
 
 _SCRIPT = textwrap.dedent(
     """
-    import atexit, json, sys
+    import atexit, gc, json, sys
     spec = globals().get("__spec__")
     print(json.dumps({
         "name": __name__,
@@ -25,6 +25,7 @@ _SCRIPT = textwrap.dedent(
         "argv0": sys.argv[0],
         "argv": sys.argv[1:],
         "main_is_me": sys.modules["__main__"].__dict__ is globals(),
+        "gc_enabled": gc.isenabled(),  # the bootstrap's start-up pause is over
     }))
     log = open(sys.argv[-1], "w")
     log.write("written, never flushed nor closed\\n")
@@ -65,4 +66,5 @@ def test_the_script_runs_as_python_runs_it(tmp_path: Path, target: list[str]) ->
         seen[how]["argv"][-1] = "LOG"
     assert seen["rankguard"] == seen["python"]
     assert seen["rankguard"]["main_is_me"] and seen["rankguard"]["name"] == "__main__"
+    assert seen["rankguard"]["gc_enabled"]
     assert seen["rankguard"]["argv"] == ["--lr", "3", "LOG"]
