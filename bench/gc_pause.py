@@ -19,7 +19,7 @@ interpreter's automatic collections on, and paused as the launcher and the worke
 them (:func:`~rankguard.gcfreeze.pause_collection`): median of ``--repeats`` fresh
 processes each, interleaved.
 
-Run: ``python bench/gc_pause.py [--repeats 7]``; ``--smoke``: 3 repeats.
+Run: ``python bench/gc_pause.py [--repeats 7]``; ``--smoke``: 3 repeats, one start-up each way.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def main() -> int:
     print(f"ratio nothing frozen / worker's point:  {float(before) / float(at_worker):7.1f}x")
     on: list[float] = []
     paused: list[float] = []
-    for _ in range(repeats):  # interleaved: a machine's drift falls on both alike
+    for _ in range(1 if args.smoke else repeats):  # interleaved: drift falls on both alike
         on.append(_startup_cpu_s("on"))
         paused.append(_startup_cpu_s("paused"))
     cpu_on, cpu_paused = statistics.median(on), statistics.median(paused)
@@ -123,7 +123,7 @@ def main() -> int:
         f"start-up imports, collections paused:   {cpu_paused * 1e3:7.0f} ms CPU "
         f"(saves {(cpu_on - cpu_paused) * 1e3:.0f} ms per process start)"
     )
-    print(f"({repeats} repeats each, {time.monotonic() - t0:.1f} s)")
+    print(f"({repeats} repeats each, {len(on)} start-ups, {time.monotonic() - t0:.1f} s)")
     return 0
 
 
