@@ -17,9 +17,10 @@ runs; freezing at the end instead would have left them to the operating system.
 :func:`pause_collection` before the start-up imports (the launcher's and each rank's
 ``import torch``) spares the full collections the interpreter would start while the heap
 grows through them, each a walk of everything imported so far: 0.12 s of CPU per process
-start here, a tenth of it (``bench/gc_pause.py``). :func:`freeze_startup` then collects once (the imports'
-garbage: about 7,000 objects) and turns collection back on, before any of the user's
-code runs. This is the pattern the interpreter's documentation gives for ``gc.freeze``.
+start here, a tenth of it (``bench/gc_pause.py``). :func:`freeze_startup` then collects
+once (the imports' garbage: about 7,000 objects) and turns collection back on, before any
+of the user's code runs. This is the pattern the interpreter's documentation gives for
+``gc.freeze``.
 """
 
 from __future__ import annotations

@@ -512,8 +512,12 @@ class HeartbeatRules:
         split = bool(outside) and len(outside) < len(behind)
         # Peers in a phase of their own (saving, evaluating) and within its timeout:
         # ranks waiting at the next collective meanwhile are blocked by them, not hung.
-        # Once such a peer overstays (its own finding), they stay blocked by it.
+        # Once such a peer overstays (its own finding), they stay blocked by it. A peer
+        # whose main thread waits inside a collective (a distributed save's all_gather)
+        # is not busy with work of its own: it waits for the others, and a rank stuck
+        # outside that collective is judged by its own timeout, not the peer's phase's.
         busy = [t for t in live if _busy(t)]
+        working = {t.rank for t in busy if not _in_collective(t)}
         limits = {t.rank: self._phase_timeout(t) for t in busy}
         out: list[Finding] = []
         # busy ranks first: one that overstayed is named before those waiting on it
@@ -527,7 +531,8 @@ class HeartbeatRules:
             waits_on = [
                 t.rank
                 for t in busy
-                if t.rank != s.rank and (age <= limits[t.rank] or t.active & _OVERSTAYED)
+                if t.rank != s.rank
+                and ((t.rank in working and age <= limits[t.rank]) or t.active & _OVERSTAYED)
             ]
             if not others and waits_on and not _busy(s):
                 s.blocked_by = waits_on

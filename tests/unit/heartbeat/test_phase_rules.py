@@ -99,6 +99,32 @@ def test_ranks_waiting_for_a_saving_peer_are_blocked_not_hung() -> None:
         assert rules.ranks[rank].blocked_by == [0]
 
 
+def test_a_rank_stuck_in_train_while_its_peer_waits_for_it_inside_the_save_is_named() -> None:
+    """Rank 1 hangs in train while rank 0 saves: rank 0's save waits for rank 1 in a
+    collective (its main thread sits in ``all_gather``), so rank 1 is not blocked by rank
+    0 and is reported at its progress timeout (20 s), not after the checkpoint timeout
+    (100 s) that rank 0's phase allows. A peer that saves on its own (its main thread not
+    in a collective) still blocks the ranks waiting for it (the test above)."""
+    rules = _rules(world=2)
+    feed = Feed(rules)
+    found: list[tuple[int, str]] = []
+    for t in range(26):
+        now = float(t)
+        feed.beat(
+            0,
+            now,
+            progress_seq=5,
+            since=now,
+            phase="checkpointing",
+            phase_elapsed=now,
+            main_frame="distributed_c10d.py:4312 in all_gather_object",
+        )
+        feed.beat(1, now, progress_seq=5, since=now, phase="train", phase_elapsed=now)
+        found += [(t, *f) for f in types_of(rules.evaluate(now))]
+    assert found == [(21, 1, "gpu_progress_timeout")]
+    assert rules.ranks[1].blocked_by == []
+
+
 def test_saving_rank_that_overstays_is_the_one_named() -> None:
     """Rank 2 hangs in its save: only rank 2 is reported (checkpoint timeout); the
     ranks waiting for it stay blocked by it."""
