@@ -183,9 +183,17 @@ def test_each_simulated_fault_is_found_and_restarted(
         tmp_path,
         run_id,
         1,
-        # The fault comes 2-4 s after the rank starts; 100 steps (~7 s) always reach it.
+        # The fault comes 4-8 s after the rank starts: after its first step even on a
+        # loaded machine (a stall in setup has the initial progress timeout, 60 s); 50
+        # steps of ~0.17 s (~8.5 s) always reach it. A save every 10 steps: fewer saves
+        # for the stall to land in (a rank stalled inside its own save has the
+        # checkpoint timeout, 20 s, not 4 s).
         "--steps",
-        "100",
+        "50",
+        "--step-sleep",
+        "0.15",
+        "--checkpoint-every",
+        "10",
         extra=(
             "--set",
             "fault_tolerance.simulate_fault=true",
@@ -194,7 +202,7 @@ def test_each_simulated_fault_is_found_and_restarted(
             "--set",
             "fault_tolerance.simulated_fault_rank=1",
             "--set",
-            "fault_tolerance.simulated_fault_base_delay=2",
+            "fault_tolerance.simulated_fault_base_delay=4",
         ),
     )
     out = res.stdout + res.stderr
@@ -216,7 +224,7 @@ def test_each_simulated_fault_is_found_and_restarted(
         assert 1 in reported, reported
     else:
         assert (restart["cause"], restart["rank"]) == (cause, 1), restart
-    assert "[demo] done: 100 steps" in out
+    assert "[demo] done: 50 steps" in out
     assert no_leftover_workers(run_id)
 
 
