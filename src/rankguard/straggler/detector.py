@@ -78,15 +78,23 @@ class StragglerDetector:
                 self._interval.setdefault(rank, []).append(ms)
 
     def evaluate(self, now: float, ranks: Mapping[int, RankState]) -> list[Finding]:
+        ended = False
         for rank, state in ranks.items():
             rec = state.record
             if rec is None:
                 continue
             if rec.ended:
                 self.latest.pop(rank, None)
+                ended = True
             else:
                 self.observe(rank, rec)
         if now < self.next_report or not self.latest:
+            return []
+        if ended:
+            # Ranks end together when the job does (and after a crash the others stop
+            # too): a report over the ranks still there would compare a part of the job,
+            # and say "no straggler" at the end of a run that had one. The last report
+            # over every rank stays; a restarted rank (a new process) reports again.
             return []
         self.next_report = now + self.cfg.report_time_interval
         self.reports += 1

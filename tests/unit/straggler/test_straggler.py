@@ -311,17 +311,23 @@ def test_a_restarted_rank_is_a_new_episode() -> None:
     assert (f.rank, f.pid) == (1, 4242)
 
 
-def test_process_end_drops_the_rank() -> None:
-    det = _detector()
+def test_process_end_drops_the_rank_and_no_report_compares_a_part_of_the_job() -> None:
+    """A rank that ended is not scored (slow as its last record says); while it is gone
+    no report is made over the others (a run's last seconds, or a crash's survivors): the
+    last report over every rank stays; its restart (a new process) reports again."""
+    det = _detector(consecutive_reports=2)
     report = Reports(det)
-    report({0: 10.0, 1: 10.0, 2: 10.0})
+    report({0: 10.0, 1: 10.0, 2: 30.0})
+    report({0: 10.0, 1: 10.0, 2: 30.0})  # rank 2 below twice in a row: flagged
+    assert det.report is not None and det.report["stragglers"] == [2]
     ranks = _ranks({0: 10.0, 1: 10.0})
     ranks[2] = FakeState(_record(2, 50.0, event="process_end"))  # slow, but it ended
-    det.evaluate(T0 + 2 * INTERVAL, ranks)
-    assert det.report["ranks"] == 2
-    assert set(det.report["scores"]) == {"0", "1"}
-    assert det.report["stragglers"] == []
+    assert det.evaluate(T0 + 3 * INTERVAL, ranks) == []
     assert 2 not in det.latest
+    assert (det.reports, det.report["ranks"], det.report["stragglers"]) == (2, 3, [2])
+    ranks[2] = FakeState(_record(2, 10.0, pid=4242))  # restarted, at speed now
+    assert det.evaluate(T0 + 4 * INTERVAL, ranks) == []
+    assert (det.reports, det.report["ranks"], det.report["stragglers"]) == (3, 3, [])
 
 
 def test_a_rank_without_new_samples_keeps_its_last_time() -> None:
