@@ -423,3 +423,26 @@ def test_exit_17_with_exclusion_restarts_the_group_and_names_the_faulty_node(
     agent, ex = agent_with(without, exclude_after_restarts=5)  # exclusion, not of GPUs
     agent._monitor_workers(Group())
     assert agent.aborted and agent._remaining_restarts == 0  # 17 ends the job as before
+
+
+def test_the_failure_logging_prewarm_runs_at_the_normal_priority(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Forked ranks: the launcher imports what torch's failure logging needs in a thread of
+    its own. At a lowered priority, busy ranks starved it while it held the import lock,
+    and the launcher's failure handling waited on it (a 49 s restart on a loaded
+    machine): it must not lower its priority."""
+    import threading
+
+    from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
+
+    from rankguard.launcher import agent
+
+    lowered: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(os, "setpriority", lambda *a: lowered.append(a))
+    monkeypatch.setattr(os, "nice", lambda *a: lowered.append(a))
+    agent._prewarm_failure_logging(MultiprocessContext.__new__(MultiprocessContext))
+    for thread in threading.enumerate():
+        if thread.name == "rankguard-prewarm":
+            thread.join(timeout=60)
+    assert lowered == []
