@@ -312,15 +312,19 @@ class ProgressTracker:
         self.phase_ns = self._clock()
         now = self.last_progress_ns = self._clock()
         # A finished save is progress; on GPU it counts as one more issued step, so
-        # the events of later steps still move progress forward.
+        # the events of later steps still move progress forward. It is listed as a save
+        # and its slot written before its progress is published: the perf thread, which
+        # reads the published count first, never takes it for a step.
         if self._mode == "cuda":
-            self._queued_seq = max(self._queued_seq, self.progress_seq) + 1
-            seq = self.progress_seq = self._queued_seq
+            seq = max(self._queued_seq, self.progress_seq) + 1
         else:
-            seq = self.progress_seq = self.progress_seq + 1
+            seq = self.progress_seq + 1
         self.step_ns[seq & _RING_MASK] = now
         self.data_at[seq & _RING_MASK] = self.data_ns
         self.non_step_seqs.append(seq)
+        if self._mode == "cuda":
+            self._queued_seq = seq
+        self.progress_seq = seq
         self.checkpoint_count += 1
         self.checkpoint_durations_ns.append(now - self.checkpoint_started_ns)
         self._changed()

@@ -459,7 +459,9 @@ class PerfReporter:
         data_share = data_ns / window_ns if tracker.data_ns else None
         self._last_log_seq = seq
         latest_iter = issued_iteration if issued_iteration is not None else issued
-        iteration = latest_iter - (issued - seq)
+        # the script's steps issued after this one (a save's progress is not a step)
+        later_saves = sum(1 for s in tracker.non_step_seqs if seq < s <= issued)
+        iteration = latest_iter - (issued - seq - later_saves)
         return {
             "schema_version": 1,
             "run_id": self.run_id,

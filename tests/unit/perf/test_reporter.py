@@ -301,6 +301,43 @@ def test_cadence_stays_on_iterations_after_a_checkpoint() -> None:
     assert [e["iteration"] for e in rig.reporter.entries] == [1, 5, 10]
 
 
+def test_a_save_right_after_a_logged_step_does_not_shift_its_iteration() -> None:
+    """The demo saves at step 10 (its log boundary) and the perf thread polls after the
+    save ended: the entry of step 10 is iteration 10, not 9 (the save's own count of
+    progress is not a step of the script)."""
+    rig = Rig(None, log_interval=5)
+    rig.steps(*[100] * 10)
+    rig.checkpoint(500)  # issued: step 10, then the save
+    rig.reporter.poll()
+    rig.steps(*[100] * 5)
+    rig.checkpoint(500)
+    rig.steps(100)
+    rig.reporter.poll()
+    assert [e["iteration"] for e in rig.reporter.entries] == [1, 5, 10, 15]
+    assert [e["step"] for e in rig.reporter.entries] == [1, 5, 10, 15]
+
+
+def test_a_save_is_counted_out_before_the_perf_thread_can_see_its_progress() -> None:
+    """The training thread ends a save: the perf thread, reading at any moment, never
+    sees the save's progress without knowing it is a save (else a save is a step and the
+    cadence slips)."""
+    rig = Rig(None, log_interval=5)
+    rig.steps(*[100] * 4)
+    tracker = rig.tracker
+    seen: list[tuple[int, bool]] = []
+
+    class Watching(list):  # type: ignore[type-arg]
+        def append(self, seq: int) -> None:
+            # the moment the save is listed: its progress must not be published yet
+            seen.append((tracker.issued_seq, seq in self))
+            super().append(seq)
+
+    tracker.non_step_seqs = Watching(tracker.non_step_seqs)
+    rig.checkpoint(500)
+    assert seen == [(4, False)]
+    assert tracker.issued_seq == 5 and list(tracker.non_step_seqs) == [5]
+
+
 # ---- warm-up and final statistics ---------------------------------------------------
 
 
