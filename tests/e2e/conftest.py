@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -177,3 +179,87 @@ def no_leftover_workers(run_id: str, wait_s: float = 5.0) -> bool:
 @pytest.fixture
 def run_id(request: pytest.FixtureRequest) -> str:
     return f"e2e-{request.node.name[:40]}-{os.getpid()}"
+
+
+TRACKER_PACKAGES = ("tensorboard", "wandb", "mlflow")
+
+
+@dataclass(frozen=True)
+class HealthyRun:
+    """One healthy 2-rank demo run that several tests read (each asserts its own part):
+    20 steps, FLOPs measured, a perf window every 5 iterations, a checkpoint every 10,
+    TensorBoard, W&B (offline) and MLflow (a local SQLite store) as ``perf.trackers``
+    when their packages are installed."""
+
+    tmp: Path
+    log_dir: Path
+    run_id: str
+    res: subprocess.CompletedProcess[str]
+    trackers: bool
+    mlflow_uri: str
+
+    @property
+    def out(self) -> str:
+        return self.res.stdout + self.res.stderr
+
+    @property
+    def run_dir(self) -> Path:
+        return self.log_dir / "heartbeat" / self.run_id
+
+
+# The tests that read the healthy run share one worker (the run happens once).
+HEALTHY_RUN = pytest.mark.xdist_group("healthy_run")
+
+
+@pytest.fixture(scope="session")
+def healthy_run(tmp_path_factory: pytest.TempPathFactory) -> HealthyRun:
+    tmp = tmp_path_factory.mktemp("healthy_run")
+    run_id = f"e2e-healthy-run-{os.getpid()}"
+    log_dir = tmp / "logs"
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    trackers = all(importlib.util.find_spec(name) is not None for name in TRACKER_PACKAGES)
+    sets = [
+        "perf.log_interval=5",
+        *(
+            [
+                "perf.trackers=tensorboard,wandb,mlflow",
+                f"perf.wandb.dir={tmp / 'wb'}",
+                "perf.wandb.project=rankguard-e2e",
+                f"perf.mlflow.tracking_uri={uri}",
+                "perf.mlflow.experiment=rankguard-e2e",
+            ]
+            if trackers
+            else []
+        ),
+    ]
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in ("MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI", "WANDB_RUN_ID")
+    }
+    res = subprocess.run(
+        rankguard_cmd(
+            *standalone_run(run_id, log_dir),
+            *[arg for item in sets for arg in ("--set", item)],
+            "-m",
+            "rankguard.demo.train",
+            "--steps",
+            "20",
+            "--batch-size",
+            "8",
+            "--flops",
+            "measured",
+            "--checkpoint-every",
+            "10",
+            "--checkpoint-dir",
+            str(tmp / "ckpt"),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=200,
+        stdin=subprocess.DEVNULL,
+        # MLflow's artifacts and W&B's files stay in the run's directory
+        cwd=tmp,
+        env={**env, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true"},
+    )
+    return HealthyRun(tmp, log_dir, run_id, res, trackers, uri)

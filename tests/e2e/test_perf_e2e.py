@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from .conftest import read_jsonl, read_status, run_rankguard, standalone_run
+from .conftest import HEALTHY_RUN, HealthyRun, read_jsonl, read_status
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -24,23 +23,16 @@ FLAGSCALE_ITERATION_KEYS = {
 }
 
 
-def test_perf_files_from_a_demo_run_with_measured_flops(tmp_path: Path, run_id: str) -> None:
-    res = run_rankguard(
-        [
-            *standalone_run(run_id, tmp_path),
-            "--set",
-            "perf.log_interval=5",
-            "-m",
-            "rankguard.demo.train",
-            "--steps",
-            "20",
-            "--batch-size",
-            "8",
-            "--flops",
-            "measured",
-        ]
+@HEALTHY_RUN
+def test_perf_files_from_a_demo_run_with_measured_flops(healthy_run: HealthyRun) -> None:
+    """The shared healthy run (``conftest.healthy_run``): 20 steps, 8 samples per rank,
+    FLOPs measured, a window every 5 iterations."""
+    tmp_path, run_id, res, out = (
+        healthy_run.log_dir,
+        healthy_run.run_id,
+        healthy_run.res,
+        healthy_run.out,
     )
-    out = res.stdout + res.stderr
     assert res.returncode == 0, out
     assert out.count("[rankguard perf] iter") == 5  # iterations 1, 5, 10, 15, 20 (rank 0)
 

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from .conftest import (
+    HEALTHY_RUN,
     SCRIPTS,
+    HealthyRun,
     fast_sets,
     heartbeat_files,
     no_leftover_workers,
@@ -41,9 +43,18 @@ def findings(run_dir: Path) -> list[dict]:
     return read_jsonl(run_dir / "findings.jsonl")
 
 
-def test_normal_run_has_no_findings_and_ends_completed(tmp_path: Path, run_id: str) -> None:
-    run_dir, out = demo(tmp_path, run_id, "--steps", "12", "--step-sleep", "0.02")
-    assert "[demo] done: 12 steps on 2 rank(s)" in out, out
+@HEALTHY_RUN
+def test_normal_run_has_no_findings_and_ends_completed(healthy_run: HealthyRun) -> None:
+    """The shared healthy run (``conftest.healthy_run``: 20 steps, the perf monitor and
+    the trackers on, checkpoints every 10): no finding, every rank completed."""
+    tmp_path, run_id, run_dir, out = (
+        healthy_run.log_dir,
+        healthy_run.run_id,
+        healthy_run.run_dir,
+        healthy_run.out,
+    )
+    assert healthy_run.res.returncode == 0, out
+    assert "[demo] done: 20 steps on 2 rank(s)" in out, out
     assert findings(run_dir) == []
     status = read_status(run_dir)
     assert status["state"] == "completed", out
@@ -51,7 +62,7 @@ def test_normal_run_has_no_findings_and_ends_completed(tmp_path: Path, run_id: s
         (0, "exited", "completed"),
         (1, "exited", "completed"),
     ]
-    assert all(r["iteration"] == 12 for r in status["ranks"])
+    assert all(r["iteration"] == 20 for r in status["ranks"])
     files = heartbeat_files(run_dir)
     assert len(files) == 2
     for f in files:

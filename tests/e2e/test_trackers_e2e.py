@@ -1,64 +1,32 @@
 """End to end: one 2-rank demo run with TensorBoard, W&B (offline) and MLflow (a local
-SQLite store) as ``perf.trackers``; each tracker's files read back with its own package:
-the perf windows at their iterations and the checkpoint events of the run directory."""
+SQLite store) as ``perf.trackers`` (the shared healthy run, ``conftest.healthy_run``);
+each tracker's files read back with its own package: the perf windows at their
+iterations and the checkpoint events of the run directory."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 
 from tests.trackers_read import mlflow_metrics, tensorboard_scalars, wandb_history
 
-from .conftest import read_jsonl, run_rankguard, standalone_run
+from .conftest import HEALTHY_RUN, HealthyRun, read_jsonl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 ITERATIONS = [1, 5, 10, 15, 20]
 
 
-def test_demo_run_to_tensorboard_wandb_and_mlflow(
-    tmp_path: Path, run_id: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@HEALTHY_RUN
+def test_demo_run_to_tensorboard_wandb_and_mlflow(healthy_run: HealthyRun) -> None:
     pytest.importorskip("tensorboard")
     pytest.importorskip("wandb")
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 
-    monkeypatch.chdir(tmp_path)  # MLflow's artifacts and W&B's files stay in the test's dir
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    for name in ("MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI", "WANDB_RUN_ID"):
-        monkeypatch.delenv(name, raising=False)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    log_dir = tmp_path / "logs"
-    res = run_rankguard(
-        [
-            *standalone_run(run_id, log_dir),
-            "--set",
-            "perf.log_interval=5",
-            "--set",
-            "perf.trackers=tensorboard,wandb,mlflow",
-            "--set",
-            f"perf.wandb.dir={tmp_path / 'wb'}",
-            "--set",
-            "perf.wandb.project=rankguard-e2e",
-            "--set",
-            f"perf.mlflow.tracking_uri={uri}",
-            "--set",
-            "perf.mlflow.experiment=rankguard-e2e",
-            "-m",
-            "rankguard.demo.train",
-            "--steps",
-            "20",
-            "--checkpoint-every",
-            "10",
-            "--checkpoint-dir",
-            str(tmp_path / "ckpt"),
-        ],
-        timeout=200,
-    )
-    out = res.stdout + res.stderr
+    assert healthy_run.trackers
+    tmp_path, log_dir, run_id = healthy_run.tmp, healthy_run.log_dir, healthy_run.run_id
+    uri = healthy_run.mlflow_uri
+    res, out = healthy_run.res, healthy_run.out
     assert res.returncode == 0, out
     assert "sink" not in out and "NOTHING goes to" not in out, out  # no tracker failed
     perf = read_jsonl(log_dir / "perf_monitor" / run_id / "perf.jsonl")
