@@ -131,6 +131,8 @@ def run_demo(fault: str, args: argparse.Namespace) -> Run:
             "--log-dir",
             str(Path(tmp) / "logs"),
         ]
+        if args.nproc is not None:  # --smoke: 1 rank (the demo's default is 2)
+            cmd += ["--nproc-per-node", str(args.nproc)]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         t0 = time.time()
         proc = subprocess.Popen(
@@ -222,11 +224,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--fault-duration", type=float, default=8.0)
     p.add_argument("--run-timeout", type=float, default=180.0, help="seconds per demo run")
-    p.add_argument("--smoke", action="store_true", help="one stall run, a 6 s fault (seconds)")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="one stall run of 1 rank, 4 steps, a 6 s fault at step 2 (seconds)",
+    )
     args = p.parse_args(argv)
+    args.nproc = None  # the demo's own (2 ranks)
     if args.smoke:
-        args.repeats, args.faults, args.steps, args.fault_step = 1, ["stall"], 14, 4
+        args.repeats, args.faults, args.steps, args.fault_step = 1, ["stall"], 4, 2
         args.fault_duration, args.run_timeout = 6.0, 90.0
+        args.nproc, args.fault_rank = 1, 0
 
     settings = demo_settings()
     scan, publish = settings["scan_interval_s"], settings["publish_interval_s"]

@@ -173,11 +173,13 @@ class Case:
     fault_local: int = 1  # local rank of the fault on that node
     variant: str = ""
     expected: list[tuple[str, int, int]] = field(default_factory=list)  # (type, node, local)
+    steps: int = 0  # the training's steps (0: the kind's own; --smoke: fewer)
+    fault_step: int = 0  # step_hang's stall step (0: step 5)
 
     @property
     def shape(self) -> str:
         if self.nnodes == 1:
-            return f"{self.nproc} ranks"
+            return f"{self.nproc} rank" + ("s" if self.nproc != 1 else "")
         return f"{self.nnodes}x{self.nproc} nodes"
 
     @property
@@ -292,8 +294,11 @@ def quick_matrix() -> list[Case]:
 
 
 def smoke_matrix() -> list[Case]:
-    """Two cases: a hung step on 2 ranks and a clean run (``--smoke``)."""
-    return [case("step_hang", 2), case("clean", 2)]
+    """Two cases (``--smoke``): a hung step on 1 rank (at step 2) and a clean run of 1 rank,
+    4 steps each."""
+    hang, clean = case("step_hang", 1, local=0), case("clean", 1, local=0)
+    hang.steps, hang.fault_step, clean.steps = 4, 2, 4
+    return [hang, clean]
 
 
 # ---- results -----------------------------------------------------------------------------
@@ -584,11 +589,11 @@ def target_of(c: Case) -> list[str]:
     if k == "step_hang":
         return demo_args(
             c,
-            60,
+            c.steps or 60,
             "--fault",
             "stall",
             "--fault-step",
-            "5",
+            str(c.fault_step or 5),
             "--fault-duration",
             "30",
             *fault_target(c),
@@ -631,7 +636,7 @@ def target_of(c: Case) -> list[str]:
     if k == "clean" and c.variant == "straggler":
         return demo_args(c, 150, "--step-sleep", "0")
     if k == "clean":
-        return demo_args(c, 60)
+        return demo_args(c, c.steps or 60)
     if k == "launcher_sigkill":  # long enough to outlive the 5 s orphan check
         return demo_args(c, 400)
     # faults from outside: a long enough run that they hit it mid-training
@@ -1103,7 +1108,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true", help="one case per kind, one clean run")
     p.add_argument(
-        "--smoke", action="store_true", help="a hung step and a clean run; exit 1 if wrong"
+        "--smoke",
+        action="store_true",
+        help="a hung step and a clean run, 1 rank, 4 steps each; exit 1 if wrong",
     )
     p.add_argument("--only", default="", help="comma-separated kinds to run")
     p.add_argument("--out", default=None, help="write the results as JSON here")

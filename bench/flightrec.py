@@ -20,7 +20,7 @@ import tempfile
 import time
 
 
-def _ranks(rank: int, store: str, calls: int, out: mp.Queue, fr: bool) -> None:
+def _ranks(rank: int, store: str, calls: int, out: mp.Queue, fr: bool, world: int = 2) -> None:
     if fr:
         os.environ["TORCH_FR_BUFFER_SIZE"] = "2000"
     else:
@@ -32,7 +32,7 @@ def _ranks(rank: int, store: str, calls: int, out: mp.Queue, fr: bool) -> None:
         "gloo",
         init_method=f"file://{store}",
         rank=rank,
-        world_size=2,
+        world_size=world,
         timeout=datetime.timedelta(seconds=60),
     )
     t = torch.ones(8)
@@ -48,13 +48,13 @@ def _ranks(rank: int, store: str, calls: int, out: mp.Queue, fr: bool) -> None:
     dist.destroy_process_group()
 
 
-def _round(calls: int, fr: bool) -> float:
+def _round(calls: int, fr: bool, world: int = 2) -> float:
     ctx = mp.get_context("spawn")
     q: mp.Queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as d:
         procs = [
-            ctx.Process(target=_ranks, args=(r, os.path.join(d, "store"), calls, q, fr))
-            for r in range(2)
+            ctx.Process(target=_ranks, args=(r, os.path.join(d, "store"), calls, q, fr, world))
+            for r in range(world)
         ]
         for p in procs:
             p.start()
@@ -68,15 +68,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--smoke", action="store_true", help="1 round of 200 calls")
+    ap.add_argument("--smoke", action="store_true", help="1 round of 200 calls, 1 rank")
     args = ap.parse_args()
-    calls, rounds = (200, 1) if args.smoke else (args.calls, args.rounds)
+    calls, rounds, world = (200, 1, 1) if args.smoke else (args.calls, args.rounds, 2)
     off, on = [], []
     for _ in range(rounds):
-        off.append(_round(calls, False))
-        on.append(_round(calls, True))
+        off.append(_round(calls, False, world))
+        on.append(_round(calls, True, world))
     m_off, m_on = statistics.median(off), statistics.median(on)
-    print(f"== flight recorder: all_reduce of 8 floats, 2 gloo ranks, {calls} calls x {rounds} ==")
+    ranks = f"{world} gloo rank" + ("s" if world != 1 else "")
+    print(f"== flight recorder: all_reduce of 8 floats, {ranks}, {calls} calls x {rounds} ==")
     for name, median, samples in (("off", m_off, off), ("on ", m_on, on)):
         each = ", ".join(f"{x:.1f}" for x in samples)
         print(f"  recorder {name}   {median:8.1f} us per all-reduce  (rounds: {each})")

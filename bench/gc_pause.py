@@ -31,7 +31,13 @@ import sys
 import time
 
 _CHILD = """
-import gc, statistics, sys, time
+import gc, resource, statistics, sys, time
+
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+t0 = cpu()
 import torch
 import rankguard.launcher.worker
 from rankguard.gcfreeze import freeze_startup
@@ -45,11 +51,14 @@ def full(n):
 n = int(sys.argv[1])
 if sys.argv[2] == "worker":
     freeze_startup()
+    startup = cpu() - t0  # what _START measures with collections on (--smoke reads it)
 opt = torch.optim.AdamW(torch.nn.Linear(8, 8).parameters())
 before = full(n) if sys.argv[2] == "after" else None
 if sys.argv[2] == "after":
     freeze_startup()
 print(before, full(n), len(gc.get_objects()), gc.get_freeze_count())
+if sys.argv[2] == "worker" and sys.argv[3:] == ["startup"]:
+    print(startup)
 """
 
 
@@ -82,9 +91,9 @@ def _startup_cpu_s(mode: str) -> float:
     return float(out.stdout.split()[-1])
 
 
-def _child(repeats: int, when: str) -> list[str]:
+def _child(repeats: int, when: str, *extra: str) -> list[str]:
     out = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", _CHILD, str(repeats), when],
+        [sys.executable, "-W", "ignore", "-c", _CHILD, str(repeats), when, *extra],
         capture_output=True,
         text=True,
         timeout=300,
@@ -96,12 +105,21 @@ def _child(repeats: int, when: str) -> list[str]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--smoke", action="store_true", help="3 repeats")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="1 repeat, one start-up each way (the one with collections on is the "
+        "worker's-point child's own)",
+    )
     args = p.parse_args()
-    repeats = 3 if args.smoke else args.repeats
+    repeats = 1 if args.smoke else args.repeats
     t0 = time.monotonic()
     before, after, tracked, frozen = _child(repeats, "after")
-    _, at_worker, tracked_w, frozen_w = _child(repeats, "worker")
+    # --smoke: the worker's-point child also says its start-up CPU (collections on, as
+    # _START "on" measures it), one interpreter fewer
+    _, at_worker, tracked_w, frozen_w, *startup_on = _child(
+        repeats, "worker", *(["startup"] if args.smoke else [])
+    )
     print(f"full collection, nothing frozen:        {float(before):7.1f} ms")
     print(
         f"frozen after the optimizer:             {float(after):7.1f} ms "
@@ -114,7 +132,10 @@ def main() -> int:
     print(f"ratio nothing frozen / worker's point:  {float(before) / float(at_worker):7.1f}x")
     on: list[float] = []
     paused: list[float] = []
-    for _ in range(1 if args.smoke else repeats):  # interleaved: drift falls on both alike
+    if startup_on:  # --smoke
+        on.append(float(startup_on[0]))
+        paused.append(_startup_cpu_s("paused"))
+    for _ in range(0 if args.smoke else repeats):  # interleaved: drift falls on both alike
         on.append(_startup_cpu_s("on"))
         paused.append(_startup_cpu_s("paused"))
     cpu_on, cpu_paused = statistics.median(on), statistics.median(paused)

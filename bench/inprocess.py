@@ -110,7 +110,15 @@ def run(python: str, wrapper: str, faults: int, interval: float | None) -> list[
 SETTINGS = {"tuned": 0.1, "defaults": None}
 
 
-def nvrx_available(python: str) -> bool:
+def nvrx_available(python: str, here: bool = False) -> bool:
+    """Can ``python`` import NVRx's inprocess? ``here``: asked of this interpreter, in
+    this process, when ``python`` is it (--smoke: no interpreter started for the answer)."""
+    if here and python == sys.executable:
+        try:
+            import nvidia_resiliency_ext.inprocess  # noqa: F401
+        except Exception:
+            return False
+        return True
     probe = [python, "-c", "import nvidia_resiliency_ext.inprocess"]
     try:
         return subprocess.run(probe, capture_output=True, timeout=120).returncode == 0
@@ -123,12 +131,12 @@ def main() -> int:
     ap.add_argument("--faults", type=int, default=10)
     ap.add_argument("--settings", nargs="+", choices=sorted(SETTINGS), default=list(SETTINGS))
     ap.add_argument("--nvrx-python", default=sys.executable, help="a Python with NVRx")
-    ap.add_argument("--smoke", action="store_true", help="2 faults, tuned only (seconds)")
+    ap.add_argument("--smoke", action="store_true", help="1 fault, tuned only (seconds)")
     args = ap.parse_args()
     if args.smoke:
-        args.faults, args.settings = 2, ["tuned"]
+        args.faults, args.settings = 1, ["tuned"]
     wrappers = {"rankguard": sys.executable}
-    if nvrx_available(args.nvrx_python):
+    if nvrx_available(args.nvrx_python, here=args.smoke):
         wrappers["nvrx"] = args.nvrx_python
     else:
         print(f"NVRx: not importable by {args.nvrx_python}; rankguard alone")

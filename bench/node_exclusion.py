@@ -130,9 +130,21 @@ class Agent:
         return code
 
 
-def one_run(tmp: Path, *, bad_node: bool, steps: int, last_call: float, timeout_s: float) -> dict:
+def one_run(
+    tmp: Path,
+    *,
+    bad_node: bool,
+    steps: int,
+    last_call: float,
+    timeout_s: float,
+    healthy: int = 2,
+) -> dict:
+    """``healthy`` agents (--nnodes healthy:healthy+1), then the bad one."""
     port, run_id = free_port(), f"excl-{os.getpid()}-{time.monotonic_ns()}"
-    agents_xids = {0: [], 1: []} | ({2: [79]} if bad_node else {})
+    bad = healthy  # the bad node's agent
+    agents_xids: dict[int, list[int]] = {a: [] for a in range(healthy)}
+    if bad_node:
+        agents_xids[bad] = [79]
     agents = {}
     t0 = time.time()
     for a, xids in agents_xids.items():
@@ -142,7 +154,7 @@ def one_run(tmp: Path, *, bad_node: bool, steps: int, last_call: float, timeout_
             "rankguard.cli.main",
             "run",
             "--nnodes",
-            "2:3",
+            f"{healthy}:{healthy + 1}",
             "--nproc-per-node",
             "1",
             "--rdzv-backend",
@@ -166,11 +178,11 @@ def one_run(tmp: Path, *, bad_node: bool, steps: int, last_call: float, timeout_
     def since(t: float | None) -> float | None:
         return None if t is None else t - t0
 
-    good = [agents[0], agents[1]]
+    good = [agents[a] for a in range(healthy)]
     formed = [t for t in (a.first("rank(s) on node") for a in good) if t is not None]
     stepped = [t for t in (a.first("[demo] step") for a in good) if t is not None]
-    decided = agents[2].first("excluded:") if bad_node else None
-    started = agents[2].first("[rankguard]") if bad_node else None  # its first line
+    decided = agents[bad].first("excluded:") if bad_node else None
+    started = agents[bad].first("[rankguard]") if bad_node else None  # its first line
     out = {
         "codes": codes,
         "decided_s": since(decided),
@@ -178,8 +190,8 @@ def one_run(tmp: Path, *, bad_node: bool, steps: int, last_call: float, timeout_
         "formed_s": since(min(formed)) if formed else None,
         "first_step_s": since(min(stepped)) if stepped else None,
     }
-    ranks_started = bad_node and any((tmp / "agent2").rglob("rank_*_pid_*.heartbeat.jsonl"))
-    expected = {0: 0, 1: 0, 2: 15} if bad_node else {0: 0, 1: 0}
+    ranks_started = bad_node and any((tmp / f"agent{bad}").rglob("rank_*_pid_*.heartbeat.jsonl"))
+    expected = {a: 0 for a in range(healthy)} | ({bad: 15} if bad_node else {})
     out["ok"] = codes == expected and not ranks_started and out["first_step_s"] is not None
     if not out["ok"]:
         for a, agent in agents.items():
@@ -201,13 +213,21 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--last-call", type=float, default=2.0, help="last_call_timeout (s)")
     p.add_argument("--timeout", type=float, default=150.0, help="seconds per run")
-    p.add_argument("--smoke", action="store_true", help="one run, 3 steps, no baseline")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="one run with the bad node, 1 healthy agent (--nnodes 1:2), 2 steps, "
+        "last_call_timeout 1 s, no baseline",
+    )
     args = p.parse_args()
+    healthy = 2
     if args.smoke:
-        args.repeats, args.steps = 1, 3
+        args.repeats, args.steps, args.last_call, healthy = 1, 2, 1.0, 1
+    agents = f"{healthy} healthy agent" + ("s" if healthy != 1 else "")
     print(
         f"python {platform.python_version()}, {os.cpu_count()} CPU(s), load "
-        f"{os.getloadavg()[0]:.1f}; 3 agents --nnodes 2:3, agent 2's GPU: XID 79; "
+        f"{os.getloadavg()[0]:.1f}; {healthy + 1} agents --nnodes {healthy}:{healthy + 1}, "
+        f"agent {healthy}'s GPU: XID 79; "
         f"last_call_timeout {args.last_call:g} s; {args.repeats} run(s) each"
     )
     runs: dict[bool, list[dict]] = {True: [], False: []}
@@ -221,11 +241,12 @@ def main() -> None:
                     steps=args.steps,
                     last_call=args.last_call,
                     timeout_s=args.timeout,
+                    healthy=healthy,
                 )
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
             runs[bad].append(r)
-            label = "with the bad node" if bad else "2 healthy agents alone"
+            label = "with the bad node" if bad else f"{agents} alone"
             print(
                 f"  run {i + 1} {label}: exit {r['codes']}, decision "
                 f"{r['decided_s'] and round(r['decided_s'], 2)} s, group formed "
@@ -236,11 +257,12 @@ def main() -> None:
     print(
         f"launch -> exclusion decision: {fmt([r['decided_s'] for r in bad])} (of which the "
         f"launcher's first line -> decision: {fmt([r['check_s'] for r in bad])}); "
-        f"launch -> group of 2 formed: {fmt([r['formed_s'] for r in bad])}; "
+        f"launch -> group of {healthy} formed: {fmt([r['formed_s'] for r in bad])}; "
         f"launch -> first step of the remaining group: {fmt([r['first_step_s'] for r in bad])}"
     )
     print(
-        f"baseline, 2 healthy agents alone: group formed {fmt([r['formed_s'] for r in alone])}"
+        f"baseline, {agents} alone: group formed "
+        f"{fmt([r['formed_s'] for r in alone])}"
         f", first step {fmt([r['first_step_s'] for r in alone])}"
     )
     ok = sum(r["ok"] for r in bad + alone)

@@ -301,7 +301,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--every", type=int, default=5)
     p.add_argument("--step-sleep", type=float, default=0.1)
     p.add_argument("--timeout", type=float, default=120.0)
-    p.add_argument("--smoke", action="store_true", help="the spare scenario once, few steps")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the spare scenario once: 5 steps, a checkpoint every 2, the kill at step 3",
+    )
     args = p.parse_args(argv)
     # a SIGTERM to the bench still ends every agent it started (the finally clauses)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -309,9 +313,9 @@ def main(argv: list[str] | None = None) -> int:
         args.repeats, args.scenarios, args.steps, args.kill_step, args.every = (
             1,
             "spare",
-            14,
-            6,
+            5,
             3,
+            2,
         )
     root = Path(tempfile.mkdtemp(prefix="node_loss-"))
     results: dict[str, list[dict[str, Any]]] = {}

@@ -54,11 +54,11 @@ def live_processes(run_id: str) -> list[int]:
     return found
 
 
-def one_run(mode: str, index: int, limit_s: float) -> float | None:
+def one_run(mode: str, index: int, limit_s: float, nproc: int = 2) -> float | None:
     run_id = f"orphans-{mode}-{index}-{os.getpid()}"
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "rankguard.cli.main", "run", "--standalone"]
-        cmd += ["--nproc-per-node", "2", "--rdzv-id", run_id, "--log-dir", tmp]
+        cmd += ["--nproc-per-node", str(nproc), "--rdzv-id", run_id, "--log-dir", tmp]
         for item in FAST:
             cmd += ["--set", item]
         if mode == "preload":
@@ -97,17 +97,23 @@ def one_run(mode: str, index: int, limit_s: float) -> float | None:
         return took
 
 
-def main() -> None:
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--limit", type=float, default=30.0, help="seconds before a run fails")
     p.add_argument("--modes", default="subprocess,preload")
-    p.add_argument("--smoke", action="store_true", help="one run per mode (seconds)")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="one run per mode, 1 rank (seconds); exit 1 if a process is left",
+    )
     args = p.parse_args()
+    nproc, failed = 2, False
     if args.smoke:
-        args.repeats = 1
+        args.repeats, nproc = 1, 1
     for mode in args.modes.split(","):
-        times = [one_run(mode, i, args.limit) for i in range(args.repeats)]
+        times = [one_run(mode, i, args.limit, nproc) for i in range(args.repeats)]
+        failed = failed or None in times
         ok = [t for t in times if t is not None]
         median = f"{statistics.median(ok):.3f} s" if ok else "-"
         span = f" ({min(ok):.3f}-{max(ok):.3f})" if ok else ""
@@ -115,7 +121,8 @@ def main() -> None:
             f"{mode}: SIGKILL -> last worker gone: median {median}{span}, "
             f"{len(ok)}/{len(times)} runs left no process within {args.limit} s"
         )
+    return 1 if args.smoke and failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -65,12 +65,12 @@ def bench_check() -> tuple[float, float]:
     return best, base
 
 
-def _collective_worker(rank: int, port: int, n: int, out: str) -> None:
+def _collective_worker(rank: int, port: int, n: int, out: str, world: int = 2) -> None:
     import torch
     import torch.distributed as dist
 
-    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=timedelta(seconds=30))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=timedelta(seconds=30))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     flag = torch.zeros(1, dtype=torch.int32)
     for _ in range(50):
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
@@ -84,7 +84,7 @@ def _collective_worker(rank: int, port: int, n: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def bench_collective(n: int) -> float:
+def bench_collective(n: int, world: int = 2) -> float:
     import socket
 
     import torch.multiprocessing as mp
@@ -94,7 +94,12 @@ def bench_collective(n: int) -> float:
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "per")
-        mp.start_processes(_collective_worker, args=(port, n, out), nprocs=2, start_method="spawn")
+        if world == 1:  # --smoke: the one rank is this process (no interpreter to start)
+            _collective_worker(0, port, n, out, world)
+        else:
+            mp.start_processes(
+                _collective_worker, args=(port, n, out, world), nprocs=world, start_method="spawn"
+            )
         return float(Path(out).read_text())
 
 
@@ -107,24 +112,32 @@ def _records(root: Path) -> list[dict]:
     return out
 
 
-def bench_job(publish_s: float, after_s: float = 1.0) -> dict[str, float | int | None]:
-    """SIGTERM to the launcher of a training job -> the ranks' ends and the launcher's."""
+def bench_job(
+    publish_s: float,
+    after_s: float = 1.0,
+    *,
+    nproc: int = 2,
+    trained: int = 20,
+    step_sleep: float = 0.02,
+) -> dict[str, float | int | None]:
+    """SIGTERM to the launcher of a training job -> the ranks' ends and the launcher's
+    (``nproc`` ranks, signalled ``after_s`` after one has done ``trained`` steps)."""
     with tempfile.TemporaryDirectory() as d:
         root = Path(d)
         ckpt = root / "ckpt"
         cmd = [
             sys.executable, "-m", "rankguard.cli.main", "run", "--standalone",
-            "--nproc-per-node", "2", "--log-dir", str(root / "logs"),
+            "--nproc-per-node", str(nproc), "--log-dir", str(root / "logs"),
             "--set", "heartbeat.enabled=true",
             "--set", f"heartbeat.publish_interval_s={publish_s}",
             "--set", "preemption.enable_exit_handler=true",
-            "-m", "rankguard.demo.train", "--steps", "100000", "--step-sleep", "0.02",
+            "-m", "rankguard.demo.train", "--steps", "100000", "--step-sleep", f"{step_sleep:g}",
             "--checkpoint-dir", str(ckpt),
         ]  # fmt: skip
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 90
         # signal a job that trains, not one still setting up
-        while not any(r.get("progress_seq", 0) >= 20 for r in _records(root)):
+        while not any(r.get("progress_seq", 0) >= trained for r in _records(root)):
             assert time.monotonic() < deadline, "no rank trains"
             time.sleep(0.2)
         time.sleep(after_s)
@@ -137,11 +150,15 @@ def bench_job(publish_s: float, after_s: float = 1.0) -> dict[str, float | int |
             int(p.name[5:]) for p in ckpt.glob("step_*") if (p / COMMIT_MARKER).is_file()
         )
         return {
-            "ranks_s": (max(ends) - wall0) / 1e9 if len(ends) == 2 else None,
+            "ranks_s": (max(ends) - wall0) / 1e9 if len(ends) == nproc else None,
             "exit_s": took,
             "code": code,
             "saved_step": steps[-1] if steps else None,
         }
+
+
+def _n_ranks(n: int, kind: str = "") -> str:
+    return f"{n} {kind}rank{'' if n == 1 else 's'}"
 
 
 def main() -> int:
@@ -149,26 +166,37 @@ def main() -> int:
 
     global N_CALLS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--smoke", action="store_true", help="tiny loops, one job (seconds)")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny loops, the collective on 1 rank (this process), one 1-rank job signalled "
+        "after 2 steps (seconds)",
+    )
     smoke = ap.parse_args().smoke
+    world, nproc = 2, 2
+    job_args: dict[str, float] = {}
     if smoke:
         N_CALLS = 20_000
+        world, nproc = 1, 1
+        job_args = {"after_s": 0.2, "trained": 2, "step_sleep": 0.3}
     ns, base = bench_check()
     print(f"should_stop(), no signal: {ns:.1f} ns/call (empty call {base:.1f} ns); goal < 1000 ns")
-    per = bench_collective(50 if smoke else 2000)
-    print(f"gloo all_reduce of the flag, 2 ranks: {per * 1e6:.1f} us per check")
+    per = bench_collective(50 if smoke else 2000, world)
+    print(f"gloo all_reduce of the flag, {_n_ranks(world)}: {per * 1e6:.1f} us per check")
     for n in (1, 10, 100):
         print(f"  every {n:>3} steps: {per * 1e6 / n:.2f} us per step")
     ok = ns < 1000
     for publish_s in (0.5,) if smoke else (5.0, 0.5):
-        job = bench_job(publish_s)
+        job = bench_job(publish_s, nproc=nproc, **job_args)
         ranks = "-" if job["ranks_s"] is None else f"{job['ranks_s']:.1f} s"
         print(
-            f"rankguard run, 2 CPU ranks, heartbeat.publish_interval_s={publish_s:g}: SIGTERM "
+            f"rankguard run, {_n_ranks(nproc, 'CPU ')}, "
+            f"heartbeat.publish_interval_s={publish_s:g}: SIGTERM "
             f"-> every rank saved and exited {ranks}, launcher exit {job['exit_s']:.1f} s "
             f"(code {job['code']}, committed step {job['saved_step']}); preempt_time 60 s"
         )
         ok = ok and job["code"] == 14 and job["saved_step"] is not None
+        ok = ok and (not smoke or job["ranks_s"] is not None)  # every rank's process_end
     print(f"verdict: {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
 

@@ -60,7 +60,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
-# The demo's job: same arguments under both launchers.
+# The demo's job: same arguments under both launchers (--smoke: 1 rank, 3 steps).
+NPROC = 2
 STEPS = 12
 FAULT_RANK = 1
 FAULT_STEP = 5
@@ -151,7 +152,7 @@ def build_cmd(launcher: str, fault: str, workdir: Path, run_id: str) -> list[str
             "torch.distributed.run",
             "--standalone",
             "--nproc-per-node",
-            "2",
+            str(NPROC),
             "--max-restarts",
             "1",
             "--log-dir",
@@ -169,7 +170,7 @@ def build_cmd(launcher: str, fault: str, workdir: Path, run_id: str) -> list[str
         "run",
         "--standalone",
         "--nproc-per-node",
-        "2",
+        str(NPROC),
         "--rdzv-id",
         run_id,
         "--log-dir",
@@ -526,15 +527,29 @@ def describe_hang(job: Job) -> str:
     return "; ".join(parts)
 
 
-def header(extra_env: dict[str, str]) -> None:
-    import torch
+def smoke_job() -> None:
+    """``--smoke``: the smallest job that still crashes, restarts and resumes from a
+    checkpoint: 1 rank, a checkpoint at step 2, the crash at step 3 of 3."""
+    global NPROC, STEPS, FAULT_RANK, FAULT_STEP, CKPT_EVERY
+    NPROC, STEPS, FAULT_RANK, FAULT_STEP, CKPT_EVERY = 1, 3, 0, 3, 2
 
+
+def header(extra_env: dict[str, str], smoke: bool = False) -> None:
+    if smoke:  # torch's version without importing it here (its CPU is the smoke's)
+        from importlib.metadata import version
+
+        torch_version = version("torch")
+    else:
+        import torch
+
+        torch_version = torch.__version__
     print(
-        f"python {platform.python_version()}, torch {torch.__version__}, "
+        f"python {platform.python_version()}, torch {torch_version}, "
         f"{os.cpu_count()} CPU(s), load average {os.getloadavg()[0]:.2f}"
     )
     print(
-        f"demo: 2 ranks (gloo), --steps {STEPS} --log-every 1 --checkpoint-every {CKPT_EVERY} "
+        f"demo: {NPROC} rank{'s' if NPROC != 1 else ''} (gloo), --steps {STEPS} --log-every 1 "
+        f"--checkpoint-every {CKPT_EVERY} "
         f"--fault-rank {FAULT_RANK} --fault-step {FAULT_STEP} --pg-timeout {PG_TIMEOUT_S}; "
         "one in-job restart; LOGLEVEL=INFO"
     )
@@ -582,12 +597,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hang-window", type=float, default=60.0, help="torchrun stall run (s)")
     p.add_argument("--env", action="append", default=[], help="KEY=VALUE, both launchers")
     p.add_argument("--keep", action="store_true", help="keep every run's temp dir")
-    p.add_argument("--smoke", action="store_true", help="one rankguard crash run (seconds)")
+    p.add_argument(
+        "--smoke", action="store_true", help="one rankguard crash run, 1 rank, 3 steps (seconds)"
+    )
     args = p.parse_args(argv)
     if args.smoke:
         args.repeats = 1
+        smoke_job()
     extra_env = parse_env(args.env)
-    header(extra_env)
+    header(extra_env, smoke=args.smoke)
 
     results: dict[tuple[str, str], list[Result]] = {}
     plan = [

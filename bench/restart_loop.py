@@ -32,7 +32,18 @@ import statistics
 import sys
 from collections import Counter
 
-from restart import PRELOAD, Result, analyse, finish, header, parse_env, progress_line, run_job
+import restart
+from restart import (
+    PRELOAD,
+    Result,
+    analyse,
+    finish,
+    header,
+    parse_env,
+    progress_line,
+    run_job,
+    smoke_job,
+)
 
 
 def classify(r: Result) -> str:
@@ -55,7 +66,10 @@ def classify(r: Result) -> str:
 
 def loop(launcher: str, runs: int, args: argparse.Namespace, env: dict[str, str]) -> bool:
     """``runs`` crash runs; True when every one completed."""
-    print(f"\n{launcher}: {runs} runs, crash at step 5, --max-restarts 1, timeout {args.timeout}s")
+    print(
+        f"\n{launcher}: {runs} runs, crash at step {restart.FAULT_STEP}, --max-restarts 1, "
+        f"timeout {args.timeout}s"
+    )
     results: list[Result] = []
     for i in range(runs):
         job = run_job(launcher, "crash", timeout_s=args.timeout, extra_env=env, tag=f"loop{i}")
@@ -95,12 +109,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=120.0, help="hard limit per run (s)")
     p.add_argument("--env", action="append", default=[], help="KEY=VALUE, diagnosis only")
     p.add_argument("--keep", action="store_true", help="keep every run's temp dir")
-    p.add_argument("--smoke", action="store_true", help="one rankguard run (seconds)")
+    p.add_argument(
+        "--smoke", action="store_true", help="one rankguard run, 1 rank, 3 steps (seconds)"
+    )
     args = p.parse_args(argv)
     if args.smoke:
         args.runs, args.torchrun = 1, False
+        smoke_job()
     env = parse_env(args.env)
-    header(env)
+    header(env, smoke=args.smoke)
     all_ok = True
     if args.runs:
         all_ok = loop(PRELOAD if args.preload else "rankguard", args.runs, args, env)

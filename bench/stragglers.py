@@ -161,7 +161,8 @@ def demo_command(
     ]
     if threshold != DEFAULT_THRESHOLD:
         cmd += ["--set", f"straggler.gpu_relative_perf_threshold={threshold}"]
-    cmd += ["-m", "rankguard.demo.train", "--steps", str(args.steps), "--step-sleep", "0"]
+    cmd += ["-m", "rankguard.demo.train", "--steps", str(args.steps)]
+    cmd += ["--step-sleep", f"{args.step_sleep:g}"]
     if slowdown is not None:
         cmd += ["--fault", "slow", "--fault-rank", str(FAULT_RANK), "--slowdown", str(slowdown)]
     return cmd
@@ -284,7 +285,10 @@ def part_detection(args: argparse.Namespace) -> tuple[list[DemoRun], list[DemoRu
             + (f"  PROBLEM: {run.problem}" if run.problem else ""),
             flush=True,
         )
-    print("(others = lowest relative score of any rank other than rank 2, over all reports)\n")
+    print(
+        f"(others = lowest relative score of any rank other than rank {FAULT_RANK}, "
+        "over all reports)\n"
+    )
     clean = []
     print(f"== false positives: {args.clean_runs} clean run(s), no fault, threshold 0.7 ==")
     header = (
@@ -519,11 +523,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=200_000)
     p.add_argument("--repeats", type=int, default=21)
     p.add_argument("--skip-runs", action="store_true", help="overhead only")
-    p.add_argument("--smoke", action="store_true", help="one 2x run, tiny loops (seconds)")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="one 2x run on 2 ranks (rank 1 slowed), 30 steps of which 0.1 s asleep, a "
+        "report every second, tiny loops (seconds); exit 1 if the run fails or makes no report",
+    )
     args = p.parse_args(argv)
+    args.step_sleep = 0.0  # the step is all compute and all-reduce
     if args.smoke:
-        args.steps, args.slowdowns, args.strict_threshold, args.clean_runs = 60, [2.0], 0.0, 0
-        args.calls, args.repeats = 2_000, 3
+        global NPROC, FAULT_RANK
+        NPROC, FAULT_RANK = 2, 1
+        args.steps, args.slowdowns, args.strict_threshold, args.clean_runs = 30, [2.0], 0.0, 0
+        args.report_interval, args.calls, args.repeats = 1.0, 2_000, 3
+        args.step_sleep = 0.1  # wall for two reports, not CPU: a sleep is not compute
     print(
         f"python {platform.python_version()}, {os.cpu_count()} CPU(s), {platform.machine()}; "
         f"started {time.strftime('%Y-%m-%d %H:%M:%S %Z')}\n"
@@ -536,6 +549,8 @@ def main(argv: list[str] | None = None) -> int:
         runs, clean = part_detection(args)
     verdicts(args, runs, clean, overhead)
     print(f"\ntotal {time.monotonic() - t0:.0f} s")
+    if args.smoke and any(r.rc != 0 or r.problem or not r.reports for r in runs):
+        return 1
     return 0
 
 
