@@ -35,6 +35,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 # a lost node noticed in 3 s (1 s keep-alives, 3 missed); a shrunk round 1 s after MIN
 RDZV_CONF = "keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1"
 NO_HOST = f"{RDZV_CONF},is_host=false"  # every agent a client of the store
+# MIN:MAX jobs: a first round that waits 5 s for its second node (two agents started
+# together on a loaded machine reach the rendezvous seconds apart: with a 1 s last call
+# the first round could start with one node and grow), a shrunk round 5 s after a loss
+SHRINK_CONF = "keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=5,is_host=false"
 
 
 def host_store(port: int) -> TCPStore:
@@ -238,7 +242,7 @@ def test_without_a_spare_the_job_shrinks_to_the_nodes_left_and_goes_on(
     store = host_store(port)
     # the global batch of 16 samples: one micro-batch of 8 per rank on 2 ranks, two on 1
     cmds = [
-        agent_cmd(i, "1:2", port, run_id, tmp_path, 16, NO_HOST, "--global-batch", "16")
+        agent_cmd(i, "1:2", port, run_id, tmp_path, 16, SHRINK_CONF, "--global-batch", "16")
         for i in range(2)
     ]
     with Agents(cmds, tmp_path) as agents:
@@ -276,7 +280,7 @@ def test_a_shrunk_job_grows_back_when_a_node_comes(tmp_path: Path, run_id: str) 
     port = free_port()
     store = host_store(port)  # as in the shrink test: any node may be the one lost
     cmds = [
-        agent_cmd(i, "1:2", port, run_id, tmp_path, 40, NO_HOST, "--global-batch", "16")
+        agent_cmd(i, "1:2", port, run_id, tmp_path, 40, SHRINK_CONF, "--global-batch", "16")
         for i in range(3)
     ]
     with Agents(cmds[:2], tmp_path) as agents:
