@@ -29,7 +29,7 @@ from rankguard.heartbeat.publisher import HeartbeatPublisher
 from rankguard.phases import PhaseWatcher
 from rankguard.preempt.handler import ignore_exit_signal
 from rankguard.schema.blocks import BlockSource, PerfBlock, StragglerBlock, fields_source
-from rankguard.timeline import ProgressTracker
+from rankguard.timeline import CLOSING_PHASE, ProgressTracker
 
 if TYPE_CHECKING:
     import torch
@@ -66,17 +66,24 @@ class _Phase:
 
 
 class _Checkpoint:
-    __slots__ = ("_id", "_tracker")
+    __slots__ = ("_id", "_inner", "_progress", "_tracker")
 
-    def __init__(self, tracker: ProgressTracker, checkpoint_id: str | None) -> None:
+    def __init__(self, tracker: ProgressTracker, checkpoint_id: str | None, progress: bool) -> None:
         self._tracker = tracker
         self._id = checkpoint_id
+        self._progress = progress
+        self._inner = False
 
     def __enter__(self) -> None:
-        self._tracker.checkpoint_start(self._id)
+        tracker = self._tracker
+        # a wait inside the script's own checkpoint leaves that checkpoint as it is
+        self._inner = not self._progress and tracker.checkpoint_active
+        if not self._inner:
+            tracker.checkpoint_start(self._id)
 
     def __exit__(self, *exc: object) -> None:
-        self._tracker.checkpoint_end()
+        if not self._inner:
+            self._tracker.checkpoint_end(self._progress)
 
 
 class _DataLoading:
@@ -356,10 +363,12 @@ class Session:
         """``with session.phase("eval"):`` restores the previous phase afterwards."""
         return _Phase(self.tracker, name)
 
-    def checkpoint(self, checkpoint_id: str | None = None) -> _Checkpoint:
+    def checkpoint(self, checkpoint_id: str | None = None, *, progress: bool = True) -> _Checkpoint:
         """``with session.checkpoint("step_100"):`` the monitor applies
-        checkpoint_timeout_s inside; the end counts as progress."""
-        return _Checkpoint(self.tracker, checkpoint_id)
+        checkpoint_timeout_s inside; the end counts as progress. ``progress=False``: a
+        wait for a write already started (the end is no progress; inside another
+        checkpoint it changes nothing)."""
+        return _Checkpoint(self.tracker, checkpoint_id, progress)
 
     def checkpoint_start(self, checkpoint_id: str | None = None) -> None:
         self.tracker.checkpoint_start(checkpoint_id)
@@ -465,6 +474,9 @@ class Session:
     def close(
         self, *, clean: bool = True, exit_code: int | None = None, error: str | None = None
     ) -> None:
+        # The script is done: what follows (the perf monitor's last poll and summary, the
+        # trackers' flush, which takes seconds for some) is no step the monitor waits for.
+        self.tracker.set_phase(CLOSING_PHASE)
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
@@ -519,7 +531,9 @@ class NullSession:
     def phase(self, name: str) -> _NullContext:
         return _NULL_CONTEXT
 
-    def checkpoint(self, checkpoint_id: str | None = None) -> _NullContext:
+    def checkpoint(
+        self, checkpoint_id: str | None = None, *, progress: bool = True
+    ) -> _NullContext:
         return _NULL_CONTEXT
 
     def checkpoint_start(self, checkpoint_id: str | None = None) -> None:

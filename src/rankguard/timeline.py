@@ -20,8 +20,8 @@ takes a snapshot and tolerates seeing a step in flight.
 
 Progress rules (FlagScale's, kept): setting a phase never advances progress; a step end
 does; checkpoint start switches to the ``checkpointing`` phase without advancing;
-checkpoint end advances and restores the previous phase; an end without a start is a
-no-op.
+checkpoint end advances and restores the previous phase (a wait for a background write
+ends without advancing: it saved nothing); an end without a start is a no-op.
 
 Phases without code: a script that never sets a phase is in ``setup`` until its first
 step and in ``train`` from then on (:meth:`ProgressTracker.effective_phase`, derived by
@@ -41,6 +41,7 @@ from typing import Any, Protocol
 
 __all__ = [
     "CHECKPOINT_PHASE",
+    "CLOSING_PHASE",
     "EVAL_PHASE",
     "ITERATION_SOURCES",
     "RING_SIZE",
@@ -52,6 +53,9 @@ __all__ = [
 ]
 
 CHECKPOINT_PHASE = "checkpointing"
+#: After the script's main returned: the session closes (the perf monitor's last writes,
+#: the trackers' flush). Judged by ``checkpoint_timeout_s``, not the step's timeout.
+CLOSING_PHASE = "closing"
 EVAL_PHASE = "eval"
 SETUP_PHASE = "setup"
 TRAIN_PHASE = "train"
@@ -303,13 +307,20 @@ class ProgressTracker:
         self.checkpoint_started_ns = self.phase_ns = self._clock()
         self._changed()
 
-    def checkpoint_end(self) -> None:
+    def checkpoint_end(self, progress: bool = True) -> None:
+        """End the checkpoint phase and go back to the phase before it. ``progress``:
+        the save's end counts as progress; False for a wait that saved nothing (a wait
+        for a background write): its time is left out of the step times as a span."""
         if not self.checkpoint_active:
             return
         self.checkpoint_active = False
         self.phase = self._saved_phase or "train"
         self._saved_phase = None
         self.phase_ns = self._clock()
+        if not progress:
+            self.add_span(self.checkpoint_started_ns, self.phase_ns, CHECKPOINT_PHASE)
+            self._changed()
+            return
         now = self.last_progress_ns = self._clock()
         # A finished save is progress; on GPU it counts as one more issued step, so
         # the events of later steps still move progress forward. It is listed as a save

@@ -124,9 +124,35 @@ def test_checkpoint_context(session: Session, tmp_path: Path) -> None:
     assert session.tracker.phase == "train"
     assert session.tracker.checkpoint_active is False
     assert session.tracker.progress_seq == 2
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline and _records(path)[-1]["checkpoint_active"]:
+        time.sleep(0.01)
+    last = _records(path)[-1]
+    assert last["checkpoint_active"] is False and last["phase"] == "train"
     session.close()
     end = _records(path)[-1]
-    assert end["checkpoint_active"] is False and end["phase"] == "train"
+    assert end["checkpoint_active"] is False and end["phase"] == "closing"
+
+
+def test_closing_is_a_phase_of_its_own(session: Session, tmp_path: Path) -> None:
+    """What runs after the script returned (the perf summary, the trackers' flush) is
+    published as ``closing``: the monitor gives it the checkpoint timeout, not the step's
+    (a tracker's flush of several seconds was reported as a hang in train)."""
+    path = tmp_path / heartbeat_file_name(0, os.getpid())
+    session.set_phase("train")
+    session.step_end()
+    phases: list[str] = []
+
+    class Perf:
+        def close(self) -> None:
+            phases.append(session.tracker.phase)
+
+    session.perf = Perf()  # type: ignore[assignment]
+    session.close(clean=True, exit_code=0)
+    assert phases == ["closing"]
+    end = _records(path)[-1]
+    assert end["event"] == "process_end" and end["phase"] == "closing"
+    assert end["progress_seq"] == 1
 
 
 def test_checkpoint_start_end_methods(session: Session) -> None:

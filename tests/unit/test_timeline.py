@@ -116,6 +116,28 @@ def test_checkpoint_end_advances_and_restores_phase() -> None:
     assert t.iteration is None  # a checkpoint is not an iteration
 
 
+def test_a_wait_that_saved_nothing_ends_without_progress_and_leaves_a_span() -> None:
+    """A wait for a background write (``checkpoint_end(progress=False)``): back to the
+    phase before, no progress, no save counted; its time is a span, so the step interval
+    around it is no step time."""
+    clock = FakeClock()
+    t = _cpu(clock)
+    t.set_phase("train")
+    t.step_end()
+    calls: list[int] = []
+    t.on_change = lambda: calls.append(1)
+    clock.advance(1)
+    start = clock.ns
+    t.checkpoint_start("wait:step_1")
+    clock.advance(5)
+    t.checkpoint_end(progress=False)
+    assert t.phase == "train" and t.checkpoint_active is False
+    assert t.progress_seq == 1 and t.checkpoint_count == 0 and t.non_step_seqs == []
+    assert t.phase_spans[-1] == [start, clock.ns, CHECKPOINT_PHASE]
+    assert t.interval_in_other_phase(start - 1, clock.ns + 1)
+    assert calls == [1, 1]  # published at start and end
+
+
 def test_checkpoint_in_a_script_that_never_set_a_phase_returns_to_train() -> None:
     """Zero-code progress (optimizer hook) puts a script in train after its first step;
     a save then must come back to train, not to the setup it never left explicitly

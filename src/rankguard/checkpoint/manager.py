@@ -542,9 +542,19 @@ class CheckpointManager:
         raise CheckpointError(message)
 
     def wait(self) -> None:
-        """Wait for the background write in flight; raise CheckpointError if it failed."""
+        """Wait for the background write in flight; raise CheckpointError if it failed.
+        A write not yet done is waited for in the ``checkpointing`` phase (its timeout,
+        not the step's), whose end is no progress: this wait saved nothing."""
         future, self._inflight = self._inflight, None
-        if future is not None:
+        if future is None:
+            return
+        if future.done():
+            future.result()
+            return
+        step = (self.stats.get("inflight") or {}).get("step")
+        with self._phase(
+            f"wait:{step_dir_name(step) if step is not None else 'write'}", progress=False
+        ):
             future.result()
 
     @property
@@ -775,14 +785,16 @@ class CheckpointManager:
             except OSError as exc:
                 logger.warning("rankguard: cannot write %s: %s", self._status_path, exc)
 
-    def _phase(self, name: str) -> contextlib.AbstractContextManager[None]:
+    def _phase(
+        self, name: str, *, progress: bool = True
+    ) -> contextlib.AbstractContextManager[None]:
         session = self._session
         if session is False:
             return contextlib.nullcontext()
         if session is None:
             session = current_session()
         if session is not None and session.enabled:
-            return session.checkpoint(name)
+            return session.checkpoint(name, progress=progress)
         return contextlib.nullcontext()
 
     def _say(self, message: str, level: int, *, everywhere: bool = False) -> None:

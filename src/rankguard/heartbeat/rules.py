@@ -18,15 +18,16 @@ cleared when the condition clears, so a relapse fires again. A new pid for a kno
 (restart) resets the rank; records of another run_id are ignored.
 
 Phases have their own timeouts: ``checkpoint_timeout_s`` while checkpointing (the API's
-checkpoint or a save recognised on the stack), ``eval_timeout_s`` while evaluating,
-section timeouts (NVRx's ``rank_section_timeouts``: ``setup``, ``step`` for train,
-``checkpointing``, any other phase by its name, else the out-of-section timeout) when
-configured. In ``train`` the progress age counts from the later of the last step and the
-first record back in train after another phase (monitor clock), so the first step after
-a long evaluation or save is not late. A rank stalled in ``train`` while a peer is in
-another phase (rank 0 saving alone, the others waiting at the next collective) is
-``blocked_by`` that peer, not hung, for as long as the peer's phase timeout; the peer's
-own timeout names it if it never comes back.
+checkpoint or a save recognised on the stack, or a wait for a background write) and
+while the session closes after the script ended (``closing``: the trackers' flush),
+``eval_timeout_s`` while evaluating, section timeouts (NVRx's ``rank_section_timeouts``:
+``setup``, ``step`` for train, ``checkpointing``, any other phase by its name, else the
+out-of-section timeout) when configured. In ``train`` the progress age counts from the
+later of the last step and the first record back in train after another phase (monitor
+clock), so the first step after a long evaluation or save is not late. A rank stalled in
+``train`` while a peer is in another phase (rank 0 saving alone, the others waiting at
+the next collective) is ``blocked_by`` that peer, not hung, for as long as the peer's
+phase timeout; the peer's own timeout names it if it never comes back.
 
 A rank that vanishes without ``process_end`` while it is stale on a full disk is not
 reported as died: the ``process_end`` of a clean exit is lost the same way; its ``exit``
@@ -54,7 +55,13 @@ from rankguard.heartbeat.disk import DiskState
 from rankguard.schema.blocks import exit_clean
 from rankguard.schema.findings import Finding, FindingType, Liveness, Progress, Reason
 from rankguard.schema.records import MAX_RANKS, Event, HeartbeatRecord, RecordError, supersedes
-from rankguard.timeline import CHECKPOINT_PHASE, EVAL_PHASE, SETUP_PHASE, TRAIN_PHASE
+from rankguard.timeline import (
+    CHECKPOINT_PHASE,
+    CLOSING_PHASE,
+    EVAL_PHASE,
+    SETUP_PHASE,
+    TRAIN_PHASE,
+)
 
 __all__ = [
     "NEVER_SEEN_EACH",
@@ -746,6 +753,8 @@ class HeartbeatRules:
                 age = min(age, now - s.train_since)
         elif phase == EVAL_PHASE:
             progress_timeout = cfg.eval_timeout_s
+        elif phase == CLOSING_PHASE:
+            progress_timeout = cfg.checkpoint_timeout_s
         else:
             progress_timeout = cfg.progress_timeout_s
         if age is not None and s.resumed_at is not None:
@@ -774,6 +783,8 @@ class HeartbeatRules:
             return sections[phase]
         if self.out_of_section_timeout is not None:
             return self.out_of_section_timeout
+        if phase == CLOSING_PHASE:
+            return cfg.checkpoint_timeout_s
         return cfg.eval_timeout_s if phase == EVAL_PHASE else cfg.progress_timeout_s
 
     def _check_section(

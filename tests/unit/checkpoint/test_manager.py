@@ -351,6 +351,45 @@ def test_a_save_marks_the_checkpoint_phase_of_the_session(tmp_path: Path) -> Non
     assert len(session.tracker.checkpoint_durations_ns) == 1
 
 
+def test_waiting_for_a_background_write_is_checkpointing_without_progress(
+    tmp_path: Path,
+) -> None:
+    """A wait for an async write still in flight (the next save, ``close()`` at the end
+    of a run) is in the checkpointing phase, under its timeout, not the step's: a slow
+    last write on a loaded machine was reported as a hang in train. The wait saved
+    nothing: no progress, one save counted."""
+    import time
+
+    from rankguard.session import Session
+    from tests.factories import heartbeat_config, rank_identity
+
+    session = Session(rank_identity(), tmp_path, heartbeat_config(), publish=False)
+    session.set_phase("train")
+    seen: list[tuple[str, str | None]] = []
+
+    class Held(FileSystemWriter):
+        def write_data(self, plan: Any, planner: Any) -> Any:
+            deadline = time.monotonic() + 10
+            while session.tracker.checkpoint_id != "wait:step_000000007":
+                assert time.monotonic() < deadline, "the wait never entered its phase"
+                time.sleep(0.01)
+            seen.append((session.tracker.phase, session.tracker.checkpoint_id))
+            return super().write_data(plan, planner)
+
+    t = Trainer()
+    m = manager(cfg(tmp_path, async_save=True), t, session=session, writer_factory=Held)
+    m.save(7)
+    assert session.tracker.phase == "train" and m.in_flight
+    progress = session.tracker.progress_seq
+    m.close()
+    assert seen == [("checkpointing", "wait:step_000000007")]
+    assert session.tracker.phase == "train" and not session.tracker.checkpoint_active
+    assert session.tracker.progress_seq == progress  # the save's end only
+    assert len(session.tracker.checkpoint_durations_ns) == 1
+    assert session.tracker.phase_spans[-1][2] == "checkpointing"
+    assert m.last_committed["persistent"] == 7
+
+
 def test_status_file_and_the_status_screen(tmp_path: Path) -> None:
     from rankguard.cli.status_render import checkpoint_lines
 

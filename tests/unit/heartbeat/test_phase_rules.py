@@ -76,6 +76,24 @@ def test_recognised_checkpoint_phase_gets_the_checkpoint_timeout() -> None:
     assert _run(rules, 102, {0: "checkpointing"}) == [(0, "gpu_progress_timeout")]
 
 
+def test_closing_gets_the_checkpoint_timeout() -> None:
+    """After the script returned, the session closes (the trackers' flush can take
+    seconds): no step is due, the checkpoint timeout bounds it."""
+    rules = _rules(world=1)
+    assert _run(rules, 90, {0: "closing"}) == []  # 90 s > progress 20 s, < checkpoint 100 s
+    assert rules.ranks[0].progress is Progress.PROGRESSING
+    rules = _rules(world=1)
+    assert _run(rules, 102, {0: "closing"}) == [(0, "gpu_progress_timeout")]
+
+
+def test_a_rank_stalled_in_train_while_its_peer_closes_is_blocked_by_it() -> None:
+    """Rank 0 flushes its trackers at the end; rank 1 waits in train (the last barrier):
+    rank 1 is blocked by rank 0 for rank 0's closing timeout, not hung."""
+    rules = _rules(world=2)
+    assert _run(rules, 60, {0: "closing", 1: "train"}) == []
+    assert rules.ranks[1].blocked_by == [0]
+
+
 def test_train_after_a_long_eval_is_not_late() -> None:
     """The eval lasted 40 s (no step); train resumed 3 s ago, its next step is slow:
     the progress clock restarted with the phase."""
