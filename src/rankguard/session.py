@@ -476,7 +476,9 @@ class Session:
     ) -> None:
         # The script is done: what follows (the perf monitor's last poll and summary, the
         # trackers' flush, which takes seconds for some) is no step the monitor waits for.
-        self.tracker.set_phase(CLOSING_PHASE)
+        tracker = self.tracker
+        ended_in = tracker.effective_phase()[0]
+        tracker.set_phase(CLOSING_PHASE)
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
@@ -487,6 +489,8 @@ class Session:
                 self.perf.close()
             except Exception:
                 logger.exception("rankguard: writing the performance summary failed")
+        # the end record names the phase the script ended in (a crash in eval says eval)
+        tracker.set_phase(ended_in)
         if self.publisher is not None:
             self.publisher.close(clean=clean, exit_code=exit_code, error=error)
         if self.preemption is not None:

@@ -183,13 +183,14 @@ def test_each_simulated_fault_is_found_and_restarted(
         tmp_path,
         run_id,
         1,
-        # The fault comes 4-8 s after the rank starts: after its first step even on a
-        # loaded machine (a stall in setup has the initial progress timeout, 60 s); 50
-        # steps of ~0.17 s (~8.5 s) always reach it. A save every 10 steps: fewer saves
+        # The fault comes 6-12 s after the rank's session starts: after its first step
+        # even on a loaded machine (with 4-8 s, a CI run's stall landed in setup, whose
+        # initial progress timeout is 60 s: 104 s for the test, against its 140 s); 80
+        # steps of ~0.17 s (~13.6 s) always reach it. A save every 10 steps: fewer saves
         # for the stall to land in (a rank stalled inside its own save has the
         # checkpoint timeout, 20 s, not 4 s).
         "--steps",
-        "50",
+        "80",
         "--step-sleep",
         "0.15",
         "--checkpoint-every",
@@ -202,7 +203,7 @@ def test_each_simulated_fault_is_found_and_restarted(
             "--set",
             "fault_tolerance.simulated_fault_rank=1",
             "--set",
-            "fault_tolerance.simulated_fault_base_delay=4",
+            "fault_tolerance.simulated_fault_base_delay=6",
         ),
     )
     out = res.stdout + res.stderr
@@ -224,7 +225,7 @@ def test_each_simulated_fault_is_found_and_restarted(
         assert 1 in reported, reported
     else:
         assert (restart["cause"], restart["rank"]) == (cause, 1), restart
-    assert "[demo] done: 50 steps" in out
+    assert "[demo] done: 80 steps" in out
     assert no_leftover_workers(run_id)
 
 

@@ -105,10 +105,12 @@ def test_init_under_plain_torchrun_measures_in_rank(tmp_path: Path) -> None:
 
 
 def _phases(run_dir: Path) -> dict[int, set[str]]:
+    """The phases each rank published, but ``closing`` (the session's close after the
+    script returned: published when it lasts long enough)."""
     seen: dict[int, set[str]] = {}
     for path in run_dir.glob("rank_*_pid_*.heartbeat.jsonl"):
         for rec in read_jsonl(path):
-            if rec.get("phase"):
+            if rec.get("phase") and rec["phase"] != "closing":
                 seen.setdefault(rec["rank"], set()).add(rec["phase"])
     return seen
 

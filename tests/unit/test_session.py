@@ -131,27 +131,37 @@ def test_checkpoint_context(session: Session, tmp_path: Path) -> None:
     assert last["checkpoint_active"] is False and last["phase"] == "train"
     session.close()
     end = _records(path)[-1]
-    assert end["checkpoint_active"] is False and end["phase"] == "closing"
+    assert end["checkpoint_active"] is False and end["phase"] == "train"
 
 
-def test_closing_is_a_phase_of_its_own(session: Session, tmp_path: Path) -> None:
+@pytest.mark.parametrize("phase", ["train", "eval", None])
+def test_closing_is_a_phase_of_its_own(session: Session, tmp_path: Path, phase: str | None) -> None:
     """What runs after the script returned (the perf summary, the trackers' flush) is
     published as ``closing``: the monitor gives it the checkpoint timeout, not the step's
-    (a tracker's flush of several seconds was reported as a hang in train)."""
+    (a tracker's flush of several seconds was reported as a hang in train). The end
+    record names the phase the script ended in (None: a script that never set one, in
+    train after its first step)."""
     path = tmp_path / heartbeat_file_name(0, os.getpid())
-    session.set_phase("train")
+    if phase is not None:
+        session.set_phase(phase)
     session.step_end()
-    phases: list[str] = []
+    seen: list[tuple[str, bool]] = []
+
+    def published_closing() -> bool:
+        return any(r.get("phase") == "closing" for r in _records(path))
 
     class Perf:
         def close(self) -> None:
-            phases.append(session.tracker.phase)
+            deadline = time.monotonic() + 2.0
+            while not published_closing() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            seen.append((session.tracker.phase, published_closing()))
 
     session.perf = Perf()  # type: ignore[assignment]
     session.close(clean=True, exit_code=0)
-    assert phases == ["closing"]
+    assert seen == [("closing", True)]
     end = _records(path)[-1]
-    assert end["event"] == "process_end" and end["phase"] == "closing"
+    assert end["event"] == "process_end" and end["phase"] == (phase or "train")
     assert end["progress_seq"] == 1
 
 
