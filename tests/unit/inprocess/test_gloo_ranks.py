@@ -116,8 +116,11 @@ def test_hang_before_a_collective_soft_timeout_then_reentry(tmp_path: Path) -> N
     assert_completed(results, restarts=1)
     for res in results:  # rank 0 sleeping outside the collective is the culprit
         assert res["rounds"][1]["cause"] == "soft_timeout" and res["rounds"][1]["culprit"] == 0
+    # The soft timeout (2 s) counts from the main thread's last liveness stamp, which the
+    # watcher asks for every 0.1 s (later when its thread waits for a core): that stamp
+    # precedes the fault by up to an interval or so (a CI run measured 1.988 s here)
     took = results[0]["first_step_after"][0] - results[0]["fault_time"][0]
-    assert 2.0 <= took < 10.0
+    assert 1.5 <= took < 10.0
 
 
 def test_faults_past_the_budget_end_the_processes(tmp_path: Path) -> None:
