@@ -294,11 +294,17 @@ def quick_matrix() -> list[Case]:
 
 
 def smoke_matrix() -> list[Case]:
-    """Two cases (``--smoke``): a hung step on 1 rank (at step 2) and a clean run of 1 rank,
-    4 steps each."""
+    """Four cases (``--smoke``), 1 rank each: a hung step (at step 2 of 4), a clean run (4
+    steps), a hang before a collective (``fault_matrix_collective.py``, at step 2 of 4) and
+    a monitor thread that dies once (``fault_matrix_launcher.py``, the stall at step 25 of
+    40): each job script this bench starts runs in its smoke."""
     hang, clean = case("step_hang", 1, local=0), case("clean", 1, local=0)
+    collective = case("collective_hang", 1, local=0)
+    monitor = case("monitor_crash", 1, local=0, variant="once")
     hang.steps, hang.fault_step, clean.steps = 4, 2, 4
-    return [hang, clean]
+    collective.steps, collective.fault_step = 4, 2
+    monitor.steps, monitor.fault_step = 40, 25
+    return [hang, clean, collective, monitor]
 
 
 # ---- results -----------------------------------------------------------------------------
@@ -608,9 +614,9 @@ def target_of(c: Case) -> list[str]:
         return [
             str(COLLECTIVE),
             "--steps",
-            "60",
+            str(c.steps or 60),
             "--fault-step",
-            "5",
+            str(c.fault_step or 5),
             "--duration",
             "30",
             *fault_target(c),
@@ -622,11 +628,11 @@ def target_of(c: Case) -> list[str]:
     if k == "monitor_crash":
         return demo_args(
             c,
-            90,
+            c.steps or 90,
             "--fault",
             "stall",
             "--fault-step",
-            "40",
+            str(c.fault_step or 40),
             "--fault-duration",
             "8",
             *fault_target(c),

@@ -1,7 +1,8 @@
 """Every bench script runs: ``python bench/<name>.py --smoke`` (tiny sizes, seconds) exits
 0 with no traceback, so a figure in bench/README.md cannot silently stop being
 reproducible. A new bench script is picked up by itself and must have ``--smoke``; job
-scripts that another bench starts (``JOBS``) run inside that bench's smoke run."""
+scripts that another bench starts (``JOBS``) run inside that bench's smoke run, which must
+show it (``JOB_EVIDENCE``)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,17 @@ import pytest
 pytestmark = [pytest.mark.bench, pytest.mark.timeout(240)]
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
-# Scripts started by another bench (not benches themselves): the parent's smoke runs them.
+# Scripts started by another bench (not benches themselves): the parent's smoke runs them,
+# and its output says so (JOB_EVIDENCE: a line only a run of that job script prints).
 JOBS = {
     "fault_matrix_collective.py": "fault_matrix.py",
     "fault_matrix_launcher.py": "fault_matrix.py",
     "inprocess_job.py": "inprocess.py",
+}
+JOB_EVIDENCE = {
+    "fault_matrix_collective.py": "collective_hang",  # its case's row in the table
+    "fault_matrix_launcher.py": "monitor_crash/once",
+    "inprocess_job.py": "rankguard fault -> first step after re-entry",
 }
 # Benches whose smoke run has a test of its own that asserts more of its output.
 OWN_TEST = {"checkpoint.py": "test_checkpoint_bench.py"}
@@ -31,6 +38,7 @@ def _has_smoke(name: str) -> bool:
 
 
 def test_every_job_script_is_started_by_its_bench() -> None:
+    assert set(JOB_EVIDENCE) == set(JOBS)
     for job, parent in JOBS.items():
         assert (BENCH / job).is_file(), job
         assert job in (BENCH / parent).read_text(encoding="utf-8"), (job, parent)
@@ -76,3 +84,6 @@ def test_smoke_run(name: str, tmp_path: Path) -> None:
     assert res.returncode == 0, f"bench/{name} --smoke exited {res.returncode}:\n{out[-4000:]}"
     assert "Traceback (most recent call last)" not in out, out[-4000:]
     assert res.stdout.strip(), f"bench/{name} --smoke printed no figure"
+    for job, parent in JOBS.items():
+        if parent == name:
+            assert JOB_EVIDENCE[job] in res.stdout, f"bench/{name} --smoke did not run {job}"
