@@ -91,6 +91,7 @@ def train() -> torch.Tensor:
             "at": time.time(),
             "cause": info.cause if info else None,
             "culprit": info.culprit if info else None,
+            "message": info.message if info else None,
             **resources(),
         }
     )
