@@ -751,12 +751,8 @@ class HeartbeatRules:
             if age is not None and s.train_since is not None:
                 # the clock restarts when train resumes after eval or a save
                 age = min(age, now - s.train_since)
-        elif phase == EVAL_PHASE:
-            progress_timeout = cfg.eval_timeout_s
-        elif phase == CLOSING_PHASE:
-            progress_timeout = cfg.checkpoint_timeout_s
         else:
-            progress_timeout = cfg.progress_timeout_s
+            progress_timeout = self._own_timeout(phase)
         if age is not None and s.resumed_at is not None:
             # the clock restarts when heartbeats come back after a pause (SIGCONT)
             age = min(age, now - s.resumed_at)
@@ -783,9 +779,17 @@ class HeartbeatRules:
             return sections[phase]
         if self.out_of_section_timeout is not None:
             return self.out_of_section_timeout
+        return self._own_timeout(phase)
+
+    def _own_timeout(self, phase: str) -> float:
+        """A phase's timeout without section timeouts: eval's, the checkpoint timeout
+        while the session closes, else the progress timeout."""
+        cfg = self.cfg
+        if phase == EVAL_PHASE:
+            return cfg.eval_timeout_s
         if phase == CLOSING_PHASE:
             return cfg.checkpoint_timeout_s
-        return cfg.eval_timeout_s if phase == EVAL_PHASE else cfg.progress_timeout_s
+        return cfg.progress_timeout_s
 
     def _check_section(
         self, s: RankState, phase: str, timeout: float, hb_age: float, out: list[Finding]
