@@ -855,6 +855,7 @@ class HeartbeatRules:
     ) -> Finding:
         """The finding about rank ``s`` as the monitor sees it now."""
         rec = s.record
+        observed_s = _reported(observed_s, timeout_s)
         return Finding.build(
             ftype,
             reason,
@@ -867,7 +868,7 @@ class HeartbeatRules:
             gpu_progress=s.progress,
             checkpoint_active=rec.checkpoint_active if rec else False,
             timeout_s=timeout_s,
-            observed_s=None if observed_s is None else round(observed_s, 3),
+            observed_s=observed_s,
             gpu_health=s.gpu_health,
             exit=rec.exit if rec else None,
             main_frame=rec.main_frame if rec else None,
@@ -1087,6 +1088,20 @@ def peer_failure(error: object) -> bool:
     return bool(_PEER_FAILURE.search(str(error or "")))
 
 
+def _reported(observed_s: float | None, timeout_s: float | None) -> float | None:
+    """``observed_s`` to the millisecond, never rounded down onto the limit it passed.
+
+    A finding fires on ``observed > timeout``; 4.0004 s past a 4 s limit would read
+    ``observed_s: 4.0``, which says the limit was not passed.
+    """
+    if observed_s is None:
+        return None
+    shown = round(observed_s, 3)
+    if timeout_s is not None and observed_s > timeout_s >= shown:
+        shown = math.floor(timeout_s * 1000 + 1) / 1000
+    return shown
+
+
 def _message(
     ftype: FindingType,
     reason: Reason,
@@ -1098,20 +1113,25 @@ def _message(
     assert rec is not None
     who = f"rank {s.rank} (pid {s.pid} on {rec.hostname})"
     where = f"phase {rec.phase}, iteration {rec.iteration}"
+    observed = "?"
+    if observed_s is not None:
+        # One decimal, or three where one would print the limit itself ("4.0s > 4s").
+        digits = 1 if timeout_s is None or round(observed_s, 1) > timeout_s else 3
+        observed = f"{observed_s:.{digits}f}"
     if ftype is FindingType.PROCESS_TIMEOUT:
         return (
-            f"{who}: no heartbeat for {observed_s:.1f}s > {timeout_s:g}s; the process or "
+            f"{who}: no heartbeat for {observed}s > {timeout_s:g}s; the process or "
             f"its heartbeat thread is unresponsive (stopped, swapping or dead) [{where}]"
         )
     if ftype is FindingType.NODE_DISK_FULL:
         return (
-            f"{who}: no heartbeat for {observed_s:.1f}s > {timeout_s:g}s while the disk of "
+            f"{who}: no heartbeat for {observed}s > {timeout_s:g}s while the disk of "
             f"node {rec.node_rank or 0} is full: its heartbeats cannot be written; reported, "
             f"not killed (free space on that node ends it) [{where}]"
         )
     if ftype is FindingType.PROGRESS_TIMEOUT:
         return (
-            f"{who}: alive but no step completed for {observed_s:.1f}s > {timeout_s:g}s [{where}]"
+            f"{who}: alive but no step completed for {observed}s > {timeout_s:g}s [{where}]"
         )
     if ftype is FindingType.PROCESS_EXITED:
         exit_info = rec.exit or {}
@@ -1124,7 +1144,7 @@ def _message(
     if ftype is FindingType.SECTION_TIMEOUT:
         what = "section" if reason is Reason.SECTION_EXCEEDED else "out-of-section phase"
         return (
-            f"{who}: {what} {rec.phase!r} has lasted {observed_s:.1f}s > {timeout_s:g}s [{where}]"
+            f"{who}: {what} {rec.phase!r} has lasted {observed}s > {timeout_s:g}s [{where}]"
         )
     problems = ", ".join((s.gpu_health or {}).get("problems") or []) or "see gpu_health"
     level = "unhealthy" if ftype is FindingType.HEALTH_FAILURE else "warning"

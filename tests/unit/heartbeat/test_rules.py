@@ -72,6 +72,23 @@ def test_phase_change_without_progress_still_stalls() -> None:
     assert rules.ranks[0].progress is Progress.STALLED
 
 
+@pytest.mark.parametrize("past", [0.0001, 0.0004, 0.0006, 0.04])
+def test_observed_time_just_past_the_limit_is_reported_past_it(past: float) -> None:
+    """A stall found 0.1 ms past the limit must not read ``observed_s == timeout_s``."""
+    rules = _rules(world=1)
+    feed = Feed(rules)
+    feed.beat(0, 0, progress_seq=5, since=0.0)
+    feed.beat(0, 19, progress_seq=5, since=19.0)
+    found = rules.evaluate(20.0 + past)
+    assert types_of(found) == [(0, PROGRESS_TIMEOUT)]
+    f = found[0]
+    assert f.timeout_s == 20.0
+    assert f.observed_s is not None and f.observed_s > f.timeout_s
+    assert f.observed_s == pytest.approx(20.0 + past, abs=0.001)
+    shown = f.message.split("no step completed for ")[1].split("s > ")[0]
+    assert float(shown) > 20.0, f.message
+
+
 def test_initial_progress_timeout_applies_before_first_step() -> None:
     rules = _rules(world=1)
     feed = Feed(rules)
