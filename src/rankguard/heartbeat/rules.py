@@ -1130,9 +1130,7 @@ def _message(
             f"not killed (free space on that node ends it) [{where}]"
         )
     if ftype is FindingType.PROGRESS_TIMEOUT:
-        return (
-            f"{who}: alive but no step completed for {observed}s > {timeout_s:g}s [{where}]"
-        )
+        return f"{who}: alive but no step completed for {observed}s > {timeout_s:g}s [{where}]"
     if ftype is FindingType.PROCESS_EXITED:
         exit_info = rec.exit or {}
         if reason is Reason.DIED:
@@ -1143,9 +1141,7 @@ def _message(
         )
     if ftype is FindingType.SECTION_TIMEOUT:
         what = "section" if reason is Reason.SECTION_EXCEEDED else "out-of-section phase"
-        return (
-            f"{who}: {what} {rec.phase!r} has lasted {observed}s > {timeout_s:g}s [{where}]"
-        )
+        return f"{who}: {what} {rec.phase!r} has lasted {observed}s > {timeout_s:g}s [{where}]"
     problems = ", ".join((s.gpu_health or {}).get("problems") or []) or "see gpu_health"
     level = "unhealthy" if ftype is FindingType.HEALTH_FAILURE else "warning"
     return f"{who}: its GPU is {level}: {problems}"
