@@ -349,6 +349,9 @@ class Session:
         ``rerun_state_machine`` section (or ``config``); its outcomes ride in this
         rank's heartbeats and become findings. ``kwargs``: checkpoint, state_dir, group,
         generators (see the class)."""
+        publisher = self.publisher
+        if publisher is not None:  # a verdict reaches the file before a peer can exit
+            kwargs.setdefault("publish", publisher.publish)
         machine = _rerun_machine(config or self.rerun_config, kwargs)
         self.add_heartbeat_block(machine.heartbeat_block)
         return machine

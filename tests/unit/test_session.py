@@ -389,6 +389,48 @@ def test_zero_code_rank_is_in_train_after_its_first_optimizer_step(session: Sess
     assert session.tracker.phase == "setup"  # derived by readers, not set on the hot path
 
 
+def test_a_rerun_verdict_is_on_disk_before_the_rank_leaves(tmp_path: Path) -> None:
+    """The session hands the rerun machine its publisher: the exit-16 verdict is in the
+    heartbeat file when the rank exits, long before the next interval (20 s here); a
+    peer that exits first can get this rank killed before ``close()`` writes anything."""
+    import math
+
+    from rankguard.rerun import RerunStateMachineConfig
+    from rankguard.schema.rerun import RerunOutcome
+
+    s = Session(
+        rank_identity(run_id=RUN),
+        tmp_path,
+        HeartbeatConfig(publish_interval_s=20.0),
+        tracker=ProgressTracker(mode="cpu"),
+    )
+    path = tmp_path / heartbeat_file_name(0, os.getpid())
+    on_disk: list[list[dict[str, object]]] = []
+
+    def leave(code: int) -> None:
+        on_disk.append([r.get("rerun") for r in _records(path)])
+        raise SystemExit(code)
+
+    try:
+        rerun = s.rerun(
+            RerunStateMachineConfig(rerun_mode="validate_results"),
+            state_dir=tmp_path / "state",
+            checkpoint=lambda step: None,
+            exit=leave,
+        )
+        batches = rerun.replay(iter(range(10)))
+        with pytest.raises(SystemExit):
+            for _ in rerun.iteration(1, batches):
+                next(batches)
+                rerun.validate_loss(torch.tensor(math.nan))
+    finally:
+        s.close()
+    (blocks,) = on_disk
+    last = blocks[-1]
+    assert isinstance(last, dict), blocks
+    assert [e["outcome"] for e in last["events"]] == [RerunOutcome.PERSISTENT.value]  # type: ignore[index]
+
+
 def test_session_rerun_publishes_its_block(session: Session, tmp_path: Path) -> None:
     from rankguard.rerun import RerunStateMachineConfig
     from rankguard.schema.records import HeartbeatRecord

@@ -140,6 +140,17 @@ class HeartbeatPublisher:
         """Publish now instead of at the next interval (phase/checkpoint changes)."""
         self._wake.set()
 
+    def publish(self) -> None:
+        """Write a heartbeat record now, on the caller's thread, and return once it is on
+        disk: for what must be there before this process can be killed (a verdict its
+        peers are about to exit on). Never raises; nothing after :meth:`close`."""
+        if self._closed:
+            return
+        try:
+            self._write(Event.HEARTBEAT)
+        except Exception:  # a rank's exit path must not fail over its heartbeat
+            logger.exception("rankguard: publishing a heartbeat now failed")
+
     def close(
         self, *, clean: bool = True, exit_code: int | None = None, error: str | None = None
     ) -> None:

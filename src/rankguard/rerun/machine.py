@@ -107,6 +107,9 @@ class RerunStateMachine:
     ``generators``: torch generators the iteration draws from, besides the global ones.
     ``host_rngs``: snapshot Python's ``random`` and NumPy's global generator too (tens of
     microseconds a step; off when the loop draws from neither).
+    ``publish``: writes this rank's heartbeat now (the session's); called with a
+    verdict's events recorded, before the barrier after which a peer may exit (and its
+    launcher kill this rank before the next heartbeat).
     ``agreement``: ``all_reduce`` (a 3-int MAX all-reduce per iteration) or
     ``grad_norm``: piggy-backed on the loop's gradient all-reduce. A failed check makes
     :meth:`validate_loss` return a NaN loss, whose backward spreads NaN to every rank's
@@ -126,8 +129,10 @@ class RerunStateMachine:
         host_rngs: bool = True,
         agreement: str = "all_reduce",
         exit: Callable[[int], Any] = sys.exit,
+        publish: Callable[[], None] | None = None,
     ) -> None:
         self.config = config or RerunStateMachineConfig()
+        self._publish = publish
         self.mode = self.config.rerun_mode
         self._disabled = self.mode == "disabled"
         self._group = group
@@ -518,7 +523,7 @@ class RerunStateMachine:
             )
         if any_same and action == "stop":
             self._go(RerunState.STOPPED)
-            self._agreement.barrier()
+            self._published_barrier()
             raise ReproducibleFaultError(
                 f"rerun: iteration {self.current_iteration} reproduces its failed check after the "
                 "resume: a data or model problem (on_reproducible=stop)"
@@ -614,9 +619,17 @@ class RerunStateMachine:
 
     def _leave(self, code: int) -> None:
         """Every rank has saved (a peer's exit must not kill a rank still writing)."""
-        self._agreement.barrier()
+        self._published_barrier()
         logger.error("rankguard rerun [rank %d]: exit %d", self.rank, code)
         self._exit(code)
+
+    def _published_barrier(self) -> None:
+        """The barrier before the ranks leave, once this rank's verdict is in its
+        heartbeat file: the first rank out ends the worker group, and a peer killed with
+        its events unpublished would take them along (no finding for them)."""
+        if self._publish is not None:
+            self._publish()
+        self._agreement.barrier()
 
     def _load_pending(self) -> dict[str, Any] | None:
         state = load_state(self._state_path())

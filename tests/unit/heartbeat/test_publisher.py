@@ -6,6 +6,7 @@ import itertools
 import os
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,16 @@ def _wait_for(cond: Callable[[], bool], timeout: float = 2.0) -> bool:
             return True
         time.sleep(0.01)
     return cond()
+
+
+@dataclass(frozen=True)
+class _Block:
+    outcome: str
+    name = "verdict"
+    flat = False
+
+    def to_dict(self) -> dict[str, str]:
+        return {"outcome": self.outcome}
 
 
 @pytest.fixture
@@ -177,6 +188,26 @@ def test_wake_publishes_promptly(tmp_path: Path, publishers: list[HeartbeatPubli
     pub.wake()
     assert _wait_for(lambda: len(_records(pub.path)) >= 2, timeout=1.0)
     assert _records(pub.path)[1]["event"] == "heartbeat"
+
+
+def test_publish_writes_the_record_before_it_returns(
+    tmp_path: Path, publishers: list[HeartbeatPublisher]
+) -> None:
+    """``publish()`` is synchronous on the caller's thread (a verdict on disk before the
+    rank may be killed), with the blocks as they are now; nothing after close."""
+    pub, tracker = _start(tmp_path, publishers, 30.0)
+    verdict: list[str] = []
+    pub.add_block(lambda: _Block(verdict[-1]) if verdict else None)
+    tracker.step_end(7)
+    verdict.append("reproducible")
+    pub.publish()  # no wait: on disk now
+    records = _records(pub.path)
+    assert [r["event"] for r in records] == ["process_start", "heartbeat"]
+    assert records[1]["verdict"] == {"outcome": "reproducible"}
+    assert records[1]["iteration"] == 7 and records[1]["seq"] == 1
+    pub.close()
+    pub.publish()
+    assert [r["event"] for r in _records(pub.path)][-1] == "process_end"
 
 
 def test_phase_change_publishes_promptly(

@@ -169,6 +169,49 @@ def test_same_after_resume_is_a_data_problem_stop(tmp_path: Path) -> None:
     assert not (tmp_path / "ckpt" / rerun_state_file_name(0)).exists()
 
 
+def test_each_verdict_is_published_before_the_barrier_the_ranks_leave_after(
+    tmp_path: Path,
+) -> None:
+    """The first rank out ends the worker group: a rank whose verdict was only in memory
+    was killed with it, and node 0 never reported it. So this rank's heartbeat is
+    written (``publish``) with the verdict's events, before the barrier, on each path
+    that leaves: exit 16, exit 17 and the stop on a reproducible fault."""
+    seen: list[tuple[str, list[RerunOutcome]]] = []
+
+    def machine() -> RerunStateMachine:
+        saver = TorchSaver(tmp_path / "ckpt", lambda: {"w": torch.ones(2)})
+        config = RerunStateMachineConfig(rerun_mode="validate_results")
+        m = RerunStateMachine(
+            config,
+            checkpoint=saver,
+            state_dir=tmp_path / "ckpt",
+            exit=raising_exit,
+            publish=lambda: seen.append(("publish", [e.outcome for e in m.events])),
+        )
+        barrier = m._agreement.barrier
+        m._agreement.barrier = lambda: (seen.append(("barrier", [])), barrier())[1]  # type: ignore[method-assign]
+        return m
+
+    bad = lambda s, a, b, d: math.nan if s == 2 else b + d  # noqa: E731
+    with pytest.raises(RerunExit) as exc:
+        _train(machine(), bad, range(1, 5))
+    assert exc.value.code == 16
+    assert seen == [("publish", [RerunOutcome.PERSISTENT]), ("barrier", [])]
+    seen.clear()
+    with pytest.raises(ReproducibleFaultError):
+        _train(machine(), bad, range(2, 5), source=1)
+    assert seen == [("publish", [RerunOutcome.REPRODUCIBLE]), ("barrier", [])]
+
+    seen.clear()
+    with pytest.raises(RerunExit):  # on the first hardware, iteration 6 fails twice
+        _train(machine(), lambda s, a, b, d: math.inf if s == 6 else b + d, range(5, 8), 4)
+    seen.clear()
+    with pytest.raises(RerunExit) as exc:  # elsewhere it passes: that hardware was faulty
+        _train(machine(), lambda s, a, b, d: b + d, range(6, 8), source=5)
+    assert exc.value.code == 17
+    assert seen == [("publish", [RerunOutcome.VALIDATION_FAILED]), ("barrier", [])]
+
+
 def test_same_after_resume_skip_drops_the_step(tmp_path: Path) -> None:
     m, _ = _machine(tmp_path, on_reproducible="skip")
     bad = lambda s, a, b, d: math.nan if s == 2 else b + d  # noqa: E731
