@@ -28,6 +28,7 @@ import os
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
@@ -96,6 +97,7 @@ class HeartbeatPublisher:
         self._start_line = b""  # the process_start record: first line of every file
         self._lock = threading.Lock()  # serialises writes of the thread and close()
         self._wake = threading.Event()
+        self._asked: deque[threading.Event] = deque()  # publish() calls waiting for a record
         self._stop = threading.Event()
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -140,16 +142,19 @@ class HeartbeatPublisher:
         """Publish now instead of at the next interval (phase/checkpoint changes)."""
         self._wake.set()
 
-    def publish(self) -> None:
-        """Write a heartbeat record now, on the caller's thread, and return once it is on
-        disk: for what must be there before this process can be killed (a verdict its
-        peers are about to exit on). Never raises; nothing after :meth:`close`."""
-        if self._closed:
-            return
-        try:
-            self._write(Event.HEARTBEAT)
-        except Exception:  # a rank's exit path must not fail over its heartbeat
-            logger.exception("rankguard: publishing a heartbeat now failed")
+    def publish(self, timeout_s: float = 5.0) -> bool:
+        """Have the thread write a record now and wait until it is on disk: for what must
+        be there before this process can be killed (a verdict its peers are about to exit
+        on). The record is built after this call, so it holds the blocks as they are now;
+        the sources still run on the thread only. False when no record came within
+        ``timeout_s`` (the thread is stuck or gone) or after :meth:`close`."""
+        thread = self._thread
+        if self._closed or thread is None or not thread.is_alive():
+            return False
+        done = threading.Event()
+        self._asked.append(done)
+        self._wake.set()
+        return done.wait(timeout_s)
 
     def close(
         self, *, clean: bool = True, exit_code: int | None = None, error: str | None = None
@@ -164,8 +169,11 @@ class HeartbeatPublisher:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=max(1.0, 2 * self.interval_s))
         self.tracker.poll()
+        asked = self._take_asked()
         end = ExitBlock(clean=clean, exit_code=exit_code, error=error)
         self._write(Event.PROCESS_END, {end.name: end.to_dict()})
+        for done in asked:  # the end record has every block as it is now
+            done.set()
         with self._lock:
             if self._fd is not None:
                 os.close(self._fd)
@@ -233,7 +241,13 @@ class HeartbeatPublisher:
                     self._refine_gpu()
             except Exception:  # a broken CUDA context must not kill the heartbeat
                 logger.exception("rankguard: polling the progress event failed")
+            asked = self._take_asked()  # before the record: it is built after their call
             self._write(Event.HEARTBEAT)
+            for done in asked:
+                done.set()
+
+    def _take_asked(self) -> list[threading.Event]:
+        return [self._asked.popleft() for _ in range(len(self._asked))]
 
     def _check_lifeline(self) -> None:
         """The launcher is gone: the last record says so, then the rank stops itself."""

@@ -129,7 +129,7 @@ class RerunStateMachine:
         host_rngs: bool = True,
         agreement: str = "all_reduce",
         exit: Callable[[int], Any] = sys.exit,
-        publish: Callable[[], None] | None = None,
+        publish: Callable[[], object] | None = None,
     ) -> None:
         self.config = config or RerunStateMachineConfig()
         self._publish = publish

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -193,21 +194,50 @@ def test_wake_publishes_promptly(tmp_path: Path, publishers: list[HeartbeatPubli
 def test_publish_writes_the_record_before_it_returns(
     tmp_path: Path, publishers: list[HeartbeatPublisher]
 ) -> None:
-    """``publish()`` is synchronous on the caller's thread (a verdict on disk before the
-    rank may be killed), with the blocks as they are now; nothing after close."""
+    """``publish()`` returns once the thread has written a record built after the call (a
+    verdict on disk before the rank may be killed), long before the interval; the
+    sources run on the thread only. Nothing after close."""
     pub, tracker = _start(tmp_path, publishers, 30.0)
     verdict: list[str] = []
-    pub.add_block(lambda: _Block(verdict[-1]) if verdict else None)
+    threads: set[str] = set()
+
+    def source() -> _Block | None:
+        threads.add(threading.current_thread().name)
+        return _Block(verdict[-1]) if verdict else None
+
+    pub.add_block(source)
     tracker.step_end(7)
     verdict.append("reproducible")
-    pub.publish()  # no wait: on disk now
+    assert pub.publish() is True  # on disk when it returns (the interval is 30 s)
     records = _records(pub.path)
     assert [r["event"] for r in records] == ["process_start", "heartbeat"]
     assert records[1]["verdict"] == {"outcome": "reproducible"}
     assert records[1]["iteration"] == 7 and records[1]["seq"] == 1
+    assert threads == {"rankguard-heartbeat"}
     pub.close()
-    pub.publish()
+    assert pub.publish() is False
     assert [r["event"] for r in _records(pub.path)][-1] == "process_end"
+
+
+def test_publish_gives_up_when_the_thread_is_stuck(
+    tmp_path: Path, publishers: list[HeartbeatPublisher]
+) -> None:
+    """A heartbeat thread stuck in a source does not take the caller (a rank on its way
+    out) with it: ``publish()`` says False after its timeout."""
+    pub, _ = _start(tmp_path, publishers, 30.0)
+    stuck, release = threading.Event(), threading.Event()
+
+    def source() -> None:
+        stuck.set()
+        release.wait(10)
+
+    pub.add_block(source)
+    pub.wake()
+    assert stuck.wait(5)
+    t0 = time.monotonic()
+    assert pub.publish(timeout_s=0.3) is False
+    assert 0.3 <= time.monotonic() - t0 < 3
+    release.set()
 
 
 def test_phase_change_publishes_promptly(
