@@ -731,6 +731,20 @@ class TorchSaver:
         return state
 
 
+# ---- Optional packages -----------------------------------------------------------------
+
+
+def skip_unless_installed(*names: str) -> None:
+    """Skip the calling test unless every package in ``names`` is installed. Unlike
+    ``pytest.importorskip``, nothing is imported here: a test that only starts a job
+    whose script imports Lightning (seconds of CPU) need not import it itself."""
+    import pytest
+
+    missing = [name for name in names if importlib.util.find_spec(name) is None]
+    if missing:
+        pytest.skip(f"not installed: {', '.join(missing)}")
+
+
 # ---- Lightning's entry point ---------------------------------------------------------
 
 LIGHTNING_FACTORY = "rankguard.integrations.lightning:callbacks_factory"

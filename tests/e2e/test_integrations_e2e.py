@@ -14,7 +14,11 @@ from typing import Any
 import pytest
 
 from rankguard.perf.flops import ModelShape, analytic_flops_per_step
-from tests.factories import LIGHTNING_FACTORY, lightning_entry_point_installed
+from tests.factories import (
+    LIGHTNING_FACTORY,
+    lightning_entry_point_installed,
+    skip_unless_installed,
+)
 
 from .conftest import SCRIPTS, read_jsonl, read_status, run_rankguard, standalone_run
 
@@ -135,8 +139,7 @@ def _check_integration_run(
 
 @pytest.mark.timeout(180)
 def test_hf_trainer_callback_under_rankguard_run(tmp_path: Path, run_id: str) -> None:
-    pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")
+    skip_unless_installed("transformers", "accelerate")
     res = run_rankguard(
         [
             *standalone_run(run_id, tmp_path),
@@ -170,7 +173,7 @@ def test_lightning_callback_from_the_entry_point(tmp_path: Path, run_id: str) ->
     """The script never mentions rankguard: Lightning loads the callback from the
     ``lightning.pytorch.callbacks_factory`` entry point the package declares (a copy of
     it on the path here, as ``pip install`` would write it)."""
-    pytest.importorskip("lightning")
+    skip_unless_installed("lightning")
     site = tmp_path / "site" / "rankguard_e2e_entry_point-0.dist-info"
     site.mkdir(parents=True)
     if not lightning_entry_point_installed():  # installed from an older tree: stand in

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.factories import skip_unless_installed
+
 from .conftest import SCRIPTS, read_jsonl, read_status, run_rankguard, standalone_run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -92,7 +94,7 @@ def test_nanogpt_style_rank0_evaluates_and_saves_alone(
 
 
 def test_hf_trainer_slow_eval_and_save(tmp_path: Path, run_id: str) -> None:
-    pytest.importorskip("transformers")
+    skip_unless_installed("transformers", "accelerate")
     run_dir, out = _run(
         tmp_path,
         run_id,
@@ -112,7 +114,7 @@ def test_hf_trainer_slow_eval_and_save(tmp_path: Path, run_id: str) -> None:
 def test_lightning_slow_validation_and_checkpoint_megatron_sections(
     tmp_path: Path, run_id: str
 ) -> None:
-    pytest.importorskip("lightning")
+    skip_unless_installed("lightning")
     run_dir, out = _run(
         tmp_path,
         run_id,

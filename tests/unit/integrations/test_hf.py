@@ -1,28 +1,27 @@
 """The Hugging Face callback through a real ``Trainer.train()``: a tiny GPT-2 built from a
-config (no download), random tokens, CPU, one process."""
+config (no download), random tokens, CPU, one process.
+
+transformers is imported by the ``kit`` fixture, not at the top: every test worker
+collects this module, and the import costs seconds of CPU (the tests share one worker)."""
 
 from __future__ import annotations
 
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("accelerate")  # the Trainer needs it (the hf extra installs both)
+from rankguard.perf.config import PerfConfig
+from rankguard.perf.flops import ModelShape, analytic_flops_per_step
+from rankguard.perf.reporter import PerfReporter
+from rankguard.session import NullSession, Session
+from rankguard.timeline import ProgressTracker
+from tests.factories import heartbeat_config, rank_identity
 
-import torch  # noqa: E402
-
-from rankguard.integrations.hf import RankguardCallback  # noqa: E402
-from rankguard.perf.config import PerfConfig  # noqa: E402
-from rankguard.perf.flops import ModelShape, analytic_flops_per_step  # noqa: E402
-from rankguard.perf.reporter import PerfReporter  # noqa: E402
-from rankguard.session import NullSession, Session  # noqa: E402
-from rankguard.timeline import ProgressTracker  # noqa: E402
-from tests.factories import heartbeat_config, rank_identity  # noqa: E402
-
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.xdist_group("hf")]
 
 SEQ, VOCAB, BATCH, ACCUM = 16, 64, 4, 2
 
@@ -57,36 +56,51 @@ class Tokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
-class Recorder(transformers.TrainerCallback):  # type: ignore[misc]
-    """Before rankguard's: polls the perf reporter so a window exists at each log, and
-    records the phase during evaluation."""
+@pytest.fixture(scope="module")
+def kit() -> types.SimpleNamespace:
+    """transformers, rankguard's callback and this module's Trainer classes."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")  # the Trainer needs it (the hf extra installs both)
+    from rankguard.integrations.hf import RankguardCallback
 
-    def __init__(self, session: Session) -> None:
-        self.session = session
-        self.eval_phases: set[str] = set()
+    class Recorder(transformers.TrainerCallback):  # type: ignore[misc]
+        """Before rankguard's: polls the perf reporter so a window exists at each log, and
+        records the phase during evaluation."""
 
-    def on_log(self, *a: Any, **kw: Any) -> None:
-        assert self.session.perf is not None
-        self.session.perf.poll()
+        def __init__(self, session: Session) -> None:
+            self.session = session
+            self.eval_phases: set[str] = set()
 
-    def on_prediction_step(self, *a: Any, **kw: Any) -> None:
-        self.eval_phases.add(self.session.tracker.phase)
+        def on_log(self, *a: Any, **kw: Any) -> None:
+            assert self.session.perf is not None
+            self.session.perf.poll()
+
+        def on_prediction_step(self, *a: Any, **kw: Any) -> None:
+            self.eval_phases.add(self.session.tracker.phase)
+
+    class SavingTrainer(transformers.Trainer):  # type: ignore[misc]
+        """Records the phase while the Trainer writes a checkpoint (``save_model`` is called
+        by its checkpoint save)."""
+
+        phases_in_save: list[str]
+        session: Session
+
+        def save_model(self, *args: Any, **kwargs: Any) -> None:
+            self.phases_in_save.append(self.session.tracker.phase)
+            super().save_model(*args, **kwargs)
+
+    return types.SimpleNamespace(
+        transformers=transformers,
+        Recorder=Recorder,
+        SavingTrainer=SavingTrainer,
+        RankguardCallback=RankguardCallback,
+    )
 
 
-class SavingTrainer(transformers.Trainer):  # type: ignore[misc]
-    """Records the phase while the Trainer writes a checkpoint (``save_model`` is called
-    by its checkpoint save)."""
-
-    phases_in_save: list[str]
-    session: Session
-
-    def save_model(self, *args: Any, **kwargs: Any) -> None:
-        self.phases_in_save.append(self.session.tracker.phase)
-        super().save_model(*args, **kwargs)
-
-
-def _trainer(tmp_path: Path, session: Session, **overrides: Any) -> tuple[Any, Recorder]:
-    config = transformers.GPT2Config(
+def _trainer(
+    kit: types.SimpleNamespace, tmp_path: Path, session: Session, **overrides: Any
+) -> tuple[Any, Any]:
+    config = kit.transformers.GPT2Config(
         n_layer=2,
         n_embd=32,
         n_head=2,
@@ -96,7 +110,7 @@ def _trainer(tmp_path: Path, session: Session, **overrides: Any) -> tuple[Any, R
         eos_token_id=0,
     )
     torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(config)
+    model = kit.transformers.GPT2LMHeadModel(config)
     args = dict(
         output_dir=str(tmp_path / "out"),
         per_device_train_batch_size=BATCH,
@@ -114,13 +128,13 @@ def _trainer(tmp_path: Path, session: Session, **overrides: Any) -> tuple[Any, R
         dataloader_num_workers=0,
     )
     args.update(overrides)
-    recorder = Recorder(session)
-    trainer = SavingTrainer(
+    recorder = kit.Recorder(session)
+    trainer = kit.SavingTrainer(
         model=model,
-        args=transformers.TrainingArguments(**args),
+        args=kit.transformers.TrainingArguments(**args),
         train_dataset=Tokens(64),
         eval_dataset=Tokens(8),
-        callbacks=[recorder, RankguardCallback(session)],
+        callbacks=[recorder, kit.RankguardCallback(session)],
     )
     trainer.session = session
     trainer.phases_in_save = []
@@ -128,9 +142,9 @@ def _trainer(tmp_path: Path, session: Session, **overrides: Any) -> tuple[Any, R
 
 
 def test_train_eval_save_phases_progress_batch_flops_and_logs(
-    tmp_path: Path, session: Session
+    tmp_path: Path, session: Session, kit: types.SimpleNamespace
 ) -> None:
-    trainer, recorder = _trainer(tmp_path, session)
+    trainer, recorder = _trainer(kit, tmp_path, session)
     changes: list[str] = []
     tracker = session.tracker
     tracker.on_change = lambda: changes.append(tracker.phase)
@@ -181,8 +195,12 @@ def test_train_eval_save_phases_progress_batch_flops_and_logs(
     assert not any("rankguard/mfu" in h for h in logged)  # CPU: no peak, no MFU
 
 
-def test_total_flos_when_the_config_is_unknown(tmp_path: Path, session: Session) -> None:
-    trainer, _ = _trainer(tmp_path, session, eval_strategy="no", save_strategy="no", max_steps=4)
+def test_total_flos_when_the_config_is_unknown(
+    tmp_path: Path, session: Session, kit: types.SimpleNamespace
+) -> None:
+    trainer, _ = _trainer(
+        kit, tmp_path, session, eval_strategy="no", save_strategy="no", max_steps=4
+    )
     trainer.model.config.model_type = "unknown-model"
     trainer.train()
     perf = session.perf
@@ -193,10 +211,12 @@ def test_total_flos_when_the_config_is_unknown(tmp_path: Path, session: Session)
     assert perf.flops_per_step == pytest.approx(6 * n * BATCH * ACCUM * SEQ, rel=1e-6)
 
 
-def test_a_long_save_is_a_checkpoint_not_a_hang(tmp_path: Path, session: Session) -> None:
+def test_a_long_save_is_a_checkpoint_not_a_hang(
+    tmp_path: Path, session: Session, kit: types.SimpleNamespace
+) -> None:
     """No 'before save' event exists: the phase comes from control.should_save at
     on_step_end, so the whole write is inside the checkpoint, whatever it takes."""
-    trainer, _ = _trainer(tmp_path, session, eval_strategy="no", max_steps=3)
+    trainer, _ = _trainer(kit, tmp_path, session, eval_strategy="no", max_steps=3)
     seen: list[tuple[str, float]] = []
     original = trainer.save_model
 
@@ -215,10 +235,14 @@ def test_a_long_save_is_a_checkpoint_not_a_hang(tmp_path: Path, session: Session
     assert session.tracker.phase == "train" and not session.tracker.checkpoint_active
 
 
-def test_no_op_outside_a_launcher(tmp_path: Path, session: Session) -> None:
-    trainer, _ = _trainer(tmp_path, session, max_steps=2, eval_strategy="no", save_strategy="no")
-    trainer.pop_callback(RankguardCallback)
-    callback = RankguardCallback(NullSession())
+def test_no_op_outside_a_launcher(
+    tmp_path: Path, session: Session, kit: types.SimpleNamespace
+) -> None:
+    trainer, _ = _trainer(
+        kit, tmp_path, session, max_steps=2, eval_strategy="no", save_strategy="no"
+    )
+    trainer.pop_callback(kit.RankguardCallback)
+    callback = kit.RankguardCallback(NullSession())
     trainer.add_callback(callback)
     trainer.train()
     assert callback._live is None
@@ -226,12 +250,12 @@ def test_no_op_outside_a_launcher(tmp_path: Path, session: Session) -> None:
 
 
 def test_inserted_first_the_reporting_callbacks_see_the_keys(
-    tmp_path: Path, session: Session
+    tmp_path: Path, session: Session, kit: types.SimpleNamespace
 ) -> None:
     """As docs/integrations.md says: right after DefaultFlowCallback, before the
     callbacks ``report_to`` adds, those get rankguard's keys in the same ``logs``."""
 
-    class Reporter(transformers.TrainerCallback):  # type: ignore[misc]
+    class Reporter(kit.transformers.TrainerCallback):  # type: ignore[misc]
         def __init__(self) -> None:
             self.keys: set[str] = set()
 
@@ -239,14 +263,14 @@ def test_inserted_first_the_reporting_callbacks_see_the_keys(
             self.keys |= set(logs or {})
 
     trainer, recorder = _trainer(
-        tmp_path, session, max_steps=6, eval_strategy="no", save_strategy="no"
+        kit, tmp_path, session, max_steps=6, eval_strategy="no", save_strategy="no"
     )
     handler = trainer.callback_handler
-    handler.remove_callback(RankguardCallback)
+    handler.remove_callback(kit.RankguardCallback)
     handler.remove_callback(recorder)
     reporter = Reporter()
     handler.callbacks.insert(1, reporter)  # where report_to's callbacks are
-    handler.callbacks.insert(1, RankguardCallback(session))
+    handler.callbacks.insert(1, kit.RankguardCallback(session))
     handler.callbacks.insert(1, recorder)
     trainer.train()
     assert "rankguard/tokens_per_sec" in reporter.keys

@@ -1,58 +1,113 @@
 """The Lightning callback through a real ``Trainer.fit()``: a tiny LightningModule on
-random tokens, CPU, one process; and the entry point ``rankguard run`` relies on."""
+random tokens, CPU, one process; and the entry point ``rankguard run`` relies on.
+
+Lightning is imported by the ``kit`` fixture, not at the top: every test worker collects
+this module, and the import costs seconds of CPU (the tests share one worker)."""
 
 from __future__ import annotations
 
 import csv
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
-pl = pytest.importorskip("lightning.pytorch")
-
-import torch  # noqa: E402
-from lightning.fabric.plugins import TorchCheckpointIO  # noqa: E402
-from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
-from lightning.pytorch.loggers import CSVLogger  # noqa: E402
-
-from rankguard.heartbeat.identity import ENV  # noqa: E402
-from rankguard.integrations.lightning import RankguardCallback, callbacks_factory  # noqa: E402
-from rankguard.perf.config import PerfConfig  # noqa: E402
-from rankguard.perf.reporter import PerfReporter  # noqa: E402
-from rankguard.session import Session  # noqa: E402
-from rankguard.timeline import ProgressTracker  # noqa: E402
-from tests.factories import (  # noqa: E402
+from rankguard.heartbeat.identity import ENV
+from rankguard.perf.config import PerfConfig
+from rankguard.perf.reporter import PerfReporter
+from rankguard.session import Session
+from rankguard.timeline import ProgressTracker
+from tests.factories import (
     LIGHTNING_FACTORY,
     heartbeat_config,
     lightning_entry_point_installed,
     rank_identity,
 )
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.xdist_group("lightning")]
 
 SEQ, VOCAB, BATCH, ACCUM = 8, 32, 4, 2
 
 
-class TinyLM(pl.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = torch.nn.Embedding(VOCAB, 16)
-        self.head = torch.nn.Linear(16, VOCAB)
+@pytest.fixture(scope="module")
+def kit() -> types.SimpleNamespace:
+    """Lightning, rankguard's callback and this module's Lightning classes."""
+    pl = pytest.importorskip("lightning.pytorch")
+    from lightning.fabric.plugins import TorchCheckpointIO
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.loggers import CSVLogger
 
-    def _loss(self, batch: torch.Tensor) -> torch.Tensor:
-        logits = self.head(self.emb(batch))
-        return torch.nn.functional.cross_entropy(logits.view(-1, VOCAB), batch.view(-1))
+    from rankguard.integrations.lightning import RankguardCallback, callbacks_factory
 
-    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
-        return self._loss(batch)
+    class TinyLM(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = torch.nn.Embedding(VOCAB, 16)
+            self.head = torch.nn.Linear(16, VOCAB)
 
-    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
-        self.log("val_loss", self._loss(batch))
+        def _loss(self, batch: torch.Tensor) -> torch.Tensor:
+            logits = self.head(self.emb(batch))
+            return torch.nn.functional.cross_entropy(logits.view(-1, VOCAB), batch.view(-1))
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.1)
+        def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+            return self._loss(batch)
+
+        def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+            self.log("val_loss", self._loss(batch))
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class Recorder(pl.Callback):
+        """Before rankguard's: polls the perf reporter; records the phase in validation."""
+
+        def __init__(self, session: Session) -> None:
+            self.session = session
+            self.val_phases: set[str] = set()
+
+        def on_train_batch_end(self, *a: Any, **kw: Any) -> None:
+            assert self.session.perf is not None
+            self.session.perf.poll()
+
+        def on_validation_batch_end(self, *a: Any, **kw: Any) -> None:
+            self.val_phases.add(self.session.tracker.phase)
+
+    class RecordingIO(TorchCheckpointIO):  # type: ignore[misc]
+        """The phase while Lightning writes a checkpoint file."""
+
+        def __init__(self, session: Session) -> None:
+            super().__init__()
+            self.session = session
+            self.phases: list[str] = []
+
+        def save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
+            self.phases.append(self.session.tracker.phase)
+            super().save_checkpoint(*args, **kwargs)
+
+    class _StepOf(torch.nn.Module):
+        """A LightningModule's ``training_step`` as a module's forward (for the reference)."""
+
+        def __init__(self, module: pl.LightningModule) -> None:
+            super().__init__()
+            self.module = module
+
+        def forward(self, batch: torch.Tensor) -> torch.Tensor:
+            return self.module.training_step(batch, 0)
+
+    return types.SimpleNamespace(
+        pl=pl,
+        TinyLM=TinyLM,
+        Recorder=Recorder,
+        RecordingIO=RecordingIO,
+        StepOf=_StepOf,
+        ModelCheckpoint=ModelCheckpoint,
+        CSVLogger=CSVLogger,
+        RankguardCallback=RankguardCallback,
+        callbacks_factory=callbacks_factory,
+    )
 
 
 def _loader(n: int) -> torch.utils.data.DataLoader[torch.Tensor]:
@@ -78,37 +133,11 @@ def session(tmp_path: Path) -> Iterator[Session]:
     s.close()
 
 
-class Recorder(pl.Callback):
-    """Before rankguard's: polls the perf reporter; records the phase in validation."""
-
-    def __init__(self, session: Session) -> None:
-        self.session = session
-        self.val_phases: set[str] = set()
-
-    def on_train_batch_end(self, *a: Any, **kw: Any) -> None:
-        assert self.session.perf is not None
-        self.session.perf.poll()
-
-    def on_validation_batch_end(self, *a: Any, **kw: Any) -> None:
-        self.val_phases.add(self.session.tracker.phase)
-
-
-class RecordingIO(TorchCheckpointIO):  # type: ignore[misc]
-    """The phase while Lightning writes a checkpoint file."""
-
-    def __init__(self, session: Session) -> None:
-        super().__init__()
-        self.session = session
-        self.phases: list[str] = []
-
-    def save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
-        self.phases.append(self.session.tracker.phase)
-        super().save_checkpoint(*args, **kwargs)
-
-
-def test_fit_phases_progress_batch_and_logs(tmp_path: Path, session: Session) -> None:
-    recorder, io = Recorder(session), RecordingIO(session)
-    trainer = pl.Trainer(
+def test_fit_phases_progress_batch_and_logs(
+    tmp_path: Path, session: Session, kit: types.SimpleNamespace
+) -> None:
+    recorder, io = kit.Recorder(session), kit.RecordingIO(session)
+    trainer = kit.pl.Trainer(
         max_steps=6,
         accumulate_grad_batches=ACCUM,
         val_check_interval=3 * ACCUM,
@@ -116,11 +145,11 @@ def test_fit_phases_progress_batch_and_logs(tmp_path: Path, session: Session) ->
         num_sanity_val_steps=1,
         callbacks=[
             recorder,
-            RankguardCallback(session),
-            ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1),
+            kit.RankguardCallback(session),
+            kit.ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1),
         ],
         plugins=[io],
-        logger=CSVLogger(tmp_path / "logs", name="t"),
+        logger=kit.CSVLogger(tmp_path / "logs", name="t"),
         accelerator="cpu",
         devices=1,
         enable_progress_bar=False,
@@ -130,7 +159,7 @@ def test_fit_phases_progress_batch_and_logs(tmp_path: Path, session: Session) ->
     changes: list[str] = []
     tracker = session.tracker
     tracker.on_change = lambda: changes.append(tracker.phase)
-    trainer.fit(TinyLM(), _loader(64), _loader(8))
+    trainer.fit(kit.TinyLM(), _loader(64), _loader(8))
 
     saves = len(io.phases)
     assert saves >= 3 and io.phases == ["checkpointing"] * saves
@@ -158,9 +187,11 @@ def test_fit_phases_progress_batch_and_logs(tmp_path: Path, session: Session) ->
         )
 
 
-def test_a_second_instance_stays_idle(tmp_path: Path, session: Session) -> None:
-    first, second = RankguardCallback(session), RankguardCallback(session)
-    trainer = pl.Trainer(
+def test_a_second_instance_stays_idle(
+    tmp_path: Path, session: Session, kit: types.SimpleNamespace
+) -> None:
+    first, second = kit.RankguardCallback(session), kit.RankguardCallback(session)
+    trainer = kit.pl.Trainer(
         max_steps=2,
         callbacks=[first, second],
         logger=False,
@@ -170,13 +201,13 @@ def test_a_second_instance_stays_idle(tmp_path: Path, session: Session) -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(TinyLM(), _loader(16))
+    trainer.fit(kit.TinyLM(), _loader(16))
     assert first.session is session and second.session is None
     assert session.tracker.progress_seq == 2
 
 
 def test_entry_point_adds_the_callback_under_rankguard_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kit: types.SimpleNamespace
 ) -> None:
     if not lightning_entry_point_installed():  # installed from an older tree: stand in
         dist = tmp_path / "site" / "rankguard_entry_point_test-0.dist-info"
@@ -191,14 +222,14 @@ def test_entry_point_adds_the_callback_under_rankguard_run(
         monkeypatch.syspath_prepend(str(tmp_path / "site"))
     for name in (ENV.LAUNCHER, ENV.RUN_DIR):
         monkeypatch.delenv(name, raising=False)
-    assert callbacks_factory() == []
-    plain = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
-    assert not any(isinstance(cb, RankguardCallback) for cb in plain.callbacks)
+    assert kit.callbacks_factory() == []
+    plain = kit.pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    assert not any(isinstance(cb, kit.RankguardCallback) for cb in plain.callbacks)
 
     monkeypatch.setenv(ENV.LAUNCHER, "1")
     monkeypatch.setenv(ENV.RUN_DIR, str(tmp_path))
-    under_run = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
-    assert sum(isinstance(cb, RankguardCallback) for cb in under_run.callbacks) == 1
+    under_run = kit.pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    assert sum(isinstance(cb, kit.RankguardCallback) for cb in under_run.callbacks) == 1
 
 
 def test_pyproject_declares_the_entry_point() -> None:
@@ -210,27 +241,16 @@ def test_pyproject_declares_the_entry_point() -> None:
     assert project["optional-dependencies"]["lightning"]
 
 
-class _StepOf(torch.nn.Module):
-    """A LightningModule's ``training_step`` as a module's forward (for the reference)."""
-
-    def __init__(self, module: pl.LightningModule) -> None:
-        super().__init__()
-        self.module = module
-
-    def forward(self, batch: torch.Tensor) -> torch.Tensor:
-        return self.module.training_step(batch, 0)
-
-
 def test_flops_measured_on_the_first_training_step_and_the_parameters_dtype(
-    session: Session,
+    session: Session, kit: types.SimpleNamespace
 ) -> None:
     from rankguard.perf.measured import measured_flops_per_step
 
-    model = TinyLM()
-    trainer = pl.Trainer(
+    model = kit.TinyLM()
+    trainer = kit.pl.Trainer(
         max_steps=3,
         accumulate_grad_batches=ACCUM,
-        callbacks=[RankguardCallback(session)],
+        callbacks=[kit.RankguardCallback(session)],
         logger=False,
         enable_checkpointing=False,
         accelerator="cpu",
@@ -242,7 +262,7 @@ def test_flops_measured_on_the_first_training_step_and_the_parameters_dtype(
     perf = session.perf
     assert perf is not None
     batch = next(iter(_loader(64)))
-    one_micro_batch = measured_flops_per_step(_StepOf(model), (batch,))
+    one_micro_batch = measured_flops_per_step(kit.StepOf(model), (batch,))
     # forward and backward of each micro-batch of the first optimizer step, world size 1
     assert perf.flops_per_step == pytest.approx(ACCUM * one_micro_batch, rel=1e-6)
     assert perf.flops_source.startswith("measured: FlopCounterMode over the first training_step")
