@@ -146,6 +146,16 @@ class StoreRelay:
         except Exception as exc:
             logger.warning("rankguard relay: cannot mark node %d done: %s", self.node_rank, exc)
 
+    def halt(self) -> None:
+        """Stop pushing, with no last push and no ``done`` mark: this node left the job
+        (excluded) and its number may already be another agent's in the new round; two
+        relays writing one node's keys would hide that agent's ranks from node 0 (each
+        push undoes the other's), and the other agent marks the number done itself."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
     def note_shutdown(self, reason: str) -> None:
         """This node's launcher is stopping its workers (a signal): node 0 must know
         before their exits reach it, so they are not taken for failures. Only sets
@@ -228,6 +238,10 @@ class StoreRelay:
                 logger.warning("rankguard relay: invalid heartbeat record skipped: %s", exc)
             return
         if rec.run_id != self.run_id:
+            return
+        if rec.node_rank is not None and rec.node_rank != self.node_rank:
+            # a rank of this agent under another node number (a round before the
+            # agent was renumbered): relayed then, by that number's relay
             return
         old = self._latest.get(rec.rank)
         start, start_mono = self._started.get(rec.rank, (None, None))

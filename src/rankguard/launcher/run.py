@@ -342,6 +342,8 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
             result, stopped_by = _run_agent(agent, node)
         except (NodeExcluded, ExcludedBelowMinimum) as exc:
             result, stopped_by, excluded = None, None, exc
+            if isinstance(exc, NodeExcluded):  # its node number may be another's now
+                services.leave()
             holds = hosting or services.node_rank == 0
             if isinstance(exc, NodeExcluded) and exclusion is not None and holds:
                 what = "the rendezvous store" if hosting else "node 0's monitor"

@@ -179,6 +179,15 @@ class NodeServices:
         self.node_rank = node_rank
         self.start()
 
+    def leave(self) -> None:
+        """This node was excluded from the job but its launcher stays a while (it holds
+        the rendezvous store or node 0's monitor): its relay stops at once, without a
+        last push, since the new round may have given its node number to another agent
+        (:meth:`StoreRelay.halt`). Node 0's monitor, if it runs here, goes on."""
+        if self.relay is not None:
+            relay, self.relay = self.relay, None
+            relay.halt()
+
     def attach_agent(self, agent: AgentControl) -> None:
         """Node 0 with fault tolerance: act on findings through the agent."""
         ft = self.cfg.fault_tolerance

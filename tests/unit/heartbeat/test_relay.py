@@ -202,6 +202,79 @@ def test_restarted_rank_replaces_old_pid(tmp_path: Path, stores: tuple[Any, Any]
     assert record["event"] == "process_start"
 
 
+def test_records_of_this_agents_earlier_node_number_are_not_relayed(
+    tmp_path: Path, stores: tuple[Any, Any]
+) -> None:
+    """An agent renumbered from node 2 to node 1 (a node before it was excluded): its run
+    directory still holds its rank's files of the earlier rounds, under node 2. Only the
+    records of node 1 go out under node 1's keys, and node 0 skips nothing."""
+    master, client = stores
+    me, gone = os.getpid(), dead_pid()
+    earlier = rec(2, 0, gone, node_rank=2, ranks_per_node=1, world_size=3)
+    write(tmp_path, earlier, rec(2, 1, gone, node_rank=2, ranks_per_node=1, world_size=3))
+    write(tmp_path, rec(1, 0, me, event="process_start", ranks_per_node=1, world_size=2))
+    relay = StoreRelay(client, tmp_path, RUN, node_rank=1, interval_s=0.05)
+    relay.push_once()
+    source = StoreRemoteSource(master, RUN, nnodes=2)
+    records, _ = source.fetch()
+    assert [(r["rank"], r["node_rank"], r["pid"]) for r in records] == [(1, 1, me)]
+    assert source.ignored() == (0, None)
+
+
+def test_a_halted_relay_pushes_no_more_and_leaves_its_number_undone(
+    tmp_path: Path, stores: tuple[Any, Any]
+) -> None:
+    """An excluded agent stops relaying at once: its node number may be another agent's
+    in the new round (which marks it done itself)."""
+    master, client = stores
+    write(tmp_path, rec(2, 0, os.getpid()))
+    relay = StoreRelay(client, tmp_path, RUN, node_rank=1, interval_s=0.05)
+    relay.start()
+    deadline = time.monotonic() + 2.0
+    while relay.pushes < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    relay.halt()
+    pushes = relay.pushes
+    assert pushes >= 1 and relay._thread is not None and not relay._thread.is_alive()
+    time.sleep(0.2)  # four intervals
+    assert relay.pushes == pushes
+    assert StoreRemoteSource(master, RUN, nnodes=2).nodes_done() is False
+
+
+def test_node0_follows_the_agent_that_took_over_an_excluded_nodes_number(
+    tmp_path: Path, stores: tuple[Any, Any]
+) -> None:
+    """The excluded agent was node 1 and stays (it holds the rendezvous store); the agent
+    that was node 2 is node 1 of the new round, its rank a heartbeat every interval.
+    With the excluded agent's relay still pushing, node 0 read the keys of whichever
+    relay wrote last, and the new rank's heartbeats stopped reaching it for seconds at
+    a time (a false heartbeat timeout in an end-to-end run); once it has halted, node 0
+    sees every heartbeat."""
+    master, client = stores
+    excluded, taker = tmp_path / "excluded", tmp_path / "taker"
+    excluded.mkdir()
+    taker.mkdir()
+    gone = dead_pid()
+    write(excluded, rec(1, 0, gone, ranks_per_node=1, world_size=3))
+    old = StoreRelay(client, excluded, RUN, node_rank=1, interval_s=0.001)
+    old.start()
+    deadline = time.monotonic() + 2.0
+    while old.pushes < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    old.halt()  # what NodeServices.leave() does when the agent is excluded
+    new = StoreRelay(client, taker, RUN, node_rank=1, interval_s=0.02)
+    source = StoreRemoteSource(master, RUN, nnodes=2)
+    me = os.getpid()
+    seen = []
+    for seq in range(8):
+        write(taker, rec(1, seq, me, ranks_per_node=1, world_size=2))
+        new.push_once()
+        time.sleep(0.01)  # node 0 scans a while after the push
+        records, _ = source.fetch()
+        seen.append([(r["pid"], r["seq"]) for r in records])
+    assert seen == [[(me, seq)] for seq in range(8)]
+
+
 def test_relay_thread_pushes_periodically(tmp_path: Path, stores: tuple[Any, Any]) -> None:
     master, client = stores
     write(tmp_path, rec(2, 0, os.getpid()))

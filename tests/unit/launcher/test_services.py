@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -142,3 +143,51 @@ def test_a_rank_whose_peer_went_away_is_not_named_the_cause_alone(tmp_path: Path
     assert unknown["message"].startswith("its peer went away (the root cause is on another rank)")
     assert (plain["reason"], plain["message"]) == (None, "ZeroDivisionError")
     assert signalled["reason"] is None and signalled["message"] == peer
+
+
+def test_an_excluded_node_stops_relaying_at_once_and_leaves_its_number_undone(
+    tmp_path: Path,
+) -> None:
+    """Excluded while its launcher stays (it holds the rendezvous store): the relay
+    stops without a last push, nor at the launcher's final stop, and its node number is
+    not marked done (in the new round it may be another agent's)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from rankguard.config import build
+    from rankguard.schema.layout import StoreKeys
+
+    store = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10)
+    )
+    cfg = build(
+        RankguardConfig,
+        {"no_shared_fs": True, "heartbeat": {"enabled": True, "publish_interval_s": 0.05}},
+    )
+    services = NodeServices(
+        cfg=cfg,
+        run_dir=tmp_path,
+        run_id="run-leave",
+        node_rank=1,
+        nnodes=3,
+        expected_world_size=3,
+        store=store,
+    )
+    services.start()
+    relay = services.relay
+    assert relay is not None and services.relaying
+    keys = StoreKeys("run-leave")
+    deadline = time.monotonic() + 5.0
+    while not store.check([keys.tick(1)]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert store.check([keys.tick(1)])
+    services.leave()
+    assert services.relay is None
+    assert relay._thread is not None and not relay._thread.is_alive()
+    pushes = relay.pushes
+    store.delete_key(keys.tick(1))
+    time.sleep(0.2)  # four publish intervals
+    services.stop()
+    assert relay.pushes == pushes
+    assert not store.check([keys.tick(1)]) and not store.check([keys.done(1)])
