@@ -67,8 +67,20 @@ def test_deeply_nested_values_do_not_stop_other_nodes(tmp_path: Path) -> None:
 
 def test_records_under_another_nodes_key_are_refused(tmp_path: Path) -> None:
     store, me = DictStore(), os.getpid()
-    write(tmp_path, rec(0, 1, me, node_rank=0, event="process_end"), rec(2, 1, me))
+    foreign = rec(0, 1, me, node_rank=0, event="process_end")
+    write(tmp_path, foreign, rec(2, 1, me))
     _relay(store, tmp_path).push_once()
+    sent = json.loads(store.data[KEYS.heartbeats(1)])
+    tick = json.loads(store.data[KEYS.tick(1)])
+    # the relay sends only its own node's records ...
+    assert [r["rank"] for r in sent["records"]] == [2]
+    assert [row[0] for row in tick["ranks"]] == [2]
+    # ... but any client of the store can write node 1's keys: one adds node 0's rank 0
+    forged = {**sent, "records": [foreign, *sent["records"]]}
+    store.set(KEYS.heartbeats(1), json.dumps(forged))
+    store.set(
+        KEYS.tick(1), json.dumps({**tick, "ranks": [[0, *tick["ranks"][0][1:]], *tick["ranks"]]})
+    )
     source = StoreRemoteSource(store, RUN, nnodes=2)
     records, _ = source.fetch_changed()
     assert [r.rank for r in records] == [2]  # type: ignore[union-attr]
