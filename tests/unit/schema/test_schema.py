@@ -288,11 +288,13 @@ def test_supersedes_is_the_one_rule() -> None:
 
 def test_relay_replaces_a_synthesized_end_only_with_the_processs_own(tmp_path: Path) -> None:
     relay = StoreRelay(store=None, run_dir=tmp_path, run_id=RUN, node_rank=1, interval_s=1.0)
-    relay._offer(raw(0, 5))
+    relay._offer(raw(0, 5, node_rank=1))  # a record of the relay's node
     relay._latest[0] = relay._latest[0].vanished(BASE_NS + 10)
-    relay._offer(raw(0, 7, event="process_end", synthesized=True, exit={"clean": False}))
+    relay._offer(
+        raw(0, 7, node_rank=1, event="process_end", synthesized=True, exit={"clean": False})
+    )
     assert relay._latest[0].seq == 6  # a second synthesized end does not replace it
-    relay._offer(raw(0, 6, event="process_end", exit={"clean": True}))
+    relay._offer(raw(0, 6, node_rank=1, event="process_end", exit={"clean": True}))
     assert relay._latest[0].own_end and relay._latest[0].exit == {"clean": True}
     relay._offer({"rank": "zero"})
     assert relay.ignored_records == 1
