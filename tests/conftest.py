@@ -4,9 +4,8 @@ The suite runs on several workers (pytest-xdist, ``-n 4 --dist loadgroup``: the 
 test command; four rather than three: the long tests wait on timeouts about a tenth of
 the time, and a fourth worker fills it, 6 % less wall time on 2 cores): the long tests
 (``e2e``, ``bench``, and the unit tests that start gloo ranks, ``ranks``: mostly waiting
-on timeouts and child processes) are handed out first, with the unit tests that mostly
-wait on a timer (``waits``) spread among them; the short unit tests fill the gaps.
-Tests that must not run at the same time as each other (a fixed port, a shared
+on timeouts and child processes) are handed out first, the short unit tests fill the
+gaps. Tests that must not run at the same time as each other (a fixed port, a shared
 directory) take the same ``@pytest.mark.xdist_group("name")``; every test gets its own
 ``tmp_path`` and binds port 0.
 """
