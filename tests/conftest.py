@@ -20,11 +20,6 @@ import pytest
 from tests.factories import FAKE_BIN, Children
 
 LONG_MARKERS = ("e2e", "bench", "ranks")
-# Unit tests that mostly wait on a timer (a grace period, a timeout): spread among the
-# long tests, they sleep while those keep the cores busy, instead of idling the cores
-# at the end of the run (about 60 s of waiting; the last minute of a run had the CPU
-# 30-44 % idle while they ran there).
-WAITS_MARKER = "waits"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -46,22 +41,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Long tests first, so that the last minutes of a parallel run are not one long test
-    alone; the tests that mostly wait spread evenly among them; the rest after. The same
-    order on every xdist worker (a deterministic function of the collection)."""
-    long = [i for i in items if any(i.get_closest_marker(m) for m in LONG_MARKERS)]
-    taken = {id(i) for i in long}
-    waits = [i for i in items if id(i) not in taken and i.get_closest_marker(WAITS_MARKER)]
-    taken |= {id(i) for i in waits}
-    rest = [i for i in items if id(i) not in taken]
-    first: list[pytest.Item] = []
-    for n, item in enumerate(long):  # waits[k] after long item (k + 1) * len(long) / (W + 1)
-        first.append(item)
-        lo = n * (len(waits) + 1) // max(len(long), 1)
-        hi = (n + 1) * (len(waits) + 1) // max(len(long), 1)
-        first.extend(waits[lo : min(hi, len(waits))])
-    first.extend(waits[len(first) - len(long) :])  # no long test collected: all of them
-    items[:] = first + rest
+    """Long tests first (a stable sort: the same order on every xdist worker), so that the
+    last minutes of a parallel run are not one long test alone."""
+    items.sort(key=lambda item: not any(item.get_closest_marker(m) for m in LONG_MARKERS))
 
 
 @pytest.fixture

@@ -23,8 +23,6 @@ from rankguard.heartbeat.rules import HeartbeatRules
 from rankguard.schema.findings import Finding, FindingType, Reason
 from tests.factories import PLAIN_CHILD, Children, alive, heartbeat_config, heartbeat_record
 
-pytestmark = pytest.mark.waits  # mostly waits on timers
-
 RUN = "run-actions"
 HOST = socket.gethostname()
 BUSY = "none (a restart is already under way)"

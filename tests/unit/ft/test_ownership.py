@@ -27,8 +27,6 @@ from rankguard.heartbeat.rules import HeartbeatRules
 from rankguard.schema.findings import Finding, FindingType, Reason
 from tests.factories import Children, alive, heartbeat_config, heartbeat_record
 
-pytestmark = pytest.mark.waits  # mostly waits on timers
-
 RUN = "run-owned"
 HOST = socket.gethostname()
 # No dump handler: a dump signal (a real-time signal) would end it, so it stays alive

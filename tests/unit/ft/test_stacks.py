@@ -192,7 +192,6 @@ def test_a_rank_without_its_handler_is_not_signalled(tmp_path: Path) -> None:
             proc.stdout.close()
 
 
-@pytest.mark.waits
 def test_stack_files_are_not_written_through_a_symlink(
     tmp_path: Path, child: subprocess.Popen[str]
 ) -> None:

@@ -23,8 +23,6 @@ from rankguard.schema.findings import Finding
 from tests.factories import DictStore, heartbeat_config, publisher_record, read_status
 from tests.factories import write_heartbeats as write
 
-pytestmark = pytest.mark.waits  # mostly waits on timers
-
 RUN = "run-thread-errors"
 rec = partial(publisher_record, run_id=RUN)
 

@@ -13,7 +13,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousInfo, RendezvousS
 from rankguard.launcher.node import NodeDecision, node_identity
 from rankguard.launcher.rendezvous import RoundWatcher, rendezvous_store
 
-pytestmark = [pytest.mark.timeout(60), pytest.mark.waits]
+pytestmark = pytest.mark.timeout(60)
 
 
 def test_without_node_rank_the_rendezvous_numbers_the_node() -> None:

@@ -14,7 +14,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousInfo, RendezvousS
 
 from rankguard.launcher.rendezvous import FreshStoreRendezvous, loopback_store_server
 
-pytestmark = [pytest.mark.timeout(60), pytest.mark.waits]
+pytestmark = pytest.mark.timeout(60)
 
 
 def _free_port() -> int:

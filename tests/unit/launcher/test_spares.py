@@ -29,7 +29,7 @@ from rankguard.launcher.spares import (
     waiting_agents,
 )
 
-pytestmark = [pytest.mark.timeout(60), pytest.mark.waits]
+pytestmark = pytest.mark.timeout(60)
 
 
 def _store() -> TCPStore:
