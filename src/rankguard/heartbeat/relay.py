@@ -136,10 +136,7 @@ class StoreRelay:
 
     def stop(self) -> None:
         """Final push, then mark this node done so node 0 can stop draining."""
-        self._stop.set()
-        self._wake.set()  # not a whole interval's wait before the final push
-        if self._thread is not None:
-            self._thread.join(timeout=30)
+        self.halt()  # the thread ends at once, not after a whole interval's wait
         self.push_once()
         try:
             self.store.set(self.keys.done(self.node_rank), b"1")

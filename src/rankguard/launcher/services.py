@@ -180,10 +180,11 @@ class NodeServices:
         self.start()
 
     def leave(self) -> None:
-        """This node was excluded from the job but its launcher stays a while (it holds
+        """This node was excluded from the job (its launcher may stay a while, holding
         the rendezvous store or node 0's monitor): its relay stops at once, without a
-        last push, since the new round may have given its node number to another agent
-        (:meth:`StoreRelay.halt`). Node 0's monitor, if it runs here, goes on."""
+        last push now or at :meth:`stop`, since the new round may have given its node
+        number to another agent (:meth:`StoreRelay.halt`). Node 0's monitor, if it runs
+        here, goes on."""
         if self.relay is not None:
             relay, self.relay = self.relay, None
             relay.halt()
