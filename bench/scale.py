@@ -122,7 +122,10 @@ class Clock:
         self.t0, self.step_s, self.shared = 0.0, step_s, shared
 
     def progress(self, rank: int, now: float) -> tuple[int, float, str]:
-        """(progress_seq, seconds since it, main frame) of ``rank`` at ``now``."""
+        """(progress_seq, seconds since it, main frame) of ``rank`` at ``now``. A record
+        older than the job's start (a rank's lag reaches before it) is one a rank writes
+        at its start: no step yet, progress just begun, as a real publisher's."""
+        now = max(now, self.t0)
         hang_at = self.shared[1]
         if hang_at and now >= hang_at:
             done = int((hang_at - self.t0) / self.step_s)
