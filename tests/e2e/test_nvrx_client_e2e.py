@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from rankguard.schema.exits import EXIT_HANG
+
 from .conftest import (
     SCRIPTS,
     no_leftover_workers,
@@ -85,11 +87,9 @@ def test_hang_in_the_step_section_is_found_dumped_and_restarted(
         "1",
         "--hang-iter",
         "12",
-        ft=(
-            "--set",
-            "fault_tolerance.enable_ft_package=true",
-            "--set",
-            "fault_tolerance.num_in_job_restarts=1",
+        ft=(  # ft_launcher's flags alone turn fault tolerance on; its --max-restarts
+            "--max-restarts",
+            "1",
             "--set",
             "fault_tolerance.termination_grace_s=3",
             "--set",
@@ -109,4 +109,42 @@ def test_hang_in_the_step_section_is_found_dumped_and_restarted(
     assert dump.exists() and "megatron_ft.py" in dump.read_text()
     (restart,) = read_jsonl(run_dir / "restarts.jsonl")
     assert restart["cause"] == "gpu_progress_timeout" and restart["rank"] == 1
+    assert no_leftover_workers(run_id)
+
+
+def test_hang_with_ft_launcher_flags_and_no_restart_left_ends_the_job_naming_the_rank(
+    tmp_path: Path, run_id: str
+) -> None:
+    """ft_launcher's launch line with ``--max-restarts 0``: the rank past its section
+    timeout is ended and the job fails by itself, as under ft_launcher (it used to be
+    reported and the job hung on until something killed it)."""
+    res, run_dir = _run(
+        tmp_path,
+        run_id,
+        "--iters",
+        "30",
+        "--hang-rank",
+        "1",
+        "--hang-iter",
+        "12",
+        ft=(
+            "--max-restarts",
+            "0",
+            "--set",
+            "fault_tolerance.termination_grace_s=3",
+            "--set",
+            "fault_tolerance.stack_dump=faulthandler",
+        ),
+    )
+    out = res.stdout + res.stderr
+    assert res.returncode == EXIT_HANG, out
+    (first,) = [line for line in out.splitlines() if line.startswith("[rankguard] monitoring:")]
+    assert "fault tolerance on" in first and "restarts 0" in first, first
+    assert "done: 30 iterations" not in out
+    findings = read_jsonl(run_dir / "findings.jsonl")
+    # rank 1 is named; rank 0, waiting in DDP's all-reduce (C++, no Python collective
+    # frame), may be named too when its stall crosses the timeout first
+    assert {f["finding_type"] for f in findings} == {"gpu_progress_timeout"}, findings
+    assert 1 in {f["rank"] for f in findings}, findings
+    assert not (run_dir / "restarts.jsonl").exists() or not read_jsonl(run_dir / "restarts.jsonl")
     assert no_leftover_workers(run_id)

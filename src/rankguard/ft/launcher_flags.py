@@ -123,6 +123,11 @@ NO_EFFECT = {
     "restart_policy": "rankguard restarts the group when any worker failed (any-failed)",
 }
 _DEFAULT_RESTART_POLICY = "any-failed"
+# ft_launcher acts on what it detects (the hung rank is ended, the group restarted within
+# --max-restarts, or the job fails): its flags on a launch line ask for that behaviour
+# (the console's first line then says "fault tolerance on"); the launch line's own
+# fault_tolerance.enable_ft_package=false keeps the findings and takes no action
+FT_ON = "fault_tolerance.enable_ft_package=true"
 
 
 def nvrx_version() -> tuple[int, ...] | None:
@@ -232,6 +237,8 @@ def translate(given: dict[str, str | None], flags: Iterable[LauncherFlag]) -> Ft
     flags only. ValueError for a value NVRx itself would refuse."""
     by_option = {o: f for f in flags for o in f.options}
     out = FtLauncherArgs()
+    if given:
+        out.sets.append(FT_ON)  # the launch line's own --ft-*/--set words come after it
     # each setting once, in the order given: the flags' own text (rankguard reads
     # "600", "setup:600,step:180" as NVRx does), the file's values under them
     settings: dict[str, Any] = {}

@@ -144,10 +144,35 @@ def test_frozen_translation_without_nvrx(monkeypatch: pytest.MonkeyPatch) -> Non
         "--ft-log-level": "DEBUG",
     }
     out = translate(given, FROZEN)
-    assert out.sets == [  # in the order given
+    assert out.sets == [  # fault tolerance on (ft_launcher's behaviour), then in the order given
+        "fault_tolerance.enable_ft_package=true",
         "fault_tolerance.rank_section_timeouts=setup:600",
         "fault_tolerance.rank_heartbeat_timeout=100",
     ]
     assert len(out.warnings) == 2
     assert flag_for("--ft-param-rank_section_timeouts") is not None
     assert flag_for("--nproc-per-node") is None
+
+
+def test_ft_launcher_flags_turn_fault_tolerance_on_as_under_ft_launcher() -> None:
+    """Under ft_launcher a rank past its section timeout is ended and the group restarted
+    (or the job fails): its flags on a launch line ask for that, not for reports only."""
+    _, cfg = _launch(["--ft-rank_section_timeouts=setup:60,step:4"])
+    assert cfg.fault_tolerance.enable_ft_package is True  # type: ignore[attr-defined]
+    _, cfg = _launch(["--term-timeout=10"])  # even a flag without effect of its own
+    assert cfg.fault_tolerance.enable_ft_package is True  # type: ignore[attr-defined]
+
+
+def test_the_launch_line_can_keep_ft_launcher_flags_as_reports_only() -> None:
+    for off in (
+        ["--set", "fault_tolerance.enable_ft_package=false"],
+        ["fault_tolerance.enable_ft_package=false"],
+        ["--ft-enable_ft_package=false"],
+    ):
+        _, cfg = _launch(["--ft-rank_section_timeouts=step:4", *off])
+        assert cfg.fault_tolerance.enable_ft_package is False, off  # type: ignore[attr-defined]
+
+
+def test_without_ft_launcher_flags_fault_tolerance_keeps_its_default() -> None:
+    _, cfg = _launch([])
+    assert cfg.fault_tolerance.enable_ft_package is False  # type: ignore[attr-defined]

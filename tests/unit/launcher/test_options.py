@@ -183,6 +183,8 @@ def test_nvrx_ft_launcher_flags_are_fault_tolerance_overrides() -> None:
     assert argv == [
         "run",
         "--set",
+        "fault_tolerance.enable_ft_package=true",  # ft_launcher's behaviour
+        "--set",
         "fault_tolerance.rank_section_timeouts=setup:600,step:180,checkpointing:420",
         "--set",
         "fault_tolerance.rank_out_of_section_timeout=300",
@@ -340,6 +342,8 @@ def test_nvrx_flags_stop_at_the_module_and_skip_option_values() -> None:
     argv = _nvrx_flags(["run", "--log-dir", "x", "--ft-safety_factor=3", "-m", "pkg", "--ft-y"])
     assert argv == [
         "run",
+        "--set",
+        "fault_tolerance.enable_ft_package=true",  # ft_launcher's behaviour
         "--set",
         "fault_tolerance.safety_factor=3",
         "--log-dir",

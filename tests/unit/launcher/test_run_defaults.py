@@ -68,6 +68,8 @@ def test_nvrx_flags_skip_torchruns_switches_and_values() -> None:
     assert argv == [
         "run",
         "--set",
+        "fault_tolerance.enable_ft_package=true",  # ft_launcher's behaviour
+        "--set",
         "fault_tolerance.safety_factor=3",
         "--no-python",
         "-r",
