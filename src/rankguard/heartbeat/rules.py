@@ -54,6 +54,7 @@ from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.disk import DiskState
 from rankguard.schema.blocks import exit_clean
 from rankguard.schema.findings import Finding, FindingType, Liveness, Progress, Reason
+from rankguard.schema.frames import waits_in_collective
 from rankguard.schema.records import MAX_RANKS, Event, HeartbeatRecord, RecordError, supersedes
 from rankguard.timeline import (
     CHECKPOINT_PHASE,
@@ -1033,19 +1034,8 @@ class _DueRanks:
         return heap[0][0] if heap else None
 
 
-# The main thread's innermost Python frame inside torch.distributed's collective calls:
-# the c10d API, and the collectives DistributedDataParallel's constructor runs from
-# torch/distributed/utils.py (a rank waiting there waits for a peer that is not there yet).
-_COLLECTIVE_FRAME = re.compile(
-    r"^(?:(?:distributed_c10d|c10d_logger)\.py:\d+ in "
-    r"|utils\.py:\d+ in (?:_verify_param_shape_across_processes|_sync_module_states"
-    r"|_sync_params_and_buffers)$)"
-)
-
-
 def _in_collective(state: RankState) -> bool:
-    frame = state.record.main_frame if state.record is not None else None
-    return bool(frame and _COLLECTIVE_FRAME.match(frame))
+    return waits_in_collective(state.record.main_frame if state.record is not None else None)
 
 
 _OVERSTAYED = {FindingType.PROGRESS_TIMEOUT, FindingType.SECTION_TIMEOUT}

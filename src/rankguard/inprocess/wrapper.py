@@ -54,6 +54,7 @@ from rankguard.inprocess.policy import (
 from rankguard.ranksession import current as current_session
 from rankguard.runenv import RunEnv
 from rankguard.schema.blocks import InProcessBlock, InProcessRestart
+from rankguard.schema.frames import waits_in_collective
 
 if TYPE_CHECKING:
     from rankguard.ranksession import RankSession
@@ -157,7 +158,7 @@ _COLLECTIVE_FILES = ("distributed_c10d.py", "c10d_logger.py")
 
 
 def _in_collective(frame: str) -> bool:
-    return frame.startswith(_COLLECTIVE_FILES)
+    return waits_in_collective(frame)
 
 
 def _raised_in_collective(exc: BaseException) -> bool:

@@ -104,3 +104,48 @@ def test_all_waiting_in_the_collective_are_all_reported() -> None:
             feed.beat(rank, float(t), progress_seq=5, since=float(t), main_frame=frame)
         found += types_of(rules.evaluate(t + 0.1))
     assert sorted(found) == [(0, "gpu_progress_timeout"), (1, "gpu_progress_timeout")]
+
+
+def test_a_rank_waiting_in_ddps_backward_all_reduce_is_not_the_culprit() -> None:
+    """DistributedDataParallel's gradient all-reduce waits in C++ under autograd: the
+    rank waiting for its peer sits in ``_engine_run_backward``, the culprit sleeps in its
+    own step. Only the culprit is named (both used to be, whichever crossed first)."""
+    rules = _rules(world=3)
+    feed = Feed(rules)
+    frames = {
+        0: "graph.py:979 in _engine_run_backward",
+        1: "megatron_ft.py:88 in <module>",
+        2: "graph.py:979 in _engine_run_backward",
+    }
+    found: list[tuple[int, str]] = []
+    for t in range(0, 30):
+        for rank, frame in frames.items():
+            # the waiting ranks' records are older: they would cross the timeout first
+            feed.beat(
+                rank, float(t), progress_seq=12, since=float(t) + (rank != 1), main_frame=frame
+            )
+        found += types_of(rules.evaluate(t + 0.1))
+    assert found == [(1, "gpu_progress_timeout")]
+    assert rules.ranks[0].blocked_by == [1] and rules.ranks[2].blocked_by == [1]
+
+
+def test_collective_frames_of_ddp_and_fsdp_wait_for_peers() -> None:
+    from rankguard.schema.frames import waits_in_collective
+
+    waiting = [
+        "distributed_c10d.py:2810 in all_reduce",
+        "c10d_logger.py:81 in wrapper",
+        "graph.py:966 in _engine_run_backward",
+        "utils.py:286 in _verify_param_shape_across_processes",
+        "distributed.py:2360 in _distributed_broadcast_coalesced",
+        "_fsdp_collectives.py:449 in foreach_all_gather_copy_out",
+    ]
+    working = [
+        "train.py:40 in step",
+        "graph.py:12 in forward",  # a user's graph.py
+        "utils.py:3 in _sync_module_states_of_mine",
+        "distributed.py:2405 in _sync_buffers_x",
+        "",
+    ]
+    assert all(waits_in_collective(f) for f in waiting)
+    assert not any(waits_in_collective(f) for f in working) and not waits_in_collective(None)
