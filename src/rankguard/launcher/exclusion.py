@@ -24,6 +24,11 @@ rendezvous, so that every other node ends at once with the same code and the hos
 (:class:`ExcludedBelowMinimum`) instead of waiting out the join timeout. Otherwise the
 others form the next round without it (torch elastic: a round with fewer participants
 after ``last_call_timeout``) and note the exclusion in their own run directories.
+
+Anyone who can reach the store can write the exclusion keys: a node reads only the
+entries that exist, at most ``2 x max_nodes`` of them, each checked alone
+(:meth:`Exclusion.from_dict`: an RFC 1123 host name, whole numbers, bounded text), and
+the scheduler commands it suggests are quoted for the shell.
 """
 
 from __future__ import annotations
@@ -602,6 +607,8 @@ class NodeExclusion:
         said once. ``wait_s``: how long a missing one may take to appear (an index is
         taken just before its entry is written)."""
         keys = {i: self.keys.excluded(str(i)) for i in indices}
+        if not keys:
+            return {}
         deadline = time.monotonic() + wait_s
         try:
             while True:

@@ -20,8 +20,11 @@ Node 0 reads every entry with one ``multi_get`` (:func:`read_agents`) and
 :func:`elastic_status` turns them into the ``elastic`` block of ``status.json``: the
 spares waiting, the spares gone (a beat that stopped: :class:`SpareWatch`, on node 0's
 own clock, so the hosts' clocks need not agree), the nodes of the current round, the
-nodes lost and which spare took whose place. Torch-free; the writer takes any store
-with ``add``/``set``/``multi_get``.
+nodes lost and which spare took whose place. Anyone who can reach the store can write
+these keys: every entry is checked on the way in (:func:`agent_entry`), and what one
+reading costs is bounded (``MAX_AGENTS`` entries, ``MAX_CHECKS`` existence checks), as
+is the store host's wait for the spares at the end (``MAX_SPARE_WAIT_S``). Torch-free;
+the writer takes any store with ``add``/``set``/``multi_get``.
 """
 
 from __future__ import annotations
