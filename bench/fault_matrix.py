@@ -73,6 +73,14 @@ Fault kinds and the verdict each case expects (finding type on (node, local rank
   ``preempt/request/node/1`` (no rank of node 1 got a signal) and a ``preempt`` value
   that is not an object -> the job is not preempted (no ``job_preempted`` finding,
   every launcher exits 0), the training completes.
+- ``forged_spare``: two nodes; a store client writes agent entries of the hot-spare
+  tracking: a spare "waiting" with a keep-alive of 1e12 s (it held the store's host for
+  ever after the job: the launcher never exited), one whose ``since`` is text and one
+  training as node ``"a"`` (they made node 0's ``elastic`` status block raise, which
+  took ``restarts``, ``checkpoints`` and ``timeouts`` out of ``status.json`` too), then
+  raises the ``agents`` counter by 10^6 -> no finding, the training completes, every
+  launcher exits 0 within the case's time, and node 0's final ``status.json`` has its
+  ``elastic`` and ``timeouts`` blocks.
 
 Per case: right = the set of (finding type, node, local rank) in findings.jsonl equals
 the expected set (strict: an extra rank blamed is wrong) and the case's own evidence
@@ -93,7 +101,7 @@ files.
 
 Run: ``python bench/fault_matrix.py [--quick] [--out result.json]`` (root is needed for
 the tmpfs of the disk-full cases; without it they are reported as not run).
-Full matrix: 53 faults + 10 clean runs, ~18 minutes on 2 cores; ``--quick``: one case
+Full matrix: 55 faults + 10 clean runs, ~18 minutes on 2 cores; ``--quick``: one case
 per kind and one clean run, ~3 minutes.
 """
 
@@ -190,7 +198,7 @@ class Case:
             return f"relay n{self.fault_node}"
         if self.kind in ("clean", "disk_full", "planted_checkpoint", "symlinked_step"):
             return "-"
-        if self.kind in ("forged_record", "forged_preemption"):
+        if self.kind in ("forged_record", "forged_preemption", "forged_spare"):
             return "store"
         return f"n{self.fault_node} r{self.fault_local}"
 
@@ -226,6 +234,7 @@ NO_FINDING_KINDS = (
     "planted_checkpoint",
     "symlinked_step",
     "forged_preemption",
+    "forged_spare",
 )
 PLANTED_MARKER = "planted-payload-ran"
 
@@ -272,6 +281,7 @@ def full_matrix() -> list[Case]:
     m += [case("planted_checkpoint", 2, local=0), case("planted_checkpoint", 3, local=0)]
     m += [case("symlinked_step", 2, local=0), case("symlinked_step", 3, local=0)]
     m += [case("forged_preemption", 2, nnodes=2, node=1) for _ in range(2)]
+    m += [case("forged_spare", 2, nnodes=2, node=1) for _ in range(2)]
     m += [case("clean", 2, local=0) for _ in range(3)]
     m += [case("clean", 3, local=0), case("clean", 4, local=0)]
     m += [
@@ -738,6 +748,17 @@ def forge_store(c: Case, port: int, run_dirs: dict[int, Path]) -> None:
         store.set(prefix + "preempt/request/node/1", "preempted: forged")
         store.set(prefix + "preempt", "[]")
         return
+    if c.kind == "forged_spare":
+        now = time.time()
+        for entry in (
+            {"agent": "forged:1", "state": "waiting", "since": now, "keepalive_s": 1e12},
+            {"agent": "forged:2", "state": "waiting", "since": "x", "beat": 0},
+            {"agent": "forged:3", "state": "training", "round": None, "node": "a"},
+        ):
+            index = int(store.add(prefix + "agents", 1)) - 1
+            store.set(f"{prefix}agent/{index}", json.dumps(entry))
+        store.add(prefix + "agents", 10**6)
+        return
     _, rec = local_ranks(run_dirs[1])[0]
     huge = {**rec, "world_size": 200_000, "seq": rec["seq"] + 10_000, "rank": 7}
     other_node = {**rec, "node_rank": 0, "rank": 0, "event": "process_end", "seq": 10**6}
@@ -753,6 +774,14 @@ def forge_store(c: Case, port: int, run_dirs: dict[int, Path]) -> None:
     path, rec0 = local_ranks(run_dirs[0])[0]
     line = {**rec0, "world_size": 200_000, "rank": 199_999, "seq": 1}
     append_raw(path, json.dumps(line).encode() + b"\n")
+
+
+def status_blocks(run_dir: Path) -> set[str]:
+    try:
+        status = json.loads((run_dir / "status.json").read_text())
+    except (OSError, ValueError):
+        return set()
+    return set(status) if isinstance(status, dict) else set()
 
 
 def ignored_records(run_dir: Path) -> int:
@@ -847,6 +876,7 @@ def inject_from_outside(
     outside = {
         "forged_record",
         "forged_preemption",
+        "forged_spare",
         "sigkill_rank",
         "launcher_sigterm",
         "launcher_sigkill",
@@ -863,7 +893,7 @@ def inject_from_outside(
         res.note += "training never reached step 4; "
         return None
     node_dir = run_dirs[c.fault_node]
-    if k in ("forged_record", "forged_preemption"):
+    if k in ("forged_record", "forged_preemption", "forged_spare"):
         t = time.time()
         forge_store(c, port, run_dirs)
         return t
@@ -980,6 +1010,11 @@ def evaluate(
             res.note += "retention deleted through the link; "
     if c.kind == "forged_preemption" and any(rc != 0 for rc in res.rc):
         res.right = False
+    if c.kind == "forged_spare":
+        blocks = status_blocks(run_dirs[0])
+        if any(rc != 0 for rc in res.rc) or not {"elastic", "timeouts"} <= blocks:
+            res.right = False
+            res.note += f"rc {res.rc}, status.json blocks {sorted(blocks)}; "
     if c.kind == "launcher_sigterm":
         # the signal took effect: the training stopped mid-run, nothing left behind
         res.right = res.right and not res.completed and res.orphans == 0

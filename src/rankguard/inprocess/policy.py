@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections import deque
 from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import asdict, dataclass
@@ -68,6 +69,11 @@ class RestartBudget:
         return None
 
 
+MAX_REPORT_BYTES = 16 << 10
+"""A fault report in the store longer than this is not one (a real one is < 3 KiB)."""
+_BIG = 1 << 53
+
+
 @dataclass(frozen=True, slots=True)
 class FaultReport:
     """What one rank saw end its round (written to the round's store by each rank)."""
@@ -84,9 +90,20 @@ class FaultReport:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> FaultReport:
-        d = json.loads(text)
+        """A rank's report read from the round's store (anyone who can reach the store
+        can write it): ``ValueError`` for anything but a bounded report."""
+        if len(text) > MAX_REPORT_BYTES:
+            raise ValueError(f"fault report: {len(text)} bytes (at most {MAX_REPORT_BYTES})")
+        try:
+            d = json.loads(text)
+        except RecursionError:
+            raise ValueError("fault report: nested too deeply") from None
         if not isinstance(d, dict) or type(d.get("rank")) is not int:
             raise ValueError("fault report: expected an object with an integer rank")
+        stuck = d.get("stuck_s")
+        stuck_s = 0.0
+        if type(stuck) is float or (type(stuck) is int and abs(stuck) < _BIG):
+            stuck_s = float(stuck)
         cause = d.get("cause")
         if cause not in CAUSES:
             raise ValueError(f"fault report: unknown cause {cause!r:.40}")
@@ -94,9 +111,9 @@ class FaultReport:
             rank=d["rank"],
             cause=cause,
             message=str(d.get("message") or "")[:2000],
-            hostname=d.get("hostname") if isinstance(d.get("hostname"), str) else None,
+            hostname=d["hostname"][:253] if isinstance(d.get("hostname"), str) else None,
             in_collective=bool(d.get("in_collective")),
-            stuck_s=float(d["stuck_s"]) if type(d.get("stuck_s")) in (int, float) else 0.0,
+            stuck_s=stuck_s if math.isfinite(stuck_s) else 0.0,
         )
 
 

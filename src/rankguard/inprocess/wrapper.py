@@ -520,7 +520,7 @@ class _Call:
             except Exception:
                 pass
             if store.check([self._key(r, "abandon")]):
-                why = store.get(self._key(r, "abandon")).decode(errors="replace")
+                why = store.get(self._key(r, "abandon"))[:1000].decode(errors="replace")
                 raise InProcessRestartError(f"in-process restart abandoned: {why}")
             now = time.monotonic()
             missing = [p for p in range(self.world) if not store.check([self._key(r, f"here/{p}")])]
@@ -555,7 +555,7 @@ class _Call:
         for p in range(self.world):
             key = self._key(r, f"here/{p}")
             if self._store.check([key]):
-                out[p] = self._store.get(key).decode(errors="replace")
+                out[p] = self._store.get(key)[:253].decode(errors="replace")
         return out
 
     def _after_restart(self) -> None:

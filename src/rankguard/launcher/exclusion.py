@@ -24,6 +24,11 @@ rendezvous, so that every other node ends at once with the same code and the hos
 (:class:`ExcludedBelowMinimum`) instead of waiting out the join timeout. Otherwise the
 others form the next round without it (torch elastic: a round with fewer participants
 after ``last_call_timeout``) and note the exclusion in their own run directories.
+
+Anyone who can reach the store can write the exclusion keys: a node reads only the
+entries that exist, at most ``2 x max_nodes`` of them, each checked alone
+(:meth:`Exclusion.from_dict`: an RFC 1123 host name, whole numbers, bounded text), and
+the scheduler commands it suggests are quoted for the shell.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import shlex
 import socket
 import time
 from collections import deque
@@ -60,6 +67,7 @@ from rankguard.schema.layout import (
     RERUN_FAULTY_PREFIX,
     StoreKeys,
 )
+from rankguard.textsafe import safe_text
 
 __all__ = [
     "ExcludedBelowMinimum",
@@ -69,6 +77,7 @@ __all__ = [
     "NodeExclusion",
     "RestartWindow",
     "exclusion_commands",
+    "is_hostname",
     "leave_rendezvous",
     "read_excluded",
     "rerun_faulty",
@@ -111,22 +120,63 @@ class Exclusion:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Exclusion:
+        """An entry another node published (or anyone who can write the store): every
+        field checked and bounded; ``ValueError`` naming the first one that is not."""
+        if not isinstance(d, Mapping):
+            raise ValueError(f"an exclusion is an object, got {type(d).__name__}")
         if d.get("trigger") not in TRIGGERS:
-            raise ValueError(f"trigger: one of {TRIGGERS}, got {d.get('trigger')!r}")
-        for key in ("hostname", "pid"):
-            if d.get(key) in (None, ""):
-                raise ValueError(f"{key}: missing")
-        rank, gpu = d.get("node_rank"), d.get("gpu")
+            raise ValueError(f"trigger: one of {TRIGGERS}, got {_short(d.get('trigger'))}")
+        hostname = d.get("hostname")
+        if not is_hostname(hostname):
+            raise ValueError(f"hostname: a host name (RFC 1123), got {_short(hostname)}")
+        problems = d.get("problems") or ()
+        if not isinstance(problems, (list, tuple)):
+            raise ValueError(f"problems: a list, got {type(problems).__name__}")
+        message, when = d.get("message") or "", d.get("when") or ""
+        if not isinstance(message, str) or not isinstance(when, str):
+            raise ValueError("message, when: text")
         return cls(
             trigger=str(d["trigger"]),
-            hostname=str(d["hostname"]),
-            pid=int(d["pid"]),
-            node_rank=None if rank is None else int(rank),
-            gpu=None if gpu is None else int(gpu),
-            problems=tuple(str(p) for p in d.get("problems") or ()),
-            message=str(d.get("message") or ""),
-            when=str(d.get("when") or ""),
+            hostname=str(hostname),
+            pid=_whole(d.get("pid"), "pid", low=1),
+            node_rank=_whole(d.get("node_rank"), "node_rank", none=True),
+            gpu=_whole(d.get("gpu"), "gpu", none=True),
+            problems=tuple(str(p)[:MAX_PROBLEM] for p in problems[:MAX_PROBLEMS]),
+            message=message[:MAX_MESSAGE],
+            when=when[:40],
         )
+
+
+MAX_MESSAGE = 1000
+"""Characters kept of an exclusion's message read from the store."""
+MAX_PROBLEMS = 16
+MAX_PROBLEM = 200
+MAX_ENTRY_BYTES = 16 << 10
+"""An exclusion entry in the store longer than this is not one (a real one is < 2 KiB)."""
+_MAX_ID = 1 << 31
+_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def is_hostname(name: object) -> bool:
+    """A host name as RFC 1123 has it: dot-separated labels of letters, digits and
+    inner hyphens, 1-63 characters each, at most 253 in all (what a scheduler command
+    can be given without quoting)."""
+    if not isinstance(name, str) or not 0 < len(name) <= 253:
+        return False
+    return all(_LABEL.fullmatch(label) for label in name.removesuffix(".").split("."))
+
+
+def _whole(value: Any, name: str, *, low: int = 0, none: bool = False) -> Any:
+    if value is None and none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value < _MAX_ID:
+        raise ValueError(f"{name}: a whole number in [{low}, 2^31), got {_short(value)}")
+    return value
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class NodeExcluded(Exception):
@@ -206,11 +256,13 @@ def rerun_faulty(run_dir: Path, ranks: Iterable[int]) -> list[dict[str, Any]]:
 
 
 def exclusion_commands(hosts: Iterable[str]) -> dict[str, Any]:
-    """What the scheduler gets: Slurm's ``--exclude`` and Kubernetes taints."""
+    """What the scheduler gets: Slurm's ``--exclude`` and Kubernetes taints, each a
+    shell word quoted (``shlex.quote``): a host name that is not one (it came from the
+    store) stays one argument, never a command of its own."""
     hosts = sorted(set(hosts))
     return {
-        "slurm_exclude": f"--exclude={','.join(hosts)}" if hosts else None,
-        "kubectl": [f"kubectl taint nodes {h} {TAINT}" for h in hosts],
+        "slurm_exclude": shlex.quote(f"--exclude={','.join(hosts)}") if hosts else None,
+        "kubectl": [f"kubectl taint nodes {shlex.quote(h)} {shlex.quote(TAINT)}" for h in hosts],
     }
 
 
@@ -283,6 +335,7 @@ class NodeExclusion:
         self.pending: Exclusion | None = None
         self.excluded: Exclusion | None = None
         self.known: dict[str, Exclusion] = {}
+        self._refused: set[int] = set()  # store entries refused (said once each)
         self.decided_s: float | None = None  # when this node decided to leave (monotonic)
         self.closed_it = False  # this node closed the rendezvous (too few nodes left)
         #: node 0's monitor, when this node runs it (``NodeServices.report_finding``)
@@ -449,8 +502,9 @@ class NodeExclusion:
                 "left the rendezvous through its keep-alive: the other nodes drop this one "
                 "after keep_alive_interval x keep_alive_max_attempt"
             )
-        count = self._publish(exclusion) or 1
+        index = self._publish(exclusion)
         self.known[exclusion.node] = exclusion
+        count = self._excluded_so_far(index)
         below = self.max_nodes - count < self.min_nodes
         self._write(exclusion, below_min=below)
         if below:
@@ -522,17 +576,11 @@ class NodeExclusion:
             return []
         try:
             count = int(self.store.add(self.keys.excluded_count, 0))
-            keys = [self.keys.excluded(str(i)) for i in range(1, count + 1)]
-            values = self.store.multi_get(keys) if keys else []
         except Exception as exc:
             logger.debug("rankguard: exclusion: the store: %s", exc)
             return []
         new = []
-        for raw in values:
-            try:
-                exclusion = Exclusion.from_dict(json.loads(bytes(raw).decode()))
-            except (ValueError, TypeError, AttributeError):
-                continue  # not published yet, or not ours
+        for exclusion in self._read(self._indices(count)).values():
             if exclusion.node not in self.known:
                 self.known[exclusion.node] = exclusion
                 new.append(exclusion)
@@ -544,10 +592,64 @@ class NodeExclusion:
                     self._finding(_REASONS[exclusion.trigger], exclusion.message, exclusion)
         return new
 
+    def _indices(self, count: int) -> list[int]:
+        """The entries read for a count: the first and the last ``max_nodes`` (a job
+        excludes at most its nodes; the count is a store counter anyone can raise, and
+        an entry published after a raised count is among the last)."""
+        cap = max(1, self.max_nodes)
+        count = max(0, count)
+        head = range(1, min(count, cap) + 1)
+        return [*head, *range(max(cap + 1, count - cap + 1), count + 1)]
+
+    def _read(self, indices: list[int], wait_s: float = 0.0) -> dict[int, Exclusion]:
+        """The entries at ``indices`` that exist (a ``multi_get`` of a missing key would
+        wait the store's whole timeout), each parsed alone: a bad one is skipped and
+        said once. ``wait_s``: how long a missing one may take to appear (an index is
+        taken just before its entry is written)."""
+        keys = {i: self.keys.excluded(str(i)) for i in indices}
+        if not keys:
+            return {}
+        deadline = time.monotonic() + wait_s
+        try:
+            while True:
+                if self.store.check(list(keys.values())):
+                    present = list(keys)
+                else:
+                    present = [i for i, k in keys.items() if self.store.check([k])]
+                if len(present) == len(keys) or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.05)
+            values = self.store.multi_get([keys[i] for i in present]) if present else []
+        except Exception as exc:
+            logger.debug("rankguard: exclusion: the store: %s", exc)
+            return {}
+        out = {}
+        for index, raw in zip(present, values, strict=True):
+            try:
+                data = bytes(raw)
+                if len(data) > MAX_ENTRY_BYTES:
+                    raise ValueError(f"{len(data)} bytes (at most {MAX_ENTRY_BYTES})")
+                out[index] = Exclusion.from_dict(json.loads(data.decode()))
+            except (ValueError, TypeError, RecursionError) as exc:
+                if index not in self._refused:
+                    self._refused.add(index)
+                    self.say(f"exclusion entry {index} in the store refused: {safe_text(exc)}")
+        return out
+
+    def _excluded_so_far(self, index: int | None) -> int:
+        """Nodes excluded so far, this one included: the entries published before this
+        node's ``index`` that exist and hold an exclusion (the count is a store counter
+        anyone can raise: a raised count lists nobody)."""
+        nodes = set(self.known)
+        if index is not None and self.store is not None:
+            earlier = [i for i in self._indices(index) if i < index]
+            nodes |= {e.node for e in self._read(earlier, wait_s=1.0).values()}
+        return len(nodes)
+
     def _publish(self, exclusion: Exclusion) -> int | None:
-        """Into the store for the other nodes; the number of nodes excluded so far."""
+        """Into the store for the other nodes; the entry's index (None: not published)."""
         if self.store is None:
-            return 1
+            return None
         try:
             index = int(self.store.add(self.keys.excluded_count, 1))
             self.store.set(self.keys.excluded(str(index)), json.dumps(exclusion.to_dict()))

@@ -529,7 +529,7 @@ def _keep_store_for_spares(services: NodeServices, wait_s: float = 10.0) -> None
     store goes (bounded); without it they would fail on a lost store. A spare whose
     beat stopped (node 0 found it gone, or this node sees it now: the store's host need
     not be node 0) is not waited for."""
-    from rankguard.launcher.spares import MISSED_BEATS, SpareWatch, read_agents
+    from rankguard.launcher.spares import MAX_SPARE_WAIT_S, MISSED_BEATS, SpareWatch, read_agents
 
     watch = SpareWatch(slack_s=0.5)
     gone = set(services.spares_gone)
@@ -548,7 +548,7 @@ def _keep_store_for_spares(services: NodeServices, wait_s: float = 10.0) -> None
             except (TypeError, ValueError):
                 keepalive = 0.0
             deadline = max(deadline, start + MISSED_BEATS * keepalive + watch.slack_s + 1.0)
-        if now >= deadline:
+        if now >= min(deadline, start + MAX_SPARE_WAIT_S):  # entries anyone can write
             break
         time.sleep(0.2)
     _say("spares still waiting in the rendezvous: the rendezvous store goes now")

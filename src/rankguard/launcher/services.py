@@ -91,6 +91,7 @@ class NodeServices:
     # waiting agents whose beat stopped (spares gone while they waited), as node 0 saw
     spares_gone: set[str] = field(default_factory=set, init=False)
     _spare_watch: Any = field(default=None, init=False, repr=False)
+    status_errors: dict[str, int] = field(default_factory=dict, init=False)  # per block
     monitor: JobMonitor | None = field(default=None, init=False)
     relay: StoreRelay | None = field(default=None, init=False)
     collector: HealthCollector | None = field(default=None, init=False)
@@ -130,12 +131,23 @@ class NodeServices:
             out["timeouts"] = self.timeouts
         if self.restarts:
             out["restarts"] = list(self.restarts)
-        checkpoints = read_checkpoints(self.run_dir)
-        if checkpoints is not None:
-            out["checkpoints"] = checkpoints
-        elastic = self.elastic_fields()
-        if elastic is not None:
-            out["elastic"] = elastic
+        # each block alone: one that raises (a store entry anyone can write) is counted
+        # and said, the others stay in status.json
+        for name, block in (
+            ("checkpoints", lambda: read_checkpoints(self.run_dir)),
+            ("elastic", self.elastic_fields),
+        ):
+            try:
+                value = block()
+            except Exception:
+                self.status_errors[name] = self.status_errors.get(name, 0) + 1
+                log = logger.exception if self.status_errors[name] == 1 else logger.debug
+                log("rankguard: the %s block of status.json failed", name)
+                continue
+            if value is not None:
+                out[name] = value
+        if self.status_errors:
+            out["status_errors"] = dict(self.status_errors)
         return out
 
     def elastic_fields(self) -> dict[str, Any] | None:

@@ -20,14 +20,18 @@ Node 0 reads every entry with one ``multi_get`` (:func:`read_agents`) and
 :func:`elastic_status` turns them into the ``elastic`` block of ``status.json``: the
 spares waiting, the spares gone (a beat that stopped: :class:`SpareWatch`, on node 0's
 own clock, so the hosts' clocks need not agree), the nodes of the current round, the
-nodes lost and which spare took whose place. Torch-free; the writer takes any store
-with ``add``/``set``/``multi_get``.
+nodes lost and which spare took whose place. Anyone who can reach the store can write
+these keys: every entry is checked on the way in (:func:`agent_entry`), and what one
+reading costs is bounded (``MAX_AGENTS`` entries, ``MAX_CHECKS`` existence checks), as
+is the store host's wait for the spares at the end (``MAX_SPARE_WAIT_S``). Torch-free;
+the writer takes any store with ``add``/``set``/``multi_get``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -37,9 +41,12 @@ from typing import Any
 
 __all__ = [
     "KEEPALIVE_S",
+    "MAX_KEEPALIVE_S",
+    "MAX_SPARE_WAIT_S",
     "MISSED_BEATS",
     "AgentRegistry",
     "SpareWatch",
+    "agent_entry",
     "elastic_status",
     "full_round_without",
     "read_agents",
@@ -50,6 +57,25 @@ logger = logging.getLogger(__name__)
 
 MAX_AGENTS = 4096
 """Most agent entries node 0 reads (a job restarted on new agents again and again)."""
+
+TAIL_AGENTS = 256
+"""Of those, the newest: an agent that registered after a raised counter is read."""
+
+MAX_CHECKS = 128
+"""Most existence checks (one store round trip each) of one :func:`read_agents`."""
+
+_CHUNK = 16
+
+MAX_ENTRY_BYTES = 4096
+"""An agent entry longer than this is not one (a real one is ~300 bytes)."""
+
+MAX_KEEPALIVE_S = 3600.0
+"""The longest keep-alive interval an entry may say: the bound the launcher accepts for
+the rendezvous' ``keep_alive_interval`` (``--rdzv-conf``)."""
+
+MAX_SPARE_WAIT_S = 60.0
+"""The longest the store's host waits for the spares after the job ended, whatever the
+entries say."""
 
 KEEPALIVE_S = 5.0
 """Seconds between two beats of a waiting agent (torch's rendezvous keep-alive)."""
@@ -199,33 +225,122 @@ class SpareWatch:
 
 
 def read_agents(store: Any, run_id: str) -> list[dict[str, Any]]:
-    """Every agent entry of the run (bad ones skipped)."""
+    """Every agent entry of the run, each checked (:func:`agent_entry`; bad ones
+    skipped). Anyone who can reach the store can write these keys and raise the
+    counter: at most ``MAX_AGENTS`` entries are read (the first ones, and the newest
+    ``TAIL_AGENTS``), with at most ``MAX_CHECKS`` existence checks."""
     prefix = _prefix(run_id)
     try:
         count = int(store.add(prefix + "agents", 0))
     except Exception as exc:
         logger.debug("rankguard: cannot read the agent count: %s", exc)
         return []
-    count = min(count, MAX_AGENTS)
     if count <= 0:
         return []
-    keys = [f"{prefix}agent/{i}" for i in range(count)]
+    head = min(count, MAX_AGENTS - TAIL_AGENTS)
+    # the tail newest first: its scan ends at the first chunk with no entry
+    segments = [range(head), range(count - 1, max(head, count - TAIL_AGENTS) - 1, -1)]
     try:
         # an index is taken before its entry is written: read only entries that exist
         # (a multi_get of a missing key would wait for it)
-        present = keys if store.check(keys) else [k for k in keys if store.check([k])]
+        present = _present(store, [[f"{prefix}agent/{i}" for i in seg] for seg in segments])
         values = store.multi_get(present) if present else []
     except Exception as exc:
         logger.debug("rankguard: cannot read the agent entries: %s", exc)
         return []
     out = []
     for raw in values:
-        try:
-            entry = json.loads(bytes(raw).decode())
-        except (ValueError, UnicodeDecodeError):
-            continue
-        if isinstance(entry, dict) and isinstance(entry.get("agent"), str):
+        entry = agent_entry(raw)
+        if entry is not None:
             out.append(entry)
+    return out
+
+
+def _present(store: Any, segments: list[list[str]]) -> list[str]:
+    """The keys of ``segments`` that exist: a segment's keys at once when all do, else
+    by chunks, each key alone in a chunk that is not whole; a segment ends at a chunk
+    with none (the counter was raised past the agents), all within ``MAX_CHECKS``."""
+    out: list[str] = []
+    checks = 0
+    for keys in segments:
+        if not keys:
+            continue
+        checks += 1
+        if store.check(keys):
+            out += keys
+            continue
+        for start in range(0, len(keys), _CHUNK):
+            chunk = keys[start : start + _CHUNK]
+            if checks >= MAX_CHECKS:
+                return out
+            checks += 1
+            if store.check(chunk):
+                out += chunk
+                continue
+            found: list[str] = []
+            for key in chunk:
+                if checks >= MAX_CHECKS:
+                    return out + found
+                checks += 1
+                if store.check([key]):
+                    found.append(key)
+            if not found:
+                break
+            out += found
+    return out
+
+
+_STATES = ("waiting", "training", "left")
+_TIMES = ("since", "started", "joined", "left", "waited_s")
+_COUNTS = ("rounds", "beat", "node", "nodes")
+
+
+def agent_entry(raw: Any) -> dict[str, Any] | None:
+    """One agent's entry as read from the store, checked field by field, or None: an
+    agent name (host:pid, at most 300 characters), a known state, finite numbers for
+    the times, whole numbers in [0, 2^31) for the counters and node numbers, a round
+    tag of at most 200 characters, and ``keepalive_s`` within what the launcher
+    accepts for the rendezvous' keep-alive (``(0, MAX_KEEPALIVE_S]``)."""
+    try:
+        data = bytes(raw)
+        if len(data) > MAX_ENTRY_BYTES:
+            return None
+        entry = json.loads(data.decode())
+    except (ValueError, TypeError, RecursionError):
+        return None
+    if not isinstance(entry, dict):
+        return None
+    agent, state = entry.get("agent"), entry.get("state")
+    if not isinstance(agent, str) or not 0 < len(agent) <= 300 or state not in _STATES:
+        return None
+    out: dict[str, Any] = {"agent": agent, "state": state}
+    for key in _TIMES:
+        value = entry.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None
+        if not math.isfinite(value):
+            return None
+        out[key] = float(value)
+    for key in _COUNTS:
+        value = entry.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 31:
+            return None
+        out[key] = value
+    tag = entry.get("round")
+    if tag is not None:
+        if not isinstance(tag, str) or len(tag) > 200:
+            return None
+        out["round"] = tag
+    keepalive = entry.get("keepalive_s", KEEPALIVE_S)
+    if isinstance(keepalive, bool) or not isinstance(keepalive, (int, float)):
+        return None
+    if not 0 < keepalive <= MAX_KEEPALIVE_S:  # NaN fails too
+        return None
+    out["keepalive_s"] = float(keepalive)
     return out
 
 
