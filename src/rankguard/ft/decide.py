@@ -207,12 +207,16 @@ class RestartDecider:
     """The decisions of one launch, attempt after attempt (see the module doc).
 
     ``max_no_progress`` (``fault_tolerance.max_no_progress_restarts``): this many
-    attempts in a row without progress stop the job; 0 turns that rule off."""
+    attempts in a row without progress stop the job; 0 turns that rule off.
+    ``repeats``: the repeat and no-progress rules apply; off while bad-node exclusion
+    counts a node's restarts (``exclude_after_restarts``): a crash that repeats on one
+    node is then that node's to answer for, and exclusion acts on it."""
 
-    def __init__(self, max_no_progress: int = 3) -> None:
+    def __init__(self, max_no_progress: int = 3, *, repeats: bool = True) -> None:
         if max_no_progress < 0:
             raise ValueError(f"max_no_progress_restarts: must be >= 0, got {max_no_progress}")
         self.max_no_progress = max_no_progress
+        self.repeats = repeats
         self.attempt = 0
         self.best_iteration: int | None = None  # highest iteration any attempt reached
         self.no_progress = 0
@@ -238,6 +242,8 @@ class RestartDecider:
             rule = Rule.TRANSIENT
         elif kind is FailureKind.DETERMINISTIC and fp.before_first_step:
             verdict, rule = Verdict.STOP, Rule.DETERMINISTIC_AT_STARTUP
+        elif not self.repeats:
+            pass
         elif previous is not None and _same_place(previous, fp):
             verdict, rule = Verdict.STOP, Rule.REPEATED_AT_SAME_ITERATION
         elif self.max_no_progress and self.no_progress >= self.max_no_progress:

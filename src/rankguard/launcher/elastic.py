@@ -137,5 +137,6 @@ def restart_policy(cfg: RankguardConfig, services: NodeServices) -> RestartPolic
         if services.node_rank == 0:
             services.restarts_file.append([entry])
 
-    decider = RestartDecider(cfg.fault_tolerance.no_progress_limit)
+    ft = cfg.fault_tolerance
+    decider = RestartDecider(ft.no_progress_limit, repeats=ft.exclude_after_restarts == 0)
     return RestartPolicy(decider, services.run_dir, services.run_id, write)

@@ -94,6 +94,7 @@ DETERMINISTIC_STARTUP = {
     "data_dir": startup("NotADirectoryError: [Errno 20] Not a directory: '/data/x'"),
     "tokenizer": startup("FileNotFoundError: tokenizer.json not found in ./ckpt/tok"),
     "argparse_exit": startup(None, exit_code=2, stack=[]),
+    "argparse_record": startup("SystemExit(2)", exit_code=2, stack=[]),  # process_end's
     "argparse_error": startup("ArgumentError: argument --lr: invalid float value: 'x'"),
     "bad_value": startup("ValueError: batch_size must be divisible by world_size 8, got 12"),
     "bad_type": startup("TypeError: __init__() got an unexpected keyword argument 'lrr'"),
@@ -239,6 +240,16 @@ def test_no_progress_off_and_progress_resets_the_count() -> None:
         Attempt(error="RuntimeError: f", reached=None),
     ]
     assert run(seq) == [False, False, False, False, False, True]
+
+
+def test_exclusion_by_restarts_takes_the_repeats() -> None:
+    """Bad-node exclusion counting restarts: a repeated crash is the node's (exclusion
+    acts); a deterministic start-up failure still stops."""
+    repeat = REPEATS["value_at_step"]
+    decider = RestartDecider(1, repeats=False)
+    assert [decider.decide(repeat.fingerprint(), None).stop for _ in range(4)] == [False] * 4
+    startup_error = DETERMINISTIC_STARTUP["module"]
+    assert RestartDecider(repeats=False).decide(startup_error.fingerprint(), None).stop
 
 
 def test_a_transient_failure_is_never_stopped_by_no_progress() -> None:
