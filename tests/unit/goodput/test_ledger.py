@@ -292,3 +292,80 @@ def test_the_parts_always_sum_to_the_wall_time() -> None:
 def test_build_ledger_needs_an_attempt() -> None:
     with pytest.raises(ValueError, match="attempts"):
         build_ledger([])
+
+
+def test_a_hang_then_a_crash_then_completion(tmp_path: Path) -> None:
+    """Attempt 0 hangs (the heartbeat thread goes on writing; the progress finding 4 s
+    after the last step, the decision 0.5 s later, the process killed 0.5 s after that);
+    attempt 1 resumes at 5 and crashes; attempt 2 resumes at 10 and completes."""
+    d = run_dir(tmp_path)
+    a0 = Rank0(d, pid=1, start=T0, interval=0.7)
+    t = T0 + 2.0
+    a0.step(t)
+    t = train(a0, t, 7, 0.5, {5: ("checkpointing", 1.0)})  # iterations 2-8
+    hang_at = t
+    a0.idle_to(t + 5.0)  # hung: records without progress until the kill
+    a0.write()
+    append(
+        d / "findings.jsonl",
+        {
+            "finding_type": "gpu_progress_timeout",
+            "rank": 0,
+            "detected_wall_time": iso(hang_at + 4.0),
+        },
+    )
+    append(
+        d / "restarts.jsonl",
+        {
+            "kind": "process",
+            "restart": 1,
+            "cause": "gpu_progress_timeout",
+            "wall_time": iso(hang_at + 4.5),
+        },
+    )
+    start1 = hang_at + 7.0
+    a1 = Rank0(d, pid=2, start=start1, interval=0.7, iteration=5)
+    a1.record("heartbeat", start1 + 0.2)
+    t = start1 + 2.5
+    a1.step(t)  # iteration 6
+    t = train(a1, t, 6, 0.5, {10: ("checkpointing", 1.0)})  # 7-12
+    a1.end(t + 0.1, clean=False)
+    a1.write()
+    crash_at = t
+    append(
+        d / "restarts.jsonl",
+        {
+            "kind": "process",
+            "restart": 2,
+            "cause": "worker_failed",
+            "wall_time": iso(crash_at + 1.0),
+        },
+    )
+    start2 = crash_at + 3.0
+    a2 = Rank0(d, pid=3, start=start2, interval=0.7, iteration=10)
+    a2.record("heartbeat", start2 + 0.2)
+    t = start2 + 2.0
+    a2.step(t)  # iteration 11
+    t = train(a2, t, 9, 0.5, {})  # 12-20
+    a2.end(t + 0.2, clean=True)
+    a2.write()
+    wall = t + 0.2 - T0
+    ledger = read_ledger(d)
+    assert ledger is not None and ledger.attempts == 3
+    want = {
+        Part.STARTUP: 2.0 + 2.5 + 2.0,
+        Part.CHECKPOINT_STALL: 1.0 + 1.0,
+        # attempt 0: 6-8 redone (1.5 s); attempt 1: 11-12 redone (1.0 s)
+        Part.RECOMPUTED: 1.5 + 1.0,
+        # attempt 0: 2-5 (2.0 s); attempt 1: 7-10 (2.0 s); attempt 2: 12-20 (4.5 s)
+        Part.PRODUCTIVE: 2.0 + 2.0 + 4.5,
+        Part.DETECTION_WAIT: 4.5 + 1.0,
+        Part.RECOVERY: 2.5 + 2.0,
+        Part.UNKNOWN: 0.2,
+    }
+    assert sum(want.values()) == pytest.approx(wall)
+    check(ledger.parts, want, wall)
+    hang, crash = ledger.interruptions
+    assert (hang.cause, hang.iteration, hang.resumed_from) == ("gpu_progress_timeout", 8, 5)
+    assert hang.first_evidence_s == pytest.approx(4.0, abs=0.01)
+    assert (crash.cause, crash.iteration, crash.resumed_from) == ("worker_failed", 12, 10)
