@@ -39,9 +39,11 @@ _PATH = re.compile(r"(?<![\w.])(?:[A-Za-z]:)?(?:\.{0,2}/|~/)?[\w.@+-]+(?:/[\w.@+
 _NUM = re.compile(r"(?<![A-Za-z_])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 _SPACE = re.compile(r"\s+")
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
+# ``pkg.mod.Name: message`` (a class name: capitalised, no spaces), or a bare name that
+# says it is an exception (``KeyboardInterrupt``)
 _EXC_LINE = re.compile(
-    r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning)\w*)"
-    r"(?::\s?(?P<msg>.*))?$"
+    r"^(?:[A-Za-z_]\w*\.)*(?P<type>[A-Z]\w*):\s?(?P<msg>.*)$|"
+    r"^(?:[A-Za-z_]\w*\.)*(?P<bare>[A-Z]\w*(?:Error|Exception|Exit|Interrupt))$"
 )
 # frames that are not the user's code: the interpreter, installed packages, torch, rankguard
 _NOT_USER = re.compile(
@@ -70,7 +72,7 @@ def split_error(text: str | None) -> tuple[str | None, str | None]:
     for line in reversed(lines):
         m = _EXC_LINE.match(line)
         if m:
-            return m.group("type").rsplit(".", 1)[-1], (m.group("msg") or "").strip() or None
+            return m.group("type") or m.group("bare"), (m.group("msg") or "").strip() or None
     return None, lines[-1] if lines else None
 
 

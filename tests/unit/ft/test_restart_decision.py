@@ -101,6 +101,7 @@ DETERMINISTIC_STARTUP = {
     "config_key": startup("KeyError: 'model.hidden_size'"),
     "config_attr": startup("AttributeError: 'Namespace' object has no attribute 'seq_len'"),
     "omegaconf": startup("omegaconf.errors.ConfigAttributeError: Missing key optim"),
+    "omegaconf_missing": startup("omegaconf.errors.MissingMandatoryValue: optim.lr"),
     "pydantic": startup("pydantic_core._pydantic_core.ValidationError: 1 validation error"),
     "shape_load": startup(
         "RuntimeError: Error(s) in loading state_dict for GPT: size mismatch for "
@@ -291,6 +292,16 @@ def test_error_and_frames_are_parsed_from_the_traceback() -> None:
     assert split_error(stack) == ("RuntimeError", "shapes do not match")
     assert split_error("torch.OutOfMemoryError: CUDA") == ("OutOfMemoryError", "CUDA")
     assert split_error("just text") == (None, "just text")
+    assert split_error("omegaconf.errors.MissingMandatoryValue: optim.lr") == (
+        "MissingMandatoryValue",
+        "optim.lr",
+    )
+    assert split_error("KeyboardInterrupt") == ("KeyboardInterrupt", None)
+    assert split_error("Killed") == (None, "Killed")
+    assert split_error("error: unrecognized arguments: --x") == (
+        None,
+        "error: unrecognized arguments: --x",
+    )
 
 
 def test_the_fingerprint_key_ignores_pids_ranks_and_where() -> None:
