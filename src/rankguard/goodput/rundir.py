@@ -8,13 +8,14 @@ is the job's. From its records, each measured by the rank itself:
   record: a process killed without one);
 - completed steps: each record after a step gives its iteration and the time of the last
   step (``wall_time_ns`` less the monotonic time since ``last_progress_monotonic_ns``);
-  rank 0's ``perf.jsonl`` windows add the end of each window's last step, and the first
-  window (``includes_startup``) the end of the attempt's first step;
 - phases: each record's phase began ``phase_elapsed_s`` before it (the heartbeat thread
   writes a record at each phase change); a phase lasts until the next one begins;
-- the iteration it resumed after: a record before any step that already names an
-  iteration (restored from a checkpoint), else the first step's iteration less one when
-  the first step is known exactly (the first perf window).
+- the iteration it resumed after: the iteration of its first record whose
+  ``iteration_source`` is ``checkpoint`` or that came before any step, else the first
+  step record's iteration less the steps it counts (``progress_seq``);
+- rank 0's ``perf.jsonl`` windows: the end of each window's last step, the ``step``-th
+  of the attempt (iteration: the resumed one plus ``step``); the first window
+  (``includes_startup``) is the end of the attempt's first step, exactly.
 
 The launcher's ``restarts.jsonl`` gives the decision after each failed attempt (a
 restart's line, or a ``stop`` line) and ``findings.jsonl`` the first evidence of a
@@ -95,7 +96,7 @@ class _Process:
     steps: dict[int, float] = field(default_factory=dict)
     resumed_from: int | None = None
     phase_starts: set[tuple[str, float]] = field(default_factory=set)
-    first_step_exact: tuple[int, float] | None = None
+    first_seen: tuple[float, int, int] | None = None  # (time, iteration, progress_seq)
 
     def add(self, rec: dict[str, Any]) -> None:
         wall_ns = _num(rec.get("wall_time_ns"))
@@ -114,14 +115,15 @@ class _Process:
         progress = rec.get("progress_seq")
         if not isinstance(iteration, int) or isinstance(iteration, bool):
             iteration = None
-        if iteration is not None and progress == 0 and self.resumed_from is None:
+        restored = progress == 0 or rec.get("iteration_source") == "checkpoint"
+        if iteration is not None and restored and self.resumed_from is None:
             self.resumed_from = iteration
         mono, last = _num(rec.get("monotonic_ns")), _num(rec.get("last_progress_monotonic_ns"))
         if iteration is not None and isinstance(progress, int) and progress > 0 and mono and last:
             when = wall - max(0.0, mono - last) / 1e9
             self.steps[iteration] = max(self.steps.get(iteration, when), when)
-            if progress == 1:
-                self.first_step_exact = (iteration, when)
+            if self.first_seen is None or when < self.first_seen[0]:
+                self.first_seen = (when, iteration, progress)
         phase, elapsed = rec.get("phase"), _num(rec.get("phase_elapsed_s"))
         if isinstance(phase, str) and elapsed is not None:
             self.phase_starts.add((phase, round(wall - elapsed, 3)))
@@ -160,13 +162,13 @@ def _processes(run_dir: Path) -> list[_Process]:
 
 
 def _perf_steps(run_dir: Path) -> list[tuple[int, float, bool]]:
-    """Rank 0's perf windows: (last iteration, its end, includes the start-up)."""
+    """Rank 0's perf windows: (the attempt's step count, its end, includes the start-up)."""
     perf = run_dir.parent.parent / PERF_ROOT / run_dir.name / PERF_LOG_FILE
     out = []
     for rec in _lines(perf):
-        it, when = rec.get("iteration"), iso_epoch_s(rec.get("timestamp"))
-        if isinstance(it, int) and when is not None:
-            out.append((it, when, bool(rec.get("includes_startup"))))
+        step, when = rec.get("step"), iso_epoch_s(rec.get("timestamp"))
+        if isinstance(step, int) and not isinstance(step, bool) and when is not None:
+            out.append((step, when, bool(rec.get("includes_startup"))))
     return out
 
 
@@ -193,17 +195,22 @@ def read_attempts(run_dir: str | os.PathLike[str]) -> list[Attempt]:
     attempts = []
     for i, proc in enumerate(procs):
         nxt_begin = procs[i + 1].begin if i + 1 < len(procs) else math.inf
-        steps = dict(proc.steps)
-        first_exact = proc.first_step_exact
-        for it, when, startup in perf:
-            if proc.begin <= when <= max(proc.finish, proc.begin) + 1.0 and when < nxt_begin:
-                steps[it] = when if it not in steps else max(steps[it], when)
-                if startup:
-                    first_exact = (it, when)
-        ordered = sorted(((t, it) for it, t in steps.items()))
         resumed = proc.resumed_from
-        if resumed is None and first_exact is not None:
-            resumed = first_exact[0] - 1
+        if resumed is None and proc.first_seen is not None:
+            _, it, seq = proc.first_seen
+            resumed = it - seq if it - seq >= 0 else None
+        steps = dict(proc.steps)
+        for step, when, startup in perf:
+            if not proc.begin <= when <= proc.finish + 1.0 or when >= nxt_begin:
+                continue
+            if resumed is not None:
+                it = resumed + step
+            elif startup:  # the first step, its iteration unknown: before every other
+                it = min(steps, default=1)
+            else:
+                continue
+            steps[it] = when if it not in steps else max(steps[it], when)
+        ordered = sorted(((t, it) for it, t in steps.items()))
         last_t = ordered[-1][0] if ordered else proc.begin
         decision = next(((t, r) for t, r in decisions if last_t <= t < nxt_begin), None)
         fault = next((t for t, _ in findings if last_t <= t < nxt_begin), None)

@@ -87,6 +87,7 @@ class Rank0:
             self.perf.append(
                 {
                     "iteration": self.iteration,
+                    "step": self.progress,  # the perf monitor's count in this process
                     "timestamp": iso(t),
                     "includes_startup": first or None,
                 }
@@ -369,3 +370,43 @@ def test_a_hang_then_a_crash_then_completion(tmp_path: Path) -> None:
     assert (hang.cause, hang.iteration, hang.resumed_from) == ("gpu_progress_timeout", 8, 5)
     assert hang.first_evidence_s == pytest.approx(4.0, abs=0.01)
     assert (crash.cause, crash.iteration, crash.resumed_from) == ("worker_failed", 12, 10)
+
+
+def test_resumed_from_a_checkpoint_as_the_demo_records_it(tmp_path: Path) -> None:
+    """As a real resumed rank records it: its first record after the first step still
+    names the checkpoint's iteration (``iteration_source`` checkpoint, ``progress_seq`` 1)
+    and perf's first window counts its own iterations from 1."""
+    d = run_dir(tmp_path)
+    a0 = Rank0(d, pid=11, start=T0, interval=5.0)
+    t = T0 + 4.0
+    a0.step(t)
+    t = train(a0, t, 13, 0.5, {10: ("checkpointing", 0.5)})  # iterations 2-14
+    a0.end(t + 0.1, clean=False)
+    a0.write()
+    append(
+        d / "restarts.jsonl",
+        {"kind": "process", "restart": 1, "cause": "worker_failed", "wall_time": iso(t + 1.0)},
+    )
+    start = t + 3.0
+    a1 = Rank0(d, pid=12, start=start, interval=5.0)
+    first = start + 4.0
+    a1.progress, a1.last_progress, a1.iteration, a1.phase = 1, first, 10, "train"
+    a1.perf.append({"iteration": 1, "step": 1, "timestamp": iso(first), "includes_startup": True})
+    a1.record("heartbeat", first + 0.2, iteration_source="checkpoint")
+    t1 = train(a1, first, 9, 0.5, {})  # iterations 11-19 (the script's own numbers)
+    a1.end(t1 + 0.1, clean=True)
+    a1.write()
+    ledger = read_ledger(d)
+    assert ledger is not None
+    (cut,) = ledger.interruptions
+    assert cut.resumed_from == 10
+    want = {
+        Part.STARTUP: 4.0 + 4.0,
+        Part.CHECKPOINT_STALL: 0.5,
+        Part.RECOMPUTED: 2.0,  # iterations 11-14 of attempt 0
+        Part.PRODUCTIVE: 4.5 + 4.5,
+        Part.DETECTION_WAIT: 1.0,
+        Part.RECOVERY: 2.0,
+        Part.UNKNOWN: 0.1,
+    }
+    check(ledger.parts, want, t1 + 0.1 - T0)
