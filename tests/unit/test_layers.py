@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("schema", "phases"),
     ("runenv", "health", "perf"),
     ("heartbeat",),
-    ("agree", "ft", "rerun", "straggler", "runfiles", "statusnotes"),
+    ("agree", "ft", "goodput", "rerun", "straggler", "runfiles", "statusnotes"),
     ("preempt", "heartbeat.relay", "exporter", "ranksession"),
     ("checkpoint", "inprocess", "layouts"),
     ("config",),

@@ -1,4 +1,4 @@
-"""``rankguard`` command line: run, demo, status."""
+"""``rankguard`` command line: run, demo, status, logs, goodput, report, slurm."""
 
 from __future__ import annotations
 
@@ -127,7 +127,7 @@ def _parse_and_launch(
 
 def build_parser() -> argparse.ArgumentParser:
     # the other commands' modules only here: ``rankguard run`` checks its config first
-    from rankguard.cli import logs, status
+    from rankguard.cli import goodput, logs, status
     from rankguard.demo import cli as demo_cli
     from rankguard.report import cli as report_cli
     from rankguard.slurm import cli as slurm_cli
@@ -143,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo_cli.add_parser(sub)
     status.add_parser(sub)
     logs.add_parser(sub)
+    goodput.add_parser(sub)
     report_cli.add_parser(sub)
     slurm_cli.add_parser(sub)
     return parser

@@ -101,6 +101,17 @@ class FaultToleranceConfig:
         default=3600.0,
         metadata={"help": "The window exclude_after_restarts counts restarts in (seconds)."},
     )
+    max_no_progress_restarts: int = field(
+        default=3,
+        metadata={
+            "help": "Stop the job (exit 18) after this many attempts in a row that got no "
+            "further than the iteration reached before them, unless the last failure is "
+            "transient (a signal, a hang, a lost peer, a GPU error); 0: never."
+        },
+    )
+    max_no_progress_cycles: int | None = field(
+        default=None, metadata={"help": "NVRx's name; sets max_no_progress_restarts."}
+    )
     simulate_fault: bool = field(default=False, metadata={"help": "Inject one fault to test."})
     simulated_fault_type: str = field(default="random", metadata={"help": "/".join(FAULT_TYPES)})
     simulated_fault_rank: int | None = field(
@@ -163,6 +174,16 @@ class FaultToleranceConfig:
         check_number("min_learned_timeout_s", self.min_learned_timeout_s, gt=0)
         check_number("exclude_after_restarts", self.exclude_after_restarts, ge=0)
         check_number("exclude_window_s", self.exclude_window_s, gt=0)
+        check_number("max_no_progress_restarts", self.max_no_progress_restarts, ge=0)
+        if self.max_no_progress_cycles is not None:
+            check_number("max_no_progress_cycles", self.max_no_progress_cycles, ge=0)
+
+    @property
+    def no_progress_limit(self) -> int:
+        """``max_no_progress_restarts``, or NVRx's ``max_no_progress_cycles`` when set."""
+        if self.max_no_progress_cycles is not None:
+            return self.max_no_progress_cycles
+        return self.max_no_progress_restarts
 
     @property
     def exclusion(self) -> bool:

@@ -7,8 +7,11 @@ worker-lifecycle methods ``SimpleElasticAgent`` is designed to have subclassed.
   runs and still shuts them down.
 - ``_monitor_workers``: remember the first failure of a failed group (rank, exit code,
   the traceback from the worker's error file written by ``@record``): the root cause.
+- ``_monitor_workers`` also decides, with ``restart_policy``
+  (:mod:`rankguard.ft.policy`), whether a restart can help: a failure that will repeat
+  (a fingerprint) sets the restart budget to 0 and :attr:`RankguardAgent.stop_decision`.
 - ``_restart_workers``: report each restart and its cause (a finding the launcher acted
-  on, or that root cause) before the agent restarts the group as usual.
+  on, or that root cause) and its decision before the agent restarts the group as usual.
 - ``_stop_workers``: stop the group with our grace period (SIGTERM, wait, SIGKILL).
 - preemption (``preemption.enable_exit_handler``): the exit signal is handed to the
   :class:`~rankguard.preempt.coordinator.PreemptionCoordinator` instead of torch's
@@ -52,6 +55,8 @@ from rankguard.schema.exits import EXIT_RERUN_VALIDATION_FAILED
 from rankguard.schema.findings import FindingType
 
 if TYPE_CHECKING:
+    from rankguard.ft.decide import Decision
+    from rankguard.ft.policy import RestartPolicy
     from rankguard.launcher.exclusion import NodeExclusion
     from rankguard.preempt.coordinator import PreemptionCoordinator
 
@@ -211,6 +216,7 @@ class RankguardAgent(LocalElasticAgent):
         grace_s: float = 30.0,
         preemption: PreemptionCoordinator | None = None,
         handover_timeout_s: float = 30.0,
+        restart_policy: RestartPolicy | None = None,
         **kw: Any,
     ) -> None:
         # torch elastic's own grace when a signal stops it or the job ends: ours.
@@ -235,6 +241,9 @@ class RankguardAgent(LocalElasticAgent):
         self.handover_timeout_s = handover_timeout_s
         self.last_handover: HandoverResult | None = None
         self.exclusion: NodeExclusion | None = None
+        self.restart_policy = restart_policy
+        self.stop_decision: Decision | None = None  # the policy stopped the job
+        self._decision: Decision | None = None  # the decision behind the next restart
 
     # ---- the launcher's side ---------------------------------------------------------
 
@@ -326,12 +335,29 @@ class RankguardAgent(LocalElasticAgent):
             if self.last_failure is not None and _final_verdict(self.last_failure) and not taken:
                 self._remaining_restarts = 0
                 self.aborted = True
+            self._decide(worker_group)
             if self.last_failure is not None and self._on_failure is not None:
                 try:  # the monitor names the same culprit (it sees exits, not exit codes)
                     self._on_failure(self.last_failure)
                 except Exception:
                     logger.exception("rankguard: failure callback failed")
         return result
+
+    def _decide(self, worker_group: Any) -> None:
+        """Restart or stop (:mod:`rankguard.ft.policy`), while the budget lasts."""
+        policy, failure = self.restart_policy, self.last_failure
+        if policy is None or failure is None or self._remaining_restarts <= 0:
+            return
+        pids = {w.global_rank: w.id for w in worker_group.workers if isinstance(w.id, int)}
+        try:
+            decision = policy.after_failure(failure, self._cause, pids)
+        except Exception:  # no decision: torch elastic's restart, as without a policy
+            logger.exception("rankguard: the restart decision failed")
+            return
+        self._decision = decision
+        if decision.stop:
+            self.stop_decision = decision
+            self._remaining_restarts = 0
 
     def _preempted_result(self, worker_group: Any, result: Any, pre: PreemptionCoordinator) -> Any:
         """The job is preempted: no restart, no failure recorded; at the end of the
@@ -374,6 +400,9 @@ class RankguardAgent(LocalElasticAgent):
         if cause is None and worker_group.state == WorkerState.HEALTHY:
             cause = self._membership_cause(worker_group)
         self.restarts += 1
+        decision, self._decision = self._decision, None
+        if decision is not None:
+            cause = {**(cause or {}), **decision.to_dict()}
         if self._on_restart is not None:
             try:
                 self._on_restart(self.restarts, cause)

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from rankguard.config import RankguardConfig
+from rankguard.ft.decide import RestartDecider
+from rankguard.ft.policy import RestartPolicy
 from rankguard.launcher.agent import RankguardAgent
 from rankguard.launcher.options import LaunchOptions
 from rankguard.launcher.services import NodeServices
@@ -122,5 +124,19 @@ def build_agent(
         on_failure=services.on_group_failure,
         grace_s=cfg.fault_tolerance.termination_grace_s,
         handover_timeout_s=cfg.fault_tolerance.handover_timeout_s,
+        restart_policy=restart_policy(cfg, services),
         **kw,
     )
+
+
+def restart_policy(cfg: RankguardConfig, services: NodeServices) -> RestartPolicy:
+    """The launch's restart-or-stop decisions (:mod:`rankguard.ft.decide`); a stop is a
+    ``restarts.jsonl`` line on node 0, which writes that file."""
+
+    def write(entry: dict[str, Any]) -> None:
+        if services.node_rank == 0:
+            services.restarts_file.append([entry])
+
+    ft = cfg.fault_tolerance
+    decider = RestartDecider(ft.no_progress_limit, repeats=ft.exclude_after_restarts == 0)
+    return RestartPolicy(decider, services.run_dir, services.run_id, write)

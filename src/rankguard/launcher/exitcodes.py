@@ -18,6 +18,10 @@ the others from how the job ended (:class:`JobOutcome`). 16 and 17 are the ranks
 exit codes (the rerun state machine), passed through: the launcher restarts the group
 in the job on 16 while its restart budget lasts (a resume from the checkpoint), never
 on 17.
+
+``EXIT_WILL_REPEAT`` (18): the restart decision (:mod:`rankguard.ft.decide`) stopped the
+job before its restart budget was spent, because a restart cannot help; with or without
+``fault_tolerance.enable_ft_package`` (torch elastic's restarts are decided either way).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from rankguard.schema.exits import (
     EXIT_STRAGGLER,
     EXIT_UNHEALTHY_GPU,
     EXIT_USAGE,
+    EXIT_WILL_REPEAT,
     RERUN_CODES,
     RETRYABLE,
 )
@@ -55,6 +60,7 @@ __all__ = [
     "EXIT_STRAGGLER",
     "EXIT_UNHEALTHY_GPU",
     "EXIT_USAGE",
+    "EXIT_WILL_REPEAT",
     "RERUN_CODES",
     "RETRYABLE",
     "JobOutcome",
@@ -76,6 +82,7 @@ class JobOutcome:
     worker_exit: int | None = None  # the exit code of the failure that ended the group
     preempted: bool = False  # the launcher acted on the exit signal (preemption)
     excluded: bool = False  # bad-node exclusion: this node left, or too few nodes are left
+    will_repeat: bool = False  # the restart decision stopped the job (ft.decide)
 
 
 def is_hang(finding_type: str | None) -> bool:
@@ -94,6 +101,8 @@ def exit_code(outcome: JobOutcome) -> int:
     if outcome.failed:
         if outcome.worker_exit in RERUN_CODES:  # the ranks' own verdict (rerun)
             return outcome.worker_exit
+        if outcome.will_repeat:
+            return EXIT_WILL_REPEAT
         if not outcome.fault_tolerance:
             return EXIT_FAILED
         if outcome.aborted:

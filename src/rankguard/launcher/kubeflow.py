@@ -23,6 +23,7 @@ most 192). The other codes are permanent in both tables:
 | 15 | 215 | bad-node exclusion: this node excluded, or too few nodes left |
 | 16 | 216 | rerun: resume to re-run the iteration |
 | 17 | 217 | rerun: the first run's GPU was faulty |
+| 18 | 18 | stopped: the failure will repeat (its fingerprint) |
 | 128+N | 128+N | the launcher was stopped by signal N |
 """
 

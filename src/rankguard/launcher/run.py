@@ -720,7 +720,10 @@ def _outcome(
             _say(f"{agent.restarts} in-job restart(s) spent (budget {max_restarts})")
         worker_exit = root["exit_code"] if root is not None else None
         _say_rerun(worker_exit, services.run_dir)
+        if agent.stop_decision is not None:
+            _say(agent.stop_decision.line())
         return JobOutcome(
+            will_repeat=agent.stop_decision is not None,
             failed=True,
             fault_tolerance=ft_on,
             aborted=agent.aborted,

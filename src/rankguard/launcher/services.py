@@ -25,6 +25,7 @@ from rankguard.config import RankguardConfig, config_to_dict
 from rankguard.ft.actions import AgentControl, FaultHandler
 from rankguard.ft.kill import DumpPolicy
 from rankguard.ft.learned import save_learned
+from rankguard.ft.policy import decision_fields
 from rankguard.health import HealthCollector
 from rankguard.heartbeat.monitor import JobMonitor
 from rankguard.heartbeat.relay import StoreRelay, StoreRemoteSource, publish_control, request_kill
@@ -263,6 +264,7 @@ class NodeServices:
             "message": message,
             "exit_code": cause.get("exit_code"),
             "stack_dump": cause.get("stack_dump"),
+            **decision_fields(cause),
         }
         if self.node_rank == 0:  # a failed write is kept and retried: never raised here
             self.restarts_file.append([entry])

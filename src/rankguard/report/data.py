@@ -23,6 +23,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
+from rankguard.ft.policy import STOP_KIND
 from rankguard.report.wallclock import iso_epoch_s, ns_epoch_s
 from rankguard.schema.findings import Finding
 from rankguard.schema.layout import (
@@ -286,7 +287,9 @@ def _load_heartbeat(data: RunData, hb: Path) -> None:
     if bad:
         p.append(f"{where}: {bad} finding(s) not readable as findings (skipped)")
     if (hb / RESTARTS_FILE).exists():
-        data.restarts = _read_jsonl(hb / RESTARTS_FILE, p)
+        # a stop decision is a line there too, but no restart (ft.policy)
+        restarts = _read_jsonl(hb / RESTARTS_FILE, p)
+        data.restarts = [r for r in restarts if r.get("kind") != STOP_KIND]
     data.perf_ranks = _read_jsonl(hb / PERF_RANKS_FILE, p)
     if not data.perf_ranks:
         data.missing.append(f"No {PERF_RANKS_FILE}: cross-rank step times are not available")

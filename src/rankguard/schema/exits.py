@@ -16,10 +16,14 @@ them. No torch, no launcher: every layer may import it.
 | 15 | ``EXIT_NODE_EXCLUDED`` | this node excluded, or too few nodes left | yes, without them |
 | 16 | ``EXIT_RERUN_RESUME`` | a failed check reproduced: resume to re-run it | yes, elsewhere |
 | 17 | ``EXIT_RERUN_VALIDATION_FAILED`` | the first run's GPU was faulty | yes, without it |
+| 18 | ``EXIT_WILL_REPEAT`` | stopped: the failure will repeat (its fingerprint) | no |
 | 128+N | | the launcher was stopped by signal N | scheduler's call |
 
 15: bad-node exclusion (its GPU, its restarts, exit 17), the hosts in the run's
-``excluded_nodes.json``. 16 and 17 are Megatron's codes. Which code the launcher exits with is
+``excluded_nodes.json``. 16 and 17 are Megatron's codes. 18: the launcher's restart
+decision (:mod:`rankguard.ft.decide`) found that a restart cannot help (a deterministic
+failure before the first step, the same failure at the same iteration, attempts without
+progress). Which code the launcher exits with is
 :func:`rankguard.launcher.exitcodes.exit_code`.
 """
 
@@ -38,6 +42,7 @@ __all__ = [
     "EXIT_STRAGGLER",
     "EXIT_UNHEALTHY_GPU",
     "EXIT_USAGE",
+    "EXIT_WILL_REPEAT",
     "RERUN_CODES",
     "RETRYABLE",
 ]
@@ -54,6 +59,7 @@ EXIT_PREEMPTED = 14
 EXIT_NODE_EXCLUDED = 15
 EXIT_RERUN_RESUME = 16
 EXIT_RERUN_VALIDATION_FAILED = 17
+EXIT_WILL_REPEAT = 18
 RERUN_CODES = frozenset({EXIT_RERUN_RESUME, EXIT_RERUN_VALIDATION_FAILED})
 
 RETRYABLE = frozenset(

@@ -7,7 +7,9 @@ whole job is then run again is decided here, by :func:`decide`:
 - ``0``                              -> :attr:`Decision.DONE`
 - ``EXIT_PREEMPTED`` (14)            -> :attr:`Decision.REQUEUE`, always: a preemption is
                                         not a failure and spends no retry
-- a code outside :data:`RETRYABLE`   -> :attr:`Decision.GIVE_UP` (retrying cannot help)
+- a code outside :data:`RETRYABLE`   -> :attr:`Decision.GIVE_UP` (retrying cannot help;
+                                        among them ``EXIT_WILL_REPEAT``, 18: the launcher
+                                        found that the failure will repeat)
 - retryable, retries left            -> :attr:`Decision.REQUEUE`
 - retryable, retries spent           -> :attr:`Decision.GIVE_UP`
 
@@ -31,7 +33,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from enum import Enum
 from types import FrameType
 
-from rankguard.launcher.exitcodes import EXIT_PREEMPTED, RETRYABLE
+from rankguard.launcher.exitcodes import EXIT_PREEMPTED, EXIT_WILL_REPEAT, RETRYABLE
 
 __all__ = ["RETRYABLE", "Decision", "decide", "exit_status", "run_with_retries"]
 
@@ -64,6 +66,8 @@ def decide(exit_code: int, restart_count: int, max_retries: int) -> Decision:
         return Decision.DONE
     if exit_code == EXIT_PREEMPTED:
         return Decision.REQUEUE
+    if exit_code == EXIT_WILL_REPEAT:  # the launcher's verdict: a retry fails the same way
+        return Decision.GIVE_UP
     if exit_code not in RETRYABLE:
         return Decision.GIVE_UP
     if restart_count < max_retries:
@@ -162,6 +166,8 @@ def run_with_retries(
                 return code
             if decision is Decision.GIVE_UP:
                 why = "retries spent" if code in RETRYABLE else "not retryable"
+                if code == EXIT_WILL_REPEAT:
+                    why = "the launcher found that the failure will repeat"
                 log(f"attempt {attempt + 1}/{total} exited with code {code}: {why}, give up")
                 return code
             if attempt + 1 == total:  # a preemption is requeued, but attempts are spent

@@ -88,6 +88,17 @@ def test_an_abort_spends_no_restart(cause: str | None) -> None:
     assert exit_code(outcome) == EXIT_NO_RESTART
 
 
+@pytest.mark.parametrize("ft", [False, True])
+def test_a_failure_that_will_repeat_is_not_retried(ft: bool) -> None:
+    """The restart decision stopped the job: 18 with or without fault tolerance, below
+    the ranks' own rerun codes, and not retryable."""
+    outcome = JobOutcome(failed=True, fault_tolerance=ft, will_repeat=True, cause="worker_failed")
+    assert exit_code(outcome) == exitcodes.EXIT_WILL_REPEAT == 18
+    assert exitcodes.EXIT_WILL_REPEAT not in RETRYABLE
+    rerun = JobOutcome(failed=True, fault_tolerance=ft, will_repeat=True, worker_exit=17)
+    assert exit_code(rerun) == 17
+
+
 def test_ranks_stopped_at_one_step() -> None:
     assert exit_code(JobOutcome(stop_at=0)) == EXIT_STRAGGLER
     assert exit_code(JobOutcome(stop_at=120, fault_tolerance=True)) == EXIT_STRAGGLER

@@ -138,5 +138,5 @@ def test_the_jobset_gives_every_pod_its_index_and_one_c10d_endpoint(
 
 def test_the_pages_exit_code_table_is_the_mapping() -> None:
     rows = re.findall(r"^\|[^|]+\| (\d+) \| (\d+) \|", PAGE.read_text(), re.M)
-    assert len(rows) == 11
+    assert len(rows) == 12
     assert all(kubeflow_exit_code(int(a)) == int(b) for a, b in rows)

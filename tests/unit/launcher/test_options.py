@@ -145,7 +145,7 @@ def test_cli_surface_is_frozen() -> None:
 
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    assert sorted(sub.choices) == ["demo", "logs", "report", "run", "slurm", "status"]
+    assert sorted(sub.choices) == ["demo", "goodput", "logs", "report", "run", "slurm", "status"]
     torch_flags = {o for a in get_args_parser()._actions for o in a.option_strings}
     run_flags = {o for a in build_run_parser()._actions for o in a.option_strings}
     assert torch_flags <= run_flags

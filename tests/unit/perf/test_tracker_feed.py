@@ -70,7 +70,13 @@ def test_event_tail_reads_only_what_is_new(tmp_path: Path) -> None:
     assert tail.poll() == []
     with open(tmp_path / FINDINGS_FILE, "a") as fh:
         fh.write('ad", "rank": 0, "message": "gone"}\n')
-    append_jsonl(tmp_path / RESTARTS_FILE, [{"kind": "process", "restart": 1, "cause": "x"}])
+    append_jsonl(
+        tmp_path / RESTARTS_FILE,
+        [
+            {"kind": "process", "restart": 1, "cause": "x"},
+            {"kind": "stop", "restart": None, "cause": "x"},  # a decision, no restart
+        ],
+    )
     got = tail.poll(last_step=9)
     assert [(e.kind, e.step) for e in got] == [("finding", None), ("restart", 9)]
 

@@ -61,6 +61,18 @@ def test_no_findings_and_a_restart_says_the_restart_and_its_cause(tmp_path: Path
     assert "1 restart (worker_failed rank 1: Signal 9 (SIGKILL) received by PID 9853)" in header
 
 
+def test_a_stop_decision_is_not_a_restart(tmp_path: Path) -> None:
+    """``restarts.jsonl``'s ``stop`` line (the launcher decided not to restart) is not
+    counted as a restart."""
+    run_dir = write_run(tmp_path, findings=[])
+    _edit_status(run_dir, state="completed")
+    stop = {**KILLED, "kind": "stop", "restart": None, "decision": "stop"}
+    write_jsonl(run_dir / "restarts.jsonl", [KILLED, stop])
+    data, _ = load_run(run_dir)
+    assert data.restarts == [KILLED]
+    assert "1 restart, each with its cause: 1 of the processes, 0 in-process." in _page(run_dir)
+
+
 @pytest.mark.parametrize(
     ("state", "said"),
     [

@@ -129,6 +129,7 @@ DECIDE_TABLE = [
     (EXIT_FAILED, 0, 2, Decision.GIVE_UP),
     (2, 0, 2, Decision.GIVE_UP),
     (12, 0, 2, Decision.GIVE_UP),
+    (18, 0, 2, Decision.GIVE_UP),  # the launcher found that the failure will repeat
     (137, 0, 2, Decision.GIVE_UP),
     (143, 0, 2, Decision.GIVE_UP),
 ]
@@ -425,6 +426,16 @@ def test_retry_not_retryable(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert args.func(args) == 1
     assert counter.read_text() == "1"
     assert "not retryable" in capsys.readouterr().err
+
+
+def test_retry_gives_up_on_a_failure_that_will_repeat(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cmd, counter = counting(tmp_path, "18")
+    args = parse_cli("retry", "--max-retries", "5", "--", *cmd)
+    assert args.func(args) == 18
+    assert counter.read_text() == "1"
+    assert "code 18: the launcher found that the failure will repeat" in capsys.readouterr().err
 
 
 def test_retry_signal_exit_and_missing_command(tmp_path: Path) -> None:

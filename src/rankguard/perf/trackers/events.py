@@ -63,7 +63,8 @@ class RunEventTail:
         out += [
             RunEvent("restart", last_step, r)
             for r in self._restarts.read()
-            if r.get("restart") is not None or r.get("kind")
+            # a ``stop`` line is the launcher's decision not to restart (ft.policy)
+            if (r.get("restart") is not None or r.get("kind")) and r.get("kind") != "stop"
         ]
         out += self._checkpoints()
         return out

@@ -1,0 +1,286 @@
+"""The goodput ledger: every second of a job's wall time in one part (pure).
+
+The input is one :class:`Attempt` per start of the worker group, with the times the run
+measured where they happened (:mod:`rankguard.goodput.rundir` reads them from the run
+directory). The job's wall time, from the first attempt's start to the last one's end,
+is cut into consecutive spans, so the parts sum to the wall time by construction:
+
+| span | part |
+|---|---|
+| attempt start -> end of its first step | ``startup`` (imports, state load, first step) |
+| first step -> last completed step | ``productive``, less the phases below and the lost work |
+| a ``checkpointing`` phase within it | ``checkpoint_stall`` |
+| an ``eval`` phase | ``evaluation`` |
+| a ``rerun*`` phase | ``rerun_validation`` |
+| a ``preempt*`` phase | ``preemption_drain`` |
+| an ``inprocess_restart`` phase | ``recovery`` (the ranks re-entered in-process) |
+| steps after the iteration the next attempt resumed from | ``recomputed`` (done again) |
+| last completed step -> the restart or stop decision | ``detection_wait`` |
+| decision -> the next attempt's start | ``recovery`` (stop, rendezvous, process start) |
+| a failed last attempt: last step -> its end | ``detection_wait`` |
+| a completed last attempt: last step -> its end | ``unknown`` (closing) |
+| anything else (a gap no event explains) | ``unknown`` |
+
+ETTR (effective training time ratio) is ``productive / wall``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+__all__ = ["PARTS", "Attempt", "Interruption", "Ledger", "Part", "build_ledger", "phase_part"]
+
+
+class Part(str, Enum):
+    PRODUCTIVE = "productive"
+    STARTUP = "startup"
+    RECOMPUTED = "recomputed"
+    CHECKPOINT_STALL = "checkpoint_stall"
+    EVALUATION = "evaluation"
+    DETECTION_WAIT = "detection_wait"
+    RECOVERY = "recovery"
+    RERUN_VALIDATION = "rerun_validation"
+    PREEMPTION_DRAIN = "preemption_drain"
+    UNKNOWN = "unknown"
+
+
+PARTS = tuple(Part)
+
+
+def phase_part(phase: str) -> Part | None:
+    """The part a phase's time belongs to while training (None: training itself)."""
+    if phase == "checkpointing":
+        return Part.CHECKPOINT_STALL
+    if phase == "eval":
+        return Part.EVALUATION
+    if phase.startswith("rerun"):
+        return Part.RERUN_VALIDATION
+    if phase.startswith("preempt"):
+        return Part.PREEMPTION_DRAIN
+    if phase == "inprocess_restart":
+        return Part.RECOVERY
+    return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Attempt:
+    """One start of the worker group; times in seconds since the epoch.
+
+    ``steps``: (iteration, end time) of completed steps, sorted by time (every step, or
+    samples of them); ``phases``: (phase, start, end) intervals; ``resumed_from``: the
+    iteration this attempt's training resumed after (its checkpoint), None if unknown;
+    ``decision``: when the launcher decided to restart or stop after this attempt
+    failed; ``failed``: the attempt ended in a failure."""
+
+    start: float
+    end: float
+    steps: Sequence[tuple[int, float]] = ()
+    phases: Sequence[tuple[str, float, float]] = ()
+    resumed_from: int | None = None
+    failed: bool = False
+    decision: float | None = None
+    fault: float | None = None  # the first evidence of the fault (a finding, an error exit)
+    cause: str | None = None
+
+    @property
+    def first_step(self) -> float | None:
+        return self.steps[0][1] if self.steps else None
+
+    @property
+    def last_step(self) -> tuple[int, float] | None:
+        return self.steps[-1] if self.steps else None
+
+
+@dataclass(slots=True)
+class Interruption:
+    """What one failure cost: lost work, detection, recovery and the next start-up."""
+
+    attempt: int
+    cause: str | None
+    at: float  # the last completed step before it (or the attempt's start)
+    iteration: int | None
+    resumed_from: int | None
+    first_evidence_s: float | None  # after the last completed step
+    parts: dict[Part, float] = field(default_factory=dict)
+
+    @property
+    def cost_s(self) -> float:
+        return sum(self.parts.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "attempt": self.attempt,
+            "cause": self.cause,
+            "at_unix_s": round(self.at, 3),
+            "iteration": self.iteration,
+            "resumed_from": self.resumed_from,
+            "first_evidence_s": None
+            if self.first_evidence_s is None
+            else round(self.first_evidence_s, 3),
+            "cost_s": round(self.cost_s, 3),
+            "parts": {p.value: round(v, 3) for p, v in self.parts.items() if v > 0},
+        }
+
+
+@dataclass(slots=True)
+class Ledger:
+    start: float
+    end: float
+    parts: dict[Part, float]
+    attempts: int
+    interruptions: list[Interruption]
+
+    @property
+    def wall_s(self) -> float:
+        return max(0.0, self.end - self.start)
+
+    @property
+    def ettr(self) -> float | None:
+        """Effective training time ratio: productive / wall (None for no wall time)."""
+        return self.parts[Part.PRODUCTIVE] / self.wall_s if self.wall_s > 0 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": 1,
+            "start_unix_s": round(self.start, 3),
+            "end_unix_s": round(self.end, 3),
+            "wall_s": round(self.wall_s, 3),
+            "ettr": None if self.ettr is None else round(self.ettr, 4),
+            "attempts": self.attempts,
+            "parts_s": {p.value: round(self.parts[p], 3) for p in PARTS},
+            "interruptions": [i.to_dict() for i in self.interruptions],
+        }
+
+
+class _Tally:
+    """Spans laid end to end from ``start``: each new span starts where the last ended
+    (a span that would go back in time is empty), so the parts sum to the wall time."""
+
+    def __init__(self, start: float) -> None:
+        self.cursor = start
+        self.parts = dict.fromkeys(PARTS, 0.0)
+
+    def to(self, when: float | None, part: Part, into: dict[Part, float] | None = None) -> None:
+        if when is None or when <= self.cursor:
+            return
+        self.add(part, when - self.cursor, into)
+        self.cursor = when
+
+    def add(self, part: Part, seconds: float, into: dict[Part, float] | None = None) -> None:
+        self.parts[part] += seconds
+        if into is not None:
+            into[part] = into.get(part, 0.0) + seconds
+
+
+def _clip(
+    intervals: Iterable[tuple[float, float, Part]], lo: float, hi: float
+) -> list[tuple[float, float, Part]]:
+    """Intervals cut to [lo, hi], sorted, overlaps given to the earlier one."""
+    out: list[tuple[float, float, Part]] = []
+    for a, b, part in sorted((max(a, lo), min(b, hi), p) for a, b, p in intervals):
+        if out and a < out[-1][1]:
+            a = out[-1][1]
+        if b > a:
+            out.append((a, b, part))
+    return out
+
+
+def _reached(steps: Sequence[tuple[int, float]], iteration: int) -> float | None:
+    """When ``steps`` reached ``iteration`` (its latest sample at or before it)."""
+    when = None
+    for it, t in steps:
+        if it <= iteration:
+            when = t if when is None else max(when, t)
+    return when
+
+
+def _training(
+    tally: _Tally,
+    attempt: Attempt,
+    lo: float,
+    hi: float,
+    lost_from: float | None,
+    into: dict[Part, float] | None,
+) -> None:
+    """[lo, hi] of training: phases in their parts, lost work after ``lost_from``,
+    the rest productive."""
+    spans = [(a, b, p) for name, a, b in attempt.phases if (p := phase_part(name)) is not None]
+    for a, b, part in _clip(spans, lo, hi):
+        _productive(tally, a, lost_from, into)
+        tally.to(b, part)  # a save or an eval is no cost of the interruption
+    _productive(tally, hi, lost_from, into)
+
+
+def _productive(
+    tally: _Tally, until: float, lost_from: float | None, into: dict[Part, float] | None
+) -> None:
+    if lost_from is not None and lost_from < until:
+        tally.to(lost_from, Part.PRODUCTIVE)
+        tally.to(until, Part.RECOMPUTED, into)
+    else:
+        tally.to(until, Part.PRODUCTIVE)
+
+
+def build_ledger(attempts: Sequence[Attempt], end: float | None = None) -> Ledger:
+    """The ledger of a job made of ``attempts`` (in order), ending at ``end`` (default:
+    the last attempt's end)."""
+    if not attempts:
+        raise ValueError("attempts: a job has at least one attempt")
+    start = attempts[0].start
+    stop = max(end if end is not None else attempts[-1].end, start)
+    tally = _Tally(start)
+    interruptions: list[Interruption] = []
+    pending: Interruption | None = None  # the last failure: its next start-up is its cost
+    for i, attempt in enumerate(attempts):
+        nxt = attempts[i + 1] if i + 1 < len(attempts) else None
+        limit = min(nxt.start, stop) if nxt is not None else stop
+        cost = pending.parts if pending is not None else None
+        tally.to(
+            min(attempt.start, limit), Part.UNKNOWN if pending is None else Part.RECOVERY, cost
+        )
+        first = attempt.first_step
+        failed = attempt.failed or nxt is not None
+        # no step: start-up until the attempt ended (failed) or the job did
+        started = first if first is not None else attempt.end if failed else limit
+        tally.to(min(started, limit), Part.STARTUP, cost)
+        pending = None
+        last = attempt.last_step
+        interruption = None
+        if failed:
+            interruption = Interruption(
+                attempt=i,
+                cause=attempt.cause,
+                at=last[1] if last is not None else attempt.start,
+                iteration=last[0] if last is not None else None,
+                resumed_from=nxt.resumed_from if nxt is not None else None,
+                first_evidence_s=None
+                if attempt.fault is None
+                else max(0.0, attempt.fault - (last[1] if last else attempt.start)),
+            )
+            interruptions.append(interruption)
+        into = interruption.parts if interruption is not None else None
+        if last is not None and first is not None:
+            lost_from = None
+            if nxt is not None and nxt.resumed_from is not None and nxt.resumed_from < last[0]:
+                lost_from = _reached(attempt.steps, nxt.resumed_from) or first
+            _training(tally, attempt, tally.cursor, min(last[1], limit), lost_from, into)
+        if failed:
+            tally.to(min(attempt.decision or limit, limit), Part.DETECTION_WAIT, into)
+            if nxt is not None:
+                pending = interruption
+                tally.to(limit, Part.RECOVERY, into)
+            else:
+                tally.to(limit, Part.DETECTION_WAIT, into)
+        else:
+            tally.to(limit, Part.UNKNOWN)
+    tally.to(stop, Part.UNKNOWN)
+    return Ledger(
+        start=start,
+        end=stop,
+        parts=tally.parts,
+        attempts=len(attempts),
+        interruptions=interruptions,
+    )

@@ -1,0 +1,244 @@
+"""A run directory's events as the goodput ledger's attempts.
+
+Each attempt is one process of global rank 0 (its heartbeat file
+``rank_0_pid_<p>.heartbeat.jsonl``): rank 0 starts with every attempt and its step clock
+is the job's. From its records, each measured by the rank itself:
+
+- start and end: the ``process_start`` record, the ``process_end`` record (else the last
+  record: a process killed without one);
+- completed steps: each record after a step gives its iteration and the time of the last
+  step (``wall_time_ns`` less the monotonic time since ``last_progress_monotonic_ns``);
+- phases: each record's phase began ``phase_elapsed_s`` before it (the heartbeat thread
+  writes a record at each phase change); a phase lasts until the next one begins;
+- the iteration it resumed after: the iteration of its first record whose
+  ``iteration_source`` is ``checkpoint`` or that came before any step, else the first
+  step record's iteration less the steps it counts (``progress_seq``);
+- rank 0's ``perf.jsonl`` windows: the end of each window's last step, the ``step``-th
+  of the attempt (iteration: the resumed one plus ``step``); the first window
+  (``includes_startup``) is the end of the attempt's first step, exactly.
+
+The launcher's ``restarts.jsonl`` gives the decision after each failed attempt (a
+restart's line, or a ``stop`` line) and ``findings.jsonl`` the first evidence of a
+fault (a finding's detection time). Reads are bounded: at most ``MAX_LINES`` lines a
+file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from rankguard.goodput.ledger import Attempt, Ledger, build_ledger
+from rankguard.schema.layout import (
+    FINDINGS_FILE,
+    HEARTBEAT_FILE_RE,
+    PERF_LOG_FILE,
+    PERF_ROOT,
+    RESTARTS_FILE,
+)
+
+__all__ = ["MAX_LINES", "read_attempts", "read_ledger"]
+
+MAX_LINES = 2_000_000
+_MAX_LINE = 1 << 20
+
+
+def _lines(path: Path) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a JSONL file (bad or overlong lines skipped)."""
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 (closed below, also on a generator exit)
+    except OSError:
+        return
+    with fh:
+        for n, raw in enumerate(fh):
+            if n >= MAX_LINES:
+                return
+            if len(raw) > _MAX_LINE:
+                continue
+            try:
+                obj = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                yield obj
+
+
+def iso_epoch_s(value: Any) -> float | None:
+    """Epoch seconds of an ISO-8601 time with its offset, or None."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return when.timestamp() if when.tzinfo is not None else None
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+@dataclass
+class _Process:
+    pid: int
+    start: float | None = None
+    end: float | None = None
+    last_seen: float = 0.0
+    clean: bool | None = None  # process_end's clean (None: no process_end)
+    steps: dict[int, float] = field(default_factory=dict)
+    resumed_from: int | None = None
+    phase_starts: set[tuple[str, float]] = field(default_factory=set)
+    first_seen: tuple[float, int, int] | None = None  # (time, iteration, progress_seq)
+
+    def add(self, rec: dict[str, Any]) -> None:
+        wall_ns = _num(rec.get("wall_time_ns"))
+        if wall_ns is None:
+            return
+        wall = wall_ns / 1e9
+        self.last_seen = max(self.last_seen, wall)
+        event = rec.get("event")
+        if event == "process_start":
+            self.start = wall if self.start is None else min(self.start, wall)
+        elif event == "process_end":
+            self.end = wall
+            info = rec.get("exit")
+            self.clean = bool(info.get("clean")) if isinstance(info, dict) else None
+        iteration = rec.get("iteration")
+        progress = rec.get("progress_seq")
+        if not isinstance(iteration, int) or isinstance(iteration, bool):
+            iteration = None
+        restored = progress == 0 or rec.get("iteration_source") == "checkpoint"
+        if iteration is not None and restored and self.resumed_from is None:
+            self.resumed_from = iteration
+        mono, last = _num(rec.get("monotonic_ns")), _num(rec.get("last_progress_monotonic_ns"))
+        if iteration is not None and isinstance(progress, int) and progress > 0 and mono and last:
+            when = wall - max(0.0, mono - last) / 1e9
+            self.steps[iteration] = max(self.steps.get(iteration, when), when)
+            if self.first_seen is None or when < self.first_seen[0]:
+                self.first_seen = (when, iteration, progress)
+        phase, elapsed = rec.get("phase"), _num(rec.get("phase_elapsed_s"))
+        if isinstance(phase, str) and elapsed is not None:
+            self.phase_starts.add((phase, round(wall - elapsed, 3)))
+
+    @property
+    def begin(self) -> float:
+        return self.start if self.start is not None else self.last_seen
+
+    @property
+    def finish(self) -> float:
+        return self.end if self.end is not None else self.last_seen
+
+    def phases(self) -> list[tuple[str, float, float]]:
+        starts = sorted((t, p) for p, t in self.phase_starts)
+        out: list[tuple[str, float, float]] = []
+        for i, (t, p) in enumerate(starts):
+            if i and starts[i - 1][1] == p:
+                continue  # the same phase seen again (records round differently)
+            nxt = next((t2 for t2, p2 in starts[i + 1 :] if p2 != p), self.finish)
+            out.append((p, t, nxt))
+        return out
+
+
+def _processes(run_dir: Path) -> list[_Process]:
+    procs: dict[int, _Process] = {}
+    for path in sorted(run_dir.iterdir()):
+        name = path.name.removesuffix(".1")
+        m = HEARTBEAT_FILE_RE.match(name)
+        if m is None or int(m.group(1)) != 0:
+            continue
+        pid = int(m.group(2))
+        proc = procs.setdefault(pid, _Process(pid))
+        for rec in _lines(path):
+            proc.add(rec)
+    return sorted((p for p in procs.values() if p.last_seen), key=lambda p: p.begin)
+
+
+def _perf_steps(run_dir: Path) -> list[tuple[int, float, bool]]:
+    """Rank 0's perf windows: (the attempt's step count, its end, includes the start-up)."""
+    perf = run_dir.parent.parent / PERF_ROOT / run_dir.name / PERF_LOG_FILE
+    out = []
+    for rec in _lines(perf):
+        step, when = rec.get("step"), iso_epoch_s(rec.get("timestamp"))
+        if isinstance(step, int) and not isinstance(step, bool) and when is not None:
+            out.append((step, when, bool(rec.get("includes_startup"))))
+    return out
+
+
+def _times(path: Path, key: str, decoder: Any) -> list[tuple[float, dict[str, Any]]]:
+    out = []
+    for rec in _lines(path):
+        when = decoder(rec.get(key))
+        if when is not None:
+            out.append((when, rec))
+    return sorted(out, key=lambda x: x[0])
+
+
+def read_attempts(run_dir: str | os.PathLike[str]) -> list[Attempt]:
+    """The attempts of the run in ``run_dir`` (empty: no heartbeat of rank 0)."""
+    root = Path(run_dir)
+    procs = _processes(root)
+    perf = _perf_steps(root)
+    decisions = [
+        (t, r)
+        for t, r in _times(root / RESTARTS_FILE, "wall_time", iso_epoch_s)
+        if r.get("kind") != "inprocess"
+    ]
+    findings = _times(root / FINDINGS_FILE, "detected_wall_time", iso_epoch_s)
+    attempts = []
+    for i, proc in enumerate(procs):
+        nxt_begin = procs[i + 1].begin if i + 1 < len(procs) else math.inf
+        resumed = proc.resumed_from
+        if resumed is None and proc.first_seen is not None:
+            _, it, seq = proc.first_seen
+            resumed = it - seq if it - seq >= 0 else None
+        steps = dict(proc.steps)
+        for step, when, startup in perf:
+            if not proc.begin <= when <= proc.finish + 1.0 or when >= nxt_begin:
+                continue
+            if resumed is not None:
+                it = resumed + step
+            elif startup:  # the first step, its iteration unknown: before every other
+                it = min(steps, default=1)
+            else:
+                continue
+            steps[it] = when if it not in steps else max(steps[it], when)
+        ordered = sorted(((t, it) for it, t in steps.items()))
+        last_t = ordered[-1][0] if ordered else proc.begin
+        decision = next(((t, r) for t, r in decisions if last_t <= t < nxt_begin), None)
+        fault = next((t for t, _ in findings if last_t <= t < nxt_begin), None)
+        failed = (
+            decision is not None or proc.clean is False or (proc.end is None and i + 1 < len(procs))
+        )
+        if decision is not None and fault is None and proc.clean is False and proc.end:
+            fault = proc.end
+        attempts.append(
+            Attempt(
+                start=proc.begin,
+                end=proc.finish,
+                steps=[(it, t) for t, it in ordered],
+                phases=proc.phases(),
+                resumed_from=resumed,
+                failed=failed,
+                decision=decision[0] if decision is not None else None,
+                fault=fault,
+                cause=str(decision[1].get("cause")) if decision is not None else None,
+            )
+        )
+    return attempts
+
+
+def read_ledger(run_dir: str | os.PathLike[str]) -> Ledger | None:
+    """The ledger of the run in ``run_dir``; None when it has no heartbeat of rank 0."""
+    attempts = read_attempts(run_dir)
+    if not attempts:
+        return None
+    last = attempts[-1]  # a stop decided after the last rank's end ends the job
+    return build_ledger(attempts, max(last.end, last.decision or last.end))

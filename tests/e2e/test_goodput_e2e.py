@@ -1,0 +1,81 @@
+"""The goodput ledger of a real run with a crash and a restart: its parts match the
+steps rank 0 timed itself (each within 0.5 s) and sum to the wall time."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from .conftest import rankguard_cmd, run_rankguard, standalone_run
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+CRASH_ONCE = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank, restart = dist.get_rank(), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    times = []
+    for step in range(1, 21):
+        if restart == 0 and rank == 1 and step == 9:
+            raise RuntimeError("injected crash at step 9")
+        model(torch.ones(4, 8)).sum().backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+        opt.step()
+        opt.zero_grad()
+        times.append(time.time())
+        if rank == 0:  # the test's own clock: when each step ended
+            with open(sys.argv[1], "a") as fh:
+                fh.write(json.dumps({"restart": restart, "step": step, "t": times[-1]}) + "\\n")
+        time.sleep(0.15)
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_a_crash_and_a_restart_are_accounted_for(tmp_path: Path, run_id: str) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(CRASH_ONCE)
+    steps_log = tmp_path / "steps.jsonl"
+    log_dir = tmp_path / "logs"
+    res = run_rankguard(
+        [*standalone_run(run_id, log_dir), "--max-restarts", "1", str(script), str(steps_log)]
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    run_dir = log_dir / "heartbeat" / run_id
+    out = subprocess.run(
+        rankguard_cmd("goodput", str(run_dir), "--json"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    ledger = json.loads(out.stdout)
+    parts = ledger["parts_s"]
+    assert sum(parts.values()) == pytest.approx(ledger["wall_s"], rel=0.01)
+    assert ledger["attempts"] == 2 and len(ledger["interruptions"]) == 1
+    steps = [json.loads(line) for line in steps_log.read_text().splitlines()]
+    first = [s["t"] for s in steps if s["restart"] == 0]
+    second = [s["t"] for s in steps if s["restart"] == 1]
+    assert len(second) == 20 and 7 <= len(first) <= 8
+    # attempt 0's steps are done again from step 1 (no checkpoint); attempt 1's count
+    assert parts["recomputed"] == pytest.approx(first[-1] - first[0], abs=0.5)
+    assert parts["productive"] == pytest.approx(second[-1] - second[0], abs=0.5)
+    assert ledger["ettr"] == pytest.approx(parts["productive"] / ledger["wall_s"], abs=1e-3)
+    (cut,) = ledger["interruptions"]
+    assert cut["resumed_from"] == 0 and cut["iteration"] == len(first)
+    assert cut["parts"]["recovery"] > 0 and cut["parts"]["startup"] > 0
+    text = subprocess.run(
+        rankguard_cmd("goodput", str(run_dir)), capture_output=True, text=True, timeout=60
+    ).stdout
+    assert text.startswith(f"goodput of {run_id}: wall ") and "interruption 1: attempt 0" in text

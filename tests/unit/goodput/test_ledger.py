@@ -1,0 +1,412 @@
+"""The goodput ledger: synthetic run directories whose true timeline is known (each
+part within 0.5 s, the sum within 1 % of the wall time), and the pure ledger."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rankguard.goodput import Attempt, Part, build_ledger, read_ledger
+
+T0 = 1_800_000_000.0  # wall clock of the synthetic job's start
+MONO = 5_000.0  # the rank's monotonic clock at T0
+
+
+def iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
+
+
+@dataclass
+class Rank0:
+    """One process of rank 0: writes the heartbeat records its session would."""
+
+    run_dir: Path
+    pid: int
+    start: float
+    interval: float = 1.0
+    iteration: int | None = None
+    progress: int = 0
+    last_progress: float | None = None
+    phase: str = "setup"
+    phase_since: float = 0.0
+    records: list[dict[str, Any]] = field(default_factory=list)
+    perf: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.phase_since = self.start
+        self.last_record = self.start
+        self.record("process_start", self.start)
+
+    def record(self, event: str, t: float, **extra: Any) -> None:
+        self.records.append(
+            {
+                "schema_version": 1,
+                "event": event,
+                "run_id": "synthetic",
+                "rank": 0,
+                "pid": self.pid,
+                "wall_time_ns": int(t * 1e9),
+                "monotonic_ns": int((MONO + t - T0) * 1e9),
+                "progress_seq": self.progress,
+                "iteration": self.iteration,
+                "phase": self.phase,
+                "phase_elapsed_s": round(t - self.phase_since, 6),
+                "last_progress_monotonic_ns": None
+                if self.last_progress is None
+                else int((MONO + self.last_progress - T0) * 1e9),
+                **extra,
+            }
+        )
+        self.last_record = t
+
+    def idle_to(self, t: float) -> None:
+        """Periodic records up to ``t``."""
+        while self.last_record + self.interval < t:
+            self.record("heartbeat", self.last_record + self.interval)
+
+    def set_phase(self, phase: str, t: float) -> None:
+        self.idle_to(t)
+        self.phase, self.phase_since = phase, t
+        self.record("heartbeat", t)  # the session writes one at each phase change
+
+    def step(self, t: float, perf_every: int = 10) -> None:
+        self.idle_to(t)
+        first = self.progress == 0
+        self.iteration = (self.iteration or 0) + 1
+        self.progress += 1
+        self.last_progress = t
+        if self.phase != "train":
+            self.phase, self.phase_since = "train", t
+        if first or self.iteration % perf_every == 0:
+            self.perf.append(
+                {
+                    "iteration": self.iteration,
+                    "step": self.progress,  # the perf monitor's count in this process
+                    "timestamp": iso(t),
+                    "includes_startup": first or None,
+                }
+            )
+
+    def end(self, t: float, *, clean: bool) -> None:
+        self.idle_to(t)
+        self.record("process_end", t, exit={"clean": clean, "exit_code": 0 if clean else 1})
+
+    def write(self) -> None:
+        path = self.run_dir / f"rank_0_pid_{self.pid}.heartbeat.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+        perf = self.run_dir.parent.parent / "perf_monitor" / self.run_dir.name / "perf.jsonl"
+        perf.parent.mkdir(parents=True, exist_ok=True)
+        with perf.open("a") as fh:
+            fh.writelines(json.dumps({"rank": 0, **p}) + "\n" for p in self.perf)
+
+
+def run_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "logs" / "heartbeat" / "synthetic"
+    d.mkdir(parents=True)
+    return d
+
+
+def append(path: Path, *records: dict[str, Any]) -> None:
+    with path.open("a") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in records)
+
+
+def train(
+    rank: Rank0, t: float, steps: int, dt: float, phases: dict[int, tuple[str, float]]
+) -> float:
+    """``steps`` steps of ``dt`` from ``t``; after iteration k, phase ``phases[k]`` for its
+    duration. The time of the last step's end."""
+    for _ in range(steps):
+        t += dt
+        rank.step(t)
+        if rank.iteration in phases:
+            name, duration = phases[rank.iteration]
+            rank.set_phase(name, t)
+            t += duration
+            rank.set_phase("train", t)
+    return t
+
+
+def check(got: dict[Part, float], want: dict[Part, float], wall: float) -> None:
+    for part in Part:
+        assert got[part] == pytest.approx(want.get(part, 0.0), abs=0.5), part
+    assert sum(got.values()) == pytest.approx(wall, rel=0.01)
+
+
+def test_a_crash_and_a_restart_from_a_checkpoint(tmp_path: Path) -> None:
+    d = run_dir(tmp_path)
+    # attempt 0: 5 s start-up, 0.5 s steps, a 2 s save after iteration 10, a crash
+    # after iteration 16; the finding 0.8 s later, the decision 1.5 s after the last step
+    a0 = Rank0(d, pid=101, start=T0)
+    t = T0 + 5.0
+    a0.step(t)
+    t = train(a0, t, 15, 0.5, {10: ("checkpointing", 2.0)})
+    assert (a0.iteration, t) == (16, T0 + 14.5)
+    a0.end(t + 0.3, clean=False)
+    a0.write()
+    append(
+        d / "findings.jsonl",
+        {"finding_type": "rank_process_exited", "rank": 0, "detected_wall_time": iso(t + 0.8)},
+    )
+    append(
+        d / "restarts.jsonl",
+        {
+            "kind": "process",
+            "restart": 1,
+            "cause": "worker_failed",
+            "wall_time": iso(t + 1.5),
+            "decision": "restart",
+        },
+    )
+    # attempt 1: starts 4 s after the decision, restored at iteration 10, 4 s start-up,
+    # an eval of 1 s after iteration 20, done at iteration 30, 0.3 s of closing
+    start = t + 5.5
+    a1 = Rank0(d, pid=202, start=start, iteration=10)
+    a1.record("heartbeat", start + 0.5)  # restored: iteration 10 before any step
+    t = start + 4.0
+    a1.step(t)
+    t = train(a1, t, 19, 0.5, {20: ("eval", 1.0)})
+    a1.set_phase("closing", t)
+    a1.end(t + 0.3, clean=True)
+    a1.write()
+    wall = t + 0.3 - T0
+    ledger = read_ledger(d)
+    assert ledger is not None and ledger.attempts == 2
+    want = {
+        Part.STARTUP: 5.0 + 4.0,
+        Part.CHECKPOINT_STALL: 2.0,
+        Part.EVALUATION: 1.0,
+        Part.RECOMPUTED: 3.0,  # iterations 11-16 (the save after 10 is a save)
+        Part.PRODUCTIVE: 4.5 + 9.5,  # iterations 2-10, then 12-30
+        Part.DETECTION_WAIT: 1.5,
+        Part.RECOVERY: 4.0,
+        Part.UNKNOWN: 0.3,
+    }
+    assert sum(want.values()) == pytest.approx(wall)
+    check(ledger.parts, want, wall)
+    assert ledger.ettr == pytest.approx(14.0 / wall, abs=0.02)
+    (cut,) = ledger.interruptions
+    assert (cut.cause, cut.iteration, cut.resumed_from) == ("worker_failed", 16, 10)
+    assert cut.first_evidence_s == pytest.approx(0.8, abs=0.01)
+    assert cut.cost_s == pytest.approx(3.0 + 1.5 + 4.0 + 4.0, abs=0.5)
+
+
+def test_no_checkpoint_every_step_is_recomputed_and_a_stop_ends_the_job(tmp_path: Path) -> None:
+    d = run_dir(tmp_path)
+    a0 = Rank0(d, pid=7, start=T0, interval=2.0)
+    t = T0 + 3.0
+    a0.step(t)
+    t = train(a0, t, 9, 1.0, {})
+    a0.end(t + 0.2, clean=False)
+    a0.write()
+    append(
+        d / "restarts.jsonl",
+        {"kind": "process", "restart": 1, "cause": "worker_failed", "wall_time": iso(t + 1.0)},
+    )
+    start = t + 3.0
+    a1 = Rank0(d, pid=8, start=start, interval=2.0)
+    t1 = start + 3.0
+    a1.step(t1)
+    t1 = train(a1, t1, 4, 1.0, {})
+    a1.end(t1 + 0.5, clean=False)
+    a1.write()
+    append(
+        d / "restarts.jsonl",
+        {"kind": "stop", "restart": None, "cause": "worker_failed", "wall_time": iso(t1 + 2.0)},
+    )
+    ledger = read_ledger(d)
+    assert ledger is not None
+    wall = t1 + 2.0 - T0  # the job ends with the stop decision, after the rank's end
+    want = {
+        Part.STARTUP: 6.0,
+        Part.RECOMPUTED: 9.0,  # attempt 1 started again from iteration 1
+        Part.PRODUCTIVE: 4.0,
+        Part.DETECTION_WAIT: 1.0 + 2.0,
+        Part.RECOVERY: 2.0,
+    }
+    check(ledger.parts, want, wall)
+    assert len(ledger.interruptions) == 2
+    assert ledger.interruptions[0].resumed_from == 0
+
+
+def test_a_job_that_never_made_a_step_is_all_startup(tmp_path: Path) -> None:
+    d = run_dir(tmp_path)
+    a0 = Rank0(d, pid=9, start=T0)
+    a0.end(T0 + 4.0, clean=False)
+    a0.write()
+    append(
+        d / "restarts.jsonl", {"kind": "stop", "cause": "worker_failed", "wall_time": iso(T0 + 4.2)}
+    )
+    ledger = read_ledger(d)
+    assert ledger is not None and ledger.ettr == 0.0
+    assert ledger.parts[Part.STARTUP] == pytest.approx(4.0, abs=0.01)
+
+
+def test_no_heartbeat_of_rank_0_is_no_ledger(tmp_path: Path) -> None:
+    assert read_ledger(run_dir(tmp_path)) is None
+
+
+def test_the_parts_always_sum_to_the_wall_time() -> None:
+    """Out-of-order, overlapping and missing events never break the sum."""
+    rng = random.Random(7)
+    for _ in range(500):
+        attempts = []
+        t = 0.0
+        for _ in range(rng.randint(1, 4)):
+            start = t + rng.uniform(-2, 3)
+            steps = sorted(
+                ((i, start + rng.uniform(-1, 20)) for i in range(rng.randint(0, 6))),
+                key=lambda s: s[1],
+            )
+            phases = [
+                (
+                    rng.choice(["checkpointing", "eval", "rerun", "preempt", "train"]),
+                    a,
+                    a + rng.uniform(-1, 5),
+                )
+                for a in (start + rng.uniform(0, 20) for _ in range(rng.randint(0, 3)))
+            ]
+            end = start + rng.uniform(0, 25)
+            attempts.append(
+                Attempt(
+                    start=start,
+                    end=end,
+                    steps=steps,
+                    phases=phases,
+                    resumed_from=rng.choice([None, 0, 2, 10]),
+                    failed=rng.random() < 0.5,
+                    decision=rng.choice([None, end + rng.uniform(-3, 3)]),
+                )
+            )
+            t = end
+        ledger = build_ledger(attempts)
+        assert sum(ledger.parts.values()) == pytest.approx(ledger.wall_s, abs=1e-6)
+        assert all(v >= 0 for v in ledger.parts.values())
+
+
+def test_build_ledger_needs_an_attempt() -> None:
+    with pytest.raises(ValueError, match="attempts"):
+        build_ledger([])
+
+
+def test_a_hang_then_a_crash_then_completion(tmp_path: Path) -> None:
+    """Attempt 0 hangs (the heartbeat thread goes on writing; the progress finding 4 s
+    after the last step, the decision 0.5 s later, the process killed 0.5 s after that);
+    attempt 1 resumes at 5 and crashes; attempt 2 resumes at 10 and completes."""
+    d = run_dir(tmp_path)
+    a0 = Rank0(d, pid=1, start=T0, interval=0.7)
+    t = T0 + 2.0
+    a0.step(t)
+    t = train(a0, t, 7, 0.5, {5: ("checkpointing", 1.0)})  # iterations 2-8
+    hang_at = t
+    a0.idle_to(t + 5.0)  # hung: records without progress until the kill
+    a0.write()
+    append(
+        d / "findings.jsonl",
+        {
+            "finding_type": "gpu_progress_timeout",
+            "rank": 0,
+            "detected_wall_time": iso(hang_at + 4.0),
+        },
+    )
+    append(
+        d / "restarts.jsonl",
+        {
+            "kind": "process",
+            "restart": 1,
+            "cause": "gpu_progress_timeout",
+            "wall_time": iso(hang_at + 4.5),
+        },
+    )
+    start1 = hang_at + 7.0
+    a1 = Rank0(d, pid=2, start=start1, interval=0.7, iteration=5)
+    a1.record("heartbeat", start1 + 0.2)
+    t = start1 + 2.5
+    a1.step(t)  # iteration 6
+    t = train(a1, t, 6, 0.5, {10: ("checkpointing", 1.0)})  # 7-12
+    a1.end(t + 0.1, clean=False)
+    a1.write()
+    crash_at = t
+    append(
+        d / "restarts.jsonl",
+        {
+            "kind": "process",
+            "restart": 2,
+            "cause": "worker_failed",
+            "wall_time": iso(crash_at + 1.0),
+        },
+    )
+    start2 = crash_at + 3.0
+    a2 = Rank0(d, pid=3, start=start2, interval=0.7, iteration=10)
+    a2.record("heartbeat", start2 + 0.2)
+    t = start2 + 2.0
+    a2.step(t)  # iteration 11
+    t = train(a2, t, 9, 0.5, {})  # 12-20
+    a2.end(t + 0.2, clean=True)
+    a2.write()
+    wall = t + 0.2 - T0
+    ledger = read_ledger(d)
+    assert ledger is not None and ledger.attempts == 3
+    want = {
+        Part.STARTUP: 2.0 + 2.5 + 2.0,
+        Part.CHECKPOINT_STALL: 1.0 + 1.0,
+        # attempt 0: 6-8 redone (1.5 s); attempt 1: 11-12 redone (1.0 s)
+        Part.RECOMPUTED: 1.5 + 1.0,
+        # attempt 0: 2-5 (2.0 s); attempt 1: 7-10 (2.0 s); attempt 2: 12-20 (4.5 s)
+        Part.PRODUCTIVE: 2.0 + 2.0 + 4.5,
+        Part.DETECTION_WAIT: 4.5 + 1.0,
+        Part.RECOVERY: 2.5 + 2.0,
+        Part.UNKNOWN: 0.2,
+    }
+    assert sum(want.values()) == pytest.approx(wall)
+    check(ledger.parts, want, wall)
+    hang, crash = ledger.interruptions
+    assert (hang.cause, hang.iteration, hang.resumed_from) == ("gpu_progress_timeout", 8, 5)
+    assert hang.first_evidence_s == pytest.approx(4.0, abs=0.01)
+    assert (crash.cause, crash.iteration, crash.resumed_from) == ("worker_failed", 12, 10)
+
+
+def test_resumed_from_a_checkpoint_as_the_demo_records_it(tmp_path: Path) -> None:
+    """As a real resumed rank records it: its first record after the first step still
+    names the checkpoint's iteration (``iteration_source`` checkpoint, ``progress_seq`` 1)
+    and perf's first window counts its own iterations from 1."""
+    d = run_dir(tmp_path)
+    a0 = Rank0(d, pid=11, start=T0, interval=5.0)
+    t = T0 + 4.0
+    a0.step(t)
+    t = train(a0, t, 13, 0.5, {10: ("checkpointing", 0.5)})  # iterations 2-14
+    a0.end(t + 0.1, clean=False)
+    a0.write()
+    append(
+        d / "restarts.jsonl",
+        {"kind": "process", "restart": 1, "cause": "worker_failed", "wall_time": iso(t + 1.0)},
+    )
+    start = t + 3.0
+    a1 = Rank0(d, pid=12, start=start, interval=5.0)
+    first = start + 4.0
+    a1.progress, a1.last_progress, a1.iteration, a1.phase = 1, first, 10, "train"
+    a1.perf.append({"iteration": 1, "step": 1, "timestamp": iso(first), "includes_startup": True})
+    a1.record("heartbeat", first + 0.2, iteration_source="checkpoint")
+    t1 = train(a1, first, 9, 0.5, {})  # iterations 11-19 (the script's own numbers)
+    a1.end(t1 + 0.1, clean=True)
+    a1.write()
+    ledger = read_ledger(d)
+    assert ledger is not None
+    (cut,) = ledger.interruptions
+    assert cut.resumed_from == 10
+    want = {
+        Part.STARTUP: 4.0 + 4.0,
+        Part.CHECKPOINT_STALL: 0.5,
+        Part.RECOMPUTED: 2.0,  # iterations 11-14 of attempt 0
+        Part.PRODUCTIVE: 4.5 + 4.5,
+        Part.DETECTION_WAIT: 1.0,
+        Part.RECOVERY: 2.0,
+        Part.UNKNOWN: 0.1,
+    }
+    check(ledger.parts, want, t1 + 0.1 - T0)
