@@ -300,3 +300,19 @@ def test_a_hang_gets_the_verdict_with_no_action(tmp_path: Path) -> None:
     assert other.detail["flight_recorder"] == fr
     assert not (run_dir / "flightrec" / "request.json").exists()
     wait_for_analysers(10)
+
+
+def test_a_torch_without_the_json_dump_is_converted_without_globals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch._C._distributed_c10d as c10d
+
+    marker = tmp_path / "ran"
+    monkeypatch.delattr(c10d, "_dump_fr_trace_json", raising=False)
+    plain = {"version": "2.10", "pg_status": {"0": {"last_enqueued_collective": 3}}}
+    monkeypatch.setattr(c10d, "_dump_fr_trace", lambda **kw: pickle.dumps(plain), raising=False)
+    assert json.loads(flightrec._trace_json()) == plain
+    monkeypatch.setattr(c10d, "_dump_fr_trace", lambda **kw: _evil(marker), raising=False)
+    with pytest.raises(pickle.UnpicklingError):
+        flightrec._trace_json()
+    assert not marker.exists()
