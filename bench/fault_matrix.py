@@ -69,6 +69,13 @@ Fault kinds and the verdict each case expects (finding type on (node, local rank
   to another run's committed step, and retention keeps one checkpoint -> the other
   run's commit marker and data are still there at the end, no finding, the training
   completes;
+- ``planted_flightrec``: a ``collective_hang`` whose run directory's ``flightrec/``
+  folder gets, once the training runs, planted traces that unpickle into code (they would
+  create a marker file): torch's pickle name of every rank (``rank_<r>``), a rank the job
+  does not have (``rank_99``, ``rank_99.json``), owned by another user (uid 65534) when
+  this script runs as root -> the marker never appears, the culprit is found
+  (``gpu_progress_timeout``) and its finding names it from the ranks' genuine traces
+  (``flight_recorder.missing_ranks`` is the culprit alone);
 - ``forged_preemption``: two nodes with preemption on; a store client writes
   ``preempt/request/node/1`` (no rank of node 1 got a signal) and a ``preempt`` value
   that is not an object -> the job is not preempted (no ``job_preempted`` finding,
@@ -210,6 +217,7 @@ def case(
     expect = {
         "step_hang": PROGRESS,
         "collective_hang": PROGRESS,
+        "planted_flightrec": PROGRESS,
         "sigstop": HB_TIMEOUT,
         "sigkill_rank": EXITED,
         "exception": EXITED,
@@ -282,6 +290,7 @@ def full_matrix() -> list[Case]:
     m += [case("symlinked_step", 2, local=0), case("symlinked_step", 3, local=0)]
     m += [case("forged_preemption", 2, nnodes=2, node=1) for _ in range(2)]
     m += [case("forged_spare", 2, nnodes=2, node=1) for _ in range(2)]
+    m += [case("planted_flightrec", 2), case("planted_flightrec", 3, local=2)]
     m += [case("clean", 2, local=0) for _ in range(3)]
     m += [case("clean", 3, local=0), case("clean", 4, local=0)]
     m += [
@@ -543,6 +552,8 @@ def check_files(run_dirs: dict[int, Path], injected: dict[str, set[bytes]], res:
                     res.invalid_files.append(f"n{node}/{path.name}: {bad} bad line(s)")
             elif path.suffix == ".json":
                 res.files_checked += 1
+                if path.read_bytes() in injected.get(path.name, set()):
+                    continue  # planted on purpose (planted_flightrec)
                 try:
                     json.loads(path.read_bytes())
                 except ValueError:
@@ -620,7 +631,7 @@ def target_of(c: Case) -> list[str]:
         )
     if k == "exception":
         return demo_args(c, 60, "--fault", "crash", "--fault-step", "5", *fault_target(c))
-    if k == "collective_hang":
+    if k in ("collective_hang", "planted_flightrec"):
         return [
             str(COLLECTIVE),
             "--steps",
@@ -734,6 +745,23 @@ def plant_checkpoints(c: Case, base: Path) -> None:
     (step / "manifest.json").write_bytes(data)
     marker = {"step": 999999999, "manifest_checksum": f"{zlib.crc32(data):08x}"}
     (step / "COMMITTED").write_text(json.dumps(marker))
+
+
+def plant_traces(c: Case, run_dir: Path, base: Path, injected: dict[str, set[bytes]]) -> None:
+    """What another user could leave in ``flightrec/`` while the job runs (see the
+    ``planted_flightrec`` kind): pickles that would create the marker if unpickled."""
+    import pickle
+
+    payload = pickle.dumps({"pg_status": {}, "entries": [], "x": _Planted(base / PLANTED_MARKER)})
+    d = run_dir / "flightrec"
+    d.mkdir(exist_ok=True)
+    names = [f"rank_{r}" for r in range(c.nproc * c.nnodes)] + ["rank_99", "rank_99.json"]
+    for name in names:
+        path = d / name
+        injected.setdefault(name, set()).add(payload)
+        path.write_bytes(payload)
+        if os.geteuid() == 0:
+            os.chown(path, 65534, 65534)  # another user's file
 
 
 def forge_store(c: Case, port: int, run_dirs: dict[int, Path]) -> None:
@@ -886,6 +914,7 @@ def inject_from_outside(
         "long_line",
         "clock_jump",
         "relay_death",
+        "planted_flightrec",
     }
     if k not in outside:
         return None
@@ -893,6 +922,9 @@ def inject_from_outside(
         res.note += "training never reached step 4; "
         return None
     node_dir = run_dirs[c.fault_node]
+    if k == "planted_flightrec":
+        plant_traces(c, run_dirs[0], run_dirs[0].parents[2], injected)
+        return None  # timed from the culprit's "injecting fault" line
     if k in ("forged_record", "forged_preemption", "forged_spare"):
         t = time.time()
         forge_store(c, port, run_dirs)
@@ -1003,6 +1035,15 @@ def evaluate(
         if ran or not skipped:
             res.right = False
             res.note += "the planted checkpoint ran; " if ran else "the planted step not said; "
+    if c.kind == "planted_flightrec":
+        ran = (base / PLANTED_MARKER).exists()
+        culprit = c.fault_node * c.nproc + c.fault_local
+        named = any(
+            (f.get("flight_recorder") or {}).get("missing_ranks") == [culprit] for f in findings
+        )
+        if ran or not named:
+            res.right = False
+            res.note += "a planted trace ran; " if ran else "the flight recorder named nobody; "
     if c.kind == "symlinked_step":
         other = base / "pretrain" / "step_000000001"
         if not ((other / "COMMITTED").exists() and (other / "data.bin").exists()):

@@ -14,6 +14,7 @@ import errno
 import json
 import logging
 import os
+import stat
 import tempfile
 import threading
 from collections import deque
@@ -21,16 +22,20 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "ForeignPathError",
     "QueuedJsonl",
     "append_bytes",
     "append_jsonl",
     "atomic_write_json",
     "atomic_write_text",
+    "create_exclusive",
     "dumps_line",
     "fsync_dir",
     "open_append",
+    "owned_subdir",
     "owner_name",
     "write_all",
+    "write_new_then_replace",
 ]
 
 logger = logging.getLogger(__name__)
@@ -256,3 +261,61 @@ def owner_name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except (ImportError, KeyError):
         return str(uid)
+
+
+class ForeignPathError(OSError):
+    """A file or folder rankguard reads or writes is not this user's own (another owner,
+    a symbolic link, not the kind expected)."""
+
+
+def owned_subdir(parent: str | os.PathLike[str], name: str) -> Path:
+    """``parent/name``, created with ``parent``'s own mode (the run directory's
+    ``run_dir_mode``, whatever the umask) or checked when it exists: a real directory
+    (not a symbolic link) owned by this user, its mode no wider than ``parent``'s
+    (narrowed if it is). :class:`ForeignPathError` otherwise."""
+    base = Path(parent)
+    path = base / name
+    mode = os.stat(base).st_mode & 0o777
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        pass
+    else:
+        os.chmod(path, mode)  # the umask may have taken bits away
+        return path
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise ForeignPathError(f"{path} is not a directory (a symbolic link or a file)")
+    if st.st_uid != os.getuid():
+        raise ForeignPathError(
+            f"{path} belongs to {owner_name(st.st_uid)} (uid {st.st_uid}), not to this user"
+        )
+    if st.st_mode & 0o777 & ~mode:
+        os.chmod(path, st.st_mode & 0o777 & mode)
+    return path
+
+
+def create_exclusive(path: str | os.PathLike[str], mode: int = 0o640) -> int:
+    """A new file opened to write, never an existing one nor through a symbolic link
+    (``O_CREAT|O_EXCL|O_NOFOLLOW``): a name planted in advance fails (FileExistsError)."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+
+
+def write_new_then_replace(path: str | os.PathLike[str], data: bytes, mode: int = 0o640) -> None:
+    """Replace ``path`` with ``data``: written to a new temporary file of an unguessable
+    name beside it (:func:`create_exclusive`), then renamed over ``path`` (a rename
+    replaces a symbolic link planted at ``path``, never follows it)."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{os.urandom(6).hex()}.tmp")
+    fd = create_exclusive(tmp, mode)
+    try:
+        try:
+            write_all(fd, data)
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

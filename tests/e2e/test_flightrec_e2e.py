@@ -1,11 +1,15 @@
 """End to end: a hang in a collective on gloo (rank 1 skips an all-reduce) under the real
 launcher; the hang's finding names rank 1 and the collective from the ranks' flight
-recorder traces, taken before the kill."""
+recorder traces, taken before the kill, and the analyser's file it names exists; with
+the defaults (fault tolerance off: nothing is killed) the finding names them too."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -47,5 +51,44 @@ def test_the_rank_that_skipped_an_all_reduce_is_named(tmp_path: Path, run_id: st
     assert fr["missing_ranks"] == [1] and fr["waiting_ranks"] == [0], fr
     assert fr["collective"] == "all_reduce" and fr["seq"] >= 6, fr
     assert "rank(s) 1 did not join all_reduce" in hangs[0]["message"]
-    assert (run_dir / "flightrec" / "rank_0").exists()
-    assert (run_dir / "flightrec" / "rank_1").exists()
+    named = Path(fr["torch_analysis"])  # torchfrtrace's output, written after the kill
+    assert named.parent == run_dir / "flightrec", fr
+    assert named.read_text().startswith("torchfrtrace"), named.read_text()
+    assert "running over" not in named.read_text()  # finished (or said it did not)
+    assert (run_dir / "flightrec" / "rank_0.json").exists()
+    assert (run_dir / "flightrec" / "rank_1.json").exists()
+
+
+@pytest.mark.skipif(not available(), reason="this torch has no flight recorder")
+def test_with_the_defaults_the_hang_names_the_collective(tmp_path: Path, run_id: str) -> None:
+    """Fault tolerance off: the hang is reported, nothing is killed, and the finding
+    still says who did not join which collective (the job is then stopped here)."""
+    proc = subprocess.Popen(
+        rankguard_cmd(*standalone_run(run_id, tmp_path), str(SCRIPTS / "skip_allreduce.py")),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    run_dir = tmp_path / "heartbeat" / run_id
+    found: list[dict] = []
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and proc.poll() is None:
+            path = run_dir / "findings.jsonl"
+            found = (
+                [f for f in read_jsonl(path) if f.get("flight_recorder")] if path.exists() else []
+            )
+            if found:
+                break
+            time.sleep(0.5)
+    finally:
+        with contextlib.suppress(OSError):
+            proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    assert found, out
+    fr = found[0]["flight_recorder"]
+    assert fr["missing_ranks"] == [1] and fr["collective"] == "all_reduce", fr
+    assert "rank(s) 1 did not join all_reduce" in found[0]["message"]
+    assert found[0].get("action") in (None, "report"), found[0]  # nothing was killed

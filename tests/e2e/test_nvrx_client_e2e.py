@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 def _run(
     tmp_path: Path, run_id: str, *script_args: str, ft: tuple[str, ...] = ()
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
+    (tmp_path / "tmp").mkdir()
     res = subprocess.run(
         rankguard_cmd(
             *standalone_run(run_id, tmp_path),
@@ -46,9 +47,14 @@ def _run(
         text=True,
         timeout=140,
         stdin=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path / "tmp")},
     )
     return res, tmp_path / "heartbeat" / run_id
+
+
+def _socket_dirs(tmp_path: Path) -> list[str]:
+    """The NVRx socket directories left in the run's $TMPDIR."""
+    return sorted(n for n in os.listdir(tmp_path / "tmp") if n.startswith("rg-nvrx-"))
 
 
 def test_healthy_megatron_ft_script_gives_no_finding_and_nvrx_state(
@@ -73,6 +79,7 @@ def test_healthy_megatron_ft_script_gives_no_finding_and_nvrx_state(
     status = read_status(run_dir)
     assert status["state"] == "completed"
     assert no_leftover_workers(run_id)
+    assert _socket_dirs(tmp_path) == []
 
 
 def test_hang_in_the_step_section_is_found_dumped_and_restarted(
@@ -110,6 +117,9 @@ def test_hang_in_the_step_section_is_found_dumped_and_restarted(
     (restart,) = read_jsonl(run_dir / "restarts.jsonl")
     assert restart["cause"] == "gpu_progress_timeout" and restart["rank"] == 1
     assert no_leftover_workers(run_id)
+    # the ranks of the first group ended by signals (the culprit's SIGKILL, its peer's
+    # SIGTERM): their socket directories went with the launcher's
+    assert _socket_dirs(tmp_path) == []
 
 
 def test_hang_with_ft_launcher_flags_and_no_restart_left_ends_the_job_naming_the_rank(

@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from rankguard.heartbeat.rules import HeartbeatRules
     from rankguard.schema.records import HeartbeatRecord
 
-__all__ = ["AgentControl", "FaultHandler"]
+__all__ = ["AgentControl", "FaultHandler", "HangTraces"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +75,59 @@ class MonitorView(Protocol):
 
 
 RemoteKill = Callable[[int, list[dict[str, Any]]], None]
+
+
+class HangTraces(FindingSink):
+    """A hang's finding gets the ranks' flight-recorder verdict (``ft/flightrec.py``:
+    who did not join which collective) in its message and ``flight_recorder``, whatever
+    is done about it: a sink of its own when fault tolerance is off, and
+    :class:`FaultHandler` calls :meth:`attach` for every hang it handles. The ranks
+    asked are the live ones that ``here`` accepts (this node's), not stopped. One
+    request serves the findings of one hang: a verdict taken less than ``reuse_s`` ago
+    over the same ranks is reused (each stalled rank is a finding)."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        monitor: MonitorView,
+        *,
+        here: Callable[[HeartbeatRecord], bool] | None = None,
+        reuse_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.monitor = monitor
+        self.hostname = socket.gethostname()
+        self.here = here or (lambda rec: rec.hostname == self.hostname)
+        self.reuse_s = reuse_s
+        self.clock = clock
+        self._last: tuple[float, list[int], Any] | None = None
+
+    def before_write(self, finding: Finding) -> None:
+        if finding.finding_type.info.hang:
+            self.attach(finding)
+
+    def attach(self, finding: Finding) -> None:
+        ranks = [
+            rank
+            for rank, state in sorted(self.monitor.rules.ranks.items())
+            if state.record is not None
+            and not state.record.ended
+            and self.here(state.record)
+            and process_state(state.record.pid) not in ("T", "t")  # stopped: cannot answer
+        ]
+        if not ranks:
+            return
+        now = self.clock()
+        last = self._last
+        if last is not None and last[1] == ranks and now - last[0] < self.reuse_s:
+            verdict = last[2]
+        else:
+            verdict = collect_verdict(self.run_dir, ranks)
+            self._last = (now, ranks, verdict)
+        if verdict is not None:
+            finding.detail["flight_recorder"] = verdict.to_dict()
+            finding.message = f"{finding.message}; {verdict.line}"
 
 
 class FaultHandler(FindingSink):
@@ -121,6 +174,7 @@ class FaultHandler(FindingSink):
         self._failure_seen = False
         self._undo: tuple[dict[str, Any] | None, str] | None = None  # its cause, reason
         self._pending: dict[str, Any] | None = None  # the cause given the agent before dumps
+        self.traces = HangTraces(self.run_dir, monitor, here=self._dumps_here, clock=clock)
 
     def restarted(self) -> None:
         """The agent started a new worker group: act on the next fault again."""
@@ -163,22 +217,25 @@ class FaultHandler(FindingSink):
     def before_write(self, finding: Finding) -> None:
         ftype = finding.finding_type
         action = self.cfg.actions.get(ftype.value, "report")
+        label = action
         if action != "report" and ftype is not FindingType.PROCESS_EXITED:
             blocker = self._cannot_act(finding)
             if blocker:
-                finding.action = f"report ({action} impossible: {blocker})"
-                return
+                label, action = f"report ({action} impossible: {blocker})", "report"
         with self._lock:
             self._expire()
             if action != "report" and self._busy:
                 finding.action = "none (a restart is already under way)"
                 return
-            finding.action = action
-            if action == "report":
-                return
-            self._busy = True
-            self._acted_at = None
-            self._failure_seen = False
+            finding.action = label
+            if action != "report":
+                self._busy = True
+                self._acted_at = None
+                self._failure_seen = False
+        if action == "report":
+            if ftype.info.hang:  # the verdict belongs to the finding, acted on or not
+                self.traces.attach(finding)
+            return
         if ftype is FindingType.PROCESS_EXITED:
             return  # nothing left to dump: the process is gone
         # The agent knows the cause before the dumps: a culprit that dies while it is
@@ -201,23 +258,7 @@ class FaultHandler(FindingSink):
         if errors:
             finding.detail["stack_dump_errors"] = errors
         if ftype.info.hang:
-            self._flight_recorder(finding)
-
-    def _flight_recorder(self, finding: Finding) -> None:
-        """A hang: this node's ranks' collective traces and who did not join
-        (``ft/flightrec.py``), in the finding's message and ``flight_recorder``."""
-        ranks = [
-            rank
-            for rank, state in sorted(self.monitor.rules.ranks.items())
-            if state.record is not None
-            and not state.record.ended
-            and self._dumps_here(state.record)
-            and process_state(state.record.pid) not in ("T", "t")  # stopped: cannot answer
-        ]
-        verdict = collect_verdict(self.run_dir, ranks) if ranks else None
-        if verdict is not None:
-            finding.detail["flight_recorder"] = verdict.to_dict()
-            finding.message = f"{finding.message}; {verdict.line}"
+            self.traces.attach(finding)
 
     def _cannot_act(self, finding: Finding) -> str | None:
         """Why the culprit cannot be killed (then nothing restarts: stay armed)."""

@@ -7,7 +7,7 @@ the names this torch reads, unless the user set them, and NCCL's own timeout dum
 the run directory). When a hang is found, node 0's fault handler, before the kill, asks its
 ranks for their traces (:func:`request_dumps`: one request file; each rank's
 :class:`TraceDumper` thread, started with the rank, sees it and writes
-``flightrec/rank_<r>`` with ``_dump_fr_trace``, from a thread of its own, so a main
+``flightrec/rank_<r>.json`` with torch's JSON dump, from a thread of its own, so a main
 thread blocked in a collective does not stop it), then :func:`analyse` compares them:
 for each process group, the newest collective some ranks enqueued and others did not is
 the one those ranks did not join (:class:`FrVerdict`: the group, the collective, its
@@ -16,17 +16,31 @@ sequence number, the ranks missing and the ranks waiting in it). PyTorch's own a
 on gloo it cannot match the traces in torch 2.13 (gloo records no group name), so the
 verdict is rankguard's own comparison of the ranks' ``pg_status``. No flight recorder
 (an older torch): one line, and the stack dumps as before.
+
+The traces are read as data, never unpickled: JSON (``_dump_fr_trace_json``; on a torch
+that has only the pickled dump, the rank converts its own in-memory dump with an
+unpickler that allows no globals). The launcher reads only the ranks it asked, only
+regular files this user owns (not through a symbolic link, at most 64 MiB), from a
+``flightrec/`` folder made with the run directory's mode and checked to be this user's.
+``torchfrtrace`` reads pickles: it gets copies rankguard writes itself from the checked
+traces, in a private folder, never the files in ``flightrec/``.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import importlib.metadata
+import io
 import json
 import logging
 import os
 import pickle
+import shutil
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -34,7 +48,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rankguard._fs import atomic_write_json
+from rankguard._fs import (
+    atomic_write_json,
+    create_exclusive,
+    owned_subdir,
+    write_all,
+    write_new_then_replace,
+)
 
 __all__ = [
     "BUFFER_ENV",
@@ -45,15 +65,18 @@ __all__ = [
     "available",
     "collect_verdict",
     "flight_recorder_env",
+    "read_trace",
     "request_dumps",
+    "restricted_loads",
     "trace_file",
 ]
 
 logger = logging.getLogger(__name__)
 
-DUMP_DIR = "flightrec"  # <run_dir>/flightrec/rank_<r>: one trace per rank
+DUMP_DIR = "flightrec"  # <run_dir>/flightrec/rank_<r>.json: one trace per rank
 REQUEST_FILE = "request.json"
 PREFIX = "rank_"  # torch's analyser reads <prefix><rank> files
+TRACE_SUFFIX = ".json"  # torch's own timeout dumps (pickles) are <prefix><rank>: not ours
 BUFFER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 DUMP_FILE_ENV = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 DEFAULT_ENTRIES = 2000
@@ -69,7 +92,7 @@ _RUNNER = (
 
 
 def trace_file(run_dir: Path, rank: int) -> Path:
-    return Path(run_dir) / DUMP_DIR / f"{PREFIX}{rank}"
+    return Path(run_dir) / DUMP_DIR / f"{PREFIX}{rank}{TRACE_SUFFIX}"
 
 
 def available() -> bool:
@@ -78,7 +101,34 @@ def available() -> bool:
         import torch._C._distributed_c10d as c10d
     except ImportError:
         return False
-    return hasattr(c10d, "_dump_fr_trace")
+    return hasattr(c10d, "_dump_fr_trace_json") or hasattr(c10d, "_dump_fr_trace")
+
+
+class _NoGlobals(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"global {module}.{name:.60} refused: plain data only")
+
+
+def restricted_loads(data: bytes) -> Any:
+    """A pickle of plain data only (dicts, lists, tuples, strings, numbers): any global
+    (a class, a function, ``__reduce__``'s callable) is refused, so nothing runs."""
+    return _NoGlobals(io.BytesIO(data)).load()
+
+
+def _trace_json() -> bytes:
+    """This rank's flight recorder as JSON bytes: torch's JSON dump, else its pickled
+    dump (in memory, torch's own) read with :func:`restricted_loads`."""
+    import torch._C._distributed_c10d as c10d
+
+    as_json = getattr(c10d, "_dump_fr_trace_json", None)
+    if as_json is not None:
+        data = as_json(includeCollectives=True, onlyActive=False)
+        return data if isinstance(data, bytes) else str(data).encode()
+    dump_fr_trace = c10d._dump_fr_trace  # type: ignore[attr-defined]
+    doc = restricted_loads(
+        dump_fr_trace(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+    )
+    return json.dumps(doc, default=str).encode()
 
 
 def _renamed(torch_version: str | None) -> bool:
@@ -153,7 +203,7 @@ class TraceDumper:
             return None
         dumper = cls(run_dir, rank)
         try:  # NCCL's own timeout dumps go there too (TORCH_FR_DUMP_TEMP_FILE)
-            (Path(run_dir) / DUMP_DIR).mkdir(exist_ok=True)
+            owned_subdir(run_dir, DUMP_DIR)
         except OSError as exc:
             logger.warning("rankguard: no flight-recorder dumps for this rank: %s", exc)
             return None
@@ -196,14 +246,12 @@ class TraceDumper:
         return True
 
     def dump(self) -> Path:
-        import torch._C._distributed_c10d as c10d
-
-        dump_fr_trace = c10d._dump_fr_trace  # type: ignore[attr-defined]
-        data = dump_fr_trace(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+        """Write this rank's trace (JSON) through a new temporary file: never through a
+        name planted in advance (``O_CREAT|O_EXCL|O_NOFOLLOW``)."""
+        data = _trace_json()
+        owned_subdir(self.run_dir, DUMP_DIR)
         out = trace_file(self.run_dir, self.rank)
-        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, out)
+        write_new_then_replace(out, data)
         self.answered += 1
         return out
 
@@ -216,8 +264,7 @@ def request_dumps(
 ) -> dict[int, Path]:
     """Ask ``ranks`` for their traces and wait up to ``timeout_s``: the traces written
     after the request, by rank (a rank that did not answer in time is missing)."""
-    d = Path(run_dir) / DUMP_DIR
-    d.mkdir(parents=True, exist_ok=True)
+    d = owned_subdir(run_dir, DUMP_DIR)
     t0 = time.time()
     atomic_write_json(d / REQUEST_FILE, {"id": f"{os.getpid()}-{time.time_ns()}", "ranks": ranks})
     deadline = time.monotonic() + timeout_s
@@ -297,19 +344,78 @@ class FrVerdict:
         )
 
 
-def _load(path: Path) -> dict[str, Any] | None:
+def read_trace(path: Path) -> dict[str, Any] | None:
+    """One rank's trace, read as data: a regular file owned by this user, opened without
+    following a symbolic link, at most 64 MiB, JSON; None (and one line why) otherwise."""
     try:
-        if path.stat().st_size > _MAX_TRACE:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        logger.warning("rankguard: flight-recorder trace %s not read: %s", path, exc)
+        return None
+    try:
+        st = os.fstat(fd)
+        why = None
+        if not stat.S_ISREG(st.st_mode):
+            why = "not a regular file"
+        elif st.st_uid != os.getuid():
+            why = f"owned by uid {st.st_uid}, not by this user"
+        elif st.st_size > _MAX_TRACE:
+            why = f"{st.st_size} bytes (more than {_MAX_TRACE})"
+        if why is not None:
+            logger.warning("rankguard: flight-recorder trace %s refused: %s", path, why)
             return None
-        doc = pickle.loads(path.read_bytes())
-    except (OSError, pickle.UnpicklingError, EOFError, ValueError):
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            data = fh.read(_MAX_TRACE + 1)
+    except OSError as exc:
+        logger.warning("rankguard: flight-recorder trace %s not read: %s", path, exc)
+        return None
+    finally:
+        os.close(fd)
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        logger.warning("rankguard: flight-recorder trace %s is not JSON: ignored", path)
         return None
     return doc if isinstance(doc, dict) else None
 
 
-def _torch_analysis(dump_dir: Path, timeout_s: float) -> str:
-    """``torchfrtrace`` (``torch.distributed.flight_recorder.fr_trace``) over the dumps:
-    its last lines, or why it failed."""
+def read_traces(dump_dir: Path, ranks: list[int]) -> dict[int, dict[str, Any]]:
+    """The traces of ``ranks`` (only those) that :func:`read_trace` accepts."""
+    traces: dict[int, dict[str, Any]] = {}
+    for rank in sorted(set(ranks)):
+        doc = read_trace(Path(dump_dir) / f"{PREFIX}{rank}{TRACE_SUFFIX}")
+        if doc is not None:
+            traces[rank] = doc
+    return traces
+
+
+def _torch_analysis(traces: dict[int, dict[str, Any]], work_dir: Path, timeout_s: float) -> str:
+    """``torchfrtrace`` (``torch.distributed.flight_recorder.fr_trace``) over the checked
+    ``traces``: its last lines, or why it failed. torch's analyser unpickles what it
+    reads, so it gets pickles of the traces rankguard has read as data, written in a new
+    private folder under ``work_dir`` (``mkdtemp``: mode 0700, a name nobody can plant),
+    removed afterwards."""
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=".torchfrtrace-", dir=work_dir))
+    except OSError as exc:
+        return f"torchfrtrace did not run: {type(exc).__name__}: {exc}"
+    try:
+        for rank, doc in traces.items():
+            fd = create_exclusive(tmp / f"{PREFIX}{rank}", 0o600)
+            try:
+                write_all(fd, pickle.dumps(doc))
+            finally:
+                os.close(fd)
+        return _run_torchfrtrace(tmp, timeout_s)
+    except OSError as exc:
+        return f"torchfrtrace did not run: {type(exc).__name__}: {exc}"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run_torchfrtrace(dump_dir: Path, timeout_s: float) -> str:
     cmd = [sys.executable, "-c", _RUNNER, str(dump_dir), "--prefix", PREFIX]
     # not a worker of the job (no RANKGUARD_* variables), and it dies with the launcher
     env = {k: v for k, v in os.environ.items() if not k.startswith("RANKGUARD_")}
@@ -331,30 +437,36 @@ def _torch_analysis(dump_dir: Path, timeout_s: float) -> str:
     return text or "torchfrtrace: no mismatch reported"
 
 
-def analyse(dump_dir: Path, *, run_torch: bool = True, timeout_s: float = 60.0) -> FrVerdict | None:
-    """The verdict from the traces ``rank_<r>`` in ``dump_dir``; None when they show no
-    group where some ranks are ahead of others (or no trace could be read)."""
-    traces: dict[int, dict[str, Any]] = {}
-    for path in sorted(Path(dump_dir).glob(f"{PREFIX}*")):
-        suffix = path.name[len(PREFIX) :]
-        if suffix.isdigit():
-            doc = _load(path)
-            if doc is not None:
-                traces[int(suffix)] = doc
+def analyse(
+    dump_dir: Path, ranks: list[int], *, run_torch: bool = True, timeout_s: float = 60.0
+) -> FrVerdict | None:
+    """The verdict from the traces of ``ranks`` in ``dump_dir`` (:func:`read_traces`:
+    no other file is read); None when they show no group where some ranks are ahead of
+    others (or no trace could be read)."""
+    traces = read_traces(Path(dump_dir), ranks)
     if not traces:
         return None
     verdict = _compare(traces)
     if verdict is None:
         return None
     if run_torch:
-        return FrVerdict(
-            **{**_fields(verdict), "torch_analysis": _torch_analysis(Path(dump_dir), timeout_s)}
-        )
+        analysis = _torch_analysis(traces, Path(dump_dir), timeout_s)
+        return FrVerdict(**{**_fields(verdict), "torch_analysis": analysis})
     return verdict
 
 
 def _fields(v: FrVerdict) -> dict[str, Any]:
     return {name: getattr(v, name) for name in FrVerdict.__dataclass_fields__}
+
+
+def _int(value: Any) -> int:
+    """A sequence number from a trace (an int, or a string of one in the JSON dump); -1
+    for anything else."""
+    if type(value) is int:
+        return value
+    if isinstance(value, str) and value.lstrip("-").isdigit() and len(value) < 20:
+        return int(value)
+    return -1
 
 
 def _compare(traces: dict[int, dict[str, Any]]) -> FrVerdict | None:
@@ -365,17 +477,18 @@ def _compare(traces: dict[int, dict[str, Any]]) -> FrVerdict | None:
     completed: dict[str, dict[int, int]] = {}
     names: dict[tuple[str, int], str] = {}
     for rank, doc in traces.items():
-        for pg, st in (doc.get("pg_status") or {}).items():
+        status = doc.get("pg_status")
+        for pg, st in (status if isinstance(status, dict) else {}).items():
             if isinstance(st, dict):
-                enqueued.setdefault(str(pg), {})[rank] = int(st.get("last_enqueued_collective", -1))
-                completed.setdefault(str(pg), {})[rank] = int(
-                    st.get("last_completed_collective", -1)
-                )
-        for e in doc.get("entries") or []:
+                enqueued.setdefault(str(pg), {})[rank] = _int(st.get("last_enqueued_collective"))
+                completed.setdefault(str(pg), {})[rank] = _int(st.get("last_completed_collective"))
+        entries = doc.get("entries")
+        for e in entries if isinstance(entries, list) else []:
             if isinstance(e, dict) and not e.get("is_p2p"):
                 pg_name = e.get("process_group")
                 pg = str(pg_name[0]) if isinstance(pg_name, (list, tuple)) else str(e.get("pg_id"))
-                names[(pg, int(e.get("collective_seq_id", -1)))] = str(e.get("profiling_name"))
+                seq = _int(e.get("collective_seq_id"))
+                names[(pg, seq)] = str(e.get("profiling_name"))[:200]
     for pg in sorted(enqueued):
         seqs = enqueued[pg]
         newest = max(seqs.values())
@@ -399,35 +512,80 @@ def _compare(traces: dict[int, dict[str, Any]]) -> FrVerdict | None:
 
 
 TORCH_ANALYSIS_FILE = "torchfrtrace.txt"
+EXIT_WAIT_S = 20.0  # how long a launcher's exit waits for a torchfrtrace under way
+_analysers: list[tuple[threading.Thread, Path, threading.Lock]] = []
+_analysers_lock = threading.Lock()
 
 
 def collect_verdict(run_dir: Path, ranks: list[int], *, timeout_s: float = 3.0) -> FrVerdict | None:
     """Before a kill: the traces of ``ranks`` (those that answer within ``timeout_s``)
-    and the verdict; torchfrtrace then runs in the background over the same files and
+    and the verdict; torchfrtrace then runs in the background over the same traces and
     writes ``flightrec/torchfrtrace.txt`` (its output can take seconds: never before the
-    kill). Errors are logged, never raised."""
+    kill). That file exists from the verdict on (it says the analyser runs, until its
+    output replaces it); the launcher's exit waits up to ``EXIT_WAIT_S`` for it, then
+    the file says it did not finish. Errors are logged, never raised."""
     try:
         got = request_dumps(run_dir, ranks, timeout_s=timeout_s)
         if not got:
             logger.warning("rankguard: no rank answered the flight-recorder request")
             return None
         dump_dir = Path(run_dir) / DUMP_DIR
-        verdict = analyse(dump_dir, run_torch=False)
+        traces = read_traces(dump_dir, list(got))
+        verdict = _compare(traces) if traces else None
     except Exception:
         logger.exception("rankguard: reading the flight recorder failed")
         return None
     if verdict is None:
         return None
     out = dump_dir / TORCH_ANALYSIS_FILE
+    try:
+        _write_text(
+            out,
+            f"torchfrtrace: running over the traces of rank(s) "
+            f"{', '.join(map(str, sorted(traces)))} since "
+            f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')}; its output replaces this text\n",
+        )
+    except OSError as exc:
+        logger.warning("rankguard: cannot write %s: %s", out, exc)
+        return verdict
+
+    written = threading.Lock()  # held by whoever writes the file's last text
 
     def run_torch() -> None:
         try:
-            text = _torch_analysis(dump_dir, 120.0)
-            tmp = out.with_name(f".{out.name}.tmp")
-            tmp.write_text(text + "\n", encoding="utf-8")
-            os.replace(tmp, out)
+            text = _torch_analysis(traces, dump_dir, 120.0)
+            if written.acquire(blocking=False):  # not once the exit said it did not finish
+                _write_text(out, text + "\n")
         except Exception:
             logger.exception("rankguard: torchfrtrace over %s failed", dump_dir)
 
-    threading.Thread(target=run_torch, name="rankguard-frtrace", daemon=True).start()
+    thread = threading.Thread(target=run_torch, name="rankguard-frtrace", daemon=True)
+    with _analysers_lock:
+        if not _analysers:
+            atexit.register(wait_for_analysers)
+        _analysers.append((thread, out, written))
+    thread.start()
     return FrVerdict(**{**_fields(verdict), "torch_analysis": str(out)})
+
+
+def _write_text(path: Path, text: str) -> None:
+    write_new_then_replace(path, text.encode("utf-8", "replace"))
+
+
+def wait_for_analysers(timeout_s: float = EXIT_WAIT_S) -> None:
+    """At the launcher's exit: wait up to ``timeout_s`` for the torchfrtrace runs under
+    way (their child dies with the launcher); a run that did not finish leaves its file
+    saying so."""
+    deadline = time.monotonic() + timeout_s
+    with _analysers_lock:
+        pending = list(_analysers)
+        _analysers.clear()
+    for thread, out, written in pending:
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive() and written.acquire(blocking=False):
+            with contextlib.suppress(OSError):
+                _write_text(
+                    out,
+                    f"torchfrtrace did not finish within {timeout_s:g}s of the launcher's "
+                    "exit (docs/flight_recorder.md says how to run it over the traces)\n",
+                )

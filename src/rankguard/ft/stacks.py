@@ -17,7 +17,10 @@ The launcher calls :func:`dump_stacks` before any kill, and the finding names th
 The dump signal goes only to a process that handles it (``SigCgt`` in
 ``/proc/<pid>/status``): sent to a rank that has not yet registered its handler, its
 default action would kill the rank. Stack files are opened without following a
-symbolic link (one planted in the stacks folder would redirect the append).
+symbolic link (one planted in the stacks folder would redirect the append), in a
+``stacks/`` folder made with the run directory's mode and checked to be this user's
+(:func:`rankguard._fs.owned_subdir`): a group member who may read the run cannot write
+there.
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from rankguard._fs import owned_subdir
 from rankguard.heartbeat.procs import process_state
-from rankguard.schema.layout import RunLayout
+from rankguard.schema.layout import STACKS_DIR, RunLayout
 
 __all__ = ["DUMP_SIGNAL", "dump_stacks", "handles_signal", "install_dump_handler", "stack_file"]
 
@@ -71,7 +75,7 @@ def install_dump_handler(run_dir: Path, rank: int) -> IO[Any] | None:
     Keep the returned file open for the life of the process."""
     path = stack_file(run_dir, rank, os.getpid())
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        owned_subdir(run_dir, STACKS_DIR)
         fh = _open_append(path)  # must outlive this call
         faulthandler.register(DUMP_SIGNAL, file=fh, all_threads=True, chain=False)
         return fh
@@ -106,8 +110,8 @@ def _py_spy(pid: int, out: Path, timeout_s: float) -> bool:
         logger.warning("rankguard: py-spy dump of pid %d: %s", pid, res.stderr.strip())
     else:
         return False
-    out.parent.mkdir(parents=True, exist_ok=True)
     try:
+        owned_subdir(out.parent.parent, out.parent.name)
         fh = _open_append(out)
     except OSError as exc:
         logger.warning("rankguard: cannot write the stacks of pid %d to %s: %s", pid, out, exc)

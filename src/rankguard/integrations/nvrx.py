@@ -33,6 +33,15 @@ so ``client.section_timeouts`` and the timeouts calculation see the timeouts in 
 Security: the socket lives in a directory only this user can enter (0700) and a
 connection from another user id (``SO_PEERCRED``) is refused before anything is read;
 NVRx's framing unpickles what it reads, as ``ft_launcher``'s server does.
+
+Where the sockets go: under ``rankguard run``, one directory per launcher
+(:func:`launcher_socket_dir`: ``$TMPDIR/rg-nvrx-<launcher pid>-XXXXXXXX``, mode 0700,
+named to the ranks by ``RANKGUARD_NVRX_SOCKET_DIR``), removed by the launcher when its
+agent ends, so a rank that ends by a signal (SIGKILL, the SIGTERM of a restart) leaves
+nothing behind in ``$TMPDIR``. A rank without one (outside the launcher) makes its own
+``rg-nvrx-<pid>-XXXXXXXX``, removed when it closes. Each start also removes the
+``rg-nvrx-<pid>-*`` directories of this user whose process is gone (a launcher that was
+SIGKILLed); a live pid's, another user's and a symbolic link are left alone.
 """
 
 from __future__ import annotations
@@ -45,27 +54,33 @@ import logging
 import os
 import shutil
 import socket
+import stat
 import struct
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from rankguard.ft.launcher_flags import nvrx_version
 
 __all__ = [
+    "SOCKET_DIR_ENV",
     "SOCKET_ENV",
     "SUPPORTED_VERSIONS",
     "RankMonitorBridge",
+    "launcher_socket_dir",
     "nvrx_available",
     "nvrx_version",
     "serve_nvrx_client",
+    "sweep_socket_dirs",
 ]
 
 logger = logging.getLogger(__name__)
 
 SOCKET_ENV = "FT_RANK_MONITOR_IPC_SOCKET"
+SOCKET_DIR_ENV = "RANKGUARD_NVRX_SOCKET_DIR"  # the launcher's directory for the sockets
+_DIR_PREFIX = "rg-nvrx-"
 SUPPORTED_VERSIONS = ((0, 4), (0, 7))  # inclusive major.minor range served
 _CHECKPOINTING = "checkpointing"
 _BUILTIN = frozenset({"setup", "step"})
@@ -73,6 +88,84 @@ _BUILTIN = frozenset({"setup", "step"})
 
 def nvrx_available() -> bool:
     return importlib.util.find_spec("nvidia_resiliency_ext") is not None
+
+
+def _dir_pid(name: str) -> int | None:
+    """The pid in a socket directory's name ``rg-nvrx-<pid>-XXXXXXXX``, else None."""
+    if not name.startswith(_DIR_PREFIX):
+        return None
+    pid, sep, _ = name[len(_DIR_PREFIX) :].partition("-")
+    return int(pid) if sep and pid.isdigit() and len(pid) < 10 else None
+
+
+def _pid_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # another user's process: alive
+        return False
+    return False
+
+
+def sweep_socket_dirs(tmp_dir: str | os.PathLike[str] | None = None) -> list[str]:
+    """Remove the socket directories (``rg-nvrx-<pid>-*``) of this user whose process is
+    gone; the names removed. A directory of a live pid, of another user, or a symbolic
+    link is left alone."""
+    base = Path(tmp_dir if tmp_dir is not None else tempfile.gettempdir())
+    removed: list[str] = []
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return removed
+    me = os.getuid()
+    for name in names:
+        pid = _dir_pid(name)
+        if pid is None or pid == os.getpid():
+            continue
+        try:
+            st = os.lstat(base / name)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != me or not _pid_gone(pid):
+            continue
+        shutil.rmtree(base / name, ignore_errors=True)
+        removed.append(name)
+    return removed
+
+
+def _private_dir(path: str) -> Path | None:
+    """``path`` if it is a directory (not a link) of this user that nobody else can
+    enter, else None."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    ok = stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
+    return Path(path) if ok else None
+
+
+@contextlib.contextmanager
+def launcher_socket_dir() -> Iterator[Path | None]:
+    """The launcher's side: while the agent runs, one private directory for every
+    rank's socket (``SOCKET_DIR_ENV``, inherited by the ranks it starts), removed at the
+    end whatever the ranks did; the stale directories of dead launchers and ranks are
+    swept first. Nothing when NVRx is not installed."""
+    if not nvrx_available():
+        yield None
+        return
+    sweep_socket_dirs()
+    path = Path(tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-"))
+    before = os.environ.get(SOCKET_DIR_ENV)
+    os.environ[SOCKET_DIR_ENV] = str(path)
+    try:
+        yield path
+    finally:
+        if before is None:
+            os.environ.pop(SOCKET_DIR_ENV, None)
+        else:
+            os.environ[SOCKET_DIR_ENV] = before
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _supported(version: tuple[int, ...]) -> bool:
@@ -96,8 +189,9 @@ class RankMonitorBridge:
     """Serves one rank's NVRx ``RankMonitorClient`` (see the module docstring).
 
     ``session``: the rank's session; ``nvrx_config``: the NVRx ``FaultToleranceConfig``
-    sent to the client at init; ``socket_dir``: where the socket goes (default: a new
-    private temporary directory, removed at :meth:`close`)."""
+    sent to the client at init; ``socket_dir``: where the socket goes (default: the
+    launcher's directory for them, else a new private temporary directory removed at
+    :meth:`close`)."""
 
     ACCEPT_POLL_S = 0.5
 
@@ -117,12 +211,19 @@ class RankMonitorBridge:
         self.session = session
         self.nvrx_config = nvrx_config
         self.rank = rank
-        self._own_dir = socket_dir is None
-        self.socket_dir = (
-            Path(tempfile.mkdtemp(prefix="rg-nvrx-")) if socket_dir is None else socket_dir
-        )
-        os.chmod(self.socket_dir, 0o700)
-        self.path = self.socket_dir / f"rank_{rank}.sock"
+        shared = _private_dir(os.environ.get(SOCKET_DIR_ENV, "")) if socket_dir is None else None
+        self._own_dir = socket_dir is None and shared is None
+        if shared is not None:
+            self.socket_dir = shared
+            name = f"rank_{rank}_{os.getpid()}.sock"  # the launcher removes the directory
+        else:
+            if socket_dir is None:
+                sweep_socket_dirs()
+                socket_dir = Path(tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-"))
+            self.socket_dir = socket_dir
+            os.chmod(self.socket_dir, 0o700)
+            name = f"rank_{rank}.sock"
+        self.path = self.socket_dir / name
         self._server: socket.socket | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -19,6 +19,9 @@ worker-lifecycle methods ``SimpleElasticAgent`` is designed to have subclassed.
   neither restarts the group nor records its exits as a failure, kills the ranks still
   running when ``preempt_time`` is over, and ``_exit_barrier`` waits no longer than
   the grace window.
+- ``run``: while it runs, one private directory for the ranks' NVRx client sockets,
+  removed when it ends whatever the ranks did (``launcher_socket_dir`` in
+  ``integrations/nvrx.py``: a rank killed by a signal leaves nothing in ``$TMPDIR``).
 - ``_shutdown``: whichever signal stopped the launcher (SIGTERM, SIGINT, SIGHUP,
   SIGQUIT), the workers get SIGTERM, then SIGKILL after the same grace period: torch
   elastic would pass the launcher's own signal on, so a closed terminal (SIGHUP) would
@@ -50,6 +53,7 @@ from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from rankguard.ft.kill import OwnedWorkers
+from rankguard.integrations.nvrx import launcher_socket_dir
 from rankguard.launcher.handover import HandoverResult, wait_for_handover
 from rankguard.schema.exits import EXIT_RERUN_VALIDATION_FAILED
 from rankguard.schema.findings import FindingType
@@ -292,6 +296,10 @@ class RankguardAgent(LocalElasticAgent):
         return self._cause
 
     # ---- lifecycle extensions --------------------------------------------------------
+
+    def run(self, *args: Any, **kw: Any) -> Any:
+        with launcher_socket_dir():
+            return super().run(*args, **kw)
 
     def _start_workers(self, worker_group: Any) -> dict[int, Any]:
         if self._line_prefix and "$node" in self._line_prefix:

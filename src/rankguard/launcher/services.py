@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from rankguard._fs import QueuedJsonl
 from rankguard.agree import StopAgreement
 from rankguard.config import RankguardConfig, config_to_dict
-from rankguard.ft.actions import AgentControl, FaultHandler
+from rankguard.ft.actions import AgentControl, FaultHandler, HangTraces
 from rankguard.ft.kill import DumpPolicy
 from rankguard.ft.learned import save_learned
 from rankguard.ft.policy import decision_fields
@@ -203,9 +203,18 @@ class NodeServices:
             relay.halt()
 
     def attach_agent(self, agent: AgentControl) -> None:
-        """Node 0 with fault tolerance: act on findings through the agent."""
+        """Node 0 with fault tolerance: act on findings through the agent (without: a
+        hang's finding still gets the flight-recorder verdict)."""
         ft = self.cfg.fault_tolerance
-        if self.monitor is None or not ft.enable_ft_package:
+        if self.monitor is None:
+            return
+        if not ft.enable_ft_package:  # no action, but a hang still gets its verdict
+            if not any(isinstance(s, HangTraces) for s in self.monitor.sinks):
+                traces = HangTraces(self.run_dir, self.monitor)
+                if self.relaying:  # another node's ranks dump into that node's run dir
+                    host = traces.hostname
+                    traces.here = lambda rec: (rec.node_rank or 0) == 0 and rec.hostname == host
+                self.monitor.add_sink(traces)
             return
         remote = None
         if self.relaying:

@@ -11,6 +11,13 @@ cause.
 A rank dies with its launcher (:mod:`rankguard.heartbeat.lifeline`): the bootstrap sets
 the parent-death signal before anything else, checks the parent did not die before that,
 and hands the heartbeat thread the lifeline it checks at every beat.
+
+A rank's own children die with it (:func:`guard_process_group`): torch elastic starts
+each rank as the leader of a process group of its own, and the processes the script
+starts (``subprocess``, ``os.system``, multiprocessing) stay in it. A small guard process
+in that group gets a signal from the kernel when the rank ends, however it ends (a
+normal end, a crash, the SIGKILL it gets when its launcher is SIGKILLed), and SIGKILLs
+the group. torch elastic signals the group only while the rank itself is alive.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import io
 import os
 import runpy
 import signal
+import subprocess
 import sys
 import types
 import zipfile
@@ -75,6 +83,46 @@ def hold_launcher(*, direct_child: bool) -> Lifeline | None:
     if reason is not None:
         end_orphan(reason)
     return lifeline
+
+
+# The guard: blocks GUARD_SIGNAL, asks for it at its parent's death, and when it comes
+# (or the parent is already gone) SIGKILLs its process group: the rank's. It ignores the
+# stop signals torch elastic sends the whole group, so it outlives the rank's own
+# handling of them. It acts only in a group whose leader is the rank.
+GUARD_SIGNAL = signal.SIGRTMIN + 4
+_GUARD = (
+    "import ctypes, os, signal, sys\n"
+    "rank, sig = int(sys.argv[1]), int(sys.argv[2])\n"
+    "for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,"
+    " signal.SIGUSR1, signal.SIGUSR2):\n"
+    "    signal.signal(s, signal.SIG_IGN)\n"
+    "signal.pthread_sigmask(signal.SIG_BLOCK, {sig})\n"
+    "if os.getpgid(0) != rank:\n"
+    "    sys.exit(0)\n"
+    "if ctypes.CDLL(None).prctl(1, sig, 0, 0, 0) == 0 and os.getppid() == rank:\n"
+    "    signal.sigwait({sig})\n"
+    "os.killpg(rank, signal.SIGKILL)\n"
+)
+
+
+def guard_process_group() -> subprocess.Popen[bytes] | None:
+    """Start the guard of this rank's process group (see the module doc): only on Linux,
+    when this process leads its group (torch elastic's subprocess start; not a rank
+    forked by ``--preload``'s fork server, whose group is the launcher's). None when
+    not started."""
+    pid = os.getpid()
+    if not sys.platform.startswith("linux") or os.getpgid(0) != pid:
+        return None
+    keep = {k: v for k, v in os.environ.items() if k in ("RANKGUARD_RUN_ID", "PATH")}
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-S", "-I", "-c", _GUARD, str(pid), str(int(GUARD_SIGNAL))],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            env=keep,
+        )
+    except OSError:
+        return None
 
 
 def _serve_nvrx(session: RankSession, env: runenv.RunEnv) -> RankMonitorBridge | None:
@@ -154,6 +202,7 @@ def _stop(bridge: RankMonitorBridge | None) -> None:
 @record
 def main(argv: list[str] | None = None, *, direct_child: bool = True) -> None:
     lifeline = hold_launcher(direct_child=direct_child)
+    guard = guard_process_group() if lifeline is not None else None
     args = list(sys.argv[1:] if argv is None else argv)
     as_module = bool(args) and args[0] == "-m"
     if as_module:
@@ -197,7 +246,7 @@ def main(argv: list[str] | None = None, *, direct_child: bool = True) -> None:
         raise
     _stop(bridge)
     session.close(clean=True, exit_code=0)
-    del dump_file  # kept open until here: faulthandler writes to it
+    del dump_file, guard  # kept until here: faulthandler writes to the file
 
 
 def forked_main(*argv: str) -> None:

@@ -4,9 +4,9 @@ traces taken through the request file by each rank's dumper thread, and the verd
 from __future__ import annotations
 
 import datetime
+import json
 import multiprocessing as mp
 import os
-import pickle
 import subprocess
 import sys
 import time
@@ -82,9 +82,9 @@ def test_verdict_from_recorded_traces(tmp_path: Path) -> None:
     for rank in range(4):
         behind = rank == 2
         doc = _trace(2 if behind else 3, 2, ops[:2] if behind else ops)
-        (d / f"rank_{rank}").write_bytes(pickle.dumps(doc))
-    (d / "rank_x").write_bytes(b"not a trace")
-    v = analyse(d, run_torch=False)
+        trace_file(tmp_path, rank).write_text(json.dumps(doc))
+    (d / "rank_x.json").write_bytes(b"not a trace")
+    v = analyse(d, [0, 1, 2, 3], run_torch=False)
     assert v is not None
     assert (v.process_group, v.collective, v.seq) == ("0", "all_gather", 3)
     assert v.missing_ranks == [2] and v.waiting_ranks == [0, 1, 3]
@@ -99,11 +99,13 @@ def test_verdict_from_recorded_traces(tmp_path: Path) -> None:
 
 
 def test_no_verdict_when_every_rank_agrees_or_nothing_was_read(tmp_path: Path) -> None:
-    assert analyse(tmp_path, run_torch=False) is None
+    d = tmp_path / "flightrec"
+    assert analyse(d, [0, 1], run_torch=False) is None
+    d.mkdir()
     for rank in range(2):
         doc = _trace(3, 3, [(3, "gloo:all_reduce")])
-        (tmp_path / f"rank_{rank}").write_bytes(pickle.dumps(doc))
-    assert analyse(tmp_path, run_torch=False) is None
+        trace_file(tmp_path, rank).write_text(json.dumps(doc))
+    assert analyse(d, [0, 1], run_torch=False) is None
 
 
 # ---- two gloo ranks, one skips an all-reduce ----------------------------------------
@@ -154,7 +156,7 @@ def test_a_rank_that_skips_an_all_reduce_is_named(
         time.sleep(0.5)  # rank 0 is inside its fourth all-reduce
         got = request_dumps(tmp_path, [0, 1], timeout_s=20)
         assert set(got) == {0, 1} and got[1] == trace_file(tmp_path, 1)
-        verdict = analyse(tmp_path / "flightrec", timeout_s=60)
+        verdict = analyse(tmp_path / "flightrec", [0, 1], timeout_s=60)
     finally:
         for p in procs:
             p.kill()

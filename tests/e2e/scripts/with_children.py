@@ -1,0 +1,41 @@
+"""Each rank starts a child of its own (``sleep 300``, as a script starts a helper) and
+writes its pid to ``<pid dir>/child_<rank>``, then: ``--end normal`` trains a few steps
+and exits 0; ``--end crash`` has rank 1 raise after them; ``--end never`` trains until
+it is stopped."""
+
+import argparse
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--end", choices=("normal", "crash", "never"), required=True)
+parser.add_argument("--pid-dir", required=True)
+args = parser.parse_args()
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+child = subprocess.Popen(["sleep", "300"])
+tmp = Path(args.pid_dir) / f".child_{rank}"
+tmp.write_text(str(child.pid))
+tmp.rename(Path(args.pid_dir) / f"child_{rank}")
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+step = 0
+while args.end == "never" or step < 5:
+    step += 1
+    loss = model(torch.randn(2, 4)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+    opt.step()
+    time.sleep(0.1)
+if args.end == "crash" and rank == 1:
+    raise RuntimeError("rank 1 fails here")
+dist.barrier()
+dist.destroy_process_group()
+print(f"rank {rank} done, child {child.pid} left running", flush=True)
