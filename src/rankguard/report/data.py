@@ -148,7 +148,8 @@ def resolve_run(path: Path) -> tuple[str, Path | None, Path | None, str | None]:
         if not root.is_dir():
             continue
         for child in root.iterdir():
-            child_kind = _kind(child) if child.is_dir() else None
+            # heartbeat/latest links to a run listed under its own name
+            child_kind = _kind(child) if child.is_dir() and not child.is_symlink() else None
             if child_kind is None:
                 continue
             mtime, prev = _newest_mtime(child), runs.get(child.name)
