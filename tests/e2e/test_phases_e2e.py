@@ -121,14 +121,23 @@ def test_lightning_slow_validation_and_checkpoint_megatron_sections(
         "lightning_module.py",
         f"--default-root-dir={tmp_path / 'pl'}",
         "--max-steps=6",
-        "--val-every=6",
+        "--val-every=3",
         f"--eval-sleep={SLOW_S}",
         f"--save-sleep={SLOW_S}",
-        flags=tuple(MEGATRON),
+        flags=(*MEGATRON, "--set", "perf.log_interval=2"),
     )
     status = _assert_healthy(run_dir, out, "lightning_module done: 6 steps")
     for rank in (0, 1):
         assert {"eval", "checkpointing", "train"} <= set(status["ranks"][rank]["phases_seen"])
+    # one numbering, the trainer's global step: perf lines, status and summary agree
+    perf = tmp_path / "perf_monitor" / run_id
+    assert [e["iteration"] for e in read_jsonl(perf / "perf.jsonl")] == [1, 2, 4, 6], out
+    assert {(r["iteration"], r["iteration_source"]) for r in status["ranks"]} == {(6, "script")}
+    (summary_path,) = perf.glob("perf_summary_*.json")
+    info = json.loads(summary_path.read_text(encoding="utf-8"))["session_info"]
+    assert info["total_iterations"] == 6
+    # the validation and save at step 3 are left out of the next step's time
+    assert info["steps_with_eval_or_save"] == 1, info
 
 
 def test_hang_inside_eval_is_found_by_the_eval_timeout(tmp_path: Path, run_id: str) -> None:
