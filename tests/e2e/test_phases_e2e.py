@@ -93,6 +93,29 @@ def test_nanogpt_style_rank0_evaluates_and_saves_alone(
     assert summary["final_statistics"]["max_step_time_ms"] < 3000
 
 
+def test_nanogpt_evaluating_before_its_first_step_with_a_setup_section(
+    tmp_path: Path, run_id: str
+) -> None:
+    """nanoGPT evaluates at iteration 0, before any optimizer step: rank 0's 12 s
+    estimate_loss() against NVRx's setup section of 10 s is an evaluation (eval timeout
+    20 s), and rank 1, waiting for it in its first step, is blocked by it: no finding."""
+    run_dir, out = _run(
+        tmp_path,
+        run_id,
+        "nanogpt_style.py",
+        "--max-iters=3",
+        "--eval-interval=100",
+        "--eval-at-start",
+        "--eval-sleep=12",
+        f"--out-dir={tmp_path / 'out'}",
+        flags=("--ft-rank_section_timeouts=setup:10,step:3",),
+    )
+    status = _assert_healthy(run_dir, out, "nanogpt_style done: 4 iterations")
+    assert "eval" in status["ranks"][0]["phases_seen"], status["ranks"][0]
+    assert "eval" in _phases_published(run_dir, 0)
+    assert "NVRx section timeouts setup 10 s, step 3 s" in out  # what the first line says
+
+
 def test_hf_trainer_slow_eval_and_save(tmp_path: Path, run_id: str) -> None:
     skip_unless_installed("transformers", "accelerate")
     run_dir, out = _run(
