@@ -76,6 +76,15 @@ def _script(tmp_path: Path) -> Path:
             marks=pytest.mark.skipif(not os.path.isdir("/proc"), reason="no /proc"),
         ),
         (["--nproc-per-node", "0"], "--nproc-per-node: must be >= 1, got 0"),
+        # the learned timeouts' directory: written at the end of the run (a traceback)
+        pytest.param(
+            [
+                "fault_tolerance.calc_ft_timeouts=true",
+                "fault_tolerance.state_dir=/proc/y",
+            ],
+            "fault_tolerance.state_dir /proc/y: cannot be created",
+            marks=pytest.mark.skipif(not os.path.isdir("/proc"), reason="no /proc"),
+        ),
     ],
     ids=[
         "malformed-yaml",
@@ -84,6 +93,7 @@ def _script(tmp_path: Path) -> Path:
         "log-dir-in-proc",
         "torch-log-dir-in-proc",
         "nproc-0",
+        "ft-state-dir-in-proc",
     ],
 )
 def test_a_config_error_is_one_line_at_once(words: list[str], says: str, tmp_path: Path) -> None:
