@@ -140,6 +140,8 @@ def resolve_run(path: Path) -> tuple[str, Path | None, Path | None, str | None]:
         raise ReportUnavailable(f"no such directory: {path}")
     if not path.is_dir():
         raise ReportUnavailable(f"not a directory: {path}")
+    if path.is_symlink():  # heartbeat/latest: the run it names (its perf directory too)
+        path = path.resolve()
     kind = _kind(path)
     if kind is not None:
         return (path.name, *_pair(path, kind), None)
