@@ -84,7 +84,8 @@ def session_from_env(
             rank=identity.rank,
             world_size=identity.world_size,
             run_id=identity.run_id,
-            out_dir=perf_dir(log_dir, identity.run_id),
+            # the run directory's name: the run id, or a launch's own (torchrun's default id)
+            out_dir=perf_dir(log_dir, Path(env.run_dir).name),
             run_dir=Path(env.run_dir),  # rank 0 forwards its findings to perf.trackers
             job=env.job,
             cuda_device=identity.gpu.ordinal if identity.gpu else None,

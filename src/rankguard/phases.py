@@ -2,7 +2,8 @@
 
 A script that never tells rankguard its phase is in ``setup`` until its first step and in
 ``train`` after it (:meth:`rankguard.timeline.ProgressTracker.effective_phase`). While it
-is in ``train``, the heartbeat thread (at each record) and the perf thread (at each poll)
+is in ``setup`` or ``train`` (nanoGPT evaluates at iteration 0, before its first step:
+that is an evaluation too), the heartbeat thread (at each record) and the perf thread (at each poll)
 look at the main thread's Python stack (``sys._current_frames()``, the same sample the
 heartbeat's ``main_frame`` evidence comes from) and name the phase from the functions on
 it: ``torch.save`` or ``Trainer._save_checkpoint`` on the stack is ``checkpointing``,
@@ -35,7 +36,15 @@ from collections.abc import Mapping
 from types import CodeType, FrameType
 from typing import Any
 
-from rankguard.timeline import CHECKPOINT_PHASE, EVAL_PHASE, TRAIN_PHASE, ProgressTracker
+from rankguard.timeline import (
+    CHECKPOINT_PHASE,
+    EVAL_PHASE,
+    SETUP_PHASE,
+    TRAIN_PHASE,
+    ProgressTracker,
+)
+
+_SAMPLED = (SETUP_PHASE, TRAIN_PHASE)  # the phases a recognised one takes over
 
 __all__ = [
     "BUILTIN_PATTERNS",
@@ -194,7 +203,8 @@ def main_thread_frame() -> FrameType | None:
 
 class PhaseWatcher:
     """The rank's phase as the monitor should see it: the tracker's phase, except that in
-    ``train`` a recognised evaluation or save on the main thread's stack takes over.
+    ``setup`` or ``train`` a recognised evaluation or save on the main thread's stack
+    takes over.
 
     Called by the heartbeat and perf threads (thread-safe). Each sample that sees a
     recognised phase extends its span in the tracker's ``phase_spans`` (first and last
@@ -217,7 +227,7 @@ class PhaseWatcher:
             phase, since = tracker.effective_phase()
             now = tracker.now_ns()
             detected = None
-            if phase == TRAIN_PHASE and not tracker.checkpoint_active:
+            if phase in _SAMPLED and not tracker.checkpoint_active:
                 if frame is None:
                     frame = main_thread_frame()
                 detected = self.matcher.phase_of(frame)
@@ -232,7 +242,7 @@ class PhaseWatcher:
             if span is not None:  # the recognised phase ended since the last sample
                 self._open = None
                 self._train_since = now
-            if phase == TRAIN_PHASE and self._train_since > since:
+            if phase in _SAMPLED and self._train_since > since:
                 since = self._train_since
             return phase, since
 

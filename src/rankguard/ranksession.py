@@ -74,6 +74,12 @@ class RankSession(Protocol):
 
     def install_optimizer_hook(self) -> None: ...
 
+    def take_over_progress(self) -> None:
+        """The caller reports every step with ``step_end`` from now on (a framework's
+        callback, before its first optimizer step): the optimizer hook stops counting,
+        so no step is counted twice and one numbering holds everywhere."""
+        ...
+
     # ---- phases and checkpoints -----------------------------------------------------
 
     def set_phase(self, name: str) -> None: ...

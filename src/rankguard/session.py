@@ -462,6 +462,11 @@ class Session:
             self._hook = register_optimizer_step_post_hook(hook)
         self.tracker.source = "optimizer_hook"
 
+    def take_over_progress(self) -> None:
+        """See :meth:`RankSession.take_over_progress` (idempotent)."""
+        if not self._explicit:
+            self._take_over_progress()
+
     def _take_over_progress(self) -> None:
         """The script reports its own steps: the optimizer hook stops counting, and
         ``step_end`` goes straight to the tracker from now on."""
@@ -559,6 +564,9 @@ class NullSession:
         pass
 
     def install_optimizer_hook(self) -> None:
+        pass
+
+    def take_over_progress(self) -> None:
         pass
 
     def data_loading(self) -> _NullContext:

@@ -93,6 +93,29 @@ def test_nanogpt_style_rank0_evaluates_and_saves_alone(
     assert summary["final_statistics"]["max_step_time_ms"] < 3000
 
 
+def test_nanogpt_evaluating_before_its_first_step_with_a_setup_section(
+    tmp_path: Path, run_id: str
+) -> None:
+    """nanoGPT evaluates at iteration 0, before any optimizer step: rank 0's 12 s
+    estimate_loss() against NVRx's setup section of 10 s is an evaluation (eval timeout
+    20 s), and rank 1, waiting for it in its first step, is blocked by it: no finding."""
+    run_dir, out = _run(
+        tmp_path,
+        run_id,
+        "nanogpt_style.py",
+        "--max-iters=3",
+        "--eval-interval=100",
+        "--eval-at-start",
+        "--eval-sleep=12",
+        f"--out-dir={tmp_path / 'out'}",
+        flags=("--ft-rank_section_timeouts=setup:10,step:3",),
+    )
+    status = _assert_healthy(run_dir, out, "nanogpt_style done: 4 iterations")
+    assert "eval" in status["ranks"][0]["phases_seen"], status["ranks"][0]
+    assert "eval" in _phases_published(run_dir, 0)
+    assert "NVRx section timeouts setup 10 s, step 3 s" in out  # what the first line says
+
+
 def test_hf_trainer_slow_eval_and_save(tmp_path: Path, run_id: str) -> None:
     skip_unless_installed("transformers", "accelerate")
     run_dir, out = _run(
@@ -121,14 +144,23 @@ def test_lightning_slow_validation_and_checkpoint_megatron_sections(
         "lightning_module.py",
         f"--default-root-dir={tmp_path / 'pl'}",
         "--max-steps=6",
-        "--val-every=6",
+        "--val-every=3",
         f"--eval-sleep={SLOW_S}",
         f"--save-sleep={SLOW_S}",
-        flags=tuple(MEGATRON),
+        flags=(*MEGATRON, "--set", "perf.log_interval=2"),
     )
     status = _assert_healthy(run_dir, out, "lightning_module done: 6 steps")
     for rank in (0, 1):
         assert {"eval", "checkpointing", "train"} <= set(status["ranks"][rank]["phases_seen"])
+    # one numbering, the trainer's global step: perf lines, status and summary agree
+    perf = tmp_path / "perf_monitor" / run_id
+    assert [e["iteration"] for e in read_jsonl(perf / "perf.jsonl")] == [1, 2, 4, 6], out
+    assert {(r["iteration"], r["iteration_source"]) for r in status["ranks"]} == {(6, "script")}
+    (summary_path,) = perf.glob("perf_summary_*.json")
+    info = json.loads(summary_path.read_text(encoding="utf-8"))["session_info"]
+    assert info["total_iterations"] == 6
+    # the validation and save at step 3 are left out of the next step's time
+    assert info["steps_with_eval_or_save"] == 1, info
 
 
 def test_hang_inside_eval_is_found_by_the_eval_timeout(tmp_path: Path, run_id: str) -> None:

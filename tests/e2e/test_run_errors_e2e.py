@@ -62,8 +62,39 @@ def _script(tmp_path: Path) -> Path:
         (["--config", "{bad}"], "not valid YAML"),
         (["heartbeat.publish_intervl_s=1"], "heartbeat.publish_intervl_s"),
         (["--set", "log_dir={file}/logs"], "is not a directory"),
+        # a directory nothing can be created in, though access() calls it writable for
+        # root: torch's own makedirs of its log-spec directory ended in a traceback
+        pytest.param(
+            ["--set", "log_dir=/proc/x"],
+            "log_dir /proc/x: cannot be created",
+            marks=pytest.mark.skipif(not os.path.isdir("/proc"), reason="no /proc"),
+        ),
+        # torchrun's --log-dir, where the configuration roots rankguard's files elsewhere
+        pytest.param(
+            ["--log-dir", "/proc/x"],
+            "--log-dir /proc/x: cannot be created",
+            marks=pytest.mark.skipif(not os.path.isdir("/proc"), reason="no /proc"),
+        ),
+        (["--nproc-per-node", "0"], "--nproc-per-node: must be >= 1, got 0"),
+        # the learned timeouts' directory: written at the end of the run (a traceback)
+        pytest.param(
+            [
+                "fault_tolerance.calc_ft_timeouts=true",
+                "fault_tolerance.state_dir=/proc/y",
+            ],
+            "fault_tolerance.state_dir /proc/y: cannot be created",
+            marks=pytest.mark.skipif(not os.path.isdir("/proc"), reason="no /proc"),
+        ),
     ],
-    ids=["malformed-yaml", "unknown-key", "log-dir-under-a-file"],
+    ids=[
+        "malformed-yaml",
+        "unknown-key",
+        "log-dir-under-a-file",
+        "log-dir-in-proc",
+        "torch-log-dir-in-proc",
+        "nproc-0",
+        "ft-state-dir-in-proc",
+    ],
 )
 def test_a_config_error_is_one_line_at_once(words: list[str], says: str, tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
@@ -114,6 +145,8 @@ def test_a_busy_rendezvous_port_is_one_line_before_any_worker(tmp_path: Path) ->
             assert code == 2 and len(said) == 1, lines
             assert str(port) in said[0] and "Traceback" not in "".join(lines), lines
             _nothing_started(tmp_path)
+            # no empty run directory left behind
+            assert not (tmp_path / "heartbeat").exists(), sorted(tmp_path.rglob("*"))
 
 
 def test_no_python_with_module_is_refused_as_torchrun_does(tmp_path: Path) -> None:

@@ -156,8 +156,12 @@ def test_watcher_spans_and_the_clock_after_a_recognised_phase() -> None:
     watcher = PhaseWatcher(tracker)
     evaluating, training = _MainLike(estimate_loss), _MainLike(training_step)
     try:
-        assert watcher.observe(evaluating.frame())[0] == "setup"  # no detection before step 1
+        # nanoGPT's evaluation at iteration 0, before its first step, is an evaluation
+        t_early = clock.ns
+        assert watcher.observe(evaluating.frame()) == ("eval", t_early)
         clock.advance(1)
+        back = clock.ns
+        assert watcher.observe(training.frame()) == ("setup", back)  # setup's clock restarts
         tracker.step_end()
         first_step = clock.ns
         assert watcher.observe(training.frame()) == ("train", first_step)
@@ -166,7 +170,7 @@ def test_watcher_spans_and_the_clock_after_a_recognised_phase() -> None:
         assert watcher.observe(evaluating.frame()) == ("eval", t_eval)
         clock.advance(3)
         assert watcher.observe(evaluating.frame()) == ("eval", t_eval)
-        assert tracker.phase_spans == [[t_eval, clock.ns, "eval"]]
+        assert tracker.phase_spans == [[t_early, t_early, "eval"], [t_eval, clock.ns, "eval"]]
         clock.advance(1)
         resumed = clock.ns
         assert watcher.observe(training.frame()) == ("train", resumed)
@@ -175,7 +179,7 @@ def test_watcher_spans_and_the_clock_after_a_recognised_phase() -> None:
         # an interval that held the eval is not a step; one after it is
         assert tracker.interval_in_other_phase(first_step, resumed)
         assert not tracker.interval_in_other_phase(resumed, resumed + 10)
-        assert not tracker.interval_in_other_phase(0, first_step)
+        assert tracker.interval_in_other_phase(0, first_step)  # it held the early eval
         # the API's phases win over the stack
         tracker.set_phase("my_section")
         assert watcher.observe(evaluating.frame())[0] == "my_section"

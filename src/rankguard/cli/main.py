@@ -34,21 +34,20 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
-def _check_log_dir(log_dir: str) -> None:
-    """``log_dir`` can be created (or written): a ConfigError naming the path if not."""
-    path = Path(log_dir).absolute()
-    probe = path
-    while not probe.exists():
-        if probe.parent == probe:
-            break
-        probe = probe.parent
-    if not probe.is_dir():
-        raise ConfigError(f"log_dir {log_dir}: {probe} is not a directory")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        what = (
-            "is not writable" if probe == path else f"cannot be created ({probe} is not writable)"
-        )
-        raise ConfigError(f"log_dir {log_dir}: {what}")
+def _check_dirs(cfg: RankguardConfig, torch_log_dir: str | None) -> None:
+    """Every directory the launch creates can be created: rankguard's ``log_dir`` (the
+    run files, and torch elastic's per-rank logs under it), torchrun's ``--log-dir``
+    when the configuration roots rankguard's files elsewhere, and the learned timeouts'
+    ``fault_tolerance.state_dir``."""
+    from rankguard.launcher.rundir import check_creatable
+
+    log_dir = cfg.log_dir
+    check_creatable(log_dir, "log_dir")
+    if torch_log_dir and Path(torch_log_dir).absolute() != Path(log_dir).absolute():
+        check_creatable(torch_log_dir, "--log-dir")
+    ft = cfg.fault_tolerance
+    if ft.calc_ft_timeouts and ft.state_dir:
+        check_creatable(ft.state_dir, "fault_tolerance.state_dir")
 
 
 def _script_missing(opts: Any) -> str | None:
@@ -80,7 +79,8 @@ def run_main(argv: list[str]) -> int:
         pre = pre_pass(argv)
         defaults = {"heartbeat.enabled": not pre.no_python}
         cfg = load_config(pre.config, pre.overrides, defaults=defaults)
-        _check_log_dir(cfg.log_dir)
+        pre.check_nproc()
+        _check_dirs(cfg, pre.log_dir)
         if not pre.has_script and not {"-h", "--help"} & set(argv):
             raise ValueError("no training script given")
         if pre.script and pre.script.endswith(".py") and not os.path.isfile(pre.script):

@@ -56,6 +56,8 @@ def _resolve_run_dir(path: Path) -> tuple[Path, str | None]:
     candidates: list[tuple[float, str, Path]] = []
     for pattern in (f"heartbeat/*/{STATUS_FILE}", f"*/{STATUS_FILE}"):
         for status_file in path.glob(pattern):
+            if status_file.parent.is_symlink():  # heartbeat/latest: a run listed already
+                continue
             try:
                 mtime = status_file.stat().st_mtime
             except OSError:

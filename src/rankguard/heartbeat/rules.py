@@ -22,9 +22,11 @@ checkpoint or a save recognised on the stack, or a wait for a background write) 
 while the session closes after the script ended (``closing``: the trackers' flush),
 ``eval_timeout_s`` while evaluating, section timeouts (NVRx's ``rank_section_timeouts``:
 ``setup``, ``step`` for train, ``checkpointing``, any other phase by its name, else the
-out-of-section timeout) when configured. In ``train`` the progress age counts from the
-later of the last step and the first record back in train after another phase (monitor
-clock), so the first step after a long evaluation or save is not late. A rank stalled in
+out-of-section timeout) when configured. An evaluation before the first step is judged as
+one after it (nanoGPT evaluates at iteration 0), not by set-up's timeout. In ``train``
+(and ``setup``) the progress age counts from the later of the last step and the first
+record back in that phase after another (monitor clock), so the first step after a long
+evaluation or save is not late. A rank stalled in
 ``train`` while a peer is in another phase (rank 0 saving alone, the others waiting at
 the next collective) is ``blocked_by`` that peer, not hung, for as long as the peer's
 phase timeout; the peer's own timeout names it if it never comes back.
@@ -269,8 +271,8 @@ class HeartbeatRules:
                 self.cause_pending_until = None
                 self.root_cause = None
         previous = state.record
-        if record.phase in _TRAIN_PHASES and previous is not None and _busy(state):
-            state.train_since = now  # back in train after eval, a save, a section
+        if record.phase in _RESUMED_PHASES and previous is not None and _busy(state):
+            state.train_since = now  # back in train (or setup) after eval, a save, a section
         if previous is not None:  # of the same process (a new pid reset the state)
             before, after = previous.monotonic_ns, record.monotonic_ns
             if before is not None and after is not None and after - before > self._fresh_ns:
@@ -585,7 +587,7 @@ class HeartbeatRules:
             self._heartbeats_late(s)
         elif (
             ckpt
-            or rec.progress_seq <= 0
+            or (rec.progress_seq <= 0 and not _busy(s))
             or rec.phase in _TRAIN_PHASES
             or not self._in_section(s, hb_age, out)
         ):
@@ -712,9 +714,10 @@ class HeartbeatRules:
         s.culprits_gone_at = None
 
     def _in_section(self, s: RankState, hb_age: float, out: list[Finding]) -> bool:
-        """After the first step, outside train and saves: a phase with a section timeout
-        of its own (a named section, or any phase with the out-of-section timeout) is
-        judged by that timeout instead of progress; True when it was."""
+        """Outside setup, train and saves (an evaluation before the first step too): a
+        phase with a section timeout of its own (a named section, or any phase with the
+        out-of-section timeout) is judged by that timeout instead of progress; True when
+        it was."""
         rec = s.record
         assert rec is not None
         phase = rec.phase or ""
@@ -745,18 +748,14 @@ class HeartbeatRules:
         age = s.progress_age_s
         if ckpt:
             progress_timeout = sections.get("checkpointing", cfg.checkpoint_timeout_s)
-        elif not started:
+        elif not started and not _busy(s):  # an evaluation before step 1 is an evaluation
             progress_timeout = sections.get("setup", cfg.initial_progress_timeout_s)
         elif phase in _TRAIN_PHASES:
             progress_timeout = sections.get("step", cfg.progress_timeout_s)
-            if age is not None and s.train_since is not None:
-                # the clock restarts when train resumes after eval or a save
-                age = min(age, now - s.train_since)
         else:
             progress_timeout = self._own_timeout(phase)
-        if age is not None and s.resumed_at is not None:
-            # the clock restarts when heartbeats come back after a pause (SIGCONT)
-            age = min(age, now - s.resumed_at)
+        if age is not None:
+            age = _stall_age(s, rec, now, age)
         self._clear(s, FindingType.SECTION_TIMEOUT)
         if age is not None and age > progress_timeout:
             s.progress = Progress.STALLED
@@ -1012,20 +1011,8 @@ class _DueRanks:
             rec = s.record
             since = rec.since_progress_s if rec is not None else None
             s.progress_age_s = age + since if since is not None else None
-            if s.stall is not None and s.progress_age_s is not None:
-                stall_age = s.progress_age_s
-                if (
-                    s.train_since is not None
-                    and rec is not None
-                    and rec.phase in _TRAIN_PHASES
-                    and rec.progress_seq > 0
-                    and not rec.checkpoint_active
-                ):
-                    # the clock restarts when train resumes after eval or a save
-                    stall_age = min(stall_age, now - s.train_since)
-                if s.resumed_at is not None:
-                    stall_age = min(stall_age, now - s.resumed_at)
-                s.stall = (s.stall[0], stall_age)  # as _progress sets it
+            if s.stall is not None and s.progress_age_s is not None and rec is not None:
+                s.stall = (s.stall[0], _stall_age(s, rec, now, s.progress_age_s))
 
     def earliest(self) -> float | None:
         heap, at = self._heap, self._at
@@ -1040,6 +1027,23 @@ def _in_collective(state: RankState) -> bool:
 
 _OVERSTAYED = {FindingType.PROGRESS_TIMEOUT, FindingType.SECTION_TIMEOUT}
 _TRAIN_PHASES = (TRAIN_PHASE, "step")
+_RESUMED_PHASES = (*_TRAIN_PHASES, SETUP_PHASE)  # where the clock restarts after eval
+
+
+def _stall_age(s: RankState, rec: Any, now: float, age: float) -> float:
+    """How long rank ``s`` has been without progress in its current phase: the clock
+    restarts when train (or, before the first step, setup) resumes after eval or a save,
+    and when heartbeats come back after a pause (SIGCONT); an evaluation before the first
+    step counts from its own start, not from the process start."""
+    if rec.checkpoint_active:
+        pass
+    elif rec.progress_seq <= 0 and _busy(s):
+        age = min(age, (rec.phase_elapsed_s or 0.0) + (now - (s.seen_at or now)))
+    elif s.train_since is not None and rec.phase in _RESUMED_PHASES:
+        age = min(age, now - s.train_since)
+    if s.resumed_at is not None:
+        age = min(age, now - s.resumed_at)
+    return age
 
 
 def _busy(state: RankState) -> bool:

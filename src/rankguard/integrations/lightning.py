@@ -12,6 +12,8 @@ What it does, over the in-loop API of the process's session (``rankguard.init()`
 
 - progress: ``step_end(global_step)`` at the ``on_train_batch_end`` where
   ``trainer.global_step`` moved (one optimizer step, whatever ``accumulate_grad_batches``);
+  the optimizer hook stops counting at ``on_train_start``: the trainer's global step is
+  the one numbering of perf lines, status and summary;
 - phases: ``train`` from ``on_train_start``; ``eval`` from ``on_validation_start`` to
   ``on_validation_end`` (the sanity check included), then back; ``checkpointing`` from
   ``on_save_checkpoint``, which Lightning calls while it builds the checkpoint, BEFORE it
@@ -96,6 +98,10 @@ class RankguardCallback(pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         session = self.session
         if session is not None:
+            # the trainer's global step numbers every step from here: the optimizer
+            # hook's count stops before the first optimizer step (it counted that
+            # step a second time, and every perf line was one iteration behind)
+            session.take_over_progress()
             self._end_save(session)
             session.set_phase(TRAIN_PHASE)
 

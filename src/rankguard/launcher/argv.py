@@ -58,6 +58,7 @@ OWN_SWITCHES = frozenset({"--live", "--rank-prefix"})
 
 _LOG_DIR_FLAGS = frozenset({"--log-dir", "--log_dir"})
 _NO_PYTHON_FLAGS = frozenset({"--no-python", "--no_python"})
+_NPROC_FLAGS = frozenset({"--nproc-per-node", "--nproc_per_node"})
 
 
 def is_override(word: str) -> bool:
@@ -93,6 +94,19 @@ class PrePass:
     no_python: bool = False
     has_script: bool = False
     script: str | None = None  # the first word that is neither an option nor an override
+    log_dir: str | None = None  # torchrun's --log-dir (PET_LOG_DIR): its per-rank log files
+    nproc_per_node: str | None = None  # --nproc-per-node (PET_NPROC_PER_NODE), as written
+
+    def check_nproc(self) -> None:
+        """A count of ranks below 1 is refused before torch is imported (``auto``,
+        ``cpu``, ``gpu``, ``xpu`` and the rest are torch's to read)."""
+        value = (self.nproc_per_node or "").strip()
+        try:
+            count = int(value)
+        except ValueError:
+            return
+        if count < 1:
+            raise ValueError(f"--nproc-per-node: must be >= 1, got {count}")
 
 
 def _env_flag(name: str) -> bool:
@@ -105,6 +119,7 @@ def pre_pass(argv: list[str]) -> PrePass:
     when these are absent, as torch's ``PET_<FLAG>`` variables do."""
     out = PrePass()
     log_dir = os.environ.get("PET_LOG_DIR") or None
+    out.nproc_per_node = os.environ.get("PET_NPROC_PER_NODE") or None
     out.config = os.environ.get("PET_CONFIG") or None
     out.no_python = _env_flag("PET_NO_PYTHON")
     sets: list[str] = []
@@ -123,6 +138,8 @@ def pre_pass(argv: list[str]) -> PrePass:
                 sets.append(value)
             elif name in _LOG_DIR_FLAGS:
                 log_dir = value
+            elif name in _NPROC_FLAGS:
+                out.nproc_per_node = value
             elif name in _NO_PYTHON_FLAGS:
                 out.no_python = True
         elif is_override(word):
@@ -132,6 +149,7 @@ def pre_pass(argv: list[str]) -> PrePass:
             out.script = word if out.has_script else None
             break
         i += 1
+    out.log_dir = log_dir
     out.overrides = ([f"log_dir={log_dir}"] if log_dir else []) + sets + bare
     return out
 

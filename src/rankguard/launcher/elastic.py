@@ -25,6 +25,15 @@ from rankguard.schema import layout
 __all__ = ["build_agent", "entrypoint", "features_line"]
 
 
+def _sections(ft: Any) -> str | None:
+    """NVRx's section timeouts in force, ``setup 600 s, step 180 s, out of section
+    300 s``; None without any."""
+    out = [f"{name} {value:g} s" for name, value in ft.rank_section_timeouts.items()]
+    if ft.rank_out_of_section_timeout is not None:
+        out.append(f"out of section {ft.rank_out_of_section_timeout:g} s")
+    return ", ".join(out) or None
+
+
 def features_line(opts: LaunchOptions, cfg: RankguardConfig) -> str:
     """The first console line: what watches this job."""
     hb, ft = cfg.heartbeat, cfg.fault_tolerance
@@ -36,6 +45,14 @@ def features_line(opts: LaunchOptions, cfg: RankguardConfig) -> str:
         f"perf {'on' if cfg.perf.enabled else 'off'}",
         f"fault tolerance {'on' if ft.enable_ft_package else 'off'}",
     ]
+    sections = _sections(ft) if hb.enabled else None
+    if sections:
+        acted = (
+            "a hang is acted on (fault tolerance)"
+            if ft.enable_ft_package
+            else "a hang is reported, nothing is killed or restarted"
+        )
+        parts.append(f"NVRx section timeouts {sections} (each phase's own limit; {acted})")
     for name, on in (
         ("stragglers", cfg.straggler.enabled),
         ("preemption", cfg.preemption.enable_exit_handler),

@@ -123,6 +123,12 @@ class LaunchOptions:
             return None  # elastic: learnt from the ranks' records
         return self.max_nodes * self.nproc_per_node
 
+    @property
+    def default_run_id(self) -> bool:
+        """Several nodes with torchrun's default run id (``none``): the same for every
+        launch of the job, so it cannot name a run directory of its own."""
+        return self.multi_node and self.rdzv_id in (None, "none")
+
     def run_id(self) -> str:
         if self.rdzv_id and self.rdzv_id != "none":
             return self.rdzv_id

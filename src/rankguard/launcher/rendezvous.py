@@ -186,7 +186,7 @@ class FreshStoreRendezvous(HandlerWrapper):
                     wait_for_workers=False,
                     timeout=timedelta(seconds=self.timeout_s),
                 )
-            logger.info(
+            logger.debug(
                 "rankguard: round %d worker store hosted by the agent on port %d",
                 self.rounds,
                 store_info.master_port,

@@ -4,9 +4,9 @@ Built from the public pieces of torch elastic, as torchrun is, but holding the c
 rendezvous store itself: node 0's launcher hosts it, so it outlives the workers and can
 carry the heartbeat relay of the other nodes until node 0's monitor has drained them.
 
-Flow on every node (:func:`launch`): config checks (:mod:`.checks`) -> run directory
-(:mod:`.rundir`: created 0750, refused if another user's) -> workers' environment ->
-rendezvous store -> side services (:mod:`.services`) -> ``LocalElasticAgent.run()`` ->
+Flow on every node (:func:`launch`): config checks (:mod:`.checks`) -> rendezvous store
+-> run directory (:mod:`.rundir`: created 0750, refused if another user's) -> workers'
+environment -> side services (:mod:`.services`) -> ``LocalElasticAgent.run()`` ->
 stop services -> summary and exit code (:mod:`.exitcodes`). Workers are started as
 ``python -m rankguard.launcher.worker SCRIPT ARGS`` with the run's identity in
 ``RANKGUARD_*`` environment variables.
@@ -46,7 +46,14 @@ from rankguard.launcher.node import node_identity
 from rankguard.launcher.options import LaunchOptions
 from rankguard.launcher.preemption import LaunchPreemption
 from rankguard.launcher.rendezvous import RoundWatcher
-from rankguard.launcher.rundir import ForeignDirectoryError, prepare_run_dir
+from rankguard.launcher.rundir import (
+    DEFAULT_RUN_ID,
+    ForeignDirectoryError,
+    agreed_name,
+    launch_name,
+    link_latest,
+    prepare_run_dir,
+)
 from rankguard.launcher.services import NodeServices
 from rankguard.schema import layout
 from rankguard.textsafe import safe_text
@@ -58,6 +65,25 @@ logger = logging.getLogger("rankguard.launcher")
 
 def run_dir_for(cfg: RankguardConfig, run_id: str) -> Path:
     return layout.run_dir(cfg.log_dir, run_id)
+
+
+def _run_dir_name(opts: LaunchOptions, cfg: RankguardConfig, run_id: str, store: Any) -> str:
+    """The run directory's name: the run id, or, for torchrun's default id on several
+    nodes, one of this launch's own (:func:`~rankguard.launcher.rundir.launch_name`),
+    agreed through the rendezvous store when the launcher holds one. Without a store
+    and with ``no_shared_fs=false`` the nodes must share one directory: ``none``, said."""
+    if not opts.default_run_id:
+        return run_id
+    if store is not None:
+        return agreed_name(store, layout.StoreKeys(run_id).run_dir_name, launch_name(run_id))
+    if cfg.no_shared_fs:
+        return launch_name(run_id)  # node-local files: each node names its own
+    _say(
+        f"run id {DEFAULT_RUN_ID} (torchrun's default) with --rdzv-backend "
+        f"{opts.rdzv_backend} and no_shared_fs=false: every launch shares "
+        f"heartbeat/{DEFAULT_RUN_ID}; give --rdzv-id to keep runs apart"
+    )
+    return run_id
 
 
 def _rendezvous(opts: LaunchOptions, run_id: str) -> tuple[Any, Any, str, int, bool]:
@@ -294,25 +320,36 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
     if max_restarts is None:
         return EXIT_USAGE
     run_id = opts.run_id()
-    run_dir = run_dir_for(cfg, run_id)
-    try:
-        prepare_run_dir(Path(cfg.log_dir), run_dir, cfg.dir_mode())
-    except (ForeignDirectoryError, NotADirectoryError, ValueError) as exc:
-        _say(str(exc))
-        return EXIT_USAGE
-    except OSError as exc:
-        _say(f"log_dir {cfg.log_dir}: cannot create {exc.filename or run_dir}: {exc.strerror}")
-        return EXIT_USAGE
-    refused = _preflight(opts, cfg, run_dir)
-    if refused is not None:
-        return refused
     timeouts = _timeouts_in_force(cfg)
-    if timeouts is None or not _environment(opts, cfg, run_id, run_dir):
+    if timeouts is None:
         return EXIT_USAGE
+    # The rendezvous first: a default run id's directory name is agreed through its
+    # store, and nothing is created before it holds its port (a busy one leaves no
+    # empty run directory behind).
+    _fresh_worker_store()  # read by _rendezvous
     try:
         handler, store, host, port, hosting = _rendezvous(opts, run_id)
     except (RuntimeError, ValueError) as exc:
         _say(f"rendezvous: {_one_line(exc)}")
+        return EXIT_USAGE
+    try:
+        run_dir = run_dir_for(cfg, _run_dir_name(opts, cfg, run_id, store))
+        prepare_run_dir(Path(cfg.log_dir), run_dir, cfg.dir_mode())
+    except (ForeignDirectoryError, NotADirectoryError, ValueError) as exc:
+        _say(_one_line(exc))
+        return EXIT_USAGE
+    except OSError as exc:
+        _say(f"log_dir {cfg.log_dir}: cannot create {exc.filename or cfg.log_dir}: {exc.strerror}")
+        return EXIT_USAGE
+    except RuntimeError as exc:  # the rendezvous store did not answer
+        _say(f"rendezvous: {_one_line(exc)}")
+        return EXIT_USAGE
+    if run_dir.name != run_id:
+        link_latest(run_dir.parent, run_dir.name)
+    refused = _preflight(opts, cfg, run_dir)
+    if refused is not None:
+        return refused
+    if not _environment(opts, cfg, run_id, run_dir):
         return EXIT_USAGE
     services = _services(opts, cfg, run_id, run_dir, timeouts, host, port, store is not None)
     if opts.rdzv_backend == "c10d" and opts.multi_node:
@@ -606,7 +643,6 @@ def _environment(opts: LaunchOptions, cfg: RankguardConfig, run_id: str, run_dir
     _thread_defaults(opts)
     if opts.standalone:
         _loopback_gloo()
-    _fresh_worker_store()
     if opts.preload:
         try:
             start_fork_server(opts.preload)
@@ -684,6 +720,10 @@ def _run_agent(agent: RankguardAgent, node: NodeStart) -> tuple[Any, int | None]
 
 def _stop(services: NodeServices, handler: Any, run_dir: Path) -> None:
     status = services.stop()
+    if services.node_rank == 0:  # rank 0's perf files: a stopped rank 0 left them unclosed
+        from rankguard.perf.finish import complete_summary
+
+        complete_summary(layout.perf_dir(run_dir.parent.parent, run_dir.name))
     if services.monitor is not None:
         _report(run_dir, status)
     try:

@@ -10,17 +10,43 @@ the launch stops (exit 2). Directories that already exist keep their mode.
 The run id names the run directory, so it must be one plain name (:func:`check_run_id`):
 ``--rdzv-id ../../x`` or one with a newline would put the run outside ``log_dir`` or
 forge lines in the logs that print it.
+
+torchrun's default run id (``none``, what a Kubernetes PyTorchJob runs with: no
+``--rdzv-id``) is the same for every launch: the run directory of a job that keeps it is
+``none-<date>-<time>-<hex>`` (:func:`launch_name`), one per launch, so a rerun into the
+same log directory never mixes its files with an earlier run's; ``<log_dir>/heartbeat/latest``
+points at the newest (:func:`link_latest`). The nodes agree on the name through the
+rendezvous store when the launcher holds one (c10d); without it each node names its own
+(its files are its own with ``no_shared_fs``, the default).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import secrets
+import time
 from pathlib import Path
+from typing import Any
 
 from rankguard._fs import owner_name
 
-__all__ = ["ForeignDirectoryError", "check_run_id", "owner_name", "prepare_run_dir"]
+__all__ = [
+    "DEFAULT_RUN_ID",
+    "LATEST_LINK",
+    "ForeignDirectoryError",
+    "agreed_name",
+    "check_creatable",
+    "check_run_id",
+    "launch_name",
+    "link_latest",
+    "owner_name",
+    "prepare_run_dir",
+]
+
+DEFAULT_RUN_ID = "none"  # torchrun's --rdzv-id when none is given
+LATEST_LINK = "latest"  # <log_dir>/heartbeat/latest -> the newest default-id run directory
 
 _RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@+=-]{0,199}")
 
@@ -34,6 +60,68 @@ def check_run_id(run_id: str) -> str:
             "'_.:@+=-' (at most 200, starting with a letter or digit)"
         )
     return run_id
+
+
+def check_creatable(path: str | os.PathLike[str], what: str) -> None:
+    """``path`` is a directory this user can write, or one it can create: ValueError
+    naming ``what`` and the path otherwise. Torch-free, run before anything is started.
+
+    The first missing directory on the way is created and removed again: only a real
+    ``mkdir`` tells (``/proc/x``: ``/proc`` is a directory that ``access()`` calls
+    writable for root, yet nothing can be created in it)."""
+    path = Path(path).absolute()
+    probe = path
+    while not os.path.lexists(probe) and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ValueError(f"{what} {path}: {probe} is not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        why = "is not writable" if probe == path else f"cannot be created ({probe} is not writable)"
+        raise ValueError(f"{what} {path}: {why}")
+    if probe == path:
+        return
+    first = path
+    while first.parent != probe:
+        first = first.parent
+    try:
+        os.mkdir(first, 0o700)
+    except FileExistsError:
+        return  # created meanwhile (another launch): it is there
+    except OSError as exc:
+        raise ValueError(f"{what} {path}: cannot be created ({exc.strerror})") from None
+    with contextlib.suppress(OSError):  # something was created in it meanwhile: it stays
+        os.rmdir(first)
+
+
+def launch_name(run_id: str) -> str:
+    """A run directory name of its own for this launch: ``<run_id>-<date>-<time>-<hex>``."""
+    return f"{run_id}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
+def agreed_name(store: Any, key: str, proposal: str) -> str:
+    """The run directory name every node of the job uses: the first node's proposal
+    (``compare_set`` on the rendezvous store: the first to ask wins). What the store
+    gives back is checked as a run id (anyone reaching the store could have written it)."""
+    value = store.compare_set(key, "", proposal)
+    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    return check_run_id(text[:200])
+
+
+def link_latest(parent: Path, name: str) -> bool:
+    """``parent/latest`` -> ``name``, replaced atomically; False (nothing changed) where
+    ``latest`` is a real directory (a run whose id is ``latest``) or cannot be written."""
+    link = parent / LATEST_LINK
+    if link.exists() and not link.is_symlink():
+        return False
+    tmp = parent / f".{LATEST_LINK}.{os.getpid()}"
+    try:
+        if tmp.is_symlink():
+            tmp.unlink()
+        os.symlink(name, tmp)
+        os.replace(tmp, link)
+    except OSError:
+        return False
+    return True
 
 
 class ForeignDirectoryError(RuntimeError):

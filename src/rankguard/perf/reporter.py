@@ -214,6 +214,7 @@ class PerfReporter:
         self._closed = False
         self._tty = bool(getattr(self.console, "isatty", lambda: False)())
         self._header_done = False
+        self._flops_why_said = False  # the console said why there is no TFLOP/s
         # trackers: fed after each poll, outside the window lock, through a thread of
         # their own (a slow tracker never delays this thread)
         self.sinks = SinkSet([*build_trackers(cfg, rank=rank, perf_dir=out_dir), *sinks])
@@ -504,8 +505,25 @@ class PerfReporter:
         ("data_loading_share", "DATA %", ".1f", 7),
     )
 
+    def _why_no_tflops(self, e: dict[str, Any]) -> None:
+        """Once, on the console: why the TFLOP/s column is empty (the summary's
+        ``flops_source`` says it too). Said when the detector gave up, or from the second
+        window on (the first may come before the first step's FLOPs are known)."""
+        if self._flops_why_said or e.get("TFLOPS_per_GPU") is not None:
+            return
+        source = self.flops_source
+        if not (source.startswith("none:") or e.get("step", 0) > 1):
+            return
+        self._flops_why_said = True
+        why = source.removeprefix("none:").strip().removesuffix("; set perf.model")
+        self._write(
+            f"[rankguard perf] no TFLOP/s or MFU: {why if why != 'none' else 'no FLOPs known'}"
+            " (set perf.model, perf.flops_per_step, or call measure_flops)"
+        )
+
     def _print(self, e: dict[str, Any]) -> None:
         """A table on a terminal (header once, aligned rows); plain lines in logs."""
+        self._why_no_tflops(e)
 
         def fmt(key: str, spec: str) -> str:
             v = e.get(key)
@@ -513,6 +531,8 @@ class PerfReporter:
                 return "-"
             if key in ("MFU", "data_loading_share"):
                 v = 100 * v
+            if key == "TFLOPS_per_GPU" and 0 < v < 0.1:
+                spec = ".3g"  # a tiny model's figure, not 0.000
             return f"{v:{spec}}"
 
         if self._tty:

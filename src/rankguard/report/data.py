@@ -141,6 +141,8 @@ def resolve_run(path: Path) -> tuple[str, Path | None, Path | None, str | None]:
         raise ReportUnavailable(f"no such directory: {path}")
     if not path.is_dir():
         raise ReportUnavailable(f"not a directory: {path}")
+    if path.is_symlink():  # heartbeat/latest: the run it names (its perf directory too)
+        path = path.resolve()
     kind = _kind(path)
     if kind is not None:
         return (path.name, *_pair(path, kind), None)
@@ -149,7 +151,8 @@ def resolve_run(path: Path) -> tuple[str, Path | None, Path | None, str | None]:
         if not root.is_dir():
             continue
         for child in root.iterdir():
-            child_kind = _kind(child) if child.is_dir() else None
+            # heartbeat/latest links to a run listed under its own name
+            child_kind = _kind(child) if child.is_dir() and not child.is_symlink() else None
             if child_kind is None:
                 continue
             mtime, prev = _newest_mtime(child), runs.get(child.name)

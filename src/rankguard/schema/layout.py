@@ -248,6 +248,12 @@ class StoreKeys:
         """Node 0: the job is preempted (stop step, reason); every node's launcher watches."""
         return f"{self.prefix}preempt"
 
+    @property
+    def run_dir_name(self) -> str:
+        """The run directory every node uses when the run id is torchrun's default
+        (``compare_set``: the first node's proposal wins)."""
+        return f"{self.prefix}run_dir_name"
+
     def excluded(self, node: str) -> str:
         """Bad-node exclusion: ``node`` (host and launcher pid) left the job; its
         finding, read by the nodes left (the hosts for the scheduler)."""

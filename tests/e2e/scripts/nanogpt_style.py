@@ -22,6 +22,8 @@ parser.add_argument("--max-iters", type=int, default=20)
 parser.add_argument("--eval-interval", type=int, default=10)
 parser.add_argument("--eval-iters", type=int, default=4)
 parser.add_argument("--eval-sleep", type=float, default=0.0)
+# nanoGPT's own train.py evaluates at iteration 0 too, before the first step
+parser.add_argument("--eval-at-start", action="store_true")
 parser.add_argument("--save-sleep", type=float, default=0.0)
 parser.add_argument("--out-dir", default="out")
 parser.add_argument("--block-size", type=int, default=16)
@@ -93,9 +95,10 @@ class SlowDisk(io.FileIO):
 iter_num = 0
 X, Y = get_batch("train")
 while True:
-    if iter_num % args.eval_interval == 0 and master_process and iter_num > 0:
+    if iter_num % args.eval_interval == 0 and master_process and (iter_num or args.eval_at_start):
         losses = estimate_loss()
         print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+    if iter_num % args.eval_interval == 0 and master_process and iter_num > 0:
         checkpoint = {
             "model": raw_model.state_dict(),
             "optimizer": optimizer.state_dict(),

@@ -211,6 +211,17 @@ def test_picks_latest_run_dir_from_log_dir(tmp_path: Path, capsys: Any, sub: str
     assert str(old) in captured.err and "most recently updated" in captured.err
 
 
+def test_the_latest_link_is_not_one_more_run(tmp_path: Path, capsys: Any) -> None:
+    old = write_run(tmp_path, "none-1")
+    write_run(tmp_path, "none-2")
+    os.utime(old / "status.json", (2_000_000_000, 2_000_000_000))
+    (tmp_path / "heartbeat" / "latest").symlink_to("none-1")
+    assert run_cli(str(tmp_path), "--json") == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["run_dir"] == str(old)
+    assert "(1 of 2 under" in captured.err, captured.err
+
+
 def test_missing_dir_exits_2_with_message(tmp_path: Path, capsys: Any) -> None:
     assert run_cli(str(tmp_path / "nope")) == 2
     captured = capsys.readouterr()

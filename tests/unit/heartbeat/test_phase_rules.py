@@ -188,3 +188,62 @@ def test_megatron_sections_train_is_the_step_section() -> None:
     assert _run(rules, 38, {0: "checkpointing"}) == []
     rules = _rules(world=1, section_timeouts=sections, out_of_section_timeout=30.0)
     assert _run(rules, 42, {0: "checkpointing"}) == [(0, "gpu_progress_timeout")]
+
+
+def _eval_before_the_first_step(rules: HeartbeatRules, until: int = 30) -> list[tuple[int, str]]:
+    """nanoGPT: set-up 3 s, then rank 0 evaluates (estimate_loss at iteration 0) for 17 s
+    while rank 1 waits for it at its first collective; both step from t=22 on."""
+    feed = Feed(rules)
+    found: list[tuple[int, str]] = []
+    for t in range(until + 1):
+        now = float(t)
+        steps = max(0, t - 21)
+        for rank in (0, 1):
+            if steps:
+                phase, elapsed = "train", now - 22
+            elif rank == 0 and 3 <= t < 20:
+                phase, elapsed = "eval", now - 3
+            elif rank == 0 and t >= 20:
+                phase, elapsed = "setup", now - 20
+            else:
+                phase, elapsed = "setup", now
+            feed.beat(
+                rank,
+                now,
+                progress_seq=steps,
+                since=0.5 if steps else now,
+                phase=phase,
+                phase_elapsed=elapsed,
+            )
+        found += types_of(rules.evaluate(now))
+    return found
+
+
+def test_an_evaluation_before_the_first_step_is_an_evaluation() -> None:
+    """NVRx's setup section (6 s) or a short initial progress timeout (10 s) does not
+    apply to an evaluation before step 1: its own timeout does (50 s), the rank waiting
+    for it is blocked by it, and set-up's clock restarts after it."""
+    sections = _rules(section_timeouts={"setup": 6.0, "step": 20.0})
+    assert _eval_before_the_first_step(sections) == []
+    short = HeartbeatRules(
+        heartbeat_config(eval_timeout_s=50.0, initial_progress_timeout_s=10.0),
+        RUN_ID,
+        expected_world_size=2,
+        started_at=0.0,
+    )
+    assert _eval_before_the_first_step(short) == []
+    # a real hang in that evaluation is still found, named with its phase
+    hung = _rules(section_timeouts={"setup": 6.0, "step": 20.0})
+    feed = Feed(hung)
+    found = []
+    for t in range(60):
+        phase = ("eval", t - 3.0) if t >= 3 else ("setup", float(t))
+        feed.beat(
+            0, float(t), progress_seq=0, since=float(t), phase=phase[0], phase_elapsed=phase[1]
+        )
+        feed.beat(
+            1, float(t), progress_seq=0, since=float(t), phase="setup", phase_elapsed=float(t)
+        )
+        found += hung.evaluate(float(t))
+    assert [(f.rank, f.phase) for f in found] == [(0, "eval")], found
+    assert found[0].timeout_s == 50.0

@@ -105,3 +105,40 @@ def test_torchruns_shutdown_timeout_only_when_given(monkeypatch: pytest.MonkeyPa
     assert parse_run_args(["--shutdown-timeout", "5", "t.py"])[0].shutdown_timeout_s == 5
     monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "7")
     assert parse_run_args(["t.py"])[0].shutdown_timeout_s == 7
+
+
+def test_the_pre_pass_refuses_no_ranks_before_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PET_NPROC_PER_NODE", raising=False)
+    for words in (["--nproc-per-node", "0", "t.py"], ["--nproc_per_node=-1", "t.py"]):
+        with pytest.raises(ValueError, match=r"--nproc-per-node: must be >= 1"):
+            pre_pass(words).check_nproc()
+    for value in ("auto", "gpu", "2"):
+        pre_pass(["--nproc-per-node", value, "t.py"]).check_nproc()
+    monkeypatch.setenv("PET_NPROC_PER_NODE", "0")
+    with pytest.raises(ValueError, match="got 0"):
+        pre_pass(["t.py"]).check_nproc()
+    assert pre_pass(["--log-dir", "/x", "t.py"]).log_dir == "/x"
+
+
+def test_the_first_line_says_what_nvrx_section_timeouts_do() -> None:
+    from rankguard.config import load_config
+    from rankguard.launcher.elastic import features_line
+    from rankguard.launcher.options import LaunchOptions
+
+    opts = LaunchOptions(target="t.py")
+    on = {"heartbeat.enabled": True}
+    cfg = load_config(
+        None,
+        [
+            "fault_tolerance.rank_section_timeouts=setup:6,step:3",
+            "fault_tolerance.rank_out_of_section_timeout=20",
+        ],
+        defaults=on,
+    )
+    line = features_line(opts, cfg)
+    assert "fault tolerance off" in line
+    assert (
+        "NVRx section timeouts setup 6 s, step 3 s, out of section 20 s (each phase's own "
+        "limit; a hang is reported, nothing is killed or restarted)"
+    ) in line
+    assert "section" not in features_line(opts, load_config(None, [], defaults=on))

@@ -135,3 +135,41 @@ def test_usual_run_ids_are_accepted() -> None:
 
     for run_id in ("20261201-120000-abc123", "12345_7", "job.3", "none", "a:b@c+d=e"):
         assert check_run_id(run_id) == run_id
+
+
+def test_a_directory_nothing_can_be_created_in_is_refused_naming_it(tmp_path: Path) -> None:
+    from rankguard.launcher.rundir import check_creatable
+
+    check_creatable(tmp_path / "a" / "b", "log_dir")  # creatable: nothing is left behind
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "f").write_text("")
+    with pytest.raises(ValueError, match=r"log_dir .*/f/x: .*/f is not a directory"):
+        check_creatable(tmp_path / "f" / "x", "log_dir")
+    if os.path.isdir("/proc"):  # access() says writable for root; mkdir fails
+        with pytest.raises(ValueError, match=r"^--log-dir /proc/x/y: cannot be created"):
+            check_creatable("/proc/x/y", "--log-dir")
+
+
+def test_a_default_run_id_gets_a_directory_of_each_launch_agreed_through_the_store(
+    tmp_path: Path,
+) -> None:
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from rankguard.launcher.rundir import agreed_name, launch_name, link_latest
+
+    a, b = launch_name("none"), launch_name("none")
+    assert a != b and a.startswith("none-")
+    host = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=5))
+    peer = TCPStore("127.0.0.1", host.port, is_master=False, timeout=timedelta(seconds=5))
+    assert agreed_name(host, "k", a) == a and agreed_name(peer, "k", b) == a
+    peer.set("bad", "../../etc")
+    with pytest.raises(ValueError, match="run id"):
+        agreed_name(peer, "bad", b)
+    assert link_latest(tmp_path, a) and os.readlink(tmp_path / "latest") == a
+    assert link_latest(tmp_path, b) and os.readlink(tmp_path / "latest") == b
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "latest").mkdir()  # a run named latest: left alone
+    assert not link_latest(tmp_path / "other", a)
+    assert (tmp_path / "other" / "latest").is_dir()

@@ -145,6 +145,14 @@ def test_log_dir_picks_the_newest_run(tmp_path: Path) -> None:
     assert note is not None and "run-new" in note and "2 run(s)" in note
     assert resolve_run(tmp_path / "heartbeat")[0] == "run-new"
     assert resolve_run(tmp_path / "perf_monitor" / "run-old")[1] == old
+    # heartbeat/latest (a default run id's newest launch): a pointer, not one more run
+    (tmp_path / "heartbeat" / "latest").symlink_to("run-old")
+    assert "2 run(s)" in str(resolve_run(tmp_path)[3])
+    assert resolve_run(tmp_path / "heartbeat" / "latest")[:3] == (
+        "run-old",
+        old,
+        tmp_path / "perf_monitor" / "run-old",
+    )
 
 
 def test_heatmap_aggregates_many_ranks_keeping_the_slowest(tmp_path: Path) -> None:
