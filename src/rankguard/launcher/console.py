@@ -133,13 +133,16 @@ def _echo_only(f: dict[str, Any]) -> bool:
 def _finding_words(f: dict[str, Any]) -> str:
     early = (f.get("exit") or {}).get("peers_ended_first")
     if early and f.get("finding_type") == FindingType.PROCESS_EXITED.value:
-        ranks = ", ".join(str(r) for r in early)
+        ranks = f"rank {early[0]}" if len(early) == 1 else f"ranks {', '.join(map(str, early))}"
         return (
-            f"rank(s) {ranks} left the job early (exited cleanly while rank {f['rank']} "
-            f"still ran collectives with them); rank {f['rank']} then failed: "
-            f"{_last_error_line(f)}"
+            f"{ranks} left the job early (exited cleanly while rank {f['rank']} still ran "
+            f"collectives with it); rank {f['rank']} then failed: {_last_error_line(f)}"
         )
-    return f"{f.get('finding_type')}: {f.get('message')}"
+    message = str(f.get("message") or "")
+    who = f"rank {f['rank']} (pid {f.get('pid')} on {f.get('hostname')})"
+    if message.startswith(who + ": "):
+        return f"{who}: {f.get('finding_type')}: {message[len(who) + 2 :]}"
+    return f"rank {f['rank']}: {f.get('finding_type')}: {message}"
 
 
 def _last_error_line(f: dict[str, Any]) -> str:
@@ -153,6 +156,7 @@ def root_cause_lines(
     findings: list[dict[str, Any]],
     *,
     monitored: bool = True,
+    stopped: str | None = None,
 ) -> list[str]:
     """The launcher's verdict on a failed run, agreeing with the findings.
 
@@ -160,7 +164,8 @@ def root_cause_lines(
     finding the launcher acted on (fault tolerance killed its rank: that kill's exit
     code is rankguard's doing, the finding is the cause); ``findings``: the monitor's
     (node 0: every node's ranks), in the order found; ``monitored``: this node runs
-    the monitor (else the findings are on node 0). The root cause is the finding
+    the monitor (else the findings are on node 0); ``stopped``: why a launcher stopped
+    its ranks, as the monitor heard it (another node's SIGTERM). The root cause is the finding
     acted on, else the failure the monitor saw first when the agent's first failure is
     another rank or a peer's echo ("Connection closed by peer"), else the agent's
     first failure; a second line says why another rank's exit is not the cause."""
@@ -175,6 +180,11 @@ def root_cause_lines(
             lines.append(f"  this node's first failed worker: {_agent_words(root)}")
         return lines
     first = _first_cause(findings)
+    if first is None and stopped is not None:
+        lines = [f"root cause: no rank failed: the job was stopped ({stopped})"]
+        if root is not None:
+            lines.append(f"  this node's first failed worker, a consequence: {_agent_words(root)}")
+        return lines
     if root is None:
         return [f"root cause: {_finding_words(first)}"] if first is not None else []
     echo = peer_failure(root.get("error"))

@@ -737,7 +737,11 @@ def _outcome(
         monitor = services.monitor
         findings = monitor.episode_findings() if monitor is not None else []
         for line in root_cause_lines(
-            root, agent.pending_cause, findings, monitored=services.monitor is not None
+            root,
+            agent.pending_cause,
+            findings,
+            monitored=monitor is not None,
+            stopped=monitor.rules.shutdown if monitor is not None else None,
         ):
             _say(line)
         if root is not None and root.get("error_file") and os.path.isfile(str(root["error_file"])):

@@ -29,7 +29,14 @@ def root(
 
 
 def finding(ftype: str, rank: int, message: str, **exit_info: Any) -> dict[str, Any]:
-    return {"finding_type": ftype, "rank": rank, "message": message, "exit": exit_info or None}
+    return {
+        "finding_type": ftype,
+        "rank": rank,
+        "pid": 100 + rank,
+        "hostname": "h",
+        "message": message,
+        "exit": exit_info or None,
+    }
 
 
 HANG = finding("gpu_progress_timeout", 1, "rank 1 (pid 101 on h): alive but no step for 4.1s > 4s")
@@ -37,16 +44,18 @@ HANG = finding("gpu_progress_timeout", 1, "rank 1 (pid 101 on h): alive but no s
 
 def test_a_kill_by_fault_tolerance_is_not_the_cause_the_finding_is() -> None:
     lines = root_cause_lines(root(1, -9, "SIGKILL", "Signal 9 (SIGKILL)"), HANG, [HANG])
-    assert lines[0] == f"root cause: gpu_progress_timeout: {HANG['message']}"
+    assert lines[0] == (
+        "root cause: rank 1 (pid 101 on h): gpu_progress_timeout: alive but no step for 4.1s > 4s"
+    )
     assert "exit code -9 (SIGKILL) is fault tolerance's kill" in lines[1]
 
 
 def test_the_monitors_first_failure_on_another_node_is_the_cause() -> None:
     """Node 0's own rank died of its peer's end; the monitor saw rank 3 die first."""
-    died = finding("rank_process_exited", 3, "rank 3 (pid 7 on h2): process vanished")
+    died = finding("rank_process_exited", 3, "rank 3 (pid 103 on h): process vanished")
     warn = finding("straggler_detected", 0, "rank 0 is slow")
     lines = root_cause_lines(root(0, error=PEER), None, [warn, died])
-    assert lines[0] == f"root cause: rank_process_exited: {died['message']}"
+    assert lines[0] == "root cause: rank 3 (pid 103 on h): rank_process_exited: process vanished"
     assert "this node's first failed worker, a consequence: rank 0" in lines[1]
 
 
@@ -55,7 +64,7 @@ def test_a_peer_that_left_early_is_named_not_the_echo() -> None:
         "rank_process_exited", 0, "rank 0: exited with an error", error=PEER, peers_ended_first=[1]
     )
     (line,) = root_cause_lines(root(0, error=PEER), None, [echo])
-    assert line.startswith("root cause: rank(s) 1 left the job early")
+    assert line.startswith("root cause: rank 1 left the job early")
     assert "rank 0 then failed: " + PEER in line
 
 
@@ -91,3 +100,13 @@ def test_failure_summary_is_torch_elastics_child_failed_error(tmp_path: Path) ->
     assert f"  error_file: {error_file}" in lines
     assert "  ValueError: bad" in lines
     assert failure_summary("train.py", {}) is None
+
+
+def test_a_stop_on_another_node_is_not_blamed_on_a_rank() -> None:
+    lines = root_cause_lines(
+        root(0, error=PEER), None, [], stopped="node 1's launcher received SIGTERM"
+    )
+    assert lines[0] == (
+        "root cause: no rank failed: the job was stopped (node 1's launcher received SIGTERM)"
+    )
+    assert "a consequence: rank 0 (pid 100)" in lines[1]
