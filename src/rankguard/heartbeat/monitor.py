@@ -145,6 +145,7 @@ class JobMonitor:
         self._status_sources: list[StatusSource] = list(status_sources)
         self.recent_findings: deque[dict[str, Any]] = deque(maxlen=20)
         self._episode: list[dict[str, Any]] = []  # error findings since the last restart
+        self._episode_of = 0  # the rules' generation they belong to
         self.status: dict[str, Any] = {}
         self.outcome: str | None = None  # the launcher's word on the end (note_end)
         self.ended = False  # stop() drained the ranks: the status is the final one
@@ -199,15 +200,16 @@ class JobMonitor:
         self._thread.start()
 
     def note_restart(self, reason: str, *, cause_pending: bool = False) -> None:
-        """See :meth:`HeartbeatRules.note_restart`. The failure episode ends: the
-        findings of the next one are its own (:meth:`episode_findings`)."""
+        """See :meth:`HeartbeatRules.note_restart`."""
         self.rules.note_restart(reason, cause_pending=cause_pending, now=self.clock())
-        self._episode.clear()
 
     def episode_findings(self) -> list[dict[str, Any]]:
-        """The first findings of an error (not warnings) since the last restart, in
-        the order found (at most :data:`EPISODE_FINDINGS`): what the launcher's root
-        cause agrees with."""
+        """The first findings of an error (not warnings) since the ranks' processes
+        were last replaced (a restart that happened, not one only noted), in the order
+        found (at most :data:`EPISODE_FINDINGS`): what the launcher's root cause agrees
+        with."""
+        if self._episode_of != self.rules.generation:
+            return []
         return list(self._episode)
 
     def first_failed_rank(self) -> int | None:
@@ -487,6 +489,8 @@ class JobMonitor:
         lines = [f.to_dict() for f in findings]
         self._written(self._findings_out, self._findings_out.append(lines))
         self.recent_findings.extend(lines)
+        if self._episode_of != self.rules.generation:  # the ranks restarted since
+            self._episode_of, self._episode = self.rules.generation, []
         for f, line in zip(findings, lines, strict=True):
             if f.finding_type.info.severity == "error" and len(self._episode) < EPISODE_FINDINGS:
                 self._episode.append(line)

@@ -180,6 +180,7 @@ class HeartbeatRules:
         # rank's own error is still that cause (it comes a relay period later)
         self.cause_pending_until: float | None = None
         self.ending = False  # the launcher's run is over: nothing is held any more
+        self.generation = 0  # counts ranks' new processes (restarts): failure episodes
         # node (None: every node without its own report) -> its disk, when it had space
         # again (None while full or never full)
         self.disks: dict[int | None, tuple[DiskState, float | None]] = {}
@@ -265,6 +266,7 @@ class HeartbeatRules:
             if self.first_failure is not None and self.first_failure[0] == rank:
                 self.first_failure = None  # the failed rank was restarted: episode over
             if had_process:
+                self.generation += 1  # a new process of a rank: a new episode
                 self.restarting = None  # the new worker group is up
                 self.cause_pending_until = None
                 self.root_cause = None

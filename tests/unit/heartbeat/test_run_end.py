@@ -12,7 +12,14 @@ import pytest
 
 from rankguard.heartbeat.monitor import JobMonitor
 from rankguard.schema.layout import FINDINGS_FILE
-from tests.factories import FakeClock, heartbeat_config, publisher_record, read_jsonl, read_status
+from tests.factories import (
+    BASE_NS,
+    FakeClock,
+    heartbeat_config,
+    publisher_record,
+    read_jsonl,
+    read_status,
+)
 from tests.factories import write_heartbeats as write
 
 RUN = "run-end"
@@ -128,3 +135,24 @@ def test_the_launchers_failure_is_the_final_state(tmp_path: Path) -> None:
     assert mon.stop(drain_timeout_s=0.0)["state"] == "failed"
     with pytest.raises(ValueError, match="outcome 'running'"):
         mon.note_end("running")
+
+
+def test_the_root_causes_findings_outlive_a_restart_noted_but_not_its_new_group(
+    tmp_path: Path,
+) -> None:
+    """Fault tolerance notes a restart as it kills (none may follow): the episode's
+    findings stay; once the ranks' processes are replaced, they are the past."""
+    clock = FakeClock()
+    mon = _monitor(tmp_path, clock)
+    write(tmp_path, rec(0, 0), rec(1, 0), rec(1, 1, event="process_end", exit=VANISHED))
+    clock.t += 0.1
+    (died,) = mon.scan_once()
+    mon.note_restart("restart after rank_process_exited on rank 1")
+    assert [f["rank"] for f in mon.episode_findings()] == [1] == [died.rank]
+    for rank in (0, 1):  # the new group
+        started = rec(rank, 0, pid=5000 + rank, event="process_start", progress_seq=0)
+        started["wall_time_ns"] = BASE_NS + 60_000_000_000
+        write(tmp_path, started)
+    clock.t += 0.1
+    mon.scan_once()
+    assert mon.episode_findings() == []
