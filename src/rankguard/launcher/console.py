@@ -157,6 +157,7 @@ def root_cause_lines(
     *,
     monitored: bool = True,
     stopped: str | None = None,
+    killed_on_request: bool = False,
 ) -> list[str]:
     """The launcher's verdict on a failed run, agreeing with the findings.
 
@@ -165,7 +166,9 @@ def root_cause_lines(
     code is rankguard's doing, the finding is the cause); ``findings``: the monitor's
     (node 0: every node's ranks), in the order found; ``monitored``: this node runs
     the monitor (else the findings are on node 0); ``stopped``: why a launcher stopped
-    its ranks, as the monitor heard it (another node's SIGTERM). The root cause is the finding
+    its ranks, as the monitor heard it (another node's SIGTERM); ``killed_on_request``:
+    ``root``'s rank was killed by this node's relay for node 0's fault tolerance (the
+    finding is on node 0). The root cause is the finding
     acted on, else the failure the monitor saw first when the agent's first failure is
     another rank or a peer's echo ("Connection closed by peer"), else the agent's
     first failure; a second line says why another rank's exit is not the cause."""
@@ -179,6 +182,12 @@ def root_cause_lines(
         elif root is not None:
             lines.append(f"  this node's first failed worker: {_agent_words(root)}")
         return lines
+    if root is not None and killed_on_request and not monitored:
+        return [
+            f"root cause: a finding on node 0 (its findings name it): {_agent_words(root)}: "
+            "fault tolerance killed it on node 0's request (that kill's exit code, not the "
+            "cause)"
+        ]
     first = _first_cause(findings)
     if first is None and stopped is not None:
         lines = [f"root cause: no rank failed: the job was stopped ({stopped})"]

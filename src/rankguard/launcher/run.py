@@ -742,6 +742,7 @@ def _outcome(
             findings,
             monitored=monitor is not None,
             stopped=monitor.rules.shutdown if monitor is not None else None,
+            killed_on_request=_killed_on_request(services, root),
         ):
             _say(line)
         if root is not None and root.get("error_file") and os.path.isfile(str(root["error_file"])):
@@ -761,6 +762,12 @@ def _outcome(
     if services.stop_at is not None and not (agreed and str(agreed.reason).startswith("preempt")):
         _say(f"every rank stopped at step {services.stop_at} (stop_if_detected)")
     return JobOutcome(fault_tolerance=ft_on, stop_at=services.stop_at)
+
+
+def _killed_on_request(services: NodeServices, root: dict[str, Any] | None) -> bool:
+    """This node's relay killed the root cause's rank for node 0's fault tolerance."""
+    relay = services.relay
+    return root is not None and relay is not None and root.get("pid") in relay.killed
 
 
 def _say_rerun(worker_exit: int | None, run_dir: Path) -> None:

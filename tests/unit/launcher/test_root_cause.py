@@ -110,3 +110,15 @@ def test_a_stop_on_another_node_is_not_blamed_on_a_rank() -> None:
         "root cause: no rank failed: the job was stopped (node 1's launcher received SIGTERM)"
     )
     assert "a consequence: rank 0 (pid 100)" in lines[1]
+
+
+def test_a_kill_on_node_0s_request_is_not_the_cause_on_node_1() -> None:
+    (line,) = root_cause_lines(
+        root(3, -9, "SIGKILL", "Signal 9 (SIGKILL)"),
+        None,
+        [],
+        monitored=False,
+        killed_on_request=True,
+    )
+    assert line.startswith("root cause: a finding on node 0 (its findings name it): rank 3")
+    assert "fault tolerance killed it on node 0's request" in line
