@@ -180,7 +180,7 @@ def root_cause_lines(
                 "is fault tolerance's kill for that finding, not the cause"
             )
         elif root is not None:
-            lines.append(f"  this node's first failed worker: {_agent_words(root)}")
+            lines.append(f"  this node's first failed worker, a consequence: {_agent_words(root)}")
         return lines
     if root is not None and killed_on_request and not monitored:
         return [

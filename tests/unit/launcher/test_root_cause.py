@@ -48,6 +48,8 @@ def test_a_kill_by_fault_tolerance_is_not_the_cause_the_finding_is() -> None:
         "root cause: rank 1 (pid 101 on h): gpu_progress_timeout: alive but no step for 4.1s > 4s"
     )
     assert "exit code -9 (SIGKILL) is fault tolerance's kill" in lines[1]
+    lines = root_cause_lines(root(0, error=PEER), HANG, [HANG])  # node 0, culprit elsewhere
+    assert lines[1].startswith("  this node's first failed worker, a consequence: rank 0")
 
 
 def test_the_monitors_first_failure_on_another_node_is_the_cause() -> None:
