@@ -31,12 +31,7 @@ from rankguard.heartbeat.identity import ENV
 from rankguard.inprocess.policy import apply_environment
 from rankguard.launcher.agent import RankguardAgent, first_failure
 from rankguard.launcher.checks import check_launch
-from rankguard.launcher.console import (
-    LiveStatus,
-    failure_summary,
-    root_cause_lines,
-    run_end_line,
-)
+from rankguard.launcher.console import LiveStatus, run_end_line
 from rankguard.launcher.elastic import build_agent, features_line
 from rankguard.launcher.exclusion import ExcludedBelowMinimum, NodeExcluded, NodeExclusion
 from rankguard.launcher.exitcodes import (
@@ -53,6 +48,7 @@ from rankguard.launcher.preemption import LaunchPreemption
 from rankguard.launcher.rendezvous import RoundWatcher
 from rankguard.launcher.rundir import ForeignDirectoryError, prepare_run_dir
 from rankguard.launcher.services import NodeServices
+from rankguard.launcher.verdict import failure_summary, root_cause_lines
 from rankguard.schema import layout
 from rankguard.textsafe import safe_text
 

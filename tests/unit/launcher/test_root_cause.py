@@ -9,7 +9,7 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from rankguard.launcher.console import failure_summary, root_cause_lines
+from rankguard.launcher.verdict import failure_summary, root_cause_lines
 
 PEER = "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:4242"
 
