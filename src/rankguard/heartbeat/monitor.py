@@ -149,6 +149,7 @@ class JobMonitor:
         self.status: dict[str, Any] = {}
         self.outcome: str | None = None  # the launcher's word on the end (note_end)
         self.ended = False  # stop() drained the ranks: the status is the final one
+        self._run_over = False  # note_end(): the launcher's run is over
         self.ingest = Ingest(
             cfg,
             self.layout,
@@ -230,21 +231,26 @@ class JobMonitor:
         """See :meth:`HeartbeatRules.note_shutdown` (safe from a signal handler)."""
         self.rules.note_shutdown(reason)
 
-    def note_end(self, outcome: str) -> None:
-        """The launcher's word on how its run ended (``completed``, ``failed`` or
-        ``stopped``), before :meth:`stop`: the final status says it where the ranks'
-        own ends leave it open (a rank that never published, a kill by fault tolerance
-        with no restart left)."""
-        if outcome not in FINAL_STATES:
+    def note_end(self, outcome: str | None) -> None:
+        """The launcher's run is over: :meth:`stop` writes the final status, in a final
+        state (:data:`FINAL_STATES`). ``outcome``: the launcher's word on how it ended
+        (``completed``, ``failed`` or ``stopped``; None: it has none), said where the
+        ranks' own ends leave it open (a rank that never published, a kill by fault
+        tolerance with no restart left). Without this note :meth:`stop` leaves the
+        state as the ranks' ends make it (a monitor that moves to another node: the job
+        goes on)."""
+        if outcome is not None and outcome not in FINAL_STATES:
             raise ValueError(f"outcome {outcome!r}: one of {sorted(FINAL_STATES)}")
         self.outcome = outcome
+        self._run_over = True
 
     def stop(self, drain_timeout_s: float = 0.0, write_wait_s: float = 5.0) -> dict[str, Any]:
         """Stop scanning; first keep scanning up to ``drain_timeout_s`` until every rank
         has ended (and every relaying node said it is done), then, while findings or the
         status could not be written (a full disk), up to ``write_wait_s`` more. Returns
-        the final status, in a final state (:data:`FINAL_STATES`): an end still held
-        back waiting for its cause is judged with what is known."""
+        the final status; after :meth:`note_end` in a final state
+        (:data:`FINAL_STATES`), an end still held back waiting for its cause judged with
+        what is known."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
@@ -254,13 +260,14 @@ class JobMonitor:
             if self._all_ended() or self.clock() >= deadline:
                 break
             time.sleep(min(0.2, self.cfg.scan_interval_s))
-        with self._scan_lock:
-            held = self.rules.end_run()
-            self.ended = True
-            if not held:  # the final state and notes: no new record to read
-                self._write_status(self.clock())
-        if held:  # their ends are judged now
-            self.scan_once()
+        if self._run_over:
+            with self._scan_lock:
+                held = self.rules.end_run()
+                self.ended = True
+                if not held:  # the final state and notes: no new record to read
+                    self._write_status(self.clock())
+            if held:  # their ends are judged now
+                self.scan_once()
         with self._report_lock:  # report() says False from now on: its caller writes
             self._report_closed = True
         if not self._reported.empty():  # reported during the last scan

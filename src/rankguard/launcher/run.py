@@ -695,9 +695,9 @@ def _end_word(result: Any, stopped_by: int | None) -> str | None:
 
 
 def _stop(services: NodeServices, handler: Any, run_dir: Path, end: str | None) -> None:
-    """Stop the node's services (``end``: how the agent's run ended, for the final
-    status)."""
-    if services.monitor is not None and end is not None:
+    """Stop the node's services; the run is over (``end``: how the agent's run ended,
+    for the final status; None: it did not say)."""
+    if services.monitor is not None:
         services.monitor.note_end(end)
     status = services.stop()
     if services.monitor is not None:

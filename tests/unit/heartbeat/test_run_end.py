@@ -73,6 +73,7 @@ def test_a_peer_failure_held_for_its_cause_is_judged_before_the_end(tmp_path: Pa
     )
     clock.t += 0.1
     assert mon.scan_once() == []  # held: its cause may come from another node
+    mon.note_end(None)  # the launcher's run is over (it has no word of its own)
     status = mon.stop(drain_timeout_s=0.0)
     assert status["state"] == "failed"
     (finding,) = read_jsonl(tmp_path / FINDINGS_FILE)
@@ -117,9 +118,16 @@ def test_ranks_never_seen_ending_end_in_a_final_state(
     mon = _monitor(tmp_path)
     write(tmp_path, rec(0, 0), rec(1, 0))
     mon.scan_once()
-    if said is not None:
-        mon.note_end(said)
+    mon.note_end(said)
     assert mon.stop(drain_timeout_s=0.0)["state"] == state
+
+
+def test_a_monitor_that_moves_to_another_node_leaves_no_final_state(tmp_path: Path) -> None:
+    """A renumbered node stops its monitor while the job goes on (no note_end)."""
+    mon = _monitor(tmp_path)
+    write(tmp_path, rec(0, 0), rec(1, 0))
+    mon.scan_once()
+    assert mon.stop(drain_timeout_s=0.0)["state"] == "running"
 
 
 def test_the_launchers_failure_is_the_final_state(tmp_path: Path) -> None:
