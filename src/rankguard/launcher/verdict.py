@@ -106,10 +106,10 @@ def root_cause_lines(
     the monitor (else the findings are on node 0); ``stopped``: why a launcher stopped
     its ranks, as the monitor heard it (another node's SIGTERM); ``killed_on_request``:
     ``root``'s rank was killed by this node's relay for node 0's fault tolerance (the
-    finding is on node 0). The root cause is the finding
-    acted on, else the failure the monitor saw first when the agent's first failure is
-    another rank or a peer's echo ("Connection closed by peer"), else the agent's
-    first failure; a second line says why another rank's exit is not the cause."""
+    finding is on node 0). The root cause is the finding acted on, else the failure the
+    monitor saw first when the agent's first failure is another rank or a peer's echo
+    ("Connection closed by peer"), else the agent's first failure; a second line says
+    why another rank's exit is not the cause."""
     if acted is not None and acted.get("finding_type") != FindingType.WORKER_FAILED.value:
         lines = [f"root cause: {_finding_words(acted)}"]
         if root is not None and root.get("rank") == acted.get("rank") and root.get("signal"):
