@@ -94,7 +94,11 @@ the expected set (strict: an extra rank blamed is wrong) and the case's own evid
 is there (every verdict fails when nothing was observed: a case that expects no
 finding also needs the training to complete, or what it checks to be seen: the
 launcher's exit, no process left, the refused records counted, the marker intact;
-``disk_full`` needs its ``node_disk_full`` findings); detection = the first
+``disk_full`` needs its ``node_disk_full`` findings), and node 0's ``root cause:`` line
+agrees: it names the culprit's global rank for a rank's fault that ends the job (a hang
+found and killed, a SIGSTOP, a SIGKILL, a crash; on two nodes too, where node 0's own
+first failed worker is only a consequence), says no rank failed after a launcher's
+SIGTERM, and is absent when the training completes; detection = the first
 expected finding's ``detected_wall_time`` minus the injection time (the fault's
 ``injecting fault`` line as it reached this script, or the moment this script sent the
 signal / wrote the line); orphans = processes with the run id in their environment
@@ -119,6 +123,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
@@ -997,11 +1002,7 @@ def evaluate(
     res.messages = [str(f.get("message", ""))[:200] for f in findings]
     check_files(run_dirs, injected, res)
     out = "\n".join(la.text() for la in launchers)
-    cause = next(
-        (line for line in out.splitlines() if line.startswith("[rankguard] root cause: rank ")),
-        "",
-    )
-    res.root_cause = cause.removeprefix("[rankguard] root cause: ")[:160]
+    res.root_cause = root_cause_of(launchers)
     res.completed = "[demo] done:" in out or "[collective] done:" in out
     # injection time of faults the training injects itself: its "injecting fault" line
     if inject_t is None:
@@ -1073,6 +1074,10 @@ def evaluate(
         # always: nothing is found, so the training must complete
         completed_ok = c.variant == "once" or bool(res.completed)
         res.right = res.right and said and completed_ok
+    cause_ok = root_cause_right(c, res.root_cause)
+    if not cause_ok:
+        res.right = False
+        res.note += f"root cause line: {res.root_cause or 'none'}; "
     if c.expected and inject_t is not None:
         times = [
             datetime.fromisoformat(f["detected_wall_time"]).timestamp()
@@ -1083,6 +1088,33 @@ def evaluate(
             res.detect_s = round(min(times) - inject_t, 2)
     if inject_t is None and c.kind not in ("clean",) and c.expected:
         res.note += "no injection time; "
+
+
+#: Kinds whose fault is one rank's and ends the job: node 0's root-cause line names it.
+CAUSE_KINDS = ("step_hang", "collective_hang", "sigstop", "sigkill_rank", "exception")
+
+
+def root_cause_of(launchers: list[Launcher]) -> str:
+    """Node 0's root-cause line (the launcher that wrote the run's final report: it
+    runs the monitor, whose findings the line agrees with), without its prefix."""
+    node0 = next((la for la in launchers if "[rankguard] status:" in la.text()), launchers[0])
+    prefix = "[rankguard] root cause: "
+    line = next((x for x in node0.text().splitlines() if x.startswith(prefix)), "")
+    return line.removeprefix(prefix)[:200]
+
+
+def root_cause_right(c: Case, cause: str) -> bool:
+    """The root-cause line agrees with the fault: it names the culprit's global rank for
+    a rank's fault that ended the job (a hang found and killed, a crash), says no rank
+    failed when a launcher was stopped, and is absent when the training completed."""
+    if c.kind in CAUSE_KINDS or (c.kind == "monitor_crash" and c.variant == "once"):
+        culprit = c.fault_node * c.nproc + c.fault_local
+        return cause.startswith((f"rank {culprit} ", f"rank {culprit}:"))
+    if c.kind == "launcher_sigterm":
+        return not cause or cause.startswith("no rank failed: the job was stopped")
+    if c.kind in (*NO_FINDING_KINDS, "clean", "slow_rank", "disk_full"):
+        return not cause
+    return True  # launcher_sigkill (nothing is said), relay_death (no single culprit)
 
 
 # ---- report ------------------------------------------------------------------------------
@@ -1108,7 +1140,8 @@ def print_row(r: Result) -> None:
     detect = f"{r.detect_s:.2f}" if r.detect_s is not None else "-"
     rc = ",".join("-" if x is None else str(x) for x in r.rc)
     files = "ok" if not r.invalid_files else f"BAD {len(r.invalid_files)}"
-    cause = r.root_cause.split(" (", 1)[0].replace("rank ", "r") if r.root_cause else "-"
+    named = re.match(r"rank (\d+)\b", r.root_cause)
+    cause = f"r{named.group(1)}" if named else ("?" if r.root_cause else "-")
     print(
         f"{r.index:>3} {kind:<20} {r.shape:<10} {r.where:<12} {fmt_findings(r.expected):<27} "
         f"{fmt_findings(r.observed):<32} {'yes' if r.right else 'NO':<5} {detect:>6} "

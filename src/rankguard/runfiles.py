@@ -28,7 +28,7 @@ from rankguard.schema.layout import (
     STATUS_FILE,
     STATUS_RANKS_FILE,
 )
-from rankguard.schema.status import RankRow, StatusDoc
+from rankguard.schema.status import FINAL_STATES, RankRow, StatusDoc
 
 __all__ = [
     "FINAL_STATES",
@@ -44,9 +44,6 @@ __all__ = [
     "read_findings",
     "worst_rows",
 ]
-
-#: Job states after which no launcher is expected to be alive.
-FINAL_STATES = frozenset({"completed", "failed", "stopped"})
 
 _CHUNK = 64 * 1024  # bytes read per step when tailing findings.jsonl backwards
 MAX_LINE = 8 << 20  # a longer line is skipped (no finding is that long)

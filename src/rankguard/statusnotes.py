@@ -78,6 +78,8 @@ def exit_note(exit_info: dict[str, Any]) -> str | None:
         return "stopped"
     if exit_info.get("after_restart"):
         return "restart"
+    if exit_info.get("after_action"):  # a restart was noted, none came: the job ended
+        return "no restart"
     if exit_info.get("after_failure_of_rank") is not None:
         return f"after rank {exit_info['after_failure_of_rank']}"
     return None

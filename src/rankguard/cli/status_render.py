@@ -9,11 +9,12 @@ import json
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
 from rankguard.schema.findings import Finding, FindingType
-from rankguard.schema.status import RankRow, StatusDoc, parse_findings
+from rankguard.schema.status import FINAL_STATES, RankRow, StatusDoc, parse_findings
 from rankguard.statusnotes import (
     exit_note,
     frozen_status,
@@ -276,6 +277,30 @@ def _fmt_counts(counts: dict[str, int], styles: dict[str, str], color: bool) -> 
     return " ".join(_paint(f"{k}={n}", styles.get(k, ""), color) for k, n in counts.items())
 
 
+def _status_age(doc: StatusDoc, now: Any) -> float | None:
+    """Seconds since the monitor wrote the status (None: not known)."""
+    parsed = _parse_time(doc.updated_wall_time)
+    if not isinstance(now, datetime) or parsed is None or parsed.tzinfo is None:
+        return None
+    return max(0.0, (now - parsed).total_seconds())
+
+
+def _aged(ranks: list[RankRow], age: float | None) -> list[RankRow]:
+    """The rows of a status nobody updates any more (its launcher ended or is gone)
+    with their heartbeat and progress ages as of now, not as of the last scan: a
+    heartbeat 0.0 s old in a status written an hour ago is an hour old."""
+    if not age:
+        return ranks
+    return [
+        replace(
+            r,
+            heartbeat_age_s=None if r.heartbeat_age_s is None else r.heartbeat_age_s + age,
+            progress_age_s=None if r.progress_age_s is None else r.progress_age_s + age,
+        )
+        for r in ranks
+    ]
+
+
 def _header(doc: StatusDoc, ranks: list[RankRow], color: bool, now: Any) -> list[str]:
     summary, monitor = doc.summary, doc.monitor
     state = _text(doc.state)
@@ -402,6 +427,8 @@ def render_status(
     doc = StatusDoc.from_dict(raw)
     found, skipped = parse_findings([_safe(f) for f in findings if isinstance(f, dict)])
     ranks = sorted(doc.ranks, key=lambda r: _sort_key(r.rank))
+    if launcher_gone or doc.state in FINAL_STATES:  # nobody updates it: ages go on
+        ranks = _aged(ranks, _status_age(doc, now))
     lines = [*_pack(_header(doc, ranks, color, now), width)]
     if launcher_gone:
         lines.append(_paint(safe_text(launcher_gone), "red", color))

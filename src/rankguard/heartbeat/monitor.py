@@ -40,7 +40,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from rankguard._fs import QueuedJsonl, atomic_write_json
+from rankguard._fs import QueuedJsonl, append_bytes, atomic_write_json
 from rankguard.heartbeat import status as status_rows
 from rankguard.heartbeat.api import Evaluator, FindingSink, RemoteSource, StatusSource
 from rankguard.heartbeat.config import HeartbeatConfig
@@ -52,7 +52,7 @@ from rankguard.heartbeat.status import DETAIL_COLUMNS
 from rankguard.schema.findings import Finding
 from rankguard.schema.layout import RunLayout
 from rankguard.schema.records import SCHEMA_VERSION
-from rankguard.schema.status import MonitorInfo, NodeHealth, StatusDoc
+from rankguard.schema.status import FINAL_STATES, MonitorInfo, NodeHealth, StatusDoc
 from rankguard.textsafe import safe_text
 
 __all__ = [
@@ -67,6 +67,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 5.0  # longest wait between scans while scans keep failing
+EPISODE_FINDINGS = 16  # error findings kept for the launcher's root cause
 
 
 def _iso_now() -> str:
@@ -143,7 +144,12 @@ class JobMonitor:
         self._report_closed = False  # stop() has taken the last ones
         self._status_sources: list[StatusSource] = list(status_sources)
         self.recent_findings: deque[dict[str, Any]] = deque(maxlen=20)
+        self._episode: list[dict[str, Any]] = []  # error findings since the last restart
+        self._episode_of = 0  # the rules' generation they belong to
         self.status: dict[str, Any] = {}
+        self.outcome: str | None = None  # the launcher's word on the end (note_end)
+        self.ended = False  # stop() drained the ranks: the status is the final one
+        self._run_over = False  # note_end(): the launcher's run is over
         self.ingest = Ingest(
             cfg,
             self.layout,
@@ -185,12 +191,27 @@ class JobMonitor:
     # ---- lifecycle ------------------------------------------------------------------
 
     def start(self) -> None:
+        """Start scanning. ``findings.jsonl`` exists from now on, empty until a first
+        finding (tools tail it from the start of a run)."""
+        try:
+            append_bytes(self.layout.findings, b"", fsync=False)
+        except OSError as exc:  # a full disk: the first finding creates it
+            self._write_failed(self.layout.findings, exc)
         self._thread = threading.Thread(target=self._loop, name="rankguard-monitor", daemon=True)
         self._thread.start()
 
     def note_restart(self, reason: str, *, cause_pending: bool = False) -> None:
         """See :meth:`HeartbeatRules.note_restart`."""
         self.rules.note_restart(reason, cause_pending=cause_pending, now=self.clock())
+
+    def episode_findings(self) -> list[dict[str, Any]]:
+        """The first findings of an error (not warnings) since the ranks' processes
+        were last replaced (a restart that happened, not one only noted), in the order
+        found (at most :data:`EPISODE_FINDINGS`): what the launcher's root cause agrees
+        with."""
+        if self._episode_of != self.rules.generation:
+            return []
+        return list(self._episode)
 
     def first_failed_rank(self) -> int | None:
         """The rank the monitor saw fail first in the failure under way (None: none)."""
@@ -210,11 +231,26 @@ class JobMonitor:
         """See :meth:`HeartbeatRules.note_shutdown` (safe from a signal handler)."""
         self.rules.note_shutdown(reason)
 
+    def note_end(self, outcome: str | None) -> None:
+        """The launcher's run is over: :meth:`stop` writes the final status, in a final
+        state (:data:`FINAL_STATES`). ``outcome``: the launcher's word on how it ended
+        (``completed``, ``failed`` or ``stopped``; None: it has none), said where the
+        ranks' own ends leave it open (a rank that never published, a kill by fault
+        tolerance with no restart left). Without this note :meth:`stop` leaves the
+        state as the ranks' ends make it (a monitor that moves to another node: the job
+        goes on)."""
+        if outcome is not None and outcome not in FINAL_STATES:
+            raise ValueError(f"outcome {outcome!r}: one of {sorted(FINAL_STATES)}")
+        self.outcome = outcome
+        self._run_over = True
+
     def stop(self, drain_timeout_s: float = 0.0, write_wait_s: float = 5.0) -> dict[str, Any]:
         """Stop scanning; first keep scanning up to ``drain_timeout_s`` until every rank
         has ended (and every relaying node said it is done), then, while findings or the
         status could not be written (a full disk), up to ``write_wait_s`` more. Returns
-        the final status."""
+        the final status; after :meth:`note_end` in a final state
+        (:data:`FINAL_STATES`), an end still held back waiting for its cause judged with
+        what is known."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
@@ -224,6 +260,14 @@ class JobMonitor:
             if self._all_ended() or self.clock() >= deadline:
                 break
             time.sleep(min(0.2, self.cfg.scan_interval_s))
+        if self._run_over:
+            with self._scan_lock:
+                held = self.rules.end_run()
+                self.ended = True
+                if not held:  # the final state and notes: no new record to read
+                    self._write_status(self.clock())
+            if held:  # their ends are judged now
+                self.scan_once()
         with self._report_lock:  # report() says False from now on: its caller writes
             self._report_closed = True
         if not self._reported.empty():  # reported during the last scan
@@ -252,7 +296,9 @@ class JobMonitor:
     def _all_ended(self) -> bool:
         world = self.rules.world_size()
         ended = all(
-            (s := self.rules.ranks.get(r)) is not None and s.liveness is Liveness.EXITED
+            (s := self.rules.ranks.get(r)) is not None
+            and s.liveness is Liveness.EXITED
+            and s.held_until is None  # a victim's end waits for its cause's
             for r in range(world)
         )
         return ended and (self.remote is None or self.remote.nodes_done())
@@ -391,6 +437,12 @@ class JobMonitor:
             self.scan_errors += 1
             logger.exception("rankguard monitor: cross-rank performance failed")
         self.scan_count += 1
+        self._write_status(now)
+        if not self._complete and now >= self._detail_due:
+            self._write_rank_detail(now)
+        return findings
+
+    def _write_status(self, now: float) -> None:
         self.status = self._build_status(now)
         t0 = time.perf_counter()
         try:
@@ -402,9 +454,6 @@ class JobMonitor:
             self._status_unwritten = True
             self._write_failed(self.layout.status, exc, status=True)
         self.last_status_write_s = time.perf_counter() - t0
-        if not self._complete and now >= self._detail_due:
-            self._write_rank_detail(now)
-        return findings
 
     def report(self, finding: Finding) -> bool:
         """A finding made outside the scan, by the launcher (bad-node exclusion's
@@ -447,6 +496,11 @@ class JobMonitor:
         lines = [f.to_dict() for f in findings]
         self._written(self._findings_out, self._findings_out.append(lines))
         self.recent_findings.extend(lines)
+        if self._episode_of != self.rules.generation:  # the ranks restarted since
+            self._episode_of, self._episode = self.rules.generation, []
+        for f, line in zip(findings, lines, strict=True):
+            if f.finding_type.info.severity == "error" and len(self._episode) < EPISODE_FINDINGS:
+                self._episode.append(line)
         for f in findings:
             logger.warning("rankguard finding: %s", safe_text(f.message))
             self._each_sink("after_write", f)
@@ -523,7 +577,13 @@ class JobMonitor:
         return StatusDoc(
             run_id=self.run_id,
             updated_wall_time=_iso_now(),
-            state=status_rows.job_state(rules, summary, status_rows.n_ranks(rules)),
+            state=status_rows.job_state(
+                rules,
+                summary,
+                status_rows.n_ranks(rules),
+                ended=self.ended,
+                outcome=self.outcome,
+            ),
             monitor=self._monitor_info(),
             summary=summary,
             ranks=rows,

@@ -123,6 +123,7 @@ class StoreRelay:
         self._wake = Wakeup()  # push now (set from a signal handler: no lock)
         self.shutdown: str | None = None  # why this node's launcher stops its workers
         self.root_cause: tuple[int, int | None] | None = None  # from this node's agent
+        self.killed: dict[int, int] = {}  # pid -> rank killed on node 0's request
         self._thread: threading.Thread | None = None
         self._control_done = False
         self.epoch = f"{os.getpid():x}-{time.time_ns():x}"  # a restarted relay: a new one
@@ -277,6 +278,7 @@ class StoreRelay:
             )
         for target in targets:
             if target.pid in done.killed:
+                self.killed[target.pid] = target.rank  # its exit is fault tolerance's doing
                 logger.warning(
                     "rankguard relay: killed rank %d (pid %d) on request", target.rank, target.pid
                 )

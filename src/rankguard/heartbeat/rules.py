@@ -49,7 +49,7 @@ import logging
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rankguard.heartbeat.config import HeartbeatConfig
@@ -182,6 +182,8 @@ class HeartbeatRules:
         # a restart for a rank whose peer went away, its cause not seen yet: until then a
         # rank's own error is still that cause (it comes a relay period later)
         self.cause_pending_until: float | None = None
+        self.ending = False  # the launcher's run is over: nothing is held any more
+        self.generation = 0  # counts ranks' new processes (restarts): failure episodes
         # node (None: every node without its own report) -> its disk, when it had space
         # again (None while full or never full)
         self.disks: dict[int | None, tuple[DiskState, float | None]] = {}
@@ -267,6 +269,7 @@ class HeartbeatRules:
             if self.first_failure is not None and self.first_failure[0] == rank:
                 self.first_failure = None  # the failed rank was restarted: episode over
             if had_process:
+                self.generation += 1  # a new process of a rank: a new episode
                 self.restarting = None  # the new worker group is up
                 self.cause_pending_until = None
                 self.root_cause = None
@@ -377,6 +380,25 @@ class HeartbeatRules:
         ):
             return disk
         return None
+
+    def end_run(self) -> list[int]:
+        """The launcher's run is over (every rank ended, or the drain gave up): an end
+        held back waiting for its cause (:meth:`_exited`) is judged at the next scan
+        with what is known, and a restart noted that never started a new group is said
+        as such in the ends it explained. The ranks held until now."""
+        self.ending = True
+        held = sorted(r for r, s in self.ranks.items() if s.held_until is not None)
+        for rank in held:
+            self._due.again(rank)
+        reason = self.restarting
+        if reason is not None:  # no new group came up: nothing restarted
+            for s in self.ranks.values():
+                rec = s.record
+                if rec is not None and rec.exit and rec.exit.get("after_restart") == reason:
+                    exit_info = {k: v for k, v in rec.exit.items() if k != "after_restart"}
+                    exit_info["after_action"] = f"{reason}; no new group started: the job ended"
+                    s.record = replace(rec, exit=exit_info)
+        return held
 
     def note_shutdown(self, reason: str) -> None:
         """The launcher is stopping every worker (a signal, the end of the job): exits
@@ -650,14 +672,32 @@ class HeartbeatRules:
             # this node; the peer's own end, from another node, a relay period later.
             # Held that long, the cause is named, not its echo.
             hold = s.seen_at + self.fresh_s
-            if now < hold:
+            if now < hold and not self.ending:
                 s.held_until = hold
                 return
+            early = self._ended_before(s)
+            if early:  # no rank failed: a peer that left the job early broke it
+                s.record = rec.with_exit(peers_ended_first=early)
         s.held_until = None
         if first is None:
             self.first_failure = (s.rank, now)
         reason = Reason.DIED if exit_info.get("vanished") else Reason.EXITED_WITH_ERROR
         self._fire(s, FindingType.PROCESS_EXITED, reason, None, None, out)
+
+    def _ended_before(self, s: RankState) -> list[int]:
+        """The other ranks that had ended cleanly before rank ``s`` (its peers that left
+        the job while it still ran collectives with them), at most 8."""
+        rec = s.record
+        assert rec is not None
+        return sorted(
+            r
+            for r, o in self.ranks.items()
+            if r != s.rank
+            and o.record is not None
+            and o.record.ended
+            and exit_clean(o.record)
+            and o.record.wall_time_ns <= rec.wall_time_ns
+        )[:8]
 
     def _pending_cause(self, exit_info: dict[str, Any], now: float) -> bool:
         """During a restart noted with its cause pending (:meth:`note_restart`): whether
@@ -1129,9 +1169,16 @@ def _message(
         exit_info = rec.exit or {}
         if reason is Reason.DIED:
             return f"{who}: process vanished without a clean end (killed or crashed) [{where}]"
+        early = exit_info.get("peers_ended_first")
+        why = (
+            f" (its peer(s) {', '.join(map(str, early))} had exited cleanly before it: "
+            "they left the job early)"
+            if early
+            else ""
+        )
         return (
             f"{who}: exited with an error (exit code {exit_info.get('exit_code')}): "
-            f"{exit_info.get('error')} [{where}]"
+            f"{exit_info.get('error')}{why} [{where}]"
         )
     if ftype is FindingType.SECTION_TIMEOUT:
         what = "section" if reason is Reason.SECTION_EXCEEDED else "out-of-section phase"

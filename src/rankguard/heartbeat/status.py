@@ -131,15 +131,27 @@ def counts(
     return rows, summary, RankDetail(complete=complete, listed=len(rows))
 
 
-def job_state(rules: HeartbeatRules, summary: StatusSummary, n_rows: int) -> str:
-    """The job's state word (``status.json["state"]``)."""
+def job_state(
+    rules: HeartbeatRules,
+    summary: StatusSummary,
+    n_rows: int,
+    *,
+    ended: bool = False,
+    outcome: str | None = None,
+) -> str:
+    """The job's state word (``status.json["state"]``). ``ended``: the launcher's run
+    is over, so the state is a final one (:data:`~rankguard.schema.status.FINAL_STATES`):
+    ``outcome``, the launcher's word, where the ranks' own ends do not say (``failed``
+    when it said nothing and not every rank completed)."""
     completed = summary.gpu_progress.get(Progress.COMPLETED.value, 0)
     if rules.shutdown is not None and completed != n_rows:
         return "stopped"
-    if rules.first_failure is not None:
+    if rules.first_failure is not None or (ended and outcome == "failed"):
         return "failed"
     if n_rows and completed == n_rows:
         return "completed"
+    if ended:
+        return outcome or "failed"
     if summary.findings_active:
         return "degraded"
     if summary.process_liveness.get(Liveness.ALIVE.value, 0) == 0:

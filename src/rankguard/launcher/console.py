@@ -18,7 +18,13 @@ from rankguard.schema.findings import Finding
 from rankguard.statusnotes import ITERATION_MARKS, restart_cause, restarts_summary
 from rankguard.textsafe import safe_text
 
-__all__ = ["LiveStatus", "monitor_problem", "restart_line", "run_end_line", "status_line"]
+__all__ = [
+    "LiveStatus",
+    "monitor_problem",
+    "restart_line",
+    "run_end_line",
+    "status_line",
+]
 
 
 def status_line(status: dict[str, Any]) -> str:

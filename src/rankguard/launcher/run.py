@@ -55,6 +55,7 @@ from rankguard.launcher.rundir import (
     prepare_run_dir,
 )
 from rankguard.launcher.services import NodeServices
+from rankguard.launcher.verdict import failure_summary, root_cause_lines
 from rankguard.schema import layout
 from rankguard.textsafe import safe_text
 
@@ -374,6 +375,8 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
         )
     services.workers = agent.workers  # fault tolerance signals these processes only
     excluded: Exception | None = None
+    result: Any = None
+    stopped_by: int | None = None
     try:
         try:
             result, stopped_by = _run_agent(agent, node)
@@ -391,7 +394,7 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
             exclusion.finish()
         if node.preemption is not None:
             node.preemption.stop()
-        _stop(services, handler, run_dir)
+        _stop(services, handler, run_dir, _end_word(result, stopped_by))
         if hosting and (
             services.node_rank not in (None, 0)
             or (excluded is not None and exclusion is not None and not exclusion.closed_it)
@@ -408,7 +411,7 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
     if result is None and stopped_by is None and _left_waiting(handler):
         _say("the job ended while this agent waited as a spare: it was not needed")
         return 0
-    outcome = _outcome(result, stopped_by, agent, services, cfg, max_restarts)
+    outcome = _outcome(result, stopped_by, agent, services, cfg, max_restarts, opts.target)
     if node.preemption is not None:
         outcome = node.preemption.outcome(outcome)
     return exit_code(outcome)
@@ -718,7 +721,20 @@ def _run_agent(agent: RankguardAgent, node: NodeStart) -> tuple[Any, int | None]
             node.live.stop()
 
 
-def _stop(services: NodeServices, handler: Any, run_dir: Path) -> None:
+def _end_word(result: Any, stopped_by: int | None) -> str | None:
+    """How the agent's run ended, for the final status (None: it did not say)."""
+    if stopped_by is not None:
+        return "stopped"
+    if result is None:
+        return None
+    return "failed" if result.is_failed() else "completed"
+
+
+def _stop(services: NodeServices, handler: Any, run_dir: Path, end: str | None) -> None:
+    """Stop the node's services; the run is over (``end``: how the agent's run ended,
+    for the final status; None: it did not say)."""
+    if services.monitor is not None:
+        services.monitor.note_end(end)
     status = services.stop()
     if services.node_rank == 0:  # rank 0's perf files: a stopped rank 0 left them unclosed
         from rankguard.perf.finish import complete_summary
@@ -739,8 +755,11 @@ def _outcome(
     services: NodeServices,
     cfg: RankguardConfig,
     max_restarts: int,
+    target: str = "",
 ) -> JobOutcome:
-    """How the job ended (for the exit code), said on the console."""
+    """How the job ended (for the exit code), said on the console: torchrun's failure
+    summary (``target``: the script or module, as torchrun names it), then rankguard's
+    verdict, which agrees with node 0's findings."""
     ft_on = cfg.fault_tolerance.enable_ft_package
     if stopped_by is not None:
         _say(f"stopped by signal {stopped_by}: the workers were terminated")
@@ -748,14 +767,22 @@ def _outcome(
     if result is None or result.is_failed():
         root = first_failure(result) or agent.last_failure
         cause = agent.pending_cause or root
-        if root is not None:
-            _say(
-                f"root cause: rank {root['rank']} (pid {root['pid']}) exited with code "
-                f"{root['exit_code']}{' (' + root['signal'] + ')' if root['signal'] else ''}"
-                f": {(root['error'] or '-').strip().splitlines()[-1][:300]}"
-            )
-            if root.get("error_file") and os.path.isfile(str(root["error_file"])):
-                _say(f"error file: {root['error_file']} (host {socket.gethostname()})")
+        summary = failure_summary(target, getattr(result, "failures", None) or {})
+        if summary is not None:  # as torchrun prints it, for its users and log scrapers
+            print(summary, file=sys.stderr, flush=True)
+        monitor = services.monitor
+        findings = monitor.episode_findings() if monitor is not None else []
+        for line in root_cause_lines(
+            root,
+            agent.pending_cause,
+            findings,
+            monitored=monitor is not None,
+            stopped=monitor.rules.shutdown if monitor is not None else None,
+            killed_on_request=_killed_on_request(services, root),
+        ):
+            _say(line)
+        if root is not None and root.get("error_file") and os.path.isfile(str(root["error_file"])):
+            _say(f"error file: {root['error_file']} (host {socket.gethostname()})")
         if agent.restarts:
             _say(f"{agent.restarts} in-job restart(s) spent (budget {max_restarts})")
         worker_exit = root["exit_code"] if root is not None else None
@@ -774,6 +801,12 @@ def _outcome(
     if services.stop_at is not None and not (agreed and str(agreed.reason).startswith("preempt")):
         _say(f"every rank stopped at step {services.stop_at} (stop_if_detected)")
     return JobOutcome(fault_tolerance=ft_on, stop_at=services.stop_at)
+
+
+def _killed_on_request(services: NodeServices, root: dict[str, Any] | None) -> bool:
+    """This node's relay killed the root cause's rank for node 0's fault tolerance."""
+    relay = services.relay
+    return root is not None and relay is not None and root.get("pid") in relay.killed
 
 
 def _say_rerun(worker_exit: int | None, run_dir: Path) -> None:

@@ -27,11 +27,14 @@ import builtins
 import importlib.machinery
 import importlib.util
 import io
+import json
 import os
 import runpy
 import signal
 import subprocess
 import sys
+import time
+import traceback
 import types
 import zipfile
 from pathlib import Path
@@ -43,7 +46,7 @@ if __name__ == "__main__":
     # torch's import ahead: collected once by freeze_startup, before the script runs
     pause_collection()
 
-from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
 
 from rankguard import runenv
 from rankguard.bootstrap import session_from_env
@@ -194,13 +197,70 @@ def _run_module_as_main(name: str) -> None:
     )
 
 
+def _launcher_frame(tb: types.TracebackType) -> bool:
+    name = tb.tb_frame.f_code.co_filename
+    return name == __file__ or name in ("<frozen runpy>", runpy.__file__)
+
+
+def script_traceback(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """``tb`` from the script's first frame: the frames of this bootstrap (and of
+    ``runpy`` and torch's ``@record`` wrapper around it) that ``python script.py``
+    would not have are left out. ``tb`` as it is when no frame of the script is in it
+    (an error in the bootstrap itself)."""
+    start, last = None, None
+    t = tb
+    while t is not None:
+        if t.tb_frame.f_code.co_filename == __file__:
+            last = t
+        t = t.tb_next
+    if last is not None:
+        start = last.tb_next
+        while start is not None and _launcher_frame(start):
+            start = start.tb_next
+    return start if start is not None else tb
+
+
+def format_script_error(exc: BaseException) -> str:
+    """The traceback of ``exc`` as the script alone would have printed it."""
+    tb = script_traceback(exc.__traceback__)
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+class ScriptErrorHandler(ErrorHandler):
+    """torch elastic's error handler (``@record``) writing the traceback from the
+    script's first frame into the rank's error file, in torch's format: the launcher's
+    summary and torchrun's ``ChildFailedError`` block show the script's frames only."""
+
+    def record_exception(self, e: BaseException) -> None:
+        file = self._get_error_file_path()
+        if not file:
+            return
+        data = {
+            "message": {
+                "message": f"{type(e).__name__}: {e}",
+                "extraInfo": {
+                    "py_callstack": format_script_error(e),
+                    "timestamp": str(int(time.time())),
+                },
+            }
+        }
+        self._write_error_file(file, json.dumps(data))
+
+
+def _script_excepthook(
+    kind: type[BaseException], exc: BaseException, tb: types.TracebackType | None
+) -> None:
+    """An uncaught error of the script printed without this bootstrap's frames."""
+    tb = script_traceback(tb)
+    sys.__excepthook__(kind, exc.with_traceback(tb), tb)  # it prints exc's own traceback
+
+
 def _stop(bridge: RankMonitorBridge | None) -> None:
     if bridge is not None:
         bridge.close()
 
 
-@record
-def main(argv: list[str] | None = None, *, direct_child: bool = True) -> None:
+def _main(argv: list[str] | None = None, *, direct_child: bool = True) -> None:
     lifeline = hold_launcher(direct_child=direct_child)
     guard = guard_process_group() if lifeline is not None else None
     args = list(sys.argv[1:] if argv is None else argv)
@@ -222,6 +282,8 @@ def main(argv: list[str] | None = None, *, direct_child: bool = True) -> None:
         bridge = _serve_nvrx(session, env)
         TraceDumper.start_if_available(Path(env.run_dir), env.rank)
     freeze_startup()  # torch's and rankguard's module state: no collection walks it again
+    if sys.excepthook is sys.__excepthook__:
+        sys.excepthook = _script_excepthook
     try:
         session.install_optimizer_hook()
         if as_module:
@@ -247,6 +309,11 @@ def main(argv: list[str] | None = None, *, direct_child: bool = True) -> None:
     _stop(bridge)
     session.close(clean=True, exit_code=0)
     del dump_file, guard  # kept until here: faulthandler writes to the file
+
+
+#: The rank's bootstrap under torch elastic's ``@record``: a script's uncaught error is
+#: written to the rank's error file (its own frames: :class:`ScriptErrorHandler`).
+main = record(_main, error_handler=ScriptErrorHandler())
 
 
 def forked_main(*argv: str) -> None:

@@ -260,7 +260,8 @@ EXIT_CLEAN_DEFAULT = True
 class ExitBlock:
     """``exit`` of a ``process_end``: clean or not, the exit code, the error, whether
     the process vanished (the end was written on its behalf), and the monitor's notes
-    on why it ended (``after_shutdown``, ``after_restart``, ``on_full_disk``)."""
+    on why it ended (``after_shutdown``, ``after_restart``, ``after_action``: a restart
+    noted that never came, ``peers_ended_first``, ``on_full_disk``)."""
 
     name: ClassVar[str] = "exit"
     flat: ClassVar[bool] = False

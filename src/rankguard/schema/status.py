@@ -23,6 +23,7 @@ from rankguard.schema.findings import Finding
 from rankguard.schema.records import SCHEMA_VERSION
 
 __all__ = [
+    "FINAL_STATES",
     "MonitorInfo",
     "NodeHealth",
     "RankDetail",
@@ -31,6 +32,13 @@ __all__ = [
     "StatusSummary",
     "parse_findings",
 ]
+
+#: The states a run ends in (``status.json["state"]`` once its launcher stopped
+#: monitoring): ``completed`` (every rank ended cleanly), ``failed`` (a rank failed, or
+#: the launcher ended the job on a finding), ``stopped`` (the launcher stopped the
+#: workers on a signal). The others (``starting``, ``running``, ``degraded``) are of a
+#: run under way.
+FINAL_STATES = frozenset({"completed", "failed", "stopped"})
 
 
 def _int(v: Any) -> int | None:

@@ -144,3 +144,25 @@ def test_the_launchers_last_line_is_the_runs_state_not_the_monitors() -> None:
     )
     dead = _status(_row(0), state="completed", monitor={"state": "stopped", "errors": 2})
     assert "| MONITOR STOPPED (2 failed scan(s)" in run_end_line(dead)
+
+
+def test_a_frozen_status_shows_ages_as_of_now_not_of_its_last_scan() -> None:
+    """A launcher gone (or a run ended) an hour ago: a heartbeat 0.0 s old at its last
+    scan is an hour old now."""
+    now = datetime(2026, 12, 5, 13, 0, 0, tzinfo=timezone.utc)
+    rows = (_row(0, heartbeat_age_s=0.0, progress_age_s=1.5), _row(1, heartbeat_age_s=0.2))
+    status = _status(*rows, updated_wall_time="2026-12-05T12:00:00.000+00:00")
+    gone = "launcher gone (pid 9353 no longer runs: killed?); this status is its last"
+    for text in (
+        render_status(status, [], now=now, launcher_gone=gone),
+        render_status({**status, "state": "failed"}, [], now=now),
+    ):
+        table = text.split("\n\n")[1]
+        assert " 0.0 " not in table and "3600.0" in table and "3601.5" in table, table
+    live = render_status(status, [], now=now)  # a running launcher writes it again soon
+    assert "3600.0" not in live.split("\n\n")[1]
+
+
+def test_an_end_after_a_restart_that_never_came_is_not_a_restart() -> None:
+    noted = "restart after gpu_progress_timeout on rank 1; no new group started: the job ended"
+    assert exit_note({"clean": False, "after_action": noted}) == "no restart"
