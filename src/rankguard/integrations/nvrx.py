@@ -90,6 +90,22 @@ def nvrx_available() -> bool:
     return importlib.util.find_spec("nvidia_resiliency_ext") is not None
 
 
+# A Unix socket's path fits in 108 bytes (sun_path): the directory's name and the socket's
+# (``rg-nvrx-<pid>-XXXXXXXX/rank_<r>_<pid>.sock``) take up to about 60 of them.
+_SUN_PATH_MAX = 107
+_NAMES_LEN = 64
+
+
+def socket_base() -> Path:
+    """Where the socket directories go: ``$TMPDIR`` (``tempfile.gettempdir()``), or
+    ``/tmp`` when ``$TMPDIR`` is too long for a socket's path (a bind there fails with
+    "AF_UNIX path too long": the ranks' NVRx clients would find no server)."""
+    base = Path(tempfile.gettempdir())
+    if len(os.fsencode(str(base))) + _NAMES_LEN > _SUN_PATH_MAX and os.path.isdir("/tmp"):
+        return Path("/tmp")
+    return base
+
+
 def _dir_pid(name: str) -> int | None:
     """The pid in a socket directory's name ``rg-nvrx-<pid>-XXXXXXXX``, else None."""
     if not name.startswith(_DIR_PREFIX):
@@ -112,7 +128,7 @@ def sweep_socket_dirs(tmp_dir: str | os.PathLike[str] | None = None) -> list[str
     """Remove the socket directories (``rg-nvrx-<pid>-*``) of this user whose process is
     gone; the names removed. A directory of a live pid, of another user, or a symbolic
     link is left alone."""
-    base = Path(tmp_dir if tmp_dir is not None else tempfile.gettempdir())
+    base = Path(tmp_dir) if tmp_dir is not None else socket_base()
     removed: list[str] = []
     try:
         names = os.listdir(base)
@@ -155,7 +171,7 @@ def launcher_socket_dir() -> Iterator[Path | None]:
         yield None
         return
     sweep_socket_dirs()
-    path = Path(tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-"))
+    path = Path(tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-", dir=socket_base()))
     before = os.environ.get(SOCKET_DIR_ENV)
     os.environ[SOCKET_DIR_ENV] = str(path)
     try:
@@ -219,7 +235,9 @@ class RankMonitorBridge:
         else:
             if socket_dir is None:
                 sweep_socket_dirs()
-                socket_dir = Path(tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-"))
+                socket_dir = Path(
+                    tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-", dir=socket_base())
+                )
             self.socket_dir = socket_dir
             os.chmod(self.socket_dir, 0o700)
             name = f"rank_{rank}.sock"

@@ -5,10 +5,12 @@ dead launchers and ranks are swept, nobody else's."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from rankguard.integrations.nvrx import (
     SOCKET_DIR_ENV,
     SOCKET_ENV,
     launcher_socket_dir,
+    socket_base,
     sweep_socket_dirs,
 )
 
@@ -38,14 +41,15 @@ time.sleep(60)
 
 
 @pytest.fixture
-def tmpdir_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+def tmpdir_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    # a short $TMPDIR of its own (a test's tmp_path can be too long for a socket's path)
+    tmp = Path(tempfile.mkdtemp(prefix="rgs-", dir="/tmp"))
     monkeypatch.setenv("TMPDIR", str(tmp))
     monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
     monkeypatch.delenv(SOCKET_ENV, raising=False)
     monkeypatch.delenv(SOCKET_DIR_ENV, raising=False)
-    return tmp
+    yield tmp
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _rank(rank: int) -> tuple[subprocess.Popen[str], Path]:
@@ -106,3 +110,26 @@ def test_the_sweep_removes_only_this_users_dirs_of_dead_pids(tmp_path: Path) -> 
     assert (target / "keep").exists()
     left = set(os.listdir(tmp_path))
     assert f"rg-nvrx-{live}-abcd1234" in left and "rg-nvrx-abcd1234" in left
+
+
+def test_a_tmpdir_too_long_for_a_socket_path_puts_the_sockets_in_tmp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bind under a $TMPDIR that leaves no room for the socket's name fails ("AF_UNIX
+    path too long") and the rank's NVRx client finds no server: the sockets go to /tmp."""
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    monkeypatch.setenv("TMPDIR", str(deep))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    monkeypatch.delenv(SOCKET_ENV, raising=False)
+    monkeypatch.delenv(SOCKET_DIR_ENV, raising=False)
+    assert socket_base() == Path("/tmp")
+    with launcher_socket_dir() as d:
+        assert d is not None and d.parent == Path("/tmp")
+        proc, path = _rank(0)
+        try:
+            assert path.parent == d and path.exists()  # bound: the path fits
+        finally:
+            proc.kill()
+            proc.wait(10)
+    assert d is not None and not d.exists()
