@@ -589,6 +589,31 @@ class DictStore:
         return self.data.pop(key, None) is not None
 
 
+# -- GPU health: a GPU row of the fake nvidia-smi (tests/fakes/bin) ----------------------
+
+# an H100 with 2 uncorrected ECC errors: unhealthy
+SICK_GPU = {
+    "index": "0",
+    "uuid": "GPU-11111111-2222-3333-4444-555555555555",
+    "pci.bus_id": "00000000:18:00.0",
+    "name": "NVIDIA H100 80GB HBM3",
+    "driver_version": "550.54.15",
+    "temperature.gpu": "41",
+    "utilization.gpu": "0",
+    "memory.used": "1",
+    "memory.total": "81559",
+    "power.draw": "70.1",
+    "power.limit": "700.00",
+    "clocks_event_reasons.hw_thermal_slowdown": "Not Active",
+    "clocks_event_reasons.sw_thermal_slowdown": "Not Active",
+    "ecc.errors.corrected.volatile.total": "0",
+    "ecc.errors.uncorrected.volatile.total": "2",
+    "retired_pages.pending": "No",
+    "remapped_rows.pending": "No",
+    "remapped_rows.failure": "No",
+}
+
+
 # -- ranks as processes on gloo ----------------------------------------------------------
 
 

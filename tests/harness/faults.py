@@ -17,7 +17,8 @@ rank and step act there, on the rank's own thread:
 - ``kill``: as SIGKILL looks from outside: no more records and no ``process_end``; the
   rank's thread ends (:class:`Killed`) without closing its session.
 
-Every wait is bounded (``seconds``, and the job's ``release`` event set at teardown).
+Every wait is bounded (``seconds``, and the job's ``release`` event set at teardown),
+except a killed rank's heartbeat thread, which stays blocked as a dead process's would.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ class FaultInjector:
             elif fault.kind == "nan":
                 self._nan.add((rank, step))
             elif fault.kind in ("stop_publishing", "kill") and session is not None:
-                self._stick_heartbeat(session)
+                self._stick_heartbeat(session, forever=fault.kind == "kill")
                 if fault.kind == "kill":
                     raise Killed(f"rank {rank} killed at step {step}")
 
@@ -108,13 +109,17 @@ class FaultInjector:
         """``value``, or NaN where a ``nan`` fault is armed for this rank and step."""
         return float("nan") if (rank, step) in self._nan else value
 
-    def _stick_heartbeat(self, session: Session) -> None:
+    def _stick_heartbeat(self, session: Session, *, forever: bool) -> None:
         """The heartbeat thread blocks in a block source from its next record on (a
-        stuck thread: what a rank whose publishing stopped looks like from outside)."""
-        release = self.release
+        stuck thread: what a rank whose publishing stopped looks like from outside), until
+        the job ends; ``forever`` (a killed rank): never again, as a dead process's thread
+        (an idle daemon thread, blocked on an event nothing sets)."""
+        release = threading.Event() if forever else self.release
+        rank_thread = threading.current_thread()
 
         def stuck() -> None:
-            release.wait(60)
+            if threading.current_thread() is not rank_thread:  # the session's close: not
+                release.wait()
             return None
 
         session.add_heartbeat_block(stuck)
