@@ -197,6 +197,8 @@ def test_two_agents_preempted_through_node_one(tmp_path: Path, run_id: str) -> N
 def test_demo_preempted_saves_through_the_checkpoint_library_and_resumes(
     tmp_path: Path, run_id: str
 ) -> None:
+    """A real launch: SIGTERM to the launcher, the demo's save through
+    ``rankguard.checkpoint`` in every rank process, exit 14 and a relaunch."""
     # The demo's own loop: SIGTERM to the launcher at step 6 -> every rank saves the agreed
     # step through rankguard.checkpoint (DCP), exit 14; the rerun resumes after that step.
     ckpt = tmp_path / "ckpt"

@@ -50,6 +50,7 @@ def launch(tmp_path: Path, gpus: list[dict[str, str]] | None) -> subprocess.Comp
 
 
 def test_healthy_gpu_launches(tmp_path: Path) -> None:
+    """A real launch: the check passes and the job's rank runs."""
     healthy = {**SICK_GPU, "ecc.errors.uncorrected.volatile.total": "0"}
     res = launch(tmp_path, [healthy])
     assert res.returncode == 0, res.stderr
@@ -58,6 +59,7 @@ def test_healthy_gpu_launches(tmp_path: Path) -> None:
 
 
 def test_no_gpu_says_unavailable_and_launches(tmp_path: Path) -> None:
+    """A real launch: without nvidia-smi on PATH the check says so and the rank runs."""
     res = launch(tmp_path, None)
     assert res.returncode == 0, res.stderr
     assert "GPU health check: unavailable" in res.stderr
