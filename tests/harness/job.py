@@ -275,8 +275,13 @@ class ThreadedJob:
         outcome: RankOutcome,
         agent: FakeAgent,
     ) -> None:
-        env = RunEnv.from_environ(self.environ(rank, port))
-        session = session_from_env(env, training_thread=threading.current_thread())
+        try:
+            env = RunEnv.from_environ(self.environ(rank, port))
+            session = session_from_env(env, training_thread=threading.current_thread())
+        except BaseException as exc:  # no session: nothing was published
+            outcome.error = exc
+            agent.rank_exited(outcome)
+            return
         pg = None
         try:
             store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=self.pg_timeout)
@@ -292,7 +297,7 @@ class ThreadedJob:
             if pg is not None and (outcome.killed or outcome.error is not None):
                 pg.abort()  # as the process's exit would: its peers' collectives break
         if not outcome.killed:
-            error = None if outcome.error is None else f"{type(outcome.error).__name__}: "
-            error = error and error + str(outcome.error)
-            session.close(clean=outcome.error is None, exit_code=outcome.exit_code, error=error)
+            exc = outcome.error
+            error = None if exc is None else f"{type(exc).__name__}: {exc}"
+            session.close(clean=exc is None, exit_code=outcome.exit_code, error=error)
         agent.rank_exited(outcome)
