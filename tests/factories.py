@@ -665,8 +665,18 @@ def rank_context() -> Any:
     import multiprocessing
 
     ctx = multiprocessing.get_context("forkserver")
-    # the server imports these once; each rank forked from it has them
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "tests.factories"])
+    # the server imports these once; each rank forked from it has them (what the rank
+    # tests use: without the checkpoint modules each rank imported them itself)
+    ctx.set_forkserver_preload(
+        [
+            "torch",
+            "torch.distributed",
+            "torch.distributed.checkpoint",
+            "torch.nn.parallel",
+            "rankguard.checkpoint",
+            "tests.factories",
+        ]
+    )
     return ctx
 
 
