@@ -23,9 +23,10 @@ LONG_MARKERS = ("e2e", "bench", "ranks")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """One intra-op thread in the test processes themselves: a test process that grew an
-    OpenMP/BLAS thread pool (a matmul in an earlier test on the same worker) can hang the
-    ranks it forks later (``tests.factories.run_ranks``).
+    """One intra-op thread in the test processes themselves: the workers share the cores,
+    and an OpenMP pool per worker would spin between operations. (``run_ranks`` no longer
+    forks the test process, so a pool grown by an earlier test cannot hang its ranks:
+    ``tests/unit/test_run_ranks.py``.)
 
     And one in every rank the tests launch (``OMP_NUM_THREADS=1``, unless set): the
     simulated nodes of a multi-node test share this machine's cores, and a rank alone on

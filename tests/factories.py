@@ -589,7 +589,95 @@ class DictStore:
         return self.data.pop(key, None) is not None
 
 
+# -- GPU health: a GPU row of the fake nvidia-smi (tests/fakes/bin) ----------------------
+
+# an H100 with 2 uncorrected ECC errors: unhealthy
+SICK_GPU = {
+    "index": "0",
+    "uuid": "GPU-11111111-2222-3333-4444-555555555555",
+    "pci.bus_id": "00000000:18:00.0",
+    "name": "NVIDIA H100 80GB HBM3",
+    "driver_version": "550.54.15",
+    "temperature.gpu": "41",
+    "utilization.gpu": "0",
+    "memory.used": "1",
+    "memory.total": "81559",
+    "power.draw": "70.1",
+    "power.limit": "700.00",
+    "clocks_event_reasons.hw_thermal_slowdown": "Not Active",
+    "clocks_event_reasons.sw_thermal_slowdown": "Not Active",
+    "ecc.errors.corrected.volatile.total": "0",
+    "ecc.errors.uncorrected.volatile.total": "2",
+    "retired_pages.pending": "No",
+    "remapped_rows.pending": "No",
+    "remapped_rows.failure": "No",
+}
+
+
 # -- ranks as processes on gloo ----------------------------------------------------------
+
+
+def _rank_main(
+    rank: int,
+    world: int,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    store: Path,
+    pg_timeout_s: float,
+    timeout_s: float,
+    queue: Any,
+    received: Any,
+) -> None:
+    """One rank of :func:`run_ranks`, in its own process: join the group, run ``fn``,
+    report, stay until the parent has the result."""
+    import datetime as _dt
+    import traceback
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{store}",
+            rank=rank,
+            world_size=world,
+            timeout=_dt.timedelta(seconds=pg_timeout_s),
+        )
+        result = fn(rank, world, *args)
+        queue.put((rank, True, result))
+    except BaseException:
+        queue.put((rank, False, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        received.wait(timeout_s)
+
+
+def rank_context() -> Any:
+    """The start method of :func:`run_ranks`'s processes: ``forkserver``, whose server
+    is a fresh interpreter (torch imported once, no threads, no OpenMP pool) that forks
+    each rank. A plain fork copied the test process as an earlier test had left it: a
+    thread holding a lock or a GNU OpenMP pool made the child hang in its first lock or
+    parallel region (two rank tests ran to their 90 and 100 s timeouts when the order
+    changed). ``spawn`` would be as safe, at an interpreter and a torch import per rank."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("forkserver")
+    # the server imports these once; each rank forked from it has them (what the rank
+    # tests use: without the checkpoint modules each rank imported them itself)
+    ctx.set_forkserver_preload(
+        [
+            "torch",
+            "torch.distributed",
+            "torch.distributed.checkpoint",
+            "torch.nn.parallel",
+            "rankguard.checkpoint",
+            "tests.factories",
+        ]
+    )
+    return ctx
 
 
 def run_ranks(
@@ -600,44 +688,27 @@ def run_ranks(
     timeout_s: float = 60.0,
     pg_timeout_s: float = 20.0,
 ) -> list[Any]:
-    """Run ``fn(rank, world, *args)`` in ``world`` forked processes joined by a gloo
-    process group (a FileStore in ``store_dir``, short timeouts); each rank's return
-    value, in rank order. A rank that raises fails the call with its traceback; one that
-    dies or outlives ``timeout_s`` too. Forking keeps start-up fast (torch is imported)."""
-    import multiprocessing
-    import traceback
-
-    ctx = multiprocessing.get_context("fork")
+    """Run ``fn(rank, world, *args)`` in ``world`` processes joined by a gloo process
+    group (a FileStore in ``store_dir``, short timeouts); each rank's return value, in
+    rank order. A rank that raises fails the call with its traceback; one that dies or
+    outlives ``timeout_s`` too. ``fn`` and ``args`` are pickled (a module-level
+    function); the ranks start from a fresh forkserver (:func:`rank_context`), so what
+    earlier tests left in this process (threads, an OpenMP pool) cannot hang them."""
+    ctx = rank_context()
     queue = ctx.Queue()
     # a rank stays until its result was received: tensors travel as shared memory whose
     # file descriptors the sending process must still hold when they are rebuilt
     received = ctx.Event()
     store = store_dir / f"store_{os.getpid()}_{id(fn)}_{world}"
     store.unlink(missing_ok=True)
-
-    def main(rank: int) -> None:
-        import datetime as _dt
-
-        import torch.distributed as dist
-
-        try:
-            dist.init_process_group(
-                "gloo",
-                init_method=f"file://{store}",
-                rank=rank,
-                world_size=world,
-                timeout=_dt.timedelta(seconds=pg_timeout_s),
-            )
-            result = fn(rank, world, *args)
-            queue.put((rank, True, result))
-        except BaseException:
-            queue.put((rank, False, traceback.format_exc()))
-        finally:
-            if dist.is_initialized():
-                dist.destroy_process_group()
-            received.wait(timeout_s)
-
-    procs = [ctx.Process(target=main, args=(r,), daemon=True) for r in range(world)]
+    procs = [
+        ctx.Process(
+            target=_rank_main,
+            args=(r, world, fn, args, store, pg_timeout_s, timeout_s, queue, received),
+            daemon=True,
+        )
+        for r in range(world)
+    ]
     for proc in procs:
         proc.start()
     results: dict[int, Any] = {}

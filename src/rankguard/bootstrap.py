@@ -19,6 +19,7 @@ import atexit
 import logging
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -53,10 +54,15 @@ TORCHRUN_NOTICE = (
 
 
 def session_from_env(
-    env: runenv.RunEnv | None = None, *, lifeline: Lifeline | None = None
+    env: runenv.RunEnv | None = None,
+    *,
+    lifeline: Lifeline | None = None,
+    training_thread: threading.Thread | None = None,
 ) -> Session | NullSession:
     """The session this process's environment calls for (``env``: default, this
-    process's). ``lifeline``: the rank bootstrap's tie to its launcher."""
+    process's). ``lifeline``: the rank bootstrap's tie to its launcher.
+    ``training_thread``: the thread that runs the training loop (None: the main thread;
+    see :class:`~rankguard.session.Session`)."""
     env = env or runenv.current()
     if not env.monitored:
         if env.torchrun:
@@ -74,7 +80,11 @@ def session_from_env(
     identity = RankIdentity.from_runenv(env)
     tracker = ProgressTracker()
     hb = cfg.heartbeat
-    phases = PhaseWatcher(tracker, hb.phase_patterns) if hb.phase_detection else None
+    phases = (
+        PhaseWatcher(tracker, hb.phase_patterns, training_thread=training_thread)
+        if hb.phase_detection
+        else None
+    )
     perf = None
     if cfg.perf.enabled:
         log_dir = Path(env.log_dir or cfg.log_dir)
@@ -118,6 +128,7 @@ def session_from_env(
         dataloader_ignores_signal=cfg.preemption.enable_exit_handler_for_data_loader,
         lifeline=lifeline,
         env=env,
+        training_thread=training_thread,
     )
     if ft.simulate_fault and env.restart_count == 0:
         FaultSimulator(

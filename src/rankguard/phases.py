@@ -54,6 +54,7 @@ __all__ = [
     "PhaseWatcher",
     "check_patterns",
     "main_thread_frame",
+    "thread_frame",
 ]
 
 MAX_DEPTH = 200  # frames walked per sample (HF Trainer's deepest eval stacks are ~80)
@@ -192,13 +193,20 @@ class PhaseMatcher:
         return None
 
 
+def thread_frame(thread: threading.Thread | None = None) -> FrameType | None:
+    """The innermost Python frame of ``thread`` (None: the main thread, the training
+    thread of a script), from another thread (None on that thread itself, or when it has
+    none: not started, or ended)."""
+    thread = thread or threading.main_thread()
+    if thread is threading.current_thread() or thread.ident is None:
+        return None
+    return sys._current_frames().get(thread.ident)
+
+
 def main_thread_frame() -> FrameType | None:
     """The main thread's innermost Python frame, from another thread (None on the main
     thread itself, or when it has none)."""
-    main = threading.main_thread()
-    if main is threading.current_thread() or main.ident is None:
-        return None
-    return sys._current_frames().get(main.ident)
+    return thread_frame(None)
 
 
 class PhaseWatcher:
@@ -211,8 +219,17 @@ class PhaseWatcher:
     sample that saw it), which the performance monitor leaves out of the step times.
     """
 
-    def __init__(self, tracker: ProgressTracker, patterns: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        tracker: ProgressTracker,
+        patterns: Mapping[str, str] | None = None,
+        *,
+        training_thread: threading.Thread | None = None,
+    ) -> None:
+        """``training_thread``: the thread whose stack is sampled (None: the main
+        thread)."""
         self.tracker = tracker
+        self.training_thread = training_thread
         self.matcher = PhaseMatcher(patterns)
         self._lock = threading.Lock()
         self._open: list[Any] | None = None  # the span of the phase seen at the last sample
@@ -221,7 +238,7 @@ class PhaseWatcher:
 
     def observe(self, frame: FrameType | None = None) -> tuple[str, int]:
         """The phase now and when it began (monotonic ns of the tracker's clock). Samples
-        the main thread's stack itself unless given its ``frame``."""
+        the training thread's stack itself unless given its ``frame``."""
         with self._lock:
             tracker = self.tracker
             phase, since = tracker.effective_phase()
@@ -229,7 +246,7 @@ class PhaseWatcher:
             detected = None
             if phase in _SAMPLED and not tracker.checkpoint_active:
                 if frame is None:
-                    frame = main_thread_frame()
+                    frame = thread_frame(self.training_thread)
                 detected = self.matcher.phase_of(frame)
                 self.samples += 1
             span = self._open

@@ -7,8 +7,9 @@ do nothing. Both satisfy :class:`rankguard.ranksession.RankSession`. Under plain
 torchrun it returns a local session: the in-rank parts (progress hook, performance
 monitor and its files under ``rankguard_logs/``) work, and one log line says that
 cross-rank monitoring needs ``rankguard run``. Sessions are plain objects, not hidden
-globals: tests may create several in one process; ``init()`` only remembers the
-process's default one so that the worker bootstrap and the user's script share it.
+globals: tests may create several in one process (ranks as threads, each session given
+its ``training_thread``); ``init()`` only remembers the process's default one so that
+the worker bootstrap and the user's script share it.
 Components reach the session through its constructor and its methods
 (:meth:`Session.add_heartbeat_block`), never by setting its attributes.
 """
@@ -16,6 +17,7 @@ Components reach the session through its constructor and its methods
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -158,10 +160,15 @@ class Session:
         dataloader_ignores_signal: bool = False,
         lifeline: Lifeline | None = None,
         env: runenv.RunEnv | None = None,
+        training_thread: threading.Thread | None = None,
     ) -> None:
-        """``phases``: recognises evaluation and saving from the main thread's stack
+        """``phases``: recognises evaluation and saving from the training thread's stack
         (the one the perf reporter samples too); by default one built from
-        ``config.phase_patterns`` when ``config.phase_detection`` is on. ``blocks``:
+        ``config.phase_patterns`` when ``config.phase_detection`` is on.
+        ``training_thread``: the thread that runs the training loop, whose stack the
+        heartbeat samples (``main_frame``, the phase) and whose optimizer steps alone
+        count as progress; None: the main thread, and every optimizer step in the
+        process counts (one session per process). ``blocks``:
         more heartbeat block sources (see :meth:`add_heartbeat_block`). ``lifeline``:
         the heartbeat thread checks at every beat that the launcher is still there.
         ``env``: the run's environment (default: this process's, when asked)."""
@@ -171,11 +178,14 @@ class Session:
         self.preemption = preemption
         self._dataloader_ignores_signal = dataloader_ignores_signal
         self._env = env
+        self.training_thread = training_thread
         self.config = config
         self.tracker = tracker or ProgressTracker()
         self.perf = perf
         if phases is None and config.phase_detection:
-            phases = PhaseWatcher(self.tracker, config.phase_patterns)
+            phases = PhaseWatcher(
+                self.tracker, config.phase_patterns, training_thread=training_thread
+            )
         self.phases = phases
         self._control: ControlReader | None = ControlReader(run_dir) if publish else None
         sources: list[BlockSource] = []
@@ -197,6 +207,7 @@ class Session:
                 max_file_bytes=config.max_file_bytes,
                 phases=phases,
                 lifeline=lifeline,
+                training_thread=training_thread,
             )
             if publish
             else None
@@ -439,7 +450,8 @@ class Session:
 
         Uses PyTorch's public global ``register_optimizer_step_post_hook``. With several
         optimizers, only the first one that steps (the lead) counts, so one iteration is
-        one progress step.
+        one progress step. A session given its ``training_thread`` counts only the steps
+        taken on that thread (another session's rank thread steps its own optimizers).
         """
         # here, not at the top: `import rankguard` (and so the light commands) stays torch-free
         from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -447,19 +459,29 @@ class Session:
         if self._hook is not None or self._explicit:
             return
         tracker_step_end = self._tracker_step_end
+        step: Callable[[Any, Any, Any], None]
         if tracker_step_end == self.tracker.step_end:
             # the tracker's own hook: the step end itself, one call per optimizer step
-            self._hook = register_optimizer_step_post_hook(self.tracker.optimizer_step_hook)
+            step = self.tracker.optimizer_step_hook
         else:  # the straggler probe wraps the step end
 
-            def hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+            def step(optimizer: Any, args: Any, kwargs: Any) -> None:
                 key = id(optimizer)
                 if self._hook_lead is None:
                     self._hook_lead = key
                 if key == self._hook_lead:
                     tracker_step_end(None)
 
-            self._hook = register_optimizer_step_post_hook(hook)
+        thread = self.training_thread
+        if thread is not None:  # one of several sessions: only its own thread's steps
+            inner = step
+            current_thread = threading.current_thread
+
+            def step(optimizer: Any, args: Any, kwargs: Any) -> None:
+                if current_thread() is thread:
+                    inner(optimizer, args, kwargs)
+
+        self._hook = register_optimizer_step_post_hook(step)
         self.tracker.source = "optimizer_hook"
 
     def take_over_progress(self) -> None:

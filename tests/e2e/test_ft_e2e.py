@@ -78,6 +78,8 @@ PRELOAD = pytest.mark.parametrize(
 def test_hang_dumps_stacks_then_restarts_and_the_job_completes(
     tmp_path: Path, run_id: str, launch: tuple[str, ...]
 ) -> None:
+    """A real launch: stack dumps by signal from the rank processes, then a restart of
+    the worker processes (forked from the ``--preload`` fork server too)."""
     res, run_dir = run_job(
         tmp_path,
         run_id,
@@ -108,16 +110,15 @@ def test_hang_dumps_stacks_then_restarts_and_the_job_completes(
     assert no_leftover_workers(run_id)
 
 
-@PRELOAD
-def test_crash_names_the_root_cause_and_a_restart_recovers(
-    tmp_path: Path, run_id: str, launch: tuple[str, ...]
-) -> None:
+def test_crash_names_the_root_cause_and_a_restart_recovers(tmp_path: Path, run_id: str) -> None:
+    """A real launch: the agent's exit report and torch elastic's error file, and a
+    restart of the worker processes. (The hang test above runs with and without
+    ``--preload``.)"""
     res, run_dir = run_job(
         tmp_path,
         run_id,
         1,
         *demo_fault("crash", rank=1, step=5, steps=12),
-        extra=launch,
     )
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
@@ -128,10 +129,11 @@ def test_crash_names_the_root_cause_and_a_restart_recovers(
     assert restart["rank"] == 1
     assert "injected crash on rank 1 at step 5" in restart["message"]
     assert "[demo] done: 12 steps" in out
-    assert no_leftover_workers(run_id)  # the fork server too
+    assert no_leftover_workers(run_id)
 
 
 def test_crash_after_the_budget_exits_with_the_crash_code(tmp_path: Path, run_id: str) -> None:
+    """A real launch: the launcher's exit code and its root-cause line."""
     res, _run_dir = run_job(
         tmp_path,
         run_id,
@@ -144,6 +146,7 @@ def test_crash_after_the_budget_exits_with_the_crash_code(tmp_path: Path, run_id
 
 
 def test_hang_after_the_budget_exits_with_the_hang_code(tmp_path: Path, run_id: str) -> None:
+    """A real launch: the launcher's exit code after it stopped hung worker processes."""
     res, run_dir = run_job(
         tmp_path,
         run_id,
@@ -156,6 +159,7 @@ def test_hang_after_the_budget_exits_with_the_hang_code(tmp_path: Path, run_id: 
 
 
 def test_abort_action_spends_no_restart(tmp_path: Path, run_id: str) -> None:
+    """A real launch: the launcher's exit code, no restart of the worker processes."""
     res, run_dir = run_job(
         tmp_path,
         run_id,
@@ -172,13 +176,15 @@ def test_abort_action_spends_no_restart(tmp_path: Path, run_id: str) -> None:
     ("fault", "cause"),
     [
         ("rank_hung", "rank_process_heartbeat_timeout"),
-        ("rank_killed", "worker_failed"),
-        ("rank_stalled", "gpu_progress_timeout"),
     ],
 )
 def test_each_simulated_fault_is_found_and_restarted(
     tmp_path: Path, run_id: str, fault: str, cause: str
 ) -> None:
+    """A real launch: the simulator signals the rank process (SIGSTOP for rank_hung)
+    and the launcher restarts the workers. Each fault type's mechanism is tested in
+    ``tests/unit/ft/test_simulate.py``; a killed and a stalled rank's restarts by the
+    crash and hang tests above."""
     res, run_dir = run_job(
         tmp_path,
         run_id,
@@ -210,26 +216,13 @@ def test_each_simulated_fault_is_found_and_restarted(
     assert res.returncode == 0, out
     assert f"simulating fault {fault} on rank 1" in out
     (restart,) = read_jsonl(run_dir / "restarts.jsonl")
-    if fault == "rank_killed":
-        # the monitor's pid check or the agent's exit report, whichever came first
-        assert restart["cause"] in ("rank_process_exited", "worker_failed"), restart
-        assert restart["rank"] == 1, restart
-    elif fault == "rank_stalled":
-        # A stall that hits before the step's all-reduce leaves every rank at the same
-        # step: heartbeats cannot tell them apart, so all are reported (documented) and
-        # the restart may name either; the culprit must be among the reported ranks.
-        assert restart["cause"] == cause, restart
-        reported = {
-            f["rank"] for f in read_jsonl(run_dir / "findings.jsonl") if f["finding_type"] == cause
-        }
-        assert 1 in reported, reported
-    else:
-        assert (restart["cause"], restart["rank"]) == (cause, 1), restart
+    assert (restart["cause"], restart["rank"]) == (cause, 1), restart
     assert "[demo] done: 80 steps" in out
     assert no_leftover_workers(run_id)
 
 
 def test_sigkill_of_a_rank_during_a_restart_is_survived(tmp_path: Path, run_id: str) -> None:
+    """A real launch: SIGKILL of a restarted worker process."""
     proc = subprocess.Popen(
         rankguard_cmd(
             *standalone_run(run_id, tmp_path),

@@ -56,6 +56,7 @@ def _rerun_findings(run_dir: Path) -> list[tuple[str, int, int | None]]:
 
 
 def test_nan_once_on_one_rank_is_a_transient_fault(tmp_path: Path, run_id: str) -> None:
+    """A real launch: the verdict reaches node 0's files from the rank processes."""
     spiky = ["--set", "rerun_state_machine.check_for_spiky_loss=true"]
     spiky += ["--set", "rerun_state_machine.spiky_loss_warmup=2"]
     code, out, run_dir = _run(tmp_path, run_id, "nan", 1, *spiky)
@@ -71,10 +72,11 @@ def test_nan_once_on_one_rank_is_a_transient_fault(tmp_path: Path, run_id: str) 
     assert no_leftover_workers(run_id)
 
 
-@pytest.mark.parametrize(("nproc", "rank"), [(2, 1), (4, 2)])
+@pytest.mark.parametrize(("nproc", "rank"), [(2, 1)])
 def test_nan_on_the_first_hardware_exits_16_then_17_naming_the_rank(
     tmp_path: Path, run_id: str, nproc: int, rank: int
 ) -> None:
+    """A real launch: exit 16, an in-job restart of the worker processes, exit 17."""
     code, out, run_dir = _run(
         tmp_path, run_id, "nan-bad-gpu", rank, "--max-restarts", "1", nproc=nproc
     )
@@ -96,6 +98,7 @@ def test_nan_on_the_first_hardware_exits_16_then_17_naming_the_rank(
 
 
 def test_nan_everywhere_exits_16_then_stops_as_a_data_problem(tmp_path: Path, run_id: str) -> None:
+    """A real launch: exit 16, a restart, then the launcher stops without spending more."""
     code, out, run_dir = _run(tmp_path, run_id, "nan-persistent", 0, "--max-restarts", "3")
     assert code == 1, out  # not retryable; the restart budget is not spent on it
     assert _rerun_findings(run_dir) == [

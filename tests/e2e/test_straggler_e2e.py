@@ -1,5 +1,6 @@
-"""End to end: straggler detection in a 4-rank CPU job whose all-reduce equalises the
-step times, and the agreed stop."""
+"""End to end: the agreed stop of straggler detection in a 4-rank CPU job. Detection
+itself (a slowed rank flagged, a balanced run flags nobody) is tested with ranks as
+threads in ``tests/tier2/test_stragglers_tier2.py``."""
 
 from __future__ import annotations
 
@@ -60,58 +61,9 @@ def run_job(
     return res, tmp_path / "heartbeat" / run_id
 
 
-def _first_step_wall_s(run_dir: Path) -> float:
-    first = []
-    for path in run_dir.glob("rank_*_pid_*.heartbeat.jsonl"):
-        for rec in read_jsonl(path):
-            if int(rec.get("progress_seq") or 0) > 0:
-                first.append(rec["wall_time_ns"] / 1e9 - rec["since_progress_s"])
-                break
-    return min(first)
-
-
-def test_a_slowed_rank_is_flagged_once_its_score_stayed_low(tmp_path: Path, run_id: str) -> None:
-    from datetime import datetime
-
-    res, run_dir = run_job(
-        tmp_path,
-        run_id,
-        "--steps",
-        "150",
-        "--fault",
-        "slow",
-        "--fault-rank",
-        "2",
-        "--slowdown",
-        SLOWDOWN,
-    )
-    out = res.stdout + res.stderr
-    assert res.returncode == 0, out
-    # The all-reduce equalises the step times: every rank reports the same step rate.
-    cross = read_jsonl(run_dir / "perf_ranks.jsonl")[-1]["step_time_ms"]
-    assert cross["max"] / cross["min"] < 1.1, cross
-    findings = [f for f in read_jsonl(run_dir / "findings.jsonl")]
-    assert [(f["finding_type"], f["rank"]) for f in findings] == [("straggler_detected", 2)], out
-    f = findings[0]
-    assert f["relative_score"] < THRESHOLD and f["node_rank"] == 0 and f["hostname"]
-    detected = datetime.fromisoformat(f["detected_wall_time"]).timestamp()
-    # CONSECUTIVE reports after the first one with the slow rank's samples (which
-    # comes within one interval of training's start), plus one scan
-    assert detected - _first_step_wall_s(run_dir) <= (CONSECUTIVE + 1) * REPORT_S + 1.0
-    report = read_status(run_dir)["stragglers"]
-    assert report["stragglers"] == [2] and report["worst"][0]["rank"] == 2
-    assert "rankguard stragglers: report" in res.stderr  # the score table in the log
-
-
-def test_a_balanced_run_flags_nobody(tmp_path: Path, run_id: str) -> None:
-    res, run_dir = run_job(tmp_path, run_id, "--steps", "150")
-    assert res.returncode == 0, res.stderr
-    assert read_jsonl(run_dir / "findings.jsonl") == []
-    report = read_status(run_dir)["stragglers"]
-    assert report["report"] >= 2 and report["stragglers"] == []
-
-
 def test_stop_if_detected_ends_every_rank_at_the_same_step(tmp_path: Path, run_id: str) -> None:
+    """A real launch: the stop step reaches rank processes through the control file, the
+    demo commits the agreed checkpoint, the launcher exits 13 and no worker is left."""
     res, run_dir = run_job(
         tmp_path,
         run_id,

@@ -37,7 +37,7 @@ from typing import Any
 from rankguard._fs import dumps_line, open_append, rotate_jsonl, write_all
 from rankguard.heartbeat.identity import RankIdentity
 from rankguard.heartbeat.lifeline import Lifeline, end_orphan
-from rankguard.phases import PhaseWatcher, main_thread_frame
+from rankguard.phases import PhaseWatcher, thread_frame
 from rankguard.schema.blocks import BlockSource, ExitBlock
 from rankguard.schema.layout import heartbeat_file_name
 from rankguard.schema.records import Event
@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 
 
 def _describe(frame: FrameType | None) -> str | None:
-    """Where the training (main) thread is right now, ``file:line in function``:
+    """Where the training thread is right now, ``file:line in function``:
     evidence in findings (a stalled rank in ``time.sleep`` vs one in a collective)."""
     if frame is None:
         return None
@@ -71,6 +71,7 @@ class HeartbeatPublisher:
         phases: PhaseWatcher | None = None,
         lifeline: Lifeline | None = None,
         on_orphan: Callable[[str], None] = end_orphan,
+        training_thread: threading.Thread | None = None,
     ) -> None:
         """``blocks``: the sources of the record's heartbeat blocks
         (:mod:`rankguard.schema.blocks`), called at each record; more with
@@ -80,7 +81,8 @@ class HeartbeatPublisher:
         evaluation and saving from the main thread's stack at each record (None: the
         tracker's phase as it is). ``lifeline``: checked at every beat (see
         :meth:`_check_lifeline`); ``on_orphan``: what ends the rank then (tests: anything
-        but a kill)."""
+        but a kill). ``training_thread``: the thread whose stack gives ``main_frame`` and
+        the phase (None: the main thread)."""
         if interval_s <= 0:
             raise ValueError(f"interval_s: must be > 0, got {interval_s}")
         self.identity = identity
@@ -108,6 +110,7 @@ class HeartbeatPublisher:
         self._ticks = tuple(ticks)
         self._lifeline = lifeline
         self._on_orphan = on_orphan
+        self.training_thread = training_thread
         self._base = identity.base_record()
         self._gpu_refined = identity.gpu is None
         tracker.on_change = self._wake.set
@@ -291,7 +294,7 @@ class HeartbeatPublisher:
         record["event"] = event.value
         record["wall_time_ns"] = time.time_ns()
         record.update(self.tracker.snapshot())
-        frame = main_thread_frame()
+        frame = thread_frame(self.training_thread)
         if self._phases is not None and event is Event.HEARTBEAT:
             try:
                 record.update(self._phases.fields(frame))
