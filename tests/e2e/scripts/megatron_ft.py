@@ -4,7 +4,8 @@ it): a ``RankMonitorClient`` set up before training, the ``setup`` section close
 the first step, each training step after warm-up in a ``step`` section, every save in a
 ``checkpointing`` section, timeouts calculated after saves and at the end, the client's
 state dict in ``<save>/ft_state.json``, shutdown at exit. Written for the client of
-nvidia-resiliency-ext 0.4 (``init_workload_monitoring()`` takes no argument there).
+nvidia-resiliency-ext 0.4 (``init_workload_monitoring()`` takes no argument there);
+``--num-warmup-iters`` passes 0.7's argument.
 """
 
 import argparse
@@ -25,6 +26,7 @@ parser.add_argument("--calc-ft-timeouts", action="store_true")
 parser.add_argument("--hang-rank", type=int, default=-1)
 parser.add_argument("--hang-iter", type=int, default=-1)
 parser.add_argument("--step-sleep", type=float, default=0.01)
+parser.add_argument("--num-warmup-iters", type=int, default=None)  # NVRx 0.7's argument
 args = parser.parse_args()
 
 NUM_WARMUP_ITERS = 1
@@ -38,7 +40,10 @@ rank = dist.get_rank()
 restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 cli = RankMonitorClient()
-cli.init_workload_monitoring()
+if args.num_warmup_iters is None:
+    cli.init_workload_monitoring()
+else:
+    cli.init_workload_monitoring(num_warmup_iters=args.num_warmup_iters)
 if os.path.exists(ft_state_path):
     with open(ft_state_path) as f:
         cli.load_state_dict(json.load(f))
