@@ -157,6 +157,7 @@ def job_name(opts: LaunchOptions) -> str:
 
 
 def _worker_env(cfg: RankguardConfig, run_id: str, run_dir: Path, job: str | None = None) -> None:
+    os.environ.update(cfg.envs)  # as FlagScale exports experiment.envs before its launch
     os.environ[ENV.RUN_ID] = run_id
     if job is not None:
         os.environ[ENV.JOB] = job
