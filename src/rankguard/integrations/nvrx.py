@@ -55,6 +55,7 @@ import os
 import shutil
 import socket
 import struct
+import sys
 import tempfile
 import threading
 from collections.abc import Callable
@@ -70,6 +71,7 @@ __all__ = [
     "nvrx_available",
     "nvrx_version",
     "serve_nvrx_client",
+    "verification_lines",
 ]
 
 logger = logging.getLogger(__name__)
@@ -308,12 +310,16 @@ class RankMonitorBridge:
         return d.OkMsg()
 
     def _init(self, msg: Any) -> None:
-        """NVRx 0.7's ``InitMsg`` fields (absent before 0.7): recorded and published."""
+        """NVRx 0.7's ``InitMsg`` fields (absent before 0.7): recorded and published.
+        Rank 0 says the timeouts the client gets, as NVRx prints them."""
         iteration = getattr(msg, "iteration", None)
         warmup = getattr(msg, "num_warmup_iters", None)
         with self._lock:
             self.init_iteration = iteration if isinstance(iteration, int) else None
             self.num_warmup_iters = warmup if isinstance(warmup, int) else None
+        if self.rank == 0:
+            for line in verification_lines(self._data, self.nvrx_config):
+                print(line, file=sys.stderr, flush=True)
 
     def _section(self, name: str, action: Any) -> None:
         kind = getattr(action, "name", str(action))
@@ -369,6 +375,28 @@ class RankMonitorBridge:
                 "rankguard's own learned timeouts, kept across runs)",
                 out,
             )
+
+
+def verification_lines(data: Any, cfg: Any) -> list[str]:
+    """What Megatron Bridge's fault tolerance check greps for (``[FaultTolerance]`` /
+    ``[RankMonitorServer]`` lines with the section timeouts): the timeouts the client
+    was given, written by NVRx's own ``SectionTimeouts`` and ``HeartbeatTimeouts`` (their
+    fields in NVRx's order), beside rankguard's own lines."""
+    sections = data.SectionTimeouts(
+        section=dict(cfg.rank_section_timeouts),
+        out_of_section=cfg.rank_out_of_section_timeout,
+        calculated_sections=set(),
+        is_out_of_section_calculated=False,
+    )
+    heartbeat = data.HeartbeatTimeouts(
+        initial=cfg.initial_rank_heartbeat_timeout,
+        subsequent=cfg.rank_heartbeat_timeout,
+        were_calculated=False,
+    )
+    return [
+        f"[FaultTolerance] rank monitor serving the client (rankguard): Timeouts={sections}",
+        f"[RankMonitorServer] section timeouts: {sections} heartbeat timeouts: {heartbeat}",
+    ]
 
 
 def _plain(value: Any) -> Any:

@@ -114,3 +114,12 @@ def test_nvrx_07_client_healthy_loop_is_served() -> None:
     assert nvrx["iteration"] == 4100
     assert "calculated_timeouts" in nvrx
     assert not nvrx.get("errors"), nvrx
+    # rank 0 says the timeouts as NVRx writes them (Megatron Bridge's check greps these)
+    sections = (
+        "SectionTimeouts(out_of_section=300.00, sections=[setup=600.00, step=180.00, "
+        "checkpointing=420.00, ], calculated_sections=set(), is_out_of_section_calculated=False)"
+    )
+    assert f"[FaultTolerance] rank monitor serving the client (rankguard): Timeouts={sections}" in (
+        res.stderr
+    )
+    assert f"[RankMonitorServer] section timeouts: {sections} heartbeat timeouts: " in res.stderr
