@@ -25,10 +25,12 @@ rankguard's own layout has one section per component (``heartbeat``, ``fault_tol
   ``fault_tolerance``, ``nvrx_straggler`` is ``straggler`` (NVRx's detector),
   ``train.exit_signal_handler``/``exit_signal``/``exit_signal_handler_for_dataloader`` are
   ``preemption``'s, ``rerun_state_machine``, ``inprocess_restart`` and ``checkpoint`` keep
-  their names. Bridge's fields that rankguard does not act on are accepted; one line each
-  says so when they are set to something other than Bridge's default. Bridge's sections
-  for the training script (``model``, ``optimizer``, ``dataset``, ...) are left alone, and
-  so is the legacy ``straggler`` detector's section (said once when it is enabled).
+  their names; ``fault_tolerance.state_dir`` defaults to ``checkpoint.save``, where
+  Bridge keeps NVRx's ``ft_state.json``. Bridge's fields that rankguard does not act on
+  are accepted; one line each says so when they are set to something other than
+  Bridge's default. Bridge's sections for the training script (``model``, ``optimizer``,
+  ``dataset``, ...) are left alone, and so is the legacy ``straggler`` detector's
+  section (said once when it is enabled).
 
 Both work in a file and in ``key=value`` overrides (``ft.enable_ft_package=true``,
 ``experiment.runner.heartbeat.enabled=true``). Bridge's defaults of the fields below come
@@ -345,6 +347,11 @@ def normalize(doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     ckpt = doc.get("checkpoint")
     if bridge_doc and isinstance(ckpt, dict) and ckpt.get("most_recent_k") == -1:
         doc["checkpoint"] = {**ckpt, "most_recent_k": None}  # Bridge's -1: keep them all
+    ft = doc.get("fault_tolerance")
+    unset = ft is None or (isinstance(ft, dict) and ft.get("state_dir") is None)
+    if bridge_doc and unset and isinstance(ckpt, dict) and isinstance(ckpt.get("save"), str):
+        # Bridge keeps NVRx's ft_state.json in checkpoint.save: rankguard reads it there
+        doc["fault_tolerance"] = {**(ft or {}), "state_dir": ckpt["save"]}
     for section, fields in BRIDGE_ONLY.items():
         block = doc.get(section)
         if not isinstance(block, dict):
