@@ -4,7 +4,8 @@ NVRx's client as Bridge's fault tolerance does (2 CPU ranks, gloo). Bridge's che
 the logs for ``[FaultTolerance]`` / ``[RankMonitorServer]`` lines with the section
 timeouts, ``GPU relative performance`` and ``GPU individual performance`` reports with
 per-rank scores and ``Scheduling async checkpoint save``: all found, beside rankguard's
-own lines. The config turns preemption on for a script that never asks: said.
+own lines. The config turns preemption, rerun and in-process restart on for a script
+that takes none of them up: each said once.
 NVRx's ``ft_state.json`` and rankguard's own state sit in ``checkpoint.save``."""
 
 from __future__ import annotations
@@ -80,6 +81,9 @@ def test_bridge_verification_lines_are_found(tmp_path: Path, run_id: str) -> Non
     assert "Scheduling async checkpoint save at step 25 (persistent)" in out
     # preemption on (Bridge's train.exit_signal_handler) for a script that never asks
     assert "preemption on (preemption.enable_exit_handler, SIGTERM), but the script saves " in out
+    # and rerun and in-process restart, which the script never takes up either: said once
+    assert out.count("rerun_state_machine on, but the script never calls rg.rerun()") == 1
+    assert out.count("inprocess_restart on, but the script is not wrapped") == 1
     # NVRx's file (the script's client) and rankguard's own state in checkpoint.save
     assert "current_timeouts" in json.loads((save / "ft_state.json").read_text())
     own = json.loads((save / "rankguard_ft_state.json").read_text())

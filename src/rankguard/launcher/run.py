@@ -409,6 +409,20 @@ class NodeStart:
         self.live: LiveStatus | None = None
         self.preemption: LaunchPreemption | None = None
 
+    def _watch_unregistered(self, node: int) -> None:
+        """Node 0: rerun and in-process restart turned on by the config but not taken up
+        by the script are said once (:mod:`rankguard.heartbeat.unregistered`)."""
+        from rankguard.heartbeat.unregistered import UnregisteredFeatures
+
+        cfg = self.cfg
+        on = (
+            ("rerun", cfg.rerun_state_machine.enabled),
+            ("inprocess", cfg.inprocess_restart.enabled),
+        )
+        features = tuple(name for name, enabled in on if enabled)
+        if node == 0 and features:
+            self.services.evaluators.append(UnregisteredFeatures(features))
+
     def on_round(self, info: Any) -> None:
         from rankguard.launcher.rendezvous import round_tag
 
@@ -475,6 +489,7 @@ class NodeStart:
                 agent=self.agent,
                 say=_say,
             )
+        self._watch_unregistered(node)
         self.services.start()
         if self.agent is not None:
             self.services.attach_agent(self.agent)
