@@ -250,6 +250,7 @@ def start_fork_server(modules: tuple[str, ...]) -> None:
 def _timeouts_in_force(cfg: RankguardConfig) -> dict[str, Any] | None:
     """Apply learned timeouts (``calc_ft_timeouts``); each timeout and its source."""
     from rankguard.ft.learned import apply_learned, load_state
+    from rankguard.ft.nvrx_state import RANKGUARD_STATE_FILE
 
     ft = cfg.fault_tolerance
     state, source = None, "config"
@@ -261,9 +262,13 @@ def _timeouts_in_force(cfg: RankguardConfig) -> dict[str, Any] | None:
             _say(f"calc_ft_timeouts: {exc}: fix or delete it")
             return None
         if state is None:
-            _say(f"calc_ft_timeouts: no {path} yet: configured timeouts now, learned at the end")
+            _say(
+                f"calc_ft_timeouts: no learned timeouts in {path.parent} yet: configured "
+                "timeouts now, learned at the end"
+            )
         else:
-            source = f"learned ({path}, {state.get('runs')} run(s))"
+            own = path.parent / RANKGUARD_STATE_FILE  # rankguard's own file, else NVRx's
+            source = f"learned ({own if own.exists() else path}, {state.get('runs')} run(s))"
             _say(f"calc_ft_timeouts: using {source}: {state['timeouts']}")
     return apply_learned(cfg, state, source)
 

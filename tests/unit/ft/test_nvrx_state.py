@@ -143,3 +143,23 @@ def test_to_nvrx_leaves_a_plain_copy() -> None:
     assert prev["current_timeouts"]["section"]["section"]["step"] == 42.0  # untouched
     assert out["current_timeouts"]["section"]["section"]["step"] == 10.0
     assert out["current_timeouts"]["heartbeat"] == prev["current_timeouts"]["heartbeat"]
+
+
+def test_the_launch_names_the_file_it_learned_from(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rankguard.config import load_config
+    from rankguard.launcher.run import _timeouts_in_force
+
+    cfg = load_config(
+        None, ["fault_tolerance.calc_ft_timeouts=true", f"fault_tolerance.state_dir={tmp_path}"]
+    )
+    _timeouts_in_force(cfg)
+    assert f"no learned timeouts in {tmp_path} yet" in capsys.readouterr().err
+    state = {"schema_version": 1, "runs": 2, "timeouts": {"step": 90.0}}
+    (tmp_path / RANKGUARD_STATE_FILE).write_text(json.dumps(state))
+    (tmp_path / "ft_state.json").write_text(json.dumps(_client_state(("step",))))
+    shown = _timeouts_in_force(cfg)
+    assert shown is not None
+    err = capsys.readouterr().err
+    assert f"learned ({tmp_path / RANKGUARD_STATE_FILE}, 2 run(s))" in err, err
