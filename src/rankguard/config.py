@@ -31,7 +31,7 @@ from rankguard.elastic import ElasticConfig
 from rankguard.ft.config import FaultToleranceConfig
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.inprocess.config import InProcessRestartConfig
-from rankguard.layouts import normalize, unwrap_flagscale
+from rankguard.layouts import check_envs, normalize, unwrap_flagscale
 from rankguard.perf.config import PerfConfig
 from rankguard.preempt.config import PreemptionConfig
 from rankguard.rerun.config import RerunStateMachineConfig
@@ -100,6 +100,13 @@ class RankguardConfig:
             "(docs/kubernetes.md)."
         },
     )
+    envs: dict[str, str] = field(
+        default_factory=dict,
+        metadata={
+            "help": "Environment variables the launcher sets for itself and every rank "
+            "(FlagScale's experiment.envs), NAME: value."
+        },
+    )
     heartbeat: HeartbeatConfig = field(default_factory=HeartbeatConfig)
     perf: PerfConfig = field(default_factory=PerfConfig)
     fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
@@ -117,6 +124,10 @@ class RankguardConfig:
             # YAML reads an unquoted 0750 as the octal number it is
             self.run_dir_mode = f"0{self.run_dir_mode:o}"
         self.dir_mode()  # validates run_dir_mode
+        try:
+            self.envs = check_envs(self.envs)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         if self.exit_codes not in ("rankguard", "kubeflow"):
             raise ConfigError(
                 f"exit_codes: must be 'rankguard' or 'kubeflow', got {self.exit_codes!r}"
@@ -292,7 +303,7 @@ def load_config(
         raise
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    for line in (*notes, *again, *more):
+    for line in dict.fromkeys((*notes, *again, *more)):  # a line said once
         logger.warning("rankguard: %s", line)
     for key, value in (defaults or {}).items():
         node: Any = doc

@@ -82,7 +82,7 @@ def test_a_crash_resumes_from_the_newest_checkpoint_and_the_loss_continues(
     )
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
-    assert "scheduled async checkpoint save at step 4 (persistent)" in out
+    assert "Scheduling async checkpoint save at step 4 (persistent)" in out
     # the save of step 4 may still be in flight when rank 1 crashes in step 6 (async):
     # then step 2 is the newest complete one (the save of 4 waited for it)
     resumed = re.search(r"\[demo\] resumed from step (\d+) \(persistent\) \(restart 1\)", out)

@@ -411,6 +411,7 @@ def test_config_to_dict_is_plain() -> None:
         "enable_gpu_health_check",
         "enable_monitoring",
         "exit_codes",
+        "envs",
         "heartbeat",
         "perf",
         "fault_tolerance",

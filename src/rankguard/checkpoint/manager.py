@@ -343,7 +343,7 @@ class CheckpointManager:
             upload = response if isinstance(response, Future) else response.upload_completion
             stage_s = time.monotonic() - t0
             self._say(
-                f"scheduled async checkpoint save at step {step} (persistent): staged "
+                f"Scheduling async checkpoint save at step {step} (persistent): staged "
                 f"{self._stager.bytes / 1e9:.2f} GB in {stage_s:.3f} s",
                 logging.INFO,
             )
@@ -454,7 +454,7 @@ class CheckpointManager:
             staged = self._stager.stage(live)
             stage_s = time.monotonic() - t0
             self._say(
-                f"scheduled async checkpoint save at step {step} (local): staged "
+                f"Scheduling async checkpoint save at step {step} (local): staged "
                 f"{self._stager.bytes / 1e9:.2f} GB in {stage_s:.3f} s",
                 logging.INFO,
             )

@@ -48,7 +48,7 @@ class LauncherFlag:
     takes_value: bool = True
 
 
-FROZEN_SOURCE = "nvidia-resiliency-ext 0.4.1 (frozen list)"
+FROZEN_SOURCE = "nvidia-resiliency-ext 0.4.1 to 0.7.0 (frozen list)"
 FROZEN: tuple[LauncherFlag, ...] = (
     LauncherFlag("term_timeout", ("--term-timeout", "--term_timeout")),
     LauncherFlag("workers_stop_timeout", ("--workers-stop-timeout", "--workers_stop_timeout")),
@@ -92,6 +92,58 @@ FROZEN: tuple[LauncherFlag, ...] = (
         for name in ("enable_nic_monitor", "pci_topo_file", "link_down_path_template")
     ),
     LauncherFlag("ft_ignore_missing_cfg", ("--ignore-missing-fault-tol-cfg",), False),
+    # added by nvidia-resiliency-ext 0.5 to 0.7 (0.7.0's parser, as it spells them)
+    *(
+        LauncherFlag(f"ft_{name}", (f"--ft-{name.replace('_', '-')}", f"--ft_{name}"))
+        for name in (
+            "segment",
+            "per_cycle_applog_prefix",
+            "nvrx_logfile",
+            "enable_log_server",
+            "log_server_port",
+            "log_aggregator_count",
+            "log_leaf_max_queue_chunks",
+            "log_server_log_prefix",
+            "log_server_graceful_shutdown_timeout",
+            "enable_dist_storage_healthcheck",
+            "segment_health_check_dir",
+            "attribution_endpoint",
+            "attribution_startup_timeout",
+            "attribution_llm_api_key_file",
+            "attribution_llm_base_url",
+            "attribution_llm_model",
+            "attribution_analysis_backend",
+            "attribution_stop_action",
+            "attribution_log_level",
+            "attribution_export_url",
+            "no_restart_exit_code",
+            "cycle_info_dir",
+        )
+    ),
+    *(
+        LauncherFlag(f"ft_{name}", (f"--ft-{name.replace('_', '-')}", f"--ft-{name}"))
+        for name in (
+            "node_health_check_endpoint",
+            "enable_nic_healthcheck",
+            "link_state_path_template",
+            "skip_section_response",
+            "rdzv_impl",
+            "numa_bind_strict",
+            "gpu_memory_reclaim_timeout",
+            "gpu_memory_tolerance_mb",
+            "gpu_memory_poll_interval",
+            "check_remaining_processes",
+            "install_exception_hook",
+            "max_no_progress_cycles",
+            "min_progress_iterations",
+            "checkpoint_iteration_file",
+        )
+    ),
+    LauncherFlag(
+        "ft_storage_healthcheck_path",
+        ("--ft-storage-health-check-path", "--ft_storage_health_check_path"),
+    ),
+    LauncherFlag("ft_ignore_missing_cfg", ("--ft-ignore-missing-cfg",), False),
 )
 
 # NVRx FaultToleranceConfig field -> rankguard key (same meaning)
@@ -121,6 +173,76 @@ NO_EFFECT = {
     "workers_stop_timeout": "workers are stopped within fault_tolerance.termination_grace_s",
     "ignore_missing_cfg": "nothing to ignore: a missing --ft-cfg-path is an error",
     "restart_policy": "rankguard restarts the group when any worker failed (any-failed)",
+    # nvidia-resiliency-ext 0.5 to 0.7
+    "segment": (
+        "rankguard's spare nodes (--nnodes MIN:MAX) take any failed node's place; it does "
+        "not group nodes by NVLink domain"
+    ),
+    "per_cycle_applog_prefix": (
+        "each start's rank logs are under the run directory (rank_logs_node_<n>.json lists them)"
+    ),
+    "nvrx_logfile": "rankguard logs to the launcher's stderr and the run directory",
+    "enable_log_server": "each node writes its ranks' logs itself; there is no log server",
+    "log_server_port": "each node writes its ranks' logs itself; there is no log server",
+    "log_aggregator_count": "each node writes its ranks' logs itself; there is no log server",
+    "log_leaf_max_queue_chunks": "each node writes its ranks' logs itself; there is no log server",
+    "log_server_log_prefix": "each node writes its ranks' logs itself; there is no log server",
+    "log_server_graceful_shutdown_timeout": (
+        "each node writes its ranks' logs itself; there is no log server"
+    ),
+    "node_health_check_endpoint": (
+        "rankguard checks the node's GPUs itself (heartbeat.hardware_health)"
+    ),
+    "enable_nic_healthcheck": "rankguard has no NIC monitor",
+    "link_state_path_template": "rankguard has no NIC monitor",
+    "enable_dist_storage_healthcheck": "rankguard does not probe Lustre or NFS",
+    "storage_healthcheck_path": "rankguard does not probe Lustre or NFS",
+    "segment_health_check_dir": "rankguard keeps no segment health decisions",
+    "skip_section_response": (
+        "rankguard's bridge sends the client NVRx's default and answers as it says"
+    ),
+    "rdzv_impl": "rankguard rendezvous through torch elastic's --rdzv-backend",
+    "numa_bind_strict": "rankguard binds no NUMA nodes (use numactl in the script's launch)",
+    "gpu_memory_reclaim_timeout": (
+        "rankguard restarts the group without waiting for GPU memory to be released"
+    ),
+    "gpu_memory_tolerance_mb": (
+        "rankguard restarts the group without waiting for GPU memory to be released"
+    ),
+    "gpu_memory_poll_interval": (
+        "rankguard restarts the group without waiting for GPU memory to be released"
+    ),
+    "check_remaining_processes": "rankguard stops workers through torch elastic's own shutdown",
+    "install_exception_hook": (
+        "a rank's uncaught exception is recorded by torch elastic's error file, named by "
+        "rankguard as the root cause"
+    ),
+    "attribution_endpoint": "rankguard names the root cause itself (findings); calls no service",
+    "attribution_startup_timeout": "rankguard calls no attribution service",
+    "attribution_llm_api_key_file": "rankguard calls no attribution service",
+    "attribution_llm_base_url": "rankguard calls no attribution service",
+    "attribution_llm_model": "rankguard calls no attribution service",
+    "attribution_analysis_backend": "rankguard calls no attribution service",
+    "attribution_stop_action": "rankguard calls no attribution service",
+    "attribution_log_level": "rankguard calls no attribution service",
+    "attribution_export_url": "rankguard calls no attribution service",
+    "no_restart_exit_code": (
+        "rankguard's own exit codes apply: 12 when a fault's action ended the job without "
+        "a restart (see rankguard's exit code table)"
+    ),
+    "cycle_info_dir": (
+        "rankguard writes no cycle info files; the restarts are in the run directory's status.json"
+    ),
+    "max_no_progress_cycles": (
+        "rankguard restarts up to --max-restarts times whether or not training progressed "
+        "in between (no early stop without progress)"
+    ),
+    "min_progress_iterations": (
+        "rankguard restarts up to --max-restarts times whether or not training progressed"
+    ),
+    "checkpoint_iteration_file": (
+        "rankguard restarts up to --max-restarts times whether or not training progressed"
+    ),
 }
 _DEFAULT_RESTART_POLICY = "any-failed"
 # ft_launcher acts on what it detects (the hung rank is ended, the group restarted within
@@ -158,6 +280,15 @@ def launcher_flags() -> tuple[tuple[LauncherFlag, ...], str]:
         LauncherFlag(a.dest, tuple(a.option_strings), a.nargs != 0)
         for a in get_args_parser()._actions
         if a.option_strings and a.dest not in torch_dests
+    )
+    # settings another release has (0.7's flags under 0.4.1) are accepted too; a setting
+    # this parser has keeps this parser's spellings (its from_args reads only those)
+    have = {o for f in flags for o in f.options}
+    dests = {f.dest for f in flags}
+    flags += tuple(
+        dataclasses.replace(f, options=tuple(o for o in f.options if o not in have))
+        for f in FROZEN
+        if (f.dest not in dests or not f.takes_value) and any(o not in have for o in f.options)
     )
     version = ".".join(map(str, nvrx_version() or ()))
     return flags, f"nvidia-resiliency-ext {version} (its launcher's parser)"

@@ -11,8 +11,9 @@ at the end of a run the launcher on node 0 takes the maximum over ranks of
 multiplies it by ``safety_factor`` (NVRx: 5), floors it at ``min_learned_timeout_s`` (a
 tight loop must not teach a 4 ms timeout that kills the next slow start), merges it
 with the previous value (mean of old and new: an EMA with weight 0.5) and saves it
-atomically in ``ft_state.json`` in ``fault_tolerance.state_dir`` (default
-``<log_dir>/ft``, next to the checkpoints is better). The next run with
+atomically in ``rankguard_ft_state.json`` in ``fault_tolerance.state_dir`` (default
+``<log_dir>/ft``, next to the checkpoints is better): ``ft_state.json`` is NVRx's name,
+read and kept in NVRx's layout when there is one, never rankguard's own state. The next run with
 ``calc_ft_timeouts`` starts with those timeouts: ``setup``, ``step`` and
 ``checkpointing`` become section timeouts and ``heartbeat`` the process timeout;
 ``status.json`` says where each timeout came from.
@@ -65,12 +66,12 @@ def load_state(path: Path) -> dict[str, Any] | None:
     (``current_timeouts``, as Megatron-LM keeps it in ``<save>/ft_state.json``), then
     rankguard's ``rankguard_ft_state.json`` beside it when there is one."""
     state = _read(path)
+    own = _read(path.parent / RANKGUARD_STATE_FILE)  # rankguard's own, never NVRx's name
+    if isinstance(own, dict) and isinstance(own.get("timeouts"), dict):
+        return own
     if state is None:
         return None
     if is_nvrx_state(state):
-        own = _read(path.parent / RANKGUARD_STATE_FILE)
-        if isinstance(own, dict) and isinstance(own.get("timeouts"), dict):
-            return own
         try:
             return from_nvrx(state)
         except ValueError as exc:
@@ -161,13 +162,13 @@ def save_learned(
         nvrx = _read(path)
     except ValueError:
         nvrx = None
-    if is_nvrx_state(nvrx):  # NVRx's file stays NVRx's; rankguard's own goes beside it
-        save_state(path.parent / RANKGUARD_STATE_FILE, state)
+    # rankguard's own state under its own name; NVRx's file, when there is one, stays
+    # NVRx's (its calculated sections updated)
+    save_state(path.parent / RANKGUARD_STATE_FILE, state)
+    where = str(path.parent / RANKGUARD_STATE_FILE)
+    if is_nvrx_state(nvrx):
         save_state(path, to_nvrx(nvrx, state["timeouts"]))
-        where = f"{path.parent / RANKGUARD_STATE_FILE} and {path} (NVRx's layout)"
-    else:
-        save_state(path, state)
-        where = str(path)
+        where += f" and {path} (NVRx's layout)"
     logger.warning(
         "rankguard: learned timeouts saved in %s: %s", where, json.dumps(state["timeouts"])
     )

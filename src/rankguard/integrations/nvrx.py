@@ -30,6 +30,15 @@ The client's reply to ``InitMsg`` carries an NVRx ``FaultToleranceConfig`` built
 launch's rankguard config (section, out-of-section and heartbeat timeouts, safety factor),
 so ``client.section_timeouts`` and the timeouts calculation see the timeouts in force.
 
+NVRx 0.7's client adds to that exchange, and the bridge answers it as 0.7's own rank
+monitor does: its ``InitMsg`` carries ``iteration`` (the training iteration when a
+framework reports one) and ``num_warmup_iters``, its ``SectionMsg`` the iteration of a
+``step`` section; both are recorded and published (``nvrx.init_iteration``,
+``nvrx.num_warmup_iters``, ``nvrx.iteration``). With ``skip_section_response`` set in the
+config the client receives (0.7's default), the client sends heartbeats and section
+messages without reading a reply, so none is sent: a reply nobody reads would fill the
+socket's buffer and, a few thousand steps later, block the bridge and then the rank.
+
 Security: the socket lives in a directory only this user can enter (0700) and a
 connection from another user id (``SO_PEERCRED``) is refused before anything is read;
 NVRx's framing unpickles what it reads, as ``ft_launcher``'s server does.
@@ -56,6 +65,7 @@ import shutil
 import socket
 import stat
 import struct
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -73,7 +83,9 @@ __all__ = [
     "nvrx_available",
     "nvrx_version",
     "serve_nvrx_client",
+    "socket_base",
     "sweep_socket_dirs",
+    "verification_lines",
 ]
 
 logger = logging.getLogger(__name__)
@@ -252,6 +264,12 @@ class RankMonitorBridge:
         self.section_events = 0
         self.open_sections: dict[str, str] = {}  # name -> the phase before it
         self.calculated: dict[str, Any] | None = None
+        # NVRx 0.7: the client's iteration at init, its warm-up iterations, the last
+        # iteration a step section reported; replies to heartbeats and sections or not
+        self.init_iteration: int | None = None
+        self.num_warmup_iters: int | None = None
+        self.iteration: int | None = None
+        self.skip_section_response = bool(getattr(nvrx_config, "skip_section_response", False))
         self.refused = 0
         self.errors = 0
         self._warned_timeouts = False
@@ -309,6 +327,9 @@ class RankMonitorBridge:
             }
             if self.calculated is not None:
                 out["calculated_timeouts"] = self.calculated
+            for key in ("init_iteration", "num_warmup_iters", "iteration"):
+                if getattr(self, key) is not None:
+                    out[key] = getattr(self, key)
             if self.refused or self.errors:
                 out["refused"], out["errors"] = self.refused, self.errors
         return {"nvrx": out}
@@ -359,27 +380,43 @@ class RankMonitorBridge:
                 except Exception as exc:  # never let the client hang on a missing reply
                     self.errors += 1
                     logger.exception("rankguard nvrx: handling %s failed", type(msg).__name__)
-                    reply = self._data.ErrorMsg(cause=f"{type(exc).__name__}: {exc}")
-                self._write(reply, conn)
+                    reply = None if self._unanswered(msg) else self._error(exc)
+                if reply is not None:
+                    self._write(reply, conn)
         except OSError:
             return
         finally:
             with contextlib.suppress(OSError):
                 conn.close()
 
+    def _unanswered(self, msg: Any) -> bool:
+        """True for a message the client sends without reading a reply (NVRx 0.7's
+        ``skip_section_response``: heartbeats and section messages)."""
+        d = self._data
+        return self.skip_section_response and isinstance(msg, d.HeartbeatMsg | d.SectionMsg)
+
+    def _error(self, exc: Exception) -> Any:
+        return self._data.ErrorMsg(cause=f"{type(exc).__name__}: {exc}")
+
     def _handle(self, msg: Any) -> Any:
+        """The reply to one message; None where the client reads none."""
         d = self._data
         if isinstance(msg, d.InitMsg):
+            self._init(msg)
             return d.OkMsg(cfg=self.nvrx_config)
         if isinstance(msg, d.AuthkeyMsg):
             return d.OkMsg()
         if isinstance(msg, d.HeartbeatMsg):
             self.heartbeats += 1
             self.session.step_end()
-            return d.OkMsg()
+            return None if self._unanswered(msg) else d.OkMsg()
         if isinstance(msg, d.SectionMsg):
+            iteration = getattr(msg, "iteration", None)  # NVRx 0.7
+            if msg.section == "step" and isinstance(iteration, int):
+                with self._lock:
+                    self.iteration = iteration
             self._section(msg.section, msg.action)
-            return d.OkMsg()
+            return None if self._unanswered(msg) else d.OkMsg()
         if isinstance(msg, d.UpdateConfigMsg):
             self._timeouts(msg)
             return d.OkMsg()
@@ -391,6 +428,18 @@ class RankMonitorBridge:
                 name,
             )
         return d.OkMsg()
+
+    def _init(self, msg: Any) -> None:
+        """NVRx 0.7's ``InitMsg`` fields (absent before 0.7): recorded and published.
+        Rank 0 says the timeouts the client gets, as NVRx prints them."""
+        iteration = getattr(msg, "iteration", None)
+        warmup = getattr(msg, "num_warmup_iters", None)
+        with self._lock:
+            self.init_iteration = iteration if isinstance(iteration, int) else None
+            self.num_warmup_iters = warmup if isinstance(warmup, int) else None
+        if self.rank == 0:
+            for line in verification_lines(self._data, self.nvrx_config):
+                print(line, file=sys.stderr, flush=True)
 
     def _section(self, name: str, action: Any) -> None:
         kind = getattr(action, "name", str(action))
@@ -446,6 +495,28 @@ class RankMonitorBridge:
                 "rankguard's own learned timeouts, kept across runs)",
                 out,
             )
+
+
+def verification_lines(data: Any, cfg: Any) -> list[str]:
+    """What Megatron Bridge's fault tolerance check greps for (``[FaultTolerance]`` /
+    ``[RankMonitorServer]`` lines with the section timeouts): the timeouts the client
+    was given, written by NVRx's own ``SectionTimeouts`` and ``HeartbeatTimeouts`` (their
+    fields in NVRx's order), beside rankguard's own lines."""
+    sections = data.SectionTimeouts(
+        section=dict(cfg.rank_section_timeouts),
+        out_of_section=cfg.rank_out_of_section_timeout,
+        calculated_sections=set(),
+        is_out_of_section_calculated=False,
+    )
+    heartbeat = data.HeartbeatTimeouts(
+        initial=cfg.initial_rank_heartbeat_timeout,
+        subsequent=cfg.rank_heartbeat_timeout,
+        were_calculated=False,
+    )
+    return [
+        f"[FaultTolerance] rank monitor serving the client (rankguard): Timeouts={sections}",
+        f"[RankMonitorServer] section timeouts: {sections} heartbeat timeouts: {heartbeat}",
+    ]
 
 
 def _plain(value: Any) -> Any:

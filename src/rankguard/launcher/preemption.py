@@ -73,10 +73,12 @@ class LaunchPreemption:
             agreement_lead_s(hb.publish_interval_s, hb.scan_interval_s, relayed=services.relaying),
             load_save_time(self.state_path),
         )
+        self.evaluator: PreemptionEvaluator | None = None  # node 0's: what was saved
         if node_rank == 0:
             if not self.budget.fits():
                 say(self.budget.warning())
-            services.evaluators.append(PreemptionEvaluator(self.coordinator, self.budget, run_id))
+            self.evaluator = PreemptionEvaluator(self.coordinator, self.budget, run_id)
+            services.evaluators.append(self.evaluator)
         if threading.current_thread() is threading.main_thread():
             signal.signal(pre.signum, self._before_workers)
 
@@ -109,6 +111,11 @@ class LaunchPreemption:
         self.say(
             f"preempted ({coord.reason}): stop step {coord.stop_at}, "
             f"{len(coord.terminated)} rank(s) killed at the end of the grace window; "
-            f"exit {EXIT_PREEMPTED}: requeue the job, it resumes from the last save"
+            f"exit {EXIT_PREEMPTED}: requeue the job; "
+            + (
+                self.evaluator.saved_line()
+                if self.evaluator is not None
+                else "node 0 says what was saved"
+            )
         )
         return replace(outcome, preempted=True)

@@ -184,6 +184,7 @@ def job_name(opts: LaunchOptions) -> str:
 
 
 def _worker_env(cfg: RankguardConfig, run_id: str, run_dir: Path, job: str | None = None) -> None:
+    os.environ.update(cfg.envs)  # as FlagScale exports experiment.envs before its launch
     os.environ[ENV.RUN_ID] = run_id
     if job is not None:
         os.environ[ENV.JOB] = job
@@ -276,6 +277,7 @@ def start_fork_server(modules: tuple[str, ...]) -> None:
 def _timeouts_in_force(cfg: RankguardConfig) -> dict[str, Any] | None:
     """Apply learned timeouts (``calc_ft_timeouts``); each timeout and its source."""
     from rankguard.ft.learned import apply_learned, load_state
+    from rankguard.ft.nvrx_state import RANKGUARD_STATE_FILE
 
     ft = cfg.fault_tolerance
     state, source = None, "config"
@@ -287,9 +289,13 @@ def _timeouts_in_force(cfg: RankguardConfig) -> dict[str, Any] | None:
             _say(f"calc_ft_timeouts: {exc}: fix or delete it")
             return None
         if state is None:
-            _say(f"calc_ft_timeouts: no {path} yet: configured timeouts now, learned at the end")
+            _say(
+                f"calc_ft_timeouts: no learned timeouts in {path.parent} yet: configured "
+                "timeouts now, learned at the end"
+            )
         else:
-            source = f"learned ({path}, {state.get('runs')} run(s))"
+            own = path.parent / RANKGUARD_STATE_FILE  # rankguard's own file, else NVRx's
+            source = f"learned ({own if own.exists() else path}, {state.get('runs')} run(s))"
             _say(f"calc_ft_timeouts: using {source}: {state['timeouts']}")
     return apply_learned(cfg, state, source)
 
@@ -448,6 +454,20 @@ class NodeStart:
         self.live: LiveStatus | None = None
         self.preemption: LaunchPreemption | None = None
 
+    def _watch_unregistered(self, node: int) -> None:
+        """Node 0: rerun and in-process restart turned on by the config but not taken up
+        by the script are said once (:mod:`rankguard.heartbeat.unregistered`)."""
+        from rankguard.heartbeat.unregistered import UnregisteredFeatures
+
+        cfg = self.cfg
+        on = (
+            ("rerun", cfg.rerun_state_machine.enabled),
+            ("inprocess", cfg.inprocess_restart.enabled),
+        )
+        features = tuple(name for name, enabled in on if enabled)
+        if node == 0 and features:
+            self.services.evaluators.append(UnregisteredFeatures(features))
+
     def on_round(self, info: Any) -> None:
         from rankguard.launcher.rendezvous import round_tag
 
@@ -514,6 +534,7 @@ class NodeStart:
                 agent=self.agent,
                 say=_say,
             )
+        self._watch_unregistered(node)
         self.services.start()
         if self.agent is not None:
             self.services.attach_agent(self.agent)

@@ -163,6 +163,13 @@ class PerfConfig:
         default=20, metadata={"help": "perf_monitor/ keeps the newest N runs' files of this job."}
     )
     console: bool = field(default=True, metadata={"help": "Rank 0 prints one line per log."})
+    flagscale_summary_link: bool = field(
+        default=False,
+        metadata={
+            "help": "Also show the summary at FlagScale's path, <log_dir>/perf_monitor/"
+            "perf_summary_<ts>.json (a link; set by a FlagScale file's experiment.exp_dir)."
+        },
+    )
     prometheus: PrometheusConfig = field(default_factory=PrometheusConfig)
     trackers: list[str] = field(
         default_factory=list,

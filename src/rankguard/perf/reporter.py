@@ -49,6 +49,7 @@ from typing import Any, TextIO
 
 from rankguard._fs import QueuedJsonl, atomic_write_json
 from rankguard.perf.config import PerfConfig
+from rankguard.perf.flagscale import link_flagscale_summary
 from rankguard.perf.flops import analytic_flops_per_step, mfu, tflops_per_gpu
 from rankguard.perf.memory import memory_gb
 from rankguard.perf.peaks import resolve_peak_tflops
@@ -670,6 +671,8 @@ class PerfReporter:
                 stamp = datetime.fromtimestamp(self._start_wall, timezone.utc)
                 name = f"{SUMMARY_PREFIX}{stamp.strftime('%Y%m%d_%H%M%S')}.json"
                 self._summary_path = self.out_dir / name
+            if self.cfg.flagscale_summary_link:
+                link_flagscale_summary(self._summary_path)
         return self._summary_path
 
     def _rewrite_summary(self) -> None:

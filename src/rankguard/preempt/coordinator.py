@@ -380,6 +380,27 @@ class PreemptionEvaluator(BlockEvaluator[PreemptBlock]):
                 )
         return out
 
+    def saved_line(self) -> str:
+        """What the preemption saved, as seen in the ranks' last heartbeats: the end of
+        the launcher's preemption line."""
+        step = self.coordinator.stop_at
+        if self._saved is not None:
+            return f"every rank saved step {self._saved}: the next run resumes there"
+        if step is None:
+            return (
+                "no stop step was agreed, nothing was saved: the next run starts from the "
+                "last checkpoint the script wrote before, if any"
+            )
+        some = (
+            f"only {self._ranks_saved} rank(s) saved step {step}"
+            if self._ranks_saved
+            else f"no rank saved step {step}"
+        )
+        return (
+            f"{some} (a script that never asks rg.should_stop() saves nothing): the next "
+            "run starts from the last checkpoint the script wrote before, if any"
+        )
+
     def status(self) -> dict[str, Any] | None:
         out: dict[str, Any] = {"budget": self.budget.to_dict()}
         if self.coordinator.active:

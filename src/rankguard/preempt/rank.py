@@ -54,6 +54,7 @@ class RankPreemption:
         self.reported = False  # a heartbeat was asked for right after the signal
         self._last_poll = 0.0
         self._first_seen: float | None = None
+        self._said_unregistered = False
 
     def install(self) -> bool:
         installed = self.handler.install()
@@ -116,8 +117,30 @@ class RankPreemption:
         only set flags): the session's fast path wakes up."""
         self.handler.on_signal = callback
 
+    def unregistered_line(self) -> str | None:
+        """Once, from the second training step on: the line that says preemption is on
+        but the script never asked ``should_stop()``, so a preemption signal ends the
+        ranks without a save (the handler falls through to the signal's default); None
+        when the script asks, before that step, and after it was said."""
+        t = self.tracker
+        if self._said_unregistered or t.issued_seq - t.checkpoint_count < 2:
+            return None
+        self._said_unregistered = True
+        if self.handler.listening or not self.handler.installed:
+            return None
+        return (
+            f"preemption on (preemption.enable_exit_handler, {self.cfg.signum.name}), but "
+            "the script saves nothing: it never asks rg.should_stop(), so a preemption "
+            "ends the ranks without a save and the next run starts from the last "
+            "checkpoint the script wrote, if any"
+        )
+
     def heartbeat_block(self) -> PreemptBlock:
-        """The ``preempt`` block of this rank's heartbeat records."""
+        """The ``preempt`` block of this rank's heartbeat records (and, on rank 0, the
+        one line of :meth:`unregistered_line`: the heartbeat thread, never the loop)."""
+        line = self.unregistered_line()
+        if line is not None and os.environ.get("RANK", "0") == "0":
+            logger.warning("rankguard: %s", line)
         durations = list(self.tracker.checkpoint_durations_ns)
         step = self.step_min_s()
         return PreemptBlock(

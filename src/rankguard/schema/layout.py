@@ -18,7 +18,8 @@ A run's files live under ``<log_dir>``::
         stacks/rank_<r>_pid_<p>.txt       stack dumps before a kill
       perf_monitor/<run_id>/              rank 0's perf.jsonl, perf_summary_<ts>.json and
                                           perf_job.json (the job the run belongs to)
-      ft/ft_state.json                    learned timeouts (or fault_tolerance.state_dir)
+      ft/rankguard_ft_state.json          learned timeouts (or fault_tolerance.state_dir,
+                                          beside NVRx's ft_state.json there)
       ft/preempt_state.json               the last run's longest save (the grace budget)
       elastic/                            torch elastic's worker logs
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from rankguard.schema.findings import Finding, FindingType, Reason
 from rankguard.schema.records import HeartbeatRecord
 from rankguard.straggler.config import StragglerConfig
+from rankguard.straggler.nvrx_lines import score_lines, straggler_warnings
 
 if TYPE_CHECKING:
     from rankguard.heartbeat.rules import RankState
@@ -162,9 +163,27 @@ class StragglerDetector:
         }
         if cfg.enable_logging and n:
             logger.warning("rankguard stragglers: %s", self.table())
+            self._nvrx_lines(scores, below)
         if findings and cfg.stop_if_detected:
             self.stop_requested = True
         return findings
+
+    def _nvrx_lines(
+        self, scores: dict[int, dict[str, Any]], below: dict[tuple[int, int | None], int]
+    ) -> None:
+        """The report as NVRx and Megatron Bridge print it (their verification greps it)."""
+        cfg = self.cfg
+        nodes = {r: str(s["hostname"] or s["node_rank"]) for r, s in scores.items()}
+        rel = {r: s["relative"] for r, s in scores.items() if s["relative"] is not None}
+        ind = {r: s["individual"] for r, s in scores.items() if s["individual"] is not None}
+        low = {rank for rank, _ in below}
+        for line in straggler_warnings(
+            [r for r in low if rel.get(r, 1.0) < cfg.gpu_relative_perf_threshold],
+            [r for r in low if ind.get(r, 1.0) < cfg.gpu_individual_perf_threshold],
+        ):
+            logger.warning("%s", line)
+        for line in score_lines(rel or None, ind or None, nodes, cfg.num_gpu_perf_scores_to_print):
+            logger.info("%s", line)
 
     def table(self) -> str:
         report = self.report or {}

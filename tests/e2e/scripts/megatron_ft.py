@@ -4,7 +4,10 @@ it): a ``RankMonitorClient`` set up before training, the ``setup`` section close
 the first step, each training step after warm-up in a ``step`` section, every save in a
 ``checkpointing`` section, timeouts calculated after saves and at the end, the client's
 state dict in ``<save>/ft_state.json``, shutdown at exit. Written for the client of
-nvidia-resiliency-ext 0.4 (``init_workload_monitoring()`` takes no argument there).
+nvidia-resiliency-ext 0.4 (``init_workload_monitoring()`` takes no argument there);
+``--num-warmup-iters`` passes 0.7's argument. ``--rg-checkpoint``: the saves go through
+rankguard's checkpoint manager (the run's ``checkpoint`` config, e.g. Megatron Bridge's
+``async_save``) instead of ``torch.save``: the one option that imports rankguard.
 """
 
 import argparse
@@ -25,6 +28,8 @@ parser.add_argument("--calc-ft-timeouts", action="store_true")
 parser.add_argument("--hang-rank", type=int, default=-1)
 parser.add_argument("--hang-iter", type=int, default=-1)
 parser.add_argument("--step-sleep", type=float, default=0.01)
+parser.add_argument("--num-warmup-iters", type=int, default=None)  # NVRx 0.7's argument
+parser.add_argument("--rg-checkpoint", action="store_true")
 args = parser.parse_args()
 
 NUM_WARMUP_ITERS = 1
@@ -38,7 +43,10 @@ rank = dist.get_rank()
 restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 cli = RankMonitorClient()
-cli.init_workload_monitoring()
+if args.num_warmup_iters is None:
+    cli.init_workload_monitoring()
+else:
+    cli.init_workload_monitoring(num_warmup_iters=args.num_warmup_iters)
 if os.path.exists(ft_state_path):
     with open(ft_state_path) as f:
         cli.load_state_dict(json.load(f))
@@ -50,6 +58,11 @@ setup_open = True
 torch.manual_seed(0)
 model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
+manager = None
+if args.rg_checkpoint:
+    from rankguard.checkpoint import CheckpointConfig, CheckpointManager
+
+    manager = CheckpointManager(CheckpointConfig.from_run(), {"model": model, "optim": opt})
 seen_iters = 0
 seen_checkpoints = 0
 
@@ -92,7 +105,9 @@ for it in range(1, args.iters + 1):
     seen_iters += 1
     if it % args.save_interval == 0:
         cli.start_section("checkpointing")
-        if rank == 0:
+        if manager is not None:
+            manager.save(it)
+        elif rank == 0:
             torch.save(model.state_dict(), os.path.join(args.save, f"iter_{it}.pt"))
         dist.barrier()
         cli.end_section("checkpointing")
@@ -100,6 +115,8 @@ for it in range(1, args.iters + 1):
         update_timeouts(closing=False)
 
 update_timeouts(closing=True)
+if manager is not None:
+    manager.close()
 cli.shutdown_workload_monitoring()
 if rank == 0:
     print(f"done: {args.iters} iterations, restart {restart}", flush=True)

@@ -417,9 +417,12 @@ def test_status_file_and_the_status_screen(tmp_path: Path) -> None:
     assert "FAILED saves: 1; last: disk full" in text
 
 
-def test_an_async_save_holds_the_state_of_the_save_step(tmp_path: Path) -> None:
+def test_an_async_save_holds_the_state_of_the_save_step(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The next forward changes the BatchNorm statistics and the next optimizer step the
-    weights and moments while the write is in flight: the checkpoint has neither."""
+    weights and moments while the write is in flight: the checkpoint has neither. The
+    save is said as Megatron Bridge's verification looks for it."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64))
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
@@ -435,6 +438,7 @@ def test_an_async_save_holds_the_state_of_the_save_step(tmp_path: Path) -> None:
     expected = {k: v.clone() for k, v in model.state_dict().items()}
     moments = opt.state[model[0].weight]["exp_avg"].clone()
     m.save(1)
+    assert "Scheduling async checkpoint save at step 1 (persistent)" in capsys.readouterr().err
     step()  # forward changes the BatchNorm statistics, opt.step the weights
     assert not torch.equal(model[1].running_mean, expected["1.running_mean"])
     m.close()

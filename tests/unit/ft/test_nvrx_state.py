@@ -105,9 +105,61 @@ def test_saving_keeps_nvrx_layout_and_writes_rankguard_state_beside(tmp_path: Pa
     assert again is not None and again["runs"] == own["runs"] == 1
 
 
+def test_rankguard_state_is_never_under_nvrx_file_name(tmp_path: Path) -> None:
+    """Without NVRx's file, rankguard's own state goes to its own name: ft_state.json is
+    the name NVRx's client (and Megatron Bridge) read as theirs."""
+    stats = {"setup_s": 30.0, "steps": 20, "step_max_s": 2.0, "hb_gap_max_s": 6.0}
+    records = [
+        HeartbeatRecord.from_dict(
+            {"event": "heartbeat", "run_id": "r", "rank": 0, "pid": 10, "ft_stats": stats}
+        )
+    ]
+    ft = FaultToleranceConfig(calc_ft_timeouts=True)
+    assert save_learned(tmp_path, ft, records) is not None
+    assert [p.name for p in tmp_path.iterdir()] == [RANKGUARD_STATE_FILE]
+    again = load_state(tmp_path / "ft_state.json")  # the next launch finds it
+    assert again is not None and again["runs"] == 1
+    assert save_learned(tmp_path, ft, records) is not None
+    assert [p.name for p in tmp_path.iterdir()] == [RANKGUARD_STATE_FILE]
+    assert json.loads((tmp_path / RANKGUARD_STATE_FILE).read_text())["runs"] == 2
+
+
+def test_bridge_config_keeps_ft_state_beside_checkpoint_save() -> None:
+    from rankguard.config import load_config
+
+    fixtures = Path(__file__).parent.parent.parent / "fixtures"
+    cfg = load_config(fixtures / "megatron_bridge_config.yaml")
+    assert cfg.fault_tolerance.state_dir == cfg.checkpoint.save == "/ckpt/run1"
+    cfg = load_config(
+        fixtures / "megatron_bridge_config.yaml", ["fault_tolerance.state_dir=/elsewhere"]
+    )
+    assert cfg.fault_tolerance.state_dir == "/elsewhere"  # set, it stays
+    assert load_config(None, ["checkpoint.save=/c"]).fault_tolerance.state_dir is None
+
+
 def test_to_nvrx_leaves_a_plain_copy() -> None:
     prev = _client_state(("step",))
     out = to_nvrx(prev, {"step": 10.0, "heartbeat": 5.0})
     assert prev["current_timeouts"]["section"]["section"]["step"] == 42.0  # untouched
     assert out["current_timeouts"]["section"]["section"]["step"] == 10.0
     assert out["current_timeouts"]["heartbeat"] == prev["current_timeouts"]["heartbeat"]
+
+
+def test_the_launch_names_the_file_it_learned_from(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rankguard.config import load_config
+    from rankguard.launcher.run import _timeouts_in_force
+
+    cfg = load_config(
+        None, ["fault_tolerance.calc_ft_timeouts=true", f"fault_tolerance.state_dir={tmp_path}"]
+    )
+    _timeouts_in_force(cfg)
+    assert f"no learned timeouts in {tmp_path} yet" in capsys.readouterr().err
+    state = {"schema_version": 1, "runs": 2, "timeouts": {"step": 90.0}}
+    (tmp_path / RANKGUARD_STATE_FILE).write_text(json.dumps(state))
+    (tmp_path / "ft_state.json").write_text(json.dumps(_client_state(("step",))))
+    shown = _timeouts_in_force(cfg)
+    assert shown is not None
+    err = capsys.readouterr().err
+    assert f"learned ({tmp_path / RANKGUARD_STATE_FILE}, 2 run(s))" in err, err

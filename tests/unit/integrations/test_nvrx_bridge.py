@@ -137,6 +137,28 @@ def test_megatron_sequence_of_calls(rank_env: None, tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(30)
+def test_rank_0_says_the_timeouts_as_nvrx_prints_them(
+    rank_env: None, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "sock").mkdir()
+    bridge = _bridge(_Session(), tmp_path)
+    try:
+        client = nvrx_ft.RankMonitorClient()
+        client.init_workload_monitoring()
+        client.shutdown_workload_monitoring()
+    finally:
+        bridge.close()
+    err = capfd.readouterr().err
+    sections = str(client.section_timeouts)  # NVRx's own rendering, its field order
+    assert sections.startswith("SectionTimeouts(out_of_section=300.00, sections=[setup=600.00")
+    assert f"[FaultTolerance] rank monitor serving the client (rankguard): Timeouts={sections}" in (
+        err
+    )
+    assert f"[RankMonitorServer] section timeouts: {sections} heartbeat timeouts: " in err
+    assert "HeartbeatTimeouts(initial=" in err
+
+
+@pytest.mark.timeout(30)
 def test_calculated_timeouts_are_recorded_and_warned(
     rank_env: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -4,6 +4,7 @@ the launcher-side coordinator and the exit code."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import threading
@@ -486,3 +487,73 @@ def test_status_shows_the_budget_and_the_saved_step() -> None:
     assert "stop step 42, saved step 42 (8 rank(s))" in text
     status["preemption"] = {"budget": GraceBudget(60.0, 4.0, 5.0).to_dict()}
     assert "NOT fit" not in render_status(status, [])
+
+
+def test_preemption_on_but_never_asked_is_said_once_after_the_first_steps(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A config turns preemption on, the script never calls should_stop(): the signal
+    would end the ranks without a save. Said once, from the heartbeat thread's block."""
+    from rankguard.preempt.rank import RankPreemption
+    from rankguard.timeline import ProgressTracker
+
+    previous = signal.getsignal(signal.SIGUSR1)
+    for asks in (False, True):
+        tracker = ProgressTracker()
+        pre = RankPreemption(
+            PreemptionConfig(enable_exit_handler=True, exit_signal="SIGUSR1"), tracker
+        )
+        assert pre.install()
+        try:
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="rankguard.preempt.rank"):
+                pre.heartbeat_block()  # before any step: nothing yet
+                tracker.step_end()
+                if asks:
+                    pre.handler.listening = True  # what should_stop() sets
+                tracker.step_end()
+                for _ in range(3):
+                    pre.heartbeat_block()
+            said = [r.getMessage() for r in caplog.records]
+            if asks:
+                assert said == []
+            else:
+                (line,) = said
+                assert "preemption on (preemption.enable_exit_handler, SIGUSR1), but the " in line
+                assert "script saves nothing" in line and "ends the ranks" in line
+        finally:
+            pre.release()
+    assert signal.getsignal(signal.SIGUSR1) == previous
+
+
+@pytest.mark.parametrize("clean", [True, False])
+def test_the_preemption_line_says_what_was_saved(clean: bool) -> None:
+    """'requeue the job, it resumes from the last save' was said whatever happened: a
+    script that saves nothing had its ranks killed by the signal and saved no step."""
+    from types import SimpleNamespace
+
+    from rankguard.preempt.coordinator import PreemptionEvaluator
+    from tests.factories import heartbeat_record, heartbeat_rules
+
+    coordinator = SimpleNamespace(
+        active=True,
+        stop_at=1,
+        reason="preempted",
+        sig=15,
+        cfg=SimpleNamespace(preempt_time=30.0),
+        summary=lambda: {},
+    )
+    ev = PreemptionEvaluator(coordinator, GraceBudget(30.0, 1.0), "run")  # type: ignore[arg-type]
+    rules = heartbeat_rules(2)
+    exit_info = {"clean": True} if clean else {"clean": False, "exit_code": -15}
+    for rank in (0, 1):
+        raw = heartbeat_record(rank, event="process_end", exit=exit_info, world_size=2)
+        rules.ingest(raw, 1.0)
+    rules.evaluate(1.0)
+    ev.evaluate(1.0, rules.ranks)
+    line = ev.saved_line()
+    if clean:
+        assert line == "every rank saved step 1: the next run resumes there"
+    else:
+        assert line.startswith("no rank saved step 1 (a script that never asks rg.should_stop()")
+        assert "the next run starts from the last checkpoint the script wrote before" in line

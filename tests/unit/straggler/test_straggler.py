@@ -919,3 +919,38 @@ def test_recovery_in_between_starts_the_count_again() -> None:
     assert report({0: 10.0, 1: 10.0}) == []  # recovered: the count starts again
     assert report({0: 10.0, 1: 20.0}) == [] and report({0: 10.0, 1: 20.0}) == []
     assert [f.rank for f in report({0: 10.0, 1: 20.0})] == [1]
+
+
+# ---- the report as NVRx and Megatron Bridge print it -----------------------------------
+
+
+def test_report_lines_as_nvrx_and_bridge_print_them(caplog: pytest.LogCaptureFixture) -> None:
+    det = _detector(num_gpu_perf_scores_to_print=1)
+    with caplog.at_level(logging.INFO, logger="rankguard.straggler.detector"):
+        Reports(det)({0: 10.0, 1: 10.2, 2: 15.0, 3: 9.9})
+    text = [r.getMessage() for r in caplog.records]
+    # rankguard's own table first, then Bridge's lines, same markers and field order
+    assert text[0].startswith("rankguard stragglers: report 1")
+    assert text[1] == (
+        "STRAGGLER DETECTION WARNING: Some GPUs have worse relative performance. "
+        "Affected ranks: [2]"
+    )
+    assert text[2] == (
+        "GPU relative performance:\n"
+        " Worst performing 1/4 ranks:\n"
+        "  Rank=2 Node=node1.example Score=0.66\n"
+        " Best performing 1/4 ranks:\n"
+        "  Rank=3 Node=node1.example Score=1.00\n"
+    )
+    assert text[3].startswith("GPU individual performance:\n Worst performing 1/4 ranks:\n")
+    assert len(text) == 4
+
+
+def test_few_ranks_are_all_printed_worst_first() -> None:
+    from rankguard.straggler.nvrx_lines import format_gpu_scores, score_lines
+
+    table = format_gpu_scores({0: 1.0, 1: 0.5}, {0: "a", 1: "b"}, 5, 5)
+    assert table == "  Rank=1 Node=b Score=0.50\n  Rank=0 Node=a Score=1.00\n"
+    assert score_lines(None, {0: 1.0}, {0: "a"}, 5) == [
+        "GPU individual performance:\n  Rank=0 Node=a Score=1.00\n"
+    ]
