@@ -153,6 +153,7 @@ MAPPED = {
     "safety_factor": "fault_tolerance.safety_factor",
     "rank_out_of_section_timeout": "fault_tolerance.rank_out_of_section_timeout",
     "rank_section_timeouts": "fault_tolerance.rank_section_timeouts",
+    "max_no_progress_cycles": "fault_tolerance.max_no_progress_cycles",
 }
 # accepted, no effect: why
 NO_EFFECT = {
@@ -233,15 +234,12 @@ NO_EFFECT = {
     "cycle_info_dir": (
         "rankguard writes no cycle info files; the restarts are in the run directory's status.json"
     ),
-    "max_no_progress_cycles": (
-        "rankguard restarts up to --max-restarts times whether or not training progressed "
-        "in between (no early stop without progress)"
-    ),
     "min_progress_iterations": (
-        "rankguard restarts up to --max-restarts times whether or not training progressed"
+        "rankguard counts an attempt as progress when it got past the highest iteration "
+        "reached before it (fault_tolerance.max_no_progress_restarts)"
     ),
     "checkpoint_iteration_file": (
-        "rankguard restarts up to --max-restarts times whether or not training progressed"
+        "rankguard reads each attempt's progress from the ranks' heartbeats, not from a file"
     ),
 }
 _DEFAULT_RESTART_POLICY = "any-failed"

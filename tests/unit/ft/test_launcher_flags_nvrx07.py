@@ -15,7 +15,7 @@ import pytest
 
 from rankguard.cli.main import _nvrx_flags
 from rankguard.config import load_config
-from rankguard.ft.launcher_flags import FROZEN, MAPPED, NO_EFFECT
+from rankguard.ft.launcher_flags import FROZEN, FT_ON, MAPPED, NO_EFFECT
 from rankguard.launcher.options import parse_run_args
 from tests.nvrx_release import VERSION, release_env, release_path
 
@@ -134,9 +134,9 @@ def test_every_nvrx_07_flag_is_accepted_with_its_meaning(tmp_path: Path) -> None
         if name in MAPPED:
             assert r["sets"] and not r["err"], r
         elif name == "cfg_path":
-            assert r["sets"] == ["fault_tolerance.rank_heartbeat_timeout=200"], r
+            assert r["sets"] == [FT_ON, "fault_tolerance.rank_heartbeat_timeout=200"], r
         elif name == "restart_policy":  # any-failed: rankguard's own behaviour
-            assert not r["sets"] and not r["err"], r
+            assert r["sets"] == [FT_ON] and not r["err"], r
         else:  # one line, with the reason
             assert name in NO_EFFECT, r
             assert len(r["err"]) == 1 and NO_EFFECT[name] in r["err"][0], r
@@ -147,7 +147,6 @@ def test_every_nvrx_07_flag_is_accepted_with_its_meaning(tmp_path: Path) -> None
     [
         ["--ft-segment=4"],
         ["--ft-no-restart-exit-code", "42"],
-        ["--ft-max-no-progress-cycles=3"],
         ["--ft-cycle-info-dir=/tmp/nvrx"],
         ["--ft-attribution-endpoint=http://localhost:8000"],
         ["--ft-ignore-missing-cfg"],
@@ -162,3 +161,15 @@ def test_nvrx_07_flags_are_accepted_under_an_older_nvrx(
     load_config(None, overrides)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "has no effect under rankguard: " in err[0], err
+
+
+def test_nvrxs_no_progress_limit_is_rankguards_restart_or_stop_rule(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = _nvrx_flags(
+        ["run", "--nproc-per-node", "2", "--ft-max-no-progress-cycles=2", "train.py"]
+    )
+    _opts, overrides = parse_run_args(argv[1:])
+    cfg = load_config(None, overrides)
+    assert cfg.fault_tolerance.no_progress_limit == 2
+    assert capsys.readouterr().err.strip() == ""  # it takes effect: no line
