@@ -36,12 +36,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rankguard.heartbeat.config import HeartbeatConfig
 
-__all__ = ["EXTRA_DRAIN_FLOOR_S", "Cadence"]
+__all__ = ["DRAIN_FLOOR_S", "Cadence"]
 
 #: node 0's final drain waits at least this long: it ends as soon as every rank has
 #: ended, and a loaded machine can take longer than a few intervals to scan the ranks'
 #: last records
-EXTRA_DRAIN_FLOOR_S = 5.0
+DRAIN_FLOOR_S = 5.0
 
 # The phases whose timeout a section of the same name replaces, and the heartbeat key
 # each one has without a section.
@@ -139,7 +139,7 @@ class Cadence:
         drain = 2 * self.publish_interval_s + self.scan_interval_s
         if relayed:
             drain += 2 * self.publish_interval_s
-        return max(drain, EXTRA_DRAIN_FLOOR_S)
+        return max(drain, DRAIN_FLOOR_S)
 
     @property
     def learned_floor_s(self) -> float:
