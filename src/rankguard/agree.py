@@ -121,8 +121,8 @@ class StopAgreement(FindingSink):
 
     def request_stop(self, reason: str, lead_s: float | None = None) -> int:
         """Choose and publish the stop step. ``lead_s``: how long every rank may take to
-        hear of it, from the progress the monitor knows (default: two heartbeat
-        intervals and two scans plus a second; less when the records are fresh)."""
+        hear of it, from the progress the monitor knows (default:
+        :attr:`Cadence.stop_lead_s`; less when the records are fresh)."""
         ranks = self.ranks()
         records = [s.record for s in ranks.values() if s.record is not None]
         # in training steps: a rank that saved more often has more progress, not more
