@@ -29,7 +29,7 @@ from rankguard.schema.layout import CONTROL_FILE
 from rankguard.schema.records import HeartbeatRecord
 
 if TYPE_CHECKING:
-    from rankguard.heartbeat.config import HeartbeatConfig
+    from rankguard.cadence import Cadence
     from rankguard.heartbeat.rules import RankState
 
 __all__ = [
@@ -97,14 +97,14 @@ class StopAgreement(FindingSink):
     def __init__(
         self,
         run_dir: Path,
-        hb: HeartbeatConfig,
+        cadence: Cadence,
         ranks: Callable[[], Mapping[int, RankState]],
         *,
         publish: Callable[[int, str], None] | None = None,
         stop_on_straggler: Callable[[], bool] = lambda: False,
     ) -> None:
         self.run_dir = Path(run_dir)
-        self.hb = hb
+        self.cadence = cadence
         self.ranks = ranks
         self.publish = publish
         self.stop_on_straggler = stop_on_straggler
@@ -121,16 +121,14 @@ class StopAgreement(FindingSink):
 
     def request_stop(self, reason: str, lead_s: float | None = None) -> int:
         """Choose and publish the stop step. ``lead_s``: how long every rank may take to
-        hear of it, from the progress the monitor knows (default: two heartbeat
-        intervals and two scans plus a second; less when the records are fresh)."""
+        hear of it, from the progress the monitor knows (default:
+        :attr:`Cadence.stop_lead_s`; less when the records are fresh)."""
         ranks = self.ranks()
         records = [s.record for s in ranks.values() if s.record is not None]
         # in training steps: a rank that saved more often has more progress, not more
         # steps (every rank counts its way to the same stop step)
         progress = {r.rank: r.progress_seq - _checkpoints(r) for r in records}
-        lead = 2 * self.hb.publish_interval_s + 2 * self.hb.scan_interval_s + 1.0
-        if lead_s is not None:
-            lead = lead_s
+        lead = self.cadence.stop_lead_s if lead_s is None else lead_s
         self.stop_at = choose_stop_step(progress, fastest_step_s(records), lead)
         self.reason = reason
         write_control(self.run_dir, self.stop_at, reason)

@@ -53,9 +53,11 @@ logger = logging.getLogger(__name__)
 _FLAGSCALE_PREFIX = ("experiment", "runner")
 
 
-@dataclass(kw_only=True, slots=True)
+@dataclass(kw_only=True, slots=True, frozen=True)
 class RankguardConfig:
-    """Everything one ``rankguard run`` is configured with."""
+    """Everything one ``rankguard run`` is configured with; frozen once validated (a
+    change, such as the learned timeouts of :mod:`rankguard.ft.learned`, makes a new
+    one with :func:`dataclasses.replace`)."""
 
     log_dir: str = field(
         default="rankguard_logs",
@@ -122,29 +124,34 @@ class RankguardConfig:
             raise ConfigError("log_dir: must be a non-empty path")
         if isinstance(self.run_dir_mode, int) and 0 <= self.run_dir_mode <= 0o777:
             # YAML reads an unquoted 0750 as the octal number it is
-            self.run_dir_mode = f"0{self.run_dir_mode:o}"
+            object.__setattr__(self, "run_dir_mode", f"0{self.run_dir_mode:o}")
         self.dir_mode()  # validates run_dir_mode
         try:
-            self.envs = check_envs(self.envs)
+            object.__setattr__(self, "envs", check_envs(self.envs))
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         if self.exit_codes not in ("rankguard", "kubeflow"):
             raise ConfigError(
                 f"exit_codes: must be 'rankguard' or 'kubeflow', got {self.exit_codes!r}"
             )
+        # The sections given are left as they are: what this config changes in them is
+        # in new ones (validated again).
+        hb: dict[str, Any] = {}
         if self.enable_monitoring is not None:
-            self.heartbeat.enabled = self.enable_monitoring
-            self.perf.enabled = self.enable_monitoring
+            hb["enabled"] = self.enable_monitoring
+            object.__setattr__(
+                self, "perf", dataclasses.replace(self.perf, enabled=self.enable_monitoring)
+            )
         ft = self.fault_tolerance
         # NVRx's heartbeat timeout names are the heartbeat monitor's timeouts (one
         # source of truth); set, they win, and the pair is validated again.
         if ft.initial_rank_heartbeat_timeout is not None:
-            self.heartbeat.initial_process_timeout_s = ft.initial_rank_heartbeat_timeout
+            hb["initial_process_timeout_s"] = ft.initial_rank_heartbeat_timeout
         if ft.rank_heartbeat_timeout is not None:
-            self.heartbeat.process_timeout_s = ft.rank_heartbeat_timeout
-        if ft.initial_rank_heartbeat_timeout is not None or ft.rank_heartbeat_timeout is not None:
+            hb["process_timeout_s"] = ft.rank_heartbeat_timeout
+        if hb:
             try:
-                self.heartbeat.__post_init__()
+                object.__setattr__(self, "heartbeat", dataclasses.replace(self.heartbeat, **hb))
             except ValueError as exc:
                 raise ConfigError(f"heartbeat.{exc}") from exc
 

@@ -25,6 +25,7 @@ from rankguard.agree import (
     fastest_step_s,
     write_control,
 )
+from rankguard.cadence import Cadence
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.schema.findings import Finding, FindingType, Reason
 from rankguard.schema.records import HeartbeatRecord, RecordError
@@ -318,7 +319,7 @@ def _agreement(
 ) -> StopAgreement:
     return StopAgreement(
         tmp_path,
-        HeartbeatConfig(),
+        Cadence.of(HeartbeatConfig()),
         lambda: ranks,  # type: ignore[arg-type,return-value]
         stop_on_straggler=stop_on_straggler,
     )
@@ -337,9 +338,8 @@ def test_request_stop_writes_control_ahead_of_the_furthest_rank(tmp_path: Path) 
         2: _State(None),  # not observed yet
     }
     agreement = _agreement(tmp_path, ranks)
-    hb = agreement.hb
     # lead = 2 publish + 2 scan + 1 s = 13 s at the defaults; fastest step 0.2 s (rank 0)
-    assert 2 * hb.publish_interval_s + 2 * hb.scan_interval_s + 1.0 == 13.0
+    assert agreement.cadence.stop_lead_s == 13.0
     stop_at = agreement.request_stop("straggler: rank 1")
     assert stop_at == 103 + 65 == agreement.stop_at
     control = json.loads((tmp_path / CONTROL_FILE).read_text(encoding="utf-8"))

@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
         "configdoc",
         "gcfreeze",
     ),
-    ("schema", "phases"),
+    ("schema", "phases", "cadence"),
     ("runenv", "health", "perf"),
     ("heartbeat",),
     ("agree", "ft", "goodput", "rerun", "straggler", "runfiles", "statusnotes"),

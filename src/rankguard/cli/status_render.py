@@ -531,9 +531,11 @@ def _ft_lines(status: StatusDoc | dict[str, Any]) -> list[str]:
     out += _preemption_lines(doc.block("preemption"))
     timeouts = doc.block("timeouts")
     if isinstance(timeouts, dict) and timeouts:
+        # in the launcher's order (rankguard.cadence): the process timeouts, then each
+        # phase's, with the section or key it came from
         out += ["", "Timeouts in force"]
         width = max(len(str(k)) for k in timeouts)
-        for name, info in sorted(timeouts.items()):
+        for name, info in timeouts.items():
             if isinstance(info, dict):
                 out.append(
                     f"  {name:<{width}}  {_s(info.get('value')):>9} s  {_s(info.get('source'))}"

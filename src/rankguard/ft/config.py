@@ -18,7 +18,7 @@ def _default_actions() -> dict[str, str]:
     return {t.value: t.info.default_action for t in FindingType}
 
 
-@dataclass(kw_only=True, slots=True)
+@dataclass(kw_only=True, slots=True, frozen=True)
 class FaultToleranceConfig:
     """What to do when the monitor finds a fault, and how to restart."""
 
@@ -148,7 +148,7 @@ class FaultToleranceConfig:
                     f"actions.{finding}: only restart (torch elastic's agent restarts a "
                     f"failed worker group within the restart budget), got {action!r}"
                 )
-        self.actions = {**_default_actions(), **self.actions}
+        object.__setattr__(self, "actions", {**_default_actions(), **self.actions})
         if self.stack_dump not in ("auto", "py-spy", "faulthandler"):
             raise ValueError(f"stack_dump: auto, py-spy or faulthandler, got {self.stack_dump!r}")
         for name in ("stack_dump_timeout_s", "termination_grace_s", "handover_timeout_s"):

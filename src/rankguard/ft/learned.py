@@ -24,20 +24,25 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rankguard._fs import atomic_write_json
+from rankguard.cadence import Cadence
 from rankguard.ft.config import FaultToleranceConfig
 from rankguard.ft.nvrx_state import RANKGUARD_STATE_FILE, from_nvrx, is_nvrx_state, to_nvrx
 from rankguard.schema.layout import FT_STATE_FILE
 from rankguard.schema.records import HeartbeatRecord
 
+if TYPE_CHECKING:
+    from rankguard.config import RankguardConfig
+
 __all__ = [
     "MIN_STEPS",
     "STATE_FILE",
-    "apply_learned",
     "learn",
+    "learned_config",
     "load_state",
     "measured_maxima",
     "save_learned",
@@ -175,48 +180,42 @@ def save_learned(
     return state
 
 
-def apply_learned(cfg: Any, state: dict[str, Any] | None, source: str) -> dict[str, Any]:
-    """Put learned timeouts into ``cfg`` (a RankguardConfig); return each timeout in
-    force with where it came from, for status.json."""
+def learned_config(
+    cfg: RankguardConfig, state: dict[str, Any] | None, source: str
+) -> tuple[RankguardConfig, dict[str, str]]:
+    """A new configuration (``cfg``, a RankguardConfig, is left as it is) with the learned
+    timeouts of ``state`` in it, and ``source`` for each timeout they set, by the key the
+    timeout is read from (``section.step``, ``heartbeat.process_timeout_s``,
+    ``out_of_section``): :class:`rankguard.cadence.Cadence` shows them under "Timeouts in
+    force". A learned heartbeat timeout is never below :attr:`Cadence.learned_floor_s`;
+    NVRx's names for the heartbeat timeouts, when set, take the learned values too (they
+    are the same timeouts)."""
     ft, hb = cfg.fault_tolerance, cfg.heartbeat
     learned = (state or {}).get("timeouts") or {}
-    shown: dict[str, Any] = {}
-    others = [n for n in learned if n not in _NOT_SECTIONS and n not in _SECTIONS]
-    for name in (*_SECTIONS, *others):
+    sources: dict[str, str] = {}
+    sections = dict(ft.rank_section_timeouts)
+    for name in (*_SECTIONS, *(n for n in learned if n not in _NOT_SECTIONS + _SECTIONS)):
         if name in learned:
-            ft.rank_section_timeouts[name] = float(learned[name])
-            shown[f"section.{name}"] = {"value": float(learned[name]), "source": source}
-        elif name in ft.rank_section_timeouts:
-            shown[f"section.{name}"] = {
-                "value": ft.rank_section_timeouts[name],
-                "source": "config",
-            }
-    for name, value in ft.rank_section_timeouts.items():
-        shown.setdefault(f"section.{name}", {"value": value, "source": "config"})
-    if "heartbeat" in learned:
-        hb.process_timeout_s = max(float(learned["heartbeat"]), hb.publish_interval_s * 2)
-        shown["heartbeat.process_timeout_s"] = {"value": hb.process_timeout_s, "source": source}
-    if "initial_heartbeat" in learned:  # NVRx's calculated initial heartbeat timeout
-        hb.initial_process_timeout_s = max(
-            float(learned["initial_heartbeat"]), hb.publish_interval_s * 2
-        )
-        shown["heartbeat.initial_process_timeout_s"] = {
-            "value": hb.initial_process_timeout_s,
-            "source": source,
-        }
-    if "out_of_section" in learned:  # NVRx's calculated out-of-section timeout
-        ft.rank_out_of_section_timeout = float(learned["out_of_section"])
-        shown["rank_out_of_section_timeout"] = {
-            "value": ft.rank_out_of_section_timeout,
-            "source": source,
-        }
-    for name in (
-        "initial_process_timeout_s",
-        "process_timeout_s",
-        "initial_progress_timeout_s",
-        "progress_timeout_s",
-        "checkpoint_timeout_s",
-        "eval_timeout_s",
+            sections[name] = float(learned[name])
+            sources[f"section.{name}"] = source
+    floor = Cadence.of(hb).learned_floor_s
+    hb_changes: dict[str, Any] = {}
+    ft_changes: dict[str, Any] = {"rank_section_timeouts": sections}
+    for key, hb_name, nvrx_name in (
+        ("heartbeat", "process_timeout_s", "rank_heartbeat_timeout"),
+        ("initial_heartbeat", "initial_process_timeout_s", "initial_rank_heartbeat_timeout"),
     ):
-        shown.setdefault(f"heartbeat.{name}", {"value": getattr(hb, name), "source": "config"})
-    return shown
+        if key in learned:
+            hb_changes[hb_name] = max(float(learned[key]), floor)
+            sources[f"heartbeat.{hb_name}"] = source
+            if getattr(ft, nvrx_name) is not None:
+                ft_changes[nvrx_name] = hb_changes[hb_name]
+    if "out_of_section" in learned:  # NVRx's calculated out-of-section timeout
+        ft_changes["rank_out_of_section_timeout"] = float(learned["out_of_section"])
+        sources["out_of_section"] = source
+    new = replace(
+        cfg,
+        heartbeat=replace(hb, **hb_changes),
+        fault_tolerance=replace(ft, **ft_changes),
+    )
+    return new, sources

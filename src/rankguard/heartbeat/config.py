@@ -11,9 +11,11 @@ from rankguard.validate import check_number
 __all__ = ["HardwareHealthConfig", "HeartbeatConfig"]
 
 
-@dataclass(kw_only=True, slots=True)
+@dataclass(kw_only=True, slots=True, frozen=True)
 class HeartbeatConfig:
-    """Per-rank liveness and progress heartbeats and the job monitor's timeouts."""
+    """Per-rank liveness and progress heartbeats and the job monitor's timeouts; frozen
+    once validated (a change makes a new one: :func:`dataclasses.replace`). The delays
+    derived from it are :class:`rankguard.cadence.Cadence`'s."""
 
     enabled: bool = field(default=False, metadata={"help": "Turn heartbeat monitoring on."})
     publish_interval_s: float = field(

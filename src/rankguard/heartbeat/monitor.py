@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from rankguard._fs import QueuedJsonl, append_bytes, atomic_write_json
+from rankguard.cadence import Cadence
 from rankguard.heartbeat import status as status_rows
 from rankguard.heartbeat.api import Evaluator, FindingSink, RemoteSource, StatusSource
 from rankguard.heartbeat.config import HeartbeatConfig
@@ -89,13 +90,15 @@ class JobMonitor:
         config_snapshot: dict[str, Any] | None = None,
         section_timeouts: dict[str, float] | None = None,
         out_of_section_timeout: float | None = None,
+        cadence: Cadence | None = None,
         evaluators: Sequence[Evaluator] = (),
         sinks: Sequence[FindingSink] = (),
         status_sources: Sequence[StatusSource] = (),
     ) -> None:
         """``evaluators``, ``sinks`` and ``status_sources`` extend the monitor; more can
         be added with :meth:`add_evaluator`, :meth:`add_sink` and
-        :meth:`add_status_source` before :meth:`start`."""
+        :meth:`add_status_source` before :meth:`start`. ``cadence``: the launcher's
+        timeouts in force (:mod:`rankguard.cadence`), instead of the section timeouts."""
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.layout = RunLayout(self.run_dir)
@@ -113,6 +116,7 @@ class JobMonitor:
             started_at=clock(),
             section_timeouts=section_timeouts,
             out_of_section_timeout=out_of_section_timeout,
+            cadence=cadence,
         )
         self.config_snapshot = config_snapshot
         self.scan_count = 0

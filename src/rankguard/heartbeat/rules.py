@@ -52,6 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rankguard.cadence import Cadence
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.disk import DiskState
 from rankguard.schema.blocks import exit_clean
@@ -154,16 +155,24 @@ class HeartbeatRules:
         section_timeouts: dict[str, float] | None = None,
         out_of_section_timeout: float | None = None,
         max_world_size: int | None = None,
+        cadence: Cadence | None = None,
     ) -> None:
         """``max_world_size``: the most ranks the rendezvous allows (max nodes x ranks
         per node; records claiming more, or of a rank past it, are ignored).
         ``section_timeouts``: ``step``, ``setup`` and ``checkpointing`` replace the
         progress timeouts of the train phase, before the first step and while saving;
         any other name is the timeout of that phase (eval, a user section), and
-        ``out_of_section_timeout`` that of a phase without one."""
+        ``out_of_section_timeout`` that of a phase without one. ``cadence``: the
+        launcher's (:mod:`rankguard.cadence`), which then gives the section timeouts;
+        without one, it is derived from ``cfg`` and those arguments."""
         self.cfg = cfg
-        self.section_timeouts = dict(section_timeouts or {})
-        self.out_of_section_timeout = out_of_section_timeout
+        if cadence is None:
+            cadence = Cadence.of(
+                cfg, sections=section_timeouts, out_of_section_s=out_of_section_timeout
+            )
+        self.cadence = cadence
+        self.section_timeouts = dict(cadence.sections)
+        self.out_of_section_timeout = cadence.out_of_section_s
         self.run_id = run_id
         self.expected_world_size = expected_world_size
         self.rank_limit = expected_world_size or max_world_size or MAX_RANKS
@@ -189,10 +198,10 @@ class HeartbeatRules:
         self.disks: dict[int | None, tuple[DiskState, float | None]] = {}
         self._due = _DueRanks(cfg.incremental_rules)
         #: A rank's heartbeats are fresh while its latest record is at most this old
-        #: (two publish intervals and a scan): only then can it be "alive and not
-        #: progressing". A process that publishes no record for longer (SIGSTOP, swap)
-        #: is late: not judged on progress until its records come back.
-        self.fresh_s = 2.0 * cfg.publish_interval_s + cfg.scan_interval_s
+        #: (:attr:`Cadence.fresh_s`): only then can it be "alive and not progressing". A
+        #: process that publishes no record for longer (SIGSTOP, swap) is late: not
+        #: judged on progress until its records come back.
+        self.fresh_s = cadence.fresh_s
         self._fresh_ns = int(self.fresh_s * 1e9)
         self._retired: set[tuple[int, int]] = set()  # (rank, pid) of a smaller group's past
         self._shrunk_to: int | None = None  # the world of a group re-formed smaller
@@ -416,7 +425,7 @@ class HeartbeatRules:
         # while none has been seen).
         anchor = self._first_sighting if self._first_sighting is not None else self.started_at
         waited = now - anchor
-        if waited > self.cfg.initial_process_timeout_s:
+        if waited > self.cadence.initial_process_timeout_s:
             findings.extend(self._never_seen_findings(world, waited))
         # Only the ranks whose verdict can have changed (see _DueRanks); the others'
         # ages move on.
@@ -460,18 +469,14 @@ class HeartbeatRules:
             return -math.inf if s.held_until is not None else math.inf
         if s.liveness is not Liveness.ALIVE:
             return -math.inf
-        cfg = self.cfg
+        cadence = self.cadence
         seen = s.seen_at
-        due = seen + (cfg.checkpoint_timeout_s if rec.checkpoint_active else cfg.process_timeout_s)
+        due = seen + (
+            cadence.checkpoint_timeout_s if rec.checkpoint_active else cadence.process_timeout_s
+        )
         if not s.late:
             due = min(due, seen + self.fresh_s)
-        shortest = min(
-            cfg.progress_timeout_s,
-            cfg.initial_progress_timeout_s,
-            cfg.checkpoint_timeout_s,
-            *self.section_timeouts.values(),
-            *((self.out_of_section_timeout,) if self.out_of_section_timeout is not None else ()),
-        )
+        shortest = self.cadence.shortest_progress_timeout_s
         since = rec.since_progress_s
         if since is not None and s.stall is None:
             due = min(due, seen - since + shortest)
@@ -599,7 +604,9 @@ class HeartbeatRules:
             self._exited(s, now, out)
             return out
         ckpt = rec.checkpoint_active or rec.phase == CHECKPOINT_PHASE
-        process_timeout = self.cfg.checkpoint_timeout_s if ckpt else self.cfg.process_timeout_s
+        process_timeout = (
+            self.cadence.checkpoint_timeout_s if ckpt else self.cadence.process_timeout_s
+        )
         if hb_age > process_timeout:
             self._process_stale(s, now, process_timeout, hb_age, out)
             return out
@@ -632,7 +639,7 @@ class HeartbeatRules:
             not clean
             and exit_info.get("vanished")
             and FindingType.PROCESS_EXITED not in s.active
-            and self._full_disk(s, now, self.cfg.process_timeout_s) is not None
+            and self._full_disk(s, now, self.cadence.process_timeout_s) is not None
         ):
             # Gone without a process_end while its heartbeats could not be written:
             # a clean end's last record is lost the same way, so it is not "died".
@@ -660,7 +667,7 @@ class HeartbeatRules:
             s.record = rec.with_exit(after_restart=self.restarting)
             return
         first = self.first_failure
-        window = self.cfg.process_timeout_s
+        window = self.cadence.process_timeout_s
         if first is not None and first[0] != s.rank and now - first[1] <= window:
             # Terminated as a consequence of the first failure: state only.
             s.held_until = None
@@ -782,16 +789,16 @@ class HeartbeatRules:
         stall is attributed, culprit or victim, in :meth:`_attribute_stalls`)."""
         rec = s.record
         assert rec is not None
-        cfg, sections = self.cfg, self.section_timeouts
+        cadence = self.cadence
         started = rec.progress_seq > 0
         phase = rec.phase or ""
         age = s.progress_age_s
         if ckpt:
-            progress_timeout = sections.get("checkpointing", cfg.checkpoint_timeout_s)
+            progress_timeout = cadence.checkpointing_timeout_s
         elif not started and not _busy(s):  # an evaluation before step 1 is an evaluation
-            progress_timeout = sections.get("setup", cfg.initial_progress_timeout_s)
+            progress_timeout = cadence.setup_timeout_s
         elif phase in _TRAIN_PHASES:
-            progress_timeout = sections.get("step", cfg.progress_timeout_s)
+            progress_timeout = cadence.step_timeout_s
         else:
             progress_timeout = self._own_timeout(phase)
         if age is not None:
@@ -811,9 +818,9 @@ class HeartbeatRules:
         """How long rank ``s`` may stay in its current (non-train) phase."""
         rec = s.record
         assert rec is not None
-        cfg, sections = self.cfg, self.section_timeouts
+        sections = self.section_timeouts
         if rec.checkpoint_active or rec.phase == CHECKPOINT_PHASE:
-            return sections.get(CHECKPOINT_PHASE, cfg.checkpoint_timeout_s)
+            return self.cadence.checkpointing_timeout_s
         phase = rec.phase or ""
         if phase in sections:
             return sections[phase]
@@ -824,12 +831,12 @@ class HeartbeatRules:
     def _own_timeout(self, phase: str) -> float:
         """A phase's timeout without section timeouts: eval's, the checkpoint timeout
         while the session closes, else the progress timeout."""
-        cfg = self.cfg
+        cadence = self.cadence
         if phase == EVAL_PHASE:
-            return cfg.eval_timeout_s
+            return cadence.eval_timeout_s
         if phase == CLOSING_PHASE:
-            return cfg.checkpoint_timeout_s
-        return cfg.progress_timeout_s
+            return cadence.checkpoint_timeout_s
+        return cadence.progress_timeout_s
 
     def _check_section(
         self, s: RankState, phase: str, timeout: float, hb_age: float, out: list[Finding]
@@ -931,7 +938,7 @@ class HeartbeatRules:
         return [self._never_seen_many(count, sample, waited)]
 
     def _never_seen_many(self, count: int, sample: list[int], waited: float) -> Finding:
-        timeout = self.cfg.initial_process_timeout_s
+        timeout = self.cadence.initial_process_timeout_s
         shown = ", ".join(map(str, sample[:8]))
         more = f" and {count - 8} more" if count > 8 else ""
         finding = self.finding(
@@ -948,7 +955,7 @@ class HeartbeatRules:
         return finding
 
     def _never_seen(self, rank: int, waited: float) -> Finding:
-        timeout = self.cfg.initial_process_timeout_s
+        timeout = self.cadence.initial_process_timeout_s
         return self.finding(
             RankState(rank=rank),
             FindingType.PROCESS_TIMEOUT,

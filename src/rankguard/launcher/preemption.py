@@ -1,6 +1,7 @@
 """The launcher's preemption wiring: one :class:`LaunchPreemption` per ``rankguard run``.
 
-Built before the agent runs (``preemption.enable_exit_handler``): the node's
+Built when the node gets its number (``preemption.enable_exit_handler``, the node service
+of :mod:`.features`): the node's
 :class:`~rankguard.preempt.coordinator.PreemptionCoordinator` handed to the agent, the
 grace budget checked at start (node 0 says when a save would not fit), node 0's
 evaluator added to the monitor. Until the agent starts the workers, the exit signal ends
@@ -20,12 +21,13 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from rankguard.launcher.exitcodes import EXIT_PREEMPTED, JobOutcome
-from rankguard.preempt.budget import GraceBudget, agreement_lead_s, load_save_time, store_save_time
+from rankguard.preempt.budget import GraceBudget, load_save_time, store_save_time
 from rankguard.preempt.coordinator import PreemptionCoordinator, PreemptionEvaluator
 from rankguard.schema import layout
 
 if TYPE_CHECKING:
     from rankguard.config import RankguardConfig
+    from rankguard.heartbeat.monitor import JobMonitor
     from rankguard.launcher.agent import RankguardAgent
     from rankguard.launcher.services import NodeServices
 
@@ -45,7 +47,7 @@ class LaunchPreemption:
         agent: RankguardAgent,
         say: Callable[[str], None],
     ) -> None:
-        pre, hb = cfg.preemption, cfg.heartbeat
+        pre, cadence = cfg.preemption, services.cadence
         self.node_rank = node_rank
         self.say = say
         self.agent = agent
@@ -59,8 +61,8 @@ class LaunchPreemption:
             store=services.store,
             request_stop=services.request_stop if node_rank == 0 else None,
             ranks=services.rank_states,
-            fresh_lead_s=2 * hb.scan_interval_s + 1.0,
-            wait_fresh_s=hb.publish_interval_s + hb.scan_interval_s + 1.0,
+            fresh_lead_s=cadence.fresh_lead_s,
+            wait_fresh_s=cadence.fresh_wait_s,
             say=say,
         )
         agent.attach_preemption(self.coordinator)
@@ -70,7 +72,7 @@ class LaunchPreemption:
         )
         self.budget = GraceBudget(
             pre.preempt_time,
-            agreement_lead_s(hb.publish_interval_s, hb.scan_interval_s, relayed=services.relaying),
+            cadence.agreement_lead_s(services.relaying),
             load_save_time(self.state_path),
         )
         self.evaluator: PreemptionEvaluator | None = None  # node 0's: what was saved
@@ -78,7 +80,7 @@ class LaunchPreemption:
             if not self.budget.fits():
                 say(self.budget.warning())
             self.evaluator = PreemptionEvaluator(self.coordinator, self.budget, run_id)
-            services.evaluators.append(self.evaluator)
+            self.add_evaluator(services.monitor)
         if threading.current_thread() is threading.main_thread():
             signal.signal(pre.signum, self._before_workers)
 
@@ -91,6 +93,12 @@ class LaunchPreemption:
                 f"nothing to save, exit {EXIT_PREEMPTED}"
             )
             raise SystemExit(EXIT_PREEMPTED)
+
+    def add_evaluator(self, monitor: JobMonitor | None) -> None:
+        """Node 0's monitor (built, not yet scanning) runs the preemption's evaluator, if
+        this node was node 0 when the coordination was built."""
+        if self.evaluator is not None and monitor is not None:
+            monitor.add_evaluator(self.evaluator)
 
     def start(self) -> None:
         self.coordinator.start()

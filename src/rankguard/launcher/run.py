@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rankguard._fs import atomic_write_json
+from rankguard.cadence import Cadence
 from rankguard.config import RankguardConfig, config_to_dict, dumps_config
 from rankguard.ft.flightrec import flight_recorder_env
 from rankguard.gcfreeze import freeze_startup
@@ -44,7 +45,6 @@ from rankguard.launcher.exitcodes import (
 )
 from rankguard.launcher.node import node_identity
 from rankguard.launcher.options import LaunchOptions
-from rankguard.launcher.preemption import LaunchPreemption
 from rankguard.launcher.rendezvous import RoundWatcher
 from rankguard.launcher.rundir import (
     DEFAULT_RUN_ID,
@@ -54,7 +54,7 @@ from rankguard.launcher.rundir import (
     link_latest,
     prepare_run_dir,
 )
-from rankguard.launcher.services import NodeServices
+from rankguard.launcher.services import NodeServices, node_cadence
 from rankguard.launcher.verdict import failure_summary, root_cause_lines
 from rankguard.schema import layout
 from rankguard.textsafe import safe_text
@@ -274,9 +274,11 @@ def start_fork_server(modules: tuple[str, ...]) -> None:
     )
 
 
-def _timeouts_in_force(cfg: RankguardConfig) -> dict[str, Any] | None:
-    """Apply learned timeouts (``calc_ft_timeouts``); each timeout and its source."""
-    from rankguard.ft.learned import apply_learned, load_state
+def _timeouts_in_force(cfg: RankguardConfig) -> tuple[RankguardConfig, Cadence] | None:
+    """The configuration with the learned timeouts in (``calc_ft_timeouts``), and the
+    job's cadence: each timeout in force and its source; None (said why) when the
+    learned state cannot be read."""
+    from rankguard.ft.learned import learned_config, load_state
     from rankguard.ft.nvrx_state import RANKGUARD_STATE_FILE
 
     ft = cfg.fault_tolerance
@@ -297,7 +299,8 @@ def _timeouts_in_force(cfg: RankguardConfig) -> dict[str, Any] | None:
             own = path.parent / RANKGUARD_STATE_FILE  # rankguard's own file, else NVRx's
             source = f"learned ({own if own.exists() else path}, {state.get('runs')} run(s))"
             _say(f"calc_ft_timeouts: using {source}: {state['timeouts']}")
-    return apply_learned(cfg, state, source)
+    cfg, sources = learned_config(cfg, state, source)
+    return cfg, node_cadence(cfg, sources)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -327,9 +330,10 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
     if max_restarts is None:
         return EXIT_USAGE
     run_id = opts.run_id()
-    timeouts = _timeouts_in_force(cfg)
-    if timeouts is None:
+    timed = _timeouts_in_force(cfg)
+    if timed is None:
         return EXIT_USAGE
+    cfg, cadence = timed  # the learned timeouts are in the one every part reads
     # The rendezvous first: a default run id's directory name is agreed through its
     # store, and nothing is created before it holds its port (a busy one leaves no
     # empty run directory behind).
@@ -358,7 +362,7 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
         return refused
     if not _environment(opts, cfg, run_id, run_dir):
         return EXIT_USAGE
-    services = _services(opts, cfg, run_id, run_dir, timeouts, host, port, store is not None)
+    services = _services(opts, cfg, run_id, run_dir, cadence, host, port, store is not None)
     if opts.rdzv_backend == "c10d" and opts.multi_node:
         handler = _spare_keeper(handler, opts, run_id, host, port)
         services.track_agents = services.store is not None
@@ -380,6 +384,7 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
             services.monitor.retire_ranks(world) if services.monitor is not None else []
         )
     services.workers = agent.workers  # fault tolerance signals these processes only
+    services.agent = agent
     excluded: Exception | None = None
     result: Any = None
     stopped_by: int | None = None
@@ -398,8 +403,6 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
     finally:
         if exclusion is not None:
             exclusion.finish()
-        if node.preemption is not None:
-            node.preemption.stop()
         _stop(services, handler, run_dir, _end_word(result, stopped_by))
         if hosting and (
             services.node_rank not in (None, 0)
@@ -409,8 +412,6 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
         if hosting and services.track_agents:
             _keep_store_for_spares(services)
         del store  # hosted here: it had to outlive node 0's drain
-        if node.preemption is not None:
-            node.preemption.finish()
     if excluded is not None:
         _say(f"{excluded}: exit {EXIT_NODE_EXCLUDED} (retry without the excluded host(s))")
         return exit_code(JobOutcome(excluded=True, fault_tolerance=True))
@@ -418,9 +419,7 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
         _say("the job ended while this agent waited as a spare: it was not needed")
         return 0
     outcome = _outcome(result, stopped_by, agent, services, cfg, max_restarts, opts.target)
-    if node.preemption is not None:
-        outcome = node.preemption.outcome(outcome)
-    return exit_code(outcome)
+    return exit_code(services.outcome(outcome))
 
 
 def _left_waiting(handler: Any) -> bool:
@@ -452,21 +451,6 @@ class NodeStart:
         self.services = services
         self.agent: RankguardAgent | None = None
         self.live: LiveStatus | None = None
-        self.preemption: LaunchPreemption | None = None
-
-    def _watch_unregistered(self, node: int) -> None:
-        """Node 0: rerun and in-process restart turned on by the config but not taken up
-        by the script are said once (:mod:`rankguard.heartbeat.unregistered`)."""
-        from rankguard.heartbeat.unregistered import UnregisteredFeatures
-
-        cfg = self.cfg
-        on = (
-            ("rerun", cfg.rerun_state_machine.enabled),
-            ("inprocess", cfg.inprocess_restart.enabled),
-        )
-        features = tuple(name for name, enabled in on if enabled)
-        if node == 0 and features:
-            self.services.evaluators.append(UnregisteredFeatures(features))
 
     def on_round(self, info: Any) -> None:
         from rankguard.launcher.rendezvous import round_tag
@@ -499,12 +483,6 @@ class NodeStart:
             )
             if self.agent is not None:
                 self.services.attach_agent(self.agent)
-            if self.preemption is not None:
-                _say(
-                    "preemption: the exit-signal coordination keeps this node's first "
-                    "number; after the renumbering a preemption may not agree on one step "
-                    "until the job is restarted"
-                )
             if self.opts.live_status and self.services.monitor is not None:
                 self.live = LiveStatus(self.services.monitor)
                 self.live.start()
@@ -521,25 +499,9 @@ class NodeStart:
             f"{'' if self.opts.node_rank is not None else ' (numbered by the rendezvous)'}, "
             f"files in {self.run_dir}"
         )
-        if self.cfg.preemption.enable_exit_handler and self.agent is not None:
-            # built once the node's rank is known, before the monitor starts (node 0
-            # adds its evaluator to it)
-            self.preemption = LaunchPreemption(
-                self.cfg,
-                node_rank=node,
-                nnodes=self.opts.max_nodes,
-                run_id=self.run_id,
-                run_dir=self.run_dir,
-                services=self.services,
-                agent=self.agent,
-                say=_say,
-            )
-        self._watch_unregistered(node)
-        self.services.start()
+        self.services.start()  # each feature's service too (.features)
         if self.agent is not None:
             self.services.attach_agent(self.agent)
-        if self.preemption is not None:
-            self.preemption.start()
         if self.opts.live_status and self.services.monitor is not None:
             self.live = LiveStatus(self.services.monitor)
             self.live.start()
@@ -681,7 +643,7 @@ def _services(
     cfg: RankguardConfig,
     run_id: str,
     run_dir: Path,
-    timeouts: dict[str, Any],
+    cadence: Cadence,
     host: str,
     port: int,
     held_store: bool = True,
@@ -695,7 +657,8 @@ def _services(
         expected_world_size=opts.expected_world_size,
         max_world_size=opts.max_nodes * opts.nproc_per_node,
         store=_store_client(host, port) if opts.multi_node and held_store else None,
-        timeouts=timeouts,
+        cadence=cadence,
+        say=_say,
     )
 
 

@@ -1,8 +1,15 @@
 """The side services the launcher runs next to the workers of one node.
 
-- GPU health collector (every node, when ``heartbeat.hardware_health.enabled``);
-- job monitor (node 0) reading local files and, with several nodes, the relay keys;
+The core, which every feature plugs into:
+
+- job monitor (node 0) reading local files and, with several nodes, the relay keys,
+  with the stop agreement (every rank stops at one step);
 - store relay (nodes > 0) pushing this node's heartbeats to node 0.
+
+Every feature (GPU health, stragglers, re-runs, in-process restarts, preemption,
+checkpoints, learned timeouts, the metrics exporter) is a node service
+(:mod:`.nodeservice`) of the registry in :mod:`.features`, called at each step of the
+node's life; this module names none of them.
 
 All run as daemon threads of the launcher process: they die with it (no orphan), never
 touch the workers, and :meth:`NodeServices.stop` ends them in order whatever way the
@@ -21,32 +28,29 @@ from typing import TYPE_CHECKING, Any
 
 from rankguard._fs import QueuedJsonl
 from rankguard.agree import StopAgreement
+from rankguard.cadence import Cadence
 from rankguard.config import RankguardConfig, config_to_dict
 from rankguard.ft.actions import AgentControl, FaultHandler, HangTraces
 from rankguard.ft.kill import DumpPolicy
-from rankguard.ft.learned import save_learned
 from rankguard.ft.policy import decision_fields
-from rankguard.health import HealthCollector
 from rankguard.heartbeat.monitor import JobMonitor
 from rankguard.heartbeat.relay import StoreRelay, StoreRemoteSource, publish_control, request_kill
 from rankguard.heartbeat.rules import peer_failure
-from rankguard.inprocess.monitor import InProcessRestarts
 from rankguard.inprocess.wrapper import RESTART_PHASE
 from rankguard.launcher.console import restart_line
-from rankguard.rerun.evaluator import RerunEvaluator
-from rankguard.runfiles import read_checkpoints
+from rankguard.launcher.features import FACTORIES
+from rankguard.launcher.nodeservice import NodeContext, NodeService, build_services
 from rankguard.schema.findings import Finding, FindingType
 from rankguard.schema.layout import RunLayout, StoreKeys, ft_state_dir
-from rankguard.straggler.detector import StragglerDetector
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
-    from rankguard.exporter.prometheus import MetricsExporter
     from rankguard.ft.kill import WorkerRegistry
     from rankguard.heartbeat.rules import RankState
+    from rankguard.launcher.exitcodes import JobOutcome
 
-__all__ = ["NodeServices", "ft_state_path"]
+__all__ = ["NodeServices", "ft_state_path", "node_cadence"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,12 +64,36 @@ def ft_state_path(cfg: RankguardConfig) -> Path:
     return ft_state_dir(cfg.log_dir, cfg.fault_tolerance.state_dir)
 
 
+def node_cadence(cfg: RankguardConfig, sources: Mapping[str, str] | None = None) -> Cadence:
+    """The job's cadence and timeouts in force (:mod:`rankguard.cadence`) from the
+    validated configuration: NVRx's section timeouts, and the in-process restart's phase,
+    which a rank re-entering in-process has until ``hard_timeout`` (then it exits).
+    ``sources``: where the timeouts that were not configured came from (learned ones)."""
+    ft = cfg.fault_tolerance
+    shown: dict[str, str] = {}
+    if RESTART_PHASE not in ft.rank_section_timeouts:
+        shown[f"section.{RESTART_PHASE}"] = "config (inprocess_restart.hard_timeout)"
+    for nvrx, key in (
+        ("initial_rank_heartbeat_timeout", "initial_process_timeout_s"),
+        ("rank_heartbeat_timeout", "process_timeout_s"),
+    ):
+        if getattr(ft, nvrx) is not None:  # NVRx's name set the heartbeat timeout
+            shown[f"heartbeat.{key}"] = f"config (fault_tolerance.{nvrx})"
+    shown.update(sources or {})
+    return Cadence.of(
+        cfg.heartbeat,
+        sections={RESTART_PHASE: cfg.inprocess_restart.hard_timeout, **ft.rank_section_timeouts},
+        out_of_section_s=ft.rank_out_of_section_timeout,
+        sources=shown,
+    )
+
+
 @dataclass
 class NodeServices:
     """The services of one node, started by :meth:`start`, ended by :meth:`stop`.
 
     It is also the monitor's status source for what the launcher knows (``timeouts``
-    in force, ``restarts``)."""
+    in force, ``restarts``) and what its features' services add."""
 
     cfg: RankguardConfig
     run_dir: Path
@@ -75,12 +103,13 @@ class NodeServices:
     expected_world_size: int | None
     max_world_size: int | None = None  # the most ranks the rendezvous allows
     store: Any = None  # a TCPStore client of the rendezvous store (several nodes)
-    timeouts: dict[str, Any] | None = None  # timeouts in force and their sources
+    # the intervals and the timeouts in force (default, None: the configuration's)
+    cadence: Cadence = None  # type: ignore[assignment]
     # the agent's current workers: the only processes the fault handler or the relay
     # may signal (set before start; without it the relay kills nothing)
     workers: WorkerRegistry | None = None
-    # more evaluators for node 0's monitor (preemption), added before it starts
-    evaluators: list[Any] = field(default_factory=list)
+    agent: AgentControl | None = None  # the agent, set before start (for the services)
+    say: Callable[[str], None] = lambda line: None  # the launcher's console line
     # elastic jobs (c10d, several nodes): the agents' entries in the store are read
     # into status.json's ``elastic`` block (spares waiting, lost nodes, replacements)
     track_agents: bool = False
@@ -95,12 +124,18 @@ class NodeServices:
     status_errors: dict[str, int] = field(default_factory=dict, init=False)  # per block
     monitor: JobMonitor | None = field(default=None, init=False)
     relay: StoreRelay | None = field(default=None, init=False)
-    collector: HealthCollector | None = field(default=None, init=False)
-    exporter: MetricsExporter | None = field(default=None, init=False)
     faults: FaultHandler | None = field(default=None, init=False)  # node 0, fault tolerance
     agreement: StopAgreement | None = field(default=None, init=False)  # node 0
     restarts: list[dict[str, Any]] = field(default_factory=list, init=False)
+    #: the features' services (:mod:`.features`), a null one for each feature that is off
+    services: list[NodeService] = field(default_factory=list, init=False)
+    _stop_votes: list[Callable[[], bool]] = field(default_factory=list, init=False, repr=False)
     _restarts_out: QueuedJsonl | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.cadence is None:
+            self.cadence = node_cadence(self.cfg)
+        self.services = build_services(self.cfg, FACTORIES)
 
     @property
     def restarts_file(self) -> QueuedJsonl:
@@ -123,33 +158,49 @@ class NodeServices:
         return self.agreement.stop_at if self.agreement is not None else None
 
     def status_fields(self) -> dict[str, Any]:
-        """Called by the monitor at each scan; also retries unwritten restart lines."""
+        """Called by the monitor at each scan (each source's blocks in turn); also
+        retries unwritten restart lines."""
         out: dict[str, Any] = {}
-        if self._restarts_out is not None and not self._restarts_out.flush():
-            out["unwritten_restarts"] = self._restarts_out.unwritten
-            out["restarts_write_error"] = self._restarts_out.last_error
-        if self.timeouts:
-            out["timeouts"] = self.timeouts
-        if self.restarts:
-            out["restarts"] = list(self.restarts)
-        # each block alone: one that raises (a store entry anyone can write) is counted
+        # each source alone: one that raises (a store entry anyone can write) is counted
         # and said, the others stay in status.json
-        for name, block in (
-            ("checkpoints", lambda: read_checkpoints(self.run_dir)),
-            ("elastic", self.elastic_fields),
-        ):
+        for name, source in self._status_sources():
             try:
-                value = block()
+                out.update(source())
             except Exception:
                 self.status_errors[name] = self.status_errors.get(name, 0) + 1
                 log = logger.exception if self.status_errors[name] == 1 else logger.debug
                 log("rankguard: the %s block of status.json failed", name)
-                continue
-            if value is not None:
-                out[name] = value
         if self.status_errors:
             out["status_errors"] = dict(self.status_errors)
         return out
+
+    def _status_sources(self) -> list[tuple[str, Callable[[], dict[str, Any]]]]:
+        """What :meth:`status_fields` merges, in ``status.json``'s order, by name."""
+        return [
+            ("unwritten_restarts", self._unwritten_fields),
+            ("timeouts", self._timeout_fields),
+            ("restarts", self._restart_fields),
+            *((service.name, service.status_fields) for service in self.services),
+            ("elastic", self._elastic_block),
+        ]
+
+    def _unwritten_fields(self) -> dict[str, Any]:
+        if self._restarts_out is None or self._restarts_out.flush():
+            return {}
+        return {
+            "unwritten_restarts": self._restarts_out.unwritten,
+            "restarts_write_error": self._restarts_out.last_error,
+        }
+
+    def _timeout_fields(self) -> dict[str, Any]:
+        return {"timeouts": self.cadence.in_force()}
+
+    def _restart_fields(self) -> dict[str, Any]:
+        return {"restarts": list(self.restarts)} if self.restarts else {}
+
+    def _elastic_block(self) -> dict[str, Any]:
+        elastic = self.elastic_fields()
+        return {} if elastic is None else {"elastic": elastic}
 
     def elastic_fields(self) -> dict[str, Any] | None:
         """Node 0 of an elastic job: the ``elastic`` block (:mod:`.spares`); the
@@ -180,17 +231,15 @@ class NodeServices:
         monitor of a node that is no longer node 0 writes its last status first."""
         if self.monitor is not None:  # not ``monitor_done``: the job's monitor goes on
             self.monitor.stop(drain_timeout_s=0.0, write_wait_s=1.0)
-        for part in (self.collector, self.relay, self.exporter):
-            if part is None:
-                continue
+        if self.relay is not None:
             try:
-                part.stop()
+                self.relay.stop()
             except Exception:
-                logger.exception("rankguard: stopping %s before the move failed", part)
-        self.monitor = self.relay = self.collector = self.exporter = None
+                logger.exception("rankguard: stopping %s before the move failed", self.relay)
+        self.monitor = self.relay = None
         self.faults = self.agreement = None
         self.node_rank = node_rank
-        self.start()
+        self._start(moved=True)
 
     def leave(self) -> None:
         """This node was excluded from the job (its launcher may stay a while, holding
@@ -201,6 +250,8 @@ class NodeServices:
         if self.relay is not None:
             relay, self.relay = self.relay, None
             relay.halt()
+        for service in self.services:
+            service.leave()
 
     def attach_agent(self, agent: AgentControl) -> None:
         """Node 0 with fault tolerance: act on findings through the agent (without: a
@@ -313,79 +364,87 @@ class NodeServices:
         if self.relaying:
             publish_control(self.store, self.run_id, stop_at, reason)
 
+    def _node(self) -> NodeContext:
+        assert self.node_rank is not None
+        return NodeContext(
+            cfg=self.cfg,
+            cadence=self.cadence,
+            run_dir=self.run_dir,
+            run_id=self.run_id,
+            node_rank=self.node_rank,
+            nnodes=self.nnodes,
+            store=self.store,
+            relaying=self.relaying,
+            monitor=self.monitor,
+            stop_votes=self._stop_votes,
+            agent=self.agent,
+            say=self.say,
+            services=self,
+        )
+
     def start(self) -> None:
         """Start this node's services (once the rendezvous told :attr:`node_rank`)."""
+        self._start(moved=False)
+
+    def _start(self, *, moved: bool) -> None:
         hb = self.cfg.heartbeat
-        prometheus = self.cfg.perf.prometheus
         if self.node_rank is None:
             raise RuntimeError("the node's services start once the rendezvous numbered it")
-        if not hb.enabled:
-            return
-        if hb.hardware_health.enabled:
-            self.collector = HealthCollector(hb.hardware_health, self.run_dir, self.node_rank)
-            self.collector.start()
-        if self.node_rank == 0:
-            remote = (
-                StoreRemoteSource(
-                    self.store, self.run_id, self.nnodes, disk_max_age_s=hb.process_timeout_s
-                )
-                if self.relaying
-                else None
-            )
-            monitor = self.monitor = JobMonitor(
-                hb,
-                self.run_dir,
-                self.run_id,
-                expected_world_size=self.expected_world_size,
-                max_world_size=self.max_world_size,
-                remote=remote,
-                config_snapshot=config_to_dict(self.cfg),
-                # A rank re-entering in-process has until hard_timeout (then it exits).
-                section_timeouts={
-                    RESTART_PHASE: self.cfg.inprocess_restart.hard_timeout,
-                    **self.cfg.fault_tolerance.rank_section_timeouts,
-                },
-                out_of_section_timeout=self.cfg.fault_tolerance.rank_out_of_section_timeout,
-                status_sources=[self],
-            )
-            monitor.add_evaluator(InProcessRestarts(self.run_id, self.on_inprocess_restart))
-            detector = None
-            if self.cfg.straggler.enabled:
-                detector = StragglerDetector(
-                    self.cfg.straggler, self.run_id, started_at=monitor.clock()
-                )
-                monitor.add_evaluator(detector)
-            if self.cfg.rerun_state_machine.enabled:
-                monitor.add_evaluator(RerunEvaluator(self.run_id))
-            for evaluator in self.evaluators:
-                monitor.add_evaluator(evaluator)
-            self.agreement = StopAgreement(
-                self.run_dir,
-                hb,
-                lambda: monitor.rules.ranks,
-                publish=self._publish_stop,
-                stop_on_straggler=lambda: detector is not None and detector.stop_requested,
-            )
-            monitor.add_sink(self.agreement)
-            monitor.add_status_source(self.agreement)
-            if prometheus.enabled:  # before the first scan: no finding goes uncounted
-                # Inside: the exporter needs the optional prometheus-client.
-                from rankguard.exporter import start_for_monitor
-
-                self.exporter = start_for_monitor(self.monitor, prometheus, self.run_dir)
+        self._stop_votes.clear()
+        if hb.enabled and self.node_rank == 0:
+            self._build_monitor()
+        node = self._node()
+        for service in self.services:  # node 0: before the monitor's first scan
+            if moved:
+                service.move(node)
+            else:
+                service.start(node)
+        if self.monitor is not None:
             self.monitor.start()
             self._say_monitor_started()
-        elif self.relaying:
+        elif hb.enabled and self.relaying:
             self.relay = StoreRelay(
                 self.store,
                 self.run_dir,
                 self.run_id,
                 self.node_rank,
-                hb.publish_interval_s,
+                self.cadence.publish_interval_s,
                 dump_policy=DumpPolicy.from_config(self.cfg.fault_tolerance),
                 workers=self.workers,
             )
             self.relay.start()
+
+    def _build_monitor(self) -> None:
+        """Node 0: the job monitor (not scanning yet) and the stop agreement."""
+        hb = self.cfg.heartbeat
+        remote = (
+            StoreRemoteSource(
+                self.store, self.run_id, self.nnodes, disk_max_age_s=self.cadence.process_timeout_s
+            )
+            if self.relaying
+            else None
+        )
+        monitor = self.monitor = JobMonitor(
+            hb,
+            self.run_dir,
+            self.run_id,
+            expected_world_size=self.expected_world_size,
+            max_world_size=self.max_world_size,
+            remote=remote,
+            config_snapshot=config_to_dict(self.cfg),
+            cadence=self.cadence,
+            status_sources=[self],
+        )
+        votes = self._stop_votes
+        self.agreement = StopAgreement(
+            self.run_dir,
+            monitor.rules.cadence,
+            lambda: monitor.rules.ranks,
+            publish=self._publish_stop,
+            stop_on_straggler=lambda: any(vote() for vote in votes),
+        )
+        monitor.add_sink(self.agreement)
+        monitor.add_status_source(self.agreement)
 
     def _say_monitor_started(self) -> None:
         if self.store is None or not self.relaying:
@@ -439,28 +498,23 @@ class NodeServices:
 
     def stop(self) -> dict[str, Any] | None:
         """Stop everything; on node 0 return the monitor's final status."""
-        hb = self.cfg.heartbeat
         status = None
-        if self.collector is not None:
-            try:
-                self.collector.stop()
-            except Exception:
-                logger.exception("rankguard: stopping the GPU health collector failed")
+        for service in self.services:
+            service.stop()
         if self.relay is not None:
             self.relay.stop()
         if self.monitor is not None:
             # Give the last records (and the other nodes' relays) time to arrive.
-            drain = 2 * hb.publish_interval_s + hb.scan_interval_s
-            if self.relaying:
-                drain += 2 * hb.publish_interval_s
-            # at least 5 s: the wait ends as soon as every rank has ended, and a loaded
-            # machine can take longer than a few intervals to scan the ranks' last records
-            drain = max(drain, 5.0)
-            status = self.monitor.stop(drain_timeout_s=drain)
+            status = self.monitor.stop(drain_timeout_s=self.cadence.drain_s(self.relaying))
             self._say_monitor_done()
-            if self.cfg.fault_tolerance.calc_ft_timeouts:
-                records = [s.record for s in self.monitor.rules.ranks.values() if s.record]
-                save_learned(ft_state_path(self.cfg), self.cfg.fault_tolerance, records)
-        if self.exporter is not None:  # after the final status: it stays scrapable
-            self.exporter.stop()
+        if self.node_rank is not None:
+            node = self._node()
+            for service in self.services:  # after the final status
+                service.finish(node)
         return status
+
+    def outcome(self, outcome: JobOutcome) -> JobOutcome:
+        """The job's outcome as the services amend it (a preemption marks it)."""
+        for service in self.services:
+            outcome = service.outcome(outcome)
+        return outcome

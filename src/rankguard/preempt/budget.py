@@ -1,11 +1,12 @@
 """Does a save fit the grace window?
 
 After the exit signal the ranks first run on to the agreed stop step, then save. The
-first part (:func:`agreement_lead_s`) is about three monitor scans plus a second when
-node 0 reads every rank's progress fresh (one node, or a shared filesystem: each
-signalled rank publishes a heartbeat at once), and up to three heartbeat intervals and
-three scans plus two seconds when other nodes' records come through the store relays
-(pushed once per heartbeat interval). Both parts must fit in ``preempt_time``:
+first part (:meth:`rankguard.cadence.Cadence.agreement_lead_s`) is about three monitor
+scans plus a second when node 0 reads every rank's progress fresh (one node, or a shared
+filesystem: each signalled rank publishes a heartbeat at once), and up to three
+heartbeat intervals and three scans plus two seconds when other nodes' records come
+through the store relays (pushed once per heartbeat interval). Both parts
+must fit in ``preempt_time``:
 
     lead_s + save_s <= preempt_time
 
@@ -25,20 +26,7 @@ from typing import Any
 
 from rankguard._fs import atomic_write_json
 
-__all__ = ["GraceBudget", "agreement_lead_s", "load_save_time", "store_save_time"]
-
-
-def agreement_lead_s(
-    publish_interval_s: float, scan_interval_s: float, *, relayed: bool = False
-) -> float:
-    """Seconds from the exit signal to the stop step, at most: waiting for fresh
-    progress (relayed: up to ``publish + scan + 1``; else about one scan), then the
-    agreement's lead (fresh: ``2 scan + 1``; else ``2 publish + 2 scan + 1``)."""
-    if relayed:
-        return (publish_interval_s + scan_interval_s + 1.0) + (
-            2 * publish_interval_s + 2 * scan_interval_s + 1.0
-        )
-    return scan_interval_s + 2 * scan_interval_s + 1.0
+__all__ = ["GraceBudget", "load_save_time", "store_save_time"]
 
 
 class GraceBudget:

@@ -12,12 +12,13 @@ from rankguard.config import RankguardConfig, load_config
 from rankguard.ft.learned import (
     MIN_STEPS,
     STATE_FILE,
-    apply_learned,
     learn,
+    learned_config,
     load_state,
     measured_maxima,
     save_state,
 )
+from rankguard.launcher.services import node_cadence
 from rankguard.schema.records import HeartbeatRecord, RecordError
 
 LEARNED = "learned (ft_state.json, 2 run(s))"
@@ -206,63 +207,82 @@ def test_save_load_round_trip_is_atomic(tmp_path: Path) -> None:
     assert json.loads(path.read_text(encoding="utf-8"))["timeouts"]["step"] == 125.0
 
 
-# ---- apply_learned -------------------------------------------------------------------
+# ---- learned_config ------------------------------------------------------------------
 
 
-def test_apply_learned_sets_sections_and_process_timeout() -> None:
+def _in_force(cfg: RankguardConfig, sources: dict[str, str]) -> dict[str, Any]:
+    return node_cadence(cfg, sources).in_force()
+
+
+def test_learned_config_sets_sections_and_process_timeout() -> None:
     cfg = load_config(
         overrides=["fault_tolerance.rank_section_timeouts=setup:600,eval:50,step:180"]
     )
     state = {"timeouts": {"step": 100.0, "checkpointing": 420.0, "heartbeat": 45.0}}
-    shown = apply_learned(cfg, state, LEARNED)
-    assert cfg.fault_tolerance.rank_section_timeouts == {
+    new, sources = learned_config(cfg, state, LEARNED)
+    assert new.fault_tolerance.rank_section_timeouts == {
         "setup": 600.0,
         "eval": 50.0,
         "step": 100.0,
         "checkpointing": 420.0,
     }
-    assert cfg.heartbeat.process_timeout_s == 45.0
-    assert shown["section.step"] == {"value": 100.0, "source": LEARNED}
-    assert shown["section.checkpointing"] == {"value": 420.0, "source": LEARNED}
-    assert shown["section.setup"] == {"value": 600.0, "source": "config"}
-    assert shown["section.eval"] == {"value": 50.0, "source": "config"}
-    assert shown["heartbeat.process_timeout_s"] == {"value": 45.0, "source": LEARNED}
-    for name, value in (
-        ("initial_process_timeout_s", 30.0),
-        ("initial_progress_timeout_s", 600.0),
-        ("progress_timeout_s", 300.0),
-        ("checkpoint_timeout_s", 1800.0),
-        ("eval_timeout_s", 1800.0),
-    ):
-        assert shown[f"heartbeat.{name}"] == {"value": value, "source": "config"}
+    assert new.heartbeat.process_timeout_s == 45.0
+    # a new config: the validated one is left as it was
+    assert cfg.fault_tolerance.rank_section_timeouts == {
+        "setup": 600.0,
+        "eval": 50.0,
+        "step": 180.0,
+    }
+    assert cfg.heartbeat.process_timeout_s == 30.0
+    shown = _in_force(new, sources)
+    assert shown["phase.step"] == {"value": 100.0, "source": LEARNED}
+    assert shown["phase.checkpointing"] == {"value": 420.0, "source": LEARNED}
+    section = "config (fault_tolerance.rank_section_timeouts.{})"
+    assert shown["phase.setup"] == {"value": 600.0, "source": section.format("setup")}
+    assert shown["phase.eval"] == {"value": 50.0, "source": section.format("eval")}
+    assert shown["process"] == {"value": 45.0, "source": LEARNED}
+    assert shown["initial_process"] == {
+        "value": 30.0,
+        "source": "config (heartbeat.initial_process_timeout_s)",
+    }
+    # a phase without its own timeout: the progress timeout
+    assert shown["phase.other"] == {
+        "value": 300.0,
+        "source": "config (heartbeat.progress_timeout_s)",
+    }
+    assert shown["phase.inprocess_restart"]["source"] == "config (inprocess_restart.hard_timeout)"
     assert set(shown) == {
-        "section.setup",
-        "section.step",
-        "section.checkpointing",
-        "section.eval",
-        "heartbeat.initial_process_timeout_s",
-        "heartbeat.process_timeout_s",
-        "heartbeat.initial_progress_timeout_s",
-        "heartbeat.progress_timeout_s",
-        "heartbeat.checkpoint_timeout_s",
-        "heartbeat.eval_timeout_s",
+        "initial_process",
+        "process",
+        "phase.setup",
+        "phase.step",
+        "phase.checkpointing",
+        "phase.eval",
+        "phase.inprocess_restart",
+        "phase.other",
     }
 
 
-def test_apply_learned_without_state_is_all_config() -> None:
-    cfg = RankguardConfig()
-    cfg.fault_tolerance.rank_section_timeouts["step"] = 180.0
-    shown = apply_learned(cfg, None, LEARNED)
-    assert cfg.fault_tolerance.rank_section_timeouts == {"step": 180.0}
-    assert cfg.heartbeat.process_timeout_s == 30.0
-    assert all(entry["source"] == "config" for entry in shown.values())
-    assert shown["section.step"]["value"] == 180.0
-    assert shown["heartbeat.process_timeout_s"]["value"] == 30.0
-    assert shown["heartbeat.eval_timeout_s"]["value"] == 1800.0
-    assert len(shown) == 7  # section.step and six heartbeat timeouts
+def test_learned_config_without_state_is_all_config() -> None:
+    cfg = load_config(overrides=["fault_tolerance.rank_section_timeouts=step:180"])
+    new, sources = learned_config(cfg, None, LEARNED)
+    assert sources == {}
+    assert new.fault_tolerance.rank_section_timeouts == {"step": 180.0}
+    assert new.heartbeat.process_timeout_s == 30.0
+    shown = _in_force(new, sources)
+    assert all(entry["source"].startswith("config (") for entry in shown.values())
+    assert shown["phase.step"] == {
+        "value": 180.0,
+        "source": "config (fault_tolerance.rank_section_timeouts.step)",
+    }
+    assert shown["process"]["value"] == 30.0
+    assert shown["phase.eval"]["value"] == 1800.0
+    assert shown["phase.setup"]["value"] == 600.0
+    assert shown["phase.checkpointing"]["value"] == 1800.0
+    assert len(shown) == 8  # two process timeouts, five phases and the other phases
 
 
-def test_apply_learned_heartbeat_never_below_two_publish_intervals() -> None:
+def test_learned_heartbeat_never_below_two_publish_intervals() -> None:
     cfg = RankguardConfig()  # publish_interval_s 5
-    apply_learned(cfg, {"timeouts": {"heartbeat": 6.0}}, LEARNED)
-    assert cfg.heartbeat.process_timeout_s == 10.0
+    new, _ = learned_config(cfg, {"timeouts": {"heartbeat": 6.0}}, LEARNED)
+    assert new.heartbeat.process_timeout_s == 10.0

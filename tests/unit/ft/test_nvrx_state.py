@@ -12,8 +12,9 @@ import pytest
 
 from rankguard.config import RankguardConfig
 from rankguard.ft.config import FaultToleranceConfig
-from rankguard.ft.learned import apply_learned, load_state, save_learned
+from rankguard.ft.learned import learned_config, load_state, save_learned
 from rankguard.ft.nvrx_state import RANKGUARD_STATE_FILE, from_nvrx, is_nvrx_state, to_nvrx
+from rankguard.launcher.services import node_cadence
 from rankguard.schema.records import HeartbeatRecord
 
 nvrx_data = pytest.importorskip("nvidia_resiliency_ext.fault_tolerance.data")
@@ -51,13 +52,14 @@ def test_load_state_reads_nvrx_layout_and_applies_it(tmp_path: Path) -> None:
     state = load_state(path)
     assert state is not None
     cfg = RankguardConfig()
-    cfg.heartbeat.publish_interval_s = 5
-    shown = apply_learned(cfg, state, "learned")
+    assert cfg.heartbeat.publish_interval_s == 5
+    cfg, sources = learned_config(cfg, state, "learned")
+    shown = node_cadence(cfg, sources).in_force()
     assert cfg.fault_tolerance.rank_section_timeouts == {"step": 42.0, "checkpointing": 420.0}
     assert cfg.fault_tolerance.rank_out_of_section_timeout == 77.0
     assert cfg.heartbeat.process_timeout_s == 120.0
     assert cfg.heartbeat.initial_process_timeout_s == 900.0
-    assert shown["section.step"]["source"] == "learned"
+    assert shown["phase.step"]["source"] == "learned"
 
 
 def test_broken_nvrx_layout_is_a_clear_error(tmp_path: Path) -> None:

@@ -625,8 +625,7 @@ def test_a_rotating_rank_file_is_followed_without_findings(tmp_path: Path) -> No
 
 
 def test_mirrored_files_rotate_like_the_ranks_own(tmp_path: Path) -> None:
-    cfg = heartbeat_config(scan_interval_s=0.05)
-    cfg.max_file_mb = 0.002  # 2000 bytes
+    cfg = heartbeat_config(scan_interval_s=0.05, max_file_mb=0.002)  # 2000 bytes
     remote = FakeRemote()
     mon = JobMonitor(
         cfg,

@@ -13,6 +13,7 @@ import pytest
 
 from rankguard.bootstrap import session_from_env
 from rankguard.config import RankguardConfig, dumps_config
+from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.identity import ENV
 from rankguard.heartbeat.lifeline import Lifeline
 from rankguard.launcher import forkserver_guard, worker
@@ -80,8 +81,7 @@ def test_a_forked_rank_keeps_its_parent(monkeypatch: pytest.MonkeyPatch, calls: 
 def test_the_session_publisher_gets_the_lifeline(tmp_path: Path) -> None:
     # a launcher that is always there: the heartbeat thread must never end this process
     line = Lifeline(launcher_pid=10, parent_pid=10, getppid=lambda: 10, alive=lambda pid: True)
-    cfg = RankguardConfig()
-    cfg.heartbeat.enabled = True
+    cfg = RankguardConfig(heartbeat=HeartbeatConfig(enabled=True))
     cfg.perf.enabled = False
     env = RunEnv.from_environ(
         {ENV.LAUNCHER: "1", ENV.RUN_DIR: str(tmp_path), ENV.CONFIG: dumps_config(cfg)}

@@ -14,10 +14,12 @@ from typing import Any
 
 import pytest
 
+from rankguard.cadence import Cadence
 from rankguard.config import ConfigError, load_config
+from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.launcher.exitcodes import EXIT_PREEMPTED, RETRYABLE, JobOutcome, exit_code
 from rankguard.preempt import ExitSignalHandler, PreemptionConfig, TorchFileSaver, parse_exit_signal
-from rankguard.preempt.budget import GraceBudget, agreement_lead_s, load_save_time, store_save_time
+from rankguard.preempt.budget import GraceBudget, load_save_time, store_save_time
 from rankguard.preempt.coordinator import PreemptionCoordinator
 from rankguard.schema.layout import CONTROL_FILE, StoreKeys
 from rankguard.slurm.retry import Decision, decide
@@ -214,8 +216,9 @@ def test_file_saver_is_atomic_and_loads_the_newest(tmp_path: Path) -> None:
 
 
 def test_grace_budget(tmp_path: Path) -> None:
-    assert agreement_lead_s(5.0, 1.0) == 4.0
-    lead = agreement_lead_s(5.0, 1.0, relayed=True)
+    cadence = Cadence.of(HeartbeatConfig(publish_interval_s=5.0, scan_interval_s=1.0))
+    assert cadence.agreement_lead_s(relayed=False) == 4.0
+    lead = cadence.agreement_lead_s(relayed=True)
     assert lead == 13.0 + 7.0
     budget = GraceBudget(60.0, lead, save_s=None)
     assert budget.fits() and budget.to_dict()["save_s"] is None

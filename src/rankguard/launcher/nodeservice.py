@@ -1,0 +1,153 @@
+"""The contract of a node service: one feature the launcher runs beside a node's workers.
+
+Each feature (GPU health, stragglers, re-runs, in-process restarts, the metrics
+exporter, learned timeouts, the checkpoints block, preemption) is one object behind
+:class:`NodeService`, built from its configuration section by a factory of
+:data:`rankguard.launcher.features.FACTORIES`; a factory returns None when its feature is
+off, and :func:`build_services` puts a :class:`NullService` (which does nothing) in its
+place. :class:`rankguard.launcher.services.NodeServices` runs the core (node 0's monitor
+and stop agreement, the other nodes' relays) and calls every service at each step of the
+node's life, in the registry's order:
+
+``start(node)``
+    The rendezvous numbered this node. On node 0 the monitor is built but not yet
+    scanning: add evaluators, sinks and status sources to ``node.monitor`` here.
+``move(node)``
+    A new round renumbered the node (node 0 moved): by default :meth:`stop` then
+    :meth:`start` as the new number.
+``leave()``
+    The node was excluded from the job (its launcher may stay a while).
+``stop()``
+    The job ends, before node 0's monitor writes its final status.
+``finish(node)``
+    After node 0's final status (``node.monitor`` has stopped: its rank states are the
+    last ones).
+``status_fields()``
+    At each scan of node 0's monitor: this service's blocks of ``status.json``.
+``outcome(outcome)``
+    The job's outcome, which the service may amend (a preemption marks it).
+
+A service never raises out of these calls for a failure of its own feature: it logs it
+and goes on (the others and the training must not stop for it).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from rankguard.cadence import Cadence
+    from rankguard.config import RankguardConfig
+    from rankguard.ft.actions import AgentControl
+    from rankguard.heartbeat.monitor import JobMonitor
+    from rankguard.launcher.exitcodes import JobOutcome
+
+__all__ = [
+    "NodeContext",
+    "NodeService",
+    "NullService",
+    "ServiceFactory",
+    "build_services",
+]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class NodeContext:
+    """What a service is told about the node when it starts (or moves)."""
+
+    cfg: RankguardConfig
+    cadence: Cadence
+    run_dir: Path
+    run_id: str
+    node_rank: int
+    nnodes: int
+    store: Any  # a client of the rendezvous store (several nodes), else None
+    relaying: bool  # other nodes' records come through the store to node 0
+    monitor: JobMonitor | None  # node 0 with heartbeats: built, not scanning yet
+    #: the stop agreement asks these whether a straggler finding stops the job
+    stop_votes: list[Callable[[], bool]] = field(default_factory=list)
+    #: the agent (its workers, restarts), once built; services that act on it need it
+    agent: AgentControl | None = None
+    #: the launcher's console line
+    say: Callable[[str], None] = lambda line: None
+    #: the node services' facade (:class:`~rankguard.launcher.services.NodeServices`),
+    #: for a service that needs what the core offers (the stop agreement, rank states)
+    services: Any = None
+
+
+class NodeService(Protocol):
+    """One feature of a node, started and stopped with it (see the module's docstring)."""
+
+    name: str
+
+    def start(self, node: NodeContext) -> None: ...
+
+    def move(self, node: NodeContext) -> None: ...
+
+    def leave(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def finish(self, node: NodeContext) -> None: ...
+
+    def status_fields(self) -> dict[str, Any]: ...
+
+    def outcome(self, outcome: JobOutcome) -> JobOutcome: ...
+
+
+class NullService:
+    """A feature that is off: every call does nothing. Services subclass it and override
+    only the calls they need."""
+
+    name = "off"
+
+    def __init__(self, name: str | None = None) -> None:
+        if name is not None:
+            self.name = name
+
+    def start(self, node: NodeContext) -> None:
+        return None
+
+    def move(self, node: NodeContext) -> None:
+        self.stop()
+        self.start(node)
+
+    def leave(self) -> None:
+        return None
+
+    def stop(self) -> None:
+        return None
+
+    def finish(self, node: NodeContext) -> None:
+        return None
+
+    def status_fields(self) -> dict[str, Any]:
+        return {}
+
+    def outcome(self, outcome: JobOutcome) -> JobOutcome:
+        return outcome
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+
+#: builds a feature's service from the validated configuration; None when it is off
+ServiceFactory = Callable[["RankguardConfig"], "NodeService | None"]
+
+
+def build_services(
+    cfg: RankguardConfig, factories: Iterable[tuple[str, ServiceFactory]]
+) -> list[NodeService]:
+    """One service per registered feature, in the registry's order; a feature that is
+    off is a :class:`NullService` named after it."""
+    out: list[NodeService] = []
+    for name, factory in factories:
+        service = factory(cfg)
+        out.append(service if service is not None else NullService(name))
+    return out
