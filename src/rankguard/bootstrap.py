@@ -107,7 +107,9 @@ def session_from_env(
         blocks.append(fields_source(FtStatsBlock, SectionStats(tracker).heartbeat_fields))
     preemption = None
     if cfg.preemption.enable_exit_handler:
-        preemption = RankPreemption(cfg.preemption, tracker, launcher_pid=env.launcher_pid)
+        preemption = RankPreemption(
+            cfg.preemption, tracker, launcher_pid=env.launcher_pid, rank=env.rank
+        )
         preemption.install()
     probe = None
     if cfg.straggler.enabled and cfg.heartbeat.enabled:

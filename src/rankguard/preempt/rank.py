@@ -45,10 +45,12 @@ class RankPreemption:
         tracker: ProgressTracker,
         *,
         launcher_pid: int | None = None,
+        rank: int = 0,
     ) -> None:
         self.cfg = cfg
         self.tracker = tracker
         self.launcher_pid = launcher_pid
+        self.rank = rank  # the global rank (RunEnv's): rank 0 says the one line
         self.handler = ExitSignalHandler(cfg.signum)
         self.launcher_told = False
         self.reported = False  # a heartbeat was asked for right after the signal
@@ -139,7 +141,7 @@ class RankPreemption:
         """The ``preempt`` block of this rank's heartbeat records (and, on rank 0, the
         one line of :meth:`unregistered_line`: the heartbeat thread, never the loop)."""
         line = self.unregistered_line()
-        if line is not None and os.environ.get("RANK", "0") == "0":
+        if line is not None and self.rank == 0:
             logger.warning("rankguard: %s", line)
         durations = list(self.tracker.checkpoint_durations_ns)
         step = self.step_min_s()

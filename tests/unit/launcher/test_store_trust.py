@@ -268,6 +268,13 @@ def test_read_agents_checks_each_entry(over: dict[str, Any]) -> None:
     assert [a["agent"] for a in read_agents(store, RUN)] == ["h:1"]
 
 
+def _checkpoints_block_on(services: NodeServices, run_dir: Path) -> None:
+    """The ``checkpoints`` status source as node 0's start leaves it (its service reads
+    the run's registry), without starting the monitor's threads."""
+    (service,) = [s for s in services.services if s.name == "checkpoints"]
+    service.run_dir = run_dir  # type: ignore[attr-defined]
+
+
 def test_a_bad_entry_no_longer_removes_the_other_status_blocks(tmp_path: Path) -> None:
     store = _store(5.0)
     services = NodeServices(
@@ -278,11 +285,11 @@ def test_a_bad_entry_no_longer_removes_the_other_status_blocks(tmp_path: Path) -
         nnodes=2,
         expected_world_size=4,
         store=store,
-        timeouts={"process_timeout_s": 3.0},
     )
     services.track_agents = True
     services.restarts.append({"restart": 1})
     (tmp_path / "checkpoints.json").write_text('{"last": {"step": 3}}')
+    _checkpoints_block_on(services, tmp_path)
     _forge_agent(store, {**_forever(), "since": "x"})
     _forge_agent(store, {"agent": "evil:2", "state": "training", "round": None, "node": "a"})
     fields = services.status_fields()
@@ -300,10 +307,10 @@ def test_one_failing_status_block_keeps_the_others(
         node_rank=0,
         nnodes=2,
         expected_world_size=4,
-        timeouts={"process_timeout_s": 3.0},
     )
     services.restarts.append({"restart": 1})
     (tmp_path / "checkpoints.json").write_text('{"last": {"step": 3}}')
+    _checkpoints_block_on(services, tmp_path)
 
     def broken() -> None:
         raise ValueError("a bad entry")

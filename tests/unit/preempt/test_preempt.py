@@ -527,6 +527,21 @@ def test_preemption_on_but_never_asked_is_said_once_after_the_first_steps(
         finally:
             pre.release()
     assert signal.getsignal(signal.SIGUSR1) == previous
+    # another rank than 0 says nothing (rank 0's line is the job's)
+    tracker = ProgressTracker()
+    other = RankPreemption(
+        PreemptionConfig(enable_exit_handler=True, exit_signal="SIGUSR1"), tracker, rank=1
+    )
+    assert other.install()
+    try:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="rankguard.preempt.rank"):
+            for _ in range(3):
+                tracker.step_end()
+                other.heartbeat_block()
+        assert [r.getMessage() for r in caplog.records] == []
+    finally:
+        other.release()
 
 
 @pytest.mark.parametrize("clean", [True, False])
