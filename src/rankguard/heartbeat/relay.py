@@ -396,6 +396,7 @@ class StoreRemoteSource(RemoteSource):
         self.run_id = run_id
         self.keys = StoreKeys(run_id)
         self.nodes = list(range(1, nnodes))
+        self._round_nodes: int | None = None  # the current round's node count, once told
         self.disk_max_age_s = disk_max_age_s
         self.clock = clock
         self._shutdowns: dict[int, str] = {}
@@ -588,8 +589,23 @@ class StoreRemoteSource(RemoteSource):
                 out.extend(self.store.get(k) for k in chunk)
         return [v if isinstance(v, bytes) else str(v).encode() for v in out]
 
+    def note_round(self, nodes: int) -> None:
+        """The current rendezvous round's node count (an elastic job's round may have
+        fewer nodes than ``--nnodes`` allows)."""
+        self._round_nodes = nodes
+
     def nodes_done(self) -> bool:
+        """Every node that may still deliver records said it is done: the nodes of the
+        current round and every node that ever relayed (a node of an earlier round may
+        have records in flight). A node number past the round that never relayed
+        anything (``--nnodes 1:2`` with one node) has nothing to deliver."""
+        round_nodes = self._round_nodes
+        waited = [
+            n for n in self.nodes if round_nodes is None or n < round_nodes or n in self._state
+        ]
+        if not waited:
+            return True
         try:
-            return bool(self.store.check([self.keys.done(n) for n in self.nodes]))
+            return bool(self.store.check([self.keys.done(n) for n in waited]))
         except Exception:
             return True  # the store is gone: nothing more can arrive

@@ -460,7 +460,7 @@ class NodeStart:
             _say(decided.warning)
         self.services.round_tag = round_tag(info)
         before = self.services.round_nodes
-        self.services.round_nodes = int(info.world_size)
+        self.services.note_round(int(info.world_size))
         if self.services.node_rank is not None and info.world_size < self.opts.max_nodes:
             _say(
                 f"this round has {info.world_size} of {self.opts.max_nodes} node(s) "

@@ -131,11 +131,19 @@ class NodeServices:
     services: list[NodeService] = field(default_factory=list, init=False)
     _stop_votes: list[Callable[[], bool]] = field(default_factory=list, init=False, repr=False)
     _restarts_out: QueuedJsonl | None = field(default=None, init=False, repr=False)
+    _remote: StoreRemoteSource | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.cadence is None:
             self.cadence = node_cadence(self.cfg)
         self.services = build_services(self.cfg, FACTORIES)
+
+    def note_round(self, nodes: int) -> None:
+        """A rendezvous round's node count: kept for the ``elastic`` block, and told to
+        node 0's relayed source (its final drain waits for the round's nodes only)."""
+        self.round_nodes = nodes
+        if self._remote is not None:
+            self._remote.note_round(nodes)
 
     @property
     def restarts_file(self) -> QueuedJsonl:
@@ -424,6 +432,9 @@ class NodeServices:
             if self.relaying
             else None
         )
+        if remote is not None and self.round_nodes is not None:
+            remote.note_round(self.round_nodes)
+        self._remote = remote
         monitor = self.monitor = JobMonitor(
             hb,
             self.run_dir,

@@ -139,6 +139,29 @@ def test_nodes_done_needs_every_node(tmp_path: Path, stores: tuple[Any, Any]) ->
     assert source.nodes_done() is True
 
 
+def test_nodes_done_waits_for_the_rounds_nodes_and_every_node_that_relayed(
+    tmp_path: Path, stores: tuple[Any, Any]
+) -> None:
+    """``--nnodes 1:3`` with one node in the round: node 0's final drain does not wait
+    the whole drain time for nodes that never came; a node that relayed, or one of the
+    round, is still waited for."""
+    master, client = stores
+    source = StoreRemoteSource(master, RUN, nnodes=3)
+    assert source.nodes_done() is False  # no round told: every node the job allows
+    source.note_round(1)
+    assert source.nodes_done() is True  # nodes 1 and 2 never came
+    source.note_round(2)  # node 1 joins the next round
+    assert source.nodes_done() is False
+    (tmp_path / "n1").mkdir()
+    r1 = StoreRelay(client, tmp_path / "n1", RUN, node_rank=1, interval_s=0.05)
+    r1.push_once()
+    source.fetch()  # node 0 sees node 1's tick
+    source.note_round(1)  # node 1 lost again: it relayed, its last records may be in flight
+    assert source.nodes_done() is False
+    r1.stop()
+    assert source.nodes_done() is True
+
+
 def test_dead_pid_becomes_vanished_process_end(tmp_path: Path, stores: tuple[Any, Any]) -> None:
     master, client = stores
     pid = dead_pid()
