@@ -10,14 +10,10 @@ deadline, so the module runs in seconds.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
-import time
-import tracemalloc
 from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
@@ -46,49 +42,19 @@ from rankguard.report.page import render_page
 from rankguard.runfiles import StatusUnavailable, latest_findings, load_status
 from rankguard.schema.layout import FINDINGS_FILE, STATUS_FILE, StoreKeys
 from tests.factories import DictStore, heartbeat_record, heartbeat_rules
+from tests.fuzzing import bounded, dumps, json_values, nasty_text
 
 RUN = "run-1"
 KEYS = StoreKeys(RUN)
-MAX_S = 2.0  # per input, on a loaded CI machine
-MAX_BYTES = 64 << 20  # allocated at the peak, per input
 FUZZ = settings(
     max_examples=30,
-    deadline=None,  # the bound is asserted by _bounded (a deadline would flake on load)
+    deadline=None,  # the bound is asserted by bounded() (a deadline would flake on load)
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     derandomize=True,
     phases=(Phase.explicit, Phase.generate),  # no shrinking: a failure shows as found
 )
 
 # -- inputs ---------------------------------------------------------------------------
-
-_scalars = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=20),
-)
-json_values = st.recursive(
-    _scalars,
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=5), st.dictionaries(st.text(max_size=10), inner, max_size=5)
-    ),
-    max_leaves=30,
-)
-_nasty_text = st.sampled_from(
-    [
-        "[" * 100_000,
-        '{"a":' * 50_000,
-        "1" * 5000,
-        "1e999999",
-        "\x00\x1b[2J\x07",
-        "\ud800",
-        "",
-        "null",
-        "NaN",
-        '"' + "x" * 200_000 + '"',
-    ]
-)
 
 
 def _record_like() -> st.SearchStrategy[dict[str, Any]]:
@@ -98,29 +64,11 @@ def _record_like() -> st.SearchStrategy[dict[str, Any]]:
     return st.dictionaries(keys, json_values, max_size=6).map(lambda over: {**base, **over})
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, allow_nan=True)
-
-
 def _bytes(text: str) -> bytes:
     return text.encode("utf-8", "surrogatepass")
 
 
-payload_text = st.one_of(json_values.map(_dumps), _nasty_text, _record_like().map(_dumps))
-
-
-@contextmanager
-def _bounded(what: str) -> Iterator[None]:
-    tracemalloc.start()
-    t0 = time.perf_counter()
-    try:
-        yield
-    finally:
-        elapsed = time.perf_counter() - t0
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
-    assert elapsed < MAX_S, f"{what}: {elapsed:.2f}s"
-    assert peak < MAX_BYTES, f"{what}: {peak} bytes"
+payload_text = st.one_of(json_values.map(dumps), nasty_text, _record_like().map(dumps))
 
 
 @pytest.fixture(scope="module")
@@ -144,10 +92,10 @@ def _fresh(scratch: Path, name: str) -> Path:
 @given(lines=st.lists(st.one_of(payload_text, st.binary(max_size=64).map(repr)), max_size=6))
 def test_heartbeat_lines(scratch: Path, lines: list[str]) -> None:
     path = _fresh(scratch, "hb") / "rank_0_pid_1.heartbeat.jsonl"
-    good = _dumps(heartbeat_record(1, run_id=RUN, world_size=4))
+    good = dumps(heartbeat_record(1, run_id=RUN, world_size=4))
     path.write_text("\n".join([*lines, good]) + "\n", encoding="utf-8", errors="surrogatepass")
     rules = heartbeat_rules(world=None, max_world_size=64)
-    with _bounded("heartbeat lines"):
+    with bounded("heartbeat lines"):
         records = JsonlTailer(path).read()
         for raw in records:
             rules.ingest(raw, 1.0)
@@ -159,7 +107,7 @@ def test_heartbeat_lines(scratch: Path, lines: list[str]) -> None:
 @given(record=_record_like())
 def test_heartbeat_records(record: dict[str, Any]) -> None:
     rules = heartbeat_rules(world=None)
-    with _bounded("heartbeat record"):
+    with bounded("heartbeat record"):
         rules.ingest(record, 1.0)
         rules.evaluate(1000.0)
 
@@ -168,7 +116,7 @@ def test_heartbeat_records(record: dict[str, Any]) -> None:
 
 
 def _relay_value(records: list[Any], health: Any, extra: dict[str, Any]) -> str:
-    return _dumps({"epoch": "e", "gen": 1, "records": records, "health": health, **extra})
+    return dumps({"epoch": "e", "gen": 1, "records": records, "health": health, **extra})
 
 
 relay_bases = st.one_of(
@@ -183,7 +131,7 @@ relay_bases = st.one_of(
 relay_ticks = st.one_of(
     payload_text,
     st.builds(
-        lambda rows, seq: _dumps({"epoch": "e", "gen": 1, "seq": seq, "ranks": rows}),
+        lambda rows, seq: dumps({"epoch": "e", "gen": 1, "seq": seq, "ranks": rows}),
         st.lists(st.lists(json_values, max_size=13), max_size=4),
         json_values,
     ),
@@ -200,7 +148,7 @@ def test_relay_payloads(base: str, tick: str, other: str) -> None:
     store.set(KEYS.heartbeats(2), _bytes(other))
     source = StoreRemoteSource(store, RUN, nnodes=3)
     rules = heartbeat_rules(world=None, max_world_size=64)
-    with _bounded("relay payloads"):
+    with bounded("relay payloads"):
         for _ in range(2):
             records, health = source.fetch_changed()
             for raw in records:
@@ -211,9 +159,9 @@ def test_relay_payloads(base: str, tick: str, other: str) -> None:
 
 
 @FUZZ
-@given(raw=st.one_of(payload_text, st.lists(json_values, max_size=50).map(_dumps)))
+@given(raw=st.one_of(payload_text, st.lists(json_values, max_size=50).map(dumps)))
 def test_kill_requests(raw: str) -> None:
-    with _bounded("kill request"):
+    with bounded("kill request"):
         try:
             targets, _ = parse_kill_request(_bytes(raw))
         except PayloadError:
@@ -251,7 +199,7 @@ def test_preemption_keys(scratch: Path, request: str | bytes, preempt: str) -> N
         )
         for node in (0, 1)
     ]
-    with _bounded("preemption keys"):
+    with bounded("preemption keys"):
         for coord in coords:
             coord.tick()
     assert not coords[0].active  # no rank of node 1 confirmed a signal
@@ -273,17 +221,17 @@ def test_preemption_keys(scratch: Path, request: str | bytes, preempt: str) -> N
             st.dictionaries(st.text(max_size=12), json_values, max_size=4),
         ),
     ),
-    raw=st.one_of(st.none(), _nasty_text),
+    raw=st.one_of(st.none(), nasty_text),
 )
 def test_manifests(scratch: Path, manifest: Any, raw: str | None) -> None:
     step = _fresh(scratch, "ckpt") / "step_000000001"
     step.mkdir()
-    data = (raw if raw is not None else _dumps(manifest)).encode("utf-8", "surrogatepass")
+    data = (raw if raw is not None else dumps(manifest)).encode("utf-8", "surrogatepass")
     (step / MANIFEST_FILE).write_bytes(data)
     algo = manifest.get("checksum") if isinstance(manifest, dict) else None
     algo = algo if algo in ("crc32", "blake2b") else "crc32"
-    (step / COMMIT_MARKER).write_text(_dumps({"manifest_checksum": checksum_bytes(data, algo)}))
-    with _bounded("manifest"):
+    (step / COMMIT_MARKER).write_text(dumps({"manifest_checksum": checksum_bytes(data, algo)}))
+    with bounded("manifest"):
         try:
             got = read_manifest(step)
             verify_files(step, got, sorted(got["files"]))
@@ -324,7 +272,7 @@ def _run_dir(scratch: Path, files: dict[str, str]) -> Path:
 @given(files=run_files)
 def test_status_files(scratch: Path, files: dict[str, str]) -> None:
     run_dir = _run_dir(scratch, files)
-    with _bounded("rankguard status"):
+    with bounded("rankguard status"):
         try:
             status = load_status(run_dir)
         except StatusUnavailable:
@@ -337,7 +285,7 @@ def test_status_files(scratch: Path, files: dict[str, str]) -> None:
 @given(files=run_files)
 def test_report_files(scratch: Path, files: dict[str, str]) -> None:
     run_dir = _run_dir(scratch, files)
-    with _bounded("rankguard report"):
+    with bounded("rankguard report"):
         try:
             data, note = load_run(run_dir)
         except ReportUnavailable:  # said as such by the command (exit 2)

@@ -11,10 +11,6 @@ from __future__ import annotations
 import itertools
 import json
 import socket
-import time
-import tracemalloc
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -41,14 +37,13 @@ from rankguard.preempt import PreemptionConfig
 from rankguard.preempt.coordinator import PreemptionCoordinator
 from rankguard.schema.layout import StoreKeys
 from tests.factories import heartbeat_record, heartbeat_rules
+from tests.fuzzing import bounded, dumps, json_values, nasty_text
 
 pytestmark = pytest.mark.timeout(300)
 
-MAX_S = 2.0  # per input, on a loaded CI machine
-MAX_BYTES = 64 << 20  # allocated at the peak, per input
 FUZZ = settings(
     max_examples=30,
-    deadline=None,  # the bound is asserted by _bounded (a deadline would flake on load)
+    deadline=None,  # the bound is asserted by bounded() (a deadline would flake on load)
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     derandomize=True,
     phases=(Phase.explicit, Phase.generate),  # no shrinking: a failure shows as found
@@ -57,49 +52,17 @@ _runs = itertools.count()
 
 # -- inputs ---------------------------------------------------------------------------
 
-_scalars = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=20),
-)
-json_values = st.recursive(
-    _scalars,
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=5), st.dictionaries(st.text(max_size=10), inner, max_size=5)
-    ),
-    max_leaves=30,
-)
-_nasty_text = st.sampled_from(
-    [
-        "[" * 100_000,
-        '{"a":' * 50_000,
-        "1" * 5000,
-        "1e999999",
-        "\x00\x1b[2J\x07",
-        "\ud800",
-        "",
-        "null",
-        "NaN",
-        '"' + "x" * 200_000 + '"',
-    ]
-)
 counters = st.one_of(st.integers(0, 8), st.integers(0, 2**62))
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, allow_nan=True)
 
 
 def _like(base: dict[str, Any], extra: list[str]) -> st.SearchStrategy[str]:
     """``base`` with some of its fields (or ``extra`` ones) replaced by anything."""
     keys = st.sampled_from([*sorted(base), *extra])
-    return st.dictionaries(keys, json_values, max_size=4).map(lambda over: _dumps({**base, **over}))
+    return st.dictionaries(keys, json_values, max_size=4).map(lambda over: dumps({**base, **over}))
 
 
 def _values(base: dict[str, Any], extra: list[str]) -> st.SearchStrategy[str]:
-    return st.one_of(json_values.map(_dumps), _nasty_text, _like(base, extra))
+    return st.one_of(json_values.map(dumps), nasty_text, _like(base, extra))
 
 
 AGENT = {
@@ -113,20 +76,6 @@ AGENT = {
 }
 EXCLUSION = Exclusion("gpu_health", "bad-host", 42, 1, 0, ("xid=79",), "excluded").to_dict()
 REPORT = {"rank": 1, "cause": "exception", "message": "m", "stuck_s": 0.0}
-
-
-@contextmanager
-def _bounded(what: str) -> Iterator[None]:
-    tracemalloc.start()
-    t0 = time.perf_counter()
-    try:
-        yield
-    finally:
-        elapsed = time.perf_counter() - t0
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
-    assert elapsed < MAX_S, f"{what}: {elapsed:.2f}s"
-    assert peak < MAX_BYTES, f"{what}: {peak} bytes"
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +111,7 @@ def test_spare_entries(store: TCPStore, entries: list[str], extra: int) -> None:
         _put(store, f"rankguard/{run}/agent/{i}", text)
     store.add(f"rankguard/{run}/agents", extra)  # a raised counter
     watch = SpareWatch()
-    with _bounded("spare entries"):
+    with bounded("spare entries"):
         agents = read_agents(store, run)
         for now in (0.0, 1e6):
             gone = watch.gone(agents, now)
@@ -202,7 +151,7 @@ def test_exclusion_entries(
         say=lambda m: None,
         health=lambda: {"status": "ok", "gpus": []},
     )
-    with _bounded("exclusion entries"):
+    with bounded("exclusion entries"):
         node.sync(write_findings=True)
     for e in node.known.values():
         assert is_hostname(e.hostname) and type(e.pid) is int
@@ -222,7 +171,7 @@ class _NoWorkers:
 
 @FUZZ
 @given(
-    request=st.one_of(json_values.map(_dumps), _nasty_text),
+    request=st.one_of(json_values.map(dumps), nasty_text),
     preempt=_values({"step": 5, "reason": "r"}, []),
 )
 def test_preemption_keys(
@@ -248,7 +197,7 @@ def test_preemption_keys(
         )
         for node in (0, 1)
     ]
-    with _bounded("preemption keys"):
+    with bounded("preemption keys"):
         for coord in coords:
             coord.tick()
     assert not coords[0].active  # no rank of node 1 confirmed a signal
@@ -264,7 +213,7 @@ def test_inprocess_fault_reports(store: TCPStore, reports: list[str]) -> None:
     for p, text in enumerate(reports):
         _put(store, f"{prefix}fault/{p}", text)
     got = []
-    with _bounded("fault reports"):
+    with bounded("fault reports"):
         for p in range(len(reports)):  # as the wrapper reads them after a round
             try:
                 got.append(FaultReport.from_json(store.get(f"{prefix}fault/{p}")))
@@ -293,7 +242,7 @@ def test_relay_keys(store: TCPStore, base: str, tick: str) -> None:
     _put(store, keys.tick(1), tick)
     source = StoreRemoteSource(store, run, nnodes=2)
     rules = heartbeat_rules(world=None, max_world_size=64)
-    with _bounded("relay keys"):
+    with bounded("relay keys"):
         records, health = source.fetch_changed()
         for raw in records:
             rules.accept(raw)
