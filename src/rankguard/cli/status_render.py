@@ -6,6 +6,7 @@ missing keys and of values of the wrong type)."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -451,6 +452,7 @@ def render_status(
     lines.append("")
     lines.extend(_finding_lines(found, skipped, color))
     lines.extend(_ft_lines(doc))
+    lines.extend(goodput_lines(doc.block("goodput")))
     lines.extend(checkpoint_lines(doc.block("checkpoints")))
     lines.extend(elastic_lines(doc.block("elastic")))
     return "\n".join(_clip(line, width) for line in lines) + "\n"
@@ -568,6 +570,40 @@ def _preemption_lines(pre: Any) -> list[str]:
 
 def _s(value: Any) -> str:
     return "-" if value is None else str(value)
+
+
+def _dur(seconds: float) -> str:
+    if seconds < 600:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 36_000 else f"{seconds / 3600:.1f} h"
+
+
+def goodput_lines(block: Any) -> list[str]:
+    """One line of the goodput ledger (status.json's ``goodput`` block): the ETTR,
+    productive training against wall time, the part that cost the most."""
+    if not isinstance(block, dict):
+        return []
+    wall, productive = _number(block.get("wall_s")), _number(block.get("productive_s"))
+    ettr = _number(block.get("ettr"))
+    if wall is None or productive is None:
+        return []
+    line = (
+        f"Goodput: ETTR {'-' if ettr is None else f'{100 * ettr:.1f} %'} "
+        f"(productive {_dur(productive)} of {_dur(wall)} wall)"
+    )
+    loss = block.get("largest_loss")
+    seconds = _number(loss.get("seconds")) if isinstance(loss, dict) else None
+    if isinstance(loss, dict) and seconds is not None:
+        line += f", largest loss {_text(loss.get('part'))} {_dur(seconds)}"
+    if block.get("final") is not True:
+        line += " (so far)"
+    return ["", line]
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
 
 
 def checkpoint_lines(ckpt: Any) -> list[str]:

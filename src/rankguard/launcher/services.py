@@ -33,6 +33,7 @@ from rankguard.config import RankguardConfig, config_to_dict
 from rankguard.ft.actions import AgentControl, FaultHandler, HangTraces
 from rankguard.ft.kill import DumpPolicy
 from rankguard.ft.policy import decision_fields
+from rankguard.goodput.status import GoodputStatus
 from rankguard.heartbeat.monitor import JobMonitor
 from rankguard.heartbeat.relay import StoreRelay, StoreRemoteSource, publish_control, request_kill
 from rankguard.heartbeat.rules import peer_failure
@@ -456,6 +457,8 @@ class NodeServices:
         )
         monitor.add_sink(self.agreement)
         monitor.add_status_source(self.agreement)
+        # the goodput ledger, final in the monitor's last status
+        monitor.add_status_source(GoodputStatus(self.run_dir, ended=lambda: monitor.ended))
 
     def _say_monitor_started(self) -> None:
         if self.store is None or not self.relaying:

@@ -40,6 +40,7 @@ __all__ = [
     "EXCLUDED_NODES_FILE",
     "FINDINGS_FILE",
     "FT_STATE_FILE",
+    "GOODPUT_FILE",
     "HEALTH_FILE_RE",
     "HEARTBEAT_FILE_RE",
     "HEARTBEAT_ROOT",
@@ -76,6 +77,7 @@ STATUS_FILE = "status.json"
 STATUS_RANKS_FILE = "status_ranks.json"  # every rank's row when status.json lists the worst
 FINDINGS_FILE = "findings.jsonl"
 RESTARTS_FILE = "restarts.jsonl"
+GOODPUT_FILE = "goodput.json"  # node 0's latest goodput ledger (rankguard.goodput.status)
 PERF_RANKS_FILE = "perf_ranks.jsonl"
 CONTROL_FILE = "control.json"
 CHECKPOINTS_FILE = "checkpoints.json"  # rank 0's CheckpointManager.status()
@@ -169,6 +171,10 @@ class RunLayout:
     @property
     def restarts(self) -> Path:
         return self.root / RESTARTS_FILE
+
+    @property
+    def goodput(self) -> Path:
+        return self.root / GOODPUT_FILE
 
     @property
     def perf_ranks(self) -> Path:

@@ -166,3 +166,23 @@ def test_a_frozen_status_shows_ages_as_of_now_not_of_its_last_scan() -> None:
 def test_an_end_after_a_restart_that_never_came_is_not_a_restart() -> None:
     noted = "restart after gpu_progress_timeout on rank 1; no new group started: the job ended"
     assert exit_note({"clean": False, "after_action": noted}) == "no restart"
+
+
+def test_the_goodput_line_says_the_ettr_and_the_largest_loss() -> None:
+    block = {
+        "final": False,
+        "wall_s": 312.4,
+        "ettr": 0.9312,
+        "productive_s": 290.9,
+        "largest_loss": {"part": "startup", "seconds": 11.2},
+    }
+    screen = render_status(_status(_row(0), goodput=block), [])
+    assert (
+        "Goodput: ETTR 93.1 % (productive 290.9 s of 312.4 s wall), largest loss startup "
+        "11.2 s (so far)"
+    ) in screen.splitlines()
+    final = {**block, "final": True, "wall_s": 7200.0, "productive_s": 7000.0}
+    screen = render_status(_status(_row(0), goodput=final), [])
+    assert "(productive 116.7 min of 120.0 min wall), largest loss startup 11.2 s\n" in screen
+    for bad in ({"ettr": "x"}, {**block, "wall_s": None}, [1]):
+        assert "Goodput" not in render_status(_status(_row(0), goodput=bad), [])

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from rankguard._fs import atomic_write_json
+from rankguard.goodput.status import GoodputStatus
 from rankguard.heartbeat.monitor import JobMonitor
 from rankguard.schema.layout import health_file_name
 from rankguard.schema.status import StatusDoc, parse_findings
@@ -50,7 +51,7 @@ def sample_status(run_dir: Path, *, rows: int = 1000) -> dict[str, Any]:
         check_pids=False,
         config_snapshot={"heartbeat": {"enabled": True}},
         evaluators=[_Evaluator()],
-        status_sources=[_Source()],
+        status_sources=[_Source(), GoodputStatus(run_dir)],
     )
     health = {
         "schema_version": 1,
