@@ -721,9 +721,13 @@ def _stop(services: NodeServices, handler: Any, run_dir: Path, end: str | None) 
         services.monitor.note_end(end)
     status = services.stop()
     if services.node_rank == 0:  # rank 0's perf files: a stopped rank 0 left them unclosed
-        from rankguard.perf.finish import complete_summary
+        from rankguard.perf.finish import add_ettr, complete_summary
 
-        complete_summary(layout.perf_dir(run_dir.parent.parent, run_dir.name))
+        perf_dir = layout.perf_dir(run_dir.parent.parent, run_dir.name)
+        complete_summary(perf_dir)
+        goodput = (status or {}).get("goodput")
+        if isinstance(goodput, dict):  # the same ETTR as the final status
+            add_ettr(perf_dir, goodput.get("ettr"))
     if services.monitor is not None:
         _report(run_dir, status)
     try:

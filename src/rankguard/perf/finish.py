@@ -12,6 +12,11 @@ information (FLOPs, peak, dtype, world size) is the summary's own.
 
 ``perf.jsonl`` is written by the training process: each line is parsed and checked
 (numbers where numbers are expected), and at most :data:`MAX_LINES` of them are read.
+
+The same launcher then writes the job's ETTR (productive training over wall time, from
+the goodput ledger of its final status) into the summary's ``final_statistics``
+(:func:`add_ettr`): rank 0 closes its summary before the job is over and cannot know
+it. A summary not written through rankguard's launcher keeps ``"ettr": null``.
 """
 
 from __future__ import annotations
@@ -28,7 +33,13 @@ from rankguard._fs import atomic_write_json
 from rankguard.perf.flops import mfu, tflops_per_gpu
 from rankguard.schema.layout import PERF_LOG_FILE, PERF_SUMMARY_GLOB
 
-__all__ = ["MAX_LINES", "STATISTICS_FROM_WINDOWS", "complete_summary", "last_attempt"]
+__all__ = [
+    "MAX_LINES",
+    "STATISTICS_FROM_WINDOWS",
+    "add_ettr",
+    "complete_summary",
+    "last_attempt",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +114,10 @@ def _global(windows: list[dict[str, Any]], key: str) -> float | None:
     return None
 
 
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def _r(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else float(f"{x:.6g}")
 
@@ -140,6 +155,7 @@ def completed(summary: dict[str, Any], windows: list[dict[str, Any]]) -> dict[st
             "avg_samples_per_sec": _r(samples / rate_s) if samples and rate_s > 0 else None,
             "avg_tokens_per_sec": _r(tokens / rate_s) if tokens and rate_s > 0 else None,
             "peak_memory_gb": _r(max(peaks)) if peaks else None,
+            "ettr": _number(_dict(summary.get("final_statistics")).get("ettr")),
         },
         "iteration_logs": windows[-10_000:],
     }
@@ -169,5 +185,30 @@ def complete_summary(perf_dir: Path) -> Path | None:
         atomic_write_json(path, completed(summary, windows))
     except OSError as exc:
         logger.warning("perf summary %s: cannot complete it: %s", path, exc)
+        return None
+    return path
+
+
+def add_ettr(perf_dir: Path, ettr: float | None) -> Path | None:
+    """Set ``final_statistics.ettr`` of the run's latest summary to the job's ETTR
+    (the launcher's goodput ledger); the summary's path when it was rewritten."""
+    value = _number(ettr)
+    summaries = sorted(perf_dir.glob(PERF_SUMMARY_GLOB))
+    if value is None or not summaries:
+        return None
+    path = summaries[-1]
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        logger.warning("perf summary %s: cannot add the ETTR: %s", path, exc)
+        return None
+    stats = summary.get("final_statistics") if isinstance(summary, dict) else None
+    if not isinstance(stats, dict):
+        return None
+    stats["ettr"] = round(value, 4)
+    try:
+        atomic_write_json(path, summary)
+    except OSError as exc:
+        logger.warning("perf summary %s: cannot add the ETTR: %s", path, exc)
         return None
     return path

@@ -615,6 +615,7 @@ class PerfReporter:
                 if self.global_tokens and rate_s
                 else None,
                 "peak_memory_gb": _round(max(peaks)) if peaks else None,
+                "ettr": None,  # the job's, written by rankguard's launcher at the end
             },
             "iteration_logs": self.entries,
         }

@@ -5,7 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rankguard.perf.finish import STATISTICS_FROM_WINDOWS, complete_summary, last_attempt
+from rankguard.perf.finish import (
+    STATISTICS_FROM_WINDOWS,
+    add_ettr,
+    complete_summary,
+    last_attempt,
+)
 
 
 def _window(step: int, n: int, ms: float, **extra: object) -> dict[str, object]:
@@ -72,3 +77,18 @@ def test_only_the_last_attempt_counts(tmp_path: Path) -> None:
     second = [_window(s, 10, 20.0) for s in range(10, 40, 10)]
     _run(tmp_path, first + second, total=1)
     assert [w["step"] for w in last_attempt(tmp_path / "perf.jsonl")] == [10, 20, 30]
+
+
+def test_the_launcher_adds_the_jobs_ettr_to_the_final_statistics(tmp_path: Path) -> None:
+    windows = [_window(s, 10, 20.0) for s in range(10, 40, 10)]
+    path = _run(tmp_path, windows, total=1)
+    assert complete_summary(tmp_path) == path
+    assert json.loads(path.read_text())["final_statistics"]["ettr"] is None
+    assert add_ettr(tmp_path, 0.912345) == path
+    out = json.loads(path.read_text())
+    assert out["final_statistics"]["ettr"] == 0.9123
+    assert out["final_statistics"]["avg_step_time_ms"] == 20.0  # the rest as it was
+    assert add_ettr(tmp_path, None) is None and add_ettr(tmp_path, float("nan")) is None
+    path.write_text(json.dumps({"session_info": {}}))  # no statistics: nothing to add to
+    assert add_ettr(tmp_path, 0.5) is None
+    assert add_ettr(tmp_path / "none", 0.5) is None

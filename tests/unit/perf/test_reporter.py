@@ -423,7 +423,9 @@ def test_summary_schema_and_file(tmp_path: Path) -> None:
         "min_step_time_ms",
         "max_step_time_ms",
         "peak_memory_gb",
+        "ettr",
     }
+    assert s["final_statistics"]["ettr"] is None  # the launcher's, at the job's end
     assert s["final_statistics"]["peak_memory_gb"] > 0  # process RSS on CPU
     assert len(s["iteration_logs"]) == 3
     for entry in s["iteration_logs"]:
