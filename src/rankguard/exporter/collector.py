@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from rankguard.goodput.ledger import PARTS
 from rankguard.health.schema import NodeStatus
 from rankguard.runfiles import worst_rows
 from rankguard.schema.findings import Finding, FindingType, Liveness, Progress
@@ -228,6 +229,27 @@ METRICS: tuple[MetricSpec, ...] = (
         "Restarts of the job since its launcher started (process restarts of the worker "
         "group and in-process restarts), by kind.",
         (*_RUN, "kind"),
+    ),
+    MetricSpec(
+        "rankguard_goodput_ettr_ratio",
+        "gauge",
+        "Effective training time ratio of the job so far: productive training over wall "
+        "time (0-1), from the goodput ledger.",
+        _RUN,
+    ),
+    MetricSpec(
+        "rankguard_goodput_seconds",
+        "gauge",
+        "The job's wall time so far in each part of the goodput ledger (productive, "
+        "startup, recomputed, checkpoint_stall, evaluation, detection_wait, recovery, "
+        "rerun_validation, preemption_drain, unknown); the parts sum to the wall time.",
+        (*_RUN, "part"),
+    ),
+    MetricSpec(
+        "rankguard_goodput_wall_seconds",
+        "gauge",
+        "The job's wall time that the goodput ledger accounts for (first start to now).",
+        _RUN,
     ),
     MetricSpec(
         "rankguard_checkpoint_last_step",
@@ -500,6 +522,19 @@ def _job_families(put: _Put, doc: StatusDoc, now_wall: float) -> None:
     for kind, count in sorted(kinds.items()):
         put("rankguard_job_restarts_total", [kind], float(count))
     _checkpoint_series(doc.block("checkpoints"), now_wall, put)
+    _goodput_series(doc.block("goodput"), put)
+
+
+def _goodput_series(block: Any, put: _Put) -> None:
+    """status.json's ``goodput`` block (node 0's ledger, at most 30 s old)."""
+    if not isinstance(block, dict):
+        return
+    put("rankguard_goodput_ettr_ratio", [], _num(block.get("ettr")))
+    put("rankguard_goodput_wall_seconds", [], _num(block.get("wall_s")))
+    parts = block.get("parts_s")
+    if isinstance(parts, dict):
+        for part in PARTS:
+            put("rankguard_goodput_seconds", [part.value], _num(parts.get(part.value)))
 
 
 def _checkpoint_series(ckpt: Any, now_wall: float, put: _Put) -> None:

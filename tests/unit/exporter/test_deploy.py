@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rankguard._fs import atomic_write_json
 from rankguard.exporter import MetricsExporter
+from rankguard.goodput import Attempt, build_ledger, goodput_block
 from rankguard.heartbeat.monitor import JobMonitor
 from rankguard.runfiles import read_checkpoints
 from rankguard.schema.layout import CHECKPOINTS_FILE
@@ -39,6 +40,7 @@ ALERTS = {
     "RankguardMFUDrop",
     "RankguardRestartLoop",
     "RankguardCheckpointTooOld",
+    "RankguardLowETTR",
     "RankguardMonitorFailing",
 }
 NAME = re.compile(r"\brankguard_[a-z0-9_]+\b")
@@ -72,7 +74,7 @@ def _dashboard_queries() -> list[str]:
 
 @needs_promtool
 def test_promtool_checks_the_rules_and_their_unit_tests_pass() -> None:
-    assert "SUCCESS: 7 rules found" in _promtool("check", "rules", RULES.name)
+    assert "SUCCESS: 8 rules found" in _promtool("check", "rules", RULES.name)
     assert "SUCCESS" in _promtool("test", "rules", RULE_TESTS.name)
 
 
@@ -138,12 +140,15 @@ def _live_names(run_dir: Path) -> set[str]:
         },
     )
 
-    class Launcher:  # the fields the launcher's NodeServices adds to the status
+    job = Attempt(start=0.0, end=60.0, steps=[(1, 10.0), (50, 55.0)])
+
+    class Launcher:  # the fields the launcher's services add to the status
         def status_fields(self) -> dict[str, Any]:
             return {
                 "restarts": [{"kind": "process", "restart": 1}],
                 "checkpoints": read_checkpoints(run_dir),
                 "stragglers": {"scores": {"0": {"relative": 1.0, "individual": 1.0}}},
+                "goodput": goodput_block(build_ledger([job]), final=False),
             }
 
     mon.add_status_source(Launcher())

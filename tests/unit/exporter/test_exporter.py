@@ -32,7 +32,7 @@ from tests.factories import write_heartbeats as write
 RUN = "run-prom"
 NAME_RE = re.compile(r"^rankguard_[a-z0-9_]+$")
 ALLOWED_LABELS = {"rank", "node_rank", "local_rank", "state", "stat", "status"}
-ALLOWED_LABELS |= {"finding_type", "kind", "tier", "run_id"}
+ALLOWED_LABELS |= {"finding_type", "kind", "tier", "run_id", "part"}  # part: the ledger's 10
 ALLOWED_LABELS |= {"Hostname", "gpu", "UUID", "modelName"}  # dcgm-exporter's names
 LIVENESS = ("not_observed", "alive", "stale", "exited")
 PROGRESS = ("not_observed", "starting", "progressing", "stalled", "unknown", "completed")
@@ -564,3 +564,27 @@ def test_restarts_checkpoints_findings_and_monitor_state_series() -> None:
     assert active == {"gpu_progress_timeout", "rank_straggler"}
     got = {s.labels["state"]: s.value for s in fams["rankguard_monitor_state"].samples}
     assert got == {"starting": 0, "scanning": 0, "failing": 1, "stopped": 0}
+
+
+# ---- goodput --------------------------------------------------------------------------
+
+
+def test_goodput_ettr_and_every_part_of_the_ledger(tmp_path: Path) -> None:
+    from rankguard.goodput import PARTS, Attempt, build_ledger, goodput_block
+
+    ledger = build_ledger(
+        [
+            Attempt(start=0.0, end=30.0, steps=[(1, 5.0), (20, 25.0)], failed=True, decision=27),
+            Attempt(start=32.0, end=60.0, steps=[(21, 36.0), (40, 58.0)], resumed_from=20),
+        ]
+    )
+    status = {"run_id": "r", "state": "running", "goodput": goodput_block(ledger, final=False)}
+    fams = _families(status)
+    assert fams["rankguard_goodput_ettr_ratio"].samples[0].value == pytest.approx(ledger.ettr)
+    assert fams["rankguard_goodput_wall_seconds"].samples[0].value == 60.0
+    parts = {s.labels["part"]: s.value for s in fams["rankguard_goodput_seconds"].samples}
+    assert parts == {p.value: pytest.approx(ledger.parts[p], abs=1e-3) for p in PARTS}
+    assert sum(parts.values()) == pytest.approx(60.0)
+    assert parts["recovery"] == pytest.approx(5.0) and parts["startup"] == pytest.approx(9.0)
+    no_block = _families({"run_id": "r", "state": "running"})
+    assert not any(name.startswith("rankguard_goodput") for name in no_block)
