@@ -55,7 +55,8 @@ class PerfSink(Protocol):
     ``iteration``, ``step``, ``step_time_ms``, ``tokens_per_sec``, ``samples_per_sec``,
     ``TFLOPS_per_GPU``, ``TFLOPS_total``, ``MFU``, ``memory_GB``, ``peak_memory_GB``, ...;
     a value may be None). ``event`` receives a run event: ``kind`` is ``finding``,
-    ``restart`` or ``checkpoint``; ``step`` the training step it belongs to, if known;
+    ``restart``, ``checkpoint`` or ``goodput`` (node 0's latest ledger: ``ettr``,
+    ``wall_s``, ``parts_s``, ``final``); ``step`` the training step it belongs to, if known;
     ``fields`` its JSON-ready content. ``close`` receives the run summary (FlagScale's
     perf summary schema) or None.
     """

@@ -18,7 +18,7 @@ from rankguard.perf.config import PerfConfig
 from rankguard.perf.reporter import PerfReporter
 from rankguard.perf.sinks import RunInfo, SinkSet, SinkThread
 from rankguard.perf.trackers.events import RunEventTail
-from rankguard.schema.layout import CHECKPOINTS_FILE, FINDINGS_FILE, RESTARTS_FILE
+from rankguard.schema.layout import CHECKPOINTS_FILE, FINDINGS_FILE, GOODPUT_FILE, RESTARTS_FILE
 from rankguard.timeline import ProgressTracker
 from tests.factories import FakeNsClock
 
@@ -101,6 +101,27 @@ def test_event_tail_one_event_per_newly_committed_checkpoint(tmp_path: Path) -> 
     assert tail.poll() == [] and tail.unreadable == 1
     with pytest.raises(ValueError, match="max_bytes"):
         RunEventTail(tmp_path, max_bytes=10)
+
+
+def test_event_tail_one_goodput_event_each_time_the_ledger_changes(tmp_path: Path) -> None:
+    tail = RunEventTail(tmp_path)
+    assert tail.poll(3) == []  # no ledger yet
+    ledger = {
+        "ettr": 0.8,
+        "wall_s": 50.0,
+        "parts_s": {"productive": 40.0, "startup": 10.0},
+        "interruptions": [{"attempt": 0}],
+        "final": False,
+    }
+    atomic_write_json(tmp_path / GOODPUT_FILE, ledger)
+    (ev,) = tail.poll(3)
+    assert (ev.kind, ev.step) == ("goodput", 3)
+    assert ev.fields == {k: ledger[k] for k in ("final", "ettr", "wall_s", "parts_s")}
+    assert tail.poll(4) == []  # unchanged
+    (tmp_path / GOODPUT_FILE).write_text(json.dumps({**ledger, "ettr": 0.9}) + " ")
+    assert [e.fields["ettr"] for e in tail.poll(5)] == [0.9]
+    (tmp_path / GOODPUT_FILE).write_text("{torn")
+    assert tail.poll(6) == [] and tail.unreadable == 1
 
 
 def test_event_tail_reads_a_backlog_in_bounded_pieces(tmp_path: Path) -> None:

@@ -16,7 +16,12 @@ from rankguard.config import ConfigError, load_config
 from rankguard.perf.config import MlflowConfig, PerfConfig, TensorBoardConfig, WandbConfig
 from rankguard.perf.sinks import RunInfo, SinkSet
 from rankguard.perf.trackers import build_trackers
-from rankguard.perf.trackers.common import event_line, scalars, summary_scalars
+from rankguard.perf.trackers.common import (
+    event_line,
+    goodput_scalars,
+    scalars,
+    summary_scalars,
+)
 from tests.trackers_read import mlflow_metrics, tensorboard_scalars, wandb_history
 
 INFO = RunInfo(run_id="run-7", rank=0, world_size=2)
@@ -31,6 +36,12 @@ WINDOWS = [
     }
     for it in (1, 5, 10)
 ]
+GOODPUT = {
+    "final": False,
+    "ettr": 0.75,
+    "wall_s": 40.0,
+    "parts_s": {"productive": 30.0, "startup": 10.0, "Bad Name": 1.0},
+}
 SUMMARY = {"final_statistics": {"avg_step_time_ms": 15.0, "avg_mfu": None}}
 
 
@@ -58,6 +69,7 @@ def _feed(sink: Any) -> None:
         sink.window(w)
     sink.event("finding", 5, {"finding_type": "rank_hung", "rank": 1, "message": "no progress"})
     sink.event("restart", None, {"kind": "process", "restart": 1, "cause": "rank_hung"})
+    sink.event("goodput", None, GOODPUT)
     sink.close(SUMMARY)
 
 
@@ -132,6 +144,12 @@ def test_common_names_and_lines() -> None:
     ckpt = event_line("checkpoint", {"tier": "persistent", "step": 20, "total_s": 1.5})
     assert ckpt == "checkpoint step 20 (persistent) committed in 1.5 s"
     assert len(event_line("finding", {"message": "x" * 5000})) == 1000
+    assert goodput_scalars(GOODPUT, "rankguard/") == {
+        "rankguard/goodput/ettr": 0.75,
+        "rankguard/goodput/wall_s": 40.0,
+        "rankguard/goodput/productive_s": 30.0,
+        "rankguard/goodput/startup_s": 10.0,
+    }
 
 
 # ---- each tracker, read back -------------------------------------------------------
@@ -152,6 +170,8 @@ def test_tensorboard_scalars_at_their_iterations(tmp_path: Path) -> None:
     assert got["events/findings"] == [(5, 1.0)]
     assert got["events/restarts"] == [(10, 1.0)]  # no step of its own: the last window's
     assert got["summary/avg_step_time_ms"] == [(10, 15.0)]
+    assert got["goodput/ettr"] == [(10, 0.75)] and got["goodput/startup_s"] == [(10, 10.0)]
+    assert "events/goodputs" not in got  # scalars, not a counted event
 
 
 def test_wandb_logs_into_the_scripts_run_under_a_prefix(
@@ -184,6 +204,8 @@ def test_wandb_logs_into_the_scripts_run_under_a_prefix(
     findings = [r for r in rows if "rankguard/events/findings" in r]
     assert findings[0]["rankguard/step"] == 5
     assert findings[0]["rankguard/events/last_finding"] == "rank_hung rank 1: no progress"
+    (ledger,) = [r for r in rows if "rankguard/goodput/ettr" in r]
+    assert ledger["rankguard/step"] == 10 and ledger["rankguard/goodput/productive_s"] == 30
 
 
 def _file_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
@@ -208,9 +230,12 @@ def test_mlflow_own_run_read_back_with_the_client(
     (run,) = client.search_runs([client.get_experiment_by_name("exp").experiment_id])
     assert run.info.run_name == "run-7" and run.info.status == "FINISHED"
     assert run.data.params["rankguard.world_size"] == "2"
-    got = mlflow_metrics(uri, run.info.run_id, ["perf/step_time_ms", "events/findings"])
+    got = mlflow_metrics(
+        uri, run.info.run_id, ["perf/step_time_ms", "events/findings", "goodput/ettr"]
+    )
     assert got["perf/step_time_ms"] == [(1, 11.0), (5, 15.0), (10, 20.0)]
     assert got["events/findings"] == [(5, 1.0)]
+    assert got["goodput/ettr"] == [(10, 0.75)]
     assert run.data.metrics["summary/avg_step_time_ms"] == 15.0
 
 

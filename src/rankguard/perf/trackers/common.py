@@ -3,7 +3,10 @@
 A perf window becomes the scalars of :data:`SCALARS` (the names of ``perf.jsonl`` under
 ``perf/``), at the window's training iteration (the script's numbering, which a resumed
 job continues). A run event becomes a running count (``events/findings``,
-``events/restarts``, ``events/checkpoints``) at its step, and one line of text.
+``events/restarts``, ``events/checkpoints``) at its step, and one line of text. Node
+0's goodput ledger (``goodput.json``, new at most every 30 s) becomes the scalars
+``goodput/ettr``, ``goodput/wall_s`` and ``goodput/<part>_s`` (:func:`goodput_scalars`)
+at the step of the moment it was read.
 Trackers that log into the script's own run put every name under ``rankguard/``
 (:data:`ATTACHED_PREFIX`).
 """
@@ -11,15 +14,18 @@ Trackers that log into the script's own run put every name under ``rankguard/``
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
     "ATTACHED_PREFIX",
     "EVENT_KINDS",
+    "GOODPUT",
     "SCALARS",
     "EventCounter",
     "event_line",
+    "goodput_scalars",
     "scalars",
     "summary_scalars",
     "window_step",
@@ -27,6 +33,10 @@ __all__ = [
 
 ATTACHED_PREFIX = "rankguard/"
 EVENT_KINDS = ("finding", "restart", "checkpoint")
+#: The event kind of node 0's goodput ledger: scalars, not a counted event.
+GOODPUT = "goodput"
+_PART = re.compile(r"^[a-z_]{1,32}$")
+_MAX_PARTS = 16
 #: Window keys logged as scalars (``perf/<key>``); a None value is left out.
 SCALARS = (
     "step_time_ms",
@@ -85,6 +95,23 @@ def summary_scalars(summary: Mapping[str, Any] | None, prefix: str = "") -> dict
         value = _number(stats.get(key))
         if value is not None:
             out[f"{prefix}summary/{key}"] = value
+    return out
+
+
+def goodput_scalars(fields: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+    """A goodput event's ``{prefix}goodput/ettr``, ``goodput/wall_s`` and
+    ``goodput/<part>_s`` (at most 16 parts, lower-case names)."""
+    out = {}
+    for key, name in (("ettr", "ettr"), ("wall_s", "wall_s")):
+        value = _number(fields.get(key))
+        if value is not None:
+            out[f"{prefix}goodput/{name}"] = value
+    parts = fields.get("parts_s")
+    if isinstance(parts, Mapping):
+        for part, seconds in list(parts.items())[:_MAX_PARTS]:
+            value = _number(seconds)
+            if isinstance(part, str) and _PART.match(part) and value is not None:
+                out[f"{prefix}goodput/{part}_s"] = value
     return out
 
 

@@ -6,6 +6,9 @@ thread reads them where they are, with no store traffic and nothing on the train
 thread. Each poll reads what was appended since the last one (byte offsets, at most
 ``max_bytes`` a file and a poll: a backlog takes several polls) and the checkpoint file
 only when its size or mtime changed; each tier's newly committed step is one event.
+Node 0's goodput ledger (``goodput.json``, rewritten at most every 30 s by its monitor)
+is read the same way, when it changed: one ``goodput`` event with its ETTR, wall time
+and parts.
 """
 
 from __future__ import annotations
@@ -17,12 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from rankguard.heartbeat.tailer import JsonlTailer
-from rankguard.schema.layout import CHECKPOINTS_FILE, FINDINGS_FILE, RESTARTS_FILE
+from rankguard.schema.layout import CHECKPOINTS_FILE, FINDINGS_FILE, GOODPUT_FILE, RESTARTS_FILE
 
 __all__ = ["RunEvent", "RunEventTail"]
 
 MAX_BYTES = 1 << 20
 MAX_CHECKPOINT_FILE = 1 << 20
+MAX_GOODPUT_FILE = 16 << 20  # the ledger with every interruption of a long job
+_GOODPUT_KEYS = ("final", "ettr", "wall_s", "parts_s")
 _CHECKPOINT_KEYS = ("path", "time", "stage_s", "write_s", "total_s")
 
 
@@ -30,7 +35,7 @@ _CHECKPOINT_KEYS = ("path", "time", "stage_s", "write_s", "total_s")
 class RunEvent:
     """One event for :meth:`PerfSink.event`."""
 
-    kind: str  # finding, restart, checkpoint
+    kind: str  # finding, restart, checkpoint, goodput
     step: int | None
     fields: dict[str, Any]
 
@@ -40,7 +45,8 @@ def _int(value: Any) -> int | None:
 
 
 class RunEventTail:
-    """Incremental reader of a run directory's findings, restarts and checkpoints."""
+    """Incremental reader of a run directory's findings, restarts, checkpoints and
+    goodput ledger."""
 
     def __init__(self, run_dir: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES) -> None:
         if max_bytes < 4096:
@@ -49,8 +55,9 @@ class RunEventTail:
         self._findings = JsonlTailer(self.run_dir / FINDINGS_FILE, max_line=max_bytes)
         self._restarts = JsonlTailer(self.run_dir / RESTARTS_FILE, max_line=max_bytes)
         self._ckpt_stat: tuple[int, int] | None = None
+        self._goodput_stat: tuple[int, int] | None = None
         self._committed: dict[str, int] = {}
-        self.unreadable = 0  # checkpoint files that could not be parsed
+        self.unreadable = 0  # checkpoint or goodput files that could not be parsed
 
     def poll(self, last_step: int | None = None) -> list[RunEvent]:
         """Events new since the last poll; ``last_step``: the step of an event that
@@ -67,25 +74,37 @@ class RunEventTail:
             if (r.get("restart") is not None or r.get("kind")) and r.get("kind") != "stop"
         ]
         out += self._checkpoints()
+        out += self._goodput(last_step)
         return out
 
-    def _checkpoints(self) -> list[RunEvent]:
-        path = self.run_dir / CHECKPOINTS_FILE
+    def _changed(
+        self, name: str, seen: tuple[int, int] | None, limit: int
+    ) -> tuple[tuple[int, int] | None, dict[str, Any] | None]:
+        """The JSON object of ``name`` when its size or mtime is not ``seen``: (stat,
+        object); (stat, None) when unchanged, too large or unreadable."""
         try:
-            st = os.stat(path)
+            st = os.stat(self.run_dir / name)
         except OSError:
-            return []
+            return seen, None
         stat = (st.st_size, st.st_mtime_ns)
-        if stat == self._ckpt_stat or st.st_size > MAX_CHECKPOINT_FILE:
-            return []
-        self._ckpt_stat = stat
+        if stat == seen or st.st_size > limit:
+            return seen, None
         try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
+            doc = json.loads((self.run_dir / name).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             self.unreadable += 1
-            self._ckpt_stat = None  # a later poll tries again
+            return None, None  # a later poll tries again
+        return stat, doc if isinstance(doc, dict) else None
+
+    def _goodput(self, last_step: int | None) -> list[RunEvent]:
+        self._goodput_stat, doc = self._changed(GOODPUT_FILE, self._goodput_stat, MAX_GOODPUT_FILE)
+        if doc is None:
             return []
-        if not isinstance(doc, dict):
+        return [RunEvent("goodput", last_step, {k: doc.get(k) for k in _GOODPUT_KEYS})]
+
+    def _checkpoints(self) -> list[RunEvent]:
+        self._ckpt_stat, doc = self._changed(CHECKPOINTS_FILE, self._ckpt_stat, MAX_CHECKPOINT_FILE)
+        if doc is None:
             return []
         committed = doc.get("last_committed") or {}
         last = doc.get("last") or {}

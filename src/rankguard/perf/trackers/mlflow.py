@@ -22,8 +22,10 @@ from rankguard.perf.config import MlflowConfig
 from rankguard.perf.sinks import RunInfo
 from rankguard.perf.trackers.common import (
     ATTACHED_PREFIX,
+    GOODPUT,
     EventCounter,
     event_line,
+    goodput_scalars,
     scalars,
     summary_scalars,
     window_step,
@@ -123,6 +125,11 @@ class MlflowSink:
 
     def event(self, kind: str, step: int | None, fields: Mapping[str, Any]) -> None:
         at = self._last_step if step is None else step
+        if kind == GOODPUT:
+            values = goodput_scalars(fields, self.prefix)
+            if values:
+                self._metrics(values, at)
+            return
         tag, count = self._events.add(kind)
         self._metrics({f"{self.prefix}{tag}": float(count)}, at)
         if len(self._lines) < _MAX_EVENTS:

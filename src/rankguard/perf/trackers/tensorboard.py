@@ -17,8 +17,10 @@ from typing import Any
 from rankguard.perf.config import TensorBoardConfig
 from rankguard.perf.sinks import RunInfo
 from rankguard.perf.trackers.common import (
+    GOODPUT,
     EventCounter,
     event_line,
+    goodput_scalars,
     scalars,
     summary_scalars,
     window_step,
@@ -63,6 +65,10 @@ class TensorBoardSink:
 
     def event(self, kind: str, step: int | None, fields: Mapping[str, Any]) -> None:
         at = self._last_step if step is None else step
+        if kind == GOODPUT:
+            for tag, value in goodput_scalars(fields).items():
+                self._writer.add_scalar(tag, value, at)
+            return
         tag, count = self._events.add(kind)
         self._writer.add_scalar(tag, count, at)
         self._writer.add_text(f"events/{kind}", event_line(kind, fields), at)

@@ -19,8 +19,10 @@ from rankguard.perf.config import WandbConfig
 from rankguard.perf.sinks import RunInfo
 from rankguard.perf.trackers.common import (
     ATTACHED_PREFIX,
+    GOODPUT,
     EventCounter,
     event_line,
+    goodput_scalars,
     scalars,
     summary_scalars,
     window_step,
@@ -41,6 +43,7 @@ class WandbSink:
         self.attached = False
         self.prefix = ""
         self._events = EventCounter()
+        self._goodput: dict[str, float] = {}
         self._last_step = 0
 
     def open(self, info: RunInfo) -> None:
@@ -69,7 +72,7 @@ class WandbSink:
             )
         p = self.prefix
         self.run.define_metric(f"{p}step")
-        for group in ("perf", "events", "summary"):
+        for group in ("perf", "events", "summary", "goodput"):
             self.run.define_metric(f"{p}{group}/*", step_metric=f"{p}step")
 
     def window(self, entry: Mapping[str, Any]) -> None:
@@ -79,6 +82,11 @@ class WandbSink:
 
     def event(self, kind: str, step: int | None, fields: Mapping[str, Any]) -> None:
         p = self.prefix
+        if kind == GOODPUT:  # the latest ledger, also the run's summary at the end
+            self._goodput = goodput_scalars(fields, p)
+            at = self._last_step if step is None else step
+            self.run.log({f"{p}step": at, **self._goodput})
+            return
         tag, count = self._events.add(kind)
         self.run.log(
             {
@@ -91,7 +99,7 @@ class WandbSink:
     def close(self, summary: Mapping[str, Any] | None) -> None:
         if self.run is None:
             return
-        final = summary_scalars(summary, self.prefix)
+        final = {**self._goodput, **summary_scalars(summary, self.prefix)}
         if final:
             self.run.summary.update(final)
         if not self.attached:
