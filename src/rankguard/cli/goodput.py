@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from rankguard.goodput import PARTS, Ledger, read_ledger
+from rankguard.goodput import PARTS, Ledger, ettr_text, read_ledger
 
 __all__ = ["add_parser", "render"]
 
@@ -42,7 +42,7 @@ def _s(seconds: float) -> str:
 def render(ledger: Ledger, name: str) -> str:
     """The ledger as text."""
     wall = ledger.wall_s
-    ettr = "-" if ledger.ettr is None else f"{100 * ledger.ettr:.1f} %"
+    ettr = ettr_text(ledger.ettr)
     n = len(ledger.interruptions)
     lines = [
         f"goodput of {name}: wall {_s(wall)}, ETTR {ettr} ({ledger.attempts} attempt(s), "

@@ -14,6 +14,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
+from rankguard.goodput.ledger import ettr_text
 from rankguard.schema.findings import Finding, FindingType
 from rankguard.schema.status import FINAL_STATES, RankRow, StatusDoc, parse_findings
 from rankguard.statusnotes import (
@@ -587,10 +588,7 @@ def goodput_lines(block: Any) -> list[str]:
     ettr = _number(block.get("ettr"))
     if wall is None or productive is None:
         return []
-    line = (
-        f"Goodput: ETTR {'-' if ettr is None else f'{100 * ettr:.1f} %'} "
-        f"(productive {_dur(productive)} of {_dur(wall)} wall)"
-    )
+    line = f"Goodput: ETTR {ettr_text(ettr)} (productive {_dur(productive)} of {_dur(wall)} wall)"
     loss = block.get("largest_loss")
     seconds = _number(loss.get("seconds")) if isinstance(loss, dict) else None
     if isinstance(loss, dict) and seconds is not None:

@@ -2,7 +2,15 @@
 events its run directory recorded (:mod:`.rundir`), kept current in status.json while the job runs
 (:mod:`.status`)."""
 
-from rankguard.goodput.ledger import PARTS, Attempt, Interruption, Ledger, Part, build_ledger
+from rankguard.goodput.ledger import (
+    PARTS,
+    Attempt,
+    Interruption,
+    Ledger,
+    Part,
+    build_ledger,
+    ettr_text,
+)
 from rankguard.goodput.rundir import read_attempts, read_ledger
 from rankguard.goodput.status import GoodputStatus, goodput_block
 
@@ -14,6 +22,7 @@ __all__ = [
     "Ledger",
     "Part",
     "build_ledger",
+    "ettr_text",
     "goodput_block",
     "read_attempts",
     "read_ledger",

@@ -31,7 +31,16 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-__all__ = ["PARTS", "Attempt", "Interruption", "Ledger", "Part", "build_ledger", "phase_part"]
+__all__ = [
+    "PARTS",
+    "Attempt",
+    "Interruption",
+    "Ledger",
+    "Part",
+    "build_ledger",
+    "ettr_text",
+    "phase_part",
+]
 
 
 class Part(str, Enum):
@@ -48,6 +57,12 @@ class Part(str, Enum):
 
 
 PARTS = tuple(Part)
+ETTR_DIGITS = 4  # the ETTR as status.json, goodput.json and the perf summary keep it
+
+
+def ettr_text(ettr: float | None) -> str:
+    """The ETTR as a percentage, from its kept digits: every place says the same."""
+    return "-" if ettr is None else f"{100 * round(ettr, ETTR_DIGITS):.1f} %"
 
 
 def phase_part(phase: str) -> Part | None:
@@ -132,6 +147,8 @@ class Ledger:
     parts: dict[Part, float]
     attempts: int
     interruptions: list[Interruption]
+    #: the wall time as consecutive (start, end, part) spans, in order (the timeline)
+    spans: list[tuple[float, float, Part]] = field(default_factory=list)
 
     @property
     def wall_s(self) -> float:
@@ -148,7 +165,7 @@ class Ledger:
             "start_unix_s": round(self.start, 3),
             "end_unix_s": round(self.end, 3),
             "wall_s": round(self.wall_s, 3),
-            "ettr": None if self.ettr is None else round(self.ettr, 4),
+            "ettr": None if self.ettr is None else round(self.ettr, ETTR_DIGITS),
             "attempts": self.attempts,
             "parts_s": {p.value: round(self.parts[p], 3) for p in PARTS},
             "interruptions": [i.to_dict() for i in self.interruptions],
@@ -162,11 +179,16 @@ class _Tally:
     def __init__(self, start: float) -> None:
         self.cursor = start
         self.parts = dict.fromkeys(PARTS, 0.0)
+        self.spans: list[tuple[float, float, Part]] = []
 
     def to(self, when: float | None, part: Part, into: dict[Part, float] | None = None) -> None:
         if when is None or when <= self.cursor:
             return
         self.add(part, when - self.cursor, into)
+        if self.spans and self.spans[-1][2] is part and self.spans[-1][1] == self.cursor:
+            self.spans[-1] = (self.spans[-1][0], when, part)
+        else:
+            self.spans.append((self.cursor, when, part))
         self.cursor = when
 
     def add(self, part: Part, seconds: float, into: dict[Part, float] | None = None) -> None:
@@ -283,4 +305,5 @@ def build_ledger(attempts: Sequence[Attempt], end: float | None = None) -> Ledge
         parts=tally.parts,
         attempts=len(attempts),
         interruptions=interruptions,
+        spans=tally.spans,
     )

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rankguard._fs import atomic_write_json
-from rankguard.goodput.ledger import PARTS, Ledger, Part
+from rankguard.goodput.ledger import ETTR_DIGITS, PARTS, Ledger, Part
 from rankguard.goodput.rundir import read_ledger
 from rankguard.schema.layout import GOODPUT_FILE
 
@@ -52,7 +52,7 @@ def goodput_block(ledger: Ledger, *, final: bool) -> dict[str, Any]:
     return {
         "final": final,
         "wall_s": round(ledger.wall_s, 3),
-        "ettr": None if ledger.ettr is None else round(ledger.ettr, 4),
+        "ettr": None if ledger.ettr is None else round(ledger.ettr, ETTR_DIGITS),
         "productive_s": round(ledger.parts[Part.PRODUCTIVE], 3),
         "attempts": ledger.attempts,
         "interruptions": len(ledger.interruptions),

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rankguard.ft.policy import STOP_KIND
+from rankguard.goodput import Ledger, read_ledger
 from rankguard.report.wallclock import iso_epoch_s, ns_epoch_s
 from rankguard.schema.findings import Finding
 from rankguard.schema.layout import (
@@ -78,6 +79,7 @@ class RunData:
     gpu_health: dict[int, dict[str, Any]] = field(default_factory=dict)
     launchers: dict[int, dict[str, Any]] = field(default_factory=dict)
     processes: list[ProcessSpan] = field(default_factory=list)
+    goodput: Ledger | None = None  # the goodput ledger (rank 0's heartbeat files)
     missing: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
@@ -299,6 +301,10 @@ def _load_heartbeat(data: RunData, hb: Path) -> None:
     data.gpu_health = _numbered(hb, HEALTH_FILE_RE, p)
     data.launchers = _numbered(hb, LAUNCHER_FILE_RE, p)
     data.processes = _process_spans(hb, p)
+    try:
+        data.goodput = read_ledger(hb)
+    except OSError as exc:
+        p.append(f"the goodput ledger could not be read: {exc}")
 
 
 def _load_perf(data: RunData, perf: Path) -> None:

@@ -6,7 +6,8 @@ or opened from a cluster's shared filesystem years later and looks the same. Sec
 top to bottom, follow the questions asked after a run: what was it and how did it end
 (header), how fast was it (key numbers, performance charts), which rank was slow or
 stuck (heatmap, status table), what did the monitor find and when (timeline, findings
-table), and was the hardware sick (GPU health).
+table), where the wall time went (the goodput ledger's timeline and interruptions), and
+was the hardware sick (GPU health).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from rankguard import __version__
 from rankguard.report import charts, tables
 from rankguard.report.data import RunData, parse_time
+from rankguard.report.goodput import GOODPUT_TITLE, goodput_html
 from rankguard.report.style import CSS
 from rankguard.report.summary import fmt_clock, header_html, key_numbers_html, notices_html
 from rankguard.report.svgbase import esc
@@ -32,6 +34,7 @@ CHART_TITLES = (
     "Memory, rank 0",
     "Step time per rank and window",
     "Findings over time",
+    GOODPUT_TITLE,
 )
 
 
@@ -108,6 +111,10 @@ def _findings(data: RunData) -> str:
     return _section("findings", f"Findings ({len(data.findings)})", body)
 
 
+def _goodput(data: RunData) -> str:
+    return _section("goodput", "Goodput", goodput_html(data.goodput))
+
+
 def _gpu(data: RunData) -> str:
     return _section("gpu", "GPU health", tables.gpu_health_html(data))
 
@@ -132,6 +139,7 @@ def render_page(
             ("performance", "Performance"),
             ("ranks", "Ranks"),
             ("findings", "Findings"),
+            ("goodput", "Goodput"),
             ("gpu", "GPU health"),
         )
     )
@@ -143,6 +151,7 @@ def render_page(
         + _performance(data)
         + _ranks(data)
         + _findings(data)
+        + _goodput(data)
         + _gpu(data)
         + _footer(data, generated)
     )

@@ -86,6 +86,8 @@ td { padding: 9px 12px; border-bottom: 1px solid var(--line); vertical-align: to
 tbody tr:last-child td { border-bottom: 0; }
 tbody tr:hover { background: #f6f8fa; }
 .num { text-align: right; }
+.swatch { display: inline-block; width: 10px; height: 10px; border-radius: 2px;
+  margin-right: 6px; }
 th:first-child { white-space: nowrap; }
 .nowrap { white-space: nowrap; }
 dd .sub { display: block; color: var(--muted); font-size: 12.5px; }

@@ -62,6 +62,7 @@ class Span:
     start: float
     end: float
     label: str
+    color: str = "#c9d1d9"
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,7 +315,7 @@ def timeline(
         x0, x1 = x_scale(s.start), x_scale(s.end)
         parts.append(
             f'<rect x="{x0}" y="{y:.2f}" width="{max(2.0, x1 - x0):.2f}" height="{bar_h:.2f}" '
-            f'rx="{bar_h / 2:.2f}" fill="#c9d1d9"><title>{esc(s.label)}</title></rect>'
+            f'rx="{bar_h / 2:.2f}" fill="{s.color}"><title>{esc(s.label)}</title></rect>'
         )
     for e in events:
         y = top + (e.row + 0.5) * row_h

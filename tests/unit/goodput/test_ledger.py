@@ -167,6 +167,13 @@ def test_the_parts_always_sum_to_the_wall_time() -> None:
         ledger = build_ledger(attempts)
         assert sum(ledger.parts.values()) == pytest.approx(ledger.wall_s, abs=1e-6)
         assert all(v >= 0 for v in ledger.parts.values())
+        # the timeline: consecutive spans from start to end, each part's total
+        edges = [ledger.start] + [b for _, b, _ in ledger.spans]
+        assert [a for a, _, _ in ledger.spans] == edges[:-1]
+        assert edges[-1] == pytest.approx(ledger.end) or not ledger.spans
+        for part in Part:
+            total = sum(b - a for a, b, p in ledger.spans if p is part)
+            assert total == pytest.approx(ledger.parts[part], abs=1e-6)
 
 
 def test_build_ledger_needs_an_attempt() -> None:
