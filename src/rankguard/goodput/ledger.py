@@ -57,7 +57,7 @@ class Part(str, Enum):
 
 
 PARTS = tuple(Part)
-ETTR_DIGITS = 4  # the ETTR as status.json, goodput.json and the perf summary keep it
+ETTR_DIGITS = 3  # the ETTR as status.json, goodput.json and the perf summary keep it (0.1 %)
 
 
 def ettr_text(ettr: float | None) -> str:

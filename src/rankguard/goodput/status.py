@@ -10,7 +10,7 @@ without status.json: the trackers of rank 0's perf thread.
 
 The block::
 
-    "goodput": {"final": false, "wall_s": 312.4, "ettr": 0.9312,
+    "goodput": {"final": false, "wall_s": 312.4, "ettr": 0.931,
                 "productive_s": 290.9, "attempts": 2, "interruptions": 1,
                 "largest_loss": {"part": "startup", "seconds": 11.2},
                 "parts_s": {"productive": 290.9, "startup": 11.2, ...}}

@@ -205,7 +205,7 @@ def add_ettr(perf_dir: Path, ettr: float | None) -> Path | None:
     stats = summary.get("final_statistics") if isinstance(summary, dict) else None
     if not isinstance(stats, dict):
         return None
-    stats["ettr"] = round(value, 4)
+    stats["ettr"] = value  # as the final status has it
     try:
         atomic_write_json(path, summary)
     except OSError as exc:

@@ -172,7 +172,7 @@ def test_the_goodput_line_says_the_ettr_and_the_largest_loss() -> None:
     block = {
         "final": False,
         "wall_s": 312.4,
-        "ettr": 0.9312,
+        "ettr": 0.931,
         "productive_s": 290.9,
         "largest_loss": {"part": "startup", "seconds": 11.2},
     }

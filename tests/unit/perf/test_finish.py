@@ -84,9 +84,9 @@ def test_the_launcher_adds_the_jobs_ettr_to_the_final_statistics(tmp_path: Path)
     path = _run(tmp_path, windows, total=1)
     assert complete_summary(tmp_path) == path
     assert json.loads(path.read_text())["final_statistics"]["ettr"] is None
-    assert add_ettr(tmp_path, 0.912345) == path
+    assert add_ettr(tmp_path, 0.912) == path
     out = json.loads(path.read_text())
-    assert out["final_statistics"]["ettr"] == 0.9123
+    assert out["final_statistics"]["ettr"] == 0.912
     assert out["final_statistics"]["avg_step_time_ms"] == 20.0  # the rest as it was
     assert add_ettr(tmp_path, None) is None and add_ettr(tmp_path, float("nan")) is None
     path.write_text(json.dumps({"session_info": {}}))  # no statistics: nothing to add to
