@@ -17,6 +17,9 @@ is cut into consecutive spans, so the parts sum to the wall time by construction
 | steps after the iteration the next attempt resumed from | ``recomputed`` (done again) |
 | last completed step -> the restart or stop decision | ``detection_wait`` |
 | decision -> the next attempt's start | ``recovery`` (stop, rendezvous, process start) |
+| a live recovery: last step before its fault -> the fault | ``detection_wait`` |
+| a live recovery: fault -> training resumed | ``recovery`` (a standby took the lost rank's place) |
+| a live recovery: the ``steps_redone`` steps before its fault | ``recomputed`` |
 | a failed last attempt: last step -> its end | ``detection_wait`` |
 | a completed last attempt: last step -> its end | ``unknown`` (closing) |
 | anything else (a gap no event explains) | ``unknown`` |
@@ -36,6 +39,7 @@ __all__ = [
     "Attempt",
     "Interruption",
     "Ledger",
+    "LiveRecovery",
     "Part",
     "build_ledger",
     "ettr_text",
@@ -81,6 +85,19 @@ def phase_part(phase: str) -> Part | None:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class LiveRecovery:
+    """A lost rank replaced while the job went on (no restart of the worker group):
+    ``fault`` when the loss was seen, ``resumed`` when training went on (None: not
+    said), ``steps_redone`` the steps before the fault that were done again."""
+
+    fault: float
+    resumed: float | None = None
+    steps_redone: int = 0
+    cause: str | None = None
+    lost_rank: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Attempt:
     """One start of the worker group; times in seconds since the epoch.
 
@@ -99,6 +116,7 @@ class Attempt:
     decision: float | None = None
     fault: float | None = None  # the first evidence of the fault (a finding, an error exit)
     cause: str | None = None
+    live: Sequence[LiveRecovery] = ()  # live recoveries within it, by fault time
 
     @property
     def first_step(self) -> float | None:
@@ -120,6 +138,7 @@ class Interruption:
     resumed_from: int | None
     first_evidence_s: float | None  # after the last completed step
     parts: dict[Part, float] = field(default_factory=dict)
+    kind: str = "restart"  # restart (the worker group started again), live_recovery
 
     @property
     def cost_s(self) -> float:
@@ -128,6 +147,7 @@ class Interruption:
     def to_dict(self) -> dict[str, Any]:
         return {
             "attempt": self.attempt,
+            "kind": self.kind,
             "cause": self.cause,
             "at_unix_s": round(self.at, 3),
             "iteration": self.iteration,
@@ -246,6 +266,44 @@ def _productive(
         tally.to(until, Part.PRODUCTIVE)
 
 
+def _live(
+    tally: _Tally,
+    index: int,
+    attempt: Attempt,
+    live: LiveRecovery,
+    limit: float,
+    lost_from: float | None,
+    into: dict[Part, float] | None,
+) -> Interruption:
+    """Training up to the last step before a live recovery's fault, then its parts:
+    the ``steps_redone`` steps before it recomputed, last step -> fault detection
+    wait, fault -> resumed recovery (to the next step when it does not say)."""
+    before = [s for s in attempt.steps if s[1] <= live.fault]
+    it, at = before[-1] if before else (None, tally.cursor)
+    redone_from = None
+    if it is not None and live.steps_redone > 0:
+        redone_from = _reached(before, it - live.steps_redone) or before[0][1]
+    cut = Interruption(
+        attempt=index,
+        cause=live.cause,
+        at=at,
+        iteration=it,
+        resumed_from=None if it is None else it - max(0, live.steps_redone),
+        first_evidence_s=max(0.0, live.fault - at),
+        kind="live_recovery",
+    )
+    if redone_from is not None and (lost_from is None or redone_from < lost_from):
+        _training(tally, attempt, tally.cursor, min(at, limit), redone_from, cut.parts)
+    else:  # lost anyway: the next attempt resumed from before them
+        _training(tally, attempt, tally.cursor, min(at, limit), lost_from, into)
+    tally.to(min(live.fault, limit), Part.DETECTION_WAIT, cut.parts)
+    resumed = live.resumed
+    if resumed is None:
+        resumed = next((t for _, t in attempt.steps if t > live.fault), limit)
+    tally.to(min(resumed, limit), Part.RECOVERY, cut.parts)
+    return cut
+
+
 def build_ledger(attempts: Sequence[Attempt], end: float | None = None) -> Ledger:
     """The ledger of a job made of ``attempts`` (in order), ending at ``end`` (default:
     the last attempt's end)."""
@@ -288,6 +346,10 @@ def build_ledger(attempts: Sequence[Attempt], end: float | None = None) -> Ledge
             lost_from = None
             if nxt is not None and nxt.resumed_from is not None and nxt.resumed_from < last[0]:
                 lost_from = _reached(attempt.steps, nxt.resumed_from) or first
+            for live in sorted(attempt.live, key=lambda r: r.fault):
+                if first <= live.fault < limit:
+                    cut = _live(tally, i, attempt, live, limit, lost_from, into)
+                    interruptions.insert(len(interruptions) - (interruption is not None), cut)
             _training(tally, attempt, tally.cursor, min(last[1], limit), lost_from, into)
         if failed:
             tally.to(min(attempt.decision or limit, limit), Part.DETECTION_WAIT, into)

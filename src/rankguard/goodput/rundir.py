@@ -18,7 +18,10 @@ is the job's. From its records, each measured by the rank itself:
   (``includes_startup``) is the end of the attempt's first step, exactly.
 
 The launcher's ``restarts.jsonl`` gives the decision after each failed attempt (a
-restart's line, or a ``stop`` line) and ``findings.jsonl`` the first evidence of a
+restart's line, or a ``stop`` line), and each live recovery (a ``live_recovery`` line:
+a lost rank replaced by a standby process while the job went on, with ``fault_t``,
+``resumed_t`` and ``steps_redone``; when the lost rank was rank 0, its standby's
+heartbeat file continues the same attempt); ``findings.jsonl`` the first evidence of a
 fault (a finding's detection time). Reads are bounded: at most ``MAX_LINES`` lines a
 file.
 """
@@ -34,7 +37,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from rankguard.goodput.ledger import Attempt, Ledger, build_ledger
+from rankguard.goodput.ledger import Attempt, Ledger, LiveRecovery, build_ledger
 from rankguard.schema.layout import (
     FINDINGS_FILE,
     HEARTBEAT_FILE_RE,
@@ -43,9 +46,10 @@ from rankguard.schema.layout import (
     RESTARTS_FILE,
 )
 
-__all__ = ["MAX_LINES", "read_attempts", "read_ledger"]
+__all__ = ["LIVE_RECOVERY", "MAX_LINES", "read_attempts", "read_ledger"]
 
 MAX_LINES = 2_000_000
+LIVE_RECOVERY = "live_recovery"  # restarts.jsonl's kind of a live recovery's line
 _MAX_LINE = 1 << 20
 
 
@@ -93,7 +97,9 @@ class _Process:
     end: float | None = None
     last_seen: float = 0.0
     clean: bool | None = None  # process_end's clean (None: no process_end)
-    steps: dict[int, float] = field(default_factory=dict)
+    # progress_seq -> (iteration, time): by the step count, which only goes up (an
+    # iteration repeats after a live recovery rolled back)
+    steps: dict[int, tuple[int, float]] = field(default_factory=dict)
     resumed_from: int | None = None
     phase_starts: set[tuple[str, float]] = field(default_factory=set)
     first_seen: tuple[float, int, int] | None = None  # (time, iteration, progress_seq)
@@ -121,7 +127,8 @@ class _Process:
         mono, last = _num(rec.get("monotonic_ns")), _num(rec.get("last_progress_monotonic_ns"))
         if iteration is not None and isinstance(progress, int) and progress > 0 and mono and last:
             when = wall - max(0.0, mono - last) / 1e9
-            self.steps[iteration] = max(self.steps.get(iteration, when), when)
+            seen = self.steps.get(progress)
+            self.steps[progress] = (iteration, when if seen is None else max(seen[1], when))
             if self.first_seen is None or when < self.first_seen[0]:
                 self.first_seen = (when, iteration, progress)
         phase, elapsed = rec.get("phase"), _num(rec.get("phase_elapsed_s"))
@@ -145,6 +152,62 @@ class _Process:
             nxt = next((t2 for t2, p2 in starts[i + 1 :] if p2 != p), self.finish)
             out.append((p, t, nxt))
         return out
+
+
+def _when(value: Any) -> float | None:
+    """Epoch seconds of a number or of an ISO-8601 time with its offset."""
+    return _num(value) if not isinstance(value, str) else iso_epoch_s(value)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True, slots=True)
+class _LiveLine:
+    recovery: LiveRecovery
+    lost_pid: int | None
+    standby_pid: int | None
+
+
+def _live_lines(run_dir: Path) -> list[_LiveLine]:
+    """The ``live_recovery`` lines of ``restarts.jsonl`` with a fault time, in order."""
+    out = []
+    for rec in _lines(run_dir / RESTARTS_FILE):
+        fault = _when(rec.get("fault_t"))
+        if rec.get("kind") != LIVE_RECOVERY or fault is None:
+            continue
+        resumed = _when(rec.get("resumed_t"))
+        redone = _int(rec.get("steps_redone"))
+        cause = rec.get("cause")
+        recovery = LiveRecovery(
+            fault=fault,
+            resumed=resumed if resumed is not None and resumed >= fault else None,
+            steps_redone=max(0, redone or 0),
+            cause=str(cause)[:200] if cause is not None else LIVE_RECOVERY,
+            lost_rank=_int(rec.get("lost_rank")),
+        )
+        out.append(_LiveLine(recovery, _int(rec.get("lost_pid")), _int(rec.get("standby_pid"))))
+    return sorted(out, key=lambda x: x.recovery.fault)
+
+
+def _merge(procs: list[_Process], live: list[_LiveLine]) -> list[_Process]:
+    """A standby that took rank 0's place continues the lost process's attempt."""
+    by_pid = {p.pid: p for p in procs}
+    for line in live:
+        lost = by_pid.get(line.lost_pid) if line.lost_pid is not None else None
+        standby = by_pid.get(line.standby_pid) if line.standby_pid is not None else None
+        if line.recovery.lost_rank != 0 or lost is None or standby is None or lost is standby:
+            continue
+        lost.steps.update(standby.steps)
+        lost.phase_starts |= standby.phase_starts
+        lost.last_seen = max(lost.last_seen, standby.last_seen)
+        lost.end, lost.clean = standby.end, standby.clean
+        if lost.first_seen is None:
+            lost.first_seen = standby.first_seen
+        by_pid[standby.pid] = lost
+        procs = [p for p in procs if p is not standby]
+    return procs
 
 
 def _processes(run_dir: Path) -> list[_Process]:
@@ -184,12 +247,13 @@ def _times(path: Path, key: str, decoder: Any) -> list[tuple[float, dict[str, An
 def read_attempts(run_dir: str | os.PathLike[str]) -> list[Attempt]:
     """The attempts of the run in ``run_dir`` (empty: no heartbeat of rank 0)."""
     root = Path(run_dir)
-    procs = _processes(root)
+    live = _live_lines(root)
+    procs = _merge(_processes(root), live)
     perf = _perf_steps(root)
     decisions = [
         (t, r)
         for t, r in _times(root / RESTARTS_FILE, "wall_time", iso_epoch_s)
-        if r.get("kind") != "inprocess"
+        if r.get("kind") not in ("inprocess", LIVE_RECOVERY)
     ]
     findings = _times(root / FINDINGS_FILE, "detected_wall_time", iso_epoch_s)
     attempts = []
@@ -199,7 +263,7 @@ def read_attempts(run_dir: str | os.PathLike[str]) -> list[Attempt]:
         if resumed is None and proc.first_seen is not None:
             _, it, seq = proc.first_seen
             resumed = it - seq if it - seq >= 0 else None
-        steps = dict(proc.steps)
+        steps = {it: t for it, t in proc.steps.values()}  # the newest time of each
         for step, when, startup in perf:
             if not proc.begin <= when <= proc.finish + 1.0 or when >= nxt_begin:
                 continue
@@ -210,7 +274,7 @@ def read_attempts(run_dir: str | os.PathLike[str]) -> list[Attempt]:
             else:
                 continue
             steps[it] = when if it not in steps else max(steps[it], when)
-        ordered = sorted(((t, it) for it, t in steps.items()))
+        ordered = sorted({(t, it) for it, t in [*proc.steps.values(), *steps.items()]})
         last_t = ordered[-1][0] if ordered else proc.begin
         decision = next(((t, r) for t, r in decisions if last_t <= t < nxt_begin), None)
         fault = next((t for t, _ in findings if last_t <= t < nxt_begin), None)
@@ -230,6 +294,11 @@ def read_attempts(run_dir: str | os.PathLike[str]) -> list[Attempt]:
                 decision=decision[0] if decision is not None else None,
                 fault=fault,
                 cause=str(decision[1].get("cause")) if decision is not None else None,
+                live=[
+                    x.recovery
+                    for x in live
+                    if proc.begin <= x.recovery.fault < min(nxt_begin, proc.finish + 1.0)
+                ],
             )
         )
     return attempts
