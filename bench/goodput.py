@@ -1,0 +1,338 @@
+"""Goodput under faults: ETTR and where the wall time went, rankguard next to torchrun,
+on the same job with the same faults, in the same sitting.
+
+What: the demo (``rankguard.demo.train`` through ``bench/goodput_job.py``, 2 CPU ranks,
+gloo, a checkpoint every ``--checkpoint-every`` steps) runs for ``--minutes`` of wall
+clock; a fault hits rank 1 about every ``--period`` seconds (a seeded mix of
+``exception``, ``sigkill`` and ``hang``; the same times and kinds for both launchers).
+Launchers, one after the other:
+
+- ``rankguard``: ``rankguard run --max-restarts N`` with heartbeats and fault tolerance
+  (a hang is found by its progress timeout, the rank killed, the group restarted);
+- ``torchrun``: ``python -m torch.distributed.run --standalone --max-restarts N``; a hang
+  ends when the peer's gloo collective times out (``--pg-timeout``, the same for both).
+
+How (the same for both launchers): the launcher's merged output is read by a thread that
+stamps each line on arrival; the ledger (``rankguard.goodput.build_ledger``) is built
+from those lines: an attempt starts at the launch (the first) or at the agent's
+``Starting worker group`` (the others), its completed steps are rank 0's ``[demo] step``
+lines (``--log-every 1``), the iteration it resumed after is ``[demo] resumed from``,
+the decision after a failure is the agent's ``Worker group FAILED``, the job ends when
+the launcher exits. Checkpoint saves are not in the console: their time counts as
+productive in both columns. For rankguard the ledger of its run directory
+(``rankguard goodput``, which also has the saves) is printed beside it.
+
+Run: ``python bench/goodput.py [--minutes 10] [--period 60] [--seed 0]`` (twice
+``--minutes`` plus the start-ups); ``--smoke``: one exception on each launcher, the job
+ending at the first check after it (well under a minute on a quiet machine; each job
+is given 90 s). The exit code is 1 when rankguard's job did not end on time with every
+fault fired; torchrun's job ending otherwise (a restart that hangs in its start-up until
+the bench's time limit) is a figure of the table, said in its ``faults`` column.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO
+
+from rankguard.goodput import PARTS, Attempt, Ledger, Part, build_ledger, ettr_text, read_ledger
+
+NPROC = 2
+FAULT_RANK = 1
+PG_TIMEOUT_S = 30
+JOB = Path(__file__).resolve().parent / "goodput_job.py"
+KINDS = ("exception", "sigkill", "hang")
+# rankguard's heartbeat settings and fault tolerance for hangs (as bench/restart.py)
+SETS = [
+    "heartbeat.enabled=true",
+    "heartbeat.publish_interval_s=0.5",
+    "heartbeat.process_timeout_s=3",
+    "heartbeat.progress_timeout_s=4",
+    "heartbeat.scan_interval_s=0.5",
+    "fault_tolerance.enable_ft_package=true",
+    "fault_tolerance.termination_grace_s=3",
+]
+STEP_RE = re.compile(r"\[demo\] step (\d+)/")
+RESUMED_RE = re.compile(r"\[demo\] resumed from step (\d+)")
+STARTING = "Starting worker group"
+DECIDED = "Worker group FAILED"
+INJECTED = "[goodput-job rank"
+LAUNCHERS = ("rankguard", "torchrun")
+
+Line = tuple[float, str]
+
+
+def schedule(seed: int, minutes: float, period: float) -> list[tuple[float, str]]:
+    """Fault times (seconds after the launch) and kinds: about one every ``period``
+    (+-20 %), none in the last half period, kinds in seeded shuffled rounds of all three."""
+    rng = random.Random(seed)
+    out: list[tuple[float, str]] = []
+    kinds: list[str] = []
+    t = period
+    while t < minutes * 60 - period / 2:
+        if not kinds:
+            kinds = rng.sample(KINDS, len(KINDS))
+        out.append((round(t + rng.uniform(-0.2, 0.2) * period, 1), kinds.pop()))
+        t += period
+    return out
+
+
+@dataclass
+class Job:
+    launcher: str
+    workdir: Path
+    run_id: str
+    faults: list[tuple[float, str]]
+    rc: int | None = None
+    timed_out: bool = False
+    start: float = 0.0
+    end: float = 0.0
+    lines: list[Line] = field(default_factory=list)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.workdir / "logs" / "heartbeat" / self.run_id
+
+
+def build_cmd(job: Job, ckpt_every: int, max_restarts: int) -> list[str]:
+    demo = [
+        str(JOB),
+        "--steps",
+        "100000000",
+        "--log-every",
+        "1",
+        "--checkpoint-every",
+        str(ckpt_every),
+        "--checkpoint-dir",
+        str(job.workdir / "ckpt"),
+        "--fault-rank",
+        str(FAULT_RANK),
+        "--pg-timeout",
+        str(PG_TIMEOUT_S),
+    ]
+    restarts = ["--max-restarts", str(max_restarts)]
+    if job.launcher == "torchrun":
+        return [
+            sys.executable,
+            "-u",
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(NPROC),
+            *restarts,
+            *demo,
+        ]
+    sets = [*SETS, f"fault_tolerance.num_in_job_restarts={max_restarts}"]
+    cmd = [sys.executable, "-u", "-m", "rankguard.cli.main", "run", "--standalone"]
+    cmd += ["--nproc-per-node", str(NPROC), "--rdzv-id", job.run_id]
+    cmd += ["--log-dir", str(job.workdir / "logs"), *restarts]
+    for item in sets:
+        cmd += ["--set", item]
+    return cmd + demo
+
+
+def _reader(stream: IO[str], sink: list[Line]) -> None:
+    for line in stream:
+        sink.append((time.time(), line.rstrip("\n")))
+
+
+def _leftovers(marker: str) -> None:
+    """SIGKILL what is left of this job (a hung rank): processes whose command line
+    holds its own temp dir."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.name), signal.SIGKILL)
+
+
+def run_job(job: Job, *, minutes: float, ckpt_every: int, timeout_s: float) -> None:
+    """Launch ``job``, its faults and its end counted from the launch."""
+    (job.workdir / "faults").mkdir(parents=True, exist_ok=True)
+    # room for restarts that fail in their own start-up (torchrun's gloo on this kind of
+    # machine: "connectFullMesh failed ... Connection refused"), the same for both
+    cmd = build_cmd(job, ckpt_every, max_restarts=3 * len(job.faults) + 2)
+    job.start = time.time()
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "LOGLEVEL": "INFO",
+        "GOODPUT_FAULTS": json.dumps([[job.start + t, kind] for t, kind in job.faults]),
+        "GOODPUT_END": str(job.start + minutes * 60),
+        "GOODPUT_DIR": str(job.workdir / "faults"),
+    }
+    proc = subprocess.Popen(
+        cmd,
+        cwd=job.workdir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        bufsize=1,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    reader = threading.Thread(target=_reader, args=(proc.stdout, job.lines), daemon=True)
+    reader.start()
+    try:
+        job.rc = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        job.timed_out = True
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        job.rc = proc.wait()
+    job.end = time.time()
+    reader.join(timeout=5)
+    _leftovers(str(job.workdir))
+
+
+def console_ledger(job: Job) -> Ledger:
+    """The job's ledger from its stamped console lines (the same rule for both)."""
+    starts = [t for t, line in job.lines if STARTING in line]
+    bounds = [job.start, *starts[1:]]
+    attempts = []
+    for k, begin in enumerate(bounds):
+        until = bounds[k + 1] if k + 1 < len(bounds) else job.end
+        mine = [(t, line) for t, line in job.lines if begin <= t < until]
+        steps = [(int(m.group(1)), t) for t, line in mine if (m := STEP_RE.search(line))]
+        resumed = next((int(m.group(1)) for _, x in mine if (m := RESUMED_RE.search(x))), None)
+        last = steps[-1][1] if steps else begin
+        decided = next((t for t, line in mine if t >= last and DECIDED in line), None)
+        attempts.append(
+            Attempt(
+                start=begin,
+                end=until,
+                steps=steps,
+                resumed_from=resumed if resumed is not None else (0 if k else None),
+                failed=k + 1 < len(bounds) or job.rc != 0,
+                decision=decided,
+            )
+        )
+    return build_ledger(attempts, end=job.end)
+
+
+def injected(job: Job) -> list[str]:
+    return [line.split("injecting ")[1].split(" (")[0] for _, line in job.lines if INJECTED in line]
+
+
+def _row(name: str, ledger: Ledger, faults: str) -> list[str]:
+    parts = [f"{ledger.parts[p]:.1f}" for p in PARTS if p is not Part.PRODUCTIVE]
+    return [
+        name,
+        f"{ledger.wall_s:.1f}",
+        ettr_text(ledger.ettr),
+        f"{ledger.parts[Part.PRODUCTIVE]:.1f}",
+        *parts,
+        str(ledger.attempts),
+        faults,
+    ]
+
+
+def print_table(rows: Sequence[Sequence[str]]) -> None:
+    header = ["launcher", "wall s", "ETTR", "productive"]
+    header += [p.value for p in PARTS if p is not Part.PRODUCTIVE] + ["attempts", "faults"]
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    for r in [header, *rows]:
+        print("  ".join(str(c).rjust(w) for c, w in zip(r, widths, strict=True)), flush=True)
+
+
+def header(args: argparse.Namespace, faults: list[tuple[float, str]]) -> None:
+    load = os.getloadavg()
+    print(
+        f"goodput bench: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        f"load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",
+        flush=True,
+    )
+    print(
+        f"job: demo on {NPROC} CPU ranks, {args.minutes} min, checkpoint every "
+        f"{args.checkpoint_every} steps, pg timeout {PG_TIMEOUT_S} s; faults on rank "
+        f"{FAULT_RANK} (s after launch): "
+        + (", ".join(f"{t:.0f} {kind}" for t, kind in faults) or "none"),
+        flush=True,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--minutes", type=float, default=10.0, help="each job's wall clock")
+    p.add_argument("--period", type=float, default=60.0, help="seconds between faults")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint-every", type=int, default=20)
+    p.add_argument("--keep", action="store_true", help="keep the jobs' directories")
+    p.add_argument("--launchers", nargs="+", choices=LAUNCHERS, default=list(LAUNCHERS))
+    p.add_argument("--smoke", action="store_true", help="one exception, a short job")
+    args = p.parse_args(argv)
+    if args.smoke:  # the fault at the first step, the end at the first check after it
+        args.minutes, faults = 0.0, [(0.0, "exception")]
+    else:
+        faults = schedule(args.seed, args.minutes, args.period)
+    header(args, faults)
+    root = Path(tempfile.mkdtemp(prefix="rg-goodput-"))
+    rows, ok = [], True
+    for launcher in args.launchers:
+        job = Job(launcher, root / launcher, f"bench-goodput-{launcher}-{os.getpid()}", faults)
+        job.workdir.mkdir(parents=True)
+        (job.workdir / "console.txt").touch()
+        timeout = 90 if args.smoke else args.minutes * 60 + 120 + 60 * len(faults)
+        run_job(job, minutes=args.minutes, ckpt_every=args.checkpoint_every, timeout_s=timeout)
+        if args.keep:
+            text = "".join(f"{t:.3f} {line}\n" for t, line in job.lines)
+            (job.workdir / "console.txt").write_text(text)
+        fired = injected(job)
+        ledger = console_ledger(job)
+        said = f"{len(fired)}/{len(faults)}" + (" TIMED OUT" if job.timed_out else "")
+        if job.rc != 0:
+            said += f" exit {job.rc}"
+        if launcher == "rankguard":  # torchrun's failures are figures, not the bench's
+            ok = job.rc == 0 and not job.timed_out and len(fired) == len(faults)
+        rows.append(_row(launcher, ledger, said))
+        if launcher == "rankguard":
+            own = read_ledger(job.run_dir)
+            if own is not None:
+                rows.append(_row("(its run dir)", own, ""))
+        print(
+            f"{launcher}: exit {job.rc}, {ledger.attempts} attempt(s), faults fired: "
+            f"{', '.join(fired) or 'none'}; ETTR {ettr_text(ledger.ettr)}",
+            flush=True,
+        )
+    print()
+    print_table(rows)
+    print(
+        "\nseconds per part of the goodput ledger (they sum to the wall time); the "
+        "console's ledger for both launchers, rankguard's own run directory beside it"
+    )
+    if not args.keep:
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)
+    else:
+        print(f"kept: {root}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

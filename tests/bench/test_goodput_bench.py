@@ -1,0 +1,90 @@
+"""``bench/goodput.py``: its seeded fault schedule, the ledger it builds from a
+launcher's console, and its smoke run (``test_bench_smoke.py`` leaves it to this test,
+which asserts more of it)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from rankguard.goodput import Part
+
+pytestmark = [pytest.mark.bench, pytest.mark.timeout(400)]  # minutes on a loaded machine
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("goodput_bench", ROOT / "bench" / "goodput.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_schedule_is_seeded_and_mixes_every_kind() -> None:
+    bench = _bench()
+    faults = bench.schedule(0, 10, 60)
+    assert faults == bench.schedule(0, 10, 60) and faults != bench.schedule(1, 10, 60)
+    assert len(faults) == 9  # one a minute, none in the last half minute
+    for k, (t, _) in enumerate(faults, 1):
+        assert 60 * k - 12 <= t <= 60 * k + 12
+    kinds = [kind for _, kind in faults]
+    assert sorted(kinds) == sorted(["exception", "sigkill", "hang"] * 3)
+
+
+def test_the_console_ledger_of_a_crash_and_a_restart() -> None:
+    bench = _bench()
+    job = bench.Job("torchrun", Path("/nonexistent"), "r", [(8.0, "exception")])
+    job.start, job.end, job.rc = 100.0, 130.0, 0
+    agent = "I1206 [default] "
+    job.lines = [
+        (101.0, agent + "Starting worker group"),  # the first attempt's: the launch counts
+        *[(105.0 + 0.5 * i, f"[demo] step {i + 1}/100 loss 1.0") for i in range(8)],
+        (108.6, "[goodput-job rank 1] injecting exception (fault 0) at step 8"),
+        (110.0, agent + "Worker group FAILED. 3/3 attempts left; will restart worker group"),
+        (111.0, agent + "Starting worker group"),
+        (115.0, "[demo] resumed from step 4 (persistent) (restart 1)"),
+        *[(116.0 + 0.5 * i, f"[demo] step {i + 5}/100 loss 1.0") for i in range(20)],
+        (126.0, "[goodput-job] end of the job at step 20"),
+    ]
+    ledger = bench.console_ledger(job)
+    assert ledger.attempts == 2 and ledger.wall_s == 30.0
+    want = {
+        Part.STARTUP: 5.0 + 5.0,  # launch -> first step, restart -> its first step
+        Part.PRODUCTIVE: 1.5 + 9.5,  # steps 2-4, then 6-24
+        Part.RECOMPUTED: 2.0,  # steps 5-8, done again
+        Part.DETECTION_WAIT: 1.5,  # last step -> the agent's decision
+        Part.RECOVERY: 1.0,
+        Part.UNKNOWN: 4.5,  # the last step -> the launcher's exit
+    }
+    for part in Part:
+        assert ledger.parts[part] == pytest.approx(want.get(part, 0.0), abs=1e-6), part
+    assert bench.injected(job) == ["exception"]
+
+
+def test_the_smoke_run_measures_both_launchers_on_the_same_fault(tmp_path: Path) -> None:
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "goodput.py"), "--smoke"],
+        capture_output=True,
+        text=True,
+        timeout=380,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src"), "TMPDIR": str(tmp_path)},
+        cwd=ROOT,
+    )
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-4000:]
+    assert "rankguard: exit 0, 2 attempt(s), faults fired: exception;" in res.stdout, out
+    assert "torchrun: exit " in res.stdout
+    rows = {line.split()[0]: line.split() for line in res.stdout.splitlines() if "%" in line}
+    assert {"rankguard", "(its", "torchrun"} <= set(rows), res.stdout
+    assert rows["rankguard"][-1] == "1/1"
+    assert not list(tmp_path.glob("rg-goodput-*"))  # the jobs' directories are removed
