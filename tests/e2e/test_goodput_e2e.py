@@ -1,5 +1,7 @@
 """The goodput ledger of a real run with a crash and a restart: its parts match the
-steps rank 0 timed itself (each within 0.5 s) and sum to the wall time."""
+steps rank 0 timed itself (each within 0.5 s) and sum to the wall time; status.json,
+`rankguard status`, the report, the Prometheus series and the perf summary show the
+same ETTR."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import json
 import subprocess
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -79,3 +82,29 @@ def test_a_crash_and_a_restart_are_accounted_for(tmp_path: Path, run_id: str) ->
         rankguard_cmd("goodput", str(run_dir)), capture_output=True, text=True, timeout=60
     ).stdout
     assert text.startswith(f"goodput of {run_id}: wall ") and "interruption 1: attempt 0" in text
+    _the_same_ettr_everywhere(run_dir, ledger)
+
+
+def _the_same_ettr_everywhere(run_dir: Path, ledger: dict[str, Any]) -> None:
+    from rankguard.exporter.collector import build_families
+    from rankguard.goodput import ettr_text
+    from rankguard.report import load_run, render_page
+
+    status = json.loads((run_dir / "status.json").read_text())
+    block = status["goodput"]
+    assert block["final"] is True and block["ettr"] == ledger["ettr"]
+    assert block["parts_s"] == ledger["parts_s"]
+    screen = subprocess.run(
+        rankguard_cmd("status", str(run_dir)), capture_output=True, text=True, timeout=60
+    ).stdout
+    assert f"Goodput: ETTR {ettr_text(ledger['ettr'])} (productive" in screen
+    data, _ = load_run(run_dir)
+    assert f"ETTR {ettr_text(ledger['ettr'])}: productive training" in render_page(data)
+    families = build_families(
+        status, scans=1, scan_errors=0, last_scan_s=0.0, finding_counts={}, now_wall=0.0
+    )
+    (gauge,) = [f for f in families if f.name == "rankguard_goodput_ettr_ratio"]
+    assert gauge.samples[0].value == ledger["ettr"]
+    perf_dir = run_dir.parent.parent / "perf_monitor" / run_dir.name
+    (summary,) = perf_dir.glob("perf_summary_*.json")
+    assert json.loads(summary.read_text())["final_statistics"]["ettr"] == ledger["ettr"]
