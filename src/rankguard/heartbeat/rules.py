@@ -55,7 +55,8 @@ from typing import Any
 from rankguard.cadence import Cadence
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.disk import DiskState
-from rankguard.schema.blocks import exit_clean
+from rankguard.schema.blocks import exit_clean, read_block
+from rankguard.schema.collectives import CollectivesBlock
 from rankguard.schema.findings import Finding, FindingType, Liveness, Progress, Reason
 from rankguard.schema.frames import waits_in_collective
 from rankguard.schema.records import MAX_RANKS, Event, HeartbeatRecord, RecordError, supersedes
@@ -544,7 +545,15 @@ class HeartbeatRules:
         # Equally far behind, but some ranks wait inside a collective and others do
         # not: those waiting wait for the others (a hang before the collective).
         behind = [t for t in live if _seq(t) == lowest]
-        outside = sorted(t.rank for t in behind if not _in_collective(t))
+        # Who is behind in the sequence of collectives says it first (a rank that
+        # entered collective N+1 waits on one that has not entered it); else the
+        # ranks outside any collective (the recorder's status, the Python frame).
+        lagging = _behind_in_collectives(behind)
+        outside = (
+            lagging
+            if lagging is not None
+            else sorted(t.rank for t in behind if not _in_collective(t))
+        )
         behind_ranks = sorted(t.rank for t in behind)  # once, not once per stalled rank
         split = bool(outside) and len(outside) < len(behind)
         # Peers in a phase of their own (saving, evaluating) and within its timeout:
@@ -1068,8 +1077,46 @@ class _DueRanks:
         return heap[0][0] if heap else None
 
 
+def _collectives(state: RankState) -> CollectivesBlock | None:
+    rec = state.record
+    if rec is None or CollectivesBlock.name not in rec.extra:
+        return None
+    try:
+        return read_block(rec, CollectivesBlock)
+    except ValueError:
+        return None
+
+
 def _in_collective(state: RankState) -> bool:
+    """Inside a collective: by the flight recorder's status (a collective enqueued, not
+    completed: DDP's reducer and FSDP's hooks wait there in C++), else by the Python
+    frame (a ``torch.distributed`` call)."""
+    block = _collectives(state)
+    if block is not None and block.inside:
+        return True
     return waits_in_collective(state.record.main_frame if state.record is not None else None)
+
+
+def _behind_in_collectives(states: list[RankState]) -> list[int] | None:
+    """The ranks behind in the sequence of collectives of a group every one of
+    ``states`` reports, while another rank has entered a later one of that group and
+    waits in it; None when no group tells them apart (or a rank reports none)."""
+    blocks = {s.rank: _collectives(s) for s in states}
+    if len(blocks) < 2 or any(b is None for b in blocks.values()):
+        return None
+    first = next(iter(blocks.values()))
+    assert first is not None
+    for g in first.groups:
+        pos = {r: b.group(g.group) for r, b in blocks.items() if b is not None}
+        if any(p is None for p in pos.values()):
+            continue
+        enq = {r: p.enqueued for r, p in pos.items() if p is not None}
+        newest = max(enq.values())
+        waiting = [r for r, p in pos.items() if p is not None and p.enqueued == newest and p.inside]
+        behind = sorted(r for r, e in enq.items() if e < newest)
+        if behind and waiting:
+            return behind
+    return None
 
 
 _OVERSTAYED = {FindingType.PROGRESS_TIMEOUT, FindingType.SECTION_TIMEOUT}
