@@ -55,6 +55,7 @@ from typing import Any
 from rankguard.cadence import Cadence
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.disk import DiskState
+from rankguard.heartbeat.hangclass import HangClass, classify
 from rankguard.schema.blocks import exit_clean, read_block
 from rankguard.schema.collectives import CollectivesBlock
 from rankguard.schema.findings import Finding, FindingType, Liveness, Progress, Reason
@@ -566,6 +567,7 @@ class HeartbeatRules:
         working = {t.rank for t in busy if not _in_collective(t)}
         limits = {t.rank: self._phase_timeout(t) for t in busy}
         out: list[Finding] = []
+        hang: list[HangClass | None] = []  # classified once, at the first hang named
         # busy ranks first: one that overstayed is named before those waiting on it
         for s in sorted(stalled, key=lambda st: (not _busy(st), st.rank)):
             if FindingType.PROGRESS_TIMEOUT in s.active:
@@ -596,6 +598,11 @@ class HeartbeatRules:
                 if now - s.culprits_gone_at <= timeout:
                     continue
             self._fire(s, FindingType.PROGRESS_TIMEOUT, Reason.NOT_ADVANCING, timeout, age, out)
+            if not hang:
+                hang.append(classify({t.rank: _collectives(t) for t in live}))
+            if hang[0] is not None:
+                out[-1].detail["hang"] = hang[0].to_dict()
+                out[-1].message = f"{out[-1].message}; {hang[0].line}"
         return out
 
     def _evaluate_rank(self, s: RankState, now: float) -> list[Finding]:

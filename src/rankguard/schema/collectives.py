@@ -10,6 +10,11 @@ started, how often the rank's sampler looked and how often it found the rank ins
 collective (of any group): their ratio over an interval is the share of time the
 rank's collectives waited, which is how long it waited for the slowest peer (a rank that
 arrives last never waits).
+
+``stuck`` names the collective the rank has waited in for a while (the same position for
+:data:`~rankguard.ft.collectives.STUCK_AFTER_S`): its group, sequence number, operation
+and input sizes, read once from the recorder's entries; node 0 compares the ranks'
+``stuck`` to classify a hang (who did not join, a mismatch, a communication stall).
 """
 
 from __future__ import annotations
@@ -17,11 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-__all__ = ["MAX_GROUPS", "CollectivesBlock", "GroupPosition"]
+__all__ = ["MAX_GROUPS", "CollectivesBlock", "GroupPosition", "StuckCollective"]
 
 MAX_GROUPS = 16  # groups carried per record (the first ones by name)
 _MAX_NAME = 64  # characters of a group's name
 _MAX_SEQ = 2**62
+_MAX_TEXT = 200  # characters of an operation's name or sizes
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +42,32 @@ class GroupPosition:
     def inside(self) -> bool:
         """The rank enqueued a collective of this group that has not completed."""
         return self.enqueued > self.completed
+
+
+@dataclass(frozen=True, slots=True)
+class StuckCollective:
+    """The collective a rank has been waiting in: ``op`` as torch names it
+    (``all_reduce``), ``sizes`` its input sizes as text (``[[4160]]``)."""
+
+    group: str
+    seq: int
+    op: str
+    sizes: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"group": self.group, "seq": self.seq, "op": self.op, "sizes": self.sizes}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> StuckCollective:
+        if not isinstance(d, dict):
+            raise ValueError("collectives.stuck: expected an object")
+        for key in ("group", "op", "sizes"):
+            v = d.get(key, "")
+            if not isinstance(v, str) or len(v) > _MAX_TEXT:
+                raise ValueError(f"collectives.stuck.{key}: expected a string (<= {_MAX_TEXT})")
+        return cls(
+            d["group"], _seq(d.get("seq"), "collectives.stuck.seq"), d["op"], d.get("sizes", "")
+        )
 
 
 def _seq(value: Any, where: str) -> int:
@@ -60,6 +92,7 @@ class CollectivesBlock:
     groups: tuple[GroupPosition, ...] = field(default_factory=tuple)
     samples: int = 0  # sampler looks since the process started
     waiting: int = 0  # of those, inside a collective
+    stuck: StuckCollective | None = None
 
     def group(self, name: str) -> GroupPosition | None:
         for g in self.groups:
@@ -73,11 +106,14 @@ class CollectivesBlock:
         return any(g.inside for g in self.groups)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "groups": {g.group: [g.enqueued, g.completed] for g in self.groups},
             "samples": self.samples,
             "waiting": self.waiting,
         }
+        if self.stuck is not None:
+            out["stuck"] = self.stuck.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, d: Any) -> CollectivesBlock:
@@ -99,4 +135,10 @@ class CollectivesBlock:
         samples, waiting = _count(d, "samples"), _count(d, "waiting")
         if waiting > samples:
             raise ValueError("collectives.waiting: more than samples")
-        return cls(groups=tuple(groups), samples=samples, waiting=waiting)
+        stuck = d.get("stuck")
+        return cls(
+            groups=tuple(groups),
+            samples=samples,
+            waiting=waiting,
+            stuck=None if stuck is None else StuckCollective.from_dict(stuck),
+        )

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from rankguard.ft.collectives import CollectiveSampler, parse_status
+from rankguard.ft.collectives import CollectiveSampler, parse_status, stuck_in
 from rankguard.schema.blocks import read_block
-from rankguard.schema.collectives import CollectivesBlock, GroupPosition
+from rankguard.schema.collectives import CollectivesBlock, GroupPosition, StuckCollective
 from rankguard.schema.records import HeartbeatRecord
 from tests.factories import heartbeat_record
 
@@ -103,3 +103,67 @@ def test_a_real_status_dump_is_read() -> None:
     sampler.stop()
     sampler.sample()  # no process group here: no groups, no block
     assert sampler.errors == 0
+
+
+def _entries(*entries: tuple[int, str]) -> bytes:
+    return json.dumps(
+        {
+            "entries": [
+                {
+                    "collective_seq_id": seq,
+                    "is_p2p": False,
+                    "process_group": ["g0", "default_pg"],
+                    "profiling_name": f"gloo:{op}",
+                    "input_sizes": [[4160]],
+                }
+                for seq, op in entries
+            ]
+        }
+    ).encode()
+
+
+def test_a_rank_waiting_at_one_position_names_its_collective_once() -> None:
+    clock = {"t": 0.0}
+    dumps = {"n": 0}
+
+    def entries() -> bytes:
+        dumps["n"] += 1
+        return _entries((4, "broadcast"), (5, "all_reduce"))
+
+    sampler = CollectiveSampler(
+        status=lambda: _status(g0=(5, 4)), entries=entries, clock=lambda: clock["t"]
+    )
+    for t in (0.0, 1.0, 1.9):
+        clock["t"] = t
+        sampler.sample()
+        block = sampler.block()
+        assert block is not None and block.stuck is None  # not yet waited long enough
+    for t in (2.1, 3.0, 9.0):
+        clock["t"] = t
+        sampler.sample()
+    block = sampler.block()
+    assert block is not None and block.stuck == StuckCollective("g0", 5, "all_reduce", "[[4160]]")
+    assert dumps["n"] == 1 and sampler.full_dumps == 1  # one full dump per position
+    again = CollectivesBlock.from_dict(json.loads(json.dumps(block.to_dict())))
+    assert again == block
+
+
+def test_a_rank_that_moves_on_is_not_stuck() -> None:
+    clock = {"t": 0.0}
+    looks = iter([_status(g0=(5, 4)), _status(g0=(6, 5)), _status(g0=(7, 6)), _status(g0=(7, 7))])
+    sampler = CollectiveSampler(
+        status=lambda: next(looks), entries=lambda: b"{}", clock=lambda: clock["t"]
+    )
+    for t in (0.0, 3.0, 6.0, 9.0):
+        clock["t"] = t
+        sampler.sample()
+        block = sampler.block()
+        assert block is not None and block.stuck is None
+    assert sampler.full_dumps == 0
+
+
+def test_stuck_in_reads_only_the_matching_entry() -> None:
+    data = _entries((5, "all_gather"))
+    assert stuck_in(data, GroupPosition("g0", 6, 5)) is None
+    assert stuck_in(data, GroupPosition("g1", 5, 4)) is None
+    assert stuck_in(b'{"entries": "x"}', GroupPosition("g0", 5, 4)) is None
