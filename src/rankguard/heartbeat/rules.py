@@ -108,6 +108,8 @@ class RankState:
     resumed_at: float | None = None  # heartbeats back after a pause of the process
     # a victim's end (its peer went away) held until then: the cause may still be relayed
     held_until: float | None = None
+    # the record's collectives block, parsed once per record (the record it came from)
+    collectives: tuple[HeartbeatRecord, CollectivesBlock | None] | None = None
 
     @property
     def reported(self) -> set[FindingType]:
@@ -134,6 +136,7 @@ class RankState:
         self.late = False
         self.resumed_at = None
         self.held_until = None
+        self.collectives = None
 
 
 HealthLookup = Callable[[HeartbeatRecord], dict[str, Any] | None]
@@ -1085,13 +1088,22 @@ class _DueRanks:
 
 
 def _collectives(state: RankState) -> CollectivesBlock | None:
+    """The rank's ``collectives`` block (None: none, or one that does not validate),
+    parsed once per record."""
     rec = state.record
-    if rec is None or CollectivesBlock.name not in rec.extra:
+    if rec is None:
         return None
-    try:
-        return read_block(rec, CollectivesBlock)
-    except ValueError:
-        return None
+    cached = state.collectives
+    if cached is not None and cached[0] is rec:
+        return cached[1]
+    block = None
+    if CollectivesBlock.name in rec.extra:
+        try:
+            block = read_block(rec, CollectivesBlock)
+        except ValueError:
+            block = None
+    state.collectives = (rec, block)
+    return block
 
 
 def _in_collective(state: RankState) -> bool:
