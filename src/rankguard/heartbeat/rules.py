@@ -55,7 +55,9 @@ from typing import Any
 from rankguard.cadence import Cadence
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.heartbeat.disk import DiskState
-from rankguard.schema.blocks import exit_clean
+from rankguard.heartbeat.hangclass import HangClass, classify
+from rankguard.schema.blocks import exit_clean, read_block
+from rankguard.schema.collectives import CollectivesBlock
 from rankguard.schema.findings import Finding, FindingType, Liveness, Progress, Reason
 from rankguard.schema.frames import waits_in_collective
 from rankguard.schema.records import MAX_RANKS, Event, HeartbeatRecord, RecordError, supersedes
@@ -106,6 +108,8 @@ class RankState:
     resumed_at: float | None = None  # heartbeats back after a pause of the process
     # a victim's end (its peer went away) held until then: the cause may still be relayed
     held_until: float | None = None
+    # the record's collectives block, parsed once per record (the record it came from)
+    collectives: tuple[HeartbeatRecord, CollectivesBlock | None] | None = None
 
     @property
     def reported(self) -> set[FindingType]:
@@ -132,6 +136,7 @@ class RankState:
         self.late = False
         self.resumed_at = None
         self.held_until = None
+        self.collectives = None
 
 
 HealthLookup = Callable[[HeartbeatRecord], dict[str, Any] | None]
@@ -544,7 +549,15 @@ class HeartbeatRules:
         # Equally far behind, but some ranks wait inside a collective and others do
         # not: those waiting wait for the others (a hang before the collective).
         behind = [t for t in live if _seq(t) == lowest]
-        outside = sorted(t.rank for t in behind if not _in_collective(t))
+        # Who is behind in the sequence of collectives says it first (a rank that
+        # entered collective N+1 waits on one that has not entered it); else the
+        # ranks outside any collective (the recorder's status, the Python frame).
+        lagging = _behind_in_collectives(behind)
+        outside = (
+            lagging
+            if lagging is not None
+            else sorted(t.rank for t in behind if not _in_collective(t))
+        )
         behind_ranks = sorted(t.rank for t in behind)  # once, not once per stalled rank
         split = bool(outside) and len(outside) < len(behind)
         # Peers in a phase of their own (saving, evaluating) and within its timeout:
@@ -557,6 +570,7 @@ class HeartbeatRules:
         working = {t.rank for t in busy if not _in_collective(t)}
         limits = {t.rank: self._phase_timeout(t) for t in busy}
         out: list[Finding] = []
+        hang: list[HangClass | None] = []  # classified once, at the first hang named
         # busy ranks first: one that overstayed is named before those waiting on it
         for s in sorted(stalled, key=lambda st: (not _busy(st), st.rank)):
             if FindingType.PROGRESS_TIMEOUT in s.active:
@@ -587,6 +601,11 @@ class HeartbeatRules:
                 if now - s.culprits_gone_at <= timeout:
                     continue
             self._fire(s, FindingType.PROGRESS_TIMEOUT, Reason.NOT_ADVANCING, timeout, age, out)
+            if not hang:
+                hang.append(classify({t.rank: _collectives(t) for t in live}))
+            if hang[0] is not None:
+                out[-1].detail["hang"] = hang[0].to_dict()
+                out[-1].message = f"{out[-1].message}; {hang[0].line}"
         return out
 
     def _evaluate_rank(self, s: RankState, now: float) -> list[Finding]:
@@ -1068,8 +1087,55 @@ class _DueRanks:
         return heap[0][0] if heap else None
 
 
+def _collectives(state: RankState) -> CollectivesBlock | None:
+    """The rank's ``collectives`` block (None: none, or one that does not validate),
+    parsed once per record."""
+    rec = state.record
+    if rec is None:
+        return None
+    cached = state.collectives
+    if cached is not None and cached[0] is rec:
+        return cached[1]
+    block = None
+    if CollectivesBlock.name in rec.extra:
+        try:
+            block = read_block(rec, CollectivesBlock)
+        except ValueError:
+            block = None
+    state.collectives = (rec, block)
+    return block
+
+
 def _in_collective(state: RankState) -> bool:
+    """Inside a collective: by the flight recorder's status (a collective enqueued, not
+    completed: DDP's reducer and FSDP's hooks wait there in C++), else by the Python
+    frame (a ``torch.distributed`` call)."""
+    block = _collectives(state)
+    if block is not None and block.inside:
+        return True
     return waits_in_collective(state.record.main_frame if state.record is not None else None)
+
+
+def _behind_in_collectives(states: list[RankState]) -> list[int] | None:
+    """The ranks behind in the sequence of collectives of a group every one of
+    ``states`` reports, while another rank has entered a later one of that group and
+    waits in it; None when no group tells them apart (or a rank reports none)."""
+    blocks = {s.rank: _collectives(s) for s in states}
+    if len(blocks) < 2 or any(b is None for b in blocks.values()):
+        return None
+    first = next(iter(blocks.values()))
+    assert first is not None
+    for g in first.groups:
+        pos = {r: b.group(g.group) for r, b in blocks.items() if b is not None}
+        if any(p is None for p in pos.values()):
+            continue
+        enq = {r: p.enqueued for r, p in pos.items() if p is not None}
+        newest = max(enq.values())
+        waiting = [r for r, p in pos.items() if p is not None and p.enqueued == newest and p.inside]
+        behind = sorted(r for r, e in enq.items() if e < newest)
+        if behind and waiting:
+            return behind
+    return None
 
 
 _OVERSTAYED = {FindingType.PROGRESS_TIMEOUT, FindingType.SECTION_TIMEOUT}

@@ -51,6 +51,7 @@ from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, recor
 from rankguard import runenv
 from rankguard.bootstrap import session_from_env
 from rankguard.config import run_config
+from rankguard.ft.collectives import CollectiveSampler
 from rankguard.ft.flightrec import TraceDumper
 from rankguard.ft.stacks import install_dump_handler
 from rankguard.heartbeat.lifeline import Lifeline, end_orphan, set_parent_death_signal
@@ -281,6 +282,9 @@ def _main(argv: list[str] | None = None, *, direct_child: bool = True) -> None:
         dump_file = install_dump_handler(Path(env.run_dir), env.rank)
         bridge = _serve_nvrx(session, env)
         TraceDumper.start_if_available(Path(env.run_dir), env.rank)
+        sampler = CollectiveSampler.start_if_available()
+        if sampler is not None:  # the rank's place in its collectives, in each record
+            session.add_heartbeat_block(sampler.block)
     freeze_startup()  # torch's and rankguard's module state: no collection walks it again
     if sys.excepthook is sys.__excepthook__:
         sys.excepthook = _script_excepthook

@@ -2,12 +2,13 @@
 
 A heartbeat record has the publisher's own fields (identity, progress, phase) and one
 *block* per component that has something to tell node 0: ``rerun``, ``inprocess``,
-``preempt``, ``perf``, ``straggler``, ``ft_stats``, the ``exit`` of ``process_end``, and
-the tracker's checkpoint count. Each block is a small type with a unique ``name``,
-``to_dict()`` (what the record carries under that name) and ``from_dict()`` (validation
-on the way in: ``ValueError`` naming the field). :data:`BLOCKS` is the one list of
-them; :func:`read_block` is how a reader gets one from a record, typed, so no reader
-parses a block by hand or digs in ``HeartbeatRecord.extra``.
+``preempt``, ``perf``, ``straggler``, ``ft_stats``, ``collectives``, the ``exit`` of
+``process_end``, and the tracker's checkpoint count. Each block is a small type with a
+unique ``name``, ``to_dict()`` (what the record carries under that name) and
+``from_dict()`` (validation on the way in: ``ValueError`` naming the field).
+:data:`BLOCKS` is the one list of them; :func:`read_block` is how a reader gets one from
+a record, typed, so no reader parses a block by hand or digs in
+``HeartbeatRecord.extra``.
 
 A *flat* block (``flat = True``) is a group of top-level record fields rather than a
 nested object (the checkpoint count, written with the tracker's progress fields).
@@ -24,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
+from rankguard.schema.collectives import CollectivesBlock
 from rankguard.schema.records import HeartbeatRecord
 from rankguard.schema.rerun import RerunBlock
 
@@ -36,6 +38,7 @@ __all__ = [
     "REGISTRY",
     "BlockSource",
     "CheckpointBlock",
+    "CollectivesBlock",
     "ExitBlock",
     "FtStatsBlock",
     "HeartbeatBlock",
@@ -368,6 +371,7 @@ BLOCKS: tuple[type[HeartbeatBlock], ...] = (
     StragglerBlock,
     FtStatsBlock,
     NvrxBlock,
+    CollectivesBlock,
 )
 
 

@@ -1,6 +1,10 @@
 """Node 0: scores from the ranks' heartbeats, findings and reports (no collective).
 
-Every ``report_time_interval`` seconds, from each rank's latest median compute time:
+Every ``report_time_interval`` seconds, from each rank's compute time per step: the
+ranks' own marked compute sections (``rg.compute()``) where the script has them, else
+how long each rank waited in collectives (:mod:`rankguard.straggler.waits`: no code
+needed, a rank slowed inside forward or backward shows), else each rank's own CPU time
+per step:
 
 - relative score = best rank's time / this rank's time (1.0 for the fastest rank);
 - individual score = this rank's best reported time so far / its time now (1.0 when it
@@ -26,6 +30,7 @@ from rankguard.schema.findings import Finding, FindingType, Reason
 from rankguard.schema.records import HeartbeatRecord
 from rankguard.straggler.config import StragglerConfig
 from rankguard.straggler.nvrx_lines import score_lines, straggler_warnings
+from rankguard.straggler.waits import RankWaits, WaitShares
 
 if TYPE_CHECKING:
     from rankguard.heartbeat.rules import RankState
@@ -59,6 +64,8 @@ class StragglerDetector:
         self.below: dict[tuple[int, int | None], int] = {}  # reports in a row below
         self.report: dict[str, Any] | None = None
         self.stop_requested = False
+        self.waits = WaitShares()
+        self.source: str | None = None  # what the latest report scored
 
     def status(self) -> dict[str, Any] | None:
         return self.report
@@ -86,9 +93,11 @@ class StragglerDetector:
                 continue
             if rec.ended:
                 self.latest.pop(rank, None)
+                self.waits.forget(rank)
                 ended = True
             else:
                 self.observe(rank, rec)
+                self.waits.observe(rank, rec, now)
         if now < self.next_report or not self.latest:
             return []
         if ended:
@@ -108,6 +117,11 @@ class StragglerDetector:
             if rank in self.latest and samples:
                 self.latest[rank] = (statistics.median(samples), self.latest[rank][1])
         self._interval = {}
+        waits = self._scored_by_waits(self.waits.take())
+        source = "collective_waits" if waits else "own_compute"
+        if source != self.source:  # another measure: its own bests
+            self.best = {}
+            self.source = source
         best_now = min(ms for ms, _ in self.latest.values())
         scores: dict[int, dict[str, Any]] = {}
         for rank, (ms, rec) in sorted(self.latest.items()):
@@ -143,13 +157,14 @@ class StragglerDetector:
             flagged_now.add(key)
             if key in self.active:
                 continue
-            findings.append(self._finding(score, slow_rel, slow_ind))
+            findings.append(self._finding(score, slow_rel, slow_ind, waits.get(rank)))
         self.below = below
         self.active = flagged_now
         ordered = sorted(scores.values(), key=lambda s: (_worst_score(s), s["rank"]))
         n = cfg.num_gpu_perf_scores_to_print
         self.report = {
             "report": self.reports,
+            "source": source,
             "ranks": len(scores),
             "best_compute_ms": round(best_now, 4),
             "stragglers": sorted(rank for rank, _ in flagged_now),
@@ -167,6 +182,20 @@ class StragglerDetector:
         if findings and cfg.stop_if_detected:
             self.stop_requested = True
         return findings
+
+    def _scored_by_waits(self, waits: dict[int, RankWaits]) -> dict[int, RankWaits]:
+        """Score this report by the ranks' waiting in collectives (their compute per step
+        replaces the own-compute samples) unless a rank marks its compute sections (the
+        finer source) or a scored rank has no estimate; the estimates used, else {}."""
+        marked = any(
+            str((rec.straggler or {}).get("method", "")).startswith("compute_section")
+            for _, rec in self.latest.values()
+        )
+        if marked or not waits or not set(self.latest) <= set(waits):
+            return {}
+        for rank, (_, rec) in self.latest.items():
+            self.latest[rank] = (waits[rank].compute_ms, rec)
+        return waits
 
     def _nvrx_lines(
         self, scores: dict[int, dict[str, Any]], below: dict[tuple[int, int | None], int]
@@ -203,7 +232,9 @@ class StragglerDetector:
         ]
         return "\n".join(lines)
 
-    def _finding(self, score: dict[str, Any], slow_rel: bool, slow_ind: bool) -> Finding:
+    def _finding(
+        self, score: dict[str, Any], slow_rel: bool, slow_ind: bool, waits: RankWaits | None
+    ) -> Finding:
         cfg = self.cfg
         why = []
         if slow_rel:
@@ -214,6 +245,13 @@ class StragglerDetector:
             )
         gpu = (score.get("gpu") or {}).get("token") if score.get("gpu") else None
         reports = cfg.consecutive_reports
+        how = ""
+        if waits is not None and score["relative"]:
+            how = (
+                f"; from the collectives: its peers wait for it, its compute per step is "
+                f"{1 / score['relative']:.2f}x the fastest rank's, it waits "
+                f"{waits.wait_share:.0%} of the time"
+            )
         return Finding.build(
             FindingType.STRAGGLER,
             Reason.SLOW_COMPUTE,
@@ -222,7 +260,8 @@ class StragglerDetector:
             message=f"rank {score['rank']} (node {score['node_rank']}, "
             f"{score['hostname']}, GPU {gpu or '-'}) is a straggler: {'; '.join(why)} "
             f"(compute {score['compute_ms']} ms per step"
-            + (f"; {reports} reports in a row)" if reports > 1 else ")"),
+            + (f"; {reports} reports in a row" if reports > 1 else "")
+            + f"{how})",
             pid=score["pid"],
             hostname=score["hostname"],
             node_rank=score["node_rank"],
@@ -232,5 +271,8 @@ class StragglerDetector:
                 "individual_score": score["individual"],
                 "compute_ms": score["compute_ms"],
                 "consecutive_reports": reports,
+                "source": self.source,
+                "wait_share": None if waits is None else round(waits.wait_share, 3),
+                "slowdown": round(1 / score["relative"], 3) if score["relative"] else None,
             },
         )

@@ -149,3 +149,67 @@ def test_collective_frames_of_ddp_and_fsdp_wait_for_peers() -> None:
     ]
     assert all(waits_in_collective(f) for f in waiting)
     assert not any(waits_in_collective(f) for f in working) and not waits_in_collective(None)
+
+
+def _at(enqueued: int, completed: int) -> dict[str, object]:
+    """A rank's ``collectives`` block: its place in the default group."""
+    return {"groups": {"0": [enqueued, completed]}, "samples": 10, "waiting": 0}
+
+
+def test_the_rank_behind_in_the_collectives_is_the_culprit_whatever_the_frames() -> None:
+    """No Python frame tells them apart (a direct ``ProcessGroup`` call, a wait in C++):
+    ranks 0 and 2 entered all-reduce #13 and wait in it, rank 1 completed #12 and never
+    entered #13. The flight recorder's positions name rank 1 alone."""
+    rules = _rules(world=3)
+    feed = Feed(rules)
+    at = {0: _at(13, 12), 1: _at(12, 12), 2: _at(13, 12)}
+    found: list[tuple[int, str]] = []
+    for t in range(0, 30):
+        for rank, block in at.items():
+            # the waiting ranks' records are older: they would cross the timeout first
+            feed.beat(
+                rank,
+                float(t),
+                progress_seq=12,
+                since=float(t) + (rank != 1),
+                main_frame="train.py:40 in step",
+                collectives=block,
+            )
+        found += types_of(rules.evaluate(t + 0.1))
+    assert found == [(1, "gpu_progress_timeout")]
+    assert rules.ranks[0].blocked_by == [1] and rules.ranks[2].blocked_by == [1]
+
+
+def test_a_rank_inside_a_collective_by_the_recorder_waits_for_one_outside() -> None:
+    """Same position, but rank 0 is inside the collective (enqueued, not completed) with
+    an unrecognised frame; rank 1 is outside: rank 1 is the culprit."""
+    rules = _rules(world=2)
+    feed = Feed(rules)
+    at = {0: _at(7, 6), 1: _at(6, 6)}
+    found: list[tuple[int, str]] = []
+    for t in range(0, 30):
+        for rank, block in at.items():
+            feed.beat(
+                rank,
+                float(t),
+                progress_seq=5,
+                since=float(t) + (rank == 0),
+                main_frame="model.py:10 in forward",
+                collectives=block,
+            )
+        found += types_of(rules.evaluate(t + 0.1))
+    assert found == [(1, "gpu_progress_timeout")]
+    assert rules.ranks[0].blocked_by == [1]
+
+
+def test_every_rank_inside_the_same_collective_is_reported() -> None:
+    """Every rank joined and none completes (a communication stall): no rank is behind,
+    so each is reported."""
+    rules = _rules(world=2)
+    feed = Feed(rules)
+    found: list[tuple[int, str]] = []
+    for t in range(0, 30):
+        for rank in (0, 1):
+            feed.beat(rank, float(t), progress_seq=5, since=float(t), collectives=_at(9, 8))
+        found += types_of(rules.evaluate(t + 0.1))
+    assert sorted(found) == [(0, "gpu_progress_timeout"), (1, "gpu_progress_timeout")]

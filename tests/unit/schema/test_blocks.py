@@ -34,6 +34,7 @@ from rankguard.schema.blocks import (
     fields_source,
     read_block,
 )
+from rankguard.schema.collectives import CollectivesBlock, GroupPosition
 from rankguard.schema.findings import Progress
 from rankguard.schema.records import HeartbeatRecord
 from rankguard.schema.rerun import RerunBlock, RerunEvent, RerunOutcome
@@ -80,6 +81,8 @@ EXAMPLES: list[Any] = [
     StragglerBlock({"samples": [1.0]}),
     FtStatsBlock({"steps": 3}),
     NvrxBlock({"connections": 1, "heartbeats": 4, "open_sections": ["step"]}),
+    CollectivesBlock(),
+    CollectivesBlock(groups=(GroupPosition("0", 13, 12),), samples=9, waiting=4),
 ]
 
 

@@ -1,0 +1,270 @@
+"""Culprits, hang classes and fail-slow ranks from the collectives, on unmodified DDP.
+
+Three parts, each a real ``rankguard run`` of ``attribution_job.py`` (gloo, CPU ranks):
+
+1. attribution: one rank stalls (60 s) in forward, backward (a hook), the optimizer,
+   data loading or outside any collective, on 2 and 4 ranks; the run is stopped 8 s
+   after the first hang finding. Right when the stalled rank is the only rank named
+   (``gpu_progress_timeout`` or a heartbeat timeout); the finding's ``hang`` kind is
+   printed too.
+2. fail-slow: one rank (chosen by a seeded draw) slowed 1.5x-3x in backward, forward or
+   data loading from 5 s on, plus clean runs, on 4 ranks, straggler detection on
+   (report every 3 s, 2 reports in a row, relative threshold 0.8); precision and recall
+   of ``straggler_detected`` per run, and onset -> finding.
+3. cost: the sampler's look (``CollectiveSampler.sample``) in a 1-rank gloo job, and a
+   loop of tiny all-reduces with the sampler thread on vs off (the training thread does
+   nothing for it; what remains is the thread's GIL share).
+
+``--smoke``: one case of each part, short.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+JOB = HERE / "attribution_job.py"
+FAST = [
+    "heartbeat.enabled=true",
+    "heartbeat.publish_interval_s=0.5",
+    "heartbeat.scan_interval_s=0.5",
+    "heartbeat.process_timeout_s=3",
+    "heartbeat.progress_timeout_s=4",
+]
+SITES = ("forward", "backward", "optimizer", "data", "outside")
+HANG_TYPES = ("gpu_progress_timeout", "rank_process_heartbeat_timeout", "rank_section_timeout")
+
+
+def _cmd(run_id: str, log_dir: Path, nproc: int, sets: list[str], job: list[str]) -> list[str]:
+    cmd = [sys.executable, "-m", "rankguard.cli.main", "run", "--standalone"]
+    cmd += ["--nproc-per-node", str(nproc), "--rdzv-id", run_id, "--log-dir", str(log_dir)]
+    for item in FAST + sets:
+        cmd += ["--set", item]
+    return [*cmd, str(JOB), *job]
+
+
+def _findings(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "findings.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            out.append(json.loads(line))
+    return out
+
+
+def _start_ns(run_dir: Path) -> int | None:
+    starts = []
+    for f in run_dir.glob("rank_*.jsonl"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            starts.append(int(json.loads(f.read_text().splitlines()[0])["wall_time_ns"]))
+    return min(starts) if starts else None
+
+
+def _launch(cmd: list[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def _stop(proc: subprocess.Popen[str]) -> str:
+    with contextlib.suppress(OSError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    return out
+
+
+def attribution_case(base: Path, nproc: int, site: str, culprit: int) -> dict[str, Any]:
+    run_id = f"attr-{nproc}-{site}-{os.getpid()}"
+    log_dir = base / run_id
+    job = ["--seconds", "120", "--stall-rank", str(culprit), "--stall-site", site]
+    job += ["--stall-step", "20"]
+    proc = _launch(_cmd(run_id, log_dir, nproc, [], job))
+    run_dir = log_dir / "heartbeat" / run_id
+    first: float | None = None
+    deadline = time.monotonic() + 100
+    while time.monotonic() < deadline and proc.poll() is None:
+        hangs = [f for f in _findings(run_dir) if f.get("finding_type") in HANG_TYPES]
+        if hangs and first is None:
+            first = time.monotonic()
+        if first is not None and time.monotonic() - first > 8:
+            break
+        time.sleep(0.5)
+    _stop(proc)
+    hangs = [f for f in _findings(run_dir) if f.get("finding_type") in HANG_TYPES]
+    named = sorted({int(f["rank"]) for f in hangs})
+    kind = next((f["hang"]["kind"] for f in hangs if isinstance(f.get("hang"), dict)), None)
+    return {
+        "nproc": nproc,
+        "site": site,
+        "culprit": culprit,
+        "named": named,
+        "right": named == [culprit],
+        "hang_kind": kind,
+    }
+
+
+def failslow_case(
+    base: Path, k: int, slow_rank: int | None, site: str, slowdown: float, seconds: float
+) -> dict[str, Any]:
+    run_id = f"slow-{k}-{os.getpid()}"
+    log_dir = base / run_id
+    sets = [
+        "straggler.enabled=true",
+        "straggler.report_time_interval=3",
+        "straggler.consecutive_reports=2",
+        "straggler.gpu_relative_perf_threshold=0.8",
+        "straggler.gpu_individual_perf_threshold=0.5",
+    ]
+    job = ["--seconds", str(seconds), "--site-ms", "20", "--slow-from-s", "5"]
+    if slow_rank is not None:
+        job += ["--slow-rank", str(slow_rank), "--slow-site", site, "--slowdown", str(slowdown)]
+    proc = _launch(_cmd(run_id, log_dir, 4, sets, job))
+    try:
+        proc.communicate(timeout=seconds + 90)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+    run_dir = log_dir / "heartbeat" / run_id
+    found = [f for f in _findings(run_dir) if f.get("finding_type") == "straggler_detected"]
+    named = sorted({int(f["rank"]) for f in found})
+    start = _start_ns(run_dir)
+    latency = None
+    if found and start is not None and slow_rank in named:
+        at = min(int(f["detected_at_unix_ns"]) for f in found if f["rank"] == slow_rank)
+        latency = round((at - start) / 1e9 - 5.0, 1)
+    return {
+        "slow_rank": slow_rank,
+        "site": site,
+        "slowdown": slowdown,
+        "named": named,
+        "onset_to_finding_s": latency,
+        "slowdowns": [f.get("slowdown") for f in found],
+    }
+
+
+_COST_JOB = r"""
+import os, sys, time, threading, statistics
+import torch, torch.distributed as dist
+from rankguard.ft.collectives import CollectiveSampler
+dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:%d")
+t = torch.ones(4)
+for _ in range(100):
+    dist.all_reduce(t)
+s = CollectiveSampler()
+n = %d
+t0 = time.perf_counter_ns()
+for _ in range(n):
+    s.sample()
+look_us = (time.perf_counter_ns() - t0) / n / 1000
+
+def loop(steps):
+    t0 = time.perf_counter_ns()
+    for _ in range(steps):
+        dist.all_reduce(t)
+    return (time.perf_counter_ns() - t0) / steps / 1000
+
+steps = %d
+off, on = [], []
+for _ in range(5):
+    off.append(loop(steps))
+    s2 = CollectiveSampler(); s2.start(); time.sleep(0.1)
+    on.append(loop(steps))
+    s2.stop(); time.sleep(0.1)
+print(look_us, statistics.median(off), statistics.median(on), s2.samples)
+dist.destroy_process_group()
+"""
+
+
+def cost(looks: int, steps: int) -> dict[str, float]:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "TORCH_FR_BUFFER_SIZE": "2000"}
+    res = subprocess.run(
+        [sys.executable, "-c", _COST_JOB % (port, looks, steps)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    look, off, on, samples = res.stdout.split()[-4:]
+    return {
+        "sampler_look_us": round(float(look), 2),
+        "all_reduce_step_us_sampler_off": round(float(off), 2),
+        "all_reduce_step_us_sampler_on": round(float(on), 2),
+        "sampler_looks_in_last_on_loop": int(samples),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--smoke", action="store_true", help="one case of each part, short")
+    p.add_argument("--part", choices=("attribution", "failslow", "cost", "all"), default="all")
+    p.add_argument("--seed", type=int, default=1)
+    args = p.parse_args(argv)
+    rng = random.Random(args.seed)
+    base = Path(tempfile.mkdtemp(prefix="rankguard-attribution-"))
+    print(f"logs under {base}", flush=True)
+    if args.part in ("attribution", "all"):
+        cases = [(2, "backward")] if args.smoke else [(n, s) for n in (2, 4) for s in SITES]
+        right = 0
+        for nproc, site in cases:
+            r = attribution_case(base, nproc, site, nproc - 1)
+            right += r["right"]
+            print(json.dumps(r), flush=True)
+        print(f"attribution: culprit alone in {right} of {len(cases)}", flush=True)
+    if args.part in ("failslow", "all"):
+        plan: list[tuple[int | None, str, float]] = []
+        if args.smoke:
+            plan = [(2, "backward", 3.0)]
+        else:
+            for site in ("backward", "forward", "data"):
+                for slowdown in (1.5, 3.0):
+                    plan.append((rng.randrange(4), site, slowdown))
+            plan += [(None, "backward", 1.0)] * 2
+        tp = fp = fn = 0
+        for k, (slow, site, x) in enumerate(plan):
+            r = failslow_case(base, k, slow, site, x, 20.0 if args.smoke else 25.0)
+            named = set(r["named"])
+            tp += int(slow is not None and slow in named)
+            fn += int(slow is not None and slow not in named)
+            fp += len(named - ({slow} if slow is not None else set()))
+            print(json.dumps(r), flush=True)
+        precision = tp / (tp + fp) if tp + fp else 1.0
+        recall = tp / (tp + fn) if tp + fn else 1.0
+        print(
+            f"fail-slow: {len(plan)} runs, precision {precision:.2f}, recall {recall:.2f} "
+            f"(tp {tp}, fp {fp}, fn {fn})",
+            flush=True,
+        )
+    if args.part in ("cost", "all"):
+        r = cost(200 if args.smoke else 5000, 2000 if args.smoke else 20000)
+        print(json.dumps(r), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

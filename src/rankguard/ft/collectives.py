@@ -1,0 +1,199 @@
+"""Rank side: where the rank stands in its collectives, sampled off the training thread.
+
+A daemon thread (``rankguard-collectives``) reads the flight recorder's group status
+every ``period_s`` (50 ms): ``_dump_fr_trace_json(includeCollectives=False,
+onlyActive=True)``, a few hundred bytes, about 3 us on a CPU (the entries are not
+dumped). Each look updates the rank's :class:`~rankguard.schema.collectives.CollectivesBlock`
+(newest enqueued and completed collective per group, at most 16 groups) and counts
+whether the rank was inside a collective; the heartbeat thread publishes the latest
+block with each record. The training thread does nothing for it: torch records each
+collective in its flight recorder anyway (``rankguard run`` turns the recorder on).
+
+A rank that stays at the same position inside a collective for :data:`STUCK_AFTER_S`
+takes one full dump of its recorder (on this thread, once per such position: about
+0.1 s with 2,000 entries) to name that collective (operation, input sizes) in its
+block's ``stuck``.
+
+What node 0 reads from it: the rank behind in the sequence of collectives while its
+peers wait in the next one (the culprit of a hang, without Python frames: DDP's
+reducer and FSDP's hooks wait in C++), and each rank's share of time waiting in
+collectives (the rank that never waits is the one the others wait for: a straggler).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rankguard.schema.collectives import (
+    MAX_GROUPS,
+    CollectivesBlock,
+    GroupPosition,
+    StuckCollective,
+)
+
+__all__ = ["PERIOD_S", "STUCK_AFTER_S", "CollectiveSampler", "parse_status", "stuck_in"]
+
+logger = logging.getLogger(__name__)
+
+PERIOD_S = 0.05
+STUCK_AFTER_S = 2.0  # at one position inside a collective this long: name it
+_MAX_STATUS = 1 << 20  # bytes of a status dump read (a few hundred expected)
+
+
+def _status_json() -> bytes:
+    import torch._C._distributed_c10d as c10d
+
+    data = c10d._dump_fr_trace_json(includeCollectives=False, onlyActive=True)  # type: ignore[attr-defined]
+    return data if isinstance(data, bytes) else str(data).encode()
+
+
+def _int(value: Any) -> int | None:
+    if type(value) is int:
+        return value
+    if isinstance(value, str) and len(value) < 20 and value.lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
+def parse_status(data: bytes) -> tuple[GroupPosition, ...]:
+    """The groups' positions from a status dump (``pg_status``: last enqueued and
+    completed collective per group); groups whose numbers do not read are left out."""
+    if len(data) > _MAX_STATUS:
+        return ()
+    doc = json.loads(data)
+    status = doc.get("pg_status") if isinstance(doc, dict) else None
+    out: list[GroupPosition] = []
+    for name, st in sorted((status if isinstance(status, dict) else {}).items()):
+        if not isinstance(st, dict) or len(out) >= MAX_GROUPS or len(str(name)) > 64:
+            continue
+        enq = _int(st.get("last_enqueued_collective"))
+        done = _int(st.get("last_completed_collective"))
+        if enq is not None and done is not None and enq >= -1 and done >= -1:
+            out.append(GroupPosition(str(name), enq, done))
+    return tuple(out)
+
+
+def _entries_json() -> bytes:
+    from rankguard.ft.flightrec import _trace_json
+
+    return _trace_json()
+
+
+def stuck_in(data: bytes, group: GroupPosition) -> StuckCollective | None:
+    """The entry of ``group``'s collective ``group.enqueued`` in a full dump (JSON, read
+    as data): its operation and input sizes; None when it is not there."""
+    doc = json.loads(data)
+    entries = doc.get("entries") if isinstance(doc, dict) else None
+    for e in reversed(entries if isinstance(entries, list) else []):
+        if not isinstance(e, dict) or e.get("is_p2p"):
+            continue
+        pg = e.get("process_group")
+        name = str(pg[0]) if isinstance(pg, list) and pg else str(e.get("pg_id"))
+        if name != group.group or _int(e.get("collective_seq_id")) != group.enqueued:
+            continue
+        op = str(e.get("profiling_name") or "unknown").split(":", 1)[-1][:200]
+        sizes = json.dumps(e.get("input_sizes"), separators=(",", ":"))[:200]
+        return StuckCollective(group.group, group.enqueued, op, sizes)
+    return None
+
+
+class CollectiveSampler:
+    """Samples the rank's collective positions; :meth:`block` is a heartbeat block
+    source (None until the rank's first collective)."""
+
+    def __init__(
+        self,
+        *,
+        period_s: float = PERIOD_S,
+        status: Callable[[], bytes] = _status_json,
+        entries: Callable[[], bytes] = _entries_json,
+        stuck_after_s: float = STUCK_AFTER_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if period_s <= 0:
+            raise ValueError(f"period_s: must be > 0, got {period_s}")
+        self.period_s = period_s
+        self._status = status
+        self._entries = entries
+        self.stuck_after_s = stuck_after_s
+        self._clock = clock
+        self._since: tuple[tuple[GroupPosition, ...], float] | None = None
+        self._stuck: tuple[tuple[GroupPosition, ...], StuckCollective | None] | None = None
+        self.full_dumps = 0
+        self._block: CollectivesBlock | None = None
+        self.samples = 0
+        self.waiting = 0
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def start_if_available(cls) -> CollectiveSampler | None:
+        """A started sampler, or None on a torch without the JSON status dump."""
+        try:
+            import torch._C._distributed_c10d as c10d
+        except ImportError:
+            return None
+        if not hasattr(c10d, "_dump_fr_trace_json"):
+            return None
+        sampler = cls()
+        sampler.start()
+        return sampler
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="rankguard-collectives", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            try:
+                self.sample()
+            except Exception:  # never raised into the rank: counted, logged once
+                self.errors += 1
+                if self.errors == 1:
+                    logger.exception("rankguard: reading the collectives' status failed")
+
+    def sample(self) -> None:
+        """One look at the recorder's group status."""
+        groups = parse_status(self._status())
+        if not groups:
+            return
+        self.samples += 1
+        inside = [g for g in groups if g.inside]
+        self.waiting += bool(inside)
+        self._block = CollectivesBlock(
+            groups=groups,
+            samples=self.samples,
+            waiting=self.waiting,
+            stuck=self._stuck_in(groups, inside),
+        )
+
+    def _stuck_in(
+        self, groups: tuple[GroupPosition, ...], inside: list[GroupPosition]
+    ) -> StuckCollective | None:
+        """The collective the rank has waited in at this same position for
+        ``stuck_after_s`` (one full dump per position), else None."""
+        now = self._clock()
+        if not inside:
+            self._since = None
+            return None
+        if self._since is None or self._since[0] != groups:
+            self._since = (groups, now)
+            return None
+        if now - self._since[1] < self.stuck_after_s:
+            return None
+        if self._stuck is None or self._stuck[0] != groups:
+            self.full_dumps += 1
+            self._stuck = (groups, stuck_in(self._entries(), inside[0]))
+        return self._stuck[1]
+
+    def block(self) -> CollectivesBlock | None:
+        return self._block

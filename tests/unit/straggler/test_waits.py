@@ -1,0 +1,113 @@
+"""Stragglers from the ranks' waiting in collectives: no code mark, a rank slowed inside
+backward is named with its slowdown; balanced ranks, too few samples or marked compute
+sections leave the scoring to the ranks' own measurements."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rankguard.schema.findings import FindingType
+from rankguard.schema.records import HeartbeatRecord
+from rankguard.straggler.config import StragglerConfig
+from rankguard.straggler.detector import StragglerDetector
+from rankguard.straggler.waits import WaitShares
+from tests.factories import heartbeat_record
+
+INTERVAL = 10.0
+STEP_S = 0.1  # the job's step period
+LOOKS = 200  # sampler looks per interval (50 ms apart)
+
+
+class _State:
+    def __init__(self, raw: dict[str, Any]) -> None:
+        self.record = HeartbeatRecord.from_dict(raw)
+
+
+class Job:
+    """Ranks whose CPU time per step is equal (the sleep a slow backward adds uses no
+    CPU) and whose waiting shares are given per report."""
+
+    def __init__(self, world: int, method: str = "step_cpu") -> None:
+        self.world = world
+        self.method = method
+        self.k = 0
+        self.looks = dict.fromkeys(range(world), 0)
+        self.waits = dict.fromkeys(range(world), 0)
+
+    def states(self, shares: dict[int, float] | None, looks: int = LOOKS) -> dict[int, _State]:
+        out = {}
+        for r in range(self.world):
+            if shares is not None:
+                self.looks[r] += looks
+                self.waits[r] += round(shares[r] * looks)
+            raw = heartbeat_record(
+                r,
+                self.k + 1,
+                world_size=self.world,
+                progress_seq=1 + int(self.k * INTERVAL / STEP_S),
+                straggler={"compute_ms": 40.0, "samples": 5, "method": self.method},
+                collectives={
+                    "groups": {"0": [self.k * 1000, self.k * 1000]},
+                    "samples": self.looks[r],
+                    "waiting": self.waits[r],
+                },
+            )
+            out[r] = _State(raw)
+        return out
+
+    def report(
+        self, det: StragglerDetector, shares: dict[int, float], looks: int = LOOKS
+    ) -> list[Any]:
+        if self.k == 0:  # the first sight starts the interval
+            det.evaluate(1000.0, self.states(None))
+        self.k += 1
+        return det.evaluate(1000.0 + self.k * INTERVAL, self.states(shares, looks))
+
+
+def _detector() -> StragglerDetector:
+    cfg = StragglerConfig(enabled=True, report_time_interval=INTERVAL, consecutive_reports=2)
+    return StragglerDetector(cfg, "run", started_at=1000.0)
+
+
+def test_the_rank_its_peers_wait_for_is_named_with_its_slowdown() -> None:
+    # rank 2's backward is slower: the others wait 35% of the time, it 2%
+    det, job = _detector(), Job(4)
+    shares = {0: 0.35, 1: 0.36, 2: 0.02, 3: 0.34}
+    found = job.report(det, shares) + job.report(det, shares) + job.report(det, shares)
+    assert [(f.rank, f.finding_type) for f in found] == [(2, FindingType.STRAGGLER)]
+    detail = found[0].detail
+    assert detail["source"] == "collective_waits" and detail["wait_share"] == 0.02
+    assert 1.45 < detail["slowdown"] < 1.55, detail  # 0.98 / 0.65
+    assert "its peers wait for it" in found[0].message
+    assert det.report is not None and det.report["stragglers"] == [2]
+
+
+def test_balanced_waiting_names_nobody() -> None:
+    det, job = _detector(), Job(4)
+    for k in range(5):
+        shares = {r: 0.05 + 0.02 * ((r + k) % 3) for r in range(4)}
+        assert job.report(det, shares) == []
+    assert det.source == "collective_waits"
+
+
+def test_too_few_samples_leave_the_ranks_own_measurements() -> None:
+    det, job = _detector(), Job(2)
+    for _ in range(3):
+        assert job.report(det, {0: 0.4, 1: 0.0}, looks=5) == []
+    assert det.source == "own_compute"
+
+
+def test_marked_compute_sections_stay_the_finer_source() -> None:
+    det, job = _detector(), Job(2, method="compute_section_cpu")
+    for _ in range(3):
+        assert job.report(det, {0: 0.4, 1: 0.0}) == []
+    assert det.source == "own_compute"
+
+
+def test_a_restarted_rank_starts_its_interval_again() -> None:
+    shares = WaitShares()
+    raw = heartbeat_record(0, 1, collectives={"groups": {"0": [1, 1]}, "samples": 900})
+    shares.observe(0, HeartbeatRecord.from_dict(raw), 1.0)
+    raw = heartbeat_record(0, 1, pid=7, collectives={"groups": {"0": [1, 1]}, "samples": 30})
+    shares.observe(0, HeartbeatRecord.from_dict(raw), 2.0)
+    assert shares._start[0].samples == 30  # not 900: a new process counts from zero
