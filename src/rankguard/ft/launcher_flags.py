@@ -23,7 +23,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 __all__ = [
     "FROZEN",
@@ -346,6 +346,13 @@ def _yaml_settings(path: str) -> dict[str, Any]:
     return dict(section)
 
 
+def _refuse(message: str) -> NoReturn:
+    """NVRx's parser refusing a value (an invalid choice: 0.7 takes ``any-failed`` as the
+    only restart policy) is a ValueError here: argparse's own ``error`` would print its
+    usage and exit the launcher in the middle of reading its command line."""
+    raise ValueError(message)
+
+
 def _nvrx_settings(given: dict[str, str | None]) -> dict[str, Any] | None:
     """NVRx's own reading of the flags (its parser and ``from_args``); None without NVRx."""
     try:
@@ -356,7 +363,9 @@ def _nvrx_settings(given: dict[str, str | None]) -> dict[str, Any] | None:
     argv: list[str] = []
     for option, value in given.items():
         argv += [option] if value is None else [f"{option}={value}"]
-    ns, _ = get_args_parser().parse_known_args([*argv, "script.py"])
+    parser = get_args_parser()
+    parser.error = _refuse  # a refusal, not sys.exit
+    ns, _ = parser.parse_known_args([*argv, "script.py"])
     cfg = FaultToleranceConfig.from_args(ns)
     return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
 

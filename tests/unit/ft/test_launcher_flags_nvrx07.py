@@ -173,3 +173,36 @@ def test_nvrxs_no_progress_limit_is_rankguards_restart_or_stop_rule(
     cfg = load_config(None, overrides)
     assert cfg.fault_tolerance.no_progress_limit == 2
     assert capsys.readouterr().err.strip() == ""  # it takes effect: no line
+
+
+def test_a_value_nvrx_07_refuses_is_one_line_not_its_parsers_exit(tmp_path: Path) -> None:
+    """0.7's parser takes only ``any-failed`` as the restart policy: ``min-healthy`` is
+    refused in one line (exit 2) before anything is launched, not by argparse's usage
+    and exit from inside the flag translation."""
+    path = release_path()
+    src = Path(__file__).resolve().parents[3] / "src"
+    env = release_env(path)
+    env["PYTHONPATH"] = f"{path}:{src}"
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rankguard.cli.main",
+            "run",
+            "--nproc-per-node",
+            "1",
+            "--ft-restart-policy=min-healthy",
+            "train.py",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        cwd=tmp_path,
+    )
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert "usage:" not in res.stderr, res.stderr[-3000:]
+    ours = [line for line in res.stderr.splitlines() if line.startswith("rankguard run:")]
+    assert len(ours) == 1, res.stderr[-3000:]
+    assert "--ft-restart-policy" in ours[0] and "min-healthy" in ours[0], ours
