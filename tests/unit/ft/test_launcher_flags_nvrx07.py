@@ -15,7 +15,7 @@ import pytest
 
 from rankguard.cli.main import _nvrx_flags
 from rankguard.config import load_config
-from rankguard.ft.launcher_flags import FROZEN, FT_ON, MAPPED, NO_EFFECT
+from rankguard.ft.launcher_flags import FROZEN, FT_ON, MAPPED, NO_EFFECT, NODE_HEALTH
 from rankguard.launcher.options import parse_run_args
 from tests.nvrx_release import VERSION, release_env, release_path
 
@@ -88,7 +88,7 @@ _CHILD = textwrap.dedent(
                 load_config(None, overrides)
             out["flags"].append({
                 "dest": flag.dest, "option": option, "tail": argv[-1],
-                "sets": [w for w in argv if w.startswith("fault_tolerance.")],
+                "sets": [w for w in argv if w.startswith(("fault_tolerance.", "node_health."))],
                 "err": err.getvalue().strip().splitlines(),
             })
     print(json.dumps(out))
@@ -137,6 +137,8 @@ def test_every_nvrx_07_flag_is_accepted_with_its_meaning(tmp_path: Path) -> None
             assert r["sets"] == [FT_ON, "fault_tolerance.rank_heartbeat_timeout=200"], r
         elif name == "restart_policy":  # any-failed: rankguard's own behaviour
             assert r["sets"] == [FT_ON] and not r["err"], r
+        elif name in NODE_HEALTH:  # rankguard's node checks before each round
+            assert "node_health.enabled=true" in r["sets"] and not r["err"], r
         else:  # one line, with the reason
             assert name in NO_EFFECT, r
             assert len(r["err"]) == 1 and NO_EFFECT[name] in r["err"][0], r
