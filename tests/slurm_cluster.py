@@ -3,7 +3,8 @@
 Debian's ``slurm-wlm`` (slurmctld, slurmd, the client commands) and ``munge``, started
 as this user's own processes from a configuration generated into a temporary folder:
 munged with a fresh key on a socket of its own, slurmctld and slurmd on free loopback
-ports, one node (this host) and one partition, no cgroups (``proctrack/linuxproc``,
+ports, one node (this host; a second one, :data:`SPARE`, is configured and never comes
+up) and one partition, no cgroups (``proctrack/linuxproc``,
 ``task/none``), no accounting. The client commands find the cluster through
 ``SLURM_CONF`` (:meth:`SlurmCluster.env`); a batch job inherits it.
 
@@ -52,10 +53,20 @@ def _tail(path: Path, lines: int = 5) -> str:
     return " | ".join(text.strip().splitlines()[-lines:]) or "(empty log)"
 
 
-def _node_line(host: str) -> str:
-    """This host as ``slurmd -C`` sees it, its memory lowered so a test job fits."""
+SPARE = "spare0"
+"""A second node that never comes up (DOWN, nothing listens on its port): a job told to
+leave this host out can still be queued, and waits there."""
+
+
+def _node_lines(host: str, spare_port: int) -> list[str]:
+    """This host as ``slurmd -C`` sees it (its memory lowered so a test job fits), and
+    the spare."""
     cpus = os.cpu_count() or 1
-    return f"NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=1000 State=UNKNOWN"
+    return [
+        f"NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=1000 State=UNKNOWN",
+        f"NodeName={SPARE} NodeAddr=127.0.0.1 Port={spare_port} CPUs={cpus} "
+        "RealMemory=1000 State=DOWN",
+    ]
 
 
 def _config(root: Path, host: str, ctld_port: int, slurmd_port: int) -> str:
@@ -92,8 +103,8 @@ def _config(root: Path, host: str, ctld_port: int, slurmd_port: int) -> str:
             "KillWait=10",
             "SlurmctldDebug=info",
             "SlurmdDebug=info",
-            _node_line(host),
-            f"PartitionName=test Nodes={host} Default=YES MaxTime=INFINITE State=UP",
+            *_node_lines(host, _free_port()),
+            f"PartitionName=test Nodes={host},{SPARE} Default=YES MaxTime=INFINITE State=UP",
             "",
         ]
     )
@@ -224,7 +235,7 @@ def start(root: Path | None = None) -> SlurmCluster | str:
 
 def _idle(cluster: SlurmCluster) -> bool:
     try:
-        res = cluster.run("sinfo", "-h", "-o", "%T", timeout=5)
+        res = cluster.run("sinfo", "-h", "-n", cluster.host, "-o", "%T", timeout=5)
     except subprocess.TimeoutExpired:
         return False
     return res.returncode == 0 and res.stdout.strip().startswith("idle")

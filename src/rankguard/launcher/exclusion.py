@@ -2,13 +2,17 @@
 
 Built on torch elastic's rendezvous rounds (``--nnodes MIN:MAX``). Before this node
 joins each round (the first, and the one of every in-job restart), :class:`NodeExclusion`
-decides whether it leaves, for one of three reasons (``fault_tolerance``):
+decides whether it leaves, for one of these reasons (``fault_tolerance``):
 
 - ``exclude_bad_nodes``: its GPUs fail the health check (the collector's NVML reading
   and rules, :mod:`rankguard.health`, plus the XID errors :class:`XidWatcher` saw since
   the launcher started; a GPU with retired pages pending counts too: the retirement
   needs a GPU reset), or the rerun state machine found one of its GPUs faulty (the
   ranks exit 17 and name it: ``rerun_faulty_rank_<r>.json``);
+- ``exclude_bad_nodes`` with ``node_health.enabled``: a check a node service added
+  (:meth:`NodeExclusion.add_check`: the NIC links and storage of
+  :mod:`rankguard.launcher.nodehealth`) fails, or that service saw a worker stuck in
+  uninterruptible sleep (:meth:`NodeExclusion.exclude_next_round`);
 - ``exclude_after_restarts`` K: its ranks caused K in-job restarts within
   ``exclude_window_s``. The node that caused a restart is the first whose agent saw its
   group fail in that round (``compare_set`` on one store key per round: the store

@@ -161,23 +161,46 @@ def test_script_exit_16_requeues_without_exclude(cluster: Cluster) -> None:
     assert not [r for r in read_jsonl(cluster.slurm_log) if r.get("action") == "update"]
 
 
-def test_script_exit_17_requeues_excluding_the_named_hosts(cluster: Cluster) -> None:
+def resubmits(cluster: Cluster) -> list[dict[str, Any]]:
+    return [r for r in read_jsonl(cluster.slurm_log) if r.get("cmd") == "sbatch"]
+
+
+def test_script_exit_17_resubmits_excluding_the_named_hosts(cluster: Cluster) -> None:
+    """Slurm takes no ExcNodeList for a running job and its requeue ends the script: the
+    job goes again as a new one, after this one, without the hosts, in the same run."""
     env = {"SLURM_SUBMIT_DIR": str(cluster.tmp), "FAKE_RANKGUARD_EXIT": "17"}
-    proc = cluster.run(render_sbatch(spec()), FAKE_RANKGUARD_EXCLUDE="gpu08", **env)
-    assert proc.returncode == 17, proc.stdout + proc.stderr
-    proc = cluster.run(  # a later retry: another faulty host; both stay excluded
-        render_sbatch(spec()), FAKE_RANKGUARD_EXCLUDE="gpu03", SLURM_RESTART_COUNT="1", **env
+    proc = cluster.run(
+        render_sbatch(spec()), FAKE_RANKGUARD_EXCLUDE="gpu08", SLURM_RESTART_COUNT="0", **env
     )
-    updates = [r["argv"] for r in read_jsonl(cluster.slurm_log) if r.get("action") == "update"]
-    assert updates == [
-        ["update", f"JobId={JOB_ID}", "ExcNodeList=gpu08"],
-        ["update", f"JobId={JOB_ID}", "ExcNodeList=gpu03,gpu08"],
+    assert proc.returncode == 17, proc.stdout + proc.stderr
+    proc = cluster.run(  # the new job: another faulty host; both stay excluded
+        render_sbatch(spec()),
+        FAKE_RANKGUARD_EXCLUDE="gpu03",
+        SLURM_JOB_ID="4242",
+        RANKGUARD_SLURM_RUN_ID=JOB_ID,
+        RANKGUARD_SLURM_RETRIES="1",
+        **env,
+    )
+    assert proc.returncode == 17, proc.stdout + proc.stderr
+    calls = resubmits(cluster)
+    assert [c["argv"][:3] for c in calls] == [
+        ["--parsable", "--exclude=gpu08", f"--dependency=afterany:{JOB_ID}"],
+        ["--parsable", "--exclude=gpu03,gpu08", "--dependency=afterany:4242"],
     ]
-    assert len(cluster.requeues()) == 2
+    assert calls[0]["file"] == str(cluster.tmp / "job.sbatch")  # this very script
+    keys = ("RANKGUARD_SLURM_RUN_ID", "RANKGUARD_SLURM_RETRIES", "SLURM_RESTART_COUNT")
+    assert [tuple(c["env"].get(k) for k in keys) for c in calls] == [
+        (JOB_ID, "1", None),  # the job's own restart count is not the new job's
+        (JOB_ID, "2", None),
+    ]
+    assert cluster.requeues() == []
     assert "exclude: gpu03,gpu08 (exit 17" in proc.stdout
+    assert "resubmit: code 17 is retryable, job retry 2 of 2: job 4242 runs" in proc.stdout
+    # the new job is the same run: its rendezvous id, its run directory
+    assert [flag(r["argv"], "--rdzv-id") for r in cluster.launches()] == [JOB_ID] * 4
 
 
-def test_script_exit_15_requeues_excluding_every_excluded_node(cluster: Cluster) -> None:
+def test_script_exit_15_resubmits_excluding_every_excluded_node(cluster: Cluster) -> None:
     env = {"SLURM_SUBMIT_DIR": str(cluster.tmp), "FAKE_RANKGUARD_EXIT": "15"}
     proc = cluster.run(
         render_sbatch(spec()),
@@ -186,10 +209,19 @@ def test_script_exit_15_requeues_excluding_every_excluded_node(cluster: Cluster)
         **env,
     )
     assert proc.returncode == 15, proc.stdout + proc.stderr
-    updates = [r["argv"] for r in read_jsonl(cluster.slurm_log) if r.get("action") == "update"]
-    assert updates == [["update", f"JobId={JOB_ID}", "ExcNodeList=gpu02,gpu05"]]
-    assert len(cluster.requeues()) == 1
+    assert [c["argv"][1] for c in resubmits(cluster)] == ["--exclude=gpu02,gpu05"]
+    assert cluster.requeues() == []
     assert "exclude: gpu02,gpu05 (exit 15" in proc.stdout
+
+
+def test_script_requeues_as_is_when_the_resubmission_fails(cluster: Cluster) -> None:
+    env = {"SLURM_SUBMIT_DIR": str(cluster.tmp), "FAKE_RANKGUARD_EXIT": "15"}
+    proc = cluster.run(
+        render_sbatch(spec()), FAKE_RANKGUARD_EXCLUDED_NODE0="gpu02", FAKE_SBATCH_EXIT="1", **env
+    )
+    assert proc.returncode == 15
+    assert len(cluster.requeues()) == 1
+    assert "warning: sbatch failed: requeued as is" in proc.stdout
 
 
 # --- rendering ----------------------------------------------------------------------
