@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -176,9 +177,28 @@ def test_a_crash_is_requeued_and_resumes_from_the_checkpoint(
     assert sorted(e["step"] for e in events(tmp_path, "done")) == [12, 12]
 
 
+def batch_shell(slurm: SlurmCluster, job: str) -> int:
+    """The pid of the job's batch shell (the script slurmd runs from its spool)."""
+    script = f"{slurm.root / 'spool'}/job{int(job):05d}/slurm_script"
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            words = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if script.encode() in words:
+            return int(entry.name)
+    raise AssertionError(f"no batch shell of job {job} ({script})")
+
+
+@pytest.mark.parametrize("to", ["steps", "batch-shell"])
 def test_scancel_term_saves_exits_14_and_the_requeued_job_resumes(
-    slurm: SlurmCluster, tmp_path: Path
+    slurm: SlurmCluster, tmp_path: Path, to: str
 ) -> None:
+    """``scancel --signal=TERM``: every step's processes; ``batch-shell``: the batch
+    shell alone, as the preemption config's ``--signal=B:TERM@<s>`` has Slurm do, and the
+    script passes it on to the launchers."""
     job = submit(
         slurm,
         tmp_path,
@@ -196,13 +216,20 @@ def test_scancel_term_saves_exits_14_and_the_requeued_job_resumes(
         assert time.monotonic() < deadline, output(tmp_path, job)[-3000:]
         time.sleep(0.5)
     time.sleep(3.0)  # some steps
-    res = slurm.run("scancel", "--signal=TERM", job)
-    assert res.returncode == 0, res.stderr
+    script = (tmp_path / "job.sbatch").read_text()
+    assert "#SBATCH --signal=B:TERM@90" in script  # preempt_time 60 + 30
+    if to == "batch-shell":
+        os.kill(batch_shell(slurm, job), signal.SIGTERM)
+    else:
+        res = slurm.run("scancel", "--signal=TERM", job)
+        assert res.returncode == 0, res.stderr
     fields = wait_job(slurm, job, ("COMPLETED", "FAILED", "CANCELLED"), restarts=1)
     out = output(tmp_path, job)
     assert fields["JobState"] == "COMPLETED", out[-3000:]
     assert f"rankguard run exited with code {EXIT_PREEMPTED}" in out, out[-3000:]
     assert f"requeue: code {EXIT_PREEMPTED}" in out
+    if to == "batch-shell":
+        assert "received SIGTERM: passed to the launchers" in out
     saved = [e for e in events(tmp_path, "saved") if e.get("preempted")]
     assert sorted(e["rank"] for e in saved) == [0, 1], saved
     assert saved[0]["step"] == saved[1]["step"]  # one step, every rank

@@ -46,9 +46,9 @@ late)."""
 
 def preempt_signal(preempt_time: float, exit_signal: str = "SIGTERM") -> str:
     """``--signal`` for preemption: ``B:TERM@<preempt_time + margin>``. ``B:`` signals the
-    batch shell only; the script passes it to ``srun``, which forwards it to every node's
-    ``rankguard run`` (without ``B:`` Slurm would signal every process of the step, the
-    ranks and their DataLoader workers included)."""
+    batch shell only, which stays to decide on the exit code; the script passes the
+    signal on to the job's steps (``scancel --signal``: every node's ``rankguard run`` and
+    its ranks), never to ``srun``, which would end its step on SIGTERM."""
     return f"B:{exit_signal.removeprefix('SIG')}@{int(preempt_time + 0.999) + SIGNAL_MARGIN_S}"
 
 
@@ -305,11 +305,15 @@ rg_log "start: job $RG_JOB_ID (run $RG_RUN_ID), run $((RG_RESTART_COUNT + 1)) of
 # rankguard executable). --kill-on-bad-exit=0: a failing node does not kill the others,
 # each launcher ends its own ranks and reports through its exit code.
 # srun in the background, so that the exit signal (Slurm's B: signal) reaches this shell's
-# trap at once (bash runs a trap only between commands); the trap passes it to srun,
-# which forwards it to every launcher, and the script waits again for srun's exit code.
+# trap at once (bash runs a trap only between commands); the trap passes it to the job's
+# steps (scancel without --batch: every launcher and its ranks, not this shell), and the
+# script waits again for srun's exit code. Not to srun itself: srun ends its step on
+# SIGTERM ("forcing job termination": the launchers killed before they can save).
 rg_forward() {
     rg_log "received SIG$1: passed to the launchers (preemption: they save and exit 14)"
-    kill -s "$1" "$RG_SRUN_PID" 2>/dev/null
+    if ! scancel --signal="$1" "$RG_JOB_ID"; then
+        rg_log "warning: scancel --signal=$1 $RG_JOB_ID failed: the launchers were not told"
+    fi
 }
 srun --kill-on-bad-exit=0 --ntasks-per-node=1 \
     bash -c 'exec "$0" run --node-rank "$SLURM_NODEID" "$@"' __RANKGUARD__ \

@@ -261,7 +261,8 @@ def test_render_directives_for_two_nodes() -> None:
 def test_optional_directives_left_out() -> None:
     text = render_sbatch(spec(gpus_per_node=0, nproc_per_node=2))
     assert "--gpus-per-node" not in text
-    assert "--partition" not in text and "--account" not in text and "--signal" not in text
+    assert "--partition" not in text and "--account" not in text
+    assert "#SBATCH --signal" not in text  # (the script's scancel --signal forwards one)
     assert "--max-restarts" not in text and "--log-dir" not in text
 
 
@@ -682,22 +683,37 @@ def test_retry_requeues_a_preempted_attempt(tmp_path: Path) -> None:
 
 # A srun standing for the launchers: it says it started, and the exit signal it is
 # passed makes it exit 14 after a short "save" (what every rankguard run does).
+# srun as Slurm's: SIGTERM to srun ends its step (its tasks killed: 137); the launchers
+# told by `scancel --signal=TERM <job>` (the fake scancel below leaves a mark) save and
+# exit 14
 PREEMPTED_SRUN = """#!/usr/bin/env python3
 import os, signal, sys, time
-def preempted(signum, frame):
-    time.sleep(0.3)
-    sys.exit(14)
-signal.signal(signal.SIGTERM, preempted)
-open(os.environ["FAKE_SRUN_STARTED"], "w").close()
-time.sleep(30)
+def killed(signum, frame):
+    print("srun: forcing job termination", file=sys.stderr)
+    sys.exit(137)
+signal.signal(signal.SIGTERM, killed)
+started = os.environ["FAKE_SRUN_STARTED"]
+open(started, "w").close()
+for _ in range(600):
+    if os.path.exists(started + ".tasks"):
+        time.sleep(0.3)
+        sys.exit(14)
+    time.sleep(0.05)
 sys.exit(0)
+"""
+TASKS_SCANCEL = """#!/usr/bin/env python3
+import json, os, sys
+with open(os.environ["FAKE_SLURM_LOG"], "a") as fh:
+    fh.write(json.dumps({"cmd": "scancel", "argv": sys.argv[1:]}) + "\\n")
+open(os.environ["FAKE_SRUN_STARTED"] + ".tasks", "w").close()
 """
 
 
-def test_script_passes_the_exit_signal_to_srun_and_requeues(cluster: Cluster) -> None:
-    srun = cluster.bin / "srun"
-    srun.write_text(PREEMPTED_SRUN)
-    srun.chmod(0o755)
+def test_script_passes_the_exit_signal_to_the_launchers_and_requeues(cluster: Cluster) -> None:
+    for name, text in (("srun", PREEMPTED_SRUN), ("scancel", TASKS_SCANCEL)):
+        path = cluster.bin / name
+        path.write_text(text)
+        path.chmod(0o755)
     started = cluster.tmp / "started"
     script = cluster.tmp / "job.sbatch"
     script.write_text(render_sbatch(spec(signal="B:TERM@90", num_job_retries_on_failure=0)))
@@ -720,3 +736,5 @@ def test_script_passes_the_exit_signal_to_srun_and_requeues(cluster: Cluster) ->
     assert "received SIGTERM: passed to the launchers" in out
     assert "exited with code 14" in out
     assert len(cluster.requeues()) == 1  # no retry budget, requeued all the same
+    told = [r["argv"] for r in read_jsonl(cluster.slurm_log) if r.get("cmd") == "scancel"]
+    assert told == [["--signal=TERM", JOB_ID]]  # the job's steps, not the batch shell
