@@ -29,6 +29,7 @@ from rankguard.configdoc import load_yaml as _load_yaml
 from rankguard.configdoc import short as _short
 from rankguard.elastic import ElasticConfig
 from rankguard.ft.config import FaultToleranceConfig
+from rankguard.health.node_config import NodeHealthConfig
 from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.inprocess.config import InProcessRestartConfig
 from rankguard.layouts import check_envs, normalize, unwrap_flagscale
@@ -118,6 +119,7 @@ class RankguardConfig:
     preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
     inprocess_restart: InProcessRestartConfig = field(default_factory=InProcessRestartConfig)
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
+    node_health: NodeHealthConfig = field(default_factory=NodeHealthConfig)
 
     def __post_init__(self) -> None:
         if not self.log_dir:

@@ -188,8 +188,8 @@ TRACKER_PACKAGES = ("tensorboard", "wandb", "mlflow")
 class HealthyRun:
     """One healthy 2-rank demo run that several tests read (each asserts its own part):
     20 steps, FLOPs measured, a perf window every 5 iterations, a checkpoint every 10,
-    TensorBoard, W&B (offline) and MLflow (a local SQLite store) as ``perf.trackers``
-    when their packages are installed."""
+    the node health checks on, TensorBoard, W&B (offline) and MLflow (a local SQLite
+    store) as ``perf.trackers`` when their packages are installed."""
 
     tmp: Path
     log_dir: Path
@@ -220,6 +220,7 @@ def healthy_run(tmp_path_factory: pytest.TempPathFactory) -> HealthyRun:
     trackers = all(importlib.util.find_spec(name) is not None for name in TRACKER_PACKAGES)
     sets = [
         "perf.log_interval=5",
+        "node_health.enabled=true",  # this machine's NIC and storage: no finding
         *(
             [
                 "perf.trackers=tensorboard,wandb,mlflow",

@@ -76,6 +76,22 @@ def test_normal_run_has_no_findings_and_ends_completed(healthy_run: HealthyRun) 
     assert json.loads(as_json.stdout)["status"]["run_id"] == run_id
 
 
+@HEALTHY_RUN
+def test_the_node_health_checks_of_a_healthy_machine_pass(healthy_run: HealthyRun) -> None:
+    """``node_health.enabled`` on this machine: its NIC links and the log directory's
+    storage checked before the workers start, written beside the GPU health file, and
+    no finding (the test above)."""
+    run_dir = healthy_run.run_dir
+    assert healthy_run.res.returncode == 0, healthy_run.out
+    written = json.loads((run_dir / "node_health_node_0.json").read_text())
+    assert written["status"] == "ok", written
+    checks = {(c["check"], c["target"]) for c in written["checks"]}
+    assert ("storage", str(healthy_run.log_dir)) in checks, written
+    assert all(c["ok"] for c in written["checks"])
+    assert read_status(run_dir)["node_health"]["status"] == "ok"
+    assert "node health: " in healthy_run.out and "check(s) passed" in healthy_run.out
+
+
 def test_crash_names_the_failing_rank_as_root_cause(tmp_path: Path, run_id: str) -> None:
     """A real launch: torch elastic's error file and the agent's exit codes name the
     root cause, across processes."""

@@ -421,6 +421,7 @@ def test_config_to_dict_is_plain() -> None:
         "preemption",
         "inprocess_restart",
         "elastic",
+        "node_health",
     }
     assert d["perf"]["log_interval"] == 10 and d["perf"]["model"] is None
 

@@ -23,11 +23,12 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 __all__ = [
     "FROZEN",
     "FROZEN_SOURCE",
+    "NODE_HEALTH",
     "FtLauncherArgs",
     "LauncherFlag",
     "flag_for",
@@ -164,9 +165,13 @@ NO_EFFECT = {
     "rank_termination_signal": ("rankguard dumps the culprit's stacks, then kills it with SIGKILL"),
     "log_level": "rankguard logs at INFO (-v for DEBUG)",
     "restart_check_interval": "rankguard restarts through torch elastic's own restart path",
-    "enable_nic_monitor": "rankguard has no NIC monitor",
-    "pci_topo_file": "rankguard has no NIC monitor",
-    "link_down_path_template": "rankguard has no NIC monitor",
+    "pci_topo_file": (
+        "rankguard checks every physical link before each round (node_health.nic); it "
+        "pairs no NIC with a GPU"
+    ),
+    "link_down_path_template": (
+        "rankguard reads each link's state in sysfs (node_health.nic, node_health.sysfs_root)"
+    ),
     "term_timeout": (
         "on SIGTERM rankguard follows preemption.* (graceful preemption) or torch elastic's "
         "own shutdown"
@@ -194,10 +199,10 @@ NO_EFFECT = {
     "node_health_check_endpoint": (
         "rankguard checks the node's GPUs itself (heartbeat.hardware_health)"
     ),
-    "enable_nic_healthcheck": "rankguard has no NIC monitor",
-    "link_state_path_template": "rankguard has no NIC monitor",
-    "enable_dist_storage_healthcheck": "rankguard does not probe Lustre or NFS",
-    "storage_healthcheck_path": "rankguard does not probe Lustre or NFS",
+    "link_state_path_template": (
+        "rankguard reads every InfiniBand port's state under /sys/class/infiniband "
+        "(node_health.nic, node_health.sysfs_root)"
+    ),
     "segment_health_check_dir": "rankguard keeps no segment health decisions",
     "skip_section_response": (
         "rankguard's bridge sends the client NVRx's default and answers as it says"
@@ -242,6 +247,14 @@ NO_EFFECT = {
         "rankguard reads each attempt's progress from the ranks' heartbeats, not from a file"
     ),
 }
+# NVRx's node checks before the rendezvous -> rankguard's (node_health): the NIC link
+# state (0.4's NIC monitor too), the storage check and its directories
+NODE_HEALTH = (
+    "enable_nic_monitor",
+    "enable_nic_healthcheck",
+    "enable_dist_storage_healthcheck",
+    "storage_healthcheck_path",
+)
 _DEFAULT_RESTART_POLICY = "any-failed"
 # ft_launcher acts on what it detects (the hung rank is ended, the group restarted within
 # --max-restarts, or the job fails): its flags on a launch line ask for that behaviour
@@ -346,6 +359,13 @@ def _yaml_settings(path: str) -> dict[str, Any]:
     return dict(section)
 
 
+def _refuse(message: str) -> NoReturn:
+    """NVRx's parser refusing a value (an invalid choice: 0.7 takes ``any-failed`` as the
+    only restart policy) is a ValueError here: argparse's own ``error`` would print its
+    usage and exit the launcher in the middle of reading its command line."""
+    raise ValueError(message)
+
+
 def _nvrx_settings(given: dict[str, str | None]) -> dict[str, Any] | None:
     """NVRx's own reading of the flags (its parser and ``from_args``); None without NVRx."""
     try:
@@ -356,7 +376,9 @@ def _nvrx_settings(given: dict[str, str | None]) -> dict[str, Any] | None:
     argv: list[str] = []
     for option, value in given.items():
         argv += [option] if value is None else [f"{option}={value}"]
-    ns, _ = get_args_parser().parse_known_args([*argv, "script.py"])
+    parser = get_args_parser()
+    parser.error = _refuse  # a refusal, not sys.exit
+    ns, _ = parser.parse_known_args([*argv, "script.py"])
     cfg = FaultToleranceConfig.from_args(ns)
     return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
 
@@ -386,6 +408,7 @@ def translate(given: dict[str, str | None], flags: Iterable[LauncherFlag]) -> Ft
     for name, value in from_file.items():
         if name not in settings:
             settings[name] = nvrx[name] if nvrx is not None and name in nvrx else value
+    out.sets += _node_health({n: settings.pop(n) for n in NODE_HEALTH if n in settings})
     named = list(settings)
     for name in named:
         setting: Any = settings.get(name)
@@ -434,3 +457,29 @@ def _sections(value: Any, out: FtLauncherArgs) -> dict[str, Any]:
             f"under rankguard {instead} still applies there"
         )
     return kept
+
+
+def _on(value: Any) -> bool:
+    return str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def _node_health(given: dict[str, Any]) -> list[str]:
+    """NVRx's NIC and storage checks as rankguard's ``node_health`` settings: the checks
+    asked for run (each node, before every round), the others stay off."""
+    nic = any(_on(given.get(n)) for n in ("enable_nic_monitor", "enable_nic_healthcheck"))
+    given_paths = given.get("storage_healthcheck_path")
+    parts = [p.strip() for p in str(given_paths or "").split(",") if p.strip()]
+    for part in parts:  # as NVRx 0.7 refuses them
+        if not part.startswith("/"):
+            raise ValueError(
+                f"--ft-storage-health-check-path: path must be absolute starting with '/': {part}"
+            )
+    paths = ",".join(parts)
+    storage = _on(given.get("enable_dist_storage_healthcheck")) or bool(paths)
+    if not nic and not storage:
+        return []
+    out = ["node_health.enabled=true", f"node_health.nic={str(nic).lower()}"]
+    out.append(f"node_health.storage={str(storage).lower()}")
+    if paths:
+        out.append(f"node_health.storage_paths={paths}")
+    return out

@@ -2,13 +2,17 @@
 
 Built on torch elastic's rendezvous rounds (``--nnodes MIN:MAX``). Before this node
 joins each round (the first, and the one of every in-job restart), :class:`NodeExclusion`
-decides whether it leaves, for one of three reasons (``fault_tolerance``):
+decides whether it leaves, for one of these reasons (``fault_tolerance``):
 
 - ``exclude_bad_nodes``: its GPUs fail the health check (the collector's NVML reading
   and rules, :mod:`rankguard.health`, plus the XID errors :class:`XidWatcher` saw since
   the launcher started; a GPU with retired pages pending counts too: the retirement
   needs a GPU reset), or the rerun state machine found one of its GPUs faulty (the
   ranks exit 17 and name it: ``rerun_faulty_rank_<r>.json``);
+- ``exclude_bad_nodes`` with ``node_health.enabled``: a check a node service added
+  (:meth:`NodeExclusion.add_check`: the NIC links and storage of
+  :mod:`rankguard.launcher.nodehealth`) fails, or that service saw a worker stuck in
+  uninterruptible sleep (:meth:`NodeExclusion.exclude_next_round`);
 - ``exclude_after_restarts`` K: its ranks caused K in-job restarts within
   ``exclude_window_s``. The node that caused a restart is the first whose agent saw its
   group fail in that round (``compare_set`` on one store key per round: the store
@@ -86,12 +90,16 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-TRIGGERS = ("gpu_health", "restarts", "rerun")
+TRIGGERS = ("gpu_health", "restarts", "rerun", "node_health")
 _REASONS = {
     "gpu_health": Reason.EXCLUDED_UNHEALTHY_GPU,
     "restarts": Reason.EXCLUDED_RESTARTS,
     "rerun": Reason.EXCLUDED_RERUN,
+    "node_health": Reason.EXCLUDED_NODE_HEALTH,
 }
+#: a check of the node besides its GPUs, run before each round: None when it passes,
+#: else (problems, why) (:mod:`rankguard.launcher.nodehealth`)
+NodeCheck = Callable[[], "tuple[list[str], str] | None"]
 TAINT = "rankguard.io/excluded=true:NoSchedule"
 
 
@@ -347,6 +355,7 @@ class NodeExclusion:
         self._world: int | None = None
         self._command_timeout_s = command_timeout_s
         self._health = health
+        self._checks: list[NodeCheck] = []
         self._xids: Any = None
         if ft.exclude_bad_nodes and health is None:
             from rankguard.health.nvml import XidWatcher
@@ -378,6 +387,17 @@ class NodeExclusion:
         xids = self._xids.drain() if self._xids is not None and self._xids.available else None
         return collect_gpu_health(command_timeout_s=self._command_timeout_s, xids=xids)
 
+    def add_check(self, check: NodeCheck) -> None:
+        """One more check before each round with ``exclude_bad_nodes`` (the node's NIC
+        links and storage): a failure excludes the node as a bad GPU does."""
+        self._checks.append(check)
+
+    def exclude_next_round(self, problems: Iterable[str], why: str) -> None:
+        """A node check failed while the round ran (a worker stuck in uninterruptible
+        sleep): with ``exclude_bad_nodes`` the node leaves before the next round."""
+        if self.ft.exclude_bad_nodes and self.pending is None:
+            self.pending = self._exclusion("node_health", None, problems, why)
+
     def check(self) -> Exclusion | None:
         """Before this node joins a round: does it leave?"""
         if self.pending is not None:
@@ -387,6 +407,10 @@ class NodeExclusion:
         snapshot = self.health_snapshot()
         bad = unhealthy_gpus(snapshot)
         if not bad:
+            for node_check in self._checks:
+                failed = node_check()
+                if failed is not None:
+                    return self._exclusion("node_health", None, failed[0], failed[1])
             return None
         index, problems = bad[0]
         more = f" (and {len(bad) - 1} more GPU(s))" if len(bad) > 1 else ""

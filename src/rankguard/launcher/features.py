@@ -73,6 +73,14 @@ class InProcessService(NullService):
             node.monitor.add_evaluator(InProcessRestarts(node.run_id, on_restart))
 
 
+def _node_health(cfg: RankguardConfig) -> NullService | None:
+    """Every node: its NIC and storage checks and its workers' uninterruptible sleep
+    (``node_health``, :mod:`rankguard.launcher.nodehealth`)."""
+    from rankguard.launcher.nodehealth import NodeHealthService
+
+    return NodeHealthService() if cfg.node_health.enabled else None
+
+
 def _inprocess(cfg: RankguardConfig) -> InProcessService:
     # always: a rank may re-enter in-process under its own wrapper, without the switch
     return InProcessService()
@@ -284,6 +292,7 @@ def _exporter(cfg: RankguardConfig) -> ExporterService | None:
 #: service is one more line here (docs/architecture.md, "Recipes").
 FACTORIES: tuple[tuple[str, ServiceFactory], ...] = (
     ("hardware_health", _health),
+    ("node_health", _node_health),
     ("inprocess_restart", _inprocess),
     ("straggler", _straggler),
     ("rerun_state_machine", _rerun),

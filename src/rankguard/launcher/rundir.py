@@ -5,7 +5,9 @@ A log directory on a shared filesystem can be reached by other users: a run dire
 they created (or planted in advance under a predictable run id) would receive this
 job's heartbeats, findings and stack dumps and feed their files to this job's monitor.
 So the log directory, ``<log_dir>/heartbeat`` and the run directory are this user's or
-the launch stops (exit 2). Directories that already exist keep their mode.
+the launch stops (exit 2). Directories that already exist keep their mode; a
+``control.json`` an earlier launcher of the same run id left (the stop step it agreed
+on) is removed: the ranks of this launcher count their steps anew.
 
 The run id names the run directory, so it must be one plain name (:func:`check_run_id`):
 ``--rdzv-id ../../x`` or one with a newline would put the run outside ``log_dir`` or
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from rankguard._fs import owner_name
+from rankguard.schema.layout import CONTROL_FILE
 
 __all__ = [
     "DEFAULT_RUN_ID",
@@ -166,3 +169,7 @@ def prepare_run_dir(log_dir: Path, run_dir: Path, mode: int) -> None:
     for part in run_dir.relative_to(log_dir).parts:
         log_dir = log_dir / part
         _ours(log_dir, mode)
+    # A stop step an earlier launcher of this run id agreed on (a requeued Slurm job
+    # keeps its job id, the run id): this launcher's ranks count their steps from their
+    # own start and would stop that many steps into the resumed run, as if preempted.
+    (run_dir / CONTROL_FILE).unlink(missing_ok=True)

@@ -67,6 +67,8 @@ FINDING_STYLE: dict[str, tuple[str, str, str]] = {
         FindingType.INPROCESS_RESTART: ("#56b4e9", "circle"),
         FindingType.WORKER_FAILED: ("#cc79a7", "circle"),
         FindingType.NODE_EXCLUDED: ("#0072b2", "square"),
+        FindingType.NODE_HEALTH_FAILURE: ("#009e73", "square"),
+        FindingType.UNINTERRUPTIBLE: ("#d55e00", "circle"),
     }.items()
 }
 

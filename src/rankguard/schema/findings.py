@@ -70,6 +70,8 @@ class FindingType(str, Enum):
     INPROCESS_RESTART = "inprocess_restart"
     WORKER_FAILED = "worker_failed"  # the agent's root cause of a failed worker group
     NODE_EXCLUDED = "node_excluded"  # bad-node exclusion: a node left the job
+    NODE_HEALTH_FAILURE = "node_health_failure"  # a NIC link or the storage failed its check
+    UNINTERRUPTIBLE = "rank_uninterruptible_sleep"  # a worker stuck in D state
 
     @property
     def info(self) -> FindingInfo:
@@ -132,6 +134,14 @@ _INFO: dict[FindingType, FindingInfo] = {
     # Written by the excluded node's own launcher (launcher/exclusion.py), which acted
     # already (it left the rendezvous): nothing for the monitor to do but report.
     FindingType.NODE_EXCLUDED: FindingInfo("excluded", "node excluded", "error", False, "report"),
+    # The node's own checks (health/node_checks.py): it acts through bad-node exclusion
+    # (it leaves before the next round) when that is on; the monitor only reports.
+    FindingType.NODE_HEALTH_FAILURE: FindingInfo(
+        "node_fail", "node health failure", "error", False, "report"
+    ),
+    FindingType.UNINTERRUPTIBLE: FindingInfo(
+        "d_state", "uninterruptible sleep", "error", False, "report"
+    ),
 }
 
 
@@ -160,6 +170,9 @@ class Reason(str, Enum):
     EXCLUDED_RESTARTS = "node_ranks_caused_too_many_restarts_in_the_window"
     EXCLUDED_RERUN = "node_gpu_found_faulty_by_the_rerun_state_machine"
     EXCLUDED_BELOW_MIN = "nodes_left_after_exclusion_below_min_nodes"
+    NODE_CHECK_FAILED = "node_nic_or_storage_failed_its_check"
+    UNINTERRUPTIBLE_SLEEP = "rank_in_uninterruptible_sleep_past_its_timeout"
+    EXCLUDED_NODE_HEALTH = "node_failed_its_nic_storage_or_worker_check"
     # A line read back without a reason (a partial line, an older writer): never written.
     UNKNOWN = "unknown"
 

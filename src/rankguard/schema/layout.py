@@ -14,6 +14,7 @@ A run's files live under ``<log_dir>``::
                                           tier, stage/write durations, write in flight
         launcher_node_<k>.json            what node k's launcher started
         gpu_health_node_<k>.json          node k's GPU health snapshot
+        node_health_node_<k>.json         node k's NIC and storage checks (before a round)
         rank_<r>_pid_<p>.heartbeat.jsonl  one rank process's heartbeats (+ ``.1`` rotated)
         stacks/rank_<r>_pid_<p>.txt       stack dumps before a kill
       perf_monitor/<run_id>/              rank 0's perf.jsonl, perf_summary_<ts>.json and
@@ -65,6 +66,7 @@ __all__ = [
     "health_file_name",
     "heartbeat_file_name",
     "launcher_file_name",
+    "node_health_file_name",
     "perf_dir",
     "rerun_state_file_name",
     "run_dir",
@@ -104,6 +106,11 @@ def heartbeat_file_name(rank: int, pid: int) -> str:
 
 def health_file_name(node_rank: int) -> str:
     return f"gpu_health_node_{node_rank}.json"
+
+
+def node_health_file_name(node_rank: int) -> str:
+    """Node ``node_rank``'s NIC and storage checks (:mod:`rankguard.health.node_checks`)."""
+    return f"node_health_node_{node_rank}.json"
 
 
 def launcher_file_name(node_rank: int) -> str:

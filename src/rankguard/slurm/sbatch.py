@@ -11,10 +11,16 @@ first run) is below ``num_job_retries_on_failure``, the script runs
 ``scontrol requeue $SLURM_JOB_ID``: Slurm puts the same job id back in the queue, and the
 next run appends to the same output file (``--open-mode=append``). The decision is the
 shell twin of :func:`rankguard.slurm.retry.decide`; each one is logged with a UTC time.
-On exit 17 (the rerun state machine: the first run's GPU was faulty) the requeued job
-excludes the hosts rank 0 named in ``$RANKGUARD_EXCLUDE_FILE`` (``scontrol update
-ExcNodeList``), cumulatively over the job's retries; on exit 15 (bad-node exclusion) the
-hosts each excluded node named in ``$RANKGUARD_EXCLUDE_FILE.node.<pid>``, the same way.
+On exit 17 (the rerun state machine: the first run's GPU was faulty) the job is
+submitted again without the hosts rank 0 named in ``$RANKGUARD_EXCLUDE_FILE``
+(``sbatch --exclude``, after this job: ``--dependency=afterany``), cumulatively over the
+job's retries; on exit 15 (bad-node exclusion) without the hosts each excluded node
+named in ``$RANKGUARD_EXCLUDE_FILE.node.<pid>``, the same way. Not a requeue: Slurm
+takes no ``ExcNodeList`` for a running job ("Job is no longer pending execution"), and
+its requeue ends the batch script at once, before a later ``scontrol update`` could
+run. The new job carries the first job's id as its run id (``RANKGUARD_SLURM_RUN_ID``:
+the same run directory and rendezvous id) and the retries spent
+(``RANKGUARD_SLURM_RETRIES``, added to its own ``SLURM_RESTART_COUNT``).
 
 Every user value is shell-quoted; ``#SBATCH`` values too (sbatch strips quotes the same
 way, and an unquoted ``#`` would start a comment there).
@@ -40,9 +46,9 @@ late)."""
 
 def preempt_signal(preempt_time: float, exit_signal: str = "SIGTERM") -> str:
     """``--signal`` for preemption: ``B:TERM@<preempt_time + margin>``. ``B:`` signals the
-    batch shell only; the script passes it to ``srun``, which forwards it to every node's
-    ``rankguard run`` (without ``B:`` Slurm would signal every process of the step, the
-    ranks and their DataLoader workers included)."""
+    batch shell only, which stays to decide on the exit code; the script passes the
+    signal on to the job's steps (``scancel --signal``: every node's ``rankguard run`` and
+    its ranks), never to ``srun``, which would end its step on SIGTERM."""
     return f"B:{exit_signal.removeprefix('SIG')}@{int(preempt_time + 0.999) + SIGNAL_MARGIN_S}"
 
 
@@ -240,8 +246,10 @@ rg_decide() {
 # After an exit 17 (the rerun state machine found the first run's GPU faulty) or 15 (a
 # node excluded itself: bad GPU, too many restarts), leave out the hosts named in
 # RANKGUARD_EXCLUDE_FILE (rank 0, exit 17) and RANKGUARD_EXCLUDE_FILE.node.* (each
-# excluded node), and those of earlier retries.
-rg_exclude() {
+# excluded node), and those of earlier retries: this job is submitted again with
+# --exclude (Slurm takes no ExcNodeList for a running job, and a requeue ends this
+# script at once). 0 when the new job is queued; 1 (requeue as is) otherwise.
+rg_resubmit() {
     for rg_f in "$RANKGUARD_EXCLUDE_FILE" "$RANKGUARD_EXCLUDE_FILE".node.*; do
         if [ -s "$rg_f" ]; then
             tr ',' '\n' < "$rg_f" >> "$RANKGUARD_EXCLUDE_FILE.all"
@@ -250,27 +258,37 @@ rg_exclude() {
     done
     if [ ! -s "$RANKGUARD_EXCLUDE_FILE.all" ]; then
         rg_log "warning: exit $1 but no host named in $RANKGUARD_EXCLUDE_FILE: requeue as is"
-        return
+        return 1
     fi
     RG_EXC=$(grep -v '^$' "$RANKGUARD_EXCLUDE_FILE.all" | sort -u | paste -sd, -)
-    rg_log "exclude: $RG_EXC (exit $1: a faulty GPU or node there):" \
-        "scontrol update JobId=$RG_JOB_ID ExcNodeList=$RG_EXC"
-    if ! scontrol update JobId="$RG_JOB_ID" ExcNodeList="$RG_EXC"; then
-        rg_log "warning: scontrol update failed: the requeued job may run there again"
+    rg_log "exclude: $RG_EXC (exit $1: a faulty GPU or node there): sbatch" \
+        "--exclude=$RG_EXC --dependency=afterany:$RG_JOB_ID (run $RG_RUN_ID)"
+    if RG_NEW=$(env -u SLURM_RESTART_COUNT RANKGUARD_SLURM_RUN_ID="$RG_RUN_ID" \
+        RANKGUARD_SLURM_RETRIES=$((RG_RESTART_COUNT + 1)) \
+        sbatch --parsable --exclude="$RG_EXC" --dependency="afterany:$RG_JOB_ID" "$0"); then
+        rg_log "resubmit: code $1 is retryable, $RG_RETRY: job ${RG_NEW%%;*} runs" \
+            "without $RG_EXC"
+        return 0
     fi
+    rg_log "warning: sbatch failed: requeued as is, the job may run there again"
+    return 1
 }
 
 RG_JOB_ID=${SLURM_JOB_ID:?not inside a Slurm job: SLURM_JOB_ID is not set}
+# A job submitted again without excluded hosts keeps its first job's id as the run id.
+RG_RUN_ID=${RANKGUARD_SLURM_RUN_ID:-$RG_JOB_ID}
 # Where rank 0 names the faulty hosts behind an exit 17 (the submit directory: shared).
-export RANKGUARD_EXCLUDE_FILE="${SLURM_SUBMIT_DIR:-$PWD}/.rankguard_exclude_$RG_JOB_ID"
+export RANKGUARD_EXCLUDE_FILE="${SLURM_SUBMIT_DIR:-$PWD}/.rankguard_exclude_$RG_RUN_ID"
 rm -f "$RANKGUARD_EXCLUDE_FILE" "$RANKGUARD_EXCLUDE_FILE".node.*
 RG_NNODES=${SLURM_NNODES:?SLURM_NNODES is not set}
-RG_RESTART_COUNT=${SLURM_RESTART_COUNT:-0}
-case "$RG_RESTART_COUNT" in
-    '' | *[!0-9]*)
-        rg_log "warning: SLURM_RESTART_COUNT='$RG_RESTART_COUNT' is not a number; counting it as 0"
-        RG_RESTART_COUNT=0 ;;
-esac
+RG_RESTART_COUNT=0
+for rg_count in "${SLURM_RESTART_COUNT:-0}" "${RANKGUARD_SLURM_RETRIES:-0}"; do
+    case "$rg_count" in
+        '' | *[!0-9]*)
+            rg_log "warning: a restart count '$rg_count' is not a number; counting it as 0" ;;
+        *) RG_RESTART_COUNT=$((RG_RESTART_COUNT + rg_count)) ;;
+    esac
+done
 
 RG_HOST=$(scontrol show hostnames "${SLURM_JOB_NODELIST:?SLURM_JOB_NODELIST is not set}" | head -n1)
 if [ -z "$RG_HOST" ]; then
@@ -279,7 +297,7 @@ if [ -z "$RG_HOST" ]; then
 fi
 RG_ENDPOINT="$RG_HOST:$RG_RDZV_PORT"
 
-rg_log "start: job $RG_JOB_ID, run $((RG_RESTART_COUNT + 1)) of at most" \
+rg_log "start: job $RG_JOB_ID (run $RG_RUN_ID), run $((RG_RESTART_COUNT + 1)) of at most" \
     "$((RG_MAX_JOB_RETRIES + 1)), $RG_NNODES node(s), rendezvous $RG_ENDPOINT"
 
 # One launcher per node. The node rank must be read inside each task, hence bash -c with a
@@ -287,16 +305,20 @@ rg_log "start: job $RG_JOB_ID, run $((RG_RESTART_COUNT + 1)) of at most" \
 # rankguard executable). --kill-on-bad-exit=0: a failing node does not kill the others,
 # each launcher ends its own ranks and reports through its exit code.
 # srun in the background, so that the exit signal (Slurm's B: signal) reaches this shell's
-# trap at once (bash runs a trap only between commands); the trap passes it to srun,
-# which forwards it to every launcher, and the script waits again for srun's exit code.
+# trap at once (bash runs a trap only between commands); the trap passes it to the job's
+# steps (scancel without --batch: every launcher and its ranks, not this shell), and the
+# script waits again for srun's exit code. Not to srun itself: srun ends its step on
+# SIGTERM ("forcing job termination": the launchers killed before they can save).
 rg_forward() {
     rg_log "received SIG$1: passed to the launchers (preemption: they save and exit 14)"
-    kill -s "$1" "$RG_SRUN_PID" 2>/dev/null
+    if ! scancel --signal="$1" "$RG_JOB_ID"; then
+        rg_log "warning: scancel --signal=$1 $RG_JOB_ID failed: the launchers were not told"
+    fi
 }
 srun --kill-on-bad-exit=0 --ntasks-per-node=1 \
     bash -c 'exec "$0" run --node-rank "$SLURM_NODEID" "$@"' __RANKGUARD__ \
     --nnodes "$RG_NNODES" --rdzv-backend c10d --rdzv-endpoint "$RG_ENDPOINT" \
-    --rdzv-id "$RG_JOB_ID" \
+    --rdzv-id "$RG_RUN_ID" \
     __LAUNCH__ &
 RG_SRUN_PID=$!
 for rg_sig in TERM USR1 USR2; do
@@ -316,9 +338,11 @@ case "$RG_DECISION" in
         rg_log "done: training completed"
         exit 0 ;;
     REQUEUE)
-        rg_log "requeue: code $RG_CODE is retryable, job retry" \
-            "$((RG_RESTART_COUNT + 1)) of $RG_MAX_JOB_RETRIES: scontrol requeue $RG_JOB_ID"
-        if [ "$RG_CODE" -eq 17 ] || [ "$RG_CODE" -eq 15 ]; then rg_exclude "$RG_CODE"; fi
+        RG_RETRY="job retry $((RG_RESTART_COUNT + 1)) of $RG_MAX_JOB_RETRIES"
+        if { [ "$RG_CODE" -eq 17 ] || [ "$RG_CODE" -eq 15 ]; } && rg_resubmit "$RG_CODE"; then
+            exit "$RG_CODE"
+        fi
+        rg_log "requeue: code $RG_CODE is retryable, $RG_RETRY: scontrol requeue $RG_JOB_ID"
         if ! scontrol requeue "$RG_JOB_ID"; then
             rg_log "give up: scontrol requeue $RG_JOB_ID failed"
         fi

@@ -4,7 +4,8 @@ Each rank saves its own file (rankguard.preempt.TorchFileSaver) and resumes from
 newest step that every rank saved. Events go to ``<ckpt-dir>/events.jsonl``, one line
 each (start, saved, done). Options put the exit signal before the first step, in an
 evaluation, in a periodic checkpoint, a second one in the preemption save, or make one
-rank hang in that save.
+rank hang in that save, or one rank crash at a step in a Slurm job's first run (its
+requeued runs go on).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ def main() -> None:
     p.add_argument("--ckpt-every", type=int, default=0)
     p.add_argument("--resignal-in-save", action="store_true")
     p.add_argument("--hang-save-rank", type=int, default=-1)
+    p.add_argument("--crash-step", type=int, default=-1, help="a Slurm job's first run only")
+    p.add_argument("--crash-rank", type=int, default=1)
     args = p.parse_args()
 
     dist.init_process_group("gloo")
@@ -70,13 +73,17 @@ def main() -> None:
         blob = torch.load(saver.directory / f"step_{latest}.pt", weights_only=False)
         model.load_state_dict(blob["state"]["model"])
         start = latest + 1
-    log(events, event="start", rank=rank, start=start, pid=os.getpid())
+    slurm_run = int(os.environ.get("SLURM_RESTART_COUNT") or 0)  # 0: not requeued yet
+    log(events, event="start", rank=rank, start=start, pid=os.getpid(), slurm_run=slurm_run)
     if me and args.signal_step == 0:
         kill_launcher("before the first step")
         time.sleep(5)  # the forwarded signal ends the ranks (not listening yet)
 
     step = start - 1
     for step in range(start, args.steps + 1):
+        if step == args.crash_step and rank == args.crash_rank and slurm_run == 0:
+            log(events, event="crash", rank=rank, step=step)
+            raise RuntimeError(f"preempt_train: rank {rank} crashes at step {step}")
         with rg.step(step):
             loss = model(torch.randn(4, 8)).pow(2).mean()
             opt.zero_grad()

@@ -32,6 +32,9 @@ DEFAULT_ACTIONS = {
     "worker_failed": "restart",
     # bad-node exclusion: the excluded node's launcher acted already (it left the job)
     "node_excluded": "report",
+    # the node's own checks: it acts through bad-node exclusion, if on
+    "node_health_failure": "report",
+    "rank_uninterruptible_sleep": "report",
 }
 
 FT_PLUGIN_YAML = """\

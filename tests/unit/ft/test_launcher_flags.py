@@ -29,6 +29,7 @@ def _sample(dest: str, tmp_path: Path) -> str | None:
         "ft_pci_topo_file": str(tmp_path / "topo.xml"),
         "ft_link_down_path_template": str(tmp_path / "{dev_name}"),
         "ft_ignore_missing_cfg": None,
+        "ft_storage_healthcheck_path": str(tmp_path),
     }.get(dest, "123")
 
 
@@ -176,3 +177,24 @@ def test_the_launch_line_can_keep_ft_launcher_flags_as_reports_only() -> None:
 def test_without_ft_launcher_flags_fault_tolerance_keeps_its_default() -> None:
     _, cfg = _launch([])
     assert cfg.fault_tolerance.enable_ft_package is False  # type: ignore[attr-defined]
+
+
+def test_nvrxs_nic_and_storage_checks_are_rankguards_node_health(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, cfg = _launch(
+        [
+            "--ft-enable-nic-healthcheck=true",
+            f"--ft-storage-health-check-path={tmp_path}/a,{tmp_path}/b",
+        ]
+    )
+    node = cfg.node_health  # type: ignore[attr-defined]
+    assert (node.enabled, node.nic, node.storage) == (True, True, True)
+    assert node.storage_paths == [f"{tmp_path}/a", f"{tmp_path}/b"]
+    assert capsys.readouterr().err == ""  # they take effect: no line
+    _, cfg = _launch(["--ft-enable-dist-storage-healthcheck=true"])
+    node = cfg.node_health  # type: ignore[attr-defined]
+    assert (node.enabled, node.nic, node.storage) == (True, False, True)
+    _, cfg = _launch(["--ft-enable-nic-monitor=false"])  # asked off: stays off
+    assert cfg.node_health.enabled is False  # type: ignore[attr-defined]
+    assert capsys.readouterr().err == ""

@@ -15,7 +15,7 @@ import pytest
 
 from rankguard.cli.main import _nvrx_flags
 from rankguard.config import load_config
-from rankguard.ft.launcher_flags import FROZEN, FT_ON, MAPPED, NO_EFFECT
+from rankguard.ft.launcher_flags import FROZEN, FT_ON, MAPPED, NO_EFFECT, NODE_HEALTH
 from rankguard.launcher.options import parse_run_args
 from tests.nvrx_release import VERSION, release_env, release_path
 
@@ -88,7 +88,7 @@ _CHILD = textwrap.dedent(
                 load_config(None, overrides)
             out["flags"].append({
                 "dest": flag.dest, "option": option, "tail": argv[-1],
-                "sets": [w for w in argv if w.startswith("fault_tolerance.")],
+                "sets": [w for w in argv if w.startswith(("fault_tolerance.", "node_health."))],
                 "err": err.getvalue().strip().splitlines(),
             })
     print(json.dumps(out))
@@ -137,6 +137,8 @@ def test_every_nvrx_07_flag_is_accepted_with_its_meaning(tmp_path: Path) -> None
             assert r["sets"] == [FT_ON, "fault_tolerance.rank_heartbeat_timeout=200"], r
         elif name == "restart_policy":  # any-failed: rankguard's own behaviour
             assert r["sets"] == [FT_ON] and not r["err"], r
+        elif name in NODE_HEALTH:  # rankguard's node checks before each round
+            assert "node_health.enabled=true" in r["sets"] and not r["err"], r
         else:  # one line, with the reason
             assert name in NO_EFFECT, r
             assert len(r["err"]) == 1 and NO_EFFECT[name] in r["err"][0], r
@@ -173,3 +175,36 @@ def test_nvrxs_no_progress_limit_is_rankguards_restart_or_stop_rule(
     cfg = load_config(None, overrides)
     assert cfg.fault_tolerance.no_progress_limit == 2
     assert capsys.readouterr().err.strip() == ""  # it takes effect: no line
+
+
+def test_a_value_nvrx_07_refuses_is_one_line_not_its_parsers_exit(tmp_path: Path) -> None:
+    """0.7's parser takes only ``any-failed`` as the restart policy: ``min-healthy`` is
+    refused in one line (exit 2) before anything is launched, not by argparse's usage
+    and exit from inside the flag translation."""
+    path = release_path()
+    src = Path(__file__).resolve().parents[3] / "src"
+    env = release_env(path)
+    env["PYTHONPATH"] = f"{path}:{src}"
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rankguard.cli.main",
+            "run",
+            "--nproc-per-node",
+            "1",
+            "--ft-restart-policy=min-healthy",
+            "train.py",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        cwd=tmp_path,
+    )
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert "usage:" not in res.stderr, res.stderr[-3000:]
+    ours = [line for line in res.stderr.splitlines() if line.startswith("rankguard run:")]
+    assert len(ours) == 1, res.stderr[-3000:]
+    assert "--ft-restart-policy" in ours[0] and "min-healthy" in ours[0], ours

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from rankguard.agree import write_control
 from rankguard.config import ConfigError, RankguardConfig, load_config
 from rankguard.launcher.exitcodes import EXIT_USAGE
 from rankguard.launcher.options import LaunchOptions
 from rankguard.launcher.run import launch, run_dir_for
 from rankguard.launcher.rundir import ForeignDirectoryError, owner_name, prepare_run_dir
+from rankguard.schema.layout import CONTROL_FILE
 
 
 @pytest.fixture
@@ -173,3 +175,14 @@ def test_a_default_run_id_gets_a_directory_of_each_launch_agreed_through_the_sto
     (tmp_path / "other" / "latest").mkdir()  # a run named latest: left alone
     assert not link_latest(tmp_path / "other", a)
     assert (tmp_path / "other" / "latest").is_dir()
+
+
+def test_an_earlier_launchers_stop_step_is_not_this_ones(tmp_path: Path) -> None:
+    """A requeued Slurm job keeps its job id, the run id: the stop step its previous
+    launcher agreed on (control.json) would stop the resumed ranks that many steps in."""
+    logs = tmp_path / "logs"
+    run_dir = logs / "heartbeat" / "4242"
+    prepare_run_dir(logs, run_dir, 0o750)
+    write_control(run_dir, 102, "preempted: node 0's launcher received SIGTERM")
+    prepare_run_dir(logs, run_dir, 0o750)  # the requeued job's launcher
+    assert not (run_dir / CONTROL_FILE).exists()

@@ -161,23 +161,46 @@ def test_script_exit_16_requeues_without_exclude(cluster: Cluster) -> None:
     assert not [r for r in read_jsonl(cluster.slurm_log) if r.get("action") == "update"]
 
 
-def test_script_exit_17_requeues_excluding_the_named_hosts(cluster: Cluster) -> None:
+def resubmits(cluster: Cluster) -> list[dict[str, Any]]:
+    return [r for r in read_jsonl(cluster.slurm_log) if r.get("cmd") == "sbatch"]
+
+
+def test_script_exit_17_resubmits_excluding_the_named_hosts(cluster: Cluster) -> None:
+    """Slurm takes no ExcNodeList for a running job and its requeue ends the script: the
+    job goes again as a new one, after this one, without the hosts, in the same run."""
     env = {"SLURM_SUBMIT_DIR": str(cluster.tmp), "FAKE_RANKGUARD_EXIT": "17"}
-    proc = cluster.run(render_sbatch(spec()), FAKE_RANKGUARD_EXCLUDE="gpu08", **env)
-    assert proc.returncode == 17, proc.stdout + proc.stderr
-    proc = cluster.run(  # a later retry: another faulty host; both stay excluded
-        render_sbatch(spec()), FAKE_RANKGUARD_EXCLUDE="gpu03", SLURM_RESTART_COUNT="1", **env
+    proc = cluster.run(
+        render_sbatch(spec()), FAKE_RANKGUARD_EXCLUDE="gpu08", SLURM_RESTART_COUNT="0", **env
     )
-    updates = [r["argv"] for r in read_jsonl(cluster.slurm_log) if r.get("action") == "update"]
-    assert updates == [
-        ["update", f"JobId={JOB_ID}", "ExcNodeList=gpu08"],
-        ["update", f"JobId={JOB_ID}", "ExcNodeList=gpu03,gpu08"],
+    assert proc.returncode == 17, proc.stdout + proc.stderr
+    proc = cluster.run(  # the new job: another faulty host; both stay excluded
+        render_sbatch(spec()),
+        FAKE_RANKGUARD_EXCLUDE="gpu03",
+        SLURM_JOB_ID="4242",
+        RANKGUARD_SLURM_RUN_ID=JOB_ID,
+        RANKGUARD_SLURM_RETRIES="1",
+        **env,
+    )
+    assert proc.returncode == 17, proc.stdout + proc.stderr
+    calls = resubmits(cluster)
+    assert [c["argv"][:3] for c in calls] == [
+        ["--parsable", "--exclude=gpu08", f"--dependency=afterany:{JOB_ID}"],
+        ["--parsable", "--exclude=gpu03,gpu08", "--dependency=afterany:4242"],
     ]
-    assert len(cluster.requeues()) == 2
+    assert calls[0]["file"] == str(cluster.tmp / "job.sbatch")  # this very script
+    keys = ("RANKGUARD_SLURM_RUN_ID", "RANKGUARD_SLURM_RETRIES", "SLURM_RESTART_COUNT")
+    assert [tuple(c["env"].get(k) for k in keys) for c in calls] == [
+        (JOB_ID, "1", None),  # the job's own restart count is not the new job's
+        (JOB_ID, "2", None),
+    ]
+    assert cluster.requeues() == []
     assert "exclude: gpu03,gpu08 (exit 17" in proc.stdout
+    assert "resubmit: code 17 is retryable, job retry 2 of 2: job 4242 runs" in proc.stdout
+    # the new job is the same run: its rendezvous id, its run directory
+    assert [flag(r["argv"], "--rdzv-id") for r in cluster.launches()] == [JOB_ID] * 4
 
 
-def test_script_exit_15_requeues_excluding_every_excluded_node(cluster: Cluster) -> None:
+def test_script_exit_15_resubmits_excluding_every_excluded_node(cluster: Cluster) -> None:
     env = {"SLURM_SUBMIT_DIR": str(cluster.tmp), "FAKE_RANKGUARD_EXIT": "15"}
     proc = cluster.run(
         render_sbatch(spec()),
@@ -186,10 +209,19 @@ def test_script_exit_15_requeues_excluding_every_excluded_node(cluster: Cluster)
         **env,
     )
     assert proc.returncode == 15, proc.stdout + proc.stderr
-    updates = [r["argv"] for r in read_jsonl(cluster.slurm_log) if r.get("action") == "update"]
-    assert updates == [["update", f"JobId={JOB_ID}", "ExcNodeList=gpu02,gpu05"]]
-    assert len(cluster.requeues()) == 1
+    assert [c["argv"][1] for c in resubmits(cluster)] == ["--exclude=gpu02,gpu05"]
+    assert cluster.requeues() == []
     assert "exclude: gpu02,gpu05 (exit 15" in proc.stdout
+
+
+def test_script_requeues_as_is_when_the_resubmission_fails(cluster: Cluster) -> None:
+    env = {"SLURM_SUBMIT_DIR": str(cluster.tmp), "FAKE_RANKGUARD_EXIT": "15"}
+    proc = cluster.run(
+        render_sbatch(spec()), FAKE_RANKGUARD_EXCLUDED_NODE0="gpu02", FAKE_SBATCH_EXIT="1", **env
+    )
+    assert proc.returncode == 15
+    assert len(cluster.requeues()) == 1
+    assert "warning: sbatch failed: requeued as is" in proc.stdout
 
 
 # --- rendering ----------------------------------------------------------------------
@@ -229,7 +261,8 @@ def test_render_directives_for_two_nodes() -> None:
 def test_optional_directives_left_out() -> None:
     text = render_sbatch(spec(gpus_per_node=0, nproc_per_node=2))
     assert "--gpus-per-node" not in text
-    assert "--partition" not in text and "--account" not in text and "--signal" not in text
+    assert "--partition" not in text and "--account" not in text
+    assert "#SBATCH --signal" not in text  # (the script's scancel --signal forwards one)
     assert "--max-restarts" not in text and "--log-dir" not in text
 
 
@@ -650,22 +683,37 @@ def test_retry_requeues_a_preempted_attempt(tmp_path: Path) -> None:
 
 # A srun standing for the launchers: it says it started, and the exit signal it is
 # passed makes it exit 14 after a short "save" (what every rankguard run does).
+# srun as Slurm's: SIGTERM to srun ends its step (its tasks killed: 137); the launchers
+# told by `scancel --signal=TERM <job>` (the fake scancel below leaves a mark) save and
+# exit 14
 PREEMPTED_SRUN = """#!/usr/bin/env python3
 import os, signal, sys, time
-def preempted(signum, frame):
-    time.sleep(0.3)
-    sys.exit(14)
-signal.signal(signal.SIGTERM, preempted)
-open(os.environ["FAKE_SRUN_STARTED"], "w").close()
-time.sleep(30)
+def killed(signum, frame):
+    print("srun: forcing job termination", file=sys.stderr)
+    sys.exit(137)
+signal.signal(signal.SIGTERM, killed)
+started = os.environ["FAKE_SRUN_STARTED"]
+open(started, "w").close()
+for _ in range(600):
+    if os.path.exists(started + ".tasks"):
+        time.sleep(0.3)
+        sys.exit(14)
+    time.sleep(0.05)
 sys.exit(0)
+"""
+TASKS_SCANCEL = """#!/usr/bin/env python3
+import json, os, sys
+with open(os.environ["FAKE_SLURM_LOG"], "a") as fh:
+    fh.write(json.dumps({"cmd": "scancel", "argv": sys.argv[1:]}) + "\\n")
+open(os.environ["FAKE_SRUN_STARTED"] + ".tasks", "w").close()
 """
 
 
-def test_script_passes_the_exit_signal_to_srun_and_requeues(cluster: Cluster) -> None:
-    srun = cluster.bin / "srun"
-    srun.write_text(PREEMPTED_SRUN)
-    srun.chmod(0o755)
+def test_script_passes_the_exit_signal_to_the_launchers_and_requeues(cluster: Cluster) -> None:
+    for name, text in (("srun", PREEMPTED_SRUN), ("scancel", TASKS_SCANCEL)):
+        path = cluster.bin / name
+        path.write_text(text)
+        path.chmod(0o755)
     started = cluster.tmp / "started"
     script = cluster.tmp / "job.sbatch"
     script.write_text(render_sbatch(spec(signal="B:TERM@90", num_job_retries_on_failure=0)))
@@ -688,3 +736,5 @@ def test_script_passes_the_exit_signal_to_srun_and_requeues(cluster: Cluster) ->
     assert "received SIGTERM: passed to the launchers" in out
     assert "exited with code 14" in out
     assert len(cluster.requeues()) == 1  # no retry budget, requeued all the same
+    told = [r["argv"] for r in read_jsonl(cluster.slurm_log) if r.get("cmd") == "scancel"]
+    assert told == [["--signal=TERM", JOB_ID]]  # the job's steps, not the batch shell

@@ -1,0 +1,273 @@
+"""End to end under a real Slurm: ``rankguard slurm sbatch --submit`` on a one-node
+cluster of Debian's slurmctld, slurmd and munge started for these tests
+(tests/slurm_cluster.py). A job that completes; a crash that the job's retry requeues
+and that resumes from the checkpoint; ``scancel --signal=TERM`` -> every rank saves one
+step, exit 14, requeued, resumed; a node that excludes itself -> the requeued job's
+``ExcNodeList``. Skipped, with the reason, where Slurm cannot start here.
+
+Slurm holds a requeued job before it may start again (its begin time, about two
+minutes); the tests move that begin time to now (``scontrol update StartTime=now``) as
+an operator could, so that a run takes seconds."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rankguard.launcher.exitcodes import EXIT_CRASH, EXIT_NODE_EXCLUDED, EXIT_PREEMPTED
+from tests import slurm_cluster
+from tests.slurm_cluster import SlurmCluster
+
+from .conftest import FAST, SCRIPTS, free_port, read_jsonl
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slurm,
+    pytest.mark.timeout(300),
+    pytest.mark.xdist_group("slurm"),
+]
+
+TRAIN = str(SCRIPTS / "preempt_train.py")
+_JOB_TIMEOUT_S = 150.0
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[SlurmCluster]:
+    cluster = slurm_cluster.start()
+    if isinstance(cluster, str):
+        pytest.skip(f"no Slurm cluster here: {cluster}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _rankguard_bin(tmp_path: Path) -> Path:
+    """``rankguard`` on the node: this interpreter with this checkout's package (the
+    batch job inherits the environment, PYTHONPATH included)."""
+    path = tmp_path / "rankguard"
+    path.write_text(f'#!/bin/sh\nexec {sys.executable} -m rankguard.cli.main "$@"\n')
+    path.chmod(0o755)
+    return path
+
+
+def submit(slurm: SlurmCluster, tmp_path: Path, *options: str, train: tuple[str, ...]) -> str:
+    """``rankguard slurm sbatch --submit`` from ``tmp_path`` (the submit directory): 2
+    gloo ranks, no GPU, fast heartbeats; the job id."""
+    sets = [w for item in FAST for w in ("--set", item)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rankguard.cli.main",
+        "slurm",
+        "sbatch",
+        "--submit",
+        "-o",
+        str(tmp_path / "job.sbatch"),
+        "-t",
+        "10",
+        "--gpus-per-node",
+        "0",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-port",
+        str(free_port()),
+        "--log-dir",
+        str(tmp_path / "logs"),
+        "--job-output",
+        str(tmp_path / "slurm-%j.out"),
+        "--rankguard-bin",
+        str(_rankguard_bin(tmp_path)),
+        *sets,
+        *options,
+        TRAIN,
+        "--ckpt-dir",
+        str(tmp_path / "ckpt"),
+        *train,
+    ]
+    env = slurm.env({**os.environ, "PYTHONUNBUFFERED": "1"})
+    res = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path, check=False
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    job = res.stdout.strip().splitlines()[-1]
+    assert job.isdigit(), res.stdout
+    return job
+
+
+def job_fields(slurm: SlurmCluster, job: str) -> dict[str, str]:
+    res = slurm.run("scontrol", "show", "job", job)
+    assert res.returncode == 0, res.stderr
+    return dict(re.findall(r"(\w+)=(\S*)", res.stdout))
+
+
+def wait_job(
+    slurm: SlurmCluster,
+    job: str,
+    until: tuple[str, ...],
+    *,
+    restarts: int = 0,
+    timeout: float = _JOB_TIMEOUT_S,
+) -> dict[str, str]:
+    """Wait until the job's state is one of ``until`` with ``restarts`` requeues; a
+    requeued job waiting for its begin time is released at once."""
+    deadline = time.monotonic() + timeout
+    fields: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        fields = job_fields(slurm, job)
+        done = int(fields.get("Restarts", "0")) >= restarts
+        if fields.get("JobState") in until and done:
+            return fields
+        if fields.get("JobState") == "PENDING" and fields.get("Reason") == "BeginTime":
+            slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+        time.sleep(0.5)
+    raise AssertionError(f"job {job} not {until} after {timeout:g} s: {fields}")
+
+
+def output(tmp_path: Path, job: str) -> str:
+    path = tmp_path / f"slurm-{job}.out"
+    return path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+
+
+def events(tmp_path: Path, kind: str) -> list[dict]:
+    return [e for e in read_jsonl(tmp_path / "ckpt" / "events.jsonl") if e["event"] == kind]
+
+
+def test_a_job_that_completes(slurm: SlurmCluster, tmp_path: Path) -> None:
+    job = submit(slurm, tmp_path, train=("--steps", "8"))
+    fields = wait_job(slurm, job, ("COMPLETED", "FAILED", "CANCELLED"))
+    out = output(tmp_path, job)
+    assert fields["JobState"] == "COMPLETED", out[-3000:]
+    assert fields["ExitCode"] == "0:0" and fields["Restarts"] == "0"
+    assert "rankguard run exited with code 0" in out and "done: training completed" in out
+    assert sorted(e["rank"] for e in events(tmp_path, "done")) == [0, 1]
+
+
+def test_a_crash_is_requeued_and_resumes_from_the_checkpoint(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    job = submit(
+        slurm,
+        tmp_path,
+        "--job-retries",
+        "1",
+        "--max-restarts",
+        "0",
+        "--set",
+        "fault_tolerance.enable_ft_package=true",
+        train=("--steps", "12", "--ckpt-every", "4", "--crash-step", "6"),
+    )
+    fields = wait_job(slurm, job, ("COMPLETED", "FAILED", "CANCELLED"), restarts=1)
+    out = output(tmp_path, job)
+    assert fields["JobState"] == "COMPLETED", out[-3000:]
+    assert f"rankguard run exited with code {EXIT_CRASH}" in out, out[-3000:]
+    assert f"requeue: code {EXIT_CRASH} is retryable" in out
+    assert [e["step"] for e in events(tmp_path, "crash")] == [6]
+    starts = sorted((e["slurm_run"], e["rank"], e["start"]) for e in events(tmp_path, "start"))
+    # the first run from step 1; the requeued one from the step after the checkpoint
+    assert starts == [(0, 0, 1), (0, 1, 1), (1, 0, 5), (1, 1, 5)], starts
+    assert sorted(e["step"] for e in events(tmp_path, "done")) == [12, 12]
+
+
+def batch_shell(slurm: SlurmCluster, job: str) -> int:
+    """The pid of the job's batch shell (the script slurmd runs from its spool)."""
+    script = f"{slurm.root / 'spool'}/job{int(job):05d}/slurm_script"
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            words = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if script.encode() in words:
+            return int(entry.name)
+    raise AssertionError(f"no batch shell of job {job} ({script})")
+
+
+@pytest.mark.parametrize("to", ["steps", "batch-shell"])
+def test_scancel_term_saves_exits_14_and_the_requeued_job_resumes(
+    slurm: SlurmCluster, tmp_path: Path, to: str
+) -> None:
+    """``scancel --signal=TERM``: every step's processes; ``batch-shell``: the batch
+    shell alone, as the preemption config's ``--signal=B:TERM@<s>`` has Slurm do, and the
+    script passes it on to the launchers."""
+    job = submit(
+        slurm,
+        tmp_path,
+        "--job-retries",
+        "1",
+        "--set",
+        "preemption.enable_exit_handler=true",
+        train=("--steps", "200", "--step-sleep", "0.05"),
+    )
+    deadline = time.monotonic() + 90
+    while (
+        not any(e.get("start") for e in events(tmp_path, "start"))
+        or len(events(tmp_path, "start")) < 2
+    ):
+        assert time.monotonic() < deadline, output(tmp_path, job)[-3000:]
+        time.sleep(0.5)
+    time.sleep(3.0)  # some steps
+    script = (tmp_path / "job.sbatch").read_text()
+    assert "#SBATCH --signal=B:TERM@90" in script  # preempt_time 60 + 30
+    if to == "batch-shell":
+        os.kill(batch_shell(slurm, job), signal.SIGTERM)
+    else:
+        res = slurm.run("scancel", "--signal=TERM", job)
+        assert res.returncode == 0, res.stderr
+    fields = wait_job(slurm, job, ("COMPLETED", "FAILED", "CANCELLED"), restarts=1)
+    out = output(tmp_path, job)
+    assert fields["JobState"] == "COMPLETED", out[-3000:]
+    assert f"rankguard run exited with code {EXIT_PREEMPTED}" in out, out[-3000:]
+    assert f"requeue: code {EXIT_PREEMPTED}" in out
+    if to == "batch-shell":
+        assert "received SIGTERM: passed to the launchers" in out
+    saved = [e for e in events(tmp_path, "saved") if e.get("preempted")]
+    assert sorted(e["rank"] for e in saved) == [0, 1], saved
+    assert saved[0]["step"] == saved[1]["step"]  # one step, every rank
+    second = sorted(e["start"] for e in events(tmp_path, "start") if e["slurm_run"] == 1)
+    assert second == [saved[0]["step"] + 1] * 2, second
+
+
+def test_a_node_that_excludes_itself_is_left_out_of_the_next_job(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """Exit 15: the job goes again as a new job without the host (Slurm takes no
+    ExcNodeList for a running job, and its requeue ends the batch script at once). Here
+    the one node is left out, so the new job waits for another."""
+    job = submit(
+        slurm,
+        tmp_path,
+        "--job-retries",
+        "1",
+        "--max-restarts",
+        "1",
+        "--set",
+        "fault_tolerance.enable_ft_package=true",
+        "--set",
+        "fault_tolerance.exclude_after_restarts=1",
+        train=("--steps", "12", "--crash-step", "3"),
+    )
+    new: str | None = None
+    try:
+        fields = wait_job(slurm, job, ("COMPLETED", "FAILED", "CANCELLED"))
+        out = output(tmp_path, job)
+        assert fields["ExitCode"] == f"{EXIT_NODE_EXCLUDED}:0", out[-3000:]
+        assert f"rankguard run exited with code {EXIT_NODE_EXCLUDED}" in out, out[-3000:]
+        assert f"exclude: {slurm.host} " in out, out[-3000:]
+        found = re.search(r"resubmit: code 15 is retryable, job retry 1 of 1: job (\d+) runs", out)
+        assert found is not None, out[-3000:]
+        new = found.group(1)
+        again = wait_job(slurm, new, ("PENDING",))
+        assert again.get("ExcNodeList") == slurm.host, again
+        assert again["JobName"] == fields["JobName"]
+    finally:
+        slurm.run("scancel", job, *([new] if new else []))
