@@ -345,7 +345,7 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
         return EXIT_USAGE
     try:
         run_dir = run_dir_for(cfg, _run_dir_name(opts, cfg, run_id, store))
-        prepare_run_dir(Path(cfg.log_dir), run_dir, cfg.dir_mode())
+        prepare_run_dir(Path(cfg.log_dir), run_dir, cfg.dir_mode(), first=hosting)
     except (ForeignDirectoryError, NotADirectoryError, ValueError) as exc:
         _say(_one_line(exc))
         return EXIT_USAGE

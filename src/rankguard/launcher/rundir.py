@@ -7,7 +7,8 @@ job's heartbeats, findings and stack dumps and feed their files to this job's mo
 So the log directory, ``<log_dir>/heartbeat`` and the run directory are this user's or
 the launch stops (exit 2). Directories that already exist keep their mode; a
 ``control.json`` an earlier launcher of the same run id left (the stop step it agreed
-on) is removed: the ranks of this launcher count their steps anew.
+on) is removed by the launcher that hosts the rendezvous store: the ranks count their
+steps anew. A launcher joining a running job leaves it (it may be the live stop step).
 
 The run id names the run directory, so it must be one plain name (:func:`check_run_id`):
 ``--rdzv-id ../../x`` or one with a newline would put the run outside ``log_dir`` or
@@ -154,10 +155,15 @@ def _ours(path: Path, mode: int) -> None:
     os.chmod(path, mode)  # the umask may have taken bits away
 
 
-def prepare_run_dir(log_dir: Path, run_dir: Path, mode: int) -> None:
+def prepare_run_dir(log_dir: Path, run_dir: Path, mode: int, *, first: bool = True) -> None:
     """Create ``log_dir`` and every directory down to ``run_dir`` (inside it) with
     ``mode``; raise :class:`ForeignDirectoryError` for one that another user owns, and
-    ValueError for a part of ``run_dir`` that is not a plain name (:func:`check_run_id`)."""
+    ValueError for a part of ``run_dir`` that is not a plain name (:func:`check_run_id`).
+
+    ``first``: this launcher starts the run (it hosts the rendezvous store), so a
+    ``control.json`` in the run directory is an earlier launch's and is removed. A
+    launcher that joins a running job (another node, a hot spare starting late on a
+    shared log directory) passes False: the stop step it finds may be the live one."""
     log_dir = Path(log_dir).resolve()
     run_dir = Path(run_dir)
     if not run_dir.is_absolute():
@@ -172,4 +178,5 @@ def prepare_run_dir(log_dir: Path, run_dir: Path, mode: int) -> None:
     # A stop step an earlier launcher of this run id agreed on (a requeued Slurm job
     # keeps its job id, the run id): this launcher's ranks count their steps from their
     # own start and would stop that many steps into the resumed run, as if preempted.
-    (run_dir / CONTROL_FILE).unlink(missing_ok=True)
+    if first:
+        (run_dir / CONTROL_FILE).unlink(missing_ok=True)

@@ -186,3 +186,15 @@ def test_an_earlier_launchers_stop_step_is_not_this_ones(tmp_path: Path) -> None
     write_control(run_dir, 102, "preempted: node 0's launcher received SIGTERM")
     prepare_run_dir(logs, run_dir, 0o750)  # the requeued job's launcher
     assert not (run_dir / CONTROL_FILE).exists()
+
+
+def test_a_launcher_joining_a_running_job_keeps_its_stop_step(tmp_path: Path) -> None:
+    """On a shared log directory another node's launcher, or a hot spare starting late,
+    prepares the same run directory while the job runs: the stop step node 0 agreed on
+    is the live one, and the ranks still to read it must find it."""
+    logs = tmp_path / "logs"
+    run_dir = logs / "heartbeat" / "4242"
+    prepare_run_dir(logs, run_dir, 0o750)
+    write_control(run_dir, 102, "preempted: node 0's launcher received SIGTERM")
+    prepare_run_dir(logs, run_dir, 0o750, first=False)  # a spare joining now
+    assert (run_dir / CONTROL_FILE).exists()
