@@ -56,6 +56,7 @@ from torch.distributed.elastic.rendezvous.api import (
 
 from rankguard._fs import append_jsonl, atomic_write_json, atomic_write_text
 from rankguard.ft.config import FaultToleranceConfig
+from rankguard.launcher.nodeservice import NodeLeft
 from rankguard.launcher.rendezvous import HandlerWrapper
 from rankguard.runenv import current
 from rankguard.runfiles import read_excluded
@@ -179,15 +180,18 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-class NodeExcluded(Exception):
-    """This node left the job (raised out of the agent's rendezvous)."""
+class NodeExcluded(NodeLeft):
+    """This node left the job (raised out of the agent's rendezvous); its node number
+    may be another agent's in the new round."""
+
+    renumbered = True
 
     def __init__(self, exclusion: Exclusion) -> None:
         super().__init__(exclusion.message)
         self.exclusion = exclusion
 
 
-class ExcludedBelowMinimum(Exception):
+class ExcludedBelowMinimum(NodeLeft):
     """The rendezvous closed or timed out after exclusions: the nodes left cannot reach
     ``--nnodes`` MIN. ``hosts``: every host excluded."""
 
