@@ -37,7 +37,6 @@ import json
 import logging
 import os
 import re
-import shlex
 import socket
 import time
 from collections import deque
@@ -60,6 +59,7 @@ from rankguard.launcher.nodeservice import NodeLeft
 from rankguard.launcher.rendezvous import HandlerWrapper
 from rankguard.runenv import current
 from rankguard.runfiles import read_excluded
+from rankguard.scheduler import exclusion_hint_text, exclusion_hints
 from rankguard.schema.exits import EXIT_NODE_EXCLUDED, EXIT_RERUN_VALIDATION_FAILED
 from rankguard.schema.findings import Finding, FindingType, Reason
 from rankguard.schema.layout import (
@@ -93,7 +93,6 @@ _REASONS = {
     "restarts": Reason.EXCLUDED_RESTARTS,
     "rerun": Reason.EXCLUDED_RERUN,
 }
-TAINT = "rankguard.io/excluded=true:NoSchedule"
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,14 +259,9 @@ def rerun_faulty(run_dir: Path, ranks: Iterable[int]) -> list[dict[str, Any]]:
 
 
 def exclusion_commands(hosts: Iterable[str]) -> dict[str, Any]:
-    """What the scheduler gets: Slurm's ``--exclude`` and Kubernetes taints, each a
-    shell word quoted (``shlex.quote``): a host name that is not one (it came from the
-    store) stays one argument, never a command of its own."""
-    hosts = sorted(set(hosts))
-    return {
-        "slurm_exclude": shlex.quote(f"--exclude={','.join(hosts)}") if hosts else None,
-        "kubectl": [f"kubectl taint nodes {shlex.quote(h)} {shlex.quote(TAINT)}" for h in hosts],
-    }
+    """What the schedulers get (:func:`rankguard.scheduler.exclusion_hints`): each
+    one's way to leave ``hosts`` out, each host a quoted shell word."""
+    return exclusion_hints(hosts)
 
 
 def leave_rendezvous(handler: Any) -> bool:
@@ -738,11 +732,10 @@ class NodeExclusion:
 
     def _say_commands(self) -> None:
         hosts = sorted({e.hostname for e in self.known.values()})
-        commands = exclusion_commands(hosts)
-        if commands["slurm_exclude"]:
+        if hosts:
+            hints = exclusion_hint_text(exclusion_commands(hosts))
             self.say(
-                f"excluded host(s): {', '.join(hosts)}; Slurm: sbatch "
-                f"{commands['slurm_exclude']}; Kubernetes: {'; '.join(commands['kubectl'])} "
+                f"excluded host(s): {', '.join(hosts)}; {hints} "
                 f"({self.run_dir / EXCLUDED_NODES_FILE})"
             )
 

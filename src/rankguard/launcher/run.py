@@ -292,11 +292,11 @@ def _say(msg: str) -> None:
 
 
 def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
-    """Run the job on this node; return the process exit code (in the table
-    ``exit_codes`` names: :mod:`.kubeflow`)."""
-    from rankguard.launcher.kubeflow import exit_code_for
+    """Run the job on this node; return the process exit code (in the table of the
+    scheduler ``exit_codes`` names: :mod:`rankguard.scheduler`)."""
+    from rankguard.scheduler import for_exit_codes
 
-    return exit_code_for(_launch(opts, cfg), cfg.exit_codes)
+    return for_exit_codes(cfg.exit_codes).exit_code(_launch(opts, cfg))
 
 
 def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
