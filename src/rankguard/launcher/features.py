@@ -25,6 +25,7 @@ from rankguard.launcher.nodeservice import (
     build_services,
 )
 from rankguard.schema.layout import ft_state_dir
+from rankguard.schema.statusblocks import CheckpointsBlock
 
 if TYPE_CHECKING:
     from rankguard.config import RankguardConfig
@@ -288,8 +289,8 @@ class CheckpointsService(NullService):
 
         if self.run_dir is None:
             return {}
-        checkpoints = read_checkpoints(self.run_dir)
-        return {} if checkpoints is None else {"checkpoints": checkpoints}
+        block = CheckpointsBlock.from_dict(read_checkpoints(self.run_dir))
+        return {} if block is None else {block.name: block}
 
 
 def _checkpoints(cfg: RankguardConfig) -> CheckpointsService:

@@ -42,6 +42,7 @@ from rankguard.launcher.features import FACTORIES
 from rankguard.launcher.nodeservice import NodeContext, NodeService, build_services
 from rankguard.schema.findings import Finding, FindingType
 from rankguard.schema.layout import RunLayout, StoreKeys, ft_state_dir
+from rankguard.schema.statusblocks import STATUS_BLOCKS, TimeoutsBlock
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -57,6 +58,11 @@ logger = logging.getLogger(__name__)
 
 def _iso_ms(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _plain(value: Any) -> Any:
+    """A status block's JSON form; any other value as it is."""
+    return value.to_dict() if type(value) in STATUS_BLOCKS.values() else value
 
 
 def ft_state_path(cfg: RankguardConfig) -> Path:
@@ -176,7 +182,8 @@ class NodeServices:
         # and said, the others stay in status.json
         for name, source in self._status_sources():
             try:
-                out.update(source())
+                # a typed block (rankguard.schema.statusblocks) is written as its dict
+                out.update({k: _plain(v) for k, v in source().items()})
             except Exception:
                 self.status_errors[name] = self.status_errors.get(name, 0) + 1
                 log = logger.exception if self.status_errors[name] == 1 else logger.debug
@@ -203,7 +210,7 @@ class NodeServices:
         }
 
     def _timeout_fields(self) -> dict[str, Any]:
-        return {"timeouts": self.cadence.in_force()}
+        return {TimeoutsBlock.name: TimeoutsBlock.from_dict(self.cadence.in_force())}
 
     def _restart_fields(self) -> dict[str, Any]:
         return {"restarts": list(self.restarts)} if self.restarts else {}
