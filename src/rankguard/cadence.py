@@ -182,6 +182,8 @@ class Cadence:
         """Each phase's timeout and where it came from (``status.json``'s ``timeouts``):
         ``phase.setup``, ``phase.step`` and ``phase.checkpointing`` name the section that
         replaced the heartbeat timeout, if one did; ``phase.eval``, every other section,
+        ``phase.closing`` (the session's close after the script returned: the checkpoint
+        timeout, unless a section or the out-of-section timeout is its own),
         ``phase.other`` (a phase without its own timeout) and the process timeouts."""
         out: dict[str, dict[str, Any]] = {}
 
@@ -215,6 +217,15 @@ class Cadence:
                     f"section.{phase}", f"fault_tolerance.rank_section_timeouts.{phase}"
                 )
                 put(f"phase.{phase}", value, where)
+        if "closing" not in self.sections:  # the session's close: a save's timeout
+            if self.out_of_section_s is not None:
+                where = self._source(
+                    "out_of_section", "fault_tolerance.rank_out_of_section_timeout"
+                )
+                put("phase.closing", self.out_of_section_s, where)
+            else:
+                key = "heartbeat.checkpoint_timeout_s"
+                put("phase.closing", self.checkpoint_timeout_s, self._source(key, key))
         if self.out_of_section_s is not None:
             where = self._source("out_of_section", "fault_tolerance.rank_out_of_section_timeout")
             put("phase.other", self.out_of_section_s, where)

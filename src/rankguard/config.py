@@ -36,6 +36,7 @@ from rankguard.layouts import check_envs, normalize, unwrap_flagscale
 from rankguard.perf.config import PerfConfig
 from rankguard.preempt.config import PreemptionConfig
 from rankguard.rerun.config import RerunStateMachineConfig
+from rankguard.scheduler import EXIT_CODE_TABLES
 from rankguard.straggler.config import StragglerConfig
 
 __all__ = [
@@ -132,10 +133,9 @@ class RankguardConfig:
             object.__setattr__(self, "envs", check_envs(self.envs))
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        if self.exit_codes not in ("rankguard", "kubeflow"):
-            raise ConfigError(
-                f"exit_codes: must be 'rankguard' or 'kubeflow', got {self.exit_codes!r}"
-            )
+        if self.exit_codes not in EXIT_CODE_TABLES:  # each scheduler's table
+            tables = " or ".join(repr(t) for t in EXIT_CODE_TABLES)
+            raise ConfigError(f"exit_codes: must be {tables}, got {self.exit_codes!r}")
         # The sections given are left as they are: what this config changes in them is
         # in new ones (validated again).
         hb: dict[str, Any] = {}

@@ -16,7 +16,7 @@ from typing import Any, TypeVar, Union
 
 import yaml
 
-__all__ = ["MAX_DEPTH", "ConfigError", "build", "load_yaml", "short"]
+__all__ = ["MAX_DEPTH", "ConfigError", "FrozenDict", "build", "load_yaml", "short"]
 
 T = TypeVar("T")
 
@@ -27,6 +27,26 @@ the real layout needs five levels."""
 
 class ConfigError(ValueError):
     """A configuration key or value is wrong; the message names it."""
+
+
+class FrozenDict(dict[str, Any]):
+    """A mapping of a frozen configuration: read as a dict (equality, JSON,
+    :func:`dataclasses.asdict`), never changed (every write raises ``TypeError``); a change
+    makes a new configuration (:func:`dataclasses.replace` with a new mapping)."""
+
+    __slots__ = ()
+
+    def _frozen(self, *args: Any, **kwargs: Any) -> typing.NoReturn:
+        raise TypeError(f"{type(self).__name__} is read-only: replace the configuration")
+
+    __setitem__ = __delitem__ = __ior__ = _frozen
+    clear = pop = popitem = setdefault = update = _frozen
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(frozenset(self.items()))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (dict(self),))
 
 
 _UNSET = ("none", "null", "~")

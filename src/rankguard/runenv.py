@@ -15,10 +15,10 @@ after the fork; tests set them), so ``current()`` compares the variables it depe
 with the ones it last parsed and parses again only when they differ: the config's JSON
 is decoded once per value, not once per caller.
 
-Nothing here imports torch or another part of rankguard at import time: this module is
-near the bottom of the import graph (a config section is decoded by
-:mod:`rankguard.configdoc`, below it; the whole config by :func:`rankguard.config.run_config`,
-above it).
+Nothing here imports torch, and of rankguard only the schedulers' variable names
+(:mod:`rankguard.scheduler`): this module is near the bottom of the import graph (a config
+section is decoded by :mod:`rankguard.configdoc`, below it; the whole config by
+:func:`rankguard.config.run_config`, above it).
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from rankguard.scheduler import JOB_ID_VARIABLES
 
 T = TypeVar("T")
 
@@ -66,14 +68,13 @@ class ELASTIC:
     MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
     MASTER_ADDR = "MASTER_ADDR"
     MASTER_PORT = "MASTER_PORT"
-    SLURM_JOB_ID = "SLURM_JOB_ID"
     CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 
 
 _ENV_NAMES = tuple(v for k, v in vars(ENV).items() if k.isupper())
 _ELASTIC_NAMES = tuple(v for k, v in vars(ELASTIC).items() if k.isupper())
 #: Every variable :class:`RunEnv` reads (the launcher's, torch elastic's, the scheduler's).
-NAMES = _ENV_NAMES + _ELASTIC_NAMES
+NAMES = _ENV_NAMES + _ELASTIC_NAMES + JOB_ID_VARIABLES
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None, *, lo: int) -> int | None:
@@ -121,7 +122,8 @@ class RunEnv:
     restart_count: int = 0
     master_addr: str | None = None
     master_port: int | None = None
-    slurm_job_id: str | None = None
+    #: the job's id as its scheduler names it (:data:`rankguard.scheduler.JOB_ID_VARIABLES`)
+    scheduler_job_id: str | None = None
     cuda_visible_devices: str | None = None
     _cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -153,7 +155,9 @@ class RunEnv:
             restart_count=_int(env, ELASTIC.RESTART_COUNT, 0, lo=0) or 0,
             master_addr=_text(env, ELASTIC.MASTER_ADDR),
             master_port=_int(env, ELASTIC.MASTER_PORT, None, lo=1),
-            slurm_job_id=_text(env, ELASTIC.SLURM_JOB_ID),
+            scheduler_job_id=next(
+                (v for v in (_text(env, name) for name in JOB_ID_VARIABLES) if v), None
+            ),
             cuda_visible_devices=env.get(ELASTIC.CUDA_VISIBLE_DEVICES),
         )
 
@@ -179,7 +183,7 @@ class RunEnv:
     @property
     def job_id(self) -> str | None:
         """The job's id as the launcher, torch elastic or the scheduler named it."""
-        for value in (self.run_id, self.elastic_run_id, self.slurm_job_id):
+        for value in (self.run_id, self.elastic_run_id, self.scheduler_job_id):
             if value and value != "none":
                 return value
         return None

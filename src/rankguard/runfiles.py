@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rankguard.heartbeat.procs import pid_running, process_start_time
+from rankguard.scheduler import exclusion_hint_lines
 from rankguard.schema.layout import (
     CHECKPOINTS_FILE,
     EXCLUDED_NODES_FILE,
@@ -287,8 +288,4 @@ def excluded_lines(run_dir: str | os.PathLike[str]) -> list[str]:
             f"  {where} on {n.get('hostname')} (launcher pid {n.get('pid')}): "
             f"{n.get('trigger')}, GPU {n.get('gpu')}: {problems}"
         )
-    if data.get("slurm_exclude"):
-        out.append(f"  Slurm: {data['slurm_exclude']}")
-    for command in data.get("kubectl") or []:
-        out.append(f"  Kubernetes: {command}")
-    return out
+    return out + exclusion_hint_lines(data)  # each scheduler's way to leave them out

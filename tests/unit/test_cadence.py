@@ -95,6 +95,22 @@ def test_out_of_section_timeout_is_eval_and_the_other_phases(tmp_path: Path) -> 
     source = "config (fault_tolerance.rank_out_of_section_timeout)"
     assert shown["phase.eval"] == {"value": 70.0, "source": source}
     assert shown["phase.other"] == {"value": 70.0, "source": source}
+    assert shown["phase.closing"] == {"value": 70.0, "source": source}
+
+
+def test_the_closing_phase_has_its_line_as_the_rules_judge_it() -> None:
+    # the session's close after the script returned: the checkpoint timeout, unless a
+    # section of its own or the out-of-section timeout is in force (HeartbeatRules)
+    plain = node_cadence(RankguardConfig()).in_force()
+    assert plain["phase.closing"] == {
+        "value": 1800.0,
+        "source": "config (heartbeat.checkpoint_timeout_s)",
+    }
+    cfg = load_config(overrides=["fault_tolerance.rank_section_timeouts=closing:90"])
+    assert node_cadence(cfg).in_force()["phase.closing"] == {
+        "value": 90.0,
+        "source": "config (fault_tolerance.rank_section_timeouts.closing)",
+    }
 
 
 def test_status_shows_the_step_section_under_timeouts_in_force(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
         "gcfreeze",
     ),
     ("schema", "phases", "cadence"),
+    ("scheduler",),
     ("runenv", "health", "perf"),
     ("heartbeat",),
     ("agree", "ft", "goodput", "rerun", "straggler", "runfiles", "statusnotes"),

@@ -103,7 +103,7 @@ def test_plain_torchrun_and_the_group_rank() -> None:
     assert env.torchrun and not env.monitored
     assert env.node == 5
     assert env.job_id is None  # torchrun's default id names no job
-    assert RunEnv.from_environ({ELASTIC.SLURM_JOB_ID: "123"}).job_id == "123"
+    assert RunEnv.from_environ({"SLURM_JOB_ID": "123"}).job_id == "123"
 
 
 def test_the_config_needs_the_launcher_flag() -> None:

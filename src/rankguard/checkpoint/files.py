@@ -407,6 +407,15 @@ class DirLock:
             fh.flush()
             os.fsync(fh.fileno())
 
+    def took_over_line(self) -> str | None:
+        """What to say when :meth:`acquire` took over a dead job's lock, else None."""
+        if self.took_over is None:
+            return None
+        return (
+            f"{self.path}: took over the lock of job {self.took_over.get('job')!r} "
+            f"(pid {self.took_over.get('pid')} on this host is gone)"
+        )
+
     def _owner(self) -> dict[str, Any] | None:
         try:
             owner = json.loads(self.path.read_text())

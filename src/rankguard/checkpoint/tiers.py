@@ -8,17 +8,27 @@ both through :class:`CheckpointTier`: it starts a save in a tier, asks every tie
 checkpoints it could load, and loads the newest one that verifies, falling back tier by
 tier. A tier's methods are collectives: every rank calls them at the same point.
 
-:class:`BoundTier` is a tier made of three callables (how the manager exposes the two
-tiers it implements); another tier implements the protocol directly.
+:class:`~rankguard.checkpoint.persistent.PersistentTier` and
+:class:`~rankguard.checkpoint.localtier.LocalTier` implement the protocol, each in its own
+module; they reach what the manager keeps (the state, the group, the staging buffers, the
+bookkeeping of ``checkpoints.json``) through :class:`TierHost`. :class:`BoundTier` is a
+tier made of three callables.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-__all__ = ["BoundTier", "Candidate", "CheckpointTier", "SaveJob"]
+if TYPE_CHECKING:
+    from rankguard.checkpoint.config import CheckpointConfig
+    from rankguard.checkpoint.group import CheckpointGroup
+    from rankguard.checkpoint.stager import HostStager
+    from rankguard.checkpoint.state import StatePlan
+
+__all__ = ["BoundTier", "Candidate", "CheckpointTier", "SaveJob", "TierHost"]
 
 #: The rest of a started save (write and commit): run at once (blocking) or in the
 #: manager's background thread. Raises ``CheckpointError`` when the save fails.
@@ -55,6 +65,40 @@ class CheckpointTier(Protocol):
     def load(self, candidate: Candidate) -> bool:
         """Load ``candidate`` into the state; False (with a warning) when it does not
         verify, so the manager falls back to the next one."""
+        ...
+
+
+class TierHost(Protocol):
+    """What a tier uses of the manager that owns it (one per rank)."""
+
+    config: CheckpointConfig
+    plan: StatePlan  # the state: global state dict, per-rank bytes
+    group: CheckpointGroup  # the checkpoint's own gloo group (its collectives)
+    rank: int
+    world: int
+    job: str  # the job's id (directory locks, manifests)
+    attempt: int  # torch elastic's restart count
+    stager: HostStager  # async saves' host buffers
+    seq: int  # the number of the save under way in this process (temporary names)
+
+    def writer(self, path: Path) -> Any:
+        """DCP's storage writer for ``path``."""
+        ...
+
+    def say(self, message: str, level: int, *, everywhere: bool = False) -> None: ...
+
+    def note_committed(
+        self, tier: str, step: int, path: Path, t0: float, stage_s: float, w0: float
+    ) -> None:
+        """Every rank: ``step`` is committed in ``tier`` (``checkpoints.json``)."""
+        ...
+
+    def note_failed(self, tier: str, step: int, why: str) -> None:
+        """Every rank: the save of ``step`` failed; raises ``CheckpointError``."""
+        ...
+
+    def note_loaded(self, tier: str, step: int, path: Path) -> None:
+        """Every rank: the state was loaded from ``step`` of ``tier``."""
         ...
 
 

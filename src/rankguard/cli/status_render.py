@@ -17,6 +17,7 @@ from typing import Any
 from rankguard.goodput.ledger import ettr_text
 from rankguard.schema.findings import Finding, FindingType
 from rankguard.schema.status import FINAL_STATES, RankRow, StatusDoc, parse_findings
+from rankguard.schema.statusblocks import CheckpointsBlock, TimeoutsBlock
 from rankguard.statusnotes import (
     exit_note,
     frozen_status,
@@ -454,7 +455,7 @@ def render_status(
     lines.extend(_finding_lines(found, skipped, color))
     lines.extend(_ft_lines(doc))
     lines.extend(goodput_lines(doc.block("goodput")))
-    lines.extend(checkpoint_lines(doc.block("checkpoints")))
+    lines.extend(checkpoint_lines(doc.block(CheckpointsBlock)))
     lines.extend(elastic_lines(doc.block("elastic")))
     return "\n".join(_clip(line, width) for line in lines) + "\n"
 
@@ -532,17 +533,14 @@ def _ft_lines(status: StatusDoc | dict[str, Any]) -> list[str]:
             f"  stop requested at step {_s(stop.get('stop_at_step'))}: {_s(stop.get('reason'))}"
         )
     out += _preemption_lines(doc.block("preemption"))
-    timeouts = doc.block("timeouts")
-    if isinstance(timeouts, dict) and timeouts:
+    timeouts = doc.block(TimeoutsBlock)
+    if timeouts is not None and timeouts.entries:
         # in the launcher's order (rankguard.cadence): the process timeouts, then each
         # phase's, with the section or key it came from
         out += ["", "Timeouts in force"]
-        width = max(len(str(k)) for k in timeouts)
-        for name, info in timeouts.items():
-            if isinstance(info, dict):
-                out.append(
-                    f"  {name:<{width}}  {_s(info.get('value')):>9} s  {_s(info.get('source'))}"
-                )
+        width = max(len(k) for k in timeouts.entries)
+        for name, info in timeouts.entries.items():
+            out.append(f"  {name:<{width}}  {_s(info.value):>9} s  {_s(info.source)}")
     return out
 
 
@@ -604,38 +602,32 @@ def _number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def checkpoint_lines(ckpt: Any) -> list[str]:
+def checkpoint_lines(ckpt: CheckpointsBlock | None) -> list[str]:
     """Last committed checkpoint per tier with its stage and write durations, the write
     in flight, failures and what the job resumed from (``checkpoints.json``)."""
-    if not isinstance(ckpt, dict):
+    if ckpt is None:
         return []
-    mode = "async" if ckpt.get("async_save") else "sync"
-    out = ["", f"Checkpoints ({mode}, {_s(ckpt.get('world_size'))} rank(s))"]
-    last = _as_dict(ckpt.get("last"))
-    for tier, step in sorted(_as_dict(ckpt.get("last_committed")).items()):
-        info = _as_dict(last.get(tier))
-        if step is None and not info:
+    mode = "async" if ckpt.async_save else "sync"
+    out = ["", f"Checkpoints ({mode}, {_s(ckpt.world_size)} rank(s))"]
+    for tier, step in sorted(ckpt.last_committed.items()):
+        info = ckpt.last.get(tier)
+        if step is None and info is None:
             continue
         timing = (
-            f"  stage {_s(info.get('stage_s'))} s, write {_s(info.get('write_s'))} s, "
-            f"at {_fmt_time(info.get('time'))}"
-            if info
+            f"  stage {_s(info.stage_s)} s, write {_s(info.write_s)} s, at {_fmt_time(info.time)}"
+            if info is not None
             else "  (found on disk)"
         )
         out.append(f"  {tier:<10}  last committed step {_s(step)}{timing}")
-    inflight = ckpt.get("inflight")
-    if isinstance(inflight, dict):
+    if ckpt.inflight is not None:
         out.append(
-            f"  in flight   step {_s(inflight.get('step'))} ({_s(inflight.get('tier'))}) "
-            f"since {_fmt_time(inflight.get('since'))}"
+            f"  in flight   step {_s(ckpt.inflight.step)} ({_s(ckpt.inflight.tier)}) "
+            f"since {_fmt_time(ckpt.inflight.since)}"
         )
-    loaded = ckpt.get("loaded")
-    if isinstance(loaded, dict):
-        out.append(f"  resumed     from step {_s(loaded.get('step'))} ({_s(loaded.get('tier'))})")
-    if ckpt.get("failures"):
-        out.append(
-            f"  FAILED saves: {_s(ckpt.get('failures'))}; last: {_s(ckpt.get('last_error'))}"
-        )
+    if ckpt.loaded is not None:
+        out.append(f"  resumed     from step {_s(ckpt.loaded.step)} ({_s(ckpt.loaded.tier)})")
+    if ckpt.failures:
+        out.append(f"  FAILED saves: {_s(ckpt.failures)}; last: {_s(ckpt.last_error)}")
     return out
 
 

@@ -36,6 +36,7 @@ from rankguard.health.schema import NodeStatus
 from rankguard.runfiles import worst_rows
 from rankguard.schema.findings import Finding, FindingType, Liveness, Progress
 from rankguard.schema.status import RankDetail, RankRow, StatusDoc
+from rankguard.schema.statusblocks import CheckpointsBlock
 
 if TYPE_CHECKING:
     from rankguard.heartbeat.monitor import JobMonitor
@@ -521,7 +522,7 @@ def _job_families(put: _Put, doc: StatusDoc, now_wall: float) -> None:
             kinds[kind] = kinds.get(kind, 0) + 1
     for kind, count in sorted(kinds.items()):
         put("rankguard_job_restarts_total", [kind], float(count))
-    _checkpoint_series(doc.block("checkpoints"), now_wall, put)
+    _checkpoint_series(doc.block(CheckpointsBlock), now_wall, put)
     _goodput_series(doc.block("goodput"), put)
 
 
@@ -537,22 +538,20 @@ def _goodput_series(block: Any, put: _Put) -> None:
             put("rankguard_goodput_seconds", [part.value], _num(parts.get(part.value)))
 
 
-def _checkpoint_series(ckpt: Any, now_wall: float, put: _Put) -> None:
+def _checkpoint_series(ckpt: CheckpointsBlock | None, now_wall: float, put: _Put) -> None:
     """``checkpoints.json`` (rank 0's manager, merged into the status): each tier's
     newest committed step and its age; failed saves."""
-    if not isinstance(ckpt, dict):
+    if ckpt is None:
         return
-    committed = ckpt.get("last_committed") or {}
-    last = ckpt.get("last") or {}
-    for tier, step in sorted(committed.items() if isinstance(committed, dict) else ()):
-        if _num(step) is None:
+    for tier, step in sorted(ckpt.last_committed.items()):
+        if step is None:
             continue
-        put("rankguard_checkpoint_last_step", [_label(tier)], _num(step))
-        info = last.get(tier) if isinstance(last, dict) else None
-        if isinstance(info, dict):
-            age = _age_since(info.get("time"), now_wall)
+        put("rankguard_checkpoint_last_step", [_label(tier)], float(step))
+        info = ckpt.last.get(tier)
+        if info is not None:
+            age = _age_since(info.time, now_wall)
             put("rankguard_checkpoint_age_seconds", [_label(tier)], age)
-    put("rankguard_checkpoint_failures_total", [], _num(ckpt.get("failures")))
+    put("rankguard_checkpoint_failures_total", [], float(ckpt.failures))
 
 
 class StatusCollector(Collector):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rankguard.configdoc import FrozenDict
 from rankguard.schema.findings import FindingType
 from rankguard.validate import check_number
 
@@ -156,6 +157,8 @@ class FaultToleranceConfig:
         check_number("safety_factor", self.safety_factor, ge=1)
         for section, timeout in self.rank_section_timeouts.items():
             check_number(f"rank_section_timeouts.{section}", timeout, gt=0)
+        # the sections of a frozen configuration: read-only (a change is a new config)
+        object.__setattr__(self, "rank_section_timeouts", FrozenDict(self.rank_section_timeouts))
         for name in (
             "rank_out_of_section_timeout",
             "initial_rank_heartbeat_timeout",

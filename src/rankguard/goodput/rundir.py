@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from rankguard.goodput.ledger import Attempt, Ledger, LiveRecovery, build_ledger
+from rankguard.schema.coerce import as_finite
 from rankguard.schema.layout import (
     FINDINGS_FILE,
     HEARTBEAT_FILE_RE,
@@ -84,12 +85,6 @@ def iso_epoch_s(value: Any) -> float | None:
     return when.timestamp() if when.tzinfo is not None else None
 
 
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
 @dataclass
 class _Process:
     pid: int
@@ -105,7 +100,7 @@ class _Process:
     first_seen: tuple[float, int, int] | None = None  # (time, iteration, progress_seq)
 
     def add(self, rec: dict[str, Any]) -> None:
-        wall_ns = _num(rec.get("wall_time_ns"))
+        wall_ns = as_finite(rec.get("wall_time_ns"))
         if wall_ns is None:
             return
         wall = wall_ns / 1e9
@@ -124,14 +119,17 @@ class _Process:
         restored = progress == 0 or rec.get("iteration_source") == "checkpoint"
         if iteration is not None and restored and self.resumed_from is None:
             self.resumed_from = iteration
-        mono, last = _num(rec.get("monotonic_ns")), _num(rec.get("last_progress_monotonic_ns"))
+        mono, last = (
+            as_finite(rec.get("monotonic_ns")),
+            as_finite(rec.get("last_progress_monotonic_ns")),
+        )
         if iteration is not None and isinstance(progress, int) and progress > 0 and mono and last:
             when = wall - max(0.0, mono - last) / 1e9
             seen = self.steps.get(progress)
             self.steps[progress] = (iteration, when if seen is None else max(seen[1], when))
             if self.first_seen is None or when < self.first_seen[0]:
                 self.first_seen = (when, iteration, progress)
-        phase, elapsed = rec.get("phase"), _num(rec.get("phase_elapsed_s"))
+        phase, elapsed = rec.get("phase"), as_finite(rec.get("phase_elapsed_s"))
         if isinstance(phase, str) and elapsed is not None:
             self.phase_starts.add((phase, round(wall - elapsed, 3)))
 
@@ -156,7 +154,7 @@ class _Process:
 
 def _when(value: Any) -> float | None:
     """Epoch seconds of a number or of an ISO-8601 time with its offset."""
-    return _num(value) if not isinstance(value, str) else iso_epoch_s(value)
+    return as_finite(value) if not isinstance(value, str) else iso_epoch_s(value)
 
 
 def _int(value: Any) -> int | None:

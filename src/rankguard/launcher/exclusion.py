@@ -41,7 +41,6 @@ import json
 import logging
 import os
 import re
-import shlex
 import socket
 import time
 from collections import deque
@@ -60,9 +59,11 @@ from torch.distributed.elastic.rendezvous.api import (
 
 from rankguard._fs import append_jsonl, atomic_write_json, atomic_write_text
 from rankguard.ft.config import FaultToleranceConfig
+from rankguard.launcher.nodeservice import NodeLeft
 from rankguard.launcher.rendezvous import HandlerWrapper
 from rankguard.runenv import current
 from rankguard.runfiles import read_excluded
+from rankguard.scheduler import exclusion_hint_text, exclusion_hints
 from rankguard.schema.exits import EXIT_NODE_EXCLUDED, EXIT_RERUN_VALIDATION_FAILED
 from rankguard.schema.findings import Finding, FindingType, Reason
 from rankguard.schema.layout import (
@@ -100,7 +101,6 @@ _REASONS = {
 #: a check of the node besides its GPUs, run before each round: None when it passes,
 #: else (problems, why) (:mod:`rankguard.launcher.nodehealth`)
 NodeCheck = Callable[[], "tuple[list[str], str] | None"]
-TAINT = "rankguard.io/excluded=true:NoSchedule"
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,15 +187,18 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-class NodeExcluded(Exception):
-    """This node left the job (raised out of the agent's rendezvous)."""
+class NodeExcluded(NodeLeft):
+    """This node left the job (raised out of the agent's rendezvous); its node number
+    may be another agent's in the new round."""
+
+    renumbered = True
 
     def __init__(self, exclusion: Exclusion) -> None:
         super().__init__(exclusion.message)
         self.exclusion = exclusion
 
 
-class ExcludedBelowMinimum(Exception):
+class ExcludedBelowMinimum(NodeLeft):
     """The rendezvous closed or timed out after exclusions: the nodes left cannot reach
     ``--nnodes`` MIN. ``hosts``: every host excluded."""
 
@@ -264,14 +267,9 @@ def rerun_faulty(run_dir: Path, ranks: Iterable[int]) -> list[dict[str, Any]]:
 
 
 def exclusion_commands(hosts: Iterable[str]) -> dict[str, Any]:
-    """What the scheduler gets: Slurm's ``--exclude`` and Kubernetes taints, each a
-    shell word quoted (``shlex.quote``): a host name that is not one (it came from the
-    store) stays one argument, never a command of its own."""
-    hosts = sorted(set(hosts))
-    return {
-        "slurm_exclude": shlex.quote(f"--exclude={','.join(hosts)}") if hosts else None,
-        "kubectl": [f"kubectl taint nodes {shlex.quote(h)} {shlex.quote(TAINT)}" for h in hosts],
-    }
+    """What the schedulers get (:func:`rankguard.scheduler.exclusion_hints`): each
+    one's way to leave ``hosts`` out, each host a quoted shell word."""
+    return exclusion_hints(hosts)
 
 
 def leave_rendezvous(handler: Any) -> bool:
@@ -758,11 +756,10 @@ class NodeExclusion:
 
     def _say_commands(self) -> None:
         hosts = sorted({e.hostname for e in self.known.values()})
-        commands = exclusion_commands(hosts)
-        if commands["slurm_exclude"]:
+        if hosts:
+            hints = exclusion_hint_text(exclusion_commands(hosts))
             self.say(
-                f"excluded host(s): {', '.join(hosts)}; Slurm: sbatch "
-                f"{commands['slurm_exclude']}; Kubernetes: {'; '.join(commands['kubectl'])} "
+                f"excluded host(s): {', '.join(hosts)}; {hints} "
                 f"({self.run_dir / EXCLUDED_NODES_FILE})"
             )
 

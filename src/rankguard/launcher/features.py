@@ -1,4 +1,5 @@
-"""The node services of rankguard's features and their registry, :data:`FACTORIES`.
+"""The node services of rankguard's features and their registry, :data:`FACTORIES`
+(hot spares and bad-node exclusion are in :mod:`.membership`).
 
 Each service is built from its configuration section by its factory (None when the
 feature is off: :func:`~rankguard.launcher.nodeservice.build_services` puts a null
@@ -10,11 +11,21 @@ learned timeouts before the exporter (which stays scrapable until the very end).
 from __future__ import annotations
 
 import logging
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rankguard.launcher.nodeservice import NodeContext, NullService, ServiceFactory
+from rankguard.launcher.membership import _exclusion, _spares
+from rankguard.launcher.nodeservice import (
+    LaunchContext,
+    NodeContext,
+    NodeService,
+    NullService,
+    ServiceFactory,
+    build_services,
+)
 from rankguard.schema.layout import ft_state_dir
+from rankguard.schema.statusblocks import CheckpointsBlock
 
 if TYPE_CHECKING:
     from rankguard.config import RankguardConfig
@@ -23,7 +34,7 @@ if TYPE_CHECKING:
     from rankguard.launcher.exitcodes import JobOutcome
     from rankguard.launcher.preemption import LaunchPreemption
 
-__all__ = ["FACTORIES"]
+__all__ = ["FACTORIES", "launch_services"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,12 +69,53 @@ def _health(cfg: RankguardConfig) -> HealthService | None:
     return HealthService() if hb.enabled and hb.hardware_health.enabled else None
 
 
+class PreflightService(NullService):
+    """Every node, before its workers start (``enable_gpu_health_check``, FlagScale's
+    switch): the GPU check of :mod:`.preflight`; with bad-node exclusion the GPUs are
+    checked before each rendezvous round instead."""
+
+    name = "gpu_health_check"
+
+    def preflight(self, launch: LaunchContext) -> int | None:
+        cfg = launch.cfg
+        if cfg.fault_tolerance.exclude_bad_nodes:
+            launch.say(
+                "enable_gpu_health_check: the node's GPUs are checked before each rendezvous "
+                "round instead (fault_tolerance.exclude_bad_nodes: a bad GPU excludes the node)"
+            )
+            return None
+        from rankguard.launcher.preflight import preflight_gpu_check
+
+        assert launch.run_dir is not None
+        return preflight_gpu_check(
+            command_timeout_s=cfg.heartbeat.hardware_health.command_timeout_s,
+            node_rank=launch.opts.node_rank,
+            run_dir=launch.run_dir,
+            say=launch.say,
+        )
+
+
+def _preflight(cfg: RankguardConfig) -> PreflightService | None:
+    return PreflightService() if cfg.enable_gpu_health_check else None
+
+
 class InProcessService(NullService):
     """Node 0: the ranks re-entering their training function, seen in their heartbeats,
     become ``restarts.jsonl`` lines of kind ``inprocess`` (the re-entry phase's timeout,
     ``inprocess_restart.hard_timeout``, is in the launcher's cadence)."""
 
     name = "inprocess_restart"
+
+    def __init__(self, nccl_env: bool = False) -> None:
+        self.nccl_env = nccl_env
+
+    def environment(self, env: MutableMapping[str, str]) -> None:
+        """``set_nccl_env``: NVRx's NCCL settings for an in-process restart, before the
+        ranks import torch (its log level)."""
+        if self.nccl_env:
+            from rankguard.inprocess.policy import apply_environment
+
+            apply_environment(env)
 
     def start(self, node: NodeContext) -> None:
         from rankguard.inprocess.monitor import InProcessRestarts
@@ -83,7 +135,8 @@ def _node_health(cfg: RankguardConfig) -> NullService | None:
 
 def _inprocess(cfg: RankguardConfig) -> InProcessService:
     # always: a rank may re-enter in-process under its own wrapper, without the switch
-    return InProcessService()
+    ip = cfg.inprocess_restart
+    return InProcessService(nccl_env=ip.enabled and ip.set_nccl_env)
 
 
 class StragglerService(NullService):
@@ -244,8 +297,8 @@ class CheckpointsService(NullService):
 
         if self.run_dir is None:
             return {}
-        checkpoints = read_checkpoints(self.run_dir)
-        return {} if checkpoints is None else {"checkpoints": checkpoints}
+        block = CheckpointsBlock.from_dict(read_checkpoints(self.run_dir))
+        return {} if block is None else {block.name: block}
 
 
 def _checkpoints(cfg: RankguardConfig) -> CheckpointsService:
@@ -261,6 +314,19 @@ class ExporterService(NullService):
 
     def __init__(self) -> None:
         self.exporter: MetricsExporter | None = None
+
+    def check(self, launch: LaunchContext) -> str | None:
+        """Node 0 (or a node not numbered yet) needs the optional prometheus-client."""
+        if launch.opts.node_rank not in (0, None):
+            return None
+        try:
+            import prometheus_client  # noqa: F401
+        except ImportError:
+            return (
+                "perf.prometheus.enabled=true needs prometheus-client: "
+                "pip install 'rankguard[prometheus]'"
+            )
+        return None
 
     def start(self, node: NodeContext) -> None:
         if node.monitor is None:
@@ -285,12 +351,17 @@ class ExporterService(NullService):
 
 
 def _exporter(cfg: RankguardConfig) -> ExporterService | None:
-    return ExporterService() if cfg.heartbeat.enabled and cfg.perf.prometheus.enabled else None
+    # without heartbeat monitoring no monitor starts it, but a launch still needs its
+    # package (the check)
+    return ExporterService() if cfg.perf.prometheus.enabled else None
 
 
-#: The registry: (feature, factory) in the order the services are called. A new node
-#: service is one more line here (docs/architecture.md, "Recipes").
+#: The registry: (feature, factory) in the order the services are called (hot spares
+#: wrap the rendezvous handler before bad-node exclusion wraps theirs; the ``elastic``
+#: block is the last of ``status.json``'s). A new node service is one more line here
+#: (docs/architecture.md, "Recipes").
 FACTORIES: tuple[tuple[str, ServiceFactory], ...] = (
+    ("gpu_health_check", _preflight),
     ("hardware_health", _health),
     ("node_health", _node_health),
     ("inprocess_restart", _inprocess),
@@ -301,4 +372,11 @@ FACTORIES: tuple[tuple[str, ServiceFactory], ...] = (
     ("checkpoints", _checkpoints),
     ("calc_ft_timeouts", _learned),
     ("prometheus", _exporter),
+    ("elastic", _spares),
+    ("exclusion", _exclusion),
 )
+
+
+def launch_services(cfg: RankguardConfig) -> list[NodeService]:
+    """Every registered feature's service for a launch (a null one when it is off)."""
+    return build_services(cfg, FACTORIES)

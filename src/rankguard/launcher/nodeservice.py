@@ -27,6 +27,33 @@ node's life, in the registry's order:
 ``outcome(outcome)``
     The job's outcome, which the service may amend (a preemption marks it).
 
+Before the node has a number, the launch itself asks every service, in the same order
+(each told the :class:`LaunchContext`):
+
+``check(launch)``
+    Before anything is launched: a line naming what cannot work (then the launch stops
+    with a usage error), else None.
+``preflight(launch)``
+    The run directory exists, the workers are not started: an exit code to stop with
+    (a GPU check that failed), else None.
+``environment(env)``
+    The workers' environment, before they (or ``--preload``'s fork server) start.
+``wrap_rendezvous(handler, launch)``
+    The rendezvous handler the agent will use, wrapped or as it is (hot spares, bad-node
+    exclusion); ``launch.services`` is built.
+``attach(agent, launch)``
+    The agent is built (its failures, its workers).
+``left(error, handler, launch)``
+    The agent's run ended in a :class:`NodeLeft` (this node left the job).
+``closing(launch)``
+    The agent's run is over, before the node's services stop.
+``keeps_store(error)``
+    Whether node 0's monitor may still need the rendezvous store this launcher hosts
+    (``error``: the :class:`NodeLeft` the run ended in, if any).
+``release_store(launch)``
+    This launcher hosts the rendezvous store, which goes next: wait (bounded) for those
+    that still need it.
+
 A service never raises out of these calls for a failure of its own feature: it logs it
 and goes on (the others and the training must not stop for it).
 """
@@ -34,7 +61,7 @@ and goes on (the others and the training must not stop for it).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -45,9 +72,12 @@ if TYPE_CHECKING:
     from rankguard.ft.actions import AgentControl
     from rankguard.heartbeat.monitor import JobMonitor
     from rankguard.launcher.exitcodes import JobOutcome
+    from rankguard.launcher.options import LaunchOptions
 
 __all__ = [
+    "LaunchContext",
     "NodeContext",
+    "NodeLeft",
     "NodeService",
     "NullService",
     "ServiceFactory",
@@ -81,6 +111,33 @@ class NodeContext:
     services: Any = None
 
 
+@dataclass
+class LaunchContext:
+    """What a service is told about the launch, before the node has a number."""
+
+    opts: LaunchOptions
+    cfg: RankguardConfig
+    run_id: str
+    #: the launcher's console line
+    say: Callable[[str], None] = lambda line: None
+    run_dir: Path | None = None  # once created
+    #: a new client of the rendezvous store (several nodes, the launcher holding the
+    #: store), else None
+    store_client: Callable[[], Any] | None = None
+    hosting: bool = False  # this launcher hosts the rendezvous store
+    #: the node services' facade (:class:`~rankguard.launcher.services.NodeServices`),
+    #: once built
+    services: Any = None
+
+
+class NodeLeft(Exception):
+    """The agent's run ended because this node left the job (a service decided it: bad-node
+    exclusion). ``renumbered``: its node number may be another agent's now (its relay
+    must halt at once)."""
+
+    renumbered = False
+
+
 class NodeService(Protocol):
     """One feature of a node, started and stopped with it (see the module's docstring)."""
 
@@ -99,6 +156,24 @@ class NodeService(Protocol):
     def status_fields(self) -> dict[str, Any]: ...
 
     def outcome(self, outcome: JobOutcome) -> JobOutcome: ...
+
+    def check(self, launch: LaunchContext) -> str | None: ...
+
+    def preflight(self, launch: LaunchContext) -> int | None: ...
+
+    def environment(self, env: MutableMapping[str, str]) -> None: ...
+
+    def wrap_rendezvous(self, handler: Any, launch: LaunchContext) -> Any: ...
+
+    def attach(self, agent: Any, launch: LaunchContext) -> None: ...
+
+    def left(self, error: NodeLeft, handler: Any, launch: LaunchContext) -> None: ...
+
+    def closing(self, launch: LaunchContext) -> None: ...
+
+    def keeps_store(self, error: NodeLeft | None) -> bool: ...
+
+    def release_store(self, launch: LaunchContext) -> None: ...
 
 
 class NullService:
@@ -132,6 +207,33 @@ class NullService:
 
     def outcome(self, outcome: JobOutcome) -> JobOutcome:
         return outcome
+
+    def check(self, launch: LaunchContext) -> str | None:
+        return None
+
+    def preflight(self, launch: LaunchContext) -> int | None:
+        return None
+
+    def environment(self, env: MutableMapping[str, str]) -> None:
+        return None
+
+    def wrap_rendezvous(self, handler: Any, launch: LaunchContext) -> Any:
+        return handler
+
+    def attach(self, agent: Any, launch: LaunchContext) -> None:
+        return None
+
+    def left(self, error: NodeLeft, handler: Any, launch: LaunchContext) -> None:
+        return None
+
+    def closing(self, launch: LaunchContext) -> None:
+        return None
+
+    def keeps_store(self, error: NodeLeft | None) -> bool:
+        return False
+
+    def release_store(self, launch: LaunchContext) -> None:
+        return None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"

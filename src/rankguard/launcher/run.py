@@ -18,7 +18,6 @@ import logging
 import os
 import socket
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -29,12 +28,10 @@ from rankguard.config import RankguardConfig, config_to_dict, dumps_config
 from rankguard.ft.flightrec import flight_recorder_env
 from rankguard.gcfreeze import freeze_startup
 from rankguard.heartbeat.identity import ENV
-from rankguard.inprocess.policy import apply_environment
 from rankguard.launcher.agent import RankguardAgent, first_failure
 from rankguard.launcher.checks import check_launch
 from rankguard.launcher.console import LiveStatus, run_end_line
 from rankguard.launcher.elastic import build_agent, features_line
-from rankguard.launcher.exclusion import ExcludedBelowMinimum, NodeExcluded, NodeExclusion
 from rankguard.launcher.exitcodes import (
     EXIT_NODE_EXCLUDED,
     EXIT_RERUN_RESUME,
@@ -43,7 +40,9 @@ from rankguard.launcher.exitcodes import (
     JobOutcome,
     exit_code,
 )
+from rankguard.launcher.features import launch_services
 from rankguard.launcher.node import node_identity
+from rankguard.launcher.nodeservice import LaunchContext, NodeLeft, NodeService
 from rankguard.launcher.options import LaunchOptions
 from rankguard.launcher.rendezvous import RoundWatcher
 from rankguard.launcher.rundir import (
@@ -153,24 +152,6 @@ def _rendezvous(opts: LaunchOptions, run_id: str) -> tuple[Any, Any, str, int, b
     return handler, store, host, int(store.port), hosting
 
 
-def _spare_keeper(handler: Any, opts: LaunchOptions, run_id: str, host: str, port: int) -> Any:
-    """Hot spares and elastic shrink (:class:`~rankguard.launcher.rendezvous.SpareKeeper`):
-    the agent's entry in the store goes through a client of its own."""
-    from rankguard.launcher.rendezvous import SpareKeeper, keep_alive_settings
-    from rankguard.launcher.spares import KEEPALIVE_S, AgentRegistry
-
-    # the spare's beat at the rendezvous' own keep-alive interval (torch's 5 s default)
-    interval = keep_alive_settings(opts.rdzv_conf).get("keep_alive_interval", KEEPALIVE_S)
-    registry = AgentRegistry(
-        _store_client(host, port),
-        run_id,
-        max_nodes=opts.max_nodes,
-        min_nodes=opts.min_nodes,
-        keepalive_s=float(interval),
-    )
-    return SpareKeeper(handler, registry, say=_say)
-
-
 def _store_client(host: str, port: int) -> Any:
     from torch.distributed import TCPStore
 
@@ -199,9 +180,6 @@ def _worker_env(cfg: RankguardConfig, run_id: str, run_dir: Path, job: str | Non
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     # PyTorch's flight recorder: each rank's recent collectives, dumped on a hang
     os.environ.update(flight_recorder_env(run_dir, os.environ))
-    ip = cfg.inprocess_restart
-    if ip.enabled and ip.set_nccl_env:  # before the ranks import torch (its log level)
-        apply_environment(os.environ)
 
 
 def _loopback_gloo() -> None:
@@ -314,11 +292,11 @@ def _say(msg: str) -> None:
 
 
 def launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
-    """Run the job on this node; return the process exit code (in the table
-    ``exit_codes`` names: :mod:`.kubeflow`)."""
-    from rankguard.launcher.kubeflow import exit_code_for
+    """Run the job on this node; return the process exit code (in the table of the
+    scheduler ``exit_codes`` names: :mod:`rankguard.scheduler`)."""
+    from rankguard.scheduler import for_exit_codes
 
-    return exit_code_for(_launch(opts, cfg), cfg.exit_codes)
+    return for_exit_codes(cfg.exit_codes).exit_code(_launch(opts, cfg))
 
 
 def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
@@ -326,14 +304,17 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
     _say(features_line(opts, cfg))
     for note in opts.notes:
         _say(note)
-    max_restarts = _check(opts, cfg)
+    run_id = opts.run_id()
+    launch = LaunchContext(opts=opts, cfg=cfg, run_id=run_id, say=_say)
+    features = launch_services(cfg)  # every feature's service, null when it is off
+    max_restarts = _check(opts, cfg, features, launch)
     if max_restarts is None:
         return EXIT_USAGE
-    run_id = opts.run_id()
     timed = _timeouts_in_force(cfg)
     if timed is None:
         return EXIT_USAGE
     cfg, cadence = timed  # the learned timeouts are in the one every part reads
+    launch.cfg = cfg
     # The rendezvous first: a default run id's directory name is agreed through its
     # store, and nothing is created before it holds its port (a busy one leaves no
     # empty run directory behind).
@@ -357,63 +338,57 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
         return EXIT_USAGE
     if run_dir.name != run_id:
         link_latest(run_dir.parent, run_dir.name)
-    refused = _preflight(opts, cfg, run_dir)
-    if refused is not None:
-        return refused
-    if not _environment(opts, cfg, run_id, run_dir):
+    launch.run_dir, launch.hosting = run_dir, hosting
+    if opts.multi_node and store is not None:  # the features' own clients of the store
+        launch.store_client = lambda: _store_client(host, port)
+    for feature in features:
+        refused = feature.preflight(launch)
+        if refused is not None:
+            return refused
+    if not _environment(opts, cfg, run_id, run_dir, features):
         return EXIT_USAGE
-    services = _services(opts, cfg, run_id, run_dir, cadence, host, port, store is not None)
-    if opts.rdzv_backend == "c10d" and opts.multi_node:
-        handler = _spare_keeper(handler, opts, run_id, host, port)
-        services.track_agents = services.store is not None
-        services.min_nodes = opts.min_nodes
+    services = _services(
+        opts, cfg, run_id, run_dir, cadence, host, port, store is not None, features
+    )
+    launch.services = services
     node = NodeStart(opts, cfg, run_id, run_dir, f"{host}:{port}", services)
-    exclusion = _exclusion(opts, cfg, run_id, run_dir, host, port, store is not None)
-    if exclusion is not None:
-        exclusion.report = services.report_finding
-        handler = exclusion.wrap(handler)
+    for feature in features:  # hot spares, bad-node exclusion
+        handler = feature.wrap_rendezvous(handler, launch)
     agent = build_agent(
         opts, cfg, RoundWatcher(handler, node.on_round), services, max_restarts, run_dir
     )
     node.agent = agent
-    if exclusion is not None:
-        agent.attach_exclusion(exclusion)
-        exclusion.nproc_per_node = opts.nproc_per_node
-        exclusion.write_others = cfg.no_shared_fs
-        exclusion.on_shrink = lambda world: (
-            services.monitor.retire_ranks(world) if services.monitor is not None else []
-        )
+    for feature in features:
+        feature.attach(agent, launch)
     services.workers = agent.workers  # fault tolerance signals these processes only
     services.agent = agent
-    excluded: Exception | None = None
+    left: NodeLeft | None = None
     result: Any = None
     stopped_by: int | None = None
     try:
         try:
             result, stopped_by = _run_agent(agent, node)
-        except (NodeExcluded, ExcludedBelowMinimum) as exc:
-            result, stopped_by, excluded = None, None, exc
-            if isinstance(exc, NodeExcluded):  # its node number may be another's now
+        except NodeLeft as exc:  # a feature took this node out of the job
+            result, stopped_by, left = None, None, exc
+            if exc.renumbered:  # its node number may be another's now
                 services.leave()
-            holds = hosting or services.node_rank == 0
-            if isinstance(exc, NodeExcluded) and exclusion is not None and holds:
-                what = "the rendezvous store" if hosting else "node 0's monitor"
-                _say(f"excluded; this launcher holds {what}: kept until the job ends")
-                exclusion.hold(handler, hosting)
+            for feature in features:
+                feature.left(exc, handler, launch)
     finally:
-        if exclusion is not None:
-            exclusion.finish()
+        for feature in features:
+            feature.closing(launch)
         _stop(services, handler, run_dir, _end_word(result, stopped_by))
         if hosting and (
             services.node_rank not in (None, 0)
-            or (excluded is not None and exclusion is not None and not exclusion.closed_it)
+            or any(feature.keeps_store(left) for feature in features)
         ):
             _keep_store_for_monitor(services)
-        if hosting and services.track_agents:
-            _keep_store_for_spares(services)
+        if hosting:
+            for feature in features:
+                feature.release_store(launch)
         del store  # hosted here: it had to outlive node 0's drain
-    if excluded is not None:
-        _say(f"{excluded}: exit {EXIT_NODE_EXCLUDED} (retry without the excluded host(s))")
+    if left is not None:
+        _say(f"{left}: exit {EXIT_NODE_EXCLUDED} (retry without the excluded host(s))")
         return exit_code(JobOutcome(excluded=True, fault_tolerance=True))
     if result is None and stopped_by is None and _left_waiting(handler):
         _say("the job ended while this agent waited as a spare: it was not needed")
@@ -507,31 +482,6 @@ class NodeStart:
             self.live.start()
 
 
-def _exclusion(
-    opts: LaunchOptions,
-    cfg: RankguardConfig,
-    run_id: str,
-    run_dir: Path,
-    host: str,
-    port: int,
-    held_store: bool,
-) -> NodeExclusion | None:
-    """Bad-node exclusion (``fault_tolerance.exclude_*``), with its own store client."""
-    ft = cfg.fault_tolerance
-    if not ft.exclusion:
-        return None
-    return NodeExclusion(
-        ft,
-        run_id=run_id,
-        run_dir=run_dir,
-        min_nodes=opts.min_nodes,
-        max_nodes=opts.max_nodes,
-        store=_store_client(host, port) if opts.multi_node and held_store else None,
-        command_timeout_s=cfg.heartbeat.hardware_health.command_timeout_s,
-        say=_say,
-    )
-
-
 def _keep_store_for_monitor(services: NodeServices) -> None:
     """This node hosts the rendezvous store, node 0 runs the monitor: the store stays
     until node 0's monitor has drained every relay (bounded). A host that never had a
@@ -546,50 +496,18 @@ def _keep_store_for_monitor(services: NodeServices) -> None:
         _say("node 0's monitor did not say it finished; the rendezvous store goes now")
 
 
-def _keep_store_for_spares(services: NodeServices, wait_s: float = 10.0) -> None:
-    """This node hosts the rendezvous store: the spares still waiting in the
-    rendezvous learn that it closed (at their next sync, about a second) before the
-    store goes (bounded); without it they would fail on a lost store. A spare whose
-    beat stopped (node 0 found it gone, or this node sees it now: the store's host need
-    not be node 0) is not waited for."""
-    from rankguard.launcher.spares import MAX_SPARE_WAIT_S, MISSED_BEATS, SpareWatch, read_agents
-
-    watch = SpareWatch(slack_s=0.5)
-    gone = set(services.spares_gone)
-    start = time.monotonic()
-    deadline = start + wait_s
-    while True:
-        now = time.monotonic()
-        agents = read_agents(services.store, services.run_id)
-        gone |= watch.gone(agents, now)
-        waiting = [a for a in agents if a.get("state") == "waiting" and a["agent"] not in gone]
-        if not waiting:
-            return
-        for a in waiting:  # long enough to see a stopped beat as one
-            try:
-                keepalive = float(a.get("keepalive_s") or 0.0)
-            except (TypeError, ValueError):
-                keepalive = 0.0
-            deadline = max(deadline, start + MISSED_BEATS * keepalive + watch.slack_s + 1.0)
-        if now >= min(deadline, start + MAX_SPARE_WAIT_S):  # entries anyone can write
-            break
-        time.sleep(0.2)
-    _say("spares still waiting in the rendezvous: the rendezvous store goes now")
-
-
-def _check(opts: LaunchOptions, cfg: RankguardConfig) -> int | None:
+def _check(
+    opts: LaunchOptions, cfg: RankguardConfig, features: list[NodeService], launch: LaunchContext
+) -> int | None:
     """Print the configuration's warnings; the in-job restart budget in force, or None
-    (said why) when the command line and the configuration cannot run together."""
+    (said why) when the command line and the configuration (or a feature's service:
+    a package it needs) cannot run together."""
     for warning in cfg.warnings():
         _say(warning)
-    if cfg.perf.prometheus.enabled and opts.node_rank in (0, None):
-        try:
-            import prometheus_client  # noqa: F401
-        except ImportError:
-            _say(
-                "perf.prometheus.enabled=true needs prometheus-client: "
-                "pip install 'rankguard[prometheus]'"
-            )
+    for feature in features:
+        problem = feature.check(launch)
+        if problem is not None:
+            _say(problem)
             return None
     try:
         checked = check_launch(opts, cfg)
@@ -601,30 +519,18 @@ def _check(opts: LaunchOptions, cfg: RankguardConfig) -> int | None:
     return checked.max_restarts
 
 
-def _preflight(opts: LaunchOptions, cfg: RankguardConfig, run_dir: Path) -> int | None:
-    """``enable_gpu_health_check``: None to go on, or the exit code to stop with."""
-    if not cfg.enable_gpu_health_check:
-        return None
-    if cfg.fault_tolerance.exclude_bad_nodes:
-        _say(
-            "enable_gpu_health_check: the node's GPUs are checked before each rendezvous "
-            "round instead (fault_tolerance.exclude_bad_nodes: a bad GPU excludes the node)"
-        )
-        return None
-    from rankguard.launcher.preflight import preflight_gpu_check
-
-    return preflight_gpu_check(
-        command_timeout_s=cfg.heartbeat.hardware_health.command_timeout_s,
-        node_rank=opts.node_rank,
-        run_dir=run_dir,
-        say=_say,
-    )
-
-
-def _environment(opts: LaunchOptions, cfg: RankguardConfig, run_id: str, run_dir: Path) -> bool:
-    """The environment the workers inherit (and ``--preload``'s fork server); False
-    (said why) for a usage error."""
+def _environment(
+    opts: LaunchOptions,
+    cfg: RankguardConfig,
+    run_id: str,
+    run_dir: Path,
+    features: list[NodeService],
+) -> bool:
+    """The environment the workers inherit (and ``--preload``'s fork server), the
+    features' part included; False (said why) for a usage error."""
     _worker_env(cfg, run_id, run_dir, job_name(opts))
+    for feature in features:  # e.g. NVRx's NCCL settings for in-process restarts
+        feature.environment(os.environ)
     os.environ[ENV.MAX_WORLD_SIZE] = str(opts.max_nodes * opts.nproc_per_node)
     _thread_defaults(opts)
     if opts.standalone:
@@ -647,6 +553,7 @@ def _services(
     host: str,
     port: int,
     held_store: bool = True,
+    features: list[NodeService] | None = None,
 ) -> NodeServices:
     return NodeServices(
         cfg=cfg,
@@ -659,6 +566,7 @@ def _services(
         store=_store_client(host, port) if opts.multi_node and held_store else None,
         cadence=cadence,
         say=_say,
+        features=features,
     )
 
 

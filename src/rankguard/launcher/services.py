@@ -43,9 +43,10 @@ from rankguard.launcher.features import FACTORIES
 from rankguard.launcher.nodeservice import NodeContext, NodeService, build_services
 from rankguard.schema.findings import Finding, FindingType
 from rankguard.schema.layout import RunLayout, StoreKeys, ft_state_dir
+from rankguard.schema.statusblocks import STATUS_BLOCKS, TimeoutsBlock
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Mapping, Sequence
 
     from rankguard.ft.kill import WorkerRegistry
     from rankguard.heartbeat.rules import RankState
@@ -58,6 +59,11 @@ logger = logging.getLogger(__name__)
 
 def _iso_ms(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _plain(value: Any) -> Any:
+    """A status block's JSON form; any other value as it is."""
+    return value.to_dict() if type(value) in STATUS_BLOCKS.values() else value
 
 
 def ft_state_path(cfg: RankguardConfig) -> Path:
@@ -111,17 +117,10 @@ class NodeServices:
     workers: WorkerRegistry | None = None
     agent: AgentControl | None = None  # the agent, set before start (for the services)
     say: Callable[[str], None] = lambda line: None  # the launcher's console line
-    # elastic jobs (c10d, several nodes): the agents' entries in the store are read
-    # into status.json's ``elastic`` block (spares waiting, lost nodes, replacements)
-    track_agents: bool = False
-    min_nodes: int = 1
     round_tag: str | None = None  # the current rendezvous round (launcher.rendezvous)
     round_nodes: int | None = None  # its node count
-    replacements: list[dict[str, Any]] = field(default_factory=list, init=False)
-    _agents: tuple[float, list[dict[str, Any]]] | None = field(default=None, init=False, repr=False)
-    # waiting agents whose beat stopped (spares gone while they waited), as node 0 saw
-    spares_gone: set[str] = field(default_factory=set, init=False)
-    _spare_watch: Any = field(default=None, init=False, repr=False)
+    #: the features' services the launch built (default, None: built from the registry)
+    features: Sequence[NodeService] | None = None
     status_errors: dict[str, int] = field(default_factory=dict, init=False)  # per block
     monitor: JobMonitor | None = field(default=None, init=False)
     relay: StoreRelay | None = field(default=None, init=False)
@@ -137,7 +136,17 @@ class NodeServices:
     def __post_init__(self) -> None:
         if self.cadence is None:
             self.cadence = node_cadence(self.cfg)
-        self.services = build_services(self.cfg, FACTORIES)
+        if self.features is None:
+            self.services = build_services(self.cfg, FACTORIES)
+        else:
+            self.services = list(self.features)
+
+    def service(self, name: str) -> NodeService:
+        """The feature's service named ``name`` (a null one when the feature is off)."""
+        for service in self.services:
+            if service.name == name:
+                return service
+        raise KeyError(name)
 
     def note_round(self, nodes: int) -> None:
         """A rendezvous round's node count: kept for the ``elastic`` block, and told to
@@ -174,7 +183,8 @@ class NodeServices:
         # and said, the others stay in status.json
         for name, source in self._status_sources():
             try:
-                out.update(source())
+                # a typed block (rankguard.schema.statusblocks) is written as its dict
+                out.update({k: _plain(v) for k, v in source().items()})
             except Exception:
                 self.status_errors[name] = self.status_errors.get(name, 0) + 1
                 log = logger.exception if self.status_errors[name] == 1 else logger.debug
@@ -190,7 +200,6 @@ class NodeServices:
             ("timeouts", self._timeout_fields),
             ("restarts", self._restart_fields),
             *((service.name, service.status_fields) for service in self.services),
-            ("elastic", self._elastic_block),
         ]
 
     def _unwritten_fields(self) -> dict[str, Any]:
@@ -202,37 +211,10 @@ class NodeServices:
         }
 
     def _timeout_fields(self) -> dict[str, Any]:
-        return {"timeouts": self.cadence.in_force()}
+        return {TimeoutsBlock.name: TimeoutsBlock.from_dict(self.cadence.in_force())}
 
     def _restart_fields(self) -> dict[str, Any]:
         return {"restarts": list(self.restarts)} if self.restarts else {}
-
-    def _elastic_block(self) -> dict[str, Any]:
-        elastic = self.elastic_fields()
-        return {} if elastic is None else {"elastic": elastic}
-
-    def elastic_fields(self) -> dict[str, Any] | None:
-        """Node 0 of an elastic job: the ``elastic`` block (:mod:`.spares`); the
-        agents' entries are read again at most every 2 s (one store round trip each)."""
-        if not self.track_agents or self.store is None or self.node_rank != 0:
-            return None
-        from rankguard.launcher.spares import SpareWatch, elastic_status, read_agents
-
-        if self._spare_watch is None:
-            self._spare_watch = SpareWatch()
-        now = time.monotonic()
-        if self._agents is None or now - self._agents[0] >= 2.0:
-            self._agents = (now, read_agents(self.store, self.run_id))
-            self.spares_gone = self._spare_watch.gone(self._agents[1], now)
-        return elastic_status(
-            self._agents[1],
-            round_tag=self.round_tag,
-            nodes=self.round_nodes or self.nnodes,
-            min_nodes=self.min_nodes,
-            max_nodes=self.nnodes,
-            history=self.replacements,
-            gone=self.spares_gone,
-        )
 
     def move(self, node_rank: int) -> None:
         """A new rendezvous round renumbered this node: its services stop and start

@@ -17,6 +17,7 @@ from typing import Any
 from rankguard.report.data import RunData, parse_time
 from rankguard.report.summary import fmt_clock, run_window
 from rankguard.report.svg import Band, Event, Series, Span, heatmap, line_chart, timeline
+from rankguard.schema.coerce import as_finite
 from rankguard.schema.findings import FindingType
 
 __all__ = [
@@ -78,15 +79,10 @@ def finding_style(finding_type: str) -> tuple[str, str, str]:
     return FINDING_STYLE.get(finding_type, (GREY, "circle", finding_type or "finding"))
 
 
-def _num(value: Any) -> float | None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    return float(value) if ok else None
-
-
 def _x(entry: dict[str, Any]) -> float | None:
     """The x of a logged window: its iteration, else its step number."""
-    it = _num(entry.get("iteration"))
-    return it if it is not None else _num(entry.get("step"))
+    it = as_finite(entry.get("iteration"))
+    return it if it is not None else as_finite(entry.get("step"))
 
 
 def _points(entries: Sequence[dict[str, Any]], *keys: str) -> list[tuple[float, float]]:
@@ -94,7 +90,7 @@ def _points(entries: Sequence[dict[str, Any]], *keys: str) -> list[tuple[float, 
     out = []
     for e in entries:
         x = _x(e)
-        y = next((v for v in (_num(e.get(k)) for k in keys) if v is not None), None)
+        y = next((v for v in (as_finite(e.get(k)) for k in keys) if v is not None), None)
         if x is not None and y is not None:
             out.append((x, y))
     return out
@@ -106,7 +102,11 @@ def step_time_chart(data: RunData) -> str:
         x, st = _x(line), line.get("step_time_ms")
         if x is None or not isinstance(st, dict):
             continue
-        lo, mid, hi = _num(st.get("min")), _num(st.get("median")), _num(st.get("max"))
+        lo, mid, hi = (
+            as_finite(st.get("min")),
+            as_finite(st.get("median")),
+            as_finite(st.get("max")),
+        )
         if lo is not None and hi is not None:
             band.append((x, lo, hi))
         if mid is not None:
@@ -141,7 +141,7 @@ def _finding_marks(data: RunData) -> tuple[list[Event], list[tuple[str, str, str
     """Findings at the iteration the rank was at, one mark per (iteration, type)."""
     marks: dict[tuple[float, str], list[str]] = {}
     for f in data.findings:
-        it = _num(f.iteration)
+        it = as_finite(f.iteration)
         if it is not None:
             who = str(f.rank) if f.rank >= 0 else "None"
             marks.setdefault((it, f.finding_type.value), []).append(who)
@@ -241,9 +241,9 @@ def _max(values: Sequence[float | None]) -> float | None:
 def rank_heatmap(data: RunData) -> tuple[str, str]:
     """The rank x window step-time heatmap and a caption saying how it was aggregated."""
     lines = [ln for ln in data.perf_ranks if isinstance(ln.get("by_rank"), dict)]
-    lines.sort(key=lambda ln: _num(ln.get("step")) or 0)
+    lines.sort(key=lambda ln: as_finite(ln.get("step")) or 0)
     ranks = sorted({int(r) for ln in lines for r in ln["by_rank"] if str(r).isdigit()})
-    grid = [[_num(ln["by_rank"].get(str(r))) for ln in lines] for r in ranks]
+    grid = [[as_finite(ln["by_rank"].get(str(r))) for ln in lines] for r in ranks]
     cols = [
         str(ln.get("iteration") if ln.get("iteration") is not None else ln.get("step"))
         for ln in lines

@@ -15,6 +15,7 @@ from typing import Any
 from rankguard.report.data import RunData, parse_time
 from rankguard.report.svgbase import esc, fmt_num
 from rankguard.report.wallclock import fmt_clock
+from rankguard.schema.coerce import as_float
 from rankguard.statusnotes import restarts_summary
 
 __all__ = [
@@ -40,10 +41,6 @@ _STATE_CLASS = {
 
 def _d(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
-
-
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -105,7 +102,7 @@ def header_html(data: RunData) -> str:
     device = str(info.get("device") or DASH)
     if info.get("dtype"):
         device += f" · {info['dtype']}"
-    peak = _num(info.get("peak_tflops_per_gpu"))
+    peak = as_float(info.get("peak_tflops_per_gpu"))
     peak_src = str(info.get("peak_source") or DASH)
     if peak is not None:
         peak_src = f"{fmt_num(peak, 4)} TFLOP/s per GPU ({peak_src})"
@@ -170,11 +167,11 @@ def _from_entries(data: RunData) -> dict[str, float | None]:
     rows = data.perf_entries[1:] or data.perf_entries
 
     def mean(key: str) -> float | None:
-        vals = [v for v in (_num(e.get(key)) for e in rows) if v is not None]
+        vals = [v for v in (as_float(e.get(key)) for e in rows) if v is not None]
         return statistics.fmean(vals) if vals else None
 
-    peaks = [v for v in (_num(e.get("peak_memory_GB")) for e in data.perf_entries) if v]
-    steps = [_num(e.get("gpu_step_time_ms")) or _num(e.get("step_time_ms")) for e in rows]
+    peaks = [v for v in (as_float(e.get("peak_memory_GB")) for e in data.perf_entries) if v]
+    steps = [as_float(e.get("gpu_step_time_ms")) or as_float(e.get("step_time_ms")) for e in rows]
     known = [s for s in steps if s is not None]
     return {
         "avg_step_time_ms": statistics.fmean(known) if known else None,
@@ -204,29 +201,29 @@ def key_numbers_html(data: RunData) -> str:
     info = _d(summary.get("session_info"))
     source = "perf summary" if summary.get("final_statistics") else "perf.jsonl windows"
     if not data.has_perf and data.perf_ranks:
-        medians = [_num(_d(x.get("step_time_ms")).get("median")) for x in data.perf_ranks]
+        medians = [as_float(_d(x.get("step_time_ms")).get("median")) for x in data.perf_ranks]
         known = [m for m in medians if m is not None]
         stats = {"avg_step_time_ms": statistics.fmean(known) if known else None}
         source = "perf_ranks.jsonl (median over ranks)"
     kind = next((e.get("memory_kind") for e in reversed(data.perf_entries)), None)
     warm = info.get("warmup_iterations")
-    median = _num(stats.get("median_step_time_ms"))
+    median = as_float(stats.get("median_step_time_ms"))
     step_note = f"median {fmt_num(median, 4)} ms" if median is not None else source
     if isinstance(warm, int) and warm:
         step_note += f" · first {warm} steps left out"
-    samples = _num(stats.get("avg_samples_per_sec"))
-    mfu = _num(stats.get("avg_mfu"))
+    samples = as_float(stats.get("avg_samples_per_sec"))
+    mfu = as_float(stats.get("avg_mfu"))
     cards = [
-        ("Avg step time", _num(stats.get("avg_step_time_ms")), "ms", step_note),
+        ("Avg step time", as_float(stats.get("avg_step_time_ms")), "ms", step_note),
         (
             "Tokens/s",
-            _num(stats.get("avg_tokens_per_sec")),
+            as_float(stats.get("avg_tokens_per_sec")),
             "",
             f"{fmt_num(samples, 4)} samples/s, all ranks" if samples else "all ranks",
         ),
         (
             "TFLOP/s per GPU",
-            _num(stats.get("avg_tflops_per_gpu")),
+            as_float(stats.get("avg_tflops_per_gpu")),
             "",
             str(info.get("flops_source") or "FLOPs per step unknown"),
         ),
@@ -238,7 +235,7 @@ def key_numbers_html(data: RunData) -> str:
         ),
         (
             "Peak memory",
-            _num(stats.get("peak_memory_gb")),
+            as_float(stats.get("peak_memory_gb")),
             "GB",
             {
                 "cpu_rss": "CPU resident set (no GPU)",

@@ -16,6 +16,7 @@ from rankguard.report.data import RunData, parse_time
 from rankguard.report.summary import fmt_clock, run_window
 from rankguard.report.svgbase import esc, fmt_num
 from rankguard.schema.status import RankRow, StatusDoc
+from rankguard.schema.statusblocks import CheckpointEntry, CheckpointsBlock
 from rankguard.statusnotes import (
     exit_note,
     iteration_cell,
@@ -320,34 +321,28 @@ def gpu_health_html(data: RunData) -> str:
 def checkpoint_table(data: RunData) -> str:
     """Last committed checkpoint per tier with stage/write durations, from the copy of
     ``checkpoints.json`` in ``status.json``; empty when the job used no CheckpointManager."""
-    ckpt = StatusDoc.from_dict(data.status or {}).block("checkpoints")
-    if not isinstance(ckpt, dict):
+    ckpt = StatusDoc.from_dict(data.status or {}).block(CheckpointsBlock)
+    if ckpt is None:
         return ""
-    last: dict[str, Any] = ckpt["last"] if isinstance(ckpt.get("last"), dict) else {}
-    committed = ckpt.get("last_committed")
     rows = []
-    for tier, step in sorted(committed.items() if isinstance(committed, dict) else []):
-        info: dict[str, Any] = last[tier] if isinstance(last.get(tier), dict) else {}
+    for tier, step in sorted(ckpt.last_committed.items()):
+        info = ckpt.last.get(tier) or CheckpointEntry()
         rows.append(
             [
                 esc(_text(tier)),
                 esc(_text(step)),
-                esc(_text(info.get("stage_s"))),
-                esc(_text(info.get("write_s"))),
-                esc(_text(info.get("time"))),
+                esc(_text(info.stage_s)),
+                esc(_text(info.write_s)),
+                esc(_text(info.time)),
             ]
         )
-    inflight = ckpt.get("inflight")
     notes = []
-    if isinstance(inflight, dict):
-        notes.append(f"write in flight: step {_text(inflight.get('step'))}")
-    if ckpt.get("failures"):
-        notes.append(
-            f"failed saves: {_text(ckpt.get('failures'))} ({_text(ckpt.get('last_error'))})"
-        )
-    loaded = ckpt.get("loaded")
-    if isinstance(loaded, dict):
-        notes.append(f"resumed from step {_text(loaded.get('step'))} ({_text(loaded.get('tier'))})")
+    if ckpt.inflight is not None:
+        notes.append(f"write in flight: step {_text(ckpt.inflight.step)}")
+    if ckpt.failures:
+        notes.append(f"failed saves: {_text(ckpt.failures)} ({_text(ckpt.last_error)})")
+    if ckpt.loaded is not None:
+        notes.append(f"resumed from step {_text(ckpt.loaded.step)} ({_text(ckpt.loaded.tier)})")
     note = f'<p class="caption">{esc("; ".join(notes))}</p>' if notes else ""
     header = ("tier", "last committed step", "stage s", "write s", "committed at")
     return "<h3>Checkpoints</h3>" + note + _table(header, rows, {1, 2, 3})

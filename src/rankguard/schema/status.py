@@ -17,8 +17,9 @@ read with :meth:`StatusDoc.block`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, overload
 
+from rankguard.schema.coerce import as_dict, as_int, as_list, as_number, as_str
 from rankguard.schema.findings import Finding
 from rankguard.schema.records import SCHEMA_VERSION
 
@@ -40,25 +41,7 @@ __all__ = [
 #: run under way.
 FINAL_STATES = frozenset({"completed", "failed", "stopped"})
 
-
-def _int(v: Any) -> int | None:
-    return v if type(v) is int else None
-
-
-def _num(v: Any) -> float | None:
-    return v if isinstance(v, int | float) and not isinstance(v, bool) else None
-
-
-def _str(v: Any) -> str | None:
-    return v if isinstance(v, str) else None
-
-
-def _dict(v: Any) -> dict[str, Any] | None:
-    return v if isinstance(v, dict) else None
-
-
-def _list(v: Any) -> list[Any]:
-    return v if isinstance(v, list) else []
+_B = TypeVar("_B")  # a block class of rankguard.schema.statusblocks
 
 
 def _counts(v: Any) -> dict[str, int]:
@@ -132,28 +115,28 @@ class RankRow:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RankRow:
         return cls(
-            rank=_int(d.get("rank")),
-            pid=_int(d.get("pid")),
-            hostname=_str(d.get("hostname")),
-            node_rank=_int(d.get("node_rank")),
-            local_rank=_int(d.get("local_rank")),
-            process_liveness=_str(d.get("process_liveness")),
-            gpu_progress=_str(d.get("gpu_progress")),
-            iteration=_int(d.get("iteration")),
-            iteration_source=_str(d.get("iteration_source")),
-            progress_seq=_int(d.get("progress_seq")),
-            phase=_str(d.get("phase")),
-            phases_seen=[p for p in _list(d.get("phases_seen")) if isinstance(p, str)],
+            rank=as_int(d.get("rank")),
+            pid=as_int(d.get("pid")),
+            hostname=as_str(d.get("hostname")),
+            node_rank=as_int(d.get("node_rank")),
+            local_rank=as_int(d.get("local_rank")),
+            process_liveness=as_str(d.get("process_liveness")),
+            gpu_progress=as_str(d.get("gpu_progress")),
+            iteration=as_int(d.get("iteration")),
+            iteration_source=as_str(d.get("iteration_source")),
+            progress_seq=as_int(d.get("progress_seq")),
+            phase=as_str(d.get("phase")),
+            phases_seen=[p for p in as_list(d.get("phases_seen")) if isinstance(p, str)],
             checkpoint_active=d.get("checkpoint_active") is True,
-            heartbeat_age_s=_num(d.get("heartbeat_age_s")),
-            progress_age_s=_num(d.get("progress_age_s")),
-            progress_source=_str(d.get("progress_source")),
-            perf=_dict(d.get("perf")),
-            gpu=_dict(d.get("gpu")),
-            gpu_health=_dict(d.get("gpu_health")),
-            exit=_dict(d.get("exit")),
-            active_findings=[str(f) for f in _list(d.get("active_findings"))],
-            blocked_by=[r for r in _list(d.get("blocked_by")) if type(r) is int],
+            heartbeat_age_s=as_number(d.get("heartbeat_age_s")),
+            progress_age_s=as_number(d.get("progress_age_s")),
+            progress_source=as_str(d.get("progress_source")),
+            perf=as_dict(d.get("perf")),
+            gpu=as_dict(d.get("gpu")),
+            gpu_health=as_dict(d.get("gpu_health")),
+            exit=as_dict(d.get("exit")),
+            active_findings=[str(f) for f in as_list(d.get("active_findings"))],
+            blocked_by=[r for r in as_list(d.get("blocked_by")) if type(r) is int],
             extra=_extra(d, _ROW_KEYS),
         )
 
@@ -223,7 +206,13 @@ _MONITOR_FIELDS = tuple(
 )
 _MONITOR_STR = ("hostname", "state", "last_error", "last_ignored", "last_write_error")
 _MONITOR_KINDS: dict[str, Any] = {
-    n: _dict if n == "config" else _str if n in _MONITOR_STR else _num if n.endswith("_s") else _int
+    n: as_dict
+    if n == "config"
+    else as_str
+    if n in _MONITOR_STR
+    else as_number
+    if n.endswith("_s")
+    else as_int
     for n in _MONITOR_FIELDS
 }
 
@@ -257,12 +246,12 @@ class StatusSummary:
         if not isinstance(d, dict):
             return cls(present=False)
         return cls(
-            ranks_expected=_int(d.get("ranks_expected")),
-            ranks_observed=_int(d.get("ranks_observed")),
+            ranks_expected=as_int(d.get("ranks_expected")),
+            ranks_observed=as_int(d.get("ranks_observed")),
             process_liveness=_counts(d.get("process_liveness")),
             gpu_progress=_counts(d.get("gpu_progress")),
-            findings_total=_int(d.get("findings_total")),
-            findings_active=_int(d.get("findings_active")),
+            findings_total=as_int(d.get("findings_total")),
+            findings_active=as_int(d.get("findings_active")),
             extra=_extra(d, _SUMMARY_KEYS),
         )
 
@@ -296,9 +285,9 @@ class RankDetail:
             return cls()
         return cls(
             complete=d.get("complete") is not False,
-            listed=_int(d.get("listed")),
-            file=_str(d.get("file")),
-            written_wall_time=_str(d.get("written_wall_time")),
+            listed=as_int(d.get("listed")),
+            file=as_str(d.get("file")),
+            written_wall_time=as_str(d.get("written_wall_time")),
             extra=_extra(d, frozenset(("complete", "listed", "file", "written_wall_time"))),
         )
 
@@ -329,11 +318,11 @@ class NodeHealth:
         if not isinstance(d, dict):
             return cls()
         return cls(
-            status=_str(d.get("status")),
-            source=_str(d.get("source")),
-            hostname=_str(d.get("hostname")),
-            age_s=_num(d.get("age_s")),
-            gpus=_int(d.get("gpus")),
+            status=as_str(d.get("status")),
+            source=as_str(d.get("source")),
+            hostname=as_str(d.get("hostname")),
+            age_s=as_number(d.get("age_s")),
+            gpus=as_int(d.get("gpus")),
             extra=_extra(d, frozenset(("status", "source", "hostname", "age_s", "gpus"))),
         )
 
@@ -414,28 +403,38 @@ class StatusDoc:
             ranks = list(ranks.values())
         health = d.get("gpu_health")
         return cls(
-            schema_version=_int(d.get("schema_version")) or 0,
-            run_id=_str(d.get("run_id")),
-            updated_wall_time=_str(d.get("updated_wall_time")),
-            state=_str(d.get("state")),
+            schema_version=as_int(d.get("schema_version")) or 0,
+            run_id=as_str(d.get("run_id")),
+            updated_wall_time=as_str(d.get("updated_wall_time")),
+            state=as_str(d.get("state")),
             monitor=MonitorInfo.from_dict(d.get("monitor")),
             summary=StatusSummary.from_dict(d.get("summary")),
-            ranks=[RankRow.from_dict(r) for r in _list(ranks) if isinstance(r, dict)],
+            ranks=[RankRow.from_dict(r) for r in as_list(ranks) if isinstance(r, dict)],
             rank_detail=RankDetail.from_dict(d.get("rank_detail")),
             gpu_health={
                 str(node): NodeHealth.from_dict(h)
                 for node, h in (health.items() if isinstance(health, dict) else ())
             },
-            disks=_dict(d.get("disks")) or {},
-            perf=_dict(d.get("perf")),
+            disks=as_dict(d.get("disks")) or {},
+            perf=as_dict(d.get("perf")),
             stragglers=d.get("stragglers"),
             blocks=blocks,
-            recent_findings=[f for f in _list(d.get("recent_findings")) if isinstance(f, dict)],
+            recent_findings=[f for f in as_list(d.get("recent_findings")) if isinstance(f, dict)],
             fields=fields_,
         )
 
-    def block(self, name: str) -> Any:
-        """An evaluator's block or a status source's field (None when absent)."""
+    @overload
+    def block(self, name: str) -> Any: ...
+
+    @overload
+    def block(self, name: type[_B]) -> _B | None: ...
+
+    def block(self, name: str | type[_B]) -> Any:
+        """An evaluator's block or a status source's field (None when absent); given a
+        block class of :mod:`rankguard.schema.statusblocks`, that block parsed."""
+        if isinstance(name, type):
+            raw = self.block(name.name)  # type: ignore[attr-defined]
+            return None if raw is None else name.from_dict(raw)  # type: ignore[attr-defined]
         if name == "stragglers":
             return self.stragglers
         if name in self.fields:

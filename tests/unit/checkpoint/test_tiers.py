@@ -49,3 +49,20 @@ def test_the_manager_saves_and_loads_through_its_tiers(tmp_path: Path) -> None:
             model.weight.zero_()
         assert m.load_latest() == 2 and m.stats["loaded"]["tier"] == "local"
         assert torch.equal(model.weight, saved)
+
+
+def test_each_tier_is_its_own_class_behind_the_interface(tmp_path: Path) -> None:
+    from rankguard.checkpoint.localtier import LocalTier
+    from rankguard.checkpoint.persistent import PersistentTier
+
+    config = CheckpointConfig(save=str(tmp_path / "ckpt"), async_save=False)
+    with CheckpointManager(
+        config, {"model": torch.nn.Linear(2, 2)}, job_id="j", session=False
+    ) as m:
+        assert isinstance(m.tiers["persistent"], PersistentTier)
+        assert isinstance(m.tiers["local"], LocalTier)
+        # the local tier is off here: no store, no candidates; the manager says so too
+        assert m.local is None and m.tiers["local"].candidates() == []
+        m.save(3)
+        # loads come from checkpoint.save when checkpoint.load is not set
+        assert [(c.step, c.tier) for c in m._candidates()] == [(3, "persistent")]

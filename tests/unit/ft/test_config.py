@@ -3,13 +3,15 @@ Megatron-Bridge's FaultTolerancePlugin."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rankguard.config import ConfigError, RankguardConfig, load_config
+from rankguard.config import ConfigError, RankguardConfig, dumps_config, load_config
 from rankguard.ft.config import ACTIONS, FAULT_TYPES, FaultToleranceConfig
 
 DEFAULT_ACTIONS = {
@@ -222,6 +224,22 @@ def test_section_timeouts_from_nvrx_command_line_string() -> None:
     assert timeouts == {"setup": 600.0, "step": 180.0, "checkpointing": 420.0}
     assert all(isinstance(v, float) for v in timeouts.values())
     assert cfg.fault_tolerance.rank_out_of_section_timeout == 300.0
+
+
+def test_section_timeouts_of_a_frozen_config_cannot_be_changed() -> None:
+    cfg = load_config(overrides=["fault_tolerance.rank_section_timeouts=step:180"])
+    timeouts = cfg.fault_tolerance.rank_section_timeouts
+    with pytest.raises(TypeError, match="read-only"):
+        timeouts["step"] = 1.0  # type: ignore[index]
+    with pytest.raises(TypeError, match="read-only"):
+        timeouts.update(setup=5.0)
+    assert timeouts == {"step": 180.0}
+    # a change is a new configuration; the old one keeps its sections
+    sections = {**timeouts, "setup": 60.0}
+    changed = dataclasses.replace(cfg.fault_tolerance, rank_section_timeouts=sections)
+    sections["eval"] = 1.0
+    assert changed.rank_section_timeouts == {"step": 180.0, "setup": 60.0}
+    assert json.loads(dumps_config(cfg))["fault_tolerance"]["rank_section_timeouts"] == timeouts
 
 
 def test_section_timeouts_string_tolerates_spaces_and_decimals() -> None:

@@ -259,6 +259,7 @@ def test_learned_config_sets_sections_and_process_timeout() -> None:
         "phase.checkpointing",
         "phase.eval",
         "phase.inprocess_restart",
+        "phase.closing",
         "phase.other",
     }
 
@@ -279,7 +280,8 @@ def test_learned_config_without_state_is_all_config() -> None:
     assert shown["phase.eval"]["value"] == 1800.0
     assert shown["phase.setup"]["value"] == 600.0
     assert shown["phase.checkpointing"]["value"] == 1800.0
-    assert len(shown) == 8  # two process timeouts, five phases and the other phases
+    assert shown["phase.closing"]["value"] == 1800.0
+    assert len(shown) == 9  # two process timeouts, six phases and the other phases
 
 
 def test_learned_heartbeat_never_below_two_publish_intervals() -> None:

@@ -7,9 +7,10 @@ import re
 import pytest
 
 from rankguard.config import ConfigError, load_config
-from rankguard.launcher import exitcodes, kubeflow
+from rankguard.launcher import exitcodes
 from rankguard.launcher.exitcodes import RETRYABLE
-from rankguard.launcher.kubeflow import exit_code_for, kubeflow_exit_code
+from rankguard.scheduler import SCHEDULERS, for_exit_codes, kubeflow
+from rankguard.scheduler.kubeflow import kubeflow_exit_code
 
 CODES = sorted(
     v for k, v in vars(exitcodes).items() if k.startswith("EXIT_") and isinstance(v, int)
@@ -45,7 +46,19 @@ def test_the_documented_table_is_the_mapping() -> None:
 def test_the_config_key_chooses_the_table() -> None:
     assert load_config(None, []).exit_codes == "rankguard"
     cfg = load_config(None, ["exit_codes=kubeflow"])
-    assert exit_code_for(exitcodes.EXIT_PREEMPTED, cfg.exit_codes) == 214
-    assert exit_code_for(exitcodes.EXIT_PREEMPTED, "rankguard") == 14
+    assert for_exit_codes(cfg.exit_codes).exit_code(exitcodes.EXIT_PREEMPTED) == 214
+    assert for_exit_codes("rankguard").exit_code(exitcodes.EXIT_PREEMPTED) == 14
     with pytest.raises(ConfigError, match="exit_codes"):
         load_config(None, ["exit_codes=k8s"])
+
+
+@pytest.mark.parametrize("code", CODES)
+def test_each_scheduler_says_which_codes_it_runs_again(code: int) -> None:
+    """Plain: none; Slurm's sbatch script: rankguard's retryable codes; Kubeflow: the
+    codes its ExitCode policy retries, as the table maps them."""
+    requeued = {s.name: s.requeues(code) for s in SCHEDULERS}
+    assert requeued == {
+        "plain": False,
+        "slurm": code in RETRYABLE,
+        "kubeflow": kubeflow_retries(kubeflow_exit_code(code)),
+    }

@@ -20,8 +20,8 @@ from rankguard.cli.main import _FT_KEYS, _FT_SWITCHES
 from rankguard.config import load_config
 from rankguard.launcher import exitcodes
 from rankguard.launcher.argv import nvrx_flags, pre_pass
-from rankguard.launcher.kubeflow import kubeflow_exit_code
 from rankguard.launcher.options import LaunchOptions, parse_run_args
+from rankguard.scheduler.kubeflow import kubeflow_exit_code
 
 PAGE = Path(__file__).resolve().parents[3] / "docs" / "kubernetes.md"
 INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"

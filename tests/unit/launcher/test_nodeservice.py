@@ -146,3 +146,86 @@ def test_a_service_starts_before_node_0s_monitor_scans(
     assert monitor is not None
     monitor.stop(drain_timeout_s=0.0)
     assert seen == [0]
+
+
+def test_the_launch_asks_every_feature_by_its_hooks_only() -> None:
+    """run.py and NodeServices name no feature: hot spares, bad-node exclusion, the
+    GPU preflight, NVRx's NCCL settings and the exporter's package check are services of
+    the registry, reached through the NodeService hooks."""
+    import ast
+    import inspect
+
+    from rankguard.launcher import run, services
+
+    for module in (run, services):
+        tree = ast.parse(inspect.getsource(module))
+        used: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name):
+                used.add(node.id)
+            elif isinstance(node, ast.Attribute):
+                used.add(node.attr)
+            elif isinstance(node, ast.ImportFrom):
+                used.add(str(node.module))
+                used.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.Import):
+                used.update(alias.name for alias in node.names)
+        for name in (
+            "rankguard.launcher.exclusion",
+            "rankguard.launcher.spares",
+            "rankguard.launcher.preflight",
+            "NodeExclusion",
+            "NodeExcluded",
+            "SpareKeeper",
+            "preflight_gpu_check",
+            "apply_environment",
+            "prometheus_client",
+            "enable_gpu_health_check",
+            "track_agents",
+        ):
+            assert name not in used, (module.__name__, name)
+    cfg = _cfg(
+        enable_gpu_health_check=True,
+        fault_tolerance={"exclude_bad_nodes": True},
+        perf={"prometheus": {"enabled": True}},
+        inprocess_restart={"enabled": True},
+    )
+    kinds = {s.name: type(s).__name__ for s in build_services(cfg, features.FACTORIES)}
+    assert kinds["gpu_health_check"] == "PreflightService"
+    assert kinds["exclusion"] == "ExclusionService"
+    assert kinds["elastic"] == "SpareService"
+    assert kinds["prometheus"] == "ExporterService"
+    names = [name for name, _ in features.FACTORIES]
+    assert names.index("elastic") < names.index("exclusion")  # spares wrapped first
+
+
+def test_the_inprocess_service_sets_nvrx_nccl_environment_when_asked() -> None:
+    on = _cfg(inprocess_restart={"enabled": True, "set_nccl_env": True})
+    off = _cfg(inprocess_restart={"enabled": True, "set_nccl_env": False})
+    env_on: dict[str, str] = {}
+    env_off: dict[str, str] = {}
+    for cfg, env in ((on, env_on), (off, env_off)):
+        for service in build_services(cfg, features.FACTORIES):
+            service.environment(env)
+    from rankguard.inprocess.policy import NCCL_ENV
+
+    assert env_on == dict(NCCL_ENV) and env_off == {}
+
+
+def test_the_exporter_service_says_its_missing_package(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys
+
+    from rankguard.launcher.nodeservice import LaunchContext
+    from rankguard.launcher.options import LaunchOptions
+
+    cfg = _cfg(perf={"prometheus": {"enabled": True}})
+    (service,) = [s for s in build_services(cfg, features.FACTORIES) if s.name == "prometheus"]
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # not installed
+    opts = LaunchOptions(target="train.py")
+    launch = LaunchContext(opts=opts, cfg=cfg, run_id="r")
+    problem = service.check(launch)
+    assert problem is not None and "pip install 'rankguard[prometheus]'" in problem
+    monkeypatch.setattr(opts, "node_rank", 1)  # only node 0 runs the exporter
+    assert service.check(launch) is None

@@ -343,7 +343,8 @@ def test_a_store_host_that_is_not_node0_sees_a_dead_spare_itself_and_waits_for_a
 ) -> None:
     from types import SimpleNamespace
 
-    from rankguard.launcher.run import _keep_store_for_spares
+    from rankguard.launcher.membership import keep_store_for_spares
+    from rankguard.launcher.run import _say
 
     store = _store()
     live, dead = (
@@ -357,14 +358,16 @@ def test_a_store_host_that_is_not_node0_sees_a_dead_spare_itself_and_waits_for_a
     t0 = time.monotonic()
     leaving = threading.Timer(1.0, live.left)  # the live spare sees the store closed
     leaving.start()
-    _keep_store_for_spares(services, wait_s=5.0)  # type: ignore[arg-type]
+    keep_store_for_spares(services.store, services.run_id, services.spares_gone, _say, wait_s=5.0)
     took = time.monotonic() - t0
     leaving.join()
     live.close()
     assert 1.0 <= took < 4.0, took  # the live one waited for; the dead one found, not waited
     assert "spares still waiting" not in capsys.readouterr().err
     t0 = time.monotonic()
-    _keep_store_for_spares(services, wait_s=0.1)  # nobody waits now: at once
+    keep_store_for_spares(
+        services.store, services.run_id, services.spares_gone, _say, wait_s=0.1
+    )  # nobody waits now: at once
     assert time.monotonic() - t0 < 1.0
 
 
@@ -373,14 +376,15 @@ def test_a_spare_that_never_leaves_is_waited_for_as_long_as_its_beat_may_take(
 ) -> None:
     from types import SimpleNamespace
 
-    from rankguard.launcher.run import _keep_store_for_spares
+    from rankguard.launcher.membership import keep_store_for_spares
+    from rankguard.launcher.run import _say
 
     store = _store()
     stuck = AgentRegistry(store, "r", max_nodes=2, agent="h:5", keepalive_s=0.3)
     stuck.waiting()  # beats on, never leaves
     services = SimpleNamespace(store=store, run_id="r", spares_gone=set())
     t0 = time.monotonic()
-    _keep_store_for_spares(services, wait_s=0.2)  # type: ignore[arg-type]
+    keep_store_for_spares(services.store, services.run_id, services.spares_gone, _say, wait_s=0.2)
     took = time.monotonic() - t0
     stuck.close()
     assert 3 * 0.3 <= took < 5.0, took  # three beats' time at least, then it goes

@@ -29,6 +29,7 @@ from rankguard.launcher.exclusion import (
     is_hostname,
     read_excluded,
 )
+from rankguard.launcher.membership import SpareService
 from rankguard.launcher.services import NodeServices
 from rankguard.launcher.spares import AgentRegistry, read_agents
 from rankguard.runfiles import excluded_lines
@@ -211,14 +212,20 @@ def test_a_forged_keep_alive_does_not_hold_the_store_host(
 ) -> None:
     """The never-exiting store host: a waiting entry with a keep-alive of 1e12 s pushed
     its wait for the spares to ``start + 3e12`` (the launcher never exited)."""
-    from rankguard.launcher.run import _keep_store_for_spares
+    from rankguard.launcher.membership import keep_store_for_spares
+    from rankguard.launcher.run import _say
 
     store = _store()
     _forge_agent(store, {**_forever(), "keepalive_s": 1e12})
     services = SimpleNamespace(store=store, run_id=RUN, spares_gone=set())
     done = threading.Event()
     worker = threading.Thread(
-        target=lambda: (_keep_store_for_spares(services, wait_s=0.5), done.set()),  # type: ignore[arg-type, func-returns-value]
+        target=lambda: (
+            keep_store_for_spares(
+                services.store, services.run_id, services.spares_gone, _say, wait_s=0.5
+            ),
+            done.set(),
+        ),  # type: ignore[func-returns-value]
         daemon=True,
     )
     worker.start()
@@ -230,14 +237,15 @@ def test_the_whole_wait_for_spares_is_capped(
 ) -> None:
     """An entry within the bounds (keep-alive 3600 s) whose beat goes on: the store's host
     waits at most ``MAX_SPARE_WAIT_S`` (made short here), then lets the store go."""
-    from rankguard.launcher.run import _keep_store_for_spares
+    from rankguard.launcher.membership import keep_store_for_spares
+    from rankguard.launcher.run import _say
 
     monkeypatch.setattr(spares, "MAX_SPARE_WAIT_S", 1.0)
     store = _store()
     _forge_agent(store, {**_forever(), "keepalive_s": 3600})
     services = SimpleNamespace(store=store, run_id=RUN, spares_gone=set())
     t0 = time.monotonic()
-    _keep_store_for_spares(services, wait_s=0.2)  # type: ignore[arg-type]
+    keep_store_for_spares(services.store, services.run_id, services.spares_gone, _say, wait_s=0.2)
     assert time.monotonic() - t0 < 5.0
     assert "spares still waiting" in capsys.readouterr().err
 
@@ -286,7 +294,9 @@ def test_a_bad_entry_no_longer_removes_the_other_status_blocks(tmp_path: Path) -
         expected_world_size=4,
         store=store,
     )
-    services.track_agents = True
+    spares = services.service("elastic")
+    assert isinstance(spares, SpareService)
+    spares.track, spares.services = True, services  # as a c10d launch's wrap leaves it
     services.restarts.append({"restart": 1})
     (tmp_path / "checkpoints.json").write_text('{"last": {"step": 3}}')
     _checkpoints_block_on(services, tmp_path)
@@ -315,7 +325,7 @@ def test_one_failing_status_block_keeps_the_others(
     def broken() -> None:
         raise ValueError("a bad entry")
 
-    monkeypatch.setattr(services, "elastic_fields", broken)
+    monkeypatch.setattr(services.service("elastic"), "elastic_fields", broken)
     for _ in range(2):
         fields = services.status_fields()
     assert {"restarts", "checkpoints", "timeouts"} <= set(fields)

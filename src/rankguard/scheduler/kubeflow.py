@@ -1,8 +1,9 @@
-"""``exit_codes: kubeflow``: rankguard's exit codes as Kubeflow's restart policy reads them.
+"""Kubeflow (``exit_codes: kubeflow``): rankguard's exit codes as Kubeflow's restart
+policy reads them, and the taint that keeps an excluded Kubernetes node out.
 
 A Kubeflow ``PyTorchJob`` replica with ``restartPolicy: ExitCode`` treats an exit code
 of 1-127 as a permanent failure (the pod is not restarted) and 128-255 as retryable.
-rankguard's retryable outcomes (:data:`~rankguard.launcher.exitcodes.RETRYABLE`) are
+rankguard's retryable outcomes (:data:`~rankguard.schema.exits.RETRYABLE`) are
 small numbers, so under that policy a hang whose restart budget is spent, a preemption
 or a rerun request would end the job for good. With ``exit_codes: kubeflow`` each of
 them leaves as ``200 + code`` instead: retryable for Kubeflow, and still readable (the
@@ -29,11 +30,17 @@ most 192). The other codes are permanent in both tables:
 
 from __future__ import annotations
 
-from rankguard.launcher.exitcodes import RETRYABLE
+import shlex
+from collections.abc import Mapping
+from typing import Any
 
-__all__ = ["KUBEFLOW_OFFSET", "exit_code_for", "kubeflow_exit_code"]
+from rankguard.schema.exits import RETRYABLE
+
+__all__ = ["KUBEFLOW", "KUBEFLOW_OFFSET", "TAINT", "KubeflowScheduler", "kubeflow_exit_code"]
 
 KUBEFLOW_OFFSET = 200
+#: the taint that keeps an excluded node out of the job's pods
+TAINT = "rankguard.io/excluded=true:NoSchedule"
 
 
 def kubeflow_exit_code(code: int) -> int:
@@ -43,10 +50,28 @@ def kubeflow_exit_code(code: int) -> int:
     return code
 
 
-def exit_code_for(code: int, table: str) -> int:
-    """``code`` in the table ``exit_codes`` names (``rankguard`` or ``kubeflow``)."""
-    if table == "kubeflow":
+class KubeflowScheduler:
+    name = "kubeflow"
+    job_id_variables: tuple[str, ...] = ()  # the job's id is torchrun's --rdzv-id
+    exit_code_table: str | None = "kubeflow"
+
+    def exit_code(self, code: int) -> int:
         return kubeflow_exit_code(code)
-    if table != "rankguard":
-        raise ValueError(f"exit_codes: must be 'rankguard' or 'kubeflow', got {table!r}")
-    return code
+
+    def requeues(self, code: int) -> bool:
+        return 128 <= self.exit_code(code) <= 255
+
+    def exclusion_hint(self, hosts: list[str]) -> dict[str, Any]:
+        return {
+            "kubectl": [f"kubectl taint nodes {shlex.quote(h)} {shlex.quote(TAINT)}" for h in hosts]
+        }
+
+    def hint_lines(self, data: Mapping[str, Any]) -> list[str]:
+        return [f"  Kubernetes: {command}" for command in data.get("kubectl") or []]
+
+    def hint_text(self, hint: Mapping[str, Any]) -> str | None:
+        commands = hint.get("kubectl") or []
+        return f"Kubernetes: {'; '.join(commands)}" if commands else None
+
+
+KUBEFLOW = KubeflowScheduler()

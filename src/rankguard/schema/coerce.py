@@ -1,0 +1,45 @@
+"""Values read from a file or the store into the type a reader expects, or None: one
+module for every reader of run files (a value of the wrong type is never trusted, never
+raised on).
+
+``as_int``: an int (not a bool); ``as_number``: an int or float as it is (not a bool);
+``as_float``: any number as a float; ``as_finite``: a finite number as a float;
+``as_str``, ``as_dict``, ``as_list``: that type, else None (``as_list``: else []).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["as_dict", "as_finite", "as_float", "as_int", "as_list", "as_number", "as_str"]
+
+
+def as_int(value: Any) -> int | None:
+    return value if type(value) is int else None
+
+
+def as_number(value: Any) -> int | float | None:
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def as_float(value: Any) -> float | None:
+    number = as_number(value)
+    return None if number is None else float(number)
+
+
+def as_finite(value: Any) -> float | None:
+    number = as_float(value)
+    return number if number is not None and math.isfinite(number) else None
+
+
+def as_str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def as_dict(value: Any) -> dict[str, Any] | None:
+    return value if isinstance(value, dict) else None
+
+
+def as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []

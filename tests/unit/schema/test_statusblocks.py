@@ -1,0 +1,98 @@
+"""Typed status blocks: the registry, each block read back to the dict it was written
+from, values of the wrong type read as missing, and ``StatusDoc.block(Cls)``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rankguard.config import RankguardConfig
+from rankguard.launcher.services import node_cadence
+from rankguard.schema.coerce import as_finite, as_float, as_int, as_list, as_number, as_str
+from rankguard.schema.status import StatusDoc
+from rankguard.schema.statusblocks import (
+    STATUS_BLOCKS,
+    CheckpointsBlock,
+    TimeoutsBlock,
+)
+
+CHECKPOINTS: dict[str, Any] = {  # as CheckpointManager.status() writes it
+    "rank": 0,
+    "world_size": 4,
+    "job": "job-1",
+    "async_save": True,
+    "last_committed": {"persistent": 20, "local": None},
+    "saves": {"persistent": 2, "local": 0},
+    "failures": 1,
+    "last_error": "checkpoint step 10 (persistent) FAILED",
+    "last": {
+        "persistent": {
+            "step": 20,
+            "path": "/ckpt/step_00000020",
+            "time": "2026-12-06T03:00:00.000+00:00",
+            "stage_s": 0.12,
+            "write_s": 1.5,
+            "total_s": 1.7,
+        },
+        "local": None,
+    },
+    "inflight": {"tier": "persistent", "step": 30, "since": "2026-12-06T03:01:00.000+00:00"},
+    "loaded": {"tier": "local", "step": 5, "path": "/local"},
+    "updated": "2026-12-06T03:01:00.000+00:00",
+}
+
+
+def test_the_registry_names_each_block_by_its_key() -> None:
+    assert STATUS_BLOCKS["checkpoints"] is CheckpointsBlock
+    assert STATUS_BLOCKS["timeouts"] is TimeoutsBlock
+
+
+def test_a_checkpoints_block_reads_back_to_what_was_written() -> None:
+    block = CheckpointsBlock.from_dict(CHECKPOINTS)
+    assert block is not None
+    assert block.to_dict() == CHECKPOINTS
+    assert list(block.to_dict()) == list(CHECKPOINTS)  # the keys in their order
+    assert block.last_committed == {"persistent": 20, "local": None}
+    entry = block.last["persistent"]
+    assert entry is not None and entry.step == 20 and entry.write_s == 1.5
+    assert block.inflight is not None and block.inflight.step == 30
+    assert block.loaded is not None and block.loaded.tier == "local"
+
+
+def test_wrong_types_read_as_missing_never_raise() -> None:
+    forged = {
+        **CHECKPOINTS,
+        "failures": "many",
+        "last_committed": {"persistent": "20", "local": [1]},
+        "last": {"persistent": "x", "local": {"step": True, "stage_s": "slow"}},
+        "inflight": 7,
+        "extra_key": {"kept": 1},
+    }
+    block = CheckpointsBlock.from_dict(forged)
+    assert block is not None
+    assert block.failures == 0 and block.last_committed == {"persistent": None, "local": None}
+    assert block.last["persistent"] is None
+    local = block.last["local"]
+    assert local is not None and local.step is None and local.stage_s is None
+    assert block.inflight is None and block.to_dict()["extra_key"] == {"kept": 1}
+    assert CheckpointsBlock.from_dict(["not", "a", "block"]) is None
+
+
+def test_status_doc_hands_out_typed_blocks() -> None:
+    timeouts = node_cadence(RankguardConfig()).in_force()
+    doc = StatusDoc.from_dict({"checkpoints": CHECKPOINTS, "timeouts": timeouts})
+    block = doc.block(CheckpointsBlock)
+    assert isinstance(block, CheckpointsBlock) and block.world_size == 4
+    shown = doc.block(TimeoutsBlock)
+    assert shown is not None and shown.to_dict() == timeouts
+    assert shown.entries["phase.step"].value == 300.0
+    assert doc.block("checkpoints") == CHECKPOINTS  # by name: as it was
+    assert StatusDoc.from_dict({}).block(CheckpointsBlock) is None
+
+
+def test_one_coercion_module() -> None:
+    assert (as_int(3), as_int(True), as_int(3.0)) == (3, None, None)
+    assert (as_number(2.5), as_number(False), as_number("1")) == (2.5, None, None)
+    assert as_float(2) == 2.0 and isinstance(as_float(2), float)
+    assert as_finite(float("inf")) is None and as_float(float("inf")) == float("inf")
+    assert (as_str("a"), as_str(1)) == ("a", None)
+    assert (as_list((1,)), as_list([1])) == ([], [1])
