@@ -392,6 +392,7 @@ def test_waiting_for_a_background_write_is_checkpointing_without_progress(
 
 def test_status_file_and_the_status_screen(tmp_path: Path) -> None:
     from rankguard.cli.status_render import checkpoint_lines
+    from rankguard.schema.statusblocks import CheckpointsBlock
 
     status = tmp_path / "run" / "checkpoints.json"
     config = cfg(
@@ -407,12 +408,12 @@ def test_status_file_and_the_status_screen(tmp_path: Path) -> None:
     doc = json.loads(status.read_text())
     assert doc["last_committed"] == {"persistent": 3, "local": 4} and doc["inflight"] is None
     assert doc["last"]["persistent"]["stage_s"] >= 0 and doc["last"]["local"]["write_s"] > 0
-    text = "\n".join(checkpoint_lines(doc))
+    text = "\n".join(checkpoint_lines(CheckpointsBlock.from_dict(doc)))
     assert "persistent  last committed step 3  stage" in text
     assert "local       last committed step 4" in text
     doc["inflight"] = {"tier": "persistent", "step": 5, "since": "2026-01-01T00:00:00+00:00"}
     doc["failures"], doc["last_error"] = 1, "disk full"
-    text = "\n".join(checkpoint_lines(doc))
+    text = "\n".join(checkpoint_lines(CheckpointsBlock.from_dict(doc)))
     assert "in flight   step 5 (persistent) since 2026-01-01 00:00:00Z" in text
     assert "FAILED saves: 1; last: disk full" in text
 
