@@ -64,6 +64,7 @@ from rankguard.checkpoint.local import LocalStore, deserialize, replica_peers, s
 from rankguard.checkpoint.stager import HostStager, dtensor_type
 from rankguard.checkpoint.state import StatePlan
 from rankguard.checkpoint.tiers import BoundTier, Candidate, CheckpointTier
+from rankguard.checkpoint.writer import Digest, yield_cpu
 from rankguard.ranksession import current as current_session
 from rankguard.runenv import RunEnv
 from rankguard.schema.layout import CHECKPOINTS_FILE
@@ -147,7 +148,7 @@ class CheckpointManager:
         self.rank, self.world = self.group.rank, self.group.world
         self.job = job_id or env.job_id or f"{socket.gethostname()}:{os.getppid()}"
         self.attempt = env.restart_count
-        self._writer_factory = writer_factory or _default_writer
+        self._writer_factory = writer_factory
         self._session = session
         self.save_dir = Path(config.save).resolve() if config.save else None
         self.load_dir = Path(config.load_dir).resolve() if config.load_dir else None
@@ -315,7 +316,7 @@ class CheckpointManager:
                 return
         self.stats["inflight"] = {"tier": tier, "step": step, "since": _iso()}
         self._write_status()
-        self._inflight = self._executor.submit(job)
+        self._inflight = self._executor.submit(_in_background, job)
 
     def _start_persistent(self, step: int, blocking: bool, t0: float) -> Callable[[], None]:
         assert self.save_dir is not None
@@ -323,11 +324,12 @@ class CheckpointManager:
         tmp = self.save_dir / nonce
         per_rank = self.plan.per_rank_bytes()
         upload: Future[Any] | None = None
+        writer: Any = None
         stage_s = 0.0
         if self.config.ckpt_format == "torch" or blocking:
             state = self.plan.global_state_dict()
         else:
-            writer = self._writer_factory(tmp)
+            writer = (self._writer_factory or self._background_writer)(tmp)
             from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
             kind = AsyncCheckpointerType(self.config.async_checkpointer_type)
@@ -360,11 +362,11 @@ class CheckpointManager:
                     with _single_process_quiet(self.group):
                         _dcp().save(
                             state,
-                            storage_writer=self._writer_factory(tmp),
+                            storage_writer=(self._writer_factory or _default_writer)(tmp),
                             process_group=self.group.pg,
                             no_dist=not self.group.distributed,
                         )
-                entries = self._persistent_entries(tmp, per_rank)
+                entries = self._persistent_entries(tmp, per_rank, _digests_of(writer))
             except _errors() as exc:  # gathered: every rank decides the same
                 error = f"rank {self.rank}: {_describe(exc)}"
                 entries = []
@@ -380,13 +382,23 @@ class CheckpointManager:
                 fh.flush()
                 os.fsync(fh.fileno())
 
-    def _persistent_entries(self, tmp: Path, per_rank: bytes) -> list[FileEntry]:
+    def _background_writer(self, path: Path) -> Any:
+        from rankguard.checkpoint.background import BackgroundWriter
+
+        return BackgroundWriter(path, self.config.checksum)
+
+    def _persistent_entries(
+        self, tmp: Path, per_rank: bytes, digests: dict[str, Digest]
+    ) -> list[FileEntry]:
+        """This rank's files of the checkpoint, fsynced, with their checksums: those the
+        writer took as it wrote (``digests``), the others read back."""
         tmp.mkdir(parents=True, exist_ok=True)
         name = PER_RANK_FILE.format(rank=self.rank)
         with open(tmp / name, "wb") as fh:
             fh.write(per_rank)
             fh.flush()
             os.fsync(fh.fileno())
+        digests = {**digests, name: Digest.of(per_rank, self.config.checksum)}
         mine = [name]
         prefix = f"__{self.rank}_"
         for entry in os.listdir(tmp):
@@ -395,7 +407,7 @@ class CheckpointManager:
         if self.rank == 0:
             mine += [n for n in (".metadata", TORCH_FILE) if (tmp / n).exists()]
         algo = self.config.checksum
-        return [FileEntry.of(tmp, n, self.rank, algo) for n in sorted(mine)]
+        return [FileEntry.of(tmp, n, self.rank, algo, digest=digests.get(n)) for n in sorted(mine)]
 
     def _commit_persistent(
         self,
@@ -817,6 +829,22 @@ def _close_at_exit(ref: weakref.ref[CheckpointManager]) -> None:
         manager.close()
     except Exception as exc:  # at exit nobody can catch it: say it loudly
         print(f"[rankguard checkpoint] ERROR at exit: {exc}", file=sys.stderr, flush=True)
+
+
+def _in_background(job: Callable[[], None]) -> None:
+    """A save's background work (the manager's writer thread): at the priority that
+    leaves the cores to the training (``writer.yield_cpu``)."""
+    yield_cpu()
+    job()
+
+
+def _digests_of(writer: Any) -> dict[str, Digest]:
+    """The checksums the writer took in this process (none from DCP's checkpoint
+    process, nor from a writer of the caller's: those files are read back)."""
+    module = sys.modules.get("rankguard.checkpoint.background")
+    if module is None or not isinstance(writer, module.BackgroundWriter):
+        return {}
+    return dict(writer.checksums())
 
 
 def _iso() -> str:
