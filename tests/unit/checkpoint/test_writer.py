@@ -99,3 +99,29 @@ def test_a_sync_save_never_lowers_the_training_thread(tmp_path: Path) -> None:
     with CheckpointManager(config, {"model": model}, session=False) as m:
         m.save(1)
     assert _policy() == os.SCHED_OTHER
+
+
+def test_a_local_shard_is_checksummed_from_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    read_back: list[str] = []
+
+    def counted(path: Path, algo: str) -> str:
+        read_back.append(path.name)
+        return checksum_file(path, algo)
+
+    monkeypatch.setattr(ckfiles, "checksum_file", counted)
+    model = torch.nn.Linear(16, 16)
+    config = CheckpointConfig(
+        non_persistent_ckpt_type="local",
+        non_persistent_local_ckpt_dir=str(tmp_path / "local"),
+        async_save=True,
+    )
+    with CheckpointManager(config, {"model": model}, session=False) as m:
+        m.save(1, tier="local")
+        m.wait()
+        assert m.last_committed["local"] == 1
+    assert read_back == []
+    shard = tmp_path / "local" / "step_000000001" / "shard_0_on_0"
+    manifest = json.loads((shard / MANIFEST_FILE).read_text())
+    assert manifest["files"]["shard.pt"]["checksum"] == checksum_file(shard / "shard.pt", "crc32")
