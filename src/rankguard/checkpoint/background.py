@@ -3,7 +3,7 @@ save: DCP is not imported before a rank's first checkpoint).
 
 :class:`BackgroundWriter` is DCP's ``FileSystemWriter`` (every file fsynced) whose
 ``write_data`` runs at the priority that leaves the cores to the training
-(:func:`rankguard.checkpoint.writer.yield_cpu`: DCP calls it in its checkpoint thread or
+(:func:`rankguard.cpuprio.yield_cpu`: DCP calls it in its checkpoint thread or
 process, never in the training thread) and whose files are checksummed from the bytes
 as they are written, so the manifest needs no second read of the checkpoint
 (:meth:`BackgroundWriter.checksums`; a writer in DCP's checkpoint process keeps its
@@ -22,7 +22,8 @@ from typing import Any
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
-from rankguard.checkpoint.writer import Digest, DigestStream, yield_cpu
+from rankguard.checkpoint.writer import Digest, DigestStream
+from rankguard.cpuprio import yield_cpu
 
 __all__ = ["BackgroundWriter"]
 

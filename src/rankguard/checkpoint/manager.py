@@ -64,7 +64,8 @@ from rankguard.checkpoint.local import LocalStore, deserialize, replica_peers, s
 from rankguard.checkpoint.stager import HostStager, dtensor_type
 from rankguard.checkpoint.state import StatePlan
 from rankguard.checkpoint.tiers import BoundTier, Candidate, CheckpointTier
-from rankguard.checkpoint.writer import Digest, yield_cpu
+from rankguard.checkpoint.writer import Digest
+from rankguard.cpuprio import yield_cpu
 from rankguard.ranksession import current as current_session
 from rankguard.runenv import RunEnv
 from rankguard.schema.layout import CHECKPOINTS_FILE
@@ -833,7 +834,7 @@ def _close_at_exit(ref: weakref.ref[CheckpointManager]) -> None:
 
 def _in_background(job: Callable[[], None]) -> None:
     """A save's background work (the manager's writer thread): at the priority that
-    leaves the cores to the training (``writer.yield_cpu``)."""
+    leaves the cores to the training (``rankguard.cpuprio.yield_cpu``)."""
     yield_cpu()
     job()
 

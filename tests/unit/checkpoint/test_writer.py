@@ -16,7 +16,8 @@ import torch
 from rankguard.checkpoint import CheckpointConfig, CheckpointManager
 from rankguard.checkpoint import files as ckfiles
 from rankguard.checkpoint.files import MANIFEST_FILE, checksum_file
-from rankguard.checkpoint.writer import Digest, yield_cpu
+from rankguard.checkpoint.writer import Digest
+from rankguard.cpuprio import yield_cpu
 
 pytestmark = [
     pytest.mark.timeout(60),
