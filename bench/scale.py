@@ -385,6 +385,34 @@ class Node0:
         return None
 
 
+def why_not_blamed(monitor: JobMonitor, culprit: int) -> str:
+    """What node 0's rules hold when a collective hang's culprit was not named: the
+    ranks that make every stalled rank a victim (down: dead or late heartbeats;
+    flagged), the furthest behind, and the culprit's own state."""
+    ranks = monitor.rules.ranks
+    late = sorted(r for r, s in ranks.items() if s.late)
+    dead = sorted(r for r, s in ranks.items() if s.active and s.liveness.value != "alive")
+    stalled = [s for s in ranks.values() if s.stall is not None]
+    live = [s for s in ranks.values() if s.liveness.value == "alive"]
+    seqs = sorted({s.record.progress_seq for s in live if s.record is not None})
+    c = ranks.get(culprit)
+    own = (
+        "absent"
+        if c is None
+        else (
+            f"liveness {c.liveness.value}, late {c.late}, stall {c.stall}, blocked_by "
+            f"{c.blocked_by[:5]}, seq {c.record.progress_seq if c.record else None}, "
+            f"heartbeat age {c.heartbeat_age_s}, frame "
+            f"{c.record.main_frame if c.record else None!r}"
+        )
+    )
+    return (
+        f"late ranks {len(late)} {late[:8]}, down {len(dead)} {dead[:8]}, stalled "
+        f"{len(stalled)} of {len(ranks)}, alive {len(live)}, progress_seq of the alive "
+        f"{seqs[:6]}; culprit {culprit}: {own}"
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--ranks", type=int, default=8192, help="world size (a multiple of 8)")
@@ -561,6 +589,8 @@ def main() -> int:
         last_step = int(hang2 / args.step_time) * args.step_time
         after2 = None if got2 is None else got2[0] - last_step - args.progress_timeout
         blamed = sorted({f.rank for f in got2[1]}) if got2 else []
+        if got2 is None:
+            print(f"  collective hang NOT found; {why_not_blamed(monitor, culprit)}", flush=True)
         hang_scans = node0.scans[n2:]
         for _ in range(3):  # every rank stalled: the scans after the detection
             node0.scan()
