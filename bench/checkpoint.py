@@ -10,7 +10,7 @@ What, in one run on CPU:
 
    - ``blocked``: the time in the save call;
    - ``extra``: what the following steps took beyond the median step without a save
-     (``--base-steps`` steps measured before each path's saves), summed over the steps
+     (``--base-steps`` steps measured right before each save), summed over the steps
      run while the write was in flight (at least ``--follow``): a copy moved out of the
      call, or the background write competing for the cores, shows here;
    - ``total`` = blocked + extra, and its share of the sync save's total.
@@ -296,9 +296,12 @@ def stall(args: argparse.Namespace, root: Path) -> bool:
     consistent: dict[str, list[bool]] = {}
     for i, (label, make) in enumerate(makers):
         path = make(root / f"path{i}")
-        base = statistics.median(loop.step() for _ in range(args.base_steps))
+        bases = []
         for n in range(args.repeats + 1):
             step = 10 * (n + 1)
+            # measured right before each save: the machine's load drifts between saves
+            base = statistics.median(loop.step() for _ in range(args.base_steps))
+            bases.append(base)
             expected = fingerprint(loop.state_dict())  # the state at the save call
             t0 = time.perf_counter()
             path.start(step)
@@ -324,7 +327,7 @@ def stall(args: argparse.Namespace, root: Path) -> bool:
             row["extra"].append(max(extra, 0.0))
             row["write"].append(write)
             row["n"].append(float(steps))
-        rows[label]["base"] = [base]
+        rows[label]["base"] = [statistics.median(bases[1:])]
         path.close()
     sync_total = statistics.median(
         b + e for b, e in zip(rows["sync"]["blocked"], rows["sync"]["extra"], strict=True)

@@ -118,8 +118,18 @@ class TimedStore:
 class Clock:
     """The simulated ranks' shared schedule: steps, and the injected hangs."""
 
-    def __init__(self, step_s: float, shared: Any) -> None:
+    def __init__(self, step_s: float, shared: Any, mono0: float) -> None:
         self.t0, self.step_s, self.shared = 0.0, step_s, shared
+        self.mono0 = mono0  # the host's monotonic clock at virtual time 0
+
+    def mono(self, at: float) -> float:
+        """The host's monotonic clock at virtual time ``at`` (what a rank's record
+        carries): virtual, not the simulator's real clock, so records a publish interval
+        apart are that far apart on their clock however slowly the machine simulates
+        them (real time between two pushes of a slow lockstep run made every rank look
+        paused and resumed: its progress clock restarted, a collective hang was never
+        found)."""
+        return self.mono0 + at
 
     def progress(self, rank: int, now: float) -> tuple[int, float, str]:
         """(progress_seq, seconds since it, main frame) of ``rank`` at ``now``. A record
@@ -169,9 +179,10 @@ class SimRank:
     def record(self, clock: Clock, now: float) -> dict[str, Any]:
         """Its record at virtual time ``now`` (written ``lag`` earlier): the virtual time
         is in ``wall_time_ns`` (from :data:`WALL0`), ``monotonic_ns`` is this host's
-        clock (the relay measures the record's age with it)."""
+        clock at that virtual time (:meth:`Clock.mono`: the relay measures the record's
+        age with it, on :class:`VirtualTime`)."""
         at = now - self.lag
-        mono = time.monotonic() - self.lag
+        mono = clock.mono(at)
         done, since, frame = clock.progress(self.rank, at)
         rec = dict(self.base)
         rec.update(
@@ -208,6 +219,23 @@ class SimRelay(StoreRelay):
                 self.offer(rank.record(self.clock, now))
 
 
+class VirtualTime:
+    """The ``time`` module as a simulator's relays see it in lockstep: the monotonic
+    clock at the virtual time of the push under way (:meth:`Clock.mono`), everything
+    else real. The relays measure a record's age with it, as on a host whose clock runs
+    with the job's."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.now = 0.0  # virtual time of the push under way
+
+    def monotonic_ns(self) -> int:
+        return int(self.clock.mono(self.now) * 1e9)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
 def simulate(
     port: int,
     nodes: list[int],
@@ -228,7 +256,13 @@ def simulate(
         "127.0.0.1", port, is_master=False, timeout=timedelta(seconds=300), use_libuv=True
     )
     store = TimedStore(client)
-    clock = Clock(args.step_time, shared)
+    clock = Clock(args.step_time, shared, t0)
+    vtime: VirtualTime | None = None
+    if not args.realtime:  # this process only: its relays' clock is the virtual one
+        import rankguard.heartbeat.relay as relay_module
+
+        vtime = VirtualTime(clock)
+        relay_module.time = vtime  # type: ignore[assignment]
     interval = args.publish_interval
     with tempfile.TemporaryDirectory(prefix="rankguard-sim-") as tmp:
         run_dir = Path(tmp)
@@ -243,6 +277,8 @@ def simulate(
             while due and due[0][0] <= t:
                 at, i = heapq.heappop(due)
                 relays[i].vnow = at
+                if vtime is not None:
+                    vtime.now = at
                 relays[i].push_once()
                 heapq.heappush(due, (at + interval, i))
 
@@ -385,6 +421,34 @@ class Node0:
         return None
 
 
+def why_not_blamed(monitor: JobMonitor, culprit: int) -> str:
+    """What node 0's rules hold when a collective hang's culprit was not named: the
+    ranks that make every stalled rank a victim (down: dead or late heartbeats;
+    flagged), the furthest behind, and the culprit's own state."""
+    ranks = monitor.rules.ranks
+    late = sorted(r for r, s in ranks.items() if s.late)
+    dead = sorted(r for r, s in ranks.items() if s.active and s.liveness.value != "alive")
+    stalled = [s for s in ranks.values() if s.stall is not None]
+    live = [s for s in ranks.values() if s.liveness.value == "alive"]
+    seqs = sorted({s.record.progress_seq for s in live if s.record is not None})
+    c = ranks.get(culprit)
+    own = (
+        "absent"
+        if c is None
+        else (
+            f"liveness {c.liveness.value}, late {c.late}, stall {c.stall}, blocked_by "
+            f"{c.blocked_by[:5]}, seq {c.record.progress_seq if c.record else None}, "
+            f"heartbeat age {c.heartbeat_age_s}, frame "
+            f"{c.record.main_frame if c.record else None!r}"
+        )
+    )
+    return (
+        f"late ranks {len(late)} {late[:8]}, down {len(dead)} {dead[:8]}, stalled "
+        f"{len(stalled)} of {len(ranks)}, alive {len(live)}, progress_seq of the alive "
+        f"{seqs[:6]}; culprit {culprit}: {own}"
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--ranks", type=int, default=8192, help="world size (a multiple of 8)")
@@ -426,7 +490,7 @@ def main() -> int:
     ctx = mp.get_context("spawn")
     shared = ctx.Array("d", [0.0, 0.0, 0.0, 0.0])  # process hang at, collective at, ranks
     t0 = time.monotonic()
-    clock = Clock(args.step_time, shared)
+    clock = Clock(args.step_time, shared, t0)
     remote_nodes = list(range(1, nnodes))
     chunks = [c for c in (remote_nodes[i :: args.procs] for i in range(args.procs)) if c]
     pipes = [ctx.Pipe() for _ in chunks]
@@ -561,6 +625,8 @@ def main() -> int:
         last_step = int(hang2 / args.step_time) * args.step_time
         after2 = None if got2 is None else got2[0] - last_step - args.progress_timeout
         blamed = sorted({f.rank for f in got2[1]}) if got2 else []
+        if got2 is None:
+            print(f"  collective hang NOT found; {why_not_blamed(monitor, culprit)}", flush=True)
         hang_scans = node0.scans[n2:]
         for _ in range(3):  # every rank stalled: the scans after the detection
             node0.scan()

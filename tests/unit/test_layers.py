@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
         "elastic",
         "configdoc",
         "gcfreeze",
+        "cpuprio",
     ),
     ("schema", "phases", "cadence"),
     ("scheduler",),

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from rankguard._fs import atomic_write_json, fsync_dir, owner_name
+from rankguard.checkpoint.writer import Digest
 from rankguard.heartbeat.procs import pid_running
 
 __all__ = [
@@ -112,11 +113,26 @@ class FileEntry:
         return {"size": self.size, "checksum": self.checksum, "rank": self.rank}
 
     @classmethod
-    def of(cls, root: Path, name: str, rank: int, algo: str, *, fsync: bool = True) -> FileEntry:
+    def of(
+        cls,
+        root: Path,
+        name: str,
+        rank: int,
+        algo: str,
+        *,
+        fsync: bool = True,
+        digest: Digest | None = None,
+    ) -> FileEntry:
+        """The entry of ``root / name``; its checksum is ``digest``'s (taken by the
+        writer from the bytes it wrote) when that saw as many bytes as the file holds,
+        else read back."""
         path = root / name
         if fsync:
             fsync_file(path)
-        return cls(name, path.stat().st_size, checksum_file(path, algo), rank)
+        size = path.stat().st_size
+        if digest is not None and digest.algo == algo and digest.size == size:
+            return cls(name, size, digest.hexdigest(), rank)
+        return cls(name, size, checksum_file(path, algo), rank)
 
 
 def write_manifest(

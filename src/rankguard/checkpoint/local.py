@@ -42,6 +42,7 @@ from rankguard.checkpoint.files import (
     write_commit,
     write_manifest,
 )
+from rankguard.checkpoint.writer import Digest
 
 __all__ = ["LocalStore", "replica_peers"]
 
@@ -98,7 +99,8 @@ class LocalStore:
                 fh.write(data)
                 fh.flush()
                 os.fsync(fh.fileno())
-            entry = FileEntry.of(tmp, SHARD_FILE, owner, self.algo, fsync=False)
+            held = Digest.of(data, self.algo)  # from memory: nothing read back
+            entry = FileEntry.of(tmp, SHARD_FILE, owner, self.algo, fsync=False, digest=held)
             info = {**meta, "owner": owner, "holder": self.rank}
             digest = write_manifest(tmp, step, [entry], info, self.algo)
             replace_dir(tmp, final)

@@ -47,6 +47,7 @@ from rankguard.checkpoint.persistent import PersistentTier
 from rankguard.checkpoint.stager import HostStager
 from rankguard.checkpoint.state import StatePlan
 from rankguard.checkpoint.tiers import Candidate, CheckpointTier
+from rankguard.cpuprio import yield_cpu
 from rankguard.ranksession import current as current_session
 from rankguard.runenv import RunEnv
 from rankguard.schema.layout import CHECKPOINTS_FILE
@@ -105,7 +106,7 @@ class CheckpointManager:
         self.rank, self.world = self.group.rank, self.group.world
         self.job = job_id or env.job_id or f"{socket.gethostname()}:{os.getppid()}"
         self.attempt = env.restart_count
-        self._writer_factory = writer_factory or default_writer
+        self._writer_factory = writer_factory  # None: the default writers (``writer``)
         self._session = session
         self.save_dir = Path(config.save).resolve() if config.save else None
         self.load_dir = Path(config.load_dir).resolve() if config.load_dir else None
@@ -166,8 +167,16 @@ class CheckpointManager:
             self._release_locks()
             raise CheckpointError("checkpoint directories not usable: " + "; ".join(errors))
 
-    def writer(self, path: Path) -> Any:
-        return self._writer_factory(path)  # DCP's storage writer (``writer_factory``)
+    def writer(self, path: Path, background: bool = False) -> Any:
+        """DCP's storage writer for ``path`` (``writer_factory``'s when one was given);
+        ``background``: an async save's, at low priority, checksumming as it writes."""
+        if self._writer_factory is not None:
+            return self._writer_factory(path)
+        if background:
+            from rankguard.checkpoint.background import BackgroundWriter
+
+            return BackgroundWriter(path, self.config.checksum)
+        return default_writer(path)
 
     # ---- save -----------------------------------------------------------------------
 
@@ -218,7 +227,7 @@ class CheckpointManager:
                 return
         self.stats["inflight"] = {"tier": tier, "step": step, "since": iso_now()}
         self._write_status()
-        self._inflight = self._executor.submit(job)
+        self._inflight = self._executor.submit(_in_background, job)
 
     def note_committed(
         self, tier: str, step: int, path: Path, t0: float, stage_s: float, w0: float
@@ -397,3 +406,10 @@ def _close_at_exit(ref: weakref.ref[CheckpointManager]) -> None:
         manager.close()
     except Exception as exc:  # at exit nobody can catch it: say it loudly
         print(f"[rankguard checkpoint] ERROR at exit: {exc}", file=sys.stderr, flush=True)
+
+
+def _in_background(job: Callable[[], None]) -> None:
+    """A save's background work (the manager's writer thread): at the priority that
+    leaves the cores to the training (``rankguard.cpuprio.yield_cpu``)."""
+    yield_cpu()
+    job()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sys
 import time
 from concurrent.futures import Future
 from pathlib import Path
@@ -48,6 +49,7 @@ from rankguard.checkpoint.files import (
     write_manifest,
 )
 from rankguard.checkpoint.tiers import Candidate, SaveJob, TierHost
+from rankguard.checkpoint.writer import Digest
 
 __all__ = ["PER_RANK_FILE", "TORCH_FILE", "PersistentTier"]
 
@@ -101,11 +103,12 @@ class PersistentTier:
         tmp = self.save_dir / nonce
         per_rank = host.plan.per_rank_bytes()
         upload: Future[Any] | None = None
+        writer: Any = None
         stage_s = 0.0
         if config.ckpt_format == "torch" or blocking:
             state = host.plan.global_state_dict()
         else:
-            writer = host.writer(tmp)
+            writer = host.writer(tmp, background=True)
             from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
             kind = AsyncCheckpointerType(config.async_checkpointer_type)
@@ -142,7 +145,7 @@ class PersistentTier:
                             process_group=host.group.pg,
                             no_dist=not host.group.distributed,
                         )
-                entries = self._entries(tmp, per_rank)
+                entries = self._entries(tmp, per_rank, _digests_of(writer))
             except save_errors() as exc:  # gathered: every rank decides the same
                 error = f"rank {host.rank}: {describe(exc)}"
                 entries = []
@@ -158,7 +161,9 @@ class PersistentTier:
                 fh.flush()
                 os.fsync(fh.fileno())
 
-    def _entries(self, tmp: Path, per_rank: bytes) -> list[FileEntry]:
+    def _entries(self, tmp: Path, per_rank: bytes, digests: dict[str, Digest]) -> list[FileEntry]:
+        """This rank's files of the checkpoint, fsynced, with their checksums: those the
+        writer took as it wrote (``digests``), the others read back."""
         rank = self.host.rank
         tmp.mkdir(parents=True, exist_ok=True)
         name = PER_RANK_FILE.format(rank=rank)
@@ -166,6 +171,8 @@ class PersistentTier:
             fh.write(per_rank)
             fh.flush()
             os.fsync(fh.fileno())
+        algo = self.host.config.checksum
+        digests = {**digests, name: Digest.of(per_rank, algo)}
         mine = [name]
         prefix = f"__{rank}_"
         for entry in os.listdir(tmp):
@@ -173,8 +180,7 @@ class PersistentTier:
                 mine.append(entry)
         if rank == 0:
             mine += [n for n in (".metadata", TORCH_FILE) if (tmp / n).exists()]
-        algo = self.host.config.checksum
-        return [FileEntry.of(tmp, n, rank, algo) for n in sorted(mine)]
+        return [FileEntry.of(tmp, n, rank, algo, digest=digests.get(n)) for n in sorted(mine)]
 
     def _commit(
         self,
@@ -308,3 +314,12 @@ class PersistentTier:
             raise CheckpointError(f"{per_rank}: unreadable ({exc.strerror})") from None
         except CheckpointError as exc:
             raise CheckpointError(f"{per_rank}: {exc}") from None
+
+
+def _digests_of(writer: Any) -> dict[str, Digest]:
+    """The checksums the writer took in this process (none from DCP's checkpoint
+    process, nor from a writer of the caller's: those files are read back)."""
+    module = sys.modules.get("rankguard.checkpoint.background")
+    if module is None or not isinstance(writer, module.BackgroundWriter):
+        return {}
+    return dict(writer.checksums())

@@ -81,8 +81,8 @@ class TierHost(Protocol):
     stager: HostStager  # async saves' host buffers
     seq: int  # the number of the save under way in this process (temporary names)
 
-    def writer(self, path: Path) -> Any:
-        """DCP's storage writer for ``path``."""
+    def writer(self, path: Path, background: bool = False) -> Any:
+        """DCP's storage writer for ``path`` (``background``: an async save's)."""
         ...
 
     def say(self, message: str, level: int, *, everywhere: bool = False) -> None: ...

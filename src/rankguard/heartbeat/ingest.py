@@ -178,7 +178,7 @@ class Ingest:
         """This host's ranks whose pid is gone without a process_end: an end written for
         them (killed, crashed). A rank whose agent (another node's, on this host) still
         runs is given that agent's relay period first: its own end is on the way."""
-        for state in self.rules.ranks.values():
+        for state in self.rules.ranks_on(self.hostname):  # not a pass over every rank
             rec = state.record
             if rec is None or rec.ended or rec.hostname != self.hostname:
                 continue

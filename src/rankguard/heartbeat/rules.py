@@ -183,6 +183,7 @@ class HeartbeatRules:
         self.rank_limit = expected_world_size or max_world_size or MAX_RANKS
         self.started_at = started_at
         self.ranks: dict[int, RankState] = {}
+        self._hosts: dict[str | None, dict[int, None]] = {}  # hostname -> ranks seen there
         self.ignored_records = 0
         self.last_ignored: str | None = None
         self.rank_errors = 0  # evaluations of one rank that raised (logged, skipped)
@@ -298,6 +299,8 @@ class HeartbeatRules:
                 state.resumed_at = now  # the progress clock restarts (see _progress)
         if record.phase and len(state.phases_seen) < 16:
             state.phases_seen.setdefault(record.phase)
+        if previous is None or previous.hostname != record.hostname:
+            self._hosts.setdefault(record.hostname, {})[rank] = None
         state.record = record
         state.seen_at = now
         if self._first_sighting is None:
@@ -307,6 +310,13 @@ class HeartbeatRules:
             state.start_mono_ns = record.monotonic_ns
         self._due.changed(rank, record.node_rank)
         return True
+
+    def ranks_on(self, hostname: str | None) -> list[RankState]:
+        """The states of the ranks ever seen on ``hostname`` (their latest record may
+        be from another host since), in the order first seen there: node 0's pid checks
+        look at its own host's few ranks, not at every rank of the job."""
+        ranks = self.ranks
+        return [s for r in self._hosts.get(hostname, ()) if (s := ranks.get(r)) is not None]
 
     def retire_ranks(self, world: int) -> list[int]:
         """The group re-formed with ``world`` ranks, without nodes that left it (bad-node

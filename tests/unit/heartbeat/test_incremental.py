@@ -238,3 +238,23 @@ def test_the_monitor_wakes_when_a_timeout_runs_out(tmp_path: Any) -> None:
     assert due is not None and abs(due - (now + 0.5)) < 1e-3  # process timeout 10 s
     assert abs(mon._wake_at(now + 100.0) - (now + 0.5)) < 0.01  # not the next interval
     assert mon._wake_at(now + 0.2) == now + 0.2  # the interval comes first
+
+
+def test_the_ranks_of_a_host_are_indexed_for_the_pid_checks() -> None:
+    """Node 0 checks the pids of its own host's ranks at every scan: it finds them
+    without a pass over every rank's state; a rank that moved to another host stays
+    listed (the check reads its latest record's host)."""
+    from tests.factories import heartbeat_rules
+
+    rules = heartbeat_rules(world=6)
+    for rank in range(6):
+        host = "node-a" if rank in (1, 4) else "node-b"
+        rules.ingest(heartbeat_record(rank, hostname=host, world_size=6), 0.0)
+    assert [s.rank for s in rules.ranks_on("node-a")] == [1, 4]
+    assert [s.rank for s in rules.ranks_on("node-b")] == [0, 2, 3, 5]
+    assert rules.ranks_on("node-c") == []
+    moved = heartbeat_record(4, 1, pid=77, hostname="node-b", world_size=6, event="process_start")
+    assert rules.ingest(moved, 1.0)
+    assert [s.rank for s in rules.ranks_on("node-b")] == [0, 2, 3, 5, 4]
+    assert [s.rank for s in rules.ranks_on("node-a")] == [1, 4]
+    assert rules.ranks[4].record is not None and rules.ranks[4].record.hostname == "node-b"

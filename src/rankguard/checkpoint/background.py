@@ -1,0 +1,73 @@
+"""DCP's file writer for a save written in the background (imported at the first async
+save: DCP is not imported before a rank's first checkpoint).
+
+:class:`BackgroundWriter` is DCP's ``FileSystemWriter`` (every file fsynced) whose
+``write_data`` runs at the priority that leaves the cores to the training
+(:func:`rankguard.cpuprio.yield_cpu`: DCP calls it in its checkpoint thread or
+process, never in the training thread) and whose files are checksummed from the bytes
+as they are written, so the manifest needs no second read of the checkpoint
+(:meth:`BackgroundWriter.checksums`; a writer in DCP's checkpoint process keeps its
+checksums there: those files are read back). A blocking save uses DCP's plain writer:
+it runs in the training thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any
+
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystem
+
+from rankguard.checkpoint.writer import Digest, DigestStream
+from rankguard.cpuprio import yield_cpu
+
+__all__ = ["BackgroundWriter"]
+
+
+class _DigestFileSystem(FileSystem):
+    """DCP's local file system, with a checksum of every file it opens for writing."""
+
+    def __init__(self, algo: str) -> None:
+        super().__init__()
+        self.algo = algo
+        self.digests: dict[str, Digest] = {}  # by file name; one writer per file
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Generator[Any, None, None]:
+        if "w" not in mode or "b" not in mode:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        digest = Digest(self.algo)
+        with Path(path).open(mode) as fh:
+            yield DigestStream(fh, digest)
+        self.digests[Path(path).name] = digest
+
+    def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
+        super().rename(path, new_path)  # DCP writes .metadata as a temp file, then renames
+        digest = self.digests.pop(Path(path).name, None)
+        if digest is not None:
+            self.digests[Path(new_path).name] = digest
+
+
+class BackgroundWriter(FileSystemWriter):
+    """``FileSystemWriter`` for an async save: writes at low CPU priority, checksums
+    as it writes."""
+
+    def __init__(self, path: str | os.PathLike[str], algo: str = "crc32") -> None:
+        super().__init__(path, sync_files=True)
+        self.fs = _DigestFileSystem(algo)
+
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        yield_cpu()
+        return super().write_data(plan, planner)
+
+    def checksums(self) -> dict[str, Digest]:
+        """``{file name: digest}`` of the files this writer wrote in this process."""
+        fs = self.fs
+        assert isinstance(fs, _DigestFileSystem)
+        return dict(fs.digests)
