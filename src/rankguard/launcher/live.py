@@ -76,6 +76,7 @@ class LiveRecovery:
         self.ended: set[int] = set()  # slots seen ended
         self.completed: set[int] = set()  # training local ranks ended with 0
         self.replaced: list[dict[str, Any]] = []  # every recovery of the run
+        self.left_unused = 0  # standbys that ended without taking a rank (this group)
         self._pending: list[dict[str, Any]] = []  # lines waiting for resumed_t
         self._store: Any = None
         self._addr: tuple[str, int] | None = None
@@ -91,15 +92,18 @@ class LiveRecovery:
         self.holders = {lr: lr for lr in range(self.nproc)}
         self.waiting = [self.nproc + j for j in range(self.standbys)]
         self.ended, self.completed = set(), set()
+        self.left_unused = 0
         self._done_at = None
         self._store = None
         self._addr = (str(worker_group.master_addr), int(worker_group.master_port))
 
     def status(self) -> dict[str, Any]:
-        """``status.json["live"]``: this node's standbys and the ranks they replaced."""
+        """``status.json["live"]``: this node's standbys (waiting now, left without
+        being needed: at the end of a run, or ended early) and the ranks they replaced."""
         return {
             "standbys_per_node": self.standbys,
             "waiting": len(self.waiting),
+            "left_unused": self.left_unused,
             "used": len(self.replaced),
             "replaced": [
                 {k: r[k] for k in ("lost_rank", "lost_pid", "standby_pid", "cause", "fault_t")}
@@ -146,6 +150,7 @@ class LiveRecovery:
     def _standby_ended(self, slot: int, pid: int, code: int) -> None:
         if slot in self.waiting:
             self.waiting.remove(slot)
+            self.left_unused += 1
         if code != 0 and len(self.completed) < self.nproc:
             self.say(
                 f"live recovery: standby pid {pid} ended ({ended_how(code)}) before it was "

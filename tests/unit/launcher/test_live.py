@@ -131,7 +131,7 @@ def test_a_standby_ending_early_is_said_not_a_failure(tmp_path: Path) -> None:
     live, ctx, _store, lines, (group, _lost) = _live(tmp_path)
     ctx.end(4, -9)
     assert live.poll(group, ctx).state == WorkerState.HEALTHY
-    assert live.waiting == []
+    assert live.waiting == [] and live.status()["left_unused"] == 1
     assert lines == [
         "live recovery: standby pid 104 ended (SIGKILL) before it was needed; 0 standby(s) "
         "left on this node"
