@@ -40,7 +40,9 @@ def live_state(*, model: Any, optimizer: Any = None, step: int) -> int:
         return step
     link.synced_round = link.current_round
     agreed, source, redone = _agree(-1 if link.newcomer else step)
-    if source is None:
+    if source is None:  # no survivor holds the state (a world of newcomers): its own
+        if link.newcomer and optimizer is not None:
+            _arm_resumed(link, optimizer, step, 0)
         return step
     _broadcast_model(model, source)
     if optimizer is not None:
