@@ -17,6 +17,11 @@ def test_a_killed_rank_is_replaced_by_the_first_standby() -> None:
     assert [(e.rank, slot) for e, slot in decision.pairs] == [(2, 4)]
 
 
+def test_a_rank_the_hard_timeout_ended_is_replaced_like_a_dead_one() -> None:
+    decision = decide([_lost(1, code=124)], [4], declared=True)
+    assert decision.restart is None and [e.rank for e, _ in decision.pairs] == [1]
+
+
 def test_no_standby_left_is_a_group_restart_said_once() -> None:
     decision = decide([_lost(2)], [], declared=True)
     assert decision.pairs == []
