@@ -33,7 +33,7 @@ LIVE = [
     "--set",
     "inprocess_restart.soft_timeout=3",
     "--set",
-    "inprocess_restart.hard_timeout=20",
+    "inprocess_restart.hard_timeout=6",
     # gloo: a survivor waiting on the lost rank in a ring collective is released by
     # the group's timeout (docs/live_recovery.md)
     "--set",
@@ -46,12 +46,14 @@ LIVE = [
 _LOSS = re.compile(r"\[demo\] step (\d+)/\d+ loss (\S+)")
 
 
-def _job(tmp_path: Path, run_id: str, nproc: int, *args: str) -> tuple[str, int, Path]:
+def _job(
+    tmp_path: Path, run_id: str, nproc: int, *args: str, standbys: int = 1
+) -> tuple[str, int, Path]:
     res = run_rankguard(
         [
             *standalone_run(run_id, tmp_path, nproc=nproc),
             "--standby-ranks",
-            "1",
+            str(standbys),
             "--max-restarts",
             "1",
             *LIVE,
@@ -85,59 +87,74 @@ def _records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def test_a_killed_rank_is_replaced_in_place_then_no_standby_left_restarts(
+def test_lost_ranks_are_replaced_in_place_then_no_standby_left_restarts(
     tmp_path: Path, run_id: str
 ) -> None:
+    """Rank 3 hangs past the hard timeout after step 4 (standby A), rank 2 is SIGKILLed
+    after step 8 (standby B), rank 1 after step 13: no standby left, the group restart;
+    the next attempt runs from step 1 without a fault: the reference losses."""
     out, rc, run_dir = _job(
-        tmp_path, run_id, 4, "--steps", "20", "--kill-at", "2:6", "--kill-at", "1:13"
+        tmp_path,
+        run_id,
+        4,
+        *("--steps", "18", "--kill-at", "2:8", "--kill-at", "1:13"),
+        *("--fault", "wedge", "--fault-rank", "3", "--fault-step", "4"),
+        *("--fault-duration", "60"),
+        standbys=2,
     )
     assert rc == 0, out[-4000:]
     lines = read_jsonl(run_dir / "restarts.jsonl")
-    assert [line["kind"] for line in lines] == ["live_recovery", "process"], lines
-    live, group = lines
-    assert (live["lost_rank"], live["cause"]) == (2, "rank_process_exited")
-    assert live["resumed_t"] is not None and live["resumed_t"] > live["fault_t"]
-    assert live["steps_redone"] <= 1 and live["resumed_step"] == 7
+    kinds = [line["kind"] for line in lines]
+    assert kinds == ["live_recovery", "live_recovery", "process"], lines
+    hung, killed, group = lines
+    assert (hung["lost_rank"], hung["exit"]) == (3, "exit code 124")  # the hard timeout
+    assert (killed["lost_rank"], killed["exit"]) == (2, "SIGKILL")
+    for live in (hung, killed):
+        assert live["cause"] == "rank_process_exited"
+        assert live["resumed_t"] is not None and live["resumed_t"] > live["fault_t"]
+        assert live["steps_redone"] <= 1
+    assert (hung["resumed_step"], killed["resumed_step"]) == (5, 9)
     assert group["rank"] == 1
-    assert "live recovery: rank 2 (pid " in out and "is taken over by standby pid" in out
+    assert out.count("is taken over by standby pid") == 2
     assert (
         "live recovery cannot apply: rank 1 (SIGKILL) lost and no standby left on this "
         "node: the worker group restarts" in out
     )
-    # the finding naming the lost rank is written, as without live recovery
+    # the findings naming the lost ranks are written, as without live recovery
     findings = read_jsonl(run_dir / "findings.jsonl")
-    assert any(
-        f["finding_type"] == "rank_process_exited"
-        and f["rank"] == 2
-        and f["pid"] == live["lost_pid"]
-        for f in findings
-    ), findings
-    # the survivors kept their pids; the standby's pid became rank 2
-    files = {p.name: _records(p) for p in heartbeat_files(run_dir)}
-    lived_through = {
-        recs[0]["rank"]: recs[0]["pid"]
-        for recs in files.values()
-        if any(
-            ((r.get("inprocess") or {}).get("last") or {}).get("cause") == "rank_lost" for r in recs
-        )
+    exits = {(f["rank"], f["pid"]) for f in findings if f["finding_type"] == "rank_process_exited"}
+    assert {(3, hung["lost_pid"]), (2, killed["lost_pid"])} <= exits, findings
+    # the survivors kept their pids; each standby's pid became the rank it replaced
+    by_pid = {recs[0]["pid"]: recs for recs in map(_records, heartbeat_files(run_dir))}
+
+    def steps_of(pid: int) -> set[int]:
+        return {r.get("iteration") or 0 for r in by_pid[pid]} - {0}
+
+    def live_rounds(pid: int) -> int:
+        return max((r.get("inprocess") or {}).get("restarts", 0) for r in by_pid[pid])
+
+    survivors = {
+        recs[0]["rank"]: pid
+        for pid, recs in by_pid.items()
+        if recs[0]["rank"] in (0, 1) and live_rounds(pid) == 2
     }
-    assert sorted(lived_through) == [0, 1, 2, 3], sorted(files)
-    assert lived_through[2] == live["standby_pid"]
-    by_pid = {recs[0]["pid"]: recs for recs in files.values()}
-    for rank in (0, 1, 3):  # the same process before the fault and after the recovery
-        steps = {r.get("iteration") or 0 for r in by_pid[lived_through[rank]]}
-        assert min(steps - {0}) < 6 < max(steps), (rank, sorted(steps))
-    newcomer = {r.get("iteration") or 0 for r in by_pid[live["standby_pid"]]}
-    assert min(newcomer - {0}) >= 7, sorted(newcomer)  # it never trained before it took over
+    assert sorted(survivors) == [0, 1], sorted(by_pid)
+    for rank, pid in survivors.items():  # one process from step 1 through both recoveries
+        assert min(steps_of(pid)) < 4 and max(steps_of(pid)) > 9, (rank, sorted(steps_of(pid)))
+    assert by_pid[hung["standby_pid"]][0]["rank"] == 3
+    assert min(steps_of(hung["standby_pid"])) >= 5  # it never trained before it took over
+    assert by_pid[killed["standby_pid"]][0]["rank"] == 2
+    assert min(steps_of(killed["standby_pid"])) >= 9
     # the losses of the live attempt are an uninterrupted run's (the attempt after the
-    # group restart ran from step 1 without a fault)
+    # group restart ran from step 1 without a fault); the rebuilt DDP sums its first
+    # buckets in another order: equal to float rounding, not bit for bit
     first, second = _attempts(out)
     assert sorted(first) == list(range(1, 14)), first
-    assert sorted(second) == list(range(1, 21)), second
+    assert sorted(second) == list(range(1, 19)), second
     for step, loss in first.items():
         assert math.isclose(loss, second[step], rel_tol=1e-3), (step, loss, second[step])
     status = json.loads((run_dir / "status.json").read_text())
-    assert status["live"]["standbys_per_node"] == 1
+    assert status["live"]["standbys_per_node"] == 2
     assert no_leftover_workers(run_id)
 
 

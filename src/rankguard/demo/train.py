@@ -6,6 +6,8 @@ Faults (``--fault``) are injected on ``--fault-rank`` at ``--fault-step``:
 
 - ``stall``: the main thread blocks inside the step (after the optimizer step, before
   the step ends) for ``--fault-duration`` seconds; the heartbeat thread keeps beating;
+- ``wedge``: the same, with the in-process restart's interrupt signal blocked (a C call
+  that never returns): only the hard timeout ends it;
 - ``stop``: the rank SIGSTOPs itself; a detached helper sends SIGCONT after
   ``--fault-duration`` seconds;
 - ``crash``: the rank raises an exception (the job then fails);
@@ -60,7 +62,7 @@ from rankguard.demo.model import GPTConfig, TinyGPT, synthetic_batch
 from rankguard.perf.flops import ModelShape, analytic_flops_per_step
 
 NAN_FAULTS = ("nan", "nan-persistent", "nan-bad-gpu")
-FAULTS = ("none", "stall", "stop", "crash", "slow", "preempt", *NAN_FAULTS)
+FAULTS = ("none", "stall", "wedge", "stop", "crash", "slow", "preempt", *NAN_FAULTS)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -166,6 +168,9 @@ def inject(args: argparse.Namespace, rank: int, step: int, attempt: int) -> None
             start_new_session=True,
         )
         os.kill(os.getpid(), signal.SIGSTOP)
+    elif args.fault == "wedge":  # a C call that never returns: no interrupt lands
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGRTMIN + 4})
+        time.sleep(args.fault_duration)
     elif args.fault == "crash":
         raise RuntimeError(f"injected crash on rank {rank} at step {step}")
     elif args.fault == "preempt":
