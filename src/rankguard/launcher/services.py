@@ -31,7 +31,7 @@ from rankguard._fs import QueuedJsonl
 from rankguard.agree import StopAgreement
 from rankguard.cadence import Cadence
 from rankguard.config import RankguardConfig, config_to_dict
-from rankguard.ft.actions import AgentControl, FaultHandler, HangTraces
+from rankguard.ft.actions import LIVE_RECOVERY, AgentControl, FaultHandler, HangTraces
 from rankguard.ft.kill import DumpPolicy
 from rankguard.ft.policy import decision_fields
 from rankguard.heartbeat.monitor import JobMonitor
@@ -401,6 +401,7 @@ class NodeServices:
                 node_rank=entry.get("node"),
                 exit={"vanished": reason is Reason.DIED, "how": entry["exit"]},
                 action=f"live recovery: standby pid {entry['standby_pid']} took rank {rank}",
+                detail={LIVE_RECOVERY: {"standby_pid": entry["standby_pid"]}},
             )
         )
 
