@@ -7,6 +7,11 @@ worker-lifecycle methods ``SimpleElasticAgent`` is designed to have subclassed.
   runs and still shuts them down.
 - ``_monitor_workers``: remember the first failure of a failed group (rank, exit code,
   the traceback from the worker's error file written by ``@record``): the root cause.
+- ``_monitor_workers`` with standbys (``--standby-ranks``): the node's workers are
+  watched by :class:`~rankguard.launcher.live.LiveRecovery` instead of torch elastic's
+  poll (which ends every worker when one fails): a lost rank's process is handed to a
+  standby and the group stays HEALTHY, or the group FAILED as before, with one line
+  saying why.
 - ``_monitor_workers`` also decides, with ``restart_policy``
   (:mod:`rankguard.ft.policy`), whether a restart can help: a failure that will repeat
   (a fingerprint) sets the restart budget to 0 and :attr:`RankguardAgent.stop_decision`.

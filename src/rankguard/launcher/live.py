@@ -177,12 +177,7 @@ class LiveRecovery:
                 decision = decide(lost, [], declared=True, stopping=f"the store failed ({exc})")
         self.say(f"live recovery cannot apply: {decision.restart}: the worker group restarts")
         failures = {
-            e.rank: ProcessFailure(
-                local_rank=e.local_rank,
-                pid=e.pid,
-                exitcode=e.exit_code,
-                error_file=pcontext.error_files.get(e.local_rank, ""),
-            )
+            e.rank: _failure(e, pcontext.error_files.get(e.local_rank, ""))
             for e in lost
             if e.rank is not None
         }
@@ -292,6 +287,18 @@ class LiveRecovery:
                 raise RuntimeError("no worker group")
             self._store = self._store_factory(*self._addr)
         return self._store
+
+
+def _failure(ended: Ended, error_file: str) -> ProcessFailure:
+    """torch elastic's failure record; an error file cut short by the kill (not JSON) is
+    dropped first, as the agent does with torch's own poll (the exit code names it)."""
+    try:
+        return ProcessFailure(ended.local_rank, ended.pid, ended.exit_code, error_file)
+    except ValueError:
+        with contextlib.suppress(OSError):
+            os.unlink(error_file)
+        logger.warning("rankguard: torn worker error file dropped: %s", error_file)
+        return ProcessFailure(ended.local_rank, ended.pid, ended.exit_code, error_file)
 
 
 def _store_client(host: str, port: int) -> Any:

@@ -159,3 +159,12 @@ def test_a_standby_that_does_not_leave_is_ended(tmp_path: Path, monkeypatch: Any
         ctx.end(slot, 0)
     assert live.poll(group, ctx).state == WorkerState.SUCCEEDED
     assert ctx.subprocess_handlers[4].proc.signals == [9]
+
+
+def test_a_torn_error_file_is_dropped_not_fatal(tmp_path: Path) -> None:
+    live, ctx, _store, _lines, (group, _lost) = _live(tmp_path)
+    Path(ctx.error_files[1]).write_text('{"message": ')  # cut short by the kill
+    ctx.end(1, -9)
+    result = live.poll(group, ctx)  # no declared state: the group restart
+    assert result.state == WorkerState.FAILED and result.failures[1].exitcode == -9
+    assert not Path(ctx.error_files[1]).exists()
