@@ -62,6 +62,10 @@ def features_line(opts: LaunchOptions, cfg: RankguardConfig) -> str:
     ):
         if on:
             parts.append(f"{name} on")
+    if cfg.inprocess_restart.standby_ranks:
+        parts.append(
+            f"live recovery: {cfg.inprocess_restart.standby_ranks} standby rank(s) per node"
+        )
     where = f"rendezvous {opts.rdzv_backend}" + (" (local)" if opts.standalone else "")
     budget = opts.max_restarts or ft.num_in_job_restarts or 0
     return f"monitoring: {', '.join(parts)}; {where}, restarts {budget}"
