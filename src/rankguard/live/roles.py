@@ -14,13 +14,16 @@ the worker of local slot ``s`` on node ``g`` is
   rank's place, :func:`promoted_environ` gives it that rank's ``RANK`` and
   ``LOCAL_RANK``.
 
-Pure functions of a mapping: no torch, no process state.
+Pure functions of a mapping (read through :class:`~rankguard.runenv.RunEnv`): no torch,
+no process state.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
+
+from rankguard.runenv import RunEnv
 
 __all__ = [
     "STANDBY_ENV",
@@ -100,11 +103,14 @@ def rewrite_environ(environ: MutableMapping[str, str]) -> Role | None:
     standbys = standby_ranks(environ)
     if standbys == 0:
         return None
+    torch_env = RunEnv.from_environ(environ)  # torch elastic's numbers, standbys counted
+    if torch_env.local_world_size is None:
+        raise ValueError(f"{STANDBY_RANKS_ENV}: LOCAL_WORLD_SIZE is not set")
     role = role_of(
-        local_rank=int(environ["LOCAL_RANK"]),
-        node=int(environ.get("GROUP_RANK", "0")),
-        local_world_size=int(environ["LOCAL_WORLD_SIZE"]),
-        world_size=int(environ["WORLD_SIZE"]),
+        local_rank=torch_env.local_rank,
+        node=torch_env.group_rank or 0,
+        local_world_size=torch_env.local_world_size,
+        world_size=torch_env.world_size,
         standbys=standbys,
     )
     for name in _RANK_NAMES:
