@@ -139,8 +139,9 @@ def test_lost_ranks_are_replaced_in_place_then_no_standby_left_restarts(
         if recs[0]["rank"] in (0, 1) and live_rounds(pid) == 2
     }
     assert sorted(survivors) == [0, 1], sorted(by_pid)
-    for rank, pid in survivors.items():  # one process from step 1 through both recoveries
-        assert min(steps_of(pid)) < 4 and max(steps_of(pid)) > 9, (rank, sorted(steps_of(pid)))
+    for rank, pid in survivors.items():  # one process from before the hang (after step
+        # 4) through both recoveries (heartbeats sample the iteration: not every step)
+        assert min(steps_of(pid)) <= 4 and max(steps_of(pid)) > 9, (rank, sorted(steps_of(pid)))
     assert by_pid[hung["standby_pid"]][0]["rank"] == 3
     assert min(steps_of(hung["standby_pid"])) >= 5  # it never trained before it took over
     assert by_pid[killed["standby_pid"]][0]["rank"] == 2
