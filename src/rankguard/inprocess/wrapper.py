@@ -21,6 +21,11 @@ it reports a hang, aborts the communicator and interrupts the main thread; stuck
 Past the restart budget, or when a peer cannot re-enter (its process died: its store
 heartbeat stops; it never joins), the wrapper raises :class:`InProcessRestartError`:
 the script fails and ``rankguard run`` restarts the processes.
+
+With standbys (``--standby-ranks``, :mod:`rankguard.live`): a standby waits in
+:meth:`_Call.run` until the launcher gives it a lost rank's number, then ends the
+survivors' running round and joins the next one as that rank; survivors wait at the
+barrier for a peer the launcher is replacing instead of giving up on it.
 """
 
 from __future__ import annotations
