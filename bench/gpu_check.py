@@ -32,9 +32,14 @@ Then, each in its own job:
    once, is re-entered in the same process, and a new NCCL group all-reduces correctly.
 9. ``long kernel``: a rank whose kernel runs 8 s while its host keeps calling
    ``step_end`` must end in ``gpu_progress_timeout`` (progress timeout 3 s).
+10. ``live nccl``: world 1 with one standby (``--standby-ranks 1``): the rank declares its
+    state (``ip.live_state``), all-reduces, and SIGKILLs itself; the standby takes rank 0
+    (a new pid), forms a new NCCL group on the same GPU and all-reduces correctly; one
+    ``live_recovery`` line in ``restarts.jsonl``. (The survivors' communicator abort
+    needs two GPUs and more: with one, only the newcomer's side runs.)
 
 Without a GPU (``--smoke`` or not), the checks that can run on a CPU do (1, 3 in CPU
-mode, 5 from CPU tensors, 7, 8 on gloo) and the rest say ``SKIP (no GPU)``: nothing
+mode, 5 from CPU tensors, 7, 8 and 10 on gloo) and the rest say ``SKIP (no GPU)``: nothing
 passes that was not checked.
 """
 
@@ -361,6 +366,44 @@ def inprocess_checks(out: Path) -> int:
     return 0
 
 
+def live_checks(out: Path) -> int:
+    """World 1 + a standby: the rank all-reduces and SIGKILLs itself; the standby that
+    takes rank 0 all-reduces on a new group (NCCL on a GPU, on the same device)."""
+    import signal
+
+    import torch
+    import torch.distributed as dist
+
+    import rankguard.inprocess as ip
+
+    if torch.cuda.is_available():  # the standby's LOCAL_RANK may name no device here
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    memory: dict[str, Any] = {}
+
+    @ip.wrap
+    def train() -> None:
+        backend = dist.get_backend()
+        device = f"cuda:{torch.cuda.current_device()}" if backend == "nccl" else "cpu"
+        if not memory:
+            memory["net"] = torch.nn.Linear(4, 4).to(device)
+            memory["opt"] = torch.optim.SGD(memory["net"].parameters(), lr=0.1)
+            memory["step"] = 0
+        step = ip.live_state(model=memory["net"], optimizer=memory["opt"], step=memory["step"])
+        t = torch.full((4,), 2.0, device=device)
+        dist.all_reduce(t)
+        memory["net"](torch.ones(1, 4, device=device)).sum().backward()
+        memory["opt"].step()  # the newcomer's first step: the recovery's resumed_t
+        with out.open("a") as fh:
+            fh.write(json.dumps([os.getpid(), dist.get_rank(), backend, float(t.sum())]) + "\n")
+        link = ip.live_link()
+        if link is not None and not link.newcomer and step == 0:
+            os.kill(os.getpid(), signal.SIGKILL)  # lost: the standby takes rank 0
+        time.sleep(1.5)  # the launcher reads the newcomer's first step
+
+    train()
+    return 0
+
+
 def long_kernel_job(out: Path) -> int:
     """Steps, then one kernel of LONG_KERNEL_S while the host keeps calling step_end."""
     import torch
@@ -448,6 +491,36 @@ def run_inprocess(tmp: Path, cuda: bool) -> list[Line]:
     return lines
 
 
+def run_live(tmp: Path, cuda: bool) -> list[Line]:
+    out = tmp / "live.jsonl"
+    sets = [
+        "inprocess_restart.enabled=true",
+        "inprocess_restart.monitor_thread_interval=0.1",
+        "inprocess_restart.standby_ranks=1",
+    ]
+    code, text, run_dir = _job(tmp / "live-logs", sets, "--live-checks", str(out), timeout_s=240)
+    rows = [json.loads(x) for x in out.read_text().splitlines() if x] if out.is_file() else []
+    path = run_dir / "restarts.jsonl"
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x] if path.is_file() else []
+    backend = "nccl" if cuda else "gloo"
+    ok = (
+        code == 0
+        and [(r[1], r[2], r[3]) for r in rows] == [(0, backend, 8.0)] * 2
+        and rows[0][0] != rows[1][0]
+        and [x.get("kind") for x in lines] == ["live_recovery"]
+    )
+    name = f"live {backend}"
+    detail = f"world 1 + 1 standby, (pid, rank, backend, all_reduce sum) {rows}, exit {code}"
+    if lines:
+        detail += f", fault -> next step {lines[0].get('recovery_s')} s"
+    if not ok:
+        detail += f": {text[-1200:]}"
+    result: list[Line] = [("PASS" if ok else "FAIL", name, detail)]
+    if not cuda:
+        result.append((SKIP_NO_GPU, "live nccl", "the same on NCCL"))
+    return result
+
+
 def run_long_kernel(tmp: Path) -> Line:
     out = tmp / "long.json"
     sets = [
@@ -473,6 +546,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rank-checks", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--inprocess-checks", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--long-kernel", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--live-checks", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.rank_checks:
         return rank_checks(args.rank_checks, args.smoke)
@@ -480,6 +554,8 @@ def main(argv: list[str] | None = None) -> int:
         return inprocess_checks(args.inprocess_checks)
     if args.long_kernel:
         return long_kernel_job(args.long_kernel)
+    if args.live_checks:
+        return live_checks(args.live_checks)
 
     import torch
 
@@ -493,6 +569,7 @@ def main(argv: list[str] | None = None) -> int:
         for batch in (
             lambda: run_rank_checks(tmp, args.smoke),
             lambda: run_inprocess(tmp, cuda),
+            lambda: run_live(tmp, cuda),
             lambda: [run_long_kernel(tmp)] if cuda else [(SKIP_NO_GPU, "long kernel", "")],
         ):
             for line in batch():

@@ -35,7 +35,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("scheduler",),
     ("runenv", "health", "perf"),
     ("heartbeat",),
-    ("agree", "ft", "goodput", "rerun", "straggler", "runfiles", "statusnotes"),
+    ("agree", "ft", "goodput", "rerun", "straggler", "runfiles", "statusnotes", "live"),
     ("preempt", "heartbeat.relay", "exporter", "ranksession"),
     ("checkpoint", "inprocess", "layouts"),
     ("config",),

@@ -6,6 +6,8 @@ Faults (``--fault``) are injected on ``--fault-rank`` at ``--fault-step``:
 
 - ``stall``: the main thread blocks inside the step (after the optimizer step, before
   the step ends) for ``--fault-duration`` seconds; the heartbeat thread keeps beating;
+- ``wedge``: the same, with the in-process restart's interrupt signal blocked (a C call
+  that never returns): only the hard timeout ends it;
 - ``stop``: the rank SIGSTOPs itself; a detached helper sends SIGCONT after
   ``--fault-duration`` seconds;
 - ``crash``: the rank raises an exception (the job then fails);
@@ -60,7 +62,7 @@ from rankguard.demo.model import GPTConfig, TinyGPT, synthetic_batch
 from rankguard.perf.flops import ModelShape, analytic_flops_per_step
 
 NAN_FAULTS = ("nan", "nan-persistent", "nan-bad-gpu")
-FAULTS = ("none", "stall", "stop", "crash", "slow", "preempt", *NAN_FAULTS)
+FAULTS = ("none", "stall", "wedge", "stop", "crash", "slow", "preempt", *NAN_FAULTS)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -106,6 +108,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--fault-attempt", type=int, default=0, help="inject in this attempt (restart count)"
     )
     p.add_argument("--slowdown", type=float, default=1.5)
+    p.add_argument(
+        "--kill-at",
+        action="append",
+        default=[],
+        metavar="RANK:STEP",
+        help="the process holding RANK SIGKILLs itself after STEP (repeatable; the first "
+        "attempt only, never a process that started after STEP)",
+    )
+    p.add_argument(
+        "--no-live-state",
+        action="store_true",
+        help="do not declare the live state (a standby cannot take a lost rank's place)",
+    )
     p.add_argument("--pg-timeout", type=float, default=120.0, help="collective timeout (s)")
     p.add_argument(
         "--flops",
@@ -153,6 +168,9 @@ def inject(args: argparse.Namespace, rank: int, step: int, attempt: int) -> None
             start_new_session=True,
         )
         os.kill(os.getpid(), signal.SIGSTOP)
+    elif args.fault == "wedge":  # a C call that never returns: no interrupt lands
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGRTMIN + 4})
+        time.sleep(args.fault_duration)
     elif args.fault == "crash":
         raise RuntimeError(f"injected crash on rank {rank} at step {step}")
     elif args.fault == "preempt":
@@ -199,10 +217,10 @@ def train(args: argparse.Namespace, device: torch.device, memory: dict[str, Any]
             opt=torch.optim.AdamW(net.parameters(), lr=3e-3),
             gen=torch.Generator().manual_seed(1234 + rank),
             step=0,
+            born=None,  # the first step this process runs
         )
         memory["gen_state"] = memory["gen"].get_state()
     net, opt, gen = memory["net"], memory["opt"], memory["gen"]
-    model = DDP(net, device_ids=[local_rank] if cuda else None)  # holds this round's group
     accum = 1
     if args.global_batch:  # an elastic job's step follows its current world size
         plan = rg.batch_plan(args.global_batch, args.batch_size)
@@ -213,6 +231,12 @@ def train(args: argparse.Namespace, device: torch.device, memory: dict[str, Any]
                 f"{args.batch_size} per step, global batch {plan.global_batch} ({plan.rule})",
                 flush=True,
             )
+    if not args.no_live_state:  # before DDP, which broadcasts rank 0's weights
+        agreed = ip.live_state(model=net, optimizer=opt, step=memory["step"])
+        if agreed != memory["step"]:  # a standby that took a rank, or a rank one step behind
+            _data_at(gen, rank, agreed * accum, cfg, args.batch_size, device)
+            memory["step"], memory["gen_state"] = agreed, gen.get_state()
+    model = DDP(net, device_ids=[local_rank] if cuda else None)  # holds this round's group
     rg.set_batch(samples=args.batch_size * accum, tokens=args.batch_size * accum * cfg.seq_len)
     if args.flops == "analytic":
         rg.set_flops_per_step(
@@ -250,6 +274,8 @@ def train(args: argparse.Namespace, device: torch.device, memory: dict[str, Any]
                     flush=True,
                 )
     step = first - 1
+    if memory["born"] is None:
+        memory["born"] = first
     # before an exit 16 the rerun state machine saves through the same manager
     saver = ckpt if ckpt is not None and ckpt.save_dir is not None else None
     rerun = rg.rerun(checkpoint=saver, state_dir=args.checkpoint_dir)
@@ -283,6 +309,10 @@ def train(args: argparse.Namespace, device: torch.device, memory: dict[str, Any]
                 time.sleep(base)
             if round_ == 0:  # an in-process re-entry runs clean
                 inject(args, rank, step, rg.restart_count)
+            if _kill_now(args, rank, step, memory["born"], rg.restart_count):
+                print(f"[demo rank {rank}] SIGKILL of pid {os.getpid()} after step {step}")
+                sys.stdout.flush()
+                os.kill(os.getpid(), signal.SIGKILL)  # lost: a standby takes over, or a restart
         if rank == 0 and (step == 1 or step % args.log_every == 0):
             print(f"[demo] step {step}/{args.steps} loss {loss.item():.4f}", flush=True)
         if args.eval_every and step % args.eval_every == 0:
@@ -310,6 +340,26 @@ def train(args: argparse.Namespace, device: torch.device, memory: dict[str, Any]
         print(f"[demo] done: {step} steps on {world} rank(s)", flush=True)
     memory["preempted"] = rg.preempted
     return 0
+
+
+def _kill_now(args: argparse.Namespace, rank: int, step: int, born: int, attempt: int) -> bool:
+    """``--kill-at RANK:STEP``: in the first attempt, by a process that ran that step."""
+    return f"{rank}:{step}" in args.kill_at and born <= step and attempt == 0
+
+
+def _data_at(
+    gen: torch.Generator,
+    rank: int,
+    batches: int,
+    cfg: GPTConfig,
+    batch_size: int,
+    device: torch.device,
+) -> None:
+    """The rank's data generator positioned after ``batches`` batches (a standby that
+    took this rank: the same data as the rank it replaced would have drawn)."""
+    gen.manual_seed(1234 + rank)
+    for _ in range(batches):
+        synthetic_batch(cfg, batch_size, gen, device)
 
 
 def evaluate(model: DDP, cfg: GPTConfig, args: argparse.Namespace, device: torch.device) -> float:

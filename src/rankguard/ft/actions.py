@@ -54,7 +54,11 @@ if TYPE_CHECKING:
     from rankguard.heartbeat.rules import HeartbeatRules
     from rankguard.schema.records import HeartbeatRecord
 
-__all__ = ["AgentControl", "FaultHandler", "HangTraces"]
+__all__ = ["LIVE_RECOVERY", "AgentControl", "FaultHandler", "HangTraces"]
+
+LIVE_RECOVERY = "live_recovery"
+"""A finding's ``detail`` key when live recovery already acted on it (a standby took the
+lost rank's place): its ``action`` says so, fault tolerance takes none."""
 
 logger = logging.getLogger(__name__)
 
@@ -215,6 +219,8 @@ class FaultHandler(FindingSink):
     # ---- before the finding is written -----------------------------------------------
 
     def before_write(self, finding: Finding) -> None:
+        if LIVE_RECOVERY in finding.detail:
+            return  # a standby took the rank's place: the launcher acted, no restart
         ftype = finding.finding_type
         action = self.cfg.actions.get(ftype.value, "report")
         label = action

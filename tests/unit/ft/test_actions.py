@@ -278,6 +278,26 @@ def test_exited_rank_no_dump_no_kill_but_cause(tmp_path: Path, spawn: Callable[.
     assert g.action == BUSY
 
 
+def test_a_rank_live_recovery_replaced_is_not_acted_on(
+    tmp_path: Path, spawn: Callable[..., Any]
+) -> None:
+    from rankguard.ft.actions import LIVE_RECOVERY
+
+    child = spawn(0, handler=False)
+    rules = _rules(rec(0, pid=child.pid, world_size=1))
+    handler, monitor, agent = _handler(tmp_path, rules)
+    f = finding("rank_process_exited", 0, child.pid)
+    f.action = "live recovery: standby pid 9 took rank 0"
+    f.detail[LIVE_RECOVERY] = {"standby_pid": 9}
+    handler.before_write(f)
+    handler.after_write(f)
+    assert f.action == "live recovery: standby pid 9 took rank 0"
+    assert monitor.restarts == [] and agent.causes == []
+    g = finding("rank_process_heartbeat_timeout", 0, child.pid)
+    handler.before_write(g)
+    assert g.action != BUSY  # not busy: the next fault is acted on
+
+
 # ---- a culprit on another node -------------------------------------------------------
 
 

@@ -142,3 +142,15 @@ def test_the_first_line_says_what_nvrx_section_timeouts_do() -> None:
         "limit; a hang is reported, nothing is killed or restarted)"
     ) in line
     assert "section" not in features_line(opts, load_config(None, [], defaults=on))
+
+
+def test_the_first_line_says_the_standbys() -> None:
+    from rankguard.config import load_config
+    from rankguard.launcher.elastic import features_line
+    from rankguard.launcher.options import LaunchOptions
+
+    opts = LaunchOptions(target="t.py")
+    sets = ["inprocess_restart.enabled=true", "inprocess_restart.standby_ranks=2"]
+    line = features_line(opts, load_config(None, sets))
+    assert "in-process restart on, live recovery: 2 standby rank(s) per node;" in line
+    assert "standby" not in features_line(opts, load_config(None, []))
