@@ -68,7 +68,7 @@ def _lines(path: Path) -> Iterator[dict[str, Any]]:
                 continue
             try:
                 obj = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):  # a line nested past the parser
                 continue
             if isinstance(obj, dict):
                 yield obj
