@@ -59,6 +59,22 @@ def _call(store: Any, rank: int, world: int) -> _Call:
     return call
 
 
+@pytest.fixture(autouse=True)
+def _worker_numbers_restored(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wrapper rewrites the worker's numbers in ``os.environ`` (a standby's, a
+    promotion's): each test leaves them as it found them."""
+    for name in (
+        "RANK",
+        "ROLE_RANK",
+        "WORLD_SIZE",
+        "ROLE_WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+    ):
+        monkeypatch.setenv(name, "0")  # recorded (set or not) for the teardown
+        monkeypatch.delenv(name)
+
+
 def test_a_standby_takes_its_rank_and_ends_the_running_round(
     store: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
