@@ -431,7 +431,7 @@ def analyse(run: Run, baseline: dict[tuple[int, int], str]) -> Result:
         full = [ev for ev in after if ev.get("replicas", NPROC) == NPROC]
         if run.mode == "torchft" and full:
             res.to_full = full[0]["t"] - t_f
-    if run.mode != "torchft":
+    if run.mode != "torchft" and after:
         # the ranks that did not fault: the same process before and after the fault?
         old = {int(ev["r"]): ev["pid"] for ev in before}
         new = {int(ev["r"]): ev["pid"] for ev in after}

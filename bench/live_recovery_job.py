@@ -15,9 +15,6 @@ Recovery state, by launcher:
 - ``torchrun`` / ``rankguard run`` (group restart): rank 0 saves model, optimizer and
   step every ``--ckpt-every`` steps (written to a temp file and renamed); a restarted
   group resumes from it;
-- ``rankguard run --standby-ranks K`` (live recovery): the script declares its state
-  (model, optimizer, step) with ``rankguard.live``'s one line; a standby gets it from a
-  live rank;
 - ``--torchft``: one replica group per launcher (``torchrun --nproc-per-node 1``), joined
   by torchft's ``Manager`` (lighthouse in ``TORCHFT_LIGHTHOUSE``); torchft's own per-step
   quorum and live state transfer from a peer; a new replica group rejoins at the quorum's
@@ -168,10 +165,7 @@ def run_ddp() -> None:
     net = build_model()
     opt = torch.optim.AdamW(net.parameters(), lr=3e-3)
     first = 1
-    live = _live_state(net, opt)
-    if live is not None:
-        first = live + 1
-    elif STATE.exists():
+    if STATE.exists():
         ckpt = torch.load(STATE, weights_only=True)
         net.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["opt"])
@@ -188,7 +182,6 @@ def run_ddp() -> None:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        _live_step(step)
         emit("LRSTEP", s=step, r=rank, loss=repr(loss.item()))
         if rank == 0 and args.ckpt_every and step % args.ckpt_every == 0:
             save(net, opt, step)
@@ -208,19 +201,6 @@ def ddp(net: nn.Module, opt: torch.optim.Optimizer, rank: int) -> nn.Module:
     loss_of(model, x, y).backward()
     opt.zero_grad(set_to_none=True)
     return model
-
-
-_LIVE: Any = None
-
-
-def _live_state(net: nn.Module, opt: torch.optim.Optimizer) -> int | None:
-    """Declare the job's state for live recovery (``rankguard run --standby-ranks K``);
-    the step a standby takes over at, else None. Nothing without live recovery."""
-    return None
-
-
-def _live_step(step: int) -> None:
-    return None
 
 
 def run_torchft() -> None:
