@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("schema", "phases", "cadence"),
     ("runenv", "health", "perf"),
     ("heartbeat",),
-    ("agree", "ft", "goodput", "rerun", "straggler", "runfiles", "statusnotes"),
+    ("agree", "ft", "goodput", "rerun", "straggler", "runfiles", "statusnotes", "live"),
     ("preempt", "heartbeat.relay", "exporter", "ranksession"),
     ("checkpoint", "inprocess", "layouts"),
     ("config",),

@@ -488,6 +488,38 @@ def elastic_lines(block: Any) -> list[str]:
     return out
 
 
+def _restart_row(r: dict[str, Any]) -> str:
+    kind = {"inprocess": "in-process", "live_recovery": "live"}.get(str(r.get("kind")), "process")
+    row = (
+        f"  {kind} #{r.get('restart', '-')} {r.get('wall_time', '-')}  "
+        f"{r.get('cause') or '-'} rank {_s(r.get('rank'))}: {_s(r.get('message'))}"
+    )
+    if r.get("kind") == "live_recovery":
+        row += (
+            f" (fault -> next step {_s(r.get('recovery_s'))} s, "
+            f"{_s(r.get('steps_redone'))} step(s) redone)"
+        )
+    return row
+
+
+def _live_lines(live: Any) -> list[str]:
+    """Live recovery: the node's standbys and which rank each replaced."""
+    if not isinstance(live, dict):
+        return []
+    out = [
+        "",
+        f"Standbys: {_s(live.get('standbys_per_node'))} per node, {_s(live.get('waiting'))} "
+        f"waiting, {_s(live.get('used'))} used, {_s(live.get('left_unused'))} left unused",
+    ]
+    for r in live.get("replaced") or []:
+        if isinstance(r, dict):
+            out.append(
+                f"  rank {_s(r.get('lost_rank'))}: pid {_s(r.get('lost_pid'))} lost "
+                f"({_s(r.get('cause'))}), now standby pid {_s(r.get('standby_pid'))}"
+            )
+    return out
+
+
 def _ft_lines(status: StatusDoc | dict[str, Any]) -> list[str]:
     """Restarts and the timeouts in force with their sources (fault tolerance)."""
     doc = status if isinstance(status, StatusDoc) else StatusDoc.from_dict(status)
@@ -496,17 +528,18 @@ def _ft_lines(status: StatusDoc | dict[str, Any]) -> list[str]:
     if isinstance(restarts, list) and restarts:
         kinds = [r.get("kind") if isinstance(r, dict) else None for r in restarts]
         inproc = sum(k == "inprocess" for k in kinds)
+        live = sum(k == "live_recovery" for k in kinds)
+        process = len(restarts) - inproc - live
         out += [
             "",
-            f"Restarts: {len(restarts)} ({len(restarts) - inproc} process, {inproc} in-process)",
+            f"Restarts: {len(restarts)} ({process} process, {inproc} in-process"
+            + (f", {live} live recovery" if live else "")
+            + ")",
         ]
         for r in restarts:
             if isinstance(r, dict):
-                kind = "in-process" if r.get("kind") == "inprocess" else "process"
-                out.append(
-                    f"  {kind} #{r.get('restart', '-')} {r.get('wall_time', '-')}  "
-                    f"{r.get('cause') or '-'} rank {_s(r.get('rank'))}: {_s(r.get('message'))}"
-                )
+                out.append(_restart_row(r))
+    out += _live_lines(doc.block("live"))
     stragglers = doc.block("stragglers")
     if isinstance(stragglers, dict):
         out += [

@@ -106,6 +106,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--fault-attempt", type=int, default=0, help="inject in this attempt (restart count)"
     )
     p.add_argument("--slowdown", type=float, default=1.5)
+    p.add_argument(
+        "--kill-at",
+        action="append",
+        default=[],
+        metavar="RANK:STEP",
+        help="the process holding RANK SIGKILLs itself after STEP (repeatable; the first "
+        "attempt only, never a process that started after STEP)",
+    )
+    p.add_argument(
+        "--no-live-state",
+        action="store_true",
+        help="do not declare the live state (a standby cannot take a lost rank's place)",
+    )
     p.add_argument("--pg-timeout", type=float, default=120.0, help="collective timeout (s)")
     p.add_argument(
         "--flops",
@@ -199,10 +212,10 @@ def train(args: argparse.Namespace, device: torch.device, memory: dict[str, Any]
             opt=torch.optim.AdamW(net.parameters(), lr=3e-3),
             gen=torch.Generator().manual_seed(1234 + rank),
             step=0,
+            born=None,  # the first step this process runs
         )
         memory["gen_state"] = memory["gen"].get_state()
     net, opt, gen = memory["net"], memory["opt"], memory["gen"]
-    model = DDP(net, device_ids=[local_rank] if cuda else None)  # holds this round's group
     accum = 1
     if args.global_batch:  # an elastic job's step follows its current world size
         plan = rg.batch_plan(args.global_batch, args.batch_size)
@@ -213,6 +226,12 @@ def train(args: argparse.Namespace, device: torch.device, memory: dict[str, Any]
                 f"{args.batch_size} per step, global batch {plan.global_batch} ({plan.rule})",
                 flush=True,
             )
+    if not args.no_live_state:  # before DDP, which broadcasts rank 0's weights
+        agreed = ip.live_state(model=net, optimizer=opt, step=memory["step"])
+        if agreed != memory["step"]:  # a standby that took a rank, or a rank one step behind
+            _data_at(gen, rank, agreed * accum, cfg, args.batch_size, device)
+            memory["step"], memory["gen_state"] = agreed, gen.get_state()
+    model = DDP(net, device_ids=[local_rank] if cuda else None)  # holds this round's group
     rg.set_batch(samples=args.batch_size * accum, tokens=args.batch_size * accum * cfg.seq_len)
     if args.flops == "analytic":
         rg.set_flops_per_step(
@@ -250,6 +269,8 @@ def train(args: argparse.Namespace, device: torch.device, memory: dict[str, Any]
                     flush=True,
                 )
     step = first - 1
+    if memory["born"] is None:
+        memory["born"] = first
     # before an exit 16 the rerun state machine saves through the same manager
     saver = ckpt if ckpt is not None and ckpt.save_dir is not None else None
     rerun = rg.rerun(checkpoint=saver, state_dir=args.checkpoint_dir)
@@ -283,6 +304,10 @@ def train(args: argparse.Namespace, device: torch.device, memory: dict[str, Any]
                 time.sleep(base)
             if round_ == 0:  # an in-process re-entry runs clean
                 inject(args, rank, step, rg.restart_count)
+            if _kill_now(args, rank, step, memory["born"], rg.restart_count):
+                print(f"[demo rank {rank}] SIGKILL of pid {os.getpid()} after step {step}")
+                sys.stdout.flush()
+                os.kill(os.getpid(), signal.SIGKILL)  # lost: a standby takes over, or a restart
         if rank == 0 and (step == 1 or step % args.log_every == 0):
             print(f"[demo] step {step}/{args.steps} loss {loss.item():.4f}", flush=True)
         if args.eval_every and step % args.eval_every == 0:
@@ -310,6 +335,26 @@ def train(args: argparse.Namespace, device: torch.device, memory: dict[str, Any]
         print(f"[demo] done: {step} steps on {world} rank(s)", flush=True)
     memory["preempted"] = rg.preempted
     return 0
+
+
+def _kill_now(args: argparse.Namespace, rank: int, step: int, born: int, attempt: int) -> bool:
+    """``--kill-at RANK:STEP``: in the first attempt, by a process that ran that step."""
+    return f"{rank}:{step}" in args.kill_at and born <= step and attempt == 0
+
+
+def _data_at(
+    gen: torch.Generator,
+    rank: int,
+    batches: int,
+    cfg: GPTConfig,
+    batch_size: int,
+    device: torch.device,
+) -> None:
+    """The rank's data generator positioned after ``batches`` batches (a standby that
+    took this rank: the same data as the rank it replaced would have drawn)."""
+    gen.manual_seed(1234 + rank)
+    for _ in range(batches):
+        synthetic_batch(cfg, batch_size, gen, device)
 
 
 def evaluate(model: DDP, cfg: GPTConfig, args: argparse.Namespace, device: torch.device) -> float:

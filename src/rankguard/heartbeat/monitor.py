@@ -227,6 +227,11 @@ class JobMonitor:
         with self._scan_lock:
             return self.rules.retire_ranks(world)
 
+    def note_replaced(self, rank: int, pid: int) -> bool:
+        """See :meth:`HeartbeatRules.note_replaced`."""
+        with self._scan_lock:
+            return self.rules.note_replaced(rank, pid)
+
     def note_root_cause(self, rank: int, pid: int | None) -> None:
         """See :meth:`HeartbeatRules.note_root_cause`."""
         self.rules.note_root_cause(rank, pid)

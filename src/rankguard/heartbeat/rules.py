@@ -327,6 +327,19 @@ class HeartbeatRules:
         snapshot, or that snapshot went stale): its ranks are evaluated at the next scan."""
         self._due.mark_node(node_rank)
 
+    def note_replaced(self, rank: int, pid: int) -> bool:
+        """Live recovery: rank ``rank``'s process ``pid`` ended and a standby takes its
+        place (a new pid of the rank soon, which resets the rank's state before a scan
+        sees that end). True when the caller writes the end's finding: the scans will
+        not (the state is marked); False when a scan has written it already."""
+        s = self.ranks.get(rank)
+        if s is None or s.pid != pid:
+            return True
+        if FindingType.PROCESS_EXITED in s.active:
+            return False
+        s.active.add(FindingType.PROCESS_EXITED)
+        return True
+
     def note_root_cause(self, rank: int, pid: int | None) -> None:
         """This node's agent saw its worker group fail and names ``rank`` (``pid``) as
         the root cause from the exit codes: among ranks ended in the same scan, it is

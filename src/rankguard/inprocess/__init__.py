@@ -5,7 +5,10 @@
 Python again: the process group is torn down and initialised anew through the job's
 store, and ``train`` is called again; it learns how many times with
 :func:`restart_count`; :func:`atomic` keeps a section (the optimizer step and the state
-a re-entry resumes from) whole. See ``docs/inprocess.md``.
+a re-entry resumes from) whole. With standbys (``--standby-ranks``),
+:func:`live_state` declares the state a standby taking a lost rank's place gets from a
+peer. See ``docs/inprocess.md`` and
+``docs/live_recovery.md``.
 """
 
 from rankguard.inprocess.config import InProcessRestartConfig
@@ -17,10 +20,12 @@ from rankguard.inprocess.wrapper import (
     RestartInfo,
     atomic,
     current,
+    live_link,
     restart_count,
     run_config,
     wrap,
 )
+from rankguard.live.state import live_state
 
 __all__ = [
     "HARD_TIMEOUT_EXIT_CODE",
@@ -31,6 +36,8 @@ __all__ = [
     "RestartInterrupt",
     "atomic",
     "current",
+    "live_link",
+    "live_state",
     "restart_count",
     "run_config",
     "wrap",

@@ -85,6 +85,14 @@ class InProcessRestartConfig:
     empty_cuda_cache: bool = field(
         default=True, metadata={"help": "Empty the CUDA cache between two rounds."}
     )
+    standby_ranks: int = field(
+        default=0,
+        metadata={
+            "help": "Warm standby worker processes per node (rankguard's own; "
+            "--standby-ranks): a rank whose process is lost is replaced by one in place, "
+            "the others re-enter in process (docs/live_recovery.md). 0: none."
+        },
+    )
     set_nccl_env: bool = field(
         default=True,
         metadata={
@@ -108,6 +116,7 @@ class InProcessRestartConfig:
         ):
             check_number(name, getattr(self, name), gt=0)
         check_number("max_restarts_per_window", self.max_restarts_per_window, ge=0)
+        check_number("standby_ranks", self.standby_ranks, ge=0)
         if self.max_iterations is not None:
             check_number("max_iterations", self.max_iterations, ge=0)
         if self.process_group_timeout is not None:

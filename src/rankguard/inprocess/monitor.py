@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from rankguard.heartbeat.blockeval import BlockEvaluator
+from rankguard.live.plan import LIVE_CAUSE
 from rankguard.schema.blocks import InProcessBlock, InProcessRestart
 from rankguard.schema.findings import Finding, FindingType, Reason
 
@@ -27,6 +28,7 @@ __all__ = ["InProcessRestarts"]
 _REASONS = {
     "exception": Reason.INPROCESS_EXCEPTION,
     "soft_timeout": Reason.INPROCESS_HANG,
+    LIVE_CAUSE: Reason.LIVE_REPLACED,
 }
 _SEEN_MAX = 4096  # restart ids remembered (a long job restarts far fewer times)
 
@@ -95,7 +97,8 @@ class InProcessRestarts(BlockEvaluator[InProcessBlock]):
             "message": restart.message,
             "id": restart.id,
         }
-        if self.on_restart is not None:
+        # a live recovery's line (kind ``live_recovery``) is the launcher's: one line each
+        if self.on_restart is not None and cause != LIVE_CAUSE:
             self.on_restart(entry)
         return Finding.build(
             FindingType.INPROCESS_RESTART,

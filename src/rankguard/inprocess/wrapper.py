@@ -51,6 +51,11 @@ from rankguard.inprocess.policy import (
     lost_ranks,
     timeout_problems,
 )
+from rankguard.live.link import LiveLink
+from rankguard.live.link import bind as bind_live
+from rankguard.live.link import current as live_link
+from rankguard.live.plan import LIVE_CAUSE
+from rankguard.live.roles import promoted_environ
 from rankguard.ranksession import current as current_session
 from rankguard.runenv import RunEnv
 from rankguard.schema.blocks import InProcessBlock, InProcessRestart
@@ -65,6 +70,7 @@ __all__ = [
     "InProcessRestartError",
     "RestartInfo",
     "current",
+    "live_link",
     "restart_count",
     "run_config",
     "wrap",
@@ -308,6 +314,7 @@ class _Call:
         self._soft_round = -1
         self._saved_phase = "train"
         self._at_interrupt: tuple[float, str] = (0.0, "")
+        self.live = LiveLink.from_env(env)  # None: the run has no standbys
 
     # ---- setup ------------------------------------------------------------------------
 
@@ -363,13 +370,21 @@ class _Call:
                 "wrapper initialises it in every round: remove init_process_group from the "
                 "code before the wrapped function"
             )
-        self._announce()
         self._store = self._factory()
+        live = self.live
+        if live is not None:
+            live.store = self._store
+            if live.standby and not self._take_rank(live):
+                self._store = None
+                raise SystemExit(0)  # not needed: the rest of the script is the ranks'
+        if live is None or not live.newcomer:
+            self._announce()
         self._wstore = self._factory()  # the watcher's own connection: no shared socket
         previous = getattr(_local, "info", None)
         previous_interrupter = getattr(_local, "interrupter", None)
         _local.info = self.info
         _local.interrupter = self.interrupter
+        previous_live = bind_live(live)
         self.interrupter.install()
         if self.session is not None:
             self.session.add_heartbeat_block(self.heartbeat_block)
@@ -388,6 +403,7 @@ class _Call:
                 dist.destroy_process_group()
             _local.info = previous
             _local.interrupter = previous_interrupter
+            bind_live(previous_live)
             self._store = self._wstore = None
 
     def _rounds(self, dist: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -465,6 +481,8 @@ class _Call:
         while True:
             try:
                 store.wait([self._key(self.round, "all_done")], timedelta(seconds=_CHUNK_S))
+                if self.live is not None:
+                    self.live.finish(store)  # the standbys leave
                 return _Done(value)
             except Exception:
                 pass
@@ -508,6 +526,9 @@ class _Call:
     def _join(self, r: int) -> None:
         """Wait for every rank at round ``r``; a lost peer or an abandon ends it."""
         store, cfg = self._store, self.cfg
+        if self.live is not None:  # a newcomer joins the round the survivors are in
+            self.live.current_round = r
+            store.set(self.prefix + "round", str(r))
         store.set(self._key(r, f"here/{self.rank}"), self.hostname)
         if store.add(self._key(r, "arrived"), 1) >= self.world:
             store.set(self._key(r, "ready"), "1")
@@ -533,6 +554,8 @@ class _Call:
                 elif count > 0 and now - old[1] > cfg.heartbeat_timeout:
                     dead.append(p)  # it was alive, and its heartbeat stopped
                 # never seen (count 0): still starting; only barrier_timeout applies
+            if dead and self.live is not None:  # a standby is on its way: wait for it
+                dead = [p for p in dead if not self.live.replacing(store, p)]
             timed_out = now - start > cfg.barrier_timeout
             if dead or timed_out:
                 gone = dead or missing
@@ -576,6 +599,14 @@ class _Call:
         info.cause = culprit_cause(culprit, stuck_after) if culprit else "unknown"
         info.culprit = culprit.rank if culprit else None
         info.message = culprit.message if culprit else None
+        newcomers = self._newcomers(self.round)
+        if newcomers:  # the peers' errors were echoes: a process was lost
+            info.cause, info.culprit = LIVE_CAUSE, newcomers[0]
+            info.message = (
+                f"rank(s) {newcomers}: process lost; a standby took its place and every "
+                "other rank re-entered in process"
+            )
+            culprit = None
         self.last_fault = InProcessRestart(
             id=f"{self.prefix.removeprefix('rankguard/inprocess/')}{r}",
             round=r,
@@ -599,6 +630,54 @@ class _Call:
                 took,
             )
 
+    # ---- live recovery ----------------------------------------------------------------
+
+    def _take_rank(self, live: LiveLink) -> bool:
+        """A standby: wait for a rank; False when training completed without needing it.
+        With one, join the round the survivors are in (or the next one, stopping theirs)."""
+        store = self._store
+        _prewarm()  # what a rank's first step imports: done while nobody waits for it
+        got = live.await_assignment(store, self._stop.is_set)
+        if got is None:
+            logger.info("rankguard: standby pid %d: training completed, not needed", live.pid)
+            return False
+        promoted_environ(os.environ, rank=got.rank, local_rank=got.local_rank)
+        self.rank = got.rank
+        session = current_session()
+        promote = getattr(session, "promote", None)
+        if callable(promote):
+            promote()
+        self.session = session if session is not None and session.enabled else None
+        key = self.prefix + "round"
+        r = int(store.get(key)[:20]) if store.check([key]) else 0
+        if store.check([self._key(r, "ready")]):  # the survivors run round r: end it
+            store.set(self._key(r, "failed"), str(got.rank))
+            r += 1
+        self.round = r
+        store.set(self._key(r, f"newcomer/{got.rank}"), str(live.pid))
+        store.add(self._key(r, "newcomers"), 1)
+        logger.warning(
+            "rankguard: standby pid %d takes rank %d (pid %d lost: %s); joining round %d",
+            live.pid,
+            got.rank,
+            got.lost_pid,
+            got.cause,
+            r,
+        )
+        return True
+
+    def _newcomers(self, r: int) -> list[int]:
+        """The ranks that joined round ``r`` as standbys taking a lost rank's place."""
+        if self.live is None:
+            return []
+        store = self._store
+        if store.add(self._key(r, "newcomers"), 0) <= 0:
+            self.live.newcomers = []
+            return []
+        found = [p for p in range(self.world) if store.check([self._key(r, f"newcomer/{p}")])]
+        self.live.newcomers = found
+        return found
+
     # ---- monitor ----------------------------------------------------------------------
 
     def heartbeat_block(self) -> InProcessBlock:
@@ -621,6 +700,8 @@ class _Call:
                 if now >= next_beat:
                     self._wstore.add(self._hb_key(self.rank), 1)
                     next_beat = now + cfg.heartbeat_interval
+                    if self.live is not None:
+                        self.live.flush(self._wstore)
                 self.liveness.ask()
                 r = self.round
                 if self.phase == "running":
@@ -695,6 +776,19 @@ class _Call:
             with contextlib.suppress(Exception):
                 stream.flush()
         os._exit(HARD_TIMEOUT_EXIT_CODE)
+
+
+def _prewarm() -> None:
+    """Import, in a standby before it is needed, what the first round of a training
+    function imports lazily (torch's compiler stack through the optimizers, DDP): an
+    interrupt must not land inside a half-done import, and the survivors must not wait
+    for it."""
+    try:
+        import torch._dynamo
+        import torch.nn.parallel
+        import torch.optim  # noqa: F401
+    except Exception:  # the first round imports it then, slower
+        logger.debug("rankguard: standby prewarm failed", exc_info=True)
 
 
 class _Done:

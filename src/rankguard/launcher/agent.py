@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch.distributed.elastic.agent.server.api import WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
+from torch.distributed.elastic.multiprocessing.api import MultiprocessContext, SubprocessContext
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from rankguard.ft.kill import OwnedWorkers
@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from rankguard.ft.decide import Decision
     from rankguard.ft.policy import RestartPolicy
     from rankguard.launcher.exclusion import NodeExclusion
+    from rankguard.launcher.live import LiveRecovery
     from rankguard.preempt.coordinator import PreemptionCoordinator
 
 __all__ = [
@@ -221,6 +222,8 @@ class RankguardAgent(LocalElasticAgent):
         preemption: PreemptionCoordinator | None = None,
         handover_timeout_s: float = 30.0,
         restart_policy: RestartPolicy | None = None,
+        live: LiveRecovery | None = None,
+        on_live_recovery: Callable[[dict[str, Any]], None] | None = None,
         **kw: Any,
     ) -> None:
         # torch elastic's own grace when a signal stops it or the job ends: ours.
@@ -248,6 +251,8 @@ class RankguardAgent(LocalElasticAgent):
         self.restart_policy = restart_policy
         self.stop_decision: Decision | None = None  # the policy stopped the job
         self._decision: Decision | None = None  # the decision behind the next restart
+        self.live = live  # standbys: a lost rank replaced in place (launcher/live.py)
+        self._on_live_recovery = on_live_recovery
 
     # ---- the launcher's side ---------------------------------------------------------
 
@@ -308,6 +313,10 @@ class RankguardAgent(LocalElasticAgent):
             )
         pids: dict[int, Any] = super()._start_workers(worker_group)
         self.workers.set(worker_pids(pids, getattr(self, "_pcontext", None)))
+        if self.live is not None:  # torch elastic's TORCHELASTIC_RESTART_COUNT
+            self.live.started(
+                worker_group, worker_group.spec.max_restarts - self._remaining_restarts
+            )
         if not self._prewarmed:
             self._prewarmed = True
             _prewarm_failure_logging(self._pcontext)
@@ -321,18 +330,10 @@ class RankguardAgent(LocalElasticAgent):
         return pids
 
     def _monitor_workers(self, worker_group: Any) -> Any:
-        try:
-            result = super()._monitor_workers(worker_group)
-        except ValueError:
-            # torch parses each failed worker's error file; a worker terminated while
-            # writing it (SIGTERM to the group's survivors) leaves it torn, and torch's
-            # agent would die on it. Drop the torn files (torch then names the exit
-            # code or signal instead) and look again.
-            torn = drop_torn_error_files(getattr(self._pcontext, "error_files", {}))
-            if not torn:
-                raise
-            logger.warning("rankguard: torn worker error file(s) dropped: %s", torn)
-            result = super()._monitor_workers(worker_group)
+        if self.live is not None and isinstance(self._pcontext, SubprocessContext):
+            result = self._monitor_live(worker_group, self.live)
+        else:
+            result = self._poll_workers(worker_group)
         pre = self.preemption
         if pre is not None and pre.active:
             return self._preempted_result(worker_group, result, pre)
@@ -349,6 +350,49 @@ class RankguardAgent(LocalElasticAgent):
                     self._on_failure(self.last_failure)
                 except Exception:
                     logger.exception("rankguard: failure callback failed")
+        return result
+
+    def _monitor_live(self, worker_group: Any, live: LiveRecovery) -> Any:
+        """Standbys: this node's workers watched by :mod:`.live` (a lost rank replaced
+        in place); a cause a finding's kill left is that recovery's."""
+        pre = self.preemption
+        live.stopping = (
+            "the job is preempted"
+            if pre is not None and pre.active
+            else "the job is aborted"
+            if self.aborted
+            else None
+        )
+        used = len(live.replaced)
+        result = live.poll(worker_group, self._pcontext)
+        if len(live.replaced) > used:
+            with self._cause_lock:
+                cause, self._cause = self._cause, None
+            if cause is not None:  # fault tolerance killed it for this finding
+                live.replaced[-1]["cause"] = cause.get("finding_type") or live.replaced[-1]["cause"]
+        final = result.state != WorkerState.HEALTHY
+        for entry in live.entries_due(final=final):
+            if self._on_live_recovery is not None:
+                try:
+                    self._on_live_recovery(entry)
+                except Exception:
+                    logger.exception("rankguard: live recovery notification failed")
+        return result
+
+    def _poll_workers(self, worker_group: Any) -> Any:
+        """torch elastic's own poll of the workers (torn error files dropped)."""
+        try:
+            result = super()._monitor_workers(worker_group)
+        except ValueError:
+            # torch parses each failed worker's error file; a worker terminated while
+            # writing it (SIGTERM to the group's survivors) leaves it torn, and torch's
+            # agent would die on it. Drop the torn files (torch then names the exit
+            # code or signal instead) and look again.
+            torn = drop_torn_error_files(getattr(self._pcontext, "error_files", {}))
+            if not torn:
+                raise
+            logger.warning("rankguard: torn worker error file(s) dropped: %s", torn)
+            result = super()._monitor_workers(worker_group)
         return result
 
     def _decide(self, worker_group: Any) -> None:

@@ -51,7 +51,30 @@ def check_launch(opts: LaunchOptions, cfg: RankguardConfig) -> LaunchChecks:
             "only if log_dir is on a filesystem shared with it"
         )
     warnings.extend(_exclusion_warnings(opts, ft, max_restarts))
+    _check_standbys(opts, cfg)
     return LaunchChecks(max_restarts, tuple(warnings))
+
+
+def _check_standbys(opts: LaunchOptions, cfg: RankguardConfig) -> None:
+    """``--standby-ranks`` where standbys cannot work: one line, before the launch."""
+    from rankguard.launcher.options import ENTRY_PYTHON
+
+    ip = cfg.inprocess_restart
+    if not ip.standby_ranks:
+        return
+    flag = f"--standby-ranks {ip.standby_ranks}"
+    if not ip.enabled:
+        raise ValueError(
+            f"{flag}: a standby waits inside the in-process wrapper: set "
+            "inprocess_restart.enabled=true and wrap the training function "
+            "(rankguard.inprocess.wrap)"
+        )
+    if opts.entry != ENTRY_PYTHON:
+        raise ValueError(f"{flag}: not with --{opts.entry} (the ranks run rankguard's bootstrap)")
+    if opts.preload:
+        raise ValueError(
+            f"{flag}: not with --preload (its forked ranks are not watched one by one)"
+        )
 
 
 def _exclusion_warnings(opts: LaunchOptions, ft: Any, max_restarts: int) -> list[str]:

@@ -18,11 +18,12 @@ from rankguard.config import RankguardConfig
 from rankguard.ft.decide import RestartDecider
 from rankguard.ft.policy import RestartPolicy
 from rankguard.launcher.agent import RankguardAgent
+from rankguard.launcher.live import LiveRecovery
 from rankguard.launcher.options import LaunchOptions
 from rankguard.launcher.services import NodeServices
 from rankguard.schema import layout
 
-__all__ = ["build_agent", "entrypoint", "features_line"]
+__all__ = ["build_agent", "entrypoint", "features_line", "live_recovery"]
 
 
 def _sections(ft: Any) -> str | None:
@@ -115,9 +116,10 @@ def build_agent(
             "virtual_local_rank": elastic.virtual_local_rank,
         }
         os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = elastic.signals_to_handle
+    standbys = cfg.inprocess_restart.standby_ranks
     spec = WorkerSpec(
         role=opts.role,
-        local_world_size=opts.nproc_per_node,
+        local_world_size=opts.nproc_per_node + standbys,  # the standbys are workers too
         entrypoint=entry,
         args=tuple(entry_args),
         rdzv_handler=handler,
@@ -142,8 +144,28 @@ def build_agent(
         grace_s=cfg.fault_tolerance.termination_grace_s,
         handover_timeout_s=cfg.fault_tolerance.handover_timeout_s,
         restart_policy=restart_policy(cfg, services),
+        live=live_recovery(opts, cfg, services),
+        on_live_recovery=services.on_live_recovery,
         **kw,
     )
+
+
+def live_recovery(
+    opts: LaunchOptions, cfg: RankguardConfig, services: NodeServices
+) -> LiveRecovery | None:
+    """The node's standbys (``--standby-ranks``), None without."""
+    standbys = cfg.inprocess_restart.standby_ranks
+    if not standbys:
+        return None
+    live = LiveRecovery(
+        run_id=services.run_id,
+        nproc=opts.nproc_per_node,
+        standbys=standbys,
+        say=lambda line: print(f"[rankguard] {line}", file=sys.stderr, flush=True),
+        on_lost=services.on_rank_lost,
+    )
+    services.live = live
+    return live
 
 
 def restart_policy(cfg: RankguardConfig, services: NodeServices) -> RestartPolicy:

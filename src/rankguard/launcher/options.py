@@ -162,6 +162,15 @@ def add_rankguard_arguments(p: argparse.ArgumentParser) -> None:
         "interpreter per rank; the modules must not initialise CUDA (env PET_PRELOAD)",
     )
     g.add_argument(
+        "--standby-ranks",
+        type=int,
+        default=None,
+        metavar="K",
+        help="K warm standby worker processes per node: a rank whose process is lost is "
+        "replaced in place by one, without a group restart (the same as --set "
+        "inprocess_restart.standby_ranks=K; needs in-process restart)",
+    )
+    g.add_argument(
         "--live",
         action="store_true",
         default=os.environ.get("PET_LIVE", "") in ("1", "true"),
@@ -388,6 +397,10 @@ def options_from_args(
         shutdown_timeout_s=_shutdown_timeout(args),
     )
     all_overrides = [*args.overrides, *overrides]
+    if args.standby_ranks is not None:  # the flag wins over the config file's key
+        if args.standby_ranks < 0:
+            raise ValueError(f"--standby-ranks: must be >= 0, got {args.standby_ranks}")
+        all_overrides.append(f"inprocess_restart.standby_ranks={args.standby_ranks}")
     if torch_log_dir:
         all_overrides.insert(0, f"log_dir={torch_log_dir}")
     return opts, all_overrides

@@ -56,6 +56,7 @@ from rankguard.launcher.rundir import (
 )
 from rankguard.launcher.services import NodeServices, node_cadence
 from rankguard.launcher.verdict import failure_summary, root_cause_lines
+from rankguard.live.roles import STANDBY_RANKS_ENV
 from rankguard.schema import layout
 from rankguard.textsafe import safe_text
 
@@ -200,6 +201,10 @@ def _worker_env(cfg: RankguardConfig, run_id: str, run_dir: Path, job: str | Non
     # PyTorch's flight recorder: each rank's recent collectives, dumped on a hang
     os.environ.update(flight_recorder_env(run_dir, os.environ))
     ip = cfg.inprocess_restart
+    if ip.standby_ranks:  # the bootstrap gives the script the training world's numbers
+        os.environ[STANDBY_RANKS_ENV] = str(ip.standby_ranks)
+    else:
+        os.environ.pop(STANDBY_RANKS_ENV, None)
     if ip.enabled and ip.set_nccl_env:  # before the ranks import torch (its log level)
         apply_environment(os.environ)
 

@@ -19,6 +19,7 @@ training ended.
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ from rankguard.inprocess.wrapper import RESTART_PHASE
 from rankguard.launcher.console import restart_line
 from rankguard.launcher.features import FACTORIES
 from rankguard.launcher.nodeservice import NodeContext, NodeService, build_services
-from rankguard.schema.findings import Finding, FindingType
+from rankguard.schema.findings import Finding, FindingType, Reason
 from rankguard.schema.layout import RunLayout, StoreKeys, ft_state_dir
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     from rankguard.ft.kill import WorkerRegistry
     from rankguard.heartbeat.rules import RankState
     from rankguard.launcher.exitcodes import JobOutcome
+    from rankguard.launcher.live import LiveRecovery
 
 __all__ = ["NodeServices", "ft_state_path", "node_cadence"]
 
@@ -117,6 +119,7 @@ class NodeServices:
     round_tag: str | None = None  # the current rendezvous round (launcher.rendezvous)
     round_nodes: int | None = None  # its node count
     replacements: list[dict[str, Any]] = field(default_factory=list, init=False)
+    live: LiveRecovery | None = None  # this node's standbys (--standby-ranks)
     _agents: tuple[float, list[dict[str, Any]]] | None = field(default=None, init=False, repr=False)
     # waiting agents whose beat stopped (spares gone while they waited), as node 0 saw
     spares_gone: set[str] = field(default_factory=set, init=False)
@@ -188,6 +191,7 @@ class NodeServices:
             ("unwritten_restarts", self._unwritten_fields),
             ("timeouts", self._timeout_fields),
             ("restarts", self._restart_fields),
+            ("live", self._live_fields),
             *((service.name, service.status_fields) for service in self.services),
             ("elastic", self._elastic_block),
         ]
@@ -205,6 +209,9 @@ class NodeServices:
 
     def _restart_fields(self) -> dict[str, Any]:
         return {"restarts": list(self.restarts)} if self.restarts else {}
+
+    def _live_fields(self) -> dict[str, Any]:
+        return {} if self.live is None else {"live": self.live.status()}
 
     def _elastic_block(self) -> dict[str, Any]:
         elastic = self.elastic_fields()
@@ -351,6 +358,51 @@ class NodeServices:
         entry = {**entry, "wall_time": _iso_ms(time.time())}
         self.restarts_file.append([entry])
         self.restarts.append(entry)
+
+    def on_live_recovery(self, entry: dict[str, Any]) -> None:
+        """A standby took a lost rank's place (:mod:`.live`): a ``restarts.jsonl`` line
+        of kind ``live_recovery`` with its cost, and a console line."""
+        entry = {**entry, "wall_time": _iso_ms(time.time())}
+        if self.node_rank == 0:  # a failed write is kept and retried: never raised here
+            self.restarts_file.append([entry])
+        self.restarts.append(entry)
+        cost = (
+            f"fault -> next step {entry['recovery_s']:.2f} s, {entry['steps_redone']} "
+            "step(s) redone"
+            if entry.get("recovery_s") is not None
+            else "its next step was not seen"
+        )
+        print(
+            f"[rankguard] live recovery {entry.get('restart')}: rank {entry.get('lost_rank')} "
+            f"now standby pid {entry.get('standby_pid')} ({entry.get('cause')}); {cost}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def on_rank_lost(self, entry: dict[str, Any]) -> None:
+        """Live recovery: a rank's process ended and a standby takes its place. The
+        monitor would not see that end (the rank's new pid replaces the old one before
+        its scan): its ``rank_process_exited`` finding is written here, once."""
+        monitor, rank, pid = self.monitor, entry["lost_rank"], entry["lost_pid"]
+        if monitor is None or not monitor.note_replaced(rank, pid):
+            return
+        reason = Reason(entry["reason"])
+        monitor.report(
+            Finding.build(
+                FindingType.PROCESS_EXITED,
+                reason,
+                run_id=self.run_id,
+                rank=rank,
+                message=f"rank {rank} (pid {pid} on {socket.gethostname()}): process ended "
+                f"({entry['exit']}) without a clean end; standby pid {entry['standby_pid']} "
+                "takes its place (live recovery)",
+                pid=pid,
+                hostname=socket.gethostname(),
+                node_rank=entry.get("node"),
+                exit={"vanished": reason is Reason.DIED, "how": entry["exit"]},
+                action=f"live recovery: standby pid {entry['standby_pid']} took rank {rank}",
+            )
+        )
 
     def on_group_failure(self, root: dict[str, Any]) -> None:
         """The agent saw this node's worker group fail; ``root`` is its root cause (exit

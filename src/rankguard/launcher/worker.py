@@ -54,6 +54,8 @@ from rankguard.config import run_config
 from rankguard.ft.flightrec import TraceDumper
 from rankguard.ft.stacks import install_dump_handler
 from rankguard.heartbeat.lifeline import Lifeline, end_orphan, set_parent_death_signal
+from rankguard.launcher.standby import StandbySession
+from rankguard.live.roles import rewrite_environ
 from rankguard.schema.blocks import NvrxBlock, fields_source
 from rankguard.session import install
 
@@ -271,12 +273,19 @@ def _main(argv: list[str] | None = None, *, direct_child: bool = True) -> None:
         raise SystemExit("rankguard worker: no script or module to run")
     target, rest = args[0], args[1:]
 
+    # live recovery: the script sees the training world (a standby, a rank outside it)
+    role = rewrite_environ(os.environ)
     env = runenv.current()
     # the heartbeat thread checks the lifeline at every beat (no thread, no check)
-    session = install(lambda: session_from_env(env, lifeline=lifeline))
+    if role is not None and role.standby:  # silent until it takes a rank
+        session = install(
+            lambda: StandbySession(lambda: session_from_env(runenv.current(), lifeline=lifeline))
+        )
+    else:
+        session = install(lambda: session_from_env(env, lifeline=lifeline))
     dump_file = None
     bridge = None
-    if env.monitored:
+    if env.monitored and not (role is not None and role.standby):
         assert env.run_dir is not None
         dump_file = install_dump_handler(Path(env.run_dir), env.rank)
         bridge = _serve_nvrx(session, env)

@@ -130,15 +130,24 @@ def findings_table(data: RunData) -> str:
 
 
 def restarts_table(data: RunData) -> str:
-    """The restarts of the run: the launcher's (``process``) and the ranks' own
-    (``in-process``), from ``restarts.jsonl``."""
+    """The restarts of the run: the launcher's (``process``), the ranks' own
+    (``in-process``) and the lost ranks a standby took over (``live``, with the cost),
+    from ``restarts.jsonl``."""
     if not data.restarts:
         return ""
     rows = []
     for r in data.restarts:
         t = parse_time(r.get("wall_time"))
         clock = fmt_clock(t)
-        kind = "in-process" if r.get("kind") == "inprocess" else "process"
+        kind = {"inprocess": "in-process", "live_recovery": "live"}.get(
+            str(r.get("kind")), "process"
+        )
+        message = _text(r.get("message"))
+        if r.get("kind") == "live_recovery":
+            message += (
+                f" (fault -> next step {_text(r.get('recovery_s'))} s, "
+                f"{_text(r.get('steps_redone'))} step(s) redone)"
+            )
         rows.append(
             [
                 esc(clock[11:19] if clock != "-" else "-"),
@@ -146,14 +155,17 @@ def restarts_table(data: RunData) -> str:
                 esc(_text(r.get("restart"))),
                 esc(_text(r.get("cause"))),
                 esc(_text(r.get("rank"))),
-                esc(_text(r.get("message"))),
+                esc(message),
             ]
         )
     inproc = sum(r.get("kind") == "inprocess" for r in data.restarts)
+    live = sum(r.get("kind") == "live_recovery" for r in data.restarts)
     n = len(data.restarts)
     caption = (
         f'<p class="caption">{n} restart{"" if n == 1 else "s"}, each with its cause: '
-        f"{n - inproc} of the processes, {inproc} in-process.</p>"
+        f"{n - inproc - live} of the processes, {inproc} in-process"
+        + (f", {live} lost rank(s) taken over by a standby" if live else "")
+        + ".</p>"
     )
     header = ["Time (UTC)", "Kind", "#", "Cause", "Rank", "Message"]
     return caption + _table(header, rows, {2, 4})

@@ -123,3 +123,49 @@ def test_status_screen_and_report_tell_the_two_kinds_apart(tmp_path: Any) -> Non
     html = restarts_table(RunData(run_id="r", restarts=RESTARTS))
     assert "1 of the processes, 1 in-process" in html and "boom" in html
     assert restarts_table(RunData(run_id="r")) == ""
+
+
+LIVE = {
+    "kind": "live_recovery",
+    "restart": 1,
+    "cause": "rank_process_exited",
+    "rank": 2,
+    "lost_rank": 2,
+    "message": "process ended (SIGKILL); standby pid 9 took rank 2",
+    "recovery_s": 0.8,
+    "steps_redone": 0,
+}
+
+
+def test_status_screen_and_report_show_a_live_recovery_with_its_cost() -> None:
+    from rankguard.cli.status_render import _ft_lines
+    from rankguard.report.data import RunData
+    from rankguard.report.tables import restarts_table
+
+    live = {
+        "standbys_per_node": 1,
+        "waiting": 0,
+        "left_unused": 0,
+        "used": 1,
+        "replaced": [{"lost_rank": 2, "lost_pid": 7, "standby_pid": 9, "cause": "x"}],
+    }
+    lines = _ft_lines({"restarts": [*RESTARTS, LIVE], "live": live})
+    assert "Restarts: 3 (1 process, 1 in-process, 1 live recovery)" in lines
+    row = next(line for line in lines if line.strip().startswith("live #1"))
+    assert "(fault -> next step 0.8 s, 0 step(s) redone)" in row
+    assert "Standbys: 1 per node, 0 waiting, 1 used, 0 left unused" in lines
+    assert "  rank 2: pid 7 lost (x), now standby pid 9" in lines
+    html = restarts_table(RunData(run_id="r", restarts=[*RESTARTS, LIVE]))
+    assert "1 of the processes, 1 in-process, 1 lost rank(s) taken over by a standby" in html
+    assert "fault -&gt; next step 0.8 s" in html or "fault -> next step 0.8 s" in html
+
+
+def test_a_live_round_is_a_finding_but_not_a_second_restarts_line() -> None:
+    rules = heartbeat_rules(4)
+    lines: list[dict[str, Any]] = []
+    ev = InProcessRestarts("run", lines.append)
+    live = _last("run/0/1/0", "rank_lost", 2)
+    rules.ingest(heartbeat_record(0, 1, t=1.0, inprocess=_inproc(1, live)), 1.0)
+    found = ev.evaluate(1.0, rules.ranks)
+    assert [f.reason for f in found] == [Reason.LIVE_REPLACED]
+    assert lines == []  # the launcher writes the recovery's line (kind live_recovery)

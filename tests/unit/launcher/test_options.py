@@ -154,6 +154,7 @@ def test_cli_surface_is_frozen() -> None:
             "--config",
             "--set",
             "--preload",
+            "--standby-ranks",
             "--live",
             "--rank-prefix",
             "--run-id",
@@ -392,3 +393,38 @@ def test_exclusion_that_cannot_act_fully_is_said() -> None:
     static = ["--nnodes", "1:2", "--max-restarts", "3"]  # torchrun's default backend
     (said,) = _checks(static, ["fault_tolerance.exclude_bad_nodes=true"]).warnings
     assert said.startswith("bad-node exclusion with --rdzv-backend static: the group is fixed")
+
+
+def test_standby_ranks_flag_is_the_config_key() -> None:
+    _opts, overrides = parse_run_args(["--standby-ranks", "2", "t.py"])
+    assert overrides[-1] == "inprocess_restart.standby_ranks=2"
+    with pytest.raises(ValueError, match="--standby-ranks: must be >= 0"):
+        parse_run_args(["--standby-ranks", "-1", "t.py"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "config", "says"),
+    [
+        (["--standby-ranks", "1"], [], "set inprocess_restart.enabled=true"),
+        (
+            ["--standby-ranks", "1", "--preload", "torch"],
+            ["inprocess_restart.enabled=true"],
+            "not with --preload",
+        ),
+        (
+            ["--standby-ranks", "1", "--no-python"],
+            ["inprocess_restart.enabled=true"],
+            "not with --no-python",
+        ),
+    ],
+)
+def test_standbys_where_they_cannot_work_are_refused_before_the_launch(
+    argv: list[str], config: list[str], says: str
+) -> None:
+    with pytest.raises(ValueError, match=says):
+        _checks(argv, config)
+
+
+def test_standbys_with_inprocess_restart_are_accepted() -> None:
+    checked = _checks(["--standby-ranks", "1"], ["inprocess_restart.enabled=true"])
+    assert checked.max_restarts == 0

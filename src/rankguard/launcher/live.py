@@ -1,0 +1,302 @@
+"""The agent's side of live recovery: watch the workers itself, hand a lost rank to a
+standby instead of restarting the group.
+
+With standbys (``--standby-ranks K``) :class:`~rankguard.launcher.agent.RankguardAgent`'s
+worker-monitoring hook (``_monitor_workers``) asks :meth:`LiveRecovery.poll` instead of
+torch elastic's own poll, which ends every worker as soon as one fails. Each poll looks
+at every worker process of the node once (``Popen.poll``):
+
+- a training rank ended with a non-zero status: :func:`~rankguard.live.plan.decide`
+  says whether a standby takes its place (the script declared its state, a standby
+  waits, no Python error escaped, the launcher is not stopping). If so, the lost rank
+  is marked ``replacing`` and the standby gets its assignment in the workers' store
+  (:mod:`rankguard.live.keys`), the group stays HEALTHY for torch elastic and one
+  console line says it. If not, one line says why and the poll reports the group
+  FAILED with that failure: torch elastic's group restart of today.
+- a standby ended before it was needed: one line, one standby fewer; not a failure.
+- every training rank ended with 0: SUCCEEDED once the standbys have left (they leave
+  when the ranks write ``finished``; ended after ``STANDBY_LEAVE_S`` otherwise).
+
+Each recovery is one ``restarts.jsonl`` line of kind ``live_recovery``
+(:meth:`LiveRecovery.entries_due`), written once the newcomer completed its first step
+(``resumed_t``) or ``RESUMED_WAIT_S`` after the fault without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+from rankguard.live.keys import REPLACING, LiveKeys
+from rankguard.live.plan import Assignment, Ended, Resumed, decide, ended_how
+from rankguard.schema.findings import FindingType, Reason
+
+__all__ = ["RESUMED_WAIT_S", "STANDBY_LEAVE_S", "LiveRecovery"]
+
+logger = logging.getLogger(__name__)
+
+RESUMED_WAIT_S = 120.0
+"""A recovery's line is written without ``resumed_t`` when the newcomer has completed
+no step this long after the fault."""
+STANDBY_LEAVE_S = 10.0
+"""The standbys still running this long after the training ranks completed are ended."""
+_STORE_TIMEOUT_S = 10.0
+
+
+class LiveRecovery:
+    """One node's standbys and the ranks they replaced (see the module doc)."""
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        nproc: int,
+        standbys: int,
+        say: Callable[[str], None],
+        on_lost: Callable[[dict[str, Any]], None] | None = None,
+        store_factory: Callable[[str, int], Any] | None = None,
+    ) -> None:
+        self.run_id, self.nproc, self.standbys = run_id, nproc, standbys
+        self.say = say
+        self.on_lost = on_lost
+        self._store_factory = store_factory or _store_client
+        self.keys = LiveKeys(run_id, 0)
+        self.node = 0
+        self.holders: dict[int, int] = {}  # training local rank -> slot holding it
+        self.waiting: list[int] = []  # standby slots not used yet, in order of use
+        self.ended: set[int] = set()  # slots seen ended
+        self.completed: set[int] = set()  # training local ranks ended with 0
+        self.replaced: list[dict[str, Any]] = []  # every recovery of the run
+        self.left_unused = 0  # standbys that ended without taking a rank (this group)
+        self._pending: list[dict[str, Any]] = []  # lines waiting for resumed_t
+        self._store: Any = None
+        self._addr: tuple[str, int] | None = None
+        self._done_at: float | None = None
+        self.stopping: str | None = None  # why no recovery now (the launcher stops)
+
+    # ---- lifecycle ------------------------------------------------------------------
+
+    def started(self, worker_group: Any, attempt: int) -> None:
+        """A new worker group (the first, or after a group restart)."""
+        self.keys = LiveKeys(self.run_id, attempt)
+        self.node = int(worker_group.group_rank or 0)
+        self.holders = {lr: lr for lr in range(self.nproc)}
+        self.waiting = [self.nproc + j for j in range(self.standbys)]
+        self.ended, self.completed = set(), set()
+        self.left_unused = 0
+        self._done_at = None
+        self._store = None
+        self._addr = (str(worker_group.master_addr), int(worker_group.master_port))
+
+    def status(self) -> dict[str, Any]:
+        """``status.json["live"]``: this node's standbys (waiting now, left without
+        being needed: at the end of a run, or ended early) and the ranks they replaced."""
+        return {
+            "standbys_per_node": self.standbys,
+            "waiting": len(self.waiting),
+            "left_unused": self.left_unused,
+            "used": len(self.replaced),
+            "replaced": [
+                {k: r[k] for k in ("lost_rank", "lost_pid", "standby_pid", "cause", "fault_t")}
+                for r in self.replaced
+            ],
+        }
+
+    # ---- the poll -------------------------------------------------------------------
+
+    def poll(self, worker_group: Any, pcontext: Any) -> RunResult:
+        handlers: dict[int, Any] = pcontext.subprocess_handlers
+        lost: list[Ended] = []
+        for slot in sorted(handlers):
+            if slot in self.ended:
+                continue
+            proc = handlers[slot].proc
+            code = proc.poll()
+            if code is None:
+                continue
+            self.ended.add(slot)
+            local = self._held_by(slot)
+            if local is None:
+                self._standby_ended(slot, proc.pid, code)
+            elif code == 0:
+                self.completed.add(local)
+            else:
+                path = pcontext.error_files.get(slot, "")
+                rank = self.node * self.nproc + local
+                lost.append(Ended(slot, rank, proc.pid, code, bool(path) and os.path.isfile(path)))
+        if lost:
+            failed = self._recover(lost, handlers, pcontext)
+            if failed is not None:
+                return failed
+        if len(self.completed) == self.nproc:
+            return self._finishing(handlers, worker_group)
+        return RunResult(state=WorkerState.HEALTHY)
+
+    def _held_by(self, slot: int) -> int | None:
+        for local, holder in self.holders.items():
+            if holder == slot:
+                return local
+        return None
+
+    def _standby_ended(self, slot: int, pid: int, code: int) -> None:
+        if slot in self.waiting:
+            self.waiting.remove(slot)
+            self.left_unused += 1
+        if code != 0 and len(self.completed) < self.nproc:
+            self.say(
+                f"live recovery: standby pid {pid} ended ({ended_how(code)}) before it was "
+                f"needed; {len(self.waiting)} standby(s) left on this node"
+            )
+
+    def _recover(
+        self, lost: list[Ended], handlers: dict[int, Any], pcontext: Any
+    ) -> RunResult | None:
+        """Replace ``lost`` by standbys; the FAILED result when that cannot be done."""
+        alive = [s for s in self.waiting if handlers[s].proc.poll() is None]
+        try:
+            declared = bool(self._client().check([self.keys.declared]))
+        except Exception as exc:
+            declared = False
+            self.stopping = self.stopping or f"the workers' store did not answer ({exc})"
+        decision = decide(lost, alive, declared=declared, stopping=self.stopping)
+        if decision.restart is None:
+            try:
+                for ended, slot in decision.pairs:
+                    self._replace(ended, slot, handlers[slot].proc.pid)
+                return None
+            except Exception as exc:  # the store: the group restart of today
+                decision = decide(lost, [], declared=True, stopping=f"the store failed ({exc})")
+        self.say(f"live recovery cannot apply: {decision.restart}: the worker group restarts")
+        failures = {
+            e.rank: ProcessFailure(
+                local_rank=e.local_rank,
+                pid=e.pid,
+                exitcode=e.exit_code,
+                error_file=pcontext.error_files.get(e.local_rank, ""),
+            )
+            for e in lost
+            if e.rank is not None
+        }
+        return RunResult(state=WorkerState.FAILED, failures=failures)
+
+    def _replace(self, ended: Ended, slot: int, standby_pid: int) -> None:
+        assert ended.rank is not None
+        local = ended.rank - self.node * self.nproc
+        fault_t = time.time()
+        reason = Reason.DIED if ended.exit_code < 0 else Reason.EXITED_WITH_ERROR
+        got = Assignment(
+            rank=ended.rank,
+            local_rank=local,
+            lost_pid=ended.pid,
+            standby_pid=standby_pid,
+            cause=FindingType.PROCESS_EXITED.value,
+            fault_t=fault_t,
+        )
+        store = self._client()
+        store.set(self.keys.lost(ended.rank), REPLACING)
+        store.set(self.keys.assign(standby_pid), got.to_json())
+        self.holders[local] = slot
+        self.waiting.remove(slot)
+        entry: dict[str, Any] = {
+            "schema_version": 1,
+            "kind": "live_recovery",
+            "run_id": self.run_id,
+            "restart": len(self.replaced) + 1,
+            "rank": ended.rank,
+            "lost_rank": ended.rank,
+            "lost_pid": ended.pid,
+            "standby_pid": standby_pid,
+            "node": self.node,
+            "cause": got.cause,
+            "reason": reason.value,
+            "exit": ended_how(ended.exit_code),
+            "fault_t": round(fault_t, 3),
+            "resumed_t": None,
+            "recovery_s": None,
+            "steps_redone": None,
+            "message": f"process ended ({ended_how(ended.exit_code)}); standby pid "
+            f"{standby_pid} took rank {ended.rank}, the others re-entered in process",
+        }
+        self.replaced.append(entry)
+        self._pending.append(entry)
+        if self.on_lost is not None:  # the finding naming the lost rank
+            try:
+                self.on_lost(entry)
+            except Exception:
+                logger.exception("rankguard: the lost rank's finding failed")
+        self.say(
+            f"live recovery: rank {ended.rank} (pid {ended.pid}, {ended_how(ended.exit_code)}) "
+            f"is taken over by standby pid {standby_pid}; no group restart "
+            f"({len(self.waiting)} standby(s) left on this node)"
+        )
+
+    def _finishing(self, handlers: dict[int, Any], worker_group: Any) -> RunResult:
+        """Every training rank completed: SUCCEEDED once the standbys are gone."""
+        now = time.monotonic()
+        self._done_at = self._done_at or now
+        left = [s for s in handlers if s not in self.ended and handlers[s].proc.poll() is None]
+        if left and now - self._done_at < STANDBY_LEAVE_S:
+            return RunResult(state=WorkerState.HEALTHY)
+        for slot in left:
+            logger.warning(
+                "rankguard: standby pid %d did not leave: ended", handlers[slot].proc.pid
+            )
+            with contextlib.suppress(OSError):
+                handlers[slot].proc.send_signal(signal.SIGKILL)
+        # every worker's, standbys included, by torch elastic's own number (its events)
+        values: dict[int, Any] = {w.global_rank: None for w in worker_group.workers}
+        return RunResult(state=WorkerState.SUCCEEDED, return_values=values)
+
+    # ---- the recoveries' lines ---------------------------------------------------------
+
+    def entries_due(self, *, final: bool = False) -> list[dict[str, Any]]:
+        """The recoveries whose line can be written now: the newcomer's first completed
+        step is known, or it is late (``final``: every one left, the run ends)."""
+        out = []
+        for entry in list(self._pending):
+            resumed = self._resumed(int(entry["standby_pid"]))
+            if resumed is not None:
+                entry["resumed_t"] = round(resumed.t, 3)
+                entry["recovery_s"] = round(max(0.0, resumed.t - entry["fault_t"]), 3)
+                entry["steps_redone"] = resumed.steps_redone
+                entry["resumed_step"] = resumed.step
+            elif not final and time.time() - entry["fault_t"] < RESUMED_WAIT_S:
+                continue
+            self._pending.remove(entry)
+            out.append(entry)
+        return out
+
+    def _resumed(self, pid: int) -> Resumed | None:
+        try:
+            store = self._client()
+            key = self.keys.resumed(pid)
+            if not store.check([key]):
+                return None
+            return Resumed.from_json(store.get(key))
+        except Exception as exc:  # not known (the store is gone at the end): said as such
+            logger.debug("rankguard: live recovery: no resumed record for pid %d: %s", pid, exc)
+            return None
+
+    def _client(self) -> Any:
+        if self._store is None:
+            if self._addr is None:
+                raise RuntimeError("no worker group")
+            self._store = self._store_factory(*self._addr)
+        return self._store
+
+
+def _store_client(host: str, port: int) -> Any:
+    import torch.distributed as dist
+
+    return dist.TCPStore(
+        host, port, is_master=False, timeout=timedelta(seconds=_STORE_TIMEOUT_S), use_libuv=True
+    )

@@ -1,0 +1,50 @@
+"""The names of live recovery's keys in the workers' store (one place: the launcher
+writes them, the ranks read them, and the other way round).
+
+Under ``rankguard/live/<run>/<attempt>/``: a new launcher attempt (a group restart)
+starts with fresh keys.
+
+- ``declared``: a rank called :func:`~rankguard.live.state.live_state` (its state can
+  come from a peer);
+- ``assign/<pid>``: the launcher gives the standby with that pid a rank (JSON
+  :class:`~rankguard.live.plan.Assignment`);
+- ``lost/<rank>``: ``replacing``: a standby is on its way, the survivors wait for it at
+  the next round;
+- ``finished``: the training ranks completed: the standbys leave;
+- ``resumed/<pid>``: the newcomer's first completed step after it took its rank (JSON).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["REPLACING", "LiveKeys"]
+
+REPLACING = "replacing"
+
+
+@dataclass(frozen=True, slots=True)
+class LiveKeys:
+    run: str
+    attempt: int
+
+    @property
+    def prefix(self) -> str:
+        return f"rankguard/live/{self.run}/{self.attempt}/"
+
+    @property
+    def declared(self) -> str:
+        return self.prefix + "declared"
+
+    @property
+    def finished(self) -> str:
+        return self.prefix + "finished"
+
+    def assign(self, pid: int) -> str:
+        return f"{self.prefix}assign/{pid}"
+
+    def lost(self, rank: int) -> str:
+        return f"{self.prefix}lost/{rank}"
+
+    def resumed(self, pid: int) -> str:
+        return f"{self.prefix}resumed/{pid}"

@@ -1,0 +1,125 @@
+"""A rank's side of live recovery in the in-process wrapper: what it reads and writes in
+the workers' store (:mod:`.keys`).
+
+The wrapper holds one :class:`LiveLink` per call when the run has standbys (None
+otherwise: the wrapper is as it was). A standby waits in :meth:`LiveLink.await_assignment`
+until the launcher gives it a rank or the training ranks finish; a survivor asks
+:meth:`LiveLink.replacing` before it gives up on a peer that cannot re-enter; the
+newcomer's first completed step is written by the watcher thread
+(:meth:`LiveLink.flush`), never by the training loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from typing import Any
+
+from rankguard.live.keys import REPLACING, LiveKeys
+from rankguard.live.plan import Assignment, Resumed
+from rankguard.live.roles import is_standby, standby_ranks
+from rankguard.runenv import RunEnv
+
+__all__ = ["LiveLink", "bind", "current"]
+
+logger = logging.getLogger(__name__)
+
+_WAIT_S = 0.2  # longest single store wait of a waiting standby
+_local = threading.local()
+
+
+def current() -> LiveLink | None:
+    """The link of the wrapped call running in this thread (None outside a wrapped call,
+    or in a run without standbys)."""
+    return getattr(_local, "live", None)
+
+
+def bind(link: LiveLink | None) -> LiveLink | None:
+    """This thread's link from now on (the wrapper, for its call); the previous one."""
+    previous = current()
+    _local.live = link
+    return previous
+
+
+class LiveLink:
+    """One wrapped call's live-recovery state (see the module doc)."""
+
+    def __init__(self, keys: LiveKeys, *, standby: bool, pid: int | None = None) -> None:
+        self.keys = keys
+        self.standby = standby
+        self.pid = pid if pid is not None else os.getpid()
+        self.store: Any = None
+        self.assignment: Assignment | None = None  # this process took a rank
+        self.newcomers: list[int] = []  # ranks that joined this round as newcomers
+        self.declared = False
+        self.current_round = 0  # the wrapper's round (set at each join)
+        self.synced_round = -1
+        self._resumed: Resumed | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_env(cls, env: RunEnv, environ: Mapping[str, str] | None = None) -> LiveLink | None:
+        """The call's link when the run has standbys (else None)."""
+        environ = os.environ if environ is None else environ
+        if standby_ranks(environ) == 0:
+            return None
+        run = env.run_id or env.elastic_run_id or "local"
+        return cls(LiveKeys(run, env.restart_count), standby=is_standby(environ))
+
+    @property
+    def newcomer(self) -> bool:
+        return self.assignment is not None
+
+    # ---- a standby ----------------------------------------------------------------
+
+    def await_assignment(self, store: Any, stopped: Callable[[], bool]) -> Assignment | None:
+        """Wait for a rank (the assignment) or the end of training (None)."""
+        mine, done = self.keys.assign(self.pid), self.keys.finished
+        while not stopped():
+            try:
+                store.wait([mine], timedelta(seconds=_WAIT_S))
+            except Exception:  # the chunk timed out
+                if store.check([done]):
+                    return None
+                continue
+            self.assignment = Assignment.from_json(store.get(mine))
+            return self.assignment
+        return None
+
+    # ---- every rank -----------------------------------------------------------------
+
+    def declare(self) -> None:
+        """The script declared its state: a standby can take a lost rank's place."""
+        if self.declared or self.store is None:
+            return
+        self.store.set(self.keys.declared, "1")
+        self.declared = True
+
+    def replacing(self, store: Any, rank: int) -> bool:
+        """Is a standby on its way to take ``rank``'s place?"""
+        key = self.keys.lost(rank)
+        if not store.check([key]):
+            return False
+        return bytes(store.get(key)[:64]).decode(errors="replace") == REPLACING
+
+    def finish(self, store: Any) -> None:
+        """The training ranks completed: the standbys leave."""
+        store.set(self.keys.finished, "1")
+
+    def note_resumed(self, step: int, steps_redone: int) -> None:
+        """The newcomer completed its first step (called from the optimizer's hook: no
+        I/O here, the watcher writes it)."""
+        with self._lock:
+            if self._resumed is None:
+                self._resumed = Resumed(t=time.time(), step=step, steps_redone=steps_redone)
+
+    def flush(self, store: Any) -> None:
+        """Write the newcomer's first completed step (the watcher thread)."""
+        with self._lock:
+            resumed, self._resumed = self._resumed, None
+        if resumed is not None and self.newcomer:
+            store.set(self.keys.resumed(self.pid), resumed.to_json())

@@ -1,0 +1,161 @@
+"""The agent's side of live recovery (:mod:`rankguard.launcher.live`) on fake processes
+and an in-memory store: a lost rank handed to a standby, or the group restart said."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from torch.distributed.elastic.agent.server.api import WorkerState
+
+from rankguard.launcher.live import LiveRecovery
+from rankguard.live.keys import REPLACING, LiveKeys
+from rankguard.live.plan import Resumed
+from tests.factories import DictStore
+
+NPROC, STANDBYS = 4, 1
+
+
+class FakeProc:
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self.signals: list[int] = []
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        self.signals.append(sig)
+        self.returncode = -sig
+
+
+class FakeContext:
+    def __init__(self, tmp: Path) -> None:
+        slots = range(NPROC + STANDBYS)
+        self.subprocess_handlers = {s: SimpleNamespace(proc=FakeProc(100 + s)) for s in slots}
+        self.error_files = {s: str(tmp / f"error_{s}.json") for s in slots}
+
+    def end(self, slot: int, code: int) -> None:
+        self.subprocess_handlers[slot].proc.returncode = code
+
+
+def _live(tmp: Path) -> tuple[LiveRecovery, FakeContext, DictStore, list[str], Any]:
+    store = DictStore()
+    lines: list[str] = []
+    lost: list[dict[str, Any]] = []
+    live = LiveRecovery(
+        run_id="r1",
+        nproc=NPROC,
+        standbys=STANDBYS,
+        say=lines.append,
+        on_lost=lost.append,
+        store_factory=lambda host, port: store,
+    )
+    group = SimpleNamespace(
+        group_rank=0,
+        master_addr="127.0.0.1",
+        master_port=1,
+        workers=[SimpleNamespace(global_rank=s) for s in range(NPROC + STANDBYS)],
+    )
+    live.started(group, 0)
+    return live, FakeContext(tmp), store, lines, (group, lost)
+
+
+def test_a_killed_rank_goes_to_the_standby_without_a_group_restart(tmp_path: Path) -> None:
+    live, ctx, store, lines, (group, lost) = _live(tmp_path)
+    keys = LiveKeys("r1", 0)
+    store.set(keys.declared, "1")
+    assert live.poll(group, ctx).state == WorkerState.HEALTHY
+    ctx.end(2, -9)
+    assert live.poll(group, ctx).state == WorkerState.HEALTHY
+    assert store.get(keys.lost(2)) == REPLACING
+    got = json.loads(store.get(keys.assign(104)))
+    assert (got["rank"], got["local_rank"], got["lost_pid"]) == (2, 2, 102)
+    assert live.holders[2] == 4 and live.waiting == []
+    assert lines == [
+        "live recovery: rank 2 (pid 102, SIGKILL) is taken over by standby pid 104; "
+        "no group restart (0 standby(s) left on this node)"
+    ]
+    assert [e["lost_rank"] for e in lost] == [2]  # the finding naming the lost rank
+    status = live.status()
+    assert (status["waiting"], status["used"]) == (0, 1)
+    assert status["replaced"][0]["standby_pid"] == 104
+    # the line waits for the newcomer's first step, then has its cost
+    assert live.entries_due() == []
+    fault_t = live.replaced[0]["fault_t"]
+    store.set(keys.resumed(104), Resumed(t=fault_t + 0.5, step=11, steps_redone=0).to_json())
+    (entry,) = live.entries_due()
+    assert entry["kind"] == "live_recovery" and entry["cause"] == "rank_process_exited"
+    assert (entry["recovery_s"], entry["steps_redone"], entry["resumed_step"]) == (0.5, 0, 11)
+    assert entry["resumed_t"] == round(fault_t + 0.5, 3)
+
+
+def test_a_second_loss_with_no_standby_left_restarts_the_group(tmp_path: Path) -> None:
+    live, ctx, store, lines, (group, _lost) = _live(tmp_path)
+    store.set(LiveKeys("r1", 0).declared, "1")
+    ctx.end(2, -9)
+    live.poll(group, ctx)
+    ctx.end(4, -9)  # the standby, now rank 2, is lost too
+    result = live.poll(group, ctx)
+    assert result.state == WorkerState.FAILED
+    assert list(result.failures) == [2] and result.failures[2].pid == 104
+    assert lines[-1] == (
+        "live recovery cannot apply: rank 2 (SIGKILL) lost and no standby left on this "
+        "node: the worker group restarts"
+    )
+    (entry,) = live.entries_due(final=True)  # written without resumed_t
+    assert entry["resumed_t"] is None
+
+
+def test_no_declared_state_is_a_group_restart_with_one_line(tmp_path: Path) -> None:
+    live, ctx, _store, lines, (group, lost) = _live(tmp_path)
+    ctx.end(1, -9)
+    assert live.poll(group, ctx).state == WorkerState.FAILED
+    assert len(lines) == 1 and "declares no live state" in lines[0]
+    assert lost == [] and live.waiting == [4]
+
+
+def test_a_python_error_is_not_recovered_live(tmp_path: Path) -> None:
+    live, ctx, store, lines, (group, _lost) = _live(tmp_path)
+    store.set(LiveKeys("r1", 0).declared, "1")
+    Path(ctx.error_files[3]).write_text('{"message": "boom"}')
+    ctx.end(3, 1)
+    assert live.poll(group, ctx).state == WorkerState.FAILED
+    assert "Python error" in lines[0]
+
+
+def test_a_standby_ending_early_is_said_not_a_failure(tmp_path: Path) -> None:
+    live, ctx, _store, lines, (group, _lost) = _live(tmp_path)
+    ctx.end(4, -9)
+    assert live.poll(group, ctx).state == WorkerState.HEALTHY
+    assert live.waiting == [] and live.status()["left_unused"] == 1
+    assert lines == [
+        "live recovery: standby pid 104 ended (SIGKILL) before it was needed; 0 standby(s) "
+        "left on this node"
+    ]
+
+
+def test_success_once_the_ranks_completed_and_the_standbys_left(tmp_path: Path) -> None:
+    live, ctx, _store, lines, (group, _lost) = _live(tmp_path)
+    for slot in range(NPROC):
+        ctx.end(slot, 0)
+    assert live.poll(group, ctx).state == WorkerState.HEALTHY  # the standby still leaving
+    ctx.end(4, 0)
+    result = live.poll(group, ctx)
+    assert result.state == WorkerState.SUCCEEDED
+    assert sorted(result.return_values) == list(range(NPROC + STANDBYS))  # torch's numbers
+    assert lines == []  # a healthy run: no standby activity
+
+
+def test_a_standby_that_does_not_leave_is_ended(tmp_path: Path, monkeypatch: Any) -> None:
+    import rankguard.launcher.live as mod
+
+    live, ctx, _store, _lines, (group, _lost) = _live(tmp_path)
+    monkeypatch.setattr(mod, "STANDBY_LEAVE_S", 0.0)
+    for slot in range(NPROC):
+        ctx.end(slot, 0)
+    assert live.poll(group, ctx).state == WorkerState.SUCCEEDED
+    assert ctx.subprocess_handlers[4].proc.signals == [9]

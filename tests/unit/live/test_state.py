@@ -1,0 +1,102 @@
+"""``live_state``: the optimizer's state as JSON plus tensors, and two gloo ranks where
+a newcomer gets a survivor's model, optimizer, RNG and step."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from rankguard.live.state import decode_state, encode_state, live_state
+from tests.factories import DictStore, run_ranks
+
+
+def _trained(steps: int, seed: int) -> tuple[torch.nn.Linear, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    net = torch.nn.Linear(4, 3)
+    opt = torch.optim.AdamW(net.parameters(), lr=0.1, betas=(0.8, 0.9))
+    for _ in range(steps):
+        net(torch.ones(2, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    return net, opt
+
+
+def test_the_optimizer_state_round_trips_without_pickle() -> None:
+    _, opt = _trained(3, 0)
+    tensors: list[Any] = []
+    data = encode_state(opt.state_dict(), tensors)
+
+    back = decode_state(json.loads(json.dumps(data)), tensors)
+    _, fresh = _trained(0, 1)
+    fresh.load_state_dict(back)
+    got, want = fresh.state_dict(), opt.state_dict()
+    assert got["param_groups"] == want["param_groups"]
+    for i, state in want["state"].items():
+        for name, value in state.items():
+            assert torch.equal(got["state"][i][name], value)
+
+
+def test_a_bad_entry_is_refused() -> None:
+    with pytest.raises(ValueError):
+        decode_state({"x": 1, "y": 2}, [])
+    with pytest.raises(ValueError):
+        decode_state({"q": 1}, [])
+    with pytest.raises(TypeError):
+        encode_state({"f": object()}, [])
+
+
+def test_outside_a_wrapped_call_the_step_is_unchanged() -> None:
+    net, opt = _trained(0, 0)
+    assert live_state(model=net, optimizer=opt, step=7) == 7
+
+
+def _newcomer_rank(rank: int, world: int) -> dict[str, Any]:
+    from rankguard.live.keys import LiveKeys
+    from rankguard.live.link import LiveLink, bind
+    from rankguard.live.plan import Assignment
+
+    steps = 5 if rank == 0 else 0  # rank 1 is a standby that has just taken its rank
+    net, opt = _trained(steps, seed=rank)
+    torch.manual_seed(100 + rank)
+    link = LiveLink(LiveKeys("t", 0), standby=rank == 1)
+    link.store = DictStore()
+    link.current_round, link.newcomers = 1, [1]
+    if rank == 1:
+        link.assignment = Assignment(
+            rank=1, local_rank=1, lost_pid=1, standby_pid=2, cause="x", fault_t=0.0
+        )
+    bind(link)
+    agreed = live_state(model=net, optimizer=opt, step=steps)
+    again = live_state(model=net, optimizer=opt, step=steps)  # the same round: no transfer
+    rng = torch.get_rng_state().clone()
+    weights = {k: v.clone() for k, v in net.state_dict().items()}
+    net(torch.ones(2, 4)).sum().backward()
+    opt.step()
+    return {
+        "agreed": agreed,
+        "again": again,
+        "declared": link.store.check([link.keys.declared]),
+        "weights": weights,
+        "after": {k: v.clone() for k, v in net.state_dict().items()},
+        "rng": rng,
+        "resumed": link._resumed,
+    }
+
+
+@pytest.mark.ranks
+def test_a_newcomer_gets_the_survivors_state(tmp_path: Path) -> None:
+    survivor, newcomer = run_ranks(2, _newcomer_rank, store_dir=tmp_path)
+    assert survivor["agreed"] == newcomer["agreed"] == 5
+    assert newcomer["again"] == 0 and survivor["again"] == 5  # once per round
+    assert survivor["declared"] and newcomer["declared"]
+    for name, value in survivor["weights"].items():
+        assert torch.equal(newcomer["weights"][name], value)
+    for name, value in survivor["after"].items():  # the optimizer's moments came too
+        assert torch.equal(newcomer["after"][name], value)
+    assert torch.equal(newcomer["rng"], survivor["rng"])
+    assert survivor["resumed"] is None
+    assert newcomer["resumed"].step == 6 and newcomer["resumed"].steps_redone == 0
