@@ -15,6 +15,10 @@ Recovery state, by launcher:
 - ``torchrun`` / ``rankguard run`` (group restart): rank 0 saves model, optimizer and
   step every ``--ckpt-every`` steps (written to a temp file and renamed); a restarted
   group resumes from it;
+- ``rankguard run --standby-ranks K --set inprocess_restart.enabled=true`` (live
+  recovery): the loop runs inside ``rankguard.inprocess.wrap`` and declares its state
+  with ``rankguard.inprocess.live_state`` (model, optimizer, step); a standby that takes
+  a lost rank's place gets it from a live rank and trains on from the step it returns;
 - ``--torchft``: one replica group per launcher (``torchrun --nproc-per-node 1``), joined
   by torchft's ``Manager`` (lighthouse in ``TORCHFT_LIGHTHOUSE``); torchft's own per-step
   quorum and live state transfer from a peer; a new replica group rejoins at the quorum's
@@ -203,6 +207,45 @@ def ddp(net: nn.Module, opt: torch.optim.Optimizer, rank: int) -> nn.Module:
     return model
 
 
+def _inprocess() -> bool:
+    """Is rankguard's in-process restart on for this run (``rankguard run --set
+    inprocess_restart.enabled=true``; never under torchrun)?"""
+    import rankguard.inprocess as ip
+
+    config = ip.run_config()
+    return config is not None and config.enabled
+
+
+def run_live() -> None:
+    """The same loop in rankguard's in-process wrapper (it forms the group each round),
+    its state declared for live recovery."""
+    import rankguard.inprocess as ip
+
+    def train(memory: dict[str, Any]) -> None:
+        rank = dist.get_rank()  # a standby that took a rank has that rank's number
+        if not memory:
+            net = build_model()
+            memory.update(net=net, opt=torch.optim.AdamW(net.parameters(), lr=3e-3), step=0)
+        net, opt = memory["net"], memory["opt"]
+        # the one line: the replicated state, and the step every rank continues after
+        memory["step"] = ip.live_state(model=net, optimizer=opt, step=memory["step"])
+        write_atomic(PIDS / f"rank_{rank}", str(os.getpid()))
+        model = ddp(net, opt, rank)
+        for step in range(memory["step"] + 1, args.steps + 1):
+            hold(step)
+            maybe_fault(rank, step)
+            with ip.atomic():
+                x, y = batch(step, rank)
+                loss = loss_of(model, x, y)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                memory["step"] = step
+            emit("LRSTEP", s=step, r=rank, loss=repr(loss.item()))
+
+    ip.wrap(train, config=ip.run_config())({})
+
+
 def run_torchft() -> None:
     """torchft's own recovery. Gradients are averaged by ``Manager.allreduce`` per
     parameter, not torchft's ``DistributedDataParallel``: in torchft 0.2.0 its comm hook
@@ -260,6 +303,8 @@ def run_torchft() -> None:
 
 if args.torchft:
     run_torchft()
+elif _inprocess():
+    run_live()
 else:
     run_ddp()
 sys.exit(0)
