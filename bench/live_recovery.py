@@ -6,8 +6,10 @@ each step and rank fixed by the seed) gets a fault on a random rank at a random 
 drawn once per run from ``--seed`` and the same for every mode; ``--runs`` runs per mode
 (default 10), the modes interleaved run by run so that the load hits them alike:
 
-- ``live``: ``rankguard run --standby-ranks 1`` (a warm standby takes the lost rank's
-  place, the survivors keep their processes; the state comes from a live rank);
+- ``live``: ``rankguard run --standby-ranks 1`` with in-process restart on (soft
+  timeout 3 s, hard 6 s, process-group timeout 2 s): a warm standby takes the lost
+  rank's place, the survivors re-enter in their processes, the state (declared by the
+  job with ``live_state``) comes from a live rank;
 - ``rankguard``: ``rankguard run --max-restarts 1`` (today's group restart: every rank
   stopped and started again, the job resumes from its checkpoint, every 5 steps);
 - ``rankguard+preload``: the same with ``--preload torch`` (ranks forked from a process
@@ -24,7 +26,9 @@ drawn once per run from ``--seed`` and the same for every mode; ``--runs`` runs 
 
 Faults: ``kill`` (SIGKILL, ``--runs`` runs per mode) and ``stop`` (SIGSTOP: a hung rank,
 ``--hang-runs`` per mode, default 1). rankguard finds a stopped rank by its heartbeats
-(``process_timeout_s`` 3 s) and ends it (fault tolerance on); torchrun sees processes
+(``process_timeout_s`` 3 s) and ends it (fault tolerance on; the bench stops the rank
+again whenever something lets it run: rankguard's stack dump by py-spy does, a ptrace
+detach continues a stopped process, and the hang would be gone); torchrun sees processes
 exit, not hangs: only the gloo timeout (``--pg-timeout``, 10 s here) turns the hang into a
 crash of the survivors; torchft's survivors drop the stopped replica group from the quorum
 after the same gloo timeout; nothing ends the stopped process (the bench does, at the end).

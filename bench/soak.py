@@ -4,13 +4,16 @@ leave no process behind and no file that does not parse; each recovery's cost is
 
 What: ``live_recovery_job.py --model mlp`` (a tiny MLP in DDP, ``--nproc`` CPU ranks on
 gloo, data fixed by step and rank, a checkpoint every ``--ckpt-every`` steps) under
-``rankguard run``: with ``--standby-ranks 1`` (``--mode live``, where ``rankguard run``
-has it) or today's group restart (``--mode rankguard``: ``--max-restarts`` and fault
-tolerance's in-job restarts both ``--faults`` + 5, heartbeats on, ``process_timeout_s``
-3 s). Each fault's kind (exception, SIGKILL, SIGSTOP) and rank are drawn from ``--seed``;
+``rankguard run``: with ``--standby-ranks 1`` and in-process restart on (``--mode
+live``, the default where ``rankguard run`` has it: an exception re-enters in process, a
+lost process is replaced by a standby) or today's group restart (``--mode rankguard``:
+``--max-restarts`` and fault tolerance's in-job restarts both ``--faults`` + 5); both
+with heartbeats on (``process_timeout_s`` 3 s) and fault tolerance on. Each fault's kind
+(exception, SIGKILL, SIGSTOP) and rank are drawn from ``--seed``;
 the bench finds the rank's process from the pid file the job keeps per rank, and sends
 SIGUSR1 (the rank raises at its next step), SIGKILL, or SIGSTOP (never a SIGCONT: the
-stopped rank stays stopped until rankguard ends it, past its timeout). A fault comes
+stopped rank stays stopped until rankguard ends it, past its timeout: the bench stops it
+again if something lets it run, as py-spy's detach after a stack dump does). A fault comes
 ``--interval`` s after the previous one and never before the job trained again after it.
 While faults remain, each step sleeps ``--step-sleep`` s and the ranks wait before the
 last steps; after the last fault the job runs to its end at full speed.
@@ -88,6 +91,8 @@ def job_cmd(args: argparse.Namespace, workdir: Path, steps: int, mode: str) -> l
     sets = [*HEARTBEAT_SETS, *FT_SETS]
     sets = [s for s in sets if not s.startswith("fault_tolerance.num_in_job_restarts")]
     sets.append(f"fault_tolerance.num_in_job_restarts={budget}")
+    if mode == lr.LIVE:  # an exception: an in-process re-entry, a lost process: a standby
+        sets += [*lr.LIVE_SETS, f"inprocess_restart.max_restarts_per_window={budget}"]
     for item in sets:
         cmd += ["--set", item]
     hold = ["--hold-file", str(workdir / "hold"), "--step-sleep", str(args.step_sleep)]
