@@ -226,6 +226,11 @@ def run_live() -> None:
         if not memory:
             net = build_model()
             memory.update(net=net, opt=torch.optim.AdamW(net.parameters(), lr=3e-3), step=0)
+            if STATE.exists():  # a group restart (no standby was left): the checkpoint
+                ckpt = torch.load(STATE, weights_only=True)
+                net.load_state_dict(ckpt["model"])
+                memory["opt"].load_state_dict(ckpt["opt"])
+                memory["step"] = int(ckpt["step"])
         net, opt = memory["net"], memory["opt"]
         # the one line: the replicated state, and the step every rank continues after
         memory["step"] = ip.live_state(model=net, optimizer=opt, step=memory["step"])
@@ -242,6 +247,8 @@ def run_live() -> None:
                 opt.step()
                 memory["step"] = step
             emit("LRSTEP", s=step, r=rank, loss=repr(loss.item()))
+            if rank == 0 and args.ckpt_every and step % args.ckpt_every == 0:
+                save(net, opt, step)
 
     ip.wrap(train, config=ip.run_config())({})
 

@@ -5,8 +5,8 @@ leave no process behind and no file that does not parse; each recovery's cost is
 What: ``live_recovery_job.py --model mlp`` (a tiny MLP in DDP, ``--nproc`` CPU ranks on
 gloo, data fixed by step and rank, a checkpoint every ``--ckpt-every`` steps) under
 ``rankguard run``: with ``--standby-ranks 1`` and in-process restart on (``--mode
-live``, the default where ``rankguard run`` has it: an exception re-enters in process, a
-lost process is replaced by a standby) or today's group restart (``--mode rankguard``:
+live``: an exception re-enters in process, a lost process is replaced by a standby) or
+today's group restart (``--mode rankguard``, the default and the smoke run's:
 ``--max-restarts`` and fault tolerance's in-job restarts both ``--faults`` + 5); both
 with heartbeats on (``process_timeout_s`` 3 s) and fault tolerance on. Each fault's kind
 (exception, SIGKILL, SIGSTOP) and rank are drawn from ``--seed``;
@@ -194,12 +194,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.faults, args.interval, args.nproc = 5, 2.0, 2
     live_ok = lr.standby_available()
-    mode = args.mode or (lr.LIVE if live_ok else "rankguard")
+    mode = args.mode or "rankguard"
     lr.header(args.smoke, job="")
     if mode == lr.LIVE and not live_ok:
         raise SystemExit("--mode live: this rankguard run has no --standby-ranks")
     if not live_ok:
         print("live: not available (this rankguard run has no --standby-ranks)")
+    elif mode != lr.LIVE:
+        print("live: not run (--mode live runs it)")
     steps = int(args.faults * args.interval / args.step_sleep * 1.2) + 50
     rng = random.Random(args.seed)
     plan = [Fault(rng.choice(KINDS), rng.randrange(args.nproc)) for _ in range(args.faults)]
