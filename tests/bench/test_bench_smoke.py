@@ -23,17 +23,24 @@ JOBS = {
     "fault_matrix_launcher.py": "fault_matrix.py",
     "inprocess_job.py": "inprocess.py",
     "goodput_job.py": "goodput.py",
+    "live_recovery_job.py": "live_recovery.py",
 }
 JOB_EVIDENCE = {
     "fault_matrix_collective.py": "collective_hang",  # its case's row in the table
     "fault_matrix_launcher.py": "monitor_crash/once",
     "inprocess_job.py": "rankguard fault -> first step after re-entry",
     "goodput_job.py": "faults fired: exception",
+    "live_recovery_job.py": "uninterrupted run (torchrun): exit 0",
 }
 # Benches that write simulated ranks' records themselves (no real rank, no fault injected).
 SIMULATES_RANKS = {"scale.py", "monitor_scan.py"}
 # Benches whose smoke run has a test of its own that asserts more of its output.
-OWN_TEST = {"checkpoint.py": "test_checkpoint_bench.py", "goodput.py": "test_goodput_bench.py"}
+OWN_TEST = {
+    "checkpoint.py": "test_checkpoint_bench.py",
+    "goodput.py": "test_goodput_bench.py",
+    "live_recovery.py": "test_live_recovery_bench.py",
+    "soak.py": "test_live_recovery_bench.py",
+}
 SCRIPTS = sorted(p.name for p in BENCH.glob("*.py") if p.name not in JOBS)
 
 

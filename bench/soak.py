@@ -1,0 +1,340 @@
+"""Soak: one job, a fault every ``--interval`` seconds (default 15), ``--faults`` of them
+(default 200): the job must finish with the uninterrupted run's final loss (within 1 %),
+leave no process behind and no file that does not parse; each recovery's cost is listed.
+
+What: ``live_recovery_job.py --model mlp`` (a tiny MLP in DDP, ``--nproc`` CPU ranks on
+gloo, data fixed by step and rank, a checkpoint every ``--ckpt-every`` steps) under
+``rankguard run``: with ``--standby-ranks 1`` and in-process restart on (``--mode
+live``: an exception re-enters in process, a lost process is replaced by a standby) or
+today's group restart (``--mode rankguard``, the default and the smoke run's:
+``--max-restarts`` and fault tolerance's in-job restarts both ``--faults`` + 5); both
+with heartbeats on (``process_timeout_s`` 3 s) and fault tolerance on. Each fault's kind
+(exception, SIGKILL, SIGSTOP) and rank are drawn from ``--seed``;
+the bench finds the rank's process from the pid file the job keeps per rank, and sends
+SIGUSR1 (the rank raises at its next step), SIGKILL, or SIGSTOP (never a SIGCONT: the
+stopped rank stays stopped until rankguard ends it, past its timeout: the bench stops it
+again if something lets it run, as py-spy's detach after a stack dump does). A fault comes
+``--interval`` s after the previous one and never before the job trained again after it.
+While faults remain, each step sleeps ``--step-sleep`` s and the ranks wait before the
+last steps; after the last fault the job runs to its end at full speed.
+
+Figures: per fault, fault (the bench's ``time.time()`` at the signal; for an exception
+the rank's own line) -> the next step completed by the recovered job (the first step
+line after it from a process started after the fault, or a step done again, or one past
+the step in flight at the fault), and the steps redone; then: the job's exit, its final
+loss (the mean of the ranks' losses at the last step) against an uninterrupted run of the
+same job (``torchrun``, no fault, the same steps), the processes of the job left after
+it (0), and every ``*.json``/``*.jsonl`` under its log directory that does not parse (0).
+
+Run: ``python bench/soak.py [--faults 200] [--interval 15] [--mode live|rankguard]``
+(about ``--faults`` x ``--interval`` seconds, plus the recoveries). ``--smoke``: 5 faults
+2 s apart (a shorter interval than the soak's: it proves the script, not the claim), 2
+ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import live_recovery as lr
+from restart import FT_SETS, HEARTBEAT_SETS, reap_leftovers
+
+KINDS = ("exception", "kill", "stop")
+SIGNALS = {"exception": signal.SIGUSR1, "kill": signal.SIGKILL, "stop": signal.SIGSTOP}
+
+
+@dataclass
+class Fault:
+    kind: str
+    rank: int
+    t: float = 0.0
+    pid: int = 0
+    step_at: int = 0  # newest step completed when it was sent
+    to_step: float | None = None
+    redone: int | None = None
+
+
+def job_cmd(args: argparse.Namespace, workdir: Path, steps: int, mode: str) -> list[str]:
+    job = [lr.JOB, "--model", "mlp", "--steps", str(steps), "--ckpt-dir", str(workdir / "ckpt")]
+    job += ["--ckpt-every", str(args.ckpt_every), "--pg-timeout", "10"]
+    if mode == "torchrun":
+        return [
+            sys.executable,
+            "-u",
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(args.nproc),
+            *job,
+        ]
+    budget = str(args.faults + 5)
+    cmd = [sys.executable, "-u", "-m", "rankguard.cli.main", "run", "--standalone"]
+    cmd += ["--nproc-per-node", str(args.nproc), "--log-dir", str(workdir / "logs")]
+    cmd += ["--rdzv-id", f"soak-{workdir.name}", "--max-restarts", budget]
+    if mode == lr.LIVE:
+        cmd += ["--standby-ranks", "1"]
+    sets = [*HEARTBEAT_SETS, *FT_SETS]
+    sets = [s for s in sets if not s.startswith("fault_tolerance.num_in_job_restarts")]
+    sets.append(f"fault_tolerance.num_in_job_restarts={budget}")
+    if mode == lr.LIVE:  # an exception: an in-process re-entry, a lost process: a standby
+        sets += [*lr.LIVE_SETS, f"inprocess_restart.max_restarts_per_window={budget}"]
+    for item in sets:
+        cmd += ["--set", item]
+    hold = ["--hold-file", str(workdir / "hold"), "--step-sleep", str(args.step_sleep)]
+    return [*cmd, *job, *hold]
+
+
+def start(cmd: list[str], workdir: Path) -> tuple[Any, list[tuple[float, str]]]:
+    lines: list[tuple[float, str]] = []
+    proc = lr.subprocess.Popen(
+        cmd,
+        cwd=workdir,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "LOGLEVEL": "WARNING"},
+        stdout=lr.subprocess.PIPE,
+        stderr=lr.subprocess.STDOUT,
+        stdin=lr.subprocess.DEVNULL,
+        text=True,
+        bufsize=1,
+        start_new_session=True,
+    )
+    threading.Thread(target=lr._reader, args=(proc.stdout, lines), daemon=True).start()
+    return proc, lines
+
+
+def step_events(lines: list[tuple[float, str]]) -> list[dict[str, Any]]:
+    run = lr.Run("soak", "none", 0, 0, Path("."), lines=list(lines))
+    return [ev for tag, ev in lr.events(run) if tag == "LRSTEP"]
+
+
+def newest_step(lines: list[tuple[float, str]]) -> tuple[int, float]:
+    evs = step_events(lines)
+    if not evs:
+        return 0, 0.0
+    last = max(evs, key=lambda ev: ev["t"])
+    return int(last["s"]), float(last["t"])
+
+
+def fault_times(lines: list[tuple[float, str]]) -> list[dict[str, Any]]:
+    run = lr.Run("soak", "none", 0, 0, Path("."), lines=list(lines))
+    return [ev for tag, ev in lr.events(run) if tag == "LRFAULT"]
+
+
+def cost(fault: Fault, evs: list[dict[str, Any]], pids_before: set[int]) -> None:
+    """fault -> next step of the recovered job, and the steps redone."""
+    seen: set[tuple[int, int]] = set()
+    for ev in sorted(evs, key=lambda ev: ev["t"]):
+        key = (int(ev["s"]), int(ev["r"]))
+        redo = key in seen
+        seen.add(key)
+        if ev["t"] <= fault.t:
+            continue
+        if redo or ev["pid"] not in pids_before or key[0] > fault.step_at + 1:
+            fault.to_step = ev["t"] - fault.t
+            fault.redone = max(0, fault.step_at - key[0] + 1)
+            return
+
+
+def invalid_files(root: Path) -> tuple[int, list[str]]:
+    checked, bad = 0, []
+    for path in sorted(root.rglob("*")):
+        if not path.is_file() or path.suffix not in (".json", ".jsonl"):
+            continue
+        checked += 1
+        data = path.read_bytes()
+        try:
+            if path.suffix == ".json":
+                json.loads(data)
+            else:
+                for line in data.splitlines():
+                    if line.strip():
+                        json.loads(line)
+        except ValueError:
+            bad.append(str(path.relative_to(root)))
+    return checked, bad
+
+
+def final_loss(lines: list[tuple[float, str]], steps: int) -> float | None:
+    last: dict[int, tuple[float, float]] = {}
+    for ev in step_events(lines):
+        if int(ev["s"]) == steps:
+            r = int(ev["r"])
+            if r not in last or ev["t"] >= last[r][0]:
+                last[r] = (float(ev["t"]), float(ev["loss"]))
+    return statistics.fmean(v[1] for v in last.values()) if last else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--faults", type=int, default=200)
+    p.add_argument("--interval", type=float, default=15.0, help="seconds between faults")
+    p.add_argument("--seed", type=int, default=0, help="draws each fault's kind and rank")
+    p.add_argument("--mode", choices=[lr.LIVE, "rankguard"], default=None)
+    p.add_argument("--nproc", type=int, default=4)
+    p.add_argument("--step-sleep", type=float, default=0.2, help="while faults remain")
+    p.add_argument("--ckpt-every", type=int, default=25)
+    p.add_argument("--recovery-timeout", type=float, default=120.0, help="per fault (s)")
+    p.add_argument("--keep", action="store_true", help="keep the run's temp dir")
+    p.add_argument("--smoke", action="store_true", help="5 faults 2 s apart, 2 ranks")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.faults, args.interval, args.nproc = 5, 2.0, 2
+    live_ok = lr.standby_available()
+    mode = args.mode or "rankguard"
+    lr.header(args.smoke, job="")
+    if mode == lr.LIVE and not live_ok:
+        raise SystemExit("--mode live: this rankguard run has no --standby-ranks")
+    if not live_ok:
+        print("live: not available (this rankguard run has no --standby-ranks)")
+    elif mode != lr.LIVE:
+        print("live: not run (--mode live runs it)")
+    steps = int(args.faults * args.interval / args.step_sleep * 1.2) + 50
+    rng = random.Random(args.seed)
+    plan = [Fault(rng.choice(KINDS), rng.randrange(args.nproc)) for _ in range(args.faults)]
+    print(
+        f"soak: {mode}, {args.nproc} ranks, MLP, {steps} steps (a step sleeps "
+        f"{args.step_sleep} s while faults remain), checkpoint every {args.ckpt_every}; "
+        f"{args.faults} faults {args.interval:g} s apart, seed {args.seed}"
+        + (" [smoke: a shorter interval, not a result]" if args.smoke else "")
+    )
+
+    root = Path(tempfile.mkdtemp(prefix="rg-soak-"))
+    base_dir = root / "baseline"
+    base_dir.mkdir()
+    proc, base_lines = start(job_cmd(args, base_dir, steps, "torchrun"), base_dir)
+    proc.wait()
+    time.sleep(0.3)
+    base_loss = final_loss(base_lines, steps)
+    print(f"uninterrupted run (torchrun): exit {proc.returncode}, final loss {base_loss}")
+
+    work = root / "soak"
+    work.mkdir()
+    (work / "hold").touch()
+    t0 = time.time()
+    proc, lines = start(job_cmd(args, work, steps, mode), work)
+    pid_dir = work / "ckpt" / "pids"
+    stuck = ""
+    keepers: list[lr.KeepStopped] = []
+    for i, fault in enumerate(plan):
+        # the next fault: an interval after the previous one, once the job trains again
+        ready = time.monotonic() + (args.interval if i else 0.0)
+        deadline = time.monotonic() + args.interval + args.recovery_timeout
+        prev = plan[i - 1] if i else None
+        while time.monotonic() < deadline and proc.poll() is None:
+            step, t_step = newest_step(lines)
+            recovered = prev is None or (t_step > prev.t + 0.5 and step > prev.step_at)
+            if step >= 2 and recovered and time.monotonic() >= ready:
+                break
+            time.sleep(0.1)
+        else:
+            stuck = f"fault {i + 1}: the job did not train again (exit {proc.poll()})"
+            break
+        try:
+            fault.pid = int((pid_dir / f"rank_{fault.rank}").read_text())
+        except (OSError, ValueError):
+            stuck = f"fault {i + 1}: no pid file for rank {fault.rank}"
+            break
+        fault.step_at = newest_step(lines)[0]
+        fault.t = time.time()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(fault.pid, SIGNALS[fault.kind])
+        if fault.kind == "stop":  # a hang that stays one until rankguard ends the rank
+            keepers.append(lr.KeepStopped(fault.pid))
+        print(
+            f"  fault {i + 1:3d} +{fault.t - t0:6.1f}s {fault.kind:9s} rank {fault.rank} "
+            f"pid {fault.pid} after step {fault.step_at}",
+            flush=True,
+        )
+    (work / "hold").unlink(missing_ok=True)
+    try:
+        rc = proc.wait(timeout=args.recovery_timeout + steps * 0.05)
+    except lr.subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        rc = proc.wait()
+        stuck = stuck or "the job did not end after the last fault (killed)"
+    resumed = sum(k.close() for k in keepers)
+    time.sleep(0.5)
+    leftovers = reap_leftovers(str(work))
+
+    evs = step_events(lines)
+    raised = {int(ev["pid"]): float(ev["t"]) for ev in fault_times(lines)}
+    for i, fault in enumerate(plan):
+        if not fault.t:
+            continue
+        if fault.kind == "exception" and fault.pid in raised:
+            fault.t = raised[fault.pid]  # the rank's own line: when it raised
+        before = {int(ev["pid"]) for ev in evs if ev["t"] <= fault.t}
+        cost(fault, evs, before)
+        fig = f"{fault.to_step:.2f}s" if fault.to_step is not None else "-"
+        print(
+            f"  recovery {i + 1:3d}: {fault.kind:9s} rank {fault.rank}: fault -> next step "
+            f"{fig}, redone {fault.redone if fault.redone is not None else '-'}"
+        )
+    sent = [f for f in plan if f.t]
+    loss = final_loss(lines, steps)
+    checked, bad = invalid_files(work / "logs")
+    print()
+    for kind in KINDS:
+        figs = [f.to_step for f in sent if f.kind == kind and f.to_step is not None]
+        redone = [f.redone for f in sent if f.kind == kind and f.redone is not None]
+        if figs:
+            print(
+                f"{kind:9s}: {len(figs)} recovered, fault -> next step median "
+                f"{statistics.median(figs):.2f}s, max {max(figs):.2f}s; redone median "
+                f"{statistics.median(redone):g}, max {max(redone)}"
+            )
+    diff = (
+        abs(loss - base_loss) / abs(base_loss)
+        if loss is not None and base_loss is not None
+        else None
+    )
+    recovered = sum(1 for f in sent if f.to_step is not None)
+    print(f"faults sent {len(sent)}/{args.faults}, recovered {recovered}; {stuck or 'no stall'}")
+    print(f"job exit {rc}, {time.time() - t0:.0f}s")
+    if resumed:
+        print(f"stopped ranks let run again before their end: {resumed}x (stopped again)")
+    print(
+        f"final loss {loss} vs uninterrupted {base_loss}: "
+        + (f"{diff * 100:.3f} % apart" if diff is not None else "no final loss")
+    )
+    print(f"orphans (processes of the job left): {len(leftovers)} {', '.join(leftovers)}")
+    print(f"invalid files: {len(bad)} of {checked} JSON/JSONL {' '.join(bad[:5])}")
+    ok = (
+        rc == 0
+        and not stuck
+        and len(sent) == args.faults
+        and recovered == len(sent)
+        and diff is not None
+        and diff <= 0.01
+        and not leftovers
+        and not bad
+    )
+    print(
+        "goal: finishes, final loss within 1 %, 0 orphans, 0 invalid files -> "
+        + ("MEETS" if ok else "MISSES")
+    )
+    if args.keep or not ok:
+        (work / "output.txt").write_text("".join(f"{t:.3f} {x}\n" for t, x in lines))
+        print(f"files kept: {root}")
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+    return 1 if args.smoke and not ok else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

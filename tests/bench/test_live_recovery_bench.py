@@ -1,0 +1,65 @@
+"""``bench/live_recovery.py --smoke`` and ``bench/soak.py --smoke``: the SIGKILLed rank's
+job recovers and trains on with the uninterrupted run's losses, by live recovery where
+``rankguard run`` has ``--standby-ranks`` (else by the group restart, said in one line);
+the soak's job finishes with no process left and every file parsing (these benches' smoke
+runs: ``test_bench_smoke.py`` leaves them to this test, which asserts more of them)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.bench, pytest.mark.timeout(400)]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _smoke(name: str, tmp_path: Path) -> str:
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / name), "--smoke"],
+        capture_output=True,
+        text=True,
+        timeout=380,
+        stdin=subprocess.DEVNULL,
+        env={
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": str(ROOT / "src"),
+            "TMPDIR": str(tmp_path),
+        },
+        cwd=ROOT,
+    )
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-4000:]
+    assert "Traceback (most recent call last)" not in out, out[-4000:]
+    return res.stdout
+
+
+def test_the_live_recovery_smoke_run_recovers_with_the_uninterrupted_losses(
+    tmp_path: Path,
+) -> None:
+    out = _smoke("live_recovery.py", tmp_path)
+    skipped = "live: skipped: this rankguard run has no --standby-ranks" in out
+    mode = "rankguard" if skipped else "live"
+    rows = [line.split() for line in out.splitlines() if line.startswith(mode + " ")]
+    assert rows, out
+    # mode, SIGKILL, ok, median / max, redone median / max, losses equal, kept pids
+    assert rows[-1][1:3] == ["SIGKILL", "1/1"], out
+    assert "uninterrupted run (torchrun): exit 0" in out, out  # the job ran as it is
+    line = next(x for x in out.splitlines() if x.strip().startswith(mode) and "kill rank" in x)
+    equal = line.split("losses ")[1].split(" equal")[0]
+    got, of = equal.split("/")
+    assert got == of and int(of) > 0, line
+    assert ("survivors kept their pids" in line) == (mode == "live"), line
+    assert not list(tmp_path.glob("rg-live-*"))  # the runs' temp dirs are removed
+
+
+def test_the_soak_smoke_run_finishes_clean(tmp_path: Path) -> None:
+    out = _smoke("soak.py", tmp_path)
+    assert "faults sent 5/5, recovered 5; no stall" in out, out
+    assert "job exit 0" in out and "orphans (processes of the job left): 0" in out, out
+    assert "invalid files: 0 of" in out and "MEETS" in out, out
