@@ -116,6 +116,9 @@ class NodeServices:
     min_nodes: int = 1
     round_tag: str | None = None  # the current rendezvous round (launcher.rendezvous)
     round_nodes: int | None = None  # its node count
+    # node 0's monitor scans on its own thread; False: the owner calls its scan_once
+    # (a test stepping the monitor by hand)
+    scan_thread: bool = True
     replacements: list[dict[str, Any]] = field(default_factory=list, init=False)
     _agents: tuple[float, list[dict[str, Any]]] | None = field(default=None, init=False, repr=False)
     # waiting agents whose beat stopped (spares gone while they waited), as node 0 saw
@@ -408,7 +411,7 @@ class NodeServices:
             else:
                 service.start(node)
         if self.monitor is not None:
-            self.monitor.start()
+            self.monitor.start(thread=self.scan_thread)
             self._say_monitor_started()
         elif hb.enabled and self.relaying:
             self.relay = StoreRelay(
