@@ -189,7 +189,8 @@ class HealthyRun:
     """One healthy 2-rank demo run that several tests read (each asserts its own part):
     20 steps, FLOPs measured, a perf window every 5 iterations, a checkpoint every 10,
     the node health checks on, TensorBoard, W&B (offline) and MLflow (a local SQLite
-    store) as ``perf.trackers`` when their packages are installed."""
+    store) as ``perf.trackers`` when their packages are installed, node 0's Prometheus
+    exporter on an ephemeral port when prometheus-client is."""
 
     tmp: Path
     log_dir: Path
@@ -218,9 +219,11 @@ def healthy_run(tmp_path_factory: pytest.TempPathFactory) -> HealthyRun:
     log_dir = tmp / "logs"
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
     trackers = all(importlib.util.find_spec(name) is not None for name in TRACKER_PACKAGES)
+    prometheus = importlib.util.find_spec("prometheus_client") is not None
     sets = [
         "perf.log_interval=5",
         "node_health.enabled=true",  # this machine's NIC and storage: no finding
+        *(["perf.prometheus.enabled=true", "perf.prometheus.port=0"] if prometheus else []),
         *(
             [
                 "perf.trackers=tensorboard,wandb,mlflow",

@@ -79,6 +79,8 @@ def _training_started(run_dir: Path) -> bool:
 
 
 def test_full_disk_is_reported_not_killed(small_disk: Path, run_id: str) -> None:
+    """A real launch: with fault tolerance on, a stale heartbeat would kill and restart
+    rank processes; a full disk must not (one process per rank throughout)."""
     proc = subprocess.Popen(
         rankguard_cmd(
             *standalone_run(run_id, small_disk),
@@ -153,6 +155,8 @@ def _workers_gone(run_id: str, launcher_pid: int) -> bool:
 def test_ranks_that_end_while_the_disk_is_full_are_not_reported_dead(
     small_disk: Path, run_id: str
 ) -> None:
+    """A real launch: rank processes whose pids vanish without a last record, told
+    apart from dead ones by their exit codes, which only the agent has."""
     # The training ends while the disk is full: the ranks exit cleanly (exit code 0) but
     # their last record (process_end) cannot be written, so their pids just vanish.
     proc = subprocess.Popen(

@@ -53,6 +53,9 @@ def _job(tmp_path: Path, run_id: str, *args: str, sets: tuple[str, ...] = ()) ->
 
 
 def test_exception_and_hang_recovered_in_the_same_processes(tmp_path: Path, run_id: str) -> None:
+    """A real launch: the launcher's side of in-process restarts (restarts.jsonl, the
+    findings, status.json) for rank processes that stay the same (one heartbeat file
+    each); the mechanism itself, ranks as processes: ``unit/inprocess/test_gloo_ranks``."""
     out, rc = _job(tmp_path, run_id, "--faults", "0:1:5:raise,1:0:9:hang")
     assert rc == 0, out[-3000:]
     run_dir = tmp_path / "heartbeat" / run_id
@@ -76,6 +79,8 @@ def test_exception_and_hang_recovered_in_the_same_processes(tmp_path: Path, run_
 
 
 def test_past_the_budget_the_launcher_restarts_the_processes(tmp_path: Path, run_id: str) -> None:
+    """A real launch: past the in-process budget the agent restarts the rank processes
+    (new pids, new heartbeat files), which only torch elastic's agent does."""
     out, rc = _job(
         tmp_path,
         run_id,
@@ -130,6 +135,8 @@ def _final_loss(out: str) -> str:
 def test_demo_crash_recovered_in_process_with_the_loss_of_a_clean_run(
     tmp_path: Path, run_id: str
 ) -> None:
+    """A real launch: the demo's default process group torn down and rebuilt inside the
+    same rank processes; its final loss against a clean launch's."""
     clean, rc = _demo(tmp_path / "clean", run_id + "-c")
     assert rc == 0, clean[-2000:]
     out, rc = _demo(tmp_path / "crash", run_id, "--fault", "crash", "--fault-step", "5")

@@ -57,6 +57,8 @@ def _check_nanogpt_summary(summary: dict[str, Any]) -> None:
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("flops", ["analytic", "measured"])
 def test_unmodified_nanogpt_gets_tokens_and_tflops(tmp_path: Path, run_id: str, flops: str) -> None:
+    """A real launch: the batch detected from DDP's input and the FLOPs counted by global
+    module hooks, one detector per rank process (not possible with ranks as threads)."""
     extra = ["--no-config"] if flops == "measured" else []
     res = run_rankguard(
         [
@@ -77,6 +79,7 @@ def test_unmodified_nanogpt_gets_tokens_and_tflops(tmp_path: Path, run_id: str, 
 
 @pytest.mark.timeout(150)
 def test_init_under_plain_torchrun_measures_in_rank(tmp_path: Path) -> None:
+    """A real launch by plain torchrun: ``rankguard.init()`` with no rankguard launcher."""
     res = subprocess.run(
         [
             sys.executable,
@@ -139,6 +142,8 @@ def _check_integration_run(
 
 @pytest.mark.timeout(180)
 def test_hf_trainer_callback_under_rankguard_run(tmp_path: Path, run_id: str) -> None:
+    """A real launch: the Trainer sets up torch's default process group from the
+    launcher's variables, one per process."""
     skip_unless_installed("transformers", "accelerate")
     res = run_rankguard(
         [

@@ -60,6 +60,10 @@ def _socket_dirs(tmp_path: Path) -> list[str]:
 def test_healthy_megatron_ft_script_gives_no_finding_and_nvrx_state(
     tmp_path: Path, run_id: str
 ) -> None:
+    """A real launch: NVRx's client in each rank process reaches rankguard's server in
+    that process through the process's own environment and socket directory (one per
+    rank, removed at the end), and gets the section timeouts of the launch's command
+    line."""
     res, run_dir = _run(tmp_path, run_id, "--iters", "30", "--calc-ft-timeouts")
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
@@ -85,6 +89,8 @@ def test_healthy_megatron_ft_script_gives_no_finding_and_nvrx_state(
 def test_hang_in_the_step_section_is_found_dumped_and_restarted(
     tmp_path: Path, run_id: str
 ) -> None:
+    """A real launch: the hung rank process's stacks dumped by signal, the process
+    killed and the group restarted by the agent."""
     res, run_dir = _run(
         tmp_path,
         run_id,

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
+
+from rankguard.schema.layout import PERF_JOB_FILE
 
 from .conftest import (
     HEALTHY_RUN,
@@ -70,6 +75,16 @@ def test_normal_run_has_no_findings_and_ends_completed(healthy_run: HealthyRun) 
         assert events[0] == "process_start" and events[-1] == "process_end"
         assert "heartbeat" in events
     assert no_leftover_workers(run_id)
+    # the run directory is 0750; rank 0's perf run names its job
+    assert stat.S_IMODE(os.stat(run_dir).st_mode) == 0o750
+    marker = json.loads((tmp_path / "perf_monitor" / run_id / PERF_JOB_FILE).read_text())
+    assert marker["job"] == "rankguard.demo.train", marker
+    # the launcher started node 0's Prometheus exporter on loopback and stopped it with the
+    # job (what it serves: tests/tier2/test_prometheus_tier2.py)
+    if importlib.util.find_spec("prometheus_client") is not None:
+        endpoint = json.loads((run_dir / "metrics_endpoint.json").read_text())
+        assert endpoint["host"] == "127.0.0.1" and endpoint["port"] > 0, endpoint
+        assert endpoint["active"] is False, endpoint
     shown = run_rankguard(["status", str(tmp_path)], timeout=30)
     assert shown.returncode == 0 and "completed" in shown.stdout, shown.stderr
     as_json = run_rankguard(["status", "--json", str(run_dir)], timeout=30)

@@ -15,7 +15,9 @@
 - node 0's real :class:`~rankguard.launcher.services.NodeServices` (the
   :class:`~rankguard.heartbeat.monitor.JobMonitor` with the evaluators the launcher adds:
   stragglers, the stop agreement, rerun), scanning at the config's interval, stopped
-  (final status) when the ranks are done;
+  (final status) when the ranks are done; or, ``stepped=True``, scanning only when the
+  test says (:meth:`ThreadedJob.scan`, from the ``drive`` function :meth:`ThreadedJob.run`
+  calls on the test's thread while the ranks run);
 - a :class:`~tests.harness.faults.FaultInjector` (``job.faults.fail_at(rank, step,
   kind)``) and a fake agent (:class:`FakeAgent`: what the launcher would do on a rank's
   exit, recorded, nothing killed).
@@ -199,9 +201,11 @@ class ThreadedJob:
         run_id: str = "tier2",
         pg_timeout_s: float = 1.0,
         timeout_s: float = 60.0,
+        stepped: bool = False,
     ) -> None:
         """``sets``: ``--set`` overrides on top of :data:`FAST`. ``pg_timeout_s``: the
-        store's and the groups' timeout. ``timeout_s``: the most the ranks may take."""
+        store's and the groups' timeout. ``timeout_s``: the most the ranks may take.
+        ``stepped``: the monitor scans only in :meth:`scan` (and when it stops)."""
         self.world = world
         self.run_id = run_id
         self.log_dir = tmp_path
@@ -209,7 +213,9 @@ class ThreadedJob:
         self.run_dir = layout_run_dir(tmp_path, run_id)
         self.pg_timeout = datetime.timedelta(seconds=pg_timeout_s)
         self.timeout_s = timeout_s
+        self.stepped = stepped
         self.faults = FaultInjector()
+        self.services: NodeServices | None = None
 
     def environ(self, rank: int, port: int) -> dict[str, str]:
         """The variables ``rankguard run`` and torch elastic give rank ``rank``."""
@@ -231,11 +237,25 @@ class ThreadedJob:
             ELASTIC.MASTER_PORT: str(port),
         }
 
-    def run(self, fn: Callable[[RankContext], Any]) -> JobResult:
-        """Start the node's services, run ``fn(ctx)`` on every rank's thread, then stop
-        the services (the final status) and return what happened."""
+    def scan(self) -> list[dict[str, Any]]:
+        """One scan of node 0's monitor, now (a ``stepped`` job's): the findings it made."""
+        assert self.services is not None and self.services.monitor is not None, "not running"
+        return [f.to_dict() for f in self.services.monitor.scan_once()]
+
+    def run(
+        self,
+        fn: Callable[[RankContext], Any],
+        *,
+        drive: Callable[[ThreadedJob], None] | None = None,
+    ) -> JobResult:
+        """Start the node's services, run ``fn(ctx)`` on every rank's thread (and
+        ``drive(job)`` on this one, once they started: a ``stepped`` job's scans), then
+        stop the services (the final status) and return what happened."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        services = NodeServices(self.cfg, self.run_dir, self.run_id, 0, 1, self.world)
+        services = NodeServices(
+            self.cfg, self.run_dir, self.run_id, 0, 1, self.world, scan_thread=not self.stepped
+        )
+        self.services = services
         agent = FakeAgent(services)
         master = dist.TCPStore(
             "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=self.pg_timeout
@@ -255,6 +275,8 @@ class ThreadedJob:
         try:
             for t in threads:
                 t.start()
+            if drive is not None:
+                drive(self)
             deadline = time.monotonic() + self.timeout_s
             for t in threads:
                 t.join(max(0.0, deadline - time.monotonic()))

@@ -4,6 +4,7 @@ and the monitor sees it as it sees a real rank's."""
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,29 @@ def test_nan_replaces_one_loss(tmp_path: Path) -> None:
 def test_an_unknown_fault_kind_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="fault kind 'hang'"):
         ThreadedJob(tmp_path, 2).faults.fail_at(0, 1, "hang")
+
+
+def test_a_stepped_monitor_scans_only_when_the_test_says(tmp_path: Path) -> None:
+    """``stepped=True``: no scanning thread; each :meth:`ThreadedJob.scan` is one scan,
+    made by the test at the moment it chooses (here: before and after a stalled rank's
+    progress timeout of 1 s)."""
+    job = ThreadedJob(tmp_path, 2, pg_timeout_s=15, stepped=True)
+    job.faults.fail_at(1, 5, "stall", seconds=30)
+    findings = job.run_dir / "findings.jsonl"
+    seen: list[list[tuple[str, int]]] = []
+
+    def drive(job: ThreadedJob) -> None:
+        deadline = time.monotonic() + 20
+        while not job.faults.fired:  # rank 1 stalls from now on
+            assert time.monotonic() < deadline, "rank 1 never reached step 5"
+            time.sleep(0.01)
+        seen.append([(f["finding_type"], f["rank"]) for f in job.scan()])
+        time.sleep(2.0)  # twice the progress timeout, nobody scanning
+        assert findings.read_text() == ""
+        seen.append([(f["finding_type"], f["rank"]) for f in job.scan()])
+        job.faults.release.set()  # rank 1 goes on
+
+    res = job.run(lambda ctx: ctx.train(10), drive=drive)
+    assert res.values() == [10, 10]
+    assert seen == [[], [("gpu_progress_timeout", 1)]]
+    assert [(f["finding_type"], f["rank"]) for f in res.findings] == [("gpu_progress_timeout", 1)]

@@ -194,13 +194,16 @@ class JobMonitor:
 
     # ---- lifecycle ------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, *, thread: bool = True) -> None:
         """Start scanning. ``findings.jsonl`` exists from now on, empty until a first
-        finding (tools tail it from the start of a run)."""
+        finding (tools tail it from the start of a run). ``thread`` False: no scanning
+        thread, the owner calls :meth:`scan_once` (a test stepping the monitor)."""
         try:
             append_bytes(self.layout.findings, b"", fsync=False)
         except OSError as exc:  # a full disk: the first finding creates it
             self._write_failed(self.layout.findings, exc)
+        if not thread:
+            return
         self._thread = threading.Thread(target=self._loop, name="rankguard-monitor", daemon=True)
         self._thread.start()
 

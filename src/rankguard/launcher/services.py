@@ -124,6 +124,9 @@ class NodeServices:
     #: the features' services the launch built (default, None: built from the registry)
     features: Sequence[NodeService] | None = None
     live: LiveRecovery | None = None  # this node's standbys (--standby-ranks)
+    # node 0's monitor scans on its own thread; False: the owner calls its scan_once
+    # (a test stepping the monitor by hand)
+    scan_thread: bool = True
     status_errors: dict[str, int] = field(default_factory=dict, init=False)  # per block
     monitor: JobMonitor | None = field(default=None, init=False)
     relay: StoreRelay | None = field(default=None, init=False)
@@ -444,7 +447,7 @@ class NodeServices:
             else:
                 service.start(node)
         if self.monitor is not None:
-            self.monitor.start()
+            self.monitor.start(thread=self.scan_thread)
             self._say_monitor_started()
         elif hb.enabled and self.relaying:
             self.relay = StoreRelay(

@@ -3,6 +3,7 @@ forged ``kill/node/<k>`` naming any other pid is refused and logged."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -89,3 +90,38 @@ def test_malformed_request_is_dropped(tmp_path: Path) -> None:
     store.set(StoreKeys(RUN).kill(1), b"not json")
     relay.push_once()  # logged, not raised
     assert not store.check([StoreKeys(RUN).kill(1)])
+
+
+def test_a_forged_request_set_by_another_client_of_a_real_store_is_refused(
+    tmp_path: Path, children: Children, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What a client of the rendezvous store can do: set node 1's kill key (JSON text) for
+    a process that is not one of node 1's workers. The relay, on its own client of a real
+    ``TCPStore``, takes the request off the store, refuses it and keeps relaying."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    worker, stranger = children.start(), children.start()
+    workers = OwnedWorkers()
+    workers.set([worker.pid])
+    host = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=5))
+    relay = _relay(
+        tmp_path, TCPStore("127.0.0.1", host.port, timeout=timedelta(seconds=5)), workers
+    )
+    forger = TCPStore("127.0.0.1", host.port, timeout=timedelta(seconds=5))
+    key = StoreKeys(RUN).kill(1)
+    forged = [
+        {"rank": 1, "pid": stranger.pid, "kill": True},
+        {"rank": 1, "pid": -1, "kill": True},
+    ]
+    caplog.set_level(logging.WARNING)
+    forger.set(key, json.dumps(forged))
+    relay.push_once()
+    assert not forger.check([key])  # served
+    assert alive(stranger) and alive(worker)
+    refused = [r.getMessage() for r in caplog.records if "refused to kill" in r.getMessage()]
+    assert refused[0].startswith(f"rankguard relay: refused to kill rank 1 (pid {stranger.pid})")
+    assert refused[1].startswith("rankguard relay: refused to kill rank 1 (pid -1)")
+    assert not any("killed rank" in r.getMessage() for r in caplog.records)
+    relay.push_once()  # the next push goes on as before
