@@ -30,6 +30,7 @@ JOBS = {
     "inprocess_job.py": "inprocess.py",
     "goodput_job.py": "goodput.py",
     "live_recovery_job.py": "live_recovery.py",
+    "attribution_job.py": "attribution.py",
 }
 JOB_EVIDENCE = {
     "fault_matrix_collective.py": "collective_hang",  # its case's row in the table
@@ -37,6 +38,7 @@ JOB_EVIDENCE = {
     "inprocess_job.py": "rankguard fault -> first step after re-entry",
     "goodput_job.py": "faults fired: exception",
     "live_recovery_job.py": "uninterrupted run (torchrun): exit 0",
+    "attribution_job.py": "attribution: culprit alone in",
 }
 # Benches that write simulated ranks' records themselves (no real rank, no fault injected).
 SIMULATES_RANKS = {"scale.py", "monitor_scan.py"}
