@@ -2,10 +2,10 @@
 save: DCP is not imported before a rank's first checkpoint).
 
 :class:`BackgroundWriter` is DCP's ``FileSystemWriter`` (every file fsynced) whose
-``write_data`` runs at the priority that leaves the cores to the training
-(:func:`rankguard.cpuprio.yield_cpu`: DCP calls it in its checkpoint thread or
-process, never in the training thread) and whose files are checksummed from the bytes
-as they are written, so the manifest needs no second read of the checkpoint
+``write_data`` runs, in DCP's checkpoint process, at the priority that leaves the
+cores to the training (:func:`rankguard.cpuprio.yield_cpu`), and whose files are
+checksummed from the bytes as they are written, so the manifest needs no second read
+of the checkpoint
 (:meth:`BackgroundWriter.checksums`; a writer in DCP's checkpoint process keeps its
 checksums there: those files are read back). A blocking save uses DCP's plain writer:
 it runs in the training thread.
@@ -61,10 +61,22 @@ class BackgroundWriter(FileSystemWriter):
     def __init__(self, path: str | os.PathLike[str], algo: str = "crc32") -> None:
         super().__init__(path, sync_files=True)
         self.fs = _DigestFileSystem(algo)
+        self._owner_pid = os.getpid()  # the training process that built it
 
     def write_data(self, plan: Any, planner: Any) -> Any:
-        yield_cpu()
+        self.yield_if_elsewhere()
         return super().write_data(plan, planner)
+
+    def yield_if_elsewhere(self) -> bool:
+        """In DCP's checkpoint process (``async_checkpointer_type: process``) the write
+        runs at idle priority; in the training process (DCP's thread) it keeps the
+        training's: a thread shares the interpreter lock with the training thread, and
+        one in ``SCHED_IDLE`` descheduled while holding it (other processes keeping
+        every core busy) would hold the training up with it."""
+        if os.getpid() == self._owner_pid:
+            return False
+        yield_cpu()
+        return True
 
     def checksums(self) -> dict[str, Digest]:
         """``{file name: digest}`` of the files this writer wrote in this process."""

@@ -47,7 +47,6 @@ from rankguard.checkpoint.persistent import PersistentTier
 from rankguard.checkpoint.stager import HostStager
 from rankguard.checkpoint.state import StatePlan
 from rankguard.checkpoint.tiers import Candidate, CheckpointTier
-from rankguard.cpuprio import yield_cpu
 from rankguard.ranksession import current as current_session
 from rankguard.runenv import RunEnv
 from rankguard.schema.layout import CHECKPOINTS_FILE
@@ -169,7 +168,7 @@ class CheckpointManager:
 
     def writer(self, path: Path, background: bool = False) -> Any:
         """DCP's storage writer for ``path`` (``writer_factory``'s when one was given);
-        ``background``: an async save's, at low priority, checksumming as it writes."""
+        ``background``: an async save's, checksumming as it writes."""
         if self._writer_factory is not None:
             return self._writer_factory(path)
         if background:
@@ -227,7 +226,7 @@ class CheckpointManager:
                 return
         self.stats["inflight"] = {"tier": tier, "step": step, "since": iso_now()}
         self._write_status()
-        self._inflight = self._executor.submit(_in_background, job)
+        self._inflight = self._executor.submit(job)
 
     def note_committed(
         self, tier: str, step: int, path: Path, t0: float, stage_s: float, w0: float
@@ -406,10 +405,3 @@ def _close_at_exit(ref: weakref.ref[CheckpointManager]) -> None:
         manager.close()
     except Exception as exc:  # at exit nobody can catch it: say it loudly
         print(f"[rankguard checkpoint] ERROR at exit: {exc}", file=sys.stderr, flush=True)
-
-
-def _in_background(job: Callable[[], None]) -> None:
-    """A save's background work (the manager's writer thread): at the priority that
-    leaves the cores to the training (``rankguard.cpuprio.yield_cpu``)."""
-    yield_cpu()
-    job()
