@@ -91,13 +91,15 @@ def test_lost_ranks_are_replaced_in_place_then_no_standby_left_restarts(
     tmp_path: Path, run_id: str
 ) -> None:
     """Rank 3 hangs past the hard timeout after step 4 (standby A), rank 2 is SIGKILLed
-    after step 8 (standby B), rank 1 after step 13: no standby left, the group restart;
-    the next attempt runs from step 1 without a fault: the reference losses."""
+    after step 8 (standby B), rank 1 after step 20: no standby left, the group restart;
+    the next attempt runs from step 1 without a fault: the reference losses. Rank 1
+    trains 11 steps (about a second) after the second recovery, so that its heartbeats
+    (published every 0.5 s, sampling the iteration) show a step after it."""
     out, rc, run_dir = _job(
         tmp_path,
         run_id,
         4,
-        *("--steps", "18", "--kill-at", "2:8", "--kill-at", "1:13"),
+        *("--steps", "25", "--kill-at", "2:8", "--kill-at", "1:20"),
         *("--fault", "wedge", "--fault-rank", "3", "--fault-step", "4"),
         *("--fault-duration", "60"),
         standbys=2,
@@ -150,8 +152,8 @@ def test_lost_ranks_are_replaced_in_place_then_no_standby_left_restarts(
     # group restart ran from step 1 without a fault); the rebuilt DDP sums its first
     # buckets in another order: equal to float rounding, not bit for bit
     first, second = _attempts(out)
-    assert sorted(first) == list(range(1, 14)), first
-    assert sorted(second) == list(range(1, 19)), second
+    assert sorted(first) == list(range(1, 21)), first
+    assert sorted(second) == list(range(1, 26)), second
     for step, loss in first.items():
         assert math.isclose(loss, second[step], rel_tol=1e-3), (step, loss, second[step])
     status = json.loads((run_dir / "status.json").read_text())
