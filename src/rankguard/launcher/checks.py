@@ -50,7 +50,7 @@ def check_launch(opts: LaunchOptions, cfg: RankguardConfig) -> LaunchChecks:
             f"no_shared_fs=false: {which} NOT relayed; node 0 sees them "
             "only if log_dir is on a filesystem shared with it"
         )
-    warnings.extend(_exclusion_warnings(opts, ft, max_restarts))
+    warnings.extend(_exclusion_warnings(opts, ft, max_restarts, cfg.node_health.enabled))
     _check_standbys(opts, cfg)
     return LaunchChecks(max_restarts, tuple(warnings))
 
@@ -77,7 +77,9 @@ def _check_standbys(opts: LaunchOptions, cfg: RankguardConfig) -> None:
         )
 
 
-def _exclusion_warnings(opts: LaunchOptions, ft: Any, max_restarts: int) -> list[str]:
+def _exclusion_warnings(
+    opts: LaunchOptions, ft: Any, max_restarts: int, node_health: bool
+) -> list[str]:
     """Bad-node exclusion configured where it cannot do all it says."""
     if not ft.exclusion:
         return []
@@ -95,8 +97,9 @@ def _exclusion_warnings(opts: LaunchOptions, ft: Any, max_restarts: int) -> list
             "is excluded for its restarts"
         )
     if ft.exclude_bad_nodes and not max_restarts:
+        checks = "the GPU and node health checks run" if node_health else ("the GPU check runs")
         out.append(
-            "fault_tolerance.exclude_bad_nodes with no in-job restart: the GPU check runs "
+            f"fault_tolerance.exclude_bad_nodes with no in-job restart: {checks} "
             "before the first round only, and an exit 17 ends the job as before"
         )
     if opts.rdzv_backend == "static" and opts.max_nodes > 1:

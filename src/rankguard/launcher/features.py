@@ -357,13 +357,12 @@ def _exporter(cfg: RankguardConfig) -> ExporterService | None:
 
 
 #: The registry: (feature, factory) in the order the services are called (hot spares
-#: wrap the rendezvous handler before bad-node exclusion wraps theirs; the ``elastic``
-#: block is the last of ``status.json``'s). A new node service is one more line here
-#: (docs/architecture.md, "Recipes").
+#: wrap the rendezvous handler before bad-node exclusion wraps theirs; node health adds
+#: its checks to the exclusion that service attached). A new node service is one more
+#: line here (docs/architecture.md, "Recipes").
 FACTORIES: tuple[tuple[str, ServiceFactory], ...] = (
     ("gpu_health_check", _preflight),
     ("hardware_health", _health),
-    ("node_health", _node_health),
     ("inprocess_restart", _inprocess),
     ("straggler", _straggler),
     ("rerun_state_machine", _rerun),
@@ -374,6 +373,8 @@ FACTORIES: tuple[tuple[str, ServiceFactory], ...] = (
     ("prometheus", _exporter),
     ("elastic", _spares),
     ("exclusion", _exclusion),
+    # after bad-node exclusion: it adds its checks to the exclusion's, before the first round
+    ("node_health", _node_health),
 )
 
 

@@ -1,15 +1,16 @@
 """The node health service (``node_health``): the node's NIC and storage checks before
 each rendezvous round, and the watch over its workers' uninterruptible sleep.
 
-- When the node's services start (the first round numbered it, before its workers
-  start) and whenever bad-node exclusion asks before a later round, the checks of
-  :mod:`rankguard.health.node_checks` run; the result is written as
+- With ``fault_tolerance.exclude_bad_nodes``, before this node joins each rendezvous
+  round (the first one included: bad-node exclusion asks before every round); without
+  it, when the node's services start (the first round numbered it, before its workers
+  start). The checks of :mod:`rankguard.health.node_checks` run; the result is written as
   ``node_health_node_<n>.json`` beside ``gpu_health_node_<n>.json``, and every failed
   check is a ``node_health_failure`` finding (once per failing target and problem).
 - With ``fault_tolerance.exclude_bad_nodes``, a failure excludes the node through
-  :class:`~rankguard.launcher.exclusion.NodeExclusion`, as a bad GPU does: before the
-  next round it leaves, the host named in ``excluded_nodes.json`` and the scheduler's
-  ``--exclude``.
+  :class:`~rankguard.launcher.exclusion.NodeExclusion`, as a bad GPU does: it does not
+  join the round (a failure found while a round runs: the next one), the host named in
+  ``excluded_nodes.json`` and the scheduler's ``--exclude``.
 - A thread looks at the workers' states every ``watch_interval_s``: one in ``D`` state
   past ``uninterruptible_timeout_s`` is a ``rank_uninterruptible_sleep`` finding
   (a process in that state cannot be killed until the kernel call it waits in returns:
@@ -27,7 +28,7 @@ import socket
 import threading
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rankguard._fs import append_jsonl, atomic_write_json
 from rankguard.health.node_checks import (
@@ -36,9 +37,12 @@ from rankguard.health.node_checks import (
     UninterruptibleWatch,
     run_node_checks,
 )
-from rankguard.launcher.nodeservice import NodeContext, NullService
+from rankguard.launcher.nodeservice import LaunchContext, NodeContext, NullService
 from rankguard.schema.findings import Finding, FindingType, Reason
 from rankguard.schema.layout import FINDINGS_FILE, HEARTBEAT_FILE_RE, node_health_file_name
+
+if TYPE_CHECKING:
+    from rankguard.config import RankguardConfig
 
 __all__ = ["NodeHealthService"]
 
@@ -76,14 +80,28 @@ class NodeHealthService(NullService):
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._exclusion: Any = None
+        self._launch: LaunchContext | None = None
+        #: the checks run before the round now starting, not yet written (the node had
+        #: no number yet)
+        self._before_round: NodeHealthReport | None = None
 
     # ---- the checks ------------------------------------------------------------------
 
-    def _directories(self, node: NodeContext) -> list[str]:
-        dirs = [node.cfg.log_dir]
-        if node.cfg.checkpoint.save:
-            dirs.append(node.cfg.checkpoint.save)
+    @staticmethod
+    def _directories(cfg: RankguardConfig) -> list[str]:
+        dirs = [cfg.log_dir]
+        if cfg.checkpoint.save:
+            dirs.append(cfg.checkpoint.save)
         return dirs
+
+    def _run_checks(self, cfg: RankguardConfig) -> NodeHealthReport | None:
+        try:
+            report = run_node_checks(cfg.node_health, self._directories(cfg))
+        except Exception:
+            logger.exception("rankguard: the node health checks failed to run")
+            return None
+        self.latest = report
+        return report
 
     def check_now(self) -> NodeHealthReport | None:
         """Run the checks, write the file, report the failures; None without a node."""
@@ -91,12 +109,11 @@ class NodeHealthService(NullService):
         if node is None:
             return None
         with self._lock:
-            try:
-                report = run_node_checks(node.cfg.node_health, self._directories(node))
-            except Exception:
-                logger.exception("rankguard: the node health checks failed to run")
+            report, self._before_round = self._before_round, None
+            if report is None:
+                report = self._run_checks(node.cfg)
+            if report is None:
                 return None
-            self.latest = report
             name = node_health_file_name(node.node_rank)
             try:
                 atomic_write_json(node.run_dir / name, report.to_dict(node.node_rank))
@@ -106,9 +123,28 @@ class NodeHealthService(NullService):
                 self._report_check(node, failed)
         return report
 
+    def attach(self, agent: Any, launch: LaunchContext) -> None:
+        """With bad-node exclusion: the checks run before every round the node joins,
+        the first one included (the node has no number yet: the file is written when
+        its services start)."""
+        exclusion = getattr(agent, "exclusion", None)
+        if exclusion is not None and self._exclusion is None:
+            self._exclusion, self._launch = exclusion, launch
+            exclusion.add_check(self.before_round)
+
     def before_round(self) -> tuple[list[str], str] | None:
-        """Bad-node exclusion's check before a later round: fresh checks."""
-        report = self.check_now()
+        """Bad-node exclusion's check before a round: fresh checks. Before the first
+        round (no node number yet) the result is kept for the file the node's services
+        write as they start; a failure is the exclusion's finding and line."""
+        if self.node is not None:
+            report = self.check_now()
+        else:
+            launch = self._launch
+            if launch is None:
+                return None
+            with self._lock:
+                report = self._run_checks(launch.cfg)
+                self._before_round = report
         if report is None or report.healthy:
             return None
         problems = [f"{r.check} {r.target}: {r.problem}" for r in report.failed]
@@ -212,7 +248,7 @@ class NodeHealthService(NullService):
         if exclusion is not None and self._exclusion is None:
             self._exclusion = exclusion
             exclusion.add_check(self.before_round)  # every later round, fresh
-        report = self.check_now()
+        report = self.check_now()  # the checks just run before this round, if any
         if report is not None:
             if report.healthy:
                 node.say(f"node health: {report.summary()}")

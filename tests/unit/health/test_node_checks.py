@@ -23,10 +23,11 @@ from rankguard.health.node_checks import (
     run_node_checks,
 )
 from rankguard.health.node_config import NodeHealthConfig
+from rankguard.launcher import nodehealth
 from rankguard.launcher.exclusion import NodeExclusion
 from rankguard.launcher.features import FACTORIES
 from rankguard.launcher.nodehealth import NodeHealthService
-from rankguard.launcher.nodeservice import NodeContext, build_services
+from rankguard.launcher.nodeservice import LaunchContext, NodeContext, build_services
 from rankguard.schema.findings import FindingType, Reason
 from rankguard.schema.layout import node_health_file_name
 from tests.factories import FakeClock
@@ -308,6 +309,69 @@ def test_a_nic_down_is_a_finding_and_excludes_the_node_before_the_next_round(
     assert finding.detail["target"] == "eth0" and finding.rank == -1
     written = json.loads((ctx.run_dir / node_health_file_name(0)).read_text())
     assert written["status"] == "unhealthy"
+
+
+def _launch(conf: RankguardConfig) -> LaunchContext:
+    return LaunchContext(opts=None, cfg=conf, run_id="r1")  # type: ignore[arg-type]
+
+
+def test_with_exclusion_a_nic_down_keeps_the_node_out_of_the_first_round(
+    tmp_path: Path,
+) -> None:
+    sysfs = healthy_sysfs(tmp_path / "sys")
+    (sysfs / "class" / "net" / "eth0" / "operstate").write_text("down\n")
+    conf = config(tmp_path, sysfs, **{"fault_tolerance.exclude_bad_nodes": "true"})
+    healthy_gpus = {"status": "unavailable", "gpus": []}
+    exclusion = NodeExclusion(
+        conf.fault_tolerance,
+        run_id="r1",
+        run_dir=tmp_path / "run",
+        min_nodes=1,
+        max_nodes=2,
+        say=lambda line: None,
+        health=lambda: healthy_gpus,
+    )
+    service = NodeHealthService()
+    service.attach(Agent(exclusion), _launch(conf))  # as the launch builds the agent
+    decided = exclusion.check()  # before the first round: no node number yet
+    assert decided is not None and decided.trigger == "node_health"
+    assert decided.problems == ("nic eth0: link down (operstate down, carrier 1)",)
+    assert "before the round" in decided.message and decided.node_rank is None
+
+
+def test_the_checks_before_the_first_round_are_the_ones_its_file_shows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sysfs = healthy_sysfs(tmp_path / "sys")
+    conf = config(tmp_path, sysfs, **{"fault_tolerance.exclude_bad_nodes": "true"})
+    healthy_gpus = {"status": "unavailable", "gpus": []}
+    exclusion = NodeExclusion(
+        conf.fault_tolerance,
+        run_id="r1",
+        run_dir=tmp_path / "run",
+        min_nodes=1,
+        max_nodes=2,
+        say=lambda line: None,
+        health=lambda: healthy_gpus,
+    )
+    runs: list[int] = []
+    real = nodehealth.run_node_checks
+    monkeypatch.setattr(
+        nodehealth, "run_node_checks", lambda *a, **k: runs.append(1) or real(*a, **k)
+    )
+    services = Services([])
+    service = NodeHealthService()
+    service.attach(Agent(exclusion), _launch(conf))
+    assert exclusion.check() is None and len(runs) == 1  # healthy: joins the first round
+    ctx = node(tmp_path, conf, services, Agent(exclusion))
+    service.start(ctx)  # the round numbered the node: its file, from those checks
+    assert len(runs) == 1
+    written = json.loads((ctx.run_dir / node_health_file_name(0)).read_text())
+    assert written["status"] == "ok"
+    (sysfs / "class" / "net" / "eth0" / "operstate").write_text("down\n")
+    decided = exclusion.check()  # before the next round: fresh checks
+    service.stop()
+    assert len(runs) == 2 and decided is not None and decided.trigger == "node_health"
 
 
 def test_without_exclusion_a_failure_is_reported_only(tmp_path: Path) -> None:
