@@ -4,7 +4,9 @@ What: runs ``rankguard run`` (the real launcher, CPU ranks, gloo, loopback only)
 case, injects one fault, and checks what the job monitor wrote: was the fault detected,
 with the right finding type on the right rank, how long after the injection, did any
 process of the job survive it, and are the files it left valid. Clean runs (no fault)
-count false positives. Cases run one at a time.
+count false positives. Cases run one at a time. Each case's ETTR (productive training
+time / wall time) comes from the goodput ledger rankguard keeps in node 0's run directory
+(what ``rankguard goodput`` prints): the cost of each fault to the job, start-up included.
 
 Settings (every run): heartbeats published and scanned every 0.5 s, process timeout 3 s,
 progress timeout 4 s (the e2e tests' short timeouts), fault tolerance on with no in-job
@@ -358,6 +360,10 @@ class Result:
     note: str = ""
     not_run: str = ""
     messages: list[str] = field(default_factory=list)
+    #: the goodput ledger of node 0's run directory (``rankguard goodput``): productive
+    #: training time / wall time, and its parts in seconds
+    ettr: float | None = None
+    goodput_parts: dict[str, float] = field(default_factory=dict)
 
 
 # ---- process helpers ---------------------------------------------------------------------
@@ -876,6 +882,7 @@ def run_case(index: int, c: Case, work: Path, can_mount: bool) -> Result:
         res.wall_s = time.monotonic() - t0
         count_orphans(run_id, res)
         evaluate(c, res, launchers, run_dirs, inject_t, injected)
+        goodput_of(res, run_dirs[0])
     finally:
         for la in launchers:
             if la.proc.poll() is None:
@@ -893,6 +900,21 @@ def run_case(index: int, c: Case, work: Path, can_mount: bool) -> Result:
             else:
                 subprocess.run(["umount", "-l", str(mounted)], capture_output=True)
     return res
+
+
+def goodput_of(res: Result, run_dir: Path) -> None:
+    """The case's ETTR and its parts, from the ledger rankguard keeps for the run."""
+    from rankguard.goodput.rundir import read_ledger
+
+    try:
+        ledger = read_ledger(run_dir)
+    except Exception as exc:  # a case's files may be what the fault broke
+        res.note += f"goodput ledger unreadable: {type(exc).__name__}; "
+        return
+    if ledger is None:
+        return
+    res.ettr = ledger.ettr
+    res.goodput_parts = {part.value: round(sec, 3) for part, sec in ledger.parts.items() if sec}
 
 
 def inject_from_outside(
@@ -1142,11 +1164,12 @@ def print_row(r: Result) -> None:
     files = "ok" if not r.invalid_files else f"BAD {len(r.invalid_files)}"
     named = re.match(r"rank (\d+)\b", r.root_cause)
     cause = f"r{named.group(1)}" if named else ("?" if r.root_cause else "-")
+    ettr = "-" if r.ettr is None else f"{100 * r.ettr:.0f}%"
     print(
         f"{r.index:>3} {kind:<20} {r.shape:<10} {r.where:<12} {fmt_findings(r.expected):<27} "
         f"{fmt_findings(r.observed):<32} {'yes' if r.right else 'NO':<5} {detect:>6} "
         f"{cause:>5} {'yes' if r.completed else 'no':<4} {r.orphans:>3} {files:<6} {rc:<6} "
-        f"{r.wall_s:5.1f}" + (f"  {r.note.strip()}" if r.note else ""),
+        f"{r.wall_s:5.1f} {ettr:>5}" + (f"  {r.note.strip()}" if r.note else ""),
         flush=True,
     )
 
@@ -1154,7 +1177,7 @@ def print_row(r: Result) -> None:
 HEADER = (
     f"{'#':>3} {'kind':<20} {'shape':<10} {'fault':<12} {'expected':<27} {'observed':<32} "
     f"{'right':<5} {'det s':>6} {'cause':>5} {'done':<4} {'orp':>3} {'files':<6} {'rc':<6} "
-    f"{'wall':>5}"
+    f"{'wall':>5} {'ETTR':>5}"
 )
 
 
@@ -1191,7 +1214,20 @@ def summarize(results: list[Result]) -> dict[str, Any]:
         "cases_with_orphans": sum(1 for r in ran if r.orphans),
         "invalid_files": sum(len(r.invalid_files) for r in ran),
         "per_kind": per_kind,
+        "ettr_by_case": {
+            f"{r.index} {r.kind}" + (f"/{r.variant}" if r.variant else ""): (
+                None if r.ettr is None else round(r.ettr, 4)
+            )
+            for r in ran
+        },
+        "median_ettr_fault_cases": _median([r.ettr for r in faults]),
+        "median_ettr_clean_runs": _median([r.ettr for r in clean]),
     }
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return round(statistics.median(known), 4) if known else None
 
 
 def print_summary(s: dict[str, Any]) -> None:
@@ -1209,6 +1245,14 @@ def print_summary(s: dict[str, Any]) -> None:
         f"clean runs not completed: {s['clean_runs_not_completed']}"
     )
     print(f"findings in fault cases that expect none: {s['findings_where_none_expected']}")
+    pct = {
+        k: "-" if s[k] is None else f"{100 * s[k]:.1f} %"
+        for k in ("median_ettr_fault_cases", "median_ettr_clean_runs")
+    }
+    print(
+        f"ETTR (rankguard's goodput ledger of each run): median {pct['median_ettr_fault_cases']} "
+        f"in fault cases, {pct['median_ettr_clean_runs']} in clean runs (each case's in its row)"
+    )
     print(f"orphans: {s['orphans']} in {s['cases_with_orphans']} case(s)  goal 0")
     print(f"invalid files: {s['invalid_files']}  goal 0")
     print()
@@ -1284,6 +1328,9 @@ def main() -> int:
             )
         )
     if args.smoke and not all(r.right and not r.not_run for r in results):
+        return 1
+    if args.smoke and any(r.kind == "clean" and r.ettr is None for r in results):
+        print("smoke: the clean run has no goodput ledger (no ETTR)")
         return 1
     return 0
 
