@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -78,5 +79,5 @@ def _main(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(ledger.to_dict(), indent=2) + "\n")
     else:
-        sys.stdout.write(render(ledger, run_dir.name))
+        sys.stdout.write(render(ledger, Path(os.path.abspath(run_dir)).name))
     return 0

@@ -88,13 +88,15 @@ def phase_part(phase: str) -> Part | None:
 class LiveRecovery:
     """A lost rank replaced while the job went on (no restart of the worker group):
     ``fault`` when the loss was seen, ``resumed`` when training went on (None: not
-    said), ``steps_redone`` the steps before the fault that were done again."""
+    said), ``steps_redone`` the steps before the fault that were done again,
+    ``resumed_step`` the first step every rank ran after it (None: not said)."""
 
     fault: float
     resumed: float | None = None
     steps_redone: int = 0
     cause: str | None = None
     lost_rank: int | None = None
+    resumed_step: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -277,18 +279,31 @@ def _live(
 ) -> Interruption:
     """Training up to the last step before a live recovery's fault, then its parts:
     the ``steps_redone`` steps before it recomputed, last step -> fault detection
-    wait, fault -> resumed recovery (to the next step when it does not say)."""
+    wait, fault -> resumed recovery (to the next step when it does not say).
+
+    The iterations come from the recovery itself when it names the step every rank ran
+    next (``resumed_step``: training resumed after the one before it, and the fault
+    came ``steps_redone`` steps later); else from the last step sampled before it."""
     before = [s for s in attempt.steps if s[1] <= live.fault]
-    it, at = before[-1] if before else (None, tally.cursor)
+    redone = max(0, live.steps_redone)
+    it: int | None
+    if live.resumed_step is not None:
+        resumed_from: int | None = live.resumed_step - 1
+        it = live.resumed_step - 1 + redone
+        reached = _reached(before, it)
+        at = reached if reached is not None else tally.cursor
+    else:
+        it, at = before[-1] if before else (None, tally.cursor)
+        resumed_from = None if it is None else it - redone
     redone_from = None
-    if it is not None and live.steps_redone > 0:
-        redone_from = _reached(before, it - live.steps_redone) or before[0][1]
+    if it is not None and redone > 0 and before:
+        redone_from = _reached(before, it - redone) or before[0][1]
     cut = Interruption(
         attempt=index,
         cause=live.cause,
         at=at,
         iteration=it,
-        resumed_from=None if it is None else it - max(0, live.steps_redone),
+        resumed_from=resumed_from,
         first_evidence_s=max(0.0, live.fault - at),
         kind="live_recovery",
     )
