@@ -59,7 +59,10 @@ def render(ledger: Ledger, name: str) -> str:
         resumed = (
             f"; resumed after iteration {i.resumed_from}" if i.resumed_from is not None else ""
         )
-        what = "live recovery in attempt" if i.kind == "live_recovery" else "attempt"
+        what = {
+            "live_recovery": "live recovery in attempt",
+            "inprocess": "in-process re-entry in attempt",
+        }.get(i.kind, "attempt")
         lines.append(
             f"interruption {k}: {what} {i.attempt} ({i.cause or 'cause unknown'}){where}: "
             f"cost {_s(i.cost_s)} ({spent or 'nothing measured'}){resumed}"

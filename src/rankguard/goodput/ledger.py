@@ -24,7 +24,9 @@ is cut into consecutive spans, so the parts sum to the wall time by construction
 | a completed last attempt: last step -> its end | ``unknown`` (closing) |
 | anything else (a gap no event explains) | ``unknown`` |
 
-ETTR (effective training time ratio) is ``productive / wall``.
+ETTR (effective training time ratio) is ``productive / wall``. An in-process re-entry
+(rank 0's ``inprocess_restart`` phase) that is no part of a live recovery is an
+interruption of its own (kind ``inprocess``).
 """
 
 from __future__ import annotations
@@ -119,6 +121,9 @@ class Attempt:
     fault: float | None = None  # the first evidence of the fault (a finding, an error exit)
     cause: str | None = None
     live: Sequence[LiveRecovery] = ()  # live recoveries within it, by fault time
+    # in-process re-entries, as rank 0's step clock saw them: (its ``inprocess_restart``
+    # phase's start, the iteration then, the iteration training resumed after or None)
+    reentries: Sequence[tuple[float, int, int | None]] = ()
 
     @property
     def first_step(self) -> float | None:
@@ -140,7 +145,9 @@ class Interruption:
     resumed_from: int | None
     first_evidence_s: float | None  # after the last completed step
     parts: dict[Part, float] = field(default_factory=dict)
-    kind: str = "restart"  # restart (the worker group started again), live_recovery
+    # restart (the worker group started again), live_recovery, inprocess (every rank
+    # re-entered its training function in the same processes)
+    kind: str = "restart"
 
     @property
     def cost_s(self) -> float:
@@ -376,6 +383,9 @@ def build_ledger(attempts: Sequence[Attempt], end: float | None = None) -> Ledge
         else:
             tally.to(limit, Part.UNKNOWN)
     tally.to(stop, Part.UNKNOWN)
+    interruptions += _reentries(attempts, tally.spans)
+    # in time order; at one time, what ended the attempt last
+    interruptions.sort(key=lambda cut: (cut.attempt, cut.at, cut.kind == "restart"))
     return Ledger(
         start=start,
         end=stop,
@@ -384,3 +394,47 @@ def build_ledger(attempts: Sequence[Attempt], end: float | None = None) -> Ledge
         interruptions=interruptions,
         spans=tally.spans,
     )
+
+
+def _reentries(
+    attempts: Sequence[Attempt], spans: Sequence[tuple[float, float, Part]]
+) -> list[Interruption]:
+    """Each in-process re-entry of rank 0 (an ``inprocess_restart`` phase) that is no
+    part of a live recovery (the survivors re-enter then too: the recovery says it):
+    at the iteration it began at, resumed after the one its step clock went on from
+    (:attr:`Attempt.reentries`; else the steps sampled around it), its cost the
+    recovery the ledger counted within it."""
+    out = []
+    for index, attempt in enumerate(attempts):
+        seen = {start: (it, after) for start, it, after in attempt.reentries}
+        for name, a, b in attempt.phases:
+            if name != "inprocess_restart" or b <= a:
+                continue
+            if any(
+                a <= (live.resumed if live.resumed is not None else b) and b >= live.fault
+                for live in attempt.live
+            ):
+                continue
+            before = [s for s in attempt.steps if s[1] <= a]
+            after = [s for s in attempt.steps if s[1] > b]
+            it, at = before[-1] if before else (None, a)
+            resumed = after[0][0] - 1 if after else None
+            if a in seen:  # the rank's own count: exact, however sparse the samples
+                it, resumed = seen[a]
+                at = _reached(before, it) or at
+            recovery = sum(
+                max(0.0, min(b, y) - max(a, x)) for x, y, part in spans if part is Part.RECOVERY
+            )
+            out.append(
+                Interruption(
+                    attempt=index,
+                    cause="in-process re-entry",
+                    at=at,
+                    iteration=it,
+                    resumed_from=resumed,
+                    first_evidence_s=None,
+                    parts={Part.RECOVERY: recovery} if recovery > 0 else {},
+                    kind="inprocess",
+                )
+            )
+    return out

@@ -106,6 +106,11 @@ class _Process:
     # (time, iteration, training steps: progress_seq less the saves among it)
     first_seen: tuple[float, int, int] | None = None
     script_numbered: bool = False  # the script numbers its steps (iteration_source script)
+    # in-process re-entries, by their phase's start: (the iteration then, the training
+    # steps then, the iteration training resumed after: known once a later record counts
+    # more steps, as that record's iteration less the steps made since)
+    reentries: dict[float, tuple[int, int, int | None]] = field(default_factory=dict)
+    _open: float | None = None  # the re-entry whose resumed iteration is not known yet
 
     def add(self, rec: dict[str, Any]) -> None:
         wall_ns = as_finite(rec.get("wall_time_ns"))
@@ -139,17 +144,33 @@ class _Process:
             # count may have a later last progress that is no step (an in-process
             # re-entry marks the rank recovered without one).
             seen = self.steps.get((self.pid, progress))
-            self.steps[(self.pid, progress)] = (
-                iteration,
-                when if seen is None else min(seen[1], when),
-            )
-            saves = _int(rec.get("checkpoint_count")) or 0
-            steps = progress - saves if 0 <= saves <= progress else progress
+            if seen is None or when < seen[1]:
+                self.steps[(self.pid, progress)] = (iteration, when)
             if self.first_seen is None or when < self.first_seen[0]:
-                self.first_seen = (when, iteration, steps)
+                self.first_seen = (when, iteration, _training_steps(rec, progress))
         phase, elapsed = rec.get("phase"), as_finite(rec.get("phase_elapsed_s"))
         if isinstance(phase, str) and elapsed is not None:
             self.phase_starts.add((phase, round(wall - elapsed, 3)))
+            if iteration is not None and isinstance(progress, int) and progress >= 0:
+                self._reentry(phase, round(wall - elapsed, 3), iteration, rec, progress)
+
+    def _reentry(
+        self, phase: str, began: float, iteration: int, rec: dict[str, Any], progress: int
+    ) -> None:
+        """An ``inprocess_restart`` phase opens a re-entry (the record at its start has
+        the last completed step); the first later record with more steps closes it."""
+        count = _training_steps(rec, progress)
+        if phase == "inprocess_restart":
+            if began not in self.reentries:
+                self.reentries[began] = (iteration, count, None)
+                self._open = began
+            return
+        if self._open is None:
+            return
+        it0, n0, _ = self.reentries[self._open]
+        if count > n0:
+            self.reentries[self._open] = (it0, n0, iteration - (count - n0))
+            self._open = None
 
     @property
     def begin(self) -> float:
@@ -168,6 +189,12 @@ class _Process:
             nxt = next((t2 for t2, p2 in starts[i + 1 :] if p2 != p), self.finish)
             out.append((p, t, nxt))
         return out
+
+
+def _training_steps(rec: dict[str, Any], progress: int) -> int:
+    """The record's training steps: its progress less the saves among it."""
+    saves = _int(rec.get("checkpoint_count")) or 0
+    return progress - saves if 0 <= saves <= progress else progress
 
 
 def _when(value: Any) -> float | None:
@@ -222,6 +249,7 @@ def _merge(procs: list[_Process], live: list[_LiveLine]) -> list[_Process]:
         lost.last_seen = max(lost.last_seen, standby.last_seen)
         lost.end, lost.clean = standby.end, standby.clean
         lost.script_numbered = lost.script_numbered or standby.script_numbered
+        lost.reentries.update(standby.reentries)
         if lost.first_seen is None:
             lost.first_seen = standby.first_seen
         by_pid[standby.pid] = lost
@@ -231,7 +259,9 @@ def _merge(procs: list[_Process], live: list[_LiveLine]) -> list[_Process]:
 
 def _processes(run_dir: Path) -> list[_Process]:
     procs: dict[int, _Process] = {}
-    for path in sorted(run_dir.iterdir()):
+    # a rotated file (``.1``) before the one that followed it: records in time order
+    paths = sorted(run_dir.iterdir(), key=lambda p: (p.name.removesuffix(".1"), p.suffix != ".1"))
+    for path in paths:
         name = path.name.removesuffix(".1")
         m = HEARTBEAT_FILE_RE.match(name)
         if m is None or int(m.group(1)) != 0:
@@ -330,6 +360,7 @@ def read_attempts(run_dir: str | os.PathLike[str]) -> list[Attempt]:
                     for x in live
                     if proc.begin <= x.recovery.fault < min(nxt_begin, proc.finish + 1.0)
                 ],
+                reentries=[(t, it, after) for t, (it, _, after) in proc.reentries.items()],
             )
         )
     return attempts

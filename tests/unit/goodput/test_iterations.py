@@ -160,8 +160,9 @@ def test_a_job_retry_after_a_re_entry_keeps_the_last_step_s_time(tmp_path: Path)
     a1.write()
     ledger = read_ledger(d)
     assert ledger is not None and ledger.attempts == 2
-    (cut,) = ledger.interruptions
-    assert (cut.iteration, cut.resumed_from) == (12, 10)
+    reentry, cut = ledger.interruptions
+    assert (reentry.kind, reentry.iteration, reentry.resumed_from) == ("inprocess", 12, None)
+    assert (cut.kind, cut.iteration, cut.resumed_from) == ("restart", 12, 10)
     assert cut.at == pytest.approx(step12, abs=0.01)
     # iterations 11 and 12 of attempt 0 were done again
     assert cut.parts[Part.RECOMPUTED] == pytest.approx(1.0, abs=0.01)
@@ -195,3 +196,27 @@ def test_a_run_directory_given_as_a_relative_path(tmp_path: Path, monkeypatch: A
     monkeypatch.setattr(sys, "stdout", out)
     assert _main(Args()) == 0  # type: ignore[arg-type]
     assert out.getvalue().startswith(f"goodput of {d.name}:")
+
+
+def test_an_in_process_re_entry_is_an_interruption(tmp_path: Path) -> None:
+    """Every rank re-entered its training function after iteration 12 (a rank raised);
+    the script rolled back to its in-memory state of iteration 10 and went on with 11.
+    The re-entry's own interruption: at 12, resumed after 10, its recovery phase."""
+    d = run_dir(tmp_path)
+    rank = Rank0(d, pid=41, start=T0, interval=5.0, iteration_source="script")
+    rank.step(T0 + 3.0)
+    step12 = train(rank, T0 + 3.0, 11, 0.5, {})  # iterations 2-12
+    rank.reenter(step12 + 0.4, step12 + 1.6, iteration=10)
+    t = train(rank, step12 + 1.6, 10, 0.5, {})  # 11-20
+    rank.end(t + 0.2, clean=True)
+    rank.write()
+    ledger = read_ledger(d)
+    assert ledger is not None
+    (cut,) = ledger.interruptions
+    assert (cut.kind, cut.iteration, cut.resumed_from) == ("inprocess", 12, 10)
+    assert cut.at == pytest.approx(step12, abs=0.01)
+    assert cut.parts == {Part.RECOVERY: pytest.approx(1.2, abs=0.01)}
+    assert ledger.parts[Part.RECOVERY] == pytest.approx(1.2, abs=0.01)
+    assert "in-process re-entry in attempt 0 (in-process re-entry) at iteration 12" in render(
+        ledger, d.name
+    )
