@@ -717,8 +717,9 @@ def _say_rerun(worker_exit: int | None, run_dir: Path) -> None:
     """The rerun state machine's verdict behind an exit 16 or 17."""
     if worker_exit == EXIT_RERUN_RESUME:
         _say(
-            "exit 16: a failed check reproduced in place; the checkpoint is saved: resume "
-            "the job (on other hardware) to re-run the iteration"
+            "exit 16: a failed check reproduced in place: resume the job (on other "
+            "hardware) to re-run the iteration from the checkpoint the rerun state machine "
+            "saved (its persistent_fault finding says whether it had one to save)"
         )
     elif worker_exit == EXIT_RERUN_VALIDATION_FAILED:
         from rankguard.rerun.verdict import read_verdict
