@@ -432,8 +432,9 @@ class PreemptionEvaluator(BlockEvaluator[PreemptBlock]):
             )
         if steps and None not in last:
             return (
-                f"{head}: the next run starts from the last save every rank completed "
-                f"(their last saves: steps {min(steps)} to {max(steps)})"
+                f"{head}: the next run starts from the last save every rank completed, "
+                f"step {min(steps)} at the latest (their last saves: steps {min(steps)} to "
+                f"{max(steps)})"
             )
         reported = len(last) - last.count(None)
         return f"{head}: the next run starts from the last checkpoint the script wrote, if any " + (

@@ -123,8 +123,8 @@ def test_older_saves_of_different_steps() -> None:
     _, ranks = _ended([(50, 50), (60, 60)])
     ev.evaluate(1.0, ranks)
     assert ev.saved_line().endswith(
-        "the next run starts from the last save every rank completed (their last saves: "
-        "steps 50 to 60)"
+        "the next run starts from the last save every rank completed, step 50 at the latest "
+        "(their last saves: steps 50 to 60)"
     )
 
 
@@ -149,8 +149,8 @@ def test_one_rank_saved_the_stop_step_the_other_an_older_one() -> None:
     ev.evaluate(1.0, ranks)
     assert ev.saved_line() == (
         f"stopped at step {STOP} without a checkpoint of it (1 of 2 rank(s) saved it): the "
-        f"next run starts from the last save every rank completed (their last saves: steps "
-        f"50 to {STOP})"
+        f"next run starts from the last save every rank completed, step 50 at the latest "
+        f"(their last saves: steps 50 to {STOP})"
     )
 
 
