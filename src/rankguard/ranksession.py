@@ -103,6 +103,15 @@ class RankSession(Protocol):
         steps since, for a script that does not number its steps itself."""
         ...
 
+    def note_saved(self, step: int, seq: int | None = None) -> None:
+        """A save of ``step`` completed (committed: a next run can load it); ``seq``:
+        :meth:`training_steps` when its state was taken (default: now)."""
+        ...
+
+    def training_steps(self) -> int:
+        """Training steps this process issued (saves left out)."""
+        ...
+
     # ---- components -----------------------------------------------------------------
 
     def add_heartbeat_block(self, source: BlockSource) -> None:

@@ -255,6 +255,18 @@ class Session:
         """A checkpoint of ``step`` was loaded (the iteration shown follows it)."""
         self.tracker.note_resumed(step)
 
+    def note_saved(self, step: int, seq: int | None = None) -> None:
+        """A save of ``step`` completed: committed, a next run can load it (rankguard's
+        checkpoint manager and ``TorchFileSaver`` say it themselves; call it after your
+        own saver's save and wait). ``seq``: :meth:`training_steps` when the save's state
+        was taken (default: now). A preemption's "saved" needs it on every rank."""
+        self.tracker.note_saved(step, seq)
+
+    def training_steps(self) -> int:
+        """Training steps this process issued (saves left out): an agreed stop step's
+        numbering."""
+        return self.tracker.training_steps()
+
     @property
     def restart_count(self) -> int:
         """How many times the launcher restarted the worker group before this process
@@ -581,6 +593,12 @@ class NullSession:
 
     def note_resumed(self, step: int) -> None:
         pass
+
+    def note_saved(self, step: int, seq: int | None = None) -> None:
+        pass
+
+    def training_steps(self) -> int:
+        return 0
 
     def add_heartbeat_block(self, source: BlockSource) -> None:
         pass

@@ -134,6 +134,7 @@ class ProgressTracker:
         "phase_spans",
         "progress_seq",
         "resumed_step",
+        "saved",
         "source",
         "started_ns",
         "step_ns",
@@ -169,6 +170,10 @@ class ProgressTracker:
         self.iteration_given = False
         self.resumed_step: int | None = None
         self._resumed_at = 0
+        # The last completed save a next run can load: (the script's step, the training
+        # steps this process had issued when its state was taken). One tuple: written by
+        # a background commit, read by the heartbeat thread.
+        self.saved: tuple[int, int] | None = None
         self.phase = SETUP_PHASE
         self._phase_set = False  # has anyone set a phase (API, checkpoint)?
         self._train_ns = 0  # readers: when the implicit train phase began (first step)
@@ -354,6 +359,16 @@ class ProgressTracker:
         script's own numbering, the shown iteration is that step plus the steps since."""
         self.resumed_step = int(step)
         self._resumed_at = self._steps_counted()  # an in-process restart resumes again
+
+    def note_saved(self, step: int, seq: int | None = None) -> None:
+        """A save of the script's step ``step`` completed (committed: a next run can
+        load it). ``seq``: the training steps this process had issued when the save's
+        state was taken (default: now), the numbering of an agreed stop step."""
+        self.saved = (int(step), self.training_steps() if seq is None else int(seq))
+
+    def training_steps(self) -> int:
+        """Training steps issued so far (saves left out): what an agreed stop step counts."""
+        return max(0, self.issued_seq - self.checkpoint_count)
 
     def mark_recovered(self) -> None:
         """An in-process restart brought the rank back: the time since progress starts

@@ -120,6 +120,7 @@ class CheckpointManager:
             "loaded": None,
         }
         self.seq = 0
+        self._save_steps: int | None = None  # the session's training steps at save()
         self._inflight: Future[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rankguard-ckpt")
         self.stager = HostStager(pin_memory=config.pin_memory)
@@ -218,6 +219,8 @@ class CheckpointManager:
         if self.config.ckpt_format != "torch_dist" and tier == "persistent":
             blocking = True
         self.seq += 1
+        session = self._live_session()  # the steps this save's state is as of
+        self._save_steps = session.training_steps() if session is not None else None
         t0 = time.monotonic()
         with self._phase(f"{tier}:{step_dir_name(step)}"):
             job = self.tiers[tier].start_save(step, blocking, t0)
@@ -243,6 +246,9 @@ class CheckpointManager:
             "total_s": round(now - t0, 4),
         }
         self.stats["inflight"] = None
+        session = self._live_session()
+        if tier == "persistent" and session is not None:  # what a requeued job can load
+            session.note_saved(step, self._save_steps)
         self.say(
             f"checkpoint step {step} ({tier}) committed: {path} (stage {stage_s:.3f} s, "
             f"write {now - w0:.3f} s, total {now - t0:.3f} s)",

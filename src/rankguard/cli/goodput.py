@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -58,7 +59,10 @@ def render(ledger: Ledger, name: str) -> str:
         resumed = (
             f"; resumed after iteration {i.resumed_from}" if i.resumed_from is not None else ""
         )
-        what = "live recovery in attempt" if i.kind == "live_recovery" else "attempt"
+        what = {
+            "live_recovery": "live recovery in attempt",
+            "inprocess": "in-process re-entry in attempt",
+        }.get(i.kind, "attempt")
         lines.append(
             f"interruption {k}: {what} {i.attempt} ({i.cause or 'cause unknown'}){where}: "
             f"cost {_s(i.cost_s)} ({spent or 'nothing measured'}){resumed}"
@@ -78,5 +82,5 @@ def _main(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(ledger.to_dict(), indent=2) + "\n")
     else:
-        sys.stdout.write(render(ledger, run_dir.name))
+        sys.stdout.write(render(ledger, Path(os.path.abspath(run_dir)).name))
     return 0

@@ -597,6 +597,9 @@ def _preemption_lines(pre: Any) -> list[str]:
             f"{_s(pre.get('saved_step'))} ({_s(pre.get('ranks_saved'))} rank(s)), killed at "
             f"the grace limit: {_s(pre.get('terminated_pids') or None)}"
         )
+        saved = pre.get("saved")
+        if isinstance(saved, str) and saved:
+            out.append(f"  {safe_text(saved[:400])}")
     return out
 
 

@@ -24,7 +24,9 @@ is cut into consecutive spans, so the parts sum to the wall time by construction
 | a completed last attempt: last step -> its end | ``unknown`` (closing) |
 | anything else (a gap no event explains) | ``unknown`` |
 
-ETTR (effective training time ratio) is ``productive / wall``.
+ETTR (effective training time ratio) is ``productive / wall``. An in-process re-entry
+(rank 0's ``inprocess_restart`` phase) that is no part of a live recovery is an
+interruption of its own (kind ``inprocess``).
 """
 
 from __future__ import annotations
@@ -88,13 +90,15 @@ def phase_part(phase: str) -> Part | None:
 class LiveRecovery:
     """A lost rank replaced while the job went on (no restart of the worker group):
     ``fault`` when the loss was seen, ``resumed`` when training went on (None: not
-    said), ``steps_redone`` the steps before the fault that were done again."""
+    said), ``steps_redone`` the steps before the fault that were done again,
+    ``resumed_step`` the first step every rank ran after it (None: not said)."""
 
     fault: float
     resumed: float | None = None
     steps_redone: int = 0
     cause: str | None = None
     lost_rank: int | None = None
+    resumed_step: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,6 +121,9 @@ class Attempt:
     fault: float | None = None  # the first evidence of the fault (a finding, an error exit)
     cause: str | None = None
     live: Sequence[LiveRecovery] = ()  # live recoveries within it, by fault time
+    # in-process re-entries, as rank 0's step clock saw them: (its ``inprocess_restart``
+    # phase's start, the iteration then, the iteration training resumed after or None)
+    reentries: Sequence[tuple[float, int, int | None]] = ()
 
     @property
     def first_step(self) -> float | None:
@@ -138,7 +145,9 @@ class Interruption:
     resumed_from: int | None
     first_evidence_s: float | None  # after the last completed step
     parts: dict[Part, float] = field(default_factory=dict)
-    kind: str = "restart"  # restart (the worker group started again), live_recovery
+    # restart (the worker group started again), live_recovery, inprocess (every rank
+    # re-entered its training function in the same processes)
+    kind: str = "restart"
 
     @property
     def cost_s(self) -> float:
@@ -277,18 +286,31 @@ def _live(
 ) -> Interruption:
     """Training up to the last step before a live recovery's fault, then its parts:
     the ``steps_redone`` steps before it recomputed, last step -> fault detection
-    wait, fault -> resumed recovery (to the next step when it does not say)."""
+    wait, fault -> resumed recovery (to the next step when it does not say).
+
+    The iterations come from the recovery itself when it names the step every rank ran
+    next (``resumed_step``: training resumed after the one before it, and the fault
+    came ``steps_redone`` steps later); else from the last step sampled before it."""
     before = [s for s in attempt.steps if s[1] <= live.fault]
-    it, at = before[-1] if before else (None, tally.cursor)
+    redone = max(0, live.steps_redone)
+    it: int | None
+    if live.resumed_step is not None:
+        resumed_from: int | None = live.resumed_step - 1
+        it = live.resumed_step - 1 + redone
+        reached = _reached(before, it)
+        at = reached if reached is not None else tally.cursor
+    else:
+        it, at = before[-1] if before else (None, tally.cursor)
+        resumed_from = None if it is None else it - redone
     redone_from = None
-    if it is not None and live.steps_redone > 0:
-        redone_from = _reached(before, it - live.steps_redone) or before[0][1]
+    if it is not None and redone > 0 and before:
+        redone_from = _reached(before, it - redone) or before[0][1]
     cut = Interruption(
         attempt=index,
         cause=live.cause,
         at=at,
         iteration=it,
-        resumed_from=None if it is None else it - max(0, live.steps_redone),
+        resumed_from=resumed_from,
         first_evidence_s=max(0.0, live.fault - at),
         kind="live_recovery",
     )
@@ -361,6 +383,9 @@ def build_ledger(attempts: Sequence[Attempt], end: float | None = None) -> Ledge
         else:
             tally.to(limit, Part.UNKNOWN)
     tally.to(stop, Part.UNKNOWN)
+    interruptions += _reentries(attempts, tally.spans)
+    # in time order; at one time, what ended the attempt last
+    interruptions.sort(key=lambda cut: (cut.attempt, cut.at, cut.kind == "restart"))
     return Ledger(
         start=start,
         end=stop,
@@ -369,3 +394,47 @@ def build_ledger(attempts: Sequence[Attempt], end: float | None = None) -> Ledge
         interruptions=interruptions,
         spans=tally.spans,
     )
+
+
+def _reentries(
+    attempts: Sequence[Attempt], spans: Sequence[tuple[float, float, Part]]
+) -> list[Interruption]:
+    """Each in-process re-entry of rank 0 (an ``inprocess_restart`` phase) that is no
+    part of a live recovery (the survivors re-enter then too: the recovery says it):
+    at the iteration it began at, resumed after the one its step clock went on from
+    (:attr:`Attempt.reentries`; else the steps sampled around it), its cost the
+    recovery the ledger counted within it."""
+    out = []
+    for index, attempt in enumerate(attempts):
+        seen = {start: (it, after) for start, it, after in attempt.reentries}
+        for name, a, b in attempt.phases:
+            if name != "inprocess_restart" or b <= a:
+                continue
+            if any(
+                a <= (live.resumed if live.resumed is not None else b) and b >= live.fault
+                for live in attempt.live
+            ):
+                continue
+            before = [s for s in attempt.steps if s[1] <= a]
+            after = [s for s in attempt.steps if s[1] > b]
+            it, at = before[-1] if before else (None, a)
+            resumed = after[0][0] - 1 if after else None
+            if a in seen:  # the rank's own count: exact, however sparse the samples
+                it, resumed = seen[a]
+                at = _reached(before, it) or at
+            recovery = sum(
+                max(0.0, min(b, y) - max(a, x)) for x, y, part in spans if part is Part.RECOVERY
+            )
+            out.append(
+                Interruption(
+                    attempt=index,
+                    cause="in-process re-entry",
+                    at=at,
+                    iteration=it,
+                    resumed_from=resumed,
+                    first_evidence_s=None,
+                    parts={Part.RECOVERY: recovery} if recovery > 0 else {},
+                    kind="inprocess",
+                )
+            )
+    return out

@@ -10,12 +10,17 @@ is the job's. From its records, each measured by the rank itself:
   step (``wall_time_ns`` less the monotonic time since ``last_progress_monotonic_ns``);
 - phases: each record's phase began ``phase_elapsed_s`` before it (the heartbeat thread
   writes a record at each phase change); a phase lasts until the next one begins;
+  (the first record at a step count: a later one at the same count may carry a later
+  last progress that is no step, an in-process re-entry marking the rank recovered);
 - the iteration it resumed after: the iteration of its first record whose
   ``iteration_source`` is ``checkpoint`` or that came before any step, else the first
-  step record's iteration less the steps it counts (``progress_seq``);
-- rank 0's ``perf.jsonl`` windows: the end of each window's last step, the ``step``-th
-  of the attempt (iteration: the resumed one plus ``step``); the first window
-  (``includes_startup``) is the end of the attempt's first step, exactly.
+  step record's iteration less the training steps it counts (``progress_seq`` less
+  ``checkpoint_count``);
+- rank 0's ``perf.jsonl`` windows, each written just after its last step (a heartbeat's
+  time of the same iteration wins: it is the step's end): the window's own
+  ``iteration`` when the script numbers its steps (``iteration_source`` ``script``), else
+  the resumed iteration plus the window's ``step``; the first window
+  (``includes_startup``) is the end of the attempt's first step.
 
 The launcher's ``restarts.jsonl`` gives the decision after each failed attempt (a
 restart's line, or a ``stop`` line), and each live recovery (a ``live_recovery`` line:
@@ -92,12 +97,20 @@ class _Process:
     end: float | None = None
     last_seen: float = 0.0
     clean: bool | None = None  # process_end's clean (None: no process_end)
-    # progress_seq -> (iteration, time): by the step count, which only goes up (an
-    # iteration repeats after a live recovery rolled back)
-    steps: dict[int, tuple[int, float]] = field(default_factory=dict)
+    # (pid, progress_seq) -> (iteration, time): by the step count, which only goes up (an
+    # iteration repeats after a live recovery rolled back); the pid keeps a standby's
+    # count apart from the lost process's it continues
+    steps: dict[tuple[int, int], tuple[int, float]] = field(default_factory=dict)
     resumed_from: int | None = None
     phase_starts: set[tuple[str, float]] = field(default_factory=set)
-    first_seen: tuple[float, int, int] | None = None  # (time, iteration, progress_seq)
+    # (time, iteration, training steps: progress_seq less the saves among it)
+    first_seen: tuple[float, int, int] | None = None
+    script_numbered: bool = False  # the script numbers its steps (iteration_source script)
+    # in-process re-entries, by their phase's start: (the iteration then, the training
+    # steps then, the iteration training resumed after: known once a later record counts
+    # more steps, as that record's iteration less the steps made since)
+    reentries: dict[float, tuple[int, int, int | None]] = field(default_factory=dict)
+    _open: float | None = None  # the re-entry whose resumed iteration is not known yet
 
     def add(self, rec: dict[str, Any]) -> None:
         wall_ns = as_finite(rec.get("wall_time_ns"))
@@ -123,15 +136,41 @@ class _Process:
             as_finite(rec.get("monotonic_ns")),
             as_finite(rec.get("last_progress_monotonic_ns")),
         )
+        if rec.get("iteration_source") == "script":
+            self.script_numbered = True
         if iteration is not None and isinstance(progress, int) and progress > 0 and mono and last:
             when = wall - max(0.0, mono - last) / 1e9
-            seen = self.steps.get(progress)
-            self.steps[progress] = (iteration, when if seen is None else max(seen[1], when))
+            # The first record at a count has that step's end: a later one at the same
+            # count may have a later last progress that is no step (an in-process
+            # re-entry marks the rank recovered without one).
+            seen = self.steps.get((self.pid, progress))
+            if seen is None or when < seen[1]:
+                self.steps[(self.pid, progress)] = (iteration, when)
             if self.first_seen is None or when < self.first_seen[0]:
-                self.first_seen = (when, iteration, progress)
+                self.first_seen = (when, iteration, _training_steps(rec, progress))
         phase, elapsed = rec.get("phase"), as_finite(rec.get("phase_elapsed_s"))
         if isinstance(phase, str) and elapsed is not None:
             self.phase_starts.add((phase, round(wall - elapsed, 3)))
+            if iteration is not None and isinstance(progress, int) and progress >= 0:
+                self._reentry(phase, round(wall - elapsed, 3), iteration, rec, progress)
+
+    def _reentry(
+        self, phase: str, began: float, iteration: int, rec: dict[str, Any], progress: int
+    ) -> None:
+        """An ``inprocess_restart`` phase opens a re-entry (the record at its start has
+        the last completed step); the first later record with more steps closes it."""
+        count = _training_steps(rec, progress)
+        if phase == "inprocess_restart":
+            if began not in self.reentries:
+                self.reentries[began] = (iteration, count, None)
+                self._open = began
+            return
+        if self._open is None:
+            return
+        it0, n0, _ = self.reentries[self._open]
+        if count > n0:
+            self.reentries[self._open] = (it0, n0, iteration - (count - n0))
+            self._open = None
 
     @property
     def begin(self) -> float:
@@ -150,6 +189,12 @@ class _Process:
             nxt = next((t2 for t2, p2 in starts[i + 1 :] if p2 != p), self.finish)
             out.append((p, t, nxt))
         return out
+
+
+def _training_steps(rec: dict[str, Any], progress: int) -> int:
+    """The record's training steps: its progress less the saves among it."""
+    saves = _int(rec.get("checkpoint_count")) or 0
+    return progress - saves if 0 <= saves <= progress else progress
 
 
 def _when(value: Any) -> float | None:
@@ -178,12 +223,14 @@ def _live_lines(run_dir: Path) -> list[_LiveLine]:
         resumed = _when(rec.get("resumed_t"))
         redone = _int(rec.get("steps_redone"))
         cause = rec.get("cause")
+        step = _int(rec.get("resumed_step"))
         recovery = LiveRecovery(
             fault=fault,
             resumed=resumed if resumed is not None and resumed >= fault else None,
             steps_redone=max(0, redone or 0),
             cause=str(cause)[:200] if cause is not None else LIVE_RECOVERY,
             lost_rank=_int(rec.get("lost_rank")),
+            resumed_step=step if step is not None and step >= 1 else None,
         )
         out.append(_LiveLine(recovery, _int(rec.get("lost_pid")), _int(rec.get("standby_pid"))))
     return sorted(out, key=lambda x: x.recovery.fault)
@@ -201,6 +248,8 @@ def _merge(procs: list[_Process], live: list[_LiveLine]) -> list[_Process]:
         lost.phase_starts |= standby.phase_starts
         lost.last_seen = max(lost.last_seen, standby.last_seen)
         lost.end, lost.clean = standby.end, standby.clean
+        lost.script_numbered = lost.script_numbered or standby.script_numbered
+        lost.reentries.update(standby.reentries)
         if lost.first_seen is None:
             lost.first_seen = standby.first_seen
         by_pid[standby.pid] = lost
@@ -210,7 +259,9 @@ def _merge(procs: list[_Process], live: list[_LiveLine]) -> list[_Process]:
 
 def _processes(run_dir: Path) -> list[_Process]:
     procs: dict[int, _Process] = {}
-    for path in sorted(run_dir.iterdir()):
+    # a rotated file (``.1``) before the one that followed it: records in time order
+    paths = sorted(run_dir.iterdir(), key=lambda p: (p.name.removesuffix(".1"), p.suffix != ".1"))
+    for path in paths:
         name = path.name.removesuffix(".1")
         m = HEARTBEAT_FILE_RE.match(name)
         if m is None or int(m.group(1)) != 0:
@@ -222,14 +273,23 @@ def _processes(run_dir: Path) -> list[_Process]:
     return sorted((p for p in procs.values() if p.last_seen), key=lambda p: p.begin)
 
 
-def _perf_steps(run_dir: Path) -> list[tuple[int, float, bool]]:
-    """Rank 0's perf windows: (the attempt's step count, its end, includes the start-up)."""
+@dataclass(frozen=True, slots=True)
+class _PerfWindow:
+    step: int  # the attempt's training steps at the window's end
+    iteration: int | None  # the rank's iteration there (the script's, when it numbers)
+    when: float  # when the window was written, just after its last step
+    startup: bool  # the window includes the start-up
+
+
+def _perf_steps(run_dir: Path) -> list[_PerfWindow]:
+    """Rank 0's perf windows."""
     perf = run_dir.parent.parent / PERF_ROOT / run_dir.name / PERF_LOG_FILE
     out = []
     for rec in _lines(perf):
-        step, when = rec.get("step"), iso_epoch_s(rec.get("timestamp"))
-        if isinstance(step, int) and not isinstance(step, bool) and when is not None:
-            out.append((step, when, bool(rec.get("includes_startup"))))
+        step, when = _int(rec.get("step")), iso_epoch_s(rec.get("timestamp"))
+        if step is not None and when is not None:
+            startup = bool(rec.get("includes_startup"))
+            out.append(_PerfWindow(step, _int(rec.get("iteration")), when, startup))
     return out
 
 
@@ -244,7 +304,7 @@ def _times(path: Path, key: str, decoder: Any) -> list[tuple[float, dict[str, An
 
 def read_attempts(run_dir: str | os.PathLike[str]) -> list[Attempt]:
     """The attempts of the run in ``run_dir`` (empty: no heartbeat of rank 0)."""
-    root = Path(run_dir)
+    root = Path(os.path.abspath(run_dir))  # its parent's parent holds the perf log
     live = _live_lines(root)
     procs = _merge(_processes(root), live)
     perf = _perf_steps(root)
@@ -262,16 +322,19 @@ def read_attempts(run_dir: str | os.PathLike[str]) -> list[Attempt]:
             _, it, seq = proc.first_seen
             resumed = it - seq if it - seq >= 0 else None
         steps = {it: t for it, t in proc.steps.values()}  # the newest time of each
-        for step, when, startup in perf:
-            if not proc.begin <= when <= proc.finish + 1.0 or when >= nxt_begin:
+        for w in perf:
+            if not proc.begin <= w.when <= proc.finish + 1.0 or w.when >= nxt_begin:
                 continue
-            if resumed is not None:
-                it = resumed + step
-            elif startup:  # the first step, its iteration unknown: before every other
+            if proc.script_numbered and w.iteration is not None:
+                it = w.iteration  # the script's own number, from its step clock
+            elif resumed is not None:
+                it = resumed + w.step
+            elif w.startup:  # the first step, its iteration unknown: before every other
                 it = min(steps, default=1)
             else:
                 continue
-            steps[it] = when if it not in steps else max(steps[it], when)
+            # a heartbeat's step time is the step's end; a window's, when it was written
+            steps.setdefault(it, w.when)
         ordered = sorted({(t, it) for it, t in [*proc.steps.values(), *steps.items()]})
         last_t = ordered[-1][0] if ordered else proc.begin
         decision = next(((t, r) for t, r in decisions if last_t <= t < nxt_begin), None)
@@ -297,6 +360,7 @@ def read_attempts(run_dir: str | os.PathLike[str]) -> list[Attempt]:
                     for x in live
                     if proc.begin <= x.recovery.fault < min(nxt_begin, proc.finish + 1.0)
                 ],
+                reentries=[(t, it, after) for t, (it, _, after) in proc.reentries.items()],
             )
         )
     return attempts

@@ -148,6 +148,8 @@ def job_state(
         return "stopped"
     if rules.first_failure is not None or (ended and outcome == "failed"):
         return "failed"
+    if ended and outcome == "stopped":  # preempted: the ranks left cleanly, unfinished
+        return "stopped"
     if n_rows and completed == n_rows:
         return "completed"
     if ended:

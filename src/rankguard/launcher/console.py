@@ -71,7 +71,9 @@ def run_end_line(status: dict[str, Any] | None) -> str:
     total = summary.get("findings_total", 0) if isinstance(summary, dict) else 0
     state = status.get("state") or "unknown"
     if state == "stopped":
-        state = "stopped by the launcher"
+        pre = status.get("preemption")
+        preempted = isinstance(pre, dict) and bool(pre.get("reason"))
+        state = "stopped: preempted" if preempted else "stopped by the launcher"
     line = f"run {state}: {total} finding(s)"
     restarts = restarts_summary(status.get("restarts"))
     if restarts:

@@ -383,7 +383,8 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
     finally:
         for feature in features:
             feature.closing(launch)
-        _stop(services, handler, run_dir, _end_word(result, stopped_by))
+        preempted = agent.preemption is not None and agent.preemption.active
+        _stop(services, handler, run_dir, _end_word(result, stopped_by, preempted))
         if hosting and (
             services.node_rank not in (None, 0)
             or any(feature.keeps_store(left) for feature in features)
@@ -619,9 +620,10 @@ def _run_agent(agent: RankguardAgent, node: NodeStart) -> tuple[Any, int | None]
             node.live.stop()
 
 
-def _end_word(result: Any, stopped_by: int | None) -> str | None:
-    """How the agent's run ended, for the final status (None: it did not say)."""
-    if stopped_by is not None:
+def _end_word(result: Any, stopped_by: int | None, preempted: bool = False) -> str | None:
+    """How the agent's run ended, for the final status (None: it did not say). A
+    preempted job was stopped, although every rank left cleanly at the stop step."""
+    if stopped_by is not None or preempted:
         return "stopped"
     if result is None:
         return None
@@ -715,8 +717,9 @@ def _say_rerun(worker_exit: int | None, run_dir: Path) -> None:
     """The rerun state machine's verdict behind an exit 16 or 17."""
     if worker_exit == EXIT_RERUN_RESUME:
         _say(
-            "exit 16: a failed check reproduced in place; the checkpoint is saved: resume "
-            "the job (on other hardware) to re-run the iteration"
+            "exit 16: a failed check reproduced in place: resume the job (on other "
+            "hardware) to re-run the iteration from the checkpoint the rerun state machine "
+            "saved (its persistent_fault finding says whether it had one to save)"
         )
     elif worker_exit == EXIT_RERUN_VALIDATION_FAILED:
         from rankguard.rerun.verdict import read_verdict

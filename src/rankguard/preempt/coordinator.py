@@ -24,8 +24,9 @@ starts the preemption of the whole job:
    the group nor counts the exits as failures, kills (SIGKILL) the ranks still running
    when the window closes, and the launcher exits ``EXIT_PREEMPTED``.
 
-:class:`PreemptionEvaluator` (node 0's monitor) records the preemption and the saved
-step in ``findings.jsonl`` and ``status.json`` (``preemption``) with the grace budget.
+:class:`PreemptionEvaluator` (node 0's monitor) records the preemption and whether
+every rank saved the stop step (each rank's heartbeat names its last completed save) in
+``findings.jsonl`` and ``status.json`` (``preemption``) with the grace budget.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from rankguard.agree import write_control
 from rankguard.heartbeat.blockeval import BlockEvaluator
 from rankguard.preempt.budget import GraceBudget
 from rankguard.preempt.config import PreemptionConfig
-from rankguard.schema.blocks import PreemptBlock, exit_clean, read_block
+from rankguard.schema.blocks import PreemptBlock, read_block
 from rankguard.schema.findings import Finding, FindingType, Reason
 from rankguard.schema.layout import StoreKeys
 from rankguard.textsafe import safe_text
@@ -254,7 +255,7 @@ class PreemptionCoordinator:
         self.wall_started = time.time()
         self.reason = reason
         self.say(
-            f"{reason}: every rank saves one agreed step; grace window "
+            f"{reason}: every rank stops at one agreed step to save it; grace window "
             f"preempt_time={self.cfg.preempt_time:g}s, then the ranks left are killed"
         )
         self._forward()
@@ -311,8 +312,12 @@ class PreemptionCoordinator:
 
 
 class PreemptionEvaluator(BlockEvaluator[PreemptBlock]):
-    """Node 0's monitor: the preemption and the saved step in findings and status, and
-    the grace budget (does the longest save fit ``preempt_time``?)."""
+    """Node 0's monitor: the preemption and what it saved in findings and status, and
+    the grace budget (does the longest save fit ``preempt_time``?).
+
+    A rank saved the stop step when its last record's ``preempt`` block says its last
+    completed save covers exactly that many training steps (``saved_seq``); a clean
+    exit at or past the step proves nothing (a script may stop without a save)."""
 
     name = "preemption"
     block = PreemptBlock
@@ -328,8 +333,11 @@ class PreemptionEvaluator(BlockEvaluator[PreemptBlock]):
         self.budget = budget
         self.run_id = run_id
         self._announced = False
-        self._saved: int | None = None
+        self._decided = False  # the outcome's finding written (every rank ended)
+        self._saved: int | None = None  # the script's step every rank saved at the stop
         self._ranks_saved = 0
+        self._world = 0
+        self._last_saves: dict[int, int | None] = {}  # rank -> its last save's step
         self._warned_budget = False
 
     def on_block(
@@ -354,31 +362,86 @@ class PreemptionEvaluator(BlockEvaluator[PreemptBlock]):
                     Reason.EXIT_SIGNAL,
                     run_id=self.run_id,
                     rank=-1,
-                    message=f"{coord.reason}: every rank saves step {step} and exits "
+                    message=f"{coord.reason}: every rank stops at step {step} to save it and exits "
                     f"(grace {coord.cfg.preempt_time:g}s)",
                     iteration=step,
                     timeout_s=coord.cfg.preempt_time,
                     detail={"signal": signal.Signals(coord.sig).name},
                 )
             )
-        if self._announced and self._saved is None and step is not None and records:
-            done = [r for r in records if r.ended and r.progress_seq >= step and exit_clean(r)]
-            self._ranks_saved = len(done)
-            if len(done) == len(ranks):
-                self._saved = step
-                out.append(
-                    Finding.build(
-                        FindingType.PREEMPTED,
-                        Reason.PREEMPTION_SAVED,
-                        run_id=self.run_id,
-                        rank=-1,
-                        message=f"preempted: every rank ({len(done)}) saved step {step} "
-                        "and exited; the next run resumes there",
-                        iteration=step,
-                        detail={"saved_step": step},
-                    )
-                )
+        if self._announced and not self._decided and step is not None and records:
+            self._tally(step, ranks)
+            if len(records) == len(ranks) and all(r.ended for r in records):
+                self._decided = True
+                out.append(self._outcome(step))
         return out
+
+    def _tally(self, stop: int, ranks: Mapping[int, RankState]) -> None:
+        """Each rank's last completed save (its step, the training steps it covers),
+        from its latest record."""
+        saves: dict[int, tuple[int, int] | None] = {}
+        for rank, st in ranks.items():
+            pre = _preempt_block(st.record) if st.record is not None else None
+            if pre is None or pre.saved_step is None or pre.saved_seq is None:
+                saves[rank] = None
+            else:
+                saves[rank] = (pre.saved_step, pre.saved_seq)
+        at_stop = [s[0] for s in saves.values() if s is not None and s[1] == stop]
+        self._world = len(saves)
+        self._ranks_saved = len(at_stop)
+        self._last_saves = {r: s[0] if s is not None else None for r, s in saves.items()}
+        every = bool(saves) and len(at_stop) == len(saves) and len(set(at_stop)) == 1
+        self._saved = at_stop[0] if every else None
+
+    def _outcome(self, stop: int) -> Finding:
+        """Every rank ended: the finding that says whether they saved the stop step."""
+        if self._saved is not None:
+            return Finding.build(
+                FindingType.PREEMPTED,
+                Reason.PREEMPTION_SAVED,
+                run_id=self.run_id,
+                rank=-1,
+                message=f"preempted: every rank ({self._ranks_saved}) saved step "
+                f"{self._saved} and exited; the next run resumes there",
+                iteration=stop,
+                detail={"saved_step": self._saved},
+            )
+        return Finding.build(
+            FindingType.PREEMPTED,
+            Reason.PREEMPTION_NOT_SAVED,
+            run_id=self.run_id,
+            rank=-1,
+            message=f"preempted: {self._not_saved(stop)}",
+            iteration=stop,
+            detail={"saved_step": None, "ranks_saved": self._ranks_saved},
+        )
+
+    def _not_saved(self, stop: int) -> str:
+        """The ranks stopped without every one of them saving the stop step: where the
+        next run starts, as far as their reported saves show it."""
+        head = (
+            f"stopped at step {stop} without a checkpoint of it "
+            f"({self._ranks_saved} of {self._world} rank(s) saved it)"
+        )
+        last = list(self._last_saves.values())
+        steps = {s for s in last if s is not None}
+        if last and len(steps) == 1 and None not in last:
+            return (
+                f"{head}: the next run starts from step {steps.pop()}, the last save every "
+                "rank completed"
+            )
+        if steps and None not in last:
+            return (
+                f"{head}: the next run starts from the last save every rank completed, "
+                f"step {min(steps)} at the latest (their last saves: steps {min(steps)} to "
+                f"{max(steps)})"
+            )
+        reported = len(last) - last.count(None)
+        return f"{head}: the next run starts from the last checkpoint the script wrote, if any " + (
+            f"({reported} of {len(last)} rank(s) reported a completed save)"
+            if reported
+            else "(no rank reported a completed save)"
+        )
 
     def saved_line(self) -> str:
         """What the preemption saved, as seen in the ranks' last heartbeats: the end of
@@ -391,15 +454,7 @@ class PreemptionEvaluator(BlockEvaluator[PreemptBlock]):
                 "no stop step was agreed, nothing was saved: the next run starts from the "
                 "last checkpoint the script wrote before, if any"
             )
-        some = (
-            f"only {self._ranks_saved} rank(s) saved step {step}"
-            if self._ranks_saved
-            else f"no rank saved step {step}"
-        )
-        return (
-            f"{some} (a script that never asks rg.should_stop() saves nothing): the next "
-            "run starts from the last checkpoint the script wrote before, if any"
-        )
+        return self._not_saved(step)
 
     def status(self) -> dict[str, Any] | None:
         out: dict[str, Any] = {"budget": self.budget.to_dict()}
@@ -407,6 +462,7 @@ class PreemptionEvaluator(BlockEvaluator[PreemptBlock]):
             out.update(self.coordinator.summary())
             out["saved_step"] = self._saved
             out["ranks_saved"] = self._ranks_saved
+            out["saved"] = self.saved_line()
         return out
 
 

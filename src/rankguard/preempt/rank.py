@@ -6,9 +6,11 @@ one rank instead (``kill PID``) is passed on to the rank's launcher, at the loop
 question (never from the handler itself), and from there the job is preempted as a
 whole: every rank then saves the same step.
 
-Heartbeats carry ``preempt``: whether the signal came, and how long this rank's saves
+Heartbeats carry ``preempt``: whether the signal came, how long this rank's saves
 took (``session.checkpoint()`` blocks, the last and the longest), which node 0 compares
-with ``preempt_time`` (the grace budget).
+with ``preempt_time`` (the grace budget), and the last save the rank completed
+(``session.note_saved``: its step and the training steps it covers), on which node 0's
+"every rank saved the stop step" rests.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Callable
 
 from rankguard.preempt.config import PreemptionConfig
 from rankguard.preempt.handler import ExitSignalHandler
+from rankguard.preempt.saver import set_save_listener
 from rankguard.schema.blocks import PreemptBlock
 from rankguard.timeline import RING_SIZE, ProgressTracker
 
@@ -59,6 +62,7 @@ class RankPreemption:
         self._said_unregistered = False
 
     def install(self) -> bool:
+        set_save_listener(self.tracker)  # TorchFileSaver, save_and_wait: saves noted here
         installed = self.handler.install()
         if not installed:
             logger.warning(
@@ -69,6 +73,9 @@ class RankPreemption:
         return installed
 
     def release(self) -> None:
+        previous = set_save_listener(None)
+        if previous is not None and previous is not self.tracker:
+            set_save_listener(previous)  # another rank's (threads as ranks): left as it was
         self.handler.release()
 
     @property
@@ -145,9 +152,12 @@ class RankPreemption:
             logger.warning("rankguard: %s", line)
         durations = list(self.tracker.checkpoint_durations_ns)
         step = self.step_min_s()
+        saved = self.tracker.saved  # one read: a background commit may replace it
         return PreemptBlock(
             signal_received=self.handler.received,
             step_min_s=round(step, 6) if step is not None else None,
             save_last_s=round(durations[-1] / 1e9, 6) if durations else None,
             save_max_s=round(max(durations) / 1e9, 6) if durations else None,
+            saved_step=saved[0] if saved is not None else None,
+            saved_seq=saved[1] if saved is not None else None,
         )

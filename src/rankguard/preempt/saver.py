@@ -18,7 +18,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Saver", "TorchFileSaver", "save_and_wait"]
+from rankguard.timeline import ProgressTracker
+
+__all__ = ["Saver", "TorchFileSaver", "save_and_wait", "set_save_listener"]
+
+_listener: ProgressTracker | None = None
+"""The step clock of this process's rank (its preemption sets it): where a completed
+save is noted, the evidence of a preemption's "every rank saved step N"."""
+
+
+def set_save_listener(tracker: ProgressTracker | None) -> ProgressTracker | None:
+    """Saves of this module note their step on ``tracker`` from now on (None: nowhere);
+    the one it replaces. Called by the rank's preemption when it installs and releases."""
+    global _listener
+    previous, _listener = _listener, tracker
+    return previous
 
 
 @runtime_checkable
@@ -29,9 +43,14 @@ class Saver(Protocol):
 
 
 def save_and_wait(saver: Saver, step: int) -> None:
-    """Save ``step`` and wait until it is committed (an async save included)."""
+    """Save ``step`` and wait until it is committed (an async save included); the
+    rank's step clock then knows ``step`` is saved (:func:`set_save_listener`)."""
+    tracker = _listener
+    steps = tracker.training_steps() if tracker is not None else None
     saver.save(step)
     saver.wait()
+    if tracker is not None:
+        tracker.note_saved(step, steps)
 
 
 class TorchFileSaver:
@@ -67,6 +86,7 @@ class TorchFileSaver:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+        _note_saved(step)
         return final
 
     def wait(self) -> None:
@@ -95,3 +115,11 @@ class TorchFileSaver:
         if not isinstance(blob, dict) or type(blob.get("step")) is not int or "state" not in blob:
             raise ValueError(f"{path}: not a save of TorchFileSaver (step and state)")
         return blob["step"], blob["state"]
+
+
+def _note_saved(step: int) -> None:
+    """The rank's step clock learns that ``step`` is saved (a preemption's "saved"
+    rests on it)."""
+    tracker = _listener
+    if tracker is not None:
+        tracker.note_saved(step)

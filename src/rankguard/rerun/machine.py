@@ -444,14 +444,19 @@ class RerunStateMachine:
                 action="exit_16" if any_same_fatal else "continue",
             )
         if any_same_fatal:
+            saves = (
+                "checkpoint and exit 16 to re-run it after a resume"
+                if self._checkpoint is not None and self._state_dir is not None
+                else "exit 16 WITHOUT a checkpoint (the rerun state machine was given no "
+                "checkpoint and state_dir): a resumed job cannot re-run it"
+            )
             for key, check, _ in same_fatal:
                 self._event(
                     RerunOutcome.PERSISTENT,
                     key,
                     check,
                     f"rank {self.rank} on {self.hostname} ({self.gpu}): iteration "
-                    f"{self.current_iteration} failed '{key}' twice with the same result: "
-                    "checkpoint and exit 16 to re-run it after a resume",
+                    f"{self.current_iteration} failed '{key}' twice with the same result: " + saves,
                     action="exit_16",
                 )
             self._go(RerunState.WILL_RERUN_FROM_CHECKPOINT)

@@ -194,8 +194,10 @@ class InProcessBlock:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PreemptBlock:
     """``preempt``: whether the exit signal came to this rank, its shortest recent step
-    (how far ahead node 0 puts the stop step) and its saves' durations (the grace
-    budget)."""
+    (how far ahead node 0 puts the stop step), its saves' durations (the grace budget)
+    and its last completed save a next run can load: the script's step
+    (``saved_step``) and the training steps the rank had issued when that save's state
+    was taken (``saved_seq``, an agreed stop step's numbering)."""
 
     name: ClassVar[str] = "preempt"
     flat: ClassVar[bool] = False
@@ -203,10 +205,12 @@ class PreemptBlock:
     step_min_s: float | None = None
     save_last_s: float | None = None
     save_max_s: float | None = None
+    saved_step: int | None = None
+    saved_seq: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"signal_received": self.signal_received}
-        for key in ("step_min_s", "save_last_s", "save_max_s"):
+        for key in ("step_min_s", "save_last_s", "save_max_s", "saved_step", "saved_seq"):
             v = getattr(self, key)
             if v is not None:
                 out[key] = v
@@ -215,11 +219,17 @@ class PreemptBlock:
     @classmethod
     def from_dict(cls, d: Any) -> PreemptBlock:
         d = _obj(d, "preempt")
+        saved_step = _opt_int(d, "saved_step", "preempt")
+        saved_seq = _opt_int(d, "saved_seq", "preempt")
+        if (saved_step is None) != (saved_seq is None):
+            raise ValueError("preempt.saved_step, preempt.saved_seq: expected both or neither")
         return cls(
             signal_received=_bool(d, "signal_received", "preempt", False),
             step_min_s=_opt_num(d, "step_min_s", "preempt"),
             save_last_s=_opt_num(d, "save_last_s", "preempt"),
             save_max_s=_opt_num(d, "save_max_s", "preempt"),
+            saved_step=saved_step,
+            saved_seq=saved_seq,
         )
 
 

@@ -12,7 +12,7 @@ them. No torch, no launcher: every layer may import it.
 | 11 | ``EXIT_CRASH`` | a rank crashed and the in-job restart budget is spent | yes |
 | 12 | ``EXIT_NO_RESTART`` | a fault whose action is ``abort`` ended the job | no |
 | 13 | ``EXIT_STRAGGLER`` | ranks stopped at one step (stop_if_detected) | yes, elsewhere |
-| 14 | ``EXIT_PREEMPTED`` | preempted: the ranks saved one step | yes, always (no retry spent) |
+| 14 | ``EXIT_PREEMPTED`` | preempted at one stop step, saved or not | yes, always, no retry spent |
 | 15 | ``EXIT_NODE_EXCLUDED`` | this node excluded, or too few nodes left | yes, without them |
 | 16 | ``EXIT_RERUN_RESUME`` | a failed check reproduced: resume to re-run it | yes, elsewhere |
 | 17 | ``EXIT_RERUN_VALIDATION_FAILED`` | the first run's GPU was faulty | yes, without it |

@@ -144,6 +144,8 @@ def test_the_launchers_last_line_is_the_runs_state_not_the_monitors() -> None:
     )
     dead = _status(_row(0), state="completed", monitor={"state": "stopped", "errors": 2})
     assert "| MONITOR STOPPED (2 failed scan(s)" in run_end_line(dead)
+    preempted = _status(_row(0), state="stopped", preemption={"reason": "preempted: ..."})
+    assert run_end_line(preempted) == "run stopped: preempted: 0 finding(s)"
 
 
 def test_a_frozen_status_shows_ages_as_of_now_not_of_its_last_scan() -> None:

@@ -30,6 +30,8 @@ class Rank0:
     last_progress: float | None = None
     phase: str = "setup"
     phase_since: float = 0.0
+    iteration_source: str | None = None  # "script": the script numbers its steps
+    checkpoint_count: int = 0  # saves among the progress steps
     records: list[dict[str, Any]] = field(default_factory=list)
     perf: list[dict[str, Any]] = field(default_factory=list)
 
@@ -55,6 +57,8 @@ class Rank0:
                 "last_progress_monotonic_ns": None
                 if self.last_progress is None
                 else int((MONO + self.last_progress - T0) * 1e9),
+                "checkpoint_count": self.checkpoint_count,
+                **({"iteration_source": self.iteration_source} if self.iteration_source else {}),
                 **extra,
             }
         )
@@ -82,11 +86,33 @@ class Rank0:
             self.perf.append(
                 {
                     "iteration": self.iteration,
-                    "step": self.progress,  # the perf monitor's count in this process
+                    # the perf monitor's count of training steps in this process
+                    "step": self.progress - self.checkpoint_count,
                     "timestamp": iso(t),
                     "includes_startup": first or None,
                 }
             )
+
+    def save(self, t: float, duration: float) -> float:
+        """A blocking save after the current step (as ``rg.checkpoint()``: its end is
+        progress but not a step). The time it ends."""
+        self.set_phase("checkpointing", t)
+        end = t + duration
+        self.progress += 1
+        self.checkpoint_count += 1
+        self.last_progress = end
+        self.set_phase("train", end)
+        return end
+
+    def reenter(self, t: float, back_at: float, *, iteration: int | None = None) -> None:
+        """An in-process re-entry from ``t`` to ``back_at``: the ``inprocess_restart``
+        phase, then the rank marked recovered (its last progress moves, no step is
+        counted); ``iteration``: the one it resumes after (default: where it was)."""
+        self.set_phase("inprocess_restart", t)
+        self.last_progress = back_at
+        if iteration is not None:
+            self.iteration = iteration
+        self.set_phase("train", back_at)
 
     def end(self, t: float, *, clean: bool) -> None:
         self.idle_to(t)

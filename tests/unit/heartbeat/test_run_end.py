@@ -145,6 +145,29 @@ def test_the_launchers_failure_is_the_final_state(tmp_path: Path) -> None:
         mon.note_end("running")
 
 
+def test_a_preempted_job_is_stopped_although_every_rank_ended_cleanly(tmp_path: Path) -> None:
+    """Every rank left cleanly at the agreed stop step of a preemption: the training did
+    not complete (it said ``completed``)."""
+    from rankguard.launcher.run import _end_word
+
+    mon = _monitor(tmp_path)
+    write(
+        tmp_path,
+        rec(0, 0),
+        rec(1, 0),
+        rec(0, 1, event="process_end", exit=CLEAN),
+        rec(1, 1, event="process_end", exit=CLEAN),
+    )
+
+    class Result:
+        def is_failed(self) -> bool:
+            return False
+
+    assert _end_word(Result(), None) == "completed"
+    mon.note_end(_end_word(Result(), None, preempted=True))
+    assert mon.stop(drain_timeout_s=0.0)["state"] == "stopped"
+
+
 def test_the_root_causes_findings_outlive_a_restart_noted_but_not_its_new_group(
     tmp_path: Path,
 ) -> None:

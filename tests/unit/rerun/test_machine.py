@@ -368,3 +368,28 @@ def test_an_abandoned_iteration_leaves_the_machine_ready(tmp_path: Path) -> None
     assert m.state is RerunState.IDLE
     seen = _train(m, lambda s, a, b, d: 1.0, range(2, 4))
     assert [(s, a) for s, a, _, _ in seen] == [(2, 0), (3, 0)]
+
+
+@pytest.mark.parametrize("given", [True, False])
+def test_exit_16_says_whether_it_saved(tmp_path: Path, given: bool) -> None:
+    """Without a checkpoint and a state_dir the machine exits 16 with nothing saved: its
+    finding said "checkpoint and exit 16" all the same."""
+    saver = TorchSaver(tmp_path / "ckpt", lambda: {"w": torch.ones(2)})
+    config = RerunStateMachineConfig(rerun_mode="validate_results")
+    kw: dict[str, object] = {"checkpoint": saver, "state_dir": tmp_path / "ckpt"} if given else {}
+    m = RerunStateMachine(config, exit=raising_exit, **kw)  # type: ignore[arg-type]
+
+    def fails_at_4(step: int, attempt: int, batch: int, draw: float) -> float:
+        return math.inf if step == 4 else batch + draw
+
+    with pytest.raises(RerunExit) as exc:
+        _train(m, fails_at_4, range(1, 8))
+    assert exc.value.code == 16
+    message = m.events[-1].message
+    assert m.events[-1].action == "exit_16"
+    if given:
+        assert saver.saved == [3]
+        assert message.endswith("checkpoint and exit 16 to re-run it after a resume")
+    else:
+        assert saver.saved == []
+        assert "exit 16 WITHOUT a checkpoint" in message and "checkpoint and exit" not in message
