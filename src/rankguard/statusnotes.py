@@ -13,8 +13,8 @@ numbers, so that none of them reads better than the run went.
 - an exit after the launcher stopped the workers (a signal), a restart or a peer's
   failure is said as such, not as a rank's error.
 
-Pure functions of the dicts of ``status.json`` and ``restarts.jsonl`` (tolerant of
-missing keys); no I/O. The launcher's console lines use them too
+Pure functions of ``status.json``'s dicts and typed blocks and of ``restarts.jsonl``'s
+entries (tolerant of missing keys); no I/O. The launcher's console lines use them too
 (:mod:`rankguard.launcher.console`).
 """
 
@@ -25,6 +25,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from rankguard.schema.restarts import RestartEntry
 from rankguard.schema.status import RankRow
 
 __all__ = [
@@ -112,29 +113,25 @@ def frozen_status(status: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def restart_cause(entry: dict[str, Any]) -> str:
+def restart_cause(entry: RestartEntry) -> str:
     """``worker_failed rank 1: Signal 9 (SIGKILL) received by PID 9853`` (the cause, the
     rank and the first line of the message)."""
-    cause = entry.get("cause") or "unknown cause"
-    text = str(cause)
-    if entry.get("rank") is not None:
-        text += f" rank {entry['rank']}"
-    message = str(entry.get("message") or "").strip()
+    text = entry.cause or "unknown cause"
+    if entry.rank is not None:
+        text += f" rank {entry.rank}"
+    message = (entry.message or "").strip()
     if message:
         text += ": " + message.splitlines()[0][:200]
     return text
 
 
-def restarts_summary(restarts: Any) -> str | None:
+def restarts_summary(entries: Sequence[RestartEntry]) -> str | None:
     """``1 restart (worker_failed rank 1: ...)``, or ``3 restarts (last: ...)``; None
     without any."""
-    if not isinstance(restarts, list):
-        return None
-    entries = [r for r in restarts if isinstance(r, dict)]
     if not entries:
         return None
     if len(entries) == 1:
         return f"1 restart ({restart_cause(entries[0])})"
-    causes = Counter(str(r.get("cause") or "unknown cause") for r in entries)
+    causes = Counter(r.cause or "unknown cause" for r in entries)
     by_cause = ", ".join(f"{c} x{n}" if n > 1 else c for c, n in causes.items())
     return f"{len(entries)} restarts ({by_cause}; last: {restart_cause(entries[-1])})"

@@ -16,6 +16,7 @@ from typing import Any
 
 from rankguard.goodput.ledger import ettr_text
 from rankguard.schema.findings import Finding, FindingType
+from rankguard.schema.restarts import LiveBlock, RestartEntry, RestartsBlock
 from rankguard.schema.status import FINAL_STATES, RankRow, StatusDoc, parse_findings
 from rankguard.schema.statusblocks import CheckpointsBlock, TimeoutsBlock
 from rankguard.statusnotes import (
@@ -321,7 +322,8 @@ def _header(doc: StatusDoc, ranks: list[RankRow], color: bool, now: Any) -> list
     findings = _text(summary.findings_total) + (
         f" ({_text(active)} active)" if active is not None else ""
     )
-    restarts = restarts_summary(doc.block("restarts"))
+    block = doc.block(RestartsBlock)
+    restarts = restarts_summary(block.entries) if block is not None else None
     liveness = _counts(summary.process_liveness, ranks, "process_liveness")
     progress = _counts(summary.gpu_progress, ranks, "gpu_progress")
     problem = []
@@ -492,35 +494,33 @@ def elastic_lines(block: Any) -> list[str]:
     return out
 
 
-def _restart_row(r: dict[str, Any]) -> str:
-    kind = {"inprocess": "in-process", "live_recovery": "live"}.get(str(r.get("kind")), "process")
-    row = (
-        f"  {kind} #{r.get('restart', '-')} {r.get('wall_time', '-')}  "
-        f"{r.get('cause') or '-'} rank {_s(r.get('rank'))}: {_s(r.get('message'))}"
-    )
-    if r.get("kind") == "live_recovery":
+def _restart_row(r: RestartEntry) -> str:
+    kind = {"inprocess": "in-process", "live_recovery": "live"}.get(r.kind, "process")
+    number = r.restart if "restart" in r.keys else "-"
+    when = r.wall_time if "wall_time" in r.keys else "-"
+    row = f"  {kind} #{number} {when}  {r.cause or '-'} rank {_s(r.rank)}: {_s(r.message)}"
+    if r.kind == "live_recovery":
         row += (
-            f" (fault -> next step {_s(r.get('recovery_s'))} s, "
-            f"{_s(r.get('steps_redone'))} step(s) redone)"
+            f" (fault -> next step {_s(r.number('recovery_s'))} s, "
+            f"{_s(r.number('steps_redone'))} step(s) redone)"
         )
     return row
 
 
-def _live_lines(live: Any) -> list[str]:
+def _live_lines(live: LiveBlock | None) -> list[str]:
     """Live recovery: the node's standbys and which rank each replaced."""
-    if not isinstance(live, dict):
+    if live is None:
         return []
     out = [
         "",
-        f"Standbys: {_s(live.get('standbys_per_node'))} per node, {_s(live.get('waiting'))} "
-        f"waiting, {_s(live.get('used'))} used, {_s(live.get('left_unused'))} left unused",
+        f"Standbys: {_s(live.standbys_per_node)} per node, {_s(live.waiting)} "
+        f"waiting, {_s(live.used)} used, {_s(live.left_unused)} left unused",
     ]
-    for r in live.get("replaced") or []:
-        if isinstance(r, dict):
-            out.append(
-                f"  rank {_s(r.get('lost_rank'))}: pid {_s(r.get('lost_pid'))} lost "
-                f"({_s(r.get('cause'))}), now standby pid {_s(r.get('standby_pid'))}"
-            )
+    for r in live.replaced:
+        out.append(
+            f"  rank {_s(r.lost_rank)}: pid {_s(r.lost_pid)} lost "
+            f"({_s(r.cause)}), now standby pid {_s(r.standby_pid)}"
+        )
     return out
 
 
@@ -528,11 +528,10 @@ def _ft_lines(status: StatusDoc | dict[str, Any]) -> list[str]:
     """Restarts and the timeouts in force with their sources (fault tolerance)."""
     doc = status if isinstance(status, StatusDoc) else StatusDoc.from_dict(status)
     out: list[str] = []
-    restarts = doc.block("restarts")
-    if isinstance(restarts, list) and restarts:
-        kinds = [r.get("kind") if isinstance(r, dict) else None for r in restarts]
-        inproc = sum(k == "inprocess" for k in kinds)
-        live = sum(k == "live_recovery" for k in kinds)
+    block = doc.block(RestartsBlock)
+    if block is not None and block.entries:
+        restarts = block.entries
+        inproc, live = block.count("inprocess"), block.count("live_recovery")
         process = len(restarts) - inproc - live
         out += [
             "",
@@ -540,10 +539,8 @@ def _ft_lines(status: StatusDoc | dict[str, Any]) -> list[str]:
             + (f", {live} live recovery" if live else "")
             + ")",
         ]
-        for r in restarts:
-            if isinstance(r, dict):
-                out.append(_restart_row(r))
-    out += _live_lines(doc.block("live"))
+        out += [_restart_row(r) for r in restarts]
+    out += _live_lines(doc.block(LiveBlock))
     stragglers = doc.block("stragglers")
     if isinstance(stragglers, dict):
         out += [

@@ -35,6 +35,7 @@ from rankguard.goodput.ledger import PARTS
 from rankguard.health.schema import NodeStatus
 from rankguard.runfiles import worst_rows
 from rankguard.schema.findings import Finding, FindingType, Liveness, Progress
+from rankguard.schema.restarts import RestartsBlock
 from rankguard.schema.status import RankDetail, RankRow, StatusDoc
 from rankguard.schema.statusblocks import CheckpointsBlock
 
@@ -516,10 +517,10 @@ def _job_families(put: _Put, doc: StatusDoc, now_wall: float) -> None:
         _age_since(doc.updated_wall_time, now_wall),
     )
     kinds: dict[str, int] = {"process": 0, "inprocess": 0}
-    for entry in doc.block("restarts") or []:
-        if isinstance(entry, dict):
-            kind = _label(entry.get("kind") or "process")
-            kinds[kind] = kinds.get(kind, 0) + 1
+    restarts = doc.block(RestartsBlock)
+    for entry in restarts.entries if restarts is not None else ():
+        kind = _label(entry.kind)
+        kinds[kind] = kinds.get(kind, 0) + 1
     for kind, count in sorted(kinds.items()):
         put("rankguard_job_restarts_total", [kind], float(count))
     _checkpoint_series(doc.block(CheckpointsBlock), now_wall, put)

@@ -15,6 +15,7 @@ from typing import Any
 from rankguard.heartbeat.api import FindingSink
 from rankguard.heartbeat.monitor import JobMonitor
 from rankguard.schema.findings import Finding
+from rankguard.schema.restarts import RestartEntry, RestartsBlock
 from rankguard.statusnotes import ITERATION_MARKS, restart_cause, restarts_summary
 from rankguard.textsafe import safe_text
 
@@ -56,9 +57,10 @@ def _status_line(status: dict[str, Any]) -> str:
     return line + monitor_problem(status)
 
 
-def restart_line(entry: dict[str, Any]) -> str:
+def restart_line(entry: RestartEntry) -> str:
     """The console line of one restart of the worker group, with its cause."""
-    return safe_text(f"restart {entry.get('restart', '?')} of the workers: {restart_cause(entry)}")
+    number = entry.restart if "restart" in entry.keys else "?"
+    return safe_text(f"restart {number} of the workers: {restart_cause(entry)}")
 
 
 def run_end_line(status: dict[str, Any] | None) -> str:
@@ -73,7 +75,8 @@ def run_end_line(status: dict[str, Any] | None) -> str:
     if state == "stopped":
         state = "stopped by the launcher"
     line = f"run {state}: {total} finding(s)"
-    restarts = restarts_summary(status.get("restarts"))
+    block = RestartsBlock.from_dict(status.get("restarts"))
+    restarts = restarts_summary(block.entries) if block is not None else None
     if restarts:
         line += f", {restarts}"
     return safe_text(line + monitor_problem(status))

@@ -40,6 +40,7 @@ from rankguard.schema.layout import (
     RESTARTS_FILE,
     STATUS_FILE,
 )
+from rankguard.schema.restarts import RestartEntry
 from rankguard.schema.status import parse_findings
 
 __all__ = ["ProcessSpan", "ReportUnavailable", "RunData", "load_run", "parse_time", "resolve_run"]
@@ -72,7 +73,7 @@ class RunData:
     perf_dir: Path | None = None
     status: dict[str, Any] | None = None
     findings: list[Finding] = field(default_factory=list)  # through Finding.from_dict
-    restarts: list[dict[str, Any]] = field(default_factory=list)  # process and in-process
+    restarts: list[RestartEntry] = field(default_factory=list)  # process and in-process
     perf_ranks: list[dict[str, Any]] = field(default_factory=list)
     perf_entries: list[dict[str, Any]] = field(default_factory=list)
     perf_summary: dict[str, Any] | None = None
@@ -294,7 +295,8 @@ def _load_heartbeat(data: RunData, hb: Path) -> None:
     if (hb / RESTARTS_FILE).exists():
         # a stop decision is a line there too, but no restart (ft.policy)
         restarts = _read_jsonl(hb / RESTARTS_FILE, p)
-        data.restarts = [r for r in restarts if r.get("kind") != STOP_KIND]
+        entries = (RestartEntry.from_dict(r) for r in restarts)
+        data.restarts = [r for r in entries if r is not None and r.kind != STOP_KIND]
     data.perf_ranks = _read_jsonl(hb / PERF_RANKS_FILE, p)
     if not data.perf_ranks:
         data.missing.append(f"No {PERF_RANKS_FILE}: cross-rank step times are not available")
