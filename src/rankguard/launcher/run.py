@@ -57,6 +57,8 @@ from rankguard.launcher.services import NodeServices, node_cadence
 from rankguard.launcher.verdict import failure_summary, root_cause_lines
 from rankguard.live.roles import STANDBY_RANKS_ENV
 from rankguard.schema import layout
+from rankguard.schema.status import StatusDoc
+from rankguard.schema.statusblocks import GoodputBlock
 from rankguard.textsafe import safe_text
 
 __all__ = ["job_name", "launch", "run_dir_for"]
@@ -639,9 +641,9 @@ def _stop(services: NodeServices, handler: Any, run_dir: Path, end: str | None) 
 
         perf_dir = layout.perf_dir(run_dir.parent.parent, run_dir.name)
         complete_summary(perf_dir)
-        goodput = (status or {}).get("goodput")
-        if isinstance(goodput, dict):  # the same ETTR as the final status
-            add_ettr(perf_dir, goodput.get("ettr"))
+        goodput = StatusDoc.from_dict(status).block(GoodputBlock)
+        if goodput is not None:  # the same ETTR as the final status
+            add_ettr(perf_dir, goodput.ettr)
     if services.monitor is not None:
         _report(run_dir, status)
     try:

@@ -44,7 +44,7 @@ from rankguard.launcher.nodeservice import NodeContext, NodeService, build_servi
 from rankguard.schema.findings import Finding, FindingType, Reason
 from rankguard.schema.layout import RunLayout, StoreKeys, ft_state_dir
 from rankguard.schema.restarts import RestartCause, RestartEntry, RestartsBlock
-from rankguard.schema.statusblocks import STATUS_BLOCKS, TimeoutsBlock
+from rankguard.schema.statusblocks import TimeoutsBlock, block_json
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -61,11 +61,6 @@ logger = logging.getLogger(__name__)
 
 def _iso_ms(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds")
-
-
-def _plain(value: Any) -> Any:
-    """A status block's JSON form; any other value as it is."""
-    return value.to_dict() if type(value) in STATUS_BLOCKS.values() else value
 
 
 def ft_state_path(cfg: RankguardConfig) -> Path:
@@ -190,7 +185,7 @@ class NodeServices:
         for name, source in self._status_sources():
             try:
                 # a typed block (rankguard.schema.statusblocks) is written as its dict
-                out.update({k: _plain(v) for k, v in source().items()})
+                out.update({k: block_json(v) for k, v in source().items()})
             except Exception:
                 self.status_errors[name] = self.status_errors.get(name, 0) + 1
                 log = logger.exception if self.status_errors[name] == 1 else logger.debug
