@@ -733,15 +733,14 @@ def _say_rerun(worker_exit: int | None, run_dir: Path) -> None:
 
 
 def _report(run_dir: Path, status: dict[str, Any] | None) -> None:
-    status = status or {}
     _say(run_end_line(status))
-    monitor = status.get("monitor") or {}
-    if monitor.get("errors"):
+    doc = StatusDoc.from_dict(status or {})
+    if doc.monitor.errors:
         _say(
-            f"monitor: {monitor['errors']} scan(s) FAILED during the run (nothing was "
-            f"monitored meanwhile); last: {monitor.get('last_error')}"
+            f"monitor: {doc.monitor.errors} scan(s) FAILED during the run (nothing was "
+            f"monitored meanwhile); last: {doc.monitor.last_error}"
         )
-    for finding in status.get("recent_findings") or []:
+    for finding in doc.recent_findings:
         _say(f"  finding: {finding.get('message')}")
     _say(f"status:   {run_dir / layout.STATUS_FILE}")
     _say(f"findings: {run_dir / layout.FINDINGS_FILE}")

@@ -41,7 +41,7 @@ from rankguard.schema.layout import (
     STATUS_FILE,
 )
 from rankguard.schema.restarts import RestartEntry
-from rankguard.schema.status import parse_findings
+from rankguard.schema.status import StatusDoc, parse_findings
 
 __all__ = ["ProcessSpan", "ReportUnavailable", "RunData", "load_run", "parse_time", "resolve_run"]
 
@@ -83,6 +83,11 @@ class RunData:
     goodput: Ledger | None = None  # the goodput ledger (rank 0's heartbeat files)
     missing: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+
+    @property
+    def doc(self) -> StatusDoc:
+        """``status.json`` typed (an empty one when it was missing)."""
+        return StatusDoc.from_dict(self.status or {})
 
     @property
     def has_perf(self) -> bool:
@@ -287,8 +292,7 @@ def _load_heartbeat(data: RunData, hb: Path) -> None:
         data.missing.append(f"No {STATUS_FILE}: the per-rank status table is not available")
     lines, where = _read_jsonl(hb / FINDINGS_FILE, p), FINDINGS_FILE
     if not lines and data.status:
-        recent = data.status.get("recent_findings")
-        lines, where = [f for f in recent or [] if isinstance(f, dict)], STATUS_FILE
+        lines, where = data.doc.recent_findings, STATUS_FILE
     data.findings, bad = parse_findings(lines)
     if bad:
         p.append(f"{where}: {bad} finding(s) not readable as findings (skipped)")

@@ -83,7 +83,7 @@ def _breakable(identifier: str) -> str:
 def _no_findings(data: RunData) -> str:
     """What an empty findings file means for this run: a clean run, or only that the
     monitor found nothing while restarts (with their causes) or a stop happened."""
-    state = str((data.status or {}).get("state") or "")
+    state = data.doc.state or ""
     process = [r for r in data.restarts if r.kind != "inprocess"]
     if data.restarts:
         causes = "; ".join(restart_cause(r) for r in data.restarts[-3:])
