@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rankguard.schema.restarts import RestartEntry
-from rankguard.schema.status import RankRow
+from rankguard.schema.status import RankRow, StatusDoc
 
 __all__ = [
     "ITERATION_MARKS",
@@ -90,27 +90,27 @@ def frozen_status(status: dict[str, Any]) -> dict[str, Any]:
     """The status of a launcher that no longer runs: every rank not seen ending is
     ``unknown`` (it may have died with the launcher, or still run unwatched), the counts
     and the state say the same. A copy; ``status`` is left as it is."""
-    out = copy.deepcopy(status)
-    ranks = out.get("ranks")
-    rows = [r for r in ranks if isinstance(r, dict)] if isinstance(ranks, list) else []
-    for row in rows:
-        if row.get("process_liveness") in _LIVE:
-            row["process_liveness"] = "unknown"
-        if row.get("gpu_progress") in _UNFINISHED_PROGRESS:
-            row["gpu_progress"] = "unknown"
-    summary = out.get("summary")
-    if isinstance(summary, dict):
-        for key, moved in (("process_liveness", _LIVE), ("gpu_progress", _UNFINISHED_PROGRESS)):
-            counts = summary.get(key)
-            if isinstance(counts, dict):
-                merged: Counter[str] = Counter()
-                for name, n in counts.items():
-                    if isinstance(n, int):
-                        merged["unknown" if name in moved else str(name)] += n
-                summary[key] = {k: n for k, n in merged.items() if n}
-    if out.get("state") in ("starting", "running", "degraded"):
-        out["state"] = f"unknown (launcher gone; last: {out['state']})"
-    return out
+    doc = StatusDoc.from_dict(copy.deepcopy(status))
+    for row in doc.ranks:
+        if row.process_liveness in _LIVE:
+            row.process_liveness = "unknown"
+        if row.gpu_progress in _UNFINISHED_PROGRESS:
+            row.gpu_progress = "unknown"
+    summary = doc.summary
+    if summary.present:
+        summary.process_liveness = _merged(summary.process_liveness, _LIVE)
+        summary.gpu_progress = _merged(summary.gpu_progress, _UNFINISHED_PROGRESS)
+    if doc.state in ("starting", "running", "degraded"):
+        doc.state = f"unknown (launcher gone; last: {doc.state})"
+    return doc.to_dict()
+
+
+def _merged(counts: dict[str, int], moved: tuple[str, ...]) -> dict[str, int]:
+    """``counts`` with the states in ``moved`` counted as ``unknown``."""
+    merged: Counter[str] = Counter()
+    for name, n in counts.items():
+        merged["unknown" if name in moved else name] += n
+    return {k: n for k, n in merged.items() if n}
 
 
 def restart_cause(entry: RestartEntry) -> str:
