@@ -39,7 +39,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from rankguard.live.keys import REPLACING, LiveKeys
 from rankguard.live.plan import Assignment, Ended, Resumed, decide, ended_how
 from rankguard.schema.findings import FindingType, Reason
-from rankguard.schema.restarts import LiveBlock, LiveReplacement, RestartEntry
+from rankguard.schema.restarts import LiveBlock, LiveReplacement, LostRank, RestartEntry
 
 __all__ = ["RESUMED_WAIT_S", "STANDBY_LEAVE_S", "LiveRecovery"]
 
@@ -63,7 +63,7 @@ class LiveRecovery:
         nproc: int,
         standbys: int,
         say: Callable[[str], None],
-        on_lost: Callable[[dict[str, Any]], None] | None = None,
+        on_lost: Callable[[LostRank], None] | None = None,
         store_factory: Callable[[str, int], Any] | None = None,
     ) -> None:
         self.run_id, self.nproc, self.standbys = run_id, nproc, standbys
@@ -231,8 +231,16 @@ class LiveRecovery:
         self.replaced.append(entry)
         self._pending.append(entry)
         if self.on_lost is not None:  # the finding naming the lost rank
+            lost = LostRank(
+                rank=ended.rank,
+                pid=ended.pid,
+                standby_pid=standby_pid,
+                node=self.node,
+                reason=reason.value,
+                exit=ended_how(ended.exit_code),
+            )
             try:
-                self.on_lost(entry)
+                self.on_lost(lost)
             except Exception:
                 logger.exception("rankguard: the lost rank's finding failed")
         self.say(

@@ -43,7 +43,7 @@ from rankguard.launcher.features import FACTORIES
 from rankguard.launcher.nodeservice import NodeContext, NodeService, build_services
 from rankguard.schema.findings import Finding, FindingType, Reason
 from rankguard.schema.layout import RunLayout, StoreKeys, ft_state_dir
-from rankguard.schema.restarts import RestartCause, RestartEntry, RestartsBlock
+from rankguard.schema.restarts import LostRank, RestartCause, RestartEntry, RestartsBlock
 from rankguard.schema.statusblocks import TimeoutsBlock, block_json
 
 if TYPE_CHECKING:
@@ -359,14 +359,14 @@ class NodeServices:
             flush=True,
         )
 
-    def on_rank_lost(self, entry: dict[str, Any]) -> None:
+    def on_rank_lost(self, lost: LostRank) -> None:
         """Live recovery: a rank's process ended and a standby takes its place. The
         monitor would not see that end (the rank's new pid replaces the old one before
         its scan): its ``rank_process_exited`` finding is written here, once."""
-        monitor, rank, pid = self.monitor, entry["lost_rank"], entry["lost_pid"]
+        monitor, rank, pid = self.monitor, lost.rank, lost.pid
         if monitor is None or not monitor.note_replaced(rank, pid):
             return
-        reason = Reason(entry["reason"])
+        reason = Reason(lost.reason)
         monitor.report(
             Finding.build(
                 FindingType.PROCESS_EXITED,
@@ -374,14 +374,14 @@ class NodeServices:
                 run_id=self.run_id,
                 rank=rank,
                 message=f"rank {rank} (pid {pid} on {socket.gethostname()}): process ended "
-                f"({entry['exit']}) without a clean end; standby pid {entry['standby_pid']} "
+                f"({lost.exit}) without a clean end; standby pid {lost.standby_pid} "
                 "takes its place (live recovery)",
                 pid=pid,
                 hostname=socket.gethostname(),
-                node_rank=entry.get("node"),
-                exit={"vanished": reason is Reason.DIED, "how": entry["exit"]},
-                action=f"live recovery: standby pid {entry['standby_pid']} took rank {rank}",
-                detail={LIVE_RECOVERY: {"standby_pid": entry["standby_pid"]}},
+                node_rank=lost.node,
+                exit={"vanished": reason is Reason.DIED, "how": lost.exit},
+                action=f"live recovery: standby pid {lost.standby_pid} took rank {rank}",
+                detail={LIVE_RECOVERY: {"standby_pid": lost.standby_pid}},
             )
         )
 

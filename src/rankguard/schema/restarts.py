@@ -25,6 +25,7 @@ __all__ = [
     "DECISION_KEYS",
     "LiveBlock",
     "LiveReplacement",
+    "LostRank",
     "RestartCause",
     "RestartEntry",
     "RestartsBlock",
@@ -174,6 +175,20 @@ class RestartsBlock:
 
     def count(self, kind: str) -> int:
         return sum(e.kind == kind for e in self.entries)
+
+
+@dataclass(frozen=True, slots=True)
+class LostRank:
+    """A rank whose process ended and a standby takes its place (live recovery): the
+    rank, its pid, the standby's pid, this node's number, the finding's reason
+    (``Reason``'s value) and how the process ended (``SIGKILL``, ``exit 1``)."""
+
+    rank: int
+    pid: int
+    standby_pid: int
+    node: int
+    reason: str
+    exit: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from torch.distributed.elastic.agent.server.api import WorkerState
 from rankguard.launcher.live import LiveRecovery
 from rankguard.live.keys import REPLACING, LiveKeys
 from rankguard.live.plan import Resumed
+from rankguard.schema.restarts import LostRank
 from tests.factories import DictStore
 
 NPROC, STANDBYS = 4, 1
@@ -45,7 +46,7 @@ class FakeContext:
 def _live(tmp: Path) -> tuple[LiveRecovery, FakeContext, DictStore, list[str], Any]:
     store = DictStore()
     lines: list[str] = []
-    lost: list[dict[str, Any]] = []
+    lost: list[LostRank] = []
     live = LiveRecovery(
         run_id="r1",
         nproc=NPROC,
@@ -79,7 +80,9 @@ def test_a_killed_rank_goes_to_the_standby_without_a_group_restart(tmp_path: Pat
         "live recovery: rank 2 (pid 102, SIGKILL) is taken over by standby pid 104; "
         "no group restart (0 standby(s) left on this node)"
     ]
-    assert [e["lost_rank"] for e in lost] == [2]  # the finding naming the lost rank
+    assert [(e.rank, e.pid, e.standby_pid) for e in lost] == [
+        (2, 102, 104)
+    ]  # the finding naming the lost rank
     status = live.status()
     assert (status.waiting, status.used) == (0, 1)
     assert status.replaced[0].standby_pid == 104

@@ -16,7 +16,7 @@ import rankguard._fs as fs
 from rankguard.config import RankguardConfig
 from rankguard.launcher.services import NodeServices
 from rankguard.schema.layout import RESTARTS_FILE
-from rankguard.schema.restarts import RestartCause
+from rankguard.schema.restarts import LostRank, RestartCause
 from tests.factories import read_jsonl
 
 
@@ -193,3 +193,32 @@ def test_an_excluded_node_stops_relaying_at_once_and_leaves_its_number_undone(
     services.stop()
     assert relay.pushes == pushes
     assert not store.check([keys.tick(1)]) and not store.check([keys.done(1)])
+
+
+def test_a_rank_lost_to_a_standby_is_one_finding_naming_the_standby(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from rankguard.schema.findings import FindingType, Reason
+
+    services = _services(tmp_path)
+    reported: list[Any] = []
+    replaced: set[tuple[int, int]] = set()
+
+    def note_replaced(rank: int, pid: int) -> bool:
+        new = (rank, pid) not in replaced
+        replaced.add((rank, pid))
+        return new
+
+    services.monitor = SimpleNamespace(  # type: ignore[assignment]
+        note_replaced=note_replaced, report=reported.append
+    )
+    lost = LostRank(
+        rank=2, pid=102, standby_pid=104, node=0, reason=Reason.DIED.value, exit="SIGKILL"
+    )
+    services.on_rank_lost(lost)
+    services.on_rank_lost(lost)  # once
+    (finding,) = reported
+    assert finding.finding_type is FindingType.PROCESS_EXITED and finding.reason is Reason.DIED
+    assert (finding.rank, finding.pid, finding.node_rank) == (2, 102, 0)
+    assert "standby pid 104 takes its place" in finding.message
+    assert finding.exit == {"vanished": True, "how": "SIGKILL"}
