@@ -27,6 +27,7 @@ from rankguard.schema.blocks import CheckpointBlock, PreemptBlock, read_block
 from rankguard.schema.findings import Finding, FindingType
 from rankguard.schema.layout import CONTROL_FILE
 from rankguard.schema.records import HeartbeatRecord
+from rankguard.schema.statusblocks import StopRequestedBlock
 
 if TYPE_CHECKING:
     from rankguard.cadence import Cadence
@@ -140,7 +141,7 @@ class StopAgreement(FindingSink):
     def status_fields(self) -> dict[str, Any]:
         if self.stop_at is None:
             return {}
-        return {"stop_requested": {"stop_at_step": self.stop_at, "reason": self.reason}}
+        return {StopRequestedBlock.name: StopRequestedBlock(self.stop_at, self.reason)}
 
 
 def write_control(run_dir: Path, stop_at_step: int, reason: str) -> dict[str, Any]:

@@ -13,8 +13,8 @@ numbers, so that none of them reads better than the run went.
 - an exit after the launcher stopped the workers (a signal), a restart or a peer's
   failure is said as such, not as a rank's error.
 
-Pure functions of the dicts of ``status.json`` and ``restarts.jsonl`` (tolerant of
-missing keys); no I/O. The launcher's console lines use them too
+Pure functions of ``status.json``'s dicts and typed blocks and of ``restarts.jsonl``'s
+entries (tolerant of missing keys); no I/O. The launcher's console lines use them too
 (:mod:`rankguard.launcher.console`).
 """
 
@@ -25,7 +25,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from rankguard.schema.status import RankRow
+from rankguard.schema.restarts import RestartEntry
+from rankguard.schema.status import RankRow, StatusDoc
 
 __all__ = [
     "ITERATION_MARKS",
@@ -89,52 +90,48 @@ def frozen_status(status: dict[str, Any]) -> dict[str, Any]:
     """The status of a launcher that no longer runs: every rank not seen ending is
     ``unknown`` (it may have died with the launcher, or still run unwatched), the counts
     and the state say the same. A copy; ``status`` is left as it is."""
-    out = copy.deepcopy(status)
-    ranks = out.get("ranks")
-    rows = [r for r in ranks if isinstance(r, dict)] if isinstance(ranks, list) else []
-    for row in rows:
-        if row.get("process_liveness") in _LIVE:
-            row["process_liveness"] = "unknown"
-        if row.get("gpu_progress") in _UNFINISHED_PROGRESS:
-            row["gpu_progress"] = "unknown"
-    summary = out.get("summary")
-    if isinstance(summary, dict):
-        for key, moved in (("process_liveness", _LIVE), ("gpu_progress", _UNFINISHED_PROGRESS)):
-            counts = summary.get(key)
-            if isinstance(counts, dict):
-                merged: Counter[str] = Counter()
-                for name, n in counts.items():
-                    if isinstance(n, int):
-                        merged["unknown" if name in moved else str(name)] += n
-                summary[key] = {k: n for k, n in merged.items() if n}
-    if out.get("state") in ("starting", "running", "degraded"):
-        out["state"] = f"unknown (launcher gone; last: {out['state']})"
-    return out
+    doc = StatusDoc.from_dict(copy.deepcopy(status))
+    for row in doc.ranks:
+        if row.process_liveness in _LIVE:
+            row.process_liveness = "unknown"
+        if row.gpu_progress in _UNFINISHED_PROGRESS:
+            row.gpu_progress = "unknown"
+    summary = doc.summary
+    if summary.present:
+        summary.process_liveness = _merged(summary.process_liveness, _LIVE)
+        summary.gpu_progress = _merged(summary.gpu_progress, _UNFINISHED_PROGRESS)
+    if doc.state in ("starting", "running", "degraded"):
+        doc.state = f"unknown (launcher gone; last: {doc.state})"
+    return doc.to_dict()
 
 
-def restart_cause(entry: dict[str, Any]) -> str:
+def _merged(counts: dict[str, int], moved: tuple[str, ...]) -> dict[str, int]:
+    """``counts`` with the states in ``moved`` counted as ``unknown``."""
+    merged: Counter[str] = Counter()
+    for name, n in counts.items():
+        merged["unknown" if name in moved else name] += n
+    return {k: n for k, n in merged.items() if n}
+
+
+def restart_cause(entry: RestartEntry) -> str:
     """``worker_failed rank 1: Signal 9 (SIGKILL) received by PID 9853`` (the cause, the
     rank and the first line of the message)."""
-    cause = entry.get("cause") or "unknown cause"
-    text = str(cause)
-    if entry.get("rank") is not None:
-        text += f" rank {entry['rank']}"
-    message = str(entry.get("message") or "").strip()
+    text = entry.cause or "unknown cause"
+    if entry.rank is not None:
+        text += f" rank {entry.rank}"
+    message = (entry.message or "").strip()
     if message:
         text += ": " + message.splitlines()[0][:200]
     return text
 
 
-def restarts_summary(restarts: Any) -> str | None:
+def restarts_summary(entries: Sequence[RestartEntry]) -> str | None:
     """``1 restart (worker_failed rank 1: ...)``, or ``3 restarts (last: ...)``; None
     without any."""
-    if not isinstance(restarts, list):
-        return None
-    entries = [r for r in restarts if isinstance(r, dict)]
     if not entries:
         return None
     if len(entries) == 1:
         return f"1 restart ({restart_cause(entries[0])})"
-    causes = Counter(str(r.get("cause") or "unknown cause") for r in entries)
+    causes = Counter(r.cause or "unknown cause" for r in entries)
     by_cause = ", ".join(f"{c} x{n}" if n > 1 else c for c, n in causes.items())
     return f"{len(entries)} restarts ({by_cause}; last: {restart_cause(entries[-1])})"

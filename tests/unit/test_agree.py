@@ -344,7 +344,7 @@ def test_request_stop_writes_control_ahead_of_the_furthest_rank(tmp_path: Path) 
     assert stop_at == 103 + 65 == agreement.stop_at
     control = json.loads((tmp_path / CONTROL_FILE).read_text(encoding="utf-8"))
     assert control["stop_at_step"] == stop_at and control["reason"] == "straggler: rank 1"
-    assert agreement.status_fields()["stop_requested"] == {
+    assert agreement.status_fields()["stop_requested"].to_dict() == {
         "stop_at_step": stop_at,
         "reason": "straggler: rank 1",
     }

@@ -16,8 +16,15 @@ from typing import Any
 
 from rankguard.goodput.ledger import ettr_text
 from rankguard.schema.findings import Finding, FindingType
+from rankguard.schema.restarts import LiveBlock, RestartEntry, RestartsBlock
 from rankguard.schema.status import FINAL_STATES, RankRow, StatusDoc, parse_findings
-from rankguard.schema.statusblocks import CheckpointsBlock, TimeoutsBlock
+from rankguard.schema.statusblocks import (
+    CheckpointsBlock,
+    ElasticBlock,
+    GoodputBlock,
+    StopRequestedBlock,
+    TimeoutsBlock,
+)
 from rankguard.statusnotes import (
     exit_note,
     frozen_status,
@@ -321,7 +328,8 @@ def _header(doc: StatusDoc, ranks: list[RankRow], color: bool, now: Any) -> list
     findings = _text(summary.findings_total) + (
         f" ({_text(active)} active)" if active is not None else ""
     )
-    restarts = restarts_summary(doc.block("restarts"))
+    block = doc.block(RestartsBlock)
+    restarts = restarts_summary(block.entries) if block is not None else None
     liveness = _counts(summary.process_liveness, ranks, "process_liveness")
     progress = _counts(summary.gpu_progress, ranks, "gpu_progress")
     problem = []
@@ -454,36 +462,32 @@ def render_status(
     lines.append("")
     lines.extend(_finding_lines(found, skipped, color))
     lines.extend(_ft_lines(doc))
-    lines.extend(goodput_lines(doc.block("goodput")))
+    lines.extend(goodput_lines(doc.block(GoodputBlock)))
     lines.extend(checkpoint_lines(doc.block(CheckpointsBlock)))
-    lines.extend(elastic_lines(doc.block("elastic")))
+    lines.extend(elastic_lines(doc.block(ElasticBlock)))
     return "\n".join(_clip(line, width) for line in lines) + "\n"
 
 
-def elastic_lines(block: Any) -> list[str]:
+def elastic_lines(block: ElasticBlock | None) -> list[str]:
     """The nodes of the current rendezvous round, the spares waiting, the nodes lost
     and which spare took whose place (``status.json`` ``elastic``)."""
-    if not isinstance(block, dict):
+    if block is None:
         return []
-    nodes, lo, hi = block.get("nodes"), block.get("min_nodes"), block.get("max_nodes")
-    shrunk = " (shrunk)" if block.get("shrunk") else ""
-    spares = [s for s in block.get("spares_waiting") or [] if isinstance(s, dict)]
+    nodes, lo, hi = block.nodes, block.min_nodes, block.max_nodes
+    shrunk = " (shrunk)" if block.shrunk else ""
+    spares = block.spares_waiting
     out = ["", f"Nodes: {_s(nodes)} of {_s(lo)}:{_s(hi)}{shrunk}, {len(spares)} spare(s) waiting"]
     for spare in spares:
+        out.append(f"  spare    {_text(spare.agent)} waiting since {_fmt_time(spare.since)}")
+    for item in block.replacements:
         out.append(
-            f"  spare    {_text(spare.get('agent'))} waiting since {_fmt_time(spare.get('since'))}"
+            f"  replaced node {_s(item.node)}: {_text(item.replaced)} lost, "
+            f"spare {_text(item.spare)} took its place (waited {_s(item.waited_s)} s)"
         )
-    for item in block.get("replacements") or []:
-        if isinstance(item, dict):
-            waited = _s(item.get("waited_s"))
-            out.append(
-                f"  replaced node {_s(item.get('node'))}: {_text(item.get('replaced'))} lost, "
-                f"spare {_text(item.get('spare'))} took its place (waited {waited} s)"
-            )
-    lost = block.get("lost") or []
+    lost = block.lost
     if lost:
         out.append(f"  lost     {', '.join(_text(a) for a in lost)}")
-    gone = block.get("spares_gone") or []
+    gone = block.spares_gone
     if gone:
         out.append(
             f"  gone     {', '.join(_text(a) for a in gone)} (spare(s) whose keep-alive "
@@ -492,35 +496,33 @@ def elastic_lines(block: Any) -> list[str]:
     return out
 
 
-def _restart_row(r: dict[str, Any]) -> str:
-    kind = {"inprocess": "in-process", "live_recovery": "live"}.get(str(r.get("kind")), "process")
-    row = (
-        f"  {kind} #{r.get('restart', '-')} {r.get('wall_time', '-')}  "
-        f"{r.get('cause') or '-'} rank {_s(r.get('rank'))}: {_s(r.get('message'))}"
-    )
-    if r.get("kind") == "live_recovery":
+def _restart_row(r: RestartEntry) -> str:
+    kind = {"inprocess": "in-process", "live_recovery": "live"}.get(r.kind, "process")
+    number = r.restart if "restart" in r.keys else "-"
+    when = r.wall_time if "wall_time" in r.keys else "-"
+    row = f"  {kind} #{number} {when}  {r.cause or '-'} rank {_s(r.rank)}: {_s(r.message)}"
+    if r.kind == "live_recovery":
         row += (
-            f" (fault -> next step {_s(r.get('recovery_s'))} s, "
-            f"{_s(r.get('steps_redone'))} step(s) redone)"
+            f" (fault -> next step {_s(r.number('recovery_s'))} s, "
+            f"{_s(r.number('steps_redone'))} step(s) redone)"
         )
     return row
 
 
-def _live_lines(live: Any) -> list[str]:
+def _live_lines(live: LiveBlock | None) -> list[str]:
     """Live recovery: the node's standbys and which rank each replaced."""
-    if not isinstance(live, dict):
+    if live is None:
         return []
     out = [
         "",
-        f"Standbys: {_s(live.get('standbys_per_node'))} per node, {_s(live.get('waiting'))} "
-        f"waiting, {_s(live.get('used'))} used, {_s(live.get('left_unused'))} left unused",
+        f"Standbys: {_s(live.standbys_per_node)} per node, {_s(live.waiting)} "
+        f"waiting, {_s(live.used)} used, {_s(live.left_unused)} left unused",
     ]
-    for r in live.get("replaced") or []:
-        if isinstance(r, dict):
-            out.append(
-                f"  rank {_s(r.get('lost_rank'))}: pid {_s(r.get('lost_pid'))} lost "
-                f"({_s(r.get('cause'))}), now standby pid {_s(r.get('standby_pid'))}"
-            )
+    for r in live.replaced:
+        out.append(
+            f"  rank {_s(r.lost_rank)}: pid {_s(r.lost_pid)} lost "
+            f"({_s(r.cause)}), now standby pid {_s(r.standby_pid)}"
+        )
     return out
 
 
@@ -528,11 +530,10 @@ def _ft_lines(status: StatusDoc | dict[str, Any]) -> list[str]:
     """Restarts and the timeouts in force with their sources (fault tolerance)."""
     doc = status if isinstance(status, StatusDoc) else StatusDoc.from_dict(status)
     out: list[str] = []
-    restarts = doc.block("restarts")
-    if isinstance(restarts, list) and restarts:
-        kinds = [r.get("kind") if isinstance(r, dict) else None for r in restarts]
-        inproc = sum(k == "inprocess" for k in kinds)
-        live = sum(k == "live_recovery" for k in kinds)
+    block = doc.block(RestartsBlock)
+    if block is not None and block.entries:
+        restarts = block.entries
+        inproc, live = block.count("inprocess"), block.count("live_recovery")
         process = len(restarts) - inproc - live
         out += [
             "",
@@ -540,10 +541,8 @@ def _ft_lines(status: StatusDoc | dict[str, Any]) -> list[str]:
             + (f", {live} live recovery" if live else "")
             + ")",
         ]
-        for r in restarts:
-            if isinstance(r, dict):
-                out.append(_restart_row(r))
-    out += _live_lines(doc.block("live"))
+        out += [_restart_row(r) for r in restarts]
+    out += _live_lines(doc.block(LiveBlock))
     stragglers = doc.block("stragglers")
     if isinstance(stragglers, dict):
         out += [
@@ -560,11 +559,9 @@ def _ft_lines(status: StatusDoc | dict[str, Any]) -> list[str]:
                 if isinstance(r, dict)
             ]
             out.append(f"  {label:<5}  " + ", ".join(cells))
-    stop = doc.block("stop_requested")
-    if isinstance(stop, dict):
-        out.append(
-            f"  stop requested at step {_s(stop.get('stop_at_step'))}: {_s(stop.get('reason'))}"
-        )
+    stop = doc.block(StopRequestedBlock)
+    if stop is not None:
+        out.append(f"  stop requested at step {_s(stop.stop_at_step)}: {_s(stop.reason)}")
     out += _preemption_lines(doc.block("preemption"))
     timeouts = doc.block(TimeoutsBlock)
     if timeouts is not None and timeouts.entries:
@@ -613,21 +610,21 @@ def _dur(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds < 36_000 else f"{seconds / 3600:.1f} h"
 
 
-def goodput_lines(block: Any) -> list[str]:
+def goodput_lines(block: GoodputBlock | None) -> list[str]:
     """One line of the goodput ledger (status.json's ``goodput`` block): the ETTR,
     productive training against wall time, the part that cost the most."""
-    if not isinstance(block, dict):
+    if block is None:
         return []
-    wall, productive = _number(block.get("wall_s")), _number(block.get("productive_s"))
-    ettr = _number(block.get("ettr"))
+    wall, productive = _number(block.wall_s), _number(block.productive_s)
+    ettr = _number(block.ettr)
     if wall is None or productive is None:
         return []
     line = f"Goodput: ETTR {ettr_text(ettr)} (productive {_dur(productive)} of {_dur(wall)} wall)"
-    loss = block.get("largest_loss")
-    seconds = _number(loss.get("seconds")) if isinstance(loss, dict) else None
-    if isinstance(loss, dict) and seconds is not None:
-        line += f", largest loss {_text(loss.get('part'))} {_dur(seconds)}"
-    if block.get("final") is not True:
+    loss = block.largest_loss
+    seconds = _number(loss.seconds) if loss is not None else None
+    if loss is not None and seconds is not None:
+        line += f", largest loss {_text(loss.part)} {_dur(seconds)}"
+    if not block.final:
         line += " (so far)"
     return ["", line]
 

@@ -35,8 +35,9 @@ from rankguard.goodput.ledger import PARTS
 from rankguard.health.schema import NodeStatus
 from rankguard.runfiles import worst_rows
 from rankguard.schema.findings import Finding, FindingType, Liveness, Progress
+from rankguard.schema.restarts import RestartsBlock
 from rankguard.schema.status import RankDetail, RankRow, StatusDoc
-from rankguard.schema.statusblocks import CheckpointsBlock
+from rankguard.schema.statusblocks import CheckpointsBlock, GoodputBlock
 
 if TYPE_CHECKING:
     from rankguard.heartbeat.monitor import JobMonitor
@@ -516,26 +517,24 @@ def _job_families(put: _Put, doc: StatusDoc, now_wall: float) -> None:
         _age_since(doc.updated_wall_time, now_wall),
     )
     kinds: dict[str, int] = {"process": 0, "inprocess": 0}
-    for entry in doc.block("restarts") or []:
-        if isinstance(entry, dict):
-            kind = _label(entry.get("kind") or "process")
-            kinds[kind] = kinds.get(kind, 0) + 1
+    restarts = doc.block(RestartsBlock)
+    for entry in restarts.entries if restarts is not None else ():
+        kind = _label(entry.kind)
+        kinds[kind] = kinds.get(kind, 0) + 1
     for kind, count in sorted(kinds.items()):
         put("rankguard_job_restarts_total", [kind], float(count))
     _checkpoint_series(doc.block(CheckpointsBlock), now_wall, put)
-    _goodput_series(doc.block("goodput"), put)
+    _goodput_series(doc.block(GoodputBlock), put)
 
 
-def _goodput_series(block: Any, put: _Put) -> None:
+def _goodput_series(block: GoodputBlock | None, put: _Put) -> None:
     """status.json's ``goodput`` block (node 0's ledger, at most 30 s old)."""
-    if not isinstance(block, dict):
+    if block is None:
         return
-    put("rankguard_goodput_ettr_ratio", [], _num(block.get("ettr")))
-    put("rankguard_goodput_wall_seconds", [], _num(block.get("wall_s")))
-    parts = block.get("parts_s")
-    if isinstance(parts, dict):
-        for part in PARTS:
-            put("rankguard_goodput_seconds", [part.value], _num(parts.get(part.value)))
+    put("rankguard_goodput_ettr_ratio", [], _num(block.ettr))
+    put("rankguard_goodput_wall_seconds", [], _num(block.wall_s))
+    for part in PARTS:
+        put("rankguard_goodput_seconds", [part.value], _num(block.parts_s.get(part.value)))
 
 
 def _checkpoint_series(ckpt: CheckpointsBlock | None, now_wall: float, put: _Put) -> None:

@@ -149,7 +149,8 @@ class FaultToleranceConfig:
                     f"actions.{finding}: only restart (torch elastic's agent restarts a "
                     f"failed worker group within the restart budget), got {action!r}"
                 )
-        object.__setattr__(self, "actions", {**_default_actions(), **self.actions})
+        # read-only like the sections: a change is a new configuration
+        object.__setattr__(self, "actions", FrozenDict({**_default_actions(), **self.actions}))
         if self.stack_dump not in ("auto", "py-spy", "faulthandler"):
             raise ValueError(f"stack_dump: auto, py-spy or faulthandler, got {self.stack_dump!r}")
         for name in ("stack_dump_timeout_s", "termination_grace_s", "handover_timeout_s"):

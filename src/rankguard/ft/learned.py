@@ -32,6 +32,7 @@ from rankguard._fs import atomic_write_json
 from rankguard.cadence import Cadence
 from rankguard.ft.config import FaultToleranceConfig
 from rankguard.ft.nvrx_state import RANKGUARD_STATE_FILE, from_nvrx, is_nvrx_state, to_nvrx
+from rankguard.schema.blocks import FtStatsBlock, read_block
 from rankguard.schema.layout import FT_STATE_FILE
 from rankguard.schema.records import HeartbeatRecord
 
@@ -101,15 +102,15 @@ def measured_maxima(records: list[HeartbeatRecord]) -> dict[str, float]:
         return int(value) if isinstance(value, (int, float)) and value == value else 0
 
     for rec in records:
-        stats = rec.ft_stats
+        stats = read_block(rec, FtStatsBlock)
         if stats is None:
             continue
-        keep("setup", stats.get("setup_s"))
-        if count(stats.get("steps")) >= MIN_STEPS:
-            keep("step", stats.get("step_max_s"))
-        if count(stats.get("ckpts")) >= 1:
-            keep("checkpointing", stats.get("ckpt_max_s"))
-        keep("heartbeat", stats.get("hb_gap_max_s"))
+        keep("setup", stats.setup_s)
+        if count(stats.steps) >= MIN_STEPS:
+            keep("step", stats.step_max_s)
+        if count(stats.ckpts) >= 1:
+            keep("checkpointing", stats.ckpt_max_s)
+        keep("heartbeat", stats.hb_gap_max_s)
     return out
 
 

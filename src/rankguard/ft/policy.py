@@ -20,28 +20,12 @@ from typing import Any
 from rankguard.ft.decide import Decision, RestartDecider
 from rankguard.ft.evidence import failure_fingerprint, read_attempt
 
-__all__ = ["DECISION_KEYS", "STOP_KIND", "RestartPolicy", "decision_fields", "stop_entry"]
+__all__ = ["STOP_KIND", "RestartPolicy", "stop_entry"]
 
 logger = logging.getLogger(__name__)
 
 STOP_KIND = "stop"
 """``restarts.jsonl``'s ``kind`` of a stop decision (no restart happened)."""
-
-
-DECISION_KEYS = (
-    "decision",
-    "rule",
-    "failure_kind",
-    "attempt",
-    "no_progress_attempts",
-    "fingerprint",
-)
-"""The fields a decision adds to its ``restarts.jsonl`` line (:meth:`Decision.to_dict`)."""
-
-
-def decision_fields(cause: Mapping[str, Any]) -> dict[str, Any]:
-    """The decision's fields of a restart's cause (none when no decision was taken)."""
-    return {key: cause[key] for key in DECISION_KEYS if key in cause}
 
 
 def stop_entry(run_id: str, decision: Decision, when: float) -> dict[str, Any]:

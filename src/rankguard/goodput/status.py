@@ -29,6 +29,7 @@ from rankguard._fs import atomic_write_json
 from rankguard.goodput.ledger import ETTR_DIGITS, PARTS, Ledger, Part
 from rankguard.goodput.rundir import read_ledger
 from rankguard.schema.layout import GOODPUT_FILE
+from rankguard.schema.statusblocks import GoodputBlock, LargestLoss
 
 __all__ = ["DEFAULT_INTERVAL_S", "GoodputStatus", "goodput_block", "largest_loss"]
 
@@ -46,21 +47,19 @@ def largest_loss(parts: dict[Part, float]) -> tuple[Part, float] | None:
     return part, value
 
 
-def goodput_block(ledger: Ledger, *, final: bool) -> dict[str, Any]:
+def goodput_block(ledger: Ledger, *, final: bool) -> GoodputBlock:
     """status.json's ``goodput`` block of ``ledger``."""
     loss = largest_loss(ledger.parts)
-    return {
-        "final": final,
-        "wall_s": round(ledger.wall_s, 3),
-        "ettr": None if ledger.ettr is None else round(ledger.ettr, ETTR_DIGITS),
-        "productive_s": round(ledger.parts[Part.PRODUCTIVE], 3),
-        "attempts": ledger.attempts,
-        "interruptions": len(ledger.interruptions),
-        "largest_loss": None
-        if loss is None
-        else {"part": loss[0].value, "seconds": round(loss[1], 3)},
-        "parts_s": {p.value: round(ledger.parts[p], 3) for p in PARTS},
-    }
+    return GoodputBlock(
+        final=final,
+        wall_s=round(ledger.wall_s, 3),
+        ettr=None if ledger.ettr is None else round(ledger.ettr, ETTR_DIGITS),
+        productive_s=round(ledger.parts[Part.PRODUCTIVE], 3),
+        attempts=ledger.attempts,
+        interruptions=len(ledger.interruptions),
+        largest_loss=None if loss is None else LargestLoss(loss[0].value, round(loss[1], 3)),
+        parts_s={p.value: round(ledger.parts[p], 3) for p in PARTS},
+    )
 
 
 class GoodputStatus:
@@ -83,7 +82,7 @@ class GoodputStatus:
         self._clock = clock
         self._due = -float("inf")
         self._final = False
-        self.block: dict[str, Any] | None = None
+        self.block: GoodputBlock | None = None
         self.write_errors = 0
 
     def status_fields(self) -> dict[str, Any]:
@@ -93,7 +92,7 @@ class GoodputStatus:
             if final or now >= self._due:
                 self._due = now + self.interval_s
                 self._compute(final)
-        return {} if self.block is None else {"goodput": self.block}
+        return {} if self.block is None else {self.block.name: self.block}
 
     def _compute(self, final: bool) -> None:
         ledger = read_ledger(self.run_dir)

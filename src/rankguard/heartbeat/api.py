@@ -85,6 +85,7 @@ class FindingSink:
 
 class StatusSource(Protocol):
     """Fields merged into ``status.json`` at each scan (the launcher's restarts, the
-    timeouts in force, a requested stop)."""
+    timeouts in force, a requested stop): by key, a typed block of
+    :mod:`rankguard.schema.statusblocks` (written as its ``to_dict``) or a JSON value."""
 
     def status_fields(self) -> dict[str, Any]: ...

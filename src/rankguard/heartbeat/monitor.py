@@ -54,6 +54,7 @@ from rankguard.schema.findings import Finding
 from rankguard.schema.layout import RunLayout
 from rankguard.schema.records import SCHEMA_VERSION
 from rankguard.schema.status import FINAL_STATES, MonitorInfo, NodeHealth, StatusDoc
+from rankguard.schema.statusblocks import block_json
 from rankguard.textsafe import safe_text
 
 __all__ = [
@@ -706,7 +707,8 @@ class JobMonitor:
         out: dict[str, Any] = {}
         for source in self._status_sources:
             try:
-                out.update(source.status_fields())
+                # a typed block (rankguard.schema.statusblocks) is written as its dict
+                out.update({k: block_json(v) for k, v in source.status_fields().items()})
             except Exception:
                 self.sink_errors += 1
                 logger.exception("rankguard monitor: status source failed")

@@ -19,6 +19,7 @@ from rankguard.heartbeat.blockeval import BlockEvaluator
 from rankguard.live.plan import LIVE_CAUSE
 from rankguard.schema.blocks import InProcessBlock, InProcessRestart
 from rankguard.schema.findings import Finding, FindingType, Reason
+from rankguard.schema.restarts import RestartEntry
 
 if TYPE_CHECKING:
     from rankguard.heartbeat.rules import RankState
@@ -30,6 +31,9 @@ _REASONS = {
     "soft_timeout": Reason.INPROCESS_HANG,
     LIVE_CAUSE: Reason.LIVE_REPLACED,
 }
+#: the keys of its ``restarts.jsonl`` line, in order (the launcher adds ``wall_time``)
+_ENTRY_KEYS: tuple[str, ...] = ("schema_version", "kind", "run_id", "restart", "cause")
+_ENTRY_KEYS += ("rank", "reason", "message", "id")
 _SEEN_MAX = 4096  # restart ids remembered (a long job restarts far fewer times)
 
 
@@ -40,7 +44,7 @@ class InProcessRestarts(BlockEvaluator[InProcessBlock]):
     block = InProcessBlock
 
     def __init__(
-        self, run_id: str, on_restart: Callable[[dict[str, Any]], None] | None = None
+        self, run_id: str, on_restart: Callable[[RestartEntry], None] | None = None
     ) -> None:
         super().__init__()
         self.run_id = run_id
@@ -86,17 +90,17 @@ class InProcessRestarts(BlockEvaluator[InProcessBlock]):
         )
         self.total += 1
         self.last = {"restarts": count, **last}
-        entry = {
-            "schema_version": 1,
-            "kind": "inprocess",
-            "run_id": self.run_id,
-            "restart": count,
-            "cause": cause,
-            "rank": culprit,
-            "reason": _REASONS.get(cause, Reason.INPROCESS_OTHER).value,
-            "message": restart.message,
-            "id": restart.id,
-        }
+        entry = RestartEntry(
+            kind="inprocess",
+            run_id=self.run_id,
+            restart=count,
+            cause=cause,
+            rank=culprit,
+            reason=_REASONS.get(cause, Reason.INPROCESS_OTHER).value,
+            message=restart.message,
+            extra={"id": restart.id},
+            keys=_ENTRY_KEYS,
+        )
         # a live recovery's line (kind ``live_recovery``) is the launcher's: one line each
         if self.on_restart is not None and cause != LIVE_CAUSE:
             self.on_restart(entry)

@@ -62,6 +62,7 @@ from rankguard.integrations.nvrx import launcher_socket_dir
 from rankguard.launcher.handover import HandoverResult, wait_for_handover
 from rankguard.schema.exits import EXIT_RERUN_VALIDATION_FAILED
 from rankguard.schema.findings import FindingType
+from rankguard.schema.restarts import RestartCause, RestartEntry
 
 if TYPE_CHECKING:
     from rankguard.ft.decide import Decision
@@ -221,14 +222,14 @@ class RankguardAgent(LocalElasticAgent):
         self,
         *args: Any,
         on_signal: Callable[[str], None] | None = None,
-        on_restart: Callable[[int, dict[str, Any] | None], None] | None = None,
-        on_failure: Callable[[dict[str, Any]], None] | None = None,
+        on_restart: Callable[[int, RestartCause | None], None] | None = None,
+        on_failure: Callable[[RestartCause], None] | None = None,
         grace_s: float = 30.0,
         preemption: PreemptionCoordinator | None = None,
         handover_timeout_s: float = 30.0,
         restart_policy: RestartPolicy | None = None,
         live: LiveRecovery | None = None,
-        on_live_recovery: Callable[[dict[str, Any]], None] | None = None,
+        on_live_recovery: Callable[[RestartEntry], None] | None = None,
         **kw: Any,
     ) -> None:
         # torch elastic's own grace when a signal stops it or the job ends: ours.
@@ -350,9 +351,10 @@ class RankguardAgent(LocalElasticAgent):
                 self._remaining_restarts = 0
                 self.aborted = True
             self._decide(worker_group)
-            if self.last_failure is not None and self._on_failure is not None:
+            root = RestartCause.from_dict(self.last_failure)
+            if root is not None and self._on_failure is not None:
                 try:  # the monitor names the same culprit (it sees exits, not exit codes)
-                    self._on_failure(self.last_failure)
+                    self._on_failure(root)
                 except Exception:
                     logger.exception("rankguard: failure callback failed")
         return result
@@ -462,7 +464,7 @@ class RankguardAgent(LocalElasticAgent):
             cause = {**(cause or {}), **decision.to_dict()}
         if self._on_restart is not None:
             try:
-                self._on_restart(self.restarts, cause)
+                self._on_restart(self.restarts, RestartCause.from_dict(cause))
             except Exception:
                 logger.exception("rankguard: restart notification failed")
         t0 = time.monotonic()

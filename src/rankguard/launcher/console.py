@@ -15,6 +15,8 @@ from typing import Any
 from rankguard.heartbeat.api import FindingSink
 from rankguard.heartbeat.monitor import JobMonitor
 from rankguard.schema.findings import Finding
+from rankguard.schema.restarts import RestartEntry, RestartsBlock
+from rankguard.schema.status import MonitorInfo, StatusDoc
 from rankguard.statusnotes import ITERATION_MARKS, restart_cause, restarts_summary
 from rankguard.textsafe import safe_text
 
@@ -36,29 +38,28 @@ def status_line(status: dict[str, Any]) -> str:
 def _status_line(status: dict[str, Any]) -> str:
     if not status:
         return "waiting for the first scan"
-    ranks = status.get("ranks") or []
-    iters = [r.get("iteration") for r in ranks if r.get("iteration") is not None]
-    live = Counter(r.get("process_liveness") for r in ranks)
-    prog = Counter(r.get("gpu_progress") for r in ranks)
-    summary = status.get("summary") or {}
-    marks = {ITERATION_MARKS.get(str(r.get("iteration_source")), "") for r in ranks}
+    doc = StatusDoc.from_dict(status)
+    ranks = doc.ranks
+    iters = [r.iteration for r in ranks if r.iteration is not None]
+    live = Counter(str(r.process_liveness) for r in ranks)
+    prog = Counter(str(r.gpu_progress) for r in ranks)
+    marks = {ITERATION_MARKS.get(str(r.iteration_source), "") for r in ranks}
     mark = marks.pop() if len(marks) == 1 else ""  # * steps counted, + checkpoint's step
     it = f"iter {min(iters)}-{max(iters)}{mark}" if iters else "iter -"
     live_s = " ".join(f"{k}={v}" for k, v in sorted(live.items()))
     prog_s = " ".join(f"{k}={v}" for k, v in sorted(prog.items()))
-    line = (
-        f"[{status.get('state')}] {it} | {live_s} | {prog_s} | "
-        f"findings {summary.get('findings_total', 0)}"
-    )
-    restarts = status.get("restarts")
-    if isinstance(restarts, list) and restarts:
-        line += f" | restarts {len(restarts)}"
-    return line + monitor_problem(status)
+    total = doc.summary.findings_total
+    line = f"[{doc.state}] {it} | {live_s} | {prog_s} | findings {total or 0}"
+    restarts = doc.block(RestartsBlock)
+    if restarts is not None and restarts.entries:
+        line += f" | restarts {len(restarts.entries)}"
+    return line + monitor_problem(doc.monitor)
 
 
-def restart_line(entry: dict[str, Any]) -> str:
+def restart_line(entry: RestartEntry) -> str:
     """The console line of one restart of the worker group, with its cause."""
-    return safe_text(f"restart {entry.get('restart', '?')} of the workers: {restart_cause(entry)}")
+    number = entry.restart if "restart" in entry.keys else "?"
+    return safe_text(f"restart {number} of the workers: {restart_cause(entry)}")
 
 
 def run_end_line(status: dict[str, Any] | None) -> str:
@@ -66,30 +67,29 @@ def run_end_line(status: dict[str, Any] | None) -> str:
     stopped the workers on a signal; the monitor thread's own state, ``monitor.state``,
     is said apart when it is not ``scanning``), its findings and every restart with its
     cause."""
-    status = status or {}
-    summary = status.get("summary")
-    total = summary.get("findings_total", 0) if isinstance(summary, dict) else 0
-    state = status.get("state") or "unknown"
+    doc = StatusDoc.from_dict(status or {})
+    total = doc.summary.findings_total or 0
+    state = doc.state or "unknown"
     if state == "stopped":
         pre = status.get("preemption")
         preempted = isinstance(pre, dict) and bool(pre.get("reason"))
         state = "stopped: preempted" if preempted else "stopped by the launcher"
     line = f"run {state}: {total} finding(s)"
-    restarts = restarts_summary(status.get("restarts"))
+    block = doc.block(RestartsBlock)
+    restarts = restarts_summary(block.entries) if block is not None else None
     if restarts:
         line += f", {restarts}"
-    return safe_text(line + monitor_problem(status))
+    return safe_text(line + monitor_problem(doc.monitor))
 
 
-def monitor_problem(status: dict[str, Any]) -> str:
+def monitor_problem(monitor: MonitorInfo) -> str:
     """`` | MONITOR FAILING ...`` when the monitor's scans fail or its thread stopped
     (``monitor.state`` in status.json); empty otherwise."""
-    monitor = status.get("monitor")
-    if not isinstance(monitor, dict) or monitor.get("state") in (None, "scanning"):
+    if monitor.state in (None, "scanning"):
         return ""
     return (
-        f" | MONITOR {str(monitor.get('state')).upper()} ({monitor.get('errors')} failed "
-        f"scan(s); last: {monitor.get('last_error')})"
+        f" | MONITOR {monitor.state.upper()} ({monitor.errors} failed "
+        f"scan(s); last: {monitor.last_error})"
     )
 
 

@@ -39,6 +39,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from rankguard.live.keys import REPLACING, LiveKeys
 from rankguard.live.plan import Assignment, Ended, Resumed, decide, ended_how
 from rankguard.schema.findings import FindingType, Reason
+from rankguard.schema.restarts import LiveBlock, LiveReplacement, LostRank, RestartEntry
 
 __all__ = ["RESUMED_WAIT_S", "STANDBY_LEAVE_S", "LiveRecovery"]
 
@@ -62,7 +63,7 @@ class LiveRecovery:
         nproc: int,
         standbys: int,
         say: Callable[[str], None],
-        on_lost: Callable[[dict[str, Any]], None] | None = None,
+        on_lost: Callable[[LostRank], None] | None = None,
         store_factory: Callable[[str, int], Any] | None = None,
     ) -> None:
         self.run_id, self.nproc, self.standbys = run_id, nproc, standbys
@@ -97,19 +98,25 @@ class LiveRecovery:
         self._store = None
         self._addr = (str(worker_group.master_addr), int(worker_group.master_port))
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> LiveBlock:
         """``status.json["live"]``: this node's standbys (waiting now, left without
         being needed: at the end of a run, or ended early) and the ranks they replaced."""
-        return {
-            "standbys_per_node": self.standbys,
-            "waiting": len(self.waiting),
-            "left_unused": self.left_unused,
-            "used": len(self.replaced),
-            "replaced": [
-                {k: r[k] for k in ("lost_rank", "lost_pid", "standby_pid", "cause", "fault_t")}
+        return LiveBlock(
+            standbys_per_node=self.standbys,
+            waiting=len(self.waiting),
+            left_unused=self.left_unused,
+            used=len(self.replaced),
+            replaced=tuple(
+                LiveReplacement(
+                    lost_rank=r["lost_rank"],
+                    lost_pid=r["lost_pid"],
+                    standby_pid=r["standby_pid"],
+                    cause=r["cause"],
+                    fault_t=r["fault_t"],
+                )
                 for r in self.replaced
-            ],
-        }
+            ),
+        )
 
     # ---- the poll -------------------------------------------------------------------
 
@@ -224,8 +231,16 @@ class LiveRecovery:
         self.replaced.append(entry)
         self._pending.append(entry)
         if self.on_lost is not None:  # the finding naming the lost rank
+            lost = LostRank(
+                rank=ended.rank,
+                pid=ended.pid,
+                standby_pid=standby_pid,
+                node=self.node,
+                reason=reason.value,
+                exit=ended_how(ended.exit_code),
+            )
             try:
-                self.on_lost(entry)
+                self.on_lost(lost)
             except Exception:
                 logger.exception("rankguard: the lost rank's finding failed")
         self.say(
@@ -253,7 +268,7 @@ class LiveRecovery:
 
     # ---- the recoveries' lines ---------------------------------------------------------
 
-    def entries_due(self, *, final: bool = False) -> list[dict[str, Any]]:
+    def entries_due(self, *, final: bool = False) -> list[RestartEntry]:
         """The recoveries whose line can be written now: the newcomer's first completed
         step is known, or it is late (``final``: every one left, the run ends)."""
         out = []
@@ -267,7 +282,9 @@ class LiveRecovery:
             elif not final and time.time() - entry["fault_t"] < RESUMED_WAIT_S:
                 continue
             self._pending.remove(entry)
-            out.append(entry)
+            line = RestartEntry.from_dict(entry)
+            assert line is not None
+            out.append(line)
         return out
 
     def _resumed(self, pid: int) -> Resumed | None:

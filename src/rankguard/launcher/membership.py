@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from rankguard.config import RankguardConfig
     from rankguard.launcher.exclusion import NodeExclusion
     from rankguard.launcher.spares import SpareWatch
+    from rankguard.schema.statusblocks import ElasticBlock, Replacement
 
 __all__ = ["ExclusionService", "SpareService", "keep_store_for_spares"]
 
@@ -44,7 +45,7 @@ class SpareService(NullService):
         self.track = False
         self.min_nodes = 1
         self.services: Any = None  # the NodeServices: store, run id, node, round
-        self.replacements: list[dict[str, Any]] = []
+        self.replacements: list[Replacement] = []
         self._agents: tuple[float, list[dict[str, Any]]] | None = None
         #: waiting agents whose beat stopped (spares gone while they waited), as node 0 saw
         self.spares_gone: set[str] = set()
@@ -74,9 +75,9 @@ class SpareService(NullService):
 
     def status_fields(self) -> dict[str, Any]:
         elastic = self.elastic_fields()
-        return {} if elastic is None else {"elastic": elastic}
+        return {} if elastic is None else {elastic.name: elastic}
 
-    def elastic_fields(self) -> dict[str, Any] | None:
+    def elastic_fields(self) -> ElasticBlock | None:
         """Node 0 of an elastic job: the ``elastic`` block (:mod:`.spares`); the
         agents' entries are read again at most every 2 s (one store round trip each)."""
         node = self.services

@@ -57,6 +57,8 @@ from rankguard.launcher.services import NodeServices, node_cadence
 from rankguard.launcher.verdict import failure_summary, root_cause_lines
 from rankguard.live.roles import STANDBY_RANKS_ENV
 from rankguard.schema import layout
+from rankguard.schema.status import StatusDoc
+from rankguard.schema.statusblocks import GoodputBlock
 from rankguard.textsafe import safe_text
 
 __all__ = ["job_name", "launch", "run_dir_for"]
@@ -641,9 +643,9 @@ def _stop(services: NodeServices, handler: Any, run_dir: Path, end: str | None) 
 
         perf_dir = layout.perf_dir(run_dir.parent.parent, run_dir.name)
         complete_summary(perf_dir)
-        goodput = (status or {}).get("goodput")
-        if isinstance(goodput, dict):  # the same ETTR as the final status
-            add_ettr(perf_dir, goodput.get("ettr"))
+        goodput = StatusDoc.from_dict(status).block(GoodputBlock)
+        if goodput is not None:  # the same ETTR as the final status
+            add_ettr(perf_dir, goodput.ettr)
     if services.monitor is not None:
         _report(run_dir, status)
     try:
@@ -734,15 +736,14 @@ def _say_rerun(worker_exit: int | None, run_dir: Path) -> None:
 
 
 def _report(run_dir: Path, status: dict[str, Any] | None) -> None:
-    status = status or {}
     _say(run_end_line(status))
-    monitor = status.get("monitor") or {}
-    if monitor.get("errors"):
+    doc = StatusDoc.from_dict(status or {})
+    if doc.monitor.errors:
         _say(
-            f"monitor: {monitor['errors']} scan(s) FAILED during the run (nothing was "
-            f"monitored meanwhile); last: {monitor.get('last_error')}"
+            f"monitor: {doc.monitor.errors} scan(s) FAILED during the run (nothing was "
+            f"monitored meanwhile); last: {doc.monitor.last_error}"
         )
-    for finding in status.get("recent_findings") or []:
+    for finding in doc.recent_findings:
         _say(f"  finding: {finding.get('message')}")
     _say(f"status:   {run_dir / layout.STATUS_FILE}")
     _say(f"findings: {run_dir / layout.FINDINGS_FILE}")

@@ -33,7 +33,6 @@ from rankguard.cadence import Cadence
 from rankguard.config import RankguardConfig, config_to_dict
 from rankguard.ft.actions import LIVE_RECOVERY, AgentControl, FaultHandler, HangTraces
 from rankguard.ft.kill import DumpPolicy
-from rankguard.ft.policy import decision_fields
 from rankguard.goodput.status import GoodputStatus
 from rankguard.heartbeat.monitor import JobMonitor
 from rankguard.heartbeat.relay import StoreRelay, StoreRemoteSource, publish_control, request_kill
@@ -44,7 +43,8 @@ from rankguard.launcher.features import FACTORIES
 from rankguard.launcher.nodeservice import NodeContext, NodeService, build_services
 from rankguard.schema.findings import Finding, FindingType, Reason
 from rankguard.schema.layout import RunLayout, StoreKeys, ft_state_dir
-from rankguard.schema.statusblocks import STATUS_BLOCKS, TimeoutsBlock
+from rankguard.schema.restarts import LostRank, RestartCause, RestartEntry, RestartsBlock
+from rankguard.schema.statusblocks import TimeoutsBlock, block_json
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -61,11 +61,6 @@ logger = logging.getLogger(__name__)
 
 def _iso_ms(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds")
-
-
-def _plain(value: Any) -> Any:
-    """A status block's JSON form; any other value as it is."""
-    return value.to_dict() if type(value) in STATUS_BLOCKS.values() else value
 
 
 def ft_state_path(cfg: RankguardConfig) -> Path:
@@ -132,7 +127,7 @@ class NodeServices:
     relay: StoreRelay | None = field(default=None, init=False)
     faults: FaultHandler | None = field(default=None, init=False)  # node 0, fault tolerance
     agreement: StopAgreement | None = field(default=None, init=False)  # node 0
-    restarts: list[dict[str, Any]] = field(default_factory=list, init=False)
+    restarts: list[RestartEntry] = field(default_factory=list, init=False)
     #: the features' services (:mod:`.features`), a null one for each feature that is off
     services: list[NodeService] = field(default_factory=list, init=False)
     _stop_votes: list[Callable[[], bool]] = field(default_factory=list, init=False, repr=False)
@@ -190,7 +185,7 @@ class NodeServices:
         for name, source in self._status_sources():
             try:
                 # a typed block (rankguard.schema.statusblocks) is written as its dict
-                out.update({k: _plain(v) for k, v in source().items()})
+                out.update({k: block_json(v) for k, v in source().items()})
             except Exception:
                 self.status_errors[name] = self.status_errors.get(name, 0) + 1
                 log = logger.exception if self.status_errors[name] == 1 else logger.debug
@@ -221,7 +216,7 @@ class NodeServices:
         return {TimeoutsBlock.name: TimeoutsBlock.from_dict(self.cadence.in_force())}
 
     def _restart_fields(self) -> dict[str, Any]:
-        return {"restarts": list(self.restarts)} if self.restarts else {}
+        return {RestartsBlock.name: RestartsBlock(tuple(self.restarts))} if self.restarts else {}
 
     def _live_fields(self) -> dict[str, Any]:
         return {} if self.live is None else {"live": self.live.status()}
@@ -292,15 +287,15 @@ class NodeServices:
             return None
         return self.agreement.request_stop(reason, lead_s)
 
-    def on_restart(self, count: int, cause: dict[str, Any] | None) -> None:
+    def on_restart(self, count: int, cause: RestartCause | None) -> None:
         """The agent restarts the worker group: record it (restarts.jsonl, status)."""
-        cause = cause or {}
-        reason, message = cause.get("reason"), cause.get("message") or cause.get("error")
+        cause = cause or RestartCause()
+        reason, message = cause.reason, cause.message or cause.error
         cause_pending = False  # the monitor may yet hear of the rank that failed first
         if (
-            cause.get("finding_type") == FindingType.WORKER_FAILED.value
-            and not cause.get("signal")
-            and peer_failure(cause.get("error"))
+            cause.finding_type == FindingType.WORKER_FAILED.value
+            and not cause.signal
+            and peer_failure(cause.error)
         ):
             # this node's rank failed because its peer went away (a lost node): the
             # cause is elsewhere; name the rank the monitor saw fail first, if any
@@ -308,71 +303,70 @@ class NodeServices:
             reason = "peer_failure"
             culprit = (
                 f"rank {first} failed first, as the monitor saw"
-                if first is not None and first != cause.get("rank")
+                if first is not None and first != cause.rank
                 else "the root cause is on another rank"
             )
             message = f"its peer went away ({culprit}): {message}"
             cause_pending = first is None
-        entry = {
-            "schema_version": 1,
-            "kind": "process",
-            "run_id": self.run_id,
-            "restart": count,
-            "wall_time": _iso_ms(time.time()),
-            "cause": cause.get("finding_type"),
-            "rank": cause.get("rank"),
-            "reason": reason,
-            "message": message,
-            "exit_code": cause.get("exit_code"),
-            "stack_dump": cause.get("stack_dump"),
-            **decision_fields(cause),
-        }
+        entry = RestartEntry(
+            kind="process",
+            run_id=self.run_id,
+            restart=count,
+            wall_time=_iso_ms(time.time()),
+            cause=cause.finding_type,
+            rank=cause.rank,
+            reason=reason,
+            message=message,
+            exit_code=cause.exit_code,
+            stack_dump=cause.stack_dump,
+            extra=dict(cause.decision),
+        )
         if self.node_rank == 0:  # a failed write is kept and retried: never raised here
-            self.restarts_file.append([entry])
+            self.restarts_file.append([entry.to_dict()])
         self.restarts.append(entry)
         print(f"[rankguard] {restart_line(entry)}", file=sys.stderr, flush=True)
         if self.monitor is not None:
             self.monitor.note_restart(
-                f"restart {count}: {entry['cause']}", cause_pending=cause_pending
+                f"restart {count}: {entry.cause}", cause_pending=cause_pending
             )
         if self.faults is not None:
             self.faults.restarted()
 
-    def on_inprocess_restart(self, entry: dict[str, Any]) -> None:
+    def on_inprocess_restart(self, entry: RestartEntry) -> None:
         """The ranks re-entered their training function (seen in their heartbeats):
         a ``restarts.jsonl`` line of kind ``inprocess``; the processes were not restarted."""
-        entry = {**entry, "wall_time": _iso_ms(time.time())}
-        self.restarts_file.append([entry])
+        entry = entry.stamped(_iso_ms(time.time()))
+        self.restarts_file.append([entry.to_dict()])
         self.restarts.append(entry)
 
-    def on_live_recovery(self, entry: dict[str, Any]) -> None:
+    def on_live_recovery(self, entry: RestartEntry) -> None:
         """A standby took a lost rank's place (:mod:`.live`): a ``restarts.jsonl`` line
         of kind ``live_recovery`` with its cost, and a console line."""
-        entry = {**entry, "wall_time": _iso_ms(time.time())}
+        entry = entry.stamped(_iso_ms(time.time()))
         if self.node_rank == 0:  # a failed write is kept and retried: never raised here
-            self.restarts_file.append([entry])
+            self.restarts_file.append([entry.to_dict()])
         self.restarts.append(entry)
+        recovery_s = entry.number("recovery_s")
         cost = (
-            f"fault -> next step {entry['recovery_s']:.2f} s, {entry['steps_redone']} "
-            "step(s) redone"
-            if entry.get("recovery_s") is not None
+            f"fault -> next step {recovery_s:.2f} s, {entry.number('steps_redone')} step(s) redone"
+            if recovery_s is not None
             else "its next step was not seen"
         )
         print(
-            f"[rankguard] live recovery {entry.get('restart')}: rank {entry.get('lost_rank')} "
-            f"now standby pid {entry.get('standby_pid')} ({entry.get('cause')}); {cost}",
+            f"[rankguard] live recovery {entry.restart}: rank {entry.number('lost_rank')} "
+            f"now standby pid {entry.number('standby_pid')} ({entry.cause}); {cost}",
             file=sys.stderr,
             flush=True,
         )
 
-    def on_rank_lost(self, entry: dict[str, Any]) -> None:
+    def on_rank_lost(self, lost: LostRank) -> None:
         """Live recovery: a rank's process ended and a standby takes its place. The
         monitor would not see that end (the rank's new pid replaces the old one before
         its scan): its ``rank_process_exited`` finding is written here, once."""
-        monitor, rank, pid = self.monitor, entry["lost_rank"], entry["lost_pid"]
+        monitor, rank, pid = self.monitor, lost.rank, lost.pid
         if monitor is None or not monitor.note_replaced(rank, pid):
             return
-        reason = Reason(entry["reason"])
+        reason = Reason(lost.reason)
         monitor.report(
             Finding.build(
                 FindingType.PROCESS_EXITED,
@@ -380,28 +374,27 @@ class NodeServices:
                 run_id=self.run_id,
                 rank=rank,
                 message=f"rank {rank} (pid {pid} on {socket.gethostname()}): process ended "
-                f"({entry['exit']}) without a clean end; standby pid {entry['standby_pid']} "
+                f"({lost.exit}) without a clean end; standby pid {lost.standby_pid} "
                 "takes its place (live recovery)",
                 pid=pid,
                 hostname=socket.gethostname(),
-                node_rank=entry.get("node"),
-                exit={"vanished": reason is Reason.DIED, "how": entry["exit"]},
-                action=f"live recovery: standby pid {entry['standby_pid']} took rank {rank}",
-                detail={LIVE_RECOVERY: {"standby_pid": entry["standby_pid"]}},
+                node_rank=lost.node,
+                exit={"vanished": reason is Reason.DIED, "how": lost.exit},
+                action=f"live recovery: standby pid {lost.standby_pid} took rank {rank}",
+                detail={LIVE_RECOVERY: {"standby_pid": lost.standby_pid}},
             )
         )
 
-    def on_group_failure(self, root: dict[str, Any]) -> None:
+    def on_group_failure(self, root: RestartCause) -> None:
         """The agent saw this node's worker group fail; ``root`` is its root cause (exit
         codes and error files: a rank killed by a signal before its peers' errors)."""
         if self.faults is not None:
             self.faults.group_failed()  # the restart under way is real
-        rank, pid = root.get("rank"), root.get("pid")
-        if not isinstance(rank, int) or not root.get("signal"):
+        rank, pid = root.rank, root.pid
+        if rank is None or not root.signal:
             # Only a signal is news to the monitor (it sees a killed rank vanish, like
             # its peers); an error exit it orders better itself, with every node's view.
             return
-        pid = pid if isinstance(pid, int) else None
         if self.monitor is not None:
             self.monitor.note_root_cause(rank, pid)
         if self.relay is not None:  # node 0 sees this node's exits, not their exit codes

@@ -39,6 +39,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from rankguard.schema.statusblocks import ElasticBlock, ElasticMember, Replacement, SpareWaiting
+
 __all__ = [
     "KEEPALIVE_S",
     "MAX_KEEPALIVE_S",
@@ -351,9 +353,9 @@ def elastic_status(
     nodes: int,
     min_nodes: int,
     max_nodes: int,
-    history: list[dict[str, Any]],
+    history: list[Replacement],
     gone: frozenset[str] | set[str] = frozenset(),
-) -> dict[str, Any]:
+) -> ElasticBlock:
     """The ``elastic`` block of ``status.json`` from the agents' entries, seen by node 0
     of the round ``round_tag`` (``nodes`` nodes). ``history``: the replacements found so
     far, updated in place (a replacement is found once: the round it happened in).
@@ -376,7 +378,7 @@ def elastic_status(
         and a.get("state") == "training"
         and a.get("round") != round_tag
     ]
-    seen = {(h["round"], h["node"]) for h in history}
+    seen = {(h.round, h.node) for h in history}
     # a newcomer (its first round) next to nodes that trained before: a spare that took
     # a lost node's place (or a node that came back to a shrunk job)
     renewed = any(int(a.get("rounds", 0)) > 1 for a in current)
@@ -388,27 +390,27 @@ def elastic_status(
             b["agent"] for b in lost
         ]
         history.append(
-            {
-                "round": round_tag,
-                "node": a.get("node"),
-                "spare": a["agent"],
-                "replaced": whose[0] if whose else None,
-                "waited_s": a.get("waited_s"),
-                "at": a.get("joined"),
-            }
+            Replacement(
+                round=round_tag,
+                node=a.get("node"),
+                spare=a["agent"],
+                replaced=whose[0] if whose else None,
+                waited_s=a.get("waited_s"),
+                at=a.get("joined"),
+            )
         )
-    return {
-        "nodes": nodes,
-        "min_nodes": min_nodes,
-        "max_nodes": max_nodes,
-        "shrunk": nodes < max_nodes,
-        "round": round_tag,
-        "members": [{"node": a.get("node"), "agent": a["agent"]} for a in current],
-        "spares_waiting": [{"agent": a["agent"], "since": a.get("since")} for a in spares],
-        "spares_gone": [a["agent"] for a in waiting if a["agent"] in gone],
-        "lost": sorted({a["agent"] for a in lost}),
-        "replacements": list(history),
-    }
+    return ElasticBlock(
+        nodes=nodes,
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        shrunk=nodes < max_nodes,
+        round=round_tag,
+        members=tuple(ElasticMember(a.get("node"), a["agent"]) for a in current),
+        spares_waiting=tuple(SpareWaiting(a["agent"], a.get("since")) for a in spares),
+        spares_gone=tuple(a["agent"] for a in waiting if a["agent"] in gone),
+        lost=tuple(sorted({a["agent"] for a in lost})),
+        replacements=tuple(history),
+    )
 
 
 def full_round_without(agents: list[dict[str, Any]], agent: str, max_nodes: int) -> bool:

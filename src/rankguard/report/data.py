@@ -40,7 +40,8 @@ from rankguard.schema.layout import (
     RESTARTS_FILE,
     STATUS_FILE,
 )
-from rankguard.schema.status import parse_findings
+from rankguard.schema.restarts import RestartEntry
+from rankguard.schema.status import StatusDoc, parse_findings
 
 __all__ = ["ProcessSpan", "ReportUnavailable", "RunData", "load_run", "parse_time", "resolve_run"]
 
@@ -72,7 +73,7 @@ class RunData:
     perf_dir: Path | None = None
     status: dict[str, Any] | None = None
     findings: list[Finding] = field(default_factory=list)  # through Finding.from_dict
-    restarts: list[dict[str, Any]] = field(default_factory=list)  # process and in-process
+    restarts: list[RestartEntry] = field(default_factory=list)  # process and in-process
     perf_ranks: list[dict[str, Any]] = field(default_factory=list)
     perf_entries: list[dict[str, Any]] = field(default_factory=list)
     perf_summary: dict[str, Any] | None = None
@@ -82,6 +83,11 @@ class RunData:
     goodput: Ledger | None = None  # the goodput ledger (rank 0's heartbeat files)
     missing: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+
+    @property
+    def doc(self) -> StatusDoc:
+        """``status.json`` typed (an empty one when it was missing)."""
+        return StatusDoc.from_dict(self.status or {})
 
     @property
     def has_perf(self) -> bool:
@@ -286,15 +292,15 @@ def _load_heartbeat(data: RunData, hb: Path) -> None:
         data.missing.append(f"No {STATUS_FILE}: the per-rank status table is not available")
     lines, where = _read_jsonl(hb / FINDINGS_FILE, p), FINDINGS_FILE
     if not lines and data.status:
-        recent = data.status.get("recent_findings")
-        lines, where = [f for f in recent or [] if isinstance(f, dict)], STATUS_FILE
+        lines, where = data.doc.recent_findings, STATUS_FILE
     data.findings, bad = parse_findings(lines)
     if bad:
         p.append(f"{where}: {bad} finding(s) not readable as findings (skipped)")
     if (hb / RESTARTS_FILE).exists():
         # a stop decision is a line there too, but no restart (ft.policy)
         restarts = _read_jsonl(hb / RESTARTS_FILE, p)
-        data.restarts = [r for r in restarts if r.get("kind") != STOP_KIND]
+        entries = (RestartEntry.from_dict(r) for r in restarts)
+        data.restarts = [r for r in entries if r is not None and r.kind != STOP_KIND]
     data.perf_ranks = _read_jsonl(hb / PERF_RANKS_FILE, p)
     if not data.perf_ranks:
         data.missing.append(f"No {PERF_RANKS_FILE}: cross-rank step times are not available")

@@ -13,7 +13,6 @@ was the hardware sick (GPU health).
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any
 
 from rankguard import __version__
 from rankguard.report import charts, tables
@@ -85,19 +84,13 @@ def _ranks(data: RunData) -> str:
     return _section("ranks", "Ranks", heat + table + tables.checkpoint_table(data))
 
 
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
 def _status_caption(data: RunData) -> str:
-    status = data.status or {}
-    when = parse_time(status.get("updated_wall_time"))
+    doc = data.doc
+    when = parse_time(doc.updated_wall_time)
     text = f"From status.json, written {fmt_clock(when)}." if when else "From status.json."
-    summary = _dict(status.get("summary"))
     counts = []
-    for key in ("process_liveness", "gpu_progress"):
-        part = _dict(summary.get(key))
-        counts += [f"{n} {state}" for state, n in sorted(part.items()) if isinstance(n, int)]
+    for part in (doc.summary.process_liveness, doc.summary.gpu_progress):
+        counts += [f"{n} {state}" for state, n in sorted(part.items())]
     if counts:
         text += " Ranks: " + ", ".join(counts) + "."
     text += " Liveness: is the process alive; progress: are its steps completing."

@@ -71,10 +71,10 @@ def run_window(data: RunData) -> tuple[float | None, float | None]:
 
 
 def world_size(data: RunData) -> int | None:
-    status = _d(data.status)
+    doc = data.doc
     candidates = [
-        _d(status.get("monitor")).get("expected_world_size"),
-        _d(status.get("summary")).get("ranks_expected"),
+        doc.monitor.expected_world_size,
+        doc.summary.ranks_expected,
         _d(_d(data.perf_summary).get("session_info")).get("world_size"),
         *(line.get("world_size") for line in data.perf_ranks[-1:]),
     ]
@@ -87,11 +87,10 @@ def world_size(data: RunData) -> int | None:
 
 
 def _findings_counts(data: RunData) -> tuple[int, int | None]:
-    summary = _d(_d(data.status).get("summary"))
-    total = summary.get("findings_total")
-    total = max(total, len(data.findings)) if isinstance(total, int) else len(data.findings)
-    active = summary.get("findings_active")
-    return total, active if isinstance(active, int) else None
+    summary = data.doc.summary
+    total = summary.findings_total
+    total = max(total, len(data.findings)) if total is not None else len(data.findings)
+    return total, summary.findings_active
 
 
 def header_html(data: RunData) -> str:

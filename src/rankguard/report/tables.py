@@ -83,8 +83,8 @@ def _breakable(identifier: str) -> str:
 def _no_findings(data: RunData) -> str:
     """What an empty findings file means for this run: a clean run, or only that the
     monitor found nothing while restarts (with their causes) or a stop happened."""
-    state = str((data.status or {}).get("state") or "")
-    process = [r for r in data.restarts if r.get("kind") != "inprocess"]
+    state = data.doc.state or ""
+    process = [r for r in data.restarts if r.kind != "inprocess"]
     if data.restarts:
         causes = "; ".join(restart_cause(r) for r in data.restarts[-3:])
         text = (
@@ -138,29 +138,26 @@ def restarts_table(data: RunData) -> str:
         return ""
     rows = []
     for r in data.restarts:
-        t = parse_time(r.get("wall_time"))
-        clock = fmt_clock(t)
-        kind = {"inprocess": "in-process", "live_recovery": "live"}.get(
-            str(r.get("kind")), "process"
-        )
-        message = _text(r.get("message"))
-        if r.get("kind") == "live_recovery":
+        clock = fmt_clock(parse_time(r.wall_time))
+        kind = {"inprocess": "in-process", "live_recovery": "live"}.get(r.kind, "process")
+        message = _text(r.message)
+        if r.kind == "live_recovery":
             message += (
-                f" (fault -> next step {_text(r.get('recovery_s'))} s, "
-                f"{_text(r.get('steps_redone'))} step(s) redone)"
+                f" (fault -> next step {_text(r.number('recovery_s'))} s, "
+                f"{_text(r.number('steps_redone'))} step(s) redone)"
             )
         rows.append(
             [
                 esc(clock[11:19] if clock != "-" else "-"),
                 esc(kind),
-                esc(_text(r.get("restart"))),
-                esc(_text(r.get("cause"))),
-                esc(_text(r.get("rank"))),
+                esc(_text(r.restart)),
+                esc(_text(r.cause)),
+                esc(_text(r.rank)),
                 esc(message),
             ]
         )
-    inproc = sum(r.get("kind") == "inprocess" for r in data.restarts)
-    live = sum(r.get("kind") == "live_recovery" for r in data.restarts)
+    inproc = sum(r.kind == "inprocess" for r in data.restarts)
+    live = sum(r.kind == "live_recovery" for r in data.restarts)
     n = len(data.restarts)
     caption = (
         f'<p class="caption">{n} restart{"" if n == 1 else "s"}, each with its cause: '

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
+from rankguard.schema.coerce import as_int, as_number, as_str
 from rankguard.schema.collectives import CollectivesBlock
 from rankguard.schema.records import HeartbeatRecord
 from rankguard.schema.rerun import RerunBlock
@@ -347,17 +348,88 @@ class PerfBlock(_OpaqueBlock):
 
 
 @dataclass(frozen=True, slots=True)
-class StragglerBlock(_OpaqueBlock):
-    """``straggler``: own-compute samples for straggler detection."""
+class StragglerBlock:
+    """``straggler``: the median of the own-compute samples since the last record (ms),
+    how many, and how they were timed (``compute_section_cuda``, ``compute_section_cpu``,
+    ``step_cpu``). The record accepts any object here: a value of the wrong type reads
+    as missing, never raises."""
 
     name: ClassVar[str] = "straggler"
+    flat: ClassVar[bool] = False
+
+    compute_ms: float | None = None
+    samples: int | None = None
+    method: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)  # keys of a newer writer
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "compute_ms": self.compute_ms,
+            "samples": self.samples,
+            "method": self.method,
+            **self.extra,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Self:
+        d = _obj(d, cls.name)
+        return cls(
+            compute_ms=as_number(d.get("compute_ms")),
+            samples=as_int(d.get("samples")),
+            method=as_str(d.get("method")),
+            extra={k: v for k, v in d.items() if k not in _STRAGGLER_KEYS},
+        )
+
+
+_STRAGGLER_KEYS = frozenset({"compute_ms", "samples", "method"})
 
 
 @dataclass(frozen=True, slots=True)
-class FtStatsBlock(_OpaqueBlock):
-    """``ft_stats``: section durations for learned timeouts."""
+class FtStatsBlock:
+    """``ft_stats``: the section durations learned timeouts are made of (the setup, the
+    longest step and checkpoint, the longest gap between heartbeats, in seconds) and
+    how many steps and checkpoints they were taken over. The record accepts any object
+    here: a value of the wrong type reads as missing, never raises."""
 
     name: ClassVar[str] = "ft_stats"
+    flat: ClassVar[bool] = False
+
+    setup_s: float | None = None
+    step_max_s: float | None = None
+    steps: int | None = None
+    ckpt_max_s: float | None = None
+    ckpts: int | None = None
+    hb_gap_max_s: float | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)  # keys of a newer writer
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "setup_s": self.setup_s,
+            "step_max_s": self.step_max_s,
+            "steps": self.steps,
+            "ckpt_max_s": self.ckpt_max_s,
+            "ckpts": self.ckpts,
+            "hb_gap_max_s": self.hb_gap_max_s,
+            **self.extra,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Self:
+        d = _obj(d, cls.name)
+        return cls(
+            setup_s=as_number(d.get("setup_s")),
+            step_max_s=as_number(d.get("step_max_s")),
+            steps=as_int(d.get("steps")),
+            ckpt_max_s=as_number(d.get("ckpt_max_s")),
+            ckpts=as_int(d.get("ckpts")),
+            hb_gap_max_s=as_number(d.get("hb_gap_max_s")),
+            extra={k: v for k, v in d.items() if k not in _FT_STATS_KEYS},
+        )
+
+
+_FT_STATS_KEYS = frozenset(
+    {"setup_s", "step_max_s", "steps", "ckpt_max_s", "ckpts", "hb_gap_max_s"}
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,15 +15,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeVar
 
-from rankguard.schema.coerce import as_dict, as_int, as_number, as_str
+from rankguard.schema.coerce import as_dict, as_int, as_list, as_number, as_str
 
 __all__ = [
     "STATUS_BLOCKS",
     "CheckpointEntry",
     "CheckpointsBlock",
+    "ElasticBlock",
+    "ElasticMember",
+    "GoodputBlock",
+    "LargestLoss",
+    "Replacement",
+    "SpareWaiting",
     "StatusBlock",
+    "StopRequestedBlock",
     "TimeoutInForce",
     "TimeoutsBlock",
+    "block_json",
     "status_block",
 ]
 
@@ -227,3 +235,214 @@ class TimeoutsBlock:
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {k: {"value": t.value, "source": t.source} for k, t in self.entries.items()}
+
+
+def block_json(value: Any) -> Any:
+    """A status block's JSON form (its ``to_dict``); any other value as it is."""
+    return value.to_dict() if type(value) in STATUS_BLOCKS.values() else value
+
+
+# ---- goodput (node 0's ledger) ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LargestLoss:
+    """The part of the wall time that cost the most, and how many seconds."""
+
+    part: str | None
+    seconds: float | None
+
+
+@status_block
+@dataclass(frozen=True, slots=True)
+class GoodputBlock:
+    """``goodput``: the run's ETTR, its wall and productive seconds, attempts,
+    interruptions, the largest loss and the seconds of every part; ``final`` once the
+    run is over."""
+
+    name: ClassVar[str] = "goodput"
+
+    final: bool = False
+    wall_s: float | None = None
+    ettr: float | None = None
+    productive_s: float | None = None
+    attempts: int | None = None
+    interruptions: int | None = None
+    largest_loss: LargestLoss | None = None
+    parts_s: dict[str, float | None] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> GoodputBlock | None:
+        d = as_dict(raw)
+        if d is None:
+            return None
+        loss = as_dict(d.get("largest_loss"))
+        return cls(
+            final=d.get("final") is True,
+            wall_s=as_number(d.get("wall_s")),
+            ettr=as_number(d.get("ettr")),
+            productive_s=as_number(d.get("productive_s")),
+            attempts=as_int(d.get("attempts")),
+            interruptions=as_int(d.get("interruptions")),
+            largest_loss=None
+            if loss is None
+            else LargestLoss(as_str(loss.get("part")), as_number(loss.get("seconds"))),
+            parts_s={str(k): as_number(v) for k, v in (as_dict(d.get("parts_s")) or {}).items()},
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        loss = self.largest_loss
+        return {
+            "final": self.final,
+            "wall_s": self.wall_s,
+            "ettr": self.ettr,
+            "productive_s": self.productive_s,
+            "attempts": self.attempts,
+            "interruptions": self.interruptions,
+            "largest_loss": None if loss is None else {"part": loss.part, "seconds": loss.seconds},
+            "parts_s": dict(self.parts_s),
+        }
+
+
+# ---- a stop every rank agreed on (node 0's stop agreement) -----------------------------
+
+
+@status_block
+@dataclass(frozen=True, slots=True)
+class StopRequestedBlock:
+    """``stop_requested``: the step every rank was asked to stop at, and why."""
+
+    name: ClassVar[str] = "stop_requested"
+
+    stop_at_step: int | None = None
+    reason: str | None = None
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> StopRequestedBlock | None:
+        d = as_dict(raw)
+        if d is None:
+            return None
+        return cls(as_int(d.get("stop_at_step")), as_str(d.get("reason")))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stop_at_step": self.stop_at_step, "reason": self.reason}
+
+
+# ---- the nodes of an elastic job (node 0's membership service) -------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ElasticMember:
+    """A node of the current round: its number and its agent's id."""
+
+    node: int | None
+    agent: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SpareWaiting:
+    """An agent waiting as a spare, since when (epoch seconds)."""
+
+    agent: str | None
+    since: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Replacement:
+    """A spare that took a lost node's place: the round, the node, the spare's agent,
+    the lost agent it replaced, how long it waited and when it joined."""
+
+    round: str | None = None
+    node: int | None = None
+    spare: str | None = None
+    replaced: str | None = None
+    waited_s: float | None = None
+    at: float | None = None
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> Replacement | None:
+        d = as_dict(raw)
+        if d is None:
+            return None
+        return cls(
+            round=as_str(d.get("round")),
+            node=as_int(d.get("node")),
+            spare=as_str(d.get("spare")),
+            replaced=as_str(d.get("replaced")),
+            waited_s=as_number(d.get("waited_s")),
+            at=as_number(d.get("at")),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "round": self.round,
+            "node": self.node,
+            "spare": self.spare,
+            "replaced": self.replaced,
+            "waited_s": self.waited_s,
+            "at": self.at,
+        }
+
+
+@status_block
+@dataclass(frozen=True, slots=True)
+class ElasticBlock:
+    """``elastic``: the nodes of the current rendezvous round (of ``min_nodes`` to
+    ``max_nodes``), the spares waiting, the spares gone, the agents lost and every
+    replacement so far."""
+
+    name: ClassVar[str] = "elastic"
+
+    nodes: int | None = None
+    min_nodes: int | None = None
+    max_nodes: int | None = None
+    shrunk: bool = False
+    round: str | None = None
+    members: tuple[ElasticMember, ...] = ()
+    spares_waiting: tuple[SpareWaiting, ...] = ()
+    spares_gone: tuple[str, ...] = ()
+    lost: tuple[str, ...] = ()
+    replacements: tuple[Replacement, ...] = ()
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> ElasticBlock | None:
+        d = as_dict(raw)
+        if d is None:
+            return None
+        members = (as_dict(m) for m in as_list(d.get("members")))
+        spares = (as_dict(s) for s in as_list(d.get("spares_waiting")))
+        replacements = (Replacement.from_dict(r) for r in as_list(d.get("replacements")))
+        return cls(
+            nodes=as_int(d.get("nodes")),
+            min_nodes=as_int(d.get("min_nodes")),
+            max_nodes=as_int(d.get("max_nodes")),
+            shrunk=d.get("shrunk") is True,
+            round=as_str(d.get("round")),
+            members=tuple(
+                ElasticMember(as_int(m.get("node")), as_str(m.get("agent")))
+                for m in members
+                if m is not None
+            ),
+            spares_waiting=tuple(
+                SpareWaiting(as_str(s.get("agent")), as_number(s.get("since")))
+                for s in spares
+                if s is not None
+            ),
+            spares_gone=tuple(str(a) for a in as_list(d.get("spares_gone"))),
+            lost=tuple(str(a) for a in as_list(d.get("lost"))),
+            replacements=tuple(r for r in replacements if r is not None),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "nodes": self.nodes,
+            "min_nodes": self.min_nodes,
+            "max_nodes": self.max_nodes,
+            "shrunk": self.shrunk,
+            "round": self.round,
+            "members": [{"node": m.node, "agent": m.agent} for m in self.members],
+            "spares_waiting": [{"agent": s.agent, "since": s.since} for s in self.spares_waiting],
+            "spares_gone": list(self.spares_gone),
+            "lost": list(self.lost),
+            "replacements": [r.to_dict() for r in self.replacements],
+        }

@@ -26,6 +26,7 @@ import statistics
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from rankguard.schema.blocks import StragglerBlock, read_block
 from rankguard.schema.findings import Finding, FindingType, Reason
 from rankguard.schema.records import HeartbeatRecord
 from rankguard.straggler.config import StragglerConfig
@@ -71,14 +72,9 @@ class StragglerDetector:
         return self.report
 
     def observe(self, rank: int, record: HeartbeatRecord) -> None:
-        data = record.straggler
-        if data is None:
-            return
-        try:
-            ms = float(data["compute_ms"])
-        except (KeyError, TypeError, ValueError):
-            return
-        if ms > 0 and math.isfinite(ms):
+        block = read_block(record, StragglerBlock)
+        ms = None if block is None else block.compute_ms
+        if ms is not None and ms > 0 and math.isfinite(ms):
             self.latest[rank] = (ms, record)
             key = (record.pid, record.seq)
             if self._seen_seq.get(rank) != key:  # a new record: one more sample
@@ -187,10 +183,7 @@ class StragglerDetector:
         """Score this report by the ranks' waiting in collectives (their compute per step
         replaces the own-compute samples) unless a rank marks its compute sections (the
         finer source) or a scored rank has no estimate; the estimates used, else {}."""
-        marked = any(
-            str((rec.straggler or {}).get("method", "")).startswith("compute_section")
-            for _, rec in self.latest.values()
-        )
+        marked = any(_marked(rec) for _, rec in self.latest.values())
         if marked or not waits or not set(self.latest) <= set(waits):
             return {}
         for rank, (_, rec) in self.latest.items():
@@ -276,3 +269,9 @@ class StragglerDetector:
                 "slowdown": round(1 / score["relative"], 3) if score["relative"] else None,
             },
         )
+
+
+def _marked(rec: HeartbeatRecord) -> bool:
+    """Does ``rec``'s rank mark its compute sections (the finer source)?"""
+    block = read_block(rec, StragglerBlock)
+    return block is not None and (block.method or "").startswith("compute_section")

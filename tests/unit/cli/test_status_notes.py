@@ -3,6 +3,7 @@ iteration's source, a gone launcher's rows, exits without a finding, restarts.""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 
 from rankguard.cli.status_render import render_status
 from rankguard.launcher.console import restart_line, run_end_line, status_line
+from rankguard.schema.restarts import RestartEntry
 from rankguard.statusnotes import (
     exit_note,
     frozen_status,
@@ -115,17 +117,19 @@ def test_an_exit_the_launcher_caused_is_said_as_such() -> None:
 
 
 def test_restarts_come_with_their_cause() -> None:
-    assert restart_cause(KILLED) == "worker_failed rank 1: Signal 9 (SIGKILL) received by PID 9853"
-    assert restarts_summary([KILLED]) == (
+    killed = RestartEntry.from_dict(KILLED)
+    assert killed is not None
+    assert restart_cause(killed) == "worker_failed rank 1: Signal 9 (SIGKILL) received by PID 9853"
+    assert restarts_summary([killed]) == (
         "1 restart (worker_failed rank 1: Signal 9 (SIGKILL) received by PID 9853)"
     )
-    hang = {**KILLED, "restart": 2, "cause": "gpu_progress_timeout", "message": "stalled"}
-    assert restarts_summary([KILLED, hang]) == (
+    hang = replace(killed, restart=2, cause="gpu_progress_timeout", message="stalled")
+    assert restarts_summary([killed, hang]) == (
         "2 restarts (worker_failed, gpu_progress_timeout; last: gpu_progress_timeout rank 1:"
         " stalled)"
     )
-    assert restarts_summary([]) is None and restarts_summary(None) is None
-    assert restart_line(KILLED) == (
+    assert restarts_summary([]) is None
+    assert restart_line(killed) == (
         "restart 1 of the workers: worker_failed rank 1: Signal 9 (SIGKILL) received by PID 9853"
     )
     status = _status(_row(0), restarts=[KILLED])

@@ -578,7 +578,8 @@ def test_goodput_ettr_and_every_part_of_the_ledger(tmp_path: Path) -> None:
             Attempt(start=32.0, end=60.0, steps=[(21, 36.0), (40, 58.0)], resumed_from=20),
         ]
     )
-    status = {"run_id": "r", "state": "running", "goodput": goodput_block(ledger, final=False)}
+    block = goodput_block(ledger, final=False).to_dict()
+    status = {"run_id": "r", "state": "running", "goodput": block}
     fams = _families(status)
     assert fams["rankguard_goodput_ettr_ratio"].samples[0].value == pytest.approx(ledger.ettr)
     assert fams["rankguard_goodput_wall_seconds"].samples[0].value == 60.0

@@ -90,9 +90,13 @@ def test_defaults_through_the_top_level_config() -> None:
     assert cfg.heartbeat.process_timeout_s == 30.0
 
 
-def test_default_actions_are_not_shared_between_instances() -> None:
+def test_actions_are_read_only_and_a_change_is_a_new_config() -> None:
     a = FaultToleranceConfig()
-    a.actions["gpu_progress_timeout"] = "abort"
+    with pytest.raises(TypeError, match="read-only"):
+        a.actions["gpu_progress_timeout"] = "abort"
+    b = dataclasses.replace(a, actions={**a.actions, "gpu_progress_timeout": "abort"})
+    assert b.actions["gpu_progress_timeout"] == "abort"
+    assert a.actions["gpu_progress_timeout"] == "restart"
     assert FaultToleranceConfig().actions["gpu_progress_timeout"] == "restart"
 
 

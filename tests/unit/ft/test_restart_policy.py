@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from rankguard.ft.decide import RestartDecider
-from rankguard.ft.policy import RestartPolicy, decision_fields
+from rankguard.ft.policy import RestartPolicy
+from rankguard.schema.restarts import RestartCause
 
 PID = 4242
 
@@ -32,7 +33,7 @@ def agent_in(run_dir: Path, monkeypatch: pytest.MonkeyPatch, exitcode: int, erro
         max_restarts=5,
     )
     lines: list[dict[str, Any]] = []
-    restarts: list[dict[str, Any] | None] = []
+    restarts: list[RestartCause | None] = []
     policy = RestartPolicy(RestartDecider(), run_dir, "r", lines.append)
     agent = RankguardAgent(
         spec=spec,
@@ -112,7 +113,7 @@ def test_a_killed_rank_restarts_with_its_decision(
     agent._restart_workers(Group())
     (cause,) = restarts
     assert cause is not None
-    fields = decision_fields(cause)
+    fields = cause.decision
     assert (fields["decision"], fields["rule"]) == ("restart", "transient")
     assert fields["fingerprint"]["signal"] == "SIGKILL"
     assert fields["fingerprint"]["iteration"] == 3

@@ -30,7 +30,7 @@ def test_the_block_is_the_ledger_at_most_every_interval_and_final_at_the_end(
     first.write()
     clock, over = FakeClock(), [False]
     source = GoodputStatus(d, interval_s=30.0, ended=lambda: over[0], clock=clock)
-    block = source.status_fields()["goodput"]
+    block = source.status_fields()["goodput"].to_dict()  # its form in status.json
     assert block["final"] is False
     assert block["productive_s"] == pytest.approx(4.5, abs=0.01)
     assert block["wall_s"] == pytest.approx(9.0, abs=0.01)
@@ -44,14 +44,14 @@ def test_the_block_is_the_ledger_at_most_every_interval_and_final_at_the_end(
     (d / "rank_0_pid_7.heartbeat.jsonl").unlink()
     _job(d, 19).write()
     clock.t += 10
-    assert source.status_fields()["goodput"] == block
+    assert source.status_fields()["goodput"].to_dict() == block
     clock.t += 25
     later = source.status_fields()["goodput"]
-    assert later["productive_s"] == pytest.approx(9.5, abs=0.01)
+    assert later.productive_s == pytest.approx(9.5, abs=0.01)
     # the run is over: read at once, marked final, and never again
     over[0] = True
     final = source.status_fields()["goodput"]
-    assert final["final"] is True
+    assert final.final is True
     assert json.loads((d / "goodput.json").read_text())["final"] is True
     (d / "rank_0_pid_7.heartbeat.jsonl").unlink()
     clock.t += 100

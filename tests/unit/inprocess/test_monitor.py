@@ -11,6 +11,7 @@ from rankguard.inprocess import RESTART_PHASE
 from rankguard.inprocess.monitor import InProcessRestarts
 from rankguard.schema.findings import FindingType, Reason
 from rankguard.schema.records import HeartbeatRecord, RecordError
+from rankguard.schema.restarts import RestartEntry
 from tests.factories import heartbeat_record, heartbeat_rules, types_of
 
 
@@ -48,7 +49,7 @@ def test_record_keeps_and_validates_the_inprocess_object() -> None:
 
 def test_one_finding_and_one_line_per_restart_whichever_rank_shows_it() -> None:
     rules = heartbeat_rules(2)
-    lines: list[dict[str, Any]] = []
+    lines: list[RestartEntry] = []
     ev = InProcessRestarts("run", lines.append)
     rules.ingest(heartbeat_record(0, 1, t=1.0, inprocess=_inproc(1, _last())), 1.0)
     found = ev.evaluate(1.0, rules.ranks)
@@ -59,7 +60,11 @@ def test_one_finding_and_one_line_per_restart_whichever_rank_shows_it() -> None:
     assert f.detail["inprocess"]["cause"] == "exception"
     rules.ingest(heartbeat_record(1, 1, t=1.5, inprocess=_inproc(1, _last())), 1.5)
     assert ev.evaluate(1.5, rules.ranks) == []  # the same restart seen on rank 1
-    assert [(x["kind"], x["restart"], x["rank"]) for x in lines] == [("inprocess", 1, 1)]
+    assert [(x.kind, x.restart, x.rank) for x in lines] == [("inprocess", 1, 1)]
+    assert list(lines[0].to_dict()) == [  # the launcher adds wall_time
+        *("schema_version", "kind", "run_id", "restart", "cause", "rank", "reason"),
+        *("message", "id"),
+    ]
     hang = _last("run/0/1/1", "soft_timeout", 0)
     rules.ingest(heartbeat_record(1, 2, t=5.0, inprocess=_inproc(2, hang)), 5.0)
     found = ev.evaluate(5.0, rules.ranks)
@@ -120,7 +125,8 @@ def test_status_screen_and_report_tell_the_two_kinds_apart(tmp_path: Any) -> Non
     lines = _ft_lines({"restarts": RESTARTS})
     assert "Restarts: 2 (1 process, 1 in-process)" in lines
     assert any(line.strip().startswith("in-process #1") for line in lines)
-    html = restarts_table(RunData(run_id="r", restarts=RESTARTS))
+    entries = [RestartEntry.from_dict(r) for r in RESTARTS]
+    html = restarts_table(RunData(run_id="r", restarts=[e for e in entries if e is not None]))
     assert "1 of the processes, 1 in-process" in html and "boom" in html
     assert restarts_table(RunData(run_id="r")) == ""
 
@@ -155,14 +161,15 @@ def test_status_screen_and_report_show_a_live_recovery_with_its_cost() -> None:
     assert "(fault -> next step 0.8 s, 0 step(s) redone)" in row
     assert "Standbys: 1 per node, 0 waiting, 1 used, 0 left unused" in lines
     assert "  rank 2: pid 7 lost (x), now standby pid 9" in lines
-    html = restarts_table(RunData(run_id="r", restarts=[*RESTARTS, LIVE]))
+    entries = [RestartEntry.from_dict(r) for r in [*RESTARTS, LIVE]]
+    html = restarts_table(RunData(run_id="r", restarts=[e for e in entries if e is not None]))
     assert "1 of the processes, 1 in-process, 1 lost rank(s) taken over by a standby" in html
     assert "fault -&gt; next step 0.8 s" in html or "fault -> next step 0.8 s" in html
 
 
 def test_a_live_round_is_a_finding_but_not_a_second_restarts_line() -> None:
     rules = heartbeat_rules(4)
-    lines: list[dict[str, Any]] = []
+    lines: list[RestartEntry] = []
     ev = InProcessRestarts("run", lines.append)
     live = _last("run/0/1/0", "rank_lost", 2)
     rules.ingest(heartbeat_record(0, 1, t=1.0, inprocess=_inproc(1, live)), 1.0)

@@ -13,6 +13,7 @@ from torch.distributed.elastic.agent.server.api import WorkerState
 from rankguard.launcher.live import LiveRecovery
 from rankguard.live.keys import REPLACING, LiveKeys
 from rankguard.live.plan import Resumed
+from rankguard.schema.restarts import LostRank
 from tests.factories import DictStore
 
 NPROC, STANDBYS = 4, 1
@@ -45,7 +46,7 @@ class FakeContext:
 def _live(tmp: Path) -> tuple[LiveRecovery, FakeContext, DictStore, list[str], Any]:
     store = DictStore()
     lines: list[str] = []
-    lost: list[dict[str, Any]] = []
+    lost: list[LostRank] = []
     live = LiveRecovery(
         run_id="r1",
         nproc=NPROC,
@@ -79,18 +80,21 @@ def test_a_killed_rank_goes_to_the_standby_without_a_group_restart(tmp_path: Pat
         "live recovery: rank 2 (pid 102, SIGKILL) is taken over by standby pid 104; "
         "no group restart (0 standby(s) left on this node)"
     ]
-    assert [e["lost_rank"] for e in lost] == [2]  # the finding naming the lost rank
+    assert [(e.rank, e.pid, e.standby_pid) for e in lost] == [
+        (2, 102, 104)
+    ]  # the finding naming the lost rank
     status = live.status()
-    assert (status["waiting"], status["used"]) == (0, 1)
-    assert status["replaced"][0]["standby_pid"] == 104
+    assert (status.waiting, status.used) == (0, 1)
+    assert status.replaced[0].standby_pid == 104
     # the line waits for the newcomer's first step, then has its cost
     assert live.entries_due() == []
     fault_t = live.replaced[0]["fault_t"]
     store.set(keys.resumed(104), Resumed(t=fault_t + 0.5, step=11, steps_redone=0).to_json())
     (entry,) = live.entries_due()
-    assert entry["kind"] == "live_recovery" and entry["cause"] == "rank_process_exited"
-    assert (entry["recovery_s"], entry["steps_redone"], entry["resumed_step"]) == (0.5, 0, 11)
-    assert entry["resumed_t"] == round(fault_t + 0.5, 3)
+    assert entry.kind == "live_recovery" and entry.cause == "rank_process_exited"
+    assert (entry.number("recovery_s"), entry.number("steps_redone")) == (0.5, 0)
+    assert entry.number("resumed_step") == 11
+    assert entry.number("resumed_t") == round(fault_t + 0.5, 3)
 
 
 def test_a_second_loss_with_no_standby_left_restarts_the_group(tmp_path: Path) -> None:
@@ -107,7 +111,7 @@ def test_a_second_loss_with_no_standby_left_restarts_the_group(tmp_path: Path) -
         "node: the worker group restarts"
     )
     (entry,) = live.entries_due(final=True)  # written without resumed_t
-    assert entry["resumed_t"] is None
+    assert entry.to_dict()["resumed_t"] is None
 
 
 def test_no_declared_state_is_a_group_restart_with_one_line(tmp_path: Path) -> None:
@@ -131,7 +135,7 @@ def test_a_standby_ending_early_is_said_not_a_failure(tmp_path: Path) -> None:
     live, ctx, _store, lines, (group, _lost) = _live(tmp_path)
     ctx.end(4, -9)
     assert live.poll(group, ctx).state == WorkerState.HEALTHY
-    assert live.waiting == [] and live.status()["left_unused"] == 1
+    assert live.waiting == [] and live.status().left_unused == 1
     assert lines == [
         "live recovery: standby pid 104 ended (SIGKILL) before it was needed; 0 standby(s) "
         "left on this node"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import rankguard._fs as fs
 from rankguard.config import RankguardConfig
 from rankguard.launcher.services import NodeServices
 from rankguard.schema.layout import RESTARTS_FILE
+from rankguard.schema.restarts import LostRank, RestartCause
 from tests.factories import read_jsonl
 
 
@@ -39,10 +41,10 @@ def test_a_restart_that_cannot_be_written_is_kept_and_retried(
 
     monkeypatch.setattr(fs, "append_bytes", no_space)
     services = _services(tmp_path)
-    cause = {"finding_type": "gpu_progress_timeout", "rank": 1, "message": "stalled"}
+    cause = RestartCause(finding_type="gpu_progress_timeout", rank=1, message="stalled")
     services.on_restart(1, cause)  # does not raise
     services.on_restart(2, None)
-    assert [r["restart"] for r in services.restarts] == [1, 2]
+    assert [r.restart for r in services.restarts] == [1, 2]
     fields = services.status_fields()  # what the monitor's scan asks for
     assert fields["unwritten_restarts"] == 2
     assert "No space left on device" in fields["restarts_write_error"]
@@ -71,9 +73,9 @@ def test_only_a_killed_ranks_root_cause_is_passed_to_the_monitor(tmp_path: Path)
         note_root_cause=lambda rank, pid: noted.append((rank, pid))
     )
     # an error exit: the monitor orders those itself, with every node's records
-    svc.on_group_failure({"rank": 1, "pid": 11, "exit_code": 1, "signal": None})
+    svc.on_group_failure(RestartCause(rank=1, pid=11, exit_code=1, signal=None))
     assert noted == []
-    svc.on_group_failure({"rank": 2, "pid": 12, "exit_code": -9, "signal": "SIGKILL"})
+    svc.on_group_failure(RestartCause(rank=2, pid=12, exit_code=-9, signal="SIGKILL"))
     assert noted == [(2, 12)]
 
 
@@ -114,7 +116,7 @@ def test_a_rank_whose_peer_went_away_is_not_named_the_cause_alone(tmp_path: Path
         "RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer "
         "[127.0.0.1]:19330. This is typically caused by a remote worker crashing."
     )
-    failed = {"finding_type": "worker_failed", "rank": 0, "exit_code": 1, "error": peer}
+    failed = RestartCause(finding_type="worker_failed", rank=0, exit_code=1, error=peer)
     noted: list[tuple[str, bool]] = []
 
     def note_restart(reason: str, *, cause_pending: bool = False) -> None:
@@ -129,10 +131,10 @@ def test_a_rank_whose_peer_went_away_is_not_named_the_cause_alone(tmp_path: Path
     )
     services.on_restart(2, failed)
     # a rank's own error, or one killed by a signal, is the cause as it was
-    own = {"finding_type": "worker_failed", "rank": 1, "exit_code": 1, "error": "ZeroDivisionError"}
+    own = RestartCause(finding_type="worker_failed", rank=1, exit_code=1, error="ZeroDivisionError")
     services.on_restart(3, own)
-    killed = {"finding_type": "worker_failed", "rank": 1, "exit_code": -9, "signal": "SIGKILL"}
-    services.on_restart(4, {**killed, "error": peer})
+    killed = RestartCause(finding_type="worker_failed", rank=1, exit_code=-9, signal="SIGKILL")
+    services.on_restart(4, replace(killed, error=peer))
     first, unknown, plain, signalled = read_jsonl(tmp_path / RESTARTS_FILE)
     # only the restart whose cause the monitor has not seen yet leaves it pending
     assert [pending for _, pending in noted] == [False, True, False, False]
@@ -191,3 +193,32 @@ def test_an_excluded_node_stops_relaying_at_once_and_leaves_its_number_undone(
     services.stop()
     assert relay.pushes == pushes
     assert not store.check([keys.tick(1)]) and not store.check([keys.done(1)])
+
+
+def test_a_rank_lost_to_a_standby_is_one_finding_naming_the_standby(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from rankguard.schema.findings import FindingType, Reason
+
+    services = _services(tmp_path)
+    reported: list[Any] = []
+    replaced: set[tuple[int, int]] = set()
+
+    def note_replaced(rank: int, pid: int) -> bool:
+        new = (rank, pid) not in replaced
+        replaced.add((rank, pid))
+        return new
+
+    services.monitor = SimpleNamespace(  # type: ignore[assignment]
+        note_replaced=note_replaced, report=reported.append
+    )
+    lost = LostRank(
+        rank=2, pid=102, standby_pid=104, node=0, reason=Reason.DIED.value, exit="SIGKILL"
+    )
+    services.on_rank_lost(lost)
+    services.on_rank_lost(lost)  # once
+    (finding,) = reported
+    assert finding.finding_type is FindingType.PROCESS_EXITED and finding.reason is Reason.DIED
+    assert (finding.rank, finding.pid, finding.node_rank) == (2, 102, 0)
+    assert "standby pid 104 takes its place" in finding.message
+    assert finding.exit == {"vanished": True, "how": "SIGKILL"}

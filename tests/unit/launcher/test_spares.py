@@ -28,6 +28,7 @@ from rankguard.launcher.spares import (
     read_agents,
     waiting_agents,
 )
+from rankguard.schema.statusblocks import ElasticBlock, Replacement
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -55,12 +56,12 @@ def test_entries_go_through_the_store_and_node0_tells_who_replaced_whom() -> Non
         "h:3": "waiting",
     }
     assert full_round_without(agents, "h:3", 2) and not full_round_without(agents, "h:1", 2)
-    history: list[dict[str, Any]] = []
+    history: list[Replacement] = []
     first = elastic_status(
         agents, round_tag="R1", nodes=2, min_nodes=2, max_nodes=2, history=history
     )
-    assert [s["agent"] for s in first["spares_waiting"]] == ["h:3"]
-    assert (first["lost"], first["replacements"]) == ([], [])
+    assert [s.agent for s in first.spares_waiting] == ["h:3"]
+    assert (first.lost, first.replacements) == ((), ())
 
     # h:2 is lost; h:1 leaves its round and the spare joins the next one as node 1
     a.waiting()
@@ -69,13 +70,14 @@ def test_entries_go_through_the_store_and_node0_tells_who_replaced_whom() -> Non
     status = elastic_status(
         read_agents(store, "r"), round_tag="R2", nodes=2, min_nodes=2, max_nodes=2, history=history
     )
-    assert status["lost"] == ["h:2"] and status["spares_waiting"] == []
-    [rep] = status["replacements"]
-    assert (rep["node"], rep["spare"], rep["replaced"]) == (1, "h:3", "h:2")
+    assert status.lost == ("h:2",) and status.spares_waiting == ()
+    [rep] = status.replacements
+    assert (rep.node, rep.spare, rep.replaced) == (1, "h:3", "h:2")
     again = elastic_status(
         read_agents(store, "r"), round_tag="R2", nodes=2, min_nodes=2, max_nodes=2, history=history
     )
-    assert len(again["replacements"]) == 1  # found once
+    assert len(again.replacements) == 1  # found once
+    assert ElasticBlock.from_dict(again.to_dict()) == again  # read back as written
     text = "\n".join(elastic_lines(status))
     assert "Nodes: 2 of 2:2, 0 spare(s) waiting" in text
     assert "replaced node 1: h:2 lost, spare h:3 took its place" in text
@@ -95,7 +97,7 @@ def test_a_shrunk_round_is_said() -> None:
     status = elastic_status(
         read_agents(store, "r"), round_tag="R2", nodes=1, min_nodes=1, max_nodes=2, history=[]
     )
-    assert (status["nodes"], status["shrunk"]) == (1, True)
+    assert (status.nodes, status.shrunk) == (1, True)
     assert "Nodes: 1 of 1:2 (shrunk)" in "\n".join(elastic_lines(status))
 
 
@@ -329,8 +331,8 @@ def test_a_spare_gone_is_listed_apart_not_counted_and_not_waited_for() -> None:
         history=[],
         gone=gone,
     )
-    assert [s["agent"] for s in status["spares_waiting"]] == ["h:3"]
-    assert status["spares_gone"] == ["h:4"]
+    assert [s.agent for s in status.spares_waiting] == ["h:3"]
+    assert status.spares_gone == ("h:4",)
     text = "\n".join(elastic_lines(status))
     assert "Nodes: 2 of 2:2, 1 spare(s) waiting" in text
     assert "gone     h:4 (spare(s) whose keep-alive stopped while waiting" in text

@@ -34,6 +34,7 @@ from rankguard.launcher.services import NodeServices
 from rankguard.launcher.spares import AgentRegistry, read_agents
 from rankguard.runfiles import excluded_lines
 from rankguard.schema.layout import StoreKeys
+from rankguard.schema.restarts import RestartEntry
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -297,7 +298,7 @@ def test_a_bad_entry_no_longer_removes_the_other_status_blocks(tmp_path: Path) -
     spares = services.service("elastic")
     assert isinstance(spares, SpareService)
     spares.track, spares.services = True, services  # as a c10d launch's wrap leaves it
-    services.restarts.append({"restart": 1})
+    services.restarts.append(RestartEntry(restart=1))
     (tmp_path / "checkpoints.json").write_text('{"last": {"step": 3}}')
     _checkpoints_block_on(services, tmp_path)
     _forge_agent(store, {**_forever(), "since": "x"})
@@ -318,7 +319,7 @@ def test_one_failing_status_block_keeps_the_others(
         nnodes=2,
         expected_world_size=4,
     )
-    services.restarts.append({"restart": 1})
+    services.restarts.append(RestartEntry(restart=1))
     (tmp_path / "checkpoints.json").write_text('{"last": {"step": 3}}')
     _checkpoints_block_on(services, tmp_path)
 

@@ -64,7 +64,7 @@ def test_the_timeline_shows_every_part_and_the_interruption(tmp_path: Path) -> N
     assert svg.count("<title>startup: +") == 2 and "<title>recovery: +" in svg
     # the same ETTR as status.json's block and the table of the interruption
     block = GoodputStatus(d).status_fields()["goodput"]
-    assert f"ETTR {ettr_text(block['ettr'])}:" in page
+    assert f"ETTR {ettr_text(block.ettr)}:" in page
     assert "<h3>Interruptions</h3>" in page and "worker_failed" in page
 
 

@@ -69,7 +69,7 @@ def test_a_stop_decision_is_not_a_restart(tmp_path: Path) -> None:
     stop = {**KILLED, "kind": "stop", "restart": None, "decision": "stop"}
     write_jsonl(run_dir / "restarts.jsonl", [KILLED, stop])
     data, _ = load_run(run_dir)
-    assert data.restarts == [KILLED]
+    assert [r.to_dict() for r in data.restarts] == [KILLED]
     assert "1 restart, each with its cause: 1 of the processes, 0 in-process." in _page(run_dir)
 
 

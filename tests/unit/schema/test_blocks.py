@@ -78,8 +78,8 @@ EXAMPLES: list[Any] = [
     ExitBlock(),
     ExitBlock(clean=False, exit_code=-9, error="orphaned", vanished=True, notes={"x": "y"}),
     PerfBlock({"step": 3, "windows": [[1, 1, 2.5]]}),
-    StragglerBlock({"samples": [1.0]}),
-    FtStatsBlock({"steps": 3}),
+    StragglerBlock(compute_ms=12.5, samples=4, method="compute_section_cpu"),
+    FtStatsBlock(setup_s=1.5, step_max_s=0.25, steps=3, ckpt_max_s=None, ckpts=0),
     NvrxBlock({"connections": 1, "heartbeats": 4, "open_sections": ["step"]}),
     CollectivesBlock(),
     CollectivesBlock(groups=(GroupPosition("0", 13, 12),), samples=9, waiting=4),
@@ -302,3 +302,16 @@ def test_the_block_evaluator_base_hands_each_good_block_over() -> None:
     ev = Seen()
     assert ev.evaluate(1.0, rules.ranks) == []
     assert ev.got == [(0, True)] and ev.after == 1 and ev.bad_blocks == 1
+
+
+def test_straggler_and_ft_stats_blocks_read_wrong_types_as_missing() -> None:
+    """The record accepts any object under these names: a forged value reads as
+    missing (the detector and the learned timeouts skip it), never raises, and a newer
+    writer's keys are kept."""
+    straggler = StragglerBlock.from_dict({"compute_ms": "fast", "samples": True, "new": 1})
+    assert (straggler.compute_ms, straggler.samples, straggler.method) == (None, None, None)
+    assert straggler.to_dict()["new"] == 1
+    stats = FtStatsBlock.from_dict({"setup_s": [1], "steps": 2.5, "hb_gap_max_s": 3})
+    assert (stats.setup_s, stats.steps, stats.hb_gap_max_s) == (None, None, 3)
+    written = {"compute_ms": 3.0, "samples": 2, "method": "step_cpu"}
+    assert list(StragglerBlock.from_dict(written).to_dict()) == list(written)

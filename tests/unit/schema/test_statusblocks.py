@@ -8,6 +8,7 @@ from typing import Any
 from rankguard.config import RankguardConfig
 from rankguard.launcher.services import node_cadence
 from rankguard.schema.coerce import as_finite, as_float, as_int, as_list, as_number, as_str
+from rankguard.schema.restarts import LiveBlock, RestartCause, RestartEntry, RestartsBlock
 from rankguard.schema.status import StatusDoc
 from rankguard.schema.statusblocks import (
     STATUS_BLOCKS,
@@ -96,3 +97,75 @@ def test_one_coercion_module() -> None:
     assert as_finite(float("inf")) is None and as_float(float("inf")) == float("inf")
     assert (as_str("a"), as_str(1)) == ("a", None)
     assert (as_list((1,)), as_list([1])) == ([], [1])
+
+
+PROCESS = {  # as the launcher's node services write a process restart
+    "schema_version": 1,
+    "kind": "process",
+    "run_id": "r",
+    "restart": 1,
+    "wall_time": "2026-12-06T03:00:00.000+00:00",
+    "cause": "worker_failed",
+    "rank": 1,
+    "reason": None,
+    "message": "Signal 9 (SIGKILL) received by PID 99",
+    "exit_code": -9,
+    "stack_dump": None,
+    "decision": "restart",
+    "rule": "transient",
+}
+INPROCESS = {  # an in-process restart: its own keys, wall_time last
+    "schema_version": 1,
+    "kind": "inprocess",
+    "run_id": "r",
+    "restart": 2,
+    "cause": "exception",
+    "rank": 0,
+    "reason": "inprocess_exception",
+    "message": "boom",
+    "id": "r/0/1/0",
+    "wall_time": "2026-12-06T03:00:01.000+00:00",
+}
+LIVE = {
+    "standbys_per_node": 1,
+    "waiting": 0,
+    "left_unused": 0,
+    "used": 1,
+    "replaced": [{"lost_rank": 2, "lost_pid": 7, "standby_pid": 9, "cause": "x", "fault_t": 1.5}],
+}
+
+
+def test_restart_and_live_blocks_read_back_to_what_was_written() -> None:
+    assert STATUS_BLOCKS["restarts"] is RestartsBlock and STATUS_BLOCKS["live"] is LiveBlock
+    doc = StatusDoc.from_dict({"restarts": [PROCESS, INPROCESS, "junk"], "live": LIVE})
+    restarts = doc.block(RestartsBlock)
+    assert restarts is not None
+    assert restarts.to_dict() == [PROCESS, INPROCESS]  # a line that is no entry is skipped
+    assert [list(e) for e in restarts.to_dict()] == [list(PROCESS), list(INPROCESS)]
+    first, second = restarts.entries
+    assert (first.kind, first.exit_code, first.extra["rule"]) == ("process", -9, "transient")
+    assert (second.kind, second.extra["id"]) == ("inprocess", "r/0/1/0")
+    assert restarts.count("inprocess") == 1
+    live = doc.block(LiveBlock)
+    assert live is not None and live.to_dict() == LIVE
+    assert live.replaced[0].standby_pid == 9
+
+
+def test_a_restart_entry_of_wrong_types_reads_as_missing_and_is_stamped_last() -> None:
+    entry = RestartEntry.from_dict({"kind": "inprocess", "rank": "1", "restart": True})
+    assert entry is not None and entry.rank is None and entry.restart is None
+    stamped = entry.stamped("2026-12-06T03:00:00.000+00:00")
+    assert list(stamped.to_dict()) == ["kind", "rank", "restart", "wall_time"]
+    assert RestartEntry.from_dict(3) is None and RestartsBlock.from_dict({}) is None
+    made = RestartEntry(restart=1, extra={"decision": "restart"})
+    assert list(made.to_dict())[-2:] == ["stack_dump", "decision"]
+
+
+def test_a_restart_cause_keeps_its_decision_and_reads_bad_values_as_missing() -> None:
+    cause = RestartCause.from_dict(
+        {"finding_type": "worker_failed", "rank": 1, "pid": "x", "signal": "SIGKILL", "rule": "r"}
+    )
+    assert cause is not None
+    assert (cause.rank, cause.pid, cause.signal) == (1, None, "SIGKILL")
+    assert cause.decision == {"rule": "r"}
+    assert RestartCause.from_dict(None) is None
