@@ -1,62 +1,56 @@
-"""End to end: the demo's checkpoints through ``rankguard.checkpoint`` under the real
-launcher: a crash resumes from the newest complete checkpoint and the loss continues;
-a lost node's local directory is restored from its replicas. A corrupt newest
-checkpoint skipped with a warning: ``tests/tier2/test_checkpoint_tier2.py``."""
+"""End to end: checkpoints through ``rankguard.checkpoint`` under the real launcher.
+
+Two ranks, async saves every 2 steps, an EMA-style update in place right after every
+save returns; rank 1 dies right after the save of step 6 returns (its write dies with
+it), the launcher restarts the workers and they resume from step 4, the newest complete
+checkpoint: the steps done again have the losses of the first attempt, bit for bit (an
+async checkpoint is the state at the save call), and status.json says what was
+committed and loaded.
+
+Elsewhere, ranks as processes (``tests.factories.run_ranks``): a lost node's local
+checkpoints restored from the replicas and the fallback to persistent without them
+(``tests/unit/checkpoint/test_ranks.py``); the state at the save call, bit for bit,
+with every stager (``tests/unit/checkpoint/test_consistency.py``); a corrupt newest
+checkpoint skipped with a warning (``tests/tier2/test_checkpoint_tier2.py``).
+"""
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from .conftest import (
-    free_port,
+    SCRIPTS,
     no_leftover_workers,
-    node_run,
     rankguard_cmd,
+    read_jsonl,
     read_status,
-    run_nodes,
     standalone_run,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
-DEMO = ["-m", "rankguard.demo.train", "--log-every", "1", "--step-sleep", "0.02"]
-
-
-def losses(out: str) -> dict[int, list[str]]:
-    """Every ``[demo] step N/M loss X`` line's loss, by step (a rerun step twice)."""
-    found: dict[int, list[str]] = {}
-    for m in re.finditer(r"\[demo\] step (\d+)/\d+ loss (\S+)", out):
-        found.setdefault(int(m.group(1)), []).append(m.group(2))
-    return found
+SCRIPT = str(SCRIPTS / "ema_resume.py")
 
 
-def run(args: list[str], timeout: float = 150) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        rankguard_cmd(*args),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+def losses(out: str) -> list[tuple[int, str]]:
+    found = re.finditer(r"\[ema\] step (\d+) loss (\S+)", out)
+    return [(int(m.group(1)), m.group(2)) for m in found]
 
 
-def test_a_crash_resumes_from_the_newest_checkpoint_and_the_loss_continues(
+def test_a_crash_right_after_an_async_save_resumes_with_the_same_losses(
     tmp_path: Path, run_id: str
 ) -> None:
-    """A real launch: a rank process crashes, the launcher restarts the workers and the
-    demo resumes from what the async save committed."""
-    nproc = 2  # 4 ranks: the two-agent test below
-    res = run(
-        [
-            *standalone_run(run_id, tmp_path, nproc=nproc),
+    """A real launch: a rank process dies while its async write is in flight, the
+    agent reports it, the launcher restarts the worker processes (started without
+    ``--preload``) and they load what was committed."""
+    res = subprocess.run(
+        rankguard_cmd(
+            *standalone_run(run_id, tmp_path, nproc=2),
             "--set",
             "fault_tolerance.enable_ft_package=true",
             "--set",
@@ -69,75 +63,35 @@ def test_a_crash_resumes_from_the_newest_checkpoint_and_the_loss_continues(
             "checkpoint.save_interval=2",
             "--set",
             "checkpoint.async_save=true",
-            *DEMO,
+            SCRIPT,
             "--steps",
             "8",
-            "--fault",
-            "crash",
-            "--fault-rank",
-            "1",
-            "--fault-step",
+            "--crash-step",
             "6",
-        ]
+        ),
+        capture_output=True,
+        text=True,
+        timeout=280,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
-    assert "Scheduling async checkpoint save at step 4 (persistent)" in out
-    # the save of step 4 may still be in flight when rank 1 crashes in step 6 (async):
-    # then step 2 is the newest complete one (the save of 4 waited for it)
-    resumed = re.search(r"\[demo\] resumed from step (\d+) \(persistent\) \(restart 1\)", out)
-    assert resumed is not None and int(resumed.group(1)) in (2, 4), out
+    assert "Scheduling async checkpoint save at step 4 (persistent)" in out, out
+    assert "[ema] resumed from step 4" in out, out
     seen = losses(out)
-    for step in range(int(resumed.group(1)) + 1, 6):  # the steps done again: same loss
-        assert len(seen[step]) == 2 and seen[step][0] == seen[step][1], seen
-    assert f"[demo] done: 8 steps on {nproc} rank(s)" in out
-    run_dir = tmp_path / "heartbeat" / run_id
-    ckpt = read_status(run_dir)["checkpoints"]
-    assert ckpt["last_committed"]["persistent"] == 8 and ckpt["failures"] == 0
-    assert ckpt["loaded"]["step"] == int(resumed.group(1))
+    first = dict(seen[:6])  # the first attempt: steps 1 to 6, then rank 1 died
+    assert [s for s, _ in seen[:6]] == [1, 2, 3, 4, 5, 6], seen
+    again = seen[6:]  # the restarted workers: from step 5
+    assert [s for s, _ in again] == [5, 6, 7, 8], seen
+    for step, loss in again[:2]:  # the steps done again: the first attempt's losses
+        assert loss == first[step], (step, loss, first[step])
+    assert "[ema] done: 8 steps" in out
+    (restart,) = read_jsonl(tmp_path / "heartbeat" / run_id / "restarts.jsonl")
+    # the monitor's finding or the agent's failure report, whichever came first
+    assert restart["cause"] in ("rank_process_exited", "worker_failed"), restart
+    assert restart["rank"] == 1, restart
+    ckpt = read_status(tmp_path / "heartbeat" / run_id)["checkpoints"]
+    assert ckpt["last_committed"]["persistent"] == 8, ckpt
+    assert ckpt["loaded"]["step"] == 4 and ckpt["failures"] == 0, ckpt
     assert no_leftover_workers(run_id)
-
-
-def test_a_lost_nodes_local_checkpoints_come_back_from_the_replicas(
-    tmp_path: Path, run_id: str
-) -> None:
-    """Two agents on loopback, 2 ranks each, each node its own local directory; every
-    step a local checkpoint replicated to the other node. Node 1's directory is deleted
-    between two jobs: the second job restores ranks 2 and 3 from node 0's replicas. A
-    real launch: two agents, each node's own directory."""
-
-    def job(rid: str, steps: int) -> dict[int, str]:
-        port = free_port()
-        cmds = {
-            node: rankguard_cmd(
-                *node_run(node, port, rid, tmp_path / f"logs{node}"),
-                *DEMO,
-                "--steps",
-                str(steps),
-                "--local-checkpoint-dir",
-                str(tmp_path / f"local{node}"),
-                "--local-checkpoint-every",
-                "1",
-                "--replication",
-                "2",
-            )
-            for node in (0, 1)
-        }
-        outs, codes = run_nodes(cmds, timeout_s=150)
-        assert codes == {0: 0, 1: 0}, outs
-        return outs
-
-    job(run_id, 4)
-    held = sorted(os.listdir(tmp_path / "local0" / "step_000000004"))
-    assert held == ["shard_0_on_0", "shard_1_on_1", "shard_2_on_0", "shard_3_on_1"]
-    shutil.rmtree(tmp_path / "local1")
-    outs = job(run_id + "-b", 6)
-    both = outs[0] + outs[1]
-    assert "[demo] resumed from step 4 (local)" in outs[0], both
-    for rank, holder in ((2, 0), (3, 1)):
-        assert f"rank {rank}'s shard restored from the replica on rank {holder}" in both
-    assert "[demo] done: 6 steps on 4 rank(s)" in outs[0]
-    status = json.loads(
-        (tmp_path / "logs0" / "heartbeat" / (run_id + "-b") / "status.json").read_text()
-    )
-    assert status["checkpoints"]["last_committed"]["local"] == 6

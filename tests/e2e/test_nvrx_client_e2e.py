@@ -1,7 +1,8 @@
 """End to end: a script that uses NVRx's RankMonitorClient as Megatron-LM does runs
-unchanged under ``rankguard run`` (2 CPU ranks, gloo): no finding when healthy, NVRx's
-``ft_state.json`` written by the script, a hang inside the ``step`` section found by that
-section's timeout, stacks dumped, the group restarted."""
+unchanged under ``rankguard run`` (2 CPU ranks, gloo): NVRx's ``ft_state.json`` written
+by the script, a hang inside the ``step`` section found by that section's timeout, stacks
+dumped, the group restarted; with no restart left, the job ends with the hang's exit code
+and the hang as its root cause."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from .conftest import (
     rankguard_cmd,
     read_jsonl,
     read_status,
+    run_rankguard,
     standalone_run,
 )
 
@@ -57,45 +59,22 @@ def _socket_dirs(tmp_path: Path) -> list[str]:
     return sorted(n for n in os.listdir(tmp_path / "tmp") if n.startswith("rg-nvrx-"))
 
 
-def test_healthy_megatron_ft_script_gives_no_finding_and_nvrx_state(
+def test_hang_in_the_step_section_is_found_dumped_and_restarted(
     tmp_path: Path, run_id: str
 ) -> None:
     """A real launch: NVRx's client in each rank process reaches rankguard's server in
     that process through the process's own environment and socket directory (one per
-    rank, removed at the end), and gets the section timeouts of the launch's command
-    line."""
-    res, run_dir = _run(tmp_path, run_id, "--iters", "30", "--calc-ft-timeouts")
-    out = res.stdout + res.stderr
-    assert res.returncode == 0, out
-    assert "done: 30 iterations, restart 0" in out
-    # the client got the launch's section timeouts from rankguard
-    assert "'step': 4.0" in out and "out_of_section=30.00" in out, out
-    assert read_jsonl(run_dir / "findings.jsonl") == []
-    state = json.loads((tmp_path / "save" / "ft_state.json").read_text())
-    section = state["current_timeouts"]["section"]
-    assert set(section["calculated_sections"]) >= {"step", "checkpointing"}
-    assert 0 < section["section"]["step"] < 4.0
-    # every rank's heartbeats show the client served
-    for rank in (0, 1):
-        (hb,) = sorted(run_dir.glob(f"rank_{rank}_pid_*.heartbeat.jsonl"))
-        nvrx = [r["nvrx"] for r in read_jsonl(hb) if "nvrx" in r]
-        assert nvrx and nvrx[-1]["section_events"] > 0, rank
-    status = read_status(run_dir)
-    assert status["state"] == "completed"
-    assert no_leftover_workers(run_id)
-    assert _socket_dirs(tmp_path) == []
-
-
-def test_hang_in_the_step_section_is_found_dumped_and_restarted(
-    tmp_path: Path, run_id: str
-) -> None:
-    """A real launch: the hung rank process's stacks dumped by signal, the process
-    killed and the group restarted by the agent."""
+    rank, removed at the end) and gets the section timeouts of the launch's command
+    line; the hung rank process's stacks dumped by signal, the process killed and the
+    group restarted by the agent; the restarted group computes its section timeouts
+    into NVRx's ``ft_state.json``. (No finding from a healthy client:
+    ``test_nvrx07_e2e.py``.)"""
     res, run_dir = _run(
         tmp_path,
         run_id,
         "--iters",
         "30",
+        "--calc-ft-timeouts",
         "--hang-rank",
         "1",
         "--hang-iter",
@@ -113,6 +92,19 @@ def test_hang_in_the_step_section_is_found_dumped_and_restarted(
     assert res.returncode == 0, out
     assert "rank 1 hangs inside its step at iteration 12" in out
     assert "done: 30 iterations, restart 1" in out
+    # the client got the launch's section timeouts from rankguard
+    assert "'step': 4.0" in out and "out_of_section=30.00" in out, out
+    state = json.loads((tmp_path / "save" / "ft_state.json").read_text())
+    section = state["current_timeouts"]["section"]
+    assert set(section["calculated_sections"]) >= {"step", "checkpointing"}
+    assert 0 < section["section"]["step"] < 4.0
+    # every rank's heartbeats show the client served (the restarted processes' files)
+    for rank in (0, 1):
+        hbs = sorted(run_dir.glob(f"rank_{rank}_pid_*.heartbeat.jsonl"))
+        assert hbs, rank
+        nvrx = [r["nvrx"] for hb in hbs for r in read_jsonl(hb) if "nvrx" in r]
+        assert nvrx and nvrx[-1]["section_events"] > 0, rank
+    assert read_status(run_dir)["state"] == "completed"
     findings = read_jsonl(run_dir / "findings.jsonl")
     assert [(f["finding_type"], f["rank"], f["action"]) for f in findings] == [
         ("gpu_progress_timeout", 1, "restart")
@@ -133,7 +125,11 @@ def test_hang_with_ft_launcher_flags_and_no_restart_left_ends_the_job_naming_the
 ) -> None:
     """ft_launcher's launch line with ``--max-restarts 0``: the rank past its section
     timeout is ended and the job fails by itself, as under ft_launcher (it used to be
-    reported and the job hung on until something killed it)."""
+    reported and the job hung on until something killed it), with the hang's exit code
+    (no restart left); what a user reads last (the console, status.json, ``rankguard
+    status``) names the hang as the root cause, not the SIGKILL fault tolerance sent for
+    it. A real launch: the launcher's exit code after it stopped a hung worker process,
+    and the files and screen a user reads."""
     res, run_dir = _run(
         tmp_path,
         run_id,
@@ -164,4 +160,19 @@ def test_hang_with_ft_launcher_flags_and_no_restart_left_ends_the_job_naming_the
         findings
     )
     assert not (run_dir / "restarts.jsonl").exists() or not read_jsonl(run_dir / "restarts.jsonl")
+    status = read_status(run_dir)
+    assert status["state"] == "failed", out
+    for row in status["ranks"]:  # nothing restarted: no row says it did
+        assert "after_restart" not in (row["exit"] or {}), row
+    # the root cause is the hang found, not the SIGKILL fault tolerance sent for it
+    lines = [line for line in out.splitlines() if line.startswith("[rankguard] ")]
+    i = next(i for i, line in enumerate(lines) if "root cause:" in line)
+    assert lines[i].startswith("[rankguard] root cause: rank 1 (pid "), out
+    assert "gpu_progress_timeout: alive but no step completed" in lines[i], out
+    assert "exit code -9 (SIGKILL) is fault tolerance's kill" in lines[i + 1], out
+    shown = run_rankguard(["status", str(run_dir)], timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    screen = shown.stdout
+    assert "launcher gone" not in screen and "killed?" not in screen, screen
+    assert "state failed" in screen and "(restart)" not in screen, screen
     assert no_leftover_workers(run_id)

@@ -1,23 +1,22 @@
-"""End to end: what a user reads last after a failure or a stop (the console, status.json,
-``rankguard status``) is true. A rank that leaves early, a ``@record`` script that raises,
-a SIGTERM to the launcher, a hang that fault tolerance ends with no restart left: each
-ends in a final state, with a root cause that agrees with the findings."""
+"""End to end: what a user reads last after a failure (the console, status.json,
+``rankguard status``) is true. A rank that leaves early, a ``@record`` script that
+raises: each ends in a final state, with a root cause that agrees with the findings.
+
+Elsewhere: a hang that fault tolerance ends with no restart left,
+``test_nvrx_client_e2e.py`` (ft_launcher's flags, ``--max-restarts 0``); a SIGTERM to
+the launcher (state stopped, no finding, ``rankguard status``),
+``test_run_e2e.py::test_sigterm_to_the_launcher_stops_everything_without_false_findings``;
+``findings.jsonl`` there and empty from the start of a run,
+``tests/tier2/test_run_end_tier2.py``."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from .conftest import (
     SCRIPTS,
-    leftover_processes,
-    rankguard_cmd,
     read_jsonl,
     read_status,
     run_rankguard,
@@ -79,69 +78,3 @@ def test_a_record_script_that_raises_gets_torchruns_summary(tmp_path: Path, run_
     run_dir = tmp_path / "heartbeat" / run_id
     assert read_status(run_dir)["state"] == "failed"
     assert "state failed" in _status_screen(run_dir)
-
-
-def test_a_sigterm_ends_stopped_with_an_empty_findings_file(tmp_path: Path, run_id: str) -> None:
-    proc = subprocess.Popen(
-        rankguard_cmd(
-            *standalone_run(run_id, tmp_path), "-m", "rankguard.demo.train", "--steps", "100000"
-        ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    run_dir = tmp_path / "heartbeat" / run_id
-    try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError, ValueError):
-                if read_status(run_dir)["state"] == "running":
-                    break
-            time.sleep(0.2)
-        # tools tail it from the start of a run, before any finding
-        assert (run_dir / "findings.jsonl").read_bytes() == b""
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-        for pid in leftover_processes(run_id):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-    assert proc.returncode == 128 + signal.SIGTERM, out
-    assert read_status(run_dir)["state"] == "stopped", out
-    assert "[rankguard] run stopped by the launcher: 0 finding(s)" in out, out
-    assert "root cause" not in out, out
-    assert "state stopped" in _status_screen(run_dir)
-
-
-def test_a_hang_ended_by_fault_tolerance_without_restarts(tmp_path: Path, run_id: str) -> None:
-    res = run_rankguard(
-        [
-            *standalone_run(run_id, tmp_path),
-            "--set",
-            "fault_tolerance.enable_ft_package=true",
-            "--set",
-            "fault_tolerance.num_in_job_restarts=0",
-            str(SCRIPTS / "skip_allreduce.py"),
-        ],
-        timeout=150,
-    )
-    out = res.stdout + res.stderr
-    assert res.returncode == 10, out  # a hang ended the job
-    run_dir = tmp_path / "heartbeat" / run_id
-    status = read_status(run_dir)
-    assert status["state"] == "failed", out
-    for row in status["ranks"]:  # nothing restarted: no row says it did
-        assert "after_restart" not in (row["exit"] or {}), row
-    (hang,) = read_jsonl(run_dir / "findings.jsonl")
-    assert (hang["finding_type"], hang["rank"]) == ("gpu_progress_timeout", 1), hang
-    # the root cause is the hang found, not the SIGKILL fault tolerance sent for it
-    lines = _rankguard_lines(out)
-    i = next(i for i, line in enumerate(lines) if "root cause:" in line)
-    assert lines[i].startswith("[rankguard] root cause: rank 1 (pid "), out
-    assert "gpu_progress_timeout: alive but no step completed" in lines[i], out
-    assert "exit code -9 (SIGKILL) is fault tolerance's kill" in lines[i + 1], out
-    screen = _status_screen(run_dir)
-    assert "state failed" in screen and "(restart)" not in screen, screen
