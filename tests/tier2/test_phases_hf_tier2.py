@@ -9,7 +9,9 @@ launch, with rankguard's callback: ``tests/e2e/test_integrations_e2e.py``."""
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,17 @@ pytestmark = [pytest.mark.ranks, pytest.mark.timeout(90)]
 
 SLOW_S = 1.3
 STEPS = 6
+
+
+@pytest.fixture(autouse=True)
+def _environ_as_found() -> Iterator[None]:
+    """A training run adds variables to ``os.environ`` (seen after the HF Trainer and
+    Lightning: ``PYTORCH_NVML_BASED_CUDA_CHECK``, ``TORCHINDUCTOR_CACHE_DIR``): the tests
+    that run after this one in the worker find it as it was."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 class RandomTokens(torch.utils.data.Dataset):

@@ -9,7 +9,9 @@ test_integrations_e2e.py``."""
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,17 @@ SETS = (
     "fault_tolerance.rank_section_timeouts={setup: 10, step: 1, checkpointing: 5}",
     "fault_tolerance.rank_out_of_section_timeout=5",
 )
+
+
+@pytest.fixture(autouse=True)
+def _environ_as_found() -> Iterator[None]:
+    """A training run adds variables to ``os.environ`` (seen after the HF Trainer and
+    Lightning: ``PYTORCH_NVML_BASED_CUDA_CHECK``, ``TORCHINDUCTOR_CACHE_DIR``): the tests
+    that run after this one in the worker find it as it was."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def lightning_fit(root: Path) -> int:
