@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -174,6 +176,45 @@ def no_leftover_workers(run_id: str, wait_s: float = 5.0) -> bool:
             return False
         time.sleep(0.1)
     return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
+
+
+def rank_children(pid_dir: Path, nproc: int, timeout_s: float = 60.0) -> list[int]:
+    """The pids of the children ``scripts/with_children.py`` started, one per rank, once
+    every rank wrote its ``child_<rank>`` file (within ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        files = [pid_dir / f"child_{r}" for r in range(nproc)]
+        if all(f.exists() for f in files):
+            return [int(f.read_text()) for f in files]
+        time.sleep(0.1)
+    pytest.fail(f"the ranks did not start their children: {sorted(os.listdir(pid_dir))}")
+
+
+def outliving(pids: list[int], within_s: float = 10.0) -> list[int]:
+    """The processes of ``pids`` still running (zombies do not count) after up to
+    ``within_s``."""
+    deadline = time.monotonic() + within_s
+    left = [p for p in pids if _alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = [p for p in left if _alive(p)]
+    return left
+
+
+def kill_all(pids: list[int]) -> None:
+    """SIGKILL what a failed test may have left running."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture

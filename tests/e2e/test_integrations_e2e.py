@@ -55,26 +55,39 @@ def _check_nanogpt_summary(summary: dict[str, Any]) -> None:
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("flops", ["analytic", "measured"])
-def test_unmodified_nanogpt_gets_tokens_and_tflops(tmp_path: Path, run_id: str, flops: str) -> None:
-    """A real launch: the batch detected from DDP's input and the FLOPs counted by global
-    module hooks, one detector per rank process (not possible with ranks as threads)."""
-    extra = ["--no-config"] if flops == "measured" else []
+def test_unmodified_nanogpt_gets_progress_tokens_and_measured_tflops(
+    tmp_path: Path, run_id: str
+) -> None:
+    """A real launch of a script that never imports rankguard, each rank in its own
+    subprocess: progress from the optimizer hook the rank bootstrap installs, the batch
+    detected from DDP's input and the FLOPs counted by global module hooks, one detector
+    per rank process (not possible with ranks as threads). The analytic FLOPs of the same
+    script: ``test_init_under_plain_torchrun_measures_in_rank``; the bootstrap from the
+    ``--preload`` fork server: ``test_run_e2e``."""
     res = run_rankguard(
         [
             *standalone_run(run_id, tmp_path),
             str(SCRIPTS / "perf_nanogpt.py"),
             "--steps",
             "20",
-            *extra,
+            "--no-config",
         ],
         timeout=120,
     )
-    assert res.returncode == 0, res.stdout + res.stderr
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
     summary = _summary(tmp_path / "perf_monitor" / run_id)
-    assert summary["session_info"]["flops_source"].startswith(flops)
+    assert summary["session_info"]["flops_source"].startswith("measured")
     _check_nanogpt_summary(summary)
-    assert read_jsonl(tmp_path / "heartbeat" / run_id / "findings.jsonl") == []
+    run_dir = tmp_path / "heartbeat" / run_id
+    assert read_jsonl(run_dir / "findings.jsonl") == []
+    status = read_status(run_dir)
+    assert status["state"] == "completed", out
+    for row in status["ranks"]:
+        assert row["progress_seq"] == 20
+        assert row["progress_source"] == "optimizer_hook"
+        # not the script's numbering: said as the steps this process counted
+        assert (row["iteration"], row["iteration_source"]) == (20, "steps")
 
 
 @pytest.mark.timeout(150)

@@ -1,11 +1,11 @@
 """End to end: no worker outlives ``rankguard run``. A SIGKILLed launcher (it cannot
-handle it) takes its ranks with it (and ``--preload``'s fork server); SIGHUP and SIGINT
-stop the job as SIGTERM does."""
+handle it) takes its ranks with it (and ``--preload``'s fork server), and the processes
+each rank started itself (a 300 s sleep) with them; SIGHUP and SIGINT stop the job as
+SIGTERM does (SIGTERM: ``test_run_files_e2e``). Real launches: signals to the launcher
+and what becomes of its process tree."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import subprocess
 import time
@@ -14,8 +14,12 @@ from pathlib import Path
 import pytest
 
 from .conftest import (
+    SCRIPTS,
+    kill_all,
     leftover_processes,
     no_leftover_workers,
+    outliving,
+    rank_children,
     rankguard_cmd,
     read_jsonl,
     read_status,
@@ -28,17 +32,16 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 GONE_WITHIN_S = 10.0  # measured: well under a second (docs/fault_tolerance.md)
 
 
-def start_job(tmp_path: Path, run_id: str, *extra: str) -> tuple[subprocess.Popen[str], Path]:
-    """A 2-rank demo that trains until stopped, once both ranks publish heartbeats."""
+DEMO = ("-m", "rankguard.demo.train", "--steps", "100000")
+
+
+def start_job(
+    tmp_path: Path, run_id: str, *extra: str, target: tuple[str, ...] = DEMO
+) -> tuple[subprocess.Popen[str], Path]:
+    """A 2-rank job that trains until stopped (the demo unless ``target``), once both
+    ranks publish heartbeats."""
     proc = subprocess.Popen(
-        rankguard_cmd(
-            *standalone_run(run_id, tmp_path),
-            *extra,
-            "-m",
-            "rankguard.demo.train",
-            "--steps",
-            "100000",
-        ),
+        rankguard_cmd(*standalone_run(run_id, tmp_path), *extra, *target),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -63,9 +66,17 @@ def start_job(tmp_path: Path, run_id: str, *extra: str) -> tuple[subprocess.Pope
 def test_sigkill_of_the_launcher_leaves_no_worker_alive(
     tmp_path: Path, run_id: str, launch: tuple[str, ...]
 ) -> None:
-    proc, _run_dir = start_job(tmp_path, run_id, *launch)
+    """Without ``--preload``, each rank has started a child of its own (a 300 s sleep),
+    which goes with its rank; with ``--preload``, the demo (no child of its own)."""
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    with_children = (str(SCRIPTS / "with_children.py"), "--end", "never", "--pid-dir", str(pid_dir))
+    target = DEMO if launch else with_children
+    proc, _run_dir = start_job(tmp_path, run_id, *launch, target=target)
+    children: list[int] = []
     try:
-        workers = [pid for pid in leftover_processes(run_id) if pid != proc.pid]
+        children = [] if launch else rank_children(pid_dir, 2)
+        workers = [pid for pid in leftover_processes(run_id) if pid not in (proc.pid, *children)]
         # the ranks, and with --preload the fork server (and multiprocessing's tracker)
         assert len(workers) >= 2, workers
         t0 = time.monotonic()
@@ -76,6 +87,8 @@ def test_sigkill_of_the_launcher_leaves_no_worker_alive(
             f"{leftover_processes(run_id)} (of {workers})"
         )
         print(f"last worker gone {time.monotonic() - t0:.3f} s after the launcher's SIGKILL")
+        left = outliving(children, within_s=GONE_WITHIN_S)
+        assert not left, f"a rank's child outlived the SIGKILLed launcher: {left}"
         # status.json is frozen at "running"; `rankguard status` says nobody updates it
         assert read_status(_run_dir)["state"] == "running"
         shown = run_rankguard(["status", str(_run_dir)])
@@ -83,9 +96,7 @@ def test_sigkill_of_the_launcher_leaves_no_worker_alive(
         assert f"launcher gone (pid {proc.pid} no longer runs: killed?)" in shown.stdout
     finally:
         proc.kill()
-        for pid in leftover_processes(run_id):  # never leave the survivors of a failure
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_all([*leftover_processes(run_id), *children])  # never leave survivors
 
 
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT], ids=["SIGHUP", "SIGINT"])

@@ -1,10 +1,17 @@
-"""Each rank starts a child of its own (``sleep 300``, as a script starts a helper) and
+"""Each rank starts a child of its own (a 300 s sleep, as a script starts a helper) and
 writes its pid to ``<pid dir>/child_<rank>``, then: ``--end normal`` trains a few steps
 and exits 0; ``--end crash`` has rank 1 raise after them; ``--end never`` trains until
-it is stopped."""
+it is stopped. ``--listeners FILE``: once the process group is up, rank 0 writes every
+listening TCP socket of the job (the launcher and all its descendants) to FILE.
+
+The child is this interpreter (not ``sleep`` from ``PATH``): a job may run with a
+``PATH`` that holds nothing else."""
 
 import argparse
+import json
+import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -14,11 +21,19 @@ import torch.distributed as dist
 parser = argparse.ArgumentParser()
 parser.add_argument("--end", choices=("normal", "crash", "never"), required=True)
 parser.add_argument("--pid-dir", required=True)
+parser.add_argument("--listeners", default=None)
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
-child = subprocess.Popen(["sleep", "300"])
+if args.listeners:
+    from listeners import listeners  # beside this script
+
+    dist.barrier()
+    if rank == 0:
+        Path(args.listeners).write_text(json.dumps(listeners(os.getppid())))
+    dist.barrier()
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
 tmp = Path(args.pid_dir) / f".child_{rank}"
 tmp.write_text(str(child.pid))
 tmp.rename(Path(args.pid_dir) / f"child_{rank}")
