@@ -25,7 +25,7 @@ modules that rankguard's modules import, in rankguard's own, in the user's scrip
 the rest.
 
 Run: ``python bench/startup.py [--repeats 3] [--imports]``; ``--smoke``: one rankguard
-run, 1 rank, 2 steps, and the import CPU in one interpreter each. Figures are CPU
+run, 1 rank, 2 steps, and rankguard's import CPU in one interpreter each. Figures are CPU
 seconds of this machine and wall seconds that grow with its load (``os.getloadavg``,
 printed with each run).
 """
@@ -289,13 +289,13 @@ def attribute(rows: list[tuple[int, str, int]], script: str) -> dict[str, float]
         chain = [n for _, n in stack] + [name]
         top = chain[0]
         torchy = [n for n in chain if n == "torch" or n.startswith(("torch.", "numpy"))]
-        if "torch" in chain or any(n.startswith("numpy") for n in chain):
-            who = "torch"
-        elif top.startswith(script):
+        if top.startswith(script):
             who = "the script"
-        elif top.startswith("rankguard") and torchy:
+        elif top.startswith("rankguard") and torchy and "torch" not in chain:
             who = "torch modules rankguard imports"
             pulled[torchy[0]] = pulled.get(torchy[0], 0.0) + us / 1e6
+        elif torchy:
+            who = "torch"
         elif top.startswith("rankguard"):
             who = "rankguard"
         else:
@@ -319,11 +319,11 @@ _OURS = {
 }
 
 
-def import_cpu(runs: int) -> list[str]:
+def import_cpu(runs: int, *, torch_alone: bool = True) -> list[str]:
     """CPU (``time.process_time``) of rankguard's imports on top of torch's, median of
     ``runs`` fresh interpreters, and of ``import torch`` alone."""
     out = ["import CPU (median of fresh interpreters, ms):"]
-    cases = [("torch", "", "import torch")]
+    cases = [("torch", "", "import torch")] if torch_alone else []
     cases += [(f"rankguard's, {k}", _BASE[k], _OURS[k]) for k in _BASE]
     for label, pre, mod in cases:
         code = f"import time\n{pre}\nt = time.process_time()\n{mod}\n"
@@ -396,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
             if run.rc != 0 or run.first_step is None:
                 print("\n".join(run.tail))
     print("\n".join(_table(runs)))
-    print("\n".join(import_cpu(1 if args.smoke else 7)))
+    print("\n".join(import_cpu(1 if args.smoke else 7, torch_alone=not args.smoke)))
     if args.imports:
         for launcher in launchers:
             print("\n".join(measure_imports(launcher, args)))
