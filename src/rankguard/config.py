@@ -20,8 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
-
 from rankguard import runenv
 from rankguard.checkpoint.config import CheckpointConfig
 from rankguard.configdoc import MAX_DEPTH, ConfigError, build
@@ -245,6 +243,8 @@ def apply_override(doc: dict[str, Any], override: str) -> None:
 
     The value is parsed as a YAML scalar (``true``, ``5``, ``0.5``, ``null``, text).
     """
+    import yaml  # here, not at the top: a rank reads its config as JSON
+
     if "=" not in override:
         raise ConfigError(f"override {override!r}: expected key=value")
     key, raw = override.split("=", 1)
@@ -283,6 +283,8 @@ def load_config(
     (``rankguard run``'s own defaults, e.g. heartbeats on)."""
     doc: dict[str, Any] = {}
     if path is not None:
+        import yaml
+
         p = Path(path)
         try:
             text = p.read_text(encoding="utf-8")

@@ -14,8 +14,6 @@ import types
 import typing
 from typing import Any, TypeVar, Union
 
-import yaml
-
 __all__ = ["MAX_DEPTH", "ConfigError", "FrozenDict", "build", "load_yaml", "short"]
 
 T = TypeVar("T")
@@ -140,6 +138,8 @@ def _yaml_depth_error(text: str, limit: int) -> str | None:
     """Where ``text`` nests mappings/lists deeper than ``limit``, or None. Reads the
     parser's events (no recursion), so a pathological document cannot overflow the stack
     before it is refused."""
+    import yaml  # only where a document is read: a rank decodes its config from JSON
+
     depth = 0
     try:
         for event in yaml.parse(text, Loader=yaml.SafeLoader):
@@ -158,6 +158,8 @@ def _yaml_depth_error(text: str, limit: int) -> str | None:
 
 def load_yaml(text: str, limit: int = MAX_DEPTH) -> Any:
     """``yaml.safe_load`` with a nesting limit (ConfigError past it)."""
+    import yaml
+
     problem = _yaml_depth_error(text, limit)
     if problem is not None:
         raise ConfigError(problem)
@@ -166,6 +168,8 @@ def load_yaml(text: str, limit: int = MAX_DEPTH) -> Any:
 
 def _parse_mapping(text: str, key: str) -> dict[str, Any]:
     """``"setup:600,step:180"`` (NVRx's command-line form) -> ``{"setup": 600, ...}``."""
+    import yaml
+
     out: dict[str, Any] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, sep, raw = item.partition(":")
