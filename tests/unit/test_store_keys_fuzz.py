@@ -36,6 +36,7 @@ from rankguard.launcher.spares import (
 from rankguard.preempt import PreemptionConfig
 from rankguard.preempt.coordinator import PreemptionCoordinator
 from rankguard.schema.layout import StoreKeys
+from rankguard.schema.statusblocks import block_json
 from tests.factories import heartbeat_record, heartbeat_rules
 from tests.fuzzing import bounded, dumps, json_values, nasty_text
 
@@ -118,7 +119,7 @@ def test_spare_entries(store: TCPStore, entries: list[str], extra: int) -> None:
         status = elastic_status(
             agents, round_tag="R", nodes=2, min_nodes=1, max_nodes=2, history=[], gone=gone
         )
-        json.dumps(status, allow_nan=False)  # what status.json can hold
+        json.dumps(block_json(status), allow_nan=False)  # what status.json can hold
         full_round_without(agents, "h:1", 2)
         waiting_agents(store, run)
     for a in agents:

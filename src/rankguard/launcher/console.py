@@ -71,7 +71,7 @@ def run_end_line(status: dict[str, Any] | None) -> str:
     total = doc.summary.findings_total or 0
     state = doc.state or "unknown"
     if state == "stopped":
-        pre = status.get("preemption")
+        pre = (status or {}).get("preemption")
         preempted = isinstance(pre, dict) and bool(pre.get("reason"))
         state = "stopped: preempted" if preempted else "stopped by the launcher"
     line = f"run {state}: {total} finding(s)"

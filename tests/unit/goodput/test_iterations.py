@@ -74,7 +74,7 @@ def test_a_live_recovery_as_the_demo_records_it(tmp_path: Path) -> None:
     html = goodput_html(read_ledger(d))
     assert "rank_process_exited at iteration 10," in html
     assert '<td class="num">10</td><td class="num">10</td>' in html
-    block = goodput_block(ledger, final=True)
+    block = goodput_block(ledger, final=True).to_dict()  # as status.json holds it
     assert block["ettr"] == round(ledger.ettr or 0, 3)
     assert block["parts_s"]["detection_wait"] == pytest.approx(fault - step10, abs=0.01)
 
