@@ -7,6 +7,7 @@ the grace budget, the exit code (``tests/unit/preempt/test_preempt.py``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -97,6 +98,11 @@ def test_preempt_saves_one_step_exits_14_resumes_and_a_hung_save_is_killed(
     assert ("every_rank_saved_the_agreed_step", step) in kinds, kinds
     # nothing else: a healthy job preempted
     assert {f["finding_type"] for f in found} == {"job_preempted"}, found
+    # what the launcher says last is true: every rank reported the save of that step
+    assert f"every rank saved step {step}: the next run resumes there" in out, out[-3000:]
+    assert "run stopped: preempted" in out
+    status = json.loads((tmp_path / "logs" / "heartbeat" / run_id / "status.json").read_text())
+    assert status["state"] == "stopped"
     assert no_leftover_workers(run_id)
 
     run2 = f"{run_id}-2"
@@ -133,6 +139,10 @@ def test_preempt_saves_one_step_exits_14_resumes_and_a_hung_save_is_killed(
     assert common > step
     both = _rank_steps(tmp_path, 0) & _rank_steps(tmp_path, 1)
     assert max(both) == common  # what the next launch resumes from
+    # and the launcher says so: rank 1 never saved the agreed step
+    assert "without a checkpoint of it (1 of 2 rank(s) saved it)" in out, out[-3000:]
+    assert f"step {common} at the latest" in out
+    assert "every rank saved" not in out
     assert no_leftover_workers(run2)
 
 
