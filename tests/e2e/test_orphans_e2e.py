@@ -66,16 +66,16 @@ def start_job(
 def test_sigkill_of_the_launcher_leaves_no_worker_alive(
     tmp_path: Path, run_id: str, launch: tuple[str, ...]
 ) -> None:
-    """Without ``--preload``, each rank has started a child of its own (a 300 s sleep),
-    which goes with its rank; with ``--preload``, the demo (no child of its own)."""
+    """Each rank has started a child of its own (a 300 s sleep), which goes with its
+    rank: a rank started as a new interpreter, and one forked by ``--preload``'s fork
+    server (each leads a process group of its own, its guard's)."""
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
     with_children = (str(SCRIPTS / "with_children.py"), "--end", "never", "--pid-dir", str(pid_dir))
-    target = DEMO if launch else with_children
-    proc, _run_dir = start_job(tmp_path, run_id, *launch, target=target)
+    proc, _run_dir = start_job(tmp_path, run_id, *launch, target=with_children)
     children: list[int] = []
     try:
-        children = [] if launch else rank_children(pid_dir, 2)
+        children = rank_children(pid_dir, 2)
         workers = [pid for pid in leftover_processes(run_id) if pid not in (proc.pid, *children)]
         # the ranks, and with --preload the fork server (and multiprocessing's tracker)
         assert len(workers) >= 2, workers

@@ -13,7 +13,8 @@ the parent-death signal before anything else, checks the parent did not die befo
 and hands the heartbeat thread the lifeline it checks at every beat.
 
 A rank's own children die with it (:func:`guard_process_group`): torch elastic starts
-each rank as the leader of a process group of its own, and the processes the script
+each rank as the leader of a process group of its own (a rank forked by ``--preload``'s
+fork server makes itself one), and the processes the script
 starts (``subprocess``, ``os.system``, multiprocessing) stay in it. A small guard process
 in that group gets a signal from the kernel when the rank ends, however it ends (a
 normal end, a crash, the SIGKILL it gets when its launcher is SIGKILLed), and SIGKILLs
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import builtins
+import contextlib
 import importlib.machinery
 import importlib.util
 import io
@@ -113,9 +115,9 @@ _GUARD = (
 
 def guard_process_group() -> subprocess.Popen[bytes] | None:
     """Start the guard of this rank's process group (see the module doc): only on Linux,
-    when this process leads its group (torch elastic's subprocess start; not a rank
-    forked by ``--preload``'s fork server, whose group is the launcher's). None when
-    not started."""
+    when this process leads its group (torch elastic's subprocess start, and a rank
+    forked by ``--preload``'s fork server: :func:`forked_main`). None when not
+    started."""
     pid = os.getpid()
     if not sys.platform.startswith("linux") or os.getpgid(0) != pid:
         return None
@@ -332,7 +334,16 @@ main = record(_main, error_handler=ScriptErrorHandler())
 def forked_main(*argv: str) -> None:
     """The rank's entry point when the launcher forks ranks from a fork server
     (``--preload``): what ``python -u -m rankguard.launcher.worker ARGV`` does, in a
-    process forked from one that has already imported the preloaded modules."""
+    process forked from one that has already imported the preloaded modules.
+
+    The rank leads a process group of its own, as one torch elastic starts as a new
+    interpreter does: the processes the script starts stay in it, and its guard
+    (:func:`guard_process_group`) ends them with the rank. (In the fork server's group,
+    the launcher's, they outlived a SIGKILLed launcher.)"""
+    if sys.platform.startswith("linux"):
+        # on failure the guard sees the rank does not lead its group and stays off
+        with contextlib.suppress(OSError):
+            os.setpgid(0, 0)
     _function_main(argv, direct_child=False)
 
 
