@@ -21,7 +21,8 @@ inherit, and the command line). A launcher job is an interpreter whose command i
 ``rankguard run`` (the console script, ``-m rankguard.cli.main run``, or a bench's
 ``*_launcher.py run`` wrapper; a usage error's too) or torchrun (``torchrun`` or ``-m
 torch.distributed.run``). Processes forked without a new interpreter (``run_ranks``'s
-ranks, ``--preload``'s ranks) are not interpreters started; pytest itself and what starts
+ranks, ``--preload``'s ranks) are not interpreters started, and one started without the
+user site (``-s``, ``-I``, ``PYTHONNOUSERSITE``) is not seen; pytest itself and what starts
 outside a test (xdist's workers) count under "(outside a test)".
 """
 
