@@ -15,7 +15,8 @@ Three parts, each a real ``rankguard run`` of ``attribution_job.py`` (gloo, CPU 
    loop of tiny all-reduces with the sampler thread on vs off (the training thread does
    nothing for it; what remains is the thread's GIL share).
 
-``--smoke``: one case of each part, short.
+``--smoke``: one case of each part, short: 2 ranks each, the attribution run stopped 1 s
+after its first finding, the fail-slow run 6 s long (its figures are not results).
 """
 
 from __future__ import annotations
@@ -95,7 +96,11 @@ def _stop(proc: subprocess.Popen[str]) -> str:
     return out
 
 
-def attribution_case(base: Path, nproc: int, site: str, culprit: int) -> dict[str, Any]:
+def attribution_case(
+    base: Path, nproc: int, site: str, culprit: int, settle_s: float = 8.0
+) -> dict[str, Any]:
+    """One stalled rank; the run is stopped ``settle_s`` after the first hang finding
+    (any other rank named by then counts against it)."""
     run_id = f"attr-{nproc}-{site}-{os.getpid()}"
     log_dir = base / run_id
     job = ["--seconds", "120", "--stall-rank", str(culprit), "--stall-site", site]
@@ -108,7 +113,7 @@ def attribution_case(base: Path, nproc: int, site: str, culprit: int) -> dict[st
         hangs = [f for f in _findings(run_dir) if f.get("finding_type") in HANG_TYPES]
         if hangs and first is None:
             first = time.monotonic()
-        if first is not None and time.monotonic() - first > 8:
+        if first is not None and time.monotonic() - first > settle_s:
             break
         time.sleep(0.5)
     _stop(proc)
@@ -126,7 +131,14 @@ def attribution_case(base: Path, nproc: int, site: str, culprit: int) -> dict[st
 
 
 def failslow_case(
-    base: Path, k: int, slow_rank: int | None, site: str, slowdown: float, seconds: float
+    base: Path,
+    k: int,
+    slow_rank: int | None,
+    site: str,
+    slowdown: float,
+    seconds: float,
+    nproc: int = 4,
+    slow_from_s: float = 5.0,
 ) -> dict[str, Any]:
     run_id = f"slow-{k}-{os.getpid()}"
     log_dir = base / run_id
@@ -137,10 +149,10 @@ def failslow_case(
         "straggler.gpu_relative_perf_threshold=0.8",
         "straggler.gpu_individual_perf_threshold=0.5",
     ]
-    job = ["--seconds", str(seconds), "--site-ms", "20", "--slow-from-s", "5"]
+    job = ["--seconds", str(seconds), "--site-ms", "20", "--slow-from-s", str(slow_from_s)]
     if slow_rank is not None:
         job += ["--slow-rank", str(slow_rank), "--slow-site", site, "--slowdown", str(slowdown)]
-    proc = _launch(_cmd(run_id, log_dir, 4, sets, job))
+    proc = _launch(_cmd(run_id, log_dir, nproc, sets, job))
     try:
         proc.communicate(timeout=seconds + 90)
     except subprocess.TimeoutExpired:
@@ -152,7 +164,7 @@ def failslow_case(
     latency = None
     if found and start is not None and slow_rank in named:
         at = min(int(f["detected_at_unix_ns"]) for f in found if f["rank"] == slow_rank)
-        latency = round((at - start) / 1e9 - 5.0, 1)
+        latency = round((at - start) / 1e9 - slow_from_s, 1)
     return {
         "slow_rank": slow_rank,
         "site": site,
@@ -232,14 +244,14 @@ def main(argv: list[str] | None = None) -> int:
         cases = [(2, "backward")] if args.smoke else [(n, s) for n in (2, 4) for s in SITES]
         right = 0
         for nproc, site in cases:
-            r = attribution_case(base, nproc, site, nproc - 1)
+            r = attribution_case(base, nproc, site, nproc - 1, 1.0 if args.smoke else 8.0)
             right += r["right"]
             print(json.dumps(r), flush=True)
         print(f"attribution: culprit alone in {right} of {len(cases)}", flush=True)
     if args.part in ("failslow", "all"):
         plan: list[tuple[int | None, str, float]] = []
-        if args.smoke:
-            plan = [(2, "backward", 3.0)]
+        if args.smoke:  # 2 ranks, slowed from 2 s of a 6 s run: the part runs, no figure
+            plan = [(1, "backward", 3.0)]
         else:
             for site in ("backward", "forward", "data"):
                 for slowdown in (1.5, 3.0):
@@ -247,7 +259,10 @@ def main(argv: list[str] | None = None) -> int:
             plan += [(None, "backward", 1.0)] * 2
         tp = fp = fn = 0
         for k, (slow, site, x) in enumerate(plan):
-            r = failslow_case(base, k, slow, site, x, 20.0 if args.smoke else 25.0)
+            if args.smoke:
+                r = failslow_case(base, k, slow, site, x, 6.0, nproc=2, slow_from_s=2.0)
+            else:
+                r = failslow_case(base, k, slow, site, x, 25.0)
             named = set(r["named"])
             tp += int(slow is not None and slow in named)
             fn += int(slow is not None and slow not in named)

@@ -120,14 +120,15 @@ class Run:
 
 
 def standby_available() -> bool:
-    """Does this ``rankguard run`` have ``--standby-ranks``?"""
-    out = subprocess.run(
-        [sys.executable, "-m", "rankguard.cli.main", "run", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    return "--standby-ranks" in out.stdout
+    """Does this ``rankguard run`` have ``--standby-ranks``? Its live recovery module
+    (``rankguard.live.roles``, which came with the option) is found without importing it:
+    asking ``rankguard run --help`` costs an interpreter and torch's import."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("rankguard.live.roles") is not None
+    except ModuleNotFoundError:  # no rankguard.live package at all
+        return False
 
 
 def job_args(run: Run, *, replica_groups: int = 0) -> list[str]:

@@ -50,10 +50,17 @@ OWN_TEST = {
     "soak.py": "test_live_recovery_bench.py",
 }
 # Benches whose smoke run is run in the test's process (an interpreter and torch's import
-# less: about 2 s of CPU each): they start no process, install no global hook (torch's
-# optimizer and module hooks), set no environment variable or thread count, and leave no
-# thread behind. Any other runs as its own process.
-IN_PROCESS = {"monitor_scan.py", "phase_sampling.py", "perf_overhead.py"}
+# less: about 2 s of CPU each): they start no process, and leave no global hook (torch's
+# optimizer and module hooks: a bench removes those it installed), no environment
+# variable, thread count or thread behind (test_smoke_run checks that each left the
+# process as it found it). Any other runs as its own process.
+IN_PROCESS = {
+    "monitor_scan.py",
+    "phase_sampling.py",
+    "perf_overhead.py",
+    "hot_path.py",
+    "autodetect.py",
+}
 SCRIPTS = sorted(p.name for p in BENCH.glob("*.py") if p.name not in JOBS)
 
 
@@ -88,7 +95,9 @@ def test_smoke_run(name: str, tmp_path: Path) -> None:
     if not _has_smoke(name):
         pytest.fail(f"bench/{name} has no --smoke mode (every bench script needs one)")
     if name in IN_PROCESS:
+        before = _process_state()
         code, out, stdout = _smoke_in_process(name, tmp_path)
+        assert _process_state(wait_s=5.0) == before, f"bench/{name} changed this process"
     else:
         code, out, stdout = _smoke_as_process(name, tmp_path)
     assert code == 0, f"bench/{name} --smoke exited {code}:\n{out[-4000:]}"
@@ -101,6 +110,41 @@ def test_smoke_run(name: str, tmp_path: Path) -> None:
     for job, parent in JOBS.items():
         if parent == name:
             assert JOB_EVIDENCE[job] in stdout, f"bench/{name} --smoke did not run {job}"
+
+
+def _process_state(wait_s: float = 0.0) -> dict[str, object]:
+    """What a bench run in this process must leave as it found it: the threads (those
+    ending are given ``wait_s``), torch's global optimizer and module hooks, the
+    environment and torch's thread count."""
+    import threading
+    import time
+
+    import torch
+    import torch.nn.modules.module as module_hooks
+    import torch.optim.optimizer as optimizer_hooks
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        threads = sorted(t.name for t in threading.enumerate())
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
+        if threads == sorted(t.name for t in threading.enumerate()):
+            break
+    hooks = {
+        name: len(getattr(mod, name))
+        for mod in (optimizer_hooks, module_hooks)
+        for name in dir(mod)
+        if name.startswith("_global_") and name.endswith("_hooks")
+    }
+    return {
+        "threads": threads,
+        "hooks": hooks,
+        # torch's own lazy import of its compiler (a first optimizer step in this process
+        # does it) sets where that compiler caches: torch's, not the bench's
+        "environ": {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"},
+        "torch threads": torch.get_num_threads(),
+    }
 
 
 def _smoke_in_process(name: str, tmp_path: Path) -> tuple[int, str, str]:

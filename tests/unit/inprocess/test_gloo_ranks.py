@@ -1,14 +1,16 @@
 """Ranks as processes on gloo, a TCPStore(port=0) on 127.0.0.1: faults injected into a
 real training script (tests/e2e/scripts/inprocess_train.py), its results compared with
-the same training without faults."""
+the same training without faults. Each rank is a process of its own (the in-process
+restart's interrupts are signals to a process, its hard timeout ends one), forked from
+the rank tests' forkserver rather than a fresh interpreter."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
-import subprocess
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -24,10 +26,34 @@ STEPS = 20
 WORLD = 2
 
 
+def _rank_process(argv: list[str], env: dict[str, str], err: str) -> None:
+    """One rank: the training script run as ``__main__`` with the rank's environment and
+    command line, its standard output discarded and its standard error to ``err`` (the
+    process exits with the script's code: ``os._exit``'s, ``SystemExit``'s, 1 for an
+    exception)."""
+    import runpy
+
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, path in ((1, os.devnull), (2, err)):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+    sys.argv = argv
+    runpy.run_path(argv[0], run_name="__main__")
+
+
 def run_ranks(
     out: Path, *args: str, steps: int = STEPS, timeout: float = 90.0
 ) -> tuple[list[int], list[dict[str, Any]]]:
+    """The script on ``WORLD`` ranks, each its own process, forked from
+    ``tests.factories.rank_context()``'s forkserver (a fresh interpreter with torch
+    imported once, no threads: what earlier tests left in this process cannot reach the
+    ranks, and no rank pays for an interpreter and torch's import); their exit codes and
+    the results each wrote."""
     import torch.distributed as dist
+
+    from tests.factories import rank_context
 
     store = dist.TCPStore(
         "127.0.0.1", 0, 1, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
@@ -41,27 +67,33 @@ def run_ranks(
         TORCH_CPP_LOG_LEVEL="error",
     )
     env.pop("RANKGUARD_LAUNCHER", None)
-    # each rank's stderr to a file (a pipe nobody reads could fill and block the rank)
-    errs = [(out / f"rank_{r}.stderr").open("w") for r in range(WORLD)]
+    argv = [str(SCRIPT), "--out", str(out), "--steps", str(steps), *args]
+    ctx = rank_context()
     procs = [
-        subprocess.Popen(
-            [sys.executable, str(SCRIPT), "--out", str(out), "--steps", str(steps), *args],
-            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-            stdout=subprocess.DEVNULL,
-            stderr=errs[r],
-            text=True,
+        ctx.Process(
+            target=_rank_process,
+            args=(
+                argv,
+                {**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                str(out / f"rank_{r}.stderr"),
+            ),
         )
         for r in range(WORLD)
     ]
-    for err in errs:
-        err.close()
+    for proc in procs:
+        proc.start()
+    deadline = time.monotonic() + timeout
     try:
-        rcs = [p.wait(timeout=timeout) for p in procs]
+        for proc in procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        if any(proc.exitcode is None for proc in procs):
+            raise TimeoutError(f"ranks not done after {timeout} s:\n{stderr_tails(out)}")
+        rcs = [int(proc.exitcode) for proc in procs]  # type: ignore[arg-type]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        for proc in procs:
+            if proc.exitcode is None:
+                proc.kill()
+                proc.join(10)
     results = []
     for r in range(WORLD):
         path = out / f"rank_{r}.json"
@@ -98,17 +130,6 @@ def assert_completed(results: list[dict[str, Any]], restarts: int, steps: int = 
         assert res["restarts"] == restarts
         assert sorted(map(int, res["losses"])) == list(range(steps))  # every step, once
         assert res["final_w"] == pytest.approx(ref, abs=1e-5)  # the loss continued
-
-
-def test_exception_in_one_rank_every_rank_reenters_and_completes(tmp_path: Path) -> None:
-    rcs, results = run_ranks(tmp_path, "--faults", "0:1:5:raise")
-    assert rcs == [0, 0], stderr_tails(tmp_path)
-    assert_completed(results, restarts=1)
-    for res in results:
-        assert res["rounds"][1]["cause"] == "exception" and res["rounds"][1]["culprit"] == 1
-    # fault -> first step of the new round, on the rank that raised
-    took = results[1]["first_step_after"][0] - results[1]["fault_time"][0]
-    assert 0 < took < 5.0
 
 
 def test_hang_before_a_collective_soft_timeout_then_reentry(tmp_path: Path) -> None:
@@ -157,13 +178,6 @@ def test_a_dead_peer_cannot_reenter_the_others_give_up(tmp_path: Path) -> None:
     assert "cannot re-enter" in results[0]["error"] and "[1]" in results[0]["error"]
 
 
-def test_a_late_starting_rank_is_waited_for_not_declared_lost(tmp_path: Path) -> None:
-    # rank 1 reaches the first barrier 4 s late, past heartbeat_timeout (3 s)
-    rcs, results = run_ranks(tmp_path, "--late", "4", "--faults", "0:1:5:raise")
-    assert rcs == [0, 0], stderr_tails(tmp_path)
-    assert_completed(results, restarts=1)
-
-
 def test_hard_timeout_ends_the_stuck_process(tmp_path: Path) -> None:
     rcs, results = run_ranks(
         tmp_path, "--faults", "0:1:5:hang_blocked", "--soft", "1.5", "--hard", "3"
@@ -172,18 +186,32 @@ def test_hard_timeout_ends_the_stuck_process(tmp_path: Path) -> None:
     assert rcs[0] != 0 and results[0]["error"]
 
 
-def test_twenty_reentries_leave_no_thread_fd_or_memory_growing(tmp_path: Path) -> None:
+def test_exceptions_reenter_twenty_times_after_a_late_start_leaving_nothing_growing(
+    tmp_path: Path,
+) -> None:
+    """One pair of ranks for three behaviours: rank 1 reaches the first barrier 4 s late,
+    past heartbeat_timeout (3 s), and is waited for, not declared lost; an exception in
+    one rank (rank 0 in round 0, then ranks 1 and 0 in turn) makes every rank re-enter,
+    the raising rank named as the culprit, and the training completes with the loss of a
+    run without faults; twenty re-entries leave no thread, file descriptor or memory
+    growing."""
     faults = ",".join(f"{r}:{r % 2}:{r + 2}:raise" for r in range(20))
-    rcs, results = run_ranks(tmp_path, "--faults", faults, steps=26, timeout=150)
+    rcs, results = run_ranks(tmp_path, "--late", "4", "--faults", faults, steps=26, timeout=150)
     assert rcs == [0, 0], stderr_tails(tmp_path)
     assert_completed(results, restarts=20, steps=26)
     for res in results:
         rounds = res["rounds"]
         assert len(rounds) == 21
+        for k in range(1, 21):  # round k follows the exception of round k - 1
+            assert rounds[k]["cause"] == "exception", rounds[k]
+            assert rounds[k]["culprit"] == (k - 1) % 2, rounds[k]
         assert {r["threads"] for r in rounds[1:]} == {rounds[1]["threads"]}
         assert {r["fds"] for r in rounds[1:]} == {rounds[1]["fds"]}
         growth_kb = rounds[-1]["rss_kb"] - rounds[2]["rss_kb"]
         assert growth_kb < 8 * 1024, f"RSS grew {growth_kb} kB over 18 re-entries"
+    # fault -> first step of the new round, on the rank that raised (rank 0, round 0)
+    took = results[0]["first_step_after"][0] - results[0]["fault_time"][0]
+    assert 0 < took < 5.0
 
 
 def test_random_faults(tmp_path: Path) -> None:
