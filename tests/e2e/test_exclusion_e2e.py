@@ -1,5 +1,14 @@
 """Bad-node exclusion on loopback: several agents, one "node" (one agent's environment)
-with a fake NVML whose GPU reports an XID error, or whose ranks keep crashing."""
+with a fake NVML whose GPU reports an XID error, or whose ranks keep crashing, or whose
+GPU the rerun state machine finds faulty.
+
+Why real launches: several agents on one rendezvous, the exit codes each agent ends
+with, and the files a user (or the scheduler's retry) reads after the job. Three jobs:
+an XID error and the rerun state machine excluding a node each while the others go on;
+too few nodes left (the job ends with 15 and the host list); repeated crashes counted
+against one node. The rules themselves (which GPU faults exclude, the restart count in
+its window, who closes the rendezvous below MIN, the host list) are tested on the
+components in ``tests/unit/launcher/test_exclusion.py``."""
 
 from __future__ import annotations
 
@@ -44,11 +53,12 @@ def agent_cmd(
     nnodes: str,
     *sets: str,
     target: tuple[str, ...] = ("-m", "rankguard.demo.train", "--steps", "6"),
+    last_call_s: int = 2,
 ) -> list[str]:
     extra: list[str] = []
     for item in sets:
         extra += ["--set", item]
-    conf = "last_call_timeout=2,join_timeout=60"
+    conf = f"last_call_timeout={last_call_s},join_timeout=60"
     run = node_run(None, port, run_id, log_dir, nproc=1, nnodes=nnodes, rdzv_conf=conf)
     return rankguard_cmd(*run, *extra, *target)
 
@@ -57,22 +67,61 @@ def run_dir(log_dir: Path, run_id: str) -> Path:
     return log_dir / "heartbeat" / run_id
 
 
-def test_xid_error_excludes_the_node_and_the_others_go_on(tmp_path: Path, run_id: str) -> None:
+def test_an_xid_error_and_the_rerun_state_machine_each_exclude_a_node_the_others_go_on(
+    tmp_path: Path, run_id: str
+) -> None:
+    """Four agents, ``--nnodes 2:4``. Agent 3's GPU reports XID 79 (fallen off the bus):
+    it is excluded before it joins any round, its ranks never start. The three others
+    train; a NaN on global rank 2's first hardware only (exit 16, resume, the re-run
+    differs: exit 17 naming rank 2) excludes rank 2's node; the two left resume from
+    the checkpoint as a group of two and complete."""
     port = free_port()
-    logs = {a: tmp_path / f"agent{a}" for a in range(3)}
-    envs = {a: fake_gpu_env(tmp_path, f"agent{a}") for a in (0, 1)}
-    envs[2] = fake_gpu_env(tmp_path, "agent2", xid_events=[79])  # fallen off the bus
-    # both rules on: the two healthy agents, their GPUs healthy and their ranks never
-    # restarted, are excluded by neither
-    sets = ("fault_tolerance.exclude_bad_nodes=true", "fault_tolerance.exclude_after_restarts=2")
-    cmds = {a: agent_cmd(port, run_id, logs[a], "2:3", *sets) for a in range(3)}
-    outs, codes = run_nodes(cmds, timeout_s=130, envs=envs)
+    logs = {a: tmp_path / f"agent{a}" for a in range(4)}
+    target = (
+        "--max-restarts",
+        "2",
+        "-m",
+        "rankguard.demo.train",
+        "--steps",
+        "6",
+        "--step-sleep",
+        "0.01",
+        "--fault",
+        "nan-bad-gpu",
+        "--fault-step",
+        "3",
+        "--fault-rank",
+        "2",
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+    )
+    sets = (
+        "fault_tolerance.exclude_bad_nodes=true",
+        "rerun_state_machine.rerun_mode=validate_results",
+    )
+    envs = {a: fake_gpu_env(tmp_path, f"agent{a}") for a in range(3)}
+    envs[3] = fake_gpu_env(tmp_path, "agent3", xid_events=[79])  # fallen off the bus
+    # --nnodes 2:4: four nodes, two excluded, two left (MIN 2) go on; the first round
+    # waits 5 s after two nodes joined, so that the three healthy ones train together
+    cmds = {
+        a: agent_cmd(port, run_id, logs[a], "2:4", *sets, target=target, last_call_s=5)
+        for a in range(4)
+    }
+    outs, codes = run_nodes(cmds, timeout_s=140, envs=envs)
     every = "\n".join(f"--- agent {a} (exit {codes[a]})\n{o}" for a, o in outs.items())
-    assert codes == {0: 0, 1: 0, 2: 15}, every
+    assert codes[3] == 15, every
+    assert sorted(code if (code := codes[a]) is not None else -1 for a in range(3)) == [
+        0,
+        0,
+        15,
+    ], every
+    (bad,) = [a for a in range(3) if codes[a] == 15]
+    good = [a for a in range(3) if a != bad]
 
-    # The excluded agent: its finding and the host list, naming host, GPU and XID.
-    bad = run_dir(logs[2], run_id)
-    (finding,) = [f for f in read_jsonl(bad / "findings.jsonl")]
+    # The agent excluded before the round: its finding and the host list, naming host,
+    # GPU and XID.
+    xid = run_dir(logs[3], run_id)
+    (finding,) = [f for f in read_jsonl(xid / "findings.jsonl")]
     assert finding["finding_type"] == "node_excluded", every
     assert finding["reason"] == "node_gpu_failed_its_check_before_the_round"
     assert (finding["hostname"], finding["gpu_index"], finding["trigger"]) == (
@@ -82,35 +131,57 @@ def test_xid_error_excludes_the_node_and_the_others_go_on(tmp_path: Path, run_id
     )
     assert "xid=79" in finding["problems"]
     assert finding["slurm_exclude"] == f"--exclude={HOST}"
-    excluded = json.loads((bad / "excluded_nodes.json").read_text())
+    excluded = json.loads((xid / "excluded_nodes.json").read_text())
     assert excluded["hosts"] == [HOST] and excluded["below_min_nodes"] is False
     assert excluded["kubectl"] == [
         f"kubectl taint nodes {HOST} rankguard.io/excluded=true:NoSchedule"
     ]
-    (node,) = excluded["nodes"]
+    # its own exclusion first (the agent that hosts the rendezvous store stays up for
+    # the others and may note the later one too)
+    node = excluded["nodes"][0]
+    assert node["trigger"] == "gpu_health" and "xid=79" in node["problems"], excluded
     assert node["gpu"] == 0 and node["node_rank"] is None  # before it joined any round
-    assert not heartbeat_files(bad)  # its ranks never started
-    assert "excluded" in outs[2] and "xid=79" in outs[2]
+    assert not heartbeat_files(xid)  # its ranks never started
+    assert "excluded" in outs[3] and "xid=79" in outs[3]
 
-    # The two others trained together, as a group of two, without a fault.
-    runs = {
-        json.loads(next(run_dir(logs[a], run_id).glob("launcher_node_*.json")).read_text())[
-            "node_rank"
-        ]: run_dir(logs[a], run_id)
-        for a in (0, 1)
-    }
-    assert sorted(runs) == [0, 1], every
-    status = read_status(runs[0])
-    assert status["state"] == "completed", every
-    assert [r["rank"] for r in status["ranks"]] == [0, 1]
-    # Node 0 noted the exclusion (its finding, the host list); no other finding: none
-    # for the healthy agents (the restart rule included).
-    found = read_jsonl(runs[0] / "findings.jsonl")
-    assert [(f["finding_type"], f["trigger"], f["gpu_index"]) for f in found] == [
-        ("node_excluded", "gpu_health", 0)
+    # The node the rerun state machine found faulty.
+    excluded_rerun = [
+        f
+        for f in read_jsonl(run_dir(logs[bad], run_id) / "findings.jsonl")
+        if f["finding_type"] == "node_excluded"
+    ]
+    assert [(f["trigger"], f["reason"]) for f in excluded_rerun] == [
+        ("rerun", "node_gpu_found_faulty_by_the_rerun_state_machine")
     ], every
-    for node in (0, 1):
-        assert json.loads((runs[node] / "excluded_nodes.json").read_text())["hosts"] == [HOST]
+    assert excluded_rerun[0]["hostname"] == HOST
+    assert "rank 2: GPU cpu" in excluded_rerun[0]["problems"]
+
+    # The two others went on as a group of two and completed.
+    assert "[demo] done: 6 steps on 2 rank(s)" in "".join(outs[a] for a in good), every
+    run0 = next(
+        run_dir(logs[a], run_id)
+        for a in good
+        if (run_dir(logs[a], run_id) / "launcher_node_0.json").exists()
+    )
+    # Node 0's monitor: the excluded node's rank retired when the group re-formed; the
+    # run completed with the two ranks left. It noted both exclusions, in order; the
+    # rerun findings name rank 2.
+    status = read_status(run0)
+    assert status["state"] == "completed", every
+    assert [r["rank"] for r in status["ranks"]] == [0, 1], every
+    found = read_jsonl(run0 / "findings.jsonl")
+    assert [f["trigger"] for f in found if f["finding_type"] == "node_excluded"] == [
+        "gpu_health",
+        "rerun",
+    ], every
+    assert {(f["finding_type"], f["rank"]) for f in found if "rerun" in f["finding_type"]} == {
+        ("rerun_persistent_fault", 2),
+        ("rerun_validation_failed", 2),
+    }, every
+    for a in good:
+        listed = json.loads((run_dir(logs[a], run_id) / "excluded_nodes.json").read_text())
+        assert listed["hosts"] == [HOST] and listed["below_min_nodes"] is False, every
+        assert [n["trigger"] for n in listed["nodes"]] == ["gpu_health", "rerun"], every
     assert no_leftover_workers(run_id)
 
 
@@ -189,51 +260,4 @@ def test_repeated_crashes_on_one_node_exclude_it_after_k(tmp_path: Path, run_id:
     found = [(f["finding_type"], f["node_rank"]) for f in read_jsonl(run0 / "findings.jsonl")]
     bad_node = finding["node_rank"]
     assert found == [("rank_process_exited", bad_node)] * 2 + [("node_excluded", bad_node)], every
-    assert no_leftover_workers(run_id)
-
-
-def test_exit_17_excludes_the_faulty_node_and_the_others_go_on(tmp_path: Path, run_id: str) -> None:
-    """The rerun state machine: a NaN on global rank 2's first hardware only (exit 16,
-    resume, re-run differs: exit 17 naming rank 2). Its node leaves; the two others
-    resume from the checkpoint as a group of two and complete."""
-    port = free_port()
-    logs = {a: tmp_path / f"agent{a}" for a in range(3)}
-    target = (
-        "--max-restarts",
-        "2",
-        "-m",
-        "rankguard.demo.train",
-        "--steps",
-        "6",
-        "--step-sleep",
-        "0.01",
-        "--fault",
-        "nan-bad-gpu",
-        "--fault-step",
-        "3",
-        "--fault-rank",
-        "2",
-        "--checkpoint-dir",
-        str(tmp_path / "ckpt"),
-    )
-    sets = (
-        "fault_tolerance.exclude_bad_nodes=true",
-        "rerun_state_machine.rerun_mode=validate_results",
-    )
-    envs = {a: fake_gpu_env(tmp_path, f"agent{a}") for a in range(3)}
-    cmds = {a: agent_cmd(port, run_id, logs[a], "2:3", *sets, target=target) for a in range(3)}
-    outs, codes = run_nodes(cmds, timeout_s=140, envs=envs)
-    every = "\n".join(f"--- agent {a} (exit {codes[a]})\n{o}" for a, o in outs.items())
-    assert sorted(codes.values()) == [0, 0, 15], every
-    (bad,) = [a for a, c in codes.items() if c == 15]
-    excluded = [
-        f
-        for f in read_jsonl(run_dir(logs[bad], run_id) / "findings.jsonl")
-        if f["finding_type"] == "node_excluded"
-    ]
-    assert [(f["trigger"], f["reason"]) for f in excluded] == [
-        ("rerun", "node_gpu_found_faulty_by_the_rerun_state_machine")
-    ], every
-    assert excluded[0]["hostname"] == HOST and "rank 2: GPU cpu" in excluded[0]["problems"]
-    assert "[demo] done: 6 steps on 2 rank(s)" in "".join(outs.values()), every
     assert no_leftover_workers(run_id)

@@ -1,11 +1,14 @@
 """End to end: live recovery under the real ``rankguard run`` (4 CPU ranks on gloo, the
 demo model in DDP, deterministic data): a SIGKILLed rank taken over by a standby in
-place, then a second one with no standby left (the group restart, said); a script that
-declares no state; a healthy run with a standby.
+place, then a second one with no standby left (the group restart, said); a healthy run
+with a standby.
 
 Why a real launch: only the agent's own watch of the worker processes, the standby
 processes and the ranks' in-process rounds together show that the survivors keep their
-pids and the job goes on without a group restart."""
+pids and the job goes on without a group restart. The launcher's decisions alone (a
+script that declares no state restarts the group, saying so in one line; a standby
+ending early; the group restart when none is left) are tested on fake processes in
+``tests/unit/launcher/test_live.py`` and ``tests/unit/live/test_plan.py``."""
 
 from __future__ import annotations
 
@@ -159,23 +162,6 @@ def test_lost_ranks_are_replaced_in_place_then_no_standby_left_restarts(
     status = json.loads((run_dir / "status.json").read_text())
     assert status["live"]["standbys_per_node"] == 2
     assert no_leftover_workers(run_id)
-
-
-def test_a_script_without_declared_state_restarts_the_group_saying_why(
-    tmp_path: Path, run_id: str
-) -> None:
-    out, rc, run_dir = _job(
-        tmp_path, run_id, 2, "--steps", "10", "--kill-at", "1:4", "--no-live-state"
-    )
-    assert rc == 0, out[-4000:]
-    said = [line for line in out.splitlines() if "live recovery cannot apply" in line]
-    assert said == [
-        "[rankguard] live recovery cannot apply: rank 1 (SIGKILL) lost, but the script "
-        "declares no live state (rankguard.inprocess.live_state): a standby could not "
-        "get it: the worker group restarts"
-    ]
-    lines = read_jsonl(run_dir / "restarts.jsonl")
-    assert [line["kind"] for line in lines] == ["process"]
 
 
 def test_a_healthy_run_with_a_standby_shows_no_standby_activity(

@@ -1,6 +1,8 @@
 """Two nodes on loopback, no shared filesystem, agents launched without ``--node-rank``
-(as torchrun allows): the rendezvous numbers them (distinct node identities), node 0
-runs the one monitor, and node 1's ranks reach it through the rendezvous store."""
+(as torchrun allows), fault tolerance on: the rendezvous numbers them (distinct node
+identities), node 0 runs the one monitor, node 1's ranks reach it through the
+rendezvous store; a rank of node 1 hangs, node 0 finds it and node 1's relay dumps its
+stacks with the configured method, then kills it."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import pytest
 from .conftest import (
     free_port,
     heartbeat_files,
+    no_leftover_workers,
     node_run,
     rankguard_cmd,
     read_jsonl,
@@ -24,16 +27,26 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 NODES = 2
 
 
-def test_nodes_numbered_by_the_rendezvous_report_a_node1_stall_on_node0(
+def test_nodes_numbered_by_the_rendezvous_a_node1_hang_found_on_node0_dumped_on_node1(
     tmp_path: Path, run_id: str
 ) -> None:
-    """A real launch: several agents, their identities from the rendezvous, and the
-    relay through the store between them."""
+    """A real launch: several agents, their identities from the rendezvous, the relay
+    through the store between them, and node 1's relay dumping and killing its own
+    rank on node 0's request."""
     port = free_port()
     logs = {a: tmp_path / f"agent{a}" for a in range(NODES)}  # agents, not yet nodes
     cmds = {
         a: rankguard_cmd(
             *node_run(None, port, run_id, logs[a], nnodes=NODES),
+            "--set",
+            "fault_tolerance.enable_ft_package=true",
+            "--set",
+            "fault_tolerance.termination_grace_s=3",
+            # py-spy is preferred when on PATH; node 1 must use the method configured
+            "--set",
+            "fault_tolerance.stack_dump=faulthandler",
+            "--set",
+            "fault_tolerance.stack_dump_timeout_s=5",
             "-m",
             "rankguard.demo.train",
             "--steps",
@@ -49,22 +62,23 @@ def test_nodes_numbered_by_the_rendezvous_report_a_node1_stall_on_node0(
             "--fault-step",
             "5",
             "--fault-duration",
-            "7",
+            "600",
         )
         for a in range(NODES)
     }
     outs, codes = run_nodes(cmds, timeout_s=120)
-    every = "\n".join(f"--- agent {a}\n{o}" for a, o in outs.items())
-    assert set(codes.values()) == {0}, every
+    every = "\n".join(f"--- agent {a} (exit {codes[a]})\n{o}" for a, o in outs.items())
     assert "numbered by the rendezvous" in every
 
     # Each agent's launcher file names the node the rendezvous gave it: all distinct.
     node_of = {}
+    agent_of = {}
     for a in range(NODES):
         (launcher,) = (logs[a] / "heartbeat" / run_id).glob("launcher_node_*.json")
         info = json.loads(launcher.read_text())
         assert info["node_rank_given"] is None
         node_of[info["node_rank"]] = logs[a] / "heartbeat" / run_id
+        agent_of[info["node_rank"]] = a
     assert sorted(node_of) == list(range(NODES)), every
     run0, run1 = node_of[0], node_of[1]
 
@@ -76,15 +90,38 @@ def test_nodes_numbered_by_the_rendezvous_report_a_node1_stall_on_node0(
     assert {read_jsonl(f)[0]["node_rank"] for f in heartbeat_files(run1)} == {1}  # GROUP_RANK
     node1_ranks = {read_jsonl(f)[0]["rank"] for f in heartbeat_files(run1)}
 
-    # The stall on node 1 is blamed on node 1's rank.
+    # The hang on node 1 is blamed on node 1's rank, once.
     found = read_jsonl(run0 / "findings.jsonl")
     assert len(found) == 1, every
-    f = found[0]
-    assert f["finding_type"] == "gpu_progress_timeout"
-    assert f["node_rank"] == 1 and f["local_rank"] == 1
-    assert f["rank"] in node1_ranks
+    finding = found[0]
+    assert (finding["finding_type"], finding["node_rank"], finding["local_rank"]) == (
+        "gpu_progress_timeout",
+        1,
+        1,
+    ), every
+    assert finding["rank"] in node1_ranks
+    assert finding["action"] == "restart", every
+    culprit, pid = finding["rank"], finding["pid"]
+    # node 0 holds no dump of a node-1 rank: node 1 took it
+    assert finding["stack_dump"].startswith("on node 1"), every
+    assert not (run0 / "stacks" / f"rank_{culprit}_pid_{pid}.txt").exists()
 
+    dump = run1 / "stacks" / f"rank_{culprit}_pid_{pid}.txt"
+    assert dump.exists(), every
+    text = dump.read_text(encoding="utf-8")
+    # faulthandler's format (not py-spy's), taken while the rank was still blocked in the
+    # injected stall: before the kill
+    assert "most recent call first" in text and "py-spy dump" not in text, text
+    assert "in inject" in text, text
+    out1 = outs[agent_of[1]]
+    dumped_at = out1.find(f"rankguard relay: stacks of rank {culprit}: {dump}")
+    killed_at = out1.find(f"rankguard relay: killed rank {culprit} (pid {pid}) on request")
+    assert 0 <= dumped_at < killed_at, every
+    # no restart budget: the hang ends the job with the hang's exit code
+    assert codes[agent_of[0]] == 10, every
     status = read_status(run0)
-    assert status["state"] == "completed", every
+    # the job's end: failed by the hang, every rank exited (the one killed included)
+    assert status["state"] == "failed", every
     assert [r["process_liveness"] for r in status["ranks"]] == ["exited"] * 4
     assert [r["node_rank"] for r in status["ranks"]] == [0, 0, 1, 1]
+    assert no_leftover_workers(run_id)

@@ -1,9 +1,14 @@
 """End to end under a real Slurm: ``rankguard slurm sbatch --submit`` on a one-node
 cluster of Debian's slurmctld, slurmd and munge started for these tests
-(tests/slurm_cluster.py). A job that completes; a crash that the job's retry requeues
-and that resumes from the checkpoint; ``scancel --signal=TERM`` -> every rank saves one
-step, exit 14, requeued, resumed; a node that excludes itself -> the requeued job's
-``ExcNodeList``. Skipped, with the reason, where Slurm cannot start here.
+(tests/slurm_cluster.py). Three jobs: a crash that the job's retry requeues, that
+resumes from the checkpoint and completes; ``scancel --signal=TERM`` to the steps, then
+SIGTERM to the batch shell -> each time every rank saves one step, exit 14, requeued,
+resumed; a node that excludes itself -> the requeued job's ``ExcNodeList``. Skipped,
+with the reason, where Slurm cannot start here.
+
+Why real jobs: the sbatch script, Slurm's requeue and the signals it delivers are what
+these show; what the script says (its options, the requeue and exit-code handling) is
+tested on the generated text in ``tests/unit/slurm``.
 
 Slurm holds a requeued job before it may start again (its begin time, about two
 minutes); the tests move that begin time to now (``scontrol update StartTime=now``) as
@@ -37,6 +42,8 @@ pytestmark = [
 
 TRAIN = str(SCRIPTS / "preempt_train.py")
 _JOB_TIMEOUT_S = 150.0
+# a requeued job is released this long after it was seen held (see wait_job)
+_RELEASE_AFTER_S = 3.0
 
 
 @pytest.fixture(scope="module")
@@ -118,16 +125,26 @@ def wait_job(
     timeout: float = _JOB_TIMEOUT_S,
 ) -> dict[str, str]:
     """Wait until the job's state is one of ``until`` with ``restarts`` requeues; a
-    requeued job waiting for its begin time is released at once."""
+    requeued job waiting for its begin time is released a few seconds after the requeue.
+
+    Not at once: when a run ends, slurmd revokes the job's credential, and refuses a
+    launch of the same job whose credential is from the same second ("Job ... already
+    killed, do not launch batch job": the requeued job FAILED with exit code 1 and
+    wrote nothing). Slurm's own hold of a requeued job (its begin time) keeps it apart."""
     deadline = time.monotonic() + timeout
     fields: dict[str, str] = {}
+    held_since: float | None = None
     while time.monotonic() < deadline:
         fields = job_fields(slurm, job)
         done = int(fields.get("Restarts", "0")) >= restarts
         if fields.get("JobState") in until and done:
             return fields
         if fields.get("JobState") == "PENDING" and fields.get("Reason") == "BeginTime":
-            slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+            held_since = time.monotonic() if held_since is None else held_since
+            if time.monotonic() - held_since >= _RELEASE_AFTER_S:
+                slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+        else:
+            held_since = None
         time.sleep(0.5)
     raise AssertionError(f"job {job} not {until} after {timeout:g} s: {fields}")
 
@@ -141,17 +158,7 @@ def events(tmp_path: Path, kind: str) -> list[dict]:
     return [e for e in read_jsonl(tmp_path / "ckpt" / "events.jsonl") if e["event"] == kind]
 
 
-def test_a_job_that_completes(slurm: SlurmCluster, tmp_path: Path) -> None:
-    job = submit(slurm, tmp_path, train=("--steps", "8"))
-    fields = wait_job(slurm, job, ("COMPLETED", "FAILED", "CANCELLED"))
-    out = output(tmp_path, job)
-    assert fields["JobState"] == "COMPLETED", out[-3000:]
-    assert fields["ExitCode"] == "0:0" and fields["Restarts"] == "0"
-    assert "rankguard run exited with code 0" in out and "done: training completed" in out
-    assert sorted(e["rank"] for e in events(tmp_path, "done")) == [0, 1]
-
-
-def test_a_crash_is_requeued_and_resumes_from_the_checkpoint(
+def test_a_crash_is_requeued_resumes_from_the_checkpoint_and_completes(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
     job = submit(
@@ -175,6 +182,10 @@ def test_a_crash_is_requeued_and_resumes_from_the_checkpoint(
     # the first run from step 1; the requeued one from the step after the checkpoint
     assert starts == [(0, 0, 1), (0, 1, 1), (1, 0, 5), (1, 1, 5)], starts
     assert sorted(e["step"] for e in events(tmp_path, "done")) == [12, 12]
+    # the requeued run completed: the job's end as Slurm and the output say it
+    assert fields["ExitCode"] == "0:0" and fields["Restarts"] == "1", fields
+    assert "rankguard run exited with code 0" in out and "done: training completed" in out
+    assert sorted(e["rank"] for e in events(tmp_path, "done")) == [0, 1]
 
 
 def batch_shell(slurm: SlurmCluster, job: str) -> int:
@@ -192,49 +203,58 @@ def batch_shell(slurm: SlurmCluster, job: str) -> int:
     raise AssertionError(f"no batch shell of job {job} ({script})")
 
 
-@pytest.mark.parametrize("to", ["steps", "batch-shell"])
-def test_scancel_term_saves_exits_14_and_the_requeued_job_resumes(
-    slurm: SlurmCluster, tmp_path: Path, to: str
+def _started(tmp_path: Path, run: int) -> bool:
+    """Both ranks of the job's run ``run`` (0: the first, 1: requeued once, ...) started."""
+    return len([e for e in events(tmp_path, "start") if e["slurm_run"] == run]) >= 2
+
+
+def test_scancel_term_then_term_to_the_batch_shell_each_save_exit_14_and_requeue(
+    slurm: SlurmCluster, tmp_path: Path
 ) -> None:
-    """``scancel --signal=TERM``: every step's processes; ``batch-shell``: the batch
-    shell alone, as the preemption config's ``--signal=B:TERM@<s>`` has Slurm do, and the
-    script passes it on to the launchers."""
+    """``scancel --signal=TERM`` (every step's processes) in the first run, then SIGTERM to
+    the batch shell alone in the requeued run (as the preemption config's
+    ``--signal=B:TERM@<s>`` has Slurm do; the script passes it on to the launchers):
+    each time every rank saves one step, exit 14, the job is requeued and resumes from
+    the step after that save; the third run completes."""
     job = submit(
         slurm,
         tmp_path,
         "--job-retries",
-        "1",
+        "2",
         "--set",
         "preemption.enable_exit_handler=true",
         train=("--steps", "200", "--step-sleep", "0.05"),
     )
-    deadline = time.monotonic() + 90
-    while (
-        not any(e.get("start") for e in events(tmp_path, "start"))
-        or len(events(tmp_path, "start")) < 2
-    ):
-        assert time.monotonic() < deadline, output(tmp_path, job)[-3000:]
-        time.sleep(0.5)
-    time.sleep(3.0)  # some steps
     script = (tmp_path / "job.sbatch").read_text()
     assert "#SBATCH --signal=B:TERM@90" in script  # preempt_time 60 + 30
-    if to == "batch-shell":
-        os.kill(batch_shell(slurm, job), signal.SIGTERM)
-    else:
-        res = slurm.run("scancel", "--signal=TERM", job)
-        assert res.returncode == 0, res.stderr
-    fields = wait_job(slurm, job, ("COMPLETED", "FAILED", "CANCELLED"), restarts=1)
+    for run in (0, 1):
+        deadline = time.monotonic() + 90
+        while not _started(tmp_path, run):
+            if run:  # a requeued job waiting for its begin time is released at once
+                wait_job(slurm, job, ("RUNNING",), restarts=run)
+            assert time.monotonic() < deadline, output(tmp_path, job)[-3000:]
+            time.sleep(0.5)
+        time.sleep(3.0)  # some steps
+        if run == 0:
+            res = slurm.run("scancel", "--signal=TERM", job)
+            assert res.returncode == 0, res.stderr
+        else:
+            os.kill(batch_shell(slurm, job), signal.SIGTERM)
+    fields = wait_job(slurm, job, ("COMPLETED", "FAILED", "CANCELLED"), restarts=2)
     out = output(tmp_path, job)
     assert fields["JobState"] == "COMPLETED", out[-3000:]
-    assert f"rankguard run exited with code {EXIT_PREEMPTED}" in out, out[-3000:]
-    assert f"requeue: code {EXIT_PREEMPTED}" in out
-    if to == "batch-shell":
-        assert "received SIGTERM: passed to the launchers" in out
+    assert out.count(f"rankguard run exited with code {EXIT_PREEMPTED}") == 2, out[-3000:]
+    assert out.count(f"requeue: code {EXIT_PREEMPTED}") == 2, out[-3000:]
+    assert "received SIGTERM: passed to the launchers" in out
     saved = [e for e in events(tmp_path, "saved") if e.get("preempted")]
-    assert sorted(e["rank"] for e in saved) == [0, 1], saved
-    assert saved[0]["step"] == saved[1]["step"]  # one step, every rank
-    second = sorted(e["start"] for e in events(tmp_path, "start") if e["slurm_run"] == 1)
-    assert second == [saved[0]["step"] + 1] * 2, second
+    assert [e["rank"] for e in saved[:2]] in ([0, 1], [1, 0]), saved
+    assert [e["rank"] for e in saved[2:]] in ([0, 1], [1, 0]), saved
+    first, second = saved[0]["step"], saved[2]["step"]
+    assert saved[1]["step"] == first and saved[3]["step"] == second, saved  # one step
+    for run, resumed in ((1, first + 1), (2, second + 1)):
+        starts = sorted(e["start"] for e in events(tmp_path, "start") if e["slurm_run"] == run)
+        assert starts == [resumed] * 2, (run, starts)
+    assert sorted(e["rank"] for e in events(tmp_path, "done")) == [0, 1]
 
 
 def test_a_node_that_excludes_itself_is_left_out_of_the_next_job(

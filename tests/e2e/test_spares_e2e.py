@@ -1,7 +1,16 @@
 """Losing a node on loopback: agents of one job (``--nnodes MIN:MAX``), each its own log
-dir, one agent and its workers SIGKILLed mid-run. A spare takes its place and training
-resumes from the newest checkpoint; without a spare the job shrinks; a spare waiting in
-a healthy run is no fault; node 0 lost moves the monitor to the new round's node 0."""
+dir, one agent and its workers SIGKILLed mid-run. Four jobs: node 1 lost with a spare
+waiting (the spare takes its place, training resumes from the newest checkpoint, the
+lost rank is the one finding); node 0 lost (the new round's node 0 runs the monitor,
+the spare takes node 1); a job without a spare that shrinks, then grows back
+when a node comes; and a healthy run with spares waiting (no fault; one killed while it
+waits is listed gone, the other leaves at the end).
+
+Why real launches: several agents on one rendezvous, each in its own process group
+(agent and workers lost together), and the files and output a user reads after the
+job. What each part decides alone (the spare entries, the shrink and grow decisions,
+the keep-alive and the store's wait for spares) is tested in
+``tests/unit/launcher/test_spares.py``."""
 
 from __future__ import annotations
 
@@ -191,137 +200,6 @@ def status_of(tmp: Path, i: int, run_id: str) -> dict[str, Any]:
     return read_status(tmp / f"agent{i}" / "heartbeat" / run_id)
 
 
-def test_a_spare_takes_the_lost_nodes_place_and_training_resumes_from_the_checkpoint(
-    tmp_path: Path, run_id: str
-) -> None:
-    port = free_port()
-    store = host_store(port)  # any node may be the one lost (see the shrink test)
-    cmds = [agent_cmd(i, "2:2", port, run_id, tmp_path, 20, NO_HOST) for i in range(3)]
-    with Agents(cmds, tmp_path, spares=1) as agents:
-        node0, node1, spare = agents.node(0), agents.node(1), 2
-        agents.wait_for(r"\[demo\] step 8/", 90)
-        agents.kill(node1)
-        codes = agents.finish(110)
-    del store
-    out = agents.all_text()
-    assert codes[node0] == 0 and codes[spare] == 0, out
-    text0 = agents.text(node0)
-    # the new round took the spare: two ranks again, from the newest checkpoint (step
-    # 5: saved every 5, the node was lost after step 8), not from step 0
-    match = re.search(r"\[demo\] resumed from step (\d+)", text0)
-    assert match is not None, out
-    saved = int(match.group(1))
-    assert saved >= 5, out
-    steps = demo_steps(text0)
-    resumed_at = text0.index(match.group(0))
-    after = demo_steps(text0[resumed_at:])
-    assert after[0] == saved + 1 and after[-1] == 20, out
-    assert steps.count(1) == 1, out  # never from the start again
-    assert "[demo] done: 20 steps on 2 rank(s)" in text0, out
-    assert "rank(s) on node 1" in agents.text(spare), out
-
-    status = status_of(tmp_path, node0, run_id)
-    elastic = status["elastic"]
-    assert (elastic["nodes"], elastic["shrunk"]) == (2, False), elastic
-    [replaced] = elastic["replacements"]
-    assert replaced["node"] == 1 and replaced["spare"].endswith(f":{agents.procs[spare].pid}")
-    assert replaced["replaced"].endswith(f":{agents.procs[node1].pid}"), elastic
-    # the lost node's rank is named, nothing else
-    found = read_jsonl(tmp_path / f"agent{node0}" / "heartbeat" / run_id / "findings.jsonl")
-    assert [f["rank"] for f in found] == [1], found
-    assert no_leftover_workers(run_id)
-
-
-def test_without_a_spare_the_job_shrinks_to_the_nodes_left_and_goes_on(
-    tmp_path: Path, run_id: str
-) -> None:
-    port = free_port()
-    # The store on a host that does not train (this test): the node lost is whichever
-    # the rendezvous numbered 1, and the store's host is the one node whose loss would
-    # end the job (which agent binds the port first is a race).
-    store = host_store(port)
-    # the global batch of 16 samples: one micro-batch of 8 per rank on 2 ranks, two on 1
-    cmds = [
-        agent_cmd(i, "1:2", port, run_id, tmp_path, 16, SHRINK_CONF, "--global-batch", "16")
-        for i in range(2)
-    ]
-    with Agents(cmds, tmp_path) as agents:
-        node0, node1 = agents.node(0), agents.node(1)
-        agents.wait_for(r"\[demo\] step 8/", 90)
-        agents.kill(node1)
-        codes = agents.finish(110)
-    del store
-    out = agents.all_text()
-    assert codes[node0] == 0, out
-    text0 = agents.text(node0)
-    assert "this round has 1 of 2 node(s)" in text0, out
-    match = re.search(r"\[demo\] resumed from step (\d+)", text0)
-    assert match is not None and int(match.group(1)) >= 5, out
-    after = demo_steps(text0[text0.index(match.group(0)) :])
-    assert after[0] == int(match.group(1)) + 1, out
-    assert "[demo] done: 16 steps on 1 rank(s)" in text0, out
-    plans = re.findall(r"\[demo\] batch plan: (.*)", text0)
-    assert plans == [
-        "2 rank(s), 1 micro-batch(es) of 8 per step, global batch 16 (keep_global)",
-        "1 rank(s), 2 micro-batch(es) of 8 per step, global batch 16 (keep_global)",
-    ], plans
-    elastic = status_of(tmp_path, node0, run_id)["elastic"]
-    assert (elastic["nodes"], elastic["shrunk"], elastic["replacements"]) == (1, True, []), elastic
-    # the perf monitor's figures follow the new world size: the job's total is two
-    # GPUs' worth before the loss, one after
-    perf = read_jsonl(tmp_path / f"agent{node0}" / "perf_monitor" / run_id / "perf.jsonl")
-    first, last = perf[0], perf[-1]
-    assert first["TFLOPS_total"] == pytest.approx(2 * first["TFLOPS_per_GPU"], rel=0.01), first
-    assert last["TFLOPS_total"] == pytest.approx(last["TFLOPS_per_GPU"], rel=0.01), last
-    assert no_leftover_workers(run_id)
-
-
-def test_a_shrunk_job_grows_back_when_a_node_comes(tmp_path: Path, run_id: str) -> None:
-    port = free_port()
-    store = host_store(port)  # as in the shrink test: any node may be the one lost
-    cmds = [
-        agent_cmd(i, "1:2", port, run_id, tmp_path, 40, SHRINK_CONF, "--global-batch", "16")
-        for i in range(3)
-    ]
-    with Agents(cmds[:2], tmp_path) as agents:
-        node0, node1 = agents.node(0), agents.node(1)
-        agents.wait_for(r"\[demo\] step 6/", 90)
-        agents.kill(node1)
-        agents.wait_for(r"batch plan: 1 rank\(s\)", 60)  # shrunk, training again
-        agents.start(cmds[2])  # a node comes: the job takes it at its next round
-        codes = agents.finish(120)
-    del store
-    out = agents.all_text()
-    assert codes[node0] == 0 and codes[2] == 0, out
-    text0 = agents.text(node0)
-    assert "this round has 1 of 2 node(s) (--nnodes 1:2)" in text0, out
-    assert "this round has 2 of 2 node(s) again (it had 1): the job grows back to 2" in text0
-    assert "rank(s) on node 1" in agents.text(2), out
-    plans = re.findall(r"\[demo\] batch plan: (.*)", text0)
-    assert plans == [
-        "2 rank(s), 1 micro-batch(es) of 8 per step, global batch 16 (keep_global)",
-        "1 rank(s), 2 micro-batch(es) of 8 per step, global batch 16 (keep_global)",
-        "2 rank(s), 1 micro-batch(es) of 8 per step, global batch 16 (keep_global)",
-    ], plans
-    assert "[demo] done: 40 steps on 2 rank(s)" in text0, out
-    # the restart that took the node in is named, not an unknown cause
-    run0 = tmp_path / f"agent{node0}" / "heartbeat" / run_id
-    restarts = read_jsonl(run0 / "restarts.jsonl")
-    assert [r["cause"] for r in restarts] == ["worker_failed", "nodes_joined"], restarts
-    # the survivor's rank failed in its broken collective: said so, not made the culprit
-    assert restarts[0]["reason"] == "peer_failure", restarts
-    assert restarts[0]["message"].startswith("its peer went away ("), restarts
-    assert restarts[1]["rank"] is None, restarts
-    assert "node(s) waiting to join" in restarts[1]["message"], restarts
-    assert "restart 2 of the workers: nodes_joined" in text0, out
-    elastic = status_of(tmp_path, node0, run_id)["elastic"]
-    assert (elastic["nodes"], elastic["shrunk"]) == (2, False), elastic
-    assert len(elastic["members"]) == 2, elastic
-    perf = read_jsonl(tmp_path / f"agent{node0}" / "perf_monitor" / run_id / "perf.jsonl")
-    assert perf[-1]["TFLOPS_total"] == pytest.approx(2 * perf[-1]["TFLOPS_per_GPU"], rel=0.01)
-    assert no_leftover_workers(run_id)
-
-
 def test_a_healthy_run_with_a_spare_waiting_has_no_finding_and_a_killed_spare_is_gone(
     tmp_path: Path, run_id: str
 ) -> None:
@@ -368,12 +246,56 @@ def test_a_healthy_run_with_a_spare_waiting_has_no_finding_and_a_killed_spare_is
     assert no_leftover_workers(run_id)
 
 
-def test_node0_lost_the_new_rounds_node0_runs_the_monitor(tmp_path: Path, run_id: str) -> None:
-    # the store on a host that does not train (here: this test), every agent a client
+def test_a_spare_takes_the_lost_nodes_place_and_training_resumes_from_the_checkpoint(
+    tmp_path: Path, run_id: str
+) -> None:
     port = free_port()
-    store = host_store(port)
-    conf = NO_HOST
-    cmds = [agent_cmd(i, "2:2", port, run_id, tmp_path, 20, conf) for i in range(3)]
+    store = host_store(port)  # any node may be the one lost (see the shrink test)
+    cmds = [agent_cmd(i, "2:2", port, run_id, tmp_path, 20, NO_HOST) for i in range(3)]
+    with Agents(cmds, tmp_path, spares=1) as agents:
+        node0, node1, spare = agents.node(0), agents.node(1), 2
+        agents.wait_for(r"\[demo\] step 8/", 90)
+        agents.kill(node1)
+        codes = agents.finish(110)
+    del store
+    out = agents.all_text()
+    assert codes[node0] == 0 and codes[spare] == 0, out
+    text0 = agents.text(node0)
+    # the new round took the spare: two ranks again, from the newest checkpoint (step
+    # 5: saved every 5, the node was lost after step 8), not from step 0
+    match = re.search(r"\[demo\] resumed from step (\d+)", text0)
+    assert match is not None, out
+    saved = int(match.group(1))
+    assert saved >= 5, out
+    steps = demo_steps(text0)
+    resumed_at = text0.index(match.group(0))
+    after = demo_steps(text0[resumed_at:])
+    assert after[0] == saved + 1 and after[-1] == 20, out
+    assert steps.count(1) == 1, out  # never from the start again
+    assert "[demo] done: 20 steps on 2 rank(s)" in text0, out
+    assert "rank(s) on node 1" in agents.text(spare), out
+
+    status = status_of(tmp_path, node0, run_id)
+    elastic = status["elastic"]
+    assert (elastic["nodes"], elastic["shrunk"]) == (2, False), elastic
+    [replaced] = elastic["replacements"]
+    assert replaced["node"] == 1 and replaced["spare"].endswith(f":{agents.procs[spare].pid}")
+    assert replaced["replaced"].endswith(f":{agents.procs[node1].pid}"), elastic
+    # the lost node's rank is named, nothing else
+    found = read_jsonl(tmp_path / f"agent{node0}" / "heartbeat" / run_id / "findings.jsonl")
+    assert [f["rank"] for f in found] == [1], found
+    assert no_leftover_workers(run_id)
+
+
+def test_node0_lost_a_spare_takes_its_place_and_the_new_rounds_node0_runs_the_monitor(
+    tmp_path: Path, run_id: str
+) -> None:
+    """Node 0 (the monitor's node) lost while a spare waits: node 1 is renumbered 0 and
+    runs the monitor, the spare takes node 1, training resumes from the newest
+    checkpoint on two ranks again and completes."""
+    port = free_port()
+    store = host_store(port)  # the store on a host that does not train: node 0 may go
+    cmds = [agent_cmd(i, "2:2", port, run_id, tmp_path, 20, NO_HOST) for i in range(3)]
     with Agents(cmds, tmp_path, spares=1) as agents:
         node0, node1, spare = agents.node(0), agents.node(1), 2
         agents.wait_for(r"\[demo\] step 8/", 90)
@@ -382,12 +304,112 @@ def test_node0_lost_the_new_rounds_node0_runs_the_monitor(tmp_path: Path, run_id
     del store
     out = agents.all_text()
     assert codes[node1] == 0 and codes[spare] == 0, out
+    pid = {i: f"{socket.gethostname()}:{agents.procs[i].pid}" for i in range(3)}
     text1 = agents.text(node1)
     assert "renumbered this node 1 -> 0" in text1 and "the job monitor runs here now" in text1
+    assert "rank(s) on node 1" in agents.text(spare), out
+    # the new round took the spare: two ranks again, from the newest checkpoint (saved
+    # every 5, node 0 was lost after step 8), not from step 0; rank 0 prints the steps:
+    # node 0's from step 1 until it was lost, node 1's (rank 0 once renumbered) from
+    # the checkpoint on
+    match = re.search(r"\[demo\] resumed from step (\d+)", text1)
+    assert match is not None, out
+    saved = int(match.group(1))
+    assert saved >= 5, out
+    after = demo_steps(text1[text1.index(match.group(0)) :])
+    assert after[0] == saved + 1 and after[-1] == 20, out
+    assert demo_steps(agents.text(node0))[:8] == list(range(1, 9)), out
+    assert demo_steps(text1) == after, out
     assert "[demo] done: 20 steps on 2 rank(s)" in text1, out
+
     status = status_of(tmp_path, node1, run_id)
     assert status["state"] == "completed", json.dumps(status)[:2000]
     elastic = status["elastic"]
+    assert (elastic["nodes"], elastic["shrunk"]) == (2, False), elastic
     assert [m["node"] for m in elastic["members"]] == [0, 1], elastic
-    assert elastic["lost"] == [elastic["replacements"][0]["replaced"]], elastic
+    [replaced] = elastic["replacements"]
+    assert (replaced["spare"], replaced["replaced"]) == (pid[spare], pid[node0]), elastic
+    assert elastic["lost"] == [pid[node0]], elastic
+    assert no_leftover_workers(run_id)
+
+
+def test_without_a_spare_the_job_shrinks_then_grows_back_when_a_node_comes(
+    tmp_path: Path, run_id: str
+) -> None:
+    """Node 1 lost without a spare: the next round has the one node left (the global
+    batch kept: two micro-batches per step), resumed from the newest checkpoint, the
+    perf figures for one GPU; a third agent comes: the job grows back to two nodes at
+    its next round, the restart that took it in named."""
+    port = free_port()
+    # The store on a host that does not train (this test): the node lost is whichever
+    # the rendezvous numbered 1, and the store's host is the one node whose loss would
+    # end the job (which agent binds the port first is a race).
+    store = host_store(port)
+    # the global batch of 16 samples: one micro-batch of 8 per rank on 2 ranks, two on 1
+    cmds = [
+        agent_cmd(i, "1:2", port, run_id, tmp_path, 40, SHRINK_CONF, "--global-batch", "16")
+        for i in range(3)
+    ]
+    with Agents(cmds[:2], tmp_path) as agents:
+        node0, node1 = agents.node(0), agents.node(1)
+        agents.wait_for(r"\[demo\] step 8/", 90)
+        agents.kill(node1)
+        agents.wait_for(r"batch plan: 1 rank\(s\)", 60)  # shrunk, training again
+        shrunk_at = len(agents.text(node0))
+        # the shrunk job trains on: a step after the resume, then its status says so
+        agents.wait_for(r"\[demo\] resumed from step \d+", 30)
+        resumed = re.search(r"\[demo\] resumed from step (\d+)", agents.text(node0)[shrunk_at:])
+        assert resumed is not None, agents.all_text()
+        saved = int(resumed.group(1))
+        deadline = time.monotonic() + 30
+        while f"[demo] step {saved + 2}/" not in agents.text(node0)[shrunk_at:]:
+            assert time.monotonic() < deadline, agents.all_text()
+            time.sleep(0.1)
+        deadline = time.monotonic() + 10  # the monitor's next status (every 0.5 s)
+        while (elastic := status_of(tmp_path, node0, run_id)["elastic"])["nodes"] != 1:
+            assert time.monotonic() < deadline, elastic
+            time.sleep(0.2)
+        assert (elastic["shrunk"], elastic["replacements"]) == (True, []), elastic
+        agents.start(cmds[2])  # a node comes: the job takes it at its next round
+        codes = agents.finish(120)
+    del store
+    out = agents.all_text()
+    assert codes[node0] == 0 and codes[2] == 0, out
+    text0 = agents.text(node0)
+    assert "this round has 1 of 2 node(s) (--nnodes 1:2)" in text0, out
+    assert saved >= 5, out
+    shrunk = text0[text0.index(f"[demo] resumed from step {saved}") :]
+    assert demo_steps(shrunk)[0] == saved + 1, out
+    assert "this round has 2 of 2 node(s) again (it had 1): the job grows back to 2" in text0
+    assert "rank(s) on node 1" in agents.text(2), out
+    plans = re.findall(r"\[demo\] batch plan: (.*)", text0)
+    assert plans == [
+        "2 rank(s), 1 micro-batch(es) of 8 per step, global batch 16 (keep_global)",
+        "1 rank(s), 2 micro-batch(es) of 8 per step, global batch 16 (keep_global)",
+        "2 rank(s), 1 micro-batch(es) of 8 per step, global batch 16 (keep_global)",
+    ], plans
+    assert "[demo] done: 40 steps on 2 rank(s)" in text0, out
+    # the restart that took the node in is named, not an unknown cause
+    run0 = tmp_path / f"agent{node0}" / "heartbeat" / run_id
+    restarts = read_jsonl(run0 / "restarts.jsonl")
+    assert [r["cause"] for r in restarts] == ["worker_failed", "nodes_joined"], restarts
+    # the survivor's rank failed in its broken collective: said so, not made the culprit
+    assert restarts[0]["reason"] == "peer_failure", restarts
+    assert restarts[0]["message"].startswith("its peer went away ("), restarts
+    assert restarts[1]["rank"] is None, restarts
+    assert "node(s) waiting to join" in restarts[1]["message"], restarts
+    assert "restart 2 of the workers: nodes_joined" in text0, out
+    elastic = status_of(tmp_path, node0, run_id)["elastic"]
+    assert (elastic["nodes"], elastic["shrunk"]) == (2, False), elastic
+    assert len(elastic["members"]) == 2, elastic
+    # the perf monitor's figures follow the world size: the job's total is two GPUs'
+    # worth before the loss, one while shrunk, two again after it grew back
+    perf = read_jsonl(tmp_path / f"agent{node0}" / "perf_monitor" / run_id / "perf.jsonl")
+    first, last = perf[0], perf[-1]
+    assert first["TFLOPS_total"] == pytest.approx(2 * first["TFLOPS_per_GPU"], rel=0.01), first
+    assert any(
+        p["TFLOPS_per_GPU"] and p["TFLOPS_total"] == pytest.approx(p["TFLOPS_per_GPU"], rel=0.01)
+        for p in perf
+    ), perf
+    assert last["TFLOPS_total"] == pytest.approx(2 * last["TFLOPS_per_GPU"], rel=0.01), last
     assert no_leftover_workers(run_id)

@@ -118,7 +118,11 @@ def test_no_declared_state_is_a_group_restart_with_one_line(tmp_path: Path) -> N
     live, ctx, _store, lines, (group, lost) = _live(tmp_path)
     ctx.end(1, -9)
     assert live.poll(group, ctx).state == WorkerState.FAILED
-    assert len(lines) == 1 and "declares no live state" in lines[0]
+    assert lines == [  # the one line the user reads, in full
+        "live recovery cannot apply: rank 1 (SIGKILL) lost, but the script declares no live "
+        "state (rankguard.inprocess.live_state): a standby could not get it: the worker "
+        "group restarts"
+    ]
     assert lost == [] and live.waiting == [4]
 
 
