@@ -32,7 +32,7 @@ from rankguard.demo.model import GPT, NanoGPTConfig
 from rankguard.perf.autodetect import InputProbe, PerfDetector
 from rankguard.perf.config import PerfConfig
 from rankguard.perf.reporter import PerfReporter
-from rankguard.timeline import ProgressTracker
+from rankguard.rank.timeline import ProgressTracker
 
 
 def _paired_ns(

@@ -26,8 +26,8 @@ from collections.abc import Callable
 from typing import Any
 
 from rankguard.cli.main import main
-from rankguard.heartbeat.monitor import JobMonitor
-from rankguard.heartbeat.relay import StoreRelay
+from rankguard.monitor.monitor import JobMonitor
+from rankguard.relay.relay import StoreRelay
 
 
 class InjectedThreadDeath(RuntimeError):

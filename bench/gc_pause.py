@@ -3,7 +3,7 @@
 What: a rank has imported torch and rankguard (``rankguard.launcher.worker``, what every
 rank imports before the script) and built an optimizer (which imports ``torch._dynamo``).
 A full collection (``gc.collect()``) is timed, median of ``--repeats``; then
-:func:`rankguard.gcfreeze.freeze_startup` runs as the worker runs it before the script,
+:func:`rankguard.util.gcfreeze.freeze_startup` runs as the worker runs it before the script,
 here after the optimizer so that the whole start-up is frozen, and a full collection is
 timed again. The worker freezes before the script, so a real rank keeps the objects the
 optimizer's import makes in the walk: the third line, "worker's point", is a
@@ -14,9 +14,9 @@ made; in a rank that walk is a pause of the training thread no step time explain
 moment no rank chooses (straggler noise).
 
 Also: the CPU a process spends on its start-up imports (``import torch`` and
-``rankguard.launcher.worker``, then :func:`~rankguard.gcfreeze.freeze_startup`) with the
+``rankguard.launcher.worker``, then :func:`~rankguard.util.gcfreeze.freeze_startup`) with the
 interpreter's automatic collections on, and paused as the launcher and the worker pause
-them (:func:`~rankguard.gcfreeze.pause_collection`): median of ``--repeats`` fresh
+them (:func:`~rankguard.util.gcfreeze.pause_collection`): median of ``--repeats`` fresh
 processes each, interleaved.
 
 Run: ``python bench/gc_pause.py [--repeats 7]``; ``--smoke``: 3 repeats, one start-up each way.
@@ -40,7 +40,7 @@ def cpu():
 t0 = cpu()
 import torch
 import rankguard.launcher.worker
-from rankguard.gcfreeze import freeze_startup
+from rankguard.util.gcfreeze import freeze_startup
 
 def full(n):
     out = []
@@ -70,7 +70,7 @@ def cpu():
     return r.ru_utime + r.ru_stime
 
 t0 = cpu()
-from rankguard.gcfreeze import freeze_startup, pause_collection
+from rankguard.util.gcfreeze import freeze_startup, pause_collection
 if sys.argv[1] == "paused":
     pause_collection()
 import torch

@@ -154,7 +154,7 @@ def check_gemm_mfu(torch: Any, n: int, steps: int) -> Line:
     from rankguard.perf.config import PerfConfig
     from rankguard.perf.flops import mfu, tflops_per_gpu
     from rankguard.perf.reporter import PerfReporter
-    from rankguard.timeline import ProgressTracker
+    from rankguard.rank.timeline import ProgressTracker
 
     name = torch.cuda.get_device_name(0)
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)

@@ -50,10 +50,10 @@ from pathlib import Path
 import torch
 from torch.optim.optimizer import _global_optimizer_post_hooks
 
-from rankguard.heartbeat.config import HeartbeatConfig
-from rankguard.heartbeat.identity import RankIdentity
+from rankguard.monitor.config import HeartbeatConfig
+from rankguard.rank.identity import RankIdentity
+from rankguard.rank.timeline import ProgressTracker
 from rankguard.session import NullSession, Session
-from rankguard.timeline import ProgressTracker
 
 GOAL_NS = 1000.0  # step_end under 1 microsecond
 NVRX_SEND_HEARTBEAT_NS = 14_000.0  # NVRx send_heartbeat (IPC), for scale

@@ -38,11 +38,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rankguard._fs import atomic_write_text, dumps_line
-from rankguard.heartbeat.config import HeartbeatConfig
-from rankguard.heartbeat.monitor import JobMonitor
+from rankguard.monitor.config import HeartbeatConfig
+from rankguard.monitor.monitor import JobMonitor
 from rankguard.schema.layout import STATUS_FILE, heartbeat_file_name
 from rankguard.schema.records import SCHEMA_VERSION
+from rankguard.util.fs import atomic_write_text, dumps_line
 
 RUN_ID = "20261129-120000-bench1"
 RANKS_PER_NODE = 8

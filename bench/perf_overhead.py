@@ -25,14 +25,14 @@ import torch
 
 from rankguard.demo.model import GPTConfig, TinyGPT, synthetic_batch
 from rankguard.demo.train import demo_shape
-from rankguard.heartbeat.config import HeartbeatConfig
-from rankguard.heartbeat.identity import RankIdentity
+from rankguard.monitor.config import HeartbeatConfig
 from rankguard.perf.config import PerfConfig
 from rankguard.perf.flops import analytic_flops_per_step
 from rankguard.perf.measured import measured_flops_per_step
 from rankguard.perf.reporter import PerfReporter
+from rankguard.rank.identity import RankIdentity
+from rankguard.rank.timeline import ProgressTracker
 from rankguard.session import Session
-from rankguard.timeline import ProgressTracker
 
 REPEATS = 21
 CALLS = 200_000

@@ -33,8 +33,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from rankguard.phases import PhaseWatcher, main_thread_frame
-from rankguard.timeline import ProgressTracker
+from rankguard.rank.phases import PhaseWatcher, main_thread_frame
+from rankguard.rank.timeline import ProgressTracker
 
 
 def _deep(n: int, park: Callable[[], None]) -> None:

@@ -34,12 +34,12 @@ N_CALLS = 2_000_000
 
 
 def bench_check() -> tuple[float, float]:
-    from rankguard.heartbeat.config import HeartbeatConfig
-    from rankguard.heartbeat.identity import RankIdentity
+    from rankguard.monitor.config import HeartbeatConfig
     from rankguard.preempt import PreemptionConfig
     from rankguard.preempt.rank import RankPreemption
+    from rankguard.rank.identity import RankIdentity
+    from rankguard.rank.timeline import ProgressTracker
     from rankguard.session import Session
-    from rankguard.timeline import ProgressTracker
 
     tracker = ProgressTracker()
     pre = RankPreemption(PreemptionConfig(enable_exit_handler=True), tracker)

@@ -67,13 +67,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from rankguard._fs import dumps_line
-from rankguard.heartbeat.config import HeartbeatConfig
-from rankguard.heartbeat.monitor import JobMonitor
-from rankguard.heartbeat.relay import StoreRelay, StoreRemoteSource
+from rankguard.monitor.config import HeartbeatConfig
+from rankguard.monitor.monitor import JobMonitor
+from rankguard.relay.relay import StoreRelay, StoreRemoteSource
 from rankguard.schema.findings import FindingType
 from rankguard.schema.layout import heartbeat_file_name
 from rankguard.schema.records import SCHEMA_VERSION
+from rankguard.util.fs import dumps_line
 
 RUN_ID = "20261130-120000-scale"
 WALL0 = 1_764_000_000_000_000_000  # the wall clock at virtual time 0 (ns)
@@ -259,7 +259,7 @@ def simulate(
     clock = Clock(args.step_time, shared, t0)
     vtime: VirtualTime | None = None
     if not args.realtime:  # this process only: its relays' clock is the virtual one
-        import rankguard.heartbeat.relay as relay_module
+        import rankguard.relay.relay as relay_module
 
         vtime = VirtualTime(clock)
         relay_module.time = vtime  # type: ignore[assignment]

@@ -56,11 +56,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from rankguard.heartbeat.config import HeartbeatConfig
-from rankguard.heartbeat.identity import RankIdentity
+from rankguard.monitor.config import HeartbeatConfig
+from rankguard.rank.identity import RankIdentity
+from rankguard.rank.timeline import ProgressTracker
 from rankguard.session import NullSession, Session
 from rankguard.straggler.probe import ComputeProbe
-from rankguard.timeline import ProgressTracker
 
 NPROC = 4
 FAULT_RANK = 2

@@ -27,7 +27,7 @@ import torch
 from rankguard.demo.model import GPTConfig, TinyGPT, synthetic_batch
 from rankguard.perf.config import MlflowConfig, PerfConfig, TensorBoardConfig, WandbConfig
 from rankguard.perf.reporter import PerfReporter
-from rankguard.timeline import ProgressTracker
+from rankguard.rank.timeline import ProgressTracker
 
 
 def _reporter(trackers: list[str], tmp: Path) -> tuple[PerfReporter, ProgressTracker]:

@@ -19,9 +19,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from rankguard.heartbeat.config import HeartbeatConfig
-from rankguard.heartbeat.identity import RankIdentity
-from rankguard.heartbeat.rules import HeartbeatRules
+from rankguard.monitor.config import HeartbeatConfig
+from rankguard.monitor.rules import HeartbeatRules
+from rankguard.rank.identity import RankIdentity
 from rankguard.schema.findings import Finding
 from rankguard.schema.layout import STATUS_FILE, heartbeat_file_name
 

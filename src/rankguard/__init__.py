@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rankguard.bootstrap import init
-    from rankguard.ranksession import RankSession
+    from rankguard.rank.ranksession import RankSession
     from rankguard.session import NullSession, Session, current
 
 __all__ = ["NullSession", "RankSession", "Session", "__version__", "current", "init"]
@@ -32,7 +32,7 @@ __version__ = "0.1.0"
 # reporter, heartbeat publisher), which costs every launcher about 0.1 s of CPU.
 _LAZY = {
     "init": "rankguard.bootstrap",
-    "RankSession": "rankguard.ranksession",
+    "RankSession": "rankguard.rank.ranksession",
     "NullSession": "rankguard.session",
     "Session": "rankguard.session",
     "current": "rankguard.session",

@@ -1,6 +1,6 @@
 """Building a rank's session from its environment (what ``rankguard.init()`` does).
 
-The composition root of the rank side: from the :class:`~rankguard.runenv.RunEnv`
+The composition root of the rank side: from the :class:`~rankguard.rank.runenv.RunEnv`
 (the launcher's variables and the run's config, parsed once) it builds the parts the
 config turns on (progress tracker, phase watcher, perf monitor, section statistics,
 preemption handler, straggler probe, fault simulator) and hands them to a
@@ -23,23 +23,23 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rankguard import runenv
 from rankguard.config import run_config
 from rankguard.ft.simulate import FaultSimulator
 from rankguard.ft.stats import SectionStats
-from rankguard.heartbeat.identity import RankIdentity
 from rankguard.perf.reporter import PerfReporter
-from rankguard.phases import PhaseWatcher
 from rankguard.preempt.rank import RankPreemption
+from rankguard.rank import runenv
+from rankguard.rank.identity import RankIdentity
+from rankguard.rank.phases import PhaseWatcher
+from rankguard.rank.timeline import ProgressTracker
 from rankguard.schema.blocks import BlockSource, FtStatsBlock, fields_source
 from rankguard.schema.layout import perf_dir
 from rankguard.session import NullSession, Session, install
 from rankguard.straggler.probe import ComputeProbe
-from rankguard.timeline import ProgressTracker
 
 if TYPE_CHECKING:
-    from rankguard.heartbeat.lifeline import Lifeline
     from rankguard.perf.autodetect import PerfDetector
+    from rankguard.rank.lifeline import Lifeline
 
 __all__ = ["TORCHRUN_NOTICE", "session_from_env"]
 

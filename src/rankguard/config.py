@@ -20,22 +20,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rankguard import runenv
 from rankguard.checkpoint.config import CheckpointConfig
-from rankguard.configdoc import MAX_DEPTH, ConfigError, build
-from rankguard.configdoc import load_yaml as _load_yaml
-from rankguard.configdoc import short as _short
-from rankguard.elastic import ElasticConfig
 from rankguard.ft.config import FaultToleranceConfig
 from rankguard.health.node_config import NodeHealthConfig
-from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.inprocess.config import InProcessRestartConfig
 from rankguard.layouts import check_envs, normalize, unwrap_flagscale
+from rankguard.monitor.config import HeartbeatConfig
 from rankguard.perf.config import PerfConfig
 from rankguard.preempt.config import PreemptionConfig
+from rankguard.rank import runenv
+from rankguard.rank.elastic import ElasticConfig
 from rankguard.rerun.config import RerunStateMachineConfig
 from rankguard.scheduler import EXIT_CODE_TABLES
 from rankguard.straggler.config import StragglerConfig
+from rankguard.util.configdoc import MAX_DEPTH, ConfigError, build
+from rankguard.util.configdoc import load_yaml as _load_yaml
+from rankguard.util.configdoc import short as _short
 
 __all__ = [
     "ConfigError",

@@ -1,9 +1,9 @@
 """The in-loop API: one call to start, one cheap call per step.
 
 ``rankguard.init()`` builds the session from the environment the launcher set
-(:mod:`rankguard.bootstrap`, from :class:`rankguard.runenv.RunEnv`) and returns a
+(:mod:`rankguard.bootstrap`, from :class:`rankguard.rank.runenv.RunEnv`) and returns a
 :class:`Session`; outside any launcher it returns a :class:`NullSession` whose methods
-do nothing. Both satisfy :class:`rankguard.ranksession.RankSession`. Under plain
+do nothing. Both satisfy :class:`rankguard.rank.ranksession.RankSession`. Under plain
 torchrun it returns a local session: the in-rank parts (progress hook, performance
 monitor and its files under ``rankguard_logs/``) work, and one log line says that
 cross-rank monitoring needs ``rankguard run``. Sessions are plain objects, not hidden
@@ -23,25 +23,25 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from rankguard import ranksession, runenv
-from rankguard.agree import ControlReader
-from rankguard.heartbeat.config import HeartbeatConfig
-from rankguard.heartbeat.identity import RankIdentity
-from rankguard.heartbeat.publisher import HeartbeatPublisher
-from rankguard.phases import PhaseWatcher
+from rankguard.monitor.agree import ControlReader
+from rankguard.monitor.config import HeartbeatConfig
 from rankguard.preempt.handler import ignore_exit_signal
+from rankguard.rank import ranksession, runenv
+from rankguard.rank.identity import RankIdentity
+from rankguard.rank.phases import PhaseWatcher
+from rankguard.rank.publisher import HeartbeatPublisher
+from rankguard.rank.timeline import CLOSING_PHASE, ProgressTracker
 from rankguard.schema.blocks import BlockSource, PerfBlock, StragglerBlock, fields_source
-from rankguard.timeline import CLOSING_PHASE, ProgressTracker
 
 if TYPE_CHECKING:
     import torch
 
-    from rankguard.elastic import BatchPlan
-    from rankguard.heartbeat.lifeline import Lifeline
     from rankguard.perf.autodetect import PerfDetector
     from rankguard.perf.reporter import PerfReporter
     from rankguard.preempt.rank import RankPreemption
-    from rankguard.ranksession import RankSession
+    from rankguard.rank.elastic import BatchPlan
+    from rankguard.rank.lifeline import Lifeline
+    from rankguard.rank.ranksession import RankSession
     from rankguard.rerun.config import RerunStateMachineConfig
     from rankguard.rerun.machine import RerunStateMachine
     from rankguard.straggler.probe import ComputeProbe
@@ -275,7 +275,7 @@ class Session:
 
     def batch_plan(self, global_batch: int, micro_batch: int) -> BatchPlan:
         """This rank's share of a step at the world size it runs with now (an elastic
-        job that shrank or grew), by ``elastic.batch_rule`` (:mod:`rankguard.elastic`):
+        job that shrank or grew), by ``elastic.batch_rule`` (:mod:`rankguard.rank.elastic`):
         ``accumulation_steps`` micro-batches of ``micro_batch`` samples per step."""
         plan: BatchPlan = (self._env or runenv.current()).batch_plan(global_batch, micro_batch)
         return plan
@@ -676,7 +676,7 @@ _NULL_CONTEXT = _NullContext()
 def install(factory: Callable[[], Session | NullSession]) -> Session | NullSession:
     """The process's default session: built by ``factory`` the first time (the rank
     bootstrap passes its lifeline this way), the same one afterwards (the slot is
-    :func:`rankguard.ranksession.install`'s). ``rankguard.init()`` is
+    :func:`rankguard.rank.ranksession.install`'s). ``rankguard.init()`` is
     :func:`rankguard.bootstrap.init`: building a session from the environment is the
     bootstrap's."""
     session = ranksession.install(factory)

@@ -3,7 +3,7 @@ test) with fault tolerance on. The ranks' heartbeats cannot be written, so they 
 stale: the job reports ``node_disk_full`` and kills nobody; once space is back the
 heartbeats resume and the queued findings are written. The disk fills up again and the
 ranks end while it is full: their last records cannot be written, and they are not
-reported dead. The rules themselves: ``tests/unit/heartbeat/test_disk_rules.py``."""
+reported dead. The rules themselves: ``tests/unit/monitor/test_disk_rules.py``."""
 
 from __future__ import annotations
 

@@ -8,12 +8,12 @@
   ``torch.distributed``'s API with the group (``dist.all_reduce(t, group=ctx.pg)``), so
   a rank waiting in one shows ``distributed_c10d.py`` as its innermost frame, as a real
   rank does;
-- one :class:`~rankguard.runenv.RunEnv` per rank, built from a dict of the variables
+- one :class:`~rankguard.rank.runenv.RunEnv` per rank, built from a dict of the variables
   the launcher sets, and its real :class:`~rankguard.session.Session` from
   :func:`rankguard.bootstrap.session_from_env` with the rank's thread as its training
   thread;
 - node 0's real :class:`~rankguard.launcher.services.NodeServices` (the
-  :class:`~rankguard.heartbeat.monitor.JobMonitor` with the evaluators the launcher adds:
+  :class:`~rankguard.monitor.monitor.JobMonitor` with the evaluators the launcher adds:
   stragglers, the stop agreement, rerun), scanning at the config's interval, stopped
   (final status) when the ranks are done; or, ``stepped=True``, scanning only when the
   test says (:meth:`ThreadedJob.scan`, from the ``drive`` function :meth:`ThreadedJob.run`
@@ -44,7 +44,7 @@ import torch.distributed as dist
 from rankguard.bootstrap import session_from_env
 from rankguard.config import RankguardConfig, dumps_config, load_config
 from rankguard.launcher.services import NodeServices
-from rankguard.runenv import ELASTIC, ENV, RunEnv
+from rankguard.rank.runenv import ELASTIC, ENV, RunEnv
 from rankguard.schema.layout import run_dir as layout_run_dir
 from rankguard.session import NullSession, Session
 from tests.factories import read_jsonl

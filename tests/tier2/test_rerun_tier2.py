@@ -33,7 +33,7 @@ def _train(rank: int, world: int, env: dict[str, str], steps: int, nan_at: int) 
     import torch.distributed as dist
 
     from rankguard.bootstrap import session_from_env
-    from rankguard.runenv import RunEnv
+    from rankguard.rank.runenv import RunEnv
     from rankguard.session import Session
 
     torch.set_num_threads(1)

@@ -18,7 +18,7 @@ from rankguard.config import (
     load_config,
     loads_config,
 )
-from rankguard.heartbeat.config import HardwareHealthConfig, HeartbeatConfig
+from rankguard.monitor.config import HardwareHealthConfig, HeartbeatConfig
 
 FLAGSCALE_YAML = """\
 experiment:

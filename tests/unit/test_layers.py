@@ -1,11 +1,11 @@
 """The import layers of ``rankguard``, frozen: a module imports only from a lower layer
 (or its own part). A new upward import, or a cycle between parts, fails here.
 
-Parts are the packages and top-level modules of ``src/rankguard``, and
-``heartbeat.relay`` on its own (the node service that serves kill requests and mirrors
-the stop step, above ``ft`` and ``agree``). Imports under ``if TYPE_CHECKING:`` are
-annotations, not imports at run time, and are not counted; imports inside functions
-are. The same list is in ``docs/architecture.md`` ("Layers").
+Parts are the folders of ``src/rankguard`` and the modules at its root; a folder is one
+part whatever it holds (the folders say which process runs the code: ``rank/`` the
+training process, ``relay/`` node k's launcher, ``monitor/`` node 0's). Imports under
+``if TYPE_CHECKING:`` are annotations, not imports at run time, and are not counted;
+imports inside functions are. The same list is in ``docs/architecture.md`` ("Layers").
 """
 
 from __future__ import annotations
@@ -19,24 +19,13 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "rankguard"
 
 #: Bottom first. A part may import the parts of the layers below its own.
 LAYERS: list[tuple[str, ...]] = [
-    (
-        "_fs",
-        "validate",
-        "textsafe",
-        "timeline",
-        "heartbeat.tailer",
-        "wakeup",
-        "elastic",
-        "configdoc",
-        "gcfreeze",
-        "cpuprio",
-    ),
-    ("schema", "phases", "cadence"),
-    ("scheduler",),
-    ("runenv", "health", "perf"),
-    ("heartbeat",),
-    ("agree", "ft", "goodput", "rerun", "straggler", "runfiles", "statusnotes", "live"),
-    ("preempt", "heartbeat.relay", "exporter", "ranksession"),
+    ("util",),
+    ("schema",),
+    ("scheduler", "health"),
+    ("rank",),
+    ("perf", "monitor", "view"),
+    ("ft", "goodput", "rerun", "straggler", "live"),
+    ("preempt", "relay", "exporter"),
     ("checkpoint", "inprocess", "layouts"),
     ("config",),
     ("session",),
@@ -63,13 +52,9 @@ def _module_name(path: Path) -> str:
 
 
 def _part(module: str) -> str:
-    """The part a ``rankguard`` module belongs to."""
+    """The part a ``rankguard`` module belongs to: its folder, or itself at the root."""
     names = module.split(".")
-    if len(names) == 1:
-        return "rankguard"
-    if ".".join(names[1:3]) in _LAYER:
-        return ".".join(names[1:3])
-    return names[1]
+    return "rankguard" if len(names) == 1 else names[1]
 
 
 def _is_type_checking(test: ast.expr) -> bool:
@@ -159,8 +144,8 @@ def test_the_checker_sees_an_upward_import() -> None:
         "from rankguard import session\n"
     )
     assert [m for m, _ in _imports(tree)] == ["rankguard.launcher", "rankguard.session"]
-    assert _part("rankguard.heartbeat.relay") == "heartbeat.relay"
-    assert _part("rankguard.heartbeat.rules") == "heartbeat"
+    assert _part("rankguard.relay.relay") == "relay"
+    assert _part("rankguard.monitor.rules") == "monitor"
     assert _part("rankguard") == "rankguard"
 
 

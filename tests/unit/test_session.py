@@ -12,14 +12,14 @@ import pytest
 import torch
 
 import rankguard
-from rankguard import ranksession
 from rankguard.bootstrap import init
 from rankguard.config import RankguardConfig, dumps_config
-from rankguard.heartbeat.config import HeartbeatConfig
-from rankguard.heartbeat.identity import ENV
+from rankguard.monitor.config import HeartbeatConfig
+from rankguard.rank import ranksession
+from rankguard.rank.identity import ENV
+from rankguard.rank.timeline import ProgressTracker
 from rankguard.schema.layout import heartbeat_file_name
 from rankguard.session import NullSession, Session, current
-from rankguard.timeline import ProgressTracker
 from tests.factories import rank_identity
 from tests.factories import read_records as _records
 

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import torch
 
-from rankguard.heartbeat.config import HeartbeatConfig
-from rankguard.phases import PhaseWatcher, main_thread_frame, thread_frame
+from rankguard.monitor.config import HeartbeatConfig
+from rankguard.rank.phases import PhaseWatcher, main_thread_frame, thread_frame
+from rankguard.rank.timeline import ProgressTracker
 from rankguard.schema.layout import heartbeat_file_name
 from rankguard.session import Session
-from rankguard.timeline import ProgressTracker
 from tests.factories import rank_identity, read_records
 
 pytestmark = pytest.mark.timeout(30)

@@ -22,7 +22,6 @@ from hypothesis import strategies as st
 from torch.distributed import TCPStore
 
 from rankguard.ft.config import FaultToleranceConfig
-from rankguard.heartbeat.relay import StoreRemoteSource
 from rankguard.inprocess.policy import CAUSES, FaultReport, choose_culprit
 from rankguard.launcher.exclusion import Exclusion, NodeExclusion, is_hostname
 from rankguard.launcher.spares import (
@@ -35,6 +34,7 @@ from rankguard.launcher.spares import (
 )
 from rankguard.preempt import PreemptionConfig
 from rankguard.preempt.coordinator import PreemptionCoordinator
+from rankguard.relay.relay import StoreRemoteSource
 from rankguard.schema.layout import StoreKeys
 from rankguard.schema.statusblocks import block_json
 from tests.factories import heartbeat_record, heartbeat_rules

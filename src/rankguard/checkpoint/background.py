@@ -3,7 +3,7 @@ save: DCP is not imported before a rank's first checkpoint).
 
 :class:`BackgroundWriter` is DCP's ``FileSystemWriter`` (every file fsynced) whose
 ``write_data`` runs, in DCP's checkpoint process, at the priority that leaves the
-cores to the training (:func:`rankguard.cpuprio.yield_cpu`), and whose files are
+cores to the training (:func:`rankguard.util.cpuprio.yield_cpu`), and whose files are
 checksummed from the bytes as they are written, so the manifest needs no second read
 of the checkpoint
 (:meth:`BackgroundWriter.checksums`; a writer in DCP's checkpoint process keeps its
@@ -23,7 +23,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
 from rankguard.checkpoint.writer import Digest, DigestStream
-from rankguard.cpuprio import yield_cpu
+from rankguard.util.cpuprio import yield_cpu
 
 __all__ = ["BackgroundWriter"]
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from rankguard.validate import check_number
+from rankguard.util.validate import check_number
 
 if TYPE_CHECKING:
-    from rankguard.runenv import RunEnv
+    from rankguard.rank.runenv import RunEnv
 
 __all__ = ["ASYNC_TYPES", "CHECKSUMS", "FORMATS", "LOCAL_ALGOS", "CheckpointConfig"]
 
@@ -149,7 +149,7 @@ class CheckpointConfig:
     def from_run(cls, env: RunEnv | None = None) -> CheckpointConfig | None:
         """The ``checkpoint`` section of the config ``rankguard run`` gave this rank
         (``env``: default, this process's environment), or None outside the launcher."""
-        from rankguard.runenv import current
+        from rankguard.rank.runenv import current
 
         return (env or current()).section("checkpoint", cls)
 

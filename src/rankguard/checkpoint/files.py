@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rankguard._fs import atomic_write_json, fsync_dir, owner_name
 from rankguard.checkpoint.writer import Digest
-from rankguard.heartbeat.procs import pid_running
+from rankguard.util.fs import atomic_write_json, fsync_dir, owner_name
+from rankguard.util.procs import pid_running
 
 __all__ = [
     "COMMIT_MARKER",

@@ -35,8 +35,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch.distributed as dist
 
-from rankguard import runenv
-from rankguard._fs import atomic_write_json
 from rankguard.checkpoint.config import CheckpointConfig
 from rankguard.checkpoint.dcpio import default_writer, iso_now
 from rankguard.checkpoint.files import CheckpointError, DirLock, step_dir_name
@@ -47,12 +45,14 @@ from rankguard.checkpoint.persistent import PersistentTier
 from rankguard.checkpoint.stager import HostStager
 from rankguard.checkpoint.state import StatePlan
 from rankguard.checkpoint.tiers import Candidate, CheckpointTier
-from rankguard.ranksession import current as current_session
-from rankguard.runenv import RunEnv
+from rankguard.rank import runenv
+from rankguard.rank.ranksession import current as current_session
+from rankguard.rank.runenv import RunEnv
 from rankguard.schema.layout import CHECKPOINTS_FILE
+from rankguard.util.fs import atomic_write_json
 
 if TYPE_CHECKING:
-    from rankguard.ranksession import RankSession
+    from rankguard.rank.ranksession import RankSession
 
 __all__ = ["TIERS", "CheckpointManager"]
 

@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 
-from rankguard._fs import fsync_dir
 from rankguard.checkpoint.dcpio import (
     checkpoint_exception,
     copy_into,
@@ -50,6 +49,7 @@ from rankguard.checkpoint.files import (
 )
 from rankguard.checkpoint.tiers import Candidate, SaveJob, TierHost
 from rankguard.checkpoint.writer import Digest
+from rankguard.util.fs import fsync_dir
 
 __all__ = ["PER_RANK_FILE", "TORCH_FILE", "PersistentTier"]
 

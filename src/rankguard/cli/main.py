@@ -14,8 +14,8 @@ from typing import Any
 from rankguard import __version__
 from rankguard.config import ConfigError, RankguardConfig, load_config
 from rankguard.ft.config import FaultToleranceConfig
-from rankguard.gcfreeze import pause_collection, resume_collection
 from rankguard.launcher.exitcodes import EXIT_USAGE
+from rankguard.util.gcfreeze import pause_collection, resume_collection
 
 __all__ = ["build_parser", "main", "run_main"]
 

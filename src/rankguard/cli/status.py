@@ -9,7 +9,7 @@ process liveness, training progress, and GPU hardware health.
 The reader is tolerant on purpose: unknown keys are ignored, missing keys print as ``-``,
 a malformed or partially written ``findings.jsonl`` line is skipped, and a malformed
 ``status.json`` is reported as such (exit code 2) rather than as a traceback. The reading
-itself is library code (:mod:`rankguard.runfiles`); this module is the command.
+itself is library code (:mod:`rankguard.view.runfiles`); this module is the command.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from rankguard.cli.status_render import render_status
-from rankguard.runfiles import (
+from rankguard.schema.layout import EXCLUDED_NODES_FILE, FINDINGS_FILE, STATUS_FILE
+from rankguard.util.textsafe import safe_text
+from rankguard.view.runfiles import (
     StatusUnavailable,
     excluded_lines,
     latest_findings,
@@ -36,8 +38,6 @@ from rankguard.runfiles import (
     read_findings,
     worst_rows,
 )
-from rankguard.schema.layout import EXCLUDED_NODES_FILE, FINDINGS_FILE, STATUS_FILE
-from rankguard.textsafe import safe_text
 
 __all__ = ["add_parser", "read_findings", "render_status", "run"]
 

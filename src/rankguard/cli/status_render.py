@@ -25,14 +25,14 @@ from rankguard.schema.statusblocks import (
     StopRequestedBlock,
     TimeoutsBlock,
 )
-from rankguard.statusnotes import (
+from rankguard.util.textsafe import safe_text
+from rankguard.view.statusnotes import (
     exit_note,
     frozen_status,
     iteration_cell,
     iteration_legend,
     restarts_summary,
 )
-from rankguard.textsafe import safe_text
 
 __all__ = ["render_status"]
 
@@ -426,7 +426,7 @@ def render_status(
     (``None``: no limit).
     ``color`` adds ANSI codes: red for problems, yellow for warnings. ``now`` (aware)
     adds how long ago the monitor last wrote the status. ``launcher_gone``: why the
-    status is frozen (:func:`rankguard.runfiles.launcher_gone`), shown after the
+    status is frozen (:func:`rankguard.view.runfiles.launcher_gone`), shown after the
     header. Pure: no I/O, no clock. Both are read through :class:`StatusDoc` and
     :meth:`Finding.from_dict`: a finding line that is not one is skipped and counted.
     Control characters in the data are shown escaped (``\\x1b``), never sent to the
@@ -565,7 +565,7 @@ def _ft_lines(status: StatusDoc | dict[str, Any]) -> list[str]:
     out += _preemption_lines(doc.block("preemption"))
     timeouts = doc.block(TimeoutsBlock)
     if timeouts is not None and timeouts.entries:
-        # in the launcher's order (rankguard.cadence): the process timeouts, then each
+        # in the launcher's order (rankguard.schema.cadence): the process timeouts, then each
         # phase's, with the section or key it came from
         out += ["", "Timeouts in force"]
         width = max(len(k) for k in timeouts.entries)

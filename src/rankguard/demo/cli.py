@@ -8,8 +8,8 @@ import os
 import tempfile
 
 from rankguard.config import ConfigError, load_config
-from rankguard.gcfreeze import pause_collection, resume_collection
 from rankguard.launcher.options import LaunchOptions
+from rankguard.util.gcfreeze import pause_collection, resume_collection
 
 __all__ = ["DEMO_OVERRIDES", "add_parser", "run"]
 

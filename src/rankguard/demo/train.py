@@ -56,10 +56,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import rankguard
 import rankguard.inprocess as ip
-from rankguard import runenv
 from rankguard.checkpoint import CheckpointConfig, CheckpointManager, PerRank, RNGState
 from rankguard.demo.model import GPTConfig, TinyGPT, synthetic_batch
 from rankguard.perf.flops import ModelShape, analytic_flops_per_step
+from rankguard.rank import runenv
 
 NAN_FAULTS = ("nan", "nan-persistent", "nan-bad-gpu")
 FAULTS = ("none", "stall", "wedge", "stop", "crash", "slow", "preempt", *NAN_FAULTS)

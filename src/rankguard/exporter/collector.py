@@ -33,14 +33,14 @@ from prometheus_client.registry import Collector
 
 from rankguard.goodput.ledger import PARTS
 from rankguard.health.schema import NodeStatus
-from rankguard.runfiles import worst_rows
 from rankguard.schema.findings import Finding, FindingType, Liveness, Progress
 from rankguard.schema.restarts import RestartsBlock
 from rankguard.schema.status import RankDetail, RankRow, StatusDoc
 from rankguard.schema.statusblocks import CheckpointsBlock, GoodputBlock
+from rankguard.view.runfiles import worst_rows
 
 if TYPE_CHECKING:
-    from rankguard.heartbeat.monitor import JobMonitor
+    from rankguard.monitor.monitor import JobMonitor
 
 __all__ = [
     "DCGM_LABELS",

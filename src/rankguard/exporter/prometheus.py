@@ -23,16 +23,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rankguard._fs import atomic_write_json
-from rankguard.heartbeat.api import FindingSink
+from rankguard.monitor.api import FindingSink
 from rankguard.perf.config import PrometheusConfig
 from rankguard.schema.findings import Finding
+from rankguard.util.fs import atomic_write_json
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
     from rankguard.exporter.collector import FindingCounts
-    from rankguard.heartbeat.monitor import JobMonitor
+    from rankguard.monitor.monitor import JobMonitor
 
 __all__ = ["ENDPOINT_FILE", "MetricsExporter", "start_for_monitor"]
 

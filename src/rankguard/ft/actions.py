@@ -46,12 +46,12 @@ from rankguard.ft.kill import (
     dump_stacks_of,
     kill_marked,
 )
-from rankguard.heartbeat.api import FindingSink
-from rankguard.heartbeat.procs import pid_running, process_state
+from rankguard.monitor.api import FindingSink
 from rankguard.schema.findings import Finding, FindingType
+from rankguard.util.procs import pid_running, process_state
 
 if TYPE_CHECKING:
-    from rankguard.heartbeat.rules import HeartbeatRules
+    from rankguard.monitor.rules import HeartbeatRules
     from rankguard.schema.records import HeartbeatRecord
 
 __all__ = ["LIVE_RECOVERY", "AgentControl", "FaultHandler", "HangTraces"]

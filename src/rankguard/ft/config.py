@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rankguard.configdoc import FrozenDict
 from rankguard.schema.findings import FindingType
-from rankguard.validate import check_number
+from rankguard.util.configdoc import FrozenDict
+from rankguard.util.validate import check_number
 
 __all__ = ["ACTIONS", "FAULT_TYPES", "FINDING_TYPES", "FaultToleranceConfig"]
 

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rankguard._fs import (
+from rankguard.util.fs import (
     atomic_write_json,
     create_exclusive,
     owned_subdir,
@@ -87,9 +87,9 @@ _MAX_TRACE = 64 << 20
 # cores); in SCHED_IDLE it runs in the gaps and the launcher's exit still waits for it.
 _RUNNER_PRELUDE = (
     "import sys\n"
-    "from rankguard.cpuprio import yield_cpu\n"
+    "from rankguard.util.cpuprio import yield_cpu\n"
     "yield_cpu()\n"
-    "from rankguard.heartbeat.lifeline import set_parent_death_signal\n"
+    "from rankguard.rank.lifeline import set_parent_death_signal\n"
     "set_parent_death_signal()\n"
 )
 _RUNNER = (

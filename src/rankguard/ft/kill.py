@@ -2,7 +2,7 @@
 
 Node 0's :class:`~rankguard.ft.actions.FaultHandler` dumps its local ranks before the
 finding is written and kills a local culprit after it; on any other node the
-:class:`~rankguard.heartbeat.relay.StoreRelay` does both when node 0 asks through the
+:class:`~rankguard.relay.relay.StoreRelay` does both when node 0 asks through the
 store. Both go through :func:`dump_stacks_of` and :func:`kill_marked` (or
 :func:`dump_then_kill`), with the same :class:`DumpPolicy` built from
 ``fault_tolerance.stack_dump`` and ``fault_tolerance.stack_dump_timeout_s``.
@@ -35,8 +35,8 @@ from typing import Protocol
 
 from rankguard.ft.config import FaultToleranceConfig
 from rankguard.ft.stacks import dump_stacks
-from rankguard.heartbeat.payloads import KillTarget  # what a kill request names
-from rankguard.heartbeat.procs import pid_running, process_start_time
+from rankguard.schema.payloads import KillTarget  # what a kill request names
+from rankguard.util.procs import pid_running, process_start_time
 
 __all__ = [
     "DEFAULT_DUMP_POLICY",

@@ -28,13 +28,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rankguard._fs import atomic_write_json
-from rankguard.cadence import Cadence
 from rankguard.ft.config import FaultToleranceConfig
 from rankguard.ft.nvrx_state import RANKGUARD_STATE_FILE, from_nvrx, is_nvrx_state, to_nvrx
 from rankguard.schema.blocks import FtStatsBlock, read_block
+from rankguard.schema.cadence import Cadence
 from rankguard.schema.layout import FT_STATE_FILE
 from rankguard.schema.records import HeartbeatRecord
+from rankguard.util.fs import atomic_write_json
 
 if TYPE_CHECKING:
     from rankguard.config import RankguardConfig
@@ -187,7 +187,7 @@ def learned_config(
     """A new configuration (``cfg``, a RankguardConfig, is left as it is) with the learned
     timeouts of ``state`` in it, and ``source`` for each timeout they set, by the key the
     timeout is read from (``section.step``, ``heartbeat.process_timeout_s``,
-    ``out_of_section``): :class:`rankguard.cadence.Cadence` shows them under "Timeouts in
+    ``out_of_section``): :class:`rankguard.schema.cadence.Cadence` shows them under "Timeouts in
     force". A learned heartbeat timeout is never below :attr:`Cadence.learned_floor_s`;
     NVRx's names for the heartbeat timeouts, when set, take the learned values too (they
     are the same timeouts)."""

@@ -19,7 +19,7 @@ The dump signal goes only to a process that handles it (``SigCgt`` in
 default action would kill the rank. Stack files are opened without following a
 symbolic link (one planted in the stacks folder would redirect the append), in a
 ``stacks/`` folder made with the run directory's mode and checked to be this user's
-(:func:`rankguard._fs.owned_subdir`): a group member who may read the run cannot write
+(:func:`rankguard.util.fs.owned_subdir`): a group member who may read the run cannot write
 there.
 """
 
@@ -35,9 +35,9 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from rankguard._fs import owned_subdir
-from rankguard.heartbeat.procs import process_state
 from rankguard.schema.layout import STACKS_DIR, RunLayout
+from rankguard.util.fs import owned_subdir
+from rankguard.util.procs import process_state
 
 __all__ = ["DUMP_SIGNAL", "dump_stacks", "handles_signal", "install_dump_handler", "stack_file"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rankguard.timeline import RING_SIZE, ProgressTracker
+from rankguard.rank.timeline import RING_SIZE, ProgressTracker
 
 __all__ = ["SectionStats"]
 

@@ -25,11 +25,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rankguard._fs import atomic_write_json
 from rankguard.goodput.ledger import ETTR_DIGITS, PARTS, Ledger, Part
 from rankguard.goodput.rundir import read_ledger
 from rankguard.schema.layout import GOODPUT_FILE
 from rankguard.schema.statusblocks import GoodputBlock, LargestLoss
+from rankguard.util.fs import atomic_write_json
 
 __all__ = ["DEFAULT_INTERVAL_S", "GoodputStatus", "goodput_block", "largest_loss"]
 
@@ -63,7 +63,7 @@ def goodput_block(ledger: Ledger, *, final: bool) -> GoodputBlock:
 
 
 class GoodputStatus:
-    """A status source (:class:`rankguard.heartbeat.api.StatusSource`): the ledger of
+    """A status source (:class:`rankguard.monitor.api.StatusSource`): the ledger of
     ``run_dir``, at most every ``interval_s`` and a last time once ``ended()``."""
 
     def __init__(

@@ -21,13 +21,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from rankguard._fs import atomic_write_json
 from rankguard.health.config import HardwareHealthConfig
 from rankguard.health.nvml import collect_nvml
 from rankguard.health.rules import apply_rules, node_status, update_baseline
 from rankguard.health.schema import SCHEMA_VERSION, CollectionResult, NodeStatus
 from rankguard.health.smi import collect_smi
 from rankguard.schema.layout import health_file_name
+from rankguard.util.fs import atomic_write_json
 
 __all__ = ["HealthCollector", "collect_gpu_health", "gpu_for_rank", "health_file_name"]
 

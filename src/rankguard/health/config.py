@@ -1,11 +1,11 @@
 """GPU health collection settings (``heartbeat.hardware_health``), beside the collector
-that uses them; :mod:`rankguard.heartbeat.config` nests them in ``HeartbeatConfig``."""
+that uses them; :mod:`rankguard.monitor.config` nests them in ``HeartbeatConfig``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rankguard.validate import check_number
+from rankguard.util.validate import check_number
 
 __all__ = ["HardwareHealthConfig"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from rankguard.validate import check_number
+from rankguard.util.validate import check_number
 
 __all__ = ["InProcessRestartConfig"]
 

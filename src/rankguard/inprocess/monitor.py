@@ -4,7 +4,7 @@ Ranks put an ``inprocess`` block (:class:`~rankguard.schema.blocks.InProcessBloc
 their heartbeat records: how many times they
 re-entered and the last restart's cause and culprit, the same on every rank (the
 wrapper's ranks agree on it through the store). :class:`InProcessRestarts` is an
-:class:`~rankguard.heartbeat.api.Evaluator`: one ``inprocess_restart`` finding per
+:class:`~rankguard.monitor.api.Evaluator`: one ``inprocess_restart`` finding per
 restart, whichever rank's record shows it first, and one ``restarts.jsonl`` line of
 kind ``inprocess`` through ``on_restart``. Its status (``status.json["inprocess"]``) has
 the count and the last restart.
@@ -15,14 +15,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from rankguard.heartbeat.blockeval import BlockEvaluator
 from rankguard.live.plan import LIVE_CAUSE
+from rankguard.monitor.blockeval import BlockEvaluator
 from rankguard.schema.blocks import InProcessBlock, InProcessRestart
 from rankguard.schema.findings import Finding, FindingType, Reason
 from rankguard.schema.restarts import RestartEntry
 
 if TYPE_CHECKING:
-    from rankguard.heartbeat.rules import RankState
+    from rankguard.monitor.rules import RankState
 
 __all__ = ["InProcessRestarts"]
 

@@ -44,7 +44,6 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from rankguard import runenv
 from rankguard.inprocess.config import InProcessRestartConfig
 from rankguard.inprocess.interrupt import Interrupter, Liveness, RestartInterrupt
 from rankguard.inprocess.policy import (
@@ -61,13 +60,14 @@ from rankguard.live.link import bind as bind_live
 from rankguard.live.link import current as live_link
 from rankguard.live.plan import LIVE_CAUSE
 from rankguard.live.roles import promoted_environ
-from rankguard.ranksession import current as current_session
-from rankguard.runenv import RunEnv
+from rankguard.rank import runenv
+from rankguard.rank.ranksession import current as current_session
+from rankguard.rank.runenv import RunEnv
 from rankguard.schema.blocks import InProcessBlock, InProcessRestart
 from rankguard.schema.frames import waits_in_collective
 
 if TYPE_CHECKING:
-    from rankguard.ranksession import RankSession
+    from rankguard.rank.ranksession import RankSession
 
 __all__ = [
     "HARD_TIMEOUT_EXIT_CODE",

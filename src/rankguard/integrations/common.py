@@ -10,7 +10,7 @@ import torch
 from rankguard.bootstrap import init
 from rankguard.perf.autodetect import InputShape, model_shape_from_config
 from rankguard.perf.flops import analytic_flops_per_step
-from rankguard.ranksession import RankSession
+from rankguard.rank.ranksession import RankSession
 
 __all__ = ["LOG_KEYS", "analytic_from_config", "perf_logs", "resolve_session", "set_batch"]
 

@@ -51,7 +51,7 @@ from rankguard.integrations.common import (
     set_batch,
 )
 from rankguard.perf.autodetect import InputProbe, note_model_dtype
-from rankguard.ranksession import RankSession
+from rankguard.rank.ranksession import RankSession
 
 __all__ = ["RankguardCallback"]
 

@@ -44,7 +44,6 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "rankguard.integrations.lightning needs lightning: pip install 'rankguard[lightning]'"
     ) from exc
 
-from rankguard import runenv
 from rankguard.integrations.common import (
     analytic_from_config,
     perf_logs,
@@ -53,7 +52,8 @@ from rankguard.integrations.common import (
 )
 from rankguard.perf.autodetect import input_shape, note_model_dtype
 from rankguard.perf.measured import StepFlopCounter
-from rankguard.ranksession import RankSession
+from rankguard.rank import runenv
+from rankguard.rank.ranksession import RankSession
 
 __all__ = ["RankguardCallback", "callbacks_factory"]
 

@@ -12,13 +12,13 @@ import time
 from collections import Counter
 from typing import Any
 
-from rankguard.heartbeat.api import FindingSink
-from rankguard.heartbeat.monitor import JobMonitor
+from rankguard.monitor.api import FindingSink
+from rankguard.monitor.monitor import JobMonitor
 from rankguard.schema.findings import Finding
 from rankguard.schema.restarts import RestartEntry, RestartsBlock
 from rankguard.schema.status import MonitorInfo, StatusDoc
-from rankguard.statusnotes import ITERATION_MARKS, restart_cause, restarts_summary
-from rankguard.textsafe import safe_text
+from rankguard.util.textsafe import safe_text
+from rankguard.view.statusnotes import ITERATION_MARKS, restart_cause, restarts_summary
 
 __all__ = [
     "LiveStatus",

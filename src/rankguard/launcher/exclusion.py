@@ -57,12 +57,10 @@ from torch.distributed.elastic.rendezvous.api import (
     RendezvousTimeoutError,
 )
 
-from rankguard._fs import append_jsonl, atomic_write_json, atomic_write_text
 from rankguard.ft.config import FaultToleranceConfig
 from rankguard.launcher.nodeservice import NodeLeft
 from rankguard.launcher.rendezvous import HandlerWrapper
-from rankguard.runenv import current
-from rankguard.runfiles import read_excluded
+from rankguard.rank.runenv import current
 from rankguard.scheduler import exclusion_hint_text, exclusion_hints
 from rankguard.schema.exits import EXIT_NODE_EXCLUDED, EXIT_RERUN_VALIDATION_FAILED
 from rankguard.schema.findings import Finding, FindingType, Reason
@@ -72,7 +70,9 @@ from rankguard.schema.layout import (
     RERUN_FAULTY_PREFIX,
     StoreKeys,
 )
-from rankguard.textsafe import safe_text
+from rankguard.util.fs import append_jsonl, atomic_write_json, atomic_write_text
+from rankguard.util.textsafe import safe_text
+from rankguard.view.runfiles import read_excluded
 
 __all__ = [
     "ExcludedBelowMinimum",

@@ -178,7 +178,7 @@ def _rerun(cfg: RankguardConfig) -> RerunService | None:
 
 class UnregisteredService(NullService):
     """Node 0: rerun and in-process restart turned on by the config but never taken up
-    by the script are said once (:mod:`rankguard.heartbeat.unregistered`)."""
+    by the script are said once (:mod:`rankguard.monitor.unregistered`)."""
 
     name = "unregistered_features"
 
@@ -186,7 +186,7 @@ class UnregisteredService(NullService):
         self.features = features
 
     def start(self, node: NodeContext) -> None:
-        from rankguard.heartbeat.unregistered import UnregisteredFeatures
+        from rankguard.monitor.unregistered import UnregisteredFeatures
 
         if node.monitor is not None:
             node.monitor.add_evaluator(UnregisteredFeatures(self.features))
@@ -293,7 +293,7 @@ class CheckpointsService(NullService):
         return None
 
     def status_fields(self) -> dict[str, Any]:
-        from rankguard.runfiles import read_checkpoints
+        from rankguard.view.runfiles import read_checkpoints
 
         if self.run_dir is None:
             return {}

@@ -1,6 +1,6 @@
 """Imported by ``--preload``'s fork server (one of its preload modules): the fork server
 dies with the launcher, so the ranks it forked die with it (see
-:mod:`rankguard.heartbeat.lifeline`).
+:mod:`rankguard.rank.lifeline`).
 
 Python's fork server only exits once nobody holds its "alive" pipe, and every rank it
 forks holds it: after a SIGKILL of the launcher it would keep running, and so would the
@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import signal
 
-from rankguard.heartbeat.lifeline import Lifeline, end_orphan, launcher_pid, set_parent_death_signal
+from rankguard.rank.lifeline import Lifeline, end_orphan, launcher_pid, set_parent_death_signal
 
 __all__ = ["guard_fork_server"]
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rankguard.heartbeat.procs import pid_running
+from rankguard.util.procs import pid_running
 
 __all__ = ["HandoverResult", "gpu_memory_by_pid", "wait_for_handover"]
 

@@ -30,7 +30,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rankguard._fs import append_jsonl, atomic_write_json
 from rankguard.health.node_checks import (
     CheckResult,
     NodeHealthReport,
@@ -40,6 +39,7 @@ from rankguard.health.node_checks import (
 from rankguard.launcher.nodeservice import LaunchContext, NodeContext, NullService
 from rankguard.schema.findings import Finding, FindingType, Reason
 from rankguard.schema.layout import FINDINGS_FILE, HEARTBEAT_FILE_RE, node_health_file_name
+from rankguard.util.fs import append_jsonl, atomic_write_json
 
 if TYPE_CHECKING:
     from rankguard.config import RankguardConfig

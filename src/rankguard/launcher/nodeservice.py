@@ -67,12 +67,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from rankguard.cadence import Cadence
     from rankguard.config import RankguardConfig
     from rankguard.ft.actions import AgentControl
-    from rankguard.heartbeat.monitor import JobMonitor
     from rankguard.launcher.exitcodes import JobOutcome
     from rankguard.launcher.options import LaunchOptions
+    from rankguard.monitor.monitor import JobMonitor
+    from rankguard.schema.cadence import Cadence
 
 __all__ = [
     "LaunchContext",

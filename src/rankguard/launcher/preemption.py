@@ -27,9 +27,9 @@ from rankguard.schema import layout
 
 if TYPE_CHECKING:
     from rankguard.config import RankguardConfig
-    from rankguard.heartbeat.monitor import JobMonitor
     from rankguard.launcher.agent import RankguardAgent
     from rankguard.launcher.services import NodeServices
+    from rankguard.monitor.monitor import JobMonitor
 
 __all__ = ["LaunchPreemption"]
 

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rankguard._fs import atomic_write_json
 from rankguard.health import collect_gpu_health
 from rankguard.schema.layout import preflight_file_name
+from rankguard.util.fs import atomic_write_json
 
 __all__ = ["EXIT_UNHEALTHY_GPU", "preflight_gpu_check"]
 

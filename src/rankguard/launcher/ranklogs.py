@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rankguard._fs import atomic_write_json
+from rankguard.util.fs import atomic_write_json
 
 __all__ = ["RankLogs", "find_rank_logs", "index_name", "read_index", "recording_logs_specs"]
 

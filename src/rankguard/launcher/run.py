@@ -22,12 +22,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from rankguard._fs import atomic_write_json
-from rankguard.cadence import Cadence
 from rankguard.config import RankguardConfig, config_to_dict, dumps_config
 from rankguard.ft.flightrec import flight_recorder_env
-from rankguard.gcfreeze import freeze_startup
-from rankguard.heartbeat.identity import ENV
 from rankguard.launcher.agent import RankguardAgent, first_failure
 from rankguard.launcher.checks import check_launch
 from rankguard.launcher.console import LiveStatus, run_end_line
@@ -56,10 +52,14 @@ from rankguard.launcher.rundir import (
 from rankguard.launcher.services import NodeServices, node_cadence
 from rankguard.launcher.verdict import failure_summary, root_cause_lines
 from rankguard.live.roles import STANDBY_RANKS_ENV
+from rankguard.rank.identity import ENV
 from rankguard.schema import layout
+from rankguard.schema.cadence import Cadence
 from rankguard.schema.status import StatusDoc
 from rankguard.schema.statusblocks import GoodputBlock
-from rankguard.textsafe import safe_text
+from rankguard.util.fs import atomic_write_json
+from rankguard.util.gcfreeze import freeze_startup
+from rankguard.util.textsafe import safe_text
 
 __all__ = ["job_name", "launch", "run_dir_for"]
 

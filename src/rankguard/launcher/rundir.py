@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rankguard._fs import owner_name
 from rankguard.schema.layout import CONTROL_FILE
+from rankguard.util.fs import owner_name
 
 __all__ = [
     "DEFAULT_RUN_ID",

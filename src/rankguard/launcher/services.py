@@ -27,32 +27,32 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rankguard._fs import QueuedJsonl
-from rankguard.agree import StopAgreement
-from rankguard.cadence import Cadence
 from rankguard.config import RankguardConfig, config_to_dict
 from rankguard.ft.actions import LIVE_RECOVERY, AgentControl, FaultHandler, HangTraces
 from rankguard.ft.kill import DumpPolicy
 from rankguard.goodput.status import GoodputStatus
-from rankguard.heartbeat.monitor import JobMonitor
-from rankguard.heartbeat.relay import StoreRelay, StoreRemoteSource, publish_control, request_kill
-from rankguard.heartbeat.rules import peer_failure
 from rankguard.inprocess.wrapper import RESTART_PHASE
 from rankguard.launcher.console import restart_line
 from rankguard.launcher.features import FACTORIES
 from rankguard.launcher.nodeservice import NodeContext, NodeService, build_services
+from rankguard.monitor.agree import StopAgreement
+from rankguard.monitor.monitor import JobMonitor
+from rankguard.monitor.rules import peer_failure
+from rankguard.relay.relay import StoreRelay, StoreRemoteSource, publish_control, request_kill
+from rankguard.schema.cadence import Cadence
 from rankguard.schema.findings import Finding, FindingType, Reason
 from rankguard.schema.layout import RunLayout, StoreKeys, ft_state_dir
 from rankguard.schema.restarts import LostRank, RestartCause, RestartEntry, RestartsBlock
 from rankguard.schema.statusblocks import TimeoutsBlock, block_json
+from rankguard.util.fs import QueuedJsonl
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
     from rankguard.ft.kill import WorkerRegistry
-    from rankguard.heartbeat.rules import RankState
     from rankguard.launcher.exitcodes import JobOutcome
     from rankguard.launcher.live import LiveRecovery
+    from rankguard.monitor.rules import RankState
 
 __all__ = ["NodeServices", "ft_state_path", "node_cadence"]
 
@@ -69,7 +69,7 @@ def ft_state_path(cfg: RankguardConfig) -> Path:
 
 
 def node_cadence(cfg: RankguardConfig, sources: Mapping[str, str] | None = None) -> Cadence:
-    """The job's cadence and timeouts in force (:mod:`rankguard.cadence`) from the
+    """The job's cadence and timeouts in force (:mod:`rankguard.schema.cadence`) from the
     validated configuration: NVRx's section timeouts, and the in-process restart's phase,
     which a rank re-entering in-process has until ``hard_timeout`` (then it exits).
     ``sources``: where the timeouts that were not configured came from (learned ones)."""
@@ -281,7 +281,7 @@ class NodeServices:
         return monitor is not None and monitor.report(finding)
 
     def request_stop(self, reason: str, lead_s: float | None = None) -> int | None:
-        """Every rank stops at one step (see :mod:`rankguard.agree`); None without a
+        """Every rank stops at one step (see :mod:`rankguard.monitor.agree`); None without a
         monitor (only node 0 with heartbeat monitoring can agree on a step)."""
         if self.agreement is None:
             return None

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from rankguard.heartbeat.rules import peer_failure
+from rankguard.monitor.rules import peer_failure
 from rankguard.schema.findings import FindingType
-from rankguard.textsafe import safe_text
+from rankguard.util.textsafe import safe_text
 
 __all__ = ["failure_summary", "root_cause_lines"]
 

@@ -8,7 +8,7 @@ ended (clean, exit code, exception) in ``process_end``; ``@record`` writes the
 traceback to torch elastic's per-rank error file so the launcher can name the root
 cause.
 
-A rank dies with its launcher (:mod:`rankguard.heartbeat.lifeline`): the bootstrap sets
+A rank dies with its launcher (:mod:`rankguard.rank.lifeline`): the bootstrap sets
 the parent-death signal before anything else, checks the parent did not die before that,
 and hands the heartbeat thread the lifeline it checks at every beat.
 
@@ -42,7 +42,7 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rankguard.gcfreeze import freeze_startup, pause_collection
+from rankguard.util.gcfreeze import freeze_startup, pause_collection
 
 if __name__ == "__main__":
     # torch's import ahead: collected once by freeze_startup, before the script runs
@@ -50,21 +50,21 @@ if __name__ == "__main__":
 
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
 
-from rankguard import runenv
 from rankguard.bootstrap import session_from_env
 from rankguard.config import run_config
 from rankguard.ft.collectives import CollectiveSampler
 from rankguard.ft.flightrec import TraceDumper
 from rankguard.ft.stacks import install_dump_handler
-from rankguard.heartbeat.lifeline import Lifeline, end_orphan, set_parent_death_signal
 from rankguard.launcher.standby import StandbySession
 from rankguard.live.roles import rewrite_environ
+from rankguard.rank import runenv
+from rankguard.rank.lifeline import Lifeline, end_orphan, set_parent_death_signal
 from rankguard.schema.blocks import NvrxBlock, fields_source
 from rankguard.session import install
 
 if TYPE_CHECKING:
     from rankguard.integrations.nvrx import RankMonitorBridge
-    from rankguard.ranksession import RankSession
+    from rankguard.rank.ranksession import RankSession
 
 __all__ = ["forked_main", "main", "run_path_main"]
 

@@ -22,7 +22,7 @@ from typing import Any
 from rankguard.live.keys import REPLACING, LiveKeys
 from rankguard.live.plan import Assignment, Resumed
 from rankguard.live.roles import is_standby, standby_ranks
-from rankguard.runenv import RunEnv
+from rankguard.rank.runenv import RunEnv
 
 __all__ = ["LiveLink", "bind", "current"]
 

@@ -14,7 +14,7 @@ the worker of local slot ``s`` on node ``g`` is
   rank's place, :func:`promoted_environ` gives it that rank's ``RANK`` and
   ``LOCAL_RANK``.
 
-Pure functions of a mapping (read through :class:`~rankguard.runenv.RunEnv`): no torch,
+Pure functions of a mapping (read through :class:`~rankguard.rank.runenv.RunEnv`): no torch,
 no process state.
 """
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
-from rankguard.runenv import RunEnv
+from rankguard.rank.runenv import RunEnv
 
 __all__ = [
     "STANDBY_ENV",

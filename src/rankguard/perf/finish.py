@@ -29,9 +29,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from rankguard._fs import atomic_write_json
 from rankguard.perf.flops import mfu, tflops_per_gpu
 from rankguard.schema.layout import PERF_LOG_FILE, PERF_SUMMARY_GLOB
+from rankguard.util.fs import atomic_write_json
 
 __all__ = [
     "MAX_LINES",

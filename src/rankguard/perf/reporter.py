@@ -1,6 +1,6 @@
 """The in-rank performance monitor: turns the step timeline into metrics.
 
-The hot path writes nothing new: :class:`~rankguard.timeline.ProgressTracker`
+The hot path writes nothing new: :class:`~rankguard.rank.timeline.ProgressTracker`
 already stamps every step end into a ring buffer. A daemon thread here reads the ring a
 few times a second and, at iteration 1 and every ``log_interval`` steps, computes the
 window's step time, samples/s, tokens/s, TFLOP/s per GPU and in total, MFU, memory and
@@ -21,7 +21,7 @@ with no synchronisation. TFLOP/s use the GPU figure when there is one.
 
 Evaluation and checkpoint saves are not steps: a step interval that contained a phase
 other than train (a span the API or the stack sampling of
-:class:`~rankguard.phases.PhaseWatcher` left in the tracker; this thread samples at each
+:class:`~rankguard.rank.phases.PhaseWatcher` left in the tracker; this thread samples at each
 poll, so any phase longer than the poll interval is seen) is left out of the step times,
 the window's rates and the summary; an explicit checkpoint's progress is no step at all.
 
@@ -47,7 +47,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
-from rankguard._fs import QueuedJsonl, atomic_write_json
 from rankguard.perf.config import PerfConfig
 from rankguard.perf.flagscale import link_flagscale_summary
 from rankguard.perf.flops import analytic_flops_per_step, mfu, tflops_per_gpu
@@ -56,9 +55,10 @@ from rankguard.perf.peaks import resolve_peak_tflops
 from rankguard.perf.sinks import PerfSink, RunInfo, SinkSet, SinkThread
 from rankguard.perf.trackers import build_trackers
 from rankguard.perf.trackers.events import RunEventTail
-from rankguard.phases import PhaseWatcher
+from rankguard.rank.phases import PhaseWatcher
+from rankguard.rank.timeline import RING_SIZE, ProgressTracker
 from rankguard.schema.layout import PERF_JOB_FILE, PERF_LOG_FILE, PERF_SUMMARY_PREFIX
-from rankguard.timeline import RING_SIZE, ProgressTracker
+from rankguard.util.fs import QueuedJsonl, atomic_write_json
 
 __all__ = ["SUMMARY_PREFIX", "PerfReporter", "final_statistics", "prune_runs", "run_job"]
 

@@ -1,7 +1,7 @@
 """Does a save fit the grace window?
 
 After the exit signal the ranks first run on to the agreed stop step, then save. The
-first part (:meth:`rankguard.cadence.Cadence.agreement_lead_s`) is about three monitor
+first part (:meth:`rankguard.schema.cadence.Cadence.agreement_lead_s`) is about three monitor
 scans plus a second when node 0 reads every rank's progress fresh (one node, or a shared
 filesystem: each signalled rank publishes a heartbeat at once), and up to three
 heartbeat intervals and three scans plus two seconds when other nodes' records come
@@ -24,7 +24,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from rankguard._fs import atomic_write_json
+from rankguard.util.fs import atomic_write_json
 
 __all__ = ["GraceBudget", "load_save_time", "store_save_time"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field
 
-from rankguard.validate import check_number
+from rankguard.util.validate import check_number
 
 __all__ = ["EXIT_SIGNALS", "PreemptionConfig", "parse_exit_signal"]
 

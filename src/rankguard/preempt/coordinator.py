@@ -9,7 +9,7 @@ starts the preemption of the whole job:
    the workers at once, is not called for the exit signal.
 2. The coordinator thread forwards the signal to this node's ranks (their flag-only
    handler) and starts this node's grace window, ``preempt_time`` long.
-3. Node 0 chooses the stop step through :class:`rankguard.agree.StopAgreement` (reason
+3. Node 0 chooses the stop step through :class:`rankguard.monitor.agree.StopAgreement` (reason
    ``preempted: ...``: ``control.json`` for every rank, the relays for other nodes) and
    sets the store key ``preempt``. Each signalled rank publishes a heartbeat at its next
    step boundary; once every rank's latest record says it got the signal, node 0 knows
@@ -42,19 +42,19 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rankguard.agree import write_control
-from rankguard.heartbeat.blockeval import BlockEvaluator
+from rankguard.monitor.agree import write_control
+from rankguard.monitor.blockeval import BlockEvaluator
 from rankguard.preempt.budget import GraceBudget
 from rankguard.preempt.config import PreemptionConfig
 from rankguard.schema.blocks import PreemptBlock, read_block
 from rankguard.schema.findings import Finding, FindingType, Reason
 from rankguard.schema.layout import StoreKeys
-from rankguard.textsafe import safe_text
-from rankguard.wakeup import Wakeup
+from rankguard.util.textsafe import safe_text
+from rankguard.util.wakeup import Wakeup
 
 if TYPE_CHECKING:
     from rankguard.ft.kill import OwnedWorkers
-    from rankguard.heartbeat.rules import RankState
+    from rankguard.monitor.rules import RankState
     from rankguard.schema.records import HeartbeatRecord
 
 __all__ = ["PreemptionCoordinator", "PreemptionEvaluator"]

@@ -25,7 +25,7 @@ from types import FrameType
 from typing import Any
 
 from rankguard.preempt.config import parse_exit_signal
-from rankguard.runenv import RunEnv, current
+from rankguard.rank.runenv import RunEnv, current
 
 __all__ = ["ExitSignalHandler", "exit_signal_from_env", "ignore_exit_signal"]
 

@@ -1,7 +1,7 @@
 """Rank side of preemption: the exit-signal flag, the launcher told, the save measured.
 
 The signal usually reaches the rank from its launcher (which forwards it) and the stop
-step from node 0 (``control.json``, :mod:`rankguard.agree`). A signal sent straight to
+step from node 0 (``control.json``, :mod:`rankguard.monitor.agree`). A signal sent straight to
 one rank instead (``kill PID``) is passed on to the rank's launcher, at the loop's next
 question (never from the handler itself), and from there the job is preempted as a
 whole: every rank then saves the same step.
@@ -24,8 +24,8 @@ from collections.abc import Callable
 from rankguard.preempt.config import PreemptionConfig
 from rankguard.preempt.handler import ExitSignalHandler
 from rankguard.preempt.saver import set_save_listener
+from rankguard.rank.timeline import RING_SIZE, ProgressTracker
 from rankguard.schema.blocks import PreemptBlock
-from rankguard.timeline import RING_SIZE, ProgressTracker
 
 __all__ = ["RankPreemption"]
 
@@ -108,7 +108,7 @@ class RankPreemption:
 
     def step_min_s(self, window: int = 16) -> float | None:
         """The shortest of the last ``window`` steps (checkpoints left out): how far
-        ahead node 0 puts the stop step (:func:`rankguard.agree.fastest_step_s`)."""
+        ahead node 0 puts the stop step (:func:`rankguard.monitor.agree.fastest_step_s`)."""
         t = self.tracker
         issued = t.issued_seq
         ring = t.step_ns

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from rankguard.timeline import ProgressTracker
+from rankguard.rank.timeline import ProgressTracker
 
 __all__ = ["Saver", "TorchFileSaver", "save_and_wait", "set_save_listener"]
 

@@ -13,11 +13,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from rankguard._fs import atomic_write_text
 from rankguard.report.data import ReportUnavailable, load_run
 from rankguard.report.page import render_page
-from rankguard.runfiles import launcher_gone
-from rankguard.statusnotes import frozen_status
+from rankguard.util.fs import atomic_write_text
+from rankguard.view.runfiles import launcher_gone
+from rankguard.view.statusnotes import frozen_status
 
 __all__ = ["EXIT_OK", "EXIT_UNAVAILABLE", "REPORT_FILE", "add_parser", "run"]
 

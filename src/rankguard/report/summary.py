@@ -16,7 +16,7 @@ from rankguard.report.data import RunData, parse_time
 from rankguard.report.svgbase import esc, fmt_num
 from rankguard.report.wallclock import fmt_clock
 from rankguard.schema.coerce import as_float
-from rankguard.statusnotes import restarts_summary
+from rankguard.view.statusnotes import restarts_summary
 
 __all__ = [
     "fmt_clock",

@@ -17,7 +17,7 @@ from rankguard.report.summary import fmt_clock, run_window
 from rankguard.report.svgbase import esc, fmt_num
 from rankguard.schema.status import RankRow, StatusDoc
 from rankguard.schema.statusblocks import CheckpointEntry, CheckpointsBlock
-from rankguard.statusnotes import (
+from rankguard.view.statusnotes import (
     exit_note,
     iteration_cell,
     iteration_legend,

@@ -11,12 +11,12 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from rankguard.heartbeat.blockeval import BlockEvaluator
+from rankguard.monitor.blockeval import BlockEvaluator
 from rankguard.schema.findings import Finding, FindingType, Reason
 from rankguard.schema.rerun import RerunBlock, RerunEvent, RerunOutcome
 
 if TYPE_CHECKING:
-    from rankguard.heartbeat.rules import RankState
+    from rankguard.monitor.rules import RankState
     from rankguard.schema.records import HeartbeatRecord
 
 __all__ = ["RerunEvaluator"]

@@ -11,9 +11,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rankguard._fs import atomic_write_json, atomic_write_text
-from rankguard.runenv import RunEnv, current
+from rankguard.rank.runenv import RunEnv, current
 from rankguard.schema.layout import RERUN_FAULTY_PREFIX, RERUN_VERDICT_FILE
+from rankguard.util.fs import atomic_write_json, atomic_write_text
 
 __all__ = ["read_verdict", "write_faulty_rank", "write_verdict"]
 

@@ -3,7 +3,7 @@ Slurm and Kubeflow, in :data:`SCHEDULERS`. Nothing outside this package tests a
 scheduler's name: the launcher's exit code goes through the scheduler the ``exit_codes``
 setting names (:func:`for_exit_codes`), bad-node exclusion's hints and their lines are
 every scheduler's (:func:`exclusion_hints`, :func:`exclusion_hint_lines`,
-:func:`exclusion_hint_text`), and :mod:`rankguard.runenv` reads the job id from the
+:func:`exclusion_hint_text`), and :mod:`rankguard.rank.runenv` reads the job id from the
 variables the schedulers name (:data:`JOB_ID_VARIABLES`).
 """
 

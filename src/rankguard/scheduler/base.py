@@ -15,7 +15,7 @@ class Scheduler(Protocol):
     exit codes it runs again."""
 
     name: str
-    #: the environment variables that name the job (read by :mod:`rankguard.runenv`)
+    #: the environment variables that name the job (read by :mod:`rankguard.rank.runenv`)
     job_id_variables: tuple[str, ...]
     #: its value of the ``exit_codes`` setting (None: it reads rankguard's own table)
     exit_code_table: str | None

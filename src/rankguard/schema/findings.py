@@ -7,8 +7,8 @@ the status screen's short names and colours, the report's markers and the export
 series. A test fails when one of them misses a type.
 
 How to add a finding type: a member here with its :data:`_INFO` entry, the evaluator that
-fires it (a rule in :mod:`rankguard.heartbeat.rules` or a
-:class:`~rankguard.heartbeat.monitor.Evaluator`), a marker in ``report/charts.py`` and a
+fires it (a rule in :mod:`rankguard.monitor.rules` or a
+:class:`~rankguard.monitor.monitor.Evaluator`), a marker in ``report/charts.py`` and a
 line in ``docs/heartbeat.md``.
 """
 

@@ -229,7 +229,7 @@ class StoreKeys:
 
     def tick(self, node_rank: int) -> str:
         """Node k's relay, every push: the fields of each local rank that move with
-        time, over the records of ``heartbeats`` (:mod:`rankguard.heartbeat.delta`)."""
+        time, over the records of ``heartbeats`` (:mod:`rankguard.relay.delta`)."""
         return f"{self.prefix}hb/tick/{node_rank}"
 
     def done(self, node_rank: int) -> str:

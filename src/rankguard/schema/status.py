@@ -1,7 +1,7 @@
 """``status.json`` as one typed object: :class:`StatusDoc` and its blocks.
 
 The monitor writes the file through :meth:`StatusDoc.to_dict`; every reader (``rankguard
-status``, the report, the Prometheus exporter, :mod:`rankguard.runfiles`) reads it through
+status``, the report, the Prometheus exporter, :mod:`rankguard.view.runfiles`) reads it through
 :meth:`StatusDoc.from_dict`. Users' scripts read the file too, so its keys and their
 order are the product's: ``to_dict(from_dict(d)) == d`` for a file the monitor wrote
 (``tests/unit/schema/test_status_doc.py`` freezes the keys).
@@ -57,7 +57,7 @@ def _extra(d: dict[str, Any], known: frozenset[str]) -> dict[str, Any]:
 @dataclass(slots=True)
 class RankRow:
     """One rank's row (``status.json["ranks"]``; ``status_ranks.json`` holds the first
-    columns of it, :data:`rankguard.heartbeat.status.DETAIL_COLUMNS`)."""
+    columns of it, :data:`rankguard.monitor.status.DETAIL_COLUMNS`)."""
 
     rank: int | None = None
     pid: int | None = None

@@ -20,12 +20,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rankguard._fs import atomic_write_text
 from rankguard.config import RankguardConfig, load_config
 from rankguard.launcher.exitcodes import EXIT_FAILED, EXIT_USAGE, RETRYABLE
 from rankguard.launcher.options import split_overrides
 from rankguard.slurm.retry import run_with_retries
 from rankguard.slurm.sbatch import SbatchSpec, parse_job_id, preempt_signal, render_sbatch
+from rankguard.util.fs import atomic_write_text
 
 __all__ = ["SBATCH_TIMEOUT_S", "add_parser", "inactive_settings", "run", "spec_from_args"]
 

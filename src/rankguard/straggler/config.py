@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rankguard.validate import check_number
+from rankguard.util.validate import check_number
 
 __all__ = ["StragglerConfig"]
 

@@ -34,7 +34,7 @@ from rankguard.straggler.nvrx_lines import score_lines, straggler_warnings
 from rankguard.straggler.waits import RankWaits, WaitShares
 
 if TYPE_CHECKING:
-    from rankguard.heartbeat.rules import RankState
+    from rankguard.monitor.rules import RankState
 
 __all__ = ["StragglerDetector"]
 
@@ -47,7 +47,7 @@ def _worst_score(score: dict[str, Any]) -> float:
 
 
 class StragglerDetector:
-    """A monitor evaluator (:class:`~rankguard.heartbeat.monitor.Evaluator`): its report
+    """A monitor evaluator (:class:`~rankguard.monitor.monitor.Evaluator`): its report
     is ``status.json``'s ``stragglers``."""
 
     name = "stragglers"

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rankguard.timeline import cuda_in_use
+from rankguard.rank.timeline import cuda_in_use
 
 __all__ = ["ComputeProbe"]
 

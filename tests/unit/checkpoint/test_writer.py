@@ -17,7 +17,7 @@ from rankguard.checkpoint import CheckpointConfig, CheckpointManager
 from rankguard.checkpoint import files as ckfiles
 from rankguard.checkpoint.files import MANIFEST_FILE, checksum_file
 from rankguard.checkpoint.writer import Digest
-from rankguard.cpuprio import yield_cpu
+from rankguard.util.cpuprio import yield_cpu
 
 pytestmark = [
     pytest.mark.timeout(60),

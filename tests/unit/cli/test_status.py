@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from rankguard import runfiles
 from rankguard.cli import status as status_cli
 from rankguard.cli import status_render
 from rankguard.cli.status import add_parser, read_findings, render_status
+from rankguard.view import runfiles
 
 RUN_ID = "run-20241129-1054"
 

@@ -12,7 +12,7 @@ import pytest
 from rankguard.cli.status_render import render_status
 from rankguard.launcher.console import restart_line, run_end_line, status_line
 from rankguard.schema.restarts import RestartEntry
-from rankguard.statusnotes import (
+from rankguard.view.statusnotes import (
     exit_note,
     frozen_status,
     iteration_cell,

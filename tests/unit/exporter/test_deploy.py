@@ -18,12 +18,12 @@ pytest.importorskip("prometheus_client")
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from rankguard._fs import atomic_write_json
 from rankguard.exporter import MetricsExporter
 from rankguard.goodput import Attempt, build_ledger, goodput_block
-from rankguard.heartbeat.monitor import JobMonitor
-from rankguard.runfiles import read_checkpoints
+from rankguard.monitor.monitor import JobMonitor
 from rankguard.schema.layout import CHECKPOINTS_FILE
+from rankguard.util.fs import atomic_write_json
+from rankguard.view.runfiles import read_checkpoints
 from tests.factories import FakeClock, heartbeat_config, heartbeat_record
 from tests.factories import write_heartbeats as write
 

@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rankguard.exporter import ENDPOINT_FILE, MetricsExporter, start_for_monitor
 from rankguard.exporter.collector import JOB_STATES, METRICS
-from rankguard.heartbeat.monitor import JobMonitor
+from rankguard.monitor.monitor import JobMonitor
 from rankguard.perf.config import PrometheusConfig
 from tests.factories import FakeClock, heartbeat_config, heartbeat_record
 from tests.factories import write_heartbeats as write

@@ -19,7 +19,7 @@ import pytest
 
 from rankguard.ft.actions import FaultHandler
 from rankguard.ft.config import FaultToleranceConfig
-from rankguard.heartbeat.rules import HeartbeatRules
+from rankguard.monitor.rules import HeartbeatRules
 from rankguard.schema.findings import Finding, FindingType, Reason
 from tests.factories import PLAIN_CHILD, Children, alive, heartbeat_config, heartbeat_record
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from rankguard.ft.actions import FaultHandler
 from rankguard.ft.config import FaultToleranceConfig
-from rankguard.heartbeat.rules import HeartbeatRules
+from rankguard.monitor.rules import HeartbeatRules
 from rankguard.schema.findings import Finding, FindingType, Reason
 from tests.factories import FakeClock, heartbeat_config, heartbeat_record
 

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from rankguard._fs import ForeignPathError, owned_subdir
 from rankguard.ft import flightrec
 from rankguard.ft.actions import HangTraces
 from rankguard.ft.flightrec import (
@@ -30,6 +29,7 @@ from rankguard.ft.flightrec import (
 )
 from rankguard.ft.stacks import install_dump_handler
 from rankguard.schema.findings import Finding, FindingType, Reason
+from rankguard.util.fs import ForeignPathError, owned_subdir
 
 OTHER_UID = 65534  # nobody: "another user of the same group"
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to own a file as another uid")

@@ -237,7 +237,7 @@ def test_a_failing_dump_does_not_stop_the_others_or_the_kill(
 def test_relay_serves_a_kill_request_with_the_policy_in_parallel(
     tmp_path: Path, spawn: Callable[..., subprocess.Popen[str]]
 ) -> None:
-    from rankguard.heartbeat.relay import StoreRelay, request_kill
+    from rankguard.relay.relay import StoreRelay, request_kill
 
     culprit = spawn(4)
     deaf = [spawn(r, deaf=True) for r in (5, 6, 7)]

@@ -22,9 +22,9 @@ from rankguard.ft.kill import (
     dump_then_kill,
     kill_marked,
 )
-from rankguard.heartbeat.procs import process_start_time
-from rankguard.heartbeat.rules import HeartbeatRules
+from rankguard.monitor.rules import HeartbeatRules
 from rankguard.schema.findings import Finding, FindingType, Reason
+from rankguard.util.procs import process_start_time
 from tests.factories import Children, alive, heartbeat_config, heartbeat_record
 
 RUN = "run-owned"

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from rankguard.heartbeat.rules import HeartbeatRules, Liveness, Progress
+from rankguard.monitor.rules import HeartbeatRules, Liveness, Progress
 from tests.factories import Feed as _Feed
 from tests.factories import heartbeat_record, heartbeat_rules
 

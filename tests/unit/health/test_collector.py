@@ -20,7 +20,7 @@ from rankguard.health import (
     health_file_name,
 )
 from rankguard.health import collector as collector_mod
-from rankguard.heartbeat.config import HardwareHealthConfig
+from rankguard.monitor.config import HardwareHealthConfig
 from tests.factories import load_fake_pynvml
 
 SNAPSHOT_KEYS = {

@@ -19,7 +19,7 @@ from rankguard.inprocess.wrapper import InProcessRestartError, _Call
 from rankguard.live.keys import REPLACING
 from rankguard.live.plan import Assignment
 from rankguard.live.roles import STANDBY_ENV, STANDBY_RANKS_ENV
-from rankguard.runenv import RunEnv
+from rankguard.rank.runenv import RunEnv
 
 CFG = InProcessRestartConfig(
     enabled=True,

@@ -98,7 +98,7 @@ def test_the_reentry_phase_has_its_own_timeout_not_the_progress_timeout() -> Non
 
 
 def test_tracker_progress_clock_restarts_after_a_reentry() -> None:
-    from rankguard.timeline import ProgressTracker
+    from rankguard.rank.timeline import ProgressTracker
     from tests.factories import FakeNsClock
 
     clock = FakeNsClock()

@@ -17,8 +17,8 @@ import torch
 from rankguard.perf.config import PerfConfig
 from rankguard.perf.flops import ModelShape, analytic_flops_per_step
 from rankguard.perf.reporter import PerfReporter
+from rankguard.rank.timeline import ProgressTracker
 from rankguard.session import NullSession, Session
-from rankguard.timeline import ProgressTracker
 from tests.factories import heartbeat_config, rank_identity
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.xdist_group("hf")]

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import torch
 
-from rankguard.heartbeat.identity import ENV
 from rankguard.perf.config import PerfConfig
 from rankguard.perf.reporter import PerfReporter
+from rankguard.rank.identity import ENV
+from rankguard.rank.timeline import ProgressTracker
 from rankguard.session import Session
-from rankguard.timeline import ProgressTracker
 from tests.factories import (
     LIGHTNING_FACTORY,
     heartbeat_config,

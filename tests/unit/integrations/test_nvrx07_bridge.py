@@ -32,9 +32,9 @@ _CHILD = textwrap.dedent(
     import nvidia_resiliency_ext.fault_tolerance as nvrx_ft
     from rankguard.ft.config import FaultToleranceConfig
     from rankguard.ft.launcher_flags import nvrx_version
-    from rankguard.heartbeat.config import HeartbeatConfig
+    from rankguard.monitor.config import HeartbeatConfig
     from rankguard.integrations.nvrx import RankMonitorBridge, nvrx_config_from
-    from rankguard.timeline import ProgressTracker
+    from rankguard.rank.timeline import ProgressTracker
 
     class Session:
         def __init__(self):

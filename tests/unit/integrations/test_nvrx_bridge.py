@@ -15,14 +15,14 @@ import pytest
 nvrx_ft = pytest.importorskip("nvidia_resiliency_ext.fault_tolerance")
 
 from rankguard.ft.config import FaultToleranceConfig  # noqa: E402
-from rankguard.heartbeat.config import HeartbeatConfig  # noqa: E402
 from rankguard.integrations.nvrx import (  # noqa: E402
     SOCKET_ENV,
     RankMonitorBridge,
     nvrx_config_from,
     serve_nvrx_client,
 )
-from rankguard.timeline import ProgressTracker  # noqa: E402
+from rankguard.monitor.config import HeartbeatConfig  # noqa: E402
+from rankguard.rank.timeline import ProgressTracker  # noqa: E402
 
 
 class _Session:

@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.ranks, pytest.mark.timeout(60)]
 RANK = """\
 import sys, time
 from rankguard.ft.config import FaultToleranceConfig
-from rankguard.heartbeat.config import HeartbeatConfig
+from rankguard.monitor.config import HeartbeatConfig
 from rankguard.integrations.nvrx import RankMonitorBridge, nvrx_config_from
 
 cfg = nvrx_config_from(FaultToleranceConfig(), HeartbeatConfig(enabled=True))

@@ -17,10 +17,10 @@ import pytest
 nvrx_ft = pytest.importorskip("nvidia_resiliency_ext.fault_tolerance")
 
 from rankguard.ft.config import FaultToleranceConfig  # noqa: E402
-from rankguard.heartbeat.config import HeartbeatConfig  # noqa: E402
 from rankguard.integrations import nvrx  # noqa: E402
 from rankguard.integrations.nvrx import SOCKET_ENV, RankMonitorBridge  # noqa: E402
-from rankguard.timeline import ProgressTracker  # noqa: E402
+from rankguard.monitor.config import HeartbeatConfig  # noqa: E402
+from rankguard.rank.timeline import ProgressTracker  # noqa: E402
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -13,11 +13,11 @@ import pytest
 
 from rankguard.bootstrap import session_from_env
 from rankguard.config import RankguardConfig, dumps_config
-from rankguard.heartbeat.config import HeartbeatConfig
-from rankguard.heartbeat.identity import ENV
-from rankguard.heartbeat.lifeline import Lifeline
 from rankguard.launcher import forkserver_guard, worker
-from rankguard.runenv import RunEnv
+from rankguard.monitor.config import HeartbeatConfig
+from rankguard.rank.identity import ENV
+from rankguard.rank.lifeline import Lifeline
+from rankguard.rank.runenv import RunEnv
 from rankguard.session import NullSession, Session
 
 LINUX = sys.platform.startswith("linux")

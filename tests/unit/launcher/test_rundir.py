@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from rankguard.agree import write_control
 from rankguard.config import ConfigError, RankguardConfig, load_config
 from rankguard.launcher.exitcodes import EXIT_USAGE
 from rankguard.launcher.options import LaunchOptions
 from rankguard.launcher.run import launch, run_dir_for
 from rankguard.launcher.rundir import ForeignDirectoryError, owner_name, prepare_run_dir
+from rankguard.monitor.agree import write_control
 from rankguard.schema.layout import CONTROL_FILE
 
 

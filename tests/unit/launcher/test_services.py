@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-import rankguard._fs as fs
+import rankguard.util.fs as fs
 from rankguard.config import RankguardConfig
 from rankguard.launcher.services import NodeServices
 from rankguard.schema.layout import RESTARTS_FILE

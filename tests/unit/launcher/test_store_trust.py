@@ -32,9 +32,9 @@ from rankguard.launcher.exclusion import (
 from rankguard.launcher.membership import SpareService
 from rankguard.launcher.services import NodeServices
 from rankguard.launcher.spares import AgentRegistry, read_agents
-from rankguard.runfiles import excluded_lines
 from rankguard.schema.layout import StoreKeys
 from rankguard.schema.restarts import RestartEntry
+from rankguard.view.runfiles import excluded_lines
 
 pytestmark = pytest.mark.timeout(120)
 

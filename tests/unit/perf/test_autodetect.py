@@ -21,7 +21,7 @@ from rankguard.perf.autodetect import (
 from rankguard.perf.config import PerfConfig
 from rankguard.perf.flops import ModelShape, analytic_flops_per_step
 from rankguard.perf.reporter import PerfReporter
-from rankguard.timeline import ProgressTracker
+from rankguard.rank.timeline import ProgressTracker
 
 CFG = NanoGPTConfig(block_size=16, vocab_size=128, n_embd=64)  # nanoGPT's names
 ANALYTIC = ModelShape(

@@ -24,7 +24,7 @@ from rankguard.perf.reporter import (
     final_statistics,
     prune_runs,
 )
-from rankguard.timeline import RING_SIZE, ProgressTracker
+from rankguard.rank.timeline import RING_SIZE, ProgressTracker
 from tests.factories import FakeNsClock as FakeClock
 
 MS = 1_000_000  # ns
@@ -681,7 +681,7 @@ def test_perf_jsonl_lines_a_full_disk_refused_are_written_later_in_order(
 ) -> None:
     import errno
 
-    from rankguard import _fs
+    from rankguard.util import fs as _fs
 
     real = _fs.append_bytes
 

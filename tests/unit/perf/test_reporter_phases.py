@@ -7,7 +7,7 @@ import pytest
 
 from rankguard.perf.config import PerfConfig
 from rankguard.perf.reporter import PerfReporter
-from rankguard.timeline import ProgressTracker
+from rankguard.rank.timeline import ProgressTracker
 from tests.factories import FakeNsClock
 
 

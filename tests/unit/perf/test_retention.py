@@ -68,7 +68,7 @@ def test_another_users_run_is_not_touched(tmp_path: Path, monkeypatch: pytest.Mo
 def test_the_reporter_marks_its_job_and_prunes_only_it(tmp_path: Path) -> None:
     from rankguard.perf.config import PerfConfig
     from rankguard.perf.reporter import PerfReporter
-    from rankguard.timeline import ProgressTracker
+    from rankguard.rank.timeline import ProgressTracker
 
     root = tmp_path / "perf_monitor"
     old = [_run(root, f"old{i}", 1_000_000 + i, "/jobs/train.py") for i in range(2)]

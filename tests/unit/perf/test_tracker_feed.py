@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from rankguard._fs import append_jsonl, atomic_write_json
 from rankguard.perf.config import PerfConfig
 from rankguard.perf.reporter import PerfReporter
 from rankguard.perf.sinks import RunInfo, SinkSet, SinkThread
 from rankguard.perf.trackers.events import RunEventTail
+from rankguard.rank.timeline import ProgressTracker
 from rankguard.schema.layout import CHECKPOINTS_FILE, FINDINGS_FILE, GOODPUT_FILE, RESTARTS_FILE
-from rankguard.timeline import ProgressTracker
+from rankguard.util.fs import append_jsonl, atomic_write_json
 from tests.factories import FakeNsClock
 
 

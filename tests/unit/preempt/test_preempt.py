@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from rankguard.cadence import Cadence
 from rankguard.config import ConfigError, load_config
-from rankguard.heartbeat.config import HeartbeatConfig
 from rankguard.launcher.exitcodes import EXIT_PREEMPTED, RETRYABLE, JobOutcome, exit_code
+from rankguard.monitor.config import HeartbeatConfig
 from rankguard.preempt import ExitSignalHandler, PreemptionConfig, TorchFileSaver, parse_exit_signal
 from rankguard.preempt.budget import GraceBudget, load_save_time, store_save_time
 from rankguard.preempt.coordinator import PreemptionCoordinator
+from rankguard.schema.cadence import Cadence
 from rankguard.schema.layout import CONTROL_FILE, StoreKeys
 from rankguard.slurm.retry import Decision, decide
 
@@ -388,11 +388,11 @@ def test_preempted_exit_code_wins_and_is_requeued() -> None:
 
 
 def _session(tmp_path: Path, launcher_pid: int | None = None) -> Any:
-    from rankguard.heartbeat.config import HeartbeatConfig
-    from rankguard.heartbeat.identity import RankIdentity
+    from rankguard.monitor.config import HeartbeatConfig
     from rankguard.preempt.rank import RankPreemption
+    from rankguard.rank.identity import RankIdentity
+    from rankguard.rank.timeline import ProgressTracker
     from rankguard.session import Session
-    from rankguard.timeline import ProgressTracker
 
     tracker = ProgressTracker()
     pre = RankPreemption(
@@ -415,7 +415,7 @@ def _session(tmp_path: Path, launcher_pid: int | None = None) -> Any:
 def test_should_stop_is_quiet_until_the_signal_then_stops_at_the_agreed_step(
     tmp_path: Path,
 ) -> None:
-    from rankguard.agree import ControlReader, write_control
+    from rankguard.monitor.agree import ControlReader, write_control
 
     previous = signal.getsignal(signal.SIGUSR1)
     session = _session(tmp_path)
@@ -498,7 +498,7 @@ def test_preemption_on_but_never_asked_is_said_once_after_the_first_steps(
     """A config turns preemption on, the script never calls should_stop(): the signal
     would end the ranks without a save. Said once, from the heartbeat thread's block."""
     from rankguard.preempt.rank import RankPreemption
-    from rankguard.timeline import ProgressTracker
+    from rankguard.rank.timeline import ProgressTracker
 
     previous = signal.getsignal(signal.SIGUSR1)
     for asks in (False, True):

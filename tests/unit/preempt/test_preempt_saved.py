@@ -17,9 +17,9 @@ from rankguard.preempt import PreemptionConfig, TorchFileSaver, save_and_wait
 from rankguard.preempt.budget import GraceBudget
 from rankguard.preempt.coordinator import PreemptionEvaluator
 from rankguard.preempt.rank import RankPreemption
+from rankguard.rank.timeline import ProgressTracker
 from rankguard.schema.blocks import PreemptBlock
 from rankguard.schema.findings import Finding, Reason
-from rankguard.timeline import ProgressTracker
 from tests.factories import heartbeat_config, heartbeat_record, heartbeat_rules, rank_identity
 
 pytestmark = pytest.mark.timeout(30)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from rankguard.heartbeat.rules import RankState
+from rankguard.monitor.rules import RankState
 from rankguard.rerun.evaluator import RerunEvaluator
 from rankguard.schema.findings import FindingType, Reason
 from rankguard.schema.records import HeartbeatRecord, RecordError

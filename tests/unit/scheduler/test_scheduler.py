@@ -7,8 +7,7 @@ import ast
 import json
 from pathlib import Path
 
-from rankguard.runenv import RunEnv
-from rankguard.runfiles import excluded_lines
+from rankguard.rank.runenv import RunEnv
 from rankguard.scheduler import (
     EXIT_CODE_TABLES,
     JOB_ID_VARIABLES,
@@ -19,11 +18,18 @@ from rankguard.scheduler import (
     exclusion_hints,
     for_exit_codes,
 )
+from rankguard.view.runfiles import excluded_lines
 
 SRC = Path(__file__).resolve().parents[3] / "src" / "rankguard"
 
 #: the modules that once tested a scheduler by name
-WIRING = ("launcher/run.py", "launcher/exclusion.py", "runfiles.py", "config.py", "runenv.py")
+WIRING = (
+    "launcher/run.py",
+    "launcher/exclusion.py",
+    "view/runfiles.py",
+    "config.py",
+    "rank/runenv.py",
+)
 NAMES = ("slurm", "kubeflow", "kubectl", "kubernetes")
 
 

@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
-from rankguard.heartbeat.blockeval import BlockEvaluator
-from rankguard.heartbeat.publisher import HeartbeatPublisher
+from rankguard.monitor.blockeval import BlockEvaluator
 from rankguard.preempt.budget import GraceBudget
 from rankguard.preempt.coordinator import PreemptionEvaluator
+from rankguard.rank.publisher import HeartbeatPublisher
+from rankguard.rank.timeline import ProgressTracker
 from rankguard.schema.blocks import (
     BLOCKS,
     EXIT_CLEAN_DEFAULT,
@@ -38,7 +39,6 @@ from rankguard.schema.collectives import CollectivesBlock, GroupPosition
 from rankguard.schema.findings import Progress
 from rankguard.schema.records import HeartbeatRecord
 from rankguard.schema.rerun import RerunBlock, RerunEvent, RerunOutcome
-from rankguard.timeline import ProgressTracker
 from tests.factories import heartbeat_record, heartbeat_rules, rank_identity
 
 EXAMPLES: list[Any] = [

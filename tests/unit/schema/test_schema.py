@@ -12,8 +12,8 @@ import pytest
 from rankguard.cli.status_render import _FINDING_ABBREV, _WARNING_FINDINGS
 from rankguard.exporter.collector import FindingCounts
 from rankguard.ft.config import FINDING_TYPES, FaultToleranceConfig
-from rankguard.heartbeat.monitor import JobMonitor
-from rankguard.heartbeat.relay import StoreRelay
+from rankguard.monitor.monitor import JobMonitor
+from rankguard.relay.relay import StoreRelay
 from rankguard.report.charts import FINDING_STYLE
 from rankguard.schema import (
     Event,

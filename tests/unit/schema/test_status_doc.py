@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from rankguard._fs import atomic_write_json
 from rankguard.goodput.status import GoodputStatus
-from rankguard.heartbeat.monitor import JobMonitor
+from rankguard.monitor.monitor import JobMonitor
 from rankguard.schema.layout import health_file_name
 from rankguard.schema.status import StatusDoc, parse_findings
+from rankguard.util.fs import atomic_write_json
 from tests.factories import FakeClock, heartbeat_config, publisher_record, read_status
 from tests.factories import write_heartbeats as write
 

@@ -23,14 +23,14 @@ import pytest
 
 import rankguard.straggler.probe as probe_mod
 from rankguard.config import ConfigError, load_config
-from rankguard.heartbeat.config import HeartbeatConfig
+from rankguard.monitor.config import HeartbeatConfig
+from rankguard.rank.timeline import ProgressTracker
 from rankguard.schema.layout import heartbeat_file_name
 from rankguard.schema.records import HeartbeatRecord, RecordError
 from rankguard.session import NullSession, Session
 from rankguard.straggler.config import StragglerConfig
 from rankguard.straggler.detector import StragglerDetector
 from rankguard.straggler.probe import ComputeProbe
-from rankguard.timeline import ProgressTracker
 from tests.factories import rank_identity
 
 RUN = "run-straggler"

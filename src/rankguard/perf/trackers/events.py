@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rankguard.heartbeat.tailer import JsonlTailer
 from rankguard.schema.layout import CHECKPOINTS_FILE, FINDINGS_FILE, GOODPUT_FILE, RESTARTS_FILE
+from rankguard.util.tailer import JsonlTailer
 
 __all__ = ["RunEvent", "RunEventTail"]
 

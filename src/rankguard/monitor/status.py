@@ -1,0 +1,249 @@
+"""Building ``status.json`` (a :class:`~rankguard.schema.status.StatusDoc`) from the
+rules' rank states, and the rows of ``status_ranks.json``.
+
+Up to ``heartbeat.status_rank_rows`` ranks the status lists every rank; a larger job gets
+counts over every rank and the rows of the ``status_worst_ranks`` worst only
+(:func:`worst_ranks`), every rank then in ``status_ranks.json`` (:func:`detail_rows`,
+written off the scan by the monitor's thread).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+from rankguard.monitor.rules import HeartbeatRules, Liveness, Progress, RankState
+from rankguard.schema.status import RankDetail, RankRow, StatusSummary
+
+__all__ = [
+    "DETAIL_COLUMNS",
+    "DetailSnapshot",
+    "counts",
+    "detail_rows",
+    "detail_snapshot",
+    "job_state",
+    "n_ranks",
+    "rank_row",
+    "worst_ranks",
+]
+
+#: The columns of ``status_ranks.json``'s rows (the keys of a status.json rank row).
+DETAIL_COLUMNS = (
+    "rank",
+    "pid",
+    "hostname",
+    "node_rank",
+    "local_rank",
+    "process_liveness",
+    "gpu_progress",
+    "iteration",
+    "iteration_source",
+    "progress_seq",
+    "phase",
+    "checkpoint_active",
+    "heartbeat_age_s",
+    "progress_age_s",
+    "active_findings",
+    "blocked_by",
+)
+_NOTABLE = frozenset({Progress.STALLED, Progress.UNKNOWN})
+
+#: One rank as the scan saw it, for the detail thread (formatted off the scan).
+DetailSnapshot = tuple[Any, ...]
+
+
+def rank_row(s: RankState) -> RankRow:
+    rec = s.record
+    if rec is None:  # a rank not seen yet: the same keys as a seen one
+        return RankRow(
+            rank=s.rank,
+            pid=s.pid,
+            process_liveness=s.liveness.value,
+            gpu_progress=s.progress.value,
+            heartbeat_age_s=_round(s.heartbeat_age_s),
+            progress_age_s=_round(s.progress_age_s),
+            gpu_health=s.gpu_health,
+        )
+    return RankRow(
+        rank=s.rank,
+        pid=s.pid,
+        hostname=rec.hostname,
+        node_rank=rec.node_rank,
+        local_rank=rec.local_rank,
+        process_liveness=s.liveness.value,
+        gpu_progress=s.progress.value,
+        iteration=rec.iteration,
+        iteration_source=rec.iteration_source,
+        progress_seq=rec.progress_seq,
+        phase=rec.phase,
+        phases_seen=list(s.phases_seen),
+        checkpoint_active=rec.checkpoint_active,
+        heartbeat_age_s=_round(s.heartbeat_age_s),
+        progress_age_s=_round(s.progress_age_s),
+        progress_source=rec.progress_source,
+        perf=_perf_row(rec.perf),
+        gpu=rec.gpu,
+        gpu_health=s.gpu_health,
+        exit=rec.exit,
+        active_findings=sorted(t.value for t in s.reported),
+        blocked_by=list(s.blocked_by),
+    )
+
+
+def n_ranks(rules: HeartbeatRules) -> int:
+    """Ranks the status speaks of: the job's world, or more when more were seen."""
+    return max(rules.world_size(), max(rules.ranks, default=-1) + 1)
+
+
+def counts(
+    rules: HeartbeatRules, rows_max: int, worst_max: int
+) -> tuple[list[RankRow], StatusSummary, RankDetail]:
+    """The listed rows, the summary counts and whether every rank is listed."""
+    world = rules.world_size()
+    total = n_ranks(rules)
+    complete = total <= rows_max
+    if complete:
+        rows = [rank_row(rules.ranks.get(r) or RankState(rank=r)) for r in range(total)]
+        liveness = Counter(r.process_liveness for r in rows)
+        progress = Counter(r.gpu_progress for r in rows)
+        active = sum(len(r.active_findings) for r in rows)
+    else:  # a large job: counts over every rank, rows of the worst only
+        states = rules.ranks.values()
+        # counted as enums (hashing them is 4x faster than reading .value)
+        liveness = Counter({k.value: n for k, n in Counter(s.liveness for s in states).items()})
+        progress = Counter({k.value: n for k, n in Counter(s.progress for s in states).items()})
+        unseen = total - len(rules.ranks)
+        if unseen:
+            liveness[Liveness.NOT_OBSERVED.value] += unseen
+            progress[Progress.NOT_OBSERVED.value] += unseen
+        active = sum(len(s.reported) for s in states if s.active)
+        rows = [rank_row(s) for s in worst_ranks(states, worst_max)]
+    summary = StatusSummary(
+        ranks_expected=world,
+        ranks_observed=sum(1 for s in rules.ranks.values() if s.record),
+        process_liveness=dict(liveness),  # type: ignore[arg-type]
+        gpu_progress=dict(progress),  # type: ignore[arg-type]
+        findings_total=rules.findings_total,
+        findings_active=active,
+    )
+    return rows, summary, RankDetail(complete=complete, listed=len(rows))
+
+
+def job_state(
+    rules: HeartbeatRules,
+    summary: StatusSummary,
+    n_rows: int,
+    *,
+    ended: bool = False,
+    outcome: str | None = None,
+) -> str:
+    """The job's state word (``status.json["state"]``). ``ended``: the launcher's run
+    is over, so the state is a final one (:data:`~rankguard.schema.status.FINAL_STATES`):
+    ``outcome``, the launcher's word, where the ranks' own ends do not say (``failed``
+    when it said nothing and not every rank completed)."""
+    completed = summary.gpu_progress.get(Progress.COMPLETED.value, 0)
+    if rules.shutdown is not None and completed != n_rows:
+        return "stopped"
+    if rules.first_failure is not None or (ended and outcome == "failed"):
+        return "failed"
+    if ended and outcome == "stopped":  # preempted: the ranks left cleanly, unfinished
+        return "stopped"
+    if n_rows and completed == n_rows:
+        return "completed"
+    if ended:
+        return outcome or "failed"
+    if summary.findings_active:
+        return "degraded"
+    if summary.process_liveness.get(Liveness.ALIVE.value, 0) == 0:
+        return "starting"
+    return "running"
+
+
+def worst_ranks(states: Iterable[RankState], n: int) -> list[RankState]:
+    """The ``n`` ranks that most need a look, worst first: with an active finding,
+    then stale, stalled or ended in error, then blocked by another rank, then the
+    longest without progress."""
+    if n <= 0:
+        return []
+    states = list(states) if not isinstance(states, list | tuple) else states
+    notable = [s for s in states if s.active or s.blocked_by or s.progress in _NOTABLE]
+    picked = heapq.nsmallest(n, notable, key=_badness)
+    if len(picked) < n:
+        chosen = {s.rank for s in picked}
+        rest = heapq.nlargest(
+            n - len(picked),
+            (s for s in states if s.rank not in chosen and s.progress_age_s is not None),
+            key=lambda s: s.progress_age_s or 0.0,
+        )
+        picked += rest
+    return picked
+
+
+def detail_snapshot(rules: HeartbeatRules) -> list[DetailSnapshot]:
+    """What the detail thread needs of every rank, taken during the scan."""
+    return [
+        (
+            rank,
+            s.pid,
+            s.record,
+            s.liveness.value,
+            s.progress.value,
+            s.heartbeat_age_s,
+            s.progress_age_s,
+            sorted(t.value for t in s.reported) if s.active else [],
+            list(s.blocked_by),
+        )
+        for rank, s in rules.ranks.items()
+    ]
+
+
+def detail_rows(snapshot: list[DetailSnapshot], total: int) -> list[list[Any]]:
+    """``status_ranks.json``'s rows: one list a rank (index = rank), nulls for a rank
+    not seen yet."""
+    by_rank: list[list[Any] | None] = [None] * total
+    for rank, pid, rec, live, prog, hb_age, prog_age, active, blocked in snapshot:
+        if rank >= total:
+            continue
+        by_rank[rank] = [
+            rank,
+            pid,
+            rec.hostname if rec else None,
+            rec.node_rank if rec else None,
+            rec.local_rank if rec else None,
+            live,
+            prog,
+            rec.iteration if rec else None,
+            rec.iteration_source if rec else None,
+            rec.progress_seq if rec else None,
+            rec.phase if rec else None,
+            rec.checkpoint_active if rec else False,
+            _round(hb_age),
+            _round(prog_age),
+            active,
+            blocked,
+        ]
+    empty = [None] * (len(DETAIL_COLUMNS) - 1)
+    return [row if row is not None else [rank, *empty] for rank, row in enumerate(by_rank)]
+
+
+def _badness(s: RankState) -> tuple[int, float, int]:
+    """Sort key, worst first (see :func:`worst_ranks`)."""
+    if s.active:
+        tier = 0
+    elif s.liveness is Liveness.STALE or s.progress in _NOTABLE:
+        tier = 1
+    else:
+        tier = 2
+    return tier, -(s.progress_age_s or s.heartbeat_age_s or 0.0), s.rank
+
+
+def _perf_row(perf: Any) -> dict[str, Any] | None:
+    if not isinstance(perf, dict):
+        return None
+    return {k: v for k, v in perf.items() if k != "windows"} or None
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)

@@ -1,0 +1,611 @@
+"""Heartbeats of other nodes reach node 0 through the rendezvous store.
+
+Nodes share no filesystem, but every node's launcher already talks to the c10d
+rendezvous ``TCPStore`` (hosted by node 0's launcher). On node k > 0 a
+:class:`StoreRelay` thread tails the node's heartbeat files and, every publish
+interval, sends the latest record of every local rank in two keys:
+
+- ``rankguard/<run_id>/hb/tick/<k>``, every push: a small *tick* with the fields of each
+  rank that move with time (counters, clocks, progress, the main thread's frame, see
+  :mod:`.delta`) and the node's disk state;
+- ``rankguard/<run_id>/hb/node/<k>``, only when anything else changed (a new process, an
+  event, a phase, a checkpoint, an exit, a perf window, the GPU health snapshot, a
+  shutdown): the full records plus the node's GPU health.
+
+Both carry the relay's ``epoch`` (one per relay process) and the ``gen`` of the full
+records; node 0 lays a tick over the records of the same epoch and generation and gets
+back exactly the relay's records. Each key is overwritten, never appended to, so a
+missed push loses nothing (the keys always hold the latest state), a restarted relay
+starts a new epoch (its first push sends every record in full) and a node that drops
+out simply stops changing its keys (its ranks' heartbeats age on node 0 as they would
+without the relay). Node 0's :class:`StoreRemoteSource` reads every node's tick with one
+``multi_get`` per scan, parses only the ticks that changed and reads the full records
+only of the nodes whose generation moved.
+
+The latest-record model loses nothing the rules need: every record carries the rank's
+full state, and ``process_end`` is always a rank's last record. The relay also notices
+local pids that vanished without ``process_end`` (SIGKILL, hard crash) and relays a
+synthesized ``process_end``, because node 0 cannot look at another host's process
+table. The tick also says whether the node's disk is full (:mod:`.disk`), so a rank that
+cannot write its heartbeats is not taken for a dead one.
+
+The relay also serves node 0's kill requests (``kill/node/<k>``). Any client of the
+store can write that key, so the relay signals only its own node's current workers
+(``workers``, the agent's registry): a request for any other pid (``-1``, ``0``, the
+launcher, a pid reused since) is refused and logged. Without a registry it kills
+nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rankguard.ft.kill import (
+    DEFAULT_DUMP_POLICY,
+    DumpPolicy,
+    OwnedWorkers,
+    WorkerRegistry,
+    dump_then_kill,
+)
+from rankguard.monitor.agree import write_control
+from rankguard.monitor.api import RemoteSource
+from rankguard.relay.delta import RecordPatcher, stable_part, tick_row
+from rankguard.schema.layout import HEARTBEAT_FILE_RE, RunLayout, StoreKeys
+from rankguard.schema.payloads import NodeBase, PayloadError, Tick, parse_kill_request
+from rankguard.schema.records import Event, HeartbeatRecord, RecordError, supersedes
+from rankguard.util.disk import DiskState, disk_state
+from rankguard.util.procs import pid_running
+from rankguard.util.tailer import JsonlTailer
+from rankguard.util.wakeup import Wakeup
+
+_MAX_MULTI_GET = 4096  # keys per multi_get round trip (bounded replies)
+
+__all__ = ["StoreRelay", "StoreRemoteSource", "publish_control", "request_kill"]
+
+logger = logging.getLogger(__name__)
+
+MAX_BACKOFF_S = 5.0  # longest wait between pushes while pushes keep failing
+
+
+def publish_control(store: Any, run_id: str, stop_at_step: int, reason: str) -> None:
+    """Node 0: tell the other nodes' relays to write ``control.json`` for their ranks."""
+    payload = json.dumps({"stop_at_step": stop_at_step, "reason": reason})
+    store.set(StoreKeys(run_id).control, payload)
+
+
+def request_kill(store: Any, run_id: str, node_rank: int, targets: list[dict[str, Any]]) -> None:
+    """Node 0: ask node ``node_rank``'s relay to dump the stacks of ``targets`` (dicts
+    with rank, pid) and SIGKILL those marked ``kill``."""
+    store.set(StoreKeys(run_id).kill(node_rank), json.dumps(targets))
+
+
+class StoreRelay:
+    """Node k > 0: push the latest local records and health to the store."""
+
+    def __init__(
+        self,
+        store: Any,
+        run_dir: Path,
+        run_id: str,
+        node_rank: int,
+        interval_s: float,
+        *,
+        dump_policy: DumpPolicy = DEFAULT_DUMP_POLICY,
+        workers: WorkerRegistry | None = None,
+    ) -> None:
+        self.store = store
+        # the only processes a kill request may reach; none without the agent's registry
+        self.workers: WorkerRegistry = workers if workers is not None else OwnedWorkers()
+        self.dump_policy = dump_policy  # fault_tolerance.stack_dump and its timeout
+        self.run_dir = Path(run_dir)
+        self.layout = RunLayout(self.run_dir)
+        self.keys = StoreKeys(run_id)
+        self.run_id = run_id
+        self.node_rank = node_rank
+        self.interval_s = interval_s
+        self.pushes = 0
+        self.errors = 0
+        self.last_error: str | None = None
+        self.stopped: str | None = None  # why the relay thread ended on an error
+        self.ignored_records = 0
+        self._latest: dict[int, HeartbeatRecord] = {}
+        # rank -> start time (ns) of its latest process: wall clock, monotonic clock
+        self._started: dict[int, tuple[int, int | None]] = {}
+        self._tailers: dict[str, JsonlTailer] = {}
+        self._stop = threading.Event()
+        self._wake = Wakeup()  # push now (set from a signal handler: no lock)
+        self.shutdown: str | None = None  # why this node's launcher stops its workers
+        self.root_cause: tuple[int, int | None] | None = None  # from this node's agent
+        self.killed: dict[int, int] = {}  # pid -> rank killed on node 0's request
+        self._thread: threading.Thread | None = None
+        self._control_done = False
+        self.epoch = f"{os.getpid():x}-{time.time_ns():x}"  # a restarted relay: a new one
+        self.gen = 0  # generation of the full records last sent (``hb/node/<k>``)
+        self.base_pushes = 0  # pushes that had to send the full records
+        self._sent: tuple[Any, ...] | None = None  # what the last full records said
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="rankguard-relay", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Final push, then mark this node done so node 0 can stop draining."""
+        self.halt()  # the thread ends at once, not after a whole interval's wait
+        self.push_once()
+        try:
+            self.store.set(self.keys.done(self.node_rank), b"1")
+        except Exception as exc:
+            logger.warning("rankguard relay: cannot mark node %d done: %s", self.node_rank, exc)
+
+    def halt(self) -> None:
+        """Stop pushing, with no last push and no ``done`` mark: this node left the job
+        (excluded) and its number may already be another agent's in the new round; two
+        relays writing one node's keys would hide that agent's ranks from node 0 (each
+        push undoes the other's), and the other agent marks the number done itself."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def note_shutdown(self, reason: str) -> None:
+        """This node's launcher is stopping its workers (a signal): node 0 must know
+        before their exits reach it, so they are not taken for failures. Only sets
+        flags (safe from a signal handler); the relay thread pushes at once."""
+        if self.shutdown is None:
+            self.shutdown = reason
+        self._wake.set()
+
+    def note_root_cause(self, rank: int, pid: int | None) -> None:
+        """This node's agent saw its workers fail and names ``rank`` from their exit
+        codes: node 0 orders the exits it sees by it. The relay thread pushes at once."""
+        self.root_cause = (rank, pid)
+        self._wake.set()
+
+    def _loop(self) -> None:
+        try:
+            self._push_loop()
+        except BaseException as exc:  # the thread ends: node 0 stops hearing from us
+            self.stopped = f"{type(exc).__name__}: {exc}"
+            logger.critical(
+                "rankguard relay: THE RELAY THREAD OF NODE %d STOPPED; node 0 no longer "
+                "receives this node's heartbeats",
+                self.node_rank,
+                exc_info=(type(exc), exc, exc.__traceback__),
+            )
+            raise
+
+    def _push_loop(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            # bounded back-off while pushes keep failing in a way push_once did not catch
+            wait = min(MAX_BACKOFF_S, self.interval_s * 2.0 ** min(failures, 16))
+            self._wake.wait(max(self.interval_s, wait) if failures else self.interval_s)
+            if self._stop.is_set():
+                break
+            try:
+                self.push_once()
+                failures = 0
+            except Exception as exc:  # a bug escaping push_once's own guards
+                failures += 1
+                self.errors += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"[:500]
+                if failures == 1 or failures % 20 == 0:
+                    logger.error(
+                        "rankguard relay: PUSH FAILED (%d in a row, %d in all); node 0 "
+                        "gets nothing from node %d until a push succeeds again",
+                        failures,
+                        self.errors,
+                        self.node_rank,
+                        exc_info=(type(exc), exc, exc.__traceback__),
+                    )
+
+    def collect(self) -> None:
+        """Read what the node's ranks wrote since the last push (their heartbeat files)
+        and synthesize ``process_end`` for pids that vanished. A simulation of many
+        nodes in one process replaces this with :meth:`offer` calls."""
+        with os.scandir(self.run_dir) as it:
+            for entry in it:
+                if not HEARTBEAT_FILE_RE.match(entry.name):
+                    continue
+                tailer = self._tailers.setdefault(entry.name, JsonlTailer(entry.path))
+                for raw in tailer.read():
+                    self._offer(raw)
+        for rank, rec in list(self._latest.items()):
+            if not rec.ended and not pid_running(rec.pid):
+                self._latest[rank] = rec.vanished(time.time_ns())
+
+    def offer(self, raw: dict[str, Any]) -> None:
+        """One record of a local rank, as its heartbeat file holds it."""
+        self._offer(raw)
+
+    def _offer(self, raw: dict[str, Any]) -> None:
+        """Keep ``raw`` if it is this run's newest record of its rank (the rules'
+        :func:`~rankguard.schema.records.supersedes`); bad records are counted."""
+        try:
+            rec = HeartbeatRecord.from_dict(raw)
+        except RecordError as exc:
+            self.ignored_records += 1
+            if self.ignored_records == 1:
+                logger.warning("rankguard relay: invalid heartbeat record skipped: %s", exc)
+            return
+        if rec.run_id != self.run_id:
+            return
+        if rec.node_rank is not None and rec.node_rank != self.node_rank:
+            # a rank of this agent under another node number (a round before the
+            # agent was renumbered): relayed then, by that number's relay
+            return
+        old = self._latest.get(rec.rank)
+        start, start_mono = self._started.get(rec.rank, (None, None))
+        if not supersedes(rec, old, old_start_ns=start, old_start_mono_ns=start_mono):
+            return
+        if old is None or old.pid != rec.pid or rec.event is Event.PROCESS_START:
+            self._started[rec.rank] = (rec.wall_time_ns, rec.monotonic_ns)
+        self._latest[rec.rank] = rec
+
+    def _health(self) -> dict[str, Any] | None:
+        path = self.layout.health(self.node_rank)
+        try:
+            snapshot: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+            return snapshot
+        except (OSError, ValueError):
+            return None
+
+    def _serve_kill_requests(self) -> None:
+        key = self.keys.kill(self.node_rank)
+        if not self.store.check([key]):
+            return
+        raw = self.store.get(key)
+        self.store.delete_key(key)
+        targets, dropped = parse_kill_request(raw)
+        if dropped:
+            logger.warning(
+                "rankguard relay: kill request: %d duplicate or malformed entr%s dropped",
+                dropped,
+                "y" if dropped == 1 else "ies",
+            )
+        # In parallel: N hung ranks hold this loop for about one dump timeout, not N.
+        done = dump_then_kill(self.run_dir, targets, self.dump_policy, owner=self.workers)
+        for res in done.dumps:
+            logger.warning(
+                "rankguard relay: stacks of rank %d: %s", res.rank, res.path or res.error
+            )
+        for target in targets:
+            if target.pid in done.killed:
+                self.killed[target.pid] = target.rank  # its exit is fault tolerance's doing
+                logger.warning(
+                    "rankguard relay: killed rank %d (pid %d) on request", target.rank, target.pid
+                )
+        for refusal in done.refused:
+            logger.error(
+                "rankguard relay: refused to kill rank %d (pid %d) on request: %s",
+                refusal.rank,
+                refusal.pid,
+                refusal.reason,
+            )
+
+    def _mirror_control(self) -> None:
+        key = self.keys.control
+        if self._control_done or not self.store.check([key]):
+            return
+        control = json.loads(self.store.get(key))
+        write_control(self.run_dir, int(control["stop_at_step"]), str(control["reason"]))
+        self._control_done = True
+
+    def push_once(self) -> None:
+        try:
+            self._mirror_control()
+        except Exception as exc:
+            logger.warning("rankguard relay: control mirror failed: %s", exc)
+        try:
+            self._serve_kill_requests()
+        except Exception as exc:
+            logger.warning("rankguard relay: kill request failed: %s", exc)
+        try:
+            self.collect()
+            self._push()
+            self.pushes += 1
+        except Exception as exc:
+            self.errors += 1
+            if self.errors == 1 or self.errors % 100 == 0:
+                logger.warning("rankguard relay: push failed (%d so far): %s", self.errors, exc)
+
+    def _push(self) -> None:
+        now = time.monotonic_ns()
+        latest = sorted(self._latest.values(), key=lambda r: r.rank)
+        # How old each record already is (same host's clock as its writer), so node 0
+        # ages it from its creation, not from its arrival.
+        ages = [
+            max(0.0, (now - rec.monotonic_ns) / 1e9)
+            if rec.monotonic_ns and not rec.synthesized
+            else None
+            for rec in latest
+        ]
+        health = self._health()
+        disk = disk_state(self.run_dir).to_dict()
+        root = list(self.root_cause) if self.root_cause else None
+        sent = (tuple(stable_part(r) for r in latest), health, self.shutdown, root)
+        if sent != self._sent:
+            self.gen += 1
+            records = [
+                {**rec.to_dict(), "relayed_age_s": age} if age is not None else rec.to_dict()
+                for rec, age in zip(latest, ages, strict=True)
+            ]
+            payload = {
+                "epoch": self.epoch,
+                "gen": self.gen,
+                "records": records,
+                "health": health,
+                "disk": disk,
+                "shutdown": self.shutdown,
+                "root_cause": root,
+            }
+            self.store.set(self.keys.heartbeats(self.node_rank), json.dumps(payload))
+            self._sent = sent
+            self.base_pushes += 1
+        tick = {
+            "epoch": self.epoch,
+            "gen": self.gen,
+            "seq": self.pushes,  # node 0 tells a live relay from a stuck one by it
+            "disk": disk,
+            "ranks": [tick_row(rec, age) for rec, age in zip(latest, ages, strict=True)],
+        }
+        self.store.set(self.keys.tick(self.node_rank), json.dumps(tick, separators=(",", ":")))
+
+
+class _Node:
+    """Node 0's view of one relaying node: its last tick and full records."""
+
+    __slots__ = ("base_gen", "health", "patchers", "raw_records", "tick_raw")
+
+    def __init__(self) -> None:
+        self.tick_raw: bytes | None = None
+        self.base_gen: tuple[Any, Any] | None = None  # (epoch, gen) of the full records
+        self.patchers: dict[int, RecordPatcher] = {}  # rank -> its base record
+        self.raw_records: list[dict[str, Any]] = []  # full records that failed validation
+        self.health: dict[str, Any] | None = None
+
+
+class StoreRemoteSource(RemoteSource):
+    """Node 0: read what the relays of nodes 1..nnodes-1 pushed.
+
+    :meth:`fetch_changed` (the monitor's call, once per scan) returns only the records
+    that changed since the previous call: one ``multi_get`` of every node's tick, and
+    one of the full records of the nodes whose generation moved. :meth:`fetch` returns
+    every node's current records (the same state, as dicts)."""
+
+    def __init__(
+        self,
+        store: Any,
+        run_id: str,
+        nnodes: int,
+        *,
+        disk_max_age_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``disk_max_age_s``: a node's relayed disk state counts for that long after
+        its relay's last new push; then it is unknown (not full): a relay that died
+        while its disk was full must not keep its ranks from being found dead."""
+        self.store = store
+        self.run_id = run_id
+        self.keys = StoreKeys(run_id)
+        self.nodes = list(range(1, nnodes))
+        self._round_nodes: int | None = None  # the current round's node count, once told
+        self.disk_max_age_s = disk_max_age_s
+        self.clock = clock
+        self._shutdowns: dict[int, str] = {}
+        self._root_causes: dict[int, tuple[int, int | None]] = {}
+        self._disks: dict[int, DiskState] = {}
+        self._pushed: dict[int, tuple[Any, float]] = {}  # node -> (its push seq, seen at)
+        self._state: dict[int, _Node] = {}  # nodes whose tick key exists
+        self._current: dict[int, HeartbeatRecord] = {}  # rank -> latest relayed record
+        self.ignored_rows = 0  # tick rows or payloads that could not be used
+        self.last_ignored: str | None = None
+        self.store_reads = 0  # round trips to the store (reads and checks)
+
+    def root_causes(self) -> dict[int, tuple[int, int | None]]:
+        """Each node's agent's root cause of its failed workers (last :meth:`fetch`)."""
+        return dict(self._root_causes)
+
+    def shutdowns(self) -> dict[int, str]:
+        """Nodes whose launcher is stopping their workers, and why (last :meth:`fetch`)."""
+        return dict(self._shutdowns)
+
+    def disks(self) -> dict[int, DiskState]:
+        """Each node's disk state as of the last :meth:`fetch` (nodes that said); a
+        state whose relay has not pushed anything new for ``disk_max_age_s`` is
+        replaced by an unknown one (``full`` False, ``error`` saying why)."""
+        now = self.clock()
+        out = {}
+        for node, disk in self._disks.items():
+            _, seen = self._pushed.get(node, (None, now))
+            age = now - seen
+            if age > self.disk_max_age_s:
+                disk = DiskState(
+                    full=False, error=f"no new push from node {node}'s relay for {age:.0f}s"
+                )
+            out[node] = disk
+        return out
+
+    def fetch(self) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]:
+        """Every node's current records (dicts, as the relays sent them) and health."""
+        self.fetch_changed()
+        records: list[dict[str, Any]] = [r.to_dict() for _, r in sorted(self._current.items())]
+        for node in self._state.values():
+            records.extend(node.raw_records)
+        health = {n: st.health for n, st in sorted(self._state.items()) if st.health}
+        return records, health
+
+    def fetch_changed(
+        self,
+    ) -> tuple[list[dict[str, Any] | HeartbeatRecord], dict[int, dict[str, Any]]]:
+        """Records that changed since the last call (typed, or the raw dict of a full
+        record that failed validation, for the monitor to count) and the health
+        snapshots that changed."""
+        self._discover()
+        present = sorted(self._state)
+        ticks = self._multi_get([self.keys.tick(n) for n in present])
+        changed: dict[int, Any] = {}
+        need_base: list[int] = []
+        for node, raw in zip(present, ticks, strict=True):
+            st = self._state[node]
+            if raw == st.tick_raw:
+                continue
+            try:
+                tick = Tick.parse(raw)
+            except PayloadError as exc:
+                self._bad(f"node {node}: unusable tick: {exc}")
+                continue
+            st.tick_raw = raw
+            # a new tick: the relay is alive (its disk state counts for a while)
+            self._pushed[node] = (tick.seq, self.clock())
+            changed[node] = tick
+            if tick.disk is not None:
+                self._disks[node] = tick.disk
+            if tick.key != st.base_gen:
+                need_base.append(node)
+        out: list[dict[str, Any] | HeartbeatRecord] = []
+        health: dict[int, dict[str, Any]] = {}
+        bases = self._multi_get([self.keys.heartbeats(n) for n in need_base])
+        for node, raw in zip(need_base, bases, strict=True):
+            try:  # each node in isolation: one node's bad payload never stops the others
+                snapshot = self._load_base(node, raw, out)
+            except Exception as exc:
+                self._bad(f"node {node}: records failed: {type(exc).__name__}: {exc}")
+                continue
+            if snapshot:
+                health[node] = snapshot
+        for node, tick in changed.items():
+            st = self._state[node]
+            if tick.key != st.base_gen:
+                continue  # full records newer than this tick: the next tick follows them
+            for row in tick.rows:
+                self._patch(node, st, row, out)
+        return out, health
+
+    def _patch(
+        self, node: int, st: _Node, row: Any, out: list[dict[str, Any] | HeartbeatRecord]
+    ) -> None:
+        try:
+            patcher = st.patchers.get(row[0]) if type(row) is list and row else None
+            rec = patcher.apply(row) if patcher is not None else None
+        except (RecordError, TypeError) as exc:  # TypeError: an unhashable rank
+            self._bad(f"node {node}: {exc}")
+            return
+        if rec is None:
+            self._bad(f"node {node}: tick row of a rank without a record")
+            return
+        known = self._current.get(rec.rank)
+        if known is None or known.seq != rec.seq or known.pid != rec.pid:
+            self._current[rec.rank] = rec
+            out.append(rec)
+
+    def _load_base(
+        self, node: int, raw: Any, out: list[dict[str, Any] | HeartbeatRecord]
+    ) -> dict[str, Any] | None:
+        """Node ``node``'s full records, used only when the whole payload parses; its
+        records count only if they say they are of that node (``node_rank``)."""
+        st = self._state[node]
+        try:
+            base = NodeBase.parse(raw)
+        except PayloadError as exc:
+            self._bad(f"node {node}: unusable records: {exc}")
+            return None
+        if base.key == st.base_gen:
+            return None  # the records we have (a tick older than them was read)
+        patchers: dict[int, RecordPatcher] = {}
+        raw_records: list[dict[str, Any]] = []
+        typed: list[HeartbeatRecord] = []
+        for item in base.records:
+            try:
+                rec = HeartbeatRecord.from_dict(item)
+            except RecordError:
+                raw_records.append(item)  # the monitor counts it
+                continue
+            if rec.node_rank != node:
+                self._bad(f"node {node}: a record of node {rec.node_rank} under its key")
+                continue
+            patchers[rec.rank] = RecordPatcher(rec)
+            typed.append(rec)
+        st.base_gen = base.key
+        st.patchers = patchers
+        st.raw_records = raw_records
+        out.extend(raw_records)
+        for rec in typed:
+            self._current[rec.rank] = rec
+            out.append(rec)
+        if base.root_cause is not None:
+            self._root_causes[node] = base.root_cause
+        if base.shutdown is not None:
+            self._shutdowns[node] = base.shutdown
+        if base.disk is not None and node not in self._disks:
+            self._disks[node] = base.disk
+        st.health = base.health
+        return st.health
+
+    def ignored(self) -> tuple[int, str | None]:
+        return self.ignored_rows, self.last_ignored
+
+    def _bad(self, why: str) -> None:
+        self.ignored_rows += 1
+        self.last_ignored = why
+        if self.ignored_rows == 1 or self.ignored_rows % 1000 == 0:
+            logger.warning(
+                "rankguard monitor: relayed data skipped (%d so far): %s", self.ignored_rows, why
+            )
+
+    def _discover(self) -> None:
+        """Nodes whose tick key appeared since the last call: ``check`` is true only
+        when every key exists, so halve the missing ones (a few calls per new node)."""
+        missing = [n for n in self.nodes if n not in self._state]
+        if missing:
+            for node in self._existing(missing):
+                self._state[node] = _Node()
+
+    def _existing(self, nodes: list[int]) -> list[int]:
+        self.store_reads += 1
+        if self.store.check([self.keys.tick(n) for n in nodes]):
+            return nodes
+        if len(nodes) == 1:
+            return []
+        mid = len(nodes) // 2
+        return self._existing(nodes[:mid]) + self._existing(nodes[mid:])
+
+    def _multi_get(self, keys: list[str]) -> list[bytes]:
+        multi_get = getattr(self.store, "multi_get", None)
+        out: list[bytes] = []
+        for i in range(0, len(keys), _MAX_MULTI_GET):
+            chunk = keys[i : i + _MAX_MULTI_GET]
+            self.store_reads += 1 if multi_get is not None else len(chunk)
+            if multi_get is not None:
+                out.extend(multi_get(chunk))
+            else:
+                out.extend(self.store.get(k) for k in chunk)
+        return [v if isinstance(v, bytes) else str(v).encode() for v in out]
+
+    def note_round(self, nodes: int) -> None:
+        """The current rendezvous round's node count (an elastic job's round may have
+        fewer nodes than ``--nnodes`` allows)."""
+        self._round_nodes = nodes
+
+    def nodes_done(self) -> bool:
+        """Every node that may still deliver records said it is done: the nodes of the
+        current round and every node that ever relayed (a node of an earlier round may
+        have records in flight). A node number past the round that never relayed
+        anything (``--nnodes 1:2`` with one node) has nothing to deliver."""
+        round_nodes = self._round_nodes
+        waited = [
+            n for n in self.nodes if round_nodes is None or n < round_nodes or n in self._state
+        ]
+        if not waited:
+            return True
+        try:
+            return bool(self.store.check([self.keys.done(n) for n in waited]))
+        except Exception:
+            return True  # the store is gone: nothing more can arrive

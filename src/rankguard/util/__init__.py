@@ -1,0 +1,3 @@
+"""The bottom layer: file writes, checks, terminal-safe text, JSONL tailing, pid and
+disk probes, wake-ups, CPU priority, GC freezing, config documents. No rankguard import.
+"""

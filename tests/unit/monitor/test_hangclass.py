@@ -1,0 +1,94 @@
+"""The kind of a hang from the ranks' places in their collectives: who did not join,
+a mismatch (both sides), a communication stall, a compute hang; and the finding that
+names it, with the job's rank numbers whichever node the ranks run on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rankguard.monitor.hangclass import HangKind, classify
+from rankguard.schema.collectives import CollectivesBlock, GroupPosition, StuckCollective
+from tests.factories import Feed, types_of
+from tests.factories import heartbeat_rules as _rules
+
+
+def _block(enq: int, done: int, op: str | None = None, sizes: str = "[[4]]") -> CollectivesBlock:
+    stuck = StuckCollective("0", enq, op, sizes) if op and enq > done else None
+    return CollectivesBlock(groups=(GroupPosition("0", enq, done),), samples=9, stuck=stuck)
+
+
+def test_a_rank_that_did_not_join_is_named_with_the_collective_and_its_number() -> None:
+    got = classify(
+        {0: _block(13, 12, "all_reduce"), 1: _block(13, 12), 2: _block(13, 12), 3: _block(12, 12)}
+    )
+    assert got is not None and got.kind is HangKind.DID_NOT_JOIN
+    assert (got.group, got.seq, got.op, got.missing, got.waiting) == (
+        "0",
+        13,
+        "all_reduce",
+        [3],
+        [0, 1, 2],
+    )
+    assert got.line == (
+        "collectives: rank(s) 3 did not join all_reduce #13 of process group 0 "
+        "(rank(s) 0, 1, 2 wait in it)"
+    )
+
+
+def test_ranks_in_different_collectives_at_one_number_are_a_mismatch() -> None:
+    got = classify(
+        {
+            0: _block(7, 6, "all_reduce", "[[4]]"),
+            1: _block(7, 6, "all_reduce", "[[4]]"),
+            2: _block(7, 6, "all_gather", "[[8]]"),
+        }
+    )
+    assert got is not None and got.kind is HangKind.MISMATCH
+    assert got.sides == {"all_reduce [[4]]": [0, 1], "all_gather [[8]]": [2]}
+    assert "rank(s) 0, 1 in all_reduce [[4]]; rank(s) 2 in all_gather [[8]]" in got.line
+
+
+def test_every_rank_inside_the_same_collective_is_a_communication_stall() -> None:
+    got = classify({r: _block(9, 8, "all_reduce") for r in range(4)})
+    assert got is not None and got.kind is HangKind.COMMUNICATION_STALL
+    assert got.waiting == [0, 1, 2, 3] and got.seq == 9
+    assert "none completes it" in got.line
+
+
+def test_no_rank_inside_a_collective_is_a_compute_hang() -> None:
+    got = classify({0: _block(5, 5), 1: _block(5, 5)})
+    assert got is not None and got.kind is HangKind.COMPUTE_HANG
+
+
+def test_a_rank_without_a_block_leaves_the_hang_unclassified() -> None:
+    assert classify({0: _block(5, 4), 1: None}) is None
+
+
+def _at(enq: int, done: int, op: str | None = None) -> dict[str, Any]:
+    return _block(enq, done, op).to_dict()
+
+
+def test_the_hang_finding_names_the_kind_with_the_jobs_rank_numbers() -> None:
+    """Four ranks on two nodes (two each): rank 3, node 1's second rank, skipped the
+    all-reduce; the finding says rank 3, not its local rank 1."""
+    rules = _rules(world=4)
+    feed = Feed(rules)
+    found = []
+    for t in range(0, 30):
+        for rank in range(4):
+            feed.beat(
+                rank,
+                float(t),
+                world_size=4,
+                node_rank=rank // 2,
+                ranks_per_node=2,
+                progress_seq=6,
+                since=float(t) + (rank != 3),
+                collectives=_at(13, 12, "all_reduce") if rank != 3 else _at(12, 12),
+            )
+        found += rules.evaluate(t + 0.1)
+    assert types_of(found) == [(3, "gpu_progress_timeout")]
+    hang = found[0].detail["hang"]
+    assert hang["kind"] == "did_not_join" and hang["missing_ranks"] == [3], hang
+    assert hang["op"] == "all_reduce" and hang["seq"] == 13
+    assert "rank(s) 3 did not join all_reduce #13 of process group 0" in found[0].message
