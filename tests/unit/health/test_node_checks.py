@@ -255,6 +255,19 @@ def config(tmp_path: Path, sysfs: Path, **more: str) -> RankguardConfig:
     return load_config(None, [f"{k}={v}" for k, v in sets.items()])
 
 
+def exclusion_of(tmp_path: Path, conf: RankguardConfig) -> NodeExclusion:
+    """Bad-node exclusion of a node whose GPUs are not there (no GPU check fails)."""
+    return NodeExclusion(
+        conf.fault_tolerance,
+        run_id="r1",
+        run_dir=tmp_path / "run",
+        min_nodes=1,
+        max_nodes=2,
+        say=lambda line: None,
+        health=lambda: {"status": "unavailable", "gpus": []},
+    )
+
+
 def test_the_service_is_registered_and_off_by_default() -> None:
     names = [name for name, _ in FACTORIES]
     assert "node_health" in names
@@ -283,16 +296,7 @@ def test_a_nic_down_is_a_finding_and_excludes_the_node_before_the_next_round(
 ) -> None:
     sysfs = healthy_sysfs(tmp_path / "sys")
     conf = config(tmp_path, sysfs, **{"fault_tolerance.exclude_bad_nodes": "true"})
-    healthy_gpus = {"status": "unavailable", "gpus": []}
-    exclusion = NodeExclusion(
-        conf.fault_tolerance,
-        run_id="r1",
-        run_dir=tmp_path / "run",
-        min_nodes=1,
-        max_nodes=2,
-        say=lambda line: None,
-        health=lambda: healthy_gpus,
-    )
+    exclusion = exclusion_of(tmp_path, conf)
     services = Services([])
     ctx = node(tmp_path, conf, services, Agent(exclusion))
     service = NodeHealthService()
@@ -321,16 +325,7 @@ def test_with_exclusion_a_nic_down_keeps_the_node_out_of_the_first_round(
     sysfs = healthy_sysfs(tmp_path / "sys")
     (sysfs / "class" / "net" / "eth0" / "operstate").write_text("down\n")
     conf = config(tmp_path, sysfs, **{"fault_tolerance.exclude_bad_nodes": "true"})
-    healthy_gpus = {"status": "unavailable", "gpus": []}
-    exclusion = NodeExclusion(
-        conf.fault_tolerance,
-        run_id="r1",
-        run_dir=tmp_path / "run",
-        min_nodes=1,
-        max_nodes=2,
-        say=lambda line: None,
-        health=lambda: healthy_gpus,
-    )
+    exclusion = exclusion_of(tmp_path, conf)
     service = NodeHealthService()
     service.attach(Agent(exclusion), _launch(conf))  # as the launch builds the agent
     decided = exclusion.check()  # before the first round: no node number yet
@@ -344,16 +339,7 @@ def test_the_checks_before_the_first_round_are_the_ones_its_file_shows(
 ) -> None:
     sysfs = healthy_sysfs(tmp_path / "sys")
     conf = config(tmp_path, sysfs, **{"fault_tolerance.exclude_bad_nodes": "true"})
-    healthy_gpus = {"status": "unavailable", "gpus": []}
-    exclusion = NodeExclusion(
-        conf.fault_tolerance,
-        run_id="r1",
-        run_dir=tmp_path / "run",
-        min_nodes=1,
-        max_nodes=2,
-        say=lambda line: None,
-        health=lambda: healthy_gpus,
-    )
+    exclusion = exclusion_of(tmp_path, conf)
     runs: list[int] = []
     real = nodehealth.run_node_checks
     monkeypatch.setattr(
@@ -398,15 +384,7 @@ def test_a_worker_stuck_in_d_state_is_named_and_its_node_excluded(tmp_path: Path
     )
     proc(tmp_path / "proc", 4242, "D")
     proc(tmp_path / "proc", 4243, "S")
-    exclusion = NodeExclusion(
-        conf.fault_tolerance,
-        run_id="r1",
-        run_dir=tmp_path / "run",
-        min_nodes=1,
-        max_nodes=2,
-        say=lambda line: None,
-        health=lambda: {"status": "unavailable", "gpus": []},
-    )
+    exclusion = exclusion_of(tmp_path, conf)
     services = Services([4242, 4243])
     ctx = node(tmp_path, conf, services, Agent(exclusion))
     (ctx.run_dir / "rank_3_pid_4242.heartbeat.jsonl").write_text("")
