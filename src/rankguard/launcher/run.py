@@ -385,8 +385,7 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
     finally:
         for feature in features:
             feature.closing(launch)
-        preempted = agent.preemption is not None and agent.preemption.active
-        _stop(services, handler, run_dir, _end_word(result, stopped_by, preempted))
+        _stop(services, handler, run_dir, _launch_end(result, stopped_by, agent, services))
         if hosting and (
             services.node_rank not in (None, 0)
             or any(feature.keeps_store(left) for feature in features)
@@ -622,14 +621,31 @@ def _run_agent(agent: RankguardAgent, node: NodeStart) -> tuple[Any, int | None]
             node.live.stop()
 
 
-def _end_word(result: Any, stopped_by: int | None, preempted: bool = False) -> str | None:
+def _launch_end(
+    result: Any, stopped_by: int | None, agent: Any, services: NodeServices
+) -> str | None:
+    """:func:`_end_word` of this launch: was it preempted, did node 0 agree on a stop
+    step (:attr:`NodeServices.stop_at`)."""
+    pre = agent.preemption
+    return _end_word(
+        result, stopped_by, pre is not None and pre.active, services.stop_at is not None
+    )
+
+
+def _end_word(
+    result: Any, stopped_by: int | None, preempted: bool = False, agreed_stop: bool = False
+) -> str | None:
     """How the agent's run ended, for the final status (None: it did not say). A
-    preempted job was stopped, although every rank left cleanly at the stop step."""
+    preempted job was stopped, although every rank left cleanly at the stop step; so
+    was one whose ranks all left at a stop step node 0 agreed on (``agreed_stop``: a
+    straggler with ``stop_if_detected``): its training did not reach its end."""
     if stopped_by is not None or preempted:
         return "stopped"
     if result is None:
         return None
-    return "failed" if result.is_failed() else "completed"
+    if result.is_failed():
+        return "failed"
+    return "stopped" if agreed_stop else "completed"
 
 
 def _stop(services: NodeServices, handler: Any, run_dir: Path, end: str | None) -> None:
