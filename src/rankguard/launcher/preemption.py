@@ -117,8 +117,7 @@ class LaunchPreemption:
         if not coord.active:
             return outcome
         self.say(
-            f"preempted ({coord.reason}): stop step {coord.stop_at}, "
-            f"{len(coord.terminated)} rank(s) killed at the end of the grace window; "
+            f"preempted ({coord.reason}): stop step {coord.stop_at}, {self._killed()}; "
             f"exit {EXIT_PREEMPTED}: requeue the job; "
             + (
                 self.evaluator.saved_line()
@@ -127,3 +126,19 @@ class LaunchPreemption:
             )
         )
         return replace(outcome, preempted=True)
+
+    def _killed(self) -> str:
+        """The ranks this node killed at the grace limit: the preemption's root cause
+        when there are any (their SIGKILL is rankguard's, not a failure of theirs)."""
+        coord = self.coordinator
+        if not coord.terminated:
+            return "no rank killed at the end of the grace window"
+        ranks = coord.terminated_ranks
+        who = (
+            f"rank(s) {', '.join(map(str, ranks))}" if ranks else f"{len(coord.terminated)} rank(s)"
+        )
+        return (
+            f"root cause: {who} did not finish within preempt_time="
+            f"{coord.cfg.preempt_time:g}s (the save of stop step {coord.stop_at} or the "
+            "way to it): rankguard killed them at the grace limit"
+        )

@@ -686,6 +686,8 @@ def _outcome(
     if stopped_by is not None:
         _say(f"stopped by signal {stopped_by}: the workers were terminated")
         return JobOutcome(signal=stopped_by, fault_tolerance=ft_on)
+    if _grace_kills_only(result, agent):  # said with the preemption (its root cause)
+        return JobOutcome(fault_tolerance=ft_on)
     if result is None or result.is_failed():
         root = first_failure(result) or agent.last_failure
         cause = agent.pending_cause or root
@@ -723,6 +725,17 @@ def _outcome(
     if services.stop_at is not None and not (agreed and str(agreed.reason).startswith("preempt")):
         _say(f"every rank stopped at step {services.stop_at} (stop_if_detected)")
     return JobOutcome(fault_tolerance=ft_on, stop_at=services.stop_at)
+
+
+def _grace_kills_only(result: Any, agent: RankguardAgent) -> bool:
+    """The group failed only because the preemption's grace window ran out: every
+    failure is a rank rankguard killed at the grace limit, not a failure of the job."""
+    pre = agent.preemption
+    failures = getattr(result, "failures", None) or {}
+    if pre is None or not pre.active or not pre.terminated or not failures:
+        return False
+    killed = set(pre.terminated)
+    return all(f.pid in killed for f in failures.values())
 
 
 def _killed_on_request(services: NodeServices, root: dict[str, Any] | None) -> bool:
