@@ -147,11 +147,12 @@ class PreemptionCoordinator:
         ranks ``ranks`` (their global ranks)."""
         self.terminated = list(pids)
         self.terminated_ranks = list(ranks or [])
-        who = f"rank(s) {_ranks(self.terminated_ranks)} " if self.terminated_ranks else ""
+        who = f"rank(s) {_ranks(self.terminated_ranks)}, " if self.terminated_ranks else ""
         self.say(
             f"preemption: {len(pids)} rank(s) still running after preempt_time="
-            f"{self.cfg.preempt_time:g}s: rankguard kills {who}(pids {pids}) at the grace "
-            "limit; the last checkpoint every rank committed is what the next run resumes from"
+            f"{self.cfg.preempt_time:g}s were killed by rankguard at the grace limit "
+            f"({who}pids {pids}); the last checkpoint every rank committed is what the next "
+            "run resumes from"
         )
 
     def kill_reason(self) -> str:

@@ -102,7 +102,7 @@ def test_the_agent_says_its_grace_limit_kill_before_it_kills(
     assert events == [f"shutdown: {coord.kill_reason()}", "close SIGKILL"]
     assert "preempt_time=6s ran out" in events[0]
     assert coord.terminated == [hung.pid] and coord.terminated_ranks == [1]
-    assert "rankguard kills rank(s) 1 " in said[-1]
+    assert f"were killed by rankguard at the grace limit (rank(s) 1, pids [{hung.pid}])" in said[-1]
     killed = heartbeat_record(
         1, 2, pid=os.getpid(), event="process_end", exit={"clean": False, "signal": "SIGKILL"}
     )
@@ -122,6 +122,9 @@ def test_the_launcher_names_the_killed_rank_as_the_root_cause_not_a_failure(
 
     said: list[str] = []
     coord = _expired(tmp_path, said)
+    rules = heartbeat_rules(2)  # node 0's view: rank 1 was saving
+    rules.ingest(heartbeat_record(1, phase="checkpointing"), 1.0)
+    coord.ranks = lambda: rules.ranks
     coord.note_terminated([4242], [1])
     failure = SimpleNamespace(pid=4242, exitcode=-9)
     result = SimpleNamespace(is_failed=lambda: True, failures={1: failure})
@@ -134,8 +137,8 @@ def test_the_launcher_names_the_killed_rank_as_the_root_cause_not_a_failure(
     pre.coordinator, pre.evaluator, pre.say = coord, None, said.append
     assert exit_code(pre.outcome(outcome)) == EXIT_PREEMPTED
     assert (
-        "root cause: rank(s) 1 did not finish within preempt_time=6s (the save of stop step "
-        "40 or the way to it): rankguard killed them at the grace limit" in said[-1]
+        "stop step 40, root cause: rank 1 (in its checkpointing phase) had not exited when "
+        "preempt_time=6s ran out: rankguard killed it at the grace limit; exit 14" in said[-1]
     )
     # a rank that failed on its own in the window is still the job's failure
     crashed = SimpleNamespace(pid=4343, exitcode=1, local_rank=0, message="boom")
