@@ -721,10 +721,25 @@ def _outcome(
             cause=cause.get("finding_type") if cause is not None else None,
             worker_exit=worker_exit,
         )
+    stop_at, reason = _agreed_stop(services)
+    if stop_at is not None and not str(reason).startswith("preempt"):
+        _say(f"every rank stopped at step {stop_at} (stop_if_detected)")
+    return JobOutcome(fault_tolerance=ft_on, stop_at=stop_at)
+
+
+def _agreed_stop(services: NodeServices) -> tuple[int | None, str | None]:
+    """The step every rank was asked to stop at, and why: node 0's agreement, or, on
+    another node, the ``control.json`` its ranks read (node 0 wrote it into the shared
+    run directory, or this node's relay from the store). Every node then exits 13 for a
+    straggler's stop, not only node 0 (the others said 0: 'completed')."""
     agreed = services.agreement
-    if services.stop_at is not None and not (agreed and str(agreed.reason).startswith("preempt")):
-        _say(f"every rank stopped at step {services.stop_at} (stop_if_detected)")
-    return JobOutcome(fault_tolerance=ft_on, stop_at=services.stop_at)
+    if agreed is not None:
+        return agreed.stop_at, agreed.reason
+    from rankguard.monitor.agree import ControlReader
+
+    control = ControlReader(services.run_dir)
+    control.poll()
+    return control.stop_at_step, control.reason
 
 
 def _grace_kills_only(result: Any, agent: RankguardAgent) -> bool:
