@@ -247,10 +247,13 @@ class ThreadedJob:
         fn: Callable[[RankContext], Any],
         *,
         drive: Callable[[ThreadedJob], None] | None = None,
+        end: Callable[[NodeServices], str | None] | None = None,
     ) -> JobResult:
         """Start the node's services, run ``fn(ctx)`` on every rank's thread (and
         ``drive(job)`` on this one, once they started: a ``stepped`` job's scans), then
-        stop the services (the final status) and return what happened."""
+        stop the services (the final status) and return what happened. ``end``: the
+        launcher's word on how the run ended (``JobMonitor.note_end``), from the
+        services as the ranks left them."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         services = NodeServices(
             self.cfg, self.run_dir, self.run_id, 0, 1, self.world, scan_thread=not self.stepped
@@ -286,6 +289,8 @@ class ThreadedJob:
             self.faults.release.set()
             for t in threads:
                 t.join(5)
+            if end is not None and services.monitor is not None:
+                services.monitor.note_end(end(services))
             status = services.stop()
         return JobResult(self.run_dir, self.log_dir, outcomes, status, agent)
 

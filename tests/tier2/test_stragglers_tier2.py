@@ -7,9 +7,12 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from rankguard.launcher.console import run_end_line
+from rankguard.launcher.run import _launch_end
 from tests.factories import read_jsonl
 from tests.harness import JobResult, ThreadedJob
 
@@ -86,10 +89,23 @@ def test_a_balanced_run_flags_nobody(tmp_path: Path) -> None:
     assert report["report"] >= 2 and report["stragglers"] == []
 
 
+class _Completed:
+    """torch elastic's result of a group whose every rank exited 0."""
+
+    def is_failed(self) -> bool:
+        return False
+
+
 def test_stop_if_detected_ends_every_rank_at_the_same_step(tmp_path: Path) -> None:
+    """... and the job ends ``stopped``, said as a straggler's stop: every rank left
+    cleanly, its training unfinished (it said ``completed``)."""
     job = _job(tmp_path, "straggler.stop_if_detected=true")
     job.faults.fail_at(1, 1, "slow", factor=SLOWDOWN)
-    res = job.run(lambda ctx: ctx.train(5000, step_s=STEP_S))
+    agent = SimpleNamespace(preemption=None)
+    res = job.run(
+        lambda ctx: ctx.train(5000, step_s=STEP_S),
+        end=lambda services: _launch_end(_Completed(), None, agent, services),
+    )
     ends = []
     for rank in range(4):
         end = res.heartbeats(rank)[-1]
@@ -100,3 +116,7 @@ def test_stop_if_detected_ends_every_rank_at_the_same_step(tmp_path: Path) -> No
     stop_at = res.status["stop_requested"]["stop_at_step"]
     assert ends[0] == stop_at < 5000
     assert res.values() == [stop_at] * 4
+    assert res.status["state"] == "stopped"
+    assert run_end_line(res.status).startswith(
+        f"run stopped: straggler (every rank asked to stop at step {stop_at}): 1 finding(s)"
+    )

@@ -63,6 +63,7 @@ from rankguard.launcher.handover import HandoverResult, wait_for_handover
 from rankguard.schema.exits import EXIT_RERUN_VALIDATION_FAILED
 from rankguard.schema.findings import FindingType
 from rankguard.schema.restarts import RestartCause, RestartEntry
+from rankguard.util.procs import pid_running
 
 if TYPE_CHECKING:
     from rankguard.ft.decide import Decision
@@ -422,7 +423,14 @@ class RankguardAgent(LocalElasticAgent):
         """The job is preempted: no restart, no failure recorded; at the end of the
         grace window the ranks still running are killed."""
         if result.state == WorkerState.HEALTHY and pre.expired():
-            pre.note_terminated(sorted(self.workers.pids()))
+            running = {
+                w.id: w.global_rank
+                for w in worker_group.workers
+                if isinstance(w.id, int) and pid_running(w.id)
+            }
+            pre.note_terminated(sorted(running), sorted(running.values()))
+            if self._on_signal is not None:  # their ends are rankguard's kill, not failures
+                self._on_signal(pre.kill_reason())
             if self._pcontext is not None:
                 self._pcontext.close(signal.SIGKILL, 1)
             result = super()._monitor_workers(worker_group)

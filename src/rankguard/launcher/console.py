@@ -17,6 +17,7 @@ from rankguard.monitor.monitor import JobMonitor
 from rankguard.schema.findings import Finding
 from rankguard.schema.restarts import RestartEntry, RestartsBlock
 from rankguard.schema.status import MonitorInfo, StatusDoc
+from rankguard.schema.statusblocks import StopRequestedBlock
 from rankguard.util.textsafe import safe_text
 from rankguard.view.statusnotes import ITERATION_MARKS, restart_cause, restarts_summary
 
@@ -71,15 +72,25 @@ def run_end_line(status: dict[str, Any] | None) -> str:
     total = doc.summary.findings_total or 0
     state = doc.state or "unknown"
     if state == "stopped":
-        pre = (status or {}).get("preemption")
-        preempted = isinstance(pre, dict) and bool(pre.get("reason"))
-        state = "stopped: preempted" if preempted else "stopped by the launcher"
+        state = _stopped_how(status or {}, doc)
     line = f"run {state}: {total} finding(s)"
     block = doc.block(RestartsBlock)
     restarts = restarts_summary(block.entries) if block is not None else None
     if restarts:
         line += f", {restarts}"
     return safe_text(line + monitor_problem(doc.monitor))
+
+
+def _stopped_how(status: dict[str, Any], doc: StatusDoc) -> str:
+    """Who stopped a ``stopped`` job: the preemption, the stop step node 0 agreed on
+    for a straggler (``stop_if_detected``), else the launcher (a signal)."""
+    pre = status.get("preemption")
+    if isinstance(pre, dict) and pre.get("reason"):
+        return "stopped: preempted"
+    stop = doc.block(StopRequestedBlock)
+    if stop is not None and str(stop.reason or "").startswith("straggler"):
+        return f"stopped: straggler (every rank asked to stop at step {stop.stop_at_step})"
+    return "stopped by the launcher"
 
 
 def monitor_problem(monitor: MonitorInfo) -> str:

@@ -117,8 +117,7 @@ class LaunchPreemption:
         if not coord.active:
             return outcome
         self.say(
-            f"preempted ({coord.reason}): stop step {coord.stop_at}, "
-            f"{len(coord.terminated)} rank(s) killed at the end of the grace window; "
+            f"preempted ({coord.reason}): stop step {coord.stop_at}, {self._killed()}; "
             f"exit {EXIT_PREEMPTED}: requeue the job; "
             + (
                 self.evaluator.saved_line()
@@ -127,3 +126,22 @@ class LaunchPreemption:
             )
         )
         return replace(outcome, preempted=True)
+
+    def _killed(self) -> str:
+        """The ranks this node killed at the grace limit: the preemption's root cause
+        when there are any (their SIGKILL is rankguard's, not a failure of theirs), each
+        with the phase node 0 last saw it in (its save: ``checkpointing``)."""
+        coord = self.coordinator
+        if not coord.terminated:
+            return "no rank killed at the end of the grace window"
+        states = coord.ranks() if coord.ranks is not None else {}
+        names = []
+        for rank in coord.terminated_ranks:
+            state = states.get(rank)
+            phase = state.record.phase if state is not None and state.record is not None else None
+            names.append(f"rank {rank}" + (f" (in its {phase} phase)" if phase else ""))
+        who = ", ".join(names) or f"{len(coord.terminated)} rank(s)"
+        return (
+            f"root cause: {who} had not exited when preempt_time="
+            f"{coord.cfg.preempt_time:g}s ran out: rankguard killed it at the grace limit"
+        )

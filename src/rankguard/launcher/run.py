@@ -385,8 +385,7 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
     finally:
         for feature in features:
             feature.closing(launch)
-        preempted = agent.preemption is not None and agent.preemption.active
-        _stop(services, handler, run_dir, _end_word(result, stopped_by, preempted))
+        _stop(services, handler, run_dir, _launch_end(result, stopped_by, agent, services))
         if hosting and (
             services.node_rank not in (None, 0)
             or any(feature.keeps_store(left) for feature in features)
@@ -622,14 +621,31 @@ def _run_agent(agent: RankguardAgent, node: NodeStart) -> tuple[Any, int | None]
             node.live.stop()
 
 
-def _end_word(result: Any, stopped_by: int | None, preempted: bool = False) -> str | None:
+def _launch_end(
+    result: Any, stopped_by: int | None, agent: Any, services: NodeServices
+) -> str | None:
+    """:func:`_end_word` of this launch: was it preempted, did node 0 agree on a stop
+    step (:attr:`NodeServices.stop_at`)."""
+    pre = agent.preemption
+    return _end_word(
+        result, stopped_by, pre is not None and pre.active, services.stop_at is not None
+    )
+
+
+def _end_word(
+    result: Any, stopped_by: int | None, preempted: bool = False, agreed_stop: bool = False
+) -> str | None:
     """How the agent's run ended, for the final status (None: it did not say). A
-    preempted job was stopped, although every rank left cleanly at the stop step."""
+    preempted job was stopped, although every rank left cleanly at the stop step; so
+    was one whose ranks all left at a stop step node 0 agreed on (``agreed_stop``: a
+    straggler with ``stop_if_detected``): its training did not reach its end."""
     if stopped_by is not None or preempted:
         return "stopped"
     if result is None:
         return None
-    return "failed" if result.is_failed() else "completed"
+    if result.is_failed():
+        return "failed"
+    return "stopped" if agreed_stop else "completed"
 
 
 def _stop(services: NodeServices, handler: Any, run_dir: Path, end: str | None) -> None:
@@ -670,6 +686,8 @@ def _outcome(
     if stopped_by is not None:
         _say(f"stopped by signal {stopped_by}: the workers were terminated")
         return JobOutcome(signal=stopped_by, fault_tolerance=ft_on)
+    if _grace_kills_only(result, agent):  # said with the preemption (its root cause)
+        return JobOutcome(fault_tolerance=ft_on)
     if result is None or result.is_failed():
         root = first_failure(result) or agent.last_failure
         cause = agent.pending_cause or root
@@ -703,10 +721,36 @@ def _outcome(
             cause=cause.get("finding_type") if cause is not None else None,
             worker_exit=worker_exit,
         )
+    stop_at, reason = _agreed_stop(services)
+    if stop_at is not None and not str(reason).startswith("preempt"):
+        _say(f"every rank stopped at step {stop_at} (stop_if_detected)")
+    return JobOutcome(fault_tolerance=ft_on, stop_at=stop_at)
+
+
+def _agreed_stop(services: NodeServices) -> tuple[int | None, str | None]:
+    """The step every rank was asked to stop at, and why: node 0's agreement, or, on
+    another node, the ``control.json`` its ranks read (node 0 wrote it into the shared
+    run directory, or this node's relay from the store). Every node then exits 13 for a
+    straggler's stop, not only node 0 (the others said 0: 'completed')."""
     agreed = services.agreement
-    if services.stop_at is not None and not (agreed and str(agreed.reason).startswith("preempt")):
-        _say(f"every rank stopped at step {services.stop_at} (stop_if_detected)")
-    return JobOutcome(fault_tolerance=ft_on, stop_at=services.stop_at)
+    if agreed is not None:
+        return agreed.stop_at, agreed.reason
+    from rankguard.monitor.agree import ControlReader
+
+    control = ControlReader(services.run_dir)
+    control.poll()
+    return control.stop_at_step, control.reason
+
+
+def _grace_kills_only(result: Any, agent: RankguardAgent) -> bool:
+    """The group failed only because the preemption's grace window ran out: every
+    failure is a rank rankguard killed at the grace limit, not a failure of the job."""
+    pre = agent.preemption
+    failures = getattr(result, "failures", None) or {}
+    if pre is None or not pre.active or not pre.terminated or not failures:
+        return False
+    killed = set(pre.terminated)
+    return all(f.pid in killed for f in failures.values())
 
 
 def _killed_on_request(services: NodeServices, root: dict[str, Any] | None) -> bool:

@@ -148,7 +148,7 @@ def job_state(
         return "stopped"
     if rules.first_failure is not None or (ended and outcome == "failed"):
         return "failed"
-    if ended and outcome == "stopped":  # preempted: the ranks left cleanly, unfinished
+    if ended and outcome == "stopped":  # preempted, or a straggler's agreed stop: unfinished
         return "stopped"
     if n_rows and completed == n_rows:
         return "completed"

@@ -105,6 +105,7 @@ class PreemptionCoordinator:
         self.reason: str | None = None
         self.stop_at: int | None = None
         self.terminated: list[int] = []  # pids killed when the window closed
+        self.terminated_ranks: list[int] = []  # their global ranks
         self.wall_started: float | None = None
         self._published = False
         self.bad_values = 0  # store values that were not a preemption (logged, rate-limited)
@@ -141,12 +142,25 @@ class PreemptionCoordinator:
         left = self.time_left()
         return left is not None and left <= 0
 
-    def note_terminated(self, pids: list[int]) -> None:
+    def note_terminated(self, pids: list[int], ranks: list[int] | None = None) -> None:
+        """The agent kills this node's ranks still running at the grace limit: ``pids``,
+        ranks ``ranks`` (their global ranks)."""
         self.terminated = list(pids)
+        self.terminated_ranks = list(ranks or [])
+        who = f"rank(s) {_ranks(self.terminated_ranks)}, " if self.terminated_ranks else ""
         self.say(
             f"preemption: {len(pids)} rank(s) still running after preempt_time="
-            f"{self.cfg.preempt_time:g}s were killed (pids {pids}); the last committed "
-            "checkpoint is what the next run resumes from"
+            f"{self.cfg.preempt_time:g}s were killed by rankguard at the grace limit "
+            f"({who}pids {pids}); the last checkpoint every rank committed is what the next "
+            "run resumes from"
+        )
+
+    def kill_reason(self) -> str:
+        """Why the ranks still running end now (the monitor holds their exits as this
+        stop's, not as failures)."""
+        return (
+            f"{signal.Signals(self.sig).name}: preempt_time={self.cfg.preempt_time:g}s ran "
+            "out and rankguard killed the ranks still running at the grace limit"
         )
 
     # ---- thread ----------------------------------------------------------------------
@@ -309,6 +323,10 @@ class PreemptionCoordinator:
             "preempt_time_s": self.cfg.preempt_time,
             "terminated_pids": list(self.terminated),
         }
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(str(r) for r in ranks)
 
 
 class PreemptionEvaluator(BlockEvaluator[PreemptBlock]):
