@@ -15,8 +15,9 @@ Three parts, each a real ``rankguard run`` of ``attribution_job.py`` (gloo, CPU 
    loop of tiny all-reduces with the sampler thread on vs off (the training thread does
    nothing for it; what remains is the thread's GIL share).
 
-``--smoke``: one case of each part, short: 2 ranks each, the attribution run stopped 1 s
-after its first finding, the fail-slow run 6 s long (its figures are not results).
+``--smoke``: one case of each part, short, the three parts side by side (its figures are
+not results): 2 ranks each, the attribution run stopped 1 s after its first finding, the
+fail-slow run 6 s long.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -231,6 +234,48 @@ def cost(looks: int, steps: int) -> dict[str, float]:
     }
 
 
+def attribution_part(base: Path, smoke: bool, say: Callable[[str], None]) -> None:
+    cases = [(2, "backward")] if smoke else [(n, s) for n in (2, 4) for s in SITES]
+    right = 0
+    for nproc, site in cases:
+        r = attribution_case(base, nproc, site, nproc - 1, 1.0 if smoke else 8.0)
+        right += r["right"]
+        say(json.dumps(r))
+    say(f"attribution: culprit alone in {right} of {len(cases)}")
+
+
+def failslow_part(base: Path, smoke: bool, rng: random.Random, say: Callable[[str], None]) -> None:
+    plan: list[tuple[int | None, str, float]] = []
+    if smoke:  # 2 ranks, slowed from 2 s of a 6 s run: the part runs, no figure
+        plan = [(1, "backward", 3.0)]
+    else:
+        for site in ("backward", "forward", "data"):
+            for slowdown in (1.5, 3.0):
+                plan.append((rng.randrange(4), site, slowdown))
+        plan += [(None, "backward", 1.0)] * 2
+    tp = fp = fn = 0
+    for k, (slow, site, x) in enumerate(plan):
+        if smoke:
+            r = failslow_case(base, k, slow, site, x, 6.0, nproc=2, slow_from_s=2.0)
+        else:
+            r = failslow_case(base, k, slow, site, x, 25.0)
+        named = set(r["named"])
+        tp += int(slow is not None and slow in named)
+        fn += int(slow is not None and slow not in named)
+        fp += len(named - ({slow} if slow is not None else set()))
+        say(json.dumps(r))
+    precision = tp / (tp + fp) if tp + fp else 1.0
+    recall = tp / (tp + fn) if tp + fn else 1.0
+    say(
+        f"fail-slow: {len(plan)} runs, precision {precision:.2f}, recall {recall:.2f} "
+        f"(tp {tp}, fp {fp}, fn {fn})"
+    )
+
+
+def cost_part(smoke: bool, say: Callable[[str], None]) -> None:
+    say(json.dumps(cost(200 if smoke else 5000, 2000 if smoke else 20000)))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="one case of each part, short")
@@ -240,44 +285,25 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     base = Path(tempfile.mkdtemp(prefix="rankguard-attribution-"))
     print(f"logs under {base}", flush=True)
+    parts: list[Callable[[Callable[[str], None]], None]] = []
     if args.part in ("attribution", "all"):
-        cases = [(2, "backward")] if args.smoke else [(n, s) for n in (2, 4) for s in SITES]
-        right = 0
-        for nproc, site in cases:
-            r = attribution_case(base, nproc, site, nproc - 1, 1.0 if args.smoke else 8.0)
-            right += r["right"]
-            print(json.dumps(r), flush=True)
-        print(f"attribution: culprit alone in {right} of {len(cases)}", flush=True)
+        parts.append(lambda say: attribution_part(base, args.smoke, say))
     if args.part in ("failslow", "all"):
-        plan: list[tuple[int | None, str, float]] = []
-        if args.smoke:  # 2 ranks, slowed from 2 s of a 6 s run: the part runs, no figure
-            plan = [(1, "backward", 3.0)]
-        else:
-            for site in ("backward", "forward", "data"):
-                for slowdown in (1.5, 3.0):
-                    plan.append((rng.randrange(4), site, slowdown))
-            plan += [(None, "backward", 1.0)] * 2
-        tp = fp = fn = 0
-        for k, (slow, site, x) in enumerate(plan):
-            if args.smoke:
-                r = failslow_case(base, k, slow, site, x, 6.0, nproc=2, slow_from_s=2.0)
-            else:
-                r = failslow_case(base, k, slow, site, x, 25.0)
-            named = set(r["named"])
-            tp += int(slow is not None and slow in named)
-            fn += int(slow is not None and slow not in named)
-            fp += len(named - ({slow} if slow is not None else set()))
-            print(json.dumps(r), flush=True)
-        precision = tp / (tp + fp) if tp + fp else 1.0
-        recall = tp / (tp + fn) if tp + fn else 1.0
-        print(
-            f"fail-slow: {len(plan)} runs, precision {precision:.2f}, recall {recall:.2f} "
-            f"(tp {tp}, fp {fp}, fn {fn})",
-            flush=True,
-        )
+        parts.append(lambda say: failslow_part(base, args.smoke, rng, say))
     if args.part in ("cost", "all"):
-        r = cost(200 if args.smoke else 5000, 2000 if args.smoke else 20000)
-        print(json.dumps(r), flush=True)
+        parts.append(lambda say: cost_part(args.smoke, say))
+    if not args.smoke:  # one part after the other: no job shares the machine with another
+        for part in parts:
+            part(lambda line: print(line, flush=True))
+        return 0
+    # --smoke: the parts side by side (its figures are not results), printed in order
+    said: list[list[str]] = [[] for _ in parts]
+    with ThreadPoolExecutor(max_workers=len(parts)) as pool:
+        for f in [pool.submit(part, out.append) for part, out in zip(parts, said, strict=True)]:
+            f.result()
+    for out in said:
+        for line in out:
+            print(line, flush=True)
     return 0
 
 

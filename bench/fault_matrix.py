@@ -135,6 +135,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -1295,15 +1296,25 @@ def main() -> int:
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="fault-matrix-"))
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
+
+    def one(i: int, c: Case) -> Result:
+        try:
+            return run_case(i, c, work, can_mount)
+        except Exception as exc:  # one broken case must not lose the others
+            r = Result(i, c.kind, c.variant, c.shape, c.where, "-", list(c.expected))
+            r.not_run = f"bench error: {exc!r}"[:200]
+            return r
+
     try:
-        for i, c in enumerate(cases, 1):
-            try:
-                r = run_case(i, c, work, can_mount)
-            except Exception as exc:  # one broken case must not lose the others
-                r = Result(i, c.kind, c.variant, c.shape, c.where, "-", list(c.expected))
-                r.not_run = f"bench error: {exc!r}"[:200]
-            results.append(r)
-            print_row(r)
+        if args.smoke:  # its cases side by side (1 rank each): the smoke's wall is its longest
+            with ThreadPoolExecutor(max_workers=len(cases)) as pool:
+                results = list(pool.map(one, range(1, len(cases) + 1), cases))
+            for r in results:
+                print_row(r)
+        else:
+            for i, c in enumerate(cases, 1):
+                results.append(one(i, c))
+                print_row(results[-1])
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
