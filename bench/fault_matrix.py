@@ -324,7 +324,7 @@ def smoke_matrix() -> list[Case]:
     """Two cases (``--smoke``), 1 rank each, one for each job script this bench starts: a
     hang before a collective (``fault_matrix_collective.py``, at step 2 of 4) and a
     monitor thread that dies once (``fault_matrix_launcher.py`` around the demo, its
-    stall at step 25 of 40)."""
+    stall at step 25 of 40). ``main`` runs them side by side."""
     collective = case("collective_hang", 1, local=0)
     monitor = case("monitor_crash", 1, local=0, variant="once")
     collective.steps, collective.fault_step = 4, 2
