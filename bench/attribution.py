@@ -15,8 +15,10 @@ Three parts, each a real ``rankguard run`` of ``attribution_job.py`` (gloo, CPU 
    loop of tiny all-reduces with the sampler thread on vs off (the training thread does
    nothing for it; what remains is the thread's GIL share).
 
-``--smoke``: one case of each part, short: 2 ranks each, the attribution run stopped 1 s
-after its first finding, the fail-slow run 6 s long (its figures are not results).
+``--smoke``: one case of each part, short (its figures are not results): one job of 2
+ranks carries the attribution and the fail-slow cases (rank 1 slowed 3x in backward from
+1 s on, then stalled there at step 20; the run stopped 1 s after the first hang finding),
+the cost part side by side with it. ``--smoke --part failslow``: a 6 s run of its own.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -97,15 +101,26 @@ def _stop(proc: subprocess.Popen[str]) -> str:
 
 
 def attribution_case(
-    base: Path, nproc: int, site: str, culprit: int, settle_s: float = 8.0
+    base: Path,
+    nproc: int,
+    site: str,
+    culprit: int,
+    settle_s: float = 8.0,
+    slow: tuple[int, str, float, float] | None = None,
 ) -> dict[str, Any]:
     """One stalled rank; the run is stopped ``settle_s`` after the first hang finding
-    (any other rank named by then counts against it)."""
+    (any other rank named by then counts against it). ``slow`` (rank, site, slowdown,
+    from s): the same job carries a fail-slow case too (straggler detection on; its
+    result under ``"failslow"``)."""
     run_id = f"attr-{nproc}-{site}-{os.getpid()}"
     log_dir = base / run_id
     job = ["--seconds", "120", "--stall-rank", str(culprit), "--stall-site", site]
     job += ["--stall-step", "20"]
-    proc = _launch(_cmd(run_id, log_dir, nproc, [], job))
+    sets: list[str] = []
+    if slow is not None:
+        sets, slow_job = _failslow_args(*slow)
+        job += slow_job
+    proc = _launch(_cmd(run_id, log_dir, nproc, sets, job))
     run_dir = log_dir / "heartbeat" / run_id
     first: float | None = None
     deadline = time.monotonic() + 100
@@ -120,7 +135,7 @@ def attribution_case(
     hangs = [f for f in _findings(run_dir) if f.get("finding_type") in HANG_TYPES]
     named = sorted({int(f["rank"]) for f in hangs})
     kind = next((f["hang"]["kind"] for f in hangs if isinstance(f.get("hang"), dict)), None)
-    return {
+    out: dict[str, Any] = {
         "nproc": nproc,
         "site": site,
         "culprit": culprit,
@@ -128,20 +143,15 @@ def attribution_case(
         "right": named == [culprit],
         "hang_kind": kind,
     }
+    if slow is not None:
+        out["failslow"] = _failslow_result(run_dir, *slow)
+    return out
 
 
-def failslow_case(
-    base: Path,
-    k: int,
-    slow_rank: int | None,
-    site: str,
-    slowdown: float,
-    seconds: float,
-    nproc: int = 4,
-    slow_from_s: float = 5.0,
-) -> dict[str, Any]:
-    run_id = f"slow-{k}-{os.getpid()}"
-    log_dir = base / run_id
+def _failslow_args(
+    slow_rank: int | None, site: str, slowdown: float, slow_from_s: float
+) -> tuple[list[str], list[str]]:
+    """The ``--set`` items and the job's arguments of a fail-slow case."""
     sets = [
         "straggler.enabled=true",
         "straggler.report_time_interval=3",
@@ -149,15 +159,15 @@ def failslow_case(
         "straggler.gpu_relative_perf_threshold=0.8",
         "straggler.gpu_individual_perf_threshold=0.5",
     ]
-    job = ["--seconds", str(seconds), "--site-ms", "20", "--slow-from-s", str(slow_from_s)]
+    job = ["--site-ms", "20", "--slow-from-s", str(slow_from_s)]
     if slow_rank is not None:
         job += ["--slow-rank", str(slow_rank), "--slow-site", site, "--slowdown", str(slowdown)]
-    proc = _launch(_cmd(run_id, log_dir, nproc, sets, job))
-    try:
-        proc.communicate(timeout=seconds + 90)
-    except subprocess.TimeoutExpired:
-        _stop(proc)
-    run_dir = log_dir / "heartbeat" / run_id
+    return sets, job
+
+
+def _failslow_result(
+    run_dir: Path, slow_rank: int | None, site: str, slowdown: float, slow_from_s: float
+) -> dict[str, Any]:
     found = [f for f in _findings(run_dir) if f.get("finding_type") == "straggler_detected"]
     named = sorted({int(f["rank"]) for f in found})
     start = _start_ns(run_dir)
@@ -173,6 +183,28 @@ def failslow_case(
         "onset_to_finding_s": latency,
         "slowdowns": [f.get("slowdown") for f in found],
     }
+
+
+def failslow_case(
+    base: Path,
+    k: int,
+    slow_rank: int | None,
+    site: str,
+    slowdown: float,
+    seconds: float,
+    nproc: int = 4,
+    slow_from_s: float = 5.0,
+) -> dict[str, Any]:
+    run_id = f"slow-{k}-{os.getpid()}"
+    log_dir = base / run_id
+    sets, slow_job = _failslow_args(slow_rank, site, slowdown, slow_from_s)
+    job = ["--seconds", str(seconds), *slow_job]
+    proc = _launch(_cmd(run_id, log_dir, nproc, sets, job))
+    try:
+        proc.communicate(timeout=seconds + 90)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+    return _failslow_result(log_dir / "heartbeat" / run_id, slow_rank, site, slowdown, slow_from_s)
 
 
 _COST_JOB = r"""
@@ -231,6 +263,71 @@ def cost(looks: int, steps: int) -> dict[str, float]:
     }
 
 
+#: ``--smoke``'s fail-slow case, in the attribution job: rank 1 slowed 3x in backward
+#: from 1 s on (its stall there at step 20 comes at least 1 s later: a step is 5 sites of
+#: 20 ms at least)
+SMOKE_SLOW = (1, "backward", 3.0, 1.0)
+
+
+def attribution_part(
+    base: Path, smoke: bool, say: Callable[[str], None], with_failslow: bool = False
+) -> None:
+    """``with_failslow`` (``--smoke``): the fail-slow part's case is carried by the
+    attribution job (one job for both parts) and reported as that part's."""
+    cases = [(2, "backward")] if smoke else [(n, s) for n in (2, 4) for s in SITES]
+    right = 0
+    slow_results = []
+    for nproc, site in cases:
+        slow = SMOKE_SLOW if with_failslow else None
+        r = attribution_case(base, nproc, site, nproc - 1, 1.0 if smoke else 8.0, slow)
+        if "failslow" in r:
+            slow_results.append(r.pop("failslow"))
+        right += r["right"]
+        say(json.dumps(r))
+    say(f"attribution: culprit alone in {right} of {len(cases)}")
+    for r in slow_results:
+        say(json.dumps(r))
+        found = r["slow_rank"] in r["named"]
+        fp = len(set(r["named"]) - {r["slow_rank"]})
+        precision = int(found) / (int(found) + fp) if found or fp else 1.0
+        say(
+            f"fail-slow: 1 runs, precision {precision:.2f}, recall {float(found):.2f} "
+            f"(tp {int(found)}, fp {fp}, fn {int(not found)}; in the attribution job)"
+        )
+
+
+def failslow_part(base: Path, smoke: bool, rng: random.Random, say: Callable[[str], None]) -> None:
+    plan: list[tuple[int | None, str, float]] = []
+    if smoke:  # 2 ranks, slowed from 2 s of a 6 s run: the part runs, no figure
+        plan = [(1, "backward", 3.0)]
+    else:
+        for site in ("backward", "forward", "data"):
+            for slowdown in (1.5, 3.0):
+                plan.append((rng.randrange(4), site, slowdown))
+        plan += [(None, "backward", 1.0)] * 2
+    tp = fp = fn = 0
+    for k, (slow, site, x) in enumerate(plan):
+        if smoke:
+            r = failslow_case(base, k, slow, site, x, 6.0, nproc=2, slow_from_s=2.0)
+        else:
+            r = failslow_case(base, k, slow, site, x, 25.0)
+        named = set(r["named"])
+        tp += int(slow is not None and slow in named)
+        fn += int(slow is not None and slow not in named)
+        fp += len(named - ({slow} if slow is not None else set()))
+        say(json.dumps(r))
+    precision = tp / (tp + fp) if tp + fp else 1.0
+    recall = tp / (tp + fn) if tp + fn else 1.0
+    say(
+        f"fail-slow: {len(plan)} runs, precision {precision:.2f}, recall {recall:.2f} "
+        f"(tp {tp}, fp {fp}, fn {fn})"
+    )
+
+
+def cost_part(smoke: bool, say: Callable[[str], None]) -> None:
+    say(json.dumps(cost(200 if smoke else 5000, 2000 if smoke else 20000)))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="one case of each part, short")
@@ -240,44 +337,27 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     base = Path(tempfile.mkdtemp(prefix="rankguard-attribution-"))
     print(f"logs under {base}", flush=True)
+    parts: list[Callable[[Callable[[str], None]], None]] = []
+    # --smoke: one job carries the attribution and the fail-slow parts
+    both = args.smoke and args.part == "all"
     if args.part in ("attribution", "all"):
-        cases = [(2, "backward")] if args.smoke else [(n, s) for n in (2, 4) for s in SITES]
-        right = 0
-        for nproc, site in cases:
-            r = attribution_case(base, nproc, site, nproc - 1, 1.0 if args.smoke else 8.0)
-            right += r["right"]
-            print(json.dumps(r), flush=True)
-        print(f"attribution: culprit alone in {right} of {len(cases)}", flush=True)
-    if args.part in ("failslow", "all"):
-        plan: list[tuple[int | None, str, float]] = []
-        if args.smoke:  # 2 ranks, slowed from 2 s of a 6 s run: the part runs, no figure
-            plan = [(1, "backward", 3.0)]
-        else:
-            for site in ("backward", "forward", "data"):
-                for slowdown in (1.5, 3.0):
-                    plan.append((rng.randrange(4), site, slowdown))
-            plan += [(None, "backward", 1.0)] * 2
-        tp = fp = fn = 0
-        for k, (slow, site, x) in enumerate(plan):
-            if args.smoke:
-                r = failslow_case(base, k, slow, site, x, 6.0, nproc=2, slow_from_s=2.0)
-            else:
-                r = failslow_case(base, k, slow, site, x, 25.0)
-            named = set(r["named"])
-            tp += int(slow is not None and slow in named)
-            fn += int(slow is not None and slow not in named)
-            fp += len(named - ({slow} if slow is not None else set()))
-            print(json.dumps(r), flush=True)
-        precision = tp / (tp + fp) if tp + fp else 1.0
-        recall = tp / (tp + fn) if tp + fn else 1.0
-        print(
-            f"fail-slow: {len(plan)} runs, precision {precision:.2f}, recall {recall:.2f} "
-            f"(tp {tp}, fp {fp}, fn {fn})",
-            flush=True,
-        )
+        parts.append(lambda say: attribution_part(base, args.smoke, say, with_failslow=both))
+    if args.part == "failslow" or (args.part == "all" and not both):
+        parts.append(lambda say: failslow_part(base, args.smoke, rng, say))
     if args.part in ("cost", "all"):
-        r = cost(200 if args.smoke else 5000, 2000 if args.smoke else 20000)
-        print(json.dumps(r), flush=True)
+        parts.append(lambda say: cost_part(args.smoke, say))
+    if not args.smoke:  # one part after the other: no job shares the machine with another
+        for part in parts:
+            part(lambda line: print(line, flush=True))
+        return 0
+    # --smoke: the parts side by side (its figures are not results), printed in order
+    said: list[list[str]] = [[] for _ in parts]
+    with ThreadPoolExecutor(max_workers=len(parts)) as pool:
+        for f in [pool.submit(part, out.append) for part, out in zip(parts, said, strict=True)]:
+            f.result()
+    for out in said:
+        for line in out:
+            print(line, flush=True)
     return 0
 
 

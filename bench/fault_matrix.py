@@ -135,6 +135,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -323,7 +324,7 @@ def smoke_matrix() -> list[Case]:
     """Two cases (``--smoke``), 1 rank each, one for each job script this bench starts: a
     hang before a collective (``fault_matrix_collective.py``, at step 2 of 4) and a
     monitor thread that dies once (``fault_matrix_launcher.py`` around the demo, its
-    stall at step 25 of 40)."""
+    stall at step 25 of 40). ``main`` runs them side by side."""
     collective = case("collective_hang", 1, local=0)
     monitor = case("monitor_crash", 1, local=0, variant="once")
     collective.steps, collective.fault_step = 4, 2
@@ -1295,15 +1296,25 @@ def main() -> int:
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="fault-matrix-"))
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
+
+    def one(i: int, c: Case) -> Result:
+        try:
+            return run_case(i, c, work, can_mount)
+        except Exception as exc:  # one broken case must not lose the others
+            r = Result(i, c.kind, c.variant, c.shape, c.where, "-", list(c.expected))
+            r.not_run = f"bench error: {exc!r}"[:200]
+            return r
+
     try:
-        for i, c in enumerate(cases, 1):
-            try:
-                r = run_case(i, c, work, can_mount)
-            except Exception as exc:  # one broken case must not lose the others
-                r = Result(i, c.kind, c.variant, c.shape, c.where, "-", list(c.expected))
-                r.not_run = f"bench error: {exc!r}"[:200]
-            results.append(r)
-            print_row(r)
+        if args.smoke:  # its cases side by side (1 rank each): the smoke's wall is its longest
+            with ThreadPoolExecutor(max_workers=len(cases)) as pool:
+                results = list(pool.map(one, range(1, len(cases) + 1), cases))
+            for r in results:
+                print_row(r)
+        else:
+            for i, c in enumerate(cases, 1):
+                results.append(one(i, c))
+                print_row(results[-1])
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

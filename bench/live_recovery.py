@@ -51,8 +51,8 @@ measured by this script.
 
 Run: ``python bench/live_recovery.py [--runs 10] [--seed 0]`` (about 15-30 s per run on
 the shared 2-core machine). ``--smoke``: 2 ranks, the MLP, one SIGKILL, the group restart
-and (where ``rankguard run`` has ``--standby-ranks``) live recovery, next to an
-uninterrupted run.
+and (where ``rankguard run`` has ``--standby-ranks``) live recovery, side by side with
+the uninterrupted run (it needs only its losses; the full run starts it first, alone).
 """
 
 from __future__ import annotations
@@ -74,6 +74,7 @@ import tempfile
 import threading
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -660,14 +661,30 @@ def main(argv: list[str] | None = None) -> int:
     print(f"faults (seed {args.seed}): {drawn}")
 
     root = Path(tempfile.mkdtemp(prefix="rg-live-"))
-    baselines: dict[str, dict[tuple[int, int], str]] = {}
-    for kind in ["ddp", *(["torchft"] if "torchft" in modes else [])]:
+    kinds = ["ddp", *(["torchft"] if "torchft" in modes else [])]
+
+    def uninterrupted(kind: str) -> Run:
         mode = "torchft" if kind == "torchft" else "torchrun"
-        base = execute(Run(mode, "none", 0, 0, root / f"baseline-{kind}"), args.timeout)
+        return execute(Run(mode, "none", 0, 0, root / f"baseline-{kind}"), args.timeout)
+
+    # --smoke: the uninterrupted run side by side with the fault's (its figures are not
+    # results); otherwise before the faults, alone on the machine
+    side = ThreadPoolExecutor(max_workers=1) if args.smoke else None
+    pending = {k: side.submit(uninterrupted, k) for k in kinds} if side is not None else {}
+    faulted: list[tuple[str, Run]] = []
+    if side is not None:
+        for i, (fault, rank, step) in enumerate(plan):
+            for mode in modes:
+                run = execute(Run(mode, fault, rank, step, root / f"{i}-{mode}"), args.timeout)
+                faulted.append((mode, run))
+        side.shutdown()
+    baselines: dict[str, dict[tuple[int, int], str]] = {}
+    for kind in kinds:
+        base = pending[kind].result() if kind in pending else uninterrupted(kind)
         base_losses = losses(base)
         complete = {(s, r) for s in range(1, STEPS + 1) for r in range(NPROC)} <= set(base_losses)
         print(
-            f"  uninterrupted run ({mode}): exit {base.rc}, {len(base_losses)} step losses, "
+            f"  uninterrupted run ({base.mode}): exit {base.rc}, {len(base_losses)} step losses, "
             f"{base.duration_s:.0f}s" + ("" if complete else ": INCOMPLETE")
         )
         if not complete:
@@ -676,15 +693,22 @@ def main(argv: list[str] | None = None) -> int:
         baselines[kind] = base_losses
         _keep(base, args.keep)
 
+    def record(mode: str, run: Run) -> Result:
+        res = analyse(run, baselines["torchft" if mode == "torchft" else "ddp"])
+        results.setdefault((mode, run.fault), []).append(res)
+        print(progress_line(res), flush=True)
+        _keep(run, args.keep or not res.ok)
+        return res
+
     results: dict[tuple[str, str], list[Result]] = {}
-    for i, (fault, rank, step) in enumerate(plan):
-        for mode in modes:
-            run = execute(Run(mode, fault, rank, step, root / f"{i}-{mode}"), args.timeout)
-            base_of = baselines["torchft" if mode == "torchft" else "ddp"]
-            res = analyse(run, base_of)
-            results.setdefault((mode, fault), []).append(res)
-            print(progress_line(res), flush=True)
-            _keep(run, args.keep or not res.ok)
+    for mode, run in faulted:
+        record(mode, run)
+    if side is None:
+        for i, (fault, rank, step) in enumerate(plan):
+            for mode in modes:
+                record(
+                    mode, execute(Run(mode, fault, rank, step, root / f"{i}-{mode}"), args.timeout)
+                )
 
     print()
     print("fault -> next completed step (s), steps redone, losses of every (step, rank)")

@@ -25,9 +25,9 @@ modules that rankguard's modules import, in rankguard's own, in the user's scrip
 the rest.
 
 Run: ``python bench/startup.py [--repeats 3] [--imports]``; ``--smoke``: one rankguard
-run, 1 rank, 2 steps, and rankguard's import CPU in one interpreter each. Figures are CPU
-seconds of this machine and wall seconds that grow with its load (``os.getloadavg``,
-printed with each run).
+run, 1 rank, 2 steps, and rankguard's import CPU in one interpreter each (the two
+interpreters side by side, after the run). Figures are CPU seconds of this machine and
+wall seconds that grow with its load (``os.getloadavg``, printed with each run).
 """
 
 from __future__ import annotations
@@ -319,20 +319,42 @@ _OURS = {
 }
 
 
-def import_cpu(runs: int, *, torch_alone: bool = True) -> list[str]:
+def import_cpu(runs: int, *, torch_alone: bool = True, side_by_side: bool = False) -> list[str]:
     """CPU (``time.process_time``) of rankguard's imports on top of torch's, median of
-    ``runs`` fresh interpreters, and of ``import torch`` alone."""
+    ``runs`` fresh interpreters, and of ``import torch`` alone. ``side_by_side`` (the
+    smoke run): every interpreter at once, not one after the other."""
     out = ["import CPU (median of fresh interpreters, ms):"]
     cases = [("torch", "", "import torch")] if torch_alone else []
     cases += [(f"rankguard's, {k}", _BASE[k], _OURS[k]) for k in _BASE]
-    for label, pre, mod in cases:
+
+    def start(pre: str, mod: str) -> subprocess.Popen[str]:
         code = f"import time\n{pre}\nt = time.process_time()\n{mod}\n"
         code += "print(time.process_time() - t)"
-        got = []
-        for _ in range(runs):
-            res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-            with contextlib.suppress(ValueError, IndexError):
-                got.append(float(res.stdout.split()[-1]))
+        return subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+
+    def cpu_of(proc: subprocess.Popen[str]) -> float | None:
+        stdout, _ = proc.communicate()
+        with contextlib.suppress(ValueError, IndexError):
+            return float(stdout.split()[-1])
+        return None
+
+    started = (
+        {label: [start(pre, mod) for _ in range(runs)] for label, pre, mod in cases}
+        if side_by_side
+        else {}
+    )
+    for label, pre, mod in cases:
+        if side_by_side:
+            seconds = [cpu_of(proc) for proc in started[label]]
+        else:
+            seconds = [cpu_of(start(pre, mod)) for _ in range(runs)]
+        got = [x for x in seconds if x is not None]
         med = f"{statistics.median(got) * 1000:.0f}" if got else "failed"
         out.append(f"  {label}: {med}")
     return out
@@ -396,7 +418,10 @@ def main(argv: list[str] | None = None) -> int:
             if run.rc != 0 or run.first_step is None:
                 print("\n".join(run.tail))
     print("\n".join(_table(runs)))
-    print("\n".join(import_cpu(1 if args.smoke else 7, torch_alone=not args.smoke)))
+    imports = import_cpu(
+        1 if args.smoke else 7, torch_alone=not args.smoke, side_by_side=args.smoke
+    )
+    print("\n".join(imports))
     if args.imports:
         for launcher in launchers:
             print("\n".join(measure_imports(launcher, args)))
