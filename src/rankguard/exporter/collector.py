@@ -36,7 +36,7 @@ from rankguard.health.schema import NodeStatus
 from rankguard.schema.findings import Finding, FindingType, Liveness, Progress
 from rankguard.schema.restarts import RestartsBlock
 from rankguard.schema.status import RankDetail, RankRow, StatusDoc
-from rankguard.schema.statusblocks import CheckpointsBlock, GoodputBlock
+from rankguard.schema.statusblocks import CheckpointsBlock, GoodputBlock, StragglersBlock
 from rankguard.view.runfiles import worst_rows
 
 if TYPE_CHECKING:
@@ -434,7 +434,7 @@ def build_families(
     for row in rows:
         r = where[_label(row.rank)] = [_label(row.rank), *rank_labels(row)]
         _rank_families(put, row, r)
-    _straggler_families(put, doc.block("stragglers"), where)
+    _straggler_families(put, doc.block(StragglersBlock), where)
     if present:
         _job_families(put, doc, now_wall)
     job_perf = doc.perf or {}
@@ -485,14 +485,14 @@ def _rank_families(put: _Put, row: RankRow, r: list[str]) -> None:
     put("rankguard_rank_memory_bytes", r, _num(perf.get("memory_GB"), _GB))
 
 
-def _straggler_families(put: _Put, stragglers: Any, where: dict[str, list[str]]) -> None:
-    scores = stragglers.get("scores") if isinstance(stragglers, dict) else None
-    for rank_key, score in (scores or {}).items() if isinstance(scores, dict) else ():
-        if isinstance(score, dict):
-            label = _label(rank_key)
-            r = where.get(label) or [label, "", "", "", ""]
-            put("rankguard_rank_straggler_relative_score", r, _num(score.get("relative")))
-            put("rankguard_rank_straggler_individual_score", r, _num(score.get("individual")))
+def _straggler_families(
+    put: _Put, stragglers: StragglersBlock | None, where: dict[str, list[str]]
+) -> None:
+    for rank_key, score in stragglers.scores.items() if stragglers is not None else ():
+        label = _label(rank_key)
+        r = where.get(label) or [label, "", "", "", ""]
+        put("rankguard_rank_straggler_relative_score", r, _num(score.relative))
+        put("rankguard_rank_straggler_individual_score", r, _num(score.individual))
 
 
 def _job_families(put: _Put, doc: StatusDoc, now_wall: float) -> None:

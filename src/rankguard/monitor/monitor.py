@@ -605,7 +605,7 @@ class JobMonitor:
             disks=disks,
             perf=self._perf_status(),
             stragglers=None,  # a stable key, filled by the straggler evaluator when on
-            blocks={e.name: e.status() for e in self._evaluators},
+            blocks={e.name: block_json(e.status()) for e in self._evaluators},
             recent_findings=list(self.recent_findings),
             fields=self._status_fields(),
         )
