@@ -47,6 +47,7 @@ from rankguard.monitor.ingest import Ingest
 from rankguard.monitor.perfranks import PerfRanks
 from rankguard.monitor.rules import HeartbeatRules, Liveness, RankState
 from rankguard.monitor.status import DETAIL_COLUMNS
+from rankguard.schema.blocks import PerfBlock, read_block
 from rankguard.schema.cadence import Cadence
 from rankguard.schema.findings import Finding
 from rankguard.schema.layout import RunLayout
@@ -529,12 +530,11 @@ class JobMonitor:
     def _cross_rank_perf(self) -> None:
         latest: dict[int, int] = {}
         for rank, state in self.rules.ranks.items():
-            perf = state.record.perf if state.record is not None else None
-            if not perf:
+            if state.record is None or not state.record.perf:
                 continue
-            step = self.perf_ranks.add(rank, perf)
-            if step is not None:
-                latest[rank] = step
+            perf = read_block(state.record, PerfBlock)
+            if perf is not None:
+                latest[rank] = self.perf_ranks.add(rank, perf)
         if latest:
             world = self.rules.world_size()
             lines = self.perf_ranks.complete(world, latest if len(latest) >= world else {})

@@ -341,10 +341,75 @@ class _OpaqueBlock:
 
 
 @dataclass(frozen=True, slots=True)
-class PerfBlock(_OpaqueBlock):
-    """``perf``: the perf monitor's latest windows (cross-rank step times)."""
+class PerfWindow:
+    """One perf window of a rank: its step, the script's iteration (None when unknown)
+    and its step time in ms (the GPU's when measured)."""
+
+    step: int
+    iteration: int | None
+    step_time_ms: float
+
+    @classmethod
+    def from_item(cls, item: Any) -> PerfWindow | None:
+        """``[step, iteration, step_time_ms]``; None for anything else."""
+        if not isinstance(item, list | tuple) or len(item) < 3:
+            return None
+        step, iteration, ms = as_int(item[0]), as_int(item[1]), as_number(item[2])
+        if step is None or ms is None or (iteration is None and item[1] is not None):
+            return None
+        return cls(step, iteration, float(ms))
+
+
+@dataclass(frozen=True, slots=True)
+class PerfBlock:
+    """``perf``: the perf monitor's latest window (step, iteration, step time, TFLOPS
+    per GPU, MFU, memory) and its recent windows (the cross-rank step times). The record
+    accepts any object here: a value of the wrong type reads as missing, never raises."""
 
     name: ClassVar[str] = "perf"
+    flat: ClassVar[bool] = False
+
+    step: int | None = None
+    iteration: int | None = None
+    step_time_ms: float | None = None
+    TFLOPS_per_GPU: float | None = None
+    MFU: float | None = None
+    memory_GB: float | None = None
+    windows: tuple[PerfWindow, ...] = ()
+    extra: Mapping[str, Any] = field(default_factory=dict)  # keys of a newer writer
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "iteration": self.iteration,
+            "step_time_ms": self.step_time_ms,
+            "TFLOPS_per_GPU": self.TFLOPS_per_GPU,
+            "MFU": self.MFU,
+            "memory_GB": self.memory_GB,
+            "windows": [[w.step, w.iteration, w.step_time_ms] for w in self.windows],
+            **self.extra,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Self:
+        d = _obj(d, cls.name)
+        windows = d.get("windows")
+        parsed = (PerfWindow.from_item(w) for w in (windows if isinstance(windows, list) else ()))
+        return cls(
+            step=as_int(d.get("step")),
+            iteration=as_int(d.get("iteration")),
+            step_time_ms=as_number(d.get("step_time_ms")),
+            TFLOPS_per_GPU=as_number(d.get("TFLOPS_per_GPU")),
+            MFU=as_number(d.get("MFU")),
+            memory_GB=as_number(d.get("memory_GB")),
+            windows=tuple(w for w in parsed if w is not None),
+            extra={k: v for k, v in d.items() if k not in _PERF_KEYS},
+        )
+
+
+_PERF_KEYS = frozenset(
+    {"step", "iteration", "step_time_ms", "TFLOPS_per_GPU", "MFU", "memory_GB", "windows"}
+)
 
 
 @dataclass(frozen=True, slots=True)

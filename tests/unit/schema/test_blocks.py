@@ -28,6 +28,7 @@ from rankguard.schema.blocks import (
     InProcessRestart,
     NvrxBlock,
     PerfBlock,
+    PerfWindow,
     PreemptBlock,
     StragglerBlock,
     block_registry,
@@ -77,7 +78,7 @@ EXAMPLES: list[Any] = [
     CheckpointBlock(checkpoint_count=4),
     ExitBlock(),
     ExitBlock(clean=False, exit_code=-9, error="orphaned", vanished=True, notes={"x": "y"}),
-    PerfBlock({"step": 3, "windows": [[1, 1, 2.5]]}),
+    PerfBlock(step=3, step_time_ms=2.5, windows=(PerfWindow(1, 1, 2.5), PerfWindow(2, None, 3.0))),
     StragglerBlock(compute_ms=12.5, samples=4, method="compute_section_cpu"),
     FtStatsBlock(setup_s=1.5, step_max_s=0.25, steps=3, ckpt_max_s=None, ckpts=0),
     NvrxBlock({"connections": 1, "heartbeats": 4, "open_sections": ["step"]}),
@@ -162,7 +163,7 @@ def test_the_tracker_writes_the_checkpoint_block_fields() -> None:
 
 def test_fields_source_adapts_a_fields_callable() -> None:
     source = fields_source(PerfBlock, lambda: {"perf": {"step": 1}})
-    assert source() == PerfBlock({"step": 1})
+    assert source() == PerfBlock(step=1)
     assert fields_source(PerfBlock, lambda: None)() is None
 
 
@@ -315,3 +316,19 @@ def test_straggler_and_ft_stats_blocks_read_wrong_types_as_missing() -> None:
     assert (stats.setup_s, stats.steps, stats.hb_gap_max_s) == (None, None, 3)
     written = {"compute_ms": 3.0, "samples": 2, "method": "step_cpu"}
     assert list(StragglerBlock.from_dict(written).to_dict()) == list(written)
+
+
+def test_a_perf_block_reads_wrong_types_as_missing_and_keeps_a_newer_writers_keys() -> None:
+    block = PerfBlock.from_dict(
+        {
+            "step": "3",
+            "iteration": True,
+            "step_time_ms": 12.5,
+            "MFU": "high",
+            "windows": [[1, 1, 2.5], [2, "x", 1.0], ["3", 3, 1.0], [4, None, None], 5, [6]],
+            "newer": {"k": 1},
+        }
+    )
+    assert (block.step, block.iteration, block.step_time_ms, block.MFU) == (None, None, 12.5, None)
+    assert block.windows == (PerfWindow(1, 1, 2.5),)
+    assert block.to_dict()["newer"] == {"k": 1} and list(block.to_dict())[-1] == "newer"
