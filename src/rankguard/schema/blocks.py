@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
-from rankguard.schema.coerce import as_int, as_number, as_str
+from rankguard.schema.coerce import as_dict, as_int, as_list, as_number, as_str
 from rankguard.schema.collectives import CollectivesBlock
 from rankguard.schema.records import HeartbeatRecord
 from rankguard.schema.rerun import RerunBlock
@@ -321,23 +321,7 @@ def exit_clean(rec: HeartbeatRecord) -> bool:
     return EXIT_CLEAN_DEFAULT if clean is None else bool(clean)
 
 
-# ---- blocks the monitor passes on as they came -----------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _OpaqueBlock:
-    """A block node 0 keeps in its JSON shape (checked only to be an object)."""
-
-    name: ClassVar[str] = ""
-    flat: ClassVar[bool] = False
-    data: dict[str, Any]
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.data
-
-    @classmethod
-    def from_dict(cls, d: Any) -> Self:
-        return cls(dict(_obj(d, cls.name)))
+# ---- blocks of the perf monitor, the straggler probe and the NVRx client ---------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -498,11 +482,76 @@ _FT_STATS_KEYS = frozenset(
 
 
 @dataclass(frozen=True, slots=True)
-class NvrxBlock(_OpaqueBlock):
+class NvrxBlock:
     """``nvrx``: the NVRx RankMonitorClient this rank serves (connections, heartbeats,
-    section events, open sections, the timeouts the client calculated)."""
+    section events, open sections, the timeouts the client calculated, the iterations
+    it reported, the requests refused and the errors). The optional keys are written
+    only when known. The record accepts any object here: a value of the wrong type
+    reads as missing, never raises."""
 
     name: ClassVar[str] = "nvrx"
+    flat: ClassVar[bool] = False
+
+    connections: int | None = None
+    heartbeats: int | None = None
+    section_events: int | None = None
+    open_sections: tuple[str, ...] = ()
+    calculated_timeouts: dict[str, Any] | None = None
+    init_iteration: int | None = None
+    num_warmup_iters: int | None = None
+    iteration: int | None = None
+    refused: int | None = None  # written with errors, when either is not 0
+    errors: int | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)  # keys of a newer writer
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "connections": self.connections,
+            "heartbeats": self.heartbeats,
+            "section_events": self.section_events,
+            "open_sections": list(self.open_sections),
+        }
+        if self.calculated_timeouts is not None:
+            out["calculated_timeouts"] = self.calculated_timeouts
+        for key in ("init_iteration", "num_warmup_iters", "iteration"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        if self.refused is not None or self.errors is not None:
+            out["refused"], out["errors"] = self.refused, self.errors
+        return {**out, **self.extra}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Self:
+        d = _obj(d, cls.name)
+        return cls(
+            connections=as_int(d.get("connections")),
+            heartbeats=as_int(d.get("heartbeats")),
+            section_events=as_int(d.get("section_events")),
+            open_sections=tuple(s for s in as_list(d.get("open_sections")) if isinstance(s, str)),
+            calculated_timeouts=as_dict(d.get("calculated_timeouts")),
+            init_iteration=as_int(d.get("init_iteration")),
+            num_warmup_iters=as_int(d.get("num_warmup_iters")),
+            iteration=as_int(d.get("iteration")),
+            refused=as_int(d.get("refused")),
+            errors=as_int(d.get("errors")),
+            extra={k: v for k, v in d.items() if k not in _NVRX_KEYS},
+        )
+
+
+_NVRX_KEYS = frozenset(
+    {
+        "connections",
+        "heartbeats",
+        "section_events",
+        "open_sections",
+        "calculated_timeouts",
+        "init_iteration",
+        "num_warmup_iters",
+        "iteration",
+        "refused",
+        "errors",
+    }
+)
 
 
 # ---- the registry ----------------------------------------------------------------------

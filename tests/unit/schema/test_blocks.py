@@ -81,7 +81,16 @@ EXAMPLES: list[Any] = [
     PerfBlock(step=3, step_time_ms=2.5, windows=(PerfWindow(1, 1, 2.5), PerfWindow(2, None, 3.0))),
     StragglerBlock(compute_ms=12.5, samples=4, method="compute_section_cpu"),
     FtStatsBlock(setup_s=1.5, step_max_s=0.25, steps=3, ckpt_max_s=None, ckpts=0),
-    NvrxBlock({"connections": 1, "heartbeats": 4, "open_sections": ["step"]}),
+    NvrxBlock(connections=1, heartbeats=4, section_events=2, open_sections=("step",)),
+    NvrxBlock(
+        connections=1,
+        heartbeats=4,
+        section_events=0,
+        calculated_timeouts={"section": {"step": 12.0}},
+        iteration=7,
+        refused=0,
+        errors=2,
+    ),
     CollectivesBlock(),
     CollectivesBlock(groups=(GroupPosition("0", 13, 12),), samples=9, waiting=4),
 ]
@@ -332,3 +341,14 @@ def test_a_perf_block_reads_wrong_types_as_missing_and_keeps_a_newer_writers_key
     assert (block.step, block.iteration, block.step_time_ms, block.MFU) == (None, None, 12.5, None)
     assert block.windows == (PerfWindow(1, 1, 2.5),)
     assert block.to_dict()["newer"] == {"k": 1} and list(block.to_dict())[-1] == "newer"
+
+
+def test_an_nvrx_block_writes_its_optional_keys_only_when_known() -> None:
+    plain = NvrxBlock(connections=1, heartbeats=0, section_events=0)
+    assert list(plain.to_dict()) == ["connections", "heartbeats", "section_events", "open_sections"]
+    forged = NvrxBlock.from_dict(
+        {"connections": "1", "open_sections": ["step", 3], "errors": 2, "iteration": 1.5, "n": 1}
+    )
+    assert forged.connections is None and forged.open_sections == ("step",)
+    assert forged.iteration is None and (forged.refused, forged.errors) == (None, 2)
+    assert forged.to_dict()["refused"] is None and forged.to_dict()["n"] == 1
