@@ -52,7 +52,7 @@ from rankguard.schema.cadence import Cadence
 from rankguard.schema.findings import Finding
 from rankguard.schema.layout import RunLayout
 from rankguard.schema.records import SCHEMA_VERSION
-from rankguard.schema.status import FINAL_STATES, MonitorInfo, NodeHealth, StatusDoc
+from rankguard.schema.status import FINAL_STATES, MonitorInfo, NodeHealth, RankRow, StatusDoc
 from rankguard.schema.statusblocks import block_json
 from rankguard.util.fs import QueuedJsonl, append_bytes, atomic_write_json
 from rankguard.util.procs import process_start_time
@@ -543,9 +543,6 @@ class JobMonitor:
 
     # ---- status ---------------------------------------------------------------------
 
-    def _rank_row(self, s: RankState) -> dict[str, Any]:
-        return status_rows.rank_row(s).to_dict()
-
     def _perf_status(self) -> dict[str, Any] | None:
         latest = self.perf_ranks.latest
         if latest is None:
@@ -649,12 +646,12 @@ class JobMonitor:
         except Exception:
             return 0, None
 
-    def rank_rows(self) -> list[dict[str, Any]]:
+    def rank_rows(self) -> list[RankRow]:
         """Every rank's status row now (all of them, whatever the job's size: slow at
         100,000 ranks, for a request, not for every scan)."""
         rules = self.rules
         return [
-            self._rank_row(rules.ranks.get(rank) or RankState(rank=rank))
+            status_rows.rank_row(rules.ranks.get(rank) or RankState(rank=rank))
             for rank in range(status_rows.n_ranks(rules))
         ]
 
