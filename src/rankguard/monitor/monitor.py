@@ -51,7 +51,7 @@ from rankguard.schema.blocks import PerfBlock, read_block
 from rankguard.schema.cadence import Cadence
 from rankguard.schema.findings import Finding
 from rankguard.schema.layout import RunLayout
-from rankguard.schema.records import SCHEMA_VERSION
+from rankguard.schema.records import SCHEMA_VERSION, HeartbeatRecord
 from rankguard.schema.status import FINAL_STATES, MonitorInfo, NodeHealth, RankRow, StatusDoc
 from rankguard.schema.statusblocks import block_json
 from rankguard.util.fs import QueuedJsonl, append_bytes, atomic_write_json
@@ -166,6 +166,8 @@ class JobMonitor:
             write_failed=self._write_failed,
         )
         self.perf_ranks = PerfRanks(run_id)
+        # rank -> its record and that record's perf block, parsed once per record
+        self._perf_blocks: dict[int, tuple[HeartbeatRecord, PerfBlock | None]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._scan_lock = threading.Lock()
@@ -530,9 +532,15 @@ class JobMonitor:
     def _cross_rank_perf(self) -> None:
         latest: dict[int, int] = {}
         for rank, state in self.rules.ranks.items():
-            if state.record is None or not state.record.perf:
+            rec = state.record
+            if rec is None or not rec.perf:
                 continue
-            perf = read_block(state.record, PerfBlock)
+            seen = self._perf_blocks.get(rank)
+            if seen is not None and seen[0] is rec:
+                perf = seen[1]
+            else:  # a new record: its windows parsed once, not at every scan
+                perf = read_block(rec, PerfBlock)
+                self._perf_blocks[rank] = (rec, perf)
             if perf is not None:
                 latest[rank] = self.perf_ranks.add(rank, perf)
         if latest:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from rankguard.schema.coerce import as_dict, as_int, as_list, as_number, as_str
 from rankguard.schema.collectives import CollectivesBlock
@@ -324,24 +324,31 @@ def exit_clean(rec: HeartbeatRecord) -> bool:
 # ---- blocks of the perf monitor, the straggler probe and the NVRx client ---------------
 
 
-@dataclass(frozen=True, slots=True)
-class PerfWindow:
+class PerfWindow(NamedTuple):
     """One perf window of a rank: its step, the script's iteration (None when unknown)
-    and its step time in ms (the GPU's when measured)."""
+    and its step time in ms (the GPU's when measured). A tuple: node 0 reads 16 of them
+    per rank per scan."""
 
     step: int
     iteration: int | None
     step_time_ms: float
 
-    @classmethod
-    def from_item(cls, item: Any) -> PerfWindow | None:
-        """``[step, iteration, step_time_ms]``; None for anything else."""
+
+def _perf_windows(raw: Any) -> tuple[PerfWindow, ...]:
+    """``[[step, iteration, step_time_ms], ...]``; an item of another shape or type is
+    left out (JSON's ints and floats, not bools)."""
+    if not isinstance(raw, list):
+        return ()
+    out = []
+    for item in raw:
         if not isinstance(item, list | tuple) or len(item) < 3:
-            return None
-        step, iteration, ms = as_int(item[0]), as_int(item[1]), as_number(item[2])
-        if step is None or ms is None or (iteration is None and item[1] is not None):
-            return None
-        return cls(step, iteration, float(ms))
+            continue
+        step, iteration, ms = item[0], item[1], item[2]
+        if type(step) is not int or (iteration is not None and type(iteration) is not int):
+            continue
+        if type(ms) is float or type(ms) is int:
+            out.append(PerfWindow(step, iteration, float(ms)))
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,15 +377,13 @@ class PerfBlock:
             "TFLOPS_per_GPU": self.TFLOPS_per_GPU,
             "MFU": self.MFU,
             "memory_GB": self.memory_GB,
-            "windows": [[w.step, w.iteration, w.step_time_ms] for w in self.windows],
+            "windows": [list(w) for w in self.windows],
             **self.extra,
         }
 
     @classmethod
     def from_dict(cls, d: Any) -> Self:
         d = _obj(d, cls.name)
-        windows = d.get("windows")
-        parsed = (PerfWindow.from_item(w) for w in (windows if isinstance(windows, list) else ()))
         return cls(
             step=as_int(d.get("step")),
             iteration=as_int(d.get("iteration")),
@@ -386,7 +391,7 @@ class PerfBlock:
             TFLOPS_per_GPU=as_number(d.get("TFLOPS_per_GPU")),
             MFU=as_number(d.get("MFU")),
             memory_GB=as_number(d.get("memory_GB")),
-            windows=tuple(w for w in parsed if w is not None),
+            windows=_perf_windows(d.get("windows")),
             extra={k: v for k, v in d.items() if k not in _PERF_KEYS},
         )
 
