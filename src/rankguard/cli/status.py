@@ -24,7 +24,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from rankguard.cli.status_render import render_status
+from rankguard.schema.coerce import as_list
 from rankguard.schema.layout import EXCLUDED_NODES_FILE, FINDINGS_FILE, STATUS_FILE
+from rankguard.schema.status import RankRow
 from rankguard.util.textsafe import safe_text
 from rankguard.view.runfiles import (
     StatusUnavailable,
@@ -195,8 +197,11 @@ def _frame(run_dir: Path, args: argparse.Namespace, tty: bool) -> str:
     if ranks is not None:
         status["ranks"] = rank_rows(run_dir, status, ranks)
     if worst is not None:
-        rows = [r for r in status.get("ranks") or [] if isinstance(r, dict)]
-        status["ranks"] = worst_rows(rows, worst)
+        # the rows picked as they came (a status_ranks.json row has its first columns)
+        raw = [r for r in as_list(status.get("ranks")) if isinstance(r, dict)]
+        typed = [RankRow.from_dict(r) for r in raw]
+        by_id = {id(t): r for t, r in zip(typed, raw, strict=True)}
+        status["ranks"] = [by_id[id(t)] for t in worst_rows(typed, worst)]
     try:
         findings = latest_findings(run_dir, status, args.findings)
     except OSError as exc:

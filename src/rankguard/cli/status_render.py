@@ -22,7 +22,10 @@ from rankguard.schema.statusblocks import (
     CheckpointsBlock,
     ElasticBlock,
     GoodputBlock,
+    PreemptBudget,
+    PreemptionBlock,
     StopRequestedBlock,
+    StragglersBlock,
     TimeoutsBlock,
 )
 from rankguard.util.textsafe import safe_text
@@ -543,26 +546,20 @@ def _ft_lines(status: StatusDoc | dict[str, Any]) -> list[str]:
         ]
         out += [_restart_row(r) for r in restarts]
     out += _live_lines(doc.block(LiveBlock))
-    stragglers = doc.block("stragglers")
-    if isinstance(stragglers, dict):
+    stragglers = doc.block(StragglersBlock)
+    if stragglers is not None:
         out += [
             "",
-            f"Stragglers (report {_s(stragglers.get('report'))}, best compute "
-            f"{_s(stragglers.get('best_compute_ms'))} ms): {_s(stragglers.get('stragglers'))}",
+            f"Stragglers (report {_s(stragglers.report)}, best compute "
+            f"{_s(stragglers.best_compute_ms)} ms): {stragglers.stragglers}",
         ]
-        for label in ("worst", "best"):
-            rows = stragglers.get(label) or []
-            cells = [
-                f"rank {_s(r.get('rank'))} rel {_s(r.get('relative'))} "
-                f"ind {_s(r.get('individual'))}"
-                for r in rows
-                if isinstance(r, dict)
-            ]
+        for label, rows in (("worst", stragglers.worst), ("best", stragglers.best)):
+            cells = [f"rank {_s(r.rank)} rel {_s(r.relative)} ind {_s(r.individual)}" for r in rows]
             out.append(f"  {label:<5}  " + ", ".join(cells))
     stop = doc.block(StopRequestedBlock)
     if stop is not None:
         out.append(f"  stop requested at step {_s(stop.stop_at_step)}: {_s(stop.reason)}")
-    out += _preemption_lines(doc.block("preemption"))
+    out += _preemption_lines(doc.block(PreemptionBlock))
     timeouts = doc.block(TimeoutsBlock)
     if timeouts is not None and timeouts.entries:
         # in the launcher's order (rankguard.schema.cadence): the process timeouts, then each
@@ -574,29 +571,27 @@ def _ft_lines(status: StatusDoc | dict[str, Any]) -> list[str]:
     return out
 
 
-def _preemption_lines(pre: Any) -> list[str]:
+def _preemption_lines(pre: PreemptionBlock | None) -> list[str]:
     """``status.json``'s ``preemption``: the grace budget, and the preemption if any."""
-    if not isinstance(pre, dict):
+    if pre is None:
         return []
-    raw = pre.get("budget")
-    budget: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    budget = pre.budget or PreemptBudget()
     out = [
         "",
-        f"Preemption: grace {_s(budget.get('preempt_time_s'))} s, longest save "
-        f"{_s(budget.get('save_s'))} s ({_s(budget.get('save_source'))}) + stop-step lead "
-        f"{_s(budget.get('lead_s'))} s",
+        f"Preemption: grace {_s(budget.preempt_time_s)} s, longest save "
+        f"{_s(budget.save_s)} s ({_s(budget.save_source)}) + stop-step lead "
+        f"{_s(budget.lead_s)} s",
     ]
-    if budget.get("fits") is False:
+    if budget.fits is False:
         out.append("  WARNING: a save does NOT fit the grace window (raise preempt_time)")
-    if pre.get("reason"):
+    if pre.reason:
         out.append(
-            f"  {_s(pre.get('reason'))}: stop step {_s(pre.get('stop_at_step'))}, saved step "
-            f"{_s(pre.get('saved_step'))} ({_s(pre.get('ranks_saved'))} rank(s)), killed at "
-            f"the grace limit: {_s(pre.get('terminated_pids') or None)}"
+            f"  {_s(pre.reason)}: stop step {_s(pre.stop_at_step)}, saved step "
+            f"{_s(pre.saved_step)} ({_s(pre.ranks_saved)} rank(s)), killed at "
+            f"the grace limit: {_s(list(pre.terminated_pids) or None)}"
         )
-        saved = pre.get("saved")
-        if isinstance(saved, str) and saved:
-            out.append(f"  {safe_text(saved[:400])}")
+        if pre.saved:
+            out.append(f"  {safe_text(pre.saved[:400])}")
     return out
 
 

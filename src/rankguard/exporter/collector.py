@@ -35,8 +35,8 @@ from rankguard.goodput.ledger import PARTS
 from rankguard.health.schema import NodeStatus
 from rankguard.schema.findings import Finding, FindingType, Liveness, Progress
 from rankguard.schema.restarts import RestartsBlock
-from rankguard.schema.status import RankDetail, RankRow, StatusDoc
-from rankguard.schema.statusblocks import CheckpointsBlock, GoodputBlock
+from rankguard.schema.status import RankRow, StatusDoc
+from rankguard.schema.statusblocks import CheckpointsBlock, GoodputBlock, StragglersBlock
 from rankguard.view.runfiles import worst_rows
 
 if TYPE_CHECKING:
@@ -434,7 +434,7 @@ def build_families(
     for row in rows:
         r = where[_label(row.rank)] = [_label(row.rank), *rank_labels(row)]
         _rank_families(put, row, r)
-    _straggler_families(put, doc.block("stragglers"), where)
+    _straggler_families(put, doc.block(StragglersBlock), where)
     if present:
         _job_families(put, doc, now_wall)
     job_perf = doc.perf or {}
@@ -485,14 +485,14 @@ def _rank_families(put: _Put, row: RankRow, r: list[str]) -> None:
     put("rankguard_rank_memory_bytes", r, _num(perf.get("memory_GB"), _GB))
 
 
-def _straggler_families(put: _Put, stragglers: Any, where: dict[str, list[str]]) -> None:
-    scores = stragglers.get("scores") if isinstance(stragglers, dict) else None
-    for rank_key, score in (scores or {}).items() if isinstance(scores, dict) else ():
-        if isinstance(score, dict):
-            label = _label(rank_key)
-            r = where.get(label) or [label, "", "", "", ""]
-            put("rankguard_rank_straggler_relative_score", r, _num(score.get("relative")))
-            put("rankguard_rank_straggler_individual_score", r, _num(score.get("individual")))
+def _straggler_families(
+    put: _Put, stragglers: StragglersBlock | None, where: dict[str, list[str]]
+) -> None:
+    for rank_key, score in stragglers.scores.items() if stragglers is not None else ():
+        label = _label(rank_key)
+        r = where.get(label) or [label, "", "", "", ""]
+        put("rankguard_rank_straggler_relative_score", r, _num(score.relative))
+        put("rankguard_rank_straggler_individual_score", r, _num(score.individual))
 
 
 def _job_families(put: _Put, doc: StatusDoc, now_wall: float) -> None:
@@ -569,11 +569,11 @@ class StatusCollector(Collector):
         self.rank_series = rank_series
         self.all_ranks = all_ranks
 
-    def _rank_rows(self, status: dict[str, Any]) -> list[dict[str, Any]]:
+    def _rank_rows(self, doc: StatusDoc) -> list[RankRow]:
         """Per-rank series budget: every rank on request, else the worst ``rank_series``."""
-        rows = [r for r in status.get("ranks") or [] if isinstance(r, dict)]
+        rows = doc.ranks
         if self.all_ranks:
-            if not RankDetail.from_dict(status.get("rank_detail")).complete:
+            if not doc.rank_detail.complete:
                 return self.monitor.rank_rows()  # a large job: rows from the rules
             return rows
         if self.rank_series is None or len(rows) <= self.rank_series:
@@ -588,13 +588,14 @@ class StatusCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         m = self.monitor
         status = m.status  # replaced whole by each scan: a coherent snapshot
+        doc = StatusDoc.from_dict(status)
         yield from build_families(
-            status,
+            doc if status else status,  # none yet: no series that say it is there
             scans=m.scan_count,
             scan_errors=m.scan_errors,
             last_scan_s=m.last_scan_s,
             finding_counts=self.findings.snapshot(),
             now_wall=time.time(),
-            rank_rows=self._rank_rows(status),
+            rank_rows=self._rank_rows(doc),
             run_id=m.run_id,
         )

@@ -73,6 +73,7 @@ from pathlib import Path
 from typing import Any
 
 from rankguard.ft.launcher_flags import nvrx_version
+from rankguard.schema.blocks import NvrxBlock
 
 __all__ = [
     "SOCKET_DIR_ENV",
@@ -314,25 +315,24 @@ class RankMonitorBridge:
 
     # ---- heartbeat fields ------------------------------------------------------------
 
-    def heartbeat_fields(self) -> dict[str, Any] | None:
-        """The ``nvrx`` object of the rank's heartbeats (None before any client)."""
+    def heartbeat_block(self) -> NvrxBlock | None:
+        """The ``nvrx`` block of the rank's heartbeats (None before any client)."""
         if not self.connections:
             return None
         with self._lock:
-            out: dict[str, Any] = {
-                "connections": self.connections,
-                "heartbeats": self.heartbeats,
-                "section_events": self.section_events,
-                "open_sections": sorted(self.open_sections),
-            }
-            if self.calculated is not None:
-                out["calculated_timeouts"] = self.calculated
-            for key in ("init_iteration", "num_warmup_iters", "iteration"):
-                if getattr(self, key) is not None:
-                    out[key] = getattr(self, key)
-            if self.refused or self.errors:
-                out["refused"], out["errors"] = self.refused, self.errors
-        return {"nvrx": out}
+            failed = bool(self.refused or self.errors)
+            return NvrxBlock(
+                connections=self.connections,
+                heartbeats=self.heartbeats,
+                section_events=self.section_events,
+                open_sections=tuple(sorted(self.open_sections)),
+                calculated_timeouts=self.calculated,
+                init_iteration=self.init_iteration,
+                num_warmup_iters=self.num_warmup_iters,
+                iteration=self.iteration,
+                refused=self.refused if failed else None,
+                errors=self.errors if failed else None,
+            )
 
     # ---- serving ---------------------------------------------------------------------
 

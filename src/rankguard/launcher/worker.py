@@ -59,7 +59,6 @@ from rankguard.launcher.standby import StandbySession
 from rankguard.live.roles import rewrite_environ
 from rankguard.rank import runenv
 from rankguard.rank.lifeline import Lifeline, end_orphan, set_parent_death_signal
-from rankguard.schema.blocks import NvrxBlock, fields_source
 from rankguard.session import install
 
 if TYPE_CHECKING:
@@ -149,7 +148,7 @@ def _serve_nvrx(session: RankSession, env: runenv.RunEnv) -> RankMonitorBridge |
         enabled=cfg.fault_tolerance.serve_nvrx_client,
     )
     if bridge is not None:
-        session.add_heartbeat_block(fields_source(NvrxBlock, bridge.heartbeat_fields))
+        session.add_heartbeat_block(bridge.heartbeat_block)
     return bridge
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rankguard.monitor.api import FindingSink
-from rankguard.schema.blocks import CheckpointBlock, PreemptBlock, read_block
+from rankguard.schema.blocks import CheckpointBlock, PerfBlock, PreemptBlock, read_block
 from rankguard.schema.findings import Finding, FindingType
 from rankguard.schema.layout import CONTROL_FILE
 from rankguard.schema.records import HeartbeatRecord
@@ -59,9 +59,12 @@ def fastest_step_s(records: list[HeartbeatRecord]) -> float | None:
     average since the first step), so a stop step is far enough ahead for all."""
     times = []
     for rec in records:
-        perf = rec.perf
-        if perf is not None and isinstance(perf.get("step_time_ms"), (int, float)):
-            times.append(float(perf["step_time_ms"]) / 1e3)
+        try:
+            perf = read_block(rec, PerfBlock)
+        except ValueError:  # not an object: no perf window
+            perf = None
+        if perf is not None and perf.step_time_ms is not None:
+            times.append(float(perf.step_time_ms) / 1e3)
         try:
             pre = read_block(rec, PreemptBlock)
         except ValueError:  # a malformed block: the phase's average below

@@ -47,11 +47,12 @@ from rankguard.monitor.ingest import Ingest
 from rankguard.monitor.perfranks import PerfRanks
 from rankguard.monitor.rules import HeartbeatRules, Liveness, RankState
 from rankguard.monitor.status import DETAIL_COLUMNS
+from rankguard.schema.blocks import PerfBlock, read_block
 from rankguard.schema.cadence import Cadence
 from rankguard.schema.findings import Finding
 from rankguard.schema.layout import RunLayout
-from rankguard.schema.records import SCHEMA_VERSION
-from rankguard.schema.status import FINAL_STATES, MonitorInfo, NodeHealth, StatusDoc
+from rankguard.schema.records import SCHEMA_VERSION, HeartbeatRecord
+from rankguard.schema.status import FINAL_STATES, MonitorInfo, NodeHealth, RankRow, StatusDoc
 from rankguard.schema.statusblocks import block_json
 from rankguard.util.fs import QueuedJsonl, append_bytes, atomic_write_json
 from rankguard.util.procs import process_start_time
@@ -165,6 +166,8 @@ class JobMonitor:
             write_failed=self._write_failed,
         )
         self.perf_ranks = PerfRanks(run_id)
+        # rank -> its record and that record's perf block, parsed once per record
+        self._perf_blocks: dict[int, tuple[HeartbeatRecord, PerfBlock | None]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._scan_lock = threading.Lock()
@@ -529,12 +532,17 @@ class JobMonitor:
     def _cross_rank_perf(self) -> None:
         latest: dict[int, int] = {}
         for rank, state in self.rules.ranks.items():
-            perf = state.record.perf if state.record is not None else None
-            if not perf:
+            rec = state.record
+            if rec is None or not rec.perf:
                 continue
-            step = self.perf_ranks.add(rank, perf)
-            if step is not None:
-                latest[rank] = step
+            seen = self._perf_blocks.get(rank)
+            if seen is not None and seen[0] is rec:
+                perf = seen[1]
+            else:  # a new record: its windows parsed once, not at every scan
+                perf = read_block(rec, PerfBlock)
+                self._perf_blocks[rank] = (rec, perf)
+            if perf is not None:
+                latest[rank] = self.perf_ranks.add(rank, perf)
         if latest:
             world = self.rules.world_size()
             lines = self.perf_ranks.complete(world, latest if len(latest) >= world else {})
@@ -542,9 +550,6 @@ class JobMonitor:
                 self._written(self._perf_out, self._perf_out.append(lines))
 
     # ---- status ---------------------------------------------------------------------
-
-    def _rank_row(self, s: RankState) -> dict[str, Any]:
-        return status_rows.rank_row(s).to_dict()
 
     def _perf_status(self) -> dict[str, Any] | None:
         latest = self.perf_ranks.latest
@@ -605,7 +610,7 @@ class JobMonitor:
             disks=disks,
             perf=self._perf_status(),
             stragglers=None,  # a stable key, filled by the straggler evaluator when on
-            blocks={e.name: e.status() for e in self._evaluators},
+            blocks={e.name: block_json(e.status()) for e in self._evaluators},
             recent_findings=list(self.recent_findings),
             fields=self._status_fields(),
         )
@@ -649,12 +654,12 @@ class JobMonitor:
         except Exception:
             return 0, None
 
-    def rank_rows(self) -> list[dict[str, Any]]:
+    def rank_rows(self) -> list[RankRow]:
         """Every rank's status row now (all of them, whatever the job's size: slow at
         100,000 ranks, for a request, not for every scan)."""
         rules = self.rules
         return [
-            self._rank_row(rules.ranks.get(rank) or RankState(rank=rank))
+            status_rows.rank_row(rules.ranks.get(rank) or RankState(rank=rank))
             for rank in range(status_rows.n_ranks(rules))
         ]
 

@@ -14,6 +14,7 @@ import math
 import statistics
 from typing import Any
 
+from rankguard.schema.blocks import PerfBlock
 from rankguard.schema.layout import PERF_RANKS_FILE
 
 __all__ = ["PERF_RANKS_FILE", "PerfRanks"]
@@ -28,29 +29,19 @@ class PerfRanks:
         self._latest_step: dict[int, int] = {}
         self.latest: dict[str, Any] | None = None
 
-    def add(self, rank: int, perf: Any) -> int | None:
-        """Take a rank's heartbeat ``perf`` field; returns its latest step (or None)."""
-        if not isinstance(perf, dict):
-            return None
-        try:
-            latest = int(perf.get("step") or 0)
-        except (TypeError, ValueError):
-            return None
+    def add(self, rank: int, perf: PerfBlock) -> int:
+        """Take a rank's heartbeat ``perf`` block; returns its latest step."""
+        latest = perf.step or 0
         if latest < self._latest_step.get(rank, 0):
             self._restart()  # the rank's process was replaced: its steps count anew
         self._latest_step[rank] = latest
-        windows = perf.get("windows")
-        for item in windows if isinstance(windows, list) else []:
-            try:
-                step, ms = int(item[0]), float(item[2])
-                iteration = None if item[1] is None else int(item[1])
-            except (TypeError, ValueError, IndexError, KeyError):
-                continue
+        for window in perf.windows:
+            step, ms = window.step, window.step_time_ms
             if step <= self._max_done or not math.isfinite(ms):
                 continue
             self._windows.setdefault(step, {})[rank] = ms
-            if iteration is not None:
-                self._iterations[step] = iteration
+            if window.iteration is not None:
+                self._iterations[step] = window.iteration
         return latest
 
     def _restart(self) -> None:

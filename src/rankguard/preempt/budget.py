@@ -24,6 +24,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from rankguard.schema.statusblocks import PreemptBudget
 from rankguard.util.fs import atomic_write_json
 
 __all__ = ["GraceBudget", "load_save_time", "store_save_time"]
@@ -59,14 +60,15 @@ class GraceBudget:
             "or lower heartbeat.publish_interval_s"
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "preempt_time_s": self.preempt_time,
-            "lead_s": round(self.lead_s, 3),
-            "save_s": None if self.save_s is None else round(self.save_s, 3),
-            "save_source": self.source,
-            "fits": self.fits(),
-        }
+    def block(self) -> PreemptBudget:
+        """The budget as ``status.json``'s ``preemption.budget``."""
+        return PreemptBudget(
+            preempt_time_s=self.preempt_time,
+            lead_s=round(self.lead_s, 3),
+            save_s=None if self.save_s is None else round(self.save_s, 3),
+            save_source=self.source,
+            fits=self.fits(),
+        )
 
 
 def load_save_time(path: Path) -> float | None:

@@ -49,6 +49,7 @@ from rankguard.preempt.config import PreemptionConfig
 from rankguard.schema.blocks import PreemptBlock, read_block
 from rankguard.schema.findings import Finding, FindingType, Reason
 from rankguard.schema.layout import StoreKeys
+from rankguard.schema.statusblocks import PreemptionBlock
 from rankguard.util.textsafe import safe_text
 from rankguard.util.wakeup import Wakeup
 
@@ -315,15 +316,6 @@ class PreemptionCoordinator:
             payload = {"stop_at_step": self.stop_at, "reason": reason}
             self.store.set(self.keys.preempt, json.dumps(payload))
 
-    def summary(self) -> dict[str, Any]:
-        return {
-            "signal": signal.Signals(self.sig).name,
-            "reason": self.reason,
-            "stop_at_step": self.stop_at,
-            "preempt_time_s": self.cfg.preempt_time,
-            "terminated_pids": list(self.terminated),
-        }
-
 
 def _ranks(ranks: list[int]) -> str:
     return ", ".join(str(r) for r in ranks)
@@ -474,14 +466,23 @@ class PreemptionEvaluator(BlockEvaluator[PreemptBlock]):
             )
         return self._not_saved(step)
 
-    def status(self) -> dict[str, Any] | None:
-        out: dict[str, Any] = {"budget": self.budget.to_dict()}
-        if self.coordinator.active:
-            out.update(self.coordinator.summary())
-            out["saved_step"] = self._saved
-            out["ranks_saved"] = self._ranks_saved
-            out["saved"] = self.saved_line()
-        return out
+    def status(self) -> PreemptionBlock:
+        budget = self.budget.block()
+        coord = self.coordinator
+        if not coord.active:
+            return PreemptionBlock(budget=budget)
+        return PreemptionBlock(
+            budget=budget,
+            active=True,
+            signal=signal.Signals(coord.sig).name,
+            reason=coord.reason,
+            stop_at_step=coord.stop_at,
+            preempt_time_s=coord.cfg.preempt_time,
+            terminated_pids=tuple(coord.terminated),
+            saved_step=self._saved,
+            ranks_saved=self._ranks_saved,
+            saved=self.saved_line(),
+        )
 
 
 def _preempt_block(rec: HeartbeatRecord) -> PreemptBlock | None:

@@ -23,9 +23,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, TypeVar, runtime_checkable
 
-from rankguard.schema.coerce import as_int, as_number, as_str
+from rankguard.schema.coerce import as_dict, as_int, as_list, as_number, as_str
 from rankguard.schema.collectives import CollectivesBlock
 from rankguard.schema.records import HeartbeatRecord
 from rankguard.schema.rerun import RerunBlock
@@ -321,30 +321,84 @@ def exit_clean(rec: HeartbeatRecord) -> bool:
     return EXIT_CLEAN_DEFAULT if clean is None else bool(clean)
 
 
-# ---- blocks the monitor passes on as they came -----------------------------------------
+# ---- blocks of the perf monitor, the straggler probe and the NVRx client ---------------
+
+
+class PerfWindow(NamedTuple):
+    """One perf window of a rank: its step, the script's iteration (None when unknown)
+    and its step time in ms (the GPU's when measured). A tuple: node 0 reads 16 of them
+    per rank per scan."""
+
+    step: int
+    iteration: int | None
+    step_time_ms: float
+
+
+def _perf_windows(raw: Any) -> tuple[PerfWindow, ...]:
+    """``[[step, iteration, step_time_ms], ...]``; an item of another shape or type is
+    left out (JSON's ints and floats, not bools)."""
+    if not isinstance(raw, list):
+        return ()
+    out = []
+    for item in raw:
+        if not isinstance(item, list | tuple) or len(item) < 3:
+            continue
+        step, iteration, ms = item[0], item[1], item[2]
+        if type(step) is not int or (iteration is not None and type(iteration) is not int):
+            continue
+        if type(ms) is float or type(ms) is int:
+            out.append(PerfWindow(step, iteration, float(ms)))
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
-class _OpaqueBlock:
-    """A block node 0 keeps in its JSON shape (checked only to be an object)."""
+class PerfBlock:
+    """``perf``: the perf monitor's latest window (step, iteration, step time, TFLOPS
+    per GPU, MFU, memory) and its recent windows (the cross-rank step times). The record
+    accepts any object here: a value of the wrong type reads as missing, never raises."""
 
-    name: ClassVar[str] = ""
+    name: ClassVar[str] = "perf"
     flat: ClassVar[bool] = False
-    data: dict[str, Any]
+
+    step: int | None = None
+    iteration: int | None = None
+    step_time_ms: float | None = None
+    TFLOPS_per_GPU: float | None = None
+    MFU: float | None = None
+    memory_GB: float | None = None
+    windows: tuple[PerfWindow, ...] = ()
+    extra: Mapping[str, Any] = field(default_factory=dict)  # keys of a newer writer
 
     def to_dict(self) -> dict[str, Any]:
-        return self.data
+        return {
+            "step": self.step,
+            "iteration": self.iteration,
+            "step_time_ms": self.step_time_ms,
+            "TFLOPS_per_GPU": self.TFLOPS_per_GPU,
+            "MFU": self.MFU,
+            "memory_GB": self.memory_GB,
+            "windows": [list(w) for w in self.windows],
+            **self.extra,
+        }
 
     @classmethod
     def from_dict(cls, d: Any) -> Self:
-        return cls(dict(_obj(d, cls.name)))
+        d = _obj(d, cls.name)
+        return cls(
+            step=as_int(d.get("step")),
+            iteration=as_int(d.get("iteration")),
+            step_time_ms=as_number(d.get("step_time_ms")),
+            TFLOPS_per_GPU=as_number(d.get("TFLOPS_per_GPU")),
+            MFU=as_number(d.get("MFU")),
+            memory_GB=as_number(d.get("memory_GB")),
+            windows=_perf_windows(d.get("windows")),
+            extra={k: v for k, v in d.items() if k not in _PERF_KEYS},
+        )
 
 
-@dataclass(frozen=True, slots=True)
-class PerfBlock(_OpaqueBlock):
-    """``perf``: the perf monitor's latest windows (cross-rank step times)."""
-
-    name: ClassVar[str] = "perf"
+_PERF_KEYS = frozenset(
+    {"step", "iteration", "step_time_ms", "TFLOPS_per_GPU", "MFU", "memory_GB", "windows"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,11 +487,76 @@ _FT_STATS_KEYS = frozenset(
 
 
 @dataclass(frozen=True, slots=True)
-class NvrxBlock(_OpaqueBlock):
+class NvrxBlock:
     """``nvrx``: the NVRx RankMonitorClient this rank serves (connections, heartbeats,
-    section events, open sections, the timeouts the client calculated)."""
+    section events, open sections, the timeouts the client calculated, the iterations
+    it reported, the requests refused and the errors). The optional keys are written
+    only when known. The record accepts any object here: a value of the wrong type
+    reads as missing, never raises."""
 
     name: ClassVar[str] = "nvrx"
+    flat: ClassVar[bool] = False
+
+    connections: int | None = None
+    heartbeats: int | None = None
+    section_events: int | None = None
+    open_sections: tuple[str, ...] = ()
+    calculated_timeouts: dict[str, Any] | None = None
+    init_iteration: int | None = None
+    num_warmup_iters: int | None = None
+    iteration: int | None = None
+    refused: int | None = None  # written with errors, when either is not 0
+    errors: int | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)  # keys of a newer writer
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "connections": self.connections,
+            "heartbeats": self.heartbeats,
+            "section_events": self.section_events,
+            "open_sections": list(self.open_sections),
+        }
+        if self.calculated_timeouts is not None:
+            out["calculated_timeouts"] = self.calculated_timeouts
+        for key in ("init_iteration", "num_warmup_iters", "iteration"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        if self.refused is not None or self.errors is not None:
+            out["refused"], out["errors"] = self.refused, self.errors
+        return {**out, **self.extra}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Self:
+        d = _obj(d, cls.name)
+        return cls(
+            connections=as_int(d.get("connections")),
+            heartbeats=as_int(d.get("heartbeats")),
+            section_events=as_int(d.get("section_events")),
+            open_sections=tuple(s for s in as_list(d.get("open_sections")) if isinstance(s, str)),
+            calculated_timeouts=as_dict(d.get("calculated_timeouts")),
+            init_iteration=as_int(d.get("init_iteration")),
+            num_warmup_iters=as_int(d.get("num_warmup_iters")),
+            iteration=as_int(d.get("iteration")),
+            refused=as_int(d.get("refused")),
+            errors=as_int(d.get("errors")),
+            extra={k: v for k, v in d.items() if k not in _NVRX_KEYS},
+        )
+
+
+_NVRX_KEYS = frozenset(
+    {
+        "connections",
+        "heartbeats",
+        "section_events",
+        "open_sections",
+        "calculated_timeouts",
+        "init_iteration",
+        "num_warmup_iters",
+        "iteration",
+        "refused",
+        "errors",
+    }
+)
 
 
 # ---- the registry ----------------------------------------------------------------------

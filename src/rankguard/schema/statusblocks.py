@@ -25,10 +25,15 @@ __all__ = [
     "ElasticMember",
     "GoodputBlock",
     "LargestLoss",
+    "PreemptBudget",
+    "PreemptionBlock",
     "Replacement",
     "SpareWaiting",
     "StatusBlock",
     "StopRequestedBlock",
+    "StragglerRow",
+    "StragglerScores",
+    "StragglersBlock",
     "TimeoutInForce",
     "TimeoutsBlock",
     "block_json",
@@ -446,3 +451,217 @@ class ElasticBlock:
             "lost": list(self.lost),
             "replacements": [r.to_dict() for r in self.replacements],
         }
+
+
+# ---- stragglers (node 0's straggler detector) -----------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StragglerRow:
+    """One rank's scores in a straggler report (its ``worst``/``best`` lists)."""
+
+    rank: int | None = None
+    node_rank: int | None = None
+    hostname: str | None = None
+    pid: int | None = None
+    gpu: dict[str, Any] | None = None
+    compute_ms: float | None = None
+    relative: float | None = None
+    individual: float | None = None
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> StragglerRow | None:
+        d = as_dict(raw)
+        if d is None:
+            return None
+        return cls(
+            rank=as_int(d.get("rank")),
+            node_rank=as_int(d.get("node_rank")),
+            hostname=as_str(d.get("hostname")),
+            pid=as_int(d.get("pid")),
+            gpu=as_dict(d.get("gpu")),
+            compute_ms=as_number(d.get("compute_ms")),
+            relative=as_number(d.get("relative")),
+            individual=as_number(d.get("individual")),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "node_rank": self.node_rank,
+            "hostname": self.hostname,
+            "pid": self.pid,
+            "gpu": self.gpu,
+            "compute_ms": self.compute_ms,
+            "relative": self.relative,
+            "individual": self.individual,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class StragglerScores:
+    """A rank's two scores (``relative`` to the fastest rank, ``individual`` to its
+    own best), None where that score is off."""
+
+    relative: float | None = None
+    individual: float | None = None
+
+
+@status_block
+@dataclass(frozen=True, slots=True)
+class StragglersBlock:
+    """``stragglers``: the latest straggler report (its number, what it scored, the
+    ranks flagged and below the thresholds, the worst and best ranks, every rank's
+    scores keyed by rank)."""
+
+    name: ClassVar[str] = "stragglers"
+
+    report: int | None = None
+    source: str | None = None
+    ranks: int | None = None
+    best_compute_ms: float | None = None
+    stragglers: list[int] = field(default_factory=list)
+    below_threshold: list[int] = field(default_factory=list)
+    worst: list[StragglerRow] = field(default_factory=list)
+    best: list[StragglerRow] = field(default_factory=list)
+    scores: dict[str, StragglerScores] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> StragglersBlock | None:
+        d = as_dict(raw)
+        if d is None:
+            return None
+        worst = (StragglerRow.from_dict(r) for r in as_list(d.get("worst")))
+        best = (StragglerRow.from_dict(r) for r in as_list(d.get("best")))
+        scores = {}
+        for rank, value in (as_dict(d.get("scores")) or {}).items():
+            s = as_dict(value)
+            if s is not None:
+                scores[str(rank)] = StragglerScores(
+                    as_number(s.get("relative")), as_number(s.get("individual"))
+                )
+        return cls(
+            report=as_int(d.get("report")),
+            source=as_str(d.get("source")),
+            ranks=as_int(d.get("ranks")),
+            best_compute_ms=as_number(d.get("best_compute_ms")),
+            stragglers=[r for r in as_list(d.get("stragglers")) if type(r) is int],
+            below_threshold=[r for r in as_list(d.get("below_threshold")) if type(r) is int],
+            worst=[r for r in worst if r is not None],
+            best=[r for r in best if r is not None],
+            scores=scores,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "report": self.report,
+            "source": self.source,
+            "ranks": self.ranks,
+            "best_compute_ms": self.best_compute_ms,
+            "stragglers": list(self.stragglers),
+            "below_threshold": list(self.below_threshold),
+            "worst": [r.to_dict() for r in self.worst],
+            "best": [r.to_dict() for r in self.best],
+            "scores": {
+                k: {"relative": s.relative, "individual": s.individual}
+                for k, s in self.scores.items()
+            },
+        }
+
+
+# ---- preemption (node 0's preemption evaluator) ---------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptBudget:
+    """The grace budget: the grace window, the stop-step lead, the longest save seen
+    (and where it was seen), and whether a save fits."""
+
+    preempt_time_s: float | None = None
+    lead_s: float | None = None
+    save_s: float | None = None
+    save_source: str | None = None
+    fits: bool | None = None
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> PreemptBudget | None:
+        d = as_dict(raw)
+        if d is None:
+            return None
+        fits = d.get("fits")
+        return cls(
+            preempt_time_s=as_number(d.get("preempt_time_s")),
+            lead_s=as_number(d.get("lead_s")),
+            save_s=as_number(d.get("save_s")),
+            save_source=as_str(d.get("save_source")),
+            fits=fits if isinstance(fits, bool) else None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "preempt_time_s": self.preempt_time_s,
+            "lead_s": self.lead_s,
+            "save_s": self.save_s,
+            "save_source": self.save_source,
+            "fits": self.fits,
+        }
+
+
+@status_block
+@dataclass(frozen=True, slots=True)
+class PreemptionBlock:
+    """``preemption``: the grace budget and, once a preemption began (``active``), its
+    signal, reason and stop step, the processes killed at the grace limit, the step
+    every rank saved (None if not every rank did), how many ranks saved it and what
+    that means for the next run."""
+
+    name: ClassVar[str] = "preemption"
+
+    budget: PreemptBudget | None = None
+    active: bool = False
+    signal: str | None = None
+    reason: str | None = None
+    stop_at_step: int | None = None
+    preempt_time_s: float | None = None
+    terminated_pids: tuple[int, ...] = ()
+    saved_step: int | None = None
+    ranks_saved: int | None = None
+    saved: str | None = None
+
+    _ACTIVE_KEYS: ClassVar[tuple[str, ...]] = (
+        "signal",
+        "reason",
+        "stop_at_step",
+        "preempt_time_s",
+        "terminated_pids",
+        "saved_step",
+        "ranks_saved",
+        "saved",
+    )
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> PreemptionBlock | None:
+        d = as_dict(raw)
+        if d is None:
+            return None
+        return cls(
+            budget=PreemptBudget.from_dict(d.get("budget")),
+            active=any(k in d for k in cls._ACTIVE_KEYS),
+            signal=as_str(d.get("signal")),
+            reason=as_str(d.get("reason")),
+            stop_at_step=as_int(d.get("stop_at_step")),
+            preempt_time_s=as_number(d.get("preempt_time_s")),
+            terminated_pids=tuple(p for p in as_list(d.get("terminated_pids")) if type(p) is int),
+            saved_step=as_int(d.get("saved_step")),
+            ranks_saved=as_int(d.get("ranks_saved")),
+            saved=as_str(d.get("saved")),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"budget": None if self.budget is None else self.budget.to_dict()}
+        if self.active:
+            out.update(
+                (k, list(v) if isinstance(v := getattr(self, k), tuple) else v)
+                for k in self._ACTIVE_KEYS
+            )
+        return out

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from rankguard.schema.blocks import StragglerBlock, read_block
 from rankguard.schema.findings import Finding, FindingType, Reason
 from rankguard.schema.records import HeartbeatRecord
+from rankguard.schema.statusblocks import StragglerRow, StragglersBlock, StragglerScores
 from rankguard.straggler.config import StragglerConfig
 from rankguard.straggler.nvrx_lines import score_lines, straggler_warnings
 from rankguard.straggler.waits import RankWaits, WaitShares
@@ -63,12 +64,12 @@ class StragglerDetector:
         self.latest: dict[int, tuple[float, HeartbeatRecord]] = {}  # rank -> (ms, record)
         self.active: set[tuple[int, int | None]] = set()  # (rank, pid) flagged now
         self.below: dict[tuple[int, int | None], int] = {}  # reports in a row below
-        self.report: dict[str, Any] | None = None
+        self.report: StragglersBlock | None = None
         self.stop_requested = False
         self.waits = WaitShares()
         self.source: str | None = None  # what the latest report scored
 
-    def status(self) -> dict[str, Any] | None:
+    def status(self) -> StragglersBlock | None:
         return self.report
 
     def observe(self, rank: int, record: HeartbeatRecord) -> None:
@@ -158,20 +159,19 @@ class StragglerDetector:
         self.active = flagged_now
         ordered = sorted(scores.values(), key=lambda s: (_worst_score(s), s["rank"]))
         n = cfg.num_gpu_perf_scores_to_print
-        self.report = {
-            "report": self.reports,
-            "source": source,
-            "ranks": len(scores),
-            "best_compute_ms": round(best_now, 4),
-            "stragglers": sorted(rank for rank, _ in flagged_now),
-            "below_threshold": sorted(rank for rank, _ in below),
-            "worst": ordered[:n],
-            "best": ordered[::-1][:n],
-            "scores": {
-                str(r): {"relative": s["relative"], "individual": s["individual"]}
-                for r, s in scores.items()
+        self.report = StragglersBlock(
+            report=self.reports,
+            source=source,
+            ranks=len(scores),
+            best_compute_ms=round(best_now, 4),
+            stragglers=sorted(rank for rank, _ in flagged_now),
+            below_threshold=sorted(rank for rank, _ in below),
+            worst=[StragglerRow(**s) for s in ordered[:n]],
+            best=[StragglerRow(**s) for s in ordered[::-1][:n]],
+            scores={
+                str(r): StragglerScores(s["relative"], s["individual"]) for r, s in scores.items()
             },
-        }
+        )
         if cfg.enable_logging and n:
             logger.warning("rankguard stragglers: %s", self.table())
             self._nvrx_lines(scores, below)
@@ -208,20 +208,14 @@ class StragglerDetector:
             logger.info("%s", line)
 
     def table(self) -> str:
-        report = self.report or {}
+        report = self.report or StragglersBlock()
         lines = [
-            f"report {report.get('report')}: {report.get('ranks')} ranks, best compute "
-            f"{report.get('best_compute_ms')} ms, stragglers {report.get('stragglers')}",
+            f"report {report.report}: {report.ranks} ranks, best compute "
+            f"{report.best_compute_ms} ms, stragglers {report.stragglers}",
             "  worst: "
-            + ", ".join(
-                f"rank {s['rank']} rel {s['relative']} ind {s['individual']}"
-                for s in report.get("worst", [])
-            ),
+            + ", ".join(f"rank {s.rank} rel {s.relative} ind {s.individual}" for s in report.worst),
             "  best:  "
-            + ", ".join(
-                f"rank {s['rank']} rel {s['relative']} ind {s['individual']}"
-                for s in report.get("best", [])
-            ),
+            + ", ".join(f"rank {s.rank} rel {s.relative} ind {s.individual}" for s in report.best),
         ]
         return "\n".join(lines)
 

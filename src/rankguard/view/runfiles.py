@@ -243,12 +243,11 @@ def _detail_rows(run_dir: Path, ranks: set[int]) -> dict[Any, dict[str, Any]]:
 _BAD_PROGRESS = ("stalled", "unknown")
 
 
-def worst_rows(rows: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+def worst_rows(rows: list[RankRow], n: int) -> list[RankRow]:
     """The ``n`` rows most in need of a look: an active finding, then stale, stalled or
     ended in error, then the longest without progress (the monitor's order)."""
 
-    def badness(raw: dict[str, Any]) -> tuple[int, float]:
-        r = RankRow.from_dict(raw)
+    def badness(r: RankRow) -> tuple[int, float]:
         if r.active_findings:
             tier = 0
         elif r.process_liveness == "stale" or r.gpu_progress in _BAD_PROGRESS:

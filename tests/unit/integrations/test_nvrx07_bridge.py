@@ -74,7 +74,7 @@ _CHILD = textwrap.dedent(
         "gloo", init_method=f"file://{tempfile.mkdtemp()}/pg", rank=0, world_size=1
     )
     client.calculate_and_set_hb_timeouts()  # reads its reply: the one it waits for
-    fields = bridge.heartbeat_fields()
+    block = bridge.heartbeat_block()
     client.shutdown_workload_monitoring()
     bridge.close()
     dist.destroy_process_group()
@@ -83,7 +83,7 @@ _CHILD = textwrap.dedent(
         "module": nvrx_ft.__file__,
         "skip": cfg.skip_section_response,
         "steps": session.steps,
-        "fields": fields,
+        "fields": {"nvrx": block.to_dict()} if block is not None else None,
     }))
     """
 )

@@ -110,11 +110,11 @@ def test_megatron_sequence_of_calls(rank_env: None, tmp_path: Path) -> None:
         client.end_section("my_eval")
         client.send_heartbeat()
         client.send_heartbeat()
-        fields = bridge.heartbeat_fields()
-        assert fields is not None
-        assert fields["nvrx"]["heartbeats"] == 2
-        assert fields["nvrx"]["open_sections"] == []
-        json.dumps(fields)  # rides in heartbeat records
+        block = bridge.heartbeat_block()
+        assert block is not None
+        assert block.heartbeats == 2
+        assert block.open_sections == ()
+        json.dumps(block.to_dict())  # rides in heartbeat records
         state = client.state_dict()
         assert "current_timeouts" in state
         client.shutdown_workload_monitoring()
@@ -183,7 +183,7 @@ def test_calculated_timeouts_are_recorded_and_warned(
             assert client.calculate_and_set_section_timeouts(
                 selected_sections=["setup", "step"], calc_out_of_section=False
             )
-        calc = bridge.heartbeat_fields()["nvrx"]["calculated_timeouts"]  # type: ignore[index]
+        calc = bridge.heartbeat_block().calculated_timeouts  # type: ignore[union-attr]
         assert set(calc["section"]["calculated_sections"]) == {"setup", "step"}
         assert calc["section"]["section"]["step"] < 180.0
         assert any("keeps this launch's timeouts" in r.getMessage() for r in caplog.records)

@@ -13,6 +13,7 @@ import pytest
 from rankguard.monitor.config import HeartbeatConfig
 from rankguard.monitor.monitor import JobMonitor
 from rankguard.monitor.perfranks import PERF_RANKS_FILE, PerfRanks
+from rankguard.schema.blocks import PerfBlock
 from tests.factories import FakeClock, heartbeat_record
 from tests.factories import write_heartbeats as _write
 
@@ -44,8 +45,17 @@ _rec = partial(
 )
 
 
-def windows(*items: tuple[int, int | None, float | None]) -> dict[str, Any]:
-    return {"windows": [list(w) for w in items]}
+def windows(*items: tuple[int, int | None, float | None]) -> PerfBlock:
+    return PerfBlock.from_dict({"windows": [list(w) for w in items]})
+
+
+def _add(pr: PerfRanks, rank: int, perf: Any) -> None:
+    """A heartbeat's raw ``perf`` field as the monitor reads it (not an object: none)."""
+    try:
+        block = PerfBlock.from_dict(perf)
+    except ValueError:
+        return
+    pr.add(rank, block)
 
 
 # ---- PerfRanks ----------------------------------------------------------------------
@@ -152,7 +162,7 @@ def test_a_later_report_of_a_rank_replaces_its_value() -> None:
 )
 def test_malformed_windows_are_ignored(bad: Any) -> None:
     pr = PerfRanks(RUN)
-    pr.add(0, {"windows": bad})
+    _add(pr, 0, {"windows": bad})
     pr.add(0, windows((20, 20, 50.0)))
     (line,) = pr.complete(1, {0: 20})
     assert line["step"] == 20 and line["by_rank"] == {"0": 50.0}
@@ -169,7 +179,7 @@ def test_malformed_windows_are_ignored(bad: Any) -> None:
 )
 def test_malformed_values_are_ignored(perf: Any) -> None:
     pr = PerfRanks(RUN)
-    pr.add(0, perf)
+    _add(pr, 0, perf)
     pr.add(0, windows((20, 20, 50.0)))
     (line,) = pr.complete(1, {0: 20})
     assert line["by_rank"] == {"0": 50.0}

@@ -16,6 +16,7 @@ from rankguard.cli.status import add_parser
 from rankguard.monitor.monitor import DETAIL_COLUMNS, JobMonitor
 from rankguard.schema.findings import FindingType
 from rankguard.schema.layout import STATUS_RANKS_FILE
+from rankguard.schema.status import RankRow
 from rankguard.view.runfiles import parse_rank_spec, rank_rows, worst_rows
 from tests.factories import FakeClock, heartbeat_config, heartbeat_record, read_status
 
@@ -115,7 +116,7 @@ def test_large_job_lists_the_worst_and_counts_every_rank(large: JobMonitor) -> N
     assert summary["process_liveness"]["alive"] == WORLD - 1
     assert summary["findings_active"] == 1
     assert status["state"] == "degraded"
-    assert set(rows[0]) == set(large._rank_row(large.rules.ranks[0]))  # full rows
+    assert set(rows[0]) == set(large.rank_rows()[0].to_dict())  # full rows
 
 
 def test_status_ranks_json_has_every_rank(large: JobMonitor) -> None:
@@ -152,7 +153,7 @@ def test_worst_rows_order() -> None:
         {"rank": 2, "gpu_progress": "stalled", "progress_age_s": 2.0},
         {"rank": 3, "active_findings": ["x"]},
     ]
-    assert [r["rank"] for r in worst_rows(rows, 3)] == [3, 2, 1]
+    assert [r.rank for r in worst_rows([RankRow.from_dict(r) for r in rows], 3)] == [3, 2, 1]
 
 
 def _cli(*argv: str) -> int:

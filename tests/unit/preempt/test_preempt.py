@@ -221,7 +221,7 @@ def test_grace_budget(tmp_path: Path) -> None:
     lead = cadence.agreement_lead_s(relayed=True)
     assert lead == 13.0 + 7.0
     budget = GraceBudget(60.0, lead, save_s=None)
-    assert budget.fits() and budget.to_dict()["save_s"] is None
+    assert budget.fits() and budget.block().save_s is None
     budget.observe(20.0)
     assert budget.fits()
     budget.observe(float("nan"))
@@ -231,7 +231,7 @@ def test_grace_budget(tmp_path: Path) -> None:
     store_save_time(path, budget)
     assert load_save_time(path) == 50.0
     again = GraceBudget(60.0, lead, load_save_time(path))
-    assert not again.fits() and again.to_dict()["save_source"] == "previous run"
+    assert not again.fits() and again.block().save_source == "previous run"
     path.write_text("{bad")
     assert load_save_time(path) is None
 
@@ -475,7 +475,7 @@ def test_status_shows_the_budget_and_the_saved_step() -> None:
         "state": "completed",
         "ranks": [],
         "preemption": {
-            "budget": GraceBudget(60.0, 13.0, 55.0).to_dict(),
+            "budget": GraceBudget(60.0, 13.0, 55.0).block().to_dict(),
             "signal": "SIGTERM",
             "reason": "preempted: node 0's launcher received SIGTERM",
             "stop_at_step": 42,
@@ -488,7 +488,7 @@ def test_status_shows_the_budget_and_the_saved_step() -> None:
     assert "Preemption: grace 60.0 s, longest save 55.0 s (previous run)" in text
     assert "a save does NOT fit the grace window" in text
     assert "stop step 42, saved step 42 (8 rank(s))" in text
-    status["preemption"] = {"budget": GraceBudget(60.0, 4.0, 5.0).to_dict()}
+    status["preemption"] = {"budget": GraceBudget(60.0, 4.0, 5.0).block().to_dict()}
     assert "NOT fit" not in render_status(status, [])
 
 

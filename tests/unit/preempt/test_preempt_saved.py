@@ -35,7 +35,7 @@ def _evaluator(stop: int | None = STOP) -> PreemptionEvaluator:
         reason=reason,
         sig=15,
         cfg=SimpleNamespace(preempt_time=60.0),
-        summary=lambda: {"stop_at_step": stop, "reason": reason},
+        terminated=[],
     )
     return PreemptionEvaluator(coordinator, GraceBudget(60.0, 1.0), "run")  # type: ignore[arg-type]
 
@@ -74,7 +74,7 @@ def test_every_rank_saved_the_stop_step() -> None:
     assert outcome.detail["saved_step"] == STOP
     assert ev.saved_line() == f"every rank saved step {STOP}: the next run resumes there"
     status = ev.status()
-    assert status is not None and status["saved_step"] == STOP and status["ranks_saved"] == 2
+    assert status is not None and status.saved_step == STOP and status.ranks_saved == 2
 
 
 def test_a_resumed_run_names_the_step_the_script_saved() -> None:
@@ -104,7 +104,7 @@ def test_no_save_at_all_is_said() -> None:
     )
     assert outcome.message == f"preempted: {line}"
     status = ev.status()
-    assert status is not None and status["saved_step"] is None and status["saved"] == line
+    assert status is not None and status.saved_step is None and status.saved == line
 
 
 def test_an_older_save_is_where_the_next_run_starts() -> None:
@@ -140,7 +140,7 @@ def test_one_rank_saved_the_other_did_not() -> None:
         "reported a completed save)"
     )
     status = ev.status()
-    assert status is not None and status["saved_step"] is None and status["ranks_saved"] == 1
+    assert status is not None and status.saved_step is None and status.ranks_saved == 1
 
 
 def test_one_rank_saved_the_stop_step_the_other_an_older_one() -> None:

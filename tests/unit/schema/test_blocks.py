@@ -28,6 +28,7 @@ from rankguard.schema.blocks import (
     InProcessRestart,
     NvrxBlock,
     PerfBlock,
+    PerfWindow,
     PreemptBlock,
     StragglerBlock,
     block_registry,
@@ -77,10 +78,19 @@ EXAMPLES: list[Any] = [
     CheckpointBlock(checkpoint_count=4),
     ExitBlock(),
     ExitBlock(clean=False, exit_code=-9, error="orphaned", vanished=True, notes={"x": "y"}),
-    PerfBlock({"step": 3, "windows": [[1, 1, 2.5]]}),
+    PerfBlock(step=3, step_time_ms=2.5, windows=(PerfWindow(1, 1, 2.5), PerfWindow(2, None, 3.0))),
     StragglerBlock(compute_ms=12.5, samples=4, method="compute_section_cpu"),
     FtStatsBlock(setup_s=1.5, step_max_s=0.25, steps=3, ckpt_max_s=None, ckpts=0),
-    NvrxBlock({"connections": 1, "heartbeats": 4, "open_sections": ["step"]}),
+    NvrxBlock(connections=1, heartbeats=4, section_events=2, open_sections=("step",)),
+    NvrxBlock(
+        connections=1,
+        heartbeats=4,
+        section_events=0,
+        calculated_timeouts={"section": {"step": 12.0}},
+        iteration=7,
+        refused=0,
+        errors=2,
+    ),
     CollectivesBlock(),
     CollectivesBlock(groups=(GroupPosition("0", 13, 12),), samples=9, waiting=4),
 ]
@@ -162,7 +172,7 @@ def test_the_tracker_writes_the_checkpoint_block_fields() -> None:
 
 def test_fields_source_adapts_a_fields_callable() -> None:
     source = fields_source(PerfBlock, lambda: {"perf": {"step": 1}})
-    assert source() == PerfBlock({"step": 1})
+    assert source() == PerfBlock(step=1)
     assert fields_source(PerfBlock, lambda: None)() is None
 
 
@@ -315,3 +325,30 @@ def test_straggler_and_ft_stats_blocks_read_wrong_types_as_missing() -> None:
     assert (stats.setup_s, stats.steps, stats.hb_gap_max_s) == (None, None, 3)
     written = {"compute_ms": 3.0, "samples": 2, "method": "step_cpu"}
     assert list(StragglerBlock.from_dict(written).to_dict()) == list(written)
+
+
+def test_a_perf_block_reads_wrong_types_as_missing_and_keeps_a_newer_writers_keys() -> None:
+    block = PerfBlock.from_dict(
+        {
+            "step": "3",
+            "iteration": True,
+            "step_time_ms": 12.5,
+            "MFU": "high",
+            "windows": [[1, 1, 2.5], [2, "x", 1.0], ["3", 3, 1.0], [4, None, None], 5, [6]],
+            "newer": {"k": 1},
+        }
+    )
+    assert (block.step, block.iteration, block.step_time_ms, block.MFU) == (None, None, 12.5, None)
+    assert block.windows == (PerfWindow(1, 1, 2.5),)
+    assert block.to_dict()["newer"] == {"k": 1} and list(block.to_dict())[-1] == "newer"
+
+
+def test_an_nvrx_block_writes_its_optional_keys_only_when_known() -> None:
+    plain = NvrxBlock(connections=1, heartbeats=0, section_events=0)
+    assert list(plain.to_dict()) == ["connections", "heartbeats", "section_events", "open_sections"]
+    forged = NvrxBlock.from_dict(
+        {"connections": "1", "open_sections": ["step", 3], "errors": 2, "iteration": 1.5, "n": 1}
+    )
+    assert forged.connections is None and forged.open_sections == ("step",)
+    assert forged.iteration is None and (forged.refused, forged.errors) == (None, 2)
+    assert forged.to_dict()["refused"] is None and forged.to_dict()["n"] == 1

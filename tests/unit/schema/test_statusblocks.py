@@ -13,6 +13,11 @@ from rankguard.schema.status import StatusDoc
 from rankguard.schema.statusblocks import (
     STATUS_BLOCKS,
     CheckpointsBlock,
+    PreemptBudget,
+    PreemptionBlock,
+    StragglerRow,
+    StragglersBlock,
+    StragglerScores,
     TimeoutsBlock,
 )
 
@@ -169,3 +174,84 @@ def test_a_restart_cause_keeps_its_decision_and_reads_bad_values_as_missing() ->
     assert (cause.rank, cause.pid, cause.signal) == (1, None, "SIGKILL")
     assert cause.decision == {"rule": "r"}
     assert RestartCause.from_dict(None) is None
+
+
+_ROW: dict[str, Any] = {
+    "rank": 2,
+    "node_rank": 0,
+    "hostname": "n0",
+    "pid": 41,
+    "gpu": {"token": "GPU-2"},
+    "compute_ms": 20.0,
+    "relative": 0.5,
+    "individual": 1.0,
+}
+
+STRAGGLERS: dict[str, Any] = {  # as the straggler detector writes it
+    "report": 3,
+    "source": "own_compute",
+    "ranks": 2,
+    "best_compute_ms": 10.0,
+    "stragglers": [2],
+    "below_threshold": [2],
+    "worst": [_ROW],
+    "best": [{**_ROW, "rank": 0, "relative": 1.0}],
+    "scores": {
+        "0": {"relative": 1.0, "individual": 1.0},
+        "2": {"relative": 0.5, "individual": None},
+    },
+}
+
+PREEMPTION: dict[str, Any] = {  # as the preemption evaluator writes it, once preempted
+    "budget": {
+        "preempt_time_s": 60.0,
+        "lead_s": 13.0,
+        "save_s": 5.0,
+        "save_source": "this run",
+        "fits": True,
+    },
+    "signal": "SIGTERM",
+    "reason": "preempted: node 0's launcher received SIGTERM",
+    "stop_at_step": 75,
+    "preempt_time_s": 60.0,
+    "terminated_pids": [],
+    "saved_step": 75,
+    "ranks_saved": 2,
+    "saved": "every rank saved step 75: the next run resumes there",
+}
+
+
+def test_straggler_and_preemption_blocks_read_back_to_what_was_written() -> None:
+    for cls, raw in ((StragglersBlock, STRAGGLERS), (PreemptionBlock, PREEMPTION)):
+        block = cls.from_dict(raw)
+        assert block is not None
+        assert list(block.to_dict().items()) == list(raw.items()), cls  # keys in order
+    budget_only = {"budget": PREEMPTION["budget"]}
+    block = PreemptionBlock.from_dict(budget_only)
+    assert block is not None and not block.active and block.to_dict() == budget_only
+    doc = StatusDoc.from_dict(
+        {"stragglers": STRAGGLERS, "recent_findings": [], "preemption": PREEMPTION}
+    )
+    stragglers, pre = doc.block(StragglersBlock), doc.block(PreemptionBlock)
+    assert stragglers is not None and stragglers.worst[0].rank == 2
+    assert stragglers.scores["2"].individual is None
+    assert pre is not None and pre.budget is not None and pre.budget.fits is True
+    assert StatusDoc.from_dict({"stragglers": None}).block(StragglersBlock) is None
+
+
+def test_straggler_and_preemption_blocks_read_wrong_types_as_missing() -> None:
+    forged = StragglersBlock.from_dict(
+        {
+            "report": "3",
+            "stragglers": [2, "x", True],
+            "worst": [{"rank": "2", "relative": "0.5"}, 7],
+            "scores": {"0": {"relative": True}, "1": "bad"},
+        }
+    )
+    assert forged is not None and forged.report is None and forged.stragglers == [2]
+    assert forged.worst == [StragglerRow()] and forged.scores == {"0": StragglerScores()}
+    pre = PreemptionBlock.from_dict(
+        {"budget": {"fits": "no", "save_s": "5"}, "reason": 1, "terminated_pids": [3, "4"]}
+    )
+    assert pre is not None and pre.active and pre.reason is None
+    assert pre.budget == PreemptBudget() and pre.terminated_pids == (3,)

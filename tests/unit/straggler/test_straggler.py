@@ -27,6 +27,7 @@ from rankguard.monitor.config import HeartbeatConfig
 from rankguard.rank.timeline import ProgressTracker
 from rankguard.schema.layout import heartbeat_file_name
 from rankguard.schema.records import HeartbeatRecord, RecordError
+from rankguard.schema.statusblocks import StragglerScores
 from rankguard.session import NullSession, Session
 from rankguard.straggler.config import StragglerConfig
 from rankguard.straggler.detector import StragglerDetector
@@ -197,14 +198,14 @@ def test_no_report_without_compute_data_and_the_clock_waits() -> None:
 def test_relative_score_is_best_over_own() -> None:
     det = _detector()
     Reports(det)({0: 10.0, 1: 20.0, 2: 40.0, 3: 12.5})
-    scores = det.report["scores"]
-    assert {r: s["relative"] for r, s in scores.items()} == {
+    scores = det.report.scores
+    assert {r: s.relative for r, s in scores.items()} == {
         "0": 1.0,
         "1": 0.5,
         "2": 0.25,
         "3": 0.8,
     }
-    assert det.report["best_compute_ms"] == 10.0
+    assert det.report.best_compute_ms == 10.0
 
 
 def test_individual_score_is_own_best_over_now() -> None:
@@ -213,9 +214,9 @@ def test_individual_score_is_own_best_over_now() -> None:
     assert report({0: 10.0, 1: 10.0}) == []
     assert report({0: 9.0, 1: 10.0}) == []  # faster: its best so far is 9
     findings = report({0: 13.5, 1: 10.0})  # 1.5x its own best
-    scores = det.report["scores"]
-    assert scores["0"] == {"relative": None, "individual": pytest.approx(0.6667)}
-    assert scores["1"]["individual"] == 1.0
+    scores = det.report.scores
+    assert scores["0"] == StragglerScores(relative=None, individual=pytest.approx(0.6667))
+    assert scores["1"].individual == 1.0
     assert [f.rank for f in findings] == [0]
     assert findings[0].detail["relative_score"] is None
     assert findings[0].detail["individual_score"] == pytest.approx(0.6667)
@@ -228,7 +229,7 @@ def test_relative_off_ignores_a_steadily_slow_rank() -> None:
     report = Reports(det)
     for _ in range(3):
         assert report({0: 10.0, 1: 30.0}) == []  # 3x slower than rank 0, but always was
-    assert det.report["stragglers"] == []
+    assert det.report.stragglers == []
 
 
 def test_individual_off_ignores_a_whole_job_slowing_down() -> None:
@@ -236,7 +237,7 @@ def test_individual_off_ignores_a_whole_job_slowing_down() -> None:
     report = Reports(det)
     assert report({0: 10.0, 1: 10.0}) == []
     assert report({0: 30.0, 1: 30.0}) == []  # every rank 3x slower: not a straggler
-    assert det.report["scores"]["0"] == {"relative": 1.0, "individual": None}
+    assert det.report.scores["0"] == StragglerScores(relative=1.0, individual=None)
     # and a relative straggler is still caught, on the relative score alone
     findings = report({0: 30.0, 1: 60.0})
     assert [f.rank for f in findings] == [1]
@@ -251,7 +252,7 @@ def test_both_scores_off_flag_nobody() -> None:
     report = Reports(det)
     assert report({0: 10.0, 1: 100.0}) == []
     assert report({0: 100.0, 1: 1000.0}) == []
-    assert det.report["stragglers"] == []
+    assert det.report.stragglers == []
 
 
 def test_balanced_ranks_with_noise_flag_nobody() -> None:
@@ -261,7 +262,7 @@ def test_balanced_ranks_with_noise_flag_nobody() -> None:
     for _ in range(300):
         times = {r: 100.0 * rng.uniform(0.95, 1.05) for r in range(16)}
         assert report(times) == []
-    assert det.report["stragglers"] == [] and not det.stop_requested
+    assert det.report.stragglers == [] and not det.stop_requested
 
 
 def test_a_rank_1_5x_slower_is_flagged_at_the_first_report() -> None:
@@ -280,7 +281,7 @@ def test_a_rank_1_5x_slower_is_flagged_at_the_first_report() -> None:
     msg = f.message
     for part in ("rank 2", "node 1", "node1.example", "GPU GPU-uuid-2", "0.66", "< 0.7"):
         assert part in msg, (part, msg)
-    assert det.report["stragglers"] == [2]
+    assert det.report.stragglers == [2]
 
 
 def test_finding_without_gpu_says_dash() -> None:
@@ -296,9 +297,9 @@ def test_one_finding_per_episode() -> None:
     report = Reports(det)
     assert len(report({0: 10.0, 1: 10.0, 2: 15.0})) == 1
     assert report({0: 10.0, 1: 10.0, 2: 15.0}) == []  # still slow: same episode
-    assert det.report["stragglers"] == [2]
+    assert det.report.stragglers == [2]
     assert report({0: 10.0, 1: 10.0, 2: 10.0}) == []  # recovered
-    assert det.report["stragglers"] == []
+    assert det.report.stragglers == []
     again = report({0: 10.0, 1: 10.0, 2: 16.0})  # slow again: a new episode
     assert [f.rank for f in again] == [2]
 
@@ -319,15 +320,15 @@ def test_process_end_drops_the_rank_and_no_report_compares_a_part_of_the_job() -
     report = Reports(det)
     report({0: 10.0, 1: 10.0, 2: 30.0})
     report({0: 10.0, 1: 10.0, 2: 30.0})  # rank 2 below twice in a row: flagged
-    assert det.report is not None and det.report["stragglers"] == [2]
+    assert det.report is not None and det.report.stragglers == [2]
     ranks = _ranks({0: 10.0, 1: 10.0})
     ranks[2] = FakeState(_record(2, 50.0, event="process_end"))  # slow, but it ended
     assert det.evaluate(T0 + 3 * INTERVAL, ranks) == []
     assert 2 not in det.latest
-    assert (det.reports, det.report["ranks"], det.report["stragglers"]) == (2, 3, [2])
+    assert (det.reports, det.report.ranks, det.report.stragglers) == (2, 3, [2])
     ranks[2] = FakeState(_record(2, 10.0, pid=4242))  # restarted, at speed now
     assert det.evaluate(T0 + 4 * INTERVAL, ranks) == []
-    assert (det.reports, det.report["ranks"], det.report["stragglers"]) == (3, 3, [])
+    assert (det.reports, det.report.ranks, det.report.stragglers) == (3, 3, [])
 
 
 def test_a_rank_without_new_samples_keeps_its_last_time() -> None:
@@ -357,8 +358,8 @@ def test_report_lists_worst_and_best_n() -> None:
     det = _detector(num_gpu_perf_scores_to_print=3)
     times = {0: 10.0, 1: 40.0, 2: 12.5, 3: 20.0, 4: 11.0, 5: 25.0, 6: 10.5}
     Reports(det)(times)
-    report = det.report
-    assert report is not None
+    assert det.report is not None
+    report = det.report.to_dict()
     assert report["report"] == 1 and report["ranks"] == 7
     assert [s["rank"] for s in report["worst"]] == [1, 5, 3]  # lowest relative first
     assert [s["rank"] for s in report["best"]] == [0, 6, 4]  # highest relative first
@@ -384,11 +385,11 @@ def test_report_lists_worst_and_best_n() -> None:
 def test_report_with_fewer_ranks_than_n_and_with_n_zero() -> None:
     det = _detector()  # n = 5
     Reports(det)({0: 10.0, 1: 20.0})
-    assert [s["rank"] for s in det.report["worst"]] == [1, 0]
-    assert [s["rank"] for s in det.report["best"]] == [0, 1]
+    assert [s.rank for s in det.report.worst] == [1, 0]
+    assert [s.rank for s in det.report.best] == [0, 1]
     silent = _detector(num_gpu_perf_scores_to_print=0)
     findings = Reports(silent)({0: 10.0, 1: 20.0})
-    assert silent.report["worst"] == [] and silent.report["best"] == []
+    assert silent.report.worst == [] and silent.report.best == []
     assert len(findings) == 1  # detection does not depend on printing
 
 
@@ -409,14 +410,14 @@ def test_report_order_uses_individual_score_when_relative_is_off() -> None:
     report = Reports(det)
     report({0: 10.0, 1: 10.0, 2: 10.0})
     report({0: 10.0, 1: 10.0, 2: 20.0})  # rank 2 at 0.5 of its own best
-    assert det.report["worst"][0]["rank"] == 2
+    assert det.report.worst[0].rank == 2
 
 
 def test_report_order_with_a_relative_score_rounded_to_zero() -> None:
     det = _detector()
     findings = Reports(det)({0: 1.0, 1: 1e5})
     assert [f.rank for f in findings] == [1]  # it is flagged ...
-    assert det.report["worst"][0]["rank"] == 1  # ... but listed best
+    assert det.report.worst[0].rank == 1  # ... but listed best
 
 
 @pytest.mark.parametrize(
@@ -439,7 +440,7 @@ def test_malformed_straggler_fields_are_ignored(bad: Any) -> None:
     ranks = _ranks({0: 10.0, 1: 10.5})
     ranks[2] = FakeState(_record(2, None, straggler=bad))
     assert det.evaluate(T0 + INTERVAL, ranks) == []
-    assert set(det.report["scores"]) == {"0", "1"}
+    assert set(det.report.scores) == {"0", "1"}
     only_bad = _detector()
     assert only_bad.evaluate(T0 + INTERVAL, {2: FakeState(_record(2, None, straggler=bad))}) == []
     assert only_bad.reports == 0
@@ -449,7 +450,7 @@ def test_empty_or_missing_records_are_ignored() -> None:
     det = _detector()
     ranks: dict[int, Any] = {0: FakeState(None), 1: FakeState({}), **_ranks({2: 10.0})}
     assert det.evaluate(T0 + INTERVAL, ranks) == []
-    assert det.report["ranks"] == 1
+    assert det.report.ranks == 1
 
 
 # ---- probe -----------------------------------------------------------------------------
@@ -893,10 +894,10 @@ def test_a_score_must_stay_below_for_consecutive_reports() -> None:
     det = _detector(consecutive_reports=2)
     report = Reports(det)
     assert report({0: 10.0, 1: 10.0, 2: 15.0}) == []  # below once: not yet
-    assert det.report["stragglers"] == [] and det.report["below_threshold"] == [2]
+    assert det.report.stragglers == [] and det.report.below_threshold == [2]
     (f,) = report({0: 10.0, 1: 10.0, 2: 15.0})
     assert f.rank == 2 and f.detail["consecutive_reports"] == 2
-    assert "2 reports in a row" in f.message and det.report["stragglers"] == [2]
+    assert "2 reports in a row" in f.message and det.report.stragglers == [2]
 
 
 def test_a_score_wavering_at_the_threshold_flags_nobody() -> None:
@@ -909,7 +910,7 @@ def test_a_score_wavering_at_the_threshold_flags_nobody() -> None:
     for k in range(40):
         slow = 10.0 / (0.62 if k % 2 else 0.74)  # below, above, below, above ...
         assert report({0: 10.0, 1: slow, 2: 10.0}) == []
-    assert det.report["stragglers"] == []
+    assert det.report.stragglers == []
 
 
 def test_recovery_in_between_starts_the_count_again() -> None:

@@ -79,7 +79,7 @@ def test_the_rank_its_peers_wait_for_is_named_with_its_slowdown() -> None:
     assert detail["source"] == "collective_waits" and detail["wait_share"] == 0.02
     assert 1.45 < detail["slowdown"] < 1.55, detail  # 0.98 / 0.65
     assert "its peers wait for it" in found[0].message
-    assert det.report is not None and det.report["stragglers"] == [2]
+    assert det.report is not None and det.report.stragglers == [2]
 
 
 def test_balanced_waiting_names_nobody() -> None:
