@@ -188,6 +188,17 @@ class JobResult:
         assert not errors, [(o.rank, repr(o.error)) for o in errors]
         return [o.value for o in self.outcomes]
 
+    def assert_healthy(self, phases: set[str]) -> None:
+        """No finding, the job completed, every rank back in ``train`` with no active
+        finding, and each rank's status row saw at least ``phases``."""
+        assert self.findings == []
+        status = self.status
+        assert status is not None and status["state"] == "completed"
+        for row in status["ranks"]:
+            assert row["phase"] == "train"
+            assert row["active_findings"] == []
+            assert phases <= set(row["phases_seen"]), (row["rank"], row["phases_seen"])
+
 
 class ThreadedJob:
     """A job of ``world`` ranks as threads of this process (see the module)."""

@@ -112,11 +112,4 @@ def test_hf_trainer_slow_eval_and_save(tmp_path: Path) -> None:
     job = ThreadedJob(tmp_path / "logs", 2, sets=("heartbeat.eval_timeout_s=5",), pg_timeout_s=15)
     res = job.run(rank)
     assert res.values() == [STEPS, STEPS]
-    assert res.findings == []
-    status = res.status
-    assert status is not None and status["state"] == "completed"
-    for row in status["ranks"]:
-        assert row["phase"] == "train"
-        assert row["active_findings"] == []
-    for r in (0, 1):
-        assert {"eval", "checkpointing", "train"} <= set(status["ranks"][r]["phases_seen"])
+    res.assert_healthy({"eval", "checkpointing", "train"})

@@ -118,11 +118,4 @@ def test_lightning_slow_validation_and_checkpoint_megatron_sections(tmp_path: Pa
     job = ThreadedJob(tmp_path / "logs", 2, sets=SETS, pg_timeout_s=15)
     res = job.run(rank)
     assert res.values() == [STEPS, STEPS]
-    assert res.findings == []
-    status = res.status
-    assert status is not None and status["state"] == "completed"
-    for row in status["ranks"]:
-        assert row["phase"] == "train"
-        assert row["active_findings"] == []
-    for r in (0, 1):
-        assert {"eval", "checkpointing", "train"} <= set(status["ranks"][r]["phases_seen"])
+    res.assert_healthy({"eval", "checkpointing", "train"})
