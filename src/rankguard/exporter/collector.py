@@ -33,7 +33,9 @@ from prometheus_client.registry import Collector
 
 from rankguard.goodput.ledger import PARTS
 from rankguard.health.schema import NodeStatus
+from rankguard.schema.coerce import as_dict
 from rankguard.schema.findings import Finding, FindingType, Liveness, Progress
+from rankguard.schema.jsontypes import JsonInput, JsonObject
 from rankguard.schema.restarts import RestartsBlock
 from rankguard.schema.status import RankRow, StatusDoc
 from rankguard.schema.statusblocks import CheckpointsBlock, GoodputBlock, StragglersBlock
@@ -339,10 +341,10 @@ class FindingCounts:
         self._lock = threading.Lock()
         self._counts: dict[str, int] = dict.fromkeys((t.value for t in FindingType), 0)
 
-    def observe(self, finding: Finding | dict[str, Any]) -> None:
+    def observe(self, finding: Finding | JsonInput) -> None:
         """One more of its type (a line of a newer writer: counted under its own name)."""
         if isinstance(finding, Finding):
-            ftype: Any = finding.finding_type.value
+            ftype: object = finding.finding_type.value
         else:
             ftype = finding.get("finding_type")
         key = ftype if isinstance(ftype, str) and ftype else "unknown"
@@ -377,15 +379,15 @@ def _age_since(iso: Any, now_wall: float) -> float | None:
         return None
 
 
-def rank_labels(row: RankRow | dict[str, Any]) -> list[str]:
+def rank_labels(row: RankRow | JsonObject) -> list[str]:
     """A rank's :data:`DCGM_LABELS` values, as dcgm-exporter names its GPU: the GPU
     entry the monitor matched in the node's health snapshot (NVML index, UUID, model),
     else what the rank knows itself (a ``GPU-`` UUID; a numeric ``CUDA_VISIBLE_DEVICES``
     entry as the index); empty where unknown, never a guess from the CUDA ordinal."""
     if isinstance(row, dict):
         row = RankRow.from_dict(row)
-    health: dict[str, Any] = row.gpu_health if isinstance(row.gpu_health, dict) else {}
-    gpu: dict[str, Any] = row.gpu if isinstance(row.gpu, dict) else {}
+    health: JsonObject = row.gpu_health if isinstance(row.gpu_health, dict) else {}
+    gpu: JsonObject = row.gpu if isinstance(row.gpu, dict) else {}
     index = health.get("index")
     token = str(gpu.get("token") or "").strip()
     if index is None and token.isdigit():
@@ -397,14 +399,14 @@ def rank_labels(row: RankRow | dict[str, Any]) -> list[str]:
 
 
 def build_families(
-    status: dict[str, Any] | StatusDoc,
+    status: JsonObject | StatusDoc,
     *,
     scans: int,
     scan_errors: int,
     last_scan_s: float,
     finding_counts: dict[str, int],
     now_wall: float,
-    rank_rows: list[dict[str, Any]] | list[RankRow] | None = None,
+    rank_rows: list[JsonObject] | list[RankRow] | None = None,
     run_id: str | None = None,
 ) -> list[Metric]:
     """The families of :data:`METRICS` that have samples, from one ``status.json`` (read
@@ -438,7 +440,7 @@ def build_families(
     if present:
         _job_families(put, doc, now_wall)
     job_perf = doc.perf or {}
-    step_ms = job_perf.get("step_time_ms") or {}
+    step_ms = as_dict(job_perf.get("step_time_ms")) or {}
     for stat in _STATS:
         put("rankguard_job_step_time_seconds", [stat], _num(step_ms.get(stat), _MS))
     put("rankguard_job_perf_iteration", [], _num(job_perf.get("iteration")))

@@ -21,11 +21,12 @@ import os
 import threading
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rankguard.monitor.api import FindingSink
 from rankguard.perf.config import PrometheusConfig
 from rankguard.schema.findings import Finding
+from rankguard.schema.jsontypes import JsonInput
 from rankguard.util.fs import atomic_write_json
 
 if TYPE_CHECKING:
@@ -99,7 +100,7 @@ class MetricsExporter:
 
     # ---- findings -------------------------------------------------------------------
 
-    def observe_finding(self, finding: dict[str, Any]) -> None:
+    def observe_finding(self, finding: JsonInput) -> None:
         """Count one finding (a line of ``findings.jsonl``)."""
         self.findings.observe(finding)
 

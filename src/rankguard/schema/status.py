@@ -16,11 +16,13 @@ read with :meth:`StatusDoc.block`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
 from rankguard.schema.coerce import as_dict, as_int, as_list, as_number, as_str
 from rankguard.schema.findings import Finding
+from rankguard.schema.jsontypes import JsonObject, JsonValue
 from rankguard.schema.records import SCHEMA_VERSION
 
 __all__ = [
@@ -44,13 +46,13 @@ FINAL_STATES = frozenset({"completed", "failed", "stopped"})
 _B = TypeVar("_B")  # a block class of rankguard.schema.statusblocks
 
 
-def _counts(v: Any) -> dict[str, int]:
+def _counts(v: object) -> dict[str, int]:
     if not isinstance(v, dict):
         return {}
     return {str(k): n for k, n in v.items() if type(n) is int}
 
 
-def _extra(d: dict[str, Any], known: frozenset[str]) -> dict[str, Any]:
+def _extra(d: JsonObject, known: frozenset[str]) -> JsonObject:
     return {k: v for k, v in d.items() if k not in known}
 
 
@@ -75,16 +77,16 @@ class RankRow:
     heartbeat_age_s: float | None = None
     progress_age_s: float | None = None
     progress_source: str | None = None
-    perf: dict[str, Any] | None = None
-    gpu: dict[str, Any] | None = None
-    gpu_health: dict[str, Any] | None = None
-    exit: dict[str, Any] | None = None
+    perf: JsonObject | None = None
+    gpu: JsonObject | None = None
+    gpu_health: JsonObject | None = None
+    exit: JsonObject | None = None
     active_findings: list[str] = field(default_factory=list)
     blocked_by: list[int] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)  # keys of a newer writer
+    extra: JsonObject = field(default_factory=dict)  # keys of a newer writer
 
-    def to_dict(self) -> dict[str, Any]:
-        out = {
+    def to_dict(self) -> JsonObject:
+        out: JsonObject = {
             "rank": self.rank,
             "pid": self.pid,
             "hostname": self.hostname,
@@ -96,7 +98,7 @@ class RankRow:
             "iteration_source": self.iteration_source,
             "progress_seq": self.progress_seq,
             "phase": self.phase,
-            "phases_seen": self.phases_seen,
+            "phases_seen": [*self.phases_seen],
             "checkpoint_active": self.checkpoint_active,
             "heartbeat_age_s": self.heartbeat_age_s,
             "progress_age_s": self.progress_age_s,
@@ -105,15 +107,15 @@ class RankRow:
             "gpu": self.gpu,
             "gpu_health": self.gpu_health,
             "exit": self.exit,
-            "active_findings": self.active_findings,
-            "blocked_by": self.blocked_by,
+            "active_findings": [*self.active_findings],
+            "blocked_by": [*self.blocked_by],
         }
         if self.extra:
             out.update(self.extra)
         return out
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RankRow:
+    def from_dict(cls, d: JsonObject) -> RankRow:
         return cls(
             rank=as_int(d.get("rank")),
             pid=as_int(d.get("pid")),
@@ -177,35 +179,36 @@ class MonitorInfo:
     write_errors: int | None = None
     status_write_errors: int | None = None
     last_write_error: str | None = None
-    config: dict[str, Any] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    config: JsonObject | None = None
+    extra: JsonObject = field(default_factory=dict)
 
     present: tuple[str, ...] | None = None  # the keys read (None: every key)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         names = _MONITOR_FIELDS if self.present is None else self.present
         out = {name: getattr(self, name) for name in names}
         out.update(self.extra)
         return out
 
     @classmethod
-    def from_dict(cls, d: Any) -> MonitorInfo:
+    def from_dict(cls, d: object) -> MonitorInfo:
         if not isinstance(d, dict):
             return cls(present=())
-        kw: dict[str, Any] = {name: _MONITOR_KINDS[name](d.get(name)) for name in _MONITOR_FIELDS}
         present = tuple(n for n in _MONITOR_FIELDS if n in d)
-        return cls(
-            **kw,
+        info = cls(
             extra=_extra(d, frozenset(_MONITOR_FIELDS)),
             present=None if len(present) == len(_MONITOR_FIELDS) else present,
         )
+        for name in _MONITOR_FIELDS:  # each value narrowed to its field's type
+            setattr(info, name, _MONITOR_KINDS[name](d.get(name)))
+        return info
 
 
 _MONITOR_FIELDS = tuple(
     n for n in MonitorInfo.__dataclass_fields__ if n not in ("extra", "present")
 )
 _MONITOR_STR = ("hostname", "state", "last_error", "last_ignored", "last_write_error")
-_MONITOR_KINDS: dict[str, Any] = {
+_MONITOR_KINDS: dict[str, Callable[[object], JsonValue]] = {
     n: as_dict
     if n == "config"
     else as_str
@@ -227,22 +230,22 @@ class StatusSummary:
     gpu_progress: dict[str, int] = field(default_factory=dict)
     findings_total: int | None = None
     findings_active: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: JsonObject = field(default_factory=dict)
     present: bool = True  # False: the status had no summary block
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "ranks_expected": self.ranks_expected,
             "ranks_observed": self.ranks_observed,
-            "process_liveness": self.process_liveness,
-            "gpu_progress": self.gpu_progress,
+            "process_liveness": {**self.process_liveness},
+            "gpu_progress": {**self.gpu_progress},
             "findings_total": self.findings_total,
             "findings_active": self.findings_active,
             **self.extra,
         }
 
     @classmethod
-    def from_dict(cls, d: Any) -> StatusSummary:
+    def from_dict(cls, d: object) -> StatusSummary:
         if not isinstance(d, dict):
             return cls(present=False)
         return cls(
@@ -268,9 +271,9 @@ class RankDetail:
     listed: int | None = None
     file: str | None = None
     written_wall_time: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)  # ``selected``: rows picked by a reader
+    extra: JsonObject = field(default_factory=dict)  # ``selected``: rows picked by a reader
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "complete": self.complete,
             "listed": self.listed,
@@ -280,7 +283,7 @@ class RankDetail:
         }
 
     @classmethod
-    def from_dict(cls, d: Any) -> RankDetail:
+    def from_dict(cls, d: object) -> RankDetail:
         if not isinstance(d, dict):
             return cls()
         return cls(
@@ -301,9 +304,9 @@ class NodeHealth:
     hostname: str | None = None
     age_s: float | None = None
     gpus: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: JsonObject = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "status": self.status,
             "source": self.source,
@@ -314,7 +317,7 @@ class NodeHealth:
         }
 
     @classmethod
-    def from_dict(cls, d: Any) -> NodeHealth:
+    def from_dict(cls, d: object) -> NodeHealth:
         if not isinstance(d, dict):
             return cls()
         return cls(
@@ -327,7 +330,7 @@ class NodeHealth:
         )
 
 
-def parse_findings(lines: Any) -> tuple[list[Finding], int]:
+def parse_findings(lines: object) -> tuple[list[Finding], int]:
     """The findings among ``lines`` (dicts of ``findings.jsonl``), and how many were not
     findings (a wrong type, an unknown finding type or reason, a bad field): skipped and
     counted, never raised."""
@@ -358,15 +361,15 @@ class StatusDoc:
     ranks: list[RankRow] = field(default_factory=list)
     rank_detail: RankDetail = field(default_factory=RankDetail)
     gpu_health: dict[str, NodeHealth] = field(default_factory=dict)
-    disks: dict[str, Any] = field(default_factory=dict)
-    perf: dict[str, Any] | None = None
+    disks: dict[str, JsonObject] = field(default_factory=dict)
+    perf: JsonObject | None = None
     stragglers: Any = None
-    blocks: dict[str, Any] = field(default_factory=dict)
-    recent_findings: list[dict[str, Any]] = field(default_factory=list)
-    fields: dict[str, Any] = field(default_factory=dict)
+    blocks: JsonObject = field(default_factory=dict)
+    recent_findings: list[JsonObject] = field(default_factory=list)
+    fields: JsonObject = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "schema_version": self.schema_version,
             "run_id": self.run_id,
@@ -386,12 +389,12 @@ class StatusDoc:
         }
 
     @classmethod
-    def from_dict(cls, d: Any) -> StatusDoc:
+    def from_dict(cls, d: object) -> StatusDoc:
         """Never raises: anything that is not a status reads as an empty one."""
         if not isinstance(d, dict):
             return cls(schema_version=0)
-        blocks: dict[str, Any] = {}
-        fields_: dict[str, Any] = {}
+        blocks: JsonObject = {}
+        fields_: JsonObject = {}
         after = False  # past recent_findings: a status source's field
         for key, value in d.items():
             if key == "recent_findings":
