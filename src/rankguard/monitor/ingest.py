@@ -21,6 +21,7 @@ from rankguard.health import gpu_for_rank
 from rankguard.monitor.api import RemoteSource
 from rankguard.monitor.config import HeartbeatConfig
 from rankguard.monitor.rules import HeartbeatRules
+from rankguard.schema.coerce import as_int, as_str
 from rankguard.schema.layout import HEALTH_FILE_RE, HEARTBEAT_FILE_RE, HEARTBEAT_SUFFIX, RunLayout
 from rankguard.schema.payloads import PayloadError, check_health, load_json
 from rankguard.schema.records import HeartbeatRecord
@@ -234,8 +235,8 @@ class Ingest:
         entry = gpu_for_rank(
             snapshot,
             str(record.hostname),
-            gpu.get("uuid") or gpu.get("token"),
-            gpu.get("ordinal"),
+            as_str(gpu.get("uuid")) or as_str(gpu.get("token")),
+            as_int(gpu.get("ordinal")),
         )
         if entry is None:
             return None

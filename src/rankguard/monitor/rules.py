@@ -1269,7 +1269,7 @@ def _message(
         why = (
             f" (its peer(s) {', '.join(map(str, early))} had exited cleanly before it: "
             "they left the job early)"
-            if early
+            if isinstance(early, list) and early
             else ""
         )
         return (

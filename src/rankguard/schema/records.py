@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from typing import Any
 
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.rerun import RerunBlock
 
 __all__ = [
@@ -47,7 +48,7 @@ class RecordError(ValueError):
     """A record that cannot be used; the message names the field."""
 
 
-def _int(d: dict[str, Any], key: str, *, lo: int | None = 0, default: Any = None) -> Any:
+def _int(d: JsonObject, key: str, *, lo: int | None = 0, default: Any = None) -> Any:
     v = d.get(key, default)
     if v is None:
         return None
@@ -58,16 +59,16 @@ def _int(d: dict[str, Any], key: str, *, lo: int | None = 0, default: Any = None
     return v
 
 
-def _num(d: dict[str, Any], key: str) -> float | None:
+def _num(d: JsonObject, key: str) -> float | None:
     v = d.get(key)
     if v is None:
         return None
-    if type(v) not in (int, float) or not math.isfinite(v) or v < 0:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
         raise RecordError(f"{key}: expected a finite number >= 0, got {v!r:.40}")
     return float(v)
 
 
-def _str(d: dict[str, Any], key: str) -> str | None:
+def _str(d: JsonObject, key: str) -> str | None:
     v = d.get(key)
     if v is None:
         return None
@@ -78,7 +79,7 @@ def _str(d: dict[str, Any], key: str) -> str | None:
     return v
 
 
-def _bool(d: dict[str, Any], key: str) -> bool:
+def _bool(d: JsonObject, key: str) -> bool:
     v = d.get(key, False)
     if v is None:
         return False
@@ -87,7 +88,7 @@ def _bool(d: dict[str, Any], key: str) -> bool:
     return v
 
 
-def _obj(d: dict[str, Any], key: str) -> dict[str, Any] | None:
+def _obj(d: JsonObject, key: str) -> JsonObject | None:
     v = d.get(key)
     if v is None:
         return None
@@ -96,14 +97,14 @@ def _obj(d: dict[str, Any], key: str) -> dict[str, Any] | None:
     return v
 
 
-def _checkpoint_id(d: dict[str, Any]) -> str | int | None:
+def _checkpoint_id(d: JsonObject) -> str | int | None:
     v = d.get("checkpoint_id")
     if type(v) is int:
         return v
     return _str(d, "checkpoint_id")
 
 
-def _gpu(d: dict[str, Any]) -> dict[str, Any] | None:
+def _gpu(d: JsonObject) -> JsonObject | None:
     gpu = _obj(d, "gpu")
     if gpu is None:
         return None
@@ -116,7 +117,7 @@ def _gpu(d: dict[str, Any]) -> dict[str, Any] | None:
     return gpu
 
 
-def _exit(d: dict[str, Any]) -> dict[str, Any] | None:
+def _exit(d: JsonObject) -> JsonObject | None:
     info = _obj(d, "exit")
     if info is None:
         return None
@@ -131,10 +132,12 @@ def _exit(d: dict[str, Any]) -> dict[str, Any] | None:
     return info
 
 
-def _rerun(d: dict[str, Any]) -> dict[str, Any] | None:
+def _rerun(d: JsonObject) -> JsonObject | None:
     block = d.get("rerun")
     if block is None:
         return None
+    if not isinstance(block, dict):
+        raise RecordError("rerun: expected an object")
     try:
         RerunBlock.from_dict(block)
     except ValueError as exc:
@@ -142,7 +145,7 @@ def _rerun(d: dict[str, Any]) -> dict[str, Any] | None:
     return block
 
 
-def _inprocess(d: dict[str, Any]) -> dict[str, Any] | None:
+def _inprocess(d: JsonObject) -> JsonObject | None:
     info = _obj(d, "inprocess")
     if info is None:
         return None
@@ -177,7 +180,7 @@ class HeartbeatRecord:
     world_size: int | None = None
     wall_time_ns: int = 0
     monotonic_ns: int | None = None
-    gpu: dict[str, Any] | None = None
+    gpu: JsonObject | None = None
     progress_seq: int = 0
     iteration: int | None = None
     phase: str | None = None
@@ -189,15 +192,15 @@ class HeartbeatRecord:
     progress_source: str | None = None
     iteration_source: str | None = None  # script, checkpoint, steps (timeline.shown_iteration)
     main_frame: str | None = None
-    exit: dict[str, Any] | None = None  # process_end: clean, exit_code, error, vanished
+    exit: JsonObject | None = None  # process_end: clean, exit_code, error, vanished
     synthesized: bool = False  # a process_end written for a process that died without one
     relayed_age_s: float | None = None  # age when a relay sent it (the writer's clock)
-    perf: dict[str, Any] | None = None  # the perf monitor's latest window
-    straggler: dict[str, Any] | None = None  # own-compute samples
-    ft_stats: dict[str, Any] | None = None  # section durations (learned timeouts)
-    rerun: dict[str, Any] | None = None  # the rerun state machine's outcomes (schema/rerun.py)
-    inprocess: dict[str, Any] | None = None  # in-process restarts: count, last cause, culprit
-    extra: dict[str, Any] = field(default_factory=dict)  # unknown keys, kept as they came
+    perf: JsonObject | None = None  # the perf monitor's latest window
+    straggler: JsonObject | None = None  # own-compute samples
+    ft_stats: JsonObject | None = None  # section durations (learned timeouts)
+    rerun: JsonObject | None = None  # the rerun state machine's outcomes (schema/rerun.py)
+    inprocess: JsonObject | None = None  # in-process restarts: count, last cause, culprit
+    extra: JsonObject = field(default_factory=dict)  # unknown keys, kept as they came
 
     @property
     def ended(self) -> bool:
@@ -302,10 +305,10 @@ class HeartbeatRecord:
             {k: d[k] for k in unknown} if unknown else {},
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """The record as it is written (``None`` optional fields left out as a writer
         leaves them; unknown keys back in place)."""
-        out: dict[str, Any] = {}
+        out: JsonObject = {}
         for name in _FIELDS:
             value = getattr(self, name)
             if name in _OMIT_WHEN_EMPTY and not value:
