@@ -21,12 +21,13 @@ block in that record). Nothing here imports torch.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from rankguard.schema.coerce import as_dict, as_int, as_list, as_number, as_str
 from rankguard.schema.collectives import CollectivesBlock
+from rankguard.schema.jsontypes import JsonInput, JsonObject
 from rankguard.schema.records import HeartbeatRecord
 from rankguard.schema.rerun import RerunBlock
 
@@ -64,7 +65,7 @@ class HeartbeatBlock(Protocol):
     name: ClassVar[str]
     flat: ClassVar[bool]
 
-    def to_dict(self) -> dict[str, Any]: ...
+    def to_dict(self) -> JsonObject: ...
 
     @classmethod
     def from_dict(cls, d: Any) -> Self: ...
@@ -76,13 +77,13 @@ B = TypeVar("B", bound=HeartbeatBlock)
 BlockSource = Callable[[], "HeartbeatBlock | None"]
 
 
-def _obj(d: Any, where: str) -> dict[str, Any]:
+def _obj(d: object, where: str) -> JsonObject:
     if not isinstance(d, dict):
         raise ValueError(f"{where}: expected an object, got {type(d).__name__}")
     return d
 
 
-def _opt_int(d: Mapping[str, Any], key: str, where: str, *, lo: int | None = 0) -> int | None:
+def _opt_int(d: JsonInput, key: str, where: str, *, lo: int | None = 0) -> int | None:
     v = d.get(key)
     if v is None:
         return None
@@ -92,16 +93,16 @@ def _opt_int(d: Mapping[str, Any], key: str, where: str, *, lo: int | None = 0) 
     return v
 
 
-def _opt_num(d: Mapping[str, Any], key: str, where: str) -> float | None:
+def _opt_num(d: JsonInput, key: str, where: str) -> float | None:
     v = d.get(key)
     if v is None:
         return None
-    if type(v) not in (int, float) or not math.isfinite(v) or v < 0:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
         raise ValueError(f"{where}.{key}: expected a finite number >= 0")
     return float(v)
 
 
-def _opt_str(d: Mapping[str, Any], key: str, where: str, *, limit: int = 4096) -> str | None:
+def _opt_str(d: JsonInput, key: str, where: str, *, limit: int = 4096) -> str | None:
     v = d.get(key)
     if v is None:
         return None
@@ -110,7 +111,7 @@ def _opt_str(d: Mapping[str, Any], key: str, where: str, *, limit: int = 4096) -
     return v
 
 
-def _bool(d: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
+def _bool(d: JsonInput, key: str, where: str, default: bool) -> bool:
     v = d.get(key)
     if v is None:
         return default
@@ -134,9 +135,9 @@ class InProcessRestart:
     message: str | None = None
     wall_time_ns: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """The fields that are known (an unknown culprit is left out, not null)."""
-        out: dict[str, Any] = {"id": self.id}
+        out: JsonObject = {"id": self.id}
         for key in ("round", "cause", "culprit", "culprit_host", "message", "wall_time_ns"):
             v = getattr(self, key)
             if v is not None:
@@ -172,8 +173,8 @@ class InProcessBlock:
     recovering: bool = False
     last: InProcessRestart | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"restarts": self.restarts, "recovering": self.recovering}
+    def to_dict(self) -> JsonObject:
+        out: JsonObject = {"restarts": self.restarts, "recovering": self.recovering}
         if self.last is not None:
             out["last"] = self.last.to_dict()
         return out
@@ -209,8 +210,8 @@ class PreemptBlock:
     saved_step: int | None = None
     saved_seq: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"signal_received": self.signal_received}
+    def to_dict(self) -> JsonObject:
+        out: JsonObject = {"signal_received": self.signal_received}
         for key in ("step_min_s", "save_last_s", "save_max_s", "saved_step", "saved_seq"):
             v = getattr(self, key)
             if v is not None:
@@ -247,7 +248,7 @@ class CheckpointBlock:
     keys: ClassVar[tuple[str, ...]] = ("checkpoint_count",)  # its top-level fields
     checkpoint_count: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"checkpoint_count": self.checkpoint_count}
 
     @classmethod
@@ -285,8 +286,8 @@ class ExitBlock:
     vanished: bool = False
     notes: dict[str, str] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_dict(self) -> JsonObject:
+        out: JsonObject = {
             "clean": self.clean,
             "exit_code": self.exit_code,
             "error": self.error,
@@ -367,9 +368,9 @@ class PerfBlock:
     MFU: float | None = None
     memory_GB: float | None = None
     windows: tuple[PerfWindow, ...] = ()
-    extra: Mapping[str, Any] = field(default_factory=dict)  # keys of a newer writer
+    extra: JsonObject = field(default_factory=dict)  # keys of a newer writer
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "step": self.step,
             "iteration": self.iteration,
@@ -414,9 +415,9 @@ class StragglerBlock:
     compute_ms: float | None = None
     samples: int | None = None
     method: str | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)  # keys of a newer writer
+    extra: JsonObject = field(default_factory=dict)  # keys of a newer writer
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "compute_ms": self.compute_ms,
             "samples": self.samples,
@@ -454,9 +455,9 @@ class FtStatsBlock:
     ckpt_max_s: float | None = None
     ckpts: int | None = None
     hb_gap_max_s: float | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)  # keys of a newer writer
+    extra: JsonObject = field(default_factory=dict)  # keys of a newer writer
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "setup_s": self.setup_s,
             "step_max_s": self.step_max_s,
@@ -501,16 +502,16 @@ class NvrxBlock:
     heartbeats: int | None = None
     section_events: int | None = None
     open_sections: tuple[str, ...] = ()
-    calculated_timeouts: dict[str, Any] | None = None
+    calculated_timeouts: JsonObject | None = None
     init_iteration: int | None = None
     num_warmup_iters: int | None = None
     iteration: int | None = None
     refused: int | None = None  # written with errors, when either is not 0
     errors: int | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)  # keys of a newer writer
+    extra: JsonObject = field(default_factory=dict)  # keys of a newer writer
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_dict(self) -> JsonObject:
+        out: JsonObject = {
             "connections": self.connections,
             "heartbeats": self.heartbeats,
             "section_events": self.section_events,
@@ -576,9 +577,11 @@ BLOCKS: tuple[type[HeartbeatBlock], ...] = (
 )
 
 
-def block_registry(blocks: tuple[type[HeartbeatBlock], ...] = BLOCKS) -> dict[str, type[Any]]:
+def block_registry(
+    blocks: tuple[type[HeartbeatBlock], ...] = BLOCKS,
+) -> dict[str, type[HeartbeatBlock]]:
     """Name -> block type; ValueError when two blocks share a name (or one has none)."""
-    out: dict[str, type[Any]] = {}
+    out: dict[str, type[HeartbeatBlock]] = {}
     for cls in blocks:
         name = getattr(cls, "name", "")
         if not name:
@@ -611,9 +614,7 @@ def read_block(rec: HeartbeatRecord, cls: type[B]) -> B | None:
     return None if value is None else cls.from_dict(value)
 
 
-def fields_source(
-    cls: type[B], fields: Callable[[], dict[str, Any] | None]
-) -> Callable[[], B | None]:
+def fields_source(cls: type[B], fields: Callable[[], JsonObject | None]) -> Callable[[], B | None]:
     """A block source from a component that returns ``{name: {...}}`` record fields
     (the perf monitor, the straggler probe, the section statistics)."""
 
