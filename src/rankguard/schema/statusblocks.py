@@ -11,11 +11,11 @@ keys a reader found before, in their order, and keeps the ones it does not know.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeVar
 
 from rankguard.schema.coerce import as_dict, as_int, as_list, as_number, as_str
+from rankguard.schema.jsontypes import JsonObject
 
 __all__ = [
     "STATUS_BLOCKS",
@@ -76,12 +76,12 @@ class CheckpointEntry:
     stage_s: float | None = None
     write_s: float | None = None
     total_s: float | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: JsonObject = field(default_factory=dict)
 
     _KEYS: ClassVar[tuple[str, ...]] = ("step", "path", "time", "stage_s", "write_s", "total_s")
 
     @classmethod
-    def from_dict(cls, raw: Any) -> CheckpointEntry | None:
+    def from_dict(cls, raw: object) -> CheckpointEntry | None:
         d = as_dict(raw)
         if d is None:
             return None
@@ -95,7 +95,7 @@ class CheckpointEntry:
             extra={k: v for k, v in d.items() if k not in cls._KEYS},
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {**{k: getattr(self, k) for k in self._KEYS}, **self.extra}
 
 
@@ -110,7 +110,7 @@ class CheckpointMark:
     keys: tuple[str, ...] = ()  # the keys it was read with, in order
 
     @classmethod
-    def from_dict(cls, raw: Any) -> CheckpointMark | None:
+    def from_dict(cls, raw: object) -> CheckpointMark | None:
         d = as_dict(raw)
         if d is None:
             return None
@@ -122,7 +122,7 @@ class CheckpointMark:
             keys=tuple(k for k in d if k in ("tier", "step", "since", "path")),
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {k: getattr(self, k) for k in self.keys}
 
 
@@ -146,7 +146,7 @@ class CheckpointsBlock:
     inflight: CheckpointMark | None = None
     loaded: CheckpointMark | None = None
     updated: str | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: JsonObject = field(default_factory=dict)
 
     _KEYS: ClassVar[tuple[str, ...]] = (
         "rank",
@@ -164,7 +164,7 @@ class CheckpointsBlock:
     )
 
     @classmethod
-    def from_dict(cls, raw: Any) -> CheckpointsBlock | None:
+    def from_dict(cls, raw: object) -> CheckpointsBlock | None:
         d = as_dict(raw)
         if d is None:
             return None
@@ -186,7 +186,7 @@ class CheckpointsBlock:
             extra={k: v for k, v in d.items() if k not in cls._KEYS},
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "rank": self.rank,
             "world_size": self.world_size,
@@ -225,7 +225,7 @@ class TimeoutsBlock:
     entries: dict[str, TimeoutInForce] = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, raw: Any) -> TimeoutsBlock | None:
+    def from_dict(cls, raw: object) -> TimeoutsBlock | None:
         d = as_dict(raw)
         if d is None:
             return None
@@ -238,7 +238,7 @@ class TimeoutsBlock:
                 )
         return cls(entries)
 
-    def to_dict(self) -> dict[str, dict[str, Any]]:
+    def to_dict(self) -> dict[str, JsonObject]:
         return {k: {"value": t.value, "source": t.source} for k, t in self.entries.items()}
 
 
@@ -277,7 +277,7 @@ class GoodputBlock:
     parts_s: dict[str, float | None] = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, raw: Any) -> GoodputBlock | None:
+    def from_dict(cls, raw: object) -> GoodputBlock | None:
         d = as_dict(raw)
         if d is None:
             return None
@@ -295,7 +295,7 @@ class GoodputBlock:
             parts_s={str(k): as_number(v) for k, v in (as_dict(d.get("parts_s")) or {}).items()},
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         loss = self.largest_loss
         return {
             "final": self.final,
@@ -323,13 +323,13 @@ class StopRequestedBlock:
     reason: str | None = None
 
     @classmethod
-    def from_dict(cls, raw: Any) -> StopRequestedBlock | None:
+    def from_dict(cls, raw: object) -> StopRequestedBlock | None:
         d = as_dict(raw)
         if d is None:
             return None
         return cls(as_int(d.get("stop_at_step")), as_str(d.get("reason")))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"stop_at_step": self.stop_at_step, "reason": self.reason}
 
 
@@ -365,7 +365,7 @@ class Replacement:
     at: float | None = None
 
     @classmethod
-    def from_dict(cls, raw: Any) -> Replacement | None:
+    def from_dict(cls, raw: object) -> Replacement | None:
         d = as_dict(raw)
         if d is None:
             return None
@@ -378,7 +378,7 @@ class Replacement:
             at=as_number(d.get("at")),
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "round": self.round,
             "node": self.node,
@@ -410,7 +410,7 @@ class ElasticBlock:
     replacements: tuple[Replacement, ...] = ()
 
     @classmethod
-    def from_dict(cls, raw: Any) -> ElasticBlock | None:
+    def from_dict(cls, raw: object) -> ElasticBlock | None:
         d = as_dict(raw)
         if d is None:
             return None
@@ -438,7 +438,7 @@ class ElasticBlock:
             replacements=tuple(r for r in replacements if r is not None),
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "nodes": self.nodes,
             "min_nodes": self.min_nodes,
@@ -464,13 +464,13 @@ class StragglerRow:
     node_rank: int | None = None
     hostname: str | None = None
     pid: int | None = None
-    gpu: dict[str, Any] | None = None
+    gpu: JsonObject | None = None
     compute_ms: float | None = None
     relative: float | None = None
     individual: float | None = None
 
     @classmethod
-    def from_dict(cls, raw: Any) -> StragglerRow | None:
+    def from_dict(cls, raw: object) -> StragglerRow | None:
         d = as_dict(raw)
         if d is None:
             return None
@@ -485,7 +485,7 @@ class StragglerRow:
             individual=as_number(d.get("individual")),
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "rank": self.rank,
             "node_rank": self.node_rank,
@@ -527,7 +527,7 @@ class StragglersBlock:
     scores: dict[str, StragglerScores] = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, raw: Any) -> StragglersBlock | None:
+    def from_dict(cls, raw: object) -> StragglersBlock | None:
         d = as_dict(raw)
         if d is None:
             return None
@@ -552,7 +552,7 @@ class StragglersBlock:
             scores=scores,
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "report": self.report,
             "source": self.source,
@@ -584,7 +584,7 @@ class PreemptBudget:
     fits: bool | None = None
 
     @classmethod
-    def from_dict(cls, raw: Any) -> PreemptBudget | None:
+    def from_dict(cls, raw: object) -> PreemptBudget | None:
         d = as_dict(raw)
         if d is None:
             return None
@@ -597,7 +597,7 @@ class PreemptBudget:
             fits=fits if isinstance(fits, bool) else None,
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "preempt_time_s": self.preempt_time_s,
             "lead_s": self.lead_s,
@@ -640,7 +640,7 @@ class PreemptionBlock:
     )
 
     @classmethod
-    def from_dict(cls, raw: Any) -> PreemptionBlock | None:
+    def from_dict(cls, raw: object) -> PreemptionBlock | None:
         d = as_dict(raw)
         if d is None:
             return None
@@ -657,8 +657,8 @@ class PreemptionBlock:
             saved=as_str(d.get("saved")),
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"budget": None if self.budget is None else self.budget.to_dict()}
+    def to_dict(self) -> JsonObject:
+        out: JsonObject = {"budget": None if self.budget is None else self.budget.to_dict()}
         if self.active:
             out.update(
                 (k, list(v) if isinstance(v := getattr(self, k), tuple) else v)
