@@ -262,7 +262,7 @@ class FaultHandler(FindingSink):
             errors[str(finding.rank)] = f"{type(exc).__name__}: {exc}"
         finding.stack_dump = finding.stack_dumps.get(str(finding.rank))
         if errors:
-            finding.detail["stack_dump_errors"] = errors
+            finding.detail["stack_dump_errors"] = {**errors}
         if ftype.info.hang:
             self.traces.attach(finding)
 

@@ -993,7 +993,7 @@ class HeartbeatRules:
             f"job's first rank was seen (ranks {shown}{more}; "
             f"initial_process_timeout_s={timeout:g})",
         )
-        finding.detail.update(never_seen_count=count, never_seen_ranks=sample)
+        finding.detail.update(never_seen_count=count, never_seen_ranks=[*sample])
         return finding
 
     def _never_seen(self, rank: int, waited: float) -> Finding:

@@ -31,7 +31,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from rankguard.schema.jsontypes import JsonObject
 
 if TYPE_CHECKING:
     from rankguard.monitor.config import HeartbeatConfig
@@ -178,14 +180,14 @@ class Cadence:
     def _source(self, key: str, config_key: str) -> str:
         return self.sources.get(key) or f"config ({config_key})"
 
-    def in_force(self) -> dict[str, dict[str, Any]]:
+    def in_force(self) -> dict[str, JsonObject]:
         """Each phase's timeout and where it came from (``status.json``'s ``timeouts``):
         ``phase.setup``, ``phase.step`` and ``phase.checkpointing`` name the section that
         replaced the heartbeat timeout, if one did; ``phase.eval``, every other section,
         ``phase.closing`` (the session's close after the script returned: the checkpoint
         timeout, unless a section or the out-of-section timeout is its own),
         ``phase.other`` (a phase without its own timeout) and the process timeouts."""
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, JsonObject] = {}
 
         def put(name: str, value: float, source: str) -> None:
             out[name] = {"value": value, "source": source}

@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from rankguard.schema.jsontypes import JsonObject
+
 __all__ = ["MAX_GROUPS", "CollectivesBlock", "GroupPosition", "StuckCollective"]
 
 MAX_GROUPS = 16  # groups carried per record (the first ones by name)
@@ -54,7 +56,7 @@ class StuckCollective:
     op: str
     sizes: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"group": self.group, "seq": self.seq, "op": self.op, "sizes": self.sizes}
 
     @classmethod
@@ -76,7 +78,7 @@ def _seq(value: Any, where: str) -> int:
     return value
 
 
-def _count(d: dict[str, Any], key: str) -> int:
+def _count(d: JsonObject, key: str) -> int:
     value = d.get(key, 0)
     if type(value) is not int or not 0 <= value < _MAX_SEQ:
         raise ValueError(f"collectives.{key}: expected an integer >= 0")
@@ -105,8 +107,8 @@ class CollectivesBlock:
         """Inside a collective of any group."""
         return any(g.inside for g in self.groups)
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_dict(self) -> JsonObject:
+        out: JsonObject = {
             "groups": {g.group: [g.enqueued, g.completed] for g in self.groups},
             "samples": self.samples,
             "waiting": self.waiting,

@@ -19,6 +19,7 @@ from enum import Enum
 from typing import Any
 
 from rankguard.schema.flagscale import FLAGSCALE_KEYS, flagscale_fields
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.records import SCHEMA_VERSION, HeartbeatRecord
 
 __all__ = ["Finding", "FindingInfo", "FindingType", "Liveness", "Progress", "Reason"]
@@ -204,16 +205,16 @@ class Finding:
     checkpoint_active: bool = False
     timeout_s: float | None = None
     observed_s: float | None = None
-    gpu: dict[str, Any] | None = None
-    gpu_health: dict[str, Any] | None = None
-    exit: dict[str, Any] | None = None
+    gpu: JsonObject | None = None
+    gpu_health: JsonObject | None = None
+    exit: JsonObject | None = None
     main_frame: str | None = None
     schema_version: int = SCHEMA_VERSION
     detected_wall_time: str | None = None
     action: str | None = None
     stack_dumps: dict[str, str] | None = None
     stack_dump: str | None = None
-    detail: dict[str, Any] = field(default_factory=dict)
+    detail: JsonObject = field(default_factory=dict)
 
     @property
     def info(self) -> FindingInfo:
@@ -235,7 +236,7 @@ class Finding:
         local rank, phase, iteration, GPU) from its latest ``record`` when there is one,
         then ``fields`` (any other field of :class:`Finding`, ``detail`` for what only
         this type has), which win over the record's."""
-        where: dict[str, Any] = {}
+        where: dict[str, Any] = {}  # keyword arguments of Finding
         if record is not None:
             where = {
                 "pid": record.pid,
@@ -256,8 +257,8 @@ class Finding:
             **where,
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"schema_version": self.schema_version}
+    def to_dict(self) -> JsonObject:
+        out: JsonObject = {"schema_version": self.schema_version}
         for name in _FIELDS:
             value = getattr(self, name)
             if name in _OMIT_WHEN_NONE and value is None:
@@ -268,7 +269,7 @@ class Finding:
         return out
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Finding:
+    def from_dict(cls, d: JsonObject) -> Finding:
         """A finding read back from ``findings.jsonl``; ValueError names a bad field
         (an unknown type or reason, a rank that is not an integer). Missing fields take
         their defaults (a missing reason reads as ``unknown``); an unknown liveness or
@@ -285,8 +286,8 @@ class Finding:
             rank = -1  # about no one rank (the job, a node)
         elif type(rank) is not int:
             raise ValueError("rank: expected an integer")
-        known: dict[str, Any] = {}
-        detail: dict[str, Any] = {}
+        known: dict[str, Any] = {}  # keyword arguments of Finding
+        detail: JsonObject = {}
         for key, value in d.items():
             if key in FLAGSCALE_KEYS:
                 continue  # FlagScale's names, derived again by to_dict

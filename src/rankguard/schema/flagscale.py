@@ -15,6 +15,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from rankguard.schema.jsontypes import JsonObject
+
 __all__ = ["FLAGSCALE_KEYS", "flagscale_fields"]
 
 #: The keys :func:`flagscale_fields` writes: derived, so a reader drops them.
@@ -48,10 +50,10 @@ def _unix_ns(iso: Any) -> int | None:
     return (when - _EPOCH) // timedelta(microseconds=1) * 1000
 
 
-def flagscale_fields(finding: dict[str, Any]) -> dict[str, Any]:
+def flagscale_fields(finding: JsonObject) -> JsonObject:
     """FlagScale's fields for one finding line (``finding``: rankguard's fields)."""
     ftype, reason = finding.get("finding_type"), finding.get("reason")
-    out: dict[str, Any] = {}
+    out: JsonObject = {}
     ns = _unix_ns(finding.get("detected_wall_time"))
     if ns is not None:
         out["detected_at_unix_ns"] = ns

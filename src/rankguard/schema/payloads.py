@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.util.disk import DiskState
 
 __all__ = [
@@ -60,7 +61,7 @@ def load_json(raw: bytes | str | None) -> Any:
         raise PayloadError(f"not JSON ({type(exc).__name__})") from None
 
 
-def _text(d: dict[str, Any], key: str, *, limit: int = _MAX_TEXT) -> str | None:
+def _text(d: JsonObject, key: str, *, limit: int = _MAX_TEXT) -> str | None:
     v = d.get(key)
     if v is None:
         return None
@@ -69,7 +70,7 @@ def _text(d: dict[str, Any], key: str, *, limit: int = _MAX_TEXT) -> str | None:
     return v
 
 
-def _generation(d: dict[str, Any]) -> tuple[str | int, int]:
+def _generation(d: JsonObject) -> tuple[str | int, int]:
     epoch, gen = d.get("epoch"), d.get("gen")
     if not (type(epoch) is int or (type(epoch) is str and len(epoch) <= _MAX_EPOCH)):
         raise PayloadError("epoch: expected a short string or an integer")
@@ -78,7 +79,7 @@ def _generation(d: dict[str, Any]) -> tuple[str | int, int]:
     return epoch, gen
 
 
-def _list(d: dict[str, Any], key: str, limit: int) -> list[Any]:
+def _list(d: JsonObject, key: str, limit: int) -> list[Any]:
     v = d.get(key)
     if v is None:
         return []
@@ -89,7 +90,7 @@ def _list(d: dict[str, Any], key: str, limit: int) -> list[Any]:
     return v
 
 
-def check_health(snapshot: Any) -> dict[str, Any]:
+def check_health(snapshot: Any) -> JsonObject:
     """A GPU health snapshot with the shape every reader relies on (an object; its
     ``gpus`` a list of objects; its texts strings); :class:`PayloadError` otherwise."""
     if type(snapshot) is not dict:
@@ -112,8 +113,8 @@ class NodeBase:
 
     epoch: str | int
     gen: int
-    records: list[dict[str, Any]]
-    health: dict[str, Any] | None = None
+    records: list[JsonObject]
+    health: JsonObject | None = None
     disk: DiskState | None = None
     shutdown: str | None = None
     root_cause: tuple[int, int | None] | None = None

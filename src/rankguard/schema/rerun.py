@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar
 
+from rankguard.schema.jsontypes import JsonObject
+
 __all__ = ["MAX_EVENTS", "RerunBlock", "RerunEvent", "RerunOutcome"]
 
 MAX_EVENTS = 16
@@ -39,8 +41,8 @@ class RerunEvent:
     same_hardware: bool | None = None  # the re-run from checkpoint ran where the first did
     action: str | None = None  # continue, exit_16, exit_17, stop, skip
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_dict(self) -> JsonObject:
+        out: JsonObject = {
             "seq": self.seq,
             "outcome": self.outcome.value,
             "iteration": self.iteration,
@@ -99,7 +101,7 @@ class RerunBlock:
     events: tuple[RerunEvent, ...] = ()
     stats: dict[str, float] = field(default_factory=dict)  # check -> largest relative diff
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "mode": self.mode,
             "reruns": self.reruns,
@@ -147,7 +149,7 @@ def _float(v: Any) -> float | None:
     raise ValueError(f"rerun: expected a number, got {v!r:.40}")
 
 
-def _text(d: dict[str, Any], key: str) -> str | None:
+def _text(d: JsonObject, key: str) -> str | None:
     v = d.get(key)
     if v is None:
         return None

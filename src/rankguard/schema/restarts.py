@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from rankguard.schema.coerce import as_dict, as_int, as_list, as_number, as_str
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.statusblocks import status_block
 
 __all__ = [
@@ -141,7 +142,7 @@ class RestartEntry:
             keys=tuple(str(k) for k in d),
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {k: self.extra[k] if k in self.extra else getattr(self, k) for k in self.keys}
 
     def stamped(self, wall_time: str) -> RestartEntry:
@@ -170,7 +171,7 @@ class RestartsBlock:
         entries = (RestartEntry.from_dict(r) for r in raw)
         return cls(tuple(e for e in entries if e is not None))
 
-    def to_dict(self) -> list[dict[str, Any]]:
+    def to_dict(self) -> list[JsonObject]:
         return [e.to_dict() for e in self.entries]
 
     def count(self, kind: str) -> int:
@@ -215,7 +216,7 @@ class LiveReplacement:
             fault_t=as_number(d.get("fault_t")),
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "lost_rank": self.lost_rank,
             "lost_pid": self.lost_pid,
@@ -253,7 +254,7 @@ class LiveBlock:
             replaced=tuple(r for r in replaced if r is not None),
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "standbys_per_node": self.standbys_per_node,
             "waiting": self.waiting,
