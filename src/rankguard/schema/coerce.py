@@ -10,36 +10,37 @@ raised on).
 from __future__ import annotations
 
 import math
-from typing import Any
+
+from rankguard.schema.jsontypes import JsonObject, JsonValue
 
 __all__ = ["as_dict", "as_finite", "as_float", "as_int", "as_list", "as_number", "as_str"]
 
 
-def as_int(value: Any) -> int | None:
+def as_int(value: object) -> int | None:
     return value if type(value) is int else None
 
 
-def as_number(value: Any) -> int | float | None:
+def as_number(value: object) -> int | float | None:
     return value if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def as_float(value: Any) -> float | None:
+def as_float(value: object) -> float | None:
     number = as_number(value)
     return None if number is None else float(number)
 
 
-def as_finite(value: Any) -> float | None:
+def as_finite(value: object) -> float | None:
     number = as_float(value)
     return number if number is not None and math.isfinite(number) else None
 
 
-def as_str(value: Any) -> str | None:
+def as_str(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def as_dict(value: Any) -> dict[str, Any] | None:
+def as_dict(value: object) -> JsonObject | None:
     return value if isinstance(value, dict) else None
 
 
-def as_list(value: Any) -> list[Any]:
+def as_list(value: object) -> list[JsonValue]:
     return value if isinstance(value, list) else []

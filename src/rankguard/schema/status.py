@@ -418,7 +418,11 @@ class StatusDoc:
                 str(node): NodeHealth.from_dict(h)
                 for node, h in (health.items() if isinstance(health, dict) else ())
             },
-            disks=as_dict(d.get("disks")) or {},
+            disks={
+                node: disk
+                for node, disk in (as_dict(d.get("disks")) or {}).items()
+                if isinstance(disk, dict)
+            },
             perf=as_dict(d.get("perf")),
             stragglers=d.get("stragglers"),
             blocks=blocks,
