@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from rankguard.scheduler import exclusion_hint_lines
+from rankguard.schema.coerce import as_list
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.layout import (
     CHECKPOINTS_FILE,
     EXCLUDED_NODES_FILE,
@@ -54,7 +56,7 @@ class StatusUnavailable(Exception):
     """The run directory or its status.json cannot be used; the message says why."""
 
 
-def launcher_gone(status: dict[str, Any], hostname: str | None = None) -> str | None:
+def launcher_gone(status: JsonObject, hostname: str | None = None) -> str | None:
     """Why ``status`` is the last word of a launcher that is gone (SIGKILLed, its node
     lost), or None when it is alive, the job reached a final state, or it cannot be
     told from here (the launcher ran on another host: ``monitor.hostname``).
@@ -78,7 +80,7 @@ def launcher_gone(status: dict[str, Any], hostname: str | None = None) -> str | 
     return None
 
 
-def _parse_line(raw: bytes) -> dict[str, Any] | None:
+def _parse_line(raw: bytes) -> JsonObject | None:
     text = raw.decode("utf-8", errors="replace").strip()
     if not text:
         return None
@@ -89,7 +91,7 @@ def _parse_line(raw: bytes) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
-def read_findings(path: str | os.PathLike[str], limit: int) -> list[dict[str, Any]]:
+def read_findings(path: str | os.PathLike[str], limit: int) -> list[JsonObject]:
     """The last ``limit`` valid JSON objects of ``findings.jsonl``, oldest first.
 
     The file is read backwards in chunks, so a long file costs only its tail. Malformed
@@ -102,7 +104,7 @@ def read_findings(path: str | os.PathLike[str], limit: int) -> list[dict[str, An
         fh = open(path, "rb")  # noqa: SIM115 - closed by the with block below
     except FileNotFoundError:
         return []
-    found: list[dict[str, Any]] = []
+    found: list[JsonObject] = []
 
     def take(raw: bytes) -> bool:
         rec = _parse_line(raw)
@@ -144,7 +146,7 @@ def read_findings(path: str | os.PathLike[str], limit: int) -> list[dict[str, An
     return found
 
 
-def load_status(run_dir: Path) -> dict[str, Any]:
+def load_status(run_dir: Path) -> JsonObject:
     """``run_dir``'s ``status.json``; :class:`StatusUnavailable` when missing or unusable."""
     path = run_dir / STATUS_FILE
     try:
@@ -167,7 +169,7 @@ def load_status(run_dir: Path) -> dict[str, Any]:
     return obj
 
 
-def latest_findings(run_dir: Path, status: dict[str, Any], limit: int) -> list[dict[str, Any]]:
+def latest_findings(run_dir: Path, status: JsonObject, limit: int) -> list[JsonObject]:
     """Latest findings from findings.jsonl, or status.json's copy when the file is absent."""
     if limit <= 0:
         return []
@@ -176,7 +178,7 @@ def latest_findings(run_dir: Path, status: dict[str, Any], limit: int) -> list[d
     return StatusDoc.from_dict(status).recent_findings[-limit:]
 
 
-def read_checkpoints(run_dir: Path) -> dict[str, Any] | None:
+def read_checkpoints(run_dir: Path) -> JsonObject | None:
     """The checkpoint state rank 0's ``CheckpointManager`` keeps in ``checkpoints.json``
     (last committed per tier, durations, the write in flight); None when the job has
     none or the file cannot be read (it is replaced atomically: never torn)."""
@@ -206,11 +208,11 @@ def parse_rank_spec(spec: str) -> set[int]:
     return out
 
 
-def rank_rows(run_dir: Path, status: dict[str, Any], ranks: set[int]) -> list[dict[str, Any]]:
+def rank_rows(run_dir: Path, status: JsonObject, ranks: set[int]) -> list[JsonObject]:
     """The rows of ``ranks``: status.json's when it lists every rank (or lists them),
     else ``status_ranks.json``'s (a large job's monitor writes every rank there
     periodically; status.json's fresher row wins where it has one)."""
-    listed = {r.get("rank"): r for r in status.get("ranks") or [] if isinstance(r, dict)}
+    listed = {r.get("rank"): r for r in as_list(status.get("ranks")) if isinstance(r, dict)}
     complete = StatusDoc.from_dict(status).rank_detail.complete
     if complete or all(r in listed for r in ranks):
         return [listed[r] for r in sorted(ranks) if r in listed]
@@ -219,7 +221,7 @@ def rank_rows(run_dir: Path, status: dict[str, Any], ranks: set[int]) -> list[di
     return [rows[r] for r in sorted(rows)]
 
 
-def _detail_rows(run_dir: Path, ranks: set[int]) -> dict[Any, dict[str, Any]]:
+def _detail_rows(run_dir: Path, ranks: set[int]) -> dict[Any, JsonObject]:
     path = run_dir / STATUS_RANKS_FILE
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -233,8 +235,8 @@ def _detail_rows(run_dir: Path, ranks: set[int]) -> dict[Any, dict[str, Any]]:
     columns = doc.get("columns") if isinstance(doc, dict) else None
     if not isinstance(columns, list):
         raise StatusUnavailable(f"{path} is malformed: no columns")
-    out: dict[Any, dict[str, Any]] = {}
-    for row in doc.get("rows") or []:
+    out: dict[Any, JsonObject] = {}
+    for row in as_list(doc.get("rows")):
         if isinstance(row, list) and row and row[0] in ranks:
             out[row[0]] = dict(zip(columns, row, strict=False))
     return out
@@ -259,7 +261,7 @@ def worst_rows(rows: list[RankRow], n: int) -> list[RankRow]:
     return sorted(rows, key=badness)[: max(0, n)]
 
 
-def read_excluded(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+def read_excluded(run_dir: str | os.PathLike[str]) -> JsonObject | None:
     """Bad-node exclusion's ``excluded_nodes.json`` of a run directory (the hosts to
     leave out, each excluded node and why), or None."""
     try:
@@ -275,14 +277,14 @@ def excluded_lines(run_dir: str | os.PathLike[str]) -> list[str]:
     data = read_excluded(run_dir)
     if not data or not data.get("hosts"):
         return []
-    nodes = [n for n in data.get("nodes") or [] if isinstance(n, dict)]
+    nodes = [n for n in as_list(data.get("nodes")) if isinstance(n, dict)]
     out = [
-        f"excluded: {', '.join(str(h) for h in data['hosts'])}"
+        f"excluded: {', '.join(str(h) for h in as_list(data.get('hosts')))}"
         + (" (below --nnodes MIN: the job ended)" if data.get("below_min_nodes") else "")
     ]
     for n in nodes:
         where = f"node {n['node_rank']}" if n.get("node_rank") is not None else "a node"
-        problems = ", ".join(str(p) for p in n.get("problems") or []) or "-"
+        problems = ", ".join(str(p) for p in as_list(n.get("problems"))) or "-"
         out.append(
             f"  {where} on {n.get('hostname')} (launcher pid {n.get('pid')}): "
             f"{n.get('trigger')}, GPU {n.get('gpu')}: {problems}"

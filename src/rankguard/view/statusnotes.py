@@ -23,8 +23,8 @@ from __future__ import annotations
 import copy
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
 
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.restarts import RestartEntry
 from rankguard.schema.status import RankRow, StatusDoc
 
@@ -49,8 +49,10 @@ _LIVE = ("alive", "stale", "not_observed")
 _UNFINISHED_PROGRESS = ("starting", "progressing", "stalled", "not_observed")
 
 
-def iteration_cell(rank: RankRow | dict[str, Any]) -> str:
+def iteration_cell(rank: RankRow | JsonObject) -> str:
     """``41*``, ``2000+`` or ``2000`` (the script's), ``-`` when not known."""
+    value: object
+    source: object
     if isinstance(rank, RankRow):
         value, source = rank.iteration, rank.iteration_source
     else:
@@ -60,7 +62,7 @@ def iteration_cell(rank: RankRow | dict[str, Any]) -> str:
     return f"{value}{ITERATION_MARKS.get(str(source), '')}"
 
 
-def iteration_legend(ranks: Sequence[RankRow | dict[str, Any]]) -> str | None:
+def iteration_legend(ranks: Sequence[RankRow | JsonObject]) -> str | None:
     """The line under the rank table that explains the marks in use (None: none used)."""
     rows = [r if isinstance(r, RankRow) else RankRow.from_dict(r) for r in ranks]
     used = {
@@ -72,7 +74,7 @@ def iteration_legend(ranks: Sequence[RankRow | dict[str, Any]]) -> str | None:
     return "ITER: " + "; ".join(parts) if parts else None
 
 
-def exit_note(exit_info: dict[str, Any]) -> str | None:
+def exit_note(exit_info: JsonObject) -> str | None:
     """Why a rank's process ended without a finding: the launcher stopped it, a restart
     or another rank's failure took it down (None: a plain exit)."""
     if exit_info.get("after_shutdown"):
@@ -86,7 +88,7 @@ def exit_note(exit_info: dict[str, Any]) -> str | None:
     return None
 
 
-def frozen_status(status: dict[str, Any]) -> dict[str, Any]:
+def frozen_status(status: JsonObject) -> JsonObject:
     """The status of a launcher that no longer runs: every rank not seen ending is
     ``unknown`` (it may have died with the launcher, or still run unwatched), the counts
     and the state say the same. A copy; ``status`` is left as it is."""
