@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 from rankguard.report.data import RunData, parse_time
 from rankguard.report.summary import fmt_clock, run_window
 from rankguard.report.svg import Band, Event, Series, Span, heatmap, line_chart, timeline
-from rankguard.schema.coerce import as_finite
+from rankguard.schema.coerce import as_dict, as_finite, as_int, as_list
 from rankguard.schema.findings import FindingType
+from rankguard.schema.jsontypes import JsonObject
 
 __all__ = [
     "FINDING_STYLE",
@@ -79,13 +79,13 @@ def finding_style(finding_type: str) -> tuple[str, str, str]:
     return FINDING_STYLE.get(finding_type, (GREY, "circle", finding_type or "finding"))
 
 
-def _x(entry: dict[str, Any]) -> float | None:
+def _x(entry: JsonObject) -> float | None:
     """The x of a logged window: its iteration, else its step number."""
     it = as_finite(entry.get("iteration"))
     return it if it is not None else as_finite(entry.get("step"))
 
 
-def _points(entries: Sequence[dict[str, Any]], *keys: str) -> list[tuple[float, float]]:
+def _points(entries: Sequence[JsonObject], *keys: str) -> list[tuple[float, float]]:
     """``(iteration, value)`` of the first of ``keys`` present in each entry."""
     out = []
     for e in entries:
@@ -242,8 +242,9 @@ def rank_heatmap(data: RunData) -> tuple[str, str]:
     """The rank x window step-time heatmap and a caption saying how it was aggregated."""
     lines = [ln for ln in data.perf_ranks if isinstance(ln.get("by_rank"), dict)]
     lines.sort(key=lambda ln: as_finite(ln.get("step")) or 0)
-    ranks = sorted({int(r) for ln in lines for r in ln["by_rank"] if str(r).isdigit()})
-    grid = [[as_finite(ln["by_rank"].get(str(r))) for ln in lines] for r in ranks]
+    by_rank = [as_dict(ln.get("by_rank")) or {} for ln in lines]
+    ranks = sorted({int(r) for b in by_rank for r in b if str(r).isdigit()})
+    grid = [[as_finite(b.get(str(r))) for b in by_rank] for r in ranks]
     cols = [
         str(ln.get("iteration") if ln.get("iteration") is not None else ln.get("step"))
         for ln in lines
@@ -284,7 +285,9 @@ def findings_timeline(data: RunData) -> tuple[str, str]:
     t0, _ = run_window(data)
     origin = t0 or 0.0
     flagged = {f.rank for f in data.findings if f.rank >= 0}
-    known = {p.rank for p in data.processes} | {int(r["rank"]) for r in _status_ranks(data)}
+    known = {p.rank for p in data.processes} | {
+        rank for r in _status_ranks(data) if (rank := as_int(r.get("rank"))) is not None
+    }
     ranks = sorted(known | flagged)
     caption = (
         "Bars: each rank process from its first to its last heartbeat record. Markers: findings."
@@ -338,13 +341,13 @@ def findings_timeline(data: RunData) -> tuple[str, str]:
     return svg, caption
 
 
-def _status_ranks(data: RunData) -> list[dict[str, Any]]:
-    ranks = (data.status or {}).get("ranks") or []
+def _status_ranks(data: RunData) -> list[JsonObject]:
+    ranks = as_list((data.status or {}).get("ranks"))
     return [r for r in ranks if isinstance(r, dict) and isinstance(r.get("rank"), int)]
 
 
 def _span_label(
-    rank: int, pid: int | None, start: float, end: float, exit_: dict[str, Any] | None
+    rank: int, pid: int | None, start: float, end: float, exit_: JsonObject | None
 ) -> str:
     how = "still running or no process_end record"
     if exit_ is not None:

@@ -26,7 +26,9 @@ from typing import Any
 from rankguard.ft.policy import STOP_KIND
 from rankguard.goodput import Ledger, read_ledger
 from rankguard.report.wallclock import iso_epoch_s, ns_epoch_s
+from rankguard.schema.coerce import as_list, as_str
 from rankguard.schema.findings import Finding
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.layout import (
     FINDINGS_FILE,
     HEALTH_FILE_RE,
@@ -61,7 +63,7 @@ class ProcessSpan:
     start: float | None  # epoch seconds
     end: float | None
     last_event: str | None
-    exit: dict[str, Any] | None
+    exit: JsonObject | None
 
 
 @dataclass(slots=True)
@@ -71,14 +73,14 @@ class RunData:
     run_id: str
     heartbeat_dir: Path | None = None
     perf_dir: Path | None = None
-    status: dict[str, Any] | None = None
+    status: JsonObject | None = None
     findings: list[Finding] = field(default_factory=list)  # through Finding.from_dict
     restarts: list[RestartEntry] = field(default_factory=list)  # process and in-process
-    perf_ranks: list[dict[str, Any]] = field(default_factory=list)
-    perf_entries: list[dict[str, Any]] = field(default_factory=list)
-    perf_summary: dict[str, Any] | None = None
-    gpu_health: dict[int, dict[str, Any]] = field(default_factory=dict)
-    launchers: dict[int, dict[str, Any]] = field(default_factory=dict)
+    perf_ranks: list[JsonObject] = field(default_factory=list)
+    perf_entries: list[JsonObject] = field(default_factory=list)
+    perf_summary: JsonObject | None = None
+    gpu_health: dict[int, JsonObject] = field(default_factory=dict)
+    launchers: dict[int, JsonObject] = field(default_factory=dict)
     processes: list[ProcessSpan] = field(default_factory=list)
     goodput: Ledger | None = None  # the goodput ledger (rank 0's heartbeat files)
     missing: list[str] = field(default_factory=list)
@@ -183,7 +185,7 @@ def resolve_run(path: Path) -> tuple[str, Path | None, Path | None, str | None]:
 # --------------------------------------------------------------------------- reading files
 
 
-def _read_json(path: Path, problems: list[str]) -> dict[str, Any] | None:
+def _read_json(path: Path, problems: list[str]) -> JsonObject | None:
     try:
         obj = json.loads(path.read_text(encoding="utf-8", errors="replace"))
     except FileNotFoundError:
@@ -200,7 +202,7 @@ def _read_json(path: Path, problems: list[str]) -> dict[str, Any] | None:
     return obj
 
 
-def _parse_line(line: str) -> dict[str, Any] | None:
+def _parse_line(line: str) -> JsonObject | None:
     try:
         obj = json.loads(line)
     except (ValueError, RecursionError):
@@ -208,7 +210,7 @@ def _parse_line(line: str) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
-def _read_jsonl(path: Path, problems: list[str]) -> list[dict[str, Any]]:
+def _read_jsonl(path: Path, problems: list[str]) -> list[JsonObject]:
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
@@ -216,7 +218,7 @@ def _read_jsonl(path: Path, problems: list[str]) -> list[dict[str, Any]]:
     except OSError as exc:
         problems.append(f"Cannot read {path.name}: {exc.strerror or exc}")
         return []
-    out: list[dict[str, Any]] = []
+    out: list[JsonObject] = []
     bad = 0
     for line in text.splitlines():
         if not line.strip():
@@ -231,7 +233,7 @@ def _read_jsonl(path: Path, problems: list[str]) -> list[dict[str, Any]]:
     return out
 
 
-def _first_and_last(path: Path) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+def _first_and_last(path: Path) -> tuple[JsonObject | None, JsonObject | None]:
     """First and last valid records of a JSON-lines file, reading only its ends."""
     with open(path, "rb") as fh:
         first = _parse_line(fh.readline().decode("utf-8", errors="replace"))
@@ -265,7 +267,7 @@ def _process_spans(hb_dir: Path, problems: list[str]) -> list[ProcessSpan]:
                 pid=int(m.group(2)),
                 start=ns_epoch_s(start),
                 end=ns_epoch_s(end),
-                last_event=last.get("event") if isinstance(last.get("event"), str) else None,
+                last_event=as_str(last.get("event")),
                 exit=exit_info if isinstance(exit_info, dict) else None,
             )
         )
@@ -274,8 +276,8 @@ def _process_spans(hb_dir: Path, problems: list[str]) -> list[ProcessSpan]:
 
 def _numbered(
     directory: Path, pattern: re.Pattern[str], problems: list[str]
-) -> dict[int, dict[str, Any]]:
-    out: dict[int, dict[str, Any]] = {}
+) -> dict[int, JsonObject]:
+    out: dict[int, JsonObject] = {}
     for path in sorted(directory.iterdir()):
         m = pattern.match(path.name)
         if m is not None:
@@ -321,7 +323,7 @@ def _load_perf(data: RunData, perf: Path) -> None:
         data.perf_summary = _read_json(summaries[-1], p)
     if not data.perf_entries and data.perf_summary:
         logs = data.perf_summary.get("iteration_logs")
-        data.perf_entries = [e for e in logs or [] if isinstance(e, dict)]
+        data.perf_entries = [e for e in as_list(logs) if isinstance(e, dict)]
     if not data.perf_entries and not data.perf_summary:
         data.missing.append(f"Perf data is missing: no {PERF_LOG_FILE} or perf summary in {perf}")
     elif data.perf_summary is None:

@@ -10,12 +10,12 @@ A value that no file provides is shown as a dash, never guessed.
 from __future__ import annotations
 
 import statistics
-from typing import Any
 
 from rankguard.report.data import RunData, parse_time
 from rankguard.report.svgbase import esc, fmt_num
 from rankguard.report.wallclock import fmt_clock
-from rankguard.schema.coerce import as_float
+from rankguard.schema.coerce import as_dict, as_float, as_list
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.view.statusnotes import restarts_summary
 
 __all__ = [
@@ -39,10 +39,6 @@ _STATE_CLASS = {
 }
 
 
-def _d(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
 def fmt_duration(seconds: float | None) -> str:
     if seconds is None or seconds < 0:
         return "-"
@@ -57,12 +53,12 @@ def fmt_duration(seconds: float | None) -> str:
 
 def run_window(data: RunData) -> tuple[float | None, float | None]:
     """Earliest and latest wall time (epoch s) any file of the run records."""
-    info = _d(_d(data.perf_summary).get("session_info"))
+    info = as_dict((data.perf_summary or {}).get("session_info")) or {}
     starts: list[float | None] = [p.start for p in data.processes]
     ends: list[float | None] = [p.end for p in data.processes]
     starts.append(parse_time(info.get("start_time")))
     ends.append(parse_time(info.get("end_time")))
-    ends.append(parse_time(_d(data.status).get("updated_wall_time")))
+    ends.append(parse_time((data.status or {}).get("updated_wall_time")))
     both = [parse_time(e.get("timestamp")) for e in data.perf_entries]
     both += [parse_time(f.detected_wall_time) for f in data.findings]
     lo = [t for t in starts + both if t is not None]
@@ -75,14 +71,16 @@ def world_size(data: RunData) -> int | None:
     candidates = [
         doc.monitor.expected_world_size,
         doc.summary.ranks_expected,
-        _d(_d(data.perf_summary).get("session_info")).get("world_size"),
+        (as_dict((data.perf_summary or {}).get("session_info")) or {}).get("world_size"),
         *(line.get("world_size") for line in data.perf_ranks[-1:]),
     ]
     for launcher in data.launchers.values():
         nnodes = launcher.get("nnodes")
         nproc = launcher.get("nproc_per_node")
         if isinstance(nproc, int) and isinstance(nnodes, list) and nnodes:
-            candidates.append(nproc * int(nnodes[-1]))
+            last = nnodes[-1]
+            if isinstance(last, int | float | str):
+                candidates.append(nproc * int(last))
     return next((int(c) for c in candidates if isinstance(c, int) and c > 0), None)
 
 
@@ -94,8 +92,8 @@ def _findings_counts(data: RunData) -> tuple[int, int | None]:
 
 
 def header_html(data: RunData) -> str:
-    info = _d(_d(data.perf_summary).get("session_info"))
-    state = str(_d(data.status).get("state") or "unknown")
+    info = as_dict((data.perf_summary or {}).get("session_info")) or {}
+    state = str((data.status or {}).get("state") or "unknown")
     t0, t1 = run_window(data)
     total, active = _findings_counts(data)
     device = str(info.get("device") or DASH)
@@ -138,7 +136,9 @@ def _iterations(data: RunData) -> int | None:
     """The last iteration any file reports."""
     seen = [r.get("iteration") for r in _ranks(data)]
     seen += [e.get("iteration") for e in data.perf_entries[-1:]]
-    seen.append(_d(_d(data.perf_summary).get("session_info")).get("total_iterations"))
+    seen.append(
+        (as_dict((data.perf_summary or {}).get("session_info")) or {}).get("total_iterations")
+    )
     known = [int(v) for v in seen if isinstance(v, int)]
     return max(known) if known else None
 
@@ -157,8 +157,8 @@ def _sub(text: str) -> str:
     return f'<span class="sub">{esc(text)}</span>' if text else ""
 
 
-def _ranks(data: RunData) -> list[dict[str, Any]]:
-    return [r for r in _d(data.status).get("ranks") or [] if isinstance(r, dict)]
+def _ranks(data: RunData) -> list[JsonObject]:
+    return [r for r in as_list((data.status or {}).get("ranks")) if isinstance(r, dict)]
 
 
 def _from_entries(data: RunData) -> dict[str, float | None]:
@@ -195,12 +195,14 @@ def _card_num(value: float | None) -> str:
 
 
 def key_numbers_html(data: RunData) -> str:
-    summary = _d(data.perf_summary)
-    stats: dict[str, Any] = _d(summary.get("final_statistics")) or _from_entries(data)
-    info = _d(summary.get("session_info"))
+    summary = as_dict(data.perf_summary) or {}
+    stats: JsonObject = (as_dict(summary.get("final_statistics")) or {}) or {**_from_entries(data)}
+    info = as_dict(summary.get("session_info")) or {}
     source = "perf summary" if summary.get("final_statistics") else "perf.jsonl windows"
     if not data.has_perf and data.perf_ranks:
-        medians = [as_float(_d(x.get("step_time_ms")).get("median")) for x in data.perf_ranks]
+        medians = [
+            as_float((as_dict(x.get("step_time_ms")) or {}).get("median")) for x in data.perf_ranks
+        ]
         known = [m for m in medians if m is not None]
         stats = {"avg_step_time_ms": statistics.fmean(known) if known else None}
         source = "perf_ranks.jsonl (median over ranks)"

@@ -15,6 +15,8 @@ from rankguard.report.charts import finding_style
 from rankguard.report.data import RunData, parse_time
 from rankguard.report.summary import fmt_clock, run_window
 from rankguard.report.svgbase import esc, fmt_num
+from rankguard.schema.coerce import as_list
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.status import RankRow, StatusDoc
 from rankguard.schema.statusblocks import CheckpointEntry, CheckpointsBlock
 from rankguard.view.statusnotes import (
@@ -259,7 +261,7 @@ def _mib_to_gib(value: Any) -> str:
     return fmt_num(value / 1024, 3) if isinstance(value, (int, float)) else "-"
 
 
-def _node_html(node: int, snap: dict[str, Any]) -> str:
+def _node_html(node: int, snap: JsonObject) -> str:
     head = (
         f'<h3>Node {node} <span class="muted">{esc(_text(snap.get("hostname")))}</span> '
         f"{pill(snap.get('status'))}</h3>"
@@ -268,7 +270,7 @@ def _node_html(node: int, snap: dict[str, Any]) -> str:
     )
     if snap.get("error"):
         head += f'<p class="caption bad-text">{esc(snap["error"])}</p>'
-    gpus = [g for g in snap.get("gpus") or [] if isinstance(g, dict)]
+    gpus = [g for g in as_list(snap.get("gpus")) if isinstance(g, dict)]
     if not gpus:
         return head + '<p class="empty">No GPUs in this snapshot.</p>'
     rows = []
