@@ -26,6 +26,8 @@ from rankguard.health.nvml import collect_nvml
 from rankguard.health.rules import apply_rules, node_status, update_baseline
 from rankguard.health.schema import SCHEMA_VERSION, CollectionResult, NodeStatus
 from rankguard.health.smi import collect_smi
+from rankguard.schema.coerce import as_list
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.layout import health_file_name
 from rankguard.util.fs import atomic_write_json
 
@@ -40,9 +42,7 @@ def _now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
-def _snapshot(
-    source: str, status: NodeStatus, error: str | None, gpus: list[Any]
-) -> dict[str, Any]:
+def _snapshot(source: str, status: NodeStatus, error: str | None, gpus: list[Any]) -> JsonObject:
     return {
         "schema_version": SCHEMA_VERSION,
         "source": source,
@@ -60,7 +60,7 @@ def collect_gpu_health(
     baseline: Mapping[str, int] | None = None,
     prefer: str = "auto",
     xids: Mapping[int, list[int]] | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Collect one health snapshot of this node's GPUs.
 
     ``prefer``: ``auto`` (NVML, then nvidia-smi), ``nvml`` or ``nvidia-smi`` only.
@@ -113,7 +113,7 @@ class HealthCollector:
         self._node_rank = node_rank
         self._path = Path(run_dir) / health_file_name(node_rank)
         self._baseline: dict[str, int] = {}
-        self._latest: dict[str, Any] | None = None
+        self._latest: JsonObject | None = None
         self._collect_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -125,10 +125,10 @@ class HealthCollector:
         return self._path
 
     @property
-    def latest(self) -> dict[str, Any] | None:
+    def latest(self) -> JsonObject | None:
         return self._latest
 
-    def collect_once(self) -> dict[str, Any]:
+    def collect_once(self) -> JsonObject:
         """Collect, write the file atomically and return the snapshot."""
         with self._collect_lock:
             try:
@@ -139,7 +139,9 @@ class HealthCollector:
                 logger.exception("node %d: GPU health collection failed", self._node_rank)
                 error = f"{type(exc).__name__}: {exc}"
                 snap = _snapshot("none", NodeStatus.ERROR, error, [])
-            update_baseline(self._baseline, snap["gpus"])
+            update_baseline(
+                self._baseline, [g for g in as_list(snap["gpus"]) if isinstance(g, dict)]
+            )
             snap["node_rank"] = self._node_rank
             self.collections += 1
             if snap["status"] == NodeStatus.ERROR.value:
@@ -188,7 +190,7 @@ class HealthCollector:
 
 def gpu_for_rank(
     snapshot: Mapping[str, Any] | None, hostname: str, token: str | None, ordinal: int | None
-) -> dict[str, Any] | None:
+) -> JsonObject | None:
     """The GPU entry of ``snapshot`` used by a rank, or ``None`` when it cannot be told.
 
     Only a snapshot of the rank's own host counts. ``token`` is the rank's entry of
@@ -200,7 +202,7 @@ def gpu_for_rank(
     """
     if not snapshot or snapshot.get("hostname") != hostname:
         return None
-    gpus: list[dict[str, Any]] = [g for g in snapshot.get("gpus") or [] if isinstance(g, dict)]
+    gpus: list[JsonObject] = [g for g in snapshot.get("gpus") or [] if isinstance(g, dict)]
     tok = (token or "").strip()
     if tok.upper().startswith(("GPU-", "MIG-")):
         wanted = tok.lower()

@@ -36,9 +36,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from rankguard.health.node_config import NodeHealthConfig
+from rankguard.schema.jsontypes import JsonObject
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -65,9 +65,9 @@ class CheckResult:
     target: str
     ok: bool
     problem: str | None = None
-    detail: dict[str, Any] = field(default_factory=dict)
+    detail: JsonObject = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
 
@@ -95,7 +95,7 @@ class NodeHealthReport:
             return f"{len(self.results)} check(s) passed ({', '.join(kinds) or 'none'})"
         return "; ".join(f"{r.check} {r.target}: {r.problem}" for r in self.failed)
 
-    def to_dict(self, node_rank: int | None = None) -> dict[str, Any]:
+    def to_dict(self, node_rank: int | None = None) -> JsonObject:
         return {
             "schema_version": SCHEMA_VERSION,
             "status": "ok" if self.healthy else "unhealthy",
@@ -133,7 +133,7 @@ def _net_interface(root: Path, name: str, named: bool, min_speed: int) -> CheckR
         return None  # not one of the job's links: virtual, or taken down on purpose
     oper, carrier = _read(base / "operstate"), _read(base / "carrier")
     speed = _int(_read(base / "speed"))
-    detail = {"operstate": oper, "carrier": _int(carrier), "speed_mbps": speed}
+    detail: JsonObject = {"operstate": oper, "carrier": _int(carrier), "speed_mbps": speed}
     if not base.exists():
         return CheckResult("nic", name, False, "no such interface", detail)
     if not admin_up:
@@ -158,7 +158,7 @@ def _ib_ports(root: Path, device: str, min_speed: int) -> list[CheckResult]:
         rate = _read(ports / port / "rate")  # "200 Gb/sec (4X HDR)"
         phys = _read(ports / port / "phys_state")  # "5: LinkUp"
         target = f"{device}/{port}"
-        detail = {"state": state, "phys_state": phys, "rate": rate}
+        detail: JsonObject = {"state": state, "phys_state": phys, "rate": rate}
         gbps = _int((rate or "").split(" ", 1)[0] or None)
         if not state.endswith("ACTIVE"):
             why = f"port {state or 'unknown'}"
@@ -199,7 +199,7 @@ def check_nics(cfg: NodeHealthConfig) -> list[CheckResult]:
 # ---- storage --------------------------------------------------------------------------
 
 
-def _probe(directory: Path, result: dict[str, Any]) -> None:
+def _probe(directory: Path, result: dict[str, float], errors: list[str]) -> None:
     """Create the directory if need be, write, fsync and remove a small file."""
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -216,14 +216,15 @@ def _probe(directory: Path, result: dict[str, Any]) -> None:
         st = os.statvfs(directory)
         result["free_mb"] = st.f_bavail * st.f_frsize / _MIB
     except OSError as exc:
-        result["error"] = f"{exc.strerror or exc}"
+        errors.append(f"{exc.strerror or exc}")
 
 
 def _storage_one(directory: Path, cfg: NodeHealthConfig) -> CheckResult:
-    result: dict[str, Any] = {}
+    result: dict[str, float] = {}
+    errors: list[str] = []
     # in a thread: an fsync on a hung mount never returns, the check must
     thread = threading.Thread(
-        target=_probe, args=(directory, result), name="rankguard-storage-probe", daemon=True
+        target=_probe, args=(directory, result, errors), name="rankguard-storage-probe", daemon=True
     )
     thread.start()
     thread.join(cfg.fsync_timeout_s)
@@ -231,9 +232,9 @@ def _storage_one(directory: Path, cfg: NodeHealthConfig) -> CheckResult:
     if thread.is_alive():
         why = f"a small write and fsync did not complete within {cfg.fsync_timeout_s:g} s"
         return CheckResult("storage", target, False, why, {"fsync_timeout_s": cfg.fsync_timeout_s})
-    detail = {k: round(v, 3) for k, v in result.items() if isinstance(v, float)}
-    if "error" in result:
-        return CheckResult("storage", target, False, f"not writable: {result['error']}", detail)
+    detail: JsonObject = {k: round(v, 3) for k, v in result.items()}
+    if errors:
+        return CheckResult("storage", target, False, f"not writable: {errors[0]}", detail)
     if result["fsync_s"] > cfg.fsync_timeout_s:
         why = f"fsync took {result['fsync_s']:.1f} s (bound {cfg.fsync_timeout_s:g} s)"
         return CheckResult("storage", target, False, why, detail)

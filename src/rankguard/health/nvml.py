@@ -19,6 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from rankguard.health.schema import CollectionResult, NodeStatus, empty_gpu
+from rankguard.schema.jsontypes import JsonObject
 
 __all__ = ["RECOVERY_ACTIONS", "SOURCE", "XidWatcher", "collect_nvml"]
 
@@ -82,7 +83,7 @@ def _collect_devices(nvml: ModuleType) -> CollectionResult:
     if count == 0:
         return CollectionResult(SOURCE, NodeStatus.UNAVAILABLE, error="NVML reports no GPU")
     driver = _text(_get(nvml, nvml.nvmlSystemGetDriverVersion))
-    gpus: list[dict[str, Any]] = []
+    gpus: list[JsonObject] = []
     for i in range(count):
         try:
             handle = nvml.nvmlDeviceGetHandleByIndex(i)
@@ -97,9 +98,7 @@ def _collect_devices(nvml: ModuleType) -> CollectionResult:
     return CollectionResult(SOURCE, NodeStatus.OK, gpus=gpus)
 
 
-def _read_gpu(
-    nvml: ModuleType, handle: Any, fallback_index: int, driver: str | None
-) -> dict[str, Any]:
+def _read_gpu(nvml: ModuleType, handle: Any, fallback_index: int, driver: str | None) -> JsonObject:
     gpu = empty_gpu(fallback_index)
     index = _get(nvml, nvml.nvmlDeviceGetIndex, handle)
     gpu["index"] = int(index) if index is not None else fallback_index

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any
 
 from rankguard.health.schema import GpuHealth, NodeStatus
+from rankguard.schema.jsontypes import JsonObject
 
 __all__ = [
     "XID_HARDWARE",
@@ -80,17 +81,17 @@ def evaluate_gpu(
 
 def apply_rules(
     gpus: Iterable[Mapping[str, Any]], baseline: Mapping[str, int] | None = None
-) -> list[dict[str, Any]]:
+) -> list[JsonObject]:
     """Copies of ``gpus`` with ``health`` and ``problems`` added.
 
     ``baseline`` maps ``gpu_key`` to the corrected-ECC count of that GPU's first sample;
     without it the corrected-ECC rule cannot fire.
     """
-    out: list[dict[str, Any]] = []
+    out: list[JsonObject] = []
     for gpu in gpus:
         reference = None if baseline is None else baseline.get(gpu_key(gpu))
         health, problems = evaluate_gpu(gpu, reference)
-        out.append({**gpu, "health": health.value, "problems": problems})
+        out.append({**gpu, "health": health.value, "problems": [*problems]})
     return out
 
 

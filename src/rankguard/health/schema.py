@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+
+from rankguard.schema.jsontypes import JsonObject
 
 __all__ = [
     "GPU_FIELDS",
@@ -93,7 +94,7 @@ class CollectionResult:
 
     source: str
     status: NodeStatus
-    gpus: list[dict[str, Any]] = field(default_factory=list)
+    gpus: list[JsonObject] = field(default_factory=list)
     error: str | None = None
 
     def __post_init__(self) -> None:
@@ -102,8 +103,8 @@ class CollectionResult:
         )
 
 
-def empty_gpu(index: int | None = None) -> dict[str, Any]:
+def empty_gpu(index: int | None = None) -> JsonObject:
     """A per-GPU entry with every field present and unknown."""
-    gpu: dict[str, Any] = dict.fromkeys(GPU_FIELDS)
+    gpu: JsonObject = dict.fromkeys(GPU_FIELDS)
     gpu["index"] = index
     return gpu

@@ -20,6 +20,7 @@ import subprocess
 from typing import Any
 
 from rankguard.health.schema import CollectionResult, NodeStatus, empty_gpu
+from rankguard.schema.jsontypes import JsonObject
 
 __all__ = ["QUERY_FIELDS", "SOURCE", "collect_smi", "parse_csv", "parse_value"]
 
@@ -81,14 +82,14 @@ def parse_value(raw: str, kind: str) -> Any:
     return int(number) if kind == "int" else number
 
 
-def parse_csv(text: str) -> tuple[list[dict[str, Any]], list[str]]:
+def parse_csv(text: str) -> tuple[list[JsonObject], list[str]]:
     """Parse ``--format=csv,noheader,nounits`` output of ``QUERY_FIELDS``.
 
     Returns the GPUs and a list of problems (rows that could not be parsed). A row with
     too many columns is assumed to have commas in the GPU name, the only free-text field.
     """
     width = len(QUERY_FIELDS)
-    gpus: list[dict[str, Any]] = []
+    gpus: list[JsonObject] = []
     problems: list[str] = []
     for row in csv.reader(text.splitlines(), skipinitialspace=True):
         if not row or all(not cell.strip() for cell in row):

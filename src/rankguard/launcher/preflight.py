@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rankguard.health import collect_gpu_health
+from rankguard.schema.coerce import as_list
 from rankguard.schema.layout import preflight_file_name
 from rankguard.util.fs import atomic_write_json
 
@@ -46,7 +47,7 @@ def preflight_gpu_check(
     snapshot = collect_gpu_health(command_timeout_s=command_timeout_s)
     atomic_write_json(run_dir / preflight_file_name(node_rank, socket.gethostname()), snapshot)
     status = snapshot.get("status")
-    gpus = snapshot.get("gpus") or []
+    gpus = [g for g in as_list(snapshot.get("gpus")) if isinstance(g, dict)]
     if status == "unavailable":
         say(f"GPU health check: unavailable ({snapshot.get('error') or 'no GPU'}); going on")
         return None
