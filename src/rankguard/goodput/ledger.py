@@ -34,7 +34,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+
+from rankguard.schema.jsontypes import JsonObject
 
 __all__ = [
     "PARTS",
@@ -153,7 +154,7 @@ class Interruption:
     def cost_s(self) -> float:
         return sum(self.parts.values())
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "attempt": self.attempt,
             "kind": self.kind,
@@ -188,7 +189,7 @@ class Ledger:
         """Effective training time ratio: productive / wall (None for no wall time)."""
         return self.parts[Part.PRODUCTIVE] / self.wall_s if self.wall_s > 0 else None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "schema_version": 1,
             "start_unix_s": round(self.start, 3),

@@ -44,6 +44,7 @@ from typing import Any
 
 from rankguard.goodput.ledger import Attempt, Ledger, LiveRecovery, build_ledger
 from rankguard.schema.coerce import as_finite
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.layout import (
     FINDINGS_FILE,
     HEARTBEAT_FILE_RE,
@@ -59,7 +60,7 @@ LIVE_RECOVERY = "live_recovery"  # restarts.jsonl's kind of a live recovery's li
 _MAX_LINE = 1 << 20
 
 
-def _lines(path: Path) -> Iterator[dict[str, Any]]:
+def _lines(path: Path) -> Iterator[JsonObject]:
     """The JSON objects of a JSONL file (bad or overlong lines skipped)."""
     try:
         fh = open(path, "rb")  # noqa: SIM115 (closed below, also on a generator exit)
@@ -112,7 +113,7 @@ class _Process:
     reentries: dict[float, tuple[int, int, int | None]] = field(default_factory=dict)
     _open: float | None = None  # the re-entry whose resumed iteration is not known yet
 
-    def add(self, rec: dict[str, Any]) -> None:
+    def add(self, rec: JsonObject) -> None:
         wall_ns = as_finite(rec.get("wall_time_ns"))
         if wall_ns is None:
             return
@@ -155,7 +156,7 @@ class _Process:
                 self._reentry(phase, round(wall - elapsed, 3), iteration, rec, progress)
 
     def _reentry(
-        self, phase: str, began: float, iteration: int, rec: dict[str, Any], progress: int
+        self, phase: str, began: float, iteration: int, rec: JsonObject, progress: int
     ) -> None:
         """An ``inprocess_restart`` phase opens a re-entry (the record at its start has
         the last completed step); the first later record with more steps closes it."""
@@ -191,7 +192,7 @@ class _Process:
         return out
 
 
-def _training_steps(rec: dict[str, Any], progress: int) -> int:
+def _training_steps(rec: JsonObject, progress: int) -> int:
     """The record's training steps: its progress less the saves among it."""
     saves = _int(rec.get("checkpoint_count")) or 0
     return progress - saves if 0 <= saves <= progress else progress
@@ -293,7 +294,7 @@ def _perf_steps(run_dir: Path) -> list[_PerfWindow]:
     return out
 
 
-def _times(path: Path, key: str, decoder: Any) -> list[tuple[float, dict[str, Any]]]:
+def _times(path: Path, key: str, decoder: Any) -> list[tuple[float, JsonObject]]:
     out = []
     for rec in _lines(path):
         when = decoder(rec.get(key))

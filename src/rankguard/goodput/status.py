@@ -23,7 +23,6 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from rankguard.goodput.ledger import ETTR_DIGITS, PARTS, Ledger, Part
 from rankguard.goodput.rundir import read_ledger
@@ -85,7 +84,7 @@ class GoodputStatus:
         self.block: GoodputBlock | None = None
         self.write_errors = 0
 
-    def status_fields(self) -> dict[str, Any]:
+    def status_fields(self) -> dict[str, GoodputBlock]:
         if not self._final:
             final = self._ended()
             now = self._clock()
