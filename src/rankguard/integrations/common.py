@@ -11,6 +11,7 @@ from rankguard.bootstrap import init
 from rankguard.perf.autodetect import InputShape, model_shape_from_config
 from rankguard.perf.flops import analytic_flops_per_step
 from rankguard.rank.ranksession import RankSession
+from rankguard.schema.coerce import as_float
 
 __all__ = ["LOG_KEYS", "analytic_from_config", "perf_logs", "resolve_session", "set_batch"]
 
@@ -37,7 +38,9 @@ def perf_logs(session: RankSession, last: dict[str, Any] | None) -> dict[str, fl
     if latest is None or latest is last:
         return {}
     return {
-        key: float(latest[name]) for name, key in LOG_KEYS.items() if latest.get(name) is not None
+        key: value
+        for name, key in LOG_KEYS.items()
+        if (value := as_float(latest.get(name))) is not None
     }
 
 

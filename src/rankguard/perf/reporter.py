@@ -57,6 +57,8 @@ from rankguard.perf.trackers import build_trackers
 from rankguard.perf.trackers.events import RunEventTail
 from rankguard.rank.phases import PhaseWatcher
 from rankguard.rank.timeline import RING_SIZE, ProgressTracker
+from rankguard.schema.coerce import as_int, as_number
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.layout import PERF_JOB_FILE, PERF_LOG_FILE, PERF_SUMMARY_PREFIX
 from rankguard.util.fs import QueuedJsonl, atomic_write_json
 
@@ -194,8 +196,8 @@ class PerfReporter:
         self.batch_source: str | None = None  # who set the batch: user, an integration, detected
         self.model_dtype: str | None = None  # the parameters' dtype (set_model_dtype)
         self.model_dtype_source: str | None = None
-        self.entries: list[dict[str, Any]] = []
-        self.latest: dict[str, Any] | None = None
+        self.entries: list[JsonObject] = []
+        self.latest: JsonObject | None = None
         self.step_ms = array("d")
         self._seen = 0
         self._last_log_seq = 0
@@ -276,19 +278,19 @@ class PerfReporter:
             except Exception:
                 logger.exception("rankguard perf: poll failed")
 
-    def poll(self) -> list[dict[str, Any]]:
+    def poll(self) -> list[JsonObject]:
         with self._lock:
             new = self._poll()
         if self.sinks:
             self._to_sinks(new)
         return new
 
-    def _to_sinks(self, new: list[dict[str, Any]]) -> None:
+    def _to_sinks(self, new: list[JsonObject]) -> None:
         """New windows and run events to the sinks (each sink's failures contained)."""
         with self._sink_lock:
             events = []
             if self._run_events is not None:
-                last = self.latest["iteration"] if self.latest else None
+                last = as_int(self.latest["iteration"]) if self.latest else None
                 try:
                     events = self._run_events.poll(last)
                 except Exception:
@@ -320,7 +322,7 @@ class PerfReporter:
             },
         )
 
-    def heartbeat_fields(self) -> dict[str, Any] | None:
+    def heartbeat_fields(self) -> JsonObject | None:
         """What every heartbeat record carries: the latest window, for cross-rank stats."""
         e = self.latest
         if e is None:
@@ -363,7 +365,7 @@ class PerfReporter:
         """perf.jsonl lines waiting for a write to succeed."""
         return self._log.unwritten if self._log is not None else 0
 
-    def _poll(self) -> list[dict[str, Any]]:
+    def _poll(self) -> list[JsonObject]:
         tracker = self.tracker
         if self.phases is not None:
             try:
@@ -387,7 +389,7 @@ class PerfReporter:
             self.skipped_steps += issued - RING_SIZE + 1 - self._seen
             self._seen = self._last_log_seq = issued - RING_SIZE + 1
         ring, skip = tracker.step_ns, set(tracker.non_step_seqs)
-        new: list[dict[str, Any]] = []
+        new: list[JsonObject] = []
         for seq in range(self._seen + 1, issued + 1):
             if seq in skip:  # a checkpoint save: neither a step nor a log boundary
                 self._train_steps_offset += 1
@@ -429,7 +431,7 @@ class PerfReporter:
 
     def _entry(
         self, seq: int, step: int, issued: int, issued_iteration: int | None
-    ) -> dict[str, Any] | None:
+    ) -> JsonObject | None:
         tracker, ring = self.tracker, self.tracker.step_ns
         start = self._last_log_seq
         start_ns = ring[start & _MASK] if start > 0 else self._first_start_ns()
@@ -506,14 +508,14 @@ class PerfReporter:
         ("data_loading_share", "DATA %", ".1f", 7),
     )
 
-    def _why_no_tflops(self, e: dict[str, Any]) -> None:
+    def _why_no_tflops(self, e: JsonObject) -> None:
         """Once, on the console: why the TFLOP/s column is empty (the summary's
         ``flops_source`` says it too). Said when the detector gave up, or from the second
         window on (the first may come before the first step's FLOPs are known)."""
         if self._flops_why_said or e.get("TFLOPS_per_GPU") is not None:
             return
         source = self.flops_source
-        if not (source.startswith("none:") or e.get("step", 0) > 1):
+        if not (source.startswith("none:") or (as_number(e.get("step")) or 0) > 1):
             return
         self._flops_why_said = True
         why = source.removeprefix("none:").strip().removesuffix("; set perf.model")
@@ -522,12 +524,12 @@ class PerfReporter:
             " (set perf.model, perf.flops_per_step, or call measure_flops)"
         )
 
-    def _print(self, e: dict[str, Any]) -> None:
+    def _print(self, e: JsonObject) -> None:
         """A table on a terminal (header once, aligned rows); plain lines in logs."""
         self._why_no_tflops(e)
 
         def fmt(key: str, spec: str) -> str:
-            v = e.get(key)
+            v = as_number(e.get(key))
             if v is None:
                 return "-"
             if key in ("MFU", "data_loading_share"):
@@ -566,7 +568,7 @@ class PerfReporter:
 
     # ---- end -------------------------------------------------------------------------
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JsonObject:
         kept, stats = final_statistics(self.step_ms, self.cfg.warmup_iterations)
         avg_ms = stats["avg"]
         gpu = self._gpu
@@ -577,7 +579,7 @@ class PerfReporter:
             if self.flops_per_step and rate_s
             else None
         )
-        peaks = [e["peak_memory_GB"] for e in self.entries if e.get("peak_memory_GB") is not None]
+        peaks = [p for e in self.entries if (p := as_number(e.get("peak_memory_GB"))) is not None]
         return {
             "session_info": {
                 "start_time": _iso(self._start_wall),
@@ -617,7 +619,7 @@ class PerfReporter:
                 "peak_memory_gb": _round(max(peaks)) if peaks else None,
                 "ettr": None,  # the job's, written by rankguard's launcher at the end
             },
-            "iteration_logs": self.entries,
+            "iteration_logs": [*self.entries],
         }
 
     def close(self) -> Path | None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.layout import CHECKPOINTS_FILE, FINDINGS_FILE, GOODPUT_FILE, RESTARTS_FILE
 from rankguard.util.tailer import JsonlTailer
 
@@ -37,7 +38,7 @@ class RunEvent:
 
     kind: str  # finding, restart, checkpoint, goodput
     step: int | None
-    fields: dict[str, Any]
+    fields: JsonObject
 
 
 def _int(value: Any) -> int | None:
@@ -79,7 +80,7 @@ class RunEventTail:
 
     def _changed(
         self, name: str, seen: tuple[int, int] | None, limit: int
-    ) -> tuple[tuple[int, int] | None, dict[str, Any] | None]:
+    ) -> tuple[tuple[int, int] | None, JsonObject | None]:
         """The JSON object of ``name`` when its size or mtime is not ``seen``: (stat,
         object); (stat, None) when unchanged, too large or unreadable."""
         try:
@@ -115,7 +116,7 @@ class RunEventTail:
                 continue
             self._committed[tier] = step
             info = last.get(tier) if isinstance(last, dict) else None
-            fields = {"tier": tier, "step": step}
+            fields: JsonObject = {"tier": tier, "step": step}
             if isinstance(info, dict) and _int(info.get("step")) == step:
                 fields.update({k: info[k] for k in _CHECKPOINT_KEYS if k in info})
             events.append(RunEvent("checkpoint", step, fields))

@@ -30,6 +30,7 @@ from rankguard.perf.trackers.common import (
     summary_scalars,
     window_step,
 )
+from rankguard.schema.jsontypes import JsonObject
 
 __all__ = ["PACKAGE", "MlflowSink", "script_run_id"]
 
@@ -68,7 +69,7 @@ class MlflowSink:
         self.attached = False
         self.prefix = ""
         self._events = EventCounter()
-        self._lines: list[dict[str, Any]] = []
+        self._lines: list[JsonObject] = []
         self._last_step = 0
 
     def open(self, info: RunInfo) -> None:
