@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from rankguard.goodput.ledger import Attempt, Ledger, LiveRecovery, build_ledger
-from rankguard.schema.coerce import as_finite
+from rankguard.schema.coerce import as_finite, as_int
 from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.layout import (
     FINDINGS_FILE,
@@ -194,17 +194,13 @@ class _Process:
 
 def _training_steps(rec: JsonObject, progress: int) -> int:
     """The record's training steps: its progress less the saves among it."""
-    saves = _int(rec.get("checkpoint_count")) or 0
+    saves = as_int(rec.get("checkpoint_count")) or 0
     return progress - saves if 0 <= saves <= progress else progress
 
 
 def _when(value: Any) -> float | None:
     """Epoch seconds of a number or of an ISO-8601 time with its offset."""
     return as_finite(value) if not isinstance(value, str) else iso_epoch_s(value)
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,18 +218,18 @@ def _live_lines(run_dir: Path) -> list[_LiveLine]:
         if rec.get("kind") != LIVE_RECOVERY or fault is None:
             continue
         resumed = _when(rec.get("resumed_t"))
-        redone = _int(rec.get("steps_redone"))
+        redone = as_int(rec.get("steps_redone"))
         cause = rec.get("cause")
-        step = _int(rec.get("resumed_step"))
+        step = as_int(rec.get("resumed_step"))
         recovery = LiveRecovery(
             fault=fault,
             resumed=resumed if resumed is not None and resumed >= fault else None,
             steps_redone=max(0, redone or 0),
             cause=str(cause)[:200] if cause is not None else LIVE_RECOVERY,
-            lost_rank=_int(rec.get("lost_rank")),
+            lost_rank=as_int(rec.get("lost_rank")),
             resumed_step=step if step is not None and step >= 1 else None,
         )
-        out.append(_LiveLine(recovery, _int(rec.get("lost_pid")), _int(rec.get("standby_pid"))))
+        out.append(_LiveLine(recovery, as_int(rec.get("lost_pid")), as_int(rec.get("standby_pid"))))
     return sorted(out, key=lambda x: x.recovery.fault)
 
 
@@ -287,10 +283,10 @@ def _perf_steps(run_dir: Path) -> list[_PerfWindow]:
     perf = run_dir.parent.parent / PERF_ROOT / run_dir.name / PERF_LOG_FILE
     out = []
     for rec in _lines(perf):
-        step, when = _int(rec.get("step")), iso_epoch_s(rec.get("timestamp"))
+        step, when = as_int(rec.get("step")), iso_epoch_s(rec.get("timestamp"))
         if step is not None and when is not None:
             startup = bool(rec.get("includes_startup"))
-            out.append(_PerfWindow(step, _int(rec.get("iteration")), when, startup))
+            out.append(_PerfWindow(step, as_int(rec.get("iteration")), when, startup))
     return out
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from rankguard.perf.flops import mfu, tflops_per_gpu
+from rankguard.schema.coerce import as_finite
 from rankguard.schema.layout import PERF_LOG_FILE, PERF_SUMMARY_GLOB
 from rankguard.util.fs import atomic_write_json
 
@@ -49,12 +50,6 @@ STATISTICS_FROM_WINDOWS = (
 )
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
 def _window(raw: bytes) -> dict[str, Any] | None:
     try:
         line = json.loads(raw)
@@ -62,8 +57,8 @@ def _window(raw: bytes) -> dict[str, Any] | None:
         return None
     if not isinstance(line, dict):
         return None
-    step, n = _number(line.get("step")), _number(line.get("steps_in_window"))
-    if step is None or n is None or n < 1 or _number(line.get("step_time_ms")) is None:
+    step, n = as_finite(line.get("step")), as_finite(line.get("steps_in_window"))
+    if step is None or n is None or n < 1 or as_finite(line.get("step_time_ms")) is None:
         return None
     return line
 
@@ -94,7 +89,7 @@ def _stats(windows: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
     steps = sum(int(w["steps_in_window"]) for w in kept)
     times = sorted(float(w["step_time_ms"]) for w in kept)
     gpu = [(w["gpu_step_time_ms"], w["steps_in_window"]) for w in kept]
-    gpu = [(t, n) for t, n in gpu if _number(t) is not None]
+    gpu = [(t, n) for t, n in gpu if as_finite(t) is not None]
     return {
         "steps": steps,
         "avg": sum(float(w["step_time_ms"]) * int(w["steps_in_window"]) for w in kept) / steps,
@@ -108,7 +103,7 @@ def _stats(windows: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
 def _global(windows: list[dict[str, Any]], key: str) -> float | None:
     """The global batch in samples or tokens, from the last window that gives a rate."""
     for w in reversed(windows):
-        rate, ms = _number(w.get(key)), _number(w.get("gpu_step_time_ms")) or w["step_time_ms"]
+        rate, ms = as_finite(w.get(key)), as_finite(w.get("gpu_step_time_ms")) or w["step_time_ms"]
         if rate is not None:
             return rate * ms / 1e3
     return None
@@ -125,14 +120,14 @@ def _r(x: float | None) -> float | None:
 def completed(summary: dict[str, Any], windows: list[dict[str, Any]]) -> dict[str, Any]:
     """``summary`` with its totals and statistics taken from ``windows``."""
     info = dict(summary.get("session_info") or {})
-    warmup = int(_number(info.get("warmup_iterations")) or 0)
+    warmup = int(as_finite(info.get("warmup_iterations")) or 0)
     stats = _stats(windows, warmup)
-    world = int(_number(info.get("world_size")) or 1)
-    flops, peak = _number(info.get("flops_per_step")), _number(info.get("peak_tflops_per_gpu"))
+    world = int(as_finite(info.get("world_size")) or 1)
+    flops, peak = as_finite(info.get("flops_per_step")), as_finite(info.get("peak_tflops_per_gpu"))
     rate_s = (stats["gpu"] or stats["avg"]) / 1e3
     per_gpu = tflops_per_gpu(flops, rate_s, world) if flops and rate_s > 0 else None
     samples, tokens = _global(windows, "samples_per_sec"), _global(windows, "tokens_per_sec")
-    peaks = [p for p in (_number(w.get("peak_memory_GB")) for w in windows) if p is not None]
+    peaks = [p for p in (as_finite(w.get("peak_memory_GB")) for w in windows) if p is not None]
     last = windows[-1]
     info.update(
         end_time=str(last.get("timestamp") or datetime.now(timezone.utc).isoformat()),
@@ -155,7 +150,7 @@ def completed(summary: dict[str, Any], windows: list[dict[str, Any]]) -> dict[st
             "avg_samples_per_sec": _r(samples / rate_s) if samples and rate_s > 0 else None,
             "avg_tokens_per_sec": _r(tokens / rate_s) if tokens and rate_s > 0 else None,
             "peak_memory_gb": _r(max(peaks)) if peaks else None,
-            "ettr": _number(_dict(summary.get("final_statistics")).get("ettr")),
+            "ettr": as_finite(_dict(summary.get("final_statistics")).get("ettr")),
         },
         "iteration_logs": windows[-10_000:],
     }
@@ -178,7 +173,7 @@ def complete_summary(perf_dir: Path) -> Path | None:
     if not isinstance(summary, dict) or not windows:
         return None
     info = summary.get("session_info")
-    covered = _number(info.get("total_iterations")) if isinstance(info, dict) else None
+    covered = as_finite(info.get("total_iterations")) if isinstance(info, dict) else None
     if covered is not None and covered >= windows[-1]["step"]:
         return None  # rank 0 closed it (or it is as far as perf.jsonl)
     try:
@@ -192,7 +187,7 @@ def complete_summary(perf_dir: Path) -> Path | None:
 def add_ettr(perf_dir: Path, ettr: float | None) -> Path | None:
     """Set ``final_statistics.ettr`` of the run's latest summary to the job's ETTR
     (the launcher's goodput ledger); the summary's path when it was rewritten."""
-    value = _number(ettr)
+    value = as_finite(ettr)
     summaries = sorted(perf_dir.glob(PERF_SUMMARY_GLOB))
     if value is None or not summaries:
         return None

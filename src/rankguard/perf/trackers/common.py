@@ -13,10 +13,11 @@ Trackers that log into the script's own run put every name under ``rankguard/``
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from typing import Any
+
+from rankguard.schema.coerce import as_finite
 
 __all__ = [
     "ATTACHED_PREFIX",
@@ -62,12 +63,6 @@ _SUMMARY = (
 )
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
 def window_step(entry: Mapping[str, Any]) -> int:
     """The step a window is logged at: its iteration, else its step count."""
     for key in ("iteration", "step"):
@@ -81,7 +76,7 @@ def scalars(entry: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
     """``{prefix}perf/<key>: value`` for every known numeric field of a window."""
     out = {}
     for key in SCALARS:
-        value = _number(entry.get(key))
+        value = as_finite(entry.get(key))
         if value is not None:
             out[f"{prefix}perf/{key}"] = value
     return out
@@ -92,7 +87,7 @@ def summary_scalars(summary: Mapping[str, Any] | None, prefix: str = "") -> dict
     stats = (summary or {}).get("final_statistics") or {}
     out = {}
     for key in _SUMMARY:
-        value = _number(stats.get(key))
+        value = as_finite(stats.get(key))
         if value is not None:
             out[f"{prefix}summary/{key}"] = value
     return out
@@ -103,13 +98,13 @@ def goodput_scalars(fields: Mapping[str, Any], prefix: str = "") -> dict[str, fl
     ``goodput/<part>_s`` (at most 16 parts, lower-case names)."""
     out = {}
     for key, name in (("ettr", "ettr"), ("wall_s", "wall_s")):
-        value = _number(fields.get(key))
+        value = as_finite(fields.get(key))
         if value is not None:
             out[f"{prefix}goodput/{name}"] = value
     parts = fields.get("parts_s")
     if isinstance(parts, Mapping):
         for part, seconds in list(parts.items())[:_MAX_PARTS]:
-            value = _number(seconds)
+            value = as_finite(seconds)
             if isinstance(part, str) and _PART.match(part) and value is not None:
                 out[f"{prefix}goodput/{part}_s"] = value
     return out
@@ -130,7 +125,7 @@ def event_line(kind: str, fields: Mapping[str, Any]) -> str:
         )
     elif kind == "checkpoint":
         text = f"checkpoint step {f.get('step')} ({f.get('tier')}) committed"
-        if _number(f.get("total_s")) is not None:
+        if as_finite(f.get("total_s")) is not None:
             text += f" in {f.get('total_s')} s"
     else:
         text = f"{kind}: {dict(f)}"

@@ -17,8 +17,8 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from rankguard.schema.coerce import as_int
 from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.layout import CHECKPOINTS_FILE, FINDINGS_FILE, GOODPUT_FILE, RESTARTS_FILE
 from rankguard.util.tailer import JsonlTailer
@@ -41,10 +41,6 @@ class RunEvent:
     fields: JsonObject
 
 
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 class RunEventTail:
     """Incremental reader of a run directory's findings, restarts, checkpoints and
     goodput ledger."""
@@ -64,7 +60,7 @@ class RunEventTail:
         """Events new since the last poll; ``last_step``: the step of an event that
         names none (a restart)."""
         out = [
-            RunEvent("finding", _int(f.get("iteration")), f)
+            RunEvent("finding", as_int(f.get("iteration")), f)
             for f in self._findings.read()
             if isinstance(f.get("finding_type"), str)
         ]
@@ -111,13 +107,13 @@ class RunEventTail:
         last = doc.get("last") or {}
         events = []
         for tier, step in sorted(committed.items() if isinstance(committed, dict) else ()):
-            step = _int(step)
+            step = as_int(step)
             if step is None or self._committed.get(tier, -1) >= step:
                 continue
             self._committed[tier] = step
             info = last.get(tier) if isinstance(last, dict) else None
             fields: JsonObject = {"tier": tier, "step": step}
-            if isinstance(info, dict) and _int(info.get("step")) == step:
+            if isinstance(info, dict) and as_int(info.get("step")) == step:
                 fields.update({k: info[k] for k in _CHECKPOINT_KEYS if k in info})
             events.append(RunEvent("checkpoint", step, fields))
         return events
