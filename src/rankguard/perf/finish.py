@@ -25,12 +25,13 @@ import json
 import logging
 import math
 import statistics
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from rankguard.perf.flops import mfu, tflops_per_gpu
-from rankguard.schema.coerce import as_finite
+from rankguard.schema.coerce import as_dict, as_finite
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.layout import PERF_LOG_FILE, PERF_SUMMARY_GLOB
 from rankguard.util.fs import atomic_write_json
 
@@ -50,89 +51,121 @@ STATISTICS_FROM_WINDOWS = (
 )
 
 
-def _window(raw: bytes) -> dict[str, Any] | None:
-    try:
-        line = json.loads(raw)
-    except ValueError:
-        return None
-    if not isinstance(line, dict):
-        return None
-    step, n = as_finite(line.get("step")), as_finite(line.get("steps_in_window"))
-    if step is None or n is None or n < 1 or as_finite(line.get("step_time_ms")) is None:
-        return None
-    return line
+@dataclass(frozen=True, slots=True)
+class _Window:
+    """One window of ``perf.jsonl``: the figures the summary is computed from, narrowed
+    (``line``: the window as written)."""
+
+    step: float
+    steps: float  # steps_in_window, >= 1
+    step_time_ms: float
+    gpu_step_time_ms: float | None
+    includes_startup: bool
+    peak_memory_gb: float | None
+    line: JsonObject
+
+    @classmethod
+    def parse(cls, raw: bytes) -> _Window | None:
+        try:
+            line = json.loads(raw)
+        except ValueError:
+            return None
+        if not isinstance(line, dict):
+            return None
+        step, n = as_finite(line.get("step")), as_finite(line.get("steps_in_window"))
+        ms = as_finite(line.get("step_time_ms"))
+        if step is None or n is None or n < 1 or ms is None:
+            return None
+        return cls(
+            step=step,
+            steps=n,
+            step_time_ms=ms,
+            gpu_step_time_ms=as_finite(line.get("gpu_step_time_ms")),
+            includes_startup=bool(line.get("includes_startup")),
+            peak_memory_gb=as_finite(line.get("peak_memory_GB")),
+            line=line,
+        )
 
 
-def last_attempt(path: Path) -> list[dict[str, Any]]:
-    """The windows of ``perf.jsonl`` written by its last attempt (an in-job restart
-    numbers its steps from 1 again: a step not above the one before starts an attempt)."""
-    windows: list[dict[str, Any]] = []
+def _last_attempt(path: Path) -> list[_Window]:
+    windows: list[_Window] = []
     with open(path, "rb") as fh:
         for i, raw in enumerate(fh):
             if i >= MAX_LINES:
                 break
-            line = _window(raw)
-            if line is None:
+            window = _Window.parse(raw)
+            if window is None:
                 continue
-            if windows and line["step"] <= windows[-1]["step"]:
+            if windows and window.step <= windows[-1].step:
                 windows = []
-            windows.append(line)
+            windows.append(window)
     return windows
 
 
-def _stats(windows: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
+def last_attempt(path: Path) -> list[JsonObject]:
+    """The windows of ``perf.jsonl`` written by its last attempt (an in-job restart
+    numbers its steps from 1 again: a step not above the one before starts an attempt)."""
+    return [w.line for w in _last_attempt(path)]
+
+
+@dataclass(frozen=True, slots=True)
+class _Stats:
+    steps: int
+    avg: float
+    median: float
+    min: float
+    max: float
+    gpu: float | None
+
+
+def _stats(windows: list[_Window], warmup: int) -> _Stats:
     """Mean, median, min and max step time over the windows after warm-up (each window's
     mean weighted by its steps), and the mean GPU step time where there is one."""
-    kept = [w for w in windows if w["step"] > warmup and not w.get("includes_startup")]
+    kept = [w for w in windows if w.step > warmup and not w.includes_startup]
     if not kept:
         kept = windows[len(windows) // 2 :]
-    steps = sum(int(w["steps_in_window"]) for w in kept)
-    times = sorted(float(w["step_time_ms"]) for w in kept)
-    gpu = [(w["gpu_step_time_ms"], w["steps_in_window"]) for w in kept]
-    gpu = [(t, n) for t, n in gpu if as_finite(t) is not None]
-    return {
-        "steps": steps,
-        "avg": sum(float(w["step_time_ms"]) * int(w["steps_in_window"]) for w in kept) / steps,
-        "median": statistics.median(times),
-        "min": times[0],
-        "max": times[-1],
-        "gpu": sum(t * n for t, n in gpu) / sum(n for _, n in gpu) if gpu else None,
-    }
+    steps = sum(int(w.steps) for w in kept)
+    times = sorted(w.step_time_ms for w in kept)
+    gpu = [(w.gpu_step_time_ms, w.steps) for w in kept if w.gpu_step_time_ms is not None]
+    return _Stats(
+        steps=steps,
+        avg=sum(w.step_time_ms * int(w.steps) for w in kept) / steps,
+        median=statistics.median(times),
+        min=times[0],
+        max=times[-1],
+        gpu=sum(t * n for t, n in gpu) / sum(n for _, n in gpu) if gpu else None,
+    )
 
 
-def _global(windows: list[dict[str, Any]], key: str) -> float | None:
+def _global(windows: list[_Window], key: str) -> float | None:
     """The global batch in samples or tokens, from the last window that gives a rate."""
     for w in reversed(windows):
-        rate, ms = as_finite(w.get(key)), as_finite(w.get("gpu_step_time_ms")) or w["step_time_ms"]
+        rate, ms = as_finite(w.line.get(key)), w.gpu_step_time_ms or w.step_time_ms
         if rate is not None:
             return rate * ms / 1e3
     return None
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
 
 
 def _r(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else float(f"{x:.6g}")
 
 
-def completed(summary: dict[str, Any], windows: list[dict[str, Any]]) -> dict[str, Any]:
+def completed(summary: JsonObject, windows: list[_Window]) -> JsonObject:
     """``summary`` with its totals and statistics taken from ``windows``."""
-    info = dict(summary.get("session_info") or {})
+    info = dict(as_dict(summary.get("session_info")) or {})
     warmup = int(as_finite(info.get("warmup_iterations")) or 0)
     stats = _stats(windows, warmup)
     world = int(as_finite(info.get("world_size")) or 1)
     flops, peak = as_finite(info.get("flops_per_step")), as_finite(info.get("peak_tflops_per_gpu"))
-    rate_s = (stats["gpu"] or stats["avg"]) / 1e3
+    rate_s = (stats.gpu or stats.avg) / 1e3
     per_gpu = tflops_per_gpu(flops, rate_s, world) if flops and rate_s > 0 else None
     samples, tokens = _global(windows, "samples_per_sec"), _global(windows, "tokens_per_sec")
-    peaks = [p for p in (as_finite(w.get("peak_memory_GB")) for w in windows) if p is not None]
+    peaks = [w.peak_memory_gb for w in windows if w.peak_memory_gb is not None]
     last = windows[-1]
     info.update(
-        end_time=str(last.get("timestamp") or datetime.now(timezone.utc).isoformat()),
-        total_iterations=int(last["step"]),
-        steps_in_statistics=stats["steps"],
+        end_time=str(last.line.get("timestamp") or datetime.now(timezone.utc).isoformat()),
+        total_iterations=int(last.step),
+        steps_in_statistics=stats.steps,
         statistics_source=STATISTICS_FROM_WINDOWS,
     )
     return {
@@ -142,17 +175,17 @@ def completed(summary: dict[str, Any], windows: list[dict[str, Any]]) -> dict[st
             "avg_tflops_per_gpu": _r(per_gpu),
             "avg_tflops_total": _r(per_gpu * world) if per_gpu else None,
             "avg_mfu": _r(mfu(per_gpu, peak)) if per_gpu and peak else None,
-            "avg_step_time_ms": _r(stats["avg"]),
-            "avg_gpu_step_time_ms": _r(stats["gpu"]),
-            "median_step_time_ms": _r(stats["median"]),
-            "min_step_time_ms": _r(stats["min"]),
-            "max_step_time_ms": _r(stats["max"]),
+            "avg_step_time_ms": _r(stats.avg),
+            "avg_gpu_step_time_ms": _r(stats.gpu),
+            "median_step_time_ms": _r(stats.median),
+            "min_step_time_ms": _r(stats.min),
+            "max_step_time_ms": _r(stats.max),
             "avg_samples_per_sec": _r(samples / rate_s) if samples and rate_s > 0 else None,
             "avg_tokens_per_sec": _r(tokens / rate_s) if tokens and rate_s > 0 else None,
             "peak_memory_gb": _r(max(peaks)) if peaks else None,
-            "ettr": as_finite(_dict(summary.get("final_statistics")).get("ettr")),
+            "ettr": as_finite((as_dict(summary.get("final_statistics")) or {}).get("ettr")),
         },
-        "iteration_logs": windows[-10_000:],
+        "iteration_logs": [w.line for w in windows[-10_000:]],
     }
 
 
@@ -166,7 +199,7 @@ def complete_summary(perf_dir: Path) -> Path | None:
     path = summaries[-1]
     try:
         summary = json.loads(path.read_text(encoding="utf-8"))
-        windows = last_attempt(log)
+        windows = _last_attempt(log)
     except (OSError, ValueError) as exc:
         logger.warning("perf summary %s: cannot complete it: %s", path, exc)
         return None
@@ -174,7 +207,7 @@ def complete_summary(perf_dir: Path) -> Path | None:
         return None
     info = summary.get("session_info")
     covered = as_finite(info.get("total_iterations")) if isinstance(info, dict) else None
-    if covered is not None and covered >= windows[-1]["step"]:
+    if covered is not None and covered >= windows[-1].step:
         return None  # rank 0 closed it (or it is as far as perf.jsonl)
     try:
         atomic_write_json(path, completed(summary, windows))
