@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from rankguard.report.data import RunData, parse_time
 from rankguard.report.summary import fmt_clock, run_window
 from rankguard.report.svg import Band, Event, Series, Span, heatmap, line_chart, timeline
-from rankguard.schema.coerce import as_dict, as_finite, as_int, as_list
+from rankguard.schema.coerce import as_dict, as_finite
 from rankguard.schema.findings import FindingType
 from rankguard.schema.jsontypes import JsonObject
 
@@ -286,7 +286,7 @@ def findings_timeline(data: RunData) -> tuple[str, str]:
     origin = t0 or 0.0
     flagged = {f.rank for f in data.findings if f.rank >= 0}
     known = {p.rank for p in data.processes} | {
-        rank for r in _status_ranks(data) if (rank := as_int(r.get("rank"))) is not None
+        r.rank for r in data.doc.ranks if r.rank is not None
     }
     ranks = sorted(known | flagged)
     caption = (
@@ -339,11 +339,6 @@ def findings_timeline(data: RunData) -> tuple[str, str]:
         empty="no heartbeat records or findings to place on a timeline",
     )
     return svg, caption
-
-
-def _status_ranks(data: RunData) -> list[JsonObject]:
-    ranks = as_list((data.status or {}).get("ranks"))
-    return [r for r in ranks if isinstance(r, dict) and isinstance(r.get("rank"), int)]
 
 
 def _span_label(

@@ -14,7 +14,7 @@ import statistics
 from rankguard.report.data import RunData, parse_time
 from rankguard.report.svgbase import esc, fmt_num
 from rankguard.report.wallclock import fmt_clock
-from rankguard.schema.coerce import as_dict, as_float, as_list
+from rankguard.schema.coerce import as_dict, as_float
 from rankguard.schema.jsontypes import JsonObject
 from rankguard.view.statusnotes import restarts_summary
 
@@ -58,7 +58,7 @@ def run_window(data: RunData) -> tuple[float | None, float | None]:
     ends: list[float | None] = [p.end for p in data.processes]
     starts.append(parse_time(info.get("start_time")))
     ends.append(parse_time(info.get("end_time")))
-    ends.append(parse_time((data.status or {}).get("updated_wall_time")))
+    ends.append(parse_time(data.doc.updated_wall_time))
     both = [parse_time(e.get("timestamp")) for e in data.perf_entries]
     both += [parse_time(f.detected_wall_time) for f in data.findings]
     lo = [t for t in starts + both if t is not None]
@@ -93,7 +93,7 @@ def _findings_counts(data: RunData) -> tuple[int, int | None]:
 
 def header_html(data: RunData) -> str:
     info = as_dict((data.perf_summary or {}).get("session_info")) or {}
-    state = str((data.status or {}).get("state") or "unknown")
+    state = data.doc.state or "unknown"
     t0, t1 = run_window(data)
     total, active = _findings_counts(data)
     device = str(info.get("device") or DASH)
@@ -108,7 +108,7 @@ def header_html(data: RunData) -> str:
     if restarts:
         findings += f" · {restarts}"
     ws = world_size(data)
-    hosts = sorted({str(r.get("hostname")) for r in _ranks(data) if r.get("hostname")})
+    hosts = sorted({r.hostname for r in data.doc.ranks if r.hostname})
     where = f"on {hosts[0]}" if len(hosts) == 1 else f"on {len(hosts)} hosts" if hosts else ""
     span = _span(t0, t1)
     meta = [
@@ -134,7 +134,7 @@ def header_html(data: RunData) -> str:
 
 def _iterations(data: RunData) -> int | None:
     """The last iteration any file reports."""
-    seen = [r.get("iteration") for r in _ranks(data)]
+    seen: list[object] = [r.iteration for r in data.doc.ranks]
     seen += [e.get("iteration") for e in data.perf_entries[-1:]]
     seen.append(
         (as_dict((data.perf_summary or {}).get("session_info")) or {}).get("total_iterations")
@@ -155,10 +155,6 @@ def _span(t0: float | None, t1: float | None) -> str:
 
 def _sub(text: str) -> str:
     return f'<span class="sub">{esc(text)}</span>' if text else ""
-
-
-def _ranks(data: RunData) -> list[JsonObject]:
-    return [r for r in as_list((data.status or {}).get("ranks")) if isinstance(r, dict)]
 
 
 def _from_entries(data: RunData) -> dict[str, float | None]:
