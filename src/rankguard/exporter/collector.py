@@ -33,7 +33,7 @@ from prometheus_client.registry import Collector
 
 from rankguard.goodput.ledger import PARTS
 from rankguard.health.schema import NodeStatus
-from rankguard.schema.coerce import as_dict
+from rankguard.schema.coerce import as_dict, as_float
 from rankguard.schema.findings import Finding, FindingType, Liveness, Progress
 from rankguard.schema.jsontypes import JsonInput, JsonObject
 from rankguard.schema.restarts import RestartsBlock
@@ -356,14 +356,10 @@ class FindingCounts:
             return dict(self._counts)
 
 
-def _num(value: Any, scale: float = 1.0) -> float | None:
+def _num(value: object, scale: float = 1.0) -> float | None:
     """``value * scale`` as a float, or None for a missing or non-numeric value."""
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        return float(value) * scale
-    except (TypeError, ValueError):
-        return None
+    number = as_float(value)
+    return None if number is None else number * scale
 
 
 def _label(value: Any) -> str:
