@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, overload
+from typing import TypeVar, overload
 
 from rankguard.schema.coerce import as_dict, as_int, as_list, as_number, as_str
 from rankguard.schema.findings import Finding
@@ -143,7 +143,7 @@ class RankRow:
         )
 
     @classmethod
-    def from_columns(cls, columns: list[str], values: list[Any]) -> RankRow:
+    def from_columns(cls, columns: list[str], values: list[JsonValue]) -> RankRow:
         """A row of ``status_ranks.json`` (``columns`` names its values)."""
         return cls.from_dict(dict(zip(columns, values, strict=False)))
 
@@ -363,7 +363,7 @@ class StatusDoc:
     gpu_health: dict[str, NodeHealth] = field(default_factory=dict)
     disks: dict[str, JsonObject] = field(default_factory=dict)
     perf: JsonObject | None = None
-    stragglers: Any = None
+    stragglers: JsonValue = None
     blocks: JsonObject = field(default_factory=dict)
     recent_findings: list[JsonObject] = field(default_factory=list)
     fields: JsonObject = field(default_factory=dict)
@@ -380,11 +380,11 @@ class StatusDoc:
             "ranks": [r.to_dict() for r in self.ranks],
             "rank_detail": self.rank_detail.to_dict(),
             "gpu_health": {node: h.to_dict() for node, h in self.gpu_health.items()},
-            "disks": self.disks,
+            "disks": {**self.disks},
             "perf": self.perf,
             "stragglers": self.stragglers,
             **self.blocks,
-            "recent_findings": self.recent_findings,
+            "recent_findings": [*self.recent_findings],
             **self.fields,
         }
 
@@ -431,12 +431,12 @@ class StatusDoc:
         )
 
     @overload
-    def block(self, name: str) -> Any: ...
+    def block(self, name: str) -> JsonValue: ...
 
     @overload
     def block(self, name: type[_B]) -> _B | None: ...
 
-    def block(self, name: str | type[_B]) -> Any:
+    def block(self, name: str | type[_B]) -> JsonValue | _B | None:
         """An evaluator's block or a status source's field (None when absent); given a
         block class of :mod:`rankguard.schema.statusblocks`, that block parsed."""
         if isinstance(name, type):
