@@ -5,6 +5,8 @@ raised on).
 ``as_int``: an int (not a bool); ``as_number``: an int or float as it is (not a bool);
 ``as_float``: any number as a float; ``as_finite``: a finite number as a float;
 ``as_str``, ``as_dict``, ``as_list``: that type, else None (``as_list``: else []).
+``as_dict`` and ``as_list`` return JSON types (:mod:`rankguard.schema.jsontypes`): a value
+taken out of them is narrowed again before use.
 """
 
 from __future__ import annotations
