@@ -48,7 +48,7 @@ class RecordError(ValueError):
     """A record that cannot be used; the message names the field."""
 
 
-def _int(d: JsonObject, key: str, *, lo: int | None = 0, default: Any = None) -> Any:
+def _int(d: JsonObject, key: str, *, lo: int | None = 0, default: int | None = None) -> int | None:
     v = d.get(key, default)
     if v is None:
         return None
