@@ -16,6 +16,7 @@ an operator could, so that a run takes seconds."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -203,9 +204,35 @@ def batch_shell(slurm: SlurmCluster, job: str) -> int:
     raise AssertionError(f"no batch shell of job {job} ({script})")
 
 
-def _started(tmp_path: Path, run: int) -> bool:
-    """Both ranks of the job's run ``run`` (0: the first, 1: requeued once, ...) started."""
-    return len([e for e in events(tmp_path, "start") if e["slurm_run"] == run]) >= 2
+def _last_record(path: Path) -> dict | None:
+    """The newest complete line of a heartbeat file (None before the first)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return None
+    for line in reversed(lines):
+        try:
+            return json.loads(line)
+        except ValueError:  # the line being appended
+            continue
+    return None
+
+
+def _stepping(tmp_path: Path, job: str, run: int, steps: int = 3) -> bool:
+    """Both ranks of the job's run ``run`` (0: the first, 1: requeued once, ...) issued
+    ``steps`` training steps, as their heartbeats (the files of the pids their start
+    events name) say: each one's loop asked ``should_stop()`` after its first step, so
+    an exit signal from now on is caught and saved (before that question it ends the
+    rank, as it would without rankguard: nothing saved)."""
+    starts = [e for e in events(tmp_path, "start") if e["slurm_run"] == run]
+    if len(starts) < 2:
+        return False
+    run_dir = tmp_path / "logs" / "heartbeat" / job
+    for start in starts:
+        rec = _last_record(run_dir / f"rank_{start['rank']}_pid_{start['pid']}.heartbeat.jsonl")
+        if rec is None or rec["progress_seq"] - rec.get("checkpoint_count", 0) < steps:
+            return False
+    return True
 
 
 def test_scancel_term_then_term_to_the_batch_shell_each_save_exit_14_and_requeue(
@@ -223,18 +250,19 @@ def test_scancel_term_then_term_to_the_batch_shell_each_save_exit_14_and_requeue
         "2",
         "--set",
         "preemption.enable_exit_handler=true",
-        train=("--steps", "200", "--step-sleep", "0.05"),
+        train=("--steps", "300", "--step-sleep", "0.05"),
     )
     script = (tmp_path / "job.sbatch").read_text()
     assert "#SBATCH --signal=B:TERM@90" in script  # preempt_time 60 + 30
     for run in (0, 1):
         deadline = time.monotonic() + 90
-        while not _started(tmp_path, run):
+        # not a fixed sleep: under load the first steps of a run can take longer than
+        # that, and a signal before the loop's first should_stop() saves nothing
+        while not _stepping(tmp_path, job, run):
             if run:  # a requeued job waiting for its begin time is released at once
                 wait_job(slurm, job, ("RUNNING",), restarts=run)
             assert time.monotonic() < deadline, output(tmp_path, job)[-3000:]
-            time.sleep(0.5)
-        time.sleep(3.0)  # some steps
+            time.sleep(0.2)
         if run == 0:
             res = slurm.run("scancel", "--signal=TERM", job)
             assert res.returncode == 0, res.stderr
