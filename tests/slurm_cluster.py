@@ -101,7 +101,7 @@ def _config(root: Path, host: str, ctld_port: int, slurmd_port: int) -> str:
             "JobRequeue=1",
             "MinJobAge=600",
             "KillWait=10",
-            "SlurmctldDebug=info",
+            "SlurmctldDebug=debug",  # the timed --signal is logged at debug
             "SlurmdDebug=info",
             *_node_lines(host, _free_port()),
             f"PartitionName=test Nodes={host},{SPARE} Default=YES MaxTime=INFINITE State=UP",

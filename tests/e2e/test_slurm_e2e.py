@@ -2,9 +2,10 @@
 cluster of Debian's slurmctld, slurmd and munge started for these tests
 (tests/slurm_cluster.py). Three jobs: a crash that the job's retry requeues, that
 resumes from the checkpoint and completes; ``scancel --signal=TERM`` to the steps, then
-SIGTERM to the batch shell -> each time every rank saves one step, exit 14, requeued,
-resumed; a node that excludes itself -> the requeued job's ``ExcNodeList``. Skipped,
-with the reason, where Slurm cannot start here.
+the preemption config's ``--signal=B:TERM@90`` from slurmctld's own timer -> each time
+every rank saves one step, exit 14, requeued, resumed; a node that excludes itself ->
+the requeued job's ``ExcNodeList``. Skipped, with the reason, where Slurm cannot start
+here.
 
 Why real jobs: the sbatch script, Slurm's requeue and the signals it delivers are what
 these show; what the script says (its options, the requeue and exit-code handling) is
@@ -16,6 +17,7 @@ an operator could, so that a run takes seconds."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -188,34 +190,70 @@ def test_a_crash_is_requeued_resumes_from_the_checkpoint_and_completes(
     assert sorted(e["rank"] for e in events(tmp_path, "done")) == [0, 1]
 
 
-def batch_shell(slurm: SlurmCluster, job: str) -> int:
-    """The pid of the job's batch shell (the script slurmd runs from its spool)."""
-    script = f"{slurm.root / 'spool'}/job{int(job):05d}/slurm_script"
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+def _last_record(path: Path) -> dict | None:
+    """The newest complete line of a heartbeat file (None before the first)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return None
+    for line in reversed(lines):
         try:
-            words = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
+            return json.loads(line)
+        except ValueError:  # the line being appended
             continue
-        if script.encode() in words:
-            return int(entry.name)
-    raise AssertionError(f"no batch shell of job {job} ({script})")
+    return None
 
 
-def _started(tmp_path: Path, run: int) -> bool:
-    """Both ranks of the job's run ``run`` (0: the first, 1: requeued once, ...) started."""
-    return len([e for e in events(tmp_path, "start") if e["slurm_run"] == run]) >= 2
+def _stepping(tmp_path: Path, job: str, run: int, steps: int = 3) -> bool:
+    """Both ranks of the job's run ``run`` (0: the first, 1: requeued once, ...) issued
+    ``steps`` training steps, as their heartbeats (the files of the pids their start
+    events name) say: each one's loop asked ``should_stop()`` after its first step, so
+    an exit signal from now on is caught and saved (before that question it ends the
+    rank, as it would without rankguard: nothing saved)."""
+    starts = [e for e in events(tmp_path, "start") if e["slurm_run"] == run]
+    if len(starts) < 2:
+        return False
+    run_dir = tmp_path / "logs" / "heartbeat" / job
+    for start in starts:
+        rec = _last_record(run_dir / f"rank_{start['rank']}_pid_{start['pid']}.heartbeat.jsonl")
+        if rec is None or rec["progress_seq"] - rec.get("checkpoint_count", 0) < steps:
+            return False
+    return True
 
 
-def test_scancel_term_then_term_to_the_batch_shell_each_save_exit_14_and_requeue(
+def _run_time_s(fields: dict[str, str]) -> int:
+    """The job's ``RunTime`` (``[D-]HH:MM:SS``) in seconds."""
+    days, _, clock = fields["RunTime"].rpartition("-")
+    h, m, s = (int(x) for x in clock.split(":"))
+    return int(days or 0) * 86400 + h * 3600 + m * 60 + s
+
+
+def _set_time_limit(slurm: SlurmCluster, job: str, minutes: int) -> None:
+    res = slurm.run("scontrol", "update", f"JobId={job}", f"TimeLimit={minutes}")
+    assert res.returncode == 0, res.stderr
+
+
+def _warning_signals(slurm: SlurmCluster, job: str) -> int:
+    """How many times slurmctld's own timer sent the job its ``--signal`` (its log)."""
+    text = (slurm.root / "slurmctld.log").read_text(encoding="utf-8", errors="replace")
+    return len(re.findall(rf"warning signal {int(signal.SIGTERM)} to JobId={job}\b", text))
+
+
+def test_scancel_term_then_slurms_timed_signal_each_save_exit_14_and_requeue(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
-    """``scancel --signal=TERM`` (every step's processes) in the first run, then SIGTERM to
-    the batch shell alone in the requeued run (as the preemption config's
-    ``--signal=B:TERM@<s>`` has Slurm do; the script passes it on to the launchers):
+    """``scancel --signal=TERM`` (every step's processes) in the first run; in the
+    requeued run, the preemption config's ``--signal=B:TERM@90`` sent by slurmctld's own
+    timer (SIGTERM to the batch shell alone; the script passes it on to the launchers):
     each time every rank saves one step, exit 14, the job is requeued and resumes from
-    the step after that save; the third run completes."""
+    the step after that save; the third run completes.
+
+    The timed signal: the running job's time limit is brought within 120 s of its end
+    (``scontrol update TimeLimit``, as an operator could; the signal's 90 s plus the 30 s
+    of slurmctld's time-limit check, which runs every 30 s: a compile-time constant, no
+    option), so the next check, at most 30 s later, sends it; the limit goes back to 10
+    minutes once the signal came, or the next run would get it at its first check. The
+    ranks train meanwhile: the steps are enough for that and the two agreed stops."""
     job = submit(
         slurm,
         tmp_path,
@@ -223,29 +261,38 @@ def test_scancel_term_then_term_to_the_batch_shell_each_save_exit_14_and_requeue
         "2",
         "--set",
         "preemption.enable_exit_handler=true",
-        train=("--steps", "200", "--step-sleep", "0.05"),
+        train=("--steps", "450", "--step-sleep", "0.1"),
     )
     script = (tmp_path / "job.sbatch").read_text()
     assert "#SBATCH --signal=B:TERM@90" in script  # preempt_time 60 + 30
     for run in (0, 1):
         deadline = time.monotonic() + 90
-        while not _started(tmp_path, run):
+        # not a fixed sleep: under load the first steps of a run can take longer than
+        # that, and a signal before the loop's first should_stop() saves nothing
+        while not _stepping(tmp_path, job, run):
             if run:  # a requeued job waiting for its begin time is released at once
                 wait_job(slurm, job, ("RUNNING",), restarts=run)
             assert time.monotonic() < deadline, output(tmp_path, job)[-3000:]
-            time.sleep(0.5)
-        time.sleep(3.0)  # some steps
+            time.sleep(0.2)
         if run == 0:
             res = slurm.run("scancel", "--signal=TERM", job)
             assert res.returncode == 0, res.stderr
-        else:
-            os.kill(batch_shell(slurm, job), signal.SIGTERM)
+            continue
+        assert _warning_signals(slurm, job) == 0
+        # 60 to 120 s left: the signal at the next check, 30 s or more before the end
+        _set_time_limit(slurm, job, _run_time_s(job_fields(slurm, job)) // 60 + 2)
+        deadline = time.monotonic() + 45
+        while "received SIGTERM: passed to the launchers" not in output(tmp_path, job):
+            assert time.monotonic() < deadline, output(tmp_path, job)[-3000:]
+            time.sleep(0.2)
+        _set_time_limit(slurm, job, 10)
     fields = wait_job(slurm, job, ("COMPLETED", "FAILED", "CANCELLED"), restarts=2)
     out = output(tmp_path, job)
     assert fields["JobState"] == "COMPLETED", out[-3000:]
+    assert _warning_signals(slurm, job) == 1, slurm.log("slurmctld")
     assert out.count(f"rankguard run exited with code {EXIT_PREEMPTED}") == 2, out[-3000:]
     assert out.count(f"requeue: code {EXIT_PREEMPTED}") == 2, out[-3000:]
-    assert "received SIGTERM: passed to the launchers" in out
+    assert out.count("received SIGTERM: passed to the launchers") == 1, out[-3000:]
     saved = [e for e in events(tmp_path, "saved") if e.get("preempted")]
     assert [e["rank"] for e in saved[:2]] in ([0, 1], [1, 0]), saved
     assert [e["rank"] for e in saved[2:]] in ([0, 1], [1, 0]), saved
