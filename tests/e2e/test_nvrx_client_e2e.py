@@ -4,7 +4,7 @@ unchanged under ``rankguard run`` (2 CPU ranks, gloo) with ft_launcher's flags: 
 section's timeout, stacks dumped, the group restarted; the same hang in the restarted
 group, with no restart left, ends the job with the hang's exit code and the hang as its
 root cause. One launch for both (the hang, its restart, then the hang past the budget).
-No finding from a healthy client: ``test_nvrx07_e2e.py``."""
+No finding from a healthy client (NVRx 0.7.0's): ``test_bridge_checks_e2e.py``."""
 
 from __future__ import annotations
 
