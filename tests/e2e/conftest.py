@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,9 +88,17 @@ def run_nodes(
     cmds: dict[int, list[str]],
     timeout_s: float,
     envs: dict[int, dict[str, str]] | None = None,
+    cpus: dict[int, list[int]] | None = None,
 ) -> tuple[dict[int, str], dict[int, int | None]]:
     """Run one command per node at once; each node's output and exit code. ``envs``:
-    variables added to one node's environment (a fake GPU on one "node")."""
+    variables added to one node's environment (a fake GPU on one "node"); ``cpus``: the
+    CPUs a node's launcher may run on (what ``--nproc-per-node auto`` counts)."""
+
+    def affinity(node: int) -> Callable[[], None] | None:
+        if cpus is None or node not in cpus:
+            return None
+        return lambda: os.sched_setaffinity(0, cpus[node])
+
     procs = {
         node: subprocess.Popen(
             cmd,
@@ -98,6 +107,7 @@ def run_nodes(
             text=True,
             stdin=subprocess.DEVNULL,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(envs or {}).get(node, {})},
+            preexec_fn=affinity(node),
         )
         for node, cmd in cmds.items()
     }

@@ -6,7 +6,13 @@ timeouts, ``GPU relative performance`` and ``GPU individual performance`` report
 per-rank scores and ``Scheduling async checkpoint save``: all found, beside rankguard's
 own lines. The config turns preemption, rerun and in-process restart on for a script
 that takes none of them up: each said once.
-NVRx's ``ft_state.json`` and rankguard's own state sit in ``checkpoint.save``."""
+NVRx's ``ft_state.json`` and rankguard's own state sit in ``checkpoint.save``.
+
+The script's client is NVRx 0.7.0's own (tests/nvrx_release.py, the release's files
+first on the ranks' ``PYTHONPATH``; the installed 0.4 when its wheel cannot be
+fetched): served, no finding when healthy, and 0.7's init message (its warm-up count)
+reached rankguard's server. The installed client's hang, restart and exit code:
+``test_nvrx_client_e2e.py``."""
 
 from __future__ import annotations
 
@@ -18,7 +24,16 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import SCRIPTS, no_leftover_workers, rankguard_cmd, read_status, standalone_run
+from tests.nvrx_release import VERSION, fetch, release_env
+
+from .conftest import (
+    SCRIPTS,
+    no_leftover_workers,
+    rankguard_cmd,
+    read_jsonl,
+    read_status,
+    standalone_run,
+)
 
 pytest.importorskip("nvidia_resiliency_ext.fault_tolerance")
 
@@ -29,6 +44,10 @@ FIXTURES = Path(__file__).parent.parent / "fixtures"
 
 def test_bridge_verification_lines_are_found(tmp_path: Path, run_id: str) -> None:
     save = tmp_path / "save"
+    release, _why = fetch()  # NVRx 0.7.0's client (else the installed one, 0.4)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if release is not None:
+        env = release_env(release, env)
     res = subprocess.run(
         rankguard_cmd(
             *standalone_run(run_id, tmp_path),
@@ -51,17 +70,20 @@ def test_bridge_verification_lines_are_found(tmp_path: Path, run_id: str) -> Non
             "0.05",
             "--calc-ft-timeouts",
             "--rg-checkpoint",
+            "--num-warmup-iters",
+            "2",
         ),
         capture_output=True,
         text=True,
         timeout=140,
         stdin=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env=env,
     )
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     assert "done: 100 iterations, restart 0" in out
-    # fault tolerance: the section timeouts, as NVRx writes them
+    # fault tolerance: the section timeouts, as NVRx writes them (the launch's reached
+    # the client)
     for marker in (r"\[FaultTolerance\] .*Timeouts=", r"\[RankMonitorServer\] section timeouts: "):
         line = re.search(
             marker + r"SectionTimeouts\(out_of_section=30\.00, sections=\[(.*?)\]", out
@@ -93,5 +115,14 @@ def test_bridge_verification_lines_are_found(tmp_path: Path, run_id: str) -> Non
     own = json.loads((save / "rankguard_ft_state.json").read_text())
     assert own["runs"] == 1 and "timeouts" in own
     run_dir = tmp_path / "heartbeat" / run_id
+    # the client, healthy: served, no finding; 0.7's init message reached the bridge
+    assert read_jsonl(run_dir / "findings.jsonl") == []
+    for rank in (0, 1):
+        (hb,) = sorted(run_dir.glob(f"rank_{rank}_pid_*.heartbeat.jsonl"))
+        nvrx = [r["nvrx"] for r in read_jsonl(hb) if "nvrx" in r]
+        assert nvrx and nvrx[-1]["section_events"] > 0, rank
+        assert not nvrx[-1].get("errors"), nvrx[-1]
+        if release is not None:  # a 0.4 client sends no warm-up count
+            assert nvrx[-1]["num_warmup_iters"] == 2, (rank, nvrx[-1], VERSION)
     assert read_status(run_dir)["state"] == "completed"
     assert no_leftover_workers(run_id)

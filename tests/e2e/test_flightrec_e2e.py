@@ -1,13 +1,13 @@
 """End to end: a hang in a collective on gloo (a rank skips an all-reduce) under the real
 launcher. With the defaults (fault tolerance off: nothing is killed) the hang's finding
 names rank 1 and the collective from the ranks' flight recorder traces, and the
-analyser's file it names exists; on two agents with fault tolerance on, node 0's
-finding names node 1's rank 3 and the traces were taken before the kill.
+analyser's file it names exists. On two agents with fault tolerance on (node 0's
+finding names node 1's rank 3, the traces taken before the kill):
+``test_multinode_e2e.py``.
 
-Why real launches: the flight recorder's traces are dumped by each rank process of an
-unmodified script on the launcher's request, and a hang across agents is read on node
-0. How the traces are compared (who did not join which collective) is tested on trace
-files in ``tests/unit/ft``."""
+Why a real launch: the flight recorder's traces are dumped by each rank process of an
+unmodified script on the launcher's request. How the traces are compared (who did not
+join which collective) is tested on trace files in ``tests/unit/ft``."""
 
 from __future__ import annotations
 
@@ -24,11 +24,8 @@ from rankguard.ft.flightrec import available
 
 from .conftest import (
     SCRIPTS,
-    free_port,
-    node_run,
     rankguard_cmd,
     read_jsonl,
-    run_nodes,
     standalone_run,
 )
 
@@ -76,46 +73,3 @@ def test_with_the_defaults_the_hang_names_the_collective(tmp_path: Path, run_id:
     assert "running over" not in named.read_text()  # finished (or said it did not)
     assert (run_dir / "flightrec" / "rank_0.json").exists()
     assert (run_dir / "flightrec" / "rank_1.json").exists()
-
-
-@pytest.mark.skipif(not available(), reason="this torch has no flight recorder")
-def test_a_node_1_rank_that_skipped_an_all_reduce_is_named_on_node_0(
-    tmp_path: Path, run_id: str
-) -> None:
-    """Two agents on loopback, two ranks each: rank 3 (node 1's second rank) skips an
-    all-reduce. Node 0's finding names rank 3 (the job's number, not its local 1), the
-    collective and its sequence number, from every node's heartbeats; nothing else is
-    named."""
-    port = free_port()
-    logs = {n: tmp_path / f"node{n}" for n in (0, 1)}
-    cmds = {
-        node: rankguard_cmd(
-            *node_run(node, port, run_id, logs[node]),
-            "--set",
-            "fault_tolerance.enable_ft_package=true",
-            "--set",
-            "fault_tolerance.num_in_job_restarts=0",
-            "--set",
-            "fault_tolerance.termination_grace_s=3",
-            "--set",
-            "fault_tolerance.stack_dump=faulthandler",
-            str(SCRIPTS / "skip_allreduce.py"),
-            "--skip-rank",
-            "3",
-        )
-        for node in (0, 1)
-    }
-    outs, codes = run_nodes(cmds, timeout_s=120)
-    both = "\n".join(f"--- node {n}\n{o}" for n, o in outs.items())
-    assert codes[0] != 0, both
-    found = read_jsonl(logs[0] / "heartbeat" / run_id / "findings.jsonl")
-    hangs = [f for f in found if f.get("hang")]
-    assert [(f["rank"], f["finding_type"]) for f in hangs] == [(3, "gpu_progress_timeout")], both
-    hang = hangs[0]["hang"]
-    assert hang["kind"] == "did_not_join" and hang["missing_ranks"] == [3], hang
-    assert hang["waiting_ranks"] == [0, 1, 2] and hang["op"] == "all_reduce", hang
-    assert hang["seq"] >= 6, hang
-    assert f"rank(s) 3 did not join all_reduce #{hang['seq']}" in hangs[0]["message"]
-    # fault tolerance on: node 0's ranks' traces were taken before the kill
-    traces = logs[0] / "heartbeat" / run_id / "flightrec"
-    assert (traces / "rank_0.json").exists() and (traces / "rank_1.json").exists(), both

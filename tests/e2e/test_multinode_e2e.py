@@ -1,8 +1,10 @@
 """Two nodes on loopback, no shared filesystem, agents launched without ``--node-rank``
 (as torchrun allows), fault tolerance on: the rendezvous numbers them (distinct node
 identities), node 0 runs the one monitor, node 1's ranks reach it through the
-rendezvous store; a rank of node 1 hangs, node 0 finds it and node 1's relay dumps its
-stacks with the configured method, then kills it."""
+rendezvous store; a rank of node 1 (rank 3) skips an all-reduce and hangs, node 0 finds
+it, names it from every node's flight recorder traces (the job's rank number, not its
+local one, the collective and its sequence number), and node 1's relay dumps its stacks
+with the configured method, then kills it."""
 
 from __future__ import annotations
 
@@ -11,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from rankguard.ft.flightrec import available
+
 from .conftest import (
+    SCRIPTS,
     free_port,
     heartbeat_files,
     no_leftover_workers,
@@ -31,8 +36,8 @@ def test_nodes_numbered_by_the_rendezvous_a_node1_hang_found_on_node0_dumped_on_
     tmp_path: Path, run_id: str
 ) -> None:
     """A real launch: several agents, their identities from the rendezvous, the relay
-    through the store between them, and node 1's relay dumping and killing its own
-    rank on node 0's request."""
+    through the store between them, a hang across agents read on node 0, and node 1's
+    relay dumping and killing its own rank on node 0's request."""
     port = free_port()
     logs = {a: tmp_path / f"agent{a}" for a in range(NODES)}  # agents, not yet nodes
     cmds = {
@@ -47,22 +52,9 @@ def test_nodes_numbered_by_the_rendezvous_a_node1_hang_found_on_node0_dumped_on_
             "fault_tolerance.stack_dump=faulthandler",
             "--set",
             "fault_tolerance.stack_dump_timeout_s=5",
-            "-m",
-            "rankguard.demo.train",
-            "--steps",
-            "40",
-            "--step-sleep",
-            "0.05",
-            "--fault",
-            "stall",
-            "--fault-node",
-            "1",
-            "--fault-rank",
-            "1",
-            "--fault-step",
-            "5",
-            "--fault-duration",
-            "600",
+            str(SCRIPTS / "skip_allreduce.py"),
+            "--skip-rank",
+            "3",  # node 1's second rank: it never joins step 6's all-reduce
         )
         for a in range(NODES)
     }
@@ -106,13 +98,24 @@ def test_nodes_numbered_by_the_rendezvous_a_node1_hang_found_on_node0_dumped_on_
     assert finding["stack_dump"].startswith("on node 1"), every
     assert not (run0 / "stacks" / f"rank_{culprit}_pid_{pid}.txt").exists()
 
+    if available():  # the ranks' flight recorder traces, taken before the kill
+        hang = finding["hang"]
+        assert hang["kind"] == "did_not_join" and hang["missing_ranks"] == [culprit], hang
+        waiting = sorted(set(range(2 * NODES)) - {culprit})
+        assert hang["waiting_ranks"] == waiting and hang["op"] == "all_reduce", hang
+        assert f"rank(s) {culprit} did not join all_reduce #{hang['seq']}" in finding["message"]
+        traces = run0 / "flightrec"
+        assert (traces / "rank_0.json").exists() and (traces / "rank_1.json").exists(), every
+
     dump = run1 / "stacks" / f"rank_{culprit}_pid_{pid}.txt"
     assert dump.exists(), every
     text = dump.read_text(encoding="utf-8")
     # faulthandler's format (not py-spy's), taken while the rank was still blocked in the
     # injected stall: before the kill
     assert "most recent call first" in text and "py-spy dump" not in text, text
-    assert "in inject" in text, text
+    script = (SCRIPTS / "skip_allreduce.py").read_text().splitlines()
+    line = 1 + next(i for i, ln in enumerate(script) if "time.sleep(600)" in ln)
+    assert f'skip_allreduce.py", line {line} in <module>' in text, text  # in its sleep
     out1 = outs[agent_of[1]]
     dumped_at = out1.find(f"rankguard relay: stacks of rank {culprit}: {dump}")
     killed_at = out1.find(f"rankguard relay: killed rank {culprit} (pid {pid}) on request")

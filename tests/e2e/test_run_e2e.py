@@ -53,6 +53,13 @@ def findings(run_dir: Path) -> list[dict]:
     return read_jsonl(run_dir / "findings.jsonl")
 
 
+def _status_screen(run_dir: Path) -> str:
+    shown = run_rankguard(["status", str(run_dir)], timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "launcher gone" not in shown.stdout and "killed?" not in shown.stdout, shown.stdout
+    return shown.stdout
+
+
 @HEALTHY_RUN
 def test_normal_run_has_no_findings_and_ends_completed(healthy_run: HealthyRun) -> None:
     """The shared healthy run (``conftest.healthy_run``: 20 steps, the perf monitor and
@@ -120,10 +127,12 @@ def test_the_node_health_checks_of_a_healthy_machine_pass(healthy_run: HealthyRu
 
 def test_crash_names_the_failing_rank_as_root_cause(tmp_path: Path, run_id: str) -> None:
     """A real launch: torch elastic's error file and the agent's exit codes name the
-    root cause, across processes; the processes each rank started itself (a 300 s sleep)
-    end with the failed job; on a machine without ``nvidia-smi`` (nothing but the
-    interpreter's directory on ``PATH``) ``enable_gpu_health_check`` says the check is
-    unavailable and the job is launched."""
+    root cause, across processes; a script with torch elastic's usual entry point
+    (``@record``) gets torchrun's failure summary (the root cause, its error file and
+    traceback, the script's frames only) before rankguard's verdict; the processes each
+    rank started itself (a 300 s sleep) end with the failed job; on a machine without
+    ``nvidia-smi`` (nothing but the interpreter's directory on ``PATH``)
+    ``enable_gpu_health_check`` says the check is unavailable and the job is launched."""
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_SMI_")}
@@ -169,7 +178,22 @@ def test_crash_names_the_failing_rank_as_root_cause(tmp_path: Path, run_id: str)
         ("rank_process_exited", 1, "rank_process_exited_with_error")
     ], out[-3000:]
     assert "rank 1 fails here" in found[0]["exit"]["error"]
+    # torchrun's block, from torch elastic's own ChildFailedError, then the verdict
+    block = out[out.index("torch.distributed.elastic.multiprocessing.errors.ChildFailedError:") :]
+    root = block[block.index("Root Cause (first observed failure):") :]
+    assert "with_children.py FAILED" in block, out[-3000:]
+    assert "  rank      : 1 (local_rank: 1)" in root and "  exitcode  : 1 (pid: " in root, root
+    assert "  error_file: " in root and "  traceback : Traceback" in root, root
+    assert "  RuntimeError: rank 1 fails here" in root, root
+    # the script's frames only, in the block and in the rank's own traceback
+    frames = [line for line in out.splitlines() if 'File "' in line]
+    assert any("with_children.py" in line for line in frames), out[-3000:]
+    assert not any("launcher/worker.py" in line or "runpy" in line for line in frames), frames
+    assert block.index("ChildFailedError") < block.index("[rankguard] root cause: "), block
+    assert "[rankguard] root cause: rank 1 (pid " in block, block
+    assert "exited with code 1: RuntimeError: rank 1 fails here" in block, block
     assert read_status(run_dir)["state"] == "failed"
+    assert "state failed" in _status_screen(run_dir)
     assert no_leftover_workers(run_id)
 
 

@@ -117,50 +117,6 @@ def test_four_spawned_ranks_with_torchruns_logs_prefix_and_failure_summary(
     assert no_leftover_workers(run_id)
 
 
-def test_pet_variables_only_auto_nproc_static_rendezvous_run_path_and_tcp_init(
-    tmp_path: Path,
-) -> None:
-    # What a Kubeflow PyTorchJob gives: PET_* only (here a single node with a master
-    # port: torchrun's static rendezvous), with rankguard's defaults (no timeouts set).
-    out, rg = tmp_path / "out", tmp_path / "rg"
-    cfg = tmp_path / "rankguard.yaml"
-    cfg.write_text(f"log_dir: {rg}\n")
-    cpus = sorted(os.sched_getaffinity(0))[:2]
-    master = free_port()
-    env = {
-        **os.environ,
-        "PET_NPROC_PER_NODE": "auto",
-        "PET_NNODES": "1",
-        "PET_NODE_RANK": "0",
-        "PET_MASTER_ADDR": "127.0.0.1",
-        "PET_MASTER_PORT": str(master),
-        "PET_RUN_PATH": "1",
-        "PET_START_METHOD": "fork",
-        "PET_CONFIG": str(cfg),
-    }
-    res = subprocess.run(
-        rankguard_cmd("run", str(SCRIPT), "--out", str(out), "--init", "tcp"),
-        capture_output=True,
-        text=True,
-        timeout=140,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        preexec_fn=lambda: os.sched_setaffinity(0, cpus),  # auto: as many ranks as CPUs
-    )
-    console = _console(res)
-    assert res.returncode == 0, console
-    seen = ranks(out, len(cpus))
-    for rec in seen.values():
-        assert rec["WORLD_SIZE"] == str(len(cpus)) and rec["MASTER_PORT"] == str(master)
-        assert rec["argv"] == ["--out", str(out), "--init", "tcp"]
-    first = next(ln for ln in console.splitlines() if ln.startswith("[rankguard]"))
-    assert first.startswith("[rankguard] monitoring: heartbeats on"), console
-    assert "rendezvous static" in first
-    (run_dir,) = (rg / "heartbeat").iterdir()
-    assert read_jsonl(run_dir / "findings.jsonl") == [], console
-    assert len(list(run_dir.glob("rank_*_pid_*.heartbeat.jsonl"))) == len(cpus)
-
-
 def test_no_python_bash_ranks_with_an_elastic_node_range_and_one_agent(
     tmp_path: Path, run_id: str
 ) -> None:
@@ -203,18 +159,29 @@ def test_no_python_bash_ranks_with_an_elastic_node_range_and_one_agent(
     assert "[rankguard] monitoring: heartbeats OFF" in console
 
 
-def test_two_nodes_on_torchruns_static_rendezvous_relay_to_node0(
+def test_two_nodes_on_torchruns_static_rendezvous_one_from_pet_variables_only(
     tmp_path: Path, run_id: str
 ) -> None:
-    # torchrun's default backend with --master-addr/--master-port (what a PyTorchJob
-    # gives): the node ranks are the given ones, node 0 hosts the store, and node 1's
-    # heartbeats reach node 0's monitor through the store the static handler hands out.
-    # The demo under rankguard's default monitoring (its default timeouts): no finding;
-    # --rank-prefix puts the node and global rank before each line of a rank.
+    # torchrun's default backend with a master address and port (what a Kubeflow
+    # PyTorchJob gives): the node ranks are the given ones, node 0 hosts the store, and
+    # node 1's heartbeats reach node 0's monitor through the store the static handler
+    # hands out. Node 0 is launched as a PyTorchJob launches it: PET_* variables only
+    # (--nproc-per-node auto: as many ranks as its CPUs, one here; --run-path; the fork
+    # start method; the config file), node 1 with torchrun's flags and --rank-prefix (the
+    # node and global rank before each line of a rank). rankguard's default timeouts (a
+    # loaded machine's slow steps are no fault): no finding. The ranks' process group
+    # from tcp://MASTER_ADDR:MASTER_PORT, the store the launcher provides.
     port = free_port()
+    out = tmp_path / "out"
     logs = {n: tmp_path / f"node{n}" for n in (0, 1)}
+    cfg = tmp_path / "rankguard.yaml"
+    cfg.write_text(
+        f"log_dir: {logs[0]}\nheartbeat:\n  publish_interval_s: 0.5\n  scan_interval_s: 0.5\n"
+    )
+    script_args = ("--out", str(out), "--init", "tcp")
     cmds = {
-        node: rankguard_cmd(
+        0: rankguard_cmd("run", str(SCRIPT), *script_args),
+        1: rankguard_cmd(
             "run",
             "--rank-prefix",
             "--nnodes",
@@ -222,7 +189,7 @@ def test_two_nodes_on_torchruns_static_rendezvous_relay_to_node0(
             "--nproc-per-node",
             "1",
             "--node-rank",
-            str(node),
+            "1",
             "--master-addr",
             "127.0.0.1",
             "--master-port",
@@ -230,23 +197,34 @@ def test_two_nodes_on_torchruns_static_rendezvous_relay_to_node0(
             "--rdzv-id",
             run_id,
             "--set",
-            f"log_dir={logs[node]}",
-            "--set",  # the default timeouts (a loaded machine's slow steps are no fault)
+            f"log_dir={logs[1]}",
+            "--set",
             "heartbeat.publish_interval_s=0.5",
             "--set",
             "heartbeat.scan_interval_s=0.5",
-            "-m",
-            "rankguard.demo.train",
-            "--steps",
-            "12",
-            "--step-sleep",
-            "0.05",
-        )
-        for node in (0, 1)
+            str(SCRIPT),
+            *script_args,
+        ),
     }
-    outs, codes = run_nodes(cmds, timeout_s=130)
+    pet = {
+        "PET_NPROC_PER_NODE": "auto",
+        "PET_NNODES": "2",
+        "PET_NODE_RANK": "0",
+        "PET_MASTER_ADDR": "127.0.0.1",
+        "PET_MASTER_PORT": str(port),
+        "PET_RDZV_ID": run_id,
+        "PET_RUN_PATH": "1",
+        "PET_START_METHOD": "fork",
+        "PET_CONFIG": str(cfg),
+    }
+    one_cpu = sorted(os.sched_getaffinity(0))[:1]
+    outs, codes = run_nodes(cmds, timeout_s=130, envs={0: pet}, cpus={0: one_cpu})
     both = "\n".join(f"--- node {n}\n{o}" for n, o in outs.items())
     assert codes == {0: 0, 1: 0}, both
+    seen = ranks(out, 2)
+    for rank, rec in seen.items():
+        assert rec["WORLD_SIZE"] == "2" and rec["MASTER_PORT"] == str(port), rec
+        assert rec["GROUP_RANK"] == str(rank) and rec["argv"] == list(script_args), rec
     run0 = logs[0] / "heartbeat" / run_id
     assert len(heartbeat_files(logs[1] / "heartbeat" / run_id)) == 1
     assert len(heartbeat_files(run0)) == 2  # node 1's rank mirrored on node 0
@@ -256,9 +234,9 @@ def test_two_nodes_on_torchruns_static_rendezvous_relay_to_node0(
     first = next(ln for ln in outs[0].splitlines() if ln.startswith("[rankguard]"))
     assert first.startswith("[rankguard] monitoring: heartbeats on (process timeout 30 s"), both
     assert "rendezvous static" in first, both
-    said = [ln for ln in outs[0].splitlines() if "[demo] done" in ln]
-    assert said and all(ln.startswith("[node0 rank0]: ") for ln in said), both
+    assert "[node1 rank1]: hello-stdout from rank 1" in outs[1], both
     shown = run_rankguard(
         ["logs", str(logs[1] / "heartbeat" / run_id), "--rank", "1", "--stream", "stderr"]
     )
     assert shown.returncode == 0, shown.stderr
+    assert "hello-stderr from rank 1" in shown.stdout, shown.stdout

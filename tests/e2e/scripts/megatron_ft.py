@@ -8,6 +8,8 @@ nvidia-resiliency-ext 0.4 (``init_workload_monitoring()`` takes no argument ther
 ``--num-warmup-iters`` passes 0.7's argument. ``--rg-checkpoint``: the saves go through
 rankguard's checkpoint manager (the run's ``checkpoint`` config, e.g. Megatron Bridge's
 ``async_save``) instead of ``torch.save``: the one option that imports rankguard.
+``--hang-rank R --hang-iter I[,J...]``: rank R sleeps 600 s inside its step at iteration
+I in the first attempt, at J in the second (torch elastic's restart count), and so on.
 """
 
 import argparse
@@ -26,7 +28,7 @@ parser.add_argument("--save", required=True)
 parser.add_argument("--save-interval", type=int, default=10)
 parser.add_argument("--calc-ft-timeouts", action="store_true")
 parser.add_argument("--hang-rank", type=int, default=-1)
-parser.add_argument("--hang-iter", type=int, default=-1)
+parser.add_argument("--hang-iter", default="")  # per attempt: "12" or "12,22"
 parser.add_argument("--step-sleep", type=float, default=0.01)
 parser.add_argument("--num-warmup-iters", type=int, default=None)  # NVRx 0.7's argument
 parser.add_argument("--rg-checkpoint", action="store_true")
@@ -41,6 +43,7 @@ ft_state_path = os.path.join(args.save, "ft_state.json")
 dist.init_process_group(backend="gloo")
 rank = dist.get_rank()
 restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+hang_at = dict(enumerate(int(i) for i in args.hang_iter.split(",") if i))
 
 cli = RankMonitorClient()
 if args.num_warmup_iters is None:
@@ -95,7 +98,7 @@ for it in range(1, args.iters + 1):
     loss = model(x).pow(2).mean()
     opt.zero_grad()
     loss.backward()
-    if rank == args.hang_rank and it == args.hang_iter and restart == 0:
+    if rank == args.hang_rank and it == hang_at.get(restart):
         print(f"rank {rank} hangs inside its step at iteration {it}", flush=True)
         time.sleep(600)
     opt.step()

@@ -1,8 +1,10 @@
 """Each rank starts a child of its own (a 300 s sleep, as a script starts a helper) and
 writes its pid to ``<pid dir>/child_<rank>``, then: ``--end normal`` trains a few steps
-and exits 0; ``--end crash`` has rank 1 raise after them; ``--end never`` trains until
-it is stopped. ``--listeners FILE``: once the process group is up, rank 0 writes every
-listening TCP socket of the job (the launcher and all its descendants) to FILE.
+and exits 0; ``--end crash`` has rank 1 raise after them, through torch elastic's usual
+entry point (``@record``: the error file torchrun's failure summary reads); ``--end
+never`` trains until it is stopped. ``--listeners FILE``: once the process group is up,
+rank 0 writes every listening TCP socket of the job (the launcher and all its
+descendants) to FILE.
 
 The child is this interpreter (not ``sleep`` from ``PATH``): a job may run with a
 ``PATH`` that holds nothing else."""
@@ -17,6 +19,13 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+
+@record
+def crash() -> None:
+    raise RuntimeError("rank 1 fails here")
+
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--end", choices=("normal", "crash", "never"), required=True)
@@ -50,7 +59,7 @@ while args.end == "never" or step < 5:
     opt.step()
     time.sleep(0.1)
 if args.end == "crash" and rank == 1:
-    raise RuntimeError("rank 1 fails here")
+    crash()
 dist.barrier()
 dist.destroy_process_group()
 print(f"rank {rank} done, child {child.pid} left running", flush=True)
