@@ -19,6 +19,8 @@ from typing import Any
 
 from rankguard.ft.decide import Decision, RestartDecider
 from rankguard.ft.evidence import failure_fingerprint, read_attempt
+from rankguard.ft.failure import WorkerFailure
+from rankguard.schema.jsontypes import JsonInput
 
 __all__ = ["STOP_KIND", "RestartPolicy", "stop_entry"]
 
@@ -66,8 +68,8 @@ class RestartPolicy:
 
     def after_failure(
         self,
-        failure: Mapping[str, Any],
-        cause: Mapping[str, Any] | None,
+        failure: WorkerFailure,
+        cause: JsonInput | None,
         pids: Mapping[int, int],
     ) -> Decision:
         """Decide after the group of ``pids`` (rank -> pid) failed with root cause
