@@ -13,16 +13,21 @@ launcher's parts implement these without importing the monitor itself.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from rankguard.schema.findings import Finding
-from rankguard.schema.jsontypes import JsonObject
+from rankguard.schema.jsontypes import JsonObject, JsonValue
 
 if TYPE_CHECKING:
     from rankguard.monitor.rules import RankState
+    from rankguard.schema.statusblocks import StatusBlock
     from rankguard.util.disk import DiskState
 
-__all__ = ["Evaluator", "FindingSink", "RemoteSource", "StatusSource"]
+__all__ = ["Evaluator", "FindingSink", "RemoteSource", "StatusFields", "StatusSource"]
+
+StatusFields: TypeAlias = "Mapping[str, StatusBlock | JsonValue]"
+"""What a status source or a node service adds to ``status.json``, by key: a typed block
+of :mod:`rankguard.schema.statusblocks` (written as its ``to_dict``) or a JSON value."""
 
 
 class RemoteSource:
@@ -89,4 +94,4 @@ class StatusSource(Protocol):
     timeouts in force, a requested stop): by key, a typed block of
     :mod:`rankguard.schema.statusblocks` (written as its ``to_dict``) or a JSON value."""
 
-    def status_fields(self) -> JsonObject: ...
+    def status_fields(self) -> StatusFields: ...

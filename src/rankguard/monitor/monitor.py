@@ -48,7 +48,7 @@ from rankguard.monitor.rules import HeartbeatRules, Liveness, RankState
 from rankguard.monitor.status import DETAIL_COLUMNS
 from rankguard.schema.blocks import PerfBlock, read_block
 from rankguard.schema.cadence import Cadence
-from rankguard.schema.coerce import as_dict
+from rankguard.schema.coerce import as_dict, as_list, as_str
 from rankguard.schema.findings import Finding
 from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.layout import RunLayout
@@ -579,11 +579,11 @@ class JobMonitor:
             detail.written_wall_time = self._detail_written
         health = {
             str(node): NodeHealth(
-                status=snap.get("status"),
-                source=snap.get("source"),
-                hostname=snap.get("hostname"),
+                status=as_str(snap.get("status")),
+                source=as_str(snap.get("source")),
+                hostname=as_str(snap.get("hostname")),
                 age_s=_round(now - seen),
-                gpus=len(snap.get("gpus") or []),
+                gpus=len(as_list(snap.get("gpus"))),
             )
             for node, (snap, _, seen) in sorted(self.ingest.health.items())
             if complete or snap.get("status") not in ("ok", "unavailable")
