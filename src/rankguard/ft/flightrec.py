@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rankguard.ft.collectives import seq_number
 from rankguard.util.fs import (
     atomic_write_json,
     create_exclusive,
@@ -468,13 +469,9 @@ def _fields(v: FrVerdict) -> dict[str, Any]:
 
 
 def _int(value: Any) -> int:
-    """A sequence number from a trace (an int, or a string of one in the JSON dump); -1
-    for anything else."""
-    if type(value) is int:
-        return value
-    if isinstance(value, str) and value.lstrip("-").isdigit() and len(value) < 20:
-        return int(value)
-    return -1
+    """A sequence number from a trace; -1 for anything else."""
+    seq = seq_number(value)
+    return -1 if seq is None else seq
 
 
 def _compare(traces: dict[int, dict[str, Any]]) -> FrVerdict | None:

@@ -23,6 +23,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from rankguard.schema.coerce import as_finite
+
 __all__ = ["RANKGUARD_STATE_FILE", "from_nvrx", "is_nvrx_state", "to_nvrx"]
 
 RANKGUARD_STATE_FILE = "rankguard_ft_state.json"  # beside an ft_state.json of NVRx's
@@ -34,10 +36,9 @@ def is_nvrx_state(state: Any) -> bool:
 
 
 def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    value = float(value)
-    return value if value > 0 and value == value and value != float("inf") else None
+    """A timeout NVRx calculated: a finite number of seconds above 0, else None."""
+    seconds = as_finite(value)
+    return seconds if seconds is not None and seconds > 0 else None
 
 
 def from_nvrx(state: dict[str, Any]) -> dict[str, Any]:
