@@ -56,7 +56,8 @@ from rankguard.live.roles import STANDBY_RANKS_ENV
 from rankguard.rank.identity import ENV
 from rankguard.schema import layout
 from rankguard.schema.cadence import Cadence
-from rankguard.schema.coerce import as_str
+from rankguard.schema.coerce import as_dict, as_list, as_str
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.status import StatusDoc
 from rankguard.schema.statusblocks import GoodputBlock
 from rankguard.util.fs import atomic_write_json
@@ -780,7 +781,7 @@ def _say_rerun(worker_exit: int | None, run_dir: Path) -> None:
         from rankguard.rerun.verdict import read_verdict
 
         verdict = read_verdict(run_dir) or {}
-        for c in verdict.get("faulty") or [{}]:
+        for c in [as_dict(c) or {} for c in as_list(verdict.get("faulty"))] or [{}]:
             _say(
                 f"exit 17: validation failed at iteration {verdict.get('iteration', '?')}: "
                 f"rank {c.get('rank', '?')}'s first run was faulty: host "
@@ -788,7 +789,7 @@ def _say_rerun(worker_exit: int | None, run_dir: Path) -> None:
             )
 
 
-def _report(run_dir: Path, status: dict[str, Any] | None) -> None:
+def _report(run_dir: Path, status: JsonObject | None) -> None:
     _say(run_end_line(status))
     doc = StatusDoc.from_dict(status or {})
     if doc.monitor.errors:

@@ -11,6 +11,7 @@ or a peer's echo ("Connection closed by peer"), else the agent's first failure.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from rankguard.ft.failure import WorkerFailure
@@ -44,7 +45,7 @@ def _agent_words(root: WorkerFailure) -> str:
     return f"rank {root.rank} (pid {root.pid}) exited with code {root.exit_code}{sig}: {last}"
 
 
-def _first_cause(findings: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _first_cause(findings: Sequence[JsonInput]) -> JsonInput | None:
     """The first finding of an error (not a warning) that names a rank: the failure the
     monitor saw first, on any node."""
     for f in findings:
@@ -59,9 +60,9 @@ def _first_cause(findings: list[dict[str, Any]]) -> dict[str, Any] | None:
     return None
 
 
-def _echo_only(f: dict[str, Any]) -> bool:
+def _echo_only(f: JsonInput) -> bool:
     """A rank's exit whose error says a peer went away, with no peer seen leaving."""
-    exit_info = f.get("exit") or {}
+    exit_info = as_dict(f.get("exit")) or {}
     return (
         f.get("finding_type") == FindingType.PROCESS_EXITED.value
         and peer_failure(exit_info.get("error"))
@@ -92,7 +93,7 @@ def _last_error_line(f: JsonInput) -> str:
 def root_cause_lines(
     root: WorkerFailure | None,
     acted: JsonInput | None,
-    findings: list[dict[str, Any]],
+    findings: Sequence[JsonInput],
     *,
     monitored: bool = True,
     stopped: str | None = None,
