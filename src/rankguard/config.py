@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -32,6 +33,7 @@ from rankguard.rank import runenv
 from rankguard.rank.elastic import ElasticConfig
 from rankguard.rerun.config import RerunStateMachineConfig
 from rankguard.scheduler import EXIT_CODE_TABLES
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.straggler.config import StragglerConfig
 from rankguard.util.configdoc import MAX_DEPTH, ConfigError, build
 from rankguard.util.configdoc import load_yaml as _load_yaml
@@ -136,7 +138,7 @@ class RankguardConfig:
             raise ConfigError(f"exit_codes: must be {tables}, got {self.exit_codes!r}")
         # The sections given are left as they are: what this config changes in them is
         # in new ones (validated again).
-        hb: dict[str, Any] = {}
+        hb: dict[str, Any] = {}  # the keyword arguments of dataclasses.replace()
         if self.enable_monitoring is not None:
             hb["enabled"] = self.enable_monitoring
             object.__setattr__(
@@ -228,8 +230,10 @@ class RankguardConfig:
         return out
 
 
-def config_to_dict(cfg: Any) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)
+def config_to_dict(cfg: Any) -> JsonObject:
+    """A config as the JSON object ``status.json`` snapshots."""
+    snapshot: JsonObject = dataclasses.asdict(cfg)
+    return snapshot
 
 
 def _strip_flagscale_prefix(parts: list[str]) -> list[str]:
@@ -238,7 +242,7 @@ def _strip_flagscale_prefix(parts: list[str]) -> list[str]:
     return parts
 
 
-def apply_override(doc: dict[str, Any], override: str) -> None:
+def apply_override(doc: dict[str, object], override: str) -> None:
     """Apply one ``a.b.c=value`` override to a plain-dict config document.
 
     The value is parsed as a YAML scalar (``true``, ``5``, ``0.5``, ``null``, text).
@@ -276,12 +280,12 @@ def load_config(
     path: str | Path | None = None,
     overrides: list[str] | tuple[str, ...] = (),
     *,
-    defaults: dict[str, Any] | None = None,
+    defaults: Mapping[str, object] | None = None,
 ) -> RankguardConfig:
     """YAML file (optional) + overrides -> validated :class:`RankguardConfig`.
     ``defaults``: dotted keys set only where neither the file nor an override set them
     (``rankguard run``'s own defaults, e.g. heartbeats on)."""
-    doc: dict[str, Any] = {}
+    doc: dict[str, object] = {}
     if path is not None:
         import yaml
 

@@ -44,6 +44,8 @@ import os
 import re
 from typing import Any
 
+from rankguard.schema.coerce import as_dict
+
 __all__ = [
     "BRIDGE_ONLY",
     "BRIDGE_SCRIPT_SECTIONS",
@@ -75,7 +77,7 @@ BRIDGE_SCRIPT_SECTIONS = frozenset(
     }
 )
 # Bridge's fields rankguard accepts without acting on them, with Bridge's default
-BRIDGE_ONLY: dict[str, dict[str, Any]] = {
+BRIDGE_ONLY: dict[str, dict[str, object]] = {
     "checkpoint": {
         "save_optim": True,
         "save_rng": True,
@@ -185,7 +187,7 @@ def _is_flagscale_train(train: Any) -> bool:
     return isinstance(train, dict) and bool(_FLAGSCALE_TRAIN_PARTS & set(train))
 
 
-def _flagscale_roots(doc: dict[str, Any], flagscale: bool) -> list[str]:
+def _flagscale_roots(doc: dict[str, object], flagscale: bool) -> list[str]:
     """FlagScale's own root keys, removed from ``doc``: ``action`` (``run`` only),
     ``hydra``, ``defaults`` and the training section (one line). ``flagscale``: the
     document is an experiment file (its ``train`` is FlagScale's whatever its shape)."""
@@ -211,7 +213,9 @@ def _flagscale_roots(doc: dict[str, Any], flagscale: bool) -> list[str]:
     return notes
 
 
-def unwrap_flagscale(doc: dict[str, Any], own: frozenset[str]) -> tuple[dict[str, Any], list[str]]:
+def unwrap_flagscale(
+    doc: dict[str, object], own: frozenset[str]
+) -> tuple[dict[str, object], list[str]]:
     """The rankguard part of a FlagScale experiment document (``experiment.runner``, and
     rankguard's own root keys ``own`` beside it, e.g. from overrides; ``envs`` and
     ``log_dir`` from ``experiment.envs`` and ``experiment.exp_dir``), and the lines that
@@ -231,7 +235,7 @@ def unwrap_flagscale(doc: dict[str, Any], own: frozenset[str]) -> tuple[dict[str
     runner = experiment.get("runner") or {}
     if not isinstance(runner, dict):
         raise ValueError("experiment.runner: expected a mapping")
-    out: dict[str, Any] = {k: v for k, v in doc.items() if k in own}
+    out: dict[str, object] = {k: v for k, v in doc.items() if k in own}
     theirs: list[str] = []
     for key, value in runner.items():
         if key in own:
@@ -299,7 +303,7 @@ _BRIDGE_READ = frozenset(
 )
 
 
-def normalize(doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def normalize(doc: dict[str, object]) -> tuple[dict[str, object], list[str]]:
     """rankguard's layout from a document that may use Megatron Bridge's names (after
     the overrides were applied), and one line per setting accepted without effect."""
     bridge_doc = "_target_" in doc or bool(
@@ -351,7 +355,7 @@ def normalize(doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     unset = ft is None or (isinstance(ft, dict) and ft.get("state_dir") is None)
     if bridge_doc and unset and isinstance(ckpt, dict) and isinstance(ckpt.get("save"), str):
         # Bridge keeps NVRx's ft_state.json in checkpoint.save: rankguard reads it there
-        doc["fault_tolerance"] = {**(ft or {}), "state_dir": ckpt["save"]}
+        doc["fault_tolerance"] = {**(as_dict(ft) or {}), "state_dir": ckpt["save"]}
     for section, fields in BRIDGE_ONLY.items():
         block = doc.get(section)
         if not isinstance(block, dict):

@@ -26,11 +26,14 @@ import shutil
 import socket
 import stat
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rankguard.checkpoint.writer import Digest
+from rankguard.schema.coerce import as_int
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.util.fs import atomic_write_json, fsync_dir, owner_name
 from rankguard.util.procs import pid_running
 
@@ -41,6 +44,7 @@ __all__ = [
     "CheckpointError",
     "DirLock",
     "FileEntry",
+    "Manifest",
     "checksum_file",
     "committed_steps",
     "fsync_file",
@@ -109,7 +113,7 @@ class FileEntry:
     checksum: str
     rank: int
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"size": self.size, "checksum": self.checksum, "rank": self.rank}
 
     @classmethod
@@ -136,10 +140,10 @@ class FileEntry:
 
 
 def write_manifest(
-    directory: Path, step: int, entries: list[FileEntry], meta: dict[str, Any], algo: str
+    directory: Path, step: int, entries: list[FileEntry], meta: JsonObject, algo: str
 ) -> str:
     """Write ``manifest.json`` (fsynced) and return its checksum (for the marker)."""
-    doc = {
+    doc: JsonObject = {
         "format_version": 1,
         "step": step,
         "checksum": algo,
@@ -155,7 +159,7 @@ def write_manifest(
     return checksum_bytes(data, algo)
 
 
-def write_commit(directory: Path, step: int, manifest_checksum: str, meta: dict[str, Any]) -> None:
+def write_commit(directory: Path, step: int, manifest_checksum: str, meta: JsonObject) -> None:
     """The commit marker, written last (atomically) inside the renamed directory."""
     atomic_write_json(
         directory / COMMIT_MARKER,
@@ -184,7 +188,19 @@ def read_regular(path: Path, limit: int) -> bytes:
         os.close(fd)
 
 
-def read_manifest(directory: Path) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """A verified ``manifest.json``: its checksum algorithm, its files by name (size and
+    checksum checked to be there; ``rank`` -1 when it names none) and the whole document
+    as read (the fields its writer added, ``world_size`` and ``format``, narrowed by
+    whoever reads them)."""
+
+    checksum: str
+    files: Mapping[str, FileEntry]
+    doc: JsonObject
+
+
+def read_manifest(directory: Path) -> Manifest:
     """The verified manifest of a committed checkpoint; CheckpointError otherwise."""
     marker_path = directory / COMMIT_MARKER
     try:
@@ -207,11 +223,16 @@ def read_manifest(directory: Path) -> dict[str, Any]:
         raise CheckpointError(f"{directory}: manifest does not match its commit marker")
     if not isinstance(manifest.get("files"), dict):
         raise CheckpointError(f"{directory / MANIFEST_FILE}: no file list")
+    files: dict[str, FileEntry] = {}
     for name, entry in manifest["files"].items():
         problem = _entry_problem(name, entry)
         if problem is not None:
             raise CheckpointError(f"{directory / MANIFEST_FILE}: file {name!r:.80}: {problem}")
-    return manifest
+        rank = as_int(entry.get("rank"))
+        files[name] = FileEntry(
+            name, entry["size"], entry["checksum"], -1 if rank is None else rank
+        )
+    return Manifest(str(algo), files, manifest)
 
 
 def _entry_problem(name: str, entry: Any) -> str | None:
@@ -230,13 +251,13 @@ def _entry_problem(name: str, entry: Any) -> str | None:
 
 
 def verify_files(
-    directory: Path, manifest: dict[str, Any], names: list[str], *, checksum: bool = True
+    directory: Path, manifest: Manifest, names: list[str], *, checksum: bool = True
 ) -> None:
     """Check size and (``checksum``) checksum of ``names`` (some of the manifest's
     files), each a regular file (never read through a link: a device would not end)."""
-    algo = manifest.get("checksum", "crc32")
+    algo = manifest.checksum
     for name in names:
-        want = manifest["files"][name]
+        want = manifest.files[name]
         path = directory / name
         try:
             st = os.lstat(path)
@@ -245,16 +266,16 @@ def verify_files(
         if not stat.S_ISREG(st.st_mode):  # a link, a device (/dev/zero), a directory
             raise CheckpointError(f"{path}: not a regular file")
         size = st.st_size
-        if size != want["size"]:
+        if size != want.size:
             raise CheckpointError(
-                f"{path}: {size} bytes, the manifest says {want['size']} (torn or truncated)"
+                f"{path}: {size} bytes, the manifest says {want.size} (torn or truncated)"
             )
         if not checksum:
             continue
         got = checksum_file(path, algo)
-        if got != want["checksum"]:
+        if got != want.checksum:
             raise CheckpointError(
-                f"{path}: {algo} {got}, the manifest says {want['checksum']} (corrupt)"
+                f"{path}: {algo} {got}, the manifest says {want.checksum} (corrupt)"
             )
 
 
@@ -397,7 +418,7 @@ class DirLock:
     def __init__(self, directory: Path, job: str) -> None:
         self.path = directory / LOCK_FILE
         self.job = job
-        self.took_over: dict[str, Any] | None = None
+        self.took_over: JsonObject | None = None
 
     def acquire(self) -> None:
         me = {"job": self.job, "host": socket.gethostname(), "pid": os.getpid()}
@@ -432,7 +453,7 @@ class DirLock:
             f"(pid {self.took_over.get('pid')} on this host is gone)"
         )
 
-    def _owner(self) -> dict[str, Any] | None:
+    def _owner(self) -> JsonObject | None:
         try:
             owner = json.loads(self.path.read_text())
         except (OSError, ValueError):

@@ -43,6 +43,7 @@ from rankguard.checkpoint.files import (
     write_manifest,
 )
 from rankguard.checkpoint.writer import Digest
+from rankguard.schema.jsontypes import JsonObject
 
 __all__ = ["LocalStore", "replica_peers"]
 
@@ -86,7 +87,7 @@ class LocalStore:
     def folder(self, step: int, owner: int) -> Path:
         return self.root / step_dir_name(step) / f"shard_{owner}_on_{self.rank}"
 
-    def write(self, step: int, owner: int, data: bytes, meta: dict[str, Any]) -> Path:
+    def write(self, step: int, owner: int, data: bytes, meta: JsonObject) -> Path:
         """Write ``owner``'s shard bytes as held by this rank: temp folder, fsync,
         manifest, rename, marker."""
         final = self.folder(step, owner)
@@ -101,7 +102,7 @@ class LocalStore:
                 os.fsync(fh.fileno())
             held = Digest.of(data, self.algo)  # from memory: nothing read back
             entry = FileEntry.of(tmp, SHARD_FILE, owner, self.algo, fsync=False, digest=held)
-            info = {**meta, "owner": owner, "holder": self.rank}
+            info: JsonObject = {**meta, "owner": owner, "holder": self.rank}
             digest = write_manifest(tmp, step, [entry], info, self.algo)
             replace_dir(tmp, final)
             write_commit(final, step, digest, info)
@@ -118,9 +119,9 @@ class LocalStore:
         for step, folder, owner in self._folders():
             try:
                 manifest = read_manifest(folder)
-                if manifest.get("world_size") != world:
+                if manifest.doc.get("world_size") != world:
                     continue
-                verify_files(folder, manifest, list(manifest["files"]), checksum=False)
+                verify_files(folder, manifest, list(manifest.files), checksum=False)
             except CheckpointError:
                 continue
             out.setdefault(step, []).append(owner)
@@ -130,23 +131,23 @@ class LocalStore:
         """The shard's bytes, read once and checked against the manifest in memory."""
         folder = self.folder(step, owner)
         manifest = read_manifest(folder)
-        want = manifest["files"].get(SHARD_FILE)
+        want = manifest.files.get(SHARD_FILE)
         path = folder / SHARD_FILE
         if want is None:
             raise CheckpointError(f"{folder / 'manifest.json'}: no entry for {SHARD_FILE}")
         try:
             size = os.lstat(path).st_size
-            data = read_regular(path, want["size"]) if size == want["size"] else b""
+            data = read_regular(path, want.size) if size == want.size else b""
         except OSError as exc:
             raise CheckpointError(f"{path}: unreadable ({exc.strerror or exc})") from None
-        if size != want["size"] or len(data) != want["size"]:
+        if size != want.size or len(data) != want.size:
             raise CheckpointError(
-                f"{path}: {size} bytes, the manifest says {want['size']} (torn or truncated)"
+                f"{path}: {size} bytes, the manifest says {want.size} (torn or truncated)"
             )
-        got = checksum_bytes(data, manifest.get("checksum", "crc32"))
-        if got != want["checksum"]:
+        got = checksum_bytes(data, manifest.checksum)
+        if got != want.checksum:
             raise CheckpointError(
-                f"{path}: checksum {got}, the manifest says {want['checksum']} (corrupt)"
+                f"{path}: checksum {got}, the manifest says {want.checksum} (corrupt)"
             )
         return data
 

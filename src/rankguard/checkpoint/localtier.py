@@ -22,6 +22,7 @@ from rankguard.checkpoint.dcpio import copy_into, describe, localize, save_error
 from rankguard.checkpoint.files import CheckpointError, DirLock, probe_writable
 from rankguard.checkpoint.local import LocalStore, deserialize, replica_peers, serialize
 from rankguard.checkpoint.tiers import Candidate, SaveJob, TierHost
+from rankguard.schema.jsontypes import JsonObject
 
 __all__ = ["LocalTier"]
 
@@ -123,7 +124,12 @@ class LocalTier:
         data = serialize(
             {"global": localize(state), "per_rank": per_rank, "step": step, "world": host.world}
         )
-        meta = {"tier": "local", "world_size": host.world, "job": host.job, "time": time.time()}
+        meta: JsonObject = {
+            "tier": "local",
+            "world_size": host.world,
+            "job": host.job,
+            "time": time.time(),
+        }
         with self._node_turn():
             self.store.write(step, host.rank, data, meta)
         to, frm = self.peers

@@ -48,6 +48,7 @@ from rankguard.checkpoint.tiers import Candidate, CheckpointTier
 from rankguard.rank import runenv
 from rankguard.rank.ranksession import current as current_session
 from rankguard.rank.runenv import RunEnv
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.layout import CHECKPOINTS_FILE
 from rankguard.util.fs import atomic_write_json
 
@@ -361,7 +362,7 @@ class CheckpointManager:
 
     # ---- reporting ------------------------------------------------------------------
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> JsonObject:
         """What ``checkpoints.json`` holds: last committed per tier, durations, the write
         in flight, failures."""
         return {

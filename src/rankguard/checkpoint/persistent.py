@@ -36,6 +36,7 @@ from rankguard.checkpoint.files import (
     CheckpointError,
     DirLock,
     FileEntry,
+    Manifest,
     committed_steps,
     probe_writable,
     prune,
@@ -49,6 +50,7 @@ from rankguard.checkpoint.files import (
 )
 from rankguard.checkpoint.tiers import Candidate, SaveJob, TierHost
 from rankguard.checkpoint.writer import Digest
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.util.fs import fsync_dir
 
 __all__ = ["PER_RANK_FILE", "TORCH_FILE", "PersistentTier"]
@@ -203,7 +205,7 @@ class PersistentTier:
                 decision = "; ".join(errors)
             else:
                 try:
-                    meta = {
+                    meta: JsonObject = {
                         "tier": "persistent",
                         "world_size": host.world,
                         "format": config.ckpt_format,
@@ -259,11 +261,11 @@ class PersistentTier:
     def _load(self, step: int, path: Path) -> bool:
         host = self.host
         error = None
-        manifest: dict[str, Any] = {}
+        manifest: Manifest | None = None
         per_rank: dict[str, Any] | None = None
         try:
             manifest = read_manifest(path)
-            names = sorted(manifest["files"])
+            names = sorted(manifest.files)
             verify_files(path, manifest, names[host.rank :: host.world])
             per_rank = self._per_rank_of(path, manifest)
         except CheckpointError as exc:
@@ -278,7 +280,7 @@ class PersistentTier:
             return False
         current = host.plan.global_state_dict()
         try:
-            if manifest.get("format") == "torch":
+            if manifest is not None and manifest.doc.get("format") == "torch":
                 loaded = torch.load(path / TORCH_FILE, map_location="cpu", weights_only=True)
                 copy_into(current, loaded, "")
             else:
@@ -299,10 +301,10 @@ class PersistentTier:
         host.note_loaded("persistent", step, path)
         return True
 
-    def _per_rank_of(self, path: Path, manifest: dict[str, Any]) -> dict[str, Any] | None:
+    def _per_rank_of(self, path: Path, manifest: Manifest) -> dict[str, Any] | None:
         """This rank's saved own state in checkpoint ``path`` (plain data only), if any."""
         host = self.host
-        saved_world = manifest.get("world_size") or host.world
+        saved_world = manifest.doc.get("world_size") or host.world
         if type(saved_world) is not int or saved_world < 1:
             raise CheckpointError(f"{path / MANIFEST_FILE}: world_size {saved_world!r:.40}")
         per_rank = path / PER_RANK_FILE.format(rank=host.rank % saved_world)

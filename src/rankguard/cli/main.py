@@ -8,6 +8,7 @@ import logging
 import os
 import shutil
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +98,7 @@ def run_main(argv: list[str]) -> int:
 
 
 def _parse_and_launch(
-    argv: list[str], pre: Any, cfg: RankguardConfig, defaults: dict[str, Any]
+    argv: list[str], pre: Any, cfg: RankguardConfig, defaults: Mapping[str, object]
 ) -> int:
     from rankguard.launcher.options import parse_run_args  # imports torch
     from rankguard.launcher.run import launch

@@ -6,7 +6,6 @@ missing keys and of values of the wrong type)."""
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -15,7 +14,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 from rankguard.goodput.ledger import ettr_text
+from rankguard.schema.coerce import as_finite
 from rankguard.schema.findings import Finding, FindingType
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.restarts import LiveBlock, RestartEntry, RestartsBlock
 from rankguard.schema.status import FINAL_STATES, RankRow, StatusDoc, parse_findings
 from rankguard.schema.statusblocks import (
@@ -124,10 +125,6 @@ def _fmt_time(value: Any) -> str:
     if parsed.tzinfo is None:
         return parsed.strftime("%Y-%m-%d %H:%M:%S")
     return parsed.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
-
-
-def _as_dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
 
 
 def _sort_key(value: Any) -> tuple[int, float, str]:
@@ -415,8 +412,8 @@ def _finding_lines(findings: Iterable[Finding], skipped: int, color: bool) -> li
 
 
 def render_status(
-    status: dict[str, Any],
-    findings: list[dict[str, Any]],
+    status: JsonObject,
+    findings: list[JsonObject],
     *,
     width: int | None = None,
     color: bool = False,
@@ -529,7 +526,7 @@ def _live_lines(live: LiveBlock | None) -> list[str]:
     return out
 
 
-def _ft_lines(status: StatusDoc | dict[str, Any]) -> list[str]:
+def _ft_lines(status: StatusDoc | JsonObject) -> list[str]:
     """Restarts and the timeouts in force with their sources (fault tolerance)."""
     doc = status if isinstance(status, StatusDoc) else StatusDoc.from_dict(status)
     out: list[str] = []
@@ -610,24 +607,18 @@ def goodput_lines(block: GoodputBlock | None) -> list[str]:
     productive training against wall time, the part that cost the most."""
     if block is None:
         return []
-    wall, productive = _number(block.wall_s), _number(block.productive_s)
-    ettr = _number(block.ettr)
+    wall, productive = as_finite(block.wall_s), as_finite(block.productive_s)
+    ettr = as_finite(block.ettr)
     if wall is None or productive is None:
         return []
     line = f"Goodput: ETTR {ettr_text(ettr)} (productive {_dur(productive)} of {_dur(wall)} wall)"
     loss = block.largest_loss
-    seconds = _number(loss.seconds) if loss is not None else None
+    seconds = as_finite(loss.seconds) if loss is not None else None
     if loss is not None and seconds is not None:
         line += f", largest loss {_text(loss.part)} {_dur(seconds)}"
     if not block.final:
         line += " (so far)"
     return ["", line]
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def checkpoint_lines(ckpt: CheckpointsBlock | None) -> list[str]:

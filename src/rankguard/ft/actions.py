@@ -48,6 +48,7 @@ from rankguard.ft.kill import (
 )
 from rankguard.monitor.api import FindingSink
 from rankguard.schema.findings import Finding, FindingType
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.util.procs import pid_running, process_state
 
 if TYPE_CHECKING:
@@ -64,9 +65,9 @@ logger = logging.getLogger(__name__)
 
 
 class AgentControl(Protocol):
-    def set_cause(self, finding: dict[str, Any], *, abort: bool) -> None: ...
+    def set_cause(self, finding: JsonObject, *, abort: bool) -> None: ...
 
-    def withdraw_cause(self, finding: dict[str, Any]) -> None: ...
+    def withdraw_cause(self, finding: JsonObject) -> None: ...
 
 
 class MonitorView(Protocol):
@@ -78,7 +79,7 @@ class MonitorView(Protocol):
     def note_restart(self, reason: str) -> None: ...
 
 
-RemoteKill = Callable[[int, list[dict[str, Any]]], None]
+RemoteKill = Callable[[int, list[JsonObject]], None]
 
 
 class HangTraces(FindingSink):
@@ -176,8 +177,8 @@ class FaultHandler(FindingSink):
         self.busy_expired = 0  # actions after which no group failure came
         self._acted_at: float | None = None  # when the action under way was taken
         self._failure_seen = False
-        self._undo: tuple[dict[str, Any] | None, str] | None = None  # its cause, reason
-        self._pending: dict[str, Any] | None = None  # the cause given the agent before dumps
+        self._undo: tuple[JsonObject | None, str] | None = None  # its cause, reason
+        self._pending: JsonObject | None = None  # the cause given the agent before dumps
         self.traces = HangTraces(self.run_dir, monitor, here=self._dumps_here, clock=clock)
 
     def restarted(self) -> None:
@@ -356,7 +357,7 @@ class FaultHandler(FindingSink):
         else:
             self._armed(cause, reason)
 
-    def _armed(self, cause: dict[str, Any] | None, reason: str) -> None:
+    def _armed(self, cause: JsonObject | None, reason: str) -> None:
         """The action is taken: from now the agent has ``busy_grace_s`` to see its group
         fail, else the busy state ends (and ``cause`` and the restart notice with it)."""
         with self._lock:
@@ -383,7 +384,7 @@ class FaultHandler(FindingSink):
             return True
         if self.remote_kill is not None:
             node = rec.node_rank or 0
-            others = [
+            others: list[JsonObject] = [
                 {"rank": r, "pid": s.record.pid}
                 for r, s in self.monitor.rules.ranks.items()
                 if r != rank and s.record is not None and s.record.node_rank == node
@@ -393,7 +394,7 @@ class FaultHandler(FindingSink):
         logger.error("rankguard: cannot reach node of rank %d to kill it", rank)
         return False
 
-    def _withdraw(self, cause: dict[str, Any], reason: str) -> None:
+    def _withdraw(self, cause: JsonObject, reason: str) -> None:
         """The kill did not happen: no restart is under way because of it."""
         logger.error("rankguard: %s did not happen: the next fault is acted on again", reason)
         self.agent.withdraw_cause(cause)

@@ -36,7 +36,14 @@ from rankguard.schema.collectives import (
     StuckCollective,
 )
 
-__all__ = ["PERIOD_S", "STUCK_AFTER_S", "CollectiveSampler", "parse_status", "stuck_in"]
+__all__ = [
+    "PERIOD_S",
+    "STUCK_AFTER_S",
+    "CollectiveSampler",
+    "parse_status",
+    "seq_number",
+    "stuck_in",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +59,9 @@ def _status_json() -> bytes:
     return data if isinstance(data, bytes) else str(data).encode()
 
 
-def _int(value: Any) -> int | None:
+def seq_number(value: Any) -> int | None:
+    """A sequence number from a flight recorder trace: an int, or a string of one (the
+    JSON dump writes them so); None for anything else."""
     if type(value) is int:
         return value
     if isinstance(value, str) and len(value) < 20 and value.lstrip("-").isdigit():
@@ -71,8 +80,8 @@ def parse_status(data: bytes) -> tuple[GroupPosition, ...]:
     for name, st in sorted((status if isinstance(status, dict) else {}).items()):
         if not isinstance(st, dict) or len(out) >= MAX_GROUPS or len(str(name)) > 64:
             continue
-        enq = _int(st.get("last_enqueued_collective"))
-        done = _int(st.get("last_completed_collective"))
+        enq = seq_number(st.get("last_enqueued_collective"))
+        done = seq_number(st.get("last_completed_collective"))
         if enq is not None and done is not None and enq >= -1 and done >= -1:
             out.append(GroupPosition(str(name), enq, done))
     return tuple(out)
@@ -94,7 +103,7 @@ def stuck_in(data: bytes, group: GroupPosition) -> StuckCollective | None:
             continue
         pg = e.get("process_group")
         name = str(pg[0]) if isinstance(pg, list) and pg else str(e.get("pg_id"))
-        if name != group.group or _int(e.get("collective_seq_id")) != group.enqueued:
+        if name != group.group or seq_number(e.get("collective_seq_id")) != group.enqueued:
             continue
         op = str(e.get("profiling_name") or "unknown").split(":", 1)[-1][:200]
         sizes = json.dumps(e.get("input_sizes"), separators=(",", ":"))[:200]

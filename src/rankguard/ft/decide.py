@@ -36,11 +36,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
 
 from rankguard.ft.fingerprint import Fingerprint
 from rankguard.schema.exits import RERUN_CODES
 from rankguard.schema.findings import FindingType
+from rankguard.schema.jsontypes import JsonObject
 
 __all__ = [
     "DETERMINISTIC_TYPES",
@@ -192,7 +192,7 @@ class Decision:
             f"{self.fingerprint.describe()}"
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "decision": self.verdict.value,
             "rule": self.rule.value,

@@ -18,10 +18,11 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from rankguard.ft.failure import WorkerFailure
 from rankguard.ft.fingerprint import Fingerprint
 from rankguard.schema.findings import FindingType
+from rankguard.schema.jsontypes import JsonInput
 from rankguard.schema.layout import heartbeat_file_name
 from rankguard.schema.records import HeartbeatRecord, RecordError
 
@@ -118,19 +119,18 @@ def read_attempt(run_dir: str | os.PathLike[str], pids: Mapping[int, int]) -> At
 
 
 def failure_fingerprint(
-    failure: Mapping[str, Any], cause: Mapping[str, Any] | None, attempt: AttemptEvidence
+    failure: WorkerFailure, cause: JsonInput | None, attempt: AttemptEvidence
 ) -> Fingerprint:
     """The fingerprint of a failed attempt: ``failure`` the agent's root cause
     (:func:`rankguard.launcher.agent.first_failure`), ``cause`` the finding the
-    launcher acted on (None: none), ``attempt`` the ranks' last records."""
-    rank = failure.get("rank")
-    record = attempt.records.get(rank) if isinstance(rank, int) else None
-    message, stack = read_error_file(failure.get("error_file"))
-    error = message or failure.get("error")
+    launcher acted on, as written (None: none), ``attempt`` the ranks' last records."""
+    rank = failure.rank
+    record = attempt.records.get(rank)
+    message, stack = read_error_file(failure.error_file)
+    error = message or failure.error
     exit_info = record.exit if record is not None else None
     if not error and isinstance(exit_info, dict):
         error = exit_info.get("error")
-    exit_code = failure.get("exit_code")
     finding = cause.get("finding_type") if cause is not None else None
     if finding in _CRASH_FINDINGS:  # the monitor's or the agent's name of the same crash
         finding = None
@@ -138,12 +138,12 @@ def failure_fingerprint(
     return Fingerprint.build(
         error=str(error) if error else None,
         callstack=stack,
-        exit_code=exit_code if isinstance(exit_code, int) else None,
-        signal=failure.get("signal") or None,
+        exit_code=failure.exit_code,
+        signal=failure.signal or None,
         finding_type=str(finding) if finding else None,
         phase=record.phase if record is not None else None,
         iteration=record.iteration if record is not None else None,
-        rank=rank if isinstance(rank, int) else None,
+        rank=rank,
         before_first_step=attempt.before_first_step,
         note=str(note) if note else None,
     )

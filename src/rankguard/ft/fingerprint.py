@@ -22,7 +22,8 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any
+
+from rankguard.schema.jsontypes import JsonObject
 
 __all__ = [
     "Fingerprint",
@@ -144,7 +145,7 @@ class Fingerprint:
             where.append(f"iteration {self.iteration}")
         return f"{text} ({', '.join(where)})" if where else text
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "key": self.key,
             "exc_type": self.exc_type,

@@ -44,10 +44,13 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rankguard.ft.collectives import seq_number
+from rankguard.schema.coerce import as_str
+from rankguard.schema.jsontypes import JsonInput, JsonObject
 from rankguard.util.fs import (
     atomic_write_json,
     create_exclusive,
@@ -302,7 +305,7 @@ class FrVerdict:
     waiting_ranks: list[int]  # ranks that enqueued it and wait for it to complete
     ranks_read: list[int]
     torch_analysis: str | None = None  # torchfrtrace's output (or why it failed)
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: JsonObject = field(default_factory=dict)
 
     @property
     def line(self) -> str:
@@ -313,7 +316,7 @@ class FrVerdict:
             f"of process group {self.process_group} (rank(s) {waiting} wait in it)"
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "process_group": self.process_group,
             "collective": self.collective,
@@ -327,10 +330,13 @@ class FrVerdict:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> FrVerdict:
+    def from_dict(cls, d: JsonInput) -> FrVerdict:
+        texts: dict[str, str] = {}
         for key in ("process_group", "collective"):
-            if not isinstance(d.get(key), str):
+            text = as_str(d.get(key))
+            if text is None:
                 raise ValueError(f"{key}: expected a string")
+            texts[key] = text
         seq = d.get("seq")
         if type(seq) is not int:
             raise ValueError("seq: expected an integer")
@@ -342,8 +348,8 @@ class FrVerdict:
             lists[key] = value
         ta = d.get("torch_analysis")
         return cls(
-            process_group=d["process_group"],
-            collective=d["collective"],
+            process_group=texts["process_group"],
+            collective=texts["collective"],
             seq=seq,
             missing_ranks=lists["missing_ranks"],
             waiting_ranks=lists["waiting_ranks"],
@@ -352,7 +358,7 @@ class FrVerdict:
         )
 
 
-def read_trace(path: Path) -> dict[str, Any] | None:
+def read_trace(path: Path) -> JsonObject | None:
     """One rank's trace, read as data: a regular file owned by this user, opened without
     following a symbolic link, at most 64 MiB, JSON; None (and one line why) otherwise."""
     try:
@@ -389,9 +395,9 @@ def read_trace(path: Path) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
-def read_traces(dump_dir: Path, ranks: list[int]) -> dict[int, dict[str, Any]]:
+def read_traces(dump_dir: Path, ranks: list[int]) -> dict[int, JsonObject]:
     """The traces of ``ranks`` (only those) that :func:`read_trace` accepts."""
-    traces: dict[int, dict[str, Any]] = {}
+    traces: dict[int, JsonObject] = {}
     for rank in sorted(set(ranks)):
         doc = read_trace(Path(dump_dir) / f"{PREFIX}{rank}{TRACE_SUFFIX}")
         if doc is not None:
@@ -399,7 +405,7 @@ def read_traces(dump_dir: Path, ranks: list[int]) -> dict[int, dict[str, Any]]:
     return traces
 
 
-def _torch_analysis(traces: dict[int, dict[str, Any]], work_dir: Path, timeout_s: float) -> str:
+def _torch_analysis(traces: dict[int, JsonObject], work_dir: Path, timeout_s: float) -> str:
     """``torchfrtrace`` (``torch.distributed.flight_recorder.fr_trace``) over the checked
     ``traces``: its last lines, or why it failed. torch's analyser unpickles what it
     reads, so it gets pickles of the traces rankguard has read as data, written in a new
@@ -459,25 +465,17 @@ def analyse(
         return None
     if run_torch:
         analysis = _torch_analysis(traces, Path(dump_dir), timeout_s)
-        return FrVerdict(**{**_fields(verdict), "torch_analysis": analysis})
+        return replace(verdict, torch_analysis=analysis)
     return verdict
 
 
-def _fields(v: FrVerdict) -> dict[str, Any]:
-    return {name: getattr(v, name) for name in FrVerdict.__dataclass_fields__}
-
-
 def _int(value: Any) -> int:
-    """A sequence number from a trace (an int, or a string of one in the JSON dump); -1
-    for anything else."""
-    if type(value) is int:
-        return value
-    if isinstance(value, str) and value.lstrip("-").isdigit() and len(value) < 20:
-        return int(value)
-    return -1
+    """A sequence number from a trace; -1 for anything else."""
+    seq = seq_number(value)
+    return -1 if seq is None else seq
 
 
-def _compare(traces: dict[int, dict[str, Any]]) -> FrVerdict | None:
+def _compare(traces: dict[int, JsonObject]) -> FrVerdict | None:
     """Per process group, each rank's newest enqueued collective; the group where the
     ranks disagree: the newest collective, the ranks behind it (missing) and those that
     enqueued it but did not complete it (waiting)."""
@@ -573,7 +571,7 @@ def collect_verdict(run_dir: Path, ranks: list[int], *, timeout_s: float = 3.0) 
             atexit.register(wait_for_analysers)
         _analysers.append((thread, out, written))
     thread.start()
-    return FrVerdict(**{**_fields(verdict), "torch_analysis": str(out)})
+    return replace(verdict, torch_analysis=str(out))
 
 
 def _write_text(path: Path, text: str) -> None:

@@ -327,7 +327,7 @@ def _plain_value(value: Any) -> str:
     return "none" if value is None else str(value)
 
 
-def _find_ft_section(data: Any) -> dict[str, Any] | None:
+def _find_ft_section(data: Any) -> dict[str, object] | None:
     if isinstance(data, dict):
         if isinstance(data.get("fault_tolerance"), dict):
             return data["fault_tolerance"]
@@ -343,7 +343,7 @@ def _find_ft_section(data: Any) -> dict[str, Any] | None:
     return None
 
 
-def _yaml_settings(path: str) -> dict[str, Any]:
+def _yaml_settings(path: str) -> dict[str, object]:
     import yaml
 
     try:
@@ -366,7 +366,7 @@ def _refuse(message: str) -> NoReturn:
     raise ValueError(message)
 
 
-def _nvrx_settings(given: dict[str, str | None]) -> dict[str, Any] | None:
+def _nvrx_settings(given: dict[str, str | None]) -> dict[str, object] | None:
     """NVRx's own reading of the flags (its parser and ``from_args``); None without NVRx."""
     try:
         from nvidia_resiliency_ext.fault_tolerance.config import FaultToleranceConfig
@@ -392,22 +392,22 @@ def translate(given: dict[str, str | None], flags: Iterable[LauncherFlag]) -> Ft
         out.sets.append(FT_ON)  # the launch line's own --ft-*/--set words come after it
     # each setting once, in the order given: the flags' own text (rankguard reads
     # "600", "setup:600,step:180" as NVRx does), the file's values under them
-    settings: dict[str, Any] = {}
+    settings: dict[str, object] = {}
     cfg_path = next((v for o, v in given.items() if by_option[o].dest == "ft_cfg_path" and v), None)
     for option, value in given.items():
         dest = by_option[option].dest
         if dest != "ft_cfg_path":
             settings[dest.removeprefix("ft_")] = value
-    from_file: dict[str, Any] = _yaml_settings(cfg_path) if cfg_path else {}
+    from_file: dict[str, object] = _yaml_settings(cfg_path) if cfg_path else {}
     try:  # NVRx's own reading: refuses what NVRx refuses, types the file's values
         nvrx = _nvrx_settings(
             {o: v for o, v in given.items() if by_option[o].dest != "ft_ignore_missing_cfg"}
         )
     except (ValueError, TypeError) as exc:
         raise ValueError(f"ft_launcher flags: {exc}") from exc
-    for name, value in from_file.items():
+    for name, in_file in from_file.items():
         if name not in settings:
-            settings[name] = nvrx[name] if nvrx is not None and name in nvrx else value
+            settings[name] = nvrx[name] if nvrx is not None and name in nvrx else in_file
     out.sets += _node_health({n: settings.pop(n) for n in NODE_HEALTH if n in settings})
     named = list(settings)
     for name in named:
@@ -432,10 +432,10 @@ def translate(given: dict[str, str | None], flags: Iterable[LauncherFlag]) -> Ft
     return out
 
 
-def _sections(value: Any, out: FtLauncherArgs) -> dict[str, Any]:
+def _sections(value: Any, out: FtLauncherArgs) -> dict[str, object]:
     """Section timeouts; NVRx's ``None`` (no timeout) for a section is said once."""
     if isinstance(value, str):
-        parsed: dict[str, Any] = {}
+        parsed: dict[str, object] = {}
         for item in filter(None, (p.strip() for p in value.split(","))):
             name, sep, timeout = item.partition(":")
             if not sep:
@@ -463,7 +463,7 @@ def _on(value: Any) -> bool:
     return str(value).strip().lower() in ("1", "true", "yes", "on")
 
 
-def _node_health(given: dict[str, Any]) -> list[str]:
+def _node_health(given: dict[str, object]) -> list[str]:
     """NVRx's NIC and storage checks as rankguard's ``node_health`` settings: the checks
     asked for run (each node, before every round), the others stay off."""
     nic = any(_on(given.get(n)) for n in ("enable_nic_monitor", "enable_nic_healthcheck"))

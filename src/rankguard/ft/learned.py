@@ -32,6 +32,8 @@ from rankguard.ft.config import FaultToleranceConfig
 from rankguard.ft.nvrx_state import RANKGUARD_STATE_FILE, from_nvrx, is_nvrx_state, to_nvrx
 from rankguard.schema.blocks import FtStatsBlock, read_block
 from rankguard.schema.cadence import Cadence
+from rankguard.schema.coerce import as_dict, as_float, as_int
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.layout import FT_STATE_FILE
 from rankguard.schema.records import HeartbeatRecord
 from rankguard.util.fs import atomic_write_json
@@ -67,7 +69,7 @@ def _read(path: Path) -> Any:
         raise ValueError(f"{path}: not a valid ft_state.json ({exc})") from exc
 
 
-def load_state(path: Path) -> dict[str, Any] | None:
+def load_state(path: Path) -> JsonObject | None:
     """rankguard's learned state from ``path``: rankguard's own layout, or NVRx's
     (``current_timeouts``, as Megatron-LM keeps it in ``<save>/ft_state.json``), then
     rankguard's ``rankguard_ft_state.json`` beside it when there is one."""
@@ -116,25 +118,25 @@ def measured_maxima(records: list[HeartbeatRecord]) -> dict[str, float]:
 
 def learn(
     measured: dict[str, float],
-    previous: dict[str, Any] | None,
+    previous: JsonObject | None,
     *,
     safety_factor: float,
     floor_s: float,
-) -> dict[str, Any]:
+) -> JsonObject:
     """New ``ft_state.json`` content from this run's maxima and the previous state."""
-    old = (previous or {}).get("timeouts") or {}
-    timeouts: dict[str, float] = {k: float(v) for k, v in old.items()}
-    samples: dict[str, float] = {}
+    old = learned_timeouts(previous)
+    timeouts: JsonObject = dict(old)
+    samples: JsonObject = {}
     for name, value in measured.items():
         candidate = max(floor_s, value * safety_factor)
         if name in old:
-            candidate = EMA_WEIGHT * float(old[name]) + (1 - EMA_WEIGHT) * candidate
+            candidate = EMA_WEIGHT * old[name] + (1 - EMA_WEIGHT) * candidate
         timeouts[name] = round(max(floor_s, candidate), 3)
         samples[name] = round(value, 6)
     return {
         "schema_version": 1,
         "updated_wall_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "runs": int((previous or {}).get("runs") or 0) + 1,
+        "runs": (as_int((previous or {}).get("runs")) or 0) + 1,
         "safety_factor": safety_factor,
         "min_learned_timeout_s": floor_s,
         "timeouts": timeouts,
@@ -142,13 +144,20 @@ def learn(
     }
 
 
-def save_state(path: Path, state: dict[str, Any]) -> None:
+def learned_timeouts(state: JsonObject | None) -> dict[str, float]:
+    """The learned timeouts of an ``ft_state.json`` by name (a value that is not a
+    number reads as missing)."""
+    raw = as_dict((state or {}).get("timeouts")) or {}
+    return {name: value for name, v in raw.items() if (value := as_float(v)) is not None}
+
+
+def save_state(path: Path, state: JsonObject) -> None:
     atomic_write_json(path, state)
 
 
 def save_learned(
     state_dir: Path, ft: FaultToleranceConfig, records: list[HeartbeatRecord]
-) -> dict[str, Any] | None:
+) -> JsonObject | None:
     """End of a run with ``calc_ft_timeouts``: merge this run's measurements into
     ``ft_state.json``; None (and a warning) when nothing was measured."""
     measured = measured_maxima(records)
@@ -173,7 +182,7 @@ def save_learned(
     save_state(path.parent / RANKGUARD_STATE_FILE, state)
     where = str(path.parent / RANKGUARD_STATE_FILE)
     if is_nvrx_state(nvrx):
-        save_state(path, to_nvrx(nvrx, state["timeouts"]))
+        save_state(path, to_nvrx(nvrx, learned_timeouts(state)))
         where += f" and {path} (NVRx's layout)"
     logger.warning(
         "rankguard: learned timeouts saved in %s: %s", where, json.dumps(state["timeouts"])
@@ -182,7 +191,7 @@ def save_learned(
 
 
 def learned_config(
-    cfg: RankguardConfig, state: dict[str, Any] | None, source: str
+    cfg: RankguardConfig, state: JsonObject | None, source: str
 ) -> tuple[RankguardConfig, dict[str, str]]:
     """A new configuration (``cfg``, a RankguardConfig, is left as it is) with the learned
     timeouts of ``state`` in it, and ``source`` for each timeout they set, by the key the
@@ -192,27 +201,27 @@ def learned_config(
     NVRx's names for the heartbeat timeouts, when set, take the learned values too (they
     are the same timeouts)."""
     ft, hb = cfg.fault_tolerance, cfg.heartbeat
-    learned = (state or {}).get("timeouts") or {}
+    learned = learned_timeouts(state)
     sources: dict[str, str] = {}
     sections = dict(ft.rank_section_timeouts)
     for name in (*_SECTIONS, *(n for n in learned if n not in _NOT_SECTIONS + _SECTIONS)):
         if name in learned:
-            sections[name] = float(learned[name])
+            sections[name] = learned[name]
             sources[f"section.{name}"] = source
     floor = Cadence.of(hb).learned_floor_s
-    hb_changes: dict[str, Any] = {}
+    hb_changes: dict[str, Any] = {}  # the keyword arguments of replace()
     ft_changes: dict[str, Any] = {"rank_section_timeouts": sections}
     for key, hb_name, nvrx_name in (
         ("heartbeat", "process_timeout_s", "rank_heartbeat_timeout"),
         ("initial_heartbeat", "initial_process_timeout_s", "initial_rank_heartbeat_timeout"),
     ):
         if key in learned:
-            hb_changes[hb_name] = max(float(learned[key]), floor)
+            hb_changes[hb_name] = max(learned[key], floor)
             sources[f"heartbeat.{hb_name}"] = source
             if getattr(ft, nvrx_name) is not None:
                 ft_changes[nvrx_name] = hb_changes[hb_name]
     if "out_of_section" in learned:  # NVRx's calculated out-of-section timeout
-        ft_changes["rank_out_of_section_timeout"] = float(learned["out_of_section"])
+        ft_changes["rank_out_of_section_timeout"] = learned["out_of_section"]
         sources["out_of_section"] = source
     new = replace(
         cfg,

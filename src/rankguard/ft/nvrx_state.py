@@ -23,6 +23,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from rankguard.schema.coerce import as_dict, as_finite
+from rankguard.schema.jsontypes import JsonInput, JsonObject
+
 __all__ = ["RANKGUARD_STATE_FILE", "from_nvrx", "is_nvrx_state", "to_nvrx"]
 
 RANKGUARD_STATE_FILE = "rankguard_ft_state.json"  # beside an ft_state.json of NVRx's
@@ -34,18 +37,19 @@ def is_nvrx_state(state: Any) -> bool:
 
 
 def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    value = float(value)
-    return value if value > 0 and value == value and value != float("inf") else None
+    """A timeout NVRx calculated: a finite number of seconds above 0, else None."""
+    seconds = as_finite(value)
+    return seconds if seconds is not None and seconds > 0 else None
 
 
-def from_nvrx(state: dict[str, Any]) -> dict[str, Any]:
-    """rankguard's state (``timeouts`` by name) from NVRx's layout: only what NVRx's
-    client calculated (a configured value stays the launch's config). ValueError when
-    the layout is broken."""
-    current = state[_KEY]
-    timeouts: dict[str, float] = {}
+def from_nvrx(state: JsonInput) -> JsonObject:
+    """rankguard's state (``timeouts`` by name) from NVRx's layout (``state`` one that
+    :func:`is_nvrx_state` accepts): only what NVRx's client calculated (a configured
+    value stays the launch's config). ValueError when the layout is broken."""
+    current = as_dict(state.get(_KEY))
+    if current is None:
+        raise ValueError(f"{_KEY}: not a mapping")
+    timeouts: JsonObject = {}
     section = current.get("section")
     if section is not None:
         if not isinstance(section, dict) or not isinstance(section.get("section", {}), dict):
@@ -72,11 +76,15 @@ def from_nvrx(state: dict[str, Any]) -> dict[str, Any]:
     return {"schema_version": 1, "format": "nvrx", "timeouts": timeouts, "runs": 0}
 
 
-def to_nvrx(previous: dict[str, Any], learned: dict[str, float]) -> dict[str, Any]:
-    """NVRx's layout again, with rankguard's learned ``setup``/``step``/``checkpointing``
-    (and any other section it learned) as calculated sections; the rest as it was."""
+def to_nvrx(previous: JsonObject, learned: dict[str, float]) -> JsonObject:
+    """NVRx's layout again (``previous`` one that :func:`is_nvrx_state` accepts), with
+    rankguard's learned ``setup``/``step``/``checkpointing`` (and any other section it
+    learned) as calculated sections; the rest as it was."""
     out = copy.deepcopy(previous)
-    current = out.setdefault(_KEY, {})
+    current = as_dict(out.get(_KEY))
+    if current is None:
+        current = {}
+        out[_KEY] = current
     section = current.setdefault("section", {})
     timeouts = section.setdefault("section", {})
     calculated = list(section.get("calculated_sections") or [])

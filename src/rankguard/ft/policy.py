@@ -15,10 +15,11 @@ import time
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from rankguard.ft.decide import Decision, RestartDecider
 from rankguard.ft.evidence import failure_fingerprint, read_attempt
+from rankguard.ft.failure import WorkerFailure
+from rankguard.schema.jsontypes import JsonInput, JsonObject
 
 __all__ = ["STOP_KIND", "RestartPolicy", "stop_entry"]
 
@@ -28,7 +29,7 @@ STOP_KIND = "stop"
 """``restarts.jsonl``'s ``kind`` of a stop decision (no restart happened)."""
 
 
-def stop_entry(run_id: str, decision: Decision, when: float) -> dict[str, Any]:
+def stop_entry(run_id: str, decision: Decision, when: float) -> JsonObject:
     """The ``restarts.jsonl`` line of a stop decision."""
     fp = decision.fingerprint
     return {
@@ -56,7 +57,7 @@ class RestartPolicy:
         decider: RestartDecider,
         run_dir: str | Path,
         run_id: str,
-        write: Callable[[dict[str, Any]], None] | None = None,
+        write: Callable[[JsonObject], None] | None = None,
     ) -> None:
         self.decider = decider
         self.run_dir = Path(run_dir)
@@ -66,8 +67,8 @@ class RestartPolicy:
 
     def after_failure(
         self,
-        failure: Mapping[str, Any],
-        cause: Mapping[str, Any] | None,
+        failure: WorkerFailure,
+        cause: JsonInput | None,
         pids: Mapping[int, int],
     ) -> Decision:
         """Decide after the group of ``pids`` (rank -> pid) failed with root cause

@@ -10,9 +10,8 @@ of the run (:mod:`rankguard.ft.learned`).
 
 from __future__ import annotations
 
-from typing import Any
-
 from rankguard.rank.timeline import RING_SIZE, ProgressTracker
+from rankguard.schema.jsontypes import JsonObject
 
 __all__ = ["SectionStats"]
 
@@ -60,7 +59,7 @@ class SectionStats:
             self.hb_gap_max_s = max(self.hb_gap_max_s, (now - self._last_record_ns) / 1e9)
         self._last_record_ns = now
 
-    def heartbeat_fields(self) -> dict[str, Any]:
+    def heartbeat_fields(self) -> JsonObject:
         self.update()
         return {
             "ft_stats": {

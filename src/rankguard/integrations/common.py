@@ -3,8 +3,6 @@ FLOPs from a model's config, and rankguard's perf metrics as log keys."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from rankguard.bootstrap import init
@@ -31,8 +29,9 @@ def resolve_session(session: RankSession | None) -> RankSession:
     return session if session is not None else init()
 
 
-def perf_logs(session: RankSession, last: dict[str, Any] | None) -> dict[str, float]:
-    """rankguard's latest perf window as log keys (empty when none or already given)."""
+def perf_logs(session: RankSession, last: object) -> dict[str, float]:
+    """rankguard's latest perf window as log keys (empty when none, or when it is
+    ``last``: the window already given)."""
     perf = session.perf
     latest = perf.latest if perf is not None else None
     if latest is None or latest is last:

@@ -69,7 +69,7 @@ class RankguardCallback(TrainerCallback):
         self._training = False
         self._save_after_eval = False
         self._batch_set = False
-        self._last_logged: dict[str, Any] | None = None
+        self._last_logged: object = None  # the perf window last logged (by identity)
 
     @property
     def _live(self) -> RankSession | None:

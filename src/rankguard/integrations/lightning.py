@@ -79,7 +79,7 @@ class RankguardCallback(pl.Callback):
         self._batch_set = False
         self._saving = False
         self._phase_before_eval: str | None = None
-        self._last_logged: dict[str, Any] | None = None
+        self._last_logged: object = None  # the perf window last logged (by identity)
         self._flops: StepFlopCounter | None = None  # counting the first optimizer step
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

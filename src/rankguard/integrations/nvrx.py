@@ -74,6 +74,7 @@ from typing import Any
 
 from rankguard.ft.launcher_flags import nvrx_version
 from rankguard.schema.blocks import NvrxBlock
+from rankguard.schema.jsontypes import JsonObject
 
 __all__ = [
     "SOCKET_DIR_ENV",
@@ -264,7 +265,7 @@ class RankMonitorBridge:
         self.heartbeats = 0
         self.section_events = 0
         self.open_sections: dict[str, str] = {}  # name -> the phase before it
-        self.calculated: dict[str, Any] | None = None
+        self.calculated: JsonObject | None = None
         # NVRx 0.7: the client's iteration at init, its warm-up iterations, the last
         # iteration a step section reported; replies to heartbeats and sections or not
         self.init_iteration: int | None = None
@@ -477,7 +478,7 @@ class RankMonitorBridge:
             self._section(name, close)
 
     def _timeouts(self, msg: Any) -> None:
-        out: dict[str, Any] = {}
+        out: JsonObject = {}
         for key in ("hb_timeouts", "section_timeouts"):
             value = getattr(msg, key, None)
             if value is None:

@@ -48,6 +48,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from string import Template
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -57,11 +58,12 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.multiprocessing.api import MultiprocessContext, SubprocessContext
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
+from rankguard.ft.failure import WorkerFailure
 from rankguard.ft.kill import OwnedWorkers
 from rankguard.integrations.nvrx import launcher_socket_dir
 from rankguard.launcher.handover import HandoverResult, wait_for_handover
 from rankguard.schema.exits import EXIT_RERUN_VALIDATION_FAILED
-from rankguard.schema.findings import FindingType
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.restarts import RestartCause, RestartEntry
 from rankguard.util.procs import pid_running
 
@@ -99,9 +101,9 @@ def worker_stop_signal(received: int) -> signal.Signals:
     return signal.SIGTERM if received in names else signal.Signals(received)
 
 
-def first_failure(result: Any) -> dict[str, Any] | None:
-    """The first failure of a RunResult, as a plain dict (the root cause): a rank killed
-    by a signal first, else the earliest error file."""
+def first_failure(result: Any) -> WorkerFailure | None:
+    """The first failure of a RunResult (the root cause): a rank killed by a signal
+    first, else the earliest error file."""
     failures = getattr(result, "failures", None) or {}
     if not failures:
         return None
@@ -109,16 +111,15 @@ def first_failure(result: Any) -> dict[str, Any] | None:
     message = failure.message
     if isinstance(message, dict):
         message = message.get("message") or message.get("extraInfo", {}).get("py_callstack")
-    return {
-        "finding_type": FindingType.WORKER_FAILED.value,
-        "rank": rank,
-        "local_rank": failure.local_rank,
-        "pid": failure.pid,
-        "exit_code": failure.exitcode,
-        "signal": failure.signal_name() if failure.exitcode < 0 else None,
-        "error": str(message)[-2000:] if message else None,
-        "error_file": failure.error_file,
-    }
+    return WorkerFailure(
+        rank=rank,
+        local_rank=failure.local_rank,
+        pid=failure.pid,
+        exit_code=failure.exitcode,
+        signal=failure.signal_name() if failure.exitcode < 0 else None,
+        error=str(message)[-2000:] if message else None,
+        error_file=failure.error_file,
+    )
 
 
 def drop_torn_error_files(error_files: dict[int, str]) -> list[str]:
@@ -209,13 +210,13 @@ def _cause_rank(failure: Any) -> tuple[int, float]:
     return (2 if sigterm else 0 if by_signal else 1), when
 
 
-def _final_verdict(failure: dict[str, Any]) -> bool:
+def _final_verdict(failure: WorkerFailure) -> bool:
     """A failure a restart in the job cannot help, by the rerun state machine's verdict:
     exit 17 (this hardware was faulty: the scheduler excludes the node) or a fault that
     reproduced after the resume (a data or model problem)."""
-    if failure["exit_code"] == EXIT_RERUN_VALIDATION_FAILED:
+    if failure.exit_code == EXIT_RERUN_VALIDATION_FAILED:
         return True
-    return "ReproducibleFaultError" in str(failure.get("error") or "")
+    return "ReproducibleFaultError" in (failure.error or "")
 
 
 class RankguardAgent(LocalElasticAgent):
@@ -243,9 +244,9 @@ class RankguardAgent(LocalElasticAgent):
         self._on_restart = on_restart
         self._on_failure = on_failure
         self._grace_s = grace_s
-        self._cause: dict[str, Any] | None = None
-        self._before_cause: tuple[dict[str, Any] | None, bool, int] | None = None
-        self.last_failure: dict[str, Any] | None = None
+        self._cause: JsonObject | None = None  # the finding acted on, as written
+        self._before_cause: tuple[JsonObject | None, bool, int] | None = None
+        self.last_failure: WorkerFailure | None = None
         self.aborted = False
         self.restarts = 0
         self._cause_lock = threading.Lock()
@@ -263,7 +264,7 @@ class RankguardAgent(LocalElasticAgent):
 
     # ---- the launcher's side ---------------------------------------------------------
 
-    def set_cause(self, finding: dict[str, Any], *, abort: bool) -> None:
+    def set_cause(self, finding: JsonObject, *, abort: bool) -> None:
         """The launcher is about to kill a worker because of ``finding``."""
         with self._cause_lock:
             self._before_cause = (self._cause, self.aborted, self._remaining_restarts)
@@ -272,7 +273,7 @@ class RankguardAgent(LocalElasticAgent):
                 self.aborted = True
                 self._remaining_restarts = 0
 
-    def withdraw_cause(self, finding: dict[str, Any]) -> None:
+    def withdraw_cause(self, finding: JsonObject) -> None:
         """The kill for ``finding`` did not happen: no restart (or abort) because of it;
         the cause, the abort and the restart budget are as they were before it."""
         with self._cause_lock:
@@ -292,8 +293,9 @@ class RankguardAgent(LocalElasticAgent):
         if failure is None or exclusion is None:
             return False
         try:
-            exclusion.note_failure(failure, [w.global_rank for w in worker_group.workers])
-            return exclusion.final_verdict_taken(failure)
+            record = failure.to_dict()
+            exclusion.note_failure(record, [w.global_rank for w in worker_group.workers])
+            return exclusion.final_verdict_taken(record)
         except Exception:
             logger.exception("rankguard: exclusion failed to note the failure")
             return False
@@ -303,8 +305,9 @@ class RankguardAgent(LocalElasticAgent):
         self.preemption = coordinator
 
     @property
-    def pending_cause(self) -> dict[str, Any] | None:
-        """A finding acted on after the last restart: what ended the job, if it ended."""
+    def pending_cause(self) -> JsonObject | None:
+        """A finding acted on after the last restart, as its ``findings.jsonl`` line:
+        what ended the job, if it ended."""
         return self._cause
 
     # ---- lifecycle extensions --------------------------------------------------------
@@ -352,7 +355,7 @@ class RankguardAgent(LocalElasticAgent):
                 self._remaining_restarts = 0
                 self.aborted = True
             self._decide(worker_group)
-            root = RestartCause.from_dict(self.last_failure)
+            root = self.last_failure.cause() if self.last_failure is not None else None
             if root is not None and self._on_failure is not None:
                 try:  # the monitor names the same culprit (it sees exits, not exit codes)
                     self._on_failure(root)
@@ -461,25 +464,31 @@ class RankguardAgent(LocalElasticAgent):
 
     def _restart_workers(self, worker_group: Any) -> None:
         with self._cause_lock:
-            cause = self._cause or self.last_failure
-            self._cause = None
-        self.last_failure = None
+            acted, self._cause = self._cause, None
+        failure, self.last_failure = self.last_failure, None
+        cause = (
+            RestartCause.from_dict(acted)
+            if acted is not None
+            else failure.cause()
+            if failure is not None
+            else None
+        )
         if cause is None and worker_group.state == WorkerState.HEALTHY:
             cause = self._membership_cause(worker_group)
         self.restarts += 1
         decision, self._decision = self._decision, None
         if decision is not None:
-            cause = {**(cause or {}), **decision.to_dict()}
+            cause = replace(cause or RestartCause(), decision=decision.to_dict())
         if self._on_restart is not None:
             try:
-                self._on_restart(self.restarts, RestartCause.from_dict(cause))
+                self._on_restart(self.restarts, cause)
             except Exception:
                 logger.exception("rankguard: restart notification failed")
         t0 = time.monotonic()
         super()._restart_workers(worker_group)
         logger.info("rankguard: worker group restarted in %.2fs", time.monotonic() - t0)
 
-    def _membership_cause(self, worker_group: Any) -> dict[str, Any] | None:
+    def _membership_cause(self, worker_group: Any) -> RestartCause | None:
         """A restart without a failure: torch's agent restarts a healthy group when
         nodes wait to join it (an elastic ``--nnodes MIN:MAX`` job below MAX, a node
         back after a loss). Named, not left an unknown cause."""
@@ -490,11 +499,11 @@ class RankguardAgent(LocalElasticAgent):
             return None
         if waiting <= 0:
             return None
-        return {
-            "finding_type": RESTART_NODES_JOINED,
-            "message": f"{waiting} node(s) waiting to join: the group restarts to take "
+        return RestartCause(
+            finding_type=RESTART_NODES_JOINED,
+            message=f"{waiting} node(s) waiting to join: the group restarts to take "
             "them in (elastic --nnodes MIN:MAX)",
-        }
+        )
 
     def _stop_workers(self, worker_group: Any) -> None:
         old = sorted(self.workers.pids())

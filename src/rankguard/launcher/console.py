@@ -15,9 +15,10 @@ from typing import Any
 from rankguard.monitor.api import FindingSink
 from rankguard.monitor.monitor import JobMonitor
 from rankguard.schema.findings import Finding
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.restarts import RestartEntry, RestartsBlock
 from rankguard.schema.status import MonitorInfo, StatusDoc
-from rankguard.schema.statusblocks import StopRequestedBlock
+from rankguard.schema.statusblocks import PreemptionBlock, StopRequestedBlock
 from rankguard.util.textsafe import safe_text
 from rankguard.view.statusnotes import ITERATION_MARKS, restart_cause, restarts_summary
 
@@ -30,13 +31,13 @@ __all__ = [
 ]
 
 
-def status_line(status: dict[str, Any]) -> str:
+def status_line(status: JsonObject) -> str:
     """One line for the terminal; values from the ranks' records are shown with their
     control characters escaped."""
     return safe_text(_status_line(status))
 
 
-def _status_line(status: dict[str, Any]) -> str:
+def _status_line(status: JsonObject) -> str:
     if not status:
         return "waiting for the first scan"
     doc = StatusDoc.from_dict(status)
@@ -63,7 +64,7 @@ def restart_line(entry: RestartEntry) -> str:
     return safe_text(f"restart {number} of the workers: {restart_cause(entry)}")
 
 
-def run_end_line(status: dict[str, Any] | None) -> str:
+def run_end_line(status: JsonObject | None) -> str:
     """The launcher's last word on the run: the job's state (``stopped``: the launcher
     stopped the workers on a signal; the monitor thread's own state, ``monitor.state``,
     is said apart when it is not ``scanning``), its findings and every restart with its
@@ -72,7 +73,7 @@ def run_end_line(status: dict[str, Any] | None) -> str:
     total = doc.summary.findings_total or 0
     state = doc.state or "unknown"
     if state == "stopped":
-        state = _stopped_how(status or {}, doc)
+        state = _stopped_how(doc)
     line = f"run {state}: {total} finding(s)"
     block = doc.block(RestartsBlock)
     restarts = restarts_summary(block.entries) if block is not None else None
@@ -81,11 +82,11 @@ def run_end_line(status: dict[str, Any] | None) -> str:
     return safe_text(line + monitor_problem(doc.monitor))
 
 
-def _stopped_how(status: dict[str, Any], doc: StatusDoc) -> str:
+def _stopped_how(doc: StatusDoc) -> str:
     """Who stopped a ``stopped`` job: the preemption, the stop step node 0 agreed on
     for a straggler (``stop_if_detected``), else the launcher (a signal)."""
-    pre = status.get("preemption")
-    if isinstance(pre, dict) and pre.get("reason"):
+    pre = doc.block(PreemptionBlock)
+    if pre is not None and pre.reason:
         return "stopped: preempted"
     stop = doc.block(StopRequestedBlock)
     if stop is not None and str(stop.reason or "").startswith("straggler"):

@@ -22,6 +22,7 @@ from rankguard.launcher.live import LiveRecovery
 from rankguard.launcher.options import LaunchOptions
 from rankguard.launcher.services import NodeServices
 from rankguard.schema import layout
+from rankguard.schema.jsontypes import JsonObject
 
 __all__ = ["build_agent", "entrypoint", "features_line", "live_recovery"]
 
@@ -176,7 +177,7 @@ def restart_policy(cfg: RankguardConfig, services: NodeServices) -> RestartPolic
     """The launch's restart-or-stop decisions (:mod:`rankguard.ft.decide`); a stop is a
     ``restarts.jsonl`` line on node 0, which writes that file."""
 
-    def write(entry: dict[str, Any]) -> None:
+    def write(entry: JsonObject) -> None:
         if services.node_rank == 0:
             services.restarts_file.append([entry])
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import MutableMapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rankguard.launcher.membership import _exclusion, _spares
 from rankguard.launcher.nodeservice import (
@@ -24,6 +24,7 @@ from rankguard.launcher.nodeservice import (
     ServiceFactory,
     build_services,
 )
+from rankguard.monitor.api import StatusFields
 from rankguard.schema.layout import ft_state_dir
 from rankguard.schema.statusblocks import CheckpointsBlock
 
@@ -292,7 +293,7 @@ class CheckpointsService(NullService):
     def stop(self) -> None:
         return None
 
-    def status_fields(self) -> dict[str, Any]:
+    def status_fields(self) -> StatusFields:
         from rankguard.view.runfiles import read_checkpoints
 
         if self.run_dir is None:

@@ -21,6 +21,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from rankguard.launcher.nodeservice import LaunchContext, NodeLeft, NullService
+from rankguard.monitor.api import StatusFields
+from rankguard.schema.jsontypes import JsonObject
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -46,7 +48,7 @@ class SpareService(NullService):
         self.min_nodes = 1
         self.services: Any = None  # the NodeServices: store, run id, node, round
         self.replacements: list[Replacement] = []
-        self._agents: tuple[float, list[dict[str, Any]]] | None = None
+        self._agents: tuple[float, list[JsonObject]] | None = None
         #: waiting agents whose beat stopped (spares gone while they waited), as node 0 saw
         self.spares_gone: set[str] = set()
         self._spare_watch: SpareWatch | None = None
@@ -73,7 +75,7 @@ class SpareService(NullService):
         self.min_nodes = opts.min_nodes
         return SpareKeeper(handler, registry, say=launch.say)
 
-    def status_fields(self) -> dict[str, Any]:
+    def status_fields(self) -> StatusFields:
         elastic = self.elastic_fields()
         return {} if elastic is None else {elastic.name: elastic}
 

@@ -37,7 +37,9 @@ from rankguard.health.node_checks import (
     run_node_checks,
 )
 from rankguard.launcher.nodeservice import LaunchContext, NodeContext, NullService
+from rankguard.monitor.api import StatusFields
 from rankguard.schema.findings import Finding, FindingType, Reason
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.layout import FINDINGS_FILE, HEARTBEAT_FILE_RE, node_health_file_name
 from rankguard.util.fs import append_jsonl, atomic_write_json
 
@@ -173,7 +175,7 @@ class NodeHealthService(NullService):
         *,
         rank: int,
         message: str,
-        detail: dict[str, Any],
+        detail: JsonObject,
         **fields: Any,
     ) -> None:
         finding = Finding.build(
@@ -279,7 +281,7 @@ class NodeHealthService(NullService):
         if thread is not None:
             thread.join(5.0)
 
-    def status_fields(self) -> dict[str, Any]:
+    def status_fields(self) -> StatusFields:
         report = self.latest
         if report is None:
             return {}

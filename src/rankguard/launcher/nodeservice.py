@@ -66,6 +66,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from rankguard.monitor.api import StatusFields
+
 if TYPE_CHECKING:
     from rankguard.config import RankguardConfig
     from rankguard.ft.actions import AgentControl
@@ -153,7 +155,7 @@ class NodeService(Protocol):
 
     def finish(self, node: NodeContext) -> None: ...
 
-    def status_fields(self) -> dict[str, Any]: ...
+    def status_fields(self) -> StatusFields: ...
 
     def outcome(self, outcome: JobOutcome) -> JobOutcome: ...
 
@@ -202,7 +204,7 @@ class NullService:
     def finish(self, node: NodeContext) -> None:
         return None
 
-    def status_fields(self) -> dict[str, Any]:
+    def status_fields(self) -> StatusFields:
         return {}
 
     def outcome(self, outcome: JobOutcome) -> JobOutcome:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from rankguard.health import collect_gpu_health
 from rankguard.schema.coerce import as_list
@@ -25,10 +24,12 @@ from rankguard.util.fs import atomic_write_json
 __all__ = ["EXIT_UNHEALTHY_GPU", "preflight_gpu_check"]
 
 from rankguard.launcher.exitcodes import EXIT_UNHEALTHY_GPU
+from rankguard.schema.coerce import as_list
+from rankguard.schema.jsontypes import JsonInput
 
 
-def _describe(gpu: dict[str, Any]) -> str:
-    problems = ", ".join(gpu.get("problems") or []) or "no detail"
+def _describe(gpu: JsonInput) -> str:
+    problems = ", ".join(str(p) for p in as_list(gpu.get("problems"))) or "no detail"
     return f"GPU {gpu.get('index')} ({gpu.get('name')}, {gpu.get('uuid')}): {problems}"
 
 

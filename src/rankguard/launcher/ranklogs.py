@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rankguard.schema.coerce import as_int
+from rankguard.schema.jsontypes import JsonInput, JsonObject, JsonValue
 from rankguard.util.fs import atomic_write_json
 
 __all__ = ["RankLogs", "find_rank_logs", "index_name", "read_index", "recording_logs_specs"]
@@ -40,7 +42,7 @@ class RankLogs:
     stderr: str = ""
     error_file: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "rank": self.rank,
             "node": self.node,
@@ -52,19 +54,20 @@ class RankLogs:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RankLogs:
-        try:
-            return cls(
-                rank=int(d["rank"]),
-                node=int(d["node"]),
-                local_rank=int(d["local_rank"]),
-                attempt=int(d["attempt"]),
-                stdout=str(d.get("stdout") or ""),
-                stderr=str(d.get("stderr") or ""),
-                error_file=str(d.get("error_file") or ""),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"rank log record: bad field: {exc}") from None
+    def from_dict(cls, d: JsonInput) -> RankLogs:
+        numbers = {key: as_int(d.get(key)) for key in ("rank", "node", "local_rank", "attempt")}
+        bad = [key for key, value in numbers.items() if value is None]
+        if bad:
+            raise ValueError(f"rank log record: bad field: {bad[0]!r} is not an integer")
+        return cls(
+            rank=numbers["rank"] or 0,
+            node=numbers["node"] or 0,
+            local_rank=numbers["local_rank"] or 0,
+            attempt=numbers["attempt"] or 0,
+            stdout=str(d.get("stdout") or ""),
+            stderr=str(d.get("stderr") or ""),
+            error_file=str(d.get("error_file") or ""),
+        )
 
 
 def _file(path: str) -> str:
@@ -86,9 +89,9 @@ def _make_specs_class() -> type:
 
         def reify(self, envs: dict[int, dict[str, str]]) -> Any:
             dest = self.inner.reify(envs)
-            records = []
+            logs = []
             for local_rank, env in sorted(envs.items()):
-                records.append(
+                logs.append(
                     RankLogs(
                         rank=int(env.get("RANK", local_rank)),
                         node=int(env.get("GROUP_RANK", 0)),
@@ -97,11 +100,11 @@ def _make_specs_class() -> type:
                         stdout=_file(dest.stdouts.get(local_rank, "")),
                         stderr=_file(dest.stderrs.get(local_rank, "")),
                         error_file=_file(dest.error_files.get(local_rank, "")),
-                    ).to_dict()
+                    )
                 )
-            if records:
-                node = records[0]["node"]
-                atomic_write_json(self.run_dir / index_name(node), {"ranks": records})
+            if logs:
+                records: list[JsonValue] = [log.to_dict() for log in logs]
+                atomic_write_json(self.run_dir / index_name(logs[0].node), {"ranks": records})
             return dest
 
     return _Recording

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rankguard.config import RankguardConfig, config_to_dict, dumps_config
+from rankguard.ft.failure import WorkerFailure
 from rankguard.ft.flightrec import flight_recorder_env
 from rankguard.launcher.agent import RankguardAgent, first_failure
 from rankguard.launcher.checks import check_launch
@@ -55,6 +56,8 @@ from rankguard.live.roles import STANDBY_RANKS_ENV
 from rankguard.rank.identity import ENV
 from rankguard.schema import layout
 from rankguard.schema.cadence import Cadence
+from rankguard.schema.coerce import as_dict, as_list, as_str
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.status import StatusDoc
 from rankguard.schema.statusblocks import GoodputBlock
 from rankguard.util.fs import atomic_write_json
@@ -690,7 +693,14 @@ def _outcome(
         return JobOutcome(fault_tolerance=ft_on)
     if result is None or result.is_failed():
         root = first_failure(result) or agent.last_failure
-        cause = agent.pending_cause or root
+        acted = agent.pending_cause
+        cause = (
+            as_str(acted.get("finding_type"))
+            if acted is not None
+            else root.finding_type
+            if root is not None
+            else None
+        )
         summary = failure_summary(target, getattr(result, "failures", None) or {})
         if summary is not None:  # as torchrun prints it, for its users and log scrapers
             print(summary, file=sys.stderr, flush=True)
@@ -705,11 +715,11 @@ def _outcome(
             killed_on_request=_killed_on_request(services, root),
         ):
             _say(line)
-        if root is not None and root.get("error_file") and os.path.isfile(str(root["error_file"])):
-            _say(f"error file: {root['error_file']} (host {socket.gethostname()})")
+        if root is not None and root.error_file and os.path.isfile(root.error_file):
+            _say(f"error file: {root.error_file} (host {socket.gethostname()})")
         if agent.restarts:
             _say(f"{agent.restarts} in-job restart(s) spent (budget {max_restarts})")
-        worker_exit = root["exit_code"] if root is not None else None
+        worker_exit = root.exit_code if root is not None else None
         _say_rerun(worker_exit, services.run_dir)
         if agent.stop_decision is not None:
             _say(agent.stop_decision.line())
@@ -718,7 +728,7 @@ def _outcome(
             failed=True,
             fault_tolerance=ft_on,
             aborted=agent.aborted,
-            cause=cause.get("finding_type") if cause is not None else None,
+            cause=cause,
             worker_exit=worker_exit,
         )
     stop_at, reason = _agreed_stop(services)
@@ -753,10 +763,10 @@ def _grace_kills_only(result: Any, agent: RankguardAgent) -> bool:
     return all(f.pid in killed for f in failures.values())
 
 
-def _killed_on_request(services: NodeServices, root: dict[str, Any] | None) -> bool:
+def _killed_on_request(services: NodeServices, root: WorkerFailure | None) -> bool:
     """This node's relay killed the root cause's rank for node 0's fault tolerance."""
     relay = services.relay
-    return root is not None and relay is not None and root.get("pid") in relay.killed
+    return root is not None and relay is not None and root.pid in relay.killed
 
 
 def _say_rerun(worker_exit: int | None, run_dir: Path) -> None:
@@ -771,7 +781,7 @@ def _say_rerun(worker_exit: int | None, run_dir: Path) -> None:
         from rankguard.rerun.verdict import read_verdict
 
         verdict = read_verdict(run_dir) or {}
-        for c in verdict.get("faulty") or [{}]:
+        for c in [as_dict(c) or {} for c in as_list(verdict.get("faulty"))] or [{}]:
             _say(
                 f"exit 17: validation failed at iteration {verdict.get('iteration', '?')}: "
                 f"rank {c.get('rank', '?')}'s first run was faulty: host "
@@ -779,7 +789,7 @@ def _say_rerun(worker_exit: int | None, run_dir: Path) -> None:
             )
 
 
-def _report(run_dir: Path, status: dict[str, Any] | None) -> None:
+def _report(run_dir: Path, status: JsonObject | None) -> None:
     _say(run_end_line(status))
     doc = StatusDoc.from_dict(status or {})
     if doc.monitor.errors:

@@ -36,11 +36,13 @@ from rankguard.launcher.console import restart_line
 from rankguard.launcher.features import FACTORIES
 from rankguard.launcher.nodeservice import NodeContext, NodeService, build_services
 from rankguard.monitor.agree import StopAgreement
+from rankguard.monitor.api import StatusFields
 from rankguard.monitor.monitor import JobMonitor
 from rankguard.monitor.rules import peer_failure
 from rankguard.relay.relay import StoreRelay, StoreRemoteSource, publish_control, request_kill
 from rankguard.schema.cadence import Cadence
 from rankguard.schema.findings import Finding, FindingType, Reason
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.layout import RunLayout, StoreKeys, ft_state_dir
 from rankguard.schema.restarts import LostRank, RestartCause, RestartEntry, RestartsBlock
 from rankguard.schema.statusblocks import TimeoutsBlock, block_json
@@ -176,10 +178,10 @@ class NodeServices:
         """The step every rank was asked to stop at, if any."""
         return self.agreement.stop_at if self.agreement is not None else None
 
-    def status_fields(self) -> dict[str, Any]:
+    def status_fields(self) -> JsonObject:
         """Called by the monitor at each scan (each source's blocks in turn); also
         retries unwritten restart lines."""
-        out: dict[str, Any] = {}
+        out: JsonObject = {}
         # each source alone: one that raises (a store entry anyone can write) is counted
         # and said, the others stay in status.json
         for name, source in self._status_sources():
@@ -194,7 +196,7 @@ class NodeServices:
             out["status_errors"] = dict(self.status_errors)
         return out
 
-    def _status_sources(self) -> list[tuple[str, Callable[[], dict[str, Any]]]]:
+    def _status_sources(self) -> list[tuple[str, Callable[[], StatusFields]]]:
         """What :meth:`status_fields` merges, in ``status.json``'s order, by name."""
         return [
             ("unwritten_restarts", self._unwritten_fields),
@@ -204,7 +206,7 @@ class NodeServices:
             *((service.name, service.status_fields) for service in self.services),
         ]
 
-    def _unwritten_fields(self) -> dict[str, Any]:
+    def _unwritten_fields(self) -> StatusFields:
         if self._restarts_out is None or self._restarts_out.flush():
             return {}
         return {
@@ -212,13 +214,13 @@ class NodeServices:
             "restarts_write_error": self._restarts_out.last_error,
         }
 
-    def _timeout_fields(self) -> dict[str, Any]:
+    def _timeout_fields(self) -> StatusFields:
         return {TimeoutsBlock.name: TimeoutsBlock.from_dict(self.cadence.in_force())}
 
-    def _restart_fields(self) -> dict[str, Any]:
+    def _restart_fields(self) -> StatusFields:
         return {RestartsBlock.name: RestartsBlock(tuple(self.restarts))} if self.restarts else {}
 
-    def _live_fields(self) -> dict[str, Any]:
+    def _live_fields(self) -> StatusFields:
         return {} if self.live is None else {"live": self.live.status()}
 
     def move(self, node_rank: int) -> None:
@@ -266,7 +268,7 @@ class NodeServices:
         remote = None
         if self.relaying:
 
-            def remote(node: int, targets: list[dict[str, Any]]) -> None:
+            def remote(node: int, targets: list[JsonObject]) -> None:
                 request_kill(self.store, self.run_id, node, targets)
 
         self.faults = FaultHandler(
@@ -541,7 +543,7 @@ class NodeServices:
         if self.relay is not None:
             self.relay.note_shutdown(reason)
 
-    def stop(self) -> dict[str, Any] | None:
+    def stop(self) -> JsonObject | None:
         """Stop everything; on node 0 return the monitor's final status."""
         status = None
         for service in self.services:

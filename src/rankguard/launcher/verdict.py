@@ -11,10 +11,14 @@ or a peer's echo ("Connection closed by peer"), else the agent's first failure.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from rankguard.ft.failure import WorkerFailure
 from rankguard.monitor.rules import peer_failure
+from rankguard.schema.coerce import as_dict, as_list
 from rankguard.schema.findings import FindingType
+from rankguard.schema.jsontypes import JsonInput
 from rankguard.util.textsafe import safe_text
 
 __all__ = ["failure_summary", "root_cause_lines"]
@@ -35,15 +39,13 @@ def failure_summary(name: str, failures: dict[int, Any]) -> str | None:
     )
 
 
-def _agent_words(root: dict[str, Any]) -> str:
-    sig = f" ({root['signal']})" if root.get("signal") else ""
-    last = (str(root.get("error") or "-").strip().splitlines() or ["-"])[-1][:300]
-    return (
-        f"rank {root['rank']} (pid {root['pid']}) exited with code {root['exit_code']}{sig}: {last}"
-    )
+def _agent_words(root: WorkerFailure) -> str:
+    sig = f" ({root.signal})" if root.signal else ""
+    last = ((root.error or "-").strip().splitlines() or ["-"])[-1][:300]
+    return f"rank {root.rank} (pid {root.pid}) exited with code {root.exit_code}{sig}: {last}"
 
 
-def _first_cause(findings: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _first_cause(findings: Sequence[JsonInput]) -> JsonInput | None:
     """The first finding of an error (not a warning) that names a rank: the failure the
     monitor saw first, on any node."""
     for f in findings:
@@ -58,9 +60,9 @@ def _first_cause(findings: list[dict[str, Any]]) -> dict[str, Any] | None:
     return None
 
 
-def _echo_only(f: dict[str, Any]) -> bool:
+def _echo_only(f: JsonInput) -> bool:
     """A rank's exit whose error says a peer went away, with no peer seen leaving."""
-    exit_info = f.get("exit") or {}
+    exit_info = as_dict(f.get("exit")) or {}
     return (
         f.get("finding_type") == FindingType.PROCESS_EXITED.value
         and peer_failure(exit_info.get("error"))
@@ -68,8 +70,8 @@ def _echo_only(f: dict[str, Any]) -> bool:
     )
 
 
-def _finding_words(f: dict[str, Any]) -> str:
-    early = (f.get("exit") or {}).get("peers_ended_first")
+def _finding_words(f: JsonInput) -> str:
+    early = as_list((as_dict(f.get("exit")) or {}).get("peers_ended_first"))
     if early and f.get("finding_type") == FindingType.PROCESS_EXITED.value:
         ranks = f"rank {early[0]}" if len(early) == 1 else f"ranks {', '.join(map(str, early))}"
         return (
@@ -83,15 +85,15 @@ def _finding_words(f: dict[str, Any]) -> str:
     return f"rank {f['rank']}: {f.get('finding_type')}: {message}"
 
 
-def _last_error_line(f: dict[str, Any]) -> str:
-    error = str((f.get("exit") or {}).get("error") or "-").strip()
+def _last_error_line(f: JsonInput) -> str:
+    error = str((as_dict(f.get("exit")) or {}).get("error") or "-").strip()
     return (error.splitlines() or ["-"])[-1][:300]
 
 
 def root_cause_lines(
-    root: dict[str, Any] | None,
-    acted: dict[str, Any] | None,
-    findings: list[dict[str, Any]],
+    root: WorkerFailure | None,
+    acted: JsonInput | None,
+    findings: Sequence[JsonInput],
     *,
     monitored: bool = True,
     stopped: str | None = None,
@@ -112,9 +114,9 @@ def root_cause_lines(
     why another rank's exit is not the cause."""
     if acted is not None and acted.get("finding_type") != FindingType.WORKER_FAILED.value:
         lines = [f"root cause: {_finding_words(acted)}"]
-        if root is not None and root.get("rank") == acted.get("rank") and root.get("signal"):
+        if root is not None and root.rank == acted.get("rank") and root.signal:
             lines.append(
-                f"  rank {root['rank']}'s exit code {root['exit_code']} ({root['signal']}) "
+                f"  rank {root.rank}'s exit code {root.exit_code} ({root.signal}) "
                 "is fault tolerance's kill for that finding, not the cause"
             )
         elif root is not None:
@@ -134,12 +136,12 @@ def root_cause_lines(
         return lines
     if root is None:
         return [f"root cause: {_finding_words(first)}"] if first is not None else []
-    echo = peer_failure(root.get("error"))
+    echo = peer_failure(root.error)
     if first is not None and _echo_only(first):
         first = None  # the monitor saw only the echo too: no cause found
-    if first is not None and (first.get("rank") != root.get("rank") or echo):
+    if first is not None and (first.get("rank") != root.rank or echo):
         lines = [f"root cause: {_finding_words(first)}"]
-        if first.get("rank") != root.get("rank"):
+        if first.get("rank") != root.rank:
             lines.append(f"  this node's first failed worker, a consequence: {_agent_words(root)}")
         return lines
     if echo and monitored:  # the monitor saw no rank fail before it

@@ -19,11 +19,12 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rankguard.monitor.api import FindingSink
 from rankguard.schema.blocks import CheckpointBlock, PerfBlock, PreemptBlock, read_block
 from rankguard.schema.findings import Finding, FindingType
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.layout import CONTROL_FILE
 from rankguard.schema.records import HeartbeatRecord
 from rankguard.schema.statusblocks import StopRequestedBlock
@@ -141,14 +142,14 @@ class StopAgreement(FindingSink):
         logger.warning("rankguard: all ranks stop at step %d: %s", self.stop_at, reason)
         return self.stop_at
 
-    def status_fields(self) -> dict[str, Any]:
+    def status_fields(self) -> dict[str, StopRequestedBlock]:
         if self.stop_at is None:
             return {}
         return {StopRequestedBlock.name: StopRequestedBlock(self.stop_at, self.reason)}
 
 
-def write_control(run_dir: Path, stop_at_step: int, reason: str) -> dict[str, Any]:
-    control = {
+def write_control(run_dir: Path, stop_at_step: int, reason: str) -> JsonObject:
+    control: JsonObject = {
         "schema_version": 1,
         "stop_at_step": stop_at_step,
         "reason": reason,

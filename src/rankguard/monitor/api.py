@@ -13,15 +13,21 @@ launcher's parts implement these without importing the monitor itself.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from rankguard.schema.findings import Finding
+from rankguard.schema.jsontypes import JsonObject, JsonValue
 
 if TYPE_CHECKING:
     from rankguard.monitor.rules import RankState
+    from rankguard.schema.statusblocks import StatusBlock
     from rankguard.util.disk import DiskState
 
-__all__ = ["Evaluator", "FindingSink", "RemoteSource", "StatusSource"]
+__all__ = ["Evaluator", "FindingSink", "RemoteSource", "StatusFields", "StatusSource"]
+
+StatusFields: TypeAlias = "Mapping[str, StatusBlock | JsonValue]"
+"""What a status source or a node service adds to ``status.json``, by key: a typed block
+of :mod:`rankguard.schema.statusblocks` (written as its ``to_dict``) or a JSON value."""
 
 
 class RemoteSource:
@@ -30,10 +36,10 @@ class RemoteSource:
     whether its launcher is stopping its workers, and the root cause its agent found
     from their exit codes. The last three say nothing by default."""
 
-    def fetch(self) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]:
+    def fetch(self) -> tuple[list[JsonObject], dict[int, JsonObject]]:
         raise NotImplementedError
 
-    def fetch_changed(self) -> tuple[list[Any], dict[int, dict[str, Any]]]:
+    def fetch_changed(self) -> tuple[list[Any], dict[int, JsonObject]]:
         """What changed since the last call (records as dicts or typed records); the
         monitor's call at each scan. By default everything :meth:`fetch` returns."""
         return self.fetch()
@@ -88,4 +94,4 @@ class StatusSource(Protocol):
     timeouts in force, a requested stop): by key, a typed block of
     :mod:`rankguard.schema.statusblocks` (written as its ``to_dict``) or a JSON value."""
 
-    def status_fields(self) -> dict[str, Any]: ...
+    def status_fields(self) -> StatusFields: ...

@@ -26,9 +26,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
 from rankguard.schema.collectives import CollectivesBlock
+from rankguard.schema.jsontypes import JsonObject
 
 __all__ = ["HangClass", "HangKind", "classify"]
 
@@ -72,7 +72,7 @@ class HangClass:
             )
         return "collectives: compute hang: no rank is inside a collective"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "kind": self.kind.value,
             "group": self.group,

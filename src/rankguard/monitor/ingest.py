@@ -15,13 +15,13 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from rankguard.health import gpu_for_rank
 from rankguard.monitor.api import RemoteSource
 from rankguard.monitor.config import HeartbeatConfig
 from rankguard.monitor.rules import HeartbeatRules
 from rankguard.schema.coerce import as_int, as_str
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.layout import HEALTH_FILE_RE, HEARTBEAT_FILE_RE, HEARTBEAT_SUFFIX, RunLayout
 from rankguard.schema.payloads import PayloadError, check_health, load_json
 from rankguard.schema.records import HeartbeatRecord
@@ -35,7 +35,7 @@ __all__ = ["HealthSnapshot", "Ingest"]
 logger = logging.getLogger(__name__)
 
 #: A node's GPU health: the snapshot, its file's mtime, when the monitor read it.
-HealthSnapshot = tuple[dict[str, Any], float, float]
+HealthSnapshot = tuple[JsonObject, float, float]
 
 
 class Ingest:
@@ -225,7 +225,7 @@ class Ingest:
                 self._health_stale[node] = stale
                 self.rules.mark_node(node)
 
-    def health_for(self, record: HeartbeatRecord) -> dict[str, Any] | None:
+    def health_for(self, record: HeartbeatRecord) -> JsonObject | None:
         node = record.node_rank
         known = self.health.get(node) if node is not None else None
         gpu = record.gpu

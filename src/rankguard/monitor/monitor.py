@@ -38,7 +38,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from rankguard.monitor import status as status_rows
 from rankguard.monitor.api import Evaluator, FindingSink, RemoteSource, StatusSource
@@ -49,7 +48,9 @@ from rankguard.monitor.rules import HeartbeatRules, Liveness, RankState
 from rankguard.monitor.status import DETAIL_COLUMNS
 from rankguard.schema.blocks import PerfBlock, read_block
 from rankguard.schema.cadence import Cadence
+from rankguard.schema.coerce import as_dict, as_list, as_str
 from rankguard.schema.findings import Finding
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.layout import RunLayout
 from rankguard.schema.records import SCHEMA_VERSION, HeartbeatRecord
 from rankguard.schema.status import FINAL_STATES, MonitorInfo, NodeHealth, RankRow, StatusDoc
@@ -89,7 +90,7 @@ class JobMonitor:
         remote: RemoteSource | None = None,
         check_pids: bool = True,
         clock: Callable[[], float] = time.monotonic,
-        config_snapshot: dict[str, Any] | None = None,
+        config_snapshot: JsonObject | None = None,
         section_timeouts: dict[str, float] | None = None,
         out_of_section_timeout: float | None = None,
         cadence: Cadence | None = None,
@@ -149,10 +150,10 @@ class JobMonitor:
         self._report_lock = threading.Lock()
         self._report_closed = False  # stop() has taken the last ones
         self._status_sources: list[StatusSource] = list(status_sources)
-        self.recent_findings: deque[dict[str, Any]] = deque(maxlen=20)
-        self._episode: list[dict[str, Any]] = []  # error findings since the last restart
+        self.recent_findings: deque[JsonObject] = deque(maxlen=20)
+        self._episode: list[JsonObject] = []  # error findings since the last restart
         self._episode_of = 0  # the rules' generation they belong to
-        self.status: dict[str, Any] = {}
+        self.status: JsonObject = {}
         self.outcome: str | None = None  # the launcher's word on the end (note_end)
         self.ended = False  # stop() drained the ranks: the status is the final one
         self._run_over = False  # note_end(): the launcher's run is over
@@ -215,7 +216,7 @@ class JobMonitor:
         """See :meth:`HeartbeatRules.note_restart`."""
         self.rules.note_restart(reason, cause_pending=cause_pending, now=self.clock())
 
-    def episode_findings(self) -> list[dict[str, Any]]:
+    def episode_findings(self) -> list[JsonObject]:
         """The first findings of an error (not warnings) since the ranks' processes
         were last replaced (a restart that happened, not one only noted), in the order
         found (at most :data:`EPISODE_FINDINGS`): what the launcher's root cause agrees
@@ -260,7 +261,7 @@ class JobMonitor:
         self.outcome = outcome
         self._run_over = True
 
-    def stop(self, drain_timeout_s: float = 0.0, write_wait_s: float = 5.0) -> dict[str, Any]:
+    def stop(self, drain_timeout_s: float = 0.0, write_wait_s: float = 5.0) -> JsonObject:
         """Stop scanning; first keep scanning up to ``drain_timeout_s`` until every rank
         has ended (and every relaying node said it is done), then, while findings or the
         status could not be written (a full disk), up to ``write_wait_s`` more. Returns
@@ -288,7 +289,7 @@ class JobMonitor:
             self._report_closed = True
         if not self._reported.empty():  # reported during the last scan
             self.scan_once()
-        if not self.status.get("rank_detail", {}).get("complete", True):
+        if not (as_dict(self.status.get("rank_detail")) or {}).get("complete", True):
             self._detail_due = 0.0  # the final rows of every rank
             self._write_rank_detail(self.clock())
         self.wait_rank_detail()
@@ -399,12 +400,12 @@ class JobMonitor:
     def _write_error_status(self) -> None:
         """The last status with the monitor's error state, written at once."""
         try:
-            status: dict[str, Any] = dict(self.status) or {
+            status: JsonObject = dict(self.status) or {
                 "schema_version": SCHEMA_VERSION,
                 "run_id": self.run_id,
                 "state": "starting",
             }
-            monitor: dict[str, Any] = dict(status.get("monitor") or {})
+            monitor: JsonObject = dict(as_dict(status.get("monitor")) or {})
             status["updated_wall_time"] = _iso_now()
             status["monitor"] = {**monitor, **self._error_fields()}
             self.status = status
@@ -412,7 +413,7 @@ class JobMonitor:
         except Exception as exc:  # nothing may escape the error path
             logger.error("rankguard monitor: cannot write the error status: %s", exc)
 
-    def _error_fields(self) -> dict[str, Any]:
+    def _error_fields(self) -> JsonObject:
         return {
             "state": self.state,
             "errors": self.errors,
@@ -551,7 +552,7 @@ class JobMonitor:
 
     # ---- status ---------------------------------------------------------------------
 
-    def _perf_status(self) -> dict[str, Any] | None:
+    def _perf_status(self) -> JsonObject | None:
         latest = self.perf_ranks.latest
         if latest is None:
             return None
@@ -563,7 +564,7 @@ class JobMonitor:
             "n_ranks": latest["n_ranks"],
         }
 
-    def _build_status(self, now: float) -> dict[str, Any]:
+    def _build_status(self, now: float) -> JsonObject:
         return self.status_doc(now).to_dict()
 
     def status_doc(self, now: float) -> StatusDoc:
@@ -578,11 +579,11 @@ class JobMonitor:
             detail.written_wall_time = self._detail_written
         health = {
             str(node): NodeHealth(
-                status=snap.get("status"),
-                source=snap.get("source"),
-                hostname=snap.get("hostname"),
+                status=as_str(snap.get("status")),
+                source=as_str(snap.get("source")),
+                hostname=as_str(snap.get("hostname")),
                 age_s=_round(now - seen),
-                gpus=len(snap.get("gpus") or []),
+                gpus=len(as_list(snap.get("gpus"))),
             )
             for node, (snap, _, seen) in sorted(self.ingest.health.items())
             if complete or snap.get("status") not in ("ok", "unavailable")
@@ -708,8 +709,8 @@ class JobMonitor:
             logger.exception("rankguard monitor: cannot write %s", self.layout.status_ranks)
         self.last_detail_write_s = time.perf_counter() - t0
 
-    def _status_fields(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
+    def _status_fields(self) -> JsonObject:
+        out: JsonObject = {}
         for source in self._status_sources:
             try:
                 # a typed block (rankguard.schema.statusblocks) is written as its dict

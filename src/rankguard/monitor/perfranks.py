@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any
 
 from rankguard.schema.blocks import PerfBlock
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.layout import PERF_RANKS_FILE
 
 __all__ = ["PERF_RANKS_FILE", "PerfRanks"]
@@ -27,7 +27,7 @@ class PerfRanks:
         self._iterations: dict[int, int] = {}
         self._max_done = 0
         self._latest_step: dict[int, int] = {}
-        self.latest: dict[str, Any] | None = None
+        self.latest: JsonObject | None = None
 
     def add(self, rank: int, perf: PerfBlock) -> int:
         """Take a rank's heartbeat ``perf`` block; returns its latest step."""
@@ -66,7 +66,7 @@ class PerfRanks:
             self.latest = out[-1]
         return out
 
-    def _line(self, step: int, by_rank: dict[int, float], world_size: int) -> dict[str, Any]:
+    def _line(self, step: int, by_rank: dict[int, float], world_size: int) -> JsonObject:
         values = list(by_rank.values())
         slowest = max(by_rank, key=by_rank.__getitem__)
         fastest = min(by_rank, key=by_rank.__getitem__)

@@ -63,9 +63,11 @@ from rankguard.rank.timeline import (
 )
 from rankguard.schema.blocks import exit_clean, read_block
 from rankguard.schema.cadence import Cadence
+from rankguard.schema.coerce import as_list
 from rankguard.schema.collectives import CollectivesBlock
 from rankguard.schema.findings import Finding, FindingType, Liveness, Progress, Reason
 from rankguard.schema.frames import waits_in_collective
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.records import MAX_RANKS, Event, HeartbeatRecord, RecordError, supersedes
 from rankguard.util.disk import DiskState
 
@@ -94,7 +96,7 @@ class RankState:
     progress: Progress = Progress.NOT_OBSERVED
     heartbeat_age_s: float | None = None
     progress_age_s: float | None = None
-    gpu_health: dict[str, Any] | None = None
+    gpu_health: JsonObject | None = None
     active: set[FindingType] = field(default_factory=set)  # finding types active for this pid
     # the active types that came with a finding (the others are held as state only: an
     # exit after the launcher's stop, a restart or a peer's failure)
@@ -139,7 +141,7 @@ class RankState:
         self.collectives = None
 
 
-HealthLookup = Callable[[HeartbeatRecord], dict[str, Any] | None]
+HealthLookup = Callable[[HeartbeatRecord], "JsonObject | None"]
 
 
 #: Up to this many ranks never seen get a finding each; more get one finding together.
@@ -222,7 +224,7 @@ class HeartbeatRules:
             sizes = [min(size, self._shrunk_to) for size in sizes]
         return max(sizes, default=0)
 
-    def accept(self, raw: dict[str, Any] | HeartbeatRecord) -> HeartbeatRecord | None:
+    def accept(self, raw: JsonObject | HeartbeatRecord) -> HeartbeatRecord | None:
         """The record typed and checked against this job, or None (counted in
         ``ignored_records``, the latest reason in ``last_ignored``) when it is invalid,
         of another run or of a rank outside the job."""
@@ -250,7 +252,7 @@ class HeartbeatRules:
         self.ignored_records += 1
         self.last_ignored = why
 
-    def ingest(self, raw: dict[str, Any] | HeartbeatRecord, now: float) -> bool:
+    def ingest(self, raw: JsonObject | HeartbeatRecord, now: float) -> bool:
         """Apply one record; False when it is ignored (invalid, other run, old pid,
         duplicate). Never raises for a bad record."""
         record = self.accept(raw)
@@ -748,7 +750,7 @@ class HeartbeatRules:
             and o.record.wall_time_ns <= rec.wall_time_ns
         )[:8]
 
-    def _pending_cause(self, exit_info: dict[str, Any], now: float) -> bool:
+    def _pending_cause(self, exit_info: JsonObject, now: float) -> bool:
         """During a restart noted with its cause pending (:meth:`note_restart`): whether
         this end, with its own error, is that cause."""
         until = self.cause_pending_until
@@ -923,7 +925,7 @@ class HeartbeatRules:
         observed_s: float | None,
         out: list[Finding],
         *,
-        detail: dict[str, Any] | None = None,
+        detail: JsonObject | None = None,
     ) -> None:
         if ftype in s.active:
             return
@@ -1279,6 +1281,7 @@ def _message(
     if ftype is FindingType.SECTION_TIMEOUT:
         what = "section" if reason is Reason.SECTION_EXCEEDED else "out-of-section phase"
         return f"{who}: {what} {rec.phase!r} has lasted {observed}s > {timeout_s:g}s [{where}]"
-    problems = ", ".join((s.gpu_health or {}).get("problems") or []) or "see gpu_health"
+    problems = ", ".join(map(str, as_list((s.gpu_health or {}).get("problems"))))
+    problems = problems or "see gpu_health"
     level = "unhealthy" if ftype is FindingType.HEALTH_FAILURE else "warning"
     return f"{who}: its GPU is {level}: {problems}"

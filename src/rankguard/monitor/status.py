@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from rankguard.monitor.rules import HeartbeatRules, Liveness, Progress, RankState
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.status import RankDetail, RankRow, StatusSummary
 
 __all__ = [
@@ -239,7 +240,7 @@ def _badness(s: RankState) -> tuple[int, float, int]:
     return tier, -(s.progress_age_s or s.heartbeat_age_s or 0.0), s.rank
 
 
-def _perf_row(perf: Any) -> dict[str, Any] | None:
+def _perf_row(perf: Any) -> JsonObject | None:
     if not isinstance(perf, dict):
         return None
     return {k: v for k, v in perf.items() if k != "windows"} or None

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rankguard.schema.findings import Finding
+from rankguard.schema.jsontypes import JsonObject
 
 if TYPE_CHECKING:
     from rankguard.monitor.rules import RankState
@@ -71,5 +72,5 @@ class UnregisteredFeatures:
         self.pending = []
         return []
 
-    def status(self) -> dict[str, Any] | None:
+    def status(self) -> JsonObject | None:
         return {"unused": list(self.unused)} if self.unused else None

@@ -57,6 +57,7 @@ from rankguard.ft.kill import (
 from rankguard.monitor.agree import write_control
 from rankguard.monitor.api import RemoteSource
 from rankguard.relay.delta import RecordPatcher, stable_part, tick_row
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.layout import HEARTBEAT_FILE_RE, RunLayout, StoreKeys
 from rankguard.schema.payloads import NodeBase, PayloadError, Tick, parse_kill_request
 from rankguard.schema.records import Event, HeartbeatRecord, RecordError, supersedes
@@ -80,7 +81,7 @@ def publish_control(store: Any, run_id: str, stop_at_step: int, reason: str) -> 
     store.set(StoreKeys(run_id).control, payload)
 
 
-def request_kill(store: Any, run_id: str, node_rank: int, targets: list[dict[str, Any]]) -> None:
+def request_kill(store: Any, run_id: str, node_rank: int, targets: list[JsonObject]) -> None:
     """Node 0: ask node ``node_rank``'s relay to dump the stacks of ``targets`` (dicts
     with rank, pid) and SIGKILL those marked ``kill``."""
     store.set(StoreKeys(run_id).kill(node_rank), json.dumps(targets))
@@ -221,11 +222,11 @@ class StoreRelay:
             if not rec.ended and not pid_running(rec.pid):
                 self._latest[rank] = rec.vanished(time.time_ns())
 
-    def offer(self, raw: dict[str, Any]) -> None:
+    def offer(self, raw: JsonObject) -> None:
         """One record of a local rank, as its heartbeat file holds it."""
         self._offer(raw)
 
-    def _offer(self, raw: dict[str, Any]) -> None:
+    def _offer(self, raw: JsonObject) -> None:
         """Keep ``raw`` if it is this run's newest record of its rank (the rules'
         :func:`~rankguard.schema.records.supersedes`); bad records are counted."""
         try:
@@ -249,13 +250,13 @@ class StoreRelay:
             self._started[rec.rank] = (rec.wall_time_ns, rec.monotonic_ns)
         self._latest[rec.rank] = rec
 
-    def _health(self) -> dict[str, Any] | None:
+    def _health(self) -> JsonObject | None:
         path = self.layout.health(self.node_rank)
         try:
-            snapshot: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-            return snapshot
+            snapshot = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
+        return snapshot if isinstance(snapshot, dict) else None
 
     def _serve_kill_requests(self) -> None:
         key = self.keys.kill(self.node_rank)
@@ -368,8 +369,8 @@ class _Node:
         self.tick_raw: bytes | None = None
         self.base_gen: tuple[Any, Any] | None = None  # (epoch, gen) of the full records
         self.patchers: dict[int, RecordPatcher] = {}  # rank -> its base record
-        self.raw_records: list[dict[str, Any]] = []  # full records that failed validation
-        self.health: dict[str, Any] | None = None
+        self.raw_records: list[JsonObject] = []  # full records that failed validation
+        self.health: JsonObject | None = None
 
 
 class StoreRemoteSource(RemoteSource):
@@ -433,10 +434,10 @@ class StoreRemoteSource(RemoteSource):
             out[node] = disk
         return out
 
-    def fetch(self) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]:
+    def fetch(self) -> tuple[list[JsonObject], dict[int, JsonObject]]:
         """Every node's current records (dicts, as the relays sent them) and health."""
         self.fetch_changed()
-        records: list[dict[str, Any]] = [r.to_dict() for _, r in sorted(self._current.items())]
+        records: list[JsonObject] = [r.to_dict() for _, r in sorted(self._current.items())]
         for node in self._state.values():
             records.extend(node.raw_records)
         health = {n: st.health for n, st in sorted(self._state.items()) if st.health}
@@ -444,7 +445,7 @@ class StoreRemoteSource(RemoteSource):
 
     def fetch_changed(
         self,
-    ) -> tuple[list[dict[str, Any] | HeartbeatRecord], dict[int, dict[str, Any]]]:
+    ) -> tuple[list[JsonObject | HeartbeatRecord], dict[int, JsonObject]]:
         """Records that changed since the last call (typed, or the raw dict of a full
         record that failed validation, for the monitor to count) and the health
         snapshots that changed."""
@@ -470,8 +471,8 @@ class StoreRemoteSource(RemoteSource):
                 self._disks[node] = tick.disk
             if tick.key != st.base_gen:
                 need_base.append(node)
-        out: list[dict[str, Any] | HeartbeatRecord] = []
-        health: dict[int, dict[str, Any]] = {}
+        out: list[JsonObject | HeartbeatRecord] = []
+        health: dict[int, JsonObject] = {}
         bases = self._multi_get([self.keys.heartbeats(n) for n in need_base])
         for node, raw in zip(need_base, bases, strict=True):
             try:  # each node in isolation: one node's bad payload never stops the others
@@ -490,7 +491,7 @@ class StoreRemoteSource(RemoteSource):
         return out, health
 
     def _patch(
-        self, node: int, st: _Node, row: Any, out: list[dict[str, Any] | HeartbeatRecord]
+        self, node: int, st: _Node, row: Any, out: list[JsonObject | HeartbeatRecord]
     ) -> None:
         try:
             patcher = st.patchers.get(row[0]) if type(row) is list and row else None
@@ -507,8 +508,8 @@ class StoreRemoteSource(RemoteSource):
             out.append(rec)
 
     def _load_base(
-        self, node: int, raw: Any, out: list[dict[str, Any] | HeartbeatRecord]
-    ) -> dict[str, Any] | None:
+        self, node: int, raw: Any, out: list[JsonObject | HeartbeatRecord]
+    ) -> JsonObject | None:
         """Node ``node``'s full records, used only when the whole payload parses; its
         records count only if they say they are of that node (``node_rank``)."""
         st = self._state[node]
@@ -520,7 +521,7 @@ class StoreRemoteSource(RemoteSource):
         if base.key == st.base_gen:
             return None  # the records we have (a tick older than them was read)
         patchers: dict[int, RecordPatcher] = {}
-        raw_records: list[dict[str, Any]] = []
+        raw_records: list[JsonObject] = []
         typed: list[HeartbeatRecord] = []
         for item in base.records:
             try:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rankguard.monitor.blockeval import BlockEvaluator
 from rankguard.schema.findings import Finding, FindingType, Reason
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.rerun import RerunBlock, RerunEvent, RerunOutcome
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ class RerunEvaluator(BlockEvaluator[RerunBlock]):
             self._seen[key] = max(seen, max(e.seq for e in block.events))
         return out
 
-    def status(self) -> dict[str, Any] | None:
+    def status(self) -> JsonObject | None:
         if not self._blocks:
             return None
         stats: dict[str, float] = {}
@@ -73,7 +74,7 @@ class RerunEvaluator(BlockEvaluator[RerunBlock]):
         return {
             "mode": first.mode,
             "reruns": max(b.reruns for b in self._blocks.values()),
-            "max_relative_diff": stats,
+            "max_relative_diff": {check: diff for check, diff in stats.items()},
             "worst_rank": {check: self._worst(check) for check in stats},
         }
 
@@ -85,7 +86,7 @@ class RerunEvaluator(BlockEvaluator[RerunBlock]):
 
     def _finding(self, rank: int, rec: HeartbeatRecord, event: RerunEvent) -> Finding:
         ftype, reason = _TYPES[event.outcome]
-        detail: dict[str, Any] = {
+        detail: JsonObject = {
             "rerun_outcome": event.outcome.value,
             "check": event.check,
             "initial_result": _json_number(event.initial),

@@ -47,6 +47,7 @@ from rankguard.rerun.rng import RngSnapshot, restore_rng, snapshot_rng
 from rankguard.rerun.state import RerunState, check_transition
 from rankguard.rerun.statefile import load_state, remove_state, save_state, state_path
 from rankguard.schema.exits import EXIT_RERUN_RESUME, EXIT_RERUN_VALIDATION_FAILED
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.rerun import MAX_EVENTS, RerunBlock, RerunEvent, RerunOutcome
 
 __all__ = [
@@ -656,7 +657,7 @@ class RerunStateMachine:
         faulty rank still on its first run's hardware tells its own node's launcher."""
         from rankguard.rerun.verdict import write_faulty_rank, write_verdict
 
-        here = {"hostname": self.hostname, "gpu": self.gpu}
+        here: JsonObject = {"hostname": self.hostname, "gpu": self.gpu}
         for c in culprits:
             if c.get("rank") == self.rank and {k: c.get(k) for k in here} == here:
                 write_faulty_rank(self.rank, here)

@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from rankguard.rank.runenv import RunEnv, current
+from rankguard.schema.jsontypes import JsonObject, JsonValue
 from rankguard.schema.layout import RERUN_FAULTY_PREFIX, RERUN_VERDICT_FILE
 from rankguard.util.fs import atomic_write_json, atomic_write_text
 
 __all__ = ["read_verdict", "write_faulty_rank", "write_verdict"]
 
 
-def write_verdict(
-    iteration: int, culprits: list[dict[str, Any]], env: RunEnv | None = None
-) -> None:
-    verdict = {"exit_code": 17, "iteration": iteration, "faulty": culprits}
+def write_verdict(iteration: int, culprits: list[JsonObject], env: RunEnv | None = None) -> None:
+    faulty: list[JsonValue] = list(culprits)
+    verdict: JsonObject = {"exit_code": 17, "iteration": iteration, "faulty": faulty}
     env = env or current()
     if env.run_dir:
         atomic_write_json(Path(env.run_dir) / RERUN_VERDICT_FILE, verdict)
@@ -31,7 +30,7 @@ def write_verdict(
         atomic_write_text(exclude, ",".join(hosts) + "\n")
 
 
-def write_faulty_rank(rank: int, hardware: dict[str, Any], env: RunEnv | None = None) -> None:
+def write_faulty_rank(rank: int, hardware: JsonObject, env: RunEnv | None = None) -> None:
     """A rank named faulty by exit 17, still on that hardware, says so in its own node's
     run directory: bad-node exclusion (``fault_tolerance.exclude_bad_nodes``) takes that
     node out of the job."""
@@ -41,7 +40,7 @@ def write_faulty_rank(rank: int, hardware: dict[str, Any], env: RunEnv | None = 
         atomic_write_json(path, {"rank": rank, **hardware})
 
 
-def read_verdict(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+def read_verdict(run_dir: str | os.PathLike[str]) -> JsonObject | None:
     import json
 
     try:

@@ -16,6 +16,7 @@ from rankguard.scheduler.base import Scheduler
 from rankguard.scheduler.kubeflow import KUBEFLOW
 from rankguard.scheduler.plain import PLAIN
 from rankguard.scheduler.slurm import SLURM
+from rankguard.schema.jsontypes import JsonObject
 
 __all__ = [
     "EXIT_CODE_TABLES",
@@ -49,12 +50,12 @@ def for_exit_codes(table: str) -> Scheduler:
     raise ValueError(f"exit_codes: must be {names}, got {table!r}")
 
 
-def exclusion_hints(hosts: Iterable[str]) -> dict[str, Any]:
+def exclusion_hints(hosts: Iterable[str]) -> JsonObject:
     """Every scheduler's way to leave ``hosts`` out (``excluded_nodes.json``, the
     finding), each host one quoted shell word: a host name that is not one (it came from
     the store) stays one argument, never a command of its own."""
     listed = sorted(set(hosts))
-    out: dict[str, Any] = {}
+    out: JsonObject = {}
     for scheduler in SCHEDULERS:
         out.update(scheduler.exclusion_hint(listed))
     return out

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from rankguard.schema.jsontypes import JsonObject
+
 __all__ = ["Scheduler"]
 
 
@@ -29,7 +31,7 @@ class Scheduler(Protocol):
         retry policy reads :meth:`exit_code`)."""
         ...
 
-    def exclusion_hint(self, hosts: list[str]) -> dict[str, Any]:
+    def exclusion_hint(self, hosts: list[str]) -> JsonObject:
         """The fields ``excluded_nodes.json`` and the ``node_excluded`` finding carry for
         this scheduler: the command or option that leaves ``hosts`` out (each host one
         shell word, quoted)."""

@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rankguard.schema.exits import RETRYABLE
+from rankguard.schema.jsontypes import JsonObject
 
 __all__ = ["KUBEFLOW", "KUBEFLOW_OFFSET", "TAINT", "KubeflowScheduler", "kubeflow_exit_code"]
 
@@ -61,7 +62,7 @@ class KubeflowScheduler:
     def requeues(self, code: int) -> bool:
         return 128 <= self.exit_code(code) <= 255
 
-    def exclusion_hint(self, hosts: list[str]) -> dict[str, Any]:
+    def exclusion_hint(self, hosts: list[str]) -> JsonObject:
         return {
             "kubectl": [f"kubectl taint nodes {shlex.quote(h)} {shlex.quote(TAINT)}" for h in hosts]
         }

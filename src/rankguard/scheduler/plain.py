@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from rankguard.schema.jsontypes import JsonObject
+
 __all__ = ["PLAIN", "PlainScheduler"]
 
 
@@ -20,7 +22,7 @@ class PlainScheduler:
     def requeues(self, code: int) -> bool:
         return False
 
-    def exclusion_hint(self, hosts: list[str]) -> dict[str, Any]:
+    def exclusion_hint(self, hosts: list[str]) -> JsonObject:
         return {}
 
     def hint_lines(self, data: Mapping[str, Any]) -> list[str]:

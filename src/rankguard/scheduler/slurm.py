@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rankguard.schema.exits import RETRYABLE
+from rankguard.schema.jsontypes import JsonObject
 
 __all__ = ["SLURM", "SlurmScheduler"]
 
@@ -24,7 +25,7 @@ class SlurmScheduler:
     def requeues(self, code: int) -> bool:
         return code in RETRYABLE
 
-    def exclusion_hint(self, hosts: list[str]) -> dict[str, Any]:
+    def exclusion_hint(self, hosts: list[str]) -> JsonObject:
         return {"slurm_exclude": shlex.quote(f"--exclude={','.join(hosts)}") if hosts else None}
 
     def hint_lines(self, data: Mapping[str, Any]) -> list[str]:

@@ -24,7 +24,7 @@ import logging
 import math
 import statistics
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from rankguard.schema.blocks import StragglerBlock, read_block
 from rankguard.schema.findings import Finding, FindingType, Reason
@@ -42,7 +42,21 @@ __all__ = ["StragglerDetector"]
 logger = logging.getLogger(__name__)
 
 
-def _worst_score(score: dict[str, Any]) -> float:
+class _Score(TypedDict):
+    """One rank's scores in a report (a :class:`StragglerRow` of the ``stragglers``
+    block)."""
+
+    rank: int
+    node_rank: int | None
+    hostname: str | None
+    pid: int
+    gpu: dict[str, Any] | None  # the heartbeat record's
+    compute_ms: float
+    relative: float | None
+    individual: float | None
+
+
+def _worst_score(score: _Score) -> float:
     values = [v for v in (score["relative"], score["individual"]) if v is not None]
     return min(values) if values else 1.0
 
@@ -120,7 +134,7 @@ class StragglerDetector:
             self.best = {}
             self.source = source
         best_now = min(ms for ms, _ in self.latest.values())
-        scores: dict[int, dict[str, Any]] = {}
+        scores: dict[int, _Score] = {}
         for rank, (ms, rec) in sorted(self.latest.items()):
             self.best[rank] = min(self.best.get(rank, ms), ms)
             relative = best_now / ms if cfg.calc_relative_gpu_perf else None
@@ -136,7 +150,7 @@ class StragglerDetector:
                 "individual": None if individual is None else round(individual, 4),
             }
         findings = []
-        flagged_now = set()
+        flagged_now: set[tuple[int, int | None]] = set()
         below: dict[tuple[int, int | None], int] = {}
         for rank, score in scores.items():
             slow_rel = score["relative"] is not None and (
@@ -191,7 +205,7 @@ class StragglerDetector:
         return waits
 
     def _nvrx_lines(
-        self, scores: dict[int, dict[str, Any]], below: dict[tuple[int, int | None], int]
+        self, scores: dict[int, _Score], below: dict[tuple[int, int | None], int]
     ) -> None:
         """The report as NVRx and Megatron Bridge print it (their verification greps it)."""
         cfg = self.cfg
@@ -220,7 +234,7 @@ class StragglerDetector:
         return "\n".join(lines)
 
     def _finding(
-        self, score: dict[str, Any], slow_rel: bool, slow_ind: bool, waits: RankWaits | None
+        self, score: _Score, slow_rel: bool, slow_ind: bool, waits: RankWaits | None
     ) -> Finding:
         cfg = self.cfg
         why = []

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rankguard.rank.timeline import cuda_in_use
+from rankguard.schema.jsontypes import JsonObject
 
 __all__ = ["ComputeProbe"]
 
@@ -197,7 +198,7 @@ class ComputeProbe:
         self.ring[self._write % _RING] = ms
         self._write += 1
 
-    def heartbeat_fields(self) -> dict[str, Any] | None:
+    def heartbeat_fields(self) -> JsonObject | None:
         if self._sections and self._cuda:
             self._read_cuda_pairs()
             method = "compute_section_cuda"

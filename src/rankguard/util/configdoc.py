@@ -166,11 +166,11 @@ def load_yaml(text: str, limit: int = MAX_DEPTH) -> Any:
     return yaml.safe_load(text)
 
 
-def _parse_mapping(text: str, key: str) -> dict[str, Any]:
+def _parse_mapping(text: str, key: str) -> dict[str, object]:
     """``"setup:600,step:180"`` (NVRx's command-line form) -> ``{"setup": 600, ...}``."""
     import yaml
 
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, sep, raw = item.partition(":")
         if not sep or not name.strip():
@@ -182,7 +182,7 @@ def _parse_mapping(text: str, key: str) -> dict[str, Any]:
     return out
 
 
-def build(cls: type[T], data: dict[str, Any] | None, *, prefix: str = "") -> T:
+def build(cls: type[T], data: dict[str, object] | None, *, prefix: str = "") -> T:
     """Construct config dataclass ``cls`` from ``data``, strictly.
 
     Unknown keys raise :class:`ConfigError` listing the allowed ones; ``ValueError`` from

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from rankguard.ft.failure import WorkerFailure
 from rankguard.launcher import exitcodes
 from rankguard.launcher.agent import add_peer_errors, first_failure
 from rankguard.schema import exits
@@ -58,7 +59,9 @@ def test_earliest_error_is_the_root_cause() -> None:
             2: FakeFailure(timestamp=150, local_rank=0, pid=103, exitcode=1, message="later"),
         }
     )
-    assert first_failure(result) == {
+    out = first_failure(result)
+    assert out is not None
+    assert out.to_dict() == {
         "finding_type": "worker_failed",
         "rank": 3,
         "local_rank": 1,
@@ -82,8 +85,8 @@ def test_rank_killed_by_a_signal_comes_before_errors() -> None:
     )
     out = first_failure(result)
     assert out is not None
-    assert (out["rank"], out["exit_code"], out["signal"]) == (1, -9, "SIGKILL")
-    assert out["error"] == "Signal 9"
+    assert (out.rank, out.exit_code, out.signal) == (1, -9, "SIGKILL")
+    assert out.error == "Signal 9"
 
 
 def test_sigterm_only_is_the_earliest_sigterm() -> None:
@@ -95,7 +98,7 @@ def test_sigterm_only_is_the_earliest_sigterm() -> None:
     )
     out = first_failure(result)
     assert out is not None
-    assert (out["rank"], out["signal"]) == (1, "SIGTERM")
+    assert (out.rank, out.signal) == (1, "SIGTERM")
 
 
 def test_ties_go_to_the_lowest_rank() -> None:
@@ -107,7 +110,7 @@ def test_ties_go_to_the_lowest_rank() -> None:
     )
     out = first_failure(result)
     assert out is not None
-    assert (out["rank"], out["error"]) == (2, "two")
+    assert (out.rank, out.error) == (2, "two")
 
 
 def test_message_dict_without_message_uses_the_python_callstack() -> None:
@@ -125,7 +128,7 @@ def test_message_dict_without_message_uses_the_python_callstack() -> None:
     )
     out = first_failure(result)
     assert out is not None
-    assert out["error"] == tb
+    assert out.error == tb
 
 
 def test_empty_message_gives_no_error_text() -> None:
@@ -135,8 +138,8 @@ def test_empty_message_gives_no_error_text() -> None:
         )
         out = first_failure(result)
         assert out is not None
-        assert out["error"] is None
-        assert out["exit_code"] == 2
+        assert out.error is None
+        assert out.exit_code == 2
 
 
 def test_long_error_text_keeps_its_end() -> None:
@@ -146,8 +149,8 @@ def test_long_error_text_keeps_its_end() -> None:
     )
     out = first_failure(result)
     assert out is not None
-    assert len(out["error"]) == 2000
-    assert out["error"].endswith(" the actual error")
+    assert len(out.error) == 2000
+    assert out.error.endswith(" the actual error")
 
 
 # ---- exit codes ----------------------------------------------------------------------
@@ -213,7 +216,7 @@ def test_errors_in_the_same_second_are_ordered_by_their_files(tmp_path: Path) ->
         }
     )
     out = first_failure(result)
-    assert out is not None and out["rank"] == 3
+    assert out is not None and out.rank == 3
 
 
 def test_peer_error_files_join_a_single_reported_failure(tmp_path: Path) -> None:
@@ -234,7 +237,7 @@ def test_peer_error_files_join_a_single_reported_failure(tmp_path: Path) -> None
     assert failures[11].pid == 101 and failures[11].exitcode == 1
     out = first_failure(FakeResult(failures=failures))
     assert out is not None
-    assert (out["rank"], out["pid"], out["error"]) == (11, 101, "RuntimeError: injected")
+    assert (out.rank, out.pid, out.error) == (11, 101, "RuntimeError: injected")
 
 
 def test_peer_error_files_leave_several_failures_alone(tmp_path: Path) -> None:
@@ -364,13 +367,17 @@ def test_a_torn_error_file_does_not_kill_the_agent(
     assert not torn.exists()
 
 
+def _failure(exit_code: int, error: str | None) -> WorkerFailure:
+    return WorkerFailure(rank=0, local_rank=0, pid=1, exit_code=exit_code, error=error)
+
+
 def test_rerun_verdicts_end_the_in_job_restarts() -> None:
     from rankguard.launcher.agent import _final_verdict
 
-    assert _final_verdict({"exit_code": 17, "error": None})
-    assert _final_verdict({"exit_code": 1, "error": "ReproducibleFaultError: rerun: ..."})
-    assert not _final_verdict({"exit_code": 16, "error": None})  # a resume: restart
-    assert not _final_verdict({"exit_code": 1, "error": "RuntimeError: boom"})
+    assert _final_verdict(_failure(17, None))
+    assert _final_verdict(_failure(1, "ReproducibleFaultError: rerun: ..."))
+    assert not _final_verdict(_failure(16, None))  # a resume: restart
+    assert not _final_verdict(_failure(1, "RuntimeError: boom"))
 
 
 def test_exit_17_with_exclusion_restarts_the_group_and_names_the_faulty_node(

@@ -9,23 +9,16 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
+from rankguard.ft.failure import WorkerFailure
 from rankguard.launcher.verdict import failure_summary, root_cause_lines
 
 PEER = "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:4242"
 
 
-def root(
-    rank: int, code: int = 1, signal: str | None = None, error: str = "boom"
-) -> dict[str, Any]:
-    return {
-        "finding_type": "worker_failed",
-        "rank": rank,
-        "pid": 100 + rank,
-        "exit_code": code,
-        "signal": signal,
-        "error": error,
-        "error_file": None,
-    }
+def root(rank: int, code: int = 1, signal: str | None = None, error: str = "boom") -> WorkerFailure:
+    return WorkerFailure(
+        rank=rank, local_rank=rank, pid=100 + rank, exit_code=code, signal=signal, error=error
+    )
 
 
 def finding(ftype: str, rank: int, message: str, **exit_info: Any) -> dict[str, Any]:

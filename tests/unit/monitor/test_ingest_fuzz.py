@@ -234,7 +234,7 @@ def test_manifests(scratch: Path, manifest: Any, raw: str | None) -> None:
     with bounded("manifest"):
         try:
             got = read_manifest(step)
-            verify_files(step, got, sorted(got["files"]))
+            verify_files(step, got, sorted(got.files))
         except CheckpointError:
             pass
 
