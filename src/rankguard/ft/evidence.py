@@ -21,6 +21,7 @@ from pathlib import Path
 
 from rankguard.ft.failure import WorkerFailure
 from rankguard.ft.fingerprint import Fingerprint
+from rankguard.schema.coerce import as_str
 from rankguard.schema.findings import FindingType
 from rankguard.schema.jsontypes import JsonInput
 from rankguard.schema.layout import heartbeat_file_name
@@ -130,7 +131,7 @@ def failure_fingerprint(
     error = message or failure.error
     exit_info = record.exit if record is not None else None
     if not error and isinstance(exit_info, dict):
-        error = exit_info.get("error")
+        error = as_str(exit_info.get("error"))
     finding = cause.get("finding_type") if cause is not None else None
     if finding in _CRASH_FINDINGS:  # the monitor's or the agent's name of the same crash
         finding = None

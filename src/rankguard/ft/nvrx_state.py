@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from rankguard.schema.coerce import as_dict, as_finite
+from rankguard.schema.coerce import as_dict, as_finite, as_list
 from rankguard.schema.jsontypes import JsonInput, JsonObject
 
 __all__ = ["RANKGUARD_STATE_FILE", "from_nvrx", "is_nvrx_state", "to_nvrx"]
@@ -54,12 +54,15 @@ def from_nvrx(state: JsonInput) -> JsonObject:
     if section is not None:
         if not isinstance(section, dict) or not isinstance(section.get("section", {}), dict):
             raise ValueError("current_timeouts.section: not a mapping of section timeouts")
+        per_section = as_dict(section.get("section")) or {}
         calculated = section.get("calculated_sections") or []
         if not isinstance(calculated, list | tuple):
             raise ValueError("current_timeouts.section.calculated_sections: not a list")
         for name in calculated:
-            value = _number((section.get("section") or {}).get(name))
-            if isinstance(name, str) and value is not None:
+            if not isinstance(name, str):
+                continue
+            value = _number(per_section.get(name))
+            if value is not None:
                 timeouts[name] = value
         if section.get("is_out_of_section_calculated") is True:
             value = _number(section.get("out_of_section"))
@@ -85,9 +88,15 @@ def to_nvrx(previous: JsonObject, learned: dict[str, float]) -> JsonObject:
     if current is None:
         current = {}
         out[_KEY] = current
-    section = current.setdefault("section", {})
-    timeouts = section.setdefault("section", {})
-    calculated = list(section.get("calculated_sections") or [])
+    section = as_dict(current.get("section"))
+    if section is None:
+        section = {}
+        current["section"] = section
+    timeouts = as_dict(section.get("section"))
+    if timeouts is None:
+        timeouts = {}
+        section["section"] = timeouts
+    calculated = list(as_list(section.get("calculated_sections")))
     for name, value in learned.items():
         if name in ("heartbeat", "initial_heartbeat", "out_of_section"):
             continue

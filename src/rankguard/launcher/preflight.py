@@ -24,7 +24,6 @@ from rankguard.util.fs import atomic_write_json
 __all__ = ["EXIT_UNHEALTHY_GPU", "preflight_gpu_check"]
 
 from rankguard.launcher.exitcodes import EXIT_UNHEALTHY_GPU
-from rankguard.schema.coerce import as_list
 from rankguard.schema.jsontypes import JsonInput
 
 
