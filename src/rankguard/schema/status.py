@@ -427,6 +427,11 @@ class RankDetail:
             **self.extra,
         }
 
+    @property
+    def selected(self) -> bool:
+        """Does ``ranks`` hold rows a reader picked (``rankguard status --ranks/--worst``)?"""
+        return bool(self.extra.get("selected"))
+
     @classmethod
     def from_dict(cls, d: object) -> RankDetail:
         if not isinstance(d, dict):
