@@ -210,7 +210,7 @@ def _liveness_cell(rank: RankRow) -> tuple[str, str]:
 
 
 def _health_status(health: RankGpuHealth | None) -> str:
-    return _text(health.status if health is not None else None)
+    return _text(health.verdict if health is not None else None)
 
 
 def _gpu_token(gpu: RankGpu | None) -> str:

@@ -177,7 +177,7 @@ def _gpu_cell(rank: RankRow) -> str:
         return "-"
     token = gpu.token or gpu.ordinal
     health = rank.gpu_health_info
-    status = (health.health or health.status) if health is not None else None
+    status = health.verdict if health is not None else None
     return esc(_text(token)) + (" " + pill(status) if status else "")
 
 

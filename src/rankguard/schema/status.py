@@ -134,6 +134,11 @@ class RankGpuHealth:
             status=as_str(d.get("status")),
         )
 
+    @property
+    def verdict(self) -> str | None:
+        """The GPU's verdict (``ok``, ``warning``, ``unhealthy``; None: not known)."""
+        return self.health or self.status
+
 
 @dataclass(frozen=True, slots=True)
 class RankPerf:
