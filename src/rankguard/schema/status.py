@@ -36,9 +36,12 @@ __all__ = [
     "RankGpuHealth",
     "RankPerf",
     "RankRow",
+    "RankTable",
     "StatusDoc",
     "StatusSummary",
+    "mark_selected",
     "parse_findings",
+    "raw_rank_rows",
 ]
 
 #: The states a run ends in (``status.json["state"]`` once its launcher stopped
@@ -299,6 +302,44 @@ class RankRow:
 
 
 _ROW_KEYS = frozenset(RankRow.__dataclass_fields__) - {"extra"}
+
+
+def raw_rank_rows(status: JsonObject) -> list[JsonObject]:
+    """``status["ranks"]``'s rows as they came (objects only): for a reader that prints
+    them as written (a newer writer's keys, a ``status_ranks.json`` row's first columns)."""
+    return [r for r in as_list(status.get("ranks")) if isinstance(r, dict)]
+
+
+def mark_selected(status: JsonObject) -> None:
+    """Say in ``status["rank_detail"]`` that ``ranks`` holds rows a reader picked
+    (:attr:`RankDetail.selected`)."""
+    status["rank_detail"] = {**(as_dict(status.get("rank_detail")) or {}), "selected": True}
+
+
+@dataclass(frozen=True, slots=True)
+class RankTable:
+    """``status_ranks.json``: every rank's first columns (``columns`` names them), one
+    list per rank, the rank first."""
+
+    columns: list[str]
+    rows: list[list[JsonValue]]
+
+    @classmethod
+    def from_json(cls, d: object) -> RankTable | None:
+        """None when ``d`` has no list of columns."""
+        columns = d.get("columns") if isinstance(d, dict) else None
+        if not isinstance(d, dict) or not isinstance(columns, list):
+            return None
+        rows = [r for r in as_list(d.get("rows")) if isinstance(r, list) and r]
+        return cls([str(c) for c in columns], rows)
+
+    def rows_of(self, ranks: set[int]) -> dict[int, JsonObject]:
+        """The rows of ``ranks`` as objects (the columns' names as keys), by rank."""
+        return {
+            rank: dict(zip(self.columns, row, strict=False))
+            for row in self.rows
+            if (rank := as_int(row[0])) is not None and rank in ranks
+        }
 
 
 @dataclass(slots=True)

@@ -210,3 +210,17 @@ def test_rank_row_blocks_read_typed() -> None:
     assert second.gpu_info is None and second.gpu_health_info is None
     assert second.perf_info.mfu is None
     assert doc.perf_info.iteration == 7 and doc.perf_info.step_time_ms == {"min": 100.0}
+
+
+def test_rank_table_reads_the_rows_asked_for() -> None:
+    """``status_ranks.json``: the rows of the ranks asked for, by rank, keyed by the
+    columns; a row that is not a list or has no rank first is skipped."""
+    from rankguard.schema.status import RankTable
+
+    assert RankTable.from_json({"rows": [[0, 1]]}) is None
+    assert RankTable.from_json([["rank"], [0]]) is None
+    table = RankTable.from_json(
+        {"columns": ["rank", "pid"], "rows": [[0, 10], [1, 11], "x", [], ["2", 12], [3, 13]]}
+    )
+    assert table is not None
+    assert table.rows_of({1, 3}) == {1: {"rank": 1, "pid": 11}, 3: {"rank": 3, "pid": 13}}
