@@ -24,9 +24,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from rankguard.cli.status_render import render_status
-from rankguard.schema.coerce import as_dict, as_list
 from rankguard.schema.layout import EXCLUDED_NODES_FILE, FINDINGS_FILE, STATUS_FILE
-from rankguard.schema.status import RankRow
+from rankguard.schema.status import RankRow, mark_selected, raw_rank_rows
 from rankguard.util.textsafe import safe_text
 from rankguard.view.runfiles import (
     StatusUnavailable,
@@ -193,12 +192,12 @@ def _frame(run_dir: Path, args: argparse.Namespace, tty: bool) -> str:
     ranks: set[int] | None = getattr(args, "ranks", None)
     worst: int | None = getattr(args, "worst", None)
     if ranks is not None or worst is not None:
-        status["rank_detail"] = {**(as_dict(status.get("rank_detail")) or {}), "selected": True}
+        mark_selected(status)
     if ranks is not None:
         status["ranks"] = [*rank_rows(run_dir, status, ranks)]
     if worst is not None:
         # the rows picked as they came (a status_ranks.json row has its first columns)
-        raw = [r for r in as_list(status.get("ranks")) if isinstance(r, dict)]
+        raw = raw_rank_rows(status)
         typed = [RankRow.from_dict(r) for r in raw]
         by_id = {id(t): r for t, r in zip(typed, raw, strict=True)}
         status["ranks"] = [by_id[id(t)] for t in worst_rows(typed, worst)]

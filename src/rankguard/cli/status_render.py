@@ -18,7 +18,15 @@ from rankguard.schema.coerce import as_finite
 from rankguard.schema.findings import Finding, FindingType
 from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.restarts import LiveBlock, RestartEntry, RestartsBlock
-from rankguard.schema.status import FINAL_STATES, RankRow, StatusDoc, parse_findings
+from rankguard.schema.status import (
+    FINAL_STATES,
+    RankExit,
+    RankGpu,
+    RankGpuHealth,
+    RankRow,
+    StatusDoc,
+    parse_findings,
+)
 from rankguard.schema.statusblocks import (
     CheckpointsBlock,
     ElasticBlock,
@@ -187,29 +195,28 @@ def _table(header: Sequence[str], rows: Sequence[Row], right: set[int], color: b
 
 def _liveness_cell(rank: RankRow) -> tuple[str, str]:
     if rank.exit is not None or rank.process_liveness == "exited":
-        note = exit_note(rank.exit or {})
+        ex = rank.exit_info or RankExit()
+        note = exit_note(ex)
         if note is not None:
             return f"exited ({note})", ""
-        if (rank.exit or {}).get("clean") is False:
+        if ex.clean is False:
             return "exited (err)", "red"
         return "exited", ""
     text = _text(rank.process_liveness)
     return text, _LIVENESS_STYLE.get(text, "")
 
 
-def _health_status(value: Any) -> str:
-    if isinstance(value, dict):
-        return _text(value.get("status"))
-    return _text(value)
+def _health_status(health: RankGpuHealth | None) -> str:
+    return _text(health.verdict if health is not None else None)
 
 
-def _gpu_token(value: Any) -> str:
-    if isinstance(value, dict):
-        for key in ("token", "uuid", "ordinal"):
-            if value.get(key) is not None:
-                return _text(value[key])
+def _gpu_token(gpu: RankGpu | None) -> str:
+    if gpu is None:
         return "-"
-    return _text(value)
+    for value in (gpu.token, gpu.uuid, gpu.ordinal):
+        if value is not None:
+            return _text(value)
+    return "-"
 
 
 def _findings_cell(active: list[str]) -> tuple[str, str]:
@@ -238,7 +245,7 @@ def _progress_cell(rank: RankRow) -> tuple[str, str]:
 
 
 def _rank_row(rank: RankRow) -> Row:
-    health = _health_status(rank.gpu_health)
+    health = _health_status(rank.gpu_health_info)
     return [
         (_text(rank.rank), ""),
         (_text(rank.node_rank), ""),
@@ -250,7 +257,7 @@ def _rank_row(rank: RankRow) -> Row:
         (_phase_cell(rank), ""),
         (_seconds(rank.heartbeat_age_s), ""),
         (_seconds(rank.progress_age_s), ""),
-        (_gpu_token(rank.gpu), ""),
+        (_gpu_token(rank.gpu_info), ""),
         (health, _HEALTH_STYLE.get(health.lower(), "")),
         _findings_cell(rank.active_findings),
     ]
@@ -452,7 +459,7 @@ def render_status(
     else:
         lines.append("no ranks observed yet")
     detail = doc.rank_detail
-    if not detail.complete and not detail.extra.get("selected"):
+    if not detail.complete and not detail.selected:
         lines.append(
             f"(the {_text(detail.listed)} ranks most in need of a look; every rank: "
             f"{_text(detail.file)}, rankguard status --ranks A-B)"

@@ -33,11 +33,11 @@ from prometheus_client.registry import Collector
 
 from rankguard.goodput.ledger import PARTS
 from rankguard.health.schema import NodeStatus
-from rankguard.schema.coerce import as_dict, as_float
+from rankguard.schema.coerce import as_float
 from rankguard.schema.findings import Finding, FindingType, Liveness, Progress
 from rankguard.schema.jsontypes import JsonInput, JsonObject
 from rankguard.schema.restarts import RestartsBlock
-from rankguard.schema.status import RankRow, StatusDoc
+from rankguard.schema.status import RankGpu, RankGpuHealth, RankRow, StatusDoc
 from rankguard.schema.statusblocks import CheckpointsBlock, GoodputBlock, StragglersBlock
 from rankguard.view.runfiles import worst_rows
 
@@ -382,16 +382,16 @@ def rank_labels(row: RankRow | JsonObject) -> list[str]:
     entry as the index); empty where unknown, never a guess from the CUDA ordinal."""
     if isinstance(row, dict):
         row = RankRow.from_dict(row)
-    health: JsonObject = row.gpu_health if isinstance(row.gpu_health, dict) else {}
-    gpu: JsonObject = row.gpu if isinstance(row.gpu, dict) else {}
-    index = health.get("index")
-    token = str(gpu.get("token") or "").strip()
+    health = row.gpu_health_info or RankGpuHealth()
+    gpu = row.gpu_info or RankGpu()
+    index: int | str | None = health.index
+    token = (gpu.token or "").strip()
     if index is None and token.isdigit():
         index = token
-    uuid = health.get("uuid") or gpu.get("uuid")
+    uuid = health.uuid or gpu.uuid
     if not uuid and token.upper().startswith("GPU-"):
         uuid = token
-    return [_label(row.hostname), _label(index), _label(uuid), _label(health.get("name"))]
+    return [_label(row.hostname), _label(index), _label(uuid), _label(health.name)]
 
 
 def build_families(
@@ -435,11 +435,10 @@ def build_families(
     _straggler_families(put, doc.block(StragglersBlock), where)
     if present:
         _job_families(put, doc, now_wall)
-    job_perf = doc.perf or {}
-    step_ms = as_dict(job_perf.get("step_time_ms")) or {}
+    job_perf = doc.perf_info
     for stat in _STATS:
-        put("rankguard_job_step_time_seconds", [stat], _num(step_ms.get(stat), _MS))
-    put("rankguard_job_perf_iteration", [], _num(job_perf.get("iteration")))
+        put("rankguard_job_step_time_seconds", [stat], _num(job_perf.step_time_ms.get(stat), _MS))
+    put("rankguard_job_perf_iteration", [], _num(job_perf.iteration))
 
     for node, health in sorted(doc.gpu_health.items()):
         for s in _NODE_STATUS:
@@ -476,11 +475,11 @@ def _rank_families(put: _Put, row: RankRow, r: list[str]) -> None:
     put("rankguard_rank_active_findings", r, float(len(row.active_findings)))
     for ftype in row.active_findings:
         put("rankguard_rank_finding_active", [*r, _label(ftype)], 1.0)
-    perf = row.perf or {}
-    put("rankguard_rank_step_time_seconds", r, _num(perf.get("step_time_ms"), _MS))
-    put("rankguard_rank_flops_per_second", r, _num(perf.get("TFLOPS_per_GPU"), _TFLOPS))
-    put("rankguard_rank_mfu_ratio", r, _num(perf.get("MFU")))
-    put("rankguard_rank_memory_bytes", r, _num(perf.get("memory_GB"), _GB))
+    perf = row.perf_info
+    put("rankguard_rank_step_time_seconds", r, _num(perf.step_time_ms, _MS))
+    put("rankguard_rank_flops_per_second", r, _num(perf.tflops_per_gpu, _TFLOPS))
+    put("rankguard_rank_mfu_ratio", r, _num(perf.mfu))
+    put("rankguard_rank_memory_bytes", r, _num(perf.memory_gb, _GB))
 
 
 def _straggler_families(

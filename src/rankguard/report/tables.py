@@ -172,22 +172,22 @@ def restarts_table(data: RunData) -> str:
 
 
 def _gpu_cell(rank: RankRow) -> str:
-    gpu = rank.gpu
+    gpu = rank.gpu_info
     if gpu is None:
         return "-"
-    token = gpu.get("token") or gpu.get("ordinal")
-    health = rank.gpu_health
-    status = (health.get("health") or health.get("status")) if health is not None else None
+    token = gpu.token or gpu.ordinal
+    health = rank.gpu_health_info
+    status = health.verdict if health is not None else None
     return esc(_text(token)) + (" " + pill(status) if status else "")
 
 
 def _exit_cell(rank: RankRow) -> str:
-    ex = rank.exit
+    ex = rank.exit_info
     if ex is None:
         return "-"
-    if ex.get("clean"):
+    if ex.clean:
         return "clean"
-    text = f"code {_text(ex.get('exit_code'))}"
+    text = f"code {_text(ex.exit_code)}"
     note = exit_note(ex)  # the launcher's stop, a restart or a peer's failure
     if note is not None:
         text += f" ({note})"

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from rankguard.schema.coerce import as_dict, as_int, as_list, as_number, as_str
-from rankguard.schema.jsontypes import JsonObject
+from rankguard.schema.jsontypes import JsonObject, JsonValue
 from rankguard.schema.statusblocks import status_block
 
 __all__ = [
@@ -171,7 +171,7 @@ class RestartsBlock:
         entries = (RestartEntry.from_dict(r) for r in raw)
         return cls(tuple(e for e in entries if e is not None))
 
-    def to_dict(self) -> list[JsonObject]:
+    def to_dict(self) -> list[JsonValue]:
         return [e.to_dict() for e in self.entries]
 
     def count(self, kind: str) -> int:

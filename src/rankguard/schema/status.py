@@ -20,20 +20,28 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar, overload
 
-from rankguard.schema.coerce import as_dict, as_int, as_list, as_number, as_str
+from rankguard.schema.coerce import as_dict, as_float, as_int, as_list, as_number, as_str
 from rankguard.schema.findings import Finding
 from rankguard.schema.jsontypes import JsonObject, JsonValue
 from rankguard.schema.records import SCHEMA_VERSION
 
 __all__ = [
     "FINAL_STATES",
+    "JobPerf",
     "MonitorInfo",
     "NodeHealth",
     "RankDetail",
+    "RankExit",
+    "RankGpu",
+    "RankGpuHealth",
+    "RankPerf",
     "RankRow",
+    "RankTable",
     "StatusDoc",
     "StatusSummary",
+    "mark_selected",
     "parse_findings",
+    "raw_rank_rows",
 ]
 
 #: The states a run ends in (``status.json["state"]`` once its launcher stopped
@@ -54,6 +62,131 @@ def _counts(v: object) -> dict[str, int]:
 
 def _extra(d: JsonObject, known: frozenset[str]) -> JsonObject:
     return {k: v for k, v in d.items() if k not in known}
+
+
+@dataclass(frozen=True, slots=True)
+class RankExit:
+    """A rank row's ``exit`` (the end record's ``exit`` block with the monitor's notes),
+    read: clean or not, the exit code, and why the process ended when the launcher or
+    another rank took it down (``after_shutdown``, ``after_restart``, ``after_action``:
+    the reason noted; ``after_failure_of_rank``: the rank that failed first)."""
+
+    clean: bool | None = None
+    exit_code: int | None = None
+    after_shutdown: str | None = None
+    after_restart: str | None = None
+    after_action: str | None = None
+    after_failure_of_rank: int | None = None
+
+    @classmethod
+    def from_json(cls, d: object) -> RankExit:
+        if not isinstance(d, dict):
+            return cls()
+        clean = d.get("clean")
+        return cls(
+            clean=clean if isinstance(clean, bool) else None,
+            exit_code=as_int(d.get("exit_code")),
+            after_shutdown=as_str(d.get("after_shutdown")),
+            after_restart=as_str(d.get("after_restart")),
+            after_action=as_str(d.get("after_action")),
+            after_failure_of_rank=as_int(d.get("after_failure_of_rank")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RankGpu:
+    """A rank row's ``gpu``: what the rank knows of its GPU (its ``CUDA_VISIBLE_DEVICES``
+    entry ``token``, the CUDA ``ordinal``, the ``uuid`` when it read one)."""
+
+    token: str | None = None
+    ordinal: int | None = None
+    uuid: str | None = None
+
+    @classmethod
+    def from_json(cls, d: object) -> RankGpu:
+        if not isinstance(d, dict):
+            return cls()
+        return cls(
+            token=as_str(d.get("token")),
+            ordinal=as_int(d.get("ordinal")),
+            uuid=as_str(d.get("uuid")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RankGpuHealth:
+    """A rank row's ``gpu_health``: the entry of its node's GPU health snapshot the
+    monitor matched to the rank's GPU (NVML ``index``, ``uuid``, model ``name``, the
+    verdict ``health``; ``status`` where a writer put the verdict under that key)."""
+
+    index: int | None = None
+    uuid: str | None = None
+    name: str | None = None
+    health: str | None = None
+    status: str | None = None
+
+    @classmethod
+    def from_json(cls, d: object) -> RankGpuHealth:
+        if not isinstance(d, dict):
+            return cls()
+        return cls(
+            index=as_int(d.get("index")),
+            uuid=as_str(d.get("uuid")),
+            name=as_str(d.get("name")),
+            health=as_str(d.get("health")),
+            status=as_str(d.get("status")),
+        )
+
+    @property
+    def verdict(self) -> str | None:
+        """The GPU's verdict (``ok``, ``warning``, ``unhealthy``; None: not known)."""
+        return self.health or self.status
+
+
+@dataclass(frozen=True, slots=True)
+class RankPerf:
+    """A rank row's ``perf``: its latest perf window's figures (step time in ms,
+    TFLOPS per GPU, MFU as a ratio, memory in decimal GB)."""
+
+    step_time_ms: float | None = None
+    tflops_per_gpu: float | None = None
+    mfu: float | None = None
+    memory_gb: float | None = None
+
+    @classmethod
+    def from_json(cls, d: object) -> RankPerf:
+        if not isinstance(d, dict):
+            return cls()
+        return cls(
+            step_time_ms=as_float(d.get("step_time_ms")),
+            tflops_per_gpu=as_float(d.get("TFLOPS_per_GPU")),
+            mfu=as_float(d.get("MFU")),
+            memory_gb=as_float(d.get("memory_GB")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class JobPerf:
+    """``status.json["perf"]``: the latest perf line across ranks (its step, the
+    script's iteration, the step time's statistics in ms by name: ``min``, ``median``,
+    ``max``, ...)."""
+
+    step: int | None = None
+    iteration: int | None = None
+    step_time_ms: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, d: object) -> JobPerf:
+        if not isinstance(d, dict):
+            return cls()
+        stats = as_dict(d.get("step_time_ms")) or {}
+        return cls(
+            step=as_int(d.get("step")),
+            iteration=as_int(d.get("iteration")),
+            step_time_ms={
+                str(k): number for k, v in stats.items() if (number := as_float(v)) is not None
+            },
+        )
 
 
 @dataclass(slots=True)
@@ -142,6 +275,26 @@ class RankRow:
             extra=_extra(d, _ROW_KEYS),
         )
 
+    @property
+    def exit_info(self) -> RankExit | None:
+        """``exit``, typed (None: the rank has not ended)."""
+        return None if self.exit is None else RankExit.from_json(self.exit)
+
+    @property
+    def gpu_info(self) -> RankGpu | None:
+        """``gpu``, typed (None: the rank did not say)."""
+        return None if self.gpu is None else RankGpu.from_json(self.gpu)
+
+    @property
+    def gpu_health_info(self) -> RankGpuHealth | None:
+        """``gpu_health``, typed (None: no snapshot entry matched the rank's GPU)."""
+        return None if self.gpu_health is None else RankGpuHealth.from_json(self.gpu_health)
+
+    @property
+    def perf_info(self) -> RankPerf:
+        """``perf``, typed (every figure None when the rank has no perf window)."""
+        return RankPerf.from_json(self.perf)
+
     @classmethod
     def from_columns(cls, columns: list[str], values: list[JsonValue]) -> RankRow:
         """A row of ``status_ranks.json`` (``columns`` names its values)."""
@@ -149,6 +302,44 @@ class RankRow:
 
 
 _ROW_KEYS = frozenset(RankRow.__dataclass_fields__) - {"extra"}
+
+
+def raw_rank_rows(status: JsonObject) -> list[JsonObject]:
+    """``status["ranks"]``'s rows as they came (objects only): for a reader that prints
+    them as written (a newer writer's keys, a ``status_ranks.json`` row's first columns)."""
+    return [r for r in as_list(status.get("ranks")) if isinstance(r, dict)]
+
+
+def mark_selected(status: JsonObject) -> None:
+    """Say in ``status["rank_detail"]`` that ``ranks`` holds rows a reader picked
+    (:attr:`RankDetail.selected`)."""
+    status["rank_detail"] = {**(as_dict(status.get("rank_detail")) or {}), "selected": True}
+
+
+@dataclass(frozen=True, slots=True)
+class RankTable:
+    """``status_ranks.json``: every rank's first columns (``columns`` names them), one
+    list per rank, the rank first."""
+
+    columns: list[str]
+    rows: list[list[JsonValue]]
+
+    @classmethod
+    def from_json(cls, d: object) -> RankTable | None:
+        """None when ``d`` has no list of columns."""
+        columns = d.get("columns") if isinstance(d, dict) else None
+        if not isinstance(d, dict) or not isinstance(columns, list):
+            return None
+        rows = [r for r in as_list(d.get("rows")) if isinstance(r, list) and r]
+        return cls([str(c) for c in columns], rows)
+
+    def rows_of(self, ranks: set[int]) -> dict[int, JsonObject]:
+        """The rows of ``ranks`` as objects (the columns' names as keys), by rank."""
+        return {
+            rank: dict(zip(self.columns, row, strict=False))
+            for row in self.rows
+            if (rank := as_int(row[0])) is not None and rank in ranks
+        }
 
 
 @dataclass(slots=True)
@@ -281,6 +472,11 @@ class RankDetail:
             "written_wall_time": self.written_wall_time,
             **self.extra,
         }
+
+    @property
+    def selected(self) -> bool:
+        """Does ``ranks`` hold rows a reader picked (``rankguard status --ranks/--worst``)?"""
+        return bool(self.extra.get("selected"))
 
     @classmethod
     def from_dict(cls, d: object) -> RankDetail:
@@ -447,6 +643,11 @@ class StatusDoc:
         if name in self.fields:
             return self.fields[name]
         return self.blocks.get(name)
+
+    @property
+    def perf_info(self) -> JobPerf:
+        """``perf``, typed (no step time statistics when no perf line came yet)."""
+        return JobPerf.from_json(self.perf)
 
     def findings(self) -> tuple[list[Finding], int]:
         """``recent_findings`` as findings, and how many lines were skipped."""

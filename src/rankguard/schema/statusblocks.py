@@ -12,10 +12,10 @@ keys a reader found before, in their order, and keeps the ones it does not know.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import ClassVar, Protocol, TypeVar
 
 from rankguard.schema.coerce import as_dict, as_int, as_list, as_number, as_str
-from rankguard.schema.jsontypes import JsonObject
+from rankguard.schema.jsontypes import JsonObject, JsonValue
 
 __all__ = [
     "STATUS_BLOCKS",
@@ -42,22 +42,23 @@ __all__ = [
 
 
 class StatusBlock(Protocol):
-    """One block of ``status.json``: its key and its JSON form."""
+    """One block of ``status.json``: its key and its JSON form (an object, or a list
+    for a block that is one, as ``restarts``)."""
 
     name: ClassVar[str]
 
-    def to_dict(self) -> Any: ...
+    def to_dict(self) -> JsonValue: ...
 
 
-B = TypeVar("B")
+B = TypeVar("B", bound=StatusBlock)
 
 #: Every typed block, by its key in ``status.json``.
-STATUS_BLOCKS: dict[str, type[Any]] = {}
+STATUS_BLOCKS: dict[str, type[StatusBlock]] = {}
 
 
 def status_block(cls: type[B]) -> type[B]:
     """Register a block class (its ``name`` is its key; one class per key)."""
-    name = cls.name  # type: ignore[attr-defined]
+    name = cls.name
     assert name not in STATUS_BLOCKS, name
     STATUS_BLOCKS[name] = cls
     return cls
@@ -238,13 +239,18 @@ class TimeoutsBlock:
                 )
         return cls(entries)
 
-    def to_dict(self) -> dict[str, JsonObject]:
+    def to_dict(self) -> JsonObject:
         return {k: {"value": t.value, "source": t.source} for k, t in self.entries.items()}
 
 
-def block_json(value: Any) -> Any:
-    """A status block's JSON form (its ``to_dict``); any other value as it is."""
-    return value.to_dict() if type(value) in STATUS_BLOCKS.values() else value
+def block_json(value: StatusBlock | JsonValue) -> JsonValue:
+    """A status block's JSON form (its ``to_dict``); a JSON value as it is."""
+    if isinstance(value, _JSON_TYPES) or value is None:
+        return value
+    return value.to_dict()
+
+
+_JSON_TYPES = (bool, int, float, str, list, dict)
 
 
 # ---- goodput (node 0's ledger) ----------------------------------------------------------

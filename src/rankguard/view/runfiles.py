@@ -18,7 +18,6 @@ import json
 import os
 import socket
 from pathlib import Path
-from typing import Any
 
 from rankguard.scheduler import exclusion_hint_lines
 from rankguard.schema.coerce import as_list
@@ -30,7 +29,7 @@ from rankguard.schema.layout import (
     STATUS_FILE,
     STATUS_RANKS_FILE,
 )
-from rankguard.schema.status import FINAL_STATES, RankRow, StatusDoc
+from rankguard.schema.status import FINAL_STATES, RankRow, RankTable, StatusDoc, raw_rank_rows
 from rankguard.util.procs import pid_running, process_start_time
 
 __all__ = [
@@ -212,7 +211,7 @@ def rank_rows(run_dir: Path, status: JsonObject, ranks: set[int]) -> list[JsonOb
     """The rows of ``ranks``: status.json's when it lists every rank (or lists them),
     else ``status_ranks.json``'s (a large job's monitor writes every rank there
     periodically; status.json's fresher row wins where it has one)."""
-    listed = {r.get("rank"): r for r in as_list(status.get("ranks")) if isinstance(r, dict)}
+    listed = {RankRow.from_dict(r).rank: r for r in raw_rank_rows(status)}
     complete = StatusDoc.from_dict(status).rank_detail.complete
     if complete or all(r in listed for r in ranks):
         return [listed[r] for r in sorted(ranks) if r in listed]
@@ -221,7 +220,7 @@ def rank_rows(run_dir: Path, status: JsonObject, ranks: set[int]) -> list[JsonOb
     return [rows[r] for r in sorted(rows)]
 
 
-def _detail_rows(run_dir: Path, ranks: set[int]) -> dict[Any, JsonObject]:
+def _detail_rows(run_dir: Path, ranks: set[int]) -> dict[int, JsonObject]:
     path = run_dir / STATUS_RANKS_FILE
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -232,14 +231,10 @@ def _detail_rows(run_dir: Path, ranks: set[int]) -> dict[Any, JsonObject]:
         ) from None
     except (OSError, ValueError, RecursionError) as exc:
         raise StatusUnavailable(f"cannot read {path}: {exc}") from exc
-    columns = doc.get("columns") if isinstance(doc, dict) else None
-    if not isinstance(columns, list):
+    table = RankTable.from_json(doc)
+    if table is None:
         raise StatusUnavailable(f"{path} is malformed: no columns")
-    out: dict[Any, JsonObject] = {}
-    for row in as_list(doc.get("rows")):
-        if isinstance(row, list) and row and row[0] in ranks:
-            out[row[0]] = dict(zip(columns, row, strict=False))
-    return out
+    return table.rows_of(ranks)
 
 
 _BAD_PROGRESS = ("stalled", "unknown")

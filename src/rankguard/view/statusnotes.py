@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.restarts import RestartEntry
-from rankguard.schema.status import RankRow, StatusDoc
+from rankguard.schema.status import RankExit, RankRow, StatusDoc
 
 __all__ = [
     "ITERATION_MARKS",
@@ -51,15 +51,10 @@ _UNFINISHED_PROGRESS = ("starting", "progressing", "stalled", "not_observed")
 
 def iteration_cell(rank: RankRow | JsonObject) -> str:
     """``41*``, ``2000+`` or ``2000`` (the script's), ``-`` when not known."""
-    value: object
-    source: object
-    if isinstance(rank, RankRow):
-        value, source = rank.iteration, rank.iteration_source
-    else:
-        value, source = rank.get("iteration"), rank.get("iteration_source")
-    if value is None or isinstance(value, bool):
+    row = rank if isinstance(rank, RankRow) else RankRow.from_dict(rank)
+    if row.iteration is None:
         return "-"
-    return f"{value}{ITERATION_MARKS.get(str(source), '')}"
+    return f"{row.iteration}{ITERATION_MARKS.get(str(row.iteration_source), '')}"
 
 
 def iteration_legend(ranks: Sequence[RankRow | JsonObject]) -> str | None:
@@ -74,17 +69,18 @@ def iteration_legend(ranks: Sequence[RankRow | JsonObject]) -> str | None:
     return "ITER: " + "; ".join(parts) if parts else None
 
 
-def exit_note(exit_info: JsonObject) -> str | None:
+def exit_note(exit_info: RankExit | JsonObject) -> str | None:
     """Why a rank's process ended without a finding: the launcher stopped it, a restart
     or another rank's failure took it down (None: a plain exit)."""
-    if exit_info.get("after_shutdown"):
+    ex = exit_info if isinstance(exit_info, RankExit) else RankExit.from_json(exit_info)
+    if ex.after_shutdown:
         return "stopped"
-    if exit_info.get("after_restart"):
+    if ex.after_restart:
         return "restart"
-    if exit_info.get("after_action"):  # a restart was noted, none came: the job ended
+    if ex.after_action:  # a restart was noted, none came: the job ended
         return "no restart"
-    if exit_info.get("after_failure_of_rank") is not None:
-        return f"after rank {exit_info['after_failure_of_rank']}"
+    if ex.after_failure_of_rank is not None:
+        return f"after rank {ex.after_failure_of_rank}"
     return None
 
 

@@ -350,3 +350,20 @@ def test_a_rank_waiting_on_a_saving_peer_shows_whom_it_waits_for(
     out = capsys.readouterr().out
     assert _row(out, 0)[4:8] == ["alive", "progressing", "120", "checkpointing"]
     assert _row(out, 1)[4:6] == ["alive", "blocked:0"]
+
+
+def test_gpu_health_column_shows_the_verdict_the_monitor_writes() -> None:
+    """A row's ``gpu_health`` is the matched GPU entry of the node's snapshot: its
+    verdict is under ``health`` (the key the health rules write)."""
+    status = make_status()
+    status["ranks"][0]["gpu_health"] = {
+        "index": 0,
+        "uuid": "GPU-0aaa",
+        "name": "NVIDIA H100",
+        "health": "warning",
+        "problems": ["temperature 91 C"],
+        "stale": False,
+    }
+    out = render_status(status, [], color=False)
+    row = next(line.split() for line in out.splitlines() if line.split()[:1] == ["0"])
+    assert row[-2] == "warning"

@@ -178,3 +178,49 @@ if __name__ == "__main__":  # pragma: no cover - regenerates the reference keys
 
     with tempfile.TemporaryDirectory() as tmp:
         KEYS_FILE.write_text(json.dumps(_trees(Path(tmp)), indent=1) + "\n", encoding="utf-8")
+
+
+def test_rank_row_blocks_read_typed() -> None:
+    """A row's exit, GPU, matched GPU health and perf window, and the job's perf line,
+    read as typed values; a value of the wrong type reads as None, never raises."""
+    doc = StatusDoc.from_dict(
+        {
+            "ranks": [
+                {
+                    "rank": 0,
+                    "exit": {"clean": False, "exit_code": -15, "after_failure_of_rank": 3},
+                    "gpu": {"token": "GPU-aaaa", "ordinal": 0},
+                    "gpu_health": {"index": 2, "uuid": "GPU-aaaa", "health": "warning"},
+                    "perf": {"step_time_ms": 120, "MFU": 0.41, "memory_GB": "lots"},
+                },
+                {"rank": 1, "exit": {"clean": "no", "after_shutdown": 1}, "gpu": None},
+            ],
+            "perf": {"iteration": 7, "step_time_ms": {"min": 100, "median": "x"}},
+        }
+    )
+    first, second = doc.ranks
+    assert first.exit_info is not None and first.exit_info.after_failure_of_rank == 3
+    assert (first.exit_info.clean, first.exit_info.exit_code) == (False, -15)
+    assert first.gpu_info is not None and first.gpu_info.ordinal == 0
+    assert first.gpu_health_info is not None and first.gpu_health_info.index == 2
+    assert first.gpu_health_info.health == "warning"
+    assert (first.perf_info.step_time_ms, first.perf_info.memory_gb) == (120.0, None)
+    assert second.exit_info is not None and second.exit_info.clean is None
+    assert second.exit_info.after_shutdown is None
+    assert second.gpu_info is None and second.gpu_health_info is None
+    assert second.perf_info.mfu is None
+    assert doc.perf_info.iteration == 7 and doc.perf_info.step_time_ms == {"min": 100.0}
+
+
+def test_rank_table_reads_the_rows_asked_for() -> None:
+    """``status_ranks.json``: the rows of the ranks asked for, by rank, keyed by the
+    columns; a row that is not a list or has no rank first is skipped."""
+    from rankguard.schema.status import RankTable
+
+    assert RankTable.from_json({"rows": [[0, 1]]}) is None
+    assert RankTable.from_json([["rank"], [0]]) is None
+    table = RankTable.from_json(
+        {"columns": ["rank", "pid"], "rows": [[0, 10], [1, 11], "x", [], ["2", 12], [3, 13]]}
+    )
+    assert table is not None
+    assert table.rows_of({1, 3}) == {1: {"rank": 1, "pid": 11}, 3: {"rank": 3, "pid": 13}}
