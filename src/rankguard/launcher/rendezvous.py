@@ -360,12 +360,13 @@ class SpareKeeper(HandlerWrapper):
     ) -> None:
         """The job ended while this agent waited as a spare: torch's graceful end.
         ``agents``: the entries, read here only once the job's end was seen."""
+        from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.rendezvous.api import RendezvousGracefulExitError
 
         from rankguard.launcher.spares import read_agents, spare_not_needed
 
-        if not self.registry.job_ended():
-            return
+        if isinstance(exc, SignalException) or not self.registry.job_ended():
+            return  # a signal stops the launcher as it would have
         if agents is None:
             agents = read_agents(self.registry.store, self.registry.run_id)
         if not spare_not_needed(self.registry, agents):

@@ -300,6 +300,20 @@ def test_without_the_jobs_end_a_closed_rendezvous_or_a_lost_store_is_an_error(
     assert [a["state"] for a in read_agents(store, "r") if a["agent"] == "h:3"] == ["left"]
 
 
+def test_a_signal_while_a_spare_waits_after_the_jobs_end_still_stops_it() -> None:
+    import signal
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    store = _store()
+    _trained_then_ended(store)
+    stop = SignalException("SIGTERM", signal.SIGTERM)
+    keeper = SpareKeeper(Inner([stop]), AgentRegistry(store, "r", max_nodes=2, agent="h:3"))  # type: ignore[arg-type]
+    with pytest.raises(SignalException):
+        keeper.next_rendezvous()
+    assert not keeper.left_waiting
+
+
 def test_a_node_rejoining_its_group_when_the_job_ends_under_it_is_not_a_spare() -> None:
     """Node 1 trained, its group failed, and it waits for the next round when node 0's
     launcher ends the job: no full round trains without it, it is no spare."""
