@@ -23,7 +23,8 @@ elastic's exit operation, the one a node runs at the start of every ``next_rende
 the others then do not wait for its keep-alive to expire), publishes its finding in the
 store, writes ``node_excluded`` into ``findings.jsonl`` and the host list into
 ``excluded_nodes.json``, and its launcher exits with ``EXIT_NODE_EXCLUDED``. When the
-nodes left can no longer reach MIN (``max_nodes`` minus the excluded), it closes the
+nodes left can no longer reach MIN (the agents of the job, hot spares included, less the
+excluded; at least ``max_nodes`` less the excluded), it closes the
 rendezvous, so that every other node ends at once with the same code and the host list
 (:class:`ExcludedBelowMinimum`) instead of waiting out the join timeout. Otherwise the
 others form the next round without it (torch elastic: a round with fewer participants
@@ -526,12 +527,13 @@ class NodeExclusion:
             )
         index = self._publish(exclusion)
         self.known[exclusion.node] = exclusion
-        count = self._excluded_so_far(index)
-        below = self.max_nodes - count < self.min_nodes
+        excluded = self._excluded_so_far(index)
+        count, left = len(excluded), self._nodes_left(excluded)
+        below = left < self.min_nodes
         self._write(exclusion, below_min=below)
         if below:
             self.say(
-                f"{count} node(s) excluded, at most {self.max_nodes - count} left: below "
+                f"{count} node(s) excluded, at most {left} left: below "
                 f"--nnodes MIN {self.min_nodes}; closing the rendezvous (the job ends, exit "
                 f"{EXIT_NODE_EXCLUDED})"
             )
@@ -658,15 +660,29 @@ class NodeExclusion:
                     self.say(f"exclusion entry {index} in the store refused: {safe_text(exc)}")
         return out
 
-    def _excluded_so_far(self, index: int | None) -> int:
-        """Nodes excluded so far, this one included: the entries published before this
-        node's ``index`` that exist and hold an exclusion (the count is a store counter
-        anyone can raise: a raised count lists nobody)."""
+    def _excluded_so_far(self, index: int | None) -> set[str]:
+        """Nodes excluded so far (host:pid), this one included: the entries published
+        before this node's ``index`` that exist and hold an exclusion (the count is a
+        store counter anyone can raise: a raised count lists nobody)."""
         nodes = set(self.known)
         if index is not None and self.store is not None:
             earlier = [i for i in self._indices(index) if i < index]
             nodes |= {e.node for e in self._read(earlier, wait_s=1.0).values()}
-        return len(nodes)
+        return nodes
+
+    def _nodes_left(self, excluded: set[str]) -> int:
+        """The nodes that can still form a round once ``excluded`` (host:pid) are out:
+        the job's agents that say where they are in the store (hot spares beyond
+        ``max_nodes`` included: :mod:`.spares`), less the excluded and those that
+        left; never fewer than ``max_nodes`` less the excluded (an agent may not have
+        reached the rendezvous yet). An agent lost without a word still counts: the
+        rendezvous is then not closed here, and its timeout ends the job the same way
+        (:meth:`below_minimum`)."""
+        from rankguard.launcher.spares import read_agents
+
+        agents = read_agents(self.store, self.run_id) if self.store is not None else []
+        live = {a["agent"] for a in agents if a.get("state") != "left"} - excluded
+        return max(self.max_nodes - len(excluded), len(live))
 
     def _publish(self, exclusion: Exclusion) -> int | None:
         """Into the store for the other nodes; the entry's index (None: not published)."""

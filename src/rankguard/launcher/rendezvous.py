@@ -280,6 +280,19 @@ class SpareKeeper(HandlerWrapper):
       spare that torch put on the wait list meets torch's join timeout; when a full
       round trains without it, it waits again instead of failing (torch then keeps it
       in the redundancy list, which has no timeout).
+    - the job's end, however it reaches a waiting spare: torch ends a spare in its
+      redundancy list gracefully when the rendezvous closes, but a spare on its wait
+      list gets ``RendezvousClosedError`` instead (a node's keep-alive late by
+      ``keep_alive_interval x keep_alive_max_attempt`` drops it from the round and moves
+      the spares there: a busy host is enough), and a spare may also find the store
+      gone or time out after the job ended. Once the job's end marker is seen
+      (:func:`~rankguard.launcher.spares.spare_not_needed`), each of these is a
+      ``RendezvousGracefulExitError``: the launcher says the spare was not needed and
+      exits 0. Without the marker (a store lost mid-job, a closed rendezvous id) the
+      error is raised as torch raised it.
+    - ``shutdown``: an agent that trained marks the job's end in the store before the
+      rendezvous closes; a spare that left waiting closes nothing (the rendezvous is
+      closed, or its store gone, already).
     """
 
     def __init__(
@@ -293,7 +306,7 @@ class SpareKeeper(HandlerWrapper):
         self.registry = registry
         self.say = say or (lambda msg: logger.info("rankguard: %s", msg))
         self.nodes: int | None = None  # the current group's node count
-        self.left_waiting = False  # the rendezvous closed while this agent waited
+        self.left_waiting = False  # the job ended while this agent waited
 
     def next_rendezvous(self) -> RendezvousInfo:
         from torch.distributed.elastic.rendezvous.api import (
@@ -312,11 +325,11 @@ class SpareKeeper(HandlerWrapper):
             except RendezvousGracefulExitError:
                 # the job ended while this agent waited (a spare never needed): torch's
                 # agent returns no result; the launcher says so and exits 0
-                self.left_waiting = True
-                self.registry.left()
+                self._not_needed()
                 raise
-            except RendezvousTimeoutError:
+            except RendezvousTimeoutError as exc:
                 agents = read_agents(self.registry.store, self.registry.run_id)
+                self._raise_if_not_needed(exc, agents)
                 if not full_round_without(agents, self.registry.agent, self.registry.max_nodes):
                     self.registry.left()
                     raise
@@ -324,15 +337,52 @@ class SpareKeeper(HandlerWrapper):
                     f"a full round of {self.registry.max_nodes} node(s) trains: this agent "
                     "waits on as a spare"
                 )
+            except Exception as exc:
+                # closed, or its store lost: after the job's end, a spare not needed;
+                # otherwise this agent's run ends, it no longer waits (nor beats: the
+                # store's host would otherwise wait for it as for a spare)
+                self._raise_if_not_needed(exc)
+                self.registry.left()
+                raise
             except BaseException:
-                # the rendezvous failed (closed below --nnodes MIN, the store lost, ...):
-                # this agent's run ends, it no longer waits (nor beats: the store's host
-                # would otherwise wait for it as for a spare)
                 self.registry.left()
                 raise
         self.nodes = int(info.world_size)
         self.registry.joined(int(info.rank), self.nodes, round_tag(info))
         return info
+
+    def _not_needed(self) -> None:
+        self.left_waiting = True
+        self.registry.left()
+
+    def _raise_if_not_needed(
+        self, exc: Exception, agents: list[dict[str, Any]] | None = None
+    ) -> None:
+        """The job ended while this agent waited as a spare: torch's graceful end.
+        ``agents``: the entries, read here only once the job's end was seen."""
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.rendezvous.api import RendezvousGracefulExitError
+
+        from rankguard.launcher.spares import read_agents, spare_not_needed
+
+        if isinstance(exc, SignalException) or not self.registry.job_ended():
+            return  # a signal stops the launcher as it would have
+        if agents is None:
+            agents = read_agents(self.registry.store, self.registry.run_id)
+        if not spare_not_needed(self.registry, agents):
+            return
+        logger.debug("rankguard: the job ended while this spare waited: %r", exc)
+        self._not_needed()
+        raise RendezvousGracefulExitError(
+            f"the job ended while this agent waited as a spare ({type(exc).__name__})"
+        ) from exc
+
+    def shutdown(self) -> bool:
+        if self.left_waiting:
+            return True  # closed already, or its store gone: nothing to close
+        if self.registry.trained():
+            self.registry.job_ends()
+        return self.inner.shutdown()
 
     def num_nodes_waiting(self) -> int:
         waiting = self.inner.num_nodes_waiting()

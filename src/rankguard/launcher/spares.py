@@ -15,6 +15,13 @@ stands in a small entry of its own in the rendezvous store:
   A waiting agent also counts a ``beat`` every ``keepalive_s`` (5 s, torch's own
   keep-alive interval), so that a spare killed while it waits (SIGKILL, its host lost)
   is not listed as waiting for ever.
+- ``rankguard/<run>/ended``: set by the launcher of an agent that trained, when it ends
+  and shuts the rendezvous down (torch closes it for every agent then). A waiting
+  agent looks for it at each beat: once the job ended, a spare that learns of the end
+  in any way (the rendezvous closed while torch had it on the wait list rather than
+  the redundancy list, its store gone, a join timeout) was not needed, whereas a
+  rendezvous lost or closed without it (a store gone mid-job, a rendezvous id that
+  ended before this agent came) is still an error. Only its existence is read.
 
 Node 0 reads every entry with one ``multi_get`` (:func:`read_agents`) and
 :func:`elastic_status` turns them into the ``elastic`` block of ``status.json``: the
@@ -52,6 +59,7 @@ __all__ = [
     "elastic_status",
     "full_round_without",
     "read_agents",
+    "spare_not_needed",
     "waiting_agents",
 ]
 
@@ -108,6 +116,8 @@ class AgentRegistry:
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _beater: threading.Thread | None = field(default=None, init=False, repr=False)
     _closed: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
+    #: the job's end marker was seen in the store (kept: the store may go afterwards)
+    _job_ended: bool = field(default=False, init=False, repr=False)
 
     def _write(self) -> None:
         try:
@@ -150,6 +160,7 @@ class AgentRegistry:
                     return
                 self.entry["beat"] = int(self.entry.get("beat", 0)) + 1
                 self._write()
+            self.job_ended()  # seen while the store is there (it may go at the end)
         with self._lock:
             self._beater = None
 
@@ -174,6 +185,28 @@ class AgentRegistry:
                 "waited_s": round(waited, 3),
             }
             self._write()
+
+    def trained(self) -> bool:
+        """This agent was a node of some round of the job."""
+        return int(self.entry.get("rounds", 0)) > 0
+
+    def job_ends(self) -> None:
+        """This agent trained and its launcher ends: the job's end marker, set before
+        the rendezvous is closed for every agent (see the module doc)."""
+        try:
+            value = json.dumps({"agent": self.agent, "at": time.time()}, sort_keys=True)
+            self.store.set(_prefix(self.run_id) + "ended", value.encode())
+        except Exception as exc:  # the store host is gone: the spares see the close
+            logger.debug("rankguard: cannot mark the job's end in the store: %s", exc)
+
+    def job_ended(self) -> bool:
+        """The job's end marker is (or was once seen) in the store."""
+        if not self._job_ended:
+            try:
+                self._job_ended = bool(self.store.check([_prefix(self.run_id) + "ended"]))
+            except Exception as exc:  # the store is gone: what was seen before it went
+                logger.debug("rankguard: cannot read the job's end marker: %s", exc)
+        return self._job_ended
 
     def left(self) -> None:
         """The job ended while this agent waited (the rendezvous was closed)."""
@@ -411,6 +444,17 @@ def elastic_status(
         lost=tuple(sorted({a["agent"] for a in lost})),
         replacements=tuple(history),
     )
+
+
+def spare_not_needed(registry: AgentRegistry, agents: list[dict[str, Any]]) -> bool:
+    """The rendezvous ended for this waiting agent (closed, its store gone, a timeout)
+    after the job ended (``registry.job_ended()``) and this agent was a spare: it never
+    trained in the job, or a full round trained without it (``agents``: the entries as
+    read now; none once the store is gone). A node that trained and waits to rejoin
+    its group after a failure is not a spare: the end of the job under it is an error."""
+    if not registry.job_ended():
+        return False
+    return not registry.trained() or full_round_without(agents, registry.agent, registry.max_nodes)
 
 
 def full_round_without(agents: list[dict[str, Any]], agent: str, max_nodes: int) -> bool:

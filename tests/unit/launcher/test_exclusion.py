@@ -446,3 +446,57 @@ def test_under_slurm_each_excluded_node_names_its_host_for_the_requeue(
         ex.wrap(Inner(None)).next_rendezvous()
     assert (tmp_path / f".rankguard_exclude_777.node.{ex.pid}").read_text() == f"{HOST}\n"
     assert not exclude_file.exists()  # exit 17's file, rank 0's alone
+
+
+def test_the_nodes_left_are_counted_hot_spares_included_not_max_less_the_excluded(
+    tmp_path: Path, store: Any
+) -> None:
+    """Four agents on --nnodes 2:3 (three train, one waits as a spare); two excluded:
+    two nodes remain, MIN is reached, the rendezvous stays open."""
+    from rankguard.launcher.spares import AgentRegistry
+
+    for pid in (101, 102, 103):
+        reg = AgentRegistry(store, "r1", max_nodes=3, agent=f"{HOST}:{pid}")
+        reg.joined(pid - 101, 3, "R1")
+    AgentRegistry(store, "r1", max_nodes=3, agent=f"{HOST}:104", keepalive_s=60).waiting()
+    sick = snapshot(gpu(0, ecc_uncorrected_volatile=1))
+    for pid in (101, 102):
+        ex, said = exclusion(
+            tmp_path / str(pid),
+            store=store,
+            health=sick,
+            exclude_bad_nodes=True,
+            min_nodes=2,
+            max_nodes=3,
+        )
+        ex.pid = pid
+        inner = Inner(store)
+        with pytest.raises(NodeExcluded):
+            ex.wrap(inner).next_rendezvous()
+        assert not inner.closed and not ex.closed_it, said
+    listed = read_excluded(tmp_path / "102")
+    assert listed is not None and listed["below_min_nodes"] is False
+
+
+def test_without_agent_entries_the_nodes_left_are_max_less_the_excluded(
+    tmp_path: Path, store: Any
+) -> None:
+    """No agent said where it is (not reached the rendezvous yet): MAX less the
+    excluded, as before; two of 2:3 excluded is below MIN."""
+    sick = snapshot(gpu(0, ecc_uncorrected_volatile=1))
+    closed = []
+    for pid in (101, 102):
+        ex, _ = exclusion(
+            tmp_path / str(pid),
+            store=store,
+            health=sick,
+            exclude_bad_nodes=True,
+            min_nodes=2,
+            max_nodes=3,
+        )
+        ex.pid = pid
+        inner = Inner(store)
+        with pytest.raises(NodeExcluded):
+            ex.wrap(inner).next_rendezvous()
+        closed.append(inner.closed)
+    assert closed == [False, True]

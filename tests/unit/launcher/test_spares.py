@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous.api import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
     RendezvousGracefulExitError,
     RendezvousInfo,
     RendezvousStoreInfo,
@@ -129,6 +131,10 @@ class Inner:
     def num_nodes_waiting(self) -> int:
         return self.waiting
 
+    def shutdown(self) -> bool:
+        self.shut = True
+        return True
+
     use_agent_store = True
 
 
@@ -208,6 +214,119 @@ def test_a_failed_rendezvous_leaves_the_agents_entry_and_stops_its_beat() -> Non
     time.sleep(0.2)  # past a few keep-alive intervals
     assert read_agents(store, "r")[0]["beat"] == entry["beat"]
     registry.close()
+
+
+def _trained_then_ended(store: TCPStore, names: tuple[str, ...] = ("h:1", "h:2")) -> None:
+    """A full round of ``names`` trained; the first one's launcher ended (its shutdown
+    marks the job's end before torch closes the rendezvous)."""
+    keepers = []
+    for node, name in enumerate(names):
+        keeper = SpareKeeper(
+            Inner([_info(node, len(names))]),  # type: ignore[arg-type]
+            AgentRegistry(store, "r", max_nodes=len(names), agent=name),
+        )
+        keeper.next_rendezvous()
+        keepers.append(keeper)
+    assert keepers[0].shutdown() and keepers[0].inner.shut  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        RendezvousClosedError(),  # torch had it on the wait list, not the redundancy list
+        RendezvousConnectionError("the store is gone"),
+        RendezvousTimeoutError("join"),
+    ],
+    ids=["closed", "store-gone", "timeout"],
+)
+def test_a_spare_that_learns_of_the_jobs_end_in_any_way_was_not_needed(
+    error: Exception,
+) -> None:
+    store = _store()
+    _trained_then_ended(store)
+    inner = Inner([error])
+    keeper = SpareKeeper(inner, AgentRegistry(store, "r", max_nodes=2, agent="h:3"))  # type: ignore[arg-type]
+    with pytest.raises(RendezvousGracefulExitError) as raised:
+        keeper.next_rendezvous()
+    assert raised.value.__cause__ is error and keeper.left_waiting
+    assert [a["state"] for a in read_agents(store, "r") if a["agent"] == "h:3"] == ["left"]
+    assert keeper.shutdown() and not hasattr(inner, "shut")  # nothing left to close
+
+
+def test_a_spare_that_saw_the_jobs_end_before_the_store_went_was_not_needed() -> None:
+    """The end marker seen at a beat; the store's host gone before the spare's next
+    rendezvous sync: a lost store after the job's end is the end, not a failure."""
+    store = _store()
+    registry = AgentRegistry(store, "r", max_nodes=2, agent="h:3", keepalive_s=0.05)
+    inner = Inner([RendezvousConnectionError("the store is gone")])
+    keeper = SpareKeeper(inner, registry)  # type: ignore[arg-type]
+    registry.waiting()  # beats from here on
+    _trained_then_ended(store)
+    deadline = time.monotonic() + 10
+    while not registry._job_ended:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+    class Gone:
+        def __getattr__(self, name: str) -> Any:
+            raise RuntimeError("connection refused")
+
+    registry.store = Gone()
+    with pytest.raises(RendezvousGracefulExitError):
+        keeper.next_rendezvous()
+    assert keeper.left_waiting
+    registry.close()
+
+
+@pytest.mark.parametrize(
+    "error",
+    [RendezvousClosedError(), RendezvousConnectionError("the store is gone")],
+    ids=["closed", "store-gone"],
+)
+def test_without_the_jobs_end_a_closed_rendezvous_or_a_lost_store_is_an_error(
+    error: Exception,
+) -> None:
+    """No agent that trained ended the job: a rendezvous id closed before this agent
+    came, or the store lost mid-job, fails loudly (torch's error)."""
+    store = _store()
+    for node, name in enumerate(("h:1", "h:2")):  # training, not ended
+        reg = AgentRegistry(store, "r", max_nodes=2, agent=name)
+        reg.waiting()
+        reg.joined(node, 2, "R1")
+    keeper = SpareKeeper(Inner([error]), AgentRegistry(store, "r", max_nodes=2, agent="h:3"))  # type: ignore[arg-type]
+    with pytest.raises(type(error)):
+        keeper.next_rendezvous()
+    assert not keeper.left_waiting
+    assert [a["state"] for a in read_agents(store, "r") if a["agent"] == "h:3"] == ["left"]
+
+
+def test_a_signal_while_a_spare_waits_after_the_jobs_end_still_stops_it() -> None:
+    import signal
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    store = _store()
+    _trained_then_ended(store)
+    stop = SignalException("SIGTERM", signal.SIGTERM)
+    keeper = SpareKeeper(Inner([stop]), AgentRegistry(store, "r", max_nodes=2, agent="h:3"))  # type: ignore[arg-type]
+    with pytest.raises(SignalException):
+        keeper.next_rendezvous()
+    assert not keeper.left_waiting
+
+
+def test_a_node_rejoining_its_group_when_the_job_ends_under_it_is_not_a_spare() -> None:
+    """Node 1 trained, its group failed, and it waits for the next round when node 0's
+    launcher ends the job: no full round trains without it, it is no spare."""
+    store = _store()
+    member = AgentRegistry(store, "r", max_nodes=2, agent="h:2")
+    keeper = SpareKeeper(Inner([_info(1, 2), RendezvousClosedError()]), member)  # type: ignore[arg-type]
+    keeper.next_rendezvous()
+    node0 = SpareKeeper(Inner([_info(0, 2)]), AgentRegistry(store, "r", max_nodes=2, agent="h:1"))  # type: ignore[arg-type]
+    node0.next_rendezvous()
+    node0.shutdown()
+    with pytest.raises(RendezvousClosedError):
+        keeper.next_rendezvous()  # its group failed: it rejoins, the job is closed
+    assert not keeper.left_waiting
 
 
 def test_a_timeout_without_a_full_round_leaves_the_agents_entry() -> None:
