@@ -137,10 +137,15 @@ class PeerWatch:
         self,
         bound: float,
         bound_name: str = "hard_timeout",
+        *,
+        dead_grace: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.bound = bound
         self.bound_name = bound_name
+        # with standbys: the launcher's time to see the exit and send one (its key says
+        # so) before a peer whose process exited is given up on
+        self.dead_grace = dead_grace
         self._clock = clock
         self._seen: dict[int, tuple[int, float]] = {}  # rank -> (count, when it moved)
 
@@ -159,7 +164,7 @@ class PeerWatch:
         of its process."""
         silent = self.silent_s(rank, count)
         if life is Life.DEAD:
-            return why or "its process exited"
+            return (why or "its process exited") if silent >= self.dead_grace else None
         if life is Life.ALIVE or count <= 0:
             return None  # alive, or still starting: barrier_timeout is the only limit
         if silent > self.bound:

@@ -569,7 +569,10 @@ class _Call:
             store.set(self._key(r, "ready"), "1")
         start = time.monotonic()
         bound, bound_name = silence_bound(cfg)
-        watch = PeerWatch(bound, bound_name)
+        # with standbys, an exited peer is given up on only when the launcher, which sees
+        # the exit too, has not said within heartbeat_timeout that one takes its place
+        grace = cfg.heartbeat_timeout if self.live is not None else 0.0
+        watch = PeerWatch(bound, bound_name, dead_grace=grace)
         while True:
             try:
                 store.wait([self._key(r, "ready")], timedelta(seconds=_CHUNK_S))

@@ -92,6 +92,18 @@ def test_a_live_process_is_never_gone_a_dead_one_at_once_one_never_seen_is_start
     assert watch.verdict(3, 5, Life.DEAD, why) == why  # no wait at all
 
 
+def test_with_standbys_an_exited_peer_is_given_up_after_the_launchers_grace() -> None:
+    """The launcher sees the exit too and says within heartbeat_timeout that a standby
+    takes its place; until then the survivors do not give up on the rank."""
+    clock = Clock()
+    watch = PeerWatch(*silence_bound(SCRIPT_CFG), dead_grace=3.0, clock=clock)
+    assert watch.verdict(1, 5, Life.DEAD, "exited") is None
+    clock.t += 2.9
+    assert watch.verdict(1, 5, Life.DEAD, "exited") is None
+    clock.t += 0.2
+    assert watch.verdict(1, 5, Life.DEAD, "exited") == "exited"
+
+
 @pytest.fixture
 def sleeper() -> Iterator[subprocess.Popen[bytes]]:
     proc = subprocess.Popen(["sleep", "60"])
