@@ -62,7 +62,11 @@ class InProcessRestartConfig:
     )
     heartbeat_timeout: float = field(
         default=10.0,
-        metadata={"help": "A peer whose store heartbeat stopped this long is lost (at re-entry)."},
+        metadata={
+            "help": "At re-entry, a peer whose process no rank can see (its host silent) is "
+            "lost once its store heartbeat stopped this long or hard_timeout, whichever is "
+            "longer; a rank on its host sees an exited process at once, a live one never."
+        },
     )
     barrier_timeout: float = field(
         default=120.0, metadata={"help": "Longest wait for every rank at a re-entry."}

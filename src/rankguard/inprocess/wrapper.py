@@ -18,9 +18,12 @@ thread still runs Python (:class:`~.interrupt.Liveness`): stuck ``soft_timeout``
 it reports a hang, aborts the communicator and interrupts the main thread; stuck
 ``hard_timeout`` seconds, it ends the process so the launcher's restart takes over.
 
-Past the restart budget, or when a peer cannot re-enter (its process died: its store
-heartbeat stops; it never joins), the wrapper raises :class:`InProcessRestartError`:
-the script fails and ``rankguard run`` restarts the processes.
+Past the restart budget, or when a peer cannot re-enter (its process died: a rank on its
+host sees it exited, or, with no rank there to see it, its store heartbeat stands still
+longer than ``hard_timeout``; :mod:`.peers`), the wrapper raises
+:class:`InProcessRestartError`: the script fails and ``rankguard run`` restarts the
+processes. A peer that is alive and slow (starved of CPU, in a long garbage collection,
+its main thread still stuck) is waited for.
 
 With standbys (``--standby-ranks``, :mod:`rankguard.live`): a standby waits in
 :meth:`_Call.run` until the launcher gives it a lost rank's number, then ends the
@@ -46,6 +49,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from rankguard.inprocess.config import InProcessRestartConfig
 from rankguard.inprocess.interrupt import Interrupter, Liveness, RestartInterrupt
+from rankguard.inprocess.peers import Life, PeerWatch, ProcessId, silence_bound
 from rankguard.inprocess.policy import (
     FaultReport,
     RestartBudget,
@@ -279,6 +283,7 @@ class _Call:
         self.rank = env.rank
         self.world = env.world_size
         self.hostname = socket.gethostname()
+        self.process = ProcessId.own(self.hostname)  # what a peer on this host checks
         factory = store_factory or (lambda: _default_store(cfg.barrier_timeout, env))
         self._factory = factory
         run = env.run_id or env.elastic_run_id or "local"
@@ -365,6 +370,30 @@ class _Call:
     def _hb_key(self, rank: int) -> str:
         return f"{self.prefix}hb/{rank}"
 
+    def _proc_key(self, rank: int) -> str:
+        return f"{self.prefix}proc/{rank}"
+
+    def _publish_process(self) -> None:
+        """This process as the rank's (a standby that took a rank replaces the lost one's)."""
+        if self.process is not None:
+            self._store.set(self._proc_key(self.rank), self.process.to_json())
+
+    def _peer_life(self, r: int, p: int) -> tuple[Life, str]:
+        """What this rank knows of peer ``p``'s process at round ``r``'s barrier: its own
+        check on a shared host, else what a rank on the peer's host wrote."""
+        store = self._store
+        gone = self._key(r, f"gone/{p}")
+        if store.check([gone]):
+            return Life.DEAD, store.get(gone)[:300].decode(errors="replace")
+        key = self._proc_key(p)
+        peer = ProcessId.from_json(store.get(key)) if store.check([key]) else None
+        if peer is None:
+            return Life.UNKNOWN, ""
+        life, why = peer.check(self.process)
+        if life is Life.DEAD:  # the ranks of other hosts cannot see it: say so
+            store.set(gone, f"{why} (seen by rank {self.rank})")
+        return life, why
+
     # ---- the call ---------------------------------------------------------------------
 
     def run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -384,6 +413,7 @@ class _Call:
                 raise SystemExit(0)  # not needed: the rest of the script is the ranks'
         if live is None or not live.newcomer:
             self._announce()
+        self._publish_process()
         self._wstore = self._factory()  # the watcher's own connection: no shared socket
         previous = getattr(_local, "info", None)
         previous_interrupter = getattr(_local, "interrupter", None)
@@ -538,7 +568,11 @@ class _Call:
         if store.add(self._key(r, "arrived"), 1) >= self.world:
             store.set(self._key(r, "ready"), "1")
         start = time.monotonic()
-        seen: dict[int, tuple[int, float]] = {}  # rank -> (heartbeat count, when it moved)
+        bound, bound_name = silence_bound(cfg)
+        # with standbys, an exited peer is given up on only when the launcher, which sees
+        # the exit too, has not said within heartbeat_timeout that one takes its place
+        grace = cfg.heartbeat_timeout if self.live is not None else 0.0
+        watch = PeerWatch(bound, bound_name, dead_grace=grace)
         while True:
             try:
                 store.wait([self._key(r, "ready")], timedelta(seconds=_CHUNK_S))
@@ -550,30 +584,27 @@ class _Call:
                 raise InProcessRestartError(f"in-process restart abandoned: {why}")
             now = time.monotonic()
             missing = [p for p in range(self.world) if not store.check([self._key(r, f"here/{p}")])]
-            dead = []
+            dead: dict[int, str] = {}  # rank -> the evidence it is gone
             for p in missing:
-                count = store.add(self._hb_key(p), 0)
-                old = seen.get(p)
-                if old is None or old[0] != count:
-                    seen[p] = (count, now)
-                elif count > 0 and now - old[1] > cfg.heartbeat_timeout:
-                    dead.append(p)  # it was alive, and its heartbeat stopped
-                # never seen (count 0): still starting; only barrier_timeout applies
+                life, seen = self._peer_life(r, p)
+                verdict = watch.verdict(p, store.add(self._hb_key(p), 0), life, seen)
+                if verdict is not None:
+                    dead[p] = verdict
             if dead and self.live is not None:  # a standby is on its way: wait for it
-                dead = [p for p in dead if not self.live.replacing(store, p)]
+                dead = {p: v for p, v in dead.items() if not self.live.replacing(store, p)}
             timed_out = now - start > cfg.barrier_timeout
             if dead or timed_out:
-                gone = dead or missing
+                gone = sorted(dead) or missing
                 hosts = self._hosts(r)
                 lost = lost_ranks(gone, cfg.granularity, hosts)
+                evidence = (
+                    "; ".join(f"rank {p}: {v}" for p, v in sorted(dead.items()))
+                    if dead
+                    else f"not back in {cfg.barrier_timeout:g}s"
+                )
                 why = (
-                    f"rank(s) {gone} cannot re-enter ("
-                    + (
-                        "store heartbeat stopped"
-                        if dead
-                        else f"not back in {cfg.barrier_timeout:g}s"
-                    )
-                    + f"); lost with granularity={cfg.granularity}: {lost}"
+                    f"rank(s) {gone} cannot re-enter ({evidence}); "
+                    f"lost with granularity={cfg.granularity}: {lost}"
                 )
                 store.set(self._key(r, "abandon"), why)
                 raise InProcessRestartError(f"in-process restart abandoned: {why}")

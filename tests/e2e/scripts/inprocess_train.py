@@ -6,7 +6,8 @@ without faults. State lives in memory across rounds; after a re-entry the ranks 
 the step with an ``all_reduce(MIN)`` and take that step's in-memory copy (the pattern for
 "restore from memory where intact", else load the latest checkpoint).
 
-``--faults ROUND:RANK:STEP:KIND,...`` (KIND: raise, hang, exit) or ``--random N`` (N
+``--faults ROUND:RANK:STEP:KIND,...`` (KIND: raise, hang, hang_blocked, exit, stop: the
+process stopped with SIGSTOP for ``STOP_S`` seconds) or ``--random N`` (N
 random faults, one per round, seeded). Results go to ``--out DIR/rank_<r>.json``.
 Without ``rankguard run`` (``--standalone``), the config comes from the flags.
 """
@@ -18,6 +19,7 @@ import json
 import os
 import random
 import signal
+import subprocess
 import threading
 import time
 
@@ -58,6 +60,7 @@ if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
     faults.clear()  # the launcher restarted the processes: this attempt runs clean
 
 DIM = 8
+STOP_S = 6  # a "stop" fault: twice the heartbeat_timeout below, within hard_timeout
 state = {"step": 0, "w": torch.zeros(DIM), "snapshots": {0: torch.zeros(DIM)}}
 log: dict[str, object] = {"losses": {}, "rounds": [], "fault_to_step": []}
 target = torch.arange(DIM, dtype=torch.float32) / DIM
@@ -117,6 +120,9 @@ def train() -> torch.Tensor:
                 time.sleep(3600)
             if kind == "exit":
                 os._exit(3)
+            if kind == "stop":  # the whole process held up (its watcher too), then resumed
+                subprocess.Popen(["sh", "-c", f"sleep {STOP_S}; kill -CONT {os.getpid()}"])
+                os.kill(os.getpid(), signal.SIGSTOP)
         loss, grad = loss_and_grad(state["w"], s)  # type: ignore[arg-type]
         dist.all_reduce(grad)
         w = state["w"] - 0.01 * grad / world  # type: ignore[operator]
