@@ -325,7 +325,12 @@ class Session:
             return False
         self._quiet = False
         tracker = self.tracker  # training steps: saves are progress, not steps
-        return tracker.issued_seq - tracker.checkpoint_count >= stop_at
+        steps = tracker.issued_seq - tracker.checkpoint_count
+        if steps < stop_at:
+            return False
+        if tracker.stopped_at is None:  # its process_end says it left at the request
+            tracker.stopped_at = steps
+        return True
 
     def _note_signal(self, signum: int) -> None:
         self._quiet = False  # from the signal handler: a flag only
@@ -342,6 +347,9 @@ class Session:
         """Leave after the preemption save. The rank exits 0: a non-zero exit would
         make torch elastic terminate the peers still saving; the launcher, which knows
         the job was preempted, exits with the requeue code (``EXIT_PREEMPTED``)."""
+        tracker = self.tracker
+        if tracker.stopped_at is None:  # left at the request, not at the end of training
+            tracker.stopped_at = tracker.training_steps()
         raise SystemExit(0)
 
     @property

@@ -99,7 +99,7 @@ def test_preempt_saves_one_step_exits_14_resumes_and_a_hung_save_is_killed(
     # nothing else: a healthy job preempted
     assert {f["finding_type"] for f in found} == {"job_preempted"}, found
     # what the launcher says last is true: every rank reported the save of that step
-    assert f"every rank saved step {step}: the next run resumes there" in out, out[-3000:]
+    assert f"every rank saved script step {step}: the next run resumes there" in out, out[-3000:]
     assert "run stopped: preempted" in out
     status = json.loads((tmp_path / "logs" / "heartbeat" / run_id / "status.json").read_text())
     assert status["state"] == "stopped"
@@ -144,7 +144,7 @@ def test_preempt_saves_one_step_exits_14_resumes_and_a_hung_save_is_killed(
     # rank did save it; otherwise rank 1 never saved the agreed step
     stop = saved[0]["step"]
     if stop == common:
-        assert f"every rank (2) saved step {stop} and exited" in out, out[-3000:]
+        assert f"every rank (2) saved script step {stop} and exited" in out, out[-3000:]
         assert "without a checkpoint of it" not in out
     else:
         assert "without a checkpoint of it (1 of 2 rank(s) saved it)" in out, out[-3000:]

@@ -117,6 +117,9 @@ def test_stop_if_detected_ends_every_rank_at_the_same_step(tmp_path: Path) -> No
     assert ends[0] == stop_at < 5000
     assert res.values() == [stop_at] * 4
     assert res.status["state"] == "stopped"
-    assert run_end_line(res.status).startswith(
-        f"run stopped: straggler (every rank asked to stop at step {stop_at}): 1 finding(s)"
-    )
+    line = run_end_line(res.status)
+    assert line.startswith(
+        f"run stopped: straggler (every rank asked to stop after {stop_at} training step(s) "
+        "of this run"
+    ), line
+    assert "): 1 finding(s)" in line, line

@@ -36,6 +36,7 @@ from rankguard.schema.statusblocks import (
     StopRequestedBlock,
     StragglersBlock,
     TimeoutsBlock,
+    stop_words,
 )
 from rankguard.util.textsafe import safe_text
 from rankguard.view.statusnotes import (
@@ -562,7 +563,12 @@ def _ft_lines(status: StatusDoc | JsonObject) -> list[str]:
             out.append(f"  {label:<5}  " + ", ".join(cells))
     stop = doc.block(StopRequestedBlock)
     if stop is not None:
-        out.append(f"  stop requested at step {_s(stop.stop_at_step)}: {_s(stop.reason)}")
+        when = (
+            stop_words(stop.stop_at_step, stop.stop_at_script_step)
+            if stop.stop_at_step is not None
+            else "at a step not known"
+        )
+        out.append(f"  stop requested {when}: {_s(stop.reason)}")
     out += _preemption_lines(doc.block(PreemptionBlock))
     timeouts = doc.block(TimeoutsBlock)
     if timeouts is not None and timeouts.entries:
@@ -590,7 +596,13 @@ def _preemption_lines(pre: PreemptionBlock | None) -> list[str]:
         out.append("  WARNING: a save does NOT fit the grace window (raise preempt_time)")
     if pre.reason:
         out.append(
-            f"  {_s(pre.reason)}: stop step {_s(pre.stop_at_step)}, saved step "
+            f"  {_s(pre.reason)}: stop "
+            + (
+                stop_words(pre.stop_at_step, pre.stop_at_script_step)
+                if pre.stop_at_step is not None
+                else "step not agreed"
+            )
+            + f", saved script step "
             f"{_s(pre.saved_step)} ({_s(pre.ranks_saved)} rank(s)), killed at "
             f"the grace limit: {_s(list(pre.terminated_pids) or None)}"
         )

@@ -18,7 +18,7 @@ from rankguard.schema.findings import Finding
 from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.restarts import RestartEntry, RestartsBlock
 from rankguard.schema.status import MonitorInfo, StatusDoc
-from rankguard.schema.statusblocks import PreemptionBlock, StopRequestedBlock
+from rankguard.schema.statusblocks import PreemptionBlock, StopRequestedBlock, stop_words
 from rankguard.util.textsafe import safe_text
 from rankguard.view.statusnotes import ITERATION_MARKS, restart_cause, restarts_summary
 
@@ -90,8 +90,14 @@ def _stopped_how(doc: StatusDoc) -> str:
         return "stopped: preempted"
     stop = doc.block(StopRequestedBlock)
     if stop is not None and str(stop.reason or "").startswith("straggler"):
-        return f"stopped: straggler (every rank asked to stop at step {stop.stop_at_step})"
+        return f"stopped: straggler (every rank asked to stop {_stop_words(stop)})"
     return "stopped by the launcher"
+
+
+def _stop_words(stop: StopRequestedBlock) -> str:
+    if stop.stop_at_step is None:
+        return "at a step not known"
+    return stop_words(stop.stop_at_step, stop.stop_at_script_step)
 
 
 def monitor_problem(monitor: MonitorInfo) -> str:

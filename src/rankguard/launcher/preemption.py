@@ -21,6 +21,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from rankguard.launcher.exitcodes import EXIT_PREEMPTED, JobOutcome
+from rankguard.monitor.agree import stop_words
 from rankguard.preempt.budget import GraceBudget, load_save_time, store_save_time
 from rankguard.preempt.coordinator import PreemptionCoordinator, PreemptionEvaluator
 from rankguard.schema import layout
@@ -65,6 +66,7 @@ class LaunchPreemption:
             wait_fresh_s=cadence.fresh_wait_s,
             say=say,
         )
+        self.finished = services.finished_before_stop  # after the services stopped
         agent.attach_preemption(self.coordinator)
         self.state_path = (
             layout.ft_state_dir(cfg.log_dir, cfg.fault_tolerance.state_dir)
@@ -112,12 +114,28 @@ class LaunchPreemption:
             store_save_time(self.state_path, self.budget)
 
     def outcome(self, outcome: JobOutcome) -> JobOutcome:
-        """``outcome`` marked preempted when the job was (said on the console)."""
+        """``outcome`` marked preempted when the job was (said on the console); not
+        when every rank finished training and exited 0 before the agreed stop step:
+        the job completed, a requeue would train again from the last checkpoint."""
         coord = self.coordinator
         if not coord.active:
             return outcome
+        evaluator = self.evaluator
+        script_step = evaluator.script_step if evaluator is not None else None
+        stop = (
+            f"stop {stop_words(coord.stop_at, script_step)}"
+            if coord.stop_at is not None
+            else "no stop step agreed"
+        )
+        if not coord.terminated and self.finished():
+            self.say(
+                f"{coord.reason}, but every rank finished training and exited 0 before "
+                f"the agreed stop step ({stop}): the job completed, nothing to resume; "
+                "not preempted"
+            )
+            return outcome
         self.say(
-            f"preempted ({coord.reason}): stop step {coord.stop_at}, {self._killed()}; "
+            f"preempted ({coord.reason}): {stop}, {self._killed()}; "
             f"exit {EXIT_PREEMPTED}: requeue the job; "
             + (
                 self.evaluator.saved_line()

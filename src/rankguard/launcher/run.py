@@ -732,9 +732,26 @@ def _outcome(
             worker_exit=worker_exit,
         )
     stop_at, reason = _agreed_stop(services)
-    if stop_at is not None and not str(reason).startswith("preempt"):
-        _say(f"every rank stopped at step {stop_at} (stop_if_detected)")
+    if stop_at is not None and services.finished_before_stop():
+        # too late: the ranks were done (the preemption says its own line)
+        if not str(reason).startswith("preempt"):
+            _say(
+                f"every rank finished training and exited 0 before the agreed stop step "
+                f"({_stop_words(services, stop_at)}; {reason}): the job completed"
+            )
+        stop_at = None
+    elif stop_at is not None and not str(reason).startswith("preempt"):
+        _say(f"every rank stopped {_stop_words(services, stop_at)} (stop_if_detected)")
     return JobOutcome(fault_tolerance=ft_on, stop_at=stop_at)
+
+
+def _stop_words(services: NodeServices, stop_at: int) -> str:
+    """The agreed stop step in words that say its numbering (node 0 knows the
+    script's step where the heartbeats told it)."""
+    from rankguard.monitor.agree import stop_words
+
+    agreed = services.agreement
+    return stop_words(stop_at, agreed.script_step if agreed is not None else None)
 
 
 def _agreed_stop(services: NodeServices) -> tuple[int | None, str | None]:

@@ -35,7 +35,7 @@ from rankguard.inprocess.wrapper import RESTART_PHASE
 from rankguard.launcher.console import restart_line
 from rankguard.launcher.features import FACTORIES
 from rankguard.launcher.nodeservice import NodeContext, NodeService, build_services
-from rankguard.monitor.agree import StopAgreement
+from rankguard.monitor.agree import StopAgreement, finished_before_stop
 from rankguard.monitor.api import StatusFields
 from rankguard.monitor.monitor import JobMonitor
 from rankguard.monitor.rules import peer_failure
@@ -177,6 +177,19 @@ class NodeServices:
     def stop_at(self) -> int | None:
         """The step every rank was asked to stop at, if any."""
         return self.agreement.stop_at if self.agreement is not None else None
+
+    def finished_before_stop(self) -> bool:
+        """After :meth:`stop`: every rank whose end this node knows (node 0: every rank
+        of the job; another node: its own, from its relay) finished training and
+        exited 0 on its own, not at a stop request: a stop step agreed after the signal
+        or a straggler came too late, the job completed."""
+        if self.monitor is not None:
+            states = self.monitor.rules.ranks
+            records = [s.record for s in states.values() if s.record is not None]
+            return finished_before_stop(records, len(states))
+        if self.relay is not None:
+            return finished_before_stop(self.relay.latest_records())
+        return False
 
     def status_fields(self) -> JsonObject:
         """Called by the monitor at each scan (each source's blocks in turn); also

@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
+from rankguard.monitor.agree import finished_before_stop
 from rankguard.monitor.rules import HeartbeatRules, Liveness, Progress, RankState
 from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.status import RankDetail, RankRow, StatusSummary
@@ -149,8 +150,8 @@ def job_state(
         return "stopped"
     if rules.first_failure is not None or (ended and outcome == "failed"):
         return "failed"
-    if ended and outcome == "stopped":  # preempted, or a straggler's agreed stop: unfinished
-        return "stopped"
+    if ended and outcome == "stopped" and not _finished(rules):
+        return "stopped"  # preempted, or a straggler's agreed stop: unfinished
     if n_rows and completed == n_rows:
         return "completed"
     if ended:
@@ -160,6 +161,13 @@ def job_state(
     if summary.process_liveness.get(Liveness.ALIVE.value, 0) == 0:
         return "starting"
     return "running"
+
+
+def _finished(rules: HeartbeatRules) -> bool:
+    """Every rank finished training and exited 0 on its own, none at the stop request:
+    a stop step agreed after the preemption signal or a straggler came too late."""
+    records = [s.record for s in rules.ranks.values() if s.record is not None]
+    return finished_before_stop(records, len(rules.ranks))
 
 
 def worst_ranks(states: Iterable[RankState], n: int) -> list[RankState]:

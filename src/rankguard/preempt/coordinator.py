@@ -25,8 +25,12 @@ starts the preemption of the whole job:
    when the window closes, and the launcher exits ``EXIT_PREEMPTED``.
 
 :class:`PreemptionEvaluator` (node 0's monitor) records the preemption and whether
-every rank saved the stop step (each rank's heartbeat names its last completed save) in
-``findings.jsonl`` and ``status.json`` (``preemption``) with the grace budget.
+every rank saved the stop step (each rank's heartbeat names its last completed save), or
+that every rank finished training before it (the job completed: nothing to resume), in
+``findings.jsonl`` and ``status.json`` (``preemption``) with the grace budget. The stop
+step counts this run's training steps; the lines say it so, with the script's step where
+the heartbeats tell it (:func:`rankguard.monitor.agree.stop_words`), and a saved step is
+the script's.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rankguard.monitor.agree import write_control
+from rankguard.monitor.agree import finished_before_stop, script_offset, stop_words, write_control
 from rankguard.monitor.blockeval import BlockEvaluator
 from rankguard.preempt.budget import GraceBudget
 from rankguard.preempt.config import PreemptionConfig
@@ -345,6 +349,8 @@ class PreemptionEvaluator(BlockEvaluator[PreemptBlock]):
         self._announced = False
         self._decided = False  # the outcome's finding written (every rank ended)
         self._saved: int | None = None  # the script's step every rank saved at the stop
+        self.script_step: int | None = None  # the stop step in the script's numbering
+        self.finished = False  # every rank finished training before the stop step
         self._ranks_saved = 0
         self._world = 0
         self._last_saves: dict[int, int | None] = {}  # rank -> its last save's step
@@ -364,6 +370,10 @@ class PreemptionEvaluator(BlockEvaluator[PreemptBlock]):
         coord = self.coordinator
         out: list[Finding] = []
         step = coord.stop_at
+        if step is not None and records:
+            offset = script_offset(records)
+            if offset is not None:  # the latest the heartbeats tell (a save's is exact)
+                self.script_step = step + offset
         if coord.active and step is not None and not self._announced:
             self._announced = True
             out.append(
@@ -372,11 +382,12 @@ class PreemptionEvaluator(BlockEvaluator[PreemptBlock]):
                     Reason.EXIT_SIGNAL,
                     run_id=self.run_id,
                     rank=-1,
-                    message=f"{coord.reason}: every rank stops at step {step} to save it and exits "
+                    message=f"{coord.reason}: every rank stops "
+                    f"{stop_words(step, self.script_step)} to save it and exits "
                     f"(grace {coord.cfg.preempt_time:g}s)",
-                    iteration=step,
+                    iteration=self.script_step,
                     timeout_s=coord.cfg.preempt_time,
-                    detail={"signal": signal.Signals(coord.sig).name},
+                    detail=self._stop_detail(step) | {"signal": signal.Signals(coord.sig).name},
                 )
             )
         if self._announced and not self._decided and step is not None and records:
@@ -402,19 +413,36 @@ class PreemptionEvaluator(BlockEvaluator[PreemptBlock]):
         self._last_saves = {r: s[0] if s is not None else None for r, s in saves.items()}
         every = bool(saves) and len(at_stop) == len(saves) and len(set(at_stop)) == 1
         self._saved = at_stop[0] if every else None
+        records = [st.record for st in ranks.values() if st.record is not None]
+        self.finished = self._saved is None and finished_before_stop(records, len(ranks))
+
+    def _stop_detail(self, stop: int) -> dict[str, Any]:
+        """The stop step in both numberings, for a finding's detail."""
+        return {"stop_after_steps": stop, "stop_script_step": self.script_step}
 
     def _outcome(self, stop: int) -> Finding:
-        """Every rank ended: the finding that says whether they saved the stop step."""
+        """Every rank ended: the finding that says whether they saved the stop step, or
+        that they all finished training before it."""
         if self._saved is not None:
             return Finding.build(
                 FindingType.PREEMPTED,
                 Reason.PREEMPTION_SAVED,
                 run_id=self.run_id,
                 rank=-1,
-                message=f"preempted: every rank ({self._ranks_saved}) saved step "
+                message=f"preempted: every rank ({self._ranks_saved}) saved script step "
                 f"{self._saved} and exited; the next run resumes there",
-                iteration=stop,
-                detail={"saved_step": self._saved},
+                iteration=self._saved,
+                detail=self._stop_detail(stop) | {"saved_step": self._saved},
+            )
+        if self.finished:
+            return Finding.build(
+                FindingType.PREEMPTED,
+                Reason.PREEMPTION_AFTER_TRAINING,
+                run_id=self.run_id,
+                rank=-1,
+                message=f"{self._finished_line(stop)}: the job completed, nothing to resume",
+                iteration=self.script_step,
+                detail=self._stop_detail(stop) | {"saved_step": None},
             )
         return Finding.build(
             FindingType.PREEMPTED,
@@ -422,29 +450,35 @@ class PreemptionEvaluator(BlockEvaluator[PreemptBlock]):
             run_id=self.run_id,
             rank=-1,
             message=f"preempted: {self._not_saved(stop)}",
-            iteration=stop,
-            detail={"saved_step": None, "ranks_saved": self._ranks_saved},
+            iteration=self.script_step,
+            detail=self._stop_detail(stop) | {"saved_step": None, "ranks_saved": self._ranks_saved},
+        )
+
+    def _finished_line(self, stop: int) -> str:
+        return (
+            f"the exit signal came, but every rank ({self._world}) finished training and "
+            f"exited 0 before the agreed stop step ({stop_words(stop, self.script_step)})"
         )
 
     def _not_saved(self, stop: int) -> str:
         """The ranks stopped without every one of them saving the stop step: where the
-        next run starts, as far as their reported saves show it."""
+        next run starts, as far as their reported saves show it (the script's steps)."""
         head = (
-            f"stopped at step {stop} without a checkpoint of it "
+            f"stopped {stop_words(stop, self.script_step)} without a checkpoint of it "
             f"({self._ranks_saved} of {self._world} rank(s) saved it)"
         )
         last = list(self._last_saves.values())
         steps = {s for s in last if s is not None}
         if last and len(steps) == 1 and None not in last:
             return (
-                f"{head}: the next run starts from step {steps.pop()}, the last save every "
-                "rank completed"
+                f"{head}: the next run starts from script step {steps.pop()}, the last save "
+                "every rank completed"
             )
         if steps and None not in last:
             return (
                 f"{head}: the next run starts from the last save every rank completed, "
-                f"step {min(steps)} at the latest (their last saves: steps {min(steps)} to "
-                f"{max(steps)})"
+                f"script step {min(steps)} at the latest (their last saves: script steps "
+                f"{min(steps)} to {max(steps)})"
             )
         reported = len(last) - last.count(None)
         return f"{head}: the next run starts from the last checkpoint the script wrote, if any " + (
@@ -458,7 +492,9 @@ class PreemptionEvaluator(BlockEvaluator[PreemptBlock]):
         the launcher's preemption line."""
         step = self.coordinator.stop_at
         if self._saved is not None:
-            return f"every rank saved step {self._saved}: the next run resumes there"
+            return f"every rank saved script step {self._saved}: the next run resumes there"
+        if self.finished and step is not None:
+            return f"{self._finished_line(step)}: the job completed, nothing to resume"
         if step is None:
             return (
                 "no stop step was agreed, nothing was saved: the next run starts from the "
@@ -477,6 +513,7 @@ class PreemptionEvaluator(BlockEvaluator[PreemptBlock]):
             signal=signal.Signals(coord.sig).name,
             reason=coord.reason,
             stop_at_step=coord.stop_at,
+            stop_at_script_step=self.script_step,
             preempt_time_s=coord.cfg.preempt_time,
             terminated_pids=tuple(coord.terminated),
             saved_step=self._saved,

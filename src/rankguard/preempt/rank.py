@@ -155,6 +155,7 @@ class RankPreemption:
         saved = self.tracker.saved  # one read: a background commit may replace it
         return PreemptBlock(
             signal_received=self.handler.received,
+            asks_stop=self.handler.listening,
             step_min_s=round(step, 6) if step is not None else None,
             save_last_s=round(durations[-1] / 1e9, 6) if durations else None,
             save_max_s=round(max(durations) / 1e9, 6) if durations else None,

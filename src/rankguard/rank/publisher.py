@@ -173,7 +173,9 @@ class HeartbeatPublisher:
             thread.join(timeout=max(1.0, 2 * self.interval_s))
         self.tracker.poll()
         asked = self._take_asked()
-        end = ExitBlock(clean=clean, exit_code=exit_code, error=error)
+        end = ExitBlock(
+            clean=clean, exit_code=exit_code, error=error, stopped_at=self.tracker.stopped_at
+        )
         self._write(Event.PROCESS_END, {end.name: end.to_dict()})
         for done in asked:  # the end record has every block as it is now
             done.set()

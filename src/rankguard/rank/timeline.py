@@ -138,6 +138,7 @@ class ProgressTracker:
         "source",
         "started_ns",
         "step_ns",
+        "stopped_at",
     )
 
     def __init__(
@@ -170,6 +171,10 @@ class ProgressTracker:
         self.iteration_given = False
         self.resumed_step: int | None = None
         self._resumed_at = 0
+        # The training steps this process had issued when it left at a stop request
+        # (should_stop() said stop, or the script left after the preemption signal):
+        # its process_end says so, so the launcher tells a stop from a finished run.
+        self.stopped_at: int | None = None
         # The last completed save a next run can load: (the script's step, the training
         # steps this process had issued when its state was taken). One tuple: written by
         # a background commit, read by the heartbeat thread.

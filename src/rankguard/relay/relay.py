@@ -222,6 +222,10 @@ class StoreRelay:
             if not rec.ended and not pid_running(rec.pid):
                 self._latest[rank] = rec.vanished(time.time_ns())
 
+    def latest_records(self) -> list[HeartbeatRecord]:
+        """The newest record of each local rank (after :meth:`stop`: their ends)."""
+        return list(self._latest.values())
+
     def offer(self, raw: JsonObject) -> None:
         """One record of a local rank, as its heartbeat file holds it."""
         self._offer(raw)

@@ -199,11 +199,14 @@ class PreemptBlock:
     (how far ahead node 0 puts the stop step), its saves' durations (the grace budget)
     and its last completed save a next run can load: the script's step
     (``saved_step``) and the training steps the rank had issued when that save's state
-    was taken (``saved_seq``, an agreed stop step's numbering)."""
+    was taken (``saved_seq``, an agreed stop step's numbering), and whether the script
+    asks ``should_stop()`` (``asks_stop``: it leaves at the agreed step, not on its own
+    at the signal)."""
 
     name: ClassVar[str] = "preempt"
     flat: ClassVar[bool] = False
     signal_received: bool = False
+    asks_stop: bool = False
     step_min_s: float | None = None
     save_last_s: float | None = None
     save_max_s: float | None = None
@@ -212,6 +215,8 @@ class PreemptBlock:
 
     def to_dict(self) -> JsonObject:
         out: JsonObject = {"signal_received": self.signal_received}
+        if self.asks_stop:
+            out["asks_stop"] = True
         for key in ("step_min_s", "save_last_s", "save_max_s", "saved_step", "saved_seq"):
             v = getattr(self, key)
             if v is not None:
@@ -227,6 +232,7 @@ class PreemptBlock:
             raise ValueError("preempt.saved_step, preempt.saved_seq: expected both or neither")
         return cls(
             signal_received=_bool(d, "signal_received", "preempt", False),
+            asks_stop=_bool(d, "asks_stop", "preempt", False),
             step_min_s=_opt_num(d, "step_min_s", "preempt"),
             save_last_s=_opt_num(d, "save_last_s", "preempt"),
             save_max_s=_opt_num(d, "save_max_s", "preempt"),
@@ -274,9 +280,12 @@ EXIT_CLEAN_DEFAULT = True
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ExitBlock:
     """``exit`` of a ``process_end``: clean or not, the exit code, the error, whether
-    the process vanished (the end was written on its behalf), and the monitor's notes
-    on why it ended (``after_shutdown``, ``after_restart``, ``after_action``: a restart
-    noted that never came, ``peers_ended_first``, ``on_full_disk``)."""
+    the process vanished (the end was written on its behalf), the training steps of
+    this process when it left at a stop request (``stopped_at``: ``should_stop()`` said
+    stop, or the script left after the preemption signal; absent when it ended on its
+    own), and the monitor's notes on why it ended (``after_shutdown``,
+    ``after_restart``, ``after_action``: a restart noted that never came,
+    ``peers_ended_first``, ``on_full_disk``)."""
 
     name: ClassVar[str] = "exit"
     flat: ClassVar[bool] = False
@@ -284,6 +293,7 @@ class ExitBlock:
     exit_code: int | None = None
     error: str | None = None
     vanished: bool = False
+    stopped_at: int | None = None
     notes: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> JsonObject:
@@ -294,6 +304,8 @@ class ExitBlock:
         }
         if self.vanished:
             out["vanished"] = True
+        if self.stopped_at is not None:
+            out["stopped_at"] = self.stopped_at
         out.update(self.notes)
         return out
 
@@ -306,11 +318,12 @@ class ExitBlock:
             exit_code=_opt_int(d, "exit_code", "exit", lo=None),
             error=_opt_str(d, "error", "exit", limit=1 << 16),
             vanished=_bool(d, "vanished", "exit", False),
+            stopped_at=_opt_int(d, "stopped_at", "exit"),
             notes=notes,
         )
 
 
-_EXIT_KEYS = frozenset({"clean", "exit_code", "error", "vanished"})
+_EXIT_KEYS = frozenset({"clean", "exit_code", "error", "vanished", "stopped_at"})
 
 
 def exit_clean(rec: HeartbeatRecord) -> bool:

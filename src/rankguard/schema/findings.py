@@ -165,6 +165,7 @@ class Reason(str, Enum):
     EXIT_SIGNAL = "scheduler_sent_the_exit_signal"
     PREEMPTION_SAVED = "every_rank_saved_the_agreed_step"
     PREEMPTION_NOT_SAVED = "ranks_stopped_without_every_one_saving_the_agreed_step"
+    PREEMPTION_AFTER_TRAINING = "every_rank_finished_training_before_the_agreed_step"
     INPROCESS_EXCEPTION = "rank_raised_and_every_rank_reentered_in_process"
     INPROCESS_HANG = "rank_stuck_past_soft_timeout_and_every_rank_reentered_in_process"
     INPROCESS_OTHER = "collective_failed_and_every_rank_reentered_in_process"

@@ -38,6 +38,7 @@ __all__ = [
     "TimeoutsBlock",
     "block_json",
     "status_block",
+    "stop_words",
 ]
 
 
@@ -318,25 +319,44 @@ class GoodputBlock:
 # ---- a stop every rank agreed on (node 0's stop agreement) -----------------------------
 
 
+def stop_words(stop_at: int, script_step: int | None) -> str:
+    """A stop step in words that say its numbering: "after 99 training step(s) of this
+    run (script step 199)", the script's step only where the heartbeats tell it."""
+    words = f"after {stop_at} training step(s) of this run"
+    return words + (f" (script step {script_step})" if script_step is not None else "")
+
+
 @status_block
 @dataclass(frozen=True, slots=True)
 class StopRequestedBlock:
-    """``stop_requested``: the step every rank was asked to stop at, and why."""
+    """``stop_requested``: the step every rank was asked to stop at, and why. The step
+    counts the training steps this run's processes issued (``stop_at_step``), not the
+    script's numbering; ``stop_at_script_step`` is the same step in the script's
+    numbering where the heartbeats tell it (else null)."""
 
     name: ClassVar[str] = "stop_requested"
 
     stop_at_step: int | None = None
     reason: str | None = None
+    stop_at_script_step: int | None = None
 
     @classmethod
     def from_dict(cls, raw: object) -> StopRequestedBlock | None:
         d = as_dict(raw)
         if d is None:
             return None
-        return cls(as_int(d.get("stop_at_step")), as_str(d.get("reason")))
+        return cls(
+            as_int(d.get("stop_at_step")),
+            as_str(d.get("reason")),
+            as_int(d.get("stop_at_script_step")),
+        )
 
     def to_dict(self) -> JsonObject:
-        return {"stop_at_step": self.stop_at_step, "reason": self.reason}
+        return {
+            "stop_at_step": self.stop_at_step,
+            "reason": self.reason,
+            "stop_at_script_step": self.stop_at_script_step,
+        }
 
 
 # ---- the nodes of an elastic job (node 0's membership service) -------------------------
@@ -617,9 +637,11 @@ class PreemptBudget:
 @dataclass(frozen=True, slots=True)
 class PreemptionBlock:
     """``preemption``: the grace budget and, once a preemption began (``active``), its
-    signal, reason and stop step, the processes killed at the grace limit, the step
+    signal, reason and stop step (``stop_at_step``: training steps of this run;
+    ``stop_at_script_step``: the same step in the script's numbering where the
+    heartbeats tell it), the processes killed at the grace limit, the script's step
     every rank saved (None if not every rank did), how many ranks saved it and what
-    that means for the next run."""
+    that means for the next run (or that training ended before the stop step)."""
 
     name: ClassVar[str] = "preemption"
 
@@ -628,6 +650,7 @@ class PreemptionBlock:
     signal: str | None = None
     reason: str | None = None
     stop_at_step: int | None = None
+    stop_at_script_step: int | None = None
     preempt_time_s: float | None = None
     terminated_pids: tuple[int, ...] = ()
     saved_step: int | None = None
@@ -638,6 +661,7 @@ class PreemptionBlock:
         "signal",
         "reason",
         "stop_at_step",
+        "stop_at_script_step",
         "preempt_time_s",
         "terminated_pids",
         "saved_step",
@@ -656,6 +680,7 @@ class PreemptionBlock:
             signal=as_str(d.get("signal")),
             reason=as_str(d.get("reason")),
             stop_at_step=as_int(d.get("stop_at_step")),
+            stop_at_script_step=as_int(d.get("stop_at_script_step")),
             preempt_time_s=as_number(d.get("preempt_time_s")),
             terminated_pids=tuple(p for p in as_list(d.get("terminated_pids")) if type(p) is int),
             saved_step=as_int(d.get("saved_step")),

@@ -23,15 +23,19 @@ from rankguard.monitor.agree import (
     StopAgreement,
     choose_stop_step,
     fastest_step_s,
+    finished_before_stop,
+    script_offset,
     write_control,
 )
 from rankguard.monitor.config import HeartbeatConfig
 from rankguard.rank.timeline import ProgressTracker
 from rankguard.schema.cadence import Cadence
 from rankguard.schema.findings import Finding, FindingType, Reason
+from rankguard.schema.layout import heartbeat_file_name
 from rankguard.schema.records import HeartbeatRecord, RecordError
 from rankguard.session import Session
 from tests.factories import rank_identity
+from tests.factories import read_records as _records
 
 RUN = "run-agree"
 
@@ -347,6 +351,7 @@ def test_request_stop_writes_control_ahead_of_the_furthest_rank(tmp_path: Path) 
     assert agreement.status_fields()["stop_requested"].to_dict() == {
         "stop_at_step": stop_at,
         "reason": "straggler: rank 1",
+        "stop_at_script_step": None,
     }
     reader = ControlReader(tmp_path)
     reader.poll()
@@ -395,3 +400,120 @@ def test_a_session_stops_at_the_agreed_training_step_whatever_its_saves(
     tracker.checkpoint_start("extra")  # a save only this rank makes
     tracker.checkpoint_end()
     assert tracker.issued_seq - tracker.checkpoint_count == 4  # what should_stop compares
+
+
+# ---- the stop step's numbering, and a training that ended before it ------------------
+
+
+def test_a_rank_that_stops_at_the_request_says_so_in_its_end(
+    session: Session, tmp_path: Path
+) -> None:
+    """should_stop() said stop: the process_end carries the training steps it left at,
+    so the launcher tells a stop from a training that ran to its end."""
+    write_control(tmp_path, 2, "straggler: rank 2")
+    session._poll_control()
+    session.step_end(101)
+    assert session.should_stop() is False
+    session.step_end(102)
+    assert session.should_stop() is True
+    session.close(clean=True, exit_code=0)
+    end = _records(tmp_path / heartbeat_file_name(0, os.getpid()))[-1]
+    assert end["event"] == "process_end" and end["exit"]["stopped_at"] == 2
+
+
+def test_a_rank_that_finished_before_the_stop_step_does_not(
+    session: Session, tmp_path: Path
+) -> None:
+    write_control(tmp_path, 5, "preempted: node 0's launcher received SIGTERM")
+    session._poll_control()
+    for i in (1, 2):
+        session.step_end(i)
+        assert session.should_stop() is False
+    session.close(clean=True, exit_code=0)
+    end = _records(tmp_path / heartbeat_file_name(0, os.getpid()))[-1]
+    assert end["exit"] == {"clean": True, "exit_code": 0, "error": None}
+
+
+def test_leaving_after_the_signal_says_it_left_at_the_request(session: Session) -> None:
+    session.step_end(1)
+    with pytest.raises(SystemExit):
+        session.exit_preempted()
+    assert session.tracker.stopped_at == 1
+
+
+def test_the_script_step_of_a_stop_step_from_a_save() -> None:
+    """A run resumed from script step 100 saved step 150 after 50 of its training steps:
+    its stop step 99 is the script's step 199."""
+    saved = {"signal_received": True, "saved_step": 150, "saved_seq": 50}
+    records = [_rec(progress_seq=60, preempt=saved), _rec(rank=1, progress_seq=61, preempt=saved)]
+    assert script_offset(records) == 100
+
+
+def test_the_script_step_of_a_stop_step_from_the_iteration_shown() -> None:
+    records = [
+        _rec(progress_seq=60, iteration=160, iteration_source="script"),
+        _rec(rank=1, progress_seq=62, checkpoint_count=2, iteration=160, iteration_source="script"),
+    ]
+    assert script_offset(records) == 100
+    # this run's own count is no script numbering; ranks that disagree tell nothing
+    assert script_offset([_rec(progress_seq=60, iteration=60, iteration_source="steps")]) is None
+    other = _rec(rank=1, progress_seq=60, iteration=170, iteration_source="script")
+    assert script_offset([records[0], other]) is None
+
+
+def test_the_stop_is_said_in_both_numberings(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ranks = {
+        0: _State(_rec(progress_seq=90, iteration=190, iteration_source="script")),
+        1: _State(_rec(rank=1, progress_seq=90, iteration=190, iteration_source="script")),
+    }
+    agreement = _agreement(tmp_path, ranks)
+    with caplog.at_level("WARNING"):
+        stop_at = agreement.request_stop("preempted", 1.0)
+    assert agreement.script_step == stop_at + 100
+    said = caplog.records[-1].getMessage()
+    assert (
+        f"all ranks stop after {stop_at} training step(s) of this run (script step "
+        f"{stop_at + 100})" in said
+    )
+    block = agreement.status_fields()["stop_requested"]
+    assert block.stop_at_step == stop_at and block.stop_at_script_step == stop_at + 100
+
+
+def _end(rank: int, exit_info: dict[str, Any], **kw: Any) -> HeartbeatRecord:
+    return _rec(rank=rank, event="process_end", exit=exit_info, **kw)
+
+
+CLEAN = {"clean": True, "exit_code": 0, "error": None}
+
+
+def test_every_rank_finished_before_the_stop_step() -> None:
+    assert finished_before_stop([_end(0, CLEAN), _end(1, CLEAN)], 2)
+    signalled = {"preempt": {"signal_received": True, "asks_stop": True}}
+    assert finished_before_stop([_end(0, CLEAN, **signalled), _end(1, CLEAN, **signalled)])
+
+
+@pytest.mark.parametrize(
+    "ends",
+    [
+        [CLEAN, {**CLEAN, "stopped_at": 99}],  # one rank left at the request
+        [CLEAN, {"clean": False, "exit_code": 1, "error": "boom"}],
+        [CLEAN, {**CLEAN, "exit_code": 3}],
+        [CLEAN, {"clean": True, "exit_code": None, "error": None, "vanished": True}],
+    ],
+)
+def test_a_rank_that_did_not_finish_is_no_completed_training(ends: list[dict[str, Any]]) -> None:
+    assert not finished_before_stop([_end(r, e) for r, e in enumerate(ends)], 2)
+
+
+def test_a_rank_still_running_or_missing_is_no_completed_training() -> None:
+    assert not finished_before_stop([_end(0, CLEAN), _rec(rank=1)], 2)
+    assert not finished_before_stop([_end(0, CLEAN)], 2)
+    assert not finished_before_stop([], None)
+
+
+def test_a_signalled_rank_of_a_script_that_never_asks_is_no_completed_training() -> None:
+    """It may have left at the signal with its own save: a requeue, not a completion."""
+    signalled = {"preempt": {"signal_received": True}}
+    assert not finished_before_stop([_end(0, CLEAN, **signalled)], 1)

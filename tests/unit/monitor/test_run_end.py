@@ -25,6 +25,7 @@ from tests.factories import write_heartbeats as write
 RUN = "run-end"
 rec = partial(publisher_record, run_id=RUN)
 CLEAN = {"clean": True, "exit_code": 0, "error": None}
+STOPPED = {**CLEAN, "stopped_at": 1}  # left at the agreed stop step (should_stop said stop)
 PEER = {
     "clean": False,
     "exit_code": 1,
@@ -155,8 +156,8 @@ def test_a_preempted_job_is_stopped_although_every_rank_ended_cleanly(tmp_path: 
         tmp_path,
         rec(0, 0),
         rec(1, 0),
-        rec(0, 1, event="process_end", exit=CLEAN),
-        rec(1, 1, event="process_end", exit=CLEAN),
+        rec(0, 1, event="process_end", exit=STOPPED),
+        rec(1, 1, event="process_end", exit=STOPPED),
     )
 
     class Result:
@@ -164,6 +165,58 @@ def test_a_preempted_job_is_stopped_although_every_rank_ended_cleanly(tmp_path: 
             return False
 
     assert _end_word(Result(), None) == "completed"
+    mon.note_end(_end_word(Result(), None, preempted=True))
+    assert mon.stop(drain_timeout_s=0.0)["state"] == "stopped"
+
+
+@pytest.mark.parametrize("preempted", [True, False])
+def test_ranks_that_finished_training_before_the_stop_step_completed(
+    tmp_path: Path, preempted: bool
+) -> None:
+    """A stop step was agreed (the preemption signal, or a straggler with
+    ``stop_if_detected``), but every rank finished its loop and exited 0 before reaching
+    it (none says it left at the request): the job completed, not ``stopped``."""
+    from rankguard.launcher.run import _end_word
+
+    mon = _monitor(tmp_path)
+    signal = {"preempt": {"signal_received": True, "asks_stop": True}} if preempted else {}
+    write(
+        tmp_path,
+        rec(0, 0),
+        rec(1, 0),
+        rec(0, 1, event="process_end", exit=CLEAN, **signal),
+        rec(1, 1, event="process_end", exit=CLEAN, **signal),
+    )
+
+    class Result:
+        def is_failed(self) -> bool:
+            return False
+
+    mon.note_end(_end_word(Result(), None, preempted=preempted, agreed_stop=not preempted))
+    assert mon.stop(drain_timeout_s=0.0)["state"] == "completed"
+
+
+def test_a_preempted_rank_of_a_script_that_never_asks_should_stop_is_no_completion(
+    tmp_path: Path,
+) -> None:
+    """A script that never asks ``should_stop()`` may leave at the preemption signal
+    with a save of its own and exit 0: not a completed training (the job is requeued)."""
+    from rankguard.launcher.run import _end_word
+
+    mon = _monitor(tmp_path)
+    signal = {"preempt": {"signal_received": True}}
+    write(
+        tmp_path,
+        rec(0, 0),
+        rec(1, 0),
+        rec(0, 1, event="process_end", exit=CLEAN, **signal),
+        rec(1, 1, event="process_end", exit=CLEAN, **signal),
+    )
+
+    class Result:
+        def is_failed(self) -> bool:
+            return False
+
     mon.note_end(_end_word(Result(), None, preempted=True))
     assert mon.stop(drain_timeout_s=0.0)["state"] == "stopped"
 

@@ -137,7 +137,8 @@ def test_the_launcher_names_the_killed_rank_as_the_root_cause_not_a_failure(
     pre.coordinator, pre.evaluator, pre.say = coord, None, said.append
     assert exit_code(pre.outcome(outcome)) == EXIT_PREEMPTED
     assert (
-        "stop step 40, root cause: rank 1 (in its checkpointing phase) had not exited when "
+        "stop after 40 training step(s) of this run, root cause: rank 1 (in its checkpointing "
+        "phase) had not exited when "
         "preempt_time=6s ran out: rankguard killed it at the grace limit; exit 14" in said[-1]
     )
     # a rank that failed on its own in the window is still the job's failure

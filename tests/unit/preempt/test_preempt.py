@@ -487,7 +487,7 @@ def test_status_shows_the_budget_and_the_saved_step() -> None:
     text = render_status(status, [])
     assert "Preemption: grace 60.0 s, longest save 55.0 s (previous run)" in text
     assert "a save does NOT fit the grace window" in text
-    assert "stop step 42, saved step 42 (8 rank(s))" in text
+    assert "stop after 42 training step(s) of this run, saved script step 42 (8 rank(s))" in text
     status["preemption"] = {"budget": GraceBudget(60.0, 4.0, 5.0).block().to_dict()}
     assert "NOT fit" not in render_status(status, [])
 
@@ -564,12 +564,15 @@ def test_the_preemption_line_says_what_was_saved(clean: bool) -> None:
     )
     ev = PreemptionEvaluator(coordinator, GraceBudget(30.0, 1.0), "run")  # type: ignore[arg-type]
     rules = heartbeat_rules(2)
-    exit_info = {"clean": True} if clean else {"clean": False, "exit_code": -15}
+    # a clean end at the stop step: the rank left at the request (should_stop said stop)
+    exit_info = {"clean": True, "stopped_at": 1} if clean else {"clean": False, "exit_code": -15}
     for rank in (0, 1):
         raw = heartbeat_record(rank, event="process_end", exit=exit_info, world_size=2)
         rules.ingest(raw, 1.0)
     rules.evaluate(1.0)
     ev.evaluate(1.0, rules.ranks)
     line = ev.saved_line()
-    assert line.startswith("stopped at step 1 without a checkpoint of it (0 of 2 rank(s)")
+    assert line.startswith(
+        "stopped after 1 training step(s) of this run without a checkpoint of it (0 of 2 rank(s)"
+    )
     assert "the next run starts from the last checkpoint the script wrote, if any" in line

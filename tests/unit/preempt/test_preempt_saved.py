@@ -1,6 +1,6 @@
 """What a preemption saved: each rank reports its last completed save (the script's
 step and the training steps it covers) in its heartbeat's ``preempt`` block, and node 0
-says "every rank saved step N" only when every rank's save covers the agreed stop step.
+says "every rank saved script step N" only when every rank's save covers the agreed stop step.
 A clean exit at the stop step is no save (a script may stop without one)."""
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ def _ended(saves: list[tuple[int, int] | None], *, clean: bool = True) -> tuple[
     """Every rank's process_end at the stop step, its ``preempt`` block naming its last
     completed save as (step, training steps) or none."""
     rules = heartbeat_rules(len(saves))
-    exit_info = {"clean": True} if clean else {"clean": False, "exit_code": 1}
+    # a clean end at the stop step: the rank left at the request (should_stop said stop)
+    exit_info = {"clean": True, "stopped_at": STOP} if clean else {"clean": False, "exit_code": 1}
     for rank, save in enumerate(saves):
         block: dict[str, Any] = {"signal_received": True}
         if save is not None:
@@ -72,7 +73,7 @@ def test_every_rank_saved_the_stop_step() -> None:
     [outcome] = _outcome(ev.evaluate(1.0, ranks))
     assert outcome.reason is Reason.PREEMPTION_SAVED
     assert outcome.detail["saved_step"] == STOP
-    assert ev.saved_line() == f"every rank saved step {STOP}: the next run resumes there"
+    assert ev.saved_line() == f"every rank saved script step {STOP}: the next run resumes there"
     status = ev.status()
     assert status is not None and status.saved_step == STOP and status.ranks_saved == 2
 
@@ -84,7 +85,9 @@ def test_a_resumed_run_names_the_step_the_script_saved() -> None:
     _, ranks = _ended([(100 + STOP, STOP), (100 + STOP, STOP)])
     [outcome] = _outcome(ev.evaluate(1.0, ranks))
     assert outcome.reason is Reason.PREEMPTION_SAVED
-    assert ev.saved_line() == f"every rank saved step {100 + STOP}: the next run resumes there"
+    assert (
+        ev.saved_line() == f"every rank saved script step {100 + STOP}: the next run resumes there"
+    )
 
 
 def test_no_save_at_all_is_said() -> None:
@@ -98,7 +101,8 @@ def test_no_save_at_all_is_said() -> None:
     line = ev.saved_line()
     assert "saved step" not in line and "resumes there" not in line
     assert line == (
-        f"stopped at step {STOP} without a checkpoint of it (0 of 2 rank(s) saved it): the "
+        f"stopped after {STOP} training step(s) of this run without a checkpoint of it "
+        "(0 of 2 rank(s) saved it): the "
         "next run starts from the last checkpoint the script wrote, if any (no rank "
         "reported a completed save)"
     )
@@ -113,8 +117,9 @@ def test_an_older_save_is_where_the_next_run_starts() -> None:
     [outcome] = _outcome(ev.evaluate(1.0, ranks))
     assert outcome.reason is Reason.PREEMPTION_NOT_SAVED
     assert ev.saved_line() == (
-        f"stopped at step {STOP} without a checkpoint of it (0 of 2 rank(s) saved it): the "
-        "next run starts from step 50, the last save every rank completed"
+        f"stopped after {STOP} training step(s) of this run (script step {STOP}) without a "
+        "checkpoint of it (0 of 2 rank(s) saved it): the next run starts from script step "
+        "50, the last save every rank completed"
     )
 
 
@@ -123,8 +128,8 @@ def test_older_saves_of_different_steps() -> None:
     _, ranks = _ended([(50, 50), (60, 60)])
     ev.evaluate(1.0, ranks)
     assert ev.saved_line().endswith(
-        "the next run starts from the last save every rank completed, step 50 at the latest "
-        "(their last saves: steps 50 to 60)"
+        "the next run starts from the last save every rank completed, script step 50 at the "
+        "latest (their last saves: script steps 50 to 60)"
     )
 
 
@@ -135,7 +140,8 @@ def test_one_rank_saved_the_other_did_not() -> None:
     assert outcome.reason is Reason.PREEMPTION_NOT_SAVED
     assert outcome.detail["ranks_saved"] == 1
     assert ev.saved_line() == (
-        f"stopped at step {STOP} without a checkpoint of it (1 of 2 rank(s) saved it): the "
+        f"stopped after {STOP} training step(s) of this run (script step {STOP}) without a "
+        "checkpoint of it (1 of 2 rank(s) saved it): the "
         "next run starts from the last checkpoint the script wrote, if any (1 of 2 rank(s) "
         "reported a completed save)"
     )
@@ -148,9 +154,10 @@ def test_one_rank_saved_the_stop_step_the_other_an_older_one() -> None:
     _, ranks = _ended([(STOP, STOP), (50, 50)])
     ev.evaluate(1.0, ranks)
     assert ev.saved_line() == (
-        f"stopped at step {STOP} without a checkpoint of it (1 of 2 rank(s) saved it): the "
-        f"next run starts from the last save every rank completed, step 50 at the latest "
-        f"(their last saves: steps 50 to {STOP})"
+        f"stopped after {STOP} training step(s) of this run (script step {STOP}) without a "
+        "checkpoint of it (1 of 2 rank(s) saved it): the "
+        f"next run starts from the last save every rank completed, script step 50 at the "
+        f"latest (their last saves: script steps 50 to {STOP})"
     )
 
 
@@ -170,7 +177,10 @@ def test_no_outcome_while_a_rank_runs() -> None:
     rules.ingest(heartbeat_record(1, preempt={"signal_received": True}), 1.0)
     rules.evaluate(1.0)
     assert _outcome(ev.evaluate(1.0, rules.ranks)) == []
-    assert ev.saved_line().startswith(f"stopped at step {STOP} without a checkpoint of it (1 of 2")
+    assert ev.saved_line().startswith(
+        f"stopped after {STOP} training step(s) of this run (script step {STOP}) without a "
+        "checkpoint of it (1 of 2"
+    )
 
 
 def test_status_shows_the_line() -> None:
@@ -292,3 +302,56 @@ def test_the_checkpoint_manager_tells_the_session_at_the_commit(tmp_path: Path) 
         session.step_end()  # the loop goes on while the write is in flight
         m.wait()
         assert session.tracker.saved == (3, 3)
+
+
+def test_ranks_that_finished_training_before_the_stop_step_completed() -> None:
+    """The signal came, but every rank (a script that asks should_stop) finished its
+    loop and exited 0 before the stop step: no 'stopped at step N without a checkpoint
+    of it', the job completed and there is nothing to resume."""
+    ev = _evaluator()
+    rules = heartbeat_rules(2)
+    for rank in (0, 1):
+        raw = heartbeat_record(
+            rank,
+            event="process_end",
+            exit={"clean": True, "exit_code": 0},
+            world_size=2,
+            progress_seq=STOP - 2,
+            iteration=100 + STOP - 2,
+            iteration_source="script",
+            preempt={"signal_received": True, "asks_stop": True},
+        )
+        rules.ingest(raw, 1.0)
+    rules.evaluate(1.0)
+    [outcome] = _outcome(ev.evaluate(1.0, rules.ranks))
+    assert outcome.reason is Reason.PREEMPTION_AFTER_TRAINING
+    line = (
+        "the exit signal came, but every rank (2) finished training and exited 0 before the "
+        f"agreed stop step (after {STOP} training step(s) of this run (script step "
+        f"{100 + STOP})): the job completed, nothing to resume"
+    )
+    assert outcome.message == line == ev.saved_line()
+    assert outcome.detail == {"stop_after_steps": STOP, "stop_script_step": 100 + STOP} | {
+        "saved_step": None
+    }
+    status = ev.status()
+    assert status.stop_at_step == STOP and status.stop_at_script_step == 100 + STOP
+
+
+def test_a_resumed_run_says_the_stop_step_in_both_numberings() -> None:
+    """A run resumed at script step 100: the stop step counts this run's training steps
+    (75), the save and where the next run starts are the script's steps."""
+    ev = _evaluator()
+    _, ranks = _ended([(150, 50), (100 + STOP, STOP)])
+    found = ev.evaluate(1.0, ranks)
+    announce = next(f for f in found if f.reason is Reason.EXIT_SIGNAL)
+    assert f"every rank stops after {STOP} training step(s) of this run (script step " in (
+        announce.message
+    )
+    assert announce.iteration == 100 + STOP
+    assert ev.saved_line() == (
+        f"stopped after {STOP} training step(s) of this run (script step {100 + STOP}) "
+        "without a checkpoint of it (1 of 2 rank(s) saved it): the next run starts from the "
+        f"last save every rank completed, script step 150 at the latest (their last saves: "
+        f"script steps 150 to {100 + STOP})"
+    )

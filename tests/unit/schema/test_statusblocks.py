@@ -213,11 +213,12 @@ PREEMPTION: dict[str, Any] = {  # as the preemption evaluator writes it, once pr
     "signal": "SIGTERM",
     "reason": "preempted: node 0's launcher received SIGTERM",
     "stop_at_step": 75,
+    "stop_at_script_step": 175,
     "preempt_time_s": 60.0,
     "terminated_pids": [],
-    "saved_step": 75,
+    "saved_step": 175,
     "ranks_saved": 2,
-    "saved": "every rank saved step 75: the next run resumes there",
+    "saved": "every rank saved script step 175: the next run resumes there",
 }
 
 
