@@ -58,24 +58,35 @@ def _check_nanogpt_summary(summary: dict[str, Any]) -> None:
 def test_unmodified_nanogpt_gets_progress_tokens_and_measured_tflops(
     tmp_path: Path, run_id: str
 ) -> None:
-    """A real launch of a script that never imports rankguard, each rank in its own
-    subprocess: progress from the optimizer hook the rank bootstrap installs, the batch
-    detected from DDP's input and the FLOPs counted by global module hooks, one detector
-    per rank process (not possible with ranks as threads). The analytic FLOPs of the same
-    script: ``test_init_under_plain_torchrun_measures_in_rank``; the bootstrap from the
-    ``--preload`` fork server: ``test_run_e2e``."""
+    """A real launch of a script that never imports rankguard, its ranks forked from the
+    ``--preload`` fork server: progress from the optimizer hook the rank bootstrap
+    installs, the batch detected from DDP's input and the FLOPs counted by global module
+    hooks, one detector per rank process (not possible with ranks as threads); the
+    script's exit handlers run in every rank (a forked rank runs them explicitly). The
+    analytic FLOPs of the same script: ``test_init_under_plain_torchrun_measures_in_rank``;
+    the bootstrap of a script that counts no step in a subprocess per rank (no
+    ``--preload``): ``test_truth_e2e`` (the optimizer hook's steps before the kill)."""
     res = run_rankguard(
         [
             *standalone_run(run_id, tmp_path),
+            "--preload",
+            "torch",
             str(SCRIPTS / "perf_nanogpt.py"),
             "--steps",
             "20",
             "--no-config",
+            "--atexit-dir",
+            str(tmp_path),
         ],
         timeout=120,
     )
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
+    assert "ranks are forked from a fork server" in out, out
+    assert sorted(p.name for p in tmp_path.glob("atexit_rank_*")) == [
+        "atexit_rank_0",
+        "atexit_rank_1",
+    ]
     summary = _summary(tmp_path / "perf_monitor" / run_id)
     assert summary["session_info"]["flops_source"].startswith("measured")
     _check_nanogpt_summary(summary)

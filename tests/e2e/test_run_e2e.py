@@ -18,7 +18,6 @@ from .conftest import (
     HEALTHY_RUN,
     SCRIPTS,
     HealthyRun,
-    fast_sets,
     heartbeat_files,
     kill_all,
     no_leftover_workers,
@@ -195,51 +194,6 @@ def test_crash_names_the_failing_rank_as_root_cause(tmp_path: Path, run_id: str)
     assert read_status(run_dir)["state"] == "failed"
     assert "state failed" in _status_screen(run_dir)
     assert no_leftover_workers(run_id)
-
-
-def test_unmodified_torchrun_script_gets_progress_from_the_optimizer_hook(
-    tmp_path: Path, run_id: str
-) -> None:
-    """A real launch: the rank bootstrap of a script that never imports rankguard, in
-    ranks forked from the ``--preload`` fork server (the same bootstrap in a subprocess
-    per rank: ``test_integrations_e2e::test_unmodified_nanogpt_gets_progress_tokens_and_
-    measured_tflops``)."""
-    res = run_rankguard(
-        [
-            "run",
-            "--nproc-per-node",
-            "2",
-            "--rdzv-id",
-            run_id,
-            "--log-dir",
-            str(tmp_path),
-            "--preload",
-            "torch",
-            *fast_sets(),
-            str(SCRIPTS / "plain_ddp.py"),
-            "--steps",
-            "12",
-            "--atexit-dir",
-            str(tmp_path),
-        ]
-    )
-    out = res.stdout + res.stderr
-    assert res.returncode == 0, out
-    assert "plain_ddp done: 12 steps, world 2" in out
-    # the script's exit handlers ran in every rank (a forked rank runs them explicitly)
-    assert sorted(p.name for p in tmp_path.glob("atexit_rank_*")) == [
-        "atexit_rank_0",
-        "atexit_rank_1",
-    ]
-    run_dir = tmp_path / "heartbeat" / run_id
-    status = read_status(run_dir)
-    assert status["state"] == "completed", out
-    for row in status["ranks"]:
-        assert row["progress_seq"] == 12
-        assert row["progress_source"] == "optimizer_hook"
-        # not the script's numbering: said as the steps this process counted
-        assert (row["iteration"], row["iteration_source"]) == (12, "steps")
-    assert findings(run_dir) == []
 
 
 def test_a_paused_rank_is_a_heartbeat_timeout_and_no_progress_finding_after_it_resumes(

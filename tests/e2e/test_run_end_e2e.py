@@ -6,7 +6,7 @@ Elsewhere: a ``@record`` script that raises (torchrun's failure summary, then th
 verdict, ``rankguard status``),
 ``test_run_e2e.py::test_crash_names_the_failing_rank_as_root_cause``; a hang that fault
 tolerance ends with no restart left, ``test_nvrx_client_e2e.py`` (ft_launcher's flags,
-``--max-restarts 0``); a SIGTERM to the launcher (state stopped, no finding,
+``--max-restarts 1`` spent on the first hang); a SIGTERM to the launcher (state stopped, no finding,
 ``rankguard status``), ``test_run_files_e2e.py``; ``findings.jsonl`` there and empty
 from the start of a run, ``tests/tier2/test_run_end_tier2.py``."""
 

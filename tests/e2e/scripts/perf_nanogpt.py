@@ -2,11 +2,14 @@
 set_batch, no FLOPs. DDP on gloo, gradient accumulation, a GPTConfig on the model.
 
 ``--rankguard-init`` calls ``rankguard.init()`` (what a script does to get the in-rank
-parts under plain torchrun); ``--no-config`` drops ``model.config`` (FLOPs then measured).
+parts under plain torchrun); ``--no-config`` drops ``model.config`` (FLOPs then measured);
+``--atexit-dir``: each rank's exit handler writes a file there.
 """
 
 import argparse
+import atexit
 import math
+import os
 
 import torch
 import torch.distributed as dist
@@ -20,7 +23,11 @@ parser.add_argument("--batch-size", type=int, default=4)
 parser.add_argument("--accum", type=int, default=2)
 parser.add_argument("--rankguard-init", action="store_true")
 parser.add_argument("--no-config", action="store_true")
+parser.add_argument("--atexit-dir", default=None, help="each rank's exit handler writes here")
 args = parser.parse_args()
+if args.atexit_dir:
+    marker = os.path.join(args.atexit_dir, f"atexit_rank_{os.environ['RANK']}")
+    atexit.register(lambda: open(marker, "w").close())
 
 if args.rankguard_init:
     import rankguard
