@@ -330,6 +330,14 @@ while :; do
     RG_CODE=$?
     kill -0 "$RG_SRUN_PID" 2>/dev/null || break  # a trap interrupted wait: srun still runs
 done
+# The launchers have ended: a signal from now on (the TERM of this script's own
+# `scontrol requeue`, a late preemption) has nobody to save; said as such, not passed on.
+rg_late() {
+    rg_log "received SIG$1 after the launchers ended (code $RG_CODE): nothing to pass on"
+}
+for rg_sig in TERM USR1 USR2; do
+    trap "rg_late $rg_sig" "$rg_sig"
+done
 rg_log "rankguard run exited with code $RG_CODE (highest over the nodes)"
 
 RG_DECISION=$(rg_decide "$RG_CODE" "$RG_RESTART_COUNT" "$RG_MAX_JOB_RETRIES")

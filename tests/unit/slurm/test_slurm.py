@@ -738,3 +738,33 @@ def test_script_passes_the_exit_signal_to_the_launchers_and_requeues(cluster: Cl
     assert len(cluster.requeues()) == 1  # no retry budget, requeued all the same
     told = [r["argv"] for r in read_jsonl(cluster.slurm_log) if r.get("cmd") == "scancel"]
     assert told == [["--signal=TERM", JOB_ID]]  # the job's steps, not the batch shell
+
+
+# scontrol as Slurm's for a running job: `scontrol requeue` sends SIGTERM to the batch
+# shell (the job's allocation ends, to be queued again); the other commands as the fake's
+REQUEUE_TERMS_SCONTROL = f"""#!/usr/bin/env python3
+import json, os, signal, sys, time
+if sys.argv[1:2] == ["requeue"]:
+    with open(os.environ["FAKE_SLURM_LOG"], "a") as fh:
+        fh.write(json.dumps({{"cmd": "scontrol", "argv": sys.argv[1:], "action": "requeue",
+                             "job_id": sys.argv[2]}}) + "\\n")
+    os.kill(os.getppid(), signal.SIGTERM)
+    time.sleep(0.3)
+    sys.exit(0)
+os.execv({str(FAKE_BIN / "scontrol")!r}, [{str(FAKE_BIN / "scontrol")!r}, *sys.argv[1:]])
+"""
+
+
+def test_a_signal_after_the_launchers_ended_is_not_passed_on(cluster: Cluster) -> None:
+    """The TERM of the script's own requeue reaches the batch shell after the launchers
+    exited 14: said as late, no scancel, no 'passed to the launchers' (nobody saves)."""
+    for name, text in (("srun", "#!/bin/sh\nexit 14\n"), ("scontrol", REQUEUE_TERMS_SCONTROL)):
+        path = cluster.bin / name
+        path.write_text(text)
+        path.chmod(0o755)
+    res = cluster.run(render_sbatch(spec(signal="B:TERM@90", num_job_retries_on_failure=1)))
+    assert res.returncode == 14, (res.stdout, res.stderr)
+    assert len(cluster.requeues()) == 1
+    assert "received SIGTERM after the launchers ended (code 14): nothing to pass on" in res.stdout
+    assert "passed to the launchers" not in res.stdout
+    assert not [r for r in read_jsonl(cluster.slurm_log) if r.get("cmd") == "scancel"]
