@@ -5,7 +5,9 @@ The tiers (:class:`~rankguard.checkpoint.persistent.PersistentTier`,
 :class:`~rankguard.checkpoint.localtier.LocalTier`) write, commit, list and load their
 own checkpoints behind :class:`~rankguard.checkpoint.tiers.CheckpointTier`; the manager
 keeps their order and the fallback from one candidate to the next, the background
-executor of async saves, the session's ``checkpointing`` phase and ``checkpoints.json``.
+executor of async saves and the session's ``checkpointing`` phase; its
+:class:`~rankguard.checkpoint.record.CheckpointRecord` keeps the account of the saves
+and loads that ``checkpoints.json`` holds.
 
 Every rank builds the manager at the same point (it creates its own gloo group) and
 calls ``save``/``maybe_save``/``load_latest`` at the same steps. A save waits for the
@@ -25,7 +27,6 @@ import logging
 import os
 import socket
 import sys
-import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
@@ -36,12 +37,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch.distributed as dist
 
 from rankguard.checkpoint.config import CheckpointConfig
-from rankguard.checkpoint.dcpio import default_writer, iso_now
+from rankguard.checkpoint.dcpio import default_writer
 from rankguard.checkpoint.files import CheckpointError, DirLock, step_dir_name
 from rankguard.checkpoint.group import CheckpointGroup
 from rankguard.checkpoint.local import LocalStore
 from rankguard.checkpoint.localtier import LocalTier
 from rankguard.checkpoint.persistent import PersistentTier
+from rankguard.checkpoint.record import CheckpointRecord
 from rankguard.checkpoint.stager import HostStager
 from rankguard.checkpoint.state import StatePlan
 from rankguard.checkpoint.tiers import Candidate, CheckpointTier
@@ -50,7 +52,6 @@ from rankguard.rank.ranksession import current as current_session
 from rankguard.rank.runenv import RunEnv
 from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.layout import CHECKPOINTS_FILE
-from rankguard.util.fs import atomic_write_json
 
 if TYPE_CHECKING:
     from rankguard.rank.ranksession import RankSession
@@ -111,15 +112,20 @@ class CheckpointManager:
         self.save_dir = Path(config.save).resolve() if config.save else None
         self.load_dir = Path(config.load_dir).resolve() if config.load_dir else None
         self.local_world_size = local_world_size or env.local_world_size or 1
-        self.last_committed: dict[str, int | None] = dict.fromkeys(TIERS)
-        self.stats: dict[str, Any] = {
-            "saves": dict.fromkeys(TIERS, 0),
-            "failures": 0,
-            "last_error": None,
-            "last": dict.fromkeys(TIERS),
-            "inflight": None,
-            "loaded": None,
-        }
+        # checkpoints.json: where asked, else in the run directory under rankguard run
+        run_dir = Path(env.run_dir) if env.monitored and env.run_dir else None
+        self.record = CheckpointRecord(
+            TIERS,
+            rank=self.rank,
+            world=self.world,
+            job=self.job,
+            async_save=config.async_save,
+            status_path=(
+                Path(status_path)
+                if status_path is not None
+                else run_dir and run_dir / CHECKPOINTS_FILE
+            ),
+        )
         self.seq = 0
         self._save_steps: int | None = None  # the session's training steps at save()
         self._inflight: Future[None] | None = None
@@ -127,12 +133,6 @@ class CheckpointManager:
         self.stager = HostStager(pin_memory=config.pin_memory)
         self._locks: list[DirLock] = []
         self._closed = False
-        # checkpoints.json: where asked, else in the run directory under rankguard run
-        run_dir = Path(env.run_dir) if env.monitored and env.run_dir else None
-        self._status_path = (
-            Path(status_path) if status_path is not None else run_dir and run_dir / CHECKPOINTS_FILE
-        )
-        self._status_lock = threading.Lock()
         self._local = LocalTier(self, self.local_world_size)
         self._persistent = PersistentTier(self, self.save_dir, self.load_dir)
         # the tiers, in the order every rank gathers their candidates
@@ -145,9 +145,14 @@ class CheckpointManager:
         self._prepare_dirs()
         # what a restart finds already committed
         self.last_committed["persistent"] = self._persistent.latest()
-        self._write_status()
+        self.record.write()
         ref = weakref.ref(self)
         atexit.register(_close_at_exit, ref)
+
+    @property
+    def last_committed(self) -> dict[str, int | None]:
+        """Each tier's last committed step (None: none yet)."""
+        return self.record.last_committed
 
     @property
     def local(self) -> LocalStore | None:
@@ -228,25 +233,16 @@ class CheckpointManager:
             if blocking:
                 job()
                 return
-        self.stats["inflight"] = {"tier": tier, "step": step, "since": iso_now()}
-        self._write_status()
+        self.record.save_started(tier, step)
         self._inflight = self._executor.submit(job)
 
     def note_committed(
         self, tier: str, step: int, path: Path, t0: float, stage_s: float, w0: float
     ) -> None:
         now = time.monotonic()
-        self.last_committed[tier] = step
-        self.stats["saves"][tier] += 1
-        self.stats["last"][tier] = {
-            "step": step,
-            "path": str(path),
-            "time": iso_now(),
-            "stage_s": round(stage_s, 4),
-            "write_s": round(now - w0, 4),
-            "total_s": round(now - t0, 4),
-        }
-        self.stats["inflight"] = None
+        self.record.save_committed(
+            tier, step, path, stage_s=stage_s, write_s=now - w0, total_s=now - t0
+        )
         session = self._live_session()
         if tier == "persistent" and session is not None:  # what a requeued job can load
             session.note_saved(step, self._save_steps)
@@ -255,19 +251,15 @@ class CheckpointManager:
             f"write {now - w0:.3f} s, total {now - t0:.3f} s)",
             logging.INFO,
         )
-        self._write_status()
 
     def note_failed(self, tier: str, step: int, why: str) -> None:
-        self.stats["failures"] += 1
-        self.stats["inflight"] = None
         latest = self.last_committed[tier]
         message = (
             f"checkpoint step {step} ({tier}) FAILED, nothing committed (the latest {tier} "
             f"checkpoint is still {'step ' + str(latest) if latest is not None else 'none'}): "
             f"{why}"
         )
-        self.stats["last_error"] = message
-        self._write_status()
+        self.record.save_failed(message)
         self.say(message, logging.ERROR)
         raise CheckpointError(message)
 
@@ -281,7 +273,7 @@ class CheckpointManager:
         if future.done():
             future.result()
             return
-        step = (self.stats.get("inflight") or {}).get("step")
+        step = self.record.inflight.step if self.record.inflight is not None else None
         with self._phase(
             f"wait:{step_dir_name(step) if step is not None else 'write'}", progress=False
         ):
@@ -329,11 +321,8 @@ class CheckpointManager:
         return out
 
     def note_loaded(self, tier: str, step: int, path: Path) -> None:
-        if (self.last_committed[tier] or -1) < step:
-            self.last_committed[tier] = step
-        self.stats["loaded"] = {"tier": tier, "step": step, "path": str(path)}
+        self.record.checkpoint_loaded(tier, step, path)
         self.say(f"resumed from checkpoint step {step} ({tier}): {path}", logging.INFO)
-        self._write_status()
 
     # ---- end ------------------------------------------------------------------------
 
@@ -365,24 +354,7 @@ class CheckpointManager:
     def status(self) -> JsonObject:
         """What ``checkpoints.json`` holds: last committed per tier, durations, the write
         in flight, failures."""
-        return {
-            "rank": self.rank,
-            "world_size": self.world,
-            "job": self.job,
-            "async_save": self.config.async_save,
-            "last_committed": dict(self.last_committed),
-            **{k: v for k, v in self.stats.items()},
-            "updated": iso_now(),
-        }
-
-    def _write_status(self) -> None:
-        if self._status_path is None or self.rank != 0:
-            return
-        with self._status_lock:
-            try:
-                atomic_write_json(self._status_path, self.status())
-            except OSError as exc:
-                logger.warning("rankguard: cannot write %s: %s", self._status_path, exc)
+        return self.record.to_json()
 
     def _phase(
         self, name: str, *, progress: bool = True

@@ -268,7 +268,7 @@ def train(args: argparse.Namespace, device: torch.device, memory: dict[str, Any]
         if resumed is not None:
             first = resumed + 1
             if rank == 0:
-                tier = (ckpt.stats["loaded"] or {}).get("tier")
+                tier = ckpt.record.loaded.tier if ckpt.record.loaded is not None else None
                 print(
                     f"[demo] resumed from step {resumed} ({tier}) (restart {rg.restart_count})",
                     flush=True,

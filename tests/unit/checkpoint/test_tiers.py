@@ -47,7 +47,8 @@ def test_the_manager_saves_and_loads_through_its_tiers(tmp_path: Path) -> None:
         saved = model.weight.detach().clone()
         with torch.no_grad():
             model.weight.zero_()
-        assert m.load_latest() == 2 and m.stats["loaded"]["tier"] == "local"
+        assert m.load_latest() == 2 and m.record.loaded is not None
+        assert m.record.loaded.tier == "local"
         assert torch.equal(model.weight, saved)
 
 

@@ -21,7 +21,7 @@ from rankguard.schema.statusblocks import (
     TimeoutsBlock,
 )
 
-CHECKPOINTS: dict[str, Any] = {  # as CheckpointManager.status() writes it
+CHECKPOINTS: dict[str, Any] = {  # as CheckpointRecord.to_json() writes it
     "rank": 0,
     "world_size": 4,
     "job": "job-1",
