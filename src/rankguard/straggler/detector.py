@@ -8,7 +8,9 @@ per step:
 
 - relative score = best rank's time / this rank's time (1.0 for the fastest rank);
 - individual score = this rank's best reported time so far / its time now (1.0 when it
-  is as fast as it ever was).
+  is as fast as it ever was); from sampled collective waits, the median of its recent
+  estimates / its time now (one interval's estimate can be far off, and the lowest of
+  many noisy estimates is faster than the rank ever was).
 
 A score below its threshold in ``consecutive_reports`` reports in a row is a straggler
 (hysteresis: a score wavering around the threshold from one report to the next is
@@ -23,6 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import statistics
+from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -40,6 +43,9 @@ if TYPE_CHECKING:
 __all__ = ["StragglerDetector"]
 
 logger = logging.getLogger(__name__)
+
+# the estimates from sampled waits a rank's individual reference is the median of
+_RECENT_ESTIMATES = 16
 
 
 class _Score(TypedDict):
@@ -75,6 +81,7 @@ class StragglerDetector:
         self._seen_seq: dict[int, tuple[Any, Any]] = {}
         self.reports = 0
         self.best: dict[int, float] = {}  # rank -> best (lowest) compute ms reported
+        self._recent: dict[int, deque[float]] = {}  # rank -> recent estimates from waits
         self.latest: dict[int, tuple[float, HeartbeatRecord]] = {}  # rank -> (ms, record)
         self.active: set[tuple[int, int | None]] = set()  # (rank, pid) flagged now
         self.below: dict[tuple[int, int | None], int] = {}  # reports in a row below
@@ -121,6 +128,18 @@ class StragglerDetector:
         self.reports += 1
         return self._report()
 
+    def _reference(self, rank: int, ms: float) -> float:
+        """The rank's own reference for its individual score, ``ms`` its time now: its
+        best so far from its own measurements; from sampled waits, the median of its
+        recent estimates (a peer held up by the host makes one interval's waiting share
+        jump and that estimate far too fast: the lowest of them is no reference)."""
+        if self.source == "collective_waits":
+            recent = self._recent.setdefault(rank, deque(maxlen=_RECENT_ESTIMATES))
+            recent.append(ms)
+            return statistics.median(recent)
+        self.best[rank] = min(self.best.get(rank, ms), ms)
+        return self.best[rank]
+
     def _report(self) -> list[Finding]:
         cfg = self.cfg
         # each rank's median over the interval's heartbeats (else its latest value)
@@ -132,13 +151,14 @@ class StragglerDetector:
         source = "collective_waits" if waits else "own_compute"
         if source != self.source:  # another measure: its own bests
             self.best = {}
+            self._recent = {}
             self.source = source
         best_now = min(ms for ms, _ in self.latest.values())
         scores: dict[int, _Score] = {}
         for rank, (ms, rec) in sorted(self.latest.items()):
-            self.best[rank] = min(self.best.get(rank, ms), ms)
             relative = best_now / ms if cfg.calc_relative_gpu_perf else None
-            individual = self.best[rank] / ms if cfg.calc_individual_gpu_perf else None
+            reference = self._reference(rank, ms)
+            individual = reference / ms if cfg.calc_individual_gpu_perf else None
             scores[rank] = {
                 "rank": rank,
                 "node_rank": rec.node_rank,

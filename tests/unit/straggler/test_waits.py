@@ -33,6 +33,8 @@ class Job:
         self.k = 0
         self.looks = dict.fromkeys(range(world), 0)
         self.waits = dict.fromkeys(range(world), 0)
+        self.slower = 1.0  # the step period's factor from the next report on
+        self.steps = 0
 
     def states(self, shares: dict[int, float] | None, looks: int = LOOKS) -> dict[int, _State]:
         out = {}
@@ -44,7 +46,7 @@ class Job:
                 r,
                 self.k + 1,
                 world_size=self.world,
-                progress_seq=1 + int(self.k * INTERVAL / STEP_S),
+                progress_seq=1 + self.steps,
                 straggler={"compute_ms": 40.0, "samples": 5, "method": self.method},
                 collectives={
                     "groups": {"0": [self.k * 1000, self.k * 1000]},
@@ -61,6 +63,7 @@ class Job:
         if self.k == 0:  # the first sight starts the interval
             det.evaluate(1000.0, self.states(None))
         self.k += 1
+        self.steps += int(INTERVAL / (STEP_S * self.slower))
         return det.evaluate(1000.0 + self.k * INTERVAL, self.states(shares, looks))
 
 
@@ -111,3 +114,31 @@ def test_a_restarted_rank_starts_its_interval_again() -> None:
     raw = heartbeat_record(0, 1, pid=7, collectives={"groups": {"0": [1, 1]}, "samples": 30})
     shares.observe(0, HeartbeatRecord.from_dict(raw), 2.0)
     assert shares._start[0].samples == 30  # not 900: a new process counts from zero
+
+
+def test_one_far_off_estimate_is_no_reference_for_a_ranks_individual_score() -> None:
+    # a peer held up by the host once: rank 0 waited 76% of that interval, so its
+    # estimate is a quarter of its compute; the lowest estimate as its own reference
+    # made every later (true) one look 4x slower: a straggler that never was
+    det, job = _detector(), Job(2)
+    found = job.report(det, {0: 0.76, 1: 0.0})
+    for _ in range(5):
+        found += job.report(det, {0: 0.05, 1: 0.04})
+    assert found == []
+    assert det.source == "collective_waits"
+    assert det.report is not None and det.report.stragglers == []
+
+
+def test_a_rank_that_became_slower_than_its_recent_self_is_found_from_waits() -> None:
+    # the whole job's step period doubles (every rank slower alike: no rank waits
+    # more than before), so each rank's individual score halves against its recent self
+    det, job = _detector(), Job(2)
+    found = []
+    for _ in range(4):
+        found += job.report(det, {0: 0.05, 1: 0.04})
+    assert found == []
+    job.slower = 2.0
+    for _ in range(2):
+        found += job.report(det, {0: 0.05, 1: 0.04})
+    assert sorted(f.rank for f in found) == [0, 1]
+    assert all(f.detail["individual_score"] < 0.7 for f in found), [f.detail for f in found]
