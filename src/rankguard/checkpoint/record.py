@@ -10,62 +10,19 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
 from rankguard.checkpoint.dcpio import iso_now
 from rankguard.schema.jsontypes import JsonObject
+from rankguard.schema.statusblocks import CheckpointEntry, CheckpointMark, CheckpointsBlock
 from rankguard.util.fs import atomic_write_json
 
-__all__ = ["CheckpointRecord", "InFlightSave", "LoadedCheckpoint", "TierSave"]
+__all__ = ["CheckpointRecord"]
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True, slots=True)
-class TierSave:
-    """A tier's last committed save: where, when and how long (seconds)."""
-
-    step: int
-    path: str
-    time: str  # ISO 8601, UTC
-    stage_s: float  # the copy into host buffers
-    write_s: float  # the write and the commit
-    total_s: float  # from the call to the commit
-
-    def to_json(self) -> JsonObject:
-        return {
-            "step": self.step,
-            "path": self.path,
-            "time": self.time,
-            "stage_s": self.stage_s,
-            "write_s": self.write_s,
-            "total_s": self.total_s,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class InFlightSave:
-    """The async save being written in the background."""
-
-    tier: str
-    step: int
-    since: str  # ISO 8601, UTC
-
-    def to_json(self) -> JsonObject:
-        return {"tier": self.tier, "step": self.step, "since": self.since}
-
-
-@dataclass(frozen=True, slots=True)
-class LoadedCheckpoint:
-    """The checkpoint ``load_latest`` loaded."""
-
-    tier: str
-    step: int
-    path: str
-
-    def to_json(self) -> JsonObject:
-        return {"tier": self.tier, "step": self.step, "path": self.path}
+_IN_FLIGHT = ("tier", "step", "since")  # a save in flight's keys, in the file's order
+_LOADED = ("tier", "step", "path")  # the loaded checkpoint's
 
 
 class CheckpointRecord:
@@ -87,15 +44,16 @@ class CheckpointRecord:
         self.saves: dict[str, int] = dict.fromkeys(tiers, 0)
         self.failures = 0
         self.last_error: str | None = None
-        self.last: dict[str, TierSave | None] = dict.fromkeys(tiers)
-        self.inflight: InFlightSave | None = None
-        self.loaded: LoadedCheckpoint | None = None
+        # the entries as status.json's reader types them (schema's CheckpointsBlock)
+        self.last: dict[str, CheckpointEntry | None] = dict.fromkeys(tiers)
+        self.inflight: CheckpointMark | None = None
+        self.loaded: CheckpointMark | None = None
         self._path = status_path if rank == 0 else None
         self._lock = threading.Lock()
 
     def save_started(self, tier: str, step: int) -> None:
         """An async save of ``step`` is being written in the background."""
-        self.inflight = InFlightSave(tier, step, iso_now())
+        self.inflight = CheckpointMark(tier, step, since=iso_now(), keys=_IN_FLIGHT)
         self.write()
 
     def save_committed(
@@ -104,7 +62,7 @@ class CheckpointRecord:
         """``step`` is committed in ``tier`` at ``path``, in these durations (seconds)."""
         self.last_committed[tier] = step
         self.saves[tier] += 1
-        self.last[tier] = TierSave(
+        self.last[tier] = CheckpointEntry(
             step, str(path), iso_now(), round(stage_s, 4), round(write_s, 4), round(total_s, 4)
         )
         self.inflight = None
@@ -121,25 +79,25 @@ class CheckpointRecord:
         """The state was loaded from ``step`` of ``tier``."""
         if (self.last_committed[tier] or -1) < step:
             self.last_committed[tier] = step
-        self.loaded = LoadedCheckpoint(tier, step, str(path))
+        self.loaded = CheckpointMark(tier, step, path=str(path), keys=_LOADED)
         self.write()
 
     def to_json(self) -> JsonObject:
-        """What ``checkpoints.json`` holds, its keys in this order."""
-        return {
-            "rank": self.rank,
-            "world_size": self.world,
-            "job": self.job,
-            "async_save": self.async_save,
-            "last_committed": dict(self.last_committed),
-            "saves": dict(self.saves),
-            "failures": self.failures,
-            "last_error": self.last_error,
-            "last": {k: v.to_json() if v is not None else None for k, v in self.last.items()},
-            "inflight": self.inflight.to_json() if self.inflight is not None else None,
-            "loaded": self.loaded.to_json() if self.loaded is not None else None,
-            "updated": iso_now(),
-        }
+        """What ``checkpoints.json`` holds: the ``checkpoints`` block its readers parse."""
+        return CheckpointsBlock(
+            rank=self.rank,
+            world_size=self.world,
+            job=self.job,
+            async_save=self.async_save,
+            last_committed=dict(self.last_committed),
+            saves={tier: n for tier, n in self.saves.items()},
+            failures=self.failures,
+            last_error=self.last_error,
+            last=dict(self.last),
+            inflight=self.inflight,
+            loaded=self.loaded,
+            updated=iso_now(),
+        ).to_dict()
 
     def write(self) -> None:
         """Replace ``checkpoints.json`` (rank 0; a failure is a warning)."""
