@@ -60,6 +60,7 @@ from rankguard.checkpoint import CheckpointConfig, CheckpointManager, PerRank, R
 from rankguard.demo.model import GPTConfig, TinyGPT, synthetic_batch
 from rankguard.perf.flops import ModelShape, analytic_flops_per_step
 from rankguard.rank import runenv
+from rankguard.rerun.state import RerunState
 
 NAN_FAULTS = ("nan", "nan-persistent", "nan-bad-gpu")
 FAULTS = ("none", "stall", "wedge", "stop", "crash", "slow", "preempt", *NAN_FAULTS)
@@ -140,14 +141,24 @@ def is_fault_rank(args: argparse.Namespace, rank: int) -> bool:
 
 
 def inject_nan(
-    args: argparse.Namespace, rank: int, step: int, restart: int, rerunning: bool
+    args: argparse.Namespace,
+    rank: int,
+    step: int,
+    restart: int,
+    rerunning: bool,
+    resumed: bool = False,
 ) -> bool:
-    """Is this attempt's loss NaN (the ``nan*`` faults)?"""
+    """Is this attempt's loss NaN (the ``nan*`` faults)? ``resumed``: this is the re-run
+    after the resume, another attempt even where torch's restart count did not move (an
+    agent that restarted its group for a node waiting to join before it saw its own
+    rank's exit 16 keeps count 0)."""
     if args.fault not in NAN_FAULTS or not is_fault_rank(args, rank) or step != args.fault_step:
         return False
     if args.fault == "nan":
         return restart == args.fault_attempt and not rerunning
-    return args.fault == "nan-persistent" or restart == args.fault_attempt
+    if args.fault == "nan-persistent":
+        return True
+    return restart == args.fault_attempt and not resumed  # nan-bad-gpu
 
 
 def inject(args: argparse.Namespace, rank: int, step: int, attempt: int) -> None:
@@ -291,7 +302,8 @@ def train(args: argparse.Namespace, device: torch.device, memory: dict[str, Any]
                     with rg.compute():  # this rank's own work (straggler detection measures it)
                         cpu0 = time.thread_time()
                         loss = _loss(model, x, y)
-                        if inject_nan(args, rank, step, rg.restart_count, rerun.rerunning):
+                        resumed = rerun.state is RerunState.RERUN_FROM_CHECKPOINT
+                        if inject_nan(args, rank, step, rg.restart_count, rerun.rerunning, resumed):
                             loss = loss * float("nan")
                         rerun.validate_loss(loss)
                         opt.zero_grad(set_to_none=True)

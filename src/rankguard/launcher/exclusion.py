@@ -476,7 +476,9 @@ class NodeExclusion:
         return bytes(winner).decode() == f"{self.hostname}:{self.pid}"
 
     def _exclusion(self, trigger: str, gpu: Any, problems: Iterable[str], why: str) -> Exclusion:
-        node = f"node {self.node_rank}" if self.node_rank is not None else "this node"
+        # read on every node and in node 0's finding: never "this node" (before the
+        # first round the node has no number yet)
+        node = f"node {self.node_rank}" if self.node_rank is not None else "a node"
         return Exclusion(
             trigger=trigger,
             hostname=self.hostname,

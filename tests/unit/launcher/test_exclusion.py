@@ -278,6 +278,9 @@ def test_an_unhealthy_node_leaves_before_the_round(tmp_path: Path, store: Any) -
     keys = StoreKeys("r1")
     assert int(store.add(keys.excluded_count, 0)) == 1
     assert Exclusion.from_dict(json.loads(store.get(keys.excluded("1")))) == got
+    # the other nodes print it, node 0 writes it in a finding: not "this node"
+    assert got.message.startswith(f"a node (host {HOST}, launcher pid {got.pid}) excluded: ")
+    assert finding.message.startswith("a node (host ")
 
 
 def test_below_min_the_excluded_node_closes_the_others_end_with_the_host_list(
