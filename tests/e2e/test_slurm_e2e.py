@@ -253,7 +253,9 @@ def test_scancel_term_then_slurms_timed_signal_each_save_exit_14_and_requeue(
     of slurmctld's time-limit check, which runs every 30 s: a compile-time constant, no
     option), so the next check, at most 30 s later, sends it; the limit goes back to 10
     minutes once the signal came, or the next run would get it at its first check. The
-    ranks train meanwhile: the steps are enough for that and the two agreed stops."""
+    ranks train meanwhile: the steps are enough for that and the two agreed stops; the
+    third run steps without the sleep (up to 40 s of waiting for the rest of the steps
+    otherwise, where the signal came early)."""
     job = submit(
         slurm,
         tmp_path,
@@ -261,7 +263,8 @@ def test_scancel_term_then_slurms_timed_signal_each_save_exit_14_and_requeue(
         "2",
         "--set",
         "preemption.enable_exit_handler=true",
-        train=("--steps", "450", "--step-sleep", "0.1"),
+        # the third run trains what is left at full speed: nothing waits for it
+        train=("--steps", "450", "--step-sleep", "0.1", "--sleep-runs", "2"),
     )
     script = (tmp_path / "job.sbatch").read_text()
     assert "#SBATCH --signal=B:TERM@90" in script  # preempt_time 60 + 30

@@ -5,7 +5,7 @@ newest step that every rank saved. Events go to ``<ckpt-dir>/events.jsonl``, one
 each (start, saved, done). Options put the exit signal before the first step, in an
 evaluation, in a periodic checkpoint, a second one in the preemption save, or make one
 rank hang in that save, or one rank crash at a step in a Slurm job's first run (its
-requeued runs go on).
+requeued runs go on), or step without the sleep once a Slurm job was requeued N times.
 """
 
 from __future__ import annotations
@@ -40,6 +40,12 @@ def main() -> None:
     p.add_argument("--ckpt-dir", required=True)
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--step-sleep", type=float, default=0.05)
+    p.add_argument(
+        "--sleep-runs",
+        type=int,
+        default=-1,
+        help="the step sleep in a Slurm job's first N runs only (later runs step at full speed)",
+    )
     p.add_argument("--signal-step", type=int, default=-1, help="0: before the first step")
     p.add_argument("--signal-rank", type=int, default=0)
     p.add_argument("--signal-in", choices=["step", "eval", "ckpt"], default="step")
@@ -74,6 +80,7 @@ def main() -> None:
         model.load_state_dict(blob["state"]["model"])
         start = latest + 1
     slurm_run = int(os.environ.get("SLURM_RESTART_COUNT") or 0)  # 0: not requeued yet
+    step_sleep = args.step_sleep if args.sleep_runs < 0 or slurm_run < args.sleep_runs else 0.0
     log(events, event="start", rank=rank, start=start, pid=os.getpid(), slurm_run=slurm_run)
     if me and args.signal_step == 0:
         kill_launcher("before the first step")
@@ -91,7 +98,7 @@ def main() -> None:
             for prm in model.parameters():
                 dist.all_reduce(prm.grad)
             opt.step()
-            time.sleep(args.step_sleep)
+            time.sleep(step_sleep)
         signal_now = me and step == args.signal_step
         if signal_now and args.signal_in == "step":
             kill_launcher("step")
