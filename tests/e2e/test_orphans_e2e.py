@@ -1,8 +1,8 @@
 """End to end: no worker outlives ``rankguard run``. A SIGKILLed launcher (it cannot
 handle it) takes its ranks with it (and ``--preload``'s fork server), and the processes
-each rank started itself (a 300 s sleep) with them; SIGINT stops the job as SIGTERM
-does (SIGTERM: ``test_run_files_e2e``). Real launches: signals to the launcher
-and what becomes of its process tree."""
+each rank started itself (a 300 s sleep) with them. SIGTERM stops a job in
+``test_run_files_e2e``, SIGINT in ``test_flightrec_e2e`` (after its hang's finding).
+Real launches: signals to the launcher and what becomes of its process tree."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ from .conftest import (
     outliving,
     rank_children,
     rankguard_cmd,
-    read_jsonl,
     read_status,
     run_rankguard,
     standalone_run,
@@ -97,30 +96,3 @@ def test_sigkill_of_the_launcher_leaves_no_worker_alive(
     finally:
         proc.kill()
         kill_all([*leftover_processes(run_id), *children])  # never leave survivors
-
-
-def test_sigint_stops_the_job_as_sigterm_does(tmp_path: Path, run_id: str) -> None:
-    """SIGINT (Ctrl-C; Python's own default raises KeyboardInterrupt in the launcher):
-    the workers get SIGTERM and the job ends stopped. SIGHUP and SIGQUIT go through the
-    same handler the launcher installs for SIGTERM and SIGINT
-    (``tests/unit/launcher/test_agent.py``: the workers' signal, a SIGHUP's shutdown)."""
-    sig = signal.SIGINT
-    proc, run_dir = start_job(tmp_path, run_id)
-    try:
-        proc.send_signal(sig)
-        out, _ = proc.communicate(timeout=40)
-    finally:
-        proc.kill()
-    assert proc.returncode == 128 + sig, out
-    assert f"stopped by signal {int(sig)}" in out, out
-    assert "closing signal SIGTERM" in out, out  # the workers get SIGTERM, not SIGHUP/SIGINT
-    assert "Traceback" not in out, out
-    assert read_jsonl(run_dir / "findings.jsonl") == [], out
-    status = read_status(run_dir)
-    assert status["state"] == "stopped", out
-    assert all(r["process_liveness"] == "exited" for r in status["ranks"]), status["ranks"]
-    # the monitor was told why the ranks went away: no finding, the reason on each rank
-    assert {(r["exit"] or {}).get("after_shutdown") for r in status["ranks"]} == {
-        f"launcher received {sig.name}"
-    }, status["ranks"]
-    assert no_leftover_workers(run_id)

@@ -4,8 +4,9 @@ Two launches configured by ``PET_*`` variables only, as a Kubeflow PyTorchJob st
 them (no ``--rdzv-id``: torchrun's default run id ``none``, several nodes), into one log
 directory: the second (two ranks) is stopped by a SIGTERM to its launcher half-way, which
 stops everything without a false finding. Real launches: the files a user reads after
-two jobs, a signal to the launcher and what it does to its worker processes (SIGHUP and
-SIGINT: ``test_orphans_e2e``).
+two jobs, a signal to the launcher and what it does to its worker processes (SIGINT:
+``test_flightrec_e2e``; SIGKILL: ``test_orphans_e2e``; SIGHUP's shutdown on the agent in
+``tests/unit/launcher/test_agent.py``).
 """
 
 from __future__ import annotations
