@@ -60,11 +60,12 @@ def _mean_step_ms_by_rank(res: JobResult) -> dict[str, float]:
 
     Not one window's spread across ranks: a rank's window runs from the clock read at
     its step end to the clock read at the step end ``log_interval`` steps later, and
-    the ranks here are threads of one process sharing the GIL and two busy cores. After
-    the all-reduce returns, a rank reads the clock only when its thread runs again,
-    which can be tens of milliseconds after another rank read it; a window of 10 steps
-    then differs by several ms per step between ranks (a quiet run showed 35.3 against
-    31.0 ms, a CI run 66.7 against 59.3 ms), and the next window gives the time back.
+    the ranks here are threads of one process sharing the GIL and a loaded host's cores.
+    After the all-reduce returns, a rank reads the clock only when its thread runs
+    again, which can be tens of milliseconds after another rank read it; a window of 10
+    steps then differs by several ms per step between ranks (a run at load 2 showed
+    35.3 against 31.0 ms, a CI run 66.7 against 59.3 ms), and the next window gives the
+    time back.
     Over consecutive windows those boundary delays cancel: the mean of a rank's windows
     from step 20 on is its time from step 10's end to the last step's end over the
     steps between, the step rate every rank shares, up to two boundaries' delay.
