@@ -43,7 +43,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -218,8 +218,11 @@ class TraceDumper:
         except OSError as exc:
             logger.warning("rankguard: no flight-recorder dumps for this rank: %s", exc)
             return None
-        dumper._thread.start()
+        dumper.start()
         return dumper
+
+    def start(self) -> None:
+        self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -523,21 +526,31 @@ _analysers: list[tuple[threading.Thread, Path, threading.Lock]] = []
 _analysers_lock = threading.Lock()
 
 
-def collect_verdict(run_dir: Path, ranks: list[int], *, timeout_s: float = 3.0) -> FrVerdict | None:
+def collect_verdict(
+    run_dir: Path,
+    ranks: list[int],
+    *,
+    timeout_s: float = 3.0,
+    remote: Callable[[], dict[int, JsonObject]] | None = None,
+) -> FrVerdict | None:
     """Before a kill: the traces of ``ranks`` (those that answer within ``timeout_s``)
-    and the verdict; torchfrtrace then runs in the background over the same traces and
-    writes ``flightrec/torchfrtrace.txt`` (its output can take seconds: never before the
-    kill). That file exists from the verdict on (it says the analyser runs, until its
-    output replaces it); the launcher's exit waits up to ``EXIT_WAIT_S`` for it, then
-    the file says it did not finish. Errors are logged, never raised."""
+    and, with ``remote`` (other nodes' ranks, already asked: it waits for their
+    answers), theirs, compared together; torchfrtrace then runs in the background over
+    the same traces and writes ``flightrec/torchfrtrace.txt`` (its output can take
+    seconds: never before the kill). That file exists from the verdict on (it says the
+    analyser runs, until its output replaces it); the launcher's exit waits up to
+    ``EXIT_WAIT_S`` for it, then the file says it did not finish. Errors are logged,
+    never raised."""
+    dump_dir = Path(run_dir) / DUMP_DIR
     try:
-        got = request_dumps(run_dir, ranks, timeout_s=timeout_s)
-        if not got:
+        got = request_dumps(run_dir, ranks, timeout_s=timeout_s) if ranks else {}
+        traces = read_traces(dump_dir, list(got))
+        if remote is not None:  # other nodes' ranks, under the job's rank numbers
+            traces.update({r: doc for r, doc in remote().items() if r not in traces})
+        if not traces:
             logger.warning("rankguard: no rank answered the flight-recorder request")
             return None
-        dump_dir = Path(run_dir) / DUMP_DIR
-        traces = read_traces(dump_dir, list(got))
-        verdict = _compare(traces) if traces else None
+        verdict = _compare(traces)
     except Exception:
         logger.exception("rankguard: reading the flight recorder failed")
         return None
