@@ -139,7 +139,8 @@ class HangTraces(FindingSink):
         else:
             # the other nodes first: their ranks dump while this node's do
             wait = self.remote.ask(elsewhere) if self.remote is not None and elsewhere else None
-            verdict = collect_verdict(self.run_dir, ranks, remote=wait)
+            world = len(self.monitor.rules.ranks)
+            verdict = collect_verdict(self.run_dir, ranks, remote=wait, world=world)
             self._last = (now, asked, verdict)
         if verdict is not None:
             finding.detail["flight_recorder"] = verdict.to_dict()
