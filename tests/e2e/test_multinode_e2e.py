@@ -2,8 +2,9 @@
 (as torchrun allows), fault tolerance on: the rendezvous numbers them (distinct node
 identities), node 0 runs the one monitor, node 1's ranks reach it through the
 rendezvous store; a rank of node 1 (rank 3) skips an all-reduce and hangs, node 0 finds
-it, names it from every node's flight recorder traces (the job's rank number, not its
-local one, the collective and its sequence number), and node 1's relay dumps its stacks
+it, names it from every node's collectives and from every node's flight-recorder traces
+(node 1's sent through the store; the job's rank number, not its local one, the
+collective and its sequence number), and node 1's relay dumps its stacks
 with the configured method, then kills it."""
 
 from __future__ import annotations
@@ -106,6 +107,13 @@ def test_nodes_numbered_by_the_rendezvous_a_node1_hang_found_on_node0_dumped_on_
         assert f"rank(s) {culprit} did not join all_reduce #{hang['seq']}" in finding["message"]
         traces = run0 / "flightrec"
         assert (traces / "rank_0.json").exists() and (traces / "rank_1.json").exists(), every
+        # node 1's traces, dumped on node 1 and sent through the store, compared with
+        # node 0's: node 0's own ranks both wait in the all-reduce, node 1's show who not
+        fr = finding["flight_recorder"]
+        assert fr["missing_ranks"] == [culprit] and fr["seq"] == hang["seq"], fr
+        assert fr["ranks_read"] == list(range(2 * NODES)) and fr["waiting_ranks"] == waiting
+        assert f"flight recorder: rank(s) {culprit} did not join all_reduce" in finding["message"]
+        assert (run1 / "flightrec" / f"rank_{culprit}.json").exists(), every
 
     dump = run1 / "stacks" / f"rank_{culprit}_pid_{pid}.txt"
     assert dump.exists(), every

@@ -52,6 +52,7 @@ from rankguard.schema.jsontypes import JsonObject
 from rankguard.util.procs import pid_running, process_state
 
 if TYPE_CHECKING:
+    from rankguard.ft.frremote import RemoteTraces
     from rankguard.monitor.rules import HeartbeatRules
     from rankguard.schema.records import HeartbeatRecord
 
@@ -87,7 +88,9 @@ class HangTraces(FindingSink):
     who did not join which collective) in its message and ``flight_recorder``, whatever
     is done about it: a sink of its own when fault tolerance is off, and
     :class:`FaultHandler` calls :meth:`attach` for every hang it handles. The ranks
-    asked are the live ones that ``here`` accepts (this node's), not stopped. One
+    asked are the live ones that ``here`` accepts (this node's), not stopped, and, with
+    ``remote`` (:class:`~rankguard.ft.frremote.RemoteTraces`), the live ranks of the
+    other nodes, through their relays: every node's traces are compared together. One
     request serves the findings of one hang: a verdict taken less than ``reuse_s`` ago
     over the same ranks is reused (each stalled rank is a finding)."""
 
@@ -97,6 +100,7 @@ class HangTraces(FindingSink):
         monitor: MonitorView,
         *,
         here: Callable[[HeartbeatRecord], bool] | None = None,
+        remote: RemoteTraces | None = None,
         reuse_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -104,6 +108,7 @@ class HangTraces(FindingSink):
         self.monitor = monitor
         self.hostname = socket.gethostname()
         self.here = here or (lambda rec: rec.hostname == self.hostname)
+        self.remote = remote
         self.reuse_s = reuse_s
         self.clock = clock
         self._last: tuple[float, list[int], Any] | None = None
@@ -113,23 +118,30 @@ class HangTraces(FindingSink):
             self.attach(finding)
 
     def attach(self, finding: Finding) -> None:
-        ranks = [
-            rank
-            for rank, state in sorted(self.monitor.rules.ranks.items())
-            if state.record is not None
-            and not state.record.ended
-            and self.here(state.record)
-            and process_state(state.record.pid) not in ("T", "t")  # stopped: cannot answer
-        ]
-        if not ranks:
+        ranks: list[int] = []
+        elsewhere: dict[int, list[int]] = {}  # node -> its live ranks (another node's)
+        for rank, state in sorted(self.monitor.rules.ranks.items()):
+            rec = state.record
+            if rec is None or rec.ended:
+                continue
+            if self.here(rec):
+                if process_state(rec.pid) not in ("T", "t"):  # stopped: cannot answer
+                    ranks.append(rank)
+            elif self.remote is not None and rec.node_rank:  # its relay judges the pid
+                elsewhere.setdefault(rec.node_rank, []).append(rank)
+        asked = ranks + sorted(r for rs in elsewhere.values() for r in rs)
+        if not asked:
             return
         now = self.clock()
         last = self._last
-        if last is not None and last[1] == ranks and now - last[0] < self.reuse_s:
+        if last is not None and last[1] == asked and now - last[0] < self.reuse_s:
             verdict = last[2]
         else:
-            verdict = collect_verdict(self.run_dir, ranks)
-            self._last = (now, ranks, verdict)
+            # the other nodes first: their ranks dump while this node's do
+            wait = self.remote.ask(elsewhere) if self.remote is not None and elsewhere else None
+            world = len(self.monitor.rules.ranks)
+            verdict = collect_verdict(self.run_dir, ranks, remote=wait, world=world)
+            self._last = (now, asked, verdict)
         if verdict is not None:
             finding.detail["flight_recorder"] = verdict.to_dict()
             finding.message = f"{finding.message}; {verdict.line}"
@@ -141,6 +153,7 @@ class FaultHandler(FindingSink):
 
     ``workers``: the processes this launcher may signal (the agent's current workers);
     None trusts the records' pids (for a caller that started them itself).
+    ``remote_traces``: the other nodes' flight-recorder traces on a hang (their relays).
     ``busy_grace_s``: how long after an action the agent has to see its group fail
     (default: two stack dump timeouts, the termination grace and 30 s for the agent and
     the relays to notice)."""
@@ -153,6 +166,7 @@ class FaultHandler(FindingSink):
         agent: AgentControl,
         *,
         remote_kill: RemoteKill | None = None,
+        remote_traces: RemoteTraces | None = None,
         workers: WorkerRegistry | None = None,
         busy_grace_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -179,7 +193,9 @@ class FaultHandler(FindingSink):
         self._failure_seen = False
         self._undo: tuple[JsonObject | None, str] | None = None  # its cause, reason
         self._pending: JsonObject | None = None  # the cause given the agent before dumps
-        self.traces = HangTraces(self.run_dir, monitor, here=self._dumps_here, clock=clock)
+        self.traces = HangTraces(
+            self.run_dir, monitor, here=self._dumps_here, remote=remote_traces, clock=clock
+        )
 
     def restarted(self) -> None:
         """The agent started a new worker group: act on the next fault again."""

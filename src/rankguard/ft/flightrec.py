@@ -8,10 +8,12 @@ the run directory). When a hang is found, node 0's fault handler, before the kil
 ranks for their traces (:func:`request_dumps`: one request file; each rank's
 :class:`TraceDumper` thread, started with the rank, sees it and writes
 ``flightrec/rank_<r>.json`` with torch's JSON dump, from a thread of its own, so a main
-thread blocked in a collective does not stop it), then :func:`analyse` compares them:
-for each process group, the newest collective some ranks enqueued and others did not is
-the one those ranks did not join (:class:`FrVerdict`: the group, the collective, its
-sequence number, the ranks missing and the ranks waiting in it). PyTorch's own analyser
+thread blocked in a collective does not stop it); the other nodes' relays take their
+ranks' traces the same way and send them through the store (:mod:`.frremote`), and
+every node's traces are compared together under the job's rank numbers
+(:mod:`.frverdict`: a rank that did not join, with the collective and its sequence
+number; a mismatch, both sides; a communication stall, the group and its ranks).
+PyTorch's own analyser
 (``torchfrtrace``) is run over the same files and its output kept beside the verdict;
 on gloo it cannot match the traces in torch 2.13 (gloo records no group name), so the
 verdict is rankguard's own comparison of the ranks' ``pg_status``. No flight recorder
@@ -43,14 +45,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rankguard.ft.collectives import seq_number
-from rankguard.schema.coerce import as_str
-from rankguard.schema.jsontypes import JsonInput, JsonObject
+from rankguard.ft.frverdict import FrVerdict, compare
+from rankguard.schema.jsontypes import JsonObject
 from rankguard.util.fs import (
     atomic_write_json,
     create_exclusive,
@@ -218,8 +219,11 @@ class TraceDumper:
         except OSError as exc:
             logger.warning("rankguard: no flight-recorder dumps for this rank: %s", exc)
             return None
-        dumper._thread.start()
+        dumper.start()
         return dumper
+
+    def start(self) -> None:
+        self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -292,70 +296,6 @@ def request_dumps(
         if len(got) == len(ranks) or time.monotonic() >= deadline:
             return got
         time.sleep(poll_s)
-
-
-@dataclass(frozen=True, slots=True)
-class FrVerdict:
-    """Who did not join which collective, from the ranks' flight-recorder traces."""
-
-    process_group: str
-    collective: str  # e.g. "all_reduce" (backend prefix removed)
-    seq: int  # the collective's sequence number in its group
-    missing_ranks: list[int]  # ranks that never enqueued it
-    waiting_ranks: list[int]  # ranks that enqueued it and wait for it to complete
-    ranks_read: list[int]
-    torch_analysis: str | None = None  # torchfrtrace's output (or why it failed)
-    extra: JsonObject = field(default_factory=dict)
-
-    @property
-    def line(self) -> str:
-        missing = ", ".join(map(str, self.missing_ranks))
-        waiting = ", ".join(map(str, self.waiting_ranks)) or "none"
-        return (
-            f"flight recorder: rank(s) {missing} did not join {self.collective} #{self.seq} "
-            f"of process group {self.process_group} (rank(s) {waiting} wait in it)"
-        )
-
-    def to_dict(self) -> JsonObject:
-        return {
-            "process_group": self.process_group,
-            "collective": self.collective,
-            "seq": self.seq,
-            "missing_ranks": list(self.missing_ranks),
-            "waiting_ranks": list(self.waiting_ranks),
-            "ranks_read": list(self.ranks_read),
-            "torch_analysis": self.torch_analysis,
-            "line": self.line,
-            **self.extra,
-        }
-
-    @classmethod
-    def from_dict(cls, d: JsonInput) -> FrVerdict:
-        texts: dict[str, str] = {}
-        for key in ("process_group", "collective"):
-            text = as_str(d.get(key))
-            if text is None:
-                raise ValueError(f"{key}: expected a string")
-            texts[key] = text
-        seq = d.get("seq")
-        if type(seq) is not int:
-            raise ValueError("seq: expected an integer")
-        lists: dict[str, list[int]] = {}
-        for key in ("missing_ranks", "waiting_ranks", "ranks_read"):
-            value = d.get(key)
-            if not isinstance(value, list) or not all(type(r) is int for r in value):
-                raise ValueError(f"{key}: expected a list of ranks")
-            lists[key] = value
-        ta = d.get("torch_analysis")
-        return cls(
-            process_group=texts["process_group"],
-            collective=texts["collective"],
-            seq=seq,
-            missing_ranks=lists["missing_ranks"],
-            waiting_ranks=lists["waiting_ranks"],
-            ranks_read=lists["ranks_read"],
-            torch_analysis=ta if isinstance(ta, str) else None,
-        )
 
 
 def read_trace(path: Path) -> JsonObject | None:
@@ -460,7 +400,7 @@ def analyse(
     traces = read_traces(Path(dump_dir), ranks)
     if not traces:
         return None
-    verdict = _compare(traces)
+    verdict = compare(traces)
     if verdict is None:
         return None
     if run_torch:
@@ -469,75 +409,39 @@ def analyse(
     return verdict
 
 
-def _int(value: Any) -> int:
-    """A sequence number from a trace; -1 for anything else."""
-    seq = seq_number(value)
-    return -1 if seq is None else seq
-
-
-def _compare(traces: dict[int, JsonObject]) -> FrVerdict | None:
-    """Per process group, each rank's newest enqueued collective; the group where the
-    ranks disagree: the newest collective, the ranks behind it (missing) and those that
-    enqueued it but did not complete it (waiting)."""
-    enqueued: dict[str, dict[int, int]] = {}
-    completed: dict[str, dict[int, int]] = {}
-    names: dict[tuple[str, int], str] = {}
-    for rank, doc in traces.items():
-        status = doc.get("pg_status")
-        for pg, st in (status if isinstance(status, dict) else {}).items():
-            if isinstance(st, dict):
-                enqueued.setdefault(str(pg), {})[rank] = _int(st.get("last_enqueued_collective"))
-                completed.setdefault(str(pg), {})[rank] = _int(st.get("last_completed_collective"))
-        entries = doc.get("entries")
-        for e in entries if isinstance(entries, list) else []:
-            if isinstance(e, dict) and not e.get("is_p2p"):
-                pg_name = e.get("process_group")
-                pg = str(pg_name[0]) if isinstance(pg_name, (list, tuple)) else str(e.get("pg_id"))
-                seq = _int(e.get("collective_seq_id"))
-                names[(pg, seq)] = str(e.get("profiling_name"))[:200]
-    for pg in sorted(enqueued):
-        seqs = enqueued[pg]
-        newest = max(seqs.values())
-        missing = sorted(r for r, s in seqs.items() if s < newest)
-        missing += sorted(r for r in traces if r not in seqs)  # never used the group
-        if not missing:
-            continue
-        waiting = sorted(
-            r for r, s in seqs.items() if s == newest and completed[pg].get(r, -1) < newest
-        )
-        name = names.get((pg, newest), "unknown collective")
-        return FrVerdict(
-            process_group=pg,
-            collective=name.split(":", 1)[-1],
-            seq=newest,
-            missing_ranks=sorted(set(missing)),
-            waiting_ranks=waiting,
-            ranks_read=sorted(traces),
-        )
-    return None
-
-
 TORCH_ANALYSIS_FILE = "torchfrtrace.txt"
 EXIT_WAIT_S = 20.0  # how long a launcher's exit waits for a torchfrtrace under way
 _analysers: list[tuple[threading.Thread, Path, threading.Lock]] = []
 _analysers_lock = threading.Lock()
 
 
-def collect_verdict(run_dir: Path, ranks: list[int], *, timeout_s: float = 3.0) -> FrVerdict | None:
+def collect_verdict(
+    run_dir: Path,
+    ranks: list[int],
+    *,
+    timeout_s: float = 3.0,
+    remote: Callable[[], dict[int, JsonObject]] | None = None,
+    world: int | None = None,
+) -> FrVerdict | None:
     """Before a kill: the traces of ``ranks`` (those that answer within ``timeout_s``)
-    and the verdict; torchfrtrace then runs in the background over the same traces and
-    writes ``flightrec/torchfrtrace.txt`` (its output can take seconds: never before the
-    kill). That file exists from the verdict on (it says the analyser runs, until its
-    output replaces it); the launcher's exit waits up to ``EXIT_WAIT_S`` for it, then
-    the file says it did not finish. Errors are logged, never raised."""
+    and, with ``remote`` (other nodes' ranks, already asked: it waits for their
+    answers), theirs, compared together (``world``: the job's ranks, see
+    :func:`~rankguard.ft.frverdict.compare`); torchfrtrace then runs in the background over
+    the same traces and writes ``flightrec/torchfrtrace.txt`` (its output can take
+    seconds: never before the kill). That file exists from the verdict on (it says the
+    analyser runs, until its output replaces it); the launcher's exit waits up to
+    ``EXIT_WAIT_S`` for it, then the file says it did not finish. Errors are logged,
+    never raised."""
+    dump_dir = Path(run_dir) / DUMP_DIR
     try:
-        got = request_dumps(run_dir, ranks, timeout_s=timeout_s)
-        if not got:
+        got = request_dumps(run_dir, ranks, timeout_s=timeout_s) if ranks else {}
+        traces = read_traces(dump_dir, list(got))
+        if remote is not None:  # other nodes' ranks, under the job's rank numbers
+            traces.update({r: doc for r, doc in remote().items() if r not in traces})
+        if not traces:
             logger.warning("rankguard: no rank answered the flight-recorder request")
             return None
-        dump_dir = Path(run_dir) / DUMP_DIR
-        traces = read_traces(dump_dir, list(got))
-        verdict = _compare(traces) if traces else None
+        verdict = compare(traces, world=world)
     except Exception:
         logger.exception("rankguard: reading the flight recorder failed")
         return None

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from rankguard.config import RankguardConfig, config_to_dict
 from rankguard.ft.actions import LIVE_RECOVERY, AgentControl, FaultHandler, HangTraces
+from rankguard.ft.frremote import TRACE_DUMP_S, RemoteTraces
 from rankguard.ft.kill import DumpPolicy
 from rankguard.goodput.status import GoodputStatus
 from rankguard.inprocess.wrapper import RESTART_PHASE
@@ -272,7 +273,7 @@ class NodeServices:
             return
         if not ft.enable_ft_package:  # no action, but a hang still gets its verdict
             if not any(isinstance(s, HangTraces) for s in self.monitor.sinks):
-                traces = HangTraces(self.run_dir, self.monitor)
+                traces = HangTraces(self.run_dir, self.monitor, remote=self._remote_traces())
                 if self.relaying:  # another node's ranks dump into that node's run dir
                     host = traces.hostname
                     traces.here = lambda rec: (rec.node_rank or 0) == 0 and rec.hostname == host
@@ -285,9 +286,24 @@ class NodeServices:
                 request_kill(self.store, self.run_id, node, targets)
 
         self.faults = FaultHandler(
-            ft, self.run_dir, self.monitor, agent, remote_kill=remote, workers=self.workers
+            ft,
+            self.run_dir,
+            self.monitor,
+            agent,
+            remote_kill=remote,
+            remote_traces=self._remote_traces(),
+            workers=self.workers,
         )
         self.monitor.add_sink(self.faults)
+
+    def _remote_traces(self) -> RemoteTraces | None:
+        """Node 0 of several: the other nodes' flight-recorder traces on a hang, through
+        their relays (each looks once per push interval; its ranks have
+        ``TRACE_DUMP_S`` to dump)."""
+        if not self.relaying:
+            return None
+        wait_s = TRACE_DUMP_S + 2 * self.cadence.publish_interval_s + 1.0
+        return RemoteTraces(self.store, self.run_id, timeout_s=wait_s)
 
     def report_finding(self, finding: Finding) -> bool:
         """Hand a launcher's finding to node 0's monitor (written and counted with the

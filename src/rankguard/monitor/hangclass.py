@@ -6,8 +6,12 @@ while: ``stuck``). Node 0 has every node's records (the relay brings them, with 
 rank numbers), so it compares the whole job's ranks, not one node's:
 
 ``did_not_join``
-    some ranks wait inside collective N of a group, others never enqueued it: those are
-    named with the group, the collective and N.
+    some ranks wait inside collective N of a group, others are behind it and inside no
+    collective of the group: those are named with the group, the first collective none
+    of them joined and its number. A rank behind but inside an earlier collective is
+    waiting, not missing: some collectives complete on part of the group without the
+    rank that did not join (gloo's broadcast from rank 0 of 4 completes on ranks 0 and 2
+    without rank 3, rank 1 waits in it), so their peers go on to the next one.
 ``mismatch``
     every rank of the group is inside collective N, but not the same one (another
     operation or other input sizes): both sides are named.
@@ -53,6 +57,15 @@ class HangClass:
     missing: list[int] = field(default_factory=list)  # did not join
     waiting: list[int] = field(default_factory=list)  # inside the collective
     sides: dict[str, list[int]] = field(default_factory=dict)  # mismatch: what -> ranks
+    later: list[int] = field(default_factory=list)  # did not join: waiting in a later one
+
+    def _waiting_where(self) -> str:
+        """Who waits where, when ranks did not join."""
+        at = [r for r in self.waiting if r not in self.later]
+        later = f"rank(s) {_ranks(self.later)} in a later collective of the group"
+        if not at:
+            return later
+        return f"rank(s) {_ranks(at)} wait in it" + (f", {later}" if self.later else "")
 
     @property
     def line(self) -> str:
@@ -60,7 +73,7 @@ class HangClass:
         if self.kind is HangKind.DID_NOT_JOIN:
             return (
                 f"collectives: rank(s) {_ranks(self.missing)} did not join {what} "
-                f"(rank(s) {_ranks(self.waiting)} wait in it)"
+                f"({self._waiting_where()})"
             )
         if self.kind is HangKind.MISMATCH:
             sides = "; ".join(f"rank(s) {_ranks(r)} in {w}" for w, r in self.sides.items())
@@ -81,8 +94,18 @@ class HangClass:
             "missing_ranks": list(self.missing),
             "waiting_ranks": list(self.waiting),
             "sides": {k: list(v) for k, v in self.sides.items()},
+            "later_ranks": list(self.later),
             "line": self.line,
         }
+
+
+def _op(have: Mapping[int, CollectivesBlock], group: str, seq: int, ranks: list[int]) -> str | None:
+    """Collective ``seq`` of ``group``'s operation, as a rank waiting in it named it."""
+    for r in ranks:
+        st = have[r].stuck
+        if st is not None and st.group == group and st.seq == seq:
+            return st.op
+    return None
 
 
 def classify(blocks: Mapping[int, CollectivesBlock | None]) -> HangClass | None:
@@ -97,6 +120,23 @@ def classify(blocks: Mapping[int, CollectivesBlock | None]) -> HangClass | None:
         waiting = sorted(r for r, g in pos.items() if g.enqueued == newest and g.inside)
         if not waiting:
             continue
+        # Behind and outside any collective of the group: did not join. A rank behind
+        # but inside an earlier collective waits too: in one some peers could complete
+        # without the rank that did not join (gloo's broadcast from rank 0 completes on
+        # rank 0 and 2 of 4 without rank 3, while rank 1 waits in it).
+        missing = sorted(r for r, g in pos.items() if g.enqueued < newest and not g.inside)
+        if missing:
+            seq = max(pos[r].enqueued for r in missing) + 1  # none of them joined it
+            inside = sorted(r for r, g in pos.items() if g.inside)
+            return HangClass(
+                HangKind.DID_NOT_JOIN,
+                name,
+                seq,
+                _op(have, name, seq, inside),
+                missing,
+                inside,
+                later=[r for r in inside if pos[r].enqueued > seq],
+            )
         stuck = {
             r: st
             for r in waiting
@@ -104,16 +144,14 @@ def classify(blocks: Mapping[int, CollectivesBlock | None]) -> HangClass | None:
         }
         named = {r: f"{st.op} {st.sizes}".strip() for r, st in stuck.items()}
         op = next((st.op for st in stuck.values()), None)
-        missing = sorted(r for r, g in pos.items() if g.enqueued < newest)
-        if missing:
-            return HangClass(HangKind.DID_NOT_JOIN, name, newest, op, missing, waiting)
+        if len(waiting) < len(pos):
+            continue  # every rank behind waits in an earlier collective: no one kind
         if len(set(named.values())) > 1:
             sides: dict[str, list[int]] = {}
             for r, what in sorted(named.items()):
                 sides.setdefault(what, []).append(r)
             return HangClass(HangKind.MISMATCH, name, newest, None, [], waiting, sides)
-        if len(waiting) == len(pos):
-            return HangClass(HangKind.COMMUNICATION_STALL, name, newest, op, [], waiting)
+        return HangClass(HangKind.COMMUNICATION_STALL, name, newest, op, [], waiting)
     if not any(b.inside for b in have.values()):
         return HangClass(HangKind.COMPUTE_HANG)
     return None

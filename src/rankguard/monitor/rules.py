@@ -1143,8 +1143,9 @@ def _in_collective(state: RankState) -> bool:
 
 def _behind_in_collectives(states: list[RankState]) -> list[int] | None:
     """The ranks behind in the sequence of collectives of a group every one of
-    ``states`` reports, while another rank has entered a later one of that group and
-    waits in it; None when no group tells them apart (or a rank reports none)."""
+    ``states`` reports, and inside none of its collectives, while another rank has
+    entered a later one of that group and waits in it; None when no group tells them
+    apart (or a rank reports none)."""
     blocks = {s.rank: _collectives(s) for s in states}
     if len(blocks) < 2 or any(b is None for b in blocks.values()):
         return None
@@ -1154,10 +1155,12 @@ def _behind_in_collectives(states: list[RankState]) -> list[int] | None:
         pos = {r: b.group(g.group) for r, b in blocks.items() if b is not None}
         if any(p is None for p in pos.values()):
             continue
-        enq = {r: p.enqueued for r, p in pos.items() if p is not None}
-        newest = max(enq.values())
-        waiting = [r for r, p in pos.items() if p is not None and p.enqueued == newest and p.inside]
-        behind = sorted(r for r, e in enq.items() if e < newest)
+        at = {r: p for r, p in pos.items() if p is not None}
+        newest = max(p.enqueued for p in at.values())
+        waiting = [r for r, p in at.items() if p.enqueued == newest and p.inside]
+        # a rank behind but inside an earlier collective waits as well (a broadcast
+        # completes on some ranks without the one that did not join): not a culprit
+        behind = sorted(r for r, p in at.items() if p.enqueued < newest and not p.inside)
         if behind and waiting:
             return behind
     return None

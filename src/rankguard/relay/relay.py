@@ -29,7 +29,9 @@ synthesized ``process_end``, because node 0 cannot look at another host's proces
 table. The tick also says whether the node's disk is full (:mod:`.disk`), so a rank that
 cannot write its heartbeats is not taken for a dead one.
 
-The relay also serves node 0's kill requests (``kill/node/<k>``). Any client of the
+The relay also answers node 0's requests for its ranks' flight-recorder traces on a hang
+(``fr/request/<k>``, :mod:`rankguard.ft.frremote`) and serves node 0's kill requests
+(``kill/node/<k>``). Any client of the
 store can write that key, so the relay signals only its own node's current workers
 (``workers``, the agent's registry): a request for any other pid (``-1``, ``0``, the
 launcher, a pid reused since) is refused and logged. Without a registry it kills
@@ -47,6 +49,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rankguard.ft.frremote import answer_request
 from rankguard.ft.kill import (
     DEFAULT_DUMP_POLICY,
     DumpPolicy,
@@ -62,7 +65,7 @@ from rankguard.schema.layout import HEARTBEAT_FILE_RE, RunLayout, StoreKeys
 from rankguard.schema.payloads import NodeBase, PayloadError, Tick, parse_kill_request
 from rankguard.schema.records import Event, HeartbeatRecord, RecordError, supersedes
 from rankguard.util.disk import DiskState, disk_state
-from rankguard.util.procs import pid_running
+from rankguard.util.procs import pid_running, process_state
 from rankguard.util.tailer import JsonlTailer
 from rankguard.util.wakeup import Wakeup
 
@@ -295,6 +298,17 @@ class StoreRelay:
                 refusal.reason,
             )
 
+    def _answering(self, asked: list[int]) -> list[int]:
+        """Of the ranks node 0 asks traces of: this node's live ones, not stopped (a
+        stopped rank cannot answer: the wait would only be longer)."""
+        self.collect()
+        out = []
+        for rank in asked:
+            rec = self._latest.get(rank)
+            if rec is not None and not rec.ended and process_state(rec.pid) not in ("T", "t"):
+                out.append(rank)
+        return out
+
     def _mirror_control(self) -> None:
         key = self.keys.control
         if self._control_done or not self.store.check([key]):
@@ -308,6 +322,10 @@ class StoreRelay:
             self._mirror_control()
         except Exception as exc:
             logger.warning("rankguard relay: control mirror failed: %s", exc)
+        try:  # before a kill request: node 0 asks for the traces before it kills
+            answer_request(self.store, self.keys, self.node_rank, self.run_dir, self._answering)
+        except Exception as exc:
+            logger.warning("rankguard relay: flight-recorder request failed: %s", exc)
         try:
             self._serve_kill_requests()
         except Exception as exc:

@@ -240,6 +240,14 @@ class StoreKeys:
         """Node 0 asks node k to dump stacks and kill a culprit."""
         return f"{self.prefix}kill/node/{node_rank}"
 
+    def traces_request(self, node_rank: int) -> str:
+        """Node 0 asks node k for its ranks' flight-recorder traces (a hang)."""
+        return f"{self.prefix}fr/request/{node_rank}"
+
+    def traces(self, node_rank: int) -> str:
+        """Node k's answer: the traces of its ranks that answered, compacted."""
+        return f"{self.prefix}fr/node/{node_rank}"
+
     @property
     def monitor_started(self) -> str:
         """Node 0's monitor started (in some round): an agent hosting the store that

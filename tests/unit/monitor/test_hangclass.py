@@ -35,6 +35,28 @@ def test_a_rank_that_did_not_join_is_named_with_the_collective_and_its_number() 
     )
 
 
+def test_a_rank_waiting_in_an_earlier_collective_is_not_one_that_did_not_join() -> None:
+    """A 2x2 job, rank 3 (node 1's local rank 1) stalled before DDP's buffer broadcast
+    #17: gloo's broadcast from rank 0 completes on ranks 0 and 2 without rank 3, so they
+    go on to the gradients' all-reduce #18; rank 1 waits in the broadcast. Only rank 3
+    did not join: the first collective it did not join is #17, the broadcast."""
+    got = classify(
+        {
+            0: _block(18, 16, "all_reduce"),
+            1: _block(17, 16, "broadcast"),
+            2: _block(18, 17, "all_reduce"),
+            3: _block(16, 16),
+        }
+    )
+    assert got is not None and got.kind is HangKind.DID_NOT_JOIN
+    assert (got.missing, got.seq, got.op) == ([3], 17, "broadcast")
+    assert (got.waiting, got.later) == ([0, 1, 2], [0, 2])
+    assert got.line == (
+        "collectives: rank(s) 3 did not join broadcast #17 of process group 0 "
+        "(rank(s) 1 wait in it, rank(s) 0, 2 in a later collective of the group)"
+    )
+
+
 def test_ranks_in_different_collectives_at_one_number_are_a_mismatch() -> None:
     got = classify(
         {
@@ -92,3 +114,30 @@ def test_the_hang_finding_names_the_kind_with_the_jobs_rank_numbers() -> None:
     assert hang["kind"] == "did_not_join" and hang["missing_ranks"] == [3], hang
     assert hang["op"] == "all_reduce" and hang["seq"] == 13
     assert "rank(s) 3 did not join all_reduce #13 of process group 0" in found[0].message
+
+
+def test_a_rank_waiting_in_an_earlier_collective_gets_no_finding_of_its_own() -> None:
+    """The 2x2 job where gloo's broadcast #17 completed on ranks 0 and 2 without rank 3:
+    rank 1, inside the broadcast, waits for rank 3 like ranks 0 and 2 in #18; rank 3
+    alone is the hang's culprit, named once."""
+    at = {0: _at(18, 16, "all_reduce"), 1: _at(17, 16, "broadcast"), 2: _at(18, 17, "all_reduce")}
+    rules = _rules(world=4)
+    feed = Feed(rules)
+    found = []
+    for t in range(0, 30):
+        for rank in range(4):
+            feed.beat(
+                rank,
+                float(t),
+                world_size=4,
+                node_rank=rank // 2,
+                ranks_per_node=2,
+                progress_seq=6,
+                since=float(t) + (rank != 3),
+                collectives=at.get(rank, _at(16, 16)),
+            )
+        found += rules.evaluate(t + 0.1)
+    assert types_of(found) == [(3, "gpu_progress_timeout")]
+    hang = found[0].detail["hang"]
+    assert (hang["missing_ranks"], hang["seq"], hang["op"]) == ([3], 17, "broadcast"), hang
+    assert "rank(s) 3 did not join broadcast #17 of process group 0" in found[0].message
