@@ -252,11 +252,15 @@ def _reached(steps: Sequence[tuple[int, float]], iteration: int) -> float | None
 
 
 def _in_live(attempt: Attempt, a: float, b: float) -> bool:
-    """Is the re-entry [a, b] part of a live recovery (the survivors re-enter then)?"""
-    return any(
-        a <= (live.resumed if live.resumed is not None else b) and b >= live.fault
-        for live in attempt.live
-    )
+    """Is the re-entry [a, b] part of a live recovery (the survivors re-enter then)? A
+    recovery that gives no resumed time lasts to the next step after its fault."""
+
+    def resumed(live: LiveRecovery) -> float:
+        if live.resumed is not None:
+            return live.resumed
+        return next((t for _, t in attempt.steps if t > live.fault), b)
+
+    return any(a <= resumed(live) and b >= live.fault for live in attempt.live)
 
 
 def _reentry_spans(attempt: Attempt, a: float) -> list[tuple[float, float, Part]]:

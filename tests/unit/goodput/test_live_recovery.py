@@ -169,3 +169,28 @@ def test_a_live_recovery_and_a_re_entry_in_one_attempt_each_have_their_parts(
     want[Part.DETECTION_WAIT] = 0.7 + 2.0
     want[Part.RECOVERY] = 3.0 + 0.1
     check(ledger.parts, want, t + 0.3 - T0)
+
+
+def test_a_re_entry_after_a_live_recovery_without_a_resumed_time_is_its_own() -> None:
+    """A live recovery that gives no resumed time lasts to the next step after its
+    fault: a re-entry later in the attempt is no part of it."""
+    steps = [(i, 5.0 + 0.5 * (i - 1)) for i in range(1, 21)]  # to 14.5
+    steps += [(i, 16.0 + 0.5 * (i - 21)) for i in range(21, 41)]  # 16.0 to 25.5
+    steps += [(i, 28.5 + 0.5 * (i - 41)) for i in range(41, 51)]  # 28.5 to 33.0
+    ledger = build_ledger(
+        [
+            Attempt(
+                start=0.0,
+                end=33.0,
+                steps=steps,
+                live=[LiveRecovery(fault=15.0)],
+                phases=[("inprocess_restart", 27.5, 28.0)],
+            )
+        ]
+    )
+    assert [i.kind for i in ledger.interruptions] == ["live_recovery", "inprocess"]
+    reentry = ledger.interruptions[1]
+    assert reentry.parts == {
+        Part.DETECTION_WAIT: pytest.approx(2.0),  # 25.5 -> 27.5
+        Part.RECOVERY: pytest.approx(0.5),
+    }
