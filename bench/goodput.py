@@ -1,33 +1,44 @@
-"""Goodput under faults: ETTR and where the wall time went, rankguard next to torchrun,
-on the same job with the same faults, in the same sitting.
+"""Goodput under faults: ETTR and where the wall time went, rankguard (its defaults,
+``--preload torch``, live recovery) next to torchrun, on the same job with the same
+faults, in the same sitting.
 
 What: the demo (``rankguard.demo.train`` through ``bench/goodput_job.py``, 2 CPU ranks,
 gloo, a checkpoint every ``--checkpoint-every`` steps) runs for ``--minutes`` of wall
 clock; a fault hits rank 1 about every ``--period`` seconds (a seeded mix of
-``exception``, ``sigkill`` and ``hang``; the same times and kinds for both launchers).
-Launchers, one after the other:
+``exception``, ``sigkill`` and ``hang``; the same times and kinds for every mode).
+Modes (``--modes``, default all), one job after the other:
 
 - ``rankguard``: ``rankguard run --max-restarts N`` with heartbeats and fault tolerance
   (a hang is found by its progress timeout, the rank killed, the group restarted);
+- ``preload``: the same with ``--preload torch`` (each restart's workers forked from a
+  server that imported torch once);
+- ``live``: the same with ``--standby-ranks 1`` and the in-process restart on (soft
+  timeout 3 s, process-group timeout 2 s): a SIGKILLed rank is taken over by a standby
+  while the job goes on (live recovery), an exception or a hang ends in an in-process
+  re-entry of every rank; a second loss with no standby left restarts the group;
 - ``torchrun``: ``python -m torch.distributed.run --standalone --max-restarts N``; a hang
-  ends when the peer's gloo collective times out (``--pg-timeout``, the same for both).
+  ends when the peer's gloo collective times out (``--pg-timeout``, the same for all).
 
-How (the same for both launchers): the launcher's merged output is read by a thread that
+How (the same for every mode): the launcher's merged output is read by a thread that
 stamps each line on arrival; the ledger (``rankguard.goodput.build_ledger``) is built
 from those lines: an attempt starts at the launch (the first) or at the agent's
 ``Starting worker group`` (the others), its completed steps are rank 0's ``[demo] step``
 lines (``--log-every 1``), the iteration it resumed after is ``[demo] resumed from``,
 the decision after a failure is the agent's ``Worker group FAILED``, the job ends when
-the launcher exits. Checkpoint saves are not in the console: their time counts as
-productive in both columns. For rankguard the ledger of its run directory
-(``rankguard goodput``, which also has the saves) is printed beside it.
+the launcher exits. A live recovery is the launcher's ``live recovery: rank`` line (its
+detection) to the next step; an in-process re-entry is rank 0's ``round N failed`` line
+to its ``[demo] in-process restart N+1: resuming at step S``. Checkpoint saves are not
+in the console: their time counts as productive in every column. For rankguard's modes
+the ledger of the run directory (``rankguard goodput``, which also has the saves) is
+printed beside it.
 
-Run: ``python bench/goodput.py [--minutes 10] [--period 60] [--seed 0]`` (twice
-``--minutes`` plus the start-ups); ``--smoke``: one exception on rankguard's job (``--launchers
-rankguard torchrun`` for both), the job ending at the first check after it (each job is
-given 90 s). The exit code is 1 when rankguard's job did not end on time with every
-fault fired; torchrun's job ending otherwise (a restart that hangs in its start-up until
-the bench's time limit) is a figure of the table, said in its ``faults`` column.
+Run: ``python bench/goodput.py [--minutes 10] [--period 60] [--seed 0] [--modes ...]``
+(``--minutes`` per mode plus the start-ups); ``--smoke``: one exception on rankguard's
+job (``--modes`` for others), the job ending at the first check after it (each job is
+given 90 s). The exit code is 1 when one of rankguard's jobs did not end on time with
+every fault fired; torchrun's job ending otherwise (a restart that hangs in its
+start-up until the bench's time limit) is a figure of the table, said in its ``faults``
+column.
 """
 
 from __future__ import annotations
@@ -51,7 +62,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO
 
-from rankguard.goodput import PARTS, Attempt, Ledger, Part, build_ledger, ettr_text, read_ledger
+from rankguard.goodput import (
+    PARTS,
+    Attempt,
+    Ledger,
+    LiveRecovery,
+    Part,
+    build_ledger,
+    ettr_text,
+    read_ledger,
+)
 
 NPROC = 2
 FAULT_RANK = 1
@@ -73,7 +93,19 @@ RESUMED_RE = re.compile(r"\[demo\] resumed from step (\d+)")
 STARTING = "Starting worker group"
 DECIDED = "Worker group FAILED"
 INJECTED = "[goodput-job rank"
-LAUNCHERS = ("rankguard", "torchrun")
+LIVE_RECOVERY = "] live recovery: rank"  # the launcher's line: a standby takes the rank
+ROUND_FAILED_RE = re.compile(r"rankguard: rank (\d+): round (\d+) failed")
+REENTERED_RE = re.compile(r"\[demo\] in-process restart (\d+): resuming at step (\d+)")
+# live recovery: the in-process wrapper (the survivors re-enter, a standby takes a lost
+# rank's place), its timeouts short (as bench/live_recovery.py)
+LIVE_SETS = [
+    "inprocess_restart.enabled=true",
+    "inprocess_restart.soft_timeout=3",
+    "inprocess_restart.hard_timeout=6",
+    "inprocess_restart.process_group_timeout=2",
+]
+RANKGUARD, PRELOAD, LIVE, TORCHRUN = "rankguard", "preload", "live", "torchrun"
+MODES = (RANKGUARD, PRELOAD, LIVE, TORCHRUN)
 
 Line = tuple[float, str]
 
@@ -127,7 +159,7 @@ def build_cmd(job: Job, ckpt_every: int, max_restarts: int) -> list[str]:
         str(PG_TIMEOUT_S),
     ]
     restarts = ["--max-restarts", str(max_restarts)]
-    if job.launcher == "torchrun":
+    if job.launcher == TORCHRUN:
         return [
             sys.executable,
             "-u",
@@ -143,6 +175,11 @@ def build_cmd(job: Job, ckpt_every: int, max_restarts: int) -> list[str]:
     cmd = [sys.executable, "-u", "-m", "rankguard.cli.main", "run", "--standalone"]
     cmd += ["--nproc-per-node", str(NPROC), "--rdzv-id", job.run_id]
     cmd += ["--log-dir", str(job.workdir / "logs"), *restarts]
+    if job.launcher == PRELOAD:
+        cmd += ["--preload", "torch"]
+    elif job.launcher == LIVE:
+        cmd += ["--standby-ranks", "1"]
+        sets += LIVE_SETS
     for item in sets:
         cmd += ["--set", item]
     return cmd + demo
@@ -221,6 +258,7 @@ def console_ledger(job: Job) -> Ledger:
         resumed = next((int(m.group(1)) for _, x in mine if (m := RESUMED_RE.search(x))), None)
         last = steps[-1][1] if steps else begin
         decided = next((t for t, line in mine if t >= last and DECIDED in line), None)
+        phases, reentries = _reentries(mine, steps)
         attempts.append(
             Attempt(
                 start=begin,
@@ -229,9 +267,44 @@ def console_ledger(job: Job) -> Ledger:
                 resumed_from=resumed if resumed is not None else (0 if k else None),
                 failed=k + 1 < len(bounds) or job.rc != 0,
                 decision=decided,
+                live=[
+                    LiveRecovery(
+                        fault=t,
+                        resumed=next((s for _, s in steps if s > t), None),
+                        cause="live recovery",
+                    )
+                    for t, line in mine
+                    if LIVE_RECOVERY in line
+                ],
+                phases=phases,
+                reentries=reentries,
             )
         )
     return build_ledger(attempts, end=job.end)
+
+
+def _reentries(
+    lines: Sequence[Line], steps: Sequence[tuple[int, float]]
+) -> tuple[list[tuple[str, float, float]], list[tuple[float, int, int | None]]]:
+    """In-process re-entries in the console (rankguard's in-process restart): each from
+    rank 0's ``round N failed`` line (else the first rank's) to rank 0's ``[demo]
+    in-process restart N+1: resuming at step S``, as rank 0's ``inprocess_restart`` phase
+    with the iteration then and the one it resumed after (one that is a live recovery's
+    is the ledger's to leave out)."""
+    failed: dict[int, float] = {}  # round -> rank 0's failure, else the first one's
+    phases, reentries = [], []
+    for t, line in lines:
+        if m := ROUND_FAILED_RE.search(line):
+            n = int(m.group(2))
+            if m.group(1) == "0" or n not in failed:
+                failed[n] = t if m.group(1) == "0" else min(failed.get(n, t), t)
+        elif (m := REENTERED_RE.search(line)) and int(m.group(1)) - 1 in failed:
+            began = failed[int(m.group(1)) - 1]
+            before = [it for it, at in steps if at <= began]
+            phases.append(("inprocess_restart", began, t))
+            if before:
+                reentries.append((began, before[-1], int(m.group(2)) - 1))
+    return phases, reentries
 
 
 def injected(job: Job) -> list[str]:
@@ -252,7 +325,7 @@ def _row(name: str, ledger: Ledger, faults: str) -> list[str]:
 
 
 def print_table(rows: Sequence[Sequence[str]]) -> None:
-    header = ["launcher", "wall s", "ETTR", "productive"]
+    header = ["mode", "wall s", "ETTR", "productive"]
     header += [p.value for p in PARTS if p is not Part.PRODUCTIVE] + ["attempts", "faults"]
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     for r in [header, *rows]:
@@ -284,16 +357,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint-every", type=int, default=20)
     p.add_argument("--keep", action="store_true", help="keep the jobs' directories")
     p.add_argument(
-        "--launchers",
+        "--modes",
         nargs="+",
-        choices=LAUNCHERS,
+        choices=MODES,
         default=None,
-        help="default: both (--smoke: rankguard)",
+        help="jobs, one after the other in this order (default: all; --smoke: rankguard)",
     )
     p.add_argument("--smoke", action="store_true", help="one exception, a short job")
     args = p.parse_args(argv)
-    if args.launchers is None:
-        args.launchers = ["rankguard"] if args.smoke else list(LAUNCHERS)
+    if args.modes is None:
+        args.modes = [RANKGUARD] if args.smoke else list(MODES)
     if args.smoke:  # the fault at the first step, the end at the first check after it
         args.minutes, faults = 0.0, [(0.0, "exception")]
     else:
@@ -301,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     header(args, faults)
     root = Path(tempfile.mkdtemp(prefix="rg-goodput-"))
     rows, ok = [], True
-    for launcher in args.launchers:
+    for launcher in args.modes:
         job = Job(launcher, root / launcher, f"bench-goodput-{launcher}-{os.getpid()}", faults)
         job.workdir.mkdir(parents=True)
         (job.workdir / "console.txt").touch()
@@ -315,10 +388,10 @@ def main(argv: list[str] | None = None) -> int:
         said = f"{len(fired)}/{len(faults)}" + (" TIMED OUT" if job.timed_out else "")
         if job.rc != 0:
             said += f" exit {job.rc}"
-        if launcher == "rankguard":  # torchrun's failures are figures, not the bench's
-            ok = job.rc == 0 and not job.timed_out and len(fired) == len(faults)
+        if launcher != TORCHRUN:  # torchrun's failures are figures, not the bench's
+            ok = ok and job.rc == 0 and not job.timed_out and len(fired) == len(faults)
         rows.append(_row(launcher, ledger, said))
-        if launcher == "rankguard":
+        if launcher != TORCHRUN:
             own = read_ledger(job.run_dir)
             if own is not None:
                 rows.append(_row("(its run dir)", own, ""))
@@ -331,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(rows)
     print(
         "\nseconds per part of the goodput ledger (they sum to the wall time); the "
-        "console's ledger for both launchers, rankguard's own run directory beside it"
+        "console's ledger for every mode, rankguard's own run directory beside it"
     )
     if not args.keep:
         import shutil

@@ -11,8 +11,10 @@ fault file in ``GOODPUT_DIR`` marks it fired, so the next attempt goes on to the
 - ``hang``: the rank sleeps inside its step (its heartbeat thread keeps beating) until
   something kills it: rankguard's progress timeout, or the peer's collective timeout.
 
+Faults fire in every in-process round too (live recovery: the survivors re-enter).
 Every 10 steps all ranks agree (an all-reduce) whether ``GOODPUT_END`` (epoch seconds)
-has passed; then they exit 0 together: the job ends on time under every launcher.
+has passed; then they leave the training loop together and exit 0: the job ends on time
+under every launcher (in the in-process wrapper's rounds too, its standbys released).
 """
 
 from __future__ import annotations
@@ -50,28 +52,30 @@ def _fire(k: int, kind: str, rank: int, step: int) -> None:
         time.sleep(HANG_S)
 
 
-def scheduled(args: argparse.Namespace, rank: int, step: int, attempt: int) -> None:
-    """The demo's per-step fault hook: the end of the job, then the schedule's faults."""
+def scheduled(args: argparse.Namespace, rank: int, step: int, attempt: int, round_: int) -> bool:
+    """The demo's per-step fault hook: the end of the job (True), then the schedule's
+    faults."""
     if step % CHECK_EVERY == 0:
         over = torch.tensor([float(time.time() >= float(os.environ["GOODPUT_END"]))])
         dist.all_reduce(over, op=dist.ReduceOp.MAX)
         if over.item():
             if rank == 0:
                 print(f"[goodput-job] end of the job at step {step}", flush=True)
-            sys.exit(0)
+            return True
     if rank != args.fault_rank:
-        return
+        return False
     now = time.time()
     fired = Path(os.environ["GOODPUT_DIR"])
     for k, (when, kind) in enumerate(_schedule()):
         if when > now:
-            return
+            return False
         marker = fired / f"fault_{k}"
         if marker.exists():
             continue
         marker.touch()
         _fire(k, kind, rank, step)
-        return
+        return False
+    return False
 
 
 if __name__ == "__main__":

@@ -70,6 +70,47 @@ def test_the_console_ledger_of_a_crash_and_a_restart() -> None:
     assert bench.injected(job) == ["exception"]
 
 
+def test_the_console_ledger_of_a_live_recovery_and_a_re_entry() -> None:
+    """rankguard with a standby: a SIGKILL taken over live, then a hang that ends in an
+    in-process re-entry (rank 0's collective timed out 2 s after its last step), one
+    worker group throughout."""
+    bench = _bench()
+    job = bench.Job("live", Path("/nonexistent"), "r", [(8.0, "sigkill"), (20.0, "hang")])
+    job.start, job.end, job.rc = 100.0, 140.0, 0
+    job.lines = [
+        (101.0, "I1206 [default] Starting worker group"),
+        *[(105.0 + 0.5 * i, f"[demo] step {i + 1}/100 loss 1.0") for i in range(8)],  # to 108.5
+        (108.6, "[goodput-job rank 1] injecting sigkill (fault 0) at step 8"),
+        (108.7, "rankguard: rank 0: round 0 failed: Traceback (most recent call last):"),
+        (108.9, "[rankguard] live recovery: rank 1 (pid 7, SIGKILL) is taken over by standby"),
+        (109.2, "[demo] in-process restart 1: resuming at step 9"),
+        *[(109.5 + 0.5 * i, f"[demo] step {i + 9}/100 loss 1.0") for i in range(20)],  # to 119
+        (119.1, "[goodput-job rank 1] injecting hang (fault 1) at step 28"),
+        (121.0, "rankguard: rank 0: round 1 failed: Traceback (most recent call last):"),
+        (121.3, "[demo] in-process restart 2: resuming at step 29"),
+        *[(121.5 + 0.5 * i, f"[demo] step {i + 29}/100 loss 1.0") for i in range(30)],  # to 136
+        (136.1, "[goodput-job] end of the job at step 58"),
+    ]
+    ledger = bench.console_ledger(job)
+    assert ledger.attempts == 1
+    assert [(i.kind, i.iteration, i.resumed_from) for i in ledger.interruptions] == [
+        ("live_recovery", 8, 8),
+        ("inprocess", 28, 28),
+    ]
+    live, reentry = ledger.interruptions
+    assert live.parts == {
+        Part.DETECTION_WAIT: pytest.approx(0.4),
+        Part.RECOVERY: pytest.approx(0.6),
+    }
+    assert reentry.parts == {
+        Part.DETECTION_WAIT: pytest.approx(2.0),  # step 28's end -> rank 0's failure
+        Part.RECOVERY: pytest.approx(0.3),
+    }
+    assert ledger.parts[Part.UNKNOWN] == pytest.approx(4.0)  # the last step -> the exit
+    assert sum(ledger.parts.values()) == pytest.approx(ledger.wall_s)
+    assert bench.injected(job) == ["sigkill", "hang"]
+
+
 def test_the_smoke_run_accounts_for_rankguards_fault_in_both_ledgers(tmp_path: Path) -> None:
     """One exception on rankguard's job (the smoke runs no torchrun job: the console's
     ledger of a torchrun crash and restart, the same rule, is the test above): its

@@ -161,15 +161,20 @@ def inject_nan(
     return restart == args.fault_attempt and not resumed  # nan-bad-gpu
 
 
-def inject(args: argparse.Namespace, rank: int, step: int, attempt: int) -> None:
+def inject(args: argparse.Namespace, rank: int, step: int, attempt: int, round_: int) -> bool:
+    """The per-step fault hook, after each step (``attempt``: the group's restarts,
+    ``round_``: the in-process restarts). True ends the training loop after this step
+    without a save (a replacement hook must say it on every rank at the same step)."""
+    if round_ > 0:  # an in-process re-entry runs clean
+        return False
     if (
         args.fault in ("none", "slow", *NAN_FAULTS)
         or not is_fault_rank(args, rank)
         or step != args.fault_step
     ):
-        return
+        return False
     if attempt != args.fault_attempt:
-        return  # by default the fault happens in the first attempt only
+        return False  # by default the fault happens in the first attempt only
     print(f"[demo rank {rank}] injecting fault {args.fault!r} at step {step}", flush=True)
     if args.fault == "stall":
         time.sleep(args.fault_duration)
@@ -189,6 +194,7 @@ def inject(args: argparse.Namespace, rank: int, step: int, attempt: int) -> None
         if pid is None:
             raise SystemExit("--fault preempt needs `rankguard run` (no launcher to signal)")
         os.kill(pid, signal.SIGTERM)
+    return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -319,14 +325,15 @@ def train(args: argparse.Namespace, device: torch.device, memory: dict[str, Any]
                 memory["step"], memory["gen_state"] = step, gen.get_state()
             if base:
                 time.sleep(base)
-            if round_ == 0:  # an in-process re-entry runs clean
-                inject(args, rank, step, rg.restart_count)
+            ended = inject(args, rank, step, rg.restart_count, round_)
             if _kill_now(args, rank, step, memory["born"], rg.restart_count):
                 print(f"[demo rank {rank}] SIGKILL of pid {os.getpid()} after step {step}")
                 sys.stdout.flush()
                 os.kill(os.getpid(), signal.SIGKILL)  # lost: a standby takes over, or a restart
         if rank == 0 and (step == 1 or step % args.log_every == 0):
             print(f"[demo] step {step}/{args.steps} loss {loss.item():.4f}", flush=True)
+        if ended:  # every rank's hook said so at this step
+            break
         if args.eval_every and step % args.eval_every == 0:
             val = evaluate(model, cfg, args, device)
             if rank == 0:

@@ -76,14 +76,24 @@ DETERMINISTIC_TYPES = frozenset(
         "ConfigTypeError",
         "MissingMandatoryValue",
         "ValidationError",
+        "IndexError",
+        "JSONDecodeError",
+        "TOMLDecodeError",
+        "YAMLError",
+        "ScannerError",
+        "ParserError",
+        "ComposerError",
+        "ConstructorError",
     }
 )
 """Exceptions that fail the same way at every start-up (argument and configuration
-errors included: argparse's, omegaconf's, pydantic's)."""
+errors included: argparse's, omegaconf's, pydantic's; a configuration file that does
+not parse: JSON, TOML, PyYAML's errors; an index out of range, as an embedding's)."""
 
 _SHAPE = re.compile(
     r"shape mismatch|size mismatch|shapes? .{0,40}cannot be (?:multiplied|broadcast)|"
     r"must match the size of tensor|is invalid for input of size|"
+    r"sizes of tensors must match|"
     r"(?:shape|size)s? (?:do(?:es)? not|don't) match|expected .{0,60}shape",
     re.IGNORECASE,
 )

@@ -66,14 +66,17 @@ def normalise_message(text: str | None) -> str | None:
 
 def split_error(text: str | None) -> tuple[str | None, str | None]:
     """``("ValueError", "bad value")`` from an error line or a traceback (its last line
-    that names an exception); ``(None, text)`` when no exception is named."""
+    that names an exception, with the lines after it: the rest of a message of several
+    lines, as torch's ``load_state_dict`` size mismatches); ``(None, text)`` when no
+    exception is named."""
     if not text:
         return None, None
     lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
-    for line in reversed(lines):
-        m = _EXC_LINE.match(line)
+    for i in range(len(lines) - 1, -1, -1):
+        m = _EXC_LINE.match(lines[i])
         if m:
-            return m.group("type") or m.group("bare"), (m.group("msg") or "").strip() or None
+            message = " ".join([(m.group("msg") or "").strip(), *lines[i + 1 :]]).strip()
+            return m.group("type") or m.group("bare"), message or None
     return None, lines[-1] if lines else None
 
 

@@ -14,6 +14,8 @@ is cut into consecutive spans, so the parts sum to the wall time by construction
 | a ``rerun*`` phase | ``rerun_validation`` |
 | a ``preempt*`` phase | ``preemption_drain`` |
 | an ``inprocess_restart`` phase | ``recovery`` (the ranks re-entered in-process) |
+| a re-entry: last step before its phase -> the phase | ``detection_wait`` |
+| a re-entry: the steps after the iteration it resumed from | ``recomputed`` |
 | steps after the iteration the next attempt resumed from | ``recomputed`` (done again) |
 | last completed step -> the restart or stop decision | ``detection_wait`` |
 | decision -> the next attempt's start | ``recovery`` (stop, rendezvous, process start) |
@@ -249,6 +251,50 @@ def _reached(steps: Sequence[tuple[int, float]], iteration: int) -> float | None
     return when
 
 
+def _in_live(attempt: Attempt, a: float, b: float) -> bool:
+    """Is the re-entry [a, b] part of a live recovery (the survivors re-enter then)? A
+    recovery that gives no resumed time lasts to the next step after its fault."""
+
+    def resumed(live: LiveRecovery) -> float:
+        if live.resumed is not None:
+            return live.resumed
+        return next((t for _, t in attempt.steps if t > live.fault), b)
+
+    return any(a <= resumed(live) and b >= live.fault for live in attempt.live)
+
+
+def _reentry_spans(attempt: Attempt, a: float) -> list[tuple[float, float, Part]]:
+    """What came before an in-process re-entry that began at ``a``: the last completed
+    step -> ``a`` is detection wait (a peer's collective waiting on a failed or stuck
+    rank, until the rank's own failure); the steps after the iteration it resumed from,
+    done again (:attr:`Attempt.reentries`), recomputed."""
+    before = [s for s in attempt.steps if s[1] <= a]
+    if not before:
+        return []
+    it, at = before[-1]
+    spans = [(at, a, Part.DETECTION_WAIT)]
+    it, after = next(((i, x) for start, i, x in attempt.reentries if start == a), (it, None))
+    if after is not None and after < it:
+        since = _reached(before, after)
+        if since is not None and since < at:
+            spans.append((since, at, Part.RECOMPUTED))
+    return spans
+
+
+def _phase_spans(attempt: Attempt) -> list[tuple[float, float, Part]]:
+    """The attempt's phases in their parts, each in-process re-entry that is no part of
+    a live recovery with what came before it (:func:`_reentry_spans`)."""
+    spans = []
+    for name, a, b in attempt.phases:
+        part = phase_part(name)
+        if part is None:
+            continue
+        spans.append((a, b, part))
+        if name == "inprocess_restart" and b > a and not _in_live(attempt, a, b):
+            spans += _reentry_spans(attempt, a)
+    return spans
+
+
 def _training(
     tally: _Tally,
     attempt: Attempt,
@@ -259,8 +305,7 @@ def _training(
 ) -> None:
     """[lo, hi] of training: phases in their parts, lost work after ``lost_from``,
     the rest productive."""
-    spans = [(a, b, p) for name, a, b in attempt.phases if (p := phase_part(name)) is not None]
-    for a, b, part in _clip(spans, lo, hi):
+    for a, b, part in _clip(_phase_spans(attempt), lo, hi):
         _productive(tally, a, lost_from, into)
         tally.to(b, part)  # a save or an eval is no cost of the interruption
     _productive(tally, hi, lost_from, into)
@@ -411,10 +456,7 @@ def _reentries(
         for name, a, b in attempt.phases:
             if name != "inprocess_restart" or b <= a:
                 continue
-            if any(
-                a <= (live.resumed if live.resumed is not None else b) and b >= live.fault
-                for live in attempt.live
-            ):
+            if _in_live(attempt, a, b):
                 continue
             before = [s for s in attempt.steps if s[1] <= a]
             after = [s for s in attempt.steps if s[1] > b]
@@ -423,9 +465,12 @@ def _reentries(
             if a in seen:  # the rank's own count: exact, however sparse the samples
                 it, resumed = seen[a]
                 at = _reached(before, it) or at
-            recovery = sum(
-                max(0.0, min(b, y) - max(a, x)) for x, y, part in spans if part is Part.RECOVERY
-            )
+            # its cost: what the ledger laid from its first lost step to its phase's end
+            since = min((x for x, _, _ in _reentry_spans(attempt, a)), default=a)
+            parts: dict[Part, float] = {}
+            for x, y, part in spans:
+                if part in _REENTRY_PARTS and min(b, y) > max(since, x):
+                    parts[part] = parts.get(part, 0.0) + min(b, y) - max(since, x)
             out.append(
                 Interruption(
                     attempt=index,
@@ -433,9 +478,12 @@ def _reentries(
                     at=at,
                     iteration=it,
                     resumed_from=resumed,
-                    first_evidence_s=None,
-                    parts={Part.RECOVERY: recovery} if recovery > 0 else {},
+                    first_evidence_s=max(0.0, a - at) if before else None,
+                    parts=parts,
                     kind="inprocess",
                 )
             )
     return out
+
+
+_REENTRY_PARTS = (Part.RECOMPUTED, Part.DETECTION_WAIT, Part.RECOVERY)

@@ -117,6 +117,26 @@ DETERMINISTIC_STARTUP = {
     ),
     "shape_view": startup("RuntimeError: shape '[2, 3]' is invalid for input of size 5"),
     "config_error": startup("ConfigError: model.layers: must be > 0, got 0"),
+    # as torch and the parsers say them (bench/restart_or_stop.py raises them for real)
+    "shape_load_lines": startup(
+        "RuntimeError: Error(s) in loading state_dict for Linear:\n\tsize mismatch for "
+        "weight: copying a param with shape torch.Size([5, 8]) from checkpoint, the shape "
+        "in current model is torch.Size([4, 8])."
+    ),
+    "shape_cat": startup(
+        "RuntimeError: Sizes of tensors must match except in dimension 0. Expected size 3 "
+        "but got size 4 for tensor number 1 in the list."
+    ),
+    "embedding_index": startup("IndexError: index out of range in self"),
+    "config_json": startup(
+        "json.decoder.JSONDecodeError: Expecting property name enclosed in double quotes: "
+        "line 1 column 13 (char 12)"
+    ),
+    "config_yaml": startup(
+        'yaml.parser.ParserError: while parsing a flow sequence\n  in "<unicode string>", '
+        "line 1, column 8:\n    model: [dim: 512\nexpected ',' or ']', but got '<stream end>'"
+    ),
+    "config_toml": startup("tomllib.TOMLDecodeError: Expected '=' after a key (at line 3)"),
 }
 
 # the same failure at the same step twice: the second attempt stops

@@ -201,7 +201,8 @@ def test_a_run_directory_given_as_a_relative_path(tmp_path: Path, monkeypatch: A
 def test_an_in_process_re_entry_is_an_interruption(tmp_path: Path) -> None:
     """Every rank re-entered its training function after iteration 12 (a rank raised);
     the script rolled back to its in-memory state of iteration 10 and went on with 11.
-    The re-entry's own interruption: at 12, resumed after 10, its recovery phase."""
+    The re-entry's own interruption: at 12, resumed after 10; its parts: the wait from
+    iteration 12's end to the re-entry, its phase, and iterations 11-12 done again."""
     d = run_dir(tmp_path)
     rank = Rank0(d, pid=41, start=T0, interval=5.0, iteration_source="script")
     rank.step(T0 + 3.0)
@@ -215,8 +216,12 @@ def test_an_in_process_re_entry_is_an_interruption(tmp_path: Path) -> None:
     (cut,) = ledger.interruptions
     assert (cut.kind, cut.iteration, cut.resumed_from) == ("inprocess", 12, 10)
     assert cut.at == pytest.approx(step12, abs=0.01)
-    assert cut.parts == {Part.RECOVERY: pytest.approx(1.2, abs=0.01)}
-    assert ledger.parts[Part.RECOVERY] == pytest.approx(1.2, abs=0.01)
+    want = {Part.DETECTION_WAIT: 0.4, Part.RECOVERY: 1.2, Part.RECOMPUTED: 1.0}
+    assert cut.parts == {p: pytest.approx(v, abs=0.01) for p, v in want.items()}
+    for part, seconds in want.items():
+        assert ledger.parts[part] == pytest.approx(seconds, abs=0.01), part
+    assert cut.first_evidence_s == pytest.approx(0.4, abs=0.01)
+    assert sum(ledger.parts.values()) == pytest.approx(ledger.wall_s)
     assert "in-process re-entry in attempt 0 (in-process re-entry) at iteration 12" in render(
         ledger, d.name
     )

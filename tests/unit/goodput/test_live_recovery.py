@@ -128,3 +128,69 @@ def test_a_live_recovery_then_a_restart_are_two_interruptions_in_order() -> None
         ("restart", "worker_failed"),
     ]
     assert sum(ledger.parts.values()) == pytest.approx(ledger.wall_s)
+
+
+def test_a_live_recovery_and_a_re_entry_in_one_attempt_each_have_their_parts(
+    tmp_path: Path,
+) -> None:
+    """A peer lost at iteration 20 and replaced live (rank 0's survivors' re-entry is the
+    recovery's), then at iteration 40 a peer stuck: rank 0 waited 2 s in its collective
+    until its process-group timeout raised, re-entered in process in 0.1 s and went on
+    after iteration 40 (nothing done again). The 2 s are the re-entry's detection wait,
+    not training; nothing of either is productive or unknown."""
+    d = run_dir(tmp_path)
+    rank = Rank0(d, pid=101, start=T0)
+    rank.step(T0 + 5.0)
+    train(rank, T0 + 5.0, 19, 0.5, {})  # to iteration 20 at T0 + 14.5
+    rank.reenter(T0 + 15.3, T0 + 15.6)  # the survivors' re-entry of the live recovery
+    rank.set_phase("train", T0 + 18.2)
+    rank.iteration = 15
+    step40 = train(rank, T0 + 18.2, 25, 0.5, {})  # 16-40, to T0 + 30.7
+    rank.idle_to(step40 + 2.0)  # blocked in a collective: heartbeats, no step
+    rank.reenter(step40 + 2.0, step40 + 2.1)
+    t = train(rank, step40 + 2.1, 10, 0.5, {})  # 41-50
+    rank.end(t + 0.3, clean=True)
+    rank.write()
+    append(d / "restarts.jsonl", _line())
+    ledger = read_ledger(d)
+    assert ledger is not None and ledger.attempts == 1
+    live, reentry = ledger.interruptions
+    assert (live.kind, live.iteration, live.resumed_from) == ("live_recovery", 20, 15)
+    assert live.parts[Part.DETECTION_WAIT] == pytest.approx(0.7, abs=0.01)
+    assert live.parts[Part.RECOVERY] == pytest.approx(3.0, abs=0.01)
+    assert (reentry.kind, reentry.iteration, reentry.resumed_from) == ("inprocess", 40, 40)
+    assert reentry.first_evidence_s == pytest.approx(2.0, abs=0.01)
+    assert reentry.parts == {
+        Part.DETECTION_WAIT: pytest.approx(2.0, abs=0.01),
+        Part.RECOVERY: pytest.approx(0.1, abs=0.01),
+    }
+    want = dict(WANT)
+    want[Part.PRODUCTIVE] = 7.0 + 12.5 + 5.0  # iterations 2-15, 16-40, 41-50
+    want[Part.DETECTION_WAIT] = 0.7 + 2.0
+    want[Part.RECOVERY] = 3.0 + 0.1
+    check(ledger.parts, want, t + 0.3 - T0)
+
+
+def test_a_re_entry_after_a_live_recovery_without_a_resumed_time_is_its_own() -> None:
+    """A live recovery that gives no resumed time lasts to the next step after its
+    fault: a re-entry later in the attempt is no part of it."""
+    steps = [(i, 5.0 + 0.5 * (i - 1)) for i in range(1, 21)]  # to 14.5
+    steps += [(i, 16.0 + 0.5 * (i - 21)) for i in range(21, 41)]  # 16.0 to 25.5
+    steps += [(i, 28.5 + 0.5 * (i - 41)) for i in range(41, 51)]  # 28.5 to 33.0
+    ledger = build_ledger(
+        [
+            Attempt(
+                start=0.0,
+                end=33.0,
+                steps=steps,
+                live=[LiveRecovery(fault=15.0)],
+                phases=[("inprocess_restart", 27.5, 28.0)],
+            )
+        ]
+    )
+    assert [i.kind for i in ledger.interruptions] == ["live_recovery", "inprocess"]
+    reentry = ledger.interruptions[1]
+    assert reentry.parts == {
+        Part.DETECTION_WAIT: pytest.approx(2.0),  # 25.5 -> 27.5
+        Part.RECOVERY: pytest.approx(0.5),
+    }
