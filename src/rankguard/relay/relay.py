@@ -25,9 +25,10 @@ only of the nodes whose generation moved.
 The latest-record model loses nothing the rules need: every record carries the rank's
 full state, and ``process_end`` is always a rank's last record. The relay also notices
 local pids that vanished without ``process_end`` (SIGKILL, hard crash) and relays a
-synthesized ``process_end``, because node 0 cannot look at another host's process
-table. The tick also says whether the node's disk is full (:mod:`.disk`), so a rank that
-cannot write its heartbeats is not taken for a dead one.
+synthesized ``process_end``, because node 0 cannot look at another node's process
+table (it never looks up a relayed rank's pid, even on a host the nodes share). The
+tick also says whether the node's disk is full (:mod:`.disk`), so a rank that cannot
+write its heartbeats is not taken for a dead one.
 
 The relay also serves node 0's kill requests (``kill/node/<k>``). Any client of the
 store can write that key, so the relay signals only its own node's current workers
