@@ -179,7 +179,9 @@ class Ingest:
             rec = state.record
             if rec is None or rec.ended or rec.hostname != self.hostname:
                 continue
-            if (rec.rank, rec.pid) in relayed or pid_running(rec.pid):
+            if (rec.rank, rec.pid) in relayed or rec.relayed_age_s is not None:
+                continue  # relayed now, or mirrored here by an earlier monitor
+            if pid_running(rec.pid):
                 continue
             self.rules.ingest(rec.vanished(time.time_ns()), now)
 

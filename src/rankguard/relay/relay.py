@@ -247,6 +247,11 @@ class StoreRelay:
             # a rank of this agent under another node number (a round before the
             # agent was renumbered): relayed then, by that number's relay
             return
+        if rec.relayed_age_s is not None:
+            # another node's rank, mirrored here while this agent ran node 0's monitor
+            # (a round before it was renumbered): its own node relays it and judges its
+            # pid, which names no process of this node
+            return
         old = self._latest.get(rec.rank)
         start, start_mono = self._started.get(rec.rank, (None, None))
         if not supersedes(rec, old, old_start_ns=start, old_start_mono_ns=start_mono):

@@ -453,6 +453,25 @@ def test_a_pid_gone_from_this_host_ends_only_a_rank_of_this_node(tmp_path: Path,
         assert rows[1]["process_liveness"] == "alive"
 
 
+def test_a_rank_mirrored_by_an_earlier_monitor_is_not_judged_by_its_pid(
+    tmp_path: Path,
+) -> None:
+    # The monitor of an agent numbered 0 again by a later round reads its run directory
+    # from the start: the mirrors of another node's ranks (records relayed to it, their
+    # ``relayed_age_s`` set) are that node's, whose pids this host cannot judge.
+    here = socket.gethostname()
+    mon = _monitor(tmp_path, FakeClock(), world=2, check_pids=True, remote=FakeRemote())
+    write(
+        tmp_path,
+        rec(0, 0, pid=os.getpid(), hostname=here, node_rank=0),
+        {**rec(1, 0, pid=_pid_gone(), hostname=here, node_rank=1), "relayed_age_s": 0.2},
+    )
+    mon.scan_once()
+    assert read_findings(tmp_path) == []
+    rows = {r["rank"]: r for r in read_status(tmp_path)["ranks"]}
+    assert rows[1]["process_liveness"] == "alive"
+
+
 def test_a_rank_of_another_node_is_ended_by_its_relayed_end(tmp_path: Path) -> None:
     here = socket.gethostname()
     remote = FakeRemote()
