@@ -1,6 +1,6 @@
 """What a monitor scan reads, into the rules: local heartbeat files, records relayed
 from other nodes (mirrored into local files so node 0 holds every rank's history),
-each node's disk state, local pids that vanished, and the nodes' GPU health files.
+each node's disk state, this node's pids that vanished, and the nodes' GPU health files.
 
 A scan touches only files that grew (one ``stat`` each otherwise), so its cost is linear
 in the number of ranks. Nothing here raises for bad data: a bad record is counted by the
@@ -27,7 +27,7 @@ from rankguard.schema.payloads import PayloadError, check_health, load_json
 from rankguard.schema.records import HeartbeatRecord
 from rankguard.util.disk import DiskState, disk_state
 from rankguard.util.fs import append_bytes, atomic_write_json, dumps_line, rotate_jsonl
-from rankguard.util.procs import parent_pid, pid_running
+from rankguard.util.procs import pid_running
 from rankguard.util.tailer import JsonlTailer
 
 __all__ = ["HealthSnapshot", "Ingest"]
@@ -66,10 +66,9 @@ class Ingest:
         self._health_stale: dict[int, bool] = {}
         # mirrored file per (rank, pid): bytes so far and its first line (for rotation)
         self._mirror_files: dict[tuple[int, int], tuple[int, bytes]] = {}
-        # (rank, pid) of the processes another agent's relay speaks for -> that agent's
-        # pid when it runs on this host (agents of one host), else None
-        self._relayed: dict[tuple[int, int], int | None] = {}
-        self._relayed_gone: dict[tuple[int, int], float] = {}  # since when the pid is gone
+        # (rank, pid) of the processes another node's relay speaks for: their own node
+        # judges whether they still run, never this host's process table
+        self._relayed: set[tuple[int, int]] = set()
 
     def check_disks(self, now: float) -> None:
         """Each node's disk state into the rules: this node's run directory, and what
@@ -126,10 +125,7 @@ class Ingest:
             record = self.rules.accept(raw)
             if record is None:
                 continue
-            key = (record.rank, record.pid)
-            if key not in self._relayed:
-                local = record.hostname == self.hostname
-                self._relayed[key] = parent_pid(record.pid) if local else None
+            self._relayed.add((record.rank, record.pid))
             age = min(record.relayed_age_s or 0.0, 3600.0)
             if self.rules.ingest(record, now - age) and mirror:  # new: keep node 0's copy
                 self.mirror(record)
@@ -170,28 +166,23 @@ class Ingest:
             return
         self._mirror_files[key] = (size + len(line), first)
 
-    def relay_grace_s(self) -> float:
-        """How long a relayed rank's pid may be gone before its process_end arrives: the
-        rules' relay period (two publish periods and a scan), 2 s at least."""
-        return max(2.0, self.rules.fresh_s)
-
     def mark_vanished(self, now: float) -> None:
-        """This host's ranks whose pid is gone without a process_end: an end written for
-        them (killed, crashed). A rank whose agent (another node's, on this host) still
-        runs is given that agent's relay period first: its own end is on the way."""
+        """This node's ranks whose pid is gone without a process_end: an end written for
+        them (killed, crashed). This node's: on this host and not relayed by another
+        node. Another node's pid means nothing in this host's process table, even where
+        the agents of two nodes share a host (it may be gone here, or name an unrelated
+        live process): that node's relay says when its ranks end (their own
+        ``process_end``, or one it synthesized), and a node whose relay stops pushing is
+        lost (its ranks' heartbeats age here)."""
+        relayed = self._relayed
         for state in self.rules.ranks_on(self.hostname):  # not a pass over every rank
             rec = state.record
             if rec is None or rec.ended or rec.hostname != self.hostname:
                 continue
+            if (rec.rank, rec.pid) in relayed or rec.relayed_age_s is not None:
+                continue  # relayed now, or mirrored here by an earlier monitor
             if pid_running(rec.pid):
                 continue
-            key = (rec.rank, rec.pid)
-            agent = self._relayed.get(key)
-            if agent is not None and pid_running(agent):
-                since = self._relayed_gone.setdefault(key, now)
-                if now - since < self.relay_grace_s():
-                    continue
-            self._relayed_gone.pop(key, None)
             self.rules.ingest(rec.vanished(time.time_ns()), now)
 
     def read_health(self, now: float) -> None:

@@ -3,7 +3,7 @@ writes ``findings.jsonl`` and ``status.json``.
 
 One scan = discover files -> read new lines -> pull records relayed from other nodes
 (mirrored into local files so node 0 holds every rank's history) -> note each node's disk
-state -> mark local pids that vanished -> read GPU health files -> evaluate -> append
+state -> mark this node's pids that vanished -> read GPU health files -> evaluate -> append
 findings -> replace status.json.
 A scan touches only files that grew (one ``stat`` each otherwise), so its cost is linear
 in the number of ranks.

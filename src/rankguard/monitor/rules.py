@@ -213,6 +213,8 @@ class HeartbeatRules:
         self._fresh_ns = int(self.fresh_s * 1e9)
         self._retired: set[tuple[int, int]] = set()  # (rank, pid) of a smaller group's past
         self._shrunk_to: int | None = None  # the world of a group re-formed smaller
+        self._silent_at: float | None = None  # the scan time _silent was found at
+        self._silent: tuple[float, int] | None = None
 
     # ---- input ----------------------------------------------------------------------
 
@@ -721,9 +723,19 @@ class HeartbeatRules:
         if first is None and peer_failure(exit_info.get("error")) and s.seen_at is not None:
             # A victim's end (its collective broke: a peer went away) comes at once from
             # this node; the peer's own end, from another node, a relay period later.
-            # Held that long, the cause is named, not its echo.
+            # Held that long, the cause is named, not its echo. A peer whose heartbeats
+            # are late may be on a lost node (no end ever comes from there): held until
+            # its heartbeat timeout names it, then the end is its echo.
+            silent = self._silent_peer(now)
+            if silent is not None and now > silent[0]:
+                s.held_until = None
+                s.active.add(FindingType.PROCESS_EXITED)
+                s.record = rec.with_exit(after_failure_of_rank=silent[1])
+                return
             hold = s.seen_at + self.fresh_s
-            if now < hold and not self.ending:
+            if silent is not None:  # not past its timeout (above): held until then
+                hold = max(hold, silent[0])
+            if (now < hold or silent is not None) and not self.ending:
                 s.held_until = hold
                 return
             early = self._ended_before(s)
@@ -734,6 +746,35 @@ class HeartbeatRules:
             self.first_failure = (s.rank, now)
         reason = Reason.DIED if exit_info.get("vanished") else Reason.EXITED_WITH_ERROR
         self._fire(s, FindingType.PROCESS_EXITED, reason, None, None, out)
+
+    def _silent_peer(self, now: float) -> tuple[float, int] | None:
+        """The rank whose heartbeats went silent first (late, or past its process
+        timeout), as (when its timeout is crossed, rank); None when every rank that has
+        not ended is fresh. One pass over the ranks a scan, only while a victim's end
+        is judged."""
+        if self._silent_at != now:
+            self._silent_at = now
+            cadence = self.cadence
+            self._silent = min(
+                (
+                    (
+                        t.seen_at
+                        + (
+                            cadence.checkpoint_timeout_s
+                            if t.record.checkpoint_active
+                            else cadence.process_timeout_s
+                        ),
+                        t.rank,
+                    )
+                    for t in self.ranks.values()
+                    if t.record is not None
+                    and not t.record.ended
+                    and t.seen_at is not None
+                    and now - t.seen_at > self.fresh_s
+                ),
+                default=None,
+            )
+        return self._silent
 
     def _ended_before(self, s: RankState) -> list[int]:
         """The other ranks that had ended cleanly before rank ``s`` (its peers that left

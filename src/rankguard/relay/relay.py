@@ -25,9 +25,10 @@ only of the nodes whose generation moved.
 The latest-record model loses nothing the rules need: every record carries the rank's
 full state, and ``process_end`` is always a rank's last record. The relay also notices
 local pids that vanished without ``process_end`` (SIGKILL, hard crash) and relays a
-synthesized ``process_end``, because node 0 cannot look at another host's process
-table. The tick also says whether the node's disk is full (:mod:`.disk`), so a rank that
-cannot write its heartbeats is not taken for a dead one.
+synthesized ``process_end``, because node 0 cannot look at another node's process
+table (it never looks up a relayed rank's pid, even on a host the nodes share). The
+tick also says whether the node's disk is full (:mod:`.disk`), so a rank that cannot
+write its heartbeats is not taken for a dead one.
 
 The relay also answers node 0's requests for its ranks' flight-recorder traces on a hang
 (``fr/request/<k>``, :mod:`rankguard.ft.frremote`) and serves node 0's kill requests
@@ -248,6 +249,11 @@ class StoreRelay:
         if rec.node_rank is not None and rec.node_rank != self.node_rank:
             # a rank of this agent under another node number (a round before the
             # agent was renumbered): relayed then, by that number's relay
+            return
+        if rec.relayed_age_s is not None:
+            # another node's rank, mirrored here while this agent ran node 0's monitor
+            # (a round before it was renumbered): its own node relays it and judges its
+            # pid, which names no process of this node
             return
         old = self._latest.get(rec.rank)
         start, start_mono = self._started.get(rec.rank, (None, None))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["parent_pid", "pid_running", "process_start_time", "process_state"]
+__all__ = ["pid_running", "process_start_time", "process_state"]
 
 
 def process_state(pid: int) -> str | None:
@@ -28,7 +28,7 @@ def process_state(pid: int) -> str | None:
 
 def _stat_fields(pid: int) -> list[bytes] | None:
     """The fields of ``/proc/<pid>/stat`` after the parenthesised command name (which may
-    hold spaces or parens): state is index 0, the parent 1, starttime 19; None if the
+    hold spaces or parens): state is index 0, starttime 19; None if the
     process is gone or ``/proc`` cannot tell (not Linux)."""
     if pid <= 0:
         return None
@@ -55,12 +55,6 @@ def process_start_time(pid: int) -> int | None:
     A pid and its start time name one process: a pid reused by a later process has
     another start time."""
     return _stat_int(pid, 19)
-
-
-def parent_pid(pid: int) -> int | None:
-    """The parent of ``pid`` (``/proc/<pid>/stat`` field 4); None if the process is gone
-    or ``/proc`` cannot tell."""
-    return _stat_int(pid, 1)
 
 
 def pid_running(pid: int) -> bool:

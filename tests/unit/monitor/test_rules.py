@@ -486,6 +486,24 @@ def test_a_victims_end_with_no_cause_coming_is_named_after_the_relay_period() ->
     assert rules.evaluate(20.0) == []  # once
 
 
+def test_a_victims_end_waits_for_the_heartbeat_timeout_of_a_silent_peer() -> None:
+    # rank 1's node is lost (its agent and workers killed together): no end of rank 1
+    # ever comes, its heartbeats just stop; rank 0's collective breaks at once. Rank 1's
+    # heartbeat timeout names it, and rank 0's end is its echo.
+    rules = _rules(world=2)
+    assert rules.ingest(rec(1, 0, t=1.0), 1.0)
+    end0 = rec(0, 1, event="process_end", t=2.0)
+    end0["exit"] = {"clean": False, "exit_code": 1, "error": _BROKEN}
+    rules.ingest(end0, 2.0)
+    assert rules.evaluate(2.0) == []
+    assert rules.evaluate(2.0 + rules.fresh_s) == []  # rank 1 late: held on
+    assert rules.evaluate(11.0) == []  # not yet past rank 1's 10 s process timeout
+    assert types_of(rules.evaluate(11.5)) == [(1, PROCESS_TIMEOUT)]
+    assert rules.ranks[0].record is not None
+    assert rules.ranks[0].record.exit["after_failure_of_rank"] == 1
+    assert rules.evaluate(20.0) == []
+
+
 def test_the_agents_root_cause_is_blamed_among_vanished_ranks() -> None:
     # ranks 1 and 2 both vanished in one scan; the agent's exit codes say rank 2 was
     # killed first (rank 1 died in the broken collective without a record)

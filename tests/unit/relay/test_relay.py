@@ -244,6 +244,23 @@ def test_records_of_this_agents_earlier_node_number_are_not_relayed(
     assert source.ignored() == (0, None)
 
 
+def test_records_mirrored_here_when_this_agent_was_node_0_are_not_relayed(
+    tmp_path: Path, stores: tuple[Any, Any]
+) -> None:
+    """An agent that ran node 0's monitor, renumbered 1 by a later round: its run
+    directory still holds its mirrors of the other nodes' ranks (records relayed to it,
+    ``relayed_age_s`` set), one of them under node 1, its pid gone from this host. That
+    rank is another agent's: this relay neither relays it nor writes its end."""
+    master, client = stores
+    me = os.getpid()
+    write(tmp_path, {**rec(2, 0, dead_pid()), "relayed_age_s": 0.2})
+    write(tmp_path, rec(3, 0, me, event="process_start"))
+    relay = StoreRelay(client, tmp_path, RUN, node_rank=1, interval_s=0.05)
+    relay.push_once()
+    records, _ = StoreRemoteSource(master, RUN, nnodes=2).fetch()
+    assert [(r["rank"], r["pid"], r["event"]) for r in records] == [(3, me, "process_start")]
+
+
 def test_a_halted_relay_pushes_no_more_and_leaves_its_number_undone(
     tmp_path: Path, stores: tuple[Any, Any]
 ) -> None:
