@@ -466,8 +466,8 @@ class _Call:
         """The round's process group; None when formed, else this rank's report of the
         failure, which ends the round like a fault in ``fn``. Past the barrier a peer may
         still be held up (stopped, starved of CPU) while the others wait for it in the
-        group's store rendezvous: their wait times out (a ``DistStoreError``) or the
-        connection to a peer that gave up is reset; the next round's barrier then waits
+        group's store rendezvous: their wait times out (a ``DistStoreError``), and the
+        late peer then fails to connect to them; the next round's barrier then waits
         for that peer on the peer evidence (:mod:`.peers`). An argument the group itself
         refuses (``ValueError``, ``TypeError``) ends the call at once, and set-ups failing
         round after round for longer than ``hard_timeout`` end it too: a configuration
