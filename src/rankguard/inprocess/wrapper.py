@@ -5,7 +5,8 @@ prefix in the job's store (``rankguard/inprocess/<run>/<call>/<round>/``), so ke
 earlier round never mix with a later one, and its own process group::
 
     join      every rank arrives (a lost peer or an ``abandon`` key ends the wait)
-    init      init_process_group(store=PrefixStore(round), timeout=...)
+    init      init_process_group(store=PrefixStore(round), timeout=...); a failure (a
+              peer late past the barrier: the rendezvous timed out) is the round's fault
     run       fn(*args, **kwargs): the user restores state and trains
     complete  every rank done -> return fn's result
     fault     an exception, a peer's fault (the round's ``failed`` key) or this rank's
@@ -197,7 +198,14 @@ def _default_store(timeout_s: float, env: RunEnv | None = None) -> Any:
             "in-process restart needs the job's store: MASTER_ADDR and MASTER_PORT are not "
             "set (launch with `rankguard run` or torchrun, or pass store_factory)"
         )
-    return dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+    try:
+        return dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+    except Exception as exc:  # an address that does not resolve, nobody listening
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise InProcessRestartError(
+            f"in-process restart: cannot reach the job's store at {addr}:{port} "
+            f"(MASTER_ADDR, MASTER_PORT) within {timeout_s:g}s: {type(exc).__name__}: {first}"
+        ) from exc
 
 
 def run_config(env: RunEnv | None = None) -> InProcessRestartConfig | None:
@@ -321,6 +329,7 @@ class _Call:
         self._store: Any = None
         self._wstore: Any = None
         self._handled_round = -1
+        self._setup_failing_since: float | None = None  # group set-ups failing since
         self._soft_round = -1
         self._saved_phase = "train"
         self._at_interrupt: tuple[float, str] = (0.0, "")
@@ -446,17 +455,55 @@ class _Call:
             self._join(self.round)
             if self.round > 0:
                 self._after_restart()
+            report = self._form_group(dist)
+            if report is None:
+                report = self._attempt(args, kwargs)
+                if isinstance(report, _Done):
+                    return report.value
+            self._recover(dist, report)
+
+    def _form_group(self, dist: Any) -> FaultReport | None:
+        """The round's process group; None when formed, else this rank's report of the
+        failure, which ends the round like a fault in ``fn``. Past the barrier a peer may
+        still be held up (stopped, starved of CPU) while the others wait for it in the
+        group's store rendezvous: their wait times out (a ``DistStoreError``), and the
+        late peer then fails to connect to them; the next round's barrier then waits
+        for that peer on the peer evidence (:mod:`.peers`). An argument the group itself
+        refuses (``ValueError``, ``TypeError``) ends the call at once, and set-ups failing
+        round after round for longer than ``hard_timeout`` end it too: a configuration
+        error (an address or interface that cannot be used) is said once, not retried
+        for ever."""
+        r, cfg = self.round, self.cfg
+        try:
             dist.init_process_group(
                 self.backend,
-                store=dist.PrefixStore(self._key(self.round, "pg/"), self._store),
+                store=dist.PrefixStore(self._key(r, "pg/"), self._store),
                 rank=self.rank,
                 world_size=self.world,
                 timeout=timedelta(seconds=self.pg_timeout),
             )
-            report = self._attempt(args, kwargs)
-            if isinstance(report, _Done):
-                return report.value
-            self._recover(dist, report)
+        except (ValueError, TypeError) as exc:
+            raise InProcessRestartError(
+                f"in-process restart: the {self.backend} process group cannot be set up: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        except Exception as exc:
+            now = time.monotonic()
+            since = self._setup_failing_since = self._setup_failing_since or now
+            error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:1500]
+            message = f"rank {self.rank} could not form the process group of round {r}: {error}"
+            logger.warning("rankguard: %s; the round is restarted", message)
+            if now - since > cfg.hard_timeout:
+                why = (
+                    f"rank {self.rank}: the process group failed to form in every round for "
+                    f"{now - since:.1f}s > hard_timeout {cfg.hard_timeout:g}s; last: {error}"
+                )
+                self._store.set(self._key(r, "failed"), str(self.rank))
+                self._store.set(self._key(r + 1, "abandon"), why)
+                raise InProcessRestartError(f"in-process restart abandoned: {why}") from exc
+            return FaultReport(self.rank, "collective_error", message, self.hostname)
+        self._setup_failing_since = None
+        return None
 
     def _attempt(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run ``fn`` once; a :class:`_Done` or this rank's :class:`FaultReport`. An

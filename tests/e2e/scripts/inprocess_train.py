@@ -7,8 +7,10 @@ the step with an ``all_reduce(MIN)`` and take that step's in-memory copy (the pa
 "restore from memory where intact", else load the latest checkpoint).
 
 ``--faults ROUND:RANK:STEP:KIND,...`` (KIND: raise, hang, hang_blocked, exit, stop: the
-process stopped with SIGSTOP for ``STOP_S`` seconds) or ``--random N`` (N
-random faults, one per round, seeded). Results go to ``--out DIR/rank_<r>.json``.
+process stopped with SIGSTOP for ``STOP_S`` seconds, stop_setup: raise, then stop for
+``STOP_S`` seconds as the rank starts to set up the next round's process group, its first
+write to that group's store rendezvous held back) or ``--random N`` (N random faults, one
+per round, seeded). Results go to ``--out DIR/rank_<r>.json``.
 Without ``rankguard run`` (``--standalone``), the config comes from the flags.
 """
 
@@ -22,6 +24,7 @@ import signal
 import subprocess
 import threading
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -85,6 +88,61 @@ def resources() -> dict[str, int]:
 fault_time: list[float] = []
 
 
+def stop_for(seconds: float) -> None:
+    """The whole process held up (its watcher too), then resumed."""
+    subprocess.Popen(["sh", "-c", f"sleep {seconds}; kill -CONT {os.getpid()}"])
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+class StopAtSetup(dist.Store):
+    """The job's store, through which this rank stops as it starts to set up round
+    ``round_``'s process group: its peers, past the barrier, wait for it there."""
+
+    def __init__(self, round_: int) -> None:
+        super().__init__()
+        self.inner = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            is_master=False,
+            timeout=timedelta(seconds=30),
+        )
+        self.marker = f"/{round_}/pg/"
+        self.stopped = False
+
+    def set(self, key: str, value: bytes | str) -> None:
+        if not self.stopped and self.marker in key:
+            self.stopped = True
+            stop_for(STOP_S)
+        self.inner.set(key, value)
+
+    def get(self, key: str) -> bytes:
+        return self.inner.get(key)
+
+    def add(self, key: str, amount: int) -> int:
+        return self.inner.add(key, amount)
+
+    def check(self, keys: list[str]) -> bool:
+        return self.inner.check(keys)
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        if timeout is None:
+            self.inner.wait(keys)
+        else:
+            self.inner.wait(keys, timeout)
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        return self.inner.compare_set(key, expected, desired)
+
+    def delete_key(self, key: str) -> bool:
+        return self.inner.delete_key(key)
+
+    def num_keys(self) -> int:
+        return self.inner.num_keys()
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self.inner.set_timeout(timeout)
+
+
 def train() -> torch.Tensor:
     round_ = ip.restart_count()
     info = ip.current()
@@ -111,7 +169,7 @@ def train() -> torch.Tensor:
         if plan is not None and plan[0] == s:
             fault_time.append(time.time())
             kind = plan[1]
-            if kind == "raise":
+            if kind in ("raise", "stop_setup"):
                 raise RuntimeError(f"injected fault at step {s} on rank {rank}")
             if kind == "hang":
                 time.sleep(3600)  # stuck before the collective: the soft timeout ends it
@@ -120,9 +178,8 @@ def train() -> torch.Tensor:
                 time.sleep(3600)
             if kind == "exit":
                 os._exit(3)
-            if kind == "stop":  # the whole process held up (its watcher too), then resumed
-                subprocess.Popen(["sh", "-c", f"sleep {STOP_S}; kill -CONT {os.getpid()}"])
-                os.kill(os.getpid(), signal.SIGSTOP)
+            if kind == "stop":
+                stop_for(STOP_S)
         loss, grad = loss_and_grad(state["w"], s)  # type: ignore[arg-type]
         dist.all_reduce(grad)
         w = state["w"] - 0.01 * grad / world  # type: ignore[operator]
@@ -152,7 +209,11 @@ if args.standalone or os.environ.get("RANKGUARD_LAUNCHER") != "1":
         max_restarts_per_window=args.per_window,
         restart_window=600.0,
     )
-wrapped = ip.wrap(train, config=config)
+setup_stops = [
+    r_ + 1 for (r_, k_), (_, kind_) in faults.items() if k_ == rank and kind_ == "stop_setup"
+]
+factory = (lambda: StopAtSetup(setup_stops[0])) if setup_stops else None
+wrapped = ip.wrap(train, config=config, store_factory=factory)
 if rank == 1 and args.late:
     time.sleep(args.late)  # still starting: its peers must wait, not declare it lost
 error = None

@@ -178,6 +178,36 @@ def test_a_dead_peer_cannot_reenter_the_others_give_up(tmp_path: Path) -> None:
     assert "cannot re-enter" in results[0]["error"] and "[1]" in results[0]["error"]
 
 
+def test_a_stopped_peer_is_alive_and_waited_for_not_given_up(tmp_path: Path) -> None:
+    """Rank 0's whole process stopped (SIGSTOP, as a rank starved of CPU: its heartbeat
+    thread stands still too) for 6 s, twice heartbeat_timeout, while rank 1 raised and
+    waits at the barrier: its process is alive, so rank 1 waits; both re-enter."""
+    rcs, results = run_ranks(
+        tmp_path, "--faults", "0:0:5:stop,0:1:5:raise", "--soft", "2", "--hard", "20"
+    )
+    assert rcs == [0, 0], stderr_tails(tmp_path)
+    assert_completed(results, restarts=1)
+
+
+def test_a_peer_stopped_in_the_group_set_up_after_the_barrier_is_waited_for(
+    tmp_path: Path,
+) -> None:
+    """Rank 1 raised, both passed round 1's barrier, then rank 1's process stopped for
+    6 s as it began the process group's store rendezvous: rank 0's set-up timed out
+    (2.7 s) waiting for it. That is a failed round, not the end of rank 0: it joins
+    round 2 and waits there for its live peer; both train to the end."""
+    rcs, results = run_ranks(
+        tmp_path, "--faults", "0:1:5:stop_setup", "--soft", "2", "--hard", "20"
+    )
+    assert rcs == [0, 0], stderr_tails(tmp_path)
+    assert_completed(results, restarts=1)  # fn ran twice: round 1 never reached it
+    for res in results:
+        again = res["rounds"][1]
+        assert again["round"] == 2, again
+        assert again["cause"] == "collective_error", again
+        assert "could not form the process group of round 1" in again["message"], again
+
+
 def test_hard_timeout_ends_the_stuck_process(tmp_path: Path) -> None:
     rcs, results = run_ranks(
         tmp_path, "--faults", "0:1:5:hang_blocked", "--soft", "1.5", "--hard", "3"

@@ -1,0 +1,157 @@
+"""A round whose process group cannot be formed, with a real TCPStore (port 0, loopback)
+and a stand-in for torch.distributed's group set-up: a timed-out rendezvous is a failed
+round and the next round runs; an argument the group refuses, set-ups failing past
+``hard_timeout`` and a store nobody can reach each end the call with one line."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+
+from rankguard.inprocess import wrapper
+from rankguard.inprocess.config import InProcessRestartConfig
+from rankguard.inprocess.wrapper import InProcessRestartError, _Call, _default_store
+from rankguard.rank.runenv import RunEnv
+
+CFG = InProcessRestartConfig(
+    enabled=True,
+    soft_timeout=0.3,
+    hard_timeout=0.8,
+    monitor_thread_interval=0.1,
+    heartbeat_interval=0.05,
+    heartbeat_timeout=0.4,
+    barrier_timeout=10,
+    max_restarts_per_window=1000,
+    backend="gloo",
+)
+TIMEOUT = "wait timeout after 2700ms, keys: /rankguard/inprocess/r/0/1/0/pg//0//cpu//0/1"
+
+
+@pytest.fixture
+def store() -> Any:
+    return dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10)
+    )
+
+
+class FakeGroups:
+    """torch.distributed as the wrapper uses it, with ``init_process_group`` answering
+    from ``outcomes`` (an exception to raise, or None: formed), the last one repeated."""
+
+    def __init__(self, *outcomes: BaseException | None, delay: float = 0.0) -> None:
+        self.outcomes = list(outcomes)
+        self.delay = delay
+        self.calls = 0
+        self.initialized = False
+
+    def init_process_group(self, backend: str, **kwargs: Any) -> None:
+        self.calls += 1
+        time.sleep(self.delay)
+        outcome = self.outcomes[min(self.calls, len(self.outcomes)) - 1]
+        if outcome is not None:
+            raise outcome
+        self.initialized = True
+
+    def is_initialized(self) -> bool:
+        return self.initialized
+
+    def destroy_process_group(self) -> None:
+        self.initialized = False
+
+    def namespace(self) -> SimpleNamespace:
+        return SimpleNamespace(
+            init_process_group=self.init_process_group,
+            is_initialized=self.is_initialized,
+            destroy_process_group=self.destroy_process_group,
+            PrefixStore=lambda prefix, inner: (prefix, inner),
+        )
+
+
+def _run(
+    store: Any,
+    groups: FakeGroups,
+    fn: Callable[[], Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[_Call, Any]:
+    """One wrapped call of ``fn`` by the only rank of a world of 1."""
+    monkeypatch.setattr(wrapper, "_torch_dist", groups.namespace)
+
+    def client() -> Any:
+        return dist.TCPStore(
+            "127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=10)
+        )
+
+    env = RunEnv(run_id="r", rank=0, world_size=1, restart_count=0)
+    call = _Call(fn, CFG, store_factory=client, session=None, on_hard_timeout=None, env=env)
+    call.prefix = "rankguard/inprocess/r/0/1/"
+    return call, call.run((), {})
+
+
+def test_a_timed_out_group_rendezvous_is_a_failed_round_and_the_next_round_runs(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    groups = FakeGroups(dist.DistStoreError(TIMEOUT), None)
+    call, result = _run(store, groups, wrapper.restart_count, monkeypatch)
+    assert result == 1 and groups.calls == 2  # fn ran once, in round 1
+    info = call.info
+    assert info.cause == "collective_error" and info.culprit == 0
+    assert info.message is not None
+    assert info.message.startswith("rank 0 could not form the process group of round 0: ")
+    assert "DistStoreError: wait timeout after 2700ms" in info.message
+    assert store.check(["rankguard/inprocess/r/0/1/0/failed"])  # a peer formed: it leaves
+
+
+def test_set_ups_failing_past_hard_timeout_end_the_call_and_tell_the_others(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    refused = RuntimeError("Gloo connectFullMesh failed with ... Connect timeout")
+    groups = FakeGroups(refused, delay=0.1)
+    ran: list[int] = []
+    started = time.monotonic()
+    with pytest.raises(InProcessRestartError) as raised:
+        _run(store, groups, lambda: ran.append(1), monkeypatch)
+    assert time.monotonic() - started < 5
+    assert ran == [] and groups.calls >= 2
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith(
+        "in-process restart abandoned: rank 0: the process group failed to form in every round for "
+    )
+    assert "> hard_timeout 0.8s; last: RuntimeError: Gloo connectFullMesh failed" in message
+    last = groups.calls - 1
+    assert store.get(f"rankguard/inprocess/r/0/1/{last + 1}/abandon").decode() in message
+
+
+def test_an_argument_the_group_refuses_ends_the_call_at_once(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    groups = FakeGroups(ValueError("Invalid rank -1"))
+    with pytest.raises(
+        InProcessRestartError,
+        match=r"^in-process restart: the gloo process group cannot be set up: "
+        r"ValueError: Invalid rank -1$",
+    ):
+        _run(store, groups, lambda: None, monkeypatch)
+    assert groups.calls == 1
+
+
+def test_a_store_nobody_listens_on_is_one_line_naming_the_address() -> None:
+    with socket.socket() as sock:  # a port of this host that nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = RunEnv(run_id="r", rank=0, world_size=1, master_addr="127.0.0.1", master_port=port)
+    with pytest.raises(InProcessRestartError) as raised:
+        _default_store(0.3, env)
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith(
+        f"in-process restart: cannot reach the job's store at 127.0.0.1:{port} "
+        "(MASTER_ADDR, MASTER_PORT) within 0.3s: DistNetworkError: "
+    )
