@@ -40,7 +40,8 @@ Then, each in its own job:
 
 Without a GPU (``--smoke`` or not), the checks that can run on a CPU do (1, 3 in CPU
 mode, 5 from CPU tensors, 7, 8 and 10 on gloo) and the rest say ``SKIP (no GPU)``: nothing
-passes that was not checked.
+passes that was not checked. ``--smoke``: smaller sizes; without a GPU, the jobs side by
+side (a GPU's timings would suffer from it; a smoke run's are not results).
 """
 
 from __future__ import annotations
@@ -540,9 +541,32 @@ def run_long_kernel(tmp: Path) -> Line:
     return ("PASS" if ok else "FAIL", "long kernel", detail)
 
 
+def _side_by_side(batches: list[Callable[[], list[Line]]]) -> list[list[Line]]:
+    """--smoke on a CPU: every job at once, their lines in the full run's order (a smoke
+    run's figures are not results; its jobs each have their own log dir and store)."""
+    results: list[list[Line]] = [[] for _ in batches]
+
+    def one(i: int) -> None:
+        try:
+            results[i] = batches[i]()
+        except Exception as exc:  # said as the check's FAIL, not lost with the thread
+            results[i] = [("FAIL", "job", f"{type(exc).__name__}: {exc}"[:300])]
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(batches))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--smoke", action="store_true", help="smaller sizes (seconds on a CPU)")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="smaller sizes, on a CPU the jobs side by side (seconds on a CPU)",
+    )
     p.add_argument("--rank-checks", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--inprocess-checks", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--long-kernel", type=Path, help=argparse.SUPPRESS)
@@ -566,13 +590,15 @@ def main(argv: list[str] | None = None) -> int:
     lines: list[Line] = []
     with tempfile.TemporaryDirectory(prefix="rankguard-gpu-check-") as d:
         tmp = Path(d)
-        for batch in (
+        batches: list[Callable[[], list[Line]]] = [
             lambda: run_rank_checks(tmp, args.smoke),
             lambda: run_inprocess(tmp, cuda),
             lambda: run_live(tmp, cuda),
             lambda: [run_long_kernel(tmp)] if cuda else [(SKIP_NO_GPU, "long kernel", "")],
-        ):
-            for line in batch():
+        ]
+        together = args.smoke and not cuda  # on a GPU they would disturb its timings
+        for batch in _side_by_side(batches) if together else (b() for b in batches):
+            for line in batch:
                 lines.append(line)
                 print(f"{line[0]:<14} {line[1]:<18} {line[2]}", flush=True)
     failed = [name for status, name, _ in lines if status == "FAIL"]

@@ -33,7 +33,7 @@ minus the step resumed from; ``ok`` = the surviving agents exited 0 and rank 0 p
 ``done``. ``--repeats`` runs each, the median.
 
 Run: ``python bench/node_loss.py [--repeats 3]``; ``--smoke``: the spare scenario once
-with few steps (CI).
+with few steps, the spare started as soon as the group's round is agreed (CI).
 """
 
 from __future__ import annotations
@@ -198,6 +198,13 @@ def _steps(agent: Agent, after: float = 0.0) -> list[tuple[float, int]]:
     return out
 
 
+def _round_agreed(agent: Agent) -> bool:
+    """The agent's rendezvous round is complete: it said how many ranks its node runs."""
+    return any(
+        re.search(r"\[rankguard\] run \S+: \d+ rank\(s\) on node", x) for _, x in agent.lines
+    )
+
+
 def run_once(scenario: str, args: Any, root: Path) -> dict[str, Any]:
     kind = "torchrun" if scenario == "torchrun" else "rankguard"
     preload = scenario.endswith("-preload")
@@ -219,7 +226,12 @@ def run_once(scenario: str, args: Any, root: Path) -> dict[str, Any]:
             agents.append(_start(_cmd(kind, nnodes, port, run_id, work / f"a{i}", args, preload)))
             time.sleep(0.3)
         if spares:  # the spare comes once the group trains: it waits in the rendezvous
-            _wait(lambda: any(_steps(a) for a in agents), args.timeout)
+            # (--smoke: once the group's round is agreed, so that its start overlaps the
+            # ranks' and it waits before the early kill, as a hot spare does)
+            if args.smoke:
+                _wait(lambda: all(_round_agreed(a) for a in agents), args.timeout)
+            else:
+                _wait(lambda: any(_steps(a) for a in agents), args.timeout)
             for i in range(spares):
                 agents.append(
                     _start(_cmd(kind, nnodes, port, run_id, work / f"s{i}", args, preload))
@@ -304,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--smoke",
         action="store_true",
-        help="the spare scenario once: 5 steps, a checkpoint every 2, the kill at step 3",
+        help="the spare scenario once: 5 steps, a checkpoint every 2, the kill at step 3, "
+        "the spare started once the group's round is agreed",
     )
     args = p.parse_args(argv)
     # a SIGTERM to the bench still ends every agent it started (the finally clauses)

@@ -28,8 +28,8 @@ it (0), and every ``*.json``/``*.jsonl`` under its log directory that does not p
 
 Run: ``python bench/soak.py [--faults 200] [--interval 15] [--mode live|rankguard]``
 (about ``--faults`` x ``--interval`` seconds, plus the recoveries). ``--smoke``: one fault
-(seed 0's first: a SIGKILL, recovered by a group restart), 2 ranks: it proves the script,
-not the claim.
+(seed 0's first: a SIGKILL, recovered by a group restart), 2 ranks, the uninterrupted run
+beside the faulted one, not before it: it proves the script, not the claim.
 """
 
 from __future__ import annotations
@@ -178,6 +178,15 @@ def final_loss(lines: list[tuple[float, str]], steps: int) -> float | None:
     return statistics.fmean(v[1] for v in last.values()) if last else None
 
 
+def baseline(proc: Any, lines: list[tuple[float, str]], steps: int) -> float | None:
+    """The uninterrupted run's end: its final loss, said with its exit."""
+    proc.wait()
+    time.sleep(0.3)
+    loss = final_loss(lines, steps)
+    print(f"uninterrupted run (torchrun): exit {proc.returncode}, final loss {loss}")
+    return loss
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--faults", type=int, default=200)
@@ -215,11 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="rg-soak-"))
     base_dir = root / "baseline"
     base_dir.mkdir()
-    proc, base_lines = start(job_cmd(args, base_dir, steps, "torchrun"), base_dir)
-    proc.wait()
-    time.sleep(0.3)
-    base_loss = final_loss(base_lines, steps)
-    print(f"uninterrupted run (torchrun): exit {proc.returncode}, final loss {base_loss}")
+    base_proc, base_lines = start(job_cmd(args, base_dir, steps, "torchrun"), base_dir)
+    if not args.smoke:  # --smoke: it runs beside the faulted job (not a result)
+        base_loss = baseline(base_proc, base_lines, steps)
 
     work = root / "soak"
     work.mkdir()
@@ -268,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         rc = proc.wait()
         stuck = stuck or "the job did not end after the last fault (killed)"
     resumed = sum(k.close() for k in keepers)
+    if args.smoke:
+        base_loss = baseline(base_proc, base_lines, steps)
     time.sleep(0.5)
     leftovers = reap_leftovers(str(work))
 

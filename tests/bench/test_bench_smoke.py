@@ -50,16 +50,18 @@ OWN_TEST = {
     "soak.py": "test_live_recovery_bench.py",
 }
 # Benches whose smoke run is run in the test's process (an interpreter and torch's import
-# less: about 2 s of CPU each): they start no process, and leave no global hook (torch's
-# optimizer and module hooks: a bench removes those it installed), no environment
-# variable, thread count or thread behind (test_smoke_run checks that each left the
-# process as it found it). Any other runs as its own process.
+# less: about 2 s of CPU each): they start no launcher (inprocess.py starts its ranks
+# itself and waits for them), and leave no global hook (torch's optimizer and module
+# hooks: a bench removes those it installed), no environment variable, thread count or
+# thread behind (test_smoke_run checks that each left the process as it found it). Any
+# other runs as its own process.
 IN_PROCESS = {
     "monitor_scan.py",
     "phase_sampling.py",
     "perf_overhead.py",
     "hot_path.py",
     "autodetect.py",
+    "inprocess.py",
 }
 SCRIPTS = sorted(p.name for p in BENCH.glob("*.py") if p.name not in JOBS)
 
