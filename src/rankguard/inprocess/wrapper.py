@@ -59,6 +59,7 @@ from rankguard.inprocess.policy import (
     lost_ranks,
     timeout_problems,
 )
+from rankguard.inprocess.sockets import shutdown_sockets, tcp_sockets
 from rankguard.live.link import LiveLink
 from rankguard.live.link import bind as bind_live
 from rankguard.live.link import current as live_link
@@ -138,7 +139,7 @@ def atomic() -> contextlib.AbstractContextManager[None]:
     it ends. Wrap the optimizer step together with the state a re-entry resumes from, so
     that a round ends before a step or after it, never in its middle. Reentrant; a no-op
     outside a wrapped call. A collective inside it still ends the section when its peer
-    is gone (NCCL's abort releases it, gloo's timeout raises)."""
+    is gone (NCCL's abort releases it, gloo's shut connections raise)."""
     interrupter = getattr(_local, "interrupter", None)
     return interrupter if interrupter is not None else _NOT_WRAPPED
 
@@ -153,7 +154,7 @@ def abort_communicators(dist: Any, backend: str) -> None:
     """Unblock collectives in flight: ``ProcessGroup.abort()`` of the default group on
     NCCL (its kernels and the blocked ``wait`` return with an error). On gloo it is not
     done: torch 2.13's gloo abort does not release a blocked collective (measured); the
-    process-group timeout does."""
+    round's sockets shut down do (:meth:`_Call._release_group`)."""
     if backend != "nccl" or not dist.is_initialized():
         return
     group = dist.group.WORLD
@@ -324,6 +325,8 @@ class _Call:
         self._soft_round = -1
         self._saved_phase = "train"
         self._at_interrupt: tuple[float, str] = (0.0, "")
+        self._before_group: frozenset[int] = frozenset()  # TCP sockets before the group
+        self._group_sockets: tuple[int, frozenset[int]] = (-1, frozenset())  # (round, its)
         self.live = LiveLink.from_env(env)  # None: the run has no standbys
 
     # ---- setup ------------------------------------------------------------------------
@@ -465,6 +468,7 @@ class _Call:
         try:
             try:
                 self.liveness.reset()
+                self._note_group_sockets()
                 self.phase = "running"
                 self.interrupter.arm()
                 if self.fault_at is not None:
@@ -542,6 +546,7 @@ class _Call:
             store.set(self._key(r, f"fault/{self.rank}"), report.to_json())
         store.set(self._key(r, "failed"), str(self.rank))
         abort_communicators(dist, self.backend)
+        self._release_group(r)
         if dist.is_initialized():
             dist.destroy_process_group()
         gc.collect(1)  # young cycles only: the round's frames; a full pass costs ~0.5 s
@@ -576,6 +581,8 @@ class _Call:
         while True:
             try:
                 store.wait([self._key(r, "ready")], timedelta(seconds=_CHUNK_S))
+                if self.backend == "gloo":
+                    self._before_group = tcp_sockets()
                 return
             except Exception:
                 pass
@@ -797,9 +804,25 @@ class _Call:
         self._at_interrupt = (self.liveness.idle_s(), _main_frame(self.interrupter.thread))
         try:
             abort_communicators(_torch_dist(), self.backend)
+            self._release_group(self.round)
         except Exception:
             logger.exception("rankguard: aborting the communicator failed")
         self.interrupter.fire(reason)
+
+    def _note_group_sockets(self) -> None:
+        """gloo: the TCP sockets this round's group opened (:mod:`.sockets`)."""
+        if self.backend == "gloo":
+            self._group_sockets = (self.round, tcp_sockets() - self._before_group)
+
+    def _release_group(self, r: int) -> None:
+        """gloo: round ``r`` failed: shut its group's sockets down, so that a
+        collective waiting on a live peer fails now, not at the group's timeout."""
+        noted, sockets = self._group_sockets
+        if noted != r or not sockets:
+            return
+        self._group_sockets = (-1, frozenset())
+        done = shutdown_sockets(sockets)
+        logger.debug("rankguard: rank %d: round %d: %d gloo socket(s) shut", self.rank, r, done)
 
     def _exit_process(self, why: str) -> None:
         logger.critical("rankguard: %s: exiting for the launcher's restart", why)
