@@ -168,6 +168,7 @@ def live_recovery(
         standbys=standbys,
         say=lambda line: print(f"[rankguard] {line}", file=sys.stderr, flush=True),
         on_lost=services.on_rank_lost,
+        refills=cfg.inprocess_restart.standby_refills,
     )
     services.live = live
     return live
