@@ -83,17 +83,25 @@ def tcp_sockets() -> frozenset[int]:
 
 def shutdown_sockets(inodes: frozenset[int]) -> int:
     """Shut down (both directions) the sockets among ``inodes`` still open in this
-    process; how many. The descriptors stay open."""
+    process; how many. The descriptors stay open. A descriptor closed meanwhile (the
+    group's own teardown) is skipped, and so is one whose number now holds another
+    socket (checked on the duplicate: its inode)."""
     if not inodes:
         return 0
     done = 0
     for inode, fd in _socket_fds().items():
         if inode not in inodes:
             continue
-        dup = os.dup(fd)
-        try:
-            sock = socket.socket(fileno=dup)
+        try:  # the group may close it meanwhile, and the number be reused
+            dup = os.dup(fd)
         except OSError:
+            continue
+        try:
+            same = os.fstat(dup).st_ino == inode  # else another socket now: not ours
+            sock = socket.socket(fileno=dup) if same else None
+        except OSError:
+            sock = None
+        if sock is None:
             os.close(dup)
             continue
         try:

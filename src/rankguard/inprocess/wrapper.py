@@ -821,7 +821,11 @@ class _Call:
         if noted != r or not sockets:
             return
         self._group_sockets = (-1, frozenset())
-        done = shutdown_sockets(sockets)
+        try:
+            done = shutdown_sockets(sockets)
+        except OSError:  # the group's timeout still releases it
+            logger.exception("rankguard: shutting the round's gloo sockets down failed")
+            return
         logger.debug("rankguard: rank %d: round %d: %d gloo socket(s) shut", self.rank, r, done)
 
     def _exit_process(self, why: str) -> None:

@@ -53,3 +53,28 @@ def test_a_collective_waiting_on_a_live_peer_fails_once_its_sockets_are_shut(
     for result in results[:2]:
         assert result["error"], result
         assert result["waited_s"] < 5.0, result  # not the group's 20 s timeout
+
+
+def test_a_socket_closed_or_replaced_meanwhile_is_left_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Between the listing of the descriptors and the shutdown the group may close one
+    (its own teardown) and the number may then hold another socket: neither is an error
+    and the other socket keeps working."""
+    import os
+    import socket
+
+    import rankguard.inprocess.sockets as sockets
+
+    a, b = socket.socketpair()
+    gone = os.fstat(a.fileno()).st_ino
+    c, d = socket.socketpair()
+    with a, b, c, d:
+        monkeypatch.setattr(sockets, "_socket_fds", lambda: {gone: c.fileno()})
+        assert sockets.shutdown_sockets(frozenset({gone})) == 0
+        c.sendall(b"x")
+        assert d.recv(1) == b"x"
+        closed = os.dup(b.fileno())
+        os.close(closed)
+        monkeypatch.setattr(sockets, "_socket_fds", lambda: {gone: closed})
+        assert sockets.shutdown_sockets(frozenset({gone})) == 0
