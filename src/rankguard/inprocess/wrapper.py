@@ -177,9 +177,18 @@ def _in_collective(frame: str) -> bool:
     return waits_in_collective(frame)
 
 
+_TRANSPORT_ERRORS = ("/gloo/transport/", "ProcessGroupGloo")
+"""In the message of an error gloo raised: a collective that broke (also when it is
+raised out of DDP's backward, where no torch.distributed frame is on the traceback)."""
+
+
 def _raised_in_collective(exc: BaseException) -> bool:
     """Did ``exc`` come out of a torch.distributed call (a collective that broke because
-    a peer left or timed out: an echo of another rank's fault, not a cause)?"""
+    a peer left or timed out: an echo of another rank's fault, not a cause)? Either a
+    torch.distributed frame raised it or gloo's transport wrote it (DDP's all-reduce
+    fails inside the autograd engine: no Python frame of torch.distributed)."""
+    if isinstance(exc, RuntimeError) and any(m in str(exc)[:500] for m in _TRANSPORT_ERRORS):
+        return True
     tb = exc.__traceback__
     last = None
     while tb is not None:

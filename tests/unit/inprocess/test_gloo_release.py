@@ -78,3 +78,18 @@ def test_a_socket_closed_or_replaced_meanwhile_is_left_alone(
         os.close(closed)
         monkeypatch.setattr(sockets, "_socket_fds", lambda: {gone: closed})
         assert sockets.shutdown_sockets(frozenset({gone})) == 0
+
+
+def test_a_gloo_error_out_of_ddps_backward_is_a_collective_error_not_the_cause() -> None:
+    """A survivor's all-reduce inside DDP's backward fails in the autograd engine (no
+    torch.distributed frame): gloo's message says it, so the rank that raised is named
+    the culprit, not the lowest rank whose collective broke."""
+    from rankguard.inprocess.wrapper import _raised_in_collective
+
+    closed = RuntimeError(
+        "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection "
+        "closed by peer [127.0.0.1]:32164."
+    )
+    assert _raised_in_collective(closed)
+    assert not _raised_in_collective(RuntimeError("the script's own error"))
+    assert not _raised_in_collective(ValueError("gloo/transport/ in a user's message"))
