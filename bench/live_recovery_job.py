@@ -231,6 +231,8 @@ def run_live() -> None:
                 net.load_state_dict(ckpt["model"])
                 memory["opt"].load_state_dict(ckpt["opt"])
                 memory["step"] = int(ckpt["step"])
+                if rank == 0:
+                    emit("LRRESUMED", s=memory["step"], source="checkpoint")
         net, opt = memory["net"], memory["opt"]
         # the one line: the replicated state, and the step every rank continues after
         memory["step"] = ip.live_state(model=net, optimizer=opt, step=memory["step"])

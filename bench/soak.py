@@ -282,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
 
     evs = step_events(lines)
     raised = {int(ev["pid"]): float(ev["t"]) for ev in fault_times(lines)}
+    run = lr.Run("soak", "none", 0, 0, Path("."), lines=list(lines))
+    loads = sorted(float(ev["t"]) for tag, ev in lr.events(run) if tag == "LRRESUMED")
+    loaded = {float(ev["t"]): int(ev["s"]) for tag, ev in lr.events(run) if tag == "LRRESUMED"}
     for i, fault in enumerate(plan):
         if not fault.t:
             continue
@@ -290,9 +293,12 @@ def main(argv: list[str] | None = None) -> int:
         before = {int(ev["pid"]) for ev in evs if ev["t"] <= fault.t}
         cost(fault, evs, before)
         fig = f"{fault.to_step:.2f}s" if fault.to_step is not None else "-"
+        end = plan[i + 1].t if i + 1 < len(plan) and plan[i + 1].t else float("inf")
+        restart = [t for t in loads if fault.t < t < end]  # a group restart's checkpoint
+        how = f", group restart from the checkpoint of step {loaded[restart[0]]}" if restart else ""
         print(
             f"  recovery {i + 1:3d}: {fault.kind:9s} rank {fault.rank}: fault -> next step "
-            f"{fig}, redone {fault.redone if fault.redone is not None else '-'}"
+            f"{fig}, redone {fault.redone if fault.redone is not None else '-'}{how}"
         )
     sent = [f for f in plan if f.t]
     loss = final_loss(lines, steps)

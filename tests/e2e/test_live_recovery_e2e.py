@@ -1,7 +1,8 @@
 """End to end: live recovery under the real ``rankguard run`` (4 CPU ranks on gloo, the
-demo model in DDP, deterministic data): a SIGKILLed rank taken over by a standby in
-place, then a second one with no standby left (the group restart, said); the restarted
-group's standbys, not needed, leave with the ranks and write nothing.
+demo model in DDP, deterministic data): a hung rank taken over by the standby in place,
+the standby refilled, a SIGKILLed rank taken over by the refilled one, then a third loss
+with no standby left (the group restart, said); the restarted group's standby, not
+needed, leaves with the ranks and writes nothing.
 
 Why a real launch: only the agent's own watch of the worker processes, the standby
 processes and the ranks' in-process rounds together show that the survivors keep their
@@ -50,8 +51,14 @@ _LOSS = re.compile(r"\[demo\] step (\d+)/\d+ loss (\S+)")
 
 
 def _job(
-    tmp_path: Path, run_id: str, nproc: int, *args: str, standbys: int = 1
+    tmp_path: Path,
+    run_id: str,
+    nproc: int,
+    *args: str,
+    standbys: int = 1,
+    refills: int | None = None,
 ) -> tuple[str, int, Path]:
+    launch = [] if refills is None else ["--set", f"inprocess_restart.standby_refills={refills}"]
     res = run_rankguard(
         [
             *standalone_run(run_id, tmp_path, nproc=nproc),
@@ -60,6 +67,7 @@ def _job(
             "--max-restarts",
             "1",
             *LIVE,
+            *launch,
             "-m",
             "rankguard.demo.train",
             "--log-every",
@@ -93,13 +101,14 @@ def _records(path: Path) -> list[dict[str, Any]]:
 def test_lost_ranks_are_replaced_in_place_then_no_standby_left_restarts(
     tmp_path: Path, run_id: str
 ) -> None:
-    """Rank 3 hangs past the hard timeout after step 4 (standby A), rank 2 is SIGKILLed
-    after step 8 (standby B), rank 1 after step 20: no standby left, the group restart;
-    the next attempt runs from step 1 without a fault: the reference losses, and its two
-    new standbys, never needed, leave with the ranks unused, with no finding, no restart
-    and no heartbeat of theirs. Rank 1 trains 11 steps (about a second) after the second
-    recovery, so that its heartbeats (published every 0.5 s, sampling the iteration) show
-    a step after it."""
+    """Rank 3 hangs past the hard timeout after step 4 (the standby takes it, and the
+    node starts a new one in its place: one refill allowed), rank 2 is SIGKILLed after
+    step 8 (the refilled standby takes it), rank 1 after step 20: no standby left, the
+    group restart; the next attempt runs from step 1 without a fault: the reference
+    losses, and its new standby, never needed, leaves with the ranks unused, with no
+    finding, no restart and no heartbeat of its own. Rank 1 trains 11 steps (about a
+    second) after the second recovery, so that its heartbeats (published every 0.5 s,
+    sampling the iteration) show a step after it."""
     out, rc, run_dir = _job(
         tmp_path,
         run_id,
@@ -107,7 +116,8 @@ def test_lost_ranks_are_replaced_in_place_then_no_standby_left_restarts(
         *("--steps", "25", "--kill-at", "2:8", "--kill-at", "1:20"),
         *("--fault", "wedge", "--fault-rank", "3", "--fault-step", "4"),
         *("--fault-duration", "60"),
-        standbys=2,
+        standbys=1,
+        refills=1,
     )
     assert rc == 0, out[-4000:]
     lines = read_jsonl(run_dir / "restarts.jsonl")
@@ -123,6 +133,12 @@ def test_lost_ranks_are_replaced_in_place_then_no_standby_left_restarts(
     assert (hung["resumed_step"], killed["resumed_step"]) == (5, 9)
     assert group["rank"] == 1
     assert out.count("is taken over by standby pid") == 2
+    # the standby used for the hang was refilled, and the new one took the second loss
+    assert out.count("started in place of rank") == 1
+    assert (
+        f"live recovery: new standby pid {killed['standby_pid']} started in place of rank "
+        "3's lost process; standbys on this node: 1 waiting, 1 used, 1 started to refill"
+    ) in out
     assert (
         "live recovery cannot apply: rank 1 (SIGKILL) lost and no standby left on this "
         "node: the worker group restarts" in out
@@ -161,9 +177,9 @@ def test_lost_ranks_are_replaced_in_place_then_no_standby_left_restarts(
     assert sorted(second) == list(range(1, 26)), second
     for step, loss in first.items():
         assert math.isclose(loss, second[step], rel_tol=1e-3), (step, loss, second[step])
-    # the restarted group ran healthy with two new standbys: nothing said about them
+    # the restarted group ran healthy with a new standby: nothing said about them
     # from the group restart to the run's last lines, no finding of its processes, and
-    # they left with the ranks unused
+    # it left with the ranks unused
     after = out.split("no standby left on this node: the worker group restarts", 1)[1]
     after = after.split("[rankguard] run completed: ", 1)[0]
     assert "live recovery" not in after and "standby" not in after, after[-4000:]
@@ -175,10 +191,11 @@ def test_lost_ranks_are_replaced_in_place_then_no_standby_left_restarts(
     status = json.loads((run_dir / "status.json").read_text())
     assert status["summary"]["findings_total"] == len(findings)
     live = status["live"]
-    assert (live["standbys_per_node"], live["waiting"], live["left_unused"]) == (2, 0, 2), live
-    assert (live["used"], len(live["replaced"])) == (2, 2), live
-    # heartbeats: the first group's four ranks and its two standbys once they took a
-    # rank, the second group's four ranks; the second group's standbys wrote none
+    assert (live["standbys_per_node"], live["waiting"], live["left_unused"]) == (1, 0, 1), live
+    assert (live["used"], len(live["replaced"]), live["started"]) == (2, 2, 1), live
+    # heartbeats: the first group's four ranks, its standby and the refilled one once
+    # they took a rank, the second group's four ranks; the second group's standby wrote
+    # none
     assert sorted(p.name.split("_pid_")[0] for p in heartbeat_files(run_dir)) == [
         *["rank_0"] * 2,
         *["rank_1"] * 2,

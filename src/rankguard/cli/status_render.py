@@ -524,7 +524,8 @@ def _live_lines(live: LiveBlock | None) -> list[str]:
     out = [
         "",
         f"Standbys: {_s(live.standbys_per_node)} per node, {_s(live.waiting)} "
-        f"waiting, {_s(live.used)} used, {_s(live.left_unused)} left unused",
+        f"waiting, {_s(live.used)} used, {_s(live.left_unused)} left unused"
+        + (f", {_s(live.started)} started to refill" if live.started else ""),
     ]
     for r in live.replaced:
         out.append(

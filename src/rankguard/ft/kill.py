@@ -121,6 +121,13 @@ class OwnedWorkers:
         with self._lock:
             self._started = started
 
+    def add(self, pid: int) -> None:
+        """A worker started into the running group (a refilled standby)."""
+        if pid > 1:
+            started = process_start_time(pid)
+            with self._lock:
+                self._started[pid] = started
+
     def clear(self) -> None:
         """The worker group was stopped: no worker until the next :meth:`set`."""
         with self._lock:

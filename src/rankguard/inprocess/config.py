@@ -97,6 +97,14 @@ class InProcessRestartConfig:
             "the others re-enter in process (docs/live_recovery.md). 0: none."
         },
     )
+    standby_refills: int | None = field(
+        default=None,
+        metadata={
+            "help": "Standbys a node starts, over the run, to replace the ones that took "
+            "a lost rank's place (each starts as the first ones did, so that a later loss "
+            "is recovered live too). null: every used standby is replaced; 0: none."
+        },
+    )
     set_nccl_env: bool = field(
         default=True,
         metadata={
@@ -121,6 +129,8 @@ class InProcessRestartConfig:
             check_number(name, getattr(self, name), gt=0)
         check_number("max_restarts_per_window", self.max_restarts_per_window, ge=0)
         check_number("standby_ranks", self.standby_ranks, ge=0)
+        if self.standby_refills is not None:
+            check_number("standby_refills", self.standby_refills, ge=0)
         if self.max_iterations is not None:
             check_number("max_iterations", self.max_iterations, ge=0)
         if self.process_group_timeout is not None:

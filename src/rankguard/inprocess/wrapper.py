@@ -60,6 +60,7 @@ from rankguard.inprocess.policy import (
     lost_ranks,
     timeout_problems,
 )
+from rankguard.inprocess.sockets import shutdown_sockets, tcp_sockets
 from rankguard.live.link import LiveLink
 from rankguard.live.link import bind as bind_live
 from rankguard.live.link import current as live_link
@@ -139,7 +140,7 @@ def atomic() -> contextlib.AbstractContextManager[None]:
     it ends. Wrap the optimizer step together with the state a re-entry resumes from, so
     that a round ends before a step or after it, never in its middle. Reentrant; a no-op
     outside a wrapped call. A collective inside it still ends the section when its peer
-    is gone (NCCL's abort releases it, gloo's timeout raises)."""
+    is gone (NCCL's abort releases it, gloo's shut connections raise)."""
     interrupter = getattr(_local, "interrupter", None)
     return interrupter if interrupter is not None else _NOT_WRAPPED
 
@@ -154,7 +155,7 @@ def abort_communicators(dist: Any, backend: str) -> None:
     """Unblock collectives in flight: ``ProcessGroup.abort()`` of the default group on
     NCCL (its kernels and the blocked ``wait`` return with an error). On gloo it is not
     done: torch 2.13's gloo abort does not release a blocked collective (measured); the
-    process-group timeout does."""
+    round's sockets shut down do (:meth:`_Call._release_group`)."""
     if backend != "nccl" or not dist.is_initialized():
         return
     group = dist.group.WORLD
@@ -177,9 +178,18 @@ def _in_collective(frame: str) -> bool:
     return waits_in_collective(frame)
 
 
+_TRANSPORT_ERRORS = ("/gloo/transport/", "ProcessGroupGloo")
+"""In the message of an error gloo raised: a collective that broke (also when it is
+raised out of DDP's backward, where no torch.distributed frame is on the traceback)."""
+
+
 def _raised_in_collective(exc: BaseException) -> bool:
     """Did ``exc`` come out of a torch.distributed call (a collective that broke because
-    a peer left or timed out: an echo of another rank's fault, not a cause)?"""
+    a peer left or timed out: an echo of another rank's fault, not a cause)? Either a
+    torch.distributed frame raised it or gloo's transport wrote it (DDP's all-reduce
+    fails inside the autograd engine: no Python frame of torch.distributed)."""
+    if isinstance(exc, RuntimeError) and any(m in str(exc)[:500] for m in _TRANSPORT_ERRORS):
+        return True
     tb = exc.__traceback__
     last = None
     while tb is not None:
@@ -333,6 +343,8 @@ class _Call:
         self._soft_round = -1
         self._saved_phase = "train"
         self._at_interrupt: tuple[float, str] = (0.0, "")
+        self._before_group: frozenset[int] = frozenset()  # TCP sockets before the group
+        self._group_sockets: tuple[int, frozenset[int]] = (-1, frozenset())  # (round, its)
         self.live = LiveLink.from_env(env)  # None: the run has no standbys
 
     # ---- setup ------------------------------------------------------------------------
@@ -512,6 +524,7 @@ class _Call:
         try:
             try:
                 self.liveness.reset()
+                self._note_group_sockets()
                 self.phase = "running"
                 self.interrupter.arm()
                 if self.fault_at is not None:
@@ -589,6 +602,7 @@ class _Call:
             store.set(self._key(r, f"fault/{self.rank}"), report.to_json())
         store.set(self._key(r, "failed"), str(self.rank))
         abort_communicators(dist, self.backend)
+        self._release_group(r)
         if dist.is_initialized():
             dist.destroy_process_group()
         gc.collect(1)  # young cycles only: the round's frames; a full pass costs ~0.5 s
@@ -623,6 +637,8 @@ class _Call:
         while True:
             try:
                 store.wait([self._key(r, "ready")], timedelta(seconds=_CHUNK_S))
+                if self.backend == "gloo":
+                    self._before_group = tcp_sockets()
                 return
             except Exception:
                 pass
@@ -844,9 +860,29 @@ class _Call:
         self._at_interrupt = (self.liveness.idle_s(), _main_frame(self.interrupter.thread))
         try:
             abort_communicators(_torch_dist(), self.backend)
+            self._release_group(self.round)
         except Exception:
             logger.exception("rankguard: aborting the communicator failed")
         self.interrupter.fire(reason)
+
+    def _note_group_sockets(self) -> None:
+        """gloo: the TCP sockets this round's group opened (:mod:`.sockets`)."""
+        if self.backend == "gloo":
+            self._group_sockets = (self.round, tcp_sockets() - self._before_group)
+
+    def _release_group(self, r: int) -> None:
+        """gloo: round ``r`` failed: shut its group's sockets down, so that a
+        collective waiting on a live peer fails now, not at the group's timeout."""
+        noted, sockets = self._group_sockets
+        if noted != r or not sockets:
+            return
+        self._group_sockets = (-1, frozenset())
+        try:
+            done = shutdown_sockets(sockets)
+        except OSError:  # the group's timeout still releases it
+            logger.exception("rankguard: shutting the round's gloo sockets down failed")
+            return
+        logger.debug("rankguard: rank %d: round %d: %d gloo socket(s) shut", self.rank, r, done)
 
     def _exit_process(self, why: str) -> None:
         logger.critical("rankguard: %s: exiting for the launcher's restart", why)

@@ -260,6 +260,8 @@ class RankguardAgent(LocalElasticAgent):
         self.stop_decision: Decision | None = None  # the policy stopped the job
         self._decision: Decision | None = None  # the decision behind the next restart
         self.live = live  # standbys: a lost rank replaced in place (launcher/live.py)
+        if live is not None and live.on_started is None:  # a refilled standby is a worker
+            live.on_started = self.workers.add
         self._on_live_recovery = on_live_recovery
 
     # ---- the launcher's side ---------------------------------------------------------

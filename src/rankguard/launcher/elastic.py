@@ -24,7 +24,14 @@ from rankguard.launcher.services import NodeServices
 from rankguard.schema import layout
 from rankguard.schema.jsontypes import JsonObject
 
-__all__ = ["build_agent", "entrypoint", "features_line", "live_recovery"]
+__all__ = [
+    "LIVE_MONITOR_S",
+    "build_agent",
+    "entrypoint",
+    "features_line",
+    "live_recovery",
+    "monitor_interval",
+]
 
 
 def _sections(ft: Any) -> str | None:
@@ -129,7 +136,7 @@ def build_agent(
         args=tuple(entry_args),
         rdzv_handler=handler,
         max_restarts=max_restarts,
-        monitor_interval=opts.monitor_interval_s,
+        monitor_interval=monitor_interval(opts.monitor_interval_s, standbys),
         **extra,
     )
     logs = opts.logs_specs
@@ -155,6 +162,17 @@ def build_agent(
     )
 
 
+LIVE_MONITOR_S = 0.02
+"""The agent's watch of the workers with standbys: a live recovery starts at most this
+long after the lost process ended (torch elastic's default is 0.1 s)."""
+
+
+def monitor_interval(asked_s: float, standbys: int) -> float:
+    """torch elastic's ``monitor_interval``: with standbys at most ``LIVE_MONITOR_S``
+    (a cost of every live recovery; the watch is one ``poll`` of each worker process)."""
+    return min(asked_s, LIVE_MONITOR_S) if standbys else asked_s
+
+
 def live_recovery(
     opts: LaunchOptions, cfg: RankguardConfig, services: NodeServices
 ) -> LiveRecovery | None:
@@ -168,6 +186,7 @@ def live_recovery(
         standbys=standbys,
         say=lambda line: print(f"[rankguard] {line}", file=sys.stderr, flush=True),
         on_lost=services.on_rank_lost,
+        refills=cfg.inprocess_restart.standby_refills,
     )
     services.live = live
     return live

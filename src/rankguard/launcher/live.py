@@ -65,11 +65,19 @@ class LiveRecovery:
         say: Callable[[str], None],
         on_lost: Callable[[LostRank], None] | None = None,
         store_factory: Callable[[str, int], Any] | None = None,
+        on_started: Callable[[int], None] | None = None,
+        start: Callable[..., Any] | None = None,
+        refills: int | None = None,
     ) -> None:
         self.run_id, self.nproc, self.standbys = run_id, nproc, standbys
         self.say = say
         self.on_lost = on_lost
         self._store_factory = store_factory or _store_client
+        self.on_started = on_started  # a refilled standby's pid: one of the node's workers
+        self._start = start or _start_process
+        self.started_count = 0  # standbys started to refill used ones (the run)
+        self.refills = refills  # how many may be started over the run (None: no limit)
+        self.refilled = 0  # started over the run (every group)
         self.keys = LiveKeys(run_id, 0)
         self.node = 0
         self.holders: dict[int, int] = {}  # training local rank -> slot holding it
@@ -106,6 +114,7 @@ class LiveRecovery:
             waiting=len(self.waiting),
             left_unused=self.left_unused,
             used=len(self.replaced),
+            started=self.started_count,
             replaced=tuple(
                 LiveReplacement(
                     lost_rank=r["lost_rank"],
@@ -179,6 +188,8 @@ class LiveRecovery:
             try:
                 for ended, slot in decision.pairs:
                     self._replace(ended, slot, handlers[slot].proc.pid)
+                for ended, slot in decision.pairs:
+                    self._refill(ended, slot, pcontext)
                 return None
             except Exception as exc:  # the store: the group restart of today
                 decision = decide(lost, [], declared=True, stopping=f"the store failed ({exc})")
@@ -249,6 +260,48 @@ class LiveRecovery:
             f"({len(self.waiting)} standby(s) left on this node)"
         )
 
+    def _refill(self, ended: Ended, used: int, pcontext: Any) -> None:
+        """Start a new standby in the lost process's slot, the way the used one started
+        (its command line and environment: a standby of this node, warm once it reaches
+        the wrapper), so that a later loss is recovered live too. A start that fails is
+        said; the node has one standby fewer."""
+        if self.refills is not None and self.refilled >= self.refills:
+            return
+        slot = ended.local_rank
+        self.refilled += 1
+        try:
+            env = dict(pcontext.envs[used])
+            error_file = pcontext.error_files.get(slot, "")
+            if error_file:
+                env["TORCHELASTIC_ERROR_FILE"] = error_file
+            handler = self._start(
+                entrypoint=pcontext.entrypoint,
+                args=pcontext.args[used],
+                env=env,
+                stdout=_refill_log(pcontext.stdouts.get(slot, ""), self.started_count + 1),
+                stderr=_refill_log(pcontext.stderrs.get(slot, ""), self.started_count + 1),
+                local_rank_id=slot,
+            )
+        except Exception as exc:
+            self.say(f"live recovery: no new standby started ({exc}); {self._standbys_said()}")
+            return
+        pcontext.subprocess_handlers[slot] = handler
+        self.ended.discard(slot)
+        self.waiting.append(slot)
+        self.started_count += 1
+        if self.on_started is not None:
+            self.on_started(handler.proc.pid)
+        self.say(
+            f"live recovery: new standby pid {handler.proc.pid} started in place of rank "
+            f"{ended.rank}'s lost process; {self._standbys_said()}"
+        )
+
+    def _standbys_said(self) -> str:
+        return (
+            f"standbys on this node: {len(self.waiting)} waiting, {len(self.replaced)} used, "
+            f"{self.started_count} started to refill"
+        )
+
     def _finishing(self, handlers: dict[int, Any], worker_group: Any) -> RunResult:
         """Every training rank completed: SUCCEEDED once the standbys are gone."""
         now = time.monotonic()
@@ -316,6 +369,23 @@ def _failure(ended: Ended, error_file: str) -> ProcessFailure:
             os.unlink(error_file)
         logger.warning("rankguard: torn worker error file dropped: %s", error_file)
         return ProcessFailure(ended.local_rank, ended.pid, ended.exit_code, error_file)
+
+
+def _refill_log(path: str, n: int) -> str:
+    """A refilled standby's log file beside the lost process's (torch elastic opens
+    its files for writing: the lost process's log is kept); "" (not redirected) stays."""
+    if not path:
+        return ""
+    root, ext = os.path.splitext(path)
+    return f"{root}.standby{n}{ext}"
+
+
+def _start_process(**kw: Any) -> Any:
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import (
+        get_subprocess_handler,
+    )
+
+    return get_subprocess_handler(**kw)
 
 
 def _store_client(host: str, port: int) -> Any:

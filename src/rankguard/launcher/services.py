@@ -393,7 +393,13 @@ class NodeServices:
     def on_rank_lost(self, lost: LostRank) -> None:
         """Live recovery: a rank's process ended and a standby takes its place. The
         monitor would not see that end (the rank's new pid replaces the old one before
-        its scan): its ``rank_process_exited`` finding is written here, once."""
+        its scan): its ``rank_process_exited`` finding is written here, once. Fault
+        tolerance acts on the next fault again: a finding of the monitor's own for this
+        exit (a scan that saw it first) made it wait for a group restart that live
+        recovery does not do (a hang after it was left alone: 'a restart is already
+        under way')."""
+        if self.faults is not None:
+            self.faults.restarted()
         monitor, rank, pid = self.monitor, lost.rank, lost.pid
         if monitor is None or not monitor.note_replaced(rank, pid):
             return

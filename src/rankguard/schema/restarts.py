@@ -238,6 +238,7 @@ class LiveBlock:
     waiting: int = 0
     left_unused: int = 0
     used: int = 0
+    started: int = 0  # standbys started to refill used ones
     replaced: tuple[LiveReplacement, ...] = ()
 
     @classmethod
@@ -251,6 +252,7 @@ class LiveBlock:
             waiting=as_int(d.get("waiting")) or 0,
             left_unused=as_int(d.get("left_unused")) or 0,
             used=as_int(d.get("used")) or 0,
+            started=as_int(d.get("started")) or 0,
             replaced=tuple(r for r in replaced if r is not None),
         )
 
@@ -260,5 +262,6 @@ class LiveBlock:
             "waiting": self.waiting,
             "left_unused": self.left_unused,
             "used": self.used,
+            "started": self.started,
             "replaced": [r.to_dict() for r in self.replaced],
         }

@@ -38,12 +38,33 @@ class FakeContext:
         slots = range(NPROC + STANDBYS)
         self.subprocess_handlers = {s: SimpleNamespace(proc=FakeProc(100 + s)) for s in slots}
         self.error_files = {s: str(tmp / f"error_{s}.json") for s in slots}
+        self.entrypoint = "python"
+        self.args = {s: ("train.py",) for s in slots}
+        self.envs = {s: {"LOCAL_RANK": str(s), "TORCHELASTIC_ERROR_FILE": ""} for s in slots}
+        self.stdouts = {s: str(tmp / f"{s}" / "stdout.log") for s in slots}
+        self.stderrs = {s: "" for s in slots}
 
     def end(self, slot: int, code: int) -> None:
         self.subprocess_handlers[slot].proc.returncode = code
 
 
-def _live(tmp: Path) -> tuple[LiveRecovery, FakeContext, DictStore, list[str], Any]:
+class FakeStarts:
+    """Standby processes started to refill (pids from 200): what each was given."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.fail: Exception | None = None
+
+    def __call__(self, **kw: Any) -> Any:
+        if self.fail is not None:
+            raise self.fail
+        self.calls.append(kw)
+        return SimpleNamespace(proc=FakeProc(199 + len(self.calls)))
+
+
+def _live(
+    tmp: Path, *, refills: int | None = 0, starts: FakeStarts | None = None
+) -> tuple[LiveRecovery, FakeContext, DictStore, list[str], Any]:
     store = DictStore()
     lines: list[str] = []
     lost: list[LostRank] = []
@@ -54,6 +75,8 @@ def _live(tmp: Path) -> tuple[LiveRecovery, FakeContext, DictStore, list[str], A
         say=lines.append,
         on_lost=lost.append,
         store_factory=lambda host, port: store,
+        start=starts or FakeStarts(),
+        refills=refills,
     )
     group = SimpleNamespace(
         group_rank=0,
@@ -112,6 +135,52 @@ def test_a_second_loss_with_no_standby_left_restarts_the_group(tmp_path: Path) -
     )
     (entry,) = live.entries_due(final=True)  # written without resumed_t
     assert entry.to_dict()["resumed_t"] is None
+
+
+def test_a_used_standby_is_refilled_and_a_second_loss_is_live_too(tmp_path: Path) -> None:
+    starts, owned = FakeStarts(), []
+    live, ctx, store, lines, (group, _lost) = _live(tmp_path, refills=None, starts=starts)
+    live.on_started = owned.append
+    keys = LiveKeys("r1", 0)
+    store.set(keys.declared, "1")
+    ctx.end(2, -9)
+    assert live.poll(group, ctx).state == WorkerState.HEALTHY
+    # a new standby in the lost process's slot, started as the used one was (slot 4's
+    # command line and environment), its log beside the lost one's, not over it
+    (call,) = starts.calls
+    assert (call["entrypoint"], call["args"], call["local_rank_id"]) == ("python", ("train.py",), 2)
+    assert call["env"]["LOCAL_RANK"] == "4"
+    assert call["env"]["TORCHELASTIC_ERROR_FILE"] == ctx.error_files[2]
+    assert call["stdout"] == str(tmp_path / "2" / "stdout.standby1.log")
+    assert ctx.subprocess_handlers[2].proc.pid == 200 and owned == [200]
+    assert live.waiting == [2]
+    assert lines[-1] == (
+        "live recovery: new standby pid 200 started in place of rank 2's lost process; "
+        "standbys on this node: 1 waiting, 1 used, 1 started to refill"
+    )
+    status = live.status()
+    assert (status.waiting, status.used, status.started) == (1, 1, 1)
+    ctx.end(4, -9)  # the first standby, now rank 2, is lost: the new one takes it
+    assert live.poll(group, ctx).state == WorkerState.HEALTHY
+    got = json.loads(store.get(keys.assign(200)))
+    assert (got["rank"], got["lost_pid"]) == (2, 104)
+    assert live.holders[2] == 2
+    assert len(starts.calls) == 2 and live.waiting == [4]
+
+
+def test_a_refill_that_cannot_start_is_said(tmp_path: Path) -> None:
+    starts = FakeStarts()
+    starts.fail = OSError("no memory")
+    live, ctx, store, lines, (group, _lost) = _live(tmp_path, refills=None, starts=starts)
+    store.set(LiveKeys("r1", 0).declared, "1")
+    ctx.end(1, -9)
+    assert live.poll(group, ctx).state == WorkerState.HEALTHY  # the recovery itself is live
+    assert lines[-1] == (
+        "live recovery: no new standby started (no memory); standbys on this node: "
+        "0 waiting, 1 used, 0 started to refill"
+    )
+    ctx.end(4, -9)
+    assert live.poll(group, ctx).state == WorkerState.FAILED
 
 
 def test_no_declared_state_is_a_group_restart_with_one_line(tmp_path: Path) -> None:

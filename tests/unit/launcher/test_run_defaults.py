@@ -154,3 +154,11 @@ def test_the_first_line_says_the_standbys() -> None:
     line = features_line(opts, load_config(None, sets))
     assert "in-process restart on, live recovery: 2 standby rank(s) per node;" in line
     assert "standby" not in features_line(opts, load_config(None, []))
+
+
+def test_with_standbys_the_agent_watches_the_workers_every_20_ms() -> None:
+    from rankguard.launcher.elastic import monitor_interval
+
+    assert monitor_interval(0.1, 1) == 0.02  # a live recovery starts within it
+    assert monitor_interval(0.01, 1) == 0.01
+    assert monitor_interval(0.1, 0) == 0.1  # torch elastic's, as asked

@@ -222,3 +222,24 @@ def test_a_rank_lost_to_a_standby_is_one_finding_naming_the_standby(tmp_path: Pa
     assert (finding.rank, finding.pid, finding.node_rank) == (2, 102, 0)
     assert "standby pid 104 takes its place" in finding.message
     assert finding.exit == {"vanished": True, "how": "SIGKILL"}
+
+
+def test_a_rank_lost_to_a_standby_lets_fault_tolerance_act_again(tmp_path: Path) -> None:
+    """The monitor may see the exit first and its finding sets fault tolerance waiting
+    for a group restart; live recovery does none: the next fault (a hang) must be acted
+    on, not left as 'a restart is already under way'."""
+    from types import SimpleNamespace
+
+    from rankguard.schema.findings import Reason
+
+    services = _services(tmp_path)
+    calls: list[str] = []
+    services.faults = SimpleNamespace(restarted=lambda: calls.append("restarted"))  # type: ignore[assignment]
+    services.monitor = SimpleNamespace(  # type: ignore[assignment]
+        note_replaced=lambda rank, pid: False, report=lambda f: None
+    )
+    lost = LostRank(
+        rank=2, pid=102, standby_pid=104, node=0, reason=Reason.DIED.value, exit="SIGKILL"
+    )
+    services.on_rank_lost(lost)
+    assert calls == ["restarted"]

@@ -40,6 +40,40 @@ def test_the_optimizer_state_round_trips_without_pickle() -> None:
             assert torch.equal(got["state"][i][name], value)
 
 
+class _OneRankDist:
+    """A receiving rank's torch.distributed: each broadcast counted, the buffer set to
+    the source's values (``fill``)."""
+
+    def __init__(self, fill: float) -> None:
+        self.fill, self.calls = fill, 0
+
+    def get_rank(self) -> int:
+        return 1
+
+    def get_backend(self) -> str:
+        return "gloo"
+
+    def broadcast(self, t: torch.Tensor, src: int) -> None:
+        assert src == 0
+        self.calls += 1
+        t.fill_(self.fill)
+
+
+def test_the_model_and_optimizer_state_cross_in_one_broadcast_per_dtype(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import rankguard.live.state as state
+
+    net = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(10)])  # 20 tensors
+    net.register_buffer("count", torch.zeros(3, dtype=torch.int64))
+    fake = _OneRankDist(7.0)
+    monkeypatch.setattr(state, "_dist", lambda: fake)
+    state._broadcast_model(net, 0)
+    assert fake.calls == 2  # float32 and int64: not one per tensor
+    for t in net.state_dict().values():
+        assert bool((t == 7).all())
+
+
 def test_a_bad_entry_is_refused() -> None:
     with pytest.raises(ValueError):
         decode_state({"x": 1, "y": 2}, [])

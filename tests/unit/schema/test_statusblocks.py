@@ -136,6 +136,7 @@ LIVE = {
     "waiting": 0,
     "left_unused": 0,
     "used": 1,
+    "started": 1,
     "replaced": [{"lost_rank": 2, "lost_pid": 7, "standby_pid": 9, "cause": "x", "fault_t": 1.5}],
 }
 
