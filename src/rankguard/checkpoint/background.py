@@ -38,6 +38,9 @@ class _DigestFileSystem(FileSystem):
         super().__init__()
         self.algo = algo
         self.digests: dict[str, Digest] = {}  # by file name; one writer per file
+        #: past the page cache (off in DCP's checkpoint process: the training process
+        #: reads those files back to checksum them, from the page cache)
+        self.direct = True
 
     @contextlib.contextmanager
     def create_stream(self, path: str | os.PathLike[str], mode: str) -> Generator[Any, None, None]:
@@ -46,7 +49,7 @@ class _DigestFileSystem(FileSystem):
                 yield plain
             return
         digest = Digest(self.algo)
-        out = DigestFile(path, digest)
+        out = DigestFile(path, digest, direct=self.direct)
         try:
             yield out
         except BaseException:
@@ -72,7 +75,10 @@ class BackgroundWriter(FileSystemWriter):
         self._owner_pid = os.getpid()  # the training process that built it
 
     def write_data(self, plan: Any, planner: Any) -> Any:
-        self.yield_if_elsewhere()
+        if self.yield_if_elsewhere():
+            fs = self.fs
+            assert isinstance(fs, _DigestFileSystem)
+            fs.direct = False
         return super().write_data(plan, planner)
 
     def yield_if_elsewhere(self) -> bool:

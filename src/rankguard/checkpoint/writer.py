@@ -61,8 +61,9 @@ class DigestFile:
     Bytes gather in a page-aligned buffer of ``buffer_bytes`` and go to the file a full
     buffer at a time with ``O_DIRECT`` (no page-cache copy, nothing left in the cache);
     the last part, not a whole number of blocks, is written through the page cache at
-    :meth:`close`. Where the file system refuses ``O_DIRECT`` (tmpfs; or a write that
-    does not meet its alignment) the file is written through the page cache. The file
+    :meth:`close`. With ``direct=False`` all of it goes through the page cache (a file
+    read back right after: the read finds it there), as where the file system refuses
+    ``O_DIRECT`` (tmpfs; or a write that does not meet its alignment). The file
     is complete at :meth:`close`: :meth:`flush` keeps the buffer (DCP flushes after
     every item; a flush of a part block would end the aligned writes), and whoever
     relies on the file fsyncs it after the close (the manifest's entries do). It keeps
@@ -71,13 +72,18 @@ class DigestFile:
     BLOCK = 4096
 
     def __init__(
-        self, path: str | os.PathLike[str], digest: Digest, *, buffer_bytes: int = 4 << 20
+        self,
+        path: str | os.PathLike[str],
+        digest: Digest,
+        *,
+        direct: bool = True,
+        buffer_bytes: int = 4 << 20,
     ) -> None:
         assert buffer_bytes > 0 and buffer_bytes % self.BLOCK == 0, buffer_bytes
         self.digest = digest
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
         self.direct = False
-        direct_flag = getattr(os, "O_DIRECT", 0)
+        direct_flag = getattr(os, "O_DIRECT", 0) if direct else 0
         fd = -1
         if direct_flag:
             try:

@@ -259,3 +259,28 @@ def test_a_direct_write_the_device_refuses_goes_through_the_page_cache(
     assert not out.direct
     assert (tmp_path / "f").read_bytes() == data
     assert out.digest.hexdigest() == checksum_file(tmp_path / "f", "crc32")
+
+
+def test_dcps_checkpoint_process_writes_through_the_page_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The training process reads those files back to checksum them: from the cache."""
+    import torch.distributed.checkpoint as dcp
+
+    from rankguard.checkpoint.background import BackgroundWriter
+
+    if _direct_refused(tmp_path):
+        pytest.skip("no O_DIRECT on this file system")
+    writes = _spy_writes(monkeypatch)
+    writer = BackgroundWriter(tmp_path / "w")
+    writer._owner_pid = os.getpid() + 1  # as in the checkpoint process
+    state = {"w": torch.randn(1 << 20)}
+    t = threading.Thread(target=lambda: dcp.save(state, storage_writer=writer, no_dist=True))
+    t.start()  # in its own thread: the write lowers the thread's priority for good
+    t.join(30)
+    monkeypatch.undo()
+    assert sum(n for _, _, n in writes) >= 4 << 20
+    assert not any(direct for direct, _, _ in writes)
+    assert writer.checksums()["__0_0.distcp"].hexdigest() == checksum_file(
+        tmp_path / "w" / "__0_0.distcp", "crc32"
+    )
