@@ -104,6 +104,11 @@ class DigestFile:
     def write(self, data: Any) -> int:
         src = memoryview(data).cast("B")
         size, start, room = src.nbytes, 0, len(self._view)
+        if not self.direct and not self._fill:  # through the page cache: no buffer copy
+            self.digest.update(src)
+            self._write_all(src)
+            self._pos += size
+            return size
         while start < size:
             take = min(size - start, room - self._fill)
             self._view[self._fill : self._fill + take] = src[start : start + take]

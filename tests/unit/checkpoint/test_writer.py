@@ -180,11 +180,12 @@ def _spy_writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[bool, int, int]]:
 
 
 @pytest.mark.parametrize("total", [0, 1, 4095, 4096, 4097, 3 << 20, (3 << 20) + 5, 7_000_001])
+@pytest.mark.parametrize("direct", [True, False])
 def test_a_digest_file_holds_the_bytes_written_and_their_checksum(
-    tmp_path: Path, total: int
+    tmp_path: Path, total: int, direct: bool
 ) -> None:
     data = os.urandom(total)
-    out = DigestFile(tmp_path / "f", Digest("crc32"), buffer_bytes=1 << 20)
+    out = DigestFile(tmp_path / "f", Digest("crc32"), direct=direct, buffer_bytes=1 << 20)
     sizes = [1, 100, 5000, 1 << 20, 3 << 20, 77]
     start = 0
     for i in itertools.count():
