@@ -4,8 +4,10 @@ save: DCP is not imported before a rank's first checkpoint).
 :class:`BackgroundWriter` is DCP's ``FileSystemWriter`` (every file fsynced) whose
 ``write_data`` runs, in DCP's checkpoint process, at the priority that leaves the
 cores to the training (:func:`rankguard.util.cpuprio.yield_cpu`), and whose files are
-checksummed from the bytes as they are written, so the manifest needs no second read
-of the checkpoint
+written past the page cache where the file system allows it
+(:class:`~rankguard.checkpoint.writer.DigestFile`: a fraction of the CPU of a buffered
+write) and checksummed from the bytes as they are written, so the manifest needs no
+second read of the checkpoint
 (:meth:`BackgroundWriter.checksums`; a writer in DCP's checkpoint process keeps its
 checksums there: those files are read back). A blocking save uses DCP's plain writer:
 it runs in the training thread.
@@ -22,29 +24,38 @@ from typing import Any
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
-from rankguard.checkpoint.writer import Digest, DigestStream
+from rankguard.checkpoint.writer import Digest, DigestFile
 from rankguard.util.cpuprio import yield_cpu
 
 __all__ = ["BackgroundWriter"]
 
 
 class _DigestFileSystem(FileSystem):
-    """DCP's local file system, with a checksum of every file it opens for writing."""
+    """DCP's local file system; every file it opens for writing is a
+    :class:`DigestFile` (direct writes, checksummed as written)."""
 
     def __init__(self, algo: str) -> None:
         super().__init__()
         self.algo = algo
         self.digests: dict[str, Digest] = {}  # by file name; one writer per file
+        #: past the page cache (off in DCP's checkpoint process: the training process
+        #: reads those files back to checksum them, from the page cache)
+        self.direct = True
 
     @contextlib.contextmanager
     def create_stream(self, path: str | os.PathLike[str], mode: str) -> Generator[Any, None, None]:
         if "w" not in mode or "b" not in mode:
-            with super().create_stream(path, mode) as stream:
-                yield stream
+            with super().create_stream(path, mode) as plain:
+                yield plain
             return
         digest = Digest(self.algo)
-        with Path(path).open(mode) as fh:
-            yield DigestStream(fh, digest)
+        out = DigestFile(path, digest, direct=self.direct)
+        try:
+            yield out
+        except BaseException:
+            out.abandon()  # a failed save: its directory is removed
+            raise
+        out.close()
         self.digests[Path(path).name] = digest
 
     def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
@@ -64,7 +75,10 @@ class BackgroundWriter(FileSystemWriter):
         self._owner_pid = os.getpid()  # the training process that built it
 
     def write_data(self, plan: Any, planner: Any) -> Any:
-        self.yield_if_elsewhere()
+        if self.yield_if_elsewhere():
+            fs = self.fs
+            assert isinstance(fs, _DigestFileSystem)
+            fs.direct = False
         return super().write_data(plan, planner)
 
     def yield_if_elsewhere(self) -> bool:

@@ -2,15 +2,28 @@
 manifest of an async save needs no second read of what was just written. On the AMD
 EPYC VM of the benchmarks zlib's CRC-32 runs at about 0.9 GB/s: reading back a 1.2 GB
 checkpoint to checksum it cost more than a second of a core after every save.
+
+:class:`DigestFile` writes a checkpoint file past the page cache (``O_DIRECT``) where
+the file system allows it. The CPU of a buffered write is the kernel's work of putting
+the bytes in fresh page-cache pages, and it varies with the machine's memory: on the
+benchmarks' VM (Linux 6.18, ext4) 1.2 GB written through the page cache cost the
+writing thread 1.2-5.8 s of a core, the same bytes written with ``O_DIRECT`` from a
+4 MiB aligned buffer 0.27-0.33 s, copy into the buffer included. On a node whose cores
+all run training that time is taken from the training while an async save writes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import hashlib
+import mmap
+import os
 import zlib
 from typing import Any
 
-__all__ = ["Digest", "DigestStream"]
+__all__ = ["Digest", "DigestFile"]
 
 
 class Digest:
@@ -41,31 +54,137 @@ class Digest:
         return self._blake.hexdigest() if self._blake is not None else f"{self._crc:08x}"
 
 
-class DigestStream:
-    """A binary file open for writing that feeds every byte written through a
-    :class:`Digest`. It keeps ``fileno`` (DCP fsyncs each file; without one it would
-    sync the whole machine)."""
+class DigestFile:
+    """A new binary file written front to back, every byte fed through a
+    :class:`Digest` as it is written, the bulk in whole blocks past the page cache.
 
-    def __init__(self, fh: Any, digest: Digest) -> None:
-        self._fh = fh
+    Bytes gather in a page-aligned buffer of ``buffer_bytes`` and go to the file a full
+    buffer at a time with ``O_DIRECT`` (no page-cache copy, nothing left in the cache);
+    the last part, not a whole number of blocks, is written through the page cache at
+    :meth:`close`. With ``direct=False`` all of it goes through the page cache (a file
+    read back right after: the read finds it there), as where the file system refuses
+    ``O_DIRECT`` (tmpfs; or a write that does not meet its alignment). The file
+    is complete at :meth:`close`: :meth:`flush` keeps the buffer (DCP flushes after
+    every item; a flush of a part block would end the aligned writes), and whoever
+    relies on the file fsyncs it after the close (the manifest's entries do). It keeps
+    ``fileno`` (DCP fsyncs each file; without one it would sync the whole machine)."""
+
+    BLOCK = 4096
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        digest: Digest,
+        *,
+        direct: bool = True,
+        buffer_bytes: int = 4 << 20,
+    ) -> None:
+        assert buffer_bytes > 0 and buffer_bytes % self.BLOCK == 0, buffer_bytes
         self.digest = digest
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+        self.direct = False
+        direct_flag = getattr(os, "O_DIRECT", 0) if direct else 0
+        fd = -1
+        if direct_flag:
+            try:
+                fd = os.open(path, flags | direct_flag, 0o666)
+                self.direct = True
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:  # the file system has no O_DIRECT
+                    raise
+        if fd < 0:
+            fd = os.open(path, flags, 0o666)
+        self._fd = fd
+        self._buf = mmap.mmap(-1, buffer_bytes)  # page-aligned, as O_DIRECT needs
+        self._view = memoryview(self._buf)
+        self._fill = 0
+        self._pos = 0
+        self._closed = False
 
     def write(self, data: Any) -> int:
-        n = self._fh.write(data)
-        self.digest.update(data)
-        return int(n)
+        src = memoryview(data).cast("B")
+        size, start, room = src.nbytes, 0, len(self._view)
+        if not self.direct and not self._fill:  # through the page cache: no buffer copy
+            self.digest.update(src)
+            self._write_all(src)
+            self._pos += size
+            return size
+        while start < size:
+            take = min(size - start, room - self._fill)
+            self._view[self._fill : self._fill + take] = src[start : start + take]
+            self._fill += take
+            start += take
+            if self._fill == room:
+                self._drain(room)
+        self._pos += size
+        return size
+
+    def _drain(self, nbytes: int) -> None:
+        """Checksum and write the buffer's first ``nbytes`` (whole blocks while direct)."""
+        with self._view[:nbytes] as chunk:
+            self.digest.update(chunk)
+            self._write_all(chunk)
+        self._fill = 0
+
+    def _buffered(self) -> None:
+        """Write the rest through the page cache."""
+        if self.direct:
+            flags = fcntl.fcntl(self._fd, fcntl.F_GETFL)
+            fcntl.fcntl(self._fd, fcntl.F_SETFL, flags & ~getattr(os, "O_DIRECT", 0))
+            self.direct = False
 
     def tell(self) -> int:
-        return int(self._fh.tell())
+        return self._pos
 
     def flush(self) -> None:
-        self._fh.flush()
+        """Nothing: the buffer reaches the file in whole blocks, the rest at close."""
 
     def fileno(self) -> int:
-        return int(self._fh.fileno())
+        return self._fd
 
     def close(self) -> None:
-        self._fh.close()
+        """Write what the buffer holds and close the file."""
+        if self._closed:
+            return
+        try:
+            self._write_tail()
+        finally:
+            self.abandon()
+
+    def _write_tail(self) -> None:
+        """The buffer's whole blocks direct, the rest through the page cache."""
+        tail = self._fill
+        whole = tail - tail % self.BLOCK if self.direct else tail
+        if whole:
+            self._drain(whole)
+        if tail > whole:
+            self._buffered()
+            with self._view[whole:tail] as part:
+                self.digest.update(part)
+                self._write_all(part)
+        self._fill = 0
+
+    def _write_all(self, chunk: memoryview) -> None:
+        """All of ``chunk`` to the file (through the page cache if the device refuses
+        the direct write)."""
+        done = 0
+        while done < chunk.nbytes:
+            try:
+                done += os.write(self._fd, chunk[done:])
+            except OSError as exc:
+                if not (self.direct and exc.errno == errno.EINVAL):
+                    raise
+                self._buffered()
+
+    def abandon(self) -> None:
+        """Close the file without writing what the buffer holds (a failed write)."""
+        if self._closed:
+            return
+        self._closed = True
+        os.close(self._fd)
+        self._view.release()
+        with contextlib.suppress(BufferError):  # a view held by an error's traceback:
+            self._buf.close()  # the buffer goes with it
 
     def writable(self) -> bool:
         return True
@@ -78,4 +197,4 @@ class DigestStream:
 
     @property
     def closed(self) -> bool:
-        return bool(self._fh.closed)
+        return self._closed

@@ -1,9 +1,13 @@
 """The background writer of an async save: it runs at the priority that leaves the
 cores to the training (never the training thread's), and its manifest's checksums are
-taken as the files are written (no second read of the checkpoint), equal to a read."""
+taken as the files are written (no second read of the checkpoint), equal to a read; its
+files go to disk past the page cache where the file system allows it."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import itertools
 import json
 import os
 import threading
@@ -16,7 +20,7 @@ import torch
 from rankguard.checkpoint import CheckpointConfig, CheckpointManager
 from rankguard.checkpoint import files as ckfiles
 from rankguard.checkpoint.files import MANIFEST_FILE, checksum_file
-from rankguard.checkpoint.writer import Digest
+from rankguard.checkpoint.writer import Digest, DigestFile
 from rankguard.util.cpuprio import yield_cpu
 
 pytestmark = [
@@ -148,3 +152,136 @@ def test_a_local_shard_is_checksummed_from_memory(
     shard = tmp_path / "local" / "step_000000001" / "shard_0_on_0"
     manifest = json.loads((shard / MANIFEST_FILE).read_text())
     assert manifest["files"]["shard.pt"]["checksum"] == checksum_file(shard / "shard.pt", "crc32")
+
+
+def _direct_refused(directory: Path) -> bool:
+    """The file system of ``directory`` has no ``O_DIRECT`` (tmpfs)."""
+    try:
+        fd = os.open(directory / ".probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600)
+    except OSError:
+        return True
+    os.close(fd)
+    (directory / ".probe").unlink()
+    return False
+
+
+def _spy_writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[bool, int, int]]:
+    """Every ``os.write``: (the file open with O_DIRECT, its offset, the bytes)."""
+    seen: list[tuple[bool, int, int]] = []
+    write = os.write
+
+    def spy(fd: int, data: Any) -> int:
+        direct = bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT)
+        seen.append((direct, os.lseek(fd, 0, os.SEEK_CUR), memoryview(data).nbytes))
+        return write(fd, data)
+
+    monkeypatch.setattr(os, "write", spy)
+    return seen
+
+
+@pytest.mark.parametrize("total", [0, 1, 4095, 4096, 4097, 3 << 20, (3 << 20) + 5, 7_000_001])
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_digest_file_holds_the_bytes_written_and_their_checksum(
+    tmp_path: Path, total: int, direct: bool
+) -> None:
+    data = os.urandom(total)
+    out = DigestFile(tmp_path / "f", Digest("crc32"), direct=direct, buffer_bytes=1 << 20)
+    sizes = [1, 100, 5000, 1 << 20, 3 << 20, 77]
+    start = 0
+    for i in itertools.count():
+        if start >= total:
+            break
+        out.write(data[start : start + sizes[i % len(sizes)]])
+        out.flush()  # DCP flushes after every item: the aligned writes go on
+        start += sizes[i % len(sizes)]
+    assert out.tell() == total
+    out.close()
+    out.close()
+    assert (tmp_path / "f").read_bytes() == data
+    assert out.digest.size == total
+    assert out.digest.hexdigest() == checksum_file(tmp_path / "f", "crc32")
+
+
+def test_an_async_save_writes_past_the_page_cache_and_a_bad_file_is_still_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bulk of an async save's data file goes to disk with O_DIRECT, in whole
+    blocks at aligned offsets; a flipped byte or a cut file is still refused."""
+    if _direct_refused(tmp_path):
+        pytest.skip("no O_DIRECT on this file system")
+    writes = _spy_writes(monkeypatch)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 512))
+    opt = torch.optim.AdamW(model.parameters())
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()  # 4 x 1 MB of moments and weights
+    config = CheckpointConfig(save=str(tmp_path / "ckpt"), async_save=True)
+    with CheckpointManager(config, {"model": model, "optim": opt}, session=False) as m:
+        m.save(1)
+        m.wait()
+        assert m.last_committed["persistent"] == 1
+    monkeypatch.undo()
+    data = tmp_path / "ckpt" / "step_000000001" / "__0_0.distcp"
+    size = data.stat().st_size
+    direct = [(at, n) for is_direct, at, n in writes if is_direct]
+    assert sum(n for _, n in direct) > 0.9 * size
+    assert all(at % 4096 == 0 and n % 4096 == 0 for at, n in direct)
+    step = data.parent
+    manifest = ckfiles.read_manifest(step)
+    ckfiles.verify_files(step, manifest, sorted(manifest.files))
+    raw = bytearray(data.read_bytes())
+    raw[size // 2] ^= 0x01
+    data.write_bytes(raw)
+    with pytest.raises(ckfiles.CheckpointError, match="corrupt"):
+        ckfiles.verify_files(step, manifest, ["__0_0.distcp"])
+    data.write_bytes(raw[: size - 1])
+    with pytest.raises(ckfiles.CheckpointError, match="torn or truncated"):
+        ckfiles.verify_files(step, manifest, ["__0_0.distcp"])
+
+
+def test_a_direct_write_the_device_refuses_goes_through_the_page_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if _direct_refused(tmp_path):
+        pytest.skip("no O_DIRECT on this file system")
+    write = os.write
+
+    def refuse(fd: int, data: Any) -> int:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return write(fd, data)
+
+    monkeypatch.setattr(os, "write", refuse)
+    data = os.urandom((2 << 20) + 10)
+    out = DigestFile(tmp_path / "f", Digest("crc32"), buffer_bytes=1 << 20)
+    assert out.direct
+    out.write(data)
+    out.close()
+    assert not out.direct
+    assert (tmp_path / "f").read_bytes() == data
+    assert out.digest.hexdigest() == checksum_file(tmp_path / "f", "crc32")
+
+
+def test_dcps_checkpoint_process_writes_through_the_page_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The training process reads those files back to checksum them: from the cache."""
+    import torch.distributed.checkpoint as dcp
+
+    from rankguard.checkpoint.background import BackgroundWriter
+
+    if _direct_refused(tmp_path):
+        pytest.skip("no O_DIRECT on this file system")
+    writes = _spy_writes(monkeypatch)
+    writer = BackgroundWriter(tmp_path / "w")
+    writer._owner_pid = os.getpid() + 1  # as in the checkpoint process
+    state = {"w": torch.randn(1 << 20)}
+    t = threading.Thread(target=lambda: dcp.save(state, storage_writer=writer, no_dist=True))
+    t.start()  # in its own thread: the write lowers the thread's priority for good
+    t.join(30)
+    monkeypatch.undo()
+    assert sum(n for _, _, n in writes) >= 4 << 20
+    assert not any(direct for direct, _, _ in writes)
+    assert writer.checksums()["__0_0.distcp"].hexdigest() == checksum_file(
+        tmp_path / "w" / "__0_0.distcp", "crc32"
+    )
