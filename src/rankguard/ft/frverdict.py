@@ -77,13 +77,11 @@ class FrVerdict:
                 f"all joined {what} and none completes it"
             )
         at = [r for r in self.waiting_ranks if r not in self.later_ranks]
-        where = f"rank(s) {_ranks(at)} wait in it"
+        where = [f"rank(s) {_ranks(at)} wait in it"] if at else []
         if self.later_ranks:
-            later = f"rank(s) {_ranks(self.later_ranks)} in a later collective of the group"
-            where = f"{where}, {later}" if at else later
-        return (
-            f"flight recorder: rank(s) {_ranks(self.missing_ranks)} did not join {what} ({where})"
-        )
+            where.append(f"rank(s) {_ranks(self.later_ranks)} in a later collective of the group")
+        others = f" ({', '.join(where)})" if where else ""
+        return f"flight recorder: rank(s) {_ranks(self.missing_ranks)} did not join {what}{others}"
 
     def to_dict(self) -> JsonObject:
         return {

@@ -69,6 +69,7 @@ from rankguard.live.roles import promoted_environ
 from rankguard.rank import runenv
 from rankguard.rank.ranksession import current as current_session
 from rankguard.rank.runenv import RunEnv
+from rankguard.rank.timeline import RESTART_PHASE
 from rankguard.schema.blocks import InProcessBlock, InProcessRestart
 from rankguard.schema.frames import waits_in_collective
 
@@ -91,8 +92,6 @@ logger = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: The phase a rank reports while it re-enters (the monitor gives it its own timeout).
-RESTART_PHASE = "inprocess_restart"
 #: Exit status of a rank ended by the hard timeout (the launcher restarts the group).
 HARD_TIMEOUT_EXIT_CODE = 124
 _CHUNK_S = 0.2  # longest single blocking store wait of the main thread
@@ -329,6 +328,8 @@ class _Call:
         self.round = 0
         self.phase = "joining"  # joining | running | recovering (read by the watcher)
         self.recovering_since: float | None = None
+        # a lost peer's standby is on its way: the barrier waits for it up to this long
+        self.awaiting_standby_s: float | None = None
         self.fault_at: float | None = None  # monotonic time of the round's fault
         self.last_reentry_s: float | None = None  # fault -> fn called again
         self.last_fault: InProcessRestart | None = None
@@ -526,6 +527,7 @@ class _Call:
                 self.liveness.reset()
                 self._note_group_sockets()
                 self.phase = "running"
+                self.awaiting_standby_s = None
                 self.interrupter.arm()
                 if self.fault_at is not None:
                     self.last_reentry_s = time.monotonic() - self.fault_at
@@ -653,6 +655,13 @@ class _Call:
                 verdict = watch.verdict(p, store.add(self._hb_key(p), 0), life, seen)
                 if verdict is not None:
                     dead[p] = verdict
+            live = self.live
+            if (  # a lost peer's standby is on its way: this wait is its start, not a hang
+                live is not None
+                and self.awaiting_standby_s is None
+                and any(live.replacing(store, p) for p in missing)
+            ):
+                self.awaiting_standby_s = cfg.barrier_timeout
             if dead and self.live is not None:  # a standby is on its way: wait for it
                 dead = {p: v for p, v in dead.items() if not self.live.replacing(store, p)}
             timed_out = now - start > cfg.barrier_timeout
@@ -784,6 +793,7 @@ class _Call:
         return InProcessBlock(
             restarts=self.info.count,
             recovering=self.phase != "running",
+            awaiting_standby_s=self.awaiting_standby_s if self.phase != "running" else None,
             last=self.last_fault,
         )
 

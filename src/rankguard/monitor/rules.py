@@ -58,10 +58,11 @@ from rankguard.rank.timeline import (
     CHECKPOINT_PHASE,
     CLOSING_PHASE,
     EVAL_PHASE,
+    RESTART_PHASE,
     SETUP_PHASE,
     TRAIN_PHASE,
 )
-from rankguard.schema.blocks import exit_clean, read_block
+from rankguard.schema.blocks import InProcessBlock, exit_clean, read_block
 from rankguard.schema.cadence import Cadence
 from rankguard.schema.coerce import as_list
 from rankguard.schema.collectives import CollectivesBlock
@@ -862,6 +863,8 @@ class HeartbeatRules:
         section_timeout = self.section_timeouts.get(phase, self.out_of_section_timeout)
         if section_timeout is None:
             return False
+        if phase == RESTART_PHASE:
+            section_timeout = max(section_timeout, _standby_wait(rec))
         self._check_section(s, phase, section_timeout, hb_age, out)
         s.progress = Progress.PROGRESSING
         s.stall = None
@@ -908,7 +911,7 @@ class HeartbeatRules:
             return self.cadence.checkpointing_timeout_s
         phase = rec.phase or ""
         if phase in sections:
-            return sections[phase]
+            return max(sections[phase], _standby_wait(rec) if phase == RESTART_PHASE else 0.0)
         if self.out_of_section_timeout is not None:
             return self.out_of_section_timeout
         return self._own_timeout(phase)
@@ -1329,3 +1332,14 @@ def _message(
     problems = problems or "see gpu_health"
     level = "unhealthy" if ftype is FindingType.HEALTH_FAILURE else "warning"
     return f"{who}: its GPU is {level}: {problems}"
+
+
+def _standby_wait(rec: HeartbeatRecord) -> float:
+    """How long a rank re-entering in-process may wait at its barrier for a lost peer's
+    standby that is on its way (the barrier's own bound; 0 when it waits for none): a
+    standby refilled a moment before the loss is still starting its interpreter."""
+    try:
+        block = read_block(rec, InProcessBlock)
+    except ValueError:
+        return 0.0
+    return (block.awaiting_standby_s or 0.0) if block is not None else 0.0

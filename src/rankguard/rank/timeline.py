@@ -59,6 +59,9 @@ CLOSING_PHASE = "closing"
 EVAL_PHASE = "eval"
 SETUP_PHASE = "setup"
 TRAIN_PHASE = "train"
+#: The phase a rank reports while it re-enters in-process (the monitor gives it the hard
+#: timeout, or the barrier's while a lost peer's standby is on its way).
+RESTART_PHASE = "inprocess_restart"
 MAX_SPANS = 1024  # spans of non-train phases kept (the perf monitor reads the recent ones)
 #: Where a heartbeat's ``iteration`` comes from (:meth:`ProgressTracker.shown_iteration`).
 ITERATION_SOURCES = ("script", "checkpoint", "steps", "none")

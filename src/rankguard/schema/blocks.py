@@ -165,16 +165,21 @@ class InProcessRestart:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InProcessBlock:
     """``inprocess``: how many times this rank re-entered, whether it is recovering now,
-    and the last restart."""
+    how long its re-entry barrier may wait for a lost peer's standby that is on its way
+    (``awaiting_standby_s``: the barrier's timeout; None when it waits for none), and the
+    last restart."""
 
     name: ClassVar[str] = "inprocess"
     flat: ClassVar[bool] = False
     restarts: int = 0
     recovering: bool = False
+    awaiting_standby_s: float | None = None
     last: InProcessRestart | None = None
 
     def to_dict(self) -> JsonObject:
         out: JsonObject = {"restarts": self.restarts, "recovering": self.recovering}
+        if self.awaiting_standby_s is not None:
+            out["awaiting_standby_s"] = self.awaiting_standby_s
         if self.last is not None:
             out["last"] = self.last.to_dict()
         return out
@@ -186,6 +191,7 @@ class InProcessBlock:
         return cls(
             restarts=_opt_int(d, "restarts", "inprocess") or 0,
             recovering=_bool(d, "recovering", "inprocess", False),
+            awaiting_standby_s=_opt_num(d, "awaiting_standby_s", "inprocess"),
             last=InProcessRestart.from_dict(last) if last is not None else None,
         )
 

@@ -151,6 +151,7 @@ def _inprocess(d: JsonObject) -> JsonObject | None:
         return None
     try:
         _int(info, "restarts")
+        _num(info, "awaiting_standby_s")
         last = _obj(info, "last")
         if last is not None:
             _int(last, "culprit")

@@ -83,3 +83,19 @@ def test_no_stall_is_said_while_a_rank_of_the_job_was_not_read() -> None:
     """Rank 3 stopped (not asked) or its node silent: the three read all wait in #9, but
     rank 3 may never have joined it."""
     assert compare({r: _trace(9, 8) for r in range(3)}, world=4) is None
+
+
+def test_a_rank_that_did_not_join_with_no_rank_waiting_says_no_empty_list() -> None:
+    """The other ranks are outside the group's collectives (re-entering in-process, say):
+    the line names the rank and the collective, and no 'rank(s) none wait in it'."""
+    verdict = FrVerdict(
+        process_group="0",
+        collective="broadcast",
+        seq=16,
+        missing_ranks=[1],
+        waiting_ranks=[],
+        ranks_read=[0, 1, 2, 3],
+    )
+    assert (
+        verdict.line == "flight recorder: rank(s) 1 did not join broadcast #16 of process group 0"
+    )

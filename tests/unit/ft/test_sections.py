@@ -304,3 +304,30 @@ def test_first_new_pid_ends_the_restart_window() -> None:
     )
     found = rules.evaluate(6.5)
     assert [(f.rank, f.pid, f.finding_type) for f in found] == [(0, 2000, PROCESS_EXITED)]
+
+
+# ---- the in-process restart's phase --------------------------------------------------
+
+
+@pytest.mark.parametrize("awaiting", [None, 120.0])
+def test_a_re_entry_waiting_for_a_standby_on_its_way_has_the_barriers_bound(
+    awaiting: float | None,
+) -> None:
+    """A rank re-entering in-process has the hard timeout (6 s here), except while its
+    barrier waits for a lost peer's standby that is on its way: a standby refilled a
+    moment before the loss is still starting its interpreter, and the barrier waits for it
+    up to its own timeout (120 s): until then that wait is the recovery, not a hang."""
+    rules = _rules({"inprocess_restart": 6.0})
+    block = {"restarts": 2, "recovering": True}
+    if awaiting is not None:
+        block["awaiting_standby_s"] = awaiting
+    found = run_stall(rules, 30, phase="inprocess_restart", inprocess=block)
+    if awaiting is None:
+        assert [(t, f.finding_type) for t, f in found] == [(6, SECTION_TIMEOUT)]
+    else:
+        assert found == []
+        # past the barrier's own bound it is a finding again
+        late = run_stall(
+            _rules({"inprocess_restart": 6.0}), 125, phase="inprocess_restart", inprocess=block
+        )
+        assert [(t, f.finding_type) for t, f in late] == [(120, SECTION_TIMEOUT)]

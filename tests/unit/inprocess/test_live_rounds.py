@@ -121,15 +121,22 @@ def test_survivors_wait_for_a_replaced_rank(store: Any, monkeypatch: pytest.Monk
     _dead_peer(store, call, 1)
     store.set(call.live.keys.lost(1), REPLACING)
 
+    waiting: list[float | None] = []
+
     def newcomer() -> None:  # comes after the peer's heartbeat timeout
         time.sleep(CFG.heartbeat_timeout * 3)
+        # meanwhile the survivor's heartbeats say it waits for a standby on its way (the
+        # monitor then holds its re-entry to the barrier's bound, not the hard timeout)
+        waiting.append(call.heartbeat_block().awaiting_standby_s)
         other = _call(store, 1, 2)
         other._join(1)
 
+    assert call.heartbeat_block().awaiting_standby_s is None
     t = threading.Thread(target=newcomer)
     t.start()
     call._join(1)  # returns once the newcomer arrived
     t.join(timeout=10)
+    assert waiting == [CFG.barrier_timeout]
 
 
 def test_without_a_replacement_a_lost_peer_is_given_up(
