@@ -147,6 +147,11 @@ def test_lost_ranks_are_replaced_in_place_then_no_standby_left_restarts(
     findings = read_jsonl(run_dir / "findings.jsonl")
     exits = {(f["rank"], f["pid"]) for f in findings if f["finding_type"] == "rank_process_exited"}
     assert {(3, hung["lost_pid"]), (2, killed["lost_pid"])} <= exits, findings
+    # each live recovery is also an in-process restart of the survivors, named by its rank
+    reentries = [f for f in findings if f["finding_type"] == "inprocess_restart"]
+    assert sorted(f["rank"] for f in reentries) == [2, 3], findings
+    # waiting for a standby still starting is the recovery, not a stuck re-entry
+    assert not [f for f in findings if f["finding_type"] == "rank_section_timeout"], findings
     # the survivors kept their pids; each standby's pid became the rank it replaced
     by_pid = {recs[0]["pid"]: recs for recs in map(_records, heartbeat_files(run_dir))}
 
@@ -182,6 +187,11 @@ def test_lost_ranks_are_replaced_in_place_then_no_standby_left_restarts(
     # it left with the ranks unused
     after = out.split("no standby left on this node: the worker group restarts", 1)[1]
     after = after.split("[rankguard] run completed: ", 1)[0]
+    # node 0's monitor may say the first group's second live recovery a scan late (a
+    # loaded machine: the rank's 11 steps after it take about a second): that line is
+    # about the first group, and it is checked above
+    first_groups = re.compile(r"in-process restart [12]: rank_lost on rank [23] ")
+    after = "\n".join(line for line in after.splitlines() if not first_groups.search(line))
     assert "live recovery" not in after and "standby" not in after, after[-4000:]
     first_group = {*survivors.values(), hung["lost_pid"], killed["lost_pid"]}
     first_group |= {hung["standby_pid"], killed["standby_pid"]}
