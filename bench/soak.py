@@ -88,6 +88,8 @@ def job_cmd(args: argparse.Namespace, workdir: Path, steps: int, mode: str) -> l
     cmd += ["--rdzv-id", f"soak-{workdir.name}", "--max-restarts", budget]
     if mode == lr.LIVE:
         cmd += ["--standby-ranks", "1"]
+    if args.preload:
+        cmd += ["--preload", "torch"]
     sets = [*HEARTBEAT_SETS, *FT_SETS]
     sets = [s for s in sets if not s.startswith("fault_tolerance.num_in_job_restarts")]
     sets.append(f"fault_tolerance.num_in_job_restarts={budget}")
@@ -198,10 +200,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ckpt-every", type=int, default=25)
     p.add_argument("--recovery-timeout", type=float, default=120.0, help="per fault (s)")
     p.add_argument("--keep", action="store_true", help="keep the run's temp dir")
-    p.add_argument("--smoke", action="store_true", help="1 fault, 2 ranks")
+    p.add_argument(
+        "--preload",
+        action="store_true",
+        help="rankguard run --preload torch: its ranks, the restarted ones too, forked from a "
+        "fork server that imported torch once",
+    )
+    p.add_argument("--smoke", action="store_true", help="1 fault, 2 ranks, --preload")
     args = p.parse_args(argv)
     if args.smoke:
-        args.faults, args.interval, args.nproc = 1, 2.0, 2
+        args.faults, args.interval, args.nproc, args.preload = 1, 2.0, 2, True
     live_ok = lr.standby_available()
     mode = args.mode or "rankguard"
     lr.header(args.smoke, job="")
@@ -215,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     plan = [Fault(rng.choice(KINDS), rng.randrange(args.nproc)) for _ in range(args.faults)]
     print(
-        f"soak: {mode}, {args.nproc} ranks, MLP, {steps} steps (a step sleeps "
+        f"soak: {mode}{' --preload torch' if args.preload else ''}, {args.nproc} ranks, MLP, "
+        f"{steps} steps (a step sleeps "
         f"{args.step_sleep} s while faults remain), checkpoint every {args.ckpt_every}; "
         f"{args.faults} faults {args.interval:g} s apart, seed {args.seed}"
         + (" [smoke: one fault, not a result]" if args.smoke else "")
