@@ -29,7 +29,9 @@ it (0), and every ``*.json``/``*.jsonl`` under its log directory that does not p
 Run: ``python bench/soak.py [--faults 200] [--interval 15] [--mode live|rankguard]``
 (about ``--faults`` x ``--interval`` seconds, plus the recoveries). ``--smoke``: one fault
 (seed 0's first: a SIGKILL, recovered by a group restart), 2 ranks, the uninterrupted run
-beside the faulted one, not before it: it proves the script, not the claim.
+beside the faulted one, not before it, and the group restart's job with ``--preload``
+(``--preload torch``: its ranks, the restarted ones too, forked from one fork server): it
+proves the script, not the claim.
 """
 
 from __future__ import annotations
@@ -206,10 +208,15 @@ def main(argv: list[str] | None = None) -> int:
         help="rankguard run --preload torch: its ranks, the restarted ones too, forked from a "
         "fork server that imported torch once",
     )
-    p.add_argument("--smoke", action="store_true", help="1 fault, 2 ranks, --preload")
+    p.add_argument(
+        "--smoke", action="store_true", help="1 fault, 2 ranks; --preload for the group restart"
+    )
     args = p.parse_args(argv)
     if args.smoke:
-        args.faults, args.interval, args.nproc, args.preload = 1, 2.0, 2, True
+        args.faults, args.interval, args.nproc = 1, 2.0, 2
+        # the group restart's ranks forked, not interpreters importing torch (as a user
+        # who restarts groups would run it); --mode live as it is run
+        args.preload = args.preload or args.mode != lr.LIVE
     live_ok = lr.standby_available()
     mode = args.mode or "rankguard"
     lr.header(args.smoke, job="")
