@@ -32,8 +32,10 @@ agent restarts its group), ``round_s`` (the new round agreed: its worker store i
 minus the step resumed from; ``ok`` = the surviving agents exited 0 and rank 0 printed
 ``done``. ``--repeats`` runs each, the median.
 
-Run: ``python bench/node_loss.py [--repeats 3]``; ``--smoke``: the spare scenario once
-with few steps, the spare started as soon as the group's round is agreed (CI).
+Run: ``python bench/node_loss.py [--repeats 3]``; ``--smoke``: the spare scenario with
+``--preload torch`` (``spare-preload``) once with few steps, the spare started as soon as
+the group's round is agreed (CI: the ranks after the kill are forked, not interpreters
+importing torch).
 """
 
 from __future__ import annotations
@@ -316,8 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--smoke",
         action="store_true",
-        help="the spare scenario once: 5 steps, a checkpoint every 2, the kill at step 3, "
-        "the spare started once the group's round is agreed",
+        help="the spare scenario with --preload torch once: 5 steps, a checkpoint every 2, "
+        "the kill at step 3, the spare started once the group's round is agreed",
     )
     args = p.parse_args(argv)
     # a SIGTERM to the bench still ends every agent it started (the finally clauses)
@@ -325,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.repeats, args.scenarios, args.steps, args.kill_step, args.every = (
             1,
-            "spare",
+            "spare-preload",
             5,
             3,
             2,

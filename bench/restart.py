@@ -89,7 +89,7 @@ AGENT_SAW = ("closing signal SIGTERM", "failed (exitcode", "Worker group FAILED"
 RDZV = "Rendezvous'ing worker group"
 STARTING = "Starting worker group"
 KILLING = "killing rank"
-WORKER_MARKERS = ("rankguard.launcher.worker", "rankguard.demo.train")
+WORKER_MARKERS = ("rankguard.launcher.worker", "rankguard.demo.train", "multiprocessing.forkserver")
 
 Line = tuple[float, str]
 PRELOAD = "rankguard+preload"  # rankguard run --preload torch: ranks forked, torch imported
@@ -188,9 +188,14 @@ def _reader(stream: IO[str], sink: list[Line]) -> None:
 
 
 def processes_with(marker: str) -> list[tuple[int, str]]:
-    """(pid, command line) of live processes whose command line contains ``marker``."""
+    """(pid, command line) of live processes whose command line contains ``marker``, or
+    whose working directory is the directory ``marker`` or one under it: ``--preload``'s
+    fork server and the ranks it forks have a command line of their own
+    (``multiprocessing.forkserver``) but the launcher's working directory (each job here
+    starts in its own temp dir)."""
     out: list[tuple[int, str]] = []
     me = os.getpid()
+    real = os.path.realpath(marker)
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == me:
             continue
@@ -199,7 +204,11 @@ def processes_with(marker: str) -> list[tuple[int, str]]:
         except OSError:
             continue
         cmdline = raw.replace(b"\0", b" ").decode(errors="replace").strip()
-        if marker in cmdline:
+        try:
+            cwd = os.readlink(entry / "cwd")
+        except OSError:  # gone, or another user's
+            cwd = ""
+        if marker in cmdline or cwd == real or cwd.startswith(real.rstrip("/") + "/"):
             out.append((int(entry.name), cmdline))
     return out
 
@@ -211,7 +220,8 @@ def _kill_group(pgid: int, sig: int) -> None:
 
 def reap_leftovers(marker: str, *, wait_s: float = 5.0) -> list[str]:
     """Wait up to ``wait_s`` for this run's processes to go; SIGKILL and name the rest.
-    Only processes whose command line holds this run's own temp dir are touched."""
+    Only processes whose command line holds this run's own temp dir, or that run in it,
+    are touched."""
     deadline = time.monotonic() + wait_s
     left = processes_with(marker)
     while left and time.monotonic() < deadline:

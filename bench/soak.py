@@ -29,7 +29,9 @@ it (0), and every ``*.json``/``*.jsonl`` under its log directory that does not p
 Run: ``python bench/soak.py [--faults 200] [--interval 15] [--mode live|rankguard]``
 (about ``--faults`` x ``--interval`` seconds, plus the recoveries). ``--smoke``: one fault
 (seed 0's first: a SIGKILL, recovered by a group restart), 2 ranks, the uninterrupted run
-beside the faulted one, not before it: it proves the script, not the claim.
+beside the faulted one, not before it, and the group restart's job with ``--preload``
+(``--preload torch``: its ranks, the restarted ones too, forked from one fork server): it
+proves the script, not the claim.
 """
 
 from __future__ import annotations
@@ -88,6 +90,8 @@ def job_cmd(args: argparse.Namespace, workdir: Path, steps: int, mode: str) -> l
     cmd += ["--rdzv-id", f"soak-{workdir.name}", "--max-restarts", budget]
     if mode == lr.LIVE:
         cmd += ["--standby-ranks", "1"]
+    if args.preload:
+        cmd += ["--preload", "torch"]
     sets = [*HEARTBEAT_SETS, *FT_SETS]
     sets = [s for s in sets if not s.startswith("fault_tolerance.num_in_job_restarts")]
     sets.append(f"fault_tolerance.num_in_job_restarts={budget}")
@@ -198,10 +202,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ckpt-every", type=int, default=25)
     p.add_argument("--recovery-timeout", type=float, default=120.0, help="per fault (s)")
     p.add_argument("--keep", action="store_true", help="keep the run's temp dir")
-    p.add_argument("--smoke", action="store_true", help="1 fault, 2 ranks")
+    p.add_argument(
+        "--preload",
+        action="store_true",
+        help="rankguard run --preload torch: its ranks, the restarted ones too, forked from a "
+        "fork server that imported torch once",
+    )
+    p.add_argument(
+        "--smoke", action="store_true", help="1 fault, 2 ranks; --preload for the group restart"
+    )
     args = p.parse_args(argv)
     if args.smoke:
         args.faults, args.interval, args.nproc = 1, 2.0, 2
+        # the group restart's ranks forked, not interpreters importing torch (as a user
+        # who restarts groups would run it); --mode live as it is run
+        args.preload = args.preload or args.mode != lr.LIVE
     live_ok = lr.standby_available()
     mode = args.mode or "rankguard"
     lr.header(args.smoke, job="")
@@ -215,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     plan = [Fault(rng.choice(KINDS), rng.randrange(args.nproc)) for _ in range(args.faults)]
     print(
-        f"soak: {mode}, {args.nproc} ranks, MLP, {steps} steps (a step sleeps "
+        f"soak: {mode}{' --preload torch' if args.preload else ''}, {args.nproc} ranks, MLP, "
+        f"{steps} steps (a step sleeps "
         f"{args.step_sleep} s while faults remain), checkpoint every {args.ckpt_every}; "
         f"{args.faults} faults {args.interval:g} s apart, seed {args.seed}"
         + (" [smoke: one fault, not a result]" if args.smoke else "")

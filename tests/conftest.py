@@ -18,6 +18,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.factories import FAKE_BIN, Children
+from tests.timeline import ENV as TIMELINE_ENV
+from tests.timeline import Recorder
 
 LONG_MARKERS = ("e2e", "bench", "ranks")
 
@@ -39,6 +41,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # When each test ran (tests/timeline.py, with RANKGUARD_TEST_TIMELINE set), recorded
+    # where tests run: in each xdist worker, or in pytest itself without workers, never in
+    # the controller (which hears of the workers' tests late).
+    directory = os.environ.get(TIMELINE_ENV)
+    runs_tests = "PYTEST_XDIST_WORKER" in os.environ or not config.getoption("numprocesses", 0)
+    if directory and runs_tests:
+        config.pluginmanager.register(Recorder(directory), "rankguard-timeline")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -51,11 +51,14 @@ OWN_TEST = {
 }
 # Benches whose smoke run is run in the test's process (an interpreter and torch's import
 # less: about 2 s of CPU each): they start no launcher (inprocess.py starts its ranks
-# itself and waits for them), and leave no global hook (torch's optimizer and module
-# hooks: a bench removes those it installed), no environment variable, thread count or
-# thread behind (test_smoke_run checks that each left the process as it found it). Any
-# other runs as its own process.
+# itself and waits for them), or wait for the launchers they start from threads they join
+# and install nothing in their own process (gpu_check.py: its checks run in its jobs'
+# ranks), and leave no global hook (torch's optimizer and module hooks: a bench removes
+# those it installed), no environment variable, thread count or thread behind
+# (test_smoke_run checks that each left the process as it found it). Any other runs as
+# its own process.
 IN_PROCESS = {
+    "gpu_check.py",
     "monitor_scan.py",
     "phase_sampling.py",
     "perf_overhead.py",

@@ -1,0 +1,133 @@
+"""When each test ran, on which xdist worker: the parallel run's tail, measured.
+
+With ``RANKGUARD_TEST_TIMELINE=<dir>`` set, every pytest process of the run (each xdist
+worker, or pytest alone) appends one JSON line per test to ``<dir>/<worker>.jsonl``
+(``tests/conftest.py``): the test's node id, its start and end (``time.time()``) and its
+outcome. ``.ci/run`` sets it and prints the summary after the tests:
+
+    python -m tests.timeline <dir>
+
+The summary says when each worker started its first test and ended its last (seconds
+from the first test's start), the busy share of each, how long the run's end waited on
+the last worker alone, and the tests that ran in that tail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ENV = "RANKGUARD_TEST_TIMELINE"
+MAX_LINE = 4096  # a line longer than this (a corrupt file) is skipped
+
+
+class Recorder:
+    """A pytest plugin: one worker's lines, each appended with one write."""
+
+    def __init__(self, directory: str) -> None:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        path = Path(directory) / f"{worker}.jsonl"
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.worker = worker
+        self._start: dict[str, float] = {}
+        self._failed: set[str] = set()
+
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
+        self._start[nodeid] = time.time()
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        if report.failed:
+            self._failed.add(report.nodeid)
+
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        t0 = self._start.pop(nodeid, None)
+        if t0 is None:
+            return
+        outcome = "failed" if nodeid in self._failed else "ok"
+        line = {"w": self.worker, "id": nodeid, "t0": t0, "t1": time.time(), "o": outcome}
+        os.write(self._fd, (json.dumps(line) + "\n").encode())
+
+    def pytest_unconfigure(self) -> None:
+        os.close(self._fd)
+
+
+def read(directory: Path) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for path in sorted(directory.glob("*.jsonl")):
+        for raw in path.read_bytes().splitlines():
+            if not raw.strip() or len(raw) > MAX_LINE:
+                continue
+            try:
+                row = json.loads(raw)
+            except ValueError:
+                continue
+            if (
+                isinstance(row, dict)
+                and isinstance(row.get("w"), str)
+                and isinstance(row.get("id"), str)
+                and isinstance(row.get("t0"), (int, float))
+                and isinstance(row.get("t1"), (int, float))
+            ):
+                rows.append(row)
+    return rows
+
+
+def summary(rows: list[dict[str, Any]], tail_tests: int = 10) -> list[str]:
+    """The lines ``.ci/run`` prints: each worker's span and busy share, the tail."""
+    if not rows:
+        return ["timeline: no test recorded"]
+    origin = min(r["t0"] for r in rows)
+    workers: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        workers.setdefault(r["w"], []).append(r)
+    lines = []
+    ends = []
+    for name in sorted(workers, key=lambda w: (len(w), w)):
+        mine = workers[name]
+        first = min(r["t0"] for r in mine) - origin
+        last = max(r["t1"] for r in mine) - origin
+        busy = sum(r["t1"] - r["t0"] for r in mine)
+        ends.append(last)
+        lines.append(
+            f"timeline: {name}: {len(mine)} tests, {first:.0f} s -> {last:.0f} s, "
+            f"busy {busy:.0f} s ({busy / max(last - first, 1e-9):.0%})"
+        )
+    ends.sort()
+    end = ends[-1]
+    second = ends[-2] if len(ends) > 1 else end
+    lines.append(
+        f"timeline: the last worker ended {end:.0f} s after the first test, "
+        f"{end - second:.0f} s after the next-to-last"
+    )
+    if len(ends) > 1 and end - second >= 1.0:
+        tail = [r for r in rows if r["t1"] - origin > second]
+        tail.sort(key=lambda r: -(r["t1"] - max(r["t0"], second + origin)))
+        for r in tail[:tail_tests]:
+            lines.append(
+                f"timeline:   in the tail: {r['id']} ({r['w']}, {r['t0'] - origin:.0f} s -> "
+                f"{r['t1'] - origin:.0f} s)"
+            )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m tests.timeline <dir>", file=sys.stderr)
+        return 2
+    directory = Path(args[0])
+    if not directory.is_dir():
+        print(f"timeline: {directory} is not a directory", file=sys.stderr)
+        return 2
+    for line in summary(read(directory)):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""tests/timeline.py: the per-test timeline CI records and the tail it says."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tests.timeline import Recorder, main, read, summary
+
+
+def _row(worker: str, nodeid: str, t0: float, t1: float) -> dict[str, object]:
+    return {"w": worker, "id": nodeid, "t0": t0, "t1": t1, "o": "ok"}
+
+
+def test_the_tail_names_the_tests_that_ran_after_the_next_to_last_worker_ended() -> None:
+    rows = [
+        _row("gw0", "a", 100.0, 150.0),
+        _row("gw0", "b", 150.0, 160.0),
+        _row("gw1", "late", 190.0, 195.0),
+        _row("gw1", "c", 101.0, 130.0),
+        _row("gw1", "long", 130.0, 190.0),
+    ]
+    lines = summary(rows)
+    assert lines[0] == "timeline: gw0: 2 tests, 0 s -> 60 s, busy 60 s (100%)"
+    assert lines[1] == "timeline: gw1: 3 tests, 1 s -> 95 s, busy 94 s (100%)"
+    assert lines[2] == (
+        "timeline: the last worker ended 95 s after the first test, 35 s after the next-to-last"
+    )
+    # longest part in the tail first: "long" ran 30 s of it, "late" 5 s
+    assert [line.split(": ", 2)[2].split(" (")[0] for line in lines[3:]] == ["long", "late"]
+
+
+def test_workers_ending_together_have_no_tail() -> None:
+    rows = [_row("gw0", "a", 0.0, 10.0), _row("gw1", "b", 0.0, 10.4)]
+    assert summary(rows)[-1].endswith("0 s after the next-to-last")
+    assert summary([]) == ["timeline: no test recorded"]
+
+
+def test_the_recorder_appends_one_line_per_test_and_a_corrupt_line_is_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw3")
+    rec = Recorder(str(tmp_path / "tl"))
+    rec.pytest_runtest_logstart("t::ok")
+    rec.pytest_runtest_logreport(SimpleNamespace(failed=False, nodeid="t::ok"))
+    rec.pytest_runtest_logfinish("t::ok")
+    rec.pytest_runtest_logstart("t::bad")
+    rec.pytest_runtest_logreport(SimpleNamespace(failed=True, nodeid="t::bad"))
+    rec.pytest_runtest_logfinish("t::bad")
+    rec.pytest_unconfigure()
+    with (tmp_path / "tl" / "gw3.jsonl").open("a") as fh:
+        fh.write('{"w": "gw3", "id": 5}\nnot json\n' + "x" * 5000 + "\n")
+    rows = read(tmp_path / "tl")
+    assert [(r["w"], r["id"], r["o"]) for r in rows] == [
+        ("gw3", "t::ok", "ok"),
+        ("gw3", "t::bad", "failed"),
+    ]
+    assert all(r["t1"] >= r["t0"] for r in rows)
+    assert main([str(tmp_path / "tl")]) == 0
+    assert main([str(tmp_path / "missing")]) == 2
