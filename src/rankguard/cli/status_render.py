@@ -532,6 +532,11 @@ def _live_lines(live: LiveBlock | None) -> list[str]:
             f"  rank {_s(r.lost_rank)}: pid {_s(r.lost_pid)} lost "
             f"({_s(r.cause)}), now standby pid {_s(r.standby_pid)}"
         )
+    for x in live.shrunk:
+        out.append(
+            f"  rank {_s(x.lost_rank)}: pid {_s(x.lost_pid)} lost ({_s(x.cause)}), no "
+            f"standby left: went on with {_s(x.ranks_after)} ranks of {_s(x.ranks_before)}"
+        )
     return out
 
 

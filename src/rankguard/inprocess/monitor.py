@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from rankguard.live.plan import LIVE_CAUSE
+from rankguard.live.plan import LIVE_CAUSE, LIVE_SHRINK_CAUSE
 from rankguard.monitor.blockeval import BlockEvaluator
 from rankguard.schema.blocks import InProcessBlock, InProcessRestart
 from rankguard.schema.findings import Finding, FindingType, Reason
@@ -30,6 +30,7 @@ _REASONS = {
     "exception": Reason.INPROCESS_EXCEPTION,
     "soft_timeout": Reason.INPROCESS_HANG,
     LIVE_CAUSE: Reason.LIVE_REPLACED,
+    LIVE_SHRINK_CAUSE: Reason.LIVE_SHRUNK,
 }
 #: the keys of its ``restarts.jsonl`` line, in order (the launcher adds ``wall_time``)
 _ENTRY_KEYS: tuple[str, ...] = ("schema_version", "kind", "run_id", "restart", "cause")
@@ -102,7 +103,7 @@ class InProcessRestarts(BlockEvaluator[InProcessBlock]):
             keys=_ENTRY_KEYS,
         )
         # a live recovery's line (kind ``live_recovery``) is the launcher's: one line each
-        if self.on_restart is not None and cause != LIVE_CAUSE:
+        if self.on_restart is not None and cause not in (LIVE_CAUSE, LIVE_SHRINK_CAUSE):
             self.on_restart(entry)
         return Finding.build(
             FindingType.INPROCESS_RESTART,

@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import json
 import logging
 import os
 import socket
@@ -64,8 +65,8 @@ from rankguard.inprocess.sockets import shutdown_sockets, tcp_sockets
 from rankguard.live.link import LiveLink
 from rankguard.live.link import bind as bind_live
 from rankguard.live.link import current as live_link
-from rankguard.live.plan import LIVE_CAUSE
-from rankguard.live.roles import promoted_environ
+from rankguard.live.plan import LIVE_CAUSE, LIVE_SHRINK_CAUSE
+from rankguard.live.roles import promoted_environ, shrunk_environ
 from rankguard.rank import runenv
 from rankguard.rank.ranksession import current as current_session
 from rankguard.rank.runenv import RunEnv
@@ -347,6 +348,8 @@ class _Call:
         self._before_group: frozenset[int] = frozenset()  # TCP sockets before the group
         self._group_sockets: tuple[int, frozenset[int]] = (-1, frozenset())  # (round, its)
         self.live = LiveLink.from_env(env)  # None: the run has no standbys
+        # (round, lost ranks, world before): the last round that went on with fewer ranks
+        self.shrunk: tuple[int, list[int], int] | None = None
 
     # ---- setup ------------------------------------------------------------------------
 
@@ -455,6 +458,11 @@ class _Call:
             self.interrupter.armed = False
             self._stop.set()
             self._watcher.join(timeout=self.cfg.monitor_thread_interval + 5)
+            if live is not None:  # a first step after a recovery the watcher had not written
+                try:
+                    live.flush(self._wstore)
+                except Exception:
+                    logger.warning("rankguard: live recovery: its first step not written")
             self.interrupter.uninstall()
             if dist.is_initialized():
                 dist.destroy_process_group()
@@ -639,6 +647,7 @@ class _Call:
         while True:
             try:
                 store.wait([self._key(r, "ready")], timedelta(seconds=_CHUNK_S))
+                self._apply_members(r)
                 if self.backend == "gloo":
                     self._before_group = tcp_sockets()
                 return
@@ -664,6 +673,11 @@ class _Call:
                 self.awaiting_standby_s = cfg.barrier_timeout
             if dead and self.live is not None:  # a standby is on its way: wait for it
                 dead = {p: v for p, v in dead.items() if not self.live.replacing(store, p)}
+            shrunk = self._shrunk_peers(missing)
+            if shrunk and len(shrunk) == len(missing):  # every other rank is here
+                self._decide_members(r, shrunk)
+                continue
+            dead = {p: v for p, v in dead.items() if p not in shrunk}
             timed_out = now - start > cfg.barrier_timeout
             if dead or timed_out:
                 gone = sorted(dead) or missing
@@ -708,6 +722,14 @@ class _Call:
         info.culprit = culprit.rank if culprit else None
         info.message = culprit.message if culprit else None
         newcomers = self._newcomers(self.round)
+        if self.shrunk is not None and self.shrunk[0] == self.round:
+            _, gone, before = self.shrunk
+            info.cause, info.culprit = LIVE_SHRINK_CAUSE, gone[0]
+            info.message = (
+                f"rank(s) {gone}: process lost, no standby left; the other ranks went on "
+                f"in process with {self.world} rank(s) of {before} (renumbered)"
+            )
+            culprit = None
         if newcomers:  # the peers' errors were echoes: a process was lost
             info.cause, info.culprit = LIVE_CAUSE, newcomers[0]
             info.message = (
@@ -773,6 +795,63 @@ class _Call:
             r,
         )
         return True
+
+    def _peer_pid(self, p: int) -> int | None:
+        key = self._proc_key(p)
+        peer = ProcessId.from_json(self._store.get(key)) if self._store.check([key]) else None
+        return peer.pid if peer is not None else None
+
+    def _shrunk_peers(self, missing: list[int]) -> list[int]:
+        """The ``missing`` ranks whose process the launcher lost with no standby left,
+        the job going on without them (``live_shrink``)."""
+        live, store = self.live, self._store
+        if live is None or not missing:
+            return []
+        out = []
+        for p in missing:
+            pid = self._peer_pid(p)
+            if pid is not None and store.check([live.keys.shrunk(pid)]):
+                out.append(p)
+        return out
+
+    def _decide_members(self, r: int, shrunk: list[int]) -> None:
+        """Round ``r`` goes on without the ``shrunk`` ranks: its members (the ranks of
+        this round, in order; they are renumbered 0..n-1) and the lost processes, once
+        (the first rank to decide it writes it), then the barrier is passed."""
+        members = [p for p in range(self.world) if p not in shrunk]
+        pids = [self._peer_pid(p) or 0 for p in shrunk]
+        record = json.dumps({"members": members, "lost": shrunk, "lost_pids": pids})
+        self._store.compare_set(self._key(r, "members"), "", record)
+        self._store.set(self._key(r, "ready"), "1")
+
+    def _apply_members(self, r: int) -> None:
+        """Round ``r`` goes on with fewer ranks (:meth:`_decide_members`): this rank's
+        number and the world's become the smaller world's (the process's ``RANK`` and
+        ``WORLD_SIZE`` too, as the script reads them)."""
+        key = self._key(r, "members")
+        if self.live is None or not self._store.check([key]):
+            return
+        members, gone, pids = _read_members(self._store.get(key), self.world)
+        if self.rank not in members:
+            raise InProcessRestartError(
+                f"in-process restart: rank {self.rank} was taken for lost and left out of "
+                f"round {r} (the others went on with {len(members)} rank(s))"
+            )
+        before = self.world
+        self.rank, self.world = members.index(self.rank), len(members)
+        shrunk_environ(os.environ, rank=self.rank, world_size=self.world)
+        self._publish_process()
+        self.shrunk = (r, gone, before)
+        self.live.note_shrunk(pids, rank=self.rank)
+        if self.rank == 0:
+            logger.warning(
+                "rankguard: live recovery: rank(s) %s lost, no standby left: going on with "
+                "%d rank(s) of %d in round %d (renumbered)",
+                gone,
+                self.world,
+                before,
+                r,
+            )
 
     def _newcomers(self, r: int) -> list[int]:
         """The ranks that joined round ``r`` as standbys taking a lost rank's place."""
@@ -918,6 +997,26 @@ def _prewarm() -> None:
         import torch.optim  # noqa: F401
     except Exception:  # the first round imports it then, slower
         logger.debug("rankguard: standby prewarm failed", exc_info=True)
+
+
+_MAX_MEMBERS_BYTES = 1 << 20
+
+
+def _read_members(raw: bytes, world: int) -> tuple[list[int], list[int], list[int]]:
+    """A round's members record (:meth:`_Call._decide_members`), checked: the ranks
+    that go on (of ``world``, in order), those lost and their pids."""
+    if len(raw) > _MAX_MEMBERS_BYTES:
+        raise InProcessRestartError("in-process restart: a round's members record is too long")
+    try:
+        data = json.loads(raw)
+        members = [int(p) for p in data["members"]]
+        gone = [int(p) for p in data["lost"]]
+        pids = [int(p) for p in data["lost_pids"]]
+    except (ValueError, TypeError, KeyError) as exc:
+        raise InProcessRestartError(f"in-process restart: bad members record ({exc})") from None
+    if not members or members != sorted(set(members)) or not 0 <= members[0] <= members[-1] < world:
+        raise InProcessRestartError(f"in-process restart: bad members {members} of {world}")
+    return members, gone, pids
 
 
 class _Done:

@@ -11,7 +11,7 @@ from typing import Any
 from torch.distributed.elastic.agent.server.api import WorkerState
 
 from rankguard.launcher.live import LiveRecovery
-from rankguard.live.keys import REPLACING, LiveKeys
+from rankguard.live.keys import REPLACING, SHRUNK, LiveKeys
 from rankguard.live.plan import Resumed
 from rankguard.schema.restarts import LostRank
 from tests.factories import DictStore
@@ -63,7 +63,7 @@ class FakeStarts:
 
 
 def _live(
-    tmp: Path, *, refills: int | None = 0, starts: FakeStarts | None = None
+    tmp: Path, *, refills: int | None = 0, starts: FakeStarts | None = None, shrink: bool = False
 ) -> tuple[LiveRecovery, FakeContext, DictStore, list[str], Any]:
     store = DictStore()
     lines: list[str] = []
@@ -77,6 +77,7 @@ def _live(
         store_factory=lambda host, port: store,
         start=starts or FakeStarts(),
         refills=refills,
+        shrink=shrink,
     )
     group = SimpleNamespace(
         group_rank=0,
@@ -135,6 +136,40 @@ def test_a_second_loss_with_no_standby_left_restarts_the_group(tmp_path: Path) -
     )
     (entry,) = live.entries_due(final=True)  # written without resumed_t
     assert entry.to_dict()["resumed_t"] is None
+
+
+def test_no_standby_left_with_live_shrink_the_others_go_on_renumbered(tmp_path: Path) -> None:
+    live, ctx, store, lines, (group, lost) = _live(tmp_path, shrink=True)
+    keys = LiveKeys("r1", 0)
+    store.set(keys.declared, "1")
+    ctx.end(4, 0)  # the standby left early
+    ctx.end(1, -9)
+    assert live.poll(group, ctx).state == WorkerState.HEALTHY
+    assert store.get(keys.shrunk(101)) == SHRUNK
+    assert lines[-1] == (
+        "live recovery: rank 1 lost, no standby left: going on with 3 ranks (data "
+        "parallel); no group restart"
+    )
+    assert [(x.rank, x.pid, x.standby_pid, x.ranks_after) for x in lost] == [(1, 101, None, 3)]
+    assert live.order == [0, 2, 3] and 1 not in live.holders
+    status = live.status()
+    assert status.ranks == 3 and status.used == 0
+    assert [(x.lost_rank, x.ranks_before, x.ranks_after) for x in status.shrunk] == [(1, 4, 3)]
+    # the first step after it, written by the smaller world's rank 0, is its cost
+    fault_t = live.shrunk[0]["fault_t"]
+    store.set(keys.shrink_resumed(101), Resumed(t=fault_t + 0.25, step=6, steps_redone=0).to_json())
+    (entry,) = live.entries_due()
+    line = entry.to_dict()
+    assert line["shrink"] == {"ranks_before": 4, "ranks_after": 3, "renumbered": {"2": 1, "3": 2}}
+    assert (line["standby_pid"], line["recovery_s"], line["resumed_step"]) == (None, 0.25, 6)
+    # the process started as rank 3 is rank 2 now: its loss is said with that number
+    ctx.end(3, -9)
+    assert live.poll(group, ctx).state == WorkerState.HEALTHY
+    assert lines[-1].startswith("live recovery: rank 2 lost, no standby left: going on with 2")
+    assert live.shrunk[1]["shrink"]["renumbered"] == {}
+    ctx.end(0, 0)
+    ctx.end(2, 0)
+    assert live.poll(group, ctx).state == WorkerState.SUCCEEDED
 
 
 def test_a_used_standby_is_refilled_and_a_second_loss_is_live_too(tmp_path: Path) -> None:
