@@ -110,8 +110,9 @@ class InProcessRestartConfig:
         metadata={
             "help": "A rank lost when no standby is left: the others go on in process with "
             "one rank fewer (renumbered 0..N-2, the global batch kept by elastic.batch_rule) "
-            "instead of the group restart; for data-parallel scripts that declare "
-            "live_state, one node (--live-shrink; docs/live_recovery.md)."
+            "instead of the group restart, and a standby started later grows it back; for "
+            "data-parallel scripts that declare live_state, one node (--live-shrink; "
+            "docs/live_recovery.md)."
         },
     )
     set_nccl_env: bool = field(

@@ -65,8 +65,8 @@ from rankguard.inprocess.sockets import shutdown_sockets, tcp_sockets
 from rankguard.live.link import LiveLink
 from rankguard.live.link import bind as bind_live
 from rankguard.live.link import current as live_link
-from rankguard.live.plan import LIVE_CAUSE, LIVE_SHRINK_CAUSE
-from rankguard.live.roles import promoted_environ, shrunk_environ
+from rankguard.live.plan import LIVE_CAUSE, LIVE_GROW_CAUSE, LIVE_SHRINK_CAUSE, MAX_WORLD
+from rankguard.live.roles import promoted_environ, resized_environ
 from rankguard.rank import runenv
 from rankguard.rank.ranksession import current as current_session
 from rankguard.rank.runenv import RunEnv
@@ -635,6 +635,7 @@ class _Call:
         if self.live is not None:  # a newcomer joins the round the survivors are in
             self.live.current_round = r
             store.set(self.prefix + "round", str(r))
+            self._fix_world(r)
         store.set(self._key(r, f"here/{self.rank}"), self.hostname)
         if store.add(self._key(r, "arrived"), 1) >= self.world:
             store.set(self._key(r, "ready"), "1")
@@ -730,7 +731,14 @@ class _Call:
                 f"in process with {self.world} rank(s) of {before} (renumbered)"
             )
             culprit = None
-        if newcomers:  # the peers' errors were echoes: a process was lost
+        if newcomers and self._store.check([self._key(self.round, "grown")]):
+            info.cause, info.culprit = LIVE_GROW_CAUSE, newcomers[-1]
+            info.message = (
+                f"rank(s) {newcomers}: a standby joined: the job grew back to {self.world} "
+                "rank(s), every other rank re-entered in process"
+            )
+            culprit = None
+        elif newcomers:  # the peers' errors were echoes: a process was lost
             info.cause, info.culprit = LIVE_CAUSE, newcomers[0]
             info.message = (
                 f"rank(s) {newcomers}: process lost; a standby took its place and every "
@@ -773,6 +781,9 @@ class _Call:
             return False
         promoted_environ(os.environ, rank=got.rank, local_rank=got.local_rank)
         self.rank = got.rank
+        if got.world is not None:  # the world now (fewer after a shrink, or one more)
+            self.world = got.world
+            resized_environ(os.environ, rank=got.rank, world_size=got.world)
         session = current_session()
         promote = getattr(session, "promote", None)
         if callable(promote):
@@ -780,10 +791,15 @@ class _Call:
         self.session = session if session is not None and session.enabled else None
         key = self.prefix + "round"
         r = int(store.get(key)[:20]) if store.check([key]) else 0
-        if store.check([self._key(r, "ready")]):  # the survivors run round r: end it
-            store.set(self._key(r, "failed"), str(got.rank))
+        for _ in range(_MAX_ROUND_TRIES):  # the first round of this world not begun yet
+            world = _read_world(store.compare_set(self._key(r, "world"), "", str(self.world)))
+            if world == self.world and not store.check([self._key(r, "ready")]):
+                break
+            store.set(self._key(r, "failed"), str(got.rank))  # the survivors' round: end it
             r += 1
         self.round = r
+        if got.cause == LIVE_GROW_CAUSE:
+            store.set(self._key(r, "grown"), str(got.rank))
         store.set(self._key(r, f"newcomer/{got.rank}"), str(live.pid))
         store.add(self._key(r, "newcomers"), 1)
         logger.warning(
@@ -795,6 +811,22 @@ class _Call:
             r,
         )
         return True
+
+    def _fix_world(self, r: int) -> None:
+        """Round ``r``'s world size, fixed once by the first rank there (a standby that
+        grows the job back fixes a larger one first: :meth:`_take_rank`); a larger one
+        than this rank's is the job growing back: its ``WORLD_SIZE`` follows."""
+        world = _read_world(self._store.compare_set(self._key(r, "world"), "", str(self.world)))
+        if world == self.world:
+            return
+        if world < self.world:
+            raise InProcessRestartError(
+                f"in-process restart: round {r} has {world} rank(s), fewer than this "
+                f"rank's {self.world} without a shrink"
+            )
+        logger.info("rankguard: round %d: the job grows from %d to %d ranks", r, self.world, world)
+        self.world = world
+        resized_environ(os.environ, rank=self.rank, world_size=world)
 
     def _peer_pid(self, p: int) -> int | None:
         key = self._proc_key(p)
@@ -810,7 +842,11 @@ class _Call:
         out = []
         for p in missing:
             pid = self._peer_pid(p)
-            if pid is not None and store.check([live.keys.shrunk(pid)]):
+            if (
+                pid is not None
+                and store.check([live.keys.shrunk(pid)])
+                and not live.replacing(store, p)  # a standby takes that number again
+            ):
                 out.append(p)
         return out
 
@@ -839,7 +875,7 @@ class _Call:
             )
         before = self.world
         self.rank, self.world = members.index(self.rank), len(members)
-        shrunk_environ(os.environ, rank=self.rank, world_size=self.world)
+        resized_environ(os.environ, rank=self.rank, world_size=self.world)
         self._publish_process()
         self.shrunk = (r, gone, before)
         self.live.note_shrunk(pids, rank=self.rank)
@@ -1000,6 +1036,18 @@ def _prewarm() -> None:
 
 
 _MAX_MEMBERS_BYTES = 1 << 20
+_MAX_ROUND_TRIES = 1000  # rounds a standby ends before the first one of its world
+
+
+def _read_world(raw: bytes | str) -> int:
+    """A round's world size as the store has it (anyone who can reach it can write it)."""
+    try:
+        world = int(raw[:20])
+    except ValueError:
+        world = 0
+    if not 1 <= world <= MAX_WORLD:
+        raise InProcessRestartError(f"in-process restart: a round's world size {raw[:20]!r}")
+    return world
 
 
 def _read_members(raw: bytes, world: int) -> tuple[list[int], list[int], list[int]]:

@@ -39,7 +39,7 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from rankguard.live.keys import REPLACING, SHRUNK, LiveKeys
-from rankguard.live.plan import Assignment, Ended, Resumed, decide, ended_how
+from rankguard.live.plan import LIVE_GROW_CAUSE, Assignment, Ended, Resumed, decide, ended_how
 from rankguard.schema.findings import FindingType, Reason
 from rankguard.schema.restarts import (
     LiveBlock,
@@ -90,6 +90,8 @@ class LiveRecovery:
         self.shrink = shrink  # no standby left: the others go on with fewer ranks
         self.order: list[int] = list(range(nproc))  # training local ranks, by rank now
         self.shrunk: list[dict[str, Any]] = []  # every shrink of the run
+        self.grown: list[dict[str, Any]] = []  # every standby that grew the job back
+        self._growing: int | None = None  # its pid until its first step is known
         self.keys = LiveKeys(run_id, 0)
         self.node = 0
         self.holders: dict[int, int] = {}  # training local rank -> slot holding it
@@ -127,7 +129,7 @@ class LiveRecovery:
             standbys_per_node=self.standbys,
             waiting=len(self.waiting),
             left_unused=self.left_unused,
-            used=len(self.replaced),
+            used=len(self.replaced) + len(self.grown),
             started=self.started_count,
             replaced=tuple(
                 LiveReplacement(
@@ -179,6 +181,8 @@ class LiveRecovery:
             failed = self._recover(lost, handlers, pcontext)
             if failed is not None:
                 return failed
+        if self.shrink and len(self.order) < self.nproc and self.waiting:
+            self._grow(handlers)
         if len(self.completed) == len(self.order):
             return self._finishing(handlers, worker_group)
         return RunResult(state=WorkerState.HEALTHY)
@@ -210,13 +214,18 @@ class LiveRecovery:
             declared = False
             self.stopping = self.stopping or f"the workers' store did not answer ({exc})"
         world = len(self.order) if self.shrink else None
+        growing = None
+        if self._growing is not None:  # its numbers would not hold: not while it joins
+            growing = f"standby pid {self._growing} joins to grow the job back"
         decision = decide(
-            lost, alive, declared=declared, stopping=self.stopping, shrink_world=world
+            lost, alive, declared=declared, stopping=self.stopping or growing, shrink_world=world
         )
         if decision.restart is None:
             try:
                 if decision.shrink:
                     self._shrink(decision.shrink)
+                    for ended in decision.shrink:  # a standby to grow the job back
+                        self._refill(ended, self.nproc, pcontext)
                 for ended, slot in decision.pairs:
                     self._replace(ended, slot, handlers[slot].proc.pid)
                 for ended, slot in decision.pairs:
@@ -240,7 +249,9 @@ class LiveRecovery:
         gone = [self._held_by(e.local_rank) for e in lost]
         store = self._client()
         for ended in lost:
+            assert ended.rank is not None
             store.set(self.keys.shrunk(ended.pid), SHRUNK)
+            store.set(self.keys.lost(ended.rank), SHRUNK)  # no standby takes it
         fault_t = time.time()
         self.order = [lr for lr in before if lr not in gone]
         for local in gone:
@@ -271,7 +282,7 @@ class LiveRecovery:
             "schema_version": 1,
             "kind": "live_recovery",
             "run_id": self.run_id,
-            "restart": len(self.replaced) + len(self.shrunk) + 1,
+            "restart": len(self.replaced) + len(self.shrunk) + len(self.grown) + 1,
             "rank": ended.rank,
             "lost_rank": ended.rank,
             "lost_pid": ended.pid,
@@ -306,6 +317,60 @@ class LiveRecovery:
             except Exception:
                 logger.exception("rankguard: the lost rank's finding failed")
 
+    def _grow(self, handlers: dict[int, Any]) -> None:
+        """A standby waits while the job runs shrunk: it joins as the new last rank,
+        on the device a lost rank left (the survivors' round ends at its step
+        boundary and the next one has one rank more)."""
+        slot = self.waiting[0]
+        pid = int(handlers[slot].proc.pid)
+        free = min(lr for lr in range(self.nproc) if lr not in self.order)
+        rank, before = self.node * self.nproc + len(self.order), len(self.order)
+        got = Assignment(
+            rank=rank,
+            local_rank=free,
+            lost_pid=0,
+            standby_pid=pid,
+            cause=LIVE_GROW_CAUSE,
+            fault_t=time.time(),
+            world=before + 1,
+        )
+        try:
+            store = self._client()
+            store.set(self.keys.lost(rank), REPLACING)
+            store.set(self.keys.assign(pid), got.to_json())
+        except Exception as exc:  # it waits on, unused: said
+            self.say(f"live recovery: standby pid {pid} could not join ({exc})")
+            return
+        self.holders[free] = slot
+        self.order.append(free)
+        self.waiting.remove(slot)
+        self._growing = pid
+        entry: dict[str, Any] = {
+            "schema_version": 1,
+            "kind": "live_recovery",
+            "run_id": self.run_id,
+            "restart": len(self.replaced) + len(self.shrunk) + len(self.grown) + 1,
+            "rank": rank,
+            "lost_rank": None,
+            "lost_pid": None,
+            "standby_pid": pid,
+            "node": self.node,
+            "cause": LIVE_GROW_CAUSE,
+            "grow": {"ranks_before": before, "ranks_after": before + 1},
+            "fault_t": round(got.fault_t, 3),
+            "resumed_t": None,
+            "recovery_s": None,
+            "steps_redone": None,
+            "message": f"standby pid {pid} joined as rank {rank}: the job grew back to "
+            f"{before + 1} ranks",
+        }
+        self.grown.append(entry)
+        self._pending.append(entry)
+        self.say(
+            f"live recovery: standby pid {pid} joins as rank {rank}: the job grows back to "
+            f"{before + 1} ranks at its next step boundary"
+        )
+
     def _replace(self, ended: Ended, slot: int, standby_pid: int) -> None:
         assert ended.rank is not None
         local = self._held_by(ended.local_rank)
@@ -319,6 +384,7 @@ class LiveRecovery:
             standby_pid=standby_pid,
             cause=FindingType.PROCESS_EXITED.value,
             fault_t=fault_t,
+            world=len(self.order),
         )
         store = self._client()
         store.set(self.keys.lost(ended.rank), REPLACING)
@@ -329,7 +395,7 @@ class LiveRecovery:
             "schema_version": 1,
             "kind": "live_recovery",
             "run_id": self.run_id,
-            "restart": len(self.replaced) + len(self.shrunk) + 1,
+            "restart": len(self.replaced) + len(self.shrunk) + len(self.grown) + 1,
             "rank": ended.rank,
             "lost_rank": ended.rank,
             "lost_pid": ended.pid,
@@ -446,6 +512,8 @@ class LiveRecovery:
             elif not final and time.time() - entry["fault_t"] < RESUMED_WAIT_S:
                 continue
             self._pending.remove(entry)
+            if standby is not None and standby == self._growing:
+                self._growing = None  # joined (or not seen in time): losses are live again
             line = RestartEntry.from_dict(entry)
             assert line is not None
             out.append(line)

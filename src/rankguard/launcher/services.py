@@ -383,16 +383,22 @@ class NodeServices:
             if recovery_s is not None
             else "its next step was not seen"
         )
-        shrink = entry.extra.get("shrink")
-        now = (
-            f"going on with {shrink.get('ranks_after')} ranks of {shrink.get('ranks_before')} "
-            "(no standby left)"
-            if isinstance(shrink, dict)
-            else f"now standby pid {entry.number('standby_pid')}"
-        )
+        shrink, grow = entry.extra.get("shrink"), entry.extra.get("grow")
+        if isinstance(shrink, dict):
+            now = (
+                f"rank {entry.number('lost_rank')} going on with {shrink.get('ranks_after')} "
+                f"ranks of {shrink.get('ranks_before')} (no standby left)"
+            )
+        elif isinstance(grow, dict):
+            now = (
+                f"standby pid {entry.number('standby_pid')} joined as rank {entry.rank}: "
+                f"{grow.get('ranks_after')} ranks again"
+            )
+            cost = cost.replace("fault -> next step", "joined -> next step")
+        else:
+            now = f"rank {entry.number('lost_rank')} now standby pid {entry.number('standby_pid')}"
         print(
-            f"[rankguard] live recovery {entry.restart}: rank {entry.number('lost_rank')} "
-            f"{now} ({entry.cause}); {cost}",
+            f"[rankguard] live recovery {entry.restart}: {now} ({entry.cause}); {cost}",
             file=sys.stderr,
             flush=True,
         )

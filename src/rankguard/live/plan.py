@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 __all__ = [
     "LIVE_CAUSE",
+    "LIVE_GROW_CAUSE",
     "LIVE_SHRINK_CAUSE",
     "Assignment",
     "Ended",
@@ -27,6 +28,8 @@ __all__ = [
 
 MAX_RECORD_BYTES = 4096
 """A record longer than this is not one of ours."""
+MAX_WORLD = 1 << 20
+"""More training ranks than this in a record is not one of ours."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +46,9 @@ class Ended:
 @dataclass(frozen=True, slots=True)
 class Assignment:
     """Standby ``standby_pid`` takes training rank ``rank`` (``local_rank`` on its node)
-    of ``lost_pid``, lost at ``fault_t`` (unix seconds) for ``cause``."""
+    of ``lost_pid``, lost at ``fault_t`` (unix seconds) for ``cause``, in a world of
+    ``world`` ranks (None: the world it was started in). A standby that grows a shrunk
+    job back: ``lost_pid`` 0, ``rank`` the new last rank, ``world`` one more than now."""
 
     rank: int
     local_rank: int
@@ -51,6 +56,7 @@ class Assignment:
     standby_pid: int
     cause: str
     fault_t: float
+    world: int | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -70,11 +76,14 @@ class Assignment:
                 standby_pid=int(data["standby_pid"]),
                 cause=str(data["cause"])[:200],
                 fault_t=float(data["fault_t"]),
+                world=None if data.get("world") is None else int(data["world"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"live assignment: {exc}") from None
         if out.rank < 0 or out.local_rank < 0:
             raise ValueError("live assignment: negative rank")
+        if out.world is not None and not out.rank < out.world <= MAX_WORLD:
+            raise ValueError(f"live assignment: rank {out.rank} in a world of {out.world}")
         return out
 
 
@@ -173,6 +182,9 @@ def decide(
 LIVE_CAUSE = "rank_lost"
 """The in-process round's cause when a standby replaced a lost rank (the launcher writes
 that recovery's ``restarts.jsonl`` line, of kind ``live_recovery``)."""
+LIVE_GROW_CAUSE = "ranks_joined"
+"""The in-process round's cause when a standby joined a shrunk job as a new last rank
+(the job grows back; the launcher writes its ``restarts.jsonl`` line)."""
 LIVE_SHRINK_CAUSE = "rank_lost_shrink"
 """The in-process round's cause when the survivors went on with fewer ranks (no standby
 left; the launcher writes that recovery's ``restarts.jsonl`` line, too)."""

@@ -15,8 +15,9 @@ the worker of local slot ``s`` on node ``g`` is
   ``LOCAL_RANK``.
 
 When the job goes on with fewer ranks (no standby left, ``live_shrink``), each survivor's
-``RANK`` and ``WORLD_SIZE`` become those of the smaller world (:func:`shrunk_environ`);
-its ``LOCAL_RANK`` (its device) stays.
+``RANK`` and ``WORLD_SIZE`` become those of the smaller world (:func:`resized_environ`);
+its ``LOCAL_RANK`` (its device) stays; a standby that grows the job back gets its rank
+in the larger world, and every survivor the larger ``WORLD_SIZE``.
 
 Pure functions of a mapping (read through :class:`~rankguard.rank.runenv.RunEnv`): no torch,
 no process state.
@@ -35,9 +36,9 @@ __all__ = [
     "Role",
     "is_standby",
     "promoted_environ",
+    "resized_environ",
     "rewrite_environ",
     "role_of",
-    "shrunk_environ",
     "standby_ranks",
 ]
 
@@ -139,8 +140,9 @@ def promoted_environ(environ: MutableMapping[str, str], *, rank: int, local_rank
     environ.pop(STANDBY_ENV, None)
 
 
-def shrunk_environ(environ: MutableMapping[str, str], *, rank: int, world_size: int) -> None:
-    """The job goes on with ``world_size`` ranks, this process as rank ``rank``."""
+def resized_environ(environ: MutableMapping[str, str], *, rank: int, world_size: int) -> None:
+    """The job goes on with ``world_size`` ranks (fewer, or more again), this process
+    as rank ``rank``."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} outside a world of {world_size}")
     for name in _RANK_NAMES:

@@ -9,7 +9,8 @@ samples ``step * GLOBAL_BATCH + rank * accumulation + k``: the loss of every ste
 one of a run without faults, before and after a rank is lost.
 
 ``--kill RANK:STEP``: the process started as RANK SIGKILLs itself after completing STEP
-(first round only). Results go to ``--out DIR/rank_<launch rank>.json``.
+(first round only). Results go to ``--out DIR/rank_<launch rank>.json`` (a standby's:
+the ``RANK`` it started with, outside the training world).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -33,6 +35,7 @@ LR = 0.05
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=12)
 p.add_argument("--kill", default="")
+p.add_argument("--step-s", type=float, default=0.0, help="sleep after each step")
 p.add_argument("--out", required=True)
 args = p.parse_args()
 
@@ -89,6 +92,8 @@ def train() -> list[float]:
             opt.step()
             memory["step"] = s + 1
             losses[str(s)] = float(total)
+        if args.step_s:
+            time.sleep(args.step_s)
         if (launched, s + 1) == (kill_rank, kill_step) and ip.restart_count() == 0:
             sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGKILL)

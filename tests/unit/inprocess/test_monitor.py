@@ -197,7 +197,11 @@ def test_status_screen_and_report_show_a_shrink_with_its_cost() -> None:
 
 @pytest.mark.parametrize(
     ("cause", "reason"),
-    [("rank_lost", Reason.LIVE_REPLACED), ("rank_lost_shrink", Reason.LIVE_SHRUNK)],
+    [
+        ("rank_lost", Reason.LIVE_REPLACED),
+        ("rank_lost_shrink", Reason.LIVE_SHRUNK),
+        ("ranks_joined", Reason.LIVE_GREW),
+    ],
 )
 def test_a_live_round_is_a_finding_but_not_a_second_restarts_line(
     cause: str, reason: Reason

@@ -4,6 +4,7 @@ and an in-memory store: a lost rank handed to a standby, or the group restart sa
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -170,6 +171,51 @@ def test_no_standby_left_with_live_shrink_the_others_go_on_renumbered(tmp_path: 
     ctx.end(0, 0)
     ctx.end(2, 0)
     assert live.poll(group, ctx).state == WorkerState.SUCCEEDED
+
+
+def test_a_standby_started_after_a_shrink_grows_the_job_back(tmp_path: Path) -> None:
+    starts = FakeStarts()
+    live, ctx, store, lines, (group, _lost) = _live(tmp_path, refills=1, starts=starts, shrink=True)
+    keys = LiveKeys("r1", 0)
+    store.set(keys.declared, "1")
+    ctx.end(4, 1)  # the standby ended early
+    ctx.end(1, -9)
+    assert live.poll(group, ctx).state == WorkerState.HEALTHY
+    # the lost slot gets a new standby, which joins at once as the new last rank, on the
+    # lost rank's device
+    assert ctx.subprocess_handlers[1].proc.pid == 200
+    got = json.loads(store.get(keys.assign(200)))
+    assert (got["rank"], got["local_rank"], got["world"], got["cause"]) == (3, 1, 4, "ranks_joined")
+    assert store.get(keys.lost(3)) == REPLACING and store.get(keys.lost(1)) == SHRUNK
+    assert live.order == [0, 2, 3, 1] and live.holders[1] == 1
+    assert lines[-1] == (
+        "live recovery: standby pid 200 joins as rank 3: the job grows back to 4 ranks at "
+        "its next step boundary"
+    )
+    assert (live.status().ranks, live.status().used) == (4, 1)
+    # a loss while it joins: its numbers would not hold: the group restart, said
+    ctx.end(0, -9)
+    failed = live.poll(group, ctx)
+    assert failed.state == WorkerState.FAILED
+    assert "lost while standby pid 200 joins to grow the job back" in lines[-1]
+
+
+def test_the_grown_standbys_first_step_ends_its_joining(tmp_path: Path) -> None:
+    live, ctx, store, _lines, (group, _lost) = _live(
+        tmp_path, refills=1, starts=FakeStarts(), shrink=True
+    )
+    keys = LiveKeys("r1", 0)
+    store.set(keys.declared, "1")
+    ctx.end(4, 1)
+    ctx.end(1, -9)
+    live.poll(group, ctx)
+    store.set(keys.shrink_resumed(101), Resumed(t=time.time(), step=6, steps_redone=0).to_json())
+    store.set(keys.resumed(200), Resumed(t=time.time() + 1, step=9, steps_redone=0).to_json())
+    grow = next(e.to_dict() for e in live.entries_due() if e.cause == "ranks_joined")
+    assert grow["grow"] == {"ranks_before": 3, "ranks_after": 4} and grow["resumed_step"] == 9
+    ctx.end(2, -9)  # joined: a loss is live again (no standby: a shrink)
+    assert live.poll(group, ctx).state == WorkerState.HEALTHY
+    assert live.order == [0, 3, 1]
 
 
 def test_a_used_standby_is_refilled_and_a_second_loss_is_live_too(tmp_path: Path) -> None:
