@@ -525,7 +525,8 @@ def _live_lines(live: LiveBlock | None) -> list[str]:
         "",
         f"Standbys: {_s(live.standbys_per_node)} per node, {_s(live.waiting)} "
         f"waiting, {_s(live.used)} used, {_s(live.left_unused)} left unused"
-        + (f", {_s(live.started)} started to refill" if live.started else ""),
+        + (f", {_s(live.started)} started to refill" if live.started else "")
+        + (f"; training ranks now: {_s(live.ranks)}" if live.shrunk else ""),
     ]
     for r in live.replaced:
         out.append(

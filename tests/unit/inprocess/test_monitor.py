@@ -186,13 +186,26 @@ def test_status_screen_and_report_show_a_shrink_with_its_cost() -> None:
             {"lost_rank": 2, "lost_pid": 7, "cause": "x", "ranks_before": 4, "ranks_after": 3}
         ],
     }
-    lines = _ft_lines({"restarts": [*RESTARTS, shrink], "live": live})
+    grow = {
+        **LIVE,
+        "restart": 2,
+        "cause": "ranks_joined",
+        "rank": 3,
+        "lost_rank": None,
+        "message": "standby pid 9 joined as rank 3: the job grew back to 4 ranks",
+        "grow": {"ranks_before": 3, "ranks_after": 4},
+    }
+    lines = _ft_lines({"restarts": [*RESTARTS, shrink, grow], "live": live})
+    assert "Standbys: 1 per node, 0 waiting, 0 used, 0 left unused; training ranks now: 3" in lines
     row = next(line for line in lines if line.strip().startswith("live #1"))
     assert "went on in process with 3 ranks of 4 (fault -> next step 0.8 s" in row
     assert "  rank 2: pid 7 lost (x), no standby left: went on with 3 ranks of 4" in lines
-    entries = [RestartEntry.from_dict(r) for r in [*RESTARTS, shrink]]
+    entries = [RestartEntry.from_dict(r) for r in [*RESTARTS, shrink, grow]]
     html = restarts_table(RunData(run_id="r", restarts=[e for e in entries if e is not None]))
-    assert "1 in-process, 1 lost rank(s) the others went on without." in html
+    assert (
+        "1 in-process, 1 lost rank(s) the others went on without, 1 standby(s) that joined "
+        "to grow the job back." in html
+    )
 
 
 @pytest.mark.parametrize(
