@@ -92,6 +92,7 @@ class LiveRecovery:
         self.shrunk: list[dict[str, Any]] = []  # every shrink of the run
         self.grown: list[dict[str, Any]] = []  # every standby that grew the job back
         self._growing: int | None = None  # its pid until its first step is known
+        self._grow_failed = False  # the store refused a growth: not tried again
         self.keys = LiveKeys(run_id, 0)
         self.node = 0
         self.holders: dict[int, int] = {}  # training local rank -> slot holding it
@@ -114,6 +115,8 @@ class LiveRecovery:
         self.node = int(worker_group.group_rank or 0)
         self.holders = {lr: lr for lr in range(self.nproc)}
         self.order = list(range(self.nproc))
+        self._growing = None  # a new group: every rank of it starts anew
+        self._grow_failed = False
         self.waiting = [self.nproc + j for j in range(self.standbys)]
         self.ended, self.completed = set(), set()
         self.left_unused = 0
@@ -181,7 +184,7 @@ class LiveRecovery:
             failed = self._recover(lost, handlers, pcontext)
             if failed is not None:
                 return failed
-        if self.shrink and len(self.order) < self.nproc and self.waiting:
+        if self.shrink and len(self.order) < self.nproc and self.waiting and not self._grow_failed:
             self._grow(handlers)
         if len(self.completed) == len(self.order):
             return self._finishing(handlers, worker_group)
@@ -338,8 +341,9 @@ class LiveRecovery:
             store = self._client()
             store.set(self.keys.lost(rank), REPLACING)
             store.set(self.keys.assign(pid), got.to_json())
-        except Exception as exc:  # it waits on, unused: said
-            self.say(f"live recovery: standby pid {pid} could not join ({exc})")
+        except Exception as exc:  # it waits on, for a lost rank: said once
+            self._grow_failed = True
+            self.say(f"live recovery: standby pid {pid} could not join to grow the job ({exc})")
             return
         self.holders[free] = slot
         self.order.append(free)
