@@ -779,15 +779,20 @@ class _Call:
         if got is None:
             logger.info("rankguard: standby pid %d: training completed, not needed", live.pid)
             return False
+        launch_world = self.world
         promoted_environ(os.environ, rank=got.rank, local_rank=got.local_rank)
         self.rank = got.rank
+        session = current_session()
+        promote = getattr(session, "promote", None)
+        if callable(promote):  # rankguard's records: the first number of its device slot
+            launched = _launch_rank(got.local_rank)
+            if launched is not None and launched != got.rank and launched < launch_world:
+                resized_environ(os.environ, rank=launched, world_size=launch_world)
+            promote()
+            resized_environ(os.environ, rank=got.rank, world_size=launch_world)
         if got.world is not None:  # the world now (fewer after a shrink, or one more)
             self.world = got.world
             resized_environ(os.environ, rank=got.rank, world_size=got.world)
-        session = current_session()
-        promote = getattr(session, "promote", None)
-        if callable(promote):
-            promote()
         self.session = session if session is not None and session.enabled else None
         key = self.prefix + "round"
         r = int(store.get(key)[:20]) if store.check([key]) else 0
@@ -1020,6 +1025,17 @@ class _Call:
             with contextlib.suppress(Exception):
                 stream.flush()
         os._exit(HARD_TIMEOUT_EXIT_CODE)
+
+
+def _launch_rank(local_rank: int) -> int | None:
+    """The training rank the process on device slot ``local_rank`` of this node had at
+    the launch (rankguard's heartbeats, findings and status name each process by it;
+    after a shrink the script's ``RANK`` differs); None where the node's size is not
+    known."""
+    env = runenv.current()
+    if env.local_world_size is None:
+        return None
+    return env.node * env.local_world_size + local_rank
 
 
 def _prewarm() -> None:
