@@ -266,9 +266,9 @@ class LiveRecovery:
             for i, lr in enumerate(self.order)
             if before.index(lr) != i
         }
-        for ended in lost:
-            assert ended.rank is not None
-            self._shrink_entry(ended, fault_t, len(before), renumbered)
+        for ended, local in zip(lost, gone, strict=True):
+            assert ended.rank is not None and local is not None
+            self._shrink_entry(ended, local, fault_t, len(before), renumbered)
         names = ", ".join(f"rank {e.rank}" for e in lost)
         self.say(
             f"live recovery: {names} lost, no standby left: going on with "
@@ -276,7 +276,7 @@ class LiveRecovery:
         )
 
     def _shrink_entry(
-        self, ended: Ended, fault_t: float, before: int, renumbered: dict[str, int]
+        self, ended: Ended, local: int, fault_t: float, before: int, renumbered: dict[str, int]
     ) -> None:
         assert ended.rank is not None
         reason = Reason.DIED if ended.exit_code < 0 else Reason.EXITED_WITH_ERROR
@@ -305,7 +305,7 @@ class LiveRecovery:
         self.shrunk.append(entry)
         self._pending.append(entry)
         if self.on_lost is not None:  # the finding naming the lost rank
-            launched = self.node * self.nproc + ended.local_rank  # its heartbeats' rank
+            launched = self.node * self.nproc + local  # its heartbeats' (its device slot's)
             lost = LostRank(
                 rank=launched,
                 pid=ended.pid,
@@ -419,7 +419,7 @@ class LiveRecovery:
         self._pending.append(entry)
         if self.on_lost is not None:  # the finding naming the lost rank
             lost = LostRank(
-                rank=ended.rank,
+                rank=self.node * self.nproc + local,  # its heartbeats' (its device slot's)
                 pid=ended.pid,
                 standby_pid=standby_pid,
                 node=self.node,

@@ -173,6 +173,20 @@ def test_no_standby_left_with_live_shrink_the_others_go_on_renumbered(tmp_path: 
     assert live.poll(group, ctx).state == WorkerState.SUCCEEDED
 
 
+def test_a_shrink_after_a_replacement_names_the_lost_rank_by_its_device_slot(
+    tmp_path: Path,
+) -> None:
+    live, ctx, store, lines, (group, lost) = _live(tmp_path, shrink=True)
+    store.set(LiveKeys("r1", 0).declared, "1")
+    ctx.end(2, -9)  # the standby (slot 4) takes rank 2
+    live.poll(group, ctx)
+    ctx.end(4, -9)  # and is lost with no standby left: the others go on
+    assert live.poll(group, ctx).state == WorkerState.HEALTHY
+    assert lines[-1].startswith("live recovery: rank 2 lost, no standby left: going on with 3")
+    # the monitor knows the process on rank 2's device as rank 2, not as slot 4
+    assert [(x.rank, x.pid, x.standby_pid) for x in lost] == [(2, 102, 104), (2, 104, None)]
+
+
 def test_a_standby_started_after_a_shrink_grows_the_job_back(tmp_path: Path) -> None:
     starts = FakeStarts()
     live, ctx, store, lines, (group, _lost) = _live(tmp_path, refills=1, starts=starts, shrink=True)
