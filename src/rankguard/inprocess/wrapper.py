@@ -29,7 +29,12 @@ its main thread still stuck) is waited for.
 With standbys (``--standby-ranks``, :mod:`rankguard.live`): a standby waits in
 :meth:`_Call.run` until the launcher gives it a lost rank's number, then ends the
 survivors' running round and joins the next one as that rank; survivors wait at the
-barrier for a peer the launcher is replacing instead of giving up on it.
+barrier for a peer the launcher is replacing instead of giving up on it. A peer whose
+process the launcher marked ``shrunk`` (no standby left, ``live_shrink``) is not waited
+for: once every other rank is at the barrier, the round's members are written once and
+each rank takes its number among them (``RANK``/``WORLD_SIZE`` too). Each round's world
+size is fixed once in the store by the first rank there, so that a standby growing a
+shrunk job back (a larger world) and the survivors agree on it.
 """
 
 from __future__ import annotations
