@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from rankguard.live.plan import LIVE_CAUSE
+from rankguard.live.plan import LIVE_CAUSE, LIVE_GROW_CAUSE, LIVE_SHRINK_CAUSE
 from rankguard.monitor.blockeval import BlockEvaluator
 from rankguard.schema.blocks import InProcessBlock, InProcessRestart
 from rankguard.schema.findings import Finding, FindingType, Reason
@@ -30,7 +30,10 @@ _REASONS = {
     "exception": Reason.INPROCESS_EXCEPTION,
     "soft_timeout": Reason.INPROCESS_HANG,
     LIVE_CAUSE: Reason.LIVE_REPLACED,
+    LIVE_SHRINK_CAUSE: Reason.LIVE_SHRUNK,
+    LIVE_GROW_CAUSE: Reason.LIVE_GREW,
 }
+_LIVE_CAUSES = (LIVE_CAUSE, LIVE_SHRINK_CAUSE, LIVE_GROW_CAUSE)
 #: the keys of its ``restarts.jsonl`` line, in order (the launcher adds ``wall_time``)
 _ENTRY_KEYS: tuple[str, ...] = ("schema_version", "kind", "run_id", "restart", "cause")
 _ENTRY_KEYS += ("rank", "reason", "message", "id")
@@ -102,7 +105,7 @@ class InProcessRestarts(BlockEvaluator[InProcessBlock]):
             keys=_ENTRY_KEYS,
         )
         # a live recovery's line (kind ``live_recovery``) is the launcher's: one line each
-        if self.on_restart is not None and cause != LIVE_CAUSE:
+        if self.on_restart is not None and cause not in _LIVE_CAUSES:
             self.on_restart(entry)
         return Finding.build(
             FindingType.INPROCESS_RESTART,
