@@ -233,7 +233,7 @@ class JobMonitor:
     def retire_ranks(self, world: int) -> list[int]:
         """See :meth:`HeartbeatRules.retire_ranks` (between two scans)."""
         with self._scan_lock:
-            return self.rules.retire_ranks(world)
+            return self.rules.retire_ranks(world, self.clock())
 
     def note_replaced(self, rank: int, pid: int) -> bool:
         """See :meth:`HeartbeatRules.note_replaced`."""
