@@ -312,6 +312,7 @@ class HeartbeatRules:
             if had_process:
                 self.generation += 1  # a new process of a rank: a new episode
                 self.restarting = None  # the new worker group is up
+                self._peer_restart_at = None
                 self.cause_pending_until = None
                 self.root_cause = None
         previous = state.record
@@ -408,10 +409,10 @@ class HeartbeatRules:
         its echo; the new processes would otherwise replace both before the peer's
         process timeout. Judged at the next scan, or before a new process of a rank is
         taken in, whichever comes first."""
-        self.restarting = reason
         pending = cause_pending and now is not None and self.first_failure is None
         self.cause_pending_until = now + self.fresh_s if pending and now is not None else None
-        self._peer_restart_at = now if pending else None
+        self._peer_restart_at = now if pending else None  # before: a scan reads it after
+        self.restarting = reason
         self._settle_due = True
 
     def cancel_restart(self, reason: str) -> None:

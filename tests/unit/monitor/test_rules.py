@@ -542,6 +542,17 @@ def test_a_restart_before_the_silent_peers_timeout_names_it(new_rank_first: int)
     assert rules.evaluate(6.0) == [] and rules.evaluate(12.0) == []  # once
 
 
+def test_a_restart_that_shrinks_the_group_names_the_lost_rank_before_retiring_it() -> None:
+    # no spare: the group re-forms with rank 0 alone, rank 1's state retired with it
+    rules = _rules(world=2)
+    _lost_peer(rules)
+    rules.note_restart("restart 1: worker_failed", cause_pending=True, now=4.6)
+    assert rules.retire_ranks(1, 4.7) == [1]
+    found = rules.evaluate(5.0)
+    assert types_of(found) == [(1, PROCESS_TIMEOUT)]
+    assert found[0].observed_s == pytest.approx(3.6)
+
+
 def test_a_silent_peer_named_at_a_restart_stays_named_until_its_timeout() -> None:
     rules = _rules(world=2)
     _lost_peer(rules)
