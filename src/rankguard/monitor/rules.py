@@ -818,9 +818,9 @@ class HeartbeatRules:
         t = self.ranks.get(silent[1]) if silent is not None else None
         if t is None or t.record is None or t.seen_at is None or t is s:
             return False
-        quiet = at - t.seen_at
-        timeout = self.cadence.checkpoint_timeout_s if t.record.checkpoint_active else None
-        timeout = timeout if timeout is not None else self.cadence.process_timeout_s
+        quiet, cadence = at - t.seen_at, self.cadence
+        ckpt = t.record.checkpoint_active
+        timeout = cadence.checkpoint_timeout_s if ckpt else cadence.process_timeout_s
         if (
             quiet <= self.fresh_s
             or t.active & {FindingType.PROCESS_TIMEOUT, FindingType.NODE_DISK_FULL}
