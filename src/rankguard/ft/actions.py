@@ -47,6 +47,7 @@ from rankguard.ft.kill import (
     kill_marked,
 )
 from rankguard.monitor.api import FindingSink
+from rankguard.monitor.rules import NAMED_AT, RUN_END
 from rankguard.schema.findings import Finding, FindingType
 from rankguard.schema.jsontypes import JsonObject
 from rankguard.util.procs import pid_running, process_state
@@ -238,6 +239,14 @@ class FaultHandler(FindingSink):
     def before_write(self, finding: Finding) -> None:
         if LIVE_RECOVERY in finding.detail:
             return  # a standby took the rank's place: the launcher acted, no restart
+        named = finding.detail.get(NAMED_AT)
+        if named is not None:  # its group is being replaced, or the run is over
+            finding.action = (
+                "none (the run had ended)"
+                if named == RUN_END
+                else f"none (a restart was already under way: {named})"
+            )
+            return
         ftype = finding.finding_type
         action = self.cfg.actions.get(ftype.value, "report")
         label = action

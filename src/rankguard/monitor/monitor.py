@@ -233,7 +233,7 @@ class JobMonitor:
     def retire_ranks(self, world: int) -> list[int]:
         """See :meth:`HeartbeatRules.retire_ranks` (between two scans)."""
         with self._scan_lock:
-            return self.rules.retire_ranks(world)
+            return self.rules.retire_ranks(world, self.clock())
 
     def note_replaced(self, rank: int, pid: int) -> bool:
         """See :meth:`HeartbeatRules.note_replaced`."""
@@ -282,7 +282,11 @@ class JobMonitor:
                 held = self.rules.end_run()
                 self.ended = True
                 if not held:  # the final state and notes: no new record to read
-                    self._write_status(self.clock())
+                    now = self.clock()
+                    # the disks measured again: space may have come back since the
+                    # last scan (the status a user reads says how the run left them)
+                    self.ingest.check_disks(now)
+                    self._write_status(now)
             if held:  # their ends are judged now
                 self.scan_once()
         with self._report_lock:  # report() says False from now on: its caller writes

@@ -73,7 +73,9 @@ from rankguard.schema.records import MAX_RANKS, Event, HeartbeatRecord, RecordEr
 from rankguard.util.disk import DiskState
 
 __all__ = [
+    "NAMED_AT",
     "NEVER_SEEN_EACH",
+    "RUN_END",
     "FindingType",
     "HeartbeatRules",
     "Liveness",
@@ -113,6 +115,9 @@ class RankState:
     held_until: float | None = None
     # the record's collectives block, parsed once per record (the record it came from)
     collectives: tuple[HeartbeatRecord, CollectivesBlock | None] | None = None
+    # the record after which its heartbeats were named stopped before its timeout (a
+    # restart or the run's end cut the wait short): stale until a newer record
+    named_silent: HeartbeatRecord | None = None
 
     @property
     def reported(self) -> set[FindingType]:
@@ -140,10 +145,18 @@ class RankState:
         self.resumed_at = None
         self.held_until = None
         self.collectives = None
+        self.named_silent = None
 
 
 HealthLookup = Callable[[HeartbeatRecord], "JsonObject | None"]
 
+
+#: The ``detail`` key of a heartbeat timeout named before the timeout ran out, when a
+#: restart for its peer's broken collective (its reason) or the run's end (``run_end``)
+#: cut the wait short: the group it belonged to is being replaced or is gone, so fault
+#: tolerance acts on nothing for it.
+NAMED_AT = "named_at"
+RUN_END = "run_end"  # NAMED_AT's value when the run's end cut the wait short
 
 #: Up to this many ranks never seen get a finding each; more get one finding together.
 NEVER_SEEN_EACH = 8
@@ -216,6 +229,12 @@ class HeartbeatRules:
         self._shrunk_to: int | None = None  # the world of a group re-formed smaller
         self._silent_at: float | None = None  # the scan time _silent was found at
         self._silent: tuple[float, int] | None = None
+        # when a restart for a rank whose peer went away was noted, its cause not seen
+        # (note_restart's cause_pending): the ends it explains are judged once, before
+        # a new process of a rank hides what the restart cut short (_settle_held)
+        self._peer_restart_at: float | None = None
+        self._settle_due = False
+        self._named: list[Finding] = []  # found outside evaluate, returned by the next
 
     # ---- input ----------------------------------------------------------------------
 
@@ -285,12 +304,15 @@ class HeartbeatRules:
             state.record is not None and state.record.hostname != record.hostname
         ):
             had_process = state.pid is not None
+            if had_process and self._settle_due:
+                self._settle_held(now)  # before a new process hides what it waited for
             state.reset(record.pid)
             if self.first_failure is not None and self.first_failure[0] == rank:
                 self.first_failure = None  # the failed rank was restarted: episode over
             if had_process:
                 self.generation += 1  # a new process of a rank: a new episode
                 self.restarting = None  # the new worker group is up
+                self._peer_restart_at = None
                 self.cause_pending_until = None
                 self.root_cause = None
         previous = state.record
@@ -323,12 +345,16 @@ class HeartbeatRules:
         ranks = self.ranks
         return [s for r in self._hosts.get(hostname, ()) if (s := ranks.get(r)) is not None]
 
-    def retire_ranks(self, world: int) -> list[int]:
+    def retire_ranks(self, world: int, now: float | None = None) -> list[int]:
         """The group re-formed with ``world`` ranks, without nodes that left it (bad-node
         exclusion): the ranks at or past ``world`` are no longer part of the job. Their
         states go, and their processes' records (a relay's last push) are ignored from
         now on; a new process of such a rank (a node joined again) is a new rank state.
-        The ranks retired."""
+        The ranks retired. ``now``: the monitor's clock (the ends a restart cut short
+        are judged first, see :meth:`note_restart`)."""
+        if self._settle_due:
+            at = self._peer_restart_at
+            self._settle_held(now if now is not None else at if at is not None else 0.0)
         gone = sorted(r for r in self.ranks if r >= world)
         for rank in gone:
             state = self.ranks.pop(rank)
@@ -375,16 +401,27 @@ class HeartbeatRules:
         whose collective broke (a peer went away) and no rank was seen failing first:
         the peer's own end, relayed from another node, may arrive after this note; for
         one relay period after ``now`` an exit with a rank's own error (not a peer
-        failure, not a signal) is still named as that cause."""
-        self.restarting = reason
+        failure, not a signal) is still named as that cause.
+
+        Such a restart also ends the wait of a victim's end held for a peer whose
+        heartbeats went silent (a lost node sends no end): that peer is named then (its
+        heartbeats stopped before the restart, its process or node lost), and the end is
+        its echo; the new processes would otherwise replace both before the peer's
+        process timeout. Judged at the next scan, or before a new process of a rank is
+        taken in, whichever comes first."""
         pending = cause_pending and now is not None and self.first_failure is None
         self.cause_pending_until = now + self.fresh_s if pending and now is not None else None
+        self._peer_restart_at = now if pending else None  # before: a scan reads it after
+        self.restarting = reason
+        self._settle_due = True
 
     def cancel_restart(self, reason: str) -> None:
         """The restart noted with ``reason`` will not happen (its kill failed): exits
         are findings again."""
         if self.restarting == reason:
             self.restarting = None
+            self._peer_restart_at = None
+            self._settle_due = False
 
     def note_disk(self, node_rank: int | None, disk: DiskState, now: float) -> None:
         """The disk state of node ``node_rank``'s run directory (None: of every node that
@@ -451,7 +488,9 @@ class HeartbeatRules:
     # ---- verdicts -------------------------------------------------------------------
 
     def evaluate(self, now: float, health_for: HealthLookup | None = None) -> list[Finding]:
-        findings: list[Finding] = []
+        if self._settle_due:
+            self._settle_held(now)
+        findings, self._named = self._named, []
         world = self.world_size()
         # Workers start after the rendezvous, which may take long on many nodes: the
         # initial timeout runs from the first rank seen (or from the monitor's start
@@ -654,7 +693,7 @@ class HeartbeatRules:
         process_timeout = (
             self.cadence.checkpoint_timeout_s if ckpt else self.cadence.process_timeout_s
         )
-        if hb_age > process_timeout:
+        if hb_age > process_timeout or s.named_silent is rec:
             self._process_stale(s, now, process_timeout, hb_age, out)
             return out
         s.liveness = Liveness.ALIVE
@@ -710,6 +749,9 @@ class HeartbeatRules:
             s.record = rec.with_exit(after_shutdown=self.shutdown)
             return
         if self.restarting is not None and not self._pending_cause(exit_info, now):
+            at = self._peer_restart_at
+            if at is not None and self._echo_of_silent(s, now, at, self.restarting, out):
+                return
             s.active.add(FindingType.PROCESS_EXITED)
             s.record = rec.with_exit(after_restart=self.restarting)
             return
@@ -739,6 +781,8 @@ class HeartbeatRules:
             if (now < hold or silent is not None) and not self.ending:
                 s.held_until = hold
                 return
+            if silent is not None and self._echo_of_silent(s, now, now, None, out):
+                return  # the run's end cut the wait short: the silent peer is named
             early = self._ended_before(s)
             if early:  # no rank failed: a peer that left the job early broke it
                 s.record = rec.with_exit(peers_ended_first=early)
@@ -747,6 +791,64 @@ class HeartbeatRules:
             self.first_failure = (s.rank, now)
         reason = Reason.DIED if exit_info.get("vanished") else Reason.EXITED_WITH_ERROR
         self._fire(s, FindingType.PROCESS_EXITED, reason, None, None, out)
+
+    def _settle_held(self, now: float) -> None:
+        """The ends held for a cause, judged once under the restart just noted (see
+        :meth:`note_restart`); what that names is returned by the next :meth:`evaluate`."""
+        self._settle_due = False
+        self._silent_at = None  # between two records of one scan: found again
+        for s in list(self.ranks.values()):
+            if s.held_until is not None and s.record is not None and s.record.ended:
+                self._exited(s, now, self._named)
+        self._silent_at = None
+
+    def _echo_of_silent(
+        self, s: RankState, now: float, at: float, restart: str | None, out: list[Finding]
+    ) -> bool:
+        """Rank ``s`` ended in a broken collective (its peer went away) and a restart
+        noted at ``at`` (``restart``: its reason), or the run's end (None), ends the wait
+        for its cause: when another rank's heartbeats had stopped by then (late, not
+        ended, not named yet, not on a full disk), that rank is named and the end is
+        its echo. False when no such rank explains it."""
+        rec = s.record
+        assert rec is not None
+        if self.first_failure is not None or not peer_failure((rec.exit or {}).get("error")):
+            return False
+        silent = self._silent_peer(now)
+        t = self.ranks.get(silent[1]) if silent is not None else None
+        if t is None or t.record is None or t.seen_at is None or t is s:
+            return False
+        quiet, cadence = at - t.seen_at, self.cadence
+        ckpt = t.record.checkpoint_active
+        timeout = cadence.checkpoint_timeout_s if ckpt else cadence.process_timeout_s
+        if (
+            quiet <= self.fresh_s
+            or t.active & {FindingType.PROCESS_TIMEOUT, FindingType.NODE_DISK_FULL}
+            or self._full_disk(t, now, timeout) is not None
+        ):
+            return False
+        when = "the run ended" if restart is None else f"the worker group was restarted ({restart})"
+        message = (
+            f"rank {t.rank} (pid {t.pid} on {t.record.hostname}): no heartbeat for "
+            f"{quiet:.1f}s when {when}, before its {timeout:g}s timeout, while rank {s.rank}'s "
+            "collective with it broke (its peer went away): its process or its node was "
+            f"lost [phase {t.record.phase}, iteration {t.record.iteration}]"
+        )
+        t.liveness, t.progress = Liveness.STALE, Progress.UNKNOWN
+        t.stall, t.blocked_by, t.late = None, [], False
+        t.named_silent = t.record
+        t.active.add(FindingType.PROCESS_TIMEOUT)
+        t.fired.add(FindingType.PROCESS_TIMEOUT)
+        found = self.finding(
+            t, FindingType.PROCESS_TIMEOUT, Reason.UNRESPONSIVE, timeout, quiet, message=message
+        )
+        found.detail[NAMED_AT] = RUN_END if restart is None else restart
+        out.append(found)
+        self._due.again(t.rank)
+        s.held_until = None
+        s.active.add(FindingType.PROCESS_EXITED)
+        s.record = rec.with_exit(after_failure_of_rank=t.rank)
+        return True
 
     def _silent_peer(self, now: float) -> tuple[float, int] | None:
         """The rank whose heartbeats went silent first (late, or past its process

@@ -298,6 +298,27 @@ def test_a_rank_live_recovery_replaced_is_not_acted_on(
     assert g.action != BUSY  # not busy: the next fault is acted on
 
 
+def test_a_heartbeat_timeout_named_at_a_restart_is_not_acted_on(
+    tmp_path: Path, spawn: Callable[..., Any]
+) -> None:
+    # a lost node's rank named when the restart for its peer's broken collective came:
+    # its rank number may already belong to the new group's process; nothing is killed
+    from rankguard.monitor.rules import NAMED_AT
+
+    child = spawn(0, handler=False)
+    rules = _rules(rec(0, pid=child.pid, world_size=1))
+    handler, monitor, agent = _handler(
+        tmp_path, rules, actions={"rank_process_heartbeat_timeout": "restart"}
+    )
+    f = finding("rank_process_heartbeat_timeout", 0, child.pid)
+    f.detail[NAMED_AT] = "restart 1: worker_failed"
+    handler.before_write(f)
+    handler.after_write(f)
+    assert f.action == "none (a restart was already under way: restart 1: worker_failed)"
+    assert monitor.restarts == [] and agent.causes == []
+    assert alive(child) and not (tmp_path / "stacks").exists()
+
+
 # ---- a culprit on another node -------------------------------------------------------
 
 

@@ -261,3 +261,37 @@ def test_a_full_disk_on_another_node_is_told_apart(tmp_path: Path) -> None:
     disks = read_status(tmp_path)["disks"]
     assert disks["0"]["full"] is False and disks["1"]["full"] is True
     assert json.dumps(disks)  # plain JSON
+
+
+def test_the_final_status_says_a_disk_freed_after_the_last_scan_is_not_full(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ranks end while the disk is full: the drain's scan measures it full and its
+    status cannot be written; space comes back before the launcher's last status, which
+    then says the disk is not full (a user reads it), not the scan's measure."""
+    clock = FakeClock()
+    mon = _monitor(tmp_path, clock)
+    write(tmp_path, rec(0, 0), rec(1, 0))
+    mon.scan_once()
+    clock.t += 1
+    write(
+        tmp_path,
+        rec(0, 1, event="process_end", exit={"clean": True, "exit_code": 0, "error": None}),
+        rec(1, 1, event="process_end", exit={"clean": True, "exit_code": 0, "error": None}),
+    )
+    disk = {"full": True}
+    monkeypatch.setattr(ingest_mod, "disk_state", lambda path: DiskState(full=disk["full"]))
+    real = monitor_mod.atomic_write_json
+
+    def write_status(path: Any, obj: Any, **kw: Any) -> None:
+        if disk["full"]:
+            disk["full"] = False  # freed right after this write failed
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(path, obj, **kw)
+
+    monkeypatch.setattr(monitor_mod, "atomic_write_json", write_status)
+    mon.note_end(None)
+    status = mon.stop(drain_timeout_s=0.0, write_wait_s=0.0)
+    assert status["state"] == "completed"
+    assert mon.status_write_errors == 1
+    assert read_status(tmp_path)["disks"]["0"]["full"] is False

@@ -504,6 +504,91 @@ def test_a_victims_end_waits_for_the_heartbeat_timeout_of_a_silent_peer() -> Non
     assert rules.evaluate(20.0) == []
 
 
+def _lost_peer(rules: Any) -> None:
+    """Rank 1's node is lost at t=1 (no end ever comes from it); rank 0's collective
+    breaks at t=2 and its end is held for rank 1, whose heartbeats are late."""
+    assert rules.ingest(rec(1, 0, t=1.0), 1.0)
+    end0 = rec(0, 1, event="process_end", t=2.0)
+    end0["exit"] = {"clean": False, "exit_code": 1, "error": _BROKEN}
+    rules.ingest(end0, 2.0)
+    assert rules.evaluate(2.0) == []
+    assert rules.evaluate(4.0) == []  # rank 1 late: held for its 10 s process timeout
+
+
+@pytest.mark.parametrize("new_rank_first", [0, 1])
+def test_a_restart_before_the_silent_peers_timeout_names_it(new_rank_first: int) -> None:
+    # the agent restarts the group (a spare takes the lost node's place) 2.6 s after
+    # rank 0's end, before rank 1's process timeout: rank 1 is named then, and rank 0's
+    # end is its echo; even when a new process is taken in before the next scan
+    rules = _rules(world=2)
+    _lost_peer(rules)
+    rules.note_restart("restart 1: worker_failed", cause_pending=True, now=4.6)
+    assert rules.ingest(rec(new_rank_first, 0, pid=2000 + new_rank_first, t=5.0), 5.0)
+    found = rules.evaluate(5.0)
+    assert types_of(found) == [(1, PROCESS_TIMEOUT)]
+    assert (
+        found[0].pid == 1001 and found[0].reason == "rank_process_or_heartbeat_thread_unresponsive"
+    )
+    assert found[0].observed_s == pytest.approx(3.6) and found[0].timeout_s == 10.0
+    assert found[0].detail["named_at"] == "restart 1: worker_failed"
+    assert "no heartbeat for 3.6s when the worker group was restarted" in found[0].message
+    assert "its process or its node was lost" in found[0].message
+    assert rules.findings_total == 1
+    if new_rank_first == 1:
+        assert rules.ranks[0].record is not None
+        assert rules.ranks[0].record.exit["after_failure_of_rank"] == 1
+    for rank in (0, 1):
+        rules.ingest(rec(rank, 0, pid=2000 + rank, t=6.0), 6.0)
+    assert rules.evaluate(6.0) == [] and rules.evaluate(12.0) == []  # once
+
+
+def test_a_restart_that_shrinks_the_group_names_the_lost_rank_before_retiring_it() -> None:
+    # no spare: the group re-forms with rank 0 alone, rank 1's state retired with it
+    rules = _rules(world=2)
+    _lost_peer(rules)
+    rules.note_restart("restart 1: worker_failed", cause_pending=True, now=4.6)
+    assert rules.retire_ranks(1, 4.7) == [1]
+    found = rules.evaluate(5.0)
+    assert types_of(found) == [(1, PROCESS_TIMEOUT)]
+    assert found[0].observed_s == pytest.approx(3.6)
+
+
+def test_a_silent_peer_named_at_a_restart_stays_named_until_its_timeout() -> None:
+    rules = _rules(world=2)
+    _lost_peer(rules)
+    rules.note_restart("restart 1: worker_failed", cause_pending=True, now=4.6)
+    assert types_of(rules.evaluate(5.0)) == [(1, PROCESS_TIMEOUT)]
+    assert rules.ranks[1].liveness is Liveness.STALE
+    assert rules.evaluate(11.5) == []  # its timeout passes: not a second finding
+
+
+def test_the_runs_end_names_the_silent_peer_a_held_end_waited_for() -> None:
+    rules = _rules(world=2)
+    _lost_peer(rules)
+    assert rules.end_run() == [0]
+    found = rules.evaluate(5.0)
+    assert types_of(found) == [(1, PROCESS_TIMEOUT)]
+    assert found[0].detail["named_at"] == "run_end"
+    assert "no heartbeat for 4.0s when the run ended" in found[0].message
+    assert rules.ranks[0].record is not None
+    assert rules.ranks[0].record.exit["after_failure_of_rank"] == 1
+
+
+def test_a_restart_with_no_silent_peer_leaves_the_held_end_to_the_restart() -> None:
+    # rank 1 still publishes: nothing is named at the restart, rank 0's end is its doing
+    rules = _rules(world=2)
+    assert rules.ingest(rec(1, 0, t=1.0), 1.0)
+    end0 = rec(0, 1, event="process_end", t=2.0)
+    end0["exit"] = {"clean": False, "exit_code": 1, "error": _BROKEN}
+    rules.ingest(end0, 2.0)
+    assert rules.evaluate(2.0) == []
+    rules.ingest(rec(1, 1, t=2.5), 2.5)
+    rules.note_restart("restart 1: worker_failed", cause_pending=True, now=2.6)
+    assert rules.evaluate(3.0) == []
+    assert rules.ranks[0].record is not None
+    assert rules.ranks[0].record.exit["after_restart"] == "restart 1: worker_failed"
+
+
 def test_the_agents_root_cause_is_blamed_among_vanished_ranks() -> None:
     # ranks 1 and 2 both vanished in one scan; the agent's exit codes say rank 2 was
     # killed first (rank 1 died in the broken collective without a record)
