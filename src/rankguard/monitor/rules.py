@@ -47,23 +47,23 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from rankguard.monitor.config import HeartbeatConfig
-from rankguard.monitor.hangclass import HangClass, classify
-from rankguard.monitor.verdicts.due import DueRanks
+from rankguard.monitor.verdicts import (
+    NEVER_SEEN_EACH,
+    Compose,
+    DueRanks,
+    HealthLookup,
+    NeverSeen,
+    RankPass,
+    StallCulprits,
+)
 from rankguard.monitor.verdicts.evidence import (
-    OVERSTAYED,
     RESUMED_PHASES,
     TRAIN_PHASES,
-    behind_in_collectives,
     busy,
-    collectives,
-    in_collective,
     own_timeout,
-    phase_timeout,
-    seq,
     stall_age,
     standby_wait,
 )
@@ -80,6 +80,7 @@ from rankguard.util.disk import DiskState
 __all__ = [
     "NEVER_SEEN_EACH",
     "FindingType",
+    "HealthLookup",
     "HeartbeatRules",
     "Liveness",
     "Progress",
@@ -147,14 +148,6 @@ class RankState:
         self.collectives = None
 
 
-HealthLookup = Callable[[HeartbeatRecord], "JsonObject | None"]
-
-
-#: Up to this many ranks never seen get a finding each; more get one finding together.
-NEVER_SEEN_EACH = 8
-NEVER_SEEN_SAMPLE = 32  # ranks named in that finding's detail
-
-
 class HeartbeatRules:
     """Feed records with :meth:`ingest`, call :meth:`evaluate` once per scan."""
 
@@ -197,7 +190,6 @@ class HeartbeatRules:
         self.rank_errors = 0  # evaluations of one rank that raised (logged, skipped)
         self.root_cause: tuple[int, int | None] | None = None  # from the agent
         self.findings_total = 0
-        self._never_seen_upto = 0  # ranks below it were seen or reported never seen
         self._first_sighting: float | None = None
         self.first_failure: tuple[int, float] | None = None  # (rank, monitor time)
         self.shutdown: str | None = None  # why the launcher is stopping the workers
@@ -211,6 +203,11 @@ class HeartbeatRules:
         # again (None while full or never full)
         self.disks: dict[int | None, tuple[DiskState, float | None]] = {}
         self._due = DueRanks(cfg.incremental_rules)
+        # the job's verdicts (rankguard.monitor.verdicts), each at the scans it is due
+        self._never_seen = NeverSeen()
+        self.verdicts = Compose(self._never_seen, RankPass(), StallCulprits())
+        self.stalled: set[int] = set()  # ranks left stalled (a superset; see JobView)
+        self.health_for: HealthLookup | None = None  # this scan's GPU health lookup
         #: A rank's heartbeats are fresh while its latest record is at most this old
         #: (:attr:`Cadence.fresh_s`): only then can it be "alive and not progressing". A
         #: process that publishes no record for longer (SIGSTOP, swap) is late: not
@@ -344,7 +341,7 @@ class HeartbeatRules:
         if self.root_cause is not None and self.root_cause[0] >= world:
             self.root_cause = None
         self._shrunk_to = world
-        self._never_seen_upto = min(self._never_seen_upto, world)
+        self._never_seen.retire(world)
         return gone
 
     def mark_node(self, node_rank: int | None) -> None:
@@ -456,37 +453,34 @@ class HeartbeatRules:
     # ---- verdicts -------------------------------------------------------------------
 
     def evaluate(self, now: float, health_for: HealthLookup | None = None) -> list[Finding]:
-        findings: list[Finding] = []
-        world = self.world_size()
+        """This scan's findings: the job verdicts due (:mod:`rankguard.monitor.verdicts`)."""
+        self.health_for = health_for
+        findings = self.verdicts.evaluate(self, now)
+        self.findings_total += len(findings)
+        return findings
+
+    # ---- what the verdicts read (rankguard.monitor.verdicts.api.JobView) -------------
+
+    def anchor(self) -> float:
         # Workers start after the rendezvous, which may take long on many nodes: the
         # initial timeout runs from the first rank seen (or from the monitor's start
         # while none has been seen).
-        anchor = self._first_sighting if self._first_sighting is not None else self.started_at
-        waited = now - anchor
-        if waited > self.cadence.initial_process_timeout_s:
-            findings.extend(self._never_seen_findings(world, waited))
-        # Only the ranks whose verdict can have changed (see DueRanks); the others'
-        # ages move on.
-        due = self._due.take(now, self.ranks)
-        # Earliest failure first: when a rank fails, its peers fail in their next
-        # collective or are terminated by the launcher: consequences, not culprits.
-        for state in sorted(due, key=self._failure_order):
-            if state.record is None:
-                continue
-            try:  # each rank in isolation: one rank's surprise never hides the others
-                state.gpu_health = health_for(state.record) if health_for else None
-                findings.extend(self._evaluate_rank(state, now))
-            except Exception:
-                self._due.again(state.rank)
-                self.rank_errors += 1
-                if self.rank_errors == 1 or self.rank_errors % 1000 == 0:
-                    logger.exception("rankguard rules: evaluating rank %d failed", state.rank)
-            else:
-                self._due.schedule(state, self._next_due(state), now)
-        self._due.age_others(now, self.ranks)
-        findings.extend(self._attribute_stalls(now))
-        self.findings_total += len(findings)
-        return findings
+        return self._first_sighting if self._first_sighting is not None else self.started_at
+
+    @property
+    def due_ranks(self) -> DueRanks:
+        return self._due
+
+    def evaluate_rank(self, state: RankState, now: float) -> list[Finding]:
+        return self._evaluate_rank(state, now)
+
+    def next_due_of(self, state: RankState) -> float:
+        return self._next_due(state)
+
+    def rank_failed(self, rank: int) -> None:
+        self.rank_errors += 1
+        if self.rank_errors == 1 or self.rank_errors % 1000 == 0:
+            logger.exception("rankguard rules: evaluating rank %d failed", rank)
 
     def _next_due(self, s: RankState) -> float:
         """The earliest monitor time at which evaluating rank ``s`` again could give
@@ -527,7 +521,7 @@ class HeartbeatRules:
         is): the monitor may scan then instead of waiting for its next interval."""
         return self._due.earliest()
 
-    def _failure_order(self, state: RankState) -> tuple[int, int]:
+    def failure_order(self, state: RankState) -> tuple[int, int]:
         """Which ended rank is the likelier cause, first: the agent's root cause, then a
         rank that raised its own error, then one that vanished (SIGKILL, hard crash),
         then one whose error says a peer went away (its collective broke because another
@@ -546,100 +540,6 @@ class HeartbeatRules:
         else:
             kind = 0
         return kind, rec.wall_time_ns
-
-    def _attribute_stalls(self, now: float) -> list[Finding]:
-        """Name the culprit of a stall, not its victims.
-
-        In a synchronous job one stuck rank stops every other rank at its next
-        collective, so all of them stop progressing. A stalled rank gets its own
-        ``gpu_progress_timeout`` only when no other rank is already the known cause
-        (stale, failed, or flagged as stalled) and it is among the furthest behind;
-        the others are marked stalled with ``blocked_by`` naming the culprits. When all
-        stalled ranks are equally far (a hang before the collective, a collective
-        hang), all of them are reported, unless their main threads tell them apart:
-        ranks waiting inside a ``torch.distributed`` collective are blocked by those
-        outside it.
-        A victim whose culprits recovered gets one more progress timeout to resume
-        before it is reported in its own right.
-        """
-        stalled = [s for s in self.ranks.values() if s.stall is not None]
-        if not stalled:
-            return []
-        dead = {FindingType.PROCESS_TIMEOUT, FindingType.PROCESS_EXITED, FindingType.NODE_DISK_FULL}
-        # a rank whose heartbeats are late is the likely cause too (its own heartbeat
-        # timeout names it if it does not come back)
-        down = [s.rank for s in self.ranks.values() if s.active & dead or s.late]
-        flagged = [
-            (s.rank, seq(s))
-            for s in self.ranks.values()
-            if FindingType.PROGRESS_TIMEOUT in s.active
-        ]
-        # Furthest behind among live ranks: a stalled rank ahead of a live rank is
-        # waiting for it, even before that rank crosses its own timeout (its records
-        # may come later, through the relay of another node).
-        live = [s for s in self.ranks.values() if s.liveness is Liveness.ALIVE]
-        lowest = min(seq(s) for s in live or stalled)
-        # Equally far behind, but some ranks wait inside a collective and others do
-        # not: those waiting wait for the others (a hang before the collective).
-        behind = [t for t in live if seq(t) == lowest]
-        # Who is behind in the sequence of collectives says it first (a rank that
-        # entered collective N+1 waits on one that has not entered it); else the
-        # ranks outside any collective (the recorder's status, the Python frame).
-        lagging = behind_in_collectives(behind)
-        outside = (
-            lagging
-            if lagging is not None
-            else sorted(t.rank for t in behind if not in_collective(t))
-        )
-        behind_ranks = sorted(t.rank for t in behind)  # once, not once per stalled rank
-        split = bool(outside) and len(outside) < len(behind)
-        # Peers in a phase of their own (saving, evaluating) and within its timeout:
-        # ranks waiting at the next collective meanwhile are blocked by them, not hung.
-        # Once such a peer overstays (its own finding), they stay blocked by it. A peer
-        # whose main thread waits inside a collective (a distributed save's all_gather)
-        # is not busy with work of its own: it waits for the others, and a rank stuck
-        # outside that collective is judged by its own timeout, not the peer's phase's.
-        busy_ranks = [t for t in live if busy(t)]
-        working = {t.rank for t in busy_ranks if not in_collective(t)}
-        limits = {t.rank: phase_timeout(self.cadence, t) for t in busy_ranks}
-        out: list[Finding] = []
-        hang: list[HangClass | None] = []  # classified once, at the first hang named
-        # busy ranks first: one that overstayed is named before those waiting on it
-        for s in sorted(stalled, key=lambda st: (not busy(st), st.rank)):
-            if FindingType.PROGRESS_TIMEOUT in s.active:
-                continue
-            # Culprits: ranks down, or flagged as stalled further behind than this one.
-            others = [r for r in down if r != s.rank]
-            others += [r for r, at in flagged if r != s.rank and at < seq(s)]
-            timeout, age = s.stall  # type: ignore[misc]
-            waits_on = [
-                t.rank
-                for t in busy_ranks
-                if t.rank != s.rank
-                and ((t.rank in working and age <= limits[t.rank]) or t.active & OVERSTAYED)
-            ]
-            if not others and waits_on and not busy(s):
-                s.blocked_by = waits_on
-                s.culprits_gone_at = None
-                continue
-            if not others and split and s.rank not in outside:
-                others = outside
-            if others or seq(s) > lowest:
-                s.blocked_by = others or behind_ranks  # s is ahead: not among them
-                s.culprits_gone_at = None
-                continue
-            if s.blocked_by:
-                if s.culprits_gone_at is None:
-                    s.culprits_gone_at = now
-                if now - s.culprits_gone_at <= timeout:
-                    continue
-            self._fire(s, FindingType.PROGRESS_TIMEOUT, Reason.NOT_ADVANCING, timeout, age, out)
-            if not hang:
-                hang.append(classify({t.rank: collectives(t) for t in live}))
-            if hang[0] is not None:
-                out[-1].detail["hang"] = hang[0].to_dict()
-                out[-1].message = f"{out[-1].message}; {hang[0].line}"
-        return out
 
     def _evaluate_rank(self, s: RankState, now: float) -> list[Finding]:
         """One rank's verdict now: exited, process stale, heartbeats late (not judged on
@@ -964,51 +864,6 @@ class HeartbeatRules:
     ) -> Finding:
         """The finding about rank ``s`` as the monitor sees it now."""
         return rank_finding(self.run_id, s, ftype, reason, timeout_s, observed_s, message)
-
-    def _never_seen_findings(self, world: int, waited: float) -> list[Finding]:
-        """The ranks below ``world`` not seen yet nor reported: one finding each when
-        few, else one finding for all of them (a sample of their ranks in its detail)."""
-        if world <= self._never_seen_upto:
-            return []
-        first, self._never_seen_upto = self._never_seen_upto, world
-        count, sample = 0, list[int]()
-        for rank in range(first, world):
-            if rank not in self.ranks:
-                count += 1
-                if len(sample) < NEVER_SEEN_SAMPLE:
-                    sample.append(rank)
-        if count <= NEVER_SEEN_EACH:
-            return [self._never_seen(rank, waited) for rank in sample]
-        return [self._never_seen_many(count, sample, waited)]
-
-    def _never_seen_many(self, count: int, sample: list[int], waited: float) -> Finding:
-        timeout = self.cadence.initial_process_timeout_s
-        shown = ", ".join(map(str, sample[:8]))
-        more = f" and {count - 8} more" if count > 8 else ""
-        finding = self.finding(
-            RankState(rank=sample[0]),
-            FindingType.PROCESS_TIMEOUT,
-            Reason.NEVER_OBSERVED,
-            timeout,
-            waited,
-            message=f"{count} ranks have published no heartbeat {waited:.1f}s after the "
-            f"job's first rank was seen (ranks {shown}{more}; "
-            f"initial_process_timeout_s={timeout:g})",
-        )
-        finding.detail.update(never_seen_count=count, never_seen_ranks=[*sample])
-        return finding
-
-    def _never_seen(self, rank: int, waited: float) -> Finding:
-        timeout = self.cadence.initial_process_timeout_s
-        return self.finding(
-            RankState(rank=rank),
-            FindingType.PROCESS_TIMEOUT,
-            Reason.NEVER_OBSERVED,
-            timeout,
-            waited,
-            message=f"rank {rank} has published no heartbeat {waited:.1f}s after the "
-            f"job's first rank was seen (initial_process_timeout_s={timeout:g})",
-        )
 
 
 # What a rank says when it fails because a peer went away: the collective broke under

@@ -1,0 +1,95 @@
+"""The verdicts composed: a verdict not due is not evaluated.
+
+Timeouts (``tests.factories.heartbeat_config``): process 10 s, initial process 10 s,
+progress 20 s.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rankguard.monitor.verdicts import Compose, JobView, NeverSeen, StallCulprits
+from rankguard.schema.findings import Finding
+from tests.factories import Feed, types_of
+from tests.factories import heartbeat_rules as _rules
+
+
+class _Spy:
+    """A job verdict due at ``due``, counting its evaluations."""
+
+    def __init__(self, due: float) -> None:
+        self.due = due
+        self.calls = 0
+
+    def next_due(self, view: JobView, now: float) -> float:
+        return self.due
+
+    def evaluate(self, view: JobView, now: float) -> list[Finding]:
+        self.calls += 1
+        return []
+
+
+def test_compose_evaluates_only_the_verdicts_due() -> None:
+    rules = _rules(world=1)
+    early, late, always = _Spy(5.0), _Spy(50.0), _Spy(-math.inf)
+    compose = Compose(early, late, always)
+    compose.evaluate(rules, 1.0)
+    assert (early.calls, late.calls, always.calls) == (0, 0, 1)
+    compose.evaluate(rules, 5.0)
+    assert (early.calls, late.calls, always.calls) == (1, 0, 2)
+
+
+def _count_calls(monkeypatch: pytest.MonkeyPatch, cls: type) -> list[float]:
+    calls: list[float] = []
+    original = cls.evaluate
+
+    def spy(self: object, view: JobView, now: float) -> list[Finding]:
+        calls.append(now)
+        return original(self, view, now)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(cls, "evaluate", spy)
+    return calls
+
+
+def test_the_stall_verdict_runs_only_while_a_rank_is_stalled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = _count_calls(monkeypatch, StallCulprits)
+    rules = _rules(world=2)
+    feed = Feed(rules)
+    for t in range(0, 30):
+        feed.beat(0, t, progress_seq=t + 1, since=0.2)
+        feed.beat(1, t, progress_seq=t + 1, since=0.2)
+        assert rules.evaluate(t + 0.5) == []
+    assert calls == []  # no rank stalled: never evaluated
+    findings: list[Finding] = []
+    for t in range(30, 60):
+        feed.beat(0, t, progress_seq=30, since=float(t - 30))  # rank 0 stops at step 30
+        feed.beat(1, t, progress_seq=t + 1, since=0.2)
+        findings += rules.evaluate(t + 0.5)
+    assert types_of(findings) == [(0, "gpu_progress_timeout")]
+    assert calls and calls[0] == 50.5  # from the scan that found it stalled (20.5 s > 20 s)
+    feed.beat(0, 60, progress_seq=31, since=0.1)  # it moves again
+    feed.beat(1, 60, progress_seq=61, since=0.2)
+    rules.evaluate(60.5)  # clears the stall (the verdict runs once more to see it gone)
+    seen = len(calls)
+    for t in range(61, 70):
+        feed.beat(0, t, progress_seq=t - 29, since=0.2)
+        feed.beat(1, t, progress_seq=t + 1, since=0.2)
+        assert rules.evaluate(t + 0.5) == []
+    assert len(calls) == seen
+
+
+def test_never_seen_ranks_are_not_looked_for_before_the_initial_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = _count_calls(monkeypatch, NeverSeen)
+    rules = _rules(world=2)
+    feed = Feed(rules)
+    for t in range(0, 12):
+        feed.beat(0, t, progress_seq=t + 1, since=0.2)
+        findings = rules.evaluate(t + 0.5)
+        assert (findings != []) == (t == 10)
+    assert calls == [10.5, 11.5]  # first seen at 0: due once 10 s have passed
