@@ -1,4 +1,6 @@
-"""The monitor's verdicts: pure logic, no files, no threads, an injected clock.
+"""The job's state the monitor's verdicts read and judge: pure logic, no files, no
+threads, an injected clock. The verdicts themselves are one object each in
+:mod:`rankguard.monitor.verdicts`; a rank's end is judged here.
 
 Each rank has two independent states, and a finding fires once per episode:
 
@@ -57,18 +59,12 @@ from rankguard.monitor.verdicts import (
     HealthLookup,
     NeverSeen,
     RankPass,
+    RankVerdicts,
     StallCulprits,
 )
-from rankguard.monitor.verdicts.evidence import (
-    RESUMED_PHASES,
-    TRAIN_PHASES,
-    busy,
-    own_timeout,
-    stall_age,
-    standby_wait,
-)
+from rankguard.monitor.verdicts.evidence import RESUMED_PHASES, busy
 from rankguard.monitor.verdicts.findings import clear, fire, rank_finding
-from rankguard.rank.timeline import CHECKPOINT_PHASE, EVAL_PHASE, RESTART_PHASE
+from rankguard.monitor.verdicts.liveness import full_disk
 from rankguard.schema.blocks import exit_clean
 from rankguard.schema.cadence import Cadence
 from rankguard.schema.collectives import CollectivesBlock
@@ -203,8 +199,10 @@ class HeartbeatRules:
         # again (None while full or never full)
         self.disks: dict[int | None, tuple[DiskState, float | None]] = {}
         self._due = DueRanks(cfg.incremental_rules)
-        # the job's verdicts (rankguard.monitor.verdicts), each at the scans it is due
+        # the verdicts (rankguard.monitor.verdicts): the job's, each at the scans it is
+        # due, and a rank's turn
         self._never_seen = NeverSeen()
+        self.rank_verdicts = RankVerdicts()
         self.verdicts = Compose(self._never_seen, RankPass(), StallCulprits())
         self.stalled: set[int] = set()  # ranks left stalled (a superset; see JobView)
         self.health_for: HealthLookup | None = None  # this scan's GPU health lookup
@@ -406,24 +404,9 @@ class HeartbeatRules:
         return known[0] if known is not None else None
 
     def _full_disk(self, s: RankState, now: float, grace_s: float) -> DiskState | None:
-        """The full disk that explains why rank ``s`` is stale, if any: its node's disk
-        is full, or it was and has had space for at most ``grace_s`` (the heartbeats
-        resume within a publish interval) while the rank's episode is still open."""
-        if FindingType.PROCESS_TIMEOUT in s.active or s.record is None:
-            return None  # already reported (and acted on) as unresponsive
-        known = self.disks.get(s.record.node_rank) or self.disks.get(None)
-        if known is None:
-            return None
-        disk, freed_at = known
-        if disk.full:
-            return disk
-        if (
-            FindingType.NODE_DISK_FULL in s.active
-            and freed_at is not None
-            and now - freed_at <= grace_s
-        ):
-            return disk
-        return None
+        """The full disk that explains why rank ``s`` is stale, if any
+        (:func:`rankguard.monitor.verdicts.liveness.full_disk`)."""
+        return full_disk(self, s, now, grace_s)
 
     def end_run(self) -> list[int]:
         """The launcher's run is over (every rank ended, or the drain gave up): an end
@@ -484,37 +467,15 @@ class HeartbeatRules:
 
     def _next_due(self, s: RankState) -> float:
         """The earliest monitor time at which evaluating rank ``s`` again could give
-        another verdict without a new record (-inf: at every scan; inf: never).
-
-        For a live rank with a given record, time only pushes its ages up across a
-        threshold: the process timeout, the progress timeout, a section's timeout; once
-        across, the verdict stays until the next record (the stall's age moves on in
-        :meth:`DueRanks.age_others`). So the rank is due when the first threshold it is
-        not yet across may be crossed: conservatively, its progress age reaching the
-        shortest progress or section timeout in force, or (outside the train phase) its
-        phase's age reaching the shortest section timeout; earlier is only slower, never
-        wrong. A stale rank (disk state, grace) is evaluated at every scan."""
+        another verdict without a new record (-inf: at every scan; inf: never): an
+        ended rank's when it is held, else the earliest of its rank verdicts'
+        (:meth:`RankVerdicts.due`)."""
         rec = s.record
         if rec is None or s.seen_at is None:
             return math.inf
         if rec.ended:  # held (a victim's end): at every scan, as a peer's end may come
             return -math.inf if s.held_until is not None else math.inf
-        if s.liveness is not Liveness.ALIVE:
-            return -math.inf
-        cadence = self.cadence
-        seen = s.seen_at
-        due = seen + (
-            cadence.checkpoint_timeout_s if rec.checkpoint_active else cadence.process_timeout_s
-        )
-        if not s.late:
-            due = min(due, seen + self.fresh_s)
-        shortest = self.cadence.shortest_progress_timeout_s
-        since = rec.since_progress_s
-        if since is not None and s.stall is None:
-            due = min(due, seen - since + shortest)
-        if rec.phase not in ("train", "step") and FindingType.SECTION_TIMEOUT not in s.active:
-            due = min(due, seen - (rec.phase_elapsed_s or 0.0) + shortest)
-        return due - 1e-6  # never after the crossing, whatever the rounding
+        return self.rank_verdicts.due(self, s)
 
     def next_due(self) -> float | None:
         """When the next rank is due without a new record (monitor clock; None: none
@@ -542,8 +503,8 @@ class HeartbeatRules:
         return kind, rec.wall_time_ns
 
     def _evaluate_rank(self, s: RankState, now: float) -> list[Finding]:
-        """One rank's verdict now: exited, process stale, heartbeats late (not judged on
-        progress), or alive, then its progress in its phase and its GPU's health."""
+        """One rank's verdict now: exited, else its rank verdicts (process stale,
+        heartbeats late, in a section, progress; then its GPU's health)."""
         rec = s.record
         assert rec is not None and s.seen_at is not None
         out: list[Finding] = []
@@ -555,25 +516,8 @@ class HeartbeatRules:
         if rec.ended:
             self._exited(s, now, out)
             return out
-        ckpt = rec.checkpoint_active or rec.phase == CHECKPOINT_PHASE
-        process_timeout = (
-            self.cadence.checkpoint_timeout_s if ckpt else self.cadence.process_timeout_s
-        )
-        if hb_age > process_timeout:
-            self._process_stale(s, now, process_timeout, hb_age, out)
-            return out
-        s.liveness = Liveness.ALIVE
-        self._clear(s, FindingType.PROCESS_TIMEOUT, FindingType.NODE_DISK_FULL)
-        if hb_age > self.fresh_s:
-            self._heartbeats_late(s)
-        elif (
-            ckpt
-            or (rec.progress_seq <= 0 and not busy(s))
-            or rec.phase in TRAIN_PHASES
-            or not self._in_section(s, hb_age, out)
-        ):
-            self._progress(s, now, ckpt)
-        return out + self._check_health(s)
+        self.rank_verdicts.evaluate(self, s, now, out)
+        return out
 
     def _exited(self, s: RankState, now: float, out: list[Finding]) -> None:
         """The rank ended (``process_end``, or its pid vanished): completed after a clean
@@ -711,130 +655,7 @@ class HeartbeatRules:
             and not _SIGNAL_END.search(error)
         )
 
-    def _process_stale(
-        self, s: RankState, now: float, process_timeout: float, hb_age: float, out: list[Finding]
-    ) -> None:
-        """No heartbeat for the process timeout: the heartbeat timeout (progress is not
-        judged: one cause, one finding), or ``node_disk_full`` when its node's disk is."""
-        s.liveness = Liveness.STALE
-        s.progress = Progress.UNKNOWN
-        s.stall = None
-        s.blocked_by = []
-        s.culprits_gone_at = None
-        self._clear(s, FindingType.PROGRESS_TIMEOUT)
-        disk = self._full_disk(s, now, process_timeout)
-        if disk is not None:
-            self._fire(
-                s,
-                FindingType.NODE_DISK_FULL,
-                Reason.DISK_FULL,
-                process_timeout,
-                hb_age,
-                out,
-                detail={"disk": disk.to_dict()},
-            )
-            return
-        self._clear(s, FindingType.NODE_DISK_FULL)
-        self._fire(
-            s, FindingType.PROCESS_TIMEOUT, Reason.UNRESPONSIVE, process_timeout, hb_age, out
-        )
-
-    @staticmethod
-    def _heartbeats_late(s: RankState) -> None:
-        """Heartbeats late (older than :attr:`fresh_s`) but not yet past the process
-        timeout: a stopped or swapping process, not one alive and not progressing. Its
-        progress is unknown and not judged; the heartbeat timeout names it if it does
-        not come back, and a stall it caused in its peers is theirs to wait on."""
-        s.late = True
-        s.progress = Progress.UNKNOWN
-        s.stall = None
-        s.blocked_by = []
-        s.culprits_gone_at = None
-
-    def _in_section(self, s: RankState, hb_age: float, out: list[Finding]) -> bool:
-        """Outside setup, train and saves (an evaluation before the first step too): a
-        phase with a section timeout of its own (a named section, or any phase with the
-        out-of-section timeout) is judged by that timeout instead of progress; True when
-        it was."""
-        rec = s.record
-        assert rec is not None
-        phase = rec.phase or ""
-        if (
-            phase == EVAL_PHASE
-            and EVAL_PHASE not in self.section_timeouts
-            and self.out_of_section_timeout is None
-        ):
-            return False  # eval_timeout_s, a progress timeout
-        section_timeout = self.section_timeouts.get(phase, self.out_of_section_timeout)
-        if section_timeout is None:
-            return False
-        if phase == RESTART_PHASE:
-            section_timeout = max(section_timeout, standby_wait(rec))
-        self._check_section(s, phase, section_timeout, hb_age, out)
-        s.progress = Progress.PROGRESSING
-        s.stall = None
-        s.blocked_by = []
-        self._clear(s, FindingType.PROGRESS_TIMEOUT)
-        return True
-
-    def _progress(self, s: RankState, now: float, ckpt: bool) -> None:
-        """Fresh heartbeats: progressing, or stalled past the timeout of its phase (a
-        stall is attributed, culprit or victim, in :meth:`_attribute_stalls`)."""
-        rec = s.record
-        assert rec is not None
-        cadence = self.cadence
-        started = rec.progress_seq > 0
-        phase = rec.phase or ""
-        age = s.progress_age_s
-        if ckpt:
-            progress_timeout = cadence.checkpointing_timeout_s
-        elif not started and not busy(s):  # an evaluation before step 1 is an evaluation
-            progress_timeout = cadence.setup_timeout_s
-        elif phase in TRAIN_PHASES:
-            progress_timeout = cadence.step_timeout_s
-        else:
-            progress_timeout = own_timeout(self.cadence, phase)
-        if age is not None:
-            age = stall_age(s, rec, now, age)
-        self._clear(s, FindingType.SECTION_TIMEOUT)
-        if age is not None and age > progress_timeout:
-            s.progress = Progress.STALLED
-            s.stall = (progress_timeout, age)  # attributed in _attribute_stalls
-        else:
-            s.progress = Progress.PROGRESSING if started else Progress.STARTING
-            s.stall = None
-            s.blocked_by = []
-            s.culprits_gone_at = None
-            self._clear(s, FindingType.PROGRESS_TIMEOUT)
-
-    def _check_section(
-        self, s: RankState, phase: str, timeout: float, hb_age: float, out: list[Finding]
-    ) -> None:
-        assert s.record is not None
-        elapsed = (s.record.phase_elapsed_s or 0.0) + hb_age
-        if elapsed > timeout:
-            reason = (
-                Reason.SECTION_EXCEEDED if phase in self.section_timeouts else Reason.OUT_OF_SECTION
-            )
-            self._fire(s, FindingType.SECTION_TIMEOUT, reason, timeout, elapsed, out)
-        else:
-            self._clear(s, FindingType.SECTION_TIMEOUT)
-
-    def _check_health(self, s: RankState) -> list[Finding]:
-        out: list[Finding] = []
-        health = s.gpu_health or {}
-        verdict = None if health.get("stale") else health.get("health")
-        if verdict == "unhealthy":
-            self._fire(s, FindingType.HEALTH_FAILURE, Reason.GPU_UNHEALTHY, None, None, out)
-        else:
-            self._clear(s, FindingType.HEALTH_FAILURE)
-        if verdict == "warning":
-            self._fire(s, FindingType.HEALTH_WARNING, Reason.GPU_WARNING, None, None, out)
-        else:
-            self._clear(s, FindingType.HEALTH_WARNING)
-        return out
-
-    # ---- findings -------------------------------------------------------------------
+    # ---- findings (rankguard.monitor.verdicts.findings) --------------------------
 
     @staticmethod
     def _clear(s: RankState, *types: FindingType) -> None:

@@ -1,4 +1,5 @@
-"""The verdicts composed: a verdict not due is not evaluated.
+"""The verdicts composed: a verdict not due is not evaluated, and a rank's due time is
+the earliest of its rank verdicts'.
 
 Timeouts (``tests.factories.heartbeat_config``): process 10 s, initial process 10 s,
 progress 20 s.
@@ -93,3 +94,14 @@ def test_never_seen_ranks_are_not_looked_for_before_the_initial_timeout(
         findings = rules.evaluate(t + 0.5)
         assert (findings != []) == (t == 10)
     assert calls == [10.5, 11.5]  # first seen at 0: due once 10 s have passed
+
+
+def test_a_ranks_due_time_is_the_earliest_of_its_verdicts() -> None:
+    rules = _rules(world=1)
+    Feed(rules).beat(0, 0, progress_seq=3, since=1.0)
+    rules.evaluate(0.5)
+    s = rules.ranks[0]
+    verdicts = rules.rank_verdicts
+    dues = [v.due(rules, s) for v in (*verdicts.settle, *verdicts.checks)]
+    assert rules.rank_verdicts.due(rules, s) == pytest.approx(min(dues) - 1e-6)
+    assert rules.next_due() == pytest.approx(min(dues) - 1e-6)
