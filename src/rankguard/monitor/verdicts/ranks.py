@@ -27,14 +27,16 @@ class RankVerdicts:
     __slots__ = ("_dues", "checks", "settle")
 
     def __init__(
-        self, settle: tuple[RankVerdict, ...] | None = None, checks: tuple[RankVerdict, ...] = ()
+        self,
+        settle: tuple[RankVerdict, ...] | None = None,
+        checks: tuple[RankVerdict, ...] | None = None,
     ) -> None:
+        """``settle`` and ``checks`` in order (None: rankguard's own)."""
         if settle is None:
             settle = (ProcessStale(), HeartbeatsLate(), SectionTimeout(), ProgressTimeout())
-            checks = checks or (GpuHealth(),)
         self.settle = settle
-        self.checks = checks
-        self._dues = tuple(v.due for v in (*settle, *checks))
+        self.checks = checks if checks is not None else (GpuHealth(),)
+        self._dues = tuple(v.due for v in (*self.settle, *self.checks))
 
     def evaluate(self, view: JobView, s: RankState, now: float, out: list[Finding]) -> None:
         """Judge live (not ended) rank ``s``, its ages set for ``now``."""
