@@ -11,7 +11,8 @@ import math
 
 import pytest
 
-from rankguard.monitor.verdicts import Compose, JobView, NeverSeen, StallCulprits
+from rankguard.monitor.rules import RankState
+from rankguard.monitor.verdicts import Compose, JobView, NeverSeen, RankVerdicts, StallCulprits
 from rankguard.schema.findings import Finding
 from tests.factories import Feed, types_of
 from tests.factories import heartbeat_rules as _rules
@@ -105,3 +106,39 @@ def test_a_ranks_due_time_is_the_earliest_of_its_verdicts() -> None:
     dues = [v.due(rules, s) for v in (*verdicts.settle, *verdicts.checks)]
     assert rules.rank_verdicts.due(rules, s) == pytest.approx(min(dues) - 1e-6)
     assert rules.next_due() == pytest.approx(min(dues) - 1e-6)
+
+
+class _Maintenance:
+    """A rank verdict of its own: a rank in phase ``maintenance`` is settled (progress
+    not judged), and it wants the rank again at ``due``."""
+
+    def __init__(self, due: float) -> None:
+        self.at = due
+        self.asked: list[int] = []
+
+    def evaluate(self, view: JobView, s: RankState, now: float, out: list[Finding]) -> bool:
+        self.asked.append(s.rank)
+        return s.record is not None and s.record.phase == "maintenance"
+
+    def due(self, view: JobView, s: RankState) -> float:
+        return self.at
+
+
+def test_a_rank_verdict_added_settles_its_ranks_and_joins_their_due_time() -> None:
+    rules = _rules(world=2)
+    extra = _Maintenance(due=0.75)
+    default = rules.rank_verdicts
+    rules.rank_verdicts = RankVerdicts(
+        settle=(*default.settle[:-1], extra, default.settle[-1]), checks=default.checks
+    )
+    feed = Feed(rules)
+    feed.beat(0, 0, progress_seq=5, since=0.0, phase="maintenance")
+    feed.beat(1, 0, progress_seq=1, since=0.2)
+    findings = rules.evaluate(0.5)
+    assert rules.next_due() == pytest.approx(0.75 - 1e-6)  # the earliest due of any verdict
+    for t in range(1, 30):
+        feed.beat(0, t, progress_seq=5, since=float(t), phase="maintenance")
+        feed.beat(1, t, progress_seq=t + 1, since=0.2)
+        findings += rules.evaluate(t + 0.5)
+    assert findings == []  # rank 0 made no progress for 30 s, settled by the new verdict
+    assert rules.ranks[0].stall is None and 1 in extra.asked
