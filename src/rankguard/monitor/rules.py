@@ -1,4 +1,6 @@
-"""The monitor's verdicts: pure logic, no files, no threads, an injected clock.
+"""The job's state the monitor's verdicts read and judge: pure logic, no files, no
+threads, an injected clock. The verdicts themselves are one object each in
+:mod:`rankguard.monitor.verdicts`; a rank's end is judged here.
 
 Each rank has two independent states, and a finding fires once per episode:
 
@@ -44,30 +46,29 @@ space again, the rank is unresponsive after all and gets the heartbeat timeout.
 
 from __future__ import annotations
 
-import heapq
 import logging
 import math
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from rankguard.monitor.config import HeartbeatConfig
-from rankguard.monitor.hangclass import HangClass, classify
-from rankguard.rank.timeline import (
-    CHECKPOINT_PHASE,
-    CLOSING_PHASE,
-    EVAL_PHASE,
-    RESTART_PHASE,
-    SETUP_PHASE,
-    TRAIN_PHASE,
+from rankguard.monitor.verdicts import (
+    NEVER_SEEN_EACH,
+    Compose,
+    DueRanks,
+    HealthLookup,
+    NeverSeen,
+    RankPass,
+    RankVerdicts,
+    StallCulprits,
 )
-from rankguard.schema.blocks import InProcessBlock, exit_clean, read_block
+from rankguard.monitor.verdicts.evidence import RESUMED_PHASES, busy
+from rankguard.monitor.verdicts.findings import clear, fire, rank_finding
+from rankguard.monitor.verdicts.liveness import full_disk
+from rankguard.schema.blocks import exit_clean
 from rankguard.schema.cadence import Cadence
-from rankguard.schema.coerce import as_list
 from rankguard.schema.collectives import CollectivesBlock
 from rankguard.schema.findings import Finding, FindingType, Liveness, Progress, Reason
-from rankguard.schema.frames import waits_in_collective
 from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.records import MAX_RANKS, Event, HeartbeatRecord, RecordError, supersedes
 from rankguard.util.disk import DiskState
@@ -77,6 +78,7 @@ __all__ = [
     "NEVER_SEEN_EACH",
     "RUN_END",
     "FindingType",
+    "HealthLookup",
     "HeartbeatRules",
     "Liveness",
     "Progress",
@@ -148,19 +150,12 @@ class RankState:
         self.named_silent = None
 
 
-HealthLookup = Callable[[HeartbeatRecord], "JsonObject | None"]
-
-
 #: The ``detail`` key of a heartbeat timeout named before the timeout ran out, when a
 #: restart for its peer's broken collective (its reason) or the run's end (``run_end``)
 #: cut the wait short: the group it belonged to is being replaced or is gone, so fault
 #: tolerance acts on nothing for it.
 NAMED_AT = "named_at"
 RUN_END = "run_end"  # NAMED_AT's value when the run's end cut the wait short
-
-#: Up to this many ranks never seen get a finding each; more get one finding together.
-NEVER_SEEN_EACH = 8
-NEVER_SEEN_SAMPLE = 32  # ranks named in that finding's detail
 
 
 class HeartbeatRules:
@@ -205,7 +200,6 @@ class HeartbeatRules:
         self.rank_errors = 0  # evaluations of one rank that raised (logged, skipped)
         self.root_cause: tuple[int, int | None] | None = None  # from the agent
         self.findings_total = 0
-        self._never_seen_upto = 0  # ranks below it were seen or reported never seen
         self._first_sighting: float | None = None
         self.first_failure: tuple[int, float] | None = None  # (rank, monitor time)
         self.shutdown: str | None = None  # why the launcher is stopping the workers
@@ -218,7 +212,14 @@ class HeartbeatRules:
         # node (None: every node without its own report) -> its disk, when it had space
         # again (None while full or never full)
         self.disks: dict[int | None, tuple[DiskState, float | None]] = {}
-        self._due = _DueRanks(cfg.incremental_rules)
+        self._due = DueRanks(cfg.incremental_rules)
+        # the verdicts (rankguard.monitor.verdicts): the job's, each at the scans it is
+        # due, and a rank's turn
+        self._never_seen = NeverSeen()
+        self.rank_verdicts = RankVerdicts()
+        self.verdicts = Compose(self._never_seen, RankPass(), StallCulprits())
+        self.stalled: set[int] = set()  # ranks left stalled (a superset; see JobView)
+        self.health_for: HealthLookup | None = None  # this scan's GPU health lookup
         #: A rank's heartbeats are fresh while its latest record is at most this old
         #: (:attr:`Cadence.fresh_s`): only then can it be "alive and not progressing". A
         #: process that publishes no record for longer (SIGSTOP, swap) is late: not
@@ -316,7 +317,7 @@ class HeartbeatRules:
                 self.cause_pending_until = None
                 self.root_cause = None
         previous = state.record
-        if record.phase in _RESUMED_PHASES and previous is not None and _busy(state):
+        if record.phase in RESUMED_PHASES and previous is not None and busy(state):
             state.train_since = now  # back in train (or setup) after eval, a save, a section
         if previous is not None:  # of the same process (a new pid reset the state)
             before, after = previous.monotonic_ns, record.monotonic_ns
@@ -365,7 +366,7 @@ class HeartbeatRules:
         if self.root_cause is not None and self.root_cause[0] >= world:
             self.root_cause = None
         self._shrunk_to = world
-        self._never_seen_upto = min(self._never_seen_upto, world)
+        self._never_seen.retire(world)
         return gone
 
     def mark_node(self, node_rank: int | None) -> None:
@@ -441,24 +442,9 @@ class HeartbeatRules:
         return known[0] if known is not None else None
 
     def _full_disk(self, s: RankState, now: float, grace_s: float) -> DiskState | None:
-        """The full disk that explains why rank ``s`` is stale, if any: its node's disk
-        is full, or it was and has had space for at most ``grace_s`` (the heartbeats
-        resume within a publish interval) while the rank's episode is still open."""
-        if FindingType.PROCESS_TIMEOUT in s.active or s.record is None:
-            return None  # already reported (and acted on) as unresponsive
-        known = self.disks.get(s.record.node_rank) or self.disks.get(None)
-        if known is None:
-            return None
-        disk, freed_at = known
-        if disk.full:
-            return disk
-        if (
-            FindingType.NODE_DISK_FULL in s.active
-            and freed_at is not None
-            and now - freed_at <= grace_s
-        ):
-            return disk
-        return None
+        """The full disk that explains why rank ``s`` is stale, if any
+        (:func:`rankguard.monitor.verdicts.liveness.full_disk`)."""
+        return full_disk(self, s, now, grace_s)
 
     def end_run(self) -> list[int]:
         """The launcher's run is over (every rank ended, or the drain gave up): an end
@@ -488,80 +474,56 @@ class HeartbeatRules:
     # ---- verdicts -------------------------------------------------------------------
 
     def evaluate(self, now: float, health_for: HealthLookup | None = None) -> list[Finding]:
+        """This scan's findings: the job verdicts due (:mod:`rankguard.monitor.verdicts`)."""
         if self._settle_due:
             self._settle_held(now)
         findings, self._named = self._named, []
-        world = self.world_size()
-        # Workers start after the rendezvous, which may take long on many nodes: the
-        # initial timeout runs from the first rank seen (or from the monitor's start
-        # while none has been seen).
-        anchor = self._first_sighting if self._first_sighting is not None else self.started_at
-        waited = now - anchor
-        if waited > self.cadence.initial_process_timeout_s:
-            findings.extend(self._never_seen_findings(world, waited))
-        # Only the ranks whose verdict can have changed (see _DueRanks); the others'
-        # ages move on.
-        due = self._due.take(now, self.ranks)
-        # Earliest failure first: when a rank fails, its peers fail in their next
-        # collective or are terminated by the launcher: consequences, not culprits.
-        for state in sorted(due, key=self._failure_order):
-            if state.record is None:
-                continue
-            try:  # each rank in isolation: one rank's surprise never hides the others
-                state.gpu_health = health_for(state.record) if health_for else None
-                findings.extend(self._evaluate_rank(state, now))
-            except Exception:
-                self._due.again(state.rank)
-                self.rank_errors += 1
-                if self.rank_errors == 1 or self.rank_errors % 1000 == 0:
-                    logger.exception("rankguard rules: evaluating rank %d failed", state.rank)
-            else:
-                self._due.schedule(state, self._next_due(state), now)
-        self._due.age_others(now, self.ranks)
-        findings.extend(self._attribute_stalls(now))
+        self.health_for = health_for
+        findings.extend(self.verdicts.evaluate(self, now))
         self.findings_total += len(findings)
         return findings
 
+    # ---- what the verdicts read (rankguard.monitor.verdicts.api.JobView) -------------
+
+    def anchor(self) -> float:
+        # Workers start after the rendezvous, which may take long on many nodes: the
+        # initial timeout runs from the first rank seen (or from the monitor's start
+        # while none has been seen).
+        return self._first_sighting if self._first_sighting is not None else self.started_at
+
+    @property
+    def due_ranks(self) -> DueRanks:
+        return self._due
+
+    def evaluate_rank(self, state: RankState, now: float) -> list[Finding]:
+        return self._evaluate_rank(state, now)
+
+    def next_due_of(self, state: RankState) -> float:
+        return self._next_due(state)
+
+    def rank_failed(self, rank: int) -> None:
+        self.rank_errors += 1
+        if self.rank_errors == 1 or self.rank_errors % 1000 == 0:
+            logger.exception("rankguard rules: evaluating rank %d failed", rank)
+
     def _next_due(self, s: RankState) -> float:
         """The earliest monitor time at which evaluating rank ``s`` again could give
-        another verdict without a new record (-inf: at every scan; inf: never).
-
-        For a live rank with a given record, time only pushes its ages up across a
-        threshold: the process timeout, the progress timeout, a section's timeout; once
-        across, the verdict stays until the next record (the stall's age moves on in
-        :meth:`_DueRanks.age_others`). So the rank is due when the first threshold it is
-        not yet across may be crossed: conservatively, its progress age reaching the
-        shortest progress or section timeout in force, or (outside the train phase) its
-        phase's age reaching the shortest section timeout; earlier is only slower, never
-        wrong. A stale rank (disk state, grace) is evaluated at every scan."""
+        another verdict without a new record (-inf: at every scan; inf: never): an
+        ended rank's when it is held, else the earliest of its rank verdicts'
+        (:meth:`RankVerdicts.due`)."""
         rec = s.record
         if rec is None or s.seen_at is None:
             return math.inf
         if rec.ended:  # held (a victim's end): at every scan, as a peer's end may come
             return -math.inf if s.held_until is not None else math.inf
-        if s.liveness is not Liveness.ALIVE:
-            return -math.inf
-        cadence = self.cadence
-        seen = s.seen_at
-        due = seen + (
-            cadence.checkpoint_timeout_s if rec.checkpoint_active else cadence.process_timeout_s
-        )
-        if not s.late:
-            due = min(due, seen + self.fresh_s)
-        shortest = self.cadence.shortest_progress_timeout_s
-        since = rec.since_progress_s
-        if since is not None and s.stall is None:
-            due = min(due, seen - since + shortest)
-        if rec.phase not in ("train", "step") and FindingType.SECTION_TIMEOUT not in s.active:
-            due = min(due, seen - (rec.phase_elapsed_s or 0.0) + shortest)
-        return due - 1e-6  # never after the crossing, whatever the rounding
+        return self.rank_verdicts.due(self, s)
 
     def next_due(self) -> float | None:
         """When the next rank is due without a new record (monitor clock; None: none
         is): the monitor may scan then instead of waiting for its next interval."""
         return self._due.earliest()
 
-    def _failure_order(self, state: RankState) -> tuple[int, int]:
+    def failure_order(self, state: RankState) -> tuple[int, int]:
         """Which ended rank is the likelier cause, first: the agent's root cause, then a
         rank that raised its own error, then one that vanished (SIGKILL, hard crash),
         then one whose error says a peer went away (its collective broke because another
@@ -581,103 +543,9 @@ class HeartbeatRules:
             kind = 0
         return kind, rec.wall_time_ns
 
-    def _attribute_stalls(self, now: float) -> list[Finding]:
-        """Name the culprit of a stall, not its victims.
-
-        In a synchronous job one stuck rank stops every other rank at its next
-        collective, so all of them stop progressing. A stalled rank gets its own
-        ``gpu_progress_timeout`` only when no other rank is already the known cause
-        (stale, failed, or flagged as stalled) and it is among the furthest behind;
-        the others are marked stalled with ``blocked_by`` naming the culprits. When all
-        stalled ranks are equally far (a hang before the collective, a collective
-        hang), all of them are reported, unless their main threads tell them apart:
-        ranks waiting inside a ``torch.distributed`` collective are blocked by those
-        outside it.
-        A victim whose culprits recovered gets one more progress timeout to resume
-        before it is reported in its own right.
-        """
-        stalled = [s for s in self.ranks.values() if s.stall is not None]
-        if not stalled:
-            return []
-        dead = {FindingType.PROCESS_TIMEOUT, FindingType.PROCESS_EXITED, FindingType.NODE_DISK_FULL}
-        # a rank whose heartbeats are late is the likely cause too (its own heartbeat
-        # timeout names it if it does not come back)
-        down = [s.rank for s in self.ranks.values() if s.active & dead or s.late]
-        flagged = [
-            (s.rank, _seq(s))
-            for s in self.ranks.values()
-            if FindingType.PROGRESS_TIMEOUT in s.active
-        ]
-        # Furthest behind among live ranks: a stalled rank ahead of a live rank is
-        # waiting for it, even before that rank crosses its own timeout (its records
-        # may come later, through the relay of another node).
-        live = [s for s in self.ranks.values() if s.liveness is Liveness.ALIVE]
-        lowest = min(_seq(s) for s in live or stalled)
-        # Equally far behind, but some ranks wait inside a collective and others do
-        # not: those waiting wait for the others (a hang before the collective).
-        behind = [t for t in live if _seq(t) == lowest]
-        # Who is behind in the sequence of collectives says it first (a rank that
-        # entered collective N+1 waits on one that has not entered it); else the
-        # ranks outside any collective (the recorder's status, the Python frame).
-        lagging = _behind_in_collectives(behind)
-        outside = (
-            lagging
-            if lagging is not None
-            else sorted(t.rank for t in behind if not _in_collective(t))
-        )
-        behind_ranks = sorted(t.rank for t in behind)  # once, not once per stalled rank
-        split = bool(outside) and len(outside) < len(behind)
-        # Peers in a phase of their own (saving, evaluating) and within its timeout:
-        # ranks waiting at the next collective meanwhile are blocked by them, not hung.
-        # Once such a peer overstays (its own finding), they stay blocked by it. A peer
-        # whose main thread waits inside a collective (a distributed save's all_gather)
-        # is not busy with work of its own: it waits for the others, and a rank stuck
-        # outside that collective is judged by its own timeout, not the peer's phase's.
-        busy = [t for t in live if _busy(t)]
-        working = {t.rank for t in busy if not _in_collective(t)}
-        limits = {t.rank: self._phase_timeout(t) for t in busy}
-        out: list[Finding] = []
-        hang: list[HangClass | None] = []  # classified once, at the first hang named
-        # busy ranks first: one that overstayed is named before those waiting on it
-        for s in sorted(stalled, key=lambda st: (not _busy(st), st.rank)):
-            if FindingType.PROGRESS_TIMEOUT in s.active:
-                continue
-            # Culprits: ranks down, or flagged as stalled further behind than this one.
-            others = [r for r in down if r != s.rank]
-            others += [r for r, seq in flagged if r != s.rank and seq < _seq(s)]
-            timeout, age = s.stall  # type: ignore[misc]
-            waits_on = [
-                t.rank
-                for t in busy
-                if t.rank != s.rank
-                and ((t.rank in working and age <= limits[t.rank]) or t.active & _OVERSTAYED)
-            ]
-            if not others and waits_on and not _busy(s):
-                s.blocked_by = waits_on
-                s.culprits_gone_at = None
-                continue
-            if not others and split and s.rank not in outside:
-                others = outside
-            if others or _seq(s) > lowest:
-                s.blocked_by = others or behind_ranks  # s is ahead: not among them
-                s.culprits_gone_at = None
-                continue
-            if s.blocked_by:
-                if s.culprits_gone_at is None:
-                    s.culprits_gone_at = now
-                if now - s.culprits_gone_at <= timeout:
-                    continue
-            self._fire(s, FindingType.PROGRESS_TIMEOUT, Reason.NOT_ADVANCING, timeout, age, out)
-            if not hang:
-                hang.append(classify({t.rank: _collectives(t) for t in live}))
-            if hang[0] is not None:
-                out[-1].detail["hang"] = hang[0].to_dict()
-                out[-1].message = f"{out[-1].message}; {hang[0].line}"
-        return out
-
     def _evaluate_rank(self, s: RankState, now: float) -> list[Finding]:
-        """One rank's verdict now: exited, process stale, heartbeats late (not judged on
-        progress), or alive, then its progress in its phase and its GPU's health."""
+        """One rank's verdict now: exited, else its rank verdicts (process stale,
+        heartbeats late, in a section, progress; then its GPU's health)."""
         rec = s.record
         assert rec is not None and s.seen_at is not None
         out: list[Finding] = []
@@ -689,25 +557,8 @@ class HeartbeatRules:
         if rec.ended:
             self._exited(s, now, out)
             return out
-        ckpt = rec.checkpoint_active or rec.phase == CHECKPOINT_PHASE
-        process_timeout = (
-            self.cadence.checkpoint_timeout_s if ckpt else self.cadence.process_timeout_s
-        )
-        if hb_age > process_timeout or s.named_silent is rec:
-            self._process_stale(s, now, process_timeout, hb_age, out)
-            return out
-        s.liveness = Liveness.ALIVE
-        self._clear(s, FindingType.PROCESS_TIMEOUT, FindingType.NODE_DISK_FULL)
-        if hb_age > self.fresh_s:
-            self._heartbeats_late(s)
-        elif (
-            ckpt
-            or (rec.progress_seq <= 0 and not _busy(s))
-            or rec.phase in _TRAIN_PHASES
-            or not self._in_section(s, hb_age, out)
-        ):
-            self._progress(s, now, ckpt)
-        return out + self._check_health(s)
+        self.rank_verdicts.evaluate(self, s, now, out)
+        return out
 
     def _exited(self, s: RankState, now: float, out: list[Finding]) -> None:
         """The rank ended (``process_end``, or its pid vanished): completed after a clean
@@ -908,159 +759,11 @@ class HeartbeatRules:
             and not _SIGNAL_END.search(error)
         )
 
-    def _process_stale(
-        self, s: RankState, now: float, process_timeout: float, hb_age: float, out: list[Finding]
-    ) -> None:
-        """No heartbeat for the process timeout: the heartbeat timeout (progress is not
-        judged: one cause, one finding), or ``node_disk_full`` when its node's disk is."""
-        s.liveness = Liveness.STALE
-        s.progress = Progress.UNKNOWN
-        s.stall = None
-        s.blocked_by = []
-        s.culprits_gone_at = None
-        self._clear(s, FindingType.PROGRESS_TIMEOUT)
-        disk = self._full_disk(s, now, process_timeout)
-        if disk is not None:
-            self._fire(
-                s,
-                FindingType.NODE_DISK_FULL,
-                Reason.DISK_FULL,
-                process_timeout,
-                hb_age,
-                out,
-                detail={"disk": disk.to_dict()},
-            )
-            return
-        self._clear(s, FindingType.NODE_DISK_FULL)
-        self._fire(
-            s, FindingType.PROCESS_TIMEOUT, Reason.UNRESPONSIVE, process_timeout, hb_age, out
-        )
-
-    @staticmethod
-    def _heartbeats_late(s: RankState) -> None:
-        """Heartbeats late (older than :attr:`fresh_s`) but not yet past the process
-        timeout: a stopped or swapping process, not one alive and not progressing. Its
-        progress is unknown and not judged; the heartbeat timeout names it if it does
-        not come back, and a stall it caused in its peers is theirs to wait on."""
-        s.late = True
-        s.progress = Progress.UNKNOWN
-        s.stall = None
-        s.blocked_by = []
-        s.culprits_gone_at = None
-
-    def _in_section(self, s: RankState, hb_age: float, out: list[Finding]) -> bool:
-        """Outside setup, train and saves (an evaluation before the first step too): a
-        phase with a section timeout of its own (a named section, or any phase with the
-        out-of-section timeout) is judged by that timeout instead of progress; True when
-        it was."""
-        rec = s.record
-        assert rec is not None
-        phase = rec.phase or ""
-        if (
-            phase == EVAL_PHASE
-            and EVAL_PHASE not in self.section_timeouts
-            and self.out_of_section_timeout is None
-        ):
-            return False  # eval_timeout_s, a progress timeout
-        section_timeout = self.section_timeouts.get(phase, self.out_of_section_timeout)
-        if section_timeout is None:
-            return False
-        if phase == RESTART_PHASE:
-            section_timeout = max(section_timeout, _standby_wait(rec))
-        self._check_section(s, phase, section_timeout, hb_age, out)
-        s.progress = Progress.PROGRESSING
-        s.stall = None
-        s.blocked_by = []
-        self._clear(s, FindingType.PROGRESS_TIMEOUT)
-        return True
-
-    def _progress(self, s: RankState, now: float, ckpt: bool) -> None:
-        """Fresh heartbeats: progressing, or stalled past the timeout of its phase (a
-        stall is attributed, culprit or victim, in :meth:`_attribute_stalls`)."""
-        rec = s.record
-        assert rec is not None
-        cadence = self.cadence
-        started = rec.progress_seq > 0
-        phase = rec.phase or ""
-        age = s.progress_age_s
-        if ckpt:
-            progress_timeout = cadence.checkpointing_timeout_s
-        elif not started and not _busy(s):  # an evaluation before step 1 is an evaluation
-            progress_timeout = cadence.setup_timeout_s
-        elif phase in _TRAIN_PHASES:
-            progress_timeout = cadence.step_timeout_s
-        else:
-            progress_timeout = self._own_timeout(phase)
-        if age is not None:
-            age = _stall_age(s, rec, now, age)
-        self._clear(s, FindingType.SECTION_TIMEOUT)
-        if age is not None and age > progress_timeout:
-            s.progress = Progress.STALLED
-            s.stall = (progress_timeout, age)  # attributed in _attribute_stalls
-        else:
-            s.progress = Progress.PROGRESSING if started else Progress.STARTING
-            s.stall = None
-            s.blocked_by = []
-            s.culprits_gone_at = None
-            self._clear(s, FindingType.PROGRESS_TIMEOUT)
-
-    def _phase_timeout(self, s: RankState) -> float:
-        """How long rank ``s`` may stay in its current (non-train) phase."""
-        rec = s.record
-        assert rec is not None
-        sections = self.section_timeouts
-        if rec.checkpoint_active or rec.phase == CHECKPOINT_PHASE:
-            return self.cadence.checkpointing_timeout_s
-        phase = rec.phase or ""
-        if phase in sections:
-            return max(sections[phase], _standby_wait(rec) if phase == RESTART_PHASE else 0.0)
-        if self.out_of_section_timeout is not None:
-            return self.out_of_section_timeout
-        return self._own_timeout(phase)
-
-    def _own_timeout(self, phase: str) -> float:
-        """A phase's timeout without section timeouts: eval's, the checkpoint timeout
-        while the session closes, else the progress timeout."""
-        cadence = self.cadence
-        if phase == EVAL_PHASE:
-            return cadence.eval_timeout_s
-        if phase == CLOSING_PHASE:
-            return cadence.checkpoint_timeout_s
-        return cadence.progress_timeout_s
-
-    def _check_section(
-        self, s: RankState, phase: str, timeout: float, hb_age: float, out: list[Finding]
-    ) -> None:
-        assert s.record is not None
-        elapsed = (s.record.phase_elapsed_s or 0.0) + hb_age
-        if elapsed > timeout:
-            reason = (
-                Reason.SECTION_EXCEEDED if phase in self.section_timeouts else Reason.OUT_OF_SECTION
-            )
-            self._fire(s, FindingType.SECTION_TIMEOUT, reason, timeout, elapsed, out)
-        else:
-            self._clear(s, FindingType.SECTION_TIMEOUT)
-
-    def _check_health(self, s: RankState) -> list[Finding]:
-        out: list[Finding] = []
-        health = s.gpu_health or {}
-        verdict = None if health.get("stale") else health.get("health")
-        if verdict == "unhealthy":
-            self._fire(s, FindingType.HEALTH_FAILURE, Reason.GPU_UNHEALTHY, None, None, out)
-        else:
-            self._clear(s, FindingType.HEALTH_FAILURE)
-        if verdict == "warning":
-            self._fire(s, FindingType.HEALTH_WARNING, Reason.GPU_WARNING, None, None, out)
-        else:
-            self._clear(s, FindingType.HEALTH_WARNING)
-        return out
-
-    # ---- findings -------------------------------------------------------------------
+    # ---- findings (rankguard.monitor.verdicts.findings) --------------------------
 
     @staticmethod
     def _clear(s: RankState, *types: FindingType) -> None:
-        for t in types:
-            s.active.discard(t)
+        clear(s, *types)
 
     def _fire(
         self,
@@ -1073,13 +776,7 @@ class HeartbeatRules:
         *,
         detail: JsonObject | None = None,
     ) -> None:
-        if ftype in s.active:
-            return
-        s.active.add(ftype)
-        s.fired.add(ftype)
-        found = self.finding(s, ftype, reason, timeout_s, observed_s)
-        found.detail.update(detail or {})
-        out.append(found)
+        fire(self.run_id, s, ftype, reason, timeout_s, observed_s, out, detail=detail)
 
     def finding(
         self,
@@ -1091,262 +788,7 @@ class HeartbeatRules:
         message: str | None = None,
     ) -> Finding:
         """The finding about rank ``s`` as the monitor sees it now."""
-        rec = s.record
-        observed_s = _reported(observed_s, timeout_s)
-        return Finding.build(
-            ftype,
-            reason,
-            run_id=self.run_id,
-            rank=s.rank,
-            message=message or _message(ftype, reason, s, timeout_s, observed_s),
-            record=rec,
-            pid=s.pid,
-            process_liveness=s.liveness,
-            gpu_progress=s.progress,
-            checkpoint_active=rec.checkpoint_active if rec else False,
-            timeout_s=timeout_s,
-            observed_s=observed_s,
-            gpu_health=s.gpu_health,
-            exit=rec.exit if rec else None,
-            main_frame=rec.main_frame if rec else None,
-        )
-
-    def _never_seen_findings(self, world: int, waited: float) -> list[Finding]:
-        """The ranks below ``world`` not seen yet nor reported: one finding each when
-        few, else one finding for all of them (a sample of their ranks in its detail)."""
-        if world <= self._never_seen_upto:
-            return []
-        first, self._never_seen_upto = self._never_seen_upto, world
-        count, sample = 0, list[int]()
-        for rank in range(first, world):
-            if rank not in self.ranks:
-                count += 1
-                if len(sample) < NEVER_SEEN_SAMPLE:
-                    sample.append(rank)
-        if count <= NEVER_SEEN_EACH:
-            return [self._never_seen(rank, waited) for rank in sample]
-        return [self._never_seen_many(count, sample, waited)]
-
-    def _never_seen_many(self, count: int, sample: list[int], waited: float) -> Finding:
-        timeout = self.cadence.initial_process_timeout_s
-        shown = ", ".join(map(str, sample[:8]))
-        more = f" and {count - 8} more" if count > 8 else ""
-        finding = self.finding(
-            RankState(rank=sample[0]),
-            FindingType.PROCESS_TIMEOUT,
-            Reason.NEVER_OBSERVED,
-            timeout,
-            waited,
-            message=f"{count} ranks have published no heartbeat {waited:.1f}s after the "
-            f"job's first rank was seen (ranks {shown}{more}; "
-            f"initial_process_timeout_s={timeout:g})",
-        )
-        finding.detail.update(never_seen_count=count, never_seen_ranks=[*sample])
-        return finding
-
-    def _never_seen(self, rank: int, waited: float) -> Finding:
-        timeout = self.cadence.initial_process_timeout_s
-        return self.finding(
-            RankState(rank=rank),
-            FindingType.PROCESS_TIMEOUT,
-            Reason.NEVER_OBSERVED,
-            timeout,
-            waited,
-            message=f"rank {rank} has published no heartbeat {waited:.1f}s after the "
-            f"job's first rank was seen (initial_process_timeout_s={timeout:g})",
-        )
-
-
-class _DueRanks:
-    """Which ranks a scan evaluates: with ``incremental``, those with a new record, of a
-    node marked changed, or whose due time (:meth:`HeartbeatRules._next_due`) came;
-    without it (and at the first scan), every rank. A rank's verdict depends only on
-    its record, the time, its GPU health and the job-wide notes (shutdown, restart,
-    root cause, first failure, disks), and those notes matter only to a rank that just
-    ended or is stale, which is due anyway: so the verdicts are those of evaluating every
-    rank (``tests/unit/monitor/test_incremental.py`` checks it on random histories).
-    """
-
-    __slots__ = (
-        "_at",
-        "_dirty",
-        "_every",
-        "_heap",
-        "_node_ranks",
-        "_order",
-        "_started",
-        "incremental",
-    )
-
-    def __init__(self, incremental: bool) -> None:
-        self.incremental = incremental
-        self._started = False
-        self._dirty: set[int] = set()
-        self._every: set[int] = set()  # due at every scan
-        self._at: dict[int, float] = {}  # rank -> its due time (when in the heap)
-        self._heap: list[tuple[float, int]] = []
-        self._node_ranks: dict[int | None, set[int]] = {}
-        self._order: dict[int, int] = {}  # rank -> when first seen (the ranks' dict order)
-
-    def changed(self, rank: int, node_rank: int | None) -> None:
-        self._dirty.add(rank)
-        self._order.setdefault(rank, len(self._order))
-        ranks = self._node_ranks.get(node_rank)
-        if ranks is None:
-            ranks = self._node_ranks[node_rank] = set()
-        ranks.add(rank)
-
-    def mark_node(self, node_rank: int | None) -> None:
-        self._dirty |= self._node_ranks.get(node_rank, set())
-
-    def again(self, rank: int) -> None:
-        self._every.add(rank)
-
-    def take(self, now: float, ranks: dict[int, RankState]) -> list[RankState]:
-        if not (self.incremental and self._started):
-            self._started = True
-            self._dirty.clear()
-            return list(ranks.values())
-        due = self._dirty | self._every
-        self._dirty = set()
-        heap, at = self._heap, self._at
-        while heap and heap[0][0] <= now:
-            when, rank = heapq.heappop(heap)
-            if at.get(rank) == when:
-                del at[rank]
-                due.add(rank)
-        # in the order of the ranks' dict, as a full evaluation sees them (ties of the
-        # failure order keep it)
-        return [ranks[r] for r in sorted(due, key=self._order.__getitem__) if r in ranks]
-
-    def schedule(self, state: RankState, when: float, now: float) -> None:
-        rank = state.rank
-        if when <= now:
-            self._every.add(rank)
-            self._at.pop(rank, None)
-            return
-        self._every.discard(rank)
-        if when == math.inf:
-            self._at.pop(rank, None)
-        elif self._at.get(rank) != when:
-            self._at[rank] = when
-            heapq.heappush(self._heap, (when, rank))
-            if len(self._heap) > 4 * len(self._at) + 1024:  # drop entries replaced since
-                self._heap = [(w, r) for r, w in self._at.items()]
-                heapq.heapify(self._heap)
-
-    def age_others(self, now: float, ranks: dict[int, RankState]) -> None:
-        """The ages a full evaluation would have set on the ranks not evaluated."""
-        if not self.incremental:
-            return
-        for s in ranks.values():
-            seen = s.seen_at
-            if seen is None:
-                continue
-            age = now - seen
-            s.heartbeat_age_s = age
-            rec = s.record
-            since = rec.since_progress_s if rec is not None else None
-            s.progress_age_s = age + since if since is not None else None
-            if s.stall is not None and s.progress_age_s is not None and rec is not None:
-                s.stall = (s.stall[0], _stall_age(s, rec, now, s.progress_age_s))
-
-    def earliest(self) -> float | None:
-        heap, at = self._heap, self._at
-        while heap and at.get(heap[0][1]) != heap[0][0]:
-            heapq.heappop(heap)  # replaced since
-        return heap[0][0] if heap else None
-
-
-def _collectives(state: RankState) -> CollectivesBlock | None:
-    """The rank's ``collectives`` block (None: none, or one that does not validate),
-    parsed once per record."""
-    rec = state.record
-    if rec is None:
-        return None
-    cached = state.collectives
-    if cached is not None and cached[0] is rec:
-        return cached[1]
-    block = None
-    if CollectivesBlock.name in rec.extra:
-        try:
-            block = read_block(rec, CollectivesBlock)
-        except ValueError:
-            block = None
-    state.collectives = (rec, block)
-    return block
-
-
-def _in_collective(state: RankState) -> bool:
-    """Inside a collective: by the flight recorder's status (a collective enqueued, not
-    completed: DDP's reducer and FSDP's hooks wait there in C++), else by the Python
-    frame (a ``torch.distributed`` call)."""
-    block = _collectives(state)
-    if block is not None and block.inside:
-        return True
-    return waits_in_collective(state.record.main_frame if state.record is not None else None)
-
-
-def _behind_in_collectives(states: list[RankState]) -> list[int] | None:
-    """The ranks behind in the sequence of collectives of a group every one of
-    ``states`` reports, and inside none of its collectives, while another rank has
-    entered a later one of that group and waits in it; None when no group tells them
-    apart (or a rank reports none)."""
-    blocks = {s.rank: _collectives(s) for s in states}
-    if len(blocks) < 2 or any(b is None for b in blocks.values()):
-        return None
-    first = next(iter(blocks.values()))
-    assert first is not None
-    for g in first.groups:
-        pos = {r: b.group(g.group) for r, b in blocks.items() if b is not None}
-        if any(p is None for p in pos.values()):
-            continue
-        at = {r: p for r, p in pos.items() if p is not None}
-        newest = max(p.enqueued for p in at.values())
-        waiting = [r for r, p in at.items() if p.enqueued == newest and p.inside]
-        # a rank behind but inside an earlier collective waits as well (a broadcast
-        # completes on some ranks without the one that did not join): not a culprit
-        behind = sorted(r for r, p in at.items() if p.enqueued < newest and not p.inside)
-        if behind and waiting:
-            return behind
-    return None
-
-
-_OVERSTAYED = {FindingType.PROGRESS_TIMEOUT, FindingType.SECTION_TIMEOUT}
-_TRAIN_PHASES = (TRAIN_PHASE, "step")
-_RESUMED_PHASES = (*_TRAIN_PHASES, SETUP_PHASE)  # where the clock restarts after eval
-
-
-def _stall_age(s: RankState, rec: Any, now: float, age: float) -> float:
-    """How long rank ``s`` has been without progress in its current phase: the clock
-    restarts when train (or, before the first step, setup) resumes after eval or a save,
-    and when heartbeats come back after a pause (SIGCONT); an evaluation before the first
-    step counts from its own start, not from the process start."""
-    if rec.checkpoint_active:
-        pass
-    elif rec.progress_seq <= 0 and _busy(s):
-        age = min(age, (rec.phase_elapsed_s or 0.0) + (now - (s.seen_at or now)))
-    elif s.train_since is not None and rec.phase in _RESUMED_PHASES:
-        age = min(age, now - s.train_since)
-    if s.resumed_at is not None:
-        age = min(age, now - s.resumed_at)
-    return age
-
-
-def _busy(state: RankState) -> bool:
-    """In a phase of its own (saving, evaluating, a user section), not training."""
-    rec = state.record
-    if rec is None or rec.ended:
-        return False
-    return rec.checkpoint_active or (rec.phase or SETUP_PHASE) not in (
-        SETUP_PHASE,
-        TRAIN_PHASE,
-        "step",
-    )
-
-
-def _seq(state: RankState) -> int:
-    return state.record.progress_seq if state.record is not None else 0
+        return rank_finding(self.run_id, s, ftype, reason, timeout_s, observed_s, message)
 
 
 # What a rank says when it fails because a peer went away: the collective broke under
@@ -1367,81 +809,3 @@ def peer_failure(error: object) -> bool:
     """The error of a rank whose collective broke because a peer went away (connection
     closed or reset, a remote process exited): a victim's error, not a root cause."""
     return bool(_PEER_FAILURE.search(str(error or "")))
-
-
-def _reported(observed_s: float | None, timeout_s: float | None) -> float | None:
-    """``observed_s`` to the millisecond, never rounded down onto the limit it passed.
-
-    A finding fires on ``observed > timeout``; 4.0004 s past a 4 s limit would read
-    ``observed_s: 4.0``, which says the limit was not passed.
-    """
-    if observed_s is None:
-        return None
-    shown = round(observed_s, 3)
-    if timeout_s is not None and observed_s > timeout_s >= shown:
-        shown = math.floor(timeout_s * 1000 + 1) / 1000
-    return shown
-
-
-def _message(
-    ftype: FindingType,
-    reason: Reason,
-    s: RankState,
-    timeout_s: float | None,
-    observed_s: float | None,
-) -> str:
-    rec = s.record
-    assert rec is not None
-    who = f"rank {s.rank} (pid {s.pid} on {rec.hostname})"
-    where = f"phase {rec.phase}, iteration {rec.iteration}"
-    observed = "?"
-    if observed_s is not None:
-        # One decimal, or three where one would print the limit itself ("4.0s > 4s").
-        digits = 1 if timeout_s is None or round(observed_s, 1) > timeout_s else 3
-        observed = f"{observed_s:.{digits}f}"
-    if ftype is FindingType.PROCESS_TIMEOUT:
-        return (
-            f"{who}: no heartbeat for {observed}s > {timeout_s:g}s; the process or "
-            f"its heartbeat thread is unresponsive (stopped, swapping or dead) [{where}]"
-        )
-    if ftype is FindingType.NODE_DISK_FULL:
-        return (
-            f"{who}: no heartbeat for {observed}s > {timeout_s:g}s while the disk of "
-            f"node {rec.node_rank or 0} is full: its heartbeats cannot be written; reported, "
-            f"not killed (free space on that node ends it) [{where}]"
-        )
-    if ftype is FindingType.PROGRESS_TIMEOUT:
-        return f"{who}: alive but no step completed for {observed}s > {timeout_s:g}s [{where}]"
-    if ftype is FindingType.PROCESS_EXITED:
-        exit_info = rec.exit or {}
-        if reason is Reason.DIED:
-            return f"{who}: process vanished without a clean end (killed or crashed) [{where}]"
-        early = exit_info.get("peers_ended_first")
-        why = (
-            f" (its peer(s) {', '.join(map(str, early))} had exited cleanly before it: "
-            "they left the job early)"
-            if isinstance(early, list) and early
-            else ""
-        )
-        return (
-            f"{who}: exited with an error (exit code {exit_info.get('exit_code')}): "
-            f"{exit_info.get('error')}{why} [{where}]"
-        )
-    if ftype is FindingType.SECTION_TIMEOUT:
-        what = "section" if reason is Reason.SECTION_EXCEEDED else "out-of-section phase"
-        return f"{who}: {what} {rec.phase!r} has lasted {observed}s > {timeout_s:g}s [{where}]"
-    problems = ", ".join(map(str, as_list((s.gpu_health or {}).get("problems"))))
-    problems = problems or "see gpu_health"
-    level = "unhealthy" if ftype is FindingType.HEALTH_FAILURE else "warning"
-    return f"{who}: its GPU is {level}: {problems}"
-
-
-def _standby_wait(rec: HeartbeatRecord) -> float:
-    """How long a rank re-entering in-process may wait at its barrier for a lost peer's
-    standby that is on its way (the barrier's own bound; 0 when it waits for none): a
-    standby refilled a moment before the loss is still starting its interpreter."""
-    try:
-        block = read_block(rec, InProcessBlock)
-    except ValueError:
-        return 0.0
-    return (block.awaiting_standby_s or 0.0) if block is not None else 0.0

@@ -1,0 +1,138 @@
+"""Name the culprit of a stall, not its victims.
+
+In a synchronous job one stuck rank stops every other rank at its next collective, so
+all of them stop progressing. A stalled rank gets its own ``gpu_progress_timeout`` only
+when no other rank is already the known cause (stale, failed, or flagged as stalled) and
+it is among the furthest behind; the others are marked stalled with ``blocked_by``
+naming the culprits. When all stalled ranks are equally far (a hang before the
+collective, a collective hang), all of them are reported, unless the evidence tells them
+apart: ranks behind in the sequence of collectives, else ranks outside any collective,
+are the culprits of those waiting in one. A victim whose culprits recovered gets one
+more progress timeout to resume before it is reported in its own right. The first
+culprit named carries the hang's class (:mod:`rankguard.monitor.hangclass`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from rankguard.monitor.hangclass import HangClass, classify
+from rankguard.monitor.verdicts.evidence import (
+    OVERSTAYED,
+    behind_in_collectives,
+    busy,
+    collectives,
+    in_collective,
+    phase_timeout,
+    seq,
+)
+from rankguard.monitor.verdicts.findings import fire
+from rankguard.schema.findings import FindingType, Liveness, Reason
+
+if TYPE_CHECKING:
+    from rankguard.monitor.verdicts.api import JobView
+    from rankguard.schema.findings import Finding
+
+__all__ = ["StallCulprits"]
+
+_DEAD = frozenset(
+    {FindingType.PROCESS_TIMEOUT, FindingType.PROCESS_EXITED, FindingType.NODE_DISK_FULL}
+)
+
+
+class StallCulprits:
+    """Due at every scan while a rank is stalled (a victim's grace runs on); not
+    evaluated at all while none is."""
+
+    __slots__ = ()
+
+    def next_due(self, view: JobView, now: float) -> float:
+        return -math.inf if view.stalled else math.inf
+
+    def evaluate(self, view: JobView, now: float) -> list[Finding]:
+        ranks = view.ranks
+        stalled = [s for s in ranks.values() if s.stall is not None]
+        view.stalled.intersection_update(s.rank for s in stalled)  # drop reset ranks
+        if not stalled:
+            return []
+        # a rank whose heartbeats are late is the likely cause too (its own heartbeat
+        # timeout names it if it does not come back)
+        down = [s.rank for s in ranks.values() if s.active & _DEAD or s.late]
+        flagged = [
+            (s.rank, seq(s)) for s in ranks.values() if FindingType.PROGRESS_TIMEOUT in s.active
+        ]
+        # Furthest behind among live ranks: a stalled rank ahead of a live rank is
+        # waiting for it, even before that rank crosses its own timeout (its records
+        # may come later, through the relay of another node).
+        live = [s for s in ranks.values() if s.liveness is Liveness.ALIVE]
+        lowest = min(seq(s) for s in live or stalled)
+        # Equally far behind, but some ranks wait inside a collective and others do
+        # not: those waiting wait for the others (a hang before the collective).
+        behind = [t for t in live if seq(t) == lowest]
+        # Who is behind in the sequence of collectives says it first (a rank that
+        # entered collective N+1 waits on one that has not entered it); else the
+        # ranks outside any collective (the recorder's status, the Python frame).
+        lagging = behind_in_collectives(behind)
+        outside = (
+            lagging
+            if lagging is not None
+            else sorted(t.rank for t in behind if not in_collective(t))
+        )
+        behind_ranks = sorted(t.rank for t in behind)  # once, not once per stalled rank
+        split = bool(outside) and len(outside) < len(behind)
+        # Peers in a phase of their own (saving, evaluating) and within its timeout:
+        # ranks waiting at the next collective meanwhile are blocked by them, not hung.
+        # Once such a peer overstays (its own finding), they stay blocked by it. A peer
+        # whose main thread waits inside a collective (a distributed save's all_gather)
+        # is not busy with work of its own: it waits for the others, and a rank stuck
+        # outside that collective is judged by its own timeout, not the peer's phase's.
+        busy_ranks = [t for t in live if busy(t)]
+        working = {t.rank for t in busy_ranks if not in_collective(t)}
+        limits = {t.rank: phase_timeout(view.cadence, t) for t in busy_ranks}
+        out: list[Finding] = []
+        hang: list[HangClass | None] = []  # classified once, at the first hang named
+        # busy ranks first: one that overstayed is named before those waiting on it
+        for s in sorted(stalled, key=lambda st: (not busy(st), st.rank)):
+            if FindingType.PROGRESS_TIMEOUT in s.active:
+                continue
+            # Culprits: ranks down, or flagged as stalled further behind than this one.
+            others = [r for r in down if r != s.rank]
+            others += [r for r, at in flagged if r != s.rank and at < seq(s)]
+            timeout, age = s.stall  # type: ignore[misc]
+            waits_on = [
+                t.rank
+                for t in busy_ranks
+                if t.rank != s.rank
+                and ((t.rank in working and age <= limits[t.rank]) or t.active & OVERSTAYED)
+            ]
+            if not others and waits_on and not busy(s):
+                s.blocked_by = waits_on
+                s.culprits_gone_at = None
+                continue
+            if not others and split and s.rank not in outside:
+                others = outside
+            if others or seq(s) > lowest:
+                s.blocked_by = others or behind_ranks  # s is ahead: not among them
+                s.culprits_gone_at = None
+                continue
+            if s.blocked_by:
+                if s.culprits_gone_at is None:
+                    s.culprits_gone_at = now
+                if now - s.culprits_gone_at <= timeout:
+                    continue
+            fire(
+                view.run_id,
+                s,
+                FindingType.PROGRESS_TIMEOUT,
+                Reason.NOT_ADVANCING,
+                timeout,
+                age,
+                out,
+            )
+            if not hang:
+                hang.append(classify({t.rank: collectives(t) for t in live}))
+            if hang[0] is not None:
+                out[-1].detail["hang"] = hang[0].to_dict()
+                out[-1].message = f"{out[-1].message}; {hang[0].line}"
+        return out
