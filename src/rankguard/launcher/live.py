@@ -122,6 +122,8 @@ class LiveRecovery:
                     standby_pid=r["standby_pid"],
                     cause=r["cause"],
                     fault_t=r["fault_t"],
+                    recovery_s=r["recovery_s"],
+                    steps_redone=r["steps_redone"],
                 )
                 for r in self.replaced
             ),

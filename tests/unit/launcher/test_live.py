@@ -118,6 +118,9 @@ def test_a_killed_rank_goes_to_the_standby_without_a_group_restart(tmp_path: Pat
     assert (entry.number("recovery_s"), entry.number("steps_redone")) == (0.5, 0)
     assert entry.number("resumed_step") == 11
     assert entry.number("resumed_t") == round(fault_t + 0.5, 3)
+    # status.json["live"] (the exporter's one source) has the cost too
+    (done,) = live.status().replaced
+    assert (done.recovery_s, done.steps_redone) == (0.5, 0)
 
 
 def test_a_second_loss_with_no_standby_left_restarts_the_group(tmp_path: Path) -> None:
