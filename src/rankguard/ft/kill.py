@@ -196,19 +196,25 @@ def dump_stacks_of(
     *,
     culprit: int | None = None,
     owner: WorkerRegistry | None = None,
+    on_culprit: Callable[[DumpResult], None] | None = None,
 ) -> list[DumpResult]:
     """Dump every target's stacks at once; the results culprit first, then by rank.
 
     ``culprit``: the rank to list first; by default the targets marked ``kill``.
     ``owner``: the only processes that may be signalled (None: the caller started the
     targets itself); any other target is refused, its result saying why.
+    ``on_culprit``: called (in the caller's thread) with the first target's result as
+    soon as it is in, while the others' dumps go on.
     """
     order = _culprit_first(targets, culprit)
     if not order:
         return []
     workers = min(MAX_PARALLEL_DUMPS, len(order))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rankguard-dump") as pool:
-        return list(pool.map(lambda t: _dump_one(Path(run_dir), t, policy, owner), order))
+        futures = [pool.submit(_dump_one, Path(run_dir), t, policy, owner) for t in order]
+        if on_culprit is not None:
+            on_culprit(futures[0].result())
+        return [f.result() for f in futures]
 
 
 @dataclass(frozen=True, slots=True)
