@@ -87,7 +87,7 @@ def install_dump_handler(run_dir: Path, rank: int) -> IO[Any] | None:
         return None
 
 
-def _py_spy(pid: int, out: Path, timeout_s: float) -> bool:
+def _py_spy(pid: int, out: Path, timeout_s: float, native: bool = True) -> bool:
     exe = shutil.which("py-spy")
     if exe is None:
         return False
@@ -96,7 +96,8 @@ def _py_spy(pid: int, out: Path, timeout_s: float) -> bool:
     # A stopped process is read as it is (--nonblocking: no pause, no native frames).
     deadline = time.monotonic() + timeout_s
     stopped = process_state(pid) in ("T", "t")
-    for extra in [["--nonblocking"]] if stopped else [["--native"], []]:
+    tries = [["--nonblocking"]] if stopped else [["--native"], []] if native else [[]]
+    for extra in tries:
         left = deadline - time.monotonic()
         if left <= 0:
             return False
@@ -167,11 +168,19 @@ def _faulthandler(pid: int, out: Path, timeout_s: float) -> bool:
 
 
 def dump_stacks(
-    run_dir: Path, rank: int, pid: int, *, method: str = "auto", timeout_s: float = 10.0
+    run_dir: Path,
+    rank: int,
+    pid: int,
+    *,
+    method: str = "auto",
+    timeout_s: float = 10.0,
+    native: bool = True,
 ) -> str | None:
-    """Write the stacks of ``pid`` to its stack file; the path, or None when it failed."""
+    """Write the stacks of ``pid`` to its stack file; the path, or None when it failed.
+    ``native``: py-spy tries native frames first (it pauses the process to unwind them:
+    seconds on a loaded machine); False: Python frames only."""
     out = stack_file(run_dir, rank, pid)
-    if method in ("auto", "py-spy") and _py_spy(pid, out, timeout_s):
+    if method in ("auto", "py-spy") and _py_spy(pid, out, timeout_s, native):
         return str(out)
     if method == "py-spy":
         logger.warning("rankguard: stack_dump=py-spy but py-spy failed; trying faulthandler")

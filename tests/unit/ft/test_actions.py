@@ -325,7 +325,10 @@ def test_a_hung_rank_a_standby_replaces_is_killed_once_its_own_stacks_are_in(
     real_dump = kill_mod.dump_stacks
     culprit_gone_during_survivor_dump: list[bool] = []
 
+    natives: dict[int, bool] = {}
+
     def dump(run_dir: Path, rank: int, pid: int, **kw: Any) -> str | None:
+        natives[rank] = kw["native"]
         if rank == 0:  # the survivor's dump: is the culprit gone before it completes?
             deadline = time.monotonic() + 3.0
             while pid_running(rank1.pid) and rank1.poll() is None:
@@ -341,6 +344,8 @@ def test_a_hung_rank_a_standby_replaces_is_killed_once_its_own_stacks_are_in(
     assert culprit_gone_during_survivor_dump == [True]
     assert rank1.returncode == -9 and alive(rank0)
     assert handler.killed(1, rank1.pid) and not handler.killed(0, rank0.pid)
+    # the survivor keeps running: not paused for native frames (the culprit may be)
+    assert natives == {1: True, 0: False}
     assert f.action == "restart" and list(f.stack_dumps) == ["1", "0"]
     assert "blocked_here" in Path(f.stack_dumps["1"]).read_text(encoding="utf-8")
     assert "blocked_here" in Path(f.stack_dumps["0"]).read_text(encoding="utf-8")
