@@ -2,7 +2,8 @@
 demo model in DDP, deterministic data): a hung rank taken over by the standby in place,
 the standby refilled, a SIGKILLed rank taken over by the refilled one, then a third loss
 with no standby left (the group restart, said); the restarted group's standby, not
-needed, leaves with the ranks and writes nothing.
+needed, leaves with the ranks and writes nothing. A second launch: a SIGSTOPped rank,
+found by its heartbeat timeout and killed by fault tolerance, replaced live.
 
 Why a real launch: only the agent's own watch of the worker processes, the standby
 processes and the ranks' in-process rounds together show that the survivors keep their
