@@ -32,8 +32,9 @@ LIVE_METRICS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     (
         "rankguard_live_last_recovery_seconds",
         "gauge",
-        "Fault -> the newcomer's first completed step of the latest live recovery whose "
-        "step was seen (absent before one).",
+        "The lost process's end (seen by the launcher; a hung rank's once fault tolerance "
+        "killed it) -> the newcomer's first completed step, of the latest live recovery "
+        "whose step was seen (absent before one).",
         _RUN,
     ),
     (
