@@ -27,11 +27,18 @@ drawn once per run from ``--seed`` and the same for every mode; ``--runs`` runs 
 Faults: ``kill`` (SIGKILL, ``--runs`` runs per mode) and ``stop`` (SIGSTOP: a hung rank,
 ``--hang-runs`` per mode, default 1). rankguard finds a stopped rank by its heartbeats
 (``process_timeout_s`` 3 s) and ends it (fault tolerance on; the bench stops the rank
-again whenever something lets it run: rankguard's stack dump by py-spy does, a ptrace
-detach continues a stopped process, and the hang would be gone); torchrun sees processes
+again whenever something lets it run, and the hang would be gone: a faulthandler stack
+dump sends SIGCONT, as a ptrace detach does; rankguard's py-spy reads a stopped rank with
+``--nonblocking`` and leaves it stopped; a rank woken by its SIGKILL to die is counted
+too); torchrun sees processes
 exit, not hangs: only the gloo timeout (``--pg-timeout``, 10 s here) turns the hang into a
 crash of the survivors; torchft's survivors drop the stopped replica group from the quorum
 after the same gloo timeout; nothing ends the stopped process (the bench does, at the end).
+
+For a hang, rankguard's phases from its run files as well: fault -> the finding naming
+the stopped rank (``findings.jsonl``'s ``detected_at_unix_ns``: the heartbeat timeout),
+-> the launcher saw its process end (a live recovery's ``fault_t`` in ``restarts.jsonl``:
+the stack dumps and the kill), -> the next step (the recovery).
 
 Figures, per run, from the job's own lines (each stamped by the rank, ``time.time()``):
 fault (the ``LRFAULT`` line the faulting rank prints just before it kills or stops
@@ -391,6 +398,46 @@ class Result:
     max_diff: float = 0.0
     survivors_kept_pids: bool | None = None
     faulted_came_back: bool = False  # the faulted process itself trained again
+    # rankguard's phases, from its run files (seconds after the fault):
+    detected: float | None = None  # the finding naming the faulted rank
+    ended: float | None = None  # the launcher saw its process end (live: restarts.jsonl)
+
+
+def _run_files(run: Run) -> Path | None:
+    """The run directory of a ``rankguard run`` (``--log-dir``'s ``heartbeat/<run id>``)."""
+    found = sorted((run.workdir / "logs" / "heartbeat").glob("*/findings.jsonl"))
+    return found[0].parent if found else None
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    out = []
+    with contextlib.suppress(OSError):
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                out.append(json.loads(line))
+    return out
+
+
+def phases(run: Run, fault: dict[str, Any]) -> tuple[float | None, float | None]:
+    """Fault -> rankguard's finding naming the faulted rank (its detection time), and
+    fault -> the launcher saw the process end (a live recovery's ``fault_t``: for a
+    hang, after fault tolerance killed it); None where the files do not say."""
+    files = _run_files(run)
+    if files is None:
+        return None, None
+    t_f, rank = float(fault["t"]), int(fault["r"])
+    detected = None
+    for f in _jsonl(files / "findings.jsonl"):
+        ns = f.get("detected_at_unix_ns")
+        if f.get("rank") == rank and f.get("pid") == fault.get("pid") and ns:
+            detected = int(ns) / 1e9 - t_f
+            break
+    ended = None
+    for r in _jsonl(files / "restarts.jsonl"):
+        if r.get("kind") == "live_recovery" and r.get("lost_pid") == fault.get("pid"):
+            ended = float(r["fault_t"]) - t_f
+            break
+    return detected, ended
 
 
 def analyse(run: Run, baseline: dict[tuple[int, int], str]) -> Result:
@@ -426,6 +473,8 @@ def analyse(run: Run, baseline: dict[tuple[int, int], str]) -> Result:
     res = Result(run, ok, why)
     if fault is None:
         return res
+    if run.mode != "torchft" and run.mode != "torchrun":
+        res.detected, res.ended = phases(run, fault)
     t_f, f_step = float(fault["t"]), int(fault["s"])
     # after the fault: a step at or past the fault's, or one done again (a survivor's
     # line of the step every rank completed before the fault can arrive just after it)
@@ -505,6 +554,12 @@ def progress_line(res: Result) -> str:
         pids += ", THE FAULTED PROCESS ITSELF TRAINED ON (resumed, not replaced)"
     if r.resumed:
         pids += f", the stopped rank was let run {r.resumed}x (stopped again by the bench)"
+    if r.fault == "stop" and res.detected is not None:
+        pids += f"; detected {res.detected:.2f}s"
+        if res.ended is not None and res.fault_to_step is not None:
+            pids += (
+                f", ended {res.ended:.2f}s, then next step +{res.fault_to_step - res.ended:.2f}s"
+            )
     return (
         f"  {r.mode:17s} {r.fault:4s} rank {r.rank} step {r.step:2d}: fault->next step {fig}"
         f"{extra}, redone {res.redone if res.redone is not None else '-'}, {losses_}{pids}; "
@@ -548,6 +603,49 @@ def summary(results: dict[tuple[str, str], list[Result]]) -> None:
         ],
         rows,
     )
+
+
+def hang_phases(results: dict[tuple[str, str], list[Result]]) -> None:
+    """Where a hang's time goes, for rankguard's modes: detection (the heartbeat timeout,
+    ``heartbeat.process_timeout_s``), acting on it (stack dumps, the kill: until the
+    launcher saw the process end) and the recovery after that."""
+    rows = []
+    for (mode, fault), rs in results.items():
+        good = [r for r in rs if r.ok and r.detected is not None]
+        if fault != "stop" or not good:
+            continue
+        detected = [r.detected for r in good if r.detected is not None]
+        acted = [
+            (r.detected, r.ended, r.fault_to_step)
+            for r in good
+            if r.detected is not None and r.ended is not None and r.fault_to_step is not None
+        ]
+        rows.append(
+            [
+                mode,
+                _fmt(detected),
+                _fmt([ended - det for det, ended, _next in acted]),
+                _fmt([nxt - ended for _det, ended, nxt in acted]),
+            ]
+        )
+    if not rows:
+        return
+    print()
+    print(f"a hang (SIGSTOP), phase by phase (heartbeat.process_timeout_s {_timeout_s()} s):")
+    print_table(
+        [
+            "mode",
+            "fault->finding s (median / max)",
+            "finding->process ended s",
+            "process ended->next step s",
+        ],
+        rows,
+    )
+
+
+def _timeout_s() -> str:
+    sets = [x for x in HEARTBEAT_SETS if x.startswith("heartbeat.process_timeout_s=")]
+    return sets[0].split("=", 1)[1] if sets else "?"
 
 
 def verdict(results: dict[tuple[str, str], list[Result]], runs: int) -> None:
@@ -714,6 +812,7 @@ def main(argv: list[str] | None = None) -> int:
     print("fault -> next completed step (s), steps redone, losses of every (step, rank)")
     print("completed after the fault against the uninterrupted run's (torchft: its own)")
     summary(results)
+    hang_phases(results)
     failed = [r for rs in results.values() for r in rs if not r.ok]
     for r in failed:
         print(f"failed: {r.run.mode} {r.run.fault} rank {r.run.rank} step {r.run.step}: {r.why}")

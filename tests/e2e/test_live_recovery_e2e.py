@@ -2,7 +2,8 @@
 demo model in DDP, deterministic data): a hung rank taken over by the standby in place,
 the standby refilled, a SIGKILLed rank taken over by the refilled one, then a third loss
 with no standby left (the group restart, said); the restarted group's standby, not
-needed, leaves with the ranks and writes nothing.
+needed, leaves with the ranks and writes nothing. A second launch: a SIGSTOPped rank,
+found by its heartbeat timeout and killed by fault tolerance, replaced live.
 
 Why a real launch: only the agent's own watch of the worker processes, the standby
 processes and the ranks' in-process rounds together show that the survivors keep their
@@ -212,4 +213,46 @@ def test_lost_ranks_are_replaced_in_place_then_no_standby_left_restarts(
         *["rank_2"] * 3,
         *["rank_3"] * 3,
     ]
+    assert no_leftover_workers(run_id)
+
+
+def test_a_stopped_rank_is_killed_once_its_stacks_are_in_and_replaced_live(
+    tmp_path: Path, run_id: str
+) -> None:
+    """Rank 1 SIGSTOPs itself after step 5 (the demo lets it run again after 60 s): the
+    heartbeat timeout names it, fault tolerance writes its stacks (py-spy reads a
+    stopped process as it is: it is not let run) and kills it at once, the standby takes
+    its place. One finding names the hang; no second one for the process fault tolerance
+    ended, and the survivor's wait in the round stays under its hard timeout."""
+    res = run_rankguard(
+        [
+            *standalone_run(run_id, tmp_path, nproc=2),
+            "--standby-ranks",
+            "1",
+            *LIVE,
+            *("--set", "fault_tolerance.enable_ft_package=true"),
+            *("--set", "fault_tolerance.num_in_job_restarts=1"),
+            "-m",
+            "rankguard.demo.train",
+            *("--steps", "14", "--log-every", "1", "--step-sleep", "0.05"),
+            *("--fault", "stop", "--fault-rank", "1", "--fault-step", "5"),
+            *("--fault-duration", "60"),
+        ],
+        timeout=280,
+    )
+    out, run_dir = res.stdout + res.stderr, tmp_path / "heartbeat" / run_id
+    assert res.returncode == 0, out[-4000:]
+    (line,) = read_jsonl(run_dir / "restarts.jsonl")
+    assert line["kind"] == "live_recovery" and line["lost_rank"] == 1, line
+    assert (line["cause"], line["exit"]) == ("rank_process_heartbeat_timeout", "SIGKILL"), line
+    assert line["resumed_t"] is not None and line["steps_redone"] <= 1, line
+    findings = read_jsonl(run_dir / "findings.jsonl")
+    mine = [f for f in findings if f.get("pid") == line["lost_pid"]]
+    assert [(f["finding_type"], f["action"]) for f in mine] == [
+        ("rank_process_heartbeat_timeout", "restart")
+    ], findings
+    assert not [f for f in findings if f["finding_type"] == "rank_section_timeout"], findings
+    stacks = Path(mine[0]["stack_dump"]).read_text(encoding="utf-8")
+    if "py-spy dump" in stacks:  # py-spy on PATH: the stopped rank read as it is
+        assert "--nonblocking" in stacks, stacks[:500]
     assert no_leftover_workers(run_id)

@@ -31,12 +31,13 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from rankguard.exporter.live import LIVE_METRICS, live_series
 from rankguard.goodput.ledger import PARTS
 from rankguard.health.schema import NodeStatus
 from rankguard.schema.coerce import as_float
 from rankguard.schema.findings import Finding, FindingType, Liveness, Progress
 from rankguard.schema.jsontypes import JsonInput, JsonObject
-from rankguard.schema.restarts import RestartsBlock
+from rankguard.schema.restarts import LiveBlock, RestartsBlock
 from rankguard.schema.status import RankGpu, RankGpuHealth, RankRow, StatusDoc
 from rankguard.schema.statusblocks import CheckpointsBlock, GoodputBlock, StragglersBlock
 from rankguard.view.runfiles import worst_rows
@@ -330,6 +331,8 @@ METRICS: tuple[MetricSpec, ...] = (
         "Seconds since the monitor last rebuilt its status (grows if the monitor is stuck).",
         _RUN,
     ),
+    # ---- live recovery (standbys; rankguard.exporter.live) ----
+    *(MetricSpec(*row) for row in LIVE_METRICS),
 )
 _SPECS = {spec.name: spec for spec in METRICS}
 
@@ -522,6 +525,7 @@ def _job_families(put: _Put, doc: StatusDoc, now_wall: float) -> None:
         put("rankguard_job_restarts_total", [kind], float(count))
     _checkpoint_series(doc.block(CheckpointsBlock), now_wall, put)
     _goodput_series(doc.block(GoodputBlock), put)
+    live_series(put, doc.block(LiveBlock))
 
 
 def _goodput_series(block: GoodputBlock | None, put: _Put) -> None:

@@ -28,6 +28,7 @@ failed and why (``stack_dump_errors``).
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 import threading
@@ -126,7 +127,8 @@ class HangTraces(FindingSink):
             if rec is None or rec.ended:
                 continue
             if self.here(rec):
-                if process_state(rec.pid) not in ("T", "t"):  # stopped: cannot answer
+                # stopped, or gone (a culprit killed before its finding): cannot answer
+                if process_state(rec.pid) not in (None, "T", "t", "Z", "X"):
                     ranks.append(rank)
             elif self.remote is not None and rec.node_rank:  # its relay judges the pid
                 elsewhere.setdefault(rec.node_rank, []).append(rank)
@@ -157,7 +159,12 @@ class FaultHandler(FindingSink):
     ``remote_traces``: the other nodes' flight-recorder traces on a hang (their relays).
     ``busy_grace_s``: how long after an action the agent has to see its group fail
     (default: two stack dump timeouts, the termination grace and 30 s for the agent and
-    the relays to notice)."""
+    the relays to notice).
+    ``replaced_live``: whether a standby takes a rank's place when its process ends (live
+    recovery, this node's launcher). For a hang of such a rank restarted, the culprit is
+    killed as soon as its own stacks are written: the other ranks keep running (their
+    dumps, taken from the same moment, go on meanwhile) and the standby need not wait
+    for them. The finding is written after every dump, as otherwise."""
 
     def __init__(
         self,
@@ -170,9 +177,13 @@ class FaultHandler(FindingSink):
         remote_traces: RemoteTraces | None = None,
         workers: WorkerRegistry | None = None,
         busy_grace_s: float | None = None,
+        replaced_live: Callable[[int], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cfg = cfg
+        self.replaced_live = replaced_live
+        self._acted_early: Finding | None = None  # killed before it was written
+        self._killed: tuple[int, int] | None = None  # (rank, pid) of the last kill here
         self.workers = workers
         self.run_dir = Path(run_dir)
         self.monitor = monitor
@@ -197,6 +208,11 @@ class FaultHandler(FindingSink):
         self.traces = HangTraces(
             self.run_dir, monitor, here=self._dumps_here, remote=remote_traces, clock=clock
         )
+
+    def killed(self, rank: int, pid: int) -> bool:
+        """Whether this handler's last kill here was rank ``rank``'s process ``pid`` (its
+        end is that action's doing: the finding that caused it names the rank)."""
+        return self._killed == (rank, pid)
 
     def restarted(self) -> None:
         """The agent started a new worker group: act on the next fault again."""
@@ -280,8 +296,11 @@ class FaultHandler(FindingSink):
         except Exception:  # ``_act`` tries again, and a failure there is counted
             self._pending = None
         errors: dict[str, str] = {}
+        early = None
+        if action == "restart" and self._replaced_live(finding.rank):
+            early = functools.partial(self._kill_early, finding)
         try:
-            finding.stack_dumps = self._dump_all(finding.rank, errors)
+            finding.stack_dumps = self._dump_all(finding.rank, errors, early)
         except Exception as exc:  # no stacks, but the kill goes ahead
             logger.exception("rankguard: stack dumps before the %s failed", action)
             finding.stack_dumps = {}
@@ -291,6 +310,33 @@ class FaultHandler(FindingSink):
             finding.detail["stack_dump_errors"] = {**errors}
         if ftype.info.hang:
             self.traces.attach(finding)
+        if self._acted_early is finding and pending is not None:
+            pending.update(finding.to_dict())  # the agent's cause: now with the dumps
+
+    def _replaced_live(self, rank: int) -> bool:
+        """A standby takes the culprit's place (its kill ends no other rank here)."""
+        state = self.monitor.rules.ranks.get(rank)
+        rec = state.record if state is not None else None
+        if self.replaced_live is None or rec is None or not self._dumps_here(rec):
+            return False
+        try:
+            return self.replaced_live(rank)
+        except Exception:
+            logger.exception("rankguard: asking live recovery about rank %d failed", rank)
+            return False
+
+    def _kill_early(self, finding: Finding, _culprit: object = None) -> None:
+        """The culprit's stacks are in: kill it now (live recovery replaces it), the
+        others' dumps going on; :meth:`after_write` then has nothing left to do."""
+        try:
+            self._act(finding)
+        except Exception:
+            self.action_errors += 1
+            logger.exception("rankguard: the kill of rank %d failed", finding.rank)
+            with self._lock:
+                self._busy = False
+            return
+        self._acted_early = finding
 
     def _cannot_act(self, finding: Finding) -> str | None:
         """Why the culprit cannot be killed (then nothing restarts: stay armed)."""
@@ -310,9 +356,14 @@ class FaultHandler(FindingSink):
             return False
         return rec.hostname == self.hostname
 
-    def _dump_all(self, culprit: int, errors: dict[str, str]) -> dict[str, str]:
+    def _dump_all(
+        self,
+        culprit: int,
+        errors: dict[str, str],
+        on_culprit: Callable[[Any], None] | None = None,
+    ) -> dict[str, str]:
         """Stack file (or where it is dumped, or "failed") per rank; why each failed
-        dump failed into ``errors``."""
+        dump failed into ``errors``. ``on_culprit``: called once the culprit's is in."""
         ranks = self.monitor.rules.ranks
         order = sorted(ranks, key=lambda r: (r != culprit, r))
         local: list[KillTarget] = []
@@ -326,7 +377,9 @@ class FaultHandler(FindingSink):
             else:
                 out[str(rank)] = f"on node {rec.node_rank} (dumped there before the kill)"
         policy = DumpPolicy.from_config(self.cfg)
-        dumps = dump_stacks_of(self.run_dir, local, policy, culprit=culprit, owner=self.workers)
+        dumps = dump_stacks_of(
+            self.run_dir, local, policy, culprit=culprit, owner=self.workers, on_culprit=on_culprit
+        )
         for res in dumps:
             refused = res.error == NOT_A_WORKER
             out[str(res.rank)] = res.path or (f"refused: {res.error}" if refused else "failed")
@@ -338,6 +391,9 @@ class FaultHandler(FindingSink):
 
     def after_write(self, finding: Finding) -> None:
         """Act on the finding; if that fails, the next fault is acted on again."""
+        if self._acted_early is finding:
+            self._acted_early = None  # killed once its stacks were written
+            return
         try:
             self._act(finding)
         except Exception:
@@ -406,6 +462,7 @@ class FaultHandler(FindingSink):
                     return True  # already gone (it died while its stacks were dumped)
                 logger.error("rankguard: rank %d (pid %d) was not killed", rank, pid)
                 return False
+            self._killed = (rank, pid)
             return True
         if self.remote_kill is not None:
             node = rec.node_rank or 0

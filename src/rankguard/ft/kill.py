@@ -164,7 +164,11 @@ def _refusal(pid: int, owner: WorkerRegistry | None) -> str | None:
 
 
 def _dump_one(
-    run_dir: Path, target: KillTarget, policy: DumpPolicy, owner: WorkerRegistry | None
+    run_dir: Path,
+    target: KillTarget,
+    policy: DumpPolicy,
+    owner: WorkerRegistry | None,
+    native: bool = True,
 ) -> DumpResult:
     refused = _refusal(target.pid, owner)
     if refused is not None:
@@ -174,7 +178,12 @@ def _dump_one(
         return DumpResult(target.rank, target.pid, None, refused)
     try:
         path = dump_stacks(
-            run_dir, target.rank, target.pid, method=policy.method, timeout_s=policy.timeout_s
+            run_dir,
+            target.rank,
+            target.pid,
+            method=policy.method,
+            timeout_s=policy.timeout_s,
+            native=native,
         )
     except Exception as exc:  # one rank's failed dump must not stop the others or the kill
         logger.warning("rankguard: stack dump of rank %d failed: %s", target.rank, exc)
@@ -196,19 +205,31 @@ def dump_stacks_of(
     *,
     culprit: int | None = None,
     owner: WorkerRegistry | None = None,
+    on_culprit: Callable[[DumpResult], None] | None = None,
 ) -> list[DumpResult]:
     """Dump every target's stacks at once; the results culprit first, then by rank.
 
     ``culprit``: the rank to list first; by default the targets marked ``kill``.
     ``owner``: the only processes that may be signalled (None: the caller started the
     targets itself); any other target is refused, its result saying why.
+    ``on_culprit``: called (in the caller's thread) with the first target's result as
+    soon as it is in, while the others' dumps go on; those others keep running (the
+    culprit is replaced, not the group restarted) and get their Python frames only, not
+    paused to unwind native ones.
     """
     order = _culprit_first(targets, culprit)
     if not order:
         return []
     workers = min(MAX_PARALLEL_DUMPS, len(order))
+    others_native = on_culprit is None
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rankguard-dump") as pool:
-        return list(pool.map(lambda t: _dump_one(Path(run_dir), t, policy, owner), order))
+        futures = [
+            pool.submit(_dump_one, Path(run_dir), t, policy, owner, i == 0 or others_native)
+            for i, t in enumerate(order)
+        ]
+        if on_culprit is not None:
+            on_culprit(futures[0].result())
+        return [f.result() for f in futures]
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,9 +3,12 @@
 Two ways, best first:
 
 - ``py-spy dump --pid`` when py-spy is on PATH (``pip install 'rankguard[stacks]'`` on
-  every node): reads the process from outside, works on a stopped (SIGSTOP) or wedged
-  process; with ``--native`` where py-spy supports it, so a rank stuck in a C++
-  collective shows the native frames (``py-spy dump --native``), else without;
+  every node): reads the process from outside, works on a wedged process; with
+  ``--native`` where py-spy supports it, so a rank stuck in a C++ collective shows the
+  native frames (``py-spy dump --native``), else without. A stopped process (SIGSTOP,
+  state ``T``) is read with ``--nonblocking`` (Python frames only): py-spy's own pause
+  of the process fails on a stopped one ("Failed to get stack traces"), and the
+  faulthandler fallback would let it run again;
 - faulthandler: every rank started by ``rankguard run`` registers
   ``faulthandler.register(DUMP_SIGNAL, file=<run_dir>/stacks/rank_<r>_pid_<p>.txt,
   all_threads=True)`` at start-up; the launcher sends the signal and faulthandler's C
@@ -84,14 +87,17 @@ def install_dump_handler(run_dir: Path, rank: int) -> IO[Any] | None:
         return None
 
 
-def _py_spy(pid: int, out: Path, timeout_s: float) -> bool:
+def _py_spy(pid: int, out: Path, timeout_s: float, native: bool = True) -> bool:
     exe = shutil.which("py-spy")
     if exe is None:
         return False
     # Native frames first (a rank stuck inside a C++ collective shows where); py-spy
     # builds or platforms without them fail fast, and the plain dump follows.
+    # A stopped process is read as it is (--nonblocking: no pause, no native frames).
     deadline = time.monotonic() + timeout_s
-    for extra in (["--native"], []):
+    stopped = process_state(pid) in ("T", "t")
+    tries = [["--nonblocking"]] if stopped else [["--native"], []] if native else [[]]
+    for extra in tries:
         left = deadline - time.monotonic()
         if left <= 0:
             return False
@@ -100,7 +106,7 @@ def _py_spy(pid: int, out: Path, timeout_s: float) -> bool:
                 [exe, "dump", "--pid", str(pid), *extra],
                 capture_output=True,
                 text=True,
-                timeout=left * 0.6 if extra else left,
+                timeout=left * 0.6 if extra == ["--native"] else left,
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
             logger.warning("rankguard: py-spy dump %s of pid %d failed: %s", extra, pid, exc)
@@ -118,8 +124,10 @@ def _py_spy(pid: int, out: Path, timeout_s: float) -> bool:
         return False
     with fh:
         fh.write(f"\n=== py-spy dump at {time.strftime('%Y-%m-%dT%H:%M:%S%z')} ===\n")
-        if extra:
+        if extra == ["--native"]:
             fh.write("(py-spy --native: native frames included)\n")
+        elif extra:
+            fh.write("(py-spy --nonblocking: the process was stopped; Python frames only)\n")
         fh.write(res.stdout)
     return True
 
@@ -160,11 +168,19 @@ def _faulthandler(pid: int, out: Path, timeout_s: float) -> bool:
 
 
 def dump_stacks(
-    run_dir: Path, rank: int, pid: int, *, method: str = "auto", timeout_s: float = 10.0
+    run_dir: Path,
+    rank: int,
+    pid: int,
+    *,
+    method: str = "auto",
+    timeout_s: float = 10.0,
+    native: bool = True,
 ) -> str | None:
-    """Write the stacks of ``pid`` to its stack file; the path, or None when it failed."""
+    """Write the stacks of ``pid`` to its stack file; the path, or None when it failed.
+    ``native``: py-spy tries native frames first (it pauses the process to unwind them:
+    seconds on a loaded machine); False: Python frames only."""
     out = stack_file(run_dir, rank, pid)
-    if method in ("auto", "py-spy") and _py_spy(pid, out, timeout_s):
+    if method in ("auto", "py-spy") and _py_spy(pid, out, timeout_s, native):
         return str(out)
     if method == "py-spy":
         logger.warning("rankguard: stack_dump=py-spy but py-spy failed; trying faulthandler")

@@ -30,6 +30,7 @@ import contextlib
 import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -59,6 +60,9 @@ no step this long after the fault."""
 STANDBY_LEAVE_S = 10.0
 """The standbys still running this long after the training ranks completed are ended."""
 _STORE_TIMEOUT_S = 10.0
+TELL_WAIT_S = 30.0
+"""At the end of a group, how long the lost ranks' findings still on their way to the
+monitor are waited for (a scan writing a hang's stack dumps holds it that long at most)."""
 
 
 class LiveRecovery:
@@ -106,6 +110,7 @@ class LiveRecovery:
         self._addr: tuple[str, int] | None = None
         self._done_at: float | None = None
         self.stopping: str | None = None  # why no recovery now (the launcher stops)
+        self._telling: list[threading.Thread] = []  # lost ranks' findings on their way
 
     # ---- lifecycle ------------------------------------------------------------------
 
@@ -141,6 +146,8 @@ class LiveRecovery:
                     standby_pid=r["standby_pid"],
                     cause=r["cause"],
                     fault_t=r["fault_t"],
+                    recovery_s=r["recovery_s"],
+                    steps_redone=r["steps_redone"],
                 )
                 for r in self.replaced
             ),
@@ -157,6 +164,23 @@ class LiveRecovery:
                 for r in self.shrunk
             ),
         )
+
+    def would_replace(self, rank: int) -> bool:
+        """Whether a standby would take ``rank``'s place were its process to end now: a
+        rank of this node, a standby waiting, the script's state declared, the launcher
+        not stopping. Fault tolerance asks it (the monitor's thread, with a store client
+        of its own) before it ends a hung rank: the others then keep running, and their
+        stacks need not be written before the kill."""
+        local = rank - self.node * self.nproc
+        if not 0 <= local < self.nproc or not self.waiting or self.stopping is not None:
+            return False
+        if self._addr is None:
+            return False
+        try:
+            return bool(self._store_factory(*self._addr).check([self.keys.declared]))
+        except Exception as exc:  # not known: as without live recovery
+            logger.debug("rankguard: live recovery: the workers' store: %s", exc)
+            return False
 
     # ---- the poll -------------------------------------------------------------------
 
@@ -426,15 +450,32 @@ class LiveRecovery:
                 reason=reason.value,
                 exit=ended_how(ended.exit_code),
             )
-            try:
-                self.on_lost(lost)
-            except Exception:
-                logger.exception("rankguard: the lost rank's finding failed")
+            # in a thread: the monitor's scan may be writing a hang's finding (its stack
+            # dumps, seconds) and the watch of the workers must not wait for it
+            told = threading.Thread(
+                target=self._tell_lost, args=(lost,), name="rankguard-live-lost", daemon=True
+            )
+            self._telling.append(told)
+            told.start()
         self.say(
             f"live recovery: rank {ended.rank} (pid {ended.pid}, {ended_how(ended.exit_code)}) "
             f"is taken over by standby pid {standby_pid}; no group restart "
             f"({len(self.waiting)} standby(s) left on this node)"
         )
+
+    def _tell_lost(self, lost: LostRank) -> None:
+        assert self.on_lost is not None
+        try:
+            self.on_lost(lost)
+        except Exception:
+            logger.exception("rankguard: the lost rank's finding failed")
+
+    def wait_told(self, timeout_s: float = TELL_WAIT_S) -> None:
+        """The lost ranks' findings handed on (each in a thread of its own)."""
+        deadline = time.monotonic() + timeout_s
+        for told in self._telling:
+            told.join(max(0.0, deadline - time.monotonic()))
+        self._telling = [t for t in self._telling if t.is_alive()]
 
     def _refill(self, ended: Ended, used: int, pcontext: Any) -> None:
         """Start a new standby in the lost process's slot, the way the used one started
@@ -500,6 +541,8 @@ class LiveRecovery:
     def entries_due(self, *, final: bool = False) -> list[RestartEntry]:
         """The recoveries whose line can be written now: the newcomer's first completed
         step is known, or it is late (``final``: every one left, the run ends)."""
+        if final:
+            self.wait_told()
         out = []
         for entry in list(self._pending):
             standby = entry["standby_pid"]

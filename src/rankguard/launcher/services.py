@@ -293,8 +293,14 @@ class NodeServices:
             remote_kill=remote,
             remote_traces=self._remote_traces(),
             workers=self.workers,
+            replaced_live=self._replaced_live,
         )
         self.monitor.add_sink(self.faults)
+
+    def _replaced_live(self, rank: int) -> bool:
+        """A standby of this node would take ``rank``'s place (:mod:`.live`)."""
+        live = self.live
+        return live is not None and live.would_replace(rank)
 
     def _remote_traces(self) -> RemoteTraces | None:
         """Node 0 of several: the other nodes' flight-recorder traces on a hang, through
@@ -410,11 +416,13 @@ class NodeServices:
         tolerance acts on the next fault again: a finding of the monitor's own for this
         exit (a scan that saw it first) made it wait for a group restart that live
         recovery does not do (a hang after it was left alone: 'a restart is already
-        under way')."""
+        under way'). A process fault tolerance killed (a hang) gets no second finding:
+        the one that caused the kill names the rank."""
+        killed = self.faults is not None and self.faults.killed(lost.rank, lost.pid)
         if self.faults is not None:
             self.faults.restarted()
         monitor, rank, pid = self.monitor, lost.rank, lost.pid
-        if monitor is None or not monitor.note_replaced(rank, pid):
+        if monitor is None or not monitor.note_replaced(rank, pid) or killed:
             return
         reason = Reason(lost.reason)
         if lost.standby_pid is None:

@@ -199,13 +199,16 @@ class LostRank:
 @dataclass(frozen=True, slots=True)
 class LiveReplacement:
     """A rank a standby replaced: the lost rank and pid, the standby's pid, the cause
-    and when the fault was seen (``time.time()``)."""
+    (a finding type), when the fault was seen (``time.time()``) and, once the newcomer
+    completed its first step, the recovery's cost (fault -> that step, steps redone)."""
 
     lost_rank: int | None = None
     lost_pid: int | None = None
     standby_pid: int | None = None
     cause: str | None = None
     fault_t: float | None = None
+    recovery_s: float | None = None
+    steps_redone: int | None = None
 
     @classmethod
     def from_dict(cls, raw: Any) -> LiveReplacement | None:
@@ -218,6 +221,8 @@ class LiveReplacement:
             standby_pid=as_int(d.get("standby_pid")),
             cause=as_str(d.get("cause")),
             fault_t=as_number(d.get("fault_t")),
+            recovery_s=as_number(d.get("recovery_s")),
+            steps_redone=as_int(d.get("steps_redone")),
         )
 
     def to_dict(self) -> JsonObject:
@@ -227,6 +232,8 @@ class LiveReplacement:
             "standby_pid": self.standby_pid,
             "cause": self.cause,
             "fault_t": self.fault_t,
+            "recovery_s": self.recovery_s,
+            "steps_redone": self.steps_redone,
         }
 
 

@@ -42,6 +42,7 @@ ALERTS = {
     "RankguardCheckpointTooOld",
     "RankguardLowETTR",
     "RankguardMonitorFailing",
+    "RankguardNoStandbyLeft",
 }
 NAME = re.compile(r"\brankguard_[a-z0-9_]+\b")
 PROMTOOL = shutil.which("promtool")
@@ -74,7 +75,7 @@ def _dashboard_queries() -> list[str]:
 
 @needs_promtool
 def test_promtool_checks_the_rules_and_their_unit_tests_pass() -> None:
-    assert "SUCCESS: 8 rules found" in _promtool("check", "rules", RULES.name)
+    assert "SUCCESS: 9 rules found" in _promtool("check", "rules", RULES.name)
     assert "SUCCESS" in _promtool("test", "rules", RULE_TESTS.name)
 
 
@@ -121,7 +122,8 @@ rec = partial(
 def _live_names(run_dir: Path) -> set[str]:
     """Sample names a real exporter serves over a job with every kind of data: perf
     windows with MFU, a rank gone silent (active findings), restarts, a committed
-    checkpoint (rank 0's ``checkpoints.json``), straggler scores, a node's GPU health."""
+    checkpoint (rank 0's ``checkpoints.json``), straggler scores, a node's GPU health,
+    a rank a standby replaced (live recovery)."""
     clock = FakeClock()
     mon = JobMonitor(
         heartbeat_config(scan_interval_s=0.05),
@@ -149,6 +151,20 @@ def _live_names(run_dir: Path) -> set[str]:
                 "checkpoints": read_checkpoints(run_dir),
                 "stragglers": {"scores": {"0": {"relative": 1.0, "individual": 1.0}}},
                 "goodput": goodput_block(build_ledger([job]), final=False),
+                "live": {
+                    "standbys_per_node": 1,
+                    "waiting": 0,
+                    "used": 1,
+                    "started": 0,
+                    "replaced": [
+                        {
+                            "lost_rank": 1,
+                            "cause": "rank_process_exited",
+                            "recovery_s": 0.6,
+                            "steps_redone": 0,
+                        }
+                    ],
+                },
             }
 
     mon.add_status_source(Launcher())

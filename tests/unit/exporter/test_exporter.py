@@ -589,3 +589,54 @@ def test_goodput_ettr_and_every_part_of_the_ledger(tmp_path: Path) -> None:
     assert parts["recovery"] == pytest.approx(5.0) and parts["startup"] == pytest.approx(9.0)
     no_block = _families({"run_id": "r", "state": "running"})
     assert not any(name.startswith("rankguard_goodput") for name in no_block)
+
+
+# ---- live recovery ----------------------------------------------------------------------
+
+
+def _replaced(rank: int, cause: str, cost: float | None, redone: int | None) -> dict[str, Any]:
+    return {
+        "lost_rank": rank,
+        "lost_pid": 100 + rank,
+        "standby_pid": 200 + rank,
+        "cause": cause,
+        "fault_t": 1000.0 + rank,
+        "recovery_s": cost,
+        "steps_redone": redone,
+    }
+
+
+def test_live_recovery_series_come_from_the_status_live_block() -> None:
+    live = {
+        "standbys_per_node": 1,
+        "waiting": 0,
+        "left_unused": 0,
+        "used": 3,
+        "started": 2,
+        "replaced": [
+            _replaced(2, "rank_process_exited", 0.6, 0),
+            _replaced(1, "rank_process_heartbeat_timeout", 9.5, 1),
+            # the newest: its newcomer has not completed a step yet (no cost)
+            _replaced(3, "rank_process_exited", None, None),
+        ],
+    }
+    fams = _families({"run_id": "r", "state": "running", "live": live})
+    causes = {s.labels["finding_type"]: s.value for s in fams["rankguard_live_recoveries"].samples}
+    assert causes == {"rank_process_exited": 2, "rank_process_heartbeat_timeout": 1}
+    assert value(fams, "rankguard_live_last_recovery_seconds") == 9.5
+    assert value(fams, "rankguard_live_recovery_seconds_total") == pytest.approx(10.1)
+    assert value(fams, "rankguard_live_recoveries_resumed_total") == 2
+    assert value(fams, "rankguard_live_steps_redone_total") == 1
+    assert value(fams, "rankguard_live_standbys_configured") == 1
+    assert value(fams, "rankguard_live_standbys_waiting") == 0  # present, not absent
+    assert value(fams, "rankguard_live_standbys_used_total") == 3
+    assert value(fams, "rankguard_live_standbys_started_total") == 2
+    # standbys, no recovery yet: the standbys' series, no cost, no cause
+    quiet = dict(live, waiting=1, used=0, started=0, replaced=[])
+    fams = _families({"run_id": "r", "state": "running", "live": quiet})
+    assert value(fams, "rankguard_live_standbys_waiting") == 1
+    assert value(fams, "rankguard_live_last_recovery_seconds") is None
+    assert "rankguard_live_recoveries" not in fams
+    # no standbys (no live block): no live series at all
+    no_block = _families({"run_id": "r", "state": "running"})
+    assert not any(name.startswith("rankguard_live") for name in no_block)

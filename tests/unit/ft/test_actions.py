@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -317,6 +318,66 @@ def test_a_heartbeat_timeout_named_at_a_restart_is_not_acted_on(
     assert f.action == "none (a restart was already under way: restart 1: worker_failed)"
     assert monitor.restarts == [] and agent.causes == []
     assert alive(child) and not (tmp_path / "stacks").exists()
+
+
+def test_a_hung_rank_a_standby_replaces_is_killed_once_its_own_stacks_are_in(
+    tmp_path: Path, spawn: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Live recovery: the survivors keep running, so the culprit is killed as soon as its
+    stacks are written, not after every rank's (a stopped rank's kill waited 4 s for the
+    others' py-spy dumps on a loaded machine); the finding still names every dump."""
+    import rankguard.ft.kill as kill_mod
+    from rankguard.util.procs import pid_running
+
+    rank0, rank1 = spawn(0), spawn(1)
+    rules = _rules(rec(0, pid=rank0.pid, progress_seq=7), rec(1, pid=rank1.pid, since=25.0))
+    (f,) = rules.evaluate(0.1)
+    monitor, agent = FakeMonitor(rules), FakeAgent()
+    asked: list[int] = []
+    handler = FaultHandler(
+        FaultToleranceConfig(
+            enable_ft_package=True, stack_dump="faulthandler", stack_dump_timeout_s=5.0
+        ),
+        tmp_path,
+        monitor,
+        agent,
+        replaced_live=lambda rank: asked.append(rank) or True,
+    )
+    real_dump = kill_mod.dump_stacks
+    culprit_gone_during_survivor_dump: list[bool] = []
+
+    natives: dict[int, bool] = {}
+
+    def dump(run_dir: Path, rank: int, pid: int, **kw: Any) -> str | None:
+        natives[rank] = kw["native"]
+        if rank == 0:  # the survivor's dump: is the culprit gone before it completes?
+            deadline = time.monotonic() + 3.0
+            while pid_running(rank1.pid) and rank1.poll() is None:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.02)
+            culprit_gone_during_survivor_dump.append(rank1.poll() is not None)
+        return real_dump(run_dir, rank, pid, **kw)
+
+    monkeypatch.setattr(kill_mod, "dump_stacks", dump)
+    handler.before_write(f)
+    assert asked == [1]
+    assert culprit_gone_during_survivor_dump == [True]
+    assert rank1.returncode == -9 and alive(rank0)
+    assert handler.killed(1, rank1.pid) and not handler.killed(0, rank0.pid)
+    # the survivor keeps running: not paused for native frames (the culprit may be)
+    assert natives == {1: True, 0: False}
+    assert f.action == "restart" and list(f.stack_dumps) == ["1", "0"]
+    assert "blocked_here" in Path(f.stack_dumps["1"]).read_text(encoding="utf-8")
+    assert "blocked_here" in Path(f.stack_dumps["0"]).read_text(encoding="utf-8")
+    assert monitor.restarts == ["restart after gpu_progress_timeout on rank 1"]
+    ((cause, abort),) = agent.causes  # given once, before the dumps, completed after
+    assert not abort and cause["stack_dumps"] == f.stack_dumps
+    handler.after_write(f)  # nothing left to do
+    assert handler.actions_taken == 1 and monitor.restarts == [
+        "restart after gpu_progress_timeout on rank 1"
+    ]
+    assert alive(rank0)
 
 
 # ---- a culprit on another node -------------------------------------------------------

@@ -90,7 +90,10 @@ def test_method_and_timeout_reach_every_dump(
 ) -> None:
     calls: list[tuple[int, int, str, float]] = []
 
-    def fake_dump(run_dir: Path, rank: int, pid: int, *, method: str, timeout_s: float) -> str:
+    def fake_dump(
+        run_dir: Path, rank: int, pid: int, *, method: str, timeout_s: float, native: bool
+    ) -> str:
+        assert native  # every rank stops with the group: native frames for each
         calls.append((rank, pid, method, timeout_s))
         return f"dump-{rank}"
 

@@ -202,3 +202,31 @@ def test_stack_files_are_not_written_through_a_symlink(
     out.symlink_to(victim)
     dump_stacks(tmp_path, 3, child.pid, method="py-spy", timeout_s=5.0)
     assert victim.read_text() == "untouched"
+
+
+@pytest.mark.skipif(shutil.which("py-spy") is None, reason="py-spy is not on PATH")
+def test_a_stopped_process_is_read_by_py_spy_and_stays_stopped(
+    tmp_path: Path, child: subprocess.Popen[str]
+) -> None:
+    """py-spy's pause of a stopped process fails; read as it is, the rank's stacks come
+    from py-spy and the rank is not let run (faulthandler's fallback sends SIGCONT)."""
+    os.kill(child.pid, signal.SIGSTOP)
+    assert _wait_state(child.pid, "Tt") in "Tt"
+    path = dump_stacks(tmp_path, 3, child.pid, method="auto", timeout_s=20.0)
+    assert path is not None
+    text = Path(path).read_text(encoding="utf-8")
+    assert "=== py-spy dump at" in text and "--nonblocking" in text
+    assert "blocked_here" in text
+    time.sleep(0.2)
+    assert _state(child.pid) in "Tt"  # still stopped
+
+
+@pytest.mark.skipif(shutil.which("py-spy") is None, reason="py-spy is not on PATH")
+def test_without_native_frames_py_spy_takes_the_python_frames_only(
+    tmp_path: Path, child: subprocess.Popen[str]
+) -> None:
+    path = dump_stacks(tmp_path, 3, child.pid, method="py-spy", timeout_s=20.0, native=False)
+    assert path is not None
+    text = Path(path).read_text(encoding="utf-8")
+    assert "=== py-spy dump at" in text and "blocked_here" in text
+    assert "native frames included" not in text

@@ -105,6 +105,7 @@ def test_a_killed_rank_goes_to_the_standby_without_a_group_restart(tmp_path: Pat
         "live recovery: rank 2 (pid 102, SIGKILL) is taken over by standby pid 104; "
         "no group restart (0 standby(s) left on this node)"
     ]
+    live.wait_told()
     assert [(e.rank, e.pid, e.standby_pid) for e in lost] == [
         (2, 102, 104)
     ]  # the finding naming the lost rank
@@ -120,6 +121,9 @@ def test_a_killed_rank_goes_to_the_standby_without_a_group_restart(tmp_path: Pat
     assert (entry.number("recovery_s"), entry.number("steps_redone")) == (0.5, 0)
     assert entry.number("resumed_step") == 11
     assert entry.number("resumed_t") == round(fault_t + 0.5, 3)
+    # status.json["live"] (the exporter's one source) has the cost too
+    (done,) = live.status().replaced
+    assert (done.recovery_s, done.steps_redone) == (0.5, 0)
 
 
 def test_a_second_loss_with_no_standby_left_restarts_the_group(tmp_path: Path) -> None:
@@ -287,6 +291,7 @@ def test_no_declared_state_is_a_group_restart_with_one_line(tmp_path: Path) -> N
         "state (rankguard.inprocess.live_state): a standby could not get it: the worker "
         "group restarts"
     ]
+    live.wait_told()
     assert lost == [] and live.waiting == [4]
 
 
@@ -340,3 +345,46 @@ def test_a_torn_error_file_is_dropped_not_fatal(tmp_path: Path) -> None:
     result = live.poll(group, ctx)  # no declared state: the group restart
     assert result.state == WorkerState.FAILED and result.failures[1].exitcode == -9
     assert not Path(ctx.error_files[1]).exists()
+
+
+def test_would_replace_says_whether_a_standby_takes_a_hung_rank(tmp_path: Path) -> None:
+    """Fault tolerance asks before it kills a hung rank (the monitor's thread)."""
+    live, ctx, store, _lines, (group, _lost) = _live(tmp_path)
+    assert not live.would_replace(2)  # the script has not declared its state yet
+    store.set(LiveKeys("r1", 0).declared, "1")
+    assert live.would_replace(2) and live.would_replace(0)
+    assert not live.would_replace(NPROC)  # another node's rank
+    live.stopping = "the job is preempted"
+    assert not live.would_replace(2)
+    live.stopping = None
+    ctx.end(2, -9)
+    live.poll(group, ctx)  # the one standby took rank 2
+    assert not live.would_replace(1)  # none left
+
+
+def test_the_watch_does_not_wait_for_the_monitor_to_take_the_lost_rank(
+    tmp_path: Path,
+) -> None:
+    """The monitor's scan may be busy for seconds (a hang's stack dumps, after a kill
+    live recovery answers): the standby gets the rank and the poll returns meanwhile."""
+    import threading
+
+    live, ctx, store, lines, (group, _lost) = _live(tmp_path)
+    scan_busy = threading.Event()
+    got: list[LostRank] = []
+
+    def on_lost(lost: LostRank) -> None:
+        scan_busy.wait(5.0)
+        got.append(lost)
+
+    live.on_lost = on_lost
+    store.set(LiveKeys("r1", 0).declared, "1")
+    ctx.end(2, -9)
+    t0 = time.monotonic()
+    assert live.poll(group, ctx).state == WorkerState.HEALTHY
+    assert time.monotonic() - t0 < 2.0
+    assert json.loads(store.get(LiveKeys("r1", 0).assign(104)))["rank"] == 2
+    assert lines and got == []
+    scan_busy.set()
+    live.wait_told()
+    assert [(e.rank, e.standby_pid) for e in got] == [(2, 104)]

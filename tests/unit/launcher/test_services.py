@@ -234,7 +234,9 @@ def test_a_rank_lost_to_a_standby_lets_fault_tolerance_act_again(tmp_path: Path)
 
     services = _services(tmp_path)
     calls: list[str] = []
-    services.faults = SimpleNamespace(restarted=lambda: calls.append("restarted"))  # type: ignore[assignment]
+    services.faults = SimpleNamespace(  # type: ignore[assignment]
+        restarted=lambda: calls.append("restarted"), killed=lambda rank, pid: False
+    )
     services.monitor = SimpleNamespace(  # type: ignore[assignment]
         note_replaced=lambda rank, pid: False, report=lambda f: None
     )
@@ -243,3 +245,30 @@ def test_a_rank_lost_to_a_standby_lets_fault_tolerance_act_again(tmp_path: Path)
     )
     services.on_rank_lost(lost)
     assert calls == ["restarted"]
+
+
+def test_a_rank_fault_tolerance_killed_gets_no_second_finding(tmp_path: Path) -> None:
+    """A hang: its finding made fault tolerance kill the rank, and a standby takes its
+    place; the end of the process it killed is that action's doing, not a new fault."""
+    from types import SimpleNamespace
+
+    from rankguard.schema.findings import Reason
+
+    services = _services(tmp_path)
+    reported: list[Any] = []
+    noted: list[tuple[int, int]] = []
+    services.faults = SimpleNamespace(  # type: ignore[assignment]
+        restarted=lambda: None, killed=lambda rank, pid: (rank, pid) == (2, 102)
+    )
+    services.monitor = SimpleNamespace(  # type: ignore[assignment]
+        note_replaced=lambda rank, pid: noted.append((rank, pid)) or True,
+        report=reported.append,
+    )
+    services.on_rank_lost(
+        LostRank(rank=2, pid=102, standby_pid=104, node=0, reason=Reason.DIED.value, exit="SIGKILL")
+    )
+    assert noted == [(2, 102)] and reported == []  # the monitor knows; no second finding
+    services.on_rank_lost(
+        LostRank(rank=1, pid=101, standby_pid=105, node=0, reason=Reason.DIED.value, exit="SIGKILL")
+    )
+    assert [(f.rank, f.pid) for f in reported] == [(1, 101)]  # a loss of its own

@@ -137,7 +137,17 @@ LIVE = {
     "left_unused": 0,
     "used": 1,
     "started": 1,
-    "replaced": [{"lost_rank": 2, "lost_pid": 7, "standby_pid": 9, "cause": "x", "fault_t": 1.5}],
+    "replaced": [
+        {
+            "lost_rank": 2,
+            "lost_pid": 7,
+            "standby_pid": 9,
+            "cause": "x",
+            "fault_t": 1.5,
+            "recovery_s": 0.6,
+            "steps_redone": 0,
+        }
+    ],
     "ranks": 3,
     "shrunk": [
         {
