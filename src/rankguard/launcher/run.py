@@ -224,10 +224,25 @@ def _thread_defaults(opts: LaunchOptions) -> None:
         _say("OMP_NUM_THREADS=1 for each rank (set it yourself to choose another value)")
 
 
+# What a preloaded module's users import later anyway, at a cost of their own: every
+# torch.optim optimizer imports torch._dynamo at its construction (as long as torch's own
+# import on a loaded machine), so a rank forked with torch alone still paid it at every
+# start and restart.
+PRELOAD_WITH: dict[str, tuple[str, ...]] = {"torch": ("torch._dynamo",)}
+
+
+def preload_modules(modules: tuple[str, ...]) -> list[str]:
+    """The fork server's imports for ``--preload modules``, in order: each module, then
+    what its users import later anyway (:data:`PRELOAD_WITH`), once each."""
+    out = [m for name in modules for m in (name, *PRELOAD_WITH.get(name, ()))]
+    return list(dict.fromkeys(out))
+
+
 def start_fork_server(modules: tuple[str, ...]) -> None:
     """``--preload``: start the fork server that imports ``modules`` once; every rank is
     then forked from it, at the first start and at each restart, instead of starting a
-    new interpreter and importing torch again (about a second per restart here).
+    new interpreter and importing torch again (about a second per restart here). With
+    torch it also imports ``torch._dynamo``, which the script's optimizer would import.
 
     Python's fork server skips a preload module it cannot import without a word, so each
     one is looked up first: a missing module is an error, not a silent slow start. The
@@ -253,7 +268,7 @@ def start_fork_server(modules: tuple[str, ...]) -> None:
             "__main__",
             "rankguard.launcher.forkserver_guard",
             "rankguard.launcher.worker",
-            *dict.fromkeys(modules),
+            *preload_modules(modules),
         ]
     )
     multiprocessing.forkserver.ensure_running()
