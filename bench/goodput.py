@@ -264,7 +264,9 @@ def console_ledger(job: Job) -> Ledger:
                 start=begin,
                 end=until,
                 steps=steps,
-                resumed_from=resumed if resumed is not None else (0 if k else None),
+                # no "resumed" line: from scratch if it made steps (no checkpoint yet);
+                # an attempt that failed in its start-up resumed nothing
+                resumed_from=resumed if resumed is not None else (0 if k and steps else None),
                 failed=k + 1 < len(bounds) or job.rc != 0,
                 decision=decided,
                 live=[

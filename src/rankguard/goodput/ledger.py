@@ -16,7 +16,7 @@ is cut into consecutive spans, so the parts sum to the wall time by construction
 | an ``inprocess_restart`` phase | ``recovery`` (the ranks re-entered in-process) |
 | a re-entry: last step before its phase -> the phase | ``detection_wait`` |
 | a re-entry: the steps after the iteration it resumed from | ``recomputed`` |
-| steps after the iteration the next attempt resumed from | ``recomputed`` (done again) |
+| steps after the iteration the next restoring attempt resumed from | ``recomputed`` (redone) |
 | last completed step -> the restart or stop decision | ``detection_wait`` |
 | decision -> the next attempt's start | ``recovery`` (stop, rendezvous, process start) |
 | a live recovery: last step before its fault -> the fault | ``detection_wait`` |
@@ -251,6 +251,20 @@ def _reached(steps: Sequence[tuple[int, float]], iteration: int) -> float | None
     return when
 
 
+def _resumed_after(later: Sequence[Attempt]) -> int | None:
+    """The iteration training resumed after, following an attempt: that of the first
+    later attempt that restored one. An attempt that failed in its start-up, with no
+    step and no restored iteration, resumed nothing (the one after it still redoes the
+    steps after its checkpoint); None when the first attempt that made steps does not
+    say."""
+    for attempt in later:
+        if attempt.resumed_from is not None:
+            return attempt.resumed_from
+        if attempt.steps:
+            return None
+    return None
+
+
 def _in_live(attempt: Attempt, a: float, b: float) -> bool:
     """Is the re-entry [a, b] part of a live recovery (the survivors re-enter then)? A
     recovery that gives no resumed time lasts to the next step after its fault."""
@@ -412,8 +426,9 @@ def build_ledger(attempts: Sequence[Attempt], end: float | None = None) -> Ledge
         into = interruption.parts if interruption is not None else None
         if last is not None and first is not None:
             lost_from = None
-            if nxt is not None and nxt.resumed_from is not None and nxt.resumed_from < last[0]:
-                lost_from = _reached(attempt.steps, nxt.resumed_from) or first
+            resumed = _resumed_after(attempts[i + 1 :])
+            if resumed is not None and resumed < last[0]:
+                lost_from = _reached(attempt.steps, resumed) or first
             for live in sorted(attempt.live, key=lambda r: r.fault):
                 if first <= live.fault < limit:
                     cut = _live(tally, i, attempt, live, limit, lost_from, into)

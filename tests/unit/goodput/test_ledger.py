@@ -296,3 +296,22 @@ def test_resumed_from_a_checkpoint_as_the_demo_records_it(tmp_path: Path) -> Non
         Part.UNKNOWN: 0.1,
     }
     check(ledger.parts, want, t1 + 0.1 - T0)
+
+
+def test_work_redone_after_a_restart_that_failed_in_its_start_up_is_recomputed() -> None:
+    """The attempt after a crash fails in its start-up (a process group that does not
+    form), before it restores anything; the one after it resumes from the checkpoint at
+    step 5: steps 6-10 of the first attempt are done again."""
+    steps = [(i, 10.0 + i) for i in range(1, 11)]  # step i ends at 10 + i s
+    attempts = [
+        Attempt(start=0.0, end=21.0, steps=steps, failed=True, decision=21.0),
+        Attempt(start=22.0, end=30.0, failed=True, decision=30.0),  # no step, no restore
+        Attempt(start=31.0, end=50.0, steps=[(i, 35.0 + i) for i in range(6, 16)], resumed_from=5),
+    ]
+    ledger = build_ledger(attempts)
+    assert ledger.parts[Part.RECOMPUTED] == pytest.approx(5.0)  # 15 s -> 20 s (steps 6-10)
+    assert ledger.parts[Part.PRODUCTIVE] == pytest.approx(4.0 + 9.0)  # 11 -> 15, 41 -> 50
+    assert sum(ledger.parts.values()) == pytest.approx(ledger.wall_s)
+    # an attempt that made steps without saying where it resumed: nothing is guessed
+    attempts[1] = Attempt(start=22.0, end=30.0, steps=[(3, 25.0)], failed=True)
+    assert build_ledger(attempts).parts[Part.RECOMPUTED] == 0.0
