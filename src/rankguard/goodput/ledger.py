@@ -2,11 +2,13 @@
 
 The input is one :class:`Attempt` per start of the worker group, with the times the run
 measured where they happened (:mod:`rankguard.goodput.rundir` reads them from the run
-directory). The job's wall time, from the first attempt's start to the last one's end,
-is cut into consecutive spans, so the parts sum to the wall time by construction:
+directory). The job's wall time, from its launch (else the first attempt's start) to
+the last attempt's end, is cut into consecutive spans, so the parts sum to the wall
+time by construction:
 
 | span | part |
 |---|---|
+| the launch -> the first attempt's start | ``startup`` (launcher, rendezvous, imports) |
 | attempt start -> end of its first step | ``startup`` (imports, state load, first step) |
 | first step -> last completed step | ``productive``, less the phases below and the lost work |
 | a ``checkpointing`` phase within it | ``checkpoint_stall`` |
@@ -386,14 +388,22 @@ def _live(
     return cut
 
 
-def build_ledger(attempts: Sequence[Attempt], end: float | None = None) -> Ledger:
+def build_ledger(
+    attempts: Sequence[Attempt], end: float | None = None, *, launched: float | None = None
+) -> Ledger:
     """The ledger of a job made of ``attempts`` (in order), ending at ``end`` (default:
-    the last attempt's end)."""
+    the last attempt's end). ``launched``: when the job was launched, before the first
+    attempt's start (that span is start-up: the launcher's own start, the rendezvous,
+    the first ranks' interpreter and imports); None or a later time: the first
+    attempt's start."""
     if not attempts:
         raise ValueError("attempts: a job has at least one attempt")
     start = attempts[0].start
+    if launched is not None and launched < start:
+        start = launched
     stop = max(end if end is not None else attempts[-1].end, start)
     tally = _Tally(start)
+    tally.to(min(attempts[0].start, stop), Part.STARTUP)
     interruptions: list[Interruption] = []
     pending: Interruption | None = None  # the last failure: its next start-up is its cost
     for i, attempt in enumerate(attempts):

@@ -62,6 +62,7 @@ from rankguard.schema.status import StatusDoc
 from rankguard.schema.statusblocks import GoodputBlock
 from rankguard.util.fs import atomic_write_json
 from rankguard.util.gcfreeze import freeze_startup
+from rankguard.util.procs import process_started_unix_s
 from rankguard.util.textsafe import safe_text
 
 __all__ = ["job_name", "launch", "run_dir_for"]
@@ -596,6 +597,11 @@ def _services(
     )
 
 
+def _started_unix_s() -> float | None:
+    started = process_started_unix_s(os.getpid())
+    return None if started is None else round(started, 3)
+
+
 def _write_launcher_file(
     opts: LaunchOptions,
     cfg: RankguardConfig,
@@ -612,6 +618,9 @@ def _write_launcher_file(
             "node_rank_given": opts.node_rank,
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
+            # the launch: the goodput ledger's wall time starts here (the launcher's own
+            # start, the rendezvous and the first ranks' imports are start-up)
+            "started_unix_s": _started_unix_s(),
             "target": opts.target,
             "target_args": opts.target_args,
             "nproc_per_node": opts.nproc_per_node,
