@@ -17,7 +17,11 @@ Modes (``--modes``, default all), one job after the other:
   while the job goes on (live recovery), an exception or a hang ends in an in-process
   re-entry of every rank; a second loss with no standby left restarts the group;
 - ``torchrun``: ``python -m torch.distributed.run --standalone --max-restarts N``; a hang
-  ends when the peer's gloo collective times out (``--pg-timeout``, the same for all).
+  ends when the peer's gloo collective times out (``--pg-timeout``, the same for all);
+- ``torchrun-fresh``: the same with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (torch's
+  switch for a fresh rendezvous store per round, which ``rankguard run`` sets): without
+  it a restarted gloo group can read a dead peer's address from the store the rounds
+  share and fail in ``connectFullMesh`` (``Connection refused``).
 
 How (the same for every mode): the launcher's merged output is read by a thread that
 stamps each line on arrival; the ledger (``rankguard.goodput.build_ledger``) is built
@@ -105,7 +109,13 @@ LIVE_SETS = [
     "inprocess_restart.process_group_timeout=2",
 ]
 RANKGUARD, PRELOAD, LIVE, TORCHRUN = "rankguard", "preload", "live", "torchrun"
-MODES = (RANKGUARD, PRELOAD, LIVE, TORCHRUN)
+TORCHRUN_FRESH = "torchrun-fresh"  # torchrun with a fresh store per round (torch's switch)
+MODES = (RANKGUARD, PRELOAD, LIVE, TORCHRUN, TORCHRUN_FRESH)
+TORCHRUNS = (TORCHRUN, TORCHRUN_FRESH)
+# torch elastic's switch for a fresh rendezvous store per round: without it a restarted
+# gloo group can read a dead peer's address from the store the rounds share
+# ("connectFullMesh ... Connection refused"); rankguard run sets it itself
+FRESH_STORE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 Line = tuple[float, str]
 
@@ -159,7 +169,7 @@ def build_cmd(job: Job, ckpt_every: int, max_restarts: int) -> list[str]:
         str(PG_TIMEOUT_S),
     ]
     restarts = ["--max-restarts", str(max_restarts)]
-    if job.launcher == TORCHRUN:
+    if job.launcher in TORCHRUNS:
         return [
             sys.executable,
             "-u",
@@ -219,6 +229,7 @@ def run_job(job: Job, *, minutes: float, ckpt_every: int, timeout_s: float) -> N
         "GOODPUT_FAULTS": json.dumps([[job.start + t, kind] for t, kind in job.faults]),
         "GOODPUT_END": str(job.start + minutes * 60),
         "GOODPUT_DIR": str(job.workdir / "faults"),
+        **(FRESH_STORE if job.launcher == TORCHRUN_FRESH else {}),
     }
     proc = subprocess.Popen(
         cmd,
@@ -264,7 +275,9 @@ def console_ledger(job: Job) -> Ledger:
                 start=begin,
                 end=until,
                 steps=steps,
-                resumed_from=resumed if resumed is not None else (0 if k else None),
+                # no "resumed" line: from scratch if it made steps (no checkpoint yet);
+                # an attempt that failed in its start-up resumed nothing
+                resumed_from=resumed if resumed is not None else (0 if k and steps else None),
                 failed=k + 1 < len(bounds) or job.rc != 0,
                 decision=decided,
                 live=[
@@ -388,10 +401,10 @@ def main(argv: list[str] | None = None) -> int:
         said = f"{len(fired)}/{len(faults)}" + (" TIMED OUT" if job.timed_out else "")
         if job.rc != 0:
             said += f" exit {job.rc}"
-        if launcher != TORCHRUN:  # torchrun's failures are figures, not the bench's
+        if launcher not in TORCHRUNS:  # torchrun's failures are figures, not the bench's
             ok = ok and job.rc == 0 and not job.timed_out and len(fired) == len(faults)
         rows.append(_row(launcher, ledger, said))
-        if launcher != TORCHRUN:
+        if launcher not in TORCHRUNS:
             own = read_ledger(job.run_dir)
             if own is not None:
                 rows.append(_row("(its run dir)", own, ""))

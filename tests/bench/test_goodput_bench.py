@@ -70,6 +70,31 @@ def test_the_console_ledger_of_a_crash_and_a_restart() -> None:
     assert bench.injected(job) == ["exception"]
 
 
+def test_the_console_ledger_of_a_restart_that_failed_in_its_start_up() -> None:
+    """torchrun's restarts that fail in gloo's connectFullMesh: the attempt resumed
+    nothing; the work lost is that after the checkpoint the next one resumed from, not
+    every step since the launch."""
+    bench = _bench()
+    job = bench.Job("torchrun", Path("/nonexistent"), "r", [(8.0, "sigkill")])
+    job.start, job.end, job.rc = 100.0, 140.0, 0
+    agent = "I1206 [default] "
+    job.lines = [
+        (101.0, agent + "Starting worker group"),
+        *[(105.0 + 0.5 * i, f"[demo] step {i + 1}/100 loss 1.0") for i in range(8)],
+        (110.0, agent + "Worker group FAILED. 3/3 attempts left; will restart worker group"),
+        (111.0, agent + "Starting worker group"),
+        (118.0, "RuntimeError: Gloo connectFullMesh failed with ... Connection refused"),
+        (119.0, agent + "Worker group FAILED. 2/3 attempts left; will restart worker group"),
+        (120.0, agent + "Starting worker group"),
+        (125.0, "[demo] resumed from step 4 (persistent) (restart 2)"),
+        *[(126.0 + 0.5 * i, f"[demo] step {i + 5}/100 loss 1.0") for i in range(20)],
+    ]
+    ledger = bench.console_ledger(job)
+    assert ledger.attempts == 3
+    assert ledger.parts[Part.PRODUCTIVE] == pytest.approx(1.5 + 9.5)  # steps 2-4, 6-24
+    assert ledger.parts[Part.RECOMPUTED] == pytest.approx(2.0)  # steps 5-8, done again
+
+
 def test_the_console_ledger_of_a_live_recovery_and_a_re_entry() -> None:
     """rankguard with a standby: a SIGKILL taken over live, then a hang that ends in an
     in-process re-entry (rank 0's collective timed out 2 s after its last step), one

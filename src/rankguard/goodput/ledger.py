@@ -2,11 +2,13 @@
 
 The input is one :class:`Attempt` per start of the worker group, with the times the run
 measured where they happened (:mod:`rankguard.goodput.rundir` reads them from the run
-directory). The job's wall time, from the first attempt's start to the last one's end,
-is cut into consecutive spans, so the parts sum to the wall time by construction:
+directory). The job's wall time, from its launch (else the first attempt's start) to
+the last attempt's end, is cut into consecutive spans, so the parts sum to the wall
+time by construction:
 
 | span | part |
 |---|---|
+| the launch -> the first attempt's start | ``startup`` (launcher, rendezvous, imports) |
 | attempt start -> end of its first step | ``startup`` (imports, state load, first step) |
 | first step -> last completed step | ``productive``, less the phases below and the lost work |
 | a ``checkpointing`` phase within it | ``checkpoint_stall`` |
@@ -16,7 +18,7 @@ is cut into consecutive spans, so the parts sum to the wall time by construction
 | an ``inprocess_restart`` phase | ``recovery`` (the ranks re-entered in-process) |
 | a re-entry: last step before its phase -> the phase | ``detection_wait`` |
 | a re-entry: the steps after the iteration it resumed from | ``recomputed`` |
-| steps after the iteration the next attempt resumed from | ``recomputed`` (done again) |
+| steps after the iteration the next restoring attempt resumed from | ``recomputed`` (redone) |
 | last completed step -> the restart or stop decision | ``detection_wait`` |
 | decision -> the next attempt's start | ``recovery`` (stop, rendezvous, process start) |
 | a live recovery: last step before its fault -> the fault | ``detection_wait`` |
@@ -251,6 +253,20 @@ def _reached(steps: Sequence[tuple[int, float]], iteration: int) -> float | None
     return when
 
 
+def _resumed_after(later: Sequence[Attempt]) -> int | None:
+    """The iteration training resumed after, following an attempt: that of the first
+    later attempt that restored one. An attempt that failed in its start-up, with no
+    step and no restored iteration, resumed nothing (the one after it still redoes the
+    steps after its checkpoint); None when the first attempt that made steps does not
+    say."""
+    for attempt in later:
+        if attempt.resumed_from is not None:
+            return attempt.resumed_from
+        if attempt.steps:
+            return None
+    return None
+
+
 def _in_live(attempt: Attempt, a: float, b: float) -> bool:
     """Is the re-entry [a, b] part of a live recovery (the survivors re-enter then)? A
     recovery that gives no resumed time lasts to the next step after its fault."""
@@ -372,14 +388,22 @@ def _live(
     return cut
 
 
-def build_ledger(attempts: Sequence[Attempt], end: float | None = None) -> Ledger:
+def build_ledger(
+    attempts: Sequence[Attempt], end: float | None = None, *, launched: float | None = None
+) -> Ledger:
     """The ledger of a job made of ``attempts`` (in order), ending at ``end`` (default:
-    the last attempt's end)."""
+    the last attempt's end). ``launched``: when the job was launched, before the first
+    attempt's start (that span is start-up: the launcher's own start, the rendezvous,
+    the first ranks' interpreter and imports); None or a later time: the first
+    attempt's start."""
     if not attempts:
         raise ValueError("attempts: a job has at least one attempt")
     start = attempts[0].start
+    if launched is not None and launched < start:
+        start = launched
     stop = max(end if end is not None else attempts[-1].end, start)
     tally = _Tally(start)
+    tally.to(min(attempts[0].start, stop), Part.STARTUP)
     interruptions: list[Interruption] = []
     pending: Interruption | None = None  # the last failure: its next start-up is its cost
     for i, attempt in enumerate(attempts):
@@ -412,8 +436,9 @@ def build_ledger(attempts: Sequence[Attempt], end: float | None = None) -> Ledge
         into = interruption.parts if interruption is not None else None
         if last is not None and first is not None:
             lost_from = None
-            if nxt is not None and nxt.resumed_from is not None and nxt.resumed_from < last[0]:
-                lost_from = _reached(attempt.steps, nxt.resumed_from) or first
+            resumed = _resumed_after(attempts[i + 1 :])
+            if resumed is not None and resumed < last[0]:
+                lost_from = _reached(attempt.steps, resumed) or first
             for live in sorted(attempt.live, key=lambda r: r.fault):
                 if first <= live.fault < limit:
                     cut = _live(tally, i, attempt, live, limit, lost_from, into)

@@ -27,8 +27,9 @@ restart's line, or a ``stop`` line), and each live recovery (a ``live_recovery``
 a lost rank replaced by a standby process while the job went on, with ``fault_t``,
 ``resumed_t`` and ``steps_redone``; when the lost rank was rank 0, its standby's
 heartbeat file continues the same attempt); ``findings.jsonl`` the first evidence of a
-fault (a finding's detection time). Reads are bounded: at most ``MAX_LINES`` lines a
-file.
+fault (a finding's detection time); node 0's ``launcher_node_0.json`` the launch
+(``started_unix_s``), where the wall time starts. Reads are bounded: at most
+``MAX_LINES`` lines a file.
 """
 
 from __future__ import annotations
@@ -51,9 +52,10 @@ from rankguard.schema.layout import (
     PERF_LOG_FILE,
     PERF_ROOT,
     RESTARTS_FILE,
+    launcher_file_name,
 )
 
-__all__ = ["LIVE_RECOVERY", "MAX_LINES", "read_attempts", "read_ledger"]
+__all__ = ["LIVE_RECOVERY", "MAX_LINES", "read_attempts", "read_launch", "read_ledger"]
 
 MAX_LINES = 2_000_000
 LIVE_RECOVERY = "live_recovery"  # restarts.jsonl's kind of a live recovery's line
@@ -363,10 +365,29 @@ def read_attempts(run_dir: str | os.PathLike[str]) -> list[Attempt]:
     return attempts
 
 
+def read_launch(run_dir: str | os.PathLike[str]) -> float | None:
+    """When node 0's launcher started (its ``started_unix_s``), or None."""
+    path = Path(run_dir) / launcher_file_name(0)
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(_MAX_LINE + 1)
+    except OSError:
+        return None
+    if len(raw) > _MAX_LINE:
+        return None
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    return as_finite(obj.get("started_unix_s")) if isinstance(obj, dict) else None
+
+
 def read_ledger(run_dir: str | os.PathLike[str]) -> Ledger | None:
-    """The ledger of the run in ``run_dir``; None when it has no heartbeat of rank 0."""
+    """The ledger of the run in ``run_dir``, from its launch; None when it has no
+    heartbeat of rank 0."""
     attempts = read_attempts(run_dir)
     if not attempts:
         return None
     last = attempts[-1]  # a stop decided after the last rank's end ends the job
-    return build_ledger(attempts, max(last.end, last.decision or last.end))
+    end = max(last.end, last.decision or last.end)
+    return build_ledger(attempts, end, launched=read_launch(run_dir))

@@ -62,6 +62,7 @@ from rankguard.schema.status import StatusDoc
 from rankguard.schema.statusblocks import GoodputBlock
 from rankguard.util.fs import atomic_write_json
 from rankguard.util.gcfreeze import freeze_startup
+from rankguard.util.procs import process_started_unix_s
 from rankguard.util.textsafe import safe_text
 
 __all__ = ["job_name", "launch", "run_dir_for"]
@@ -224,10 +225,25 @@ def _thread_defaults(opts: LaunchOptions) -> None:
         _say("OMP_NUM_THREADS=1 for each rank (set it yourself to choose another value)")
 
 
+# What a preloaded module's users import later anyway, at a cost of their own: every
+# torch.optim optimizer imports torch._dynamo at its construction (as long as torch's own
+# import on a loaded machine), so a rank forked with torch alone still paid it at every
+# start and restart.
+PRELOAD_WITH: dict[str, tuple[str, ...]] = {"torch": ("torch._dynamo",)}
+
+
+def preload_modules(modules: tuple[str, ...]) -> list[str]:
+    """The fork server's imports for ``--preload modules``, in order: each module, then
+    what its users import later anyway (:data:`PRELOAD_WITH`), once each."""
+    out = [m for name in modules for m in (name, *PRELOAD_WITH.get(name, ()))]
+    return list(dict.fromkeys(out))
+
+
 def start_fork_server(modules: tuple[str, ...]) -> None:
     """``--preload``: start the fork server that imports ``modules`` once; every rank is
     then forked from it, at the first start and at each restart, instead of starting a
-    new interpreter and importing torch again (about a second per restart here).
+    new interpreter and importing torch again (about a second per restart here). With
+    torch it also imports ``torch._dynamo``, which the script's optimizer would import.
 
     Python's fork server skips a preload module it cannot import without a word, so each
     one is looked up first: a missing module is an error, not a silent slow start. The
@@ -253,7 +269,7 @@ def start_fork_server(modules: tuple[str, ...]) -> None:
             "__main__",
             "rankguard.launcher.forkserver_guard",
             "rankguard.launcher.worker",
-            *dict.fromkeys(modules),
+            *preload_modules(modules),
         ]
     )
     multiprocessing.forkserver.ensure_running()
@@ -581,6 +597,11 @@ def _services(
     )
 
 
+def _started_unix_s() -> float | None:
+    started = process_started_unix_s(os.getpid())
+    return None if started is None else round(started, 3)
+
+
 def _write_launcher_file(
     opts: LaunchOptions,
     cfg: RankguardConfig,
@@ -597,6 +618,9 @@ def _write_launcher_file(
             "node_rank_given": opts.node_rank,
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
+            # the launch: the goodput ledger's wall time starts here (the launcher's own
+            # start, the rendezvous and the first ranks' imports are start-up)
+            "started_unix_s": _started_unix_s(),
             "target": opts.target,
             "target_args": opts.target_args,
             "nproc_per_node": opts.nproc_per_node,

@@ -7,8 +7,9 @@ A zombie (exited, not yet reaped by the launcher) counts as gone; a stopped proc
 from __future__ import annotations
 
 import os
+import time
 
-__all__ = ["pid_running", "process_start_time", "process_state"]
+__all__ = ["pid_running", "process_start_time", "process_started_unix_s", "process_state"]
 
 
 def process_state(pid: int) -> str | None:
@@ -55,6 +56,20 @@ def process_start_time(pid: int) -> int | None:
     A pid and its start time name one process: a pid reused by a later process has
     another start time."""
     return _stat_int(pid, 19)
+
+
+def process_started_unix_s(pid: int) -> float | None:
+    """When ``pid`` started, in epoch seconds (to a clock tick): its start after boot
+    against the time since boot now; None where ``/proc`` cannot tell."""
+    ticks = process_start_time(pid)
+    if ticks is None:
+        return None
+    try:
+        per_s = os.sysconf("SC_CLK_TCK")
+        since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+    except (AttributeError, OSError, ValueError):
+        return None
+    return time.time() - (since_boot - ticks / per_s) if per_s > 0 else None
 
 
 def pid_running(pid: int) -> bool:

@@ -3,12 +3,16 @@ part within 0.5 s, the sum within 1 % of the wall time), and the pure ledger."""
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import time
 from pathlib import Path
 
 import pytest
 
 from rankguard.goodput import Attempt, Part, build_ledger, read_ledger
+from rankguard.util.procs import process_started_unix_s
 from tests.unit.goodput.synthetic import T0, Rank0, append, iso, run_dir, train
 
 
@@ -296,3 +300,51 @@ def test_resumed_from_a_checkpoint_as_the_demo_records_it(tmp_path: Path) -> Non
         Part.UNKNOWN: 0.1,
     }
     check(ledger.parts, want, t1 + 0.1 - T0)
+
+
+def test_work_redone_after_a_restart_that_failed_in_its_start_up_is_recomputed() -> None:
+    """The attempt after a crash fails in its start-up (a process group that does not
+    form), before it restores anything; the one after it resumes from the checkpoint at
+    step 5: steps 6-10 of the first attempt are done again."""
+    steps = [(i, 10.0 + i) for i in range(1, 11)]  # step i ends at 10 + i s
+    attempts = [
+        Attempt(start=0.0, end=21.0, steps=steps, failed=True, decision=21.0),
+        Attempt(start=22.0, end=30.0, failed=True, decision=30.0),  # no step, no restore
+        Attempt(start=31.0, end=50.0, steps=[(i, 35.0 + i) for i in range(6, 16)], resumed_from=5),
+    ]
+    ledger = build_ledger(attempts)
+    assert ledger.parts[Part.RECOMPUTED] == pytest.approx(5.0)  # 15 s -> 20 s (steps 6-10)
+    assert ledger.parts[Part.PRODUCTIVE] == pytest.approx(4.0 + 9.0)  # 11 -> 15, 41 -> 50
+    assert sum(ledger.parts.values()) == pytest.approx(ledger.wall_s)
+    # an attempt that made steps without saying where it resumed: nothing is guessed
+    attempts[1] = Attempt(start=22.0, end=30.0, steps=[(3, 25.0)], failed=True)
+    assert build_ledger(attempts).parts[Part.RECOMPUTED] == 0.0
+
+
+def test_the_wall_time_runs_from_the_launch(tmp_path: Path) -> None:
+    """rank 0's first process starts after the launcher's own start, the rendezvous and
+    its interpreter's imports: start-up, from the launcher's start in its file (a later
+    launch into the same directory, a job retry, starts no earlier than it)."""
+    d = run_dir(tmp_path)
+    a0 = Rank0(d, pid=101, start=T0)
+    a0.step(T0 + 2.0)
+    t = train(a0, T0 + 2.0, 10, 0.5, {})
+    a0.set_phase("closing", t)
+    a0.end(t, clean=True)
+    a0.write()
+    launcher = d / "launcher_node_0.json"
+    launcher.write_text(json.dumps({"node_rank": 0, "started_unix_s": T0 - 6.0}))
+    ledger = read_ledger(d)
+    assert ledger is not None and ledger.start == T0 - 6.0
+    check(ledger.parts, {Part.STARTUP: 6.0 + 2.0, Part.PRODUCTIVE: 5.0}, 13.0)
+    for later in (T0 + 30.0, "soon", None):  # a later launch, a bad value, none
+        launcher.write_text(json.dumps({"node_rank": 0, "started_unix_s": later}))
+        ledger = read_ledger(d)
+        assert ledger is not None and ledger.start == T0 and ledger.wall_s == 7.0
+
+
+def test_a_process_start_in_epoch_seconds() -> None:
+    started = process_started_unix_s(os.getpid())
+    assert started is not None and started <= time.time()
+    assert time.time() - started < 24 * 3600  # this test's interpreter, not the boot
+    assert process_started_unix_s(-1) is None
