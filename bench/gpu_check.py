@@ -26,7 +26,7 @@ with ``threading.excepthook`` collecting every exception of a background thread.
    counted from the CUDA events.
 7. ``thread exceptions``: none in any thread (``threading.excepthook``) over the run.
 
-Then, each in its own job:
+Then, in jobs of their own:
 
 8. ``inprocess nccl``: world 1, ``rankguard.inprocess.wrap`` on NCCL: the function raises
    once, is re-entered in the same process, and a new NCCL group all-reduces correctly.
@@ -37,6 +37,11 @@ Then, each in its own job:
     (a new pid), forms a new NCCL group on the same GPU and all-reduces correctly; one
     ``live_recovery`` line in ``restarts.jsonl``. (The survivors' communicator abort
     needs two GPUs and more: with one, only the newcomer's side runs.)
+
+8 and 10 are one job: the in-process re-entry first, then the SIGKILL of the re-entered
+rank, as a job with a standby takes an exception and then a lost process (its
+``restarts.jsonl`` also has the re-entry's ``inprocess`` line when the launcher read it
+before the kill).
 
 Without a GPU (``--smoke`` or not), the checks that can run on a CPU do (1, 3 in CPU
 mode, 5 from CPU tensors, 7, 8 and 10 on gloo) and the rest say ``SKIP (no GPU)``: nothing
@@ -341,35 +346,12 @@ def rank_checks(out: Path, smoke: bool) -> int:
     return 0
 
 
-def inprocess_checks(out: Path) -> int:
-    """World 1: raise in round 0, re-enter, all-reduce on a new group (NCCL on a GPU)."""
-    import torch
-    import torch.distributed as dist
-
-    import rankguard.inprocess as ip
-
-    rounds: list[tuple[int, str, float]] = []
-
-    @ip.wrap
-    def train() -> None:
-        backend = dist.get_backend()
-        device = "cuda" if backend == "nccl" else "cpu"
-        t = torch.full((4,), 2.0, device=device)
-        dist.all_reduce(t)
-        rounds.append((ip.restart_count(), backend, float(t.sum().item())))
-        if ip.restart_count() == 0:
-            raise RuntimeError("injected fault in round 0")
-
-    if torch.cuda.is_available():
-        torch.cuda.set_device(0)
-    train()
-    out.write_text(json.dumps(rounds))
-    return 0
-
-
 def live_checks(out: Path) -> int:
-    """World 1 + a standby: the rank all-reduces and SIGKILLs itself; the standby that
-    takes rank 0 all-reduces on a new group (NCCL on a GPU, on the same device)."""
+    """World 1 + a standby: round 0 all-reduces and raises, the round it re-enters in the
+    same process all-reduces on a new group (the in-process restart) and SIGKILLs the
+    process; the standby that takes rank 0 all-reduces on a new group (NCCL on a GPU, on
+    the same device). One line per round in ``out``: (pid, rank, backend, all_reduce sum,
+    restart count, newcomer)."""
     import signal
 
     import torch
@@ -394,10 +376,15 @@ def live_checks(out: Path) -> int:
         dist.all_reduce(t)
         memory["net"](torch.ones(1, 4, device=device)).sum().backward()
         memory["opt"].step()  # the newcomer's first step: the recovery's resumed_t
-        with out.open("a") as fh:
-            fh.write(json.dumps([os.getpid(), dist.get_rank(), backend, float(t.sum())]) + "\n")
         link = ip.live_link()
-        if link is not None and not link.newcomer and step == 0:
+        newcomer = link is not None and link.newcomer
+        restart = ip.restart_count()
+        row = [os.getpid(), dist.get_rank(), backend, float(t.sum()), restart, newcomer]
+        with out.open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
+        if not newcomer and restart == 0:
+            raise RuntimeError("injected fault in round 0")  # re-entered in this process
+        if link is not None and not newcomer and step == 0:
             os.kill(os.getpid(), signal.SIGKILL)  # lost: the standby takes rank 0
         time.sleep(1.5)  # the launcher reads the newcomer's first step
 
@@ -474,25 +461,9 @@ def run_rank_checks(tmp: Path, smoke: bool) -> list[Line]:
     return lines  # type: ignore[return-value]
 
 
-def run_inprocess(tmp: Path, cuda: bool) -> list[Line]:
-    out = tmp / "inprocess.json"
-    sets = ["inprocess_restart.enabled=true", "inprocess_restart.monitor_thread_interval=0.1"]
-    code, text, _ = _job(tmp / "ip-logs", sets, "--inprocess-checks", str(out), timeout_s=180)
-    rounds = json.loads(out.read_text()) if out.is_file() else []
-    backend = "nccl" if cuda else "gloo"
-    want = [[0, backend, 8.0], [1, backend, 8.0]]
-    ok = code == 0 and rounds == want
-    name = f"inprocess {backend}"
-    detail = f"world 1, rounds (restart, backend, all_reduce sum) {rounds}, exit {code}"
-    if not ok:
-        detail += f": {text[-1200:]}"
-    lines: list[Line] = [("PASS" if ok else "FAIL", name, detail)]
-    if not cuda:
-        lines.append((SKIP_NO_GPU, "inprocess nccl", "the same on NCCL"))
-    return lines
-
-
-def run_live(tmp: Path, cuda: bool) -> list[Line]:
+def run_inprocess_and_live(tmp: Path, cuda: bool) -> list[Line]:
+    """One job: the in-process restart's check (the first process's two rounds), then the
+    live recovery's (the standby that took rank 0 after the SIGKILL)."""
     out = tmp / "live.jsonl"
     sets = [
         "inprocess_restart.enabled=true",
@@ -503,20 +474,39 @@ def run_live(tmp: Path, cuda: bool) -> list[Line]:
     rows = [json.loads(x) for x in out.read_text().splitlines() if x] if out.is_file() else []
     path = run_dir / "restarts.jsonl"
     lines = [json.loads(x) for x in path.read_text().splitlines() if x] if path.is_file() else []
+    kinds = [x.get("kind") for x in lines]
     backend = "nccl" if cuda else "gloo"
+    first = [r for r in rows if not r[5] and r[0] == rows[0][0]] if rows else []
+    newcomers = [r for r in rows if r[5]]
+    rounds = [[r[4], r[2], r[3]] for r in first]
+    ip_ok = code == 0 and rounds == [[0, backend, 8.0], [1, backend, 8.0]]
+    ip_name = f"inprocess {backend}"
+    ip_detail = (
+        f"world 1, rounds (restart, backend, all_reduce sum) {rounds}, restarts.jsonl {kinds}"
+    )
+    if not ip_ok:
+        ip_detail += f", exit {code}: {text[-1200:]}"
+    result: list[Line] = [("PASS" if ip_ok else "FAIL", ip_name, ip_detail)]
+    if not cuda:
+        result.append((SKIP_NO_GPU, "inprocess nccl", "the same on NCCL"))
+    live = [first[-1], *newcomers] if first else newcomers
     ok = (
         code == 0
-        and [(r[1], r[2], r[3]) for r in rows] == [(0, backend, 8.0)] * 2
-        and rows[0][0] != rows[1][0]
-        and [x.get("kind") for x in lines] == ["live_recovery"]
+        and len(rows) == 3
+        and [(r[1], r[2], r[3]) for r in live] == [(0, backend, 8.0)] * 2
+        and live[0][0] != live[1][0]
+        # the re-entry's own line is there when the launcher read it before the kill
+        and [k for k in kinds if k != "inprocess"] == ["live_recovery"]
     )
     name = f"live {backend}"
-    detail = f"world 1 + 1 standby, (pid, rank, backend, all_reduce sum) {rows}, exit {code}"
-    if lines:
-        detail += f", fault -> next step {lines[0].get('recovery_s')} s"
+    pids = [(r[0], r[1], r[2], r[3]) for r in live]
+    detail = f"world 1 + 1 standby, (pid, rank, backend, all_reduce sum) {pids}, exit {code}"
+    recovery = next((x for x in lines if x.get("kind") == "live_recovery"), None)
+    if recovery is not None:
+        detail += f", fault -> next step {recovery.get('recovery_s')} s"
     if not ok:
         detail += f": {text[-1200:]}"
-    result: list[Line] = [("PASS" if ok else "FAIL", name, detail)]
+    result.append(("PASS" if ok else "FAIL", name, detail))
     if not cuda:
         result.append((SKIP_NO_GPU, "live nccl", "the same on NCCL"))
     return result
@@ -568,14 +558,11 @@ def main(argv: list[str] | None = None) -> int:
         help="smaller sizes, on a CPU the jobs side by side (seconds on a CPU)",
     )
     p.add_argument("--rank-checks", type=Path, help=argparse.SUPPRESS)
-    p.add_argument("--inprocess-checks", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--long-kernel", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--live-checks", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.rank_checks:
         return rank_checks(args.rank_checks, args.smoke)
-    if args.inprocess_checks:
-        return inprocess_checks(args.inprocess_checks)
     if args.long_kernel:
         return long_kernel_job(args.long_kernel)
     if args.live_checks:
@@ -592,8 +579,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(d)
         batches: list[Callable[[], list[Line]]] = [
             lambda: run_rank_checks(tmp, args.smoke),
-            lambda: run_inprocess(tmp, cuda),
-            lambda: run_live(tmp, cuda),
+            lambda: run_inprocess_and_live(tmp, cuda),
             lambda: [run_long_kernel(tmp)] if cuda else [(SKIP_NO_GPU, "long kernel", "")],
         ]
         together = args.smoke and not cuda  # on a GPU they would disturb its timings
