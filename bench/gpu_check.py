@@ -39,9 +39,9 @@ Then, in jobs of their own:
     needs two GPUs and more: with one, only the newcomer's side runs.)
 
 8 and 10 are one job: the in-process re-entry first, then the SIGKILL of the re-entered
-rank, as a job with a standby takes an exception and then a lost process (its
-``restarts.jsonl`` also has the re-entry's ``inprocess`` line when the launcher read it
-before the kill).
+rank, as a job with a standby takes an exception and then a lost process: its
+``restarts.jsonl`` has the re-entry's ``inprocess`` line (restart 1, cause
+``exception``), then the live recovery's ``live_recovery`` line.
 
 Without a GPU (``--smoke`` or not), the checks that can run on a CPU do (1, 3 in CPU
 mode, 5 from CPU tensors, 7, 8 and 10 on gloo) and the rest say ``SKIP (no GPU)``: nothing
@@ -479,7 +479,12 @@ def run_inprocess_and_live(tmp: Path, cuda: bool) -> list[Line]:
     first = [r for r in rows if not r[5] and r[0] == rows[0][0]] if rows else []
     newcomers = [r for r in rows if r[5]]
     rounds = [[r[4], r[2], r[3]] for r in first]
-    ip_ok = code == 0 and rounds == [[0, backend, 8.0], [1, backend, 8.0]]
+    reentry = [(x.get("restart"), x.get("cause")) for x in lines if x.get("kind") == "inprocess"]
+    ip_ok = (
+        code == 0
+        and rounds == [[0, backend, 8.0], [1, backend, 8.0]]
+        and reentry == [(1, "exception")]  # the re-entry's line, though SIGKILLed just after
+    )
     ip_name = f"inprocess {backend}"
     ip_detail = (
         f"world 1, rounds (restart, backend, all_reduce sum) {rounds}, restarts.jsonl {kinds}"
@@ -495,8 +500,7 @@ def run_inprocess_and_live(tmp: Path, cuda: bool) -> list[Line]:
         and len(rows) == 3
         and [(r[1], r[2], r[3]) for r in live] == [(0, backend, 8.0)] * 2
         and live[0][0] != live[1][0]
-        # the re-entry's own line is there when the launcher read it before the kill
-        and [k for k in kinds if k != "inprocess"] == ["live_recovery"]
+        and kinds == ["inprocess", "live_recovery"]
     )
     name = f"live {backend}"
     pids = [(r[0], r[1], r[2], r[3]) for r in live]

@@ -243,6 +243,12 @@ class Session:
         if self.publisher is not None:
             self.publisher.add_block(source)
 
+    def publish_heartbeat(self, timeout_s: float = 2.0) -> bool:
+        """A heartbeat record written now and on disk when this returns (False: none
+        within ``timeout_s``, or no heartbeats): what must reach node 0 even if the
+        process is killed next, an in-process re-entry."""
+        return self.publisher is not None and self.publisher.publish(timeout_s)
+
     @property
     def current_phase(self) -> str | None:
         """The phase the tracker holds now."""
@@ -626,6 +632,9 @@ class NullSession:
 
     def add_heartbeat_block(self, source: BlockSource) -> None:
         pass
+
+    def publish_heartbeat(self, timeout_s: float = 2.0) -> bool:
+        return False
 
     def install_optimizer_hook(self) -> None:
         pass

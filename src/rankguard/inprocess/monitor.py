@@ -6,23 +6,25 @@ re-entered and the last restart's cause and culprit, the same on every rank (the
 wrapper's ranks agree on it through the store). :class:`InProcessRestarts` is an
 :class:`~rankguard.monitor.api.Evaluator`: one ``inprocess_restart`` finding per
 restart, whichever rank's record shows it first, and one ``restarts.jsonl`` line of
-kind ``inprocess`` through ``on_restart``. Its status (``status.json["inprocess"]``) has
-the count and the last restart.
+kind ``inprocess`` through ``on_restart``. It reads every record as the scan reads it
+(``on_record``), not only each rank's latest: a rank that re-entered and was killed at
+once (its standby's first record read in the same scan, or read first) has written the
+restart in one record only. Its status (``status.json["inprocess"]``) has the count and
+the last restart.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rankguard.live.plan import LIVE_CAUSE, LIVE_GROW_CAUSE, LIVE_SHRINK_CAUSE
 from rankguard.monitor.blockeval import BlockEvaluator
-from rankguard.schema.blocks import InProcessBlock, InProcessRestart
+from rankguard.monitor.rules import RankState
+from rankguard.schema.blocks import InProcessBlock, InProcessRestart, read_block
 from rankguard.schema.findings import Finding, FindingType, Reason
+from rankguard.schema.records import HeartbeatRecord
 from rankguard.schema.restarts import RestartEntry
-
-if TYPE_CHECKING:
-    from rankguard.monitor.rules import RankState
 
 __all__ = ["InProcessRestarts"]
 
@@ -55,6 +57,37 @@ class InProcessRestarts(BlockEvaluator[InProcessBlock]):
         self.total = 0
         self.last: dict[str, Any] | None = None
         self._seen: dict[str, None] = {}  # insertion-ordered set of restart ids
+        # restarts read since the last scan, by id: the record each was first seen in
+        # and its block
+        self._read: dict[str, tuple[HeartbeatRecord, InProcessBlock]] = {}
+
+    def on_record(self, record: HeartbeatRecord) -> None:
+        """Every record as read: a restart not seen yet is kept for the scan's end."""
+        info = record.inprocess
+        raw = info.get("last") if info else None
+        rid = raw.get("id") if isinstance(raw, dict) else None
+        if not isinstance(rid, str) or rid in self._seen or rid in self._read:
+            return  # none, or known: most records repeat the last restart
+        try:
+            block = read_block(record, InProcessBlock)
+        except ValueError as exc:
+            self.bad_blocks += 1
+            self.last_bad = f"rank {record.rank}: {exc}"
+            return
+        if block is not None and block.last is not None and len(self._read) < _SEEN_MAX:
+            self._read[block.last.id] = (record, block)
+
+    def evaluate(self, now: float, ranks: Mapping[int, RankState]) -> list[Finding]:
+        out: list[Finding] = []
+        read, self._read = self._read, {}
+        # in the order they happened (the scan may read a newcomer's file first)
+        for record, block in sorted(read.values(), key=lambda rb: rb[1].restarts):
+            state = ranks.get(record.rank)
+            if state is None or state.pid != record.pid or state.record is None:
+                # the process is gone or replaced: the record that said it
+                state = RankState(rank=record.rank, pid=record.pid, record=record)
+            out += self.on_block(record.rank, state, block, ranks)
+        return out + super().evaluate(now, ranks)
 
     def on_block(
         self,
@@ -79,7 +112,9 @@ class InProcessRestarts(BlockEvaluator[InProcessBlock]):
         restart: InProcessRestart,
     ) -> Finding:
         culprit = restart.culprit
-        state = ranks.get(culprit) if culprit is not None else None
+        # the culprit's own record when another rank showed it (a culprit of the rank
+        # that showed it: that record, its process maybe replaced since)
+        state = ranks.get(culprit) if culprit is not None and culprit != seen_on.rank else None
         state = state if state is not None and state.record is not None else seen_on
         rec = state.record
         assert rec is not None

@@ -762,6 +762,9 @@ class _Call:
         if self.session is not None:
             self.session.set_phase(self._saved_phase)
             self.session.mark_recovered()
+            # the re-entry on disk before the round runs: a process killed in its first
+            # moments (a lost rank a standby replaces) has still told node 0 of it
+            self.session.publish_heartbeat()
         took = time.monotonic() - (self.recovering_since or time.monotonic())
         if self.rank == 0:
             logger.warning(

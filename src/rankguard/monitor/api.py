@@ -66,6 +66,11 @@ class Evaluator(Protocol):
 
     Called once per scan, after the rules, with every rank's state; returns its new
     findings. ``status()`` is shown under ``status.json``'s key ``name`` (None: nothing).
+    An evaluator that also has an ``on_record(record)`` method is given every record of
+    the job as the scan reads it, not only each rank's latest: for what one record says
+    once and a later record of the rank hides before the scan ends (a process killed
+    just after it, its replacement's first record read in the same scan). It must not
+    raise and only keeps what it needs for ``evaluate``.
     """
 
     name: str

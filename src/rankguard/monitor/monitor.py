@@ -144,7 +144,7 @@ class JobMonitor:
         self.last_write_error: str | None = None
         self._findings_out = QueuedJsonl(self.layout.findings)
         self._perf_out = QueuedJsonl(self.layout.perf_ranks)
-        self._evaluators: list[Evaluator] = list(evaluators)
+        self._evaluators: list[Evaluator] = []
         self._sinks: list[FindingSink] = list(sinks)
         self._reported: queue.SimpleQueue[Finding] = queue.SimpleQueue()  # report()
         self._report_lock = threading.Lock()
@@ -166,6 +166,8 @@ class JobMonitor:
             clock=clock,
             write_failed=self._write_failed,
         )
+        for evaluator in evaluators:
+            self.add_evaluator(evaluator)
         self.perf_ranks = PerfRanks(run_id)
         # rank -> its record and that record's perf block, parsed once per record
         self._perf_blocks: dict[int, tuple[HeartbeatRecord, PerfBlock | None]] = {}
@@ -179,7 +181,12 @@ class JobMonitor:
     # ---- extension points -----------------------------------------------------------
 
     def add_evaluator(self, evaluator: Evaluator) -> None:
+        """An evaluator; one with an ``on_record(record)`` method is also given every
+        record of the job as it is read (:class:`~rankguard.monitor.api.Evaluator`)."""
         self._evaluators.append(evaluator)
+        on_record = getattr(evaluator, "on_record", None)
+        if callable(on_record):
+            self.rules.record_watchers.append(on_record)
 
     def add_sink(self, sink: FindingSink) -> None:
         self._sinks.append(sink)

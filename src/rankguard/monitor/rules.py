@@ -49,6 +49,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from rankguard.monitor.config import HeartbeatConfig
@@ -194,6 +195,10 @@ class HeartbeatRules:
         self.rank_limit = expected_world_size or max_world_size or MAX_RANKS
         self.started_at = started_at
         self.ranks: dict[int, RankState] = {}
+        # called with every record of this job as it is read, before any is ignored as
+        # late or superseded: what one record says once (an in-process restart) is not
+        # hidden by the rank's later record read in the same scan
+        self.record_watchers: list[Callable[[HeartbeatRecord], None]] = []
         self._hosts: dict[str | None, dict[int, None]] = {}  # hostname -> ranks seen there
         self.ignored_records = 0
         self.last_ignored: str | None = None
@@ -281,6 +286,8 @@ class HeartbeatRules:
         record = self.accept(raw)
         if record is None:
             return False
+        for watch in self.record_watchers:
+            watch(record)
         rank = record.rank
         if (rank, record.pid) in self._retired:
             self._ignore(f"record of rank {rank}'s process retired with its node")

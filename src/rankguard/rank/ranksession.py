@@ -119,6 +119,12 @@ class RankSession(Protocol):
         heartbeat thread and returns the block, or None)."""
         ...
 
+    def publish_heartbeat(self, timeout_s: float = 2.0) -> bool:
+        """A heartbeat record written now, its blocks as they are now, and on disk when
+        this returns: for what must reach node 0 even if the process is killed next. False
+        when none was written within ``timeout_s`` (or without heartbeats)."""
+        ...
+
     def rerun(
         self, config: RerunStateMachineConfig | None = None, **kwargs: Any
     ) -> RerunStateMachine: ...

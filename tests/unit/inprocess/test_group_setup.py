@@ -79,6 +79,7 @@ def _run(
     groups: FakeGroups,
     fn: Callable[[], Any],
     monkeypatch: pytest.MonkeyPatch,
+    session: Any = None,
 ) -> tuple[_Call, Any]:
     """One wrapped call of ``fn`` by the only rank of a world of 1."""
     monkeypatch.setattr(wrapper, "_torch_dist", groups.namespace)
@@ -89,7 +90,7 @@ def _run(
         )
 
     env = RunEnv(run_id="r", rank=0, world_size=1, restart_count=0)
-    call = _Call(fn, CFG, store_factory=client, session=None, on_hard_timeout=None, env=env)
+    call = _Call(fn, CFG, store_factory=client, session=session, on_hard_timeout=None, env=env)
     call.prefix = "rankguard/inprocess/r/0/1/"
     return call, call.run((), {})
 
@@ -106,6 +107,52 @@ def test_a_timed_out_group_rendezvous_is_a_failed_round_and_the_next_round_runs(
     assert info.message.startswith("rank 0 could not form the process group of round 0: ")
     assert "DistStoreError: wait timeout after 2700ms" in info.message
     assert store.check(["rankguard/inprocess/r/0/1/0/failed"])  # a peer formed: it leaves
+
+
+class PublishingSession:
+    """The rank session as the wrapper drives it: what each heartbeat written on demand
+    held, in order with the training function's rounds."""
+
+    enabled = True
+    current_phase = "train"
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any]] = []
+        self.source: Callable[[], Any] | None = None
+
+    def add_heartbeat_block(self, source: Callable[[], Any]) -> None:
+        self.source = source
+
+    def set_phase(self, name: str) -> None:
+        pass
+
+    def mark_recovered(self) -> None:
+        pass
+
+    def publish_heartbeat(self, timeout_s: float = 2.0) -> bool:
+        assert self.source is not None
+        last = self.source().last
+        self.events.append(("published", None if last is None else (last.round, last.cause)))
+        return True
+
+
+def test_a_reentry_is_on_disk_before_the_round_runs(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process killed in the first moments of the round it re-entered (a lost rank a
+    standby replaces) has written the re-entry in a heartbeat record: not left to the
+    heartbeat thread's next beat."""
+    session = PublishingSession()
+
+    def fn() -> int:
+        session.events.append(("round", wrapper.restart_count()))
+        if wrapper.restart_count() == 0:
+            raise RuntimeError("boom")
+        return 1
+
+    _, result = _run(store, FakeGroups(None), fn, monkeypatch, session)
+    assert result == 1
+    assert session.events == [("round", 0), ("published", (0, "exception")), ("round", 1)]
 
 
 def test_set_ups_failing_past_hard_timeout_end_the_call_and_tell_the_others(

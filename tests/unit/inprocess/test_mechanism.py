@@ -235,3 +235,24 @@ def test_session_carries_added_heartbeat_blocks(tmp_path: Any) -> None:
     finally:
         session.close()
     assert seen and seen[0]["inprocess"] == {"restarts": 2, "recovering": False}
+
+
+def test_session_publishes_a_heartbeat_on_demand_on_disk_when_it_returns(tmp_path: Any) -> None:
+    from rankguard.schema.blocks import InProcessBlock
+    from rankguard.session import NullSession, Session
+    from tests.factories import heartbeat_config, rank_identity
+
+    cfg = heartbeat_config(publish_interval_s=5.0)
+    session = Session(rank_identity(), tmp_path, cfg, publish=True)
+    try:
+        restarts = [0]
+        session.add_heartbeat_block(lambda: InProcessBlock(restarts=restarts[0]))
+        assert session.publisher is not None
+        restarts[0] = 1
+        assert session.publish_heartbeat() is True  # the interval is 5 s
+        lines = session.publisher.path.read_text().splitlines()
+        seen = [r["inprocess"]["restarts"] for r in map(json.loads, lines) if "inprocess" in r]
+    finally:
+        session.close()
+    assert seen[-1] == 1
+    assert NullSession().publish_heartbeat() is False

@@ -3,16 +3,28 @@ line per in-process restart, the re-entry is not a hang."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rankguard.inprocess import RESTART_PHASE
 from rankguard.inprocess.monitor import InProcessRestarts
+from rankguard.monitor.monitor import JobMonitor
 from rankguard.schema.findings import FindingType, Reason
 from rankguard.schema.records import HeartbeatRecord, RecordError
 from rankguard.schema.restarts import RestartEntry
-from tests.factories import heartbeat_record, heartbeat_rules, types_of
+from rankguard.util.fs import QueuedJsonl
+from tests.factories import (
+    RUN_ID,
+    FakeClock,
+    heartbeat_config,
+    heartbeat_record,
+    heartbeat_rules,
+    read_jsonl,
+    types_of,
+    write_heartbeats,
+)
 
 
 def _last(rid: str = "run/0/1/0", cause: str = "exception", culprit: int = 1) -> dict[str, Any]:
@@ -227,3 +239,55 @@ def test_a_live_round_is_a_finding_but_not_a_second_restarts_line(
     found = ev.evaluate(1.0, rules.ranks)
     assert [f.reason for f in found] == [reason]
     assert lines == []  # the launcher writes the recovery's line (kind live_recovery)
+
+
+def _killed_after_reentry(old: int, new: int) -> list[dict[str, Any]]:
+    """Rank 0 (pid ``old``) re-entered after an exception and was SIGKILLed at once; a
+    standby (pid ``new``) took rank 0 in a live round: its records follow in 0.1 s."""
+    first = _last("run/0/1/0", "exception", 0)
+    live = _last("run/0/1/1", "rank_lost", 0)
+    one = {"world_size": 1, "hostname": "h0"}
+    return [
+        heartbeat_record(0, 2, old, t=1.0, inprocess=_inproc(1, first), **one),
+        heartbeat_record(0, 0, new, t=1.1, event="process_start", **one),
+        heartbeat_record(0, 1, new, t=1.2, inprocess=_inproc(2, live), **one),
+    ]
+
+
+@pytest.mark.parametrize("newcomer_first", [False, True])
+def test_a_reentry_shown_by_one_record_only_keeps_its_line(
+    tmp_path: Path, newcomer_first: bool
+) -> None:
+    """The re-entered process's last record and its standby's are read in the same scan
+    (in either order): the re-entry has its finding and its restarts.jsonl line, though
+    the rank's latest record at the scan's end shows only the live round."""
+    clock = FakeClock()
+    mon = JobMonitor(
+        heartbeat_config(scan_interval_s=0.5),
+        tmp_path,
+        RUN_ID,
+        expected_world_size=1,
+        clock=clock,
+        check_pids=False,
+    )
+    restarts = QueuedJsonl(tmp_path / "restarts.jsonl")
+    mon.add_evaluator(InProcessRestarts(RUN_ID, lambda e: restarts.append([e.to_dict()])))
+    start = heartbeat_record(0, 0, 1000, event="process_start", world_size=1, hostname="h0")
+    write_heartbeats(tmp_path, start, {**start, "event": "heartbeat", "seq": 1})
+    assert mon.scan_once() == []
+    old, newcomer_start, newcomer = _killed_after_reentry(1000, 2000)
+    clock.t += 0.5
+    if newcomer_first:  # one scan reads the newcomer's file, then the lost one's
+        mon.rules.ingest(newcomer_start, clock())
+        mon.rules.ingest(newcomer, clock())
+        mon.rules.ingest(old, clock())
+        found = [f for e in mon._evaluators for f in e.evaluate(clock(), mon.rules.ranks)]
+    else:
+        write_heartbeats(tmp_path, old, newcomer_start, newcomer)
+        found = mon.scan_once()
+    reentry = [f for f in found if f.finding_type is FindingType.INPROCESS_RESTART]
+    assert [f.reason for f in reentry] == [Reason.INPROCESS_EXCEPTION, Reason.LIVE_REPLACED]
+    assert "in-process restart 1: exception on rank 0 (h1)" in reentry[0].message
+    assert reentry[0].pid == 1000  # the record that said it, not the newcomer's
+    lines = read_jsonl(tmp_path / "restarts.jsonl")
+    assert [(x["kind"], x["restart"], x["id"]) for x in lines] == [("inprocess", 1, "run/0/1/0")]
