@@ -27,6 +27,7 @@ from rankguard.launcher.spares import (
     SpareWatch,
     elastic_status,
     full_round_without,
+    lost_in_round,
     read_agents,
     waiting_agents,
 )
@@ -510,3 +511,19 @@ def test_a_spare_that_never_leaves_is_waited_for_as_long_as_its_beat_may_take(
     stuck.close()
     assert 3 * 0.3 <= took < 5.0, took  # three beats' time at least, then it goes
     assert "spares still waiting in the rendezvous" in capsys.readouterr().err
+
+
+def test_the_agents_a_round_lost_are_those_still_training_in_it() -> None:
+    # node 0 (h:1) was lost; node 1 (h:2, this agent) and the spare (h:3) formed round
+    # "b"; an agent of an older round and one that re-entered the rendezvous are not lost
+    agents: list[dict[str, Any]] = [
+        {"agent": "h:1", "state": "training", "round": "a", "node": 0},
+        {"agent": "h:2", "state": "training", "round": "b", "node": 0},
+        {"agent": "h:3", "state": "waiting"},
+        {"agent": "h:4", "state": "training", "round": "z", "node": 1},
+        {"agent": "h:5", "state": "waiting", "round": "a", "node": 1},
+    ]
+    assert [a["agent"] for a in lost_in_round(agents, "a", "h:2")] == ["h:1"]
+    # this agent's own entry, not rewritten yet, is never lost
+    agents[1] = {"agent": "h:2", "state": "training", "round": "a", "node": 1}
+    assert [a["agent"] for a in lost_in_round(agents, "a", "h:2")] == ["h:1"]
