@@ -330,6 +330,13 @@ def test_node0_lost_a_spare_takes_its_place_and_the_new_rounds_node0_runs_the_mo
     [replaced] = elastic["replacements"]
     assert (replaced["spare"], replaced["replaced"]) == (pid[spare], pid[node0]), elastic
     assert elastic["lost"] == [pid[node0]], elastic
+    # the lost node's rank is named, not the survivor whose collective broke with it
+    # (that monitor never saw node 0's ranks: the previous round's agents tell it)
+    found = read_jsonl(tmp_path / f"agent{node1}" / "heartbeat" / run_id / "findings.jsonl")
+    assert [f["rank"] for f in found] == [0], found
+    assert found[0]["node_rank"] == 0 and pid[node0] in found[0]["message"], found
+    assert "its agent left the rendezvous" in found[0]["message"], found
+    assert f"node 0 of the previous round (agent {pid[node0]}) did not come back" in text1
     assert no_leftover_workers(run_id)
 
 

@@ -20,15 +20,18 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from rankguard.launcher.nodeservice import LaunchContext, NodeLeft, NullService
+from rankguard.launcher.nodeservice import LaunchContext, NodeContext, NodeLeft, NullService
 from rankguard.monitor.api import StatusFields
+from rankguard.monitor.lostnode import LostNode
 from rankguard.schema.jsontypes import JsonObject
+from rankguard.schema.restarts import RestartEntry
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from rankguard.config import RankguardConfig
     from rankguard.launcher.exclusion import NodeExclusion
+    from rankguard.launcher.rendezvous import SpareKeeper
     from rankguard.launcher.spares import SpareWatch
     from rankguard.schema.statusblocks import ElasticBlock, Replacement
 
@@ -52,6 +55,8 @@ class SpareService(NullService):
         #: waiting agents whose beat stopped (spares gone while they waited), as node 0 saw
         self.spares_gone: set[str] = set()
         self._spare_watch: SpareWatch | None = None
+        self._keeper: SpareKeeper | None = None
+        self._nproc_per_node = 1
 
     def wrap_rendezvous(self, handler: Any, launch: LaunchContext) -> Any:
         from rankguard.launcher.rendezvous import SpareKeeper, keep_alive_settings
@@ -73,7 +78,38 @@ class SpareService(NullService):
         )
         self.track = self.services is not None and self.services.store is not None
         self.min_nodes = opts.min_nodes
-        return SpareKeeper(handler, registry, say=launch.say)
+        self._nproc_per_node = opts.nproc_per_node
+        self._keeper = SpareKeeper(handler, registry, say=launch.say)
+        return self._keeper
+
+    def move(self, node: NodeContext) -> None:
+        """A new round renumbered this node 0 after its group restarted because a peer
+        went away: node 0's monitor was lost with its node, and the new one here never
+        saw its ranks. The agents that trained in this node's previous round and did
+        not come back are named to it (:mod:`rankguard.monitor.lostnode`), and said."""
+        super().move(node)
+        keeper = self._keeper
+        if node.node_rank != 0 or node.monitor is None or node.store is None or keeper is None:
+            return
+        last = _last_restart(node.services)
+        if keeper.previous_round is None or last is None or last.reason != "peer_failure":
+            return
+        from rankguard.launcher.spares import lost_in_round, read_agents
+
+        agents = read_agents(node.store, node.run_id)
+        nproc = self._nproc_per_node
+        for entry in lost_in_round(agents, keeper.previous_round, keeper.registry.agent):
+            first = int(entry["node"]) * nproc
+            lost = LostNode(
+                node=int(entry["node"]),
+                agent=str(entry["agent"]),
+                ranks=tuple(range(first, first + nproc)),
+                victim=last.rank,
+                restart=f"restart {last.restart}: {last.cause}",
+                before_ns=time.time_ns(),
+            )
+            node.monitor.note_lost_node(lost)
+            node.say(lost.said())
 
     def status_fields(self) -> StatusFields:
         elastic = self.elastic_fields()
@@ -107,6 +143,13 @@ class SpareService(NullService):
         node = self.services
         if self.track and node is not None:
             keep_store_for_spares(node.store, node.run_id, self.spares_gone, launch.say)
+
+
+def _last_restart(services: Any) -> RestartEntry | None:
+    """The node's last restart of its worker group (processes restarted), if any."""
+    restarts = getattr(services, "restarts", None) or []
+    process = [r for r in restarts if isinstance(r, RestartEntry) and r.kind == "process"]
+    return process[-1] if process else None
 
 
 def _spares(cfg: RankguardConfig) -> SpareService:

@@ -307,6 +307,8 @@ class SpareKeeper(HandlerWrapper):
         self.say = say or (lambda msg: logger.info("rankguard: %s", msg))
         self.nodes: int | None = None  # the current group's node count
         self.left_waiting = False  # the job ended while this agent waited
+        #: the tag of the round this agent trained in before the current one (None: none)
+        self.previous_round: str | None = None
 
     def next_rendezvous(self) -> RendezvousInfo:
         from torch.distributed.elastic.rendezvous.api import (
@@ -348,6 +350,8 @@ class SpareKeeper(HandlerWrapper):
                 self.registry.left()
                 raise
         self.nodes = int(info.world_size)
+        trained_in = self.registry.entry.get("round")
+        self.previous_round = trained_in if isinstance(trained_in, str) else None
         self.registry.joined(int(info.rank), self.nodes, round_tag(info))
         return info
 

@@ -58,6 +58,7 @@ __all__ = [
     "agent_entry",
     "elastic_status",
     "full_round_without",
+    "lost_in_round",
     "read_agents",
     "spare_not_needed",
     "waiting_agents",
@@ -444,6 +445,23 @@ def elastic_status(
         lost=tuple(sorted({a["agent"] for a in lost})),
         replacements=tuple(history),
     )
+
+
+def lost_in_round(agents: list[dict[str, Any]], round_tag: str, me: str) -> list[dict[str, Any]]:
+    """The agents that trained in the round ``round_tag`` and did not come back, as
+    ``agents`` (:func:`read_agents`) say once the next round formed, by node number: an
+    agent that left that round's group re-enters the rendezvous (its entry says
+    ``waiting``, then ``training`` in the new round); one lost with its node still says
+    ``training`` in the old round. ``me``: this agent (not lost)."""
+    lost = (
+        a
+        for a in agents
+        if a.get("state") == "training"
+        and a.get("round") == round_tag
+        and a["agent"] != me
+        and a.get("node") is not None
+    )
+    return sorted(lost, key=lambda a: int(a["node"]))
 
 
 def spare_not_needed(registry: AgentRegistry, agents: list[dict[str, Any]]) -> bool:

@@ -43,6 +43,7 @@ from rankguard.monitor import status as status_rows
 from rankguard.monitor.api import Evaluator, FindingSink, RemoteSource, StatusSource
 from rankguard.monitor.config import HeartbeatConfig
 from rankguard.monitor.ingest import Ingest
+from rankguard.monitor.lostnode import LostNode
 from rankguard.monitor.perfranks import PerfRanks
 from rankguard.monitor.rules import HeartbeatRules, Liveness, RankState
 from rankguard.monitor.status import DETAIL_COLUMNS
@@ -222,6 +223,11 @@ class JobMonitor:
     def note_restart(self, reason: str, *, cause_pending: bool = False) -> None:
         """See :meth:`HeartbeatRules.note_restart`."""
         self.rules.note_restart(reason, cause_pending=cause_pending, now=self.clock())
+
+    def note_lost_node(self, lost: LostNode) -> None:
+        """See :meth:`HeartbeatRules.note_lost_node` (between two scans)."""
+        with self._scan_lock:
+            self.rules.note_lost_node(lost)
 
     def episode_findings(self) -> list[JsonObject]:
         """The first findings of an error (not warnings) since the ranks' processes

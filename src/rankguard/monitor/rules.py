@@ -53,6 +53,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from rankguard.monitor.config import HeartbeatConfig
+from rankguard.monitor.lostnode import LostNode
 from rankguard.monitor.verdicts import (
     NEVER_SEEN_EACH,
     Compose,
@@ -241,6 +242,7 @@ class HeartbeatRules:
         self._peer_restart_at: float | None = None
         self._settle_due = False
         self._named: list[Finding] = []  # found outside evaluate, returned by the next
+        self._lost: LostNode | None = None  # a node the previous round lost (note_lost_node)
 
     # ---- input ----------------------------------------------------------------------
 
@@ -422,6 +424,46 @@ class HeartbeatRules:
         self._peer_restart_at = now if pending else None  # before: a scan reads it after
         self.restarting = reason
         self._settle_due = True
+
+    def note_lost_node(self, lost: LostNode) -> None:
+        """This monitor started on a node renumbered 0 after the previous round lost
+        node ``lost.node`` (node 0's monitor went with it, see :mod:`.lostnode`): its
+        first rank is named now (returned by the next :meth:`evaluate`; fault tolerance
+        acts on nothing for it, the restart that replaced its group is done), and an
+        end of that round (written before ``lost.before_ns``) whose collective broke
+        is recorded as its echo, not named."""
+        self._lost = lost
+        rank = lost.ranks[0]
+        found = Finding.build(
+            FindingType.PROCESS_TIMEOUT,
+            Reason.UNRESPONSIVE,
+            run_id=self.run_id,
+            rank=rank,
+            message=lost.message(),
+            hostname=lost.hostname,
+            node_rank=lost.node,
+            process_liveness=Liveness.STALE,
+            gpu_progress=Progress.UNKNOWN,
+            detail={NAMED_AT: lost.restart, "lost_node": lost.to_dict()},
+        )
+        self._named.append(found)
+
+    def _echo_of_lost(self, s: RankState, rec: HeartbeatRecord) -> bool:
+        """Rank ``s``'s end (``rec``) is a survivor's of the round that lost a node
+        (:meth:`note_lost_node`): its collective broke before the new round formed.
+        Recorded as the lost rank's echo; False when it is not one."""
+        lost = self._lost
+        if (
+            lost is None
+            or s.rank in lost.ranks
+            or rec.wall_time_ns >= lost.before_ns
+            or not peer_failure((rec.exit or {}).get("error"))
+        ):
+            return False
+        s.held_until = None
+        s.active.add(FindingType.PROCESS_EXITED)
+        s.record = rec.with_exit(after_failure_of_rank=lost.ranks[0])
+        return True
 
     def cancel_restart(self, reason: str) -> None:
         """The restart noted with ``reason`` will not happen (its kill failed): exits
@@ -605,6 +647,8 @@ class HeartbeatRules:
         if self.shutdown is not None:
             s.active.add(FindingType.PROCESS_EXITED)
             s.record = rec.with_exit(after_shutdown=self.shutdown)
+            return
+        if self._echo_of_lost(s, rec):
             return
         if self.restarting is not None and not self._pending_cause(exit_info, now):
             at = self._peer_restart_at

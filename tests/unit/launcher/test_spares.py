@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,15 +22,19 @@ from torch.distributed.elastic.rendezvous.api import (
 )
 
 from rankguard.cli.status_render import elastic_lines
+from rankguard.launcher.membership import SpareService
 from rankguard.launcher.rendezvous import SpareKeeper, keep_alive_settings, round_tag
 from rankguard.launcher.spares import (
     AgentRegistry,
     SpareWatch,
     elastic_status,
     full_round_without,
+    lost_in_round,
     read_agents,
     waiting_agents,
 )
+from rankguard.monitor.lostnode import LostNode
+from rankguard.schema.restarts import RestartEntry
 from rankguard.schema.statusblocks import ElasticBlock, Replacement
 
 pytestmark = pytest.mark.timeout(60)
@@ -510,3 +515,73 @@ def test_a_spare_that_never_leaves_is_waited_for_as_long_as_its_beat_may_take(
     stuck.close()
     assert 3 * 0.3 <= took < 5.0, took  # three beats' time at least, then it goes
     assert "spares still waiting in the rendezvous" in capsys.readouterr().err
+
+
+def test_the_agents_a_round_lost_are_those_still_training_in_it() -> None:
+    # node 0 (h:1) was lost; node 1 (h:2, this agent) and the spare (h:3) formed round
+    # "b"; an agent of an older round and one that re-entered the rendezvous are not lost
+    agents: list[dict[str, Any]] = [
+        {"agent": "h:1", "state": "training", "round": "a", "node": 0},
+        {"agent": "h:2", "state": "training", "round": "b", "node": 0},
+        {"agent": "h:3", "state": "waiting"},
+        {"agent": "h:4", "state": "training", "round": "z", "node": 1},
+        {"agent": "h:5", "state": "waiting", "round": "a", "node": 1},
+    ]
+    assert [a["agent"] for a in lost_in_round(agents, "a", "h:2")] == ["h:1"]
+    # this agent's own entry, not rewritten yet, is never lost
+    agents[1] = {"agent": "h:2", "state": "training", "round": "a", "node": 1}
+    assert [a["agent"] for a in lost_in_round(agents, "a", "h:2")] == ["h:1"]
+
+
+class _Monitor:
+    def __init__(self) -> None:
+        self.lost: list[LostNode] = []
+
+    def note_lost_node(self, lost: LostNode) -> None:
+        self.lost.append(lost)
+
+
+def _renumbered_0(reason: str) -> tuple[_Monitor, list[str]]:
+    """Node 1 (h:2) of round h:7 restarts its group (``reason``); node 0 (h:1) never
+    comes back; round h:8 numbers h:2 node 0 and its services move."""
+    store = _store()
+    lost = AgentRegistry(store, "r", max_nodes=2, agent="h:1")
+    lost.waiting()
+    lost.joined(0, 2, "h:7")
+    spares = SpareService()
+    spares._nproc_per_node = 2
+    keeper = spares._keeper = SpareKeeper(
+        Inner([_info(1, 2, port=7), _info(0, 2, port=8)]),  # type: ignore[arg-type]
+        AgentRegistry(store, "r", max_nodes=2, agent="h:2"),
+    )
+    keeper.next_rendezvous()
+    keeper.next_rendezvous()
+    assert keeper.previous_round == "h:7"
+    monitor, said = _Monitor(), []
+    restart = RestartEntry(restart=1, cause="worker_failed", rank=3, reason=reason)
+    node = SimpleNamespace(
+        node_rank=0,
+        monitor=monitor,
+        store=store,
+        run_id="r",
+        services=SimpleNamespace(restarts=[restart]),
+        say=said.append,
+    )
+    spares.move(node)  # type: ignore[arg-type]
+    return monitor, said
+
+
+def test_a_node_renumbered_0_names_the_agent_of_its_previous_round_that_did_not_come_back() -> None:
+    monitor, said = _renumbered_0("peer_failure")
+    [lost] = monitor.lost
+    assert (lost.node, lost.agent, lost.ranks, lost.victim) == (0, "h:1", (0, 1), 3)
+    assert lost.restart == "restart 1: worker_failed"
+    assert said == [
+        "node 0 of the previous round (agent h:1) did not come back: its agent left the "
+        "rendezvous, its rank(s) 0-1 were lost with it; rank 3's failure was its echo"
+    ]
+
+
+def test_a_restart_not_for_a_peer_gone_names_no_lost_node() -> None:
+    monitor, said = _renumbered_0("exception")
+    assert monitor.lost == [] and said == []

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from rankguard.monitor.lostnode import LostNode
 from rankguard.monitor.rules import Liveness, Progress
 from rankguard.schema.records import HeartbeatRecord
 from tests.factories import BASE_NS, Feed, types_of
@@ -587,6 +588,59 @@ def test_a_restart_with_no_silent_peer_leaves_the_held_end_to_the_restart() -> N
     assert rules.evaluate(3.0) == []
     assert rules.ranks[0].record is not None
     assert rules.ranks[0].record.exit["after_restart"] == "restart 1: worker_failed"
+
+
+def _node0_lost(rules: Any) -> None:
+    """Node 0 (rank 0, and the monitor) was lost; the new round formed at t=3 on the
+    survivor, renumbered node 0, whose new monitor reads rank 1's end of t=2 (its
+    collective broke: its peer went away) and is told which node did not come back."""
+    end1 = rec(1, 5, event="process_end", t=2.0)
+    end1["exit"] = {"clean": False, "exit_code": 1, "error": _BROKEN}
+    assert rules.ingest(end1, 3.5)
+    rules.note_lost_node(
+        LostNode(
+            node=0,
+            agent="host0:4242",
+            ranks=(0,),
+            victim=1,
+            restart="restart 1: worker_failed",
+            before_ns=BASE_NS + 3_000_000_000,
+        )
+    )
+
+
+def test_a_monitor_started_after_node_0_was_lost_names_its_rank_not_the_victim() -> None:
+    rules = _rules(world=2)
+    _node0_lost(rules)
+    found = rules.evaluate(3.5)
+    assert types_of(found) == [(0, PROCESS_TIMEOUT)]
+    assert found[0].hostname == "host0" and found[0].node_rank == 0
+    assert found[0].detail["named_at"] == "restart 1: worker_failed"
+    assert found[0].detail["lost_node"]["agent"] == "host0:4242"
+    assert "its agent left the rendezvous" in found[0].message
+    assert "rank 1's collective with it broke" in found[0].message
+    assert rules.ranks[1].record is not None
+    assert rules.ranks[1].record.exit["after_failure_of_rank"] == 0
+    # the new round's processes come; nothing more is named, ever
+    for t in (4.0, 8.0, 12.0):
+        for rank in (0, 1):
+            rules.ingest(rec(rank, int(t), pid=2000 + rank, t=t), t)
+        assert rules.evaluate(t) == []
+    assert rules.findings_total == 1
+
+
+def test_an_end_of_the_new_round_is_not_the_lost_nodes_echo() -> None:
+    rules = _rules(world=2)
+    _node0_lost(rules)
+    assert types_of(rules.evaluate(3.5)) == [(0, PROCESS_TIMEOUT)]
+    rules.ingest(rec(0, 0, pid=2000, t=4.0), 4.0)
+    rules.ingest(rec(1, 0, pid=2001, t=4.0), 4.0)
+    end1 = rec(1, 1, pid=2001, event="process_end", t=5.0)
+    end1["exit"] = {"clean": False, "exit_code": 1, "error": _BROKEN}
+    rules.ingest(end1, 5.0)
+    rules.evaluate(5.0)
+    assert rules.ranks[1].record is not None and rules.ranks[1].record.exit is not None
+    assert "after_failure_of_rank" not in rules.ranks[1].record.exit
 
 
 def test_the_agents_root_cause_is_blamed_among_vanished_ranks() -> None:
