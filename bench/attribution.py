@@ -7,10 +7,13 @@ Three parts, each a real ``rankguard run`` of ``attribution_job.py`` (gloo, CPU 
    after the first hang finding. Right when the stalled rank is the only rank named
    (``gpu_progress_timeout`` or a heartbeat timeout); the finding's ``hang`` kind is
    printed too.
-2. fail-slow: one rank (chosen by a seeded draw) slowed 1.5x-3x in backward, forward or
-   data loading from 5 s on, plus clean runs, on 4 ranks, straggler detection on
-   (report every 3 s, 2 reports in a row, relative threshold 0.8); precision and recall
-   of ``straggler_detected`` per run, and onset -> finding.
+2. fail-slow: ``--runs`` runs (40) with one rank's compute per step slowed 1.2x, 1.5x, 2x
+   or 3x in turn, the extra time spent in its backward, forward or data loading, the
+   rank, the site and the onset (5-10 s after the first step) drawn (``--seed``), then
+   ``--clean`` runs (10) with no slow rank, on 4 ranks, straggler detection on
+   (:data:`FAILSLOW_SETS`: a report every 3 s, 2 reports in a row); precision and recall
+   of ``straggler_detected`` over the runs, recall per slowdown, onset -> finding (from
+   the slow rank's own onset time), and the lowest relative score a healthy rank got.
 3. cost: the sampler's look (``CollectiveSampler.sample``) in a 1-rank gloo job, and a
    loop of tiny all-reduces with the sampler thread on vs off (the training thread does
    nothing for it; what remains is the thread's GIL share).
@@ -28,7 +31,9 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -131,7 +136,7 @@ def attribution_case(
         if first is not None and time.monotonic() - first > settle_s:
             break
         time.sleep(0.5)
-    _stop(proc)
+    out_text = _stop(proc)
     hangs = [f for f in _findings(run_dir) if f.get("finding_type") in HANG_TYPES]
     named = sorted({int(f["rank"]) for f in hangs})
     kind = next((f["hang"]["kind"] for f in hangs if isinstance(f.get("hang"), dict)), None)
@@ -144,37 +149,68 @@ def attribution_case(
         "hang_kind": kind,
     }
     if slow is not None:
-        out["failslow"] = _failslow_result(run_dir, *slow)
+        out["failslow"] = _failslow_result(run_dir, *slow, out_text)
     return out
+
+
+#: the fail-slow part's detector settings (reports every 3 s)
+FAILSLOW_SETS = {
+    "straggler.report_time_interval": "3",
+    "straggler.consecutive_reports": "2",
+    "straggler.gpu_relative_perf_threshold": "0.8",
+    "straggler.gpu_individual_perf_threshold": "0.5",
+}
 
 
 def _failslow_args(
     slow_rank: int | None, site: str, slowdown: float, slow_from_s: float
 ) -> tuple[list[str], list[str]]:
     """The ``--set`` items and the job's arguments of a fail-slow case."""
-    sets = [
-        "straggler.enabled=true",
-        "straggler.report_time_interval=3",
-        "straggler.consecutive_reports=2",
-        "straggler.gpu_relative_perf_threshold=0.8",
-        "straggler.gpu_individual_perf_threshold=0.5",
-    ]
+    sets = ["straggler.enabled=true"] + [f"{k}={v}" for k, v in FAILSLOW_SETS.items()]
     job = ["--site-ms", "20", "--slow-from-s", str(slow_from_s)]
     if slow_rank is not None:
         job += ["--slow-rank", str(slow_rank), "--slow-site", site, "--slowdown", str(slowdown)]
     return sets, job
 
 
+_ONSET = re.compile(r"slowed \S+ from step \d+: compute ([\d.]+) ms per step, .* at unix ([\d.]+)")
+_WORST = re.compile(r"rank (\d+) rel ([\d.]+)")
+
+
+def _reports(out: str) -> list[dict[int, float]]:
+    """Each straggler report's relative scores from the job's output (its ``worst:``
+    line lists every rank of a 4-rank job); reports over one rank (the start) left out."""
+    reports = []
+    for line in out.splitlines():
+        if line.lstrip().startswith("worst: rank"):
+            scores = {int(r): float(v) for r, v in _WORST.findall(line)}
+            if len(scores) > 1:
+                reports.append(scores)
+    return reports
+
+
 def _failslow_result(
-    run_dir: Path, slow_rank: int | None, site: str, slowdown: float, slow_from_s: float
+    run_dir: Path,
+    slow_rank: int | None,
+    site: str,
+    slowdown: float,
+    slow_from_s: float,
+    out: str = "",
 ) -> dict[str, Any]:
     found = [f for f in _findings(run_dir) if f.get("finding_type") == "straggler_detected"]
     named = sorted({int(f["rank"]) for f in found})
+    onset = _ONSET.search(out)
     start = _start_ns(run_dir)
     latency = None
-    if found and start is not None and slow_rank in named:
-        at = min(int(f["detected_at_unix_ns"]) for f in found if f["rank"] == slow_rank)
-        latency = round((at - start) / 1e9 - slow_from_s, 1)
+    if found and slow_rank in named:
+        at = min(int(f["detected_at_unix_ns"]) for f in found if f["rank"] == slow_rank) / 1e9
+        if onset is not None:  # the slow rank's own onset time
+            latency = round(at - float(onset.group(2)), 1)
+        elif start is not None:
+            latency = round(at - start / 1e9 - slow_from_s, 1)
+    reports = _reports(out)
+    healthy = [v for r in reports for rank, v in r.items() if rank != slow_rank]
+    slow = [r[slow_rank] for r in reports if slow_rank in r]
     return {
         "slow_rank": slow_rank,
         "site": site,
@@ -182,6 +218,10 @@ def _failslow_result(
         "named": named,
         "onset_to_finding_s": latency,
         "slowdowns": [f.get("slowdown") for f in found],
+        "base_compute_ms": float(onset.group(1)) if onset else None,
+        # the relative scores seen: the healthy ranks' lowest, the slow rank's last
+        "healthy_min_rel": min(healthy) if healthy else None,
+        "slow_last_rel": slow[-1] if slow else None,
     }
 
 
@@ -201,10 +241,11 @@ def failslow_case(
     job = ["--seconds", str(seconds), *slow_job]
     proc = _launch(_cmd(run_id, log_dir, nproc, sets, job))
     try:
-        proc.communicate(timeout=seconds + 90)
+        out, _ = proc.communicate(timeout=seconds + 90)
     except subprocess.TimeoutExpired:
-        _stop(proc)
-    return _failslow_result(log_dir / "heartbeat" / run_id, slow_rank, site, slowdown, slow_from_s)
+        out = _stop(proc)
+    run_dir = log_dir / "heartbeat" / run_id
+    return _failslow_result(run_dir, slow_rank, site, slowdown, slow_from_s, out)
 
 
 _COST_JOB = r"""
@@ -296,25 +337,61 @@ def attribution_part(
         )
 
 
-def failslow_part(base: Path, smoke: bool, rng: random.Random, say: Callable[[str], None]) -> None:
-    plan: list[tuple[int | None, str, float]] = []
+FAILSLOW_SITES = ("backward", "forward", "data")
+FAILSLOW_FACTORS = (1.2, 1.5, 2.0, 3.0)
+
+
+def failslow_plan(
+    rng: random.Random, runs: int, clean: int, nproc: int = 4
+) -> list[tuple[int | None, str, float, float]]:
+    """(slow rank, site, slowdown, onset s) per run: ``runs`` slowed runs, the factors in
+    turn, a random rank, site and onset (5-10 s after the first step), then ``clean``
+    runs with no slow rank."""
+    plan: list[tuple[int | None, str, float, float]] = []
+    for k in range(runs):
+        factor = FAILSLOW_FACTORS[k % len(FAILSLOW_FACTORS)]
+        site = rng.choice(FAILSLOW_SITES)
+        plan.append((rng.randrange(nproc), site, factor, round(rng.uniform(5.0, 10.0), 1)))
+    plan += [(None, "backward", 1.0, 5.0)] * clean
+    return plan
+
+
+def failslow_part(
+    base: Path,
+    smoke: bool,
+    rng: random.Random,
+    say: Callable[[str], None],
+    runs: int = 40,
+    clean: int = 10,
+) -> None:
     if smoke:  # 2 ranks, slowed from 2 s of a 6 s run: the part runs, no figure
-        plan = [(1, "backward", 3.0)]
+        plan: list[tuple[int | None, str, float, float]] = [(1, "backward", 3.0, 2.0)]
     else:
-        for site in ("backward", "forward", "data"):
-            for slowdown in (1.5, 3.0):
-                plan.append((rng.randrange(4), site, slowdown))
-        plan += [(None, "backward", 1.0)] * 2
+        plan = failslow_plan(rng, runs, clean)
+    say(
+        f"fail-slow: {len(plan)} runs, detector "
+        + " ".join(f"{k}={v}" for k, v in FAILSLOW_SETS.items())
+    )
     tp = fp = fn = 0
-    for k, (slow, site, x) in enumerate(plan):
+    latencies: list[float] = []
+    by_factor: dict[float, list[int]] = {}
+    healthy: list[float] = []
+    for k, (slow, site, x, onset) in enumerate(plan):
         if smoke:
-            r = failslow_case(base, k, slow, site, x, 6.0, nproc=2, slow_from_s=2.0)
+            r = failslow_case(base, k, slow, site, x, 6.0, nproc=2, slow_from_s=onset)
         else:
-            r = failslow_case(base, k, slow, site, x, 25.0)
+            r = failslow_case(base, k, slow, site, x, 25.0, slow_from_s=onset)
         named = set(r["named"])
-        tp += int(slow is not None and slow in named)
-        fn += int(slow is not None and slow not in named)
+        hit = slow is not None and slow in named
+        tp += int(hit)
+        fn += int(slow is not None and not hit)
         fp += len(named - ({slow} if slow is not None else set()))
+        if slow is not None:
+            by_factor.setdefault(x, []).append(int(hit))
+        if r["onset_to_finding_s"] is not None:
+            latencies.append(r["onset_to_finding_s"])
+        if r["healthy_min_rel"] is not None:
+            healthy.append(r["healthy_min_rel"])
         say(json.dumps(r))
     precision = tp / (tp + fp) if tp + fp else 1.0
     recall = tp / (tp + fn) if tp + fn else 1.0
@@ -322,6 +399,18 @@ def failslow_part(base: Path, smoke: bool, rng: random.Random, say: Callable[[st
         f"fail-slow: {len(plan)} runs, precision {precision:.2f}, recall {recall:.2f} "
         f"(tp {tp}, fp {fp}, fn {fn})"
     )
+    say(
+        "  found per slowdown: "
+        + ", ".join(f"{x}x {sum(v)}/{len(v)}" for x, v in sorted(by_factor.items()))
+    )
+    if latencies:
+        say(
+            f"  onset -> finding: median {statistics.median(latencies):.1f} s, "
+            f"{min(latencies):.1f}-{max(latencies):.1f} s "
+            f"(reports every {FAILSLOW_SETS['straggler.report_time_interval']} s)"
+        )
+    if healthy:
+        say(f"  lowest relative score of a healthy rank: {min(healthy):.3f}")
 
 
 def cost_part(smoke: bool, say: Callable[[str], None]) -> None:
@@ -333,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true", help="one case of each part, short")
     p.add_argument("--part", choices=("attribution", "failslow", "cost", "all"), default="all")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--runs", type=int, default=40, help="fail-slow: runs with a slow rank")
+    p.add_argument("--clean", type=int, default=10, help="fail-slow: runs without")
     args = p.parse_args(argv)
     rng = random.Random(args.seed)
     base = Path(tempfile.mkdtemp(prefix="rankguard-attribution-"))
@@ -343,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.part in ("attribution", "all"):
         parts.append(lambda say: attribution_part(base, args.smoke, say, with_failslow=both))
     if args.part == "failslow" or (args.part == "all" and not both):
-        parts.append(lambda say: failslow_part(base, args.smoke, rng, say))
+        parts.append(lambda say: failslow_part(base, args.smoke, rng, say, args.runs, args.clean))
     if args.part in ("cost", "all"):
         parts.append(lambda say: cost_part(args.smoke, say))
     if not args.smoke:  # one part after the other: no job shares the machine with another
