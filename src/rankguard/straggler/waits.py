@@ -8,7 +8,7 @@ over a report interval that is the rank's waiting share ``w``. The rank the othe
 for arrives last and waits least. With ``P`` the job's step period over the interval
 (from the ranks' step counts, on the monitor's clock), a rank's compute per step is
 ``P * (1 - w)``: the slow rank's is the whole step, the others' the step less their
-wait. Its ratio to the fastest rank's is the rank's slowdown.
+wait. Its ratio to the faster half of the ranks' (their median) is the rank's slowdown.
 
 The estimate needs the flight recorder (``rankguard run`` turns it on) and enough
 samples (:data:`MIN_SAMPLES` per rank per interval, 50 ms apart); without them the
