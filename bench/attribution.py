@@ -14,9 +14,12 @@ Three parts, each a real ``rankguard run`` of ``attribution_job.py`` (gloo, CPU 
    (:data:`FAILSLOW_SETS`: a report every 3 s, 2 reports in a row); precision and recall
    of ``straggler_detected`` over the runs, recall per slowdown, onset -> finding (from
    the slow rank's own onset time), and the lowest relative score a healthy rank got.
-3. cost: the sampler's look (``CollectiveSampler.sample``) in a 1-rank gloo job, and a
-   loop of tiny all-reduces with the sampler thread on vs off (the training thread does
-   nothing for it; what remains is the thread's GIL share).
+3. cost: the sampler's look (``CollectiveSampler.sample``) in a 1-rank gloo job; a loop
+   of tiny all-reduces and a loop of Python work holding the GIL (blocks of ~100 ms, a
+   step's worth) with the sampler thread on vs off (the training thread does nothing for
+   it; what remains is the thread's GIL share); and the all-reduce loop without the flight
+   recorder (``TORCH_FR_BUFFER_SIZE`` unset): what torch's recording costs each collective
+   on the training thread, 3 interpreters each way.
 
 ``--smoke``: one case of each part, short (its figures are not results): one job of 2
 ranks carries the attribution and the fail-slow cases (rank 1 slowed 3x in backward from
@@ -270,36 +273,48 @@ for _ in range(100):
     dist.all_reduce(t)
 s = CollectiveSampler()
 n = %d
-t0 = time.perf_counter_ns()
+looks = []
 for _ in range(n):
+    c0 = time.thread_time_ns()
     s.sample()
-look_us = (time.perf_counter_ns() - t0) / n / 1000
+    looks.append((time.thread_time_ns() - c0) / 1000)
 
-def loop(steps):
-    t0 = time.perf_counter_ns()
+def loop(steps):  # the training thread's CPU per all-reduce, and its wall time
+    t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
     for _ in range(steps):
         dist.all_reduce(t)
-    return (time.perf_counter_ns() - t0) / steps / 1000
+    return (time.thread_time_ns() - c0) / steps / 1000, (time.perf_counter_ns() - t0) / steps / 1000
+
+def python_ms():  # ~100 ms of work holding the GIL (a step's worth): wall ms
+    t0 = time.perf_counter_ns()
+    for _ in range(2000):
+        sum(range(1000))
+    return (time.perf_counter_ns() - t0) / 1e6
 
 steps = %d
-off, on = [], []
+cpu, off, on, py_off, py_on = [], [], [], [], []
 for _ in range(5):
-    off.append(loop(steps))
+    c, w = loop(steps)
+    cpu.append(c); off.append(w)
+    py_off += [python_ms() for _ in range(5)]
     s2 = CollectiveSampler(); s2.start(); time.sleep(0.1)
-    on.append(loop(steps))
+    on.append(loop(steps)[1])
+    py_on += [python_ms() for _ in range(5)]
     s2.stop(); time.sleep(0.1)
-print(look_us, statistics.median(off), statistics.median(on), s2.samples)
+print(statistics.median(looks), min(cpu), min(off), min(on), s2.samples, min(py_off), min(py_on))
 dist.destroy_process_group()
 """
 
 
-def cost(looks: int, steps: int) -> dict[str, float]:
+def _cost_job(looks: int, steps: int, recorder: bool) -> list[float]:
     import socket
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    env = {**os.environ, "TORCH_FR_BUFFER_SIZE": "2000"}
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_FR_BUFFER_SIZE"}
+    if recorder:  # what ``rankguard run`` sets
+        env["TORCH_FR_BUFFER_SIZE"] = "2000"
     res = subprocess.run(
         [sys.executable, "-c", _COST_JOB % (port, looks, steps)],
         capture_output=True,
@@ -307,12 +322,31 @@ def cost(looks: int, steps: int) -> dict[str, float]:
         timeout=300,
         env=env,
     )
-    look, off, on, samples = res.stdout.split()[-4:]
+    return [float(v) for v in res.stdout.split()[-7:]]
+
+
+def cost(looks: int, steps: int, rounds: int = 1) -> dict[str, float]:
+    """The sampler's look (its thread's CPU time, median); the training thread's CPU per
+    1-rank all-reduce; the wall time of an all-reduce loop and of Python work holding the
+    GIL (~100 ms a block: a step's worth) with the sampler thread off and on; all with
+    and without the flight recorder, ``rounds`` interpreters each way, alternating. Each
+    loop's figure is its lowest of 5 (25 blocks): a loaded machine only adds to it."""
+    with_fr, without = [], []
+    for _ in range(rounds):
+        with_fr.append(_cost_job(looks, steps, True))
+        without.append(_cost_job(looks, steps, False))
+    look, cpu, off, on, samples, py_off, py_on = (min(c) for c in zip(*with_fr, strict=True))
+    no_cpu, no_off = (min(c[i] for c in without) for i in (1, 2))
     return {
-        "sampler_look_us": round(float(look), 2),
-        "all_reduce_step_us_sampler_off": round(float(off), 2),
-        "all_reduce_step_us_sampler_on": round(float(on), 2),
+        "sampler_look_cpu_us": round(look, 2),
+        "all_reduce_cpu_us": round(cpu, 2),
+        "all_reduce_cpu_us_without_recorder": round(no_cpu, 2),
+        "all_reduce_us_sampler_off": round(off, 2),
+        "all_reduce_us_sampler_on": round(on, 2),
+        "all_reduce_us_without_recorder": round(no_off, 2),
         "sampler_looks_in_last_on_loop": int(samples),
+        "python_block_ms_sampler_off": round(py_off, 3),
+        "python_block_ms_sampler_on": round(py_on, 3),
     }
 
 
@@ -442,7 +476,7 @@ def failslow_part(
 
 
 def cost_part(smoke: bool, say: Callable[[str], None]) -> None:
-    say(json.dumps(cost(200 if smoke else 5000, 2000 if smoke else 20000)))
+    say(json.dumps(cost(200 if smoke else 5000, 2000 if smoke else 20000, 1 if smoke else 3)))
 
 
 def main(argv: list[str] | None = None) -> int:
