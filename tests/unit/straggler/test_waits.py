@@ -161,3 +161,16 @@ def test_one_rank_estimated_too_fast_makes_no_healthy_rank_a_straggler() -> None
     assert 1.2 < found[0].detail["slowdown"] < 1.3, found[0].detail  # 0.98 / mean(0.70, 0.83)
     assert det.report is not None
     assert det.report.scores["0"].relative == 1.0  # faster than the reference: at most 1.0
+
+
+def test_the_interval_the_ranks_started_in_names_nobody() -> None:
+    # rank 1 reached its first collective last (its start was slower): its peers waited
+    # 60% of that first interval for it; then the ranks are even. Scored, that interval
+    # named rank 1 a 2.5x straggler at the first report
+    cfg = StragglerConfig(enabled=True, report_time_interval=INTERVAL, consecutive_reports=1)
+    det, job = StragglerDetector(cfg, "run", started_at=1000.0), Job(4)
+    found = job.report(det, {0: 0.6, 1: 0.0, 2: 0.6, 3: 0.6})
+    for _ in range(3):
+        found += job.report(det, {0: 0.05, 1: 0.04, 2: 0.05, 3: 0.06})
+    assert found == []
+    assert det.source == "collective_waits"
