@@ -459,20 +459,29 @@ def failslow_part(
         )
     if healthy:
         say(f"  lowest relative score of a healthy rank: {min(healthy):.3f}")
-    in_a_row = int(FAILSLOW_SETS["straggler.consecutive_reports"])
-    for threshold in (0.8, 0.85, 0.9):  # the same scores, other thresholds
-        tp = fp = fn = 0
-        for r in results:
-            named = named_at(r["reports"], threshold, in_a_row)
-            slow = r["slow_rank"]
-            tp += int(slow in named)
-            fn += int(slow is not None and slow not in named)
-            fp += len(named - {slow})
-        say(
-            f"  replayed at relative threshold {threshold}: precision "
-            f"{tp / (tp + fp) if tp + fp else 1.0:.2f}, recall "
-            f"{tp / (tp + fn) if tp + fn else 1.0:.2f} (tp {tp}, fp {fp}, fn {fn})"
-        )
+    for line in replay(results):
+        say(line)
+
+
+def replay(results: list[dict[str, Any]]) -> list[str]:
+    """The relative rule replayed on the runs' own report scores at other thresholds
+    and 1 or 2 reports in a row: precision and recall of each."""
+    lines = []
+    for in_a_row in (1, 2):
+        for threshold in (0.8, 0.85, 0.9):
+            tp = fp = fn = 0
+            for r in results:
+                named = named_at(r["reports"], threshold, in_a_row)
+                slow = r["slow_rank"]
+                tp += int(slow in named)
+                fn += int(slow is not None and slow not in named)
+                fp += len(named - {slow})
+            lines.append(
+                f"  replayed at relative threshold {threshold}, {in_a_row} in a row: "
+                f"precision {tp / (tp + fp) if tp + fp else 1.0:.2f}, recall "
+                f"{tp / (tp + fn) if tp + fn else 1.0:.2f} (tp {tp}, fp {fp}, fn {fn})"
+            )
+    return lines
 
 
 def cost_part(smoke: bool, say: Callable[[str], None]) -> None:
