@@ -357,11 +357,15 @@ SMOKE_SLOW = (1, "backward", 3.0, 1.0)
 
 
 def attribution_part(
-    base: Path, smoke: bool, say: Callable[[str], None], with_failslow: bool = False
+    base: Path,
+    smoke: bool,
+    say: Callable[[str], None],
+    with_failslow: bool = False,
+    ranks: tuple[int, ...] = (2, 4),
 ) -> None:
     """``with_failslow`` (``--smoke``): the fail-slow part's case is carried by the
     attribution job (one job for both parts) and reported as that part's."""
-    cases = [(2, "backward")] if smoke else [(n, s) for n in (2, 4) for s in SITES]
+    cases = [(2, "backward")] if smoke else [(n, s) for n in ranks for s in SITES]
     right = 0
     slow_results = []
     for nproc, site in cases:
@@ -495,6 +499,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--runs", type=int, default=40, help="fail-slow: runs with a slow rank")
     p.add_argument("--clean", type=int, default=10, help="fail-slow: runs without")
+    p.add_argument("--ranks", default="2,4", help="attribution: the jobs' sizes, comma-separated")
     args = p.parse_args(argv)
     rng = random.Random(args.seed)
     base = Path(tempfile.mkdtemp(prefix="rankguard-attribution-"))
@@ -503,7 +508,10 @@ def main(argv: list[str] | None = None) -> int:
     # --smoke: one job carries the attribution and the fail-slow parts
     both = args.smoke and args.part == "all"
     if args.part in ("attribution", "all"):
-        parts.append(lambda say: attribution_part(base, args.smoke, say, with_failslow=both))
+        ranks = tuple(int(n) for n in args.ranks.split(","))
+        parts.append(
+            lambda say: attribution_part(base, args.smoke, say, with_failslow=both, ranks=ranks)
+        )
     if args.part == "failslow" or (args.part == "all" and not both):
         parts.append(lambda say: failslow_part(base, args.smoke, rng, say, args.runs, args.clean))
     if args.part in ("cost", "all"):
