@@ -7,13 +7,19 @@ Three parts, each a real ``rankguard run`` of ``attribution_job.py`` (gloo, CPU 
    after the first hang finding. Right when the stalled rank is the only rank named
    (``gpu_progress_timeout`` or a heartbeat timeout); the finding's ``hang`` kind is
    printed too.
-2. fail-slow: one rank (chosen by a seeded draw) slowed 1.5x-3x in backward, forward or
-   data loading from 5 s on, plus clean runs, on 4 ranks, straggler detection on
-   (report every 3 s, 2 reports in a row, relative threshold 0.8); precision and recall
-   of ``straggler_detected`` per run, and onset -> finding.
-3. cost: the sampler's look (``CollectiveSampler.sample``) in a 1-rank gloo job, and a
-   loop of tiny all-reduces with the sampler thread on vs off (the training thread does
-   nothing for it; what remains is the thread's GIL share).
+2. fail-slow: ``--runs`` runs (40) with one rank's compute per step slowed 1.2x, 1.5x, 2x
+   or 3x in turn, the extra time spent in its backward, forward or data loading, the
+   rank, the site and the onset (5-10 s after the first step) drawn (``--seed``), then
+   ``--clean`` runs (10) with no slow rank, on 4 ranks, straggler detection on
+   (:data:`FAILSLOW_SETS`: a report every 3 s, 2 reports in a row); precision and recall
+   of ``straggler_detected`` over the runs, recall per slowdown, onset -> finding (from
+   the slow rank's own onset time), and the lowest relative score a healthy rank got.
+3. cost: the sampler's look (``CollectiveSampler.sample``) in a 1-rank gloo job; a loop
+   of tiny all-reduces and a loop of Python work holding the GIL (blocks of ~100 ms, a
+   step's worth) with the sampler thread on vs off (the training thread does nothing for
+   it; what remains is the thread's GIL share); and the all-reduce loop without the flight
+   recorder (``TORCH_FR_BUFFER_SIZE`` unset): what torch's recording costs each collective
+   on the training thread, 3 interpreters each way.
 
 ``--smoke``: one case of each part, short (its figures are not results): one job of 2
 ranks carries the attribution and the fail-slow cases (rank 1 slowed 3x in backward from
@@ -28,7 +34,9 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -131,7 +139,7 @@ def attribution_case(
         if first is not None and time.monotonic() - first > settle_s:
             break
         time.sleep(0.5)
-    _stop(proc)
+    out_text = _stop(proc)
     hangs = [f for f in _findings(run_dir) if f.get("finding_type") in HANG_TYPES]
     named = sorted({int(f["rank"]) for f in hangs})
     kind = next((f["hang"]["kind"] for f in hangs if isinstance(f.get("hang"), dict)), None)
@@ -144,37 +152,68 @@ def attribution_case(
         "hang_kind": kind,
     }
     if slow is not None:
-        out["failslow"] = _failslow_result(run_dir, *slow)
+        out["failslow"] = _failslow_result(run_dir, *slow, out_text)
     return out
+
+
+#: the fail-slow part's detector settings (reports every 3 s)
+FAILSLOW_SETS = {
+    "straggler.report_time_interval": "3",
+    "straggler.consecutive_reports": "2",
+    "straggler.gpu_relative_perf_threshold": "0.85",
+    "straggler.gpu_individual_perf_threshold": "0.5",
+}
 
 
 def _failslow_args(
     slow_rank: int | None, site: str, slowdown: float, slow_from_s: float
 ) -> tuple[list[str], list[str]]:
     """The ``--set`` items and the job's arguments of a fail-slow case."""
-    sets = [
-        "straggler.enabled=true",
-        "straggler.report_time_interval=3",
-        "straggler.consecutive_reports=2",
-        "straggler.gpu_relative_perf_threshold=0.8",
-        "straggler.gpu_individual_perf_threshold=0.5",
-    ]
+    sets = ["straggler.enabled=true"] + [f"{k}={v}" for k, v in FAILSLOW_SETS.items()]
     job = ["--site-ms", "20", "--slow-from-s", str(slow_from_s)]
     if slow_rank is not None:
         job += ["--slow-rank", str(slow_rank), "--slow-site", site, "--slowdown", str(slowdown)]
     return sets, job
 
 
+_ONSET = re.compile(r"slowed \S+ from step \d+: compute ([\d.]+) ms per step, .* at unix ([\d.]+)")
+_WORST = re.compile(r"rank (\d+) rel ([\d.]+)")
+
+
+def _reports(out: str) -> list[dict[int, float]]:
+    """Each straggler report's relative scores from the job's output (its ``worst:``
+    line lists every rank of a 4-rank job); reports over one rank (the start) left out."""
+    reports = []
+    for line in out.splitlines():
+        if line.lstrip().startswith("worst: rank"):
+            scores = {int(r): float(v) for r, v in _WORST.findall(line)}
+            if len(scores) > 1:
+                reports.append(scores)
+    return reports
+
+
 def _failslow_result(
-    run_dir: Path, slow_rank: int | None, site: str, slowdown: float, slow_from_s: float
+    run_dir: Path,
+    slow_rank: int | None,
+    site: str,
+    slowdown: float,
+    slow_from_s: float,
+    out: str = "",
 ) -> dict[str, Any]:
     found = [f for f in _findings(run_dir) if f.get("finding_type") == "straggler_detected"]
     named = sorted({int(f["rank"]) for f in found})
+    onset = _ONSET.search(out)
     start = _start_ns(run_dir)
     latency = None
-    if found and start is not None and slow_rank in named:
-        at = min(int(f["detected_at_unix_ns"]) for f in found if f["rank"] == slow_rank)
-        latency = round((at - start) / 1e9 - slow_from_s, 1)
+    if found and slow_rank in named:
+        at = min(int(f["detected_at_unix_ns"]) for f in found if f["rank"] == slow_rank) / 1e9
+        if onset is not None:  # the slow rank's own onset time
+            latency = round(at - float(onset.group(2)), 1)
+        elif start is not None:
+            latency = round(at - start / 1e9 - slow_from_s, 1)
+    reports = _reports(out)
+    healthy = [v for r in reports for rank, v in r.items() if rank != slow_rank]
+    slow = [r[slow_rank] for r in reports if slow_rank in r]
     return {
         "slow_rank": slow_rank,
         "site": site,
@@ -182,7 +221,23 @@ def _failslow_result(
         "named": named,
         "onset_to_finding_s": latency,
         "slowdowns": [f.get("slowdown") for f in found],
+        "base_compute_ms": float(onset.group(1)) if onset else None,
+        # the relative scores seen: the healthy ranks' lowest, the slow rank's last
+        "healthy_min_rel": min(healthy) if healthy else None,
+        "slow_last_rel": slow[-1] if slow else None,
+        "reports": reports,
     }
+
+
+def named_at(reports: list[dict[int, float]], threshold: float, in_a_row: int) -> set[int]:
+    """The ranks the relative rule would name from a run's reports at ``threshold``
+    (``in_a_row`` reports below it): the detector's rule replayed on its own scores."""
+    run: dict[int, int] = {}
+    named = set()
+    for report in reports:
+        run = {r: run.get(r, 0) + 1 for r, v in report.items() if v < threshold}
+        named |= {r for r, n in run.items() if n >= in_a_row}
+    return named
 
 
 def failslow_case(
@@ -201,10 +256,11 @@ def failslow_case(
     job = ["--seconds", str(seconds), *slow_job]
     proc = _launch(_cmd(run_id, log_dir, nproc, sets, job))
     try:
-        proc.communicate(timeout=seconds + 90)
+        out, _ = proc.communicate(timeout=seconds + 90)
     except subprocess.TimeoutExpired:
-        _stop(proc)
-    return _failslow_result(log_dir / "heartbeat" / run_id, slow_rank, site, slowdown, slow_from_s)
+        out = _stop(proc)
+    run_dir = log_dir / "heartbeat" / run_id
+    return _failslow_result(run_dir, slow_rank, site, slowdown, slow_from_s, out)
 
 
 _COST_JOB = r"""
@@ -217,36 +273,48 @@ for _ in range(100):
     dist.all_reduce(t)
 s = CollectiveSampler()
 n = %d
-t0 = time.perf_counter_ns()
+looks = []
 for _ in range(n):
+    c0 = time.thread_time_ns()
     s.sample()
-look_us = (time.perf_counter_ns() - t0) / n / 1000
+    looks.append((time.thread_time_ns() - c0) / 1000)
 
-def loop(steps):
-    t0 = time.perf_counter_ns()
+def loop(steps):  # the training thread's CPU per all-reduce, and its wall time
+    t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
     for _ in range(steps):
         dist.all_reduce(t)
-    return (time.perf_counter_ns() - t0) / steps / 1000
+    return (time.thread_time_ns() - c0) / steps / 1000, (time.perf_counter_ns() - t0) / steps / 1000
+
+def python_ms():  # ~100 ms of work holding the GIL (a step's worth): wall ms
+    t0 = time.perf_counter_ns()
+    for _ in range(2000):
+        sum(range(1000))
+    return (time.perf_counter_ns() - t0) / 1e6
 
 steps = %d
-off, on = [], []
+cpu, off, on, py_off, py_on = [], [], [], [], []
 for _ in range(5):
-    off.append(loop(steps))
+    c, w = loop(steps)
+    cpu.append(c); off.append(w)
+    py_off += [python_ms() for _ in range(5)]
     s2 = CollectiveSampler(); s2.start(); time.sleep(0.1)
-    on.append(loop(steps))
+    on.append(loop(steps)[1])
+    py_on += [python_ms() for _ in range(5)]
     s2.stop(); time.sleep(0.1)
-print(look_us, statistics.median(off), statistics.median(on), s2.samples)
+print(statistics.median(looks), min(cpu), min(off), min(on), s2.samples, min(py_off), min(py_on))
 dist.destroy_process_group()
 """
 
 
-def cost(looks: int, steps: int) -> dict[str, float]:
+def _cost_job(looks: int, steps: int, recorder: bool) -> list[float]:
     import socket
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    env = {**os.environ, "TORCH_FR_BUFFER_SIZE": "2000"}
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_FR_BUFFER_SIZE"}
+    if recorder:  # what ``rankguard run`` sets
+        env["TORCH_FR_BUFFER_SIZE"] = "2000"
     res = subprocess.run(
         [sys.executable, "-c", _COST_JOB % (port, looks, steps)],
         capture_output=True,
@@ -254,12 +322,31 @@ def cost(looks: int, steps: int) -> dict[str, float]:
         timeout=300,
         env=env,
     )
-    look, off, on, samples = res.stdout.split()[-4:]
+    return [float(v) for v in res.stdout.split()[-7:]]
+
+
+def cost(looks: int, steps: int, rounds: int = 1) -> dict[str, float]:
+    """The sampler's look (its thread's CPU time, median); the training thread's CPU per
+    1-rank all-reduce; the wall time of an all-reduce loop and of Python work holding the
+    GIL (~100 ms a block: a step's worth) with the sampler thread off and on; all with
+    and without the flight recorder, ``rounds`` interpreters each way, alternating. Each
+    loop's figure is its lowest of 5 (25 blocks): a loaded machine only adds to it."""
+    with_fr, without = [], []
+    for _ in range(rounds):
+        with_fr.append(_cost_job(looks, steps, True))
+        without.append(_cost_job(looks, steps, False))
+    look, cpu, off, on, samples, py_off, py_on = (min(c) for c in zip(*with_fr, strict=True))
+    no_cpu, no_off = (min(c[i] for c in without) for i in (1, 2))
     return {
-        "sampler_look_us": round(float(look), 2),
-        "all_reduce_step_us_sampler_off": round(float(off), 2),
-        "all_reduce_step_us_sampler_on": round(float(on), 2),
+        "sampler_look_cpu_us": round(look, 2),
+        "all_reduce_cpu_us": round(cpu, 2),
+        "all_reduce_cpu_us_without_recorder": round(no_cpu, 2),
+        "all_reduce_us_sampler_off": round(off, 2),
+        "all_reduce_us_sampler_on": round(on, 2),
+        "all_reduce_us_without_recorder": round(no_off, 2),
         "sampler_looks_in_last_on_loop": int(samples),
+        "python_block_ms_sampler_off": round(py_off, 3),
+        "python_block_ms_sampler_on": round(py_on, 3),
     }
 
 
@@ -270,11 +357,15 @@ SMOKE_SLOW = (1, "backward", 3.0, 1.0)
 
 
 def attribution_part(
-    base: Path, smoke: bool, say: Callable[[str], None], with_failslow: bool = False
+    base: Path,
+    smoke: bool,
+    say: Callable[[str], None],
+    with_failslow: bool = False,
+    ranks: tuple[int, ...] = (2, 4),
 ) -> None:
     """``with_failslow`` (``--smoke``): the fail-slow part's case is carried by the
     attribution job (one job for both parts) and reported as that part's."""
-    cases = [(2, "backward")] if smoke else [(n, s) for n in (2, 4) for s in SITES]
+    cases = [(2, "backward")] if smoke else [(n, s) for n in ranks for s in SITES]
     right = 0
     slow_results = []
     for nproc, site in cases:
@@ -296,25 +387,63 @@ def attribution_part(
         )
 
 
-def failslow_part(base: Path, smoke: bool, rng: random.Random, say: Callable[[str], None]) -> None:
-    plan: list[tuple[int | None, str, float]] = []
+FAILSLOW_SITES = ("backward", "forward", "data")
+FAILSLOW_FACTORS = (1.2, 1.5, 2.0, 3.0)
+
+
+def failslow_plan(
+    rng: random.Random, runs: int, clean: int, nproc: int = 4
+) -> list[tuple[int | None, str, float, float]]:
+    """(slow rank, site, slowdown, onset s) per run: ``runs`` slowed runs, the factors in
+    turn, a random rank, site and onset (5-10 s after the first step), then ``clean``
+    runs with no slow rank."""
+    plan: list[tuple[int | None, str, float, float]] = []
+    for k in range(runs):
+        factor = FAILSLOW_FACTORS[k % len(FAILSLOW_FACTORS)]
+        site = rng.choice(FAILSLOW_SITES)
+        plan.append((rng.randrange(nproc), site, factor, round(rng.uniform(5.0, 10.0), 1)))
+    plan += [(None, "backward", 1.0, 5.0)] * clean
+    return plan
+
+
+def failslow_part(
+    base: Path,
+    smoke: bool,
+    rng: random.Random,
+    say: Callable[[str], None],
+    runs: int = 40,
+    clean: int = 10,
+) -> None:
     if smoke:  # 2 ranks, slowed from 2 s of a 6 s run: the part runs, no figure
-        plan = [(1, "backward", 3.0)]
+        plan: list[tuple[int | None, str, float, float]] = [(1, "backward", 3.0, 2.0)]
     else:
-        for site in ("backward", "forward", "data"):
-            for slowdown in (1.5, 3.0):
-                plan.append((rng.randrange(4), site, slowdown))
-        plan += [(None, "backward", 1.0)] * 2
+        plan = failslow_plan(rng, runs, clean)
+    say(
+        f"fail-slow: {len(plan)} runs, detector "
+        + " ".join(f"{k}={v}" for k, v in FAILSLOW_SETS.items())
+    )
     tp = fp = fn = 0
-    for k, (slow, site, x) in enumerate(plan):
+    latencies: list[float] = []
+    by_factor: dict[float, list[int]] = {}
+    healthy: list[float] = []
+    results: list[dict[str, Any]] = []
+    for k, (slow, site, x, onset) in enumerate(plan):
         if smoke:
-            r = failslow_case(base, k, slow, site, x, 6.0, nproc=2, slow_from_s=2.0)
+            r = failslow_case(base, k, slow, site, x, 6.0, nproc=2, slow_from_s=onset)
         else:
-            r = failslow_case(base, k, slow, site, x, 25.0)
+            r = failslow_case(base, k, slow, site, x, 25.0, slow_from_s=onset)
         named = set(r["named"])
-        tp += int(slow is not None and slow in named)
-        fn += int(slow is not None and slow not in named)
+        hit = slow is not None and slow in named
+        tp += int(hit)
+        fn += int(slow is not None and not hit)
         fp += len(named - ({slow} if slow is not None else set()))
+        if slow is not None:
+            by_factor.setdefault(x, []).append(int(hit))
+        if r["onset_to_finding_s"] is not None:
+            latencies.append(r["onset_to_finding_s"])
+        if r["healthy_min_rel"] is not None:
+            healthy.append(r["healthy_min_rel"])
+        results.append(r)
         say(json.dumps(r))
     precision = tp / (tp + fp) if tp + fp else 1.0
     recall = tp / (tp + fn) if tp + fn else 1.0
@@ -322,10 +451,45 @@ def failslow_part(base: Path, smoke: bool, rng: random.Random, say: Callable[[st
         f"fail-slow: {len(plan)} runs, precision {precision:.2f}, recall {recall:.2f} "
         f"(tp {tp}, fp {fp}, fn {fn})"
     )
+    say(
+        "  found per slowdown: "
+        + ", ".join(f"{x}x {sum(v)}/{len(v)}" for x, v in sorted(by_factor.items()))
+    )
+    if latencies:
+        say(
+            f"  onset -> finding: median {statistics.median(latencies):.1f} s, "
+            f"{min(latencies):.1f}-{max(latencies):.1f} s "
+            f"(reports every {FAILSLOW_SETS['straggler.report_time_interval']} s)"
+        )
+    if healthy:
+        say(f"  lowest relative score of a healthy rank: {min(healthy):.3f}")
+    for line in replay(results):
+        say(line)
+
+
+def replay(results: list[dict[str, Any]]) -> list[str]:
+    """The relative rule replayed on the runs' own report scores at other thresholds
+    and 1 or 2 reports in a row: precision and recall of each."""
+    lines = []
+    for in_a_row in (1, 2):
+        for threshold in (0.8, 0.85, 0.9):
+            tp = fp = fn = 0
+            for r in results:
+                named = named_at(r["reports"], threshold, in_a_row)
+                slow = r["slow_rank"]
+                tp += int(slow in named)
+                fn += int(slow is not None and slow not in named)
+                fp += len(named - {slow})
+            lines.append(
+                f"  replayed at relative threshold {threshold}, {in_a_row} in a row: "
+                f"precision {tp / (tp + fp) if tp + fp else 1.0:.2f}, recall "
+                f"{tp / (tp + fn) if tp + fn else 1.0:.2f} (tp {tp}, fp {fp}, fn {fn})"
+            )
+    return lines
 
 
 def cost_part(smoke: bool, say: Callable[[str], None]) -> None:
-    say(json.dumps(cost(200 if smoke else 5000, 2000 if smoke else 20000)))
+    say(json.dumps(cost(200 if smoke else 5000, 2000 if smoke else 20000, 1 if smoke else 3)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -333,6 +497,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true", help="one case of each part, short")
     p.add_argument("--part", choices=("attribution", "failslow", "cost", "all"), default="all")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--runs", type=int, default=40, help="fail-slow: runs with a slow rank")
+    p.add_argument("--clean", type=int, default=10, help="fail-slow: runs without")
+    p.add_argument("--ranks", default="2,4", help="attribution: the jobs' sizes, comma-separated")
     args = p.parse_args(argv)
     rng = random.Random(args.seed)
     base = Path(tempfile.mkdtemp(prefix="rankguard-attribution-"))
@@ -341,9 +508,12 @@ def main(argv: list[str] | None = None) -> int:
     # --smoke: one job carries the attribution and the fail-slow parts
     both = args.smoke and args.part == "all"
     if args.part in ("attribution", "all"):
-        parts.append(lambda say: attribution_part(base, args.smoke, say, with_failslow=both))
+        ranks = tuple(int(n) for n in args.ranks.split(","))
+        parts.append(
+            lambda say: attribution_part(base, args.smoke, say, with_failslow=both, ranks=ranks)
+        )
     if args.part == "failslow" or (args.part == "all" and not both):
-        parts.append(lambda say: failslow_part(base, args.smoke, rng, say))
+        parts.append(lambda say: failslow_part(base, args.smoke, rng, say, args.runs, args.clean))
     if args.part in ("cost", "all"):
         parts.append(lambda say: cost_part(args.smoke, say))
     if not args.smoke:  # one part after the other: no job shares the machine with another

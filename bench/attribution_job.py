@@ -4,14 +4,21 @@
 seconds in its ``forward`` (a forward pre-hook), ``backward`` (a backward hook of the
 first layer), ``optimizer`` (an optimizer step pre-hook), ``data`` (the data iterator)
 or ``outside`` (the loop, between steps). ``--slow-rank R --slowdown X --slow-site
-SITE``: from ``--slow-from-s`` seconds on, rank R spends X times as long in that site
-(each site sleeps ``--site-ms`` on every rank). The job runs ``--seconds`` and every
-rank stops at the same step.
+SITE``: from ``--slow-from-s`` seconds on, rank R's compute per step is X times as long,
+the extra time spent in that site: it sleeps (X - 1) times the rank's own compute per
+step, measured over its steps before the onset but the first :data:`WARMUP` (the time
+in data loading, forward, the
+backward hook, the optimizer and between steps: each site sleeps ``--site-ms`` on every
+rank, plus the model's own work; the collectives' waiting is not in it). A 1.5x slower
+rank is 1.5x slower, whichever site holds it. The onset counts from the first step; the
+slow rank prints it (``slowed ... at unix T``). The job runs ``--seconds`` and every rank
+stops at the same step.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from collections.abc import Iterator
 
@@ -19,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+WARMUP = 5  # first steps not measured (a loaded machine's start-up)
 SITES = ("forward", "backward", "optimizer", "data", "outside")
 
 
@@ -38,26 +46,36 @@ def main() -> None:
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    start = time.monotonic()
+    start = time.monotonic()  # again at the first step
     state = {"step": 0}
+    slow_rank = rank == args.slow_rank
+    healthy: list[float] = []  # the slow rank's compute per step (s) before the onset
+    busy = [0.0]  # this step's compute so far (s)
+
+    def extra_s() -> float:
+        """The slowed site's extra sleep: (X - 1) x the rank's compute per step."""
+        if not slow_rank or time.monotonic() - start < args.slow_from_s or not healthy[WARMUP:]:
+            return 0.0
+        return (args.slowdown - 1.0) * statistics.median(healthy[WARMUP:][-50:])
 
     def pause(site: str) -> None:
         ms = args.site_ms
-        if (
-            rank == args.slow_rank
-            and site == args.slow_site
-            and time.monotonic() - start >= args.slow_from_s
-        ):
-            ms *= args.slowdown
         time.sleep(ms / 1000)
+        if site == args.slow_site:
+            time.sleep(extra_s())
         if rank == args.stall_rank and site == args.stall_site and state["step"] == args.stall_step:
             print(f"[attribution rank {rank}] stalls in {site} at step {state['step']}", flush=True)
             time.sleep(args.stall_s)
 
+    def backward_hook(*_: object) -> None:
+        t0 = time.perf_counter()
+        pause("backward")
+        busy[0] += time.perf_counter() - t0
+
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
     net.register_forward_pre_hook(lambda *_: pause("forward"))
-    net[0].register_full_backward_hook(lambda *_: pause("backward"))
+    net[0].register_full_backward_hook(backward_hook)
     model = DDP(net)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     opt.register_step_pre_hook(lambda *_: pause("optimizer"))
@@ -69,18 +87,40 @@ def main() -> None:
 
     data = batches()
     end = start + args.seconds
+    onset_unix = 0.0
     while True:
         done = torch.tensor([float(time.monotonic() > end)])
         dist.all_reduce(done)  # every rank stops at the same step
         if done.item():
             break
         state["step"] += 1
-        x = next(data)
-        loss = model(x).pow(2).mean()
+        if state["step"] == 1:
+            start = time.monotonic()
+            end = start + args.seconds
+        onset = time.monotonic() - start >= args.slow_from_s
+        if not onset:
+            onset_unix = time.time() + args.slow_from_s - (time.monotonic() - start)
+        busy[0] = 0.0
+        t0 = time.perf_counter()
+        loss = model(next(data)).pow(2).mean()
+        busy[0] += time.perf_counter() - t0
         opt.zero_grad()
-        loss.backward()
+        loss.backward()  # the backward hook adds its own time
+        t0 = time.perf_counter()
         opt.step()
         pause("outside")
+        busy[0] += time.perf_counter() - t0
+        if slow_rank and not onset:
+            healthy.append(busy[0])
+        elif slow_rank and healthy[WARMUP:] and not state.get("said"):
+            state["said"] = 1
+            base = statistics.median(healthy[WARMUP:][-50:])
+            print(
+                f"[attribution rank {rank}] slowed {args.slowdown}x from step {state['step']}: "
+                f"compute {base * 1000:.1f} ms per step, +{extra_s() * 1000:.1f} ms in "
+                f"{args.slow_site}, at unix {onset_unix:.3f}",
+                flush=True,
+            )
     dist.barrier()
     if rank == 0:
         print(f"[attribution] done: {state['step']} steps", flush=True)

@@ -6,7 +6,10 @@ how long each rank waited in collectives (:mod:`rankguard.straggler.waits`: no c
 needed, a rank slowed inside forward or backward shows), else each rank's own CPU time
 per step:
 
-- relative score = best rank's time / this rank's time (1.0 for the fastest rank);
+- relative score = best rank's time / this rank's time (1.0 for the fastest rank); from
+  collective waits, the median of the faster half of the ranks' times / this rank's
+  (at most 1.0): one rank's sampled estimate can be too fast, and the best of several
+  is;
 - individual score = this rank's best reported time so far / its time now (1.0 when it
   is as fast as it ever was); from sampled collective waits, the median of its recent
   estimates / its time now (one interval's estimate can be far off, and the lowest of
@@ -26,7 +29,7 @@ import logging
 import math
 import statistics
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from rankguard.schema.blocks import StragglerBlock, read_block
@@ -154,11 +157,14 @@ class StragglerDetector:
             self._recent = {}
             self.source = source
         best_now = min(ms for ms, _ in self.latest.values())
+        reference = best_now
+        if source == "collective_waits":
+            reference = _faster_half(ms for ms, _ in self.latest.values())
         scores: dict[int, _Score] = {}
         for rank, (ms, rec) in sorted(self.latest.items()):
-            relative = best_now / ms if cfg.calc_relative_gpu_perf else None
-            reference = self._reference(rank, ms)
-            individual = reference / ms if cfg.calc_individual_gpu_perf else None
+            relative = min(reference / ms, 1.0) if cfg.calc_relative_gpu_perf else None
+            own = self._reference(rank, ms)
+            individual = own / ms if cfg.calc_individual_gpu_perf else None
             scores[rank] = {
                 "rank": rank,
                 "node_rank": rec.node_rank,
@@ -270,7 +276,7 @@ class StragglerDetector:
         if waits is not None and score["relative"]:
             how = (
                 f"; from the collectives: its peers wait for it, its compute per step is "
-                f"{1 / score['relative']:.2f}x the fastest rank's, it waits "
+                f"{1 / score['relative']:.2f}x the faster half of the ranks', it waits "
                 f"{waits.wait_share:.0%} of the time"
             )
         return Finding.build(
@@ -297,6 +303,15 @@ class StragglerDetector:
                 "slowdown": round(1 / score["relative"], 3) if score["relative"] else None,
             },
         )
+
+
+def _faster_half(values: Iterable[float]) -> float:
+    """The median of the faster half of the ranks' compute per step (the fastest alone
+    for two ranks): the reference of the relative scores from collective waits. Those
+    are sampled estimates; the fastest of them is the one sampling made too fast, and
+    scored against it a healthy rank looks slow and a straggler slower than it is."""
+    ordered = sorted(values)
+    return statistics.median(ordered[: (len(ordered) + 1) // 2])
 
 
 def _marked(rec: HeartbeatRecord) -> bool:

@@ -8,14 +8,14 @@ over a report interval that is the rank's waiting share ``w``. The rank the othe
 for arrives last and waits least. With ``P`` the job's step period over the interval
 (from the ranks' step counts, on the monitor's clock), a rank's compute per step is
 ``P * (1 - w)``: the slow rank's is the whole step, the others' the step less their
-wait. Its ratio to the fastest rank's is the rank's slowdown.
+wait. Its ratio to the faster half of the ranks' (their median) is the rank's slowdown.
 
-The estimate needs the flight recorder (``rankguard run`` turns it on) and enough
-samples (:data:`MIN_SAMPLES` per rank per interval, 50 ms apart); without them the
-ranks' own measurements stay the source. Time inside a collective counts as waiting
-even while the rank still computes beside it (DDP's all-reduce of a gradient bucket runs
-during the rest of backward): a rank's collectives wait as long as its slowest peer
-keeps them waiting, so the ranking holds.
+The estimate needs the flight recorder (``rankguard run`` turns it on), an interval that
+none of the ranks started in, and enough samples (:data:`MIN_SAMPLES` per rank per
+interval, 50 ms apart); without them the ranks' own measurements stay the source. Time
+inside a collective counts as waiting even while the rank still computes beside it
+(DDP's all-reduce of a gradient bucket runs during the rest of backward): a rank's
+collectives wait as long as its slowest peer keeps them waiting, so the ranking holds.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ class WaitShares:
     def __init__(self) -> None:
         self._start: dict[int, _Mark] = {}
         self._latest: dict[int, _Mark] = {}
+        self._fresh: set[int] = set()  # ranks first seen (or restarted) this interval
 
     def observe(self, rank: int, rec: HeartbeatRecord, now: float) -> None:
         if CollectivesBlock.name not in rec.extra:
@@ -69,18 +70,26 @@ class WaitShares:
         start = self._start.get(rank)
         if start is None or start.pid != rec.pid:  # first sight, or a restarted rank
             self._start[rank] = mark
+            self._fresh.add(rank)
         self._latest[rank] = mark
 
     def forget(self, rank: int) -> None:
         self._start.pop(rank, None)
         self._latest.pop(rank, None)
+        self._fresh.discard(rank)
 
     def take(self) -> dict[int, RankWaits]:
         """The interval's estimate for every rank (empty when a rank has too few
-        samples or no step was made); the next interval starts now."""
+        samples, no step was made, or a rank started in it); the next interval starts
+        now. A rank's first interval holds its start: its peers waited in their first
+        collectives for the last rank to arrive there, not for its compute."""
         out: dict[int, RankWaits] = {}
         periods = []
         shares: dict[int, float] = {}
+        if self._fresh:
+            self._fresh = set()
+            self._start = dict(self._latest)
+            return out
         for rank, end in self._latest.items():
             start = self._start[rank]
             looks = end.samples - start.samples

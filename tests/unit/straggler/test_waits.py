@@ -142,3 +142,35 @@ def test_a_rank_that_became_slower_than_its_recent_self_is_found_from_waits() ->
         found += job.report(det, {0: 0.05, 1: 0.04})
     assert sorted(f.rank for f in found) == [0, 1]
     assert all(f.detail["individual_score"] < 0.7 for f in found), [f.detail for f in found]
+
+
+def test_one_rank_estimated_too_fast_makes_no_healthy_rank_a_straggler() -> None:
+    # rank 2 is 1.2x slower (it waits 2%, the others about 17%); rank 0's sampled share
+    # came out high (30%: its estimate too fast). Scored against that fastest estimate
+    # the healthy ranks 1 and 3 fell below 0.85 too, and rank 2 looked 1.4x slower
+    cfg = StragglerConfig(
+        enabled=True,
+        report_time_interval=INTERVAL,
+        consecutive_reports=2,
+        gpu_relative_perf_threshold=0.85,
+    )
+    det, job = StragglerDetector(cfg, "run", started_at=1000.0), Job(4)
+    shares = {0: 0.30, 1: 0.17, 2: 0.02, 3: 0.16}
+    found = job.report(det, shares) + job.report(det, shares) + job.report(det, shares)
+    assert [(f.rank, f.finding_type) for f in found] == [(2, FindingType.STRAGGLER)]
+    assert 1.2 < found[0].detail["slowdown"] < 1.3, found[0].detail  # 0.98 / mean(0.70, 0.83)
+    assert det.report is not None
+    assert det.report.scores["0"].relative == 1.0  # faster than the reference: at most 1.0
+
+
+def test_the_interval_the_ranks_started_in_names_nobody() -> None:
+    # rank 1 reached its first collective last (its start was slower): its peers waited
+    # 60% of that first interval for it; then the ranks are even. Scored, that interval
+    # named rank 1 a 2.5x straggler at the first report
+    cfg = StragglerConfig(enabled=True, report_time_interval=INTERVAL, consecutive_reports=1)
+    det, job = StragglerDetector(cfg, "run", started_at=1000.0), Job(4)
+    found = job.report(det, {0: 0.6, 1: 0.0, 2: 0.6, 3: 0.6})
+    for _ in range(3):
+        found += job.report(det, {0: 0.05, 1: 0.04, 2: 0.05, 3: 0.06})
+    assert found == []
+    assert det.source == "collective_waits"
