@@ -365,7 +365,7 @@ def stall(args: argparse.Namespace, root: Path) -> bool:
         f"   verdict: rankguard async total stall {ours:.3f} s = {100 * ours / sync_total:.1f}% "
         f"of the sync save (goal <= 5%: {'met' if ours <= 0.05 * sync_total else 'NOT met'}); "
         f"DCP's best option {dcp_best:.3f} s (rankguard "
-        f"{'no worse' if ours <= dcp_best * 1.1 else 'worse'})"
+        f"{'below' if ours < dcp_best else 'NOT below'} it)"
     )
     if bad:
         print(f"   INCONSISTENT checkpoints: {bad}")
