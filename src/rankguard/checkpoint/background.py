@@ -21,6 +21,7 @@ from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
+from torch import serialization
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
@@ -49,7 +50,10 @@ class _DigestFileSystem(FileSystem):
                 yield plain
             return
         digest = Digest(self.algo)
-        out = DigestFile(path, digest, direct=self.direct)
+        # DCP writes each tensor with torch.save, whose zip writer takes every record's
+        # CRC-32 (unless told not to): the digest joins those, no second pass
+        zip_crcs = serialization.get_crc32_options()
+        out = DigestFile(path, digest, direct=self.direct, zip_crcs=zip_crcs)
         try:
             yield out
         except BaseException:

@@ -128,13 +128,13 @@ class FileEntry:
         digest: Digest | None = None,
     ) -> FileEntry:
         """The entry of ``root / name``; its checksum is ``digest``'s (taken by the
-        writer from the bytes it wrote) when that saw as many bytes as the file holds,
-        else read back."""
+        writer from the bytes it wrote) when that saw every byte the file holds, else
+        read back."""
         path = root / name
         if fsync:
             fsync_file(path)
         size = path.stat().st_size
-        if digest is not None and digest.algo == algo and digest.size == size:
+        if digest is not None and digest.complete and digest.algo == algo and digest.size == size:
             return cls(name, size, digest.hexdigest(), rank)
         return cls(name, size, checksum_file(path, algo), rank)
 
