@@ -274,6 +274,9 @@ def test_a_spare_takes_the_lost_nodes_place_and_training_resumes_from_the_checkp
     assert steps.count(1) == 1, out  # never from the start again
     assert "[demo] done: 20 steps on 2 rank(s)" in text0, out
     assert "rank(s) on node 1" in agents.text(spare), out
+    # node 0 stayed node 0: the new round says which agent did not come back, whether
+    # or not rank 1's heartbeats had been silent long enough to name it at the restart
+    assert "node 1 of the previous round" in text0 and "did not come back" in text0, out
 
     status = status_of(tmp_path, node0, run_id)
     elastic = status["elastic"]

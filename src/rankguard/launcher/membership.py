@@ -88,6 +88,17 @@ class SpareService(NullService):
         saw its ranks. The agents that trained in this node's previous round and did
         not come back are named to it (:mod:`rankguard.monitor.lostnode`), and said."""
         super().move(node)
+        self._name_lost(node)
+
+    def regrouped(self, node: NodeContext) -> None:
+        """A new round formed and this node stayed node 0 after its group restarted
+        because a peer went away: an agent of the previous round that did not come back
+        (its node lost, a spare in its place or the job shrunk) is named to the monitor.
+        Its rank's heartbeats may have stopped only a moment before the restart, less
+        than the monitor's fresh period: the rendezvous, not the timing, says it is gone."""
+        self._name_lost(node)
+
+    def _name_lost(self, node: NodeContext) -> None:
         keeper = self._keeper
         if node.node_rank != 0 or node.monitor is None or node.store is None or keeper is None:
             return

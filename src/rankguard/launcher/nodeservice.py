@@ -15,6 +15,9 @@ node's life, in the registry's order:
 ``move(node)``
     A new round renumbered the node (node 0 moved): by default :meth:`stop` then
     :meth:`start` as the new number.
+``regrouped(node)``
+    A new round formed and the node kept its number (its services go on): nothing by
+    default.
 ``leave()``
     The node was excluded from the job (its launcher may stay a while).
 ``stop()``
@@ -149,6 +152,8 @@ class NodeService(Protocol):
 
     def move(self, node: NodeContext) -> None: ...
 
+    def regrouped(self, node: NodeContext) -> None: ...
+
     def leave(self) -> None: ...
 
     def stop(self) -> None: ...
@@ -194,6 +199,9 @@ class NullService:
     def move(self, node: NodeContext) -> None:
         self.stop()
         self.start(node)
+
+    def regrouped(self, node: NodeContext) -> None:
+        return None
 
     def leave(self) -> None:
         return None

@@ -490,6 +490,7 @@ class NodeStart:
                 self.live.start()
             return
         if not decided.first:
+            self.services.regrouped()
             return
         node = self.services.node_rank = decided.node_rank
         if self.services.store is None and self.opts.multi_node:

@@ -253,6 +253,16 @@ class NodeServices:
         self.node_rank = node_rank
         self._start(moved=True)
 
+    def regrouped(self) -> None:
+        """A new rendezvous round formed and this node kept its number (its services go
+        on): each service is told (a node that did not come back is named by the
+        elastic service)."""
+        if self.node_rank is None:
+            return
+        node = self._node()
+        for service in self.services:
+            service.regrouped(node)
+
     def leave(self) -> None:
         """This node was excluded from the job (its launcher may stay a while, holding
         the rendezvous store or node 0's monitor): its relay stops at once, without a

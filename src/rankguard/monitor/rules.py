@@ -426,26 +426,40 @@ class HeartbeatRules:
         self._settle_due = True
 
     def note_lost_node(self, lost: LostNode) -> None:
-        """This monitor started on a node renumbered 0 after the previous round lost
-        node ``lost.node`` (node 0's monitor went with it, see :mod:`.lostnode`): its
-        first rank is named now (returned by the next :meth:`evaluate`; fault tolerance
-        acts on nothing for it, the restart that replaced its group is done), and an
-        end of that round (written before ``lost.before_ns``) whose collective broke
-        is recorded as its echo, not named."""
+        """The previous round lost node ``lost.node`` (see :mod:`.lostnode`): this
+        monitor started on a node renumbered 0 (node 0's monitor went with it), or this
+        node stayed node 0 and the lost rank's heartbeats had stopped too briefly before
+        the restart to be named then. Its first rank is named now, once (returned by
+        the next :meth:`evaluate`; fault tolerance acts on nothing for it, the restart
+        that replaced its group is done), and an end of that round (written before
+        ``lost.before_ns``) whose collective broke is recorded as its echo, not named."""
         self._lost = lost
         rank = lost.ranks[0]
+        t = self.ranks.get(rank)
+        if t is not None and t.active & {FindingType.PROCESS_TIMEOUT, FindingType.NODE_DISK_FULL}:
+            return  # named already (its timeout, or the restart that cut its peer's wait)
         found = Finding.build(
             FindingType.PROCESS_TIMEOUT,
             Reason.UNRESPONSIVE,
             run_id=self.run_id,
             rank=rank,
             message=lost.message(),
+            record=t.record if t is not None else None,
             hostname=lost.hostname,
             node_rank=lost.node,
             process_liveness=Liveness.STALE,
             gpu_progress=Progress.UNKNOWN,
             detail={NAMED_AT: lost.restart, "lost_node": lost.to_dict()},
         )
+        if t is not None and t.record is not None:
+            # this monitor saw the rank (its node 0 stayed): its process is the lost one;
+            # its own timeout, still to come, names nothing more
+            t.liveness, t.progress = Liveness.STALE, Progress.UNKNOWN
+            t.stall, t.blocked_by, t.late = None, [], False
+            t.named_silent = t.record
+            t.active.add(FindingType.PROCESS_TIMEOUT)
+            t.fired.add(FindingType.PROCESS_TIMEOUT)
+            self._due.again(rank)
         self._named.append(found)
 
     def _echo_of_lost(self, s: RankState, rec: HeartbeatRecord) -> bool:

@@ -585,3 +585,43 @@ def test_a_node_renumbered_0_names_the_agent_of_its_previous_round_that_did_not_
 def test_a_restart_not_for_a_peer_gone_names_no_lost_node() -> None:
     monitor, said = _renumbered_0("exception")
     assert monitor.lost == [] and said == []
+
+
+def test_node_0_that_stays_node_0_names_the_agent_that_did_not_come_back() -> None:
+    """Node 0 (h:1) of round h:7 restarts its group (its peer went away); node 1 (h:2)
+    never comes back, a spare (h:3) takes its place in round h:8 and h:1 stays node 0:
+    its services go on (no move), and the rendezvous, not a heartbeat timeout, says
+    that node 1's ranks were lost."""
+    store = _store()
+    lost = AgentRegistry(store, "r", max_nodes=2, agent="h:2")
+    lost.waiting()
+    lost.joined(1, 2, "h:7")
+    spare = AgentRegistry(store, "r", max_nodes=2, agent="h:3")
+    spare.waiting()
+    spares = SpareService()
+    spares._nproc_per_node = 2
+    keeper = spares._keeper = SpareKeeper(
+        Inner([_info(0, 2, port=7), _info(0, 2, port=8)]),  # type: ignore[arg-type]
+        AgentRegistry(store, "r", max_nodes=2, agent="h:1"),
+    )
+    keeper.next_rendezvous()
+    keeper.next_rendezvous()
+    spare.joined(1, 2, "h:8")
+    assert keeper.previous_round == "h:7"
+    monitor, said = _Monitor(), []
+    restart = RestartEntry(restart=1, cause="worker_failed", rank=0, reason="peer_failure")
+    node = SimpleNamespace(
+        node_rank=0,
+        monitor=monitor,
+        store=store,
+        run_id="r",
+        services=SimpleNamespace(restarts=[restart]),
+        say=said.append,
+    )
+    spares.regrouped(node)  # type: ignore[arg-type]
+    [gone] = monitor.lost
+    assert (gone.node, gone.agent, gone.ranks, gone.victim) == (1, "h:2", (2, 3), 0)
+    assert said == [
+        "node 1 of the previous round (agent h:2) did not come back: its agent left the "
+        "rendezvous, its rank(s) 2-3 were lost with it; rank 0's failure was its echo"
+    ]

@@ -629,6 +629,66 @@ def test_a_monitor_started_after_node_0_was_lost_names_its_rank_not_the_victim()
     assert rules.findings_total == 1
 
 
+def _node1_lost_too_soon(rules: Any) -> None:
+    """Rank 1's node is lost at t=1 and rank 0's collective breaks at t=1.2; the agent
+    restarts the group at t=1.3, while rank 1 has been silent less than the fresh
+    period: nothing is named at the restart, rank 0's end is the restart's."""
+    assert rules.ingest(rec(1, 0, t=1.0), 1.0)
+    end0 = rec(0, 1, event="process_end", t=1.2)
+    end0["exit"] = {"clean": False, "exit_code": 1, "error": _BROKEN}
+    rules.ingest(end0, 1.2)
+    assert rules.evaluate(1.2) == []
+    rules.note_restart("restart 1: worker_failed", cause_pending=True, now=1.3)
+    assert rules.evaluate(1.4) == []
+    assert rules.fresh_s >= 1.3 - 1.0
+
+
+def test_a_node_lost_a_moment_before_the_restart_is_named_when_the_new_round_says_so() -> None:
+    # node 0 stayed node 0: the new round (a spare in node 1's place) formed without
+    # node 1's agent; its rank, seen by this monitor, is named then, with its process
+    rules = _rules(world=2)
+    _node1_lost_too_soon(rules)
+    rules.note_lost_node(
+        LostNode(
+            node=1,
+            agent="host1:4343",
+            ranks=(1,),
+            victim=0,
+            restart="restart 1: worker_failed",
+            before_ns=BASE_NS + 3_000_000_000,
+        )
+    )
+    found = rules.evaluate(3.0)
+    assert types_of(found) == [(1, PROCESS_TIMEOUT)]
+    assert found[0].pid == 1001 and found[0].node_rank == 1
+    assert found[0].detail["named_at"] == "restart 1: worker_failed"
+    assert "its agent left the rendezvous" in found[0].message
+    # its own process timeout, and the new round's processes, name nothing more
+    assert rules.evaluate(11.5) == []
+    for rank in (0, 1):
+        rules.ingest(rec(rank, 0, pid=2000 + rank, t=12.0), 12.0)
+    assert rules.evaluate(12.0) == [] and rules.evaluate(13.0) == []
+    assert rules.findings_total == 1
+
+
+def test_a_lost_nodes_rank_named_at_the_restart_is_not_named_again() -> None:
+    rules = _rules(world=2)
+    _lost_peer(rules)
+    rules.note_restart("restart 1: worker_failed", cause_pending=True, now=4.6)
+    assert types_of(rules.evaluate(5.0)) == [(1, PROCESS_TIMEOUT)]
+    rules.note_lost_node(
+        LostNode(
+            node=1,
+            agent="host1:4343",
+            ranks=(1,),
+            victim=0,
+            restart="restart 1: worker_failed",
+            before_ns=BASE_NS + 5_000_000_000,
+        )
+    )
+    assert rules.evaluate(5.5) == [] and rules.findings_total == 1
+
+
 def test_an_end_of_the_new_round_is_not_the_lost_nodes_echo() -> None:
     rules = _rules(world=2)
     _node0_lost(rules)
