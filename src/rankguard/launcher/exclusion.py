@@ -618,6 +618,20 @@ class NodeExclusion:
                     self._finding(_REASONS[exclusion.trigger], exclusion.message, exclusion)
         return new
 
+    def published_nodes(self) -> set[str]:
+        """The nodes (``host:pid``) excluded from the job: those known here and those any
+        node published in the store, read now without learning them (:meth:`sync` does,
+        with their lines and findings)."""
+        nodes = set(self.known)
+        if self.store is None:
+            return nodes
+        try:
+            count = int(self.store.add(self.keys.excluded_count, 0))
+        except Exception as exc:
+            logger.debug("rankguard: exclusion: the store: %s", exc)
+            return nodes
+        return nodes | {e.node for e in self._read(self._indices(count)).values()}
+
     def _indices(self, count: int) -> list[int]:
         """The entries read for a count: the first and the last ``max_nodes`` (a job
         excludes at most its nodes; the count is a store counter anyone can raise, and

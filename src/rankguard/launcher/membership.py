@@ -109,7 +109,10 @@ class SpareService(NullService):
 
         agents = read_agents(node.store, node.run_id)
         nproc = self._nproc_per_node
+        excluded = _excluded_nodes(node.services)
         for entry in lost_in_round(agents, keeper.previous_round, keeper.registry.agent):
+            if entry["agent"] in excluded:
+                continue  # it left the job on purpose: its exclusion is the finding
             first = int(entry["node"]) * nproc
             lost = LostNode(
                 node=int(entry["node"]),
@@ -154,6 +157,15 @@ class SpareService(NullService):
         node = self.services
         if self.track and node is not None:
             keep_store_for_spares(node.store, node.run_id, self.spares_gone, launch.say)
+
+
+def _excluded_nodes(services: Any) -> set[str]:
+    """The agents (``host:pid``) bad-node exclusion took out of the job, where it is on."""
+    excluded: set[str] = set()
+    for service in getattr(services, "services", None) or []:
+        if isinstance(service, ExclusionService) and service.exclusion is not None:
+            excluded |= service.exclusion.published_nodes()
+    return excluded
 
 
 def _last_restart(services: Any) -> RestartEntry | None:

@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,6 +23,7 @@ from torch.distributed.elastic.rendezvous.api import (
 )
 
 from rankguard.cli.status_render import elastic_lines
+from rankguard.ft.config import FaultToleranceConfig
 from rankguard.launcher.membership import SpareService
 from rankguard.launcher.rendezvous import SpareKeeper, keep_alive_settings, round_tag
 from rankguard.launcher.spares import (
@@ -587,12 +589,22 @@ def test_a_restart_not_for_a_peer_gone_names_no_lost_node() -> None:
     assert monitor.lost == [] and said == []
 
 
-def test_node_0_that_stays_node_0_names_the_agent_that_did_not_come_back() -> None:
+def _stays_node_0(excluded: list[str]) -> tuple[_Monitor, list[str]]:
     """Node 0 (h:1) of round h:7 restarts its group (its peer went away); node 1 (h:2)
     never comes back, a spare (h:3) takes its place in round h:8 and h:1 stays node 0:
-    its services go on (no move), and the rendezvous, not a heartbeat timeout, says
-    that node 1's ranks were lost."""
+    its services go on (no move). ``excluded``: the nodes bad-node exclusion published."""
+    from rankguard.launcher.exclusion import Exclusion, NodeExclusion
+    from rankguard.launcher.membership import ExclusionService
+
     store = _store()
+    exclusion = ExclusionService()
+    exclusion.exclusion = NodeExclusion(
+        FaultToleranceConfig(), run_id="r", run_dir=Path("."), min_nodes=1, max_nodes=3, store=store
+    )
+    for agent in excluded:
+        host, _, pid = agent.partition(":")
+        entry = Exclusion(trigger="restarts", hostname=host, pid=int(pid), node_rank=1, gpu=None)
+        exclusion.exclusion._publish(entry)
     lost = AgentRegistry(store, "r", max_nodes=2, agent="h:2")
     lost.waiting()
     lost.joined(1, 2, "h:7")
@@ -615,13 +627,26 @@ def test_node_0_that_stays_node_0_names_the_agent_that_did_not_come_back() -> No
         monitor=monitor,
         store=store,
         run_id="r",
-        services=SimpleNamespace(restarts=[restart]),
+        services=SimpleNamespace(restarts=[restart], services=[spares, exclusion]),
         say=said.append,
     )
     spares.regrouped(node)  # type: ignore[arg-type]
+    return monitor, said
+
+
+def test_node_0_that_stays_node_0_names_the_agent_that_did_not_come_back() -> None:
+    """The rendezvous, not a heartbeat timeout, says that node 1's ranks were lost."""
+    monitor, said = _stays_node_0([])
     [gone] = monitor.lost
     assert (gone.node, gone.agent, gone.ranks, gone.victim) == (1, "h:2", (2, 3), 0)
     assert said == [
         "node 1 of the previous round (agent h:2) did not come back: its agent left the "
         "rendezvous, its rank(s) 2-3 were lost with it; rank 0's failure was its echo"
     ]
+
+
+def test_a_node_excluded_from_the_job_is_not_named_lost() -> None:
+    """Node 1 left on purpose (bad-node exclusion, published in the store): its
+    exclusion is its finding; it is not a node lost."""
+    monitor, said = _stays_node_0(["h:2"])
+    assert monitor.lost == [] and said == []
