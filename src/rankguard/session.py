@@ -17,7 +17,6 @@ Components reach the session through its constructor and its methods
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -282,12 +281,9 @@ class Session:
 
     def batch_plan(self, global_batch: int, micro_batch: int) -> BatchPlan:
         """This rank's share of a step at the world size it runs with now (an elastic
-        job that shrank or grew; the default process group's size where one is set up:
-        an in-process round that went on with fewer ranks), by ``elastic.batch_rule``
-        (:mod:`rankguard.rank.elastic`): ``accumulation_steps`` micro-batches of
-        ``micro_batch`` samples per step."""
-        env = self._env or runenv.current()
-        plan: BatchPlan = env.batch_plan(global_batch, micro_batch, world_size=_group_world())
+        job that shrank or grew), by ``elastic.batch_rule`` (:mod:`rankguard.rank.elastic`):
+        ``accumulation_steps`` micro-batches of ``micro_batch`` samples per step."""
+        plan: BatchPlan = (self._env or runenv.current()).batch_plan(global_batch, micro_batch)
         return plan
 
     # ---- hot path -------------------------------------------------------------------
@@ -555,18 +551,6 @@ class Session:
             self.publisher.close(clean=clean, exit_code=exit_code, error=error)
         if self.preemption is not None:
             self.preemption.release()
-
-
-def _group_world() -> int | None:
-    """The default process group's world size (None: torch.distributed not imported, or
-    no group set up)."""
-    dist = sys.modules.get("torch.distributed")
-    try:
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            return int(dist.get_world_size())
-    except Exception:  # not the default group of this process: the environment says
-        return None
-    return None
 
 
 class NullSession:

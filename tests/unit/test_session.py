@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import time
 import warnings
 from collections.abc import Iterator
@@ -445,26 +444,3 @@ def test_session_rerun_publishes_its_block(session: Session, tmp_path: Path) -> 
     assert end["rerun"]["mode"] == "report_determinism_stats"
     assert HeartbeatRecord.from_dict(end).rerun == end["rerun"]  # valid on ingest
     assert NullSession().rerun().mode == "disabled"  # outside rankguard run: logs only
-
-
-def test_the_batch_plan_follows_the_process_group_it_runs_in(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """An in-process round that went on with fewer ranks: the session's environment was
-    read at its start (4 ranks); the plan is the group's (3 ranks)."""
-    from types import SimpleNamespace
-
-    from rankguard.rank.runenv import RunEnv
-
-    env = RunEnv.from_environ({"WORLD_SIZE": "4"})
-    s = Session(rank_identity(run_id=RUN), tmp_path, HeartbeatConfig(), publish=False, env=env)
-    try:
-        assert s.batch_plan(12, 1).accumulation_steps == 3
-        group = SimpleNamespace(
-            is_available=lambda: True, is_initialized=lambda: True, get_world_size=lambda: 3
-        )
-        monkeypatch.setitem(sys.modules, "torch.distributed", group)
-        plan = s.batch_plan(12, 1)
-        assert (plan.world_size, plan.accumulation_steps, plan.global_batch) == (3, 4, 12)
-    finally:
-        s.close()

@@ -525,18 +525,12 @@ def _live_lines(live: LiveBlock | None) -> list[str]:
         "",
         f"Standbys: {_s(live.standbys_per_node)} per node, {_s(live.waiting)} "
         f"waiting, {_s(live.used)} used, {_s(live.left_unused)} left unused"
-        + (f", {_s(live.started)} started to refill" if live.started else "")
-        + (f"; training ranks now: {_s(live.ranks)}" if live.shrunk else ""),
+        + (f", {_s(live.started)} started to refill" if live.started else ""),
     ]
     for r in live.replaced:
         out.append(
             f"  rank {_s(r.lost_rank)}: pid {_s(r.lost_pid)} lost "
             f"({_s(r.cause)}), now standby pid {_s(r.standby_pid)}"
-        )
-    for x in live.shrunk:
-        out.append(
-            f"  rank {_s(x.lost_rank)}: pid {_s(x.lost_pid)} lost ({_s(x.cause)}), no "
-            f"standby left: went on with {_s(x.ranks_after)} ranks of {_s(x.ranks_before)}"
         )
     return out
 

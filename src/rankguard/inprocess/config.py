@@ -105,16 +105,6 @@ class InProcessRestartConfig:
             "is recovered live too). null: every used standby is replaced; 0: none."
         },
     )
-    live_shrink: bool = field(
-        default=False,
-        metadata={
-            "help": "A rank lost when no standby is left: the others go on in process with "
-            "one rank fewer (renumbered 0..N-2, the global batch kept by elastic.batch_rule) "
-            "instead of the group restart, and a standby started later grows it back; for "
-            "data-parallel scripts that declare live_state, one node (--live-shrink; "
-            "docs/live_recovery.md)."
-        },
-    )
     set_nccl_env: bool = field(
         default=True,
         metadata={
@@ -139,11 +129,6 @@ class InProcessRestartConfig:
             check_number(name, getattr(self, name), gt=0)
         check_number("max_restarts_per_window", self.max_restarts_per_window, ge=0)
         check_number("standby_ranks", self.standby_ranks, ge=0)
-        if self.live_shrink and not self.standby_ranks:
-            raise ValueError(
-                "live_shrink: needs standby_ranks >= 1 (the launcher's live recovery "
-                "watches the ranks only with standbys)"
-            )
         if self.standby_refills is not None:
             check_number("standby_refills", self.standby_refills, ge=0)
         if self.max_iterations is not None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rankguard.live.plan import LIVE_CAUSE, LIVE_GROW_CAUSE, LIVE_SHRINK_CAUSE
+from rankguard.live.plan import LIVE_CAUSE
 from rankguard.monitor.blockeval import BlockEvaluator
 from rankguard.monitor.rules import RankState
 from rankguard.schema.blocks import InProcessBlock, InProcessRestart, read_block
@@ -32,10 +32,7 @@ _REASONS = {
     "exception": Reason.INPROCESS_EXCEPTION,
     "soft_timeout": Reason.INPROCESS_HANG,
     LIVE_CAUSE: Reason.LIVE_REPLACED,
-    LIVE_SHRINK_CAUSE: Reason.LIVE_SHRUNK,
-    LIVE_GROW_CAUSE: Reason.LIVE_GREW,
 }
-_LIVE_CAUSES = (LIVE_CAUSE, LIVE_SHRINK_CAUSE, LIVE_GROW_CAUSE)
 #: the keys of its ``restarts.jsonl`` line, in order (the launcher adds ``wall_time``)
 _ENTRY_KEYS: tuple[str, ...] = ("schema_version", "kind", "run_id", "restart", "cause")
 _ENTRY_KEYS += ("rank", "reason", "message", "id")
@@ -140,7 +137,7 @@ class InProcessRestarts(BlockEvaluator[InProcessBlock]):
             keys=_ENTRY_KEYS,
         )
         # a live recovery's line (kind ``live_recovery``) is the launcher's: one line each
-        if self.on_restart is not None and cause not in _LIVE_CAUSES:
+        if self.on_restart is not None and cause != LIVE_CAUSE:
             self.on_restart(entry)
         return Finding.build(
             FindingType.INPROCESS_RESTART,

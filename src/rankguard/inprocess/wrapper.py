@@ -29,12 +29,7 @@ its main thread still stuck) is waited for.
 With standbys (``--standby-ranks``, :mod:`rankguard.live`): a standby waits in
 :meth:`_Call.run` until the launcher gives it a lost rank's number, then ends the
 survivors' running round and joins the next one as that rank; survivors wait at the
-barrier for a peer the launcher is replacing instead of giving up on it. A peer whose
-process the launcher marked ``shrunk`` (no standby left, ``live_shrink``) is not waited
-for: once every other rank is at the barrier, the round's members are written once and
-each rank takes its number among them (``RANK``/``WORLD_SIZE`` too). Each round's world
-size is fixed once in the store by the first rank there, so that a standby growing a
-shrunk job back (a larger world) and the survivors agree on it.
+barrier for a peer the launcher is replacing instead of giving up on it.
 """
 
 from __future__ import annotations
@@ -42,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
-import json
 import logging
 import os
 import socket
@@ -70,8 +64,8 @@ from rankguard.inprocess.sockets import shutdown_sockets, tcp_sockets
 from rankguard.live.link import LiveLink
 from rankguard.live.link import bind as bind_live
 from rankguard.live.link import current as live_link
-from rankguard.live.plan import LIVE_CAUSE, LIVE_GROW_CAUSE, LIVE_SHRINK_CAUSE, MAX_WORLD
-from rankguard.live.roles import promoted_environ, resized_environ
+from rankguard.live.plan import LIVE_CAUSE
+from rankguard.live.roles import promoted_environ
 from rankguard.rank import runenv
 from rankguard.rank.ranksession import current as current_session
 from rankguard.rank.runenv import RunEnv
@@ -353,8 +347,6 @@ class _Call:
         self._before_group: frozenset[int] = frozenset()  # TCP sockets before the group
         self._group_sockets: tuple[int, frozenset[int]] = (-1, frozenset())  # (round, its)
         self.live = LiveLink.from_env(env)  # None: the run has no standbys
-        # (round, lost ranks, world before): the last round that went on with fewer ranks
-        self.shrunk: tuple[int, list[int], int] | None = None
 
     # ---- setup ------------------------------------------------------------------------
 
@@ -463,11 +455,6 @@ class _Call:
             self.interrupter.armed = False
             self._stop.set()
             self._watcher.join(timeout=self.cfg.monitor_thread_interval + 5)
-            if live is not None:  # a first step after a recovery the watcher had not written
-                try:
-                    live.flush(self._wstore)
-                except Exception:
-                    logger.warning("rankguard: live recovery: its first step not written")
             self.interrupter.uninstall()
             if dist.is_initialized():
                 dist.destroy_process_group()
@@ -640,7 +627,6 @@ class _Call:
         if self.live is not None:  # a newcomer joins the round the survivors are in
             self.live.current_round = r
             store.set(self.prefix + "round", str(r))
-            self._fix_world(r)
         store.set(self._key(r, f"here/{self.rank}"), self.hostname)
         if store.add(self._key(r, "arrived"), 1) >= self.world:
             store.set(self._key(r, "ready"), "1")
@@ -653,7 +639,6 @@ class _Call:
         while True:
             try:
                 store.wait([self._key(r, "ready")], timedelta(seconds=_CHUNK_S))
-                self._apply_members(r)
                 if self.backend == "gloo":
                     self._before_group = tcp_sockets()
                 return
@@ -679,11 +664,6 @@ class _Call:
                 self.awaiting_standby_s = cfg.barrier_timeout
             if dead and self.live is not None:  # a standby is on its way: wait for it
                 dead = {p: v for p, v in dead.items() if not self.live.replacing(store, p)}
-            shrunk = self._shrunk_peers(missing)
-            if shrunk and len(shrunk) == len(missing):  # every other rank is here
-                self._decide_members(r, shrunk)
-                continue
-            dead = {p: v for p, v in dead.items() if p not in shrunk}
             timed_out = now - start > cfg.barrier_timeout
             if dead or timed_out:
                 gone = sorted(dead) or missing
@@ -728,22 +708,7 @@ class _Call:
         info.culprit = culprit.rank if culprit else None
         info.message = culprit.message if culprit else None
         newcomers = self._newcomers(self.round)
-        if self.shrunk is not None and self.shrunk[0] == self.round:
-            _, gone, before = self.shrunk
-            info.cause, info.culprit = LIVE_SHRINK_CAUSE, gone[0]
-            info.message = (
-                f"rank(s) {gone}: process lost, no standby left; the other ranks went on "
-                f"in process with {self.world} rank(s) of {before} (renumbered)"
-            )
-            culprit = None
-        if newcomers and self._store.check([self._key(self.round, "grown")]):
-            info.cause, info.culprit = LIVE_GROW_CAUSE, newcomers[-1]
-            info.message = (
-                f"rank(s) {newcomers}: a standby joined: the job grew back to {self.world} "
-                "rank(s), every other rank re-entered in process"
-            )
-            culprit = None
-        elif newcomers:  # the peers' errors were echoes: a process was lost
+        if newcomers:  # the peers' errors were echoes: a process was lost
             info.cause, info.culprit = LIVE_CAUSE, newcomers[0]
             info.message = (
                 f"rank(s) {newcomers}: process lost; a standby took its place and every "
@@ -787,32 +752,19 @@ class _Call:
         if got is None:
             logger.info("rankguard: standby pid %d: training completed, not needed", live.pid)
             return False
-        launch_world = self.world
         promoted_environ(os.environ, rank=got.rank, local_rank=got.local_rank)
         self.rank = got.rank
         session = current_session()
         promote = getattr(session, "promote", None)
-        if callable(promote):  # rankguard's records: the first number of its device slot
-            launched = _launch_rank(got.local_rank)
-            if launched is not None and launched != got.rank and launched < launch_world:
-                resized_environ(os.environ, rank=launched, world_size=launch_world)
+        if callable(promote):
             promote()
-            resized_environ(os.environ, rank=got.rank, world_size=launch_world)
-        if got.world is not None:  # the world now (fewer after a shrink, or one more)
-            self.world = got.world
-            resized_environ(os.environ, rank=got.rank, world_size=got.world)
         self.session = session if session is not None and session.enabled else None
         key = self.prefix + "round"
         r = int(store.get(key)[:20]) if store.check([key]) else 0
-        for _ in range(_MAX_ROUND_TRIES):  # the first round of this world not begun yet
-            world = _read_world(store.compare_set(self._key(r, "world"), "", str(self.world)))
-            if world == self.world and not store.check([self._key(r, "ready")]):
-                break
-            store.set(self._key(r, "failed"), str(got.rank))  # the survivors' round: end it
+        if store.check([self._key(r, "ready")]):  # the survivors run round r: end it
+            store.set(self._key(r, "failed"), str(got.rank))
             r += 1
         self.round = r
-        if got.cause == LIVE_GROW_CAUSE:
-            store.set(self._key(r, "grown"), str(got.rank))
         store.set(self._key(r, f"newcomer/{got.rank}"), str(live.pid))
         store.add(self._key(r, "newcomers"), 1)
         logger.warning(
@@ -824,83 +776,6 @@ class _Call:
             r,
         )
         return True
-
-    def _fix_world(self, r: int) -> None:
-        """Round ``r``'s world size, fixed once by the first rank there (a standby that
-        grows the job back fixes a larger one first: :meth:`_take_rank`); a larger one
-        than this rank's is the job growing back: its ``WORLD_SIZE`` follows."""
-        world = _read_world(self._store.compare_set(self._key(r, "world"), "", str(self.world)))
-        if world == self.world:
-            return
-        if world < self.world:
-            raise InProcessRestartError(
-                f"in-process restart: round {r} has {world} rank(s), fewer than this "
-                f"rank's {self.world} without a shrink"
-            )
-        logger.info("rankguard: round %d: the job grows from %d to %d ranks", r, self.world, world)
-        self.world = world
-        resized_environ(os.environ, rank=self.rank, world_size=world)
-
-    def _peer_pid(self, p: int) -> int | None:
-        key = self._proc_key(p)
-        peer = ProcessId.from_json(self._store.get(key)) if self._store.check([key]) else None
-        return peer.pid if peer is not None else None
-
-    def _shrunk_peers(self, missing: list[int]) -> list[int]:
-        """The ``missing`` ranks whose process the launcher lost with no standby left,
-        the job going on without them (``live_shrink``)."""
-        live, store = self.live, self._store
-        if live is None or not missing:
-            return []
-        out = []
-        for p in missing:
-            pid = self._peer_pid(p)
-            if (
-                pid is not None
-                and store.check([live.keys.shrunk(pid)])
-                and not live.replacing(store, p)  # a standby takes that number again
-            ):
-                out.append(p)
-        return out
-
-    def _decide_members(self, r: int, shrunk: list[int]) -> None:
-        """Round ``r`` goes on without the ``shrunk`` ranks: its members (the ranks of
-        this round, in order; they are renumbered 0..n-1) and the lost processes, once
-        (the first rank to decide it writes it), then the barrier is passed."""
-        members = [p for p in range(self.world) if p not in shrunk]
-        pids = [self._peer_pid(p) or 0 for p in shrunk]
-        record = json.dumps({"members": members, "lost": shrunk, "lost_pids": pids})
-        self._store.compare_set(self._key(r, "members"), "", record)
-        self._store.set(self._key(r, "ready"), "1")
-
-    def _apply_members(self, r: int) -> None:
-        """Round ``r`` goes on with fewer ranks (:meth:`_decide_members`): this rank's
-        number and the world's become the smaller world's (the process's ``RANK`` and
-        ``WORLD_SIZE`` too, as the script reads them)."""
-        key = self._key(r, "members")
-        if self.live is None or not self._store.check([key]):
-            return
-        members, gone, pids = _read_members(self._store.get(key), self.world)
-        if self.rank not in members:
-            raise InProcessRestartError(
-                f"in-process restart: rank {self.rank} was taken for lost and left out of "
-                f"round {r} (the others went on with {len(members)} rank(s))"
-            )
-        before = self.world
-        self.rank, self.world = members.index(self.rank), len(members)
-        resized_environ(os.environ, rank=self.rank, world_size=self.world)
-        self._publish_process()
-        self.shrunk = (r, gone, before)
-        self.live.note_shrunk(pids, rank=self.rank)
-        if self.rank == 0:
-            logger.warning(
-                "rankguard: live recovery: rank(s) %s lost, no standby left: going on with "
-                "%d rank(s) of %d in round %d (renumbered)",
-                gone,
-                self.world,
-                before,
-                r,
-            )
 
     def _newcomers(self, r: int) -> list[int]:
         """The ranks that joined round ``r`` as standbys taking a lost rank's place."""
@@ -1035,17 +910,6 @@ class _Call:
         os._exit(HARD_TIMEOUT_EXIT_CODE)
 
 
-def _launch_rank(local_rank: int) -> int | None:
-    """The training rank the process on device slot ``local_rank`` of this node had at
-    the launch (rankguard's heartbeats, findings and status name each process by it;
-    after a shrink the script's ``RANK`` differs); None where the node's size is not
-    known."""
-    env = runenv.current()
-    if env.local_world_size is None:
-        return None
-    return env.node * env.local_world_size + local_rank
-
-
 def _prewarm() -> None:
     """Import, in a standby before it is needed, what the first round of a training
     function imports lazily (torch's compiler stack through the optimizers, DDP): an
@@ -1057,38 +921,6 @@ def _prewarm() -> None:
         import torch.optim  # noqa: F401
     except Exception:  # the first round imports it then, slower
         logger.debug("rankguard: standby prewarm failed", exc_info=True)
-
-
-_MAX_MEMBERS_BYTES = 1 << 20
-_MAX_ROUND_TRIES = 1000  # rounds a standby ends before the first one of its world
-
-
-def _read_world(raw: bytes | str) -> int:
-    """A round's world size as the store has it (anyone who can reach it can write it)."""
-    try:
-        world = int(raw[:20])
-    except ValueError:
-        world = 0
-    if not 1 <= world <= MAX_WORLD:
-        raise InProcessRestartError(f"in-process restart: a round's world size {raw[:20]!r}")
-    return world
-
-
-def _read_members(raw: bytes, world: int) -> tuple[list[int], list[int], list[int]]:
-    """A round's members record (:meth:`_Call._decide_members`), checked: the ranks
-    that go on (of ``world``, in order), those lost and their pids."""
-    if len(raw) > _MAX_MEMBERS_BYTES:
-        raise InProcessRestartError("in-process restart: a round's members record is too long")
-    try:
-        data = json.loads(raw)
-        members = [int(p) for p in data["members"]]
-        gone = [int(p) for p in data["lost"]]
-        pids = [int(p) for p in data["lost_pids"]]
-    except (ValueError, TypeError, KeyError) as exc:
-        raise InProcessRestartError(f"in-process restart: bad members record ({exc})") from None
-    if not members or members != sorted(set(members)) or not 0 <= members[0] <= members[-1] < world:
-        raise InProcessRestartError(f"in-process restart: bad members {members} of {world}")
-    return members, gone, pids
 
 
 class _Done:

@@ -75,11 +75,6 @@ def _check_standbys(opts: LaunchOptions, cfg: RankguardConfig) -> None:
         raise ValueError(
             f"{flag}: not with --preload (its forked ranks are not watched one by one)"
         )
-    if ip.live_shrink and opts.max_nodes > 1:
-        raise ValueError(
-            f"inprocess_restart.live_shrink: one node only (--nnodes {opts.max_nodes}): "
-            "each node's launcher numbers its own ranks"
-        )
 
 
 def _exclusion_warnings(

@@ -187,7 +187,6 @@ def live_recovery(
         say=lambda line: print(f"[rankguard] {line}", file=sys.stderr, flush=True),
         on_lost=services.on_rank_lost,
         refills=cfg.inprocess_restart.standby_refills,
-        shrink=cfg.inprocess_restart.live_shrink,
     )
     services.live = live
     return live

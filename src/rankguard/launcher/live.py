@@ -13,8 +13,6 @@ at every worker process of the node once (``Popen.poll``):
   (:mod:`rankguard.live.keys`), the group stays HEALTHY for torch elastic and one
   console line says it. If not, one line says why and the poll reports the group
   FAILED with that failure: torch elastic's group restart of today.
-  With no standby left and ``inprocess_restart.live_shrink`` on, the lost process is
-  marked ``shrunk`` instead: the survivors go on in process with fewer ranks (one line).
 - a standby ended before it was needed: one line, one standby fewer; not a failure.
 - every training rank ended with 0: SUCCEEDED once the standbys have left (they leave
   when the ranks write ``finished``; ended after ``STANDBY_LEAVE_S`` otherwise).
@@ -39,16 +37,10 @@ from typing import Any
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from rankguard.live.keys import REPLACING, SHRUNK, LiveKeys
-from rankguard.live.plan import LIVE_GROW_CAUSE, Assignment, Ended, Resumed, decide, ended_how
+from rankguard.live.keys import REPLACING, LiveKeys
+from rankguard.live.plan import Assignment, Ended, Resumed, decide, ended_how
 from rankguard.schema.findings import FindingType, Reason
-from rankguard.schema.restarts import (
-    LiveBlock,
-    LiveReplacement,
-    LiveShrink,
-    LostRank,
-    RestartEntry,
-)
+from rankguard.schema.restarts import LiveBlock, LiveReplacement, LostRank, RestartEntry
 
 __all__ = ["RESUMED_WAIT_S", "STANDBY_LEAVE_S", "LiveRecovery"]
 
@@ -80,7 +72,6 @@ class LiveRecovery:
         on_started: Callable[[int], None] | None = None,
         start: Callable[..., Any] | None = None,
         refills: int | None = None,
-        shrink: bool = False,
     ) -> None:
         self.run_id, self.nproc, self.standbys = run_id, nproc, standbys
         self.say = say
@@ -91,12 +82,6 @@ class LiveRecovery:
         self.started_count = 0  # standbys started to refill used ones (the run)
         self.refills = refills  # how many may be started over the run (None: no limit)
         self.refilled = 0  # started over the run (every group)
-        self.shrink = shrink  # no standby left: the others go on with fewer ranks
-        self.order: list[int] = list(range(nproc))  # training local ranks, by rank now
-        self.shrunk: list[dict[str, Any]] = []  # every shrink of the run
-        self.grown: list[dict[str, Any]] = []  # every standby that grew the job back
-        self._growing: int | None = None  # its pid until its first step is known
-        self._grow_failed = False  # the store refused a growth: not tried again
         self.keys = LiveKeys(run_id, 0)
         self.node = 0
         self.holders: dict[int, int] = {}  # training local rank -> slot holding it
@@ -119,9 +104,6 @@ class LiveRecovery:
         self.keys = LiveKeys(self.run_id, attempt)
         self.node = int(worker_group.group_rank or 0)
         self.holders = {lr: lr for lr in range(self.nproc)}
-        self.order = list(range(self.nproc))
-        self._growing = None  # a new group: every rank of it starts anew
-        self._grow_failed = False
         self.waiting = [self.nproc + j for j in range(self.standbys)]
         self.ended, self.completed = set(), set()
         self.left_unused = 0
@@ -131,13 +113,12 @@ class LiveRecovery:
 
     def status(self) -> LiveBlock:
         """``status.json["live"]``: this node's standbys (waiting now, left without
-        being needed: at the end of a run, or ended early), the ranks they replaced,
-        the training ranks now and those the job went on without (no standby left)."""
+        being needed: at the end of a run, or ended early) and the ranks they replaced."""
         return LiveBlock(
             standbys_per_node=self.standbys,
             waiting=len(self.waiting),
             left_unused=self.left_unused,
-            used=len(self.replaced) + len(self.grown),
+            used=len(self.replaced),
             started=self.started_count,
             replaced=tuple(
                 LiveReplacement(
@@ -150,18 +131,6 @@ class LiveRecovery:
                     steps_redone=r["steps_redone"],
                 )
                 for r in self.replaced
-            ),
-            ranks=len(self.order),
-            shrunk=tuple(
-                LiveShrink(
-                    lost_rank=r["lost_rank"],
-                    lost_pid=r["lost_pid"],
-                    cause=r["cause"],
-                    fault_t=r["fault_t"],
-                    ranks_before=r["shrink"]["ranks_before"],
-                    ranks_after=r["shrink"]["ranks_after"],
-                )
-                for r in self.shrunk
             ),
         )
 
@@ -202,15 +171,13 @@ class LiveRecovery:
                 self.completed.add(local)
             else:
                 path = pcontext.error_files.get(slot, "")
-                rank = self.node * self.nproc + self.order.index(local)
+                rank = self.node * self.nproc + local
                 lost.append(Ended(slot, rank, proc.pid, code, bool(path) and os.path.isfile(path)))
         if lost:
             failed = self._recover(lost, handlers, pcontext)
             if failed is not None:
                 return failed
-        if self.shrink and len(self.order) < self.nproc and self.waiting and not self._grow_failed:
-            self._grow(handlers)
-        if len(self.completed) == len(self.order):
+        if len(self.completed) == self.nproc:
             return self._finishing(handlers, worker_group)
         return RunResult(state=WorkerState.HEALTHY)
 
@@ -224,7 +191,7 @@ class LiveRecovery:
         if slot in self.waiting:
             self.waiting.remove(slot)
             self.left_unused += 1
-        if code != 0 and len(self.completed) < len(self.order):
+        if code != 0 and len(self.completed) < self.nproc:
             self.say(
                 f"live recovery: standby pid {pid} ended ({ended_how(code)}) before it was "
                 f"needed; {len(self.waiting)} standby(s) left on this node"
@@ -240,19 +207,9 @@ class LiveRecovery:
         except Exception as exc:
             declared = False
             self.stopping = self.stopping or f"the workers' store did not answer ({exc})"
-        world = len(self.order) if self.shrink else None
-        growing = None
-        if self._growing is not None:  # its numbers would not hold: not while it joins
-            growing = f"standby pid {self._growing} joins to grow the job back"
-        decision = decide(
-            lost, alive, declared=declared, stopping=self.stopping or growing, shrink_world=world
-        )
+        decision = decide(lost, alive, declared=declared, stopping=self.stopping)
         if decision.restart is None:
             try:
-                if decision.shrink:
-                    self._shrink(decision.shrink)
-                    for ended in decision.shrink:  # a standby to grow the job back
-                        self._refill(ended, self.nproc, pcontext)
                 for ended, slot in decision.pairs:
                     self._replace(ended, slot, handlers[slot].proc.pid)
                 for ended, slot in decision.pairs:
@@ -268,141 +225,9 @@ class LiveRecovery:
         }
         return RunResult(state=WorkerState.FAILED, failures=failures)
 
-    def _shrink(self, lost: list[Ended]) -> None:
-        """No standby left: the job goes on without ``lost`` (the survivors, seeing
-        their processes marked ``shrunk``, re-enter in process with fewer ranks,
-        renumbered in order)."""
-        before = list(self.order)
-        gone = [self._held_by(e.local_rank) for e in lost]
-        store = self._client()
-        for ended in lost:
-            assert ended.rank is not None
-            store.set(self.keys.shrunk(ended.pid), SHRUNK)
-            store.set(self.keys.lost(ended.rank), SHRUNK)  # no standby takes it
-        fault_t = time.time()
-        self.order = [lr for lr in before if lr not in gone]
-        for local in gone:
-            if local is not None:
-                del self.holders[local]
-        first = self.node * self.nproc
-        renumbered = {
-            str(first + before.index(lr)): first + i
-            for i, lr in enumerate(self.order)
-            if before.index(lr) != i
-        }
-        for ended, local in zip(lost, gone, strict=True):
-            assert ended.rank is not None and local is not None
-            self._shrink_entry(ended, local, fault_t, len(before), renumbered)
-        names = ", ".join(f"rank {e.rank}" for e in lost)
-        self.say(
-            f"live recovery: {names} lost, no standby left: going on with "
-            f"{len(self.order)} ranks (data parallel); no group restart"
-        )
-
-    def _shrink_entry(
-        self, ended: Ended, local: int, fault_t: float, before: int, renumbered: dict[str, int]
-    ) -> None:
-        assert ended.rank is not None
-        reason = Reason.DIED if ended.exit_code < 0 else Reason.EXITED_WITH_ERROR
-        after = len(self.order)
-        entry: dict[str, Any] = {
-            "schema_version": 1,
-            "kind": "live_recovery",
-            "run_id": self.run_id,
-            "restart": len(self.replaced) + len(self.shrunk) + len(self.grown) + 1,
-            "rank": ended.rank,
-            "lost_rank": ended.rank,
-            "lost_pid": ended.pid,
-            "standby_pid": None,
-            "node": self.node,
-            "cause": FindingType.PROCESS_EXITED.value,
-            "reason": reason.value,
-            "exit": ended_how(ended.exit_code),
-            "shrink": {"ranks_before": before, "ranks_after": after, "renumbered": renumbered},
-            "fault_t": round(fault_t, 3),
-            "resumed_t": None,
-            "recovery_s": None,
-            "steps_redone": None,
-            "message": f"process ended ({ended_how(ended.exit_code)}); no standby left: the "
-            f"other ranks went on in process with {after} ranks of {before}",
-        }
-        self.shrunk.append(entry)
-        self._pending.append(entry)
-        if self.on_lost is not None:  # the finding naming the lost rank
-            launched = self.node * self.nproc + local  # its heartbeats' (its device slot's)
-            lost = LostRank(
-                rank=launched,
-                pid=ended.pid,
-                standby_pid=None,
-                node=self.node,
-                reason=reason.value,
-                exit=ended_how(ended.exit_code),
-                ranks_after=after,
-            )
-            try:
-                self.on_lost(lost)
-            except Exception:
-                logger.exception("rankguard: the lost rank's finding failed")
-
-    def _grow(self, handlers: dict[int, Any]) -> None:
-        """A standby waits while the job runs shrunk: it joins as the new last rank,
-        on the device a lost rank left (the survivors' round ends at its step
-        boundary and the next one has one rank more)."""
-        slot = self.waiting[0]
-        pid = int(handlers[slot].proc.pid)
-        free = min(lr for lr in range(self.nproc) if lr not in self.order)
-        rank, before = self.node * self.nproc + len(self.order), len(self.order)
-        got = Assignment(
-            rank=rank,
-            local_rank=free,
-            lost_pid=0,
-            standby_pid=pid,
-            cause=LIVE_GROW_CAUSE,
-            fault_t=time.time(),
-            world=before + 1,
-        )
-        try:
-            store = self._client()
-            store.set(self.keys.lost(rank), REPLACING)
-            store.set(self.keys.assign(pid), got.to_json())
-        except Exception as exc:  # it waits on, for a lost rank: said once
-            self._grow_failed = True
-            self.say(f"live recovery: standby pid {pid} could not join to grow the job ({exc})")
-            return
-        self.holders[free] = slot
-        self.order.append(free)
-        self.waiting.remove(slot)
-        self._growing = pid
-        entry: dict[str, Any] = {
-            "schema_version": 1,
-            "kind": "live_recovery",
-            "run_id": self.run_id,
-            "restart": len(self.replaced) + len(self.shrunk) + len(self.grown) + 1,
-            "rank": rank,
-            "lost_rank": None,
-            "lost_pid": None,
-            "standby_pid": pid,
-            "node": self.node,
-            "cause": LIVE_GROW_CAUSE,
-            "grow": {"ranks_before": before, "ranks_after": before + 1},
-            "fault_t": round(got.fault_t, 3),
-            "resumed_t": None,
-            "recovery_s": None,
-            "steps_redone": None,
-            "message": f"standby pid {pid} joined as rank {rank}: the job grew back to "
-            f"{before + 1} ranks",
-        }
-        self.grown.append(entry)
-        self._pending.append(entry)
-        self.say(
-            f"live recovery: standby pid {pid} joins as rank {rank}: the job grows back to "
-            f"{before + 1} ranks at its next step boundary"
-        )
-
     def _replace(self, ended: Ended, slot: int, standby_pid: int) -> None:
         assert ended.rank is not None
-        local = self._held_by(ended.local_rank)
-        assert local is not None
+        local = ended.rank - self.node * self.nproc
         fault_t = time.time()
         reason = Reason.DIED if ended.exit_code < 0 else Reason.EXITED_WITH_ERROR
         got = Assignment(
@@ -412,7 +237,6 @@ class LiveRecovery:
             standby_pid=standby_pid,
             cause=FindingType.PROCESS_EXITED.value,
             fault_t=fault_t,
-            world=len(self.order),
         )
         store = self._client()
         store.set(self.keys.lost(ended.rank), REPLACING)
@@ -423,7 +247,7 @@ class LiveRecovery:
             "schema_version": 1,
             "kind": "live_recovery",
             "run_id": self.run_id,
-            "restart": len(self.replaced) + len(self.shrunk) + len(self.grown) + 1,
+            "restart": len(self.replaced) + 1,
             "rank": ended.rank,
             "lost_rank": ended.rank,
             "lost_pid": ended.pid,
@@ -443,7 +267,7 @@ class LiveRecovery:
         self._pending.append(entry)
         if self.on_lost is not None:  # the finding naming the lost rank
             lost = LostRank(
-                rank=self.node * self.nproc + local,  # its heartbeats' (its device slot's)
+                rank=ended.rank,
                 pid=ended.pid,
                 standby_pid=standby_pid,
                 node=self.node,
@@ -545,12 +369,7 @@ class LiveRecovery:
             self.wait_told()
         out = []
         for entry in list(self._pending):
-            standby = entry["standby_pid"]
-            resumed = self._resumed(
-                self.keys.resumed(int(standby))
-                if standby is not None
-                else self.keys.shrink_resumed(int(entry["lost_pid"]))
-            )
+            resumed = self._resumed(int(entry["standby_pid"]))
             if resumed is not None:
                 entry["resumed_t"] = round(resumed.t, 3)
                 entry["recovery_s"] = round(max(0.0, resumed.t - entry["fault_t"]), 3)
@@ -559,21 +378,20 @@ class LiveRecovery:
             elif not final and time.time() - entry["fault_t"] < RESUMED_WAIT_S:
                 continue
             self._pending.remove(entry)
-            if standby is not None and standby == self._growing:
-                self._growing = None  # joined (or not seen in time): losses are live again
             line = RestartEntry.from_dict(entry)
             assert line is not None
             out.append(line)
         return out
 
-    def _resumed(self, key: str) -> Resumed | None:
+    def _resumed(self, pid: int) -> Resumed | None:
         try:
             store = self._client()
+            key = self.keys.resumed(pid)
             if not store.check([key]):
                 return None
             return Resumed.from_json(store.get(key))
         except Exception as exc:  # not known (the store is gone at the end): said as such
-            logger.debug("rankguard: live recovery: no resumed record %s: %s", key, exc)
+            logger.debug("rankguard: live recovery: no resumed record for pid %d: %s", pid, exc)
             return None
 
     def _client(self) -> Any:

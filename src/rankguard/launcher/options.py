@@ -171,15 +171,6 @@ def add_rankguard_arguments(p: argparse.ArgumentParser) -> None:
         "inprocess_restart.standby_ranks=K; needs in-process restart)",
     )
     g.add_argument(
-        "--live-shrink",
-        action="store_true",
-        default=None,
-        help="with --standby-ranks: a rank lost when no standby is left is not a group "
-        "restart: the others go on in process with one rank fewer (data-parallel scripts "
-        "that declare live_state; one node; the same as --set "
-        "inprocess_restart.live_shrink=true)",
-    )
-    g.add_argument(
         "--live",
         action="store_true",
         default=os.environ.get("PET_LIVE", "") in ("1", "true"),
@@ -410,8 +401,6 @@ def options_from_args(
         if args.standby_ranks < 0:
             raise ValueError(f"--standby-ranks: must be >= 0, got {args.standby_ranks}")
         all_overrides.append(f"inprocess_restart.standby_ranks={args.standby_ranks}")
-    if args.live_shrink:
-        all_overrides.append("inprocess_restart.live_shrink=true")
     if torch_log_dir:
         all_overrides.insert(0, f"log_dir={torch_log_dir}")
     return opts, all_overrides

@@ -399,22 +399,9 @@ class NodeServices:
             if recovery_s is not None
             else "its next step was not seen"
         )
-        shrink, grow = entry.extra.get("shrink"), entry.extra.get("grow")
-        if isinstance(shrink, dict):
-            now = (
-                f"rank {entry.number('lost_rank')} going on with {shrink.get('ranks_after')} "
-                f"ranks of {shrink.get('ranks_before')} (no standby left)"
-            )
-        elif isinstance(grow, dict):
-            now = (
-                f"standby pid {entry.number('standby_pid')} joined as rank {entry.rank}: "
-                f"{grow.get('ranks_after')} ranks again"
-            )
-            cost = cost.replace("fault -> next step", "joined -> next step")
-        else:
-            now = f"rank {entry.number('lost_rank')} now standby pid {entry.number('standby_pid')}"
         print(
-            f"[rankguard] live recovery {entry.restart}: {now} ({entry.cause}); {cost}",
+            f"[rankguard] live recovery {entry.restart}: rank {entry.number('lost_rank')} "
+            f"now standby pid {entry.number('standby_pid')} ({entry.cause}); {cost}",
             file=sys.stderr,
             flush=True,
         )
@@ -435,12 +422,6 @@ class NodeServices:
         if monitor is None or not monitor.note_replaced(rank, pid) or killed:
             return
         reason = Reason(lost.reason)
-        if lost.standby_pid is None:
-            took = f"no standby left: the others go on with {lost.ranks_after} ranks"
-            action = f"live recovery: the others went on with {lost.ranks_after} ranks"
-        else:
-            took = f"standby pid {lost.standby_pid} takes its place"
-            action = f"live recovery: standby pid {lost.standby_pid} took rank {rank}"
         monitor.report(
             Finding.build(
                 FindingType.PROCESS_EXITED,
@@ -448,17 +429,14 @@ class NodeServices:
                 run_id=self.run_id,
                 rank=rank,
                 message=f"rank {rank} (pid {pid} on {socket.gethostname()}): process ended "
-                f"({lost.exit}) without a clean end; {took} (live recovery)",
+                f"({lost.exit}) without a clean end; standby pid {lost.standby_pid} "
+                "takes its place (live recovery)",
                 pid=pid,
                 hostname=socket.gethostname(),
                 node_rank=lost.node,
                 exit={"vanished": reason is Reason.DIED, "how": lost.exit},
-                action=action,
-                detail={
-                    LIVE_RECOVERY: {"standby_pid": lost.standby_pid}
-                    if lost.ranks_after is None
-                    else {"standby_pid": None, "ranks_after": lost.ranks_after}
-                },
+                action=f"live recovery: standby pid {lost.standby_pid} took rank {rank}",
+                detail={LIVE_RECOVERY: {"standby_pid": lost.standby_pid}},
             )
         )
 

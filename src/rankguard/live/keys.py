@@ -11,22 +11,16 @@ starts with fresh keys.
 - ``lost/<rank>``: ``replacing``: a standby is on its way, the survivors wait for it at
   the next round;
 - ``finished``: the training ranks completed: the standbys leave;
-- ``resumed/<pid>``: the newcomer's first completed step after it took its rank (JSON);
-- ``shrunk/<pid>``: ``shrunk``: the process with that pid was lost, no standby was left
-  and the run goes on without it (``inprocess_restart.live_shrink``): the survivors
-  re-enter with one rank fewer;
-- ``resumed/lost/<pid>``: the first step completed after the shrink that lost that pid
-  (JSON, by the shrunk world's rank 0).
+- ``resumed/<pid>``: the newcomer's first completed step after it took its rank (JSON).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["REPLACING", "SHRUNK", "LiveKeys"]
+__all__ = ["REPLACING", "LiveKeys"]
 
 REPLACING = "replacing"
-SHRUNK = "shrunk"
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,9 +48,3 @@ class LiveKeys:
 
     def resumed(self, pid: int) -> str:
         return f"{self.prefix}resumed/{pid}"
-
-    def shrunk(self, pid: int) -> str:
-        return f"{self.prefix}shrunk/{pid}"
-
-    def shrink_resumed(self, lost_pid: int) -> str:
-        return f"{self.prefix}resumed/lost/{lost_pid}"

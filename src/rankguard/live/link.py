@@ -5,8 +5,8 @@ The wrapper holds one :class:`LiveLink` per call when the run has standbys (None
 otherwise: the wrapper is as it was). A standby waits in :meth:`LiveLink.await_assignment`
 until the launcher gives it a rank or the training ranks finish; a survivor asks
 :meth:`LiveLink.replacing` before it gives up on a peer that cannot re-enter; the
-newcomer's first completed step (or, after a shrink, the smaller world's rank 0's) is
-written by the watcher thread (:meth:`LiveLink.flush`), never by the training loop.
+newcomer's first completed step is written by the watcher thread
+(:meth:`LiveLink.flush`), never by the training loop.
 """
 
 from __future__ import annotations
@@ -53,13 +53,11 @@ class LiveLink:
         self.standby = standby
         self.pid = pid if pid is not None else os.getpid()
         self.store: Any = None
-        self._assignment: Assignment | None = None  # this process took a rank
+        self.assignment: Assignment | None = None  # this process took a rank
         self.newcomers: list[int] = []  # ranks that joined this round as newcomers
         self.declared = False
         self.current_round = 0  # the wrapper's round (set at each join)
         self.synced_round = -1
-        self.shrunk_round = -1  # the last round that went on with fewer ranks
-        self.resumed_to: list[str] = []  # where the next first completed step is written
         self._resumed: Resumed | None = None
         self._lock = threading.Lock()
 
@@ -71,18 +69,6 @@ class LiveLink:
             return None
         run = env.run_id or env.elastic_run_id or "local"
         return cls(LiveKeys(run, env.restart_count), standby=is_standby(environ))
-
-    @property
-    def assignment(self) -> Assignment | None:
-        """The rank this standby took (None: a training rank from the start, or still
-        waiting)."""
-        return self._assignment
-
-    @assignment.setter
-    def assignment(self, got: Assignment | None) -> None:
-        self._assignment = got
-        if got is not None:  # its first completed step is written for the launcher
-            self.resumed_to = [self.keys.resumed(self.pid)]
 
     @property
     def newcomer(self) -> bool:
@@ -124,32 +110,16 @@ class LiveLink:
         """The training ranks completed: the standbys leave."""
         store.set(self.keys.finished, "1")
 
-    @property
-    def resync(self) -> bool:
-        """Does this round start from one rank's state (a newcomer joined it, or the
-        ranks went on without a lost one: one may be a step behind)?"""
-        return bool(self.newcomers) or self.shrunk_round == self.current_round
-
-    def note_shrunk(self, lost_pids: list[int], *, rank: int) -> None:
-        """This round goes on without the processes ``lost_pids``; this process is now
-        rank ``rank`` (rank 0 writes the first completed step after it)."""
-        with self._lock:
-            self.shrunk_round = self.current_round
-            self.resumed_to = [self.keys.shrink_resumed(p) for p in lost_pids] if rank == 0 else []
-
     def note_resumed(self, step: int, steps_redone: int) -> None:
-        """The first step after a recovery completed (called from the optimizer's hook:
-        no I/O here, the watcher writes it)."""
+        """The newcomer completed its first step (called from the optimizer's hook: no
+        I/O here, the watcher writes it)."""
         with self._lock:
             if self._resumed is None:
                 self._resumed = Resumed(t=time.time(), step=step, steps_redone=steps_redone)
 
     def flush(self, store: Any) -> None:
-        """Write the first completed step after a recovery (the watcher thread)."""
+        """Write the newcomer's first completed step (the watcher thread)."""
         with self._lock:
             resumed, self._resumed = self._resumed, None
-            if resumed is None:
-                return
-            keys, self.resumed_to = self.resumed_to, []
-        for key in keys:
-            store.set(key, resumed.to_json())
+        if resumed is not None and self.newcomer:
+            store.set(self.keys.resumed(self.pid), resumed.to_json())

@@ -1,10 +1,9 @@
-"""The launcher's decision when worker processes end: replace them live, shrink, or restart.
+"""The launcher's decision when worker processes end: replace them live, or restart.
 
 Pure logic (no store, no processes): :func:`decide` takes what the agent saw (the
 workers that ended, the standbys waiting, whether the script declared its state) and
-returns who replaces whom, the ranks the job goes on without when no standby is left
-(``inprocess_restart.live_shrink``), or the one reason why live recovery cannot apply
-(the group restart of torch elastic then, as without standbys). :class:`Assignment` is the record
+returns who replaces whom, or the one reason why live recovery cannot apply (the group
+restart of torch elastic then, as without standbys). :class:`Assignment` is the record
 the launcher hands a standby through the store, checked on the way in.
 """
 
@@ -14,22 +13,10 @@ import json
 import signal
 from dataclasses import asdict, dataclass, field
 
-__all__ = [
-    "LIVE_CAUSE",
-    "LIVE_GROW_CAUSE",
-    "LIVE_SHRINK_CAUSE",
-    "Assignment",
-    "Ended",
-    "LiveDecision",
-    "Resumed",
-    "decide",
-    "ended_how",
-]
+__all__ = ["LIVE_CAUSE", "Assignment", "Ended", "LiveDecision", "Resumed", "decide", "ended_how"]
 
 MAX_RECORD_BYTES = 4096
 """A record longer than this is not one of ours."""
-MAX_WORLD = 1 << 20
-"""More training ranks than this in a record is not one of ours."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,9 +33,7 @@ class Ended:
 @dataclass(frozen=True, slots=True)
 class Assignment:
     """Standby ``standby_pid`` takes training rank ``rank`` (``local_rank`` on its node)
-    of ``lost_pid``, lost at ``fault_t`` (unix seconds) for ``cause``, in a world of
-    ``world`` ranks (None: the world it was started in). A standby that grows a shrunk
-    job back: ``lost_pid`` 0, ``rank`` the new last rank, ``world`` one more than now."""
+    of ``lost_pid``, lost at ``fault_t`` (unix seconds) for ``cause``."""
 
     rank: int
     local_rank: int
@@ -56,7 +41,6 @@ class Assignment:
     standby_pid: int
     cause: str
     fault_t: float
-    world: int | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -76,14 +60,11 @@ class Assignment:
                 standby_pid=int(data["standby_pid"]),
                 cause=str(data["cause"])[:200],
                 fault_t=float(data["fault_t"]),
-                world=None if data.get("world") is None else int(data["world"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"live assignment: {exc}") from None
         if out.rank < 0 or out.local_rank < 0:
             raise ValueError("live assignment: negative rank")
-        if out.world is not None and not out.rank < out.world <= MAX_WORLD:
-            raise ValueError(f"live assignment: rank {out.rank} in a world of {out.world}")
         return out
 
 
@@ -118,12 +99,10 @@ class Resumed:
 
 @dataclass(frozen=True, slots=True)
 class LiveDecision:
-    """``pairs``: (lost, standby) to replace; ``shrink``: the lost ranks the others go
-    on without (no standby left, the shrink allowed); ``restart``: why the group
-    restarts instead (None: live recovery applies to every loss)."""
+    """``pairs``: (lost, standby) to replace; ``restart``: why the group restarts
+    instead (None: live recovery applies to every loss)."""
 
     pairs: list[tuple[Ended, int]] = field(default_factory=list)  # (lost, standby local rank)
-    shrink: list[Ended] = field(default_factory=list)
     restart: str | None = None
 
 
@@ -143,16 +122,12 @@ def decide(
     *,
     declared: bool,
     stopping: str | None = None,
-    shrink_world: int | None = None,
 ) -> LiveDecision:
     """Who replaces whom among ``lost`` (training ranks whose process ended with a
     non-zero status), with the waiting ``standbys`` (their local ranks, in the order
     they are to be used). ``declared``: the script declared its state
     (:func:`~rankguard.live.state.live_state`). ``stopping``: the launcher is stopping
-    the job (a signal, preemption, an abort): no recovery, and why. ``shrink_world``:
-    the training ranks now when the job may go on with fewer (``live_shrink``; None:
-    it may not): with no standby waiting, the survivors go on without the lost ranks
-    (at least one must be left)."""
+    the job (a signal, preemption, an abort): no recovery, and why."""
     if not lost:
         return LiveDecision()
     names = ", ".join(f"rank {e.rank} ({ended_how(e.exit_code)})" for e in lost)
@@ -169,10 +144,6 @@ def decide(
             restart=f"{names} lost, but the script declares no live state "
             "(rankguard.inprocess.live_state): a standby could not get it"
         )
-    if not standbys and shrink_world is not None:
-        if shrink_world - len(lost) >= 1:
-            return LiveDecision(shrink=list(lost))
-        return LiveDecision(restart=f"{names} lost and no standby left: no rank would go on")
     if len(standbys) < len(lost):
         left = "no standby left" if not standbys else f"only {len(standbys)} standby(s) left"
         return LiveDecision(restart=f"{names} lost and {left} on this node")
@@ -182,9 +153,3 @@ def decide(
 LIVE_CAUSE = "rank_lost"
 """The in-process round's cause when a standby replaced a lost rank (the launcher writes
 that recovery's ``restarts.jsonl`` line, of kind ``live_recovery``)."""
-LIVE_GROW_CAUSE = "ranks_joined"
-"""The in-process round's cause when a standby joined a shrunk job as a new last rank
-(the job grows back; the launcher writes its ``restarts.jsonl`` line)."""
-LIVE_SHRINK_CAUSE = "rank_lost_shrink"
-"""The in-process round's cause when the survivors went on with fewer ranks (no standby
-left; the launcher writes that recovery's ``restarts.jsonl`` line, too)."""

@@ -14,11 +14,6 @@ the worker of local slot ``s`` on node ``g`` is
   rank's place, :func:`promoted_environ` gives it that rank's ``RANK`` and
   ``LOCAL_RANK``.
 
-When the job goes on with fewer ranks (no standby left, ``live_shrink``), each survivor's
-``RANK`` and ``WORLD_SIZE`` become those of the smaller world (:func:`resized_environ`);
-its ``LOCAL_RANK`` (its device) stays; a standby that grows the job back gets its rank
-in the larger world, and every survivor the larger ``WORLD_SIZE``.
-
 Pure functions of a mapping (read through :class:`~rankguard.rank.runenv.RunEnv`): no torch,
 no process state.
 """
@@ -36,7 +31,6 @@ __all__ = [
     "Role",
     "is_standby",
     "promoted_environ",
-    "resized_environ",
     "rewrite_environ",
     "role_of",
     "standby_ranks",
@@ -138,14 +132,3 @@ def promoted_environ(environ: MutableMapping[str, str], *, rank: int, local_rank
         environ[name] = str(rank)
     environ["LOCAL_RANK"] = str(local_rank)
     environ.pop(STANDBY_ENV, None)
-
-
-def resized_environ(environ: MutableMapping[str, str], *, rank: int, world_size: int) -> None:
-    """The job goes on with ``world_size`` ranks (fewer, or more again), this process
-    as rank ``rank``."""
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} outside a world of {world_size}")
-    for name in _RANK_NAMES:
-        environ[name] = str(rank)
-    for name in _WORLD_NAMES:
-        environ[name] = str(world_size)

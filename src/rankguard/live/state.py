@@ -2,9 +2,8 @@
 a standby can take a lost rank's place.
 
 Called at the start of the wrapped training function, once the model and the optimizer
-are built (every round). In a round that follows a live replacement (or a shrink to
-fewer ranks, where a survivor may be a step behind) it agrees on the step and brings
-every rank the replicated state of one survivor, the one that completed
+are built (every round). In a round that follows a live replacement it agrees on the
+step and brings every rank the replicated state of one survivor, the one that completed
 the most steps (the lowest rank among them): the model's ``state_dict`` tensors, the
 optimizer's state and torch's RNG state (CPU, and CUDA where there is CUDA), broadcast
 over the round's new process group. It returns the step every rank continues after; a
@@ -37,19 +36,19 @@ def live_state(*, model: Any, optimizer: Any = None, step: int) -> int:
     if link is None:
         return step
     link.declare()
-    if not link.resync or link.synced_round == link.current_round:
+    if not link.newcomers or link.synced_round == link.current_round:
         return step
     link.synced_round = link.current_round
     agreed, source, redone = _agree(-1 if link.newcomer else step)
     if source is None:  # no survivor holds the state (a world of newcomers): its own
-        if link.resumed_to and optimizer is not None:
+        if link.newcomer and optimizer is not None:
             _arm_resumed(link, optimizer, step, 0)
         return step
     _broadcast_model(model, source)
     if optimizer is not None:
         _broadcast_optimizer(optimizer, source)
     _broadcast_rng(source, _device_of(model))
-    if link.resumed_to and optimizer is not None:
+    if link.newcomer and optimizer is not None:
         _arm_resumed(link, optimizer, agreed, redone)
     return agreed
 

@@ -212,18 +212,17 @@ class RunEnv:
         value: T = self._cache[key]
         return value
 
-    def batch_plan(
-        self, global_batch: int, micro_batch: int, *, world_size: int | None = None
-    ) -> Any:
-        """This rank's share of a step at the current world size (``world_size``, else
-        this environment's), by the run's ``elastic.batch_rule``
-        (:mod:`rankguard.rank.elastic`; ``keep_global`` outside the launcher)."""
+    def batch_plan(self, global_batch: int, micro_batch: int) -> Any:
+        """This rank's share of a step at the current world size, by the run's
+        ``elastic.batch_rule`` (:mod:`rankguard.rank.elastic`; ``keep_global`` outside the
+        launcher)."""
         from rankguard.rank.elastic import batch_plan
 
-        world = world_size or self.world_size
         rule = str(self.raw_section("elastic").get("batch_rule") or "keep_global")
-        full = max(self.max_world_size or self.world_size, self.world_size, world)
-        return batch_plan(global_batch, micro_batch, world, rule=rule, full_world_size=full)
+        full = max(self.max_world_size or self.world_size, self.world_size)
+        return batch_plan(
+            global_batch, micro_batch, self.world_size, rule=rule, full_world_size=full
+        )
 
     def raw_section(self, name: str) -> dict[str, Any]:
         """One section of the config's JSON as it came, without building the config

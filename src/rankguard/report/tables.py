@@ -134,8 +134,8 @@ def findings_table(data: RunData) -> str:
 
 def restarts_table(data: RunData) -> str:
     """The restarts of the run: the launcher's (``process``), the ranks' own
-    (``in-process``) and the lost ranks a standby took over or the others went on
-    without (``live``, with the cost), from ``restarts.jsonl``."""
+    (``in-process``) and the lost ranks a standby took over (``live``, with the cost),
+    from ``restarts.jsonl``."""
     if not data.restarts:
         return ""
     rows = []
@@ -160,16 +160,11 @@ def restarts_table(data: RunData) -> str:
         )
     inproc = sum(r.kind == "inprocess" for r in data.restarts)
     live = sum(r.kind == "live_recovery" for r in data.restarts)
-    shrunk = sum(r.kind == "live_recovery" and "shrink" in r.extra for r in data.restarts)
-    grown = sum(r.kind == "live_recovery" and "grow" in r.extra for r in data.restarts)
-    taken = live - shrunk - grown
     n = len(data.restarts)
     caption = (
         f'<p class="caption">{n} restart{"" if n == 1 else "s"}, each with its cause: '
         f"{n - inproc - live} of the processes, {inproc} in-process"
-        + (f", {taken} lost rank(s) taken over by a standby" if taken else "")
-        + (f", {shrunk} lost rank(s) the others went on without" if shrunk else "")
-        + (f", {grown} standby(s) that joined to grow the job back" if grown else "")
+        + (f", {live} lost rank(s) taken over by a standby" if live else "")
         + ".</p>"
     )
     header = ["Time (UTC)", "Kind", "#", "Cause", "Rank", "Message"]

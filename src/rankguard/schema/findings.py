@@ -170,8 +170,6 @@ class Reason(str, Enum):
     INPROCESS_HANG = "rank_stuck_past_soft_timeout_and_every_rank_reentered_in_process"
     INPROCESS_OTHER = "collective_failed_and_every_rank_reentered_in_process"
     LIVE_REPLACED = "rank_lost_and_a_standby_took_its_place_in_process"
-    LIVE_SHRUNK = "rank_lost_no_standby_left_the_others_went_on_with_fewer_ranks"
-    LIVE_GREW = "a_standby_joined_and_the_ranks_grew_back_in_process"
     EXCLUDED_UNHEALTHY_GPU = "node_gpu_failed_its_check_before_the_round"
     EXCLUDED_RESTARTS = "node_ranks_caused_too_many_restarts_in_the_window"
     EXCLUDED_RERUN = "node_gpu_found_faulty_by_the_rerun_state_machine"

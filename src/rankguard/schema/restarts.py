@@ -26,7 +26,6 @@ __all__ = [
     "DECISION_KEYS",
     "LiveBlock",
     "LiveReplacement",
-    "LiveShrink",
     "LostRank",
     "RestartCause",
     "RestartEntry",
@@ -183,17 +182,14 @@ class RestartsBlock:
 class LostRank:
     """A rank whose process ended and a standby takes its place (live recovery): the
     rank, its pid, the standby's pid, this node's number, the finding's reason
-    (``Reason``'s value) and how the process ended (``SIGKILL``, ``exit 1``). No
-    standby left and the others went on with fewer ranks: ``standby_pid`` None and
-    ``ranks_after`` how many."""
+    (``Reason``'s value) and how the process ended (``SIGKILL``, ``exit 1``)."""
 
     rank: int
     pid: int
-    standby_pid: int | None
+    standby_pid: int
     node: int
     reason: str
     exit: str
-    ranks_after: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,44 +233,6 @@ class LiveReplacement:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class LiveShrink:
-    """A rank lost with no standby left, the others going on in process without it:
-    the lost rank and pid, the cause, when the fault was seen, the ranks before and
-    after."""
-
-    lost_rank: int | None = None
-    lost_pid: int | None = None
-    cause: str | None = None
-    fault_t: float | None = None
-    ranks_before: int | None = None
-    ranks_after: int | None = None
-
-    @classmethod
-    def from_dict(cls, raw: Any) -> LiveShrink | None:
-        d = as_dict(raw)
-        if d is None:
-            return None
-        return cls(
-            lost_rank=as_int(d.get("lost_rank")),
-            lost_pid=as_int(d.get("lost_pid")),
-            cause=as_str(d.get("cause")),
-            fault_t=as_number(d.get("fault_t")),
-            ranks_before=as_int(d.get("ranks_before")),
-            ranks_after=as_int(d.get("ranks_after")),
-        )
-
-    def to_dict(self) -> JsonObject:
-        return {
-            "lost_rank": self.lost_rank,
-            "lost_pid": self.lost_pid,
-            "cause": self.cause,
-            "fault_t": self.fault_t,
-            "ranks_before": self.ranks_before,
-            "ranks_after": self.ranks_after,
-        }
-
-
 @status_block
 @dataclass(frozen=True, slots=True)
 class LiveBlock:
@@ -289,8 +247,6 @@ class LiveBlock:
     used: int = 0
     started: int = 0  # standbys started to refill used ones
     replaced: tuple[LiveReplacement, ...] = ()
-    ranks: int | None = None  # training ranks of this node now (fewer after a shrink)
-    shrunk: tuple[LiveShrink, ...] = ()  # ranks lost with no standby left
 
     @classmethod
     def from_dict(cls, raw: Any) -> LiveBlock | None:
@@ -305,10 +261,6 @@ class LiveBlock:
             used=as_int(d.get("used")) or 0,
             started=as_int(d.get("started")) or 0,
             replaced=tuple(r for r in replaced if r is not None),
-            ranks=as_int(d.get("ranks")),
-            shrunk=tuple(
-                x for x in (LiveShrink.from_dict(r) for r in as_list(d.get("shrunk"))) if x
-            ),
         )
 
     def to_dict(self) -> JsonObject:
@@ -319,6 +271,4 @@ class LiveBlock:
             "used": self.used,
             "started": self.started,
             "replaced": [r.to_dict() for r in self.replaced],
-            "ranks": self.ranks,
-            "shrunk": [r.to_dict() for r in self.shrunk],
         }

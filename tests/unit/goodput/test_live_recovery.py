@@ -80,23 +80,6 @@ def test_a_peer_replaced_while_rank_0_went_on(tmp_path: Path) -> None:
     assert cut.to_dict()["kind"] == "live_recovery"
 
 
-def test_a_shrink_with_no_standby_left_is_a_live_recovery_too(tmp_path: Path) -> None:
-    d = run_dir(tmp_path)
-    rank = Rank0(d, pid=101, start=T0)
-    rank.step(T0 + 5.0)
-    train(rank, T0 + 5.0, 19, 0.5, {})
-    rank.idle_to(T0 + 18.2)
-    end = _resume(rank)
-    rank.write()
-    shrink = {"ranks_before": 4, "ranks_after": 3, "renumbered": {}}
-    append(d / "restarts.jsonl", _line(standby_pid=None, shrink=shrink))
-    ledger = read_ledger(d)
-    assert ledger is not None and ledger.attempts == 1
-    check(ledger.parts, WANT, end - T0)
-    (cut,) = ledger.interruptions
-    assert (cut.kind, cut.iteration, cut.resumed_from) == ("live_recovery", 20, 15)
-
-
 def test_rank_0_replaced_by_its_standby_is_one_attempt(tmp_path: Path) -> None:
     d = run_dir(tmp_path)
     lost = Rank0(d, pid=101, start=T0)

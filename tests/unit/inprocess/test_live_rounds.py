@@ -9,7 +9,6 @@ import os
 import threading
 import time
 from datetime import timedelta
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -149,51 +148,3 @@ def test_without_a_replacement_a_lost_peer_is_given_up(
     _dead_peer(store, call, 1)
     with pytest.raises(InProcessRestartError, match="store heartbeat stopped"):
         call._join(1)
-
-
-def test_a_standby_growing_a_shrunk_job_back_keeps_the_numbers_of_its_device_slot(
-    store: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """4 ranks shrunk to 3 (rank 1 lost): the standby joins as rank 3 of 4 on rank 1's
-    device; rankguard's records (its session) name it by that slot's first number, 1
-    (the process that started as rank 3 still writes its own as 3); the script sees 3."""
-    import rankguard.inprocess.wrapper as wrapper
-
-    monkeypatch.setenv(STANDBY_RANKS_ENV, "1")
-    monkeypatch.setenv(STANDBY_ENV, "1")
-    monkeypatch.setenv("RANK", "4")
-    monkeypatch.setenv("WORLD_SIZE", "4")
-    monkeypatch.setenv("LOCAL_RANK", "4")
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    seen: list[tuple[str, str]] = []
-    session = SimpleNamespace(
-        enabled=False, promote=lambda: seen.append((os.environ["RANK"], os.environ["WORLD_SIZE"]))
-    )
-    monkeypatch.setattr(wrapper, "current_session", lambda: session)
-    call = _call(store, 4, 4)
-    live = call.live
-    assert live is not None
-    live.store = call._store
-    store.set(call.prefix + "round", "2")
-    store.set(call._key(2, "world"), "3")  # the survivors run round 2 with 3 ranks
-    store.set(call._key(2, "ready"), "1")
-    got = Assignment(
-        rank=3,
-        local_rank=1,
-        lost_pid=0,
-        standby_pid=live.pid,
-        cause="ranks_joined",
-        fault_t=0.0,
-        world=4,
-    )
-    store.set(live.keys.assign(live.pid), got.to_json())
-    assert call._take_rank(live)
-    assert seen == [("1", "4")]
-    assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"]) == (
-        "3",
-        "4",
-        "1",
-    )
-    assert (call.rank, call.world, call.round) == (3, 4, 3)
-    assert store.get(call._key(2, "failed")) == b"3"  # their round ends at its boundary
-    assert store.get(call._key(3, "world")) == b"4" and store.check([call._key(3, "grown")])

@@ -12,7 +12,7 @@ from typing import Any
 from torch.distributed.elastic.agent.server.api import WorkerState
 
 from rankguard.launcher.live import LiveRecovery
-from rankguard.live.keys import REPLACING, SHRUNK, LiveKeys
+from rankguard.live.keys import REPLACING, LiveKeys
 from rankguard.live.plan import Resumed
 from rankguard.schema.restarts import LostRank
 from tests.factories import DictStore
@@ -64,7 +64,7 @@ class FakeStarts:
 
 
 def _live(
-    tmp: Path, *, refills: int | None = 0, starts: FakeStarts | None = None, shrink: bool = False
+    tmp: Path, *, refills: int | None = 0, starts: FakeStarts | None = None
 ) -> tuple[LiveRecovery, FakeContext, DictStore, list[str], Any]:
     store = DictStore()
     lines: list[str] = []
@@ -78,7 +78,6 @@ def _live(
         store_factory=lambda host, port: store,
         start=starts or FakeStarts(),
         refills=refills,
-        shrink=shrink,
     )
     group = SimpleNamespace(
         group_rank=0,
@@ -141,99 +140,6 @@ def test_a_second_loss_with_no_standby_left_restarts_the_group(tmp_path: Path) -
     )
     (entry,) = live.entries_due(final=True)  # written without resumed_t
     assert entry.to_dict()["resumed_t"] is None
-
-
-def test_no_standby_left_with_live_shrink_the_others_go_on_renumbered(tmp_path: Path) -> None:
-    live, ctx, store, lines, (group, lost) = _live(tmp_path, shrink=True)
-    keys = LiveKeys("r1", 0)
-    store.set(keys.declared, "1")
-    ctx.end(4, 0)  # the standby left early
-    ctx.end(1, -9)
-    assert live.poll(group, ctx).state == WorkerState.HEALTHY
-    assert store.get(keys.shrunk(101)) == SHRUNK
-    assert lines[-1] == (
-        "live recovery: rank 1 lost, no standby left: going on with 3 ranks (data "
-        "parallel); no group restart"
-    )
-    assert [(x.rank, x.pid, x.standby_pid, x.ranks_after) for x in lost] == [(1, 101, None, 3)]
-    assert live.order == [0, 2, 3] and 1 not in live.holders
-    status = live.status()
-    assert status.ranks == 3 and status.used == 0
-    assert [(x.lost_rank, x.ranks_before, x.ranks_after) for x in status.shrunk] == [(1, 4, 3)]
-    # the first step after it, written by the smaller world's rank 0, is its cost
-    fault_t = live.shrunk[0]["fault_t"]
-    store.set(keys.shrink_resumed(101), Resumed(t=fault_t + 0.25, step=6, steps_redone=0).to_json())
-    (entry,) = live.entries_due()
-    line = entry.to_dict()
-    assert line["shrink"] == {"ranks_before": 4, "ranks_after": 3, "renumbered": {"2": 1, "3": 2}}
-    assert (line["standby_pid"], line["recovery_s"], line["resumed_step"]) == (None, 0.25, 6)
-    # the process started as rank 3 is rank 2 now: its loss is said with that number
-    ctx.end(3, -9)
-    assert live.poll(group, ctx).state == WorkerState.HEALTHY
-    assert lines[-1].startswith("live recovery: rank 2 lost, no standby left: going on with 2")
-    assert live.shrunk[1]["shrink"]["renumbered"] == {}
-    ctx.end(0, 0)
-    ctx.end(2, 0)
-    assert live.poll(group, ctx).state == WorkerState.SUCCEEDED
-
-
-def test_a_shrink_after_a_replacement_names_the_lost_rank_by_its_device_slot(
-    tmp_path: Path,
-) -> None:
-    live, ctx, store, lines, (group, lost) = _live(tmp_path, shrink=True)
-    store.set(LiveKeys("r1", 0).declared, "1")
-    ctx.end(2, -9)  # the standby (slot 4) takes rank 2
-    live.poll(group, ctx)
-    ctx.end(4, -9)  # and is lost with no standby left: the others go on
-    assert live.poll(group, ctx).state == WorkerState.HEALTHY
-    assert lines[-1].startswith("live recovery: rank 2 lost, no standby left: going on with 3")
-    # the monitor knows the process on rank 2's device as rank 2, not as slot 4
-    assert [(x.rank, x.pid, x.standby_pid) for x in lost] == [(2, 102, 104), (2, 104, None)]
-
-
-def test_a_standby_started_after_a_shrink_grows_the_job_back(tmp_path: Path) -> None:
-    starts = FakeStarts()
-    live, ctx, store, lines, (group, _lost) = _live(tmp_path, refills=1, starts=starts, shrink=True)
-    keys = LiveKeys("r1", 0)
-    store.set(keys.declared, "1")
-    ctx.end(4, 1)  # the standby ended early
-    ctx.end(1, -9)
-    assert live.poll(group, ctx).state == WorkerState.HEALTHY
-    # the lost slot gets a new standby, which joins at once as the new last rank, on the
-    # lost rank's device
-    assert ctx.subprocess_handlers[1].proc.pid == 200
-    got = json.loads(store.get(keys.assign(200)))
-    assert (got["rank"], got["local_rank"], got["world"], got["cause"]) == (3, 1, 4, "ranks_joined")
-    assert store.get(keys.lost(3)) == REPLACING and store.get(keys.lost(1)) == SHRUNK
-    assert live.order == [0, 2, 3, 1] and live.holders[1] == 1
-    assert lines[-1] == (
-        "live recovery: standby pid 200 joins as rank 3: the job grows back to 4 ranks at "
-        "its next step boundary"
-    )
-    assert (live.status().ranks, live.status().used) == (4, 1)
-    # a loss while it joins: its numbers would not hold: the group restart, said
-    ctx.end(0, -9)
-    failed = live.poll(group, ctx)
-    assert failed.state == WorkerState.FAILED
-    assert "lost while standby pid 200 joins to grow the job back" in lines[-1]
-
-
-def test_the_grown_standbys_first_step_ends_its_joining(tmp_path: Path) -> None:
-    live, ctx, store, _lines, (group, _lost) = _live(
-        tmp_path, refills=1, starts=FakeStarts(), shrink=True
-    )
-    keys = LiveKeys("r1", 0)
-    store.set(keys.declared, "1")
-    ctx.end(4, 1)
-    ctx.end(1, -9)
-    live.poll(group, ctx)
-    store.set(keys.shrink_resumed(101), Resumed(t=time.time(), step=6, steps_redone=0).to_json())
-    store.set(keys.resumed(200), Resumed(t=time.time() + 1, step=9, steps_redone=0).to_json())
-    grow = next(e.to_dict() for e in live.entries_due() if e.cause == "ranks_joined")
-    assert grow["grow"] == {"ranks_before": 3, "ranks_after": 4} and grow["resumed_step"] == 9
-    ctx.end(2, -9)  # joined: a loss is live again (no standby: a shrink)
-    assert live.poll(group, ctx).state == WorkerState.HEALTHY
-    assert live.order == [0, 3, 1]
 
 
 def test_a_used_standby_is_refilled_and_a_second_loss_is_live_too(tmp_path: Path) -> None:

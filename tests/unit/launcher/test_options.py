@@ -155,7 +155,6 @@ def test_cli_surface_is_frozen() -> None:
             "--set",
             "--preload",
             "--standby-ranks",
-            "--live-shrink",
             "--live",
             "--rank-prefix",
             "--run-id",
@@ -403,15 +402,6 @@ def test_standby_ranks_flag_is_the_config_key() -> None:
         parse_run_args(["--standby-ranks", "-1", "t.py"])
 
 
-def test_live_shrink_flag_is_the_config_key() -> None:
-    _opts, overrides = parse_run_args(["--standby-ranks", "1", "--live-shrink", "t.py"])
-    assert overrides[-1] == "inprocess_restart.live_shrink=true"
-    _opts, overrides = parse_run_args(["--standby-ranks", "1", "t.py"])
-    assert not any("live_shrink" in o for o in overrides)
-    with pytest.raises(ConfigError, match="live_shrink: needs standby_ranks >= 1"):
-        load_config(None, ["inprocess_restart.live_shrink=true"])
-
-
 @pytest.mark.parametrize(
     ("argv", "config", "says"),
     [
@@ -425,11 +415,6 @@ def test_live_shrink_flag_is_the_config_key() -> None:
             ["--standby-ranks", "1", "--no-python"],
             ["inprocess_restart.enabled=true"],
             "not with --no-python",
-        ),
-        (
-            ["--standby-ranks", "1", "--live-shrink", "--nnodes", "1:2"],
-            ["inprocess_restart.enabled=true"],
-            "live_shrink: one node only",
         ),
     ],
 )

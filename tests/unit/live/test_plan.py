@@ -28,21 +28,6 @@ def test_no_standby_left_is_a_group_restart_said_once() -> None:
     assert decision.restart == "rank 2 (SIGKILL) lost and no standby left on this node"
 
 
-def test_no_standby_left_with_live_shrink_the_others_go_on() -> None:
-    decision = decide([_lost(2)], [], declared=True, shrink_world=4)
-    assert decision.restart is None and decision.pairs == []
-    assert [e.rank for e in decision.shrink] == [2]
-    # a standby still waiting is used first; losses past the standbys: the group restart
-    assert decide([_lost(2)], [4], declared=True, shrink_world=4).shrink == []
-    partial = decide([_lost(1), _lost(2)], [4], declared=True, shrink_world=4)
-    assert partial.shrink == [] and partial.restart is not None
-    # no rank would be left, no declared state, a Python error: the group restart
-    last = decide([_lost(0)], [], declared=True, shrink_world=1)
-    assert last.restart == "rank 0 (SIGKILL) lost and no standby left: no rank would go on"
-    assert decide([_lost(2)], [], declared=False, shrink_world=4).restart is not None
-    assert decide([_lost(2, 1, True)], [], declared=True, shrink_world=4).restart is not None
-
-
 def test_more_losses_than_standbys() -> None:
     decision = decide([_lost(1), _lost(2, code=124)], [4], declared=True)
     assert decision.restart is not None and "only 1 standby(s) left" in decision.restart
