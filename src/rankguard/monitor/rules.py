@@ -454,12 +454,7 @@ class HeartbeatRules:
         if t is not None and t.record is not None:
             # this monitor saw the rank (its node 0 stayed): its process is the lost one;
             # its own timeout, still to come, names nothing more
-            t.liveness, t.progress = Liveness.STALE, Progress.UNKNOWN
-            t.stall, t.blocked_by, t.late = None, [], False
-            t.named_silent = t.record
-            t.active.add(FindingType.PROCESS_TIMEOUT)
-            t.fired.add(FindingType.PROCESS_TIMEOUT)
-            self._due.again(rank)
+            self._name_silent(t)
         self._named.append(found)
 
     def _echo_of_lost(self, s: RankState, rec: HeartbeatRecord) -> bool:
@@ -750,21 +745,26 @@ class HeartbeatRules:
             "collective with it broke (its peer went away): its process or its node was "
             f"lost [phase {t.record.phase}, iteration {t.record.iteration}]"
         )
-        t.liveness, t.progress = Liveness.STALE, Progress.UNKNOWN
-        t.stall, t.blocked_by, t.late = None, [], False
-        t.named_silent = t.record
-        t.active.add(FindingType.PROCESS_TIMEOUT)
-        t.fired.add(FindingType.PROCESS_TIMEOUT)
+        self._name_silent(t)
         found = self.finding(
             t, FindingType.PROCESS_TIMEOUT, Reason.UNRESPONSIVE, timeout, quiet, message=message
         )
         found.detail[NAMED_AT] = RUN_END if restart is None else restart
         out.append(found)
-        self._due.again(t.rank)
         s.held_until = None
         s.active.add(FindingType.PROCESS_EXITED)
         s.record = rec.with_exit(after_failure_of_rank=t.rank)
         return True
+
+    def _name_silent(self, t: RankState) -> None:
+        """Rank ``t``'s process is named lost before its heartbeat timeout ran out: stale
+        from now on, its own timeout (still to come) naming nothing more."""
+        t.liveness, t.progress = Liveness.STALE, Progress.UNKNOWN
+        t.stall, t.blocked_by, t.late = None, [], False
+        t.named_silent = t.record
+        t.active.add(FindingType.PROCESS_TIMEOUT)
+        t.fired.add(FindingType.PROCESS_TIMEOUT)
+        self._due.again(t.rank)
 
     def _silent_peer(self, now: float) -> tuple[float, int] | None:
         """The rank whose heartbeats went silent first (late, or past its process
