@@ -15,7 +15,8 @@ at every worker process of the node once (``Popen.poll``):
   FAILED with that failure: torch elastic's group restart of today.
 - a standby ended before it was needed: one line, one standby fewer; not a failure.
 - every training rank ended with 0: SUCCEEDED once the standbys have left (they leave
-  when the ranks write ``finished``; ended after ``STANDBY_LEAVE_S`` otherwise).
+  when the ranks write ``finished``; one still starting, not yet at its wait, is ended
+  at once; one at its wait after ``STANDBY_LEAVE_S`` if it did not leave).
 
 Each recovery is one ``restarts.jsonl`` line of kind ``live_recovery``
 (:meth:`LiveRecovery.entries_due`), written once the newcomer completed its first step
@@ -346,8 +347,10 @@ class LiveRecovery:
     def _finishing(self, handlers: dict[int, Any], worker_group: Any) -> RunResult:
         """Every training rank completed: SUCCEEDED once the standbys are gone."""
         now = time.monotonic()
-        self._done_at = self._done_at or now
         left = [s for s in handlers if s not in self.ended and handlers[s].proc.poll() is None]
+        if self._done_at is None:
+            self._done_at = now
+            self._end_starting(handlers, left)
         if left and now - self._done_at < STANDBY_LEAVE_S:
             return RunResult(state=WorkerState.HEALTHY)
         for slot in left:
@@ -359,6 +362,26 @@ class LiveRecovery:
         # every worker's, standbys included, by torch elastic's own number (its events)
         values: dict[int, Any] = {w.global_rank: None for w in worker_group.workers}
         return RunResult(state=WorkerState.SUCCEEDED, return_values=values)
+
+    def _end_starting(self, handlers: dict[int, Any], left: list[int]) -> None:
+        """The standbys not yet at their wait (a refill still importing torch) are ended
+        now: they hold nothing, and would read ``finished`` only once started (seconds).
+        Where the store does not answer, each gets ``STANDBY_LEAVE_S`` to leave."""
+        try:
+            store = self._client()
+            starting = [
+                s for s in left if not store.check([self.keys.waiting(handlers[s].proc.pid)])
+            ]
+        except Exception:
+            return
+        for slot in starting:
+            logger.info(
+                "rankguard: standby pid %d ended: the training ranks completed while it "
+                "was still starting",
+                handlers[slot].proc.pid,
+            )
+            with contextlib.suppress(OSError):
+                handlers[slot].proc.send_signal(signal.SIGTERM)
 
     # ---- the recoveries' lines ---------------------------------------------------------
 

@@ -10,6 +10,8 @@ starts with fresh keys.
   :class:`~rankguard.live.plan.Assignment`);
 - ``lost/<rank>``: ``replacing``: a standby is on its way, the survivors wait for it at
   the next round;
+- ``waiting/<pid>``: the standby with that pid is at its wait (its start-up and the
+  script's set-up done);
 - ``finished``: the training ranks completed: the standbys leave;
 - ``resumed/<pid>``: the newcomer's first completed step after it took its rank (JSON).
 """
@@ -48,3 +50,6 @@ class LiveKeys:
 
     def resumed(self, pid: int) -> str:
         return f"{self.prefix}resumed/{pid}"
+
+    def waiting(self, pid: int) -> str:
+        return f"{self.prefix}waiting/{pid}"

@@ -79,6 +79,9 @@ class LiveLink:
     def await_assignment(self, store: Any, stopped: Callable[[], bool]) -> Assignment | None:
         """Wait for a rank (the assignment) or the end of training (None)."""
         mine, done = self.keys.assign(self.pid), self.keys.finished
+        # at the wait: the launcher lets it leave by itself at the end (a standby still
+        # starting is ended at once then: it holds nothing yet)
+        store.set(self.keys.waiting(self.pid), "1")
         while not stopped():
             try:
                 store.wait([mine], timedelta(seconds=_WAIT_S))

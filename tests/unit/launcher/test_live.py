@@ -221,11 +221,17 @@ def test_a_standby_ending_early_is_said_not_a_failure(tmp_path: Path) -> None:
     ]
 
 
+def _at_its_wait(store: DictStore, pid: int) -> None:
+    store.set(LiveKeys("r1", 0).waiting(pid), "1")  # as LiveLink.await_assignment does
+
+
 def test_success_once_the_ranks_completed_and_the_standbys_left(tmp_path: Path) -> None:
-    live, ctx, _store, lines, (group, _lost) = _live(tmp_path)
+    live, ctx, store, lines, (group, _lost) = _live(tmp_path)
+    _at_its_wait(store, 104)
     for slot in range(NPROC):
         ctx.end(slot, 0)
     assert live.poll(group, ctx).state == WorkerState.HEALTHY  # the standby still leaving
+    assert ctx.subprocess_handlers[4].proc.signals == []  # at its wait: it leaves by itself
     ctx.end(4, 0)
     result = live.poll(group, ctx)
     assert result.state == WorkerState.SUCCEEDED
@@ -233,10 +239,22 @@ def test_success_once_the_ranks_completed_and_the_standbys_left(tmp_path: Path) 
     assert lines == []  # a healthy run: no standby activity
 
 
+def test_a_standby_still_starting_is_ended_when_the_ranks_complete(tmp_path: Path) -> None:
+    """A refill started late (importing torch) reads ``finished`` only once it is at its
+    wait: it is ended at once, not waited for ``STANDBY_LEAVE_S``."""
+    live, ctx, _store, _lines, (group, _lost) = _live(tmp_path)
+    for slot in range(NPROC):
+        ctx.end(slot, 0)
+    assert live.poll(group, ctx).state == WorkerState.HEALTHY
+    assert ctx.subprocess_handlers[4].proc.signals == [15]  # SIGTERM: it holds nothing
+    assert live.poll(group, ctx).state == WorkerState.SUCCEEDED  # gone: no 10 s wait
+
+
 def test_a_standby_that_does_not_leave_is_ended(tmp_path: Path, monkeypatch: Any) -> None:
     import rankguard.launcher.live as mod
 
-    live, ctx, _store, _lines, (group, _lost) = _live(tmp_path)
+    live, ctx, store, _lines, (group, _lost) = _live(tmp_path)
+    _at_its_wait(store, 104)
     monkeypatch.setattr(mod, "STANDBY_LEAVE_S", 0.0)
     for slot in range(NPROC):
         ctx.end(slot, 0)
