@@ -22,6 +22,10 @@ collective's number; the job's one collective per step makes it the step):
   compute hang, no collective named;
 - latency: the first hang finding's detection time minus the injection's.
 
+``--kinds stall_sigstop`` (not by default): the communication stall made the other way,
+a rank stopped (SIGSTOP) once inside the all-reduce, its peers joining after it; scored
+as a communication stall, its rank right when the stopped rank is named alone.
+
 ``--smoke``: one case (a rank that did not join, 2 ranks, one agent), short timeouts;
 its figures are not results.
 """
@@ -47,6 +51,10 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "hang_classes_job.py"
 KINDS = ("did_not_join", "mismatch", "communication_stall", "compute_hang")
+#: ``--kinds stall_sigstop``: a communication stall made by stopping a rank (SIGSTOP) once
+#: it is inside the all-reduce, its peers joining after; scored as a communication stall
+STALL_SIGSTOP = "stall_sigstop"
+EXPECTED = {STALL_SIGSTOP: "communication_stall"}
 FAST = [
     "heartbeat.enabled=true",
     "heartbeat.publish_interval_s=0.5",
@@ -129,6 +137,20 @@ def _stop(procs: list[subprocess.Popen[str]]) -> None:
             proc.communicate()
 
 
+def _leftovers(run_id: str) -> list[int]:
+    """Processes of this launch still there after its launchers exited (their command
+    line names the run): each is killed (a stopped rank included) and counted."""
+    left = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            if run_id.encode() in (proc / "cmdline").read_bytes():
+                left.append(int(proc.name))
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return left
+
+
 def run_case(base: Path, case: Case, k: int, smoke: bool = False) -> dict[str, Any]:
     """One launch; stopped :data:`SETTLE_S` (``--smoke``: :data:`SMOKE_SETTLE_S`) after
     the first hang finding."""
@@ -162,10 +184,11 @@ def run_case(base: Path, case: Case, k: int, smoke: bool = False) -> dict[str, A
             time.sleep(0.25)
     finally:
         _stop(procs)
+    left = _leftovers(run_id)
     run_dir = run_dir or _node0(logs, run_id)
     found = _findings(run_dir / "findings.jsonl") if run_dir is not None else []
     injected = json.loads(mark.read_text(encoding="utf-8")) if mark.exists() else None
-    return score(case, NPROC * case.nodes, found, injected)
+    return score(case, NPROC * case.nodes, found, injected) | {"leftover_processes": len(left)}
 
 
 def _expected_rank(case: Case, world: int, found: list[dict[str, Any]]) -> bool:
@@ -178,6 +201,8 @@ def _expected_rank(case: Case, world: int, found: list[dict[str, Any]]) -> bool:
         sides = sorted(sorted(r) for r in (hang.get("sides") or {}).values())
         others = [r for r in everyone if r != case.rank]
         return sides == sorted([[case.rank], others])
+    if case.kind == STALL_SIGSTOP:  # the stopped rank, the culprit, named alone
+        return named == [case.rank]
     if case.kind == "communication_stall":
         return hang.get("waiting_ranks") == everyone
     return named == everyone
@@ -209,7 +234,8 @@ def score(
     if not found or injected is None:
         return out | {"class": False, "rank_ok": False, "collective": False, "latency_s": None}
     first = hangs[0] if isinstance(hangs[0], dict) else {}
-    out["class"] = all(isinstance(h, dict) and h.get("kind") == case.kind for h in hangs)
+    want = EXPECTED.get(case.kind, case.kind)
+    out["class"] = all(isinstance(h, dict) and h.get("kind") == want for h in hangs)
     out["rank_ok"] = _expected_rank(case, world, found)
     out["collective"] = _expected_collective(case, first)
     out["latency_s"] = round(int(found[0]["detected_at_unix_ns"]) / 1e9 - injected["at_unix"], 2)
@@ -253,21 +279,31 @@ def table(results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _raise_interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", type=int, default=2, help="runs per kind and agent count")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--nodes", default="1,2", help="agent counts (1 and/or 2)")
-    p.add_argument("--kinds", default=",".join(KINDS))
+    p.add_argument(
+        "--kinds",
+        default=",".join(KINDS),
+        help=f"kinds to inject, comma-separated; also {STALL_SIGSTOP} (not by default)",
+    )
     p.add_argument("--smoke", action="store_true", help="one case, 2 ranks, one agent")
     args = p.parse_args()
     kinds = args.kinds.split(",")
-    if bad := [k for k in kinds if k not in KINDS]:
-        p.error(f"--kinds: unknown {bad} (one of {', '.join(KINDS)})")
+    if bad := [k for k in kinds if k not in (*KINDS, STALL_SIGSTOP)]:
+        p.error(f"--kinds: unknown {bad} (of {', '.join(KINDS)}, {STALL_SIGSTOP})")
     nodes = [int(n) for n in args.nodes.split(",")]
     if args.runs < 1 or any(n not in (1, 2) for n in nodes):
         p.error("--runs must be >= 1 and --nodes 1 and/or 2")
     rng = random.Random(args.seed)
+    # SIGTERM (a background run's stop) raises here: each launch is stopped in its finally
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     cases = [Case("did_not_join", 1, 1, 3)] if args.smoke else _cases(kinds, nodes, args.runs, rng)
     results = []
     with tempfile.TemporaryDirectory(prefix="rg-hangs-") as tmp:

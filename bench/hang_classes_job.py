@@ -15,6 +15,10 @@ loop hangs as ``--kind`` says, at ``--rank``:
     link (on loopback gloo no link can be cut while the ranks run on).
 ``compute_hang``
     every rank sleeps in its own work before the step's all-reduce.
+``stall_sigstop``
+    the communication stall the other way: that rank enters the step's all-reduce, and
+    1.5 s later (its peers still 3 s away from it) stops its own process (SIGSTOP): every
+    rank joined, none completes, and the stopped rank publishes nothing more.
 
 The injecting rank (rank 0 for the kinds of every rank) writes ``--mark`` (JSON, written
 whole then renamed): the wall time of the injection and the collective's number.
@@ -25,12 +29,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import threading
 import time
 
 import torch
 import torch.distributed as dist
 
-KINDS = ("did_not_join", "mismatch", "communication_stall", "compute_hang")
+KINDS = ("did_not_join", "mismatch", "communication_stall", "compute_hang", "stall_sigstop")
 
 
 def _mark(path: str, kind: str, rank: int, step: int) -> None:
@@ -39,6 +45,11 @@ def _mark(path: str, kind: str, rank: int, step: int) -> None:
         json.dump({"kind": kind, "rank": rank, "seq": step, "at_unix": time.time()}, fh)
     os.replace(tmp, path)
     print(f"[hang_classes rank {rank}] injects {kind} at collective #{step}", flush=True)
+
+
+def _stop_self(path: str, rank: int, step: int) -> None:
+    _mark(path, "stall_sigstop", rank, step)
+    os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def main() -> None:
@@ -63,7 +74,12 @@ def main() -> None:
         loss.backward()
         grads = torch.cat([q.grad.flatten() for q in model.parameters() if q.grad is not None])
         hang = step == args.at_step
-        if hang and injector:
+        if hang and args.kind == "stall_sigstop":
+            if injector:  # stopped inside the all-reduce, before its peers join it
+                threading.Timer(1.5, _stop_self, (args.mark, rank, step)).start()
+            else:
+                time.sleep(3.0)
+        elif hang and injector:
             _mark(args.mark, args.kind, args.rank if not every else -1, step)
         if hang and (args.kind == "compute_hang" or (injector and args.kind == "did_not_join")):
             time.sleep(600)  # in its own work, outside any collective
