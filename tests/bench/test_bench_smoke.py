@@ -31,6 +31,7 @@ JOBS = {
     "goodput_job.py": "goodput.py",
     "live_recovery_job.py": "live_recovery.py",
     "attribution_job.py": "attribution.py",
+    "hang_classes_job.py": "hang_classes.py",
 }
 JOB_EVIDENCE = {
     "fault_matrix_collective.py": "collective_hang",  # its case's row in the table
@@ -39,6 +40,7 @@ JOB_EVIDENCE = {
     "goodput_job.py": "faults fired: exception",
     "live_recovery_job.py": "uninterrupted run (torchrun): exit 0",
     "attribution_job.py": "attribution: culprit alone in",
+    "hang_classes_job.py": "did not join all_reduce #3",  # the finding's line
 }
 # Benches that write simulated ranks' records themselves (no real rank, no fault injected).
 SIMULATES_RANKS = {"scale.py", "monitor_scan.py"}
