@@ -38,11 +38,11 @@ printed beside it.
 
 Run: ``python bench/goodput.py [--minutes 10] [--period 60] [--seed 0] [--modes ...]``
 (``--minutes`` per mode plus the start-ups); ``--smoke``: one exception on rankguard's
-job (``--modes`` for others), the job ending at the first check after it (each job is
-given 90 s). The exit code is 1 when one of rankguard's jobs did not end on time with
-every fault fired; torchrun's job ending otherwise (a restart that hangs in its
-start-up until the bench's time limit) is a figure of the table, said in its ``faults``
-column.
+``preload`` job (the restarted ranks forked, not interpreters importing torch; ``--modes``
+for others), the job ending at the first check after it (each job is given 90 s). The
+exit code is 1 when one of rankguard's jobs did not end on time with every fault fired;
+torchrun's job ending otherwise (a restart that hangs in its start-up until the bench's
+time limit) is a figure of the table, said in its ``faults`` column.
 """
 
 from __future__ import annotations
@@ -374,12 +374,12 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         choices=MODES,
         default=None,
-        help="jobs, one after the other in this order (default: all; --smoke: rankguard)",
+        help="jobs, one after the other in this order (default: all; --smoke: preload)",
     )
     p.add_argument("--smoke", action="store_true", help="one exception, a short job")
     args = p.parse_args(argv)
     if args.modes is None:
-        args.modes = [RANKGUARD] if args.smoke else list(MODES)
+        args.modes = [PRELOAD] if args.smoke else list(MODES)
     if args.smoke:  # the fault at the first step, the end at the first check after it
         args.minutes, faults = 0.0, [(0.0, "exception")]
     else:

@@ -45,8 +45,9 @@ rank, as a job with a standby takes an exception and then a lost process: its
 
 Without a GPU (``--smoke`` or not), the checks that can run on a CPU do (1, 3 in CPU
 mode, 5 from CPU tensors, 7, 8 and 10 on gloo) and the rest say ``SKIP (no GPU)``: nothing
-passes that was not checked. ``--smoke``: smaller sizes; without a GPU, the jobs side by
-side (a GPU's timings would suffer from it; a smoke run's are not results).
+passes that was not checked. ``--smoke``: smaller sizes, no standby started to refill
+the used one; without a GPU, the jobs side by side (a GPU's timings would suffer from it;
+a smoke run's are not results).
 """
 
 from __future__ import annotations
@@ -461,14 +462,18 @@ def run_rank_checks(tmp: Path, smoke: bool) -> list[Line]:
     return lines  # type: ignore[return-value]
 
 
-def run_inprocess_and_live(tmp: Path, cuda: bool) -> list[Line]:
+def run_inprocess_and_live(tmp: Path, cuda: bool, smoke: bool = False) -> list[Line]:
     """One job: the in-process restart's check (the first process's two rounds), then the
-    live recovery's (the standby that took rank 0 after the SIGKILL)."""
+    live recovery's (the standby that took rank 0 after the SIGKILL). ``smoke``: no
+    standby started to refill the used one (the rank ends 1.5 s after the takeover, before
+    a new standby has imported torch: the launcher would wait up to 10 s for it to leave
+    and end it)."""
     out = tmp / "live.jsonl"
     sets = [
         "inprocess_restart.enabled=true",
         "inprocess_restart.monitor_thread_interval=0.1",
         "inprocess_restart.standby_ranks=1",
+        *(["inprocess_restart.standby_refills=0"] if smoke else []),
     ]
     code, text, run_dir = _job(tmp / "live-logs", sets, "--live-checks", str(out), timeout_s=240)
     rows = [json.loads(x) for x in out.read_text().splitlines() if x] if out.is_file() else []
@@ -583,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(d)
         batches: list[Callable[[], list[Line]]] = [
             lambda: run_rank_checks(tmp, args.smoke),
-            lambda: run_inprocess_and_live(tmp, cuda),
+            lambda: run_inprocess_and_live(tmp, cuda, args.smoke),
             lambda: [run_long_kernel(tmp)] if cuda else [(SKIP_NO_GPU, "long kernel", "")],
         ]
         together = args.smoke and not cuda  # on a GPU they would disturb its timings

@@ -20,7 +20,8 @@ command line holds that run's temp dir is reported as left behind and SIGKILLed.
 people's processes (same machine, other temp dirs) are never looked at or touched.
 
 Run: ``python bench/restart_loop.py [--runs 20] [--preload] [--torchrun --torchrun-runs 10]``
-(``--preload``: ``rankguard run --preload torch``)
+(``--preload``: ``rankguard run --preload torch``; ``--smoke``: one run with
+``--preload``, 1 rank, 3 steps)
 (~8-12 s per completed run on a quiet machine, up to ``--timeout`` per hung one).
 ``--env KEY=VALUE`` runs with extra environment, for diagnosis only.
 """
@@ -110,11 +111,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--env", action="append", default=[], help="KEY=VALUE, diagnosis only")
     p.add_argument("--keep", action="store_true", help="keep every run's temp dir")
     p.add_argument(
-        "--smoke", action="store_true", help="one rankguard run, 1 rank, 3 steps (seconds)"
+        "--smoke",
+        action="store_true",
+        help="one rankguard run with --preload, 1 rank, 3 steps (seconds)",
     )
     args = p.parse_args(argv)
     if args.smoke:
-        args.runs, args.torchrun = 1, False
+        # --preload: restart.py's smoke runs the same job without it; here the restarted
+        # rank is forked from the fork server, not an interpreter importing torch
+        args.runs, args.torchrun, args.preload = 1, False, True
         smoke_job()
     env = parse_env(args.env)
     header(env, smoke=args.smoke)

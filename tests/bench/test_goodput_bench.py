@@ -137,9 +137,9 @@ def test_the_console_ledger_of_a_live_recovery_and_a_re_entry() -> None:
 
 
 def test_the_smoke_run_accounts_for_rankguards_fault_in_both_ledgers(tmp_path: Path) -> None:
-    """One exception on rankguard's job (the smoke runs no torchrun job: the console's
-    ledger of a torchrun crash and restart, the same rule, is the test above): its
-    console ledger and its run directory's own, side by side."""
+    """One exception on rankguard's job with ``--preload torch`` (the smoke runs no
+    torchrun job: the console's ledger of a torchrun crash and restart, the same rule, is
+    the test above): its console ledger and its run directory's own, side by side."""
     res = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "goodput.py"), "--smoke"],
         capture_output=True,
@@ -151,8 +151,8 @@ def test_the_smoke_run_accounts_for_rankguards_fault_in_both_ledgers(tmp_path: P
     )
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-4000:]
-    assert "rankguard: exit 0, 2 attempt(s), faults fired: exception;" in res.stdout, out
+    assert "preload: exit 0, 2 attempt(s), faults fired: exception;" in res.stdout, out
     rows = {line.split()[0]: line.split() for line in res.stdout.splitlines() if "%" in line}
-    assert {"rankguard", "(its"} <= set(rows), res.stdout
-    assert rows["rankguard"][-1] == "1/1"
+    assert {"preload", "(its"} <= set(rows), res.stdout
+    assert rows["preload"][-1] == "1/1"
     assert not list(tmp_path.glob("rg-goodput-*"))  # the jobs' directories are removed
