@@ -64,12 +64,12 @@ def test_ranks_killed_by_a_signal_leave_nothing_in_tmpdir(tmpdir_env: Path) -> N
     with launcher_socket_dir() as d:
         assert d is not None and d.parent == tmpdir_env
         assert os.stat(d).st_mode & 0o777 == 0o700
-        for sig in (signal.SIGKILL, signal.SIGTERM):  # a kill, a restart's stop
-            procs = [_rank(r) for r in (0, 1)]
-            for proc, path in procs:
-                assert path.parent == d and path.exists()
-                proc.send_signal(sig)
-                proc.wait(10)
+        procs = [_rank(r) for r in (0, 1)]
+        # rank 0 killed, rank 1 stopped as a restart stops it
+        for (proc, path), sig in zip(procs, (signal.SIGKILL, signal.SIGTERM), strict=True):
+            assert path.parent == d and path.exists()
+            proc.send_signal(sig)
+            proc.wait(10)
         assert os.listdir(tmpdir_env) == [d.name]  # every socket in the launcher's one
     assert os.listdir(tmpdir_env) == []
     assert SOCKET_DIR_ENV not in os.environ
