@@ -50,9 +50,10 @@ class RandomTokens(torch.utils.data.Dataset):
         return {"input_ids": self.data[i], "labels": self.data[i]}
 
 
-def hf_trainer(out: Path) -> Any:
+def hf_trainer(out: Path, slow_s: float = SLOW_S) -> Any:
     """``scripts/hf_trainer.py``'s Trainer (a tiny GPT-2 from a config, random tokens,
-    evaluated and saved at its last step) for one rank's thread."""
+    evaluated and saved at its last step, each taking ``slow_s`` more) for one rank's
+    thread."""
     from transformers import (
         GPT2Config,
         GPT2LMHeadModel,
@@ -62,14 +63,14 @@ def hf_trainer(out: Path) -> Any:
     )
 
     def compute_metrics(eval_pred: Any) -> dict[str, float]:
-        time.sleep(SLOW_S)  # e.g. a slow external scorer
+        time.sleep(slow_s)  # e.g. a slow external scorer
         return {"n": float(len(eval_pred.label_ids))}
 
     class UploadCheckpoint(TrainerCallback):
         """Copies every saved checkpoint to remote storage (slow)."""
 
         def on_save(self, args_: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            time.sleep(SLOW_S)
+            time.sleep(slow_s)
 
     config = GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=1, n_head=2)
     training_args = TrainingArguments(
@@ -101,7 +102,7 @@ def test_hf_trainer_slow_eval_and_save(tmp_path: Path) -> None:
     """Each rank's Trainer evaluates and saves for 1.3 s each at step 6 against a
     progress timeout of 1 s: no finding; every rank's phases seen from its own stack."""
     skip_unless_installed("transformers", "accelerate")
-    hf_trainer(tmp_path / "warm").train()  # the Trainer's lazy imports, once, here
+    hf_trainer(tmp_path / "warm", slow_s=0).train()  # the Trainer's lazy imports, once
 
     def rank(ctx: RankContext) -> int:
         ctx.session.install_optimizer_hook()  # what the rank bootstrap does

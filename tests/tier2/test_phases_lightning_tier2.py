@@ -44,9 +44,9 @@ def _environ_as_found() -> Iterator[None]:
     os.environ.update(saved)
 
 
-def lightning_fit(root: Path) -> int:
-    """``scripts/lightning_module.py``'s regressor, fitted on one CPU device; the global
-    step it ended at."""
+def lightning_fit(root: Path, slow_s: float = SLOW_S) -> int:
+    """``scripts/lightning_module.py``'s regressor, fitted on one CPU device, each
+    validation and save taking ``slow_s`` more; the global step it ended at."""
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
     from torch.utils.data import DataLoader, Dataset, TensorDataset
@@ -60,7 +60,7 @@ def lightning_fit(root: Path) -> int:
             return len(self.x)
 
         def __getitem__(self, i: int) -> Any:
-            time.sleep(SLOW_S / len(self.x))  # a remote dataset
+            time.sleep(slow_s / len(self.x))  # a remote dataset
             return self.x[i], self.y[i]
 
     class Regressor(L.LightningModule):
@@ -79,7 +79,7 @@ def lightning_fit(root: Path) -> int:
             self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y))
 
         def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-            time.sleep(SLOW_S)  # e.g. a tokenizer snapshot written alongside
+            time.sleep(slow_s)  # e.g. a tokenizer snapshot written alongside
             checkpoint["extra"] = {"saved_at": time.time()}
 
         def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -109,7 +109,7 @@ def test_lightning_slow_validation_and_checkpoint_megatron_sections(tmp_path: Pa
     timeout of 1 s and a step section of 1 s: no finding; every rank's phases seen from
     its own stack."""
     skip_unless_installed("lightning")
-    lightning_fit(tmp_path / "warm")  # Lightning's lazy imports, once, here
+    lightning_fit(tmp_path / "warm", slow_s=0)  # Lightning's lazy imports, once, here
 
     def rank(ctx: RankContext) -> int:
         ctx.session.install_optimizer_hook()  # what the rank bootstrap does

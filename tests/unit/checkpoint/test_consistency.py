@@ -1,11 +1,12 @@
 """An async checkpoint of step N is the state at the ``save(N)`` call, bit for bit, on
 every tier (persistent, local, a local replica) and writer (DCP's thread or process),
-with 1 and 2 ranks: right after ``save`` returns the loop changes everything in place
-(writes to parameters seen by their version counter and writes through ``.data`` and a
-NumPy view that are not, buffers, optimizer moments and hyper-parameters, a forward
-with BatchNorm, an optimizer and scheduler step, the RNG streams, the data position,
-a stateful object's nested containers); the checkpoint loaded into a fresh copy equals
-a deep copy taken at the call, item by item."""
+with 1 rank (DCP's thread) and 2 ranks (either writer): right after ``save`` returns
+the loop changes everything in place (writes to parameters seen by their version
+counter and writes through ``.data`` and a NumPy view that are not, buffers, optimizer
+moments and hyper-parameters, a forward with BatchNorm, an optimizer and scheduler
+step, the RNG streams, the data position, a stateful object's nested containers); the
+checkpoint loaded into a fresh copy equals a deep copy taken at the call, item by
+item."""
 
 from __future__ import annotations
 
@@ -214,13 +215,13 @@ def test_one_rank_thread_writer_saves_the_state_at_the_call(tmp_path: Path, tier
     assert save_mutate_load(tmp_path, 0, 1, tier, "thread") == []
 
 
+# The local tier on 2 ranks: ``replica``'s rank 0 loads its own local directory (rank 1
+# the replica of its shard on rank 0's node).
 @pytest.mark.parametrize(
     ("world", "tier", "writer"),
     [
-        (1, "persistent", "process"),
         (2, "persistent", "thread"),
         (2, "persistent", "process"),
-        (2, "local", "thread"),
         (2, "replica", "thread"),
     ],
 )

@@ -1,6 +1,7 @@
 """CheckpointManager with 1, 2 and 4 ranks as forked processes on gloo: DDP models,
-sync and async saves, resharding, local shards replicated to peers, a node's local
-directory lost, a rank killed in the middle of a save."""
+sync and async saves (1 and 2 ranks: a third or fourth rank saves and loads as the
+second does), resharding, local shards replicated to peers (4 ranks on 2 nodes), a
+node's local directory lost, a rank killed in the middle of a save."""
 
 from __future__ import annotations
 
@@ -91,7 +92,7 @@ def _train_then_resume(
     }
 
 
-@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("world", [1, 2])
 @pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
 def test_every_rank_resumes_the_same_step_and_continues_identically(
     tmp_path: Path, world: int, async_save: bool

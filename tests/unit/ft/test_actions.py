@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from rankguard.ft import actions, flightrec
 from rankguard.ft.actions import FaultHandler
 from rankguard.ft.config import FaultToleranceConfig
 from rankguard.monitor.rules import HeartbeatRules
@@ -115,6 +116,16 @@ def _handler(
         FaultToleranceConfig(enable_ft_package=True, **cfg), tmp_path, monitor, agent
     )
     return handler, monitor, agent
+
+
+@pytest.fixture(autouse=True)
+def _short_trace_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rank children here keep no flight recorder: on a hang the handler's request
+    for their traces would wait its whole 3 s for nothing; 0.2 s here. The traces and
+    the verdict themselves: ``test_flightrec``, ``test_flightrec_trust``."""
+    monkeypatch.setattr(
+        actions, "collect_verdict", partial(flightrec.collect_verdict, timeout_s=0.2)
+    )
 
 
 @pytest.fixture

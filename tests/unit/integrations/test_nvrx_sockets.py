@@ -17,13 +17,17 @@ import pytest
 
 pytest.importorskip("nvidia_resiliency_ext.fault_tolerance")
 
+from rankguard.ft.config import FaultToleranceConfig
 from rankguard.integrations.nvrx import (
     SOCKET_DIR_ENV,
     SOCKET_ENV,
+    RankMonitorBridge,
     launcher_socket_dir,
+    nvrx_config_from,
     socket_base,
     sweep_socket_dirs,
 )
+from rankguard.monitor.config import HeartbeatConfig
 
 pytestmark = [pytest.mark.ranks, pytest.mark.timeout(60)]
 
@@ -60,16 +64,23 @@ def _rank(rank: int) -> tuple[subprocess.Popen[str], Path]:
     return proc, Path(proc.stdout.readline().strip())
 
 
+def _bridge_here() -> RankMonitorBridge:
+    """Rank 0's bridge in this process (where a socket goes does not depend on which
+    process binds it; a process of its own only where it must die)."""
+    cfg = nvrx_config_from(FaultToleranceConfig(), HeartbeatConfig(enabled=True))
+    return RankMonitorBridge(object(), cfg, rank=0).start()
+
+
 def test_ranks_killed_by_a_signal_leave_nothing_in_tmpdir(tmpdir_env: Path) -> None:
     with launcher_socket_dir() as d:
         assert d is not None and d.parent == tmpdir_env
         assert os.stat(d).st_mode & 0o777 == 0o700
-        for sig in (signal.SIGKILL, signal.SIGTERM):  # a kill, a restart's stop
-            procs = [_rank(r) for r in (0, 1)]
-            for proc, path in procs:
-                assert path.parent == d and path.exists()
-                proc.send_signal(sig)
-                proc.wait(10)
+        procs = [_rank(r) for r in (0, 1)]
+        # rank 0 killed, rank 1 stopped as a restart stops it
+        for (proc, path), sig in zip(procs, (signal.SIGKILL, signal.SIGTERM), strict=True):
+            assert path.parent == d and path.exists()
+            proc.send_signal(sig)
+            proc.wait(10)
         assert os.listdir(tmpdir_env) == [d.name]  # every socket in the launcher's one
     assert os.listdir(tmpdir_env) == []
     assert SOCKET_DIR_ENV not in os.environ
@@ -82,12 +93,11 @@ def test_a_rank_outside_the_launcher_sweeps_the_dead_ones(tmpdir_env: Path) -> N
     proc.kill()
     proc.wait(10)
     assert path.parent.exists()  # nobody could remove it then
-    proc2, path2 = _rank(0)  # the next one sweeps it
+    bridge = _bridge_here()  # the next one sweeps it
     try:
-        assert not path.parent.exists() and path2.exists()
+        assert not path.parent.exists() and bridge.path.exists()
     finally:
-        proc2.kill()
-        proc2.wait(10)
+        bridge.close()
 
 
 def test_the_sweep_removes_only_this_users_dirs_of_dead_pids(tmp_path: Path) -> None:
@@ -126,10 +136,9 @@ def test_a_tmpdir_too_long_for_a_socket_path_puts_the_sockets_in_tmp(
     assert socket_base() == Path("/tmp")
     with launcher_socket_dir() as d:
         assert d is not None and d.parent == Path("/tmp")
-        proc, path = _rank(0)
+        bridge = _bridge_here()
         try:
-            assert path.parent == d and path.exists()  # bound: the path fits
+            assert bridge.path.parent == d and bridge.path.exists()  # bound: the path fits
         finally:
-            proc.kill()
-            proc.wait(10)
+            bridge.close()
     assert d is not None and not d.exists()

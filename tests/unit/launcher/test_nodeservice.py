@@ -95,7 +95,9 @@ def test_services_are_called_in_order_through_the_nodes_life(
         "rankguard.launcher.services.FACTORIES", (("recorder", lambda cfg: _Recorder(calls)),)
     )
     services = NodeServices(
-        cfg=_cfg(heartbeat={"enabled": True, "scan_interval_s": 0.2}),
+        # short intervals: the stop drains for the ranks' last records (none come
+        # here) for its floor of 5 s, not the default cadence's longer wait
+        cfg=_cfg(heartbeat={"enabled": True, "scan_interval_s": 0.2, "publish_interval_s": 0.2}),
         run_dir=tmp_path,
         run_id="run-order",
         node_rank=1,
