@@ -230,6 +230,8 @@ def test_a_stopped_rank_is_killed_once_its_stacks_are_in_and_replaced_live(
             "--standby-ranks",
             "1",
             *LIVE,
+            # no standby started in place of the used one (refills: the first job)
+            *("--set", "inprocess_restart.standby_refills=0"),
             *("--set", "fault_tolerance.enable_ft_package=true"),
             *("--set", "fault_tolerance.num_in_job_restarts=1"),
             "-m",

@@ -9,7 +9,7 @@ Faults (``--fault``) are injected on ``--fault-rank`` at ``--fault-step``:
 - ``wedge``: the same, with the in-process restart's interrupt signal blocked (a C call
   that never returns): only the hard timeout ends it;
 - ``stop``: the rank SIGSTOPs itself; a detached helper sends SIGCONT after
-  ``--fault-duration`` seconds;
+  ``--fault-duration`` seconds (it ends at once if the rank is gone before);
 - ``crash``: the rank raises an exception (the job then fails);
 - ``slow``: the rank's steps take ``--slowdown`` times longer;
 - ``preempt``: the rank sends the exit signal (SIGTERM) to its launcher, as a scheduler
@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import signal
 import subprocess
@@ -179,8 +180,16 @@ def inject(args: argparse.Namespace, rank: int, step: int, attempt: int, round_:
     if args.fault == "stall":
         time.sleep(args.fault_duration)
     elif args.fault == "stop":
+        # the helper ends with the rank (killed meanwhile) and holds none of its output:
+        # a caller reading the job's output to its end (the launcher's pipe) is not kept
+        # waiting the fault's duration after the job ended
+        me, ticks = os.getpid(), max(1, math.ceil(args.fault_duration / 0.25))
+        wait = f"i=0; while [ $i -lt {ticks} ] && kill -0 {me}; do sleep 0.25; i=$((i+1)); done"
         subprocess.Popen(
-            ["sh", "-c", f"sleep {args.fault_duration}; kill -CONT {os.getpid()}"],
+            ["sh", "-c", f"{wait}; kill -CONT {me}"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
         os.kill(os.getpid(), signal.SIGSTOP)
