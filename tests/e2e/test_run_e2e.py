@@ -207,7 +207,7 @@ def test_a_paused_rank_is_a_heartbeat_timeout_and_no_progress_finding_after_it_r
         [
             *standalone_run(run_id, tmp_path),
             "--set",
-            "heartbeat.process_timeout_s=8",
+            "heartbeat.process_timeout_s=5",
             "--set",
             "heartbeat.progress_timeout_s=3",
             "-m",
@@ -223,7 +223,7 @@ def test_a_paused_rank_is_a_heartbeat_timeout_and_no_progress_finding_after_it_r
             "--fault-step",
             "5",
             "--fault-duration",
-            "11",
+            "8",
         ],
         timeout=100,
     )

@@ -1,11 +1,11 @@
 """End to end under a real Slurm: ``rankguard slurm sbatch --submit`` on a one-node
 cluster of Debian's slurmctld, slurmd and munge started for these tests
-(tests/slurm_cluster.py). Three jobs: a crash that the job's retry requeues, that
-resumes from the checkpoint and completes; ``scancel --signal=TERM`` to the steps, then
-the preemption config's ``--signal=B:TERM@90`` from slurmctld's own timer -> each time
-every rank saves one step, exit 14, requeued, resumed; a node that excludes itself ->
-the requeued job's ``ExcNodeList``. Skipped, with the reason, where Slurm cannot start
-here.
+(tests/slurm_cluster.py). Two jobs: one whose first run crashes (the job's retry
+requeues it, it resumes from the checkpoint), then ``scancel --signal=TERM`` to the
+steps, then the preemption config's ``--signal=B:TERM@90`` from slurmctld's own timer ->
+each time every rank saves one step, exit 14, requeued, resumed, and its last run
+completes; a node that excludes itself -> the requeued job's ``ExcNodeList``. Skipped,
+with the reason, where Slurm cannot start here.
 
 Why real jobs: the sbatch script, Slurm's requeue and the signals it delivers are what
 these show; what the script says (its options, the requeue and exit-code handling) is
@@ -160,36 +160,6 @@ def events(tmp_path: Path, kind: str) -> list[dict]:
     return [e for e in read_jsonl(tmp_path / "ckpt" / "events.jsonl") if e["event"] == kind]
 
 
-def test_a_crash_is_requeued_resumes_from_the_checkpoint_and_completes(
-    slurm: SlurmCluster, tmp_path: Path
-) -> None:
-    job = submit(
-        slurm,
-        tmp_path,
-        "--job-retries",
-        "1",
-        "--max-restarts",
-        "0",
-        "--set",
-        "fault_tolerance.enable_ft_package=true",
-        train=("--steps", "12", "--ckpt-every", "4", "--crash-step", "6"),
-    )
-    fields = wait_job(slurm, job, ("COMPLETED", "FAILED", "CANCELLED"), restarts=1)
-    out = output(tmp_path, job)
-    assert fields["JobState"] == "COMPLETED", out[-3000:]
-    assert f"rankguard run exited with code {EXIT_CRASH}" in out, out[-3000:]
-    assert f"requeue: code {EXIT_CRASH} is retryable" in out
-    assert [e["step"] for e in events(tmp_path, "crash")] == [6]
-    starts = sorted((e["slurm_run"], e["rank"], e["start"]) for e in events(tmp_path, "start"))
-    # the first run from step 1; the requeued one from the step after the checkpoint
-    assert starts == [(0, 0, 1), (0, 1, 1), (1, 0, 5), (1, 1, 5)], starts
-    assert sorted(e["step"] for e in events(tmp_path, "done")) == [12, 12]
-    # the requeued run completed: the job's end as Slurm and the output say it
-    assert fields["ExitCode"] == "0:0" and fields["Restarts"] == "1", fields
-    assert "rankguard run exited with code 0" in out and "done: training completed" in out
-    assert sorted(e["rank"] for e in events(tmp_path, "done")) == [0, 1]
-
-
 def _last_record(path: Path) -> dict | None:
     """The newest complete line of a heartbeat file (None before the first)."""
     try:
@@ -239,14 +209,16 @@ def _warning_signals(slurm: SlurmCluster, job: str) -> int:
     return len(re.findall(rf"warning signal {int(signal.SIGTERM)} to JobId={job}\b", text))
 
 
-def test_scancel_term_then_slurms_timed_signal_each_save_exit_14_and_requeue(
+def test_a_crash_then_scancel_term_then_slurms_timed_signal_each_requeued_and_resumed(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
-    """``scancel --signal=TERM`` (every step's processes) in the first run; in the
-    requeued run, the preemption config's ``--signal=B:TERM@90`` sent by slurmctld's own
-    timer (SIGTERM to the batch shell alone; the script passes it on to the launchers):
-    each time every rank saves one step, exit 14, the job is requeued and resumes from
-    the step after that save; the third run completes.
+    """One job, four runs. The first: a rank crashes at step 6, the job's retry requeues
+    it and the next run resumes from the checkpoint (step 4). The second:
+    ``scancel --signal=TERM`` (every step's processes). The third: the preemption config's
+    ``--signal=B:TERM@90`` sent by slurmctld's own timer (SIGTERM to the batch shell
+    alone; the script passes it on to the launchers). Each signal: every rank saves one
+    step, exit 14, the job is requeued and resumes from the step after that save; the
+    fourth run completes.
 
     The timed signal: the running job's time limit is brought within 120 s of its end
     (``scontrol update TimeLimit``, as an operator could; the signal's 90 s plus the 30 s
@@ -254,30 +226,45 @@ def test_scancel_term_then_slurms_timed_signal_each_save_exit_14_and_requeue(
     option), so the next check, at most 30 s later, sends it; the limit goes back to 10
     minutes once the signal came, or the next run would get it at its first check. The
     ranks train meanwhile: the steps are enough for that and the two agreed stops; the
-    third run steps without the sleep (up to 40 s of waiting for the rest of the steps
+    fourth run steps without the sleep (up to 40 s of waiting for the rest of the steps
     otherwise, where the signal came early)."""
     job = submit(
         slurm,
         tmp_path,
         "--job-retries",
-        "2",
+        "3",
+        "--max-restarts",
+        "0",
+        "--set",
+        "fault_tolerance.enable_ft_package=true",
         "--set",
         "preemption.enable_exit_handler=true",
-        # the third run trains what is left at full speed: nothing waits for it
-        train=("--steps", "450", "--step-sleep", "0.1", "--sleep-runs", "2"),
+        # the fourth run trains what is left at full speed: nothing waits for it
+        train=(
+            "--steps",
+            "450",
+            "--step-sleep",
+            "0.1",
+            "--sleep-runs",
+            "3",
+            "--ckpt-every",
+            "4",
+            "--crash-step",
+            "6",
+        ),
     )
     script = (tmp_path / "job.sbatch").read_text()
     assert "#SBATCH --signal=B:TERM@90" in script  # preempt_time 60 + 30
-    for run in (0, 1):
+    for run in (1, 2):
         deadline = time.monotonic() + 90
         # not a fixed sleep: under load the first steps of a run can take longer than
         # that, and a signal before the loop's first should_stop() saves nothing
         while not _stepping(tmp_path, job, run):
-            if run:  # a requeued job waiting for its begin time is released at once
-                wait_job(slurm, job, ("RUNNING",), restarts=run)
+            # a requeued job waiting for its begin time is released at once
+            wait_job(slurm, job, ("RUNNING",), restarts=run)
             assert time.monotonic() < deadline, output(tmp_path, job)[-3000:]
             time.sleep(0.2)
-        if run == 0:
+        if run == 1:
             res = slurm.run("scancel", "--signal=TERM", job)
             assert res.returncode == 0, res.stderr
             continue
@@ -289,9 +276,16 @@ def test_scancel_term_then_slurms_timed_signal_each_save_exit_14_and_requeue(
             assert time.monotonic() < deadline, output(tmp_path, job)[-3000:]
             time.sleep(0.2)
         _set_time_limit(slurm, job, 10)
-    fields = wait_job(slurm, job, ("COMPLETED", "FAILED", "CANCELLED"), restarts=2)
+    fields = wait_job(slurm, job, ("COMPLETED", "FAILED", "CANCELLED"), restarts=3)
     out = output(tmp_path, job)
     assert fields["JobState"] == "COMPLETED", out[-3000:]
+    # the crash: requeued as retryable, the next run from the step after the checkpoint
+    assert f"rankguard run exited with code {EXIT_CRASH}" in out, out[-3000:]
+    assert f"requeue: code {EXIT_CRASH} is retryable" in out
+    assert [e["step"] for e in events(tmp_path, "crash")] == [6]
+    starts = sorted((e["slurm_run"], e["rank"], e["start"]) for e in events(tmp_path, "start"))
+    assert starts[:4] == [(0, 0, 1), (0, 1, 1), (1, 0, 5), (1, 1, 5)], starts
+    # the signals
     assert _warning_signals(slurm, job) == 1, slurm.log("slurmctld")
     assert out.count(f"rankguard run exited with code {EXIT_PREEMPTED}") == 2, out[-3000:]
     assert out.count(f"requeue: code {EXIT_PREEMPTED}") == 2, out[-3000:]
@@ -301,10 +295,14 @@ def test_scancel_term_then_slurms_timed_signal_each_save_exit_14_and_requeue(
     assert [e["rank"] for e in saved[2:]] in ([0, 1], [1, 0]), saved
     first, second = saved[0]["step"], saved[2]["step"]
     assert saved[1]["step"] == first and saved[3]["step"] == second, saved  # one step
-    for run, resumed in ((1, first + 1), (2, second + 1)):
+    for run, resumed in ((2, first + 1), (3, second + 1)):
         starts = sorted(e["start"] for e in events(tmp_path, "start") if e["slurm_run"] == run)
         assert starts == [resumed] * 2, (run, starts)
+    # the last run completed: the job's end as Slurm and the output say it
+    assert sorted(e["step"] for e in events(tmp_path, "done")) == [450, 450]
     assert sorted(e["rank"] for e in events(tmp_path, "done")) == [0, 1]
+    assert fields["ExitCode"] == "0:0" and fields["Restarts"] == "3", fields
+    assert "rankguard run exited with code 0" in out and "done: training completed" in out
 
 
 def test_a_node_that_excludes_itself_is_left_out_of_the_next_job(

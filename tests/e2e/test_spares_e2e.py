@@ -1,10 +1,10 @@
 """Losing a node on loopback: agents of one job (``--nnodes MIN:MAX``), each its own log
-dir, one agent and its workers SIGKILLed mid-run. Four jobs: node 1 lost with a spare
-waiting (the spare takes its place, training resumes from the newest checkpoint, the
-lost rank is the one finding); node 0 lost (the new round's node 0 runs the monitor,
-the spare takes node 1); a job without a spare that shrinks, then grows back
-when a node comes; and a healthy run with spares waiting (no fault; one killed while it
-waits is listed gone, the other leaves at the end).
+dir, one agent and its workers SIGKILLed mid-run. Three jobs: a healthy run with spares
+waiting (no finding, no restart; one killed while it waits is listed gone), then its
+node 1 lost (a spare takes its place, training resumes from the newest checkpoint, the
+lost rank is the one finding; the spare not needed leaves at the end); node 0 lost (the
+new round's node 0 runs the monitor, the spare takes node 1); a job without a spare
+that shrinks, then grows back when a node comes.
 
 Why real launches: several agents on one rendezvous, each in its own process group
 (agent and workers lost together), and the files and output a user reads after the
@@ -54,6 +54,8 @@ def host_store(port: int) -> TCPStore:
     """The rendezvous store hosted by this test: a host that does not train."""
     return TCPStore("127.0.0.1", port, is_master=True, multi_tenant=True, wait_for_workers=False)
 
+
+HEALTHY_STEPS = 40  # the healthy job with spares, then its node 1 lost
 
 FAST = [
     "heartbeat.publish_interval_s=0.5",
@@ -117,15 +119,20 @@ class Agents:
     """Agents started one after the other, each in its own session (a kill of the
     session is the loss of that node: agent and workers)."""
 
-    def __init__(self, cmds: list[list[str]], tmp: Path, *, spares: int = 0) -> None:
+    def __init__(
+        self, cmds: list[list[str]], tmp: Path, *, spares: int = 0, host_port: int = 0
+    ) -> None:
         """The last ``spares`` agents start once the others trained: torch numbers the
         nodes of a round by host and pid, so a spare (the highest pid) takes the last
-        node's number in the next round."""
+        node's number in the next round. ``host_port``: the others start once the first
+        listens on it (the first hosts the rendezvous store)."""
         self.tmp = tmp
         self.logs: list[Path] = []
         self.procs: list[subprocess.Popen[bytes]] = []
-        for cmd in cmds[: len(cmds) - spares]:
+        for k, cmd in enumerate(cmds[: len(cmds) - spares]):
             self.start(cmd)
+            if k == 0 and host_port:
+                self.listening(host_port, 60)
         if spares:
             for k in range(len(cmds) - spares):
                 self.node(k)
@@ -147,6 +154,16 @@ class Agents:
                 )
             )
         time.sleep(0.2)
+
+    def listening(self, port: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    return
+            except OSError:
+                assert time.monotonic() < deadline, self.all_text()
+                time.sleep(0.1)
 
     def __enter__(self) -> Agents:
         return self
@@ -200,93 +217,102 @@ def status_of(tmp: Path, i: int, run_id: str) -> dict[str, Any]:
     return read_status(tmp / f"agent{i}" / "heartbeat" / run_id)
 
 
-def test_a_healthy_run_with_a_spare_waiting_has_no_finding_and_a_killed_spare_is_gone(
+def test_spares_wait_without_a_finding_a_killed_one_is_gone_one_takes_the_lost_nodes_place(
     tmp_path: Path, run_id: str
 ) -> None:
+    """Two spares wait beside a healthy two-node job: nothing found, nothing restarted;
+    one spare killed while it waits is listed gone. Then node 1 is lost: the other spare
+    takes its place, training resumes from the newest checkpoint on two ranks, the lost
+    rank is the one finding. A third spare, started once the new round formed (two
+    spares waiting at the loss could both take the places, the surviving node left to
+    wait), is not needed and leaves at the end; the store's host (node 0) does not wait
+    for the killed one."""
     port = free_port()
-    # 60 steps of at least 0.3 s (18 s, mostly asleep: little CPU on a loaded machine): a
+    # 40 steps of at least 0.3 s (12 s, mostly asleep: little CPU on a loaded machine): a
     # spare killed while it waits is found gone after 3 missed keep-alives (1 s here) and
-    # node 0's reading period (2 s), well before the end
+    # node 0's reading period (2 s), before node 1 is lost (at step 8 or later, after
+    # the checkpoint of step 5), and the third spare waits before the end
     cmds = [
-        agent_cmd(i, "2:2", port, run_id, tmp_path, 60, RDZV_CONF, "--step-sleep", "0.3")
-        for i in range(4)
+        agent_cmd(i, "2:2", port, run_id, tmp_path, HEALTHY_STEPS, RDZV_CONF, "--step-sleep", "0.3")
+        for i in range(5)
     ]
-    with Agents(cmds, tmp_path, spares=2) as agents:
-        node0 = agents.node(0)
+    host = f"{socket.gethostname()}"
+    agent = {i: "" for i in range(5)}
+    with Agents(cmds[:4], tmp_path, spares=2, host_port=port) as agents:
+        node0, node1, spare = agents.node(0), agents.node(1), 2
+        # agent 0 hosts the store (it bound the port first) and, the lowest pid, is
+        # node 0: node 1 can be lost without the store
+        assert (node0, node1) == (0, 1), agents.all_text()
+        agent.update({i: f"{host}:{p.pid}" for i, p in enumerate(agents.procs)})
         client = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
         deadline = time.monotonic() + 60
         while waiting_agents(client, run_id) < 2:  # both spares in the rendezvous
             assert time.monotonic() < deadline, agents.all_text()
             time.sleep(0.2)
         agents.kill(3)  # a spare lost while it waits: no agent left to say so
-        codes = agents.finish(110)
-    out = agents.all_text()
-    assert {i: codes[i] for i in range(3)} == {0: 0, 1: 0, 2: 0}, out
-    run0 = tmp_path / f"agent{node0}" / "heartbeat" / run_id
-    findings = run0 / "findings.jsonl"
-    assert not findings.exists() or read_jsonl(findings) == [], out
-    status = read_status(run0)
-    assert status["state"] == "completed", out
-    assert status["summary"]["findings_total"] == 0, status["summary"]
-    # a waiting spare restarts nothing, and leaves when the job ends
-    assert "restart 1 of the workers" not in agents.text(node0), out
-    assert not status.get("restarts"), status.get("restarts")
-    assert "waited as a spare: it was not needed" in agents.text(2), out
-    elastic = status["elastic"]
-    killed = f"{socket.gethostname()}:{agents.procs[3].pid}"
-    assert [s["agent"] for s in elastic["spares_waiting"]] == [
-        f"{socket.gethostname()}:{agents.procs[2].pid}"
-    ], elastic
-    assert elastic["spares_gone"] == [killed], elastic
-    # the store's host did not wait for the killed spare to leave at the end
-    assert "spares still waiting in the rendezvous" not in out, out
-    shown = run_rankguard(["status", str(run0)], timeout=60)
-    assert "Nodes: 2 of 2:2, 1 spare(s) waiting" in shown.stdout, shown.stdout + shown.stderr
-    assert f"gone     {killed}" in shown.stdout, shown.stdout
-    assert no_leftover_workers(run_id)
-
-
-def test_a_spare_takes_the_lost_nodes_place_and_training_resumes_from_the_checkpoint(
-    tmp_path: Path, run_id: str
-) -> None:
-    port = free_port()
-    store = host_store(port)  # any node may be the one lost (see the shrink test)
-    cmds = [agent_cmd(i, "2:2", port, run_id, tmp_path, 20, NO_HOST) for i in range(3)]
-    with Agents(cmds, tmp_path, spares=1) as agents:
-        node0, node1, spare = agents.node(0), agents.node(1), 2
+        run0 = tmp_path / f"agent{node0}" / "heartbeat" / run_id
+        deadline = time.monotonic() + 30  # node 0's monitor lists it gone
+        while (status := read_status(run0))["elastic"]["spares_gone"] != [agent[3]]:
+            assert time.monotonic() < deadline, status["elastic"]
+            time.sleep(0.2)
+        # the healthy job with spares waiting: no finding, no restart
+        assert status["summary"]["findings_total"] == 0, status["summary"]
+        assert not status.get("restarts"), status.get("restarts")
+        waiting = [s["agent"] for s in status["elastic"]["spares_waiting"]]
+        assert waiting == [agent[spare]], status["elastic"]
+        findings = run0 / "findings.jsonl"
+        assert not findings.exists() or read_jsonl(findings) == [], agents.all_text()
+        assert "restart 1 of the workers" not in agents.text(node0), agents.all_text()
         agents.wait_for(r"\[demo\] step 8/", 90)
         agents.kill(node1)
+        deadline = time.monotonic() + 60  # the spare took node 1's place
+        while "rank(s) on node 1" not in agents.text(spare):
+            assert time.monotonic() < deadline, agents.all_text()
+            time.sleep(0.2)
+        agents.start(cmds[4])  # the third spare: it waits until the end
+        agent[4] = f"{host}:{agents.procs[4].pid}"
+        deadline = time.monotonic() + 60  # node 0's monitor lists it waiting
+        while [s["agent"] for s in read_status(run0)["elastic"]["spares_waiting"]] != [agent[4]]:
+            assert time.monotonic() < deadline, agents.all_text()
+            time.sleep(0.2)
         codes = agents.finish(110)
-    del store
     out = agents.all_text()
-    assert codes[node0] == 0 and codes[spare] == 0, out
+    assert (codes[node0], codes[spare], codes[4]) == (0, 0, 0), out
     text0 = agents.text(node0)
     # the new round took the spare: two ranks again, from the newest checkpoint (step
-    # 5: saved every 5, the node was lost after step 8), not from step 0
+    # 5 or later: saved every 5, the node was lost after step 8), not from step 0
     match = re.search(r"\[demo\] resumed from step (\d+)", text0)
     assert match is not None, out
     saved = int(match.group(1))
     assert saved >= 5, out
     steps = demo_steps(text0)
-    resumed_at = text0.index(match.group(0))
-    after = demo_steps(text0[resumed_at:])
-    assert after[0] == saved + 1 and after[-1] == 20, out
+    after = demo_steps(text0[text0.index(match.group(0)) :])
+    assert after[0] == saved + 1 and after[-1] == HEALTHY_STEPS, out
     assert steps.count(1) == 1, out  # never from the start again
-    assert "[demo] done: 20 steps on 2 rank(s)" in text0, out
-    assert "rank(s) on node 1" in agents.text(spare), out
+    assert f"[demo] done: {HEALTHY_STEPS} steps on 2 rank(s)" in text0, out
     # node 0 stayed node 0: the new round says which agent did not come back, whether
     # or not rank 1's heartbeats had been silent long enough to name it at the restart
     assert "node 1 of the previous round" in text0 and "did not come back" in text0, out
+    # the spare not needed leaves when the job ends; the store's host did not wait for
+    # the killed spare to leave
+    assert "waited as a spare: it was not needed" in agents.text(4), out
+    assert "spares still waiting in the rendezvous" not in out, out
 
-    status = status_of(tmp_path, node0, run_id)
+    status = read_status(run0)
+    assert status["state"] == "completed", json.dumps(status)[:2000]
     elastic = status["elastic"]
     assert (elastic["nodes"], elastic["shrunk"]) == (2, False), elastic
     [replaced] = elastic["replacements"]
-    assert replaced["node"] == 1 and replaced["spare"].endswith(f":{agents.procs[spare].pid}")
-    assert replaced["replaced"].endswith(f":{agents.procs[node1].pid}"), elastic
+    assert (replaced["node"], replaced["spare"]) == (1, agent[spare]), elastic
+    assert replaced["replaced"] == agent[node1], elastic
+    assert [s["agent"] for s in elastic["spares_waiting"]] == [agent[4]], elastic
+    assert elastic["spares_gone"] == [agent[3]], elastic
     # the lost node's rank is named, nothing else
-    found = read_jsonl(tmp_path / f"agent{node0}" / "heartbeat" / run_id / "findings.jsonl")
+    found = read_jsonl(run0 / "findings.jsonl")
     assert [f["rank"] for f in found] == [1], found
+    shown = run_rankguard(["status", str(run0)], timeout=60)
+    assert "Nodes: 2 of 2:2, 1 spare(s) waiting" in shown.stdout, shown.stdout + shown.stderr
+    assert f"gone     {agent[3]}" in shown.stdout, shown.stdout
     assert no_leftover_workers(run_id)
 
 
