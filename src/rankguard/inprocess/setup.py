@@ -36,10 +36,11 @@ def _store_base() -> Any:
 class SetupStore(_store_base()):  # type: ignore[misc]
     """The round's prefixed store, through which ``init_process_group`` exchanges the
     addresses; the decision and the ranks that published live in the job's store under
-    ``prefix`` (outside the group's own prefix). Only gloo's
-    exchange fits (every rank publishes one address, then reads every rank's): NCCL's
-    (rank 0 alone publishes the communicator's id) must not go through it. A wait or a
-    read before this rank published is passed through as it is."""
+    ``prefix`` (outside the group's own prefix). Only gloo's exchange fits (every rank
+    publishes one address, then reads every rank's): NCCL's (rank 0 alone publishes the
+    communicator's id) must not go through it, nor gloo's lazy connections
+    (``TORCH_GLOO_LAZY_INIT``: pairs set up at their first use). A wait or a read before
+    this rank published is passed through as it is."""
 
     def __init__(
         self, inner: Any, job_store: Any, prefix: str, *, rank: int, world: int, timeout_s: float

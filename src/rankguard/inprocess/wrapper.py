@@ -488,7 +488,8 @@ class _Call:
         for ever."""
         r, cfg = self.round, self.cfg
         store = dist.PrefixStore(self._key(r, "pg/"), self._store)
-        if self.backend == "gloo":  # the address exchange goes on on every rank or none
+        lazy = os.environ.get("TORCH_GLOO_LAZY_INIT", "").lower() in ("1", "true")
+        if self.backend == "gloo" and not lazy:  # the exchange goes on on every rank or none
             from rankguard.inprocess.setup import SetupStore  # imports torch
 
             store = SetupStore(
