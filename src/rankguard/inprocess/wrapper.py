@@ -487,10 +487,23 @@ class _Call:
         error (an address or interface that cannot be used) is said once, not retried
         for ever."""
         r, cfg = self.round, self.cfg
+        store = dist.PrefixStore(self._key(r, "pg/"), self._store)
+        lazy = os.environ.get("TORCH_GLOO_LAZY_INIT", "").lower() in ("1", "true")
+        if self.backend == "gloo" and not lazy:  # the exchange goes on on every rank or none
+            from rankguard.inprocess.setup import SetupStore  # imports torch
+
+            store = SetupStore(
+                store,
+                self._store,
+                self._key(r, "setup/"),
+                rank=self.rank,
+                world=self.world,
+                timeout_s=self.pg_timeout,
+            )
         try:
             dist.init_process_group(
                 self.backend,
-                store=dist.PrefixStore(self._key(r, "pg/"), self._store),
+                store=store,
                 rank=self.rank,
                 world_size=self.world,
                 timeout=timedelta(seconds=self.pg_timeout),

@@ -478,6 +478,9 @@ class JobMonitor:
 
     def _write_status(self, now: float) -> None:
         self.status = self._build_status(now)
+        self._store_status()
+
+    def _store_status(self) -> None:
         t0 = time.perf_counter()
         try:
             # Compact: at thousands of ranks indentation alone costs a third of a scan.
@@ -702,9 +705,28 @@ class JobMonitor:
         self._detail_thread.start()
 
     def wait_rank_detail(self, timeout_s: float = 60.0) -> None:
-        """Wait until ``status_ranks.json`` being written is written."""
-        if self._detail_thread is not None:
-            self._detail_thread.join(timeout_s)
+        """Wait until ``status_ranks.json`` being written is written; ``status.json``
+        then says so at once (``rank_detail.written_wall_time``), not at the next scan:
+        the last status of a run, written before the last rows, names the file as it
+        is left."""
+        thread = self._detail_thread
+        if thread is None:
+            return
+        thread.join(timeout_s)
+        if thread.is_alive():
+            return
+        with self._scan_lock:
+            detail = as_dict(self.status.get("rank_detail"))
+            written = self._detail_written
+            if (
+                detail is None
+                or detail.get("complete", True)
+                or written is None
+                or detail.get("written_wall_time") == written
+            ):
+                return
+            self.status = {**self.status, "rank_detail": {**detail, "written_wall_time": written}}
+            self._store_status()
 
     def _detail_to_file(self, snapshot: list[status_rows.DetailSnapshot], n_ranks: int) -> None:
         t0 = time.perf_counter()

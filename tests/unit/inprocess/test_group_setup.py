@@ -202,3 +202,72 @@ def test_a_store_nobody_listens_on_is_one_line_naming_the_address() -> None:
         f"in-process restart: cannot reach the job's store at 127.0.0.1:{port} "
         "(MASTER_ADDR, MASTER_PORT) within 0.3s: DistNetworkError: "
     )
+
+
+class GlooGroups:
+    """torch.distributed's group set-up as the wrapper calls it, building a real gloo
+    group (not the process's default one: two ranks of one test process)."""
+
+    def __init__(self) -> None:
+        self.group: Any = None
+
+    def init_process_group(self, backend: str, **kw: Any) -> None:
+        self.group = dist.ProcessGroupGloo(kw["store"], kw["rank"], kw["world_size"], kw["timeout"])
+
+    def namespace(self) -> SimpleNamespace:
+        return SimpleNamespace(
+            init_process_group=self.init_process_group, PrefixStore=dist.PrefixStore
+        )
+
+
+def _rank_of_two(store: Any, rank: int) -> _Call:
+    env = RunEnv(run_id="r", rank=rank, world_size=2, restart_count=0)
+    call = _Call(lambda: None, CFG, store_factory=None, session=None, on_hard_timeout=None, env=env)
+    call.prefix = "rankguard/inprocess/r/0/1/"
+    call._store = dist.TCPStore(
+        "127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=10)
+    )
+    return call
+
+
+def test_a_rank_late_to_a_given_up_set_up_reads_no_address_and_fails_at_once(
+    store: Any,
+) -> None:
+    """Rank 0's wait for rank 1's address timed out (rank 1 held up past the barrier);
+    rank 1, going on, fails the round as it publishes its own: it reads no address of a
+    rank that left, so it neither connects to nor waits for one (gloo's side of a pair
+    that waits for the connection waits five times the group's timeout)."""
+    first, late = _rank_of_two(store, 0), _rank_of_two(store, 1)
+    assert first.pg_timeout == pytest.approx(1.0)
+    given_up = first._form_group(GlooGroups().namespace())
+    assert given_up is not None
+    groups = GlooGroups()
+    t0 = time.monotonic()
+    report = late._form_group(groups.namespace())
+    took = time.monotonic() - t0
+    assert report is not None and groups.group is None
+    assert report.message.startswith("rank 1 could not form the process group of round 0: ")
+    assert "given up: rank 0 waited 1s" in report.message, report.message
+    assert took < first.pg_timeout, took
+    assert "given up: rank 0 waited 1s for the addresses of rank(s) [1]" in given_up.message
+
+
+def test_ranks_on_time_form_the_group_through_the_decision(store: Any) -> None:
+    import threading
+
+    calls = [_rank_of_two(store, r) for r in range(2)]
+    groups = [GlooGroups() for _ in calls]
+    reports: list[Any] = [None, None]
+
+    def form(r: int) -> None:
+        reports[r] = calls[r]._form_group(groups[r].namespace())
+
+    threads = [threading.Thread(target=form, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert reports == [None, None]
+    assert store.get("rankguard/inprocess/r/0/1/0/setup/decision") == b"go"
+    for g in groups:
+        g.group = None

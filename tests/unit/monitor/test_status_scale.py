@@ -131,6 +131,34 @@ def test_status_ranks_json_has_every_rank(large: JobMonitor) -> None:
     )
 
 
+def test_the_status_names_rows_written_after_its_scan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """status_ranks.json is written off the scan thread: when its write ends after the
+    scan's status.json (a loaded machine; the run's end, whose last rows follow the last
+    scan), waiting for it leaves status.json naming it, not the file before or none."""
+    import threading
+
+    from rankguard.monitor import status as status_rows
+
+    gate = threading.Event()
+    real = status_rows.detail_rows
+
+    def held(*args: Any) -> Any:
+        gate.wait(30)
+        return real(*args)
+
+    monkeypatch.setattr(status_rows, "detail_rows", held)
+    clock = FakeClock(100.0)
+    mon = _monitor(tmp_path, clock, status_rank_rows=16, status_worst_ranks=5)
+    _feed(mon, clock)  # the first scan starts the rows' write, held past the last scan
+    assert read_status(tmp_path)["rank_detail"]["written_wall_time"] is None
+    gate.set()
+    mon.wait_rank_detail()
+    doc = json.loads((tmp_path / STATUS_RANKS_FILE).read_text())
+    assert read_status(tmp_path)["rank_detail"]["written_wall_time"] == doc["updated_wall_time"]
+
+
 def test_rank_rows_come_from_the_detail_file(large: JobMonitor) -> None:
     status = read_status(large.run_dir)
     rows = rank_rows(large.run_dir, status, {10, 11, 3})
