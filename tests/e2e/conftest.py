@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.factories import pid_alive
 from tests.factories import read_jsonl as read_jsonl
 from tests.factories import read_status as read_status
 
@@ -188,15 +189,6 @@ def no_leftover_workers(run_id: str, wait_s: float = 5.0) -> bool:
     return True
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
-
-
 def rank_children(pid_dir: Path, nproc: int, timeout_s: float = 60.0) -> list[int]:
     """The pids of the children ``scripts/with_children.py`` started, one per rank, once
     every rank wrote its ``child_<rank>`` file (within ``timeout_s``)."""
@@ -213,10 +205,10 @@ def outliving(pids: list[int], within_s: float = 10.0) -> list[int]:
     """The processes of ``pids`` still running (zombies do not count) after up to
     ``within_s``."""
     deadline = time.monotonic() + within_s
-    left = [p for p in pids if _alive(p)]
+    left = [p for p in pids if pid_alive(p)]
     while left and time.monotonic() < deadline:
         time.sleep(0.1)
-        left = [p for p in left if _alive(p)]
+        left = [p for p in left if pid_alive(p)]
     return left
 
 

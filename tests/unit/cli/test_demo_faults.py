@@ -9,6 +9,7 @@ import time
 import pytest
 
 from rankguard.demo.train import inject, inject_nan, parse_args
+from tests.factories import pid_alive
 
 
 def _args(fault: str) -> object:
@@ -49,15 +50,6 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
-
-
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
 def test_the_stop_faults_helper_holds_no_output_and_ends_with_a_killed_rank() -> None:
     # a rank killed while stopped: its SIGCONT helper must neither keep the launcher's
@@ -82,9 +74,9 @@ def test_the_stop_faults_helper_holds_no_output_and_ends_with_a_killed_rank() ->
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
     deadline = time.monotonic() + 5
-    while _alive(helper) and time.monotonic() < deadline:
+    while pid_alive(helper) and time.monotonic() < deadline:
         time.sleep(0.05)
-    ended = not _alive(helper)
+    ended = not pid_alive(helper)
     if not ended:
         os.kill(helper, signal.SIGKILL)
     assert ended, "the helper outlived the killed rank"

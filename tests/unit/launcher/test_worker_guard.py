@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from tests.factories import pid_alive
+
 pytestmark = [pytest.mark.ranks, pytest.mark.timeout(60)]
 
 RANK = """\
@@ -28,20 +30,11 @@ time.sleep(60)
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
-
-
 def _gone(pid: int, within_s: float = 5.0) -> bool:
     deadline = time.monotonic() + within_s
-    while _alive(pid) and time.monotonic() < deadline:
+    while pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return not _alive(pid)
+    return not pid_alive(pid)
 
 
 def _rank(how: str, *, own_group: bool = True) -> tuple[subprocess.Popen[str], int, int]:
@@ -68,7 +61,7 @@ def test_the_ranks_child_ends_with_it(how: str) -> None:
         assert _gone(guard)
     finally:
         for pid in (child, guard):
-            if pid > 0 and _alive(pid):
+            if pid > 0 and pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
@@ -81,7 +74,7 @@ def test_the_guard_outlives_the_groups_stop_signal_then_acts() -> None:
         assert _gone(child) and _gone(guard)
     finally:
         for pid in (child, guard):
-            if _alive(pid):
+            if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
@@ -90,6 +83,6 @@ def test_no_guard_in_a_group_the_rank_does_not_lead() -> None:
     try:
         assert guard == -1  # this test's own group: never signalled
         proc.wait(10)
-        assert _alive(child)
+        assert pid_alive(child)
     finally:
         os.kill(child, signal.SIGKILL)
