@@ -545,17 +545,6 @@ def alive(proc: subprocess.Popen[str], wait_s: float = 0.3) -> bool:
     return False
 
 
-def pid_alive(pid: int) -> bool:
-    """The process ``pid`` exists and is not a zombie (read from ``/proc``: no signal
-    sent, and any process, not only a child)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
-
-
 class Children:
     """Python children started with ``-c CODE ARGS`` that print "ready" once set up;
     :meth:`close` kills and reaps every one (the ``children`` fixture calls it)."""

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.factories import pid_alive
+from rankguard.util.procs import pid_running
 from tests.factories import read_jsonl as read_jsonl
 from tests.factories import read_status as read_status
 
@@ -205,10 +205,10 @@ def outliving(pids: list[int], within_s: float = 10.0) -> list[int]:
     """The processes of ``pids`` still running (zombies do not count) after up to
     ``within_s``."""
     deadline = time.monotonic() + within_s
-    left = [p for p in pids if pid_alive(p)]
+    left = [p for p in pids if pid_running(p)]
     while left and time.monotonic() < deadline:
         time.sleep(0.1)
-        left = [p for p in left if pid_alive(p)]
+        left = [p for p in left if pid_running(p)]
     return left
 
 

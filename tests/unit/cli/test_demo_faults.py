@@ -9,7 +9,7 @@ import time
 import pytest
 
 from rankguard.demo.train import inject, inject_nan, parse_args
-from tests.factories import pid_alive
+from rankguard.util.procs import pid_running
 
 
 def _args(fault: str) -> object:
@@ -74,9 +74,9 @@ def test_the_stop_faults_helper_holds_no_output_and_ends_with_a_killed_rank() ->
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
     deadline = time.monotonic() + 5
-    while pid_alive(helper) and time.monotonic() < deadline:
+    while pid_running(helper) and time.monotonic() < deadline:
         time.sleep(0.05)
-    ended = not pid_alive(helper)
+    ended = not pid_running(helper)
     if not ended:
         os.kill(helper, signal.SIGKILL)
     assert ended, "the helper outlived the killed rank"

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.factories import pid_alive
+from rankguard.util.procs import pid_running
 
 pytestmark = [pytest.mark.ranks, pytest.mark.timeout(60)]
 
@@ -32,9 +32,9 @@ time.sleep(60)
 
 def _gone(pid: int, within_s: float = 5.0) -> bool:
     deadline = time.monotonic() + within_s
-    while pid_alive(pid) and time.monotonic() < deadline:
+    while pid_running(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return not pid_alive(pid)
+    return not pid_running(pid)
 
 
 def _rank(how: str, *, own_group: bool = True) -> tuple[subprocess.Popen[str], int, int]:
@@ -61,7 +61,7 @@ def test_the_ranks_child_ends_with_it(how: str) -> None:
         assert _gone(guard)
     finally:
         for pid in (child, guard):
-            if pid > 0 and pid_alive(pid):
+            if pid > 0 and pid_running(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
@@ -74,7 +74,7 @@ def test_the_guard_outlives_the_groups_stop_signal_then_acts() -> None:
         assert _gone(child) and _gone(guard)
     finally:
         for pid in (child, guard):
-            if pid_alive(pid):
+            if pid_running(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
@@ -83,6 +83,6 @@ def test_no_guard_in_a_group_the_rank_does_not_lead() -> None:
     try:
         assert guard == -1  # this test's own group: never signalled
         proc.wait(10)
-        assert pid_alive(child)
+        assert pid_running(child)
     finally:
         os.kill(child, signal.SIGKILL)

@@ -27,6 +27,7 @@ from rankguard.rank.lifeline import (
 )
 from rankguard.rank.publisher import HeartbeatPublisher
 from rankguard.rank.timeline import ProgressTracker
+from rankguard.util.procs import pid_running
 from tests.factories import rank_identity, read_records
 
 LINUX = sys.platform.startswith("linux")
@@ -336,27 +337,17 @@ def test_a_real_orphan_stops_within_a_beat_without_prctl(tmp_path: Path) -> None
     try:
         assert proc.stdout is not None
         child_pid = int(proc.stdout.readline())
-        assert _running(child_pid)
+        assert pid_running(child_pid)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         t0 = time.monotonic()
-        assert _wait(lambda: not _running(child_pid), timeout=5.0)
+        assert _wait(lambda: not pid_running(child_pid), timeout=5.0)
         assert time.monotonic() - t0 < 2.0  # 0.1 s beats
     finally:
         proc.kill()
-        if _running(child_pid):
+        if pid_running(child_pid):
             os.kill(child_pid, signal.SIGKILL)
     (path,) = tmp_path.glob("*.heartbeat.jsonl")
     last = read_records(path)[-1]
     assert last["event"] == "process_end"
     assert last["exit"]["error"].startswith("orphaned: the launcher (pid ")
-
-
-def _running(pid: int) -> bool:
-    """Alive and not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
