@@ -26,8 +26,10 @@ collective's number; the job's one collective per step makes it the step):
 a rank stopped (SIGSTOP) once inside the all-reduce, its peers joining after it; scored
 as a communication stall, its rank right when the stopped rank is named alone.
 
-``--smoke``: one case (a rank that did not join, 2 ranks, one agent), short timeouts;
-its figures are not results.
+``--smoke``: one case (a rank that did not join, 2 ranks, one agent), the same timeouts
+(a waiting rank names its collective 2 s after entering it, then one publish and one scan
+bring it to node 0: a shorter progress timeout finds the hang before the collective's
+name is there); its figures are not results.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ KINDS = ("did_not_join", "mismatch", "communication_stall", "compute_hang")
 #: it is inside the all-reduce, its peers joining after; scored as a communication stall
 STALL_SIGSTOP = "stall_sigstop"
 EXPECTED = {STALL_SIGSTOP: "communication_stall"}
+#: progress timeout 4 s: the waiting rank names its collective after 2 s at one position
+#: (``STUCK_AFTER_S``), then a publish and a scan (0.5 s each) and the load's delays
 FAST = [
     "heartbeat.enabled=true",
     "heartbeat.publish_interval_s=0.5",
@@ -63,8 +67,6 @@ FAST = [
     "heartbeat.progress_timeout_s=4",
 ]
 HANG_TYPES = ("gpu_progress_timeout", "rank_process_heartbeat_timeout", "rank_section_timeout")
-# --smoke: a shorter progress timeout (a rank waiting in a collective names it after 2 s)
-SMOKE_FAST = [*FAST[:-1], "heartbeat.progress_timeout_s=2.5"]
 SETTLE_S = 2.0  # after the first hang finding: the same scan's other findings land
 SMOKE_SETTLE_S = 0.2
 DEADLINE_S = 90.0  # a case with no hang finding by then is a miss
@@ -156,7 +158,7 @@ def run_case(base: Path, case: Case, k: int, smoke: bool = False) -> dict[str, A
     the first hang finding."""
     run_id = f"hang-{case.kind[:8]}-{case.nodes}-{k}-{os.getpid()}"
     mark = base / f"{run_id}.mark"
-    cmds = _cmds(case, base, run_id, mark, SMOKE_FAST if smoke else FAST)
+    cmds = _cmds(case, base, run_id, mark, FAST)
     settle = SMOKE_SETTLE_S if smoke else SETTLE_S
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     procs = [
