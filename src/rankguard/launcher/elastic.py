@@ -186,6 +186,7 @@ def live_recovery(
         standbys=standbys,
         say=lambda line: print(f"[rankguard] {line}", file=sys.stderr, flush=True),
         on_lost=services.on_rank_lost,
+        on_node_lost=services.note_node_lost,
         refills=cfg.inprocess_restart.standby_refills,
     )
     services.live = live
