@@ -48,7 +48,7 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from rankguard.live.keys import REPLACING, LiveKeys
-from rankguard.live.nodes import NodeWatch
+from rankguard.live.nodes import NODE_SILENT_S, NodeWatch
 from rankguard.live.plan import Assignment, Claim, Ended, Resumed, decide, ended_how
 from rankguard.schema.findings import FindingType, Reason
 from rankguard.schema.restarts import LiveBlock, LiveReplacement, LostRank, RestartEntry
@@ -84,6 +84,7 @@ class LiveRecovery:
         start: Callable[..., Any] | None = None,
         refills: int | None = None,
         on_node_lost: Callable[[int], None] | None = None,
+        node_silent_s: float = NODE_SILENT_S,
     ) -> None:
         self.run_id, self.nproc, self.standbys = run_id, nproc, standbys
         self.say = say
@@ -91,6 +92,7 @@ class LiveRecovery:
         self._store_factory = store_factory or _store_client
         self.on_started = on_started  # a refilled standby's pid: one of the node's workers
         self.on_node_lost = on_node_lost  # node 0: a node whose ranks were taken over
+        self.node_silent_s = node_silent_s  # a node's launcher silent this long: lost
         self._start = start or _start_process
         self.started_count = 0  # standbys started to refill used ones (the run)
         self.refills = refills  # how many may be started over the run (None: no limit)
@@ -120,7 +122,11 @@ class LiveRecovery:
         self.keys = LiveKeys(self.run_id, attempt)
         self.node = int(worker_group.group_rank or 0)
         self.nodes = NodeWatch(
-            self.keys, self.node, _nnodes(worker_group), hostname=socket.gethostname()
+            self.keys,
+            self.node,
+            _nnodes(worker_group),
+            hostname=socket.gethostname(),
+            silent_s=self.node_silent_s,
         )
         self.node_lost = False
         self._told_lost = set()

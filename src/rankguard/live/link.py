@@ -108,10 +108,12 @@ class LiveLink:
     def replacing(self, store: Any, rank: int) -> bool:
         """Is a standby on its way to take ``rank``'s place? Asked by a survivor while
         ``rank`` is missing at a round's barrier: that wait is said in the store too
-        (``awaited/<rank>``, at most every ``AWAITED_EVERY_S``), evidence for node 0 that
-        a silent node's ranks are gone with it (:func:`~rankguard.live.plan.lost_nodes`)."""
+        (``awaited/<rank>``, at most every ``AWAITED_EVERY_S``, at a re-entry: not at the
+        first round, where a rank may still be starting), evidence for node 0 that a
+        silent node's ranks are gone with it (:func:`~rankguard.live.plan.lost_nodes`)."""
         now = time.time()
-        if now - self._awaited.get(rank, float("-inf")) >= AWAITED_EVERY_S:
+        last = self._awaited.get(rank, float("-inf"))
+        if self.current_round >= 1 and now - last >= AWAITED_EVERY_S:  # a re-entry only
             self._awaited[rank] = now
             store.set(self.keys.awaited(rank), f"{now:.3f}")
         key = self.keys.lost(rank)

@@ -50,8 +50,9 @@ VIEW_EVERY_S = 0.2
 """A node's launcher refreshes its view this often (its keep-alive for node 0)."""
 NODE_SILENT_S = 1.5
 """A node whose view is older than this (its launcher gone), and whose ranks the
-survivors wait for, is lost. Below the survivors' wait for a peer that cannot re-enter
-(``inprocess_restart.heartbeat_timeout``): node 0 has to decide within it."""
+survivors wait for, is lost (at least: the launcher takes a quarter of
+``inprocess_restart.heartbeat_timeout``, the survivors' shortest wait for a peer that
+cannot re-enter: node 0 has to decide within it)."""
 AWAITED_FRESH_S = 2.0
 """A survivor's ``awaited/<rank>`` counts as evidence this long (it is refreshed every
 ``AWAITED_EVERY_S`` while it waits)."""

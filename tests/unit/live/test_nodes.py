@@ -151,6 +151,9 @@ def test_a_survivor_says_in_the_store_that_it_waits_for_a_missing_rank() -> None
     store = DictStore()
     link = LiveLink(KEYS, standby=False, pid=5)
     assert link.replacing(store, 3) is False
+    assert not store.check([KEYS.awaited(3)])  # the first round: rank 3 may be starting
+    link.current_round = 1
+    assert link.replacing(store, 3) is False
     first = float(store.get(KEYS.awaited(3)))
     store.set(KEYS.lost(3), REPLACING.encode())  # a TCPStore's get: bytes
     assert link.replacing(store, 3) is True
