@@ -161,6 +161,8 @@ def test_a_lost_nodes_rank_is_taken_over_by_the_other_nodes_standby(
         1,
     )
     assert line["resumed_t"] is not None and line["steps_redone"] <= 1
+    # the fault is the lost launcher's last sign of life: finding the node lost counts
+    assert line["recovery_s"] > 1.0, line
     # rank 0 kept its pid (one process before and after the loss); node 0's standby
     # became rank 1 and trained only after it took over
     by_pid = {recs[0]["pid"]: recs for recs in map(read_jsonl, heartbeat_files(run_dir))}

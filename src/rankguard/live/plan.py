@@ -223,7 +223,9 @@ class NodeView:
 @dataclass(frozen=True, slots=True)
 class Claim:
     """A lost node's rank that a standby of the claimed node takes (``take/<node>``):
-    the rank, its last pid and host, its node, when node 0 decided (unix seconds)."""
+    the rank, its last pid and host, its node, and the fault's time: the lost
+    launcher's last view (unix seconds; the node was lost after it, within a view's
+    interval when its launcher went with it)."""
 
     rank: int
     lost_pid: int
@@ -322,7 +324,7 @@ def decide_takeover(
         mine, todo = todo[: view.waiting], todo[view.waiting :]
         if mine:
             claims[view.node] = [
-                Claim(r, lost.ranks[r], lost.node, now, lost.hostname) for r in mine
+                Claim(r, lost.ranks[r], lost.node, lost.t, lost.hostname) for r in mine
             ]
     return Takeover(lost.node, claims=claims)
 

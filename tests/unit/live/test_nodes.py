@@ -57,7 +57,7 @@ def test_the_lost_nodes_ranks_go_to_the_other_nodes_waiting_standbys_in_order() 
     got = decide_takeover(views[2], views, now=NOW, silent_s=1.5, declared=True)
     assert got.refused is None
     assert {n: [c.rank for c in cs] for n, cs in got.claims.items()} == {0: [2], 1: [3, 4]}
-    assert got.claims[1][0] == Claim(3, 103, 2, NOW, "h2")
+    assert got.claims[1][0] == Claim(3, 103, 2, NOW - 5, "h2")  # its last view: the fault
 
 
 def test_too_few_standbys_or_no_declared_state_refuse_with_one_reason() -> None:
@@ -70,7 +70,7 @@ def test_too_few_standbys_or_no_declared_state_refuse_with_one_reason() -> None:
     views = _views(1, 1, 1)
     views[1] = NodeView(1, NOW - 5, 1, {1: 101})
     got = decide_takeover(views[2], views, now=NOW, silent_s=1.5, declared=True)
-    assert got.claims == {0: [Claim(2, 102, 2, NOW, "h2")]}
+    assert got.claims == {0: [Claim(2, 102, 2, NOW - 5, "h2")]}
     got = decide_takeover(views[2], _views(1, 1, 1), now=NOW, silent_s=1.5, declared=False)
     assert got.claims == {} and "declares no live state" in (got.refused or "")
 
