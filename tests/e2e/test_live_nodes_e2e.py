@@ -31,6 +31,7 @@ from .conftest import (
     no_leftover_workers,
     rankguard_cmd,
     read_jsonl,
+    read_status,
     run_rankguard,
 )
 
@@ -174,6 +175,8 @@ def test_a_lost_nodes_rank_is_taken_over_by_the_other_nodes_standby(
     assert min(steps[line["standby_pid"]]) >= KILL_AFTER
     # the losses of the uninterrupted run, every step
     assert _losses(out) == reference, out[-6000:]
+    live = read_status(run_dir)["live"]
+    assert live["used"] == 1 and live["replaced"][0]["lost_rank"] == 1, live
     findings = read_jsonl(run_dir / "findings.jsonl")
     lost = [f for f in findings if f.get("rank") == 1 and f.get("pid") == line["lost_pid"]]
     assert lost and lost[0]["finding_type"] == "rank_process_exited", findings
