@@ -5,6 +5,12 @@ workers that ended, the standbys waiting, whether the script declared its state)
 returns who replaces whom, or the one reason why live recovery cannot apply (the group
 restart of torch elastic then, as without standbys). :class:`Assignment` is the record
 the launcher hands a standby through the store, checked on the way in.
+
+Across nodes, node 0's: :func:`lost_nodes` (a node whose launcher went silent and whose
+ranks the survivors await at a re-entry) and :func:`decide_takeover` (which nodes'
+waiting standbys take a lost node's ranks, all or none); the records each node
+publishes (:class:`NodeView`) and node 0's claims (:class:`Claim`), checked on the way
+in (:mod:`rankguard.live.nodes` moves them through the store).
 """
 
 from __future__ import annotations
