@@ -542,7 +542,7 @@ class LiveRecovery:
             store = self._client()
             self.node_lost = self.node_lost or self.nodes.any_taken(store)
             if self.node == 0:
-                for entry in self.nodes.collect(store):
+                for entry in self.nodes.collect(store, now=True):
                     self._collected(entry)
         except Exception as exc:
             logger.debug("rankguard: live recovery: the workers' store at the end: %s", exc)

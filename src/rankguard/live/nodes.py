@@ -42,7 +42,7 @@ from rankguard.live.plan import (
     lost_nodes,
 )
 
-__all__ = ["AWAITED_FRESH_S", "NODE_SILENT_S", "VIEW_EVERY_S", "NodeWatch"]
+__all__ = ["AWAITED_FRESH_S", "COLLECT_EVERY_S", "NODE_SILENT_S", "VIEW_EVERY_S", "NodeWatch"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,9 @@ cannot re-enter: node 0 has to decide within it)."""
 AWAITED_FRESH_S = 2.0
 """A survivor's ``awaited/<rank>`` counts as evidence this long (it is refreshed every
 ``AWAITED_EVERY_S`` while it waits)."""
+COLLECT_EVERY_S = 0.5
+"""Node 0 looks for the other nodes' recoveries this often (one ``check`` per node; a
+recovery's line waits for the newcomer's first step anyway)."""
 _MAX_ENTRY_BYTES = 16384
 
 
@@ -82,6 +85,7 @@ class NodeWatch:
         self._claimed: set[int] = set()  # the ranks of claims already handed out here
         self._published_at = float("-inf")
         self._decided_at = float("-inf")
+        self._collected_at = float("-inf")
         self._entries_out = 0  # this node's recoveries published
         self._entries_in = dict.fromkeys(range(1, nnodes), 0)  # node 0: read per node
 
@@ -198,11 +202,14 @@ class NodeWatch:
             f"({given}); no group restart"
         )
 
-    def collect(self, store: Any) -> list[dict[str, Any]]:
-        """Node 0: the other nodes' recoveries published since the last call."""
+    def collect(self, store: Any, *, now: bool = False) -> list[dict[str, Any]]:
+        """Node 0: the other nodes' recoveries published since the last look (at most
+        every ``COLLECT_EVERY_S``; ``now``: whenever it was)."""
         out: list[dict[str, Any]] = []
-        if self.node != 0:
+        t = self.clock()
+        if self.node != 0 or (not now and t - self._collected_at < COLLECT_EVERY_S):
             return out
+        self._collected_at = t
         for node in self._entries_in:
             while store.check([key := self.keys.entry(node, self._entries_in[node])]):
                 self._entries_in[node] += 1
@@ -220,12 +227,16 @@ class NodeWatch:
         return out
 
     def _views(self, store: Any) -> dict[int, NodeView]:
+        """Every node's view: one ``check`` and one ``multi_get`` once every node has
+        published (a store without ``multi_get``, or a node not yet: one key at a time)."""
+        keys = [self.keys.node(n) for n in range(self.nnodes)]
+        multi_get = getattr(store, "multi_get", None)
+        if multi_get is not None and store.check(keys):
+            found = list(enumerate(multi_get(keys)))
+        else:
+            found = [(n, store.get(k)) for n, k in enumerate(keys) if store.check([k])]
         out = {}
-        for node in range(self.nnodes):
-            key = self.keys.node(node)
-            if not store.check([key]):
-                continue
-            raw = store.get(key)
+        for node, raw in found:
             try:
                 out[node] = NodeView.from_json(raw[: MAX_NODE_BYTES + 1])
             except ValueError as exc:

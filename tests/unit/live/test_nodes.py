@@ -142,9 +142,16 @@ def test_another_nodes_recoveries_reach_node_0_in_order() -> None:
     node1.publish_entry(store, {"lost_rank": 1, "standby_pid": 7})
     node1.publish_entry(store, {"lost_rank": 1, "standby_pid": 8})
     node0.publish_entry(store, {"lost_rank": 0})  # node 0 writes its own
-    store.set(KEYS.entry(1, 2), "not json")
     assert [e["standby_pid"] for e in node0.collect(store)] == [7, 8]
-    assert node0.collect(store) == [] and node1.collect(store) == []
+    node1.publish_entry(store, {"lost_rank": 1, "standby_pid": 9})
+    assert node0.collect(store) == []  # looked 0 s ago
+    clock[0] += 0.5
+    assert [e["standby_pid"] for e in node0.collect(store)] == [9]
+    assert node1.collect(store) == []
+    store.set(KEYS.entry(1, 3), "not json")  # not one of ours: skipped, said in the log
+    store.set(KEYS.entry(1, 4), json.dumps({"lost_rank": 1, "standby_pid": 10}))
+    clock[0] += 0.5
+    assert [e["standby_pid"] for e in node0.collect(store)] == [10]
 
 
 def test_a_survivor_says_in_the_store_that_it_waits_for_a_missing_rank() -> None:
