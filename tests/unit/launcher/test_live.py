@@ -320,9 +320,9 @@ def test_the_watch_does_not_wait_for_the_monitor_to_take_the_lost_rank(
 
 
 def _node(
-    tmp: Path, node: int, store: DictStore, clock: list[float]
+    tmp: Path, node: int, store: DictStore, clock: list[float], nnodes: int = 2
 ) -> tuple[LiveRecovery, FakeContext, Any, list[str], list[LostRank], list[int]]:
-    """Node ``node`` of two, one training rank and one standby each, on ``store``."""
+    """Node ``node`` of ``nnodes``, one training rank and one standby each, on ``store``."""
     lines: list[str] = []
     lost: list[LostRank] = []
     nodes_lost: list[int] = []
@@ -341,7 +341,9 @@ def _node(
         group_rank=node,
         master_addr="127.0.0.1",
         master_port=1,
-        workers=[SimpleNamespace(global_rank=2 * node + s, world_size=4) for s in range(2)],
+        workers=[
+            SimpleNamespace(global_rank=2 * node + s, world_size=2 * nnodes) for s in range(2)
+        ],
     )
     live.started(group, 0)
     live.nodes.clock = lambda: clock[0]
@@ -428,3 +430,38 @@ def test_a_recovery_on_node_1_is_written_and_told_by_node_0(tmp_path: Path) -> N
     (entry,) = live0.entries_due()
     assert (entry.number("lost_rank"), entry.number("node")) == (1, 1)
     assert live0.status().replaced[0].standby_pid == 201
+
+
+def test_a_lost_nodes_rank_taken_by_node_2_is_written_and_told_by_node_0(
+    tmp_path: Path,
+) -> None:
+    """Three nodes, node 0's standby gone: node 1's rank goes to node 2's standby, whose
+    recovery reaches node 0 through the store (its line, the lost rank's finding)."""
+    store, clock = DictStore(), [1000.0]
+    keys = LiveKeys("r1", 0)
+    store.set(keys.declared, "1")
+    live0, ctx0, group0, lines0, lost0, _ = _node(tmp_path, 0, store, clock, 3)
+    live1, ctx1, group1, _, _, _ = _node(tmp_path, 1, store, clock, 3)
+    live2, ctx2, group2, lines2, lost2, _ = _node(tmp_path, 2, store, clock, 3)
+    ctx0.end(1, 1)  # node 0's standby gone before it was needed
+    for live, ctx, group in ((live0, ctx0, group0), (live1, ctx1, group1), (live2, ctx2, group2)):
+        live.poll(group, ctx)
+    clock[0] += 2.0  # node 1 lost; nodes 0 and 2 go on
+    store.set(keys.awaited(1), f"{clock[0]:.3f}")
+    live2.poll(group2, ctx2)
+    live0.poll(group0, ctx0)
+    assert "(node 2: rank(s) 1); no group restart" in lines0[-1]
+    live2.poll(group2, ctx2)  # node 2 takes its claim
+    got = json.loads(store.get(keys.assign(301)))
+    assert (got["rank"], got["local_rank"], got["lost_pid"]) == (1, 1, 200)
+    assert live2.holders == {2: 0, 1: 1}
+    assert "rank 1 of lost node 1 (pid 200) is taken over by standby pid 301" in lines2[-1]
+    clock[0] += 0.5
+    live0.poll(group0, ctx0)  # node 0 collects node 2's recovery
+    live0.wait_told()
+    live2.wait_told()
+    assert lost2 == []
+    assert [(e.rank, e.pid, e.standby_pid, e.node) for e in lost0] == [(1, 200, 301, 1)]
+    (done,) = live0.status().replaced
+    assert (done.lost_rank, done.standby_pid) == (1, 301)
+    assert live2.node_lost  # its exit barrier is shortened too
