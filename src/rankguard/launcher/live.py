@@ -533,13 +533,15 @@ class LiveRecovery:
         return RunResult(state=WorkerState.SUCCEEDED, return_values=values)
 
     def _lost_nodes_at_end(self) -> None:
-        """Several nodes: whether a node was taken over (torch elastic's exit barrier
-        then waits for its agent in vain: the agent shortens it), and node 0's last
-        look at the other nodes' recoveries."""
+        """Several nodes: this node's last view (no training rank left: its launcher,
+        gone to torch elastic's exit barrier, is not a lost node), whether a node was
+        taken over (that exit barrier then waits for its agent in vain: the agent
+        shortens it), and node 0's last look at the other nodes' recoveries."""
         if not self.nodes.several:
             return
         try:
             store = self._client()
+            self.nodes.publish(store, waiting=0, ranks={}, now=True)  # no rank to lose
             self.node_lost = self.node_lost or self.nodes.any_taken(store)
             if self.node == 0:
                 for entry in self.nodes.collect(store, now=True):

@@ -95,13 +95,17 @@ class NodeWatch:
 
     # ---- every node -----------------------------------------------------------------
 
-    def publish(self, store: Any, *, waiting: int, ranks: dict[int, int]) -> None:
-        """This node's view, at most every ``VIEW_EVERY_S``."""
-        now = self.clock()
-        if not self.several or now - self._published_at < VIEW_EVERY_S:
+    def publish(
+        self, store: Any, *, waiting: int, ranks: dict[int, int], now: bool = False
+    ) -> None:
+        """This node's view (``ranks``: the training ranks still running here), at most
+        every ``VIEW_EVERY_S`` (``now``: whenever it was). A node whose ranks all
+        completed publishes none: its launcher's silence then is no loss."""
+        t = self.clock()
+        if not self.several or (not now and t - self._published_at < VIEW_EVERY_S):
             return
-        self._published_at = now
-        view = NodeView(self.node, now, waiting, dict(ranks), self.hostname)
+        self._published_at = t
+        view = NodeView(self.node, t, waiting, dict(ranks), self.hostname)
         store.set(self.keys.node(self.node), view.to_json())
 
     def claims(self, store: Any) -> list[Claim]:

@@ -387,6 +387,8 @@ def test_a_lost_nodes_rank_goes_to_a_standby_of_node_0_with_its_own_local_rank(
     assert live0.poll(group0, ctx0).state == WorkerState.HEALTHY
     ctx0.end(1, 0)
     assert live0.poll(group0, ctx0).state == WorkerState.SUCCEEDED
+    # its last view holds no rank: its launcher's silence from now on is no loss
+    assert json.loads(store.get(keys.node(0)))["ranks"] == {}
 
 
 def test_no_standby_on_the_other_nodes_leaves_the_lost_node_to_todays_path(
