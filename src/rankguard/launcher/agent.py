@@ -23,7 +23,8 @@ worker-lifecycle methods ``SimpleElasticAgent`` is designed to have subclassed.
   handler (the workers are not stopped); while the job is preempted ``_monitor_workers``
   neither restarts the group nor records its exits as a failure, kills the ranks still
   running when ``preempt_time`` is over, and ``_exit_barrier`` waits no longer than
-  the grace window.
+  the grace window; once live recovery took a lost node's ranks over (its agent never
+  arrives), it waits ``LOST_NODE_EXIT_S`` at most.
 - ``run``: while it runs, one private directory for the ranks' NVRx client sockets,
   removed when it ends whatever the ranks did (``launcher_socket_dir`` in
   ``integrations/nvrx.py``: a rank killed by a signal leaves nothing in ``$TMPDIR``).
@@ -85,6 +86,11 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+LOST_NODE_EXIT_S = 3
+"""torch elastic's exit barrier after live recovery took a lost node's ranks over (its
+agent never arrives): the surviving agents wait this long for each other, not
+``exit_barrier_timeout`` (300 s by default)."""
 
 _SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
@@ -448,6 +454,9 @@ class RankguardAgent(LocalElasticAgent):
         if pre is not None and pre.active:  # the other nodes have the same window
             left = pre.time_left() or 0.0
             self._exit_barrier_timeout = max(1, round(left))
+        live = self.live
+        if live is not None and live.node_lost:  # a lost agent never reaches the barrier
+            self._exit_barrier_timeout = min(self._exit_barrier_timeout, LOST_NODE_EXIT_S)
         super()._exit_barrier()
 
     def _add_peer_errors(self, result: Any, worker_group: Any) -> None:

@@ -21,6 +21,7 @@ from rankguard.launcher.agent import RankguardAgent
 from rankguard.launcher.live import LiveRecovery
 from rankguard.launcher.options import LaunchOptions
 from rankguard.launcher.services import NodeServices
+from rankguard.live.nodes import NODE_SILENT_S
 from rankguard.schema import layout
 from rankguard.schema.jsontypes import JsonObject
 
@@ -186,6 +187,10 @@ def live_recovery(
         standbys=standbys,
         say=lambda line: print(f"[rankguard] {line}", file=sys.stderr, flush=True),
         on_lost=services.on_rank_lost,
+        on_node_lost=services.note_node_lost,
+        # a node's launcher silent this long (and its ranks awaited): lost; well within
+        # the survivors' wait for a peer that cannot re-enter
+        node_silent_s=max(NODE_SILENT_S, cfg.inprocess_restart.heartbeat_timeout / 4),
         refills=cfg.inprocess_restart.standby_refills,
     )
     services.live = live

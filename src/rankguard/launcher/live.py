@@ -21,6 +21,14 @@ at every worker process of the node once (``Popen.poll``):
 Each recovery is one ``restarts.jsonl`` line of kind ``live_recovery``
 (:meth:`LiveRecovery.entries_due`), written once the newcomer completed its first step
 (``resumed_t``) or ``RESUMED_WAIT_S`` after the fault without it.
+
+Several nodes (:mod:`rankguard.live.nodes`): each node publishes its view (standbys waiting, the
+ranks it holds) every ``VIEW_EVERY_S``; node 0 takes a node whose launcher went silent
+and whose ranks the survivors wait for as lost and, when the other nodes' standbys are
+enough, gives its ranks to them (``take/<node>``, checked here at each poll); the node
+map is by global rank (a node may hold another node's ranks). Every node's recoveries
+reach node 0 through the store (``entry/<node>/<i>``): its ``restarts.jsonl``, the lost
+ranks' findings and ``status.json["live"]`` are the job's.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -39,7 +48,8 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from rankguard.live.keys import REPLACING, LiveKeys
-from rankguard.live.plan import Assignment, Ended, Resumed, decide, ended_how
+from rankguard.live.nodes import NODE_SILENT_S, NodeWatch
+from rankguard.live.plan import Assignment, Claim, Ended, Resumed, decide, ended_how
 from rankguard.schema.findings import FindingType, Reason
 from rankguard.schema.restarts import LiveBlock, LiveReplacement, LostRank, RestartEntry
 
@@ -73,22 +83,26 @@ class LiveRecovery:
         on_started: Callable[[int], None] | None = None,
         start: Callable[..., Any] | None = None,
         refills: int | None = None,
+        on_node_lost: Callable[[int], None] | None = None,
+        node_silent_s: float = NODE_SILENT_S,
     ) -> None:
         self.run_id, self.nproc, self.standbys = run_id, nproc, standbys
         self.say = say
         self.on_lost = on_lost
         self._store_factory = store_factory or _store_client
         self.on_started = on_started  # a refilled standby's pid: one of the node's workers
+        self.on_node_lost = on_node_lost  # node 0: a node whose ranks were taken over
+        self.node_silent_s = node_silent_s  # a node's launcher silent this long: lost
         self._start = start or _start_process
         self.started_count = 0  # standbys started to refill used ones (the run)
         self.refills = refills  # how many may be started over the run (None: no limit)
         self.refilled = 0  # started over the run (every group)
         self.keys = LiveKeys(run_id, 0)
         self.node = 0
-        self.holders: dict[int, int] = {}  # training local rank -> slot holding it
+        self.holders: dict[int, int] = {}  # training rank (global) -> slot holding it
         self.waiting: list[int] = []  # standby slots not used yet, in order of use
         self.ended: set[int] = set()  # slots seen ended
-        self.completed: set[int] = set()  # training local ranks ended with 0
+        self.completed: set[int] = set()  # training ranks (global) ended with 0
         self.replaced: list[dict[str, Any]] = []  # every recovery of the run
         self.left_unused = 0  # standbys that ended without taking a rank (this group)
         self._pending: list[dict[str, Any]] = []  # lines waiting for resumed_t
@@ -97,6 +111,9 @@ class LiveRecovery:
         self._done_at: float | None = None
         self.stopping: str | None = None  # why no recovery now (the launcher stops)
         self._telling: list[threading.Thread] = []  # lost ranks' findings on their way
+        self.nodes = NodeWatch(self.keys, 0, 1)  # several nodes: views, takeovers
+        self.node_lost = False  # a node of the job was taken over (its agent gone)
+        self._told_lost: set[int] = set()  # node 0: the taken-over nodes told on
 
     # ---- lifecycle ------------------------------------------------------------------
 
@@ -104,7 +121,17 @@ class LiveRecovery:
         """A new worker group (the first, or after a group restart)."""
         self.keys = LiveKeys(self.run_id, attempt)
         self.node = int(worker_group.group_rank or 0)
-        self.holders = {lr: lr for lr in range(self.nproc)}
+        self.nodes = NodeWatch(
+            self.keys,
+            self.node,
+            _nnodes(worker_group),
+            hostname=socket.gethostname(),
+            silent_s=self.node_silent_s,
+        )
+        self.node_lost = False
+        self._told_lost = set()
+        first = self.node * self.nproc
+        self.holders = {first + lr: lr for lr in range(self.nproc)}
         self.waiting = [self.nproc + j for j in range(self.standbys)]
         self.ended, self.completed = set(), set()
         self.left_unused = 0
@@ -141,8 +168,7 @@ class LiveRecovery:
         not stopping. Fault tolerance asks it (the monitor's thread, with a store client
         of its own) before it ends a hung rank: the others then keep running, and their
         stacks need not be written before the kill."""
-        local = rank - self.node * self.nproc
-        if not 0 <= local < self.nproc or not self.waiting or self.stopping is not None:
+        if rank not in self.holders or not self.waiting or self.stopping is not None:
             return False
         if self._addr is None:
             return False
@@ -165,28 +191,120 @@ class LiveRecovery:
             if code is None:
                 continue
             self.ended.add(slot)
-            local = self._held_by(slot)
-            if local is None:
+            rank = self._held_by(slot)
+            if rank is None:
                 self._standby_ended(slot, proc.pid, code)
             elif code == 0:
-                self.completed.add(local)
+                self.completed.add(rank)
             else:
                 path = pcontext.error_files.get(slot, "")
-                rank = self.node * self.nproc + local
                 lost.append(Ended(slot, rank, proc.pid, code, bool(path) and os.path.isfile(path)))
         if lost:
             failed = self._recover(lost, handlers, pcontext)
             if failed is not None:
                 return failed
-        if len(self.completed) == self.nproc:
+        if len(self.completed) == len(self.holders):
             return self._finishing(handlers, worker_group)
+        if self.nodes.several:
+            self._across_nodes(handlers)
         return RunResult(state=WorkerState.HEALTHY)
 
     def _held_by(self, slot: int) -> int | None:
-        for local, holder in self.holders.items():
+        for rank, holder in self.holders.items():
             if holder == slot:
-                return local
+                return rank
         return None
+
+    # ---- several nodes ----------------------------------------------------------------
+
+    def _across_nodes(self, handlers: dict[int, Any]) -> None:
+        """This node's view published; node 0's decision on lost nodes and the other
+        nodes' recoveries; the lost ranks node 0 gave this node's standbys taken. A
+        store that does not answer is logged: the next poll tries again."""
+        try:
+            store = self._client()
+            held = self.holders.items()
+            ranks = {r: handlers[s].proc.pid for r, s in held if s not in self.ended}
+            self.nodes.publish(store, waiting=len(self.waiting), ranks=ranks)
+            for line in self.nodes.decide(
+                store,
+                declared=lambda: bool(store.check([self.keys.declared])),
+                stopping=self.stopping,
+            ):
+                self.say(line)
+            for lost in sorted(set(self.nodes.takeovers) - self._told_lost):
+                self._told_lost.add(lost)
+                self.node_lost = True
+                if self.on_node_lost is not None:
+                    self.on_node_lost(lost)
+            for claim in self.nodes.claims(store):
+                self._adopt(claim, handlers)
+            if self.node == 0:
+                for entry in self.nodes.collect(store):
+                    self._collected(entry)
+        except Exception as exc:
+            logger.warning("rankguard: live recovery across nodes: the workers' store: %s", exc)
+
+    def _adopt(self, claim: Claim, handlers: dict[int, Any]) -> None:
+        """A lost node's rank given to a standby of this node: it keeps its own slot
+        (``LOCAL_RANK``, its device) and takes the rank's number."""
+        self.node_lost = True
+        alive = [s for s in self.waiting if handlers[s].proc.poll() is None]
+        if not alive:
+            self.say(
+                f"live recovery: node {claim.lost_node}'s rank {claim.rank} was given to this "
+                "node, but no standby is left here: the survivors give up on it and the "
+                "group restarts"
+            )
+            return
+        slot = alive[0]
+        standby_pid = handlers[slot].proc.pid
+        got = Assignment(
+            rank=claim.rank,
+            local_rank=slot,
+            lost_pid=claim.lost_pid,
+            standby_pid=standby_pid,
+            cause=FindingType.PROCESS_EXITED.value,
+            fault_t=claim.fault_t,
+        )
+        self._client().set(self.keys.assign(standby_pid), got.to_json())
+        self.holders[claim.rank] = slot
+        self.waiting.remove(slot)
+        how = f"node {claim.lost_node} lost"
+        entry = self._entry(got, Reason.DIED, how, lost_node=claim.lost_node)
+        entry["lost_hostname"] = claim.hostname
+        entry["message"] = (
+            f"node {claim.lost_node} lost with its launcher; standby pid {standby_pid} on "
+            f"node {self.node} took rank {claim.rank}, the others re-entered in process"
+        )
+        self._record(entry, got, how, claim.hostname)
+        self.say(
+            f"live recovery: rank {claim.rank} of lost node {claim.lost_node} (pid "
+            f"{claim.lost_pid}) is taken over by standby pid {standby_pid} of this node "
+            f"(LOCAL_RANK {slot}); no group restart ({len(self.waiting)} standby(s) left "
+            "on this node)"
+        )
+
+    def _collected(self, entry: dict[str, Any]) -> None:
+        """Node 0: another node's recovery, written and told here (the job's)."""
+        try:
+            lost = LostRank(
+                rank=int(entry["lost_rank"]),
+                pid=int(entry["lost_pid"]),
+                standby_pid=int(entry["standby_pid"]),
+                node=int(entry.get("lost_node", entry["node"])),
+                reason=str(entry["reason"]),
+                exit=str(entry["exit"]),
+                hostname=str(entry.get("lost_hostname") or ""),
+            )
+            float(entry["fault_t"])
+        except (KeyError, TypeError, ValueError) as exc:
+            logger.warning("rankguard: another node's live recovery record: %s", exc)
+            return
+        entry["restart"] = len(self.replaced) + 1
+        self.replaced.append(entry)
+        self._pending.append(entry)
+        self._tell(lost)
 
     def _standby_ended(self, slot: int, pid: int, code: int) -> None:
         if slot in self.waiting:
@@ -202,6 +320,8 @@ class LiveRecovery:
         self, lost: list[Ended], handlers: dict[int, Any], pcontext: Any
     ) -> RunResult | None:
         """Replace ``lost`` by standbys; the FAILED result when that cannot be done."""
+        if self._taken_over(lost):
+            return None
         alive = [s for s in self.waiting if handlers[s].proc.poll() is None]
         try:
             declared = bool(self._client().check([self.keys.declared]))
@@ -226,10 +346,29 @@ class LiveRecovery:
         }
         return RunResult(state=WorkerState.FAILED, failures=failures)
 
+    def _taken_over(self, lost: list[Ended]) -> bool:
+        """Node 0 took this node for lost (its launcher was silent) and gave its ranks
+        to other nodes' standbys: the ranks ending now are theirs, not this node's."""
+        if not self.nodes.several:
+            return False
+        try:
+            taken = self.nodes.taken_over(self._client())
+        except Exception:
+            return False
+        if taken:
+            for ended in lost:
+                self.holders.pop(ended.rank or -1, None)
+            self.say(
+                f"live recovery: rank(s) {', '.join(str(e.rank) for e in lost)} ended, but "
+                f"node 0 took this node for lost and gave its ranks to other nodes' standbys"
+            )
+        return taken
+
     def _replace(self, ended: Ended, slot: int, standby_pid: int) -> None:
         assert ended.rank is not None
         local = ended.rank - self.node * self.nproc
-        fault_t = time.time()
+        if not 0 <= local < self.nproc:  # a lost node's rank this node took: own slot
+            local = slot
         reason = Reason.DIED if ended.exit_code < 0 else Reason.EXITED_WITH_ERROR
         got = Assignment(
             rank=ended.rank,
@@ -237,56 +376,85 @@ class LiveRecovery:
             lost_pid=ended.pid,
             standby_pid=standby_pid,
             cause=FindingType.PROCESS_EXITED.value,
-            fault_t=fault_t,
+            fault_t=time.time(),
         )
         store = self._client()
         store.set(self.keys.lost(ended.rank), REPLACING)
         store.set(self.keys.assign(standby_pid), got.to_json())
-        self.holders[local] = slot
+        self.holders[ended.rank] = slot
         self.waiting.remove(slot)
-        entry: dict[str, Any] = {
+        how = ended_how(ended.exit_code)
+        entry = self._entry(got, reason, how)
+        entry["message"] = (
+            f"process ended ({how}); standby pid {standby_pid} took rank {ended.rank}, the "
+            "others re-entered in process"
+        )
+        self._record(entry, got, how, socket.gethostname())
+        self.say(
+            f"live recovery: rank {ended.rank} (pid {ended.pid}, {how}) "
+            f"is taken over by standby pid {standby_pid}; no group restart "
+            f"({len(self.waiting)} standby(s) left on this node)"
+        )
+
+    def _entry(
+        self, got: Assignment, reason: Reason, how: str, *, lost_node: int | None = None
+    ) -> dict[str, Any]:
+        """A recovery's ``restarts.jsonl`` line, its cost still unknown."""
+        return {
             "schema_version": 1,
             "kind": "live_recovery",
             "run_id": self.run_id,
             "restart": len(self.replaced) + 1,
-            "rank": ended.rank,
-            "lost_rank": ended.rank,
-            "lost_pid": ended.pid,
-            "standby_pid": standby_pid,
+            "rank": got.rank,
+            "lost_rank": got.rank,
+            "lost_pid": got.lost_pid,
+            "standby_pid": got.standby_pid,
             "node": self.node,
+            "lost_node": self.node if lost_node is None else lost_node,
             "cause": got.cause,
             "reason": reason.value,
-            "exit": ended_how(ended.exit_code),
-            "fault_t": round(fault_t, 3),
+            "exit": how,
+            "fault_t": round(got.fault_t, 3),
             "resumed_t": None,
             "recovery_s": None,
             "steps_redone": None,
-            "message": f"process ended ({ended_how(ended.exit_code)}); standby pid "
-            f"{standby_pid} took rank {ended.rank}, the others re-entered in process",
+            "message": "",
         }
+
+    def _record(self, entry: dict[str, Any], got: Assignment, how: str, hostname: str) -> None:
+        """Keep the recovery's line; node 0 tells the finding naming the lost rank,
+        another node hands both to node 0 through the store."""
         self.replaced.append(entry)
+        if self.node != 0 and self.nodes.several:
+            try:
+                self.nodes.publish_entry(self._client(), entry)
+            except Exception as exc:  # said on this node's console only, as before
+                logger.warning("rankguard: live recovery: not published to node 0: %s", exc)
+            self._pending.append(entry)  # this node's console line, once resumed
+            return
         self._pending.append(entry)
-        if self.on_lost is not None:  # the finding naming the lost rank
-            lost = LostRank(
-                rank=ended.rank,
-                pid=ended.pid,
-                standby_pid=standby_pid,
-                node=self.node,
-                reason=reason.value,
-                exit=ended_how(ended.exit_code),
+        self._tell(
+            LostRank(
+                rank=got.rank,
+                pid=got.lost_pid,
+                standby_pid=got.standby_pid,
+                node=int(entry["lost_node"]),
+                reason=str(entry["reason"]),
+                exit=how,
+                hostname=hostname,
             )
-            # in a thread: the monitor's scan may be writing a hang's finding (its stack
-            # dumps, seconds) and the watch of the workers must not wait for it
-            told = threading.Thread(
-                target=self._tell_lost, args=(lost,), name="rankguard-live-lost", daemon=True
-            )
-            self._telling.append(told)
-            told.start()
-        self.say(
-            f"live recovery: rank {ended.rank} (pid {ended.pid}, {ended_how(ended.exit_code)}) "
-            f"is taken over by standby pid {standby_pid}; no group restart "
-            f"({len(self.waiting)} standby(s) left on this node)"
         )
+
+    def _tell(self, lost: LostRank) -> None:
+        if self.on_lost is None:  # the finding naming the lost rank
+            return
+        # in a thread: the monitor's scan may be writing a hang's finding (its stack
+        # dumps, seconds) and the watch of the workers must not wait for it
+        told = threading.Thread(
+            target=self._tell_lost, args=(lost,), name="rankguard-live-lost", daemon=True
+        )
+        self._telling.append(told)
+        told.start()
 
     def _tell_lost(self, lost: LostRank) -> None:
         assert self.on_lost is not None
@@ -351,6 +519,7 @@ class LiveRecovery:
         if self._done_at is None:
             self._done_at = now
             self._end_starting(handlers, left)
+            self._lost_nodes_at_end()
         if left and now - self._done_at < STANDBY_LEAVE_S:
             return RunResult(state=WorkerState.HEALTHY)
         for slot in left:
@@ -362,6 +531,23 @@ class LiveRecovery:
         # every worker's, standbys included, by torch elastic's own number (its events)
         values: dict[int, Any] = {w.global_rank: None for w in worker_group.workers}
         return RunResult(state=WorkerState.SUCCEEDED, return_values=values)
+
+    def _lost_nodes_at_end(self) -> None:
+        """Several nodes: this node's last view (no training rank left: its launcher,
+        gone to torch elastic's exit barrier, is not a lost node), whether a node was
+        taken over (that exit barrier then waits for its agent in vain: the agent
+        shortens it), and node 0's last look at the other nodes' recoveries."""
+        if not self.nodes.several:
+            return
+        try:
+            store = self._client()
+            self.nodes.publish(store, waiting=0, ranks={}, now=True)  # no rank to lose
+            self.node_lost = self.node_lost or self.nodes.any_taken(store)
+            if self.node == 0:
+                for entry in self.nodes.collect(store, now=True):
+                    self._collected(entry)
+        except Exception as exc:
+            logger.debug("rankguard: live recovery: the workers' store at the end: %s", exc)
 
     def _end_starting(self, handlers: dict[int, Any], left: list[int]) -> None:
         """The standbys not yet at their wait (a refill still importing torch) are ended
@@ -435,6 +621,15 @@ def _failure(ended: Ended, error_file: str) -> ProcessFailure:
             os.unlink(error_file)
         logger.warning("rankguard: torn worker error file dropped: %s", error_file)
         return ProcessFailure(ended.local_rank, ended.pid, ended.exit_code, error_file)
+
+
+def _nnodes(worker_group: Any) -> int:
+    """The nodes of the round (torch elastic's world of workers over this node's)."""
+    workers = list(getattr(worker_group, "workers", None) or [])
+    world = getattr(workers[0], "world_size", None) if workers else None
+    if not workers or not isinstance(world, int) or world <= 0:
+        return 1
+    return max(1, world // len(workers))
 
 
 def _refill_log(path: str, n: int) -> str:

@@ -159,6 +159,12 @@ class NodeServices:
         if self._remote is not None:
             self._remote.note_round(nodes)
 
+    def note_node_lost(self, node: int) -> None:
+        """Live recovery gave lost node ``node``'s ranks to other nodes' standbys: its
+        relay will never say it is done (node 0's final drain does not wait for it)."""
+        if self._remote is not None:
+            self._remote.note_lost(node)
+
     @property
     def restarts_file(self) -> QueuedJsonl:
         """``restarts.jsonl``: lines a failed write left are retried at each scan."""
@@ -422,17 +428,18 @@ class NodeServices:
         if monitor is None or not monitor.note_replaced(rank, pid) or killed:
             return
         reason = Reason(lost.reason)
+        host = lost.hostname or socket.gethostname()
         monitor.report(
             Finding.build(
                 FindingType.PROCESS_EXITED,
                 reason,
                 run_id=self.run_id,
                 rank=rank,
-                message=f"rank {rank} (pid {pid} on {socket.gethostname()}): process ended "
+                message=f"rank {rank} (pid {pid} on {host}): process ended "
                 f"({lost.exit}) without a clean end; standby pid {lost.standby_pid} "
                 "takes its place (live recovery)",
                 pid=pid,
-                hostname=socket.gethostname(),
+                hostname=host,
                 node_rank=lost.node,
                 exit={"vanished": reason is Reason.DIED, "how": lost.exit},
                 action=f"live recovery: standby pid {lost.standby_pid} took rank {rank}",

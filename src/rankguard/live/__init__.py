@@ -9,10 +9,12 @@ process (the wrapper's rounds), the standby joins the next round as that rank, a
 state the script declared with :func:`live_state` comes to it from a survivor.
 
 Here, torch-free at import: the roles and the numbers a rank sees (:mod:`.roles`), the
-store's key names (:mod:`.keys`), the launcher's pure decision and its records
-(:mod:`.plan`), a wrapped call's link to the store (:mod:`.link`) and the state
-transfer (:mod:`.state`). The launcher's side is :mod:`rankguard.launcher.live`, a
-standby's session :mod:`rankguard.launcher.standby`. See ``docs/live_recovery.md``.
+store's key names (:mod:`.keys`), the launcher's pure decisions and their records
+(:mod:`.plan`), each launcher's side across nodes (:mod:`.nodes`: a lost node's ranks
+taken over by the other nodes' standbys), a wrapped call's link to the store
+(:mod:`.link`) and the state transfer (:mod:`.state`). The launcher's side is
+:mod:`rankguard.launcher.live`, a standby's session :mod:`rankguard.launcher.standby`.
+See ``docs/live_recovery.md``.
 """
 
 from rankguard.live.state import live_state

@@ -13,7 +13,16 @@ starts with fresh keys.
 - ``waiting/<pid>``: the standby with that pid is at its wait (its start-up and the
   script's set-up done);
 - ``finished``: the training ranks completed: the standbys leave;
-- ``resumed/<pid>``: the newcomer's first completed step after it took its rank (JSON).
+- ``resumed/<pid>``: the newcomer's first completed step after it took its rank (JSON);
+- ``node/<node>``: a node's launcher, refreshed while it watches its workers (JSON
+  :class:`~rankguard.live.plan.NodeView`: its standbys waiting, the ranks it holds);
+- ``awaited/<rank>``: a survivor waits for that rank at an in-process round's barrier
+  (unix seconds, refreshed while it waits);
+- ``taken/<node>``: node 0 gave that lost node's ranks to other nodes' standbys (JSON
+  :class:`~rankguard.live.plan.Takeover`); ``take/<node>``: the ranks that node's
+  standbys take (JSON list);
+- ``entry/<node>/<i>``: node ``node``'s ``i``-th recovery (its ``restarts.jsonl`` line,
+  JSON), which node 0 writes.
 """
 
 from __future__ import annotations
@@ -53,3 +62,18 @@ class LiveKeys:
 
     def waiting(self, pid: int) -> str:
         return f"{self.prefix}waiting/{pid}"
+
+    def node(self, node: int) -> str:
+        return f"{self.prefix}node/{node}"
+
+    def awaited(self, rank: int) -> str:
+        return f"{self.prefix}awaited/{rank}"
+
+    def taken(self, node: int) -> str:
+        return f"{self.prefix}taken/{node}"
+
+    def take(self, node: int) -> str:
+        return f"{self.prefix}take/{node}"
+
+    def entry(self, node: int, i: int) -> str:
+        return f"{self.prefix}entry/{node}/{i}"

@@ -24,11 +24,13 @@ from rankguard.live.plan import Assignment, Resumed
 from rankguard.live.roles import is_standby, standby_ranks
 from rankguard.rank.runenv import RunEnv
 
-__all__ = ["LiveLink", "bind", "current"]
+__all__ = ["AWAITED_EVERY_S", "LiveLink", "bind", "current"]
 
 logger = logging.getLogger(__name__)
 
 _WAIT_S = 0.2  # longest single store wait of a waiting standby
+AWAITED_EVERY_S = 0.5
+"""A survivor waiting for a missing rank at a barrier says so at most this often."""
 _local = threading.local()
 
 
@@ -59,6 +61,7 @@ class LiveLink:
         self.current_round = 0  # the wrapper's round (set at each join)
         self.synced_round = -1
         self._resumed: Resumed | None = None
+        self._awaited: dict[int, float] = {}  # rank -> when this rank last said it waits
         self._lock = threading.Lock()
 
     @classmethod
@@ -103,7 +106,16 @@ class LiveLink:
         self.declared = True
 
     def replacing(self, store: Any, rank: int) -> bool:
-        """Is a standby on its way to take ``rank``'s place?"""
+        """Is a standby on its way to take ``rank``'s place? Asked by a survivor while
+        ``rank`` is missing at a round's barrier: that wait is said in the store too
+        (``awaited/<rank>``, at most every ``AWAITED_EVERY_S``, at a re-entry: not at the
+        first round, where a rank may still be starting), evidence for node 0 that a
+        silent node's ranks are gone with it (:func:`~rankguard.live.plan.lost_nodes`)."""
+        now = time.time()
+        last = self._awaited.get(rank, float("-inf"))
+        if self.current_round >= 1 and now - last >= AWAITED_EVERY_S:  # a re-entry only
+            self._awaited[rank] = now
+            store.set(self.keys.awaited(rank), f"{now:.3f}")
         key = self.keys.lost(rank)
         if not store.check([key]):
             return False

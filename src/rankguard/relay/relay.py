@@ -426,6 +426,7 @@ class StoreRemoteSource(RemoteSource):
         self.keys = StoreKeys(run_id)
         self.nodes = list(range(1, nnodes))
         self._round_nodes: int | None = None  # the current round's node count, once told
+        self.lost: set[int] = set()  # nodes live recovery took over (their relay is gone)
         self.disk_max_age_s = disk_max_age_s
         self.clock = clock
         self._shutdowns: dict[int, str] = {}
@@ -620,8 +621,14 @@ class StoreRemoteSource(RemoteSource):
 
     def note_round(self, nodes: int) -> None:
         """The current rendezvous round's node count (an elastic job's round may have
-        fewer nodes than ``--nnodes`` allows)."""
+        fewer nodes than ``--nnodes`` allows); a new round has no lost node."""
         self._round_nodes = nodes
+        self.lost.clear()
+
+    def note_lost(self, node: int) -> None:
+        """Node ``node`` was lost with its relay and live recovery gave its ranks to
+        other nodes' standbys: lost, not late; :meth:`nodes_done` does not wait for it."""
+        self.lost.add(node)
 
     def nodes_done(self) -> bool:
         """Every node that may still deliver records said it is done: the nodes of the
@@ -630,7 +637,9 @@ class StoreRemoteSource(RemoteSource):
         anything (``--nnodes 1:2`` with one node) has nothing to deliver."""
         round_nodes = self._round_nodes
         waited = [
-            n for n in self.nodes if round_nodes is None or n < round_nodes or n in self._state
+            n
+            for n in self.nodes
+            if (round_nodes is None or n < round_nodes or n in self._state) and n not in self.lost
         ]
         if not waited:
             return True

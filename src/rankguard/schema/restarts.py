@@ -190,6 +190,7 @@ class LostRank:
     node: int
     reason: str
     exit: str
+    hostname: str = ""  # the lost process's host ("" : this launcher's)
 
 
 @dataclass(frozen=True, slots=True)

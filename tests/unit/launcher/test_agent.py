@@ -453,3 +453,30 @@ def test_the_failure_logging_prewarm_runs_at_the_normal_priority(
         if thread.name == "rankguard-prewarm":
             thread.join(timeout=60)
     assert lowered == []
+
+
+def test_the_exit_barrier_is_shortened_once_a_lost_nodes_ranks_were_taken_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lost agent never reaches torch elastic's exit barrier: the survivors wait
+    ``LOST_NODE_EXIT_S``, not ``exit_barrier_timeout``; without a lost node, as set."""
+    from types import SimpleNamespace
+
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent, WorkerSpec
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+    from rankguard.launcher.agent import LOST_NODE_EXIT_S, RankguardAgent
+
+    waited: list[float] = []
+    monkeypatch.setattr(
+        SimpleElasticAgent, "_exit_barrier", lambda self: waited.append(self._exit_barrier_timeout)
+    )
+    spec = WorkerSpec(
+        role="trainer", local_world_size=1, entrypoint="python", args=(), rdzv_handler=object()
+    )
+    live: Any = SimpleNamespace(node_lost=False, on_started=print)
+    agent = RankguardAgent(spec=spec, logs_specs=DefaultLogsSpecs(log_dir=str(tmp_path)), live=live)
+    agent._exit_barrier()
+    live.node_lost = True
+    agent._exit_barrier()
+    assert waited == [300, LOST_NODE_EXIT_S]

@@ -35,9 +35,11 @@ class FakeProc:
 
 
 class FakeContext:
-    def __init__(self, tmp: Path) -> None:
-        slots = range(NPROC + STANDBYS)
-        self.subprocess_handlers = {s: SimpleNamespace(proc=FakeProc(100 + s)) for s in slots}
+    def __init__(
+        self, tmp: Path, *, nproc: int = NPROC, standbys: int = STANDBYS, pid0: int = 100
+    ) -> None:
+        slots = range(nproc + standbys)
+        self.subprocess_handlers = {s: SimpleNamespace(proc=FakeProc(pid0 + s)) for s in slots}
         self.error_files = {s: str(tmp / f"error_{s}.json") for s in slots}
         self.entrypoint = "python"
         self.args = {s: ("train.py",) for s in slots}
@@ -312,3 +314,156 @@ def test_the_watch_does_not_wait_for_the_monitor_to_take_the_lost_rank(
     scan_busy.set()
     live.wait_told()
     assert [(e.rank, e.standby_pid) for e in got] == [(2, 104)]
+
+
+# ---- several nodes: a lost node's ranks taken over by another node's standby ---------
+
+
+def _node(
+    tmp: Path, node: int, store: DictStore, clock: list[float], nnodes: int = 2
+) -> tuple[LiveRecovery, FakeContext, Any, list[str], list[LostRank], list[int]]:
+    """Node ``node`` of ``nnodes``, one training rank and one standby each, on ``store``."""
+    lines: list[str] = []
+    lost: list[LostRank] = []
+    nodes_lost: list[int] = []
+    live = LiveRecovery(
+        run_id="r1",
+        nproc=1,
+        standbys=1,
+        say=lines.append,
+        on_lost=lost.append,
+        store_factory=lambda host, port: store,
+        start=FakeStarts(),
+        refills=0,
+        on_node_lost=nodes_lost.append,
+    )
+    group = SimpleNamespace(
+        group_rank=node,
+        master_addr="127.0.0.1",
+        master_port=1,
+        workers=[
+            SimpleNamespace(global_rank=2 * node + s, world_size=2 * nnodes) for s in range(2)
+        ],
+    )
+    live.started(group, 0)
+    live.nodes.clock = lambda: clock[0]
+    ctx = FakeContext(tmp / f"n{node}", nproc=1, standbys=1, pid0=100 * (node + 1))
+    return live, ctx, group, lines, lost, nodes_lost
+
+
+def test_a_lost_nodes_rank_goes_to_a_standby_of_node_0_with_its_own_local_rank(
+    tmp_path: Path,
+) -> None:
+    store, clock = DictStore(), [1000.0]
+    keys = LiveKeys("r1", 0)
+    store.set(keys.declared, "1")
+    live0, ctx0, group0, lines0, lost0, nodes_lost = _node(tmp_path, 0, store, clock)
+    live1, ctx1, group1, _, _, _ = _node(tmp_path, 1, store, clock)
+    assert live1.poll(group1, ctx1).state == WorkerState.HEALTHY  # node 1's view: rank 1
+    clock[0] += 2.0  # node 1 lost: its launcher silent, its rank awaited by rank 0
+    store.set(keys.awaited(1), f"{clock[0]:.3f}")
+    assert live0.poll(group0, ctx0).state == WorkerState.HEALTHY
+    assert store.get(keys.lost(1)) == REPLACING
+    got = json.loads(store.get(keys.assign(101)))  # node 0's standby, slot 1
+    assert (got["rank"], got["local_rank"], got["lost_pid"]) == (1, 1, 200)
+    assert live0.holders == {0: 0, 1: 1} and live0.waiting == []
+    assert lines0 == [
+        "live recovery: node 1 lost (its launcher silent 2.0 s, its ranks awaited by the "
+        "survivors): its ranks go to other nodes' standbys (node 0: rank(s) 1); no group "
+        "restart",
+        "live recovery: rank 1 of lost node 1 (pid 200) is taken over by standby pid 101 of "
+        "this node (LOCAL_RANK 1); no group restart (0 standby(s) left on this node)",
+    ]
+    assert nodes_lost == [1] and live0.node_lost
+    live0.wait_told()
+    assert [(e.rank, e.pid, e.standby_pid, e.node) for e in lost0] == [(1, 200, 101, 1)]
+    assert live0.status().used == 1
+    # node 1's launcher, back after a stall, does not replace the rank node 0 took
+    ctx1.end(0, -9)
+    assert live1.poll(group1, ctx1).state == WorkerState.HEALTHY
+    assert not store.check([keys.assign(201)])
+    # the run ends when node 0's two training ranks (its own and the adopted) complete
+    ctx0.end(0, 0)
+    assert live0.poll(group0, ctx0).state == WorkerState.HEALTHY
+    ctx0.end(1, 0)
+    assert live0.poll(group0, ctx0).state == WorkerState.SUCCEEDED
+    # its last view holds no rank: its launcher's silence from now on is no loss
+    assert json.loads(store.get(keys.node(0)))["ranks"] == {}
+
+
+def test_no_standby_on_the_other_nodes_leaves_the_lost_node_to_todays_path(
+    tmp_path: Path,
+) -> None:
+    store, clock = DictStore(), [1000.0]
+    keys = LiveKeys("r1", 0)
+    store.set(keys.declared, "1")
+    live0, ctx0, group0, lines0, _, nodes_lost = _node(tmp_path, 0, store, clock)
+    live1, ctx1, group1, _, _, _ = _node(tmp_path, 1, store, clock)
+    live1.poll(group1, ctx1)
+    ctx0.end(1, 1)  # node 0's standby gone before it was needed
+    live0.poll(group0, ctx0)
+    clock[0] += 2.0
+    store.set(keys.awaited(1), f"{clock[0]:.3f}")
+    assert live0.poll(group0, ctx0).state == WorkerState.HEALTHY
+    assert not store.check([keys.lost(1)]) and not store.check([keys.take(0)])
+    assert lines0[-1] == (
+        "live recovery cannot apply: node 1's rank(s) 1 lost and 0 standby(s) waiting on the "
+        "other nodes: today's path (the group restart, a hot spare or shrink)"
+    )
+    assert nodes_lost == [] and not live0.node_lost
+
+
+def test_a_recovery_on_node_1_is_written_and_told_by_node_0(tmp_path: Path) -> None:
+    store, clock = DictStore(), [1000.0]
+    keys = LiveKeys("r1", 0)
+    store.set(keys.declared, "1")
+    live0, ctx0, group0, _, lost0, _ = _node(tmp_path, 0, store, clock)
+    live1, ctx1, group1, lines1, lost1, _ = _node(tmp_path, 1, store, clock)
+    ctx1.end(0, -9)  # node 1's rank 1: its own standby takes it
+    assert live1.poll(group1, ctx1).state == WorkerState.HEALTHY
+    assert json.loads(store.get(keys.assign(201)))["local_rank"] == 0
+    assert "is taken over by standby pid 201" in lines1[-1]
+    live0.poll(group0, ctx0)
+    live0.wait_told()
+    live1.wait_told()
+    assert lost1 == []  # node 1 has no monitor: node 0 writes the finding
+    assert [(e.rank, e.pid, e.standby_pid, e.node) for e in lost0] == [(1, 200, 201, 1)]
+    store.set(keys.resumed(201), Resumed(t=2e9, step=5, steps_redone=0).to_json())
+    (entry,) = live0.entries_due()
+    assert (entry.number("lost_rank"), entry.number("node")) == (1, 1)
+    assert live0.status().replaced[0].standby_pid == 201
+
+
+def test_a_lost_nodes_rank_taken_by_node_2_is_written_and_told_by_node_0(
+    tmp_path: Path,
+) -> None:
+    """Three nodes, node 0's standby gone: node 1's rank goes to node 2's standby, whose
+    recovery reaches node 0 through the store (its line, the lost rank's finding)."""
+    store, clock = DictStore(), [1000.0]
+    keys = LiveKeys("r1", 0)
+    store.set(keys.declared, "1")
+    live0, ctx0, group0, lines0, lost0, _ = _node(tmp_path, 0, store, clock, 3)
+    live1, ctx1, group1, _, _, _ = _node(tmp_path, 1, store, clock, 3)
+    live2, ctx2, group2, lines2, lost2, _ = _node(tmp_path, 2, store, clock, 3)
+    ctx0.end(1, 1)  # node 0's standby gone before it was needed
+    for live, ctx, group in ((live0, ctx0, group0), (live1, ctx1, group1), (live2, ctx2, group2)):
+        live.poll(group, ctx)
+    clock[0] += 2.0  # node 1 lost; nodes 0 and 2 go on
+    store.set(keys.awaited(1), f"{clock[0]:.3f}")
+    live2.poll(group2, ctx2)
+    live0.poll(group0, ctx0)
+    assert "(node 2: rank(s) 1); no group restart" in lines0[-1]
+    live2.poll(group2, ctx2)  # node 2 takes its claim
+    got = json.loads(store.get(keys.assign(301)))
+    assert (got["rank"], got["local_rank"], got["lost_pid"]) == (1, 1, 200)
+    assert live2.holders == {2: 0, 1: 1}
+    assert "rank 1 of lost node 1 (pid 200) is taken over by standby pid 301" in lines2[-1]
+    clock[0] += 0.5
+    live0.poll(group0, ctx0)  # node 0 collects node 2's recovery
+    live0.wait_told()
+    live2.wait_told()
+    assert lost2 == []
+    assert [(e.rank, e.pid, e.standby_pid, e.node) for e in lost0] == [(1, 200, 301, 1)]
+    (done,) = live0.status().replaced
+    assert (done.lost_rank, done.standby_pid) == (1, 301)
+    assert live2.node_lost  # its exit barrier is shortened too

@@ -139,6 +139,23 @@ def test_nodes_done_needs_every_node(tmp_path: Path, stores: tuple[Any, Any]) ->
     assert source.nodes_done() is True
 
 
+def test_nodes_done_does_not_wait_for_a_node_live_recovery_took_over(
+    tmp_path: Path, stores: tuple[Any, Any]
+) -> None:
+    """Node 2 lost with its relay, its ranks taken by other nodes' standbys: node 0's
+    final drain waits for node 1 only (until a new round)."""
+    master, client = stores
+    (tmp_path / "n1").mkdir()
+    r1 = StoreRelay(client, tmp_path / "n1", RUN, node_rank=1, interval_s=0.05)
+    source = StoreRemoteSource(master, RUN, nnodes=3)
+    source.note_lost(2)
+    assert source.nodes_done() is False
+    r1.stop()
+    assert source.nodes_done() is True
+    source.note_round(3)  # a new round: node 2 is a node again
+    assert source.nodes_done() is False
+
+
 def test_nodes_done_waits_for_the_rounds_nodes_and_every_node_that_relayed(
     tmp_path: Path, stores: tuple[Any, Any]
 ) -> None:
