@@ -15,8 +15,8 @@ printed with the figures:
   writing it), every ``--checkpoint-every`` steps (50, about 4-7 s of training here):
   Young/Daly's interval sqrt(2 x C x MTBF) for a synchronous save of C = 0.2-0.3 s at
   one fault a minute is 5-6 s, and a synchronous save that often stalls the loop
-  3-5 %; asynchronous, about 15 ms a save. Each group restart redoes the steps since
-  the last one (half the interval on average);
+  3-5 %; asynchronous, 17-26 ms a save on average (10 minutes at load 4-13). Each
+  group restart redoes the steps since the last one (half the interval on average);
 - rankguard's hang detection: progress timeout 4 s, process timeout 3 s (steps of
   ~0.1 s; rankguard's defaults, minutes, suit jobs whose steps and saves take long);
 - live recovery's in-process restart: soft timeout 3 s, hard timeout 6 s, the round's
