@@ -371,20 +371,20 @@ def by_fault(
     ledger: Ledger, fired: Sequence[tuple[float, str]], within_s: float = MATCH_S
 ) -> list[tuple[str, Interruption]]:
     """Each interruption of ``ledger`` with the kind of the fault behind it: the injection
-    nearest its last completed step (within ``within_s``; each injection taken once), or
-    ``"-"`` (none: a restart for something else, a fault that came during another
-    interruption's recovery)."""
+    nearest its last completed step (within ``within_s``; each injection taken once, the
+    costlier interruptions first: a re-entry inside a restart's wait has no time of its
+    own), or ``"-"`` (none: a restart for something else, a fault that came during
+    another interruption's recovery)."""
     left = list(fired)
-    out = []
-    for cut in ledger.interruptions:
+    kinds: dict[int, str] = {}
+    order = sorted(range(len(ledger.interruptions)), key=lambda k: -ledger.interruptions[k].cost_s)
+    for k in order:
+        cut = ledger.interruptions[k]
         near = [
-            (abs(t - cut.at), k) for k, (t, _) in enumerate(left) if abs(t - cut.at) <= within_s
+            (abs(t - cut.at), j) for j, (t, _) in enumerate(left) if abs(t - cut.at) <= within_s
         ]
-        if not near:
-            out.append(("-", cut))
-            continue
-        out.append((left.pop(min(near)[1])[1], cut))
-    return out
+        kinds[k] = left.pop(min(near)[1])[1] if near else "-"
+    return [(kinds[k], cut) for k, cut in enumerate(ledger.interruptions)]
 
 
 def _parts_text(parts: dict[Part, float]) -> str:

@@ -139,7 +139,8 @@ def test_the_console_ledger_of_a_live_recovery_and_a_re_entry() -> None:
 
 def test_each_interruption_is_put_down_to_the_fault_nearest_it() -> None:
     """The per-fault account: an interruption takes the injection nearest its last
-    completed step, each injection once; one with none near it is ``-``."""
+    completed step, each injection once, the costlier interruptions first; one with none
+    near it is ``-``."""
     bench = _bench()
 
     def cut(at: float) -> Interruption:
@@ -149,6 +150,11 @@ def test_each_interruption_is_put_down_to_the_fault_nearest_it() -> None:
     fired = [(10.2, "sigkill"), (10.4, "hang"), (38.0, "exception"), (90.0, "sigstop")]
     got = [(kind, c.at) for kind, c in bench.by_fault(ledger, fired)]
     assert got == [("sigkill", 10.0), ("hang", 10.5), ("exception", 40.0), ("-", 70.0)]
+    # a re-entry with no time of its own beside the restart it ended in: the restart's
+    free = Interruption(0, None, 50.0, None, None, None, {}, kind="inprocess")
+    ledger = Ledger(0.0, 100.0, {}, 1, [free, cut(50.0)])
+    got = [(kind, c.kind) for kind, c in bench.by_fault(ledger, [(50.2, "sigstop")])]
+    assert got == [("-", "inprocess"), ("sigstop", "restart")]
 
 
 def test_the_smoke_run_accounts_for_rankguards_fault_in_both_ledgers(tmp_path: Path) -> None:
