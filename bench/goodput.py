@@ -3,19 +3,38 @@
 faults, in the same sitting.
 
 What: the demo (``rankguard.demo.train`` through ``bench/goodput_job.py``, 2 CPU ranks,
-gloo, a checkpoint every ``--checkpoint-every`` steps) runs for ``--minutes`` of wall
-clock; a fault hits rank 1 about every ``--period`` seconds (a seeded mix of
-``exception``, ``sigkill`` and ``hang``; the same times and kinds for every mode).
+gloo) runs for ``--minutes`` of wall clock; a fault hits rank 1 about every ``--period``
+seconds (a seeded mix of ``exception``, ``sigkill``, ``hang`` and ``sigstop``; the same
+times and kinds for every mode).
+
+The job's settings are those a user expecting one fault a minute would choose, and are
+printed with the figures:
+
+- checkpoints through the checkpoint manager's async mode (``--async-save``: the loop
+  stalls only while the state is copied to host memory; ``--sync-save`` for the loop
+  writing it), every ``--checkpoint-every`` steps (50, about 4-7 s of training here):
+  Young/Daly's interval sqrt(2 x C x MTBF) for a synchronous save of C = 0.2-0.3 s at
+  one fault a minute is 5-6 s, and a synchronous save that often stalls the loop
+  3-5 %; asynchronous, 17-26 ms a save on average (10 minutes at load 4-13). Each
+  group restart redoes the steps since the last one (half the interval on average);
+- rankguard's hang detection: progress timeout 4 s, process timeout 3 s (steps of
+  ~0.1 s; rankguard's defaults, minutes, suit jobs whose steps and saves take long);
+- live recovery's in-process restart: soft timeout 3 s, hard timeout 6 s, the round's
+  gloo timeout 2 s (this job's steps, collectives included, take ~0.1 s: a stuck peer
+  is given up after 2 s), and room for one re-entry a minute (``max_restarts_per_window`` 30 in
+  600 s; the default, 5, ends the sixth fault of ten minutes in a group restart).
+
 Modes (``--modes``, default all), one job after the other:
 
 - ``rankguard``: ``rankguard run --max-restarts N`` with heartbeats and fault tolerance
   (a hang is found by its progress timeout, the rank killed, the group restarted);
 - ``preload``: the same with ``--preload torch`` (each restart's workers forked from a
   server that imported torch once);
-- ``live``: the same with ``--standby-ranks 1`` and the in-process restart on (soft
-  timeout 3 s, process-group timeout 2 s): a SIGKILLed rank is taken over by a standby
-  while the job goes on (live recovery), an exception or a hang ends in an in-process
-  re-entry of every rank; a second loss with no standby left restarts the group;
+- ``live``: the same with ``--standby-ranks 1`` and the in-process restart on: a
+  SIGKILLed rank, or a SIGSTOPped one (killed at its process timeout), is taken over by
+  a standby while the job goes on (live recovery), an exception or a hang ends in an
+  in-process re-entry of every rank; a second loss with no standby left restarts the
+  group. With gloo's lazy connections (``TORCH_GLOO_LAZY_INIT=1``, see ``LIVE_ENV``);
 - ``torchrun``: ``python -m torch.distributed.run --standalone --max-restarts N``; a hang
   ends when the peer's gloo collective times out (``--pg-timeout``, the same for all);
 - ``torchrun-fresh``: the same with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (torch's
@@ -69,6 +88,7 @@ from typing import IO
 from rankguard.goodput import (
     PARTS,
     Attempt,
+    Interruption,
     Ledger,
     LiveRecovery,
     Part,
@@ -81,7 +101,7 @@ NPROC = 2
 FAULT_RANK = 1
 PG_TIMEOUT_S = 30
 JOB = Path(__file__).resolve().parent / "goodput_job.py"
-KINDS = ("exception", "sigkill", "hang")
+KINDS = ("exception", "sigkill", "hang", "sigstop")
 # rankguard's heartbeat settings and fault tolerance for hangs (as bench/restart.py)
 SETS = [
     "heartbeat.enabled=true",
@@ -107,6 +127,9 @@ LIVE_SETS = [
     "inprocess_restart.soft_timeout=3",
     "inprocess_restart.hard_timeout=6",
     "inprocess_restart.process_group_timeout=2",
+    # one fault a minute: each is a re-entry of the survivors (the default, 5 in 600 s,
+    # ends the 6th in ten minutes in a group restart)
+    "inprocess_restart.max_restarts_per_window=30",
 ]
 RANKGUARD, PRELOAD, LIVE, TORCHRUN = "rankguard", "preload", "live", "torchrun"
 TORCHRUN_FRESH = "torchrun-fresh"  # torchrun with a fresh store per round (torch's switch)
@@ -116,8 +139,17 @@ TORCHRUNS = (TORCHRUN, TORCHRUN_FRESH)
 # gloo group can read a dead peer's address from the store the rounds share
 # ("connectFullMesh ... Connection refused"); rankguard run sets it itself
 FRESH_STORE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+# live recovery: gloo's lazy connections (torch's switch). With torch 2.13 a gloo group
+# created inside an in-process round whose group went through the wrapper's set-up store
+# (a Python store) fails in ProcessGroupGloo ("fn INTERNAL ASSERT FAILED ... Not
+# implemented"): the checkpoint manager's own group, so the job cannot start; with lazy
+# connections the wrapper leaves that set-up out. Its cost: a round's sockets open after
+# the wrapper noted them, so a rank blocked on a failed peer is not released by their
+# shutdown but by the process-group timeout
+LIVE_ENV = {"TORCH_GLOO_LAZY_INIT": "1"}
 
 Line = tuple[float, str]
+MATCH_S = 10.0  # an interruption and the injection behind it: at most this far apart
 
 
 def schedule(seed: int, minutes: float, period: float) -> list[tuple[float, str]]:
@@ -152,7 +184,7 @@ class Job:
         return self.workdir / "logs" / "heartbeat" / self.run_id
 
 
-def build_cmd(job: Job, ckpt_every: int, max_restarts: int) -> list[str]:
+def build_cmd(job: Job, ckpt_every: int, max_restarts: int, async_save: bool = True) -> list[str]:
     demo = [
         str(JOB),
         "--steps",
@@ -167,6 +199,7 @@ def build_cmd(job: Job, ckpt_every: int, max_restarts: int) -> list[str]:
         str(FAULT_RANK),
         "--pg-timeout",
         str(PG_TIMEOUT_S),
+        *(["--async-save"] if async_save else []),
     ]
     restarts = ["--max-restarts", str(max_restarts)]
     if job.launcher in TORCHRUNS:
@@ -215,12 +248,14 @@ def _leftovers(marker: str) -> None:
                 os.kill(int(entry.name), signal.SIGKILL)
 
 
-def run_job(job: Job, *, minutes: float, ckpt_every: int, timeout_s: float) -> None:
+def run_job(
+    job: Job, *, minutes: float, ckpt_every: int, async_save: bool, timeout_s: float
+) -> None:
     """Launch ``job``, its faults and its end counted from the launch."""
     (job.workdir / "faults").mkdir(parents=True, exist_ok=True)
     # room for restarts that fail in their own start-up (torchrun's gloo on this kind of
     # machine: "connectFullMesh failed ... Connection refused"), the same for both
-    cmd = build_cmd(job, ckpt_every, max_restarts=3 * len(job.faults) + 2)
+    cmd = build_cmd(job, ckpt_every, 3 * len(job.faults) + 2, async_save)
     job.start = time.time()
     env = {
         **os.environ,
@@ -230,6 +265,7 @@ def run_job(job: Job, *, minutes: float, ckpt_every: int, timeout_s: float) -> N
         "GOODPUT_END": str(job.start + minutes * 60),
         "GOODPUT_DIR": str(job.workdir / "faults"),
         **(FRESH_STORE if job.launcher == TORCHRUN_FRESH else {}),
+        **(LIVE_ENV if job.launcher == LIVE else {}),
     }
     proc = subprocess.Popen(
         cmd,
@@ -321,7 +357,61 @@ def _reentries(
 
 
 def injected(job: Job) -> list[str]:
-    return [line.split("injecting ")[1].split(" (")[0] for _, line in job.lines if INJECTED in line]
+    return [kind for _, kind in injections(job)]
+
+
+def injections(job: Job) -> list[tuple[float, str]]:
+    """Each fault the job's rank said it injected: its console time and kind."""
+    return [
+        (t, line.split("injecting ")[1].split(" (")[0]) for t, line in job.lines if INJECTED in line
+    ]
+
+
+def by_fault(
+    ledger: Ledger, fired: Sequence[tuple[float, str]], within_s: float = MATCH_S
+) -> list[tuple[str, Interruption]]:
+    """Each interruption of ``ledger`` with the kind of the fault behind it: the injection
+    nearest its last completed step (within ``within_s``; each injection taken once, the
+    costlier interruptions first: a re-entry inside a restart's wait has no time of its
+    own), or ``"-"`` (none: a restart for something else, a fault that came during
+    another interruption's recovery)."""
+    left = list(fired)
+    kinds: dict[int, str] = {}
+    order = sorted(range(len(ledger.interruptions)), key=lambda k: -ledger.interruptions[k].cost_s)
+    for k in order:
+        cut = ledger.interruptions[k]
+        near = [
+            (abs(t - cut.at), j) for j, (t, _) in enumerate(left) if abs(t - cut.at) <= within_s
+        ]
+        kinds[k] = left.pop(min(near)[1])[1] if near else "-"
+    return [(kinds[k], cut) for k, cut in enumerate(ledger.interruptions)]
+
+
+def _parts_text(parts: dict[Part, float]) -> str:
+    return ", ".join(f"{p.value} {v:.1f}" for p, v in parts.items() if v >= 0.05) or "-"
+
+
+def print_by_fault(name: str, ledger: Ledger, job: Job) -> None:
+    """Each interruption's cost with the fault behind it, then the mean per kind."""
+    rows = by_fault(ledger, injections(job))
+    if not rows:
+        return
+    print(f"\n{name}: each interruption (seconds after the launch, fault, cost and its parts)")
+    kinds: dict[str, list[Interruption]] = {}
+    for kind, cut in rows:
+        kinds.setdefault(kind, []).append(cut)
+        print(
+            f"  {cut.at - job.start:6.1f} s  {kind:9s}  {cut.kind:13s}  cost "
+            f"{cut.cost_s:5.1f} s: {_parts_text(cut.parts)}"
+        )
+    for kind, cuts in sorted(kinds.items()):
+        mean = {p: sum(c.parts.get(p, 0.0) for c in cuts) / len(cuts) for p in PARTS}
+        total = sum(c.cost_s for c in cuts)
+        print(
+            f"  {kind}: {len(cuts)} interruption(s), {total:.1f} s in all, mean "
+            f"{total / len(cuts):.1f} s ({_parts_text(mean)})",
+            flush=True,
+        )
 
 
 def _row(name: str, ledger: Ledger, faults: str) -> list[str]:
@@ -355,9 +445,16 @@ def header(args: argparse.Namespace, faults: list[tuple[float, str]]) -> None:
     )
     print(
         f"job: demo on {NPROC} CPU ranks, {args.minutes} min, checkpoint every "
-        f"{args.checkpoint_every} steps, pg timeout {PG_TIMEOUT_S} s; faults on rank "
+        f"{args.checkpoint_every} steps ({'sync' if args.sync_save else 'async'}), pg "
+        f"timeout {PG_TIMEOUT_S} s; faults on rank "
         f"{FAULT_RANK} (s after launch): "
         + (", ".join(f"{t:.0f} {kind}" for t, kind in faults) or "none"),
+        flush=True,
+    )
+    print(f"rankguard's modes: --set {' '.join(SETS)}", flush=True)
+    print(
+        f"live: --standby-ranks 1 --set {' '.join(LIVE_SETS)}; "
+        + " ".join(f"{k}={v}" for k, v in LIVE_ENV.items()),
         flush=True,
     )
 
@@ -367,7 +464,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--minutes", type=float, default=10.0, help="each job's wall clock")
     p.add_argument("--period", type=float, default=60.0, help="seconds between faults")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--checkpoint-every", type=int, default=20)
+    p.add_argument("--checkpoint-every", type=int, default=50)
+    p.add_argument(
+        "--sync-save", action="store_true", help="write each checkpoint in the loop (not async)"
+    )
     p.add_argument("--keep", action="store_true", help="keep the jobs' directories")
     p.add_argument(
         "--modes",
@@ -392,7 +492,13 @@ def main(argv: list[str] | None = None) -> int:
         job.workdir.mkdir(parents=True)
         (job.workdir / "console.txt").touch()
         timeout = 90 if args.smoke else args.minutes * 60 + 120 + 60 * len(faults)
-        run_job(job, minutes=args.minutes, ckpt_every=args.checkpoint_every, timeout_s=timeout)
+        run_job(
+            job,
+            minutes=args.minutes,
+            ckpt_every=args.checkpoint_every,
+            async_save=not args.sync_save,
+            timeout_s=timeout,
+        )
         if args.keep:
             text = "".join(f"{t:.3f} {line}\n" for t, line in job.lines)
             (job.workdir / "console.txt").write_text(text)
@@ -404,10 +510,10 @@ def main(argv: list[str] | None = None) -> int:
         if launcher not in TORCHRUNS:  # torchrun's failures are figures, not the bench's
             ok = ok and job.rc == 0 and not job.timed_out and len(fired) == len(faults)
         rows.append(_row(launcher, ledger, said))
-        if launcher not in TORCHRUNS:
-            own = read_ledger(job.run_dir)
-            if own is not None:
-                rows.append(_row("(its run dir)", own, ""))
+        own = read_ledger(job.run_dir) if launcher not in TORCHRUNS else None
+        if own is not None:
+            rows.append(_row("(its run dir)", own, ""))
+        print_by_fault(launcher + (" (its run dir)" if own else ""), own or ledger, job)
         print(
             f"{launcher}: exit {job.rc}, {ledger.attempts} attempt(s), faults fired: "
             f"{', '.join(fired) or 'none'}; ETTR {ettr_text(ledger.ettr)}",

@@ -9,7 +9,9 @@ fault file in ``GOODPUT_DIR`` marks it fired, so the next attempt goes on to the
 - ``exception``: ``RuntimeError`` out of the training step;
 - ``sigkill``: the rank SIGKILLs itself;
 - ``hang``: the rank sleeps inside its step (its heartbeat thread keeps beating) until
-  something kills it: rankguard's progress timeout, or the peer's collective timeout.
+  something kills it: rankguard's progress timeout, or the peer's collective timeout;
+- ``sigstop``: the rank SIGSTOPs itself (a frozen process: its heartbeat thread stops
+  too, nothing in it runs again) until something kills it.
 
 Faults fire in every in-process round too (live recovery: the survivors re-enter).
 Every 10 steps all ranks agree (an all-reduce) whether ``GOODPUT_END`` (epoch seconds)
@@ -32,7 +34,7 @@ import torch.distributed as dist
 
 from rankguard.demo import train
 
-KINDS = ("exception", "sigkill", "hang")
+KINDS = ("exception", "sigkill", "hang", "sigstop")
 CHECK_EVERY = 10  # steps between the ranks' agreement on the end
 HANG_S = 3600.0
 
@@ -50,6 +52,8 @@ def _fire(k: int, kind: str, rank: int, step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if kind == "hang":
         time.sleep(HANG_S)
+    if kind == "sigstop":
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def scheduled(args: argparse.Namespace, rank: int, step: int, attempt: int, round_: int) -> bool:

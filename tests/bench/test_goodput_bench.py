@@ -13,7 +13,7 @@ from types import ModuleType
 
 import pytest
 
-from rankguard.goodput import Part
+from rankguard.goodput import Interruption, Ledger, Part
 
 pytestmark = [pytest.mark.bench, pytest.mark.timeout(400)]  # minutes on a loaded machine
 
@@ -37,7 +37,8 @@ def test_the_schedule_is_seeded_and_mixes_every_kind() -> None:
     for k, (t, _) in enumerate(faults, 1):
         assert 60 * k - 12 <= t <= 60 * k + 12
     kinds = [kind for _, kind in faults]
-    assert sorted(kinds) == sorted(["exception", "sigkill", "hang"] * 3)
+    every = ["exception", "sigkill", "hang", "sigstop"]
+    assert sorted(kinds[:8]) == sorted(every * 2) and kinds[8] in every  # rounds of all four
 
 
 def test_the_console_ledger_of_a_crash_and_a_restart() -> None:
@@ -134,6 +135,26 @@ def test_the_console_ledger_of_a_live_recovery_and_a_re_entry() -> None:
     assert ledger.parts[Part.UNKNOWN] == pytest.approx(4.0)  # the last step -> the exit
     assert sum(ledger.parts.values()) == pytest.approx(ledger.wall_s)
     assert bench.injected(job) == ["sigkill", "hang"]
+
+
+def test_each_interruption_is_put_down_to_the_fault_nearest_it() -> None:
+    """The per-fault account: an interruption takes the injection nearest its last
+    completed step, each injection once, the costlier interruptions first; one with none
+    near it is ``-``."""
+    bench = _bench()
+
+    def cut(at: float) -> Interruption:
+        return Interruption(0, None, at, None, None, None, {Part.DETECTION_WAIT: 1.0})
+
+    ledger = Ledger(0.0, 100.0, {}, 1, [cut(10.0), cut(10.5), cut(40.0), cut(70.0)])
+    fired = [(10.2, "sigkill"), (10.4, "hang"), (38.0, "exception"), (90.0, "sigstop")]
+    got = [(kind, c.at) for kind, c in bench.by_fault(ledger, fired)]
+    assert got == [("sigkill", 10.0), ("hang", 10.5), ("exception", 40.0), ("-", 70.0)]
+    # a re-entry with no time of its own beside the restart it ended in: the restart's
+    free = Interruption(0, None, 50.0, None, None, None, {}, kind="inprocess")
+    ledger = Ledger(0.0, 100.0, {}, 1, [free, cut(50.0)])
+    got = [(kind, c.kind) for kind, c in bench.by_fault(ledger, [(50.2, "sigstop")])]
+    assert got == [("-", "inprocess"), ("sigstop", "restart")]
 
 
 def test_the_smoke_run_accounts_for_rankguards_fault_in_both_ledgers(tmp_path: Path) -> None:

@@ -65,7 +65,7 @@ def render(ledger: Ledger, name: str) -> str:
         }.get(i.kind, "attempt")
         lines.append(
             f"interruption {k}: {what} {i.attempt} ({i.cause or 'cause unknown'}){where}: "
-            f"cost {_s(i.cost_s)} ({spent or 'nothing measured'}){resumed}"
+            f"cost {_s(i.cost_s)} ({spent or 'no time of its own'}){resumed}"
         )
     return "\n".join(lines) + "\n"
 

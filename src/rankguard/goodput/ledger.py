@@ -214,11 +214,14 @@ class _Tally:
         self.cursor = start
         self.parts = dict.fromkeys(PARTS, 0.0)
         self.spans: list[tuple[float, float, Part]] = []
+        self.owned: list[tuple[float, float]] = []  # spans already an interruption's cost
 
     def to(self, when: float | None, part: Part, into: dict[Part, float] | None = None) -> None:
         if when is None or when <= self.cursor:
             return
         self.add(part, when - self.cursor, into)
+        if into is not None:
+            self.owned.append((self.cursor, when))
         if self.spans and self.spans[-1][2] is part and self.spans[-1][1] == self.cursor:
             self.spans[-1] = (self.spans[-1][0], when, part)
         else:
@@ -454,7 +457,7 @@ def build_ledger(
         else:
             tally.to(limit, Part.UNKNOWN)
     tally.to(stop, Part.UNKNOWN)
-    interruptions += _reentries(attempts, tally.spans)
+    interruptions += _reentries(attempts, tally.spans, tally.owned)
     # in time order; at one time, what ended the attempt last
     interruptions.sort(key=lambda cut: (cut.attempt, cut.at, cut.kind == "restart"))
     return Ledger(
@@ -468,13 +471,17 @@ def build_ledger(
 
 
 def _reentries(
-    attempts: Sequence[Attempt], spans: Sequence[tuple[float, float, Part]]
+    attempts: Sequence[Attempt],
+    spans: Sequence[tuple[float, float, Part]],
+    owned: Sequence[tuple[float, float]] = (),
 ) -> list[Interruption]:
     """Each in-process re-entry of rank 0 (an ``inprocess_restart`` phase) that is no
     part of a live recovery (the survivors re-enter then too: the recovery says it):
     at the iteration it began at, resumed after the one its step clock went on from
     (:attr:`Attempt.reentries`; else the steps sampled around it), its cost the
-    recovery the ledger counted within it."""
+    recovery the ledger counted within it, less what is already another interruption's
+    cost (``owned``: a re-entry within the detection wait of a fault that ended in a
+    restart or a live recovery costs nothing more: each second is one interruption's)."""
     out = []
     for index, attempt in enumerate(attempts):
         seen = {start: (it, after) for start, it, after in attempt.reentries}
@@ -494,8 +501,11 @@ def _reentries(
             since = min((x for x, _, _ in _reentry_spans(attempt, a)), default=a)
             parts: dict[Part, float] = {}
             for x, y, part in spans:
-                if part in _REENTRY_PARTS and min(b, y) > max(since, x):
-                    parts[part] = parts.get(part, 0.0) + min(b, y) - max(since, x)
+                lo, hi = max(since, x), min(b, y)
+                if part in _REENTRY_PARTS and hi > lo:
+                    free = hi - lo - sum(max(0.0, min(hi, v) - max(lo, u)) for u, v in owned)
+                    if free > 0:
+                        parts[part] = parts.get(part, 0.0) + free
             out.append(
                 Interruption(
                     attempt=index,

@@ -194,3 +194,38 @@ def test_a_re_entry_after_a_live_recovery_without_a_resumed_time_is_its_own() ->
         Part.DETECTION_WAIT: pytest.approx(2.0),  # 25.5 -> 27.5
         Part.RECOVERY: pytest.approx(0.5),
     }
+
+
+def test_a_re_entry_within_another_faults_detection_wait_costs_nothing_more() -> None:
+    """Rank 0's collective timed out 2 s after its last step (iteration 20 at 14.5) and
+    it re-entered in process, but its peer never came back: the fault ended in a group
+    restart (decided at 20.0), or in a live recovery (the peer's process ended at 25.0).
+    The wait from the last step is that interruption's cost; the re-entry inside it is
+    listed with no time of its own: each second is one interruption's."""
+    steps = [(i, 5.0 + 0.5 * (i - 1)) for i in range(1, 21)]  # to 14.5
+    reentry = [("inprocess_restart", 16.5, 16.6)]
+    failed = Attempt(start=0.0, end=20.5, steps=steps, phases=reentry, failed=True, decision=20.0)
+    nxt = Attempt(start=21.0, end=30.0, steps=[(21, 25.0), (30, 29.5)], resumed_from=20)
+    for attempts in (
+        [failed, nxt],
+        [
+            Attempt(
+                start=0.0,
+                end=30.0,
+                steps=[*steps, *[(i, 25.5 + 0.5 * (i - 21)) for i in range(21, 30)]],
+                phases=reentry,
+                live=[LiveRecovery(fault=25.0, resumed=25.5)],
+            )
+        ],
+    ):
+        ledger = build_ledger(attempts)
+        kinds = {cut.kind: cut for cut in ledger.interruptions}
+        assert kinds["inprocess"].parts == {}
+        other = kinds["restart" if "restart" in kinds else "live_recovery"]
+        assert other.parts[Part.DETECTION_WAIT] == pytest.approx(
+            5.5 if "restart" in kinds else 10.5
+        )
+        lost = sum(v for p, v in ledger.parts.items() if p is not Part.PRODUCTIVE)
+        assert (
+            sum(cut.cost_s for cut in ledger.interruptions) <= lost - 5.0 + 1e-9
+        )  # less the first start-up
