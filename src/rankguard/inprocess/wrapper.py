@@ -341,6 +341,7 @@ class _Call:
         self._wstore: Any = None
         self._handled_round = -1
         self._setup_failing_since: float | None = None  # group set-ups failing since
+        self._group_store: Any = None  # the round's group's store (see _form_group)
         self._soft_round = -1
         self._saved_phase = "train"
         self._at_interrupt: tuple[float, str] = (0.0, "")
@@ -500,6 +501,11 @@ class _Call:
                 world=self.world,
                 timeout_s=self.pg_timeout,
             )
+        # The group keeps the store on the C++ side only: a store written in Python (the
+        # set-up's) must stay referenced here too, or its Python half is freed and every
+        # later use (``new_group`` builds on the default group's store) fails in torch
+        # ("Not implemented"); replaced by the next round's.
+        self._group_store = store
         try:
             dist.init_process_group(
                 self.backend,

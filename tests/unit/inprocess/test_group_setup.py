@@ -210,9 +210,12 @@ class GlooGroups:
 
     def __init__(self) -> None:
         self.group: Any = None
+        self.sub_store: Any = None
 
     def init_process_group(self, backend: str, **kw: Any) -> None:
         self.group = dist.ProcessGroupGloo(kw["store"], kw["rank"], kw["world_size"], kw["timeout"])
+        # as torch keeps the default group's store: on the C++ side only
+        self.sub_store = dist.PrefixStore("new_group/", kw["store"])
 
     def namespace(self) -> SimpleNamespace:
         return SimpleNamespace(
@@ -269,5 +272,34 @@ def test_ranks_on_time_form_the_group_through_the_decision(store: Any) -> None:
         t.join(30)
     assert reports == [None, None]
     assert store.get("rankguard/inprocess/r/0/1/0/setup/decision") == b"go"
+    for g in groups:
+        g.group = None
+
+
+def test_a_new_group_on_the_rounds_store_forms_after_the_set_up(store: Any) -> None:
+    """``dist.new_group`` (a checkpoint group, a data-parallel group) builds on the
+    default group's store after the set-up returned: the set-up's store, written in
+    Python, still answers (torch holds it on the C++ side only)."""
+    import gc
+    import threading
+
+    calls = [_rank_of_two(store, r) for r in range(2)]
+    groups = [GlooGroups() for _ in calls]
+    formed: list[Any] = [None, None]
+
+    def form(r: int) -> None:
+        assert calls[r]._form_group(groups[r].namespace()) is None
+        gc.collect()
+        try:
+            formed[r] = dist.ProcessGroupGloo(groups[r].sub_store, r, 2, timedelta(seconds=10))
+        except Exception as exc:  # the assertion below names it
+            formed[r] = exc
+
+    threads = [threading.Thread(target=form, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert all(isinstance(g, dist.ProcessGroupGloo) for g in formed), formed
     for g in groups:
         g.group = None
