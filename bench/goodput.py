@@ -34,7 +34,7 @@ Modes (``--modes``, default all), one job after the other:
   SIGKILLed rank, or a SIGSTOPped one (killed at its process timeout), is taken over by
   a standby while the job goes on (live recovery), an exception or a hang ends in an
   in-process re-entry of every rank; a second loss with no standby left restarts the
-  group. With gloo's lazy connections (``TORCH_GLOO_LAZY_INIT=1``, see ``LIVE_ENV``);
+  group;
 - ``torchrun``: ``python -m torch.distributed.run --standalone --max-restarts N``; a hang
   ends when the peer's gloo collective times out (``--pg-timeout``, the same for all);
 - ``torchrun-fresh``: the same with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (torch's
@@ -139,14 +139,6 @@ TORCHRUNS = (TORCHRUN, TORCHRUN_FRESH)
 # gloo group can read a dead peer's address from the store the rounds share
 # ("connectFullMesh ... Connection refused"); rankguard run sets it itself
 FRESH_STORE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-# live recovery: gloo's lazy connections (torch's switch). With torch 2.13 a gloo group
-# created inside an in-process round whose group went through the wrapper's set-up store
-# (a Python store) fails in ProcessGroupGloo ("fn INTERNAL ASSERT FAILED ... Not
-# implemented"): the checkpoint manager's own group, so the job cannot start; with lazy
-# connections the wrapper leaves that set-up out. Its cost: a round's sockets open after
-# the wrapper noted them, so a rank blocked on a failed peer is not released by their
-# shutdown but by the process-group timeout
-LIVE_ENV = {"TORCH_GLOO_LAZY_INIT": "1"}
 
 Line = tuple[float, str]
 MATCH_S = 10.0  # an interruption and the injection behind it: at most this far apart
@@ -265,7 +257,6 @@ def run_job(
         "GOODPUT_END": str(job.start + minutes * 60),
         "GOODPUT_DIR": str(job.workdir / "faults"),
         **(FRESH_STORE if job.launcher == TORCHRUN_FRESH else {}),
-        **(LIVE_ENV if job.launcher == LIVE else {}),
     }
     proc = subprocess.Popen(
         cmd,
@@ -453,8 +444,7 @@ def header(args: argparse.Namespace, faults: list[tuple[float, str]]) -> None:
     )
     print(f"rankguard's modes: --set {' '.join(SETS)}", flush=True)
     print(
-        f"live: --standby-ranks 1 --set {' '.join(LIVE_SETS)}; "
-        + " ".join(f"{k}={v}" for k, v in LIVE_ENV.items()),
+        f"live: --standby-ranks 1 --set {' '.join(LIVE_SETS)}",
         flush=True,
     )
 
