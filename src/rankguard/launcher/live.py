@@ -496,6 +496,10 @@ class LiveRecovery:
             self.say(f"live recovery: no new standby started ({exc}); {self._standbys_said()}")
             return
         pcontext.subprocess_handlers[slot] = handler
+        # the slot now runs a standby: a later refill started "as the used one" from this
+        # slot must get a standby's environment, not the training rank's it held first
+        pcontext.envs[slot] = env
+        pcontext.args[slot] = pcontext.args[used]
         self.ended.discard(slot)
         self.waiting.append(slot)
         self.started_count += 1

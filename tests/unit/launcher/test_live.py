@@ -173,6 +173,11 @@ def test_a_used_standby_is_refilled_and_a_second_loss_is_live_too(tmp_path: Path
     assert (got["rank"], got["lost_pid"]) == (2, 104)
     assert live.holders[2] == 2
     assert len(starts.calls) == 2 and live.waiting == [4]
+    # started as a standby again (slot 2's process was started as one), not with the
+    # environment of the training rank slot 2 held first: that one joined the rounds as
+    # a second rank 2 and ended on its hard timeout
+    assert starts.calls[1]["env"]["LOCAL_RANK"] == "4"
+    assert starts.calls[1]["local_rank_id"] == 4
 
 
 def test_a_refill_that_cannot_start_is_said(tmp_path: Path) -> None:
