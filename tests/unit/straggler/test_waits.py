@@ -35,6 +35,7 @@ class Job:
         self.waits = dict.fromkeys(range(world), 0)
         self.slower = 1.0  # the step period's factor from the next report on
         self.steps = 0
+        self.compute_ms = dict.fromkeys(range(world), 40.0)  # each rank's own CPU per step
 
     def states(self, shares: dict[int, float] | None, looks: int = LOOKS) -> dict[int, _State]:
         out = {}
@@ -47,7 +48,7 @@ class Job:
                 self.k + 1,
                 world_size=self.world,
                 progress_seq=1 + self.steps,
-                straggler={"compute_ms": 40.0, "samples": 5, "method": self.method},
+                straggler={"compute_ms": self.compute_ms[r], "samples": 5, "method": self.method},
                 collectives={
                     "groups": {"0": [self.k * 1000, self.k * 1000]},
                     "samples": self.looks[r],
@@ -174,3 +175,20 @@ def test_the_interval_the_ranks_started_in_names_nobody() -> None:
         found += job.report(det, {0: 0.05, 1: 0.04, 2: 0.05, 3: 0.06})
     assert found == []
     assert det.source == "collective_waits"
+
+
+def test_the_interval_the_ranks_started_in_is_not_scored_from_their_own_cpu_either() -> None:
+    # The first interval holds the ranks' start: no estimate from the waits, and each
+    # rank's own CPU per step is its start-up's (rank 1's 10x its peers'). Scored from
+    # that, the first report named rank 1 (relative 0.1); it is not scored, and the
+    # first report is the first interval the waits score.
+    cfg = StragglerConfig(enabled=True, report_time_interval=INTERVAL, consecutive_reports=1)
+    det, job = StragglerDetector(cfg, "run", started_at=1000.0), Job(4)
+    job.compute_ms[1] = 400.0
+    found = job.report(det, {0: 0.6, 1: 0.0, 2: 0.6, 3: 0.6})
+    assert (found, det.reports, det.report) == ([], 0, None)
+    job.compute_ms[1] = 40.0
+    for _ in range(2):
+        found += job.report(det, {0: 0.05, 1: 0.04, 2: 0.05, 3: 0.06})
+    assert found == []
+    assert det.source == "collective_waits" and det.reports == 2
