@@ -192,3 +192,21 @@ def test_the_interval_the_ranks_started_in_is_not_scored_from_their_own_cpu_eith
         found += job.report(det, {0: 0.05, 1: 0.04, 2: 0.05, 3: 0.06})
     assert found == []
     assert det.source == "collective_waits" and det.reports == 2
+
+
+def test_reports_keep_their_schedule_whatever_each_scans_lag() -> None:
+    # Scans every 0.5 s, each a few ms late by a varying amount (the monitor's thread):
+    # made at the first scan after each due time, the reports set the next one from that
+    # scan, often missed it by those ms and came 3.5 s apart instead of 3 s (18 in 60 s,
+    # not 20).
+    cfg = StragglerConfig(enabled=True, report_time_interval=3.0, consecutive_reports=2)
+    det, job = StragglerDetector(cfg, "run", started_at=1000.0), Job(2)
+    det.evaluate(1000.0, job.states(None))
+    made = []
+    for k in range(1, 121):
+        now = 1000.0 + 0.5 * k + 0.001 * (7 * k % 5)
+        before = det.next_report
+        det.evaluate(now, job.states({0: 0.05, 1: 0.04}, looks=10))
+        if det.next_report != before:
+            made.append(round(before))
+    assert made == [1000 + 3 * n for n in range(1, 21)]
