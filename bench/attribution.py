@@ -11,7 +11,8 @@ Three parts, each a real ``rankguard run`` of ``attribution_job.py`` (gloo, CPU 
    or 3x in turn, the extra time spent in its backward, forward or data loading, the
    rank, the site and the onset (5-10 s after the first step) drawn (``--seed``), then
    ``--clean`` runs (10) with no slow rank, on 4 ranks, straggler detection on
-   (:data:`FAILSLOW_SETS`: a report every 3 s, 2 reports in a row); precision and recall
+   (:data:`FAILSLOW_SETS`: a report every 3 s, 2 reports in a row, ``--in-a-row``);
+   precision and recall
    of ``straggler_detected`` over the runs, recall per slowdown, onset -> finding (from
    the slow rank's own onset time), and the lowest relative score a healthy rank got.
 3. cost: the sampler's look (``CollectiveSampler.sample``) in a 1-rank gloo job; a loop
@@ -166,10 +167,18 @@ FAILSLOW_SETS = {
 
 
 def _failslow_args(
-    slow_rank: int | None, site: str, slowdown: float, slow_from_s: float
+    slow_rank: int | None,
+    site: str,
+    slowdown: float,
+    slow_from_s: float,
+    in_a_row: int | None = None,
 ) -> tuple[list[str], list[str]]:
-    """The ``--set`` items and the job's arguments of a fail-slow case."""
-    sets = ["straggler.enabled=true"] + [f"{k}={v}" for k, v in FAILSLOW_SETS.items()]
+    """The ``--set`` items and the job's arguments of a fail-slow case (``in_a_row``:
+    the reports in a row, else :data:`FAILSLOW_SETS`')."""
+    settings = dict(FAILSLOW_SETS)
+    if in_a_row is not None:
+        settings["straggler.consecutive_reports"] = str(in_a_row)
+    sets = ["straggler.enabled=true"] + [f"{k}={v}" for k, v in settings.items()]
     job = ["--site-ms", "20", "--slow-from-s", str(slow_from_s)]
     if slow_rank is not None:
         job += ["--slow-rank", str(slow_rank), "--slow-site", site, "--slowdown", str(slowdown)]
@@ -249,10 +258,11 @@ def failslow_case(
     seconds: float,
     nproc: int = 4,
     slow_from_s: float = 5.0,
+    in_a_row: int | None = None,
 ) -> dict[str, Any]:
     run_id = f"slow-{k}-{os.getpid()}"
     log_dir = base / run_id
-    sets, slow_job = _failslow_args(slow_rank, site, slowdown, slow_from_s)
+    sets, slow_job = _failslow_args(slow_rank, site, slowdown, slow_from_s, in_a_row)
     job = ["--seconds", str(seconds), *slow_job]
     proc = _launch(_cmd(run_id, log_dir, nproc, sets, job))
     try:
@@ -413,14 +423,18 @@ def failslow_part(
     say: Callable[[str], None],
     runs: int = 40,
     clean: int = 10,
+    in_a_row: int | None = None,
 ) -> None:
     if smoke:  # 2 ranks, slowed from 2 s of a 6 s run: the part runs, no figure
         plan: list[tuple[int | None, str, float, float]] = [(1, "backward", 3.0, 2.0)]
     else:
         plan = failslow_plan(rng, runs, clean)
+    settings = dict(FAILSLOW_SETS)
+    if in_a_row is not None:
+        settings["straggler.consecutive_reports"] = str(in_a_row)
     say(
         f"fail-slow: {len(plan)} runs, detector "
-        + " ".join(f"{k}={v}" for k, v in FAILSLOW_SETS.items())
+        + " ".join(f"{k}={v}" for k, v in settings.items())
     )
     tp = fp = fn = 0
     latencies: list[float] = []
@@ -431,7 +445,7 @@ def failslow_part(
         if smoke:
             r = failslow_case(base, k, slow, site, x, 6.0, nproc=2, slow_from_s=onset)
         else:
-            r = failslow_case(base, k, slow, site, x, 25.0, slow_from_s=onset)
+            r = failslow_case(base, k, slow, site, x, 25.0, slow_from_s=onset, in_a_row=in_a_row)
         named = set(r["named"])
         hit = slow is not None and slow in named
         tp += int(hit)
@@ -499,6 +513,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--runs", type=int, default=40, help="fail-slow: runs with a slow rank")
     p.add_argument("--clean", type=int, default=10, help="fail-slow: runs without")
+    p.add_argument(
+        "--in-a-row",
+        type=int,
+        default=None,
+        help="fail-slow: reports in a row before a rank is named (default: FAILSLOW_SETS')",
+    )
     p.add_argument("--ranks", default="2,4", help="attribution: the jobs' sizes, comma-separated")
     args = p.parse_args(argv)
     rng = random.Random(args.seed)
@@ -513,7 +533,11 @@ def main(argv: list[str] | None = None) -> int:
             lambda say: attribution_part(base, args.smoke, say, with_failslow=both, ranks=ranks)
         )
     if args.part == "failslow" or (args.part == "all" and not both):
-        parts.append(lambda say: failslow_part(base, args.smoke, rng, say, args.runs, args.clean))
+        parts.append(
+            lambda say: failslow_part(
+                base, args.smoke, rng, say, args.runs, args.clean, args.in_a_row
+            )
+        )
     if args.part in ("cost", "all"):
         parts.append(lambda say: cost_part(args.smoke, say))
     if not args.smoke:  # one part after the other: no job shares the machine with another

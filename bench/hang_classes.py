@@ -24,7 +24,9 @@ collective's number; the job's one collective per step makes it the step):
 
 ``--kinds stall_sigstop`` (not by default): the communication stall made the other way,
 a rank stopped (SIGSTOP) once inside the all-reduce, its peers joining after it; scored
-as a communication stall, its rank right when the stopped rank is named alone.
+as a communication stall, its rank right when the stopped rank is named alone and as the
+one that stopped publishing (``hang.silent_ranks``), the collective as ``all_reduce``
+and its number.
 
 ``--smoke``: one case (a rank that did not join, 2 ranks, one agent), the same timeouts
 (a waiting rank names its collective 2 s after entering it, then one publish and one scan
@@ -203,8 +205,8 @@ def _expected_rank(case: Case, world: int, found: list[dict[str, Any]]) -> bool:
         sides = sorted(sorted(r) for r in (hang.get("sides") or {}).values())
         others = [r for r in everyone if r != case.rank]
         return sides == sorted([[case.rank], others])
-    if case.kind == STALL_SIGSTOP:  # the stopped rank, the culprit, named alone
-        return named == [case.rank]
+    if case.kind == STALL_SIGSTOP:  # the stopped rank, the culprit, named alone and silent
+        return named == [case.rank] and hang.get("silent_ranks") == [case.rank]
     if case.kind == "communication_stall":
         return hang.get("waiting_ranks") == everyone
     return named == everyone

@@ -23,18 +23,58 @@ rank numbers), so it compares the whole job's ranks, not one node's:
 
 None when a rank reports no block (no flight recorder) or the ranks' places say none of
 these.
+
+A rank that stopped publishing (its heartbeat timeout: stopped, swapping, cut off) is
+compared by its last record (:func:`classify_silent`): it is still where that record
+says. Only what holds while it stays there is said: every rank inside collective N, the
+silent one included (a communication stall, or a mismatch), or the silent rank behind
+and outside the group's collectives while its peers wait (it did not join). A silent
+rank inside a collective its peers have not reached yet, or no rank inside any, says
+nothing yet about a hang: no class.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from rankguard.schema.collectives import CollectivesBlock
 from rankguard.schema.jsontypes import JsonObject
 
-__all__ = ["HangClass", "HangKind", "classify"]
+__all__ = ["COLLECTIVE_CALLS", "HangClass", "HangKind", "classify", "classify_silent", "frame_op"]
+
+#: ``torch.distributed``'s collective calls, by the name of their Python function: a main
+#: frame inside one (``distributed_c10d.py:<line> in all_reduce``) names the operation of
+#: the collective the rank waits in, where no ``stuck`` named it yet
+COLLECTIVE_CALLS = frozenset(
+    {
+        "all_gather",
+        "all_gather_into_tensor",
+        "all_gather_object",
+        "all_reduce",
+        "all_reduce_coalesced",
+        "all_to_all",
+        "all_to_all_single",
+        "barrier",
+        "broadcast",
+        "broadcast_object_list",
+        "gather",
+        "reduce",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+        "scatter",
+    }
+)
+
+
+def frame_op(frame: str | None) -> str | None:
+    """The collective call a main frame is inside (``"distributed_c10d.py:3155 in
+    all_reduce"`` -> ``all_reduce``), else None."""
+    if not frame or not frame.startswith("distributed_c10d.py:"):
+        return None
+    _, _, func = frame.partition(" in ")
+    return func if func in COLLECTIVE_CALLS else None
 
 
 class HangKind(str, Enum):
@@ -58,6 +98,7 @@ class HangClass:
     waiting: list[int] = field(default_factory=list)  # inside the collective
     sides: dict[str, list[int]] = field(default_factory=dict)  # mismatch: what -> ranks
     later: list[int] = field(default_factory=list)  # did not join: waiting in a later one
+    silent: list[int] = field(default_factory=list)  # stopped publishing: by their last record
 
     def _waiting_where(self) -> str:
         """Who waits where, when ranks did not join."""
@@ -70,15 +111,23 @@ class HangClass:
     @property
     def line(self) -> str:
         what = f"{self.op or 'collective'} #{self.seq} of process group {self.group}"
+        silent = f"rank(s) {_ranks(self.silent)} stopped publishing"
         if self.kind is HangKind.DID_NOT_JOIN:
-            return (
+            line = (
                 f"collectives: rank(s) {_ranks(self.missing)} did not join {what} "
                 f"({self._waiting_where()})"
             )
+            return f"{line}; {silent}" if self.silent else line
         if self.kind is HangKind.MISMATCH:
             sides = "; ".join(f"rank(s) {_ranks(r)} in {w}" for w, r in self.sides.items())
-            return f"collectives: mismatch at #{self.seq} of process group {self.group}: {sides}"
+            line = f"collectives: mismatch at #{self.seq} of process group {self.group}: {sides}"
+            return f"{line}; {silent} inside it" if self.silent else line
         if self.kind is HangKind.COMMUNICATION_STALL:
+            if self.silent:
+                return (
+                    f"collectives: communication stall: {silent} inside {what}, which "
+                    f"rank(s) {_ranks(self.waiting)} all joined; none completes it"
+                )
             return (
                 f"collectives: communication stall: rank(s) {_ranks(self.waiting)} all "
                 f"joined {what} and none completes it"
@@ -95,21 +144,39 @@ class HangClass:
             "waiting_ranks": list(self.waiting),
             "sides": {k: list(v) for k, v in self.sides.items()},
             "later_ranks": list(self.later),
+            "silent_ranks": list(self.silent),
             "line": self.line,
         }
 
 
-def _op(have: Mapping[int, CollectivesBlock], group: str, seq: int, ranks: list[int]) -> str | None:
-    """Collective ``seq`` of ``group``'s operation, as a rank waiting in it named it."""
+def _op(
+    have: Mapping[int, CollectivesBlock],
+    group: str,
+    seq: int,
+    ranks: list[int],
+    calls: Mapping[int, str],
+) -> str | None:
+    """Collective ``seq`` of ``group``'s operation, as a rank waiting in it named it
+    (``stuck``), else as the call a rank inside it as its group's newest is in (its main
+    frame: the training thread waits in the collective it enqueued last)."""
     for r in ranks:
         st = have[r].stuck
         if st is not None and st.group == group and st.seq == seq:
             return st.op
+    for r in ranks:
+        g = have[r].group(group)
+        if r in calls and g is not None and g.inside and g.enqueued == seq:
+            return calls[r]
     return None
 
 
-def classify(blocks: Mapping[int, CollectivesBlock | None]) -> HangClass | None:
-    """The hang's kind from every live rank's block (rank -> block)."""
+def classify(
+    blocks: Mapping[int, CollectivesBlock | None], calls: Mapping[int, str] | None = None
+) -> HangClass | None:
+    """The hang's kind from every live rank's block (rank -> block); ``calls``: the
+    collective call each rank's main frame is inside (rank -> ``all_reduce``), where
+    known, to name an operation no ``stuck`` names."""
+    calls = calls or {}
     if len(blocks) < 2 or any(b is None for b in blocks.values()):
         return None
     have = {r: b for r, b in blocks.items() if b is not None}
@@ -132,7 +199,7 @@ def classify(blocks: Mapping[int, CollectivesBlock | None]) -> HangClass | None:
                 HangKind.DID_NOT_JOIN,
                 name,
                 seq,
-                _op(have, name, seq, inside),
+                _op(have, name, seq, inside, calls),
                 missing,
                 inside,
                 later=[r for r in inside if pos[r].enqueued > seq],
@@ -143,7 +210,7 @@ def classify(blocks: Mapping[int, CollectivesBlock | None]) -> HangClass | None:
             if (st := have[r].stuck) is not None and st.group == name and st.seq == newest
         }
         named = {r: f"{st.op} {st.sizes}".strip() for r, st in stuck.items()}
-        op = next((st.op for st in stuck.values()), None)
+        op = next((st.op for st in stuck.values()), None) or _op(have, name, newest, waiting, calls)
         if len(waiting) < len(pos):
             continue  # every rank behind waits in an earlier collective: no one kind
         if len(set(named.values())) > 1:
@@ -155,3 +222,22 @@ def classify(blocks: Mapping[int, CollectivesBlock | None]) -> HangClass | None:
     if not any(b.inside for b in have.values()):
         return HangClass(HangKind.COMPUTE_HANG)
     return None
+
+
+def classify_silent(
+    blocks: Mapping[int, CollectivesBlock | None],
+    silent: list[int],
+    calls: Mapping[int, str] | None = None,
+) -> HangClass | None:
+    """The hang's kind with ranks ``silent`` compared by their last record (they
+    stopped publishing), or None where that says nothing about a hang while they stay
+    there (see the module's docstring)."""
+    got = classify(blocks, calls)
+    if got is None or not silent:
+        return None
+    if got.kind is HangKind.DID_NOT_JOIN:
+        if not set(silent) & set(got.missing):
+            return None  # the silent rank waits for peers that may still come
+    elif got.kind is HangKind.COMPUTE_HANG:
+        return None  # its peers may be working on
+    return replace(got, silent=sorted(silent))

@@ -15,6 +15,11 @@ per step:
   estimates / its time now (one interval's estimate can be far off, and the lowest of
   many noisy estimates is faster than the rank ever was).
 
+A report whose interval held a rank's start (its first heartbeats, or a restarted rank's)
+is not made where the waits would score the ranks: their peers waited for the last rank
+to arrive, and each rank's own CPU per step is its start-up's, so neither says how fast
+it computes (scored from the CPU, a healthy rank's first score was 0.006-0.5).
+
 A score below its threshold in ``consecutive_reports`` reports in a row is a straggler
 (hysteresis: a score wavering around the threshold from one report to the next is
 noise, not a slow GPU): one ``straggler_detected`` finding per episode, naming rank,
@@ -127,8 +132,12 @@ class StragglerDetector:
             # and say "no straggler" at the end of a run that had one. The last report
             # over every rank stays; a restarted rank (a new process) reports again.
             return []
-        self.next_report = now + self.cfg.report_time_interval
-        self.reports += 1
+        # On its schedule, not from this scan: made at the first scan after it is due, a
+        # report set the next one an interval after that scan, and every report came as
+        # much later (every 3.0 or 3.5 s at a 0.5 s scan: the onset -> finding latency
+        # grew with it); a monitor that fell behind by more than an interval skips ahead.
+        due = self.next_report + self.cfg.report_time_interval
+        self.next_report = due if due > now else now + self.cfg.report_time_interval
         return self._report()
 
     def _reference(self, rank: int, ms: float) -> float:
@@ -150,7 +159,15 @@ class StragglerDetector:
             if rank in self.latest and samples:
                 self.latest[rank] = (statistics.median(samples), self.latest[rank][1])
         self._interval = {}
-        waits = self._scored_by_waits(self.waits.take())
+        estimates = self.waits.take()
+        if not estimates and self.waits.held_start and not self._any_marked():
+            # The interval held a rank's start: its peers waited for it to arrive, and its
+            # own CPU per step is its start-up's. Scored from that (0.006-0.5 for a
+            # healthy rank), the first report named ranks no later one would; the next
+            # interval is the first the collectives' waits score.
+            return []
+        self.reports += 1
+        waits = self._scored_by_waits(estimates)
         source = "collective_waits" if waits else "own_compute"
         if source != self.source:  # another measure: its own bests
             self.best = {}
@@ -223,12 +240,14 @@ class StragglerDetector:
         """Score this report by the ranks' waiting in collectives (their compute per step
         replaces the own-compute samples) unless a rank marks its compute sections (the
         finer source) or a scored rank has no estimate; the estimates used, else {}."""
-        marked = any(_marked(rec) for _, rec in self.latest.values())
-        if marked or not waits or not set(self.latest) <= set(waits):
+        if self._any_marked() or not waits or not set(self.latest) <= set(waits):
             return {}
         for rank, (_, rec) in self.latest.items():
             self.latest[rank] = (waits[rank].compute_ms, rec)
         return waits
+
+    def _any_marked(self) -> bool:
+        return any(_marked(rec) for _, rec in self.latest.values())
 
     def _nvrx_lines(
         self, scores: dict[int, _Score], below: dict[tuple[int, int | None], int]

@@ -56,6 +56,8 @@ class WaitShares:
         self._start: dict[int, _Mark] = {}
         self._latest: dict[int, _Mark] = {}
         self._fresh: set[int] = set()  # ranks first seen (or restarted) this interval
+        #: the interval the last :meth:`take` ended held a rank's start (no estimate)
+        self.held_start = False
 
     def observe(self, rank: int, rec: HeartbeatRecord, now: float) -> None:
         if CollectivesBlock.name not in rec.extra:
@@ -86,6 +88,7 @@ class WaitShares:
         out: dict[int, RankWaits] = {}
         periods = []
         shares: dict[int, float] = {}
+        self.held_start = bool(self._fresh)
         if self._fresh:
             self._fresh = set()
             self._start = dict(self._latest)

@@ -1,12 +1,14 @@
 """The kind of a hang from the ranks' places in their collectives: who did not join,
 a mismatch (both sides), a communication stall, a compute hang; and the finding that
-names it, with the job's rank numbers whichever node the ranks run on."""
+names it, with the job's rank numbers whichever node the ranks run on. A rank that
+stopped publishing is compared by its last record, and its heartbeat timeout carries the
+class where that record says one."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from rankguard.monitor.hangclass import HangKind, classify
+from rankguard.monitor.hangclass import HangKind, classify, classify_silent, frame_op
 from rankguard.schema.collectives import CollectivesBlock, GroupPosition, StuckCollective
 from tests.factories import Feed, types_of
 from tests.factories import heartbeat_rules as _rules
@@ -141,3 +143,93 @@ def test_a_rank_waiting_in_an_earlier_collective_gets_no_finding_of_its_own() ->
     hang = found[0].detail["hang"]
     assert (hang["missing_ranks"], hang["seq"], hang["op"]) == ([3], 17, "broadcast"), hang
     assert "rank(s) 3 did not join broadcast #17 of process group 0" in found[0].message
+
+
+def test_a_main_frame_inside_a_collective_call_names_its_operation() -> None:
+    assert frame_op("distributed_c10d.py:3155 in all_reduce") == "all_reduce"
+    assert frame_op("distributed_c10d.py:99 in new_group") is None
+    assert frame_op("graph.py:979 in _engine_run_backward") is None
+    assert frame_op("train.py:12 in all_reduce") is None
+    assert frame_op(None) is None
+
+
+def test_a_rank_stopped_inside_a_collective_every_rank_joined_is_a_communication_stall() -> None:
+    """Rank 1 stopped 1.5 s into all-reduce #10 (before its ``stuck`` was taken), rank 0
+    joined it after: every rank inside #10, none completes; the operation from rank 1's
+    main frame."""
+    got = classify_silent({0: _block(10, 9), 1: _block(10, 9)}, [1], {1: "all_reduce"})
+    assert got is not None and got.kind is HangKind.COMMUNICATION_STALL
+    assert (got.group, got.seq, got.op, got.waiting, got.silent) == (
+        "0",
+        10,
+        "all_reduce",
+        [0, 1],
+        [1],
+    )
+    assert got.line == (
+        "collectives: communication stall: rank(s) 1 stopped publishing inside all_reduce "
+        "#10 of process group 0, which rank(s) 0, 1 all joined; none completes it"
+    )
+    assert got.to_dict()["silent_ranks"] == [1]
+
+
+def test_a_rank_stopped_outside_while_its_peers_wait_did_not_join() -> None:
+    got = classify_silent({0: _block(10, 9, "all_reduce"), 1: _block(9, 9)}, [1])
+    assert got is not None and got.kind is HangKind.DID_NOT_JOIN
+    assert (got.missing, got.seq, got.op, got.silent) == ([1], 10, "all_reduce", [1])
+    assert got.line.endswith("(rank(s) 0 wait in it); rank(s) 1 stopped publishing")
+
+
+def test_a_rank_stopped_before_its_peers_joined_or_outside_any_collective_has_no_class() -> None:
+    """Inside #10 before its peers reached it (they may still come: they are not the
+    ones that did not join), or every rank outside any collective (its peers work on):
+    nothing said about a hang."""
+    assert classify_silent({0: _block(9, 9), 1: _block(10, 9)}, [1], {1: "all_reduce"}) is None
+    assert classify_silent({0: _block(9, 9), 1: _block(9, 9)}, [1]) is None
+    assert classify({0: _block(9, 9), 1: _block(9, 9)}) is not None  # (a compute hang)
+
+
+def _stop_run(rank1_at: dict[str, Any], rank0_at: dict[str, Any]) -> list[Any]:
+    """Two ranks; rank 1's last record at t=5 (``rank1_at``), rank 0 publishing on at
+    the same step with ``rank0_at`` from t=6; rules evaluated every second to t=20."""
+    rules = _rules(world=2)
+    feed = Feed(rules)
+    found = []
+    for t in range(0, 21):
+        for rank in (0, 1):
+            if rank == 1 and t > 5:
+                continue
+            before = {"block": _at(9, 9), "kw": {}}
+            at = rank1_at if rank == 1 else (rank0_at if t >= 6 else before)
+            feed.beat(
+                rank, float(t), progress_seq=9, since=5.0, collectives=at["block"], **at["kw"]
+            )
+        found += rules.evaluate(t + 0.1)
+    return found
+
+
+def test_the_heartbeat_timeout_of_a_rank_stopped_inside_a_collective_carries_the_stall() -> None:
+    inside = {"block": _at(10, 9), "kw": {"main_frame": "distributed_c10d.py:3155 in all_reduce"}}
+    found = _stop_run(inside, {"block": _at(10, 9), "kw": {}})
+    assert types_of(found) == [(1, "rank_process_heartbeat_timeout")]
+    hang = found[0].detail["hang"]
+    assert hang["kind"] == "communication_stall", hang
+    assert (hang["seq"], hang["op"], hang["silent_ranks"], hang["waiting_ranks"]) == (
+        10,
+        "all_reduce",
+        [1],
+        [0, 1],
+    )
+    assert "rank(s) 1 stopped publishing inside all_reduce #10 of process group 0" in (
+        found[0].message
+    )
+
+
+def test_the_heartbeat_timeout_of_a_rank_stopped_outside_any_collective_has_no_class() -> None:
+    """Rank 1 stopped in its own work; rank 0 progresses on (its own work, no collective
+    waited in yet): no class on the heartbeat timeout."""
+    outside = {"block": _at(9, 9), "kw": {"main_frame": "train.py:40 in forward"}}
+    found = _stop_run(outside, {"block": _at(9, 9), "kw": {}})
+    assert types_of(found) == [(1, "rank_process_heartbeat_timeout")]
+    assert "hang" not in found[0].detail
+    assert "collectives:" not in found[0].message

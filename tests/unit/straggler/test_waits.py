@@ -35,6 +35,7 @@ class Job:
         self.waits = dict.fromkeys(range(world), 0)
         self.slower = 1.0  # the step period's factor from the next report on
         self.steps = 0
+        self.compute_ms = dict.fromkeys(range(world), 40.0)  # each rank's own CPU per step
 
     def states(self, shares: dict[int, float] | None, looks: int = LOOKS) -> dict[int, _State]:
         out = {}
@@ -47,7 +48,7 @@ class Job:
                 self.k + 1,
                 world_size=self.world,
                 progress_seq=1 + self.steps,
-                straggler={"compute_ms": 40.0, "samples": 5, "method": self.method},
+                straggler={"compute_ms": self.compute_ms[r], "samples": 5, "method": self.method},
                 collectives={
                     "groups": {"0": [self.k * 1000, self.k * 1000]},
                     "samples": self.looks[r],
@@ -174,3 +175,38 @@ def test_the_interval_the_ranks_started_in_names_nobody() -> None:
         found += job.report(det, {0: 0.05, 1: 0.04, 2: 0.05, 3: 0.06})
     assert found == []
     assert det.source == "collective_waits"
+
+
+def test_the_interval_the_ranks_started_in_is_not_scored_from_their_own_cpu_either() -> None:
+    # The first interval holds the ranks' start: no estimate from the waits, and each
+    # rank's own CPU per step is its start-up's (rank 1's 10x its peers'). Scored from
+    # that, the first report named rank 1 (relative 0.1); it is not scored, and the
+    # first report is the first interval the waits score.
+    cfg = StragglerConfig(enabled=True, report_time_interval=INTERVAL, consecutive_reports=1)
+    det, job = StragglerDetector(cfg, "run", started_at=1000.0), Job(4)
+    job.compute_ms[1] = 400.0
+    found = job.report(det, {0: 0.6, 1: 0.0, 2: 0.6, 3: 0.6})
+    assert (found, det.reports, det.report) == ([], 0, None)
+    job.compute_ms[1] = 40.0
+    for _ in range(2):
+        found += job.report(det, {0: 0.05, 1: 0.04, 2: 0.05, 3: 0.06})
+    assert found == []
+    assert det.source == "collective_waits" and det.reports == 2
+
+
+def test_reports_keep_their_schedule_whatever_each_scans_lag() -> None:
+    # Scans every 0.5 s, each a few ms late by a varying amount (the monitor's thread):
+    # made at the first scan after each due time, the reports set the next one from that
+    # scan, often missed it by those ms and came 3.5 s apart instead of 3 s (18 in 60 s,
+    # not 20).
+    cfg = StragglerConfig(enabled=True, report_time_interval=3.0, consecutive_reports=2)
+    det, job = StragglerDetector(cfg, "run", started_at=1000.0), Job(2)
+    det.evaluate(1000.0, job.states(None))
+    made = []
+    for k in range(1, 121):
+        now = 1000.0 + 0.5 * k + 0.001 * (7 * k % 5)
+        before = det.next_report
+        det.evaluate(now, job.states({0: 0.05, 1: 0.04}, looks=10))
+        if det.next_report != before:
+            made.append(round(before))
+    assert made == [1000 + 3 * n for n in range(1, 21)]

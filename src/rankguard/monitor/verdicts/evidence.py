@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rankguard.monitor.hangclass import frame_op
 from rankguard.rank.timeline import (
     CHECKPOINT_PHASE,
     CLOSING_PHASE,
@@ -35,6 +36,7 @@ __all__ = [
     "behind_in_collectives",
     "busy",
     "checkpointing",
+    "collective_call",
     "collectives",
     "in_collective",
     "own_timeout",
@@ -67,6 +69,13 @@ def collectives(state: RankState) -> CollectivesBlock | None:
             block = None
     state.collectives = (rec, block)
     return block
+
+
+def collective_call(state: RankState) -> str | None:
+    """The ``torch.distributed`` collective call the rank's main frame is inside
+    (``all_reduce``), by its latest record; None for any other frame (a collective that
+    waits in C++ under its caller's frame names no operation)."""
+    return frame_op(state.record.main_frame) if state.record is not None else None
 
 
 def in_collective(state: RankState) -> bool:

@@ -1,7 +1,9 @@
 """Is the process there: its heartbeats past the process timeout (the heartbeat timeout,
 or ``node_disk_full`` when its node's disk is full: its heartbeats cannot be written,
 which says nothing about the process), or late (older than ``fresh_s``: a stopped or
-swapping process, not judged on progress until its records come back)."""
+swapping process, not judged on progress until its records come back). The heartbeat
+timeout of a rank whose last record was inside a collective every rank joined, or
+behind one its peers wait in, carries the hang's class (by that last record)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import math
 from typing import TYPE_CHECKING
 
 from rankguard.monitor.verdicts.findings import clear, fire
+from rankguard.monitor.verdicts.stalls import attach_hang, silent_hang
 from rankguard.rank.timeline import CHECKPOINT_PHASE
 from rankguard.schema.findings import FindingType, Liveness, Progress, Reason
 
@@ -60,7 +63,10 @@ class ProcessStale:
             )
             return True
         clear(s, FindingType.NODE_DISK_FULL)
+        fired = len(out)
         fire(view.run_id, s, FindingType.PROCESS_TIMEOUT, Reason.UNRESPONSIVE, timeout, hb_age, out)
+        if len(out) > fired and (hang := silent_hang(view)) is not None:
+            attach_hang(out[-1], hang)
         return True
 
     def due(self, view: JobView, s: RankState) -> float:

@@ -9,7 +9,9 @@ collective, a collective hang), all of them are reported, unless the evidence te
 apart: ranks behind in the sequence of collectives, else ranks outside any collective,
 are the culprits of those waiting in one. A victim whose culprits recovered gets one
 more progress timeout to resume before it is reported in its own right. The first
-culprit named carries the hang's class (:mod:`rankguard.monitor.hangclass`).
+culprit named carries the hang's class (:mod:`rankguard.monitor.hangclass`), and so does
+the heartbeat timeout of a rank that stopped publishing inside a collective or behind
+one its peers wait in (:func:`silent_hang`).
 """
 
 from __future__ import annotations
@@ -17,24 +19,27 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from rankguard.monitor.hangclass import HangClass, classify
+from rankguard.monitor.hangclass import HangClass, classify, classify_silent
 from rankguard.monitor.verdicts.evidence import (
     OVERSTAYED,
     behind_in_collectives,
     busy,
+    collective_call,
     collectives,
     in_collective,
     phase_timeout,
     seq,
 )
 from rankguard.monitor.verdicts.findings import fire
+from rankguard.schema.collectives import CollectivesBlock
 from rankguard.schema.findings import FindingType, Liveness, Reason
 
 if TYPE_CHECKING:
+    from rankguard.monitor.rules import RankState
     from rankguard.monitor.verdicts.api import JobView
     from rankguard.schema.findings import Finding
 
-__all__ = ["StallCulprits"]
+__all__ = ["StallCulprits", "attach_hang", "silent_hang"]
 
 _DEAD = frozenset(
     {FindingType.PROCESS_TIMEOUT, FindingType.PROCESS_EXITED, FindingType.NODE_DISK_FULL}
@@ -131,8 +136,36 @@ class StallCulprits:
                 out,
             )
             if not hang:
-                hang.append(classify({t.rank: collectives(t) for t in live}))
+                hang.append(classify(*_places(live)))
             if hang[0] is not None:
-                out[-1].detail["hang"] = hang[0].to_dict()
-                out[-1].message = f"{out[-1].message}; {hang[0].line}"
+                attach_hang(out[-1], hang[0])
         return out
+
+
+def _places(ranks: list[RankState]) -> tuple[dict[int, CollectivesBlock | None], dict[int, str]]:
+    """Each rank's collectives block, and the collective call its main frame is in."""
+    calls = {t.rank: op for t in ranks if (op := collective_call(t)) is not None}
+    return {t.rank: collectives(t) for t in ranks}, calls
+
+
+def attach_hang(finding: Finding, hang: HangClass) -> None:
+    """The hang's class on its finding: ``hang``, and one sentence of its message."""
+    finding.detail["hang"] = hang.to_dict()
+    finding.message = f"{finding.message}; {hang.line}"
+
+
+def silent_hang(view: JobView) -> HangClass | None:
+    """The hang's class when ranks stopped publishing (stale, or heartbeats late): every
+    rank of the job compared, those by their last record; None unless every rank's
+    place is known and says a hang that holds while they stay there."""
+    ranks = [
+        t
+        for t in view.ranks.values()
+        if t.record is not None and t.liveness in (Liveness.ALIVE, Liveness.STALE)
+    ]
+    world = view.world_size()
+    if world < 2 or len(ranks) != world:
+        return None
+    silent = [t.rank for t in ranks if t.liveness is Liveness.STALE or t.late]
+    blocks, calls = _places(ranks)
+    return classify_silent(blocks, silent, calls)
