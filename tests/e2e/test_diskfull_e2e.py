@@ -111,11 +111,11 @@ def test_full_disk_is_reported_not_killed_and_ranks_ending_on_it_are_not_dead(
             "-m",
             "rankguard.demo.train",
             # steps of at least 0.1 s: the first fill comes after step 5, the disk is
-            # full for 7 s (70 steps at most), the heartbeats resume within a few
-            # seconds: the ranks are still training when it fills up again, and end
-            # soon after
+            # full for 7 s (70 steps at most), the heartbeats resume within a scan or
+            # two: the ranks are still training when it fills up again (30 steps or
+            # more left), and end soon after
             "--steps",
-            "150",
+            "120",
             "--step-sleep",
             "0.1",
         ),

@@ -70,7 +70,7 @@ def run_dir(log_dir: Path, run_id: str) -> Path:
 def test_an_xid_error_and_the_rerun_state_machine_each_exclude_a_node_the_others_go_on(
     tmp_path: Path, run_id: str
 ) -> None:
-    """Four agents, ``--nnodes 2:4``. Agent 3's GPU reports XID 79 (fallen off the bus):
+    """Four agents, ``--nnodes 2:3``. Agent 3's GPU reports XID 79 (fallen off the bus):
     it is excluded before it joins any round, its ranks never start. The three others
     train; a NaN on global rank 2's first hardware only (exit 16, resume, the re-run
     differs: exit 17 naming rank 2) excludes rank 2's node; the two left resume from
@@ -101,10 +101,12 @@ def test_an_xid_error_and_the_rerun_state_machine_each_exclude_a_node_the_others
     )
     envs = {a: fake_gpu_env(tmp_path, f"agent{a}") for a in range(3)}
     envs[3] = fake_gpu_env(tmp_path, "agent3", xid_events=[79])  # fallen off the bus
-    # --nnodes 2:4: four nodes, two excluded, two left (MIN 2) go on; the first round
-    # waits 5 s after two nodes joined, so that the three healthy ones train together
+    # --nnodes 2:3: four agents, two excluded, two left (MIN 2) go on; a round of the
+    # three healthy ones forms as soon as the third joins (MAX, no last call), the first
+    # one up to 5 s after two joined, so that the three train together; the round of
+    # the two left waits that last call
     cmds = {
-        a: agent_cmd(port, run_id, logs[a], "2:4", *sets, target=target, last_call_s=5)
+        a: agent_cmd(port, run_id, logs[a], "2:3", *sets, target=target, last_call_s=5)
         for a in range(4)
     }
     outs, codes = run_nodes(cmds, timeout_s=140, envs=envs)

@@ -49,7 +49,7 @@ from rankguard.ft.kill import (
 )
 from rankguard.monitor.api import FindingSink
 from rankguard.monitor.rules import NAMED_AT, RUN_END
-from rankguard.schema.findings import Finding, FindingType
+from rankguard.schema.findings import Finding, FindingType, Liveness
 from rankguard.schema.jsontypes import JsonObject
 from rankguard.util.procs import pid_running, process_state
 
@@ -92,7 +92,9 @@ class HangTraces(FindingSink):
     :class:`FaultHandler` calls :meth:`attach` for every hang it handles. The ranks
     asked are the live ones that ``here`` accepts (this node's), not stopped, and, with
     ``remote`` (:class:`~rankguard.ft.frremote.RemoteTraces`), the live ranks of the
-    other nodes, through their relays: every node's traces are compared together. One
+    other nodes whose heartbeats still arrive (a rank past its heartbeat timeout cannot
+    answer: a lost node's), through their relays: every node's traces are compared
+    together. One
     request serves the findings of one hang: a verdict taken less than ``reuse_s`` ago
     over the same ranks is reused (each stalled rank is a finding)."""
 
@@ -131,6 +133,11 @@ class HangTraces(FindingSink):
                 if process_state(rec.pid) not in (None, "T", "t", "Z", "X"):
                     ranks.append(rank)
             elif self.remote is not None and rec.node_rank:  # its relay judges the pid
+                if state.liveness is Liveness.STALE:
+                    # no record from it for its timeout: its process, its node (a lost
+                    # node's relay never answers) or its relay is gone or stuck, and
+                    # node 0 would wait the whole request's timeout for its trace
+                    continue
                 elsewhere.setdefault(rec.node_rank, []).append(rank)
         asked = ranks + sorted(r for rs in elsewhere.values() for r in rs)
         if not asked:

@@ -521,7 +521,11 @@ class NodeServices:
         hb = self.cfg.heartbeat
         remote = (
             StoreRemoteSource(
-                self.store, self.run_id, self.nnodes, disk_max_age_s=self.cadence.process_timeout_s
+                self.store,
+                self.run_id,
+                self.nnodes,
+                disk_max_age_s=self.cadence.process_timeout_s,
+                silent_s=self.cadence.process_timeout_s,  # a relay that stopped: left
             )
             if self.relaying
             else None

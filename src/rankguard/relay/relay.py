@@ -416,11 +416,15 @@ class StoreRemoteSource(RemoteSource):
         nnodes: int,
         *,
         disk_max_age_s: float = 10.0,
+        silent_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``disk_max_age_s``: a node's relayed disk state counts for that long after
         its relay's last new push; then it is unknown (not full): a relay that died
-        while its disk was full must not keep its ranks from being found dead."""
+        while its disk was full must not keep its ranks from being found dead.
+        ``silent_s``: a node of an earlier round whose relay pushed nothing new for that
+        long left the job (excluded: its relay halted; lost: it died) and never says it
+        is done: :meth:`nodes_done` no longer waits for it (None: waited for)."""
         self.store = store
         self.run_id = run_id
         self.keys = StoreKeys(run_id)
@@ -428,6 +432,7 @@ class StoreRemoteSource(RemoteSource):
         self._round_nodes: int | None = None  # the current round's node count, once told
         self.lost: set[int] = set()  # nodes live recovery took over (their relay is gone)
         self.disk_max_age_s = disk_max_age_s
+        self.silent_s = silent_s
         self.clock = clock
         self._shutdowns: dict[int, str] = {}
         self._root_causes: dict[int, tuple[int, int | None]] = {}
@@ -632,14 +637,22 @@ class StoreRemoteSource(RemoteSource):
 
     def nodes_done(self) -> bool:
         """Every node that may still deliver records said it is done: the nodes of the
-        current round and every node that ever relayed (a node of an earlier round may
-        have records in flight). A node number past the round that never relayed
-        anything (``--nnodes 1:2`` with one node) has nothing to deliver."""
+        current round and every node of an earlier round that relayed while its relay
+        still pushes (its last records may be in flight). A node number past the round
+        that never relayed anything (``--nnodes 1:2`` with one node) has nothing to
+        deliver, nor has one whose relay went silent (``silent_s``: it left the job and
+        never says it is done)."""
         round_nodes = self._round_nodes
+        now = self.clock()
         waited = [
             n
             for n in self.nodes
-            if (round_nodes is None or n < round_nodes or n in self._state) and n not in self.lost
+            if (
+                round_nodes is None
+                or n < round_nodes
+                or (n in self._state and not self._silent(n, now))
+            )
+            and n not in self.lost
         ]
         if not waited:
             return True
@@ -647,3 +660,8 @@ class StoreRemoteSource(RemoteSource):
             return bool(self.store.check([self.keys.done(n) for n in waited]))
         except Exception:
             return True  # the store is gone: nothing more can arrive
+
+    def _silent(self, node: int, now: float) -> bool:
+        """Node ``node``'s relay pushed nothing new for ``silent_s`` (as fetched)."""
+        pushed = self._pushed.get(node)
+        return self.silent_s is not None and pushed is not None and now - pushed[1] > self.silent_s

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -25,7 +26,7 @@ from rankguard.ft.frremote import (
     parse_request,
 )
 from rankguard.relay.relay import StoreRelay
-from rankguard.schema.findings import Finding, FindingType, Reason
+from rankguard.schema.findings import Finding, FindingType, Liveness, Reason
 from rankguard.schema.layout import StoreKeys
 from rankguard.schema.payloads import PayloadError
 from rankguard.schema.records import HeartbeatRecord
@@ -108,7 +109,7 @@ def test_node1s_local_rank_1_that_did_not_join_is_named_as_global_rank_3(
     relay = StoreRelay(store, run1, RUN_ID, node_rank=1, interval_s=0.05)
     for r in (2, 3):
         relay.offer(heartbeat_record(r, pid=os.getpid(), node_rank=1, ranks_per_node=PER_NODE))
-    states = {r: SimpleNamespace(record=_record(r)) for r in docs}
+    states = {r: SimpleNamespace(record=_record(r), liveness=Liveness.ALIVE) for r in docs}
     monitor = SimpleNamespace(rules=SimpleNamespace(ranks=states))
     sink = HangTraces(
         run0,
@@ -141,6 +142,45 @@ def test_node1s_local_rank_1_that_did_not_join_is_named_as_global_rank_3(
     assert trace_file(run1, 3).exists() and not trace_file(run0, 3).exists()
     assert [r.answered for r in ranks] == [1, 1, 1, 1]
     assert not store.check([StoreKeys(RUN_ID).traces_request(1)])  # taken off the store
+
+
+def test_a_lost_nodes_rank_is_not_asked_for_its_trace(tmp_path: Path) -> None:
+    """Node 1 is lost (agent and ranks gone): its rank is past its heartbeat timeout,
+    its relay never answers. Node 0 asked it anyway and waited the request's whole
+    timeout before the finding was written; a rank whose heartbeats stopped arriving is
+    not asked, node 0's own ranks are."""
+    run0 = _run_dir(tmp_path, "node0")
+    docs = {0: _doc(18, 17), 1: _doc(18, 17)}
+    ranks = [_Rank(run0, r, d) for r, d in docs.items()]
+    store = DictStore()  # no relay of node 1: it is gone
+    states = {r: SimpleNamespace(record=_record(r), liveness=Liveness.ALIVE) for r in docs}
+    states[2] = SimpleNamespace(record=_record(2), liveness=Liveness.STALE)
+    monitor = SimpleNamespace(rules=SimpleNamespace(ranks=states))
+    sink = HangTraces(
+        run0,
+        monitor,  # type: ignore[arg-type]
+        here=lambda rec: rec.node_rank == 0,
+        remote=RemoteTraces(store, RUN_ID, timeout_s=10, poll_s=0.02),
+    )
+    finding = Finding(
+        finding_type=FindingType.PROCESS_TIMEOUT,
+        run_id=RUN_ID,
+        rank=2,
+        reason=Reason.UNRESPONSIVE,
+        message="rank 2: no heartbeat",
+    )
+    for rank in ranks:
+        rank.start()
+    t0 = time.monotonic()
+    try:
+        sink.before_write(finding)
+    finally:
+        for rank in ranks:
+            rank.stop()
+        wait_for_analysers(10)
+    assert time.monotonic() - t0 < 5.0  # not the remote request's 10 s
+    assert not store.check([StoreKeys(RUN_ID).traces_request(1)])  # node 1 not asked
+    assert [r.answered for r in ranks] == [1, 1]
 
 
 def test_a_trace_is_compacted_and_an_answer_is_bounded() -> None:

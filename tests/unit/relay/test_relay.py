@@ -179,6 +179,38 @@ def test_nodes_done_waits_for_the_rounds_nodes_and_every_node_that_relayed(
     assert source.nodes_done() is True
 
 
+def test_nodes_done_does_not_wait_for_an_earlier_rounds_node_whose_relay_went_silent(
+    tmp_path: Path, stores: tuple[Any, Any]
+) -> None:
+    """Node 2 of a round of three was excluded (its relay halted: no last push, no done
+    mark) and the job went on with two nodes: node 0's final drain waited its whole
+    length for a node that never says it is done. While that node's relay still
+    pushes it is waited for; once it has pushed nothing new for ``silent_s``, not."""
+    master, client = stores
+    now = [100.0]
+    source = StoreRemoteSource(master, RUN, nnodes=3, silent_s=3.0, clock=lambda: now[0])
+    (tmp_path / "n1").mkdir()
+    (tmp_path / "n2").mkdir()
+    r1 = StoreRelay(client, tmp_path / "n1", RUN, node_rank=1, interval_s=0.05)
+    r2 = StoreRelay(client, tmp_path / "n2", RUN, node_rank=2, interval_s=0.05)
+    r1.push_once()
+    r2.push_once()
+    source.note_round(3)
+    source.fetch()
+    r2.halt()  # excluded: it leaves without a done mark
+    source.note_round(2)
+    r1.stop()
+    now[0] += 2.0
+    source.fetch()
+    assert source.nodes_done() is False  # node 2 pushed 2 s ago: it may still deliver
+    now[0] += 1.5
+    source.fetch()
+    assert source.nodes_done() is True  # silent for 3.5 s: it left the job
+    r2.push_once()  # an earlier round's node still pushing is waited for again
+    source.fetch()
+    assert source.nodes_done() is False
+
+
 def test_dead_pid_becomes_vanished_process_end(tmp_path: Path, stores: tuple[Any, Any]) -> None:
     master, client = stores
     pid = dead_pid()
