@@ -89,10 +89,22 @@ _MAX_TRACE = 64 << 20
 # The analyser starts at a hang's kill, as the restarted workers import torch: at their
 # priority it took a core from them (their start 1.1 s slower than after a crash on 2
 # cores); in SCHED_IDLE it runs in the gaps and the launcher's exit still waits for it.
+# SCHED_IDLE alone yields only to the tasks of its own autogroup (Linux's
+# CONFIG_SCHED_AUTOGROUP, one group per session): the workers each lead a session of
+# their own (torch elastic starts them so), and between groups the scheduler shares the
+# cores equally, so an idle-class analyser in the launcher's session still took a third
+# of the 2 cores from the restarted workers. It runs in a session of its own, whose
+# autogroup it sets to nice 19 (its own session only: the launcher's group keeps its
+# share).
 _RUNNER_PRELUDE = (
     "import sys\n"
     "from rankguard.util.cpuprio import yield_cpu\n"
     "yield_cpu()\n"
+    "try:\n"
+    "    with open('/proc/self/autogroup', 'w') as group:\n"
+    "        group.write('19')\n"
+    "except OSError:\n"
+    "    pass\n"
     "from rankguard.rank.lifeline import set_parent_death_signal\n"
     "set_parent_death_signal()\n"
 )
@@ -350,7 +362,16 @@ def _torch_analysis(traces: dict[int, JsonObject], work_dir: Path, timeout_s: fl
     ``traces``: its last lines, or why it failed. torch's analyser unpickles what it
     reads, so it gets pickles of the traces rankguard has read as data, written in a new
     private folder under ``work_dir`` (``mkdtemp``: mode 0700, a name nobody can plant),
-    removed afterwards."""
+    removed afterwards. Traces it cannot match (:func:`undescribed_group`) are not given
+    to it: the reason is its output."""
+    missing = undescribed_group(traces)
+    if missing is not None:
+        rank, group = missing
+        return (
+            f"torchfrtrace not run: rank {rank}'s trace names process group {group!r}, "
+            "which its pg_config does not describe (gloo records none); torch's analyser "
+            "stops there with a KeyError"
+        )
     try:
         tmp = Path(tempfile.mkdtemp(prefix=".torchfrtrace-", dir=work_dir))
     except OSError as exc:
@@ -369,6 +390,23 @@ def _torch_analysis(traces: dict[int, JsonObject], work_dir: Path, timeout_s: fl
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def undescribed_group(traces: dict[int, JsonObject]) -> tuple[int, str] | None:
+    """The first (rank, process group) that an entry of the rank's trace names and its
+    ``pg_config`` does not describe; None when every group is described. torchfrtrace
+    looks each entry's group up in its rank's ``pg_config`` and stops with a KeyError on
+    one it lacks (every gloo trace of torch 2.13: gloo records no group): started for
+    such traces it only spent a core's second or more of a hang's restart."""
+    for rank, doc in sorted(traces.items()):
+        config = doc.get("pg_config")
+        described = config if isinstance(config, dict) else {}
+        entries = doc.get("entries")
+        for entry in entries if isinstance(entries, list) else []:
+            name = entry.get("process_group") if isinstance(entry, dict) else None
+            if isinstance(name, (list, tuple)) and name and str(name[0]) not in described:
+                return rank, str(name[0])
+    return None
+
+
 def _run_torchfrtrace(dump_dir: Path, timeout_s: float) -> str:
     cmd = [sys.executable, "-c", _RUNNER, str(dump_dir), "--prefix", PREFIX]
     # not a worker of the job (no RANKGUARD_* variables), and it dies with the launcher
@@ -381,6 +419,7 @@ def _run_torchfrtrace(dump_dir: Path, timeout_s: float) -> str:
             timeout=timeout_s,
             stdin=subprocess.DEVNULL,
             env=env,
+            start_new_session=True,  # an autogroup of its own (see _RUNNER_PRELUDE)
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"torchfrtrace did not run: {type(exc).__name__}: {exc}"

@@ -10,7 +10,9 @@ import fcntl
 import itertools
 import json
 import os
+import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -285,3 +287,57 @@ def test_dcps_checkpoint_process_writes_through_the_page_cache(
     assert writer.checksums()["__0_0.distcp"].hexdigest() == checksum_file(
         tmp_path / "w" / "__0_0.distcp", "crc32"
     )
+
+
+class _Unhashed(Digest):
+    """The copy alone (a CRC-32 of the bytes lets go of the lock too)."""
+
+    def __init__(self) -> None:
+        super().__init__("crc32")
+
+    def update(self, data: Any) -> None:
+        pass
+
+
+def test_the_copy_into_the_direct_buffer_lets_the_training_thread_run(
+    tmp_path: Path,
+) -> None:
+    """An async save writes from a thread of the training process: its copy of a big
+    record into the aligned buffer must not hold the interpreter lock, or the training
+    thread waits for the lock through the whole copy at its next operator."""
+    if _direct_refused(tmp_path):
+        pytest.skip("no O_DIRECT here: no buffer copy")
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(30.0)  # the lock changes hands only where its holder lets go
+    size = 64 << 20
+    data = memoryview(os.urandom(size))
+    stamps: list[float] = []
+    stop = threading.Event()
+
+    def training() -> None:  # a stamp needs the lock
+        while not stop.is_set():
+            stamps.append(time.perf_counter())
+            time.sleep(0.0002)
+
+    windows = []
+    thread = threading.Thread(target=training)
+    try:
+        thread.start()
+        for i in range(8):
+            # the buffer takes the whole record: the copy only, no write to the file
+            out = DigestFile(tmp_path / f"f{i}", _Unhashed(), direct=True, buffer_bytes=size + 4096)
+            assert out.direct
+            t0 = time.perf_counter()
+            out.write(data)
+            windows.append((t0, time.perf_counter()))
+            if i < 7:
+                out.abandon()  # the copy was the point: nothing more to disk
+            else:
+                out.close()
+    finally:
+        stop.set()
+        thread.join(10)
+        sys.setswitchinterval(previous)
+    inside = [sum(t0 < s < t1 for s in stamps) for t0, t1 in windows]
+    assert sum(inside) > 0, (inside, [round(t1 - t0, 4) for t0, t1 in windows])
+    assert (tmp_path / "f7").read_bytes() == data

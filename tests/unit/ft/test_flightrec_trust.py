@@ -52,6 +52,8 @@ def _evil(marker: Path) -> bytes:
 def _doc(enqueued: int, completed: int) -> dict[str, Any]:
     return {
         "version": "2.10",
+        # the group described, as NCCL's traces do (gloo's describe none: no torchfrtrace)
+        "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
         "pg_status": {
             "0": {
                 "last_enqueued_collective": str(enqueued),
