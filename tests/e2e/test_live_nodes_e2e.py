@@ -32,7 +32,6 @@ from .conftest import (
     rankguard_cmd,
     read_jsonl,
     read_status,
-    run_rankguard,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
@@ -95,24 +94,27 @@ def _text(log: Path) -> str:
 def test_a_lost_nodes_rank_is_taken_over_by_the_other_nodes_standby(
     tmp_path: Path, run_id: str
 ) -> None:
-    ref = run_rankguard(
-        [
-            "run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "--preload",
-            "torch",
-            "--log-dir",
-            str(tmp_path / "ref"),
-            *DEMO,
-        ],
-        timeout=120,
-    )
-    assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
-    reference = _losses(ref.stdout + ref.stderr)
-    assert len(reference) == STEPS
-
+    # the uninterrupted run, beside the job (its losses are read at the end)
+    ref_log = tmp_path / "ref.log"
+    with open(ref_log, "w", encoding="utf-8") as out:
+        ref = subprocess.Popen(
+            rankguard_cmd(
+                "run",
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+                "--preload",
+                "torch",
+                "--log-dir",
+                str(tmp_path / "ref"),
+                *DEMO,
+            ),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
     port = free_port()
     store = TCPStore("127.0.0.1", port, is_master=True, multi_tenant=True, wait_for_workers=False)
     logs = [tmp_path / f"agent{i}.log" for i in range(2)]
@@ -144,11 +146,16 @@ def test_a_lost_nodes_rank_is_taken_over_by_the_other_nodes_standby(
         os.killpg(procs[node1].pid, signal.SIGKILL)
         procs[node1].wait(timeout=10)
         code = procs[node0].wait(timeout=90)
+        ref_code = ref.wait(timeout=60)
     finally:
-        for proc in procs:
+        for proc in [*procs, ref]:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
         del store
+    ref_out = _text(ref_log)
+    assert ref_code == 0, ref_out[-6000:]
+    reference = _losses(ref_out)
+    assert len(reference) == STEPS
     out = _text(logs[node0])
     assert code == 0, out[-6000:]
     assert re.search(r"live recovery: node 1 lost .*no group restart", out), out[-6000:]
