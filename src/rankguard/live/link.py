@@ -60,6 +60,7 @@ class LiveLink:
         self.declared = False
         self.current_round = 0  # the wrapper's round (set at each join)
         self.synced_round = -1
+        self.received = False  # a newcomer that got a survivor's state (live_state)
         self._resumed: Resumed | None = None
         self._awaited: dict[int, float] = {}  # rank -> when this rank last said it waits
         self._lock = threading.Lock()
@@ -76,6 +77,13 @@ class LiveLink:
     @property
     def newcomer(self) -> bool:
         return self.assignment is not None
+
+    @property
+    def awaits_state(self) -> bool:
+        """A newcomer that has not received a survivor's state yet. Once it has, it
+        holds the state like any survivor: when the ranks it got it from are lost in
+        turn, it is a source for the next newcomer."""
+        return self.newcomer and not self.received
 
     # ---- a standby ----------------------------------------------------------------
 

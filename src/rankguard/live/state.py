@@ -39,17 +39,21 @@ def live_state(*, model: Any, optimizer: Any = None, step: int) -> int:
     if not link.newcomers or link.synced_round == link.current_round:
         return step
     link.synced_round = link.current_round
-    agreed, source, redone = _agree(-1 if link.newcomer else step)
+    # a newcomer that got the state in an earlier round holds it now, as a survivor
+    fresh = link.awaits_state
+    agreed, source, redone = _agree(-1 if fresh else step)
     if source is None:  # no survivor holds the state (a world of newcomers): its own
-        if link.newcomer and optimizer is not None:
+        if fresh and optimizer is not None:
             _arm_resumed(link, optimizer, step, 0)
+        link.received = link.newcomer
         return step
     _broadcast_model(model, source)
     if optimizer is not None:
         _broadcast_optimizer(optimizer, source)
     _broadcast_rng(source, _device_of(model))
-    if link.newcomer and optimizer is not None:
+    if fresh and optimizer is not None:
         _arm_resumed(link, optimizer, agreed, redone)
+    link.received = link.newcomer
     return agreed
 
 

@@ -134,3 +134,56 @@ def test_a_newcomer_gets_the_survivors_state(tmp_path: Path) -> None:
     assert torch.equal(newcomer["rng"], survivor["rng"])
     assert survivor["resumed"] is None
     assert newcomer["resumed"].step == 6 and newcomer["resumed"].steps_redone == 0
+
+
+def _relay_rank(rank: int, world: int) -> dict[str, Any]:
+    """Round 1: rank 1 is a newcomer and gets rank 0's state. Round 2: rank 0 is lost in
+    turn and its newcomer must get that state from rank 1, the only rank left holding
+    it (a newcomer of an earlier round)."""
+    from rankguard.live.keys import LiveKeys
+    from rankguard.live.link import LiveLink, bind
+    from rankguard.live.plan import Assignment
+
+    def newcomer_link(of: int) -> LiveLink:
+        link = LiveLink(LiveKeys("t", 0), standby=True)
+        link.store = DictStore()
+        link.assignment = Assignment(
+            rank=of, local_rank=of, lost_pid=1, standby_pid=2, cause="x", fault_t=0.0
+        )
+        return link
+
+    steps = 5 if rank == 0 else 0
+    net, opt = _trained(steps, seed=rank)
+    if rank == 0:
+        link = LiveLink(LiveKeys("t", 0), standby=False)
+        link.store = DictStore()
+    else:
+        link = newcomer_link(1)
+    link.current_round, link.newcomers = 1, [1]
+    bind(link)
+    first = live_state(model=net, optimizer=opt, step=steps)
+    if rank == 0:  # its process is lost: a standby with a fresh model takes rank 0
+        net, opt = _trained(0, seed=7)
+        link = newcomer_link(0)
+        bind(link)
+        steps = 0
+    else:
+        steps = first
+    link.current_round, link.newcomers = 2, [0]
+    second = live_state(model=net, optimizer=opt, step=steps)
+    return {
+        "first": first,
+        "second": second,
+        "weights": {k: v.clone() for k, v in net.state_dict().items()},
+    }
+
+
+@pytest.mark.ranks
+def test_a_newcomer_of_an_earlier_round_is_the_source_for_the_next(tmp_path: Path) -> None:
+    zero, one = run_ranks(2, _relay_rank, store_dir=tmp_path)
+    assert zero["first"] == one["first"] == 5
+    # every rank of the job has been replaced once: the state still comes from a rank
+    # that holds it, not each rank's own (the new rank 0 would train from step 0)
+    assert zero["second"] == one["second"] == 5
+    for name, value in one["weights"].items():
+        assert torch.equal(zero["weights"][name], value)
