@@ -646,6 +646,8 @@ class _Call:
         if self.live is not None:  # a newcomer joins the round the survivors are in
             self.live.current_round = r
             store.set(self.prefix + "round", str(r))
+            if self.live.awaits_state:
+                self._as_newcomer(r)
         store.set(self._key(r, f"here/{self.rank}"), self.hostname)
         if store.add(self._key(r, "arrived"), 1) >= self.world:
             store.set(self._key(r, "ready"), "1")
@@ -784,8 +786,7 @@ class _Call:
             store.set(self._key(r, "failed"), str(got.rank))
             r += 1
         self.round = r
-        store.set(self._key(r, f"newcomer/{got.rank}"), str(live.pid))
-        store.add(self._key(r, "newcomers"), 1)
+        self._as_newcomer(r)
         logger.warning(
             "rankguard: standby pid %d takes rank %d (pid %d lost: %s); joining round %d",
             live.pid,
@@ -795,6 +796,17 @@ class _Call:
             r,
         )
         return True
+
+    def _as_newcomer(self, r: int) -> None:
+        """Round ``r`` has this rank as a newcomer (once): the survivors' ``live_state``
+        brings it their state. Said again at every round until it got that state: a
+        round that failed before (its group set-up, a peer's fault) leaves it without."""
+        assert self.live is not None
+        key = self._key(r, f"newcomer/{self.rank}")
+        if self._store.check([key]):
+            return
+        self._store.set(key, str(self.live.pid))
+        self._store.add(self._key(r, "newcomers"), 1)
 
     def _newcomers(self, r: int) -> list[int]:
         """The ranks that joined round ``r`` as standbys taking a lost rank's place."""

@@ -148,3 +148,36 @@ def test_without_a_replacement_a_lost_peer_is_given_up(
     _dead_peer(store, call, 1)
     with pytest.raises(InProcessRestartError, match="store heartbeat stopped"):
         call._join(1)
+
+
+def test_a_newcomer_without_the_state_yet_is_one_in_the_next_round_too(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The round a standby joined failed before ``live_state`` (its group set-up, a
+    peer's fault): in the next round it is still a newcomer, or the survivors would not
+    bring it their state and it would train on from its own step."""
+    monkeypatch.setenv(STANDBY_RANKS_ENV, "1")
+    monkeypatch.setenv(STANDBY_ENV, "1")
+    monkeypatch.setenv("RANK", "2")
+    call = _call(store, 2, 2)
+    live = call.live
+    assert live is not None
+    live.store = call._store
+    survivor = _call(store, 0, 2)
+    store.set(call.prefix + "round", "3")
+    got = Assignment(
+        rank=1, local_rank=1, lost_pid=11, standby_pid=live.pid, cause="x", fault_t=0.0
+    )
+    store.set(live.keys.assign(live.pid), got.to_json())
+    assert call._take_rank(live)
+    assert call.round == 3 and survivor._newcomers(3) == [1]
+    # round 3 fails before the state crossed; the survivor is at round 4's barrier
+    store.set(call._key(4, "here/0"), "host")
+    store.add(call._key(4, "arrived"), 1)
+    call._join(4)
+    assert survivor._newcomers(4) == [1]
+    live.received = True  # round 4 brought it the state: a survivor from now on
+    store.set(call._key(5, "here/0"), "host")
+    store.add(call._key(5, "arrived"), 1)
+    call._join(5)
+    assert survivor._newcomers(5) == []
