@@ -21,7 +21,10 @@ last steps; after the last fault the job runs to its end at full speed.
 Figures: per fault, fault (the bench's ``time.time()`` at the signal; for an exception
 the rank's own line) -> the next step completed by the recovered job (the first step
 line after it from a process started after the fault, or a step done again, or one past
-the step in flight at the fault), and the steps redone; then: the job's exit, its final
+the step in flight at the fault), the steps redone, and a group restart when the job's
+``restarts.jsonl`` has one (kind ``process``) before the next fault (a checkpoint loaded
+is not one: a standby that takes rank 0 loads it too, before ``live_state`` replaces
+it); the counts of that file's kinds; then: the job's exit, its final
 loss (the mean of the ranks' losses at the last step) against an uninterrupted run of the
 same job (``torchrun``, no fault, the same steps), the processes of the job left after
 it (0), and every ``*.json``/``*.jsonl`` under its log directory that does not parse (0).
@@ -48,7 +51,8 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +72,7 @@ class Fault:
     step_at: int = 0  # newest step completed when it was sent
     to_step: float | None = None
     redone: int | None = None
+    group: list[dict[str, Any]] = field(default_factory=list)  # group restarts after it
 
 
 def job_cmd(args: argparse.Namespace, workdir: Path, steps: int, mode: str) -> list[str]:
@@ -170,6 +175,22 @@ def invalid_files(root: Path) -> tuple[int, list[str]]:
         except ValueError:
             bad.append(str(path.relative_to(root)))
     return checked, bad
+
+
+def restart_lines(logs: Path) -> list[dict[str, Any]]:
+    """The job's ``restarts.jsonl`` lines (every kind), each with its unix time ``t``:
+    ``process`` (a group restart), ``live_recovery`` (a standby took a rank),
+    ``inprocess`` (every rank re-entered in its process)."""
+    out = []
+    for path in sorted(logs.rglob("restarts.jsonl")):
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+                rec["t"] = datetime.fromisoformat(str(rec["wall_time"])).timestamp()
+            except (ValueError, KeyError, TypeError):
+                continue
+            out.append(rec)
+    return sorted(out, key=lambda r: float(r["t"]))
 
 
 def final_loss(lines: list[tuple[float, str]], steps: int) -> float | None:
@@ -299,8 +320,13 @@ def main(argv: list[str] | None = None) -> int:
     evs = step_events(lines)
     raised = {int(ev["pid"]): float(ev["t"]) for ev in fault_times(lines)}
     run = lr.Run("soak", "none", 0, 0, Path("."), lines=list(lines))
-    loads = sorted(float(ev["t"]) for tag, ev in lr.events(run) if tag == "LRRESUMED")
-    loaded = {float(ev["t"]): int(ev["s"]) for tag, ev in lr.events(run) if tag == "LRRESUMED"}
+    # a group restart is the launcher's (restarts.jsonl ``process``), not a checkpoint
+    # loaded: a standby that takes rank 0 loads it too before live_state replaces it
+    restarts = restart_lines(work / "logs")
+    groups = [r for r in restarts if r.get("kind") == "process"]
+    loaded = sorted(
+        (float(ev["t"]), int(ev["s"])) for tag, ev in lr.events(run) if tag == "LRRESUMED"
+    )
     for i, fault in enumerate(plan):
         if not fault.t:
             continue
@@ -310,13 +336,29 @@ def main(argv: list[str] | None = None) -> int:
         cost(fault, evs, before)
         fig = f"{fault.to_step:.2f}s" if fault.to_step is not None else "-"
         end = plan[i + 1].t if i + 1 < len(plan) and plan[i + 1].t else float("inf")
-        restart = [t for t in loads if fault.t < t < end]  # a group restart's checkpoint
-        how = f", group restart from the checkpoint of step {loaded[restart[0]]}" if restart else ""
+        fault.group = [r for r in groups if fault.t < float(r["t"]) < end]
+        how = ""
+        if fault.group:
+            t0_group = float(fault.group[0]["t"])
+            ckpt = [s for t, s in loaded if t > t0_group]
+            how = f", group restart ({fault.group[0].get('cause')})" + (
+                f" from the checkpoint of step {ckpt[0]}" if ckpt else ""
+            )
         print(
             f"  recovery {i + 1:3d}: {fault.kind:9s} rank {fault.rank}: fault -> next step "
             f"{fig}, redone {fault.redone if fault.redone is not None else '-'}{how}"
         )
     sent = [f for f in plan if f.t]
+    kinds: dict[str, int] = {}
+    for rec in restarts:
+        kinds[str(rec.get("kind"))] = kinds.get(str(rec.get("kind")), 0) + 1
+    live = sum(1 for f in sent if f.to_step is not None and not f.group)
+    print(
+        f"restarts.jsonl: {kinds.get('live_recovery', 0)} live recoveries (a standby took "
+        f"the rank), {kinds.get('inprocess', 0)} in-process re-entries, "
+        f"{kinds.get('process', 0)} group restarts; faults recovered live (no group "
+        f"restart before the next fault): {live} of {len(sent)}"
+    )
     loss = final_loss(lines, steps)
     checked, bad = invalid_files(work / "logs")
     print()
