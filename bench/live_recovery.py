@@ -296,7 +296,10 @@ def _execute(run: Run, deadline: float) -> None:
         kept = [c for i, c in enumerate(codes) if run.fault == "none" or i != run.rank]
         run.rc = max((c if c is not None else 1) for c in kept)
     else:
-        proc = _popen(launcher_cmd(run), run, {"LOGLEVEL": "WARNING"})
+        # the uninterrupted run's figures are its losses alone: its launcher logs every
+        # stage (start, finish, the exit barrier), stamped, for a failure's printed tail
+        level = "INFO" if run.fault == "none" else "WARNING"
+        proc = _popen(launcher_cmd(run), run, {"LOGLEVEL": level})
         codes, run.timed_out = _wait([proc], deadline)
         run.rc = codes[0]
 
