@@ -88,7 +88,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
 
-from restart import FT_SETS, HEARTBEAT_SETS, reap_leftovers
+from restart import FT_SETS, HEARTBEAT_SETS, print_failed_job, reap_leftovers
 
 JOB = str(Path(__file__).resolve().parent / "live_recovery_job.py")
 NPROC = 4
@@ -174,6 +174,9 @@ def launcher_cmd(run: Run) -> list[str]:
             str(NPROC),
             "--max-restarts",
             "1",
+            # the ranks' error files (the job's ``@record``) in the run's own directory
+            "--log-dir",
+            str(run.workdir / "logs"),
             *job_args(run),
         ]
     cmd = [*py, "-m", "rankguard.cli.main", "run", "--standalone"]
@@ -281,6 +284,7 @@ def _execute(run: Run, deadline: float) -> None:
             }
             cmd = [sys.executable, "-u", "-m", "torch.distributed.run", "--standalone"]
             cmd += ["--nproc-per-node", "1", "--max-restarts", "1"]
+            cmd += ["--log-dir", str(run.workdir / "logs" / f"replica_{r}")]
             procs.append(_popen([*cmd, *job_args(run, replica_groups=NPROC)], run, env))
         if run.fault == "stop":  # nothing of torchft ends a stopped process: the bench does
             _end_stopped(run, procs, deadline)
@@ -292,7 +296,10 @@ def _execute(run: Run, deadline: float) -> None:
         kept = [c for i, c in enumerate(codes) if run.fault == "none" or i != run.rank]
         run.rc = max((c if c is not None else 1) for c in kept)
     else:
-        proc = _popen(launcher_cmd(run), run, {"LOGLEVEL": "WARNING"})
+        # the uninterrupted run's figures are its losses alone: its launcher logs every
+        # stage (start, finish, the exit barrier), stamped, for a failure's printed tail
+        level = "INFO" if run.fault == "none" else "WARNING"
+        proc = _popen(launcher_cmd(run), run, {"LOGLEVEL": level})
         codes, run.timed_out = _wait([proc], deadline)
         run.rc = codes[0]
 
@@ -790,16 +797,18 @@ def main(argv: list[str] | None = None) -> int:
             f"  uninterrupted run ({base.mode}): exit {base.rc}, {len(base_losses)} step losses, "
             f"{base.duration_s:.0f}s" + ("" if complete else ": INCOMPLETE")
         )
+        show_failure(base)
         if not complete:
             _keep(base, True)
             return 1
         baselines[kind] = base_losses
-        _keep(base, args.keep)
+        _keep(base, args.keep or base.rc != 0 or base.timed_out)
 
     def record(mode: str, run: Run) -> Result:
         res = analyse(run, baselines["torchft" if mode == "torchft" else "ddp"])
         results.setdefault((mode, run.fault), []).append(res)
         print(progress_line(res), flush=True)
+        show_failure(run)
         _keep(run, args.keep or not res.ok)
         return res
 
@@ -828,6 +837,14 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.suppress(OSError):
         root.rmdir()
     return 1 if args.smoke and failed else 0
+
+
+def show_failure(run: Run) -> None:
+    """A job that exited non-zero or ran past its limit: its console's tail and its
+    ranks' error files, printed (the run's directory is kept as well: :func:`_keep`)."""
+    if run.rc != 0 or run.timed_out:
+        label = f"{run.mode} ({'uninterrupted' if run.fault == 'none' else run.fault})"
+        print_failed_job(label, run.rc, run.lines, run.workdir)
 
 
 def _keep(run: Run, keep: bool) -> None:

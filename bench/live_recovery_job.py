@@ -51,6 +51,7 @@ os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "error")
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.elastic.multiprocessing.errors import record
 
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=30)
@@ -310,10 +311,15 @@ def run_torchft() -> None:
     manager.shutdown(wait=False)
 
 
-if args.torchft:
-    run_torchft()
-elif _inprocess():
-    run_live()
-else:
-    run_ddp()
+@record  # an exception's traceback lands in the rank's error file (torchrun --log-dir)
+def main() -> None:
+    if args.torchft:
+        run_torchft()
+    elif _inprocess():
+        run_live()
+    else:
+        run_ddp()
+
+
+main()
 sys.exit(0)

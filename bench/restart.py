@@ -236,6 +236,35 @@ def reap_leftovers(marker: str, *, wait_s: float = 5.0) -> list[str]:
     return names
 
 
+TAIL_LINES = 80  # of a failed job's console, printed
+TAIL_LINE_CHARS = 400
+ERROR_FILE_CHARS = 3000  # of each per-rank error file, printed
+ERROR_FILES = 4
+
+
+def print_failed_job(
+    label: str, rc: int | None, lines: Sequence[tuple[float, str]], workdir: Path
+) -> None:
+    """Why a job exited non-zero, in the bench's own output (a CI log keeps nothing else):
+    the last :data:`TAIL_LINES` lines of its console, stamped with the seconds since its
+    first line, and the per-rank error files torch elastic wrote under ``workdir``
+    (``error.json``, where a rank's entry point is wrapped in ``@record``)."""
+    print(f"    --- {label}: exit {rc}; its console's last {TAIL_LINES} lines:")
+    t0 = lines[0][0] if lines else 0.0
+    for t, text in list(lines)[-TAIL_LINES:]:
+        cut = text if len(text) <= TAIL_LINE_CHARS else text[:TAIL_LINE_CHARS] + " [...]"
+        print(f"    | {t - t0:7.2f}s {cut}")
+    errors = sorted(workdir.rglob("error.json")) if workdir.is_dir() else []
+    for path in errors[:ERROR_FILES]:
+        with contextlib.suppress(OSError):
+            text = path.read_text(errors="replace")
+            more = " [...]" if len(text) > ERROR_FILE_CHARS else ""
+            print(f"    --- {path.relative_to(workdir)}:\n{text[:ERROR_FILE_CHARS]}{more}")
+    if len(errors) > ERROR_FILES:
+        print(f"    --- {len(errors) - ERROR_FILES} more error files under {workdir}")
+    print(f"    --- end of {label}", flush=True)
+
+
 def run_job(
     launcher: str,
     fault: str,
@@ -591,6 +620,8 @@ def parse_env(items: list[str]) -> dict[str, str]:
 
 
 def finish(job: Job, keep: bool, ok: bool) -> None:
+    if not ok and job.rc != 0 and not job.timed_out:  # a timed-out run's cause is its limit
+        print_failed_job(f"{job.launcher} {job.fault}", job.rc, job.lines, job.workdir)
     if keep or not ok:
         print(f"    files kept: {job.workdir}")
         (job.workdir / "output.txt").write_text(

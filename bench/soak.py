@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 import live_recovery as lr
-from restart import FT_SETS, HEARTBEAT_SETS, reap_leftovers
+from restart import FT_SETS, HEARTBEAT_SETS, print_failed_job, reap_leftovers
 
 KINDS = ("exception", "kill", "stop")
 SIGNALS = {"exception": signal.SIGUSR1, "kill": signal.SIGKILL, "stop": signal.SIGSTOP}
@@ -87,6 +87,8 @@ def job_cmd(args: argparse.Namespace, workdir: Path, steps: int, mode: str) -> l
             "--standalone",
             "--nproc-per-node",
             str(args.nproc),
+            "--log-dir",  # the ranks' error files (the job's ``@record``) kept beside it
+            str(workdir / "logs"),
             *job,
         ]
     budget = str(args.faults + 5)
@@ -203,12 +205,15 @@ def final_loss(lines: list[tuple[float, str]], steps: int) -> float | None:
     return statistics.fmean(v[1] for v in last.values()) if last else None
 
 
-def baseline(proc: Any, lines: list[tuple[float, str]], steps: int) -> float | None:
-    """The uninterrupted run's end: its final loss, said with its exit."""
+def baseline(proc: Any, lines: list[tuple[float, str]], steps: int, workdir: Path) -> float | None:
+    """The uninterrupted run's end: its final loss, said with its exit (and, when that
+    is not 0, its console's tail and its ranks' error files)."""
     proc.wait()
     time.sleep(0.3)
     loss = final_loss(lines, steps)
     print(f"uninterrupted run (torchrun): exit {proc.returncode}, final loss {loss}")
+    if proc.returncode != 0:
+        print_failed_job("uninterrupted run (torchrun)", proc.returncode, lines, workdir)
     return loss
 
 
@@ -263,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     base_dir.mkdir()
     base_proc, base_lines = start(job_cmd(args, base_dir, steps, "torchrun"), base_dir)
     if not args.smoke:  # --smoke: it runs beside the faulted job (not a result)
-        base_loss = baseline(base_proc, base_lines, steps)
+        base_loss = baseline(base_proc, base_lines, steps, base_dir)
 
     work = root / "soak"
     work.mkdir()
@@ -313,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         stuck = stuck or "the job did not end after the last fault (killed)"
     resumed = sum(k.close() for k in keepers)
     if args.smoke:
-        base_loss = baseline(base_proc, base_lines, steps)
+        base_loss = baseline(base_proc, base_lines, steps, base_dir)
     time.sleep(0.5)
     leftovers = reap_leftovers(str(work))
 
@@ -379,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     recovered = sum(1 for f in sent if f.to_step is not None)
     print(f"faults sent {len(sent)}/{args.faults}, recovered {recovered}; {stuck or 'no stall'}")
     print(f"job exit {rc}, {time.time() - t0:.0f}s")
+    if rc != 0:
+        print_failed_job(f"soak job ({mode})", rc, lines, work)
     if resumed:
         print(f"stopped ranks let run again before their end: {resumed}x (stopped again)")
     print(

@@ -570,6 +570,38 @@ class Children:
                 proc.stdout.close()
 
 
+RESOLVER_TIMEOUT_S = 5.0
+"""glibc's wait for one DNS answer (``options timeout:`` in ``/etc/resolv.conf``; 5 s by
+default), and how often it asks (``attempts:``, 2 by default)."""
+RESOLVER_ATTEMPTS = 2
+STORE_CONNECT_TIMEOUT = timedelta(seconds=30)
+"""The timeout of a test's ``TCPStore`` on 127.0.0.1, host or client (a host connects to
+itself too). Before it connects, torch's client names the server's address with
+``getnameinfo``: 127.0.0.1 resolved for IPv6 is ``::ffff:127.0.0.1``, which no hosts file
+lists, so that is a reverse DNS query. Where the resolver loses one, glibc waits its
+timeout before asking again: a 5 s timeout fails on one lost answer, whatever the load.
+30 s (``rankguard run``'s own store clients' timeout) outlasts every attempt."""
+
+
+def resolver_settings(path: Path = Path("/etc/resolv.conf")) -> tuple[float, int]:
+    """(timeout s, attempts) of glibc's resolver here: ``options timeout:N attempts:M``
+    (glibc caps them at 30 and 5), :data:`RESOLVER_TIMEOUT_S` and
+    :data:`RESOLVER_ATTEMPTS` where unset; ``RES_OPTIONS`` overrides the file."""
+    timeout, attempts = RESOLVER_TIMEOUT_S, RESOLVER_ATTEMPTS
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        text = ""
+    words = [w for line in text.splitlines() if line.startswith("options") for w in line.split()]
+    for word in [*words, *os.environ.get("RES_OPTIONS", "").split()]:
+        key, _, value = word.partition(":")
+        if key == "timeout" and value.isdigit():
+            timeout = float(min(int(value), 30))
+        elif key == "attempts" and value.isdigit():
+            attempts = min(int(value), 5)
+    return timeout, attempts
+
+
 class DictStore:
     """The few TCPStore calls the relay makes, in memory."""
 

@@ -6,10 +6,13 @@ runs: ``test_bench_smoke.py`` leaves them to this test, which asserts more of th
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -34,8 +37,9 @@ def _smoke(name: str, tmp_path: Path) -> str:
         cwd=ROOT,
     )
     out = res.stdout + res.stderr
-    assert res.returncode == 0, out[-4000:]
-    assert "Traceback (most recent call last)" not in out, out[-4000:]
+    # room for a failed job's console tail and error files the bench prints (tens of KB)
+    assert res.returncode == 0, out[-40_000:]
+    assert "Traceback (most recent call last)" not in out, out[-40_000:]
     return res.stdout
 
 
@@ -63,3 +67,38 @@ def test_the_soak_smoke_run_finishes_clean(tmp_path: Path) -> None:
     assert "faults sent 1/1, recovered 1; no stall" in out, out
     assert "job exit 0" in out and "orphans (processes of the job left): 0" in out, out
     assert "invalid files: 0 of" in out and "MEETS" in out, out
+
+
+def _live_recovery_bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # its own imports: restart.py
+    spec = importlib.util.spec_from_file_location(
+        "bench_live_recovery", ROOT / "bench" / "live_recovery.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look it up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_job_that_exits_non_zero_shows_its_console_tail_and_error_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A failed job's output is not thrown away with its directory: the bench prints the
+    last lines of its console (bounded) and the per-rank error files torch elastic wrote."""
+    lr = _live_recovery_bench(monkeypatch)
+    error = tmp_path / "logs" / "run-x" / "attempt_0" / "1" / "error.json"
+    error.parent.mkdir(parents=True)
+    error.write_text(json.dumps({"message": {"message": "RuntimeError: rank 1 broke"}}))
+    lines = [(1000.0 + i, f"line {i}") for i in range(200)]
+    lines.append((1300.0, "x" * 5000))
+    run = lr.Run("torchrun", "none", 0, 0, tmp_path, rc=1, lines=lines)
+    lr.show_failure(run)
+    out = capsys.readouterr().out
+    assert "torchrun (uninterrupted): exit 1" in out
+    assert "line 199" in out and "line 100" not in out  # the tail only
+    assert "x" * 400 + " [...]" in out and "x" * 401 not in out  # each line bounded
+    assert "attempt_0/1/error.json" in out and "rank 1 broke" in out
+    assert len(out) < 60_000
+    lr.show_failure(lr.Run("torchrun", "none", 0, 0, tmp_path, rc=0, lines=lines))
+    assert capsys.readouterr().out == ""  # a job that exited 0 prints nothing

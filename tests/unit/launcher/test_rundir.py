@@ -16,6 +16,7 @@ from rankguard.launcher.run import launch, run_dir_for
 from rankguard.launcher.rundir import ForeignDirectoryError, owner_name, prepare_run_dir
 from rankguard.monitor.agree import write_control
 from rankguard.schema.layout import CONTROL_FILE
+from tests.factories import STORE_CONNECT_TIMEOUT
 
 
 @pytest.fixture
@@ -155,16 +156,14 @@ def test_a_directory_nothing_can_be_created_in_is_refused_naming_it(tmp_path: Pa
 def test_a_default_run_id_gets_a_directory_of_each_launch_agreed_through_the_store(
     tmp_path: Path,
 ) -> None:
-    from datetime import timedelta
-
     from torch.distributed import TCPStore
 
     from rankguard.launcher.rundir import agreed_name, launch_name, link_latest
 
     a, b = launch_name("none"), launch_name("none")
     assert a != b and a.startswith("none-")
-    host = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=5))
-    peer = TCPStore("127.0.0.1", host.port, is_master=False, timeout=timedelta(seconds=5))
+    host = TCPStore("127.0.0.1", 0, is_master=True, timeout=STORE_CONNECT_TIMEOUT)
+    peer = TCPStore("127.0.0.1", host.port, is_master=False, timeout=STORE_CONNECT_TIMEOUT)
     assert agreed_name(host, "k", a) == a and agreed_name(peer, "k", b) == a
     peer.set("bad", "../../etc")
     with pytest.raises(ValueError, match="run id"):

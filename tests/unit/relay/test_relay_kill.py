@@ -13,7 +13,13 @@ import pytest
 from rankguard.ft.kill import DumpPolicy, OwnedWorkers
 from rankguard.relay.relay import StoreRelay, request_kill
 from rankguard.schema.layout import StoreKeys
-from tests.factories import Children, DictStore, alive
+from tests.factories import (
+    STORE_CONNECT_TIMEOUT,
+    Children,
+    DictStore,
+    alive,
+    resolver_settings,
+)
 
 RUN = "run-forged"
 
@@ -98,18 +104,16 @@ def test_a_forged_request_set_by_another_client_of_a_real_store_is_refused(
     """What a client of the rendezvous store can do: set node 1's kill key (JSON text) for
     a process that is not one of node 1's workers. The relay, on its own client of a real
     ``TCPStore``, takes the request off the store, refuses it and keeps relaying."""
-    from datetime import timedelta
-
     from torch.distributed import TCPStore
 
     worker, stranger = children.start(), children.start()
     workers = OwnedWorkers()
     workers.set([worker.pid])
-    host = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=5))
+    host = TCPStore("127.0.0.1", 0, is_master=True, timeout=STORE_CONNECT_TIMEOUT)
     relay = _relay(
-        tmp_path, TCPStore("127.0.0.1", host.port, timeout=timedelta(seconds=5)), workers
+        tmp_path, TCPStore("127.0.0.1", host.port, timeout=STORE_CONNECT_TIMEOUT), workers
     )
-    forger = TCPStore("127.0.0.1", host.port, timeout=timedelta(seconds=5))
+    forger = TCPStore("127.0.0.1", host.port, timeout=STORE_CONNECT_TIMEOUT)
     key = StoreKeys(RUN).kill(1)
     forged = [
         {"rank": 1, "pid": stranger.pid, "kill": True},
@@ -125,3 +129,22 @@ def test_a_forged_request_set_by_another_client_of_a_real_store_is_refused(
     assert refused[1].startswith("rankguard relay: refused to kill rank 1 (pid -1)")
     assert not any("killed rank" in r.getMessage() for r in caplog.records)
     relay.push_once()  # the next push goes on as before
+
+
+def test_a_store_client_of_these_tests_outlasts_a_lost_dns_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch's ``TCPStore`` client asks DNS for the name of ``::ffff:127.0.0.1`` before
+    it connects; a lost answer costs glibc's resolver timeout per attempt. The clients
+    above wait longer than all the attempts this machine's resolver makes, and longer
+    than the most any ``resolv.conf`` can ask for one attempt."""
+    timeout, attempts = resolver_settings()
+    assert STORE_CONNECT_TIMEOUT.total_seconds() > timeout * attempts
+    monkeypatch.delenv("RES_OPTIONS", raising=False)
+    conf = tmp_path / "resolv.conf"
+    conf.write_text("nameserver 10.0.0.1\noptions timeout:3 attempts:4 rotate\n")
+    assert resolver_settings(conf) == (3.0, 4)
+    conf.write_text("nameserver 10.0.0.1\noptions timeout:90 attempts:9\n")
+    assert resolver_settings(conf) == (30.0, 5)  # glibc's caps
+    assert resolver_settings(tmp_path / "none") == (5.0, 2)
+    assert STORE_CONNECT_TIMEOUT.total_seconds() >= 30.0  # one attempt at glibc's cap
