@@ -113,11 +113,15 @@ def run_nodes(
         for node, cmd in cmds.items()
     }
     outs: dict[int, str] = {}
-    for node, proc in procs.items():
-        try:
+    try:
+        for node, proc in procs.items():
             outs[node], _ = proc.communicate(timeout=timeout_s)
-        finally:
+    finally:
+        # every node, not only the one that timed out: a launcher left running after a
+        # failed test trains on beside the rest of the suite
+        for proc in procs.values():
             proc.kill()
+            proc.wait()
     return outs, {node: proc.returncode for node, proc in procs.items()}
 
 

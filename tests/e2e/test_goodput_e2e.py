@@ -47,12 +47,18 @@ CRASH_ONCE = textwrap.dedent(
 
 
 def test_a_crash_and_a_restart_are_accounted_for(tmp_path: Path, run_id: str) -> None:
+    """A real launch, its ranks and their restart forked from the ``--preload`` fork
+    server (how long they take to start is the ledger's to measure, whatever it is)."""
     script = tmp_path / "train.py"
     script.write_text(CRASH_ONCE)
     steps_log = tmp_path / "steps.jsonl"
     log_dir = tmp_path / "logs"
     res = run_rankguard(
-        [*standalone_run(run_id, log_dir), "--max-restarts", "1", str(script), str(steps_log)]
+        [
+            *standalone_run(run_id, log_dir),
+            *("--max-restarts", "1", "--preload", "torch"),
+            *(str(script), str(steps_log)),
+        ]
     )
     assert res.returncode == 0, res.stdout + res.stderr
     run_dir = log_dir / "heartbeat" / run_id

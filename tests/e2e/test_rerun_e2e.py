@@ -65,9 +65,16 @@ def _rerun_findings(run_dir: Path) -> list[tuple[str, int, int | None]]:
 def test_nan_on_the_first_hardware_exits_16_then_17_naming_the_rank(
     tmp_path: Path, run_id: str, nproc: int, rank: int
 ) -> None:
-    """A real launch: exit 16, an in-job restart of the worker processes, exit 17."""
+    """A real launch: exit 16, an in-job restart of the worker processes, exit 17. The
+    workers and the restarted ones are forked from the ``--preload`` fork server: their
+    start-up is not the subject."""
     code, out, run_dir = _run(
-        tmp_path, run_id, "nan-bad-gpu", rank, "--max-restarts", "1", nproc=nproc
+        tmp_path,
+        run_id,
+        "nan-bad-gpu",
+        rank,
+        *("--max-restarts", "1", "--preload", "torch"),
+        nproc=nproc,
     )
     assert code == 17, out
     assert _rerun_findings(run_dir) == [
