@@ -22,15 +22,24 @@ An interrupter is also the context manager of an *atomic* section (NVRx's
 ``CallWrapper.atomic``): an interrupt that comes while the training thread is inside one
 is held and raised as the section ends, so a step's update (the optimizer step and the
 state the next round resumes from) lands whole or not at all.
+
+An interrupt that comes while the training thread is inside an ``import`` is not raised
+there: an exception out of a module's top-level code leaves its submodules loaded and
+the package half set up (a lazily imported ``torch._dynamo`` interrupted by a peer's
+fault then failed every later round with "partially initialized module"). The handler
+returns, the thread stays armed, and the watcher's next delivery (it delivers again
+while the round is armed) raises once the import has finished.
 """
 
 from __future__ import annotations
 
 import ctypes
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 __all__ = ["INTERRUPT_SIGNAL", "Interrupter", "Liveness", "RestartInterrupt"]
@@ -41,6 +50,26 @@ INTERRUPT_SIGNAL = signal.SIGRTMIN + 4  # stack dumps use SIGRTMIN+3; USR1/2 are
 class RestartInterrupt(BaseException):
     """Raised in the training thread to end its round: a peer failed, or this rank is
     stuck. A ``BaseException``, so ``except Exception`` in user code does not swallow it."""
+
+
+_IMPORT_SYSTEM = ("importlib._bootstrap>", "importlib._bootstrap_external>")
+_IMPORT_SYSTEM_FILES = ("importlib/_bootstrap.py", "importlib/_bootstrap_external.py")
+
+
+def inside_import(frame: FrameType | None, boundary: Any = None) -> bool:
+    """Is ``frame`` (a thread's innermost) inside the import system, between it and the
+    frame running ``boundary`` (a code object: the wrapper's call of the user's function;
+    the whole stack without one)? An import begun outside the round (a script whose
+    top-level code runs the wrapped function) does not count."""
+    while frame is not None:
+        code = frame.f_code
+        if code is boundary:
+            return False
+        name = code.co_filename
+        if name.endswith(_IMPORT_SYSTEM) or name.endswith(_IMPORT_SYSTEM_FILES):
+            return True
+        frame = frame.f_back
+    return False
 
 
 _PendingCall = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
@@ -92,6 +121,8 @@ class Interrupter:
         self._installed = False
         self.depth = 0  # atomic sections the training thread is in
         self.pending = False  # an interrupt came inside one
+        self.boundary: Any = None  # the code object calling the user's function
+        self.held_in_import = 0  # deliveries held because an import was running
 
     def arm(self) -> None:
         """Training thread, as a round starts: interrupts raise from now on."""
@@ -125,6 +156,9 @@ class Interrupter:
             if self.depth:  # inside an atomic section: raised at its end
                 self.pending = True
                 return
+            if inside_import(frame, self.boundary):  # the next delivery raises it
+                self.held_in_import += 1
+                return
             self.armed = False
             raise RestartInterrupt(self.reason)
 
@@ -142,6 +176,9 @@ class Interrupter:
             return
         if self.depth:  # the section's end raises it (a thread entering one just now
             self.pending = True  # may still get it inside: no signal to order them)
+            return
+        if inside_import(sys._current_frames().get(ident), self.boundary):
+            self.held_in_import += 1  # the next delivery (the thread may have moved on)
             return
         set_async = ctypes.pythonapi.PyThreadState_SetAsyncExc
         set_async.argtypes = (ctypes.c_ulong, ctypes.py_object)

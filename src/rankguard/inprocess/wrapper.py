@@ -334,6 +334,7 @@ class _Call:
         self.last_reentry_s: float | None = None  # fault -> fn called again
         self.last_fault: InProcessRestart | None = None
         self.interrupter = Interrupter()
+        self.interrupter.boundary = _Call._attempt.__code__  # imports inside the round
         self.liveness = Liveness()
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None

@@ -256,3 +256,111 @@ def test_session_publishes_a_heartbeat_on_demand_on_disk_when_it_returns(tmp_pat
         session.close()
     assert seen[-1] == 1
     assert NullSession().publish_heartbeat() is False
+
+
+def _slow_module(tmp_path: Any, name: str, seconds: float) -> None:
+    """A module whose top-level code takes ``seconds`` (as a lazy ``torch._dynamo``
+    import does), then sets ``DONE``."""
+    (tmp_path / f"{name}.py").write_text(
+        f"import time\nSTARTED = True\ntime.sleep({seconds})\nDONE = True\n"
+    )
+
+
+def test_an_interrupt_during_an_import_is_raised_after_it_not_inside_it(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _slow_module(tmp_path, "rg_slow_import_main", 0.6)
+    it = Interrupter()
+    it.install()
+    try:
+        it.armed = True
+        firing = _fire_later(it, 0.2)  # lands inside the module's top-level sleep
+        import rg_slow_import_main  # type: ignore[import-not-found]  # noqa: F401
+
+        firing.join()
+        module = sys.modules["rg_slow_import_main"]
+        assert module.DONE  # the import finished whole
+        assert it.held_in_import == 1 and it.armed  # held, not dropped
+        with pytest.raises(RestartInterrupt, match="peer"):
+            again = _fire_later(it, 0.05)  # the watcher's next delivery, after the import
+            time.sleep(5)
+        again.join()
+        assert not it.armed
+    finally:
+        it.uninstall()
+        sys.modules.pop("rg_slow_import_main", None)
+
+
+def test_an_import_around_the_wrapped_call_does_not_hold_its_interrupt(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A script whose top-level code (run by an import) calls the wrapped function: the
+    import began before the round; only the frames inside the round count."""
+    import sys
+
+    from rankguard.inprocess.interrupt import inside_import
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen: dict[str, bool] = {}
+
+    def round_call(fn: Any) -> Any:  # stands for the wrapper's call of the user's function
+        return fn()
+
+    def user_function() -> None:
+        frame = sys._getframe()
+        seen["whole stack"] = inside_import(frame)
+        seen["inside the round"] = inside_import(frame, round_call.__code__)
+
+    sys.modules["rg_probe_hooks"] = type(sys)("rg_probe_hooks")
+    sys.modules["rg_probe_hooks"].run = lambda: round_call(user_function)  # type: ignore[attr-defined]
+    (tmp_path / "rg_script_module.py").write_text("import rg_probe_hooks\nrg_probe_hooks.run()\n")
+    try:
+        import rg_script_module  # type: ignore[import-not-found]  # noqa: F401
+    finally:
+        sys.modules.pop("rg_probe_hooks", None)
+        sys.modules.pop("rg_script_module", None)
+    assert seen == {"whole stack": True, "inside the round": False}
+
+
+def test_another_threads_import_is_not_interrupted_either(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _slow_module(tmp_path, "rg_slow_import_thread", 0.6)
+    holder: list[Interrupter] = []
+    seen: list[str] = []
+
+    def body() -> None:
+        it = Interrupter()
+        it.armed = True
+        holder.append(it)
+        try:
+            import rg_slow_import_thread  # type: ignore[import-not-found]  # noqa: F401
+
+            seen.append("imported")
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+        except RestartInterrupt:
+            seen.append("interrupted")
+
+    t = threading.Thread(target=body)
+    t.start()
+    try:
+        deadline = time.monotonic() + 5
+        while "rg_slow_import_thread" not in sys.modules and time.monotonic() < deadline:
+            time.sleep(0.005)
+        holder[0].fire("peer")  # inside the import: held
+        assert holder[0].held_in_import == 1 and holder[0].armed
+        while "imported" not in seen and t.is_alive():
+            time.sleep(0.01)
+        holder[0].fire("peer")
+        t.join(timeout=10)
+        assert seen == ["imported", "interrupted"]
+    finally:
+        sys.modules.pop("rg_slow_import_thread", None)
