@@ -93,9 +93,15 @@ def _cmd(
 ) -> list[str]:
     cmd = [sys.executable, "-m", "rankguard.cli.main", "run", "--standalone"]
     cmd += ["--nproc-per-node", str(nproc), "--rdzv-id", run_id, "--log-dir", str(log_dir)]
-    for item in FAST + sets:
+    for item in FAST + _start_sets(nproc) + sets:
         cmd += ["--set", item]
     return [*cmd, *(flags or []), str(JOB), *job]
+
+
+def _start_sets(nproc: int) -> list[str]:
+    """Past 4 ranks, the initial heartbeat timeout 120 s (default 30 s): 8 ranks' start
+    (an interpreter and torch's import each) took 55 s on 2 cores at load 37."""
+    return ["heartbeat.initial_process_timeout_s=120"] if nproc > 4 else []
 
 
 def _findings(run_dir: Path) -> list[dict[str, Any]]:
