@@ -1,12 +1,17 @@
-"""Culprits, hang classes and fail-slow ranks from the collectives, on unmodified DDP.
+"""Culprits, hang classes and fail-slow ranks from the collectives, on unmodified DDP
+and FSDP.
 
 Three parts, each a real ``rankguard run`` of ``attribution_job.py`` (gloo, CPU ranks):
 
-1. attribution: one rank stalls (60 s) in forward, backward (a hook), the optimizer,
-   data loading or outside any collective, on 2 and 4 ranks; the run is stopped 8 s
-   after the first hang finding. Right when the stalled rank is the only rank named
-   (``gpu_progress_timeout`` or a heartbeat timeout); the finding's ``hang`` kind is
-   printed too.
+1. attribution: one rank (the last) stalls (60 s) in forward, backward (a hook), the
+   optimizer, data loading or outside any collective, on 2 and 4 ranks (``--ranks``, e.g.
+   ``8``; ``--sites``); the run is stopped 8 s after the first hang finding. Right when
+   the stalled rank is the only rank named (``gpu_progress_timeout`` or a heartbeat
+   timeout); the finding's ``hang`` kind is printed too. ``--model fsdp``: the job's
+   model is sharded with torch's FSDP2 (``fully_shard``) instead of DDP;
+   ``--sections nvrx``: its loop is in NVRx's client sections as a Megatron-style loop's
+   (:data:`NVRX_FLAGS`: the section timeouts of the launch). ``--healthy``: first one run
+   of that shape with no stall on each size, to its end: right when it got no finding.
 2. fail-slow: ``--runs`` runs (40) with one rank's compute per step slowed 1.2x, 1.5x, 2x
    or 3x in turn, the extra time spent in its backward, forward or data loading, the
    rank, the site and the onset (5-10 s after the first step) drawn (``--seed``), then
@@ -44,6 +49,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,12 +66,42 @@ SITES = ("forward", "backward", "optimizer", "data", "outside")
 HANG_TYPES = ("gpu_progress_timeout", "rank_process_heartbeat_timeout", "rank_section_timeout")
 
 
-def _cmd(run_id: str, log_dir: Path, nproc: int, sets: list[str], job: list[str]) -> list[str]:
+#: ``--sections nvrx``: the launch's NVRx section timeouts, as ft_launcher takes them (the
+#: step section's is the progress timeout of :data:`FAST`)
+NVRX_FLAGS = (
+    "--ft-rank_section_timeouts=setup:60,step:4,checkpointing:30",
+    "--ft-rank_out_of_section_timeout=30",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """The job's model (``ddp``, ``fsdp``: torch's FSDP2) and whether its loop is in
+    NVRx's client sections (``none``, ``nvrx``)."""
+
+    model: str = "ddp"
+    sections: str = "none"
+
+
+def _cmd(
+    run_id: str,
+    log_dir: Path,
+    nproc: int,
+    sets: list[str],
+    job: list[str],
+    flags: list[str] | None = None,
+) -> list[str]:
     cmd = [sys.executable, "-m", "rankguard.cli.main", "run", "--standalone"]
     cmd += ["--nproc-per-node", str(nproc), "--rdzv-id", run_id, "--log-dir", str(log_dir)]
-    for item in FAST + sets:
+    for item in FAST + _start_sets(nproc) + sets:
         cmd += ["--set", item]
-    return [*cmd, str(JOB), *job]
+    return [*cmd, *(flags or []), str(JOB), *job]
+
+
+def _start_sets(nproc: int) -> list[str]:
+    """Past 4 ranks, the initial heartbeat timeout 120 s (default 30 s): 8 ranks' start
+    (an interpreter and torch's import each) took 55 s on 2 cores at load 37."""
+    return ["heartbeat.initial_process_timeout_s=120"] if nproc > 4 else []
 
 
 def _findings(run_dir: Path) -> list[dict[str, Any]]:
@@ -109,6 +145,18 @@ def _stop(proc: subprocess.Popen[str]) -> str:
     return out
 
 
+def _shape_args(shape: Shape) -> tuple[list[str], list[str]]:
+    """The launcher's flags and the job's arguments of a model and sections shape."""
+    flags = list(NVRX_FLAGS) if shape.sections == "nvrx" else []
+    return flags, ["--model", shape.model, "--sections", shape.sections]
+
+
+def _deadline_s(nproc: int) -> float:
+    """How long a case waits for its first hang finding: 100 s up to 4 ranks, 15 s
+    more per rank past 4 (8 ranks start slowly on 2 cores)."""
+    return 100.0 + 15.0 * max(0, nproc - 4)
+
+
 def attribution_case(
     base: Path,
     nproc: int,
@@ -116,23 +164,27 @@ def attribution_case(
     culprit: int,
     settle_s: float = 8.0,
     slow: tuple[int, str, float, float] | None = None,
+    shape: Shape | None = None,
 ) -> dict[str, Any]:
     """One stalled rank; the run is stopped ``settle_s`` after the first hang finding
     (any other rank named by then counts against it). ``slow`` (rank, site, slowdown,
     from s): the same job carries a fail-slow case too (straggler detection on; its
-    result under ``"failslow"``)."""
-    run_id = f"attr-{nproc}-{site}-{os.getpid()}"
+    result under ``"failslow"``). ``shape``: the model (DDP, FSDP) and NVRx sections
+    (default: DDP, none)."""
+    shape = shape or Shape()
+    run_id = f"attr-{shape.model}-{shape.sections}-{nproc}-{site}-{os.getpid()}"
     log_dir = base / run_id
+    flags, shape_job = _shape_args(shape)
     job = ["--seconds", "120", "--stall-rank", str(culprit), "--stall-site", site]
-    job += ["--stall-step", "20"]
+    job += ["--stall-step", "20", *shape_job]
     sets: list[str] = []
     if slow is not None:
         sets, slow_job = _failslow_args(*slow)
         job += slow_job
-    proc = _launch(_cmd(run_id, log_dir, nproc, sets, job))
+    proc = _launch(_cmd(run_id, log_dir, nproc, sets, job, flags))
     run_dir = log_dir / "heartbeat" / run_id
     first: float | None = None
-    deadline = time.monotonic() + 100
+    deadline = time.monotonic() + _deadline_s(nproc)
     while time.monotonic() < deadline and proc.poll() is None:
         hangs = [f for f in _findings(run_dir) if f.get("finding_type") in HANG_TYPES]
         if hangs and first is None:
@@ -145,6 +197,8 @@ def attribution_case(
     named = sorted({int(f["rank"]) for f in hangs})
     kind = next((f["hang"]["kind"] for f in hangs if isinstance(f.get("hang"), dict)), None)
     out: dict[str, Any] = {
+        "model": shape.model,
+        "sections": shape.sections,
         "nproc": nproc,
         "site": site,
         "culprit": culprit,
@@ -155,6 +209,30 @@ def attribution_case(
     if slow is not None:
         out["failslow"] = _failslow_result(run_dir, *slow, out_text)
     return out
+
+
+def healthy_case(base: Path, nproc: int, shape: Shape, seconds: float = 30.0) -> dict[str, Any]:
+    """A run of the shape with no stall, to its end: every finding it got (none is
+    right)."""
+    run_id = f"healthy-{shape.model}-{shape.sections}-{nproc}-{os.getpid()}"
+    log_dir = base / run_id
+    flags, shape_job = _shape_args(shape)
+    proc = _launch(_cmd(run_id, log_dir, nproc, [], ["--seconds", str(seconds), *shape_job], flags))
+    try:
+        out, _ = proc.communicate(timeout=seconds + _deadline_s(nproc))
+    except subprocess.TimeoutExpired:
+        out = _stop(proc)
+    found = _findings(log_dir / "heartbeat" / run_id)
+    return {
+        "model": shape.model,
+        "sections": shape.sections,
+        "nproc": nproc,
+        "site": None,
+        "exit": proc.returncode,
+        "done": "[attribution] done" in out,
+        "findings": sorted({str(f.get("finding_type")) for f in found}),
+        "right": not found and proc.returncode == 0,
+    }
 
 
 #: the fail-slow part's detector settings (reports every 3 s)
@@ -372,20 +450,33 @@ def attribution_part(
     say: Callable[[str], None],
     with_failslow: bool = False,
     ranks: tuple[int, ...] = (2, 4),
+    shape: Shape | None = None,
+    sites: tuple[str, ...] = SITES,
+    healthy: bool = False,
 ) -> None:
     """``with_failslow`` (``--smoke``): the fail-slow part's case is carried by the
-    attribution job (one job for both parts) and reported as that part's."""
-    cases = [(2, "backward")] if smoke else [(n, s) for n in ranks for s in SITES]
+    attribution job (one job for both parts) and reported as that part's. ``healthy``:
+    a run of the shape with no stall on each size first (no finding is right)."""
+    shape = shape or Shape()
+    if healthy and not smoke:
+        clean = [healthy_case(base, n, shape) for n in ranks]
+        for r in clean:
+            say(json.dumps(r))
+        say(f"healthy: no finding in {sum(r['right'] for r in clean)} of {len(clean)}")
+    cases = [(2, "backward")] if smoke else [(n, s) for n in ranks for s in sites]
     right = 0
     slow_results = []
     for nproc, site in cases:
         slow = SMOKE_SLOW if with_failslow else None
-        r = attribution_case(base, nproc, site, nproc - 1, 1.0 if smoke else 8.0, slow)
+        r = attribution_case(base, nproc, site, nproc - 1, 1.0 if smoke else 8.0, slow, shape)
         if "failslow" in r:
             slow_results.append(r.pop("failslow"))
         right += r["right"]
         say(json.dumps(r))
-    say(f"attribution: culprit alone in {right} of {len(cases)}")
+    say(
+        f"attribution: culprit alone in {right} of {len(cases)} ({shape.model}, "
+        f"sections {shape.sections})"
+    )
     for r in slow_results:
         say(json.dumps(r))
         found = r["slow_rank"] in r["named"]
@@ -520,6 +611,23 @@ def main(argv: list[str] | None = None) -> int:
         help="fail-slow: reports in a row before a rank is named (default: FAILSLOW_SETS')",
     )
     p.add_argument("--ranks", default="2,4", help="attribution: the jobs' sizes, comma-separated")
+    p.add_argument(
+        "--model", choices=("ddp", "fsdp"), default="ddp", help="attribution: DDP or FSDP2"
+    )
+    p.add_argument(
+        "--sections",
+        choices=("none", "nvrx"),
+        default="none",
+        help="attribution: the loop in NVRx's client sections (nvrx) or not",
+    )
+    p.add_argument(
+        "--sites", default=",".join(SITES), help="attribution: the stall sites, comma-separated"
+    )
+    p.add_argument(
+        "--healthy",
+        action="store_true",
+        help="attribution: first a run with no stall on each size (no finding is right)",
+    )
     args = p.parse_args(argv)
     rng = random.Random(args.seed)
     base = Path(tempfile.mkdtemp(prefix="rankguard-attribution-"))
@@ -529,8 +637,14 @@ def main(argv: list[str] | None = None) -> int:
     both = args.smoke and args.part == "all"
     if args.part in ("attribution", "all"):
         ranks = tuple(int(n) for n in args.ranks.split(","))
+        sites = tuple(args.sites.split(","))
+        if set(sites) - set(SITES):
+            p.error(f"--sites: each one of {', '.join(SITES)}")
+        shape = Shape(args.model, args.sections)
         parts.append(
-            lambda say: attribution_part(base, args.smoke, say, with_failslow=both, ranks=ranks)
+            lambda say: attribution_part(
+                base, args.smoke, say, both, ranks, shape, sites, args.healthy
+            )
         )
     if args.part == "failslow" or (args.part == "all" and not both):
         parts.append(

@@ -13,6 +13,14 @@ rank, plus the model's own work; the collectives' waiting is not in it). A 1.5x 
 rank is 1.5x slower, whichever site holds it. The onset counts from the first step; the
 slow rank prints it (``slowed ... at unix T``). The job runs ``--seconds`` and every rank
 stops at the same step.
+
+``--model fsdp``: the model is sharded with torch's FSDP2 (``fully_shard`` on each
+linear layer and on the whole, on a 1-D CPU device mesh): each step all-gathers the
+parameters in forward and backward and reduce-scatters the gradients (``--model ddp``,
+the default: DDP's all-reduce). ``--sections nvrx``: the loop is wrapped in NVRx's
+client sections as a Megatron-style loop does (``RankMonitorClient``: ``setup`` from
+start to the first step, each step after the first in a ``step`` section, the
+between-steps site outside any section); the script imports NVRx's client, not rankguard.
 """
 
 from __future__ import annotations
@@ -21,13 +29,45 @@ import argparse
 import statistics
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+if TYPE_CHECKING:
+    from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+
 WARMUP = 5  # first steps not measured (a loaded machine's start-up)
 SITES = ("forward", "backward", "optimizer", "data", "outside")
+MODELS = ("ddp", "fsdp")
+SECTIONS = ("none", "nvrx")
+
+
+def wrap(net: torch.nn.Sequential, model: str) -> torch.nn.Module:
+    """DDP, or FSDP2: each linear layer and the whole sharded over every rank."""
+    if model == "ddp":
+        return DDP(net)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for layer in net:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    return fully_shard(net, mesh=mesh)
+
+
+def nvrx_client(sections: str) -> RankMonitorClient | None:
+    """NVRx's client, set up as Megatron-LM does before training (``--sections nvrx``)."""
+    if sections == "none":
+        return None
+    from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+
+    client = RankMonitorClient()
+    client.init_workload_monitoring()
+    client.start_section("setup")
+    return client
 
 
 def main() -> None:
@@ -42,10 +82,13 @@ def main() -> None:
     p.add_argument("--slow-site", choices=SITES, default="backward")
     p.add_argument("--slowdown", type=float, default=1.0)
     p.add_argument("--slow-from-s", type=float, default=0.0)
+    p.add_argument("--model", choices=MODELS, default="ddp")
+    p.add_argument("--sections", choices=SECTIONS, default="none")
     args = p.parse_args()
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    client = nvrx_client(args.sections)
     start = time.monotonic()  # again at the first step
     state = {"step": 0}
     slow_rank = rank == args.slow_rank
@@ -76,7 +119,7 @@ def main() -> None:
     net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
     net.register_forward_pre_hook(lambda *_: pause("forward"))
     net[0].register_full_backward_hook(backward_hook)
-    model = DDP(net)
+    model = wrap(net, args.model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     opt.register_step_pre_hook(lambda *_: pause("optimizer"))
 
@@ -97,6 +140,10 @@ def main() -> None:
         if state["step"] == 1:
             start = time.monotonic()
             end = start + args.seconds
+            if client is not None:
+                client.end_section("setup")
+        elif client is not None:  # after one warm-up step, as Megatron-LM does
+            client.start_section("step")
         onset = time.monotonic() - start >= args.slow_from_s
         if not onset:
             onset_unix = time.time() + args.slow_from_s - (time.monotonic() - start)
@@ -108,6 +155,8 @@ def main() -> None:
         loss.backward()  # the backward hook adds its own time
         t0 = time.perf_counter()
         opt.step()
+        if client is not None and state["step"] > 1:
+            client.end_section("step")
         pause("outside")
         busy[0] += time.perf_counter() - t0
         if slow_rank and not onset:
@@ -122,6 +171,8 @@ def main() -> None:
                 flush=True,
             )
     dist.barrier()
+    if client is not None:
+        client.shutdown_workload_monitoring()
     if rank == 0:
         print(f"[attribution] done: {state['step']} steps", flush=True)
     dist.destroy_process_group()

@@ -549,6 +549,9 @@ class HeartbeatRules:
         # while none has been seen).
         return self._first_sighting if self._first_sighting is not None else self.started_at
 
+    def any_seen(self) -> bool:
+        return self._first_sighting is not None
+
     @property
     def due_ranks(self) -> DueRanks:
         return self._due

@@ -217,6 +217,26 @@ def test_never_seen_ranks_counted_from_monitor_start_when_none_seen() -> None:
     assert rules.evaluate(200.0) == []  # only once
 
 
+def test_never_seen_message_says_what_the_wait_counts_from() -> None:
+    """With no rank seen, the wait ran from the monitor's start: the finding says so
+    and does not claim a first rank was seen (8 ranks whose start-up outlasted the
+    initial timeout on a loaded machine were each told so)."""
+    rules = _rules(world=2, started_at=100.0)
+    none_seen = rules.evaluate(110.5)
+    assert [f.rank for f in none_seen] == [0, 1]
+    for f in none_seen:
+        assert "after the monitor started (no rank of the job has published yet)" in f.message
+        assert "first rank was seen" not in f.message
+    rules = _rules(world=2, started_at=0.0)
+    feed = Feed(rules)
+    late = []
+    for t in range(5, 20):
+        feed.beat(0, t, progress_seq=t)
+        late += rules.evaluate(t + 0.5)
+    assert [f.rank for f in late] == [1]
+    assert "after the job's first rank was seen" in late[0].message
+
+
 def test_no_never_seen_finding_without_expected_world_size() -> None:
     rules = _rules(world=None, started_at=0.0)
     assert rules.evaluate(1000.0) == []

@@ -88,6 +88,11 @@ class JobView(Protocol):
         the monitor's start while none has been."""
         ...
 
+    def any_seen(self) -> bool:
+        """A rank of the job has published: :meth:`anchor` is its first record, not the
+        monitor's start."""
+        ...
+
 
 class Verdict(Protocol):
     """A verdict about the job as a whole, evaluated at the scans where it is due."""

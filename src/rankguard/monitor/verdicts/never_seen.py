@@ -1,6 +1,7 @@
 """Ranks that never published a heartbeat: after ``initial_process_timeout_s`` from the
-first rank seen (the rendezvous may take long on many nodes), one finding each when few,
-else one finding for all of them."""
+first rank seen (the rendezvous may take long on many nodes), or from the monitor's start
+while no rank has published (the message says which), one finding each when few, else
+one finding for all of them."""
 
 from __future__ import annotations
 
@@ -55,6 +56,13 @@ class NeverSeen:
         return [_many(view, count, sample, waited)]
 
 
+def _since(view: JobView) -> str:
+    """What the wait counts from, as the findings say it."""
+    if view.any_seen():
+        return "the job's first rank was seen"
+    return "the monitor started (no rank of the job has published yet)"
+
+
 def _many(view: JobView, count: int, sample: list[int], waited: float) -> Finding:
     timeout = view.cadence.initial_process_timeout_s
     shown = ", ".join(map(str, sample[:8]))
@@ -64,8 +72,8 @@ def _many(view: JobView, count: int, sample: list[int], waited: float) -> Findin
         sample[0],
         timeout,
         waited,
-        message=f"{count} ranks have published no heartbeat {waited:.1f}s after the "
-        f"job's first rank was seen (ranks {shown}{more}; "
+        message=f"{count} ranks have published no heartbeat {waited:.1f}s after "
+        f"{_since(view)} (ranks {shown}{more}; "
         f"initial_process_timeout_s={timeout:g})",
     )
     finding.detail.update(never_seen_count=count, never_seen_ranks=[*sample])
@@ -79,6 +87,6 @@ def _one(view: JobView, rank: int, waited: float) -> Finding:
         rank,
         timeout,
         waited,
-        message=f"rank {rank} has published no heartbeat {waited:.1f}s after the "
-        f"job's first rank was seen (initial_process_timeout_s={timeout:g})",
+        message=f"rank {rank} has published no heartbeat {waited:.1f}s after "
+        f"{_since(view)} (initial_process_timeout_s={timeout:g})",
     )
