@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import threading
 import time
@@ -51,26 +52,36 @@ def test_an_unarmed_interrupter_raises_nothing() -> None:
         it.uninstall()
 
 
-def test_another_thread_gets_an_async_exception() -> None:
-    seen: list[str] = []
+def _armed_thread(seen: list[str], first: Any = None) -> tuple[threading.Thread, Interrupter]:
+    """A thread armed with its own interrupter: runs ``first`` (if any; ``"done"`` noted
+    after it), then Python code for up to 10 s; an interrupt is noted ``"interrupted"``."""
+    holder: list[Interrupter] = []
 
     def body() -> None:
         it = Interrupter()
         it.armed = True
         holder.append(it)
         try:
+            if first is not None:
+                first()
+                seen.append("done")
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:  # Python code: the async exception lands
                 time.sleep(0.01)
         except RestartInterrupt:
             seen.append("interrupted")
 
-    holder: list[Interrupter] = []
     t = threading.Thread(target=body)
     t.start()
     while not holder:
-        time.sleep(0.01)
-    holder[0].fire("peer")
+        time.sleep(0.001)
+    return t, holder[0]
+
+
+def test_another_thread_gets_an_async_exception() -> None:
+    seen: list[str] = []
+    t, it = _armed_thread(seen)
+    it.fire("peer")
     t.join(timeout=10)
     assert seen == ["interrupted"]
 
@@ -332,35 +343,18 @@ def test_another_threads_import_is_not_interrupted_either(
 
     monkeypatch.syspath_prepend(str(tmp_path))
     _slow_module(tmp_path, "rg_slow_import_thread", 0.6)
-    holder: list[Interrupter] = []
     seen: list[str] = []
-
-    def body() -> None:
-        it = Interrupter()
-        it.armed = True
-        holder.append(it)
-        try:
-            import rg_slow_import_thread  # type: ignore[import-not-found]  # noqa: F401
-
-            seen.append("imported")
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                time.sleep(0.01)
-        except RestartInterrupt:
-            seen.append("interrupted")
-
-    t = threading.Thread(target=body)
-    t.start()
+    t, it = _armed_thread(seen, lambda: importlib.import_module("rg_slow_import_thread"))
     try:
         deadline = time.monotonic() + 5
         while "rg_slow_import_thread" not in sys.modules and time.monotonic() < deadline:
             time.sleep(0.005)
-        holder[0].fire("peer")  # inside the import: held
-        assert holder[0].held_in_import == 1 and holder[0].armed
-        while "imported" not in seen and t.is_alive():
+        it.fire("peer")  # inside the import: held
+        assert it.held_in_import == 1 and it.armed
+        while "done" not in seen and t.is_alive():
             time.sleep(0.01)
-        holder[0].fire("peer")
+        it.fire("peer")
         t.join(timeout=10)
-        assert seen == ["imported", "interrupted"]
+        assert seen == ["done", "interrupted"]
     finally:
         sys.modules.pop("rg_slow_import_thread", None)
