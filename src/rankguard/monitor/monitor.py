@@ -131,6 +131,8 @@ class JobMonitor:
         self.state = "scanning"  # "failing" while scans fail; "stopped": the thread ended
         self.last_scan_s = 0.0
         self.last_scan_cpu_s = 0.0  # the scanning thread's CPU time of the last scan
+        self.holds = 0  # times the scanning thread woke later than planned by > p
+        self.held_s = 0.0  # the total of those delays (see _note_hold)
         self.last_status_write_s = 0.0
         self.status_bytes = 0
         self._detail_due = 0.0  # monitor time of the next status_ranks.json
@@ -352,8 +354,15 @@ class JobMonitor:
         # (the rules know when), not up to one interval later.
         interval = self.cfg.scan_interval_s
         next_at = time.monotonic() + interval
-        while not self._stop.wait(max(0.0, self._wake_at(next_at) - time.monotonic())):
-            now = time.monotonic()
+        last, last_cpu = time.monotonic(), time.thread_time()
+        while True:
+            wait = max(0.0, self._wake_at(next_at) - time.monotonic())
+            if self._stop.wait(wait):
+                break
+            now, cpu = time.monotonic(), time.thread_time()
+            # since the last scan began: neither scanning (CPU) nor waiting as planned
+            self._note_hold(now - last - (cpu - last_cpu) - wait, now)
+            last, last_cpu = now, cpu
             try:
                 self.scan_once()
             except Exception as exc:  # a bug escaping the scan's own guard
@@ -363,6 +372,33 @@ class JobMonitor:
                 next_at = time.monotonic() + max(interval, wait)
             elif now >= next_at:
                 next_at = max(next_at + interval, time.monotonic() + 0.1 * interval)
+
+    def _note_hold(self, late: float, now: float) -> None:
+        """Since the last scan began, the scanning thread spent ``late`` seconds neither
+        on the CPU nor in its planned wait (woken late, or stuck inside the scan): longer
+        than a publish interval, the monitor itself was held up (its process not
+        scheduled, the host stalled, another thread holding the interpreter, a write
+        blocked), and the ranks are not blamed for the time it did not watch
+        (:meth:`HeartbeatRules.observer_held`, the hold placed just before ``now``). A
+        scan that is long because it has much to do is no hold. Counted in the status
+        (``holds``, ``held_s``); said on the console when longer than the process timeout
+        (a rank silent that long would have been named)."""
+        cadence = self.rules.cadence
+        if self.clock is not time.monotonic or late <= cadence.publish_interval_s:
+            return
+        with self._scan_lock:
+            self.rules.observer_held(now - late, now)
+        self.holds += 1
+        self.held_s += late
+        if late > cadence.process_timeout_s:
+            logger.warning(
+                "rankguard monitor: held up for %.1fs (scan planned every %gs; %d such "
+                "hold(s), %.1fs in all): the ranks' silence during it is not counted",
+                late,
+                self.cfg.scan_interval_s,
+                self.holds,
+                self.held_s,
+            )
 
     def _wake_at(self, next_at: float) -> float:
         if self.clock is not time.monotonic or self.consecutive_errors:
@@ -665,6 +701,8 @@ class JobMonitor:
             status_write_errors=self.status_write_errors,
             last_write_error=self.last_write_error,
             config=self.config_snapshot,
+            holds=self.holds,
+            held_s=round(self.held_s, 3),
         )
 
     def _remote_ignored(self) -> tuple[int, str | None]:

@@ -348,6 +348,25 @@ class HeartbeatRules:
         self._due.changed(rank, record.node_rank)
         return True
 
+    def observer_held(self, start: float, end: float) -> None:
+        """The monitor itself was held up from ``start`` to ``end`` (its thread not
+        scheduled: the host stalled, swapped or paused, or another thread kept the
+        interpreter): what it did not watch is nobody's silence. A rank that shares the
+        monitor's host was most likely held too, and its next record has not been written
+        yet when the monitor wakes; each live rank's silence is counted without the hold
+        (its first-seen time moves on by the part of the hold after it). A rank truly gone
+        is named at most the hold later; one on another node, whose relay kept publishing,
+        shows a record read at once."""
+        held = end - start
+        if held <= 0:
+            return
+        for s in self.ranks.values():
+            seen, rec = s.seen_at, s.record
+            if seen is None or rec is None or rec.ended or seen >= end:
+                continue
+            s.seen_at = seen + (end - max(start, seen))
+            self._due.changed(s.rank, rec.node_rank)
+
     def ranks_on(self, hostname: str | None) -> list[RankState]:
         """The states of the ranks ever seen on ``hostname`` (their latest record may
         be from another host since), in the order first seen there: node 0's pid checks

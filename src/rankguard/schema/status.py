@@ -371,6 +371,8 @@ class MonitorInfo:
     status_write_errors: int | None = None
     last_write_error: str | None = None
     config: JsonObject | None = None
+    holds: int | None = None  # scans that began late: the monitor itself held up
+    held_s: float | None = None  # the total of those delays, seconds
     extra: JsonObject = field(default_factory=dict)
 
     present: tuple[str, ...] | None = None  # the keys read (None: every key)
