@@ -47,7 +47,7 @@ from rankguard.launcher.services import NodeServices
 from rankguard.rank.runenv import ELASTIC, ENV, RunEnv
 from rankguard.schema.layout import run_dir as layout_run_dir
 from rankguard.session import NullSession, Session
-from tests.factories import read_jsonl
+from tests.factories import STORE_CONNECT_TIMEOUT, read_jsonl
 from tests.harness.faults import FaultInjector, Killed
 
 __all__ = ["FAST", "FakeAgent", "JobResult", "RankContext", "RankOutcome", "ThreadedJob"]
@@ -272,8 +272,9 @@ class ThreadedJob:
         self.services = services
         agent = FakeAgent(services)
         master = dist.TCPStore(
-            "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=self.pg_timeout
+            "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=STORE_CONNECT_TIMEOUT
         )
+        master.set_timeout(self.pg_timeout)  # connected: its operations bounded as the ranks'
         outcomes = [RankOutcome(r) for r in range(self.world)]
         services.start()
         threads = [
@@ -322,7 +323,10 @@ class ThreadedJob:
             return
         pg = None
         try:
-            store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=self.pg_timeout)
+            # connecting may wait on the resolver (tests/factories.py); every operation
+            # after it is bounded by the group's timeout
+            store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=STORE_CONNECT_TIMEOUT)
+            store.set_timeout(self.pg_timeout)
             prefix = dist.PrefixStore(f"{self.run_id}/", store)
             pg = dist.ProcessGroupGloo(prefix, rank, self.world, self.pg_timeout)
             ctx = RankContext(rank, self.world, session, pg, env, self)

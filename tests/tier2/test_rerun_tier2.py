@@ -6,7 +6,6 @@ rank 1 and the iteration, and the final status counts the re-run."""
 
 from __future__ import annotations
 
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ import pytest
 import torch.distributed as dist
 
 from rankguard.launcher.services import NodeServices
-from tests.factories import read_jsonl, run_ranks
+from tests.factories import STORE_CONNECT_TIMEOUT, read_jsonl, run_ranks
 from tests.harness import ThreadedJob
 
 pytestmark = [pytest.mark.ranks, pytest.mark.timeout(120)]
@@ -67,7 +66,7 @@ def test_nan_once_on_one_rank_is_a_transient_fault(tmp_path: Path) -> None:
     job = ThreadedJob(tmp_path / "logs", 2, sets=VALIDATE)
     job.run_dir.mkdir(parents=True)
     master = dist.TCPStore(
-        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5)
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=STORE_CONNECT_TIMEOUT
     )
     services = NodeServices(job.cfg, job.run_dir, job.run_id, 0, 1, 2)
     services.start()
