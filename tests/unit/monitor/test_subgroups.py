@@ -105,3 +105,13 @@ def test_the_data_parallel_culprit_alone_is_named_and_its_victims_are_not() -> N
     found, hang = _run(DP_STALL, {0: 13, 1: 12, 2: 13, 3: 12})
     assert found == [(1, "gpu_progress_timeout")]
     assert hang is not None and hang["missing_ranks"] == [1], hang
+
+
+def test_a_victim_behind_in_the_world_group_but_waiting_in_its_own_is_not_named() -> None:
+    """The step ends with a world all-reduce (a loss reduced for the log) before its
+    progress is counted, so every rank is at the same step: ranks 0 and 2 wait in the
+    world's #21, ranks 1 and 3 are behind there, rank 3 inside its data-parallel
+    all-reduce (waiting on rank 1). Rank 1 alone is behind and inside nothing."""
+    found, hang = _run(DP_STALL, {r: 12 for r in range(4)})
+    assert found == [(1, "gpu_progress_timeout")]
+    assert hang is not None and hang["missing_ranks"] == [1], hang
