@@ -8,7 +8,12 @@ Three parts, each a real ``rankguard run`` of ``attribution_job.py`` (gloo, CPU 
    ``8``; ``--sites``); the run is stopped 8 s after the first hang finding. Right when
    the stalled rank is the only rank named (``gpu_progress_timeout`` or a heartbeat
    timeout); the finding's ``hang`` kind is printed too. ``--model fsdp``: the job's
-   model is sharded with torch's FSDP2 (``fully_shard``) instead of DDP;
+   model is sharded with torch's FSDP2 (``fully_shard``) instead of DDP; ``--model
+   mesh``: a 2-D mesh (data-parallel x tensor-parallel groups of 2: the tensor-parallel
+   all-reduce in forward, DDP over the data-parallel group); its ``forward`` stall stops
+   a rank before its tensor-parallel all-reduce, ``backward`` before its data-parallel
+   one. The hang's missing ranks and group are printed (``hang_missing``,
+   ``hang_group``); a mesh case is right only when the hang names the culprit alone too;
    ``--sections nvrx``: its loop is in NVRx's client sections as a Megatron-style loop's
    (:data:`NVRX_FLAGS`: the section timeouts of the launch). ``--healthy``: first one run
    of that shape with no stall on each size, to its end: right when it got no finding.
@@ -76,7 +81,7 @@ NVRX_FLAGS = (
 
 @dataclass(frozen=True, slots=True)
 class Shape:
-    """The job's model (``ddp``, ``fsdp``: torch's FSDP2) and whether its loop is in
+    """The job's model (``ddp``, ``fsdp``: torch's FSDP2, ``mesh``: 2-D) and whether its loop is in
     NVRx's client sections (``none``, ``nvrx``)."""
 
     model: str = "ddp"
@@ -169,7 +174,7 @@ def attribution_case(
     """One stalled rank; the run is stopped ``settle_s`` after the first hang finding
     (any other rank named by then counts against it). ``slow`` (rank, site, slowdown,
     from s): the same job carries a fail-slow case too (straggler detection on; its
-    result under ``"failslow"``). ``shape``: the model (DDP, FSDP) and NVRx sections
+    result under ``"failslow"``). ``shape``: the model (DDP, FSDP, mesh) and NVRx sections
     (default: DDP, none)."""
     shape = shape or Shape()
     run_id = f"attr-{shape.model}-{shape.sections}-{nproc}-{site}-{os.getpid()}"
@@ -195,7 +200,9 @@ def attribution_case(
     out_text = _stop(proc)
     hangs = [f for f in _findings(run_dir) if f.get("finding_type") in HANG_TYPES]
     named = sorted({int(f["rank"]) for f in hangs})
-    kind = next((f["hang"]["kind"] for f in hangs if isinstance(f.get("hang"), dict)), None)
+    hang = next((f["hang"] for f in hangs if isinstance(f.get("hang"), dict)), {})
+    kind = hang.get("kind")
+    missing = hang.get("missing_ranks")
     out: dict[str, Any] = {
         "model": shape.model,
         "sections": shape.sections,
@@ -203,8 +210,11 @@ def attribution_case(
         "site": site,
         "culprit": culprit,
         "named": named,
-        "right": named == [culprit],
+        "right": named == [culprit] and (shape.model != "mesh" or missing == [culprit]),
         "hang_kind": kind,
+        "hang_missing": missing,
+        "hang_group": hang.get("group"),
+        "hang_seq": hang.get("seq"),
     }
     if slow is not None:
         out["failslow"] = _failslow_result(run_dir, *slow, out_text)
@@ -612,7 +622,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--ranks", default="2,4", help="attribution: the jobs' sizes, comma-separated")
     p.add_argument(
-        "--model", choices=("ddp", "fsdp"), default="ddp", help="attribution: DDP or FSDP2"
+        "--model",
+        choices=("ddp", "fsdp", "mesh"),
+        default="ddp",
+        help="attribution: DDP, FSDP2, or a 2-D mesh (tensor-parallel groups of 2)",
     )
     p.add_argument(
         "--sections",
@@ -637,6 +650,8 @@ def main(argv: list[str] | None = None) -> int:
     both = args.smoke and args.part == "all"
     if args.part in ("attribution", "all"):
         ranks = tuple(int(n) for n in args.ranks.split(","))
+        if args.model == "mesh" and any(n % 2 for n in ranks):
+            p.error("--ranks: --model mesh takes even sizes (tensor-parallel groups of 2)")
         sites = tuple(args.sites.split(","))
         if set(sites) - set(SITES):
             p.error(f"--sites: each one of {', '.join(SITES)}")

@@ -17,7 +17,14 @@ stops at the same step.
 ``--model fsdp``: the model is sharded with torch's FSDP2 (``fully_shard`` on each
 linear layer and on the whole, on a 1-D CPU device mesh): each step all-gathers the
 parameters in forward and backward and reduce-scatters the gradients (``--model ddp``,
-the default: DDP's all-reduce). ``--sections nvrx``: the loop is wrapped in NVRx's
+the default: DDP's all-reduce). ``--model mesh``: a 2-D mesh (``init_device_mesh("cpu",
+(world // 2, 2))``, data-parallel x tensor-parallel): the first layer's output is
+all-reduced in its tensor-parallel group of 2 (Megatron's reduce from the
+tensor-parallel region: an all-reduce forward, the identity backward) and the gradients
+in the rank's data-parallel group (DDP on that group); a rank stalled in ``forward``
+stops before its tensor-parallel all-reduce (its peer waits in it, the other pairs go on
+to their data-parallel all-reduce and wait there), one stalled in ``backward`` never
+joins its data-parallel all-reduce. ``--sections nvrx``: the loop is wrapped in NVRx's
 client sections as a Megatron-style loop does (``RankMonitorClient``: ``setup`` from
 start to the first step, each step after the first in a ``step`` section, the
 between-steps site outside any section); the script imports NVRx's client, not rankguard.
@@ -40,14 +47,43 @@ if TYPE_CHECKING:
 
 WARMUP = 5  # first steps not measured (a loaded machine's start-up)
 SITES = ("forward", "backward", "optimizer", "data", "outside")
-MODELS = ("ddp", "fsdp")
+MODELS = ("ddp", "fsdp", "mesh")
 SECTIONS = ("none", "nvrx")
 
 
+class TPReduce(torch.autograd.Function):
+    """Megatron's reduce from the tensor-parallel region: all-reduce forward, identity
+    backward."""
+
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        y = x.clone()
+        dist.all_reduce(y, group=group)
+        return y
+
+    @staticmethod
+    def backward(ctx: object, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
+def mesh_wrap(net: torch.nn.Sequential) -> torch.nn.Module:
+    """The 2-D mesh: the first layer's output all-reduced in the tensor-parallel group,
+    DDP over the data-parallel group."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size() // 2, 2), mesh_dim_names=("dp", "tp"))
+    tp = mesh.get_group("tp")
+    net[0].register_forward_hook(lambda _m, _i, out: TPReduce.apply(out, tp))
+    return DDP(net, process_group=mesh.get_group("dp"))
+
+
 def wrap(net: torch.nn.Sequential, model: str) -> torch.nn.Module:
-    """DDP, or FSDP2: each linear layer and the whole sharded over every rank."""
+    """DDP, FSDP2 (each linear layer and the whole sharded over every rank), or the 2-D
+    mesh (:func:`mesh_wrap`)."""
     if model == "ddp":
         return DDP(net)
+    if model == "mesh":
+        return mesh_wrap(net)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 

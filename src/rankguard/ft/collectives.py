@@ -14,6 +14,14 @@ takes one full dump of its recorder (on this thread, once per such position: abo
 0.1 s with 2,000 entries) to name that collective (operation, input sizes) in its
 block's ``stuck``.
 
+The status is keyed by each group's id on this rank (the order the rank created its
+groups in), not by the group: rank 0's group ``1`` may be its data-parallel group and
+rank 1's group ``1`` another one. The recorder's entries carry both the id and the
+group's name (the same on every rank of the group): the sampler takes one full dump
+when an id it has not named yet appears (once per group, when the group's first
+collective is enqueued) and publishes each position under its group's name, so node 0
+compares a group's ranks with each other and never two groups' numbers.
+
 What node 0 reads from it: the rank behind in the sequence of collectives while its
 peers wait in the next one (the culprit of a hang, without Python frames: DDP's
 reducer and FSDP's hooks wait in C++), and each rank's share of time waiting in
@@ -27,6 +35,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from rankguard.schema.collectives import (
@@ -40,6 +49,8 @@ __all__ = [
     "PERIOD_S",
     "STUCK_AFTER_S",
     "CollectiveSampler",
+    "group_names",
+    "names_in",
     "parse_status",
     "seq_number",
     "stuck_in",
@@ -85,6 +96,28 @@ def parse_status(data: bytes) -> tuple[GroupPosition, ...]:
         if enq is not None and done is not None and enq >= -1 and done >= -1:
             out.append(GroupPosition(str(name), enq, done))
     return tuple(out)
+
+
+def names_in(doc: Any) -> dict[str, str]:
+    """Each group's name by its id on the rank (the key of its ``pg_status``), from the
+    entries of a parsed dump: ``pg_id`` -> ``process_group[0]``."""
+    entries = doc.get("entries") if isinstance(doc, dict) else None
+    out: dict[str, str] = {}
+    for e in entries if isinstance(entries, list) else []:
+        if not isinstance(e, dict):
+            continue
+        pid, pg = seq_number(e.get("pg_id")), e.get("process_group")
+        if pid is None or not isinstance(pg, list) or not pg:
+            continue
+        name = pg[0]
+        if isinstance(name, str) and 0 < len(name) <= 64:
+            out[str(pid)] = name
+    return out
+
+
+def group_names(data: bytes) -> dict[str, str]:
+    """:func:`names_in` of a full dump (JSON, read as data)."""
+    return names_in(json.loads(data))
 
 
 def _entries_json() -> bytes:
@@ -134,6 +167,9 @@ class CollectiveSampler:
         self._since: tuple[tuple[GroupPosition, ...], float] | None = None
         self._stuck: tuple[tuple[GroupPosition, ...], StuckCollective | None] | None = None
         self.full_dumps = 0
+        self._names: dict[str, str] = {}  # the status' group id -> the group's name
+        self._unnamed: set[str] = set()  # ids no entry named: kept under their id
+        self.name_dumps = 0
         self._block: CollectivesBlock | None = None
         self.samples = 0
         self.waiting = 0
@@ -172,7 +208,7 @@ class CollectiveSampler:
 
     def sample(self) -> None:
         """One look at the recorder's group status."""
-        groups = parse_status(self._status())
+        groups = self._named(parse_status(self._status()))
         if not groups:
             return
         self.samples += 1
@@ -184,6 +220,18 @@ class CollectiveSampler:
             waiting=self.waiting,
             stuck=self._stuck_in(groups, inside),
         )
+
+    def _named(self, groups: tuple[GroupPosition, ...]) -> tuple[GroupPosition, ...]:
+        """The positions under their groups' names (one full dump when an id appears
+        that was not named yet); an id no entry names stays as it is."""
+        known = self._names.keys() | self._unnamed
+        new = [g.group for g in groups if g.group not in known]
+        if new:
+            self.name_dumps += 1
+            self._names.update(group_names(self._entries()))
+            self._unnamed.update(k for k in new if k not in self._names)
+        named = (replace(g, group=self._names.get(g.group, g.group)) for g in groups)
+        return tuple(sorted(named, key=lambda g: g.group))
 
     def _stuck_in(
         self, groups: tuple[GroupPosition, ...], inside: list[GroupPosition]

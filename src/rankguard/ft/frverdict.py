@@ -27,11 +27,12 @@ collectives line then says compute hang).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from rankguard.ft.collectives import seq_number
+from rankguard.ft.collectives import names_in, seq_number
 from rankguard.monitor.hangclass import HangKind
 from rankguard.schema.coerce import as_str
 from rankguard.schema.jsontypes import JsonInput, JsonObject
@@ -147,32 +148,64 @@ def _int(value: Any) -> int:
 
 @dataclass(slots=True)
 class _Positions:
-    """Every rank's place in every group, and what each rank recorded per collective."""
+    """Every rank's place in every group (by the group's name: ``pg_status`` is keyed by
+    the group's id on each rank, which names another group on another rank), what each
+    rank recorded per collective, the ranks inside a collective of any group, and who
+    belongs to which group where the traces say it (the world group; ``pg_config``)."""
 
     enqueued: dict[str, dict[int, int]] = field(default_factory=dict)
     completed: dict[str, dict[int, int]] = field(default_factory=dict)
     ops: dict[tuple[int, str, int], tuple[str, str]] = field(default_factory=dict)
+    busy: set[int] = field(default_factory=set)  # inside a collective of some group
+    world: set[str] = field(default_factory=set)  # the default group's name(s)
+    members: dict[str, set[int]] = field(default_factory=dict)  # pg_config's ranks
 
     @classmethod
     def read(cls, traces: dict[int, JsonObject]) -> _Positions:
         out = cls()
         for rank, doc in traces.items():
+            names = names_in(doc)
             status = doc.get("pg_status")
-            for pg, st in (status if isinstance(status, dict) else {}).items():
+            for pid, st in (status if isinstance(status, dict) else {}).items():
                 if isinstance(st, dict):
+                    group = names.get(str(pid), str(pid))
                     enq = _int(st.get("last_enqueued_collective"))
-                    out.enqueued.setdefault(str(pg), {})[rank] = enq
+                    out.enqueued.setdefault(group, {})[rank] = enq
                     done = _int(st.get("last_completed_collective"))
-                    out.completed.setdefault(str(pg), {})[rank] = done
+                    out.completed.setdefault(group, {})[rank] = done
+                    if done < enq:
+                        out.busy.add(rank)
             entries = doc.get("entries")
             for e in entries if isinstance(entries, list) else []:
                 if isinstance(e, dict) and not e.get("is_p2p"):
                     name = e.get("process_group")
                     pg = str(name[0]) if isinstance(name, (list, tuple)) else str(e.get("pg_id"))
+                    if isinstance(name, (list, tuple)) and name[1:2] == ["default_pg"]:
+                        out.world.add(pg)
                     op = str(e.get("profiling_name")).split(":", 1)[-1][:_MAX_TEXT]
                     sizes = json.dumps(e.get("input_sizes"), separators=(",", ":"))[:_MAX_TEXT]
                     out.ops[(rank, pg, _int(e.get("collective_seq_id")))] = (op, sizes)
+            out._read_config(doc.get("pg_config"))
         return out
+
+    def _read_config(self, config: Any) -> None:
+        """``pg_config``: name -> its ranks (``"[0, 1]"``), where the backend records it."""
+        for name, cfg in (config if isinstance(config, dict) else {}).items():
+            text = cfg.get("ranks") if isinstance(cfg, dict) else None
+            if not name or not isinstance(text, str) or len(text) > 100_000:
+                continue
+            with contextlib.suppress(ValueError):
+                ranks = json.loads(text)
+                if isinstance(ranks, list) and all(type(r) is int for r in ranks):
+                    self.members.setdefault(str(name), set()).update(ranks)
+
+    def absent(self, pg: str, read: list[int]) -> list[int]:
+        """Ranks read that belong to ``pg`` (the world group's, or ``pg_config``'s) and
+        never used it; a rank of another group only is not one of them."""
+        seqs = self.enqueued[pg]
+        if pg in self.world:
+            return [r for r in read if r not in seqs]
+        return [r for r in read if r not in seqs and r in self.members.get(pg, ())]
 
     def op(self, pg: str, seq: int, ranks: list[int]) -> str:
         for rank in ranks:
@@ -206,8 +239,13 @@ def _did_not_join(pos: _Positions, pg: str, read: list[int]) -> FrVerdict | None
     seqs, done = pos.enqueued[pg], pos.completed[pg]
     newest = max(seqs.values())
     inside = sorted(r for r, s in seqs.items() if done.get(r, -1) < s)
-    behind = [r for r, s in seqs.items() if s < newest and r not in inside]
-    missing = sorted(behind + [r for r in read if r not in seqs])  # or never used the group
+    if not inside:
+        return None  # no rank of the group waits in it
+    # behind, or a member that never used the group, and inside no collective of any
+    # group: a rank inside another group's collective waits there, on the rank at the
+    # end of that chain (the one waiting on no one), named by its own group
+    behind = [r for r, s in seqs.items() if s < newest and r not in pos.busy]
+    missing = sorted(behind + [r for r in pos.absent(pg, read) if r not in pos.busy])
     if not missing:
         return None
     seq = max(seqs[r] for r in behind) + 1 if behind else newest  # none of them joined it

@@ -7,11 +7,17 @@ rank numbers), so it compares the whole job's ranks, not one node's:
 
 ``did_not_join``
     some ranks wait inside collective N of a group, others are behind it and inside no
-    collective of the group: those are named with the group, the first collective none
-    of them joined and its number. A rank behind but inside an earlier collective is
+    collective at all: those are named with the group, the first collective none of
+    them joined and its number. A rank behind but inside an earlier collective is
     waiting, not missing: some collectives complete on part of the group without the
     rank that did not join (gloo's broadcast from rank 0 of 4 completes on ranks 0 and 2
-    without rank 3, rank 1 waits in it), so their peers go on to the next one.
+    without rank 3, rank 1 waits in it), so their peers go on to the next one. So is a
+    rank behind in one group while inside a collective of another (a 2-D mesh: rank 0
+    waits in its tensor-parallel all-reduce for rank 1, stuck in compute, so it is
+    behind in its data-parallel group, where rank 2 waits for it): the one named is
+    the rank at the end of that chain, waiting on no one. Sequence numbers are compared
+    only within one group (each group numbers its own collectives), by the group's
+    name, the same on every rank.
 ``mismatch``
     every rank of the group is inside collective N, but not the same one (another
     operation or other input sizes): both sides are named.
@@ -99,6 +105,8 @@ class HangClass:
     sides: dict[str, list[int]] = field(default_factory=dict)  # mismatch: what -> ranks
     later: list[int] = field(default_factory=list)  # did not join: waiting in a later one
     silent: list[int] = field(default_factory=list)  # stopped publishing: by their last record
+    # did not join: the other groups the same ranks did not join either (group, number)
+    also: list[tuple[str, int]] = field(default_factory=list)
 
     def _waiting_where(self) -> str:
         """Who waits where, when ranks did not join."""
@@ -117,6 +125,8 @@ class HangClass:
                 f"collectives: rank(s) {_ranks(self.missing)} did not join {what} "
                 f"({self._waiting_where()})"
             )
+            if self.also:
+                line += ", nor " + ", ".join(f"#{n} of process group {g}" for g, n in self.also)
             return f"{line}; {silent}" if self.silent else line
         if self.kind is HangKind.MISMATCH:
             sides = "; ".join(f"rank(s) {_ranks(r)} in {w}" for w, r in self.sides.items())
@@ -145,6 +155,7 @@ class HangClass:
             "sides": {k: list(v) for k, v in self.sides.items()},
             "later_ranks": list(self.later),
             "silent_ranks": list(self.silent),
+            "also": [{"group": g, "seq": n} for g, n in self.also],
             "line": self.line,
         }
 
@@ -181,21 +192,28 @@ def classify(
         return None
     have = {r: b for r, b in blocks.items() if b is not None}
     names = sorted({g.group for b in have.values() for g in b.groups})
+    found = None
     for name in names:
         pos = {r: g for r, b in have.items() if (g := b.group(name)) is not None}
         newest = max(g.enqueued for g in pos.values())
         waiting = sorted(r for r, g in pos.items() if g.enqueued == newest and g.inside)
         if not waiting:
             continue
-        # Behind and outside any collective of the group: did not join. A rank behind
-        # but inside an earlier collective waits too: in one some peers could complete
-        # without the rank that did not join (gloo's broadcast from rank 0 completes on
-        # rank 0 and 2 of 4 without rank 3, while rank 1 waits in it).
-        missing = sorted(r for r, g in pos.items() if g.enqueued < newest and not g.inside)
+        # Behind and outside any collective: did not join. A rank behind but inside an
+        # earlier collective waits too: in one some peers could complete without the
+        # rank that did not join (gloo's broadcast from rank 0 completes on rank 0 and 2
+        # of 4 without rank 3, while rank 1 waits in it). So does a rank behind but
+        # inside a collective of another group: it waits there on the rank that did not
+        # join (that group's, or further down the chain: the one waiting on no one).
+        missing = sorted(r for r, g in pos.items() if g.enqueued < newest and not have[r].inside)
         if missing:
             seq = max(pos[r].enqueued for r in missing) + 1  # none of them joined it
+            if found is not None:  # the same ranks, missed in another group too
+                if set(missing) <= set(found.missing):
+                    found.also.append((name, seq))
+                continue
             inside = sorted(r for r, g in pos.items() if g.inside)
-            return HangClass(
+            found = HangClass(
                 HangKind.DID_NOT_JOIN,
                 name,
                 seq,
@@ -204,6 +222,9 @@ def classify(
                 inside,
                 later=[r for r in inside if pos[r].enqueued > seq],
             )
+            continue
+        if found is not None:
+            continue
         stuck = {
             r: st
             for r in waiting
@@ -219,6 +240,8 @@ def classify(
                 sides.setdefault(what, []).append(r)
             return HangClass(HangKind.MISMATCH, name, newest, None, [], waiting, sides)
         return HangClass(HangKind.COMMUNICATION_STALL, name, newest, op, [], waiting)
+    if found is not None:
+        return found
     if not any(b.inside for b in have.values()):
         return HangClass(HangKind.COMPUTE_HANG)
     return None

@@ -143,7 +143,8 @@ def test_a_rank_waiting_at_one_position_names_its_collective_once() -> None:
         sampler.sample()
     block = sampler.block()
     assert block is not None and block.stuck == StuckCollective("g0", 5, "all_reduce", "[[4160]]")
-    assert dumps["n"] == 1 and sampler.full_dumps == 1  # one full dump per position
+    # one full dump per position, and one when the group's id first appeared (to name it)
+    assert dumps["n"] == 2 and sampler.full_dumps == 1 and sampler.name_dumps == 1
     again = CollectivesBlock.from_dict(json.loads(json.dumps(block.to_dict())))
     assert again == block
 

@@ -89,28 +89,33 @@ def in_collective(state: RankState) -> bool:
 
 
 def behind_in_collectives(states: list[RankState]) -> list[int] | None:
-    """The ranks behind in the sequence of collectives of a group every one of
-    ``states`` reports, and inside none of its collectives, while another rank has
-    entered a later one of that group and waits in it; None when no group tells them
-    apart (or a rank reports none)."""
+    """The ranks of ``states`` behind in the sequence of collectives of a group, inside
+    no collective of any group, while a rank of ``states`` has entered a later one of
+    that group and waits in it; None when no group tells them apart (or a rank reports
+    none).
+
+    Each group is compared among the ranks that report it (a 2-D mesh's tensor- and
+    data-parallel groups hold some of the ranks each), by its name. A rank behind but
+    inside an earlier collective of the group waits as well (a broadcast completes on
+    some ranks without the one that did not join), and so does a rank behind in one
+    group while inside a collective of another: it waits there, on the rank at the end
+    of the chain, which waits on no one and is the one returned."""
     blocks = {s.rank: collectives(s) for s in states}
     if len(blocks) < 2 or any(b is None for b in blocks.values()):
         return None
-    first = next(iter(blocks.values()))
-    assert first is not None
-    for g in first.groups:
-        pos = {r: b.group(g.group) for r, b in blocks.items() if b is not None}
-        if any(p is None for p in pos.values()):
+    have = {r: b for r, b in blocks.items() if b is not None}
+    names = sorted({g.group for b in have.values() for g in b.groups})
+    culprits: set[int] = set()
+    for name in names:
+        at = {r: p for r, b in have.items() if (p := b.group(name)) is not None}
+        if len(at) < 2:
             continue
-        at = {r: p for r, p in pos.items() if p is not None}
         newest = max(p.enqueued for p in at.values())
         waiting = [r for r, p in at.items() if p.enqueued == newest and p.inside]
-        # a rank behind but inside an earlier collective waits as well (a broadcast
-        # completes on some ranks without the one that did not join): not a culprit
-        behind = sorted(r for r, p in at.items() if p.enqueued < newest and not p.inside)
+        behind = [r for r, p in at.items() if p.enqueued < newest and not have[r].inside]
         if behind and waiting:
-            return behind
-    return None
+            culprits.update(behind)
+    return sorted(culprits) if culprits else None
 
 
 def busy(state: RankState) -> bool:
