@@ -1,6 +1,8 @@
-"""Hangs in process groups other than the default: 4 forked ranks of the real launcher
-(``rankguard run --standalone``) on a 2x2 mesh (``init_device_mesh("cpu", (2, 2))``:
-data-parallel x tensor-parallel groups of 2), the attribution bench's job
+"""End to end: hangs in process groups other than the default: 4 ranks of the real launcher
+(``rankguard run --standalone --preload torch``: forked from the fork server, whose one
+import of torch serves them all; start-up is not the subject) on a 2x2 mesh
+(``init_device_mesh("cpu", (2, 2))``: data-parallel x tensor-parallel groups of 2), the
+attribution bench's job
 (``bench/attribution_job.py --model mesh``, an unmodified script).
 
 The groups' names, the same on every rank: ``0`` the world, ``1`` = data-parallel {0, 2},
@@ -36,7 +38,7 @@ import pytest
 from rankguard.ft.flightrec import available
 
 pytestmark = [
-    pytest.mark.ranks,
+    pytest.mark.e2e,
     pytest.mark.timeout(300),
     pytest.mark.skipif(not available(), reason="this torch has no flight recorder"),
 ]
@@ -70,6 +72,7 @@ def _findings(run_dir: Path) -> list[dict[str, Any]]:
 def _launch(tmp_path: Path, run_id: str, job: list[str]) -> subprocess.Popen[str]:
     cmd = [sys.executable, "-m", "rankguard.cli.main", "run", "--standalone"]
     cmd += ["--nproc-per-node", "4", "--rdzv-id", run_id, "--log-dir", str(tmp_path)]
+    cmd += ["--preload", "torch"]
     for item in SETS:
         cmd += ["--set", item]
     return subprocess.Popen(
