@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 import sys
+import tempfile
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -272,10 +273,47 @@ def start_fork_server(modules: tuple[str, ...]) -> None:
             *preload_modules(modules),
         ]
     )
-    multiprocessing.forkserver.ensure_running()
+    short = _fork_server_tempdir()
+    saved = tempfile.tempdir
+    if short is not None:
+        _say(
+            f"--preload: the temp directory ({len(tempfile.gettempdir())} characters) is too "
+            f"long for the fork server's Unix socket; its socket goes under {short}"
+        )
+        tempfile.tempdir = short  # where Python's fork server makes its socket's directory
+    try:
+        multiprocessing.forkserver.ensure_running()
+    except OSError as exc:
+        raise ValueError(f"--preload: the fork server cannot start: {exc}") from exc
+    finally:
+        tempfile.tempdir = saved
     _say(
         f"--preload {','.join(modules)}: ranks are forked from a fork server that imported "
         "them once (at start and at every restart)"
+    )
+
+
+#: a Unix socket's longest path (``sun_path`` less its terminating NUL)
+_UNIX_PATH_MAX = 107
+#: what Python's fork server adds to the temp directory for its socket
+_FORK_SERVER_SOCKET = "/pymp-xxxxxxxx/listener-xxxxxxxx"
+
+
+def _fork_server_tempdir() -> str | None:
+    """A shorter directory for the fork server's socket when the temp directory
+    (``TMPDIR``) is too long for a Unix socket's path (a batch scheduler's per-job
+    directory can be); None when it will do. ValueError when no shorter one is usable."""
+    tmp = tempfile.gettempdir()
+    if len(os.fsencode(tmp + _FORK_SERVER_SOCKET)) <= _UNIX_PATH_MAX:
+        return None
+    for short in ("/tmp", "/var/tmp", "/dev/shm"):
+        if os.path.isdir(short) and os.access(short, os.W_OK | os.X_OK):
+            return short
+    raise ValueError(
+        f"--preload: the temp directory {tmp} ({len(tmp)} characters) is too long for the "
+        f"fork server's Unix socket (at most {_UNIX_PATH_MAX - len(_FORK_SERVER_SOCKET)}) "
+        "and neither /tmp, /var/tmp nor /dev/shm is writable: set TMPDIR to a shorter "
+        "directory"
     )
 
 
