@@ -181,7 +181,13 @@ class CheckpointManager:
         if background:
             from rankguard.checkpoint.background import BackgroundWriter
 
-            return BackgroundWriter(path, self.config.checksum)
+            config = self.config
+            return BackgroundWriter(
+                path,
+                config.checksum,
+                priority=config.async_write_priority,
+                idle_max_s=config.async_idle_max_s,
+            )
         return default_writer(path)
 
     # ---- save -----------------------------------------------------------------------
