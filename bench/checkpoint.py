@@ -15,9 +15,11 @@ What, in one run on CPU:
      call, or the background write competing for the cores, shows here;
    - ``total`` = blocked + extra, and its share of the sync save's total.
 
-   Paths: ``sync`` (``CheckpointManager.save`` with ``async_save=false``: DCP ``save``,
-   manifest, commit); ``rankguard async (thread)`` and ``(process)`` (``async_save=true``
-   and DCP's thread or checkpoint process); DCP's ``async_save`` called directly with
+   Paths (``--paths``): ``sync`` (``CheckpointManager.save`` with ``async_save=false``:
+   DCP ``save``, manifest, commit); ``rankguard async (thread)`` and ``(process)``
+   (``async_save=true`` and DCP's thread or checkpoint process); ``rankguard async
+   (thread, idle)`` (the thread writer with ``async_write_priority=idle``: its write in
+   ``SCHED_IDLE`` for at most ``--idle-max-s``); DCP's ``async_save`` called directly with
    its default staging (a new ``DefaultStager`` each call: copy in the call) and with
    ``StagingOptions(use_async_staging=True)`` (one ``DefaultStager`` kept across saves:
    the copy runs in DCP's staging thread; the loop waits for ``staging_completion``
@@ -25,7 +27,10 @@ What, in one run on CPU:
    forward/backward, as DCP requires: that wait is in ``extra``). The other
    ``StagingOptions`` (pinned memory, non-blocking copies) need a GPU
    (``bench/gpu_check.py``). The first save of each path allocates its buffers (and
-   starts DCP's process): shown, not counted.
+   starts DCP's process): shown, not counted. The paths' saves are alternated, one
+   save of each path a round, so that every path sees the same load of the machine;
+   ``write``: from the save call to the checkpoint durable (committed or, for DCP's
+   direct calls, written).
 
    Every figure is for a checkpoint that passed the consistency check in the same run:
    at the save call (outside the timed part) the CRC-32 of every tensor's bytes and a
