@@ -286,7 +286,10 @@ def stall_paths(args: argparse.Namespace, loop: Loop) -> list[tuple[str, Callabl
     idle = {"async_write_priority": "idle", "async_idle_max_s": args.idle_max_s}
     every: dict[str, tuple[str, Callable[[Path], Saver]]] = {
         "sync": ("sync", lambda d: Sync(d, loop, async_save=False)),
-        "thread": ("rankguard async (thread)", lambda d: Ours(d, loop, async_save=True)),
+        "thread": (
+            "rankguard async (thread)",
+            lambda d: Ours(d, loop, async_save=True, async_write_priority="normal"),
+        ),
         "idle": (
             "rankguard async (thread, idle)",
             lambda d: Ours(d, loop, async_save=True, **idle),

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 from collections.abc import Generator
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,8 @@ class BackgroundWriter(FileSystemWriter):
         self.idle_max_s = idle_max_s
         #: how the write's idle window ended (None: no window, the training's priority)
         self.idle: IdleWindow | None = None
+        self._idle_lock = threading.Lock()
+        self._waited = False  # the training waits for this write: no idle window
 
     def write_data(self, plan: Any, planner: Any) -> Any:
         if self.yield_if_elsewhere():
@@ -101,16 +104,42 @@ class BackgroundWriter(FileSystemWriter):
             fs.direct = False
         elif self.priority == "idle":
             # DCP's thread writes the whole file list in this call (one writer thread)
-            with IdleWindow(self.idle_max_s) as window:
+            with self._idle_lock:
+                window = None if self._waited else IdleWindow(self.idle_max_s)
+                if window is not None:
+                    window.__enter__()
                 self.idle = window
+            try:
                 return super().write_data(plan, planner)
+            finally:
+                if window is not None:
+                    window.__exit__(None, None, None)
         return super().write_data(plan, planner)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Sent to DCP's checkpoint process without its lock (never open there)."""
+        state = dict(self.__dict__)
+        del state["_idle_lock"]
+        state["idle"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._idle_lock = threading.Lock()
+
+    def end_idle(self) -> None:
+        """The training waits for this write: it runs at the training's priority from
+        now on (an idle window open is ended; none opens later)."""
+        with self._idle_lock:
+            self._waited = True
+            if self.idle is not None:
+                self.idle.end()
 
     def idle_note(self) -> tuple[int, str] | None:
         """The log level and line on the write's priority, when the idle window did not
         hold the whole write (``logging.WARNING``: the setting has no effect here)."""
         window = self.idle
-        if window is None or window.outcome is IdleOutcome.IDLE:
+        if window is None or window.outcome in (IdleOutcome.IDLE, IdleOutcome.WAITED):
             return None
         if window.outcome is IdleOutcome.BOUNDED:
             return logging.INFO, (

@@ -37,10 +37,13 @@ __all__ = ["IdleOutcome", "IdleWindow", "restore_permitted"]
 class IdleOutcome(str, enum.Enum):
     """How a write's idle window ended: ``IDLE`` the whole write in ``SCHED_IDLE``;
     ``BOUNDED`` back to the thread's policy after ``max_s`` (the training left too few
-    gaps); ``NOT_PERMITTED`` never lowered (see :func:`restore_permitted`)."""
+    gaps); ``WAITED`` back to it when the training stopped to wait for the write (no
+    gap left to yield to: :meth:`IdleWindow.end`); ``NOT_PERMITTED`` never lowered
+    (see :func:`restore_permitted`)."""
 
     IDLE = "idle"
     BOUNDED = "bounded"
+    WAITED = "waited"
     NOT_PERMITTED = "not_permitted"
 
 
@@ -103,7 +106,7 @@ class IdleWindow:
         self._tid = threading.get_native_id()
         self._policy = os.sched_getscheduler(self._tid)
         self._param = os.sched_getparam(self._tid)
-        timer = threading.Timer(self.max_s, self._restore, kwargs={"bounded": True})
+        timer = threading.Timer(self.max_s, self._restore, args=(IdleOutcome.BOUNDED,))
         timer.daemon = True
         timer.name = "rankguard-idle-bound"
         timer.start()  # before the lowering: the timer keeps the caller's policy
@@ -114,7 +117,12 @@ class IdleWindow:
         self.outcome = IdleOutcome.IDLE
         return self
 
-    def _restore(self, bounded: bool = False) -> None:
+    def end(self) -> None:
+        """From any thread: the thread back to its policy now (the training waits for
+        the write: yielding to it only makes the wait longer)."""
+        self._restore(IdleOutcome.WAITED)
+
+    def _restore(self, why: IdleOutcome | None = None) -> None:
         with self._lock:
             if not self._lowered:
                 return
@@ -122,8 +130,8 @@ class IdleWindow:
             self.idle_s = time.monotonic() - self._t0
             assert self._param is not None
             os.sched_setscheduler(self._tid, self._policy, self._param)
-            if bounded:
-                self.outcome = IdleOutcome.BOUNDED
+            if why is not None:
+                self.outcome = why
 
     def __exit__(
         self,

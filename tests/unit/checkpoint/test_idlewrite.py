@@ -141,6 +141,9 @@ def _save_and_watch(
     config = CheckpointConfig(save=str(tmp_path / "ckpt"), async_save=True, **kw)
     with CheckpointManager(config, state, session=False) as m:
         m.save(1)
+        deadline = time.monotonic() + 60
+        while m.in_flight and time.monotonic() < deadline:  # not wait(): it ends the window
+            time.sleep(0.01)
         m.wait()
         assert _policy() == os.SCHED_OTHER  # the training thread keeps its priority
         assert m.last_committed["persistent"] == 1
@@ -217,3 +220,70 @@ def test_idle_where_it_cannot_be_undone_warns_once_and_writes_normally(
 def test_the_priority_settings_are_checked(kw: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         CheckpointConfig(**kw)
+
+
+@needs_restore
+def test_a_wait_for_the_write_ends_its_idle_window(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop stops to wait for the write (``wait``, the next ``save``, ``close``):
+    nothing runs beside it any more, the write goes on at the training's priority."""
+    from rankguard.checkpoint.background import BackgroundWriter
+
+    seen: list[int] = []
+    writing = threading.Event()
+    write = BackgroundWriter._write_data
+
+    def spy(self: BackgroundWriter, planner: Any, file_queue: Any) -> Any:
+        seen.append(_policy())
+        writing.set()
+        deadline = time.monotonic() + 30
+        while _policy() == os.SCHED_IDLE and time.monotonic() < deadline:
+            time.sleep(0.01)
+        seen.append(_policy())
+        return write(self, planner, file_queue)
+
+    monkeypatch.setattr(BackgroundWriter, "_write_data", spy)
+    model = torch.nn.Linear(16, 16)
+    config = CheckpointConfig(
+        save=str(tmp_path / "ckpt"), async_save=True, async_write_priority="idle"
+    )
+    with CheckpointManager(config, {"model": model}, session=False) as m:
+        m.save(1)
+        assert writing.wait(30)
+        t0 = time.monotonic()
+        m.wait()
+        assert time.monotonic() - t0 < 25  # not the 30 s bound
+        assert m.last_committed["persistent"] == 1
+    assert seen == [os.SCHED_IDLE, os.SCHED_OTHER]
+
+
+def test_a_writer_waited_for_before_it_writes_never_lowers_its_thread(tmp_path: Path) -> None:
+    from rankguard.checkpoint.background import BackgroundWriter
+
+    writer = BackgroundWriter(tmp_path / "w", priority="idle")
+    writer.end_idle()  # the wait came first
+    seen: list[int] = []
+    writer_super = BackgroundWriter.__mro__[1]
+
+    def fake_write(self: Any, plan: Any, planner: Any) -> None:
+        seen.append(_policy())
+
+    real = writer_super.write_data
+    writer_super.write_data = fake_write  # type: ignore[method-assign]
+    try:
+        _in_thread(lambda: writer.write_data(None, None))
+    finally:
+        writer_super.write_data = real  # type: ignore[method-assign]
+    assert seen == [os.SCHED_OTHER] and writer.idle is None
+
+
+def test_the_writer_travels_to_dcps_checkpoint_process(tmp_path: Path) -> None:
+    import pickle
+
+    from rankguard.checkpoint.background import BackgroundWriter
+
+    writer = BackgroundWriter(tmp_path / "w", priority="idle", idle_max_s=7.0)
+    copy = pickle.loads(pickle.dumps(writer))
+    assert (copy.priority, copy.idle_max_s, copy.idle) == ("idle", 7.0, None)
+    copy.end_idle()  # its lock works there
