@@ -15,9 +15,11 @@ What, in one run on CPU:
      call, or the background write competing for the cores, shows here;
    - ``total`` = blocked + extra, and its share of the sync save's total.
 
-   Paths: ``sync`` (``CheckpointManager.save`` with ``async_save=false``: DCP ``save``,
-   manifest, commit); ``rankguard async (thread)`` and ``(process)`` (``async_save=true``
-   and DCP's thread or checkpoint process); DCP's ``async_save`` called directly with
+   Paths (``--paths``): ``sync`` (``CheckpointManager.save`` with ``async_save=false``:
+   DCP ``save``, manifest, commit); ``rankguard async (thread)`` and ``(process)``
+   (``async_save=true`` and DCP's thread or checkpoint process); ``rankguard async
+   (thread, idle)`` (the thread writer with ``async_write_priority=idle``: its write in
+   ``SCHED_IDLE`` for at most ``--idle-max-s``); DCP's ``async_save`` called directly with
    its default staging (a new ``DefaultStager`` each call: copy in the call) and with
    ``StagingOptions(use_async_staging=True)`` (one ``DefaultStager`` kept across saves:
    the copy runs in DCP's staging thread; the loop waits for ``staging_completion``
@@ -25,7 +27,10 @@ What, in one run on CPU:
    forward/backward, as DCP requires: that wait is in ``extra``). The other
    ``StagingOptions`` (pinned memory, non-blocking copies) need a GPU
    (``bench/gpu_check.py``). The first save of each path allocates its buffers (and
-   starts DCP's process): shown, not counted.
+   starts DCP's process): shown, not counted. The paths' saves are alternated, one
+   save of each path a round, so that every path sees the same load of the machine;
+   ``write``: from the save call to the checkpoint durable (committed or, for DCP's
+   direct calls, written).
 
    Every figure is for a checkpoint that passed the consistency check in the same run:
    at the save call (outside the timed part) the CRC-32 of every tensor's bytes and a
@@ -273,74 +278,114 @@ class Sync(Ours):
         return True
 
 
+PATHS = ("sync", "thread", "idle", "process", "dcp-default", "dcp-async")
+
+
+def stall_paths(args: argparse.Namespace, loop: Loop) -> list[tuple[str, Callable[[Path], Saver]]]:
+    """The paths of part 1 that ``--paths`` names, in the table's order."""
+    idle = {"async_write_priority": "idle", "async_idle_max_s": args.idle_max_s}
+    every: dict[str, tuple[str, Callable[[Path], Saver]]] = {
+        "sync": ("sync", lambda d: Sync(d, loop, async_save=False)),
+        "thread": (
+            "rankguard async (thread)",
+            lambda d: Ours(d, loop, async_save=True, async_write_priority="normal"),
+        ),
+        "idle": (
+            "rankguard async (thread, idle)",
+            lambda d: Ours(d, loop, async_save=True, **idle),
+        ),
+        "process": (
+            "rankguard async (process)",
+            lambda d: Ours(d, loop, async_save=True, async_checkpointer_type="process"),
+        ),
+        "dcp-default": ("DCP async_save, default staging", lambda d: Direct(d, loop, None)),
+        "dcp-async": (
+            "DCP async_save, use_async_staging",
+            lambda d: Direct(d, loop, StagingOptions(False, False, True, False)),
+        ),
+    }
+    wanted = args.paths.split(",")
+    unknown = sorted(set(wanted) - set(PATHS))
+    if unknown or "sync" not in wanted:
+        raise SystemExit(f"--paths: names from {list(PATHS)}, sync among them; got {unknown}")
+    return [every[name] for name in PATHS if name in wanted]
+
+
+def save_once(args: argparse.Namespace, loop: Loop, path: Saver, step: int) -> dict[str, Any]:
+    """One save of ``path`` in the loop: blocked, extra, write (to durable), steps, and
+    whether the checkpoint holds the state at the call."""
+    # measured right before each save: the machine's load drifts between saves
+    base = statistics.median(loop.step() for _ in range(args.base_steps))
+    expected = fingerprint(loop.state_dict())  # the state at the save call
+    t0 = time.perf_counter()
+    path.start(step)
+    blocked = time.perf_counter() - t0
+    extra, steps = 0.0, 0
+    hook = path.before_change
+    while steps < args.follow or (not path.done() and steps < args.max_follow):
+        extra += loop.step(hook) - base
+        hook = None
+        steps += 1
+    saved = path.finish(step)
+    write = time.perf_counter() - t0
+    ok = loads_as(saved, loop, expected)
+    return {"base": base, "blocked": blocked, "extra": extra, "write": write, "n": steps, "ok": ok}
+
+
 def stall(args: argparse.Namespace, root: Path) -> bool:
     loop = Loop(args.params, args.width)
     size = loop.nbytes()
     print(
         f"\n1. Real stall per save: {size / 1e9:.2f} GB of state ({args.params / 1e6:.0f} M "
         "parameters, an EMA copy, AdamW moments); each step: forward/backward, AdamW step, "
-        "EMA update in place"
+        "EMA update in place; the paths' saves alternated (one save of each path a round)"
     )
-    makers: list[tuple[str, Callable[[Path], Saver]]] = [
-        ("sync", lambda d: Sync(d, loop, async_save=False)),
-        ("rankguard async (thread)", lambda d: Ours(d, loop, async_save=True)),
-    ]
-    if not args.smoke:
-        makers.append(
-            (
-                "rankguard async (process)",
-                lambda d: Ours(d, loop, async_save=True, async_checkpointer_type="process"),
-            )
-        )
-    makers += [
-        ("DCP async_save, default staging", lambda d: Direct(d, loop, None)),
-        (
-            "DCP async_save, use_async_staging",
-            lambda d: Direct(d, loop, StagingOptions(False, False, True, False)),
-        ),
+    savers = [
+        (label, make(root / f"path{i}")) for i, (label, make) in enumerate(stall_paths(args, loop))
     ]
     rows: dict[str, dict[str, list[float]]] = {}
     consistent: dict[str, list[bool]] = {}
-    for i, (label, make) in enumerate(makers):
-        path = make(root / f"path{i}")
-        bases = []
-        for n in range(args.repeats + 1):
-            step = 10 * (n + 1)
-            # measured right before each save: the machine's load drifts between saves
-            base = statistics.median(loop.step() for _ in range(args.base_steps))
-            bases.append(base)
-            expected = fingerprint(loop.state_dict())  # the state at the save call
-            t0 = time.perf_counter()
-            path.start(step)
-            blocked = time.perf_counter() - t0
-            extra, steps = 0.0, 0
-            hook = path.before_change
-            while steps < args.follow or (not path.done() and steps < args.max_follow):
-                extra += loop.step(hook) - base
-                hook = None
-                steps += 1
-            saved = path.finish(step)
-            write = time.perf_counter() - t0
-            ok = loads_as(saved, loop, expected)
-            consistent.setdefault(label, []).append(ok)
+    for n in range(args.repeats + 1):
+        step = 10 * (n + 1)
+        for label, path in savers:
+            got = save_once(args, loop, path, step)
+            consistent.setdefault(label, []).append(got["ok"])
+            print(
+                f"   round {n} {label}: step {got['base']:.2f} s, blocked {got['blocked']:.3f} s, "
+                f"extra {got['extra']:.3f} s over {got['n']} steps, write {got['write']:.2f} s, "
+                f"{'consistent' if got['ok'] else 'INCONSISTENT'}, load "
+                f"{os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
             if n == 0:  # allocates the buffers (and starts DCP's process)
                 print(
-                    f"   {label}: first save {blocked:.2f} s blocked (warm-up, not counted)"
-                    f"{'' if ok else ', INCONSISTENT'}"
+                    f"   {label}: first save {got['blocked']:.2f} s blocked (warm-up, not "
+                    f"counted){'' if got['ok'] else ', INCONSISTENT'}"
                 )
                 continue
-            row = rows.setdefault(label, {k: [] for k in ("blocked", "extra", "write", "n")})
-            row["blocked"].append(blocked)
-            row["extra"].append(max(extra, 0.0))
-            row["write"].append(write)
-            row["n"].append(float(steps))
-        rows[label]["base"] = [statistics.median(bases[1:])]
+            row = rows.setdefault(
+                label, {k: [] for k in ("base", "blocked", "extra", "write", "n")}
+            )
+            for key in ("base", "blocked", "write"):
+                row[key].append(got[key])
+            row["extra"].append(max(got["extra"], 0.0))
+            row["n"].append(float(got["n"]))
+    for _, path in savers:
         path.close()
+    return stall_table(args, rows, consistent)
+
+
+def stall_table(
+    args: argparse.Namespace,
+    rows: dict[str, dict[str, list[float]]],
+    consistent: dict[str, list[bool]],
+) -> bool:
     sync_total = statistics.median(
         b + e for b, e in zip(rows["sync"]["blocked"], rows["sync"]["extra"], strict=True)
     )
     print(f"   median of {args.repeats} save(s) per path; 'extra': following steps beyond")
-    print("   the median step without a save (negative sums count as 0)")
+    print("   the median step without a save (negative sums count as 0); 'write': the save")
+    print("   call to the checkpoint durable (committed)")
     print(
         f"   {'path':<34} {'step s':>6} {'blocked s':>9} {'extra s':>8} {'total s':>8} "
         f"{'% sync':>7} {'write s':>8} {'steps':>5}  check"
@@ -353,19 +398,28 @@ def stall(args: argparse.Namespace, root: Path) -> bool:
         checks = consistent[label]
         verdict = f"{sum(checks)}/{len(checks)} consistent"
         print(
-            f"   {label:<34} {row['base'][0]:6.2f} {b:9.3f} {e:8.3f} {t:8.3f} "
+            f"   {label:<34} {statistics.median(row['base']):6.2f} {b:9.3f} {e:8.3f} {t:8.3f} "
             f"{100 * t / sync_total:6.1f}% {statistics.median(row['write']):8.2f} "
             f"{statistics.median(row['n']):5.0f}  {verdict}"
         )
     bad = [label for label, checks in consistent.items() if not all(checks)]
-    ours = totals["rankguard async (thread)"]
-    dcp_best = min(t for label, t in totals.items() if label.startswith("DCP"))
-    print(
-        f"   verdict: rankguard async total stall {ours:.3f} s = {100 * ours / sync_total:.1f}% "
-        f"of the sync save (goal <= 5%: {'met' if ours <= 0.05 * sync_total else 'NOT met'}); "
-        f"DCP's best option {dcp_best:.3f} s (rankguard "
-        f"{'below' if ours < dcp_best else 'NOT below'} it)"
-    )
+    dcp = [t for label, t in totals.items() if label.startswith("DCP")]
+    dcp_best = min(dcp) if dcp else None
+    for label in ("rankguard async (thread)", "rankguard async (thread, idle)"):
+        if label not in totals:
+            continue
+        ours = totals[label]
+        versus = (
+            ""
+            if dcp_best is None
+            else f"; DCP's best option {dcp_best:.3f} s (rankguard "
+            f"{'below' if ours < dcp_best else 'NOT below'} it)"
+        )
+        print(
+            f"   verdict: {label} total stall {ours:.3f} s = {100 * ours / sync_total:.1f}% "
+            f"of the sync save (goal <= 5%: {'met' if ours <= 0.05 * sync_total else 'NOT met'})"
+            f"{versus}"
+        )
     if bad:
         print(f"   INCONSISTENT checkpoints: {bad}")
     return not bad
@@ -529,12 +583,21 @@ def main() -> int:
     p.add_argument("--every", type=int, default=20)
     p.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
     p.add_argument("--parts", default="restore,stall,cpu,lost", help="which parts to run")
+    p.add_argument(
+        "--paths",
+        default=",".join(PATHS),
+        help=f"part 1's paths, from {','.join(PATHS)} (sync needed: the reference)",
+    )
+    p.add_argument(
+        "--idle-max-s", type=float, default=30.0, help="the idle path's async_idle_max_s"
+    )
     p.add_argument("--smoke", action="store_true", help="seconds: a tiny state, no restore")
     args = p.parse_args()
     if args.smoke:
         args.params, args.width, args.repeats = 2**20, 256, 1
         args.base_steps, args.follow, args.steps, args.every = 2, 1, 6, 3
         args.parts = "stall,cpu"
+        args.paths = "sync,thread,idle,dcp-default,dcp-async"
     root = Path(tempfile.mkdtemp(prefix="rg-ckpt-bench-", dir=args.dir))
     print(f"torch {torch.__version__}, {os.cpu_count()} CPU(s), scratch {root}")
     print(f"load average before: {os.getloadavg()[0]:.1f}")

@@ -16,12 +16,20 @@ from rankguard.util.validate import check_number
 if TYPE_CHECKING:
     from rankguard.rank.runenv import RunEnv
 
-__all__ = ["ASYNC_TYPES", "CHECKSUMS", "FORMATS", "LOCAL_ALGOS", "CheckpointConfig"]
+__all__ = [
+    "ASYNC_TYPES",
+    "CHECKSUMS",
+    "FORMATS",
+    "LOCAL_ALGOS",
+    "WRITE_PRIORITIES",
+    "CheckpointConfig",
+]
 
 FORMATS = ("torch_dist", "torch")
 LOCAL_ALGOS = ("fully_parallel", "atomic")
 ASYNC_TYPES = ("thread", "process")
 CHECKSUMS = ("crc32", "blake2b")
+WRITE_PRIORITIES = ("normal", "idle")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -48,6 +56,24 @@ class CheckpointConfig:
     async_checkpointer_type: str = field(
         default="thread",
         metadata={"help": "DCP's background writer for async saves: thread | process."},
+    )
+    async_write_priority: str = field(
+        default="normal",
+        metadata={
+            "help": "CPU priority of the thread writer's write (async_checkpointer_type: "
+            "thread): normal (the training's) | idle (Linux SCHED_IDLE: the write runs "
+            "when a core would idle, for at most async_idle_max_s, then at the "
+            "training's priority; needs CAP_SYS_NICE or RLIMIT_NICE, else normal with "
+            "a warning)."
+        },
+    )
+    async_idle_max_s: float = field(
+        default=30.0,
+        metadata={
+            "help": "async_write_priority=idle: seconds of a write in SCHED_IDLE before "
+            "it goes on at the training's priority (bounds the time to a durable "
+            "checkpoint when the training leaves no core idle)."
+        },
     )
     most_recent_k: int | None = field(
         default=3, metadata={"help": "Persistent checkpoints kept (null: all)."}
@@ -113,6 +139,12 @@ class CheckpointConfig:
                 f"async_checkpointer_type: one of {list(ASYNC_TYPES)}, "
                 f"got {self.async_checkpointer_type!r}"
             )
+        if self.async_write_priority not in WRITE_PRIORITIES:
+            raise ValueError(
+                f"async_write_priority: one of {list(WRITE_PRIORITIES)}, "
+                f"got {self.async_write_priority!r}"
+            )
+        check_number("async_idle_max_s", self.async_idle_max_s, gt=0)
         if self.non_persistent_ckpt_type not in (None, "local"):
             raise ValueError(
                 f"non_persistent_ckpt_type: 'local' or null, got {self.non_persistent_ckpt_type!r}"

@@ -129,6 +129,7 @@ class CheckpointManager:
         self.seq = 0
         self._save_steps: int | None = None  # the session's training steps at save()
         self._inflight: Future[None] | None = None
+        self._background: Any = None  # the last async save's BackgroundWriter
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rankguard-ckpt")
         self.stager = HostStager(pin_memory=config.pin_memory)
         self._locks: list[DirLock] = []
@@ -181,7 +182,15 @@ class CheckpointManager:
         if background:
             from rankguard.checkpoint.background import BackgroundWriter
 
-            return BackgroundWriter(path, self.config.checksum)
+            config = self.config
+            writer = BackgroundWriter(
+                path,
+                config.checksum,
+                priority=config.async_write_priority,
+                idle_max_s=config.async_idle_max_s,
+            )
+            self._background = writer  # the write a wait ends the idle window of
+            return writer
         return default_writer(path)
 
     # ---- save -----------------------------------------------------------------------
@@ -273,6 +282,8 @@ class CheckpointManager:
         if future.done():
             future.result()
             return
+        if self._background is not None:  # the loop waits: nothing to yield the cores to
+            self._background.end_idle()
         step = self.record.inflight.step if self.record.inflight is not None else None
         with self._phase(
             f"wait:{step_dir_name(step) if step is not None else 'write'}", progress=False

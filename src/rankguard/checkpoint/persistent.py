@@ -69,6 +69,7 @@ class PersistentTier:
         self.save_dir, self.load_dir = save_dir, load_dir
         #: checkpoints being loaded: retention never removes them
         self.protect: set[Path] = set()
+        self._said: set[str] = set()  # warnings given once
 
     # ---- set-up ---------------------------------------------------------------------
 
@@ -137,6 +138,7 @@ class PersistentTier:
             try:
                 if upload is not None:
                     upload.result()
+                    self._say_priority(writer)
                 elif config.ckpt_format == "torch":
                     self._write_torch_format(tmp, state)
                 else:
@@ -154,6 +156,20 @@ class PersistentTier:
             self._commit(step, tmp, error, entries, t0, stage_s, w0)
 
         return job
+
+    def _say_priority(self, writer: Any) -> None:
+        """Tell when the write did not run in ``SCHED_IDLE`` as configured (that it
+        cannot: once)."""
+        module = sys.modules.get("rankguard.checkpoint.background")
+        if module is None or not isinstance(writer, module.BackgroundWriter):
+            return
+        note = writer.idle_note()
+        if note is None or note[1] in self._said:
+            return
+        level, line = note
+        if level >= logging.WARNING:
+            self._said.add(line)
+        self.host.say(line, level)
 
     def _write_torch_format(self, tmp: Path, state: dict[str, Any]) -> None:
         tmp.mkdir(parents=True, exist_ok=True)
