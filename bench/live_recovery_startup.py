@@ -10,14 +10,17 @@ process started with the ranks (torch elastic's local world is the ranks + the
 standbys): on a loaded machine it competes with them for the CPUs while they start.
 
 Run: ``python bench/live_recovery_startup.py [--repeats 5] [--nproc 4]``; the order of
-the four configurations is rotated each repeat. Figures are wall seconds that grow with
-the machine's load (``os.getloadavg``, printed with each run).
+the four configurations is rotated each repeat. ``--smoke``: one run, 2 ranks, 3 steps,
+1 standby with ``--preload torch`` (it proves the script, not the claim). Figures are
+wall seconds that grow with the machine's load (``os.getloadavg``, printed with each
+run).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -68,6 +71,7 @@ def one(nproc: int, steps: int, standbys: int, preload: bool, timeout_s: float) 
     wall = time.time() - t0
     reader.join(5)
     reap_leftovers(str(workdir))
+    shutil.rmtree(workdir, ignore_errors=True)
     run = lr.Run("start", "none", 0, 0, workdir, lines=list(lines))
     firsts = [ev["t"] for tag, ev in lr.events(run) if tag == "LRSTEP" and int(ev["s"]) == 1]
     first = min(firsts) - t0 if firsts else float("nan")
@@ -83,11 +87,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--timeout", type=float, default=300.0, help="per run (s)")
     p.add_argument("--no-plain", action="store_true", help="only the --preload runs")
+    p.add_argument("--smoke", action="store_true", help="1 run: 2 ranks, 1 standby, --preload")
     args = p.parse_args(argv)
-    lr.header(False, job="")
+    lr.header(args.smoke, job="")
     configs = [(k, pre) for pre in (True, False) for k in (0, 1)]
     if args.no_plain:
         configs = [c for c in configs if c[1]]
+    if args.smoke:
+        args.repeats, args.nproc, args.steps, configs = 1, 2, 3, [(1, True)]
     got: dict[tuple[int, bool], list[dict[str, float]]] = {c: [] for c in configs}
     for i in range(args.repeats):
         shift = i % len(configs)
@@ -111,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{statistics.median(firsts):.2f}s, min {min(firsts):.2f}s, max {max(firsts):.2f}s "
             f"({len(firsts)} of {len(runs)} runs)"
         )
-    return 0
+    failed = any(r["rc"] != 0 or not r["first_step_s"] > 0 for runs in got.values() for r in runs)
+    return 1 if args.smoke and failed else 0
 
 
 if __name__ == "__main__":
