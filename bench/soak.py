@@ -44,6 +44,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import statistics
@@ -217,6 +218,29 @@ def baseline(proc: Any, lines: list[tuple[float, str]], steps: int, workdir: Pat
     return loss
 
 
+_READY = re.compile(r"new standby pid (\d+) ready \(([\d.]+) s after its start\)")
+_REFILLED = re.compile(r"new standby pid (\d+) started in place of")
+
+
+def standby_starts(lines: list[tuple[float, str]]) -> str:
+    """The refilled standbys' starts: the launcher's start -> the standby at its wait
+    (the launcher's ``ready`` lines), and how many never got there."""
+    started = {m.group(1) for _, x in lines if (m := _REFILLED.search(x))}
+    ready = {m.group(1): float(m.group(2)) for _, x in lines if (m := _READY.search(x))}
+    if not started:
+        return "refilled standbys: none started"
+    figs = list(ready.values())
+    said = (
+        f"start -> waiting median {statistics.median(figs):.2f}s, max {max(figs):.2f}s"
+        if figs
+        else "none ready"
+    )
+    return (
+        f"refilled standbys: {len(started)} started, {len(ready)} ready ({said}), "
+        f"{len(started - set(ready))} never ready (used, or ended, before)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--faults", type=int, default=200)
@@ -376,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{statistics.median(figs):.2f}s, max {max(figs):.2f}s; redone median "
                 f"{statistics.median(redone):g}, max {max(redone)}"
             )
+    print(standby_starts(lines))
     diff = (
         abs(loss - base_loss) / abs(base_loss)
         if loss is not None and base_loss is not None

@@ -348,7 +348,10 @@ class RankguardAgent(LocalElasticAgent):
         return pids
 
     def _monitor_workers(self, worker_group: Any) -> Any:
-        if self.live is not None and isinstance(self._pcontext, SubprocessContext):
+        # the ranks as processes (a command) or forked by --preload's fork server
+        if self.live is not None and isinstance(
+            self._pcontext, (SubprocessContext, MultiprocessContext)
+        ):
             result = self._monitor_live(worker_group, self.live)
         else:
             result = self._poll_workers(worker_group)

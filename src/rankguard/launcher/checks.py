@@ -71,10 +71,6 @@ def _check_standbys(opts: LaunchOptions, cfg: RankguardConfig) -> None:
         )
     if opts.entry != ENTRY_PYTHON:
         raise ValueError(f"{flag}: not with --{opts.entry} (the ranks run rankguard's bootstrap)")
-    if opts.preload:
-        raise ValueError(
-            f"{flag}: not with --preload (its forked ranks are not watched one by one)"
-        )
 
 
 def _exclusion_warnings(

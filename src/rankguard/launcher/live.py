@@ -47,6 +47,7 @@ from typing import Any
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
+from rankguard.launcher.live_forked import ForkedWorkers, forked_view
 from rankguard.live.keys import REPLACING, LiveKeys
 from rankguard.live.nodes import NODE_SILENT_S, NodeWatch
 from rankguard.live.plan import Assignment, Claim, Ended, Resumed, decide, ended_how
@@ -63,6 +64,7 @@ no step this long after the fault."""
 STANDBY_LEAVE_S = 10.0
 """The standbys still running this long after the training ranks completed are ended."""
 _STORE_TIMEOUT_S = 10.0
+_READY_EVERY_S = 0.1  # how often a refilled standby still starting is looked for
 TELL_WAIT_S = 30.0
 """At the end of a group, how long the lost ranks' findings still on their way to the
 monitor are waited for (a scan writing a hang's stack dumps holds it that long at most)."""
@@ -114,6 +116,10 @@ class LiveRecovery:
         self.nodes = NodeWatch(self.keys, 0, 1)  # several nodes: views, takeovers
         self.node_lost = False  # a node of the job was taken over (its agent gone)
         self._told_lost: set[int] = set()  # node 0: the taken-over nodes told on
+        self._forked: ForkedWorkers | None = None  # --preload: the forked workers' view
+        self._starting: dict[int, float] = {}  # refilled standby pid -> its start (monotonic)
+        self._ready_seen_at = 0.0
+        self.ready_s: list[float] = []  # refilled standbys: start -> waiting (s)
 
     # ---- lifecycle ------------------------------------------------------------------
 
@@ -136,6 +142,7 @@ class LiveRecovery:
         self.ended, self.completed = set(), set()
         self.left_unused = 0
         self._done_at = None
+        self._forked, self._starting = None, {}
         self._store = None
         self._addr = (str(worker_group.master_addr), int(worker_group.master_port))
 
@@ -181,6 +188,10 @@ class LiveRecovery:
     # ---- the poll -------------------------------------------------------------------
 
     def poll(self, worker_group: Any, pcontext: Any) -> RunResult:
+        # ranks forked by --preload's fork server: seen one process per slot as well
+        pcontext = forked_view(pcontext, self._forked)
+        if isinstance(pcontext, ForkedWorkers):
+            self._forked = pcontext
         handlers: dict[int, Any] = pcontext.subprocess_handlers
         lost: list[Ended] = []
         for slot in sorted(handlers):
@@ -204,10 +215,33 @@ class LiveRecovery:
             if failed is not None:
                 return failed
         if len(self.completed) == len(self.holders):
-            return self._finishing(handlers, worker_group)
+            result = self._finishing(handlers, worker_group)
+            if result.state == WorkerState.SUCCEEDED and isinstance(pcontext, ForkedWorkers):
+                pcontext.release()  # the forked workers wait to be let go
+            return result
         if self.nodes.several:
             self._across_nodes(handlers)
+        if self._starting:
+            self._watch_ready()
         return RunResult(state=WorkerState.HEALTHY)
+
+    def _watch_ready(self) -> None:
+        """A refilled standby at its wait: said once, with how long its start took
+        (the time until a later loss of this node can be recovered live again)."""
+        now = time.monotonic()
+        if now - self._ready_seen_at < _READY_EVERY_S:
+            return
+        self._ready_seen_at = now
+        try:
+            store = self._client()
+            ready = [p for p in self._starting if store.check([self.keys.waiting(p)])]
+        except Exception as exc:  # the next look tries again
+            logger.debug("rankguard: live recovery: the workers' store: %s", exc)
+            return
+        for pid in ready:
+            took = now - self._starting.pop(pid)
+            self.ready_s.append(took)
+            self.say(f"live recovery: new standby pid {pid} ready ({took:.2f} s after its start)")
 
     def _held_by(self, slot: int) -> int | None:
         for rank, holder in self.holders.items():
@@ -484,7 +518,9 @@ class LiveRecovery:
             error_file = pcontext.error_files.get(slot, "")
             if error_file:
                 env["TORCHELASTIC_ERROR_FILE"] = error_file
-            handler = self._start(
+            # forked workers (--preload): forked from the same fork server as the others
+            start = pcontext.start if isinstance(pcontext, ForkedWorkers) else self._start
+            handler = start(
                 entrypoint=pcontext.entrypoint,
                 args=pcontext.args[used],
                 env=env,
@@ -503,6 +539,7 @@ class LiveRecovery:
         self.ended.discard(slot)
         self.waiting.append(slot)
         self.started_count += 1
+        self._starting[handler.proc.pid] = time.monotonic()
         if self.on_started is not None:
             self.on_started(handler.proc.pid)
         self.say(

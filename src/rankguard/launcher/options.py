@@ -168,7 +168,8 @@ def add_rankguard_arguments(p: argparse.ArgumentParser) -> None:
         metavar="K",
         help="K warm standby worker processes per node: a rank whose process is lost is "
         "replaced in place by one, without a group restart (the same as --set "
-        "inprocess_restart.standby_ranks=K; needs in-process restart)",
+        "inprocess_restart.standby_ranks=K; needs in-process restart; with --preload "
+        "the standbys are forked from the fork server too)",
     )
     g.add_argument(
         "--live",

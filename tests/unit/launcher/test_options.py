@@ -407,11 +407,6 @@ def test_standby_ranks_flag_is_the_config_key() -> None:
     [
         (["--standby-ranks", "1"], [], "set inprocess_restart.enabled=true"),
         (
-            ["--standby-ranks", "1", "--preload", "torch"],
-            ["inprocess_restart.enabled=true"],
-            "not with --preload",
-        ),
-        (
             ["--standby-ranks", "1", "--no-python"],
             ["inprocess_restart.enabled=true"],
             "not with --no-python",
@@ -425,6 +420,8 @@ def test_standbys_where_they_cannot_work_are_refused_before_the_launch(
         _checks(argv, config)
 
 
-def test_standbys_with_inprocess_restart_are_accepted() -> None:
-    checked = _checks(["--standby-ranks", "1"], ["inprocess_restart.enabled=true"])
+@pytest.mark.parametrize("preload", [[], ["--preload", "torch"]])
+def test_standbys_with_inprocess_restart_are_accepted(preload: list[str]) -> None:
+    # with --preload the standbys are forked from the fork server as the ranks are
+    checked = _checks(["--standby-ranks", "1", *preload], ["inprocess_restart.enabled=true"])
     assert checked.max_restarts == 0
