@@ -71,6 +71,15 @@ def _check_standbys(opts: LaunchOptions, cfg: RankguardConfig) -> None:
         )
     if opts.entry != ENTRY_PYTHON:
         raise ValueError(f"{flag}: not with --{opts.entry} (the ranks run rankguard's bootstrap)")
+    if opts.preload:
+        from rankguard.launcher.live_forked import forked_unsupported
+
+        why = forked_unsupported()
+        if why is not None:
+            raise ValueError(
+                f"{flag}: not with --preload on this torch ({why}: its forked ranks cannot "
+                "be watched one by one); leave out --preload"
+            )
 
 
 def _exclusion_warnings(

@@ -34,11 +34,41 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
 
-__all__ = ["ForkedProcess", "ForkedWorkers", "forked_view"]
+__all__ = ["ForkedProcess", "ForkedWorkers", "forked_unsupported", "forked_view"]
 
 logger = logging.getLogger(__name__)
 
 _RELEASE_WAIT_S = 5.0
+
+#: what :class:`ForkedWorkers` uses of torch elastic's forked workers, which are not its
+#: public interface: each constructor's attributes, by the names its code sets
+_NEEDS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    (
+        "torch.distributed.elastic.multiprocessing.api",
+        "MultiprocessContext",
+        ("_ret_vals", "_return_values", "_pc", "_worker_finished_event"),
+    ),
+    ("torch.multiprocessing.spawn", "ProcessContext", ("processes", "error_files", "sentinels")),
+)
+
+
+def forked_unsupported() -> str | None:
+    """Why this torch's forked workers (``--preload``) cannot be watched one process at a
+    time, or None when they can: checked before the launch, since what is used is not
+    torch elastic's public interface (a later torch may change it)."""
+    import importlib
+
+    for module_name, cls_name, attrs in _NEEDS:
+        module = importlib.import_module(module_name)
+        if not callable(getattr(module, "_wrap", None)):
+            return f"{module_name} has no _wrap"
+        cls = getattr(module, cls_name, None)
+        init = getattr(cls, "__init__", None)
+        names = set(getattr(getattr(init, "__code__", None), "co_names", ()))
+        missing = [a for a in attrs if a not in names]
+        if missing:
+            return f"{module_name}.{cls_name} sets no {', '.join(missing)}"
+    return None
 
 
 class ForkedProcess:

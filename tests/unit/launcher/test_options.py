@@ -425,3 +425,20 @@ def test_standbys_with_inprocess_restart_are_accepted(preload: list[str]) -> Non
     # with --preload the standbys are forked from the fork server as the ranks are
     checked = _checks(["--standby-ranks", "1", *preload], ["inprocess_restart.enabled=true"])
     assert checked.max_restarts == 0
+
+
+def test_standbys_with_preload_on_a_torch_whose_forked_workers_differ_are_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What live recovery uses of torch elastic's forked workers is not its public
+    interface: a torch without it gets one line before the launch, not a failure at
+    the first lost rank."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    def renamed(self: object, *args: object, **kw: object) -> None:
+        self._results = {}  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(api.MultiprocessContext, "__init__", renamed)
+    with pytest.raises(ValueError, match=r"not with --preload on this torch .*_ret_vals"):
+        _checks(["--standby-ranks", "1", "--preload", "torch"], ["inprocess_restart.enabled=true"])
+    _checks(["--standby-ranks", "1"], ["inprocess_restart.enabled=true"])  # without: as before
