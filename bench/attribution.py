@@ -81,11 +81,19 @@ NVRX_FLAGS = (
 
 @dataclass(frozen=True, slots=True)
 class Shape:
-    """The job's model (``ddp``, ``fsdp``: torch's FSDP2, ``mesh``: 2-D) and whether its loop is in
-    NVRx's client sections (``none``, ``nvrx``)."""
+    """The job's model (``ddp``, ``fsdp``: torch's FSDP2, ``mesh``: 2-D, ``mesh3``: 3-D,
+    ``pipeline``: one stage per rank), whether its loop is in NVRx's client sections
+    (``none``, ``nvrx``), and a pipeline's point-to-point operations (``batch``,
+    ``irecv``, ``send``)."""
 
     model: str = "ddp"
     sections: str = "none"
+    p2p: str = "batch"
+
+    def culprit(self, nproc: int) -> int:
+        """The stalled rank: the last one; a pipeline's stage 1 (on 4 ranks a stage with
+        a neighbour on each side)."""
+        return 1 if self.model == "pipeline" else nproc - 1
 
 
 def _cmd(
@@ -153,7 +161,7 @@ def _stop(proc: subprocess.Popen[str]) -> str:
 def _shape_args(shape: Shape) -> tuple[list[str], list[str]]:
     """The launcher's flags and the job's arguments of a model and sections shape."""
     flags = list(NVRX_FLAGS) if shape.sections == "nvrx" else []
-    return flags, ["--model", shape.model, "--sections", shape.sections]
+    return flags, ["--model", shape.model, "--sections", shape.sections, "--p2p", shape.p2p]
 
 
 def _deadline_s(nproc: int) -> float:
@@ -177,7 +185,7 @@ def attribution_case(
     result under ``"failslow"``). ``shape``: the model (DDP, FSDP, mesh) and NVRx sections
     (default: DDP, none)."""
     shape = shape or Shape()
-    run_id = f"attr-{shape.model}-{shape.sections}-{nproc}-{site}-{os.getpid()}"
+    run_id = f"attr-{shape.model}-{shape.p2p}-{shape.sections}-{nproc}-{site}-{os.getpid()}"
     log_dir = base / run_id
     flags, shape_job = _shape_args(shape)
     job = ["--seconds", "120", "--stall-rank", str(culprit), "--stall-site", site]
@@ -205,12 +213,14 @@ def attribution_case(
     missing = hang.get("missing_ranks")
     out: dict[str, Any] = {
         "model": shape.model,
+        "p2p": shape.p2p if shape.model == "pipeline" else None,
         "sections": shape.sections,
         "nproc": nproc,
         "site": site,
         "culprit": culprit,
         "named": named,
-        "right": named == [culprit] and (shape.model != "mesh" or missing == [culprit]),
+        "right": named == [culprit]
+        and (shape.model not in ("mesh", "mesh3") or missing == [culprit]),
         "hang_kind": kind,
         "hang_missing": missing,
         "hang_group": hang.get("group"),
@@ -224,7 +234,7 @@ def attribution_case(
 def healthy_case(base: Path, nproc: int, shape: Shape, seconds: float = 30.0) -> dict[str, Any]:
     """A run of the shape with no stall, to its end: every finding it got (none is
     right)."""
-    run_id = f"healthy-{shape.model}-{shape.sections}-{nproc}-{os.getpid()}"
+    run_id = f"healthy-{shape.model}-{shape.p2p}-{shape.sections}-{nproc}-{os.getpid()}"
     log_dir = base / run_id
     flags, shape_job = _shape_args(shape)
     proc = _launch(_cmd(run_id, log_dir, nproc, [], ["--seconds", str(seconds), *shape_job], flags))
@@ -235,6 +245,7 @@ def healthy_case(base: Path, nproc: int, shape: Shape, seconds: float = 30.0) ->
     found = _findings(log_dir / "heartbeat" / run_id)
     return {
         "model": shape.model,
+        "p2p": shape.p2p if shape.model == "pipeline" else None,
         "sections": shape.sections,
         "nproc": nproc,
         "site": None,
@@ -478,14 +489,15 @@ def attribution_part(
     slow_results = []
     for nproc, site in cases:
         slow = SMOKE_SLOW if with_failslow else None
-        r = attribution_case(base, nproc, site, nproc - 1, 1.0 if smoke else 8.0, slow, shape)
+        culprit = shape.culprit(nproc)
+        r = attribution_case(base, nproc, site, culprit, 1.0 if smoke else 8.0, slow, shape)
         if "failslow" in r:
             slow_results.append(r.pop("failslow"))
         right += r["right"]
         say(json.dumps(r))
     say(
-        f"attribution: culprit alone in {right} of {len(cases)} ({shape.model}, "
-        f"sections {shape.sections})"
+        f"attribution: culprit alone in {right} of {len(cases)} ({shape.model}"
+        f"{', ' + shape.p2p if shape.model == 'pipeline' else ''}, sections {shape.sections})"
     )
     for r in slow_results:
         say(json.dumps(r))
@@ -623,9 +635,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ranks", default="2,4", help="attribution: the jobs' sizes, comma-separated")
     p.add_argument(
         "--model",
-        choices=("ddp", "fsdp", "mesh"),
+        choices=("ddp", "fsdp", "mesh", "mesh3", "pipeline"),
         default="ddp",
-        help="attribution: DDP, FSDP2, or a 2-D mesh (tensor-parallel groups of 2)",
+        help="attribution: DDP, FSDP2, a 2-D mesh (tensor-parallel groups of 2), a 3-D "
+        "mesh (data- x context- x tensor-parallel, groups of 2), or a pipeline (a stage "
+        "per rank)",
+    )
+    p.add_argument(
+        "--p2p",
+        choices=("batch", "irecv", "send"),
+        default="batch",
+        help="attribution, --model pipeline: batch_isend_irecv, isend/irecv + wait, or "
+        "blocking send/recv",
     )
     p.add_argument(
         "--sections",
@@ -652,10 +673,12 @@ def main(argv: list[str] | None = None) -> int:
         ranks = tuple(int(n) for n in args.ranks.split(","))
         if args.model == "mesh" and any(n % 2 for n in ranks):
             p.error("--ranks: --model mesh takes even sizes (tensor-parallel groups of 2)")
+        if args.model == "mesh3" and any(n % 4 for n in ranks):
+            p.error("--ranks: --model mesh3 takes multiples of 4 (groups of 2 in two dims)")
         sites = tuple(args.sites.split(","))
         if set(sites) - set(SITES):
             p.error(f"--sites: each one of {', '.join(SITES)}")
-        shape = Shape(args.model, args.sections)
+        shape = Shape(args.model, args.sections, args.p2p)
         parts.append(
             lambda say: attribution_part(
                 base, args.smoke, say, both, ranks, shape, sites, args.healthy

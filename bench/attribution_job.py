@@ -47,7 +47,8 @@ if TYPE_CHECKING:
 
 WARMUP = 5  # first steps not measured (a loaded machine's start-up)
 SITES = ("forward", "backward", "optimizer", "data", "outside")
-MODELS = ("ddp", "fsdp", "mesh")
+MODELS = ("ddp", "fsdp", "mesh", "mesh3", "pipeline")
+P2P = ("batch", "irecv", "send")
 SECTIONS = ("none", "nvrx")
 
 
@@ -77,13 +78,30 @@ def mesh_wrap(net: torch.nn.Sequential) -> torch.nn.Module:
     return DDP(net, process_group=mesh.get_group("dp"))
 
 
+def mesh3_wrap(net: torch.nn.Sequential) -> torch.nn.Module:
+    """The 3-D mesh (data-parallel x context-parallel x tensor-parallel, groups of 2 in
+    the last two): the first layer's output all-reduced in the tensor-parallel group,
+    the last layer's input in the context-parallel group, DDP over the data-parallel
+    group."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dims = (dist.get_world_size() // 4, 2, 2)
+    mesh = init_device_mesh("cpu", dims, mesh_dim_names=("dp", "cp", "tp"))
+    tp, cp = mesh.get_group("tp"), mesh.get_group("cp")
+    net[0].register_forward_hook(lambda _m, _i, out: TPReduce.apply(out, tp))
+    net[1].register_forward_hook(lambda _m, _i, out: TPReduce.apply(out, cp))
+    return DDP(net, process_group=mesh.get_group("dp"))
+
+
 def wrap(net: torch.nn.Sequential, model: str) -> torch.nn.Module:
-    """DDP, FSDP2 (each linear layer and the whole sharded over every rank), or the 2-D
-    mesh (:func:`mesh_wrap`)."""
+    """DDP, FSDP2 (each linear layer and the whole sharded over every rank), the 2-D
+    mesh (:func:`mesh_wrap`) or the 3-D one (:func:`mesh3_wrap`)."""
     if model == "ddp":
         return DDP(net)
     if model == "mesh":
         return mesh_wrap(net)
+    if model == "mesh3":
+        return mesh3_wrap(net)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -92,6 +110,53 @@ def wrap(net: torch.nn.Sequential, model: str) -> torch.nn.Module:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer, mesh=mesh)
     return fully_shard(net, mesh=mesh)
+
+
+class Pipeline:
+    """One pipeline stage per rank (rank r is stage r of the world's ranks): the
+    activations go forward to the next stage and the gradients back to the previous one
+    by point-to-point operations (``p2p``: ``batch``, ``batch_isend_irecv`` as Megatron
+    and torch's pipelining schedules do; ``irecv``, ``isend``/``irecv`` and
+    ``wait()``; ``send``, the blocking ``send``/``recv``)."""
+
+    def __init__(self, stage: torch.nn.Module, p2p: str) -> None:
+        self.stage, self.p2p = stage, p2p
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+
+    def _recv(self, shape: tuple[int, ...], src: int) -> torch.Tensor:
+        t = torch.empty(shape)
+        if self.p2p == "batch":
+            for w in dist.batch_isend_irecv([dist.P2POp(dist.irecv, t, src)]):
+                w.wait()
+        elif self.p2p == "irecv":
+            dist.irecv(t, src).wait()
+        else:
+            dist.recv(t, src)
+        return t
+
+    def _send(self, t: torch.Tensor, dst: int) -> None:
+        if self.p2p == "batch":
+            for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, t, dst)]):
+                w.wait()
+        elif self.p2p == "irecv":
+            dist.isend(t, dst).wait()
+        else:
+            dist.send(t, dst)
+
+    def step(self, batch: torch.Tensor) -> None:
+        """One micro-batch forward through every stage and back."""
+        first, last = self.rank == 0, self.rank == self.world - 1
+        x = batch if first else self._recv(tuple(batch.shape), self.rank - 1)
+        x.requires_grad_(not first)
+        y = self.stage(x)
+        if not last:
+            self._send(y.detach(), self.rank + 1)
+            y.backward(self._recv(tuple(y.shape), self.rank + 1))
+        else:
+            y.pow(2).mean().backward()
+        if not first:
+            assert x.grad is not None
+            self._send(x.grad, self.rank - 1)
 
 
 def nvrx_client(sections: str) -> RankMonitorClient | None:
@@ -120,6 +185,7 @@ def main() -> None:
     p.add_argument("--slow-from-s", type=float, default=0.0)
     p.add_argument("--model", choices=MODELS, default="ddp")
     p.add_argument("--sections", choices=SECTIONS, default="none")
+    p.add_argument("--p2p", choices=P2P, default="batch")
     args = p.parse_args()
 
     dist.init_process_group("gloo")
@@ -153,9 +219,12 @@ def main() -> None:
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    if args.model == "pipeline":  # each stage one 64 x 64 layer
+        net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU())
     net.register_forward_pre_hook(lambda *_: pause("forward"))
     net[0].register_full_backward_hook(backward_hook)
-    model = wrap(net, args.model)
+    pipe = Pipeline(net, args.p2p) if args.model == "pipeline" else None
+    model = net if pipe is not None else wrap(net, args.model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     opt.register_step_pre_hook(lambda *_: pause("optimizer"))
 
@@ -185,10 +254,13 @@ def main() -> None:
             onset_unix = time.time() + args.slow_from_s - (time.monotonic() - start)
         busy[0] = 0.0
         t0 = time.perf_counter()
-        loss = model(next(data)).pow(2).mean()
-        busy[0] += time.perf_counter() - t0
         opt.zero_grad()
-        loss.backward()  # the backward hook adds its own time
+        if pipe is not None:  # the stages' waits for each other count as compute here
+            pipe.step(next(data))
+        else:
+            loss = model(next(data)).pow(2).mean()
+            busy[0] += time.perf_counter() - t0
+            loss.backward()  # the backward hook adds its own time
         t0 = time.perf_counter()
         opt.step()
         if client is not None and state["step"] > 1:

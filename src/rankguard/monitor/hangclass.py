@@ -24,8 +24,16 @@ rank numbers), so it compares the whole job's ranks, not one node's:
 ``communication_stall``
     every rank of the group joined collective N and none completes it: the transfer
     itself hangs (a link, a switch, NCCL); the group and its ranks are named.
+``point_to_point``
+    no rank is inside a collective the flight recorder shows, and some ranks wait in a
+    point-to-point operation by their main frame (a pipeline stage's ``recv``, or a
+    request's native ``Work.wait``: torch 2.13 does not record gloo's sends and receives):
+    the ranks outside any wait are the ones the others wait on (a stage stalled in its
+    forward while its neighbours wait for its activations and gradients); none when
+    every rank waits (sends and receives that deadlock, or a transfer that hangs).
 ``compute_hang``
-    no rank is inside any collective: the ranks hang in their own work.
+    no rank is inside any collective nor waits in a point-to-point operation: the ranks
+    hang in their own work.
 
 None when a rank reports no block (no flight recorder) or the ranks' places say none of
 these.
@@ -41,7 +49,7 @@ nothing yet about a hang: no class.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
@@ -87,6 +95,7 @@ class HangKind(str, Enum):
     DID_NOT_JOIN = "did_not_join"
     MISMATCH = "mismatch"
     COMMUNICATION_STALL = "communication_stall"
+    POINT_TO_POINT = "point_to_point"
     COMPUTE_HANG = "compute_hang"
 
 
@@ -142,6 +151,12 @@ class HangClass:
                 f"collectives: communication stall: rank(s) {_ranks(self.waiting)} all "
                 f"joined {what} and none completes it"
             )
+        if self.kind is HangKind.POINT_TO_POINT:
+            waits = f"rank(s) {_ranks(self.waiting)} wait in point-to-point operations"
+            if not self.missing:
+                return f"collectives: {waits}, every rank (none is outside a wait)"
+            line = f"collectives: rank(s) {_ranks(self.missing)} in no wait; {waits}"
+            return f"{line}; {silent}" if self.silent else line
         return "collectives: compute hang: no rank is inside a collective"
 
     def to_dict(self) -> JsonObject:
@@ -182,11 +197,14 @@ def _op(
 
 
 def classify(
-    blocks: Mapping[int, CollectivesBlock | None], calls: Mapping[int, str] | None = None
+    blocks: Mapping[int, CollectivesBlock | None],
+    calls: Mapping[int, str] | None = None,
+    p2p: Collection[int] = (),
 ) -> HangClass | None:
     """The hang's kind from every live rank's block (rank -> block); ``calls``: the
     collective call each rank's main frame is inside (rank -> ``all_reduce``), where
-    known, to name an operation no ``stuck`` names."""
+    known, to name an operation no ``stuck`` names; ``p2p``: the ranks whose main frame
+    waits for peers outside any collective the recorder shows (point-to-point)."""
     calls = calls or {}
     if len(blocks) < 2 or any(b is None for b in blocks.values()):
         return None
@@ -205,7 +223,10 @@ def classify(
         # of 4 without rank 3, while rank 1 waits in it). So does a rank behind but
         # inside a collective of another group: it waits there on the rank that did not
         # join (that group's, or further down the chain: the one waiting on no one).
-        missing = sorted(r for r, g in pos.items() if g.enqueued < newest and not have[r].inside)
+        # A rank waiting in a point-to-point operation waits on a peer as well.
+        missing = sorted(
+            r for r, g in pos.items() if g.enqueued < newest and not have[r].inside and r not in p2p
+        )
         if missing:
             seq = max(pos[r].enqueued for r in missing) + 1  # none of them joined it
             if found is not None:  # the same ranks, missed in another group too
@@ -242,23 +263,28 @@ def classify(
         return HangClass(HangKind.COMMUNICATION_STALL, name, newest, op, [], waiting)
     if found is not None:
         return found
-    if not any(b.inside for b in have.values()):
-        return HangClass(HangKind.COMPUTE_HANG)
-    return None
+    if any(b.inside for b in have.values()):
+        return None
+    waits = sorted(r for r in p2p if r in have)
+    if waits:
+        outside = sorted(r for r in have if r not in waits)
+        return HangClass(HangKind.POINT_TO_POINT, missing=outside, waiting=waits)
+    return HangClass(HangKind.COMPUTE_HANG)
 
 
 def classify_silent(
     blocks: Mapping[int, CollectivesBlock | None],
     silent: list[int],
     calls: Mapping[int, str] | None = None,
+    p2p: Collection[int] = (),
 ) -> HangClass | None:
     """The hang's kind with ranks ``silent`` compared by their last record (they
     stopped publishing), or None where that says nothing about a hang while they stay
     there (see the module's docstring)."""
-    got = classify(blocks, calls)
+    got = classify(blocks, calls, p2p)
     if got is None or not silent:
         return None
-    if got.kind is HangKind.DID_NOT_JOIN:
+    if got.kind in (HangKind.DID_NOT_JOIN, HangKind.POINT_TO_POINT):
         if not set(silent) & set(got.missing):
             return None  # the silent rank waits for peers that may still come
     elif got.kind is HangKind.COMPUTE_HANG:

@@ -38,6 +38,7 @@ from rankguard.rank.identity import RankIdentity
 from rankguard.rank.lifeline import Lifeline, end_orphan
 from rankguard.rank.phases import PhaseWatcher, thread_frame
 from rankguard.rank.timeline import ProgressTracker
+from rankguard.rank.waitcall import native_call
 from rankguard.schema.blocks import BlockSource, ExitBlock
 from rankguard.schema.layout import heartbeat_file_name
 from rankguard.schema.records import Event
@@ -303,6 +304,9 @@ class HeartbeatPublisher:
             except Exception:  # never lose a heartbeat over a phase
                 logger.exception("rankguard: recognising the phase failed")
         record["main_frame"] = _describe(frame)
+        call = native_call(frame)
+        if call is not None:  # e.g. "wait": a p2p request's Work.wait under its caller
+            record["main_call"] = call
         del frame  # no reference to another thread's frame outlives the record
         if self._blocks:
             self._add_blocks(record)

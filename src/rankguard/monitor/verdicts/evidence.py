@@ -19,6 +19,7 @@ from rankguard.rank.timeline import (
     SETUP_PHASE,
     TRAIN_PHASE,
 )
+from rankguard.rank.waitcall import WAIT_CALL
 from rankguard.schema.blocks import InProcessBlock, read_block
 from rankguard.schema.cadence import Cadence
 from rankguard.schema.collectives import CollectivesBlock
@@ -40,6 +41,7 @@ __all__ = [
     "collectives",
     "in_collective",
     "own_timeout",
+    "p2p_wait",
     "phase_timeout",
     "seq",
     "stall_age",
@@ -81,11 +83,24 @@ def collective_call(state: RankState) -> str | None:
 def in_collective(state: RankState) -> bool:
     """Inside a collective: by the flight recorder's status (a collective enqueued, not
     completed: DDP's reducer and FSDP's hooks wait there in C++), else by the Python
-    frame (a ``torch.distributed`` call)."""
+    frame (a ``torch.distributed`` call), else by the native call that frame is in
+    (``main_call``: ``wait``, a point-to-point request's ``Work.wait``, which gloo's
+    flight recorder does not record)."""
     block = collectives(state)
     if block is not None and block.inside:
         return True
-    return waits_in_collective(state.record.main_frame if state.record is not None else None)
+    rec = state.record
+    if rec is None:
+        return False
+    return waits_in_collective(rec.main_frame) or rec.extra.get("main_call") == WAIT_CALL
+
+
+def p2p_wait(state: RankState) -> bool:
+    """Waiting for peers by the main frame (or the native call it is in) while the
+    flight recorder shows the rank inside no collective: a point-to-point operation
+    (gloo's sends and receives are not in the recorder)."""
+    block = collectives(state)
+    return not (block is not None and block.inside) and in_collective(state)
 
 
 def behind_in_collectives(states: list[RankState]) -> list[int] | None:
@@ -99,8 +114,10 @@ def behind_in_collectives(states: list[RankState]) -> list[int] | None:
     inside an earlier collective of the group waits as well (a broadcast completes on
     some ranks without the one that did not join), and so does a rank behind in one
     group while inside a collective of another: it waits there, on the rank at the end
-    of the chain, which waits on no one and is the one returned."""
+    of the chain, which waits on no one and is the one returned; a rank waiting in a
+    point-to-point operation (:func:`p2p_wait`) waits on a peer too."""
     blocks = {s.rank: collectives(s) for s in states}
+    p2p = {s.rank for s in states if p2p_wait(s)}  # waiting on a peer too
     if len(blocks) < 2 or any(b is None for b in blocks.values()):
         return None
     have = {r: b for r, b in blocks.items() if b is not None}
@@ -112,7 +129,9 @@ def behind_in_collectives(states: list[RankState]) -> list[int] | None:
             continue
         newest = max(p.enqueued for p in at.values())
         waiting = [r for r, p in at.items() if p.enqueued == newest and p.inside]
-        behind = [r for r, p in at.items() if p.enqueued < newest and not have[r].inside]
+        behind = [
+            r for r, p in at.items() if p.enqueued < newest and not have[r].inside and r not in p2p
+        ]
         if behind and waiting:
             culprits.update(behind)
     return sorted(culprits) if culprits else None

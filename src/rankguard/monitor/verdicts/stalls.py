@@ -27,6 +27,7 @@ from rankguard.monitor.verdicts.evidence import (
     collective_call,
     collectives,
     in_collective,
+    p2p_wait,
     phase_timeout,
     seq,
 )
@@ -142,10 +143,13 @@ class StallCulprits:
         return out
 
 
-def _places(ranks: list[RankState]) -> tuple[dict[int, CollectivesBlock | None], dict[int, str]]:
-    """Each rank's collectives block, and the collective call its main frame is in."""
+def _places(
+    ranks: list[RankState],
+) -> tuple[dict[int, CollectivesBlock | None], dict[int, str], list[int]]:
+    """Each rank's collectives block, the collective call its main frame is in, and the
+    ranks waiting for peers by their frame only (point-to-point)."""
     calls = {t.rank: op for t in ranks if (op := collective_call(t)) is not None}
-    return {t.rank: collectives(t) for t in ranks}, calls
+    return {t.rank: collectives(t) for t in ranks}, calls, [t.rank for t in ranks if p2p_wait(t)]
 
 
 def attach_hang(finding: Finding, hang: HangClass) -> None:
@@ -167,5 +171,5 @@ def silent_hang(view: JobView) -> HangClass | None:
     if world < 2 or len(ranks) != world:
         return None
     silent = [t.rank for t in ranks if t.liveness is Liveness.STALE or t.late]
-    blocks, calls = _places(ranks)
-    return classify_silent(blocks, silent, calls)
+    blocks, calls, p2p = _places(ranks)
+    return classify_silent(blocks, silent, calls, p2p)
