@@ -655,7 +655,10 @@ def main(argv: list[str] | None = None) -> int:
         help="attribution: the loop in NVRx's client sections (nvrx) or not",
     )
     p.add_argument(
-        "--sites", default=",".join(SITES), help="attribution: the stall sites, comma-separated"
+        "--sites",
+        default=",".join(SITES),
+        help="attribution: the stall sites, comma-separated (--model pipeline: also send, "
+        "a stage skips sending a gradient back)",
     )
     p.add_argument(
         "--healthy",
@@ -676,8 +679,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.model == "mesh3" and any(n % 4 for n in ranks):
             p.error("--ranks: --model mesh3 takes multiples of 4 (groups of 2 in two dims)")
         sites = tuple(args.sites.split(","))
-        if set(sites) - set(SITES):
-            p.error(f"--sites: each one of {', '.join(SITES)}")
+        allowed = (*SITES, "send") if args.model == "pipeline" else SITES
+        if set(sites) - set(allowed):
+            p.error(f"--sites: each one of {', '.join(allowed)}")
         shape = Shape(args.model, args.sections, args.p2p)
         parts.append(
             lambda say: attribution_part(

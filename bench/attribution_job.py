@@ -14,6 +14,14 @@ rank is 1.5x slower, whichever site holds it. The onset counts from the first st
 slow rank prints it (``slowed ... at unix T``). The job runs ``--seconds`` and every rank
 stops at the same step.
 
+``--model pipeline``: one pipeline stage per rank (:class:`Pipeline`), ``--p2p`` its
+point-to-point operations; ``--stall-site send``: at ``--stall-step`` the stalled
+stage does not sleep but skips sending its input's gradient back (its previous stage
+waits for it for ever, the others go on to the next step's all-reduce). ``--model
+mesh3``: a 3-D mesh (:func:`mesh3_wrap`); its ``forward`` stall is after the
+tensor-parallel all-reduce, before the context-parallel one (``data`` stops the rank
+before the tensor-parallel one, ``backward`` before the data-parallel one).
+
 ``--model fsdp``: the model is sharded with torch's FSDP2 (``fully_shard`` on each
 linear layer and on the whole, on a 1-D CPU device mesh): each step all-gathers the
 parameters in forward and backward and reduce-scatters the gradients (``--model ddp``,
@@ -47,6 +55,7 @@ if TYPE_CHECKING:
 
 WARMUP = 5  # first steps not measured (a loaded machine's start-up)
 SITES = ("forward", "backward", "optimizer", "data", "outside")
+STALLS = (*SITES, "send")  # send: a pipeline stage skips one send (below)
 MODELS = ("ddp", "fsdp", "mesh", "mesh3", "pipeline")
 P2P = ("batch", "irecv", "send")
 SECTIONS = ("none", "nvrx")
@@ -121,6 +130,7 @@ class Pipeline:
 
     def __init__(self, stage: torch.nn.Module, p2p: str) -> None:
         self.stage, self.p2p = stage, p2p
+        self.skip = False  # this step: do not send the input's gradient back
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
 
     def _recv(self, shape: tuple[int, ...], src: int) -> torch.Tensor:
@@ -154,7 +164,7 @@ class Pipeline:
             y.backward(self._recv(tuple(y.shape), self.rank + 1))
         else:
             y.pow(2).mean().backward()
-        if not first:
+        if not first and not self.skip:
             assert x.grad is not None
             self._send(x.grad, self.rank - 1)
 
@@ -176,7 +186,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--site-ms", type=float, default=10.0)
     p.add_argument("--stall-rank", type=int, default=-1)
-    p.add_argument("--stall-site", choices=SITES, default="outside")
+    p.add_argument("--stall-site", choices=STALLS, default="outside")
     p.add_argument("--stall-step", type=int, default=20)
     p.add_argument("--stall-s", type=float, default=60.0)
     p.add_argument("--slow-rank", type=int, default=-1)
@@ -221,7 +231,11 @@ def main() -> None:
     net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
     if args.model == "pipeline":  # each stage one 64 x 64 layer
         net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU())
-    net.register_forward_pre_hook(lambda *_: pause("forward"))
+    # a 3-D mesh's forward stall comes between its tensor- and context-parallel
+    # all-reduces (each site then stops the rank before another dimension's group)
+    (net[1] if args.model == "mesh3" else net).register_forward_pre_hook(
+        lambda *_: pause("forward")
+    )
     net[0].register_full_backward_hook(backward_hook)
     pipe = Pipeline(net, args.p2p) if args.model == "pipeline" else None
     model = net if pipe is not None else wrap(net, args.model)
@@ -256,6 +270,10 @@ def main() -> None:
         t0 = time.perf_counter()
         opt.zero_grad()
         if pipe is not None:  # the stages' waits for each other count as compute here
+            pipe.skip = args.stall_site == "send" and rank == args.stall_rank
+            pipe.skip = pipe.skip and state["step"] == args.stall_step
+            if pipe.skip:
+                print(f"[attribution rank {rank}] skips a send at step {state['step']}", flush=True)
             pipe.step(next(data))
         else:
             loss = model(next(data)).pow(2).mean()

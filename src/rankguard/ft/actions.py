@@ -49,6 +49,7 @@ from rankguard.ft.kill import (
 )
 from rankguard.monitor.api import FindingSink
 from rankguard.monitor.rules import NAMED_AT, RUN_END
+from rankguard.monitor.verdicts.evidence import p2p_wait
 from rankguard.schema.findings import Finding, FindingType, Liveness
 from rankguard.schema.jsontypes import JsonObject
 from rankguard.util.procs import pid_running, process_state
@@ -150,7 +151,8 @@ class HangTraces(FindingSink):
             # the other nodes first: their ranks dump while this node's do
             wait = self.remote.ask(elsewhere) if self.remote is not None and elsewhere else None
             world = len(self.monitor.rules.ranks)
-            verdict = collect_verdict(self.run_dir, ranks, remote=wait, world=world)
+            p2p = [r for r, st in self.monitor.rules.ranks.items() if p2p_wait(st)]
+            verdict = collect_verdict(self.run_dir, ranks, remote=wait, world=world, waiting=p2p)
             self._last = (now, asked, verdict)
         if verdict is not None:
             finding.detail["flight_recorder"] = verdict.to_dict()

@@ -45,7 +45,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -461,11 +461,13 @@ def collect_verdict(
     timeout_s: float = 3.0,
     remote: Callable[[], dict[int, JsonObject]] | None = None,
     world: int | None = None,
+    waiting: Collection[int] = (),
 ) -> FrVerdict | None:
     """Before a kill: the traces of ``ranks`` (those that answer within ``timeout_s``)
     and, with ``remote`` (other nodes' ranks, already asked: it waits for their
     answers), theirs, compared together (``world``: the job's ranks, see
-    :func:`~rankguard.ft.frverdict.compare`); torchfrtrace then runs in the background over
+    :func:`~rankguard.ft.frverdict.compare`; ``waiting``: ranks waiting in a
+    point-to-point operation by their heartbeats); torchfrtrace then runs in the background over
     the same traces and writes ``flightrec/torchfrtrace.txt`` (its output can take
     seconds: never before the kill). That file exists from the verdict on (it says the
     analyser runs, until its output replaces it); the launcher's exit waits up to
@@ -480,7 +482,7 @@ def collect_verdict(
         if not traces:
             logger.warning("rankguard: no rank answered the flight-recorder request")
             return None
-        verdict = compare(traces, world=world)
+        verdict = compare(traces, world=world, waiting=waiting)
     except Exception:
         logger.exception("rankguard: reading the flight recorder failed")
         return None

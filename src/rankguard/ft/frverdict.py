@@ -7,7 +7,8 @@ input sizes):
 
 ``did_not_join``
     some ranks are behind the group's newest collective and inside none of its
-    collectives (or never used the group): they are named with the first collective
+    collectives (or never used the group), nor waiting in a point-to-point operation
+    (``compare``'s ``waiting``: gloo records none): they are named with the first collective
     none of them joined and its sequence number; every rank inside a collective of the
     group waits. A rank behind but inside an earlier collective waits too: gloo's
     broadcast from rank 0 of 4 completes on ranks 0 and 2 without rank 3, rank 1 waits
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -215,12 +217,20 @@ class _Positions:
         return "unknown collective"
 
 
-def compare(traces: dict[int, JsonObject], *, world: int | None = None) -> FrVerdict | None:
+def compare(
+    traces: dict[int, JsonObject],
+    *,
+    world: int | None = None,
+    waiting: Collection[int] = (),
+) -> FrVerdict | None:
     """The verdict from the ranks' traces (rank -> trace), None when no group shows a
     hang's kind (see the module's docstring). A mismatch or a communication stall only
     from the traces of all ``world`` ranks of the job: a rank not read (stopped, or its
-    node did not answer) may be the one that did not join."""
+    node did not answer) may be the one that did not join. ``waiting``: ranks known to
+    wait on a peer outside the traces (a pipeline stage in a point-to-point receive,
+    which gloo does not record, by its heartbeat): never named as not joining."""
     pos = _Positions.read(traces)
+    pos.busy.update(waiting)
     read = sorted(traces)
     for pg in sorted(pos.enqueued):
         verdict = _did_not_join(pos, pg, read)

@@ -273,7 +273,12 @@ def test_a_hang_gets_the_verdict_with_no_action(tmp_path: Path) -> None:
     _hang(run_dir)
     host = "this-host"
     recs = {
-        r: SimpleNamespace(record=SimpleNamespace(pid=os.getpid(), ended=False, hostname=host))
+        r: SimpleNamespace(
+            record=SimpleNamespace(
+                pid=os.getpid(), ended=False, hostname=host, main_frame=None, extra={}
+            ),
+            collectives=None,
+        )
         for r in (0, 1)
     }
     monitor = SimpleNamespace(rules=SimpleNamespace(ranks=recs))

@@ -99,3 +99,15 @@ def test_a_rank_that_did_not_join_with_no_rank_waiting_says_no_empty_list() -> N
     assert (
         verdict.line == "flight recorder: rank(s) 1 did not join broadcast #16 of process group 0"
     )
+
+
+def test_a_stage_waiting_in_a_point_to_point_receive_is_not_named_as_not_joining() -> None:
+    """A 4-stage pipeline on gloo (no send or receive in the traces): stage 1 stalled in
+    its backward, stage 0 waits in a receive of its gradients (by its heartbeat), stage
+    3 waits in the next step's all-reduce #97, stage 2 in a later one. Stages 0 and 1
+    are both behind; only stage 1 waits on no one."""
+    traces = {0: _trace(96, 96), 1: _trace(96, 96), 2: _trace(97, 96), 3: _trace(97, 96)}
+    assert compare(traces).missing_ranks == [0, 1]  # type: ignore[union-attr]
+    v = compare(traces, waiting=[0])
+    assert v is not None and v.kind is HangKind.DID_NOT_JOIN
+    assert (v.missing_ranks, v.seq, v.waiting_ranks) == ([1], 97, [2, 3])
