@@ -48,9 +48,17 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from rankguard.launcher.live_forked import ForkedWorkers, forked_view
-from rankguard.live.keys import REPLACING, LiveKeys
+from rankguard.live.keys import DROPPED, REPLACING, LiveKeys
 from rankguard.live.nodes import NODE_SILENT_S, NodeWatch
-from rankguard.live.plan import Assignment, Claim, Ended, Resumed, decide, ended_how
+from rankguard.live.plan import (
+    SHRINK_YES,
+    Assignment,
+    Claim,
+    Ended,
+    Resumed,
+    decide,
+    ended_how,
+)
 from rankguard.schema.findings import FindingType, Reason
 from rankguard.schema.restarts import LiveBlock, LiveReplacement, LostRank, RestartEntry
 
@@ -106,6 +114,7 @@ class LiveRecovery:
         self.ended: set[int] = set()  # slots seen ended
         self.completed: set[int] = set()  # training ranks (global) ended with 0
         self.replaced: list[dict[str, Any]] = []  # every recovery of the run
+        self.shrunk: list[dict[str, Any]] = []  # ranks dropped with no standby left (run)
         self.left_unused = 0  # standbys that ended without taking a rank (this group)
         self._pending: list[dict[str, Any]] = []  # lines waiting for resumed_t
         self._store: Any = None
@@ -362,11 +371,21 @@ class LiveRecovery:
         except Exception as exc:
             declared = False
             self.stopping = self.stopping or f"the workers' store did not answer ({exc})"
-        decision = decide(lost, alive, declared=declared, stopping=self.stopping)
+        shrink = self._shrink(declared)
+        decision = decide(
+            lost,
+            alive,
+            declared=declared,
+            stopping=self.stopping,
+            shrink=shrink,
+            world=len(self.holders),
+        )
         if decision.restart is None:
             try:
                 for ended, slot in decision.pairs:
                     self._replace(ended, slot, handlers[slot].proc.pid)
+                if decision.dropped:
+                    self._drop(decision.dropped)
                 for ended, slot in decision.pairs:
                     self._refill(ended, slot, pcontext)
                 return None
@@ -379,6 +398,78 @@ class LiveRecovery:
             if e.rank is not None
         }
         return RunResult(state=WorkerState.FAILED, failures=failures)
+
+    def _shrink(self, declared: bool) -> str | None:
+        """Whether a lost rank with no standby left may be dropped (the job goes on with
+        fewer ranks): ``SHRINK_YES``, why not, or None where the ranks did not ask for
+        it (``inprocess_restart.shrink_when_no_standby``, said with their state)."""
+        if not declared:
+            return None
+        try:
+            asked = bool(self._client().check([self.keys.shrink]))
+        except Exception:
+            return None
+        if not asked:
+            return None
+        if self.nodes.several:
+            return "the job runs on several nodes (a shrink is one node's)"
+        return SHRINK_YES
+
+    def _drop(self, lost: list[Ended]) -> None:
+        """No standby left: the job goes on without ``lost`` in process. Each is marked
+        ``dropped`` in the workers' store (the survivors form the next round without
+        it, renumbered in order), leaves this node's map, and gets its line."""
+        before = sorted(self.holders)
+        store = self._client()
+        for ended in lost:
+            assert ended.rank is not None
+            store.set(self.keys.lost(ended.rank), f"{DROPPED} {ended.pid}")
+            self.holders.pop(ended.rank, None)
+        after = sorted(self.holders)
+        moved = ", ".join(f"{old}->{new}" for new, old in enumerate(after) if old != new)
+        for ended in lost:
+            assert ended.rank is not None
+            how = ended_how(ended.exit_code)
+            got = Assignment(
+                rank=ended.rank,
+                local_rank=ended.local_rank,
+                lost_pid=ended.pid,
+                standby_pid=0,
+                cause=FindingType.PROCESS_EXITED.value,
+                fault_t=time.time(),
+            )
+            reason = Reason.DIED if ended.exit_code < 0 else Reason.EXITED_WITH_ERROR
+            entry = self._entry(got, reason, how)
+            entry.update(
+                shrink=True,
+                standby_pid=None,
+                world_size=len(after),
+                world_size_before=len(before),
+                renumbered={str(old): new for new, old in enumerate(after) if old != new},
+                restart=len(self.replaced) + len(self.shrunk) + 1,
+                message=f"process ended ({how}) with no standby left; the job goes on "
+                f"with {len(after)} of {len(before)} rank(s) in process",
+            )
+            self.shrunk.append(entry)
+            self._pending.append(entry)
+            self._tell(
+                LostRank(
+                    rank=got.rank,
+                    pid=got.lost_pid,
+                    standby_pid=0,
+                    node=self.node,
+                    reason=reason.value,
+                    exit=how,
+                    hostname=socket.gethostname(),
+                )
+            )
+        names = ", ".join(f"rank {e.rank} (pid {e.pid}, {ended_how(e.exit_code)})" for e in lost)
+        self.say(
+            f"live recovery: {names} lost and no standby left on this node: the job goes "
+            f"on with {len(after)} of {len(before)} rank(s) in process "
+            f"(inprocess_restart.shrink_when_no_standby; renumbered: {moved or 'none'}); "
+            "no group restart"
+        )
 
     def _taken_over(self, lost: list[Ended]) -> bool:
         """Node 0 took this node for lost (its launcher was silent) and gave its ranks
@@ -438,7 +529,7 @@ class LiveRecovery:
             "schema_version": 1,
             "kind": "live_recovery",
             "run_id": self.run_id,
-            "restart": len(self.replaced) + 1,
+            "restart": len(self.replaced) + len(self.shrunk) + 1,
             "rank": got.rank,
             "lost_rank": got.rank,
             "lost_pid": got.lost_pid,
@@ -619,7 +710,8 @@ class LiveRecovery:
             self.wait_told()
         out = []
         for entry in list(self._pending):
-            resumed = self._resumed(int(entry["standby_pid"]))
+            shrink = bool(entry.get("shrink"))  # the first step of the smaller world
+            resumed = self._resumed(int(entry["lost_pid" if shrink else "standby_pid"]))
             if resumed is not None:
                 entry["resumed_t"] = round(resumed.t, 3)
                 entry["recovery_s"] = round(max(0.0, resumed.t - entry["fault_t"]), 3)
