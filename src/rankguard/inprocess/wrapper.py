@@ -65,7 +65,7 @@ from rankguard.inprocess.sockets import shutdown_sockets, tcp_sockets
 from rankguard.live.link import LiveLink
 from rankguard.live.link import bind as bind_live
 from rankguard.live.link import current as live_link
-from rankguard.live.plan import LIVE_CAUSE
+from rankguard.live.plan import LIVE_CAUSE, SHRINK_CAUSE
 from rankguard.live.roles import promoted_environ
 from rankguard.rank import runenv
 from rankguard.rank.ranksession import current as current_session
@@ -769,6 +769,9 @@ class _Call:
         for name in ("WORLD_SIZE", "ROLE_WORLD_SIZE"):
             os.environ[name] = str(len(members))
         os.environ.setdefault("RANKGUARD_MAX_WORLD_SIZE", str(self.world))
+        renumbered = getattr(current_session(), "renumbered", None)
+        if callable(renumbered):  # the session's batch plan: the world of the round
+            renumbered(new, len(members))
         if new == 0:
             moved = [f"{p}->{i}" for i, p in enumerate(members) if p != i]
             logger.warning(
@@ -813,6 +816,16 @@ class _Call:
             info.message = (
                 f"rank(s) {newcomers}: process lost; a standby took its place and every "
                 "other rank re-entered in process"
+            )
+            culprit = None
+        if self.live is not None and self.live.shrunk_round == self.round:
+            dropped = sorted(set(range(self.world)) - set(self.members))
+            moved = [f"{p}->{i}" for i, p in enumerate(self.members) if p != i]
+            info.cause, info.culprit = SHRINK_CAUSE, dropped[0] if dropped else None
+            info.message = (
+                f"rank(s) {dropped}: process lost and no standby left; the other ranks "
+                f"re-entered in process as {len(self.members)} rank(s) (renumbered: "
+                f"{', '.join(moved) or 'none'})"
             )
             culprit = None
         self.last_fault = InProcessRestart(

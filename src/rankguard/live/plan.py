@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 
 __all__ = [
     "LIVE_CAUSE",
+    "SHRINK_CAUSE",
     "SHRINK_YES",
     "Assignment",
     "Claim",
@@ -194,6 +195,11 @@ SHRINK_YES = "yes"
 LIVE_CAUSE = "rank_lost"
 """The in-process round's cause when a standby replaced a lost rank (the launcher writes
 that recovery's ``restarts.jsonl`` line, of kind ``live_recovery``)."""
+
+SHRINK_CAUSE = "rank_lost_no_standby"
+"""The in-process round's cause when the ranks went on without a lost rank, no standby
+being left (the launcher writes that recovery's ``restarts.jsonl`` line, of kind
+``live_recovery`` with ``shrink``)."""
 
 
 # ---- a lost node's ranks taken over by other nodes' standbys --------------------------
