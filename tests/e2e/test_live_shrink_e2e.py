@@ -84,6 +84,9 @@ def test_no_standby_left_the_job_goes_on_with_three_ranks(tmp_path: Path, run_id
     ) in out
     assert "live recovery 2: rank 1 dropped, the job goes on with 3 rank(s)" in out
     assert "the worker group restarts" not in out
+    status = json.loads((run_dir / "status.json").read_text())["live"]
+    assert (status["used"], status["world_size"]) == (1, 3), status
+    assert [(r["lost_rank"], r["standby_pid"]) for r in status["shrunk"]] == [(1, None)]
     # the batch rule keeps the global batch: 3 micro-batches of 2 on 4 ranks, 4 on 3
     assert "[demo] batch plan: 4 rank(s), 3 micro-batch(es) of 2 per step, global batch 24" in out
     assert "[demo] batch plan: 3 rank(s), 4 micro-batch(es) of 2 per step, global batch 24" in out

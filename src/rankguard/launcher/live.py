@@ -164,18 +164,9 @@ class LiveRecovery:
             left_unused=self.left_unused,
             used=len(self.replaced),
             started=self.started_count,
-            replaced=tuple(
-                LiveReplacement(
-                    lost_rank=r["lost_rank"],
-                    lost_pid=r["lost_pid"],
-                    standby_pid=r["standby_pid"],
-                    cause=r["cause"],
-                    fault_t=r["fault_t"],
-                    recovery_s=r["recovery_s"],
-                    steps_redone=r["steps_redone"],
-                )
-                for r in self.replaced
-            ),
+            replaced=tuple(_replacement(r) for r in self.replaced),
+            shrunk=tuple(_replacement(r) for r in self.shrunk),
+            world_size=self.shrunk[-1]["world_size"] if self.shrunk else None,
         )
 
     def would_replace(self, rank: int) -> bool:
@@ -742,6 +733,19 @@ class LiveRecovery:
                 raise RuntimeError("no worker group")
             self._store = self._store_factory(*self._addr)
         return self._store
+
+
+def _replacement(r: dict[str, Any]) -> LiveReplacement:
+    """A recovery's entry in ``status.json["live"]``."""
+    return LiveReplacement(
+        lost_rank=r["lost_rank"],
+        lost_pid=r["lost_pid"],
+        standby_pid=r["standby_pid"],
+        cause=r["cause"],
+        fault_t=r["fault_t"],
+        recovery_s=r["recovery_s"],
+        steps_redone=r["steps_redone"],
+    )
 
 
 def _failure(ended: Ended, error_file: str) -> ProcessFailure:

@@ -494,7 +494,10 @@ def test_no_standby_left_with_shrink_the_job_goes_on_with_fewer_ranks(tmp_path: 
     )
     live.wait_told()
     assert [(e.rank, e.pid, e.standby_pid) for e in lost] == [(2, 102, 104), (1, 101, 0)]
-    assert live.status().used == 1  # a shrink uses no standby
+    status = live.status()
+    assert status.used == 1  # a shrink uses no standby
+    assert status.world_size == 3
+    assert [(r.lost_rank, r.lost_pid, r.standby_pid) for r in status.shrunk] == [(1, 101, None)]
     assert live.entries_due() == []  # nothing resumed yet: both lines wait
     fault_t = live.shrunk[0]["fault_t"]
     store.set(keys.resumed(104), Resumed(t=fault_t - 1, step=6, steps_redone=0).to_json())
