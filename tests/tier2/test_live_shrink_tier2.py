@@ -48,11 +48,11 @@ def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return net, torch.optim.SGD(net.parameters(), lr=0.05)
 
 
-def _reference() -> list[float]:
+def _reference(steps: int = STEPS) -> list[float]:
     """The losses of the same job in one process: the whole global batch per step."""
     net, opt = _model()
     out = []
-    for step in range(1, STEPS + 1):
+    for step in range(1, steps + 1):
         x, y = _batch(step)
         opt.zero_grad()
         loss = ((net(x) - y) ** 2).sum() / GLOBAL_BATCH
@@ -62,7 +62,7 @@ def _reference() -> list[float]:
     return out
 
 
-def _train(memory: dict[str, Any], out: Path, rank0: int) -> int:
+def _train(memory: dict[str, Any], out: Path, rank0: int, steps: int, pause: float) -> int:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import rankguard.inprocess as ip
@@ -77,7 +77,7 @@ def _train(memory: dict[str, Any], out: Path, rank0: int) -> int:
     env = runenv.current()  # the script's view: the round's numbers
     plan = env.batch_plan(GLOBAL_BATCH, MICRO)
     model = DDP(net)
-    for step in range(memory["step"] + 1, STEPS + 1):
+    for step in range(memory["step"] + 1, steps + 1):
         x, y = _batch(step)
         per = plan.samples_per_rank
         xs, ys = x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per]
@@ -111,16 +111,20 @@ def _train(memory: dict[str, Any], out: Path, rank0: int) -> int:
             )
         if (rank0, step) == KILL and ip.restart_count() == 0:
             os.kill(os.getpid(), signal.SIGKILL)
+        if world < WORLD:  # shrunk: slower, so that the standby can come back meanwhile
+            time.sleep(pause)
     return 0
 
 
-def _rank_main(rank: int, port: int, out: str, shrink: bool) -> None:
+def _rank_main(
+    rank: int, port: int, out: str, shrink: bool, steps: int = STEPS, pause: float = 0.0
+) -> None:
     import rankguard.inprocess as ip
     from rankguard.inprocess.config import InProcessRestartConfig
     from rankguard.rank.runenv import RunEnv
 
     os.environ.update(
-        RANKGUARD_STANDBY_RANKS="1",  # a run with standbys, every one of them used
+        RANKGUARD_STANDBY_RANKS="1",  # a run with standbys
         RANK=str(rank),
         WORLD_SIZE=str(WORLD),
         LOCAL_RANK=str(rank),
@@ -128,6 +132,11 @@ def _rank_main(rank: int, port: int, out: str, shrink: bool) -> None:
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
+    if rank >= WORLD:  # the standby: it starts slowly (held until the gate opens)
+        os.environ["RANKGUARD_STANDBY"] = "1"
+        gate = Path(out) / "gate"
+        while not gate.exists():
+            time.sleep(0.05)
     cfg = InProcessRestartConfig(
         enabled=True,
         backend="gloo",
@@ -150,7 +159,7 @@ def _rank_main(rank: int, port: int, out: str, shrink: bool) -> None:
     )
     memory: dict[str, Any] = {}
     try:
-        ip.wrap(_train, config=cfg, env=env)(memory, Path(out), rank)
+        ip.wrap(_train, config=cfg, env=env)(memory, Path(out), rank, steps, pause)
     except ip.InProcessRestartError:
         os._exit(3)
     os._exit(0)
@@ -170,14 +179,19 @@ class _Proc:
         os.kill(self.pid, sig)
 
 
-def _run(tmp_path: Path, *, shrink: bool) -> tuple[Any, list[str], list[Any], dict[int, int]]:
+def _run(
+    tmp_path: Path, *, shrink: bool, standby: bool = False, steps: int = STEPS, pause: float = 0.0
+) -> tuple[Any, list[str], list[Any], dict[int, int]]:
+    """Without ``standby``, every standby is used already; with it, one is still starting
+    (as a refill would be) when rank 2 is lost, and reaches its wait once the launcher
+    said the job shrank."""
     from rankguard.launcher.live import LiveRecovery
 
     master = dist.TCPStore(
         "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
     )
     said: list[str] = []
-    live = LiveRecovery(run_id="t", nproc=WORLD, standbys=0, say=said.append)
+    live = LiveRecovery(run_id="t", nproc=WORLD, standbys=int(standby), say=said.append)
     group = SimpleNamespace(
         group_rank=0,
         master_addr="127.0.0.1",
@@ -187,11 +201,13 @@ def _run(tmp_path: Path, *, shrink: bool) -> tuple[Any, list[str], list[Any], di
     live.started(group, 0)
     ctx = rank_context()
     procs = [
-        ctx.Process(target=_rank_main, args=(r, master.port, str(tmp_path), shrink))
-        for r in range(WORLD)
+        ctx.Process(target=_rank_main, args=(r, master.port, str(tmp_path), shrink, steps, pause))
+        for r in range(WORLD + int(standby))
     ]
     for p in procs:
         p.start()
+    if standby:  # started as a refill is: watched until it is at its wait
+        live._starting[procs[WORLD].pid] = time.monotonic()
     pcontext = SimpleNamespace(
         subprocess_handlers={r: SimpleNamespace(proc=_Proc(p)) for r, p in enumerate(procs)},
         error_files={},
@@ -203,6 +219,8 @@ def _run(tmp_path: Path, *, shrink: bool) -> tuple[Any, list[str], list[Any], di
             result = live.poll(group, pcontext)
             if result.state != WorkerState.HEALTHY:
                 break
+            if standby and any("no standby left" in line for line in said):
+                (tmp_path / "gate").touch()
             time.sleep(0.02)
     finally:
         for p in procs:
@@ -216,7 +234,7 @@ def _run(tmp_path: Path, *, shrink: bool) -> tuple[Any, list[str], list[Any], di
 
 def _records(tmp_path: Path) -> list[dict[str, Any]]:
     out = []
-    for r in range(WORLD):
+    for r in range(WORLD + 1):
         path = tmp_path / f"{r}.jsonl"
         if path.exists():
             out += [dict(json.loads(line), orig=r) for line in path.read_text().splitlines()]
@@ -271,3 +289,39 @@ def test_without_the_key_the_group_restarts_said_in_one_line(tmp_path: Path) -> 
         next(s for s in said if s.startswith("live recovery cannot apply: rank 2 (SIGKILL)"))
     ]
     assert said[0].endswith("lost and no standby left on this node: the worker group restarts")
+
+
+def test_a_standby_ready_after_the_shrink_grows_the_job_back(tmp_path: Path) -> None:
+    """A refill still starting when rank 2 is lost is not waited for: the job shrinks to
+    3 ranks at once, and once the standby is at its wait it takes rank 2 back: 4 ranks
+    again, its state from a survivor; the losses stay those of the same global batch."""
+    steps = 60
+    result, said, entries, codes = _run(tmp_path, shrink=True, standby=True, steps=steps, pause=0.3)
+    assert result is not None and result.state == WorkerState.SUCCEEDED, (result, said)
+    assert codes == {0: 0, 1: 0, 2: -signal.SIGKILL, 3: 0, 4: 0}
+    recs = _records(tmp_path)
+    worlds = {r["step"]: r["world"] for r in recs if r["orig"] == 0}
+    assert sorted(worlds) == list(range(1, steps + 1))
+    shrunk = [s for s, w in worlds.items() if w == 3]
+    assert shrunk and min(shrunk) == KILL[1] + 1, worlds
+    assert worlds[steps] == 4 and all(worlds[s] == 4 for s in range(max(shrunk) + 1, steps + 1))
+    # the standby trained as rank 2 of 4 from the step after the shrunk world's last
+    newcomer = [r for r in recs if r["orig"] == WORLD]
+    assert newcomer and {(r["rank"], r["world"], r["accum"]) for r in newcomer} == {(2, 4, 3)}
+    assert min(r["step"] for r in newcomer) == max(shrunk) + 1
+    assert {
+        (r["rank"], r["world"]) for r in recs if r["orig"] == 3 and r["step"] > max(shrunk)
+    } == {(3, 4)}
+    ref = _reference(steps)
+    losses = {r["step"]: r["loss"] for r in recs if r["orig"] == 0}
+    for step, loss in losses.items():
+        assert loss == pytest.approx(ref[step - 1], rel=1e-5, abs=1e-7), step
+    grow = next(s for s in said if "takes dropped rank" in s)
+    assert grow.startswith(
+        f"live recovery: standby pid {next(iter(newcomer))['pid']} takes dropped rank 2"
+    )
+    assert "the job grows back to 4 rank(s) in process; no group restart" in grow
+    lines = sorted((e.to_dict() for e in entries), key=lambda e: e["restart"])
+    assert [(e.get("shrink"), e.get("grow")) for e in lines] == [(True, None), (None, True)]
+    assert lines[1]["lost_rank"] == 2 and lines[1]["world_size"] == 4
+    assert lines[1]["resumed_step"] == max(shrunk) + 1

@@ -772,7 +772,14 @@ class _Call:
         renumbered = getattr(current_session(), "renumbered", None)
         if callable(renumbered):  # the session's batch plan: the world of the round
             renumbered(new, len(members))
-        if new == 0:
+        if new == 0 and not gone:  # a standby took a dropped rank: the world is whole
+            logger.warning(
+                "rankguard: round %d: the job grows back to %d of %d rank(s)",
+                r,
+                len(members),
+                self.world,
+            )
+        elif new == 0:
             moved = [f"{p}->{i}" for i, p in enumerate(members) if p != i]
             logger.warning(
                 "rankguard: round %d goes on with %d of %d rank(s) (rank(s) %s lost, no "

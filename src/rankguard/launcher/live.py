@@ -13,6 +13,10 @@ at every worker process of the node once (``Popen.poll``):
   (:mod:`rankguard.live.keys`), the group stays HEALTHY for torch elastic and one
   console line says it. If not, one line says why and the poll reports the group
   FAILED with that failure: torch elastic's group restart of today.
+- with ``inprocess_restart.shrink_when_no_standby`` (said by the ranks with their
+  state) and no standby waiting: the lost rank is dropped (``dropped`` in the store,
+  the survivors go on renumbered), and a refill that reaches its wait later takes it
+  back (:meth:`LiveRecovery._grow`): one line each.
 - a standby ended before it was needed: one line, one standby fewer; not a failure.
 - every training rank ended with 0: SUCCEEDED once the standbys have left (they leave
   when the ranks write ``finished``; one still starting, not yet at its wait, is ended
@@ -115,6 +119,7 @@ class LiveRecovery:
         self.completed: set[int] = set()  # training ranks (global) ended with 0
         self.replaced: list[dict[str, Any]] = []  # every recovery of the run
         self.shrunk: list[dict[str, Any]] = []  # ranks dropped with no standby left (run)
+        self.dropped: list[tuple[int, int]] = []  # (rank, lost pid) not given back yet
         self.left_unused = 0  # standbys that ended without taking a rank (this group)
         self._pending: list[dict[str, Any]] = []  # lines waiting for resumed_t
         self._store: Any = None
@@ -129,6 +134,7 @@ class LiveRecovery:
         self._starting: dict[int, float] = {}  # refilled standby pid -> its start (monotonic)
         self._ready_seen_at = 0.0
         self.ready_s: list[float] = []  # refilled standbys: start -> waiting (s)
+        self._handlers: dict[int, Any] | None = None  # the last poll's worker processes
 
     # ---- lifecycle ------------------------------------------------------------------
 
@@ -152,6 +158,7 @@ class LiveRecovery:
         self.left_unused = 0
         self._done_at = None
         self._forked, self._starting = None, {}
+        self.dropped = []
         self._store = None
         self._addr = (str(worker_group.master_addr), int(worker_group.master_port))
 
@@ -166,7 +173,7 @@ class LiveRecovery:
             started=self.started_count,
             replaced=tuple(_replacement(r) for r in self.replaced),
             shrunk=tuple(_replacement(r) for r in self.shrunk),
-            world_size=self.shrunk[-1]["world_size"] if self.shrunk else None,
+            world_size=len(self.holders) if self.shrunk else None,
         )
 
     def would_replace(self, rank: int) -> bool:
@@ -193,6 +200,7 @@ class LiveRecovery:
         if isinstance(pcontext, ForkedWorkers):
             self._forked = pcontext
         handlers: dict[int, Any] = pcontext.subprocess_handlers
+        self._handlers = handlers
         lost: list[Ended] = []
         for slot in sorted(handlers):
             if slot in self.ended:
@@ -242,6 +250,11 @@ class LiveRecovery:
             took = now - self._starting.pop(pid)
             self.ready_s.append(took)
             self.say(f"live recovery: new standby pid {pid} ready ({took:.2f} s after its start)")
+            if self.dropped:  # the job shrank meanwhile: it grows back
+                try:
+                    self._grow(pid)
+                except Exception as exc:  # the store: the job stays shrunk
+                    logger.warning("rankguard: live recovery: no grow back: %s", exc)
 
     def _held_by(self, slot: int) -> int | None:
         for rank, holder in self.holders.items():
@@ -363,6 +376,11 @@ class LiveRecovery:
             declared = False
             self.stopping = self.stopping or f"the workers' store did not answer ({exc})"
         shrink = self._shrink(declared)
+        if shrink == SHRINK_YES and self._starting:
+            # a refill still starting is not waited for: the job shrinks now and grows
+            # back once it is at its wait (_watch_ready)
+            starting = {handlers[s].proc.pid for s in alive} & set(self._starting)
+            alive = [s for s in alive if handlers[s].proc.pid not in starting]
         decision = decide(
             lost,
             alive,
@@ -416,6 +434,7 @@ class LiveRecovery:
             assert ended.rank is not None
             store.set(self.keys.lost(ended.rank), f"{DROPPED} {ended.pid}")
             self.holders.pop(ended.rank, None)
+            self.dropped.append((ended.rank, ended.pid))
         after = sorted(self.holders)
         moved = ", ".join(f"{old}->{new}" for new, old in enumerate(after) if old != new)
         for ended in lost:
@@ -461,6 +480,51 @@ class LiveRecovery:
             f"(inprocess_restart.shrink_when_no_standby; renumbered: {moved or 'none'}); "
             "no group restart"
         )
+
+    def _grow(self, pid: int) -> None:
+        """A standby reached its wait after the job shrank: it takes the first dropped
+        rank (its number, its ``LOCAL_RANK``); the survivors' round ends (the standby
+        ends it) and the next one has the rank again, its state from a survivor."""
+        slot = next((s for s in self.waiting if self._pid_of(s) == pid), None)
+        if slot is None:
+            return
+        rank, lost_pid = self.dropped[0]
+        got = Assignment(
+            rank=rank,
+            local_rank=rank - self.node * self.nproc,
+            lost_pid=lost_pid,
+            standby_pid=pid,
+            cause=FindingType.PROCESS_EXITED.value,
+            fault_t=time.time(),
+        )
+        store = self._client()
+        store.set(self.keys.lost(rank), REPLACING)
+        store.set(self.keys.assign(pid), got.to_json())
+        self.dropped.pop(0)
+        before = len(self.holders)
+        self.holders[rank] = slot
+        self.waiting.remove(slot)
+        entry = self._entry(got, Reason.DIED, "dropped")
+        entry.update(
+            grow=True,
+            world_size=len(self.holders),
+            world_size_before=before,
+            message=f"standby pid {pid} took dropped rank {rank}; the job grew back to "
+            f"{len(self.holders)} rank(s) in process",
+        )
+        self.replaced.append(entry)
+        self._pending.append(entry)
+        self.say(
+            f"live recovery: standby pid {pid} takes dropped rank {rank}: the job grows back "
+            f"to {len(self.holders)} rank(s) in process; no group restart "
+            f"({len(self.waiting)} standby(s) left on this node)"
+        )
+
+    def _pid_of(self, slot: int) -> int | None:
+        handlers = self._handlers
+        if handlers is None or slot not in handlers:
+            return None
+        return int(handlers[slot].proc.pid)
 
     def _taken_over(self, lost: list[Ended]) -> bool:
         """Node 0 took this node for lost (its launcher was silent) and gave its ranks

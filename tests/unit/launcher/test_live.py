@@ -544,3 +544,36 @@ def test_a_healthy_run_with_shrink_says_nothing(tmp_path: Path) -> None:
     assert live.poll(group, ctx).state == WorkerState.SUCCEEDED
     assert lines == [] and lost == [] and live.entries_due(final=True) == []
     assert not any(k.startswith(keys.lost(0)[:-1]) for k in store.data)
+
+
+def test_a_refill_still_starting_is_not_waited_for_then_the_job_grows_back(
+    tmp_path: Path,
+) -> None:
+    starts = FakeStarts()
+    live, ctx, store, lines, (group, _lost) = _live(tmp_path, refills=None, starts=starts)
+    keys = LiveKeys("r1", 0)
+    store.set(keys.shrink, "1")
+    store.set(keys.declared, "1")
+    ctx.end(2, -9)
+    live.poll(group, ctx)  # standby 104 takes rank 2; refill pid 200 starts in slot 2
+    assert live.waiting == [2] and 200 in live._starting
+    ctx.end(1, -9)  # the refill is not at its wait yet: shrink now, not a wait for it
+    assert live.poll(group, ctx).state == WorkerState.HEALTHY
+    assert store.get(keys.lost(1)) == "dropped 101" and sorted(live.holders) == [0, 2, 3]
+    assert "the job goes on with 3 of 4 rank(s) in process" in lines[-1]
+    store.set(keys.waiting(200), "1")  # the refill reached its wait
+    live._ready_seen_at = 0.0
+    assert live.poll(group, ctx).state == WorkerState.HEALTHY
+    assert store.get(keys.lost(1)) == REPLACING
+    got = json.loads(store.get(keys.assign(200)))
+    assert (got["rank"], got["local_rank"], got["lost_pid"]) == (1, 1, 101)
+    assert live.holders[1] == 2 and live.waiting == [] and live.dropped == []
+    assert lines[-1] == (
+        "live recovery: standby pid 200 takes dropped rank 1: the job grows back to 4 "
+        "rank(s) in process; no group restart (0 standby(s) left on this node)"
+    )
+    status = live.status()
+    assert (status.used, status.world_size) == (2, 4)
+    store.set(keys.resumed(200), Resumed(t=time.time(), step=20, steps_redone=0).to_json())
+    grown = [e.to_dict() for e in live.entries_due(final=True) if e.to_dict().get("grow")]
+    assert [(e["lost_rank"], e["standby_pid"], e["world_size"]) for e in grown] == [(1, 200, 4)]
