@@ -770,7 +770,7 @@ class _Call:
             os.environ[name] = str(len(members))
         os.environ.setdefault("RANKGUARD_MAX_WORLD_SIZE", str(self.world))
         renumbered = getattr(current_session(), "renumbered", None)
-        if callable(renumbered):  # the session's batch plan: the world of the round
+        if callable(renumbered):  # Session.batch_plan: the world of the round
             renumbered(new, len(members))
         if new == 0 and not gone:  # a standby took a dropped rank: the world is whole
             logger.warning(
