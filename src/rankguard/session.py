@@ -16,6 +16,7 @@ Components reach the session through its constructor and its methods
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -285,6 +286,13 @@ class Session:
         ``accumulation_steps`` micro-batches of ``micro_batch`` samples per step."""
         plan: BatchPlan = (self._env or runenv.current()).batch_plan(global_batch, micro_batch)
         return plan
+
+    def renumbered(self, rank: int, world_size: int) -> None:
+        """The ranks were renumbered in process (live recovery went on with fewer ranks:
+        ``inprocess_restart.shrink_when_no_standby``): :meth:`batch_plan` follows the
+        world the rank runs in now. The heartbeats keep the rank's first number."""
+        if self._env is not None:
+            self._env = dataclasses.replace(self._env, rank=rank, world_size=world_size, _cache={})
 
     # ---- hot path -------------------------------------------------------------------
 

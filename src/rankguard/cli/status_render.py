@@ -532,6 +532,11 @@ def _live_lines(live: LiveBlock | None) -> list[str]:
             f"  rank {_s(r.lost_rank)}: pid {_s(r.lost_pid)} lost "
             f"({_s(r.cause)}), now standby pid {_s(r.standby_pid)}"
         )
+    for r in live.shrunk:  # no standby left: the job went on without it
+        out.append(
+            f"  rank {_s(r.lost_rank)}: pid {_s(r.lost_pid)} lost ({_s(r.cause)}), dropped: "
+            f"the job goes on with {_s(live.world_size)} rank(s)"
+        )
     return out
 
 

@@ -105,6 +105,18 @@ class InProcessRestartConfig:
             "is recovered live too). null: every used standby is replaced; 0: none."
         },
     )
+    shrink_when_no_standby: bool = field(
+        default=False,
+        metadata={
+            "help": "With standbys: a rank lost when no standby waits on its node no "
+            "longer restarts the worker group (nor waits for a refill still starting); "
+            "the other ranks go on in process with one rank fewer, renumbered 0..N-2, and "
+            "grow back when a refill reaches its wait (docs/live_recovery.md). "
+            "Only for a data-parallel job (DDP: every rank holds the whole state; the script "
+            "calls ip.live_state) on one node; keep the global batch through "
+            "rankguard's batch_plan."
+        },
+    )
     set_nccl_env: bool = field(
         default=True,
         metadata={

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rankguard.live.plan import LIVE_CAUSE
+from rankguard.live.plan import LIVE_CAUSE, SHRINK_CAUSE
 from rankguard.monitor.blockeval import BlockEvaluator
 from rankguard.monitor.rules import RankState
 from rankguard.schema.blocks import InProcessBlock, InProcessRestart, read_block
@@ -137,7 +137,7 @@ class InProcessRestarts(BlockEvaluator[InProcessBlock]):
             keys=_ENTRY_KEYS,
         )
         # a live recovery's line (kind ``live_recovery``) is the launcher's: one line each
-        if self.on_restart is not None and cause != LIVE_CAUSE:
+        if self.on_restart is not None and cause not in (LIVE_CAUSE, SHRINK_CAUSE):
             self.on_restart(entry)
         return Finding.build(
             FindingType.INPROCESS_RESTART,

@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import json
 import logging
 import os
 import socket
@@ -64,7 +65,7 @@ from rankguard.inprocess.sockets import shutdown_sockets, tcp_sockets
 from rankguard.live.link import LiveLink
 from rankguard.live.link import bind as bind_live
 from rankguard.live.link import current as live_link
-from rankguard.live.plan import LIVE_CAUSE
+from rankguard.live.plan import LIVE_CAUSE, SHRINK_CAUSE
 from rankguard.live.roles import promoted_environ
 from rankguard.rank import runenv
 from rankguard.rank.ranksession import current as current_session
@@ -95,6 +96,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: Exit status of a rank ended by the hard timeout (the launcher restarts the group).
 HARD_TIMEOUT_EXIT_CODE = 124
 _CHUNK_S = 0.2  # longest single blocking store wait of the main thread
+_SHRINK_CHUNK_S = 0.05  # the barrier's wait where a lost rank may be dropped
 
 
 class InProcessRestartError(RuntimeError):
@@ -297,8 +299,11 @@ class _Call:
     ) -> None:
         self.fn = fn
         self.cfg = cfg
-        self.rank = env.rank
-        self.world = env.world_size
+        self.rank = env.rank  # this rank's number in the full world (its keys, its heartbeats)
+        self.world = env.world_size  # the full world (the job's training ranks)
+        # the ranks of the full world in the round (after a shrink: the survivors, whose
+        # process-group ranks are their places in this list)
+        self.members: list[int] = list(range(self.world))
         self.hostname = socket.gethostname()
         self.process = ProcessId.own(self.hostname)  # what a peer on this host checks
         factory = store_factory or (lambda: _default_store(cfg.barrier_timeout, env))
@@ -349,6 +354,8 @@ class _Call:
         self._before_group: frozenset[int] = frozenset()  # TCP sockets before the group
         self._group_sockets: tuple[int, frozenset[int]] = (-1, frozenset())  # (round, its)
         self.live = LiveLink.from_env(env)  # None: the run has no standbys
+        if self.live is not None:
+            self.live.shrink = cfg.shrink_when_no_standby
 
     # ---- setup ------------------------------------------------------------------------
 
@@ -457,6 +464,11 @@ class _Call:
             self.interrupter.armed = False
             self._stop.set()
             self._watcher.join(timeout=self.cfg.monitor_thread_interval + 5)
+            if live is not None:  # a first step after a recovery the watcher had no beat for
+                try:
+                    live.flush(self._wstore)
+                except Exception as exc:
+                    logger.debug("rankguard: live recovery: resumed record: %s", exc)
             self.interrupter.uninstall()
             if dist.is_initialized():
                 dist.destroy_process_group()
@@ -498,8 +510,8 @@ class _Call:
                 store,
                 self._store,
                 self._key(r, "setup/"),
-                rank=self.rank,
-                world=self.world,
+                rank=self.group_rank,
+                world=len(self.members),
                 timeout_s=self.pg_timeout,
             )
         # The group keeps the store on the C++ side only: a store written in Python (the
@@ -511,8 +523,8 @@ class _Call:
             dist.init_process_group(
                 self.backend,
                 store=store,
-                rank=self.rank,
-                world_size=self.world,
+                rank=self.group_rank,
+                world_size=len(self.members),
                 timeout=timedelta(seconds=self.pg_timeout),
             )
         except (ValueError, TypeError) as exc:
@@ -592,7 +604,7 @@ class _Call:
     def _complete(self, value: Any) -> Any:
         """Every rank finished: the result. A peer's fault meanwhile: re-enter."""
         store = self._store
-        if store.add(self._key(self.round, "done"), 1) >= self.world:
+        if store.add(self._key(self.round, "done"), 1) >= len(self.members):
             store.set(self._key(self.round, "all_done"), "1")
         deadline = time.monotonic() + self.cfg.completion_timeout
         while True:
@@ -658,19 +670,26 @@ class _Call:
         # the exit too, has not said within heartbeat_timeout that one takes its place
         grace = cfg.heartbeat_timeout if self.live is not None else 0.0
         watch = PeerWatch(bound, bound_name, dead_grace=grace)
+        # a shrink is decided by a rank in this loop: look for a dropped rank more often
+        chunk = _SHRINK_CHUNK_S if self.live is not None and self.live.shrink else _CHUNK_S
         while True:
             try:
-                store.wait([self._key(r, "ready")], timedelta(seconds=_CHUNK_S))
+                store.wait([self._key(r, "ready")], timedelta(seconds=chunk))
+                ready = True
+            except Exception:
+                ready = False
+            if ready:
+                self._take_members(r)
                 if self.backend == "gloo":
                     self._before_group = tcp_sockets()
                 return
-            except Exception:
-                pass
             if store.check([self._key(r, "abandon")]):
                 why = store.get(self._key(r, "abandon"))[:1000].decode(errors="replace")
                 raise InProcessRestartError(f"in-process restart abandoned: {why}")
             now = time.monotonic()
             missing = [p for p in range(self.world) if not store.check([self._key(r, f"here/{p}")])]
+            if self._without_dropped(r, missing):
+                continue  # the round is decided: without the dropped ranks
             dead: dict[int, str] = {}  # rank -> the evidence it is gone
             for p in missing:
                 life, seen = self._peer_life(r, p)
@@ -686,6 +705,8 @@ class _Call:
                 self.awaiting_standby_s = cfg.barrier_timeout
             if dead and self.live is not None:  # a standby is on its way: wait for it
                 dead = {p: v for p, v in dead.items() if not self.live.replacing(store, p)}
+            if dead and live is not None and live.shrink:  # dropped: the others go on
+                dead = {p: v for p, v in dead.items() if live.dropped(store, p) is None}
             timed_out = now - start > cfg.barrier_timeout
             if dead or timed_out:
                 gone = sorted(dead) or missing
@@ -702,6 +723,73 @@ class _Call:
                 )
                 store.set(self._key(r, "abandon"), why)
                 raise InProcessRestartError(f"in-process restart abandoned: {why}")
+
+    @property
+    def group_rank(self) -> int:
+        """This rank's number in the round's process group (its own, unless the job
+        shrank: then its place among the survivors)."""
+        return self.members.index(self.rank) if self.rank in self.members else self.rank
+
+    def _without_dropped(self, r: int, missing: list[int]) -> bool:
+        """Round ``r`` goes on without ``missing`` when the launcher dropped every one
+        of them (no standby was left: ``inprocess_restart.shrink_when_no_standby``): the
+        first rank to see it writes the round's members (the ranks here), then
+        ``ready``; True once written."""
+        live = self.live
+        if live is None or not live.shrink or not missing:
+            return False
+        store = self._store
+        if any(live.dropped(store, p) is None for p in missing):
+            return False
+        here = [p for p in range(self.world) if p not in missing]
+        store.compare_set(self._key(r, "members"), "", json.dumps(here))
+        store.set(self._key(r, "ready"), "1")
+        return True
+
+    def _take_members(self, r: int) -> None:
+        """Round ``r``'s ranks: every rank of the full world, or the survivors of a
+        shrink (the round's ``members``). When they changed, the script sees the new
+        numbers as it sees any round's: ``RANK`` and ``WORLD_SIZE`` (``LOCAL_RANK``, its
+        device, stays), ``dist.get_rank()`` and ``dist.get_world_size()``."""
+        key = self._key(r, "members")
+        members = list(range(self.world))
+        if self.live is not None and self._store.check([key]):
+            members = [int(p) for p in json.loads(self._store.get(key)[:65536])]
+        if members == self.members:
+            return
+        gone = [p for p in self.members if p not in members]
+        self.members = members
+        live = self.live
+        if live is not None and gone:
+            live.shrunk_round = r
+            live.dropped_pids = [pid for p in gone if (pid := live.dropped(self._store, p))]
+        new = self.group_rank
+        for name in ("RANK", "ROLE_RANK"):
+            os.environ[name] = str(new)
+        for name in ("WORLD_SIZE", "ROLE_WORLD_SIZE"):
+            os.environ[name] = str(len(members))
+        os.environ.setdefault("RANKGUARD_MAX_WORLD_SIZE", str(self.world))
+        renumbered = getattr(current_session(), "renumbered", None)
+        if callable(renumbered):  # Session.batch_plan: the world of the round
+            renumbered(new, len(members))
+        if new == 0 and not gone:  # a standby took a dropped rank: the world is whole
+            logger.warning(
+                "rankguard: round %d: the job grows back to %d of %d rank(s)",
+                r,
+                len(members),
+                self.world,
+            )
+        elif new == 0:
+            moved = [f"{p}->{i}" for i, p in enumerate(members) if p != i]
+            logger.warning(
+                "rankguard: round %d goes on with %d of %d rank(s) (rank(s) %s lost, no "
+                "standby left); renumbered: %s",
+                r,
+                len(members),
+                self.world,
+                ", ".join(map(str, gone)) or "none",
+                ", ".join(moved) or "none",
+            )
 
     def _hosts(self, r: int) -> dict[int, str]:
         out = {}
@@ -737,6 +825,16 @@ class _Call:
                 "other rank re-entered in process"
             )
             culprit = None
+        if self.live is not None and self.live.shrunk_round == self.round:
+            dropped = sorted(set(range(self.world)) - set(self.members))
+            moved = [f"{p}->{i}" for i, p in enumerate(self.members) if p != i]
+            info.cause, info.culprit = SHRINK_CAUSE, dropped[0] if dropped else None
+            info.message = (
+                f"rank(s) {dropped}: process lost and no standby left; the other ranks "
+                f"re-entered in process as {len(self.members)} rank(s) (renumbered: "
+                f"{', '.join(moved) or 'none'})"
+            )
+            culprit = None
         self.last_fault = InProcessRestart(
             id=f"{self.prefix.removeprefix('rankguard/inprocess/')}{r}",
             round=r,
@@ -753,7 +851,7 @@ class _Call:
             # moments (a lost rank a standby replaces) has still told node 0 of it
             self.session.publish_heartbeat()
         took = time.monotonic() - (self.recovering_since or time.monotonic())
-        if self.rank == 0:
+        if self.group_rank == 0:
             logger.warning(
                 "rankguard: in-process restart %d: %s on rank %s (%s); every rank back in %.3fs",
                 self.round,

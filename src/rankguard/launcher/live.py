@@ -13,6 +13,10 @@ at every worker process of the node once (``Popen.poll``):
   (:mod:`rankguard.live.keys`), the group stays HEALTHY for torch elastic and one
   console line says it. If not, one line says why and the poll reports the group
   FAILED with that failure: torch elastic's group restart of today.
+- with ``inprocess_restart.shrink_when_no_standby`` (said by the ranks with their
+  state) and no standby waiting: the lost rank is dropped (``dropped`` in the store,
+  the survivors go on renumbered), and a refill that reaches its wait later takes it
+  back (:meth:`LiveRecovery._grow`): one line each.
 - a standby ended before it was needed: one line, one standby fewer; not a failure.
 - every training rank ended with 0: SUCCEEDED once the standbys have left (they leave
   when the ranks write ``finished``; one still starting, not yet at its wait, is ended
@@ -48,9 +52,17 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from rankguard.launcher.live_forked import ForkedWorkers, forked_view
-from rankguard.live.keys import REPLACING, LiveKeys
+from rankguard.live.keys import DROPPED, REPLACING, LiveKeys
 from rankguard.live.nodes import NODE_SILENT_S, NodeWatch
-from rankguard.live.plan import Assignment, Claim, Ended, Resumed, decide, ended_how
+from rankguard.live.plan import (
+    SHRINK_YES,
+    Assignment,
+    Claim,
+    Ended,
+    Resumed,
+    decide,
+    ended_how,
+)
 from rankguard.schema.findings import FindingType, Reason
 from rankguard.schema.restarts import LiveBlock, LiveReplacement, LostRank, RestartEntry
 
@@ -106,6 +118,8 @@ class LiveRecovery:
         self.ended: set[int] = set()  # slots seen ended
         self.completed: set[int] = set()  # training ranks (global) ended with 0
         self.replaced: list[dict[str, Any]] = []  # every recovery of the run
+        self.shrunk: list[dict[str, Any]] = []  # ranks dropped with no standby left (run)
+        self.dropped: list[tuple[int, int]] = []  # (rank, lost pid) not given back yet
         self.left_unused = 0  # standbys that ended without taking a rank (this group)
         self._pending: list[dict[str, Any]] = []  # lines waiting for resumed_t
         self._store: Any = None
@@ -120,6 +134,7 @@ class LiveRecovery:
         self._starting: dict[int, float] = {}  # refilled standby pid -> its start (monotonic)
         self._ready_seen_at = 0.0
         self.ready_s: list[float] = []  # refilled standbys: start -> waiting (s)
+        self._handlers: dict[int, Any] | None = None  # the last poll's worker processes
 
     # ---- lifecycle ------------------------------------------------------------------
 
@@ -143,6 +158,7 @@ class LiveRecovery:
         self.left_unused = 0
         self._done_at = None
         self._forked, self._starting = None, {}
+        self.dropped = []
         self._store = None
         self._addr = (str(worker_group.master_addr), int(worker_group.master_port))
 
@@ -155,18 +171,9 @@ class LiveRecovery:
             left_unused=self.left_unused,
             used=len(self.replaced),
             started=self.started_count,
-            replaced=tuple(
-                LiveReplacement(
-                    lost_rank=r["lost_rank"],
-                    lost_pid=r["lost_pid"],
-                    standby_pid=r["standby_pid"],
-                    cause=r["cause"],
-                    fault_t=r["fault_t"],
-                    recovery_s=r["recovery_s"],
-                    steps_redone=r["steps_redone"],
-                )
-                for r in self.replaced
-            ),
+            replaced=tuple(_replacement(r) for r in self.replaced),
+            shrunk=tuple(_replacement(r) for r in self.shrunk),
+            world_size=len(self.holders) if self.shrunk else None,
         )
 
     def would_replace(self, rank: int) -> bool:
@@ -193,6 +200,7 @@ class LiveRecovery:
         if isinstance(pcontext, ForkedWorkers):
             self._forked = pcontext
         handlers: dict[int, Any] = pcontext.subprocess_handlers
+        self._handlers = handlers
         lost: list[Ended] = []
         for slot in sorted(handlers):
             if slot in self.ended:
@@ -242,6 +250,11 @@ class LiveRecovery:
             took = now - self._starting.pop(pid)
             self.ready_s.append(took)
             self.say(f"live recovery: new standby pid {pid} ready ({took:.2f} s after its start)")
+            if self.dropped:  # the job shrank meanwhile: it grows back
+                try:
+                    self._grow(pid)
+                except Exception as exc:  # the store: the job stays shrunk
+                    logger.warning("rankguard: live recovery: no grow back: %s", exc)
 
     def _held_by(self, slot: int) -> int | None:
         for rank, holder in self.holders.items():
@@ -362,11 +375,26 @@ class LiveRecovery:
         except Exception as exc:
             declared = False
             self.stopping = self.stopping or f"the workers' store did not answer ({exc})"
-        decision = decide(lost, alive, declared=declared, stopping=self.stopping)
+        shrink = self._shrink(declared)
+        if shrink == SHRINK_YES and self._starting:
+            # a refill still starting is not waited for: the job shrinks now and grows
+            # back once it is at its wait (_watch_ready)
+            starting = {handlers[s].proc.pid for s in alive} & set(self._starting)
+            alive = [s for s in alive if handlers[s].proc.pid not in starting]
+        decision = decide(
+            lost,
+            alive,
+            declared=declared,
+            stopping=self.stopping,
+            shrink=shrink,
+            world=len(self.holders),
+        )
         if decision.restart is None:
             try:
                 for ended, slot in decision.pairs:
                     self._replace(ended, slot, handlers[slot].proc.pid)
+                if decision.dropped:
+                    self._drop(decision.dropped)
                 for ended, slot in decision.pairs:
                     self._refill(ended, slot, pcontext)
                 return None
@@ -379,6 +407,124 @@ class LiveRecovery:
             if e.rank is not None
         }
         return RunResult(state=WorkerState.FAILED, failures=failures)
+
+    def _shrink(self, declared: bool) -> str | None:
+        """Whether a lost rank with no standby left may be dropped (the job goes on with
+        fewer ranks): ``SHRINK_YES``, why not, or None where the ranks did not ask for
+        it (``inprocess_restart.shrink_when_no_standby``, said with their state)."""
+        if not declared:
+            return None
+        try:
+            asked = bool(self._client().check([self.keys.shrink]))
+        except Exception:
+            return None
+        if not asked:
+            return None
+        if self.nodes.several:
+            return "the job runs on several nodes (a shrink is one node's)"
+        return SHRINK_YES
+
+    def _drop(self, lost: list[Ended]) -> None:
+        """No standby left: the job goes on without ``lost`` in process. Each is marked
+        ``dropped`` in the workers' store (the survivors form the next round without
+        it, renumbered in order), leaves this node's map, and gets its line."""
+        before = sorted(self.holders)
+        store = self._client()
+        for ended in lost:
+            assert ended.rank is not None
+            store.set(self.keys.lost(ended.rank), f"{DROPPED} {ended.pid}")
+            self.holders.pop(ended.rank, None)
+            self.dropped.append((ended.rank, ended.pid))
+        after = sorted(self.holders)
+        moved = ", ".join(f"{old}->{new}" for new, old in enumerate(after) if old != new)
+        for ended in lost:
+            assert ended.rank is not None
+            how = ended_how(ended.exit_code)
+            got = Assignment(
+                rank=ended.rank,
+                local_rank=ended.local_rank,
+                lost_pid=ended.pid,
+                standby_pid=0,
+                cause=FindingType.PROCESS_EXITED.value,
+                fault_t=time.time(),
+            )
+            reason = Reason.DIED if ended.exit_code < 0 else Reason.EXITED_WITH_ERROR
+            entry = self._entry(got, reason, how)
+            entry.update(
+                shrink=True,
+                standby_pid=None,
+                world_size=len(after),
+                world_size_before=len(before),
+                renumbered={str(old): new for new, old in enumerate(after) if old != new},
+                restart=len(self.replaced) + len(self.shrunk) + 1,
+                message=f"process ended ({how}) with no standby left; the job goes on "
+                f"with {len(after)} of {len(before)} rank(s) in process",
+            )
+            self.shrunk.append(entry)
+            self._pending.append(entry)
+            self._tell(
+                LostRank(
+                    rank=got.rank,
+                    pid=got.lost_pid,
+                    standby_pid=0,
+                    node=self.node,
+                    reason=reason.value,
+                    exit=how,
+                    hostname=socket.gethostname(),
+                )
+            )
+        names = ", ".join(f"rank {e.rank} (pid {e.pid}, {ended_how(e.exit_code)})" for e in lost)
+        self.say(
+            f"live recovery: {names} lost and no standby left on this node: the job goes "
+            f"on with {len(after)} of {len(before)} rank(s) in process "
+            f"(inprocess_restart.shrink_when_no_standby; renumbered: {moved or 'none'}); "
+            "no group restart"
+        )
+
+    def _grow(self, pid: int) -> None:
+        """A standby reached its wait after the job shrank: it takes the first dropped
+        rank (its number, its ``LOCAL_RANK``); the survivors' round ends (the standby
+        ends it) and the next one has the rank again, its state from a survivor."""
+        slot = next((s for s in self.waiting if self._pid_of(s) == pid), None)
+        if slot is None:
+            return
+        rank, lost_pid = self.dropped[0]
+        got = Assignment(
+            rank=rank,
+            local_rank=rank - self.node * self.nproc,
+            lost_pid=lost_pid,
+            standby_pid=pid,
+            cause=FindingType.PROCESS_EXITED.value,
+            fault_t=time.time(),
+        )
+        store = self._client()
+        store.set(self.keys.lost(rank), REPLACING)
+        store.set(self.keys.assign(pid), got.to_json())
+        self.dropped.pop(0)
+        before = len(self.holders)
+        self.holders[rank] = slot
+        self.waiting.remove(slot)
+        entry = self._entry(got, Reason.DIED, "dropped")
+        entry.update(
+            grow=True,
+            world_size=len(self.holders),
+            world_size_before=before,
+            message=f"standby pid {pid} took dropped rank {rank}; the job grew back to "
+            f"{len(self.holders)} rank(s) in process",
+        )
+        self.replaced.append(entry)
+        self._pending.append(entry)
+        self.say(
+            f"live recovery: standby pid {pid} takes dropped rank {rank}: the job grows back "
+            f"to {len(self.holders)} rank(s) in process; no group restart "
+            f"({len(self.waiting)} standby(s) left on this node)"
+        )
+
+    def _pid_of(self, slot: int) -> int | None:
+        handlers = self._handlers
+        if handlers is None or slot not in handlers:
+            return None
+        return int(handlers[slot].proc.pid)
 
     def _taken_over(self, lost: list[Ended]) -> bool:
         """Node 0 took this node for lost (its launcher was silent) and gave its ranks
@@ -438,7 +584,7 @@ class LiveRecovery:
             "schema_version": 1,
             "kind": "live_recovery",
             "run_id": self.run_id,
-            "restart": len(self.replaced) + 1,
+            "restart": len(self.replaced) + len(self.shrunk) + 1,
             "rank": got.rank,
             "lost_rank": got.rank,
             "lost_pid": got.lost_pid,
@@ -619,7 +765,8 @@ class LiveRecovery:
             self.wait_told()
         out = []
         for entry in list(self._pending):
-            resumed = self._resumed(int(entry["standby_pid"]))
+            shrink = bool(entry.get("shrink"))  # the first step of the smaller world
+            resumed = self._resumed(int(entry["lost_pid" if shrink else "standby_pid"]))
             if resumed is not None:
                 entry["resumed_t"] = round(resumed.t, 3)
                 entry["recovery_s"] = round(max(0.0, resumed.t - entry["fault_t"]), 3)
@@ -650,6 +797,19 @@ class LiveRecovery:
                 raise RuntimeError("no worker group")
             self._store = self._store_factory(*self._addr)
         return self._store
+
+
+def _replacement(r: dict[str, Any]) -> LiveReplacement:
+    """A recovery's entry in ``status.json["live"]``."""
+    return LiveReplacement(
+        lost_rank=r["lost_rank"],
+        lost_pid=r["lost_pid"],
+        standby_pid=r["standby_pid"],
+        cause=r["cause"],
+        fault_t=r["fault_t"],
+        recovery_s=r["recovery_s"],
+        steps_redone=r["steps_redone"],
+    )
 
 
 def _failure(ended: Ended, error_file: str) -> ProcessFailure:

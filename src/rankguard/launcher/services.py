@@ -405,9 +405,15 @@ class NodeServices:
             if recovery_s is not None
             else "its next step was not seen"
         )
+        standby = entry.number("standby_pid")
+        now = (  # a shrink (no standby left): the job went on without the rank
+            f"now standby pid {standby}"
+            if standby is not None
+            else f"dropped, the job goes on with {entry.number('world_size')} rank(s)"
+        )
         print(
             f"[rankguard] live recovery {entry.restart}: rank {entry.number('lost_rank')} "
-            f"now standby pid {entry.number('standby_pid')} ({entry.cause}); {cost}",
+            f"{now} ({entry.cause}); {cost}",
             file=sys.stderr,
             flush=True,
         )
@@ -429,6 +435,14 @@ class NodeServices:
             return
         reason = Reason(lost.reason)
         host = lost.hostname or socket.gethostname()
+        taken, took = (  # standby_pid 0: no standby was left, the job shrank without it
+            (
+                f"standby pid {lost.standby_pid} takes its place",
+                f"standby pid {lost.standby_pid} took rank {rank}",
+            )
+            if lost.standby_pid > 0
+            else ("no standby left: the job goes on without it", f"rank {rank} dropped (shrink)")
+        )
         monitor.report(
             Finding.build(
                 FindingType.PROCESS_EXITED,
@@ -436,13 +450,12 @@ class NodeServices:
                 run_id=self.run_id,
                 rank=rank,
                 message=f"rank {rank} (pid {pid} on {host}): process ended "
-                f"({lost.exit}) without a clean end; standby pid {lost.standby_pid} "
-                "takes its place (live recovery)",
+                f"({lost.exit}) without a clean end; {taken} (live recovery)",
                 pid=pid,
                 hostname=host,
                 node_rank=lost.node,
                 exit={"vanished": reason is Reason.DIED, "how": lost.exit},
-                action=f"live recovery: standby pid {lost.standby_pid} took rank {rank}",
+                action=f"live recovery: {took}",
                 detail={LIVE_RECOVERY: {"standby_pid": lost.standby_pid}},
             )
         )

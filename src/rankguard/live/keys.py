@@ -9,7 +9,10 @@ starts with fresh keys.
 - ``assign/<pid>``: the launcher gives the standby with that pid a rank (JSON
   :class:`~rankguard.live.plan.Assignment`);
 - ``lost/<rank>``: ``replacing``: a standby is on its way, the survivors wait for it at
-  the next round;
+  the next round; ``dropped <pid>``: no standby was left and the job goes on without the
+  rank (process ``pid`` lost): the survivors form the next round without it;
+- ``shrink``: the ranks run with ``inprocess_restart.shrink_when_no_standby`` and
+  declared their state (a lost rank with no standby left may be dropped);
 - ``waiting/<pid>``: the standby with that pid is at its wait (its start-up and the
   script's set-up done);
 - ``finished``: the training ranks completed: the standbys leave;
@@ -29,9 +32,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["REPLACING", "LiveKeys"]
+__all__ = ["DROPPED", "REPLACING", "LiveKeys"]
 
 REPLACING = "replacing"
+DROPPED = "dropped"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +50,10 @@ class LiveKeys:
     @property
     def declared(self) -> str:
         return self.prefix + "declared"
+
+    @property
+    def shrink(self) -> str:
+        return self.prefix + "shrink"
 
     @property
     def finished(self) -> str:

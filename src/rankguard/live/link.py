@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
-from rankguard.live.keys import REPLACING, LiveKeys
+from rankguard.live.keys import DROPPED, REPLACING, LiveKeys
 from rankguard.live.plan import Assignment, Resumed
 from rankguard.live.roles import is_standby, standby_ranks
 from rankguard.rank.runenv import RunEnv
@@ -61,7 +61,11 @@ class LiveLink:
         self.current_round = 0  # the wrapper's round (set at each join)
         self.synced_round = -1
         self.received = False  # a newcomer that got a survivor's state (live_state)
+        self.shrink = False  # inprocess_restart.shrink_when_no_standby (said at declare)
+        self.shrunk_round = -1  # the round that first ran without a dropped rank
+        self.dropped_pids: list[int] = []  # the lost processes that round went on without
         self._resumed: Resumed | None = None
+        self._resumed_for: tuple[int, ...] = ()  # the pids its record is written under
         self._awaited: dict[int, float] = {}  # rank -> when this rank last said it waits
         self._lock = threading.Lock()
 
@@ -110,8 +114,24 @@ class LiveLink:
         """The script declared its state: a standby can take a lost rank's place."""
         if self.declared or self.store is None:
             return
+        if self.shrink:  # before declared: the launcher reads declared first
+            self.store.set(self.keys.shrink, "1")
         self.store.set(self.keys.declared, "1")
         self.declared = True
+
+    def dropped(self, store: Any, rank: int) -> int | None:
+        """The lost pid when the launcher dropped ``rank`` (no standby left: the job
+        goes on without it), else None. Asked for a rank missing at a barrier."""
+        key = self.keys.lost(rank)
+        if not store.check([key]):
+            return None
+        word, _, pid = bytes(store.get(key)[:64]).decode(errors="replace").partition(" ")
+        if word != DROPPED:
+            return None
+        try:
+            return int(pid)
+        except ValueError:
+            return -1
 
     def replacing(self, store: Any, rank: int) -> bool:
         """Is a standby on its way to take ``rank``'s place? Asked by a survivor while
@@ -133,16 +153,23 @@ class LiveLink:
         """The training ranks completed: the standbys leave."""
         store.set(self.keys.finished, "1")
 
-    def note_resumed(self, step: int, steps_redone: int) -> None:
+    def note_resumed(self, step: int, steps_redone: int, *, pids: tuple[int, ...] = ()) -> None:
         """The newcomer completed its first step (called from the optimizer's hook: no
-        I/O here, the watcher writes it)."""
+        I/O here, the watcher writes it). ``pids``: after a shrink, the first step of
+        the smaller world, recorded under the dropped processes' pids instead."""
         with self._lock:
             if self._resumed is None:
                 self._resumed = Resumed(t=time.time(), step=step, steps_redone=steps_redone)
+                self._resumed_for = pids
 
     def flush(self, store: Any) -> None:
         """Write the newcomer's first completed step (the watcher thread)."""
         with self._lock:
             resumed, self._resumed = self._resumed, None
-        if resumed is not None and self.newcomer:
+            pids, self._resumed_for = self._resumed_for, ()
+        if resumed is None:
+            return
+        for pid in pids:
+            store.set(self.keys.resumed(pid), resumed.to_json())
+        if not pids and self.newcomer:
             store.set(self.keys.resumed(self.pid), resumed.to_json())

@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 
 __all__ = [
     "LIVE_CAUSE",
+    "SHRINK_CAUSE",
+    "SHRINK_YES",
     "Assignment",
     "Claim",
     "Ended",
@@ -125,6 +127,7 @@ class LiveDecision:
 
     pairs: list[tuple[Ended, int]] = field(default_factory=list)  # (lost, standby local rank)
     restart: str | None = None
+    dropped: list[Ended] = field(default_factory=list)  # lost with no standby: the job shrinks
 
 
 def ended_how(exit_code: int) -> str:
@@ -143,12 +146,17 @@ def decide(
     *,
     declared: bool,
     stopping: str | None = None,
+    shrink: str | None = None,
+    world: int = 0,
 ) -> LiveDecision:
     """Who replaces whom among ``lost`` (training ranks whose process ended with a
     non-zero status), with the waiting ``standbys`` (their local ranks, in the order
     they are to be used). ``declared``: the script declared its state
     (:func:`~rankguard.live.state.live_state`). ``stopping``: the launcher is stopping
-    the job (a signal, preemption, an abort): no recovery, and why."""
+    the job (a signal, preemption, an abort): no recovery, and why. ``shrink``: the
+    lost ranks no standby is left for may be dropped (the job goes on in process with
+    fewer ranks: ``inprocess_restart.shrink_when_no_standby``): ``"yes"``, or why not
+    (None: not asked for); ``world``: the training ranks before the loss."""
     if not lost:
         return LiveDecision()
     names = ", ".join(f"rank {e.rank} ({ended_how(e.exit_code)})" for e in lost)
@@ -167,13 +175,31 @@ def decide(
         )
     if len(standbys) < len(lost):
         left = "no standby left" if not standbys else f"only {len(standbys)} standby(s) left"
-        return LiveDecision(restart=f"{names} lost and {left} on this node")
+        why = f"{names} lost and {left} on this node"
+        if shrink is None:
+            return LiveDecision(restart=why)
+        if shrink != SHRINK_YES:
+            return LiveDecision(restart=f"{why}; no shrink: {shrink}")
+        if world - len(lost) < 1:
+            return LiveDecision(restart=f"{why}; no shrink: no rank would be left")
+        n = len(standbys)
+        return LiveDecision(
+            pairs=list(zip(lost[:n], standbys, strict=True)), dropped=list(lost[n:])
+        )
     return LiveDecision(pairs=list(zip(lost, standbys[: len(lost)], strict=True)))
 
+
+SHRINK_YES = "yes"
+""":func:`decide`'s ``shrink`` when the job may go on with fewer ranks."""
 
 LIVE_CAUSE = "rank_lost"
 """The in-process round's cause when a standby replaced a lost rank (the launcher writes
 that recovery's ``restarts.jsonl`` line, of kind ``live_recovery``)."""
+
+SHRINK_CAUSE = "rank_lost_no_standby"
+"""The in-process round's cause when the ranks went on without a lost rank, no standby
+being left (the launcher writes that recovery's ``restarts.jsonl`` line, of kind
+``live_recovery`` with ``shrink``)."""
 
 
 # ---- a lost node's ranks taken over by other nodes' standbys --------------------------

@@ -36,12 +36,17 @@ def live_state(*, model: Any, optimizer: Any = None, step: int) -> int:
     if link is None:
         return step
     link.declare()
-    if not link.newcomers or link.synced_round == link.current_round:
+    shrunk = link.shrunk_round == link.current_round  # the first round without a rank
+    if (not link.newcomers and not shrunk) or link.synced_round == link.current_round:
         return step
     link.synced_round = link.current_round
     # a newcomer that got the state in an earlier round holds it now, as a survivor
     fresh = link.awaits_state
-    agreed, source, redone = _agree(-1 if fresh else step)
+    agreed, source, redone, same = _agree(-1 if fresh else step)
+    if shrunk and _dist().get_rank() == 0 and optimizer is not None:  # the shrink's cost
+        _arm_resumed(link, optimizer, agreed, redone, tuple(link.dropped_pids))
+    if same and not link.newcomers:  # a shrink: every survivor holds the same step's state
+        return step
     if source is None:  # no survivor holds the state (a world of newcomers): its own
         if fresh and optimizer is not None:
             _arm_resumed(link, optimizer, step, 0)
@@ -91,9 +96,9 @@ def _bcast(t: Any, src: int) -> None:
     t.copy_(moved.to(t.device))
 
 
-def _agree(step: int) -> tuple[int, int | None, int]:
-    """(agreed step, source rank, survivors' completed steps rolled back): every rank's
-    step gathered; the newcomers say -1."""
+def _agree(step: int) -> tuple[int, int | None, int, bool]:
+    """(agreed step, source rank, survivors' completed steps rolled back, every rank
+    said the same step): every rank's step gathered; the newcomers say -1."""
     import torch
 
     dist = _dist()
@@ -109,9 +114,10 @@ def _agree(step: int) -> tuple[int, int | None, int]:
         dist.all_gather(steps, mine)
     values = [int(s.item()) for s in steps]
     best = max(values)
+    same = len(set(values)) == 1
     if best < 0:
-        return step, None, 0
-    return best, values.index(best), 0
+        return step, None, 0, same
+    return best, values.index(best), 0, same
 
 
 def _bcast_many(tensors: list[Any], src: int) -> None:
@@ -252,13 +258,16 @@ def _broadcast_rng(src: int, device: Any) -> None:
         torch.cuda.set_rng_state(cuda_state, device)
 
 
-def _arm_resumed(link: Any, optimizer: Any, agreed: int, redone: int) -> None:
-    """The newcomer's first optimizer step from here: when it completes (a one-shot
+def _arm_resumed(
+    link: Any, optimizer: Any, agreed: int, redone: int, pids: tuple[int, ...] = ()
+) -> None:
+    """The newcomer's first optimizer step from here (``pids``: the first step of a
+    shrunk world, for the dropped processes' records): when it completes (a one-shot
     hook, removed as it fires; the watcher writes the time)."""
     handle: Any = None
 
     def hook(_opt: Any, _args: Any, _kwargs: Any) -> None:
-        link.note_resumed(agreed + 1, redone)
+        link.note_resumed(agreed + 1, redone, pids=pids)
         if handle is not None:
             handle.remove()
 

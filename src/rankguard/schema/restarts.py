@@ -248,6 +248,10 @@ class LiveBlock:
     used: int = 0
     started: int = 0  # standbys started to refill used ones
     replaced: tuple[LiveReplacement, ...] = ()
+    # ranks dropped with no standby left (inprocess_restart.shrink_when_no_standby):
+    # standby_pid null; world_size: the training ranks now
+    shrunk: tuple[LiveReplacement, ...] = ()
+    world_size: int | None = None
 
     @classmethod
     def from_dict(cls, raw: Any) -> LiveBlock | None:
@@ -255,6 +259,7 @@ class LiveBlock:
         if d is None:
             return None
         replaced = (LiveReplacement.from_dict(r) for r in as_list(d.get("replaced")))
+        shrunk = (LiveReplacement.from_dict(r) for r in as_list(d.get("shrunk")))
         return cls(
             standbys_per_node=as_int(d.get("standbys_per_node")),
             waiting=as_int(d.get("waiting")) or 0,
@@ -262,10 +267,12 @@ class LiveBlock:
             used=as_int(d.get("used")) or 0,
             started=as_int(d.get("started")) or 0,
             replaced=tuple(r for r in replaced if r is not None),
+            shrunk=tuple(r for r in shrunk if r is not None),
+            world_size=as_int(d.get("world_size")),
         )
 
     def to_dict(self) -> JsonObject:
-        return {
+        out: JsonObject = {
             "standbys_per_node": self.standbys_per_node,
             "waiting": self.waiting,
             "left_unused": self.left_unused,
@@ -273,3 +280,7 @@ class LiveBlock:
             "started": self.started,
             "replaced": [r.to_dict() for r in self.replaced],
         }
+        if self.shrunk:  # only once the job went on with fewer ranks
+            out["shrunk"] = [r.to_dict() for r in self.shrunk]
+            out["world_size"] = self.world_size
+        return out

@@ -181,3 +181,42 @@ def test_a_newcomer_without_the_state_yet_is_one_in_the_next_round_too(
     store.add(call._key(5, "arrived"), 1)
     call._join(5)
     assert survivor._newcomers(5) == []
+
+
+def test_survivors_go_on_without_a_dropped_rank_renumbered(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``shrink_when_no_standby``: the launcher dropped rank 1 (no standby left); the
+    survivors' barrier forms the round without it, ranks 0 and 2 as 0 and 1."""
+    monkeypatch.setenv(STANDBY_RANKS_ENV, "1")
+    monkeypatch.delenv(STANDBY_ENV, raising=False)
+    calls = [_call(store, r, 3) for r in (0, 2)]
+    for call in calls:
+        assert call.live is not None
+        call.live.shrink = True
+    _dead_peer(store, calls[0], 1)
+    store.set(calls[0].live.keys.lost(1), "dropped 4242")  # type: ignore[union-attr]
+    other = threading.Thread(target=calls[1]._join, args=(1,))
+    other.start()
+    calls[0]._join(1)
+    other.join(timeout=10)
+    assert [c.members for c in calls] == [[0, 2], [0, 2]]
+    assert [c.group_rank for c in calls] == [0, 1]
+    assert (os.environ["RANK"], os.environ["WORLD_SIZE"]) in {("0", "2"), ("1", "2")}
+    for call in calls:
+        live = call.live
+        assert live is not None
+        assert (live.shrunk_round, live.dropped_pids) == (1, [4242])
+
+
+def test_without_the_key_a_dropped_rank_is_not_left_behind(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(STANDBY_RANKS_ENV, "1")
+    monkeypatch.delenv(STANDBY_ENV, raising=False)
+    call = _call(store, 0, 2)
+    assert call.live is not None and not call.live.shrink
+    _dead_peer(store, call, 1)
+    store.set(call.live.keys.lost(1), "dropped 4242")
+    with pytest.raises(InProcessRestartError, match=r"rank\(s\) \[1\] cannot re-enter"):
+        call._join(1)

@@ -472,3 +472,108 @@ def test_a_lost_nodes_rank_taken_by_node_2_is_written_and_told_by_node_0(
     (done,) = live0.status().replaced
     assert (done.lost_rank, done.standby_pid) == (1, 301)
     assert live2.node_lost  # its exit barrier is shortened too
+
+
+def test_no_standby_left_with_shrink_the_job_goes_on_with_fewer_ranks(tmp_path: Path) -> None:
+    """``inprocess_restart.shrink_when_no_standby`` (the ranks said so with their state):
+    the second loss, with no standby left, drops the rank instead of restarting."""
+    live, ctx, store, lines, (group, lost) = _live(tmp_path)
+    keys = LiveKeys("r1", 0)
+    store.set(keys.shrink, "1")
+    store.set(keys.declared, "1")
+    ctx.end(2, -9)
+    live.poll(group, ctx)  # the standby (pid 104) takes rank 2
+    ctx.end(1, -9)  # rank 1 with no standby left
+    assert live.poll(group, ctx).state == WorkerState.HEALTHY
+    assert store.get(keys.lost(1)) == "dropped 101"
+    assert sorted(live.holders) == [0, 2, 3]
+    assert lines[-1] == (
+        "live recovery: rank 1 (pid 101, SIGKILL) lost and no standby left on this node: "
+        "the job goes on with 3 of 4 rank(s) in process "
+        "(inprocess_restart.shrink_when_no_standby; renumbered: 2->1, 3->2); no group restart"
+    )
+    live.wait_told()
+    assert [(e.rank, e.pid, e.standby_pid) for e in lost] == [(2, 102, 104), (1, 101, 0)]
+    status = live.status()
+    assert status.used == 1  # a shrink uses no standby
+    assert status.world_size == 3
+    assert [(r.lost_rank, r.lost_pid, r.standby_pid) for r in status.shrunk] == [(1, 101, None)]
+    assert live.entries_due() == []  # nothing resumed yet: both lines wait
+    fault_t = live.shrunk[0]["fault_t"]
+    store.set(keys.resumed(104), Resumed(t=fault_t - 1, step=6, steps_redone=0).to_json())
+    # the first step of the smaller world, recorded under the dropped process's pid
+    store.set(keys.resumed(101), Resumed(t=fault_t + 0.25, step=13, steps_redone=0).to_json())
+    replaced, shrunk = live.entries_due()
+    assert replaced.number("lost_rank") == 2 and replaced.number("standby_pid") == 104
+    line = shrunk.to_dict()
+    assert (line["kind"], line["shrink"], line["lost_rank"], line["lost_pid"]) == (
+        "live_recovery",
+        True,
+        1,
+        101,
+    )
+    assert line["standby_pid"] is None and line["restart"] == 2
+    assert (line["world_size"], line["world_size_before"]) == (3, 4)
+    assert line["renumbered"] == {"2": 1, "3": 2}
+    assert (line["recovery_s"], line["resumed_step"]) == (0.25, 13)
+    # the three ranks left complete: the run succeeded, standbys gone
+    for slot in (0, 3, 4):
+        ctx.end(slot, 0)
+    assert live.poll(group, ctx).state == WorkerState.SUCCEEDED
+
+
+def test_shrink_not_asked_for_is_the_group_restart(tmp_path: Path) -> None:
+    live, ctx, store, lines, (group, _lost) = _live(tmp_path)
+    store.set(LiveKeys("r1", 0).declared, "1")  # the state, without the shrink key
+    ctx.end(4, 0)  # the standby left
+    ctx.end(1, -9)
+    assert live.poll(group, ctx).state == WorkerState.FAILED
+    assert lines[-1] == (
+        "live recovery cannot apply: rank 1 (SIGKILL) lost and no standby left on this "
+        "node: the worker group restarts"
+    )
+
+
+def test_a_healthy_run_with_shrink_says_nothing(tmp_path: Path) -> None:
+    live, ctx, store, lines, (group, lost) = _live(tmp_path)
+    keys = LiveKeys("r1", 0)
+    store.set(keys.shrink, "1")
+    store.set(keys.declared, "1")
+    for slot in range(NPROC + STANDBYS):
+        ctx.end(slot, 0)
+    assert live.poll(group, ctx).state == WorkerState.SUCCEEDED
+    assert lines == [] and lost == [] and live.entries_due(final=True) == []
+    assert not any(k.startswith(keys.lost(0)[:-1]) for k in store.data)
+
+
+def test_a_refill_still_starting_is_not_waited_for_then_the_job_grows_back(
+    tmp_path: Path,
+) -> None:
+    starts = FakeStarts()
+    live, ctx, store, lines, (group, _lost) = _live(tmp_path, refills=None, starts=starts)
+    keys = LiveKeys("r1", 0)
+    store.set(keys.shrink, "1")
+    store.set(keys.declared, "1")
+    ctx.end(2, -9)
+    live.poll(group, ctx)  # standby 104 takes rank 2; refill pid 200 starts in slot 2
+    assert live.waiting == [2] and 200 in live._starting
+    ctx.end(1, -9)  # the refill is not at its wait yet: shrink now, not a wait for it
+    assert live.poll(group, ctx).state == WorkerState.HEALTHY
+    assert store.get(keys.lost(1)) == "dropped 101" and sorted(live.holders) == [0, 2, 3]
+    assert "the job goes on with 3 of 4 rank(s) in process" in lines[-1]
+    store.set(keys.waiting(200), "1")  # the refill reached its wait
+    live._ready_seen_at = 0.0
+    assert live.poll(group, ctx).state == WorkerState.HEALTHY
+    assert store.get(keys.lost(1)) == REPLACING
+    got = json.loads(store.get(keys.assign(200)))
+    assert (got["rank"], got["local_rank"], got["lost_pid"]) == (1, 1, 101)
+    assert live.holders[1] == 2 and live.waiting == [] and live.dropped == []
+    assert lines[-1] == (
+        "live recovery: standby pid 200 takes dropped rank 1: the job grows back to 4 "
+        "rank(s) in process; no group restart (0 standby(s) left on this node)"
+    )
+    status = live.status()
+    assert (status.used, status.world_size) == (2, 4)
+    store.set(keys.resumed(200), Resumed(t=time.time(), step=20, steps_redone=0).to_json())
+    grown = [e.to_dict() for e in live.entries_due(final=True) if e.to_dict().get("grow")]
+    assert [(e["lost_rank"], e["standby_pid"], e["world_size"]) for e in grown] == [(1, 200, 4)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rankguard.live.plan import Assignment, Ended, Resumed, decide, ended_how
+from rankguard.live.plan import SHRINK_YES, Assignment, Ended, Resumed, decide, ended_how
 
 
 def _lost(rank: int, code: int = -9, error_file: bool = False) -> Ended:
@@ -32,6 +32,31 @@ def test_more_losses_than_standbys() -> None:
     decision = decide([_lost(1), _lost(2, code=124)], [4], declared=True)
     assert decision.restart is not None and "only 1 standby(s) left" in decision.restart
     assert "rank 2 (exit code 124)" in decision.restart
+
+
+def test_no_standby_left_with_shrink_drops_the_rank() -> None:
+    decision = decide([_lost(2)], [], declared=True, shrink=SHRINK_YES, world=4)
+    assert decision.restart is None and decision.pairs == []
+    assert [e.rank for e in decision.dropped] == [2]
+
+
+def test_more_losses_than_standbys_with_shrink_replaces_then_drops() -> None:
+    decision = decide([_lost(1), _lost(2)], [4], declared=True, shrink=SHRINK_YES, world=4)
+    assert [(e.rank, slot) for e, slot in decision.pairs] == [(1, 4)]
+    assert [e.rank for e in decision.dropped] == [2]
+
+
+def test_a_shrink_that_cannot_apply_is_the_group_restart_said_why() -> None:
+    decision = decide([_lost(0)], [], declared=True, shrink=SHRINK_YES, world=1)
+    assert decision.restart == (
+        "rank 0 (SIGKILL) lost and no standby left on this node; no shrink: no rank would be left"
+    )
+    decision = decide([_lost(2)], [], declared=True, shrink="several nodes", world=4)
+    assert decision.restart is not None and decision.restart.endswith("no shrink: several nodes")
+    assert decision.dropped == []
+    # a standby waiting is used first: no shrink
+    decision = decide([_lost(2)], [4], declared=True, shrink=SHRINK_YES, world=4)
+    assert decision.dropped == [] and len(decision.pairs) == 1
 
 
 def test_a_script_without_declared_state_restarts() -> None:

@@ -267,3 +267,20 @@ def test_straggler_and_preemption_blocks_read_wrong_types_as_missing() -> None:
     )
     assert pre is not None and pre.active and pre.reason is None
     assert pre.budget == PreemptBudget() and pre.terminated_pids == (3,)
+
+
+def test_the_live_block_says_a_shrink_only_once_there_was_one() -> None:
+    shrunk = {
+        "lost_rank": 1,
+        "lost_pid": 101,
+        "standby_pid": None,
+        "cause": "rank_process_exited",
+        "fault_t": 5.0,
+        "recovery_s": 0.25,
+        "steps_redone": 0,
+    }
+    block = LiveBlock.from_dict({**LIVE, "shrunk": [shrunk], "world_size": 3})
+    assert block is not None and block.world_size == 3
+    assert block.to_dict() == {**LIVE, "shrunk": [shrunk], "world_size": 3}
+    plain = LiveBlock.from_dict(LIVE)
+    assert plain is not None and "shrunk" not in plain.to_dict()
