@@ -125,6 +125,7 @@ def test_a_held_monitor_names_no_rank_for_its_hold_and_still_names_a_silent_one(
         return read_jsonl(path) if path.exists() else []
 
     beat()
+    started = time.monotonic()
     mon.start()
     try:
         for _ in range(5):
@@ -147,5 +148,7 @@ def test_a_held_monitor_names_no_rank_for_its_hold_and_still_names_a_silent_one(
     assert 1.0 < finding["observed_s"] < 1.0 + 0.5
     assert named_after >= 0.9  # the silence after the hold counts in full
     monitor = read_status(tmp_path)["monitor"]
-    assert monitor["holds"] == 1
-    assert monitor["held_s"] == pytest.approx(1.5, abs=0.3)
+    # the injected hold is counted; a loaded machine may hold the monitor's thread more
+    # (4 test workers on 2 cores: holds of 0.2-0.5 s seen), and those are holds too
+    assert monitor["holds"] >= 1
+    assert 1.5 - 0.3 <= monitor["held_s"] <= time.monotonic() - started
