@@ -287,3 +287,107 @@ def test_the_writer_travels_to_dcps_checkpoint_process(tmp_path: Path) -> None:
     copy = pickle.loads(pickle.dumps(writer))
     assert (copy.priority, copy.idle_max_s, copy.idle) == ("idle", 7.0, None)
     copy.end_idle()  # its lock works there
+
+
+@needs_restore
+def test_a_gil_aware_window_lowers_the_writer_only_without_the_interpreter_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer's Python (which holds the interpreter lock the training thread needs)
+    runs at the thread's policy; the copy and the write calls, which let go of the lock,
+    in SCHED_IDLE; after a zip record's data descriptor it is lowered again (torch
+    computes the next record's CRC-32 without the lock)."""
+    from rankguard.checkpoint import writer as ckwriter
+
+    calls: list[tuple[str, int, int]] = []
+    real_write, real_copy = os.write, ckwriter.copy_bytes
+
+    def write(fd: int, data: Any) -> int:
+        calls.append(("os.write", memoryview(data).nbytes, _policy()))
+        return real_write(fd, data)
+
+    def copy(dst: memoryview, src: memoryview) -> None:
+        calls.append(("copy", dst.nbytes, _policy()))
+        real_copy(dst, src)
+
+    monkeypatch.setattr(ckwriter.os, "write", write)
+    monkeypatch.setattr(ckwriter, "copy_bytes", copy)
+    header = b"PK\x03\x04" + bytes(26)
+    data = os.urandom(1 << 20)
+    descriptor = b"PK\x07\x08" + bytes(12)
+
+    def run() -> list[tuple[str, int]]:
+        after: list[tuple[str, int]] = []
+        with IdleWindow(30.0, gil_aware=True) as window:
+            assert idlewrite.current_window() is window
+            out = ckwriter.DigestFile(
+                tmp_path / "f", ckwriter.Digest("crc32"), buffer_bytes=256 << 10
+            )
+            for name, part in (("header", header), ("data", data), ("descriptor", descriptor)):
+                calls.append((name, 0, -1))
+                out.write(part)
+                after.append((f"after {name}", _policy()))
+            calls.append(("close", 0, -1))
+            out.close()
+            after.append(("after close", _policy()))
+        assert idlewrite.current_window() is None
+        return after
+
+    after = _in_thread(run)
+    assert after == [
+        ("after header", os.SCHED_OTHER),
+        ("after data", os.SCHED_OTHER),
+        ("after descriptor", os.SCHED_IDLE),
+        ("after close", os.SCHED_OTHER),
+    ]
+    during: dict[str, list[int]] = {}
+    for what, _, policy in calls:
+        if policy < 0:
+            call = during.setdefault(what, [])
+        else:
+            call.append(policy)
+    # a few bytes (the header, the descriptor): copied with the lock, at the thread's
+    # policy; the data and the tail at close: copied and written without it, lowered
+    assert during["header"] == [os.SCHED_OTHER] and during["descriptor"] == [os.SCHED_OTHER]
+    assert len(during["data"]) >= 8 and set(during["data"]) == {os.SCHED_IDLE}, calls
+    assert during["close"] == [os.SCHED_IDLE], calls
+    assert (tmp_path / "f").read_bytes() == header + data + descriptor
+
+
+@needs_restore
+def test_a_gil_aware_window_past_its_bound_is_never_lowered_again(tmp_path: Path) -> None:
+    def run() -> tuple[list[int], IdleOutcome]:
+        seen = []
+        with IdleWindow(0.05, gil_aware=True) as window:
+            time.sleep(0.3)
+            window.lower()
+            seen.append(_policy())
+            window.hold()
+            window.lower()
+            seen.append(_policy())
+        return seen, window.outcome
+
+    assert _in_thread(run) == ([os.SCHED_OTHER, os.SCHED_OTHER], IdleOutcome.BOUNDED)
+
+
+@needs_restore
+def test_torch_save_through_a_gil_aware_window_loads_back_with_its_checksum(
+    tmp_path: Path,
+) -> None:
+    from rankguard.checkpoint.writer import Digest, DigestFile
+
+    tensors = {"a": torch.randn(256, 1024), "b": torch.arange(10)}
+    digest = Digest("crc32")
+
+    def run() -> IdleOutcome:
+        with IdleWindow(30.0, gil_aware=True) as window:
+            out = DigestFile(tmp_path / "t.pt", digest, zip_crcs=True)
+            torch.save(tensors, out)
+            out.close()
+        return window.outcome
+
+    assert _in_thread(run) is IdleOutcome.IDLE
+    raw = (tmp_path / "t.pt").read_bytes()
+    assert digest.complete and digest.hexdigest() == f"{zlib.crc32(raw):08x}"
+    loaded = torch.load(tmp_path / "t.pt")
+    assert all(torch.equal(loaded[k], v) for k, v in tensors.items())
