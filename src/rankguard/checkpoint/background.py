@@ -14,9 +14,8 @@ second read of the checkpoint
 checksums there: those files are read back). In the training process (DCP's thread)
 the write keeps the training's priority, or with ``priority="idle"`` runs in
 ``SCHED_IDLE`` for at most ``idle_max_s`` seconds
-(:class:`~rankguard.checkpoint.idlewrite.IdleWindow`), there only while it runs
-without the interpreter lock (``gil_aware``: the lock is the training thread's too).
-A blocking save uses DCP's plain writer: it runs in the training thread.
+(:class:`~rankguard.checkpoint.idlewrite.IdleWindow`). A blocking save uses DCP's
+plain writer: it runs in the training thread.
 """
 
 from __future__ import annotations
@@ -115,7 +114,7 @@ class BackgroundWriter(FileSystemWriter):
         if self.priority == "idle":
             # DCP's thread writes the whole file list in this call (one writer thread)
             with self._idle_lock:
-                window = None if self._waited else IdleWindow(self.idle_max_s, gil_aware=True)
+                window = None if self._waited else IdleWindow(self.idle_max_s)
                 if window is not None:
                     window.__enter__()
                 self.idle = window

@@ -12,16 +12,9 @@ class it runs when a core would otherwise idle. Two risks, both bounded here:
   starve the write: after ``max_s`` seconds the thread goes back to the policy it had,
   so the write finishes at the training's priority;
 - the thread shares the interpreter lock with the training thread: descheduled while
-  holding it, it holds the training up until a core is free for it, which on a node
-  that other processes keep busy can take long. A window opened with
-  ``gil_aware=True`` is the thread's :func:`current_window`: the writer's file
-  (:class:`~rankguard.checkpoint.writer.DigestFile`) raises the thread back to its
-  policy (:meth:`IdleWindow.hold`) whenever it runs Python, which needs the lock, and
-  lowers it (:meth:`IdleWindow.lower`) only around the calls that let go of the lock
-  (the copy into the aligned buffer, the write calls, zlib) and after each ``torch.save``
-  record, where torch computes the next record's CRC-32 without the lock. The bulk of
-  the write's CPU stays in ``SCHED_IDLE``; what holds the lock runs at the training's
-  priority (microseconds at a time).
+  holding it, it holds the training up. Most of the writer's time is in calls that let
+  go of the lock (the copy into the aligned buffer, the write calls, zlib); the rest is
+  short, and the training thread waiting for the lock leaves its core to the writer.
 
 Going back to a normal policy from ``SCHED_IDLE`` needs ``CAP_SYS_NICE`` or an
 ``RLIMIT_NICE`` that allows it: where neither holds the thread is never lowered (a
@@ -38,9 +31,7 @@ import threading
 import time
 from types import TracebackType
 
-__all__ = ["IdleOutcome", "IdleWindow", "current_window", "restore_permitted"]
-
-_current = threading.local()  # the gil-aware window open on this thread
+__all__ = ["IdleOutcome", "IdleWindow", "restore_permitted"]
 
 
 class IdleOutcome(str, enum.Enum):
@@ -79,12 +70,6 @@ def _probe() -> bool:
     return bool(ok and ok[0])
 
 
-def current_window() -> IdleWindow | None:
-    """The ``gil_aware`` window open on the calling thread, if any."""
-    window: IdleWindow | None = getattr(_current, "window", None)
-    return window
-
-
 @functools.cache
 def restore_permitted() -> bool:
     """Whether a thread of this process may be lowered to ``SCHED_IDLE`` and raised
@@ -98,25 +83,18 @@ class IdleWindow:
 
     The bound is kept by a timer thread started before the lowering (a thread inherits
     its creator's policy: the timer keeps the caller's). ``outcome`` and
-    ``idle_s`` (how long the window was open) tell what happened once the block has
-    ended. While the window is open the thread may go back to its policy and down
-    again (:meth:`hold`, :meth:`lower`); once it is closed (the block's end, the bound,
-    :meth:`end`) it stays at its policy."""
+    ``idle_s`` tell what happened once the block has ended."""
 
-    def __init__(
-        self, max_s: float, *, permitted: bool | None = None, gil_aware: bool = False
-    ) -> None:
+    def __init__(self, max_s: float, *, permitted: bool | None = None) -> None:
         assert max_s > 0, max_s
         self.max_s = max_s
         self._permitted = permitted
-        self.gil_aware = gil_aware
         self.outcome = IdleOutcome.NOT_PERMITTED
         self.idle_s = 0.0
         self._lock = threading.Lock()
         self._tid = 0
         self._policy = 0
         self._param: os.sched_param | None = None
-        self._open = False  # lowering allowed (between the lowering and the close)
         self._lowered = False
         self._t0 = 0.0
         self._timer: threading.Timer | None = None
@@ -135,30 +113,9 @@ class IdleWindow:
         timer.start()  # before the lowering: the timer keeps the caller's policy
         self._timer = timer
         os.sched_setscheduler(self._tid, os.SCHED_IDLE, os.sched_param(0))
-        self._open = self._lowered = True
+        self._lowered = True
         self.outcome = IdleOutcome.IDLE
-        if self.gil_aware:
-            _current.window = self
         return self
-
-    def hold(self) -> None:
-        """On the window's thread: back to its policy, the window kept open (the
-        thread runs Python: it holds the interpreter lock)."""
-        if self._lowered:
-            with self._lock:
-                if self._lowered:
-                    assert self._param is not None
-                    os.sched_setscheduler(self._tid, self._policy, self._param)
-                    self._lowered = False
-
-    def lower(self) -> None:
-        """On the window's thread: in ``SCHED_IDLE`` again while the window is open
-        (next: a call that lets go of the interpreter lock)."""
-        if self._open and not self._lowered:
-            with self._lock:
-                if self._open and not self._lowered:
-                    os.sched_setscheduler(self._tid, os.SCHED_IDLE, os.sched_param(0))
-                    self._lowered = True
 
     def end(self) -> None:
         """From any thread: the thread back to its policy now (the training waits for
@@ -167,14 +124,12 @@ class IdleWindow:
 
     def _restore(self, why: IdleOutcome | None = None) -> None:
         with self._lock:
-            if not self._open:
+            if not self._lowered:
                 return
-            self._open = False
+            self._lowered = False
             self.idle_s = time.monotonic() - self._t0
-            if self._lowered:
-                assert self._param is not None
-                os.sched_setscheduler(self._tid, self._policy, self._param)
-                self._lowered = False
+            assert self._param is not None
+            os.sched_setscheduler(self._tid, self._policy, self._param)
             if why is not None:
                 self.outcome = why
 
@@ -186,6 +141,4 @@ class IdleWindow:
     ) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        if getattr(_current, "window", None) is self:
-            del _current.window
         self._restore()

@@ -17,13 +17,7 @@ The copy into the aligned buffer is NumPy's, which releases the interpreter lock
 async save writes from a thread of the training process, and a copy that held the lock
 (a ``memoryview`` assignment, a fifth of the writing thread's CPU) held up the training
 thread at each point where it needs the lock (between two operators), for up to a
-4 MiB copy each time. A file made on a thread with a ``gil_aware`` idle window open
-(:func:`rankguard.checkpoint.idlewrite.current_window`: the thread writer with
-``async_write_priority: idle``) keeps the thread in ``SCHED_IDLE`` only for those
-calls without the lock, and after each ``torch.save`` record's data descriptor (torch
-computes the next record's CRC-32 without the lock); its Python runs at the training's
-priority (but for the few lines between two such calls), so the training thread does
-not wait for the lock on a thread that the scheduler leaves for last.
+4 MiB copy each time.
 """
 
 from __future__ import annotations
@@ -39,7 +33,6 @@ from typing import Any
 
 import numpy as np
 
-from rankguard.checkpoint.idlewrite import current_window
 from rankguard.checkpoint.zipcrc import ZipRecordTap, crc32_combine
 
 __all__ = ["Digest", "DigestFile"]
@@ -47,8 +40,6 @@ __all__ = ["Digest", "DigestFile"]
 #: from this size on a copy is NumPy's, without the interpreter lock (below it the
 #: call costs more than the copy)
 GIL_FREE_COPY_BYTES = 64 << 10
-
-_DESCRIPTOR = b"PK\x07\x08"  # a zip record's data descriptor (after its bytes)
 
 
 def copy_bytes(dst: memoryview, src: memoryview) -> None:
@@ -151,32 +142,19 @@ class DigestFile:
         self._fill = 0
         self._pos = 0
         self._closed = False
-        #: the thread's gil-aware idle window (the file is written by the thread that
-        #: made it: DCP's writer threads each open their own files)
-        self._window = current_window()
 
     def write(self, data: Any) -> int:
-        window = self._window
-        if window is not None:
-            window.hold()  # Python from here: at the thread's policy
         src = memoryview(data).cast("B")
         size, start, room = src.nbytes, 0, len(self._view)
         hash_now = self.tap is None or self.tap.hash_now(src)
-        bulk = window if size >= GIL_FREE_COPY_BYTES else None  # calls without the lock
         if not self.direct and not self._fill:  # through the page cache: no buffer copy
-            if bulk is not None:
-                bulk.lower()
             if hash_now:
                 self.digest.update(src)
             self._write_all(src)
-            if bulk is not None:
-                bulk.hold()
             self._pos += size
             return size
         while start < size:
             take = min(size - start, room - self._fill)
-            if bulk is not None:
-                bulk.lower()
             with self._view[self._fill : self._fill + take] as part:
                 copy_bytes(part, src[start : start + take])
                 if hash_now:  # from the buffer, while in the cache
@@ -185,11 +163,7 @@ class DigestFile:
             start += take
             if self._fill == room:
                 self._drain(room)
-            if bulk is not None:
-                bulk.hold()
         self._pos += size
-        if window is not None and size in (16, 24) and src[:4] == _DESCRIPTOR:
-            window.lower()  # torch computes the next record's CRC-32 without the lock
         return size
 
     def _drain(self, nbytes: int) -> None:
@@ -220,14 +194,9 @@ class DigestFile:
             return
         if self.tap is not None:
             self.tap.close()
-        window = self._window
         try:
-            if window is not None:
-                window.lower()
             self._write_tail()
         finally:
-            if window is not None:
-                window.hold()
             self.abandon()
 
     def _write_tail(self) -> None:
