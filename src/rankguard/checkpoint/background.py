@@ -3,8 +3,10 @@ save: DCP is not imported before a rank's first checkpoint).
 
 :class:`BackgroundWriter` is DCP's ``FileSystemWriter`` (every file fsynced) whose
 ``write_data`` runs, in DCP's checkpoint process, at the priority that leaves the
-cores to the training (:func:`rankguard.util.cpuprio.yield_cpu`), and whose files are
-written past the page cache where the file system allows it
+cores to the training (``SCHED_IDLE`` for at most ``idle_max_s`` seconds,
+:class:`~rankguard.checkpoint.idlewrite.IdleWindow`; for good,
+:func:`rankguard.util.cpuprio.yield_cpu`, where the process may not raise it back),
+and whose files are written past the page cache where the file system allows it
 (:class:`~rankguard.checkpoint.writer.DigestFile`: a fraction of the CPU of a buffered
 write) and checksummed from the bytes as they are written, so the manifest needs no
 second read of the checkpoint
@@ -30,7 +32,7 @@ from torch import serialization
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
-from rankguard.checkpoint.idlewrite import IdleOutcome, IdleWindow
+from rankguard.checkpoint.idlewrite import IdleOutcome, IdleWindow, restore_permitted
 from rankguard.checkpoint.writer import Digest, DigestFile
 from rankguard.util.cpuprio import yield_cpu
 
@@ -98,11 +100,18 @@ class BackgroundWriter(FileSystemWriter):
         self._waited = False  # the training waits for this write: no idle window
 
     def write_data(self, plan: Any, planner: Any) -> Any:
-        if self.yield_if_elsewhere():
+        if self.in_checkpoint_process():
             fs = self.fs
             assert isinstance(fs, _DigestFileSystem)
             fs.direct = False
-        elif self.priority == "idle":
+            # DCP's checkpoint process: no interpreter lock shared with the training
+            window = IdleWindow(self.idle_max_s) if restore_permitted() else None
+            if window is None:
+                yield_cpu()  # for good: this process may not raise it back
+                return super().write_data(plan, planner)
+            with window:
+                return super().write_data(plan, planner)
+        if self.priority == "idle":
             # DCP's thread writes the whole file list in this call (one writer thread)
             with self._idle_lock:
                 window = None if self._waited else IdleWindow(self.idle_max_s)
@@ -153,16 +162,11 @@ class BackgroundWriter(FileSystemWriter):
             "the write ran at the training's priority"
         )
 
-    def yield_if_elsewhere(self) -> bool:
-        """In DCP's checkpoint process (``async_checkpointer_type: process``) the write
-        runs at idle priority; in the training process (DCP's thread) it keeps the
-        training's: a thread shares the interpreter lock with the training thread, and
-        one in ``SCHED_IDLE`` descheduled while holding it (other processes keeping
-        every core busy) would hold the training up with it."""
-        if os.getpid() == self._owner_pid:
-            return False
-        yield_cpu()
-        return True
+    def in_checkpoint_process(self) -> bool:
+        """Whether this runs in DCP's checkpoint process (``async_checkpointer_type:
+        process``), whose write runs at idle priority, bounded; in the training process
+        (DCP's thread) it keeps the training's unless ``priority="idle"``."""
+        return os.getpid() != self._owner_pid
 
     def checksums(self) -> dict[str, Digest]:
         """``{file name: digest}`` of the files this writer wrote in this process."""

@@ -70,9 +70,10 @@ class CheckpointConfig:
     async_idle_max_s: float = field(
         default=30.0,
         metadata={
-            "help": "async_write_priority=idle: seconds of a write in SCHED_IDLE before "
-            "it goes on at the training's priority (bounds the time to a durable "
-            "checkpoint when the training leaves no core idle)."
+            "help": "async_write_priority=idle, and the process writer (always in "
+            "SCHED_IDLE): seconds of a write in SCHED_IDLE before it goes on at the "
+            "training's priority (bounds the time to a durable checkpoint when the "
+            "training leaves no core idle)."
         },
     )
     most_recent_k: int | None = field(

@@ -109,10 +109,10 @@ class IdleWindow:
         timer = threading.Timer(self.max_s, self._restore, args=(IdleOutcome.BOUNDED,))
         timer.daemon = True
         timer.name = "rankguard-idle-bound"
+        self._t0 = time.monotonic()  # before the timer's start: idle_s >= max_s if bound
         timer.start()  # before the lowering: the timer keeps the caller's policy
         self._timer = timer
         os.sched_setscheduler(self._tid, os.SCHED_IDLE, os.sched_param(0))
-        self._t0 = time.monotonic()
         self._lowered = True
         self.outcome = IdleOutcome.IDLE
         return self

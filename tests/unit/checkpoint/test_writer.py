@@ -22,6 +22,7 @@ import torch
 from rankguard.checkpoint import CheckpointConfig, CheckpointManager
 from rankguard.checkpoint import files as ckfiles
 from rankguard.checkpoint.files import MANIFEST_FILE, checksum_file
+from rankguard.checkpoint.idlewrite import restore_permitted
 from rankguard.checkpoint.writer import Digest, DigestFile
 from rankguard.util.cpuprio import yield_cpu
 
@@ -102,24 +103,70 @@ def test_an_async_save_in_the_training_process_reads_nothing_back(
         assert entry["checksum"] == checksum_file(step / name, algo), name
 
 
-def test_the_writer_yields_the_cpu_only_in_another_process(tmp_path: Path) -> None:
+def _policies_in_write_data(
+    writer: Any, monkeypatch: pytest.MonkeyPatch, slow_s: float = 0.0
+) -> tuple[list[int], int]:
+    """``writer.write_data`` on a thread of its own, DCP's own write replaced: the
+    thread's policy as that write starts and after ``slow_s`` s, then after the call."""
+    seen: list[int] = []
+
+    def fake_write(self: Any, plan: Any, planner: Any) -> None:
+        seen.append(_policy())
+        time.sleep(slow_s)
+        seen.append(_policy())
+
+    monkeypatch.setattr(type(writer).__mro__[1], "write_data", fake_write)
+    after: list[int] = []
+
+    def run() -> None:
+        writer.write_data(None, None)
+        after.append(_policy())
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(60)
+    return seen, after[0]
+
+
+def test_the_writer_yields_the_cpu_only_in_another_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """In DCP's checkpoint process (``async_checkpointer_type: process``) the write runs
-    in SCHED_IDLE; in the process that built the writer it never changes a priority."""
+    in SCHED_IDLE and its thread gets its policy back after it (or, where the process may
+    not raise it back, stays lowered); in the process that built the writer it never
+    changes a priority."""
+    from rankguard.checkpoint import idlewrite
     from rankguard.checkpoint.background import BackgroundWriter
 
     writer = BackgroundWriter(tmp_path / "w")
-    seen: dict[str, Any] = {}
-
-    def look() -> None:
-        seen["here"] = writer.yield_if_elsewhere(), _policy()
-        writer._owner_pid = os.getpid() + 1  # as in the checkpoint process
-        seen["there"] = writer.yield_if_elsewhere(), _policy()
-
-    t = threading.Thread(target=look)
-    t.start()
-    t.join()
-    assert seen == {"here": (False, os.SCHED_OTHER), "there": (True, os.SCHED_IDLE)}
+    assert not writer.in_checkpoint_process()
+    here = _policies_in_write_data(writer, monkeypatch)
+    writer._owner_pid = os.getpid() + 1  # as in the checkpoint process
+    assert writer.in_checkpoint_process()
+    there = _policies_in_write_data(writer, monkeypatch)
+    assert here == ([os.SCHED_OTHER] * 2, os.SCHED_OTHER)
+    if idlewrite.restore_permitted():
+        assert there == ([os.SCHED_IDLE] * 2, os.SCHED_OTHER)
+    else:
+        assert there == ([os.SCHED_IDLE] * 2, os.SCHED_IDLE)
     assert _policy() == os.SCHED_OTHER
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "SCHED_IDLE") or not restore_permitted(),
+    reason="raising a thread back from SCHED_IDLE not permitted",
+)
+def test_the_checkpoint_process_write_is_bounded_like_the_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A training that leaves no idle core cannot starve the process writer for good:
+    after ``async_idle_max_s`` its write goes on at the normal priority."""
+    from rankguard.checkpoint.background import BackgroundWriter
+
+    writer = BackgroundWriter(tmp_path / "w", idle_max_s=0.05)
+    writer._owner_pid = os.getpid() + 1
+    seen, after = _policies_in_write_data(writer, monkeypatch, slow_s=0.5)
+    assert (seen, after) == ([os.SCHED_IDLE, os.SCHED_OTHER], os.SCHED_OTHER)
 
 
 def test_a_sync_save_never_lowers_the_training_thread(tmp_path: Path) -> None:
