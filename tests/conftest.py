@@ -36,17 +36,22 @@ def pytest_configure(config: pytest.Config) -> None:
     run one OpenMP thread per core, spinning between operations: on 2 cores a two-node
     job's ranks burned 2.6 times the CPU they needed (16.9 s against 6.4 s each, for 60
     steps). Several ranks on one node get 1 from the launcher anyway, as with torchrun;
-    the tests that check that rule remove the variable first."""
+    the tests that check that rule remove the variable first.
+
+    Torch is imported only where tests run: in each xdist worker, or in pytest itself
+    without workers. The controller of ``-n 4`` runs no test, and its import of torch
+    (1.5-2.5 s of CPU) came before it started any worker."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    runs_tests = "PYTEST_XDIST_WORKER" in os.environ or not config.getoption("numprocesses", 0)
+    if not runs_tests:
+        return
     import torch
 
     torch.set_num_threads(1)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     # When each test ran (tests/timeline.py, with RANKGUARD_TEST_TIMELINE set), recorded
-    # where tests run: in each xdist worker, or in pytest itself without workers, never in
-    # the controller (which hears of the workers' tests late).
+    # where tests run, never in the controller (which hears of the workers' tests late).
     directory = os.environ.get(TIMELINE_ENV)
-    runs_tests = "PYTEST_XDIST_WORKER" in os.environ or not config.getoption("numprocesses", 0)
-    if directory and runs_tests:
+    if directory:
         config.pluginmanager.register(Recorder(directory), "rankguard-timeline")
 
 

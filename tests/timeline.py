@@ -2,14 +2,18 @@
 
 With ``RANKGUARD_TEST_TIMELINE=<dir>`` set, every pytest process of the run (each xdist
 worker, or pytest alone) appends one JSON line per test to ``<dir>/<worker>.jsonl``
-(``tests/conftest.py``): the test's node id, its start and end (``time.time()``) and its
-outcome. ``.ci/run`` sets it and prints the summary after the tests:
+(``tests/conftest.py``): the test's node id, its start and end (``time.time()``), its
+outcome and its CPU seconds (``os.times()``: the worker's own user and system time and
+that of the children it reaped during the test: a launcher and the ranks it reaped, not
+the processes forked by a forkserver the worker does not wait for, nor a Slurm job's).
+``.ci/run`` sets it and prints the summary after the tests:
 
     python -m tests.timeline <dir>
 
 The summary says when each worker started its first test and ended its last (seconds
 from the first test's start), the busy share of each, how long the run's end waited on
-the last worker alone, and the tests that ran in that tail.
+the last worker alone, the tests that ran in that tail, and the tests that cost the most
+CPU.
 """
 
 from __future__ import annotations
@@ -25,6 +29,12 @@ ENV = "RANKGUARD_TEST_TIMELINE"
 MAX_LINE = 4096  # a line longer than this (a corrupt file) is skipped
 
 
+def cpu_seconds() -> float:
+    """User and system CPU of this process and of the children it has reaped."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 class Recorder:
     """A pytest plugin: one worker's lines, each appended with one write."""
 
@@ -34,22 +44,25 @@ class Recorder:
         path = Path(directory) / f"{worker}.jsonl"
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self.worker = worker
-        self._start: dict[str, float] = {}
+        self._start: dict[str, tuple[float, float]] = {}
         self._failed: set[str] = set()
 
     def pytest_runtest_logstart(self, nodeid: str) -> None:
-        self._start[nodeid] = time.time()
+        self._start[nodeid] = (time.time(), cpu_seconds())
 
     def pytest_runtest_logreport(self, report: Any) -> None:
         if report.failed:
             self._failed.add(report.nodeid)
 
     def pytest_runtest_logfinish(self, nodeid: str) -> None:
-        t0 = self._start.pop(nodeid, None)
-        if t0 is None:
+        start = self._start.pop(nodeid, None)
+        if start is None:
             return
+        t0, c0 = start
         outcome = "failed" if nodeid in self._failed else "ok"
+        cpu = round(cpu_seconds() - c0, 3)
         line = {"w": self.worker, "id": nodeid, "t0": t0, "t1": time.time(), "o": outcome}
+        line["cpu"] = cpu
         os.write(self._fd, (json.dumps(line) + "\n").encode())
 
     def pytest_unconfigure(self) -> None:
@@ -77,8 +90,9 @@ def read(directory: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def summary(rows: list[dict[str, Any]], tail_tests: int = 10) -> list[str]:
-    """The lines ``.ci/run`` prints: each worker's span and busy share, the tail."""
+def summary(rows: list[dict[str, Any]], tail_tests: int = 10, top_cpu: int = 15) -> list[str]:
+    """The lines ``.ci/run`` prints: each worker's span and busy share, the tail, the
+    tests that cost the most CPU."""
     if not rows:
         return ["timeline: no test recorded"]
     origin = min(r["t0"] for r in rows)
@@ -111,6 +125,14 @@ def summary(rows: list[dict[str, Any]], tail_tests: int = 10) -> list[str]:
             lines.append(
                 f"timeline:   in the tail: {r['id']} ({r['w']}, {r['t0'] - origin:.0f} s -> "
                 f"{r['t1'] - origin:.0f} s)"
+            )
+    costed = [r for r in rows if isinstance(r.get("cpu"), (int, float))]
+    if costed and top_cpu:
+        total = sum(r["cpu"] for r in costed)
+        lines.append(f"timeline: CPU recorded: {total:.0f} s over {len(costed)} tests")
+        for r in sorted(costed, key=lambda r: -r["cpu"])[:top_cpu]:
+            lines.append(
+                f"timeline:   CPU {r['cpu']:.1f} s, wall {r['t1'] - r['t0']:.0f} s: {r['id']}"
             )
     return lines
 

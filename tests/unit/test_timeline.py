@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -60,3 +63,42 @@ def test_the_recorder_appends_one_line_per_test_and_a_corrupt_line_is_skipped(
     assert all(r["t1"] >= r["t0"] for r in rows)
     assert main([str(tmp_path / "tl")]) == 0
     assert main([str(tmp_path / "missing")]) == 2
+
+
+def test_each_line_has_the_tests_cpu_and_the_summary_names_the_costliest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    rec = Recorder(str(tmp_path / "tl"))
+    rec.pytest_runtest_logstart("t::busy")
+    deadline = time.process_time() + 0.2
+    while time.process_time() < deadline:  # 0.2 s of this process's CPU
+        pass
+    rec.pytest_runtest_logfinish("t::busy")
+    rec.pytest_runtest_logstart("t::child")
+    # a child reaped during the test counts: 0.2 s of its CPU
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import time\nd = time.process_time() + 0.2\nwhile time.process_time() < d: pass",
+        ],
+        check=True,
+    )
+    rec.pytest_runtest_logfinish("t::child")
+    rec.pytest_unconfigure()
+    rows = {r["id"]: r for r in read(tmp_path / "tl")}
+    assert rows["t::busy"]["cpu"] >= 0.19
+    assert rows["t::child"]["cpu"] >= 0.19
+    lines = summary(
+        [
+            {**_row("gw0", "cheap", 0.0, 9.0), "cpu": 0.5},
+            {**_row("gw1", "costly", 0.0, 3.0), "cpu": 12.25},
+            _row("gw1", "older line, no cpu", 3.0, 4.0),
+        ]
+    )
+    assert lines[-3:] == [
+        "timeline: CPU recorded: 13 s over 2 tests",
+        "timeline:   CPU 12.2 s, wall 3 s: costly",
+        "timeline:   CPU 0.5 s, wall 9 s: cheap",
+    ]
