@@ -89,27 +89,12 @@ def run_main(argv: list[str]) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"rankguard run: {_one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
-    _early_fork_server(argv, pre, cfg)
     # torch's import ahead: collected once when the launch starts (freeze_startup)
     pause_collection()
     try:
         return _parse_and_launch(argv, pre, cfg, defaults)
     finally:
         resume_collection()  # an error line before the launch: collection as it was
-
-
-def _early_fork_server(argv: list[str], pre: Any, cfg: RankguardConfig) -> None:
-    """``--preload``: its fork server starts now, once rankguard's own settings are
-    checked, so that its import of torch overlaps the launcher's (torchrun's parser
-    imports torch). A launch refused later leaves it behind for no time: the server
-    dies with the launcher (its parent-death signal), it forked no rank yet."""
-    from rankguard.launcher.earlyfork import preload_requested, start_early
-
-    if pre.no_python or {"-h", "--help"} & set(argv):
-        return
-    modules = preload_requested(argv)
-    if modules:
-        start_early(argv, modules, cfg.envs, pre.nproc_per_node)
 
 
 def _parse_and_launch(

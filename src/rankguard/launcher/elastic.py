@@ -95,11 +95,9 @@ def entrypoint(opts: LaunchOptions) -> tuple[Any, list[str], str]:
     worker_args = ["-m"] if opts.module else []
     worker_args += [opts.target, *opts.target_args]
     if opts.preload:  # torch elastic's function entry point, forked by the fork server
-        from rankguard.launcher.earlyfork import env_argument
         from rankguard.launcher.worker import forked_main
 
-        # the launcher's environment now, where the fork server started before it was set
-        return forked_main, [*env_argument(), *worker_args], "forkserver"
+        return forked_main, worker_args, "forkserver"
     # The start method is unused: a command entry point starts as a subprocess.
     python = os.environ.get("PYTHON_EXEC", sys.executable)
     return python, ["-u", "-m", "rankguard.launcher.worker", *worker_args], opts.start_method

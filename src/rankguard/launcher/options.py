@@ -134,11 +134,6 @@ class LaunchOptions:
             return self.rdzv_id
         if self.multi_node:
             return "none"  # torchrun's default id: every node must agree on it
-        from rankguard.launcher.earlyfork import take_run_id
-
-        made = take_run_id()  # made for --preload's fork server, started early
-        if made is not None:
-            return made
         return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
 
 

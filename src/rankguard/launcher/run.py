@@ -31,8 +31,6 @@ from rankguard.ft.flightrec import flight_recorder_env
 from rankguard.launcher.agent import RankguardAgent, first_failure
 from rankguard.launcher.checks import check_launch
 from rankguard.launcher.console import LiveStatus, run_end_line
-from rankguard.launcher.earlyfork import fork_server_tempdir as _fork_server_tempdir
-from rankguard.launcher.earlyfork import server_preload
 from rankguard.launcher.elastic import build_agent, features_line
 from rankguard.launcher.exitcodes import (
     EXIT_NODE_EXCLUDED,
@@ -230,6 +228,20 @@ def _thread_defaults(opts: LaunchOptions) -> None:
         _say("OMP_NUM_THREADS=1 for each rank (set it yourself to choose another value)")
 
 
+# What a preloaded module's users import later anyway, at a cost of their own: every
+# torch.optim optimizer imports torch._dynamo at its construction (as long as torch's own
+# import on a loaded machine), so a rank forked with torch alone still paid it at every
+# start and restart.
+PRELOAD_WITH: dict[str, tuple[str, ...]] = {"torch": ("torch._dynamo",)}
+
+
+def preload_modules(modules: tuple[str, ...]) -> list[str]:
+    """The fork server's imports for ``--preload modules``, in order: each module, then
+    what its users import later anyway (:data:`PRELOAD_WITH`), once each."""
+    out = [m for name in modules for m in (name, *PRELOAD_WITH.get(name, ()))]
+    return list(dict.fromkeys(out))
+
+
 def start_fork_server(modules: tuple[str, ...]) -> None:
     """``--preload``: start the fork server that imports ``modules`` once; every rank is
     then forked from it, at the first start and at each restart, instead of starting a
@@ -252,7 +264,17 @@ def start_fork_server(modules: tuple[str, ...]) -> None:
             found = False
         if not found:
             raise ValueError(f"--preload: no module named {name!r}")
-    multiprocessing.set_forkserver_preload(server_preload(modules))
+    # "__main__" first, as Python's own default: the forked ranks then do not re-run the
+    # launcher's main module. Then the guard that ties the fork server to the launcher
+    # (it dies with it, and so do the ranks), before the long imports.
+    multiprocessing.set_forkserver_preload(
+        [
+            "__main__",
+            "rankguard.launcher.forkserver_guard",
+            "rankguard.launcher.worker",
+            *preload_modules(modules),
+        ]
+    )
     short = _fork_server_tempdir()
     saved = tempfile.tempdir
     if short is not None:
@@ -270,6 +292,30 @@ def start_fork_server(modules: tuple[str, ...]) -> None:
     _say(
         f"--preload {','.join(modules)}: ranks are forked from a fork server that imported "
         "them once (at start and at every restart)"
+    )
+
+
+#: a Unix socket's longest path (``sun_path`` less its terminating NUL)
+_UNIX_PATH_MAX = 107
+#: what Python's fork server adds to the temp directory for its socket
+_FORK_SERVER_SOCKET = "/pymp-xxxxxxxx/listener-xxxxxxxx"
+
+
+def _fork_server_tempdir() -> str | None:
+    """A shorter directory for the fork server's socket when the temp directory
+    (``TMPDIR``) is too long for a Unix socket's path (a batch scheduler's per-job
+    directory can be); None when it will do. ValueError when no shorter one is usable."""
+    tmp = tempfile.gettempdir()
+    if len(os.fsencode(tmp + _FORK_SERVER_SOCKET)) <= _UNIX_PATH_MAX:
+        return None
+    for short in ("/tmp", "/var/tmp", "/dev/shm"):
+        if os.path.isdir(short) and os.access(short, os.W_OK | os.X_OK):
+            return short
+    raise ValueError(
+        f"--preload: the temp directory {tmp} ({len(tmp)} characters) is too long for the "
+        f"fork server's Unix socket (at most {_UNIX_PATH_MAX - len(_FORK_SERVER_SOCKET)}) "
+        "and neither /tmp, /var/tmp nor /dev/shm is writable: set TMPDIR to a shorter "
+        "directory"
     )
 
 

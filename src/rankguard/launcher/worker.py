@@ -55,7 +55,6 @@ from rankguard.config import run_config
 from rankguard.ft.collectives import CollectiveSampler
 from rankguard.ft.flightrec import TraceDumper
 from rankguard.ft.stacks import install_dump_handler
-from rankguard.launcher.earlyfork import apply_env_argument
 from rankguard.launcher.standby import StandbySession
 from rankguard.live.roles import rewrite_environ
 from rankguard.rank import runenv
@@ -339,12 +338,7 @@ def forked_main(*argv: str) -> None:
     The rank leads a process group of its own, as one torch elastic starts as a new
     interpreter does: the processes the script starts stay in it, and its guard
     (:func:`guard_process_group`) ends them with the rank. (In the fork server's group,
-    the launcher's, they outlived a SIGKILLed launcher.)
-
-    A fork server started before the launcher set its workers' environment gives the
-    rank the launcher's changes as its first argument (:mod:`.earlyfork`): applied
-    first, as a new interpreter would have found them."""
-    argv = apply_env_argument(argv)
+    the launcher's, they outlived a SIGKILLed launcher.)"""
     if sys.platform.startswith("linux"):
         # on failure the guard sees the rank does not lead its group and stays off
         with contextlib.suppress(OSError):
