@@ -35,6 +35,8 @@ Modes (``--modes``, default all), one job after the other:
   a standby while the job goes on (live recovery), an exception or a hang ends in an
   in-process re-entry of every rank; a second loss with no standby left restarts the
   group;
+- ``live-preload``: ``live`` with ``--preload torch`` (its ranks, standbys and any group
+  restart's ranks forked from the fork server; not in the default set, ``--modes``);
 - ``torchrun``: ``python -m torch.distributed.run --standalone --max-restarts N``; a hang
   ends when the peer's gloo collective times out (``--pg-timeout``, the same for all);
 - ``torchrun-fresh``: the same with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (torch's
@@ -132,8 +134,10 @@ LIVE_SETS = [
     "inprocess_restart.max_restarts_per_window=30",
 ]
 RANKGUARD, PRELOAD, LIVE, TORCHRUN = "rankguard", "preload", "live", "torchrun"
+LIVE_PRELOAD = "live-preload"  # live recovery with its ranks forked (--preload torch)
 TORCHRUN_FRESH = "torchrun-fresh"  # torchrun with a fresh store per round (torch's switch)
-MODES = (RANKGUARD, PRELOAD, LIVE, TORCHRUN, TORCHRUN_FRESH)
+MODES = (RANKGUARD, PRELOAD, LIVE, TORCHRUN, TORCHRUN_FRESH)  # the default set
+CHOICES = (*MODES, LIVE_PRELOAD)
 TORCHRUNS = (TORCHRUN, TORCHRUN_FRESH)
 # torch elastic's switch for a fresh rendezvous store per round: without it a restarted
 # gloo group can read a dead peer's address from the store the rounds share
@@ -210,9 +214,9 @@ def build_cmd(job: Job, ckpt_every: int, max_restarts: int, async_save: bool = T
     cmd = [sys.executable, "-u", "-m", "rankguard.cli.main", "run", "--standalone"]
     cmd += ["--nproc-per-node", str(NPROC), "--rdzv-id", job.run_id]
     cmd += ["--log-dir", str(job.workdir / "logs"), *restarts]
-    if job.launcher == PRELOAD:
+    if job.launcher in (PRELOAD, LIVE_PRELOAD):
         cmd += ["--preload", "torch"]
-    elif job.launcher == LIVE:
+    if job.launcher in (LIVE, LIVE_PRELOAD):
         cmd += ["--standby-ranks", "1"]
         sets += LIVE_SETS
     for item in sets:
@@ -462,9 +466,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--modes",
         nargs="+",
-        choices=MODES,
+        choices=CHOICES,
         default=None,
-        help="jobs, one after the other in this order (default: all; --smoke: preload)",
+        help="jobs, one after the other in this order (default: all but live-preload; "
+        "--smoke: preload)",
     )
     p.add_argument("--smoke", action="store_true", help="one exception, a short job")
     args = p.parse_args(argv)

@@ -41,6 +41,20 @@ def test_the_schedule_is_seeded_and_mixes_every_kind() -> None:
     assert sorted(kinds[:8]) == sorted(every * 2) and kinds[8] in every  # rounds of all four
 
 
+def test_live_preload_is_live_recovery_with_forked_ranks(tmp_path: Path) -> None:
+    """``--modes live-preload``: the live mode's standby and in-process settings and
+    ``--preload torch``; the default set stays the five modes."""
+    bench = _bench()
+
+    def cmd(mode: str) -> list[str]:
+        return bench.build_cmd(bench.Job(mode, tmp_path, "r", []), 50, 2)
+
+    live, both = cmd("live"), cmd("live-preload")
+    assert "--preload" not in live and both[both.index("--preload") + 1] == "torch"
+    assert [w for w in both if w not in ("--preload", "torch")] == live
+    assert "live-preload" not in bench.MODES and "live-preload" in bench.CHOICES
+
+
 def test_the_console_ledger_of_a_crash_and_a_restart() -> None:
     bench = _bench()
     job = bench.Job("torchrun", Path("/nonexistent"), "r", [(8.0, "exception")])

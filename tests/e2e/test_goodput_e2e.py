@@ -82,8 +82,12 @@ def test_a_crash_and_a_restart_are_accounted_for(tmp_path: Path, run_id: str) ->
     assert parts["productive"] == pytest.approx(second[-1] - second[0], abs=0.5)
     assert ledger["ettr"] == pytest.approx(parts["productive"] / ledger["wall_s"], abs=1e-3)
     # the wall time runs from the launch: the launcher's own start is start-up
-    launched = json.loads((run_dir / "launcher_node_0.json").read_text())["started_unix_s"]
+    launcher = json.loads((run_dir / "launcher_node_0.json").read_text())
+    launched = launcher["started_unix_s"]
     assert ledger["start_unix_s"] == pytest.approx(launched, abs=1e-3)
+    # ... to the launcher seeing its last ranks gone (their exit after the last record)
+    assert ledger["end_unix_s"] == pytest.approx(launcher["ended_unix_s"], abs=1e-3)
+    assert launcher["ended_unix_s"] >= second[-1]
     assert parts["startup"] > first[0] - launched - 0.5  # launch -> first step, and more
     (cut,) = ledger["interruptions"]
     assert cut["resumed_from"] == 0 and cut["iteration"] == len(first)

@@ -28,8 +28,9 @@ a lost rank replaced by a standby process while the job went on, with ``fault_t`
 ``resumed_t`` and ``steps_redone``; when the lost rank was rank 0, its standby's
 heartbeat file continues the same attempt); ``findings.jsonl`` the first evidence of a
 fault (a finding's detection time); node 0's ``launcher_node_0.json`` the launch
-(``started_unix_s``), where the wall time starts. Reads are bounded: at most
-``MAX_LINES`` lines a file.
+(``started_unix_s``), where the wall time starts, and, once the agent's run is over,
+``ended_unix_s``: the job's end (the ranks' exit after their last record included).
+Reads are bounded: at most ``MAX_LINES`` lines a file.
 """
 
 from __future__ import annotations
@@ -55,7 +56,14 @@ from rankguard.schema.layout import (
     launcher_file_name,
 )
 
-__all__ = ["LIVE_RECOVERY", "MAX_LINES", "read_attempts", "read_launch", "read_ledger"]
+__all__ = [
+    "LIVE_RECOVERY",
+    "MAX_LINES",
+    "read_attempts",
+    "read_launch",
+    "read_launch_end",
+    "read_ledger",
+]
 
 MAX_LINES = 2_000_000
 LIVE_RECOVERY = "live_recovery"  # restarts.jsonl's kind of a live recovery's line
@@ -365,8 +373,8 @@ def read_attempts(run_dir: str | os.PathLike[str]) -> list[Attempt]:
     return attempts
 
 
-def read_launch(run_dir: str | os.PathLike[str]) -> float | None:
-    """When node 0's launcher started (its ``started_unix_s``), or None."""
+def _launcher_file(run_dir: str | os.PathLike[str]) -> JsonObject | None:
+    """Node 0's launcher file, or None (none, too long, not JSON)."""
     path = Path(run_dir) / launcher_file_name(0)
     try:
         with open(path, "rb") as fh:
@@ -379,7 +387,21 @@ def read_launch(run_dir: str | os.PathLike[str]) -> float | None:
         obj = json.loads(raw)
     except (ValueError, RecursionError):
         return None
-    return as_finite(obj.get("started_unix_s")) if isinstance(obj, dict) else None
+    return obj if isinstance(obj, dict) else None
+
+
+def read_launch(run_dir: str | os.PathLike[str]) -> float | None:
+    """When node 0's launcher started (its ``started_unix_s``), or None."""
+    obj = _launcher_file(run_dir)
+    return as_finite(obj.get("started_unix_s")) if obj is not None else None
+
+
+def read_launch_end(run_dir: str | os.PathLike[str]) -> float | None:
+    """When node 0's launcher saw its last workers end (its ``ended_unix_s``, written
+    once the agent's run is over), or None (the launch goes on, or ended before it
+    recorded it)."""
+    obj = _launcher_file(run_dir)
+    return as_finite(obj.get("ended_unix_s")) if obj is not None else None
 
 
 def read_ledger(run_dir: str | os.PathLike[str]) -> Ledger | None:
@@ -390,4 +412,8 @@ def read_ledger(run_dir: str | os.PathLike[str]) -> Ledger | None:
         return None
     last = attempts[-1]  # a stop decided after the last rank's end ends the job
     end = max(last.end, last.decision or last.end)
+    ended = read_launch_end(run_dir)
+    if ended is not None and ended > last.start:  # not an earlier launch's end
+        # the ranks' exit after their last record and the agent's seeing it: the job's
+        end = max(end, ended)
     return build_ledger(attempts, end, launched=read_launch(run_dir))

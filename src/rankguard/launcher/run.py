@@ -14,11 +14,13 @@ stop services -> summary and exit code (:mod:`.exitcodes`). Workers are started 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
 import sys
 import tempfile
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -687,6 +689,25 @@ def _run_agent(agent: RankguardAgent, node: NodeStart) -> tuple[Any, int | None]
             node.live.stop()
 
 
+def _mark_launch_end(run_dir: Path) -> None:
+    """Node 0's launcher file gains ``ended_unix_s``: now, the agent's run over (its
+    workers gone, which the goodput ledger's wall time includes: a rank's interpreter
+    exits seconds after its last record on a loaded machine). Only the file this
+    process wrote (a job retry's launcher may have rewritten it)."""
+    path = layout.RunLayout(run_dir).launcher(0)
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if not isinstance(obj, dict) or obj.get("pid") != os.getpid():
+        return
+    obj["ended_unix_s"] = round(time.time(), 3)
+    try:
+        atomic_write_json(path, obj)
+    except OSError as exc:
+        logger.warning("rankguard: %s: the launch's end not recorded: %s", path, exc)
+
+
 def _launch_end(
     result: Any, stopped_by: int | None, agent: Any, services: NodeServices
 ) -> str | None:
@@ -717,6 +738,8 @@ def _end_word(
 def _stop(services: NodeServices, handler: Any, run_dir: Path, end: str | None) -> None:
     """Stop the node's services; the run is over (``end``: how the agent's run ended,
     for the final status; None: it did not say)."""
+    if services.node_rank == 0:  # before the final status: its goodput ledger ends here
+        _mark_launch_end(run_dir)
     if services.monitor is not None:
         services.monitor.note_end(end)
     status = services.stop()

@@ -343,6 +343,41 @@ def test_the_wall_time_runs_from_the_launch(tmp_path: Path) -> None:
         assert ledger is not None and ledger.start == T0 and ledger.wall_s == 7.0
 
 
+def test_the_wall_time_runs_to_the_launchers_end(tmp_path: Path) -> None:
+    """rank 0 writes its last record before its interpreter's exit (torch's teardown:
+    seconds on a loaded machine), and the launcher sees the ranks gone after that: the
+    job ends at the launcher's ``ended_unix_s``, the span after the last record is
+    closing (unknown), for a failed last attempt detection wait; an earlier launch's end
+    (a job retry's file not yet rewritten) or a bad value is not taken."""
+    d = run_dir(tmp_path)
+    a0 = Rank0(d, pid=101, start=T0)
+    a0.step(T0 + 2.0)
+    t = train(a0, T0 + 2.0, 10, 0.5, {})
+    a0.set_phase("closing", t)
+    a0.end(t + 0.2, clean=True)
+    a0.write()
+    launcher = d / "launcher_node_0.json"
+    launched = {"node_rank": 0, "started_unix_s": T0 - 6.0}
+    launcher.write_text(json.dumps({**launched, "ended_unix_s": t + 3.2}))
+    ledger = read_ledger(d)
+    assert ledger is not None and ledger.end == t + 3.2
+    check(ledger.parts, {Part.STARTUP: 8.0, Part.PRODUCTIVE: 5.0, Part.UNKNOWN: 3.2}, 16.2)
+    for stale in (T0 - 1.0, "soon", None):  # before the last attempt's start, bad, none
+        launcher.write_text(json.dumps({**launched, "ended_unix_s": stale}))
+        ledger = read_ledger(d)
+        assert ledger is not None and ledger.end == t + 0.2
+    d2 = run_dir(tmp_path / "failed")
+    a1 = Rank0(d2, pid=102, start=T0)
+    a1.step(T0 + 2.0)
+    t = train(a1, T0 + 2.0, 4, 0.5, {})
+    a1.end(t + 0.5, clean=False)
+    a1.write()
+    (d2 / "launcher_node_0.json").write_text(json.dumps({**launched, "ended_unix_s": t + 4.0}))
+    ledger = read_ledger(d2)
+    assert ledger is not None
+    check(ledger.parts, {Part.STARTUP: 8.0, Part.PRODUCTIVE: 2.0, Part.DETECTION_WAIT: 4.0}, 14.0)
+
+
 def test_a_process_start_in_epoch_seconds() -> None:
     started = process_started_unix_s(os.getpid())
     assert started is not None and started <= time.time()
