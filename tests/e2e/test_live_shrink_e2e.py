@@ -61,14 +61,11 @@ def test_no_standby_left_the_job_goes_on_with_three_ranks(tmp_path: Path, run_id
     assert res.returncode == 0, out[-4000:]
     run_dir = tmp_path / "heartbeat" / run_id
     lines = read_jsonl(run_dir / "restarts.jsonl")
-    # no group restart; the round the standby joined may fail once more and be re-entered
-    # in process (a gloo "Connection closed by peer" in its first backward: an
-    # `inprocess` line; seen on this machine with the same command and one loss before
-    # this change too), so the in-process lines are not counted
-    assert "process" not in [line["kind"] for line in lines], lines
-    live = [line for line in lines if line["kind"] == "live_recovery"]
-    assert len(live) == 2, lines
-    replaced, shrunk = live
+    # no group restart, and no second in-process restart after the standby joined (the
+    # demo's gradient accumulation once ran a DDP forward before its no_sync micro-batches:
+    # the round the standby joined then failed in its first backward)
+    assert [line["kind"] for line in lines] == ["live_recovery", "live_recovery"], lines
+    replaced, shrunk = lines
     assert (replaced["lost_rank"], replaced["exit"]) == (2, "SIGKILL")
     assert not replaced.get("shrink") and replaced["standby_pid"] is not None
     assert (shrunk["lost_rank"], shrunk["exit"], shrunk["shrink"]) == (1, "SIGKILL", True)

@@ -316,16 +316,19 @@ def train(args: argparse.Namespace, device: torch.device, memory: dict[str, Any]
                         x, y = next(batches)
                     with rg.compute():  # this rank's own work (straggler detection measures it)
                         cpu0 = time.thread_time()
+                        opt.zero_grad(set_to_none=True)
+                        # the other micro-batches of the step first, without DDP's
+                        # all-reduce: DDP wants every no_sync forward and backward done
+                        # before the forward whose backward reduces
+                        for _ in range(accum - 1):
+                            xa, ya = next(batches)
+                            with model.no_sync():
+                                (_loss(model, xa, ya) / accum).backward()
                         loss = _loss(model, x, y)
                         resumed = rerun.state is RerunState.RERUN_FROM_CHECKPOINT
                         if inject_nan(args, rank, step, rg.restart_count, rerun.rerunning, resumed):
                             loss = loss * float("nan")
                         rerun.validate_loss(loss)
-                        opt.zero_grad(set_to_none=True)
-                        for _ in range(accum - 1):  # the other micro-batches of the step
-                            xa, ya = next(batches)
-                            with model.no_sync():
-                                (_loss(model, xa, ya) / accum).backward()
                         (loss / accum if accum > 1 else loss).backward()
                         if args.fault == "slow" and is_fault_rank(args, rank):
                             _busy(time.thread_time() - cpu0, args.slowdown)
