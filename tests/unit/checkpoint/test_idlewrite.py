@@ -202,6 +202,12 @@ def test_idle_where_it_cannot_be_undone_warns_once_and_writes_normally(
     with CheckpointManager(config, {"model": model}, session=False) as m:
         for step in (1, 2):
             m.save(step)
+            # the write runs before anything waits for it: a write waited for before it
+            # starts runs at the training's priority anyway, and says nothing
+            deadline = time.monotonic() + 60
+            while m.last_committed.get("persistent") != step:
+                assert time.monotonic() < deadline, m.last_committed
+                time.sleep(0.01)
             m.wait()
         assert m.last_committed["persistent"] == 2
     assert seen == [os.SCHED_OTHER, os.SCHED_OTHER]

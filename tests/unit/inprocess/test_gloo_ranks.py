@@ -203,9 +203,13 @@ def test_a_peer_stopped_in_the_group_set_up_after_the_barrier_is_waited_for(
     assert_completed(results, restarts=1)  # fn ran twice: round 1 never reached it
     for res in results:
         again = res["rounds"][1]
-        assert again["round"] == 2, again
+        # round 2 as a rule; on a loaded machine (4 test workers on 2 cores) the group
+        # of round 2 once failed to form in its time too, and round 3 trained: each
+        # round before the one that trained failed in its set-up, none ended a rank
+        assert again["round"] >= 2, again
         assert again["cause"] == "collective_error", again
-        assert "could not form the process group of round 1" in again["message"], again
+        before = again["round"] - 1
+        assert f"could not form the process group of round {before}" in again["message"], again
 
 
 def test_hard_timeout_ends_the_stuck_process(tmp_path: Path) -> None:
