@@ -24,27 +24,31 @@ with ``threading.excepthook`` collecting every exception of a background thread.
 6. ``cuda graphs``: a training step captured in a CUDA graph while the heartbeat thread
    publishes every 0.1 s, replayed with ``step_end`` between replays: no error, progress
    counted from the CUDA events.
-7. ``thread exceptions``: none in any thread (``threading.excepthook``) over the run.
+7. ``collectives``: a process group of the rank alone (NCCL on a GPU, gloo on a CPU), 5
+   all-reduces: the collective sampler reads the group at 5 enqueued and 5 completed,
+   and the trace the hang verdict reads has the 5 all-reduces by that backend. On NCCL
+   these are in NCCL's own flight recorder, not in the generic one gloo records into.
+8. ``thread exceptions``: none in any thread (``threading.excepthook``) over the run.
 
 Then, in jobs of their own:
 
-8. ``inprocess nccl``: world 1, ``rankguard.inprocess.wrap`` on NCCL: the function raises
+9. ``inprocess nccl``: world 1, ``rankguard.inprocess.wrap`` on NCCL: the function raises
    once, is re-entered in the same process, and a new NCCL group all-reduces correctly.
-9. ``long kernel``: a rank whose kernel runs 8 s while its host keeps calling
+10. ``long kernel``: a rank whose kernel runs 8 s while its host keeps calling
    ``step_end`` must end in ``gpu_progress_timeout`` (progress timeout 3 s).
-10. ``live nccl``: world 1 with one standby (``--standby-ranks 1``): the rank declares its
+11. ``live nccl``: world 1 with one standby (``--standby-ranks 1``): the rank declares its
     state (``ip.live_state``), all-reduces, and SIGKILLs itself; the standby takes rank 0
     (a new pid), forms a new NCCL group on the same GPU and all-reduces correctly; one
     ``live_recovery`` line in ``restarts.jsonl``. (The survivors' communicator abort
     needs two GPUs and more: with one, only the newcomer's side runs.)
 
-8 and 10 are one job: the in-process re-entry first, then the SIGKILL of the re-entered
+9 and 11 are one job: the in-process re-entry first, then the SIGKILL of the re-entered
 rank, as a job with a standby takes an exception and then a lost process: its
 ``restarts.jsonl`` has the re-entry's ``inprocess`` line (restart 1, cause
 ``exception``), then the live recovery's ``live_recovery`` line.
 
 Without a GPU (``--smoke`` or not), the checks that can run on a CPU do (1, 3 in CPU
-mode, 5 from CPU tensors, 7, 8 and 10 on gloo) and the rest say ``SKIP (no GPU)``: nothing
+mode, 5 from CPU tensors, 7 and 8, 9 and 11 on gloo) and the rest say ``SKIP (no GPU)``: nothing
 passes that was not checked. ``--smoke``: smaller sizes, no standby started to refill
 the used one; without a GPU, the jobs side by side (a GPU's timings would suffer from it;
 a smoke run's are not results).
@@ -294,6 +298,49 @@ def check_cuda_graphs(rg: Any, torch: Any, replays: int) -> Line:
     return ("PASS" if ok else "FAIL", "cuda graphs", detail)
 
 
+def check_collectives(torch: Any, cuda: bool) -> Line:
+    """The rank's collectives as the sampler and the hang verdict read them (see 7)."""
+    import torch.distributed as dist
+
+    from rankguard.ft.collectives import CollectiveSampler
+    from rankguard.ft.flightrec import _trace_json
+
+    backend = "nccl" if cuda else "gloo"
+    name = f"collectives {backend}"
+    try:
+        dist.init_process_group(backend)
+        t = torch.ones(4, device="cuda" if cuda else "cpu")
+        for _ in range(5):
+            dist.all_reduce(t)
+        if cuda:
+            torch.cuda.synchronize()
+        sampler = CollectiveSampler()
+        seen: list[tuple[str, int, int]] = []
+        deadline = time.monotonic() + 5.0  # NCCL's watchdog marks the works completed
+        while time.monotonic() < deadline:
+            sampler.sample()
+            block = sampler.block()
+            seen = [(g.group, g.enqueued, g.completed) for g in block.groups] if block else []
+            if any(enq == 5 and done == 5 for _, enq, done in seen):
+                break
+            time.sleep(0.1)
+        doc = json.loads(_trace_json())
+        ops = [
+            e.get("profiling_name")
+            for e in doc.get("entries") or []
+            if isinstance(e, dict) and not e.get("is_p2p")
+        ]
+    except Exception as exc:
+        return ("FAIL", name, f"{type(exc).__name__}: {exc}"[:300])
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    ok = any(enq == 5 and done == 5 for _, enq, done in seen)
+    ok = ok and ops.count(f"{backend}:all_reduce") == 5
+    detail = f"sampler's groups (name, enqueued, completed): {seen}; trace's collectives: {ops}"
+    return ("PASS" if ok else "FAIL", name, detail[:500])
+
+
 def rank_checks(out: Path, smoke: bool) -> int:
     errors = _thread_errors()
     import torch
@@ -334,6 +381,7 @@ def rank_checks(out: Path, smoke: bool) -> int:
         lines.append(check_cuda_graphs(rg, torch, 50))
     else:
         lines.append((SKIP_NO_GPU, "cuda graphs", ""))
+    lines.append(check_collectives(torch, cuda))
     time.sleep(0.3)  # one more heartbeat after everything
     rg.close()
     lines.append(

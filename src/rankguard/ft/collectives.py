@@ -3,7 +3,9 @@
 A daemon thread (``rankguard-collectives``) reads the flight recorder's group status
 every ``period_s`` (50 ms): ``_dump_fr_trace_json(includeCollectives=False,
 onlyActive=True)``, a few hundred bytes, about 3 us on a CPU (the entries are not
-dumped). Each look updates the rank's :class:`~rankguard.schema.collectives.CollectivesBlock`
+dumped), and NCCL's own recorder's the same way where torch has NCCL (the two read as
+one, :mod:`.recorders`). Each look updates the rank's
+:class:`~rankguard.schema.collectives.CollectivesBlock`
 (newest enqueued and completed collective per group, at most 16 groups) and counts
 whether the rank was inside a collective; the heartbeat thread publishes the latest
 block with each record. The training thread does nothing for it: torch records each
@@ -38,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from rankguard.ft import recorders
 from rankguard.schema.collectives import (
     MAX_GROUPS,
     CollectivesBlock,
@@ -64,10 +67,8 @@ _MAX_STATUS = 1 << 20  # bytes of a status dump read (a few hundred expected)
 
 
 def _status_json() -> bytes:
-    import torch._C._distributed_c10d as c10d
-
-    data = c10d._dump_fr_trace_json(includeCollectives=False, onlyActive=True)  # type: ignore[attr-defined]
-    return data if isinstance(data, bytes) else str(data).encode()
+    data = recorders.trace_json(include_collectives=False, only_active=True)
+    return b"{}" if data is None else data
 
 
 def seq_number(value: Any) -> int | None:
@@ -98,6 +99,16 @@ def parse_status(data: bytes) -> tuple[GroupPosition, ...]:
     return tuple(out)
 
 
+def _group_id(value: Any) -> str | None:
+    """A group's id in the recorder (its ``pg_status`` key): a number, or the text the
+    two recorders' merge gives the generic one's groups (``0:cpu``)."""
+    if seq_number(value) is not None:
+        return str(value)
+    if isinstance(value, str) and 0 < len(value) <= 64:
+        return value
+    return None
+
+
 def names_in(doc: Any) -> dict[str, str]:
     """Each group's name by its id on the rank (the key of its ``pg_status``), from the
     entries of a parsed dump: ``pg_id`` -> ``process_group[0]``."""
@@ -106,12 +117,12 @@ def names_in(doc: Any) -> dict[str, str]:
     for e in entries if isinstance(entries, list) else []:
         if not isinstance(e, dict):
             continue
-        pid, pg = seq_number(e.get("pg_id")), e.get("process_group")
+        pid, pg = _group_id(e.get("pg_id")), e.get("process_group")
         if pid is None or not isinstance(pg, list) or not pg:
             continue
         name = pg[0]
         if isinstance(name, str) and 0 < len(name) <= 64:
-            out[str(pid)] = name
+            out[pid] = name
     return out
 
 
@@ -180,11 +191,7 @@ class CollectiveSampler:
     @classmethod
     def start_if_available(cls) -> CollectiveSampler | None:
         """A started sampler, or None on a torch without the JSON status dump."""
-        try:
-            import torch._C._distributed_c10d as c10d
-        except ImportError:
-            return None
-        if not hasattr(c10d, "_dump_fr_trace_json"):
+        if not recorders.available():
             return None
         sampler = cls()
         sampler.start()

@@ -19,7 +19,9 @@ on gloo it cannot match the traces in torch 2.13 (gloo records no group name), s
 verdict is rankguard's own comparison of the ranks' ``pg_status``. No flight recorder
 (an older torch): one line, and the stack dumps as before.
 
-The traces are read as data, never unpickled: JSON (``_dump_fr_trace_json``; on a torch
+The traces are read as data, never unpickled: JSON (``_dump_fr_trace_json``, and NCCL's
+own recorder's ``_dump_nccl_trace_json`` where torch has NCCL, read as one trace by
+:mod:`.recorders`; on a torch
 that has only the pickled dump, the rank converts its own in-memory dump with an
 unpickler that allows no globals). The launcher reads only the ranks it asked, only
 regular files this user owns (not through a symbolic link, at most 64 MiB), from a
@@ -50,6 +52,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from rankguard.ft import recorders
 from rankguard.ft.frverdict import FrVerdict, compare
 from rankguard.schema.jsontypes import JsonObject
 from rankguard.util.fs import (
@@ -125,7 +128,7 @@ def available() -> bool:
         import torch._C._distributed_c10d as c10d
     except ImportError:
         return False
-    return hasattr(c10d, "_dump_fr_trace_json") or hasattr(c10d, "_dump_fr_trace")
+    return recorders.available() or hasattr(c10d, "_dump_fr_trace")
 
 
 class _NoGlobals(pickle.Unpickler):
@@ -140,14 +143,14 @@ def restricted_loads(data: bytes) -> Any:
 
 
 def _trace_json() -> bytes:
-    """This rank's flight recorder as JSON bytes: torch's JSON dump, else its pickled
-    dump (in memory, torch's own) read with :func:`restricted_loads`."""
+    """This rank's flight recorders as JSON bytes: torch's JSON dumps (NCCL's recorder
+    and the generic one, read as one: :mod:`.recorders`), else its pickled dump (in
+    memory, torch's own) read with :func:`restricted_loads`."""
     import torch._C._distributed_c10d as c10d
 
-    as_json = getattr(c10d, "_dump_fr_trace_json", None)
-    if as_json is not None:
-        data = as_json(includeCollectives=True, onlyActive=False)
-        return data if isinstance(data, bytes) else str(data).encode()
+    data = recorders.trace_json(include_collectives=True, only_active=False)
+    if data is not None:
+        return data
     dump_fr_trace = c10d._dump_fr_trace  # type: ignore[attr-defined]
     doc = restricted_loads(
         dump_fr_trace(includeCollectives=True, includeStackTraces=False, onlyActive=False)
