@@ -33,7 +33,12 @@ KEYS = (
     "FOO_ENV",
     "RANK",
     "WORLD_SIZE",
+    # set by the launcher after the fork server started: passed on to each forked rank
+    "TORCHELASTIC_SIGNALS_TO_HANDLE",
+    "RANKGUARD_NVRX_SOCKET_DIR",
 )
+# a value of the launcher's own (its pid in it): present in both, or in neither
+PER_LAUNCHER = ("RANKGUARD_LAUNCHER_PID", "RANKGUARD_CONFIG", "RANKGUARD_NVRX_SOCKET_DIR")
 
 SCRIPT = """\
 import json, os, sys
@@ -93,11 +98,12 @@ def test_forked_ranks_find_the_environment_of_new_interpreter_ranks(
         assert env_b["RANKGUARD_RUN_ID"] == f"{run_id}-f"
         assert env_b["FOO_ENV"] == "bar" and env_b["OMP_NUM_THREADS"] == "1"
         assert env_b["RANK"] == str(rank)
+        assert env_b["TORCHELASTIC_SIGNALS_TO_HANDLE"] == "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
         for key in KEYS:  # the same, but for the run's own names and the launcher's pid
             want = env_a[key]
             if want is not None:
                 want = want.replace(f"{run_id}-p", f"{run_id}-f")
-            if key in ("RANKGUARD_LAUNCHER_PID", "RANKGUARD_CONFIG"):
+            if key in PER_LAUNCHER:
                 assert (env_b[key] is None) == (want is None), key
                 continue
             assert env_b[key] == want, key

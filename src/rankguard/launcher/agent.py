@@ -48,7 +48,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from string import Template
 from types import FrameType
@@ -78,9 +78,11 @@ if TYPE_CHECKING:
 __all__ = [
     "RESTART_NODES_JOINED",
     "RankguardAgent",
+    "TracebackInMessage",
     "add_peer_errors",
     "drop_torn_error_files",
     "first_failure",
+    "launcher_env_changes",
     "worker_pids",
     "worker_stop_signal",
 ]
@@ -180,27 +182,48 @@ def worker_pids(started: Any, pcontext: Any) -> list[int]:
     return [int(pid) for pid in pids.values() if isinstance(pid, int)]
 
 
-def _prewarm_failure_logging(pcontext: Any) -> None:
-    """Forked ranks (``--preload``): when one fails, torch's multiprocessing context logs
-    the exception, and torch's log formatter imports ``torch._dynamo`` to format it:
-    about a second of imports in the middle of every first restart. Import it now, in a
-    background thread, while the ranks train.
+class TracebackInMessage(logging.Filter):
+    """torch's multiprocessing context logs a forked rank's failure with its exception
+    (``logger.exception``), and torch's log formatter imports ``torch._dynamo`` to
+    format any record that carries one: about a second of imports in the middle of the
+    first restart, and the launcher then holds ``torch._dynamo`` to its exit (its
+    rendezvous shutdown and its interpreter's teardown walk it: 0.3-0.4 s of CPU, 1.5-2 s
+    of wall on a busy 2-core machine, after every ``--preload`` job).
 
-    At the scheduler's normal priority: a thread at the lowest one, starved by busy
-    ranks, held the interpreter's import lock (and the GIL) for as long as they kept the
-    CPUs busy, and the launcher's failure handling waited on it: a restart took 49 s
-    instead of 0.5 s on a 2-core machine with 4 busy processes."""
+    This filter, on that logger only, puts the traceback into the message (as
+    ``logging.Formatter.formatException`` writes it) and the record carries no
+    exception any more: the same lines reach the console, and nothing is imported."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info:
+            text = logging.Formatter().formatException(record.exc_info)
+            record.msg = f"{record.getMessage()}\n{text}"
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+_FORKED_FAILURE_LOGGER = "torch.distributed.elastic.multiprocessing.api"
+
+
+def _plain_failure_logging(pcontext: Any) -> None:
+    """Forked ranks (``--preload``): their failures logged without ``torch._dynamo``
+    (:class:`TracebackInMessage`), once per process."""
     if not isinstance(pcontext, MultiprocessContext):
         return
+    log = logging.getLogger(_FORKED_FAILURE_LOGGER)
+    if not any(isinstance(f, TracebackInMessage) for f in log.filters):
+        log.addFilter(TracebackInMessage())
 
-    def warm() -> None:
-        try:
-            # here, in this thread, not at the top: the import is the prewarming
-            import torch._dynamo.config  # noqa: F401
-        except Exception:  # a slower first restart, nothing worse
-            logger.debug("rankguard: prewarming torch._dynamo failed", exc_info=True)
 
-    threading.Thread(target=warm, name="rankguard-prewarm", daemon=True).start()
+def launcher_env_changes(inherited: Mapping[str, str], now: Mapping[str, str]) -> dict[str, str]:
+    """The variables set or changed in ``now`` since ``inherited`` (the environment the
+    fork server started with): what a rank started as a new interpreter finds and a
+    forked one would miss (torch elastic's signals to handle, NVRx's socket directory,
+    set after the fork server started). A variable removed since cannot be passed on:
+    torch elastic's per-worker environment only sets."""
+    return {k: v for k, v in now.items() if inherited.get(k) != v}
 
 
 def _cause_rank(failure: Any) -> tuple[int, float]:
@@ -238,6 +261,7 @@ class RankguardAgent(LocalElasticAgent):
         restart_policy: RestartPolicy | None = None,
         live: LiveRecovery | None = None,
         on_live_recovery: Callable[[RestartEntry], None] | None = None,
+        fork_env: Mapping[str, str] | None = None,
         **kw: Any,
     ) -> None:
         # torch elastic's own grace when a signal stops it or the job ends: ours.
@@ -256,7 +280,8 @@ class RankguardAgent(LocalElasticAgent):
         self.aborted = False
         self.restarts = 0
         self._cause_lock = threading.Lock()
-        self._prewarmed = False
+        # --preload: the environment the fork server started with (None: no fork server)
+        self._fork_env = None if fork_env is None else dict(fork_env)
         self.workers = OwnedWorkers()  # the only processes fault tolerance may signal
         self.preemption = preemption
         self.handover_timeout_s = handover_timeout_s
@@ -335,9 +360,7 @@ class RankguardAgent(LocalElasticAgent):
             self.live.started(
                 worker_group, worker_group.spec.max_restarts - self._remaining_restarts
             )
-        if not self._prewarmed:
-            self._prewarmed = True
-            _prewarm_failure_logging(self._pcontext)
+        _plain_failure_logging(self._pcontext)
         if self._on_signal is not None and threading.current_thread() is threading.main_thread():
             sigs = {getattr(signal, name, None) for name in _SIGNALS}
             if self.preemption is not None:  # SIGUSR1/2 too: not torch elastic's signals
@@ -346,6 +369,18 @@ class RankguardAgent(LocalElasticAgent):
                 if sig is not None:
                     self._chain(sig)
         return pids
+
+    def _setup_local_watchdog(self, envs: dict[int, dict[str, str]]) -> None:
+        """torch elastic's last step before it starts the workers, with each worker's
+        environment: with ``--preload``, the launcher's variables set since the fork
+        server started are added to it (torch elastic's own per-worker variables win),
+        so a forked rank finds what a new interpreter inherits."""
+        if self._fork_env is not None:
+            changes = launcher_env_changes(self._fork_env, os.environ)
+            for env in envs.values():
+                for key, value in changes.items():
+                    env.setdefault(key, value)
+        super()._setup_local_watchdog(envs)
 
     def _monitor_workers(self, worker_group: Any) -> Any:
         # the ranks as processes (a command) or forked by --preload's fork server

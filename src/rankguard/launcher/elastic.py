@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +111,12 @@ def build_agent(
     services: NodeServices,
     max_restarts: int,
     run_dir: Path,
+    *,
+    fork_env: Mapping[str, str] | None = None,
 ) -> RankguardAgent:
+    """The node's agent; ``fork_env``: with ``--preload``, the environment the fork
+    server started with (the launcher's later variables are added to each forked
+    rank's)."""
     from torch.distributed.elastic.agent.server.api import WorkerSpec
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 
@@ -159,6 +165,7 @@ def build_agent(
         restart_policy=restart_policy(cfg, services),
         live=live_recovery(opts, cfg, services),
         on_live_recovery=services.on_live_recovery,
+        fork_env=fork_env,
         **kw,
     )
 

@@ -8,6 +8,10 @@ ranks, whose parent it is. With the parent-death signal set here, the kernel kil
 fork server when the launcher exits, and the ranks' own parent-death signal then kills
 them. Importing this module anywhere else does nothing but that: only a child of the
 launcher is guarded (the fork server is the launcher's only child that imports it).
+
+A guarded fork server also turns automatic collection off for its imports (torch's: full
+collections while the heap grows through them); the last preload module
+(:mod:`rankguard.launcher.forkserver_warm`) collects once, freezes and turns it back on.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import os
 import signal
 
 from rankguard.rank.lifeline import Lifeline, end_orphan, launcher_pid, set_parent_death_signal
+from rankguard.util.gcfreeze import pause_collection
 
 __all__ = ["guard_fork_server"]
 
@@ -31,6 +36,7 @@ def guard_fork_server() -> bool:
     set_parent_death_signal(signal.SIGKILL)
     if lifeline is not None and (reason := lifeline.lost()) is not None:
         end_orphan(f"fork server: {reason}")
+    pause_collection()  # until forkserver_warm's freeze, after the imports
     return True
 
 

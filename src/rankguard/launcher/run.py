@@ -242,20 +242,26 @@ def preload_modules(modules: tuple[str, ...]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def start_fork_server(modules: tuple[str, ...]) -> None:
+def start_fork_server(modules: tuple[str, ...]) -> dict[str, str]:
     """``--preload``: start the fork server that imports ``modules`` once; every rank is
     then forked from it, at the first start and at each restart, instead of starting a
     new interpreter and importing torch again (about a second per restart here). With
     torch it also imports ``torch._dynamo``, which the script's optimizer would import.
+    Returns the environment the server inherited (the launcher's, now): the variables
+    the launcher sets or changes later reach each forked rank through torch elastic's
+    per-worker environment (:class:`~rankguard.launcher.agent.RankguardAgent`).
 
-    Python's fork server skips a preload module it cannot import without a word, so each
-    one is looked up first: a missing module is an error, not a silent slow start. The
-    server is started now so that its imports overlap the launcher's own set-up; it
-    inherits the launcher's environment as it is at this point (the rankguard variables
-    and OMP_NUM_THREADS are already set)."""
+    A missing module is an error, not a silent slow start: each one is looked up first.
+    The imports themselves run in the server's last preload module
+    (:mod:`.forkserver_warm`), each on its own: one that fails there is a warning, and
+    the ranks import it themselves. The server is started now so that its imports
+    overlap the launcher's own set-up; it inherits the launcher's environment as it is
+    at this point (the rankguard variables and OMP_NUM_THREADS are already set)."""
     import importlib.util
     import multiprocessing
     import multiprocessing.forkserver
+
+    from rankguard.launcher.forkserver_warm import IMPORTS_ENV
 
     for name in modules:
         try:
@@ -272,7 +278,7 @@ def start_fork_server(modules: tuple[str, ...]) -> None:
             "__main__",
             "rankguard.launcher.forkserver_guard",
             "rankguard.launcher.worker",
-            *preload_modules(modules),
+            "rankguard.launcher.forkserver_warm",
         ]
     )
     short = _fork_server_tempdir()
@@ -283,16 +289,20 @@ def start_fork_server(modules: tuple[str, ...]) -> None:
             f"long for the fork server's Unix socket; its socket goes under {short}"
         )
         tempfile.tempdir = short  # where Python's fork server makes its socket's directory
+    inherited = dict(os.environ)  # the server takes IMPORTS_ENV out of its own
+    os.environ[IMPORTS_ENV] = ",".join(preload_modules(modules))
     try:
         multiprocessing.forkserver.ensure_running()
     except OSError as exc:
         raise ValueError(f"--preload: the fork server cannot start: {exc}") from exc
     finally:
         tempfile.tempdir = saved
+        os.environ.pop(IMPORTS_ENV, None)
     _say(
         f"--preload {','.join(modules)}: ranks are forked from a fork server that imported "
         "them once (at start and at every restart)"
     )
+    return inherited
 
 
 #: a Unix socket's longest path (``sun_path`` less its terminating NUL)
@@ -412,7 +422,11 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
         refused = feature.preflight(launch)
         if refused is not None:
             return refused
-    if not _environment(opts, cfg, run_id, run_dir, features):
+    _environment(opts, cfg, run_id, run_dir, features)
+    try:  # --preload: the environment its ranks are forked with
+        fork_env = start_fork_server(opts.preload) if opts.preload else None
+    except ValueError as exc:
+        _say(str(exc))
         return EXIT_USAGE
     services = _services(
         opts, cfg, run_id, run_dir, cadence, host, port, store is not None, features
@@ -422,7 +436,13 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
     for feature in features:  # hot spares, bad-node exclusion
         handler = feature.wrap_rendezvous(handler, launch)
     agent = build_agent(
-        opts, cfg, RoundWatcher(handler, node.on_round), services, max_restarts, run_dir
+        opts,
+        cfg,
+        RoundWatcher(handler, node.on_round),
+        services,
+        max_restarts,
+        run_dir,
+        fork_env=fork_env,
     )
     node.agent = agent
     for feature in features:
@@ -593,9 +613,9 @@ def _environment(
     run_id: str,
     run_dir: Path,
     features: list[NodeService],
-) -> bool:
-    """The environment the workers inherit (and ``--preload``'s fork server), the
-    features' part included; False (said why) for a usage error."""
+) -> None:
+    """The environment the workers inherit (and ``--preload``'s fork server, started
+    next), the features' part included."""
     _worker_env(cfg, run_id, run_dir, job_name(opts))
     for feature in features:  # e.g. NVRx's NCCL settings for in-process restarts
         feature.environment(os.environ)
@@ -603,13 +623,6 @@ def _environment(
     _thread_defaults(opts)
     if opts.standalone:
         _loopback_gloo()
-    if opts.preload:
-        try:
-            start_fork_server(opts.preload)
-        except ValueError as exc:
-            _say(str(exc))
-            return False
-    return True
 
 
 def _services(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -432,27 +434,66 @@ def test_exit_17_with_exclusion_restarts_the_group_and_names_the_faulty_node(
     assert agent.aborted and agent._remaining_restarts == 0  # 17 ends the job as before
 
 
-def test_the_failure_logging_prewarm_runs_at_the_normal_priority(
-    monkeypatch: pytest.MonkeyPatch,
+def test_a_forked_ranks_failure_is_logged_without_importing_torch_dynamo() -> None:
+    """Forked ranks: torch's multiprocessing context logs a rank's failure with its
+    exception, and torch's log formatter imports ``torch._dynamo`` for any record with
+    one. The launcher then held it to its exit, whose teardown walked it (0.3-0.4 s of
+    CPU after every ``--preload`` job). The traceback goes into the message instead: the
+    same lines, nothing imported. In a fresh interpreter (this one may hold it)."""
+    code = (
+        "import sys\n"
+        "from torch.distributed.elastic.multiprocessing.api import MultiprocessContext, logger\n"
+        "from rankguard.launcher import agent\n"
+        "for _ in range(2):\n"
+        "    agent._plain_failure_logging(MultiprocessContext.__new__(MultiprocessContext))\n"
+        "try:\n"
+        "    raise ValueError('rank 1 raised')\n"
+        "except ValueError:\n"
+        "    logger.exception('failed (exitcode: %s) local_rank: %s', 1, 1)\n"
+        "print('dynamo', 'torch._dynamo' in sys.modules, len(logger.filters))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["dynamo", "False", "1"], res.stdout + res.stderr
+    lines = [line for line in res.stderr.splitlines() if "pynvml" not in line]
+    said = "\n".join(lines)
+    assert "failed (exitcode: 1) local_rank: 1" in said
+    assert "Traceback (most recent call last):" in said and "ValueError: rank 1 raised" in said
+
+
+def test_forked_ranks_get_the_launchers_variables_set_after_the_fork_server_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Forked ranks: the launcher imports what torch's failure logging needs in a thread of
-    its own. At a lowered priority, busy ranks starved it while it held the import lock,
-    and the launcher's failure handling waited on it (a 49 s restart on a loaded
-    machine): it must not lower its priority."""
-    import threading
+    """``--preload``: a forked rank's environment is the fork server's (the launcher's
+    when it started) plus torch elastic's per-worker variables; what the launcher set or
+    changed since is added to each worker's, torch elastic's own values winning."""
+    from torch.distributed.elastic.agent.server.api import WorkerSpec
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 
-    from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
+    from rankguard.launcher.agent import RankguardAgent, launcher_env_changes
 
-    from rankguard.launcher import agent
-
-    lowered: list[tuple[Any, ...]] = []
-    monkeypatch.setattr(os, "setpriority", lambda *a: lowered.append(a))
-    monkeypatch.setattr(os, "nice", lambda *a: lowered.append(a))
-    agent._prewarm_failure_logging(MultiprocessContext.__new__(MultiprocessContext))
-    for thread in threading.enumerate():
-        if thread.name == "rankguard-prewarm":
-            thread.join(timeout=60)
-    assert lowered == []
+    monkeypatch.setenv("RG_TEST_CHANGED", "before")
+    inherited = dict(os.environ)
+    monkeypatch.setenv("RG_TEST_LATE", "late")
+    monkeypatch.setenv("RG_TEST_CHANGED", "after")
+    assert launcher_env_changes(inherited, os.environ) == {
+        "RG_TEST_LATE": "late",
+        "RG_TEST_CHANGED": "after",
+    }
+    spec = WorkerSpec(
+        role="trainer", local_world_size=2, entrypoint="python", args=(), rdzv_handler=object()
+    )
+    logs = DefaultLogsSpecs(log_dir=str(tmp_path))
+    forked = RankguardAgent(spec=spec, logs_specs=logs, fork_env=inherited)
+    envs = {0: {"RANK": "0"}, 1: {"RANK": "1", "RG_TEST_LATE": "torch elastic's"}}
+    forked._setup_local_watchdog(envs)
+    assert envs[0] == {"RANK": "0", "RG_TEST_LATE": "late", "RG_TEST_CHANGED": "after"}
+    assert envs[1]["RG_TEST_LATE"] == "torch elastic's" and envs[1]["RG_TEST_CHANGED"] == "after"
+    # ranks started as new interpreters inherit the launcher's environment: nothing added
+    plain = RankguardAgent(spec=spec, logs_specs=logs)
+    envs = {0: {"RANK": "0"}}
+    plain._setup_local_watchdog(envs)
+    assert envs == {0: {"RANK": "0"}}
 
 
 def test_the_exit_barrier_is_shortened_once_a_lost_nodes_ranks_were_taken_over(
