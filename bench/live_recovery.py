@@ -52,7 +52,7 @@ job exits 0, every rank completed the last step, nothing of the job is left runn
 Goal (live): fault -> next step <= 1 s median, <= 1 step redone, every run with the
 uninterrupted run's losses, ahead of torchft in the same sitting.
 
-Live recovery alone, after the others' faults are drawn (the same seed gives the same
+Live recovery alone, after the others' faults are drawn (the same ``--seed`` gives the same
 SIGKILL and SIGSTOP runs as without them), one run of each per row:
 
 - ``node`` (``--node-runs``, default 3): a lost agent of two. Two ``rankguard run
@@ -990,7 +990,7 @@ def main(argv: list[str] | None = None) -> int:
     plan += [
         ("stop", rng.randrange(NPROC), rng.randint(*FAULT_STEPS)) for _ in range(args.hang_runs)
     ]
-    # drawn after the others: the same seed gives the same SIGKILL and SIGSTOP runs
+    # drawn after the others: the same --seed gives the same SIGKILL and SIGSTOP runs
     # as before these existed. node: a rank of node 1 (node 0 decides, and its loss is
     # today's path: docs/live_recovery.md); shrink: two SIGKILLs of different ranks
     live_only: list[tuple[str, Any, Any]] = []

@@ -185,8 +185,8 @@ def test_a_shrink_is_judged_by_its_second_fault_and_the_global_batchs_loss(
 def test_ending_a_node_ends_its_launcher_and_every_process_under_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """torch elastic starts each worker in a session of its own: a kill of the agent's
-    session would miss them; the bench ends the whole tree."""
+    """torch elastic starts each worker with ``start_new_session``: a kill of the agent's
+    process group would miss them; the bench ends the whole tree."""
     lr = _live_recovery_bench(monkeypatch)
     spawn = (
         "import subprocess, sys, time\n"
