@@ -52,15 +52,38 @@ job exits 0, every rank completed the last step, nothing of the job is left runn
 Goal (live): fault -> next step <= 1 s median, <= 1 step redone, every run with the
 uninterrupted run's losses, ahead of torchft in the same sitting.
 
-Not here: a lost agent of two (a whole node): ``node_loss.py`` measures hot spare, shrink
-and plain torchrun for it; live recovery of a node's ranks by standbys elsewhere is not
-measured by this script.
+Live recovery alone, after the others' faults are drawn (the same ``--seed`` gives the same
+SIGKILL and SIGSTOP runs as without them), one run of each per row:
 
-Run: ``python bench/live_recovery.py [--runs 10] [--seed 0]`` (about 15-30 s per run on
+- ``node`` (``--node-runs``, default 3): a lost agent of two. Two ``rankguard run
+  --nnodes 2 --nproc-per-node 2 --standby-ranks 2`` on a c10d rendezvous on 127.0.0.1
+  whose store the bench hosts (``is_host=false``: the lost node does not take it along),
+  the in-process store heartbeats every 0.2 s (timeout 4 s), as the two-node end-to-end
+  test runs them. A rank of node 1 (node 0 decides; its own loss is today's path) prints
+  its line and stops itself; the bench SIGKILLs that rank's launcher and every process
+  under it at once. Node 0's standbys take both ranks; the survivors are ranks 0 and 1.
+  Against it: today's hot spare and shrink of a node (``node_loss.py``, not rerun here);
+- ``shrink`` (``--shrink-runs``, default 3): no standby left. ``--standby-ranks 1`` with
+  ``inprocess_restart.standby_refills=0`` and ``shrink_when_no_standby=true``; the job
+  trains a global batch of 24 (``--global-batch``: 4 ranks x 3 micro-batches of 2, the
+  same samples whatever the world size); a SIGKILL takes the standby, a second SIGKILL
+  of another rank later leaves none: the job goes on with 3 ranks in process (4
+  micro-batches each). Its figures are the second fault's; each step's loss of the
+  global batch after it (the mean of the 3 ranks' losses) against the uninterrupted
+  4-rank run's of the same global batch, within a relative 1e-5 (the same samples and
+  gradient, added in another order: not bit-equal).
+
+The ``restarts.jsonl`` kinds of every rankguard run are listed (``process``: a group
+restart; ``live_recovery``; ``shrink``): a live run that fell back to a group restart
+says so.
+
+Run: ``python bench/live_recovery.py [--runs 10] [--seed 0]`` (about 15-60 s per run on
 the shared 2-core machine). ``--smoke``: 2 ranks, the MLP, one SIGKILL, the group restart
 and (where ``rankguard run`` has ``--standby-ranks``) live recovery with no standby
 started to refill the used one, side by side with the uninterrupted run (it needs only
-its losses; the full run starts it first, alone).
+its losses; the full run starts it first, alone); no node or shrink run unless asked
+(``--smoke --node-runs 1 --shrink-runs 1``: one agent and one standby per node; a shrink
+from 2 ranks to 1).
 """
 
 from __future__ import annotations
@@ -104,6 +127,17 @@ LIVE_SETS = [
     "inprocess_restart.process_group_timeout=2",
 ]
 FAULT_STEPS = (6, 24)  # the fault's step is drawn from this range (both included)
+# a lost agent of two: each node 2 ranks and 2 standbys (enough for the other node's
+# ranks), the survivors' store heartbeats as the two-node end-to-end test sets them
+NODE_SETS = ["inprocess_restart.heartbeat_interval=0.2", "inprocess_restart.heartbeat_timeout=4"]
+# no standby left: the one standby is not refilled; the second SIGKILL drops its rank
+SHRINK_SETS = [
+    "inprocess_restart.standby_refills=0",
+    "inprocess_restart.shrink_when_no_standby=true",
+]
+SHRINK_STEPS = ((6, 15), (18, 24))  # the shrink runs' first and second fault's steps
+GLOBAL_BATCH, MICRO_BATCH = 24, 2  # the shrink runs': 4 ranks x 3 x 2, then 3 x 4 x 2
+SHRINK_RTOL = 1e-5  # a step's loss of the smaller world against the full world's
 LIVE = "live"
 PRELOAD = "rankguard+preload"
 MODES = (LIVE, "rankguard", PRELOAD, "torchrun", "torchft")
@@ -126,6 +160,11 @@ class Run:
     lines: list[tuple[float, str]] = field(default_factory=list)
     leftovers: list[str] = field(default_factory=list)
     resumed: int = 0  # times the stopped rank was let run and stopped again
+    # shrink: the second fault (the first uses the standby); node: the launchers' pids
+    rank2: int = 0
+    step2: int = 0
+    launchers: list[int] = field(default_factory=list)
+    lost_launcher: int | None = None  # node: the launcher the bench ended with its node
 
 
 def standby_available() -> bool:
@@ -154,9 +193,14 @@ def job_args(run: Run, *, replica_groups: int = 0) -> list[str]:
         "--pg-timeout",
         str(PG_TIMEOUT_S),
     ]
-    if run.fault != "none":
+    if run.fault == "shrink":
+        args += ["--fault", "kill", "--fault-rank", f"{run.rank},{run.rank2}"]
+        args += ["--fault-step", f"{run.step},{run.step2}"]
+    elif run.fault != "none":
         args += ["--fault", run.fault, "--fault-rank", str(run.rank)]
         args += ["--fault-step", str(run.step)]
+    if run.fault == "shrink" or run.mode == "baseline-shrink":
+        args += ["--global-batch", str(GLOBAL_BATCH), "--batch-size", str(MICRO_BATCH)]
     if replica_groups:
         args += ["--torchft", "--min-replicas", str(replica_groups - 1)]
     return args
@@ -164,7 +208,7 @@ def job_args(run: Run, *, replica_groups: int = 0) -> list[str]:
 
 def launcher_cmd(run: Run) -> list[str]:
     py = [sys.executable, "-u"]
-    if run.mode == "torchrun":
+    if run.mode in ("torchrun", "baseline-shrink"):
         return [
             *py,
             "-m",
@@ -186,6 +230,8 @@ def launcher_cmd(run: Run) -> list[str]:
     if run.mode == LIVE:
         cmd += ["--standby-ranks", "1"]
         sets += LIVE_SETS
+        if run.fault == "shrink":
+            sets += SHRINK_SETS
     if run.fault == "stop":
         sets += FT_SETS
     else:
@@ -193,6 +239,21 @@ def launcher_cmd(run: Run) -> list[str]:
     if run.mode == PRELOAD:
         cmd += ["--preload", "torch"]
     for item in sets:
+        cmd += ["--set", item]
+    return [*cmd, *job_args(run)]
+
+
+def node_cmd(run: Run, node: int, port: int) -> list[str]:
+    """One of the two agents of a lost-node run: ``rankguard run --nnodes 2`` on a c10d
+    rendezvous on loopback whose store the bench hosts (a lost node does not take it
+    along), 2 ranks and 2 standbys per node."""
+    cmd = [sys.executable, "-u", "-m", "rankguard.cli.main", "run"]
+    cmd += ["--nnodes", "2", "--nproc-per-node", str(NPROC // 2)]
+    cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
+    cmd += ["--rdzv-id", f"lr-{run.workdir.name}", "--rdzv-conf", "is_host=false"]
+    cmd += ["--max-restarts", "1", "--standby-ranks", str(NPROC // 2)]
+    cmd += ["--log-dir", str(run.workdir / "logs" / f"node{node}")]
+    for item in [*HEARTBEAT_SETS, *LIVE_SETS, *NODE_SETS]:
         cmd += ["--set", item]
     return [*cmd, *job_args(run)]
 
@@ -295,6 +356,8 @@ def _execute(run: Run, deadline: float) -> None:
         # it rejoined (its quorum never comes), or is the stopped one the bench ended
         kept = [c for i, c in enumerate(codes) if run.fault == "none" or i != run.rank]
         run.rc = max((c if c is not None else 1) for c in kept)
+    elif run.fault == "node":
+        _execute_nodes(run, deadline)
     else:
         # the uninterrupted run's figures are its losses alone: its launcher logs every
         # stage (start, finish, the exit barrier), stamped, for a failure's printed tail
@@ -302,6 +365,60 @@ def _execute(run: Run, deadline: float) -> None:
         proc = _popen(launcher_cmd(run), run, {"LOGLEVEL": level})
         codes, run.timed_out = _wait([proc], deadline)
         run.rc = codes[0]
+
+
+def _execute_nodes(run: Run, deadline: float) -> None:
+    """Two agents on one rendezvous; the faulting rank's node is ended by the watcher
+    (:func:`_end_node`); the run's exit status is the surviving agent's."""
+    with warnings.catch_warnings():  # torch.cuda's pynvml notice, on import
+        warnings.simplefilter("ignore")
+        from torch.distributed import TCPStore
+
+    port = _free_port()
+    store = TCPStore("127.0.0.1", port, is_master=True, multi_tenant=True, wait_for_workers=False)
+    try:
+        procs = [_popen(node_cmd(run, i, port), run, {"LOGLEVEL": "WARNING"}) for i in range(2)]
+        run.launchers = [proc.pid for proc in procs]
+        codes, run.timed_out = _wait(procs, deadline)
+    finally:
+        del store
+    kept = [c for proc, c in zip(procs, codes, strict=True) if proc.pid != run.lost_launcher]
+    run.rc = max((c if c is not None else 1) for c in kept) if run.lost_launcher else 1
+
+
+def _parents() -> dict[int, int]:
+    out: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                stat = (entry / "stat").read_text()
+                out[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    return out
+
+
+def _end_node(run: Run, pid: int) -> None:
+    """A lost agent: the launcher above ``pid`` and every process under it, SIGKILLed
+    (the launcher stopped first, so that it starts nothing more)."""
+    parents = _parents()
+    top = pid
+    while top and top not in run.launchers:
+        top = parents.get(top, 0)
+    if not top:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(top, signal.SIGSTOP)
+    parents = _parents()
+    tree, grew = {top}, True
+    while grew:
+        more = {p for p, pp in parents.items() if pp in tree} - tree
+        grew = bool(more)
+        tree |= more
+    run.lost_launcher = top
+    for p in [top, *sorted(tree - {top})]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
 
 
 def _end_stopped(run: Run, procs: list[subprocess.Popen[str]], deadline: float) -> None:
@@ -367,6 +484,8 @@ def _watch_stops(run: Run, done: threading.Event, keepers: list[KeepStopped]) ->
                     ev = json.loads(m.group(2))
                     if ev.get("kind") == "stop":
                         keepers.append(KeepStopped(int(ev["pid"])))
+                    elif ev.get("kind") == "node":
+                        _end_node(run, int(ev["pid"]))
             seen += 1
 
 
@@ -409,6 +528,7 @@ class Result:
     # rankguard's phases, from its run files (seconds after the fault):
     detected: float | None = None  # the finding naming the faulted rank
     ended: float | None = None  # the launcher saw its process end (live: restarts.jsonl)
+    restarts: list[str] = field(default_factory=list)  # restarts.jsonl's kinds, in order
 
 
 def _run_files(run: Run) -> Path | None:
@@ -448,12 +568,26 @@ def phases(run: Run, fault: dict[str, Any]) -> tuple[float | None, float | None]
     return detected, ended
 
 
+def restart_kinds(run: Run) -> list[str]:
+    """The kinds of the run's ``restarts.jsonl`` lines (every node's log dir: node 0
+    writes the job's), a shrink's ``live_recovery`` as ``shrink``: ``process`` is a
+    group restart."""
+    out = []
+    for path in sorted((run.workdir / "logs").glob("**/restarts.jsonl")):
+        for line in _jsonl(path):
+            kind = str(line.get("kind", "?"))
+            out.append("shrink" if kind == "live_recovery" and line.get("shrink") else kind)
+    return out
+
+
 def analyse(run: Run, baseline: dict[tuple[int, int], str]) -> Result:
     evs = events(run)
-    fault = next((ev for tag, ev in evs if tag == "LRFAULT"), None)
+    # a shrink run's figures are its second fault's (no standby left then)
+    which = 1 if run.fault == "shrink" else 0
+    fault = next((ev for tag, ev in evs if tag == "LRFAULT" and int(ev.get("i", 0)) == which), None)
     steps = [ev for tag, ev in evs if tag == "LRSTEP"]
     finished = {int(ev["r"]) for ev in steps if int(ev["s"]) == STEPS}
-    need = set(range(NPROC))
+    need = set(range(NPROC - 1 if run.fault == "shrink" else NPROC))
     if run.mode == "torchft":  # the survivors train on; a replica group may rejoin or not
         need -= {run.rank}
     ok = (
@@ -483,6 +617,7 @@ def analyse(run: Run, baseline: dict[tuple[int, int], str]) -> Result:
         return res
     if run.mode != "torchft" and run.mode != "torchrun":
         res.detected, res.ended = phases(run, fault)
+        res.restarts = restart_kinds(run)
     t_f, f_step = float(fault["t"]), int(fault["s"])
     # after the fault: a step at or past the fault's, or one done again (a survivor's
     # line of the step every rank completed before the fault can arrive just after it)
@@ -504,13 +639,20 @@ def analyse(run: Run, baseline: dict[tuple[int, int], str]) -> Result:
         if run.mode == "torchft" and full:
             res.to_full = full[0]["t"] - t_f
     if run.mode != "torchft" and after:
-        # the ranks that did not fault: the same process before and after the fault?
+        # the ranks that did not fault: the same processes before and after the fault?
+        # (a shrink renumbers them, a lost node takes its two ranks along)
         old = {int(ev["r"]): ev["pid"] for ev in before}
-        new = {int(ev["r"]): ev["pid"] for ev in after}
-        res.survivors_kept_pids = all(
-            old.get(r) == new.get(r) for r in range(NPROC) if r != run.rank and r in new
-        )
+        lost = {int(fault["r"])}
+        if run.fault == "node":
+            half = NPROC // 2
+            lost = set(range(int(fault["r"]) // half * half, (int(fault["r"]) // half + 1) * half))
+        res.survivors_kept_pids = {p for r, p in old.items() if r not in lost} <= {
+            ev["pid"] for ev in after
+        }
     res.faulted_came_back = any(ev["pid"] == fault["pid"] for ev in after)
+    if run.fault == "shrink":
+        _compare_means(res, after, baseline)
+        return res
     newest = losses(run)
     for ev in after:
         key = (int(ev["s"]), int(ev["r"]))
@@ -522,6 +664,31 @@ def analyse(run: Run, baseline: dict[tuple[int, int], str]) -> Result:
         else:
             res.max_diff = max(res.max_diff, abs(float(ev["loss"]) - float(baseline[key])))
     return res
+
+
+def step_means(lines: list[dict[str, Any]]) -> dict[int, tuple[int, float]]:
+    """Step -> (ranks, the mean of their losses): the loss of the step's global batch
+    (each rank's share is the same size)."""
+    per: dict[int, dict[int, float]] = {}
+    for ev in sorted(lines, key=lambda ev: ev["t"]):  # the newest completion wins
+        per.setdefault(int(ev["s"]), {})[int(ev["r"])] = float(ev["loss"])
+    return {s: (len(v), statistics.fmean(v.values())) for s, v in per.items()}
+
+
+def _compare_means(
+    res: Result, after: list[dict[str, Any]], baseline: dict[tuple[int, int], str]
+) -> None:
+    """A shrink: each step after the fault, the smaller world's loss of the global batch
+    against the full world's (the uninterrupted run of the same global batch): equal
+    within :data:`SHRINK_RTOL` (the same samples and gradient, summed in another order)."""
+    ref = step_means([{"s": s, "r": r, "loss": v, "t": 0.0} for (s, r), v in baseline.items()])
+    for step, (ranks, mean) in sorted(step_means(after).items()):
+        if step not in ref or ranks != NPROC - 1:
+            continue
+        res.compared += 1
+        diff = abs(mean - ref[step][1]) / max(abs(ref[step][1]), 1e-12)
+        res.max_diff = max(res.max_diff, diff)
+        res.equal += diff <= SHRINK_RTOL
 
 
 # ---- report ---------------------------------------------------------------------------
@@ -553,6 +720,11 @@ def progress_line(res: Result) -> str:
         if res.compared
         else "losses -"
     )
+    if r.fault == "shrink" and res.compared:
+        losses_ = (
+            f"step losses {res.equal}/{res.compared} within {SHRINK_RTOL:g} of the full "
+            f"world's (max rel diff {res.max_diff:.2g})"
+        )
     pids = (
         ""
         if res.survivors_kept_pids is None
@@ -560,6 +732,9 @@ def progress_line(res: Result) -> str:
     )
     if res.faulted_came_back:  # a stopped rank resumed (a SIGCONT, or a ptrace detach)
         pids += ", THE FAULTED PROCESS ITSELF TRAINED ON (resumed, not replaced)"
+    if res.restarts:
+        counts = {k: res.restarts.count(k) for k in dict.fromkeys(res.restarts)}
+        pids += "; restarts.jsonl: " + ", ".join(f"{n} {k}" for k, n in counts.items())
     if r.resumed:
         pids += f", the stopped rank was let run {r.resumed}x (stopped again by the bench)"
     if r.fault == "stop" and res.detected is not None:
@@ -568,11 +743,22 @@ def progress_line(res: Result) -> str:
             pids += (
                 f", ended {res.ended:.2f}s, then next step +{res.fault_to_step - res.ended:.2f}s"
             )
+    where = f"rank {r.rank} step {r.step:2d}"
+    if r.fault == "shrink":
+        where += f", then rank {r.rank2} step {r.step2:2d}"
     return (
-        f"  {r.mode:17s} {r.fault:4s} rank {r.rank} step {r.step:2d}: fault->next step {fig}"
+        f"  {r.mode:17s} {r.fault:4s} {where}: fault->next step {fig}"
         f"{extra}, redone {res.redone if res.redone is not None else '-'}, {losses_}{pids}; "
         f"{r.duration_s:.0f}s, {'ok' if res.ok else 'FAILED: ' + res.why}"
     )
+
+
+FAULT_LABELS = {
+    "kill": "SIGKILL",
+    "stop": "SIGSTOP (hang)",
+    "node": "lost agent of 2",
+    "shrink": "no standby: shrink",
+}
 
 
 def summary(results: dict[tuple[str, str], list[Result]]) -> None:
@@ -587,7 +773,7 @@ def summary(results: dict[tuple[str, str], list[Result]]) -> None:
         rows.append(
             [
                 mode,
-                "SIGKILL" if fault == "kill" else "SIGSTOP (hang)",
+                FAULT_LABELS[fault],
                 f"{len(good)}/{len(rs)}",
                 _fmt(figs),
                 _fmt(full) if mode == "torchft" else "",
@@ -595,6 +781,9 @@ def summary(results: dict[tuple[str, str], list[Result]]) -> None:
                 f"{same}/{len(good)}",
                 f"{sum(kept)}/{len(kept)}" if kept else "-",
                 f"{sum(r.faulted_came_back for r in good)}/{len(good)}",
+                f"{sum('process' in r.restarts for r in good)}/{len(good)}"
+                if mode not in ("torchrun", "torchft")
+                else "",
             ]
         )
     print_table(
@@ -608,6 +797,7 @@ def summary(results: dict[tuple[str, str], list[Result]]) -> None:
             "losses equal",
             "survivors kept pids",
             "faulted process resumed",
+            "group restart",
         ],
         rows,
     )
@@ -687,6 +877,28 @@ def verdict(results: dict[tuple[str, str], list[Result]], runs: int) -> None:
         )
     else:
         print("goal: ahead of torchft -> no torchft run completed here")
+    for fault in ("node", "shrink"):
+        verdict_of(fault, results.get((LIVE, fault), []))
+
+
+def verdict_of(fault: str, rs: list[Result]) -> None:
+    """The same goal for a lost agent of two and a shrink (losses: the uninterrupted
+    run's; a shrink's within :data:`SHRINK_RTOL` of the full world's)."""
+    if not rs:
+        return
+    good = [r for r in rs if r.ok]
+    figs = [r.fault_to_step for r in good if r.fault_to_step is not None]
+    med = statistics.median(figs) if figs else float("inf")
+    redone = [r.redone for r in good if r.redone is not None]
+    worst = max(redone) if redone else None
+    same = sum(1 for r in good if r.compared and r.equal == r.compared)
+    group = sum("process" in r.restarts for r in rs)
+    meets = med <= 1.0 and worst is not None and worst <= 1 and same == len(rs)
+    print(
+        f"goal, {FAULT_LABELS[fault]}: fault -> next step {med:.2f}s median, max "
+        f"{worst} redone, {same}/{len(rs)} runs with the losses, {group} group restart(s): "
+        + ("MEETS" if meets else "MISSES")
+    )
 
 
 def header(smoke: bool, job: str | None = None) -> None:
@@ -727,10 +939,16 @@ def torchft_available() -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    global NPROC, STEPS, CKPT_EVERY, MODEL, FAULT_STEPS, LIVE_SETS
+    global NPROC, STEPS, CKPT_EVERY, MODEL, FAULT_STEPS, LIVE_SETS, SHRINK_STEPS
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=10, help="SIGKILL runs per mode")
     p.add_argument("--hang-runs", type=int, default=1, help="SIGSTOP runs per mode")
+    p.add_argument(
+        "--node-runs", type=int, default=None, help="lost-agent-of-two runs (live; 3, smoke 0)"
+    )
+    p.add_argument(
+        "--shrink-runs", type=int, default=None, help="no-standby-left runs (live; 3, smoke 0)"
+    )
     p.add_argument("--seed", type=int, default=0, help="draws each run's rank and step")
     p.add_argument(
         "--modes", default=",".join(MODES), help="comma-separated, of " + ", ".join(MODES)
@@ -746,11 +964,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         NPROC, STEPS, CKPT_EVERY, MODEL, FAULT_STEPS = 2, 8, 3, "mlp", (5, 5)
         args.runs, args.hang_runs = 1, 0
+        SHRINK_STEPS = ((3, 3), (5, 5))
         modes = [LIVE, "rankguard"]
         # no standby started to refill the used one: the job ends 3 steps after the
         # fault, before a new standby has imported torch, and the launcher would wait
         # for it to leave (up to 10 s) and end it
         LIVE_SETS = [*LIVE_SETS, "inprocess_restart.standby_refills=0"]
+    # the smoke run: none unless asked (each is a launch or two, tens of seconds in CI)
+    for name in ("node_runs", "shrink_runs"):
+        if getattr(args, name) is None:
+            setattr(args, name, 0 if args.smoke else 3)
     header(args.smoke)
     if LIVE in modes and not standby_available():
         print("live: skipped: this rankguard run has no --standby-ranks (live recovery)")
@@ -767,26 +990,53 @@ def main(argv: list[str] | None = None) -> int:
     plan += [
         ("stop", rng.randrange(NPROC), rng.randint(*FAULT_STEPS)) for _ in range(args.hang_runs)
     ]
-    drawn = ", ".join(f"{f} rank {r} step {s}" for f, r, s in plan)
+    # drawn after the others: the same --seed gives the same SIGKILL and SIGSTOP runs
+    # as before these existed. node: a rank of node 1 (node 0 decides, and its loss is
+    # today's path: docs/live_recovery.md); shrink: two SIGKILLs of different ranks
+    live_only: list[tuple[str, Any, Any]] = []
+    if LIVE in modes:
+        half = NPROC // 2
+        live_only += [
+            ("node", half + rng.randrange(half), rng.randint(*FAULT_STEPS))
+            for _ in range(args.node_runs)
+        ]
+        for _ in range(args.shrink_runs):
+            first, second = rng.sample(range(NPROC), 2)
+            steps = rng.randint(*SHRINK_STEPS[0]), rng.randint(*SHRINK_STEPS[1])
+            live_only.append(("shrink", (first, second), steps))
+    drawn = ", ".join(f"{f} rank {r} step {s}" for f, r, s in [*plan, *live_only])
     print(f"faults (seed {args.seed}): {drawn}")
 
     root = Path(tempfile.mkdtemp(prefix="rg-live-"))
     kinds = ["ddp", *(["torchft"] if "torchft" in modes else [])]
+    kinds += ["shrink"] if any(f == "shrink" for f, _r, _s in live_only) else []
 
     def uninterrupted(kind: str) -> Run:
-        mode = "torchft" if kind == "torchft" else "torchrun"
+        mode = {"torchft": "torchft", "shrink": "baseline-shrink"}.get(kind, "torchrun")
         return execute(Run(mode, "none", 0, 0, root / f"baseline-{kind}"), args.timeout)
 
-    # --smoke: the uninterrupted run side by side with the fault's (its figures are not
-    # results); otherwise before the faults, alone on the machine
+    def make(i: int, mode: str, fault: str, rank: Any, step: Any) -> Run:
+        run = Run(mode, fault, 0, 0, root / f"{i}-{mode}-{fault}")
+        if fault == "shrink":
+            (run.rank, run.rank2), (run.step, run.step2) = rank, step
+        else:
+            run.rank, run.step = rank, step
+        return run
+
+    # each row: a fault of the plan under every mode, then one of live recovery's own
+    rows: list[list[tuple[str, tuple[str, Any, Any]]]] = []
+    for i in range(max(len(plan), len(live_only))):
+        rows.append([(mode, plan[i]) for mode in modes] if i < len(plan) else [])
+        rows[-1] += [(LIVE, live_only[i])] if i < len(live_only) else []
+    # --smoke: the uninterrupted runs side by side with the faulted ones (their figures
+    # are not results); otherwise before the faults, alone on the machine
     side = ThreadPoolExecutor(max_workers=1) if args.smoke else None
     pending = {k: side.submit(uninterrupted, k) for k in kinds} if side is not None else {}
     faulted: list[tuple[str, Run]] = []
     if side is not None:
-        for i, (fault, rank, step) in enumerate(plan):
-            for mode in modes:
-                run = execute(Run(mode, fault, rank, step, root / f"{i}-{mode}"), args.timeout)
-                faulted.append((mode, run))
+        for i, row in enumerate(rows):
+            for mode, fault in row:
+                faulted.append((mode, execute(make(i, mode, *fault), args.timeout)))
         side.shutdown()
     baselines: dict[str, dict[tuple[int, int], str]] = {}
     for kind in kinds:
@@ -805,7 +1055,8 @@ def main(argv: list[str] | None = None) -> int:
         _keep(base, args.keep or base.rc != 0 or base.timed_out)
 
     def record(mode: str, run: Run) -> Result:
-        res = analyse(run, baselines["torchft" if mode == "torchft" else "ddp"])
+        kind = "torchft" if mode == "torchft" else "shrink" if run.fault == "shrink" else "ddp"
+        res = analyse(run, baselines[kind])
         results.setdefault((mode, run.fault), []).append(res)
         print(progress_line(res), flush=True)
         show_failure(run)
@@ -816,11 +1067,9 @@ def main(argv: list[str] | None = None) -> int:
     for mode, run in faulted:
         record(mode, run)
     if side is None:
-        for i, (fault, rank, step) in enumerate(plan):
-            for mode in modes:
-                record(
-                    mode, execute(Run(mode, fault, rank, step, root / f"{i}-{mode}"), args.timeout)
-                )
+        for i, row in enumerate(rows):
+            for mode, fault in row:
+                record(mode, execute(make(i, mode, *fault), args.timeout))
 
     print()
     print("fault -> next completed step (s), steps redone, losses of every (step, rank)")

@@ -24,12 +24,24 @@ Recovery state, by launcher:
   quorum and live state transfer from a peer; a new replica group rejoins at the quorum's
   step.
 
-Faults: ``--fault kill|stop|exception`` on ``--fault-rank`` at the start of step
+Faults: ``--fault kill|stop|exception|node`` on ``--fault-rank`` at the start of step
 ``--fault-step`` (before its forward), once per job (a marker file in ``--ckpt-dir``
-keeps a redone step from faulting again). The rank prints ``LRFAULT {"kind", "r", "s",
-"t", "pid"}`` first. The soak injects from outside instead: SIGKILL and SIGSTOP by pid
+keeps a redone step from faulting again); ``--fault-rank`` and ``--fault-step`` may be
+comma-separated lists of the same length, one fault each (the shrink bench: a second
+SIGKILL once the standby is used). The rank prints ``LRFAULT {"kind", "r", "s", "t",
+"pid", "i"}`` first (``i``: which fault of the list). ``node``: the rank stops itself
+(SIGSTOP) after its line, and the bench ends its whole node (its launcher, every
+process under it) at once: a lost agent. The soak injects from outside instead: SIGKILL
+and SIGSTOP by pid
 (``pids/rank_<r>`` in ``--ckpt-dir``, rewritten by whichever process holds the rank),
 and an exception by ``SIGUSR1`` (raised at the rank's next step).
+
+``--global-batch G`` (the shrink bench): every step trains on the same ``G`` samples
+whatever the world size (drawn from ``(--seed, step)``), each rank its contiguous
+share by its rank in the round's world, in micro-batches of ``--batch-size`` with
+gradient accumulation (DDP's ``no_sync`` but for the last): a job that goes on with
+fewer ranks keeps the global batch and its gradient (the mean over the ``G`` samples);
+the rank prints the mean loss of its share.
 
 ``--hold-file F``: while F exists each step sleeps ``--step-sleep`` seconds and the ranks
 wait before step ``--steps`` - 2 (the soak keeps the job alive until its last fault).
@@ -38,6 +50,7 @@ wait before step ``--steps`` - 2 (the soak keeps the job alive until its last fa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -62,13 +75,21 @@ p.add_argument("--ckpt-dir", required=True)
 p.add_argument("--ckpt-every", type=int, default=5)
 p.add_argument("--step-sleep", type=float, default=0.0)
 p.add_argument("--hold-file", default=None)
-p.add_argument("--fault", choices=["none", "kill", "stop", "exception"], default="none")
-p.add_argument("--fault-rank", type=int, default=1)
-p.add_argument("--fault-step", type=int, default=10)
+p.add_argument("--fault", choices=["none", "kill", "stop", "exception", "node"], default="none")
+p.add_argument("--fault-rank", default="1", help="a rank, or a comma-separated list")
+p.add_argument("--fault-step", default="10", help="a step, or a list as --fault-rank")
+p.add_argument("--global-batch", type=int, default=0, help="0: --batch-size per rank")
 p.add_argument("--pg-timeout", type=float, default=30.0)
 p.add_argument("--torchft", action="store_true", help="a replica group of torchft")
 p.add_argument("--min-replicas", type=int, default=2)
 args = p.parse_args()
+FAULTS = list(
+    zip(
+        (int(x) for x in args.fault_rank.split(",")),
+        (int(x) for x in args.fault_step.split(",")),
+        strict=True,
+    )
+)
 
 CKPT_DIR = Path(args.ckpt_dir)
 PIDS = CKPT_DIR / "pids"
@@ -126,16 +147,18 @@ def maybe_fault(rank: int, step: int) -> None:
         _raise_next = False
         emit("LRFAULT", kind="exception", r=rank, s=step)
         raise RuntimeError(f"injected exception on rank {rank} at step {step}")
-    if args.fault == "none" or rank != args.fault_rank or step != args.fault_step:
+    if args.fault == "none" or (rank, step) not in FAULTS:
         return
+    i = FAULTS.index((rank, step))
     try:  # once per job: a redone step does not fault again
-        os.close(os.open(CKPT_DIR / "fault_done", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        marker = CKPT_DIR / ("fault_done" if i == 0 else f"fault_done_{i}")
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
         return
-    emit("LRFAULT", kind=args.fault, r=rank, s=step)
+    emit("LRFAULT", kind=args.fault, r=rank, s=step, i=i)
     if args.fault == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
-    elif args.fault == "stop":
+    elif args.fault in ("stop", "node"):  # node: the bench ends the node now
         os.kill(os.getpid(), signal.SIGSTOP)
     else:
         raise RuntimeError(f"injected exception on rank {rank} at step {step}")
@@ -156,6 +179,47 @@ def hold(step: int) -> None:
     if step == args.steps - 2:
         while os.path.exists(args.hold_file):
             time.sleep(0.1)
+
+
+def shares(step: int, rank: int, world: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``--global-batch``: this rank's micro-batches of step ``step``'s global batch (the
+    same ``G`` samples whatever the world size), its contiguous share by rank."""
+    g, mb = args.global_batch, args.batch_size
+    if g % (world * mb):
+        raise SystemExit(f"--global-batch {g} is not {world} rank(s) x micro-batches of {mb}")
+    gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step * 1009 + 7919)
+    if args.model == "demo":
+        from rankguard.demo.model import GPTConfig, synthetic_batch
+
+        x, y = synthetic_batch(GPTConfig(), g, gen, torch.device("cpu"))
+    else:
+        x = torch.randn(g, 16, generator=gen)
+        y = x.sum(dim=1, keepdim=True).sin()
+    per = g // world
+    lo = rank * per
+    return [(x[i : i + mb], y[i : i + mb]) for i in range(lo, lo + per, mb)]
+
+
+def train_step(model: nn.Module, opt: torch.optim.Optimizer, step: int, rank: int) -> float:
+    """One optimizer step; the rank's loss (before the update)."""
+    opt.zero_grad(set_to_none=True)
+    if not args.global_batch:
+        x, y = batch(step, rank)
+        loss = loss_of(model, x, y)
+        loss.backward()
+        opt.step()
+        return loss.item()
+    micro = shares(step, rank, dist.get_world_size())
+    total = 0.0
+    for i, (x, y) in enumerate(micro):
+        last = i == len(micro) - 1
+        sync = getattr(model, "no_sync", None)
+        with contextlib.nullcontext() if last or sync is None else sync():
+            part = loss_of(model, x, y) / len(micro)
+            part.backward()
+        total += part.item()
+    opt.step()
+    return total
 
 
 def save(model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
@@ -182,12 +246,8 @@ def run_ddp() -> None:
     for step in range(first, args.steps + 1):
         hold(step)
         maybe_fault(rank, step)
-        x, y = batch(step, rank)
-        loss = loss_of(model, x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        emit("LRSTEP", s=step, r=rank, loss=repr(loss.item()))
+        loss = train_step(model, opt, step, rank)
+        emit("LRSTEP", s=step, r=rank, loss=repr(loss))
         if rank == 0 and args.ckpt_every and step % args.ckpt_every == 0:
             save(net, opt, step)
     dist.destroy_process_group()
@@ -243,13 +303,9 @@ def run_live() -> None:
             hold(step)
             maybe_fault(rank, step)
             with ip.atomic():
-                x, y = batch(step, rank)
-                loss = loss_of(model, x, y)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
+                loss = train_step(model, opt, step, rank)
                 memory["step"] = step
-            emit("LRSTEP", s=step, r=rank, loss=repr(loss.item()))
+            emit("LRSTEP", s=step, r=rank, loss=repr(loss))
             if rank == 0 and args.ckpt_every and step % args.ckpt_every == 0:
                 save(net, opt, step)
 
