@@ -9,7 +9,8 @@ own directory being another disk; or the lost process's files, on a shared disk)
 the losses of every step are those of an uninterrupted run (computed here in one
 process), the per-rank RNG and data position restored with the shards. Without a
 replica the persistent checkpoint is loaded, said; with no checkpoint at all the group
-restarts, said."""
+restarts, said. After an ordinary in-process restart (an exception, no process lost) the
+sharded model built anew is loaded the same way."""
 
 from __future__ import annotations
 
@@ -139,6 +140,8 @@ def _train(memory: dict[str, Any], out: Path, slot: int, mode: str) -> int:
             rec = {"step": step, "rank": rank, "loss": float(mean) / world, "draw": draw}
             f.write(json.dumps({**rec, "pid": os.getpid(), "round": ip.restart_count()}) + "\n")
         if (slot, step) == KILL and ip.restart_count() == 0:
+            if mode == "raise":  # an ordinary in-process restart: every process kept
+                raise RuntimeError(f"rank {rank}: an error after step {step}")
             os.kill(os.getpid(), signal.SIGKILL)
     ckpt.close()
     memory.pop("ckpt", None)
@@ -319,6 +322,31 @@ def test_a_step_done_but_not_saved_is_done_again(tmp_path: Path) -> None:
     assert (
         f"every rank continues after step {KILL[1] - 1}, 1 step(s) redone, the survivors had "
         f"completed step {KILL[1]}"
+    ) in _console(tmp_path)
+
+
+def test_after_an_ordinary_in_process_restart_the_sharded_state_is_reloaded(
+    tmp_path: Path,
+) -> None:
+    """Rank 2 raises after step 5: no process lost, no standby used; every rank builds
+    its sharded model anew in the next round, and ``live_state`` loads local step 5
+    into it (a model left as built would train on from its initial weights)."""
+    result, said, entries, codes = _run(tmp_path, "raise")
+    assert result is not None and result.state == WorkerState.SUCCEEDED, (result, said)
+    assert codes == {s: 0 for s in range(WORLD + 1)} and entries == [] and said == []
+    recs = _records(tmp_path)
+    ref = _reference()
+    draws = {r: _draws(r) for r in range(WORLD)}
+    for rank in range(WORLD):
+        mine = [r for r in recs if r["rank"] == rank]
+        assert [r["step"] for r in mine] == list(range(1, STEPS + 1))
+        assert {r["round"] for r in mine if r["step"] > KILL[1]} == {1}
+        for r in mine:
+            assert r["loss"] == pytest.approx(ref[r["step"] - 1], rel=1e-5), r
+            assert r["draw"] == draws[rank][r["step"] - 1], r
+    assert (
+        f"in-process restart 1: sharded state from local checkpoint step {KILL[1]}; every "
+        f"rank continues after step {KILL[1]}, 0 step(s) redone"
     ) in _console(tmp_path)
 
 

@@ -39,9 +39,10 @@ def live_state(
 ) -> int:
     """Declare the replicated state (see the module doc); the step to continue after.
     ``checkpoint``: a :class:`~rankguard.checkpoint.CheckpointManager` whose state
-    (model, optimizer, per-rank RNG and data position) is sharded: it is restored from
-    the newest complete local checkpoint step instead (:mod:`.sharded`); ``model`` and
-    ``optimizer`` are then left out (the manager's state names them)."""
+    (model, optimizer, per-rank RNG and data position) is sharded: at every re-entry
+    (after a replacement or any in-process restart) it is loaded from the newest
+    complete checkpoint instead (:mod:`.sharded`); ``model`` and ``optimizer`` are then
+    left out (the manager's state names them)."""
     if checkpoint is not None:
         if model is not None or optimizer is not None:
             raise ValueError(
