@@ -1,10 +1,12 @@
 """End to end: live recovery of FSDP2 state under the real ``rankguard run --preload
 torch`` (2 CPU ranks on gloo, 1 standby, ``tests/e2e/scripts/fsdp_live.py``): rank 1 is
-SIGKILLed after step 4; the standby takes it, every rank loads local checkpoint step 4
+SIGKILLed after step 2; the standby takes it, every rank loads local checkpoint step 2
 (the newcomer's shard from the lost process's files on this node's disk) and the job
 ends without a group restart, every step's loss and each rank's random draw those of an
 uninterrupted run (computed here in one process). The replica path and the fallbacks
-are tested with 4 ranks in ``tests/tier2/test_live_sharded_tier2.py``."""
+are tested in ``tests/tier2/test_live_sharded_tier2.py``; this test is what those cannot
+show: the real command line, its agent, restarts.jsonl and console. Three steps: one
+before the kill's step, the kill's, one the newcomer trains."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from .test_live_recovery_e2e import LIVE
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 SCRIPT = Path(__file__).parent / "scripts" / "fsdp_live.py"
-STEPS, BATCH = 8, 8
+STEPS, BATCH, KILL = 3, 8, 2  # rank 1 killed after step KILL
 
 
 def _reference() -> list[float]:
@@ -55,7 +57,7 @@ def test_a_lost_fsdp2_rank_continues_from_the_local_checkpoint(tmp_path: Path, r
             "1",
             *LIVE,
             str(SCRIPT),
-            *("--steps", str(STEPS), "--kill-at", "1:4"),
+            *("--steps", str(STEPS), "--kill-at", f"1:{KILL}"),
             *("--out", str(out), "--local-dir", str(tmp_path / "local")),
         ],
         timeout=280,
@@ -66,19 +68,19 @@ def test_a_lost_fsdp2_rank_continues_from_the_local_checkpoint(tmp_path: Path, r
     assert [line["kind"] for line in lines] == ["live_recovery"], lines
     (entry,) = lines
     assert entry["lost_rank"] == 1 and entry["exit"] == "SIGKILL"
-    assert entry["source"] == "local checkpoint step 4: rank 1's own local directory"
-    assert entry["steps_redone"] == 0 and entry["resumed_step"] == 5
+    assert entry["source"] == f"local checkpoint step {KILL}: rank 1's own local directory"
+    assert entry["steps_redone"] == 0 and entry["resumed_step"] == KILL + 1
     assert (
-        "live recovery: sharded state from local checkpoint step 4 (rank 1's shard from its "
-        "own local directory (the lost process's files, on this node's disk)); every rank "
-        "continues after step 4, 0 step(s) redone"
+        f"live recovery: sharded state from local checkpoint step {KILL} (rank 1's shard from "
+        "its own local directory (the lost process's files, on this node's disk)); every rank "
+        f"continues after step {KILL}, 0 step(s) redone"
     ) in text
     recs = {  # pid -> its records
         f.stem: [json.loads(x) for x in f.read_text().splitlines()] for f in out.glob("*.jsonl")
     }
     assert len(recs) == 3, recs  # rank 0 kept its process; rank 1's, then the standby's
     assert str(entry["standby_pid"]) in recs and str(entry["lost_pid"]) in recs
-    assert [r["step"] for r in recs[str(entry["standby_pid"])]] == list(range(5, STEPS + 1))
+    assert [r["step"] for r in recs[str(entry["standby_pid"])]] == list(range(KILL + 1, STEPS + 1))
     ref = _reference()
     for rank in (0, 1):  # each rank's own stream, set once per process, restored
         torch.manual_seed(100 + rank)

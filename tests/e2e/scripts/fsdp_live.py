@@ -2,7 +2,8 @@
 ``fully_shard`` (gloo, CPU), its optimizer, the rank's RNG and data position in a
 checkpoint manager with a local tier saved every step, declared once with
 ``ip.live_state(checkpoint=manager, step=...)``. ``--kill-at RANK:STEP``: that rank's
-process SIGKILLs itself after STEP (and its local save), in the first round. Each step's
+process SIGKILLs itself after STEP (and its local save, every rank's save and record of
+STEP done: a barrier first), in the first round. Each step's
 loss (the mean over the ranks) and the rank's random draw go to ``--out/<pid>.jsonl``."""
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ p.add_argument("--out", required=True)
 p.add_argument("--local-dir", required=True)
 args = p.parse_args()
 BATCH = 8  # the global batch, split over the ranks
+KILLS = [tuple(int(n) for n in item.split(":")) for item in args.kill_at.split(",") if item]
 
 
 def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,8 +85,10 @@ def train(memory: dict[str, Any]) -> int:
         rec = {"step": step, "rank": rank, "loss": float(mean) / world, "draw": draw}
         with (Path(args.out) / f"{os.getpid()}.jsonl").open("a") as f:
             f.write(json.dumps(rec) + "\n")
-        if f"{rank}:{step}" in args.kill_at.split(",") and ip.restart_count() == 0:
-            os.kill(os.getpid(), signal.SIGKILL)
+        if ip.restart_count() == 0 and any(step == s for _r, s in KILLS):
+            dist.barrier()  # a survivor interrupted between its save and record left it out
+            if (rank, step) in KILLS:
+                os.kill(os.getpid(), signal.SIGKILL)
     memory.pop("ckpt").close()
     return 0
 
