@@ -127,6 +127,9 @@ class CheckpointManager:
             ),
         )
         self.seq = 0
+        #: what the last ``load_latest`` loaded: its tier and step and, for the local
+        #: tier, which rank held each rank's shard (``where``); None: nothing loaded
+        self.loaded_from: Candidate | None = None
         self._save_steps: int | None = None  # the session's training steps at save()
         self._inflight: Future[None] | None = None
         self._background: Any = None  # the last async save's BackgroundWriter
@@ -303,8 +306,10 @@ class CheckpointManager:
         self.wait()
         # not a checkpoint phase: a save's end counts as one progress step (and so would
         # shift the agreed stop steps); a load at start-up is under the initial timeouts
+        self.loaded_from = None
         for candidate in self._candidates():
             if self.tiers[candidate.tier].load(candidate):
+                self.loaded_from = candidate
                 self._note_resumed(candidate.step)
                 return candidate.step
         return None

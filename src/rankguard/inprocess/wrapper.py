@@ -571,6 +571,10 @@ class _Call:
             except (KeyboardInterrupt, SystemExit):
                 self.interrupter.armed = False
                 raise
+            except InProcessRestartError as exc:  # the function gives up on this group
+                self.interrupter.armed = False
+                self._abandon(str(exc))
+                raise
             except BaseException as exc:
                 self.interrupter.armed = False
                 self.phase = "recovering"
@@ -581,6 +585,18 @@ class _Call:
             self.phase = "recovering"
             fault = fault or self._report_for(late)
         return fault
+
+    def _abandon(self, why: str) -> None:
+        """The wrapped function raised :class:`InProcessRestartError` (``live_state``
+        found no copy of the state to continue from): no next round; the peers still
+        in this one are interrupted and leave at the next barrier, and the launcher's
+        group restart follows."""
+        store, r = self._store, self.round
+        try:
+            store.set(self._key(r + 1, "abandon"), f"rank {self.rank}: {why}"[:1000])
+            store.set(self._key(r, "failed"), str(self.rank))
+        except Exception as exc:  # the store gone with the job: the peers' own exits
+            logger.warning("rankguard: rank %d: abandon not written: %s", self.rank, exc)
 
     def _report_for(self, exc: BaseException) -> FaultReport:
         self.fault_at = self.fault_at or time.monotonic()

@@ -772,6 +772,10 @@ class LiveRecovery:
                 entry["recovery_s"] = round(max(0.0, resumed.t - entry["fault_t"]), 3)
                 entry["steps_redone"] = resumed.steps_redone
                 entry["resumed_step"] = resumed.step
+                if resumed.source is not None:  # a replica on a live rank, or a checkpoint
+                    entry["source"] = resumed.source
+                    said = f"state from {resumed.source}"
+                    entry["message"] = f"{entry['message']}; {said}" if entry["message"] else said
             elif not final and time.time() - entry["fault_t"] < RESUMED_WAIT_S:
                 continue
             self._pending.remove(entry)

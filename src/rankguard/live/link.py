@@ -110,11 +110,19 @@ class LiveLink:
 
     # ---- every rank -----------------------------------------------------------------
 
-    def declare(self) -> None:
-        """The script declared its state: a standby can take a lost rank's place."""
+    def declare(self, *, sharded: bool = False) -> None:
+        """The script declared its state: a standby can take a lost rank's place.
+        ``sharded``: through the checkpoint manager; such a job does not go on with
+        fewer ranks (its local shards load only with the world size that wrote them)."""
         if self.declared or self.store is None:
             return
-        if self.shrink:  # before declared: the launcher reads declared first
+        if self.shrink and sharded:
+            logger.warning(
+                "rankguard: inprocess_restart.shrink_when_no_standby has no effect for "
+                "sharded state (live_state(checkpoint=...)): a rank lost with no standby "
+                "left restarts the worker group"
+            )
+        elif self.shrink:  # before declared: the launcher reads declared first
             self.store.set(self.keys.shrink, "1")
         self.store.set(self.keys.declared, "1")
         self.declared = True
@@ -153,13 +161,23 @@ class LiveLink:
         """The training ranks completed: the standbys leave."""
         store.set(self.keys.finished, "1")
 
-    def note_resumed(self, step: int, steps_redone: int, *, pids: tuple[int, ...] = ()) -> None:
+    def note_resumed(
+        self,
+        step: int,
+        steps_redone: int,
+        *,
+        pids: tuple[int, ...] = (),
+        source: str | None = None,
+    ) -> None:
         """The newcomer completed its first step (called from the optimizer's hook: no
         I/O here, the watcher writes it). ``pids``: after a shrink, the first step of
-        the smaller world, recorded under the dropped processes' pids instead."""
+        the smaller world, recorded under the dropped processes' pids instead;
+        ``source``: where the newcomer's state came from."""
         with self._lock:
             if self._resumed is None:
-                self._resumed = Resumed(t=time.time(), step=step, steps_redone=steps_redone)
+                self._resumed = Resumed(
+                    t=time.time(), step=step, steps_redone=steps_redone, source=source
+                )
                 self._resumed_for = pids
 
     def flush(self, store: Any) -> None:

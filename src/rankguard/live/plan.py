@@ -98,6 +98,9 @@ class Resumed:
     t: float  # unix seconds
     step: int  # the step every rank continued after
     steps_redone: int
+    # where the newcomer's state came from: "replica on rank 0" (a live peer's copy),
+    # "local checkpoint step 5: ..." or "checkpoint step 3 (persistent)"; None: not said
+    source: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -110,8 +113,12 @@ class Resumed:
         if not isinstance(data, dict):
             raise ValueError("live resumed record: not an object")
         try:
+            source = data.get("source")
             out = cls(
-                t=float(data["t"]), step=int(data["step"]), steps_redone=int(data["steps_redone"])
+                t=float(data["t"]),
+                step=int(data["step"]),
+                steps_redone=int(data["steps_redone"]),
+                source=None if source is None else str(source)[:500],
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"live resumed record: {exc}") from None

@@ -12,10 +12,14 @@ per-rank data there. Elsewhere (round 0, an ordinary in-process restart, no stan
 outside the wrapper) it returns ``step`` unchanged and moves nothing; with standbys it
 also records, once per process, that the script declared its state.
 
-Only replicated state (data parallelism: DDP, HSDP's replicate dimension) comes from a
+Replicated state (data parallelism: DDP, HSDP's replicate dimension) comes from a live
 peer; what only the lost process held (its data iterator's position, a per-rank RNG) is
-not transferable: derive it from the rank and the returned step. The optimizer's state
-crosses as JSON plus tensors, never pickled.
+not transferable then: derive it from the rank and the returned step. The optimizer's
+state crosses as JSON plus tensors, never pickled. Sharded state (FSDP2, tensor
+parallelism) is declared with ``checkpoint=`` (the checkpoint manager and its state
+plan): it comes from the newest complete local checkpoint step, per-rank state
+included, the newcomer's shard from a peer's replica where the lost process's own files
+are not on this node's disk (:mod:`.sharded`).
 """
 
 from __future__ import annotations
@@ -30,8 +34,29 @@ __all__ = ["decode_state", "encode_state", "live_state"]
 MAX_SKELETON_BYTES = 64 << 20
 
 
-def live_state(*, model: Any, optimizer: Any = None, step: int) -> int:
-    """Declare the replicated state (see the module doc); the step to continue after."""
+def live_state(
+    *, model: Any = None, optimizer: Any = None, step: int, checkpoint: Any = None
+) -> int:
+    """Declare the replicated state (see the module doc); the step to continue after.
+    ``checkpoint``: a :class:`~rankguard.checkpoint.CheckpointManager` whose state
+    (model, optimizer, per-rank RNG and data position) is sharded: at every re-entry
+    (after a replacement or any in-process restart) it is loaded from the newest
+    complete checkpoint instead (:mod:`.sharded`); ``model`` and ``optimizer`` are then
+    left out (the manager's state names them)."""
+    if checkpoint is not None:
+        if model is not None or optimizer is not None:
+            raise ValueError(
+                "live_state: checkpoint= declares the state (the manager's model and "
+                "optimizer); leave model= and optimizer= out"
+            )
+        from rankguard.live.sharded import restore_sharded
+
+        return restore_sharded(checkpoint, step)
+    if model is None:
+        raise ValueError(
+            "live_state: model= (replicated state: DDP) or checkpoint= (sharded state: a "
+            "CheckpointManager with a local tier)"
+        )
     link = current()
     if link is None:
         return step
@@ -57,7 +82,7 @@ def live_state(*, model: Any, optimizer: Any = None, step: int) -> int:
         _broadcast_optimizer(optimizer, source)
     _broadcast_rng(source, _device_of(model))
     if fresh and optimizer is not None:
-        _arm_resumed(link, optimizer, agreed, redone)
+        _arm_resumed(link, optimizer, agreed, redone, source=f"replica on rank {source}")
     link.received = link.newcomer
     return agreed
 
@@ -259,15 +284,22 @@ def _broadcast_rng(src: int, device: Any) -> None:
 
 
 def _arm_resumed(
-    link: Any, optimizer: Any, agreed: int, redone: int, pids: tuple[int, ...] = ()
+    link: Any,
+    optimizer: Any,
+    agreed: int,
+    redone: int,
+    pids: tuple[int, ...] = (),
+    *,
+    source: str | None = None,
 ) -> None:
     """The newcomer's first optimizer step from here (``pids``: the first step of a
-    shrunk world, for the dropped processes' records): when it completes (a one-shot
-    hook, removed as it fires; the watcher writes the time)."""
+    shrunk world, for the dropped processes' records; ``source``: where its state came
+    from): when it completes (a one-shot hook, removed as it fires; the watcher writes
+    the time)."""
     handle: Any = None
 
     def hook(_opt: Any, _args: Any, _kwargs: Any) -> None:
-        link.note_resumed(agreed + 1, redone, pids=pids)
+        link.note_resumed(agreed + 1, redone, pids=pids, source=source)
         if handle is not None:
             handle.remove()
 

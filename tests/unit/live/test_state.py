@@ -134,6 +134,7 @@ def test_a_newcomer_gets_the_survivors_state(tmp_path: Path) -> None:
     assert torch.equal(newcomer["rng"], survivor["rng"])
     assert survivor["resumed"] is None
     assert newcomer["resumed"].step == 6 and newcomer["resumed"].steps_redone == 0
+    assert newcomer["resumed"].source == "replica on rank 0"
 
 
 def _relay_rank(rank: int, world: int) -> dict[str, Any]:
