@@ -6,7 +6,7 @@ Why real launches: several agents on one rendezvous, the exit codes each agent e
 with, and the files a user (or the scheduler's retry) reads after the job. Three jobs:
 an XID error and the rerun state machine excluding a node each while the others go on;
 too few nodes left (the job ends with 15 and the host list); repeated crashes counted
-against one node. The rules themselves (which GPU faults exclude, the restart count in
+against one node of two. The rules themselves (which GPU faults exclude, the restart count in
 its window, who closes the rendezvous below MIN, the host list) are tested on the
 components in ``tests/unit/launcher/test_exclusion.py``."""
 
@@ -221,24 +221,34 @@ def test_below_min_nodes_the_job_ends_with_15_and_the_host_list(
 
 
 def test_repeated_crashes_on_one_node_exclude_it_after_k(tmp_path: Path, run_id: str) -> None:
+    """Two agents, ``--nnodes 1:2``: agent 1's rank crashes at step 3 in every attempt;
+    its node is counted as the cause of each restart (not its peer, whose collective
+    broke with it), excluded at the second, and the node left trains on alone and
+    completes. Two agents suffice: the crashed node against the peer it broke is what
+    the count decides; the others going on as a group of several is the XID job's
+    (three agents there)."""
     port = free_port()
-    logs = {a: tmp_path / f"agent{a}" for a in range(3)}
+    logs = {a: tmp_path / f"agent{a}" for a in range(2)}
     script = str(Path(__file__).parent / "scripts" / "crash_here.py")
     cmds = {}
-    for a in range(3):
+    for a in range(2):
         cmd = agent_cmd(
             port,
             run_id,
             logs[a],
-            "2:3",
+            "1:2",
             "fault_tolerance.exclude_after_restarts=2",
             "fault_tolerance.exclude_window_s=600",
             target=("--max-restarts", "3", script, "--steps", "10"),
+            # MIN 1: the first round waits up to 5 s for the second agent (two agents
+            # started together reach the rendezvous seconds apart on a loaded machine);
+            # a round of both forms at once (MAX)
+            last_call_s=5,
         )
         cmds[a] = cmd
     outs, codes = run_nodes(cmds, timeout_s=130, envs={1: {"CRASH_HERE": "1"}})
     every = "\n".join(f"--- agent {a} (exit {codes[a]})\n{o}" for a, o in outs.items())
-    assert codes == {0: 0, 1: 15, 2: 0}, every
+    assert codes == {0: 0, 1: 15}, every
     bad = run_dir(logs[1], run_id)
     (finding,) = [
         f for f in read_jsonl(bad / "findings.jsonl") if f["finding_type"] == "node_excluded"
@@ -247,17 +257,14 @@ def test_repeated_crashes_on_one_node_exclude_it_after_k(tmp_path: Path, run_id:
     assert finding["trigger"] == "restarts" and "restarts=2" in finding["problems"]
     assert finding["hostname"] == HOST and finding["node_rank"] is not None
     assert json.loads((bad / "excluded_nodes.json").read_text())["hosts"] == [HOST]
-    assert "crash_here done: 10 steps, world 2" in outs[0] + outs[2], every
-    # Node 0's monitor: the excluded node's rank retired when the group re-formed; the
-    # run completed with the two ranks left.
-    run0 = next(
-        run_dir(logs[a], run_id)
-        for a in (0, 2)
-        if (run_dir(logs[a], run_id) / "launcher_node_0.json").exists()
-    )
+    assert "crash_here done: 10 steps, world 1" in outs[0], every
+    # Node 0's monitor (agent 0's, the node left): the excluded node's rank retired when
+    # the group re-formed; the run completed with the one rank left.
+    run0 = run_dir(logs[0], run_id)
+    assert (run0 / "launcher_node_0.json").exists(), every
     status = read_status(run0)
     assert status["state"] == "completed", every
-    assert [r["rank"] for r in status["ranks"]] == [0, 1], every
+    assert [r["rank"] for r in status["ranks"]] == [0], every
     # what node 0 reported: the two crashes of the bad node's rank and its exclusion
     found = [(f["finding_type"], f["node_rank"]) for f in read_jsonl(run0 / "findings.jsonl")]
     bad_node = finding["node_rank"]

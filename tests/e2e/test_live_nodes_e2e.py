@@ -53,7 +53,9 @@ LIVE = [
     "--set",
     "inprocess_restart.heartbeat_timeout=4",
 ]
-_LOSS = re.compile(r"\[demo\] step (\d+)/\d+ loss (\S+)")
+# the loss as the demo prints it (``.4f``): an unbuffered ``print`` writes the line and
+# its newline apart, and another process's line may come between the two
+_LOSS = re.compile(r"\[demo\] step (\d+)/\d+ loss (-?(?:\d+\.\d{4}|nan|inf))")
 
 
 def _agent(node: int, port: int, run_id: str, tmp: Path) -> list[str]:

@@ -1,9 +1,10 @@
-"""End to end: live recovery under the real ``rankguard run`` (4 CPU ranks on gloo, the
+"""End to end: live recovery under the real ``rankguard run`` (3 CPU ranks on gloo, the
 demo model in DDP, deterministic data): a hung rank taken over by the standby in place,
 the standby refilled, a SIGKILLed rank taken over by the refilled one, then a third loss
-with no standby left (the group restart, said); the restarted group's standby, not
-needed, leaves with the ranks and writes nothing. A second launch: a SIGSTOPped rank,
-found by its heartbeat timeout and killed by fault tolerance, replaced live.
+(the refilled one, killed in its turn) with no standby left (the group restart, said);
+the restarted group's standby, not needed, leaves with the ranks and writes nothing. A
+second launch: a SIGSTOPped rank, found by its heartbeat timeout and killed by fault
+tolerance, replaced live.
 
 Why a real launch: only the agent's own watch of the worker processes, the standby
 processes and the ranks' in-process rounds together show that the survivors keep their
@@ -48,7 +49,9 @@ LIVE = [
     "--set",
     "inprocess_restart.heartbeat_timeout=3",
 ]
-_LOSS = re.compile(r"\[demo\] step (\d+)/\d+ loss (\S+)")
+# the loss as the demo prints it (``.4f``): an unbuffered ``print`` writes the line and
+# its newline apart, and another process's line may come between the two
+_LOSS = re.compile(r"\[demo\] step (\d+)/\d+ loss (-?(?:\d+\.\d{4}|nan|inf))")
 
 
 def _job(
@@ -102,20 +105,25 @@ def _records(path: Path) -> list[dict[str, Any]]:
 def test_lost_ranks_are_replaced_in_place_then_no_standby_left_restarts(
     tmp_path: Path, run_id: str
 ) -> None:
-    """Rank 3 hangs past the hard timeout after step 4 (the standby takes it, and the
-    node starts a new one in its place: one refill allowed), rank 2 is SIGKILLed after
-    step 8 (the refilled standby takes it), rank 1 after step 20: no standby left, the
-    group restart; the next attempt runs from step 1 without a fault: the reference
-    losses, and its new standby, never needed, leaves with the ranks unused, with no
-    finding, no restart and no heartbeat of its own. Rank 1 trains 11 steps (about a
-    second) after the second recovery, so that its heartbeats (published every 0.5 s,
-    sampling the iteration) show a step after it."""
+    """Rank 2 hangs past the hard timeout after step 4 (the standby takes it, and the
+    node starts a new one in its place: one refill allowed), rank 1 is SIGKILLed after
+    step 8 (the refilled standby takes it), and rank 1 again after step 20 (the refilled
+    standby, now rank 1): no standby left, the group restart; the next attempt runs from
+    step 1 without a fault: the reference losses, and its new standby, never needed,
+    leaves with the ranks unused, with no finding, no restart and no heartbeat of its
+    own. Rank 0 trains 11 steps (about a second) after the second recovery, so that its
+    heartbeats (published every 0.5 s, sampling the iteration) show a step after it.
+
+    Three ranks, not four: the survivor that keeps its process through both recoveries
+    is rank 0, each loss is one rank's, and the third loss is the refilled standby
+    itself (a process that took a rank lost in its turn), so a fourth rank adds only
+    its start-up (two interpreters: its first and its restarted process)."""
     out, rc, run_dir = _job(
         tmp_path,
         run_id,
-        4,
-        *("--steps", "25", "--kill-at", "2:8", "--kill-at", "1:20"),
-        *("--fault", "wedge", "--fault-rank", "3", "--fault-step", "4"),
+        3,
+        *("--steps", "25", "--kill-at", "1:8", "--kill-at", "1:20"),
+        *("--fault", "wedge", "--fault-rank", "2", "--fault-step", "4"),
         *("--fault-duration", "60"),
         standbys=1,
         refills=1,
@@ -125,8 +133,8 @@ def test_lost_ranks_are_replaced_in_place_then_no_standby_left_restarts(
     kinds = [line["kind"] for line in lines]
     assert kinds == ["live_recovery", "live_recovery", "process"], lines
     hung, killed, group = lines
-    assert (hung["lost_rank"], hung["exit"]) == (3, "exit code 124")  # the hard timeout
-    assert (killed["lost_rank"], killed["exit"]) == (2, "SIGKILL")
+    assert (hung["lost_rank"], hung["exit"]) == (2, "exit code 124")  # the hard timeout
+    assert (killed["lost_rank"], killed["exit"]) == (1, "SIGKILL")
     for live in (hung, killed):
         assert live["cause"] == "rank_process_exited"
         assert live["resumed_t"] is not None and live["resumed_t"] > live["fault_t"]
@@ -138,7 +146,7 @@ def test_lost_ranks_are_replaced_in_place_then_no_standby_left_restarts(
     assert out.count("started in place of rank") == 1
     assert (
         f"live recovery: new standby pid {killed['standby_pid']} started in place of rank "
-        "3's lost process; standbys on this node: 1 waiting, 1 used, 1 started to refill"
+        "2's lost process; standbys on this node: 1 waiting, 1 used, 1 started to refill"
     ) in out
     assert (
         "live recovery cannot apply: rank 1 (SIGKILL) lost and no standby left on this "
@@ -147,13 +155,13 @@ def test_lost_ranks_are_replaced_in_place_then_no_standby_left_restarts(
     # the findings naming the lost ranks are written, as without live recovery
     findings = read_jsonl(run_dir / "findings.jsonl")
     exits = {(f["rank"], f["pid"]) for f in findings if f["finding_type"] == "rank_process_exited"}
-    assert {(3, hung["lost_pid"]), (2, killed["lost_pid"])} <= exits, findings
+    assert {(2, hung["lost_pid"]), (1, killed["lost_pid"])} <= exits, findings
     # each live recovery is also an in-process restart of the survivors, named by its rank
     reentries = [f for f in findings if f["finding_type"] == "inprocess_restart"]
-    assert sorted(f["rank"] for f in reentries) == [2, 3], findings
+    assert sorted(f["rank"] for f in reentries) == [1, 2], findings
     # waiting for a standby still starting is the recovery, not a stuck re-entry
     assert not [f for f in findings if f["finding_type"] == "rank_section_timeout"], findings
-    # the survivors kept their pids; each standby's pid became the rank it replaced
+    # the survivor kept its pid; each standby's pid became the rank it replaced
     by_pid = {recs[0]["pid"]: recs for recs in map(_records, heartbeat_files(run_dir))}
 
     def steps_of(pid: int) -> set[int]:
@@ -165,15 +173,15 @@ def test_lost_ranks_are_replaced_in_place_then_no_standby_left_restarts(
     survivors = {
         recs[0]["rank"]: pid
         for pid, recs in by_pid.items()
-        if recs[0]["rank"] in (0, 1) and live_rounds(pid) == 2
+        if recs[0]["rank"] == 0 and live_rounds(pid) == 2
     }
-    assert sorted(survivors) == [0, 1], sorted(by_pid)
+    assert sorted(survivors) == [0], sorted(by_pid)
     for rank, pid in survivors.items():  # one process from before the hang (after step
         # 4) through both recoveries (heartbeats sample the iteration: not every step)
         assert min(steps_of(pid)) <= 4 and max(steps_of(pid)) > 9, (rank, sorted(steps_of(pid)))
-    assert by_pid[hung["standby_pid"]][0]["rank"] == 3
+    assert by_pid[hung["standby_pid"]][0]["rank"] == 2
     assert min(steps_of(hung["standby_pid"])) >= 5  # it never trained before it took over
-    assert by_pid[killed["standby_pid"]][0]["rank"] == 2
+    assert by_pid[killed["standby_pid"]][0]["rank"] == 1
     assert min(steps_of(killed["standby_pid"])) >= 9
     # the losses of the live attempt are an uninterrupted run's (the attempt after the
     # group restart ran from step 1 without a fault); the rebuilt DDP sums its first
@@ -191,27 +199,26 @@ def test_lost_ranks_are_replaced_in_place_then_no_standby_left_restarts(
     # node 0's monitor may say the first group's second live recovery a scan late (a
     # loaded machine: the rank's 11 steps after it take about a second): that line is
     # about the first group, and it is checked above
-    first_groups = re.compile(r"in-process restart [12]: rank_lost on rank [23] ")
+    first_groups = re.compile(r"in-process restart [12]: rank_lost on rank [12] ")
     after = "\n".join(line for line in after.splitlines() if not first_groups.search(line))
     assert "live recovery" not in after and "standby" not in after, after[-4000:]
     first_group = {*survivors.values(), hung["lost_pid"], killed["lost_pid"]}
     first_group |= {hung["standby_pid"], killed["standby_pid"]}
     second_group = set(by_pid) - first_group
-    assert sorted(by_pid[pid][0]["rank"] for pid in second_group) == [0, 1, 2, 3], sorted(by_pid)
+    assert sorted(by_pid[pid][0]["rank"] for pid in second_group) == [0, 1, 2], sorted(by_pid)
     assert not {f["pid"] for f in findings} & second_group, findings
     status = json.loads((run_dir / "status.json").read_text())
     assert status["summary"]["findings_total"] == len(findings)
     live = status["live"]
     assert (live["standbys_per_node"], live["waiting"], live["left_unused"]) == (1, 0, 1), live
     assert (live["used"], len(live["replaced"]), live["started"]) == (2, 2, 1), live
-    # heartbeats: the first group's four ranks, its standby and the refilled one once
-    # they took a rank, the second group's four ranks; the second group's standby wrote
+    # heartbeats: the first group's three ranks, its standby and the refilled one once
+    # they took a rank, the second group's three ranks; the second group's standby wrote
     # none
     assert sorted(p.name.split("_pid_")[0] for p in heartbeat_files(run_dir)) == [
         *["rank_0"] * 2,
-        *["rank_1"] * 2,
+        *["rank_1"] * 3,
         *["rank_2"] * 3,
-        *["rank_3"] * 3,
     ]
     assert no_leftover_workers(run_id)
 
