@@ -226,6 +226,19 @@ def launcher_env_changes(inherited: Mapping[str, str], now: Mapping[str, str]) -
     return {k: v for k, v in now.items() if inherited.get(k) != v}
 
 
+def _worker_processes(pcontext: Any) -> dict[int, Any]:
+    """local rank -> the worker's process (a ``subprocess.Popen`` for ranks started as
+    a command, a ``multiprocessing`` process for ranks forked by ``--preload``); empty
+    for any other context."""
+    if isinstance(pcontext, SubprocessContext):
+        handlers = getattr(pcontext, "subprocess_handlers", None) or {}
+        return {r: h.proc for r, h in handlers.items() if getattr(h, "proc", None) is not None}
+    if isinstance(pcontext, MultiprocessContext):
+        procs = getattr(getattr(pcontext, "_pc", None), "processes", None) or []
+        return dict(enumerate(procs))
+    return {}
+
+
 def _cause_rank(failure: Any) -> tuple[int, float]:
     """Order failures by how likely each is the cause. A rank killed by a signal other
     than SIGTERM wrote no error file (its timestamp is only when the agent noticed) and
@@ -437,7 +450,9 @@ class RankguardAgent(LocalElasticAgent):
         return result
 
     def _poll_workers(self, worker_group: Any) -> Any:
-        """torch elastic's own poll of the workers (torn error files dropped)."""
+        """torch elastic's own poll of the workers (torn error files dropped), after a
+        look of our own for a worker killed by a signal (:meth:`_note_killed_first`)."""
+        self._note_killed_first(worker_group)
         try:
             result = super()._monitor_workers(worker_group)
         except ValueError:
@@ -451,6 +466,46 @@ class RankguardAgent(LocalElasticAgent):
             logger.warning("rankguard: torn worker error file(s) dropped: %s", torn)
             result = super()._monitor_workers(worker_group)
         return result
+
+    def _note_killed_first(self, worker_group: Any) -> None:
+        """torch elastic's poll, once it sees a worker fail, stops the others (SIGTERM,
+        then waits for them) before it returns the failure: the monitor, scanning
+        meanwhile, sees the peers vanish with the worker killed first and, without the
+        exit codes, cannot tell them apart (on a loaded machine it named a peer the
+        agent had terminated). A worker killed by a signal other than SIGTERM, found
+        here before that poll, is named to the monitor first (``on_failure``; the agent
+        names it again with the poll's result: the same rank). Ranks as processes or
+        forked (``--preload``); the processes' own exit status, reaped here as torch's
+        poll would (it then reads the same code)."""
+        if self._on_failure is None or self.last_failure is not None:
+            return
+        exited = []
+        for local_rank, proc in _worker_processes(self._pcontext).items():
+            try:
+                code = proc.poll() if hasattr(proc, "poll") else proc.exitcode
+            except Exception:  # the process table could not tell: torch's poll will
+                continue
+            if isinstance(code, int) and code < 0 and -code != signal.SIGTERM:
+                exited.append((local_rank, proc.pid, code))
+        if not exited:
+            return
+        ranks = {w.local_rank: w.global_rank for w in worker_group.workers}
+        local_rank, pid, code = min(exited, key=lambda e: (ranks.get(e[0], e[0]), e[0]))
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        failure = WorkerFailure(
+            rank=ranks.get(local_rank, local_rank),
+            local_rank=local_rank,
+            pid=int(pid),
+            exit_code=code,
+            signal=name,
+        )
+        try:
+            self._on_failure(failure.cause())
+        except Exception:
+            logger.exception("rankguard: failure callback failed")
 
     def _decide(self, worker_group: Any) -> None:
         """Restart or stop (:mod:`rankguard.ft.policy`), while the budget lasts."""

@@ -521,3 +521,62 @@ def test_the_exit_barrier_is_shortened_once_a_lost_nodes_ranks_were_taken_over(
     live.node_lost = True
     agent._exit_barrier()
     assert waited == [300, LOST_NODE_EXIT_S]
+
+
+def test_a_worker_killed_by_a_signal_is_named_before_torch_stops_its_peers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # torch elastic's poll terminates the peers of a failed worker (SIGTERM, then waits)
+    # before it returns the failure: the monitor, scanning meanwhile, saw the peers vanish
+    # with the killed rank and once named a terminated peer. The agent's own look before
+    # that poll names the rank killed by a signal (SIGKILL), not one terminated (SIGTERM).
+    from types import SimpleNamespace
+
+    from torch.distributed.elastic.agent.server.api import WorkerSpec
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.api import SubprocessContext
+
+    from rankguard.launcher.agent import RankguardAgent
+
+    named: list[Any] = []
+    spec = WorkerSpec(
+        role="trainer", local_world_size=3, entrypoint="python", args=(), rdzv_handler=object()
+    )
+    agent = RankguardAgent(
+        spec=spec, logs_specs=DefaultLogsSpecs(log_dir=str(tmp_path)), on_failure=named.append
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(3)
+    ]
+    try:
+        context = object.__new__(SubprocessContext)
+        context.subprocess_handlers = {r: SimpleNamespace(proc=p) for r, p in enumerate(procs)}  # type: ignore[attr-defined]
+        agent._pcontext = context  # type: ignore[assignment]
+        group = SimpleNamespace(
+            workers=[SimpleNamespace(local_rank=r, global_rank=3 + r) for r in range(3)]
+        )
+        polls: list[int | None] = []
+
+        def torch_monitor(self: Any, worker_group: Any) -> Any:
+            polls.append(procs[1].poll())  # torch's poll reads the same exit code
+            return SimpleNamespace(is_failed=lambda: False)
+
+        monkeypatch.setattr(LocalElasticAgent, "_monitor_workers", torch_monitor)
+        agent._monitor_workers(group)
+        assert named == []  # nothing ended: nothing named
+        procs[2].terminate()  # a peer terminated (as torch's poll does) ...
+        procs[2].wait()
+        agent._monitor_workers(group)
+        assert named == []  # ... is no cause
+        procs[1].kill()
+        procs[1].wait()
+        agent._monitor_workers(group)
+        assert [(c.rank, c.pid, c.exit_code, c.signal) for c in named] == [
+            (4, procs[1].pid, -signal.SIGKILL, "SIGKILL")
+        ]
+        assert polls[-1] == -signal.SIGKILL
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
