@@ -62,7 +62,7 @@ from rankguard.inprocess.policy import (
     timeout_problems,
 )
 from rankguard.inprocess.sockets import shutdown_sockets, tcp_sockets
-from rankguard.live.link import LiveLink
+from rankguard.live.link import InProcessRestartError, LiveLink, count_restarts_with
 from rankguard.live.link import bind as bind_live
 from rankguard.live.link import current as live_link
 from rankguard.live.plan import LIVE_CAUSE, SHRINK_CAUSE
@@ -99,11 +99,6 @@ _CHUNK_S = 0.2  # longest single blocking store wait of the main thread
 _SHRINK_CHUNK_S = 0.05  # the barrier's wait where a lost rank may be dropped
 
 
-class InProcessRestartError(RuntimeError):
-    """The in-process restart cannot go on (budget spent, a peer lost, a timeout): the
-    process ends with this error and the launcher's process restart takes over."""
-
-
 class RestartInfo:
     """What the training function may ask: ``count`` restarts so far in this call, and
     the last one's ``cause``, ``culprit`` rank and ``message``."""
@@ -131,6 +126,8 @@ def restart_count() -> int:
     info = current()
     return info.count if info is not None else 0
 
+
+count_restarts_with(restart_count)  # what live recovery's state restore reads
 
 _NOT_WRAPPED = contextlib.nullcontext()
 

@@ -34,6 +34,34 @@ AWAITED_EVERY_S = 0.5
 _local = threading.local()
 
 
+class InProcessRestartError(RuntimeError):
+    """The in-process restart cannot go on (budget spent, a peer lost, a timeout, no
+    copy of the state to continue from): the process ends with this error and the
+    launcher's process restart takes over. Raised by the wrapper and by live recovery's
+    state restore; ``rankguard.inprocess.InProcessRestartError`` is this class."""
+
+
+def _no_restarts() -> int:
+    return 0
+
+
+_restart_count: Callable[[], int] = _no_restarts
+
+
+def count_restarts_with(count: Callable[[], int]) -> None:
+    """The wrapper's count of in-process restarts of the call running in a thread (set
+    once, by :mod:`rankguard.inprocess.wrapper` when it is imported; until then no call
+    is wrapped: 0)."""
+    global _restart_count
+    _restart_count = count
+
+
+def restart_count() -> int:
+    """In-process restarts so far in the wrapped call running in this thread (0 in its
+    first round, and outside a wrapped call)."""
+    return _restart_count()
+
+
 def current() -> LiveLink | None:
     """The link of the wrapped call running in this thread (None outside a wrapped call,
     or in a run without standbys)."""

@@ -12,7 +12,7 @@ disk, else from the rank holding its replica; the per-rank state of the plan (RN
 position) comes with it. Every rank continues after that step: the survivors redo the
 steps they had completed since (fewer than the interval). No complete local step: the
 persistent tier's newest checkpoint, said in one line; none at all: the in-process
-restart is abandoned (:class:`~rankguard.inprocess.wrapper.InProcessRestartError`) and
+restart is abandoned (:class:`~rankguard.live.link.InProcessRestartError`) and
 the launcher restarts the group, said in one line.
 
 The manager holds the round's process group (its own gloo group): build it in the
@@ -27,7 +27,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING
 
-from rankguard.live.link import current
+from rankguard.live.link import InProcessRestartError, current, restart_count
 
 if TYPE_CHECKING:
     from rankguard.checkpoint.manager import CheckpointManager
@@ -46,7 +46,7 @@ def restore_sharded(manager: CheckpointManager, step: int) -> int:
     link = current()
     if link is not None:
         link.declare(sharded=True)
-    round_ = link.current_round if link is not None else _restart_count()
+    round_ = link.current_round if link is not None else restart_count()
     if round_ == 0 or (link is not None and link.synced_round == round_):
         return step
     newcomers: list[int] = []
@@ -75,12 +75,6 @@ def restore_sharded(manager: CheckpointManager, step: int) -> int:
             _arm_resumed(link, optims[0][0], loaded, redone, source=source_of(where, rank))
         link.received = True
     return loaded
-
-
-def _restart_count() -> int:
-    from rankguard.inprocess.wrapper import restart_count
-
-    return restart_count()
 
 
 def source_of(where: Candidate, rank: int) -> str:
@@ -122,8 +116,6 @@ def _from(where: Candidate, rank: int) -> str:
 
 def _give_up(manager: CheckpointManager, newcomers: list[int], round_: int) -> None:
     """No copy of the sharded state anywhere: the group restart, said once."""
-    from rankguard.inprocess.wrapper import InProcessRestartError
-
     what = (
         f"live recovery cannot continue: rank(s) {sorted(newcomers)} replaced, but"
         if newcomers
