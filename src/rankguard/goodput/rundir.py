@@ -22,6 +22,13 @@ is the job's. From its records, each measured by the rank itself:
   the resumed iteration plus the window's ``step``; the first window
   (``includes_startup``) is the end of the attempt's first step.
 
+Every other rank's last record (read from the end of its current heartbeat file; its
+processes that ended within the attempt): the furthest step one of them completed past
+rank 0's last record (a rank stopped by the agent while it waits in a collective on a
+failed peer writes nothing after its last heartbeat; the failed rank's ``process_end``,
+written on its way out before the agent can see it gone, has the step count every rank
+completed in lock-step training), and the first exit on an error.
+
 The launcher's ``restarts.jsonl`` gives the decision after each failed attempt (a
 restart's line, or a ``stop`` line), and each live recovery (a ``live_recovery`` line:
 a lost rank replaced by a standby process while the job went on, with ``fault_t``,
@@ -66,9 +73,9 @@ __all__ = [
 ]
 
 MAX_LINES = 2_000_000
-_TAIL_BYTES = 1 << 16  # a peer's last record is read from this much of its file's end
 LIVE_RECOVERY = "live_recovery"  # restarts.jsonl's kind of a live recovery's line
 _MAX_LINE = 1 << 20
+_TAIL_BYTES = (1 << 13, 1 << 16, _MAX_LINE + 1)  # a peer's last record: its file's end
 
 
 def _lines(path: Path) -> Iterator[JsonObject]:
@@ -266,19 +273,31 @@ def _merge(procs: list[_Process], live: list[_LiveLine]) -> list[_Process]:
 
 
 def _last_record(path: Path) -> JsonObject | None:
-    """The last complete record of a JSONL file (within its last ``_TAIL_BYTES``), or
-    None: a file written to as it is read has its last line whole once it ends in a
-    newline."""
+    """The last complete record of a JSONL file, read from its end (8 KiB, then more, up
+    to the longest line read), or None: a line still being written has no newline yet."""
     try:
-        with open(path, "rb") as fh:
-            size = fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, size - _TAIL_BYTES))
-            tail = fh.read(_TAIL_BYTES)
+        fh = open(path, "rb")  # noqa: SIM115 (closed below)
     except OSError:
         return None
+    with fh:
+        try:
+            size = fh.seek(0, os.SEEK_END)
+            for window in _TAIL_BYTES:
+                fh.seek(max(0, size - window))
+                rec = _last_whole(fh.read(window), whole=size <= window)
+                if rec is not None or size <= window:
+                    return rec
+        except OSError:
+            return None
+    return None
+
+
+def _last_whole(tail: bytes, *, whole: bool) -> JsonObject | None:
+    """The last record among the complete lines of ``tail`` (the file's end, or the
+    whole file: else its first line is cut)."""
     lines = tail.split(b"\n")[:-1]  # after the last newline: nothing, or a torn line
-    if size > _TAIL_BYTES and lines:
-        lines = lines[1:]  # the window began inside this one
+    if not whole:
+        lines = lines[1:]
     for raw in reversed(lines):
         try:
             obj = json.loads(raw)
@@ -319,12 +338,11 @@ def _reached_by_peers(
     best: tuple[int, float] | None = None
     for peer in peers:
         for it, t in peer.steps.values():
-            if t >= begin and (last_it is None or it > last_it) and (best is None or it > best[0]):
+            # after rank 0's last step (not a count from before a live recovery's or an
+            # in-process re-entry's return to an earlier iteration), and further
+            if t > last_t and (last_it is None or it > last_it) and (best is None or it > best[0]):
                 best = (it, t)
-    if best is None:
-        return ordered
-    # another node's clock may run behind: the step is no earlier than rank 0's last
-    return [*ordered, (max(best[1], last_t), best[0])]
+    return ordered if best is None else [*ordered, (best[1], best[0])]
 
 
 def _first_error_exit(rank0: _Process, peers: list[_Process], last_t: float) -> float | None:

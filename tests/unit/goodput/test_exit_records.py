@@ -80,15 +80,45 @@ def test_a_peer_stopped_too_gives_its_last_heartbeat(tmp_path: Path) -> None:
 
 
 def test_a_peer_s_last_record_is_read_from_the_end_of_a_long_file(tmp_path: Path) -> None:
-    """A peer's file far past the part read at its end, its last line still being
-    written: the last whole record counts."""
+    """A peer's file far longer than its end that is read first, its last record longer
+    too, and its last line still being written: the last whole record counts."""
     d = run_dir(tmp_path)
     _, last = _crash_at_step_9(d)
     path = d / "rank_1_pid_8.heartbeat.jsonl"
-    lines = path.read_text().splitlines(keepends=True)
-    pad = [json.dumps({"event": "heartbeat", "pad": "x" * 1000}) + "\n"] * 100
-    path.write_text("".join([lines[0], *pad, *lines[1:]]) + '{"event": "heartb')
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    records[-1]["pad"] = "x" * 20_000  # a big block in the exit record
+    pad = [{"event": "heartbeat", "pad": "x" * 1000}] * 100
+    lines = [json.dumps(r) + "\n" for r in [records[0], *pad, *records[1:]]]
+    path.write_text("".join(lines) + '{"event": "heartb')
     ledger = read_ledger(d)
     assert ledger is not None
     (cut,) = ledger.interruptions
     assert cut.iteration == 8 and cut.at == pytest.approx(last, abs=1e-3)
+    assert cut.first_evidence_s == pytest.approx(0.2, abs=1e-3)
+
+
+def test_a_peer_s_count_from_before_rank_0_went_back_is_not_taken(tmp_path: Path) -> None:
+    """Rank 1's last record has iteration 8, written before rank 0's last steps: rank 0
+    re-entered in-process and went back to iteration 5, then reached 7. The attempt ended
+    at 7 (a peer's step counts only after rank 0's last one)."""
+    d = run_dir(tmp_path)
+    a0 = Rank0(d, pid=7, start=T0, interval=0.5)
+    p0 = Rank0(d, pid=8, start=T0, rank=1, interval=0.5)
+    for rank in (a0, p0):
+        rank.step(T0 + 3.0)
+        train(rank, T0 + 3.0, 7, 1.0, {})
+    p0.end(T0 + 10.2, clean=False)
+    a0.reenter(T0 + 10.5, T0 + 12.0, iteration=5)
+    train(a0, T0 + 12.0, 2, 1.0, {})
+    a0.end(T0 + 14.5, clean=False)
+    for rank in (a0, p0):
+        rank.write()
+    append(
+        d / "restarts.jsonl",
+        {"kind": "stop", "restart": None, "cause": "worker_failed", "wall_time": iso(T0 + 15.0)},
+    )
+    ledger = read_ledger(d)
+    assert ledger is not None
+    (cut,) = [c for c in ledger.interruptions if c.kind == "restart"]
+    assert cut.iteration == 7 and cut.at == pytest.approx(T0 + 14.0, abs=1e-3)
+    assert cut.first_evidence_s == pytest.approx(0.5, abs=1e-3)  # rank 0's own exit
