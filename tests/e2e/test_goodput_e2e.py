@@ -6,6 +6,7 @@ same ETTR."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import textwrap
 from pathlib import Path
@@ -92,11 +93,39 @@ def test_a_crash_and_a_restart_are_accounted_for(tmp_path: Path, run_id: str) ->
     (cut,) = ledger["interruptions"]
     assert cut["resumed_from"] == 0 and cut["iteration"] == len(first)
     assert cut["parts"]["recovery"] > 0 and cut["parts"]["startup"] > 0
+    assert cut["first_evidence_s"] is not None  # rank 1's exit on its error
+    _rank_0_stopped_before_its_last_record(run_dir, tmp_path, first)
     text = subprocess.run(
         rankguard_cmd("goodput", str(run_dir)), capture_output=True, text=True, timeout=60
     ).stdout
     assert text.startswith(f"goodput of {run_id}: wall ") and "interruption 1: attempt 0" in text
     _the_same_ettr_everywhere(run_dir, ledger)
+
+
+def _rank_0_stopped_before_its_last_record(
+    run_dir: Path, tmp_path: Path, first: list[float]
+) -> None:
+    """The stale case made sure of: rank 0's records of attempt 0 from its last step on
+    left out (the agent stopped it, waiting in the all-reduce of step 9, before its next
+    heartbeat); rank 1's exit record, as the rank bootstrap wrote it on its way out,
+    still gives the step every rank completed and its time."""
+    from rankguard.goodput import Part, read_ledger
+
+    logs = Path(shutil.copytree(run_dir.parent.parent, tmp_path / "stale"))
+    copy = logs / "heartbeat" / run_dir.name
+    files = sorted(
+        copy.glob("rank_0_pid_*.heartbeat.jsonl"),
+        key=lambda f: json.loads(f.read_text().splitlines()[0])["wall_time_ns"],
+    )
+    records = [json.loads(line) for line in files[0].read_text().splitlines()]
+    kept = [r for r in records if r["event"] != "process_end" and r["progress_seq"] < len(first)]
+    assert len(kept) < len(records)
+    files[0].write_text("".join(json.dumps(r) + "\n" for r in kept))
+    ledger = read_ledger(copy)
+    assert ledger is not None
+    cut = ledger.interruptions[0]
+    assert cut.iteration == len(first) and cut.at == pytest.approx(first[-1], abs=0.5)
+    assert cut.parts[Part.RECOMPUTED] == pytest.approx(first[-1] - first[0], abs=0.5)
 
 
 def _the_same_ettr_everywhere(run_dir: Path, ledger: dict[str, Any]) -> None:

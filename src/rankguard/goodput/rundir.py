@@ -22,6 +22,13 @@ is the job's. From its records, each measured by the rank itself:
   the resumed iteration plus the window's ``step``; the first window
   (``includes_startup``) is the end of the attempt's first step.
 
+Every other rank's last record (read from the end of its current heartbeat file; its
+processes that ended within the attempt): the furthest step one of them completed past
+rank 0's last record (a rank stopped by the agent while it waits in a collective on a
+failed peer writes nothing after its last heartbeat; the failed rank's ``process_end``,
+written on its way out before the agent can see it gone, has the step count every rank
+completed in lock-step training), and the first exit on an error.
+
 The launcher's ``restarts.jsonl`` gives the decision after each failed attempt (a
 restart's line, or a ``stop`` line), and each live recovery (a ``live_recovery`` line:
 a lost rank replaced by a standby process while the job went on, with ``fault_t``,
@@ -68,6 +75,7 @@ __all__ = [
 MAX_LINES = 2_000_000
 LIVE_RECOVERY = "live_recovery"  # restarts.jsonl's kind of a live recovery's line
 _MAX_LINE = 1 << 20
+_TAIL_BYTES = (1 << 13, 1 << 16, _MAX_LINE + 1)  # a peer's last record: its file's end
 
 
 def _lines(path: Path) -> Iterator[JsonObject]:
@@ -264,6 +272,88 @@ def _merge(procs: list[_Process], live: list[_LiveLine]) -> list[_Process]:
     return procs
 
 
+def _last_record(path: Path) -> JsonObject | None:
+    """The last complete record of a JSONL file, read from its end (8 KiB, then more, up
+    to the longest line read), or None: a line still being written has no newline yet."""
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 (closed below)
+    except OSError:
+        return None
+    with fh:
+        try:
+            size = fh.seek(0, os.SEEK_END)
+            for window in _TAIL_BYTES:
+                fh.seek(max(0, size - window))
+                rec = _last_whole(fh.read(window), whole=size <= window)
+                if rec is not None or size <= window:
+                    return rec
+        except OSError:
+            return None
+    return None
+
+
+def _last_whole(tail: bytes, *, whole: bool) -> JsonObject | None:
+    """The last record among the complete lines of ``tail`` (the file's end, or the
+    whole file: else its first line is cut)."""
+    lines = tail.split(b"\n")[:-1]  # after the last newline: nothing, or a torn line
+    if not whole:
+        lines = lines[1:]
+    for raw in reversed(lines):
+        try:
+            obj = json.loads(raw)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(obj, dict) and as_finite(obj.get("wall_time_ns")) is not None:
+            return obj
+    return None
+
+
+def _peers(run_dir: Path) -> list[_Process]:
+    """Each process of a rank other than 0 as its last record says (its ``process_end``
+    when it wrote one): the steps it completed and how it ended."""
+    out = []
+    for path in run_dir.iterdir():
+        m = HEARTBEAT_FILE_RE.match(path.name)
+        if m is None or int(m.group(1)) == 0:
+            continue
+        rec = _last_record(path)
+        if rec is None:
+            continue
+        proc = _Process(int(m.group(2)))
+        proc.add(rec)
+        out.append(proc)
+    return out
+
+
+def _reached_by_peers(
+    ordered: list[tuple[float, int]], peers: list[_Process], begin: float
+) -> list[tuple[float, int]]:
+    """Rank 0's (time, iteration) steps, and after them the furthest step a peer of the
+    attempt completed beyond rank 0's last record: in lock-step training every rank
+    completes the steps its peers do (a step's collectives need them all), but a rank
+    stopped by the agent (SIGTERM while it waits in a collective on the failed peer)
+    writes nothing after its last heartbeat, while the failed rank's own exit record
+    is written before the agent can see it gone, so before any peer is stopped."""
+    last_t, last_it = ordered[-1] if ordered else (begin, None)
+    best: tuple[int, float] | None = None
+    for peer in peers:
+        for it, t in peer.steps.values():
+            # after rank 0's last step (not a count from before a live recovery's or an
+            # in-process re-entry's return to an earlier iteration), and further
+            if t > last_t and (last_it is None or it > last_it) and (best is None or it > best[0]):
+                best = (it, t)
+    return ordered if best is None else [*ordered, (best[1], best[0])]
+
+
+def _first_error_exit(rank0: _Process, peers: list[_Process], last_t: float) -> float | None:
+    """When the first rank of an attempt exited on an error: rank 0, or a peer after
+    the attempt's last completed step (one before it was an earlier fault's)."""
+    ends = [p.end for p in peers if p.clean is False and p.end is not None and p.end >= last_t]
+    if rank0.clean is False and rank0.end:
+        ends.append(rank0.end)
+    return min(ends, default=None)
+
+
 def _processes(run_dir: Path) -> list[_Process]:
     procs: dict[int, _Process] = {}
     # a rotated file (``.1``) before the one that followed it: records in time order
@@ -314,6 +404,7 @@ def read_attempts(run_dir: str | os.PathLike[str]) -> list[Attempt]:
     root = Path(os.path.abspath(run_dir))  # its parent's parent holds the perf log
     live = _live_lines(root)
     procs = _merge(_processes(root), live)
+    peers = _peers(root)
     perf = _perf_steps(root)
     decisions = [
         (t, r)
@@ -343,18 +434,22 @@ def read_attempts(run_dir: str | os.PathLike[str]) -> list[Attempt]:
             # a heartbeat's step time is the step's end; a window's, when it was written
             steps.setdefault(it, w.when)
         ordered = sorted({(t, it) for it, t in [*proc.steps.values(), *steps.items()]})
+        # the peers that ended within this attempt (the agent stops every rank before
+        # it starts the next one)
+        ended = [p for p in peers if proc.begin <= p.last_seen < nxt_begin]
+        ordered = _reached_by_peers(ordered, ended, proc.begin)
         last_t = ordered[-1][0] if ordered else proc.begin
         decision = next(((t, r) for t, r in decisions if last_t <= t < nxt_begin), None)
         fault = next((t for t, _ in findings if last_t <= t < nxt_begin), None)
         failed = (
             decision is not None or proc.clean is False or (proc.end is None and i + 1 < len(procs))
         )
-        if decision is not None and fault is None and proc.clean is False and proc.end:
-            fault = proc.end
+        if decision is not None and fault is None:  # else the first exit on an error
+            fault = _first_error_exit(proc, ended, last_t)
         attempts.append(
             Attempt(
                 start=proc.begin,
-                end=proc.finish,
+                end=max(proc.finish, last_t),
                 steps=[(it, t) for t, it in ordered],
                 phases=proc.phases(),
                 resumed_from=resumed,

@@ -1,5 +1,5 @@
-"""A synthetic run directory: the records rank 0's processes and the launcher would
-write, at times the test chooses (the goodput tests' true timeline)."""
+"""A synthetic run directory: the records rank 0's processes (and its peers') and the
+launcher would write, at times the test chooses (the goodput tests' true timeline)."""
 
 from __future__ import annotations
 
@@ -19,11 +19,13 @@ def iso(t: float) -> str:
 
 @dataclass
 class Rank0:
-    """One process of rank 0: writes the heartbeat records its session would."""
+    """One process of rank 0 (or of ``rank``): writes the heartbeat records its session
+    would."""
 
     run_dir: Path
     pid: int
     start: float
+    rank: int = 0
     interval: float = 1.0
     iteration: int | None = None
     progress: int = 0
@@ -46,7 +48,7 @@ class Rank0:
                 "schema_version": 1,
                 "event": event,
                 "run_id": "synthetic",
-                "rank": 0,
+                "rank": self.rank,
                 "pid": self.pid,
                 "wall_time_ns": int(t * 1e9),
                 "monotonic_ns": int((MONO + t - T0) * 1e9),
@@ -119,8 +121,10 @@ class Rank0:
         self.record("process_end", t, exit={"clean": clean, "exit_code": 0 if clean else 1})
 
     def write(self) -> None:
-        path = self.run_dir / f"rank_0_pid_{self.pid}.heartbeat.jsonl"
+        path = self.run_dir / f"rank_{self.rank}_pid_{self.pid}.heartbeat.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+        if self.rank != 0:
+            return  # the perf log is rank 0's
         perf = self.run_dir.parent.parent / "perf_monitor" / self.run_dir.name / "perf.jsonl"
         perf.parent.mkdir(parents=True, exist_ok=True)
         with perf.open("a") as fh:
