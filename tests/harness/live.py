@@ -6,11 +6,11 @@ The tier-2 live tests (the shrink with no standby left, sharded state through th
 checkpoint manager) differ only in what the ranks train and what they assert; this
 module holds what they share:
 
-- :class:`RankSpec` and :func:`rank_main`, the process of one slot (a training rank,
+- :class:`LiveJob` and :func:`rank_main`, the process of one slot (a training rank,
   or a standby from slot ``world`` on): the environment torch elastic gives a worker of
   a run with standbys, its console in ``<out>/stderr_<slot>`` (a forkserver's children
   share the stderr of the test that started the server, not the running test's), the
-  wrapper's config (``enabled``, ``gloo`` and the spec's timings) and the script's
+  wrapper's config (``enabled``, ``gloo`` and the job's timings) and the script's
   function ``train(memory, out, slot, *args)``; a wrapper that gives up
   (``InProcessRestartError``) writes its message to ``<out>/error_<slot>`` and exits 3;
 - :func:`run_live`: a ``TCPStore`` on port 0 for the workers, every slot started from
@@ -35,11 +35,11 @@ from typing import Any
 
 from tests.factories import rank_context
 
-__all__ = ["LiveRun", "RankSpec", "WorkerProc", "rank_main", "read_records", "run_live"]
+__all__ = ["LiveJob", "LiveRun", "WorkerProc", "rank_main", "read_records", "run_live"]
 
 
 @dataclass(frozen=True)
-class RankSpec:
+class LiveJob:
     """What every slot's process runs: ``world`` training ranks (the slots from
     ``world`` on are standbys), ``train(memory, out, slot, *args)`` under the wrapper
     with ``config`` (fields of ``InProcessRestartConfig`` besides ``enabled`` and
@@ -53,7 +53,7 @@ class RankSpec:
     gate: bool = False
 
 
-def rank_main(slot: int, port: int, out: str, spec: RankSpec) -> None:
+def rank_main(slot: int, port: int, out: str, job: LiveJob) -> None:
     """The process of ``slot`` (see the module doc); it ends with ``os._exit``."""
     import rankguard.inprocess as ip
     from rankguard.inprocess.config import InProcessRestartConfig
@@ -62,31 +62,31 @@ def rank_main(slot: int, port: int, out: str, spec: RankSpec) -> None:
     os.environ.update(
         RANKGUARD_STANDBY_RANKS="1",  # a run with standbys
         RANK=str(slot),
-        WORLD_SIZE=str(spec.world),
+        WORLD_SIZE=str(job.world),
         LOCAL_RANK=str(slot),
-        LOCAL_WORLD_SIZE=str(spec.world),
+        LOCAL_WORLD_SIZE=str(job.world),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
     err = os.open(Path(out) / f"stderr_{slot}", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(err, 2)
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-    if slot >= spec.world:
+    if slot >= job.world:
         os.environ["RANKGUARD_STANDBY"] = "1"
         gate = Path(out) / "gate"
-        while spec.gate and not gate.exists():
+        while job.gate and not gate.exists():
             time.sleep(0.05)
-    cfg = InProcessRestartConfig(enabled=True, backend="gloo", **spec.config)
+    cfg = InProcessRestartConfig(enabled=True, backend="gloo", **job.config)
     env = RunEnv(
         run_id="t",
         rank=slot,
-        world_size=spec.world,
+        world_size=job.world,
         restart_count=0,
         master_addr="127.0.0.1",
         master_port=port,
     )
     try:
-        ip.wrap(spec.train, config=cfg, env=env)({}, Path(out), slot, *spec.args)
+        ip.wrap(job.train, config=cfg, env=env)({}, Path(out), slot, *job.args)
     except ip.InProcessRestartError as exc:
         (Path(out) / f"error_{slot}").write_text(str(exc))
         os._exit(3)
@@ -123,7 +123,7 @@ class LiveRun:
 
 def run_live(
     out: Path,
-    spec: RankSpec,
+    job: LiveJob,
     *,
     standbys: int,
     deadline_s: float,
@@ -133,7 +133,7 @@ def run_live(
     leave_s: float = 0.0,
     on_poll: Callable[[list[str]], None] | None = None,
 ) -> LiveRun:
-    """Run ``spec.world`` ranks and ``standbys`` standbys (see the module doc).
+    """Run ``job.world`` ranks and ``standbys`` standbys (see the module doc).
     ``refills``: the launcher's ``standby_refills``; ``starting``: slots whose standby
     the launcher watches as a refill still starting (until it is at its wait);
     ``leave_s``: after a FAILED result, how long each process has to leave by itself
@@ -149,19 +149,19 @@ def run_live(
     )
     said: list[str] = []
     live = LiveRecovery(
-        run_id="t", nproc=spec.world, standbys=standbys, say=said.append, refills=refills
+        run_id="t", nproc=job.world, standbys=standbys, say=said.append, refills=refills
     )
     group = SimpleNamespace(
         group_rank=0,
         master_addr="127.0.0.1",
         master_port=master.port,
-        workers=[SimpleNamespace(world_size=spec.world, global_rank=r) for r in range(spec.world)],
+        workers=[SimpleNamespace(world_size=job.world, global_rank=r) for r in range(job.world)],
     )
     live.started(group, 0)
     ctx = rank_context()
     procs = [
-        ctx.Process(target=rank_main, args=(s, master.port, str(out), spec))
-        for s in range(spec.world + standbys)
+        ctx.Process(target=rank_main, args=(s, master.port, str(out), job))
+        for s in range(job.world + standbys)
     ]
     for p in procs:
         p.start()

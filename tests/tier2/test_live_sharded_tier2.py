@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.agent.server.api import WorkerState
 
-from tests.harness.live import LiveRun, RankSpec, read_records, run_live
+from tests.harness.live import LiveJob, LiveRun, read_records, run_live
 
 pytestmark = [pytest.mark.ranks, pytest.mark.timeout(240)]
 
@@ -169,8 +169,8 @@ _CONFIG = {
 def _run(tmp_path: Path, mode: str) -> LiveRun:
     """2 ranks and 1 standby, no refill; after a FAILED result the ranks leave by
     themselves (the wrapper's abandon) before anything is killed."""
-    spec = RankSpec(world=WORLD, train=_train, args=(mode,), config=_CONFIG)
-    return run_live(tmp_path, spec, standbys=1, refills=0, deadline_s=200, poll_s=0.05, leave_s=30)
+    job = LiveJob(world=WORLD, train=_train, args=(mode,), config=_CONFIG)
+    return run_live(tmp_path, job, standbys=1, refills=0, deadline_s=200, poll_s=0.05, leave_s=30)
 
 
 def _records(tmp_path: Path) -> list[dict[str, Any]]:

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.agent.server.api import WorkerState
 
-from tests.harness.live import RankSpec, read_records, run_live
+from tests.harness.live import LiveJob, read_records, run_live
 
 pytestmark = [pytest.mark.ranks, pytest.mark.timeout(180)]
 
@@ -131,7 +131,7 @@ def _run(
     """Without ``standby``, every standby is used already; with it, one is still starting
     (as a refill would be: held until the gate opens) when rank 2 is lost, and reaches
     its wait once the launcher said the job shrank."""
-    spec = RankSpec(
+    job = LiveJob(
         world=WORLD,
         train=_train,
         args=(steps, pause),
@@ -145,7 +145,7 @@ def _run(
 
     run = run_live(
         tmp_path,
-        spec,
+        job,
         standbys=int(standby),
         starting=(WORLD,) if standby else (),
         deadline_s=150,
