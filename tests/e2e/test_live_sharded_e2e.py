@@ -5,8 +5,9 @@ SIGKILLed after step 2; the standby takes it, every rank loads local checkpoint 
 ends without a group restart, every step's loss and each rank's random draw those of an
 uninterrupted run (computed here in one process). The replica path and the fallbacks
 are tested in ``tests/tier2/test_live_sharded_tier2.py``; this test is what those cannot
-show: the real command line, its agent, restarts.jsonl and console. Three steps: one
-before the kill's step, the kill's, one the newcomer trains."""
+show: the real command line, its agent, restarts.jsonl, status.json, ``rankguard
+status`` and the console, each saying where the newcomer's state came from. Three
+steps: one before the kill's step, the kill's, one the newcomer trains."""
 
 from __future__ import annotations
 
@@ -91,4 +92,19 @@ def test_a_lost_fsdp2_rank_continues_from_the_local_checkpoint(tmp_path: Path, r
             assert r["loss"] == pytest.approx(ref[r["step"] - 1], rel=1e-5), r
             assert r["draw"] == draws[r["step"] - 1], r
     assert "the worker group restarts" not in text
+    # where the newcomer's state came from, wherever the recovery is said: the
+    # launcher's console line, status.json's live block and rankguard status
+    assert (
+        f"live recovery 1: rank 1 now standby pid {entry['standby_pid']} (rank_process_exited); "
+        "fault -> next step "
+    ) in text
+    assert f"0 step(s) redone; state from {entry['source']}\n" in text
+    run_dir = tmp_path / "heartbeat" / run_id
+    status = json.loads((run_dir / "status.json").read_text())
+    assert [r["source"] for r in status["live"]["replaced"]] == [entry["source"]], status["live"]
+    shown = run_rankguard(["status", str(run_dir)], timeout=60).stdout
+    assert (
+        f"  rank 1: pid {entry['lost_pid']} lost (rank_process_exited), now standby pid "
+        f"{entry['standby_pid']}, state from {entry['source']}"
+    ) in shown, shown
     assert no_leftover_workers(run_id)

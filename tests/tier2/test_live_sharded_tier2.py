@@ -24,11 +24,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
-import time
-from datetime import timedelta
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -36,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.agent.server.api import WorkerState
 
-from tests.factories import rank_context
+from tests.harness.live import LiveJob, LiveRun, read_records, run_live
 
 pytestmark = [pytest.mark.ranks, pytest.mark.timeout(240)]
 
@@ -159,121 +155,26 @@ def _train(memory: dict[str, Any], out: Path, slot: int, mode: str) -> int:
     return 0
 
 
-def _rank_main(slot: int, port: int, out: str, mode: str) -> None:
-    import rankguard.inprocess as ip
-    from rankguard.inprocess.config import InProcessRestartConfig
-    from rankguard.rank.runenv import RunEnv
-
-    os.environ.update(
-        RANKGUARD_STANDBY_RANKS="1",
-        RANK=str(slot),
-        WORLD_SIZE=str(WORLD),
-        LOCAL_RANK=str(slot),
-        LOCAL_WORLD_SIZE=str(WORLD),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    if slot >= WORLD:
-        os.environ["RANKGUARD_STANDBY"] = "1"
-    # this process's console (a forkserver's children share the stderr of the test that
-    # started the server, not the running test's)
-    err = os.open(Path(out) / f"stderr_{slot}", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    os.dup2(err, 2)
-    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-    cfg = InProcessRestartConfig(
-        enabled=True,
-        backend="gloo",
-        soft_timeout=30,
-        hard_timeout=60,
-        monitor_thread_interval=0.2,
-        heartbeat_interval=0.2,
-        heartbeat_timeout=5,
-        barrier_timeout=60,
-        process_group_timeout=15,
-    )
-    env = RunEnv(
-        run_id="t",
-        rank=slot,
-        world_size=WORLD,
-        restart_count=0,
-        master_addr="127.0.0.1",
-        master_port=port,
-    )
-    try:
-        ip.wrap(_train, config=cfg, env=env)({}, Path(out), slot, mode)
-    except ip.InProcessRestartError as exc:
-        (Path(out) / f"error_{slot}").write_text(str(exc))
-        os._exit(3)
-    os._exit(0)
+_CONFIG = {
+    "soft_timeout": 30,
+    "hard_timeout": 60,
+    "monitor_thread_interval": 0.2,
+    "heartbeat_interval": 0.2,
+    "heartbeat_timeout": 5,
+    "barrier_timeout": 60,
+    "process_group_timeout": 15,
+}
 
 
-class _Proc:
-    """A multiprocessing process as torch elastic's handler shows one (``poll``)."""
-
-    def __init__(self, proc: Any) -> None:
-        self._proc = proc
-        self.pid = proc.pid
-
-    def poll(self) -> int | None:
-        return self._proc.exitcode
-
-    def send_signal(self, sig: int) -> None:
-        os.kill(self.pid, sig)
-
-
-def _run(tmp_path: Path, mode: str) -> tuple[Any, list[str], list[Any], dict[int, int | None]]:
-    from rankguard.launcher.live import LiveRecovery
-
-    master = dist.TCPStore(
-        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
-    )
-    said: list[str] = []
-    live = LiveRecovery(run_id="t", nproc=WORLD, standbys=1, say=said.append, refills=0)
-    group = SimpleNamespace(
-        group_rank=0,
-        master_addr="127.0.0.1",
-        master_port=master.port,
-        workers=[SimpleNamespace(world_size=WORLD, global_rank=r) for r in range(WORLD)],
-    )
-    live.started(group, 0)
-    ctx = rank_context()
-    procs = [
-        ctx.Process(target=_rank_main, args=(s, master.port, str(tmp_path), mode))
-        for s in range(WORLD + 1)
-    ]
-    for p in procs:
-        p.start()
-    pcontext = SimpleNamespace(
-        subprocess_handlers={s: SimpleNamespace(proc=_Proc(p)) for s, p in enumerate(procs)},
-        error_files={},
-    )
-    result = None
-    deadline = time.monotonic() + 200
-    try:
-        while time.monotonic() < deadline:
-            result = live.poll(group, pcontext)
-            if result.state != WorkerState.HEALTHY:
-                break
-            time.sleep(0.05)
-    finally:
-        for p in procs:
-            if p.exitcode is None and result is not None and result.state == WorkerState.FAILED:
-                p.join(timeout=30)  # the ranks leave by themselves (the abandon)
-                if p.exitcode is None:
-                    p.kill()
-            p.join(timeout=60)
-    codes = {s: p.exitcode for s, p in enumerate(procs)}
-    entries = live.entries_due(final=True)
-    return result, said, entries, codes
+def _run(tmp_path: Path, mode: str) -> LiveRun:
+    """2 ranks and 1 standby, no refill; after a FAILED result the ranks leave by
+    themselves (the wrapper's abandon) before anything is killed."""
+    job = LiveJob(world=WORLD, train=_train, args=(mode,), config=_CONFIG)
+    return run_live(tmp_path, job, standbys=1, refills=0, deadline_s=200, poll_s=0.05, leave_s=30)
 
 
 def _records(tmp_path: Path) -> list[dict[str, Any]]:
-    out = []
-    for s in range(WORLD + 1):
-        path = tmp_path / f"{s}.jsonl"
-        if path.exists():
-            out += [dict(json.loads(line), slot=s) for line in path.read_text().splitlines()]
-    return out
+    return read_records(tmp_path, WORLD + 1, "slot")
 
 
 def _console(tmp_path: Path) -> str:
@@ -285,7 +186,8 @@ def _check_recovered(tmp_path: Path, mode: str) -> tuple[list[dict[str, Any]], d
     """The common assertions: no group restart, the survivors kept their processes, the
     standby trained as rank 1, the losses and each rank's draws those of an
     uninterrupted run at every step; the recovery's line."""
-    result, said, entries, codes = _run(tmp_path, mode)
+    run = _run(tmp_path, mode)
+    result, said, entries, codes = run.result, run.said, run.entries, run.codes
     assert result is not None and result.state == WorkerState.SUCCEEDED, (result, said)
     assert codes == {0: 0, 1: -signal.SIGKILL, 2: 0}
     recs = _records(tmp_path)
@@ -304,7 +206,11 @@ def _check_recovered(tmp_path: Path, mode: str) -> tuple[list[dict[str, Any]], d
         assert steps == set(range(1, STEPS + 1)), (rank, steps)
     assert [s for s in said if s.startswith("live recovery: rank 1 (pid")], said
     assert len(entries) == 1
-    return recs, entries[0].to_dict()
+    entry = entries[0].to_dict()
+    # status.json's live block says where the newcomer's state came from, as the line does
+    (replaced,) = run.status["replaced"]
+    assert (replaced["lost_rank"], replaced["source"]) == (1, entry["source"]), run.status
+    return recs, entry
 
 
 def test_the_newcomer_shard_comes_from_the_replica_and_the_losses_are_kept(tmp_path: Path) -> None:
@@ -343,7 +249,8 @@ def test_after_an_ordinary_in_process_restart_the_sharded_state_is_reloaded(
     """Rank 1 raises after step 3: no process lost, no standby used; every rank builds
     its sharded model anew in the next round, and ``live_state`` loads local step 3
     into it (a model left as built would train on from its initial weights)."""
-    result, said, entries, codes = _run(tmp_path, "raise")
+    run = _run(tmp_path, "raise")
+    result, said, entries, codes = run.result, run.said, run.entries, run.codes
     assert result is not None and result.state == WorkerState.SUCCEEDED, (result, said)
     assert codes == {s: 0 for s in range(WORLD + 1)} and entries == [] and said == []
     recs = _records(tmp_path)
@@ -392,7 +299,8 @@ def test_without_a_replica_the_persistent_checkpoint_is_loaded_and_said(tmp_path
 
 
 def test_with_no_copy_at_all_the_group_restarts_said(tmp_path: Path) -> None:
-    result, said, _entries, codes = _run(tmp_path, "none")
+    run = _run(tmp_path, "none")
+    result, said, codes = run.result, run.said, run.codes
     assert result is not None and result.state == WorkerState.FAILED, (result, said)
     assert codes[1] == -signal.SIGKILL
     assert {codes[s] for s in (0, 2)} == {3}  # every rank left the in-process restart

@@ -15,9 +15,7 @@ import json
 import os
 import signal
 import time
-from datetime import timedelta
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -25,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.agent.server.api import WorkerState
 
-from tests.factories import rank_context
+from tests.harness.live import LiveJob, read_records, run_live
 
 pytestmark = [pytest.mark.ranks, pytest.mark.timeout(180)]
 
@@ -116,129 +114,49 @@ def _train(memory: dict[str, Any], out: Path, rank0: int, steps: int, pause: flo
     return 0
 
 
-def _rank_main(
-    rank: int, port: int, out: str, shrink: bool, steps: int = STEPS, pause: float = 0.0
-) -> None:
-    import rankguard.inprocess as ip
-    from rankguard.inprocess.config import InProcessRestartConfig
-    from rankguard.rank.runenv import RunEnv
-
-    os.environ.update(
-        RANKGUARD_STANDBY_RANKS="1",  # a run with standbys
-        RANK=str(rank),
-        WORLD_SIZE=str(WORLD),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(WORLD),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    if rank >= WORLD:  # the standby: it starts slowly (held until the gate opens)
-        os.environ["RANKGUARD_STANDBY"] = "1"
-        gate = Path(out) / "gate"
-        while not gate.exists():
-            time.sleep(0.05)
-    cfg = InProcessRestartConfig(
-        enabled=True,
-        backend="gloo",
-        soft_timeout=20,
-        hard_timeout=40,
-        monitor_thread_interval=0.1,
-        heartbeat_interval=0.1,
-        heartbeat_timeout=3,
-        barrier_timeout=30,
-        process_group_timeout=10,
-        shrink_when_no_standby=shrink,
-    )
-    env = RunEnv(
-        run_id="t",
-        rank=rank,
-        world_size=WORLD,
-        restart_count=0,
-        master_addr="127.0.0.1",
-        master_port=port,
-    )
-    memory: dict[str, Any] = {}
-    try:
-        ip.wrap(_train, config=cfg, env=env)(memory, Path(out), rank, steps, pause)
-    except ip.InProcessRestartError:
-        os._exit(3)
-    os._exit(0)
-
-
-class _Proc:
-    """A multiprocessing process as torch elastic's handler shows one (``poll``)."""
-
-    def __init__(self, proc: Any) -> None:
-        self._proc = proc
-        self.pid = proc.pid
-
-    def poll(self) -> int | None:
-        return self._proc.exitcode
-
-    def send_signal(self, sig: int) -> None:
-        os.kill(self.pid, sig)
+_CONFIG = {
+    "soft_timeout": 20,
+    "hard_timeout": 40,
+    "monitor_thread_interval": 0.1,
+    "heartbeat_interval": 0.1,
+    "heartbeat_timeout": 3,
+    "barrier_timeout": 30,
+    "process_group_timeout": 10,
+}
 
 
 def _run(
     tmp_path: Path, *, shrink: bool, standby: bool = False, steps: int = STEPS, pause: float = 0.0
-) -> tuple[Any, list[str], list[Any], dict[int, int]]:
+) -> tuple[Any, list[str], list[Any], dict[int, int | None]]:
     """Without ``standby``, every standby is used already; with it, one is still starting
-    (as a refill would be) when rank 2 is lost, and reaches its wait once the launcher
-    said the job shrank."""
-    from rankguard.launcher.live import LiveRecovery
+    (as a refill would be: held until the gate opens) when rank 2 is lost, and reaches
+    its wait once the launcher said the job shrank."""
+    job = LiveJob(
+        world=WORLD,
+        train=_train,
+        args=(steps, pause),
+        config={**_CONFIG, "shrink_when_no_standby": shrink},
+        gate=True,
+    )
 
-    master = dist.TCPStore(
-        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
+    def open_gate(said: list[str]) -> None:
+        if standby and any("no standby left" in line for line in said):
+            (tmp_path / "gate").touch()
+
+    run = run_live(
+        tmp_path,
+        job,
+        standbys=int(standby),
+        starting=(WORLD,) if standby else (),
+        deadline_s=150,
+        poll_s=0.02,
+        on_poll=open_gate,
     )
-    said: list[str] = []
-    live = LiveRecovery(run_id="t", nproc=WORLD, standbys=int(standby), say=said.append)
-    group = SimpleNamespace(
-        group_rank=0,
-        master_addr="127.0.0.1",
-        master_port=master.port,
-        workers=[SimpleNamespace(world_size=WORLD, global_rank=r) for r in range(WORLD)],
-    )
-    live.started(group, 0)
-    ctx = rank_context()
-    procs = [
-        ctx.Process(target=_rank_main, args=(r, master.port, str(tmp_path), shrink, steps, pause))
-        for r in range(WORLD + int(standby))
-    ]
-    for p in procs:
-        p.start()
-    if standby:  # started as a refill is: watched until it is at its wait
-        live._starting[procs[WORLD].pid] = time.monotonic()
-    pcontext = SimpleNamespace(
-        subprocess_handlers={r: SimpleNamespace(proc=_Proc(p)) for r, p in enumerate(procs)},
-        error_files={},
-    )
-    result = None
-    deadline = time.monotonic() + 150
-    try:
-        while time.monotonic() < deadline:
-            result = live.poll(group, pcontext)
-            if result.state != WorkerState.HEALTHY:
-                break
-            if standby and any("no standby left" in line for line in said):
-                (tmp_path / "gate").touch()
-            time.sleep(0.02)
-    finally:
-        for p in procs:
-            if p.exitcode is None and result is not None and result.state == WorkerState.FAILED:
-                p.kill()  # the group restart's stop
-            p.join(timeout=60)
-    codes = {r: p.exitcode for r, p in enumerate(procs)}
-    entries = live.entries_due(final=True)  # the store still up, as the agent's is
-    return result, said, entries, codes
+    return run.result, run.said, run.entries, run.codes
 
 
 def _records(tmp_path: Path) -> list[dict[str, Any]]:
-    out = []
-    for r in range(WORLD + 1):
-        path = tmp_path / f"{r}.jsonl"
-        if path.exists():
-            out += [dict(json.loads(line), orig=r) for line in path.read_text().splitlines()]
-    return out
+    return read_records(tmp_path, WORLD + 1, "orig")
 
 
 def test_no_standby_left_the_job_goes_on_with_three_ranks(tmp_path: Path) -> None:

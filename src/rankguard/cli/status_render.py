@@ -527,10 +527,11 @@ def _live_lines(live: LiveBlock | None) -> list[str]:
         f"waiting, {_s(live.used)} used, {_s(live.left_unused)} left unused"
         + (f", {_s(live.started)} started to refill" if live.started else ""),
     ]
-    for r in live.replaced:
+    for r in live.replaced:  # with where the newcomer's state came from, once said
         out.append(
             f"  rank {_s(r.lost_rank)}: pid {_s(r.lost_pid)} lost "
             f"({_s(r.cause)}), now standby pid {_s(r.standby_pid)}"
+            + (f", state from {_s(r.source)}" if r.source else "")
         )
     for r in live.shrunk:  # no standby left: the job went on without it
         out.append(

@@ -24,6 +24,7 @@ from rankguard.view.statusnotes import ITERATION_MARKS, restart_cause, restarts_
 
 __all__ = [
     "LiveStatus",
+    "live_recovery_line",
     "monitor_problem",
     "restart_line",
     "run_end_line",
@@ -62,6 +63,31 @@ def restart_line(entry: RestartEntry) -> str:
     """The console line of one restart of the worker group, with its cause."""
     number = entry.restart if "restart" in entry.keys else "?"
     return safe_text(f"restart {number} of the workers: {restart_cause(entry)}")
+
+
+def live_recovery_line(entry: RestartEntry) -> str:
+    """The console line of a live recovery (a ``restarts.jsonl`` line of kind
+    ``live_recovery``): the rank, its standby (or the shrink), the cause, the cost and
+    where the newcomer's state came from; the source, said by the ranks through the
+    store, is shown with its control characters escaped."""
+    recovery_s = entry.number("recovery_s")
+    cost = (
+        f"fault -> next step {recovery_s:.2f} s, {entry.number('steps_redone')} step(s) redone"
+        if recovery_s is not None
+        else "its next step was not seen"
+    )
+    standby = entry.number("standby_pid")
+    now = (  # a shrink (no standby left): the job went on without the rank
+        f"now standby pid {standby}"
+        if standby is not None
+        else f"dropped, the job goes on with {entry.number('world_size')} rank(s)"
+    )
+    source = entry.extra.get("source")
+    state = f"; state from {source}" if isinstance(source, str) and source else ""
+    return safe_text(
+        f"live recovery {entry.restart}: rank {entry.number('lost_rank')} {now} "
+        f"({entry.cause}); {cost}{state}"
+    )
 
 
 def run_end_line(status: JsonObject | None) -> str:

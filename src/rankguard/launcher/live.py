@@ -813,6 +813,7 @@ def _replacement(r: dict[str, Any]) -> LiveReplacement:
         fault_t=r["fault_t"],
         recovery_s=r["recovery_s"],
         steps_redone=r["steps_redone"],
+        source=r.get("source"),
     )
 
 

@@ -33,7 +33,7 @@ from rankguard.ft.frremote import TRACE_DUMP_S, RemoteTraces
 from rankguard.ft.kill import DumpPolicy
 from rankguard.goodput.status import GoodputStatus
 from rankguard.inprocess.wrapper import RESTART_PHASE
-from rankguard.launcher.console import restart_line
+from rankguard.launcher.console import live_recovery_line, restart_line
 from rankguard.launcher.features import FACTORIES
 from rankguard.launcher.nodeservice import NodeContext, NodeService, build_services
 from rankguard.monitor.agree import StopAgreement, finished_before_stop
@@ -399,24 +399,7 @@ class NodeServices:
         if self.node_rank == 0:  # a failed write is kept and retried: never raised here
             self.restarts_file.append([entry.to_dict()])
         self.restarts.append(entry)
-        recovery_s = entry.number("recovery_s")
-        cost = (
-            f"fault -> next step {recovery_s:.2f} s, {entry.number('steps_redone')} step(s) redone"
-            if recovery_s is not None
-            else "its next step was not seen"
-        )
-        standby = entry.number("standby_pid")
-        now = (  # a shrink (no standby left): the job went on without the rank
-            f"now standby pid {standby}"
-            if standby is not None
-            else f"dropped, the job goes on with {entry.number('world_size')} rank(s)"
-        )
-        print(
-            f"[rankguard] live recovery {entry.restart}: rank {entry.number('lost_rank')} "
-            f"{now} ({entry.cause}); {cost}",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(f"[rankguard] {live_recovery_line(entry)}", file=sys.stderr, flush=True)
 
     def on_rank_lost(self, lost: LostRank) -> None:
         """Live recovery: a rank's process ended and a standby takes its place. The

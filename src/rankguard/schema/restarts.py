@@ -197,7 +197,10 @@ class LostRank:
 class LiveReplacement:
     """A rank a standby replaced: the lost rank and pid, the standby's pid, the cause
     (a finding type), when the fault was seen (``time.time()``) and, once the newcomer
-    completed its first step, the recovery's cost (fault -> that step, steps redone)."""
+    completed its first step, the recovery's cost (fault -> that step, steps redone) and
+    where its state came from (``source``: ``replica on rank 0``, ``local checkpoint step
+    5: replica on rank 3``, ``checkpoint step 3 (persistent)``; null until then, and for
+    a rank dropped with no standby left: nothing was moved)."""
 
     lost_rank: int | None = None
     lost_pid: int | None = None
@@ -206,6 +209,7 @@ class LiveReplacement:
     fault_t: float | None = None
     recovery_s: float | None = None
     steps_redone: int | None = None
+    source: str | None = None
 
     @classmethod
     def from_dict(cls, raw: Any) -> LiveReplacement | None:
@@ -220,6 +224,7 @@ class LiveReplacement:
             fault_t=as_number(d.get("fault_t")),
             recovery_s=as_number(d.get("recovery_s")),
             steps_redone=as_int(d.get("steps_redone")),
+            source=as_str(d.get("source")),
         )
 
     def to_dict(self) -> JsonObject:
@@ -231,6 +236,7 @@ class LiveReplacement:
             "fault_t": self.fault_t,
             "recovery_s": self.recovery_s,
             "steps_redone": self.steps_redone,
+            "source": self.source,
         }
 
 

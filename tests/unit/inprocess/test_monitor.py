@@ -165,14 +165,24 @@ def test_status_screen_and_report_show_a_live_recovery_with_its_cost() -> None:
         "waiting": 0,
         "left_unused": 0,
         "used": 1,
-        "replaced": [{"lost_rank": 2, "lost_pid": 7, "standby_pid": 9, "cause": "x"}],
+        "replaced": [
+            {"lost_rank": 2, "lost_pid": 7, "standby_pid": 9, "cause": "x"},
+            {
+                "lost_rank": 1,
+                "lost_pid": 8,
+                "standby_pid": 10,
+                "cause": "x",
+                "source": "replica on rank 0",
+            },
+        ],
     }
     lines = _ft_lines({"restarts": [*RESTARTS, LIVE], "live": live})
     assert "Restarts: 3 (1 process, 1 in-process, 1 live recovery)" in lines
     row = next(line for line in lines if line.strip().startswith("live #1"))
     assert "(fault -> next step 0.8 s, 0 step(s) redone)" in row
     assert "Standbys: 1 per node, 0 waiting, 1 used, 0 left unused" in lines
-    assert "  rank 2: pid 7 lost (x), now standby pid 9" in lines
+    assert "  rank 2: pid 7 lost (x), now standby pid 9" in lines  # its source not said yet
+    assert "  rank 1: pid 8 lost (x), now standby pid 10, state from replica on rank 0" in lines
     entries = [RestartEntry.from_dict(r) for r in [*RESTARTS, LIVE]]
     html = restarts_table(RunData(run_id="r", restarts=[e for e in entries if e is not None]))
     assert "1 of the processes, 1 in-process, 1 lost rank(s) taken over by a standby" in html

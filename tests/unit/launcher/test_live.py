@@ -11,6 +11,7 @@ from typing import Any
 
 from torch.distributed.elastic.agent.server.api import WorkerState
 
+from rankguard.launcher.console import live_recovery_line
 from rankguard.launcher.live import LiveRecovery
 from rankguard.live.keys import REPLACING, LiveKeys
 from rankguard.live.plan import Resumed
@@ -116,15 +117,23 @@ def test_a_killed_rank_goes_to_the_standby_without_a_group_restart(tmp_path: Pat
     # the line waits for the newcomer's first step, then has its cost
     assert live.entries_due() == []
     fault_t = live.replaced[0]["fault_t"]
-    store.set(keys.resumed(104), Resumed(t=fault_t + 0.5, step=11, steps_redone=0).to_json())
+    resumed = Resumed(t=fault_t + 0.5, step=11, steps_redone=0, source="replica on rank 0")
+    store.set(keys.resumed(104), resumed.to_json())
     (entry,) = live.entries_due()
     assert entry.kind == "live_recovery" and entry.cause == "rank_process_exited"
     assert (entry.number("recovery_s"), entry.number("steps_redone")) == (0.5, 0)
     assert entry.number("resumed_step") == 11
     assert entry.number("resumed_t") == round(fault_t + 0.5, 3)
-    # status.json["live"] (the exporter's one source) has the cost too
+    assert entry.extra["source"] == "replica on rank 0"
+    # status.json["live"] (the exporter's one source) has the cost and the source too
     (done,) = live.status().replaced
     assert (done.recovery_s, done.steps_redone) == (0.5, 0)
+    assert done.source == "replica on rank 0"
+    # the launcher's console line for it says where the newcomer's state came from
+    assert live_recovery_line(entry.stamped("t")) == (
+        "live recovery 1: rank 2 now standby pid 104 (rank_process_exited); fault -> next "
+        "step 0.50 s, 0 step(s) redone; state from replica on rank 0"
+    )
 
 
 def test_a_second_loss_with_no_standby_left_restarts_the_group(tmp_path: Path) -> None:

@@ -131,23 +131,23 @@ INPROCESS = {  # an in-process restart: its own keys, wall_time last
     "id": "r/0/1/0",
     "wall_time": "2026-12-06T03:00:01.000+00:00",
 }
+REPLACED: dict[str, object] = {
+    "lost_rank": 2,
+    "lost_pid": 7,
+    "standby_pid": 9,
+    "cause": "x",
+    "fault_t": 1.5,
+    "recovery_s": 0.6,
+    "steps_redone": 0,
+    "source": "replica on rank 0",
+}
 LIVE = {
     "standbys_per_node": 1,
     "waiting": 0,
     "left_unused": 0,
     "used": 1,
     "started": 1,
-    "replaced": [
-        {
-            "lost_rank": 2,
-            "lost_pid": 7,
-            "standby_pid": 9,
-            "cause": "x",
-            "fault_t": 1.5,
-            "recovery_s": 0.6,
-            "steps_redone": 0,
-        }
-    ],
+    "replaced": [REPLACED],
 }
 
 
@@ -165,6 +165,14 @@ def test_restart_and_live_blocks_read_back_to_what_was_written() -> None:
     live = doc.block(LiveBlock)
     assert live is not None and live.to_dict() == LIVE
     assert live.replaced[0].standby_pid == 9
+    assert live.replaced[0].source == "replica on rank 0"
+    # a block written before the source was said (or with a value of the wrong type)
+    # reads it as missing, and writes it back as null
+    old = {k: v for k, v in REPLACED.items() if k != "source"}
+    for raw in (old, {**old, "source": 3}):
+        read = LiveBlock.from_dict({**LIVE, "replaced": [raw]})
+        assert read is not None and read.replaced[0].source is None
+        assert read.to_dict()["replaced"] == [{**old, "source": None}]
 
 
 def test_a_restart_entry_of_wrong_types_reads_as_missing_and_is_stamped_last() -> None:
@@ -278,6 +286,7 @@ def test_the_live_block_says_a_shrink_only_once_there_was_one() -> None:
         "fault_t": 5.0,
         "recovery_s": 0.25,
         "steps_redone": 0,
+        "source": None,  # nothing moved: the survivors went on with their own state
     }
     block = LiveBlock.from_dict({**LIVE, "shrunk": [shrunk], "world_size": 3})
     assert block is not None and block.world_size == 3
