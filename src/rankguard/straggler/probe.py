@@ -265,8 +265,8 @@ class ComputeProbe:
             return
         logger.info(
             "rankguard stragglers: one read of the thread CPU clock costs %.0f ns here, so "
-            "the `rg.compute()` sections of every %d-th step are timed (profiling_interval "
-            "%d): %.0f ns of clock reads per step on average, budget %.0f ns",
+            "`rg.compute()` sections are timed on 1 step in %d (profiling_interval %d): "
+            "%.0f ns of clock reads per step on average, budget %.0f ns",
             cost,
             k,
             self._every,
