@@ -178,9 +178,9 @@ class ComputeProbe:
         if self._remote:
             return  # step mode: the heartbeat thread reads this thread's CPU clock
         if self._sections:
-            if self._cuda:
-                return  # the heartbeat thread reads the event pairs
-            if n % self._every == 0 and self._section_cpu:
+            # CPU sections: the time is nonzero after a sampled step's section only (CUDA
+            # sections leave it at 0: the heartbeat thread reads the event pairs)
+            if self._section_cpu and n % self._every == 0:
                 # one sampled step's compute section (see section_enter)
                 self.ring[self._write % _RING] = self._section_cpu / 1e6
                 self._write += 1
@@ -236,7 +236,7 @@ class ComputeProbe:
     def section_exit(self) -> None:
         self.__exit__(None, None, None)
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if self._section_t0:
             if self._cuda:
                 w = self._pair_write
