@@ -35,7 +35,7 @@ from rankguard.rank.timeline import ProgressTracker
 from rankguard.schema.blocks import BlockSource, FtStatsBlock, fields_source
 from rankguard.schema.layout import perf_dir
 from rankguard.session import NullSession, Session, install
-from rankguard.straggler.probe import ComputeProbe
+from rankguard.straggler.probe import SECTION_CLOCK_BUDGET_NS, ComputeProbe
 
 if TYPE_CHECKING:
     from rankguard.perf.autodetect import PerfDetector
@@ -113,7 +113,11 @@ def session_from_env(
         preemption.install()
     probe = None
     if cfg.straggler.enabled and cfg.heartbeat.enabled:
-        probe = ComputeProbe(tracker.step_end, every=cfg.straggler.profiling_interval)
+        probe = ComputeProbe(
+            tracker.step_end,
+            every=cfg.straggler.profiling_interval,
+            clock_budget_ns=SECTION_CLOCK_BUDGET_NS,
+        )
     session = Session(
         identity,
         Path(env.run_dir),
