@@ -24,6 +24,7 @@ CPU.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 ENV = "RANKGUARD_TEST_TIMELINE"
+CGROUP_PREFIX = "rankguard-timeline-"
 MAX_LINE = 4096  # a line longer than this (a corrupt file) is skipped
 
 
@@ -61,6 +63,20 @@ class CgroupClock:
                 (self.home / "cgroup.procs").write_text(pid)
             self.own.rmdir()
         except OSError:
+            pass
+
+
+def _remove_left(home: Path) -> None:
+    """The cgroups of workers that ended without removing theirs (killed): each empty
+    (its processes gone), and only where its process is gone too (a live one may not
+    have moved in yet)."""
+    for left in home.glob(f"{CGROUP_PREFIX}*"):
+        try:
+            os.kill(int(left.name[len(CGROUP_PREFIX) :]), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                left.rmdir()  # refused while a process is in it
+        except (ValueError, OSError):
             pass
 
 
@@ -102,7 +118,8 @@ def cgroup_clock(pid: int) -> CgroupClock | None:
                     enabled = (home / "cgroup.subtree_control").read_text().split()
                     if "cpu" in enabled:
                         continue
-                own = home / f"rankguard-timeline-{pid}"
+                _remove_left(home)
+                own = home / f"{CGROUP_PREFIX}{pid}"
                 own.mkdir()
             except OSError:
                 continue

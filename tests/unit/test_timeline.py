@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -10,7 +11,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.timeline import Recorder, cgroup_clock, cpu_seconds, main, read, summary
+from tests.timeline import (
+    Recorder,
+    _remove_left,
+    cgroup_clock,
+    cpu_seconds,
+    main,
+    read,
+    summary,
+)
 
 
 def _row(worker: str, nodeid: str, t0: float, t1: float) -> dict[str, object]:
@@ -124,6 +133,19 @@ def test_a_cgroup_clock_counts_the_cpu_of_a_process_nobody_here_reaped(tmp_path:
         if clock is None:
             pytest.skip("no cgroup of its own for a process here (cgroup v1 cpuacct or v2, root)")
         assert clock.own.parent == clock.home
+        # a cgroup left by a worker that was killed (its process gone) is removed when
+        # the next one is made there; one whose process lives is kept
+        gone = subprocess.Popen([sys.executable, "-c", ""])
+        gone.wait()
+        left = clock.home / f"rankguard-timeline-{gone.pid}"
+        kept = clock.home / f"rankguard-timeline-{os.getpid()}"
+        left.mkdir()
+        kept.mkdir()
+        try:
+            _remove_left(clock.home)
+            assert not left.exists() and kept.exists()
+        finally:
+            kept.rmdir()
         assert (clock.own / "cgroup.procs").read_text().split() == [str(child.pid)]
         rec = Recorder(str(tmp_path / "tl"), clock=clock)
         mine = cpu_seconds()
