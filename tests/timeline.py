@@ -8,9 +8,10 @@ outcome and its CPU seconds. Where the worker can have a cgroup of its own (cgro
 its parent's: neither changes how the CPU is shared; as root, as in CI), every process it
 starts is counted, however it ends: a launcher, its ranks, and the processes a fork server
 forks (``--preload``'s, whose fork server the launcher leaves to exit by itself, and
-``run_ranks``' in the worker), but not a Slurm job's (slurmd starts it). Elsewhere
-``os.times()``: the worker's own user and system time and that of the children it reaped
-during the test (a launcher and the ranks it reaped; not what a fork server forks). Each
+``run_ranks``' in the worker), and a Slurm job's (the test cluster's slurmd is started
+by the worker: ``tests/slurm_cluster.py``). Elsewhere ``os.times()``: the worker's own
+user and system time and that of the children it reaped during the test (a launcher and
+the ranks it reaped; not what a fork server forks, nor a Slurm job's). Each
 line says which (``"clock"``: ``"cgroup"`` or ``"times"``).
 ``.ci/run`` sets it and prints the summary after the tests:
 
