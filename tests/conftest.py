@@ -19,7 +19,7 @@ import pytest
 
 from tests.factories import FAKE_BIN, Children
 from tests.timeline import ENV as TIMELINE_ENV
-from tests.timeline import Recorder
+from tests.timeline import Recorder, cgroup_clock
 
 LONG_MARKERS = ("e2e", "bench", "ranks")
 
@@ -49,10 +49,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
     torch.set_num_threads(1)
     # When each test ran (tests/timeline.py, with RANKGUARD_TEST_TIMELINE set), recorded
-    # where tests run, never in the controller (which hears of the workers' tests late).
+    # where tests run, never in the controller (which hears of the workers' tests late);
+    # the CPU of every process a test starts where this worker can have a cgroup of its
+    # own (tests/timeline.py), else what it reaped.
     directory = os.environ.get(TIMELINE_ENV)
     if directory:
-        config.pluginmanager.register(Recorder(directory), "rankguard-timeline")
+        recorder = Recorder(directory, clock=cgroup_clock(os.getpid()))
+        config.pluginmanager.register(recorder, "rankguard-timeline")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

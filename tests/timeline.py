@@ -3,9 +3,16 @@
 With ``RANKGUARD_TEST_TIMELINE=<dir>`` set, every pytest process of the run (each xdist
 worker, or pytest alone) appends one JSON line per test to ``<dir>/<worker>.jsonl``
 (``tests/conftest.py``): the test's node id, its start and end (``time.time()``), its
-outcome and its CPU seconds (``os.times()``: the worker's own user and system time and
-that of the children it reaped during the test: a launcher and the ranks it reaped, not
-the processes forked by a forkserver the worker does not wait for, nor a Slurm job's).
+outcome and its CPU seconds. Where the worker can have a cgroup of its own (cgroup v1's
+``cpuacct`` on a hierarchy of its own, or cgroup v2 without the ``cpu`` controller among
+its parent's: neither changes how the CPU is shared; as root, as in CI), every process it
+starts is counted, however it ends: a launcher, its ranks, and the processes a fork server
+forks (``--preload``'s, whose fork server the launcher leaves to exit by itself, and
+``run_ranks``' in the worker), and a Slurm job's (the test cluster's slurmd is started
+by the worker: ``tests/slurm_cluster.py``). Elsewhere ``os.times()``: the worker's own
+user and system time and that of the children it reaped during the test (a launcher and
+the ranks it reaped; not what a fork server forks, nor a Slurm job's). Each
+line says which (``"clock"``: ``"cgroup"`` or ``"times"``).
 ``.ci/run`` sets it and prints the summary after the tests:
 
     python -m tests.timeline <dir>
@@ -18,6 +25,7 @@ CPU.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -26,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 ENV = "RANKGUARD_TEST_TIMELINE"
+CGROUP_PREFIX = "rankguard-timeline-"
 MAX_LINE = 4096  # a line longer than this (a corrupt file) is skipped
 
 
@@ -35,10 +44,101 @@ def cpu_seconds() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
+class CgroupClock:
+    """The CPU seconds of every process in a cgroup made for one process (and whatever it
+    starts, which is born there): made by :func:`cgroup_clock`; :meth:`close` moves
+    those left back to the cgroup they came from and removes it."""
+
+    def __init__(self, own: Path, home: Path, usage: str, scale: float) -> None:
+        self.own, self.home, self._usage, self._scale = own, home, own / usage, scale
+
+    def __call__(self) -> float:
+        text = self._usage.read_text()
+        if self._usage.name == "cpu.stat":  # cgroup v2: "usage_usec N" among others
+            text = next(ln for ln in text.splitlines() if ln.startswith("usage_usec ")).split()[1]
+        return int(text) * self._scale
+
+    def close(self) -> None:
+        try:
+            for pid in (self.own / "cgroup.procs").read_text().split():
+                (self.home / "cgroup.procs").write_text(pid)
+            self.own.rmdir()
+        except OSError:
+            pass
+
+
+def _remove_left(home: Path) -> None:
+    """The cgroups of workers that ended without removing theirs (killed): each empty
+    (its processes gone), and only where its process is gone too (a live one may not
+    have moved in yet)."""
+    for left in home.glob(f"{CGROUP_PREFIX}*"):
+        try:
+            os.kill(int(left.name[len(CGROUP_PREFIX) :]), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                left.rmdir()  # refused while a process is in it
+        except (ValueError, OSError):
+            pass
+
+
+def cgroup_clock(pid: int) -> CgroupClock | None:
+    """Move ``pid`` (and its threads) into a new cgroup under its own, in a hierarchy
+    that counts CPU without sharing it out: cgroup v1's ``cpuacct`` mounted without
+    ``cpu``, or cgroup v2 where the ``cpu`` controller is not enabled for the new one.
+    None where there is none such, or it cannot be made (not root)."""
+    try:
+        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+        groups = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in mounts:
+        fields = line.split()
+        if " - " not in line or len(fields) < 5:
+            continue
+        root, point = fields[3], fields[4]
+        fstype, _, super_opts = line.split(" - ", 1)[1].split()[:3]
+        if fstype == "cgroup":
+            opts = super_opts.split(",")
+            if "cpuacct" not in opts or "cpu" in opts:
+                continue
+            key, usage, scale = "cpuacct", "cpuacct.usage", 1e-9
+        elif fstype == "cgroup2":
+            key, usage, scale = "", "cpu.stat", 1e-6
+        else:
+            continue
+        for group in groups:
+            _, controllers, path = group.split(":", 2)
+            if controllers.split(",") != [key]:  # "cpuacct" alone; "" in cgroup v2
+                continue
+            rel = os.path.relpath(path, root) if path.startswith(root) else None
+            if rel is None or rel.startswith(".."):
+                continue
+            home = Path(point) / rel
+            try:
+                if fstype == "cgroup2":
+                    enabled = (home / "cgroup.subtree_control").read_text().split()
+                    if "cpu" in enabled:
+                        continue
+                _remove_left(home)
+                own = home / f"{CGROUP_PREFIX}{pid}"
+                own.mkdir()
+            except OSError:
+                continue
+            clock = CgroupClock(own, home, usage, scale)
+            try:
+                (own / "cgroup.procs").write_text(str(pid))
+                clock()
+            except (OSError, ValueError, StopIteration):
+                clock.close()
+                continue
+            return clock
+    return None
+
+
 class Recorder:
     """A pytest plugin: one worker's lines, each appended with one write."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, clock: CgroupClock | None = None) -> None:
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         Path(directory).mkdir(parents=True, exist_ok=True)
         path = Path(directory) / f"{worker}.jsonl"
@@ -46,9 +146,12 @@ class Recorder:
         self.worker = worker
         self._start: dict[str, tuple[float, float]] = {}
         self._failed: set[str] = set()
+        self._cgroup = clock
+        self._clock = clock or cpu_seconds
+        self._clock_name = "cgroup" if clock else "times"
 
     def pytest_runtest_logstart(self, nodeid: str) -> None:
-        self._start[nodeid] = (time.time(), cpu_seconds())
+        self._start[nodeid] = (time.time(), self._clock())
 
     def pytest_runtest_logreport(self, report: Any) -> None:
         if report.failed:
@@ -60,13 +163,16 @@ class Recorder:
             return
         t0, c0 = start
         outcome = "failed" if nodeid in self._failed else "ok"
-        cpu = round(cpu_seconds() - c0, 3)
+        cpu = round(self._clock() - c0, 3)
         line = {"w": self.worker, "id": nodeid, "t0": t0, "t1": time.time(), "o": outcome}
         line["cpu"] = cpu
+        line["clock"] = self._clock_name
         os.write(self._fd, (json.dumps(line) + "\n").encode())
 
     def pytest_unconfigure(self) -> None:
         os.close(self._fd)
+        if self._cgroup is not None:
+            self._cgroup.close()
 
 
 def read(directory: Path) -> list[dict[str, Any]]:
@@ -129,7 +235,10 @@ def summary(rows: list[dict[str, Any]], tail_tests: int = 10, top_cpu: int = 15)
     costed = [r for r in rows if isinstance(r.get("cpu"), (int, float))]
     if costed and top_cpu:
         total = sum(r["cpu"] for r in costed)
-        lines.append(f"timeline: CPU recorded: {total:.0f} s over {len(costed)} tests")
+        clocks = sorted({str(r.get("clock", "times")) for r in costed})
+        lines.append(
+            f"timeline: CPU recorded: {total:.0f} s over {len(costed)} tests ({', '.join(clocks)})"
+        )
         for r in sorted(costed, key=lambda r: -r["cpu"])[:top_cpu]:
             lines.append(
                 f"timeline:   CPU {r['cpu']:.1f} s, wall {r['t1'] - r['t0']:.0f} s: {r['id']}"

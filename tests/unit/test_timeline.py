@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -10,7 +11,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.timeline import Recorder, main, read, summary
+from tests.timeline import (
+    Recorder,
+    _remove_left,
+    cgroup_clock,
+    cpu_seconds,
+    main,
+    read,
+    summary,
+)
 
 
 def _row(worker: str, nodeid: str, t0: float, t1: float) -> dict[str, object]:
@@ -98,7 +107,66 @@ def test_each_line_has_the_tests_cpu_and_the_summary_names_the_costliest(
         ]
     )
     assert lines[-3:] == [
-        "timeline: CPU recorded: 13 s over 2 tests",
+        "timeline: CPU recorded: 13 s over 2 tests (times)",
         "timeline:   CPU 12.2 s, wall 3 s: costly",
         "timeline:   CPU 0.5 s, wall 9 s: cheap",
     ]
+
+
+# A process that forks a grandchild and exits at once (a fork server's rank, orphaned:
+# nobody in this process reaps it), which then burns 0.3 s of CPU.
+ORPHAN = """
+import os, sys, time
+sys.stdin.readline()
+if os.fork() == 0:
+    d = time.process_time() + 0.3
+    while time.process_time() < d:
+        pass
+    os._exit(0)
+"""
+
+
+def test_a_cgroup_clock_counts_the_cpu_of_a_process_nobody_here_reaped(tmp_path: Path) -> None:
+    child = subprocess.Popen([sys.executable, "-c", ORPHAN], stdin=subprocess.PIPE)
+    try:
+        clock = cgroup_clock(child.pid)
+        if clock is None:
+            pytest.skip("no cgroup of its own for a process here (cgroup v1 cpuacct or v2, root)")
+        assert clock.own.parent == clock.home
+        # a cgroup left by a worker that was killed (its process gone) is removed when
+        # the next one is made there; one whose process lives is kept
+        gone = subprocess.Popen([sys.executable, "-c", ""])
+        gone.wait()
+        left = clock.home / f"rankguard-timeline-{gone.pid}"
+        kept = clock.home / f"rankguard-timeline-{os.getpid()}"
+        left.mkdir()
+        kept.mkdir()
+        try:
+            _remove_left(clock.home)
+            assert not left.exists() and kept.exists()
+        finally:
+            kept.rmdir()
+        assert (clock.own / "cgroup.procs").read_text().split() == [str(child.pid)]
+        rec = Recorder(str(tmp_path / "tl"), clock=clock)
+        mine = cpu_seconds()
+        rec.pytest_runtest_logstart("t::orphan")
+        assert child.stdin is not None
+        child.stdin.write(b"go\n")
+        child.stdin.close()
+        child.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while (clock.own / "cgroup.procs").read_text().strip():  # the grandchild's end
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        rec.pytest_runtest_logfinish("t::orphan")
+        reaped = cpu_seconds() - mine  # what os.times() sees: the child alone
+        rec.pytest_unconfigure()
+    finally:
+        child.kill()
+        child.wait()
+    (row,) = read(tmp_path / "tl")
+    assert row["clock"] == "cgroup"
+    assert row["cpu"] >= 0.29, row
+    assert reaped < 0.29 <= row["cpu"], (reaped, row)
+    assert not clock.own.exists()  # removed at the end
+    assert summary([row])[-2].endswith("over 1 tests (cgroup)")
