@@ -114,6 +114,9 @@ class TimedStore:
     def delete_key(self, key: str) -> bool:
         return bool(self._call("delete_key", key))
 
+    def add(self, key: str, value: int) -> int:
+        return int(self._call("add", key, value))
+
 
 class Clock:
     """The simulated ranks' shared schedule: steps, and the injected hangs."""

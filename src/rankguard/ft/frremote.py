@@ -31,7 +31,7 @@ from typing import Any
 
 from rankguard.ft.flightrec import DUMP_DIR, read_traces, request_dumps
 from rankguard.schema.jsontypes import JsonObject
-from rankguard.schema.layout import StoreKeys
+from rankguard.schema.layout import StoreKeys, note_request
 from rankguard.schema.payloads import MAX_NODE_RANKS, PayloadError, load_json
 
 __all__ = [
@@ -184,6 +184,7 @@ class RemoteTraces:
         for node, ranks in sorted(asked.items()):
             payload = json.dumps({"id": request_id, "ranks": ranks})
             self.store.set(self.keys.traces_request(node), payload)
+            note_request(self.store, self.keys)  # the relays then look
         return lambda: self._wait(request_id, asked)
 
     def _wait(self, request_id: str, asked: dict[int, list[int]]) -> dict[int, JsonObject]:

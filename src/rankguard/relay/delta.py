@@ -17,6 +17,7 @@ relayed_age_s]``.
 from __future__ import annotations
 
 import math
+from operator import itemgetter
 from typing import Any
 
 from rankguard.schema.records import HeartbeatRecord, RecordError
@@ -46,7 +47,14 @@ TICK_FIELDS = ("rank", "pid", *VOLATILE_FIELDS)
 
 _ALL = tuple(HeartbeatRecord.__dataclass_fields__)  # constructor order, ``extra`` last
 _STABLE = tuple(f for f in _ALL if f not in VOLATILE_FIELDS)
-_VOLATILE_AT = tuple(_ALL.index(f) for f in VOLATILE_FIELDS)
+# A record's values from its base's values followed by a tick row: each field's index
+# in that list (the row's for a volatile field), gathered in one C call.
+_GATHER = itemgetter(
+    *(
+        len(_ALL) + 2 + VOLATILE_FIELDS.index(f) if f in VOLATILE_FIELDS else i
+        for i, f in enumerate(_ALL)
+    )
+)
 _NONNEG_INT = (True, True, False, True, False, False, False, False, False, False)
 _INT_OR_NONE = (False, False, True, False, True, False, True, False, False, False)
 _NUM_OR_NONE = (False, False, False, False, False, True, False, True, False, True)
@@ -76,9 +84,38 @@ def tick_row(rec: HeartbeatRecord, relayed_age_s: float | None) -> list[Any]:
     ]
 
 
+_NUM = (int, float)
+_INF = math.inf
+
+
 def _check_row(row: Any) -> None:
+    """A tick row's volatile fields are of their types (:class:`RecordError` if not):
+    every field tested in one expression (a scan checks one row per rank that pushed);
+    a row that fails it is looked at field by field for the error."""
     if type(row) is not list or len(row) != len(TICK_FIELDS):
         raise RecordError(f"tick row: expected a list of {len(TICK_FIELDS)} values")
+    _, _, seq, wall, mono, pseq, it, since, last, elapsed, frame, age = row
+    if (
+        type(seq) is int
+        and seq >= 0
+        and type(wall) is int
+        and wall >= 0
+        and (mono is None or type(mono) is int)
+        and type(pseq) is int
+        and pseq >= 0
+        and (it is None or type(it) is int)
+        and (since is None or (type(since) in _NUM and 0 <= since < _INF))
+        and (last is None or type(last) is int)
+        and (elapsed is None or (type(elapsed) in _NUM and 0 <= elapsed < _INF))
+        and (frame is None or (type(frame) is str and len(frame) <= _MAX_TEXT))
+        and (age is None or (type(age) in _NUM and 0 <= age < _INF))
+    ):
+        return
+    _row_error(row)
+
+
+def _row_error(row: list[Any]) -> None:
+    """Raise the error of the first field of ``row`` that is not of its type."""
     values = row[2:]
     for i, v in enumerate(values):
         name = VOLATILE_FIELDS[i]
@@ -94,6 +131,7 @@ def _check_row(row: Any) -> None:
                 raise RecordError(f"tick row {name}: expected a finite number >= 0")
         elif type(v) is not str or len(v) > _MAX_TEXT:  # main_frame
             raise RecordError(f"tick row {name}: expected a short string")
+    raise RecordError("tick row: a value out of its range")  # not reached
 
 
 class RecordPatcher:
@@ -114,7 +152,4 @@ class RecordPatcher:
         base = self.base
         if row[0] != base.rank or row[1] != base.pid:
             return None
-        values = self._values.copy()
-        for at, v in zip(_VOLATILE_AT, row[2:], strict=True):
-            values[at] = v
-        return HeartbeatRecord(*values)
+        return HeartbeatRecord(*_GATHER(self._values + row))

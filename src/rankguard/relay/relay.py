@@ -62,7 +62,7 @@ from rankguard.monitor.agree import write_control
 from rankguard.monitor.api import RemoteSource
 from rankguard.relay.delta import RecordPatcher, stable_part, tick_row
 from rankguard.schema.jsontypes import JsonObject
-from rankguard.schema.layout import HEARTBEAT_FILE_RE, RunLayout, StoreKeys
+from rankguard.schema.layout import HEARTBEAT_FILE_RE, RunLayout, StoreKeys, note_request
 from rankguard.schema.payloads import NodeBase, PayloadError, Tick, parse_kill_request
 from rankguard.schema.records import Event, HeartbeatRecord, RecordError, supersedes
 from rankguard.util.disk import DiskState, disk_state
@@ -82,13 +82,17 @@ MAX_BACKOFF_S = 5.0  # longest wait between pushes while pushes keep failing
 def publish_control(store: Any, run_id: str, stop_at_step: int, reason: str) -> None:
     """Node 0: tell the other nodes' relays to write ``control.json`` for their ranks."""
     payload = json.dumps({"stop_at_step": stop_at_step, "reason": reason})
-    store.set(StoreKeys(run_id).control, payload)
+    keys = StoreKeys(run_id)
+    store.set(keys.control, payload)
+    note_request(store, keys)  # after the request: a relay that sees it looks
 
 
 def request_kill(store: Any, run_id: str, node_rank: int, targets: list[JsonObject]) -> None:
     """Node 0: ask node ``node_rank``'s relay to dump the stacks of ``targets`` (dicts
     with rank, pid) and SIGKILL those marked ``kill``."""
-    store.set(StoreKeys(run_id).kill(node_rank), json.dumps(targets))
+    keys = StoreKeys(run_id)
+    store.set(keys.kill(node_rank), json.dumps(targets))
+    note_request(store, keys)
 
 
 class StoreRelay:
@@ -135,6 +139,9 @@ class StoreRelay:
         self.gen = 0  # generation of the full records last sent (``hb/node/<k>``)
         self.base_pushes = 0  # pushes that had to send the full records
         self._sent: tuple[Any, ...] | None = None  # what the last full records said
+        # node 0's request counter as last read (requests served); None: not read yet
+        self._requests_seen: int | None = None
+        self.request_polls = 0  # pushes that looked for the requests themselves
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="rankguard-relay", daemon=True)
@@ -323,19 +330,27 @@ class StoreRelay:
         write_control(self.run_dir, int(control["stop_at_step"]), str(control["reason"]))
         self._control_done = True
 
+    def _request_counter(self) -> int | None:
+        """Node 0's request counter (:attr:`StoreKeys.requests`, bumped after each
+        request it writes), read with ``add`` of 0 (which creates it): the one store
+        operation of a push without a request. None: a store without ``add`` (every
+        request key checked at every push)."""
+        add = getattr(self.store, "add", None)
+        return None if add is None else int(add(self.keys.requests, 0))
+
     def push_once(self) -> None:
         try:
-            self._mirror_control()
-        except Exception as exc:
-            logger.warning("rankguard relay: control mirror failed: %s", exc)
-        try:  # before a kill request: node 0 asks for the traces before it kills
-            answer_request(self.store, self.keys, self.node_rank, self.run_dir, self._answering)
-        except Exception as exc:
-            logger.warning("rankguard relay: flight-recorder request failed: %s", exc)
-        try:
-            self._serve_kill_requests()
-        except Exception as exc:
-            logger.warning("rankguard relay: kill request failed: %s", exc)
+            seen = self._request_counter()
+        except Exception as exc:  # look for them: a failed read must not hide one
+            logger.warning("rankguard relay: request counter unreadable: %s", exc)
+            seen = None
+        # The requests themselves only when the counter moved; at the first push anyway
+        # (a relay started again finds those written before), and again after a look
+        # that failed (the count it read is not taken as served).
+        if seen is None or seen != self._requests_seen:
+            self.request_polls += 1
+            if self._serve_requests() and seen is not None:
+                self._requests_seen = seen
         try:
             self.collect()
             self._push()
@@ -344,6 +359,27 @@ class StoreRelay:
             self.errors += 1
             if self.errors == 1 or self.errors % 100 == 0:
                 logger.warning("rankguard relay: push failed (%d so far): %s", self.errors, exc)
+
+    def _serve_requests(self) -> bool:
+        """Node 0's requests waiting in the store: the stop step, traces, kills. False
+        when one of them failed (looked for again at the next push)."""
+        ok = True
+        try:
+            self._mirror_control()
+        except Exception as exc:
+            ok = False
+            logger.warning("rankguard relay: control mirror failed: %s", exc)
+        try:  # before a kill request: node 0 asks for the traces before it kills
+            answer_request(self.store, self.keys, self.node_rank, self.run_dir, self._answering)
+        except Exception as exc:
+            ok = False
+            logger.warning("rankguard relay: flight-recorder request failed: %s", exc)
+        try:
+            self._serve_kill_requests()
+        except Exception as exc:
+            ok = False
+            logger.warning("rankguard relay: kill request failed: %s", exc)
+        return ok
 
     def _push(self) -> None:
         now = time.monotonic_ns()

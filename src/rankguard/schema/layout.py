@@ -34,6 +34,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "CHECKPOINTS_FILE",
@@ -67,6 +68,7 @@ __all__ = [
     "heartbeat_file_name",
     "launcher_file_name",
     "node_health_file_name",
+    "note_request",
     "perf_dir",
     "rerun_state_file_name",
     "run_dir",
@@ -244,6 +246,14 @@ class StoreKeys:
         """Node 0 asks node k for its ranks' flight-recorder traces (a hang)."""
         return f"{self.prefix}fr/request/{node_rank}"
 
+    @property
+    def requests(self) -> str:
+        """A counter node 0 bumps (``add``) after it writes any request for the relays
+        (the stop step, a trace request, a kill request): each relay reads it at every
+        push (one ``add`` of 0) and looks for the requests themselves only when it
+        moved (:func:`note_request`)."""
+        return f"{self.prefix}requests"
+
     def traces(self, node_rank: int) -> str:
         """Node k's answer: the traces of its ranks that answered, compacted."""
         return f"{self.prefix}fr/node/{node_rank}"
@@ -300,3 +310,13 @@ class StoreKeys:
     def preempt_request(self, node_rank: int) -> str:
         """Node k's launcher received the exit signal: node 0 starts the preemption."""
         return f"{self.prefix}preempt/request/node/{node_rank}"
+
+
+def note_request(store: Any, keys: StoreKeys) -> None:
+    """Node 0 wrote a request for the relays into the store: bump the request counter
+    (:attr:`StoreKeys.requests`) so that the relays, which read only that counter at
+    each push, look for it. A store without ``add`` has relays that look for every
+    request at every push."""
+    add = getattr(store, "add", None)
+    if add is not None:
+        add(keys.requests, 1)
