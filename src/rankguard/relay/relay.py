@@ -31,8 +31,10 @@ tick also says whether the node's disk is full (:mod:`.disk`), so a rank that ca
 write its heartbeats is not taken for a dead one.
 
 The relay also answers node 0's requests for its ranks' flight-recorder traces on a hang
-(``fr/request/<k>``, :mod:`rankguard.ft.frremote`) and serves node 0's kill requests
-(``kill/node/<k>``). Any client of the
+(``fr/request/<k>``, :mod:`rankguard.ft.frremote`), mirrors the stop step (``control``)
+and serves node 0's kill requests (``kill/node/<k>``); it looks for them only when the
+counter node 0 bumps after each request (``requests``) moved since its last look: one
+store read a push instead of a check of each key. Any client of the
 store can write that key, so the relay signals only its own node's current workers
 (``workers``, the agent's registry): a request for any other pid (``-1``, ``0``, the
 launcher, a pid reused since) is refused and logged. Without a registry it kills
