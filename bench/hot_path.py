@@ -17,6 +17,17 @@ pair (A against itself) shows the method's bias. Pairs: ``opt.step(); f(i)`` aga
 ``opt.step(); session.step_end(i)``, and ``opt.step()`` without against with
 ``install_optimizer_hook()``.
 
+What, part 3 (the same, resolved per iteration): on a shared machine part 2's runs of
+2,000 iterations differ by several microseconds from one another, more than the calls
+measured. So each iteration of ``opt.step(); call(i)`` is also timed on its own
+(``perf_counter_ns``), in chunks of 20 per variant, the variants in a new random order
+each round; a descheduled or interrupted iteration lands in the upper tail, and the
+low quantiles (p10, p25) and the median of each variant are compared with those of
+``opt.step(); f(i)``. Variants: the floors (a call that reads the clock, a call that
+reads the clock and stores it into a list slot, the least a step end does; a global
+optimizer hook that does nothing: torch's dispatch of a hook), ``session.step_end`` and
+the optimizer hook.
+
 Timing uses the measuring thread's CPU time (``time.thread_time_ns``), so that time the
 thread spends descheduled on a busy machine does not count; ``--wall`` uses the wall
 clock as before.
@@ -38,6 +49,7 @@ import argparse
 import gc
 import os
 import platform
+import random
 import socket
 import statistics
 import sys
@@ -48,7 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch.optim.optimizer import _global_optimizer_post_hooks
+from torch.optim.optimizer import _global_optimizer_post_hooks, register_optimizer_step_post_hook
 
 from rankguard.monitor.config import HeartbeatConfig
 from rankguard.rank.identity import RankIdentity
@@ -170,6 +182,79 @@ def _opt_loop(step: Callable[[], object], call: Callable[[int], object]) -> Call
     return run
 
 
+# ---- per-iteration quantiles next to a real opt.step() (part 3) ----------------------
+
+Chunk = Callable[[int, list[int]], None]  # runs n iterations, appends each one's ns
+
+
+def _chunk(
+    step: Callable[[], object],
+    call: Callable[[int], object],
+    hook: Callable[[object, object, object], None] | None = None,
+) -> Chunk:
+    def run(n: int, out: list[int]) -> None:
+        handle = register_optimizer_step_post_hook(hook) if hook is not None else None
+        clock = time.perf_counter_ns
+        t = clock()
+        for i in range(n):
+            step()
+            call(i)
+            t2 = clock()
+            out.append(t2 - t)
+            t = t2
+        if handle is not None:
+            handle.remove()
+
+    return run
+
+
+QUANTILES = (0.10, 0.25, 0.50)
+
+
+def measure_quantiles(
+    chunks: dict[str, Chunk], rounds: int, per_chunk: int = 20
+) -> dict[str, list[int]]:
+    """Each variant's iterations, ``per_chunk`` at a time, variants in a random order
+    each round (GC off while timing); returns every iteration's ns per variant."""
+    times: dict[str, list[int]] = {name: [] for name in chunks}
+    for run in chunks.values():
+        run(1_000, [])  # warm-up
+    order = list(chunks)
+    rng = random.Random(0)
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            rng.shuffle(order)
+            for name in order:
+                chunks[name](per_chunk, times[name])
+    finally:
+        gc.enable()
+    return times
+
+
+def quantiles(values: list[int]) -> list[int]:
+    ordered = sorted(values)
+    return [ordered[int(q * len(ordered))] for q in QUANTILES]
+
+
+def _clock_call(i: int) -> None:
+    time.monotonic_ns()
+
+
+def _store_call() -> Callable[[int], None]:
+    ring = [0] * 8192
+    clock = time.monotonic_ns
+
+    def store(i: int) -> None:
+        ring[i & 8191] = clock()
+
+    return store
+
+
+def _noop_hook(optimizer: object, args: object, kwargs: object) -> None:
+    pass
+
+
 def _optimizer() -> torch.optim.Optimizer:
     param = torch.nn.Parameter(torch.zeros(1))
     param.grad = torch.zeros(1)
@@ -201,11 +286,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=21, help="tight loop: repeats (median)")
     p.add_argument("--opt-calls", type=int, default=2_000, help="A/B: iterations per run")
     p.add_argument("--pairs", type=int, default=100, help="A/B: pairs of runs (median)")
+    p.add_argument("--rounds", type=int, default=1_500, help="per-iteration: rounds")
     p.add_argument("--wall", action="store_true", help="time with the wall clock, not CPU time")
     p.add_argument("--smoke", action="store_true", help="tiny loops (seconds)")
     args = p.parse_args(argv)
     if args.smoke:
         args.calls, args.repeats, args.opt_calls, args.pairs = 2_000, 3, 50, 3
+        args.rounds = 10
     global _clock
     if args.wall:
         _clock = time.perf_counter_ns
@@ -288,6 +375,26 @@ def main(argv: list[str] | None = None) -> int:
 
             hooked = measure_paired(plain, with_hook, args.opt_calls, args.pairs)
             hooked_session.close()
+
+            # ---- part 3: per-iteration quantiles next to opt.step() ----
+            q_session = Session(
+                _identity(0), Path(tmp) / "quantiles", HeartbeatConfig(publish_interval_s=5.0)
+            )
+            q_hook = _hook_callable(q_session)
+            q_session._hook.remove()  # registered again around each chunk
+            per_it = measure_quantiles(
+                {
+                    "opt.step(); f(i)": _chunk(step, _empty_arg),
+                    "floor: opt.step(); clock read": _chunk(step, _clock_call),
+                    "floor: opt.step(); clock into a list slot": _chunk(step, _store_call()),
+                    "floor: opt.step() with a no-op hook": _chunk(step, _empty_arg, _noop_hook),
+                    "opt.step(); session.step_end(i)": _chunk(step, session.step_end),
+                    "opt.step() with the optimizer hook": _chunk(step, _empty_arg, q_hook),
+                },
+                args.rounds,
+            )
+            q_session._hook = None
+            q_session.close()
         finally:
             session.close()
 
@@ -344,6 +451,25 @@ def main(argv: list[str] | None = None) -> int:
     in_loop_cost = in_loop.diff_ns + floor1  # B - A removes an empty call too
     print()
 
+    base_name = "opt.step(); f(i)"
+    base = quantiles(per_it[base_name])
+    n_its = len(per_it[base_name])
+    print(
+        f"per iteration: each of {n_its:,} iterations per variant timed alone (perf_counter_ns), "
+        f"{args.rounds} rounds of 20 per variant in random order; quantiles of each variant "
+        f"minus those of {base_name!r} ({'/'.join(str(b) for b in base)} ns)"
+    )
+    width3 = max(len(name) for name in per_it)
+    print(f"{'variant':<{width3}}  {'p10':>7}  {'p25':>7}  {'p50':>7}")
+    print("-" * (width3 + 27))
+    extra: dict[str, list[int]] = {}
+    for name, values in per_it.items():
+        if name == base_name:
+            continue
+        extra[name] = [q - b for q, b in zip(quantiles(values), base, strict=True)]
+        print(f"{name:<{width3}}  " + "  ".join(f"{d:+7d}" for d in extra[name]))
+    print()
+
     worst = max(session_ns, busy_ns)
     verdict = "MEETS" if worst < GOAL_NS else "MISSES"
     print(
@@ -361,6 +487,13 @@ def main(argv: list[str] | None = None) -> int:
         f"goal: optimizer hook < {GOAL_NS:.0f} ns per step -> {verdict}: +{hooked.diff_ns:.0f} ns "
         f"per opt.step() ({hooked.diff_ns / hooked.a_ns * 100:.1f}% of a 1-param SGD step; "
         f"the callable alone: {hook_ns:.0f} ns in a tight loop)"
+    )
+    step_q = extra["opt.step(); session.step_end(i)"][1]
+    hook_q = extra["opt.step() with the optimizer hook"][1]
+    print(
+        f"per iteration (p25): session.step_end +{step_q} ns -> "
+        f"{'MEETS' if step_q < GOAL_NS else 'MISSES'}; optimizer hook +{hook_q} ns -> "
+        f"{'MEETS' if hook_q < GOAL_NS else 'MISSES'}"
     )
     return 0
 

@@ -36,6 +36,7 @@ step times (:meth:`ProgressTracker.interval_in_other_phase`).
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -103,12 +104,17 @@ def _cuda_event() -> _Event:
 ProgressSnapshot = dict[str, Any]
 
 
+def _no_lead() -> None:
+    """No optimizer leads yet (optimizer_step_hook's lead before the first step)."""
+    return None
+
+
 class ProgressTracker:
     __slots__ = (
         "_clock",
         "_event_factory",
         "_events",
-        "_hook_lead",
+        "_lead",
         "_mode",
         "_next_event",
         "_pending",
@@ -165,7 +171,8 @@ class ProgressTracker:
         self._queued_seq = 0
         self._queued_iteration: int | None = None
         self._saved_phase: str | None = None
-        self._hook_lead = 0  # id() of the optimizer whose steps count (optimizer_step_hook)
+        # the optimizer whose steps count (optimizer_step_hook), held weakly
+        self._lead: Callable[[], object] = _no_lead
         self.progress_seq = 0
         self.iteration: int | None = None
         # Where the shown iteration comes from (see shown_iteration): the script numbers
@@ -232,12 +239,11 @@ class ProgressTracker:
     def optimizer_step_hook(self, optimizer: object, args: object, kwargs: object) -> None:
         """``register_optimizer_step_post_hook``'s callable, itself the step end (one call
         per optimizer step, not two). With several optimizers only the first one that
-        steps (the lead) counts, so one iteration is one progress step."""
-        lead = self._hook_lead
-        if lead != id(optimizer):
-            if lead:
-                return
-            self._hook_lead = id(optimizer)
+        steps (the lead) counts, so one iteration is one progress step. The lead is
+        compared by identity through a weak reference: no ``id()`` integer made per step,
+        and the tracker does not keep the script's optimizer alive."""
+        if self._lead() is not optimizer and not self._take_lead(optimizer):
+            return
         now = self._clock()
         if self._mode == "cpu":
             seq = self.progress_seq + 1
@@ -249,6 +255,21 @@ class ProgressTracker:
             self.progress_seq = seq
             return
         self._step_end_slow(now, None)
+
+    def _take_lead(self, optimizer: object) -> bool:
+        """The first optimizer that steps leads; False for any other (also once the lead
+        is gone: no later optimizer takes over)."""
+        if self._lead is not _no_lead:
+            return False
+        try:
+            self._lead = weakref.ref(optimizer)
+        except TypeError:  # no weak references to it: kept as long as the tracker
+
+            def strong() -> object:
+                return optimizer
+
+            self._lead = strong
+        return True
 
     def _step_end_slow(self, now: int, iteration: int | None) -> None:
         """The first step (mode not decided yet) and every step of a GPU rank."""
