@@ -21,7 +21,6 @@ args = parser.parse_args()
 dist.init_process_group("gloo")
 rg = rankguard.init()
 rank = dist.get_rank()
-torch.manual_seed(0)
 model = torch.nn.Linear(16, 1)
 for step in range(1, args.steps + 1):
     with rg.step(step):

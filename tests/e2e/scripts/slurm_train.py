@@ -61,7 +61,6 @@ def main() -> None:
     root = Path(args.ckpt_dir)
     root.mkdir(parents=True, exist_ok=True)
     events = root / "events.jsonl"
-    torch.manual_seed(0)
     model = torch.nn.Linear(8, 8)
     saver = TorchFileSaver(root, rank, lambda: {"model": model.state_dict()})
 
