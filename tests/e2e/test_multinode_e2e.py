@@ -53,7 +53,7 @@ def test_nodes_numbered_by_the_rendezvous_a_node1_hang_found_on_node0_dumped_on_
             "fault_tolerance.stack_dump=faulthandler",
             "--set",
             "fault_tolerance.stack_dump_timeout_s=5",
-            str(SCRIPTS / "skip_allreduce.py"),
+            str(SCRIPTS / "node_skip_allreduce.py"),
             "--skip-rank",
             "3",  # node 1's second rank: it never joins step 6's all-reduce
         )
@@ -121,9 +121,9 @@ def test_nodes_numbered_by_the_rendezvous_a_node1_hang_found_on_node0_dumped_on_
     # faulthandler's format (not py-spy's), taken while the rank was still blocked in the
     # injected stall: before the kill
     assert "most recent call first" in text and "py-spy dump" not in text, text
-    script = (SCRIPTS / "skip_allreduce.py").read_text().splitlines()
+    script = (SCRIPTS / "node_skip_allreduce.py").read_text().splitlines()
     line = 1 + next(i for i, ln in enumerate(script) if "time.sleep(600)" in ln)
-    assert f'skip_allreduce.py", line {line} in <module>' in text, text  # in its sleep
+    assert f'node_skip_allreduce.py", line {line} in <module>' in text, text  # in its sleep
     out1 = outs[agent_of[1]]
     dumped_at = out1.find(f"rankguard relay: stacks of rank {culprit}: {dump}")
     killed_at = out1.find(f"rankguard relay: killed rank {culprit} (pid {pid}) on request")

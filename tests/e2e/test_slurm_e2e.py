@@ -42,10 +42,16 @@ pytestmark = [
     pytest.mark.xdist_group("slurm"),
 ]
 
-TRAIN = str(SCRIPTS / "preempt_train.py")
+TRAIN = str(SCRIPTS / "slurm_train.py")  # without torch.optim: no torch._dynamo
 _JOB_TIMEOUT_S = 150.0
 # a requeued job is released this long after it was seen held (see wait_job)
 _RELEASE_AFTER_S = 3.0
+# The requeue job's steps: the sleep of the first three runs' steps (60 s in all) covers
+# the third run's wait for slurmctld's timed signal (up to 45 s) after the two stops
+# before it; the fourth run trains what is left without the sleep. Fewer, longer steps
+# than 450 of 0.1 s: the same time to wait, a third of the steps to train.
+STEPS = 200
+STEP_SLEEP = 0.3
 
 
 @pytest.fixture(scope="module")
@@ -226,7 +232,7 @@ def test_a_crash_then_scancel_term_then_slurms_timed_signal_each_requeued_and_re
     option), so the next check, at most 30 s later, sends it; the limit goes back to 10
     minutes once the signal came, or the next run would get it at its first check. The
     ranks train meanwhile: the steps are enough for that and the two agreed stops; the
-    fourth run steps without the sleep (up to 40 s of waiting for the rest of the steps
+    fourth run steps without the sleep (up to 55 s of waiting for the rest of the steps
     otherwise, where the signal came early)."""
     job = submit(
         slurm,
@@ -242,9 +248,9 @@ def test_a_crash_then_scancel_term_then_slurms_timed_signal_each_requeued_and_re
         # the fourth run trains what is left at full speed: nothing waits for it
         train=(
             "--steps",
-            "450",
+            str(STEPS),
             "--step-sleep",
-            "0.1",
+            str(STEP_SLEEP),
             "--sleep-runs",
             "3",
             "--ckpt-every",
@@ -299,7 +305,7 @@ def test_a_crash_then_scancel_term_then_slurms_timed_signal_each_requeued_and_re
         starts = sorted(e["start"] for e in events(tmp_path, "start") if e["slurm_run"] == run)
         assert starts == [resumed] * 2, (run, starts)
     # the last run completed: the job's end as Slurm and the output say it
-    assert sorted(e["step"] for e in events(tmp_path, "done")) == [450, 450]
+    assert sorted(e["step"] for e in events(tmp_path, "done")) == [STEPS, STEPS]
     assert sorted(e["rank"] for e in events(tmp_path, "done")) == [0, 1]
     assert fields["ExitCode"] == "0:0" and fields["Restarts"] == "3", fields
     assert "rankguard run exited with code 0" in out and "done: training completed" in out
