@@ -400,22 +400,22 @@ def python_ms():  # ~100 ms of work holding the GIL (a step's worth): wall ms
         sum(range(1000))
     return (time.perf_counter_ns() - t0) / 1e6
 
-steps = %d
+steps, lows = %d, %d
 cpu, off, on, py_off, py_on = [], [], [], [], []
-for _ in range(5):
+for _ in range(lows):
     c, w = loop(steps)
     cpu.append(c); off.append(w)
-    py_off += [python_ms() for _ in range(5)]
+    py_off += [python_ms() for _ in range(lows)]
     s2 = CollectiveSampler(); s2.start(); time.sleep(0.1)
     on.append(loop(steps)[1])
-    py_on += [python_ms() for _ in range(5)]
+    py_on += [python_ms() for _ in range(lows)]
     s2.stop(); time.sleep(0.1)
 print(statistics.median(looks), min(cpu), min(off), min(on), s2.samples, min(py_off), min(py_on))
 dist.destroy_process_group()
 """
 
 
-def _cost_job(looks: int, steps: int, recorder: bool) -> list[float]:
+def _cost_job(looks: int, steps: int, recorder: bool, lows: int = 5) -> list[float]:
     import socket
 
     with socket.socket() as sock:
@@ -425,7 +425,7 @@ def _cost_job(looks: int, steps: int, recorder: bool) -> list[float]:
     if recorder:  # what ``rankguard run`` sets
         env["TORCH_FR_BUFFER_SIZE"] = "2000"
     res = subprocess.run(
-        [sys.executable, "-c", _COST_JOB % (port, looks, steps)],
+        [sys.executable, "-c", _COST_JOB % (port, looks, steps, lows)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -434,16 +434,17 @@ def _cost_job(looks: int, steps: int, recorder: bool) -> list[float]:
     return [float(v) for v in res.stdout.split()[-7:]]
 
 
-def cost(looks: int, steps: int, rounds: int = 1) -> dict[str, float]:
+def cost(looks: int, steps: int, rounds: int = 1, lows: int = 5) -> dict[str, float]:
     """The sampler's look (its thread's CPU time, median); the training thread's CPU per
     1-rank all-reduce; the wall time of an all-reduce loop and of Python work holding the
     GIL (~100 ms a block: a step's worth) with the sampler thread off and on; all with
     and without the flight recorder, ``rounds`` interpreters each way, alternating. Each
-    loop's figure is its lowest of 5 (25 blocks): a loaded machine only adds to it."""
+    loop's figure is its lowest of ``lows`` (5: 25 blocks; ``--smoke`` 1: 1 block): a
+    loaded machine only adds to it."""
     with_fr, without = [], []
     for _ in range(rounds):
-        with_fr.append(_cost_job(looks, steps, True))
-        without.append(_cost_job(looks, steps, False))
+        with_fr.append(_cost_job(looks, steps, True, lows))
+        without.append(_cost_job(looks, steps, False, lows))
     look, cpu, off, on, samples, py_off, py_on = (min(c) for c in zip(*with_fr, strict=True))
     no_cpu, no_off = (min(c[i] for c in without) for i in (1, 2))
     return {
@@ -616,7 +617,11 @@ def replay(results: list[dict[str, Any]]) -> list[str]:
 
 
 def cost_part(smoke: bool, say: Callable[[str], None]) -> None:
-    say(json.dumps(cost(200 if smoke else 5000, 2000 if smoke else 20000, 1 if smoke else 3)))
+    say(
+        json.dumps(
+            cost(200 if smoke else 5000, 2000 if smoke else 20000, *((1, 1) if smoke else (3, 5)))
+        )
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -80,8 +80,9 @@ says so.
 Run: ``python bench/live_recovery.py [--runs 10] [--seed 0]`` (about 15-60 s per run on
 the shared 2-core machine). ``--smoke``: 2 ranks, the MLP, one SIGKILL, the group restart
 and (where ``rankguard run`` has ``--standby-ranks``) live recovery with no standby
-started to refill the used one, side by side with the uninterrupted run (it needs only
-its losses; the full run starts it first, alone); no node or shrink run unless asked
+started to refill the used one, its ranks and standby forked (``--preload torch``),
+side by side with the uninterrupted run (it needs only its losses; the full run starts
+it first, alone); no node or shrink run unless asked
 (``--smoke --node-runs 1 --shrink-runs 1``: one agent and one standby per node; a shrink
 from 2 ranks to 1).
 """
@@ -140,6 +141,9 @@ GLOBAL_BATCH, MICRO_BATCH = 24, 2  # the shrink runs': 4 ranks x 3 x 2, then 3 x
 SHRINK_RTOL = 1e-5  # a step's loss of the smaller world against the full world's
 LIVE = "live"
 PRELOAD = "rankguard+preload"
+# --smoke: the live run's ranks and standby forked too (``--preload torch``), not three
+# interpreters each importing torch (bench/goodput.py's live-preload mode, measured there)
+LIVE_PRELOAD = False
 MODES = (LIVE, "rankguard", PRELOAD, "torchrun", "torchft")
 EVENT = re.compile(r"(LRSTEP|LRFAULT|LRRESUMED) (\{[^{}]*\})")
 
@@ -236,7 +240,7 @@ def launcher_cmd(run: Run) -> list[str]:
         sets += FT_SETS
     else:
         cmd += ["--max-restarts", "1"]
-    if run.mode == PRELOAD:
+    if run.mode == PRELOAD or (run.mode == LIVE and LIVE_PRELOAD):
         cmd += ["--preload", "torch"]
     for item in sets:
         cmd += ["--set", item]
@@ -939,7 +943,7 @@ def torchft_available() -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    global NPROC, STEPS, CKPT_EVERY, MODEL, FAULT_STEPS, LIVE_SETS, SHRINK_STEPS
+    global NPROC, STEPS, CKPT_EVERY, MODEL, FAULT_STEPS, LIVE_SETS, SHRINK_STEPS, LIVE_PRELOAD
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=10, help="SIGKILL runs per mode")
     p.add_argument("--hang-runs", type=int, default=1, help="SIGSTOP runs per mode")
@@ -970,6 +974,7 @@ def main(argv: list[str] | None = None) -> int:
         # fault, before a new standby has imported torch, and the launcher would wait
         # for it to leave (up to 10 s) and end it
         LIVE_SETS = [*LIVE_SETS, "inprocess_restart.standby_refills=0"]
+        LIVE_PRELOAD = True
     # the smoke run: none unless asked (each is a launch or two, tens of seconds in CI)
     for name in ("node_runs", "shrink_runs"):
         if getattr(args, name) is None:

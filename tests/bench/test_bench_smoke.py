@@ -11,13 +11,14 @@ import io
 import logging
 import os
 import runpy
-import subprocess
 import sys
 import tempfile
 import traceback
 from pathlib import Path
 
 import pytest
+
+from tests.bench import forked
 
 pytestmark = [pytest.mark.bench, pytest.mark.timeout(240)]
 
@@ -185,8 +186,9 @@ def _smoke_in_process(name: str, tmp_path: Path) -> tuple[int, str, str]:
 
 
 def _smoke_as_process(name: str, tmp_path: Path) -> tuple[int, str, str]:
-    """``python bench/<name> --smoke`` as its own process: its exit code, its output and
-    its standard output."""
+    """``python bench/<name> --smoke`` as its own process, forked from the forkserver of
+    the rank tests (``tests/bench/forked.py``: no interpreter's start and torch's import
+    of its own): its exit code, its output and its standard output."""
     env = {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
@@ -195,13 +197,5 @@ def _smoke_as_process(name: str, tmp_path: Path) -> tuple[int, str, str]:
         ),
         "TMPDIR": str(tmp_path),
     }
-    res = subprocess.run(
-        [sys.executable, str(BENCH / name), "--smoke"],
-        cwd=BENCH.parent,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=220,
-        stdin=subprocess.DEVNULL,
-    )
+    res = forked.run(name, "--smoke", timeout=220, env=env)
     return res.returncode, res.stdout + res.stderr, res.stdout

@@ -5,11 +5,11 @@ consistency check of the same run, and the table is printed (this bench's smoke 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.bench import forked
 
 pytestmark = [pytest.mark.bench, pytest.mark.timeout(600)]  # minutes on a loaded machine
 
@@ -17,14 +17,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_checkpoint_bench_smoke_run_checks_every_checkpoint(tmp_path: Path) -> None:
-    res = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "checkpoint.py"), "--smoke", "--dir", str(tmp_path)],
-        capture_output=True,
-        text=True,
+    res = forked.run(
+        "checkpoint.py",
+        "--smoke",
+        "--dir",
+        str(tmp_path),
         timeout=580,
-        stdin=subprocess.DEVNULL,
         env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-        cwd=ROOT,
     )
     out = res.stdout + res.stderr
     assert res.returncode == 0, out

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -14,6 +13,7 @@ from types import ModuleType
 import pytest
 
 from rankguard.goodput import Interruption, Ledger, Part
+from tests.bench import forked
 
 pytestmark = [pytest.mark.bench, pytest.mark.timeout(400)]  # minutes on a loaded machine
 
@@ -175,14 +175,11 @@ def test_the_smoke_run_accounts_for_rankguards_fault_in_both_ledgers(tmp_path: P
     """One exception on rankguard's job with ``--preload torch`` (the smoke runs no
     torchrun job: the console's ledger of a torchrun crash and restart, the same rule, is
     the test above): its console ledger and its run directory's own, side by side."""
-    res = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "goodput.py"), "--smoke"],
-        capture_output=True,
-        text=True,
+    res = forked.run(
+        "goodput.py",
+        "--smoke",
         timeout=380,
-        stdin=subprocess.DEVNULL,
         env={**os.environ, "PYTHONPATH": str(ROOT / "src"), "TMPDIR": str(tmp_path)},
-        cwd=ROOT,
     )
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-4000:]

@@ -19,25 +19,25 @@ from typing import Any
 
 import pytest
 
+from tests.bench import forked
+
 pytestmark = [pytest.mark.bench, pytest.mark.timeout(400)]
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _smoke(name: str, tmp_path: Path) -> str:
-    res = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / name), "--smoke"],
-        capture_output=True,
-        text=True,
+    """``python bench/<name> --smoke``, forked (``tests/bench/forked.py``); its output."""
+    res = forked.run(
+        name,
+        "--smoke",
         timeout=380,
-        stdin=subprocess.DEVNULL,
         env={
             **os.environ,
             "PYTHONUNBUFFERED": "1",
             "PYTHONPATH": str(ROOT / "src"),
             "TMPDIR": str(tmp_path),
         },
-        cwd=ROOT,
     )
     out = res.stdout + res.stderr
     # room for a failed job's console tail and error files the bench prints (tens of KB)
