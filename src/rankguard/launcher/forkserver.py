@@ -16,7 +16,7 @@ import tempfile
 from rankguard.launcher.forkserver_warm import IMPORTS_ENV
 from rankguard.util.textsafe import safe_text
 
-__all__ = ["PRELOAD_WITH", "preload_modules", "start_fork_server"]
+__all__ = ["PRELOAD_WITH", "module_found", "preload_modules", "start_fork_server"]
 
 
 def _say(msg: str) -> None:
@@ -37,6 +37,35 @@ def preload_modules(modules: tuple[str, ...]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def module_found(name: str) -> bool:
+    """Whether ``name`` can be imported, looked up without importing it. A dotted name is
+    looked up on the file system, package by package, without running the packages'
+    ``__init__``: ``importlib.util.find_spec("a.b")`` imports ``a`` first, and for
+    ``lightning.pytorch`` that is the whole of Lightning (torchmetrics, transformers:
+    7 s of CPU in the launcher, before the fork server imports it again). Where that
+    walk does not find it (a package that makes its submodules at import, as ``os.path``),
+    ``find_spec`` decides as before."""
+    import importlib.machinery
+    import importlib.util
+
+    if name in sys.modules:
+        return True
+    head, *rest = name.split(".")
+    try:
+        spec = importlib.util.find_spec(head) if head else None
+        for part in rest:
+            locations = spec.submodule_search_locations if spec is not None else None
+            if locations is None:
+                spec = None
+                break
+            spec = importlib.machinery.PathFinder.find_spec(part, list(locations))
+        if spec is not None:
+            return True
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def start_fork_server(modules: tuple[str, ...]) -> dict[str, str]:
     """``--preload``: start the fork server that imports ``modules`` once; every rank is
     then forked from it, at the first start and at each restart, instead of starting a
@@ -52,16 +81,11 @@ def start_fork_server(modules: tuple[str, ...]) -> dict[str, str]:
     the ranks import it themselves. The server is started now so that its imports
     overlap the launcher's own set-up; it inherits the launcher's environment as it is
     at this point (the rankguard variables and OMP_NUM_THREADS are already set)."""
-    import importlib.util
     import multiprocessing
     import multiprocessing.forkserver
 
     for name in modules:
-        try:
-            found = importlib.util.find_spec(name) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
+        if not module_found(name):
             raise ValueError(f"--preload: no module named {name!r}")
     # "__main__" first, as Python's own default: the forked ranks then do not re-run the
     # launcher's main module. Then the guard that ties the fork server to the launcher

@@ -53,6 +53,34 @@ def test_other_modules_are_preloaded_as_given_once_each(monkeypatch: pytest.Monk
     assert seen == ["json", "torch", "torch._dynamo"]
 
 
+def _package(root: Path, name: str, init: str) -> None:
+    (root / name).mkdir()
+    (root / name / "__init__.py").write_text(init)
+    (root / name / "sub.py").write_text("X = 1\n")
+
+
+def test_a_dotted_module_is_found_without_importing_its_package(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # find_spec("lightning.pytorch") imported all of Lightning in the launcher (7 s of CPU)
+    _package(tmp_path, "rgheavypkg", "raise RuntimeError('the package was imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert _preloaded(monkeypatch, ("rgheavypkg.sub",)) == ["rgheavypkg.sub"]
+    assert "rgheavypkg" not in sys.modules
+    assert forkserver.module_found("os.path")  # a submodule its package makes at import
+    assert forkserver.module_found("json.decoder") and not forkserver.module_found(".json")
+
+
+def test_a_missing_module_is_an_error_before_the_server_starts(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _package(tmp_path, "rglightpkg", "")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for missing in ("rglightpkg.nope", "rg_no_such_module", "rglightpkg.sub.deeper"):
+        with pytest.raises(ValueError, match=f"--preload: no module named '{missing}'"):
+            _preloaded(monkeypatch, (missing,))
+
+
 def test_the_server_inherits_the_launchers_environment_as_it_is_now(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
