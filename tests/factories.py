@@ -698,10 +698,13 @@ def rank_context() -> Any:
 
     ctx = multiprocessing.get_context("forkserver")
     # the server imports these once; each rank forked from it has them (what the rank
-    # tests use: without the checkpoint modules each rank imported them itself)
+    # tests use: without the checkpoint modules each rank imported them itself; every
+    # torch.optim optimizer imports torch._dynamo at its construction, 0.65 s of CPU per
+    # rank process, as the launcher's ``--preload torch`` knows)
     ctx.set_forkserver_preload(
         [
             "torch",
+            "torch._dynamo",
             "torch.distributed",
             "torch.distributed.checkpoint",
             "torch.nn.parallel",

@@ -146,6 +146,15 @@ def _phases(run_dir: Path) -> dict[int, set[str]]:
     return seen
 
 
+def _preload(modules: str) -> list[str]:
+    """The library imported once by ``--preload``'s fork server, both ranks forked from
+    it: each rank's own import of it cost 5-6 s of CPU (transformers' Trainer, Lightning),
+    paid twice per launch. Its first heartbeat then comes after the server's imports, not
+    before the script's: the first-heartbeat timeout covers them on a loaded machine (the
+    subject here is the progress timeout against a longer save, not the start)."""
+    return ["--preload", modules, "--set", "heartbeat.initial_process_timeout_s=120"]
+
+
 def _check_integration_run(
     res: subprocess.CompletedProcess[str], tmp_path: Path, run_id: str
 ) -> dict[str, Any]:
@@ -172,6 +181,7 @@ def test_hf_trainer_callback_under_rankguard_run(tmp_path: Path, run_id: str) ->
     res = run_rankguard(
         [
             *standalone_run(run_id, tmp_path),
+            *_preload("torch,transformers.trainer,transformers.models.gpt2.modeling_gpt2"),
             "--set",
             "perf.log_interval=2",
             str(SCRIPTS / "hf_trainer_callback.py"),
@@ -220,6 +230,7 @@ def test_lightning_callback_from_the_entry_point(tmp_path: Path, run_id: str) ->
             "-m",
             "rankguard.cli.main",
             *standalone_run(run_id, tmp_path),
+            *_preload("torch,lightning.pytorch"),
             "--set",
             "perf.log_interval=2",
             str(SCRIPTS / "lightning_callback.py"),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rankguard.launcher import run
+from rankguard.launcher import forkserver
 from rankguard.launcher.forkserver_warm import IMPORTS_ENV
 
 PRELOAD = [
@@ -33,7 +33,7 @@ def _preloaded(monkeypatch: pytest.MonkeyPatch, modules: tuple[str, ...]) -> lis
         "ensure_running",
         lambda: imports.extend(os.environ[IMPORTS_ENV].split(",")),
     )
-    inherited = run.start_fork_server(modules)
+    inherited = forkserver.start_fork_server(modules)
     assert seen == PRELOAD
     # only the server's environment names them: not the launcher's, not the ranks'
     assert IMPORTS_ENV not in os.environ and IMPORTS_ENV not in inherited
@@ -53,13 +53,41 @@ def test_other_modules_are_preloaded_as_given_once_each(monkeypatch: pytest.Monk
     assert seen == ["json", "torch", "torch._dynamo"]
 
 
+def _package(root: Path, name: str, init: str) -> None:
+    (root / name).mkdir()
+    (root / name / "__init__.py").write_text(init)
+    (root / name / "sub.py").write_text("X = 1\n")
+
+
+def test_a_dotted_module_is_found_without_importing_its_package(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # find_spec("lightning.pytorch") imported all of Lightning in the launcher (7 s of CPU)
+    _package(tmp_path, "rgheavypkg", "raise RuntimeError('the package was imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert _preloaded(monkeypatch, ("rgheavypkg.sub",)) == ["rgheavypkg.sub"]
+    assert "rgheavypkg" not in sys.modules
+    assert forkserver.module_found("os.path")  # a submodule its package makes at import
+    assert forkserver.module_found("json.decoder") and not forkserver.module_found(".json")
+
+
+def test_a_missing_module_is_an_error_before_the_server_starts(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _package(tmp_path, "rglightpkg", "")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for missing in ("rglightpkg.nope", "rg_no_such_module", "rglightpkg.sub.deeper"):
+        with pytest.raises(ValueError, match=f"--preload: no module named '{missing}'"):
+            _preloaded(monkeypatch, (missing,))
+
+
 def test_the_server_inherits_the_launchers_environment_as_it_is_now(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("RANKGUARD_TEST_MARK", "1")
     monkeypatch.setattr(multiprocessing, "set_forkserver_preload", lambda _: None)
     monkeypatch.setattr(multiprocessing.forkserver, "ensure_running", lambda: None)
-    inherited = run.start_fork_server(("json",))
+    inherited = forkserver.start_fork_server(("json",))
     assert inherited == dict(os.environ)
 
 
@@ -74,7 +102,7 @@ def test_a_temp_directory_too_long_for_the_socket_puts_it_under_tmp(
     monkeypatch.setattr(
         multiprocessing.forkserver, "ensure_running", lambda: made_under.append(tempfile.tempdir)
     )
-    run.start_fork_server(("json",))
+    forkserver.start_fork_server(("json",))
     assert made_under == ["/tmp"]
     assert tempfile.tempdir == str(long)  # the launcher's own temp directory as it was
     said = capsys.readouterr().err
@@ -83,16 +111,17 @@ def test_a_temp_directory_too_long_for_the_socket_puts_it_under_tmp(
 
 def test_the_fork_server_starts_and_forks_under_a_long_tmpdir(tmp_path: Path) -> None:
     """A real fork server in a fresh interpreter whose TMPDIR is longer than a Unix
-    socket's path allows (Python's own would fail: AF_UNIX path too long)."""
+    socket's path allows (Python's own would fail: AF_UNIX path too long). Starting it
+    imports no torch in the process that starts it (the server imports what it needs)."""
     long = tmp_path / ("d" * 90)
     long.mkdir()
     code = (
-        "import multiprocessing as mp, os\n"
-        "from rankguard.launcher import run\n"
-        "run.start_fork_server(('json',))\n"
+        "import multiprocessing as mp, os, sys\n"
+        "from rankguard.launcher import forkserver\n"
+        "forkserver.start_fork_server(('json',))\n"
         "p = mp.get_context('forkserver').Process(target=os.getpid)\n"
         "p.start(); p.join(30)\n"
-        "print('exit', p.exitcode)\n"
+        "print('exit', p.exitcode, 'torch', 'torch' in sys.modules)\n"
     )
     res = subprocess.run(
         [sys.executable, "-c", code],
@@ -101,7 +130,7 @@ def test_the_fork_server_starts_and_forks_under_a_long_tmpdir(tmp_path: Path) ->
         text=True,
         timeout=60,
     )
-    assert res.returncode == 0 and "exit 0" in res.stdout, res.stdout + res.stderr
+    assert res.returncode == 0 and "exit 0 torch False" in res.stdout, res.stdout + res.stderr
 
 
 def _fork_once(tmp_path: Path, modules: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
@@ -109,7 +138,7 @@ def _fork_once(tmp_path: Path, modules: tuple[str, ...]) -> subprocess.Completed
     process forked from it finds: its own modules and collector, the server's threads."""
     code = (
         "import multiprocessing as mp, os, sys\n"
-        "from rankguard.launcher import run\n"
+        "from rankguard.launcher import forkserver\n"
         "def probe(q):\n"
         "    import gc, torch\n"
         "    q.put({\n"
@@ -122,7 +151,7 @@ def _fork_once(tmp_path: Path, modules: tuple[str, ...]) -> subprocess.Completed
         "        'user': 'usermod' in sys.modules,\n"
         "    })\n"
         "if __name__ == '__main__':\n"
-        f"    run.start_fork_server({modules!r})\n"
+        f"    forkserver.start_fork_server({modules!r})\n"
         "    ctx = mp.get_context('forkserver')\n"
         "    q = ctx.SimpleQueue()\n"
         "    p = ctx.Process(target=probe, args=(q,))\n"
