@@ -257,9 +257,11 @@ class ProgressTracker:
         self._step_end_slow(now, None)
 
     def _take_lead(self, optimizer: object) -> bool:
-        """The first optimizer that steps leads; False for any other (also once the lead
-        is gone: no later optimizer takes over)."""
-        if self._lead is not _no_lead:
+        """The first optimizer that steps leads; False for any other while the lead
+        lives. Once the lead is gone (a script, or an in-process restart's new round,
+        that builds a new optimizer), the next optimizer that steps leads: its steps are
+        the progress, not a silence the monitor would take for a hang."""
+        if self._lead() is not None:
             return False
         try:
             self._lead = weakref.ref(optimizer)

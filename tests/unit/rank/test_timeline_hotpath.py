@@ -51,9 +51,24 @@ def test_the_hook_holds_its_lead_weakly_and_counts_only_it() -> None:
     del lead
     gc.collect()
     assert gone() is None, "the tracker must not keep the script's optimizer alive"
-    t.optimizer_step_hook(other, (), {})  # the lead is gone: no other takes over
-    t.optimizer_step_hook(Optimizer(), (), {})
-    assert t.progress_seq == 2
+    rebuilt = Optimizer()  # the lead is gone: the next optimizer that steps leads
+    t.optimizer_step_hook(rebuilt, (), {})
+    t.optimizer_step_hook(other, (), {})  # while the new lead lives, no other counts
+    t.optimizer_step_hook(rebuilt, (), {})
+    assert t.progress_seq == 4
+
+
+def test_a_rebuilt_optimizer_takes_the_lead_so_progress_goes_on() -> None:
+    """An in-process restart's new round (or a script's second phase) builds a new
+    optimizer once the old one is gone: its steps are still the rank's progress."""
+    t = ProgressTracker(clock=FakeClock(), mode="cpu")
+    for _ in range(3):
+        opt = Optimizer()
+        for _ in range(2):
+            t.optimizer_step_hook(opt, (), {})
+        del opt
+        gc.collect()
+    assert t.progress_seq == 6 and t.iteration == 6
 
 
 def test_an_optimizer_without_weak_references_still_leads() -> None:
