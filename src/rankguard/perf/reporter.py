@@ -204,7 +204,13 @@ class PerfReporter:
         self._train_steps_offset = 0
         self.skipped_steps = 0
         self.excluded_steps = 0  # step intervals that contained eval or a save
-        self._excluded: set[int] = set()  # their seqs, until logged
+        # The window since the last log line, kept as the steps go by (a log interval
+        # may span more steps than the ring holds): the ring's values at the last logged
+        # step, and the time and count of the saves and excluded intervals since.
+        self._log_ns = 0
+        self._log_data_ns = 0
+        self._gap_ns = 0
+        self._gap_n = 0
         self._first_ns: int | None = None
         self._start_wall = time.time()
         self._summary_path: Path | None = None  # one file a run, rewritten as it goes
@@ -387,17 +393,21 @@ class PerfReporter:
             return []
         if issued - self._seen >= RING_SIZE:  # fell behind the ring: skip the gap
             self.skipped_steps += issued - RING_SIZE + 1 - self._seen
-            self._seen = self._last_log_seq = issued - RING_SIZE + 1
+            self._seen = issued - RING_SIZE + 1
+            self._window_from(self._seen)
         ring, skip = tracker.step_ns, set(tracker.non_step_seqs)
         new: list[JsonObject] = []
         for seq in range(self._seen + 1, issued + 1):
             if seq in skip:  # a checkpoint save: neither a step nor a log boundary
                 self._train_steps_offset += 1
+                self._gap_ns += ring[seq & _MASK] - ring[(seq - 1) & _MASK]
+                self._gap_n += 1
                 continue
             prev_ns = ring[(seq - 1) & _MASK] if seq > 1 else self._first_start_ns()
             if seq > 1 and tracker.interval_in_other_phase(prev_ns, ring[seq & _MASK]):
-                self._excluded.add(seq)  # eval or a save: not a step time
-                self.excluded_steps += 1
+                self.excluded_steps += 1  # eval or a save: not a step time
+                self._gap_ns += ring[seq & _MASK] - prev_ns
+                self._gap_n += 1
             elif prev_ns:
                 self.step_ms.append((ring[seq & _MASK] - prev_ns) / 1e6)
             step = seq - self._train_steps_offset  # training steps, saves not counted
@@ -419,6 +429,14 @@ class PerfReporter:
                         self._print(entry)
         return new
 
+    def _window_from(self, seq: int) -> None:
+        """The next log line's window starts at step ``seq``: its ring values taken now,
+        while the ring still holds them."""
+        self._last_log_seq = seq
+        self._log_ns = self.tracker.step_ns[seq & _MASK]
+        self._log_data_ns = self.tracker.data_at[seq & _MASK]
+        self._gap_ns = self._gap_n = 0
+
     def _first_start_ns(self) -> int:
         """When the first step began: when the loop entered its phase (or at start-up),
         as seen at the first poll after it (the phase may change again later)."""
@@ -434,20 +452,16 @@ class PerfReporter:
     ) -> JsonObject | None:
         tracker, ring = self.tracker, self.tracker.step_ns
         start = self._last_log_seq
-        start_ns = ring[start & _MASK] if start > 0 else self._first_start_ns()
+        start_ns = self._log_ns if start > 0 else self._first_start_ns()
         n = seq - start
         if n <= 0:
             return None
-        skip = [s for s in tracker.non_step_seqs if start < s <= seq]
-        skip += [s for s in self._excluded if start < s <= seq]
-        self._excluded = {s for s in self._excluded if s > seq}
-        window_ns = ring[seq & _MASK] - start_ns
-        if skip:  # leave checkpoint saves, evaluations out of the step time
-            for s in skip:
-                window_ns -= ring[s & _MASK] - ring[(s - 1) & _MASK]
-            n -= len(skip)
+        # checkpoint saves and evaluations left out of the step time
+        window_ns = ring[seq & _MASK] - start_ns - self._gap_ns
+        n -= self._gap_n
+        start_data_ns = self._log_data_ns if start > 0 else 0
+        self._window_from(seq)
         if n <= 0 or window_ns <= 0:
-            self._last_log_seq = seq
             return None
         step_s = window_ns / 1e9 / n
         gpu_ms = self._gpu.ms_per_step
@@ -458,10 +472,8 @@ class PerfReporter:
             else None
         )
         now_gb, peak_gb, mem_kind = memory_gb(self.cuda_device)
-        data_at = tracker.data_at
-        data_ns = data_at[seq & _MASK] - (data_at[start & _MASK] if start > 0 else 0)
+        data_ns = tracker.data_at[seq & _MASK] - start_data_ns
         data_share = data_ns / window_ns if tracker.data_ns else None
-        self._last_log_seq = seq
         latest_iter = issued_iteration if issued_iteration is not None else issued
         # the script's steps issued after this one (a save's progress is not a step)
         later_saves = sum(1 for s in tracker.non_step_seqs if seq < s <= issued)

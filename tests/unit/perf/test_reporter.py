@@ -800,3 +800,24 @@ def test_a_tiny_models_tflops_are_printed_nonzero(tmp_path: Path) -> None:
     rig = Rig(tmp_path, log_interval=1, flops_per_step=1e7)  # 1e7 FLOPs in 100 ms
     rig.steps(100, 100, poll=True)
     assert "| 0.0001 TFLOP/s/GPU" in rig.console.getvalue(), rig.console.getvalue()
+
+
+def test_a_log_interval_longer_than_the_ring_still_gives_the_window_step_time() -> None:
+    """A window of more steps than the step-time ring holds: its start was overwritten
+    by the time the window ends, so it is taken when the steps go by (with a save and
+    the data-loading time inside it)."""
+    interval = RING_SIZE + 1000
+    rig = Rig(None, log_interval=interval)
+    rig.step(100, data_ms=10, poll=True)  # step 1: logged
+    for i in range(2, interval + 1):
+        rig.step(100, data_ms=10)
+        if i == 3000:
+            rig.checkpoint(5000)
+        if i % 500 == 0:
+            rig.reporter.poll()
+    rig.reporter.poll()
+    assert _entries_at(rig) == [1, interval]
+    last = rig.reporter.entries[-1]
+    assert last["steps_in_window"] == interval - 1
+    assert last["step_time_ms"] == approx(100)
+    assert last["data_loading_share"] == approx(0.1)
