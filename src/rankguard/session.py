@@ -215,7 +215,6 @@ class Session:
         )
         self._data = _DataLoading(self.tracker)
         self._hook: Any = None
-        self._hook_lead: int | None = None
         self._explicit = False  # has the script called step_end itself yet?
         self._step = _Step(self)
         self._tracker_step_end = self.tracker.step_end
@@ -498,12 +497,10 @@ class Session:
             # the tracker's own hook: the step end itself, one call per optimizer step
             step = self.tracker.optimizer_step_hook
         else:  # the straggler probe wraps the step end
+            leads = self.tracker.leads
 
             def step(optimizer: Any, args: Any, kwargs: Any) -> None:
-                key = id(optimizer)
-                if self._hook_lead is None:
-                    self._hook_lead = key
-                if key == self._hook_lead:
+                if leads(optimizer):
                     tracker_step_end(None)
 
         thread = self.training_thread

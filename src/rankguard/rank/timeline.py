@@ -256,6 +256,11 @@ class ProgressTracker:
             return
         self._step_end_slow(now, None)
 
+    def leads(self, optimizer: object) -> bool:
+        """Whether ``optimizer``'s steps are the progress (the lead, as the hook counts
+        them): for a hook that wraps the step end (the straggler probe's)."""
+        return self._lead() is optimizer or self._take_lead(optimizer)
+
     def _take_lead(self, optimizer: object) -> bool:
         """The first optimizer that steps leads; False for any other while the lead
         lives. Once the lead is gone (a script, or an in-process restart's new round,

@@ -690,6 +690,30 @@ def test_session_step_block_and_optimizer_hook_go_through_the_probe(
     assert tracker.progress_seq == 3 and probe._n == 3
 
 
+def test_the_probes_optimizer_hook_counts_a_rebuilt_optimizers_steps(
+    probed: tuple[Session, ComputeProbe, ProgressTracker],
+) -> None:
+    """An in-process restart's new round builds a new optimizer once the old one is
+    gone: its steps are still the progress (and a second live optimizer's are not)."""
+    import gc
+
+    import torch
+
+    s, probe, tracker = probed
+    s.install_optimizer_hook()
+    model = torch.nn.Linear(2, 1)
+    for _ in range(2):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        other = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            model(torch.ones(1, 2)).sum().backward()
+            opt.step()
+            other.step()
+        del opt, other
+        gc.collect()
+    assert tracker.progress_seq == 4 and probe._n == 4
+
+
 def test_session_compute_is_a_reusable_context(
     probed: tuple[Session, ComputeProbe, ProgressTracker],
 ) -> None:
