@@ -4,7 +4,9 @@ worker-lifecycle methods ``SimpleElasticAgent`` is designed to have subclassed.
 - ``_start_workers``: chain our handler in front of the termination handler torch
   elastic installs when it starts the workers, so the monitor learns that the launcher
   is stopping the job (SIGTERM/SIGINT/...) before the workers die; torch's handler still
-  runs and still shuts them down.
+  runs and still shuts them down. With ``--preload`` the start waits for the fork
+  server's imports: :class:`~rankguard.launcher.forkwait.ForkWait` tells the monitor
+  (the initial timeout counts from the fork) and says a fork server still importing.
 - ``_monitor_workers``: remember the first failure of a failed group (rank, exit code,
   the traceback from the worker's error file written by ``@record``): the root cause.
 - ``_monitor_workers`` with standbys (``--standby-ranks``): the node's workers are
@@ -72,6 +74,7 @@ if TYPE_CHECKING:
     from rankguard.ft.decide import Decision
     from rankguard.ft.policy import RestartPolicy
     from rankguard.launcher.exclusion import NodeExclusion
+    from rankguard.launcher.forkwait import ForkWait
     from rankguard.launcher.live import LiveRecovery
     from rankguard.preempt.coordinator import PreemptionCoordinator
 
@@ -275,6 +278,7 @@ class RankguardAgent(LocalElasticAgent):
         live: LiveRecovery | None = None,
         on_live_recovery: Callable[[RestartEntry], None] | None = None,
         fork_env: Mapping[str, str] | None = None,
+        fork_wait: ForkWait | None = None,
         **kw: Any,
     ) -> None:
         # torch elastic's own grace when a signal stops it or the job ends: ours.
@@ -295,6 +299,7 @@ class RankguardAgent(LocalElasticAgent):
         self._cause_lock = threading.Lock()
         # --preload: the environment the fork server started with (None: no fork server)
         self._fork_env = None if fork_env is None else dict(fork_env)
+        self._fork_wait = fork_wait  # --preload: the fork waits for the server's imports
         self.workers = OwnedWorkers()  # the only processes fault tolerance may signal
         self.preemption = preemption
         self.handover_timeout_s = handover_timeout_s
@@ -367,7 +372,14 @@ class RankguardAgent(LocalElasticAgent):
             self._log_line_prefix_template = Template(self._line_prefix).safe_substitute(
                 node=worker_group.group_rank
             )
-        pids: dict[int, Any] = super()._start_workers(worker_group)
+        wait = self._fork_wait
+        if wait is not None:
+            wait.forking()
+        try:
+            pids: dict[int, Any] = super()._start_workers(worker_group)
+        finally:
+            if wait is not None:
+                wait.forked()
         self.workers.set(worker_pids(pids, getattr(self, "_pcontext", None)))
         if self.live is not None:  # torch elastic's TORCHELASTIC_RESTART_COUNT
             self.live.started(

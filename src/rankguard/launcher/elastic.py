@@ -19,6 +19,7 @@ from rankguard.config import RankguardConfig
 from rankguard.ft.decide import RestartDecider
 from rankguard.ft.policy import RestartPolicy
 from rankguard.launcher.agent import RankguardAgent
+from rankguard.launcher.forkwait import ForkWait
 from rankguard.launcher.live import LiveRecovery
 from rankguard.launcher.options import LaunchOptions
 from rankguard.launcher.services import NodeServices
@@ -113,10 +114,12 @@ def build_agent(
     run_dir: Path,
     *,
     fork_env: Mapping[str, str] | None = None,
+    fork_wait: ForkWait | None = None,
 ) -> RankguardAgent:
     """The node's agent; ``fork_env``: with ``--preload``, the environment the fork
     server started with (the launcher's later variables are added to each forked
-    rank's)."""
+    rank's); ``fork_wait``: with ``--preload``, the start of the ranks told to the
+    monitor (:mod:`.forkwait`)."""
     from torch.distributed.elastic.agent.server.api import WorkerSpec
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 
@@ -166,6 +169,7 @@ def build_agent(
         live=live_recovery(opts, cfg, services),
         on_live_recovery=services.on_live_recovery,
         fork_env=fork_env,
+        fork_wait=fork_wait,
         **kw,
     )
 

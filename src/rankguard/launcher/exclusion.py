@@ -351,6 +351,10 @@ class NodeExclusion:
         #: node 0: the group re-formed smaller after exclusions, with this many ranks
         #: (the monitor retires the ranks past it)
         self.on_shrink: Callable[[int], Any] | None = None
+        #: called as this node decides to leave, before it leaves the rendezvous (its
+        #: node number still its own): the relay's last push
+        #: (``NodeServices.last_push``), so its ranks' ends reach node 0
+        self.on_leave: Callable[[], None] | None = None
         self._world: int | None = None
         self._command_timeout_s = command_timeout_s
         self._health = health
@@ -521,6 +525,11 @@ class NodeExclusion:
         self.decided_s = time.monotonic()
         self.excluded = exclusion
         self.say(exclusion.message)
+        if self.on_leave is not None:
+            try:
+                self.on_leave()
+            except Exception:
+                logger.exception("rankguard: exclusion: the last push before leaving failed")
         clean = leave_rendezvous(handler)
         if not clean:
             self.say(

@@ -241,6 +241,7 @@ class ExclusionService(NullService):
         )
         if launch.services is not None:
             exclusion.report = launch.services.report_finding
+            exclusion.on_leave = launch.services.last_push
         return exclusion.wrap(handler)
 
     def attach(self, agent: Any, launch: LaunchContext) -> None:

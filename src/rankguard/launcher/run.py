@@ -41,6 +41,7 @@ from rankguard.launcher.exitcodes import (
 )
 from rankguard.launcher.features import launch_services
 from rankguard.launcher.forkserver import start_fork_server
+from rankguard.launcher.forkwait import ForkWait
 from rankguard.launcher.node import node_identity
 from rankguard.launcher.nodeservice import LaunchContext, NodeLeft, NodeService
 from rankguard.launcher.options import LaunchOptions
@@ -322,6 +323,7 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
         if refused is not None:
             return refused
     _environment(opts, cfg, run_id, run_dir, features)
+    fork_started = time.monotonic()
     try:  # --preload: the environment its ranks are forked with
         fork_env = start_fork_server(opts.preload) if opts.preload else None
     except ValueError as exc:
@@ -329,6 +331,17 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
         return EXIT_USAGE
     services = _services(
         opts, cfg, run_id, run_dir, cadence, host, port, store is not None, features
+    )
+    fork_wait = (  # --preload with heartbeats: the ranks' fork told to the monitor
+        ForkWait(
+            opts.preload,
+            fork_started,
+            cadence.initial_process_timeout_s,
+            _say,
+            lambda: services.monitor,
+        )
+        if fork_env is not None and cfg.heartbeat.enabled
+        else None
     )
     launch.services = services
     node = NodeStart(opts, cfg, run_id, run_dir, f"{host}:{port}", services)
@@ -342,6 +355,7 @@ def _launch(opts: LaunchOptions, cfg: RankguardConfig) -> int:
         max_restarts,
         run_dir,
         fork_env=fork_env,
+        fork_wait=fork_wait,
     )
     node.agent = agent
     for feature in features:

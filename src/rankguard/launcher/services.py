@@ -269,6 +269,21 @@ class NodeServices:
         for service in self.services:
             service.regrouped(node)
 
+    def last_push(self) -> None:
+        """This node is about to leave the job (excluded), still in the rendezvous: its
+        node number is its own until it leaves. Its relay pushes once more and stops:
+        what its ranks wrote since the last push reaches node 0 (a crashed rank's
+        ``process_end``: node 0 names that exit, not the silence after it). A rank
+        forked by ``--preload``'s fork server leaves through ``os._exit``, with no
+        interpreter teardown after that record: the agent's poll sees the end and the
+        exclusion is decided before the relay's next push, which :meth:`leave`'s halt
+        then lost. After this, no push (:meth:`leave`, :meth:`stop`), no ``done``
+        mark."""
+        if self.relay is not None:
+            relay, self.relay = self.relay, None
+            relay.halt()
+            relay.push_once()
+
     def leave(self) -> None:
         """This node was excluded from the job (its launcher may stay a while, holding
         the rendezvous store or node 0's monitor): its relay stops at once, without a

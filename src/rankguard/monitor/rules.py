@@ -207,6 +207,10 @@ class HeartbeatRules:
         self.root_cause: tuple[int, int | None] | None = None  # from the agent
         self.findings_total = 0
         self._first_sighting: float | None = None
+        # --preload: the launcher forks this node's ranks once its fork server has
+        # imported (True while it waits for that); when they were forked (monitor clock)
+        self.ranks_forking = False
+        self.ranks_forked_at: float | None = None
         self.first_failure: tuple[int, float] | None = None  # (rank, monitor time)
         self.shutdown: str | None = None  # why the launcher is stopping the workers
         self.restarting: str | None = None  # why the worker group is being restarted
@@ -565,11 +569,31 @@ class HeartbeatRules:
     def anchor(self) -> float:
         # Workers start after the rendezvous, which may take long on many nodes: the
         # initial timeout runs from the first rank seen (or from the monitor's start
-        # while none has been seen).
-        return self._first_sighting if self._first_sighting is not None else self.started_at
+        # while none has been seen). With --preload the ranks are forked once the fork
+        # server has imported: from that fork (not while the launcher waits for it).
+        if self._first_sighting is not None:
+            return self._first_sighting
+        if self.ranks_forking:
+            return math.inf
+        forked = self.ranks_forked_at
+        return self.started_at if forked is None else max(forked, self.started_at)
 
     def any_seen(self) -> bool:
         return self._first_sighting is not None
+
+    def ranks_forked(self) -> bool:
+        return self.ranks_forked_at is not None
+
+    def note_ranks_forking(self, now: float | None) -> None:
+        """``--preload``: the launcher is forking this node's ranks from its fork
+        server, which forks once its imports are done (``now`` None: waiting for that),
+        or forked them at ``now`` (monitor clock): the initial timeout counts from then
+        while no rank has been seen (:meth:`anchor`)."""
+        if now is None:
+            self.ranks_forking = True
+            return
+        self.ranks_forked_at = now
+        self.ranks_forking = False
 
     @property
     def due_ranks(self) -> DueRanks:

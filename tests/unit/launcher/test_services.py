@@ -195,6 +195,87 @@ def test_an_excluded_node_stops_relaying_at_once_and_leaves_its_number_undone(
     assert not store.check([keys.tick(1)]) and not store.check([keys.done(1)])
 
 
+def test_an_excluded_node_pushes_its_ranks_last_records_before_it_leaves(
+    tmp_path: Path,
+) -> None:
+    """A rank's crash excludes its node, decided before the relay's next push (a rank
+    forked by ``--preload`` ends at once after its ``process_end``): that record
+    reaches node 0 all the same, pushed while the node is still in the rendezvous
+    (through the exclusion's leave), and the relay stops there: no later push, no
+    ``done`` mark. Without it node 0 saw the rank fall silent and named a heartbeat
+    timeout instead of its exit."""
+    import json
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from rankguard.config import build
+    from rankguard.launcher.exclusion import NodeExcluded
+    from rankguard.launcher.membership import ExclusionService
+    from rankguard.schema.layout import StoreKeys
+    from tests.factories import heartbeat_record
+
+    store = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10)
+    )
+    cfg = build(
+        RankguardConfig,
+        {
+            "no_shared_fs": True,
+            # no push of the relay's own within the test: the ones it makes are called
+            "heartbeat": {"enabled": True, "publish_interval_s": 20},
+            "fault_tolerance": {"exclude_after_restarts": 1},
+        },
+    )
+    run_id, pid = "run-excluded", os.getpid()
+    services = NodeServices(
+        cfg=cfg,
+        run_dir=tmp_path,
+        run_id=run_id,
+        node_rank=1,
+        nnodes=2,
+        expected_world_size=2,
+        store=store,
+    )
+    launch = SimpleNamespace(
+        cfg=cfg,
+        opts=SimpleNamespace(min_nodes=1, max_nodes=2),
+        run_id=run_id,
+        run_dir=tmp_path,
+        store_client=lambda: store,
+        say=lambda line: None,
+        services=services,
+    )
+    feature = ExclusionService()
+    handler = feature.wrap_rendezvous(SimpleNamespace(), launch)  # type: ignore[arg-type]
+    services.start()
+    relay = services.relay
+    assert relay is not None
+    beats = tmp_path / f"rank_1_pid_{pid}.heartbeat.jsonl"
+    common = {"run_id": run_id, "pid": pid, "node_rank": 1, "local_rank": 0}
+    beats.write_text(json.dumps(heartbeat_record(1, 1, **common)) + "\n")
+    relay.push_once()  # node 0 has the rank alive
+    keys = StoreKeys(run_id)
+    crash = {"clean": False, "exit_code": 1, "error": "RuntimeError: crash"}
+    end = heartbeat_record(1, 2, event="process_end", exit=crash, **common)
+    with beats.open("a") as fh:
+        fh.write(json.dumps(end) + "\n")
+    exclusion = feature.exclusion
+    assert exclusion is not None
+    exclusion.note_failure({"exit_code": 1, "rank": 1, "local_rank": 0}, [1])
+    with pytest.raises(NodeExcluded):
+        handler.next_rendezvous()
+    services.leave()  # the launcher's, once the agent's run ended (NodeLeft)
+    (last,) = json.loads(store.get(keys.heartbeats(1)))["records"]
+    assert (last["event"], last["pid"], last.get("exit")) == ("process_end", pid, crash)
+    assert services.relay is None
+    assert relay._thread is not None and not relay._thread.is_alive()
+    pushes = relay.pushes
+    services.stop()
+    assert relay.pushes == pushes and not store.check([keys.done(1)])
+
+
 def test_a_rank_lost_to_a_standby_is_one_finding_naming_the_standby(tmp_path: Path) -> None:
     from types import SimpleNamespace
 

@@ -237,6 +237,28 @@ def test_never_seen_message_says_what_the_wait_counts_from() -> None:
     assert "after the job's first rank was seen" in late[0].message
 
 
+def test_never_seen_waits_for_the_preload_fork_then_counts_from_it() -> None:
+    """``--preload``: while the launcher waits for its fork server's imports no rank is
+    reported never seen, however long; once the ranks were forked the initial timeout
+    counts from that fork (not from the monitor's start), and the finding says so."""
+    rules = _rules(world=2, started_at=100.0)
+    rules.note_ranks_forking(None)  # the fork server still imports
+    assert rules.evaluate(110.5) == [] and rules.evaluate(150.0) == []
+    rules.note_ranks_forking(150.0)  # forked
+    assert rules.evaluate(155.0) == [] and rules.evaluate(160.0) == []
+    late = rules.evaluate(160.5)
+    assert [(f.rank, f.reason) for f in late] == [
+        (0, "rank_process_heartbeat_never_observed"),
+        (1, "rank_process_heartbeat_never_observed"),
+    ]
+    assert "10.5s after the ranks were forked (--preload's fork server" in late[0].message
+    # forked before the monitor started (a fast fork server): from the monitor's start
+    rules = _rules(world=1, started_at=100.0)
+    rules.note_ranks_forking(None)
+    rules.note_ranks_forking(90.0)
+    assert rules.evaluate(110.0) == [] and len(rules.evaluate(110.5)) == 1
+
+
 def test_no_never_seen_finding_without_expected_world_size() -> None:
     rules = _rules(world=None, started_at=0.0)
     assert rules.evaluate(1000.0) == []

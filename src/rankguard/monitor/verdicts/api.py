@@ -85,12 +85,18 @@ class JobView(Protocol):
 
     def anchor(self) -> float:
         """Since when (monitor clock) every rank is expected: the first rank seen, or
-        the monitor's start while none has been."""
+        the monitor's start while none has been (with ``--preload``: the ranks' fork,
+        inf while the launcher waits for its fork server)."""
         ...
 
     def any_seen(self) -> bool:
         """A rank of the job has published: :meth:`anchor` is its first record, not the
         monitor's start."""
+        ...
+
+    def ranks_forked(self) -> bool:
+        """``--preload``: the launcher told when it forked the ranks (the fork server
+        had imported): while none has published, :meth:`anchor` is that fork."""
         ...
 
 

@@ -1,7 +1,8 @@
 """Ranks that never published a heartbeat: after ``initial_process_timeout_s`` from the
 first rank seen (the rendezvous may take long on many nodes), or from the monitor's start
-while no rank has published (the message says which), one finding each when few, else
-one finding for all of them."""
+while no rank has published (with ``--preload``: from the ranks' fork, and not while the
+launcher waits for its fork server's imports, which it says itself), the message says
+which; one finding each when few, else one finding for all of them."""
 
 from __future__ import annotations
 
@@ -60,6 +61,8 @@ def _since(view: JobView) -> str:
     """What the wait counts from, as the findings say it."""
     if view.any_seen():
         return "the job's first rank was seen"
+    if view.ranks_forked():
+        return "the ranks were forked (--preload's fork server had imported)"
     return "the monitor started (no rank of the job has published yet)"
 
 
