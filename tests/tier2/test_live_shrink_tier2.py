@@ -130,7 +130,9 @@ def _run(
 ) -> tuple[Any, list[str], list[Any], dict[int, int | None]]:
     """Without ``standby``, every standby is used already; with it, one is still starting
     (as a refill would be: held until the gate opens) when rank 2 is lost, and reaches
-    its wait once the launcher said the job shrank."""
+    its wait once the launcher said the job shrank and rank 0 trained a step in the
+    shrunk job (a standby whose imports are all preloaded is at its wait within a step:
+    the job would grow back before any step showed the shrink)."""
     job = LiveJob(
         world=WORLD,
         train=_train,
@@ -140,7 +142,7 @@ def _run(
     )
 
     def open_gate(said: list[str]) -> None:
-        if standby and any("no standby left" in line for line in said):
+        if standby and any("no standby left" in line for line in said) and _shrunk(tmp_path):
             (tmp_path / "gate").touch()
 
     run = run_live(
@@ -153,6 +155,15 @@ def _run(
         on_poll=open_gate,
     )
     return run.result, run.said, run.entries, run.codes
+
+
+def _shrunk(tmp_path: Path) -> bool:
+    """Rank 0 recorded a step in a job of fewer than ``WORLD`` ranks."""
+    path = tmp_path / "0.jsonl"
+    if not path.exists():
+        return False
+    lines = path.read_text().splitlines()
+    return any(json.loads(line)["world"] < WORLD for line in lines if line.endswith("}"))
 
 
 def _records(tmp_path: Path) -> list[dict[str, Any]]:
