@@ -9,10 +9,10 @@ stderr, and the ranks import that module themselves (Python's fork server skips 
 module that raises ``ImportError`` without a word, and dies on any other error, which
 failed the launch).
 
-Fit to fork: one thread (a thread started by an import holds no lock in the forked rank
-only if there is none), CUDA not initialized (a rank forked from a process that
-initialized it cannot use it); either is said, not fixed. Nothing of the user's script
-is imported here, only modules named on the command line.
+Fit to fork: one thread besides torch's own intra-op pool (a thread started by an import
+holds no lock in the forked rank only if there is none), CUDA not initialized (a rank
+forked from a process that initialized it cannot use it); either is said, not fixed.
+Nothing of the user's script is imported here, only modules named on the command line.
 
 The collector: the server's imports run with automatic collection off (the guard module
 turns it off first: :mod:`rankguard.launcher.forkserver_guard`), and what they left is
@@ -63,6 +63,7 @@ def warm(names: list[str]) -> list[str]:
     """Import ``names`` in order, check the process is fit to fork, freeze its objects;
     the warning lines said (one per failed import, one per unfit state)."""
     said: list[str] = []
+    own = 1  # the threads the server may run: its own, and torch's intra-op pool
     for name in names:
         try:
             importlib.import_module(name)
@@ -71,8 +72,14 @@ def warm(names: list[str]) -> list[str]:
                 f"the fork server could not import {name} ({type(exc).__name__}: "
                 f"{str(exc).splitlines()[0] if str(exc) else ''}); each rank imports it itself"
             )
+        if name == "torch":
+            # torch's import starts its OpenMP intra-op pool's thread where
+            # OMP_NUM_THREADS is not 1 (a job of one rank per node, or a user's
+            # setting): torch's own, and a rank forked from it computes in parallel
+            # as one started afresh does; it is no sign of an unfit server
+            own = max(own, server_threads())
     threads = server_threads()
-    if threads > 1:
+    if threads > own:
         said.append(
             f"the fork server runs {threads} threads after its imports ({', '.join(names)}): "
             "a rank forked from it may inherit a lock held by one of them and hang; "

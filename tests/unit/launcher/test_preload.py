@@ -201,3 +201,30 @@ def test_a_preload_module_that_fails_is_one_warning_not_a_failed_start(tmp_path:
         "[rankguard] --preload: the fork server could not import badmod (RuntimeError: no "
         "GPU here); each rank imports it itself"
     ], res.stderr
+
+
+def test_torchs_own_thread_is_no_warning_a_thread_another_import_starts_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where OMP_NUM_THREADS is not 1 (one rank per node, or a user's setting), torch's
+    import starts its intra-op pool's thread: every ``--preload torch`` launch of one
+    rank said the server was unfit. Threads beyond torch's are still said."""
+    from rankguard.launcher import forkserver_warm
+
+    counts = {"n": 1}
+    real_import = forkserver_warm.importlib.import_module
+
+    def fake_import(name: str) -> object:
+        counts["n"] += {"torch": 1, "threaded_mod": 1}.get(name, 0)
+        return real_import("json") if name in ("torch", "threaded_mod") else real_import(name)
+
+    monkeypatch.setattr(forkserver_warm.importlib, "import_module", fake_import)
+    monkeypatch.setattr(forkserver_warm, "server_threads", lambda: counts["n"])
+    monkeypatch.setattr(forkserver_warm, "freeze_startup", lambda: None)
+    assert forkserver_warm.warm(["torch", "json"]) == []
+    counts["n"] = 1
+    said = forkserver_warm.warm(["torch", "threaded_mod"])
+    assert len(said) == 1 and "runs 3 threads after its imports" in said[0], said
+    counts["n"] = 1
+    said = forkserver_warm.warm(["threaded_mod"])  # no torch: one thread is the bound
+    assert len(said) == 1 and "runs 2 threads" in said[0], said
