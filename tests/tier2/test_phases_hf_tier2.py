@@ -10,6 +10,7 @@ launch, with rankguard's callback: ``tests/e2e/test_integrations_e2e.py``."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -104,9 +105,20 @@ def test_hf_trainer_slow_eval_and_save(tmp_path: Path) -> None:
     skip_unless_installed("transformers", "accelerate")
     hf_trainer(tmp_path / "warm", slow_s=0).train()  # the Trainer's lazy imports, once
 
+    # Ranks as threads share one process, and so Accelerate's process-wide state: a
+    # Trainer's arguments reset it (``AcceleratorState._reset_state``) and build it again
+    # when they first set up the device, so a Trainer built while another thread trains
+    # took that one's state from under it (``AcceleratorState`` object has no attribute
+    # ``distributed_type``, 1 CI run in many). Each rank builds its own in turn, and none
+    # trains before both are built: what separate processes get by themselves.
+    build, built = threading.Lock(), threading.Barrier(2, timeout=60)
+
     def rank(ctx: RankContext) -> int:
         ctx.session.install_optimizer_hook()  # what the rank bootstrap does
-        trainer = hf_trainer(tmp_path / f"hf_{ctx.rank}")
+        with build:
+            trainer = hf_trainer(tmp_path / f"hf_{ctx.rank}")
+            assert trainer.args.device.type == "cpu"  # the device set-up (the reset) here
+        built.wait()
         trainer.train()
         return int(trainer.state.global_step)
 
