@@ -8,8 +8,8 @@ the step with an ``all_reduce(MIN)`` and take that step's in-memory copy (the pa
 
 ``--faults ROUND:RANK:STEP:KIND,...`` (KIND: raise, hang, hang_blocked, exit, stop: the
 process stopped with SIGSTOP for ``STOP_S`` seconds, stop_setup: raise, then stop for
-``STOP_S`` seconds as the rank starts to set up the next round's process group, its first
-write to that group's store rendezvous held back) or ``--random N`` (N random faults, one
+``STOP_S`` seconds as the rank starts to set up the next round's process group, once
+every peer has published its address there, its own held back) or ``--random N`` (N random faults, one
 per round, seeded). Results go to ``--out DIR/rank_<r>.json``.
 Without ``rankguard run`` (``--standalone``), the config comes from the flags.
 """
@@ -106,12 +106,26 @@ class StopAtSetup(dist.Store):
             is_master=False,
             timeout=timedelta(seconds=30),
         )
+        self.round = round_
         self.marker = f"/{round_}/pg/"
         self.stopped = False
 
     def set(self, key: str, value: bytes | str) -> None:
         if not self.stopped and self.marker in key:
             self.stopped = True
+            # Held up only once every peer has published its own address and waits for
+            # this rank's: stopped earlier, a peer slower to get here (its CPU taken by
+            # the machine's other work) would begin its wait late enough to see this
+            # rank resume within it, and the round would form.
+            head = key[: key.index(self.marker)]
+            peers = [
+                f"{head}/{self.round}/setup/here/{p}"
+                for p in range(int(os.environ["WORLD_SIZE"]))
+                if p != int(os.environ["RANK"])
+            ]
+            deadline = time.monotonic() + 30.0
+            while not self.inner.check(peers) and time.monotonic() < deadline:
+                time.sleep(0.02)
             stop_for(STOP_S)
         self.inner.set(key, value)
 
