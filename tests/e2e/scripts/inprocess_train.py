@@ -9,8 +9,8 @@ the step with an ``all_reduce(MIN)`` and take that step's in-memory copy (the pa
 ``--faults ROUND:RANK:STEP:KIND,...`` (KIND: raise, hang, hang_blocked, exit, stop: the
 process stopped with SIGSTOP for ``STOP_S`` seconds, stop_setup: raise, then stop for
 ``STOP_S`` seconds as the rank starts to set up the next round's process group, once
-every peer has published its address there, its own held back) or ``--random N`` (N random faults, one
-per round, seeded). Results go to ``--out DIR/rank_<r>.json``.
+every peer has published its address there, its own held back) or ``--random N`` (N
+random faults, one per round, seeded). Results go to ``--out DIR/rank_<r>.json``.
 Without ``rankguard run`` (``--standalone``), the config comes from the flags.
 """
 
