@@ -520,7 +520,6 @@ def main() -> int:
         run_dir = Path(tmp)
         local = Node0Ranks(run_dir, world, args.publish_interval, clock)
         node0_store = TimedStore(master)
-        source = StoreRemoteSource(node0_store, RUN_ID, nnodes)
         if args.realtime:
 
             def monitor_clock() -> float:
@@ -529,6 +528,15 @@ def main() -> int:
 
             def monitor_clock() -> float:
                 return vclock[0]
+
+        # as a job's launcher builds it (the relays' push interval), on the monitor's clock
+        source = StoreRemoteSource(
+            node0_store,
+            RUN_ID,
+            nnodes,
+            clock=monitor_clock,
+            push_interval_s=args.publish_interval,
+        )
 
         monitor = JobMonitor(
             cfg,

@@ -537,6 +537,7 @@ class NodeServices:
                 self.nnodes,
                 disk_max_age_s=self.cadence.process_timeout_s,
                 silent_s=self.cadence.process_timeout_s,  # a relay that stopped: left
+                push_interval_s=self.cadence.publish_interval_s,  # ticks read when due
             )
             if self.relaying
             else None

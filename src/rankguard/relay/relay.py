@@ -18,9 +18,10 @@ back exactly the relay's records. Each key is overwritten, never appended to, so
 missed push loses nothing (the keys always hold the latest state), a restarted relay
 starts a new epoch (its first push sends every record in full) and a node that drops
 out simply stops changing its keys (its ranks' heartbeats age on node 0 as they would
-without the relay). Node 0's :class:`StoreRemoteSource` reads every node's tick with one
-``multi_get`` per scan, parses only the ticks that changed and reads the full records
-only of the nodes whose generation moved.
+without the relay). Node 0's :class:`StoreRemoteSource` reads with one ``multi_get`` per
+scan the ticks of the nodes whose push was due (every tick after a relay's push off its
+schedule: ``early_pushes``), parses only the ticks that changed and reads the full
+records only of the nodes whose generation moved.
 
 The latest-record model loses nothing the rules need: every record carries the rank's
 full state, and ``process_end`` is always a rank's last record. The relay also notices
@@ -45,6 +46,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -72,7 +74,11 @@ from rankguard.util.procs import pid_running, process_state
 from rankguard.util.tailer import JsonlTailer
 from rankguard.util.wakeup import Wakeup
 
-_MAX_MULTI_GET = 4096  # keys per multi_get round trip (bounded replies)
+# Keys per ``multi_get`` round trip. TCPStore's server spends time quadratic in the size
+# of one request and its reply: every 12,500 ticks of about 1 KB cost it about 400 ms of
+# CPU in chunks of 4,096 keys, about 35 ms in chunks of 128 (and the client the same
+# either way); much smaller chunks pay a round trip each.
+MULTI_GET_KEYS = 128
 
 __all__ = ["StoreRelay", "StoreRemoteSource", "publish_control", "request_kill"]
 
@@ -144,6 +150,9 @@ class StoreRelay:
         # node 0's request counter as last read (requests served); None: not read yet
         self._requests_seen: int | None = None
         self.request_polls = 0  # pushes that looked for the requests themselves
+        # the next push is off the schedule node 0 expects (the first, one asked for at
+        # once, the last): it bumps ``early_pushes`` so that node 0 reads it at once
+        self._early = True
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="rankguard-relay", daemon=True)
@@ -152,6 +161,7 @@ class StoreRelay:
     def stop(self) -> None:
         """Final push, then mark this node done so node 0 can stop draining."""
         self.halt()  # the thread ends at once, not after a whole interval's wait
+        self._early = True
         self.push_once()
         try:
             self.store.set(self.keys.done(self.node_rank), b"1")
@@ -174,12 +184,14 @@ class StoreRelay:
         flags (safe from a signal handler); the relay thread pushes at once."""
         if self.shutdown is None:
             self.shutdown = reason
+        self._early = True
         self._wake.set()
 
     def note_root_cause(self, rank: int, pid: int | None) -> None:
         """This node's agent saw its workers fail and names ``rank`` from their exit
         codes: node 0 orders the exits it sees by it. The relay thread pushes at once."""
         self.root_cause = (rank, pid)
+        self._early = True
         self._wake.set()
 
     def _loop(self) -> None:
@@ -361,6 +373,23 @@ class StoreRelay:
             self.errors += 1
             if self.errors == 1 or self.errors % 100 == 0:
                 logger.warning("rankguard relay: push failed (%d so far): %s", self.errors, exc)
+            return
+        if self._early:
+            self._early = False
+            self._say_early()
+
+    def _say_early(self) -> None:
+        """This push came off the schedule node 0 expects: bump the counter that makes
+        it read every node's tick at its next scan (after the tick's ``set``: a scan that
+        sees the bump finds the tick). Without ``add``, node 0 reads every tick anyway;
+        if the bump fails, it reads this tick when the next push is due."""
+        add = getattr(self.store, "add", None)
+        if add is None:
+            return
+        try:
+            add(self.keys.early_pushes, 1)
+        except Exception as exc:
+            logger.warning("rankguard relay: cannot flag an early push: %s", exc)
 
     def _serve_requests(self) -> bool:
         """Node 0's requests waiting in the store: the stop step, traces, kills. False
@@ -429,10 +458,22 @@ class StoreRelay:
 class _Node:
     """Node 0's view of one relaying node: its last tick and full records."""
 
-    __slots__ = ("base_gen", "health", "patchers", "raw_records", "tick_raw")
+    __slots__ = (
+        "base_gen",
+        "due",
+        "health",
+        "patchers",
+        "raw_records",
+        "read_at",
+        "tick_key",
+        "tick_raw",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, tick_key: str) -> None:
+        self.tick_key = tick_key
         self.tick_raw: bytes | None = None
+        self.read_at: float | None = None  # when its tick was last read (source's clock)
+        self.due = -math.inf  # from when its tick is read at every scan
         self.base_gen: tuple[Any, Any] | None = None  # (epoch, gen) of the full records
         self.patchers: dict[int, RecordPatcher] = {}  # rank -> its base record
         self.raw_records: list[JsonObject] = []  # full records that failed validation
@@ -443,9 +484,19 @@ class StoreRemoteSource(RemoteSource):
     """Node 0: read what the relays of nodes 1..nnodes-1 pushed.
 
     :meth:`fetch_changed` (the monitor's call, once per scan) returns only the records
-    that changed since the previous call: one ``multi_get`` of every node's tick, and
+    that changed since the previous call: one ``multi_get`` of the ticks it reads, and
     one of the full records of the nodes whose generation moved. :meth:`fetch` returns
-    every node's current records (the same state, as dicts)."""
+    every node's current records (the same state, as dicts).
+
+    Which ticks a scan reads: given the relays' push interval (``push_interval_s``) and
+    a store with ``add``, only those of the nodes whose next push may have come (a
+    relay pushes at most once per interval: from 0.9 interval after the read before
+    the one that saw its last push, every scan until it changed), and every tick when
+    the relays' ``early_pushes`` counter moved (a push off that schedule: a relay's
+    first, one its launcher or agent asked for at once, its last). A regular push is
+    seen at the first scan after it, as when every tick is read at every scan; a
+    relay that pushes every 5 s is read about twice an interval instead of at each
+    of five 1 s scans. Otherwise every tick, every scan."""
 
     def __init__(
         self,
@@ -456,13 +507,22 @@ class StoreRemoteSource(RemoteSource):
         disk_max_age_s: float = 10.0,
         silent_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        push_interval_s: float | None = None,
     ) -> None:
         """``disk_max_age_s``: a node's relayed disk state counts for that long after
         its relay's last new push; then it is unknown (not full): a relay that died
         while its disk was full must not keep its ranks from being found dead.
         ``silent_s``: a node of an earlier round whose relay pushed nothing new for that
         long left the job (excluded: its relay halted; lost: it died) and never says it
-        is done: :meth:`nodes_done` no longer waits for it (None: waited for)."""
+        is done: :meth:`nodes_done` no longer waits for it (None: waited for).
+        ``push_interval_s``: the relays' push interval (``heartbeat.publish_interval_s``;
+        None: every tick read at every scan)."""
+        if push_interval_s is not None and not 0 < push_interval_s < math.inf:
+            raise ValueError(f"push_interval_s: expected a number > 0, got {push_interval_s}")
+        # a tick unchanged since it was last read is read again from this long after
+        # the read before the one that saw its last push
+        self._next_push_s = None if push_interval_s is None else 0.9 * push_interval_s
+        self._early_seen: int | None = None  # ``early_pushes`` as last read
         self.store = store
         self.run_id = run_id
         self.keys = StoreKeys(run_id)
@@ -481,6 +541,7 @@ class StoreRemoteSource(RemoteSource):
         self.ignored_rows = 0  # tick rows or payloads that could not be used
         self.last_ignored: str | None = None
         self.store_reads = 0  # round trips to the store (reads and checks)
+        self.ticks_read = 0  # tick keys read
 
     def root_causes(self) -> dict[int, tuple[int, int | None]]:
         """Each node's agent's root cause of its failed workers (last :meth:`fetch`)."""
@@ -522,14 +583,22 @@ class StoreRemoteSource(RemoteSource):
         record that failed validation, for the monitor to count) and the health
         snapshots that changed."""
         self._discover()
-        present = sorted(self._state)
-        ticks = self._multi_get([self.keys.tick(n) for n in present])
+        now = self.clock()
+        present, early = self._to_read(now)
+        ticks = self._multi_get([self._state[n].tick_key for n in present])
+        self.ticks_read += len(present)
+        if early is not None:
+            self._early_seen = early  # read every tick after the early pushes
         changed: dict[int, Any] = {}
         need_base: list[int] = []
+        next_push_s = self._next_push_s
         for node, raw in zip(present, ticks, strict=True):
             st = self._state[node]
+            read_before, st.read_at = st.read_at, now
             if raw == st.tick_raw:
                 continue
+            if next_push_s is not None:  # it pushed after the read before this one
+                st.due = now if read_before is None else read_before + next_push_s
             try:
                 tick = Tick.parse(raw)
             except PayloadError as exc:
@@ -561,6 +630,24 @@ class StoreRemoteSource(RemoteSource):
             for row in tick.rows:
                 self._patch(node, st, row, out)
         return out, health
+
+    def _to_read(self, now: float) -> tuple[list[int], int | None]:
+        """The nodes whose tick this scan reads (see the class), and the early-push
+        count when it moved (every node read)."""
+        present = sorted(self._state)
+        add = getattr(self.store, "add", None)
+        if self._next_push_s is None or add is None:
+            return present, None
+        try:
+            self.store_reads += 1
+            early = int(add(self.keys.early_pushes, 0))
+        except Exception as exc:  # every tick: an early push must not wait
+            logger.warning("rankguard monitor: cannot read the relays' early pushes: %s", exc)
+            return present, None
+        if early != self._early_seen:
+            return present, early
+        state = self._state
+        return [n for n in present if state[n].due <= now], None
 
     def _patch(
         self, node: int, st: _Node, row: Any, out: list[JsonObject | HeartbeatRecord]
@@ -639,7 +726,7 @@ class StoreRemoteSource(RemoteSource):
         missing = [n for n in self.nodes if n not in self._state]
         if missing:
             for node in self._existing(missing):
-                self._state[node] = _Node()
+                self._state[node] = _Node(self.keys.tick(node))
 
     def _existing(self, nodes: list[int]) -> list[int]:
         self.store_reads += 1
@@ -653,8 +740,8 @@ class StoreRemoteSource(RemoteSource):
     def _multi_get(self, keys: list[str]) -> list[bytes]:
         multi_get = getattr(self.store, "multi_get", None)
         out: list[bytes] = []
-        for i in range(0, len(keys), _MAX_MULTI_GET):
-            chunk = keys[i : i + _MAX_MULTI_GET]
+        for i in range(0, len(keys), MULTI_GET_KEYS):
+            chunk = keys[i : i + MULTI_GET_KEYS]
             self.store_reads += 1 if multi_get is not None else len(chunk)
             if multi_get is not None:
                 out.extend(multi_get(chunk))

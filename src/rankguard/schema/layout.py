@@ -254,6 +254,14 @@ class StoreKeys:
         moved (:func:`note_request`)."""
         return f"{self.prefix}requests"
 
+    @property
+    def early_pushes(self) -> str:
+        """A counter each relay bumps (``add``) after a push off its schedule (its
+        first, one its launcher or agent asked for at once, its last): node 0 reads
+        it at every scan (one ``add`` of 0) and reads every node's tick when it moved,
+        not only those of the nodes whose next push was due."""
+        return f"{self.prefix}early_pushes"
+
     def traces(self, node_rank: int) -> str:
         """Node k's answer: the traces of its ranks that answered, compacted."""
         return f"{self.prefix}fr/node/{node_rank}"
