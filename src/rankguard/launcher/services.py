@@ -282,7 +282,7 @@ class NodeServices:
         if self.relay is not None:
             relay, self.relay = self.relay, None
             relay.halt()
-            relay.push_once()
+            relay.push_now()
 
     def leave(self) -> None:
         """This node was excluded from the job (its launcher may stay a while, holding

@@ -161,12 +161,17 @@ class StoreRelay:
     def stop(self) -> None:
         """Final push, then mark this node done so node 0 can stop draining."""
         self.halt()  # the thread ends at once, not after a whole interval's wait
-        self._early = True
-        self.push_once()
+        self.push_now()
         try:
             self.store.set(self.keys.done(self.node_rank), b"1")
         except Exception as exc:
             logger.warning("rankguard relay: cannot mark node %d done: %s", self.node_rank, exc)
+
+    def push_now(self) -> None:
+        """One push now, off the schedule node 0 expects (a last push): flagged as
+        early, so node 0 reads it at its next scan."""
+        self._early = True
+        self.push_once()
 
     def halt(self) -> None:
         """Stop pushing, with no last push and no ``done`` mark: this node left the job

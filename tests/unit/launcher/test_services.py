@@ -264,11 +264,14 @@ def test_an_excluded_node_pushes_its_ranks_last_records_before_it_leaves(
     exclusion = feature.exclusion
     assert exclusion is not None
     exclusion.note_failure({"exit_code": 1, "rank": 1, "local_rank": 0}, [1])
+    early = int(store.add(keys.early_pushes, 0))
     with pytest.raises(NodeExcluded):
         handler.next_rendezvous()
     services.leave()  # the launcher's, once the agent's run ended (NodeLeft)
     (last,) = json.loads(store.get(keys.heartbeats(1)))["records"]
     assert (last["event"], last["pid"], last.get("exit")) == ("process_end", pid, crash)
+    # off the relay's schedule: node 0 reads every tick at its next scan, not when due
+    assert int(store.add(keys.early_pushes, 0)) == early + 1
     assert services.relay is None
     assert relay._thread is not None and not relay._thread.is_alive()
     pushes = relay.pushes
