@@ -86,9 +86,21 @@ __all__ = [
     "Progress",
     "RankState",
     "Reason",
+    "ScanClock",
 ]
 
 logger = logging.getLogger(__name__)
+
+
+class ScanClock:
+    """The monitor time of the rules' latest scan, shared by the rank states it ages:
+    a rank's ages at that scan are computed where they are read, not written into
+    every rank at every scan (most ranks are not evaluated at a scan)."""
+
+    __slots__ = ("now",)
+
+    def __init__(self) -> None:
+        self.now = 0.0
 
 
 @dataclass(slots=True)
@@ -101,8 +113,10 @@ class RankState:
     start_mono_ns: int | None = None  # the same start by the host's monotonic clock
     liveness: Liveness = Liveness.NOT_OBSERVED
     progress: Progress = Progress.NOT_OBSERVED
-    heartbeat_age_s: float | None = None
-    progress_age_s: float | None = None
+    # the ages as last set (None: not evaluated yet); while ``ages`` is set, the ages
+    # are those at its scan time instead, computed where read (see :class:`ScanClock`)
+    frozen_ages: tuple[float | None, float | None] = (None, None)
+    ages: ScanClock | None = field(default=None, repr=False, compare=False)
     gpu_health: JsonObject | None = None
     active: set[FindingType] = field(default_factory=set)  # finding types active for this pid
     # the active types that came with a finding (the others are held as state only: an
@@ -124,6 +138,30 @@ class RankState:
     named_silent: HeartbeatRecord | None = None
 
     @property
+    def heartbeat_age_s(self) -> float | None:
+        """Seconds since its latest record was first seen, at the latest scan."""
+        ages, seen = self.ages, self.seen_at
+        if ages is None or seen is None:
+            return self.frozen_ages[0]
+        return ages.now - seen
+
+    @property
+    def progress_age_s(self) -> float | None:
+        """Seconds without progress by its latest record, at the latest scan."""
+        ages, seen, rec = self.ages, self.seen_at, self.record
+        if ages is None or seen is None:
+            return self.frozen_ages[1]
+        since = rec.since_progress_s if rec is not None else None
+        return ages.now - seen + since if since is not None else None
+
+    def freeze_ages(self) -> None:
+        """Keep the ages as they are now (its record or first-seen time is about to
+        change): they move on again once it is evaluated."""
+        if self.ages is not None:
+            self.frozen_ages = (self.heartbeat_age_s, self.progress_age_s)
+            self.ages = None
+
+    @property
     def reported(self) -> set[FindingType]:
         """The active types a finding was written for (what status calls active)."""
         return self.active & self.fired
@@ -136,8 +174,8 @@ class RankState:
         self.start_mono_ns = None
         self.liveness = Liveness.NOT_OBSERVED
         self.progress = Progress.NOT_OBSERVED
-        self.heartbeat_age_s = None
-        self.progress_age_s = None
+        self.frozen_ages = (None, None)
+        self.ages = None
         self.active = set()
         self.fired = set()
         self.blocked_by = []
@@ -223,6 +261,7 @@ class HeartbeatRules:
         # again (None while full or never full)
         self.disks: dict[int | None, tuple[DiskState, float | None]] = {}
         self._due = DueRanks(cfg.incremental_rules)
+        self.clock = ScanClock()  # the latest scan's time: the ranks' ages (RankState)
         # the verdicts (rankguard.monitor.verdicts): the job's, each at the scans it is
         # due, and a rank's turn
         self._never_seen = NeverSeen()
@@ -342,6 +381,8 @@ class HeartbeatRules:
             state.phases_seen.setdefault(record.phase)
         if previous is None or previous.hostname != record.hostname:
             self._hosts.setdefault(record.hostname, {})[rank] = None
+        if state.ages is not None:
+            state.freeze_ages()  # as they were until its evaluation at the next scan
         state.record = record
         state.seen_at = now
         if self._first_sighting is None:
@@ -368,6 +409,7 @@ class HeartbeatRules:
             seen, rec = s.seen_at, s.record
             if seen is None or rec is None or rec.ended or seen >= end:
                 continue
+            s.freeze_ages()
             s.seen_at = seen + (end - max(start, seen))
             self._due.changed(s.rank, rec.node_rank)
 
@@ -560,6 +602,7 @@ class HeartbeatRules:
             self._settle_held(now)
         findings, self._named = self._named, []
         self.health_for = health_for
+        self.clock.now = now  # every rank's ages move on (none are read before the pass)
         findings.extend(self.verdicts.evaluate(self, now))
         self.findings_total += len(findings)
         return findings
@@ -604,6 +647,15 @@ class HeartbeatRules:
 
     def next_due_of(self, state: RankState) -> float:
         return self._next_due(state)
+
+    def judge_rank(self, state: RankState, now: float) -> tuple[list[Finding], float]:
+        verdicts = self.rank_verdicts
+        if self._due.incremental and verdicts.own:  # (the full turn: the reference)
+            state.ages = self.clock
+            due = verdicts.advanced(self, state, now)
+            if due is not None:
+                return [], due
+        return self._evaluate_rank(state, now), self._next_due(state)
 
     def rank_failed(self, rank: int) -> None:
         self.rank_errors += 1
@@ -653,10 +705,7 @@ class HeartbeatRules:
         rec = s.record
         assert rec is not None and s.seen_at is not None
         out: list[Finding] = []
-        hb_age = now - s.seen_at
-        s.heartbeat_age_s = hb_age
-        since = rec.since_progress_s
-        s.progress_age_s = hb_age + since if since is not None else None
+        s.ages = self.clock  # its ages at this scan (the clock is at ``now``)
         s.late = False
         if rec.ended:
             self._exited(s, now, out)
