@@ -54,6 +54,7 @@ from dataclasses import dataclass, field, replace
 
 from rankguard.monitor.config import HeartbeatConfig
 from rankguard.monitor.lostnode import LostNode
+from rankguard.monitor.tally import FindingSet, Tally
 from rankguard.monitor.verdicts import (
     NEVER_SEEN_EACH,
     Compose,
@@ -176,8 +177,10 @@ class RankState:
         self.progress = Progress.NOT_OBSERVED
         self.frozen_ages = (None, None)
         self.ages = None
-        self.active = set()
-        self.fired = set()
+        # (a rank of the rules: sets that mark it in their tally as they change)
+        active, fired = self.active, self.fired
+        self.active = active.emptied() if isinstance(active, FindingSet) else set()
+        self.fired = fired.emptied() if isinstance(fired, FindingSet) else set()
         self.blocked_by = []
         self.stall = None
         self.culprits_gone_at = None
@@ -262,6 +265,8 @@ class HeartbeatRules:
         self.disks: dict[int | None, tuple[DiskState, float | None]] = {}
         self._due = DueRanks(cfg.incremental_rules)
         self.clock = ScanClock()  # the latest scan's time: the ranks' ages (RankState)
+        # the status counts, kept up to date: every change of a rank's state touches it
+        self.tally = Tally()
         # the verdicts (rankguard.monitor.verdicts): the job's, each at the scans it is
         # due, and a rank's turn
         self._never_seen = NeverSeen()
@@ -344,6 +349,9 @@ class HeartbeatRules:
         state = self.ranks.get(rank)
         if state is None:
             state = self.ranks[rank] = RankState(rank=rank)
+            tally = self.tally
+            state.active, state.fired = FindingSet(tally, rank), FindingSet(tally, rank)
+            tally.touch(rank)
         if not supersedes(
             record,
             state.record,
@@ -391,6 +399,7 @@ class HeartbeatRules:
             state.start_wall_ns = record.wall_time_ns
             state.start_mono_ns = record.monotonic_ns
         self._due.changed(rank, record.node_rank)
+        self.tally.touch(rank)
         return True
 
     def observer_held(self, start: float, end: float) -> None:
@@ -412,6 +421,7 @@ class HeartbeatRules:
             s.freeze_ages()
             s.seen_at = seen + (end - max(start, seen))
             self._due.changed(s.rank, rec.node_rank)
+            self.tally.touch(s.rank)
 
     def ranks_on(self, hostname: str | None) -> list[RankState]:
         """The states of the ranks ever seen on ``hostname`` (their latest record may
@@ -433,6 +443,7 @@ class HeartbeatRules:
         gone = sorted(r for r in self.ranks if r >= world)
         for rank in gone:
             state = self.ranks.pop(rank)
+            self.tally.touch(rank)
             if state.pid is not None:
                 self._retired.add((rank, state.pid))
         if self.first_failure is not None and self.first_failure[0] >= world:
@@ -459,6 +470,7 @@ class HeartbeatRules:
         if FindingType.PROCESS_EXITED in s.active:
             return False
         s.active.add(FindingType.PROCESS_EXITED)
+        self.tally.touch(rank)
         return True
 
     def note_root_cause(self, rank: int, pid: int | None) -> None:
@@ -643,12 +655,14 @@ class HeartbeatRules:
         return self._due
 
     def evaluate_rank(self, state: RankState, now: float) -> list[Finding]:
+        self.tally.touch(state.rank)
         return self._evaluate_rank(state, now)
 
     def next_due_of(self, state: RankState) -> float:
         return self._next_due(state)
 
     def judge_rank(self, state: RankState, now: float) -> tuple[list[Finding], float]:
+        self.tally.touch(state.rank)
         verdicts = self.rank_verdicts
         if self._due.incremental and verdicts.own:  # (the full turn: the reference)
             state.ages = self.clock
@@ -656,6 +670,9 @@ class HeartbeatRules:
             if due is not None:
                 return [], due
         return self._evaluate_rank(state, now), self._next_due(state)
+
+    def recount(self, rank: int) -> None:
+        self.tally.touch(rank)
 
     def rank_failed(self, rank: int) -> None:
         self.rank_errors += 1
@@ -805,6 +822,7 @@ class HeartbeatRules:
         self._silent_at = None  # between two records of one scan: found again
         for s in list(self.ranks.values()):
             if s.held_until is not None and s.record is not None and s.record.ended:
+                self.tally.touch(s.rank)
                 self._exited(s, now, self._named)
         self._silent_at = None
 
@@ -854,6 +872,7 @@ class HeartbeatRules:
     def _name_silent(self, t: RankState) -> None:
         """Rank ``t``'s process is named lost before its heartbeat timeout ran out: stale
         from now on, its own timeout (still to come) naming nothing more."""
+        self.tally.touch(t.rank)
         t.liveness, t.progress = Liveness.STALE, Progress.UNKNOWN
         t.stall, t.blocked_by, t.late = None, [], False
         t.named_silent = t.record

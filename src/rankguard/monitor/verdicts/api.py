@@ -84,6 +84,11 @@ class JobView(Protocol):
         """When rank ``state`` is due again without a new record."""
         ...
 
+    def recount(self, rank: int) -> None:
+        """Rank ``rank``'s state changed outside its turn: counted again for the
+        status (:class:`~rankguard.monitor.tally.Tally`)."""
+        ...
+
     def rank_failed(self, rank: int) -> None:
         """Evaluating ``rank`` raised (logged, counted; it is due again)."""
         ...
