@@ -368,6 +368,7 @@ class HeartbeatRules:
             if had_process and self._settle_due:
                 self._settle_held(now)  # before a new process hides what it waited for
             state.reset(record.pid)
+            self.tally.touch(rank)
             if self.first_failure is not None and self.first_failure[0] == rank:
                 self.first_failure = None  # the failed rank was restarted: episode over
             if had_process:
@@ -399,7 +400,7 @@ class HeartbeatRules:
             state.start_wall_ns = record.wall_time_ns
             state.start_mono_ns = record.monotonic_ns
         self._due.changed(rank, record.node_rank)
-        self.tally.touch(rank)
+        self.tally.place(rank, now, record.since_progress_s)
         return True
 
     def observer_held(self, start: float, end: float) -> None:
@@ -421,7 +422,7 @@ class HeartbeatRules:
             s.freeze_ages()
             s.seen_at = seen + (end - max(start, seen))
             self._due.changed(s.rank, rec.node_rank)
-            self.tally.touch(s.rank)
+            self.tally.place(s.rank, s.seen_at, rec.since_progress_s)
 
     def ranks_on(self, hostname: str | None) -> list[RankState]:
         """The states of the ranks ever seen on ``hostname`` (their latest record may
@@ -662,13 +663,21 @@ class HeartbeatRules:
         return self._next_due(state)
 
     def judge_rank(self, state: RankState, now: float) -> tuple[list[Finding], float]:
-        self.tally.touch(state.rank)
         verdicts = self.rank_verdicts
         if self._due.incremental and verdicts.own:  # (the full turn: the reference)
+            # counted alive and progressing, nothing notable (no finding: see advanced)
+            as_counted = (
+                state.liveness is Liveness.ALIVE
+                and state.progress is Progress.PROGRESSING
+                and not state.blocked_by
+            )
             state.ages = self.clock
             due = verdicts.advanced(self, state, now)
             if due is not None:
+                if not as_counted:
+                    self.tally.touch(state.rank)
                 return [], due
+        self.tally.touch(state.rank)
         return self._evaluate_rank(state, now), self._next_due(state)
 
     def recount(self, rank: int) -> None:

@@ -198,12 +198,11 @@ def worst_of(rules: HeartbeatRules, n: int) -> list[RankState]:
         return []
     tally, ranks = rules.tally, rules.ranks
     tally.update(ranks)
+    if rules.due_ranks.pending():  # a rank's ages wait for its evaluation: every rank
+        return worst_ranks(ranks.values(), n)
     picked = heapq.nsmallest(n, [ranks[r] for r in tally.notable], key=_badness)
     if len(picked) < n:
-        rest = tally.longest_without_progress(ranks, n - len(picked), {s.rank for s in picked})
-        if rest is None:  # a rank's ages wait for its evaluation: every rank looked at
-            return worst_ranks(ranks.values(), n)
-        picked += rest
+        picked += tally.longest_without_progress(ranks, n - len(picked), {s.rank for s in picked})
     return picked
 
 

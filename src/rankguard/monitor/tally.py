@@ -23,6 +23,8 @@ from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Self
 
+import numpy as np
+
 from rankguard.schema.findings import FindingType, Progress
 
 if TYPE_CHECKING:
@@ -44,12 +46,10 @@ class Tally:
     """Counts over every rank of the rules, up to date after :meth:`update`."""
 
     __slots__ = (
-        "_anchor",
+        "_anchors",
         "_counted",
-        "_heap",
         "_touched",
         "findings",
-        "frozen",
         "liveness",
         "notable",
         "observed",
@@ -65,99 +65,83 @@ class Tally:
         self.findings = 0
         self.observed = 0
         self.notable: set[int] = set()
-        # ranks whose ages wait for their evaluation (see RankState.freeze_ages)
-        self.frozen: set[int] = set()
-        self._anchor: dict[int, float] = {}  # rank -> its progress anchor
-        self._heap: list[tuple[float, int]] = []  # (anchor, rank); stale entries too
+        # by rank: its progress anchor (inf: none, no rank state or no progress age)
+        self._anchors = np.full(1024, np.inf)
 
     def touch(self, rank: int) -> None:
         """Rank ``rank``'s state may have changed (or it is gone): counted again."""
         self._touched.add(rank)
+
+    def place(self, rank: int, seen_at: float | None, since: float | None) -> None:
+        """Rank ``rank``'s latest record was first seen at ``seen_at`` and says
+        ``since`` seconds without progress (None: no progress age)."""
+        anchors = self._anchors
+        if rank >= len(anchors):
+            grown = np.full(max(2 * len(anchors), rank + 1), np.inf)
+            grown[: len(anchors)] = anchors
+            self._anchors = anchors = grown
+        anchors[rank] = np.inf if seen_at is None or since is None else seen_at - since
 
     def update(self, ranks: dict[int, RankState]) -> None:
         """Count again the ranks touched since the last update."""
         touched, self._touched = self._touched, set()
         counted, liveness, progress = self._counted, self.liveness, self.progress
         for rank in touched:
-            old = counted.pop(rank, None)
+            old = counted.get(rank)
+            s = ranks.get(rank)
+            if s is None:
+                new = None
+                self.notable.discard(rank)
+                self.place(rank, None, None)
+            else:
+                active = s.active
+                new = (
+                    s.liveness,
+                    s.progress,
+                    len(active & s.fired) if active else 0,
+                    s.record is not None,
+                )
+                if active or s.blocked_by or new[1] in NOTABLE:
+                    self.notable.add(rank)
+                else:
+                    self.notable.discard(rank)
+            if new == old:
+                continue
             if old is not None:
                 liveness[old[0]] -= 1
                 progress[old[1]] -= 1
                 self.findings -= old[2]
                 self.observed -= old[3]
-            s = ranks.get(rank)
-            if s is None:
-                self.notable.discard(rank)
-                self.frozen.discard(rank)
-                self._anchor.pop(rank, None)
+            if new is None:
+                del counted[rank]
                 continue
-            active = s.active
-            new = (
-                s.liveness,
-                s.progress,
-                len(active & s.fired) if active else 0,
-                s.record is not None,
-            )
             counted[rank] = new
             liveness[new[0]] += 1
             progress[new[1]] += 1
             self.findings += new[2]
             self.observed += new[3]
-            if active or s.blocked_by or new[1] in NOTABLE:
-                self.notable.add(rank)
-            else:
-                self.notable.discard(rank)
-            self._place(s)
-
-    def _place(self, s: RankState) -> None:
-        rank, seen, rec = s.rank, s.seen_at, s.record
-        if s.ages is None and seen is not None:
-            self.frozen.add(rank)
-        else:
-            self.frozen.discard(rank)
-        since = rec.since_progress_s if rec is not None else None
-        if seen is None or since is None:
-            self._anchor.pop(rank, None)
-            return
-        anchor = seen - since
-        if self._anchor.get(rank) != anchor:
-            self._anchor[rank] = anchor
-            heapq.heappush(self._heap, (anchor, rank))
-            if len(self._heap) > 2 * len(self._anchor) + 1024:  # drop the stale entries
-                self._heap = [(a, r) for r, a in self._anchor.items()]
-                heapq.heapify(self._heap)
 
     def longest_without_progress(
         self, ranks: dict[int, RankState], n: int, chosen: set[int]
-    ) -> list[RankState] | None:
+    ) -> list[RankState]:
         """The ``n`` ranks (not in ``chosen``) with the largest progress age, largest
-        first (ties: the lower rank), as a pass over every rank would pick them; None
-        while a rank's ages wait for its evaluation (no anchor says its age then)."""
-        if self.frozen:
-            return None
+        first (ties: the lower rank), as a pass over every rank would pick them. The
+        ranks' ages must be those of the latest scan (none waits for its evaluation)."""
         if n <= 0:
             return []
-        heap, anchors = self._heap, self._anchor
-        popped: list[tuple[float, int]] = []
-        picked: list[RankState] = []
-        limit: float | None = None
-        while heap:
-            anchor, rank = heap[0]
-            if limit is not None and anchor > limit:
-                break
-            heapq.heappop(heap)
-            if anchors.get(rank) != anchor or (popped and popped[-1] == (anchor, rank)):
-                continue  # replaced since (or the same entry twice: they pop in a row)
-            popped.append((anchor, rank))
-            if rank in chosen:
-                continue
-            picked.append(ranks[rank])
-            if limit is None and len(picked) >= n:
-                # the ages of the anchors this close may be equal or swapped by rounding:
-                # each such rank is a candidate, its own age decides
-                limit = anchor + 1e-6 * max(1.0, abs(anchor))
-        for entry in popped:
-            heapq.heappush(heap, entry)
+        anchors = self._anchors
+        if chosen:
+            anchors = anchors.copy()
+            anchors[list(chosen)] = np.inf
+        finite = int(np.count_nonzero(np.isfinite(anchors)))
+        k = min(n, finite)
+        if k == 0:
+            return []
+        kth = float(np.partition(anchors, k - 1)[k - 1])
+        # the ages of anchors this close may be equal or swapped by rounding: each such
+        # rank is a candidate, its own age decides
+        near = np.flatnonzero(anchors <= kth + 1e-6 * max(1.0, abs(kth)))
+        picked = [s for r in near.tolist() if (s := ranks.get(r)) is not None]
         return heapq.nsmallest(n, picked, key=_older_first)
 
 

@@ -248,3 +248,19 @@ def test_a_long_steady_job_keeps_its_counts_and_worst_ranks() -> None:
         job.now += 0.5
         job.scan()
     assert job.rules.tally.notable  # the silent, the stalled and the failed rank
+
+
+def test_a_monitor_hold_moves_the_progress_anchors_on() -> None:
+    """The monitor held from 1 s to 9 s: each rank's silence is counted without the
+    hold, so the rank longest without progress changes; the kept anchors follow."""
+    cfg = heartbeat_config(publish_interval_s=5.0, process_timeout_s=30.0, progress_timeout_s=90.0)
+    rules = HeartbeatRules(cfg, RUN, expected_world_size=2, started_at=0.0)
+    for rank, seen, since in ((0, 0.0, 3.0), (1, 8.0, 10.0)):
+        rec = heartbeat_record(rank, 1, run_id=RUN, t=seen, progress_seq=4, since=since)
+        assert rules.ingest(rec, seen)
+    rules.evaluate(8.0)
+    assert [s.rank for s in worst_of(rules, 1)] == [0]  # 11 s without progress, rank 1 10 s
+    rules.observer_held(1.0, 9.0)
+    rules.evaluate(9.0)
+    assert [s.rank for s in worst_ranks(list(rules.ranks.values()), 1)] == [1]  # 4 s vs 10 s
+    assert [s.rank for s in worst_of(rules, 1)] == [1]

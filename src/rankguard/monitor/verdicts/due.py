@@ -58,6 +58,11 @@ class DueRanks:
     def mark_node(self, node_rank: int | None) -> None:
         self._dirty |= self._node_ranks.get(node_rank, set())
 
+    def pending(self) -> bool:
+        """A rank has changed since the last scan took the ranks due (a new record not
+        evaluated yet: its ages are those before it until then)."""
+        return bool(self._dirty)
+
     def again(self, rank: int) -> None:
         self._every.add(rank)
 
