@@ -724,7 +724,7 @@ class JobMonitor:
 
     def worst_ranks(self, n: int) -> list[RankState]:
         """See :func:`rankguard.monitor.status.worst_ranks`."""
-        return status_rows.worst_ranks(self.rules.ranks.values(), n)
+        return status_rows.worst_of(self.rules, n)
 
     def _write_rank_detail(self, now: float) -> None:
         """Every rank's row, compact (one list a rank, ``columns`` names them), for

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field, replace
 
 from rankguard.monitor.config import HeartbeatConfig
 from rankguard.monitor.lostnode import LostNode
+from rankguard.monitor.tally import FindingSet, Tally
 from rankguard.monitor.verdicts import (
     NEVER_SEEN_EACH,
     Compose,
@@ -86,9 +87,21 @@ __all__ = [
     "Progress",
     "RankState",
     "Reason",
+    "ScanClock",
 ]
 
 logger = logging.getLogger(__name__)
+
+
+class ScanClock:
+    """The monitor time of the rules' latest scan, shared by the rank states it ages:
+    a rank's ages at that scan are computed where they are read, not written into
+    every rank at every scan (most ranks are not evaluated at a scan)."""
+
+    __slots__ = ("now",)
+
+    def __init__(self) -> None:
+        self.now = 0.0
 
 
 @dataclass(slots=True)
@@ -101,8 +114,10 @@ class RankState:
     start_mono_ns: int | None = None  # the same start by the host's monotonic clock
     liveness: Liveness = Liveness.NOT_OBSERVED
     progress: Progress = Progress.NOT_OBSERVED
-    heartbeat_age_s: float | None = None
-    progress_age_s: float | None = None
+    # the ages as last set (None: not evaluated yet); while ``ages`` is set, the ages
+    # are those at its scan time instead, computed where read (see :class:`ScanClock`)
+    frozen_ages: tuple[float | None, float | None] = (None, None)
+    ages: ScanClock | None = field(default=None, repr=False, compare=False)
     gpu_health: JsonObject | None = None
     active: set[FindingType] = field(default_factory=set)  # finding types active for this pid
     # the active types that came with a finding (the others are held as state only: an
@@ -124,6 +139,30 @@ class RankState:
     named_silent: HeartbeatRecord | None = None
 
     @property
+    def heartbeat_age_s(self) -> float | None:
+        """Seconds since its latest record was first seen, at the latest scan."""
+        ages, seen = self.ages, self.seen_at
+        if ages is None or seen is None:
+            return self.frozen_ages[0]
+        return ages.now - seen
+
+    @property
+    def progress_age_s(self) -> float | None:
+        """Seconds without progress by its latest record, at the latest scan."""
+        ages, seen, rec = self.ages, self.seen_at, self.record
+        if ages is None or seen is None:
+            return self.frozen_ages[1]
+        since = rec.since_progress_s if rec is not None else None
+        return ages.now - seen + since if since is not None else None
+
+    def freeze_ages(self) -> None:
+        """Keep the ages as they are now (its record or first-seen time is about to
+        change): they move on again once it is evaluated."""
+        if self.ages is not None:
+            self.frozen_ages = (self.heartbeat_age_s, self.progress_age_s)
+            self.ages = None
+
+    @property
     def reported(self) -> set[FindingType]:
         """The active types a finding was written for (what status calls active)."""
         return self.active & self.fired
@@ -136,10 +175,12 @@ class RankState:
         self.start_mono_ns = None
         self.liveness = Liveness.NOT_OBSERVED
         self.progress = Progress.NOT_OBSERVED
-        self.heartbeat_age_s = None
-        self.progress_age_s = None
-        self.active = set()
-        self.fired = set()
+        self.frozen_ages = (None, None)
+        self.ages = None
+        # (a rank of the rules: sets that mark it in their tally as they change)
+        active, fired = self.active, self.fired
+        self.active = active.emptied() if isinstance(active, FindingSet) else set()
+        self.fired = fired.emptied() if isinstance(fired, FindingSet) else set()
         self.blocked_by = []
         self.stall = None
         self.culprits_gone_at = None
@@ -223,6 +264,9 @@ class HeartbeatRules:
         # again (None while full or never full)
         self.disks: dict[int | None, tuple[DiskState, float | None]] = {}
         self._due = DueRanks(cfg.incremental_rules)
+        self.clock = ScanClock()  # the latest scan's time: the ranks' ages (RankState)
+        # the status counts, kept up to date: every change of a rank's state touches it
+        self.tally = Tally()
         # the verdicts (rankguard.monitor.verdicts): the job's, each at the scans it is
         # due, and a rank's turn
         self._never_seen = NeverSeen()
@@ -305,6 +349,9 @@ class HeartbeatRules:
         state = self.ranks.get(rank)
         if state is None:
             state = self.ranks[rank] = RankState(rank=rank)
+            tally = self.tally
+            state.active, state.fired = FindingSet(tally, rank), FindingSet(tally, rank)
+            tally.touch(rank)
         if not supersedes(
             record,
             state.record,
@@ -321,6 +368,7 @@ class HeartbeatRules:
             if had_process and self._settle_due:
                 self._settle_held(now)  # before a new process hides what it waited for
             state.reset(record.pid)
+            self.tally.touch(rank)
             if self.first_failure is not None and self.first_failure[0] == rank:
                 self.first_failure = None  # the failed rank was restarted: episode over
             if had_process:
@@ -342,6 +390,8 @@ class HeartbeatRules:
             state.phases_seen.setdefault(record.phase)
         if previous is None or previous.hostname != record.hostname:
             self._hosts.setdefault(record.hostname, {})[rank] = None
+        if state.ages is not None:
+            state.freeze_ages()  # as they were until its evaluation at the next scan
         state.record = record
         state.seen_at = now
         if self._first_sighting is None:
@@ -350,6 +400,7 @@ class HeartbeatRules:
             state.start_wall_ns = record.wall_time_ns
             state.start_mono_ns = record.monotonic_ns
         self._due.changed(rank, record.node_rank)
+        self.tally.place(rank, now, record.since_progress_s)
         return True
 
     def observer_held(self, start: float, end: float) -> None:
@@ -368,8 +419,10 @@ class HeartbeatRules:
             seen, rec = s.seen_at, s.record
             if seen is None or rec is None or rec.ended or seen >= end:
                 continue
+            s.freeze_ages()
             s.seen_at = seen + (end - max(start, seen))
             self._due.changed(s.rank, rec.node_rank)
+            self.tally.place(s.rank, s.seen_at, rec.since_progress_s)
 
     def ranks_on(self, hostname: str | None) -> list[RankState]:
         """The states of the ranks ever seen on ``hostname`` (their latest record may
@@ -391,6 +444,7 @@ class HeartbeatRules:
         gone = sorted(r for r in self.ranks if r >= world)
         for rank in gone:
             state = self.ranks.pop(rank)
+            self.tally.touch(rank)
             if state.pid is not None:
                 self._retired.add((rank, state.pid))
         if self.first_failure is not None and self.first_failure[0] >= world:
@@ -417,6 +471,7 @@ class HeartbeatRules:
         if FindingType.PROCESS_EXITED in s.active:
             return False
         s.active.add(FindingType.PROCESS_EXITED)
+        self.tally.touch(rank)
         return True
 
     def note_root_cause(self, rank: int, pid: int | None) -> None:
@@ -560,6 +615,7 @@ class HeartbeatRules:
             self._settle_held(now)
         findings, self._named = self._named, []
         self.health_for = health_for
+        self.clock.now = now  # every rank's ages move on (none are read before the pass)
         findings.extend(self.verdicts.evaluate(self, now))
         self.findings_total += len(findings)
         return findings
@@ -600,10 +656,32 @@ class HeartbeatRules:
         return self._due
 
     def evaluate_rank(self, state: RankState, now: float) -> list[Finding]:
+        self.tally.touch(state.rank)
         return self._evaluate_rank(state, now)
 
     def next_due_of(self, state: RankState) -> float:
         return self._next_due(state)
+
+    def judge_rank(self, state: RankState, now: float) -> tuple[list[Finding], float]:
+        verdicts = self.rank_verdicts
+        if self._due.incremental and verdicts.own:  # (the full turn: the reference)
+            # counted alive and progressing, nothing notable (no finding: see advanced)
+            as_counted = (
+                state.liveness is Liveness.ALIVE
+                and state.progress is Progress.PROGRESSING
+                and not state.blocked_by
+            )
+            state.ages = self.clock
+            due = verdicts.advanced(self, state, now)
+            if due is not None:
+                if not as_counted:
+                    self.tally.touch(state.rank)
+                return [], due
+        self.tally.touch(state.rank)
+        return self._evaluate_rank(state, now), self._next_due(state)
+
+    def recount(self, rank: int) -> None:
+        self.tally.touch(rank)
 
     def rank_failed(self, rank: int) -> None:
         self.rank_errors += 1
@@ -653,10 +731,7 @@ class HeartbeatRules:
         rec = s.record
         assert rec is not None and s.seen_at is not None
         out: list[Finding] = []
-        hb_age = now - s.seen_at
-        s.heartbeat_age_s = hb_age
-        since = rec.since_progress_s
-        s.progress_age_s = hb_age + since if since is not None else None
+        s.ages = self.clock  # its ages at this scan (the clock is at ``now``)
         s.late = False
         if rec.ended:
             self._exited(s, now, out)
@@ -756,6 +831,7 @@ class HeartbeatRules:
         self._silent_at = None  # between two records of one scan: found again
         for s in list(self.ranks.values()):
             if s.held_until is not None and s.record is not None and s.record.ended:
+                self.tally.touch(s.rank)
                 self._exited(s, now, self._named)
         self._silent_at = None
 
@@ -805,6 +881,7 @@ class HeartbeatRules:
     def _name_silent(self, t: RankState) -> None:
         """Rank ``t``'s process is named lost before its heartbeat timeout ran out: stale
         from now on, its own timeout (still to come) naming nothing more."""
+        self.tally.touch(t.rank)
         t.liveness, t.progress = Liveness.STALE, Progress.UNKNOWN
         t.stall, t.blocked_by, t.late = None, [], False
         t.named_silent = t.record

@@ -16,6 +16,7 @@ from typing import Any
 
 from rankguard.monitor.agree import finished_before_stop
 from rankguard.monitor.rules import HeartbeatRules, Liveness, Progress, RankState
+from rankguard.monitor.tally import NOTABLE, notable
 from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.status import RankDetail, RankRow, StatusSummary
 
@@ -28,6 +29,7 @@ __all__ = [
     "job_state",
     "n_ranks",
     "rank_row",
+    "worst_of",
     "worst_ranks",
 ]
 
@@ -50,7 +52,6 @@ DETAIL_COLUMNS = (
     "active_findings",
     "blocked_by",
 )
-_NOTABLE = frozenset({Progress.STALLED, Progress.UNKNOWN})
 
 #: One rank as the scan saw it, for the detail thread (formatted off the scan).
 DetailSnapshot = tuple[Any, ...]
@@ -106,25 +107,25 @@ def counts(
     world = rules.world_size()
     total = n_ranks(rules)
     complete = total <= rows_max
+    tally = rules.tally
+    tally.update(rules.ranks)
     if complete:
         rows = [rank_row(rules.ranks.get(r) or RankState(rank=r)) for r in range(total)]
         liveness = Counter(r.process_liveness for r in rows)
         progress = Counter(r.gpu_progress for r in rows)
         active = sum(len(r.active_findings) for r in rows)
-    else:  # a large job: counts over every rank, rows of the worst only
-        states = rules.ranks.values()
-        # counted as enums (hashing them is 4x faster than reading .value)
-        liveness = Counter({k.value: n for k, n in Counter(s.liveness for s in states).items()})
-        progress = Counter({k.value: n for k, n in Counter(s.progress for s in states).items()})
+    else:  # a large job: counts over every rank (kept up to date), rows of the worst only
+        liveness = Counter({k.value: n for k, n in tally.liveness.items() if n})
+        progress = Counter({k.value: n for k, n in tally.progress.items() if n})
         unseen = total - len(rules.ranks)
         if unseen:
             liveness[Liveness.NOT_OBSERVED.value] += unseen
             progress[Progress.NOT_OBSERVED.value] += unseen
-        active = sum(len(s.reported) for s in states if s.active)
-        rows = [rank_row(s) for s in worst_ranks(states, worst_max)]
+        active = tally.findings
+        rows = [rank_row(s) for s in worst_of(rules, worst_max)]
     summary = StatusSummary(
         ranks_expected=world,
-        ranks_observed=sum(1 for s in rules.ranks.values() if s.record),
+        ranks_observed=tally.observed,
         process_liveness=dict(liveness),  # type: ignore[arg-type]
         gpu_progress=dict(progress),  # type: ignore[arg-type]
         findings_total=rules.findings_total,
@@ -173,21 +174,40 @@ def _finished(rules: HeartbeatRules) -> bool:
 def worst_ranks(states: Iterable[RankState], n: int) -> list[RankState]:
     """The ``n`` ranks that most need a look, worst first: with an active finding,
     then stale, stalled or ended in error, then blocked by another rank, then the
-    longest without progress."""
+    longest without progress (of equal ages, the lower rank first)."""
     if n <= 0:
         return []
     states = list(states) if not isinstance(states, list | tuple) else states
-    notable = [s for s in states if s.active or s.blocked_by or s.progress in _NOTABLE]
-    picked = heapq.nsmallest(n, notable, key=_badness)
+    picked = heapq.nsmallest(n, [s for s in states if notable(s)], key=_badness)
     if len(picked) < n:
         chosen = {s.rank for s in picked}
         rest = heapq.nlargest(
             n - len(picked),
             (s for s in states if s.rank not in chosen and s.progress_age_s is not None),
-            key=lambda s: s.progress_age_s or 0.0,
+            key=_longer_without_progress,
         )
         picked += rest
     return picked
+
+
+def worst_of(rules: HeartbeatRules, n: int) -> list[RankState]:
+    """:func:`worst_ranks` of every rank of ``rules``, from its counts kept up to date
+    (:class:`~rankguard.monitor.tally.Tally`): the notable ranks, then the longest
+    without progress by their progress anchors, without a pass over every rank."""
+    if n <= 0:
+        return []
+    tally, ranks = rules.tally, rules.ranks
+    tally.update(ranks)
+    if rules.due_ranks.pending():  # a rank's ages wait for its evaluation: every rank
+        return worst_ranks(ranks.values(), n)
+    picked = heapq.nsmallest(n, [ranks[r] for r in tally.notable], key=_badness)
+    if len(picked) < n:
+        picked += tally.longest_without_progress(ranks, n - len(picked), {s.rank for s in picked})
+    return picked
+
+
+def _longer_without_progress(s: RankState) -> tuple[float, int]:
+    return s.progress_age_s or 0.0, -s.rank  # (ties: the lower rank first)
 
 
 def detail_snapshot(rules: HeartbeatRules) -> list[DetailSnapshot]:
@@ -241,7 +261,7 @@ def _badness(s: RankState) -> tuple[int, float, int]:
     """Sort key, worst first (see :func:`worst_ranks`)."""
     if s.active:
         tier = 0
-    elif s.liveness is Liveness.STALE or s.progress in _NOTABLE:
+    elif s.liveness is Liveness.STALE or s.progress in NOTABLE:
         tier = 1
     else:
         tier = 2

@@ -75,8 +75,18 @@ class JobView(Protocol):
         """Rank ``state``'s turn: its ages, its end, then the rank verdicts."""
         ...
 
+    def judge_rank(self, state: RankState, now: float) -> tuple[list[Finding], float]:
+        """Rank ``state``'s turn and when it is due again: :meth:`evaluate_rank`, then
+        :meth:`next_due_of` (a rank that only advanced is judged in one step)."""
+        ...
+
     def next_due_of(self, state: RankState) -> float:
         """When rank ``state`` is due again without a new record."""
+        ...
+
+    def recount(self, rank: int) -> None:
+        """Rank ``rank``'s state changed outside its turn: counted again for the
+        status (:class:`~rankguard.monitor.tally.Tally`)."""
         ...
 
     def rank_failed(self, rank: int) -> None:

@@ -58,6 +58,11 @@ class DueRanks:
     def mark_node(self, node_rank: int | None) -> None:
         self._dirty |= self._node_ranks.get(node_rank, set())
 
+    def pending(self) -> bool:
+        """A rank has changed since the last scan took the ranks due (a new record not
+        evaluated yet: its ages are those before it until then)."""
+        return bool(self._dirty)
+
     def again(self, rank: int) -> None:
         self._every.add(rank)
 
@@ -94,21 +99,19 @@ class DueRanks:
                 self._heap = [(w, r) for r, w in self._at.items()]
                 heapq.heapify(self._heap)
 
-    def age_others(self, now: float, ranks: dict[int, RankState]) -> None:
-        """The ages a full evaluation would have set on the ranks not evaluated."""
+    def age_stalls(self, now: float, ranks: dict[int, RankState], stalled: set[int]) -> None:
+        """The stall ages a full evaluation would have set on the stalled ranks not
+        evaluated (``stalled``: a superset of them). The heartbeat and progress ages of
+        every rank move on by themselves (:class:`~rankguard.monitor.rules.ScanClock`)."""
         if not self.incremental:
             return
-        for s in ranks.values():
-            seen = s.seen_at
-            if seen is None:
+        for rank in stalled:
+            s = ranks.get(rank)
+            if s is None or s.stall is None:
                 continue
-            age = now - seen
-            s.heartbeat_age_s = age
-            rec = s.record
-            since = rec.since_progress_s if rec is not None else None
-            s.progress_age_s = age + since if since is not None else None
-            if s.stall is not None and s.progress_age_s is not None and rec is not None:
-                s.stall = (s.stall[0], stall_age(s, rec, now, s.progress_age_s))
+            age, rec = s.progress_age_s, s.record
+            if age is not None and rec is not None:
+                s.stall = (s.stall[0], stall_age(s, rec, now, age))
 
     def earliest(self) -> float | None:
         heap, at = self._heap, self._at

@@ -62,6 +62,8 @@ class StallCulprits:
         view.stalled.intersection_update(s.rank for s in stalled)  # drop reset ranks
         if not stalled:
             return []
+        for s in stalled:  # culprits named, victims blocked: their states change here
+            view.recount(s.rank)
         # a rank whose heartbeats are late is the likely cause too (its own heartbeat
         # timeout names it if it does not come back)
         down = [s.rank for s in ranks.values() if s.active & _DEAD or s.late]
