@@ -16,7 +16,7 @@ from typing import Any
 
 from rankguard.monitor.agree import finished_before_stop
 from rankguard.monitor.rules import HeartbeatRules, Liveness, Progress, RankState
-from rankguard.monitor.tally import NOTABLE, notable
+from rankguard.monitor.tally import NOTABLE, Tally, notable
 from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.status import RankDetail, RankRow, StatusSummary
 
@@ -115,8 +115,7 @@ def counts(
         progress = Counter(r.gpu_progress for r in rows)
         active = sum(len(r.active_findings) for r in rows)
     else:  # a large job: counts over every rank (kept up to date), rows of the worst only
-        liveness = Counter({k.value: n for k, n in tally.liveness.items() if n})
-        progress = Counter({k.value: n for k, n in tally.progress.items() if n})
+        liveness, progress = _first_seen_order(rules.ranks.values(), tally)
         unseen = total - len(rules.ranks)
         if unseen:
             liveness[Liveness.NOT_OBSERVED.value] += unseen
@@ -132,6 +131,34 @@ def counts(
         findings_active=active,
     )
     return rows, summary, RankDetail(complete=complete, listed=len(rows))
+
+
+def _first_seen_order(
+    states: Iterable[RankState], tally: Tally
+) -> tuple[Counter[str | None], Counter[str | None]]:
+    """The kept counts, each in the order its values first appear among the ranks (as
+    counted over every rank: status.json's keys keep their order). The walk ends once
+    every value counted was met: at the first rank when all ranks agree."""
+    live_left = {k for k, n in tally.liveness.items() if n}
+    prog_left = {k for k, n in tally.progress.items() if n}
+    live_order: list[Liveness] = []
+    prog_order: list[Progress] = []
+    for s in states:
+        if not (live_left or prog_left):
+            break
+        if s.liveness in live_left:
+            live_left.discard(s.liveness)
+            live_order.append(s.liveness)
+        if s.progress in prog_left:
+            prog_left.discard(s.progress)
+            prog_order.append(s.progress)
+    liveness: Counter[str | None] = Counter(
+        {k.value: tally.liveness[k] for k in (*live_order, *live_left)}
+    )
+    progress: Counter[str | None] = Counter(
+        {k.value: tally.progress[k] for k in (*prog_order, *prog_left)}
+    )
+    return liveness, progress
 
 
 def job_state(
