@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -782,6 +783,57 @@ def run_ranks(
     if errors:
         raise AssertionError("\n".join(errors))
     return [results[r] for r in range(world)]
+
+
+def _module_rank(module: str, argv: list[str], env: dict[str, str], out: str) -> None:
+    """One rank of :func:`start_module_ranks`: ``python -m module argv`` as ``__main__``
+    in this forked process, with the rank's environment, its standard output and error
+    to ``out`` (the process exits with the module's code)."""
+    import runpy
+
+    os.environ.clear()
+    os.environ.update(env)
+    target = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    for fd in (1, 2):
+        os.dup2(target, fd)
+    os.close(target)
+    sys.argv = [module, *argv]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def start_module_ranks(module: str, argv: list[str], world: int, out_dir: Path) -> list[Any]:
+    """``python -m module argv`` on ``world`` ranks as torch's launchers start them
+    (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT`` of a store
+    hosted by rank 0), without a launcher: each rank a process forked from
+    :func:`rank_context`'s forkserver (no interpreter's start or torch's import of its
+    own), its output in ``out_dir/rank_<r>.out``. The processes, started; the caller
+    joins them (their ``exitcode``) and kills those left."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(("RANKGUARD_", "TORCHELASTIC_", "PET_"))
+    }
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world))
+    ctx = rank_context()
+    procs = [
+        ctx.Process(
+            target=_module_rank,
+            args=(
+                module,
+                argv,
+                {**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                str(out_dir / f"rank_{r}.out"),
+            ),
+            daemon=True,
+        )
+        for r in range(world)
+    ]
+    for proc in procs:
+        proc.start()
+    return procs
 
 
 # ---- rerun state machine --------------------------------------------------------------

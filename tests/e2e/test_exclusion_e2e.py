@@ -74,10 +74,16 @@ def test_an_xid_error_and_the_rerun_state_machine_each_exclude_a_node_the_others
     it is excluded before it joins any round, its ranks never start. The three others
     train; a NaN on global rank 2's first hardware only (exit 16, resume, the re-run
     differs: exit 17 naming rank 2) excludes rank 2's node; the two left resume from
-    the checkpoint as a group of two and complete."""
+    the checkpoint as a group of two and complete. ``--preload torch``: each node's
+    ranks and their restarts are forked from its fork server (agent 3's, started before
+    its GPU check, ends with it: nothing of the job is left)."""
     port = free_port()
     logs = {a: tmp_path / f"agent{a}" for a in range(4)}
     target = (
+        # the ranks and their restarts forked from each node's fork server: their start
+        # is not the subject (the repeated-crashes job starts its ranks afresh)
+        "--preload",
+        "torch",
         "--max-restarts",
         "2",
         "-m",

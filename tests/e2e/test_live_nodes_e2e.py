@@ -24,6 +24,8 @@ from pathlib import Path
 import pytest
 from torch.distributed import TCPStore
 
+from tests.factories import start_module_ranks
+
 from .conftest import (
     fast_sets,
     free_port,
@@ -96,27 +98,12 @@ def _text(log: Path) -> str:
 def test_a_lost_nodes_rank_is_taken_over_by_the_other_nodes_standby(
     tmp_path: Path, run_id: str
 ) -> None:
-    # the uninterrupted run, beside the job (its losses are read at the end)
-    ref_log = tmp_path / "ref.log"
-    with open(ref_log, "w", encoding="utf-8") as out:
-        ref = subprocess.Popen(
-            rankguard_cmd(
-                "run",
-                "--standalone",
-                "--nproc-per-node",
-                "2",
-                "--preload",
-                "torch",
-                "--log-dir",
-                str(tmp_path / "ref"),
-                *DEMO,
-            ),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
+    # the uninterrupted run, beside the job (its losses are read at the end): the demo's
+    # two ranks without a launcher, forked from the rank tests' fork server (what is
+    # compared is the demo's arithmetic, not a launch: no launcher, fork server and
+    # monitor of its own)
+    (tmp_path / "ref").mkdir()
+    ref = start_module_ranks(DEMO[1], DEMO[2:], 2, tmp_path / "ref")
     port = free_port()
     store = TCPStore("127.0.0.1", port, is_master=True, multi_tenant=True, wait_for_workers=False)
     logs = [tmp_path / f"agent{i}.log" for i in range(2)]
@@ -148,14 +135,20 @@ def test_a_lost_nodes_rank_is_taken_over_by_the_other_nodes_standby(
         os.killpg(procs[node1].pid, signal.SIGKILL)
         procs[node1].wait(timeout=10)
         code = procs[node0].wait(timeout=90)
-        ref_code = ref.wait(timeout=60)
+        for rank in ref:
+            rank.join(60)
+        ref_codes = [rank.exitcode for rank in ref]
     finally:
-        for proc in [*procs, ref]:
+        for proc in procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
+        for rank in ref:
+            if rank.exitcode is None:
+                rank.kill()
+                rank.join(10)
         del store
-    ref_out = _text(ref_log)
-    assert ref_code == 0, ref_out[-6000:]
+    ref_out = _text(tmp_path / "ref" / "rank_0.out")  # rank 0 prints the losses
+    assert ref_codes == [0, 0], ref_out[-6000:] + _text(tmp_path / "ref" / "rank_1.out")[-3000:]
     reference = _losses(ref_out)
     assert len(reference) == STEPS
     out = _text(logs[node0])

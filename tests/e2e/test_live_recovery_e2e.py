@@ -1,17 +1,23 @@
 """End to end: live recovery under the real ``rankguard run`` (3 CPU ranks on gloo, the
-demo model in DDP, deterministic data): a hung rank taken over by the standby in place,
-the standby refilled, a SIGKILLed rank taken over by the refilled one, then a third loss
+demo model in DDP, deterministic data). One launch with ``--preload torch`` (the ranks,
+the standby and its refill forked from the fork server): a hung rank taken over by the
+standby in place, the standby refilled (a new standby forked into the lost process's
+slot, said ready), a SIGKILLed rank taken over by the refilled one, then a third loss
 (the refilled one, killed in its turn) with no standby left (the group restart, said);
 the restarted group's standby, not needed, leaves with the ranks and writes nothing. A
-second launch: a SIGSTOPped rank, found by its heartbeat timeout and killed by fault
-tolerance, replaced live.
+second launch, its ranks and standbys started afresh (no ``--preload``): a SIGSTOPped
+rank, found by its heartbeat timeout and killed by fault tolerance, replaced live, and a
+new standby started in its place.
 
-Why a real launch: only the agent's own watch of the worker processes, the standby
-processes and the ranks' in-process rounds together show that the survivors keep their
-pids and the job goes on without a group restart. The launcher's decisions alone (a
+Why a real launch: only the agent's own watch of the worker processes (torch elastic's
+``MultiprocessContext`` of forked workers, or its subprocesses), the standby processes
+and the ranks' in-process rounds together show that the survivors keep their pids and
+the job goes on without a group restart, and that a refill forked later is a worker of
+the same context (its standby's wait reached). The launcher's decisions alone (a
 script that declares no state restarts the group, saying so in one line; a standby
 ending early; the group restart when none is left) are tested on fake processes in
-``tests/unit/launcher/test_live.py`` and ``tests/unit/live/test_plan.py``."""
+``tests/unit/launcher/test_live.py`` and ``tests/unit/live/test_plan.py``; the view of
+the forked workers on a real context in ``tests/unit/launcher/test_live_forked.py``."""
 
 from __future__ import annotations
 
@@ -52,6 +58,7 @@ LIVE = [
 # the loss as the demo prints it (``.4f``): an unbuffered ``print`` writes the line and
 # its newline apart, and another process's line may come between the two
 _LOSS = re.compile(r"\[demo\] step (\d+)/\d+ loss (-?(?:\d+\.\d{4}|nan|inf))")
+_READY = re.compile(r"live recovery: new standby pid (\d+) ready \(([\d.]+) s after its start\)")
 
 
 def _job(
@@ -61,11 +68,13 @@ def _job(
     *args: str,
     standbys: int = 1,
     refills: int | None = None,
+    preload: tuple[str, ...] = (),
 ) -> tuple[str, int, Path]:
     launch = [] if refills is None else ["--set", f"inprocess_restart.standby_refills={refills}"]
     res = run_rankguard(
         [
             *standalone_run(run_id, tmp_path, nproc=nproc),
+            *preload,
             "--standby-ranks",
             str(standbys),
             "--max-restarts",
@@ -105,8 +114,9 @@ def _records(path: Path) -> list[dict[str, Any]]:
 def test_lost_ranks_are_replaced_in_place_then_no_standby_left_restarts(
     tmp_path: Path, run_id: str
 ) -> None:
-    """Rank 2 hangs past the hard timeout after step 4 (the standby takes it, and the
-    node starts a new one in its place: one refill allowed), rank 1 is SIGKILLed after
+    """The ranks, the standby and its refill forked from the ``--preload torch`` fork
+    server. Rank 2 hangs past the hard timeout after step 4 (the standby takes it, and
+    the node forks a new one in its place: one refill allowed), rank 1 is SIGKILLed after
     step 8 (the refilled standby takes it), and rank 1 again after step 20 (the refilled
     standby, now rank 1): no standby left, the group restart; the next attempt runs from
     step 1 without a fault: the reference losses, and its new standby, never needed,
@@ -127,6 +137,7 @@ def test_lost_ranks_are_replaced_in_place_then_no_standby_left_restarts(
         *("--fault-duration", "60"),
         standbys=1,
         refills=1,
+        preload=("--preload", "torch"),
     )
     assert rc == 0, out[-4000:]
     lines = read_jsonl(run_dir / "restarts.jsonl")
@@ -148,6 +159,10 @@ def test_lost_ranks_are_replaced_in_place_then_no_standby_left_restarts(
         f"live recovery: new standby pid {killed['standby_pid']} started in place of rank "
         "2's lost process; standbys on this node: 1 waiting, 1 used, 1 started to refill"
     ) in out
+    # the refill forked later reached its standby's wait before the second loss: the
+    # forked context's worker, not a group restart
+    ready = {int(pid): float(secs) for pid, secs in _READY.findall(out)}
+    assert killed["standby_pid"] in ready, out[-4000:]
     assert (
         "live recovery cannot apply: rank 1 (SIGKILL) lost and no standby left on this "
         "node: the worker group restarts" in out
@@ -230,15 +245,18 @@ def test_a_stopped_rank_is_killed_once_its_stacks_are_in_and_replaced_live(
     heartbeat timeout names it, fault tolerance writes its stacks (py-spy reads a
     stopped process as it is: it is not let run) and kills it at once, the standby takes
     its place. One finding names the hang; no second one for the process fault tolerance
-    ended, and the survivor's wait in the round stays under its hard timeout."""
+    ended, and the survivor's wait in the round stays under its hard timeout. The ranks
+    and standbys are new interpreters (no ``--preload``), and one refill is allowed: a
+    new standby started afresh in place of the used one."""
     res = run_rankguard(
         [
             *standalone_run(run_id, tmp_path, nproc=2),
             "--standby-ranks",
             "1",
             *LIVE,
-            # no standby started in place of the used one (refills: the first job)
-            *("--set", "inprocess_restart.standby_refills=0"),
+            # one standby started afresh in place of the used one (the first job's refill
+            # is forked: this is the refill started as a new interpreter)
+            *("--set", "inprocess_restart.standby_refills=1"),
             *("--set", "fault_tolerance.enable_ft_package=true"),
             *("--set", "fault_tolerance.num_in_job_restarts=1"),
             "-m",
@@ -261,6 +279,9 @@ def test_a_stopped_rank_is_killed_once_its_stacks_are_in_and_replaced_live(
         ("rank_process_heartbeat_timeout", "restart")
     ], findings
     assert not [f for f in findings if f["finding_type"] == "rank_section_timeout"], findings
+    # a new standby started afresh in the lost process's slot (ended with the job if
+    # still starting)
+    assert "started in place of rank 1's lost process" in out, out[-4000:]
     stacks = Path(mine[0]["stack_dump"]).read_text(encoding="utf-8")
     if "py-spy dump" in stacks:  # py-spy on PATH: the stopped rank read as it is
         assert "--nonblocking" in stacks, stacks[:500]
