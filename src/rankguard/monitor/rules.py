@@ -134,6 +134,10 @@ class RankState:
     held_until: float | None = None
     # the record's collectives block, parsed once per record (the record it came from)
     collectives: tuple[HeartbeatRecord, CollectivesBlock | None] | None = None
+    # whether the record says the rank waits inside a collective, once per record
+    inside: tuple[HeartbeatRecord, bool] | None = None
+    # whether the record says the rank is in a phase of its own, once per record
+    busy: tuple[HeartbeatRecord, bool] | None = None
     # the record after which its heartbeats were named stopped before its timeout (a
     # restart or the run's end cut the wait short): stale until a newer record
     named_silent: HeartbeatRecord | None = None
@@ -190,6 +194,8 @@ class RankState:
         self.resumed_at = None
         self.held_until = None
         self.collectives = None
+        self.inside = None
+        self.busy = None
         self.named_silent = None
 
 

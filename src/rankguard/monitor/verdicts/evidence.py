@@ -85,14 +85,21 @@ def in_collective(state: RankState) -> bool:
     completed: DDP's reducer and FSDP's hooks wait there in C++), else by the Python
     frame (a ``torch.distributed`` call), else by the native call that frame is in
     (``main_call``: ``wait``, a point-to-point request's ``Work.wait``, which gloo's
-    flight recorder does not record)."""
+    flight recorder does not record). Worked out once per record."""
+    rec = state.record
+    cached = state.inside
+    if cached is not None and cached[0] is rec:
+        return cached[1]
     block = collectives(state)
     if block is not None and block.inside:
-        return True
-    rec = state.record
-    if rec is None:
+        inside = True
+    elif rec is None:
         return False
-    return waits_in_collective(rec.main_frame) or rec.extra.get("main_call") == WAIT_CALL
+    else:
+        inside = waits_in_collective(rec.main_frame) or rec.extra.get("main_call") == WAIT_CALL
+    if rec is not None:
+        state.inside = (rec, inside)
+    return inside
 
 
 def p2p_wait(state: RankState) -> bool:
@@ -117,9 +124,9 @@ def behind_in_collectives(states: list[RankState]) -> list[int] | None:
     of the chain, which waits on no one and is the one returned; a rank waiting in a
     point-to-point operation (:func:`p2p_wait`) waits on a peer too."""
     blocks = {s.rank: collectives(s) for s in states}
-    p2p = {s.rank for s in states if p2p_wait(s)}  # waiting on a peer too
     if len(blocks) < 2 or any(b is None for b in blocks.values()):
         return None
+    p2p = {s.rank for s in states if p2p_wait(s)}  # waiting on a peer too
     have = {r: b for r, b in blocks.items() if b is not None}
     names = sorted({g.group for b in have.values() for g in b.groups})
     culprits: set[int] = set()
@@ -138,15 +145,20 @@ def behind_in_collectives(states: list[RankState]) -> list[int] | None:
 
 
 def busy(state: RankState) -> bool:
-    """In a phase of its own (saving, evaluating, a user section), not training."""
+    """In a phase of its own (saving, evaluating, a user section), not training.
+    Worked out once per record."""
     rec = state.record
-    if rec is None or rec.ended:
+    if rec is None:
         return False
-    return rec.checkpoint_active or (rec.phase or SETUP_PHASE) not in (
-        SETUP_PHASE,
-        TRAIN_PHASE,
-        "step",
+    cached = state.busy
+    if cached is not None and cached[0] is rec:
+        return cached[1]
+    own = not rec.ended and (
+        rec.checkpoint_active
+        or (rec.phase or SETUP_PHASE) not in (SETUP_PHASE, TRAIN_PHASE, "step")
     )
+    state.busy = (rec, own)
+    return own
 
 
 def seq(state: RankState) -> int:

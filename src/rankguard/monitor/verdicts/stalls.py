@@ -57,23 +57,35 @@ class StallCulprits:
         return -math.inf if view.stalled else math.inf
 
     def evaluate(self, view: JobView, now: float) -> list[Finding]:
-        ranks = view.ranks
-        stalled = [s for s in ranks.values() if s.stall is not None]
+        # one pass over the ranks: the stalled, those down (a rank whose heartbeats
+        # are late is the likely cause too: its own heartbeat timeout names it if it
+        # does not come back), those flagged as stalled, and the live
+        stalled: list[RankState] = []
+        down: list[int] = []
+        flagged: list[tuple[int, int]] = []
+        live: list[RankState] = []
+        alive = Liveness.ALIVE
+        for s in view.ranks.values():
+            if s.stall is not None:
+                stalled.append(s)
+            active = s.active
+            if active:
+                if active & _DEAD or s.late:
+                    down.append(s.rank)
+                if FindingType.PROGRESS_TIMEOUT in active:
+                    flagged.append((s.rank, seq(s)))
+            elif s.late:
+                down.append(s.rank)
+            if s.liveness is alive:
+                live.append(s)
         view.stalled.intersection_update(s.rank for s in stalled)  # drop reset ranks
         if not stalled:
             return []
         for s in stalled:  # culprits named, victims blocked: their states change here
             view.recount(s.rank)
-        # a rank whose heartbeats are late is the likely cause too (its own heartbeat
-        # timeout names it if it does not come back)
-        down = [s.rank for s in ranks.values() if s.active & _DEAD or s.late]
-        flagged = [
-            (s.rank, seq(s)) for s in ranks.values() if FindingType.PROGRESS_TIMEOUT in s.active
-        ]
         # Furthest behind among live ranks: a stalled rank ahead of a live rank is
         # waiting for it, even before that rank crosses its own timeout (its records
         # may come later, through the relay of another node).
-        live = [s for s in ranks.values() if s.liveness is Liveness.ALIVE]
         lowest = min(seq(s) for s in live or stalled)
         # Equally far behind, but some ranks wait inside a collective and others do
         # not: those waiting wait for the others (a hang before the collective).
@@ -101,7 +113,14 @@ class StallCulprits:
         out: list[Finding] = []
         hang: list[HangClass | None] = []  # classified once, at the first hang named
         # busy ranks first: one that overstayed is named before those waiting on it
-        for s in sorted(stalled, key=lambda st: (not busy(st), st.rank)):
+        busy_live = {t.rank for t in busy_ranks}
+        stalled.sort(  # busy() once per rank: the live ones' from busy_ranks
+            key=lambda st: (
+                not (st.rank in busy_live if st.liveness is alive else busy(st)),
+                st.rank,
+            )
+        )
+        for s in stalled:
             if FindingType.PROGRESS_TIMEOUT in s.active:
                 continue
             # Culprits: ranks down, or flagged as stalled further behind than this one.
