@@ -213,3 +213,24 @@ def test_every_rank_inside_the_same_collective_is_reported() -> None:
             feed.beat(rank, float(t), progress_seq=5, since=float(t), collectives=_at(9, 8))
         found += types_of(rules.evaluate(t + 0.1))
     assert sorted(found) == [(0, "gpu_progress_timeout"), (1, "gpu_progress_timeout")]
+
+
+def test_a_ranks_place_and_phase_follow_its_latest_record() -> None:
+    """Whether a rank waits inside a collective and whether it is in a phase of its own
+    are worked out once per record: each new record of the rank is read anew."""
+    from rankguard.monitor.verdicts.evidence import busy, in_collective
+
+    rules = _rules(world=1)
+    feed = Feed(rules)
+    places = [
+        ("distributed_c10d.py:2810 in all_reduce", "train", True, False),
+        ("train.py:40 in step", "eval", False, True),
+        ("c10d_logger.py:81 in wrapper", "train", True, False),
+        ("train.py:40 in step", "train", False, False),
+    ]
+    for t, (frame, phase, inside, own) in enumerate(places):
+        feed.beat(0, float(t), progress_seq=5, since=0.0, main_frame=frame, phase=phase)
+        state = rules.ranks[0]
+        for _ in range(2):  # the second read from what the first worked out
+            assert in_collective(state) is inside, (t, frame)
+            assert busy(state) is own, (t, phase)
