@@ -134,10 +134,13 @@ class RankState:
     held_until: float | None = None
     # the record's collectives block, parsed once per record (the record it came from)
     collectives: tuple[HeartbeatRecord, CollectivesBlock | None] | None = None
-    # whether the record says the rank waits inside a collective, once per record
-    inside: tuple[HeartbeatRecord, bool] | None = None
-    # whether the record says the rank is in a phase of its own, once per record
-    busy: tuple[HeartbeatRecord, bool] | None = None
+    # whether the record says the rank waits inside a collective, and whether it is in a
+    # phase of its own: worked out once per record (the record each was read from; two
+    # fields each, not a tuple: no allocation per record)
+    inside_of: HeartbeatRecord | None = None
+    inside: bool = False
+    busy_of: HeartbeatRecord | None = None
+    busy: bool = False
     # the record after which its heartbeats were named stopped before its timeout (a
     # restart or the run's end cut the wait short): stale until a newer record
     named_silent: HeartbeatRecord | None = None
@@ -194,8 +197,8 @@ class RankState:
         self.resumed_at = None
         self.held_until = None
         self.collectives = None
-        self.inside = None
-        self.busy = None
+        self.inside_of = None
+        self.busy_of = None
         self.named_silent = None
 
 

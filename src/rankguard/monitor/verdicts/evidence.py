@@ -87,18 +87,15 @@ def in_collective(state: RankState) -> bool:
     (``main_call``: ``wait``, a point-to-point request's ``Work.wait``, which gloo's
     flight recorder does not record). Worked out once per record."""
     rec = state.record
-    cached = state.inside
-    if cached is not None and cached[0] is rec:
-        return cached[1]
-    block = collectives(state)
-    if block is not None and block.inside:
-        inside = True
-    elif rec is None:
+    if rec is None:
         return False
-    else:
-        inside = waits_in_collective(rec.main_frame) or rec.extra.get("main_call") == WAIT_CALL
-    if rec is not None:
-        state.inside = (rec, inside)
+    if state.inside_of is rec:
+        return state.inside
+    block = collectives(state)
+    inside = (block is not None and block.inside) or (
+        waits_in_collective(rec.main_frame) or rec.extra.get("main_call") == WAIT_CALL
+    )
+    state.inside_of, state.inside = rec, inside
     return inside
 
 
@@ -150,14 +147,13 @@ def busy(state: RankState) -> bool:
     rec = state.record
     if rec is None:
         return False
-    cached = state.busy
-    if cached is not None and cached[0] is rec:
-        return cached[1]
+    if state.busy_of is rec:
+        return state.busy
     own = not rec.ended and (
         rec.checkpoint_active
         or (rec.phase or SETUP_PHASE) not in (SETUP_PHASE, TRAIN_PHASE, "step")
     )
-    state.busy = (rec, own)
+    state.busy_of, state.busy = rec, own
     return own
 
 
