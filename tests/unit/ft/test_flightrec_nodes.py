@@ -110,7 +110,9 @@ def test_node1s_local_rank_1_that_did_not_join_is_named_as_global_rank_3(
     for r in (2, 3):
         relay.offer(heartbeat_record(r, pid=os.getpid(), node_rank=1, ranks_per_node=PER_NODE))
     states = {
-        r: SimpleNamespace(record=_record(r), liveness=Liveness.ALIVE, collectives=None)
+        r: SimpleNamespace(
+            record=_record(r), liveness=Liveness.ALIVE, collectives=None, inside_of=None
+        )
         for r in docs
     }
     monitor = SimpleNamespace(rules=SimpleNamespace(ranks=states))
@@ -157,10 +159,14 @@ def test_a_lost_nodes_rank_is_not_asked_for_its_trace(tmp_path: Path) -> None:
     ranks = [_Rank(run0, r, d) for r, d in docs.items()]
     store = DictStore()  # no relay of node 1: it is gone
     states = {
-        r: SimpleNamespace(record=_record(r), liveness=Liveness.ALIVE, collectives=None)
+        r: SimpleNamespace(
+            record=_record(r), liveness=Liveness.ALIVE, collectives=None, inside_of=None
+        )
         for r in docs
     }
-    states[2] = SimpleNamespace(record=_record(2), liveness=Liveness.STALE, collectives=None)
+    states[2] = SimpleNamespace(
+        record=_record(2), liveness=Liveness.STALE, collectives=None, inside_of=None
+    )
     monitor = SimpleNamespace(rules=SimpleNamespace(ranks=states))
     sink = HangTraces(
         run0,

@@ -278,6 +278,7 @@ def test_a_hang_gets_the_verdict_with_no_action(tmp_path: Path) -> None:
                 pid=os.getpid(), ended=False, hostname=host, main_frame=None, extra={}
             ),
             collectives=None,
+            inside_of=None,
         )
         for r in (0, 1)
     }
