@@ -32,7 +32,8 @@ from torch import serialization
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
-from rankguard.checkpoint.idlewrite import IdleOutcome, IdleWindow, restore_permitted
+from rankguard.checkpoint import idlewrite
+from rankguard.checkpoint.idlewrite import IdleOutcome, IdleWindow
 from rankguard.checkpoint.writer import Digest, DigestFile
 from rankguard.util.cpuprio import yield_cpu
 
@@ -104,8 +105,10 @@ class BackgroundWriter(FileSystemWriter):
             fs = self.fs
             assert isinstance(fs, _DigestFileSystem)
             fs.direct = False
-            # DCP's checkpoint process: no interpreter lock shared with the training
-            window = IdleWindow(self.idle_max_s) if restore_permitted() else None
+            # DCP's checkpoint process: no interpreter lock shared with the training.
+            # Looked up in idlewrite at each write, as IdleWindow does, not bound at
+            # this module's import: the write and its window have one answer
+            window = IdleWindow(self.idle_max_s) if idlewrite.restore_permitted() else None
             if window is None:
                 yield_cpu()  # for good: this process may not raise it back
                 return super().write_data(plan, planner)

@@ -48,26 +48,30 @@ class IdleOutcome(str, enum.Enum):
 
 
 def _probe() -> bool:
-    """On a thread of its own: lowered to ``SCHED_IDLE`` and back; True if both took."""
-    ok: list[bool] = []
-
-    def run() -> None:
-        tid = threading.get_native_id()
+    """A short thread of its own lowered to ``SCHED_IDLE`` and raised back, both by the
+    caller (by the thread's id: the kernel checks the permission against the thread
+    changed, not the one changing it); True if both took. The probe thread only waits:
+    the answer never depends on a thread in ``SCHED_IDLE`` getting a core, which on a
+    node whose cores the training keeps busy took seconds (a wrong False past a wait)."""
+    release = threading.Event()
+    thread = threading.Thread(
+        target=release.wait, args=(60.0,), name="rankguard-prio-probe", daemon=True
+    )
+    thread.start()
+    tid = thread.native_id
+    assert tid is not None
+    try:
         try:
             os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
         except (AttributeError, OSError):
-            ok.append(False)
-            return
+            return False
         try:
             os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
-            ok.append(True)
         except OSError:
-            ok.append(False)  # the probe thread ends here: it starves nothing
-
-    thread = threading.Thread(target=run, name="rankguard-prio-probe", daemon=True)
-    thread.start()
-    thread.join(timeout=5.0)
-    return bool(ok and ok[0])
+            return False  # the probe thread ends in SCHED_IDLE: it starves nothing
+        return True
+    finally:
+        release.set()
 
 
 @functools.cache
@@ -81,9 +85,13 @@ class IdleWindow:
     """Context manager: the calling thread in ``SCHED_IDLE`` until the block ends or
     ``max_s`` seconds have passed, whichever is first; then back to its policy.
 
-    The bound is kept by a timer thread started before the lowering (a thread inherits
-    its creator's policy: the timer keeps the caller's). ``outcome`` and
-    ``idle_s`` tell what happened once the block has ended."""
+    A bound thread started before the lowering (a thread inherits its creator's
+    policy: it keeps the caller's) lowers the caller, then raises it back after
+    ``max_s`` unless the block has ended. The lowering and the bound are one thread's
+    steps in that order: a lowering late by any time (the caller, or the bound thread,
+    preempted on a loaded node) cannot come after the raise and leave the thread in
+    ``SCHED_IDLE`` unbounded. ``outcome`` and ``idle_s`` tell what happened once the
+    block has ended."""
 
     def __init__(self, max_s: float, *, permitted: bool | None = None) -> None:
         assert max_s > 0, max_s
@@ -96,8 +104,11 @@ class IdleWindow:
         self._policy = 0
         self._param: os.sched_param | None = None
         self._lowered = False
+        self._ended = False  # no lowering from now on
         self._t0 = 0.0
-        self._timer: threading.Timer | None = None
+        self._ready = threading.Event()  # the bound thread has lowered the caller (or not)
+        self._stop = threading.Event()  # the block has ended: no bound to keep
+        self._error: OSError | None = None
 
     def __enter__(self) -> IdleWindow:
         permitted = restore_permitted() if self._permitted is None else self._permitted
@@ -106,16 +117,32 @@ class IdleWindow:
         self._tid = threading.get_native_id()
         self._policy = os.sched_getscheduler(self._tid)
         self._param = os.sched_getparam(self._tid)
-        timer = threading.Timer(self.max_s, self._restore, args=(IdleOutcome.BOUNDED,))
-        timer.daemon = True
-        timer.name = "rankguard-idle-bound"
-        self._t0 = time.monotonic()  # before the timer's start: idle_s >= max_s if bound
-        timer.start()  # before the lowering: the timer keeps the caller's policy
-        self._timer = timer
-        os.sched_setscheduler(self._tid, os.SCHED_IDLE, os.sched_param(0))
-        self._lowered = True
-        self.outcome = IdleOutcome.IDLE
+        bound = threading.Thread(target=self._keep_bound, name="rankguard-idle-bound", daemon=True)
+        bound.start()  # before the lowering: the bound thread keeps the caller's policy
+        if not self._ready.wait(60.0):  # a thread at the caller's priority did not run
+            with self._lock:
+                self._ended = True  # the write goes on unlowered (unless lowered by now)
+        if self._error is not None:
+            raise self._error
         return self
+
+    def _keep_bound(self) -> None:
+        """The bound thread: the caller into ``SCHED_IDLE``, then back after ``max_s``."""
+        try:
+            with self._lock:
+                if self._ended:
+                    return
+                self._t0 = time.monotonic()  # before the lowering: idle_s >= max_s if bound
+                os.sched_setscheduler(self._tid, os.SCHED_IDLE, os.sched_param(0))
+                self._lowered = True
+                self.outcome = IdleOutcome.IDLE
+        except OSError as e:
+            self._error = e
+            return
+        finally:
+            self._ready.set()
+        if not self._stop.wait(self.max_s):
+            self._restore(IdleOutcome.BOUNDED)
 
     def end(self) -> None:
         """From any thread: the thread back to its policy now (the training waits for
@@ -124,6 +151,7 @@ class IdleWindow:
 
     def _restore(self, why: IdleOutcome | None = None) -> None:
         with self._lock:
+            self._ended = True
             if not self._lowered:
                 return
             self._lowered = False
@@ -139,6 +167,5 @@ class IdleWindow:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        self._stop.set()
         self._restore()

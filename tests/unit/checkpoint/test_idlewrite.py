@@ -81,6 +81,70 @@ def test_a_window_that_may_not_raise_the_thread_back_never_lowers_it() -> None:
     assert _in_thread(run) == (os.SCHED_OTHER, IdleOutcome.NOT_PERMITTED)
 
 
+def _starved(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node whose cores the training keeps busy, at its worst: a thread that lowers
+    itself to SCHED_IDLE gets no core until another thread raises it back."""
+    real = os.sched_setscheduler
+    raised: dict[int, threading.Event] = {}
+
+    def starved(tid: int, policy: int, param: os.sched_param) -> None:
+        me = threading.get_native_id()
+        real(tid, policy, param)
+        if policy == os.SCHED_IDLE and tid == me:
+            raised.setdefault(tid, threading.Event()).wait(10)
+        elif policy != os.SCHED_IDLE:
+            raised.setdefault(tid, threading.Event()).set()
+
+    monkeypatch.setattr(os, "sched_setscheduler", starved)
+
+
+@needs_restore
+def test_the_permission_is_known_without_a_core_for_a_thread_in_sched_idle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Asked in DCP's checkpoint process while the training keeps every core busy: a
+    probe that waited for a thread in SCHED_IDLE to run again answered False after its
+    5 s wait (it took 2-3 s at 6 CPU-bound processes on 2 cores), and the write then
+    stayed in SCHED_IDLE for good."""
+    _starved(monkeypatch)
+    t0 = time.monotonic()
+    assert idlewrite._probe() is True
+    assert time.monotonic() - t0 < 4
+
+
+def _late_lowering(monkeypatch: pytest.MonkeyPatch, late_s: float) -> None:
+    """A lowering to SCHED_IDLE that takes effect ``late_s`` late (the thread making it
+    preempted just before, as on a loaded node)."""
+    real = os.sched_setscheduler
+
+    def late(tid: int, policy: int, param: os.sched_param) -> None:
+        if policy == os.SCHED_IDLE:
+            time.sleep(late_s)
+        real(tid, policy, param)
+
+    monkeypatch.setattr(os, "sched_setscheduler", late)
+
+
+@needs_restore
+def test_a_late_lowering_is_still_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bound that ran out before the lowering took effect left the thread in
+    SCHED_IDLE for the rest of the write: the bound counts from the lowering."""
+    _late_lowering(monkeypatch, 0.6)
+
+    def run() -> tuple[int, int, IdleOutcome, float]:
+        with IdleWindow(0.2) as window:
+            first = _policy()
+            deadline = time.monotonic() + 5
+            while _policy() == os.SCHED_IDLE and time.monotonic() < deadline:
+                time.sleep(0.01)
+            later = _policy()
+        return first, later, window.outcome, window.idle_s
+
+    first, later, outcome, idle_s = _in_thread(run)
+    assert (first, later, outcome) == (os.SCHED_IDLE, os.SCHED_OTHER, IdleOutcome.BOUNDED)
+    assert 0.2 <= idle_s < 5
+
+
 def _spinner(cpu: int) -> subprocess.Popen[bytes]:
     """A process at the normal priority keeping ``cpu`` busy."""
     proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])

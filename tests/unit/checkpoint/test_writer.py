@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import importlib
 import itertools
 import json
 import os
@@ -167,6 +168,32 @@ def test_the_checkpoint_process_write_is_bounded_like_the_threads(
     writer._owner_pid = os.getpid() + 1
     seen, after = _policies_in_write_data(writer, monkeypatch, slow_s=0.5)
     assert (seen, after) == ([os.SCHED_IDLE, os.SCHED_OTHER], os.SCHED_OTHER)
+
+
+def test_a_stand_in_for_the_permission_ends_with_it_whenever_the_writer_was_imported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer's module imported while ``restore_permitted`` was replaced (a test that
+    replaces it is the first in its process to import the writer): once the replacement
+    is gone, the checkpoint process's write asks the real answer, as its window does. A
+    name bound at the import kept the replacement (False): the write in SCHED_IDLE for
+    good (its thread never brought back), though the real answer is True."""
+    import rankguard.checkpoint
+    from rankguard.checkpoint import background, idlewrite
+
+    monkeypatch.delitem(sys.modules, background.__name__)  # both given back after the test
+    monkeypatch.setattr(rankguard.checkpoint, "background", background)
+    with monkeypatch.context() as m:
+        m.setattr(idlewrite, "restore_permitted", lambda: False)
+        fresh = importlib.import_module(background.__name__)
+    assert fresh is not background
+    writer = fresh.BackgroundWriter(tmp_path / "w")
+    writer._owner_pid = os.getpid() + 1  # as in the checkpoint process
+    there = _policies_in_write_data(writer, monkeypatch)
+    if idlewrite.restore_permitted():
+        assert there == ([os.SCHED_IDLE] * 2, os.SCHED_OTHER)
+    else:
+        assert there == ([os.SCHED_IDLE] * 2, os.SCHED_IDLE)
 
 
 def test_a_sync_save_never_lowers_the_training_thread(tmp_path: Path) -> None:
