@@ -85,13 +85,13 @@ class IdleWindow:
     """Context manager: the calling thread in ``SCHED_IDLE`` until the block ends or
     ``max_s`` seconds have passed, whichever is first; then back to its policy.
 
-    A bound thread started before the lowering (a thread inherits its creator's
-    policy: it keeps the caller's) lowers the caller, then raises it back after
-    ``max_s`` unless the block has ended. The lowering and the bound are one thread's
-    steps in that order: a lowering late by any time (the caller, or the bound thread,
-    preempted on a loaded node) cannot come after the raise and leave the thread in
-    ``SCHED_IDLE`` unbounded. ``outcome`` and ``idle_s`` tell what happened once the
-    block has ended."""
+    The bound is kept by a thread started before the lowering (a thread inherits its
+    creator's policy: it keeps the caller's). The caller lowers itself (it goes on
+    running: no wake-up to wait for in ``SCHED_IDLE``) holding a lock the bound thread
+    waits for, and the bound counts from the lowering: a lowering late by any time (the
+    caller preempted before it on a loaded node) cannot come after the bound's raise
+    and leave the thread in ``SCHED_IDLE`` for the rest of the write. ``outcome`` and
+    ``idle_s`` tell what happened once the block has ended."""
 
     def __init__(self, max_s: float, *, permitted: bool | None = None) -> None:
         assert max_s > 0, max_s
@@ -106,9 +106,7 @@ class IdleWindow:
         self._lowered = False
         self._ended = False  # no lowering from now on
         self._t0 = 0.0
-        self._ready = threading.Event()  # the bound thread has lowered the caller (or not)
         self._stop = threading.Event()  # the block has ended: no bound to keep
-        self._error: OSError | None = None
 
     def __enter__(self) -> IdleWindow:
         permitted = restore_permitted() if self._permitted is None else self._permitted
@@ -118,30 +116,23 @@ class IdleWindow:
         self._policy = os.sched_getscheduler(self._tid)
         self._param = os.sched_getparam(self._tid)
         bound = threading.Thread(target=self._keep_bound, name="rankguard-idle-bound", daemon=True)
-        bound.start()  # before the lowering: the bound thread keeps the caller's policy
-        if not self._ready.wait(60.0):  # a thread at the caller's priority did not run
-            with self._lock:
-                self._ended = True  # the write goes on unlowered (unless lowered by now)
-        if self._error is not None:
-            raise self._error
+        with self._lock:  # the bound thread reads the lowering's time once it is set
+            bound.start()  # before the lowering: the bound thread keeps the caller's policy
+            if self._ended:
+                return self
+            os.sched_setscheduler(self._tid, os.SCHED_IDLE, os.sched_param(0))
+            self._t0 = time.monotonic()  # after the lowering: idle_s >= max_s if bound
+            self._lowered = True
+            self.outcome = IdleOutcome.IDLE
         return self
 
     def _keep_bound(self) -> None:
-        """The bound thread: the caller into ``SCHED_IDLE``, then back after ``max_s``."""
-        try:
-            with self._lock:
-                if self._ended:
-                    return
-                self._t0 = time.monotonic()  # before the lowering: idle_s >= max_s if bound
-                os.sched_setscheduler(self._tid, os.SCHED_IDLE, os.sched_param(0))
-                self._lowered = True
-                self.outcome = IdleOutcome.IDLE
-        except OSError as e:
-            self._error = e
-            return
-        finally:
-            self._ready.set()
-        if not self._stop.wait(self.max_s):
+        """The bound thread: the caller back to its policy ``max_s`` after its lowering."""
+        with self._lock:
+            if not self._lowered:
+                return
+            t0 = self._t0
+        if not self._stop.wait(max(0.0, t0 + self.max_s - time.monotonic())):
             self._restore(IdleOutcome.BOUNDED)
 
     def end(self) -> None:
