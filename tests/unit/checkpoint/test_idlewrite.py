@@ -128,20 +128,21 @@ def _late_lowering(monkeypatch: pytest.MonkeyPatch, late_s: float) -> None:
 @needs_restore
 def test_a_late_lowering_is_still_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     """A bound that ran out before the lowering took effect left the thread in
-    SCHED_IDLE for the rest of the write: the bound counts from the lowering."""
+    SCHED_IDLE for the rest of the write: the bound counts from the lowering. (Whether
+    the thread ran again in SCHED_IDLE before the bound is not asked: on a loaded node
+    it may not; ``BOUNDED`` says it was lowered, then raised back by the bound.)"""
     _late_lowering(monkeypatch, 0.6)
 
-    def run() -> tuple[int, int, IdleOutcome, float]:
+    def run() -> tuple[int, IdleOutcome, float]:
         with IdleWindow(0.2) as window:
-            first = _policy()
             deadline = time.monotonic() + 5
             while _policy() == os.SCHED_IDLE and time.monotonic() < deadline:
                 time.sleep(0.01)
             later = _policy()
-        return first, later, window.outcome, window.idle_s
+        return later, window.outcome, window.idle_s
 
-    first, later, outcome, idle_s = _in_thread(run)
-    assert (first, later, outcome) == (os.SCHED_IDLE, os.SCHED_OTHER, IdleOutcome.BOUNDED)
+    later, outcome, idle_s = _in_thread(run)
+    assert (later, outcome) == (os.SCHED_OTHER, IdleOutcome.BOUNDED)
     assert 0.2 <= idle_s < 5
 
 
