@@ -1,5 +1,9 @@
 """End to end: in-process restart under the real ``rankguard run``, 2 CPU ranks on gloo.
 
+The ranks, and the new ones past the budget, are forked from the ``--preload`` fork
+server (torch imported once, not at each of the four rank starts): the launcher's side
+of the restarts is the subject, not a rank's start.
+
 Elsewhere: the mechanism (re-entry after an exception, a hang, a dead peer, the budget,
 the loss continued), ranks as processes: ``tests/unit/inprocess/test_gloo_ranks.py``; the
 monitor's side: ``tests/unit/inprocess/test_monitor.py``."""
@@ -41,6 +45,8 @@ def _job(tmp_path: Path, run_id: str, *args: str, sets: tuple[str, ...] = ()) ->
     res = run_rankguard(
         [
             *standalone_run(run_id, tmp_path),
+            "--preload",
+            "torch",
             *INPROC,
             *sets,
             str(SCRIPTS / "inprocess_train.py"),

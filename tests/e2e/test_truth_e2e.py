@@ -1,7 +1,10 @@
 """End to end: what the console, ``rankguard status`` and ``rankguard report`` say about
 a real run whose rank is SIGKILLed from outside and restarted: the restart with its
 cause everywhere, the iteration after the resume (the checkpoint's step plus the steps
-since, marked as such), the start-up window labelled, the model's dtype."""
+since, marked as such), the start-up window labelled, the model's dtype. The ranks, the
+restarted ones too, are forked from the ``--preload`` fork server (torch and
+``torch._dynamo`` imported once, not at each of the four rank starts): what is told is
+the subject, not the start; a restart in new interpreters is ``test_checkpoint_e2e.py``'s."""
 
 from __future__ import annotations
 
@@ -43,6 +46,8 @@ def test_a_rank_killed_from_outside_then_restarted_is_told_everywhere(
     proc = subprocess.Popen(
         rankguard_cmd(
             *standalone_run(run_id, tmp_path),
+            "--preload",
+            "torch",
             "--set",
             "fault_tolerance.enable_ft_package=true",
             "--set",
