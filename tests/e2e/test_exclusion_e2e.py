@@ -232,7 +232,9 @@ def test_repeated_crashes_on_one_node_exclude_it_after_k(tmp_path: Path, run_id:
     broke with it), excluded at the second, and the node left trains on alone and
     completes. Two agents suffice: the crashed node against the peer it broke is what
     the count decides; the others going on as a group of several is the XID job's
-    (three agents there)."""
+    (three agents there). ``--preload torch.distributed``: each node's ranks are forked
+    from its fork server (several agents' ranks started afresh, a restart among them:
+    the first two jobs of ``test_spares_e2e``)."""
     port = free_port()
     logs = {a: tmp_path / f"agent{a}" for a in range(2)}
     script = str(Path(__file__).parent / "scripts" / "crash_here.py")
@@ -245,7 +247,18 @@ def test_repeated_crashes_on_one_node_exclude_it_after_k(tmp_path: Path, run_id:
             "1:2",
             "fault_tolerance.exclude_after_restarts=2",
             "fault_tolerance.exclude_window_s=600",
-            target=("--max-restarts", "3", script, "--steps", "10"),
+            # the ranks and their restarts (five in all) forked from each node's fork
+            # server, which imports torch without torch._dynamo (the script builds no
+            # optimizer): what is counted is which node's rank crashed, not how it started
+            target=(
+                "--max-restarts",
+                "3",
+                "--preload",
+                "torch.distributed",
+                script,
+                "--steps",
+                "10",
+            ),
             # MIN 1: the first round waits up to 5 s for the second agent (two agents
             # started together reach the rendezvous seconds apart on a loaded machine);
             # a round of both forms at once (MAX)

@@ -3,7 +3,8 @@ one job on loopback (each its own log dir, the rendezvous store hosted by the te
 training rank and one standby each; node 1's agent and workers SIGKILLed mid-run: node
 0's standby takes rank 1 (its own ``LOCAL_RANK``), rank 0 keeps its pid, no group
 restart, the job ends with the losses of an uninterrupted run, and node 0 writes the
-recovery's ``restarts.jsonl`` line and the finding naming rank 1.
+recovery's ``restarts.jsonl`` line and the finding naming rank 1. Each node's rank and
+standby are forked from its ``--preload torch`` fork server (the node's one torch import).
 
 Why a real launch: only two agents on one rendezvous, each node's workers and the lost
 node's agent gone with them, show that node 0 decides from the lost launcher's silence
@@ -81,6 +82,11 @@ def _agent(node: int, port: int, run_id: str, tmp: Path) -> list[str]:
         str(tmp / f"agent{node}"),
         *fast_sets(),
         *LIVE,
+        # each node's rank and standby forked from its fork server: two agents start two
+        # ranks each, and how a rank starts is not the subject (the second live-recovery
+        # launch of test_live_recovery_e2e starts its ranks and standby afresh)
+        "--preload",
+        "torch",
         *DEMO,
         "--step-sleep",
         "0.1",

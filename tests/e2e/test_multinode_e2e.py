@@ -38,7 +38,9 @@ def test_nodes_numbered_by_the_rendezvous_a_node1_hang_found_on_node0_dumped_on_
 ) -> None:
     """A real launch: several agents, their identities from the rendezvous, the relay
     through the store between them, a hang across agents read on node 0, and node 1's
-    relay dumping and killing its own rank on node 0's request."""
+    relay dumping and killing its own rank on node 0's request. The ranks are forked
+    from each node's ``--preload`` fork server (a fresh start of several agents' ranks:
+    ``test_spares_e2e``)."""
     port = free_port()
     logs = {a: tmp_path / f"agent{a}" for a in range(NODES)}  # agents, not yet nodes
     cmds = {
@@ -53,6 +55,11 @@ def test_nodes_numbered_by_the_rendezvous_a_node1_hang_found_on_node0_dumped_on_
             "fault_tolerance.stack_dump=faulthandler",
             "--set",
             "fault_tolerance.stack_dump_timeout_s=5",
+            # each node's two ranks forked from its fork server (torch imported once per
+            # node, without torch._dynamo: the script builds no optimizer); how a rank
+            # starts is not the subject here
+            "--preload",
+            "torch.distributed",
             str(SCRIPTS / "node_skip_allreduce.py"),
             "--skip-rank",
             "3",  # node 1's second rank: it never joins step 6's all-reduce

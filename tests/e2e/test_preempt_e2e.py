@@ -36,6 +36,7 @@ TRAIN = str(SCRIPTS / "preempt_train.py")
 def launch(
     tmp_path: Path, run_id: str, *train: str, nproc: int = 2, extra: tuple[str, ...] = ()
 ) -> subprocess.Popen[str]:
+    """``extra``: launcher options before the script (``--set``, ``--preload``)."""
     cmd = rankguard_cmd(
         *standalone_run(run_id, tmp_path / "logs", nproc=nproc),
         *PREEMPT,
@@ -82,8 +83,17 @@ def test_preempt_saves_one_step_exits_14_resumes_and_a_hung_save_is_killed(
     launcher and to a rank process, exit 14, a relaunch, the launcher's kill of a worker
     process at the grace limit. (The agreement across nodes:
     ``tests/unit/preempt/test_preempt.py``.)"""
+    # the first launch's ranks forked from its fork server (how they start is not what
+    # it shows); the relaunch starts its ranks afresh: its rank 1 is signalled itself
     proc = launch(
-        tmp_path, run_id, "--signal-step", "8", "--signal-in", "eval", "--resignal-in-save"
+        tmp_path,
+        run_id,
+        "--signal-step",
+        "8",
+        "--signal-in",
+        "eval",
+        "--resignal-in-save",
+        extra=("--preload", "torch"),
     )
     code, out = finish(proc)
     assert code == EXIT_PREEMPTED, out[-3000:]

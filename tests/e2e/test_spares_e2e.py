@@ -8,9 +8,11 @@ that shrinks, then grows back when a node comes.
 
 Why real launches: several agents on one rendezvous, each in its own process group
 (agent and workers lost together), and the files and output a user reads after the
-job. What each part decides alone (the spare entries, the shrink and grow decisions,
-the keep-alive and the store's wait for spares) is tested in
-``tests/unit/launcher/test_spares.py``."""
+job. The first two jobs' ranks start afresh (a new interpreter each, the spares' too);
+the shrinking job forks its first two agents' ranks from their ``--preload torch`` fork
+servers, where the survivor's rank starts three times. What each part decides alone (the spare
+entries, the shrink and grow decisions, the keep-alive and the store's wait for spares)
+is tested in ``tests/unit/launcher/test_spares.py``."""
 
 from __future__ import annotations
 
@@ -76,10 +78,15 @@ def agent_cmd(
     steps: int,
     conf: str = RDZV_CONF,
     *demo: str,
+    preload: bool = False,
 ) -> list[str]:
+    """``preload``: the agent's ranks (and their restarts) forked from its
+    ``--preload torch`` fork server, which starts with the agent."""
     sets: list[str] = []
     for item in FAST:
         sets += ["--set", item]
+    if preload:
+        sets += ["--preload", "torch"]
     return rankguard_cmd(
         "run",
         "--nnodes",
@@ -382,8 +389,14 @@ def test_without_a_spare_the_job_shrinks_then_grows_back_when_a_node_comes(
     # end the job (which agent binds the port first is a race).
     store = host_store(port)
     # the global batch of 16 samples: one micro-batch of 8 per rank on 2 ranks, two on 1
+    # the first two agents' ranks forked from their fork servers: the survivor starts its
+    # rank three times (the first round, the shrunk one, the grown one); the newcomer
+    # starts its one rank afresh: a fork server importing beside its launcher would delay
+    # its arrival, and the shrunk job may have trained its last step by then
     cmds = [
-        agent_cmd(i, "1:2", port, run_id, tmp_path, 40, SHRINK_CONF, "--global-batch", "16")
+        agent_cmd(
+            i, "1:2", port, run_id, tmp_path, 40, SHRINK_CONF, "--global-batch", "16", preload=i < 2
+        )
         for i in range(3)
     ]
     with Agents(cmds[:2], tmp_path) as agents:
