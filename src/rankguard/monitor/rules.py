@@ -162,6 +162,15 @@ class RankState:
         since = rec.since_progress_s if rec is not None else None
         return ages.now - seen + since if since is not None else None
 
+    def both_ages(self) -> tuple[float | None, float | None]:
+        """(:attr:`heartbeat_age_s`, :attr:`progress_age_s`), in one call."""
+        ages, seen = self.ages, self.seen_at
+        if ages is None or seen is None:
+            return self.frozen_ages
+        rec = self.record
+        since = rec.since_progress_s if rec is not None else None
+        return ages.now - seen, ages.now - seen + since if since is not None else None
+
     def freeze_ages(self) -> None:
         """Keep the ages as they are now (its record or first-seen time is about to
         change): they move on again once it is evaluated."""
