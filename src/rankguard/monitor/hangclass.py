@@ -49,6 +49,7 @@ nothing yet about a hang: no class.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -82,6 +83,7 @@ COLLECTIVE_CALLS = frozenset(
 )
 
 
+@functools.lru_cache(maxsize=4096)  # a job's ranks share a few frames
 def frame_op(frame: str | None) -> str | None:
     """The collective call a main frame is inside (``"distributed_c10d.py:3155 in
     all_reduce"`` -> ``all_reduce``), else None."""

@@ -162,6 +162,15 @@ class RankState:
         since = rec.since_progress_s if rec is not None else None
         return ages.now - seen + since if since is not None else None
 
+    def both_ages(self) -> tuple[float | None, float | None]:
+        """(:attr:`heartbeat_age_s`, :attr:`progress_age_s`), in one call."""
+        ages, seen = self.ages, self.seen_at
+        if ages is None or seen is None:
+            return self.frozen_ages
+        rec = self.record
+        since = rec.since_progress_s if rec is not None else None
+        return ages.now - seen, ages.now - seen + since if since is not None else None
+
     def freeze_ages(self) -> None:
         """Keep the ages as they are now (its record or first-seen time is about to
         change): they move on again once it is evaluated."""
@@ -300,6 +309,10 @@ class HeartbeatRules:
         self._settle_due = False
         self._named: list[Finding] = []  # found outside evaluate, returned by the next
         self._lost: LostNode | None = None  # a node the previous round lost (note_lost_node)
+        # the ranks whose latest record moved only its clocks (RankVerdicts.ticked), with
+        # that record: their ages move on at the next evaluation, without a turn
+        self._ticked: list[tuple[RankState, HeartbeatRecord]] = []
+        self.quiet_records = 0  # records taken in that way (without a turn)
 
     # ---- input ----------------------------------------------------------------------
 
@@ -370,6 +383,17 @@ class HeartbeatRules:
             if state.record is not None and record.pid != state.record.pid:
                 self._ignore(f"late record of a replaced process of rank {rank}")
             return False
+        if self._due.incremental and self.rank_verdicts.own:
+            due = self.rank_verdicts.ticked(self, state, record, now)
+            if due is not None:  # only its clocks moved: no turn needed (see ticked)
+                state.freeze_ages()  # until this scan's evaluation, as for any record
+                state.record = record
+                state.seen_at = now
+                self._ticked.append((state, record))
+                self.quiet_records += 1
+                self._due.schedule(state, due, now)
+                self.tally.place(rank, now, record.since_progress_s)
+                return True
         if state.pid != record.pid or (
             state.record is not None and state.record.hostname != record.hostname
         ):
@@ -625,6 +649,12 @@ class HeartbeatRules:
         findings, self._named = self._named, []
         self.health_for = health_for
         self.clock.now = now  # every rank's ages move on (none are read before the pass)
+        if self._ticked:
+            clock = self.clock
+            for state, record in self._ticked:
+                if state.record is record and state.ages is None:
+                    state.ages = clock
+            self._ticked = []
         findings.extend(self.verdicts.evaluate(self, now))
         self.findings_total += len(findings)
         return findings

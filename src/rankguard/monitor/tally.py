@@ -3,7 +3,7 @@ every scan: each rank is counted as it was when last looked at, and a rank whose
 may have changed since is marked (:meth:`Tally.touch`) and counted again at the next
 :meth:`Tally.update`, its old share taken off first. The rules mark a rank wherever its
 state can change: a record taken in, its turn at a scan, a change outside its turn (an
-end held for its cause judged, a process named lost, a stall's culprit or victim, a
+end held for its cause judged, a process named lost, a stall's culprit named, a
 replaced process, a rank retired), so the counts equal a full recount after every scan
 (``tests/unit/monitor/test_tally.py`` checks it on random histories).
 

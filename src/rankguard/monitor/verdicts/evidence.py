@@ -120,8 +120,15 @@ def behind_in_collectives(states: list[RankState]) -> list[int] | None:
     group while inside a collective of another: it waits there, on the rank at the end
     of the chain, which waits on no one and is the one returned; a rank waiting in a
     point-to-point operation (:func:`p2p_wait`) waits on a peer too."""
-    blocks = {s.rank: collectives(s) for s in states}
-    if len(blocks) < 2 or any(b is None for b in blocks.values()):
+    if len(states) < 2:
+        return None
+    blocks: dict[int, CollectivesBlock] = {}
+    for s in states:  # none without a block each (a job without the flight recorder)
+        block = collectives(s)
+        if block is None:
+            return None
+        blocks[s.rank] = block
+    if len(blocks) < 2:
         return None
     p2p = {s.rank for s in states if p2p_wait(s)}  # waiting on a peer too
     have = {r: b for r, b in blocks.items() if b is not None}

@@ -4,6 +4,7 @@ the ranks due at a scan (:class:`RankPass`, a job verdict)."""
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from rankguard.monitor.verdicts.evidence import TRAIN_PHASES, stall_age
@@ -11,14 +12,33 @@ from rankguard.monitor.verdicts.health import GpuHealth
 from rankguard.monitor.verdicts.liveness import HeartbeatsLate, ProcessStale
 from rankguard.monitor.verdicts.progress import ProgressTimeout
 from rankguard.monitor.verdicts.sections import SectionTimeout
-from rankguard.schema.findings import Liveness, Progress
+from rankguard.schema.findings import FindingType, Liveness, Progress
+from rankguard.schema.records import Event, HeartbeatRecord
 
 if TYPE_CHECKING:
     from rankguard.monitor.rules import RankState
     from rankguard.monitor.verdicts.api import JobView, RankVerdict
     from rankguard.schema.findings import Finding
 
-__all__ = ["RankPass", "RankVerdicts"]
+__all__ = ["CLOCK_FIELDS", "RankPass", "RankVerdicts"]
+
+#: The fields of a record that move with time alone while a rank makes no progress (a
+#: rank waiting in a collective hang publishes nothing else new). Rankguard's own rank
+#: verdicts read none of them but ``since_progress_s`` (the progress age, anchored at
+#: :meth:`RankVerdicts.ticked`) for a live rank in train past its first step.
+CLOCK_FIELDS = (
+    "seq",
+    "wall_time_ns",
+    "monotonic_ns",
+    "since_progress_s",
+    "last_progress_monotonic_ns",
+    "phase_elapsed_s",
+    "relayed_age_s",
+)
+# everything else of a record, gathered in one C call (a relayed rank's tick shares its
+# base record's values: compared by identity first)
+_JUDGED = attrgetter(*(f for f in HeartbeatRecord.__dataclass_fields__ if f not in CLOCK_FIELDS))
+_ONLY_PROGRESS = frozenset({FindingType.PROGRESS_TIMEOUT})
 
 
 class RankVerdicts:
@@ -91,6 +111,69 @@ class RankVerdicts:
         s.culprits_gone_at = None
         due = seen - since + cadence.shortest_progress_timeout_s
         due = min(stale_at, fresh_at, due)
+        return due - 1e-6  # as :meth:`due`
+
+    def ticked(
+        self, view: JobView, s: RankState, rec: HeartbeatRecord, seen: float
+    ) -> float | None:
+        """A new record ``rec`` of live rank ``s`` (first seen at ``seen``) that moved
+        only its clocks (:data:`CLOCK_FIELDS`): while its state is known and settled, as
+        at each tick of a rank that waits in a collective hang, its turn would leave that
+        state as it is and only move its due time. That due time, or None (the rank's
+        turn decides; nothing is touched). Only with rankguard's own verdicts
+        (:attr:`own`), for a rank judged since its latest record.
+
+        Settled: alive and progressing in train past its first step, nothing active,
+        blocked or late (what :meth:`advanced` leaves), due by its heartbeats turning
+        late, its process timeout or the shortest progress timeout; or stalled in train
+        past the step timeout already at ``seen`` (the stall's age only grows until a
+        new record: :meth:`DueRanks.age_stalls` moves it on), at most its own
+        ``gpu_progress_timeout`` active, due by its heartbeats. A scan after the due
+        time judges the rank in full, so a turn that would have given another verdict
+        (heartbeats late, progress past its timeout) is never skipped: the due time
+        has come by then. No GPU health verdict (a new snapshot marks the rank due
+        anyway), not saving, no event but a heartbeat, no pause on its own clock
+        (which restarts the progress clock: the rank's turn)."""
+        prev = s.record
+        if (
+            prev is None
+            or s.ages is None  # a record not judged yet: its turn comes
+            or s.late
+            or s.liveness is not Liveness.ALIVE
+            or s.gpu_health
+            or rec.event is not Event.HEARTBEAT
+            or rec.checkpoint_active
+            or rec.phase not in TRAIN_PHASES
+            or rec.progress_seq <= 0
+        ):
+            return None
+        since = rec.since_progress_s
+        before, after = prev.monotonic_ns, rec.monotonic_ns
+        if (
+            since is None
+            or (before is not None and after is not None and after - before > view.fresh_s * 1e9)
+            or _JUDGED(rec) != _JUDGED(prev)
+        ):
+            return None
+        cadence = view.cadence
+        due = min(seen + view.fresh_s, seen + cadence.process_timeout_s)
+        progress = s.progress
+        if progress is Progress.PROGRESSING:
+            if s.active or s.stall is not None or s.blocked_by or s.culprits_gone_at is not None:
+                return None
+            due = min(due, seen - since + cadence.shortest_progress_timeout_s)
+        elif progress is Progress.STALLED:
+            timeout = cadence.step_timeout_s
+            stall = s.stall
+            if (
+                stall is None
+                or stall[0] != timeout
+                or not s.active <= _ONLY_PROGRESS
+                or stall_age(s, rec, seen, since) <= timeout
+            ):
+                return None
+        else:
+            return None
         return due - 1e-6  # as :meth:`due`
 
     def due(self, view: JobView, s: RankState) -> float:

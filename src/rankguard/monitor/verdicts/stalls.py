@@ -17,6 +17,7 @@ one its peers wait in (:func:`silent_hang`).
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from rankguard.monitor.hangclass import HangClass, classify, classify_silent
@@ -27,13 +28,12 @@ from rankguard.monitor.verdicts.evidence import (
     collective_call,
     collectives,
     in_collective,
-    p2p_wait,
     phase_timeout,
     seq,
 )
 from rankguard.monitor.verdicts.findings import fire
 from rankguard.schema.collectives import CollectivesBlock
-from rankguard.schema.findings import FindingType, Liveness, Reason
+from rankguard.schema.findings import FindingType, Liveness, Progress, Reason
 
 if TYPE_CHECKING:
     from rankguard.monitor.rules import RankState
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = ["StallCulprits", "attach_hang", "silent_hang"]
 
+_RANK = attrgetter("rank")
 _DEAD = frozenset(
     {FindingType.PROCESS_TIMEOUT, FindingType.PROCESS_EXITED, FindingType.NODE_DISK_FULL}
 )
@@ -82,7 +83,8 @@ class StallCulprits:
         if not stalled:
             return []
         for s in stalled:  # culprits named, victims blocked: their states change here
-            view.recount(s.rank)
+            if s.progress is not Progress.STALLED:  # (stalled: notable whoever blocks it)
+                view.recount(s.rank)
         # Furthest behind among live ranks: a stalled rank ahead of a live rank is
         # waiting for it, even before that rank crosses its own timeout (its records
         # may come later, through the relay of another node).
@@ -114,25 +116,31 @@ class StallCulprits:
         hang: list[HangClass | None] = []  # classified once, at the first hang named
         # busy ranks first: one that overstayed is named before those waiting on it
         busy_live = {t.rank for t in busy_ranks}
-        stalled.sort(  # busy() once per rank: the live ones' from busy_ranks
-            key=lambda st: (
-                not (st.rank in busy_live if st.liveness is alive else busy(st)),
-                st.rank,
+        stalled.sort(key=_RANK)
+        if busy_live or any(st.liveness is not alive for st in stalled):
+            stalled.sort(  # (stable: by rank within) busy() once per rank
+                key=lambda st: not (st.rank in busy_live if st.liveness is alive else busy(st))
             )
-        )
+        timed_out = FindingType.PROGRESS_TIMEOUT
         for s in stalled:
-            if FindingType.PROGRESS_TIMEOUT in s.active:
+            if timed_out in s.active:
                 continue
-            # Culprits: ranks down, or flagged as stalled further behind than this one.
-            others = [r for r in down if r != s.rank]
-            others += [r for r, at in flagged if r != s.rank and at < seq(s)]
+            # Culprits: ranks down, or flagged as stalled further behind than this one
+            # (most scans of a hang have neither, nor busy ranks: no list built).
+            others = [r for r in down if r != s.rank] if down else []
+            if flagged:
+                others += [r for r, at in flagged if r != s.rank and at < seq(s)]
             timeout, age = s.stall  # type: ignore[misc]
-            waits_on = [
-                t.rank
-                for t in busy_ranks
-                if t.rank != s.rank
-                and ((t.rank in working and age <= limits[t.rank]) or t.active & OVERSTAYED)
-            ]
+            waits_on = (
+                [
+                    t.rank
+                    for t in busy_ranks
+                    if t.rank != s.rank
+                    and ((t.rank in working and age <= limits[t.rank]) or t.active & OVERSTAYED)
+                ]
+                if busy_ranks
+                else None
+            )
             if not others and waits_on and not busy(s):
                 s.blocked_by = waits_on
                 s.culprits_gone_at = None
@@ -169,8 +177,16 @@ def _places(
 ) -> tuple[dict[int, CollectivesBlock | None], dict[int, str], list[int]]:
     """Each rank's collectives block, the collective call its main frame is in, and the
     ranks waiting for peers by their frame only (point-to-point)."""
-    calls = {t.rank: op for t in ranks if (op := collective_call(t)) is not None}
-    return {t.rank: collectives(t) for t in ranks}, calls, [t.rank for t in ranks if p2p_wait(t)]
+    blocks: dict[int, CollectivesBlock | None] = {}
+    calls: dict[int, str] = {}
+    p2p: list[int] = []
+    for t in ranks:  # one pass (every rank of the job, at the scan that names a hang)
+        blocks[t.rank] = block = collectives(t)
+        if (op := collective_call(t)) is not None:
+            calls[t.rank] = op
+        if not (block is not None and block.inside) and in_collective(t):  # p2p_wait
+            p2p.append(t.rank)
+    return blocks, calls, p2p
 
 
 def attach_hang(finding: Finding, hang: HangClass) -> None:
