@@ -137,6 +137,7 @@ class RankVerdicts:
         prev = s.record
         if (
             prev is None
+            or rec.progress_seq != prev.progress_seq  # it stepped (most records): a turn
             or s.ages is None  # a record not judged yet: its turn comes
             or s.late
             or s.liveness is not Liveness.ALIVE
