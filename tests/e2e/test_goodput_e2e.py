@@ -119,7 +119,9 @@ def _rank_0_stopped_before_its_last_record(
     )
     records = [json.loads(line) for line in files[0].read_text().splitlines()]
     kept = [r for r in records if r["event"] != "process_end" and r["progress_seq"] < len(first)]
-    assert len(kept) < len(records)
+    # nothing left out when the run itself stopped rank 0 before its last step's record
+    # (a loaded machine: its heartbeat came later than its step): the copy is that case
+    assert all(r["progress_seq"] <= len(first) for r in records), records
     files[0].write_text("".join(json.dumps(r) + "\n" for r in kept))
     ledger = read_ledger(copy)
     assert ledger is not None
