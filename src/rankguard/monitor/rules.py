@@ -752,9 +752,12 @@ class HeartbeatRules:
         rec = state.record
         if rec is None:
             return 0, 0
-        info = rec.exit or {}
+        info = rec.exit
         root = self.root_cause
-        if rec.ended and root is not None and root[0] == state.rank and root[1] in (None, rec.pid):
+        if not info and root is None:  # a live rank's record, most of a scan's: its time
+            return 0, rec.wall_time_ns
+        info = info or {}
+        if root is not None and rec.ended and root[0] == state.rank and root[1] in (None, rec.pid):
             kind = -1
         elif info.get("vanished"):
             kind = 1
