@@ -641,13 +641,19 @@ class JobMonitor:
                 age_s=_round(now - seen),
                 gpus=len(as_list(snap.get("gpus"))),
             )
-            for node, (snap, _, seen) in sorted(self.ingest.health.items())
-            if complete or snap.get("status") not in ("ok", "unavailable")
+            for node, (snap, _, seen) in sorted(
+                item
+                for item in self.ingest.health.items()
+                if complete or item[1][0].get("status") not in ("ok", "unavailable")
+            )
         }
         disks = {  # a large job: only the nodes in trouble (thousands of nodes otherwise)
             str(node): disk.to_dict()
-            for node, disk in sorted(self.ingest.disks.items())
-            if complete or disk.full or disk.error
+            for node, disk in sorted(
+                item
+                for item in self.ingest.disks.items()
+                if complete or item[1].full or item[1].error
+            )
         }
         return StatusDoc(
             run_id=self.run_id,

@@ -255,6 +255,7 @@ class HeartbeatRules:
         self.rank_limit = expected_world_size or max_world_size or MAX_RANKS
         self.started_at = started_at
         self.ranks: dict[int, RankState] = {}
+        self.top_rank = -1  # the highest rank in ranks (-1: none)
         # called with every record of this job as it is read, before any is ignored as
         # late or superseded: what one record says once (an in-process restart) is not
         # hidden by the rank's later record read in the same scan
@@ -371,6 +372,8 @@ class HeartbeatRules:
         state = self.ranks.get(rank)
         if state is None:
             state = self.ranks[rank] = RankState(rank=rank)
+            if rank > self.top_rank:
+                self.top_rank = rank
             tally = self.tally
             state.active, state.fired = FindingSet(tally, rank), FindingSet(tally, rank)
             tally.touch(rank)
@@ -484,6 +487,7 @@ class HeartbeatRules:
             self.first_failure = None  # that episode ended with the node's exclusion
         if self.root_cause is not None and self.root_cause[0] >= world:
             self.root_cause = None
+        self.top_rank = max(self.ranks, default=-1)
         self._shrunk_to = world
         self._never_seen.retire(world)
         return gone

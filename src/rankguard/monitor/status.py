@@ -97,7 +97,7 @@ def rank_row(s: RankState) -> RankRow:
 
 def n_ranks(rules: HeartbeatRules) -> int:
     """Ranks the status speaks of: the job's world, or more when more were seen."""
-    return max(rules.world_size(), max(rules.ranks, default=-1) + 1)
+    return max(rules.world_size(), rules.top_rank + 1)
 
 
 def counts(
