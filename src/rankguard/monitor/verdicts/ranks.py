@@ -18,6 +18,7 @@ from rankguard.schema.records import Event, HeartbeatRecord
 if TYPE_CHECKING:
     from rankguard.monitor.rules import RankState
     from rankguard.monitor.verdicts.api import JobView, RankVerdict
+    from rankguard.schema.cadence import Cadence
     from rankguard.schema.findings import Finding
 
 __all__ = ["CLOCK_FIELDS", "RankPass", "RankVerdicts"]
@@ -45,7 +46,7 @@ class RankVerdicts:
     """A live rank's turn: the settling verdicts in order until one settles it, then
     the checks of a live rank. Its due time is the earliest of theirs."""
 
-    __slots__ = ("_dues", "checks", "own", "settle")
+    __slots__ = ("_dues", "_limits", "checks", "own", "settle")
 
     def __init__(
         self,
@@ -59,6 +60,9 @@ class RankVerdicts:
         self.settle = settle
         self.checks = checks if checks is not None else (GpuHealth(),)
         self._dues = tuple(v.due for v in (*self.settle, *self.checks))
+        # the cadence's timeouts :meth:`advanced` reads, worked out once per cadence (a
+        # frozen one: a job's timeouts change only with a new cadence)
+        self._limits: tuple[Cadence, float, float, float] | None = None
 
     def evaluate(self, view: JobView, s: RankState, now: float, out: list[Finding]) -> None:
         """Judge live (not ended) rank ``s``, its ages set for ``now``."""
@@ -94,13 +98,26 @@ class RankVerdicts:
         since = rec.since_progress_s
         if since is None:
             return None
-        cadence = view.cadence
-        fresh_at = seen + view.fresh_s
-        stale_at = seen + cadence.process_timeout_s
+        cadence, limits = view.cadence, self._limits
+        if limits is None or limits[0] is not cadence:
+            limits = self._limits = (
+                cadence,
+                cadence.process_timeout_s,
+                cadence.step_timeout_s,
+                cadence.shortest_progress_timeout_s,
+            )
+        _, process_timeout, step_timeout, shortest = limits
+        fresh_s = view.fresh_s
         hb_age = now - seen
-        if hb_age > view.fresh_s or hb_age > cadence.process_timeout_s:
+        if hb_age > fresh_s or hb_age > process_timeout:
             return None
-        if stall_age(s, rec, now, hb_age + since) > cadence.step_timeout_s:
+        # stall_age's, for a record in train past its first step and not saving
+        stall = hb_age + since
+        if s.train_since is not None:
+            stall = min(stall, now - s.train_since)
+        if s.resumed_at is not None:
+            stall = min(stall, now - s.resumed_at)
+        if stall > step_timeout:
             return None
         s.late = False
         s.liveness = Liveness.ALIVE
@@ -109,8 +126,7 @@ class RankVerdicts:
         if s.blocked_by:
             s.blocked_by = []
         s.culprits_gone_at = None
-        due = seen - since + cadence.shortest_progress_timeout_s
-        due = min(stale_at, fresh_at, due)
+        due = min(seen + process_timeout, seen + fresh_s, seen - since + shortest)
         return due - 1e-6  # as :meth:`due`
 
     def ticked(
