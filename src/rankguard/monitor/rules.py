@@ -414,7 +414,13 @@ class HeartbeatRules:
                 self.cause_pending_until = None
                 self.root_cause = None
         previous = state.record
-        if record.phase in RESUMED_PHASES and previous is not None and busy(state):
+        if (
+            record.phase in RESUMED_PHASES
+            and previous is not None
+            # (in the same phase as before and not saving: it was not busy, see busy)
+            and (previous.phase != record.phase or previous.checkpoint_active)
+            and busy(state)
+        ):
             state.train_since = now  # back in train (or setup) after eval, a save, a section
         if previous is not None:  # of the same process (a new pid reset the state)
             before, after = previous.monotonic_ns, record.monotonic_ns
