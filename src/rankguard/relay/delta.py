@@ -105,7 +105,8 @@ def _row_error(row: list[Any]) -> None:
 
 class RecordPatcher:
     """Node 0's copy of one relayed rank's base record; builds the current record from
-    a tick row (under 2 µs: the row checked and the record copied in one call)."""
+    a tick row (about 2 µs on a busy core: the row checked and the base's slots copied,
+    no constructor call)."""
 
     __slots__ = ("base",)
 
