@@ -64,7 +64,7 @@ from rankguard.ft.kill import (
 )
 from rankguard.monitor.agree import write_control
 from rankguard.monitor.api import RemoteSource
-from rankguard.relay.delta import RecordPatcher, stable_part, tick_row
+from rankguard.relay.delta import RecordPatcher, patch_rows, stable_part, tick_row
 from rankguard.schema.jsontypes import JsonObject
 from rankguard.schema.layout import HEARTBEAT_FILE_RE, RunLayout, StoreKeys, note_request
 from rankguard.schema.payloads import NodeBase, PayloadError, Tick, parse_kill_request
@@ -594,7 +594,12 @@ class StoreRemoteSource(RemoteSource):
         self.ticks_read += len(present)
         if early is not None:
             self._early_seen = early  # read every tick after the early pushes
-        changed: dict[int, Any] = {}
+        # node -> its tick's generation, its rows, and (when the tick is of the full
+        # records node 0 holds) the rows' records, built at once: the parsed tick is
+        # freed before the next one is parsed (thousands of short-lived lists held
+        # to the end of the scan cost the garbage collector more than building them)
+        changed: dict[int, tuple[tuple[Any, Any], list[Any], list[HeartbeatRecord | str] | None]]
+        changed = {}
         need_base: list[int] = []
         next_push_s = self._next_push_s
         for node, raw in zip(present, ticks, strict=True):
@@ -612,11 +617,14 @@ class StoreRemoteSource(RemoteSource):
             st.tick_raw = raw
             # a new tick: the relay is alive (its disk state counts for a while)
             self._pushed[node] = (tick.seq, self.clock())
-            changed[node] = tick
             if tick.disk is not None:
                 self._disks[node] = tick.disk
-            if tick.key != st.base_gen:
-                need_base.append(node)
+            key = tick.key
+            if key != st.base_gen:
+                need_base.append(node)  # its rows are patched after its full records
+                changed[node] = (key, tick.rows, None)
+            else:  # the same patchers as after the full records below (not this node's)
+                changed[node] = (key, [], patch_rows(st.patchers, tick.rows))
         out: list[JsonObject | HeartbeatRecord] = []
         health: dict[int, JsonObject] = {}
         bases = self._multi_get([self.keys.heartbeats(n) for n in need_base])
@@ -628,12 +636,11 @@ class StoreRemoteSource(RemoteSource):
                 continue
             if snapshot:
                 health[node] = snapshot
-        for node, tick in changed.items():
+        for node, (key, rows, built) in changed.items():
             st = self._state[node]
-            if tick.key != st.base_gen:
+            if key != st.base_gen:
                 continue  # full records newer than this tick: the next tick follows them
-            for row in tick.rows:
-                self._patch(node, st, row, out)
+            self._take(node, patch_rows(st.patchers, rows) if built is None else built, out)
         return out, health
 
     def _to_read(self, now: float) -> tuple[list[int], int | None]:
@@ -654,22 +661,24 @@ class StoreRemoteSource(RemoteSource):
         state = self._state
         return [n for n in present if state[n].due <= now], None
 
-    def _patch(
-        self, node: int, st: _Node, row: Any, out: list[JsonObject | HeartbeatRecord]
+    def _take(
+        self,
+        node: int,
+        built: list[HeartbeatRecord | str],
+        out: list[JsonObject | HeartbeatRecord],
     ) -> None:
-        try:
-            patcher = st.patchers.get(row[0]) if type(row) is list and row else None
-            rec = patcher.apply(row) if patcher is not None else None
-        except (RecordError, TypeError) as exc:  # TypeError: an unhashable rank
-            self._bad(f"node {node}: {exc}")
-            return
-        if rec is None:
-            self._bad(f"node {node}: tick row of a rank without a record")
-            return
-        known = self._current.get(rec.rank)
-        if known is None or known.seq != rec.seq or known.pid != rec.pid:
-            self._current[rec.rank] = rec
-            out.append(rec)
+        """The records built from node ``node``'s tick rows (:func:`.patch_rows`) that
+        changed (a new process or ``seq``) into ``out``; a row that could not be used
+        is counted."""
+        current = self._current
+        for rec in built:
+            if isinstance(rec, str):
+                self._bad(f"node {node}: {rec}")
+                continue
+            known = current.get(rec.rank)
+            if known is None or known.seq != rec.seq or known.pid != rec.pid:
+                current[rec.rank] = rec
+                out.append(rec)
 
     def _load_base(
         self, node: int, raw: Any, out: list[JsonObject | HeartbeatRecord]

@@ -36,6 +36,8 @@ SCHEMA_VERSION = 1
 #: No job has more ranks than this; a record claiming more is rejected.
 MAX_RANKS = 1 << 22
 _MAX_TEXT = 4096  # longest accepted string field (hostnames, phases, messages)
+_NUM = (int, float)
+_INF = math.inf
 
 
 class Event(str, Enum):
@@ -240,70 +242,106 @@ class HeartbeatRecord:
             raise RecordError("rank and pid: both required")
         if rank >= max_ranks:
             raise RecordError(f"rank: {rank} is outside the job ({max_ranks} ranks)")
-        for key in _NONNEG_INTS:
-            v = get(key)
-            if v is not None and (type(v) is not int or v < 0):
-                _int(d, key)
-        for key in _INTS:
-            v = get(key)
-            if v is not None and type(v) is not int:
-                _int(d, key, lo=None)
-        for key in _NUMBERS:
-            v = get(key)
-            if v is not None and (type(v) not in (int, float) or not 0 <= v < math.inf):
-                _num(d, key)
-        for key in _STRINGS:
-            v = get(key)
-            if v is not None and (type(v) is not str or len(v) > _MAX_TEXT):
-                _str(d, key)
-        for key in _BOOLS:
-            v = get(key)
-            if v is not None and type(v) is not bool:
-                _bool(d, key)
-        for key in _OBJECTS:
-            v = get(key)
-            if v is not None and type(v) is not dict:
-                _obj(d, key)
-        world = get("world_size")
-        if world is not None and (type(world) is not int or world < 1):
-            _int(d, "world_size", lo=1)
-        if world is not None and world > MAX_RANKS:
-            raise RecordError(f"world_size: {world} is more than any job has ({MAX_RANKS})")
-        unknown = d.keys() - _KNOWN
+        seq, version, node, local = (
+            get("seq"),
+            get("schema_version", SCHEMA_VERSION),
+            get("node_rank"),
+            get("local_rank"),
+        )
+        wall, pseq, world = get("wall_time_ns"), get("progress_seq"), get("world_size")
+        mono, it, last = get("monotonic_ns"), get("iteration"), get("last_progress_monotonic_ns")
+        elapsed, since, age = get("phase_elapsed_s"), get("since_progress_s"), get("relayed_age_s")
+        host, phase, frame = get("hostname"), get("phase"), get("main_frame")
+        psource, isource = get("progress_source"), get("iteration_source")
+        active, synthesized = get("checkpoint_active"), get("synthesized")
+        perf, straggler, ft_stats, inprocess = (
+            get("perf"),
+            get("straggler"),
+            get("ft_stats"),
+            get("inprocess"),
+        )
+        # every field of its type in one expression; a record that fails it goes
+        # through the checks field by field, which raise the first field's error
+        if not (
+            (seq is None or (type(seq) is int and seq >= 0))
+            and (version is None or (type(version) is int and version >= 0))
+            and (node is None or (type(node) is int and node >= 0))
+            and (local is None or (type(local) is int and local >= 0))
+            and (wall is None or (type(wall) is int and wall >= 0))
+            and (pseq is None or (type(pseq) is int and pseq >= 0))
+            and (mono is None or type(mono) is int)
+            and (it is None or type(it) is int)
+            and (last is None or type(last) is int)
+            and (elapsed is None or (type(elapsed) in _NUM and 0 <= elapsed < _INF))
+            and (since is None or (type(since) in _NUM and 0 <= since < _INF))
+            and (age is None or (type(age) in _NUM and 0 <= age < _INF))
+            and (host is None or (type(host) is str and len(host) <= _MAX_TEXT))
+            and (phase is None or (type(phase) is str and len(phase) <= _MAX_TEXT))
+            and (psource is None or (type(psource) is str and len(psource) <= _MAX_TEXT))
+            and (isource is None or (type(isource) is str and len(isource) <= _MAX_TEXT))
+            and (frame is None or (type(frame) is str and len(frame) <= _MAX_TEXT))
+            and (active is None or type(active) is bool)
+            and (synthesized is None or type(synthesized) is bool)
+            and (perf is None or type(perf) is dict)
+            and (straggler is None or type(straggler) is dict)
+            and (ft_stats is None or type(ft_stats) is dict)
+            and (inprocess is None or type(inprocess) is dict)
+            and (world is None or (type(world) is int and 1 <= world <= MAX_RANKS))
+        ):
+            _check_fields(d)
+        gpu = get("gpu")
+        if gpu is not None:
+            gpu = _gpu(d)
+        checkpoint_id = get("checkpoint_id")
+        if checkpoint_id is not None and type(checkpoint_id) is not int:
+            checkpoint_id = _str(d, "checkpoint_id")
+        exit_info = get("exit")
+        if exit_info is not None:
+            exit_info = _exit(d)
+        rerun = get("rerun")
+        if rerun is not None:
+            rerun = _rerun(d)
+        if inprocess is not None:
+            inprocess = _inprocess(d)
+        if _KNOWN.issuperset(d):
+            extra: JsonObject = {}
+        else:
+            unknown = d.keys() - _KNOWN
+            extra = {k: d[k] for k in unknown}
         return cls(
             event,
             run_id,
             rank,
             pid,
-            get("seq") or 0,
-            get("schema_version", SCHEMA_VERSION),
-            get("hostname"),
-            get("node_rank"),
-            get("local_rank"),
+            seq or 0,
+            version,
+            host,
+            node,
+            local,
             world,
-            get("wall_time_ns") or 0,
-            get("monotonic_ns"),
-            _gpu(d),
-            get("progress_seq") or 0,
-            get("iteration"),
-            get("phase"),
-            get("phase_elapsed_s"),
-            get("checkpoint_active") or False,
-            _checkpoint_id(d),
-            get("since_progress_s"),
-            get("last_progress_monotonic_ns"),
-            get("progress_source"),
-            get("iteration_source"),
-            get("main_frame"),
-            _exit(d),
-            get("synthesized") or False,
-            get("relayed_age_s"),
-            get("perf"),
-            get("straggler"),
-            get("ft_stats"),
-            _rerun(d),
-            _inprocess(d),
-            {k: d[k] for k in unknown} if unknown else {},
+            wall or 0,
+            mono,
+            gpu,
+            pseq or 0,
+            it,
+            phase,
+            elapsed,
+            active or False,
+            checkpoint_id,
+            since,
+            last,
+            psource,
+            isource,
+            frame,
+            exit_info,
+            synthesized or False,
+            age,
+            perf,
+            straggler,
+            ft_stats,
+            rerun,
+            inprocess,
+            extra,
         )
 
     def to_dict(self) -> JsonObject:
@@ -363,6 +401,41 @@ _OMIT_WHEN_EMPTY = frozenset(
         "monotonic_ns",
     }
 )
+
+
+def _check_fields(d: Any) -> None:
+    """Raise the error of the first field of ``d`` (a record) that is not of its type,
+    in the order :meth:`HeartbeatRecord.from_dict` checks them."""
+    get = d.get
+    for key in _NONNEG_INTS:
+        v = get(key)
+        if v is not None and (type(v) is not int or v < 0):
+            _int(d, key)
+    for key in _INTS:
+        v = get(key)
+        if v is not None and type(v) is not int:
+            _int(d, key, lo=None)
+    for key in _NUMBERS:
+        v = get(key)
+        if v is not None and (type(v) not in (int, float) or not 0 <= v < math.inf):
+            _num(d, key)
+    for key in _STRINGS:
+        v = get(key)
+        if v is not None and (type(v) is not str or len(v) > _MAX_TEXT):
+            _str(d, key)
+    for key in _BOOLS:
+        v = get(key)
+        if v is not None and type(v) is not bool:
+            _bool(d, key)
+    for key in _OBJECTS:
+        v = get(key)
+        if v is not None and type(v) is not dict:
+            _obj(d, key)
+    world = get("world_size")
+    if world is not None and (type(world) is not int or world < 1):
+        _int(d, "world_size", lo=1)
+    if world is not None and world > MAX_RANKS:
+        raise RecordError(f"world_size: {world} is more than any job has ({MAX_RANKS})")
 
 
 def supersedes(
