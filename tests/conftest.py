@@ -58,6 +58,19 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(recorder, "rankguard-timeline")
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collection left alive (torch, the test modules, their parameters: about
+    210,000 objects) lives as long as the process: it goes to the collector's permanent
+    generation (``rankguard.util.gcfreeze.freeze_startup``, what each rank does after its
+    imports), so the full collections the tests set off, and the ``gc.collect()`` calls
+    of pytest's end and of some tests, no longer walk it. What the tests make is
+    collected as before. In-process unit tests: 2.2-2.4 s of the cyclic collector's CPU
+    in a 500-test run, 1.1-1.3 s frozen (``gc.callbacks``, 2026-12-07)."""
+    from rankguard.util.gcfreeze import freeze_startup
+
+    freeze_startup()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Long tests first (a stable sort: the same order on every xdist worker), so that the
     last minutes of a parallel run are not one long test alone."""

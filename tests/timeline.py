@@ -15,12 +15,14 @@ the ranks it reaped; not what a fork server forks, nor a Slurm job's). Each
 line says which (``"clock"``: ``"cgroup"`` or ``"times"``).
 ``.ci/run`` sets it and prints the summary after the tests:
 
-    python -m tests.timeline <dir>
+    python -m tests.timeline <dir> [--top N] [--by-file]
 
 The summary says when each worker started its first test and ended its last (seconds
 from the first test's start), the busy share of each, how long the run's end waited on
 the last worker alone, the tests that ran in that tail, and the tests that cost the most
-CPU.
+CPU (``--top N`` of them: 15 unless told). ``--by-file`` adds the CPU summed by tier
+(``tests/e2e``, ``tests/bench``, ``tests/unit``, ...) and by test file, costliest first:
+where to look for a cut.
 """
 
 from __future__ import annotations
@@ -246,17 +248,52 @@ def summary(rows: list[dict[str, Any]], tail_tests: int = 10, top_cpu: int = 15)
     return lines
 
 
+def by_file(rows: list[dict[str, Any]], top: int = 40) -> list[str]:
+    """The CPU recorded summed by tier (the node id's first two path parts:
+    ``tests/e2e``) and by test file, costliest first (the ``top`` costliest files)."""
+    tiers: dict[str, list[float]] = {}
+    files: dict[str, list[float]] = {}
+    for r in rows:
+        if not isinstance(r.get("cpu"), (int, float)):
+            continue
+        path = str(r["id"]).split("::", 1)[0]
+        tier = "/".join(path.split("/")[:2])
+        for key, sums in ((tier, tiers), (path, files)):
+            sums.setdefault(key, []).append(float(r["cpu"]))
+    lines = []
+    for label, sums, limit in (("tier", tiers, len(tiers)), ("file", files, top)):
+        for key, cpus in sorted(sums.items(), key=lambda kv: -sum(kv[1]))[:limit]:
+            lines.append(f"timeline: {label} {key}: CPU {sum(cpus):.1f} s over {len(cpus)} tests")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m tests.timeline <dir>", file=sys.stderr)
+    args = list(sys.argv[1:] if argv is None else argv)
+    usage = "usage: python -m tests.timeline <dir> [--top N] [--by-file]"
+    top, files = 15, False
+    try:
+        if "--by-file" in args:
+            args.remove("--by-file")
+            files = True
+        if "--top" in args:
+            at = args.index("--top")
+            top = int(args[at + 1])
+            del args[at : at + 2]
+    except (IndexError, ValueError):
+        top = -1
+    if len(args) != 1 or top < 0:
+        print(usage, file=sys.stderr)
         return 2
     directory = Path(args[0])
     if not directory.is_dir():
         print(f"timeline: {directory} is not a directory", file=sys.stderr)
         return 2
-    for line in summary(read(directory)):
+    rows = read(directory)
+    for line in summary(rows, top_cpu=top):
         print(line)
+    if files:
+        for line in by_file(rows):
+            print(line)
     return 0
 
 

@@ -111,14 +111,15 @@ def test_full_disk_is_reported_not_killed_and_ranks_ending_on_it_are_not_dead(
             "fault_tolerance.stack_dump=faulthandler",
             "-m",
             "rankguard.demo.train",
-            # steps of at least 0.1 s: the first fill comes after step 5, the disk is
-            # full for 7 s (70 steps at most), the heartbeats resume within a scan or
-            # two: the ranks are still training when it fills up again (30 steps or
-            # more left), and end soon after
+            # steps of at least 0.2 s: the first fill comes after step 5, the disk is
+            # full for 7 s (35 steps at most), the heartbeats resume within a scan or
+            # two: the ranks are still training when it fills up again (25 steps, 5 s
+            # or more left), and end soon after. Half the steps of 0.1 s each over the
+            # same time: a step's compute is most of a demo rank's CPU after its start
             "--steps",
-            "120",
+            "70",
             "--step-sleep",
-            "0.1",
+            "0.2",
         ),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

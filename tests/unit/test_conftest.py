@@ -50,3 +50,11 @@ def test_where_tests_run_torch_has_one_intra_op_thread() -> None:
 
     assert torch.get_num_threads() == 1
     assert os.environ["OMP_NUM_THREADS"] == "1"
+
+
+def test_what_collection_left_is_frozen() -> None:
+    """torch and the collected test modules are in the collector's permanent generation
+    (a full collection walks only what the tests made since)."""
+    import gc
+
+    assert gc.get_freeze_count() > 50_000

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 from tests.timeline import (
     Recorder,
     _remove_left,
+    by_file,
     cgroup_clock,
     cpu_seconds,
     main,
@@ -170,3 +172,30 @@ def test_a_cgroup_clock_counts_the_cpu_of_a_process_nobody_here_reaped(tmp_path:
     assert reaped < 0.29 <= row["cpu"], (reaped, row)
     assert not clock.own.exists()  # removed at the end
     assert summary([row])[-2].endswith("over 1 tests (cgroup)")
+
+
+def test_top_and_by_file_sum_the_cpu_by_tier_and_by_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [
+        {**_row("gw0", "tests/e2e/test_a.py::one", 0.0, 9.0), "cpu": 10.0},
+        {**_row("gw0", "tests/e2e/test_a.py::two", 9.0, 10.0), "cpu": 5.0},
+        {**_row("gw1", "tests/e2e/test_b.py::one", 0.0, 3.0), "cpu": 12.0},
+        {**_row("gw1", "tests/unit/x/test_c.py::one[1]", 3.0, 4.0), "cpu": 0.5},
+    ]
+    assert by_file(rows) == [
+        "timeline: tier tests/e2e: CPU 27.0 s over 3 tests",
+        "timeline: tier tests/unit: CPU 0.5 s over 1 tests",
+        "timeline: file tests/e2e/test_a.py: CPU 15.0 s over 2 tests",
+        "timeline: file tests/e2e/test_b.py: CPU 12.0 s over 1 tests",
+        "timeline: file tests/unit/x/test_c.py: CPU 0.5 s over 1 tests",
+    ]
+    (tmp_path / "tl").mkdir()
+    with open(tmp_path / "tl" / "gw0.jsonl", "w") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in rows)
+    assert main([str(tmp_path / "tl"), "--top", "1", "--by-file"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    costliest = [ln for ln in out if ln.startswith("timeline:   CPU ")]
+    assert costliest == ["timeline:   CPU 12.0 s, wall 3 s: tests/e2e/test_b.py::one"]
+    assert "timeline: file tests/e2e/test_a.py: CPU 15.0 s over 2 tests" in out
+    assert main([str(tmp_path / "tl"), "--top"]) == 2
